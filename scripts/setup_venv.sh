@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's Python venv at .venv/ (git-ignored).
+#
+#   scripts/setup_venv.sh          base: onnx + numpy (enough for the conformance data)
+#   scripts/setup_venv.sh --full   also onnxruntime + torch (only to regenerate
+#                                  tests/fixtures/ with scripts/gen_fixtures.py; never in CI)
+#
+# Idempotent: an existing .venv is reused, and pip runs only if a pinned package
+# is missing or at another version. Set PYTHON to choose the interpreter
+# (default: python3.11, else python3; must be Python 3.11).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+VENV=$ROOT/.venv
+
+# Pins. numpy/protobuf/ml_dtypes are pinned too so the generated data does not
+# drift with onnx's dependencies.
+BASE_PKGS=(onnx==1.23.2 numpy==2.4.6 protobuf==7.36.2 ml_dtypes==0.6.0)
+# onnxruntime: newest on PyPI with a cp311 wheel when pinned. torch: PyPI's
+# default linux wheel (CUDA-enabled, large; the CPU path is all we use).
+FULL_PKGS=(onnxruntime==1.32.0 torch==2.15.0)
+
+full=0
+for arg in "$@"; do
+  case "$arg" in
+    --full) full=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "setup_venv.sh: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+pkgs=("${BASE_PKGS[@]}")
+if [[ $full == 1 ]]; then pkgs+=("${FULL_PKGS[@]}"); fi
+
+pick_python() {
+  local c
+  for c in ${PYTHON:-} python3.11 python3; do
+    if command -v "$c" >/dev/null 2>&1 &&
+       "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+      echo "$c"; return 0
+    fi
+  done
+  echo "setup_venv.sh: need Python 3.11 (set PYTHON=...)" >&2
+  return 1
+}
+
+# Reuse the venv only if its interpreter still runs (a venv copied from another
+# machine, or whose base Python went away, is rebuilt).
+if [[ -x $VENV/bin/python ]] && "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+  echo "setup_venv.sh: reusing $VENV ($("$VENV/bin/python" --version))"
+else
+  if [[ -e $VENV ]]; then
+    echo "setup_venv.sh: $VENV is broken or not Python 3.11; recreating"
+    rm -rf "$VENV"
+  fi
+  py=$(pick_python)
+  echo "setup_venv.sh: creating $VENV with $py ($("$py" --version))"
+  "$py" -m venv "$VENV"
+fi
+
+# Which pins are not satisfied?
+missing=$("$VENV/bin/python" - "${pkgs[@]}" <<'EOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+out = []
+for spec in sys.argv[1:]:
+    name, want = spec.split("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        have = None
+    # torch reports local versions such as 2.15.0+cu132
+    if have is None or have.split("+")[0] != want:
+        out.append(spec)
+print(" ".join(out))
+EOF
+)
+
+if [[ -z $missing ]]; then
+  echo "setup_venv.sh: pinned packages present: ${pkgs[*]}"
+else
+  echo "setup_venv.sh: installing: $missing"
+  # All pins in one call, so pip resolves them together.
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${pkgs[@]}"
+fi
+echo "setup_venv.sh: done ($VENV/bin/python)"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run the project's tests: ensure the venv and the ONNX conformance cache, then
+# `cargo test --workspace --release` (extra arguments go to cargo test).
+#
+# The cache (.cache/onnx-conformance, git-ignored) is (re)generated with
+# scripts/gen_conformance_data.py when its STAMP is missing or differs from the
+# one the pinned generator would write.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+scripts/setup_venv.sh
+PY=$ROOT/.venv/bin/python
+CONF=$ROOT/.cache/onnx-conformance
+
+want=$("$PY" scripts/gen_conformance_data.py --stamp)
+have=$(cat "$CONF/STAMP" 2>/dev/null || true)
+if [[ "$have" != "$want" ]]; then
+  echo "test.sh: conformance cache missing or stale; generating $CONF"
+  "$PY" scripts/gen_conformance_data.py "$CONF"
+else
+  echo "test.sh: conformance cache up to date ($CONF, $(head -n1 "$CONF/STAMP"))"
+fi
+export RAFTER_CONFORMANCE_DIR=$CONF
+
+if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi
+echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR"
+echo "test.sh: cargo test --workspace --release $*"
+exec cargo test --workspace --release "$@"
