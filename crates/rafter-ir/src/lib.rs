@@ -1,0 +1,24 @@
+//! rafter's graph IR.
+//!
+//! A model enters rafter as a [`Graph`]: typed SSA values whose shapes may be symbolic
+//! ([`Dim`]), nodes drawn from a closed op set ([`Op`]) with typed attributes, and constants
+//! kept in their own table ([`ConstData`], zero-copy over the model file). Everything later
+//! (passes, partitioning, code generation, the reference executor) reads this form.
+
+pub mod attr;
+mod constant;
+mod dim;
+mod dtype;
+mod graph;
+mod op;
+mod types;
+pub mod verify;
+
+pub use attr::{AttrType, AttrValue, Scalar};
+pub use constant::{ConstData, ConstSizeError};
+pub use dim::{is_identifier, sanitize_identifier, Dim, DimError, Symbol};
+pub use dtype::DType;
+pub use graph::{ConstId, Graph, Node, NodeId, Value, ValueDef, ValueId};
+pub use op::*;
+pub use types::TensorType;
+pub use verify::{verify, VerifyError};

@@ -1,0 +1,438 @@
+//! The closed set of graph ops.
+//!
+//! One op per concept, with typed attributes. Importers erase the differences between
+//! source-format versions (an ONNX Slice-1 with attributes and a Slice-13 with inputs are the
+//! same `slice`), fold variadic forms into binary chains (Sum, Max, Mean), and drop
+//! inference no-ops (Dropout). Operands are positional; optional ones may be absent
+//! (`None` in [`crate::Node::inputs`]). Axes stored in attributes are non-negative unless
+//! the op's doc says otherwise (some are resolved against a rank that is only known at run
+//! time, e.g. `squeeze` with no axes).
+
+use crate::attr::{AttrType, AttrValue, Scalar};
+use crate::{attr_enum, DType, Graph};
+
+attr_enum! {
+    /// Elementwise functions of one operand.
+    UnaryOp {
+        Abs => "abs", Neg => "neg", Sqrt => "sqrt", Exp => "exp", Log => "log",
+        Reciprocal => "reciprocal", Floor => "floor", Ceil => "ceil",
+        /// Rounds half to even, as ONNX Round does.
+        Round => "round",
+        Sign => "sign", Sin => "sin", Cos => "cos", Tan => "tan", Asin => "asin",
+        Acos => "acos", Atan => "atan", Sinh => "sinh", Cosh => "cosh", Tanh => "tanh",
+        Asinh => "asinh", Acosh => "acosh", Atanh => "atanh", Erf => "erf",
+        Sigmoid => "sigmoid", Relu => "relu",
+        /// Logical not of a bool tensor.
+        Not => "not",
+        BitwiseNot => "bitwise_not",
+        /// Output is bool.
+        IsNaN => "is_nan",
+        Softplus => "softplus", Softsign => "softsign", Mish => "mish",
+        HardSwish => "hard_swish",
+    }
+}
+
+attr_enum! {
+    /// Elementwise functions of two operands, with NumPy broadcasting.
+    BinaryOp {
+        Add => "add", Sub => "sub", Mul => "mul",
+        /// Integer division truncates toward zero, as ONNX Div does.
+        Div => "div",
+        Pow => "pow",
+        /// Integer remainder with the sign of the divisor (Python `%`, ONNX Mod fmod=0).
+        Mod => "mod",
+        /// Remainder with the sign of the dividend (C fmod, ONNX Mod fmod=1).
+        FMod => "fmod",
+        Max => "max", Min => "min",
+        /// Comparisons produce bool.
+        Equal => "equal", Less => "less", LessOrEqual => "less_equal",
+        Greater => "greater", GreaterOrEqual => "greater_equal",
+        /// Logical ops on bool.
+        And => "and", Or => "or", Xor => "xor",
+        BitAnd => "bit_and", BitOr => "bit_or", BitXor => "bit_xor",
+        ShiftLeft => "shift_left", ShiftRight => "shift_right",
+        /// `x < 0 ? slope * x : x`, slope broadcast to x.
+        PRelu => "prelu",
+    }
+}
+
+attr_enum! {
+    /// Reductions over a set of axes.
+    ReduceKind {
+        Sum => "sum", Mean => "mean", Max => "max", Min => "min", Prod => "prod",
+        L1 => "l1", L2 => "l2", LogSum => "log_sum", LogSumExp => "log_sum_exp",
+        SumSquare => "sum_square",
+    }
+}
+
+attr_enum! {
+    ArgKind { Max => "max", Min => "min" }
+}
+
+attr_enum! {
+    /// Softmax-like normalisations along one axis.
+    SoftmaxKind { Softmax => "softmax", LogSoftmax => "log_softmax", Hardmax => "hardmax" }
+}
+
+attr_enum! {
+    CumKind { Sum => "sum", Prod => "prod" }
+}
+
+attr_enum! {
+    PoolKind { Max => "max", Average => "average", Lp => "lp" }
+}
+
+attr_enum! {
+    /// How convolution and pooling derive padding when pads are not explicit.
+    AutoPad { NotSet => "explicit", SameUpper => "same_upper", SameLower => "same_lower", Valid => "valid" }
+}
+
+attr_enum! {
+    PadMode { Constant => "constant", Reflect => "reflect", Edge => "edge", Wrap => "wrap" }
+}
+
+attr_enum! {
+    GeluApprox { None => "none", Tanh => "tanh" }
+}
+
+attr_enum! {
+    ScatterReduction { None => "none", Add => "add", Mul => "mul", Max => "max", Min => "min" }
+}
+
+attr_enum! {
+    ResizeMode { Nearest => "nearest", Linear => "linear", Cubic => "cubic" }
+}
+
+attr_enum! {
+    /// How an output coordinate maps back to an input coordinate in `resize`.
+    CoordTransform {
+        HalfPixel => "half_pixel", HalfPixelSymmetric => "half_pixel_symmetric",
+        PytorchHalfPixel => "pytorch_half_pixel", AlignCorners => "align_corners",
+        Asymmetric => "asymmetric", TfCropAndResize => "tf_crop_and_resize",
+    }
+}
+
+attr_enum! {
+    NearestMode {
+        RoundPreferFloor => "round_prefer_floor", RoundPreferCeil => "round_prefer_ceil",
+        Floor => "floor", Ceil => "ceil",
+    }
+}
+
+attr_enum! {
+    AspectPolicy { Stretch => "stretch", NotLarger => "not_larger", NotSmaller => "not_smaller" }
+}
+
+attr_enum! {
+    DepthToSpaceMode { Dcr => "dcr", Crd => "crd" }
+}
+
+attr_enum! {
+    GridSampleMode { Linear => "linear", Nearest => "nearest", Cubic => "cubic" }
+}
+
+attr_enum! {
+    GridPadding { Zeros => "zeros", Border => "border", Reflection => "reflection" }
+}
+
+attr_enum! {
+    RnnDirection { Forward => "forward", Reverse => "reverse", Bidirectional => "bidirectional" }
+}
+
+/// Declares the op enum with its text-format names and the generic attribute view.
+macro_rules! define_ops {
+    ($(
+        $(#[$meta:meta])*
+        $variant:ident $word:literal $({ $($(#[$fmeta:meta])* $field:ident : $ty:ty),* $(,)? })?
+    ),* $(,)?) => {
+        /// A graph op. See the module docs for conventions.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum Op {
+            $( $(#[$meta])* $variant $({ $($(#[$fmeta])* $field: $ty),* })? ),*
+        }
+
+        impl Op {
+            /// Every op name of the text format.
+            pub const NAMES: &'static [&'static str] = &[$($word),*];
+
+            /// The op's name in the text format.
+            pub fn name(&self) -> &'static str {
+                match self { $( Op::$variant { .. } => $word ),* }
+            }
+
+            /// The attributes as (name, value) pairs, in declaration order.
+            #[allow(unused_variables)]
+            pub fn attrs(&self) -> Vec<(&'static str, AttrValue)> {
+                match self {
+                    $( Op::$variant $({ $($field),* })? => vec![
+                        $($( (stringify!($field), AttrType::to_attr($field)) ),*)?
+                    ] ),*
+                }
+            }
+
+            /// Builds an op from its name and attributes. `take` is asked for each field by
+            /// name and returns `AttrValue::None` for absent ones.
+            #[allow(unused_mut, unused_variables)]
+            pub fn from_parts(
+                name: &str,
+                mut take: impl FnMut(&'static str) -> AttrValue,
+            ) -> Result<Op, String> {
+                match name {
+                    $( $word => Ok(Op::$variant $({ $(
+                        $field: AttrType::from_attr(take(stringify!($field)))
+                            .map_err(|e| format!("attribute `{}` of `{}`: {e}", stringify!($field), $word))?
+                    ),* })? ), )*
+                    other => Err(format!("unknown op `{other}`")),
+                }
+            }
+        }
+    };
+}
+
+define_ops! {
+    // ---- elementwise ----
+    /// Operand: x. Output: x unchanged (kept for graph outputs that alias inputs).
+    Identity "identity",
+    Unary "unary" { op: UnaryOp },
+    /// Operands: a, b (broadcast).
+    Binary "binary" { op: BinaryOp },
+    /// Operands: cond (bool), x, y (broadcast). `cond ? x : y`.
+    Where "where",
+    /// Operands: x, min?, max? (scalars).
+    Clip "clip",
+    /// Operand: x. Converts to `to` (floats to ints truncate toward zero).
+    Cast "cast" { to: DType },
+    LeakyRelu "leaky_relu" { alpha: f32 },
+    Elu "elu" { alpha: f32 },
+    Selu "selu" { alpha: f32, gamma: f32 },
+    Celu "celu" { alpha: f32 },
+    /// `max(0, min(1, alpha*x + beta))`.
+    HardSigmoid "hard_sigmoid" { alpha: f32, beta: f32 },
+    ThresholdedRelu "thresholded_relu" { alpha: f32 },
+    Shrink "shrink" { bias: f32, lambd: f32 },
+    Gelu "gelu" { approximate: GeluApprox },
+    /// Output bool.
+    IsInf "is_inf" { detect_negative: bool, detect_positive: bool },
+
+    // ---- reductions and normalisations ----
+    /// Operand: x. Empty `axes` reduces every axis.
+    Reduce "reduce" { kind: ReduceKind, axes: Vec<i64>, keep_dims: bool },
+    /// Operand: x. Output i64 indices.
+    ArgReduce "arg_reduce" { kind: ArgKind, axis: i64, keep_dims: bool, select_last_index: bool },
+    /// Operands: x, axis (scalar int).
+    Cumulative "cumulative" { kind: CumKind, exclusive: bool, reverse: bool },
+    /// Operand: x. Normalises along one axis (ONNX opset >= 13 semantics).
+    Softmax "softmax" { kind: SoftmaxKind, axis: i64 },
+    /// Operands: x, scale, bias?. Normalises over axes `axis..rank`. Outputs: y, mean?, inv_std_dev?.
+    LayerNorm "layer_norm" { axis: i64, epsilon: f32 },
+    /// Operands: x, scale. Normalises over axes `axis..rank`.
+    RmsNorm "rms_norm" { axis: i64, epsilon: f32 },
+    /// Operands: x, scale, bias (per group or per channel as ONNX opset 21).
+    GroupNorm "group_norm" { num_groups: i64, epsilon: f32 },
+    /// Operands: x, scale, bias (per channel).
+    InstanceNorm "instance_norm" { epsilon: f32 },
+    /// Inference batch norm. Operands: x, scale, bias, mean, var.
+    BatchNorm "batch_norm" { epsilon: f32 },
+    /// Operand: x. Lp-normalises along `axis`.
+    LpNorm "lp_norm" { axis: i64, p: i64 },
+    /// Local response normalisation across channels.
+    Lrn "lrn" { alpha: f32, beta: f32, bias: f32, size: i64 },
+    MeanVarianceNorm "mean_variance_norm" { axes: Vec<i64> },
+
+    // ---- contractions ----
+    /// Operands: a, b with NumPy matmul semantics (batched, broadcast, 1-D promotion).
+    MatMul "matmul",
+    /// Operands: a, b, c?. `alpha * op(a) @ op(b) + beta * c`.
+    Gemm "gemm" { alpha: f32, beta: f32, trans_a: bool, trans_b: bool },
+    /// Operands: x [N, C, spatial...], w [M, C/group, kernel...], b? [M].
+    /// `pads` holds all begins then all ends; `kernel_shape` may be empty (taken from w).
+    Conv "conv" {
+        kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
+        group: i64, auto_pad: AutoPad,
+    },
+    /// Operands: x, w [C, M/group, kernel...], b?.
+    ConvTranspose "conv_transpose" {
+        kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
+        group: i64, auto_pad: AutoPad, output_padding: Vec<i64>, output_shape: Vec<i64>,
+    },
+    /// Operands: the einsum's inputs.
+    Einsum "einsum" { equation: String },
+    /// Operands: a, b, a_zero_point?, b_zero_point?. Output i32.
+    MatMulInteger "matmul_integer",
+    /// Operands: x, w, x_zero_point?, w_zero_point?. Output i32.
+    ConvInteger "conv_integer" {
+        kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
+        group: i64, auto_pad: AutoPad,
+    },
+    /// Operands: x, y_scale, y_zero_point?. `axis` is resolved against x's rank.
+    QuantizeLinear "quantize_linear" { axis: i64, block_size: i64, output_dtype: DType },
+    /// Operands: x, x_scale, x_zero_point?.
+    DequantizeLinear "dequantize_linear" { axis: i64, block_size: i64 },
+    /// Operand: x (f32). Outputs: y (u8), scale, zero point.
+    DynamicQuantizeLinear "dynamic_quantize_linear",
+    /// ONNX Attention (opset 23). Operands: q, k, v, attn_mask?, past_key?, past_value?,
+    /// nonpad_kv_seqlen?. Outputs: y, present_key?, present_value?, qk_matmul_output?.
+    Attention "attention" {
+        is_causal: bool, kv_num_heads: i64, q_num_heads: i64, qk_matmul_output_mode: i64,
+        scale: Option<f32>, softcap: f32,
+    },
+    /// Operands: x, cos_cache, sin_cache, position_ids?.
+    RotaryEmbedding "rotary_embedding" { interleaved: bool, num_heads: i64, rotary_embedding_dim: i64 },
+
+    // ---- pooling ----
+    /// Operand: x [N, C, spatial...]. Outputs: y, indices? (max only).
+    Pool "pool" {
+        kind: PoolKind, kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>,
+        dilations: Vec<i64>, auto_pad: AutoPad, ceil_mode: bool, count_include_pad: bool,
+        p: i64, storage_order: i64,
+    },
+    /// Operand: x. Pools every spatial dim to 1.
+    GlobalPool "global_pool" { kind: PoolKind, p: i64 },
+    /// Operands: x, indices, output_shape?.
+    MaxUnpool "max_unpool" { kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64> },
+
+    // ---- shapes and data movement ----
+    /// Operands: data, shape (i64). A 0 copies the input dim unless `allow_zero`; -1 infers.
+    Reshape "reshape" { allow_zero: bool },
+    /// Operand: x. Output i64 [end - start] holding dims `start..end` (negative counts from the end).
+    Shape "shape" { start: i64, end: Option<i64> },
+    /// Operand: x. Output i64 scalar element count.
+    Size "size",
+    Transpose "transpose" { perm: Vec<i64> },
+    /// Operand: x. Empty `axes` removes every dim of size 1.
+    Squeeze "squeeze" { axes: Vec<i64> },
+    /// Operand: x. `axes` index the output (non-negative).
+    Unsqueeze "unsqueeze" { axes: Vec<i64> },
+    /// Operand: x. Output 2-D [prod(dims[..axis]), prod(dims[axis..])].
+    Flatten "flatten" { axis: i64 },
+    Concat "concat" { axis: i64 },
+    /// Operands: x, split? (i64 sizes). Without sizes the axis is split into as many equal
+    /// parts as there are outputs (the last one smaller when it does not divide).
+    Split "split" { axis: i64 },
+    /// Operands: data, starts, ends, axes?, steps?.
+    Slice "slice",
+    /// Operands: data, indices (negative indices count from the end).
+    Gather "gather" { axis: i64 },
+    GatherElements "gather_elements" { axis: i64 },
+    GatherNd "gather_nd" { batch_dims: i64 },
+    /// Operands: data, indices, updates.
+    ScatterElements "scatter_elements" { axis: i64, reduction: ScatterReduction },
+    ScatterNd "scatter_nd" { reduction: ScatterReduction },
+    /// Operands: data, shape (broadcast to).
+    Expand "expand",
+    /// Operands: data, repeats.
+    Tile "tile",
+    /// Operands: data, pads (i64, begins then ends), constant_value?, axes?.
+    Pad "pad" { mode: PadMode },
+    /// Operand: shape (i64 1-D).
+    ConstantOfShape "constant_of_shape" { value: Scalar },
+    /// Operands: start, limit, delta (scalars).
+    Range "range",
+    /// Operands: indices, depth, values [off, on].
+    OneHot "one_hot" { axis: i64 },
+    /// Operands: x, k?.
+    Trilu "trilu" { upper: bool },
+    /// Operands: x, k (i64 [1]). Outputs: values, indices.
+    TopK "top_k" { axis: i64, largest: bool, sorted: bool },
+    /// Operand: x. Output i64 [rank, nnz].
+    NonZero "non_zero",
+    /// Operands: x, condition (bool 1-D). No axis: flattens first.
+    Compress "compress" { axis: Option<i64> },
+    /// Operand: x. Outputs: y, indices?, inverse_indices?, counts?.
+    Unique "unique" { axis: Option<i64>, sorted: bool },
+    /// Operands: x, sequence_lens.
+    ReverseSequence "reverse_sequence" { batch_axis: i64, time_axis: i64 },
+    DepthToSpace "depth_to_space" { blocksize: i64, mode: DepthToSpaceMode },
+    SpaceToDepth "space_to_depth" { blocksize: i64 },
+    /// Operand: x (2-D). Output dtype `dtype`, ones on diagonal `k`.
+    EyeLike "eye_like" { dtype: DType, k: i64 },
+    /// Operands: x, roi?, scales?, sizes?.
+    Resize "resize" {
+        mode: ResizeMode, coordinate_transformation_mode: CoordTransform,
+        nearest_mode: NearestMode, cubic_coeff_a: f32, exclude_outside: bool,
+        extrapolation_value: f32, antialias: bool, axes: Vec<i64>,
+        keep_aspect_ratio_policy: AspectPolicy,
+    },
+    /// Operands: x, grid.
+    GridSample "grid_sample" { mode: GridSampleMode, padding_mode: GridPadding, align_corners: bool },
+    /// Operands: boxes, scores, max_output_boxes_per_class?, iou_threshold?, score_threshold?.
+    NonMaxSuppression "non_max_suppression" { center_point_box: i64 },
+
+    // ---- recurrent ----
+    /// Operands: x, w, r, b?, sequence_lens?, initial_h?, (initial_c?, p? for lstm).
+    /// Outputs: y?, y_h?, (y_c? for lstm).
+    Lstm "lstm" { direction: RnnDirection, hidden_size: i64, layout: i64, input_forget: bool, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
+    Gru "gru" { direction: RnnDirection, hidden_size: i64, layout: i64, linear_before_reset: bool, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
+    Rnn "rnn" { direction: RnnDirection, hidden_size: i64, layout: i64, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
+
+    // ---- control flow (subgraphs capture outer values as explicit operands) ----
+    /// Operands: cond, captures... The branches take the captures as inputs, in order.
+    If "if" { then_branch: Box<Graph>, else_branch: Box<Graph> },
+    /// Operands: max_trip_count?, cond?, loop-carried..., captures...
+    /// Body inputs: iteration (i64 scalar), cond (bool scalar), loop-carried..., captures...
+    /// Body outputs: cond, loop-carried..., scan outputs...
+    Loop "loop" { body: Box<Graph> },
+    /// Operands: state..., scan inputs..., captures... Body inputs: state..., scan slices...,
+    /// captures... Body outputs: state..., scan output slices...
+    Scan "scan" {
+        body: Box<Graph>, num_scan_inputs: i64, num_captures: i64,
+        scan_input_axes: Vec<i64>, scan_input_directions: Vec<i64>,
+        scan_output_axes: Vec<i64>, scan_output_directions: Vec<i64>,
+    },
+}
+
+/// Names recurrent-cell activation functions stored in `Lstm::activations` and friends.
+pub mod rnn_activation {
+    pub const NAMES: &[&str] = &[
+        "Relu",
+        "Tanh",
+        "Sigmoid",
+        "Affine",
+        "LeakyRelu",
+        "ThresholdedRelu",
+        "ScaledTanh",
+        "HardSigmoid",
+        "Elu",
+        "Softsign",
+        "Softplus",
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn names_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for n in Op::NAMES {
+            assert!(seen.insert(n), "duplicate op name {n}");
+        }
+    }
+
+    #[test]
+    fn attrs_round_trip_through_parts() {
+        let op = Op::Conv {
+            kernel_shape: vec![3, 3],
+            strides: vec![1, 2],
+            pads: vec![1, 1, 1, 1],
+            dilations: vec![1, 1],
+            group: 1,
+            auto_pad: AutoPad::NotSet,
+        };
+        let mut map: HashMap<&str, AttrValue> = op.attrs().into_iter().collect();
+        let back = Op::from_parts("conv", |k| map.remove(k).unwrap_or(AttrValue::None)).unwrap();
+        assert_eq!(back, op);
+        let err = Op::from_parts("conv", |_| AttrValue::None).unwrap_err();
+        assert!(err.contains("kernel_shape"), "{err}");
+        assert_eq!(
+            Op::from_parts("relu6", |_| AttrValue::None).unwrap_err(),
+            "unknown op `relu6`"
+        );
+        assert_eq!(
+            Op::from_parts("matmul", |_| AttrValue::None).unwrap(),
+            Op::MatMul
+        );
+    }
+}
