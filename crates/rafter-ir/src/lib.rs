@@ -10,7 +10,9 @@ mod constant;
 mod dim;
 mod dtype;
 mod graph;
+pub mod infer;
 mod op;
+pub mod text;
 mod types;
 pub mod verify;
 

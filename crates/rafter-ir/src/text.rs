@@ -1,0 +1,1 @@
+//! The text format: prints and parses a whole [`crate::Graph`].
