@@ -7,6 +7,7 @@
 use crate::Tensor;
 use rafter_ir::{Graph, Node, Op};
 
+pub mod broadcast;
 pub mod contraction;
 pub mod control;
 pub mod data;
