@@ -395,7 +395,11 @@ pub fn eval(
     let y = match op {
         Op::Identity => x.clone(),
         Op::Where => where_(x, arg(inputs, 1)?, arg(inputs, 2)?)?,
-        Op::Clip => clip(x, inputs.get(1).copied().flatten(), inputs.get(2).copied().flatten())?,
+        Op::Clip => clip(
+            x,
+            inputs.get(1).copied().flatten(),
+            inputs.get(2).copied().flatten(),
+        )?,
         Op::Cast { to } => cast(x, *to),
         Op::IsInf {
             detect_negative,
@@ -407,9 +411,7 @@ pub fn eval(
                 Scalar::Int(_) => false,
             })))
         }
-        Op::Unary {
-            op: UnaryOp::IsNaN,
-        } => Tensor::Bool(crate::with_array!(x, a => a.mapv(|v| {
+        Op::Unary { op: UnaryOp::IsNaN } => Tensor::Bool(crate::with_array!(x, a => a.mapv(|v| {
             matches!(v.to_scalar(), Scalar::Float(f) if f.is_nan())
         }))),
         Op::Unary { op: u } => {
@@ -468,12 +470,15 @@ fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor, OpError> {
             _ => None,
         },
         BitwiseNot => int_map!(x, a => a.mapv(Int::not_)),
-        Abs => real_map!(x, a => a.mapv(|v| v.abs())).or_else(|| int_map!(x, a => a.mapv(Int::abs_))),
+        Abs => {
+            real_map!(x, a => a.mapv(|v| v.abs())).or_else(|| int_map!(x, a => a.mapv(Int::abs_)))
+        }
         Neg => real_map!(x, a => a.mapv(|v| -v)).or_else(|| int_map!(x, a => a.mapv(Int::neg_))),
         Sign => real_map!(x, a => a.mapv(|v| unary_real(Sign, v)))
             .or_else(|| int_map!(x, a => a.mapv(Int::sign_))),
-        Relu => real_map!(x, a => a.mapv(|v| unary_real(Relu, v)))
-            .or_else(|| int_map!(x, a => a.mapv(|v| if v.is_neg() { Default::default() } else { v }))),
+        Relu => real_map!(x, a => a.mapv(|v| unary_real(Relu, v))).or_else(
+            || int_map!(x, a => a.mapv(|v| if v.is_neg() { Default::default() } else { v })),
+        ),
         _ => real_map!(x, a => a.mapv(|v| unary_real(op, v))),
     };
     r.map_or_else(|| dtype_err(op.word(), &[x]), Ok)
@@ -567,14 +572,7 @@ fn activation<T: Real>(op: &Op, x: T) -> T {
                 c(*alpha) * x.exp_m1()
             }
         }
-        Op::Selu { alpha, gamma } => {
-            c(*gamma)
-                * if x > zero {
-                    x
-                } else {
-                    c(*alpha) * x.exp_m1()
-                }
-        }
+        Op::Selu { alpha, gamma } => c(*gamma) * if x > zero { x } else { c(*alpha) * x.exp_m1() },
         Op::Celu { alpha } => {
             let a = c(*alpha);
             if x.is_nan() {
@@ -622,9 +620,7 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
     use BinaryOp::*;
     let r = match op {
         Add | Sub | Mul | Div | Mod | FMod => {
-            let f = |x: &Tensor, y: &Tensor| {
-                pair_map!(x, y, p, q => num_binary(op, p, q); F32 F64 I8 U8 I16 U16 I32 U32 I64 U64)
-            };
+            let f = |x: &Tensor, y: &Tensor| pair_map!(x, y, p, q => num_binary(op, p, q); F32 F64 I8 U8 I16 U16 I32 U32 I64 U64);
             f(a, b)
         }
         Max | Min => pair_map!(a, b, p, q => minmax(op == Max, p, q);
@@ -633,12 +629,14 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
             pair_map!(a, b, p, q => compare(op, p, q); F32 F64 I8 U8 I16 U16 I32 U32 I64 U64 Bool)
         }
         And | Or | Xor => match (a, b) {
-            (Tensor::Bool(p), Tensor::Bool(q)) => Some(zip_with(p, q, |&x, &y| match op {
-                And => x && y,
-                Or => x || y,
-                _ => x ^ y,
-            })
-            .map(Tensor::Bool)),
+            (Tensor::Bool(p), Tensor::Bool(q)) => Some(
+                zip_with(p, q, |&x, &y| match op {
+                    And => x && y,
+                    Or => x || y,
+                    _ => x ^ y,
+                })
+                .map(Tensor::Bool),
+            ),
             _ => None,
         },
         BitAnd | BitOr | BitXor | ShiftLeft | ShiftRight => {
@@ -754,7 +752,8 @@ fn pow(a: &Tensor, b: &Tensor) -> Option<Result<Tensor, OpError>> {
     if a.dtype() == DType::Bool || b.dtype() == DType::Bool {
         return None;
     }
-    if let Some(r) = pair_map!(a, b, p, q => zip_with(p, q, |&x, &y| x.powf(y)).map(Elem::wrap); F32 F64)
+    if let Some(r) =
+        pair_map!(a, b, p, q => zip_with(p, q, |&x, &y| x.powf(y)).map(Elem::wrap); F32 F64)
     {
         return Some(r);
     }
@@ -800,7 +799,10 @@ fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor, OpError> {
 fn clip(x: &Tensor, lo: Option<&Tensor>, hi: Option<&Tensor>) -> Result<Tensor, OpError> {
     for t in [lo, hi].into_iter().flatten() {
         if t.len() > 1 {
-            return invalid(format!("clip bound of shape {:?} is not a scalar", t.shape()));
+            return invalid(format!(
+                "clip bound of shape {:?} is not a scalar",
+                t.shape()
+            ));
         }
     }
     let lo = lo.and_then(first_scalar);
@@ -878,7 +880,10 @@ mod tests {
         // ONNX test_mod_mixed_sign_int64.
         let x = arr::<i64>(&[6], vec![-4, 7, 5, 4, -7, 8]);
         let y = arr::<i64>(&[6], vec![2, -3, 8, -2, 3, 5]);
-        assert_eq!(vals::<i64>(&bin(BinaryOp::Mod, &x, &y)), [0, -2, 5, 0, 2, 3]);
+        assert_eq!(
+            vals::<i64>(&bin(BinaryOp::Mod, &x, &y)),
+            [0, -2, 5, 0, 2, 3]
+        );
     }
 
     #[test]
@@ -906,13 +911,20 @@ mod tests {
         );
         let lt = bin(BinaryOp::Less, &a, &b);
         assert_eq!(vals::<bool>(&lt), [false; 6]);
-        assert!(run(Op::Binary { op: BinaryOp::Add }, &[&a, &arr::<f16>(&[3, 2], vec![f16::ZERO; 6])]).is_err());
+        assert!(run(
+            Op::Binary { op: BinaryOp::Add },
+            &[&a, &arr::<f16>(&[3, 2], vec![f16::ZERO; 6])]
+        )
+        .is_err());
     }
 
     #[test]
     fn round_half_even_and_unary() {
         let x = arr::<f32>(&[6], vec![0.5, 1.5, 2.5, -0.5, -2.5, 2.6]);
-        assert_eq!(vals::<f32>(&un(UnaryOp::Round, &x)), [0.0, 2.0, 2.0, -0.0, -2.0, 3.0]);
+        assert_eq!(
+            vals::<f32>(&un(UnaryOp::Round, &x)),
+            [0.0, 2.0, 2.0, -0.0, -2.0, 3.0]
+        );
         let i = arr::<i8>(&[3], vec![-128, -3, 4]);
         assert_eq!(vals::<i8>(&un(UnaryOp::Abs, &i)), [-128, 3, 4]);
         assert_eq!(vals::<i8>(&un(UnaryOp::Sign, &i)), [-1, -1, 1]);
@@ -938,12 +950,21 @@ mod tests {
         let y = run(Op::Cast { to: DType::Bool }, &[&x]).unwrap();
         assert_eq!(vals::<bool>(&y), [true, true, true, true, true, true]);
         // f32 -> f16 rounds to nearest even: 1 + 2^-11 is a tie, 1 + 2^-11 + 2^-20 is not.
-        let t = arr::<f32>(&[2], vec![1.0 + 2f32.powi(-11), 1.0 + 2f32.powi(-11) + 2f32.powi(-20)]);
+        let t = arr::<f32>(
+            &[2],
+            vec![1.0 + 2f32.powi(-11), 1.0 + 2f32.powi(-11) + 2f32.powi(-20)],
+        );
         let h = run(Op::Cast { to: DType::F16 }, &[&t]).unwrap();
-        assert_eq!(vals::<f16>(&h), [f16::from_f32(1.0), f16::from_bits(0x3c01)]);
+        assert_eq!(
+            vals::<f16>(&h),
+            [f16::from_f32(1.0), f16::from_bits(0x3c01)]
+        );
         let i = arr::<i64>(&[2], vec![-1, 257]);
         assert_eq!(vals::<u8>(&cast(&i, DType::U8)), [255, 1]);
-        assert_eq!(vals::<f32>(&cast(&arr::<bool>(&[2], vec![true, false]), DType::F32)), [1.0, 0.0]);
+        assert_eq!(
+            vals::<f32>(&cast(&arr::<bool>(&[2], vec![true, false]), DType::F32)),
+            [1.0, 0.0]
+        );
     }
 
     #[test]
@@ -963,14 +984,23 @@ mod tests {
     fn shifts_bits_logic() {
         let a = arr::<i8>(&[4], vec![-16, 1, -1, 64]);
         let s = arr::<i8>(&[4], vec![2, 8, -1, 1]);
-        assert_eq!(vals::<i8>(&bin(BinaryOp::ShiftRight, &a, &s)), [-4, 0, -1, 32]);
-        assert_eq!(vals::<i8>(&bin(BinaryOp::ShiftLeft, &a, &s)), [-64, 0, 0, -128]);
+        assert_eq!(
+            vals::<i8>(&bin(BinaryOp::ShiftRight, &a, &s)),
+            [-4, 0, -1, 32]
+        );
+        assert_eq!(
+            vals::<i8>(&bin(BinaryOp::ShiftLeft, &a, &s)),
+            [-64, 0, 0, -128]
+        );
         let u = arr::<u8>(&[2], vec![0b1100, 0b1010]);
         let v = arr::<u8>(&[1], vec![0b0110]);
         assert_eq!(vals::<u8>(&bin(BinaryOp::BitXor, &u, &v)), [0b1010, 0b1100]);
         let p = arr::<bool>(&[2], vec![true, false]);
         let q = arr::<bool>(&[2, 1], vec![true, false]);
-        assert_eq!(vals::<bool>(&bin(BinaryOp::Xor, &p, &q)), [false, true, true, false]);
+        assert_eq!(
+            vals::<bool>(&bin(BinaryOp::Xor, &p, &q)),
+            [false, true, true, false]
+        );
         assert_eq!(vals::<bool>(&un(UnaryOp::Not, &p)), [false, true]);
     }
 
@@ -981,7 +1011,10 @@ mod tests {
         let m = vals::<f32>(&bin(BinaryOp::Max, &a, &b));
         assert!(m[0] == 2.0 && m[1].is_nan() && m[2] == -2.0);
         let slope = arr::<f32>(&[1], vec![0.5]);
-        assert_eq!(vals::<f32>(&bin(BinaryOp::PRelu, &b, &slope)), [2.0, 0.0, -1.5]);
+        assert_eq!(
+            vals::<f32>(&bin(BinaryOp::PRelu, &b, &slope)),
+            [2.0, 0.0, -1.5]
+        );
         let c = arr::<bool>(&[3], vec![true, false, true]);
         let w = run(Op::Where, &[&c, &a, &b]).unwrap();
         assert_eq!(vals::<f32>(&w)[2], -2.0);
@@ -1010,15 +1043,41 @@ mod tests {
         let x = arr::<f32>(&[3], vec![-1.0, 0.0, 2.0]);
         let y = run(Op::LeakyRelu { alpha: 0.1 }, &[&x]).unwrap();
         assert_eq!(vals::<f32>(&y), [-0.1, 0.0, 2.0]);
-        let y = run(Op::HardSigmoid { alpha: 0.5, beta: 0.6 }, &[&x]).unwrap();
+        let y = run(
+            Op::HardSigmoid {
+                alpha: 0.5,
+                beta: 0.6,
+            },
+            &[&x],
+        )
+        .unwrap();
         let h = vals::<f32>(&y);
         assert!((h[0] - 0.1).abs() < 1e-6 && h[1] == 0.6 && h[2] == 1.0);
-        let y = run(Op::Shrink { bias: 1.5, lambd: 0.5 }, &[&arr::<i32>(&[3], vec![-3, 0, 3])]).unwrap();
+        let y = run(
+            Op::Shrink {
+                bias: 1.5,
+                lambd: 0.5,
+            },
+            &[&arr::<i32>(&[3], vec![-3, 0, 3])],
+        )
+        .unwrap();
         assert_eq!(vals::<i32>(&y), [-1, 0, 1]);
-        let y = run(Op::Gelu { approximate: GeluApprox::None }, &[&x]).unwrap();
+        let y = run(
+            Op::Gelu {
+                approximate: GeluApprox::None,
+            },
+            &[&x],
+        )
+        .unwrap();
         let g = vals::<f32>(&y);
         assert!((g[0] + 0.158_655_25).abs() < 1e-6 && (g[2] - 1.954_499_7).abs() < 1e-6);
-        let y = run(Op::Gelu { approximate: GeluApprox::Tanh }, &[&x]).unwrap();
+        let y = run(
+            Op::Gelu {
+                approximate: GeluApprox::Tanh,
+            },
+            &[&x],
+        )
+        .unwrap();
         assert!((vals::<f32>(&y)[2] - 1.954_597_7).abs() < 1e-6);
         let inf = arr::<f32>(&[3], vec![f32::NEG_INFINITY, 0.0, f32::INFINITY]);
         let y = run(
