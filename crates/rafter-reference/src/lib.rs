@@ -6,6 +6,7 @@
 
 pub mod exec;
 pub mod ops;
+pub mod npy;
 mod tensor;
 
 pub use exec::{run, run_with, Bindings, ExecError};
