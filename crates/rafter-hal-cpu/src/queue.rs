@@ -1,0 +1,596 @@
+//! CPU queues: a queue thread that honours waits, and executions that run on the pool.
+//!
+//! `submit` validates and resolves the command buffer on the caller's thread, then sends it
+//! to the queue thread and returns. The queue thread keeps submissions whose waits are not yet
+//! reached in a table, registering a timepoint callback on each wait semaphore; the callback
+//! only sends a message back, so signalling never runs queue logic on the signaller's thread.
+//! A submission whose waits are all reached becomes an [`Execution`]: its first barrier
+//! segment is pushed onto the worker pool, and the worker that finishes a segment's last job
+//! pushes the next one, or signals (or fails) the signal semaphores after the last. The queue
+//! thread is therefore never busy with running work: a submission waiting on a semaphore
+//! holds up nothing else, and independent submissions share the pool.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rafter_hal::{
+    Command, CommandBuffer, DeviceId, HalError, QueueImpl, Semaphore, SemaphoreError, TraceEvent,
+    TraceKind, TraceSink,
+};
+
+use crate::executable::{CpuExecutable, CpuKernel, DispatchContext, ResolvedRange};
+use crate::memory::CpuBuffer;
+use crate::pool::{Job, Pool, Worker};
+
+/// State shared by the device, its queues, and running executions.
+pub(crate) struct DeviceShared {
+    pub(crate) id: DeviceId,
+    pub(crate) name: String,
+    pub(crate) pool: Pool,
+    pub(crate) workers: usize,
+    /// Set when the device is dropped: nothing new starts, pending work fails.
+    pub(crate) lost: AtomicBool,
+    pub(crate) trace: Option<Arc<dyn TraceSink>>,
+}
+
+impl DeviceShared {
+    fn lost_reason(&self) -> String {
+        format!(
+            "device lost: device '{}' ({}) was dropped before the work completed",
+            self.name, self.id
+        )
+    }
+}
+
+pub(crate) enum QueueMsg {
+    Submit(Submission),
+    WaitDone {
+        id: u64,
+        result: Result<(), SemaphoreError>,
+    },
+    Shutdown,
+}
+
+pub(crate) struct Submission {
+    prepared: Arc<Prepared>,
+    waits: Vec<(Semaphore, u64)>,
+    signals: Vec<(Semaphore, u64)>,
+}
+
+/// A CPU queue handle's implementation.
+pub(crate) struct CpuQueue {
+    name: Arc<str>,
+    shared: Arc<DeviceShared>,
+    /// `None` once the device is dropped. Taken under the lock before `Shutdown` is sent, so
+    /// every `Submit` that was sent is received before `Shutdown`.
+    sender: Mutex<Option<Sender<QueueMsg>>>,
+}
+
+impl CpuQueue {
+    pub(crate) fn new(
+        name: Arc<str>,
+        shared: Arc<DeviceShared>,
+        sender: Sender<QueueMsg>,
+    ) -> CpuQueue {
+        CpuQueue {
+            name,
+            shared,
+            sender: Mutex::new(Some(sender)),
+        }
+    }
+
+    /// Stops accepting submissions and tells the queue thread to fail what is pending.
+    pub(crate) fn close(&self) {
+        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(sender) = sender {
+            let _ = sender.send(QueueMsg::Shutdown);
+        }
+    }
+
+    fn prepare(&self, command_buffer: &CommandBuffer) -> Result<Arc<Prepared>, HalError> {
+        if let Some(prepared) = command_buffer.prepared().get() {
+            if let Ok(prepared) = prepared.clone().downcast::<Prepared>() {
+                return Ok(prepared);
+            }
+        }
+        let prepared = Arc::new(Prepared::new(command_buffer, &self.shared)?);
+        let _ = command_buffer.prepared().set(prepared.clone());
+        Ok(prepared)
+    }
+}
+
+impl QueueImpl for CpuQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn device_id(&self) -> DeviceId {
+        self.shared.id
+    }
+
+    fn submit(
+        &self,
+        command_buffer: &CommandBuffer,
+        waits: &[(Semaphore, u64)],
+        signals: &[(Semaphore, u64)],
+    ) -> Result<(), HalError> {
+        if command_buffer.device_id() != self.shared.id {
+            return Err(HalError::WrongDevice {
+                what: "command buffer".into(),
+                owner: command_buffer.device_id(),
+                device: self.shared.id,
+            });
+        }
+        let prepared = self.prepare(command_buffer)?;
+        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = sender
+            .as_ref()
+            .ok_or_else(|| HalError::DeviceLost(format!("queue '{}' is closed", self.name)))?;
+        sender
+            .send(QueueMsg::Submit(Submission {
+                prepared,
+                waits: waits.to_vec(),
+                signals: signals.to_vec(),
+            }))
+            .map_err(|_| HalError::DeviceLost(format!("queue '{}' has stopped", self.name)))
+    }
+}
+
+impl std::fmt::Debug for CpuQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuQueue")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// A command buffer resolved for the CPU: buffers to host allocations, entries to kernels,
+/// split into barrier segments. Cached in the command buffer, so done once.
+pub(crate) struct Prepared {
+    segments: Vec<Vec<PreparedCommand>>,
+}
+
+enum PreparedCommand {
+    Dispatch(Arc<PreparedDispatch>),
+    Copy {
+        index: usize,
+        src: ResolvedRange,
+        dst: ResolvedRange,
+    },
+    Fill {
+        index: usize,
+        dst: ResolvedRange,
+        pattern: Vec<u8>,
+    },
+}
+
+struct PreparedDispatch {
+    index: usize,
+    executable: Arc<str>,
+    entry: Arc<str>,
+    kernel: CpuKernel,
+    bindings: Vec<ResolvedRange>,
+    params: Vec<u8>,
+    workgroups: [u32; 3],
+    total: u64,
+}
+
+impl Prepared {
+    fn new(command_buffer: &CommandBuffer, shared: &DeviceShared) -> Result<Prepared, HalError> {
+        let resolve =
+            |range: &rafter_hal::BufferRange, what: String| -> Result<ResolvedRange, HalError> {
+                let buffer = range.buffer.downcast_ref::<CpuBuffer>().ok_or_else(|| {
+                    HalError::IncompatibleObject {
+                        what: what.clone(),
+                        device: shared.name.clone(),
+                        reason: format!("its buffer ({:?}) is not CPU host memory", range.buffer),
+                    }
+                })?;
+                // Recording validated the range against the buffer's size.
+                range.validate(&what)?;
+                Ok(ResolvedRange {
+                    alloc: buffer.alloc.clone(),
+                    offset: range.offset as usize,
+                    len: range.len as usize,
+                })
+            };
+        let mut segments = vec![Vec::new()];
+        for (index, command) in command_buffer.commands().iter().enumerate() {
+            let prepared = match command {
+                Command::Barrier => {
+                    segments.push(Vec::new());
+                    continue;
+                }
+                Command::Dispatch(dispatch) => {
+                    let executable = dispatch
+                        .executable
+                        .downcast_ref::<CpuExecutable>()
+                        .ok_or_else(|| HalError::IncompatibleObject {
+                            what: format!("executable '{}'", dispatch.executable.name()),
+                            device: shared.name.clone(),
+                            reason: "it is not a CPU executable".into(),
+                        })?;
+                    let kernel = executable.kernels.get(dispatch.entry).ok_or_else(|| {
+                        HalError::UnknownEntryPoint {
+                            executable: dispatch.executable.name().to_string(),
+                            entry: dispatch.entry,
+                            count: executable.kernels.len(),
+                        }
+                    })?;
+                    let bindings = dispatch
+                        .bindings
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| resolve(b, format!("command {index}: binding {i}")))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    PreparedCommand::Dispatch(Arc::new(PreparedDispatch {
+                        index,
+                        executable: executable.name_arc(),
+                        entry: executable.entry_arcs[dispatch.entry].clone(),
+                        kernel: kernel.clone(),
+                        bindings,
+                        params: dispatch.params.clone(),
+                        workgroups: dispatch.workgroups,
+                        total: dispatch.workgroup_total(),
+                    }))
+                }
+                Command::Copy { src, dst } => PreparedCommand::Copy {
+                    index,
+                    src: resolve(src, format!("command {index}: copy source"))?,
+                    dst: resolve(dst, format!("command {index}: copy destination"))?,
+                },
+                Command::Fill { dst, pattern } => PreparedCommand::Fill {
+                    index,
+                    dst: resolve(dst, format!("command {index}: fill destination"))?,
+                    pattern: pattern.bytes(),
+                },
+            };
+            segments.last_mut().expect("never empty").push(prepared);
+        }
+        segments.retain(|s| !s.is_empty());
+        Ok(Prepared { segments })
+    }
+}
+
+/// The queue thread's body.
+pub(crate) fn run_queue_thread(
+    queue: Arc<str>,
+    shared: Arc<DeviceShared>,
+    receiver: Receiver<QueueMsg>,
+    callback_sender: Sender<QueueMsg>,
+) {
+    struct Pending {
+        submission: Submission,
+        outstanding: usize,
+    }
+    let mut pending: HashMap<u64, Pending> = HashMap::new();
+    let mut next_id = 0u64;
+    while let Ok(message) = receiver.recv() {
+        match message {
+            QueueMsg::Submit(submission) => {
+                if submission.waits.is_empty() {
+                    Execution::start(queue.clone(), shared.clone(), submission);
+                    continue;
+                }
+                next_id += 1;
+                let id = next_id;
+                for (semaphore, value) in &submission.waits {
+                    let sender = callback_sender.clone();
+                    semaphore.notify_at(
+                        *value,
+                        Box::new(move |result| {
+                            // The queue thread may be gone (device dropped): nothing to do.
+                            let _ = sender.send(QueueMsg::WaitDone { id, result });
+                        }),
+                    );
+                }
+                pending.insert(
+                    id,
+                    Pending {
+                        outstanding: submission.waits.len(),
+                        submission,
+                    },
+                );
+            }
+            QueueMsg::WaitDone { id, result } => {
+                // Unknown ids belong to submissions already failed by another wait.
+                let Some(entry) = pending.get_mut(&id) else {
+                    continue;
+                };
+                match result {
+                    Ok(()) => {
+                        entry.outstanding -= 1;
+                        if entry.outstanding == 0 {
+                            let entry = pending.remove(&id).expect("present");
+                            Execution::start(queue.clone(), shared.clone(), entry.submission);
+                        }
+                    }
+                    Err(error) => {
+                        // Fail at once, without waiting for the other waits (which may never
+                        // come): the commands never run, the reason flows downstream.
+                        let entry = pending.remove(&id).expect("present");
+                        let reason = match error {
+                            SemaphoreError::Failed(reason) => reason,
+                            other => other.to_string(),
+                        };
+                        fail_all(&entry.submission.signals, &reason);
+                    }
+                }
+            }
+            QueueMsg::Shutdown => break,
+        }
+    }
+    let reason = shared.lost_reason();
+    for (_, entry) in pending.drain() {
+        fail_all(&entry.submission.signals, &reason);
+    }
+}
+
+fn fail_all(signals: &[(Semaphore, u64)], reason: &str) {
+    for (semaphore, _) in signals {
+        semaphore.fail(reason);
+    }
+}
+
+/// A submission whose waits are reached, running segment by segment on the pool.
+struct Execution {
+    queue: Arc<str>,
+    shared: Arc<DeviceShared>,
+    prepared: Arc<Prepared>,
+    signals: Vec<(Semaphore, u64)>,
+    /// Jobs of the current segment not yet finished.
+    remaining: AtomicUsize,
+    failed: AtomicBool,
+    error: Mutex<Option<String>>,
+}
+
+impl Execution {
+    fn start(queue: Arc<str>, shared: Arc<DeviceShared>, submission: Submission) {
+        let execution = Arc::new(Execution {
+            queue,
+            shared,
+            prepared: submission.prepared,
+            signals: submission.signals,
+            remaining: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+        });
+        execution.run_segment(0);
+    }
+
+    fn record_error(&self, message: String) {
+        let mut error = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        if error.is_none() {
+            *error = Some(message);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Whether jobs should stop taking new work (a failure, or the device dropped).
+    fn should_stop(&self) -> bool {
+        if self.failed.load(Ordering::Acquire) {
+            return true;
+        }
+        if self.shared.lost.load(Ordering::Acquire) {
+            self.record_error(self.shared.lost_reason());
+            return true;
+        }
+        false
+    }
+
+    /// Pushes segment `index` (skipping empty ones), or completes.
+    fn run_segment(self: &Arc<Self>, mut index: usize) {
+        loop {
+            // Completion first: work that finished before a drop is not reported lost.
+            if index >= self.prepared.segments.len() || self.should_stop() {
+                self.complete();
+                return;
+            }
+            let jobs = self.jobs(index);
+            if jobs.is_empty() {
+                index += 1;
+                continue;
+            }
+            self.remaining.store(jobs.len(), Ordering::Release);
+            self.shared.pool.push(jobs);
+            return;
+        }
+    }
+
+    fn job_done(self: &Arc<Self>, segment: usize) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.run_segment(segment + 1);
+        }
+    }
+
+    fn jobs(self: &Arc<Self>, segment: usize) -> Vec<Job> {
+        let mut jobs: Vec<Job> = Vec::new();
+        for command in &self.prepared.segments[segment] {
+            match command {
+                PreparedCommand::Dispatch(dispatch) => {
+                    let tasks = dispatch.total.min(self.shared.workers as u64);
+                    let next = Arc::new(AtomicU64::new(0));
+                    for _ in 0..tasks {
+                        let execution = self.clone();
+                        let dispatch = dispatch.clone();
+                        let next = next.clone();
+                        jobs.push(Box::new(move |worker: &Worker| {
+                            execution.run_dispatch(worker, &dispatch, &next);
+                            execution.job_done(segment);
+                        }));
+                    }
+                }
+                PreparedCommand::Copy { index, src, dst } => {
+                    let execution = self.clone();
+                    let (index, src, dst) = (*index, src.clone(), dst.clone());
+                    jobs.push(Box::new(move |worker: &Worker| {
+                        execution.run_transfer(worker, TraceKind::Copy, index, || {
+                            let from = src.alloc.borrow(src.offset, src.len, false);
+                            let to = dst.alloc.borrow(dst.offset, dst.len, true);
+                            match (from, to) {
+                                (Ok(from), Ok(mut to)) => {
+                                    to.bytes_mut().copy_from_slice(from.bytes());
+                                    Ok(())
+                                }
+                                _ => Err("copy: source or destination is in use by a \
+                                          conflicting access (aliasing rule)"
+                                    .to_string()),
+                            }
+                        });
+                        execution.job_done(segment);
+                    }));
+                }
+                PreparedCommand::Fill {
+                    index,
+                    dst,
+                    pattern,
+                } => {
+                    let execution = self.clone();
+                    let (index, dst, pattern) = (*index, dst.clone(), pattern.clone());
+                    jobs.push(Box::new(move |worker: &Worker| {
+                        execution.run_transfer(worker, TraceKind::Fill, index, || {
+                            let mut to =
+                                dst.alloc.borrow(dst.offset, dst.len, true).map_err(|()| {
+                                    "fill: destination is in use by a conflicting access \
+                                 (aliasing rule)"
+                                        .to_string()
+                                })?;
+                            for chunk in to.bytes_mut().chunks_exact_mut(pattern.len()) {
+                                chunk.copy_from_slice(&pattern);
+                            }
+                            Ok(())
+                        });
+                        execution.job_done(segment);
+                    }));
+                }
+            }
+        }
+        jobs
+    }
+
+    /// One pool task of a dispatch: takes workgroups from the shared counter until none are
+    /// left, the execution fails, or the device is dropped.
+    fn run_dispatch(&self, worker: &Worker, dispatch: &PreparedDispatch, next: &AtomicU64) {
+        let start = Instant::now();
+        let mut ran = 0u64;
+        let mut failed = false;
+        let [nx, ny, _] = dispatch.workgroups.map(u64::from);
+        while !self.should_stop() {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= dispatch.total {
+                break;
+            }
+            let id = [
+                (i % nx) as u32,
+                ((i / nx) % ny) as u32,
+                (i / (nx * ny)) as u32,
+            ];
+            let context = DispatchContext {
+                entry: &dispatch.entry,
+                bindings: &dispatch.bindings,
+                params: &dispatch.params,
+                workgroup_id: id,
+                workgroup_count: dispatch.workgroups,
+            };
+            let outcome = catch_unwind(AssertUnwindSafe(|| (dispatch.kernel)(&context)));
+            ran += 1;
+            let message = match outcome {
+                Ok(Ok(())) => continue,
+                Ok(Err(message)) => message,
+                Err(payload) => format!("panicked: {}", panic_message(payload.as_ref())),
+            };
+            self.record_error(format!(
+                "dispatch of '{}::{}' (command {}) failed in workgroup {:?}: {message}",
+                dispatch.executable, dispatch.entry, dispatch.index, id
+            ));
+            failed = true;
+            break;
+        }
+        if ran > 0 {
+            self.trace(TraceEvent {
+                queue: self.queue.clone(),
+                kind: TraceKind::Dispatch,
+                executable: dispatch.executable.clone(),
+                name: dispatch.entry.clone(),
+                start,
+                end: Instant::now(),
+                thread: worker.name.clone(),
+                workgroups: ran,
+                failed,
+            });
+        }
+    }
+
+    fn run_transfer(
+        &self,
+        worker: &Worker,
+        kind: TraceKind,
+        index: usize,
+        body: impl FnOnce() -> Result<(), String>,
+    ) {
+        if self.should_stop() {
+            return;
+        }
+        let start = Instant::now();
+        let result = body();
+        let failed = result.is_err();
+        if let Err(message) = result {
+            self.record_error(format!("command {index}: {message}"));
+        }
+        self.trace(TraceEvent {
+            queue: self.queue.clone(),
+            kind,
+            executable: "".into(),
+            name: if kind == TraceKind::Copy {
+                "copy"
+            } else {
+                "fill"
+            }
+            .into(),
+            start,
+            end: Instant::now(),
+            thread: worker.name.clone(),
+            workgroups: 1,
+            failed,
+        });
+    }
+
+    fn trace(&self, event: TraceEvent) {
+        if let Some(sink) = &self.shared.trace {
+            sink.record(event);
+        }
+    }
+
+    /// Signals or fails every signal semaphore.
+    fn complete(&self) {
+        let error = self.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match error {
+            Some(reason) => fail_all(&self.signals, &reason),
+            None => {
+                for (semaphore, value) in &self.signals {
+                    match semaphore.signal(*value) {
+                        Ok(()) | Err(SemaphoreError::Failed(_)) => {}
+                        Err(error) => semaphore.fail(format!(
+                            "queue '{}' could not signal its semaphore: {error}",
+                            self.queue
+                        )),
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

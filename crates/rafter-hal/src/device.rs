@@ -1,0 +1,232 @@
+//! Devices and their queues.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::command::{CommandBuffer, CommandBufferBuilder};
+use crate::error::Result;
+use crate::executable::{Executable, ExecutableSpec};
+use crate::memory::{Buffer, MemoryKind, MemoryKindInfo};
+use crate::semaphore::Semaphore;
+
+/// A process-unique device identity, used to check that objects are used by the device that
+/// created them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(u64);
+
+impl DeviceId {
+    /// A new identity, never returned before in this process.
+    pub fn fresh() -> DeviceId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        DeviceId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// What sort of device this is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    Cpu,
+    Vulkan,
+    /// A plug-in device (an NPU driver, say), named by its driver.
+    Other(String),
+}
+
+/// Hard limits the device enforces; commands that exceed them are rejected at record time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest single buffer, in bytes.
+    pub max_buffer_size: u64,
+    /// Total bytes the device lets live at once, if limited.
+    pub max_total_allocation: Option<u64>,
+    /// Most buffer bindings one dispatch may take.
+    pub max_bindings: usize,
+    /// Most push-constant (`params`) bytes per dispatch.
+    pub max_push_constant_size: usize,
+    /// Largest workgroup grid per dimension.
+    pub max_workgroup_count: [u32; 3],
+}
+
+/// What the device can run: an open record the partitioner consults. Devices fill the fields
+/// they know; `features` holds named optional capabilities (`"subgroups"`,
+/// `"cooperative-matrix"`, `"int8-dot"`) so a new one needs no new field.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Element types the device computes in, by IR name (`"f32"`, `"f16"`, `"bf16"`, `"i8"`).
+    pub dtypes: BTreeSet<String>,
+    /// Named optional features.
+    pub features: BTreeSet<String>,
+    /// Executable formats [`Device::load_executable`] accepts (`"cpu-kernels"`, `"spirv"`).
+    pub executable_formats: BTreeSet<String>,
+    /// Subgroup (SIMD group, warp) size, where it means something.
+    pub subgroup_size: Option<u32>,
+}
+
+impl Capabilities {
+    pub fn supports_dtype(&self, dtype: &str) -> bool {
+        self.dtypes.contains(dtype)
+    }
+
+    pub fn has_feature(&self, feature: &str) -> bool {
+        self.features.contains(feature)
+    }
+}
+
+/// Static description of a device.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub id: DeviceId,
+    /// A human name (`"cpu"`, `"AMD Radeon 780M"`).
+    pub name: String,
+    pub kind: DeviceKind,
+    /// The memory kinds the device offers, with their properties.
+    pub memory: Vec<MemoryKindInfo>,
+    pub limits: Limits,
+    pub capabilities: Capabilities,
+    /// Roofline: peak arithmetic throughput in FLOP/s, if known (measured by
+    /// `rafter devices --calibrate`).
+    pub peak_flops: Option<f64>,
+    /// Roofline: memory bandwidth in bytes/s, if known.
+    pub memory_bandwidth: Option<f64>,
+}
+
+impl DeviceInfo {
+    /// The properties of `kind`, if the device offers it.
+    pub fn memory_kind(&self, kind: MemoryKind) -> Option<&MemoryKindInfo> {
+        self.memory.iter().find(|m| m.kind == kind)
+    }
+}
+
+/// A device: memory, queues, executables.
+///
+/// Every method returns at once; the only blocking calls in the HAL are host waits on a
+/// [`Semaphore`] (and dropping a device, which waits for its running work to stop).
+///
+/// # Thread safety
+/// Devices are `Send + Sync` and every method may be called concurrently from any thread.
+///
+/// # Object lifetimes
+/// Buffers, semaphores, executables and command buffers are reference-counted handles and
+/// may outlive the device object; using them with a dropped device fails with
+/// [`HalError::DeviceLost`](crate::HalError::DeviceLost). Dropping a device stops accepting
+/// work, fails the signal semaphores of submissions that have not run, waits for running
+/// commands, and joins the device's threads.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// The device's description.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Allocates `size` bytes of `kind`. Errors: [`HalError::UnsupportedMemoryKind`],
+    /// [`HalError::BufferTooLarge`], [`HalError::OutOfMemory`].
+    ///
+    /// [`HalError::UnsupportedMemoryKind`]: crate::HalError::UnsupportedMemoryKind
+    /// [`HalError::BufferTooLarge`]: crate::HalError::BufferTooLarge
+    /// [`HalError::OutOfMemory`]: crate::HalError::OutOfMemory
+    fn allocate(&self, size: u64, kind: MemoryKind) -> Result<Buffer>;
+
+    /// A timeline semaphore starting at `initial`, of the device's native kind (usable by
+    /// every device and the host all the same; see [`Semaphore`]).
+    fn create_semaphore(&self, initial: u64) -> Result<Semaphore>;
+
+    /// Number of queues; at least 1.
+    fn queue_count(&self) -> usize;
+
+    /// Queue `index`, or [`HalError::NoSuchQueue`](crate::HalError::NoSuchQueue).
+    fn queue(&self, index: usize) -> Result<Queue>;
+
+    /// Starts recording a command buffer for this device.
+    fn create_command_buffer(&self) -> Result<CommandBufferBuilder> {
+        Ok(CommandBufferBuilder::new(self.info()))
+    }
+
+    /// Loads an executable. Errors:
+    /// [`HalError::UnsupportedExecutableFormat`](crate::HalError::UnsupportedExecutableFormat)
+    /// for a format the device does not know,
+    /// [`HalError::InvalidExecutable`](crate::HalError::InvalidExecutable) for a bad payload.
+    fn load_executable(&self, spec: &ExecutableSpec) -> Result<Executable>;
+}
+
+/// What a device implements for one of its queues.
+pub trait QueueImpl: Send + Sync + fmt::Debug + 'static {
+    /// A name for traces and errors (`"cpu:0"`).
+    fn name(&self) -> &str;
+    /// The owning device.
+    fn device_id(&self) -> DeviceId;
+    /// See [`Queue::submit`].
+    fn submit(
+        &self,
+        command_buffer: &CommandBuffer,
+        waits: &[(Semaphore, u64)],
+        signals: &[(Semaphore, u64)],
+    ) -> Result<()>;
+}
+
+/// A device queue: where command buffers are submitted. Cheap to clone (shared handle).
+#[derive(Clone)]
+pub struct Queue(Arc<dyn QueueImpl>);
+
+impl Queue {
+    pub fn from_impl(inner: Arc<dyn QueueImpl>) -> Queue {
+        Queue(inner)
+    }
+
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    pub fn device_id(&self) -> DeviceId {
+        self.0.device_id()
+    }
+
+    /// Submits `command_buffer` to run once every `(semaphore, value)` in `waits` is
+    /// reached; when all its commands complete, each `(semaphore, value)` in `signals` is
+    /// signalled.
+    ///
+    /// # Returns at once
+    /// `submit` never blocks on device work, nor on the wait semaphores: it validates, enqueues
+    /// and returns. The host learns of completion only by waiting on a signal semaphore.
+    ///
+    /// # Ordering
+    /// Only semaphores order submissions. Submissions to the same queue with no semaphore
+    /// between them may run concurrently and complete in any order; in particular a
+    /// submission whose waits are not yet reached never holds up a later submission that
+    /// does not depend on it.
+    ///
+    /// # Errors
+    /// - Returned here (nothing enqueued, no semaphore touched): the command buffer was
+    ///   recorded for another device, a binding's buffer is not usable by this device, the
+    ///   device is lost.
+    /// - Delivered through `signals`: if a wait semaphore fails, the commands do not run and
+    ///   every signal semaphore fails with the same reason; if a command fails (a kernel
+    ///   returns an error or panics), the rest of the command buffer is skipped and every
+    ///   signal semaphore fails with a message naming the command and the cause. If a signal
+    ///   would not advance its semaphore, that semaphore is failed. If the device is dropped
+    ///   before the work runs, the signals fail with a device-lost reason.
+    ///
+    /// # Thread safety
+    /// May be called from any thread, concurrently.
+    pub fn submit(
+        &self,
+        command_buffer: &CommandBuffer,
+        waits: &[(Semaphore, u64)],
+        signals: &[(Semaphore, u64)],
+    ) -> Result<()> {
+        self.0.submit(command_buffer, waits, signals)
+    }
+}
+
+impl fmt::Debug for Queue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
