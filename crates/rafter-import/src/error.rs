@@ -161,3 +161,21 @@ impl fmt::Display for Unsupported {
         }
     }
 }
+
+impl ImportError {
+    /// Whether the model uses something rafter does not support (an op, opset, dtype or input
+    /// kind), as opposed to a malformed model or an importer bug.
+    pub fn is_unsupported(&self) -> bool {
+        match self {
+            ImportError::UnsupportedOp { .. }
+            | ImportError::UnsupportedOpset { .. }
+            | ImportError::UnsupportedInput { .. } => true,
+            ImportError::Tensor { source, .. } => matches!(
+                **source,
+                rafter_onnx_proto::ProtoError::StringTensor { .. }
+                    | rafter_onnx_proto::ProtoError::UnsupportedDtype { .. }
+            ),
+            _ => false,
+        }
+    }
+}

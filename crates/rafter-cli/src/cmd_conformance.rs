@@ -1,0 +1,81 @@
+//! `rafter conformance`: ONNX's backend test suite.
+
+use anyhow::{bail, Context, Result};
+use rafter_conformance::{discover, run_suite, ExpectedFailures, Outcome, SuiteOptions};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct ConformanceArgs {
+    /// Device to run on.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Only tests whose name matches this regular expression.
+    #[arg(long)]
+    filter: Option<String>,
+    /// The generated suite (default: $RAFTER_CONFORMANCE_DIR, else .cache/onnx-conformance).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Write every failing or skipped test with its reason to this file (an
+    /// expected-failure list).
+    #[arg(long)]
+    write_expected: Option<PathBuf>,
+    /// Print each test's time.
+    #[arg(long)]
+    timings: bool,
+}
+
+pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
+    if args.device != "cpu" {
+        bail!("unknown device `{}` (available: cpu)", args.device);
+    }
+    let dir = args
+        .dir
+        .or_else(|| std::env::var_os("RAFTER_CONFORMANCE_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(".cache/onnx-conformance"));
+    let cases = discover(&dir, args.filter.as_deref()).map_err(anyhow::Error::msg)?;
+    let results = run_suite(
+        &cases,
+        &SuiteOptions {
+            filter: None,
+            threads: args.threads,
+        },
+    );
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let mut list = ExpectedFailures::default();
+    for r in &results {
+        let name = &r.case.name;
+        match &r.outcome {
+            Outcome::Pass => passed += 1,
+            Outcome::Fail(why) => {
+                failed += 1;
+                println!("FAIL {name}: {why}");
+                list.entries.insert(name.clone(), why.clone());
+            }
+            Outcome::Skip(why) => {
+                skipped += 1;
+                println!("SKIP {name}: {why}");
+                list.entries.insert(name.clone(), why.clone());
+            }
+        }
+        if args.timings {
+            println!("time {name}: {:.3} s", r.elapsed.as_secs_f64());
+        }
+    }
+    if let Some(path) = args.write_expected {
+        let header = "# Expected failures of `rafter conformance --device cpu` (onnx 1.23.2 backend suite).\n\
+                      # One test per line with its reason. This list may only shrink: the test suite fails\n\
+                      # when a test outside it fails or a test on it passes.\n";
+        std::fs::write(&path, list.render(header))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("conformance: {passed} passed, {failed} failed, {skipped} skipped");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,50 @@
+//! `rafter`: run, inspect and conformance-test models from the command line.
+
+mod cmd_conformance;
+mod cmd_inspect;
+mod cmd_run;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "rafter",
+    version,
+    about = "rafter: an AI compiler and heterogeneous runtime for on-device inference"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a model on inputs from .npy files (random inputs when none are given).
+    /// Without a model, runs the built-in demo: a small BERT-like encoder.
+    Run(cmd_run::RunArgs),
+    /// Show a model's inputs, outputs, op histogram, parameters and unsupported ops.
+    Inspect {
+        /// The model (.onnx).
+        model: PathBuf,
+    },
+    /// Run ONNX's backend test suite and report every failing or skipped test.
+    Conformance(cmd_conformance::ConformanceArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => cmd_run::run(args),
+        Command::Inspect { model } => cmd_inspect::inspect(&model),
+        Command::Conformance(args) => cmd_conformance::conformance(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

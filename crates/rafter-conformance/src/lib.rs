@@ -1,0 +1,14 @@
+//! ONNX backend conformance: discovery, execution and comparison of ONNX's own tests.
+//!
+//! The suite lives outside the repository (ONNX ships it as a generator; see
+//! `scripts/gen_conformance_data.py`): `<dir>/<kind>/<test>/model.onnx` with
+//! `test_data_set_N/{input,output}_J.pb`. Each test is imported, run on a device and compared
+//! with ONNX's tolerance rule `|actual - expected| <= atol + rtol * |expected|`.
+
+mod compare;
+mod expected;
+mod suite;
+
+pub use compare::{compare, Tolerance};
+pub use expected::{ExpectedFailures, ExpectedParseError};
+pub use suite::{discover, run_suite, run_test, Outcome, SuiteOptions, TestCase, TestResult};

@@ -1,0 +1,286 @@
+//! Discovering and running conformance tests.
+
+use crate::{compare, Tolerance};
+use rafter_ir::DType;
+use rafter_onnx_proto::{decode_tensor, load_tensor_file, tensor_proto::DataType};
+use rafter_reference::Tensor;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One test folder: `model.onnx` plus one or more `test_data_set_N`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TestCase {
+    /// `node`, `simple`, `pytorch-converted`, `pytorch-operator` or `light`.
+    pub kind: String,
+    pub name: String,
+    pub dir: PathBuf,
+    pub tolerance: Tolerance,
+}
+
+/// How one test ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Pass,
+    /// rafter reports it cannot run the model (unsupported op, dtype or input kind).
+    Skip(String),
+    /// Wrong results or an error other than "unsupported".
+    Fail(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct TestResult {
+    pub case: TestCase,
+    pub outcome: Outcome,
+    pub elapsed: Duration,
+}
+
+/// Options of a suite run.
+#[derive(Clone, Debug, Default)]
+pub struct SuiteOptions {
+    /// Only tests whose name matches this regular expression.
+    pub filter: Option<String>,
+    /// Worker threads; 0 means one per core.
+    pub threads: usize,
+}
+
+const KINDS: [&str; 5] = [
+    "node",
+    "simple",
+    "pytorch-converted",
+    "pytorch-operator",
+    "light",
+];
+
+/// Lists the tests under `dir`, sorted by kind then name.
+pub fn discover(dir: &Path, filter: Option<&str>) -> Result<Vec<TestCase>, String> {
+    let re = filter
+        .map(|f| regex_lite::Regex::new(f).map_err(|e| format!("bad --filter pattern `{f}`: {e}")))
+        .transpose()?;
+    if !dir.is_dir() {
+        return Err(format!(
+            "conformance data not found at {} (run scripts/test.sh or `.venv/bin/python scripts/gen_conformance_data.py {}`)",
+            dir.display(),
+            dir.display()
+        ));
+    }
+    let mut out = Vec::new();
+    for kind in KINDS {
+        let kdir = dir.join(kind);
+        let Ok(entries) = std::fs::read_dir(&kdir) else {
+            continue;
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for name in names {
+            let tdir = kdir.join(&name);
+            if !tdir.join("model.onnx").is_file() || re.as_ref().is_some_and(|r| !r.is_match(&name))
+            {
+                continue;
+            }
+            let tolerance = read_tolerance(&tdir)?;
+            out.push(TestCase {
+                kind: kind.to_string(),
+                name,
+                dir: tdir,
+                tolerance,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Reads `tolerance.json` (`{"rtol": .., "atol": ..}`) if the test has one.
+fn read_tolerance(dir: &Path) -> Result<Tolerance, String> {
+    let path = dir.join("tolerance.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(Tolerance::default());
+    };
+    let field = |key: &str| -> Result<f64, String> {
+        let at = text
+            .find(&format!("\"{key}\""))
+            .ok_or_else(|| format!("{}: no `{key}`", path.display()))?;
+        let rest = text[at + key.len() + 2..]
+            .trim_start()
+            .trim_start_matches(':')
+            .trim_start();
+        let end = rest
+            .find(|c: char| c == ',' || c == '}')
+            .unwrap_or(rest.len());
+        rest[..end]
+            .trim()
+            .parse()
+            .map_err(|e| format!("{}: bad `{key}`: {e}", path.display()))
+    };
+    Ok(Tolerance {
+        rtol: field("rtol")?,
+        atol: field("atol")?,
+    })
+}
+
+/// Maps an ONNX element type code to an IR dtype.
+fn dtype_of(code: i32) -> Option<DType> {
+    Some(match DataType::try_from(code).ok()? {
+        DataType::Float => DType::F32,
+        DataType::Double => DType::F64,
+        DataType::Float16 => DType::F16,
+        DataType::Bfloat16 => DType::BF16,
+        DataType::Int8 => DType::I8,
+        DataType::Uint8 => DType::U8,
+        DataType::Int16 => DType::I16,
+        DataType::Uint16 => DType::U16,
+        DataType::Int32 => DType::I32,
+        DataType::Uint32 => DType::U32,
+        DataType::Int64 => DType::I64,
+        DataType::Uint64 => DType::U64,
+        DataType::Bool => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// Reads one `.pb` tensor file. Errors that mean "rafter cannot represent this" start
+/// with `unsupported`.
+pub fn load_tensor(path: &Path) -> Result<Tensor, String> {
+    let (proto, _) = load_tensor_file(path).map_err(|e| e.to_string())?;
+    let t = decode_tensor(&proto, path.parent()).map_err(|e| match e {
+        rafter_onnx_proto::ProtoError::StringTensor { .. }
+        | rafter_onnx_proto::ProtoError::UnsupportedDtype { .. } => {
+            format!("unsupported: {e}")
+        }
+        other => format!("{}: {other}", path.display()),
+    })?;
+    let dtype = dtype_of(t.data_type)
+        .ok_or_else(|| format!("unsupported dtype {} in {}", t.type_name(), path.display()))?;
+    let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+    Tensor::from_le_bytes(dtype, &dims, &t.data).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Numbered files `prefix_0.pb`, `prefix_1.pb`, ... in `dir`.
+fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    (0..)
+        .map(|i| dir.join(format!("{prefix}_{i}.pb")))
+        .take_while(|p| p.is_file())
+        .collect()
+}
+
+/// Runs one test on the reference executor.
+pub fn run_test(case: &TestCase) -> Outcome {
+    match catch_unwind(AssertUnwindSafe(|| run_test_inner(case))) {
+        Ok(o) => o,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Outcome::Fail(format!("panic: {msg}"))
+        }
+    }
+}
+
+fn run_test_inner(case: &TestCase) -> Outcome {
+    let model = match rafter_import::import_onnx_file(&case.dir.join("model.onnx")) {
+        Ok(m) => m,
+        Err(e) if e.is_unsupported() => return Outcome::Skip(one_line(&e.to_string())),
+        Err(e) => return Outcome::Fail(one_line(&format!("import: {e}"))),
+    };
+    let graph = &model.graph;
+    let mut sets: Vec<PathBuf> = std::fs::read_dir(&case.dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.is_dir()
+                        && p.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("test_data_set"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    sets.sort();
+    if sets.is_empty() {
+        return Outcome::Fail("no test_data_set_* folder".into());
+    }
+    for set in sets {
+        let mut inputs = Vec::new();
+        for p in numbered(&set, "input") {
+            match load_tensor(&p) {
+                Ok(t) => inputs.push(t),
+                Err(e) if e.starts_with("unsupported") => return Outcome::Skip(one_line(&e)),
+                Err(e) => return Outcome::Fail(one_line(&e)),
+            }
+        }
+        let outputs = match rafter_reference::run(graph, inputs) {
+            Ok(o) => o,
+            Err(e) if e.is_unsupported() => return Outcome::Skip(one_line(&e.to_string())),
+            Err(e) => return Outcome::Fail(one_line(&format!("run: {e}"))),
+        };
+        let expected = numbered(&set, "output");
+        if expected.len() != outputs.len() {
+            return Outcome::Fail(format!(
+                "{} outputs but {} expected",
+                outputs.len(),
+                expected.len()
+            ));
+        }
+        for (i, (p, actual)) in expected.iter().zip(&outputs).enumerate() {
+            let want = match load_tensor(p) {
+                Ok(t) => t,
+                Err(e) if e.starts_with("unsupported") => return Outcome::Skip(one_line(&e)),
+                Err(e) => return Outcome::Fail(one_line(&e)),
+            };
+            if let Err(e) = compare(actual, &want, case.tolerance) {
+                let name = &graph.value(graph.outputs[i]).name;
+                return Outcome::Fail(one_line(&format!("output {i} `{name}`: {e}")));
+            }
+        }
+    }
+    Outcome::Pass
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Runs every case on a pool of threads; results come back in the order of `cases`.
+pub fn run_suite(cases: &[TestCase], opts: &SuiteOptions) -> Vec<TestResult> {
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        n => n,
+    };
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<TestResult>>> = Mutex::new(vec![None; cases.len()]);
+    // Panics are caught and reported per test; keep the default hook from printing them.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(cases.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                let start = Instant::now();
+                let outcome = run_test(case);
+                let r = TestResult {
+                    case: case.clone(),
+                    outcome,
+                    elapsed: start.elapsed(),
+                };
+                results.lock().unwrap()[i] = Some(r);
+            });
+        }
+    });
+    std::panic::set_hook(hook);
+    results
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("every case ran"))
+        .collect()
+}
