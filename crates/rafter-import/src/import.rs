@@ -375,12 +375,7 @@ impl<'h> Ctx<'h> {
         for i in order {
             let p = &gp.node[i];
             let file = self.file.clone();
-            let n = NodeView {
-                p,
-                name: display_name(p, i),
-                opset: self.opset,
-                file: &file,
-            };
+            let n = NodeView::new(p, i, self.opset, &file);
             if !is_default_domain(&p.domain) {
                 let reason = if self.function_domains.contains(&p.domain) {
                     format!(
@@ -394,6 +389,9 @@ impl<'h> Ctx<'h> {
             }
             crate::support::static_check(&n).map_err(|r| n.unsupported(r))?;
             crate::ops::translate(self, sc, &n)?;
+            if let Some(a) = n.unread_attr() {
+                return Err(n.unsupported(format!("unsupported: attribute `{a}`")));
+            }
         }
         Ok(())
     }

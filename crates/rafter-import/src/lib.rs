@@ -89,6 +89,22 @@ pub fn import_onnx_bytes(
     )
 }
 
+/// [`check_support`] for a model file (memory-mapped and decoded first).
+pub fn check_support_file(path: &Path) -> Result<Vec<Unsupported>, ImportError> {
+    let file = path.display().to_string();
+    let bytes = rafter_onnx_proto::map_file(path).map_err(|e| match e {
+        rafter_onnx_proto::ProtoError::Io { source, .. } => ImportError::Io {
+            file: file.clone(),
+            source,
+        },
+        other => ImportError::Model {
+            file: file.clone(),
+            msg: other.to_string(),
+        },
+    })?;
+    Ok(check_support(&decode_onnx(bytes, &file)?))
+}
+
 /// Decodes a model, naming `source_name` in the error.
 pub fn decode_onnx(bytes: Bytes, source_name: &str) -> Result<ModelProto, ImportError> {
     ModelProto::decode(bytes).map_err(|source| ImportError::Decode {

@@ -4,6 +4,8 @@
 use crate::ImportError;
 use rafter_onnx_proto::attribute_proto::AttributeType;
 use rafter_onnx_proto::{AttributeProto, GraphProto, NodeProto, TensorProto};
+use std::cell::RefCell;
+use std::collections::HashSet;
 
 /// The name a node is reported under: its own, or `OpType_<index>` when it has none.
 pub(crate) fn display_name(p: &NodeProto, index: usize) -> String {
@@ -19,6 +21,20 @@ pub(crate) fn is_default_domain(d: &str) -> bool {
     d.is_empty() || d == "ai.onnx"
 }
 
+/// Attributes that only tune precision or training and change nothing the IR expresses.
+const IGNORED_ATTRS: &[&str] = &[
+    "stash_type",
+    "softmax_precision",
+    "saturate",
+    "round_mode",
+    "momentum",
+    "seed",
+    "ratio",
+    "spatial",
+    "is_test",
+    "consumed_inputs",
+];
+
 pub(crate) struct NodeView<'a> {
     pub p: &'a NodeProto,
     /// Display name (see [`display_name`]).
@@ -26,9 +42,32 @@ pub(crate) struct NodeView<'a> {
     /// The model's default-domain opset.
     pub opset: i64,
     pub file: &'a str,
+    /// Attribute names the translation looked at.
+    pub used: RefCell<HashSet<String>>,
 }
 
 impl<'a> NodeView<'a> {
+    pub fn new(p: &'a NodeProto, index: usize, opset: i64, file: &'a str) -> NodeView<'a> {
+        NodeView {
+            p,
+            name: display_name(p, index),
+            opset,
+            file,
+            used: RefCell::new(HashSet::new()),
+        }
+    }
+
+    /// The first attribute the translation did not look at (and that is not a known
+    /// precision or training knob): a meaning the import would silently drop.
+    pub fn unread_attr(&self) -> Option<&'a str> {
+        let used = self.used.borrow();
+        self.p
+            .attribute
+            .iter()
+            .map(|a| a.name.as_str())
+            .find(|n| !used.contains(*n) && !IGNORED_ATTRS.contains(n))
+    }
+
     pub fn op_type(&self) -> &str {
         &self.p.op_type
     }
@@ -95,6 +134,7 @@ impl<'a> NodeView<'a> {
     // ---- attributes ----
 
     pub fn attr(&self, name: &str) -> Option<&'a AttributeProto> {
+        self.used.borrow_mut().insert(name.to_string());
         self.p.attribute.iter().find(|a| a.name == name)
     }
 

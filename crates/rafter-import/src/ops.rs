@@ -750,6 +750,11 @@ impl Tr<'_, '_, '_> {
                 self.finish(Op::DynamicQuantizeLinear, vec![Some(x)])
             }
             "Attention" => {
+                if n.i("left_window_size", -1)? != -1 || n.i("right_window_size", -1)? != -1 {
+                    return Err(n.unsupported(
+                        "unsupported: windowed attention (left_window_size/right_window_size)",
+                    ));
+                }
                 let ins = self.all_inputs()?;
                 if ins.len() < 3 || ins[..3].iter().any(Option::is_none) {
                     return Err(n.invalid("Q, K and V are required"));
@@ -1011,9 +1016,7 @@ impl Tr<'_, '_, '_> {
                     mode,
                 })
             }
-            "SpaceToDepth" => self.act(Op::SpaceToDepth {
-                blocksize: n.i_req("blocksize")?,
-            }),
+            "SpaceToDepth" => self.space_to_depth(),
             "EyeLike" => {
                 let x = self.req(0)?;
                 let dtype = match n.i_opt("dtype")? {
@@ -1108,6 +1111,46 @@ impl Tr<'_, '_, '_> {
         self.finish(
             Op::Binary { op: BinaryOp::Div },
             vec![Some(acc), Some(count)],
+        )
+    }
+
+    fn space_to_depth(&mut self) -> R {
+        let n = self.n;
+        let b = n.i_req("blocksize")?;
+        let crd = match n.s("mode", "DCR")?.as_str() {
+            "DCR" => false,
+            "CRD" => true,
+            m => return Err(n.invalid(format!("unknown mode `{m}`"))),
+        };
+        let x = self.req(0)?;
+        if !crd {
+            return self.finish(Op::SpaceToDepth { blocksize: b }, vec![Some(x)]);
+        }
+        // The IR's space_to_depth is the DCR order; CRD is spelled out as
+        // reshape [N, C, H/b, b, W/b, b] -> transpose -> reshape [N, C*b*b, H/b, W/b].
+        let dims = self.ty(x).known_dims().filter(|d| d.len() == 4 && b > 0);
+        let Some([nn, c, h, w]) = dims.as_deref().map(|d| [d[0], d[1], d[2], d[3]]) else {
+            return Err(n.unsupported(
+                "unsupported: SpaceToDepth mode CRD on an input whose shape is not known",
+            ));
+        };
+        let split = self.i64_const("split_shape", &[nn, c, h / b, b, w / b, b]);
+        let r = self.tmp(
+            "split",
+            Op::Reshape { allow_zero: true },
+            vec![Some(x), Some(split)],
+        )?;
+        let t = self.tmp(
+            "transpose",
+            Op::Transpose {
+                perm: vec![0, 1, 3, 5, 2, 4],
+            },
+            vec![Some(r)],
+        )?;
+        let merged = self.i64_const("merged_shape", &[nn, c * b * b, h / b, w / b]);
+        self.finish(
+            Op::Reshape { allow_zero: true },
+            vec![Some(t), Some(merged)],
         )
     }
 
@@ -1248,7 +1291,8 @@ impl Tr<'_, '_, '_> {
         } else {
             n.ints("axes")?.unwrap_or_default()
         };
-        if axes.is_empty() && from_input && n.flag("noop_with_empty_axes", false)? {
+        let noop = from_input && n.flag("noop_with_empty_axes", false)?;
+        if axes.is_empty() && noop {
             return self.finish(Op::Identity, vec![Some(x)]);
         }
         let mut axes = self.axes(&axes, self.rank(x))?;

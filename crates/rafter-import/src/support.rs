@@ -4,7 +4,7 @@
 
 use crate::convert::{dtype_from_onnx, value_info_type};
 use crate::import::model_opset;
-use crate::node::{attr_graphs, display_name, is_default_domain, NodeView};
+use crate::node::{attr_graphs, is_default_domain, NodeView};
 use crate::ops::SUPPORTED;
 use crate::{Unsupported, MAX_OPSET};
 use rafter_onnx_proto::{GraphProto, ModelProto};
@@ -217,12 +217,7 @@ fn walk(
     }
     let graph_inputs: HashSet<&str> = gp.input.iter().map(|i| i.name.as_str()).collect();
     for (i, p) in gp.node.iter().enumerate() {
-        let n = NodeView {
-            p,
-            name: display_name(p, i),
-            opset,
-            file: "",
-        };
+        let n = NodeView::new(p, i, opset, "");
         let mut push = |reason: String| {
             out.push(Unsupported {
                 graph: graph.to_string(),

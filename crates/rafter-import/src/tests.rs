@@ -1714,3 +1714,122 @@ fn fresh_symbols_are_unique_and_avoid_declared_names() {
     let b = g.value(g.outputs[1]).ty.to_string();
     assert_eq!((a.as_str(), b.as_str()), ("i64[1, _nz1]", "i64[1, _nz2]"));
 }
+
+#[test]
+fn external_data_is_resolved_next_to_the_model() {
+    let dir = std::env::temp_dir().join(format!("rafter-import-ext-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let weights: Vec<u8> = [0.5f32, 1.5, 2.5]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mut blob = vec![0u8; 16];
+    blob.extend_from_slice(&weights);
+    std::fs::write(dir.join("w.bin"), &blob).unwrap();
+    let kv = |k: &str, v: &str| StringStringEntryProto {
+        key: k.into(),
+        value: v.into(),
+    };
+    let w = TensorProto {
+        name: "w".into(),
+        data_type: 1,
+        dims: vec![3],
+        data_location: tensor_proto::DataLocation::External as i32,
+        external_data: vec![
+            kv("location", "w.bin"),
+            kv("offset", "16"),
+            kv("length", "12"),
+        ],
+        ..Default::default()
+    };
+    let m = model(
+        17,
+        graph(
+            vec![node("Add", "a", &["x", "w"], &["y"], vec![])],
+            vec![f32_in("x", &["3"])],
+            &["y"],
+            vec![w],
+        ),
+    );
+    let path = dir.join("m.onnx");
+    std::fs::write(&path, m.encode_to_vec()).unwrap();
+    let g = import_onnx_file(&path)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .graph;
+    assert_eq!(g.constants[0].to_f64s(), [0.5, 1.5, 2.5]);
+    assert!(check_support_file(&path).unwrap().is_empty());
+    // Without a base directory external data cannot be found.
+    let e = import_onnx_bytes(bytes_of(&m), None, "mem").unwrap_err();
+    assert!(e.to_string().contains("mem: initializer `w`"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn attributes_the_ir_cannot_express_are_rejected() {
+    // An attribute the translation never reads would be silently dropped: reject it.
+    let e = err(&unary_model("Relu", 17, vec![ai("mystery", 1)]));
+    assert!(
+        e.to_string()
+            .contains("node `n` (Relu): unsupported: attribute `mystery`"),
+        "{e}"
+    );
+    // Precision knobs are fine.
+    let m = model(
+        17,
+        graph(
+            vec![node(
+                "LayerNormalization",
+                "ln",
+                &["x", "s"],
+                &["y"],
+                vec![ai("stash_type", 1)],
+            )],
+            vec![f32_in("x", &["2", "4"])],
+            &["y"],
+            vec![t_f32("s", &[4], &[1.0; 4])],
+        ),
+    );
+    ok(&m);
+    let m = model(
+        25,
+        graph(
+            vec![node(
+                "Attention",
+                "att",
+                &["q", "q", "q"],
+                &["y"],
+                vec![ai("left_window_size", 2)],
+            )],
+            vec![f32_in("q", &["1", "2", "4", "8"])],
+            &["y"],
+            vec![],
+        ),
+    );
+    assert!(err(&m).to_string().contains("windowed attention"));
+}
+
+#[test]
+fn space_to_depth_crd_is_spelled_out() {
+    let m = model(
+        28,
+        graph(
+            vec![node(
+                "SpaceToDepth",
+                "s2d",
+                &["x"],
+                &["y"],
+                vec![ai("blocksize", 2), astr("mode", "CRD")],
+            )],
+            vec![f32_in("x", &["1", "3", "4", "6"])],
+            &["y"],
+            vec![],
+        ),
+    );
+    let g = ok(&m);
+    let names: Vec<&str> = g.nodes.iter().map(|n| n.op.name()).collect();
+    assert_eq!(names, ["reshape", "transpose", "reshape"]);
+    assert_eq!(const_ints(&g, "s2d/split_shape"), [1, 3, 2, 2, 3, 2]);
+    assert_eq!(const_ints(&g, "s2d/merged_shape"), [1, 12, 2, 3]);
+    let g = ok(&unary_model("SpaceToDepth", 13, vec![ai("blocksize", 2)]));
+    assert_eq!(g.nodes[0].op, Op::SpaceToDepth { blocksize: 2 });
+}
