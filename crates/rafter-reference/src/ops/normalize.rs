@@ -8,6 +8,7 @@ use super::elementwise::{cast, from_f64s};
 use super::reduce::{axes_mask, lanes, resolve_axis};
 use super::{arg, invalid, unsupported, OpCtx, OpError};
 use crate::Tensor;
+use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
 use rafter_ir::{DType, Op, SoftmaxKind};
 
@@ -29,8 +30,9 @@ pub fn eval(
         Op::Softmax { kind, axis } => {
             let mut mask = vec![false; rank];
             mask[resolve_axis(*axis, rank)?] = true;
+            let half = half_steps(x.dtype());
             vec![out(map_lanes(&xs, &shape, &mask, |l, o| {
-                softmax(*kind, l, o)
+                softmax(*kind, l, o, half)
             }))]
         }
         Op::LayerNorm { axis, epsilon } => {
@@ -280,7 +282,32 @@ fn map_lanes(
         .collect()
 }
 
-fn softmax(kind: SoftmaxKind, l: &[f64], o: &mut [f64]) {
+/// How ONNX's reference rounds half-precision softmax: after every step, to the dtype;
+/// f16 sums accumulate in f32 (NumPy), bf16 sums round after every addition (ml_dtypes).
+#[derive(Clone, Copy)]
+struct HalfSteps {
+    round: fn(f64) -> f64,
+    round_each_add: bool,
+}
+
+fn half_steps(d: DType) -> Option<HalfSteps> {
+    match d {
+        DType::F16 => Some(HalfSteps {
+            round: |v| f16::from_f32(v as f32).to_f64(),
+            round_each_add: false,
+        }),
+        DType::BF16 => Some(HalfSteps {
+            round: |v| bf16::from_f32(v as f32).to_f64(),
+            round_each_add: true,
+        }),
+        _ => None,
+    }
+}
+
+/// One lane of softmax, log-softmax or hardmax, in f64. For f16 and bf16 (`half`), follow
+/// ONNX's reference step by step instead (`x - max`, `exp`, the sum, the quotient and the
+/// log each rounded to the dtype), so results agree to the last half-precision bit.
+fn softmax(kind: SoftmaxKind, l: &[f64], o: &mut [f64], half: Option<HalfSteps>) {
     if kind == SoftmaxKind::Hardmax {
         // One at the first maximum (the first NaN, if any, as NumPy's argmax).
         let mut best = 0;
@@ -298,12 +325,31 @@ fn softmax(kind: SoftmaxKind, l: &[f64], o: &mut [f64]) {
         return;
     }
     let m = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let log = kind == SoftmaxKind::LogSoftmax;
+    if let Some(HalfSteps {
+        round: r,
+        round_each_add,
+    }) = half
+    {
+        for (o, &v) in o.iter_mut().zip(l) {
+            *o = r(r(v - m).exp());
+        }
+        let s = if round_each_add {
+            o.iter().fold(0.0, |a, &v| r(a + v))
+        } else {
+            r(o.iter().sum::<f64>())
+        };
+        for o in o.iter_mut() {
+            *o = if log { r(r(*o / s).ln()) } else { r(*o / s) };
+        }
+        return;
+    }
     let s: f64 = l.iter().map(|&v| (v - m).exp()).sum();
     for (o, &v) in o.iter_mut().zip(l) {
-        *o = if kind == SoftmaxKind::Softmax {
-            (v - m).exp() / s
-        } else {
+        *o = if log {
             v - m - s.ln()
+        } else {
+            (v - m).exp() / s
         };
     }
 }
