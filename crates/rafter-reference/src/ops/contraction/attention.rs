@@ -202,7 +202,13 @@ fn attention_t<T: Real>(
                     continue;
                 }
                 row.mapv_inplace(|x| r(r(x - mx).exp()));
-                let sum = r(row.iter().copied().sum::<T>());
+                // NumPy reduces ml_dtypes' bf16 one rounded add at a time; f16 and wider
+                // types accumulate in at least f32.
+                let sum = if dt == DType::BF16 {
+                    row.iter().fold(T::zero(), |acc, &x| r(acc + x))
+                } else {
+                    r(row.iter().copied().sum::<T>())
+                };
                 let sum = if sum == T::zero() { T::one() } else { sum };
                 row.mapv_inplace(|x| r(x / sum));
             }

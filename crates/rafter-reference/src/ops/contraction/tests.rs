@@ -555,3 +555,18 @@ fn rotary_embedding_rotates() {
     let y = run1(op, &[&x, &cos, &sin, &pos]);
     close(&y, &[1, 1, 1, 2], &[-2., 1.]);
 }
+
+/// Timing probe for a VGG-19 conv1_2-sized layer (`cargo test -- --ignored vgg_layer`).
+#[test]
+#[ignore]
+fn vgg_layer_timing() {
+    let x = Tensor::f32s(&[1, 64, 224, 224], vec![0.5; 64 * 224 * 224]);
+    let w = Tensor::f32s(&[64, 64, 3, 3], vec![0.01; 64 * 64 * 9]);
+    let t = std::time::Instant::now();
+    let y = run1(
+        conv_op(&[3, 3], &[], &[1, 1, 1, 1], &[], 1, AutoPad::NotSet),
+        &[&x, &w],
+    );
+    eprintln!("conv 64x224x224 3x3: {:?}", t.elapsed());
+    assert_eq!(y.shape(), &[1, 64, 224, 224]);
+}
