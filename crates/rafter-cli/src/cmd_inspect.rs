@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
-pub fn inspect(path: &Path) -> Result<ExitCode> {
+pub fn inspect(path: &Path, ir: bool) -> Result<ExitCode> {
     let bytes =
         rafter_onnx_proto::map_file(path).with_context(|| format!("reading {}", path.display()))?;
     let model = rafter_import::decode_onnx(bytes, &path.display().to_string())?;
@@ -33,7 +33,7 @@ pub fn inspect(path: &Path) -> Result<ExitCode> {
         model.ir_version,
         opsets.join(" ")
     );
-    print_signature(path, &model);
+    let graph_ir = print_signature(path, &model);
     let graph = model.graph.as_ref();
     let mut hist = BTreeMap::new();
     if let Some(g) = graph {
@@ -63,12 +63,16 @@ pub fn inspect(path: &Path) -> Result<ExitCode> {
             println!("  {u}");
         }
     }
+    if let (true, Some(g)) = (ir, graph_ir) {
+        println!("ir:");
+        print!("{}", rafter_ir::text::print_graph_elided(&g));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Inputs and outputs with symbolic dims: from the imported graph when the model imports,
-/// else as the file declares them.
-fn print_signature(path: &Path, model: &ModelProto) {
+/// else as the file declares them. Returns the imported graph, if any.
+fn print_signature(path: &Path, model: &ModelProto) -> Option<rafter_ir::Graph> {
     match rafter_import::import_onnx_model(model, path.parent(), &path.display().to_string()) {
         Ok(imported) => {
             let g = &imported.graph;
@@ -80,12 +84,11 @@ fn print_signature(path: &Path, model: &ModelProto) {
             for &id in &g.outputs {
                 println!("  {}: {}", g.value(id).name, g.value(id).ty);
             }
+            Some(imported.graph)
         }
         Err(e) => {
             println!("does not import: {e}");
-            let Some(g) = model.graph.as_ref() else {
-                return;
-            };
+            let g = model.graph.as_ref()?;
             let inits: std::collections::HashSet<&str> =
                 g.initializer.iter().map(|t| t.name.as_str()).collect();
             println!("inputs (as declared):");
@@ -96,6 +99,7 @@ fn print_signature(path: &Path, model: &ModelProto) {
             for vi in &g.output {
                 println!("  {}", vi.name);
             }
+            None
         }
     }
 }

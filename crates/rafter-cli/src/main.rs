@@ -28,6 +28,9 @@ enum Command {
     Inspect {
         /// The model (.onnx).
         model: PathBuf,
+        /// Also print the imported graph in rafter's IR text format (large constants elided).
+        #[arg(long)]
+        ir: bool,
     },
     /// Run ONNX's backend test suite and report every failing or skipped test.
     Conformance(cmd_conformance::ConformanceArgs),
@@ -37,7 +40,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => cmd_run::run(args),
-        Command::Inspect { model } => cmd_inspect::inspect(&model),
+        Command::Inspect { model, ir } => cmd_inspect::inspect(&model, ir),
         Command::Conformance(args) => cmd_conformance::conformance(args),
     };
     match result {
