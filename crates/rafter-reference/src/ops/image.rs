@@ -216,11 +216,27 @@ fn resize_axis(
         let q = x.floor();
         let integer = x == q;
         let ratio = if integer { 1.0 } else { x - q };
-        // The tap on the left of `x` (the one before it when `x` is an integer).
-        let base = q as i64 - integer as i64;
         let mut c = p.coeffs(ratio, scale);
         let n = c.len() as i64;
-        let first = base - n / 2 + 1;
+        // The window of the `n` taps nearest `x`, ties to the smaller index. As in the
+        // reference, it is found on `x` shifted by the edge padding, in f64: the shift can
+        // round a coordinate a hair above an integer onto it, which moves the window.
+        let pad = (n + 1) / 2;
+        let xp = x + pad as f64;
+        let pp = xp.floor();
+        let frac = xp - pp;
+        let offset = if n % 2 == 0 {
+            if frac == 0.0 {
+                -(n / 2)
+            } else {
+                -(n / 2) + 1
+            }
+        } else if frac <= 0.5 {
+            -((n - 1) / 2)
+        } else {
+            -((n - 1) / 2) + 1
+        };
+        let first = pp as i64 + offset - pad;
         if p.exclude_outside {
             for (k, w) in c.iter_mut().enumerate() {
                 let i = first + k as i64;
@@ -686,6 +702,23 @@ mod tests {
         let sz = Tensor::i64s(&[1], vec![3]);
         let y = resize(&x, None, None, Some(&sz), &[], &p).unwrap();
         assert_eq!(vals(&y), [1.0, 1.5, 2.0]);
+    }
+
+    /// The reference finds the tap window on the edge-padded coordinate; here position 2
+    /// maps to 3 + 4e-16, which the padding shift rounds onto 5.0, so the window starts
+    /// one tap early (onnx's op_resize gives 4.2857..., not 9.2857...).
+    #[test]
+    fn resize_window_follows_reference_rounding() {
+        let x = Tensor::f32s(&[7], (0..7).map(|i| (i * i) as f32).collect());
+        let s = Tensor::f32s(&[1], vec![0.8]);
+        let mut p = params(ResizeMode::Linear, CoordTransform::HalfPixelSymmetric);
+        p.antialias = true;
+        let y = vals(&resize(&x, None, Some(&s), None, &[], &p).unwrap());
+        let want = [0.5, 3.0, 4.285_714, 19.0, 30.5];
+        assert!(
+            y.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-4),
+            "{y:?}"
+        );
     }
 
     #[test]
