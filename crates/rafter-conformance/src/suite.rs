@@ -184,10 +184,15 @@ pub fn run_test(case: &TestCase) -> Outcome {
 }
 
 fn run_test_inner(case: &TestCase) -> Outcome {
-    let model = match rafter_import::import_onnx_file(&case.dir.join("model.onnx")) {
+    let path = case.dir.join("model.onnx");
+    // Reasons name the node, not the file: the test's name already says which file.
+    let strip = |e: &dyn std::fmt::Display| {
+        one_line(&e.to_string().replace(&format!("{}: ", path.display()), ""))
+    };
+    let model = match rafter_import::import_onnx_file(&path) {
         Ok(m) => m,
-        Err(e) if e.is_unsupported() => return Outcome::Skip(one_line(&e.to_string())),
-        Err(e) => return Outcome::Fail(one_line(&format!("import: {e}"))),
+        Err(e) if e.is_unsupported() => return Outcome::Skip(strip(&e)),
+        Err(e) => return Outcome::Fail(format!("import: {}", strip(&e))),
     };
     let graph = &model.graph;
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&case.dir)
