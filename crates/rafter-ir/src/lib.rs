@@ -12,6 +12,7 @@ mod dtype;
 mod graph;
 pub mod infer;
 mod op;
+pub mod program;
 pub mod text;
 mod types;
 pub mod verify;
