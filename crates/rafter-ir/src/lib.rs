@@ -13,6 +13,7 @@ mod graph;
 pub mod infer;
 mod op;
 pub mod program;
+pub mod program_text;
 pub mod text;
 mod types;
 pub mod verify;

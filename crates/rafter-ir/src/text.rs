@@ -134,7 +134,7 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | ':')
 }
 
-fn write_name(out: &mut String, s: &str) {
+pub(crate) fn write_name(out: &mut String, s: &str) {
     if is_bare_name(s) {
         out.push_str(s);
     } else {
@@ -142,7 +142,7 @@ fn write_name(out: &mut String, s: &str) {
     }
 }
 
-fn write_string(out: &mut String, s: &str) {
+pub(crate) fn write_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -196,6 +196,41 @@ fn const_type(c: &ConstData) -> TensorType {
         c.dtype,
         c.dims.iter().map(|&d| Dim::known(d as i64)).collect(),
     )
+}
+
+/// Writes `c`'s data as `dense [...]` or `hex "..."` (with `<type>` when `explicit`; as
+/// `dense elided` when `elide` and it is large): what follows `=` in a `const` statement.
+pub(crate) fn write_const_data(out: &mut String, c: &ConstData, explicit: bool, elide: bool) {
+    let dense = if c.num_elements() <= DENSE_LIMIT {
+        dense_elements(c)
+    } else {
+        None
+    };
+    let elided = elide && c.num_elements() > DENSE_LIMIT;
+    out.push_str(if dense.is_some() || elided {
+        "dense"
+    } else {
+        "hex"
+    });
+    if explicit {
+        let _ = write!(out, "<{}>", const_type(c));
+    }
+    if elided {
+        out.push_str(" elided");
+    } else if let Some(elems) = dense {
+        out.push_str(" [");
+        out.push_str(&elems.join(", "));
+        out.push(']');
+    } else {
+        out.push_str(" \"");
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        out.reserve(2 * c.bytes.len() + 1);
+        for &b in c.bytes.iter() {
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 15) as usize] as char);
+        }
+        out.push('"');
+    }
 }
 
 /// The elements of `c` as list items, or `None` when a list cannot hold them exactly.
@@ -399,41 +434,11 @@ impl Printer {
             names.def(&mut self.out, v);
         }
         self.out.push_str(" = ");
-        let ty = const_type(c);
         let explicit = match vals.first().and_then(|v| names.g.values.get(v.0 as usize)) {
-            Some(v) => v.ty != ty,
+            Some(v) => v.ty != const_type(c),
             None => true,
         };
-        let dense = if c.num_elements() <= DENSE_LIMIT {
-            dense_elements(c)
-        } else {
-            None
-        };
-        let elided = self.elide && c.num_elements() > DENSE_LIMIT;
-        self.out.push_str(if dense.is_some() || elided {
-            "dense"
-        } else {
-            "hex"
-        });
-        if explicit {
-            let _ = write!(self.out, "<{ty}>");
-        }
-        if elided {
-            self.out.push_str(" elided");
-        } else if let Some(elems) = dense {
-            self.out.push_str(" [");
-            self.out.push_str(&elems.join(", "));
-            self.out.push(']');
-        } else {
-            self.out.push_str(" \"");
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            self.out.reserve(2 * c.bytes.len() + 1);
-            for &b in c.bytes.iter() {
-                self.out.push(HEX[(b >> 4) as usize] as char);
-                self.out.push(HEX[(b & 15) as usize] as char);
-            }
-            self.out.push('"');
-        }
+        write_const_data(&mut self.out, c, explicit, self.elide);
     }
 
     fn node(&mut self, names: &Names<'_>, node: &Node, indent: usize) {
@@ -550,7 +555,7 @@ fn statement_order(g: &Graph, const_values: &[Vec<ValueId>]) -> Vec<Stmt> {
 // ---------------------------------------------------------------------------------------
 
 #[derive(Clone, Debug, PartialEq)]
-enum Tok {
+pub(crate) enum Tok {
     Ident(String),
     /// Decimal digits, no sign.
     Int(String),
@@ -964,9 +969,10 @@ impl Num {
     }
 }
 
-type Pos = (usize, usize);
+/// A 1-based line and column.
+pub(crate) type Pos = (usize, usize);
 
-fn error_at(pos: Pos, message: String) -> ParseError {
+pub(crate) fn error_at(pos: Pos, message: String) -> ParseError {
     ParseError {
         line: pos.0,
         col: pos.1,
@@ -1157,50 +1163,50 @@ impl GraphBuild {
     }
 }
 
-struct Parser {
+pub(crate) struct Parser {
     toks: Vec<Token>,
     i: usize,
 }
 
 impl Parser {
-    fn new(src: &str) -> Result<Parser, ParseError> {
+    pub(crate) fn new(src: &str) -> Result<Parser, ParseError> {
         Ok(Parser {
             toks: lex(src)?,
             i: 0,
         })
     }
 
-    fn peek(&self) -> &Tok {
+    pub(crate) fn peek(&self) -> &Tok {
         &self.toks[self.i].tok
     }
 
-    fn pos(&self) -> Pos {
+    pub(crate) fn pos(&self) -> Pos {
         let t = &self.toks[self.i];
         (t.line, t.col)
     }
 
-    fn next(&mut self) {
+    pub(crate) fn next(&mut self) {
         if self.i + 1 < self.toks.len() {
             self.i += 1;
         }
     }
 
-    fn expected<T>(&self, what: &str) -> Result<T, ParseError> {
+    pub(crate) fn expected<T>(&self, what: &str) -> Result<T, ParseError> {
         Err(error_at(
             self.pos(),
             format!("expected {what}, found {}", describe(self.peek())),
         ))
     }
 
-    fn is_punct(&self, p: &str) -> bool {
+    pub(crate) fn is_punct(&self, p: &str) -> bool {
         matches!(self.peek(), Tok::Punct(q) if *q == p)
     }
 
-    fn is_ident(&self, s: &str) -> bool {
+    pub(crate) fn is_ident(&self, s: &str) -> bool {
         matches!(self.peek(), Tok::Ident(q) if q == s)
     }
 
-    fn eat(&mut self, p: &str) -> bool {
+    pub(crate) fn eat(&mut self, p: &str) -> bool {
         let hit = self.is_punct(p);
         if hit {
             self.next();
@@ -1208,7 +1214,7 @@ impl Parser {
         hit
     }
 
-    fn expect(&mut self, p: &str) -> Result<(), ParseError> {
+    pub(crate) fn expect(&mut self, p: &str) -> Result<(), ParseError> {
         if self.eat(p) {
             Ok(())
         } else {
@@ -1216,7 +1222,7 @@ impl Parser {
         }
     }
 
-    fn expect_eof(&self) -> Result<(), ParseError> {
+    pub(crate) fn expect_eof(&self) -> Result<(), ParseError> {
         match self.peek() {
             Tok::Eof => Ok(()),
             _ => self.expected("end of input"),
@@ -1224,7 +1230,7 @@ impl Parser {
     }
 
     /// After an item of a comma-separated list: `true` when another item follows.
-    fn list_sep(&mut self, close: &str) -> Result<bool, ParseError> {
+    pub(crate) fn list_sep(&mut self, close: &str) -> Result<bool, ParseError> {
         if self.eat(",") {
             Ok(true)
         } else if self.eat(close) {
@@ -1234,7 +1240,7 @@ impl Parser {
         }
     }
 
-    fn graph(&mut self) -> Result<Graph, ParseError> {
+    pub(crate) fn graph(&mut self) -> Result<Graph, ParseError> {
         if !self.is_ident("graph") {
             return self.expected("`graph`");
         }
@@ -1293,7 +1299,9 @@ impl Parser {
         }
     }
 
-    fn value_def(&mut self) -> Result<(String, Option<u32>, TensorType, Pos), ParseError> {
+    pub(crate) fn value_def(
+        &mut self,
+    ) -> Result<(String, Option<u32>, TensorType, Pos), ParseError> {
         let pos = self.pos();
         let Tok::Value(name, id) = self.peek().clone() else {
             return self.expected("a value definition `%name: type`");
@@ -1342,7 +1350,7 @@ impl Parser {
         Ok(dims)
     }
 
-    fn ty(&mut self) -> Result<TensorType, ParseError> {
+    pub(crate) fn ty(&mut self) -> Result<TensorType, ParseError> {
         let dtype = self.dtype()?;
         let dims = self.dims()?;
         Ok(TensorType::new(dtype, dims))
@@ -1482,7 +1490,10 @@ impl Parser {
         Ok(())
     }
 
-    fn const_data(&mut self, value_ty: Option<&TensorType>) -> Result<ConstData, ParseError> {
+    pub(crate) fn const_data(
+        &mut self,
+        value_ty: Option<&TensorType>,
+    ) -> Result<ConstData, ParseError> {
         let kw_pos = self.pos();
         let dense = match self.peek() {
             Tok::Ident(s) if s == "dense" => true,
@@ -1899,7 +1910,7 @@ fn num_attr(num: Num, pos: Pos) -> Result<AttrValue, ParseError> {
     }
 }
 
-fn parse_i64(s: &str, pos: Pos) -> Result<i64, ParseError> {
+pub(crate) fn parse_i64(s: &str, pos: Pos) -> Result<i64, ParseError> {
     s.parse()
         .map_err(|_| error_at(pos, format!("expected an i64, found `{s}` (out of range)")))
 }
