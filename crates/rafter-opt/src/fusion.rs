@@ -1,0 +1,291 @@
+//! Fusion: partitions a graph's nodes into groups, each of which becomes one kernel.
+//!
+//! Nodes are visited in topological order; a node joins the group of one of its operands'
+//! producers when a rule allows it, otherwise it starts a group. Rules:
+//! - **elementwise chains**: an elementwise op joins an elementwise group when its result
+//!   has the group's *domain* (the dims every value computed in the group has), so nothing
+//!   is recomputed per broadcast element;
+//! - **contraction epilogues**: an elementwise op joins a contraction group (matmul, gemm,
+//!   conv, ...) through a value that it alone reads (and that is no graph output), keeping
+//!   the contraction's output dims: bias, activation, residual add, scaling;
+//! - **reduction prologues**: a reduction, softmax or normalisation joins an elementwise
+//!   group through its data operand when that has the group's domain and nothing outside
+//!   the group and the reduction reads any value the group computes (else the prologue
+//!   would be computed twice or stored anyway). The group is then closed;
+//! - everything else (data movement, control flow, data-dependent ops) is one op per kernel.
+//!
+//! A join is refused when it would make a cycle between groups (a value leaving the group
+//! and coming back through another group). Nodes are never duplicated.
+
+use crate::util::{consumers, graph_outputs};
+use rafter_ir::program::KernelKind;
+use rafter_ir::{Dim, Graph, Op, ValueDef, ValueId};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+/// One fused group: its kind and its nodes (indices into `Graph::nodes`, ascending).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub kind: KernelKind,
+    pub nodes: Vec<usize>,
+}
+
+/// The kernel class of a single op.
+pub fn op_class(op: &Op) -> KernelKind {
+    use Op::*;
+    match op {
+        Identity
+        | Unary { .. }
+        | Binary { .. }
+        | Where
+        | Clip
+        | Cast { .. }
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Selu { .. }
+        | Celu { .. }
+        | HardSigmoid { .. }
+        | ThresholdedRelu { .. }
+        | Shrink { .. }
+        | Gelu { .. }
+        | IsInf { .. } => KernelKind::Elementwise,
+        MatMul
+        | Gemm { .. }
+        | Conv { .. }
+        | ConvTranspose { .. }
+        | Einsum { .. }
+        | MatMulInteger
+        | ConvInteger { .. } => KernelKind::Contraction,
+        Reduce { .. }
+        | ArgReduce { .. }
+        | Cumulative { .. }
+        | Softmax { .. }
+        | LayerNorm { .. }
+        | RmsNorm { .. }
+        | GroupNorm { .. }
+        | InstanceNorm { .. }
+        | BatchNorm { .. }
+        | LpNorm { .. }
+        | Lrn { .. }
+        | MeanVarianceNorm { .. }
+        | Pool { .. }
+        | GlobalPool { .. } => KernelKind::Reduction,
+        Reshape { .. }
+        | Shape { .. }
+        | Size
+        | Transpose { .. }
+        | Squeeze { .. }
+        | Unsqueeze { .. }
+        | Flatten { .. }
+        | Concat { .. }
+        | Split { .. }
+        | Slice
+        | Gather { .. }
+        | GatherElements { .. }
+        | GatherNd { .. }
+        | ScatterElements { .. }
+        | ScatterNd { .. }
+        | Expand
+        | Tile
+        | Pad { .. }
+        | ConstantOfShape { .. }
+        | Range
+        | OneHot { .. }
+        | Trilu { .. }
+        | ReverseSequence { .. }
+        | DepthToSpace { .. }
+        | SpaceToDepth { .. }
+        | EyeLike { .. }
+        | Resize { .. } => KernelKind::DataMovement,
+        _ => KernelKind::Opaque,
+    }
+}
+
+struct Building {
+    kind: KernelKind,
+    nodes: Vec<usize>,
+    /// The dims of the values the group computes (elementwise and contraction groups).
+    domain: Vec<Dim>,
+    /// No further node may join.
+    closed: bool,
+    /// Groups producing this group's operands.
+    preds: BTreeSet<usize>,
+}
+
+struct Partitioner<'g> {
+    g: &'g Graph,
+    uses: Vec<Vec<usize>>,
+    is_output: Vec<bool>,
+    node_group: Vec<usize>,
+    groups: Vec<Building>,
+}
+
+impl Partitioner<'_> {
+    fn group_of(&self, v: ValueId) -> Option<usize> {
+        match self.g.value(v).def {
+            ValueDef::Node { node, .. } => Some(self.node_group[node.0 as usize]),
+            _ => None,
+        }
+    }
+
+    /// Whether `from` depends (transitively) on `target`.
+    fn reaches(&self, from: usize, target: usize) -> bool {
+        let mut seen = vec![false; self.groups.len()];
+        let mut stack = vec![from];
+        while let Some(h) = stack.pop() {
+            if h == target {
+                return true;
+            }
+            if !std::mem::replace(&mut seen[h], true) {
+                stack.extend(self.groups[h].preds.iter().copied());
+            }
+        }
+        false
+    }
+
+    /// Whether node `ni` may join group `gid`, which produces its operand `pos` (`v`).
+    fn can_join(&self, gid: usize, ni: usize, pos: usize, v: ValueId) -> bool {
+        let g = self.g;
+        let grp = &self.groups[gid];
+        let node = &g.nodes[ni];
+        if grp.closed {
+            return false;
+        }
+        let out_dims = |n: &rafter_ir::Node| {
+            n.outputs
+                .first()
+                .copied()
+                .flatten()
+                .map(|o| g.value(o).ty.dims.clone())
+        };
+        let ok = match (op_class(&node.op), grp.kind) {
+            (KernelKind::Elementwise, KernelKind::Elementwise) => {
+                out_dims(node).as_ref() == Some(&grp.domain)
+            }
+            (KernelKind::Elementwise, KernelKind::Contraction) => {
+                out_dims(node).as_ref() == Some(&grp.domain)
+                    && self.uses[v.0 as usize] == [ni]
+                    && !self.is_output[v.0 as usize]
+            }
+            (KernelKind::Reduction, KernelKind::Elementwise) => {
+                pos == 0
+                    && g.value(v).ty.dims == grp.domain
+                    && grp.nodes.iter().all(|&m| {
+                        g.nodes[m].outputs.iter().flatten().all(|o| {
+                            !self.is_output[o.0 as usize]
+                                && self.uses[o.0 as usize]
+                                    .iter()
+                                    .all(|&u| u == ni || self.node_group[u] == gid)
+                        })
+                    })
+            }
+            _ => false,
+        };
+        // Operands from other groups must not depend on this one.
+        ok && node
+            .inputs
+            .iter()
+            .flatten()
+            .filter_map(|&u| self.group_of(u))
+            .filter(|&h| h != gid && h != usize::MAX)
+            .all(|h| !self.reaches(h, gid))
+    }
+
+    fn place(&mut self, ni: usize, fuse: bool) {
+        let g = self.g;
+        let node = &g.nodes[ni];
+        let class = op_class(&node.op);
+        let target = fuse
+            .then(|| {
+                node.inputs.iter().enumerate().find_map(|(pos, v)| {
+                    let v = (*v)?;
+                    let gid = self.group_of(v)?;
+                    self.can_join(gid, ni, pos, v).then_some(gid)
+                })
+            })
+            .flatten();
+        let preds: Vec<usize> = node
+            .inputs
+            .iter()
+            .flatten()
+            .filter_map(|&u| self.group_of(u))
+            .collect();
+        let gid = match target {
+            Some(gid) => {
+                let grp = &mut self.groups[gid];
+                grp.nodes.push(ni);
+                if class == KernelKind::Reduction {
+                    grp.kind = KernelKind::Reduction;
+                    grp.closed = true;
+                }
+                gid
+            }
+            None => {
+                let domain = node
+                    .outputs
+                    .first()
+                    .copied()
+                    .flatten()
+                    .map(|o| g.value(o).ty.dims.clone())
+                    .unwrap_or_default();
+                self.groups.push(Building {
+                    kind: class,
+                    nodes: vec![ni],
+                    domain,
+                    closed: !matches!(class, KernelKind::Elementwise | KernelKind::Contraction),
+                    preds: BTreeSet::new(),
+                });
+                self.groups.len() - 1
+            }
+        };
+        self.node_group[ni] = gid;
+        let grp = &mut self.groups[gid];
+        grp.preds.extend(preds.into_iter().filter(|&h| h != gid));
+    }
+}
+
+/// Partitions `g`'s nodes into kernels, in an order where every group comes after the
+/// groups it reads from (ties broken by first node). With `fuse` off, one node per group.
+pub fn partition(g: &Graph, fuse: bool) -> Vec<Group> {
+    let mut p = Partitioner {
+        g,
+        uses: consumers(g),
+        is_output: graph_outputs(g),
+        node_group: vec![usize::MAX; g.nodes.len()],
+        groups: Vec::new(),
+    };
+    for ni in 0..g.nodes.len() {
+        p.place(ni, fuse);
+    }
+    // Topological order of groups (Kahn), smallest first node first.
+    let n = p.groups.len();
+    let mut indeg = vec![0usize; n];
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (gid, grp) in p.groups.iter().enumerate() {
+        for &h in &grp.preds {
+            indeg[gid] += 1;
+            succs[h].push(gid);
+        }
+    }
+    let key = |gid: usize| Reverse((p.groups[gid].nodes[0], gid));
+    let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
+        (0..n).filter(|&i| indeg[i] == 0).map(key).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(Reverse((_, gid))) = ready.pop() {
+        order.push(gid);
+        for &s in &succs[gid] {
+            indeg[s] -= 1;
+            if indeg[s] == 0 {
+                ready.push(key(s));
+            }
+        }
+    }
+    assert_eq!(order.len(), n, "fusion made a cycle between groups");
+    order
+        .into_iter()
+        .map(|gid| Group {
+            kind: p.groups[gid].kind,
+            nodes: p.groups[gid].nodes.clone(),
+        })
+        .collect()
+}

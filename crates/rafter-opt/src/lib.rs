@@ -1,0 +1,112 @@
+//! rafter's compiler: [`Graph`] in, [`Program`] out.
+//!
+//! ```text
+//! Graph ──optimize──► Graph ──partition──► groups ──lower──► Program ──plan_memory──► Program
+//!        (dce, fold,            (fusion)              (buffers,          (arena offsets;
+//!         cse, canon)                                  kernels, steps)    placeholder)
+//! ```
+//!
+//! - [`passes`]: graph-to-graph passes ([`passes::dce`], [`passes::fold_constants`],
+//!   [`passes::cse`], [`passes::canonicalize`]), each type-preserving and verified;
+//! - [`fusion`]: groups ops into kernels (elementwise chains, contraction epilogues,
+//!   reduction prologues);
+//! - [`lower()`]: partition + lowering to a [`Program`], without memory planning;
+//! - [`memplan`]: memory planning ([`memplan::plan_memory`], a placeholder for now);
+//! - [`compile()`]: all of the above.
+
+mod error;
+pub mod fusion;
+pub mod lower;
+pub mod memplan;
+pub mod passes;
+mod util;
+
+pub use error::CompileError;
+pub use lower::{lower, LowerOptions};
+
+use rafter_ir::program::Program;
+use rafter_ir::{Graph, Symbol};
+
+/// The machine a program is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Target {
+    /// Every kernel on the host CPU, one host-memory arena.
+    #[default]
+    Cpu,
+}
+
+impl Target {
+    /// The device name kernels and arenas carry.
+    pub fn device(self) -> &'static str {
+        match self {
+            Target::Cpu => "cpu",
+        }
+    }
+
+    /// The memory kind of the target's arena.
+    pub fn memory(self) -> &'static str {
+        match self {
+            Target::Cpu => "host",
+        }
+    }
+}
+
+/// Options of [`compile`].
+#[derive(Clone, Debug, Default)]
+pub struct CompileOptions {
+    pub target: Target,
+    /// Declared upper bounds of symbols (`--dim seq<=2048`), for static memory planning.
+    pub bounds: Vec<(Symbol, i64)>,
+}
+
+/// A graph pass: rewrites in place, returns whether it changed anything.
+pub type Pass = fn(&mut Graph) -> bool;
+
+/// The pipeline [`optimize`] runs each round, with the names errors report.
+pub const PIPELINE: [(&str, Pass); 4] = [
+    ("dce", passes::dce),
+    ("fold_constants", passes::fold_constants),
+    ("cse", passes::cse),
+    ("canonicalize", passes::canonicalize),
+];
+
+/// Most rounds of the pass pipeline (each round is DCE, folding, CSE, canonicalisation).
+const MAX_ROUNDS: usize = 8;
+
+/// Runs the graph passes to a fixed point (at most a few rounds), verifying the graph
+/// after every pass.
+pub fn optimize(g: &mut Graph) -> Result<(), CompileError> {
+    let check = |g: &Graph, pass: &'static str| {
+        rafter_ir::verify(g).map_err(|source| CompileError::Verify { pass, source })
+    };
+    check(g, "input")?;
+    for _ in 0..MAX_ROUNDS {
+        let mut changed = false;
+        for (name, pass) in PIPELINE {
+            changed |= pass(g);
+            check(g, name)?;
+        }
+        if !changed {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Compiles a graph: [`optimize`], fusion and [`lower()`], then [`memplan::plan_memory`].
+/// The result passes [`Program::verify`].
+pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Program, CompileError> {
+    let mut g = graph.clone();
+    optimize(&mut g)?;
+    let mut program = lower(
+        &g,
+        &LowerOptions {
+            target: opts.target,
+            bounds: opts.bounds.clone(),
+            fuse: true,
+        },
+    )?;
+    memplan::plan_memory(&mut program, &memplan::PlanOptions::default())?;
+    program.verify()?;
+    Ok(program)
+}

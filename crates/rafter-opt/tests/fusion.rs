@@ -1,0 +1,219 @@
+//! Fusion rules, checked on the compiled program, each also checked for equivalence with
+//! the reference executor.
+
+mod common;
+
+use common::{check_equivalent, parse, rand_f32};
+use rafter_ir::program::{KernelKind, Program, Step, Storage};
+
+/// `(kind, [op names of the body])` per kernel, in step order.
+fn kernels(p: &Program) -> Vec<(KernelKind, Vec<String>)> {
+    p.steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Dispatch { kernel, .. } => Some(&p.kernels[*kernel]),
+            Step::Copy { .. } => None,
+        })
+        .map(|k| {
+            let ops = k.body.nodes.iter().map(|n| describe(&n.op)).collect();
+            (k.kind, ops)
+        })
+        .collect()
+}
+
+fn describe(op: &rafter_ir::Op) -> String {
+    match op {
+        rafter_ir::Op::Unary { op } => op.word().to_string(),
+        rafter_ir::Op::Binary { op } => op.word().to_string(),
+        other => other.name().to_string(),
+    }
+}
+
+fn ops(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+const CONV_W: &str = "dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, -0.7, 0.8, 0.9, \
+                      -0.1, 0.2, -0.3, 0.4, 0.5, -0.6, 0.7, -0.8, 0.9]";
+
+#[test]
+fn conv_bias_relu_is_one_contraction_kernel() {
+    let g = parse(&format!(
+        r#"graph @cbr(%x: f32[1, 1, 5, 5]) -> (%y) {{
+          const %w: f32[2, 1, 3, 3] = {CONV_W}
+          const %b: f32[2, 1, 1] = dense [0.5, -0.25]
+          %c: f32[1, 2, 5, 5] = conv{{kernel_shape = [3, 3], strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1, auto_pad = explicit}}(%x, %w, _)
+          %a: f32[1, 2, 5, 5] = binary{{op = add}}(%c, %b)
+          %y: f32[1, 2, 5, 5] = unary{{op = relu}}(%a)
+        }}"#
+    ));
+    let p = check_equivalent(&g, vec![rand_f32(&[1, 1, 5, 5], 1)]);
+    assert_eq!(
+        kernels(&p),
+        vec![(KernelKind::Contraction, ops(&["conv", "add", "relu"]))]
+    );
+    // The weight (72 bytes) is a weight buffer; the bias (8 bytes) lives in the body.
+    assert_eq!(p.weights.len(), 1);
+    let body = &p.kernels[0].body;
+    assert_eq!((body.inputs.len(), body.constants.len()), (2, 1));
+    assert!(p.buffers.iter().any(|b| b.storage == Storage::Weight(0)));
+}
+
+#[test]
+fn conv_residual_relu_and_matmul_bias_gelu() {
+    let g = parse(&format!(
+        r#"graph @res(%x: f32[1, 1, 5, 5], %r: f32[1, 2, 5, 5], %m: f32[3, 4]) -> (%y, %h) {{
+          const %w: f32[2, 1, 3, 3] = {CONV_W}
+          %c: f32[1, 2, 5, 5] = conv{{kernel_shape = [3, 3], strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1, auto_pad = explicit}}(%x, %w, _)
+          %s: f32[1, 2, 5, 5] = unary{{op = exp}}(%r)
+          %a: f32[1, 2, 5, 5] = binary{{op = add}}(%c, %s)
+          %y: f32[1, 2, 5, 5] = unary{{op = relu}}(%a)
+          const %k: f32[4, 2] = dense [0.5, -1.0, 0.25, 2.0, -0.5, 1.5, 0.75, -0.125]
+          const %kb: f32[2] = dense [0.1, -0.1]
+          %mm: f32[3, 2] = matmul(%m, %k)
+          %mb: f32[3, 2] = binary{{op = add}}(%mm, %kb)
+          %h: f32[3, 2] = gelu{{approximate = none}}(%mb)
+        }}"#
+    ));
+    let p = check_equivalent(
+        &g,
+        vec![
+            rand_f32(&[1, 1, 5, 5], 2),
+            rand_f32(&[1, 2, 5, 5], 3),
+            rand_f32(&[3, 4], 4),
+        ],
+    );
+    assert_eq!(
+        kernels(&p),
+        vec![
+            (KernelKind::Elementwise, ops(&["exp"])),
+            (KernelKind::Contraction, ops(&["conv", "add", "relu"])),
+            (KernelKind::Contraction, ops(&["matmul", "add", "gelu"])),
+        ]
+    );
+}
+
+#[test]
+fn layer_norm_takes_its_elementwise_prologue() {
+    let g = parse(
+        r#"graph @ln(%x: f32[2, 3, 4], %y: f32[2, 3, 4]) -> (%z) {
+          const %scale: f32[4] = dense [1.0, 0.5, 2.0, -1.0]
+          const %bias: f32[4] = dense [0.0, 0.1, 0.2, 0.3]
+          %a: f32[2, 3, 4] = binary{op = add}(%x, %y)
+          %z: f32[2, 3, 4] = layer_norm{axis = -1, epsilon = 1e-5}(%a, %scale, %bias)
+        }"#,
+    );
+    let p = check_equivalent(&g, vec![rand_f32(&[2, 3, 4], 5), rand_f32(&[2, 3, 4], 6)]);
+    assert_eq!(
+        kernels(&p),
+        vec![(KernelKind::Reduction, ops(&["add", "layer_norm"]))]
+    );
+}
+
+#[test]
+fn five_elementwise_ops_are_one_kernel() {
+    let g = parse(
+        r#"graph @chain(%x: f32[3, 4], %y: f32[3, 4]) -> (%e) {
+          const %two: f32[] = dense [2.0]
+          %a: f32[3, 4] = unary{op = exp}(%x)
+          %b: f32[3, 4] = binary{op = mul}(%a, %two)
+          %c: f32[3, 4] = binary{op = add}(%b, %y)
+          %d: f32[3, 4] = unary{op = tanh}(%c)
+          %e: f32[3, 4] = unary{op = sigmoid}(%d)
+        }"#,
+    );
+    let p = check_equivalent(&g, vec![rand_f32(&[3, 4], 7), rand_f32(&[3, 4], 8)]);
+    assert_eq!(
+        kernels(&p),
+        vec![(
+            KernelKind::Elementwise,
+            ops(&["exp", "mul", "add", "tanh", "sigmoid"])
+        )]
+    );
+    // Only the kernel's operands and result cross memory.
+    assert_eq!(p.buffers.len(), 3);
+}
+
+#[test]
+fn no_fusion_that_would_duplicate_work() {
+    // `a` feeds two reductions: fusing it into either would compute it twice (or store it
+    // anyway), so it is its own kernel. The matmul's result feeds two ops: no epilogue.
+    let g = parse(
+        r#"graph @multi(%x: f32[3, 4], %m: f32[3, 4]) -> (%r1, %r2, %p, %q) {
+          %a: f32[3, 4] = unary{op = exp}(%x)
+          %r1: f32[3] = reduce{kind = sum, axes = [1], keep_dims = false}(%a)
+          %r2: f32[3] = reduce{kind = max, axes = [1], keep_dims = false}(%a)
+          const %k: f32[4, 4] = dense [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0]
+          %mm: f32[3, 4] = matmul(%m, %k)
+          %p: f32[3, 4] = unary{op = relu}(%mm)
+          %q: f32[3, 4] = unary{op = neg}(%mm)
+        }"#,
+    );
+    let p = check_equivalent(&g, vec![rand_f32(&[3, 4], 9), rand_f32(&[3, 4], 10)]);
+    assert_eq!(
+        kernels(&p),
+        vec![
+            (KernelKind::Elementwise, ops(&["exp"])),
+            (KernelKind::Reduction, ops(&["reduce"])),
+            (KernelKind::Reduction, ops(&["reduce"])),
+            (KernelKind::Contraction, ops(&["matmul"])),
+            (KernelKind::Elementwise, ops(&["relu"])),
+            (KernelKind::Elementwise, ops(&["neg"])),
+        ]
+    );
+}
+
+#[test]
+fn no_fusion_through_a_cycle_or_a_broadcast() {
+    // `b` reads `a` directly and through a transpose (another kernel): putting `b` with `a`
+    // would need the transpose both before and after that kernel.
+    let g = parse(
+        r#"graph @cyc(%x: f32[4, 4], %v: f32[4], %w: f32[3, 4]) -> (%b, %u) {
+          %a: f32[4, 4] = unary{op = exp}(%x)
+          %t: f32[4, 4] = transpose{perm = [1, 0]}(%a)
+          %b: f32[4, 4] = binary{op = add}(%a, %t)
+          %e: f32[4] = unary{op = exp}(%v)
+          %u: f32[3, 4] = binary{op = mul}(%e, %w)
+        }"#,
+    );
+    let p = check_equivalent(
+        &g,
+        vec![
+            rand_f32(&[4, 4], 11),
+            rand_f32(&[4], 12),
+            rand_f32(&[3, 4], 13),
+        ],
+    );
+    assert_eq!(
+        kernels(&p),
+        vec![
+            (KernelKind::Elementwise, ops(&["exp"])),
+            (KernelKind::DataMovement, ops(&["transpose"])),
+            (KernelKind::Elementwise, ops(&["add"])),
+            // `e` is [4], `u` is [3, 4]: fusing would compute exp three times per element.
+            (KernelKind::Elementwise, ops(&["exp"])),
+            (KernelKind::Elementwise, ops(&["mul"])),
+        ]
+    );
+}
+
+#[test]
+fn softmax_with_prologue_and_data_movement_alone() {
+    let g = parse(
+        r#"graph @sm(%x: f32[2, 5], %mask: f32[2, 5]) -> (%y) {
+          const %scale: f32[] = dense [0.125]
+          %s: f32[2, 5] = binary{op = mul}(%x, %scale)
+          %m: f32[2, 5] = binary{op = add}(%s, %mask)
+          %p: f32[2, 5] = softmax{kind = softmax, axis = -1}(%m)
+          %y: f32[5, 2] = transpose{perm = [1, 0]}(%p)
+        }"#,
+    );
+    let p = check_equivalent(&g, vec![rand_f32(&[2, 5], 14), rand_f32(&[2, 5], 15)]);
+    assert_eq!(
+        kernels(&p),
+        vec![
+            (KernelKind::Reduction, ops(&["mul", "add", "softmax"])),
+            (KernelKind::DataMovement, ops(&["transpose"])),
+        ]
+    );
+}
