@@ -1,0 +1,400 @@
+//! CPU executables for a program: one entry point per kernel, run by the reference executor.
+//!
+//! # Dispatch parameters
+//! Every CPU dispatch the runtime records carries its call's facts in the push constants, as
+//! little-endian `u64` words:
+//!
+//! ```text
+//! call id | n_sym | n_sym symbol values (i64; i64::MIN = unbound) | n_ops | n_ops operands | n_extra | extra...
+//! ```
+//!
+//! Symbols are the program's input symbols ([`Session::symbols`](crate::Session::symbols)
+//! order). An operand word says where each body input (then each body output) lives: in the
+//! dispatch's binding `i`, in program weight `w` (read from the weight's `Bytes`, see
+//! [`crate::weights`]), in the call's host slot for buffer `b` (`Storage::Dynamic`), or
+//! absent (an unused optional result). The kernel evaluates its operands' dims from the
+//! symbol values, decodes them with [`Tensor::from_le_bytes`], runs its body with
+//! [`rafter_reference::run_with`] (which checks every result against the body's types and
+//! binds data-dependent symbols), and writes each result into its binding after checking
+//! that the sizes agree.
+//!
+//! # Host slots (`Storage::Dynamic`)
+//! A buffer whose size depends on tensor values cannot be allocated before the call runs.
+//! It lives in a per-call table of host tensors, `Arc<Mutex<Vec<Option<Tensor>>>>` indexed by
+//! buffer, that the kernel closures reach through the call id in their parameters
+//! ([`CallRegistry`]). Its producer stores the tensor it computed; consumers clone it. Such
+//! buffers are therefore CPU-only by construction: the session refuses a program whose
+//! non-CPU kernel touches one. The table is registered when the call is submitted and
+//! dropped from the registry when every submission of the call has completed or failed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use rafter_hal_cpu::DispatchContext;
+use rafter_ir::program::Program;
+use rafter_ir::{Dim, Symbol, TensorType};
+use rafter_reference::{run_with, Bindings, Tensor};
+
+/// Marks a symbol the inputs did not bind.
+pub(crate) const UNBOUND: i64 = i64::MIN;
+
+/// The name of the built-in entry point that copies between buffers and host slots.
+pub(crate) const COPY_ENTRY: &str = "rafter.copy";
+
+/// A host implementation of one kernel, replacing the reference executor for it: takes the
+/// kernel's operands (body inputs, in order) and returns its results (body outputs, in
+/// order). The results are checked against the body's types like the reference's are.
+/// Registered with [`SessionOptions::host_kernel`](crate::SessionOptions::host_kernel).
+pub type HostKernel = Arc<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>, String> + Send + Sync>;
+
+/// The per-call host slot table.
+pub(crate) type Slots = Arc<Mutex<Vec<Option<Tensor>>>>;
+
+/// Live calls' host slot tables, by call id.
+#[derive(Default)]
+pub(crate) struct CallRegistry {
+    calls: Mutex<HashMap<u64, Slots>>,
+}
+
+impl CallRegistry {
+    pub(crate) fn insert(&self, call: u64, slots: Slots) {
+        lock(&self.calls).insert(call, slots);
+    }
+
+    pub(crate) fn remove(&self, call: u64) {
+        lock(&self.calls).remove(&call);
+    }
+
+    fn get(&self, call: u64) -> Result<Slots, String> {
+        lock(&self.calls).get(&call).cloned().ok_or_else(|| {
+            format!("call {call} has no host slot table (its session state is gone)")
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.calls).len()
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where one kernel operand lives, as encoded in a dispatch's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Operand {
+    Binding(usize),
+    Weight(usize),
+    Slot(usize),
+    Absent,
+}
+
+const TAG_SHIFT: u32 = 56;
+const INDEX_MASK: u64 = (1 << TAG_SHIFT) - 1;
+
+impl Operand {
+    fn encode(self) -> u64 {
+        let (tag, index) = match self {
+            Operand::Binding(i) => (0u64, i),
+            Operand::Weight(i) => (1, i),
+            Operand::Slot(i) => (2, i),
+            Operand::Absent => (3, 0),
+        };
+        (tag << TAG_SHIFT) | (index as u64 & INDEX_MASK)
+    }
+
+    fn decode(word: u64) -> Result<Operand, String> {
+        let index = (word & INDEX_MASK) as usize;
+        Ok(match word >> TAG_SHIFT {
+            0 => Operand::Binding(index),
+            1 => Operand::Weight(index),
+            2 => Operand::Slot(index),
+            3 => Operand::Absent,
+            tag => return Err(format!("operand word with unknown tag {tag}")),
+        })
+    }
+}
+
+/// A dispatch's parameters, decoded.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Params {
+    pub(crate) call: u64,
+    pub(crate) symbols: Vec<i64>,
+    pub(crate) operands: Vec<Operand>,
+    pub(crate) extra: Vec<u64>,
+}
+
+impl Params {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut words = vec![self.call, self.symbols.len() as u64];
+        words.extend(self.symbols.iter().map(|&v| v as u64));
+        words.push(self.operands.len() as u64);
+        words.extend(self.operands.iter().map(|o| o.encode()));
+        words.push(self.extra.len() as u64);
+        words.extend(&self.extra);
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Params, String> {
+        if bytes.len() % 8 != 0 {
+            return Err(format!(
+                "dispatch parameters are {} bytes, not whole u64 words",
+                bytes.len()
+            ));
+        }
+        let words: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        let mut at = 0usize;
+        let mut take = |n: usize| -> Result<&[u64], String> {
+            let slice = words
+                .get(at..at.checked_add(n).ok_or("parameter count overflows")?)
+                .ok_or_else(|| format!("dispatch parameters end early ({} words)", words.len()))?;
+            at += n;
+            Ok(slice)
+        };
+        let call = take(1)?[0];
+        let n = take(1)?[0] as usize;
+        let symbols = take(n)?.iter().map(|&w| w as i64).collect();
+        let n = take(1)?[0] as usize;
+        let operands = take(n)?
+            .iter()
+            .map(|&w| Operand::decode(w))
+            .collect::<Result<_, _>>()?;
+        let n = take(1)?[0] as usize;
+        let extra = take(n)?.to_vec();
+        Ok(Params {
+            call,
+            symbols,
+            operands,
+            extra,
+        })
+    }
+}
+
+/// The dims of `ty` under `map`, as sizes.
+pub(crate) fn eval_dims(ty: &TensorType, map: &HashMap<Symbol, i64>) -> Result<Vec<usize>, String> {
+    ty.dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match d.eval(map) {
+            Ok(v) if v >= 0 => usize::try_from(v).map_err(|e| format!("dim {i} `{d}`: {e}")),
+            Ok(v) => Err(format!("dim {i} `{d}` is {v}")),
+            Err(e) => Err(format!("dim {i} `{d}`: {e}")),
+        })
+        .collect()
+}
+
+/// Bytes of a tensor of `ty` with `dims`, checked for overflow.
+pub(crate) fn byte_size(ty: &TensorType, dims: &[usize]) -> Option<u64> {
+    dims.iter().try_fold(ty.dtype.size_of() as u64, |acc, &d| {
+        acc.checked_mul(d as u64)
+    })
+}
+
+/// What every kernel closure of a session shares.
+pub(crate) struct KernelShared {
+    pub(crate) program: Arc<Program>,
+    pub(crate) symbols: Vec<Symbol>,
+    /// Per kernel: the host implementation replacing the reference executor, if any.
+    pub(crate) host_kernels: Vec<Option<HostKernel>>,
+    pub(crate) registry: Arc<CallRegistry>,
+}
+
+impl KernelShared {
+    fn bindings(&self, params: &Params) -> Result<Bindings, String> {
+        if params.symbols.len() != self.symbols.len() {
+            return Err(format!(
+                "dispatch passes {} symbol values, the program has {} symbols",
+                params.symbols.len(),
+                self.symbols.len()
+            ));
+        }
+        let mut bindings = Bindings::default();
+        for (s, &v) in self.symbols.iter().zip(&params.symbols) {
+            if v != UNBOUND {
+                let v = usize::try_from(v).map_err(|_| format!("symbol `{}` is {v}", s.name()))?;
+                bindings.unify(&Dim::from_symbol(s.clone()), v, "the call's inputs")?;
+            }
+        }
+        Ok(bindings)
+    }
+
+    fn weight(&self, w: usize) -> Result<Tensor, String> {
+        let c = self
+            .program
+            .weights
+            .get(w)
+            .ok_or_else(|| format!("weight {w} does not exist"))?;
+        // Decodes straight from the weight's own bytes (the artifact's map): no staging copy.
+        Tensor::from_le_bytes(c.dtype, &c.dims, &c.bytes).map_err(|e| e.to_string())
+    }
+
+    /// Runs kernel `k` for one dispatch.
+    pub(crate) fn run_kernel(&self, k: usize, ctx: &DispatchContext<'_>) -> Result<(), String> {
+        let kernel = &self.program.kernels[k];
+        let body = &kernel.body;
+        let params = Params::decode(ctx.params())?;
+        let (n_in, n_out) = (body.inputs.len(), body.outputs.len());
+        if params.operands.len() != n_in + n_out {
+            return Err(format!(
+                "dispatch describes {} operands, the kernel has {n_in} inputs and {n_out} results",
+                params.operands.len()
+            ));
+        }
+        let mut bindings = self.bindings(&params)?;
+        let map = bindings.as_map();
+        let mut slots: Option<Slots> = None;
+        let mut slots = |call: u64| -> Result<Slots, String> {
+            if slots.is_none() {
+                slots = Some(self.registry.get(call)?);
+            }
+            Ok(slots.clone().expect("just set"))
+        };
+        let mut inputs = Vec::with_capacity(n_in);
+        for (&id, &operand) in body.inputs.iter().zip(&params.operands) {
+            let v = body.value(id);
+            let what = |msg: String| format!("operand `{}`: {msg}", v.name);
+            let t = match operand {
+                Operand::Binding(b) => {
+                    let dims = eval_dims(&v.ty, &map).map_err(what)?;
+                    let view = ctx.read(b).map_err(what)?;
+                    Tensor::from_le_bytes(v.ty.dtype, &dims, &view)
+                        .map_err(|e| what(e.to_string()))?
+                }
+                Operand::Weight(w) => self.weight(w).map_err(what)?,
+                Operand::Slot(b) => lock(&*slots(params.call)?)
+                    .get(b)
+                    .cloned()
+                    .flatten()
+                    .ok_or_else(|| what(format!("host slot {b} has not been written")))?,
+                Operand::Absent => return Err(what("no buffer is bound".into())),
+            };
+            inputs.push(t);
+        }
+        let outputs = match &self.host_kernels[k] {
+            Some(f) => {
+                let outputs = f(&inputs)?;
+                if outputs.len() != n_out {
+                    return Err(format!(
+                        "host kernel returned {} results, the kernel has {n_out}",
+                        outputs.len()
+                    ));
+                }
+                for (&id, t) in body.outputs.iter().zip(&outputs) {
+                    let v = body.value(id);
+                    bindings.check(&v.ty, t, &format!("result `{}`", v.name))?;
+                }
+                outputs
+            }
+            None => run_with(body, inputs, &mut bindings).map_err(|e| e.to_string())?,
+        };
+        for ((&id, t), &operand) in body
+            .outputs
+            .iter()
+            .zip(outputs)
+            .zip(&params.operands[n_in..])
+        {
+            let name = &body.value(id).name;
+            match operand {
+                Operand::Binding(b) => write_binding(ctx, b, &t, name)?,
+                Operand::Slot(b) => store_slot(&slots(params.call)?, b, t)?,
+                Operand::Absent => {}
+                Operand::Weight(_) => return Err(format!("result `{name}` targets a weight")),
+            }
+        }
+        Ok(())
+    }
+
+    /// The built-in copy: operand 0 to operand 1; `extra` is `[src buffer, src dims...]`.
+    pub(crate) fn run_copy(&self, ctx: &DispatchContext<'_>) -> Result<(), String> {
+        let params = Params::decode(ctx.params())?;
+        let (&[src, dst], Some((&src_buffer, dims))) =
+            (params.operands.as_slice(), params.extra.split_first())
+        else {
+            return Err("copy dispatch needs 2 operands and the source's buffer".into());
+        };
+        let decl = self
+            .program
+            .buffers
+            .get(src_buffer as usize)
+            .ok_or_else(|| format!("copy source buffer {src_buffer} does not exist"))?;
+        let dims: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+        let tensor = match src {
+            Operand::Binding(b) => {
+                let view = ctx.read(b)?;
+                Tensor::from_le_bytes(decl.ty.dtype, &dims, &view).map_err(|e| e.to_string())?
+            }
+            Operand::Weight(w) => self.weight(w)?,
+            Operand::Slot(b) => lock(&*self.registry.get(params.call)?)
+                .get(b)
+                .cloned()
+                .flatten()
+                .ok_or_else(|| format!("host slot {b} has not been written"))?,
+            Operand::Absent => return Err("copy has no source".into()),
+        };
+        match dst {
+            Operand::Binding(b) => write_binding(ctx, b, &tensor, &decl.name),
+            Operand::Slot(b) => store_slot(&self.registry.get(params.call)?, b, tensor),
+            _ => Err("copy destination must be a buffer or a host slot".into()),
+        }
+    }
+}
+
+fn write_binding(
+    ctx: &DispatchContext<'_>,
+    b: usize,
+    t: &Tensor,
+    name: &str,
+) -> Result<(), String> {
+    let bytes = t.to_le_bytes();
+    let len = ctx.binding_len(b);
+    if bytes.len() != len {
+        return Err(format!(
+            "result `{name}` ({} {:?}) is {} bytes but its buffer holds {len}",
+            t.dtype(),
+            t.shape(),
+            bytes.len()
+        ));
+    }
+    ctx.write(b)
+        .map_err(|e| format!("result `{name}`: {e}"))?
+        .copy_from_slice(&bytes);
+    Ok(())
+}
+
+fn store_slot(slots: &Slots, b: usize, t: Tensor) -> Result<(), String> {
+    let mut slots = lock(slots);
+    let slot = slots
+        .get_mut(b)
+        .ok_or_else(|| format!("host slot {b} does not exist"))?;
+    *slot = Some(t);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_round_trip() {
+        let p = Params {
+            call: 7,
+            symbols: vec![13, UNBOUND, 0],
+            operands: vec![
+                Operand::Binding(0),
+                Operand::Weight(5),
+                Operand::Slot(9),
+                Operand::Absent,
+            ],
+            extra: vec![1, 2],
+        };
+        assert_eq!(Params::decode(&p.encode()).unwrap(), p);
+        let bytes = p.encode();
+        assert!(Params::decode(&bytes[..bytes.len() - 8])
+            .unwrap_err()
+            .contains("end early"));
+        assert!(Params::decode(&bytes[..5]).is_err());
+    }
+}

@@ -1,0 +1,969 @@
+//! Sessions: a program bound to devices, and the calls submitted to it.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rafter_hal::{
+    Buffer, BufferRange, CommandBuffer, Device, DeviceKind, Executable, MemoryKind, Queue,
+    Semaphore, SemaphoreError,
+};
+use rafter_hal_cpu::CpuKernels;
+use rafter_ir::program::{Program, Step, Storage};
+use rafter_ir::{DType, Symbol};
+use rafter_reference::{Bindings, Tensor};
+
+use crate::cpu::{
+    byte_size, eval_dims, lock, CallRegistry, HostKernel, KernelShared, Operand, Params, Slots,
+    COPY_ENTRY, UNBOUND,
+};
+use crate::devices::DeviceSet;
+use crate::error::{hal, Result, RuntimeError};
+use crate::plan::{self, Access, Item, Region};
+use crate::weights::BytesBuffer;
+
+/// How to build a [`Session`].
+#[derive(Clone, Default)]
+pub struct SessionOptions {
+    host_kernels: Vec<(String, HostKernel)>,
+    queue: usize,
+}
+
+impl SessionOptions {
+    pub fn new() -> SessionOptions {
+        SessionOptions::default()
+    }
+
+    /// Runs the CPU kernel called `kernel` with `f` instead of the reference executor (a
+    /// hand-written micro-kernel, or a test's instrumented kernel). `f` receives the kernel's
+    /// operands and returns its results, which are checked against the kernel body's types.
+    pub fn host_kernel(
+        mut self,
+        kernel: impl Into<String>,
+        f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>, String> + Send + Sync + 'static,
+    ) -> SessionOptions {
+        self.host_kernels.push((kernel.into(), Arc::new(f)));
+        self
+    }
+
+    /// The queue index used on every device (default 0).
+    pub fn queue(mut self, index: usize) -> SessionOptions {
+        self.queue = index;
+        self
+    }
+}
+
+impl fmt::Debug for SessionOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionOptions")
+            .field(
+                "host_kernels",
+                &self.host_kernels.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("queue", &self.queue)
+            .finish()
+    }
+}
+
+/// One device a session uses.
+struct DeviceUse {
+    name: String,
+    device: Arc<dyn Device>,
+    queue: Queue,
+    is_cpu: bool,
+    /// The CPU executable (every kernel on this device, then [`COPY_ENTRY`]).
+    executable: Option<Executable>,
+    copy_entry: usize,
+}
+
+/// Where a buffer lives, decided when the session is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Home {
+    /// Allocated per call on device `d` (inputs and outputs), or a weight on device `d`.
+    Device(usize),
+    /// A slice of arena `a`'s per-call allocation.
+    Arena(usize),
+    /// A host slot (`Storage::Dynamic`, or an output whose dims depend on values).
+    Slot,
+    /// No step touches it.
+    Unused,
+}
+
+struct Inner {
+    program: Arc<Program>,
+    devices: Vec<DeviceUse>,
+    step_device: Vec<usize>,
+    home: Vec<Home>,
+    /// Per step: for dispatches, the entry point of its kernel on its device.
+    step_entry: Vec<usize>,
+    /// Per weight: a buffer on the device that reads it (a [`BytesBuffer`] on a CPU).
+    weight_buffers: Vec<Option<Buffer>>,
+    arena_device: Vec<usize>,
+    arena_kind: Vec<MemoryKind>,
+    /// Per buffer: first and last step that touch it.
+    live: Vec<Option<(usize, usize)>>,
+    symbols: Vec<Symbol>,
+    registry: Arc<CallRegistry>,
+    next_call: AtomicU64,
+}
+
+/// A program bound to devices: weights in place, executables loaded, ready for calls.
+///
+/// `Session` is `Send + Sync` and cheap to clone; calls may be submitted from any thread
+/// and any number may be in flight at once: each call has its own memory (inputs, outputs,
+/// arenas, host slots), weights are shared read-only, and a call's work is ordered only
+/// against itself, so independent calls overlap on the devices.
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("program", &self.inner.program.name)
+            .field(
+                "devices",
+                &self
+                    .inner
+                    .devices
+                    .iter()
+                    .map(|d| &d.name)
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+fn memory_kind(word: &str) -> Option<MemoryKind> {
+    Some(match word {
+        "device_local" => MemoryKind::DeviceLocal,
+        "host_visible_shared" => MemoryKind::HostVisibleShared,
+        "host" => MemoryKind::Host,
+        _ => return None,
+    })
+}
+
+impl Session {
+    /// Binds `program` to `devices` with default options.
+    pub fn new(program: Program, devices: &DeviceSet) -> Result<Session> {
+        Session::with_options(program, devices, SessionOptions::default())
+    }
+
+    /// Opens the artifact at `path` (memory-mapped and validated) and binds its program to
+    /// `devices`: the weights the kernels read are slices of the map.
+    pub fn open(path: impl AsRef<std::path::Path>, devices: &DeviceSet) -> Result<Session> {
+        let artifact = rafter_artifact::Artifact::open(path)
+            .map_err(|e| RuntimeError::Artifact(e.to_string()))?;
+        Session::new(artifact.into_program(), devices)
+    }
+
+    /// Verifies `program`, opens the devices it names, binds its weights (zero-copy on a CPU
+    /// device), and builds each device's executable.
+    pub fn with_options(
+        program: Program,
+        devices: &DeviceSet,
+        options: SessionOptions,
+    ) -> Result<Session> {
+        program.verify()?;
+        let program_name = program.name.clone();
+        let unsupported = |msg: String| RuntimeError::Unsupported {
+            program: program_name.clone(),
+            msg,
+        };
+
+        // Devices, in the order the program first names them.
+        let mut names: Vec<&str> = Vec::new();
+        for name in program
+            .kernels
+            .iter()
+            .map(|k| k.device.as_str())
+            .chain(program.arenas.iter().map(|a| a.device.as_str()))
+        {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        // The host device runs copies that touch no arena (inputs, outputs, weights, host
+        // slots): the program's first CPU device, or else the set's.
+        let needs_host = program.steps.iter().any(|s| match s {
+            Step::Copy { src, dst } => [src, dst]
+                .iter()
+                .all(|&&b| !matches!(program.buffers[b].storage, Storage::Arena { .. })),
+            Step::Dispatch { .. } => false,
+        });
+        let missing = |device: &str| RuntimeError::MissingDevice {
+            device: device.to_string(),
+            found: match devices.names() {
+                n if n.is_empty() => "none".to_string(),
+                n => n.join(", "),
+            },
+        };
+        let open = |name: &str| -> Result<DeviceUse> {
+            let device = devices.get(name).ok_or_else(|| missing(name))?.clone();
+            let queue = device
+                .queue(options.queue)
+                .map_err(hal(format!("device `{name}`")))?;
+            Ok(DeviceUse {
+                name: name.to_string(),
+                is_cpu: device.info().kind == DeviceKind::Cpu,
+                device,
+                queue,
+                executable: None,
+                copy_entry: 0,
+            })
+        };
+        let mut uses: Vec<DeviceUse> = names.into_iter().map(open).collect::<Result<_>>()?;
+        let mut host = None;
+        if needs_host {
+            host = uses.iter().position(|d| d.is_cpu);
+            if host.is_none() {
+                let cpu = devices
+                    .names()
+                    .into_iter()
+                    .find(|n| {
+                        devices
+                            .get(n)
+                            .is_some_and(|d| d.info().kind == DeviceKind::Cpu)
+                    })
+                    .ok_or_else(|| missing("cpu"))?;
+                uses.push(open(cpu)?);
+                host = Some(uses.len() - 1);
+            }
+        }
+        let device_index = |name: &str| uses.iter().position(|d| d.name == name).expect("opened");
+        let arena_device: Vec<usize> = program
+            .arenas
+            .iter()
+            .map(|a| device_index(&a.device))
+            .collect();
+        let arena_kind = program
+            .arenas
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                memory_kind(&a.memory).ok_or_else(|| {
+                    unsupported(format!("arena {i}: unknown memory kind `{}`", a.memory))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+
+        // Each step's device.
+        let storage = |b: usize| &program.buffers[b].storage;
+        let step_device: Vec<usize> = program
+            .steps
+            .iter()
+            .map(|step| match step {
+                Step::Dispatch { kernel, .. } => device_index(&program.kernels[*kernel].device),
+                Step::Copy { src, dst } => match (storage(*dst), storage(*src)) {
+                    (Storage::Arena { arena, .. }, _) | (_, Storage::Arena { arena, .. }) => {
+                        arena_device[*arena]
+                    }
+                    _ => host.expect("copies need the host device"),
+                },
+            })
+            .collect();
+
+        // Each buffer's home, and its live step range.
+        let nb = program.buffers.len();
+        let mut live: Vec<Option<(usize, usize)>> = vec![None; nb];
+        let mut home: Vec<Home> = program
+            .buffers
+            .iter()
+            .map(|b| match b.storage {
+                Storage::Arena { arena, .. } => Home::Arena(arena),
+                Storage::Dynamic => Home::Slot,
+                _ => Home::Unused,
+            })
+            .collect();
+        for (si, step) in program.steps.iter().enumerate() {
+            let d = step_device[si];
+            for b in step.reads().into_iter().chain(step.writes()) {
+                live[b] = Some(live[b].map_or((si, si), |(first, _)| (first, si)));
+                let here = match home[b] {
+                    Home::Unused => {
+                        home[b] = Home::Device(d);
+                        d
+                    }
+                    Home::Device(h) => h,
+                    Home::Arena(a) => arena_device[a],
+                    Home::Slot => {
+                        if !uses[d].is_cpu {
+                            return Err(unsupported(format!(
+                                "step {si} on device `{}` uses buffer {b} `{}`, whose size \
+                                 depends on values and which therefore lives in host memory: \
+                                 only CPU kernels may touch it",
+                                uses[d].name, program.buffers[b].name
+                            )));
+                        }
+                        d
+                    }
+                };
+                // CPU devices share host memory: any of them may touch another's buffers.
+                if here != d && !(uses[here].is_cpu && uses[d].is_cpu) {
+                    return Err(unsupported(format!(
+                        "step {si} runs on device `{}` but buffer {b} `{}` lives on device `{}`: \
+                         cross-device access needs a copy step, and cross-device copies are \
+                         not supported yet",
+                        uses[d].name, program.buffers[b].name, uses[here].name
+                    )));
+                }
+            }
+        }
+
+        // Symbols the inputs bind, passed with every dispatch.
+        let mut symbols: Vec<Symbol> = Vec::new();
+        for port in &program.inputs {
+            for d in &port.ty.dims {
+                for s in d.symbols() {
+                    if !symbols.contains(&s) {
+                        symbols.push(s);
+                    }
+                }
+            }
+        }
+
+        // Host kernels by kernel index.
+        let mut host_kernels: Vec<Option<HostKernel>> = vec![None; program.kernels.len()];
+        for (name, f) in options.host_kernels {
+            let k = program
+                .kernels
+                .iter()
+                .position(|k| k.name == name)
+                .ok_or_else(|| unsupported(format!("host kernel for unknown kernel `{name}`")))?;
+            host_kernels[k] = Some(f);
+        }
+
+        let program = Arc::new(program);
+        let registry = Arc::new(CallRegistry::default());
+        let shared = Arc::new(KernelShared {
+            program: program.clone(),
+            symbols: symbols.clone(),
+            host_kernels,
+            registry: registry.clone(),
+        });
+
+        // Executables: one per CPU device, an entry per kernel it runs plus the copy entry.
+        let mut step_entry = vec![0usize; program.steps.len()];
+        let mut kernel_entry: Vec<Option<usize>> = vec![None; program.kernels.len()];
+        for use_ in uses.iter_mut() {
+            let mine: Vec<usize> = (0..program.kernels.len())
+                .filter(|&k| program.kernels[k].device == use_.name)
+                .collect();
+            if !use_.is_cpu {
+                if let Some(&k) = mine.first() {
+                    return Err(unsupported(format!(
+                        "kernel `{}` runs on device `{}` ({:?}): this runtime builds \
+                         executables for CPU devices only so far",
+                        program.kernels[k].name,
+                        use_.name,
+                        use_.device.info().kind
+                    )));
+                }
+                continue;
+            }
+            let mut kernels = CpuKernels::new();
+            let mut entry_names: Vec<String> = Vec::new();
+            for &k in &mine {
+                let mut name = program.kernels[k].name.clone();
+                if entry_names.contains(&name) || name == COPY_ENTRY {
+                    name = format!("{name}#{k}");
+                }
+                kernel_entry[k] = Some(entry_names.len());
+                entry_names.push(name.clone());
+                let shared = shared.clone();
+                kernels = kernels.with_entry(name, move |ctx| shared.run_kernel(k, ctx));
+            }
+            use_.copy_entry = entry_names.len();
+            let copy_shared = shared.clone();
+            kernels = kernels.with_entry(COPY_ENTRY, move |ctx| copy_shared.run_copy(ctx));
+            let exe_name = if program.name.is_empty() {
+                "program".to_string()
+            } else {
+                program.name.clone()
+            };
+            use_.executable = Some(
+                use_.device
+                    .load_executable(&kernels.into_spec(exe_name))
+                    .map_err(hal(format!("loading kernels on device `{}`", use_.name)))?,
+            );
+        }
+        for (si, step) in program.steps.iter().enumerate() {
+            if let Step::Dispatch { kernel, .. } = step {
+                step_entry[si] = kernel_entry[*kernel].expect("every kernel has an entry");
+            }
+        }
+
+        // Weights: wrapped where the device addresses host memory, uploaded elsewhere.
+        let mut weight_buffers: Vec<Option<Buffer>> = vec![None; program.weights.len()];
+        for (b, decl) in program.buffers.iter().enumerate() {
+            let (Storage::Weight(w), Home::Device(d)) = (&decl.storage, home[b]) else {
+                continue;
+            };
+            if weight_buffers[*w].is_some() {
+                continue;
+            }
+            let use_ = &uses[d];
+            let bytes = program.weights[*w].bytes.clone();
+            let buffer = if use_.is_cpu {
+                Buffer::from_impl(Arc::new(BytesBuffer::new(bytes, use_.device.info().id)))
+            } else {
+                let context = format!("uploading weight `{}` to `{}`", decl.name, use_.name);
+                let buffer = use_
+                    .device
+                    .allocate(bytes.len() as u64, MemoryKind::HostVisibleShared)
+                    .map_err(hal(context.clone()))?;
+                buffer.write_bytes(0, &bytes).map_err(hal(context))?;
+                buffer
+            };
+            weight_buffers[*w] = Some(buffer);
+        }
+
+        Ok(Session {
+            inner: Arc::new(Inner {
+                program,
+                devices: uses,
+                step_device,
+                home,
+                step_entry,
+                weight_buffers,
+                arena_device,
+                arena_kind,
+                live,
+                symbols,
+                registry,
+                next_call: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// The program this session runs.
+    pub fn program(&self) -> &Program {
+        &self.inner.program
+    }
+
+    /// The symbols the inputs bind, in the order their values are passed to kernels.
+    pub fn symbols(&self) -> &[Symbol] {
+        &self.inner.symbols
+    }
+
+    /// The names of the devices the session uses.
+    pub fn device_names(&self) -> Vec<&str> {
+        self.inner.devices.iter().map(|d| d.name.as_str()).collect()
+    }
+
+    /// The buffer holding weight `index` on the device that reads it, if any kernel reads it.
+    /// On a CPU device it is a [`BytesBuffer`] over the program's own bytes.
+    pub fn weight_buffer(&self, index: usize) -> Option<&Buffer> {
+        self.inner.weight_buffers.get(index)?.as_ref()
+    }
+
+    /// Submits one call and returns at once: validates `inputs` against the signature,
+    /// sizes and allocates this call's memory, records all its work into command buffers and
+    /// submits them, chained by semaphores. [`CallHandle::wait`] gives the outputs.
+    pub fn submit(&self, inputs: Vec<Tensor>) -> Result<CallHandle> {
+        let inner = &*self.inner;
+        let p = &*inner.program;
+        let input_error = |msg: String| RuntimeError::Input {
+            program: p.name.clone(),
+            msg,
+        };
+        let unsupported = |msg: String| RuntimeError::Unsupported {
+            program: p.name.clone(),
+            msg,
+        };
+
+        // Inputs against the signature; symbols bound on the way.
+        if inputs.len() != p.inputs.len() {
+            let names: Vec<String> = p.inputs.iter().map(|i| format!("`{}`", i.name)).collect();
+            return Err(input_error(format!(
+                "expected {} inputs ({}), got {}",
+                p.inputs.len(),
+                names.join(", "),
+                inputs.len()
+            )));
+        }
+        let mut bindings = Bindings::default();
+        for (port, t) in p.inputs.iter().zip(&inputs) {
+            bindings
+                .check(&port.ty, t, &format!("input `{}`", port.name))
+                .map_err(input_error)?;
+        }
+        for (s, bound) in &p.bounds {
+            if let Some(v) = bindings.get(s) {
+                if v > *bound {
+                    return Err(input_error(format!(
+                        "the inputs make `{}` = {v}, above its declared bound {bound}",
+                        s.name()
+                    )));
+                }
+            }
+        }
+        let map = bindings.as_map();
+        let symbol_values: Vec<i64> = inner
+            .symbols
+            .iter()
+            .map(|s| bindings.get(s).unwrap_or(UNBOUND))
+            .collect();
+
+        // This call's dims and sizes.
+        let nb = p.buffers.len();
+        let mut home = inner.home.clone();
+        let mut dims: Vec<Option<Vec<usize>>> = vec![None; nb];
+        let mut sizes = vec![0u64; nb];
+        for (b, decl) in p.buffers.iter().enumerate() {
+            let d = match &decl.storage {
+                Storage::Input(k) => Some(inputs[*k].shape().to_vec()),
+                Storage::Weight(w) => Some(p.weights[*w].dims.clone()),
+                Storage::Output(_) => match eval_dims(&decl.ty, &map) {
+                    Ok(d) => Some(d),
+                    Err(_) => {
+                        // Sized by the values: produced into a host slot, like Dynamic.
+                        if let Home::Device(dev) = home[b] {
+                            if !inner.devices[dev].is_cpu {
+                                return Err(unsupported(format!(
+                                    "output buffer {b} `{}` has dims {} that the inputs do not \
+                                     determine, and it is written on a non-CPU device",
+                                    decl.name, decl.ty
+                                )));
+                            }
+                        }
+                        home[b] = Home::Slot;
+                        None
+                    }
+                },
+                Storage::Arena { arena, .. } => {
+                    let d = eval_dims(&decl.ty, &map).map_err(|e| {
+                        unsupported(format!(
+                            "buffer {b} `{}` in arena {arena} has type {}: {e} (a size that \
+                             depends on values needs Storage::Dynamic)",
+                            decl.name, decl.ty
+                        ))
+                    })?;
+                    Some(d)
+                }
+                Storage::Dynamic => None,
+            };
+            if let Some(d) = &d {
+                sizes[b] = byte_size(&decl.ty, d).ok_or_else(|| {
+                    input_error(format!("buffer {b} `{}` of {d:?} overflows", decl.name))
+                })?;
+            }
+            dims[b] = d;
+        }
+
+        let call = inner.next_call.fetch_add(1, Ordering::Relaxed);
+
+        // Arenas: offsets (compile-time or planned now) and one allocation each.
+        let mut ranges: Vec<Option<BufferRange>> = vec![None; nb];
+        let mut alloc_of: Vec<Option<(usize, u64)>> = vec![None; nb]; // (alloc id, offset)
+        let mut next_alloc = 0usize;
+        for (a, arena) in p.arenas.iter().enumerate() {
+            let members: Vec<usize> = (0..nb).filter(|&b| home[b] == Home::Arena(a)).collect();
+            let items: Vec<Item> = members
+                .iter()
+                .map(|&b| Item {
+                    size: sizes[b],
+                    live: inner.live[b],
+                    fixed: match p.buffers[b].storage {
+                        Storage::Arena { offset, .. } => offset,
+                        _ => None,
+                    },
+                })
+                .collect();
+            let (offsets, total) = plan::place(&items, arena.size).map_err(|e| {
+                let b = members[e.item];
+                input_error(format!(
+                    "buffer {b} `{}` in arena {a}: {} (is a symbol above the bound the \
+                     program was planned for?)",
+                    p.buffers[b].name, e.msg
+                ))
+            })?;
+            let use_ = &inner.devices[inner.arena_device[a]];
+            let buffer = use_
+                .device
+                .allocate(total, inner.arena_kind[a])
+                .map_err(hal(format!(
+                    "call {call}: allocating arena {a} ({total} bytes) on `{}`",
+                    use_.name
+                )))?;
+            let id = next_alloc;
+            next_alloc += 1;
+            for (&b, &offset) in members.iter().zip(&offsets) {
+                if inner.live[b].is_some() {
+                    ranges[b] = Some(buffer.range(offset, sizes[b]).map_err(hal(format!(
+                        "call {call}: buffer `{}` in arena {a}",
+                        p.buffers[b].name
+                    )))?);
+                    alloc_of[b] = Some((id, offset));
+                }
+            }
+        }
+
+        // Inputs and outputs: their own allocations on the device that uses them.
+        let mut outputs: Vec<Option<OutputSource>> = vec![None; p.outputs.len()];
+        for (b, decl) in p.buffers.iter().enumerate() {
+            match (&decl.storage, home[b]) {
+                (Storage::Input(k), Home::Device(d)) => {
+                    let use_ = &inner.devices[d];
+                    let context = format!("call {call}: input `{}` on `{}`", decl.name, use_.name);
+                    let buffer = use_
+                        .device
+                        .allocate(sizes[b], MemoryKind::HostVisibleShared)
+                        .map_err(hal(context.clone()))?;
+                    buffer
+                        .write_bytes(0, &inputs[*k].to_le_bytes())
+                        .map_err(hal(context))?;
+                    ranges[b] = Some(buffer.whole());
+                    alloc_of[b] = Some((next_alloc, 0));
+                    next_alloc += 1;
+                }
+                (Storage::Output(k), Home::Device(d)) => {
+                    let use_ = &inner.devices[d];
+                    let buffer = use_
+                        .device
+                        .allocate(sizes[b], MemoryKind::HostVisibleShared)
+                        .map_err(hal(format!(
+                            "call {call}: output `{}` on `{}`",
+                            decl.name, use_.name
+                        )))?;
+                    ranges[b] = Some(buffer.whole());
+                    alloc_of[b] = Some((next_alloc, 0));
+                    next_alloc += 1;
+                    outputs[*k] = Some(OutputSource::Buffer {
+                        range: buffer.whole(),
+                        dtype: decl.ty.dtype,
+                        dims: dims[b].clone().expect("sized"),
+                    });
+                }
+                (Storage::Output(k), Home::Slot) => outputs[*k] = Some(OutputSource::Slot(b)),
+                _ => {}
+            }
+        }
+        let outputs: Vec<OutputSource> = outputs
+            .into_iter()
+            .map(|o| o.expect("verify: every output has a buffer, and it is written"))
+            .collect();
+
+        // What each step touches.
+        let region = |b: usize| -> Option<Region> {
+            match home[b] {
+                Home::Slot => Some(Region::Slot(b)),
+                _ => alloc_of[b].map(|(alloc, offset)| Region::Memory {
+                    alloc,
+                    start: offset,
+                    end: offset + sizes[b],
+                }),
+            }
+        };
+        let accesses = |step: &Step| -> Vec<Access> {
+            let reads = step.reads().into_iter().map(|b| (b, false));
+            let writes = step.writes().into_iter().map(|b| (b, true));
+            reads
+                .chain(writes)
+                .filter_map(|(b, write)| region(b).map(|region| Access { region, write }))
+                .collect()
+        };
+
+        // Record: consecutive steps on one device form a chunk (one command buffer, barriers
+        // where a step touches what an earlier step of its segment wrote, or writes what it
+        // read); chunks wait on the earlier chunks they conflict with.
+        struct Chunk {
+            device: usize,
+            command_buffer: CommandBuffer,
+            accesses: Vec<Access>,
+            waits: Vec<usize>,
+        }
+        let mut chunks: Vec<Chunk> = Vec::new();
+        let mut si = 0;
+        while si < p.steps.len() {
+            let d = inner.step_device[si];
+            let use_ = &inner.devices[d];
+            let mut builder = use_
+                .device
+                .create_command_buffer()
+                .map_err(hal(format!("call {call}: recording for `{}`", use_.name)))?;
+            let mut segment: Vec<Access> = Vec::new();
+            let mut all: Vec<Access> = Vec::new();
+            while si < p.steps.len() && inner.step_device[si] == d {
+                let step = &p.steps[si];
+                let acc = accesses(step);
+                if plan::any_conflict(&acc, &segment) {
+                    builder.barrier();
+                    segment.clear();
+                }
+                let context = format!("call {call}: step {si}");
+                let cpu_operand = |b: usize, bindings: &mut Vec<BufferRange>| -> Operand {
+                    match (&p.buffers[b].storage, home[b]) {
+                        (_, Home::Slot) => Operand::Slot(b),
+                        (Storage::Weight(w), _) => Operand::Weight(*w),
+                        _ => {
+                            bindings.push(ranges[b].clone().expect("allocated"));
+                            Operand::Binding(bindings.len() - 1)
+                        }
+                    }
+                };
+                match step {
+                    Step::Dispatch { args, results, .. } => {
+                        let mut bound = Vec::new();
+                        let mut operands: Vec<Operand> =
+                            args.iter().map(|&b| cpu_operand(b, &mut bound)).collect();
+                        operands.extend(results.iter().map(|r| match r {
+                            Some(b) => cpu_operand(*b, &mut bound),
+                            None => Operand::Absent,
+                        }));
+                        let params = Params {
+                            call,
+                            symbols: symbol_values.clone(),
+                            operands,
+                            extra: Vec::new(),
+                        };
+                        builder
+                            .dispatch(
+                                use_.executable.as_ref().expect("CPU device"),
+                                inner.step_entry[si],
+                                &bound,
+                                &params.encode(),
+                                [1, 1, 1],
+                            )
+                            .map_err(hal(context))?;
+                    }
+                    Step::Copy { src, dst } => {
+                        let (src, dst) = (*src, *dst);
+                        let direct = home[src] != Home::Slot
+                            && home[dst] != Home::Slot
+                            && !(use_.is_cpu
+                                && matches!(p.buffers[src].storage, Storage::Weight(_)));
+                        if direct {
+                            let src_range = match p.buffers[src].storage {
+                                Storage::Weight(w) => {
+                                    inner.weight_buffers[w].as_ref().expect("bound").whole()
+                                }
+                                _ => ranges[src].clone().expect("allocated"),
+                            };
+                            let dst_range = ranges[dst].clone().expect("allocated");
+                            if src_range.len != dst_range.len {
+                                return Err(input_error(format!(
+                                    "step {si} copies `{}` ({} bytes) into `{}` ({} bytes)",
+                                    p.buffers[src].name,
+                                    src_range.len,
+                                    p.buffers[dst].name,
+                                    dst_range.len
+                                )));
+                            }
+                            builder.copy(src_range, dst_range).map_err(hal(context))?;
+                        } else {
+                            let mut bound = Vec::new();
+                            let operands =
+                                vec![cpu_operand(src, &mut bound), cpu_operand(dst, &mut bound)];
+                            let mut extra = vec![src as u64];
+                            if let Some(d) = &dims[src] {
+                                extra.extend(d.iter().map(|&x| x as u64));
+                            }
+                            let params = Params {
+                                call,
+                                symbols: symbol_values.clone(),
+                                operands,
+                                extra,
+                            };
+                            builder
+                                .dispatch(
+                                    use_.executable.as_ref().expect("CPU device"),
+                                    use_.copy_entry,
+                                    &bound,
+                                    &params.encode(),
+                                    [1, 1, 1],
+                                )
+                                .map_err(hal(context))?;
+                        }
+                    }
+                }
+                segment.extend(acc.iter().copied());
+                all.extend(acc);
+                si += 1;
+            }
+            let waits = chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| plan::any_conflict(&all, &c.accesses))
+                .map(|(i, _)| i)
+                .collect();
+            chunks.push(Chunk {
+                device: d,
+                command_buffer: builder.finish(),
+                accesses: all,
+                waits,
+            });
+        }
+
+        // Semaphores, the slot table, then submission.
+        let mut semaphores = Vec::with_capacity(chunks.len());
+        for c in &chunks {
+            let use_ = &inner.devices[c.device];
+            semaphores.push(
+                use_.device
+                    .create_semaphore(0)
+                    .map_err(hal(format!("call {call}: semaphore on `{}`", use_.name)))?,
+            );
+        }
+        let slots: Slots = Arc::new(Mutex::new(vec![None; nb]));
+        inner.registry.insert(call, slots.clone());
+        if chunks.is_empty() {
+            inner.registry.remove(call);
+        } else {
+            // Drop the registry entry once every submission has completed or failed.
+            let remaining = Arc::new(AtomicUsize::new(chunks.len()));
+            for s in &semaphores {
+                let (remaining, registry) = (remaining.clone(), inner.registry.clone());
+                s.notify_at(
+                    1,
+                    Box::new(move |_| {
+                        if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            registry.remove(call);
+                        }
+                    }),
+                );
+            }
+        }
+        for (i, c) in chunks.iter().enumerate() {
+            let waits: Vec<(Semaphore, u64)> = c
+                .waits
+                .iter()
+                .map(|&w| (semaphores[w].clone(), 1))
+                .collect();
+            let use_ = &inner.devices[c.device];
+            if let Err(e) =
+                use_.queue
+                    .submit(&c.command_buffer, &waits, &[(semaphores[i].clone(), 1)])
+            {
+                let reason = format!("call {call}: submitting to `{}`: {e}", use_.name);
+                for s in &semaphores[i..] {
+                    s.fail(reason.clone());
+                }
+                return Err(hal(format!("call {call}: submitting to `{}`", use_.name))(
+                    e,
+                ));
+            }
+        }
+        Ok(CallHandle {
+            program: p.name.clone(),
+            output_names: p.outputs.iter().map(|o| o.name.clone()).collect(),
+            call,
+            done: semaphores.into_iter().map(|s| (s, 1)).collect(),
+            outputs,
+            slots,
+        })
+    }
+
+    /// Submits a call and waits for its outputs.
+    pub fn run(&self, inputs: Vec<Tensor>, timeout: Duration) -> Result<Vec<Tensor>> {
+        self.submit(inputs)?.wait(timeout)
+    }
+
+    /// How many calls still have work in flight (submitted, not yet completed or failed).
+    pub fn calls_in_flight(&self) -> usize {
+        self.inner.registry.len()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum OutputSource {
+    Buffer {
+        range: BufferRange,
+        dtype: DType,
+        dims: Vec<usize>,
+    },
+    Slot(usize),
+}
+
+/// A call in flight. [`wait`](CallHandle::wait) blocks until all of its work is done and
+/// returns its outputs. Dropping a handle does not cancel the call: its work runs to the end
+/// and its memory is freed then.
+pub struct CallHandle {
+    program: String,
+    output_names: Vec<String>,
+    call: u64,
+    done: Vec<(Semaphore, u64)>,
+    outputs: Vec<OutputSource>,
+    slots: Slots,
+}
+
+impl fmt::Debug for CallHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallHandle")
+            .field("program", &self.program)
+            .field("call", &self.call)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl CallHandle {
+    /// The call's number within its session (1, 2, ...).
+    pub fn id(&self) -> u64 {
+        self.call
+    }
+
+    /// The `(semaphore, value)` pairs every one of which is reached when the call's work is
+    /// done (one per submission); any of them fails if the call fails. Other work may wait
+    /// on them.
+    pub fn semaphores(&self) -> &[(Semaphore, u64)] {
+        &self.done
+    }
+
+    /// Whether all of the call's work has finished (successfully or not). Never blocks.
+    pub fn is_done(&self) -> bool {
+        self.done
+            .iter()
+            .all(|(s, v)| s.failure().is_some() || s.value() >= *v)
+    }
+
+    /// Blocks until the call's work is done, or `timeout`. Repeatable; does not take the
+    /// outputs.
+    pub fn wait_done(&self, timeout: Duration) -> Result<()> {
+        Semaphore::wait_all(&self.done, timeout).map_err(|e| match e {
+            SemaphoreError::Failed(reason) => RuntimeError::CallFailed {
+                program: self.program.clone(),
+                call: self.call,
+                reason,
+            },
+            other => RuntimeError::Timeout {
+                program: self.program.clone(),
+                call: self.call,
+                msg: other.to_string(),
+            },
+        })
+    }
+
+    /// Waits (once) for the call to finish and returns its outputs, in the program's output
+    /// order. A failed kernel is an error whose message names it.
+    pub fn wait(self, timeout: Duration) -> Result<Vec<Tensor>> {
+        self.wait_done(timeout)?;
+        let mut slots = lock(&self.slots);
+        let mut outputs = Vec::with_capacity(self.outputs.len());
+        for (k, source) in self.outputs.iter().enumerate() {
+            let err = |msg: String| RuntimeError::Output {
+                program: self.program.clone(),
+                call: self.call,
+                output: self.output_names[k].clone(),
+                msg,
+            };
+            let t = match source {
+                OutputSource::Buffer { range, dtype, dims } => range
+                    .buffer
+                    .map_read(range.offset, range.len, |bytes| {
+                        Tensor::from_le_bytes(*dtype, dims, bytes)
+                    })
+                    .map_err(|e| err(e.to_string()))?
+                    .map_err(|e| err(e.to_string()))?,
+                OutputSource::Slot(b) => slots
+                    .get_mut(*b)
+                    .and_then(Option::take)
+                    .ok_or_else(|| err("its producer stored nothing".into()))?,
+            };
+            outputs.push(t);
+        }
+        Ok(outputs)
+    }
+}

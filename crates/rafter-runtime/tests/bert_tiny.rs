@@ -1,0 +1,76 @@
+//! The committed bert_tiny fixture, imported, compiled (by `rafter-opt`, and by the tests'
+//! one-kernel-per-node lowering) and run by the runtime at seq 7 and 13, against ONNX
+//! Runtime's outputs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{lower_per_node, max_abs_diff, LONG};
+use rafter_ir::program::{Program, Storage};
+use rafter_reference::npy::read_npy;
+use rafter_runtime::{BytesBuffer, DeviceSet, Session};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert_tiny")
+}
+
+fn import() -> rafter_ir::Graph {
+    rafter_import::import_onnx_file(&fixture().join("model.onnx"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .graph
+}
+
+#[test]
+fn bert_tiny_compiled_by_rafter_opt_matches_onnx_runtime() {
+    let program = rafter_opt::compile(&import(), &rafter_opt::CompileOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        program
+            .buffers
+            .iter()
+            .any(|b| matches!(b.storage, Storage::Arena { offset: None, .. })),
+        "the compiler leaves offsets to the runtime"
+    );
+    run_and_compare(program);
+}
+
+#[test]
+fn bert_tiny_one_kernel_per_node_matches_onnx_runtime() {
+    run_and_compare(lower_per_node(&import()));
+}
+
+fn run_and_compare(program: Program) {
+    let dir = fixture();
+    let weight_ptrs: Vec<*const u8> = program.weights.iter().map(|w| w.bytes.as_ptr()).collect();
+    let session = Session::new(program, &DeviceSet::cpu().unwrap()).unwrap();
+    // The weights the kernels read are the program's own bytes (the model file's map, for
+    // weights the compiler did not fold).
+    let mut bound = 0;
+    for (i, ptr) in weight_ptrs.iter().enumerate() {
+        if let Some(buffer) = session.weight_buffer(i) {
+            let wrapped = buffer
+                .downcast_ref::<BytesBuffer>()
+                .expect("CPU weights are BytesBuffers");
+            assert_eq!(wrapped.as_ptr(), *ptr);
+            bound += 1;
+        }
+    }
+    assert!(bound > 0);
+    // Both calls in flight at once.
+    let calls: Vec<_> = ["seq7", "seq13"]
+        .iter()
+        .map(|case| {
+            let read = |name: &str| read_npy(&dir.join(case).join(name)).unwrap();
+            let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
+            let handle = session.submit(inputs).unwrap();
+            (case, handle, read("last_hidden_state.npy"))
+        })
+        .collect();
+    for (case, handle, want) in calls {
+        let out = handle.wait(LONG).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(out.len(), 1);
+        let diff = max_abs_diff(&out[0], &want);
+        assert!(diff <= 1e-4, "{case}: max |runtime - ORT| = {diff}");
+    }
+}
