@@ -293,7 +293,14 @@ impl<'h> Ctx<'h> {
             let mut fresh = |hint: &str| fresh_symbol(next, used, hint);
             (self.infer)(&op, &ins, outs.len(), &mut fresh)
         }
-        .map_err(|msg| n.shape_err(msg))?;
+        .map_err(|msg| {
+            // A rank only the run time knows is a limit of rafter, not a malformed node.
+            if msg.starts_with(rafter_ir::infer::RUNTIME_AXES_RANK) {
+                n.unsupported(format!("unsupported: {msg}"))
+            } else {
+                n.shape_err(msg)
+            }
+        })?;
         if inferred.types.len() < outs.len() {
             return Err(n.shape_err(format!(
                 "inference of `{}` gave {} result types for {} results",

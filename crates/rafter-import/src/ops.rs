@@ -179,8 +179,8 @@ pub(crate) const SUPPORTED: &[&str] = &[
     "Scan",
 ];
 
-/// The input index of an `axes` operand that must be known at import time, for the ops
-/// and opsets that take axes as an input.
+/// The input index of the `axes` operand, for the ops and opsets that take axes as an
+/// input (constant axes become the op's attribute, others its operand).
 pub(crate) fn axes_input_index(op: &str, opset: i64) -> Option<usize> {
     match op {
         "ReduceSum" | "Squeeze" | "Unsqueeze" if opset >= 13 => Some(1),
@@ -341,16 +341,6 @@ impl Tr<'_, '_, '_> {
 
     fn dtype(&self, v: ValueId) -> DType {
         self.ty(v).dtype
-    }
-
-    /// Integer elements of an operand that must be known at import time.
-    fn known_ints(&self, v: ValueId, what: &str) -> R<Vec<i64>> {
-        self.sc.known_i64s(v).ok_or_else(|| {
-            self.n.unsupported(format!(
-                "unsupported: dynamic {what} (input `{}` is not a constant)",
-                self.sc.g.value(v).name
-            ))
-        })
     }
 
     /// `v` unless it is a constant with no elements (ONNX's "empty means absent").
@@ -1199,7 +1189,15 @@ impl Tr<'_, '_, '_> {
     fn dropout(&mut self) -> R {
         let n = self.n;
         let x = self.req(0)?;
-        if n.opset >= 12 {
+        // A ratio known to be 0 keeps everything, in training mode too.
+        let zero_ratio = n.opset >= 12
+            && self.inp(1)?.is_some_and(|r| {
+                self.sc
+                    .g
+                    .const_of(r)
+                    .is_some_and(|c| c.num_elements() == 1 && c.to_f64s().iter().all(|&v| v == 0.0))
+            });
+        if n.opset >= 12 && !zero_ratio {
             if let Some(tm) = self.inp(2)? {
                 match self.sc.known_i64s(tm) {
                     Some(v) if v.iter().all(|&b| b == 0) => {}
@@ -1283,15 +1281,28 @@ impl Tr<'_, '_, '_> {
         let n = self.n;
         let x = self.req(0)?;
         let from_input = axes_input_index(n.op_type(), n.opset).is_some();
+        let noop = from_input && n.flag("noop_with_empty_axes", false)?;
+        let keep_dims = n.flag("keepdims", true)?;
         let axes = if from_input {
             match self.inp(1)? {
-                Some(a) => self.known_ints(a, "axes")?,
+                Some(a) => match self.sc.known_i64s(a) {
+                    Some(k) => k,
+                    // Known only at run time: the operand.
+                    None => {
+                        let op = Op::Reduce {
+                            kind,
+                            axes: vec![],
+                            keep_dims,
+                            noop_with_empty_axes: noop,
+                        };
+                        return self.finish(op, vec![Some(x), Some(a)]);
+                    }
+                },
                 None => Vec::new(),
             }
         } else {
             n.ints("axes")?.unwrap_or_default()
         };
-        let noop = from_input && n.flag("noop_with_empty_axes", false)?;
         if axes.is_empty() && noop {
             return self.finish(Op::Identity, vec![Some(x)]);
         }
@@ -1301,7 +1312,8 @@ impl Tr<'_, '_, '_> {
             Op::Reduce {
                 kind,
                 axes,
-                keep_dims: n.flag("keepdims", true)?,
+                keep_dims,
+                noop_with_empty_axes: false,
             },
             vec![Some(x)],
         )
@@ -1452,7 +1464,18 @@ impl Tr<'_, '_, '_> {
         let x = self.req(0)?;
         let axes = if n.opset >= 13 {
             match self.inp(1)? {
-                Some(a) => Some(self.known_ints(a, "axes")?),
+                Some(a) => match self.sc.known_i64s(a) {
+                    Some(k) => Some(k),
+                    // Known only at run time: the operand.
+                    None => {
+                        let op = if unsqueeze {
+                            Op::Unsqueeze { axes: vec![] }
+                        } else {
+                            Op::Squeeze { axes: vec![] }
+                        };
+                        return self.finish(op, vec![Some(x), Some(a)]);
+                    }
+                },
                 None => None,
             }
         } else {

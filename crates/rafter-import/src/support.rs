@@ -215,7 +215,6 @@ fn walk(
             });
         }
     }
-    let graph_inputs: HashSet<&str> = gp.input.iter().map(|i| i.name.as_str()).collect();
     for (i, p) in gp.node.iter().enumerate() {
         let n = NodeView::new(p, i, opset, "");
         let mut push = |reason: String| {
@@ -238,14 +237,6 @@ fn walk(
             }
         } else if let Err(reason) = static_check(&n) {
             push(reason);
-        } else if let Some(axes) =
-            crate::ops::axes_input_index(p.op_type.as_str(), opset).and_then(|i| n.input_name(i))
-        {
-            if graph_inputs.contains(axes) {
-                push(format!(
-                    "unsupported: dynamic axes (input `{axes}` is not a constant)"
-                ));
-            }
         }
         for (attr, sub) in attr_graphs(p) {
             walk(

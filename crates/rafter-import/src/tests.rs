@@ -845,7 +845,8 @@ fn reduce_axes_attribute_and_input() {
         Op::Reduce {
             kind: ReduceKind::Mean,
             axes: vec![0, 2],
-            keep_dims: false
+            keep_dims: false,
+            noop_with_empty_axes: false,
         }
     );
     // Input form with a constant.
@@ -877,17 +878,24 @@ fn reduce_axes_attribute_and_input() {
         Op::Reduce {
             kind: ReduceKind::Sum,
             axes: vec![1],
-            keep_dims: true
+            keep_dims: true,
+            noop_with_empty_axes: false,
         }
     );
-    let e = err(&mk(13, false, false));
-    assert!(matches!(e, ImportError::UnsupportedOp { .. }), "{e}");
-    assert!(
-        e.to_string().contains(
-            "node `r` (ReduceSum): unsupported: dynamic axes (input `axes` is not a constant)"
-        ),
-        "{e}"
-    );
+    // Axes known only at run time: the operand, with noop_with_empty_axes kept.
+    for noop in [false, true] {
+        let g = ok(&mk(13, false, noop));
+        assert_eq!(
+            op_of(&g),
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes: vec![],
+                keep_dims: true,
+                noop_with_empty_axes: noop,
+            }
+        );
+        assert_eq!(ops(&g)[0].1, ["x", "axes"]);
+    }
     // noop_with_empty_axes without axes is an identity.
     let m = model(
         18,
@@ -912,9 +920,40 @@ fn reduce_axes_attribute_and_input() {
         Op::Reduce {
             kind: ReduceKind::L2,
             axes: vec![],
-            keep_dims: true
+            keep_dims: true,
+            noop_with_empty_axes: false,
         }
     );
+    // With real inference: an axes operand of unknown length decides the rank when
+    // keepdims=0, which is unsupported; of known length it types the result.
+    let mk_real = |len: &str, keep: i64| {
+        model(
+            18,
+            graph(
+                vec![node(
+                    "ReduceMax",
+                    "r",
+                    &["x", "axes"],
+                    &["y"],
+                    vec![ai("keepdims", keep)],
+                )],
+                vec![f32_in("x", &["2", "3"]), tvi("axes", 7, &[len])],
+                &["y"],
+                vec![],
+            ),
+        )
+    };
+    let e = import_real(&mk_real("n", 0)).unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    assert!(
+        e.to_string()
+            .contains("node `r` (ReduceMax): unsupported: rank depends on run-time axes"),
+        "{e}"
+    );
+    let g = import_real(&mk_real("1", 0)).unwrap().graph;
+    assert_eq!(g.value(g.outputs[0]).ty.rank(), 1);
+    let g = import_real(&mk_real("n", 1)).unwrap().graph;
+    assert_eq!(g.value(g.outputs[0]).ty.rank(), 2);
 }
 
 #[test]
@@ -933,6 +972,26 @@ fn squeeze_unsqueeze_axes() {
     assert_eq!(ok(&m).nodes[0].op, Op::Squeeze { axes: vec![2] });
     let g = ok(&unary_model("Squeeze", 13, vec![]));
     assert_eq!(g.nodes[0].op, Op::Squeeze { axes: vec![] });
+    // Axes known only at run time become the operand.
+    for op in ["Squeeze", "Unsqueeze"] {
+        let m = model(
+            13,
+            graph(
+                vec![node(op, "s", &["x", "a"], &["y"], vec![])],
+                vec![f32_in("x", &["1", "3"]), tvi("a", 7, &["1"])],
+                &["y"],
+                vec![],
+            ),
+        );
+        let g = ok(&m);
+        let want = if op == "Squeeze" {
+            Op::Squeeze { axes: vec![] }
+        } else {
+            Op::Unsqueeze { axes: vec![] }
+        };
+        assert_eq!(g.nodes[0].op, want);
+        assert_eq!(ops(&g)[0].1, ["x", "a"]);
+    }
 }
 
 #[test]
@@ -1086,6 +1145,39 @@ fn dropout_is_identity_with_an_all_true_mask() {
         ),
     );
     assert!(err(&m).to_string().contains("training_mode"));
+    // ... unless the ratio is a constant 0: training keeps everything then, whatever
+    // training_mode is at run time.
+    let m = model(
+        13,
+        graph(
+            vec![node(
+                "Dropout",
+                "d",
+                &["x", "r", "t"],
+                &["y", "mask"],
+                vec![],
+            )],
+            vec![f32_in("x", &["2"]), tvi("t", 9, &[])],
+            &["y", "mask"],
+            vec![t_f32("r", &[], &[0.0])],
+        ),
+    );
+    let g = ok(&m);
+    let names: Vec<&str> = g.nodes.iter().map(|n| n.op.name()).collect();
+    assert_eq!(names, ["identity", "shape", "constant_of_shape"]);
+    // A run-time training_mode with a nonzero or run-time ratio stays unsupported.
+    let m = model(
+        13,
+        graph(
+            vec![node("Dropout", "d", &["x", "r", "t"], &["y"], vec![])],
+            vec![f32_in("x", &["2"]), f32_in("r", &[]), tvi("t", 9, &[])],
+            &["y"],
+            vec![],
+        ),
+    );
+    let e = err(&m);
+    assert!(e.is_unsupported(), "{e}");
+    assert!(e.to_string().contains("dynamic training_mode"), "{e}");
 }
 
 #[test]
@@ -1674,7 +1766,6 @@ fn check_support_lists_everything() {
             "node `bin` (Binarizer): unsupported op in domain `ai.onnx.ml`",
             "node `inner_det` (Det): unsupported op `Det`: not in rafter's op set",
             "node `inner_det` (Det): unsupported op `Det`: not in rafter's op set",
-            "node `rs` (ReduceSum): unsupported: dynamic axes (input `axes` is not a constant)",
         ]
     );
     assert_eq!(found[3].graph, "g/if/then_branch");

@@ -215,8 +215,13 @@ define_ops! {
     IsInf "is_inf" { detect_negative: bool, detect_positive: bool },
 
     // ---- reductions and normalisations ----
-    /// Operand: x. Empty `axes` reduces every axis.
-    Reduce "reduce" { kind: ReduceKind, axes: Vec<i64>, keep_dims: bool },
+    /// Operands: x, axes? (i64 1-D). With the `axes` operand the axes are known only at run
+    /// time (negative ones resolved against x's rank) and the `axes` attribute must be
+    /// empty; without it the attribute holds them. Empty axes reduce every axis, unless
+    /// `noop_with_empty_axes`, which makes the op the identity.
+    Reduce "reduce" {
+        kind: ReduceKind, axes: Vec<i64>, keep_dims: bool, noop_with_empty_axes: bool,
+    },
     /// Operand: x. Output i64 indices.
     ArgReduce "arg_reduce" { kind: ArgKind, axis: i64, keep_dims: bool, select_last_index: bool },
     /// Operands: x, axis (scalar int).
@@ -299,9 +304,14 @@ define_ops! {
     /// Operand: x. Output i64 scalar element count.
     Size "size",
     Transpose "transpose" { perm: Vec<i64> },
-    /// Operand: x. Empty `axes` removes every dim of size 1.
+    /// Operands: x, axes? (i64 1-D). Empty axes remove every dim of size 1. With the `axes`
+    /// operand the axes are known only at run time (negative ones resolved against x's
+    /// rank) and the `axes` attribute must be empty; without it the attribute holds them.
     Squeeze "squeeze" { axes: Vec<i64> },
-    /// Operand: x. `axes` index the output (non-negative).
+    /// Operands: x, axes? (i64 1-D). `axes` index the output (attribute: non-negative).
+    /// With the `axes` operand the axes are known only at run time (negative ones resolved
+    /// against the output rank) and the `axes` attribute must be empty; without it the
+    /// attribute holds them.
     Unsqueeze "unsqueeze" { axes: Vec<i64> },
     /// Operand: x. Output 2-D [prod(dims[..axis]), prod(dims[axis..])].
     Flatten "flatten" { axis: i64 },

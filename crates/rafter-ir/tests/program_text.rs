@@ -158,7 +158,7 @@ fn every_feature() -> Program {
                 KernelKind::Reduction,
                 "cpu",
                 "graph @\"\"(%x: f32[batch, seq, 2]) -> (%s) {
-                   %s: f32[batch, seq] = reduce{kind = sum, axes = [2], keep_dims = false}(%x)
+                   %s: f32[batch, seq] = reduce{kind = sum, axes = [2], keep_dims = false, noop_with_empty_axes = false}(%x)
                  }",
             ),
             kernel(

@@ -150,7 +150,7 @@ fn unfused_lowering_is_equivalent_too() {
         r#"graph @plain(%x: f32[3, 4]) -> (%y) {
           %a: f32[3, 4] = unary{op = exp}(%x)
           %b: f32[3, 4] = unary{op = sin}(%a)
-          %y: f32[3] = reduce{kind = sum, axes = [1], keep_dims = false}(%b)
+          %y: f32[3] = reduce{kind = sum, axes = [1], keep_dims = false, noop_with_empty_axes = false}(%b)
         }"#,
     );
     let opts = rafter_opt::LowerOptions {

@@ -141,8 +141,8 @@ fn no_fusion_that_would_duplicate_work() {
     let g = parse(
         r#"graph @multi(%x: f32[3, 4], %m: f32[3, 4]) -> (%r1, %r2, %p, %q) {
           %a: f32[3, 4] = unary{op = exp}(%x)
-          %r1: f32[3] = reduce{kind = sum, axes = [1], keep_dims = false}(%a)
-          %r2: f32[3] = reduce{kind = max, axes = [1], keep_dims = false}(%a)
+          %r1: f32[3] = reduce{kind = sum, axes = [1], keep_dims = false, noop_with_empty_axes = false}(%a)
+          %r2: f32[3] = reduce{kind = max, axes = [1], keep_dims = false, noop_with_empty_axes = false}(%a)
           const %k: f32[4, 4] = dense [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0]
           %mm: f32[3, 4] = matmul(%m, %k)
           %p: f32[3, 4] = unary{op = relu}(%mm)

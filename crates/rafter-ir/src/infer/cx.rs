@@ -250,6 +250,39 @@ pub(super) fn axes(list: &[i64], rank: usize) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// The axes of an op that takes them in an attribute or as an optional operand
+/// (Reduce, Squeeze, Unsqueeze).
+pub(super) enum OpAxes {
+    /// The attribute's, or the operand's when its values are known at compile time.
+    Known(Vec<i64>),
+    /// Decided at run time by an operand of this length (`None`: unknown).
+    RunTime(Option<usize>),
+}
+
+/// Reads the axes from operand `i` (a 1-D integer tensor) when it is present, else from
+/// the attribute `attr`. Both at once is an error.
+pub(super) fn op_axes(cx: &Cx<'_, '_, '_>, attr: &[i64], i: usize) -> Result<OpAxes, String> {
+    if !cx.present(i) {
+        return Ok(OpAxes::Known(attr.to_vec()));
+    }
+    if !attr.is_empty() {
+        return Err(format!(
+            "axes given both as the attribute {attr:?} and as operand {i}"
+        ));
+    }
+    let t = cx.int_ty(i, "axes")?;
+    if t.rank() != 1 {
+        return Err(format!("axes (operand {i}) must be 1-D, got {t}"));
+    }
+    if let Some(v) = cx.ints(i) {
+        return Ok(OpAxes::Known(v));
+    }
+    Ok(match t.dims[0].as_known() {
+        Some(0) => OpAxes::Known(vec![]),
+        len => OpAxes::RunTime(len.map(|l| l as usize)),
+    })
+}
+
 /// The element count when every dim is known (checked).
 pub(super) fn elem_count(dims: &[Dim]) -> Option<usize> {
     dims.iter().try_fold(1usize, |acc, d| {

@@ -44,6 +44,11 @@ pub struct InferInput<'a> {
     pub konst: Option<&'a ConstData>,
 }
 
+/// Starts the error of an op whose result rank depends on axes known only at run time
+/// (e.g. Squeeze with an axes operand of unknown length). Importers report such nodes as
+/// unsupported rather than malformed.
+pub const RUNTIME_AXES_RANK: &str = "rank depends on run-time axes";
+
 /// Inference results for one node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Inferred {
@@ -119,7 +124,8 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
             kind,
             axes,
             keep_dims,
-        } => nn::reduce(cx, *kind, axes, *keep_dims),
+            noop_with_empty_axes,
+        } => nn::reduce(cx, *kind, axes, *keep_dims, *noop_with_empty_axes),
         Op::ArgReduce {
             axis, keep_dims, ..
         } => nn::arg_reduce(cx, *axis, *keep_dims),

@@ -1,16 +1,61 @@
 //! Reductions, normalisations, convolution and pooling, resampling, recurrent cells.
 
 use super::arith;
-use super::cx::{axes, axis, ck, valued, Cx, Res, R};
+use super::cx::{axes, axis, ck, op_axes, valued, Cx, OpAxes, Res, R};
+use super::RUNTIME_AXES_RANK;
 use crate::{AspectPolicy, AutoPad, CumKind, DType, Dim, ReduceKind, RnnDirection};
 
-pub(super) fn reduce(cx: &mut Cx<'_, '_, '_>, kind: ReduceKind, ax: &[i64], keep: bool) -> R {
-    cx.arity(1, 1)?;
+pub(super) fn reduce(
+    cx: &mut Cx<'_, '_, '_>,
+    kind: ReduceKind,
+    ax: &[i64],
+    keep: bool,
+    noop: bool,
+) -> R {
+    cx.arity(1, 2)?;
     let x = cx.ty(0)?;
+    let ax = match op_axes(cx, ax, 1)? {
+        OpAxes::Known(ax) => ax,
+        OpAxes::RunTime(len) => {
+            // Which axes go is known only at run time: each kept dim is itself or 1.
+            let rank = match (keep, len) {
+                (true, _) => x.rank(),
+                (false, Some(l)) if l <= x.rank() => x.rank() - l,
+                (false, Some(l)) => {
+                    return Err(format!("{l} axes to reduce for rank {}", x.rank()))
+                }
+                (false, None) => {
+                    return Err(format!(
+                        "{RUNTIME_AXES_RANK}: the axes operand has an unknown length and \
+                         keep_dims is false"
+                    ))
+                }
+            };
+            let all_one = x.dims.iter().all(|d| d.as_known() == Some(1));
+            let dims = (0..rank)
+                .map(|i| {
+                    let one = if keep {
+                        x.dims[i].as_known() == Some(1)
+                    } else {
+                        all_one
+                    };
+                    if one {
+                        Dim::known(1)
+                    } else {
+                        cx.fresh()
+                    }
+                })
+                .collect();
+            return Ok(vec![Res::new(x.dtype, dims)]);
+        }
+    };
+    if ax.is_empty() && noop {
+        return Ok(vec![Res::of(x).with_sym(cx.values(0))]);
+    }
     let reduced: Vec<usize> = if ax.is_empty() {
         (0..x.rank()).collect()
     } else {
-        axes(ax, x.rank())?
+        axes(&ax, x.rank())?
     };
     let mut dims = Vec::with_capacity(x.rank());
     for (i, d) in x.dims.iter().enumerate() {

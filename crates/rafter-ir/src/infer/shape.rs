@@ -3,8 +3,10 @@
 
 use super::arith;
 use super::cx::{
-    axes, axis, broadcast_values, ck, elem_count, prod, valued, Cx, Res, BIG, MAX_SYM, R,
+    axes, axis, broadcast_values, ck, elem_count, op_axes, prod, valued, Cx, OpAxes, Res, BIG,
+    MAX_SYM, R,
 };
+use super::RUNTIME_AXES_RANK;
 use crate::{DType, Dim, Scalar, TensorType};
 
 /// The operand must be a 1-D integer tensor (shapes, pads, repeats, slice bounds).
@@ -145,9 +147,40 @@ pub(super) fn transpose(cx: &mut Cx<'_, '_, '_>, perm: &[i64]) -> R {
     Ok(vec![Res::new(x.dtype, dims).with_sym(sym)])
 }
 
+/// The error for a Squeeze or Unsqueeze whose axes operand has an unknown length.
+fn runtime_rank_err() -> String {
+    format!("{RUNTIME_AXES_RANK}: the axes operand has an unknown length")
+}
+
 pub(super) fn squeeze(cx: &mut Cx<'_, '_, '_>, ax: &[i64]) -> R {
-    cx.arity(1, 1)?;
+    cx.arity(1, 2)?;
     let x = cx.ty(0)?;
+    let ax = match op_axes(cx, ax, 1)? {
+        OpAxes::Known(ax) => ax,
+        OpAxes::RunTime(None) => return Err(runtime_rank_err()),
+        OpAxes::RunTime(Some(l)) => {
+            // Dims known not to be 1 stay; when exactly `l` dims may be 1, those go.
+            let stay: Vec<Dim> = x
+                .dims
+                .iter()
+                .filter(|d| d.as_known().is_some_and(|v| v != 1))
+                .cloned()
+                .collect();
+            let may_go = x.rank() - stay.len();
+            if l > may_go {
+                return Err(format!(
+                    "cannot squeeze {l} axes of {x}: at most {may_go} dims can be 1"
+                ));
+            }
+            let dims = if l == may_go {
+                stay
+            } else {
+                cx.fresh_n(x.rank() - l)
+            };
+            return Ok(vec![Res::new(x.dtype, dims).with_sym(cx.values(0))]);
+        }
+    };
+    let ax = ax.as_slice();
     let mut dims = Vec::with_capacity(x.rank());
     if ax.is_empty() {
         for (i, d) in x.dims.iter().enumerate() {
@@ -175,8 +208,23 @@ pub(super) fn squeeze(cx: &mut Cx<'_, '_, '_>, ax: &[i64]) -> R {
 }
 
 pub(super) fn unsqueeze(cx: &mut Cx<'_, '_, '_>, ax: &[i64]) -> R {
-    cx.arity(1, 1)?;
+    cx.arity(1, 2)?;
     let x = cx.ty(0)?;
+    let ax = match op_axes(cx, ax, 1)? {
+        OpAxes::Known(ax) => ax,
+        OpAxes::RunTime(None) => return Err(runtime_rank_err()),
+        OpAxes::RunTime(Some(l)) => {
+            // Each result dim is 1 or one of x's: all 1 when x's are.
+            let out_rank = x.rank() + l;
+            let dims = if x.dims.iter().all(|d| d.as_known() == Some(1)) {
+                vec![Dim::known(1); out_rank]
+            } else {
+                cx.fresh_n(out_rank)
+            };
+            return Ok(vec![Res::new(x.dtype, dims).with_sym(cx.values(0))]);
+        }
+    };
+    let ax = ax.as_slice();
     let out_rank = x.rank() + ax.len();
     let new = axes(ax, out_rank)?;
     let mut src = x.dims.iter();

@@ -22,7 +22,22 @@ pub fn eval(
             kind,
             axes,
             keep_dims,
+            noop_with_empty_axes,
         } => {
+            // Run-time axes come as operand 1 (the attribute is then empty).
+            let rt;
+            let axes = match inputs.get(1).copied().flatten() {
+                Some(a) => {
+                    rt = a.to_i64_vec().ok_or_else(|| {
+                        OpError::Invalid(format!("axes must be integer, got {}", a.dtype()))
+                    })?;
+                    &rt
+                }
+                None => axes,
+            };
+            if axes.is_empty() && *noop_with_empty_axes {
+                return Ok(vec![Some(x.clone())]);
+            }
             let reduced = axes_mask(axes, x.shape().len())?;
             let out_shape = reduced_shape(x.shape(), &reduced, *keep_dims);
             if x.dtype() == DType::Bool && !matches!(kind, ReduceKind::Max | ReduceKind::Min) {
@@ -372,6 +387,7 @@ mod tests {
                 kind,
                 axes: axes.to_vec(),
                 keep_dims,
+                noop_with_empty_axes: false,
             },
             &[x],
         )
@@ -488,11 +504,58 @@ mod tests {
             Op::Reduce {
                 kind: ReduceKind::Sum,
                 axes: vec![0, 0],
-                keep_dims: true
+                keep_dims: true,
+                noop_with_empty_axes: false,
             },
             &[&x]
         )
         .is_err());
+    }
+
+    #[test]
+    fn run_time_axes_operand() {
+        // x = [[1, 2, 3], [4, 5, 6]]
+        let x = arr::<f32>(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let op = |kind, keep_dims, noop_with_empty_axes| Op::Reduce {
+            kind,
+            axes: vec![],
+            keep_dims,
+            noop_with_empty_axes,
+        };
+        let axes = |v: &[i64]| Tensor::i64s(&[v.len()], v.to_vec());
+        let go = |o: Op, a: &[i64]| f32s(&run(o, &[&x, &axes(a)]).unwrap());
+        // Rows: 1+2+3 = 6, 4+5+6 = 15; negative axes count from the end.
+        assert_eq!(
+            go(op(ReduceKind::Sum, false, false), &[-1]),
+            (vec![2], vec![6.0, 15.0])
+        );
+        // Columns' maxima, kept: [[4, 5, 6]].
+        assert_eq!(
+            go(op(ReduceKind::Max, true, false), &[0]),
+            (vec![1, 3], vec![4.0, 5.0, 6.0])
+        );
+        // Both axes: 1*2*3*4*5*6 = 720.
+        assert_eq!(
+            go(op(ReduceKind::Prod, false, false), &[1, 0]),
+            (vec![], vec![720.0])
+        );
+        // Empty axes reduce everything (21 / 6 = 3.5) unless noop makes the identity.
+        assert_eq!(
+            go(op(ReduceKind::Mean, true, false), &[]),
+            (vec![1, 1], vec![3.5])
+        );
+        assert_eq!(
+            go(op(ReduceKind::Mean, true, true), &[]),
+            (vec![2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        );
+        // noop only matters for empty axes: the row sums again.
+        assert_eq!(
+            go(op(ReduceKind::Sum, false, true), &[1]),
+            (vec![2], vec![6.0, 15.0])
+        );
+        assert!(run(op(ReduceKind::Sum, false, false), &[&x, &axes(&[2])]).is_err());
+        let fl = arr::<f32>(&[1], vec![0.0]);
+        assert!(run(op(ReduceKind::Sum, false, false), &[&x, &fl]).is_err());
     }
 
     #[test]

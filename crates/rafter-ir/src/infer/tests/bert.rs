@@ -213,6 +213,7 @@ fn shape_vector_slicing_and_size() {
         kind: crate::ReduceKind::Prod,
         axes: vec![],
         keep_dims: false,
+        noop_with_empty_axes: false,
     };
     assert_eq!(vals1(&prod, &[&shape]).unwrap(), "[32*batch*seq]");
     // seq * 32 / 4 as exact integer arithmetic.

@@ -43,6 +43,7 @@ fn reductions() {
         kind: ReduceKind::Mean,
         axes: axes.to_vec(),
         keep_dims: keep,
+        noop_with_empty_axes: false,
     };
     assert_eq!(shape1(&red(&[-1], true), &[&x]), "f32[b, s, 1]");
     assert_eq!(shape1(&red(&[0, 2], false), &[&x]), "f32[s]");
@@ -62,8 +63,29 @@ fn reductions() {
         kind: ReduceKind::Sum,
         axes: vec![0],
         keep_dims: true,
+        noop_with_empty_axes: false,
     };
     assert_eq!(vals1(&sum, &[&In::syms(&["p", "s"])]).unwrap(), "[p + s]");
+    // noop_with_empty_axes: empty axes make the identity (values included).
+    let noop = |kind| Op::Reduce {
+        kind,
+        axes: vec![],
+        keep_dims: false,
+        noop_with_empty_axes: true,
+    };
+    assert_eq!(shape1(&noop(ReduceKind::Mean), &[&x]), "f32[b, s, 8]");
+    assert_eq!(
+        vals1(&noop(ReduceKind::Sum), &[&In::syms(&["p", "s"])]).unwrap(),
+        "[p, s]"
+    );
+    assert_eq!(
+        shape1(&noop(ReduceKind::Max), &[&x, &In::ints(&[-1])]),
+        "f32[b, s]"
+    );
+    assert_eq!(
+        shape1(&noop(ReduceKind::Max), &[&x, &In::t(DType::I64, &["0"])]),
+        "f32[b, s, 8]"
+    );
     let cum = Op::Cumulative {
         kind: CumKind::Sum,
         exclusive: false,
@@ -838,4 +860,71 @@ fn recurrent() {
         activation_beta: vec![],
     };
     assert!(err_all(&rnn, &[&x, &w1, &r1], 1).contains("layout must be 0 or 1"));
+}
+
+#[test]
+fn reduce_axes_operand() {
+    let red = |keep: bool, noop: bool| Op::Reduce {
+        kind: ReduceKind::Sum,
+        axes: vec![],
+        keep_dims: keep,
+        noop_with_empty_axes: noop,
+    };
+    let x = In::f32(&["b", "1", "8"]);
+    // Known operand values act as the attribute.
+    assert_eq!(
+        shape1(&red(true, false), &[&x, &In::ints(&[-1, 0])]),
+        "f32[1, 1, 1]"
+    );
+    assert_eq!(
+        shape1(&red(false, false), &[&x, &In::ints(&[2])]),
+        "f32[b, 1]"
+    );
+    // Run-time axes, keep_dims: same rank, each dim itself or 1 (known 1 stays 1).
+    let two = In::t(DType::I64, &["2"]);
+    assert_eq!(
+        shape1(&red(true, false), &[&x, &two]),
+        "f32[reduce_0, 1, reduce_1]"
+    );
+    // The length does not matter with keep_dims, even with noop.
+    let n = In::t(DType::I64, &["n"]);
+    assert_eq!(
+        shape1(&red(true, true), &[&x, &n]),
+        "f32[reduce_0, 1, reduce_1]"
+    );
+    // Without keep_dims the rank is rank - len.
+    assert_eq!(shape1(&red(false, false), &[&x, &two]), "f32[reduce_0]");
+    assert_eq!(
+        shape1(&red(false, false), &[&In::f32(&["1", "1", "1"]), &two]),
+        "f32[1]"
+    );
+    assert_eq!(
+        shape1(&red(false, false), &[&x, &In::t(DType::I64, &["3"])]),
+        "f32[]"
+    );
+    let e = err_all(&red(false, false), &[&x, &In::t(DType::I64, &["4"])], 1);
+    assert!(e.contains("4 axes to reduce for rank 3"), "{e}");
+    // Unknown length without keep_dims: unknown rank.
+    for noop in [false, true] {
+        let e = err_all(&red(false, noop), &[&x, &n], 1);
+        assert!(e.starts_with(crate::infer::RUNTIME_AXES_RANK), "{e}");
+    }
+    // Known-empty operand: everything reduced, or the identity with noop.
+    let none = In::t(DType::I64, &["0"]);
+    assert_eq!(shape1(&red(false, false), &[&x, &none]), "f32[]");
+    assert_eq!(shape1(&red(true, false), &[&x, &none]), "f32[1, 1, 1]");
+    assert_eq!(shape1(&red(false, true), &[&x, &none]), "f32[b, 1, 8]");
+    let e = err_all(
+        &Op::Reduce {
+            kind: ReduceKind::Sum,
+            axes: vec![0],
+            keep_dims: true,
+            noop_with_empty_axes: false,
+        },
+        &[&x, &two],
+        1,
+    );
+    assert!(e.contains("both as the attribute"), "{e}");
+    let e = err_all(&red(true, false), &[&x, &In::f32(&["1"])], 1);
+    assert!(e.contains("must be integer"), "{e}");
 }

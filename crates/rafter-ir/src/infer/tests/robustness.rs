@@ -97,11 +97,13 @@ fn all_ops() -> Vec<Op> {
             kind: ReduceKind::Prod,
             axes: vec![],
             keep_dims: true,
+            noop_with_empty_axes: false,
         },
         Op::Reduce {
             kind: ReduceKind::Max,
             axes: vec![i64::MIN, i64::MAX],
             keep_dims: false,
+            noop_with_empty_axes: false,
         },
         Op::ArgReduce {
             kind: ArgKind::Min,

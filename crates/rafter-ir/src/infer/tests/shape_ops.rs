@@ -704,3 +704,50 @@ fn data_dependent_sizes() {
     assert_eq!(shape1(&Op::Trilu { upper: true }, &[&x]), "f32[b, 4]");
     assert!(err_all(&Op::Trilu { upper: true }, &[&In::f32(&["3"])], 1).contains("rank at least 2"));
 }
+
+#[test]
+fn squeeze_unsqueeze_axes_operand() {
+    let sq = Op::Squeeze { axes: vec![] };
+    let unsq = Op::Unsqueeze { axes: vec![] };
+    let x = In::f32(&["a", "1", "3", "1"]);
+    // Known operand values act as the attribute would (negative against the rank).
+    assert_eq!(shape1(&sq, &[&x, &In::ints(&[1, -1])]), "f32[a, 3]");
+    assert_eq!(
+        shape1(&unsq, &[&In::f32(&["a", "b"]), &In::ints(&[-1, 0])]),
+        "f32[1, a, b, 1]"
+    );
+    // Run-time axes of known length 2: the rank is known. Squeeze: a, 1, 1 may be 1 and
+    // 3 is not, so with 2 of 3 candidates going the dims are fresh.
+    let two = In::t(DType::I64, &["2"]);
+    assert_eq!(shape1(&sq, &[&x, &two]), "f32[squeeze_0, squeeze_1]");
+    // Exactly as many candidates as axes: those go, the known non-1 dims stay.
+    let k = In::f32(&["2", "1", "3", "1"]);
+    assert_eq!(shape1(&sq, &[&k, &two]), "f32[2, 3]");
+    let e = err_all(&sq, &[&In::f32(&["2", "1", "3"]), &two], 1);
+    assert!(e.contains("cannot squeeze 2 axes"), "{e}");
+    assert_eq!(
+        shape1(&unsq, &[&In::f32(&["a", "b"]), &two]),
+        "f32[unsqueeze_0, unsqueeze_1, unsqueeze_2, unsqueeze_3]"
+    );
+    // A scalar (or all-1 operand) unsqueezes to all 1s whatever the axes.
+    assert_eq!(shape1(&unsq, &[&In::f32(&[]), &two]), "f32[1, 1]");
+    // An empty axes operand: squeeze drops the 1s.
+    let none = In::t(DType::I64, &["0"]);
+    assert_eq!(shape1(&sq, &[&k, &none]), "f32[2, 3]");
+    // Unknown length: the rank is unknown.
+    let n = In::t(DType::I64, &["n"]);
+    for op in [&sq, &unsq] {
+        let e = err_all(op, &[&x, &n], 1);
+        assert!(e.starts_with(crate::infer::RUNTIME_AXES_RANK), "{e}");
+    }
+    // Attribute and operand together, or a 2-D operand, are malformed.
+    let e = err_all(&Op::Squeeze { axes: vec![1] }, &[&x, &two], 1);
+    assert!(e.contains("both as the attribute"), "{e}");
+    let e = err_all(&sq, &[&x, &In::t(DType::I64, &["1", "2"])], 1);
+    assert!(e.contains("must be 1-D"), "{e}");
+    // Values pass through.
+    assert_eq!(
+        vals1(&unsq, &[&In::sym_scalar("seq"), &In::t(DType::I64, &["1"])]).unwrap(),
+        "[seq]"
+    );
+}

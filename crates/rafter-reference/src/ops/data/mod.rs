@@ -311,8 +311,15 @@ pub fn eval(
         Op::Shape { start, end } => one(layout::shape(x()?, *start, *end)),
         Op::Size => one(Tensor::I64(ndarray::arr0(x()?.len() as i64).into_dyn())),
         Op::Transpose { perm } => one(layout::transpose(x()?, perm)?),
-        Op::Squeeze { axes } => one(layout::squeeze(x()?, axes)?),
-        Op::Unsqueeze { axes } => one(layout::unsqueeze(x()?, axes)?),
+        // Run-time axes come as operand 1 (the attribute is then empty).
+        Op::Squeeze { axes } => match opt(1) {
+            Some(a) => one(layout::squeeze(x()?, &ints(a, "axes")?)?),
+            None => one(layout::squeeze(x()?, axes)?),
+        },
+        Op::Unsqueeze { axes } => match opt(1) {
+            Some(a) => one(layout::unsqueeze(x()?, &ints(a, "axes")?)?),
+            None => one(layout::unsqueeze(x()?, axes)?),
+        },
         Op::Flatten { axis } => one(layout::flatten(x()?, *axis)?),
         Op::Concat { axis } => {
             let all: Vec<&Tensor> = inputs.iter().flatten().copied().collect();

@@ -94,6 +94,44 @@ fn squeeze_unsqueeze_flatten() {
 }
 
 #[test]
+fn squeeze_unsqueeze_axes_operand() {
+    let graph = rafter_ir::Graph::default();
+    let node = rafter_ir::Node {
+        name: "n".into(),
+        op: Op::Identity,
+        inputs: vec![],
+        outputs: vec![],
+    };
+    let ctx = OpCtx {
+        graph: &graph,
+        node: &node,
+    };
+    let go = |op: Op, x: &Tensor, axes: Option<&[i64]>| {
+        let a = axes.map(|v| i(&[v.len()], v));
+        eval(&op, &[Some(x), a.as_ref()], &ctx).map(|mut r| r.remove(0).unwrap())
+    };
+    let sq = Op::Squeeze { axes: vec![] };
+    let unsq = Op::Unsqueeze { axes: vec![] };
+    let x = iota(&[1, 3, 1, 2]);
+    // The operand's axes, negative against x's rank: -4 is axis 0.
+    let y = go(sq.clone(), &x, Some(&[-4])).unwrap();
+    assert_eq!(y.shape(), &[3, 1, 2]);
+    assert_eq!(vals(&y), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    // An empty operand drops every 1, as no axes do.
+    assert_eq!(go(sq.clone(), &x, Some(&[])).unwrap().shape(), &[3, 2]);
+    assert!(go(sq.clone(), &x, Some(&[1])).is_err());
+    // Without the operand the attribute holds the axes.
+    let y = go(Op::Squeeze { axes: vec![2] }, &x, None).unwrap();
+    assert_eq!(y.shape(), &[1, 3, 2]);
+    // Unsqueeze: negative against the output rank 4 + 2; unsorted is fine.
+    let y = go(unsq.clone(), &iota(&[3, 4]), Some(&[-1, 1])).unwrap();
+    assert_eq!(y.shape(), &[3, 1, 4, 1]);
+    assert_eq!(vals(&y), vals(&iota(&[12])));
+    assert!(go(unsq.clone(), &iota(&[3]), Some(&[0, 0])).is_err());
+    assert!(go(unsq, &iota(&[3]), Some(&[2])).is_err());
+}
+
+#[test]
 fn concat_and_split() {
     let a = iota(&[2, 2]);
     let b = f(&[2, 1], &[9., 8.]);
