@@ -22,6 +22,8 @@ pub(crate) fn is_default_domain(d: &str) -> bool {
 }
 
 /// Attributes that only tune precision or training and change nothing the IR expresses.
+/// (`consumed_inputs`, before opset 6, only hinted which inputs may be overwritten in
+/// place. Legacy `is_test` and `spatial` do change results: the translations read them.)
 const IGNORED_ATTRS: &[&str] = &[
     "stash_type",
     "softmax_precision",
@@ -30,8 +32,6 @@ const IGNORED_ATTRS: &[&str] = &[
     "momentum",
     "seed",
     "ratio",
-    "spatial",
-    "is_test",
     "consumed_inputs",
 ];
 

@@ -1896,7 +1896,85 @@ fn attributes_the_ir_cannot_express_are_rejected() {
             vec![],
         ),
     );
-    assert!(err(&m).to_string().contains("windowed attention"));
+    // Attention-25's sliding window is carried by the op.
+    let g = ok(&m);
+    assert!(matches!(
+        g.nodes[0].op,
+        Op::Attention {
+            left_window_size: 2,
+            right_window_size: -1,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn dft_axis_forms_are_normalised() {
+    // DFT-17 takes the axis as an attribute; DFT-20 as an input, folded when constant and
+    // defaulting to -2.
+    let x = || f32_in("x", &["1", "8", "6", "1"]);
+    let m = model(
+        17,
+        graph(
+            vec![node(
+                "DFT",
+                "d",
+                &["x"],
+                &["y"],
+                vec![ai("axis", 2), ai("onesided", 1)],
+            )],
+            vec![x()],
+            &["y"],
+            vec![],
+        ),
+    );
+    let g = ok(&m);
+    assert_eq!(
+        g.nodes[0].op,
+        Op::Dft {
+            axis: Some(2),
+            inverse: false,
+            onesided: true
+        }
+    );
+    assert_eq!(g.value(g.outputs[0]).ty.to_string(), "f32[1, 8, 4, 2]");
+    let m = model(
+        20,
+        graph(
+            vec![node("DFT", "d", &["x"], &["y"], vec![])],
+            vec![x()],
+            &["y"],
+            vec![],
+        ),
+    );
+    let g = ok(&m);
+    assert!(matches!(g.nodes[0].op, Op::Dft { axis: Some(2), .. }));
+    let axis = t_i64("a", &[], &[1]);
+    let m = model(
+        20,
+        graph(
+            vec![node(
+                "DFT",
+                "d",
+                &["x", "", "a"],
+                &["y"],
+                vec![ai("inverse", 1)],
+            )],
+            vec![x()],
+            &["y"],
+            vec![axis],
+        ),
+    );
+    let g = ok(&m);
+    assert!(matches!(
+        g.nodes[0].op,
+        Op::Dft {
+            axis: Some(1),
+            inverse: true,
+            ..
+        }
+    ));
+    assert_eq!(g.value(g.outputs[0]).ty.to_string(), "f32[1, 8, 6, 2]");
 }
 
 #[test]

@@ -139,6 +139,23 @@ attr_enum! {
     RnnDirection { Forward => "forward", Reverse => "reverse", Bidirectional => "bidirectional" }
 }
 
+attr_enum! {
+    /// The cosine-sum window of `window`.
+    WindowKind { Hann => "hann", Hamming => "hamming", Blackman => "blackman" }
+}
+
+attr_enum! {
+    /// How `roi_align` pools the samples of one bin.
+    RoiPoolMode { Avg => "avg", Max => "max" }
+}
+
+attr_enum! {
+    /// The recurrence of `linear_attention` (ONNX LinearAttention's `update_rule`).
+    LinearAttnRule {
+        Linear => "linear", Gated => "gated", Delta => "delta", GatedDelta => "gated_delta",
+    }
+}
+
 /// Declares the op enum with its text-format names and the generic attribute view.
 macro_rules! define_ops {
     ($(
@@ -280,6 +297,9 @@ define_ops! {
     Attention "attention" {
         is_causal: bool, kv_num_heads: i64, q_num_heads: i64, qk_matmul_output_mode: i64,
         scale: Option<f32>, softcap: f32,
+        /// Attention-25 sliding window: a query at absolute position `p` sees keys
+        /// `p - left_window_size ..= p + right_window_size`; -1 leaves that side unbounded.
+        left_window_size: i64, right_window_size: i64,
     },
     /// Operands: x, cos_cache, sin_cache, position_ids?.
     RotaryEmbedding "rotary_embedding" { interleaved: bool, num_heads: i64, rotary_embedding_dim: i64 },
@@ -374,6 +394,71 @@ define_ops! {
     Lstm "lstm" { direction: RnnDirection, hidden_size: i64, layout: i64, input_forget: bool, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
     Gru "gru" { direction: RnnDirection, hidden_size: i64, layout: i64, linear_before_reset: bool, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
     Rnn "rnn" { direction: RnnDirection, hidden_size: i64, layout: i64, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
+
+    // ---- signal processing ----
+    /// Operands: x [..., 1 or 2] (real, or complex as (re, im) in the last dim),
+    /// dft_length? (int scalar), axis? (int scalar, only when the `axis` attribute is
+    /// `None`; negative counts from the end of x's full rank). Transforms along `axis`
+    /// (never the last dim) after zero-padding or truncating it to dft_length. Forward:
+    /// output [..., 2], `onesided` keeps bins `0..=len/2`. Inverse (scaled by 1/len):
+    /// output [..., 2], or with `onesided` the one-sided spectrum's real signal [..., 1].
+    Dft "dft" { axis: Option<i64>, inverse: bool, onesided: bool },
+    /// Operands: signal [batch, len, 1 or 2], frame_step (int scalar), window? [frame_len],
+    /// frame_length? (int scalar). Output [batch, frames, bins, 2] with
+    /// `frames = 1 + (len - frame_len) / frame_step`.
+    Stft "stft" { onesided: bool },
+    /// Operand: size (int scalar). Output 1-D [size] of `dtype`; a `periodic` window has
+    /// period `size`, a symmetric one `size - 1`.
+    Window "window" { kind: WindowKind, periodic: bool, dtype: DType },
+    /// Operands: num_mel_bins, dft_length, sample_rate (int scalars), lower_edge_hertz,
+    /// upper_edge_hertz (float scalars). Output [dft_length / 2 + 1, num_mel_bins] of `dtype`.
+    MelWeightMatrix "mel_weight_matrix" { dtype: DType },
+
+    // ---- detection and deformable convolution ----
+    /// Operands: x [N, C, H, W], rois [R, 4] (x1, y1, x2, y2), batch_indices [R].
+    /// Output [R, C, output_height, output_width]. `half_pixel` shifts roi coordinates by
+    /// -0.5 (ONNX's `half_pixel` mode; opset 10 behaves as `output_half_pixel`).
+    RoiAlign "roi_align" {
+        mode: RoiPoolMode, half_pixel: bool, output_height: i64, output_width: i64,
+        sampling_ratio: i64, spatial_scale: f32,
+    },
+    /// Operands: x [N, C, H, W], w [M, C/group, kH, kW], offset [N, offset_group*kH*kW*2,
+    /// oH, oW], b? [M], mask? [N, offset_group*kH*kW, oH, oW]. 2-D only; `kernel_shape`
+    /// may be empty (taken from w); `pads` holds begins then ends.
+    DeformConv "deform_conv" {
+        kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
+        group: i64, offset_group: i64,
+    },
+
+    // ---- quantized contractions ----
+    /// Operands: a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point
+    /// (u8/i8; scales per tensor or per row of a / column of b). Output: y_zero_point's dtype.
+    QLinearMatMul "qlinear_matmul",
+    /// Operands: x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
+    /// b? (i32). Conv attributes as `conv`; w_scale and w_zero_point per tensor or per
+    /// output channel. Output: y_zero_point's dtype.
+    QLinearConv "qlinear_conv" {
+        kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
+        group: i64, auto_pad: AutoPad,
+    },
+
+    // ---- stateful sequence ops ----
+    /// ONNX LinearAttention. Operands: query [B, T, Hq*dk], key [B, T, Hkv*dk], value
+    /// [B, T, Hkv*dv], past_state? [B, Hkv, dk, dv], decay? [B, T, Hkv or Hkv*dk] (log
+    /// space; gated rules only), beta? [B, T, Hkv or 1] (delta rules only). Outputs:
+    /// output [B, T, Hq*dv], present_state [B, Hkv, dk, dv]. `scale` `None` is 1/sqrt(dk).
+    LinearAttention "linear_attention" {
+        q_num_heads: i64, kv_num_heads: i64, scale: Option<f32>, update_rule: LinearAttnRule,
+    },
+    /// Causal depthwise 1-D convolution with carried state. Operands: x [B, C, L],
+    /// w [C, 1, k], bias? [C], past_state? [B, C, k-1] (zeros when absent). Outputs:
+    /// y [B, C, L] (SiLU applied when `silu`), present_state [B, C, k-1] (the last k-1
+    /// positions of past_state ++ x).
+    CausalConvWithState "causal_conv_with_state" { silu: bool },
+
+    // ---- reinterpretation ----
+    /// Operand: x. Reinterprets each element's bytes as `to` (same element size).
+    BitCast "bit_cast" { to: DType },
 
     // ---- control flow (subgraphs capture outer values as explicit operands) ----
     /// Operands: cond, captures... The branches take the captures as inputs, in order.

@@ -5,8 +5,8 @@
 //! its job.
 
 pub mod exec;
-pub mod ops;
 pub mod npy;
+pub mod ops;
 mod tensor;
 
 pub use exec::{run, run_with, Bindings, ExecError};

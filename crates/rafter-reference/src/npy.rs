@@ -1,7 +1,7 @@
 //! Reading and writing NumPy `.npy` files (format versions 1 to 3, little-endian, C order).
 
-use rafter_ir::DType;
 use crate::Tensor;
+use rafter_ir::DType;
 use std::path::Path;
 
 const MAGIC: &[u8] = b"\x93NUMPY";
@@ -10,7 +10,10 @@ const MAGIC: &[u8] = b"\x93NUMPY";
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: not a .npy file: {msg}")]
     Format { path: String, msg: String },
     #[error("{path}: unsupported .npy dtype `{descr}` (rafter reads f2 f4 f8 i1 u1 i2 u2 i4 u4 i8 u8 b1, little-endian)")]
@@ -46,17 +49,30 @@ fn dtype_of(descr: &str) -> Option<DType> {
 fn header_field<'a>(header: &'a str, key: &str) -> Option<&'a str> {
     let at = header.find(&format!("'{key}'"))? + key.len() + 2;
     let rest = header[at..].trim_start().strip_prefix(':')?.trim_start();
-    let end = if rest.starts_with('(') { rest.find(')')? + 1 } else { rest.find([',', '}'])? };
+    let end = if rest.starts_with('(') {
+        rest.find(')')? + 1
+    } else {
+        rest.find([',', '}'])?
+    };
     Some(rest[..end].trim())
 }
 
 /// Reads a `.npy` file into a tensor.
 pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
     let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| NpyError::Io { path: p.clone(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| NpyError::Io {
+        path: p.clone(),
+        source,
+    })?;
     parse_npy(&bytes).map_err(|e| match e {
-        ParseFail::Format(msg) => NpyError::Format { path: p.clone(), msg },
-        ParseFail::Dtype(descr) => NpyError::Dtype { path: p.clone(), descr },
+        ParseFail::Format(msg) => NpyError::Format {
+            path: p.clone(),
+            msg,
+        },
+        ParseFail::Dtype(descr) => NpyError::Dtype {
+            path: p.clone(),
+            descr,
+        },
     })
 }
 
@@ -72,14 +88,23 @@ fn parse_npy(bytes: &[u8]) -> Result<Tensor, ParseFail> {
     }
     let (hlen, hstart) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize, 12),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize,
+            12,
+        ),
         v => return Err(ParseFail::Format(format!("unsupported format version {v}"))),
     };
-    let header = bytes.get(hstart..hstart + hlen).ok_or_else(|| fmt("header runs past the end of the file"))?;
+    let header = bytes
+        .get(hstart..hstart + hlen)
+        .ok_or_else(|| fmt("header runs past the end of the file"))?;
     let header = std::str::from_utf8(header).map_err(|_| fmt("header is not text"))?;
-    let descr = header_field(header, "descr").ok_or_else(|| fmt("header has no 'descr'"))?.trim_matches('\'');
+    let descr = header_field(header, "descr")
+        .ok_or_else(|| fmt("header has no 'descr'"))?
+        .trim_matches('\'');
     if header_field(header, "fortran_order") != Some("False") {
-        return Err(fmt("only C-order arrays are supported (fortran_order must be False)"));
+        return Err(fmt(
+            "only C-order arrays are supported (fortran_order must be False)",
+        ));
     }
     let shape_txt = header_field(header, "shape").ok_or_else(|| fmt("header has no 'shape'"))?;
     let dims: Vec<usize> = shape_txt
@@ -87,21 +112,37 @@ fn parse_npy(bytes: &[u8]) -> Result<Tensor, ParseFail> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse().map_err(|_| ParseFail::Format(format!("bad shape {shape_txt}"))))
+        .map(|s| {
+            s.parse()
+                .map_err(|_| ParseFail::Format(format!("bad shape {shape_txt}")))
+        })
         .collect::<Result<_, _>>()?;
     let dtype = dtype_of(descr).ok_or_else(|| ParseFail::Dtype(descr.to_string()))?;
-    Tensor::from_le_bytes(dtype, &dims, &bytes[hstart + hlen..]).map_err(|e| ParseFail::Format(format!("payload: {e}")))
+    Tensor::from_le_bytes(dtype, &dims, &bytes[hstart + hlen..])
+        .map_err(|e| ParseFail::Format(format!("payload: {e}")))
 }
 
 /// Serialises a tensor as `.npy` (version 1). bf16 has no NumPy dtype and is written as f32.
 pub fn to_npy_bytes(t: &Tensor) -> Vec<u8> {
     let (descr, payload) = match t {
-        Tensor::BF16(a) => ("<f4", a.iter().flat_map(|x| x.to_f32().to_le_bytes()).collect()),
-        other => (descr_of(other.dtype()).expect("all but bf16 have a descr"), other.to_le_bytes()),
+        Tensor::BF16(a) => (
+            "<f4",
+            a.iter().flat_map(|x| x.to_f32().to_le_bytes()).collect(),
+        ),
+        other => (
+            descr_of(other.dtype()).expect("all but bf16 have a descr"),
+            other.to_le_bytes(),
+        ),
     };
     let shape = match t.shape() {
         [d] => format!("({d},)"),
-        s => format!("({})", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        s => format!(
+            "({})",
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
     let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
     // Pad so that the payload starts on a 64-byte boundary, ending the header with '\n'.
@@ -135,7 +176,10 @@ mod tests {
             Tensor::from_le_bytes(DType::Bool, &[2], &[1, 0]).unwrap(),
         ] {
             let bytes = to_npy_bytes(&t);
-            assert_eq!((10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize) % 64, 0);
+            assert_eq!(
+                (10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize) % 64,
+                0
+            );
             match parse_npy(&bytes) {
                 Ok(back) => assert_eq!(back, t),
                 Err(_) => panic!("round trip failed"),
@@ -146,14 +190,18 @@ mod tests {
     /// A file written by NumPy (the committed BERT fixture's inputs).
     #[test]
     fn reads_numpy_output() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert_tiny/seq7/input_ids.npy");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/bert_tiny/seq7/input_ids.npy");
         let t = read_npy(&path).unwrap();
         assert_eq!((t.dtype(), t.shape()), (DType::I64, &[1usize, 7][..]));
     }
 
     #[test]
     fn rejects_bad_files() {
-        assert!(matches!(parse_npy(b"hello world!"), Err(ParseFail::Format(_))));
+        assert!(matches!(
+            parse_npy(b"hello world!"),
+            Err(ParseFail::Format(_))
+        ));
         let mut b = to_npy_bytes(&Tensor::f32s(&[2], vec![1.0, 2.0]));
         b.pop();
         assert!(matches!(parse_npy(&b), Err(ParseFail::Format(m)) if m.contains("payload")));

@@ -7,15 +7,21 @@
 use crate::Tensor;
 use rafter_ir::{Graph, Node, Op};
 
+pub mod bitcast;
 pub mod broadcast;
 pub mod contraction;
 pub mod control;
 pub mod data;
+pub mod detection;
 pub mod elementwise;
+mod fft;
 pub mod image;
 pub mod normalize;
+pub mod qlinear;
 pub mod recurrent;
 pub mod reduce;
+pub mod signal;
+pub mod stateful;
 
 /// Why an op could not be evaluated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,5 +163,12 @@ pub fn eval(
         }
         Lstm { .. } | Gru { .. } | Rnn { .. } => recurrent::eval(op, inputs, ctx),
         If { .. } | Loop { .. } | Scan { .. } => control::eval(op, inputs, ctx),
+        Dft { .. } | Stft { .. } | Window { .. } | MelWeightMatrix { .. } => {
+            signal::eval(op, inputs, ctx)
+        }
+        RoiAlign { .. } | DeformConv { .. } => detection::eval(op, inputs, ctx),
+        QLinearMatMul | QLinearConv { .. } => qlinear::eval(op, inputs, ctx),
+        LinearAttention { .. } | CausalConvWithState { .. } => stateful::eval(op, inputs, ctx),
+        BitCast { .. } => bitcast::eval(op, inputs, ctx),
     }
 }
