@@ -4,8 +4,8 @@
 
 use crate::convert::{dtype_from_onnx, value_info_type};
 use crate::import::model_opset;
-use crate::node::{attr_graphs, is_default_domain, NodeView};
-use crate::ops::SUPPORTED;
+use crate::node::{attr_graphs, is_default_domain, is_ml_domain, NodeView};
+use crate::ops::{ML_SUPPORTED, SUPPORTED};
 use crate::{Unsupported, MAX_OPSET};
 use rafter_onnx_proto::{GraphProto, ModelProto};
 use std::collections::HashSet;
@@ -41,7 +41,11 @@ fn unknown_op_reason(op: &str) -> String {
 /// values rafter does not handle. `Err` holds the reason.
 pub(crate) fn static_check(n: &NodeView<'_>) -> Result<(), String> {
     let op = n.op_type();
-    if !SUPPORTED.contains(&op) {
+    if is_ml_domain(&n.p.domain) {
+        if !ML_SUPPORTED.contains(&op) {
+            return Err(format!("unsupported op in domain `{}`", n.p.domain));
+        }
+    } else if !SUPPORTED.contains(&op) {
         return Err(unknown_op_reason(op));
     }
     let attr_i = |name: &str| n.attr(name).map(|a| a.i);
@@ -243,7 +247,7 @@ fn walk(
                 reason,
             })
         };
-        if !is_default_domain(&p.domain) {
+        if !is_default_domain(&p.domain) && !is_ml_domain(&p.domain) {
             if functions.contains(p.domain.as_str()) {
                 push(format!(
                     "unsupported op in domain `{}` (model-local functions are not supported)",

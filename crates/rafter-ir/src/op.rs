@@ -156,6 +156,18 @@ attr_enum! {
     }
 }
 
+attr_enum! {
+    /// How a loss combines its per-element values: kept as they are, summed, or averaged
+    /// (a weighted average when the loss has weights or ignores some targets).
+    LossReduction { None => "none", Sum => "sum", Mean => "mean" }
+}
+
+attr_enum! {
+    /// Where `tensor_scatter` writes past the end of the cache axis: nowhere (an error) or
+    /// wrapping around to its start.
+    TensorScatterMode { Linear => "linear", Circular => "circular" }
+}
+
 /// Declares the op enum with its text-format names and the generic attribute view.
 macro_rules! define_ops {
     ($(
@@ -387,6 +399,58 @@ define_ops! {
     GridSample "grid_sample" { mode: GridSampleMode, padding_mode: GridPadding, align_corners: bool },
     /// Operands: boxes, scores, max_output_boxes_per_class?, iou_threshold?, score_threshold?.
     NonMaxSuppression "non_max_suppression" { center_point_box: i64 },
+
+    // ---- losses ----
+    /// ONNX NegativeLogLikelihoodLoss. Operands: input [N, C, d...] (float), target
+    /// [N, d...] (i32 or i64), weight? [C]. `loss[n, d] = -input[n, target[n, d], d] *
+    /// weight[target[n, d]]` (weight 1 without the operand), 0 where the target equals
+    /// `ignore_index`. Output: the losses (shape of target) for `none`, else a scalar: their
+    /// sum, or for `mean` the sum divided by the sum of the weights applied.
+    NllLoss "nll_loss" { reduction: LossReduction, ignore_index: Option<i64> },
+    /// ONNX SoftmaxCrossEntropyLoss: `nll_loss` of the log-softmax of scores over axis 1.
+    /// Operands: scores [N, C, d...], labels [N, d...] (i32 or i64), weights? [C].
+    /// Outputs: loss (as `nll_loss`), log_prob? (the log-softmax, shape of scores).
+    SoftmaxCrossEntropy "softmax_cross_entropy" { reduction: LossReduction, ignore_index: Option<i64> },
+
+    // ---- miscellany ----
+    /// Operands: a, b (same shape and dtype, no broadcasting). `a * sigmoid(alpha * a) * b`.
+    SwiGlu "swiglu" { alpha: f32 },
+    /// Operand: x [..., M, M]. Output [...]: the determinant of each matrix.
+    Det "det",
+    /// Operands: x, shape (i32/i64 1-D, one size per axis of `axes`). Crops each axis in
+    /// `axes` to its size around the centre, or zero-pads it around the centre, as ONNX
+    /// CenterCropPad (an odd difference leaves the extra element at the end). `axes` are
+    /// non-negative; empty means every axis.
+    CenterCropPad "center_crop_pad" { axes: Vec<i64> },
+    /// Operands: input [N, C * prod(block_shape), L], image_shape (i64 [S]), block_shape
+    /// (i64 [S]). Output [N, C, image_shape...]: the sliding blocks summed back into the
+    /// image (the inverse of im2col). `pads` holds all begins then all ends; empty
+    /// `dilations`, `pads` or `strides` mean 1s, 0s and 1s.
+    Col2Im "col2im" { dilations: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> },
+    /// Operands: theta [N, 2, 3] or [N, 3, 4], size (i64 [4]: N, C, H, W, or [5]: N, C, D,
+    /// H, W). Output [N, H, W, 2] or [N, D, H, W, 3]: theta applied to the normalised
+    /// coordinates (x, y[, z], 1) of each output point.
+    AffineGrid "affine_grid" { align_corners: bool },
+    /// Operands: past_cache, update, write_indices? (i64 [batch], zeros when absent).
+    /// Output: past_cache with `update` written along `axis` (non-negative; every other
+    /// dim equal) from `write_indices[b]` on, for every batch index b of axis 0.
+    TensorScatter "tensor_scatter" { axis: i64, mode: TensorScatterMode },
+
+    // ---- ai.onnx.ml ----
+    /// Operand: x (float or int). `x > threshold ? 1 : 0` in x's dtype.
+    Binarizer "binarizer" { threshold: f32 },
+    /// Operands: x, indices (i64; negative count from the end). Gathers along x's last
+    /// axis with the indices flattened: output [x.dims[..-1]..., len], or [1, len] for a
+    /// 1-D x.
+    ArrayFeatureExtractor "array_feature_extractor",
+    /// Operand: x (integer or float). Maps each element equal to `keys[i]` to `values[i]`
+    /// and every other element to `default`, whose dtype is the output's. The keys are
+    /// `int_keys` for integer x and `float_keys` for float x; the values `int_values` for an
+    /// integer output and `float_values` for a float one.
+    LabelEncoder "label_encoder" {
+        int_keys: Vec<i64>, float_keys: Vec<f64>, int_values: Vec<i64>, float_values: Vec<f64>,
+        default: Scalar,
+    },
 
     // ---- recurrent ----
     /// Operands: x, w, r, b?, sequence_lens?, initial_h?, (initial_c?, p? for lstm).

@@ -1053,6 +1053,8 @@ fn all_words() -> Vec<&'static str> {
     w.extend(WindowKind::ALL.iter().map(|x| x.word()));
     w.extend(RoiPoolMode::ALL.iter().map(|x| x.word()));
     w.extend(LinearAttnRule::ALL.iter().map(|x| x.word()));
+    w.extend(LossReduction::ALL.iter().map(|x| x.word()));
+    w.extend(TensorScatterMode::ALL.iter().map(|x| x.word()));
     w.sort();
     w.dedup();
     w

@@ -26,6 +26,7 @@ mod cx;
 mod elementwise;
 mod fused;
 mod linalg;
+mod misc;
 mod nn;
 mod shape;
 mod signal;
@@ -339,6 +340,22 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
         } => fused::linear_attention(cx, *q_num_heads, *kv_num_heads),
         Op::CausalConvWithState { .. } => fused::causal_conv_with_state(cx),
         Op::BitCast { to } => fused::bit_cast(cx, *to),
+
+        Op::NllLoss { reduction, .. } => misc::loss(cx, *reduction, false),
+        Op::SoftmaxCrossEntropy { reduction, .. } => misc::loss(cx, *reduction, true),
+        Op::SwiGlu { .. } => misc::swiglu(cx),
+        Op::Det => misc::det(cx),
+        Op::CenterCropPad { axes } => misc::center_crop_pad(cx, axes),
+        Op::Col2Im {
+            dilations,
+            pads,
+            strides,
+        } => misc::col2im(cx, dilations, pads, strides),
+        Op::AffineGrid { .. } => misc::affine_grid(cx),
+        Op::TensorScatter { axis, .. } => misc::tensor_scatter(cx, *axis),
+        Op::Binarizer { .. } => misc::binarizer(cx),
+        Op::ArrayFeatureExtractor => misc::array_feature_extractor(cx),
+        Op::LabelEncoder { default, .. } => misc::label_encoder(cx, default),
 
         Op::Lstm {
             direction,

@@ -16,6 +16,8 @@ pub mod detection;
 pub mod elementwise;
 mod fft;
 pub mod image;
+pub mod loss;
+pub mod misc;
 pub mod normalize;
 pub mod qlinear;
 pub mod recurrent;
@@ -161,6 +163,16 @@ pub fn eval(
         Resize { .. } | GridSample { .. } | NonMaxSuppression { .. } => {
             image::eval(op, inputs, ctx)
         }
+        NllLoss { .. } | SoftmaxCrossEntropy { .. } => loss::eval(op, inputs, ctx),
+        SwiGlu { .. }
+        | Det
+        | CenterCropPad { .. }
+        | Col2Im { .. }
+        | AffineGrid { .. }
+        | TensorScatter { .. }
+        | Binarizer { .. }
+        | ArrayFeatureExtractor
+        | LabelEncoder { .. } => misc::eval(op, inputs, ctx),
         Lstm { .. } | Gru { .. } | Rnn { .. } => recurrent::eval(op, inputs, ctx),
         If { .. } | Loop { .. } | Scan { .. } => control::eval(op, inputs, ctx),
         Dft { .. } | Stft { .. } | Window { .. } | MelWeightMatrix { .. } => {

@@ -443,6 +443,50 @@ fn all_ops() -> Vec<Op> {
         Op::CausalConvWithState { silu: true },
         Op::BitCast { to: DType::I32 },
         Op::BitCast { to: DType::Bool },
+        Op::NllLoss {
+            reduction: LossReduction::Mean,
+            ignore_index: Some(-1),
+        },
+        Op::SoftmaxCrossEntropy {
+            reduction: LossReduction::None,
+            ignore_index: None,
+        },
+        Op::SwiGlu { alpha: 0.5 },
+        Op::Det,
+        Op::CenterCropPad { axes: vec![] },
+        Op::CenterCropPad {
+            axes: vec![-1, i64::MAX],
+        },
+        Op::Col2Im {
+            dilations: vec![],
+            pads: vec![],
+            strides: vec![],
+        },
+        Op::Col2Im {
+            dilations: vec![1, 0],
+            pads: vec![i64::MAX, 0, i64::MIN, 1],
+            strides: vec![2, 2],
+        },
+        Op::AffineGrid {
+            align_corners: true,
+        },
+        Op::TensorScatter {
+            axis: -2,
+            mode: TensorScatterMode::Circular,
+        },
+        Op::TensorScatter {
+            axis: i64::MIN,
+            mode: TensorScatterMode::Linear,
+        },
+        Op::Binarizer { threshold: 0.5 },
+        Op::ArrayFeatureExtractor,
+        Op::LabelEncoder {
+            int_keys: vec![1, 2],
+            float_keys: vec![],
+            int_values: vec![],
+            float_values: vec![0.5, 1.5],
+            default: Scalar::Float(DType::F32, -0.0),
+        },
         Op::Lstm {
             direction: RnnDirection::Forward,
             hidden_size: 0,
