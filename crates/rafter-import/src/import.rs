@@ -2,7 +2,7 @@
 //! subgraphs, and graph translation.
 
 use crate::convert::{const_syms, declared_symbols, dtype_from_onnx, value_info_type};
-use crate::node::{attr_graphs, display_name, is_default_domain, NodeView};
+use crate::node::{attr_graphs, display_name, is_default_domain, is_ml_domain, NodeView};
 use crate::{ImportError, Imported, MAX_OPSET, MIN_OPSET};
 use rafter_ir::infer::{Fresh, InferInput, Inferred};
 use rafter_ir::{sanitize_identifier, ConstData, Dim, Graph, Op, TensorType, ValueDef, ValueId};
@@ -197,7 +197,10 @@ pub(crate) fn model_opset(model: &ModelProto, file: &str) -> Result<i64, ImportE
         .filter(|o| is_default_domain(&o.domain))
         .map(|o| o.version)
         .max();
-    let Some(opset) = opset else {
+    // A model of ai.onnx.ml ops only (Binarizer, LabelEncoder, ...) imports no default
+    // opset; its nodes are checked against their own list, so any version serves.
+    let ml_only = model.opset_import.iter().any(|o| is_ml_domain(&o.domain));
+    let Some(opset) = opset.or(ml_only.then_some(MAX_OPSET)) else {
         return Err(ImportError::Model {
             file: file.to_string(),
             msg: "the model imports no opset of the default ONNX domain".into(),
@@ -383,7 +386,7 @@ impl<'h> Ctx<'h> {
             let p = &gp.node[i];
             let file = self.file.clone();
             let n = NodeView::new(p, i, self.opset, &file);
-            if !is_default_domain(&p.domain) {
+            if !is_default_domain(&p.domain) && !is_ml_domain(&p.domain) {
                 let reason = if self.function_domains.contains(&p.domain) {
                     format!(
                         "unsupported op in domain `{}` (model-local functions are not supported)",

@@ -2,8 +2,13 @@
 //!
 //! * Default-domain opsets [`MIN_OPSET`]`..=`[`MAX_OPSET`]. Version differences are erased:
 //!   attributes that later became inputs (Slice-1, Pad-2, Clip-6, Reduce*, Squeeze, Split,
-//!   TopK, Upsample) become constant operands, pre-13 Softmax coercion to 2-D is spelled out,
-//!   variadic Sum/Max/Min/Mean become chains of binary ops, Dropout becomes Identity.
+//!   TopK, Upsample, Reshape-1) become constant operands, pre-13 Softmax coercion to 2-D is
+//!   spelled out, variadic Sum/Max/Min/Mean become chains of binary ops, Dropout becomes
+//!   Identity. Before opset 7, binary ops broadcast only with `broadcast=1` and line the
+//!   second operand up with the first from `axis` on: it gets trailing unit dims so NumPy
+//!   broadcasting does the same; PRelu's 1-D slope is per channel. Legacy attributes the
+//!   translation does not understand are errors, never dropped (`consumed_inputs`, a memory
+//!   hint, is the one ignored).
 //! * Graph inputs keep their `dim_param`s as symbols; initializers and Constant nodes become
 //!   constants sharing the model file's bytes (the file is memory-mapped).
 //! * Nodes are imported in dependency order (ONNX requires sorted nodes; we sort anyway and
@@ -34,7 +39,7 @@ use rafter_onnx_proto::{Message, ModelProto};
 use std::path::Path;
 
 /// Oldest default-domain opset the importer accepts.
-pub const MIN_OPSET: i64 = 7;
+pub const MIN_OPSET: i64 = 1;
 /// Newest default-domain opset the importer accepts.
 pub const MAX_OPSET: i64 = 28;
 

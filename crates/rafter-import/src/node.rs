@@ -21,7 +21,14 @@ pub(crate) fn is_default_domain(d: &str) -> bool {
     d.is_empty() || d == "ai.onnx"
 }
 
+/// Whether a node domain is `ai.onnx.ml`, whose ops are checked against their own list.
+pub(crate) fn is_ml_domain(d: &str) -> bool {
+    d == "ai.onnx.ml"
+}
+
 /// Attributes that only tune precision or training and change nothing the IR expresses.
+/// (`consumed_inputs`, before opset 6, only hinted which inputs may be overwritten in
+/// place. Legacy `is_test` and `spatial` do change results: the translations read them.)
 const IGNORED_ATTRS: &[&str] = &[
     "stash_type",
     "softmax_precision",
@@ -30,8 +37,6 @@ const IGNORED_ATTRS: &[&str] = &[
     "momentum",
     "seed",
     "ratio",
-    "spatial",
-    "is_test",
     "consumed_inputs",
 ];
 

@@ -1,4 +1,6 @@
-//! Translation of each ONNX op (default domain, opsets 7..=28) to IR ops.
+//! Translation of each ONNX op (default domain, opsets 1..=28) to IR ops.
+
+mod extra;
 
 use crate::convert::{dtype_from_onnx, first_scalar, norm_axes, norm_axis, scalar_const};
 use crate::import::{Ctx, Scope};
@@ -6,9 +8,9 @@ use crate::node::NodeView;
 use crate::ImportError;
 use rafter_ir::{
     rnn_activation, ArgKind, AspectPolicy, AutoPad, BinaryOp, ConstData, CoordTransform, CumKind,
-    DType, DepthToSpaceMode, Dim, GeluApprox, GridPadding, GridSampleMode, NearestMode, Op,
-    PadMode, PoolKind, ReduceKind, ResizeMode, RnnDirection, Scalar, ScatterReduction, SoftmaxKind,
-    TensorType, UnaryOp, ValueId,
+    DType, DepthToSpaceMode, Dim, GeluApprox, GridPadding, GridSampleMode, LossReduction,
+    NearestMode, Op, PadMode, PoolKind, ReduceKind, ResizeMode, RnnDirection, Scalar,
+    ScatterReduction, SoftmaxKind, TensorScatterMode, TensorType, UnaryOp, ValueId,
 };
 
 /// Every default-domain op type the importer translates.
@@ -169,15 +171,41 @@ pub(crate) const SUPPORTED: &[&str] = &[
     "Upsample",
     "GridSample",
     "NonMaxSuppression",
+    // losses and miscellany
+    "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss",
+    "SwiGLU",
+    "Det",
+    "CenterCropPad",
+    "Col2Im",
+    "AffineGrid",
+    "TensorScatter",
     // recurrent
     "LSTM",
     "GRU",
     "RNN",
+    // signal processing, detection, quantized and stateful sequence ops
+    "DFT",
+    "STFT",
+    "HannWindow",
+    "HammingWindow",
+    "BlackmanWindow",
+    "MelWeightMatrix",
+    "RoiAlign",
+    "DeformConv",
+    "QLinearMatMul",
+    "QLinearConv",
+    "LinearAttention",
+    "CausalConvWithState",
+    "BitCast",
     // control flow
     "If",
     "Loop",
     "Scan",
 ];
+
+/// Every `ai.onnx.ml` op type the importer translates.
+pub(crate) const ML_SUPPORTED: &[&str] = &["Binarizer", "ArrayFeatureExtractor", "LabelEncoder"];
 
 /// The input index of the `axes` operand, for the ops and opsets that take axes as an
 /// input (constant axes become the op's attribute, others its operand).
@@ -426,7 +454,14 @@ impl Tr<'_, '_, '_> {
             return self.finish(Op::Unary { op: u }, vec![Some(x)]);
         }
         if let Some(b) = binary_op(&op) {
-            let (a, b2) = (self.req(0)?, self.req(1)?);
+            let (a, mut b2) = (self.req(0)?, self.req(1)?);
+            if n.opset < 7 {
+                b2 = if b == BinaryOp::PRelu {
+                    self.legacy_prelu_slope(a, b2)?
+                } else {
+                    self.legacy_broadcast(a, b2)?
+                };
+            }
             return self.finish(Op::Binary { op: b }, vec![Some(a), Some(b2)]);
         }
         if let Some(kind) = reduce_kind(&op) {
@@ -461,8 +496,8 @@ impl Tr<'_, '_, '_> {
             }
             "Clip" => self.clip(),
             "Cast" => {
-                let to = n.i_req("to")?;
-                let to = dtype_from_onnx(to as i32)
+                let to = cast_to_code(n)?;
+                let to = dtype_from_onnx(to)
                     .map_err(|e| n.unsupported(format!("unsupported: cast to {e}")))?;
                 let x = self.req(0)?;
                 self.finish(Op::Cast { to }, vec![Some(x)])
@@ -477,6 +512,11 @@ impl Tr<'_, '_, '_> {
             }),
             "Elu" => self.act(Op::Elu {
                 alpha: n.f("alpha", 1.0)?,
+            }),
+            // Selu-1 had rounder defaults.
+            "Selu" if n.opset < 6 => self.act(Op::Selu {
+                alpha: n.f("alpha", 1.6732)?,
+                gamma: n.f("gamma", 1.0507)?,
             }),
             "Selu" => self.act(Op::Selu {
                 alpha: n.f("alpha", 1.673_263_2)?,
@@ -589,18 +629,7 @@ impl Tr<'_, '_, '_> {
                     ins,
                 )
             }
-            "BatchNormalization" => {
-                let ins = (0..5)
-                    .map(|i| self.req(i).map(Some))
-                    .collect::<R<Vec<_>>>()?;
-                self.finish_k(
-                    Op::BatchNorm {
-                        epsilon: n.f("epsilon", 1e-5)?,
-                    },
-                    ins,
-                    1,
-                )
-            }
+            "BatchNormalization" => self.batch_norm(),
             "LpNormalization" => {
                 let x = self.req(0)?;
                 let axis = self.axis(n.i("axis", -1)?, self.rank(x))?;
@@ -630,6 +659,11 @@ impl Tr<'_, '_, '_> {
                 self.finish(Op::MatMul, ins)
             }
             "Gemm" => {
+                if n.opset < 7 {
+                    // Gemm-1/6 broadcast C only with `broadcast=1` (else C is [M, N]); the
+                    // IR's unidirectional broadcast of C covers both.
+                    n.flag("broadcast", false)?;
+                }
                 let ins = vec![Some(self.req(0)?), Some(self.req(1)?), self.inp(2)?];
                 self.finish(
                     Op::Gemm {
@@ -740,11 +774,6 @@ impl Tr<'_, '_, '_> {
                 self.finish(Op::DynamicQuantizeLinear, vec![Some(x)])
             }
             "Attention" => {
-                if n.i("left_window_size", -1)? != -1 || n.i("right_window_size", -1)? != -1 {
-                    return Err(n.unsupported(
-                        "unsupported: windowed attention (left_window_size/right_window_size)",
-                    ));
-                }
                 let ins = self.all_inputs()?;
                 if ins.len() < 3 || ins[..3].iter().any(Option::is_none) {
                     return Err(n.invalid("Q, K and V are required"));
@@ -757,6 +786,8 @@ impl Tr<'_, '_, '_> {
                         qk_matmul_output_mode: n.i("qk_matmul_output_mode", 0)?,
                         scale: n.f_opt("scale")?,
                         softcap: n.f("softcap", 0.0)?,
+                        left_window_size: n.i("left_window_size", -1)?,
+                        right_window_size: n.i("right_window_size", -1)?,
                     },
                     trim(ins),
                 )
@@ -778,12 +809,24 @@ impl Tr<'_, '_, '_> {
                 )
             }
 
+            "DFT" => self.dft(),
+            "STFT" => self.stft(),
+            "HannWindow" | "HammingWindow" | "BlackmanWindow" => self.window(),
+            "MelWeightMatrix" => self.mel_weight_matrix(),
+            "RoiAlign" => self.roi_align(),
+            "DeformConv" => self.deform_conv(),
+            "QLinearMatMul" => self.qlinear_matmul(),
+            "QLinearConv" => self.qlinear_conv(),
+            "LinearAttention" => self.linear_attention(),
+            "CausalConvWithState" => self.causal_conv_with_state(),
+            "BitCast" => self.bit_cast(),
+
             "MaxPool" | "AveragePool" | "LpPool" => self.pool(),
             "GlobalAveragePool" | "GlobalMaxPool" | "GlobalLpPool" => {
                 let (kind, p) = match op.as_str() {
                     "GlobalAveragePool" => (PoolKind::Average, 0),
                     "GlobalMaxPool" => (PoolKind::Max, 0),
-                    _ => (PoolKind::Lp, n.i("p", 2)?),
+                    _ => (PoolKind::Lp, self.lp_p()?),
                 };
                 let x = self.req(0)?;
                 self.finish(Op::GlobalPool { kind, p }, vec![Some(x)])
@@ -807,7 +850,16 @@ impl Tr<'_, '_, '_> {
             }
 
             "Reshape" => {
-                let ins = vec![Some(self.req(0)?), Some(self.req(1)?)];
+                let shape = if n.opset < 5 {
+                    // Reshape-1: the shape is an attribute.
+                    let s = n
+                        .ints("shape")?
+                        .ok_or_else(|| n.invalid("missing attribute `shape`"))?;
+                    self.i64_const("shape", &s)
+                } else {
+                    self.req(1)?
+                };
+                let ins = vec![Some(self.req(0)?), Some(shape)];
                 let allow_zero = n.opset >= 14 && n.flag("allowzero", false)?;
                 self.finish(Op::Reshape { allow_zero }, ins)
             }
@@ -858,7 +910,13 @@ impl Tr<'_, '_, '_> {
                     .copied()
                     .flatten()
                     .ok_or_else(|| n.invalid("no inputs"))?;
-                let axis = self.axis(n.i_req("axis")?, self.rank(first))?;
+                // Concat-1 defaults to axis 1; from Concat-4 it is required.
+                let axis = if n.opset < 4 {
+                    n.i("axis", 1)?
+                } else {
+                    n.i_req("axis")?
+                };
+                let axis = self.axis(axis, self.rank(first))?;
                 self.finish(Op::Concat { axis }, ins)
             }
             "Split" => self.split(),
@@ -903,6 +961,7 @@ impl Tr<'_, '_, '_> {
                 };
                 self.finish(op, ins)
             }
+            "Tile" if n.opset < 6 => self.tile1(),
             "Expand" | "Tile" => {
                 let ins = vec![Some(self.req(0)?), Some(self.req(1)?)];
                 let op = if op == "Expand" { Op::Expand } else { Op::Tile };
@@ -1062,6 +1121,86 @@ impl Tr<'_, '_, '_> {
                     trim(ins),
                 )
             }
+            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => {
+                let reduction = match n.s("reduction", "mean")?.as_str() {
+                    "none" => LossReduction::None,
+                    "sum" => LossReduction::Sum,
+                    "mean" => LossReduction::Mean,
+                    r => return Err(n.invalid(format!("unknown reduction `{r}`"))),
+                };
+                let ignore_index = n.i_opt("ignore_index")?;
+                let ins = trim(vec![Some(self.req(0)?), Some(self.req(1)?), self.inp(2)?]);
+                let op = if op == "NegativeLogLikelihoodLoss" {
+                    Op::NllLoss {
+                        reduction,
+                        ignore_index,
+                    }
+                } else {
+                    Op::SoftmaxCrossEntropy {
+                        reduction,
+                        ignore_index,
+                    }
+                };
+                self.finish(op, ins)
+            }
+            "SwiGLU" => {
+                let ins = vec![Some(self.req(0)?), Some(self.req(1)?)];
+                self.finish(
+                    Op::SwiGlu {
+                        alpha: n.f("alpha", 1.0)?,
+                    },
+                    ins,
+                )
+            }
+            "Det" => self.act(Op::Det),
+            "CenterCropPad" => {
+                let x = self.req(0)?;
+                let axes = match n.ints("axes")? {
+                    Some(a) => self.axes(&a, self.rank(x))?,
+                    None => vec![],
+                };
+                let ins = vec![Some(x), Some(self.req(1)?)];
+                self.finish(Op::CenterCropPad { axes }, ins)
+            }
+            "Col2Im" => {
+                let ins = vec![Some(self.req(0)?), Some(self.req(1)?), Some(self.req(2)?)];
+                self.finish(
+                    Op::Col2Im {
+                        dilations: n.ints("dilations")?.unwrap_or_default(),
+                        pads: n.ints("pads")?.unwrap_or_default(),
+                        strides: n.ints("strides")?.unwrap_or_default(),
+                    },
+                    ins,
+                )
+            }
+            "AffineGrid" => {
+                let ins = vec![Some(self.req(0)?), Some(self.req(1)?)];
+                self.finish(
+                    Op::AffineGrid {
+                        align_corners: n.flag("align_corners", false)?,
+                    },
+                    ins,
+                )
+            }
+            "TensorScatter" => {
+                let past = self.req(0)?;
+                let axis = self.axis(n.i("axis", -2)?, self.rank(past))?;
+                let mode = match n.s("mode", "linear")?.as_str() {
+                    "linear" => TensorScatterMode::Linear,
+                    "circular" => TensorScatterMode::Circular,
+                    m => return Err(n.invalid(format!("unknown mode `{m}`"))),
+                };
+                let ins = trim(vec![Some(past), Some(self.req(1)?), self.inp(2)?]);
+                self.finish(Op::TensorScatter { axis, mode }, ins)
+            }
+            "Binarizer" => self.act(Op::Binarizer {
+                threshold: n.f("threshold", 0.0)?,
+            }),
+            "ArrayFeatureExtractor" => {
+                let ins = vec![Some(self.req(0)?), Some(self.req(1)?)];
+                self.finish(Op::ArrayFeatureExtractor, ins)
+            }
+            "LabelEncoder" => self.label_encoder(),
             "LSTM" | "GRU" | "RNN" => self.rnn(),
             "If" => self.if_op(),
             "Loop" => self.loop_op(),
@@ -1074,6 +1213,159 @@ impl Tr<'_, '_, '_> {
     fn act(&mut self, op: Op) -> R {
         let x = self.req(0)?;
         self.finish(op, vec![Some(x)])
+    }
+
+    // ---- legacy (before opset 7) forms ----
+
+    /// The second operand of a binary op before opset 7, made ready for NumPy broadcasting.
+    /// Without `broadcast=1` both operands have one shape. With it, B is a scalar, holds one
+    /// element, or its dims match A's from `axis` on (the last ones without `axis`): B gets
+    /// trailing unit dims so NumPy broadcasting lines it up at the same place.
+    fn legacy_broadcast(&mut self, a: ValueId, b: ValueId) -> R<ValueId> {
+        let n = self.n;
+        let axis = n.i_opt("axis")?;
+        let (ta, tb) = (self.ty(a), self.ty(b));
+        let (ra, rb) = (ta.rank(), tb.rank());
+        if !n.flag("broadcast", false)? {
+            let differ = |(x, y): (&Dim, &Dim)| matches!((x.as_known(), y.as_known()), (Some(x), Some(y)) if x != y);
+            if ra != rb || ta.dims.iter().zip(&tb.dims).any(differ) {
+                return Err(n.invalid(format!(
+                    "operands {ta} and {tb} differ in shape but broadcast is not 1"
+                )));
+            }
+            return Ok(b);
+        }
+        if tb.dims.iter().all(|d| d.as_known() == Some(1)) && rb <= ra {
+            return Ok(b);
+        }
+        let start = match axis {
+            None => ra.checked_sub(rb),
+            Some(ax) => {
+                let s = if ax < 0 { ax + ra as i64 } else { ax };
+                usize::try_from(s).ok().filter(|&s| s + rb <= ra)
+            }
+        };
+        let Some(start) = start else {
+            return Err(n.invalid(format!(
+                "B {tb} does not fit inside A {ta} (broadcast=1, axis {})",
+                axis.map_or("unset".to_string(), |a| a.to_string())
+            )));
+        };
+        let pad = (ra - start - rb) as i64;
+        if pad == 0 {
+            return Ok(b);
+        }
+        let axes = (rb as i64..rb as i64 + pad).collect();
+        self.tmp("broadcast_b", Op::Unsqueeze { axes }, vec![Some(b)])
+    }
+
+    /// PRelu's slope before opset 7: one value, or one per channel (dim 1). A 1-D slope of C
+    /// values becomes [C, 1, ...] so NumPy broadcasting applies it per channel.
+    fn legacy_prelu_slope(&mut self, x: ValueId, slope: ValueId) -> R<ValueId> {
+        let n = self.n;
+        let (tx, ts) = (self.ty(x), self.ty(slope));
+        let rx = tx.rank();
+        if ts.rank() != 1 || rx < 3 || ts.dims[0].as_known() == Some(1) {
+            return Ok(slope);
+        }
+        if let (Some(c), Some(l)) = (tx.dims[1].as_known(), ts.dims[0].as_known()) {
+            if c != l {
+                return Err(n.invalid(format!(
+                    "slope {ts} is neither one value nor one per channel of {tx}"
+                )));
+            }
+        }
+        let axes = (1..rx as i64 - 1).collect();
+        self.tmp(
+            "slope_per_channel",
+            Op::Unsqueeze { axes },
+            vec![Some(slope)],
+        )
+    }
+
+    /// Tile-1 (before opset 6): operands input, tiles, axis (scalars of the input's float
+    /// type); repeats the input `tiles` times along `axis`.
+    fn tile1(&mut self) -> R {
+        let n = self.n;
+        let (x, tiles, axis) = (self.req(0)?, self.req(1)?, self.req(2)?);
+        let rank = self.rank(x);
+        let axis = match self.sc.g.const_of(axis).map(|c| c.to_f64s()).as_deref() {
+            Some(&[a]) => self.axis(a as i64, rank)? as usize,
+            _ => {
+                return Err(n.unsupported(format!(
+                    "unsupported: dynamic axis (input `{}` is not a one-element constant)",
+                    self.sc.g.value(axis).name
+                )))
+            }
+        };
+        let reps = match self.sc.g.const_of(tiles).map(|c| c.to_f64s()).as_deref() {
+            Some(&[t]) => {
+                let mut r = vec![1; rank];
+                r[axis] = t as i64;
+                self.i64_const("repeats", &r)
+            }
+            _ => {
+                // [1]*axis ++ [tiles] ++ [1]*(rank - axis - 1), built at run time.
+                let t = self.tmp("tiles_i64", Op::Cast { to: DType::I64 }, vec![Some(tiles)])?;
+                let one = self.i64_const("one_elem", &[1]);
+                let t = self.tmp(
+                    "tiles_1d",
+                    Op::Reshape { allow_zero: false },
+                    vec![Some(t), Some(one)],
+                )?;
+                let mut parts = Vec::new();
+                if axis > 0 {
+                    parts.push(Some(self.i64_const("ones_before", &vec![1; axis])));
+                }
+                parts.push(Some(t));
+                if axis + 1 < rank {
+                    parts.push(Some(
+                        self.i64_const("ones_after", &vec![1; rank - axis - 1]),
+                    ));
+                }
+                self.tmp("repeats", Op::Concat { axis: 0 }, parts)?
+            }
+        };
+        self.finish(Op::Tile, vec![Some(x), Some(reps)])
+    }
+
+    /// LpPool/GlobalLpPool's `p`: an int, but a float before opset 2.
+    fn lp_p(&self) -> R<i64> {
+        let n = self.n;
+        if n.opset >= 2 {
+            return n.i("p", 2);
+        }
+        let p = n.f("p", 2.0)?;
+        if p.fract() != 0.0 || p < 1.0 {
+            return Err(n.unsupported(format!("unsupported: p = {p} (only whole p >= 1)")));
+        }
+        Ok(p as i64)
+    }
+
+    fn batch_norm(&mut self) -> R {
+        let n = self.n;
+        let ins = (0..5)
+            .map(|i| self.req(i).map(Some))
+            .collect::<R<Vec<_>>>()?;
+        // (BatchNormalization-1/6's is_test=0, training mode, is refused by static_check.)
+        if n.opset < 9 && !n.flag("spatial", true)? {
+            // spatial=0 keeps statistics per channel *and* position ([C, D1, ...]); that is
+            // the per-channel batch norm only when there are no spatial dims.
+            let x = ins[0].expect("required");
+            if self.rank(x) > 2 {
+                return Err(n.unsupported(format!(
+                    "unsupported: spatial=0 (statistics per channel and position) on {}",
+                    self.ty(x)
+                )));
+            }
+        }
+        self.finish_k(
+            Op::BatchNorm {
+                epsilon: n.f("epsilon", 1e-5)?,
+            },
+            ins,
+            1,
+        )
     }
 
     fn variadic(&mut self, op: BinaryOp, mean: bool) -> R {
@@ -1102,6 +1394,108 @@ impl Tr<'_, '_, '_> {
             Op::Binary { op: BinaryOp::Div },
             vec![Some(acc), Some(count)],
         )
+    }
+
+    /// ai.onnx.ml LabelEncoder with integer or float keys and values (attribute lists or,
+    /// from version 4, tensors); string ones are unsupported.
+    fn label_encoder(&mut self) -> R {
+        let n = self.n;
+        if n.has("keys_strings") || n.has("values_strings") {
+            return Err(n.unsupported("unsupported: string keys or values"));
+        }
+        let x = self.req(0)?;
+        let xd = self.dtype(x);
+        // Keys: (integers, floats); values: (integers, floats, output dtype).
+        let (mut int_keys, mut float_keys) = (Vec::new(), Vec::new());
+        if let Some(k) = n.ints("keys_int64s")? {
+            int_keys = k;
+        } else if let Some(k) = n.floats("keys_floats")? {
+            float_keys = k.into_iter().map(f64::from).collect();
+        } else if let Some(t) = self.ml_tensor("keys_tensor")? {
+            match t.to_i64s() {
+                Some(v) => int_keys = v,
+                None => float_keys = t.to_f64s(),
+            }
+        } else {
+            return Err(n.invalid("no keys (keys_int64s, keys_floats or keys_tensor)"));
+        }
+        let (mut int_values, mut float_values) = (Vec::new(), Vec::new());
+        let default_int = n.i("default_int64", -1)?;
+        let default_float = n.f("default_float", -0.0)? as f64;
+        n.has("default_string");
+        let default = if let Some(v) = n.ints("values_int64s")? {
+            n.has("default_tensor");
+            int_values = v;
+            Scalar::Int(DType::I64, default_int)
+        } else if let Some(v) = n.floats("values_floats")? {
+            n.has("default_tensor");
+            float_values = v.into_iter().map(f64::from).collect();
+            Scalar::Float(DType::F32, default_float)
+        } else if let Some(t) = self.ml_tensor("values_tensor")? {
+            let out = t.dtype;
+            if !(out.is_float() || out.is_signed_int()) {
+                return Err(n.invalid(format!("values_tensor of dtype {out}")));
+            }
+            match t.to_i64s() {
+                Some(v) => int_values = v,
+                None => float_values = t.to_f64s(),
+            }
+            match self.ml_tensor("default_tensor")? {
+                Some(d) => {
+                    let s = first_scalar(&d).ok_or_else(|| n.invalid("empty default_tensor"))?;
+                    if s.dtype() != out {
+                        return Err(n.invalid(format!(
+                            "default_tensor is {}, values_tensor is {out}",
+                            s.dtype()
+                        )));
+                    }
+                    s
+                }
+                None if out.is_float() => Scalar::Float(out, -0.0),
+                None => Scalar::Int(out, -1),
+            }
+        } else {
+            return Err(n.invalid("no values (values_int64s, values_floats or values_tensor)"));
+        };
+        let keys = int_keys.len() + float_keys.len();
+        let values = int_values.len() + float_values.len();
+        if keys != values {
+            return Err(n.invalid(format!("{keys} keys but {values} values")));
+        }
+        if keys > 0 && xd.is_int() == int_keys.is_empty() {
+            return Err(n.invalid(format!(
+                "{} keys for an input of dtype {xd}",
+                if int_keys.is_empty() {
+                    "float"
+                } else {
+                    "integer"
+                }
+            )));
+        }
+        self.finish(
+            Op::LabelEncoder {
+                int_keys,
+                float_keys,
+                int_values,
+                float_values,
+                default,
+            },
+            vec![Some(x)],
+        )
+    }
+
+    /// A tensor attribute of an ai.onnx.ml op as constant data; strings are unsupported.
+    fn ml_tensor(&mut self, name: &str) -> R<Option<ConstData>> {
+        let Some(t) = self.n.tensor(name)? else {
+            return Ok(None);
+        };
+        if t.data_type == 8 {
+            return Err(self
+                .n
+                .unsupported(format!("unsupported: string tensor `{name}`")));
+        }
+        let what = format!("node `{}` ({}) {name}", self.n.name, self.n.op_type());
+        self.cx.tensor_data(t, &what).map(Some)
     }
 
     fn space_to_depth(&mut self) -> R {
@@ -1148,14 +1542,13 @@ impl Tr<'_, '_, '_> {
         let x = self.req(0)?;
         let (lo, hi) = if self.n.opset < 11 {
             let dt = self.dtype(x);
-            let lo = self
-                .n
-                .f_opt("min")?
-                .map(|v| self.konst("min", scalar_const(dt, v as f64)));
-            let hi = self
-                .n
-                .f_opt("max")?
-                .map(|v| self.konst("max", scalar_const(dt, v as f64)));
+            // Clip-6 defaults its bounds to the f32 range (so it clamps infinities); Clip-1
+            // has no defaults.
+            let default = |v: f32| (self.n.opset >= 6).then_some(v);
+            let lo = self.n.f_opt("min")?.or(default(f32::MIN));
+            let hi = self.n.f_opt("max")?.or(default(f32::MAX));
+            let lo = lo.map(|v| self.konst("min", scalar_const(dt, v as f64)));
+            let hi = hi.map(|v| self.konst("max", scalar_const(dt, v as f64)));
             (lo, hi)
         } else {
             (self.inp(1)?, self.inp(2)?)
@@ -1440,8 +1833,10 @@ impl Tr<'_, '_, '_> {
         let (kind, p) = match n.op_type() {
             "MaxPool" => (PoolKind::Max, 0),
             "AveragePool" => (PoolKind::Average, 0),
-            _ => (PoolKind::Lp, n.i("p", 2)?),
+            _ => (PoolKind::Lp, self.lp_p()?),
         };
+        // AveragePool-1 has no count_include_pad (it never counts the padding).
+        let count_include_pad = n.opset >= 7 && n.flag("count_include_pad", false)?;
         self.finish(
             Op::Pool {
                 kind,
@@ -1451,7 +1846,7 @@ impl Tr<'_, '_, '_> {
                 dilations: c.dilations,
                 auto_pad: c.auto_pad,
                 ceil_mode: n.flag("ceil_mode", false)?,
-                count_include_pad: n.flag("count_include_pad", false)?,
+                count_include_pad,
                 p,
                 storage_order: n.i("storage_order", 0)?,
             },
@@ -1497,8 +1892,28 @@ impl Tr<'_, '_, '_> {
     fn split(&mut self) -> R {
         let n = self.n;
         let x = self.req(0)?;
-        let axis = self.axis(n.i("axis", 0)?, self.rank(x))?;
-        let sizes = if n.opset < 13 {
+        let axis = if n.opset < 2 {
+            n.i_opt("axis")?.ok_or_else(|| {
+                n.unsupported("unsupported: Split-1 without `axis` (its default is unspecified)")
+            })?
+        } else {
+            n.i("axis", 0)?
+        };
+        let axis = self.axis(axis, self.rank(x))?;
+        let sizes = if n.opset < 2 {
+            // Split-1: sizes from the attribute or from a second input of the data's
+            // (float) type.
+            match (n.ints("split")?.filter(|s| !s.is_empty()), self.inp(1)?) {
+                (Some(_), Some(_)) => {
+                    return Err(n.invalid("sizes given both as attribute `split` and as input"))
+                }
+                (Some(s), None) => Some(self.i64_const("split", &s)),
+                (None, Some(v)) => {
+                    Some(self.tmp("split_i64", Op::Cast { to: DType::I64 }, vec![Some(v)])?)
+                }
+                (None, None) => None,
+            }
+        } else if n.opset < 13 {
             match n.ints("split")? {
                 Some(s) if !s.is_empty() => Some(self.i64_const("split", &s)),
                 _ => None,
@@ -1555,9 +1970,11 @@ impl Tr<'_, '_, '_> {
             m => return Err(n.invalid(format!("unknown mode `{m}`"))),
         };
         let ins = if n.opset < 11 {
+            // Pad-1 calls them `paddings` (same layout).
+            let key = if n.opset < 2 { "paddings" } else { "pads" };
             let pads = n
-                .ints("pads")?
-                .ok_or_else(|| n.invalid("missing required attribute `pads`"))?;
+                .ints(key)?
+                .ok_or_else(|| n.invalid(format!("missing required attribute `{key}`")))?;
             let pads = self.i64_const("pads", &pads);
             let value = n.f("value", 0.0)?;
             let cv = (mode == PadMode::Constant && value != 0.0)
@@ -1579,7 +1996,20 @@ impl Tr<'_, '_, '_> {
         let n = self.n;
         let x = self.req(0)?;
         let old = upsample || n.opset < 11;
-        let (roi, scales, sizes) = if upsample && n.opset < 9 {
+        let (roi, scales, sizes) = if upsample && n.opset < 7 {
+            // Upsample-1 scales the last two dims of a 4-D input.
+            let h = n
+                .f_opt("height_scale")?
+                .ok_or_else(|| n.invalid("missing required attribute `height_scale`"))?;
+            let w = n
+                .f_opt("width_scale")?
+                .ok_or_else(|| n.invalid("missing required attribute `width_scale`"))?;
+            if self.rank(x) != 4 {
+                return Err(n.invalid(format!("input must be 4-D, got {}", self.ty(x))));
+            }
+            let s = ConstData::from_f32s(&[1.0, 1.0, h, w]);
+            (None, Some(self.konst("scales", s)), None)
+        } else if upsample && n.opset < 9 {
             let s = n
                 .floats("scales")?
                 .ok_or_else(|| n.invalid("missing required attribute `scales`"))?;
@@ -1700,6 +2130,10 @@ impl Tr<'_, '_, '_> {
         let activation_beta = n.floats("activation_beta")?.unwrap_or_default();
         let layout = n.i("layout", 0)?;
         let clip = n.f_opt("clip")?;
+        if n.opset < 7 {
+            // The *-1 forms' `output_sequence` only said whether Y is required.
+            n.i("output_sequence", 0)?;
+        }
         let op = match op {
             "LSTM" => Op::Lstm {
                 direction,
@@ -1715,7 +2149,8 @@ impl Tr<'_, '_, '_> {
                 direction,
                 hidden_size,
                 layout,
-                linear_before_reset: n.flag("linear_before_reset", false)?,
+                // GRU-1 has no linear_before_reset (GRU-3 added it, default 0).
+                linear_before_reset: n.opset >= 3 && n.flag("linear_before_reset", false)?,
                 clip,
                 activations,
                 activation_alpha,
@@ -2009,6 +2444,22 @@ fn non_empty_or(v: Option<Vec<i64>>, default: Vec<i64>) -> Vec<i64> {
         Some(v) if !v.is_empty() => v,
         _ => default,
     }
+}
+
+/// The ONNX type code of Cast's `to`: an int, or before opset 6 (Cast-1) a type name such as
+/// `FLOAT`.
+pub(crate) fn cast_to_code(n: &NodeView<'_>) -> Result<i32, ImportError> {
+    use rafter_onnx_proto::attribute_proto::AttributeType;
+    let a = n
+        .attr("to")
+        .ok_or_else(|| n.invalid("missing required attribute `to`"))?;
+    if n.opset < 6 && a.r#type == AttributeType::String as i32 {
+        let name = String::from_utf8_lossy(&a.s).to_ascii_uppercase();
+        return (1..=30)
+            .find(|&c| rafter_onnx_proto::data_type_name(c) == name)
+            .ok_or_else(|| n.invalid(format!("`to` names no element type: `{name}`")));
+    }
+    Ok(n.i_req("to")? as i32)
 }
 
 /// Drops trailing absent operands.

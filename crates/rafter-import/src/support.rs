@@ -4,8 +4,8 @@
 
 use crate::convert::{dtype_from_onnx, value_info_type};
 use crate::import::model_opset;
-use crate::node::{attr_graphs, is_default_domain, NodeView};
-use crate::ops::SUPPORTED;
+use crate::node::{attr_graphs, is_default_domain, is_ml_domain, NodeView};
+use crate::ops::{ML_SUPPORTED, SUPPORTED};
 use crate::{Unsupported, MAX_OPSET};
 use rafter_onnx_proto::{GraphProto, ModelProto};
 use std::collections::HashSet;
@@ -29,11 +29,6 @@ fn unknown_op_reason(op: &str) -> String {
         "string tensors are not supported"
     } else if op.starts_with("Random") || matches!(op, "Bernoulli" | "Multinomial") {
         "random number generation is not supported"
-    } else if matches!(
-        op,
-        "DFT" | "STFT" | "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix"
-    ) {
-        "signal processing ops are not in rafter's op set"
     } else if op == "ImageDecoder" {
         "image decoding is not supported"
     } else {
@@ -46,7 +41,11 @@ fn unknown_op_reason(op: &str) -> String {
 /// values rafter does not handle. `Err` holds the reason.
 pub(crate) fn static_check(n: &NodeView<'_>) -> Result<(), String> {
     let op = n.op_type();
-    if !SUPPORTED.contains(&op) {
+    if is_ml_domain(&n.p.domain) {
+        if !ML_SUPPORTED.contains(&op) {
+            return Err(format!("unsupported op in domain `{}`", n.p.domain));
+        }
+    } else if !SUPPORTED.contains(&op) {
         return Err(unknown_op_reason(op));
     }
     let attr_i = |name: &str| n.attr(name).map(|a| a.i);
@@ -61,8 +60,12 @@ pub(crate) fn static_check(n: &NodeView<'_>) -> Result<(), String> {
                     "unsupported: training_mode=1 (only inference batch norm is supported)".into(),
                 );
             }
-            if n.opset < 9 && attr_i("spatial") == Some(0) {
-                return Err("unsupported: spatial=0 (per-element statistics)".into());
+            if n.opset < 7 && attr_i("is_test").unwrap_or(0) == 0 {
+                return Err(
+                    "unsupported: is_test=0 (training mode: normalises with the batch's own \
+                     statistics; only inference batch norm is supported)"
+                        .into(),
+                );
             }
             if (1..n.p.output.len()).any(|i| n.has_output(i)) {
                 return Err(
@@ -78,8 +81,26 @@ pub(crate) fn static_check(n: &NodeView<'_>) -> Result<(), String> {
             )
         }
         "Cast" => {
+            if let Ok(to) = crate::ops::cast_to_code(n) {
+                dtype_from_onnx(to).map_err(|e| format!("unsupported: cast to {e}"))?;
+            }
+        }
+        "Dropout" if n.opset < 7 => {
+            let ratio = n.attr("ratio").map_or(0.5, |a| a.f);
+            if attr_i("is_test").unwrap_or(0) == 0 && ratio != 0.0 {
+                return Err(
+                    "unsupported: is_test=0 (training mode: zeroes random elements)".into(),
+                );
+            }
+        }
+        "BitCast" => {
             if let Some(to) = attr_i("to") {
-                dtype_from_onnx(to as i32).map_err(|e| format!("unsupported: cast to {e}"))?;
+                dtype_from_onnx(to as i32).map_err(|e| format!("unsupported: to: {e}"))?;
+            }
+        }
+        "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix" => {
+            if let Some(d) = attr_i("output_datatype") {
+                dtype_from_onnx(d as i32).map_err(|e| format!("unsupported: {e}"))?;
             }
         }
         "EyeLike" => {
@@ -226,7 +247,7 @@ fn walk(
                 reason,
             })
         };
-        if !is_default_domain(&p.domain) {
+        if !is_default_domain(&p.domain) && !is_ml_domain(&p.domain) {
             if functions.contains(p.domain.as_str()) {
                 push(format!(
                     "unsupported op in domain `{}` (model-local functions are not supported)",

@@ -442,7 +442,7 @@ fn unknown_op_is_unsupported() {
 #[test]
 fn foreign_domains_are_unsupported() {
     for domain in ["ai.onnx.ml", "com.microsoft"] {
-        let mut m = unary_model("Binarizer", 17, vec![]);
+        let mut m = unary_model("TreeEnsemble", 17, vec![]);
         m.graph.as_mut().unwrap().node[0].domain = domain.into();
         m.opset_import.push(OperatorSetIdProto {
             domain: domain.into(),
@@ -452,11 +452,11 @@ fn foreign_domains_are_unsupported() {
         assert!(matches!(e, ImportError::UnsupportedOp { .. }), "{e}");
         assert_eq!(
             e.to_string(),
-            format!("t.onnx: node `n` (Binarizer): unsupported op in domain `{domain}`")
+            format!("t.onnx: node `n` (TreeEnsemble): unsupported op in domain `{domain}`")
         );
     }
-    // A model of another domain only still names the node, not the missing opset.
-    let mut m = unary_model("Binarizer", 17, vec![]);
+    // A model of ai.onnx.ml only still names the node, not the missing opset.
+    let mut m = unary_model("TreeEnsemble", 17, vec![]);
     m.graph.as_mut().unwrap().node[0].domain = "ai.onnx.ml".into();
     m.opset_import[0].domain = "ai.onnx.ml".into();
     let e = import_real(&m).unwrap_err();
@@ -1723,12 +1723,12 @@ fn scan_versions() {
 #[test]
 fn check_support_lists_everything() {
     let body = graph(
-        vec![node("Det", "inner_det", &["x"], &["d"], vec![])],
+        vec![node("Bar", "inner_bar", &["x"], &["d"], vec![])],
         vec![],
         &["d"],
         vec![],
     );
-    let mut ml = node("Binarizer", "bin", &["x"], &["b"], vec![]);
+    let mut ml = node("TreeEnsemble", "tree", &["x"], &["b"], vec![]);
     ml.domain = "ai.onnx.ml".into();
     let m = model(
         17,
@@ -1763,9 +1763,9 @@ fn check_support_lists_everything() {
         [
             "graph input `s`: element type STRING is not supported",
             "node `foo` (Foo): unsupported op `Foo`: not in rafter's op set",
-            "node `bin` (Binarizer): unsupported op in domain `ai.onnx.ml`",
-            "node `inner_det` (Det): unsupported op `Det`: not in rafter's op set",
-            "node `inner_det` (Det): unsupported op `Det`: not in rafter's op set",
+            "node `tree` (TreeEnsemble): unsupported op in domain `ai.onnx.ml`",
+            "node `inner_bar` (Bar): unsupported op `Bar`: not in rafter's op set",
+            "node `inner_bar` (Bar): unsupported op `Bar`: not in rafter's op set",
         ]
     );
     assert_eq!(found[3].graph, "g/if/then_branch");
@@ -1896,7 +1896,85 @@ fn attributes_the_ir_cannot_express_are_rejected() {
             vec![],
         ),
     );
-    assert!(err(&m).to_string().contains("windowed attention"));
+    // Attention-25's sliding window is carried by the op.
+    let g = ok(&m);
+    assert!(matches!(
+        g.nodes[0].op,
+        Op::Attention {
+            left_window_size: 2,
+            right_window_size: -1,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn dft_axis_forms_are_normalised() {
+    // DFT-17 takes the axis as an attribute; DFT-20 as an input, folded when constant and
+    // defaulting to -2.
+    let x = || f32_in("x", &["1", "8", "6", "1"]);
+    let m = model(
+        17,
+        graph(
+            vec![node(
+                "DFT",
+                "d",
+                &["x"],
+                &["y"],
+                vec![ai("axis", 2), ai("onesided", 1)],
+            )],
+            vec![x()],
+            &["y"],
+            vec![],
+        ),
+    );
+    let g = import_real(&m).unwrap().graph;
+    assert_eq!(
+        g.nodes[0].op,
+        Op::Dft {
+            axis: Some(2),
+            inverse: false,
+            onesided: true
+        }
+    );
+    assert_eq!(g.value(g.outputs[0]).ty.to_string(), "f32[1, 8, 4, 2]");
+    let m = model(
+        20,
+        graph(
+            vec![node("DFT", "d", &["x"], &["y"], vec![])],
+            vec![x()],
+            &["y"],
+            vec![],
+        ),
+    );
+    let g = import_real(&m).unwrap().graph;
+    assert!(matches!(g.nodes[0].op, Op::Dft { axis: Some(2), .. }));
+    let axis = t_i64("a", &[], &[1]);
+    let m = model(
+        20,
+        graph(
+            vec![node(
+                "DFT",
+                "d",
+                &["x", "", "a"],
+                &["y"],
+                vec![ai("inverse", 1)],
+            )],
+            vec![x()],
+            &["y"],
+            vec![axis],
+        ),
+    );
+    let g = import_real(&m).unwrap().graph;
+    assert!(matches!(
+        g.nodes[0].op,
+        Op::Dft {
+            axis: Some(1),
+            inverse: true,
+            ..
+        }
+    ));
+    assert_eq!(g.value(g.outputs[0]).ty.to_string(), "f32[1, 8, 6, 2]");
 }
 
 #[test]
@@ -1923,4 +2001,181 @@ fn space_to_depth_crd_is_spelled_out() {
     assert_eq!(const_ints(&g, "s2d/merged_shape"), [1, 12, 2, 3]);
     let g = ok(&unary_model("SpaceToDepth", 13, vec![ai("blocksize", 2)]));
     assert_eq!(g.nodes[0].op, Op::SpaceToDepth { blocksize: 2 });
+}
+
+#[test]
+fn losses_and_misc_ops_translate() {
+    let m = model(
+        22,
+        graph(
+            vec![
+                node(
+                    "NegativeLogLikelihoodLoss",
+                    "nll",
+                    &["x", "t", "w"],
+                    &["l"],
+                    vec![astr("reduction", "sum"), ai("ignore_index", -1)],
+                ),
+                node(
+                    "SoftmaxCrossEntropyLoss",
+                    "sce",
+                    &["x", "t"],
+                    &["s", "lp"],
+                    vec![],
+                ),
+                node(
+                    "TensorScatter",
+                    "ts",
+                    &["x", "x"],
+                    &["c"],
+                    vec![astr("mode", "circular")],
+                ),
+                node(
+                    "CenterCropPad",
+                    "ccp",
+                    &["x", "sh"],
+                    &["cc"],
+                    vec![ais("axes", &[-1])],
+                ),
+            ],
+            vec![
+                f32_in("x", &["2", "3", "4"]),
+                tvi("t", 7, &["2", "4"]),
+                f32_in("w", &["3"]),
+                tvi("sh", 7, &["1"]),
+            ],
+            &["l", "s", "lp", "c", "cc"],
+            vec![],
+        ),
+    );
+    let g = import_real(&m).unwrap_or_else(|e| panic!("{e}")).graph;
+    assert_eq!(
+        g.nodes[0].op,
+        Op::NllLoss {
+            reduction: rafter_ir::LossReduction::Sum,
+            ignore_index: Some(-1),
+        }
+    );
+    assert_eq!(
+        g.nodes[1].op,
+        Op::SoftmaxCrossEntropy {
+            reduction: rafter_ir::LossReduction::Mean,
+            ignore_index: None,
+        }
+    );
+    let tys: Vec<String> = g
+        .outputs
+        .iter()
+        .map(|&v| g.value(v).ty.to_string())
+        .collect();
+    assert_eq!(
+        tys,
+        [
+            "f32[]",
+            "f32[]",
+            "f32[2, 3, 4]",
+            "f32[2, 3, 4]",
+            "f32[2, 3, _center_crop_pad0]"
+        ]
+    );
+    assert_eq!(
+        g.nodes[2].op,
+        Op::TensorScatter {
+            axis: 1,
+            mode: rafter_ir::TensorScatterMode::Circular,
+        }
+    );
+    assert_eq!(g.nodes[3].op, Op::CenterCropPad { axes: vec![2] });
+}
+
+#[test]
+fn ai_onnx_ml_ops_import() {
+    let ml = |op: &str, ins: &[&str], attrs: Vec<AttributeProto>| {
+        let mut n = node(op, "n", ins, &["y"], attrs);
+        n.domain = "ai.onnx.ml".into();
+        n
+    };
+    // A model of ai.onnx.ml only (no default-domain opset), as ONNX's ml tests are.
+    let mut m = model(
+        1,
+        graph(
+            vec![ml("Binarizer", &["x"], vec![af("threshold", 0.5)])],
+            vec![f32_in("x", &["2", "3"])],
+            &["y"],
+            vec![],
+        ),
+    );
+    m.opset_import[0].domain = "ai.onnx.ml".into();
+    let g = import_real(&m).unwrap_or_else(|e| panic!("{e}")).graph;
+    assert_eq!(g.nodes[0].op, Op::Binarizer { threshold: 0.5 });
+
+    let encoder = |attrs| {
+        let mut m = model(
+            17,
+            graph(
+                vec![ml("LabelEncoder", &["x"], attrs)],
+                vec![tvi("x", 7, &["5"])],
+                &["y"],
+                vec![],
+            ),
+        );
+        m.opset_import.push(OperatorSetIdProto {
+            domain: "ai.onnx.ml".into(),
+            version: 4,
+        });
+        import_real(&m)
+    };
+    let g = encoder(vec![
+        ais("keys_int64s", &[1, 2]),
+        afs("values_floats", &[0.5, 1.5]),
+        af("default_float", 7.0),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"))
+    .graph;
+    assert_eq!(
+        g.nodes[0].op,
+        Op::LabelEncoder {
+            int_keys: vec![1, 2],
+            float_keys: vec![],
+            int_values: vec![],
+            float_values: vec![0.5, 1.5],
+            default: Scalar::Float(DType::F32, 7.0),
+        }
+    );
+    assert_eq!(g.value(g.outputs[0]).ty.to_string(), "f32[5]");
+    // Tensor values take their dtype; the default is -1 of it.
+    let g = encoder(vec![
+        at("keys_tensor", t_i64("k", &[2], &[1, 2])),
+        at("values_tensor", t_i64("v", &[2], &[10, 20])),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"))
+    .graph;
+    assert_eq!(
+        g.nodes[0].op,
+        Op::LabelEncoder {
+            int_keys: vec![1, 2],
+            float_keys: vec![],
+            int_values: vec![10, 20],
+            float_values: vec![],
+            default: Scalar::Int(DType::I64, -1),
+        }
+    );
+    let strings = AttributeProto {
+        strings: vec![b"a".to_vec()],
+        ..attr("keys_strings", AttributeType::Strings)
+    };
+    let e = encoder(vec![strings, ais("values_int64s", &[1])]).unwrap_err();
+    assert!(e.to_string().contains("string keys"), "{e}");
+    let e = encoder(vec![
+        ais("keys_int64s", &[1, 2]),
+        ais("values_int64s", &[1]),
+    ])
+    .unwrap_err();
+    assert!(e.to_string().contains("2 keys but 1 values"), "{e}");
+    let e = encoder(vec![afs("keys_floats", &[1.0]), ais("values_int64s", &[1])]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("float keys for an input of dtype i64"),
+        "{e}"
+    );
 }

@@ -142,6 +142,19 @@ impl AttrType for Vec<f32> {
     }
 }
 
+impl AttrType for Vec<f64> {
+    fn to_attr(&self) -> AttrValue {
+        AttrValue::Floats(self.clone())
+    }
+    fn from_attr(v: AttrValue) -> Result<Self, String> {
+        match v {
+            AttrValue::Floats(v) => Ok(v),
+            AttrValue::Ints(v) => Ok(v.into_iter().map(|f| f as f64).collect()),
+            other => Err(wrong("float list", &other)),
+        }
+    }
+}
+
 impl AttrType for String {
     fn to_attr(&self) -> AttrValue {
         AttrValue::Str(self.clone())

@@ -139,6 +139,35 @@ attr_enum! {
     RnnDirection { Forward => "forward", Reverse => "reverse", Bidirectional => "bidirectional" }
 }
 
+attr_enum! {
+    /// The cosine-sum window of `window`.
+    WindowKind { Hann => "hann", Hamming => "hamming", Blackman => "blackman" }
+}
+
+attr_enum! {
+    /// How `roi_align` pools the samples of one bin.
+    RoiPoolMode { Avg => "avg", Max => "max" }
+}
+
+attr_enum! {
+    /// The recurrence of `linear_attention` (ONNX LinearAttention's `update_rule`).
+    LinearAttnRule {
+        Linear => "linear", Gated => "gated", Delta => "delta", GatedDelta => "gated_delta",
+    }
+}
+
+attr_enum! {
+    /// How a loss combines its per-element values: kept as they are, summed, or averaged
+    /// (a weighted average when the loss has weights or ignores some targets).
+    LossReduction { None => "none", Sum => "sum", Mean => "mean" }
+}
+
+attr_enum! {
+    /// Where `tensor_scatter` writes past the end of the cache axis: nowhere (an error) or
+    /// wrapping around to its start.
+    TensorScatterMode { Linear => "linear", Circular => "circular" }
+}
+
 /// Declares the op enum with its text-format names and the generic attribute view.
 macro_rules! define_ops {
     ($(
@@ -280,6 +309,9 @@ define_ops! {
     Attention "attention" {
         is_causal: bool, kv_num_heads: i64, q_num_heads: i64, qk_matmul_output_mode: i64,
         scale: Option<f32>, softcap: f32,
+        /// Attention-25 sliding window: a query at absolute position `p` sees keys
+        /// `p - left_window_size ..= p + right_window_size`; -1 leaves that side unbounded.
+        left_window_size: i64, right_window_size: i64,
     },
     /// Operands: x, cos_cache, sin_cache, position_ids?.
     RotaryEmbedding "rotary_embedding" { interleaved: bool, num_heads: i64, rotary_embedding_dim: i64 },
@@ -368,12 +400,129 @@ define_ops! {
     /// Operands: boxes, scores, max_output_boxes_per_class?, iou_threshold?, score_threshold?.
     NonMaxSuppression "non_max_suppression" { center_point_box: i64 },
 
+    // ---- losses ----
+    /// ONNX NegativeLogLikelihoodLoss. Operands: input [N, C, d...] (float), target
+    /// [N, d...] (i32 or i64), weight? [C]. `loss[n, d] = -input[n, target[n, d], d] *
+    /// weight[target[n, d]]` (weight 1 without the operand), 0 where the target equals
+    /// `ignore_index`. Output: the losses (shape of target) for `none`, else a scalar: their
+    /// sum, or for `mean` the sum divided by the sum of the weights applied.
+    NllLoss "nll_loss" { reduction: LossReduction, ignore_index: Option<i64> },
+    /// ONNX SoftmaxCrossEntropyLoss: `nll_loss` of the log-softmax of scores over axis 1.
+    /// Operands: scores [N, C, d...], labels [N, d...] (i32 or i64), weights? [C].
+    /// Outputs: loss (as `nll_loss`), log_prob? (the log-softmax, shape of scores).
+    SoftmaxCrossEntropy "softmax_cross_entropy" { reduction: LossReduction, ignore_index: Option<i64> },
+
+    // ---- miscellany ----
+    /// Operands: a, b (same shape and dtype, no broadcasting). `a * sigmoid(alpha * a) * b`.
+    SwiGlu "swiglu" { alpha: f32 },
+    /// Operand: x [..., M, M]. Output [...]: the determinant of each matrix.
+    Det "det",
+    /// Operands: x, shape (i32/i64 1-D, one size per axis of `axes`). Crops each axis in
+    /// `axes` to its size around the centre, or zero-pads it around the centre, as ONNX
+    /// CenterCropPad (an odd difference leaves the extra element at the end). `axes` are
+    /// non-negative; empty means every axis.
+    CenterCropPad "center_crop_pad" { axes: Vec<i64> },
+    /// Operands: input [N, C * prod(block_shape), L], image_shape (i64 [S]), block_shape
+    /// (i64 [S]). Output [N, C, image_shape...]: the sliding blocks summed back into the
+    /// image (the inverse of im2col). `pads` holds all begins then all ends; empty
+    /// `dilations`, `pads` or `strides` mean 1s, 0s and 1s.
+    Col2Im "col2im" { dilations: Vec<i64>, pads: Vec<i64>, strides: Vec<i64> },
+    /// Operands: theta [N, 2, 3] or [N, 3, 4], size (i64 [4]: N, C, H, W, or [5]: N, C, D,
+    /// H, W). Output [N, H, W, 2] or [N, D, H, W, 3]: theta applied to the normalised
+    /// coordinates (x, y[, z], 1) of each output point.
+    AffineGrid "affine_grid" { align_corners: bool },
+    /// Operands: past_cache, update, write_indices? (i64 [batch], zeros when absent).
+    /// Output: past_cache with `update` written along `axis` (non-negative; every other
+    /// dim equal) from `write_indices[b]` on, for every batch index b of axis 0.
+    TensorScatter "tensor_scatter" { axis: i64, mode: TensorScatterMode },
+
+    // ---- ai.onnx.ml ----
+    /// Operand: x (float or int). `x > threshold ? 1 : 0` in x's dtype.
+    Binarizer "binarizer" { threshold: f32 },
+    /// Operands: x, indices (i64; negative count from the end). Gathers along x's last
+    /// axis with the indices flattened: output [x.dims[..-1]..., len], or [1, len] for a
+    /// 1-D x.
+    ArrayFeatureExtractor "array_feature_extractor",
+    /// Operand: x (integer or float). Maps each element equal to `keys[i]` to `values[i]`
+    /// and every other element to `default`, whose dtype is the output's. The keys are
+    /// `int_keys` for integer x and `float_keys` for float x; the values `int_values` for an
+    /// integer output and `float_values` for a float one.
+    LabelEncoder "label_encoder" {
+        int_keys: Vec<i64>, float_keys: Vec<f64>, int_values: Vec<i64>, float_values: Vec<f64>,
+        default: Scalar,
+    },
+
     // ---- recurrent ----
     /// Operands: x, w, r, b?, sequence_lens?, initial_h?, (initial_c?, p? for lstm).
     /// Outputs: y?, y_h?, (y_c? for lstm).
     Lstm "lstm" { direction: RnnDirection, hidden_size: i64, layout: i64, input_forget: bool, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
     Gru "gru" { direction: RnnDirection, hidden_size: i64, layout: i64, linear_before_reset: bool, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
     Rnn "rnn" { direction: RnnDirection, hidden_size: i64, layout: i64, clip: Option<f32>, activations: Vec<i64>, activation_alpha: Vec<f32>, activation_beta: Vec<f32> },
+
+    // ---- signal processing ----
+    /// Operands: x [..., 1 or 2] (real, or complex as (re, im) in the last dim),
+    /// dft_length? (int scalar), axis? (int scalar, only when the `axis` attribute is
+    /// `None`; negative counts from the end of x's full rank). Transforms along `axis`
+    /// (never the last dim) after zero-padding or truncating it to dft_length. Forward:
+    /// output [..., 2], `onesided` keeps bins `0..=len/2`. Inverse (scaled by 1/len):
+    /// output [..., 2], or with `onesided` the one-sided spectrum's real signal [..., 1].
+    Dft "dft" { axis: Option<i64>, inverse: bool, onesided: bool },
+    /// Operands: signal [batch, len, 1 or 2], frame_step (int scalar), window? [frame_len],
+    /// frame_length? (int scalar). Output [batch, frames, bins, 2] with
+    /// `frames = 1 + (len - frame_len) / frame_step`.
+    Stft "stft" { onesided: bool },
+    /// Operand: size (int scalar). Output 1-D [size] of `dtype`; a `periodic` window has
+    /// period `size`, a symmetric one `size - 1`.
+    Window "window" { kind: WindowKind, periodic: bool, dtype: DType },
+    /// Operands: num_mel_bins, dft_length, sample_rate (int scalars), lower_edge_hertz,
+    /// upper_edge_hertz (float scalars). Output [dft_length / 2 + 1, num_mel_bins] of `dtype`.
+    MelWeightMatrix "mel_weight_matrix" { dtype: DType },
+
+    // ---- detection and deformable convolution ----
+    /// Operands: x [N, C, H, W], rois [R, 4] (x1, y1, x2, y2), batch_indices [R].
+    /// Output [R, C, output_height, output_width]. `half_pixel` shifts roi coordinates by
+    /// -0.5 (ONNX's `half_pixel` mode; opset 10 behaves as `output_half_pixel`).
+    RoiAlign "roi_align" {
+        mode: RoiPoolMode, half_pixel: bool, output_height: i64, output_width: i64,
+        sampling_ratio: i64, spatial_scale: f32,
+    },
+    /// Operands: x [N, C, H, W], w [M, C/group, kH, kW], offset [N, offset_group*kH*kW*2,
+    /// oH, oW], b? [M], mask? [N, offset_group*kH*kW, oH, oW]. 2-D only; `kernel_shape`
+    /// may be empty (taken from w); `pads` holds begins then ends.
+    DeformConv "deform_conv" {
+        kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
+        group: i64, offset_group: i64,
+    },
+
+    // ---- quantized contractions ----
+    /// Operands: a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point
+    /// (u8/i8; scales per tensor or per row of a / column of b). Output: y_zero_point's dtype.
+    QLinearMatMul "qlinear_matmul",
+    /// Operands: x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
+    /// b? (i32). Conv attributes as `conv`; w_scale and w_zero_point per tensor or per
+    /// output channel. Output: y_zero_point's dtype.
+    QLinearConv "qlinear_conv" {
+        kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
+        group: i64, auto_pad: AutoPad,
+    },
+
+    // ---- stateful sequence ops ----
+    /// ONNX LinearAttention. Operands: query [B, T, Hq*dk], key [B, T, Hkv*dk], value
+    /// [B, T, Hkv*dv], past_state? [B, Hkv, dk, dv], decay? [B, T, Hkv or Hkv*dk] (log
+    /// space; gated rules only), beta? [B, T, Hkv or 1] (delta rules only). Outputs:
+    /// output [B, T, Hq*dv], present_state [B, Hkv, dk, dv]. `scale` `None` is 1/sqrt(dk).
+    LinearAttention "linear_attention" {
+        q_num_heads: i64, kv_num_heads: i64, scale: Option<f32>, update_rule: LinearAttnRule,
+    },
+    /// Causal depthwise 1-D convolution with carried state. Operands: x [B, C, L],
+    /// w [C, 1, k], bias? [C], past_state? [B, C, k-1] (zeros when absent). Outputs:
+    /// y [B, C, L] (SiLU applied when `silu`), present_state [B, C, k-1] (the last k-1
+    /// positions of past_state ++ x).
+    CausalConvWithState "causal_conv_with_state" { silu: bool },
+
+    // ---- reinterpretation ----
+    /// Operand: x. Reinterprets each element's bytes as `to` (same element size).
+    BitCast "bit_cast" { to: DType },
 
     // ---- control flow (subgraphs capture outer values as explicit operands) ----
     /// Operands: cond, captures... The branches take the captures as inputs, in order.

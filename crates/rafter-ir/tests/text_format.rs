@@ -280,6 +280,8 @@ fn full_graph() -> Graph {
             qk_matmul_output_mode: 0,
             scale: None,
             softcap: 0.0,
+            left_window_size: -1,
+            right_window_size: -1,
         },
         vec![Some(x), Some(x), Some(x), None, None, None, None],
         vec![out("y", q.clone()), None, None, out("qk", q.clone())],
@@ -293,6 +295,8 @@ fn full_graph() -> Graph {
             qk_matmul_output_mode: 1,
             scale: Some(0.125),
             softcap: f32::INFINITY,
+            left_window_size: 3,
+            right_window_size: 0,
         },
         vec![att[0], att[0], att[0], Some(mask)],
         vec![out("y", q.clone())],
@@ -413,8 +417,8 @@ fn full_graph_round_trips() {
         "constant_of_shape{value = u64 18446744073709551615}",
         "constant_of_shape{value = bool true}",
         "constant_of_shape{value = f64 -inf}",
-        "softcap = 0.0}",
-        "scale = 0.125, softcap = inf}",
+        "softcap = 0.0, left_window_size = -1, right_window_size = -1}",
+        "scale = 0.125, softcap = inf, left_window_size = 3, right_window_size = 0}",
         "%y#",
         "cast{to = bf16}",
         "activation_alpha = [0.5, 1.0000000150474662e30, -0.0], activation_beta = []",
@@ -1046,6 +1050,11 @@ fn all_words() -> Vec<&'static str> {
     w.extend(GridSampleMode::ALL.iter().map(|x| x.word()));
     w.extend(GridPadding::ALL.iter().map(|x| x.word()));
     w.extend(RnnDirection::ALL.iter().map(|x| x.word()));
+    w.extend(WindowKind::ALL.iter().map(|x| x.word()));
+    w.extend(RoiPoolMode::ALL.iter().map(|x| x.word()));
+    w.extend(LinearAttnRule::ALL.iter().map(|x| x.word()));
+    w.extend(LossReduction::ALL.iter().map(|x| x.word()));
+    w.extend(TensorScatterMode::ALL.iter().map(|x| x.word()));
     w.sort();
     w.dedup();
     w

@@ -83,6 +83,26 @@ impl<'a, 'i, 'f> Cx<'a, 'i, 'f> {
         (0..n).map(|_| self.fresh()).collect()
     }
 
+    /// Runs `f` on a context whose operands are this one's at `picks`, in order (`None`
+    /// for an absent one): reuses a rule written for another operand layout.
+    pub fn with_operands<T>(
+        &mut self,
+        picks: &[Option<usize>],
+        f: impl FnOnce(&mut Cx<'_, 'i, '_>) -> T,
+    ) -> T {
+        let inputs: Vec<Option<InferInput<'i>>> = picks
+            .iter()
+            .map(|p| p.and_then(|i| self.input(i)))
+            .collect();
+        let mut sub = Cx {
+            op: self.op,
+            inputs: &inputs,
+            n_out: self.n_out,
+            fresh: &mut *self.fresh,
+        };
+        f(&mut sub)
+    }
+
     /// Number of operand positions (present or not).
     pub fn len(&self) -> usize {
         self.inputs.len()

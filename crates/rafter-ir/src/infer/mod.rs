@@ -24,9 +24,12 @@ mod arith;
 mod control;
 mod cx;
 mod elementwise;
+mod fused;
 mod linalg;
+mod misc;
 mod nn;
 mod shape;
+mod signal;
 #[cfg(test)]
 mod tests;
 
@@ -285,6 +288,74 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
         } => nn::resize(cx, axes, *keep_aspect_ratio_policy),
         Op::GridSample { .. } => nn::grid_sample(cx),
         Op::NonMaxSuppression { .. } => shape::non_max_suppression(cx),
+
+        Op::Dft {
+            axis,
+            inverse,
+            onesided,
+        } => signal::dft(cx, *axis, *inverse, *onesided),
+        Op::Stft { onesided } => signal::stft(cx, *onesided),
+        Op::Window { dtype, .. } => signal::window(cx, *dtype),
+        Op::MelWeightMatrix { dtype } => signal::mel_weight_matrix(cx, *dtype),
+        Op::RoiAlign {
+            output_height,
+            output_width,
+            ..
+        } => fused::roi_align(cx, *output_height, *output_width),
+        Op::DeformConv {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            offset_group,
+        } => fused::deform_conv(
+            cx,
+            &fused::deform_attrs(kernel_shape, strides, pads, dilations, *group),
+            *offset_group,
+        ),
+        Op::QLinearMatMul => fused::qlinear_matmul(cx),
+        Op::QLinearConv {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        } => fused::qlinear_conv(
+            cx,
+            &nn::ConvAttrs {
+                kernel_shape,
+                strides,
+                pads,
+                dilations,
+                group: *group,
+                auto_pad: *auto_pad,
+            },
+        ),
+        Op::LinearAttention {
+            q_num_heads,
+            kv_num_heads,
+            ..
+        } => fused::linear_attention(cx, *q_num_heads, *kv_num_heads),
+        Op::CausalConvWithState { .. } => fused::causal_conv_with_state(cx),
+        Op::BitCast { to } => fused::bit_cast(cx, *to),
+
+        Op::NllLoss { reduction, .. } => misc::loss(cx, *reduction, false),
+        Op::SoftmaxCrossEntropy { reduction, .. } => misc::loss(cx, *reduction, true),
+        Op::SwiGlu { .. } => misc::swiglu(cx),
+        Op::Det => misc::det(cx),
+        Op::CenterCropPad { axes } => misc::center_crop_pad(cx, axes),
+        Op::Col2Im {
+            dilations,
+            pads,
+            strides,
+        } => misc::col2im(cx, dilations, pads, strides),
+        Op::AffineGrid { .. } => misc::affine_grid(cx),
+        Op::TensorScatter { axis, .. } => misc::tensor_scatter(cx, *axis),
+        Op::Binarizer { .. } => misc::binarizer(cx),
+        Op::ArrayFeatureExtractor => misc::array_feature_extractor(cx),
+        Op::LabelEncoder { default, .. } => misc::label_encoder(cx, default),
 
         Op::Lstm {
             direction,

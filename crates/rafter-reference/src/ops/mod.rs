@@ -7,15 +7,23 @@
 use crate::Tensor;
 use rafter_ir::{Graph, Node, Op};
 
+pub mod bitcast;
 pub mod broadcast;
 pub mod contraction;
 pub mod control;
 pub mod data;
+pub mod detection;
 pub mod elementwise;
+mod fft;
 pub mod image;
+pub mod loss;
+pub mod misc;
 pub mod normalize;
+pub mod qlinear;
 pub mod recurrent;
 pub mod reduce;
+pub mod signal;
+pub mod stateful;
 
 /// Why an op could not be evaluated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,7 +163,24 @@ pub fn eval(
         Resize { .. } | GridSample { .. } | NonMaxSuppression { .. } => {
             image::eval(op, inputs, ctx)
         }
+        NllLoss { .. } | SoftmaxCrossEntropy { .. } => loss::eval(op, inputs, ctx),
+        SwiGlu { .. }
+        | Det
+        | CenterCropPad { .. }
+        | Col2Im { .. }
+        | AffineGrid { .. }
+        | TensorScatter { .. }
+        | Binarizer { .. }
+        | ArrayFeatureExtractor
+        | LabelEncoder { .. } => misc::eval(op, inputs, ctx),
         Lstm { .. } | Gru { .. } | Rnn { .. } => recurrent::eval(op, inputs, ctx),
         If { .. } | Loop { .. } | Scan { .. } => control::eval(op, inputs, ctx),
+        Dft { .. } | Stft { .. } | Window { .. } | MelWeightMatrix { .. } => {
+            signal::eval(op, inputs, ctx)
+        }
+        RoiAlign { .. } | DeformConv { .. } => detection::eval(op, inputs, ctx),
+        QLinearMatMul | QLinearConv { .. } => qlinear::eval(op, inputs, ctx),
+        LinearAttention { .. } | CausalConvWithState { .. } => stateful::eval(op, inputs, ctx),
+        BitCast { .. } => bitcast::eval(op, inputs, ctx),
     }
 }

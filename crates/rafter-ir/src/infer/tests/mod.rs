@@ -3,6 +3,7 @@
 mod bert;
 mod control;
 mod elementwise;
+mod misc;
 mod nn;
 mod robustness;
 mod shape_ops;

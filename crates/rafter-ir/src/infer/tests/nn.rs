@@ -726,6 +726,8 @@ fn attention(q_heads: i64, kv_heads: i64) -> Op {
         qk_matmul_output_mode: 0,
         scale: None,
         softcap: 0.0,
+        left_window_size: -1,
+        right_window_size: -1,
     }
 }
 

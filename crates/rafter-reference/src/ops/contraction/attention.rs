@@ -1,4 +1,4 @@
-//! ONNX Attention (opset 23/24) and RotaryEmbedding.
+//! ONNX Attention (opset 23 to 25, with 25's sliding window) and RotaryEmbedding.
 //!
 //! Intermediates are rounded to the operand dtype at the points where ONNX's reference
 //! stores them, so f16/bf16 results track it closely.
@@ -61,6 +61,8 @@ fn attention_t<T: Real>(
         qk_matmul_output_mode,
         scale,
         softcap,
+        left_window_size,
+        right_window_size,
     } = op
     else {
         return unsupported("not an attention op");
@@ -151,6 +153,26 @@ fn attention_t<T: Real>(
             for i in 0..sq {
                 for j in 0..l {
                     if j as i64 > i as i64 + off {
+                        bias.slice_mut(s![bi, .., i, j]).fill(neg);
+                    }
+                }
+            }
+        }
+    }
+    if *left_window_size >= 0 || *right_window_size >= 0 {
+        // The sliding window, aligned like the causal frontier: a query at absolute
+        // position `i + off` sees keys `j` with `-right <= i + off - j <= left`.
+        for bi in 0..b {
+            let off = match (&nonpad, pk) {
+                (Some(np), None) => np[bi] - sq as i64,
+                _ => past_len as i64,
+            };
+            for i in 0..sq {
+                for j in 0..l {
+                    let diff = i as i64 + off - j as i64;
+                    if (*left_window_size >= 0 && diff > *left_window_size)
+                        || (*right_window_size >= 0 && -diff > *right_window_size)
+                    {
                         bias.slice_mut(s![bi, .., i, j]).fill(neg);
                     }
                 }

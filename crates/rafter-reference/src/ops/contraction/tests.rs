@@ -498,6 +498,8 @@ fn attention_small() {
         qk_matmul_output_mode: 0,
         scale: None,
         softcap: 0.0,
+        left_window_size: -1,
+        right_window_size: -1,
     };
     let a = (1.0f64 / 2f64.sqrt()).exp();
     let (p0, p1) = (a / (a + 1.), 1. / (a + 1.));
@@ -528,6 +530,42 @@ fn attention_small() {
     }
     let y = run1(o, &[&q3, &k3, &v3, &m]);
     close(&y, &[1, 1, 2], &[3., 4.]);
+}
+
+#[test]
+fn attention_sliding_window() {
+    // Zero queries and keys give uniform weights over the keys a window lets through;
+    // v = [1, 2, 3] so each output is the mean of the visible values.
+    let q = f(&[1, 1, 3, 1], &[0., 0., 0.]);
+    let v = f(&[1, 1, 3, 1], &[1., 2., 3.]);
+    let op = |left, right| Op::Attention {
+        is_causal: false,
+        kv_num_heads: 0,
+        q_num_heads: 0,
+        qk_matmul_output_mode: 0,
+        scale: None,
+        softcap: 0.0,
+        left_window_size: left,
+        right_window_size: right,
+    };
+    // Keys at or after the query: means of [1, 2, 3], [2, 3], [3].
+    close(
+        &run1(op(0, -1), &[&q, &q, &v]),
+        &[1, 1, 3, 1],
+        &[2., 2.5, 3.],
+    );
+    // Keys at or before it: [1], [1, 2], [1, 2, 3].
+    close(
+        &run1(op(-1, 0), &[&q, &q, &v]),
+        &[1, 1, 3, 1],
+        &[1., 1.5, 2.],
+    );
+    // One key either side: [1, 2], [1, 2, 3], [2, 3].
+    close(
+        &run1(op(1, 1), &[&q, &q, &v]),
+        &[1, 1, 3, 1],
+        &[1.5, 2., 2.5],
+    );
 }
 
 #[test]
