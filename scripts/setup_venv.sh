@@ -2,8 +2,9 @@
 # Create (or reuse) the project's Python venv at .venv/ (git-ignored).
 #
 #   scripts/setup_venv.sh          base: onnx + numpy (enough for the conformance data)
-#   scripts/setup_venv.sh --full   also onnxruntime + torch (only to regenerate
-#                                  tests/fixtures/ with scripts/gen_fixtures.py; never in CI)
+#   scripts/setup_venv.sh --full   also onnxruntime, torch, torchvision, transformers (only
+#                                  to regenerate tests/fixtures/ with scripts/gen_fixtures.py
+#                                  and .cache/models/ with scripts/export_models.py; never in CI)
 #
 # Idempotent: an existing .venv is reused, and pip runs only if a pinned package
 # is missing or at another version. Set PYTHON to choose the interpreter
@@ -19,13 +20,15 @@ VENV=$ROOT/.venv
 BASE_PKGS=(onnx==1.23.2 numpy==2.4.6 protobuf==7.36.2 ml_dtypes==0.6.0)
 # onnxruntime: newest on PyPI with a cp311 wheel when pinned. torch: PyPI's
 # default linux wheel (CUDA-enabled, large; the CPU path is all we use).
-FULL_PKGS=(onnxruntime==1.32.0 torch==2.15.0)
+# torchvision/transformers: the model definitions for scripts/export_models.py
+# (random init, no weights downloaded).
+FULL_PKGS=(onnxruntime==1.32.0 torch==2.15.0 torchvision==0.29.2 transformers==5.23.0)
 
 full=0
 for arg in "$@"; do
   case "$arg" in
     --full) full=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "setup_venv.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
