@@ -170,6 +170,9 @@ impl ImportError {
             ImportError::UnsupportedOp { .. }
             | ImportError::UnsupportedOpset { .. }
             | ImportError::UnsupportedInput { .. } => true,
+            ImportError::Shape { msg, .. } => {
+                msg.starts_with(rafter_ir::infer::DATA_DEPENDENT_RANK)
+            }
             ImportError::Tensor { source, .. } => matches!(
                 **source,
                 rafter_onnx_proto::ProtoError::StringTensor { .. }

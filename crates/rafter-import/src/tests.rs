@@ -473,10 +473,10 @@ fn foreign_domains_are_unsupported() {
 
 #[test]
 fn opset_range_is_checked() {
-    let e = import_real(&unary_model("Relu", 6, vec![])).unwrap_err();
+    let e = import_real(&unary_model("Relu", 0, vec![])).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "t.onnx: opset 6 is older than the oldest supported (7)"
+        "t.onnx: opset 0 is older than the oldest supported (1)"
     );
     let e = import_real(&unary_model("Relu", 29, vec![])).unwrap_err();
     assert_eq!(
@@ -1065,7 +1065,10 @@ fn pad2_and_clip6_attributes_become_operands() {
     );
     let min = g.values.iter().find(|v| v.name == "n/min").unwrap();
     assert_eq!(min.ty.to_string(), "f32[]");
+    // Clip-6..10 default a missing bound to the f32 range; Clip-1 leaves it open.
     let g = ok(&unary_model("Clip", 9, vec![af("max", 6.0)]));
+    assert_eq!(ops(&g)[0].1, ["x", "n/min", "n/max"]);
+    let g = ok(&unary_model("Clip", 1, vec![af("max", 6.0)]));
     assert_eq!(ops(&g)[0].1, ["x", "", "n/max"]);
 }
 
@@ -1770,10 +1773,10 @@ fn check_support_lists_everything() {
     );
     assert_eq!(found[3].graph, "g/if/then_branch");
     let mut old = m.clone();
-    old.opset_import[0].version = 6;
+    old.opset_import[0].version = 0;
     assert_eq!(
         check_support(&old)[0].to_string(),
-        "opset 6 is older than the oldest supported (7)"
+        "opset 0 is older than the oldest supported (1)"
     );
     assert!(check_support(&unary_model("Relu", 17, vec![])).is_empty());
 }

@@ -135,6 +135,19 @@ pub(super) fn if_(cx: &mut Cx<'_, '_, '_>, then_g: &Graph, else_g: &Graph) -> R 
             .collect();
         branches.push(res);
     }
+    // A condition known at import (shape arithmetic, as in ONNX function expansions that
+    // branch on an input's rank) selects one branch: the result is typed by it alone, so
+    // branches may even differ in rank.
+    if let Some([c]) = cx.ints(0).as_deref() {
+        let taken = &branches[usize::from(*c == 0)];
+        return Ok(taken
+            .iter()
+            .map(|(t, dims)| {
+                let dims = dims.iter().map(|d| d.clone().unwrap_or_else(|| cx.fresh()));
+                Res::new(t.dtype, dims.collect())
+            })
+            .collect());
+    }
     let (t, e) = (&branches[0], &branches[1]);
     if t.len() != e.len() {
         return Err(format!(
@@ -145,9 +158,15 @@ pub(super) fn if_(cx: &mut Cx<'_, '_, '_>, then_g: &Graph, else_g: &Graph) -> R 
     }
     let mut out = Vec::with_capacity(t.len());
     for (i, ((ta, da), (tb, db))) in t.iter().zip(e).enumerate() {
-        if ta.dtype != tb.dtype || ta.rank() != tb.rank() {
+        if ta.dtype != tb.dtype {
             return Err(format!(
                 "result {i} is {ta} in the then branch but {tb} in the else branch"
+            ));
+        }
+        if ta.rank() != tb.rank() {
+            return Err(format!(
+                "{}: result {i} is {ta} in the then branch but {tb} in the else branch",
+                super::DATA_DEPENDENT_RANK
             ));
         }
         let dims = da

@@ -19,8 +19,15 @@
 //! - Malformed nodes (bad axes, rank mismatches, incompatible broadcasts, negative dims,
 //!   missing operands) give an `Err` naming the problem; inference never panics, and
 //!   arithmetic that would overflow `i64` is an error too.
+//! - A result whose *rank* would depend on run-time values (squeeze without axes of a
+//!   data-dependent dim, If branches of different ranks) cannot be typed in this IR, whose
+//!   ranks are static; such errors start with [`DATA_DEPENDENT_RANK`] so that importers can
+//!   report them as unsupported models rather than malformed ones.
 
 mod arith;
+
+/// Prefix of inference errors for results whose rank depends on run-time values.
+pub const DATA_DEPENDENT_RANK: &str = "data-dependent rank";
 mod control;
 mod cx;
 mod elementwise;

@@ -189,7 +189,8 @@ pub(super) fn squeeze(cx: &mut Cx<'_, '_, '_>, ax: &[i64]) -> R {
                 Some(_) => dims.push(d.clone()),
                 None => {
                     return Err(format!(
-                        "squeeze without axes: dim {i} is symbolic ({d}), so whether it is 1 is unknown"
+                        "{}: squeeze without axes: dim {i} is symbolic ({d}), so whether it is 1 is unknown",
+                        super::DATA_DEPENDENT_RANK
                     ))
                 }
             }

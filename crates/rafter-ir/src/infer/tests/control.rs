@@ -84,6 +84,28 @@ fn if_branches() {
 }
 
 #[test]
+fn if_with_a_known_condition_is_typed_by_the_taken_branch() {
+    let cap = [ty(DType::F32, &["m"])];
+    let then_g = graph("then", &cap, &[ty(DType::F32, &[])]);
+    let else_g = graph("else", &cap, &[ty(DType::F32, &["m"])]);
+    let op = Op::If {
+        then_branch: then_g,
+        else_branch: else_g,
+    };
+    let x = In::f32(&["seq"]);
+    let known = |v: bool| In {
+        ty: ty(DType::Bool, &[]),
+        sym: Some(vec![Dim::known(v as i64)]),
+        konst: None,
+    };
+    assert_eq!(shapes(&op, &[&known(true), &x], 1), ["f32[]"]);
+    assert_eq!(shapes(&op, &[&known(false), &x], 1), ["f32[seq]"]);
+    // Unknown at import: the rank would depend on run-time data.
+    let e = err_all(&op, &[&In::t(DType::Bool, &[]), &x], 1);
+    assert!(e.starts_with(crate::infer::DATA_DEPENDENT_RANK), "{e}");
+}
+
+#[test]
 fn loops() {
     let body_ins = [
         ty(DType::I64, &[]),
