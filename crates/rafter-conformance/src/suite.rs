@@ -110,7 +110,7 @@ fn read_tolerance(dir: &Path) -> Result<Tolerance, String> {
             .trim_start_matches(':')
             .trim_start();
         let end = rest
-            .find(|c: char| c == ',' || c == '}')
+            .find([',', '}'])
             .unwrap_or(rest.len());
         rest[..end]
             .trim()
