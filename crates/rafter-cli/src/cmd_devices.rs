@@ -5,7 +5,7 @@
 //! failing the command. Adding a backend (Vulkan) is one more probe.
 
 use anyhow::Result;
-use rafter_hal::{Device, DeviceInfo, MemoryKind};
+use rafter_hal::{Device, DeviceInfo, DeviceKind, MemoryKind};
 use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions};
 use std::process::ExitCode;
 
@@ -61,7 +61,7 @@ fn probe_cpu() -> Result<Vec<DeviceReport>, String> {
     ];
     fields.extend(common_fields(info));
     Ok(vec![DeviceReport {
-        title: format!("{}: {}", info.name, info.kind_word()),
+        title: format!("{}: {}", info.name, kind_words(info)),
         fields,
     }])
 }
@@ -84,18 +84,12 @@ fn common_fields(info: &DeviceInfo) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Helpers on [`DeviceInfo`] for printing.
-trait InfoWords {
-    fn kind_word(&self) -> String;
-}
-
-impl InfoWords for DeviceInfo {
-    fn kind_word(&self) -> String {
-        match &self.kind {
-            rafter_hal::DeviceKind::Cpu => "CPU device".into(),
-            rafter_hal::DeviceKind::Vulkan => "Vulkan device".into(),
-            rafter_hal::DeviceKind::Other(driver) => format!("{driver} device"),
-        }
+/// `CPU device`, `Vulkan device`, `<driver> device`.
+fn kind_words(info: &DeviceInfo) -> String {
+    match &info.kind {
+        DeviceKind::Cpu => "CPU device".into(),
+        DeviceKind::Vulkan => "Vulkan device".into(),
+        DeviceKind::Other(driver) => format!("{driver} device"),
     }
 }
 

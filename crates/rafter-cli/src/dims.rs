@@ -1,9 +1,9 @@
 //! `--dim` arguments: a symbol's value (`seq=128`) or its upper bound (`seq<=2048`).
 //!
 //! `run` binds values (the shapes of random inputs); `compile` and `plan` declare bounds,
-//! which the memory planner sizes arenas for. Both commands take both spellings, so one
-//! `--dim` list can be reused: to `compile`, `seq=128` is the bound 128; to `run`,
-//! `seq<=64` is only allowed with a compiled path and is checked against the program.
+//! which the memory planner sizes arenas for. Every command takes both spellings, so one
+//! `--dim` list can be reused: to `compile`, `seq=128` is the bound 128; to `run --compiled`,
+//! `seq<=64` is a bound to compile for (the reference executor and artifacts reject it).
 
 use anyhow::{anyhow, bail, Result};
 use rafter_ir::Symbol;
