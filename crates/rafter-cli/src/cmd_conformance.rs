@@ -1,7 +1,7 @@
 //! `rafter conformance`: ONNX's backend test suite.
 
 use anyhow::{bail, Context, Result};
-use rafter_conformance::{discover, run_suite, ExpectedFailures, Outcome, SuiteOptions};
+use rafter_conformance::{discover, run_suite, Backend, ExpectedFailures, Outcome, SuiteOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -26,6 +26,10 @@ pub struct ConformanceArgs {
     /// Print each test's time.
     #[arg(long)]
     timings: bool,
+    /// Run each test through the compiler, an artifact and the runtime (compile, write the
+    /// artifact to memory, reopen it, run a session) instead of the reference executor.
+    #[arg(long)]
+    compiled: bool,
 }
 
 pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
@@ -37,11 +41,17 @@ pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
         .or_else(|| std::env::var_os("RAFTER_CONFORMANCE_DIR").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(".cache/onnx-conformance"));
     let cases = discover(&dir, args.filter.as_deref()).map_err(anyhow::Error::msg)?;
+    let backend = if args.compiled {
+        Backend::Compiled
+    } else {
+        Backend::Reference
+    };
     let results = run_suite(
         &cases,
         &SuiteOptions {
             filter: None,
             threads: args.threads,
+            backend,
         },
     );
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -66,12 +76,19 @@ pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
         }
     }
     if let Some(path) = args.write_expected {
-        let header = "# Expected failures of `rafter conformance --device cpu` (onnx 1.23.2 backend suite).\n\
-                      # One test per line with its reason. This list may only shrink: the test suite fails\n\
-                      # when a test outside it fails or a test on it passes.\n";
-        std::fs::write(&path, list.render(header))
+        let command = match backend {
+            Backend::Reference => "rafter conformance --device cpu",
+            Backend::Compiled => "rafter conformance --device cpu --compiled",
+        };
+        let header = format!(
+            "# Expected failures of `{command}` (onnx 1.23.2 backend suite).\n\
+             # One test per line with its reason. This list may only shrink: the test suite fails\n\
+             # when a test outside it fails or a test on it passes.\n"
+        );
+        std::fs::write(&path, list.render(&header))
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    println!("path: {}", backend.word());
     println!("conformance: {passed} passed, {failed} failed, {skipped} skipped");
     Ok(if failed == 0 {
         ExitCode::SUCCESS

@@ -1,21 +1,36 @@
 //! `rafter run`: one call of a model on the CPU.
+//!
+//! The model is an artifact (detected by its magic bytes), run by the runtime; or an ONNX
+//! model, run by the reference executor, or (`--compiled`, `--trace`) compiled in memory
+//! and run by the runtime. Inputs, outputs and flags are the same on every path.
 
+use crate::dims::{self, DimSpec};
+use crate::model::{self, FileKind};
+use crate::progress::Steps;
 use anyhow::{anyhow, bail, Context, Result};
-use rafter_ir::{DType, Graph, Symbol};
+use rafter_ir::program::{Port, Program};
+use rafter_ir::{DType, Graph};
 use rafter_reference::npy;
 use rafter_reference::{Bindings, Tensor};
+use rafter_runtime::{ChromeTrace, CpuDeviceOptions, DeviceSet, Session};
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The built-in demo model: a 2-layer BERT-like encoder exported from PyTorch with dynamic
 /// `batch` and `seq` (see tests/fixtures/bert_tiny/README.md).
 const DEMO_MODEL: &[u8] = include_bytes!("../../../tests/fixtures/bert_tiny/model.onnx");
 
+/// How long one call may run before `run` gives up on it: far beyond any model this CLI
+/// runs, so it only ends a call the runtime failed to complete.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3600);
+
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// The model (.onnx). Omit it to run the built-in demo encoder.
+    /// The model: an ONNX file or a compiled artifact (told apart by content, not by
+    /// extension). Omit it to run the built-in demo encoder.
     model: Option<PathBuf>,
     /// Device to run on.
     #[arg(long, default_value = "cpu")]
@@ -23,7 +38,8 @@ pub struct RunArgs {
     /// An input as NAME=FILE.npy; repeat for several. Inputs not given are random.
     #[arg(long = "input", value_name = "NAME=FILE")]
     inputs: Vec<String>,
-    /// A symbolic dim's value as SYMBOL=N (e.g. --dim seq=128), for random inputs.
+    /// A symbolic dim's value as SYMBOL=N (e.g. --dim seq=128), for random inputs. With
+    /// --compiled, SYMBOL<=N declares a bound to compile for.
     #[arg(long = "dim", value_name = "SYMBOL=N")]
     dims: Vec<String>,
     /// Seed of the random inputs (default: from the clock; always printed).
@@ -32,48 +48,185 @@ pub struct RunArgs {
     /// Write each output to DIR/NAME.npy.
     #[arg(long, value_name = "DIR")]
     output_dir: Option<PathBuf>,
+    /// Run an ONNX model through the compiler and the runtime (in memory) instead of the
+    /// reference executor. Artifacts always run on the runtime.
+    #[arg(long)]
+    compiled: bool,
+    /// Write a Chrome trace of the call (one track per device queue, one slice per
+    /// dispatch) to FILE; open it in ui.perfetto.dev. Implies --compiled.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+/// What runs the call.
+enum Executor {
+    /// The reference executor over the imported graph.
+    Reference(Graph),
+    /// The runtime over a compiled program.
+    Runtime(Program),
+}
+
+impl Executor {
+    fn inputs(&self) -> Vec<Port> {
+        match self {
+            Executor::Reference(g) => ports(g, &g.inputs),
+            Executor::Runtime(p) => p.inputs.clone(),
+        }
+    }
+
+    fn output_names(&self) -> Vec<String> {
+        match self {
+            Executor::Reference(g) => ports(g, &g.outputs).into_iter().map(|p| p.name).collect(),
+            Executor::Runtime(p) => p.outputs.iter().map(|o| o.name.clone()).collect(),
+        }
+    }
+}
+
+fn ports(g: &Graph, ids: &[rafter_ir::ValueId]) -> Vec<Port> {
+    ids.iter()
+        .map(|&id| Port {
+            name: g.value(id).name.clone(),
+            ty: g.value(id).ty.clone(),
+        })
+        .collect()
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     if args.device != "cpu" {
         bail!("unknown device `{}` (available: cpu)", args.device);
     }
-    let (graph, mut dims) = match &args.model {
-        Some(path) => (rafter_import::import_onnx_file(path)?.graph, Vec::new()),
+    let mut dims = Vec::new();
+    let source = match &args.model {
+        Some(path) => Source::File(path.clone()),
         None => {
             println!(
                 "no model given: running the built-in demo encoder (tests/fixtures/bert_tiny)"
             );
-            let imported =
-                rafter_import::import_onnx_bytes(bytes_static(), None, "built-in demo model")?;
-            (
-                imported.graph,
-                vec!["batch=1".to_string(), "seq=8".to_string()],
-            )
+            dims.extend(["batch=1".to_string(), "seq=8".to_string()]);
+            Source::Demo
         }
     };
     dims.extend(args.dims.iter().cloned());
-    let mut bindings = Bindings::with(parse_dims(&dims)?);
-    let inputs = gather_inputs(&graph, &args.inputs, &mut bindings, args.seed)?;
-    let start = Instant::now();
-    let outputs = rafter_reference::run_with(&graph, inputs, &mut bindings)?;
+    let specs = dims::parse_dims(&dims)?;
+    let use_runtime = args.compiled || args.trace.is_some();
+    let executor = load(&source, use_runtime, &specs)?;
+    let values: Vec<DimSpec> = specs.into_iter().filter(|s| !s.is_bound).collect();
+    let mut bindings = Bindings::with(dims::values_only(&values)?);
+    let inputs = gather_inputs(&executor.inputs(), &args.inputs, &mut bindings, args.seed)?;
+    let names = executor.output_names();
+    let outputs = match executor {
+        Executor::Reference(graph) => run_reference(&graph, inputs, &mut bindings)?,
+        Executor::Runtime(program) => run_runtime(program, inputs, args.trace.as_deref())?,
+    };
+    write_outputs(&names, &outputs, args.output_dir.as_deref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where the model comes from.
+enum Source {
+    File(PathBuf),
+    Demo,
+}
+
+/// The executor for `source`: an artifact's program; an ONNX model's graph, or its program
+/// compiled now when `use_runtime` (with the bounds among `specs`).
+fn load(source: &Source, use_runtime: bool, specs: &[DimSpec]) -> Result<Executor> {
+    let bound_specs: Vec<DimSpec> = specs.iter().filter(|s| s.is_bound).cloned().collect();
+    let graph = match source {
+        Source::File(path) if model::file_kind(path)? == FileKind::Artifact => {
+            if let Some(b) = bound_specs.first() {
+                bail!(
+                    "--dim {}<={}: an artifact's bounds were fixed when it was compiled",
+                    b.symbol.name(),
+                    b.value
+                );
+            }
+            let artifact = model::open_artifact(path)?;
+            return Ok(Executor::Runtime(artifact.into_program()));
+        }
+        Source::File(path) => rafter_import::import_onnx_file(path)?.graph,
+        Source::Demo => {
+            rafter_import::import_onnx_bytes(bytes_static(), None, "built-in demo model")?.graph
+        }
+    };
+    if !use_runtime {
+        dims::values_only(&bound_specs)?;
+        return Ok(Executor::Reference(graph));
+    }
+    let steps = Steps::new(model::COMPILER_STAGES);
+    let program = model::compile(
+        &graph,
+        rafter_opt::Target::Cpu,
+        dims::bounds(&bound_specs),
+        &steps,
+    )?;
+    let elapsed = steps.finish();
     println!(
-        "ran in {:.2} ms on cpu (reference executor)",
-        start.elapsed().as_secs_f64() * 1e3
+        "compiled in {} ({} kernels)",
+        model::human_time(elapsed),
+        program.kernels.len()
     );
-    if let Some(dir) = &args.output_dir {
+    Ok(Executor::Runtime(program))
+}
+
+fn run_reference(
+    graph: &Graph,
+    inputs: Vec<Tensor>,
+    bindings: &mut Bindings,
+) -> Result<Vec<Tensor>> {
+    let start = Instant::now();
+    let outputs = rafter_reference::run_with(graph, inputs, bindings)?;
+    println!(
+        "ran in {} on cpu (reference executor)",
+        model::human_time(start.elapsed())
+    );
+    Ok(outputs)
+}
+
+/// One call on the runtime's CPU device, traced into `trace` when given.
+fn run_runtime(program: Program, inputs: Vec<Tensor>, trace: Option<&Path>) -> Result<Vec<Tensor>> {
+    let sink = trace.map(|_| Arc::new(ChromeTrace::new()));
+    let devices = DeviceSet::cpu_with(CpuDeviceOptions {
+        trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
+        ..CpuDeviceOptions::default()
+    })?;
+    let kernels = program.kernels.len();
+    let session = Session::new(program, &devices)?;
+    let start = Instant::now();
+    let outputs = session.run(inputs, CALL_TIMEOUT)?;
+    println!(
+        "ran in {} on cpu (runtime, {kernels} kernels)",
+        model::human_time(start.elapsed())
+    );
+    if let (Some(path), Some(sink)) = (trace, sink) {
+        sink.write(path)?;
+        let dispatches = sink
+            .events()
+            .iter()
+            .filter(|e| e.kind == rafter_hal::TraceKind::Dispatch)
+            .count();
+        println!(
+            "wrote trace {} ({dispatches} dispatch slices)",
+            path.display()
+        );
+    }
+    Ok(outputs)
+}
+
+/// Prints each output's summary, and writes it to `dir/NAME.npy` when `dir` is given.
+fn write_outputs(names: &[String], outputs: &[Tensor], dir: Option<&Path>) -> Result<()> {
+    if let Some(dir) = dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    for (&id, t) in graph.outputs.iter().zip(&outputs) {
-        let name = &graph.value(id).name;
+    for (name, t) in names.iter().zip(outputs) {
         println!("output {name}: {}", summary(t));
-        if let Some(dir) = &args.output_dir {
+        if let Some(dir) = dir {
             let path = dir.join(format!("{}.npy", file_stem(name)));
             npy::write_npy(&path, t).with_context(|| format!("writing {}", path.display()))?;
             println!("  wrote {}", path.display());
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn bytes_static() -> rafter_onnx_proto::Bytes {
@@ -93,39 +246,15 @@ pub fn file_stem(name: &str) -> String {
         .collect()
 }
 
-fn parse_dims(dims: &[String]) -> Result<Vec<(Symbol, i64)>> {
-    dims.iter()
-        .map(|d| {
-            let (k, v) = d
-                .split_once('=')
-                .ok_or_else(|| anyhow!("--dim `{d}`: expected SYMBOL=N"))?;
-            if !rafter_ir::is_identifier(k) {
-                bail!("--dim `{d}`: `{k}` is not a symbol name");
-            }
-            let n: i64 = v
-                .parse()
-                .map_err(|_| anyhow!("--dim `{d}`: `{v}` is not an integer"))?;
-            if n < 0 {
-                bail!("--dim `{d}`: dims cannot be negative");
-            }
-            Ok((Symbol::new(k), n))
-        })
-        .collect()
-}
-
-/// The graph's inputs in order: from files where given (binding their symbols first), the
+/// The model's inputs in order: from files where given (binding their symbols first), the
 /// rest random with shapes from the bound symbols.
 fn gather_inputs(
-    graph: &Graph,
+    ports: &[Port],
     given: &[String],
     bindings: &mut Bindings,
     seed: Option<u64>,
 ) -> Result<Vec<Tensor>> {
-    let names: Vec<&str> = graph
-        .inputs
-        .iter()
-        .map(|&id| graph.value(id).name.as_str())
-        .collect();
+    let names: Vec<&str> = ports.iter().map(|p| p.name.as_str()).collect();
     let mut slots: Vec<Option<Tensor>> = vec![None; names.len()];
     for spec in given {
         let (name, file) = spec
@@ -138,7 +267,7 @@ fn gather_inputs(
             )
         })?;
         let t = npy::read_npy(Path::new(file))?;
-        let ty = &graph.value(graph.inputs[pos]).ty;
+        let ty = &ports[pos].ty;
         bindings
             .check(ty, &t, &format!("input `{name}` ({file})"))
             .map_err(anyhow::Error::msg)?;
@@ -155,7 +284,7 @@ fn gather_inputs(
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         for (pos, slot) in slots.iter_mut().enumerate() {
             if slot.is_none() {
-                *slot = Some(random_input(graph, pos, bindings, &mut rng)?);
+                *slot = Some(random_input(&ports[pos], bindings, &mut rng)?);
             }
         }
     }
@@ -165,13 +294,7 @@ fn gather_inputs(
         .collect())
 }
 
-fn random_input(
-    graph: &Graph,
-    pos: usize,
-    bindings: &Bindings,
-    rng: &mut impl Rng,
-) -> Result<Tensor> {
-    let v = graph.value(graph.inputs[pos]);
+fn random_input(v: &Port, bindings: &Bindings, rng: &mut impl Rng) -> Result<Tensor> {
     let env = bindings.as_map();
     let dims: Vec<usize> = v
         .ty
@@ -247,19 +370,5 @@ mod tests {
     fn output_file_names() {
         assert_eq!(file_stem("last_hidden_state"), "last_hidden_state");
         assert_eq!(file_stem("onnx::Add/12 x"), "onnx__Add_12_x");
-    }
-
-    #[test]
-    fn dims_parse_and_reject() {
-        assert_eq!(
-            parse_dims(&["seq=128".into()]).unwrap(),
-            vec![(Symbol::new("seq"), 128)]
-        );
-        assert!(parse_dims(&["seq".into()])
-            .unwrap_err()
-            .to_string()
-            .contains("SYMBOL=N"));
-        assert!(parse_dims(&["seq=-1".into()]).is_err());
-        assert!(parse_dims(&["2x=1".into()]).is_err());
     }
 }

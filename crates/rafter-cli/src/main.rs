@@ -1,8 +1,14 @@
-//! `rafter`: run, inspect and conformance-test models from the command line.
+//! `rafter`: compile, run, plan, inspect and conformance-test models from the command line.
 
+mod cmd_compile;
 mod cmd_conformance;
+mod cmd_devices;
 mod cmd_inspect;
+mod cmd_plan;
 mod cmd_run;
+mod dims;
+mod model;
+mod progress;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -21,9 +27,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a model on inputs from .npy files (random inputs when none are given).
-    /// Without a model, runs the built-in demo: a small BERT-like encoder.
+    /// Compile an ONNX model into one artifact (.rfa) that `rafter run` loads directly.
+    Compile(cmd_compile::CompileArgs),
+    /// Run a model (ONNX or artifact) on inputs from .npy files (random inputs when none
+    /// are given). Without a model, runs the built-in demo: a small BERT-like encoder.
     Run(cmd_run::RunArgs),
+    /// Show a compiled program: kernels with their fused ops, buffers, weights and each
+    /// device's planned memory.
+    Plan(cmd_plan::PlanArgs),
+    /// List the devices the HAL finds on this machine.
+    Devices,
     /// Show a model's inputs, outputs, op histogram, parameters and unsupported ops.
     Inspect {
         /// The model (.onnx).
@@ -39,7 +52,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Compile(args) => cmd_compile::compile(args),
         Command::Run(args) => cmd_run::run(args),
+        Command::Plan(args) => cmd_plan::plan(args),
+        Command::Devices => cmd_devices::devices(),
         Command::Inspect { model, ir } => cmd_inspect::inspect(&model, ir),
         Command::Conformance(args) => cmd_conformance::conformance(args),
     };

@@ -1,10 +1,12 @@
 //! End-to-end tests of the `rafter` binary: the BERT-like fixture against ONNX Runtime's
-//! saved outputs at two sequence lengths from one import, and the run-time input errors.
+//! saved outputs at two sequence lengths from one import and from one compiled artifact,
+//! `plan`, `devices` and `--trace` output, and the input, artifact and argument errors.
 
 use rafter_reference::npy::{read_npy, write_npy};
 use rafter_reference::Tensor;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -178,4 +180,303 @@ fn missing_model_file_is_an_error() {
     let o = rafter(&["run", "/nonexistent/model.onnx"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("/nonexistent/model.onnx"), "{}", text(&o));
+}
+
+/// `run` arguments feeding the fixture's inputs at `seq` (`seq7`, `seq13`).
+fn fixture_inputs(seq: &str) -> Vec<String> {
+    ["input_ids", "attention_mask"]
+        .iter()
+        .flat_map(|name| {
+            [
+                "--input".to_string(),
+                format!("{name}={}", fixture(&format!("{seq}/{name}.npy")).display()),
+            ]
+        })
+        .collect()
+}
+
+/// Compiles the fixture with `--dim seq<=64` into `dir/name` and returns the path.
+fn compile_fixture(dir: &Path, name: &str) -> PathBuf {
+    let rfa = dir.join(name);
+    let o = rafter(&[
+        "compile",
+        fixture("model.onnx").to_str().unwrap(),
+        "-o",
+        rfa.to_str().unwrap(),
+        "--dim",
+        "seq<=64",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    rfa
+}
+
+/// Runs `model` on the fixture's inputs at `seq` and compares with ONNX Runtime's output.
+fn run_matches_ort(model: &Path, seq: &str, extra: &[&str]) -> String {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let out = tmpdir(&format!("out-{}", RUNS.fetch_add(1, Ordering::Relaxed)));
+    let mut args = vec!["run".to_string(), model.display().to_string()];
+    args.extend(fixture_inputs(seq));
+    args.extend(["--output-dir".to_string(), out.display().to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let o = rafter(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+    let got = read_npy(&out.join("last_hidden_state.npy")).unwrap();
+    let want = read_npy(&fixture(&format!("{seq}/last_hidden_state.npy"))).unwrap();
+    let diff = max_abs_diff(&got, &want);
+    assert!(diff < 1e-4, "{seq}: max abs diff {diff} vs ONNX Runtime");
+    text(&o)
+}
+
+#[test]
+fn one_compiled_artifact_matches_onnx_runtime_at_two_sequence_lengths() {
+    let dir = tmpdir("compile");
+    let o = rafter(&[
+        "compile",
+        fixture("model.onnx").to_str().unwrap(),
+        "-o",
+        dir.join("bert.rfa").to_str().unwrap(),
+        "--dim",
+        "seq<=64",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let summary = String::from_utf8_lossy(&o.stdout);
+    for part in ["kernels,", "weight bytes,", "artifact bytes,"] {
+        assert!(summary.contains(part), "{summary}");
+    }
+    // The progress bar is for terminals only: nothing of it reaches a pipe.
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let rfa = dir.join("bert.rfa");
+    for seq in ["seq7", "seq13"] {
+        let t = run_matches_ort(&rfa, seq, &[]);
+        assert!(t.contains("(runtime,"), "{t}");
+    }
+}
+
+#[test]
+fn artifacts_are_told_by_content_not_extension() {
+    let dir = tmpdir("magic");
+    // An artifact named like an ONNX model still runs as an artifact.
+    let rfa = compile_fixture(&dir, "looks_like.onnx");
+    let t = run_matches_ort(&rfa, "seq7", &[]);
+    assert!(t.contains("(runtime,"), "{t}");
+}
+
+#[test]
+fn onnx_runs_compiled_in_memory_with_the_same_results() {
+    let t = run_matches_ort(&fixture("model.onnx"), "seq13", &["--compiled"]);
+    assert!(t.contains("compiled in") && t.contains("(runtime,"), "{t}");
+    let t = run_matches_ort(&fixture("model.onnx"), "seq13", &[]);
+    assert!(t.contains("(reference executor)"), "{t}");
+}
+
+#[test]
+fn random_inputs_agree_between_reference_and_artifact() {
+    let dir = tmpdir("random");
+    let rfa = compile_fixture(&dir, "bert.rfa");
+    let args = ["--dim", "batch=2", "--dim", "seq=5", "--seed", "11"];
+    let line = |model: &Path| {
+        let mut a = vec!["run", model.to_str().unwrap()];
+        a.extend(args);
+        let o = rafter(&a);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(out.contains("random inputs with seed 11"), "{out}");
+        out.lines()
+            .find(|l| l.starts_with("output "))
+            .unwrap()
+            .to_string()
+    };
+    let a = line(&rfa);
+    assert!(
+        a.starts_with("output last_hidden_state: f32[2, 5, 32]"),
+        "{a}"
+    );
+    assert_eq!(a, line(&fixture("model.onnx")));
+}
+
+#[test]
+fn plan_lists_kernels_buffers_weights_and_memory() {
+    let dir = tmpdir("plan");
+    let rfa = compile_fixture(&dir, "bert.rfa");
+    for model in [rfa.clone(), fixture("model.onnx")] {
+        let o = rafter(&["plan", model.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(out.starts_with("program `"), "{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.contains(" contraction on cpu: matmul")),
+            "no contraction kernel listing its ops:\n{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("  b0 `") && l.contains("input 0")),
+            "{out}"
+        );
+        assert!(out.contains("\nweights: 37 tensors, "), "{out}");
+        let last = out.lines().last().unwrap();
+        let planned = last.starts_with("memory cpu: arena ")
+            && last.contains(" bytes, lower bound ")
+            && last.rsplit_once("ratio ").is_some_and(|(_, r)| {
+                r.len() >= 4 && r.parse::<f64>().is_ok() && r.as_bytes()[r.len() - 3] == b'.'
+            });
+        assert!(
+            last == "memory cpu: arena unplanned (sized per call)" || planned,
+            "last line: {last}"
+        );
+    }
+    let o = rafter(&["plan", rfa.to_str().unwrap()]);
+    assert!(text(&o).contains("  bounds: seq<=64"), "{}", text(&o));
+}
+
+#[test]
+fn devices_lists_the_cpu() {
+    let o = rafter(&["devices"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("cpu: CPU device\n"), "{out}");
+    for field in [
+        "  cores: ",
+        "  worker threads: ",
+        "  memory: device_local (",
+        "  isa: ",
+        "  executable formats: cpu-kernels",
+    ] {
+        assert!(out.contains(field), "no `{field}` in:\n{out}");
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let isa = out.lines().find(|l| l.starts_with("  isa: ")).unwrap();
+        assert_eq!(
+            isa.contains(" avx2"),
+            std::is_x86_feature_detected!("avx2"),
+            "{isa}"
+        );
+    }
+    assert!(out.ends_with("devices: 1\n"), "{out}");
+}
+
+#[test]
+fn trace_is_chrome_json_with_a_slice_per_dispatch() {
+    let dir = tmpdir("trace");
+    let rfa = compile_fixture(&dir, "bert.rfa");
+    let trace = dir.join("trace.json");
+    let t = run_matches_ort(&rfa, "seq7", &["--trace", trace.to_str().unwrap()]);
+    assert!(t.contains("wrote trace"), "{t}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).expect("valid JSON");
+    let events = json["traceEvents"].as_array().expect("traceEvents");
+    let dispatches: Vec<_> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "dispatch")
+        .collect();
+    assert!(!dispatches.is_empty(), "no dispatch slices");
+    for d in &dispatches {
+        assert!(d["name"].as_str().is_some_and(|n| !n.is_empty()), "{d}");
+        assert!(
+            d["ts"].as_f64().is_some() && d["dur"].as_f64().is_some(),
+            "{d}"
+        );
+    }
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "cpu:0"),
+        "no track for queue cpu:0"
+    );
+    // One slice per dispatch step of the program.
+    let plan = rafter(&["plan", rfa.to_str().unwrap()]);
+    let steps = String::from_utf8_lossy(&plan.stdout)
+        .lines()
+        .filter(|l| l.contains(" on cpu: "))
+        .count();
+    assert_eq!(dispatches.len(), steps);
+}
+
+#[test]
+fn corrupt_and_truncated_artifacts_are_named_errors() {
+    let dir = tmpdir("corrupt");
+    let rfa = compile_fixture(&dir, "bert.rfa");
+    let mut bytes = std::fs::read(&rfa).unwrap();
+    // The last bytes are weights: flip one of them.
+    let n = bytes.len();
+    let at = (n - 4096..n).rev().find(|&i| bytes[i] != 0).unwrap();
+    bytes[at] ^= 0x40;
+    let bad = dir.join("bad.rfa");
+    std::fs::write(&bad, &bytes).unwrap();
+    let o = rafter(&["run", bad.to_str().unwrap(), "--seed", "1"]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(
+        t.contains("invalid artifact") && t.contains("weights") && t.contains("checksum"),
+        "{t}"
+    );
+    let short = dir.join("short.rfa");
+    std::fs::write(&short, &bytes[..5000]).unwrap();
+    for cmd in ["run", "plan"] {
+        let o = rafter(&[cmd, short.to_str().unwrap()]);
+        assert!(!o.status.success());
+        assert!(
+            text(&o).contains("short.rfa") && text(&o).contains("truncated"),
+            "{}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn missing_files_and_bad_dims_are_errors() {
+    for cmd in [
+        &["compile", "/nonexistent/model.onnx"][..],
+        &["plan", "/nonexistent/model.rfa"],
+        &["run", "/nonexistent/model.rfa"],
+    ] {
+        let o = rafter(cmd);
+        assert!(!o.status.success());
+        assert!(text(&o).contains("/nonexistent/model."), "{}", text(&o));
+    }
+    let model = fixture("model.onnx");
+    for (dim, says) in [
+        ("seq<64", "expected SYMBOL=N or SYMBOL<=N"),
+        ("seq<=many", "`many` is not an integer"),
+        ("2seq<=4", "`2seq` is not a symbol name"),
+    ] {
+        let o = rafter(&["compile", model.to_str().unwrap(), "--dim", dim]);
+        assert!(!o.status.success());
+        assert!(text(&o).contains(says), "{dim}: {}", text(&o));
+    }
+    // A bound means nothing to the reference executor.
+    let o = rafter(&["run", model.to_str().unwrap(), "--dim", "seq<=8"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("only means something when compiling"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn inputs_above_the_compiled_bound_are_rejected() {
+    let dir = tmpdir("bound");
+    let rfa = compile_fixture(&dir, "bert.rfa");
+    let o = rafter(&[
+        "run",
+        rfa.to_str().unwrap(),
+        "--dim",
+        "batch=1",
+        "--dim",
+        "seq=65",
+        "--seed",
+        "1",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("`seq` = 65, above its declared bound 64"),
+        "{}",
+        text(&o)
+    );
 }

@@ -1,9 +1,11 @@
 //! Discovering and running conformance tests.
 
-use crate::{compare, Tolerance};
+use crate::backend::{suite_devices, Prepared};
+use crate::{compare, Backend, Tolerance};
 use rafter_ir::DType;
 use rafter_onnx_proto::{decode_tensor, load_tensor_file, tensor_proto::DataType};
 use rafter_reference::Tensor;
+use rafter_runtime::DeviceSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,6 +46,9 @@ pub struct SuiteOptions {
     pub filter: Option<String>,
     /// Worker threads; 0 means one per core.
     pub threads: usize,
+    /// The path each test's model takes (reference executor, or compiled and run by the
+    /// runtime).
+    pub backend: Backend,
 }
 
 const KINDS: [&str; 5] = [
@@ -109,9 +114,7 @@ fn read_tolerance(dir: &Path) -> Result<Tolerance, String> {
             .trim_start()
             .trim_start_matches(':')
             .trim_start();
-        let end = rest
-            .find([',', '}'])
-            .unwrap_or(rest.len());
+        let end = rest.find([',', '}']).unwrap_or(rest.len());
         rest[..end]
             .trim()
             .parse()
@@ -168,9 +171,14 @@ fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Runs one test on the reference executor.
-pub fn run_test(case: &TestCase) -> Outcome {
-    match catch_unwind(AssertUnwindSafe(|| run_test_inner(case))) {
+/// Runs one test on `backend` (the compiled path opens its own CPU device; [`run_suite`]
+/// shares one between tests).
+pub fn run_test(case: &TestCase, backend: Backend) -> Outcome {
+    run_test_on(case, backend, None)
+}
+
+fn run_test_on(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -> Outcome {
+    match catch_unwind(AssertUnwindSafe(|| run_test_inner(case, backend, devices))) {
         Ok(o) => o,
         Err(payload) => {
             let msg = payload
@@ -183,7 +191,7 @@ pub fn run_test(case: &TestCase) -> Outcome {
     }
 }
 
-fn run_test_inner(case: &TestCase) -> Outcome {
+fn run_test_inner(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -> Outcome {
     let path = case.dir.join("model.onnx");
     // Reasons name the node, not the file: the test's name already says which file.
     let strip = |e: &dyn std::fmt::Display| {
@@ -195,6 +203,10 @@ fn run_test_inner(case: &TestCase) -> Outcome {
         Err(e) => return Outcome::Fail(format!("import: {}", strip(&e))),
     };
     let graph = &model.graph;
+    let prepared = match Prepared::new(graph, backend, devices) {
+        Ok(p) => p,
+        Err(outcome) => return outcome,
+    };
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&case.dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
@@ -220,10 +232,9 @@ fn run_test_inner(case: &TestCase) -> Outcome {
                 Err(e) => return Outcome::Fail(one_line(&e)),
             }
         }
-        let outputs = match rafter_reference::run(graph, inputs) {
+        let outputs = match prepared.run(inputs) {
             Ok(o) => o,
-            Err(e) if e.is_unsupported() => return Outcome::Skip(one_line(&e.to_string())),
-            Err(e) => return Outcome::Fail(one_line(&format!("run: {e}"))),
+            Err(outcome) => return outcome,
         };
         let expected = numbered(&set, "output");
         if expected.len() != outputs.len() {
@@ -248,7 +259,7 @@ fn run_test_inner(case: &TestCase) -> Outcome {
     Outcome::Pass
 }
 
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -259,6 +270,22 @@ pub fn run_suite(cases: &[TestCase], opts: &SuiteOptions) -> Vec<TestResult> {
             .map(|n| n.get())
             .unwrap_or(1),
         n => n,
+    };
+    let devices = match opts.backend {
+        Backend::Reference => None,
+        Backend::Compiled => match suite_devices() {
+            Ok(d) => Some(d),
+            Err(e) => {
+                return cases
+                    .iter()
+                    .map(|case| TestResult {
+                        case: case.clone(),
+                        outcome: Outcome::Fail(e.clone()),
+                        elapsed: Duration::ZERO,
+                    })
+                    .collect()
+            }
+        },
     };
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<TestResult>>> = Mutex::new(vec![None; cases.len()]);
@@ -271,7 +298,7 @@ pub fn run_suite(cases: &[TestCase], opts: &SuiteOptions) -> Vec<TestResult> {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(case) = cases.get(i) else { break };
                 let start = Instant::now();
-                let outcome = run_test(case);
+                let outcome = run_test_on(case, opts.backend, devices.as_ref());
                 let r = TestResult {
                     case: case.clone(),
                     outcome,

@@ -93,11 +93,34 @@ pub fn optimize(g: &mut Graph) -> Result<(), CompileError> {
     Ok(())
 }
 
+/// A stage of [`compile`], reported to [`compile_observed`]'s observer as it starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The graph passes ([`optimize`]).
+    Optimize,
+    /// Fusion and [`lower()`].
+    Lower,
+    /// [`memplan::plan_memory`] and the final verification.
+    PlanMemory,
+}
+
 /// Compiles a graph: [`optimize`], fusion and [`lower()`], then [`memplan::plan_memory`].
 /// The result passes [`Program::verify`].
 pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Program, CompileError> {
+    compile_observed(graph, opts, &mut |_| {})
+}
+
+/// [`compile`], calling `observe` as each [`Stage`] starts (a command-line progress bar;
+/// compiling a large model takes long enough to want one).
+pub fn compile_observed(
+    graph: &Graph,
+    opts: &CompileOptions,
+    observe: &mut dyn FnMut(Stage),
+) -> Result<Program, CompileError> {
+    observe(Stage::Optimize);
     let mut g = graph.clone();
     optimize(&mut g)?;
+    observe(Stage::Lower);
     let mut program = lower(
         &g,
         &LowerOptions {
@@ -106,6 +129,7 @@ pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Program, CompileE
             fuse: true,
         },
     )?;
+    observe(Stage::PlanMemory);
     memplan::plan_memory(&mut program, &memplan::PlanOptions::default())?;
     program.verify()?;
     Ok(program)

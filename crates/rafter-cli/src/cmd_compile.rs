@@ -1,0 +1,60 @@
+//! `rafter compile`: an ONNX model to one artifact (`.rfa`) that `rafter run` loads without
+//! the compiler.
+
+use crate::dims::{bounds, parse_dims};
+use crate::model::{self, FileKind};
+use crate::progress::Steps;
+use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct CompileArgs {
+    /// The model (.onnx).
+    model: PathBuf,
+    /// The artifact to write (default: the model's path with extension .rfa).
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// The machine to compile for.
+    #[arg(long, default_value = "cpu")]
+    target: String,
+    /// An upper bound of a symbolic dim, as SYMBOL<=N (seq<=2048); SYMBOL=N is the same
+    /// bound. Memory is planned for the bounds; a call above one is rejected.
+    #[arg(long = "dim", value_name = "SYMBOL<=N")]
+    dims: Vec<String>,
+}
+
+pub fn compile(args: CompileArgs) -> Result<ExitCode> {
+    let target = model::parse_target(&args.target)?;
+    let bounds = bounds(&parse_dims(&args.dims)?);
+    if model::file_kind(&args.model)? == FileKind::Artifact {
+        bail!(
+            "{} is already a compiled artifact (compile takes an .onnx model)",
+            args.model.display()
+        );
+    }
+    let output = args
+        .output
+        .unwrap_or_else(|| args.model.with_extension("rfa"));
+    if output == args.model {
+        bail!(
+            "the output {} would overwrite the model: pass -o with another path",
+            output.display()
+        );
+    }
+    let steps = Steps::new(model::COMPILE_STEPS + 1);
+    let graph = model::import(&args.model, &steps)?;
+    let program = model::compile(&graph, target, bounds, &steps)?;
+    let artifact_bytes = model::write_artifact(&program, &output, &steps)?;
+    let elapsed = steps.finish();
+    println!(
+        "compiled {} -> {}: {} kernels, {} weight bytes, {} artifact bytes, {}",
+        args.model.display(),
+        output.display(),
+        program.kernels.len(),
+        model::weight_bytes(&program),
+        artifact_bytes,
+        model::human_time(elapsed)
+    );
+    Ok(ExitCode::SUCCESS)
+}

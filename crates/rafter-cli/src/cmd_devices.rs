@@ -1,0 +1,178 @@
+//! `rafter devices`: the devices the HAL finds on this machine and what each offers.
+//!
+//! Each backend contributes a probe ([`PROBES`]) that opens its devices and describes them
+//! as a [`DeviceReport`]; a probe that finds nothing (no driver) says why instead of
+//! failing the command. Adding a backend (Vulkan) is one more probe.
+
+use anyhow::Result;
+use rafter_hal::{Device, DeviceInfo, DeviceKind, MemoryKind};
+use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions};
+use std::process::ExitCode;
+
+/// One device, as printed: a title line and `key: value` lines.
+pub struct DeviceReport {
+    pub title: String,
+    pub fields: Vec<(&'static str, String)>,
+}
+
+/// What a backend's probe found: its devices, or why it has none.
+type Probe = fn() -> Result<Vec<DeviceReport>, String>;
+
+/// The backends, in the order they are listed.
+const PROBES: [(&str, Probe); 1] = [("cpu", probe_cpu)];
+
+pub fn devices() -> Result<ExitCode> {
+    let mut found = 0;
+    for (backend, probe) in PROBES {
+        match probe() {
+            Ok(reports) => {
+                for r in &reports {
+                    println!("{}", r.title);
+                    for (k, v) in &r.fields {
+                        println!("  {k}: {v}");
+                    }
+                }
+                found += reports.len();
+            }
+            Err(why) => println!("{backend}: no devices ({why})"),
+        }
+    }
+    println!("devices: {found}");
+    Ok(if found > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The host CPU, opened as the runtime opens it (default options).
+fn probe_cpu() -> Result<Vec<DeviceReport>, String> {
+    let device = CpuDevice::new(CpuDeviceOptions::default()).map_err(|e| e.to_string())?;
+    let info = device.info();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut fields = vec![
+        ("kind", "cpu".to_string()),
+        ("model", cpu_model().unwrap_or_else(|| "unknown".into())),
+        ("cores", cores.to_string()),
+        ("worker threads", device.worker_threads().to_string()),
+        ("queues", device.queue_count().to_string()),
+        ("memory", memory_kinds(info)),
+        ("isa", isa_features()),
+    ];
+    fields.extend(common_fields(info));
+    Ok(vec![DeviceReport {
+        title: format!("{}: {}", info.name, kind_words(info)),
+        fields,
+    }])
+}
+
+/// Fields every device has: dtypes, executable formats, buffer limit.
+fn common_fields(info: &DeviceInfo) -> Vec<(&'static str, String)> {
+    let join =
+        |s: &std::collections::BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(" ");
+    vec![
+        ("dtypes", join(&info.capabilities.dtypes)),
+        ("features", join(&info.capabilities.features)),
+        (
+            "executable formats",
+            join(&info.capabilities.executable_formats),
+        ),
+        (
+            "max buffer",
+            format!("{} bytes", info.limits.max_buffer_size),
+        ),
+    ]
+}
+
+/// `CPU device`, `Vulkan device`, `<driver> device`.
+fn kind_words(info: &DeviceInfo) -> String {
+    match &info.kind {
+        DeviceKind::Cpu => "CPU device".into(),
+        DeviceKind::Vulkan => "Vulkan device".into(),
+        DeviceKind::Other(driver) => format!("{driver} device"),
+    }
+}
+
+/// The memory kinds by the words programs use (`host`, `device_local`), with properties.
+fn memory_kinds(info: &DeviceInfo) -> String {
+    info.memory
+        .iter()
+        .map(|m| {
+            let mut props = Vec::new();
+            if m.host_visible {
+                props.push("host-visible".to_string());
+            }
+            if m.host_coherent {
+                props.push("coherent".to_string());
+            }
+            props.push(match m.capacity {
+                Some(c) => format!("{c} bytes"),
+                None => "no limit".to_string(),
+            });
+            format!("{} ({})", memory_word(m.kind), props.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn memory_word(kind: MemoryKind) -> &'static str {
+    match kind {
+        MemoryKind::DeviceLocal => "device_local",
+        MemoryKind::HostVisibleShared => "host_visible_shared",
+        MemoryKind::Host => "host",
+    }
+}
+
+/// The CPU's model name, where the OS says (Linux: /proc/cpuinfo).
+fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// The SIMD features the running CPU has (detected now, not assumed from the build), then
+/// the ones it lacks.
+fn isa_features() -> String {
+    let (have, lack): (Vec<_>, Vec<_>) = detect_features().into_iter().partition(|f| f.1);
+    let names = |v: Vec<(&str, bool)>| v.into_iter().map(|f| f.0).collect::<Vec<_>>().join(" ");
+    let mut out = format!("{} {}", std::env::consts::ARCH, names(have));
+    if !lack.is_empty() {
+        out.push_str(&format!(" (not: {})", names(lack)));
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_features() -> Vec<(&'static str, bool)> {
+    macro_rules! detect {
+        ($($f:tt),*) => { vec![$(($f, std::is_x86_feature_detected!($f))),*] };
+    }
+    detect!(
+        "sse4.2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512vnni",
+        "avx512bf16",
+        "avx512fp16"
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+fn detect_features() -> Vec<(&'static str, bool)> {
+    macro_rules! detect {
+        ($($f:tt),*) => { vec![$(($f, std::arch::is_aarch64_feature_detected!($f))),*] };
+    }
+    detect!("neon", "fp16", "dotprod", "i8mm", "bf16", "sve", "sve2")
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn detect_features() -> Vec<(&'static str, bool)> {
+    Vec::new()
+}

@@ -1,0 +1,257 @@
+//! `rafter plan`: what a compiled program does — its kernels in dispatch order with the ops
+//! fused into each, its buffers and weights, and each device's planned memory.
+
+use crate::dims::{bounds, parse_dims};
+use crate::model::{self, FileKind};
+use crate::progress::Steps;
+use anyhow::{bail, Result};
+use rafter_ir::program::{Kernel, Program, Step, Storage};
+use rafter_ir::AttrValue;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// A compiled artifact, or an ONNX model (compiled in memory).
+    model: PathBuf,
+    /// The machine to compile for (ONNX models only).
+    #[arg(long, default_value = "cpu")]
+    target: String,
+    /// A symbol bound to compile for, SYMBOL<=N (ONNX models only).
+    #[arg(long = "dim", value_name = "SYMBOL<=N")]
+    dims: Vec<String>,
+}
+
+pub fn plan(args: PlanArgs) -> Result<ExitCode> {
+    let program = load(&args)?;
+    print!("{}", render(&program));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The artifact's program, or the ONNX model compiled now.
+fn load(args: &PlanArgs) -> Result<Program> {
+    if model::file_kind(&args.model)? == FileKind::Artifact {
+        if !args.dims.is_empty() {
+            bail!("--dim: an artifact's bounds were fixed when it was compiled");
+        }
+        return Ok(model::open_artifact(&args.model)?.into_program());
+    }
+    let target = model::parse_target(&args.target)?;
+    let bounds = bounds(&parse_dims(&args.dims)?);
+    let steps = Steps::new(model::COMPILE_STEPS);
+    let graph = model::import(&args.model, &steps)?;
+    let program = model::compile(&graph, target, bounds, &steps)?;
+    steps.finish();
+    Ok(program)
+}
+
+/// The whole report; the last lines are the per-device memory lines.
+pub fn render(p: &Program) -> String {
+    let mut out = String::new();
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(format!(
+        "program `{}`: {} inputs, {} outputs, {} kernels, {} buffers, {} steps",
+        p.name,
+        p.inputs.len(),
+        p.outputs.len(),
+        p.kernels.len(),
+        p.buffers.len(),
+        p.steps.len()
+    ));
+    for port in &p.inputs {
+        line(format!("  input {}: {}", port.name, port.ty));
+    }
+    for port in &p.outputs {
+        line(format!("  output {}: {}", port.name, port.ty));
+    }
+    if !p.bounds.is_empty() {
+        let b: Vec<String> = p
+            .bounds
+            .iter()
+            .map(|(s, n)| format!("{}<={n}", s.name()))
+            .collect();
+        line(format!("  bounds: {}", b.join(", ")));
+    }
+    line("steps:".into());
+    for (i, step) in p.steps.iter().enumerate() {
+        line(step_line(p, i, step));
+    }
+    line(format!("buffers: {}", p.buffers.len()));
+    for i in 0..p.buffers.len() {
+        line(buffer_line(p, i));
+    }
+    line(format!(
+        "weights: {} tensors, {} bytes",
+        p.weights.len(),
+        model::weight_bytes(p)
+    ));
+    for l in memory_lines(p) {
+        line(l);
+    }
+    out
+}
+
+/// `  3 k2 `attn_scores` contraction on cpu: matmul, binary.mul (b4, b7) -> (b8)` or
+/// `  5 copy b8 -> b9`.
+fn step_line(p: &Program, i: usize, step: &Step) -> String {
+    let buffers = |bs: &mut dyn Iterator<Item = Option<usize>>| -> String {
+        bs.map(|b| b.map_or("_".to_string(), |b| format!("b{b}")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match step {
+        Step::Dispatch {
+            kernel,
+            args,
+            results,
+        } => {
+            let k = &p.kernels[*kernel];
+            format!(
+                "  {i:>4} k{kernel} `{}` {} on {}: {} ({}) -> ({})",
+                k.name,
+                k.kind.word(),
+                k.device,
+                fused_ops(k).join(", "),
+                buffers(&mut args.iter().map(|&b| Some(b))),
+                buffers(&mut results.iter().copied())
+            )
+        }
+        Step::Copy { src, dst } => format!("  {i:>4} copy b{src} -> b{dst}"),
+    }
+}
+
+/// The ops of a kernel's body in order, with their kind where one op name covers several
+/// (`binary.add`, `unary.gelu`, `reduce.mean`).
+pub fn fused_ops(k: &Kernel) -> Vec<String> {
+    k.body
+        .nodes
+        .iter()
+        .map(|n| {
+            let sub =
+                n.op.attrs()
+                    .into_iter()
+                    .find_map(|(name, v)| match (name, v) {
+                        ("op" | "kind" | "mode", AttrValue::Word(w)) => Some(w),
+                        _ => None,
+                    });
+            match sub {
+                Some(w) => format!("{}.{w}", n.op.name()),
+                None => n.op.name().to_string(),
+            }
+        })
+        .collect()
+}
+
+/// `  b3 `t7`: f32[batch, seq, 32] arena a0 offset 1024`.
+fn buffer_line(p: &Program, i: usize) -> String {
+    let b = &p.buffers[i];
+    let storage = match &b.storage {
+        Storage::Input(k) => format!("input {k}"),
+        Storage::Output(k) => format!("output {k}"),
+        Storage::Weight(w) => format!(
+            "weight w{w} ({} bytes)",
+            p.weights.get(*w).map_or(0, |c| c.bytes.len())
+        ),
+        Storage::Arena {
+            arena,
+            offset: Some(o),
+        } => format!("arena a{arena} offset {o}"),
+        Storage::Arena {
+            arena,
+            offset: None,
+        } => format!("arena a{arena} (placed per call)"),
+        Storage::Dynamic => "dynamic (sized by its producer)".to_string(),
+    };
+    format!("  b{i} `{}`: {} {storage}", b.name, b.ty)
+}
+
+/// Per device with an arena, in order of first appearance:
+/// `memory DEVICE: arena A bytes, lower bound L bytes, ratio R` from the planned arenas,
+/// or `memory DEVICE: arena unplanned (sized per call)` when any of its arenas is planned per
+/// call. The compiler's planner fills these fields; this only adds them up.
+pub fn memory_lines(p: &Program) -> Vec<String> {
+    let mut devices: Vec<&str> = Vec::new();
+    for a in &p.arenas {
+        if !devices.contains(&a.device.as_str()) {
+            devices.push(&a.device);
+        }
+    }
+    devices
+        .into_iter()
+        .map(|device| {
+            let planned: Option<Vec<(u64, u64)>> = p
+                .arenas
+                .iter()
+                .filter(|a| a.device == device)
+                .map(|a| Some((a.size?, a.lower_bound?)))
+                .collect();
+            match planned {
+                Some(sizes) => {
+                    let size: u64 = sizes.iter().map(|s| s.0).sum();
+                    let lower: u64 = sizes.iter().map(|s| s.1).sum();
+                    format!(
+                        "memory {device}: arena {size} bytes, lower bound {lower} bytes, ratio {}",
+                        ratio(size, lower)
+                    )
+                }
+                None => format!("memory {device}: arena unplanned (sized per call)"),
+            }
+        })
+        .collect()
+}
+
+/// `size / lower` with two decimals (`1.00` for an empty arena).
+fn ratio(size: u64, lower: u64) -> String {
+    if lower == 0 {
+        return if size == 0 {
+            "1.00".into()
+        } else {
+            "inf".into()
+        };
+    }
+    format!("{:.2}", size as f64 / lower as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rafter_ir::program::Arena;
+
+    fn arena(device: &str, size: Option<u64>, lower: Option<u64>) -> Arena {
+        Arena {
+            device: device.into(),
+            memory: "host".into(),
+            size,
+            lower_bound: lower,
+        }
+    }
+
+    #[test]
+    fn memory_lines_sum_per_device() {
+        let p = Program {
+            arenas: vec![
+                arena("cpu", Some(3000), Some(2000)),
+                arena("vulkan", None, None),
+                arena("cpu", Some(1000), Some(1000)),
+            ],
+            ..Program::default()
+        };
+        assert_eq!(
+            memory_lines(&p),
+            vec![
+                "memory cpu: arena 4000 bytes, lower bound 3000 bytes, ratio 1.33",
+                "memory vulkan: arena unplanned (sized per call)",
+            ]
+        );
+    }
+
+    #[test]
+    fn ratios() {
+        assert_eq!(ratio(0, 0), "1.00");
+        assert_eq!(ratio(150, 100), "1.50");
+        assert_eq!(ratio(1, 0), "inf");
+    }
+}

@@ -1,0 +1,127 @@
+//! `--dim` arguments: a symbol's value (`seq=128`) or its upper bound (`seq<=2048`).
+//!
+//! `run` binds values (the shapes of random inputs); `compile` and `plan` declare bounds,
+//! which the memory planner sizes arenas for. Every command takes both spellings, so one
+//! `--dim` list can be reused: to `compile`, `seq=128` is the bound 128; to `run --compiled`,
+//! `seq<=64` is a bound to compile for (the reference executor and artifacts reject it).
+
+use anyhow::{anyhow, bail, Result};
+use rafter_ir::Symbol;
+
+/// One parsed `--dim`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DimSpec {
+    pub symbol: Symbol,
+    pub value: i64,
+    /// `seq<=N` (an upper bound) rather than `seq=N` (the value).
+    pub is_bound: bool,
+}
+
+/// Parses every `--dim`; the error names the argument and what is wrong with it.
+pub fn parse_dims(dims: &[String]) -> Result<Vec<DimSpec>> {
+    dims.iter().map(|d| parse_dim(d)).collect()
+}
+
+fn parse_dim(d: &str) -> Result<DimSpec> {
+    let (symbol, value, is_bound) = if let Some((k, v)) = d.split_once("<=") {
+        (k, v, true)
+    } else if let Some((k, v)) = d.split_once('=') {
+        (k, v, false)
+    } else {
+        bail!("--dim `{d}`: expected SYMBOL=N or SYMBOL<=N");
+    };
+    let symbol = symbol.trim();
+    if !rafter_ir::is_identifier(symbol) {
+        bail!("--dim `{d}`: `{symbol}` is not a symbol name");
+    }
+    let value: i64 = value
+        .trim()
+        .parse()
+        .map_err(|_| anyhow!("--dim `{d}`: `{value}` is not an integer"))?;
+    if value < 0 {
+        bail!("--dim `{d}`: dims cannot be negative");
+    }
+    Ok(DimSpec {
+        symbol: Symbol::new(symbol),
+        value,
+        is_bound,
+    })
+}
+
+/// The values (`seq=N`) of `specs`; a bound is an error naming it (`run` on the reference
+/// executor has nothing to check a bound against).
+pub fn values_only(specs: &[DimSpec]) -> Result<Vec<(Symbol, i64)>> {
+    specs
+        .iter()
+        .map(|s| {
+            if s.is_bound {
+                bail!(
+                    "--dim {}<={}: a bound only means something when compiling (use it with \
+                     `rafter compile`, or with `run --compiled`)",
+                    s.symbol.name(),
+                    s.value
+                );
+            }
+            Ok((s.symbol.clone(), s.value))
+        })
+        .collect()
+}
+
+/// Bounds for the compiler: `seq<=N` and `seq=N` both bound `seq` by N. A symbol given
+/// twice keeps its smallest bound.
+pub fn bounds(specs: &[DimSpec]) -> Vec<(Symbol, i64)> {
+    let mut out: Vec<(Symbol, i64)> = Vec::new();
+    for s in specs {
+        match out.iter_mut().find(|(sym, _)| *sym == s.symbol) {
+            Some((_, v)) => *v = (*v).min(s.value),
+            None => out.push((s.symbol.clone(), s.value)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(d: &str) -> Result<DimSpec> {
+        parse_dim(d)
+    }
+
+    #[test]
+    fn values_and_bounds_parse() {
+        let v = one("seq=128").unwrap();
+        assert_eq!((v.symbol.name(), v.value, v.is_bound), ("seq", 128, false));
+        let b = one("seq<=2048").unwrap();
+        assert_eq!((b.symbol.name(), b.value, b.is_bound), ("seq", 2048, true));
+    }
+
+    #[test]
+    fn bad_syntax_is_named() {
+        assert!(one("seq").unwrap_err().to_string().contains("SYMBOL=N"));
+        assert!(one("seq=-1").unwrap_err().to_string().contains("negative"));
+        assert!(one("2x=1")
+            .unwrap_err()
+            .to_string()
+            .contains("not a symbol"));
+        assert!(one("seq<=lots")
+            .unwrap_err()
+            .to_string()
+            .contains("not an integer"));
+        assert!(one("seq>=3").is_err());
+    }
+
+    #[test]
+    fn bounds_merge_and_values_reject_bounds() {
+        let specs = parse_dims(&["seq<=64".into(), "batch=2".into(), "seq=32".into()]).unwrap();
+        assert_eq!(
+            bounds(&specs),
+            vec![(Symbol::new("seq"), 32), (Symbol::new("batch"), 2)]
+        );
+        assert!(values_only(&specs).is_err());
+        assert_eq!(
+            values_only(&specs[1..2]).unwrap(),
+            vec![(Symbol::new("batch"), 2)]
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! What a model path holds, and the compile pipeline the commands share.
+//!
+//! A path is an artifact when its file starts with the artifact magic (`RAFTRFA\0`), and
+//! an ONNX model otherwise: the extension decides nothing, so a renamed or extension-less
+//! file still runs the right way.
+
+use crate::progress::Steps;
+use anyhow::{Context, Result};
+use rafter_artifact::{Artifact, ArtifactWriter, MAGIC};
+use rafter_ir::program::Program;
+use rafter_ir::{Graph, Symbol};
+use rafter_opt::{CompileOptions, Stage, Target};
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+/// The two kinds of model file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    Onnx,
+    Artifact,
+}
+
+/// Reads the first bytes of `path` to tell an artifact from an ONNX model.
+pub fn file_kind(path: &Path) -> Result<FileKind> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut head = [0u8; MAGIC.len()];
+    let mut filled = 0;
+    while filled < head.len() {
+        let n = file
+            .read(&mut head[filled..])
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(if head[..filled] == MAGIC[..] {
+        FileKind::Artifact
+    } else {
+        FileKind::Onnx
+    })
+}
+
+/// Opens and validates an artifact (memory-mapped; checksums verified). The error names the
+/// file and, for a corrupt file, the section and field at fault.
+pub fn open_artifact(path: &Path) -> Result<Artifact> {
+    Artifact::open(path).map_err(|e| anyhow::anyhow!("invalid artifact: {e}"))
+}
+
+/// `--target` values.
+pub fn parse_target(word: &str) -> Result<Target> {
+    match word {
+        "cpu" => Ok(Target::Cpu),
+        other => anyhow::bail!("unknown target `{other}` (available: cpu)"),
+    }
+}
+
+/// Imports an ONNX file, as a progress step.
+pub fn import(path: &Path, steps: &Steps) -> Result<Graph> {
+    steps.step("import");
+    Ok(rafter_import::import_onnx_file(path)?.graph)
+}
+
+/// Compiles `graph` for `target` with `bounds`, a progress step per compiler stage.
+pub fn compile(
+    graph: &Graph,
+    target: Target,
+    bounds: Vec<(Symbol, i64)>,
+    steps: &Steps,
+) -> Result<Program> {
+    let options = CompileOptions { target, bounds };
+    let program = rafter_opt::compile_observed(graph, &options, &mut |stage| {
+        steps.step(match stage {
+            Stage::Optimize => "optimise",
+            Stage::Lower => "fuse and lower",
+            Stage::PlanMemory => "plan memory",
+        })
+    })
+    .context("compiling")?;
+    Ok(program)
+}
+
+/// Progress steps of [`compile`]: one per compiler [`Stage`].
+pub const COMPILER_STAGES: u64 = 3;
+
+/// Progress steps of [`import`] and [`compile`] together.
+pub const COMPILE_STEPS: u64 = 1 + COMPILER_STAGES;
+
+/// Writes `program` as an artifact at `path`, as a progress step; returns the file's length.
+pub fn write_artifact(program: &Program, path: &Path, steps: &Steps) -> Result<u64> {
+    steps.step("write weights");
+    ArtifactWriter::new(program)
+        .write(path)
+        .with_context(|| format!("writing artifact {}", path.display()))
+}
+
+/// Total bytes of a program's weights.
+pub fn weight_bytes(program: &Program) -> u64 {
+    program.weights.iter().map(|w| w.bytes.len() as u64).sum()
+}
+
+/// `12.3 ms` or `4.56 s`.
+pub fn human_time(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_by_magic_not_extension() {
+        let dir = std::env::temp_dir().join(format!("rafter-cli-kind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let art = dir.join("model.onnx");
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&[0; 56]);
+        std::fs::write(&art, &bytes).unwrap();
+        assert_eq!(file_kind(&art).unwrap(), FileKind::Artifact);
+        let onnx = dir.join("model.rfa");
+        std::fs::write(&onnx, b"\x08\x07").unwrap();
+        assert_eq!(file_kind(&onnx).unwrap(), FileKind::Onnx);
+        let empty = dir.join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        assert_eq!(file_kind(&empty).unwrap(), FileKind::Onnx);
+        assert!(file_kind(&dir.join("missing")).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

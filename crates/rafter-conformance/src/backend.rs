@@ -1,0 +1,110 @@
+//! The paths a test's model can take from imported graph to outputs.
+//!
+//! - [`Backend::Reference`]: the reference executor runs the imported graph directly (the
+//!   oracle every other path is held to).
+//! - [`Backend::Compiled`]: the whole "compile once, run asynchronously" pipeline —
+//!   `rafter-opt` compiles the graph to a program, the program is written as artifact bytes
+//!   and opened again through [`Artifact::from_bytes`] (so the artifact's writer, reader and
+//!   validation are on the path), and a runtime [`Session`] on the CPU device runs each data
+//!   set. A failure names the stage (`compile`, `artifact`, `session`, `run`).
+
+use crate::suite::one_line;
+use crate::Outcome;
+use rafter_artifact::{Artifact, ArtifactWriter};
+use rafter_ir::Graph;
+use rafter_reference::Tensor;
+use rafter_runtime::{CpuDeviceOptions, DeviceSet, RuntimeError, Session};
+use std::time::Duration;
+
+/// Which path runs a test's model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// The reference executor over the imported graph.
+    #[default]
+    Reference,
+    /// Compile → artifact bytes → reopen → runtime session on the CPU device.
+    Compiled,
+}
+
+impl Backend {
+    /// The word the CLI and reports use.
+    pub fn word(self) -> &'static str {
+        match self {
+            Backend::Reference => "reference",
+            Backend::Compiled => "compiled",
+        }
+    }
+}
+
+/// The longest a compiled call may take before the test fails (the suite's real CNNs take
+/// seconds; a call that never completes is a runtime ordering bug, reported, not a hang).
+const CALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Devices the compiled path runs on: one CPU device shared by every test of a suite run,
+/// with one worker thread, since the suite already runs one test per core.
+pub(crate) fn suite_devices() -> Result<DeviceSet, String> {
+    DeviceSet::cpu_with(CpuDeviceOptions {
+        worker_threads: 1,
+        ..CpuDeviceOptions::default()
+    })
+    .map_err(|e| format!("opening the CPU device: {e}"))
+}
+
+/// A model ready to run data sets: the graph itself, or a session over its compiled form.
+pub(crate) enum Prepared<'g> {
+    Graph(&'g Graph),
+    Session(Session),
+}
+
+impl<'g> Prepared<'g> {
+    /// Prepares `graph` for `backend`; a compiled path that fails on the way is a
+    /// [`Outcome::Fail`] naming the stage.
+    pub(crate) fn new(
+        graph: &'g Graph,
+        backend: Backend,
+        devices: Option<&DeviceSet>,
+    ) -> Result<Prepared<'g>, Outcome> {
+        match (backend, devices) {
+            (Backend::Reference, _) => Ok(Prepared::Graph(graph)),
+            (Backend::Compiled, Some(devices)) => compile_session(graph, devices)
+                .map(Prepared::Session)
+                .map_err(|e| Outcome::Fail(one_line(&e))),
+            (Backend::Compiled, None) => {
+                let devices = suite_devices().map_err(Outcome::Fail)?;
+                Prepared::new(graph, backend, Some(&devices))
+            }
+        }
+    }
+
+    /// Runs one data set. Errors: a [`Outcome::Skip`] when the reference executor reports a
+    /// missing capability, else a [`Outcome::Fail`].
+    pub(crate) fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, Outcome> {
+        match self {
+            Prepared::Graph(g) => rafter_reference::run(g, inputs).map_err(|e| {
+                if e.is_unsupported() {
+                    Outcome::Skip(one_line(&e.to_string()))
+                } else {
+                    Outcome::Fail(one_line(&format!("run: {e}")))
+                }
+            }),
+            Prepared::Session(s) => s
+                .run(inputs, CALL_TIMEOUT)
+                .map_err(|e| Outcome::Fail(one_line(&run_error(&e)))),
+        }
+    }
+}
+
+/// `graph` compiled, written as artifact bytes, reopened and bound to `devices`.
+fn compile_session(graph: &Graph, devices: &DeviceSet) -> Result<Session, String> {
+    let options = rafter_opt::CompileOptions::default();
+    let program = rafter_opt::compile(graph, &options).map_err(|e| format!("compile: {e}"))?;
+    let bytes = ArtifactWriter::new(&program)
+        .to_vec()
+        .map_err(|e| format!("artifact: writing: {e}"))?;
+    let artifact = Artifact::from_bytes(bytes.into()).map_err(|e| format!("artifact: {e}"))?;
+    Session::new(artifact.into_program(), devices).map_err(|e| format!("session: {e}"))
+}
+
+fn run_error(e: &RuntimeError) -> String {
+    format!("run (compiled): {e}")
+}
