@@ -7,6 +7,7 @@
 use crate::dims::{self, DimSpec};
 use crate::model::{self, FileKind};
 use crate::progress::Steps;
+use crate::rss;
 use anyhow::{anyhow, bail, Context, Result};
 use rafter_ir::program::{Port, Program};
 use rafter_ir::{DType, Graph};
@@ -56,6 +57,11 @@ pub struct RunArgs {
     /// dispatch) to FILE; open it in ui.perfetto.dev. Implies --compiled.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Print the process's resident memory (anonymous and file-backed) after loading the
+    /// model and after the call: an artifact's weights are mapped, so they appear as
+    /// file-backed pages, not as copies.
+    #[arg(long)]
+    memory_report: bool,
 }
 
 /// What runs the call.
@@ -110,13 +116,24 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let specs = dims::parse_dims(&dims)?;
     let use_runtime = args.compiled || args.trace.is_some();
     let executor = load(&source, use_runtime, &specs)?;
+    if args.memory_report {
+        rss::report("after load");
+    }
     let values: Vec<DimSpec> = specs.into_iter().filter(|s| !s.is_bound).collect();
     let mut bindings = Bindings::with(dims::values_only(&values)?);
     let inputs = gather_inputs(&executor.inputs(), &args.inputs, &mut bindings, args.seed)?;
     let names = executor.output_names();
     let outputs = match executor {
-        Executor::Reference(graph) => run_reference(&graph, inputs, &mut bindings)?,
-        Executor::Runtime(program) => run_runtime(program, inputs, args.trace.as_deref())?,
+        Executor::Reference(graph) => {
+            let outputs = run_reference(&graph, inputs, &mut bindings)?;
+            if args.memory_report {
+                rss::report("after call");
+            }
+            outputs
+        }
+        Executor::Runtime(program) => {
+            run_runtime(program, inputs, args.trace.as_deref(), args.memory_report)?
+        }
     };
     write_outputs(&names, &outputs, args.output_dir.as_deref())?;
     Ok(ExitCode::SUCCESS)
@@ -184,7 +201,12 @@ fn run_reference(
 }
 
 /// One call on the runtime's CPU device, traced into `trace` when given.
-fn run_runtime(program: Program, inputs: Vec<Tensor>, trace: Option<&Path>) -> Result<Vec<Tensor>> {
+fn run_runtime(
+    program: Program,
+    inputs: Vec<Tensor>,
+    trace: Option<&Path>,
+    memory_report: bool,
+) -> Result<Vec<Tensor>> {
     let sink = trace.map(|_| Arc::new(ChromeTrace::new()));
     let devices = DeviceSet::cpu_with(CpuDeviceOptions {
         trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
@@ -192,8 +214,14 @@ fn run_runtime(program: Program, inputs: Vec<Tensor>, trace: Option<&Path>) -> R
     })?;
     let kernels = program.kernels.len();
     let session = Session::new(program, &devices)?;
+    if memory_report {
+        rss::report("after session open");
+    }
     let start = Instant::now();
     let outputs = session.run(inputs, CALL_TIMEOUT)?;
+    if memory_report {
+        rss::report("after call");
+    }
     println!(
         "ran in {} on cpu (runtime, {kernels} kernels)",
         model::human_time(start.elapsed())

@@ -9,6 +9,7 @@ mod cmd_run;
 mod dims;
 mod model;
 mod progress;
+mod rss;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -257,6 +257,20 @@ fn one_compiled_artifact_matches_onnx_runtime_at_two_sequence_lengths() {
 }
 
 #[test]
+fn memory_report_shows_weights_as_mapped_pages() {
+    let dir = tmpdir("memreport");
+    let rfa = compile_fixture(&dir, "tiny.rfa");
+    let t = run_matches_ort(&rfa, "seq7", &["--memory-report"]);
+    for when in ["after load", "after session open", "after call"] {
+        let line = t
+            .lines()
+            .find(|l| l.starts_with(&format!("memory {when}: rss ")))
+            .unwrap_or_else(|| panic!("no `memory {when}` line in\n{t}"));
+        assert!(line.contains("file-backed") && line.contains("peak"), "{line}");
+    }
+}
+
+#[test]
 fn artifacts_are_told_by_content_not_extension() {
     let dir = tmpdir("magic");
     // An artifact named like an ONNX model still runs as an artifact.
