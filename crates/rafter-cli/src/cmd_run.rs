@@ -65,7 +65,7 @@ pub struct RunArgs {
 }
 
 /// What runs the call.
-enum Executor {
+pub(crate) enum Executor {
     /// The reference executor over the imported graph.
     Reference(Graph),
     /// The runtime over a compiled program.
@@ -140,14 +140,14 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 }
 
 /// Where the model comes from.
-enum Source {
+pub(crate) enum Source {
     File(PathBuf),
     Demo,
 }
 
 /// The executor for `source`: an artifact's program; an ONNX model's graph, or its program
 /// compiled now when `use_runtime` (with the bounds among `specs`).
-fn load(source: &Source, use_runtime: bool, specs: &[DimSpec]) -> Result<Executor> {
+pub(crate) fn load(source: &Source, use_runtime: bool, specs: &[DimSpec]) -> Result<Executor> {
     let bound_specs: Vec<DimSpec> = specs.iter().filter(|s| s.is_bound).cloned().collect();
     let graph = match source {
         Source::File(path) if model::file_kind(path)? == FileKind::Artifact => {
@@ -276,7 +276,7 @@ pub fn file_stem(name: &str) -> String {
 
 /// The model's inputs in order: from files where given (binding their symbols first), the
 /// rest random with shapes from the bound symbols.
-fn gather_inputs(
+pub(crate) fn gather_inputs(
     ports: &[Port],
     given: &[String],
     bindings: &mut Bindings,

@@ -1,5 +1,6 @@
 //! `rafter`: compile, run, plan, inspect and conformance-test models from the command line.
 
+mod cmd_bench;
 mod cmd_compile;
 mod cmd_conformance;
 mod cmd_devices;
@@ -38,6 +39,9 @@ enum Command {
     Plan(cmd_plan::PlanArgs),
     /// List the devices the HAL finds on this machine.
     Devices,
+    /// Time calls of a model on the runtime after warm-up; ends with
+    /// `bench: median M ms, p10 A ms, p90 B ms, peak RSS R MB`.
+    Bench(cmd_bench::BenchArgs),
     /// Show a model's inputs, outputs, op histogram, parameters and unsupported ops.
     Inspect {
         /// The model (.onnx).
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd_run::run(args),
         Command::Plan(args) => cmd_plan::plan(args),
         Command::Devices => cmd_devices::devices(),
+        Command::Bench(args) => cmd_bench::bench(args),
         Command::Inspect { model, ir } => cmd_inspect::inspect(&model, ir),
         Command::Conformance(args) => cmd_conformance::conformance(args),
     };

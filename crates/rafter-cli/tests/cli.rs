@@ -266,7 +266,10 @@ fn memory_report_shows_weights_as_mapped_pages() {
             .lines()
             .find(|l| l.starts_with(&format!("memory {when}: rss ")))
             .unwrap_or_else(|| panic!("no `memory {when}` line in\n{t}"));
-        assert!(line.contains("file-backed") && line.contains("peak"), "{line}");
+        assert!(
+            line.contains("file-backed") && line.contains("peak"),
+            "{line}"
+        );
     }
 }
 
@@ -490,6 +493,56 @@ fn inputs_above_the_compiled_bound_are_rejected() {
     assert!(!o.status.success());
     assert!(
         text(&o).contains("`seq` = 65, above its declared bound 64"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn bench_ends_with_the_summary_line() {
+    let dir = tmpdir("bench");
+    let rfa = compile_fixture(&dir, "tiny.rfa");
+    let o = rafter(&[
+        "bench",
+        rfa.to_str().unwrap(),
+        "--dim",
+        "batch=1",
+        "--dim",
+        "seq=9",
+        "--warmup",
+        "1",
+        "--iters",
+        "3",
+        "--threads",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let last = out.lines().last().unwrap_or_default();
+    let fields: Vec<&str> = last.split(", ").collect();
+    assert_eq!(fields.len(), 4, "{last}");
+    assert!(
+        fields[0].starts_with("bench: median ") && fields[0].ends_with(" ms"),
+        "{last}"
+    );
+    assert!(
+        fields[1].starts_with("p10 ") && fields[2].starts_with("p90 "),
+        "{last}"
+    );
+    assert!(
+        fields[3].starts_with("peak RSS ") && fields[3].ends_with(" MB"),
+        "{last}"
+    );
+    let ms = |f: &str| -> f64 { f.split(' ').rev().nth(1).unwrap().parse().unwrap() };
+    assert!(
+        ms(fields[1]) <= ms(fields[0]) && ms(fields[0]) <= ms(fields[2]),
+        "{last}"
+    );
+
+    let o = rafter(&["bench", rfa.to_str().unwrap(), "--iters", "0"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--iters must be at least 1"),
         "{}",
         text(&o)
     );

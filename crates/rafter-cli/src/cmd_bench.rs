@@ -1,0 +1,146 @@
+//! `rafter bench`: times calls of a model on the runtime, in-process, after warm-up.
+//!
+//! Each timed call is one `Session::run` (submit, then wait for the outputs), so the time
+//! includes everything a caller waits for but not the inputs' preparation: the inputs are
+//! cloned before the clock starts. The last line is machine-readable and fixed:
+//! `bench: median M ms, p10 A ms, p90 B ms, peak RSS R MB`, RSS being the whole process's
+//! peak (weights included), from the kernel's high-water mark.
+
+use crate::cmd_run::{gather_inputs, load, Executor, Source};
+use crate::dims::{self, DimSpec};
+use crate::rss::Rss;
+use anyhow::{bail, Result};
+use rafter_reference::Bindings;
+use rafter_runtime::{ChromeTrace, CpuDeviceOptions, DeviceSet, Session};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest one benchmarked call may take before it is reported as hung.
+const CALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// The model: an ONNX file (compiled in memory first) or a compiled artifact.
+    model: PathBuf,
+    /// Device to run on.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Worker threads of the CPU device (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Untimed calls before timing.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed calls.
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// An input as NAME=FILE.npy; repeat for several. Inputs not given are random.
+    #[arg(long = "input", value_name = "NAME=FILE")]
+    inputs: Vec<String>,
+    /// A symbolic dim's value (SYMBOL=N) for random inputs, or a bound to compile an ONNX
+    /// model for (SYMBOL<=N).
+    #[arg(long = "dim", value_name = "SYMBOL=N")]
+    dims: Vec<String>,
+    /// Seed of the random inputs (default 0, so runs are comparable).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write a Chrome trace of the timed calls to FILE.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+pub fn bench(args: BenchArgs) -> Result<ExitCode> {
+    if args.device != "cpu" {
+        bail!("unknown device `{}` (available: cpu)", args.device);
+    }
+    if args.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let specs = dims::parse_dims(&args.dims)?;
+    let Executor::Runtime(program) = load(&Source::File(args.model.clone()), true, &specs)? else {
+        bail!("internal error: bench needs a compiled program");
+    };
+    let values: Vec<DimSpec> = specs.into_iter().filter(|s| !s.is_bound).collect();
+    let mut bindings = Bindings::with(dims::values_only(&values)?);
+    let inputs = gather_inputs(
+        &program.inputs,
+        &args.inputs,
+        &mut bindings,
+        Some(args.seed),
+    )?;
+
+    let sink = args.trace.as_ref().map(|_| Arc::new(ChromeTrace::new()));
+    let devices = DeviceSet::cpu_with(CpuDeviceOptions {
+        worker_threads: args.threads,
+        trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
+        ..CpuDeviceOptions::default()
+    })?;
+    let session = Session::new(program, &devices)?;
+    for _ in 0..args.warmup {
+        session.run(inputs.clone(), CALL_TIMEOUT)?;
+    }
+    if let Some(s) = &sink {
+        s.clear();
+    }
+    let mut times = Vec::with_capacity(args.iters);
+    for _ in 0..args.iters {
+        let call_inputs = inputs.clone();
+        let start = Instant::now();
+        session.run(call_inputs, CALL_TIMEOUT)?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    if let (Some(path), Some(sink)) = (&args.trace, &sink) {
+        sink.write(path)?;
+        println!("wrote trace {}", path.display());
+    }
+    println!("{}", summary_line(&times, Rss::now().map(|r| r.peak_kib)));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The `q`-quantile of sorted `xs` by linear interpolation between closest ranks.
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    let pos = q * (xs.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    xs[lo] + (xs[hi] - xs[lo]) * (pos - lo as f64)
+}
+
+/// The final `bench:` line for call times in ms (any order, at least one).
+fn summary_line(times_ms: &[f64], peak_kib: Option<u64>) -> String {
+    let mut xs = times_ms.to_vec();
+    xs.sort_by(f64::total_cmp);
+    let rss = match peak_kib {
+        Some(k) => format!("{:.1} MB", k as f64 * 1024.0 / 1e6),
+        None => "unavailable".to_string(),
+    };
+    format!(
+        "bench: median {:.3} ms, p10 {:.3} ms, p90 {:.3} ms, peak RSS {rss}",
+        quantile(&xs, 0.5),
+        quantile(&xs, 0.1),
+        quantile(&xs, 0.9)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_between_ranks() {
+        let xs = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(quantile(&xs, 0.5), 3.0);
+        assert!((quantile(&xs, 0.1) - 1.4).abs() < 1e-12);
+        assert!((quantile(&xs, 0.9) - 4.6).abs() < 1e-12);
+        assert_eq!(quantile(&[7.0], 0.9), 7.0);
+    }
+
+    #[test]
+    fn summary_line_has_the_documented_form() {
+        let line = summary_line(&[3.0, 1.0, 2.0], Some(1000));
+        assert_eq!(
+            line,
+            "bench: median 2.000 ms, p10 1.200 ms, p90 2.800 ms, peak RSS 1.0 MB"
+        );
+    }
+}
