@@ -5,7 +5,7 @@
 //! arena's planned `size`) or is placed here, per call, once the call's sizes are known: by
 //! the compiler's own placement ([`rafter_ir::arena::place`], greedy by size over the
 //! program's liveness), above the planned `size`, so the two never collide. A fully planned
-//! arena is therefore one allocation of exactly its planned size.
+//! arena is therefore one allocation of its planned size (rounded up to the alignment).
 
 use rafter_ir::arena::{self, Block};
 

@@ -259,8 +259,9 @@ fn compile_time_offsets_are_used_and_bounds_enforced() {
 }
 
 /// A compiled program with a static plan in which an elementwise kernel writes its result
-/// over the operand it reads last (`e = exp(s)` in `s`'s bytes): the runtime binds both to
-/// the same arena bytes, and the results match the reference at sizes up to the bound.
+/// over the operand it reads last (`e = exp(s)` in `s`'s bytes): the runtime allocates the
+/// planned arena once per call, binds both to the same bytes, and the results match the
+/// reference at sizes up to the bound.
 #[test]
 fn planned_in_place_results_run_correctly() {
     let g = rafter_ir::text::parse_graph(
@@ -295,6 +296,20 @@ fn planned_in_place_results_run_correctly() {
         "expected a result written in place:\n{}",
         rafter_ir::program_text::print_program(&p, rafter_ir::program_text::WeightMode::Inline)
     );
+    // A call at the bound allocates the input, the two outputs and the planned arena, once:
+    // a device with one byte less fails the call.
+    let arena = rafter_ir::arena::align_up(p.arenas[0].size.unwrap()).unwrap();
+    let need = 8 * 8 * 4 + 8 * 8 * 4 + 8 * 4 + arena;
+    let x8 = Tensor::f32s(&[8, 8], vec![0.5; 64]);
+    for (limit, fits) in [(need, true), (need - 1, false)] {
+        let devices = DeviceSet::cpu_with(CpuDeviceOptions {
+            memory_limit: Some(limit),
+            ..Default::default()
+        })
+        .unwrap();
+        let session = Session::new(p.clone(), &devices).unwrap();
+        assert_eq!(session.run(vec![x8.clone()], LONG).is_ok(), fits, "{limit}");
+    }
     let session = Session::new(p, &cpu(2)).unwrap();
     for len in [1usize, 5, 8] {
         let x: Vec<f32> = (0..len * 8).map(|i| (i % 7) as f32 * 0.5 - 1.0).collect();
