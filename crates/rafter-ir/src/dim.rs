@@ -204,6 +204,30 @@ impl Dim {
         Ok(total)
     }
 
+    /// The largest value the dim can take when every symbol lies in `0..=bounds[s]`, checked
+    /// for overflow: each term with a positive coefficient at its symbols' bounds, each
+    /// non-constant term with a negative one at 0 (its largest value, as symbols are never
+    /// negative). Exact for polynomials with non-negative coefficients (`768*batch*seq`,
+    /// `past + seq`); an upper bound for the others (`seq - 1`).
+    pub fn max_value(&self, bounds: &HashMap<Symbol, i64>) -> Result<i64, DimError> {
+        let overflow = || DimError::Overflow(self.to_string());
+        let mut total: i64 = 0;
+        for (m, c) in &self.terms {
+            if *c < 0 && !m.is_empty() {
+                continue;
+            }
+            let mut term = *c;
+            for s in m {
+                let v = *bounds
+                    .get(s)
+                    .ok_or_else(|| DimError::Unbound(s.name().to_string()))?;
+                term = term.checked_mul(v.max(0)).ok_or_else(overflow)?;
+            }
+            total = total.checked_add(term).ok_or_else(overflow)?;
+        }
+        Ok(total)
+    }
+
     /// Substitutes symbols that `bindings` names by their dims; others stay.
     pub fn substitute(&self, bindings: &HashMap<Symbol, Dim>) -> Dim {
         let mut out = Dim::known(0);
@@ -290,6 +314,28 @@ mod tests {
         assert_eq!(d.eval(&env), Ok(19));
         env.insert(Symbol::new("seq"), i64::MAX);
         assert!(matches!(d.eval(&env), Err(DimError::Overflow(_))));
+    }
+
+    #[test]
+    fn max_value_bounds_every_value() {
+        let mut bounds = HashMap::new();
+        bounds.insert(Symbol::new("seq"), 128);
+        bounds.insert(Symbol::new("batch"), 2);
+        let (seq, batch) = (Dim::symbol("seq"), Dim::symbol("batch"));
+        let prod = batch.mul(&seq).scale(768);
+        assert_eq!(prod.max_value(&bounds), Ok(768 * 2 * 128));
+        // A negative term is largest at 0; a negative constant is exact.
+        assert_eq!(seq.sub(&batch).max_value(&bounds), Ok(128));
+        assert_eq!(seq.sub(&Dim::known(1)).max_value(&bounds), Ok(127));
+        assert_eq!(
+            Dim::symbol("past").max_value(&bounds),
+            Err(DimError::Unbound("past".into()))
+        );
+        bounds.insert(Symbol::new("seq"), i64::MAX);
+        assert!(matches!(
+            prod.max_value(&bounds),
+            Err(DimError::Overflow(_))
+        ));
     }
 
     #[test]

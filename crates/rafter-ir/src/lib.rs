@@ -5,6 +5,7 @@
 //! kept in their own table ([`ConstData`], zero-copy over the model file). Everything later
 //! (passes, partitioning, code generation, the reference executor) reads this form.
 
+pub mod arena;
 pub mod attr;
 mod constant;
 mod dim;

@@ -33,9 +33,11 @@ pub enum Storage {
     /// `Program::weights[i]` (read-only, memory-mapped from the artifact).
     Weight(usize),
     /// A slice of arena `arena`. `offset` is fixed at compile time when every symbol in the
-    /// buffer's dims (and in the dims of everything sharing the arena) has a declared bound;
-    /// otherwise it is `None` and the runtime plans offsets per call from the program's
-    /// liveness, with the same planner.
+    /// buffer's dims has a declared bound (the buffer is planned at its largest size, and
+    /// lies within the arena's `size`); otherwise it is `None` and the runtime places the
+    /// buffer per call, above the arena's planned `size`, from the program's liveness, with
+    /// the same placement ([`crate::arena`]). Buffers may share bytes at different steps, and
+    /// at one step when a kernel writes its result in place of an operand it reads last.
     Arena { arena: usize, offset: Option<u64> },
     /// Sized by its producer at run time (data-dependent dims); lives in host memory.
     Dynamic,

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! Graph ──optimize──► Graph ──partition──► groups ──lower──► Program ──plan_memory──► Program
-//!        (dce, fold,            (fusion)              (buffers,          (arena offsets;
-//!         cse, canon)                                  kernels, steps)    placeholder)
+//!        (dce, fold,            (fusion)              (buffers,          (liveness, in-place,
+//!         cse, canon)                                  kernels, steps)    arena offsets)
 //! ```
 //!
 //! - [`passes`]: graph-to-graph passes ([`passes::dce`], [`passes::fold_constants`],
@@ -11,7 +11,8 @@
 //! - [`fusion`]: groups ops into kernels (elementwise chains, contraction epilogues,
 //!   reduction prologues);
 //! - [`lower()`]: partition + lowering to a [`Program`], without memory planning;
-//! - [`memplan`]: memory planning ([`memplan::plan_memory`], a placeholder for now);
+//! - [`memplan`]: static memory planning ([`memplan::plan_memory`]: offsets in one arena per
+//!   device and memory kind, sized at the declared bounds; [`memplan::memory_report`]);
 //! - [`compile()`]: all of the above.
 
 mod error;

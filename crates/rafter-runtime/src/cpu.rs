@@ -18,6 +18,17 @@
 //! binds data-dependent symbols), and writes each result into its binding after checking
 //! that the sizes agree.
 //!
+//! # Results in place of operands
+//! The memory planner may bind a result to the same arena bytes as an operand that the
+//! dispatch reads for the last time (an elementwise kernel writing over its input). That is
+//! safe here because of an invariant [`KernelShared::run_kernel`] keeps: it decodes every
+//! operand into an owned [`Tensor`], dropping each read view at once, before it runs the body
+//! (or the host kernel), and takes a write view of a result only after the body has
+//! returned. No two views of one dispatch are ever live together, and every operand byte is
+//! read before any result byte is written. A kernel that streams instead must read element
+//! `i` of an operand before writing element `i` of a result bound to it, and must take one
+//! writable view for the pair (see the HAL's aliasing rule).
+//!
 //! # Host slots (`Storage::Dynamic`)
 //! A buffer whose size depends on tensor values cannot be allocated before the call runs.
 //! It lives in a per-call table of host tensors, `Arc<Mutex<Vec<Option<Tensor>>>>` indexed by

@@ -1,15 +1,13 @@
 //! Per-call placement of arena buffers, and the access regions that order steps.
 //!
 //! A buffer in an arena either has a compile-time offset (`Storage::Arena { offset:
-//! Some(_) }`, planned by the compiler against the declared symbol bounds) or is placed here,
-//! per call, once the call's sizes are known. The per-call planner is a first-fit over the
-//! program's liveness: buffers are taken largest first, and each goes at the lowest
-//! 64-byte-aligned offset where it overlaps no already placed buffer whose live step range
-//! overlaps its own. Per-call buffers go above every compile-time one, so the two never
-//! collide. (The real planner, shared with the compiler, replaces this.)
+//! Some(_) }`, planned by the compiler against the declared symbol bounds, within the
+//! arena's planned `size`) or is placed here, per call, once the call's sizes are known: by
+//! the compiler's own placement ([`rafter_ir::arena::place`], greedy by size over the
+//! program's liveness), above the planned `size`, so the two never collide. A fully planned
+//! arena is therefore one allocation of its planned size (rounded up to the alignment).
 
-/// Alignment of every arena offset (the CPU device's allocation alignment).
-pub(crate) const ARENA_ALIGN: u64 = 64;
+use rafter_ir::arena::{self, Block};
 
 /// One buffer to place in an arena.
 #[derive(Clone, Debug)]
@@ -29,17 +27,8 @@ pub(crate) struct PlaceError {
     pub(crate) msg: String,
 }
 
-fn align(x: u64) -> Option<u64> {
-    x.checked_add(ARENA_ALIGN - 1)
-        .map(|v| v & !(ARENA_ALIGN - 1))
-}
-
-fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
-    a.0 <= b.1 && b.0 <= a.1
-}
-
 /// Offsets for `items` and the arena's total size. `declared` is the arena's compile-time
-/// size, which compile-time offsets must fit in.
+/// size, which compile-time offsets must fit in; items placed per call go above it.
 pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, u64), PlaceError> {
     let overflow = |item: usize| PlaceError {
         item,
@@ -64,44 +53,28 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
         offsets[i] = offset;
         base = base.max(end);
     }
-    let base = align(base).ok_or_else(|| overflow(0))?;
-    let mut total = base;
-    let mut order: Vec<usize> = (0..items.len())
+    let base = arena::align_up(base).ok_or_else(|| overflow(0))?;
+    let per_call: Vec<usize> = (0..items.len())
         .filter(|&i| items[i].fixed.is_none())
         .collect();
-    order.sort_by(|&a, &b| items[b].size.cmp(&items[a].size).then(a.cmp(&b)));
-    // (offset, end, live) of the per-call buffers placed so far.
-    let mut placed: Vec<(u64, u64, (usize, usize))> = Vec::new();
-    for i in order {
-        let item = &items[i];
-        let Some(live) = item.live else {
-            offsets[i] = base;
-            continue;
-        };
-        let mut conflicts: Vec<(u64, u64)> = placed
-            .iter()
-            .filter(|p| overlaps(p.2, live) && p.1 > p.0)
-            .map(|p| (p.0, p.1))
-            .collect();
-        conflicts.sort_unstable();
-        let mut offset = base;
-        if item.size > 0 {
-            for (start, end) in conflicts {
-                let my_end = offset.checked_add(item.size).ok_or_else(|| overflow(i))?;
-                if my_end <= start {
-                    break;
-                }
-                if end > offset {
-                    offset = align(end).ok_or_else(|| overflow(i))?;
-                }
-            }
-        }
-        let end = offset.checked_add(item.size).ok_or_else(|| overflow(i))?;
+    // Items no step touches get `base` and take no room.
+    let blocks: Vec<Block> = per_call
+        .iter()
+        .map(|&i| Block {
+            size: if items[i].live.is_some() {
+                items[i].size
+            } else {
+                0
+            },
+            live: items[i].live.unwrap_or((0, 0)),
+        })
+        .collect();
+    let (placed, end) = arena::place(&blocks, base)
+        .ok_or_else(|| overflow(per_call.first().copied().unwrap_or(0)))?;
+    for (&i, offset) in per_call.iter().zip(placed) {
         offsets[i] = offset;
-        total = total.max(end);
-        placed.push((offset, end, live));
     }
-    Ok((offsets, total))
+    Ok((offsets, end.max(base)))
 }
 
 /// The bytes a step touches: a range of one call-local allocation, or a host slot.
@@ -153,6 +126,7 @@ pub(crate) fn any_conflict(a: &[Access], b: &[Access]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rafter_ir::arena::{overlaps, ARENA_ALIGN};
 
     fn item(size: u64, live: (usize, usize)) -> Item {
         Item {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use common::{lower_per_node, max_abs_diff, LONG};
 use rafter_ir::program::{Program, Storage};
+use rafter_ir::Symbol;
 use rafter_reference::npy::read_npy;
 use rafter_runtime::{BytesBuffer, DeviceSet, Session};
 
@@ -31,6 +32,34 @@ fn bert_tiny_compiled_by_rafter_opt_matches_onnx_runtime() {
             .iter()
             .any(|b| matches!(b.storage, Storage::Arena { offset: None, .. })),
         "the compiler leaves offsets to the runtime"
+    );
+    run_and_compare(program);
+}
+
+/// With `batch <= 2, seq <= 128` declared, every arena buffer gets a compile-time offset:
+/// the runtime allocates the planned arena and places nothing itself, and the results (at
+/// seq 7 and 13, below the bound) still match. The plan is within 25% of its lower bound.
+#[test]
+fn bert_tiny_with_a_static_memory_plan_matches_onnx_runtime() {
+    let opts = rafter_opt::CompileOptions {
+        bounds: vec![(Symbol::new("batch"), 2), (Symbol::new("seq"), 128)],
+        ..rafter_opt::CompileOptions::default()
+    };
+    let program = rafter_opt::compile(&import(), &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        program
+            .buffers
+            .iter()
+            .all(|b| !matches!(b.storage, Storage::Arena { offset: None, .. })),
+        "every arena buffer is planned"
+    );
+    rafter_opt::memplan::check_plan(&program).unwrap();
+    let report = rafter_opt::memplan::memory_report(&program);
+    eprintln!("bert_tiny, batch <= 2, seq <= 128: {}", report[0]);
+    assert!(
+        report[0].ratio().is_some_and(|r| r <= 1.25),
+        "{}",
+        report[0]
     );
     run_and_compare(program);
 }

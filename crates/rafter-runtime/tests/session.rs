@@ -258,6 +258,70 @@ fn compile_time_offsets_are_used_and_bounds_enforced() {
     );
 }
 
+/// A compiled program with a static plan in which an elementwise kernel writes its result
+/// over the operand it reads last (`e = exp(s)` in `s`'s bytes): the runtime allocates the
+/// planned arena once per call, binds both to the same bytes, and the results match the
+/// reference at sizes up to the bound.
+#[test]
+fn planned_in_place_results_run_correctly() {
+    let g = rafter_ir::text::parse_graph(
+        r#"graph @ip(%x: f32[n, 8]) -> (%y, %z) {
+          %s: f32[n, 8] = softmax{kind = softmax, axis = 1}(%x)
+          %e: f32[n, 8] = unary{op = exp}(%s)
+          %y: f32[n, 8] = softmax{kind = log_softmax, axis = 1}(%e)
+          %z: f32[n] = reduce{kind = sum, axes = [1], keep_dims = false, noop_with_empty_axes = false}(%e)
+        }"#,
+    )
+    .unwrap();
+    let opts = rafter_opt::CompileOptions {
+        bounds: vec![(Symbol::new("n"), 8)],
+        ..Default::default()
+    };
+    let p = rafter_opt::compile(&g, &opts).unwrap();
+    let live = rafter_ir::arena::liveness(&p);
+    let offset = |b: usize| match p.buffers[b].storage {
+        Storage::Arena { offset, .. } => offset,
+        _ => None,
+    };
+    let in_place = (0..p.buffers.len()).any(|a| {
+        (0..p.buffers.len()).any(|b| {
+            a != b
+                && offset(a).is_some()
+                && offset(a) == offset(b)
+                && live[a].zip(live[b]).is_some_and(|(la, lb)| la.1 == lb.0)
+        })
+    });
+    assert!(
+        in_place,
+        "expected a result written in place:\n{}",
+        rafter_ir::program_text::print_program(&p, rafter_ir::program_text::WeightMode::Inline)
+    );
+    // A call at the bound allocates the input, the two outputs and the planned arena, once:
+    // a device with one byte less fails the call.
+    let arena = rafter_ir::arena::align_up(p.arenas[0].size.unwrap()).unwrap();
+    let need = 8 * 8 * 4 + 8 * 8 * 4 + 8 * 4 + arena;
+    let x8 = Tensor::f32s(&[8, 8], vec![0.5; 64]);
+    for (limit, fits) in [(need, true), (need - 1, false)] {
+        let devices = DeviceSet::cpu_with(CpuDeviceOptions {
+            memory_limit: Some(limit),
+            ..Default::default()
+        })
+        .unwrap();
+        let session = Session::new(p.clone(), &devices).unwrap();
+        assert_eq!(session.run(vec![x8.clone()], LONG).is_ok(), fits, "{limit}");
+    }
+    let session = Session::new(p, &cpu(2)).unwrap();
+    for len in [1usize, 5, 8] {
+        let x: Vec<f32> = (0..len * 8).map(|i| (i % 7) as f32 * 0.5 - 1.0).collect();
+        let x = Tensor::f32s(&[len, 8], x);
+        let want = rafter_reference::run(&g, vec![x.clone()]).unwrap();
+        let got = session.run(vec![x], LONG).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert!(max_abs_diff(a, b) == 0.0, "n = {len}");
+        }
+    }
+}
+
 #[test]
 fn inputs_are_checked_against_the_signature() {
     let mut p = chain_program();

@@ -1,5 +1,6 @@
 //! A tiny program interpreter for tests: runs each kernel body with the reference
-//! executor, in step order, over a vector of buffers.
+//! executor, in step order. Buffers with a planned arena offset live as bytes in their
+//! arena (so a plan that lets live buffers overlap corrupts results); others as tensors.
 
 #![allow(dead_code)]
 
@@ -9,14 +10,80 @@ use rafter_ir::text::parse_graph;
 use rafter_ir::Graph;
 use rafter_reference::{Bindings, Tensor};
 
-/// Runs `p` on `inputs` (in port order) and returns its outputs (in port order).
+/// The interpreter's memory: tensors by buffer, and the bytes of planned arenas.
+struct Memory<'p> {
+    p: &'p Program,
+    tensors: Vec<Option<Tensor>>,
+    arenas: Vec<Vec<u8>>,
+    /// Shapes of the tensors stored in arena bytes.
+    shapes: Vec<Option<Vec<usize>>>,
+}
+
+impl Memory<'_> {
+    fn planned(&self, b: usize) -> Option<(usize, usize)> {
+        match self.p.buffers[b].storage {
+            Storage::Arena {
+                arena,
+                offset: Some(o),
+            } => Some((arena, o as usize)),
+            _ => None,
+        }
+    }
+
+    fn read(&self, b: usize) -> Result<Tensor, String> {
+        let Some((a, offset)) = self.planned(b) else {
+            return self.tensors[b].clone().ok_or("read before written".into());
+        };
+        let dims = self.shapes[b].as_ref().ok_or("read before written")?;
+        let dtype = self.p.buffers[b].ty.dtype;
+        let len = dims.iter().product::<usize>() * dtype.size_of();
+        let bytes = self.arenas[a]
+            .get(offset..offset + len)
+            .ok_or_else(|| format!("buffer {b} past the end of arena {a}"))?;
+        Tensor::from_le_bytes(dtype, dims, bytes).map_err(|e| e.to_string())
+    }
+
+    fn write(&mut self, b: usize, t: Tensor) -> Result<(), String> {
+        let Some((a, offset)) = self.planned(b) else {
+            self.tensors[b] = Some(t);
+            return Ok(());
+        };
+        let bytes = t.to_le_bytes();
+        self.arenas[a]
+            .get_mut(offset..offset + bytes.len())
+            .ok_or_else(|| {
+                format!(
+                    "buffer {b} ({} bytes) past the end of arena {a}",
+                    bytes.len()
+                )
+            })?
+            .copy_from_slice(&bytes);
+        self.shapes[b] = Some(t.shape().to_vec());
+        Ok(())
+    }
+}
+
+/// Runs `p` on `inputs` (in port order) and returns its outputs (in port order). A step
+/// reads all its operands before it writes any result (as the CPU runtime does).
 pub fn interpret(p: &Program, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
     p.verify().map_err(|e| e.to_string())?;
-    let mut bufs: Vec<Option<Tensor>> = vec![None; p.buffers.len()];
+    let nb = p.buffers.len();
+    let mut mem = Memory {
+        p,
+        tensors: vec![None; nb],
+        arenas: p
+            .arenas
+            .iter()
+            .map(|a| vec![0xA5; a.size.unwrap_or(0) as usize])
+            .collect(),
+        shapes: vec![None; nb],
+    };
     for (i, b) in p.buffers.iter().enumerate() {
         match b.storage {
-            Storage::Input(k) => bufs[i] = Some(inputs.get(k).ok_or("missing input")?.clone()),
-            Storage::Weight(w) => bufs[i] = Some(Tensor::from_const(&p.weights[w])),
+            Storage::Input(k) => {
+                mem.tensors[i] = Some(inputs.get(k).ok_or("missing input")?.clone())
+            }
+            Storage::Weight(w) => mem.tensors[i] = Some(Tensor::from_const(&p.weights[w])),
             _ => {}
         }
     }
@@ -31,17 +98,21 @@ pub fn interpret(p: &Program, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String
                 let k = &p.kernels[*kernel];
                 let args: Vec<Tensor> = args
                     .iter()
-                    .map(|&b| bufs[b].clone().expect("verified: written before read"))
-                    .collect();
+                    .map(|&b| mem.read(b))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("step {si}: {e}"))?;
                 let outs = rafter_reference::run_with(&k.body, args, &mut bindings)
                     .map_err(|e| format!("step {si} kernel `{}`: {e}", k.name))?;
                 for (r, t) in results.iter().zip(outs) {
                     if let Some(r) = r {
-                        bufs[*r] = Some(t);
+                        mem.write(*r, t).map_err(|e| format!("step {si}: {e}"))?;
                     }
                 }
             }
-            Step::Copy { src, dst } => bufs[*dst] = bufs[*src].clone(),
+            Step::Copy { src, dst } => {
+                let t = mem.read(*src).map_err(|e| format!("step {si}: {e}"))?;
+                mem.write(*dst, t).map_err(|e| format!("step {si}: {e}"))?;
+            }
         }
     }
     (0..p.outputs.len())
@@ -51,7 +122,7 @@ pub fn interpret(p: &Program, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String
                 .iter()
                 .position(|b| b.storage == Storage::Output(k))
                 .ok_or("no output buffer")?;
-            bufs[b].clone().ok_or_else(|| "output not written".into())
+            mem.read(b).map_err(|e| format!("output {k}: {e}"))
         })
         .collect()
 }
@@ -83,8 +154,16 @@ pub fn same_bits(a: &Tensor, b: &Tensor) -> Result<(), String> {
 /// results are bitwise identical, and that the program survives the program text format.
 /// Returns the program.
 pub fn check_equivalent(g: &Graph, inputs: Vec<Tensor>) -> rafter_ir::program::Program {
-    let p = rafter_opt::compile(g, &rafter_opt::CompileOptions::default())
-        .unwrap_or_else(|e| panic!("compile: {e}"));
+    check_equivalent_with(g, inputs, &rafter_opt::CompileOptions::default())
+}
+
+/// [`check_equivalent`] with compile options (bounds for the memory planner).
+pub fn check_equivalent_with(
+    g: &Graph,
+    inputs: Vec<Tensor>,
+    opts: &rafter_opt::CompileOptions,
+) -> rafter_ir::program::Program {
+    let p = rafter_opt::compile(g, opts).unwrap_or_else(|e| panic!("compile: {e}"));
     let text = print_program(&p, WeightMode::Inline);
     let back = parse_program_inline(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert!(back == p, "program text round trip differs:\n{text}");
