@@ -442,7 +442,14 @@ fn two_calls_overlap_on_the_cpu_device() {
         let y: Vec<f32> = x.to_f64_vec().iter().map(|v| *v as f32 + w).collect();
         Ok(vec![Tensor::f32s(x.shape(), y)])
     });
-    let session = Session::with_options(chain_program(), &cpu(2), options).unwrap();
+    let trace = Arc::new(ChromeTrace::new());
+    let devices = DeviceSet::cpu_with(CpuDeviceOptions {
+        worker_threads: 2,
+        trace_sink: Some(trace.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let session = Session::with_options(chain_program(), &devices, options).unwrap();
     let first = session
         .submit(vec![Tensor::f32s(&[2], vec![1.0, 2.0])])
         .unwrap();
@@ -460,6 +467,18 @@ fn two_calls_overlap_on_the_cpu_device() {
     latch.signal(1).unwrap();
     let out1 = first.wait(LONG).unwrap();
     assert_eq!(f32s(&out1[0]), chain_expected(&[1.0, 2.0]));
+
+    // The trace shows it too: call 2's `add` slice lies inside call 1's (the order of the
+    // spans is forced by the latch, not by timing). Slices are recorded when they end, so
+    // call 2's comes first.
+    let adds: Vec<_> = trace
+        .events()
+        .into_iter()
+        .filter(|e| e.kind == rafter_hal::TraceKind::Dispatch && &*e.name == "add")
+        .collect();
+    assert_eq!(adds.len(), 2, "{adds:?}");
+    let (second_span, first_span) = (&adds[0], &adds[1]);
+    assert!(first_span.start <= second_span.start && second_span.end <= first_span.end);
 }
 
 /// `y = data[idx]` with `data` a weight: an index out of range fails the kernel.
