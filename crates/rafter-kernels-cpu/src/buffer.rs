@@ -1,0 +1,84 @@
+//! 64-byte-aligned f32 storage without `unsafe`: a `Vec` with up to 15 floats of slack and
+//! an offset. Cache-line alignment keeps every 16-float panel row inside one line, so the
+//! kernels' vector loads never split lines.
+
+use std::cell::RefCell;
+
+const ALIGN_FLOATS: usize = 16; // 64 bytes
+
+/// `prefix + len` floats whose element `prefix` (the payload's start) is 64-byte aligned.
+#[derive(Clone)]
+pub(crate) struct Aligned {
+    v: Vec<f32>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    /// Zero-filled.
+    pub(crate) fn new(prefix: usize, len: usize) -> Aligned {
+        let total = prefix + len;
+        let v = vec![0.0f32; total + ALIGN_FLOATS - 1];
+        // A Vec<f32> is 4-byte aligned, so addresses are in whole floats.
+        let addr_floats = v.as_ptr() as usize / 4;
+        let start = (ALIGN_FLOATS - (addr_floats + prefix) % ALIGN_FLOATS) % ALIGN_FLOATS;
+        Aligned {
+            v,
+            start,
+            len: total,
+        }
+    }
+
+    /// Prefix and payload.
+    pub(crate) fn as_slice(&self) -> &[f32] {
+        &self.v[self.start..self.start + self.len]
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.v[self.start..self.start + self.len]
+    }
+
+    fn capacity_floats(&self) -> usize {
+        self.v.len() - (ALIGN_FLOATS - 1)
+    }
+}
+
+thread_local! {
+    /// Per-thread packing buffers, reused across calls so a GEMM allocates nothing in steady
+    /// state, whichever pool thread runs its tasks.
+    static SCRATCH: RefCell<(Aligned, Aligned)> =
+        RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
+}
+
+/// Runs `f` with two aligned scratch buffers of at least `len_a` and `len_b` floats (contents
+/// unspecified). Falls back to fresh buffers if the thread's are in use (re-entrancy).
+pub(crate) fn with_scratch<R>(
+    len_a: usize,
+    len_b: usize,
+    f: impl FnOnce(&mut [f32], &mut [f32]) -> R,
+) -> R {
+    let mut f = Some(f);
+    let done = SCRATCH.with(|cell| {
+        let mut guard = cell.try_borrow_mut().ok()?;
+        let (a, b) = &mut *guard;
+        if a.capacity_floats() < len_a {
+            *a = Aligned::new(0, len_a);
+        }
+        if b.capacity_floats() < len_b {
+            *b = Aligned::new(0, len_b);
+        }
+        let f = f.take()?;
+        Some(f(
+            &mut a.as_mut_slice()[..len_a],
+            &mut b.as_mut_slice()[..len_b],
+        ))
+    });
+    match done {
+        Some(r) => r,
+        None => {
+            let (mut a, mut b) = (Aligned::new(0, len_a), Aligned::new(0, len_b));
+            let f = f.take().expect("scratch closure already ran");
+            f(a.as_mut_slice(), b.as_mut_slice())
+        }
+    }
+}

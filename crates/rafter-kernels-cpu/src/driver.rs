@@ -1,0 +1,284 @@
+//! The blocked GEMM driver: splits C into per-thread tasks, then runs the BLIS loop nest
+//! (see the crate docs) in each task.
+
+use crate::buffer::with_scratch;
+use crate::kernel::{Blocking, Isa, Tile, TileEpilogue, PANEL};
+use crate::pack::{pack_a, pack_b};
+use crate::{BRef, Epilogue, MatMut, MatRef, Parallel};
+
+/// Below this many multiply-adds a GEMM runs on the calling thread: waking threads would
+/// cost more than it saves.
+const MIN_PARALLEL_FMAS: usize = 1 << 20;
+
+/// Fixed cost of one task (taking it, waking a thread, cold caches), in FMAs' time.
+const TASK_COST: usize = 1 << 15;
+
+/// Packing one float costs about this many FMAs' time (a load, a store and some shuffling
+/// against 16 FMAs a cycle); used to weigh duplicated packing when choosing a split.
+const PACK_COST: usize = 8;
+
+/// The C pointer, shared by tasks that write disjoint tiles.
+#[derive(Clone, Copy)]
+struct CPtr(*mut f32);
+// SAFETY: tasks only write disjoint row x column ranges of C (see `run`), and the pointer
+// outlives them (`Parallel::run` returns only when every task has returned).
+unsafe impl Send for CPtr {}
+// SAFETY: as above.
+unsafe impl Sync for CPtr {}
+
+struct Ctx<'a> {
+    isa: Isa,
+    bl: Blocking,
+    alpha: f32,
+    beta: f32,
+    k: usize,
+    a: MatRef<'a>,
+    b: BRef<'a>,
+    c: CPtr,
+    ldc: usize,
+    epi: Option<&'a Epilogue<'a>>,
+    /// A is read in place (row-major, few rows) instead of packed.
+    direct_a: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    isa: Isa,
+    alpha: f32,
+    a: MatRef<'_>,
+    b: BRef<'_>,
+    beta: f32,
+    c: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) {
+    let (m, n) = (c.rows, c.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    // alpha == 0: A and B are not read (BLAS semantics; they may hold NaN).
+    let k = if alpha == 0.0 { 0 } else { a.cols };
+    let bl = isa.blocking();
+    // Row-contiguous A is read in place: packing it costs O(MK) copies that only pay off
+    // when N is large, and measured here the kernels run as fast on A's rows as on packed
+    // panels (up to 2x faster end to end on ResNet shapes, N = 64..256). Strided A
+    // (a folded transpose) is packed.
+    let direct_a = k > 0 && a.cs == 1;
+    let ctx = Ctx {
+        isa,
+        bl,
+        alpha,
+        beta,
+        k,
+        a,
+        b,
+        c: CPtr(c.data.as_mut_ptr()),
+        ldc: c.ld,
+        epi: (!epilogue.is_identity()).then_some(epilogue),
+        direct_a,
+    };
+    let packed_b = matches!(b, BRef::Packed(_));
+    let (tm, tn) = split(m, n, k, &bl, par.threads(), !direct_a, !packed_b);
+    let (mt, nt) = (m.div_ceil(bl.mr), n.div_ceil(bl.nr));
+    let task = |t: usize| {
+        let (ti, tj) = (t / tn, t % tn);
+        let i0 = (ti * mt / tm * bl.mr).min(m);
+        let i1 = ((ti + 1) * mt / tm * bl.mr).min(m);
+        let j0 = (tj * nt / tn * bl.nr).min(n);
+        let j1 = ((tj + 1) * nt / tn * bl.nr).min(n);
+        if i0 < i1 && j0 < j1 {
+            block(&ctx, i0, i1, j0, j1);
+        }
+    };
+    if tm * tn == 1 {
+        task(0);
+    } else {
+        // Tasks cover disjoint row ranges (multiples of MR) x column ranges (multiples of
+        // NR, so of the packed panel width), which is what makes sharing `ctx.c` sound.
+        par.run(tm * tn, &task);
+    }
+}
+
+/// Chooses a `tm x tn` grid of tasks (rows x columns) for `threads` threads.
+///
+/// A task's cost is its FMAs plus the packing it repeats (every column task packs its rows
+/// of A, every row task packs its columns of B) plus streaming its A rows and B columns;
+/// the grid's cost is its largest task times the rounds of tasks per thread. Grids of 4
+/// tasks per thread are preferred when they cost at most 10% more than the best grid of
+/// one task per thread: tasks are taken dynamically, so a thread that the OS preempts (the
+/// CPU device shares the machine) holds up a quarter of the work instead of half of it.
+fn split(
+    m: usize,
+    n: usize,
+    k: usize,
+    bl: &Blocking,
+    threads: usize,
+    packs_a: bool,
+    packs_b: bool,
+) -> (usize, usize) {
+    let (mt, nt) = (m.div_ceil(bl.mr), n.div_ceil(bl.nr));
+    if threads <= 1 || m * n * k.max(1) < MIN_PARALLEL_FMAS {
+        return (1, 1);
+    }
+    let best_for = |tasks: usize| -> Option<(usize, (usize, usize))> {
+        let mut best = None;
+        for tm in 1..=tasks.min(mt) {
+            if !tasks.is_multiple_of(tm) || tasks / tm > nt {
+                continue;
+            }
+            let tn = tasks / tm;
+            let rows = mt.div_ceil(tm) * bl.mr;
+            let cols = nt.div_ceil(tn) * bl.nr;
+            let pack = PACK_COST * k * (rows * packs_a as usize + cols * packs_b as usize);
+            let task = rows * cols * k + pack + k * (rows + cols) + TASK_COST;
+            let cost = task * tasks.div_ceil(threads);
+            if best.is_none_or(|(c, _)| cost < c) {
+                best = Some((cost, (tm, tn)));
+            }
+        }
+        best
+    };
+    let one = best_for(threads);
+    let four = best_for(4 * threads);
+    match (one, four) {
+        (Some((c1, g1)), Some((c4, g4))) => {
+            if c4 * 10 <= c1 * 11 {
+                g4
+            } else {
+                g1
+            }
+        }
+        (Some((_, g)), None) | (None, Some((_, g))) => g,
+        // Fewer tiles than threads in both directions at once cannot happen above
+        // MIN_PARALLEL_FMAS unless K is huge: fall back to rows or columns alone.
+        (None, None) => {
+            if mt >= nt {
+                (threads.min(mt), 1)
+            } else {
+                (1, threads.min(nt))
+            }
+        }
+    }
+}
+
+/// `C[i0..i1, j0..j1]` on the calling thread.
+fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
+    let bl = ctx.bl;
+    let k = ctx.k;
+    let kc_max = bl.kc.min(k);
+    let mc_max = bl.mc.min(i1 - i0).div_ceil(bl.mr) * bl.mr;
+    let nc_max = bl.nc.min(j1 - j0).div_ceil(PANEL) * PANEL;
+    let len_a = if ctx.direct_a { 0 } else { mc_max * kc_max };
+    let len_b = if matches!(ctx.b, BRef::Packed(_)) {
+        0
+    } else {
+        nc_max * kc_max
+    };
+    with_scratch(len_a, len_b, |abuf, bbuf| {
+        for jc in (j0..j1).step_by(bl.nc) {
+            let nc = bl.nc.min(j1 - jc);
+            let mut pc = 0;
+            loop {
+                let kc = bl.kc.min(k - pc);
+                let (b_ptr, b_ps) = match &ctx.b {
+                    BRef::Packed(p) => {
+                        let panels = p.panels();
+                        // `jc` is a multiple of PANEL (task and NC boundaries are multiples
+                        // of NR), so this is the start of a panel, `pc` rows down.
+                        (
+                            panels[(jc / PANEL) * k * PANEL + pc * PANEL..].as_ptr(),
+                            k * PANEL,
+                        )
+                    }
+                    BRef::Mat(bm) => {
+                        pack_b(bm, pc, kc, jc, nc, bbuf, kc * PANEL);
+                        (bbuf.as_ptr(), kc * PANEL)
+                    }
+                };
+                let first = pc == 0;
+                let last = pc + kc >= k;
+                for ic in (i0..i1).step_by(bl.mc) {
+                    let mc = bl.mc.min(i1 - ic);
+                    if !ctx.direct_a {
+                        pack_a(&ctx.a, ic, mc, pc, kc, bl.mr, abuf);
+                    }
+                    macro_kernel(ctx, abuf, b_ptr, b_ps, ic, mc, jc, nc, pc, kc, first, last);
+                }
+                pc += kc;
+                if pc >= k {
+                    break;
+                }
+            }
+        }
+    });
+}
+
+/// All tiles of one packed `mc x kc` A block against one `kc x nc` B block.
+#[allow(clippy::too_many_arguments)]
+fn macro_kernel(
+    ctx: &Ctx<'_>,
+    abuf: &[f32],
+    b_ptr: *const f32,
+    b_ps: usize,
+    ic: usize,
+    mc: usize,
+    jc: usize,
+    nc: usize,
+    pc: usize,
+    kc: usize,
+    first: bool,
+    last: bool,
+) {
+    let bl = ctx.bl;
+    for jr in (0..nc).step_by(bl.nr) {
+        let nv = bl.nr.min(nc - jr);
+        let j = jc + jr;
+        for ir in (0..mc).step_by(bl.mr) {
+            let mv = bl.mr.min(mc - ir);
+            let i = ic + ir;
+            let a_ptr = if ctx.direct_a {
+                // In bounds: row i < m, column pc < k of A (checked at construction).
+                ctx.a.data[i * ctx.a.rs + pc..].as_ptr()
+            } else {
+                // Panel ir / mr of the packed block starts at (ir / mr) * kc * mr.
+                abuf[ir * kc..].as_ptr()
+            };
+            let epi = if last {
+                ctx.epi.map(|e| TileEpilogue {
+                    bias: e.bias.map_or(std::ptr::null(), |b| b[j..].as_ptr()),
+                    act: e.activation,
+                    res: e
+                        .residual
+                        .map_or(std::ptr::null(), |r| r.data[i * r.ld + j..].as_ptr()),
+                    res_ld: e.residual.map_or(0, |r| r.ld),
+                    res_before: e.residual.is_some_and(|r| r.before_activation),
+                })
+            } else {
+                None
+            };
+            let t = Tile {
+                kc,
+                a: a_ptr,
+                a_rs: ctx.a.rs,
+                // Panel jr / PANEL of the B block.
+                b: b_ptr.wrapping_add(jr / PANEL * b_ps),
+                b_ps,
+                // SAFETY: i < m and j < n, so the offset is inside C's slice.
+                c: unsafe { ctx.c.0.add(i * ctx.ldc + j) },
+                ldc: ctx.ldc,
+                mv,
+                nv,
+                alpha: ctx.alpha,
+                beta: if first { ctx.beta } else { 1.0 },
+                epi,
+            };
+            // SAFETY: the tile satisfies the kernel layout contract: A is either packed into
+            // `abuf` (MR rows, kc deep, zero-padded) or `mv` in-bounds rows of row-major A
+            // with kc columns from pc; B points at ceil(nv/16) panels of kc rows (packed by
+            // `pack_b` or validated PackedB panels); C and the epilogue operands cover
+            // rows i..i+mv, columns j..j+nv (shapes checked in `sgemm_with_isa`); this task
+            // alone writes that region of C; the ISA was checked available.
+            unsafe { ctx.isa.tile(&t, !ctx.direct_a) };
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! AVX2 + FMA micro-kernel: a 6x16 tile of C in 12 ymm accumulators.
+//!
+//! Per k step: 2 loads of B (one 16-wide panel row), 6 broadcasts of A, 12 FMAs. 6x16 is the
+//! classic Haswell/Zen shape: 12 accumulators cover the FMA latency x throughput product
+//! (4 cycles x 2 ports = 8 independent chains at least) and leave registers for B and the
+//! broadcast, and 2 loads + 6 broadcasts per 12 FMAs stays under the load ports' limit.
+
+use std::arch::x86_64::*;
+
+use super::{Tile, TileEpilogue, PANEL};
+use crate::Activation;
+
+const MR: usize = 6;
+// 0.693359375 exactly (355/512), so `n * LN2_HI` is exact for the n used here.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+
+/// # Safety
+/// The contract of [`super::Isa::tile`] with AVX2 and FMA available.
+pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
+    debug_assert!(t.mv >= 1 && t.mv <= MR && t.nv >= 1 && t.nv <= PANEL);
+    // SAFETY (all arms): forwarded contract; rows instantiated match the rows that exist
+    // (`MR` padded rows when packed, exactly `mv` rows when direct).
+    unsafe {
+        if packed_a {
+            kernel::<MR, true>(t)
+        } else {
+            match t.mv {
+                1 => kernel::<1, false>(t),
+                2 => kernel::<2, false>(t),
+                3 => kernel::<3, false>(t),
+                4 => kernel::<4, false>(t),
+                5 => kernel::<5, false>(t),
+                _ => kernel::<6, false>(t),
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel<const R: usize, const PACKED: bool>(t: &Tile) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut a = t.a;
+    let mut b = t.b;
+    let rs = t.a_rs;
+    for _ in 0..t.kc {
+        // SAFETY: this k step's B panel row (16 floats) and A values are inside the operands
+        // (module layout contract); `a` and `b` advance by one k step each iteration.
+        unsafe {
+            let b0 = _mm256_loadu_ps(b);
+            let b1 = _mm256_loadu_ps(b.add(8));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let ap = if PACKED { a.add(r) } else { a.add(r * rs) };
+                let av = _mm256_broadcast_ss(&*ap);
+                acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
+                acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
+            }
+            a = a.add(if PACKED { MR } else { 1 });
+            b = b.add(PANEL);
+        }
+    }
+
+    // Spill the tile once, with constant indices, and finish it out of line (see the
+    // AVX-512 kernel: an inlined epilogue made LLVM store accumulators on every k step).
+    let mut tile = [[0.0f32; PANEL]; R];
+    for (acc_r, out_r) in acc.iter().zip(tile.iter_mut()) {
+        // SAFETY: out_r holds 16 floats: two vectors of 8.
+        unsafe {
+            _mm256_storeu_ps(out_r.as_mut_ptr(), acc_r[0]);
+            _mm256_storeu_ps(out_r.as_mut_ptr().add(8), acc_r[1]);
+        }
+    }
+    // SAFETY: forwarded contract; `tile` has R >= mv rows of 16 >= nv columns.
+    unsafe { finish(t, &tile) }
+}
+
+/// `alpha * AB (+ beta C)` and the epilogue, from the spilled accumulators, into C's
+/// `mv x nv` tile.
+///
+/// # Safety
+/// The tile contract; `ab.len() >= mv`.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn finish(t: &Tile, ab: &[[f32; PANEL]]) {
+    let alpha = _mm256_set1_ps(t.alpha);
+    let beta = _mm256_set1_ps(t.beta);
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let full = t.nv == PANEL;
+    for (r, ab_r) in ab.iter().enumerate().take(t.mv) {
+        for col in (0..t.nv).step_by(8) {
+            // Lanes of this vector inside the tile's nv columns; masked accesses never touch
+            // memory (nor fault) outside them.
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((t.nv - col) as i32), lanes);
+            // SAFETY: row r < mv and the lanes loaded/stored are columns < nv (masked when
+            // the tile is partial): inside C and the epilogue operands per the contract.
+            unsafe {
+                let accv = _mm256_loadu_ps(ab_r.as_ptr().add(col));
+                let cp = t.c.add(r * t.ldc + col);
+                let mut x = if t.alpha == 1.0 {
+                    accv
+                } else {
+                    _mm256_mul_ps(accv, alpha)
+                };
+                if t.beta != 0.0 {
+                    x = _mm256_fmadd_ps(load(cp, full, mask), beta, x);
+                }
+                if let Some(e) = &t.epi {
+                    x = epilogue(x, e, r, col, full, mask);
+                }
+                if full {
+                    _mm256_storeu_ps(cp, x);
+                } else {
+                    _mm256_maskstore_ps(cp, mask, x);
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// `p` readable for 8 floats, or for the lanes set in `mask` when `!full`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load(p: *const f32, full: bool, mask: __m256i) -> __m256 {
+    // SAFETY: forwarded.
+    unsafe {
+        if full {
+            _mm256_loadu_ps(p)
+        } else {
+            _mm256_maskload_ps(p, mask)
+        }
+    }
+}
+
+/// # Safety
+/// The epilogue pointers readable at row `r`, columns `col..col+8` (masked when `!full`).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn epilogue(
+    mut x: __m256,
+    e: &TileEpilogue,
+    r: usize,
+    col: usize,
+    full: bool,
+    mask: __m256i,
+) -> __m256 {
+    // SAFETY: forwarded.
+    unsafe {
+        if !e.bias.is_null() {
+            x = _mm256_add_ps(x, load(e.bias.add(col), full, mask));
+        }
+        let res = if e.res.is_null() {
+            None
+        } else {
+            Some(load(e.res.add(r * e.res_ld + col), full, mask))
+        };
+        if let (Some(rv), true) = (res, e.res_before) {
+            x = _mm256_add_ps(x, rv);
+        }
+        x = match e.act {
+            Activation::None => x,
+            Activation::Relu => _mm256_max_ps(x, _mm256_setzero_ps()),
+            Activation::GeluTanh => gelu(x),
+        };
+        if let (Some(rv), false) = (res, e.res_before) {
+            x = _mm256_add_ps(x, rv);
+        }
+        x
+    }
+}
+
+/// `x * sigmoid(2u)`, `u = sqrt(2/pi) (x + 0.044715 x^3)`: GELU's tanh form, since
+/// `0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u))`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn gelu(x: __m256) -> __m256 {
+    let x2 = _mm256_mul_ps(x, x);
+    let inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x2, _mm256_set1_ps(1.0));
+    let m2u = _mm256_mul_ps(_mm256_mul_ps(x, inner), _mm256_set1_ps(-2.0 * 0.797_884_6));
+    let den = _mm256_add_ps(_mm256_set1_ps(1.0), exp(m2u));
+    _mm256_div_ps(x, den)
+}
+
+/// `exp(x)` to about 2 ulp on [-87, 88] (inputs are clamped there): `2^n * p(r)` with
+/// `x = n ln2 + r`, `|r| <= ln2 / 2`, `p` a degree-6 polynomial.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
+        _mm256_set1_ps(88.0),
+    );
+    let n = _mm256_cvtps_epi32(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)));
+    let nf = _mm256_cvtepi32_ps(n);
+    // ln 2 split in two (Cephes) so that `n * LN2_HI` is exact.
+    let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(LN2_HI), x);
+    let r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(LN2_LO), r);
+    let mut p = _mm256_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(n, _mm256_set1_epi32(127)),
+        23,
+    ));
+    _mm256_mul_ps(p, pow2n)
+}

@@ -1,0 +1,203 @@
+//! AVX-512F micro-kernel: a 12x32 tile of C in 24 zmm accumulators, reading two adjacent
+//! 16-wide B panels per k step (so the packed-B layout is the one the AVX2 kernel reads).
+//!
+//! Per k step: 2 zmm loads of B, 12 broadcasts of A, 24 FMAs: 24 accumulators cover the
+//! latency x throughput product of two 512-bit FMA ports, and 14 loads per 24 FMAs fit the
+//! load ports. Tiles of at most 16 valid columns use a 12x16 variant that reads one panel
+//! only (the next panel may not exist).
+
+use std::arch::x86_64::*;
+
+use super::{Tile, TileEpilogue, PANEL};
+use crate::Activation;
+
+const MR: usize = 12;
+// 0.693359375 exactly (355/512), so `n * LN2_HI` is exact for the n used here.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+
+/// # Safety
+/// The contract of [`super::Isa::tile`] with AVX-512F available.
+pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
+    debug_assert!(t.mv >= 1 && t.mv <= MR && t.nv >= 1 && t.nv <= 2 * PANEL);
+    macro_rules! direct {
+        ($w:literal) => {
+            match t.mv {
+                1 => kernel::<1, false, $w>(t),
+                2 => kernel::<2, false, $w>(t),
+                3 => kernel::<3, false, $w>(t),
+                4 => kernel::<4, false, $w>(t),
+                5 => kernel::<5, false, $w>(t),
+                6 => kernel::<6, false, $w>(t),
+                7 => kernel::<7, false, $w>(t),
+                8 => kernel::<8, false, $w>(t),
+                9 => kernel::<9, false, $w>(t),
+                10 => kernel::<10, false, $w>(t),
+                11 => kernel::<11, false, $w>(t),
+                _ => kernel::<12, false, $w>(t),
+            }
+        };
+    }
+    // SAFETY (all arms): forwarded contract; the rows instantiated are the rows that exist
+    // (`MR` padded rows when packed, exactly `mv` when direct), and the panels read are the
+    // ones that exist (two only when more than 16 columns are valid).
+    unsafe {
+        match (packed_a, t.nv > PANEL) {
+            (true, true) => kernel::<MR, true, 2>(t),
+            (true, false) => kernel::<MR, true, 1>(t),
+            (false, true) => direct!(2),
+            (false, false) => direct!(1),
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel<const R: usize, const PACKED: bool, const W: usize>(t: &Tile) {
+    let mut acc = [[_mm512_setzero_ps(); W]; R];
+    let mut a = t.a;
+    let mut b = t.b;
+    let rs = t.a_rs;
+    let ps = t.b_ps;
+    for _ in 0..t.kc {
+        // SAFETY: this k step's rows of the W panels and the A values are inside the
+        // operands (module layout contract); `a` and `b` advance by one k step.
+        unsafe {
+            let mut bv = [_mm512_setzero_ps(); W];
+            for (w, bw) in bv.iter_mut().enumerate() {
+                *bw = _mm512_loadu_ps(b.add(w * ps));
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let ap = if PACKED { a.add(r) } else { a.add(r * rs) };
+                let av = _mm512_set1_ps(*ap);
+                for (acc_rw, &bw) in acc_r.iter_mut().zip(&bv) {
+                    *acc_rw = _mm512_fmadd_ps(av, bw, *acc_rw);
+                }
+            }
+            a = a.add(if PACKED { MR } else { 1 });
+            b = b.add(PANEL);
+        }
+    }
+
+    // Spill the tile once, with constant indices, and finish it out of line: with the
+    // epilogue inlined here (runtime row/column counts, GELU) LLVM kept `acc` in memory and
+    // stored every accumulator on every k step, halving the kernel's speed.
+    let mut tile = [[0.0f32; 2 * PANEL]; R];
+    for (acc_r, out_r) in acc.iter().zip(tile.iter_mut()) {
+        for (w, &x) in acc_r.iter().enumerate() {
+            // SAFETY: w < W <= 2, so the 16 floats at w * 16 are inside out_r's 32.
+            unsafe { _mm512_storeu_ps(out_r.as_mut_ptr().add(w * PANEL), x) };
+        }
+    }
+    // SAFETY: forwarded contract; `tile` has R >= mv rows and 32 >= nv columns.
+    unsafe { finish(t, tile.as_ptr().cast(), 2 * PANEL) }
+}
+
+/// `alpha * AB (+ beta C)` and the epilogue, from the spilled accumulators at `ab` (row
+/// stride `ab_ld`), into C's `mv x nv` tile.
+///
+/// # Safety
+/// `ab` readable for `mv` rows of `nv` (rounded up to 16) floats; the tile contract.
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
+unsafe fn finish(t: &Tile, ab: *const f32, ab_ld: usize) {
+    let alpha = _mm512_set1_ps(t.alpha);
+    let beta = _mm512_set1_ps(t.beta);
+    for r in 0..t.mv {
+        for col in (0..t.nv).step_by(PANEL) {
+            let valid = (t.nv - col).min(PANEL);
+            // Lanes inside the tile; masked accesses never touch memory outside them.
+            let mask: __mmask16 = if valid == PANEL {
+                0xffff
+            } else {
+                (1u16 << valid) - 1
+            };
+            // SAFETY: row r < mv, and only lanes of columns < nv are accessed (masked).
+            unsafe {
+                let accv = _mm512_loadu_ps(ab.add(r * ab_ld + col));
+                let cp = t.c.add(r * t.ldc + col);
+                let mut x = if t.alpha == 1.0 {
+                    accv
+                } else {
+                    _mm512_mul_ps(accv, alpha)
+                };
+                if t.beta != 0.0 {
+                    x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, cp), beta, x);
+                }
+                if let Some(e) = &t.epi {
+                    x = epilogue(x, e, r, col, mask);
+                }
+                _mm512_mask_storeu_ps(cp, mask, x);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The epilogue pointers readable at row `r`, columns `col..col+16` where `mask` is set.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn epilogue(
+    mut x: __m512,
+    e: &TileEpilogue,
+    r: usize,
+    col: usize,
+    mask: __mmask16,
+) -> __m512 {
+    // SAFETY: forwarded.
+    unsafe {
+        if !e.bias.is_null() {
+            x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, e.bias.add(col)));
+        }
+        let res = if e.res.is_null() {
+            None
+        } else {
+            Some(_mm512_maskz_loadu_ps(mask, e.res.add(r * e.res_ld + col)))
+        };
+        if let (Some(rv), true) = (res, e.res_before) {
+            x = _mm512_add_ps(x, rv);
+        }
+        x = match e.act {
+            Activation::None => x,
+            Activation::Relu => _mm512_max_ps(x, _mm512_setzero_ps()),
+            Activation::GeluTanh => gelu(x),
+        };
+        if let (Some(rv), false) = (res, e.res_before) {
+            x = _mm512_add_ps(x, rv);
+        }
+        x
+    }
+}
+
+/// GELU's tanh form as `x / (1 + exp(-2u))`; see the AVX2 kernel.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn gelu(x: __m512) -> __m512 {
+    let x2 = _mm512_mul_ps(x, x);
+    let inner = _mm512_fmadd_ps(_mm512_set1_ps(0.044715), x2, _mm512_set1_ps(1.0));
+    let m2u = _mm512_mul_ps(_mm512_mul_ps(x, inner), _mm512_set1_ps(-2.0 * 0.797_884_6));
+    let den = _mm512_add_ps(_mm512_set1_ps(1.0), exp(m2u));
+    _mm512_div_ps(x, den)
+}
+
+/// `exp(x)` on [-87, 88] (clamped): `2^n * p(r)`, as in the AVX2 kernel.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
+        _mm512_set1_ps(88.0),
+    );
+    let n = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+    let nf = _mm512_cvtepi32_ps(n);
+    let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(LN2_LO), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let pow2n = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_add_epi32(n, _mm512_set1_epi32(127)),
+        23,
+    ));
+    _mm512_mul_ps(p, pow2n)
+}

@@ -1,0 +1,239 @@
+//! Micro-kernels: one MR x NR tile of C per call, and the ISA dispatch that picks them.
+//!
+//! Every kernel reads the same operand layouts, so packing code and [`crate::PackedB`] are
+//! shared by all of them:
+//! - B: panels of [`PANEL`] columns; element `(p, j)` of the tile's B is at
+//!   `b + (j / PANEL) * b_ps + p * PANEL + j % PANEL`. Panels are zero-padded past N, so a
+//!   kernel may always read whole panels (but must not read a panel past the last one).
+//! - A, packed: element `(r, p)` at `a + p * MR + r`, zero-padded past M.
+//! - A, direct (small M, row-major A, no packing): element `(r, p)` at `a + r * a_rs + p`;
+//!   rows past `mv` do not exist and must not be read, so kernels are instantiated per row
+//!   count.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use crate::Activation;
+
+pub(crate) mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
+
+/// Width of a packed B panel, in f32 columns: one AVX-512 vector, two AVX2 vectors, four NEON
+/// vectors. Fixed across ISAs so that weights packed at compile time run on every kernel.
+pub(crate) const PANEL: usize = 16;
+
+/// The instruction set a GEMM runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust, no intrinsics: the fallback on every target, and the path tests hold
+    /// to the reference everywhere.
+    Scalar,
+    /// x86-64 AVX2 + FMA: a 6x16 tile (12 ymm accumulators).
+    Avx2,
+    /// x86-64 AVX-512F: a 12x32 tile (24 zmm accumulators).
+    Avx512,
+    /// aarch64 NEON (Advanced SIMD, always present on aarch64): a 4x16 tile.
+    Neon,
+}
+
+impl Isa {
+    /// The fastest kernel this CPU supports; detected once per process, then cached.
+    pub fn detect() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            Isa::all()
+                .iter()
+                .copied()
+                .find(|isa| *isa != Isa::Scalar && isa.is_available())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+
+    /// Every kernel compiled into this build, fastest first.
+    pub fn all() -> &'static [Isa] {
+        &[Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Scalar]
+    }
+
+    /// Whether this CPU can run the kernel (checked at run time, not at compile time, so one
+    /// binary serves every CPU of an architecture).
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Tile and cache-block sizes of this kernel.
+    pub(crate) fn blocking(self) -> Blocking {
+        let b = self.blocking_default();
+        let get = |o: &AtomicUsize, d: usize| match o.load(Ordering::Relaxed) {
+            0 => d,
+            v => v,
+        };
+        Blocking {
+            mc: get(&BLOCKING_OVERRIDE[0], b.mc).div_ceil(b.mr) * b.mr,
+            kc: get(&BLOCKING_OVERRIDE[1], b.kc),
+            nc: get(&BLOCKING_OVERRIDE[2], b.nc).div_ceil(b.nr) * b.nr,
+            ..b
+        }
+    }
+
+    pub(crate) fn blocking_default(self) -> Blocking {
+        match self {
+            // Chosen by measurement (`benches/gemm.rs --tune`, best of 21 alternating
+            // rounds, on the ResNet-50 and BERT shapes): the differences between candidates
+            // were within 5%, so these favour fewer passes over C (larger KC). A is read in
+            // place when row-major, so MC only sets how many rows share a sweep of B.
+            // KC = 384: the 6x16 kernel's B micro-panel (24 KiB) fits a 32 KiB L1d (Zen 3).
+            // NC: a KC x NC block of B (4.5 MiB) stays in L3.
+            Isa::Avx2 => Blocking {
+                mr: 6,
+                nr: 16,
+                mc: 144,
+                kc: 384,
+                nc: 3072,
+            },
+            // KC = 512: the B micro-panel (2 x 32 KiB) streams from L2 while A's 12 rows stay
+            // in L1; 5% faster than KC = 256 on the large shapes here.
+            Isa::Avx512 => Blocking {
+                mr: 12,
+                nr: 32,
+                mc: 96,
+                kc: 512,
+                nc: 3072,
+            },
+            Isa::Neon => Blocking {
+                mr: 4,
+                nr: 16,
+                mc: 128,
+                kc: 256,
+                nc: 3072,
+            },
+            Isa::Scalar => Blocking {
+                mr: 4,
+                nr: 16,
+                mc: 128,
+                kc: 256,
+                nc: 3072,
+            },
+        }
+    }
+
+    /// Computes one tile.
+    ///
+    /// # Safety
+    /// `t` must satisfy the layout contract of this module: `kc` rows of A and B readable as
+    /// described (A with `mv` rows when `packed_a` is false, `MR` packed rows otherwise; B with
+    /// `ceil(nv / PANEL)` panels), C writable for `mv x nv` at `ldc`, and the epilogue's
+    /// pointers (when present) readable for the same `mv x nv` region. `self` must be
+    /// available on this CPU.
+    #[inline]
+    pub(crate) unsafe fn tile(self, t: &Tile, packed_a: bool) {
+        match self {
+            // SAFETY: forwarded contract; the ISA was checked by `sgemm_with_isa`.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::tile(t, packed_a) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::tile(t, packed_a) },
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => unsafe { neon::tile(t, packed_a) },
+            // SAFETY: forwarded contract.
+            _ => unsafe { scalar::tile(t, packed_a, self.blocking().mr) },
+        }
+    }
+}
+
+/// Cache-block sizes (MC, KC, NC) that replace every kernel's defaults when non-zero: a
+/// tuning aid for the bench, which alternates candidates within one run.
+pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 3] = [
+    AtomicUsize::new(0),
+    AtomicUsize::new(0),
+    AtomicUsize::new(0),
+];
+
+/// Register tile (`mr x nr`) and cache blocks (`mc`, `kc`, `nc`) of a kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Blocking {
+    pub mr: usize,
+    pub nr: usize,
+    pub mc: usize,
+    pub kc: usize,
+    pub nc: usize,
+}
+
+/// The epilogue of one tile, as raw pointers already offset to the tile's origin.
+#[derive(Clone, Copy)]
+pub(crate) struct TileEpilogue {
+    /// `bias[j]` for the tile's column `j`, or null.
+    pub bias: *const f32,
+    pub act: Activation,
+    /// `residual[i * res_ld + j]`, or null.
+    pub res: *const f32,
+    pub res_ld: usize,
+    pub res_before: bool,
+}
+
+/// One micro-kernel call. See the module docs for the layouts.
+pub(crate) struct Tile {
+    pub kc: usize,
+    pub a: *const f32,
+    /// Row stride of direct (unpacked) A; unused when A is packed.
+    pub a_rs: usize,
+    pub b: *const f32,
+    /// Distance between consecutive B panels, in f32s.
+    pub b_ps: usize,
+    pub c: *mut f32,
+    pub ldc: usize,
+    /// Valid rows (`1..=MR`) and columns (`1..=NR`) of the tile.
+    pub mv: usize,
+    pub nv: usize,
+    pub alpha: f32,
+    /// `0.0`: C is not read.
+    pub beta: f32,
+    /// Applied after the last K block only.
+    pub epi: Option<TileEpilogue>,
+}
+
+/// The scalar epilogue of one element, shared by the scalar kernel and vector kernels'
+/// reference tests: `act(x + bias (+ r)) (+ r)`.
+#[inline]
+pub(crate) fn epilogue_scalar(mut x: f32, bias: f32, act: Activation, r: f32, before: bool) -> f32 {
+    x += bias;
+    if before {
+        x += r;
+    }
+    x = match act {
+        Activation::None => x,
+        Activation::Relu => x.max(0.0),
+        Activation::GeluTanh => gelu_tanh(x),
+    };
+    if !before {
+        x += r;
+    }
+    x
+}
+
+/// GELU, tanh approximation, as `x * sigmoid(2u)` (the same identity the vector kernels use).
+#[inline]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const S: f32 = 0.797_884_6; // sqrt(2/pi)
+    let u = S * (x + 0.044715 * x * x * x);
+    x / (1.0 + (-2.0 * u).exp())
+}

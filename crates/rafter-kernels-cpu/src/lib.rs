@@ -1,0 +1,413 @@
+//! rafter's CPU micro-kernels.
+//!
+//! Today this crate holds the kernel that dominates CNN and transformer inference on the CPU:
+//! a packed f32 GEMM, `C = act(alpha*A*B + beta*C + bias [+ residual]) [+ residual]`, in the
+//! style of BLIS:
+//!
+//! ```text
+//! for jc in N step NC            (B block lives in L3)
+//!   for pc in K step KC          (pack B[pc.., jc..] into NR-wide panels, unless pre-packed)
+//!     for ic in M step MC        (pack A[ic.., pc..] into MR-tall panels: lives in L2)
+//!       for jr in NC step NR     (one B micro-panel, kc x NR, lives in L1)
+//!         for ir in MC step MR   micro-kernel: an MR x NR tile of C held in registers
+//! ```
+//!
+//! The epilogue (per-column bias, activation, residual add) runs on the tile while it is
+//! still in registers, after the last K block, so a fused `Gemm + Add + Relu` writes C once.
+//!
+//! Weights are B. [`PackedB`] packs them once, at compile time, into exactly the panels the
+//! micro-kernels read, and serialises to a validated byte layout so they can sit in the
+//! artifact and be used from a memory map without a copy ([`PackedBRef::from_bytes`]).
+//!
+//! The micro-kernel is chosen once per process by runtime feature detection ([`Isa::detect`]):
+//! AVX-512F (12x32 tile) or AVX2+FMA (6x16) on x86-64, NEON (4x16) on aarch64, and a
+//! portable scalar kernel everywhere (also reachable explicitly, for tests).
+//!
+//! Threads come from the caller through [`Parallel`], so rafter's CPU device drives the GEMM
+//! on its own worker pool; [`ScopedThreads`] is a simple implementation for tests and benches.
+
+#[cfg(target_endian = "big")]
+compile_error!("rafter-kernels-cpu's packed-weight byte layout is little-endian only");
+
+mod buffer;
+mod driver;
+mod kernel;
+mod pack;
+mod packed;
+mod parallel;
+
+pub use kernel::Isa;
+pub use packed::{
+    PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
+};
+pub use parallel::{Parallel, ScopedThreads, Sequential};
+
+use thiserror::Error;
+
+/// A read-only strided view of an f32 matrix: element `(i, j)` is `data[i*rs + j*cs]`.
+///
+/// General strides (not just a leading dimension) let the compiler fold a transpose into
+/// the GEMM (`MatRef::t`) instead of materialising it: packing reads through the strides.
+/// Construction checks that every element is inside `data`, which is what makes the
+/// kernels' unchecked reads sound.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// A row-major matrix with leading dimension `ld` (`ld >= cols`).
+    pub fn row_major(
+        data: &'a [f32],
+        rows: usize,
+        cols: usize,
+        ld: usize,
+    ) -> Result<Self, GemmError> {
+        if ld < cols {
+            return Err(GemmError::Stride {
+                what: "row-major matrix",
+                ld,
+                cols,
+            });
+        }
+        MatRef::strided(data, rows, cols, ld, 1)
+    }
+
+    /// A matrix with arbitrary row and column strides (in elements).
+    pub fn strided(
+        data: &'a [f32],
+        rows: usize,
+        cols: usize,
+        rs: usize,
+        cs: usize,
+    ) -> Result<Self, GemmError> {
+        check_extent("matrix", data.len(), rows, cols, rs, cs)?;
+        Ok(MatRef {
+            data,
+            rows,
+            cols,
+            rs,
+            cs,
+        })
+    }
+
+    /// The transpose, as a view (no copy).
+    pub fn t(self) -> Self {
+        MatRef {
+            data: self.data,
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// The output matrix: row-major with leading dimension `ld` (unit column stride, so the
+/// micro-kernels can load and store whole vectors of a C row).
+#[derive(Debug)]
+pub struct MatMut<'a> {
+    data: &'a mut [f32],
+    rows: usize,
+    cols: usize,
+    ld: usize,
+}
+
+impl<'a> MatMut<'a> {
+    /// A row-major output with leading dimension `ld` (`ld >= cols`).
+    pub fn row_major(
+        data: &'a mut [f32],
+        rows: usize,
+        cols: usize,
+        ld: usize,
+    ) -> Result<Self, GemmError> {
+        if ld < cols {
+            return Err(GemmError::Stride {
+                what: "output matrix",
+                ld,
+                cols,
+            });
+        }
+        check_extent("output matrix", data.len(), rows, cols, ld, 1)?;
+        Ok(MatMut {
+            data,
+            rows,
+            cols,
+            ld,
+        })
+    }
+}
+
+/// Where B comes from: a strided matrix (packed on the fly, per call) or weights packed ahead
+/// of time (no packing work at run time at all).
+#[derive(Clone, Copy, Debug)]
+pub enum BRef<'a> {
+    Mat(MatRef<'a>),
+    Packed(PackedBRef<'a>),
+}
+
+impl<'a> From<MatRef<'a>> for BRef<'a> {
+    fn from(m: MatRef<'a>) -> Self {
+        BRef::Mat(m)
+    }
+}
+
+impl<'a> From<&'a PackedB> for BRef<'a> {
+    fn from(p: &'a PackedB) -> Self {
+        BRef::Packed(p.view())
+    }
+}
+
+impl<'a> From<PackedBRef<'a>> for BRef<'a> {
+    fn from(p: PackedBRef<'a>) -> Self {
+        BRef::Packed(p)
+    }
+}
+
+impl BRef<'_> {
+    fn rows(&self) -> usize {
+        match self {
+            BRef::Mat(m) => m.rows,
+            BRef::Packed(p) => p.k(),
+        }
+    }
+
+    fn cols(&self) -> usize {
+        match self {
+            BRef::Mat(m) => m.cols,
+            BRef::Packed(p) => p.n(),
+        }
+    }
+}
+
+/// The activation applied in the epilogue, elementwise, while the tile is in registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Activation {
+    #[default]
+    None,
+    Relu,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, the tanh approximation (BERT's and
+    /// GPT-2's); computed as `x * sigmoid(2u)`, with a polynomial `exp` in the vector kernels.
+    GeluTanh,
+}
+
+/// A matrix added to the result in the epilogue, e.g. a ResNet or transformer skip
+/// connection, so the add costs no extra pass over memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Residual<'a> {
+    data: &'a [f32],
+    ld: usize,
+    /// `true`: `act(x + r)` (ResNet's `relu(conv + skip)`); `false`: `act(x) + r`.
+    pub before_activation: bool,
+}
+
+impl<'a> Residual<'a> {
+    /// A row-major residual with leading dimension `ld`; its shape must be C's (checked
+    /// by [`sgemm`]).
+    pub fn row_major(data: &'a [f32], ld: usize, before_activation: bool) -> Self {
+        Residual {
+            data,
+            ld,
+            before_activation,
+        }
+    }
+}
+
+/// What happens to the `alpha*A*B + beta*C` tile before it is stored:
+/// `act(x + bias[j] (+ residual)) (+ residual)`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    /// Per-column (output channel / feature) bias, length N.
+    pub bias: Option<&'a [f32]>,
+    pub activation: Activation,
+    pub residual: Option<Residual<'a>>,
+}
+
+impl Epilogue<'_> {
+    /// No bias, no activation, no residual: a plain GEMM.
+    pub fn none() -> Self {
+        Epilogue::default()
+    }
+
+    fn is_identity(&self) -> bool {
+        self.bias.is_none() && self.activation == Activation::None && self.residual.is_none()
+    }
+}
+
+/// A GEMM's arguments did not fit together. Every variant says which operand and sizes.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum GemmError {
+    #[error("{what}: leading dimension {ld} is smaller than its {cols} columns")]
+    Stride {
+        what: &'static str,
+        ld: usize,
+        cols: usize,
+    },
+    #[error("{what}: {rows}x{cols} with strides ({rs}, {cs}) needs {needed} elements, the slice has {len}")]
+    TooShort {
+        what: &'static str,
+        rows: usize,
+        cols: usize,
+        rs: usize,
+        cs: usize,
+        needed: usize,
+        len: usize,
+    },
+    #[error("{what}: shape mismatch, {detail}")]
+    Shape { what: &'static str, detail: String },
+    #[error("instruction set {0:?} is not available on this CPU")]
+    IsaUnavailable(Isa),
+}
+
+fn check_extent(
+    what: &'static str,
+    len: usize,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+) -> Result<(), GemmError> {
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let needed = (rows - 1)
+        .checked_mul(rs)
+        .and_then(|r| (cols - 1).checked_mul(cs).and_then(|c| r.checked_add(c)))
+        .and_then(|last| last.checked_add(1));
+    match needed {
+        Some(needed) if needed <= len => Ok(()),
+        _ => Err(GemmError::TooShort {
+            what,
+            rows,
+            cols,
+            rs,
+            cs,
+            needed: needed.unwrap_or(usize::MAX),
+            len,
+        }),
+    }
+}
+
+/// `C = act(alpha*A*B + beta*C + bias (+ residual)) (+ residual)`, on the fastest kernel this
+/// CPU has, with tasks run by `par`.
+///
+/// `A` is M x K, `B` is K x N (strided or pre-packed), `C` is M x N. With `beta == 0`, C is
+/// only written, never read (so it may hold garbage, NaN included), as BLAS specifies.
+pub fn sgemm(
+    alpha: f32,
+    a: MatRef<'_>,
+    b: BRef<'_>,
+    beta: f32,
+    c: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<(), GemmError> {
+    sgemm_with_isa(Isa::detect(), alpha, a, b, beta, c, epilogue, par)
+}
+
+/// [`sgemm`] on a given kernel: tests use it to hold every path (the scalar one included) to
+/// the reference on any machine, and benches to compare paths.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_with_isa(
+    isa: Isa,
+    alpha: f32,
+    a: MatRef<'_>,
+    b: BRef<'_>,
+    beta: f32,
+    c: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<(), GemmError> {
+    if !isa.is_available() {
+        return Err(GemmError::IsaUnavailable(isa));
+    }
+    let (m, k, n) = (a.rows, a.cols, b.cols());
+    if b.rows() != k {
+        return Err(GemmError::Shape {
+            what: "B",
+            detail: format!("A is {m}x{k} but B has {} rows", b.rows()),
+        });
+    }
+    if c.rows != m || c.cols != n {
+        return Err(GemmError::Shape {
+            what: "C",
+            detail: format!("A*B is {m}x{n} but C is {}x{}", c.rows, c.cols),
+        });
+    }
+    if let Some(bias) = epilogue.bias {
+        if bias.len() != n {
+            return Err(GemmError::Shape {
+                what: "bias",
+                detail: format!("{} elements for {n} columns", bias.len()),
+            });
+        }
+    }
+    if let Some(r) = &epilogue.residual {
+        if r.ld < n {
+            return Err(GemmError::Stride {
+                what: "residual",
+                ld: r.ld,
+                cols: n,
+            });
+        }
+        check_extent("residual", r.data.len(), m, n, r.ld, 1)?;
+    }
+    driver::run(isa, alpha, a, b, beta, c, epilogue, par);
+    Ok(())
+}
+
+/// Times the micro-kernel alone on operands resident in L1/L2 (`iters` tiles of depth `kc`),
+/// returning GFLOP/s: the ceiling the blocked driver can reach. For the bench binary.
+#[doc(hidden)]
+pub fn bench_micro_kernel(isa: Isa, kc: usize, iters: usize) -> f64 {
+    let bl = isa.blocking();
+    let a = buffer::Aligned::new(0, bl.mr * kc);
+    let b = buffer::Aligned::new(0, bl.nr * kc);
+    let mut c = vec![0.0f32; bl.mr * bl.nr];
+    let t = kernel::Tile {
+        kc,
+        a: a.as_slice().as_ptr(),
+        a_rs: 0,
+        b: b.as_slice().as_ptr(),
+        b_ps: kc * kernel::PANEL,
+        c: c.as_mut_ptr(),
+        ldc: bl.nr,
+        mv: bl.mr,
+        nv: bl.nr,
+        alpha: 1.0,
+        beta: 1.0,
+        epi: None,
+    };
+    assert!(isa.is_available());
+    let start = std::time::Instant::now();
+    for _ in 0..iters {
+        // SAFETY: packed A of MR x kc, B of nr/16 panels of kc rows, C of MR x NR, all owned
+        // above; the ISA is available.
+        unsafe { isa.tile(&t, true) };
+    }
+    let secs = start.elapsed().as_secs_f64();
+    std::hint::black_box(&c);
+    (2 * bl.mr * bl.nr * kc * iters) as f64 / secs / 1e9
+}
+
+/// Overrides the cache blocking (MC, KC, NC; 0 keeps a kernel's default) for every later
+/// GEMM in the process. For tuning from the bench only.
+#[doc(hidden)]
+pub fn set_blocking_override(mc: usize, kc: usize, nc: usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    kernel::BLOCKING_OVERRIDE[0].store(mc, Relaxed);
+    kernel::BLOCKING_OVERRIDE[1].store(kc, Relaxed);
+    kernel::BLOCKING_OVERRIDE[2].store(nc, Relaxed);
+}
