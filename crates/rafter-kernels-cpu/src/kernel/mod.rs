@@ -162,7 +162,9 @@ impl Isa {
 
 /// Cache-block sizes (MC, KC, NC) that replace every kernel's defaults when non-zero: a
 /// tuning aid for the bench, which alternates candidates within one run.
-pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 3] = [
+/// The fourth entry overrides how row-major A is read: 1 packs it, 2 reads it in place.
+pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 4] = [
+    AtomicUsize::new(0),
     AtomicUsize::new(0),
     AtomicUsize::new(0),
     AtomicUsize::new(0),
