@@ -78,7 +78,32 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const W: usize>(t: &Tile) {
         }
     }
 
-    // Spill the tile once, with constant indices, and finish it out of line: with the
+    // Full tiles without an epilogue are stored straight from registers, every index
+    // constant; see the AVX2 kernel. (With the epilogue inlined here too, the extra
+    // registers it needs made LLVM keep the 24 accumulators in memory again.)
+    if t.mv == R && t.nv == W * PANEL && t.epi.is_none() {
+        let alpha = _mm512_set1_ps(t.alpha);
+        let beta = _mm512_set1_ps(t.beta);
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (w, &accv) in acc_r.iter().enumerate() {
+                // SAFETY: r < R == mv rows, columns w*16..w*16+16 <= W*16 == nv.
+                unsafe {
+                    let cp = t.c.add(r * t.ldc + w * PANEL);
+                    let mut x = if t.alpha == 1.0 {
+                        accv
+                    } else {
+                        _mm512_mul_ps(accv, alpha)
+                    };
+                    if t.beta != 0.0 {
+                        x = _mm512_fmadd_ps(_mm512_loadu_ps(cp), beta, x);
+                    }
+                    _mm512_storeu_ps(cp, x);
+                }
+            }
+        }
+        return;
+    }
+    // Otherwise spill the tile once, with constant indices, and finish it out of line: with the
     // epilogue inlined here (runtime row/column counts, GELU) LLVM kept `acc` in memory and
     // stored every accumulator on every k step, halving the kernel's speed.
     let mut tile = [[0.0f32; 2 * PANEL]; R];
