@@ -16,7 +16,8 @@ mod x86 {
     use std::time::{Duration, Instant};
 
     use rafter_kernels_cpu::{
-        sgemm_with_isa, BRef, Epilogue, Isa, MatMut, MatRef, PackedB, Parallel, Sequential,
+        sgemm_with_isa, Activation, BRef, Epilogue, Isa, MatMut, MatRef, PackedB, Parallel,
+        Sequential,
     };
     use rayon::prelude::*;
 
@@ -132,6 +133,9 @@ mod x86 {
     enum Who {
         /// rafter on an ISA, B pre-packed (weights) or packed per call.
         Rafter(Isa, bool),
+        /// rafter, B pre-packed, with a fused bias + ReLU epilogue (a ResNet conv's): what
+        /// the peers would need a second pass over C for.
+        RafterFused(Isa),
         Gemm,
         MatrixMultiply,
     }
@@ -141,6 +145,7 @@ mod x86 {
             match self {
                 Who::Rafter(isa, true) => format!("rafter {isa:?}"),
                 Who::Rafter(isa, false) => format!("rafter {isa:?} (B packed per call)"),
+                Who::RafterFused(isa) => format!("rafter {isa:?} +bias+relu"),
                 Who::Gemm => "gemm 0.18".into(),
                 Who::MatrixMultiply => "matrixmultiply 0.3".into(),
             }
@@ -152,6 +157,7 @@ mod x86 {
         b: Vec<f32>,
         c: Vec<f32>,
         packed: PackedB,
+        bias: Vec<f32>,
     }
 
     fn call(who: Who, s: &Shape, d: &mut Data, threads: usize) {
@@ -171,6 +177,21 @@ mod x86 {
                     &Rayon(threads)
                 };
                 sgemm_with_isa(isa, 1.0, a, b, 0.0, c, &Epilogue::none(), par).unwrap();
+            }
+            Who::RafterFused(isa) => {
+                let a = MatRef::row_major(&d.a, m, k, k).unwrap();
+                let c = MatMut::row_major(&mut d.c, m, n, n).unwrap();
+                let par: &dyn Parallel = if threads == 1 {
+                    &Sequential
+                } else {
+                    &Rayon(threads)
+                };
+                let epi = Epilogue {
+                    bias: Some(&d.bias),
+                    activation: Activation::Relu,
+                    residual: None,
+                };
+                sgemm_with_isa(isa, 1.0, a, (&d.packed).into(), 0.0, c, &epi, par).unwrap();
             }
             Who::Gemm => {
                 let par = if threads == 1 {
@@ -385,6 +406,7 @@ mod x86 {
                     b,
                     c: vec![0.0; s.m * s.n],
                     packed,
+                    bias: vec![0.1; s.n],
                 };
                 let w = Who::Rafter(isa, true);
                 let mut times = vec![Vec::new(); configs.len()];
@@ -420,6 +442,12 @@ mod x86 {
             who.insert(0, Who::Rafter(Isa::Avx512, true));
         }
         who.push(Who::MatrixMultiply);
+        if args.iter().any(|a| a == "--epilogue") {
+            if has512 {
+                who.push(Who::RafterFused(Isa::Avx512));
+            }
+            who.push(Who::RafterFused(Isa::Avx2));
+        }
         if let Some(only) = arg("--only") {
             // Profiling aid: one contender (by label substring), no ratio columns.
             who.retain(|w| w.label().contains(only.as_str()));
@@ -432,6 +460,7 @@ mod x86 {
                     b,
                     c: vec![0.0; s.m * s.n],
                     packed,
+                    bias: vec![0.1; s.n],
                 };
                 for &w in &who {
                     let threads = threads_list[0];
@@ -476,6 +505,7 @@ mod x86 {
                     b,
                     c: vec![0.0; s.m * s.n],
                     packed,
+                    bias: vec![0.1; s.n],
                 };
                 let contenders: Vec<Who> = who
                     .iter()

@@ -7,10 +7,15 @@
 //! ```text
 //! for jc in N step NC            (B block lives in L3)
 //!   for pc in K step KC          (pack B[pc.., jc..] into NR-wide panels, unless pre-packed)
-//!     for ic in M step MC        (pack A[ic.., pc..] into MR-tall panels: lives in L2)
+//!     for ic in M step MC        (A block, lives in L2; packed into MR-tall panels only
+//!                                 when A is strided, row-major A is read in place)
 //!       for jr in NC step NR     (one B micro-panel, kc x NR, lives in L1)
 //!         for ir in MC step MR   micro-kernel: an MR x NR tile of C held in registers
 //! ```
+//!
+//! Reading row-major A in place departs from BLIS on purpose: measured on ResNet-50's
+//! N = 64..256 GEMMs, packing A cost up to half the run time, and in place the kernels ran as
+//! fast (see `benchmarks/RESULTS.md`, "CPU GEMM micro-kernel").
 //!
 //! The epilogue (per-column bias, activation, residual add) runs on the tile while it is
 //! still in registers, after the last K block, so a fused `Gemm + Add + Relu` writes C once.
@@ -25,6 +30,8 @@
 //!
 //! Threads come from the caller through [`Parallel`], so rafter's CPU device drives the GEMM
 //! on its own worker pool; [`ScopedThreads`] is a simple implementation for tests and benches.
+
+#![warn(missing_docs)]
 
 #[cfg(target_endian = "big")]
 compile_error!("rafter-kernels-cpu's packed-weight byte layout is little-endian only");
@@ -106,10 +113,12 @@ impl<'a> MatRef<'a> {
         }
     }
 
+    /// Rows (M for A, K for B).
     pub fn rows(&self) -> usize {
         self.rows
     }
 
+    /// Columns (K for A, N for B).
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -154,7 +163,9 @@ impl<'a> MatMut<'a> {
 /// of time (no packing work at run time at all).
 #[derive(Clone, Copy, Debug)]
 pub enum BRef<'a> {
+    /// Any strided matrix: activations, or weights not packed ahead of time.
     Mat(MatRef<'a>),
+    /// Weights packed by [`PackedB`]: the kernels read them as they are.
     Packed(PackedBRef<'a>),
 }
 
@@ -195,8 +206,10 @@ impl BRef<'_> {
 /// The activation applied in the epilogue, elementwise, while the tile is in registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Activation {
+    /// Identity.
     #[default]
     None,
+    /// `max(x, 0)`.
     Relu,
     /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, the tanh approximation (BERT's and
     /// GPT-2's); computed as `x * sigmoid(2u)`, with a polynomial `exp` in the vector kernels.
@@ -231,7 +244,9 @@ impl<'a> Residual<'a> {
 pub struct Epilogue<'a> {
     /// Per-column (output channel / feature) bias, length N.
     pub bias: Option<&'a [f32]>,
+    /// Applied after the bias (and a residual added before activation).
     pub activation: Activation,
+    /// A matrix of C's shape added before or after the activation.
     pub residual: Option<Residual<'a>>,
 }
 
@@ -246,7 +261,9 @@ impl Epilogue<'_> {
     }
 }
 
-/// A GEMM's arguments did not fit together. Every variant says which operand and sizes.
+/// A GEMM's arguments did not fit together. Every variant says which operand and sizes
+/// (each variant's message is its documentation).
+#[allow(missing_docs)]
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum GemmError {
     #[error("{what}: leading dimension {ld} is smaller than its {cols} columns")]

@@ -38,7 +38,8 @@ const DTYPE_F32: u32 = 0;
 const HEADER_FLOATS: usize = PACKED_B_HEADER_BYTES / 4;
 
 /// Bytes that are not a packed B this build can use. Never a panic: the bytes come from a
-/// file.
+/// file. (Each variant's message is its documentation.)
+#[allow(missing_docs)]
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum PackError {
     #[error("packed B: {len} bytes is shorter than the {PACKED_B_HEADER_BYTES}-byte header")]
@@ -174,10 +175,12 @@ impl<'a> PackedBRef<'a> {
         Ok(PackedBRef { k, n, data })
     }
 
+    /// Rows (the GEMM's K).
     pub fn k(&self) -> usize {
         self.k
     }
 
+    /// Columns (the GEMM's N).
     pub fn n(&self) -> usize {
         self.n
     }

@@ -37,6 +37,7 @@ pub struct ScopedThreads {
 }
 
 impl ScopedThreads {
+    /// Up to `threads` threads per call (the caller's included); 0 counts as 1.
     pub fn new(threads: usize) -> ScopedThreads {
         ScopedThreads {
             threads: threads.max(1),
