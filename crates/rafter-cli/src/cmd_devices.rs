@@ -2,11 +2,14 @@
 //!
 //! Each backend contributes a probe ([`PROBES`]) that opens its devices and describes them
 //! as a [`DeviceReport`]; a probe that finds nothing (no driver) says why instead of
-//! failing the command. Adding a backend (Vulkan) is one more probe.
+//! failing the command. The Vulkan probe lists every physical device the loader reports,
+//! usable or not, with what a missing feature disables, and opens the one rafter would pick
+//! to show its HAL description.
 
 use anyhow::Result;
 use rafter_hal::{Device, DeviceInfo, DeviceKind, MemoryKind};
 use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions};
+use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
 use std::process::ExitCode;
 
 /// One device, as printed: a title line and `key: value` lines.
@@ -19,7 +22,7 @@ pub struct DeviceReport {
 type Probe = fn() -> Result<Vec<DeviceReport>, String>;
 
 /// The backends, in the order they are listed.
-const PROBES: [(&str, Probe); 1] = [("cpu", probe_cpu)];
+const PROBES: [(&str, Probe); 2] = [("cpu", probe_cpu), ("vulkan", probe_vulkan)];
 
 pub fn devices() -> Result<ExitCode> {
     let mut found = 0;
@@ -64,6 +67,94 @@ fn probe_cpu() -> Result<Vec<DeviceReport>, String> {
         title: format!("{}: {}", info.name, kind_words(info)),
         fields,
     }])
+}
+
+/// Every Vulkan physical device, and the HAL description of the one rafter opens.
+fn probe_vulkan() -> Result<Vec<DeviceReport>, String> {
+    let listed = rafter_hal_vulkan::list_devices().map_err(|e| e.to_string())?;
+    if listed.is_empty() {
+        return Err("the Vulkan loader found no physical device".into());
+    }
+    let opened = VulkanDevice::new(VulkanDeviceOptions::default());
+    let selected = opened.as_ref().ok().map(|d| d.capabilities().index);
+    let yes = |b: bool| if b { "yes" } else { "NO" };
+    Ok(listed
+        .iter()
+        .map(|caps| {
+            let (major, minor, patch) = caps.api_version;
+            let missing = caps.missing_required();
+            let status = if !missing.is_empty() {
+                format!("refused: lacks {}", missing.join(", "))
+            } else if Some(caps.index) == selected {
+                "usable, selected (RAFTER_VULKAN_DEVICE=index picks another)".to_string()
+            } else {
+                "usable".to_string()
+            };
+            let limits = &caps.limits;
+            let mut fields = vec![
+                ("kind", "vulkan".to_string()),
+                (
+                    "name",
+                    format!("{} ({})", caps.device_name, caps.device_type),
+                ),
+                ("api", format!("Vulkan {major}.{minor}.{patch}")),
+                (
+                    "driver",
+                    format!("{} {}", caps.driver_name, caps.driver_info),
+                ),
+                ("status", status),
+                (
+                    "required",
+                    format!(
+                        "bufferDeviceAddress {}, timelineSemaphore {}, synchronization2 {}",
+                        yes(caps.buffer_device_address),
+                        yes(caps.timeline_semaphore),
+                        yes(caps.synchronization2)
+                    ),
+                ),
+                (
+                    "subgroups",
+                    format!(
+                        "size {}, in compute {}, ops {}",
+                        caps.subgroup_size,
+                        yes(caps.subgroup_in_compute),
+                        caps.subgroup_ops.join(" ")
+                    ),
+                ),
+                (
+                    "cooperative matrix",
+                    match &caps.cooperative_matrix {
+                        None => "NO".to_string(),
+                        Some(shapes) => format!("yes ({} configurations)", shapes.len()),
+                    },
+                ),
+                (
+                    "storage buffer range",
+                    format!(
+                        "{} bytes (kernels address buffers directly; max buffer {} bytes)",
+                        limits.max_storage_buffer_range, limits.max_buffer_size
+                    ),
+                ),
+            ];
+            for (feature, disables) in caps.degradations() {
+                fields.push(("missing", format!("{feature}: {disables}")));
+            }
+            if let Some(device) = opened
+                .as_ref()
+                .ok()
+                .filter(|_| Some(caps.index) == selected)
+            {
+                let info = device.info();
+                fields.push(("queues", device.queue_count().to_string()));
+                fields.push(("memory", memory_kinds(info)));
+                fields.extend(common_fields(info));
+            }
+            DeviceReport {
+                title: format!("vulkan{}: Vulkan device", caps.index),
+                fields,
+            }
+        })
+        .collect())
 }
 
 /// Fields every device has: dtypes, executable formats, buffer limit.

@@ -374,7 +374,38 @@ fn devices_lists_the_cpu() {
             "{isa}"
         );
     }
-    assert!(out.ends_with("devices: 1\n"), "{out}");
+    let count = out.lines().last().and_then(|l| l.strip_prefix("devices: "));
+    assert!(
+        count
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n >= 1),
+        "{out}"
+    );
+}
+
+#[test]
+fn devices_lists_vulkan_devices_or_says_why_there_are_none() {
+    let o = rafter(&["devices"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let required = std::env::var("RAFTER_REQUIRE_VULKAN").is_ok_and(|v| !v.is_empty() && v != "0");
+    if out.contains("vulkan: no devices (") {
+        assert!(!required, "RAFTER_REQUIRE_VULKAN is set but:\n{out}");
+        assert!(
+            out.contains("no Vulkan 1.3 device found (drivers: "),
+            "{out}"
+        );
+        return;
+    }
+    for field in [
+        "vulkan0: Vulkan device\n",
+        "  status: usable, selected",
+        "  required: bufferDeviceAddress yes, timelineSemaphore yes, synchronization2 yes",
+        "  storage buffer range: ",
+        "  executable formats: spirv",
+    ] {
+        assert!(out.contains(field), "no `{field}` in:\n{out}");
+    }
 }
 
 #[test]

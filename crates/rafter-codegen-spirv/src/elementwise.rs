@@ -1,0 +1,816 @@
+//! Fused elementwise kernels on f32.
+
+use std::collections::HashMap;
+
+use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
+use rspirv::binary::Assemble;
+use rspirv::dr::{Builder, Operand as Arg};
+use rspirv::spirv::{
+    AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
+    FunctionControl, LoopControl, MemoryAccess, MemoryModel, StorageClass, Word,
+};
+
+use crate::CodegenError;
+
+/// Invocations per workgroup of an elementwise kernel.
+pub const WORKGROUP_SIZE: u32 = 64;
+
+/// The most elements one dispatch covers: element indices are 32-bit and SPIR-V treats
+/// access-chain indices as signed, so indices stay below 2^31 (8 GiB of f32 per tensor).
+const MAX_ELEMENTS: u64 = (1 << 31) - 1;
+
+/// How a kernel input is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operand {
+    /// One element per output element (the output's shape).
+    Tensor,
+    /// A single element, broadcast to every output element.
+    Scalar,
+}
+
+/// A generated elementwise kernel and how to launch it.
+#[derive(Debug, Clone)]
+pub struct ElementwiseKernel {
+    /// The SPIR-V module.
+    pub spirv: Vec<u32>,
+    /// Its one entry point's name.
+    pub entry_point: String,
+    /// How each body input is read, in binding order.
+    pub inputs: Vec<Operand>,
+    /// Number of outputs; their bindings follow the inputs'.
+    pub outputs: usize,
+}
+
+impl ElementwiseKernel {
+    /// The push-constant params for `count` elements: one little-endian `u32`.
+    pub fn params(count: u64) -> Result<Vec<u8>, String> {
+        if count > MAX_ELEMENTS {
+            return Err(format!(
+                "{count} elements exceed the {MAX_ELEMENTS} one elementwise dispatch covers"
+            ));
+        }
+        Ok((count as u32).to_le_bytes().to_vec())
+    }
+
+    /// The workgroup grid for `count` elements: enough workgroups for one element per
+    /// invocation, capped at `max_x` (the device's limit; the grid-stride loop covers the
+    /// rest).
+    pub fn workgroups(count: u64, max_x: u32) -> [u32; 3] {
+        let needed = count.div_ceil(WORKGROUP_SIZE as u64);
+        [needed.min(max_x.max(1) as u64) as u32, 1, 1]
+    }
+}
+
+/// Compiles an elementwise body: inputs and outputs f32, every op elementwise, every input
+/// and intermediate either of the output's shape or of one element.
+///
+/// Supported ops: `identity`, `cast` to f32 of f32, every float `unary` (abs ... hard_swish),
+/// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
+/// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
+/// `shrink`, `gelu`. Scalar f32 constants are folded into the module.
+pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
+    let error = |reason: String| CodegenError {
+        kernel: body.name.clone(),
+        reason,
+    };
+    let Some(&first_output) = body.outputs.first() else {
+        return Err(error("the body has no outputs".into()));
+    };
+    let shape = &body.value(first_output).ty.dims;
+    // Classify every value: full shape, or a single element.
+    let is_scalar = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
+    for i in 0..body.values.len() {
+        let v = ValueId(i as u32);
+        let value = body.value(v);
+        if value.ty.dtype != DType::F32 {
+            return Err(error(format!(
+                "value %{} (#{i}) is {}; only f32 is generated yet",
+                value.name, value.ty.dtype
+            )));
+        }
+        if &value.ty.dims != shape && !is_scalar(v) {
+            return Err(error(format!(
+                "value %{} has dims {:?}, neither the output's {:?} nor a single element \
+                 (general broadcasting is not generated yet)",
+                value.name, value.ty.dims, shape
+            )));
+        }
+    }
+    for &output in &body.outputs {
+        if body.value(output).ty.dims != *shape {
+            return Err(error(format!(
+                "output %{} does not have the first output's dims",
+                body.value(output).name
+            )));
+        }
+    }
+    let inputs: Vec<Operand> = body
+        .inputs
+        .iter()
+        .map(|&v| {
+            if is_scalar(v) && !is_scalar(first_output) {
+                Operand::Scalar
+            } else {
+                Operand::Tensor
+            }
+        })
+        .collect();
+    let spirv = Emitter::new(body, &inputs).emit().map_err(error)?;
+    Ok(ElementwiseKernel {
+        spirv,
+        entry_point: "main".into(),
+        inputs,
+        outputs: body.outputs.len(),
+    })
+}
+
+/// GLSL.std.450 instruction numbers used here.
+mod glsl {
+    pub const ROUND_EVEN: u32 = 2;
+    pub const FABS: u32 = 4;
+    pub const FLOOR: u32 = 8;
+    pub const CEIL: u32 = 9;
+    pub const SIN: u32 = 13;
+    pub const COS: u32 = 14;
+    pub const TAN: u32 = 15;
+    pub const ATAN: u32 = 18;
+    pub const SINH: u32 = 19;
+    pub const COSH: u32 = 20;
+    pub const TANH: u32 = 21;
+    pub const ASINH: u32 = 22;
+    pub const ACOSH: u32 = 23;
+    pub const ATANH: u32 = 24;
+    pub const ATAN2: u32 = 25;
+    pub const POW: u32 = 26;
+    pub const EXP: u32 = 27;
+    pub const LOG: u32 = 28;
+    pub const SQRT: u32 = 31;
+    pub const FMIN: u32 = 37;
+    pub const FMAX: u32 = 40;
+    pub const FCLAMP: u32 = 43;
+}
+
+type R<T> = Result<T, String>;
+
+fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
+    r.map_err(|e| format!("rspirv: {e}"))
+}
+
+struct Emitter<'a> {
+    body: &'a Graph,
+    inputs: &'a [Operand],
+    b: Builder,
+    glsl: Word,
+    void: Word,
+    f32: Word,
+    u32: Word,
+    bool: Word,
+    constants: HashMap<u32, Word>,
+    u32_constants: HashMap<u32, Word>,
+}
+
+impl<'a> Emitter<'a> {
+    fn new(body: &'a Graph, inputs: &'a [Operand]) -> Emitter<'a> {
+        let mut b = Builder::new();
+        b.set_version(1, 5);
+        b.capability(Capability::Shader);
+        b.capability(Capability::PhysicalStorageBufferAddresses);
+        let glsl = b.ext_inst_import("GLSL.std.450");
+        b.memory_model(
+            AddressingModel::PhysicalStorageBuffer64,
+            MemoryModel::GLSL450,
+        );
+        let void = b.type_void();
+        let f32 = b.type_float(32);
+        let u32 = b.type_int(32, 0);
+        let bool = b.type_bool();
+        Emitter {
+            body,
+            inputs,
+            b,
+            glsl,
+            void,
+            f32,
+            u32,
+            bool,
+            constants: HashMap::new(),
+            u32_constants: HashMap::new(),
+        }
+    }
+
+    fn f(&mut self, value: f32) -> Word {
+        let bits = value.to_bits();
+        if let Some(&id) = self.constants.get(&bits) {
+            return id;
+        }
+        let id = self.b.constant_bit32(self.f32, bits);
+        self.constants.insert(bits, id);
+        id
+    }
+
+    fn u(&mut self, value: u32) -> Word {
+        if let Some(&id) = self.u32_constants.get(&value) {
+            return id;
+        }
+        let id = self.b.constant_bit32(self.u32, value);
+        self.u32_constants.insert(value, id);
+        id
+    }
+
+    fn ext(&mut self, inst: u32, args: &[Word]) -> R<Word> {
+        let (f32, glsl) = (self.f32, self.glsl);
+        build(
+            self.b
+                .ext_inst(f32, None, glsl, inst, args.iter().map(|&a| Arg::IdRef(a))),
+        )
+    }
+
+    fn add(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.f_add(self.f32, None, a, b))
+    }
+    fn sub(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.f_sub(self.f32, None, a, b))
+    }
+    fn mul(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.f_mul(self.f32, None, a, b))
+    }
+    fn div(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.f_div(self.f32, None, a, b))
+    }
+    fn lt(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.f_ord_less_than(self.bool, None, a, b))
+    }
+    fn gt(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.f_ord_greater_than(self.bool, None, a, b))
+    }
+    fn ge(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.f_ord_greater_than_equal(self.bool, None, a, b))
+    }
+    fn eq(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.f_ord_equal(self.bool, None, a, b))
+    }
+    fn is_nan(&mut self, a: Word) -> R<Word> {
+        build(self.b.is_nan(self.bool, None, a))
+    }
+    fn select(&mut self, cond: Word, a: Word, b: Word) -> R<Word> {
+        build(self.b.select(self.f32, None, cond, a, b))
+    }
+    fn and(&mut self, a: Word, b: Word) -> R<Word> {
+        build(self.b.logical_and(self.bool, None, a, b))
+    }
+    fn exp(&mut self, x: Word) -> R<Word> {
+        self.ext(glsl::EXP, &[x])
+    }
+    /// `exp(x) - 1`.
+    fn expm1(&mut self, x: Word) -> R<Word> {
+        let e = self.exp(x)?;
+        let one = self.f(1.0);
+        self.sub(e, one)
+    }
+    /// `nan(x) ? x : y`: keeps NaN where a GLSL built-in (clamp, min, max) leaves it undefined.
+    fn keep_nan(&mut self, x: Word, y: Word) -> R<Word> {
+        let nan = self.is_nan(x)?;
+        self.select(nan, x, y)
+    }
+
+    /// `tanh` with the input clamped to ±10 (where f32 tanh is ±1), so no driver's
+    /// `(e^2x - 1) / (e^2x + 1)` lowering overflows to NaN.
+    fn tanh(&mut self, x: Word) -> R<Word> {
+        let (lo, hi) = (self.f(-10.0), self.f(10.0));
+        let clamped = self.ext(glsl::FCLAMP, &[x, lo, hi])?;
+        let t = self.ext(glsl::TANH, &[clamped])?;
+        self.keep_nan(x, t)
+    }
+
+    /// erf as a rational approximation on [-4, 4] (erf is ±1 in f32 outside), accurate to
+    /// a few ulp: the odd numerator and even denominator of Eigen's and XLA's f32 erf.
+    fn erf(&mut self, x: Word) -> R<Word> {
+        const ALPHA: [f32; 7] = [
+            -2.726_142_3e-10,
+            2.770_681_4e-8,
+            -2.101_024e-6,
+            -5.692_506_4e-5,
+            -7.349_906_3e-4,
+            -2.954_6e-3,
+            -1.609_603_3e-2,
+        ];
+        const BETA: [f32; 5] = [
+            -1.456_607_2e-5,
+            -2.133_740_6e-4,
+            -1.682_827e-3,
+            -7.373_329_3e-3,
+            -1.426_474e-2,
+        ];
+        let (lo, hi) = (self.f(-4.0), self.f(4.0));
+        let c = self.ext(glsl::FCLAMP, &[x, lo, hi])?;
+        let c2 = self.mul(c, c)?;
+        let mut p = self.f(ALPHA[0]);
+        for &a in &ALPHA[1..] {
+            let t = self.mul(p, c2)?;
+            let a = self.f(a);
+            p = self.add(t, a)?;
+        }
+        p = self.mul(p, c)?;
+        let mut q = self.f(BETA[0]);
+        for &bcoef in &BETA[1..] {
+            let t = self.mul(q, c2)?;
+            let bcoef = self.f(bcoef);
+            q = self.add(t, bcoef)?;
+        }
+        let r = self.div(p, q)?;
+        self.keep_nan(x, r)
+    }
+
+    /// `sqrt((1 - x) * (1 + x))`, which keeps its precision as |x| nears 1.
+    fn one_minus_square_root(&mut self, x: Word) -> R<Word> {
+        let one = self.f(1.0);
+        let a = self.sub(one, x)?;
+        let b = self.add(one, x)?;
+        let p = self.mul(a, b)?;
+        self.ext(glsl::SQRT, &[p])
+    }
+
+    /// `log(1 + exp(x))` without overflow: `max(x, 0) + log(1 + exp(-|x|))`.
+    fn softplus(&mut self, x: Word) -> R<Word> {
+        let zero = self.f(0.0);
+        let one = self.f(1.0);
+        let m = self.ext(glsl::FMAX, &[x, zero])?;
+        let a = self.ext(glsl::FABS, &[x])?;
+        let na = build(self.b.f_negate(self.f32, None, a))?;
+        let e = self.exp(na)?;
+        let l1 = self.add(one, e)?;
+        let l = self.ext(glsl::LOG, &[l1])?;
+        let r = self.add(m, l)?;
+        self.keep_nan(x, r)
+    }
+
+    /// NumPy `maximum`/`minimum`: NaN in either operand gives NaN.
+    fn minmax(&mut self, max: bool, a: Word, b: Word) -> R<Word> {
+        let pick_a = if max { self.ge(a, b)? } else { self.ge(b, a)? };
+        let r = self.select(pick_a, a, b)?;
+        let r = self.keep_nan(b, r)?;
+        self.keep_nan(a, r)
+    }
+
+    fn unary(&mut self, op: UnaryOp, x: Word) -> R<Word> {
+        use UnaryOp::*;
+        let zero = self.f(0.0);
+        let one = self.f(1.0);
+        Ok(match op {
+            Abs => self.ext(glsl::FABS, &[x])?,
+            Neg => build(self.b.f_negate(self.f32, None, x))?,
+            Sqrt => self.ext(glsl::SQRT, &[x])?,
+            Exp => self.exp(x)?,
+            Log => self.ext(glsl::LOG, &[x])?,
+            Reciprocal => self.div(one, x)?,
+            Floor => self.ext(glsl::FLOOR, &[x])?,
+            Ceil => self.ext(glsl::CEIL, &[x])?,
+            Round => self.ext(glsl::ROUND_EVEN, &[x])?,
+            Sign => {
+                let minus = self.f(-1.0);
+                let neg = self.lt(x, zero)?;
+                let r = self.select(neg, minus, x)?;
+                let pos = self.gt(x, zero)?;
+                self.select(pos, one, r)?
+            }
+            Sin => self.ext(glsl::SIN, &[x])?,
+            Cos => self.ext(glsl::COS, &[x])?,
+            Tan => self.ext(glsl::TAN, &[x])?,
+            // Through atan2, as Vulkan defines their precision: drivers' own asin/acos
+            // polynomials can be off by 3e-4 (lavapipe's are).
+            Asin => {
+                let r = self.one_minus_square_root(x)?;
+                self.ext(glsl::ATAN2, &[x, r])?
+            }
+            Acos => {
+                let r = self.one_minus_square_root(x)?;
+                self.ext(glsl::ATAN2, &[r, x])?
+            }
+            Atan => self.ext(glsl::ATAN, &[x])?,
+            Sinh => self.ext(glsl::SINH, &[x])?,
+            Cosh => self.ext(glsl::COSH, &[x])?,
+            Tanh => self.tanh(x)?,
+            Asinh => self.ext(glsl::ASINH, &[x])?,
+            Acosh => self.ext(glsl::ACOSH, &[x])?,
+            Atanh => self.ext(glsl::ATANH, &[x])?,
+            Erf => self.erf(x)?,
+            Sigmoid => {
+                // 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below: never exp of a large
+                // positive number.
+                let a = self.ext(glsl::FABS, &[x])?;
+                let na = build(self.b.f_negate(self.f32, None, a))?;
+                let e = self.exp(na)?;
+                let d = self.add(one, e)?;
+                let pos = self.div(one, d)?;
+                let neg = self.div(e, d)?;
+                let ge = self.ge(x, zero)?;
+                self.select(ge, pos, neg)?
+            }
+            Relu => {
+                let neg = self.lt(x, zero)?;
+                self.select(neg, zero, x)?
+            }
+            Softplus => self.softplus(x)?,
+            Softsign => {
+                let a = self.ext(glsl::FABS, &[x])?;
+                let d = self.add(one, a)?;
+                self.div(x, d)?
+            }
+            Mish => {
+                let s = self.softplus(x)?;
+                let t = self.tanh(s)?;
+                self.mul(x, t)?
+            }
+            HardSwish => {
+                let sixth = self.f(1.0 / 6.0);
+                let half = self.f(0.5);
+                let t = self.mul(x, sixth)?;
+                let t = self.add(t, half)?;
+                let t = self.ext(glsl::FMIN, &[t, one])?;
+                let t = self.ext(glsl::FMAX, &[t, zero])?;
+                self.mul(x, t)?
+            }
+            Not | BitwiseNot | IsNaN => {
+                return Err(format!(
+                    "unary.{} works on bool or integers, not f32",
+                    op.word()
+                ))
+            }
+        })
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: Word, b: Word) -> R<Word> {
+        use BinaryOp::*;
+        let zero = self.f(0.0);
+        Ok(match op {
+            Add => self.add(a, b)?,
+            Sub => self.sub(a, b)?,
+            Mul => self.mul(a, b)?,
+            Div => self.div(a, b)?,
+            FMod => build(self.b.f_rem(self.f32, None, a, b))?,
+            Mod => {
+                // fmod, moved into the divisor's sign (NumPy's divmod).
+                let r = build(self.b.f_rem(self.f32, None, a, b))?;
+                let nonzero = build(self.b.f_ord_not_equal(self.bool, None, r, zero))?;
+                let r_neg = self.lt(r, zero)?;
+                let b_neg = self.lt(b, zero)?;
+                let differ = build(self.b.logical_not_equal(self.bool, None, r_neg, b_neg))?;
+                let fix = self.and(nonzero, differ)?;
+                let moved = self.add(r, b)?;
+                self.select(fix, moved, r)?
+            }
+            Pow => self.pow(a, b)?,
+            Max => self.minmax(true, a, b)?,
+            Min => self.minmax(false, a, b)?,
+            PRelu => {
+                let neg = self.lt(a, zero)?;
+                let scaled = self.mul(a, b)?;
+                self.select(neg, scaled, a)?
+            }
+            other => {
+                return Err(format!(
+                    "binary.{} yields bool or works on integers; only f32 arithmetic is \
+                     generated yet",
+                    other.word()
+                ))
+            }
+        })
+    }
+
+    /// C `powf` on top of GLSL `pow`, which is undefined for a negative base and for a
+    /// zero base with a non-positive exponent.
+    fn pow(&mut self, x: Word, y: Word) -> R<Word> {
+        let zero = self.f(0.0);
+        let one = self.f(1.0);
+        let two = self.f(2.0);
+        let inf = self.f(f32::INFINITY);
+        let nan = self.f(f32::NAN);
+        let ax = self.ext(glsl::FABS, &[x])?;
+        let p = self.ext(glsl::POW, &[ax, y])?;
+        // Zero base: 0 for y > 0, inf for y < 0.
+        let y_neg = self.lt(y, zero)?;
+        let at_zero = self.select(y_neg, inf, zero)?;
+        let base_zero = self.eq(ax, zero)?;
+        let p = self.select(base_zero, at_zero, p)?;
+        // Negative base: defined for integral y, negative for odd y.
+        let fy = self.ext(glsl::FLOOR, &[y])?;
+        let integral = self.eq(fy, y)?;
+        let half = build(self.b.f_rem(self.f32, None, y, two))?;
+        let odd = build(self.b.f_ord_not_equal(self.bool, None, half, zero))?;
+        let negated = build(self.b.f_negate(self.f32, None, p))?;
+        let signed = self.select(odd, negated, p)?;
+        let negative_base = self.select(integral, signed, nan)?;
+        let x_neg = self.lt(x, zero)?;
+        let r = self.select(x_neg, negative_base, p)?;
+        // x^0 = 1 for every x, NaN included.
+        let y_zero = self.eq(y, zero)?;
+        self.select(y_zero, one, r)
+    }
+
+    /// The value of node `op` on `args` (absent optional operands are `None`).
+    fn node(&mut self, op: &Op, args: &[Option<Word>], name: &str) -> R<Word> {
+        let arg = |i: usize| {
+            args.get(i)
+                .copied()
+                .flatten()
+                .ok_or_else(|| format!("node `{name}`: operand {i} is missing"))
+        };
+        let zero = self.f(0.0);
+        let one = self.f(1.0);
+        Ok(match op {
+            Op::Identity => arg(0)?,
+            Op::Cast { to: DType::F32 } => arg(0)?,
+            Op::Unary { op } => self.unary(*op, arg(0)?)?,
+            Op::Binary { op } => self.binary(*op, arg(0)?, arg(1)?)?,
+            Op::Clip => {
+                let mut v = arg(0)?;
+                if let Some(lo) = args.get(1).copied().flatten() {
+                    let below = self.lt(v, lo)?;
+                    v = self.select(below, lo, v)?;
+                }
+                if let Some(hi) = args.get(2).copied().flatten() {
+                    let above = self.gt(v, hi)?;
+                    v = self.select(above, hi, v)?;
+                }
+                v
+            }
+            Op::LeakyRelu { alpha } => {
+                let x = arg(0)?;
+                let a = self.f(*alpha);
+                let neg = self.lt(x, zero)?;
+                let scaled = self.mul(a, x)?;
+                self.select(neg, scaled, x)?
+            }
+            Op::Elu { alpha } => {
+                let x = arg(0)?;
+                let a = self.f(*alpha);
+                let e = self.expm1(x)?;
+                let scaled = self.mul(a, e)?;
+                let pos = self.gt(x, zero)?;
+                self.select(pos, x, scaled)?
+            }
+            Op::Selu { alpha, gamma } => {
+                let x = arg(0)?;
+                let a = self.f(*alpha);
+                let g = self.f(*gamma);
+                let e = self.expm1(x)?;
+                let scaled = self.mul(a, e)?;
+                let pos = self.gt(x, zero)?;
+                let v = self.select(pos, x, scaled)?;
+                self.mul(g, v)?
+            }
+            Op::Celu { alpha } => {
+                let x = arg(0)?;
+                let a = self.f(*alpha);
+                let m = self.ext(glsl::FMAX, &[x, zero])?;
+                let q = self.div(x, a)?;
+                let e = self.expm1(q)?;
+                let s = self.mul(a, e)?;
+                let n = self.ext(glsl::FMIN, &[s, zero])?;
+                let r = self.add(m, n)?;
+                self.keep_nan(x, r)?
+            }
+            Op::HardSigmoid { alpha, beta } => {
+                let x = arg(0)?;
+                let a = self.f(*alpha);
+                let bb = self.f(*beta);
+                let t = self.mul(a, x)?;
+                let v = self.add(t, bb)?;
+                let c = self.ext(glsl::FCLAMP, &[v, zero, one])?;
+                self.keep_nan(v, c)?
+            }
+            Op::ThresholdedRelu { alpha } => {
+                let x = arg(0)?;
+                let a = self.f(*alpha);
+                let above = self.gt(x, a)?;
+                self.select(above, x, zero)?
+            }
+            Op::Shrink { bias, lambd } => {
+                let x = arg(0)?;
+                let l = self.f(*lambd);
+                let nl = self.f(-*lambd);
+                let bias = self.f(*bias);
+                let below = self.lt(x, nl)?;
+                let above = self.gt(x, l)?;
+                let plus = self.add(x, bias)?;
+                let minus = self.sub(x, bias)?;
+                let r = self.select(above, minus, zero)?;
+                self.select(below, plus, r)?
+            }
+            Op::Gelu { approximate } => {
+                let x = arg(0)?;
+                let half = self.f(0.5);
+                let inner = match approximate {
+                    GeluApprox::None => {
+                        let k = self.f(std::f32::consts::FRAC_1_SQRT_2);
+                        let s = self.mul(x, k)?;
+                        self.erf(s)?
+                    }
+                    GeluApprox::Tanh => {
+                        let k = self.f((2.0f64 / std::f64::consts::PI).sqrt() as f32);
+                        let c = self.f(0.044715);
+                        let x2 = self.mul(x, x)?;
+                        let x3 = self.mul(x2, x)?;
+                        let t = self.mul(c, x3)?;
+                        let t = self.add(x, t)?;
+                        let t = self.mul(k, t)?;
+                        self.tanh(t)?
+                    }
+                };
+                let t = self.add(one, inner)?;
+                let hx = self.mul(half, x)?;
+                self.mul(hx, t)?
+            }
+            other => {
+                return Err(format!(
+                    "node `{name}`: op `{}` is not an elementwise op this generator knows",
+                    other.name()
+                ))
+            }
+        })
+    }
+
+    fn emit(mut self) -> R<Vec<u32>> {
+        let body = self.body;
+        let bindings = body.inputs.len() + body.outputs.len();
+        let (f32, u32) = (self.f32, self.u32);
+        let b = &mut self.b;
+
+        // struct { float data[]; } in PhysicalStorageBuffer: what each address points to.
+        let array = b.type_runtime_array(f32);
+        b.decorate(array, Decoration::ArrayStride, [Arg::LiteralBit32(4)]);
+        let block = b.type_struct([array]);
+        b.decorate(block, Decoration::Block, []);
+        b.member_decorate(block, 0, Decoration::Offset, [Arg::LiteralBit32(0)]);
+        let ptr_block = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, block);
+        let ptr_elem = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, f32);
+
+        // Push constants: one pointer per binding, then the element count.
+        let mut members = vec![ptr_block; bindings];
+        members.push(u32);
+        let push = b.type_struct(members);
+        b.decorate(push, Decoration::Block, []);
+        for i in 0..bindings {
+            b.member_decorate(
+                push,
+                i as u32,
+                Decoration::Offset,
+                [Arg::LiteralBit32(8 * i as u32)],
+            );
+        }
+        b.member_decorate(
+            push,
+            bindings as u32,
+            Decoration::Offset,
+            [Arg::LiteralBit32(8 * bindings as u32)],
+        );
+        let ptr_push = b.type_pointer(None, StorageClass::PushConstant, push);
+        let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
+        let ptr_push_block = b.type_pointer(None, StorageClass::PushConstant, ptr_block);
+        let ptr_push_u32 = b.type_pointer(None, StorageClass::PushConstant, u32);
+
+        let v3 = b.type_vector(u32, 3);
+        let ptr_in_v3 = b.type_pointer(None, StorageClass::Input, v3);
+        let gid_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
+        b.decorate(
+            gid_var,
+            Decoration::BuiltIn,
+            [Arg::BuiltIn(BuiltIn::GlobalInvocationId)],
+        );
+        let groups_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
+        b.decorate(
+            groups_var,
+            Decoration::BuiltIn,
+            [Arg::BuiltIn(BuiltIn::NumWorkgroups)],
+        );
+
+        let void = self.void;
+        let fn_type = self.b.type_function(void, []);
+        let main = build(
+            self.b
+                .begin_function(void, None, FunctionControl::NONE, fn_type),
+        )?;
+        self.b.entry_point(
+            ExecutionModel::GLCompute,
+            main,
+            "main",
+            [push_var, gid_var, groups_var],
+        );
+        self.b
+            .execution_mode(main, ExecutionMode::LocalSize, [WORKGROUP_SIZE, 1, 1]);
+
+        let entry = build(self.b.begin_block(None))?;
+        let gid = build(self.b.load(v3, None, gid_var, None, []))?;
+        let first = build(self.b.composite_extract(u32, None, gid, [0]))?;
+        let groups = build(self.b.load(v3, None, groups_var, None, []))?;
+        let groups_x = build(self.b.composite_extract(u32, None, groups, [0]))?;
+        let local = self.u(WORKGROUP_SIZE);
+        let stride = build(self.b.i_mul(u32, None, groups_x, local))?;
+        let count_index = self.u(bindings as u32);
+        let count_ptr = build(
+            self.b
+                .access_chain(ptr_push_u32, None, push_var, [count_index]),
+        )?;
+        let count = build(self.b.load(u32, None, count_ptr, None, []))?;
+        let mut bases = Vec::with_capacity(bindings);
+        for i in 0..bindings {
+            let index = self.u(i as u32);
+            let ptr = build(self.b.access_chain(ptr_push_block, None, push_var, [index]))?;
+            bases.push(build(self.b.load(ptr_block, None, ptr, None, []))?);
+        }
+        let zero_index = self.u(0);
+        let aligned = Some(MemoryAccess::ALIGNED);
+
+        // Scalars (single-element inputs and constants) are read once, before the loop.
+        let mut values: HashMap<ValueId, Word> = HashMap::new();
+        for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
+            if *kind == Operand::Scalar {
+                let ptr =
+                    build(
+                        self.b
+                            .access_chain(ptr_elem, None, bases[i], [zero_index, zero_index]),
+                    )?;
+                let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
+                values.insert(input, v);
+            }
+        }
+        for (i, value) in body.values.iter().enumerate() {
+            if let ValueDef::Const(c) = value.def {
+                let data = body.constant(c);
+                let v = data
+                    .to_f64s()
+                    .first()
+                    .copied()
+                    .ok_or_else(|| format!("constant %{} is empty", value.name))?;
+                let id = self.f(v as f32);
+                values.insert(ValueId(i as u32), id);
+            }
+        }
+
+        let (header, cond, body_label, cont, merge) = (
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+        );
+        let next = self.b.id();
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(header)))?;
+        let index = build(self.b.phi(u32, None, [(first, entry), (next, cont)]))?;
+        build(self.b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+        build(self.b.branch(cond))?;
+
+        build(self.b.begin_block(Some(cond)))?;
+        let bool_ty = self.bool;
+        let in_range = build(self.b.u_less_than(bool_ty, None, index, count))?;
+        build(self.b.branch_conditional(in_range, body_label, merge, []))?;
+
+        build(self.b.begin_block(Some(body_label)))?;
+        for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
+            if *kind == Operand::Tensor {
+                let ptr =
+                    build(
+                        self.b
+                            .access_chain(ptr_elem, None, bases[i], [zero_index, index]),
+                    )?;
+                let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
+                values.insert(input, v);
+            }
+        }
+        for node in &body.nodes {
+            let args: Vec<Option<Word>> = node
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|v| values.get(&v).copied()))
+                .collect();
+            if node.outputs.len() != 1 || node.outputs[0].is_none() {
+                return Err(format!("node `{}` must have exactly one result", node.name));
+            }
+            let result = self.node(&node.op, &args, &node.name)?;
+            values.insert(node.outputs[0].expect("checked"), result);
+        }
+        for (o, &output) in body.outputs.iter().enumerate() {
+            let v = *values
+                .get(&output)
+                .ok_or_else(|| format!("output %{} is never computed", body.value(output).name))?;
+            let base = bases[body.inputs.len() + o];
+            let ptr = build(
+                self.b
+                    .access_chain(ptr_elem, None, base, [zero_index, index]),
+            )?;
+            build(self.b.store(ptr, v, aligned, [Arg::LiteralBit32(4)]))?;
+        }
+        build(self.b.branch(cont))?;
+
+        build(self.b.begin_block(Some(cont)))?;
+        build(self.b.i_add(u32, Some(next), index, stride))?;
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(merge)))?;
+        build(self.b.ret())?;
+        build(self.b.end_function())?;
+        Ok(self.b.module().assemble())
+    }
+}

@@ -1,0 +1,321 @@
+//! Test helpers: spirv-val, the Vulkan device (or a skip), running a kernel.
+#![allow(dead_code)]
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rafter_codegen_spirv::{to_bytes, ElementwiseKernel};
+use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
+use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
+
+/// Checks `words` with `spirv-val --target-env vulkan1.3`. Without spirv-val (Debian:
+/// `spirv-tools`) prints a note and passes, unless `RAFTER_REQUIRE_SPIRV_VAL` is set (CI).
+pub fn spirv_val(words: &[u32], name: &str) {
+    let dir = std::env::temp_dir().join(format!("rafter-spirv-val-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.spv"));
+    std::fs::write(&path, to_bytes(words)).unwrap();
+    match Command::new("spirv-val")
+        .args(["--target-env", "vulkan1.3"])
+        .arg(&path)
+        .output()
+    {
+        Ok(out) => assert!(
+            out.status.success(),
+            "spirv-val rejects {name} ({}):\n{}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => {
+            let required =
+                std::env::var("RAFTER_REQUIRE_SPIRV_VAL").is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(
+                !required,
+                "RAFTER_REQUIRE_SPIRV_VAL is set but spirv-val cannot run: {e}"
+            );
+            eprintln!("note: spirv-val not found ({e}); {name} not validated (apt-get install spirv-tools)");
+            return;
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The Vulkan device, or `None` after printing why the test is skipped. With
+/// `RAFTER_REQUIRE_VULKAN` set (CI, which installs lavapipe) a missing device fails instead.
+pub fn device_or_skip(test: &str) -> Option<VulkanDevice> {
+    device_with_or_skip(test, VulkanDeviceOptions::default())
+}
+
+pub fn device_with_or_skip(test: &str, options: VulkanDeviceOptions) -> Option<VulkanDevice> {
+    match VulkanDevice::new(options) {
+        Ok(device) => Some(device),
+        Err(error @ VulkanError::NoDevice { .. }) => {
+            let required =
+                std::env::var("RAFTER_REQUIRE_VULKAN").is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(
+                !required,
+                "{test}: RAFTER_REQUIRE_VULKAN is set but: {error}"
+            );
+            eprintln!("skipping {test}: {error}");
+            None
+        }
+        Err(error) => panic!("{test}: opening the Vulkan device failed: {error}"),
+    }
+}
+
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Loads `kernel` on `device`.
+pub fn load(
+    device: &VulkanDevice,
+    kernel: &ElementwiseKernel,
+    name: &str,
+) -> rafter_hal::Executable {
+    device
+        .load_executable(&ExecutableSpec {
+            name: name.to_string(),
+            format: FORMAT_SPIRV.to_string(),
+            payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
+        })
+        .unwrap()
+}
+
+/// Runs `kernel` over `count` elements with `inputs` (host-visible buffers, as the HAL's
+/// zero-copy path) and returns the output buffers.
+pub fn run(
+    device: &VulkanDevice,
+    kernel: &ElementwiseKernel,
+    inputs: &[Buffer],
+    count: u64,
+) -> Vec<Buffer> {
+    let executable = load(device, kernel, "kernel");
+    let outputs: Vec<Buffer> = (0..kernel.outputs)
+        .map(|_| {
+            device
+                .allocate(count * 4, MemoryKind::HostVisibleShared)
+                .unwrap()
+        })
+        .collect();
+    let bindings: Vec<_> = inputs.iter().chain(&outputs).map(Buffer::whole).collect();
+    let max_x = device.info().limits.max_workgroup_count[0];
+    let mut builder = device.create_command_buffer().unwrap();
+    builder
+        .dispatch(
+            &executable,
+            0,
+            &bindings,
+            &ElementwiseKernel::params(count).unwrap(),
+            ElementwiseKernel::workgroups(count, max_x),
+        )
+        .unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    done.wait(1, Duration::from_secs(300)).unwrap();
+    outputs
+}
+
+pub fn upload(device: &VulkanDevice, values: &[f32]) -> Buffer {
+    let buffer = device
+        .allocate(values.len() as u64 * 4, MemoryKind::HostVisibleShared)
+        .unwrap();
+    buffer.write_bytes(0, &f32_bytes(values)).unwrap();
+    buffer
+}
+
+/// Whether `got` matches `want` within `atol + rtol * |want|` (NaN matches NaN, infinities
+/// must match exactly).
+pub fn close(got: f32, want: f32, atol: f32, rtol: f32) -> bool {
+    if want.is_nan() {
+        return got.is_nan();
+    }
+    if want.is_infinite() {
+        return got == want;
+    }
+    (got - want).abs() <= atol + rtol * want.abs()
+}
+
+/// One op to sweep: a label, a kernel body in the IR text format, the input domain, and the
+/// tolerance `(atol, rtol)` against the reference executor.
+pub struct OpCase {
+    pub label: String,
+    pub text: String,
+    pub domain: (f32, f32),
+    pub tolerance: (f32, f32),
+}
+
+fn unary_case(op: &str, domain: (f32, f32), tolerance: (f32, f32)) -> OpCase {
+    OpCase {
+        label: format!("unary_{op}"),
+        text: format!(
+            "graph @unary_{op}(%x: f32[n]) -> (%y) {{\n  %y: f32[n] = unary{{op = {op}}}(%x)\n}}"
+        ),
+        domain,
+        tolerance,
+    }
+}
+
+fn node_case(label: &str, node: &str, domain: (f32, f32), tolerance: (f32, f32)) -> OpCase {
+    OpCase {
+        label: label.to_string(),
+        text: format!("graph @{label}(%x: f32[n]) -> (%y) {{\n  %y: f32[n] = {node}(%x)\n}}"),
+        domain,
+        tolerance,
+    }
+}
+
+fn binary_case(op: &str, domain: (f32, f32), tolerance: (f32, f32)) -> OpCase {
+    OpCase {
+        label: format!("binary_{op}"),
+        text: format!(
+            "graph @binary_{op}(%a: f32[n], %b: f32[n]) -> (%y) {{\n  %y: f32[n] = binary{{op = {op}}}(%a, %b)\n}}"
+        ),
+        domain,
+        tolerance,
+    }
+}
+
+/// Every op the elementwise generator supports, one kernel each, plus fused and broadcast
+/// bodies. Tolerances: exact-ish for arithmetic, looser for transcendental functions, whose
+/// precision Vulkan leaves to the driver (a few ulp; lavapipe's LLVM approximations).
+pub fn op_cases() -> Vec<OpCase> {
+    let exact = (0.0, 0.0);
+    let close = (1e-6, 1e-6);
+    let transcendental = (2e-6, 2e-5);
+    let mut cases = vec![
+        unary_case("abs", (-5.0, 5.0), exact),
+        unary_case("neg", (-5.0, 5.0), exact),
+        unary_case("sqrt", (0.0, 100.0), close),
+        unary_case("exp", (-20.0, 20.0), transcendental),
+        unary_case("log", (1e-3, 100.0), transcendental),
+        unary_case("reciprocal", (0.1, 10.0), close),
+        unary_case("floor", (-5.0, 5.0), exact),
+        unary_case("ceil", (-5.0, 5.0), exact),
+        unary_case("round", (-5.0, 5.0), exact),
+        unary_case("sign", (-5.0, 5.0), exact),
+        unary_case("sin", (-6.0, 6.0), transcendental),
+        unary_case("cos", (-6.0, 6.0), transcendental),
+        unary_case("tan", (-1.4, 1.4), transcendental),
+        unary_case("asin", (-1.0, 1.0), transcendental),
+        unary_case("acos", (-1.0, 1.0), transcendental),
+        unary_case("atan", (-10.0, 10.0), transcendental),
+        unary_case("sinh", (-5.0, 5.0), transcendental),
+        unary_case("cosh", (-5.0, 5.0), transcendental),
+        unary_case("tanh", (-20.0, 20.0), transcendental),
+        unary_case("asinh", (-10.0, 10.0), transcendental),
+        unary_case("acosh", (1.0, 10.0), transcendental),
+        unary_case("atanh", (-0.99, 0.99), transcendental),
+        unary_case("erf", (-5.0, 5.0), transcendental),
+        unary_case("sigmoid", (-30.0, 30.0), transcendental),
+        unary_case("relu", (-5.0, 5.0), exact),
+        unary_case("softplus", (-30.0, 30.0), transcendental),
+        unary_case("softsign", (-5.0, 5.0), close),
+        unary_case("mish", (-10.0, 10.0), transcendental),
+        unary_case("hard_swish", (-5.0, 5.0), close),
+        binary_case("add", (-5.0, 5.0), exact),
+        binary_case("sub", (-5.0, 5.0), exact),
+        binary_case("mul", (-5.0, 5.0), exact),
+        binary_case("div", (0.5, 5.0), close),
+        binary_case("pow", (0.1, 3.0), transcendental),
+        binary_case("mod", (-5.0, 5.0), close),
+        binary_case("fmod", (-5.0, 5.0), close),
+        binary_case("max", (-5.0, 5.0), exact),
+        binary_case("min", (-5.0, 5.0), exact),
+        binary_case("prelu", (-5.0, 5.0), exact),
+        node_case("leaky_relu", "leaky_relu{alpha = 0.1}", (-5.0, 5.0), close),
+        node_case("elu", "elu{alpha = 1.5}", (-5.0, 5.0), transcendental),
+        node_case(
+            "selu",
+            "selu{alpha = 1.67, gamma = 1.05}",
+            (-5.0, 5.0),
+            transcendental,
+        ),
+        node_case("celu", "celu{alpha = 0.7}", (-5.0, 5.0), transcendental),
+        node_case(
+            "hard_sigmoid",
+            "hard_sigmoid{alpha = 0.2, beta = 0.5}",
+            (-5.0, 5.0),
+            close,
+        ),
+        node_case(
+            "thresholded_relu",
+            "thresholded_relu{alpha = 0.5}",
+            (-5.0, 5.0),
+            exact,
+        ),
+        node_case(
+            "shrink",
+            "shrink{bias = 0.3, lambd = 0.5}",
+            (-5.0, 5.0),
+            close,
+        ),
+        node_case(
+            "gelu",
+            "gelu{approximate = none}",
+            (-6.0, 6.0),
+            transcendental,
+        ),
+        node_case(
+            "gelu_tanh",
+            "gelu{approximate = tanh}",
+            (-6.0, 6.0),
+            transcendental,
+        ),
+    ];
+    cases.push(OpCase {
+        label: "clip_scalar_bounds".into(),
+        text: "graph @clip(%x: f32[n], %lo: f32[]) -> (%y) {\n  const %hi: f32[] = dense [1.5]\n  %y: f32[n] = clip(%x, %lo, %hi)\n}".into(),
+        domain: (-5.0, 5.0),
+        tolerance: exact,
+    });
+    cases.push(OpCase {
+        label: "fused_gelu_chain".into(),
+        // What rafter-opt fuses out of BERT's erf GELU (kernel k51 of bert_tiny).
+        text: "graph @gelu_chain(%x: f32[b, s, 128]) -> (%y) {\n  const %sqrt2: f32[] = dense [1.4142135]\n  const %one: f32[] = dense [1.0]\n  const %half: f32[] = dense [0.5]\n  %t0: f32[b, s, 128] = binary{op = div}(%x, %sqrt2)\n  %t1: f32[b, s, 128] = unary{op = erf}(%t0)\n  %t2: f32[b, s, 128] = binary{op = add}(%t1, %one)\n  %t3: f32[b, s, 128] = binary{op = mul}(%x, %t2)\n  %y: f32[b, s, 128] = binary{op = mul}(%t3, %half)\n}".into(),
+        domain: (-6.0, 6.0),
+        tolerance: transcendental,
+    });
+    cases.push(OpCase {
+        label: "two_outputs_scalar_input".into(),
+        text: "graph @two(%x: f32[n], %s: f32[1]) -> (%y, %z) {\n  %y: f32[n] = binary{op = mul}(%x, %s)\n  %z: f32[n] = unary{op = exp}(%y)\n}".into(),
+        domain: (-2.0, 2.0),
+        tolerance: transcendental,
+    });
+    cases
+}
+
+/// Deterministic inputs in `domain`, with the domain's ends and zero among them.
+pub fn inputs_in(domain: (f32, f32), count: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let (lo, hi) = domain;
+    (0..count)
+        .map(|i| match i {
+            0 => lo,
+            1 => hi,
+            2 if lo <= 0.0 && hi >= 0.0 => 0.0,
+            _ => {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+                lo + (hi - lo) * unit
+            }
+        })
+        .collect()
+}

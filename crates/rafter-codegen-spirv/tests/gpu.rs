@@ -1,0 +1,238 @@
+//! Generated kernels run on the Vulkan device (lavapipe in CI) and match the CPU.
+
+mod common;
+
+use rafter_codegen_spirv::{elementwise, ElementwiseKernel, Operand};
+use rafter_hal::{Device, MemoryKind};
+use rafter_hal_vulkan::{VulkanBuffer, VulkanDeviceOptions};
+use rafter_ir::text::parse_graph;
+use rafter_reference::Tensor;
+
+#[test]
+fn relu_of_a_times_b_plus_c_matches_the_cpu() {
+    let Some(device) = common::device_or_skip("relu_of_a_times_b_plus_c") else {
+        return;
+    };
+    let body = parse_graph(
+        "graph @fused(%a: f32[n], %b: f32[n], %c: f32[n]) -> (%y) {\n  %t0: f32[n] = binary{op = mul}(%a, %b)\n  %t1: f32[n] = binary{op = add}(%t0, %c)\n  %y: f32[n] = unary{op = relu}(%t1)\n}",
+    )
+    .unwrap();
+    let kernel = elementwise(&body).unwrap();
+    common::spirv_val(&kernel.spirv, "relu_mul_add");
+    let n = 100_003; // not a multiple of the workgroup size
+    let a = common::inputs_in((-3.0, 3.0), n, 1);
+    let b = common::inputs_in((-3.0, 3.0), n, 2);
+    let c = common::inputs_in((-3.0, 3.0), n, 3);
+    let inputs = [&a, &b, &c].map(|v| common::upload(&device, v));
+    let out = common::run(&device, &kernel, &inputs, n as u64);
+    let got = common::f32s(&out[0].read_bytes(0, n as u64 * 4).unwrap());
+    for i in 0..n {
+        let want = (a[i] * b[i] + c[i]).max(0.0);
+        assert_eq!(
+            got[i], want,
+            "element {i}: relu({} * {} + {})",
+            a[i], b[i], c[i]
+        );
+    }
+}
+
+#[test]
+fn every_supported_op_matches_the_reference_executor() {
+    let Some(device) = common::device_or_skip("every_supported_op_matches_the_reference") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for case in common::op_cases() {
+        let body = parse_graph(&case.text).unwrap();
+        let kernel = elementwise(&body).unwrap();
+        // Shapes: every symbol of a full-shape input gets a size making 2,000-odd elements.
+        let full: Vec<usize> = body
+            .value(body.inputs[0])
+            .ty
+            .dims
+            .iter()
+            .map(|d| d.as_known().map_or(0, |k| k as usize))
+            .collect();
+        let known: usize = full.iter().filter(|&&d| d > 0).product();
+        let symbols = full.iter().filter(|&&d| d == 0).count() as u32;
+        let per_symbol = ((2053.0 / known as f64)
+            .powf(1.0 / symbols.max(1) as f64)
+            .ceil() as usize)
+            .max(1);
+        let shape: Vec<usize> = full
+            .iter()
+            .map(|&d| if d == 0 { per_symbol } else { d })
+            .collect();
+        let count: usize = shape.iter().product();
+        let mut host_inputs = Vec::new();
+        let mut tensors = Vec::new();
+        for (i, (&input, kind)) in body.inputs.iter().zip(&kernel.inputs).enumerate() {
+            let dims: Vec<usize> = match kind {
+                Operand::Tensor => shape.clone(),
+                Operand::Scalar => vec![1; body.value(input).ty.rank()],
+            };
+            let len: usize = dims.iter().product();
+            let values = common::inputs_in(case.domain, len, 17 + i as u64);
+            tensors.push(Tensor::f32s(&dims, values.clone()));
+            host_inputs.push(values);
+        }
+        let want =
+            rafter_reference::run(&body, tensors).unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        let buffers: Vec<_> = host_inputs
+            .iter()
+            .map(|v| common::upload(&device, v))
+            .collect();
+        let outputs = common::run(&device, &kernel, &buffers, count as u64);
+        for (o, (buffer, want)) in outputs.iter().zip(&want).enumerate() {
+            let got = common::f32s(&buffer.read_bytes(0, count as u64 * 4).unwrap());
+            let want: Vec<f32> = want.to_f64_vec().into_iter().map(|v| v as f32).collect();
+            let (atol, rtol) = case.tolerance;
+            let bad: Vec<String> = (0..count)
+                .filter(|&i| !common::close(got[i], want[i], atol, rtol))
+                .take(3)
+                .map(|i| {
+                    let args: Vec<f32> = host_inputs
+                        .iter()
+                        .map(|v| if v.len() == 1 { v[0] } else { v[i] })
+                        .collect();
+                    format!("[{i}] args {args:?}: got {} want {}", got[i], want[i])
+                })
+                .collect();
+            if !bad.is_empty() {
+                failures.push(format!("{} output {o}: {}", case.label, bad.join("; ")));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "mismatches:\n{}", failures.join("\n"));
+}
+
+/// A tensor larger than lavapipe's 128 MiB `maxStorageBufferRange`: no descriptor could bind
+/// it whole, a device address reaches every byte.
+#[test]
+fn a_tensor_larger_than_the_storage_buffer_range_is_computed_through_device_addresses() {
+    let Some(device) = common::device_or_skip("a_tensor_larger_than_the_storage_buffer_range")
+    else {
+        return;
+    };
+    let range = device.capabilities().limits.max_storage_buffer_range;
+    let bytes: u64 = 160 << 20;
+    let count = bytes / 4;
+    eprintln!("maxStorageBufferRange {range} bytes; tensors of {bytes} bytes ({count} f32)");
+    if bytes <= range {
+        eprintln!("note: this device's storage-buffer range is larger; the test still runs");
+    }
+    let body = parse_graph(
+        "graph @add(%a: f32[n], %b: f32[n]) -> (%y) {\n  %y: f32[n] = binary{op = add}(%a, %b)\n}",
+    )
+    .unwrap();
+    let kernel = elementwise(&body).unwrap();
+    // Inputs computable from the index, so the check needs no 160 MiB host copies.
+    let a_of = |i: u64| (i % 1000) as f32;
+    let b_of = |i: u64| (i / 1000) as f32 * 0.5;
+    let make = |f: &dyn Fn(u64) -> f32| {
+        let buffer = device
+            .allocate(bytes, MemoryKind::HostVisibleShared)
+            .unwrap();
+        buffer
+            .map_write(0, bytes, |out| {
+                for (i, chunk) in out.chunks_exact_mut(4).enumerate() {
+                    chunk.copy_from_slice(&f(i as u64).to_le_bytes());
+                }
+            })
+            .unwrap();
+        buffer
+    };
+    let a = make(&a_of);
+    let b = make(&b_of);
+    let max_x = device.info().limits.max_workgroup_count[0];
+    let grid = ElementwiseKernel::workgroups(count, max_x);
+    eprintln!(
+        "grid {grid:?} of {} invocations each",
+        rafter_codegen_spirv::WORKGROUP_SIZE
+    );
+    let out = common::run(&device, &kernel, &[a.clone(), b.clone()], count);
+    let address = out[0]
+        .downcast_ref::<VulkanBuffer>()
+        .unwrap()
+        .device_address();
+    eprintln!(
+        "output at device address {address:#x}, {} bytes",
+        out[0].size()
+    );
+    let mut mismatches = 0u64;
+    out[0]
+        .map_read(0, bytes, |got| {
+            for (i, chunk) in got.chunks_exact(4).enumerate() {
+                let got = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                let want = a_of(i as u64) + b_of(i as u64);
+                if got != want {
+                    if mismatches < 5 {
+                        eprintln!("element {i}: got {got}, want {want}");
+                    }
+                    mismatches += 1;
+                }
+            }
+        })
+        .unwrap();
+    assert_eq!(
+        mismatches,
+        0,
+        "elements differ (the last lies at byte {})",
+        bytes - 4
+    );
+}
+
+#[test]
+fn the_pipeline_cache_is_written_on_drop_and_read_by_the_next_device() {
+    let dir = std::env::temp_dir().join(format!("rafter-pipeline-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("vulkan.cache");
+    let options = VulkanDeviceOptions {
+        pipeline_cache_path: Some(path.clone()),
+        ..Default::default()
+    };
+    let Some(device) = common::device_with_or_skip("the_pipeline_cache", options.clone()) else {
+        return;
+    };
+    assert!(
+        device.pipeline_cache_status().contains("does not exist"),
+        "{}",
+        device.pipeline_cache_status()
+    );
+    let body = parse_graph("graph @k(%x: f32[n]) -> (%y) {\n  %y: f32[n] = unary{op = exp}(%x)\n}")
+        .unwrap();
+    let kernel = elementwise(&body).unwrap();
+    let executable = common::load(&device, &kernel, "exp");
+    assert_eq!(executable.entry_points(), ["main"]);
+    drop(executable);
+    drop(device);
+    let written = std::fs::metadata(&path)
+        .expect("the cache file was written")
+        .len();
+    eprintln!("pipeline cache: {written} bytes at {}", path.display());
+    let device = common::device_with_or_skip("the_pipeline_cache", options).unwrap();
+    assert!(
+        device.pipeline_cache_status().starts_with("loaded"),
+        "{}",
+        device.pipeline_cache_status()
+    );
+    common::load(&device, &kernel, "exp");
+    // A corrupt file is ignored, not handed to the driver.
+    drop(device);
+    std::fs::write(&path, b"not a pipeline cache").unwrap();
+    let device = common::device_with_or_skip(
+        "the_pipeline_cache",
+        VulkanDeviceOptions {
+            pipeline_cache_path: Some(path.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        device.pipeline_cache_status().contains("ignored"),
+        "{}",
+        device.pipeline_cache_status()
+    );
+    drop(device);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,52 @@
+//! Every generated module passes spirv-val; unsupported bodies are errors, not bad modules.
+
+mod common;
+
+use rafter_codegen_spirv::{elementwise, Operand};
+use rafter_ir::text::parse_graph;
+
+#[test]
+fn every_supported_op_passes_spirv_val() {
+    for case in common::op_cases() {
+        let body = parse_graph(&case.text).unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        let kernel = elementwise(&body).unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        common::spirv_val(&kernel.spirv, &case.label);
+    }
+}
+
+#[test]
+fn single_element_inputs_are_broadcast_scalars() {
+    let body = parse_graph(
+        "graph @k(%x: f32[n, 4], %s: f32[], %t: f32[1, 1]) -> (%y) {\n  %a: f32[n, 4] = binary{op = add}(%x, %s)\n  %y: f32[n, 4] = binary{op = mul}(%a, %t)\n}",
+    )
+    .unwrap();
+    let kernel = elementwise(&body).unwrap();
+    assert_eq!(
+        kernel.inputs,
+        [Operand::Tensor, Operand::Scalar, Operand::Scalar]
+    );
+    assert_eq!(kernel.outputs, 1);
+}
+
+#[test]
+fn unsupported_bodies_are_errors_naming_the_cause() {
+    let cases = [
+        (
+            "graph @k(%x: i64[n]) -> (%y) {\n  %y: i64[n] = unary{op = neg}(%x)\n}",
+            "only f32",
+        ),
+        (
+            "graph @k(%x: f32[n, 4], %b: f32[4]) -> (%y) {\n  %y: f32[n, 4] = binary{op = add}(%x, %b)\n}",
+            "general broadcasting",
+        ),
+        (
+            "graph @k(%x: f32[n]) -> (%y) {\n  %y: f32[n] = softmax{kind = softmax, axis = 0}(%x)\n}",
+            "not an elementwise op",
+        ),
+    ];
+    for (text, expected) in cases {
+        let body = parse_graph(text).unwrap();
+        let error = elementwise(&body).unwrap_err().to_string();
+        assert!(error.contains(expected), "{error}");
+    }
+}

@@ -1,0 +1,232 @@
+//! Translating a HAL command buffer into a recorded `VkCommandBuffer`, once.
+
+use std::sync::Arc;
+
+use ash::vk;
+use rafter_hal::{BufferRange, Command, CommandBuffer, FillPattern, HalError};
+
+use crate::device::Shared;
+use crate::error::call_error;
+use crate::executable::VulkanExecutable;
+use crate::memory::VulkanBuffer;
+
+/// A HAL command buffer recorded for this device: its own pool and one primary command
+/// buffer, recorded with `SIMULTANEOUS_USE` because the HAL lets one command buffer be
+/// submitted again while an earlier submission of it still runs.
+pub(crate) struct Prepared {
+    shared: Arc<Shared>,
+    pool: vk::CommandPool,
+    pub(crate) raw: vk::CommandBuffer,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        // SAFETY: a `Prepared` is dropped when its HAL command buffer's last handle goes;
+        // submissions hold a handle until they complete, so the GPU no longer uses it.
+        unsafe { self.shared.device.destroy_command_pool(self.pool, None) };
+    }
+}
+
+/// The recorded form of `command_buffer`, recording it on first use. Errors are the
+/// synchronous kind: nothing was submitted.
+pub(crate) fn prepare(
+    shared: &Arc<Shared>,
+    command_buffer: &CommandBuffer,
+) -> Result<Arc<Prepared>, HalError> {
+    if let Some(prepared) = cached(command_buffer, shared) {
+        return Ok(prepared);
+    }
+    let prepared: Arc<Prepared> = Arc::new(record(shared, command_buffer)?);
+    // Two threads may race to record; the first stored wins and the other's is dropped.
+    let _ = command_buffer.prepared().set(prepared.clone());
+    Ok(cached(command_buffer, shared).unwrap_or(prepared))
+}
+
+fn cached(command_buffer: &CommandBuffer, shared: &Arc<Shared>) -> Option<Arc<Prepared>> {
+    let any = command_buffer.prepared().get()?.clone();
+    let prepared = any.downcast::<Prepared>().ok()?;
+    Arc::ptr_eq(&prepared.shared, shared).then_some(prepared)
+}
+
+/// A buffer of this device behind a range, or the error naming the command.
+fn resolve<'a>(
+    shared: &Arc<Shared>,
+    range: &'a BufferRange,
+    what: String,
+) -> Result<&'a VulkanBuffer, HalError> {
+    range
+        .buffer
+        .downcast_ref::<VulkanBuffer>()
+        .filter(|b| Arc::ptr_eq(b.shared(), shared))
+        .ok_or_else(|| HalError::IncompatibleObject {
+            what,
+            device: shared.name.clone(),
+            reason: "it is not a buffer of this Vulkan device".into(),
+        })
+}
+
+/// Everything before completes, with its writes visible, before anything after starts.
+fn full_barrier(
+    shared: &Shared,
+    raw: vk::CommandBuffer,
+    dst_stage: vk::PipelineStageFlags2,
+    dst_access: vk::AccessFlags2,
+) {
+    let barriers = [vk::MemoryBarrier2::default()
+        .src_stage_mask(vk::PipelineStageFlags2::ALL_COMMANDS)
+        .src_access_mask(vk::AccessFlags2::MEMORY_WRITE)
+        .dst_stage_mask(dst_stage)
+        .dst_access_mask(dst_access)];
+    let dependency = vk::DependencyInfo::default().memory_barriers(&barriers);
+    // SAFETY: `raw` is in the recording state; the arrays live across the call.
+    unsafe { shared.device.cmd_pipeline_barrier2(raw, &dependency) };
+}
+
+fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepared, HalError> {
+    let device = &shared.device;
+    let pool_info = vk::CommandPoolCreateInfo::default().queue_family_index(shared.queue_family);
+    // SAFETY: `pool_info` lives across the call.
+    let pool = unsafe { device.create_command_pool(&pool_info, None) }
+        .map_err(|r| call_error("vkCreateCommandPool", r, 0))?;
+    // From here `prepared` owns the pool: an error below destroys it.
+    let mut prepared = Prepared {
+        shared: shared.clone(),
+        pool,
+        raw: vk::CommandBuffer::null(),
+    };
+    let alloc = vk::CommandBufferAllocateInfo::default()
+        .command_pool(pool)
+        .level(vk::CommandBufferLevel::PRIMARY)
+        .command_buffer_count(1);
+    // SAFETY: the pool is ours and used by this thread only.
+    prepared.raw = unsafe { device.allocate_command_buffers(&alloc) }
+        .map_err(|r| call_error("vkAllocateCommandBuffers", r, 0))?[0];
+    let raw = prepared.raw;
+    let begin =
+        vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::SIMULTANEOUS_USE);
+    // SAFETY: a fresh command buffer of our pool, recorded by this thread only.
+    unsafe { device.begin_command_buffer(raw, &begin) }
+        .map_err(|r| call_error("vkBeginCommandBuffer", r, 0))?;
+
+    let mut bound = vk::Pipeline::null();
+    let mut push = Vec::with_capacity(shared.push_constant_size as usize);
+    for (index, command) in command_buffer.commands().iter().enumerate() {
+        match command {
+            Command::Barrier => full_barrier(
+                shared,
+                raw,
+                vk::PipelineStageFlags2::ALL_COMMANDS,
+                vk::AccessFlags2::MEMORY_READ | vk::AccessFlags2::MEMORY_WRITE,
+            ),
+            Command::Dispatch(dispatch) => {
+                let executable = dispatch
+                    .executable
+                    .downcast_ref::<VulkanExecutable>()
+                    .filter(|e| Arc::ptr_eq(e.shared(), shared))
+                    .ok_or_else(|| HalError::IncompatibleObject {
+                        what: format!(
+                            "command {index}: executable '{}'",
+                            dispatch.executable.name()
+                        ),
+                        device: shared.name.clone(),
+                        reason: "it is not an executable of this Vulkan device".into(),
+                    })?;
+                let pipeline = executable.pipeline(dispatch.entry)?;
+                push.clear();
+                for (i, binding) in dispatch.bindings.iter().enumerate() {
+                    let buffer = resolve(shared, binding, format!("command {index}: binding {i}"))?;
+                    let address = buffer.device_address() + binding.offset;
+                    push.extend_from_slice(&address.to_le_bytes());
+                }
+                push.extend_from_slice(&dispatch.params);
+                while push.len() % 4 != 0 {
+                    push.push(0);
+                }
+                if push.len() > shared.push_constant_size as usize {
+                    return Err(HalError::LimitExceeded {
+                        what: format!(
+                            "command {index}: push-constant bytes (8 per binding + params)"
+                        ),
+                        value: push.len() as u64,
+                        max: shared.push_constant_size as u64,
+                    });
+                }
+                if dispatch.workgroups.contains(&0) {
+                    continue;
+                }
+                // SAFETY: recording state; the pipeline and layout belong to this device and
+                // the executable (which the HAL command buffer keeps alive) outlives the
+                // recording; the push range lies inside the layout's range.
+                unsafe {
+                    if pipeline != bound {
+                        device.cmd_bind_pipeline(raw, vk::PipelineBindPoint::COMPUTE, pipeline);
+                        bound = pipeline;
+                    }
+                    if !push.is_empty() {
+                        device.cmd_push_constants(
+                            raw,
+                            shared.pipeline_layout,
+                            vk::ShaderStageFlags::COMPUTE,
+                            0,
+                            &push,
+                        );
+                    }
+                    let [x, y, z] = dispatch.workgroups;
+                    device.cmd_dispatch(raw, x, y, z);
+                }
+            }
+            Command::Copy { src, dst } => {
+                let from = resolve(shared, src, format!("command {index}: copy source"))?;
+                let to = resolve(shared, dst, format!("command {index}: copy destination"))?;
+                if src.len == 0 {
+                    continue;
+                }
+                let region = [vk::BufferCopy {
+                    src_offset: src.offset,
+                    dst_offset: dst.offset,
+                    size: src.len,
+                }];
+                // SAFETY: recording state; both ranges were validated against the buffers'
+                // sizes when recorded, and the buffers outlive the command buffer.
+                unsafe { device.cmd_copy_buffer(raw, from.raw(), to.raw(), &region) };
+            }
+            Command::Fill { dst, pattern } => {
+                let to = resolve(shared, dst, format!("command {index}: fill destination"))?;
+                if dst.len == 0 {
+                    continue;
+                }
+                if dst.offset % 4 != 0 || dst.len % 4 != 0 {
+                    return Err(HalError::Unsupported(format!(
+                        "command {index}: fill of {}..{}: the Vulkan device fills whole \
+                         4-byte words (vkCmdFillBuffer), so offset and length must be \
+                         multiples of 4",
+                        dst.offset,
+                        dst.end()
+                    )));
+                }
+                let word = match *pattern {
+                    FillPattern::U8(v) => u32::from_le_bytes([v; 4]),
+                    FillPattern::U16(v) => {
+                        let [a, b] = v.to_le_bytes();
+                        u32::from_le_bytes([a, b, a, b])
+                    }
+                    FillPattern::U32(v) => v,
+                };
+                // SAFETY: recording state; the range is in bounds and 4-byte aligned.
+                unsafe { device.cmd_fill_buffer(raw, to.raw(), dst.offset, dst.len, word) };
+            }
+        }
+    }
+    // Make every write visible to the host, which reads results after waiting on a signal
+    // semaphore (a semaphore signal alone does not reach the host domain).
+    full_barrier(
+        shared,
+        raw,
+        vk::PipelineStageFlags2::HOST,
+        vk::AccessFlags2::HOST_READ | vk::AccessFlags2::HOST_WRITE,
+    );
+    // SAFETY: recording state, ended once.
+    unsafe { device.end_command_buffer(raw) }
+        .map_err(|r| call_error("vkEndCommandBuffer", r, 0))?;
+    Ok(prepared)
+}

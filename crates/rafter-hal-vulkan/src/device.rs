@@ -1,0 +1,620 @@
+//! The Vulkan device: opening, memory kinds, limits, and the object every handle shares.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+
+use ash::vk;
+use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
+use gpu_allocator::{AllocationSizes, AllocatorDebugSettings, MemoryLocation};
+use rafter_hal::{
+    Buffer, Capabilities, Device, DeviceId, DeviceInfo, DeviceKind, Executable, ExecutableSpec,
+    HalError, Limits, MemoryKind, MemoryKindInfo, Queue, Semaphore, FORMAT_SPIRV,
+};
+
+use crate::caps::VulkanCapabilities;
+use crate::error::VulkanError;
+use crate::executable::{PipelineCache, VulkanExecutable};
+use crate::instance::{self, InstanceOwner};
+use crate::memory::VulkanBuffer;
+use crate::queue::{run_monitor, SchedState, VulkanQueue};
+use crate::semaphore::SemInner;
+
+/// How to open a [`VulkanDevice`].
+#[derive(Clone, Debug, Default)]
+pub struct VulkanDeviceOptions {
+    /// The physical device by index in the loader's enumeration; `None` reads
+    /// `RAFTER_VULKAN_DEVICE`, and without it prefers a discrete GPU.
+    pub device_index: Option<usize>,
+    /// Queues to create (clamped to what the compute family has); 0 means 1.
+    pub queue_count: usize,
+    /// Where the `VkPipelineCache` lives on disk: read when the device opens (ignored when
+    /// it was written by another driver or device), written when the device is dropped and
+    /// by [`VulkanDevice::save_pipeline_cache`]. `None` keeps the cache in memory only.
+    pub pipeline_cache_path: Option<PathBuf>,
+    /// The device's name in [`DeviceInfo`] and errors; empty means `vulkan`.
+    pub name: String,
+}
+
+/// How each HAL memory kind maps onto gpu-allocator's locations.
+///
+/// `HostVisibleShared` is `CpuToGpu`, which prefers `DEVICE_LOCAL | HOST_VISIBLE |
+/// HOST_COHERENT` (unified memory, resizable BAR) and falls back to host memory the device
+/// reads over the bus; `Host` is `GpuToCpu`, which prefers cached host memory, the fast
+/// way to read results back.
+pub(crate) fn location(kind: MemoryKind) -> MemoryLocation {
+    match kind {
+        MemoryKind::DeviceLocal => MemoryLocation::GpuOnly,
+        MemoryKind::HostVisibleShared => MemoryLocation::CpuToGpu,
+        MemoryKind::Host => MemoryLocation::GpuToCpu,
+    }
+}
+
+/// Buffer usage for every rafter buffer: kernels reach it by device address, copies and
+/// fills by handle.
+pub(crate) const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
+    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_DST.as_raw()
+        | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS.as_raw(),
+);
+
+/// What every handle of one device shares: the `VkDevice`, its allocator, queues, the
+/// scheduler, and the registry of semaphores. Destroyed (and the `VkDevice` with it) when
+/// the last buffer, semaphore, executable, queue or command buffer referring to it is gone.
+pub(crate) struct Shared {
+    pub(crate) id: DeviceId,
+    pub(crate) name: String,
+    pub(crate) caps: VulkanCapabilities,
+    pub(crate) device: ash::Device,
+    pub(crate) queue_family: u32,
+    /// `VkQueue`s; externally synchronised by the scheduler lock, which every submit holds.
+    pub(crate) queues: Vec<vk::Queue>,
+    /// `None` only while the device is being destroyed.
+    pub(crate) allocator: Mutex<Option<Allocator>>,
+    /// The one pipeline layout: no descriptor sets, one push-constant range of
+    /// `push_constant_size` bytes for compute.
+    pub(crate) pipeline_layout: vk::PipelineLayout,
+    pub(crate) push_constant_size: u32,
+    pub(crate) pipeline_cache: PipelineCache,
+    pub(crate) sched: Mutex<SchedState>,
+    /// Host-signalled to wake the monitor thread out of `vkWaitSemaphores`.
+    pub(crate) wake_semaphore: vk::Semaphore,
+    wake_counter: Mutex<u64>,
+    /// Every semaphore this device created (weakly): the monitor fires their timepoints.
+    pub(crate) semaphores: Mutex<Vec<Weak<SemInner>>>,
+    /// Set once the device is lost (or reported lost): the reason.
+    lost: Mutex<Option<String>>,
+    lost_flag: AtomicBool,
+    /// The public device object was dropped: no new work is accepted.
+    pub(crate) closing: AtomicBool,
+    /// Tells the monitor to finish: fail deferred work, drain running work, exit.
+    pub(crate) shutdown: AtomicBool,
+    /// Memory kinds and their properties, as gpu-allocator will place them.
+    pub(crate) memory: Vec<MemoryKindInfo>,
+    /// Keeps the instance alive until the device is destroyed.
+    instance: Arc<InstanceOwner>,
+}
+
+impl Shared {
+    pub(crate) fn lock_sched(&self) -> MutexGuard<'_, SchedState> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes the monitor thread (it re-reads everything it watches).
+    pub(crate) fn wake(&self) {
+        let mut counter = self.wake_counter.lock().unwrap_or_else(|e| e.into_inner());
+        *counter += 1;
+        let info = vk::SemaphoreSignalInfo::default()
+            .semaphore(self.wake_semaphore)
+            .value(*counter);
+        // SAFETY: the wake semaphore is a timeline semaphore of this device, only ever
+        // host-signalled, here, under the counter lock, so values strictly increase.
+        if let Err(result) = unsafe { self.device.signal_semaphore(&info) } {
+            if result == vk::Result::ERROR_DEVICE_LOST {
+                drop(counter);
+                self.set_lost(format!("vkSignalSemaphore: {result}"));
+            }
+        }
+    }
+
+    /// The device-lost reason, once lost.
+    pub(crate) fn lost_reason(&self) -> Option<String> {
+        if !self.lost_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Marks the device lost (the first reason wins) and wakes the monitor, which fails
+    /// every semaphore and every submission that has not completed.
+    pub(crate) fn set_lost(&self, reason: String) {
+        {
+            let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+            if lost.is_none() {
+                *lost = Some(format!(
+                    "device lost: Vulkan device '{}' ({}): {reason}",
+                    self.name, self.id
+                ));
+            }
+        }
+        self.lost_flag.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    /// Handles a failed Vulkan call on a running device: device loss marks the device.
+    pub(crate) fn check_lost(&self, call: &str, result: vk::Result) {
+        if result == vk::Result::ERROR_DEVICE_LOST {
+            self.set_lost(format!("{call}: {result}"));
+        }
+    }
+
+    /// Live semaphores of this device.
+    pub(crate) fn live_semaphores(&self) -> Vec<Arc<SemInner>> {
+        let mut registry = self.semaphores.lock().unwrap_or_else(|e| e.into_inner());
+        registry.retain(|w| w.strong_count() > 0);
+        registry.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: this runs when the last handle is gone, so no command buffer, buffer or
+        // semaphore of the device is in use by the host; `VulkanDevice::drop` waited for the
+        // device to go idle, and nothing could be submitted after that. Objects are
+        // destroyed before the device, and the allocator frees its memory before it too.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            let state = self.sched.get_mut().unwrap_or_else(|e| e.into_inner());
+            state.in_flight.clear();
+            state.deferred.clear();
+            for (semaphore, _) in state.completion_pool.drain(..) {
+                self.device.destroy_semaphore(semaphore, None);
+            }
+            self.device.destroy_semaphore(self.wake_semaphore, None);
+            self.device
+                .destroy_pipeline_layout(self.pipeline_layout, None);
+            self.pipeline_cache.destroy(&self.device);
+            drop(
+                self.allocator
+                    .get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take(),
+            );
+            self.device.destroy_device(None);
+        }
+        let _ = &self.instance;
+    }
+}
+
+/// A Vulkan 1.3 device behind the [`rafter_hal::Device`] traits.
+///
+/// - **Memory** ([`MemoryKind`]): device-local, host-visible shared (device-local *and*
+///   host-visible where the device has it: unified memory, resizable BAR; the zero-copy
+///   path), and host (cached host memory, for read-back). Every buffer has a 64-bit device
+///   address, so a buffer may be as large as `maxBufferSize`, far beyond
+///   `maxStorageBufferRange`. Only host-coherent memory is mapped.
+/// - **Executables**: SPIR-V ([`FORMAT_SPIRV`]); one compute pipeline per `GLCompute` entry
+///   point, created through the device's pipeline cache. Kernels take no descriptors: the
+///   push constants hold binding `i`'s device address (buffer address plus range offset,
+///   a little-endian `u64`) at byte `8 * i`, and the dispatch's `params` after the last one.
+/// - **Queues**: `vkQueueSubmit2` with timeline semaphores; see [`VulkanQueue`] for the
+///   submission model (submission never blocks; GPU work waits on GPU work directly).
+/// - **Drop**: fails work that never started, waits for submitted work, saves the pipeline
+///   cache. Handles that outlive the device keep the `VkDevice` alive until they go.
+pub struct VulkanDevice {
+    shared: Arc<Shared>,
+    info: DeviceInfo,
+    queues: Vec<Arc<VulkanQueue>>,
+    monitor: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl VulkanDevice {
+    /// Opens a device: loads the loader, picks the physical device, enables what rafter
+    /// uses, creates queues, the allocator, the pipeline layout and cache, and starts the
+    /// monitor thread. Without a usable device this is [`VulkanError::NoDevice`], whose
+    /// message lists the drivers found and why each was refused.
+    pub fn new(options: VulkanDeviceOptions) -> Result<VulkanDevice, VulkanError> {
+        let owner = instance::create_instance()?;
+        let candidates = instance::enumerate(&owner)?;
+        let chosen = instance::select(candidates, options.device_index)?;
+        let shared = Arc::new(create_shared(owner, chosen, &options)?);
+        let info = device_info(&shared);
+        let queues = (0..shared.queues.len())
+            .map(|i| Arc::new(VulkanQueue::new(shared.clone(), i)))
+            .collect();
+        let monitor_shared = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("rafter-{}{}-monitor", shared.name, shared.id))
+            .spawn(move || run_monitor(monitor_shared))
+            .map_err(|e| VulkanError::Other(format!("spawning the monitor thread: {e}")))?;
+        Ok(VulkanDevice {
+            shared,
+            info,
+            queues,
+            monitor: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// What the device offers: features, subgroups, cooperative matrix, limits, memory.
+    pub fn capabilities(&self) -> &VulkanCapabilities {
+        &self.shared.caps
+    }
+
+    /// How the pipeline cache was loaded: `loaded N bytes from PATH`, `empty (...)`.
+    pub fn pipeline_cache_status(&self) -> &str {
+        self.shared.pipeline_cache.status()
+    }
+
+    /// Writes the pipeline cache to its path now (also done on drop). Without a path this
+    /// does nothing.
+    pub fn save_pipeline_cache(&self) -> Result<(), HalError> {
+        self.shared.pipeline_cache.save(&self.shared.device)
+    }
+
+    /// Reports the device lost, as the driver would: every semaphore of the device fails
+    /// with `reason`, work not yet submitted never runs, and new submissions are refused.
+    /// For tests of failure propagation (a real loss cannot be provoked on demand).
+    #[doc(hidden)]
+    pub fn inject_device_loss(&self, reason: &str) {
+        self.shared.set_lost(format!("injected: {reason}"));
+    }
+}
+
+fn create_shared(
+    owner: Arc<InstanceOwner>,
+    chosen: instance::Candidate,
+    options: &VulkanDeviceOptions,
+) -> Result<Shared, VulkanError> {
+    let caps = chosen.caps;
+    let physical = chosen.physical;
+    let (family, family_queues) = caps
+        .compute_queue_family
+        .expect("select() refuses devices without a compute queue");
+    let queue_count = options.queue_count.clamp(1, family_queues as usize);
+    let priorities = vec![1.0f32; queue_count];
+    let queue_infos = [vk::DeviceQueueCreateInfo::default()
+        .queue_family_index(family)
+        .queue_priorities(&priorities)];
+
+    // Enable exactly what the device has of what rafter uses.
+    let base = vk::PhysicalDeviceFeatures::default()
+        .shader_int16(caps.shader_int16)
+        .shader_int64(caps.shader_int64)
+        .shader_float64(caps.shader_float64);
+    let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
+        .storage_buffer16_bit_access(caps.storage_buffer_16bit);
+    let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
+        .buffer_device_address(true)
+        .timeline_semaphore(true)
+        .storage_buffer8_bit_access(caps.storage_buffer_8bit)
+        .shader_int8(caps.shader_int8)
+        .shader_float16(caps.shader_float16)
+        .vulkan_memory_model(caps.vulkan_memory_model);
+    let mut f13 = vk::PhysicalDeviceVulkan13Features::default()
+        .synchronization2(true)
+        .maintenance4(caps.maintenance4)
+        .subgroup_size_control(caps.subgroup_size_control)
+        .compute_full_subgroups(caps.compute_full_subgroups);
+    let mut coop =
+        vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+    let mut extensions: Vec<*const std::ffi::c_char> = Vec::new();
+    let mut features = vk::PhysicalDeviceFeatures2::default()
+        .features(base)
+        .push_next(&mut f11)
+        .push_next(&mut f12)
+        .push_next(&mut f13);
+    if caps.cooperative_matrix.is_some() {
+        extensions.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+        features = features.push_next(&mut coop);
+    }
+    let device_info = vk::DeviceCreateInfo::default()
+        .queue_create_infos(&queue_infos)
+        .enabled_extension_names(&extensions)
+        .push_next(&mut features);
+    // SAFETY: `physical` belongs to `owner.instance`; the create info and its chains are
+    // locals that live across the call; every feature enabled was reported supported.
+    let device = unsafe { owner.instance.create_device(physical, &device_info, None) }.map_err(
+        |result| VulkanError::Call {
+            call: "vkCreateDevice",
+            result,
+        },
+    )?;
+    // From here on, an error must destroy what was created: `Partial` does it.
+    let mut partial = Partial {
+        device: Some(device.clone()),
+        semaphore: vk::Semaphore::null(),
+        layout: vk::PipelineLayout::null(),
+    };
+    let queues: Vec<vk::Queue> = (0..queue_count as u32)
+        // SAFETY: the queues were requested in `queue_infos` for this family.
+        .map(|i| unsafe { device.get_device_queue(family, i) })
+        .collect();
+
+    let allocator = Allocator::new(&AllocatorCreateDesc {
+        instance: owner.instance.clone(),
+        device: device.clone(),
+        physical_device: physical,
+        debug_settings: AllocatorDebugSettings::default(),
+        buffer_device_address: true,
+        allocation_sizes: AllocationSizes::default(),
+    })
+    .map_err(|e| VulkanError::Other(format!("gpu-allocator: {e}")))?;
+
+    partial.semaphore = create_timeline(&device, 0).map_err(|result| VulkanError::Call {
+        call: "vkCreateSemaphore",
+        result,
+    })?;
+    let push_constant_size = caps.limits.max_push_constants_size.min(256);
+    let ranges = [vk::PushConstantRange::default()
+        .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        .offset(0)
+        .size(push_constant_size)];
+    let layout_info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(&ranges);
+    // SAFETY: `layout_info` lives across the call; the device is valid.
+    partial.layout =
+        unsafe { device.create_pipeline_layout(&layout_info, None) }.map_err(|result| {
+            VulkanError::Call {
+                call: "vkCreatePipelineLayout",
+                result,
+            }
+        })?;
+    let pipeline_cache = PipelineCache::open(&device, &caps, options.pipeline_cache_path.clone())
+        .map_err(|result| VulkanError::Call {
+        call: "vkCreatePipelineCache",
+        result,
+    })?;
+    let memory = memory_kinds(&device, &caps);
+    let name = if options.name.is_empty() {
+        "vulkan".to_string()
+    } else {
+        options.name.clone()
+    };
+    let (wake_semaphore, pipeline_layout) = (partial.semaphore, partial.layout);
+    partial.device = None;
+    Ok(Shared {
+        id: DeviceId::fresh(),
+        name,
+        caps,
+        device,
+        queue_family: family,
+        queues,
+        allocator: Mutex::new(Some(allocator)),
+        pipeline_layout,
+        push_constant_size,
+        pipeline_cache,
+        sched: Mutex::new(SchedState::default()),
+        wake_semaphore,
+        wake_counter: Mutex::new(0),
+        semaphores: Mutex::new(Vec::new()),
+        lost: Mutex::new(None),
+        lost_flag: AtomicBool::new(false),
+        closing: AtomicBool::new(false),
+        shutdown: AtomicBool::new(false),
+        memory,
+        instance: owner,
+    })
+}
+
+/// Destroys what `create_shared` made so far when it fails half-way.
+struct Partial {
+    device: Option<ash::Device>,
+    semaphore: vk::Semaphore,
+    layout: vk::PipelineLayout,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if let Some(device) = self.device.take() {
+            // SAFETY: nothing has used these objects; null handles are ignored by Vulkan.
+            unsafe {
+                device.destroy_pipeline_layout(self.layout, None);
+                device.destroy_semaphore(self.semaphore, None);
+                device.destroy_device(None);
+            }
+        }
+    }
+}
+
+/// A timeline semaphore at `initial`.
+pub(crate) fn create_timeline(
+    device: &ash::Device,
+    initial: u64,
+) -> Result<vk::Semaphore, vk::Result> {
+    let mut kind = vk::SemaphoreTypeCreateInfo::default()
+        .semaphore_type(vk::SemaphoreType::TIMELINE)
+        .initial_value(initial);
+    let info = vk::SemaphoreCreateInfo::default().push_next(&mut kind);
+    // SAFETY: `info` and its chain live across the call; timeline semaphores are enabled.
+    unsafe { device.create_semaphore(&info, None) }
+}
+
+/// The memory type gpu-allocator picks for `location`, mirroring its search (first type
+/// allowed for our buffers with the preferred flags, then with the required ones).
+fn chosen_type(caps: &VulkanCapabilities, bits: u32, location: MemoryLocation) -> Option<usize> {
+    use vk::MemoryPropertyFlags as F;
+    let (preferred, required) = match location {
+        MemoryLocation::GpuOnly => (F::DEVICE_LOCAL, F::DEVICE_LOCAL),
+        MemoryLocation::CpuToGpu => (
+            F::HOST_VISIBLE | F::HOST_COHERENT | F::DEVICE_LOCAL,
+            F::HOST_VISIBLE | F::HOST_COHERENT,
+        ),
+        MemoryLocation::GpuToCpu => (
+            F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED,
+            F::HOST_VISIBLE | F::HOST_COHERENT,
+        ),
+        _ => (F::empty(), F::empty()),
+    };
+    let find = |flags: F| {
+        caps.memory_types
+            .iter()
+            .enumerate()
+            .position(|(i, t)| bits & (1 << i) != 0 && t.flags.contains(flags))
+    };
+    find(preferred).or_else(|| find(required))
+}
+
+fn memory_kinds(device: &ash::Device, caps: &VulkanCapabilities) -> Vec<MemoryKindInfo> {
+    let create = vk::BufferCreateInfo::default()
+        .size(1 << 16)
+        .usage(BUFFER_USAGE)
+        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    let query = vk::DeviceBufferMemoryRequirements::default().create_info(&create);
+    let mut reqs = vk::MemoryRequirements2::default();
+    // SAFETY: Vulkan 1.3 core (maintenance4); the structures live across the call.
+    unsafe { device.get_device_buffer_memory_requirements(&query, &mut reqs) };
+    let bits = reqs.memory_requirements.memory_type_bits;
+    let mut kinds = Vec::new();
+    for kind in MemoryKind::ALL {
+        let Some(index) = chosen_type(caps, bits, location(kind)) else {
+            continue;
+        };
+        let flags = caps.memory_types[index].flags;
+        let mappable = flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE)
+            && flags.contains(vk::MemoryPropertyFlags::HOST_COHERENT);
+        kinds.push(MemoryKindInfo {
+            kind,
+            host_visible: mappable,
+            host_coherent: mappable,
+            capacity: caps
+                .memory_heaps
+                .get(caps.memory_types[index].heap as usize)
+                .map(|h| h.size),
+        });
+    }
+    kinds
+}
+
+fn device_info(shared: &Shared) -> DeviceInfo {
+    let caps = &shared.caps;
+    let limits = &caps.limits;
+    // Push constants hold one u64 address per binding, then the params.
+    let max_bindings = (shared.push_constant_size / 16) as usize;
+    let max_params = shared.push_constant_size as usize - 8 * max_bindings;
+    DeviceInfo {
+        id: shared.id,
+        name: shared.name.clone(),
+        kind: DeviceKind::Vulkan,
+        memory: shared.memory.clone(),
+        limits: Limits {
+            max_buffer_size: limits
+                .max_buffer_size
+                .min(limits.max_memory_allocation_size),
+            max_total_allocation: None,
+            max_bindings,
+            max_push_constant_size: max_params,
+            max_workgroup_count: limits.max_compute_workgroup_count,
+        },
+        capabilities: Capabilities {
+            dtypes: caps.dtypes().into_iter().map(String::from).collect(),
+            features: caps.feature_names().into_iter().collect(),
+            executable_formats: BTreeSet::from([FORMAT_SPIRV.to_string()]),
+            subgroup_size: Some(caps.subgroup_size),
+        },
+        peak_flops: None,
+        memory_bandwidth: None,
+    }
+}
+
+impl Device for VulkanDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn allocate(&self, size: u64, kind: MemoryKind) -> Result<Buffer, HalError> {
+        if let Some(reason) = self.shared.lost_reason() {
+            return Err(HalError::DeviceLost(reason));
+        }
+        if !self.shared.memory.iter().any(|m| m.kind == kind) {
+            return Err(HalError::UnsupportedMemoryKind {
+                device: self.shared.name.clone(),
+                kind,
+            });
+        }
+        let max = self.info.limits.max_buffer_size;
+        if size > max {
+            return Err(HalError::BufferTooLarge { size, max });
+        }
+        let buffer = VulkanBuffer::new(self.shared.clone(), size, kind)?;
+        Ok(Buffer::from_impl(Arc::new(buffer)))
+    }
+
+    fn create_semaphore(&self, initial: u64) -> Result<Semaphore, HalError> {
+        if let Some(reason) = self.shared.lost_reason() {
+            return Err(HalError::DeviceLost(reason));
+        }
+        let inner = SemInner::new(self.shared.clone(), initial)?;
+        Ok(Semaphore::from_impl(inner))
+    }
+
+    fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
+    fn queue(&self, index: usize) -> Result<Queue, HalError> {
+        let queue = self.queues.get(index).ok_or(HalError::NoSuchQueue {
+            index,
+            count: self.queues.len(),
+        })?;
+        Ok(Queue::from_impl(queue.clone()))
+    }
+
+    fn load_executable(&self, spec: &ExecutableSpec) -> Result<Executable, HalError> {
+        if let Some(reason) = self.shared.lost_reason() {
+            return Err(HalError::DeviceLost(reason));
+        }
+        let executable = VulkanExecutable::load(self.shared.clone(), spec)?;
+        Ok(Executable::from_impl(Arc::new(executable)))
+    }
+}
+
+impl Drop for VulkanDevice {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake();
+        let handle = self
+            .monitor
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+        // The monitor drained submitted work unless the device was lost; then wait for the
+        // GPU (a lost device returns at once) and drop what is left.
+        // SAFETY: no other thread submits (closing is set under the scheduler lock's
+        // protocol: every submit checks it while holding the lock).
+        let _ = unsafe { self.shared.device.device_wait_idle() };
+        let leftovers = std::mem::take(&mut self.shared.lock_sched().in_flight);
+        let reason = self
+            .shared
+            .lost_reason()
+            .unwrap_or_else(|| format!("device '{}' was dropped", self.shared.name));
+        for flight in leftovers {
+            flight.fail_foreign(&reason);
+        }
+        let _ = self.shared.pipeline_cache.save(&self.shared.device);
+    }
+}
+
+impl fmt::Debug for VulkanDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VulkanDevice")
+            .field("id", &self.shared.id)
+            .field("name", &self.shared.name)
+            .field("physical", &self.shared.caps.device_name)
+            .field("queues", &self.queues.len())
+            .finish()
+    }
+}
+
+// `Shared` is only reached through `Arc` by handles that must be `Send + Sync`; its Vulkan
+// handles are plain integers and ash's function tables are `Send + Sync`.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Shared>();
+};

@@ -1,0 +1,310 @@
+//! SPIR-V executables (one compute pipeline per entry point) and the pipeline cache.
+
+use std::any::Any;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ash::vk;
+use rafter_hal::{
+    DeviceId, ExecutableImpl, ExecutablePayload, ExecutableSpec, HalError, FORMAT_SPIRV,
+};
+
+use crate::caps::VulkanCapabilities;
+use crate::device::Shared;
+use crate::error::call_error;
+
+const SPIRV_MAGIC: u32 = 0x0723_0203;
+const OP_ENTRY_POINT: u32 = 15;
+const EXECUTION_MODEL_GL_COMPUTE: u32 = 5;
+
+/// The names of a module's `GLCompute` entry points, in module order. Also checks the
+/// module is whole words with the SPIR-V magic, so a bad payload is an error here rather
+/// than undefined behaviour in the driver.
+pub fn spirv_entry_points(words: &[u32]) -> Result<Vec<String>, String> {
+    if words.len() < 5 {
+        return Err(format!(
+            "{} words is shorter than a SPIR-V header",
+            words.len()
+        ));
+    }
+    if words[0] != SPIRV_MAGIC {
+        return Err(format!(
+            "bad magic {:#010x} (SPIR-V is {SPIRV_MAGIC:#010x}, little-endian)",
+            words[0]
+        ));
+    }
+    let mut entries = Vec::new();
+    let mut at = 5;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        let opcode = words[at] & 0xffff;
+        if count == 0 || at + count > words.len() {
+            return Err(format!(
+                "instruction at word {at} has a bad word count {count}"
+            ));
+        }
+        if opcode == OP_ENTRY_POINT && count >= 4 && words[at + 1] == EXECUTION_MODEL_GL_COMPUTE {
+            let bytes: Vec<u8> = words[at + 3..at + count]
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+            let end = bytes
+                .iter()
+                .position(|&b| b == 0)
+                .ok_or_else(|| format!("entry point name at word {at} is not terminated"))?;
+            let name = std::str::from_utf8(&bytes[..end])
+                .map_err(|_| format!("entry point name at word {at} is not UTF-8"))?;
+            entries.push(name.to_string());
+        }
+        at += count;
+    }
+    Ok(entries)
+}
+
+/// A loaded SPIR-V module: one compute pipeline per `GLCompute` entry point, all with the
+/// device's single pipeline layout (no descriptors, push constants only).
+pub struct VulkanExecutable {
+    shared: Arc<Shared>,
+    name: String,
+    entries: Vec<String>,
+    pipelines: Vec<vk::Pipeline>,
+}
+
+impl VulkanExecutable {
+    pub(crate) fn load(
+        shared: Arc<Shared>,
+        spec: &ExecutableSpec,
+    ) -> Result<VulkanExecutable, HalError> {
+        if spec.format != FORMAT_SPIRV {
+            return Err(HalError::UnsupportedExecutableFormat {
+                device: shared.name.clone(),
+                format: spec.format.clone(),
+            });
+        }
+        let invalid = |reason: String| HalError::InvalidExecutable {
+            name: spec.name.clone(),
+            reason,
+        };
+        let ExecutablePayload::Bytes(bytes) = &spec.payload else {
+            return Err(invalid(
+                "a SPIR-V executable's payload must be bytes".into(),
+            ));
+        };
+        if bytes.len() % 4 != 0 {
+            return Err(invalid(format!(
+                "{} bytes is not a whole number of words",
+                bytes.len()
+            )));
+        }
+        let words: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let entries = spirv_entry_points(&words).map_err(invalid)?;
+        if entries.is_empty() {
+            return Err(invalid("the module has no GLCompute entry point".into()));
+        }
+        let device = &shared.device;
+        let module_info = vk::ShaderModuleCreateInfo::default().code(&words);
+        // SAFETY: `words` is a whole SPIR-V module (magic and instruction lengths checked)
+        // living across the call. Its validity beyond that is the producer's contract: rafter's
+        // code generator checks every module with spirv-val in its tests.
+        let module = unsafe { device.create_shader_module(&module_info, None) }
+            .map_err(|r| call_error("vkCreateShaderModule", r, 0))?;
+        let names: Vec<std::ffi::CString> = entries
+            .iter()
+            .map(|n| std::ffi::CString::new(n.as_str()).expect("no NUL: cut at the first NUL"))
+            .collect();
+        let infos: Vec<vk::ComputePipelineCreateInfo> = names
+            .iter()
+            .map(|name| {
+                vk::ComputePipelineCreateInfo::default()
+                    .stage(
+                        vk::PipelineShaderStageCreateInfo::default()
+                            .stage(vk::ShaderStageFlags::COMPUTE)
+                            .module(module)
+                            .name(name),
+                    )
+                    .layout(shared.pipeline_layout)
+            })
+            .collect();
+        // SAFETY: the infos, the module and the names live across the call; the layout and
+        // cache belong to this device. The cache is internally synchronised
+        // (no EXTERNALLY_SYNCHRONIZED flag).
+        let created =
+            unsafe { device.create_compute_pipelines(shared.pipeline_cache.raw, &infos, None) };
+        // SAFETY: pipelines keep what they need; the module may go once they exist.
+        unsafe { device.destroy_shader_module(module, None) };
+        let pipelines = match created {
+            Ok(pipelines) => pipelines,
+            Err((partial, result)) => {
+                for pipeline in partial {
+                    // SAFETY: never used; null handles are ignored.
+                    unsafe { device.destroy_pipeline(pipeline, None) };
+                }
+                return Err(call_error("vkCreateComputePipelines", result, 0));
+            }
+        };
+        Ok(VulkanExecutable {
+            shared,
+            name: spec.name.clone(),
+            entries,
+            pipelines,
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub(crate) fn pipeline(&self, entry: usize) -> Result<vk::Pipeline, HalError> {
+        self.pipelines
+            .get(entry)
+            .copied()
+            .ok_or_else(|| HalError::UnknownEntryPoint {
+                executable: self.name.clone(),
+                entry,
+                count: self.pipelines.len(),
+            })
+    }
+}
+
+impl ExecutableImpl for VulkanExecutable {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn entry_points(&self) -> &[String] {
+        &self.entries
+    }
+
+    fn device_id(&self) -> DeviceId {
+        self.shared.id
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for VulkanExecutable {
+    fn drop(&mut self) {
+        for &pipeline in &self.pipelines {
+            // SAFETY: command buffers that dispatch this executable hold a handle to it, so
+            // the last handle goes only after every such command buffer is gone.
+            unsafe { self.shared.device.destroy_pipeline(pipeline, None) };
+        }
+    }
+}
+
+impl fmt::Debug for VulkanExecutable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VulkanExecutable")
+            .field("name", &self.name)
+            .field("entries", &self.entries)
+            .finish()
+    }
+}
+
+/// The `VkPipelineCache`, optionally backed by a file.
+///
+/// The file is read only when its header names this driver's vendor, device and
+/// `pipelineCacheUUID` (a cache from another driver version is worthless and a corrupt one
+/// must not reach the driver), and written atomically (a temporary file, then rename), so a
+/// crash mid-write leaves the old cache.
+pub(crate) struct PipelineCache {
+    pub(crate) raw: vk::PipelineCache,
+    path: Option<PathBuf>,
+    status: String,
+}
+
+/// `VK_PIPELINE_CACHE_HEADER_VERSION_ONE`'s header: size, version, vendor, device, UUID.
+const CACHE_HEADER_LEN: usize = 32;
+
+fn cache_header_matches(data: &[u8], caps: &VulkanCapabilities) -> Result<(), String> {
+    if data.len() < CACHE_HEADER_LEN {
+        return Err(format!("{} bytes is shorter than the header", data.len()));
+    }
+    let word = |i: usize| u32::from_le_bytes([data[i], data[i + 1], data[i + 2], data[i + 3]]);
+    if word(0) as usize != CACHE_HEADER_LEN || word(4) != 1 {
+        return Err("not a version-one pipeline cache header".into());
+    }
+    if word(8) != caps.vendor_id
+        || word(12) != caps.device_id
+        || data[16..32] != caps.pipeline_cache_uuid
+    {
+        return Err("written by another device or driver version".into());
+    }
+    Ok(())
+}
+
+impl PipelineCache {
+    pub(crate) fn open(
+        device: &ash::Device,
+        caps: &VulkanCapabilities,
+        path: Option<PathBuf>,
+    ) -> Result<PipelineCache, vk::Result> {
+        let (initial, status) = match &path {
+            None => (Vec::new(), "in memory only (no path)".to_string()),
+            Some(path) => match std::fs::read(path) {
+                Ok(data) => match cache_header_matches(&data, caps) {
+                    Ok(()) => {
+                        let status = format!("loaded {} bytes from {}", data.len(), path.display());
+                        (data, status)
+                    }
+                    Err(why) => (
+                        Vec::new(),
+                        format!("empty: {} ignored: {why}", path.display()),
+                    ),
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+                    Vec::new(),
+                    format!("empty: {} does not exist yet", path.display()),
+                ),
+                Err(e) => (
+                    Vec::new(),
+                    format!("empty: reading {}: {e}", path.display()),
+                ),
+            },
+        };
+        let info = vk::PipelineCacheCreateInfo::default().initial_data(&initial);
+        // SAFETY: `initial` is empty or carries a header for this exact device and driver;
+        // it lives across the call.
+        let raw = unsafe { device.create_pipeline_cache(&info, None) }?;
+        Ok(PipelineCache { raw, path, status })
+    }
+
+    pub(crate) fn status(&self) -> &str {
+        &self.status
+    }
+
+    /// Writes the cache to its path (if any), atomically.
+    pub(crate) fn save(&self, device: &ash::Device) -> Result<(), HalError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        // SAFETY: the cache belongs to `device` and is internally synchronised.
+        let data = unsafe { device.get_pipeline_cache_data(self.raw) }
+            .map_err(|r| call_error("vkGetPipelineCacheData", r, 0))?;
+        let io = |e: std::io::Error| {
+            HalError::Unsupported(format!(
+                "writing the pipeline cache {}: {e}",
+                path.display()
+            ))
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, &data).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// # Safety
+    /// No pipeline creation may be running on the cache.
+    pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
+        // SAFETY: per the contract; the cache belongs to `device`.
+        unsafe { device.destroy_pipeline_cache(self.raw, None) };
+    }
+}

@@ -1,0 +1,651 @@
+//! Queues, the scheduler that hands submissions to `vkQueueSubmit2`, and the monitor thread.
+//!
+//! # The submission model
+//!
+//! [`Queue::submit`](rafter_hal::Queue::submit) never blocks. A submission goes to the GPU
+//! (`vkQueueSubmit2`, with its waits and signals as timeline-semaphore operations) as soon
+//! as every wait is *resolvable*: the value is already reached, or a batch that signals it
+//! has already been submitted. GPU work therefore waits on GPU work directly, with no host
+//! round trip: a chain of submissions across queues is handed to the driver at once.
+//!
+//! A wait that nothing submitted will signal yet (a value the host will signal later, a
+//! semaphore of another device) keeps the submission host-side, *deferred*, until the value
+//! becomes resolvable; then it is submitted by whichever thread made it so (the host
+//! thread's `signal`, or the monitor for other devices' semaphores). Vulkan would accept
+//! such a wait-before-signal at once, but two things forbid relying on it here:
+//! - drivers process one `VkQueue`'s batches in order, so a batch waiting for a host signal
+//!   stalls every later batch on that queue, independent ones included, which the HAL's
+//!   ordering rule forbids (only semaphores order submissions);
+//! - a batch, once submitted, cannot be withdrawn: if its wait semaphore *fails*, the HAL
+//!   says its commands must not run, and a deferred batch simply never is submitted.
+//!
+//! Failure travels host-side: a failed wait fails a deferred submission's signal semaphores
+//! without running it; for submitted work, a callback on each wait semaphore fails the
+//! signals as soon as the wait fails (the GPU work itself still runs; its outputs are
+//! marked failed). Signals on other devices' semaphores are host-signalled by the monitor
+//! when the batch completes. A `vkQueueSubmit2` error or device loss fails the signals too.
+//!
+//! # The monitor thread
+//!
+//! One per device. It sleeps in `vkWaitSemaphores` (any of: a wake semaphore the host
+//! signals, every in-flight batch's completion semaphore, every semaphore with callbacks
+//! registered) and on waking retires completed batches (releasing what they hold, signalling
+//! other devices' semaphores), fires callbacks whose values the GPU reached, submits
+//! deferred work that became ready, and fails everything when the device is lost.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use ash::vk;
+use rafter_hal::{CommandBuffer, DeviceId, HalError, QueueImpl, Semaphore, SemaphoreError};
+
+use crate::command::{prepare, Prepared};
+use crate::device::{create_timeline, Shared};
+use crate::error::call_error;
+use crate::semaphore::{SemInner, SemState};
+
+/// How long the monitor sleeps at most before looking around again (a safety net: every
+/// event that needs it also wakes it).
+const MONITOR_TICK: Duration = Duration::from_millis(100);
+
+/// The scheduler's state, under `Shared::sched`.
+#[derive(Default)]
+pub(crate) struct SchedState {
+    next_id: u64,
+    /// Submissions whose waits are not all resolvable yet.
+    pub(crate) deferred: Vec<Pending>,
+    /// Submitted batches not yet known complete.
+    pub(crate) in_flight: Vec<InFlight>,
+    /// Completion semaphores free for reuse, with the last value each reached.
+    pub(crate) completion_pool: Vec<(vk::Semaphore, u64)>,
+}
+
+/// A wait of a deferred submission.
+enum Wait {
+    /// A semaphore of this device: resolvable once reached or signalled by submitted work.
+    Own { semaphore: Semaphore, value: u64 },
+    /// Another device's (or a host) semaphore: resolvable once reached, learnt through a
+    /// callback.
+    Foreign(Arc<ForeignWait>),
+}
+
+struct ForeignWait {
+    semaphore: Semaphore,
+    /// `None` until the callback fires: `Ok` reached, `Err` failed with the reason.
+    outcome: Mutex<Option<Result<(), String>>>,
+}
+
+/// A submission not yet handed to the GPU.
+pub(crate) struct Pending {
+    id: u64,
+    queue: usize,
+    command_buffer: CommandBuffer,
+    prepared: Arc<Prepared>,
+    waits: Vec<Wait>,
+    signals: Vec<(Semaphore, u64)>,
+}
+
+/// A submitted batch. Holds everything the GPU may still touch (the command buffer with its
+/// buffers and executables, the semaphores) until it completes.
+pub(crate) struct InFlight {
+    completion: (vk::Semaphore, u64),
+    _command_buffer: CommandBuffer,
+    _prepared: Arc<Prepared>,
+    _waits: Vec<Semaphore>,
+    signals: Vec<(Semaphore, u64)>,
+    /// Signals the GPU cannot perform (other devices' semaphores): done at completion.
+    foreign_signals: Vec<(Semaphore, u64)>,
+}
+
+impl InFlight {
+    /// The batch completed: host-signal the semaphores the GPU could not.
+    fn complete(self) {
+        for (semaphore, value) in &self.foreign_signals {
+            match semaphore.signal(*value) {
+                Ok(()) | Err(SemaphoreError::Failed(_)) => {}
+                Err(error) => semaphore.fail(format!(
+                    "a Vulkan submission could not signal its semaphore: {error}"
+                )),
+            }
+        }
+    }
+
+    /// The batch will never be known complete (device lost or dropped).
+    pub(crate) fn fail_foreign(&self, reason: &str) {
+        for (semaphore, _) in &self.foreign_signals {
+            semaphore.fail(reason);
+        }
+    }
+}
+
+enum Readiness {
+    Ready,
+    Blocked,
+    Failed(String),
+}
+
+/// This device's semaphore behind a handle, if it is one.
+fn own<'a>(shared: &Shared, semaphore: &'a Semaphore) -> Option<&'a SemInner> {
+    semaphore
+        .downcast_ref::<SemInner>()
+        .filter(|s| std::ptr::eq(Arc::as_ptr(&s.shared), shared))
+}
+
+fn fail_all(signals: &[(Semaphore, u64)], reason: &str) {
+    for (semaphore, _) in signals {
+        semaphore.fail(reason);
+    }
+}
+
+/// `(semaphore, value)` pairs: waits or signals of one submission.
+type Timepoints = Vec<(Semaphore, u64)>;
+
+/// What a scheduling pass must do once the scheduler lock is released.
+#[derive(Default)]
+struct Actions {
+    /// Signal semaphores to fail, with the reason.
+    fail: Vec<(Timepoints, String)>,
+    /// Newly submitted batches: their own unreached waits, and the signals to fail if one
+    /// of those waits fails.
+    watch: Vec<(Timepoints, Timepoints)>,
+    /// Submissions whose `vkQueueSubmit2` failed, by id.
+    errors: Vec<(u64, HalError)>,
+    submitted: bool,
+}
+
+impl Shared {
+    fn readiness(&self, pending: &Pending) -> Readiness {
+        let mut blocked = false;
+        for wait in &pending.waits {
+            match wait {
+                Wait::Own { semaphore, value } => {
+                    let inner = own(self, semaphore).expect("classified as own");
+                    if let Some(reason) = inner.lock().failure.clone() {
+                        return Readiness::Failed(reason);
+                    }
+                    if *value <= inner.submitted_signal.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    match inner.counter() {
+                        Ok(current) if current >= *value => {}
+                        Ok(_) => blocked = true,
+                        Err(reason) => return Readiness::Failed(reason),
+                    }
+                }
+                Wait::Foreign(cell) => {
+                    match &*cell.outcome.lock().unwrap_or_else(|e| e.into_inner()) {
+                        None => blocked = true,
+                        Some(Ok(())) => {}
+                        Some(Err(reason)) => return Readiness::Failed(reason.clone()),
+                    }
+                }
+            }
+        }
+        if blocked {
+            Readiness::Blocked
+        } else {
+            Readiness::Ready
+        }
+    }
+
+    /// Hands `pending` to the GPU. Called with the scheduler lock held (`state`).
+    fn submit_now(&self, state: &mut SchedState, pending: Pending, actions: &mut Actions) {
+        let stage = vk::PipelineStageFlags2::ALL_COMMANDS;
+        let mut wait_infos = Vec::new();
+        let mut watch_waits = Vec::new();
+        for wait in &pending.waits {
+            if let Wait::Own { semaphore, value } = wait {
+                let inner = own(self, semaphore).expect("classified as own");
+                let reached = inner.counter().is_ok_and(|c| c >= *value);
+                if !reached {
+                    wait_infos.push(
+                        vk::SemaphoreSubmitInfo::default()
+                            .semaphore(inner.raw)
+                            .value(*value)
+                            .stage_mask(stage),
+                    );
+                    watch_waits.push((semaphore.clone(), *value));
+                }
+            }
+        }
+        // Own signals: checked and made pending under their state locks, held across the
+        // submit, so no host signal can slip in between (Vulkan forbids a host signal at or
+        // above a pending device signal). Only this function takes several semaphore locks,
+        // always under the scheduler lock, so they cannot deadlock.
+        let mut signal_infos = Vec::new();
+        let mut guards: Vec<(&SemInner, MutexGuard<'_, SemState>, u64)> = Vec::new();
+        let mut foreign_signals = Vec::new();
+        let mut not_monotonic = Vec::new();
+        for (semaphore, value) in &pending.signals {
+            let Some(inner) = own(self, semaphore) else {
+                foreign_signals.push((semaphore.clone(), *value));
+                continue;
+            };
+            if guards.iter().any(|(g, _, _)| std::ptr::eq(*g, inner)) {
+                not_monotonic.push((
+                    semaphore.clone(),
+                    format!("semaphore signalled twice by one submission (value {value})"),
+                ));
+                continue;
+            }
+            let sem_state = inner.lock();
+            if sem_state.failure.is_some() {
+                continue; // failed for good: nothing to signal
+            }
+            let committed = inner
+                .counter()
+                .unwrap_or(0)
+                .max(inner.submitted_signal.load(Ordering::Acquire))
+                .max(sem_state.deferred_host_signal.unwrap_or(0));
+            if *value <= committed {
+                not_monotonic.push((
+                    semaphore.clone(),
+                    format!(
+                        "a Vulkan submission's signal to {value} does not advance the timeline \
+                     (already committed to {committed})"
+                    ),
+                ));
+                continue;
+            }
+            signal_infos.push(
+                vk::SemaphoreSubmitInfo::default()
+                    .semaphore(inner.raw)
+                    .value(*value)
+                    .stage_mask(stage),
+            );
+            guards.push((inner, sem_state, *value));
+        }
+        let completion = match state.completion_pool.pop() {
+            Some((semaphore, last)) => Ok((semaphore, last + 1)),
+            None => create_timeline(&self.device, 0).map(|s| (s, 1)),
+        };
+        let completion = match completion {
+            Ok(c) => c,
+            Err(result) => {
+                drop(guards);
+                self.check_lost("vkCreateSemaphore", result);
+                let error = call_error("vkCreateSemaphore", result, 0);
+                actions.fail.push((
+                    pending.signals.clone(),
+                    format!("submission failed: {error}"),
+                ));
+                actions.errors.push((pending.id, error));
+                return;
+            }
+        };
+        signal_infos.push(
+            vk::SemaphoreSubmitInfo::default()
+                .semaphore(completion.0)
+                .value(completion.1)
+                .stage_mask(stage),
+        );
+        let buffers = [vk::CommandBufferSubmitInfo::default().command_buffer(pending.prepared.raw)];
+        let submit = vk::SubmitInfo2::default()
+            .wait_semaphore_infos(&wait_infos)
+            .command_buffer_infos(&buffers)
+            .signal_semaphore_infos(&signal_infos);
+        // SAFETY: the queue is externally synchronised by the scheduler lock we hold; the
+        // command buffer was recorded with SIMULTANEOUS_USE and stays alive in `InFlight`;
+        // every wait is either reached or signalled by an already submitted batch; every
+        // signal value exceeds the counter and all pending signals (checked above under the
+        // semaphore's lock, still held); the arrays live across the call.
+        let result = unsafe {
+            self.device
+                .queue_submit2(self.queues[pending.queue], &[submit], vk::Fence::null())
+        };
+        if let Err(result) = result {
+            drop(guards);
+            // The completion value was never signalled; return the semaphore unchanged.
+            state.completion_pool.push((completion.0, completion.1 - 1));
+            self.check_lost("vkQueueSubmit2", result);
+            let error = call_error("vkQueueSubmit2", result, 0);
+            actions.fail.push((
+                pending.signals.clone(),
+                format!("submission failed: {error}"),
+            ));
+            actions.errors.push((pending.id, error));
+            return;
+        }
+        for (inner, sem_state, value) in guards {
+            inner.submitted_signal.fetch_max(value, Ordering::AcqRel);
+            drop(sem_state);
+        }
+        for (semaphore, reason) in not_monotonic {
+            actions.fail.push((vec![(semaphore, 0)], reason));
+        }
+        if !watch_waits.is_empty() {
+            actions.watch.push((watch_waits, pending.signals.clone()));
+        }
+        actions.submitted = true;
+        let waits = pending
+            .waits
+            .iter()
+            .map(|w| match w {
+                Wait::Own { semaphore, .. } => semaphore.clone(),
+                Wait::Foreign(cell) => cell.semaphore.clone(),
+            })
+            .collect();
+        state.in_flight.push(InFlight {
+            completion,
+            _command_buffer: pending.command_buffer,
+            _prepared: pending.prepared,
+            _waits: waits,
+            signals: pending.signals,
+            foreign_signals,
+        });
+    }
+
+    /// Submits every deferred submission that became ready (repeatedly: a submission's
+    /// signals may make others ready) and fails those whose waits failed. Callbacks and
+    /// semaphore failures run after the scheduler lock is released. Returns the submissions
+    /// whose `vkQueueSubmit2` failed.
+    pub(crate) fn schedule(&self) -> Vec<(u64, HalError)> {
+        let mut actions = Actions::default();
+        {
+            let mut state = self.lock_sched();
+            let stop = if let Some(reason) = self.lost_reason() {
+                Some(reason)
+            } else if self.shutdown.load(Ordering::Acquire) {
+                Some(format!(
+                    "device lost: Vulkan device '{}' ({}) was dropped before the work could run",
+                    self.name, self.id
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = stop {
+                for pending in state.deferred.drain(..) {
+                    actions.fail.push((pending.signals, reason.clone()));
+                }
+            }
+            loop {
+                let mut progressed = false;
+                let mut i = 0;
+                while i < state.deferred.len() {
+                    match self.readiness(&state.deferred[i]) {
+                        Readiness::Blocked => i += 1,
+                        Readiness::Failed(reason) => {
+                            let pending = state.deferred.remove(i);
+                            actions.fail.push((pending.signals, reason));
+                        }
+                        Readiness::Ready => {
+                            let pending = state.deferred.remove(i);
+                            self.submit_now(&mut state, pending, &mut actions);
+                            progressed = true;
+                        }
+                    }
+                }
+                if !progressed {
+                    break;
+                }
+            }
+        }
+        for (signals, reason) in &actions.fail {
+            fail_all(signals, reason);
+        }
+        for (waits, signals) in actions.watch {
+            let signals = Arc::new(signals);
+            for (semaphore, value) in waits {
+                let signals = signals.clone();
+                semaphore.notify_at(
+                    value,
+                    Box::new(move |result| {
+                        if let Err(error) = result {
+                            let reason = match error {
+                                SemaphoreError::Failed(reason) => reason,
+                                other => other.to_string(),
+                            };
+                            fail_all(&signals, &reason);
+                        }
+                    }),
+                );
+            }
+        }
+        if actions.submitted {
+            self.wake();
+        }
+        actions.errors
+    }
+
+    /// Retires completed batches. Returns whether any did.
+    fn retire(&self) -> bool {
+        let done: Vec<InFlight> = {
+            let mut state = self.lock_sched();
+            let mut done = Vec::new();
+            let mut i = 0;
+            while i < state.in_flight.len() {
+                let (semaphore, value) = state.in_flight[i].completion;
+                // SAFETY: a live completion semaphore of this device.
+                let reached = unsafe { self.device.get_semaphore_counter_value(semaphore) };
+                match reached {
+                    Ok(current) if current >= value => {
+                        let flight = state.in_flight.remove(i);
+                        state.completion_pool.push(flight.completion);
+                        done.push(flight);
+                    }
+                    Ok(_) => i += 1,
+                    Err(result) => {
+                        self.check_lost("vkGetSemaphoreCounterValue", result);
+                        break;
+                    }
+                }
+            }
+            done
+        };
+        let any = !done.is_empty();
+        for flight in done {
+            flight.complete();
+        }
+        any
+    }
+
+    /// Device lost: fail every semaphore of the device, every pending submission's signals
+    /// and every in-flight batch's signals.
+    fn fail_everything(&self, reason: &str) {
+        let (deferred, flying): (Vec<Pending>, Vec<Vec<(Semaphore, u64)>>) = {
+            let mut state = self.lock_sched();
+            (
+                state.deferred.drain(..).collect(),
+                state.in_flight.iter().map(|f| f.signals.clone()).collect(),
+            )
+        };
+        for pending in deferred {
+            fail_all(&pending.signals, reason);
+        }
+        for signals in flying {
+            fail_all(&signals, reason);
+        }
+        for semaphore in self.live_semaphores() {
+            rafter_hal::SemaphoreImpl::fail(&*semaphore, reason.to_string());
+        }
+    }
+}
+
+/// The monitor thread's body (see the module docs).
+pub(crate) fn run_monitor(shared: Arc<Shared>) {
+    let mut lost_handled = false;
+    loop {
+        // SAFETY: the wake semaphore lives as long as `shared`.
+        let wake_seen = unsafe {
+            shared
+                .device
+                .get_semaphore_counter_value(shared.wake_semaphore)
+        }
+        .unwrap_or(0);
+        if let Some(reason) = shared.lost_reason() {
+            if !lost_handled {
+                shared.fail_everything(&reason);
+                lost_handled = true;
+            }
+        }
+        shared.schedule();
+        shared.retire();
+        let mut waits: Vec<(vk::Semaphore, u64)> = vec![(shared.wake_semaphore, wake_seen + 1)];
+        // Held until after the wait, so no semaphore waited on is destroyed meanwhile.
+        let live = shared.live_semaphores();
+        for semaphore in &live {
+            if let Some(value) = semaphore.poll() {
+                waits.push((semaphore.raw, value));
+            }
+        }
+        {
+            let state = shared.lock_sched();
+            if shared.shutdown.load(Ordering::Acquire)
+                && state.deferred.is_empty()
+                && (state.in_flight.is_empty() || lost_handled)
+            {
+                break;
+            }
+            waits.extend(state.in_flight.iter().map(|f| f.completion));
+        }
+        let (semaphores, values): (Vec<_>, Vec<_>) = waits.into_iter().unzip();
+        let info = vk::SemaphoreWaitInfo::default()
+            .flags(vk::SemaphoreWaitFlags::ANY)
+            .semaphores(&semaphores)
+            .values(&values);
+        // SAFETY: every semaphore is a live timeline semaphore of this device: the wake
+        // semaphore lives as long as `shared`, `live` holds the registry's, and completion
+        // semaphores are destroyed only with `shared`. The arrays live across the call,
+        // which is bounded by MONITOR_TICK.
+        let result = unsafe {
+            shared
+                .device
+                .wait_semaphores(&info, MONITOR_TICK.as_nanos() as u64)
+        };
+        match result {
+            Ok(()) | Err(vk::Result::TIMEOUT) => {}
+            Err(result) => {
+                shared.check_lost("vkWaitSemaphores", result);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        drop(live);
+    }
+}
+
+/// One queue of a [`VulkanDevice`](crate::VulkanDevice). See the module docs of this file
+/// for how submissions reach the GPU.
+pub struct VulkanQueue {
+    shared: Arc<Shared>,
+    index: usize,
+    name: String,
+}
+
+impl VulkanQueue {
+    pub(crate) fn new(shared: Arc<Shared>, index: usize) -> VulkanQueue {
+        let name = format!("{}:{index}", shared.name);
+        VulkanQueue {
+            shared,
+            index,
+            name,
+        }
+    }
+}
+
+impl QueueImpl for VulkanQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn device_id(&self) -> DeviceId {
+        self.shared.id
+    }
+
+    fn submit(
+        &self,
+        command_buffer: &CommandBuffer,
+        waits: &[(Semaphore, u64)],
+        signals: &[(Semaphore, u64)],
+    ) -> Result<(), HalError> {
+        let shared = &self.shared;
+        if shared.closing.load(Ordering::Acquire) {
+            return Err(HalError::DeviceLost(format!(
+                "Vulkan device '{}' was dropped",
+                shared.name
+            )));
+        }
+        if let Some(reason) = shared.lost_reason() {
+            return Err(HalError::DeviceLost(reason));
+        }
+        if command_buffer.device_id() != shared.id {
+            return Err(HalError::WrongDevice {
+                what: "command buffer".into(),
+                owner: command_buffer.device_id(),
+                device: shared.id,
+            });
+        }
+        let prepared = prepare(shared, command_buffer)?;
+        let mut foreign = Vec::new();
+        let classified = waits
+            .iter()
+            .map(|(semaphore, value)| {
+                if own(shared, semaphore).is_some() {
+                    Wait::Own {
+                        semaphore: semaphore.clone(),
+                        value: *value,
+                    }
+                } else {
+                    let cell = Arc::new(ForeignWait {
+                        semaphore: semaphore.clone(),
+                        outcome: Mutex::new(None),
+                    });
+                    foreign.push((cell.clone(), *value));
+                    Wait::Foreign(cell)
+                }
+            })
+            .collect();
+        let id = {
+            let mut state = shared.lock_sched();
+            if shared.closing.load(Ordering::Acquire) {
+                return Err(HalError::DeviceLost(format!(
+                    "Vulkan device '{}' was dropped",
+                    shared.name
+                )));
+            }
+            state.next_id += 1;
+            let id = state.next_id;
+            state.deferred.push(Pending {
+                id,
+                queue: self.index,
+                command_buffer: command_buffer.clone(),
+                prepared,
+                waits: classified,
+                signals: signals.to_vec(),
+            });
+            id
+        };
+        for (cell, value) in foreign {
+            let weak: Weak<Shared> = Arc::downgrade(shared);
+            let target = cell.clone();
+            cell.semaphore.notify_at(
+                value,
+                Box::new(move |result| {
+                    let outcome = result.map_err(|e| match e {
+                        SemaphoreError::Failed(reason) => reason,
+                        other => other.to_string(),
+                    });
+                    *target.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+                    // Short and non-blocking, as callbacks must be: the monitor submits.
+                    if let Some(shared) = weak.upgrade() {
+                        shared.wake();
+                    }
+                }),
+            );
+        }
+        let errors = shared.schedule();
+        match errors.into_iter().find(|(failed, _)| *failed == id) {
+            Some((_, error)) => Err(error),
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for VulkanQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VulkanQueue")
+            .field("name", &self.name)
+            .finish()
+    }
+}

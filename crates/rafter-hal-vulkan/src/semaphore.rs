@@ -1,0 +1,323 @@
+//! Timeline semaphores: a `VkSemaphore` of timeline type plus the HAL's failure state.
+//!
+//! Vulkan's timeline semaphore is the counter; what Vulkan lacks is the HAL's sticky
+//! *failure*, and callbacks at a value ([`SemaphoreImpl::notify_at`]) for other devices'
+//! queues. Both live host-side here: the failure under a mutex, the callbacks in a list the
+//! device's monitor thread fires when the GPU reaches their values (a host signal fires them
+//! itself).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ash::vk;
+use rafter_hal::{HalError, SemaphoreError, SemaphoreImpl, TimepointCallback};
+
+use crate::device::{create_timeline, Shared};
+use crate::error::call_error;
+
+/// How long one slice of a host wait blocks in `vkWaitSemaphores` before it looks at the
+/// failure state again: the most a failure can take to reach a host waiter.
+const WAIT_SLICE: Duration = Duration::from_millis(5);
+
+pub(crate) struct SemState {
+    pub(crate) failure: Option<String>,
+    /// The value when the semaphore failed (what `value()` reports afterwards).
+    frozen: u64,
+    pub(crate) timepoints: Vec<(u64, TimepointCallback)>,
+    /// A host signal made while GPU signals were still pending, applied by the monitor once
+    /// they have landed (Vulkan forbids a host signal above a pending device signal).
+    pub(crate) deferred_host_signal: Option<u64>,
+}
+
+/// A timeline semaphore of one Vulkan device.
+pub(crate) struct SemInner {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) raw: vk::Semaphore,
+    pub(crate) state: Mutex<SemState>,
+    /// The largest value a submitted (`vkQueueSubmit2` returned) batch will signal. Written
+    /// only under the scheduler lock. A wait for `v <= submitted_signal` may be handed to the
+    /// GPU: the signal is already queued, so the wait cannot stall the queue on the host.
+    pub(crate) submitted_signal: AtomicU64,
+    /// The last value read from the driver (what `value()` says once the device is lost).
+    last_value: AtomicU64,
+}
+
+impl SemInner {
+    pub(crate) fn new(shared: Arc<Shared>, initial: u64) -> Result<Arc<SemInner>, HalError> {
+        let raw = create_timeline(&shared.device, initial)
+            .map_err(|r| call_error("vkCreateSemaphore", r, 0))?;
+        let inner = Arc::new(SemInner {
+            shared: shared.clone(),
+            raw,
+            state: Mutex::new(SemState {
+                failure: None,
+                frozen: initial,
+                timepoints: Vec::new(),
+                deferred_host_signal: None,
+            }),
+            submitted_signal: AtomicU64::new(initial),
+            last_value: AtomicU64::new(initial),
+        });
+        shared
+            .semaphores
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&inner));
+        Ok(inner)
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SemState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The driver's counter value, or the device-lost reason.
+    pub(crate) fn counter(&self) -> Result<u64, String> {
+        if let Some(reason) = self.shared.lost_reason() {
+            return Err(reason);
+        }
+        // SAFETY: `raw` is a live timeline semaphore of this device.
+        match unsafe { self.shared.device.get_semaphore_counter_value(self.raw) } {
+            Ok(value) => {
+                self.last_value.fetch_max(value, Ordering::Relaxed);
+                Ok(value)
+            }
+            Err(result) => {
+                self.shared.check_lost("vkGetSemaphoreCounterValue", result);
+                Err(format!("vkGetSemaphoreCounterValue: {result}"))
+            }
+        }
+    }
+
+    /// Host-signals the `VkSemaphore` to `value` (the caller checked monotonicity).
+    fn host_signal(&self, value: u64) -> Result<(), String> {
+        let info = vk::SemaphoreSignalInfo::default()
+            .semaphore(self.raw)
+            .value(value);
+        // SAFETY: `raw` is a live timeline semaphore; the caller holds the state lock and
+        // checked that `value` exceeds the counter and every pending device signal.
+        match unsafe { self.shared.device.signal_semaphore(&info) } {
+            Ok(()) => {
+                self.last_value.fetch_max(value, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(result) => {
+                self.shared.check_lost("vkSignalSemaphore", result);
+                Err(format!("vkSignalSemaphore: {result}"))
+            }
+        }
+    }
+
+    /// Takes the timepoints reached at `value` out of `state`.
+    pub(crate) fn take_ready(state: &mut SemState, value: u64) -> Vec<TimepointCallback> {
+        let (ready, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut state.timepoints)
+            .into_iter()
+            .partition(|(at, _)| *at <= value);
+        state.timepoints = pending;
+        ready.into_iter().map(|(_, cb)| cb).collect()
+    }
+
+    /// Monitor duty: applies a deferred host signal whose pending device signals have
+    /// landed, and fires the timepoints the counter has reached. Returns the smallest value
+    /// still awaited (what the monitor should wait for), if any.
+    pub(crate) fn poll(&self) -> Option<u64> {
+        let mut state = self.lock();
+        if state.failure.is_some() {
+            return None;
+        }
+        if state.timepoints.is_empty() && state.deferred_host_signal.is_none() {
+            return None;
+        }
+        let mut value = match self.counter() {
+            Ok(v) => v,
+            Err(_) => return None, // the lost-device path fails everything
+        };
+        if let Some(target) = state.deferred_host_signal {
+            if value >= self.submitted_signal.load(Ordering::Acquire) {
+                state.deferred_host_signal = None;
+                if target > value && self.host_signal(target).is_ok() {
+                    value = target;
+                }
+            }
+        }
+        let ready = SemInner::take_ready(&mut state, value);
+        let behind = state
+            .deferred_host_signal
+            .map(|_| self.submitted_signal.load(Ordering::Acquire));
+        let next = state
+            .timepoints
+            .iter()
+            .map(|(at, _)| *at)
+            .chain(behind)
+            .min();
+        drop(state);
+        for callback in ready {
+            callback(Ok(()));
+        }
+        next
+    }
+}
+
+impl SemaphoreImpl for SemInner {
+    fn value(&self) -> u64 {
+        let state = self.lock();
+        if state.failure.is_some() {
+            return state.frozen;
+        }
+        drop(state);
+        self.counter()
+            .unwrap_or_else(|_| self.last_value.load(Ordering::Relaxed))
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.lock().failure.clone()
+    }
+
+    fn signal(&self, value: u64) -> Result<(), SemaphoreError> {
+        let mut state = self.lock();
+        if let Some(reason) = &state.failure {
+            return Err(SemaphoreError::Failed(reason.clone()));
+        }
+        let current = self.counter().map_err(SemaphoreError::Failed)?;
+        let pending = self.submitted_signal.load(Ordering::Acquire);
+        // The value the timeline is already committed to reach: the counter, device signals
+        // already submitted, and a host signal waiting behind them.
+        let committed = current
+            .max(pending)
+            .max(state.deferred_host_signal.unwrap_or(0));
+        if value <= committed {
+            return Err(SemaphoreError::NotMonotonic {
+                current: committed,
+                requested: value,
+            });
+        }
+        if pending > current {
+            // Device signals are in flight: Vulkan forbids a host signal above them, so
+            // this one lands when they have (the monitor applies it).
+            state.deferred_host_signal = Some(value);
+            drop(state);
+            self.shared.wake();
+            return Ok(());
+        }
+        self.host_signal(value).map_err(SemaphoreError::Failed)?;
+        let ready = SemInner::take_ready(&mut state, value);
+        drop(state);
+        for callback in ready {
+            callback(Ok(()));
+        }
+        // Work deferred until this value was signalled can go to the GPU now.
+        self.shared.schedule();
+        Ok(())
+    }
+
+    fn fail(&self, reason: String) {
+        let mut state = self.lock();
+        if state.failure.is_some() {
+            return;
+        }
+        state.frozen = self
+            .counter()
+            .unwrap_or_else(|_| self.last_value.load(Ordering::Relaxed));
+        state.failure = Some(reason.clone());
+        state.deferred_host_signal = None;
+        let callbacks = std::mem::take(&mut state.timepoints);
+        drop(state);
+        for (_, callback) in callbacks {
+            callback(Err(SemaphoreError::Failed(reason.clone())));
+        }
+        // Deferred submissions waiting on this semaphore now fail: the monitor rescans.
+        self.shared.wake();
+    }
+
+    fn wait(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
+        let start = Instant::now();
+        loop {
+            if let Some(reason) = self.failure() {
+                return Err(SemaphoreError::Failed(reason));
+            }
+            let current = self.counter().map_err(SemaphoreError::Failed)?;
+            if current >= value {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(SemaphoreError::Timeout {
+                    value,
+                    current,
+                    waited,
+                });
+            }
+            let slice = (timeout - waited).min(WAIT_SLICE);
+            let semaphores = [self.raw];
+            let values = [value];
+            let info = vk::SemaphoreWaitInfo::default()
+                .semaphores(&semaphores)
+                .values(&values);
+            // SAFETY: `raw` is a live timeline semaphore of this device; the arrays live
+            // across the call. The wait is bounded by `slice`.
+            match unsafe {
+                self.shared
+                    .device
+                    .wait_semaphores(&info, slice.as_nanos() as u64)
+            } {
+                Ok(()) | Err(vk::Result::TIMEOUT) => {}
+                Err(result) => {
+                    self.shared.check_lost("vkWaitSemaphores", result);
+                    return Err(SemaphoreError::Failed(format!(
+                        "vkWaitSemaphores: {result}"
+                    )));
+                }
+            }
+        }
+    }
+
+    fn notify_at(&self, value: u64, callback: TimepointCallback) {
+        let mut state = self.lock();
+        let result = if let Some(reason) = &state.failure {
+            Err(SemaphoreError::Failed(reason.clone()))
+        } else {
+            match self.counter() {
+                Ok(current) if current >= value => Ok(()),
+                Ok(_) => {
+                    state.timepoints.push((value, callback));
+                    drop(state);
+                    // The monitor must add this semaphore to what it waits on.
+                    self.shared.wake();
+                    return;
+                }
+                Err(reason) => Err(SemaphoreError::Failed(reason)),
+            }
+        };
+        drop(state);
+        callback(result);
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for SemInner {
+    fn drop(&mut self) {
+        // SAFETY: the last handle is gone; submissions hold handles to their semaphores
+        // until they complete, so no pending GPU operation refers to it.
+        unsafe { self.shared.device.destroy_semaphore(self.raw, None) };
+    }
+}
+
+impl fmt::Debug for SemInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("VulkanSemaphore")
+            .field("device", &self.shared.name)
+            .field("failure", &state.failure)
+            .field("timepoints", &state.timepoints.len())
+            .field(
+                "submitted_signal",
+                &self.submitted_signal.load(Ordering::Relaxed),
+            )
+            .finish()
+    }
+}

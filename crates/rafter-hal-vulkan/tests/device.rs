@@ -1,0 +1,447 @@
+mod common;
+
+use rafter_hal::{Device, MemoryKind};
+
+#[test]
+fn device_opens_and_reports_capabilities() {
+    let Some(device) = common::device_or_skip("device_opens_and_reports_capabilities") else {
+        return;
+    };
+    let caps = device.capabilities();
+    eprintln!("{}", caps.report());
+    assert!(caps.missing_required().is_empty());
+    assert!(caps.buffer_device_address && caps.timeline_semaphore && caps.synchronization2);
+    let info = device.info();
+    eprintln!("{info:#?}");
+    assert!(info.capabilities.has_feature("buffer-device-address"));
+    assert!(info.capabilities.supports_dtype("f32"));
+    assert!(info.memory_kind(MemoryKind::DeviceLocal).is_some());
+    assert!(info
+        .memory_kind(MemoryKind::HostVisibleShared)
+        .is_some_and(|m| m.host_visible));
+    for listed in rafter_hal_vulkan::list_devices().expect("the loader works: the device opened") {
+        eprintln!("listed: {} ({})", listed.device_name, listed.device_type);
+    }
+}
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rafter_hal::{Buffer, FillPattern, HalError, Semaphore, SemaphoreError};
+use rafter_hal_vulkan::{VulkanBuffer, VulkanDevice};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn buffer_with(device: &VulkanDevice, kind: MemoryKind, bytes: &[u8]) -> Buffer {
+    let buffer = device.allocate(bytes.len() as u64, kind).unwrap();
+    buffer.write_bytes(0, bytes).unwrap();
+    buffer
+}
+
+#[test]
+fn buffer_write_copy_read_round_trip() {
+    let Some(device) = common::device_or_skip("buffer_write_copy_read_round_trip") else {
+        return;
+    };
+    let data = pattern(1 << 20, 7);
+    let src = buffer_with(&device, MemoryKind::HostVisibleShared, &data);
+    let middle = device
+        .allocate(data.len() as u64, MemoryKind::DeviceLocal)
+        .unwrap();
+    let dst = device
+        .allocate(data.len() as u64 + 16, MemoryKind::Host)
+        .unwrap();
+    dst.write_bytes(0, &[0xAA; 16]).unwrap();
+    let addresses: Vec<u64> = [&src, &middle, &dst]
+        .iter()
+        .map(|b| b.downcast_ref::<VulkanBuffer>().unwrap().device_address())
+        .collect();
+    assert!(addresses.iter().all(|&a| a != 0), "{addresses:x?}");
+
+    let mut builder = device.create_command_buffer().unwrap();
+    builder.copy(src.whole(), middle.whole()).unwrap();
+    builder.barrier();
+    builder
+        .copy(middle.whole(), dst.range(16, data.len() as u64).unwrap())
+        .unwrap();
+    let commands = builder.finish();
+    let done = device.create_semaphore(0).unwrap();
+    let queue = device.queue(0).unwrap();
+    queue.submit(&commands, &[], &[(done.clone(), 1)]).unwrap();
+    done.wait(1, WAIT).unwrap();
+    assert_eq!(dst.read_bytes(0, 16).unwrap(), vec![0xAA; 16]);
+    assert!(dst.read_bytes(16, data.len() as u64).unwrap() == data);
+
+    // The same command buffer again (it is recorded once and reused).
+    src.write_bytes(0, &pattern(data.len(), 99)).unwrap();
+    queue.submit(&commands, &[], &[(done.clone(), 2)]).unwrap();
+    done.wait(2, WAIT).unwrap();
+    assert!(dst.read_bytes(16, data.len() as u64).unwrap() == pattern(data.len(), 99));
+}
+
+#[test]
+fn fill_writes_patterns_and_rejects_unaligned_ranges() {
+    let Some(device) = common::device_or_skip("fill_writes_patterns_and_rejects_unaligned_ranges")
+    else {
+        return;
+    };
+    let buffer = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 64]);
+    let mut builder = device.create_command_buffer().unwrap();
+    builder
+        .fill(buffer.range(0, 16).unwrap(), FillPattern::U32(0xDEADBEEF))
+        .unwrap();
+    builder
+        .fill(buffer.range(16, 8).unwrap(), FillPattern::U8(0x5A))
+        .unwrap();
+    builder
+        .fill(buffer.range(24, 8).unwrap(), FillPattern::U16(0x1234))
+        .unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    let queue = device.queue(0).unwrap();
+    queue
+        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    done.wait(1, WAIT).unwrap();
+    let bytes = buffer.read_bytes(0, 64).unwrap();
+    assert_eq!(&bytes[..16], &0xDEADBEEFu32.to_le_bytes().repeat(4)[..]);
+    assert_eq!(&bytes[16..24], &[0x5A; 8]);
+    assert_eq!(&bytes[24..32], &[0x34, 0x12].repeat(4)[..]);
+    assert_eq!(&bytes[32..], &[0u8; 32]);
+
+    // vkCmdFillBuffer writes whole words: an unaligned byte fill is refused at submit,
+    // synchronously, and nothing is signalled.
+    let mut builder = device.create_command_buffer().unwrap();
+    builder
+        .fill(buffer.range(1, 3).unwrap(), FillPattern::U8(1))
+        .unwrap();
+    let error = queue
+        .submit(&builder.finish(), &[], &[(done.clone(), 2)])
+        .unwrap_err();
+    assert!(
+        matches!(error, HalError::Unsupported(ref m) if m.contains("4-byte")),
+        "{error}"
+    );
+    assert_eq!(done.value(), 1);
+    assert_eq!(done.failure(), None);
+}
+
+/// A copy of `src` into `dst` as a command buffer.
+fn copy_commands(device: &VulkanDevice, src: &Buffer, dst: &Buffer) -> rafter_hal::CommandBuffer {
+    let mut builder = device.create_command_buffer().unwrap();
+    builder.copy(src.whole(), dst.whole()).unwrap();
+    builder.finish()
+}
+
+#[test]
+fn submit_waiting_on_a_host_signal_returns_at_once_and_runs_after_the_signal() {
+    let Some(device) = common::device_or_skip("submit_waiting_on_a_host_signal") else {
+        return;
+    };
+    let queue = device.queue(0).unwrap();
+    let src = buffer_with(&device, MemoryKind::HostVisibleShared, &pattern(4096, 1));
+    let dst = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 4096]);
+    let go = device.create_semaphore(0).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    // Returns at once although nothing has signalled `go`: if submit blocked on the wait,
+    // this thread would never reach the signal below and the test would hang.
+    queue
+        .submit(
+            &copy_commands(&device, &src, &dst),
+            &[(go.clone(), 1)],
+            &[(done.clone(), 1)],
+        )
+        .unwrap();
+    assert_eq!(
+        done.value(),
+        0,
+        "the work cannot have run before its wait is signalled"
+    );
+    assert_eq!(go.value(), 0);
+    assert!(matches!(
+        done.wait(1, Duration::from_millis(50)),
+        Err(SemaphoreError::Timeout { .. })
+    ));
+    assert_eq!(dst.read_bytes(0, 16).unwrap(), vec![0u8; 16]);
+
+    // A later, independent submission on the same queue is not held up by the waiting one.
+    let other_src = buffer_with(&device, MemoryKind::HostVisibleShared, &pattern(256, 2));
+    let other_dst = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 256]);
+    let other = device.create_semaphore(0).unwrap();
+    queue
+        .submit(
+            &copy_commands(&device, &other_src, &other_dst),
+            &[],
+            &[(other.clone(), 1)],
+        )
+        .unwrap();
+    other.wait(1, WAIT).unwrap();
+    assert_eq!(other_dst.read_bytes(0, 256).unwrap(), pattern(256, 2));
+    assert_eq!(done.value(), 0, "still waiting for the host");
+
+    go.signal(1).unwrap();
+    done.wait(1, WAIT).unwrap();
+    assert_eq!(dst.read_bytes(0, 4096).unwrap(), pattern(4096, 1));
+}
+
+#[test]
+fn gpu_work_chains_through_semaphores_submitted_before_the_first_signal() {
+    let Some(device) = common::device_or_skip("gpu_work_chains_through_semaphores") else {
+        return;
+    };
+    let queue = device.queue(0).unwrap();
+    let a = buffer_with(&device, MemoryKind::HostVisibleShared, &pattern(1024, 3));
+    let b = device.allocate(1024, MemoryKind::DeviceLocal).unwrap();
+    let c = buffer_with(&device, MemoryKind::Host, &[0u8; 1024]);
+    let go = device.create_semaphore(0).unwrap();
+    let middle = device.create_semaphore(0).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    // Submitted in reverse: the second step first, waiting on what the first will signal.
+    queue
+        .submit(
+            &copy_commands(&device, &b, &c),
+            &[(middle.clone(), 5)],
+            &[(done.clone(), 1)],
+        )
+        .unwrap();
+    queue
+        .submit(
+            &copy_commands(&device, &a, &b),
+            &[(go.clone(), 1)],
+            &[(middle.clone(), 5)],
+        )
+        .unwrap();
+    let (sender, receiver) = mpsc::channel();
+    done.notify_at(1, Box::new(move |result| sender.send(result).unwrap()));
+    assert_eq!((middle.value(), done.value()), (0, 0));
+    go.signal(1).unwrap();
+    done.wait(1, WAIT).unwrap();
+    assert_eq!(middle.value(), 5);
+    assert_eq!(c.read_bytes(0, 1024).unwrap(), pattern(1024, 3));
+    // The callback registered on a GPU-signalled value fires (from the monitor thread).
+    assert_eq!(receiver.recv_timeout(WAIT).unwrap(), Ok(()));
+}
+
+#[test]
+fn a_failed_wait_fails_every_downstream_semaphore_and_the_work_never_runs() {
+    let Some(device) = common::device_or_skip("a_failed_wait_fails_downstream") else {
+        return;
+    };
+    let queue = device.queue(0).unwrap();
+    let src = buffer_with(&device, MemoryKind::HostVisibleShared, &pattern(512, 4));
+    let dst = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 512]);
+    let out = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 512]);
+    let input = device.create_semaphore(0).unwrap();
+    let middle = device.create_semaphore(0).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    // A host (CPU-device style) semaphore downstream too: failure crosses devices.
+    let host_side = Semaphore::host(0);
+    queue
+        .submit(
+            &copy_commands(&device, &src, &dst),
+            &[(input.clone(), 1)],
+            &[(middle.clone(), 1)],
+        )
+        .unwrap();
+    queue
+        .submit(
+            &copy_commands(&device, &dst, &out),
+            &[(middle.clone(), 1)],
+            &[(done.clone(), 1), (host_side.clone(), 1)],
+        )
+        .unwrap();
+    input.fail("the producer's kernel failed");
+    for semaphore in [&middle, &done, &host_side] {
+        let error = semaphore.wait(1, WAIT).unwrap_err();
+        assert_eq!(
+            error,
+            SemaphoreError::Failed("the producer's kernel failed".into()),
+            "{semaphore:?}"
+        );
+    }
+    assert_eq!(
+        dst.read_bytes(0, 512).unwrap(),
+        vec![0u8; 512],
+        "the copy never ran"
+    );
+    assert_eq!(out.read_bytes(0, 512).unwrap(), vec![0u8; 512]);
+    // A submission waiting on an already failed semaphore fails at once too.
+    let late = device.create_semaphore(0).unwrap();
+    queue
+        .submit(
+            &copy_commands(&device, &src, &dst),
+            &[(done.clone(), 1)],
+            &[(late.clone(), 1)],
+        )
+        .unwrap();
+    assert!(matches!(late.wait(1, WAIT), Err(SemaphoreError::Failed(_))));
+}
+
+#[test]
+fn semaphores_of_other_devices_are_waited_and_signalled_by_the_host() {
+    let Some(device) = common::device_or_skip("semaphores_of_other_devices") else {
+        return;
+    };
+    let queue = device.queue(0).unwrap();
+    let src = buffer_with(&device, MemoryKind::HostVisibleShared, &pattern(2048, 5));
+    let dst = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 2048]);
+    let cpu_ready = Semaphore::host(0);
+    let cpu_done = Semaphore::host(0);
+    queue
+        .submit(
+            &copy_commands(&device, &src, &dst),
+            &[(cpu_ready.clone(), 3)],
+            &[(cpu_done.clone(), 1)],
+        )
+        .unwrap();
+    assert_eq!(cpu_done.value(), 0);
+    let signaller = std::thread::spawn(move || cpu_ready.signal(3).unwrap());
+    cpu_done.wait(1, WAIT).unwrap();
+    signaller.join().unwrap();
+    assert_eq!(dst.read_bytes(0, 2048).unwrap(), pattern(2048, 5));
+
+    // A foreign wait that fails: the work never runs and the signal fails with the reason.
+    let upstream = Semaphore::host(0);
+    let downstream = device.create_semaphore(0).unwrap();
+    dst.write_bytes(0, &[0u8; 2048]).unwrap();
+    queue
+        .submit(
+            &copy_commands(&device, &src, &dst),
+            &[(upstream.clone(), 1)],
+            &[(downstream.clone(), 1)],
+        )
+        .unwrap();
+    upstream.fail("cpu kernel panicked");
+    assert_eq!(
+        downstream.wait(1, WAIT),
+        Err(SemaphoreError::Failed("cpu kernel panicked".into()))
+    );
+    assert_eq!(dst.read_bytes(0, 2048).unwrap(), vec![0u8; 2048]);
+}
+
+#[test]
+fn host_semaphore_operations() {
+    let Some(device) = common::device_or_skip("host_semaphore_operations") else {
+        return;
+    };
+    let semaphore = device.create_semaphore(3).unwrap();
+    assert_eq!(semaphore.value(), 3);
+    assert_eq!(
+        semaphore.signal(3),
+        Err(SemaphoreError::NotMonotonic {
+            current: 3,
+            requested: 3
+        })
+    );
+    assert!(matches!(
+        semaphore.wait(4, Duration::from_millis(20)),
+        Err(SemaphoreError::Timeout {
+            value: 4,
+            current: 3,
+            ..
+        })
+    ));
+    let (sender, receiver) = mpsc::channel();
+    semaphore.notify_at(6, Box::new(move |r| sender.send(r).unwrap()));
+    semaphore.signal(7).unwrap();
+    assert_eq!(receiver.recv_timeout(WAIT).unwrap(), Ok(()));
+    semaphore.wait(5, WAIT).unwrap();
+    // A waiter blocked in the driver learns of a failure within a wait slice.
+    let waiter = {
+        let semaphore = semaphore.clone();
+        std::thread::spawn(move || semaphore.wait(100, WAIT))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    semaphore.fail("gave up");
+    assert_eq!(
+        waiter.join().unwrap(),
+        Err(SemaphoreError::Failed("gave up".into()))
+    );
+    assert_eq!(
+        semaphore.value(),
+        7,
+        "the value stays at the last one reached"
+    );
+    assert_eq!(
+        semaphore.signal(8),
+        Err(SemaphoreError::Failed("gave up".into()))
+    );
+}
+
+#[test]
+fn device_loss_fails_pending_work_and_refuses_new_work() {
+    let Some(device) = common::device_or_skip("device_loss_fails_pending_work") else {
+        return;
+    };
+    let queue = device.queue(0).unwrap();
+    let src = buffer_with(&device, MemoryKind::HostVisibleShared, &pattern(64, 6));
+    let dst = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 64]);
+    let go = device.create_semaphore(0).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    let cpu_done = Semaphore::host(0);
+    let commands = copy_commands(&device, &src, &dst);
+    queue
+        .submit(
+            &commands,
+            &[(go.clone(), 1)],
+            &[(done.clone(), 1), (cpu_done.clone(), 1)],
+        )
+        .unwrap();
+    // The driver's VK_ERROR_DEVICE_LOST cannot be provoked on demand; this takes the same
+    // path the monitor takes when a Vulkan call reports it.
+    device.inject_device_loss("test");
+    for semaphore in [&done, &cpu_done, &go] {
+        match semaphore.wait(1, WAIT) {
+            Err(SemaphoreError::Failed(reason)) => {
+                assert!(reason.contains("device lost"), "{reason}")
+            }
+            other => panic!("{semaphore:?}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        queue.submit(&commands, &[], &[]),
+        Err(HalError::DeviceLost(_))
+    ));
+    assert!(matches!(
+        device.allocate(64, MemoryKind::Host),
+        Err(HalError::DeviceLost(_))
+    ));
+}
+
+#[test]
+fn dropping_the_device_fails_work_that_never_ran() {
+    let Some(device) = common::device_or_skip("dropping_the_device_fails_work") else {
+        return;
+    };
+    let queue = device.queue(0).unwrap();
+    let src = buffer_with(&device, MemoryKind::HostVisibleShared, &pattern(64, 8));
+    let dst = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 64]);
+    let go = device.create_semaphore(0).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    queue
+        .submit(
+            &copy_commands(&device, &src, &dst),
+            &[(go.clone(), 1)],
+            &[(done.clone(), 1)],
+        )
+        .unwrap();
+    let info = device.info().clone();
+    drop(device);
+    match done.wait(1, WAIT) {
+        Err(SemaphoreError::Failed(reason)) => assert!(reason.contains("dropped"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // Handles outlive the device: the queue refuses work, the buffers still map.
+    let empty = rafter_hal::CommandBufferBuilder::new(&info).finish();
+    assert!(matches!(
+        queue.submit(&empty, &[], &[]),
+        Err(HalError::DeviceLost(_))
+    ));
+    assert_eq!(dst.read_bytes(0, 64).unwrap(), vec![0u8; 64]);
+    go.signal(1).unwrap();
+}
