@@ -11,7 +11,7 @@ use crate::dims::{self, DimSpec};
 use crate::rss::Rss;
 use anyhow::{bail, Result};
 use rafter_reference::Bindings;
-use rafter_runtime::{ChromeTrace, CpuDeviceOptions, DeviceSet, Session};
+use rafter_runtime::{ChromeTrace, CpuDeviceOptions, DeviceSet, Session, SessionOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -27,7 +27,7 @@ pub struct BenchArgs {
     /// Device to run on.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Worker threads of the CPU device (0: one per core).
+    /// Worker threads of the CPU device, and threads of one GEMM (0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Untimed calls before timing.
@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// Seed of the random inputs (default 0, so runs are comparable).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Run every CPU kernel on the reference executor (no fast GEMM path), to measure
+    /// what the fast kernels buy.
+    #[arg(long)]
+    reference_kernels: bool,
     /// Write a Chrome trace of the timed calls to FILE.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
@@ -77,7 +81,11 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
         ..CpuDeviceOptions::default()
     })?;
-    let session = Session::new(program, &devices)?;
+    let mut options = SessionOptions::new().kernel_threads(args.threads);
+    if args.reference_kernels {
+        options = options.reference_kernels();
+    }
+    let session = Session::with_options(program, &devices, options)?;
     for _ in 0..args.warmup {
         session.run(inputs.clone(), CALL_TIMEOUT)?;
     }

@@ -34,12 +34,18 @@
 //! buffer, which waits on the semaphores of the earlier ones it conflicts with. Nothing
 //! orders one call against another.
 //!
+//! # Kernels
+//! CPU kernels run their body on the reference executor, except bodies that start with an
+//! f32 matmul, whose product goes through `rafter-kernels-cpu`'s GEMM (see the `fast`
+//! module; [`SessionOptions::reference_kernels`] turns that off).
+//!
 //! # Tracing
 //! [`ChromeTrace`] turns the devices' trace events into Chrome/Perfetto trace JSON.
 
 mod cpu;
 mod devices;
 mod error;
+mod fast;
 mod plan;
 mod session;
 mod trace;

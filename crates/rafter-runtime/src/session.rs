@@ -28,6 +28,8 @@ use crate::weights::BytesBuffer;
 pub struct SessionOptions {
     host_kernels: Vec<(String, HostKernel)>,
     queue: usize,
+    reference_only: bool,
+    kernel_threads: usize,
 }
 
 impl SessionOptions {
@@ -47,6 +49,19 @@ impl SessionOptions {
         self
     }
 
+    /// Runs every CPU kernel on the reference executor, without the fast GEMM path (to
+    /// compare the two, or to rule the fast path out when chasing a difference).
+    pub fn reference_kernels(mut self) -> SessionOptions {
+        self.reference_only = true;
+        self
+    }
+
+    /// Threads one fast CPU kernel may use (default 0: one per available core).
+    pub fn kernel_threads(mut self, threads: usize) -> SessionOptions {
+        self.kernel_threads = threads;
+        self
+    }
+
     /// The queue index used on every device (default 0).
     pub fn queue(mut self, index: usize) -> SessionOptions {
         self.queue = index;
@@ -62,6 +77,8 @@ impl fmt::Debug for SessionOptions {
                 &self.host_kernels.iter().map(|(n, _)| n).collect::<Vec<_>>(),
             )
             .field("queue", &self.queue)
+            .field("reference_only", &self.reference_only)
+            .field("kernel_threads", &self.kernel_threads)
             .finish()
     }
 }
@@ -333,6 +350,18 @@ impl Session {
                 .position(|k| k.name == name)
                 .ok_or_else(|| unsupported(format!("host kernel for unknown kernel `{name}`")))?;
             host_kernels[k] = Some(f);
+        }
+        if !options.reference_only {
+            let threads = match options.kernel_threads {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                t => t,
+            };
+            // Only CPU executables consult host kernels; other devices ignore the slot.
+            for (slot, kernel) in host_kernels.iter_mut().zip(&program.kernels) {
+                if slot.is_none() {
+                    *slot = crate::fast::matmul_kernel(&kernel.body, threads);
+                }
+            }
         }
 
         let program = Arc::new(program);
