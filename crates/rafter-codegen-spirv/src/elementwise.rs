@@ -175,6 +175,8 @@ impl<'a> Emitter<'a> {
         b.set_version(1, 5);
         b.capability(Capability::Shader);
         b.capability(Capability::PhysicalStorageBufferAddresses);
+        // Element addresses are 64-bit integer arithmetic (see `emit`).
+        b.capability(Capability::Int64);
         let glsl = b.ext_inst_import("GLSL.std.450");
         b.memory_model(
             AddressingModel::PhysicalStorageBuffer64,
@@ -720,6 +722,12 @@ impl<'a> Emitter<'a> {
         }
         let zero_index = self.u(0);
         let aligned = Some(MemoryAccess::ALIGNED);
+        let u64 = self.b.type_int(64, 0);
+        let four = self.b.constant_bit64(u64, 4);
+        let mut base_addresses = Vec::with_capacity(bindings);
+        for &base in &bases {
+            base_addresses.push(build(self.b.convert_ptr_to_u(u64, None, base))?);
+        }
 
         // Scalars (single-element inputs and constants) are read once, before the loop.
         let mut values: HashMap<ValueId, Word> = HashMap::new();
@@ -768,13 +776,19 @@ impl<'a> Emitter<'a> {
         build(self.b.branch_conditional(in_range, body_label, merge, []))?;
 
         build(self.b.begin_block(Some(body_label)))?;
+        // Element addresses are computed as 64-bit integers, `base + index * 4`, not by
+        // access chains into the block's runtime array: with those (32- or 64-bit index)
+        // NVIDIA's driver (580, H100) never wrote an element past byte 2^32 of a buffer
+        // (rafter-hal-vulkan's tests/big_buffer.rs).
+        let byte_offset = build(self.b.u_convert(u64, None, index))?;
+        let byte_offset = build(self.b.i_mul(u64, None, byte_offset, four))?;
+        let element = |b: &mut Builder, base: Word| -> R<Word> {
+            let address = build(b.i_add(u64, None, base, byte_offset))?;
+            build(b.convert_u_to_ptr(ptr_elem, None, address))
+        };
         for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
             if *kind == Operand::Tensor {
-                let ptr =
-                    build(
-                        self.b
-                            .access_chain(ptr_elem, None, bases[i], [zero_index, index]),
-                    )?;
+                let ptr = element(&mut self.b, base_addresses[i])?;
                 let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
                 values.insert(input, v);
             }
@@ -795,11 +809,7 @@ impl<'a> Emitter<'a> {
             let v = *values
                 .get(&output)
                 .ok_or_else(|| format!("output %{} is never computed", body.value(output).name))?;
-            let base = bases[body.inputs.len() + o];
-            let ptr = build(
-                self.b
-                    .access_chain(ptr_elem, None, base, [zero_index, index]),
-            )?;
+            let ptr = element(&mut self.b, base_addresses[body.inputs.len() + o])?;
             build(self.b.store(ptr, v, aligned, [Arg::LiteralBit32(4)]))?;
         }
         build(self.b.branch(cont))?;

@@ -7,7 +7,9 @@
 //! 64-bit device address (a `PhysicalStorageBuffer` pointer, SPIR-V 1.5 / Vulkan 1.2 core),
 //! then the dispatch's `params`. Addressing buffers by pointer is what lets one tensor exceed
 //! the device's `maxStorageBufferRange` (128 MiB on lavapipe): a pointer reaches the whole
-//! allocation. Binding order is the body's inputs, then its outputs.
+//! allocation. Binding order is the body's inputs, then its outputs. Element addresses are
+//! 64-bit integer arithmetic on the base (`Int64`, the device's `shaderInt64`): NVIDIA's
+//! driver drops stores past byte 2^32 reached through an access chain into the buffer.
 //!
 //! # What is generated today
 //!

@@ -138,7 +138,8 @@ const OPTIONAL: &[(&str, &str)] = &[
     ),
     (
         "shaderInt64",
-        "i64 tensors (token ids, shapes) cannot be computed on this device",
+        "i64 tensors (token ids, shapes) cannot be computed, and generated kernels (which compute \
+         element addresses as 64-bit integers) cannot run on this device",
     ),
     (
         "shaderFloat64",

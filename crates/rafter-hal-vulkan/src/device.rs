@@ -500,9 +500,11 @@ fn device_info(shared: &Shared) -> DeviceInfo {
         kind: DeviceKind::Vulkan,
         memory: shared.memory.clone(),
         limits: Limits {
-            max_buffer_size: limits
-                .max_buffer_size
-                .min(limits.max_memory_allocation_size),
+            // `maxBufferSize`, not `maxMemoryAllocationSize`: the latter is where the driver
+            // *may* start refusing `vkAllocateMemory` with VK_ERROR_OUT_OF_DEVICE_MEMORY, not
+            // a limit on valid use, and NVIDIA reports ~4 GiB there yet allocates more. Past
+            // it (or past the heap, which gpu-allocator checks) allocation fails cleanly.
+            max_buffer_size: limits.max_buffer_size,
             max_total_allocation: None,
             max_bindings,
             max_push_constant_size: max_params,

@@ -71,9 +71,17 @@ impl VulkanBuffer {
                         linear: true,
                         allocation_scheme: AllocationScheme::GpuAllocatorManaged,
                     })
-                    .map_err(|e| HalError::OutOfMemory {
-                        size,
-                        reason: format!("gpu-allocator: {e}"),
+                    .map_err(|e| {
+                        let max = shared.caps.limits.max_memory_allocation_size;
+                        let beyond = if requirements.size > max {
+                            format!(" (the driver's maxMemoryAllocationSize is {max} bytes)")
+                        } else {
+                            String::new()
+                        };
+                        HalError::OutOfMemory {
+                            size,
+                            reason: format!("gpu-allocator: {e}{beyond}"),
+                        }
                     }),
                 None => Err(HalError::DeviceLost("the device is being destroyed".into())),
             }
