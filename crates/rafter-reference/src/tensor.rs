@@ -82,10 +82,11 @@ pub struct BytesSizeError {
 }
 
 fn decode<T, const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-    bytes
-        .chunks_exact(N)
-        .map(|c| f(c.try_into().unwrap()))
-        .collect()
+    // `as_chunks` hands out `&[u8; N]` directly, so the loop has no per-element length
+    // check and compiles to a straight copy on little-endian targets.
+    let (chunks, rest) = bytes.as_chunks::<N>();
+    debug_assert!(rest.is_empty(), "length checked by the caller");
+    chunks.iter().map(|c| f(*c)).collect()
 }
 
 fn arr<T>(dims: &[usize], v: Vec<T>) -> ArrayD<T> {
@@ -160,7 +161,15 @@ impl Tensor {
     /// Packed little-endian bytes in row-major order.
     pub fn to_le_bytes(&self) -> Vec<u8> {
         fn pack<T: Copy, const N: usize>(a: &ArrayD<T>, f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
-            a.iter().flat_map(|&x| f(x)).collect()
+            let mut out = vec![0u8; a.len() * N];
+            let (chunks, _) = out.as_chunks_mut::<N>();
+            // Row-major order either way; the contiguous case skips ndarray's general
+            // (per-element index stepping) iterator.
+            match a.as_slice() {
+                Some(xs) => chunks.iter_mut().zip(xs).for_each(|(c, &x)| *c = f(x)),
+                None => chunks.iter_mut().zip(a.iter()).for_each(|(c, &x)| *c = f(x)),
+            }
+            out
         }
         match self {
             Tensor::F32(a) => pack(a, f32::to_le_bytes),

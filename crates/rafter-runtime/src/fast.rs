@@ -56,6 +56,8 @@ pub(crate) fn matmul_kernel(body: &Graph, threads: usize) -> Option<HostKernel> 
 fn rest_of(body: &Graph, product: ValueId) -> Option<Graph> {
     let mut g = body.clone();
     g.nodes.remove(0);
+    g.values[product.0 as usize].def = ValueDef::Input(g.inputs.len());
+    g.inputs.push(product);
     for v in g.values.iter_mut() {
         if let ValueDef::Node { node, output } = v.def {
             v.def = ValueDef::Node {
@@ -64,8 +66,6 @@ fn rest_of(body: &Graph, product: ValueId) -> Option<Graph> {
             };
         }
     }
-    g.values[product.0 as usize].def = ValueDef::Input(g.inputs.len());
-    g.inputs.push(product);
     rafter_ir::verify::verify(&g).ok()?;
     Some(g)
 }
@@ -178,5 +178,44 @@ mod tests {
         assert!(matmul(&a, &b, &ScopedThreads::new(1)).unwrap().is_none());
         let v = seq(&[3], 1.0);
         assert!(matmul(&v, &b, &ScopedThreads::new(1)).unwrap().is_none());
+    }
+}
+
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+
+    /// Every matmul-rooted kernel of the bert_tiny fixture gets the fast path.
+    #[test]
+    fn bert_tiny_matmul_kernels_take_the_fast_path() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/bert_tiny/model.onnx"
+        );
+        let graph = rafter_import::import_onnx_file(std::path::Path::new(path))
+            .unwrap()
+            .graph;
+        let program = rafter_opt::compile(&graph, &rafter_opt::CompileOptions::default()).unwrap();
+        let rooted: Vec<_> = program
+            .kernels
+            .iter()
+            .filter(|k| k.body.nodes.first().is_some_and(|n| n.op == Op::MatMul))
+            .collect();
+        assert!(!rooted.is_empty());
+        for k in rooted {
+            let first = &k.body.nodes[0];
+            let defs: Vec<_> = first
+                .inputs
+                .iter()
+                .map(|v| k.body.value(v.unwrap()).def.clone())
+                .collect();
+            assert!(
+                matmul_kernel(&k.body, 1).is_some(),
+                "{}: {} nodes, operand defs {defs:?}, rest builds: {}",
+                k.name,
+                k.body.nodes.len(),
+                rest_of(&k.body, first.outputs[0].unwrap()).is_some()
+            );
+        }
     }
 }
