@@ -167,7 +167,10 @@ impl Tensor {
             // (per-element index stepping) iterator.
             match a.as_slice() {
                 Some(xs) => chunks.iter_mut().zip(xs).for_each(|(c, &x)| *c = f(x)),
-                None => chunks.iter_mut().zip(a.iter()).for_each(|(c, &x)| *c = f(x)),
+                None => chunks
+                    .iter_mut()
+                    .zip(a.iter())
+                    .for_each(|(c, &x)| *c = f(x)),
             }
             out
         }
