@@ -207,7 +207,7 @@ mod model_tests {
             let defs: Vec<_> = first
                 .inputs
                 .iter()
-                .map(|v| k.body.value(v.unwrap()).def.clone())
+                .map(|v| k.body.value(v.unwrap()).def)
                 .collect();
             assert!(
                 matmul_kernel(&k.body, 1).is_some(),
