@@ -37,7 +37,8 @@
 //! # Kernels
 //! CPU kernels run their body on the reference executor, except bodies that start with an
 //! f32 matmul, whose product goes through `rafter-kernels-cpu`'s GEMM (see the `fast`
-//! module; [`SessionOptions::reference_kernels`] turns that off).
+//! module), and single f32 transposes and layer norms run hand-written loops (`fast_ops`);
+//! [`SessionOptions::reference_kernels`] turns both off.
 //!
 //! # Tracing
 //! [`ChromeTrace`] turns the devices' trace events into Chrome/Perfetto trace JSON.
@@ -46,6 +47,7 @@ mod cpu;
 mod devices;
 mod error;
 mod fast;
+mod fast_ops;
 mod plan;
 mod session;
 mod trace;

@@ -359,7 +359,8 @@ impl Session {
             // Only CPU executables consult host kernels; other devices ignore the slot.
             for (slot, kernel) in host_kernels.iter_mut().zip(&program.kernels) {
                 if slot.is_none() {
-                    *slot = crate::fast::matmul_kernel(&kernel.body, threads);
+                    *slot = crate::fast::matmul_kernel(&kernel.body, threads)
+                        .or_else(|| crate::fast_ops::single_op_kernel(&kernel.body));
                 }
             }
         }
