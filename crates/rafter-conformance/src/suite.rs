@@ -2,8 +2,7 @@
 
 use crate::backend::{suite_devices, Prepared};
 use crate::{compare, Backend, Tolerance};
-use rafter_ir::DType;
-use rafter_onnx_proto::{decode_tensor, load_tensor_file, tensor_proto::DataType};
+use rafter_onnx_proto::{decode_tensor, load_tensor_file};
 use rafter_reference::Tensor;
 use rafter_runtime::DeviceSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -126,26 +125,6 @@ fn read_tolerance(dir: &Path) -> Result<Tolerance, String> {
     })
 }
 
-/// Maps an ONNX element type code to an IR dtype.
-fn dtype_of(code: i32) -> Option<DType> {
-    Some(match DataType::try_from(code).ok()? {
-        DataType::Float => DType::F32,
-        DataType::Double => DType::F64,
-        DataType::Float16 => DType::F16,
-        DataType::Bfloat16 => DType::BF16,
-        DataType::Int8 => DType::I8,
-        DataType::Uint8 => DType::U8,
-        DataType::Int16 => DType::I16,
-        DataType::Uint16 => DType::U16,
-        DataType::Int32 => DType::I32,
-        DataType::Uint32 => DType::U32,
-        DataType::Int64 => DType::I64,
-        DataType::Uint64 => DType::U64,
-        DataType::Bool => DType::Bool,
-        _ => return None,
-    })
-}
-
 /// Reads one `.pb` tensor file. Errors that mean "rafter cannot represent this" start
 /// with `unsupported`.
 pub fn load_tensor(path: &Path) -> Result<Tensor, String> {
@@ -157,8 +136,8 @@ pub fn load_tensor(path: &Path) -> Result<Tensor, String> {
         }
         other => format!("{}: {other}", path.display()),
     })?;
-    let dtype = dtype_of(t.data_type)
-        .ok_or_else(|| format!("unsupported dtype {} in {}", t.type_name(), path.display()))?;
+    let dtype = rafter_import::dtype_from_onnx(t.data_type)
+        .map_err(|_| format!("unsupported dtype {} in {}", t.type_name(), path.display()))?;
     let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
     Tensor::from_le_bytes(dtype, &dims, &t.data).map_err(|e| format!("{}: {e}", path.display()))
 }

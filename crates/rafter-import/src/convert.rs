@@ -5,8 +5,10 @@ use rafter_ir::{sanitize_identifier, ConstData, DType, Dim, Scalar, TensorType};
 use rafter_onnx_proto::tensor_shape_proto::dimension;
 use rafter_onnx_proto::{data_type_name, type_proto, ValueInfoProto};
 
-/// The IR dtype of an ONNX element type code, or an error text naming the ONNX type.
-pub(crate) fn dtype_from_onnx(code: i32) -> Result<DType, String> {
+/// The IR dtype of an ONNX element type code, or an error text naming the ONNX type. Public
+/// so that readers of ONNX tensor files (the conformance runner, tests) map types exactly
+/// as the importer does.
+pub fn dtype_from_onnx(code: i32) -> Result<DType, String> {
     Ok(match code {
         1 => DType::F32,
         2 => DType::U8,

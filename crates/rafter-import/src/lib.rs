@@ -29,6 +29,7 @@ mod support;
 #[cfg(test)]
 mod tests;
 
+pub use convert::dtype_from_onnx;
 pub use error::{ImportError, Unsupported};
 pub use import::InferFn;
 pub use support::check_support;

@@ -6,37 +6,22 @@ mod common;
 
 use common::{interpret, same_bits};
 use rafter_ir::program_text::{parse_program_inline, print_program, WeightMode};
-use rafter_ir::DType;
-use rafter_onnx_proto::{decode_tensor, load_tensor_file, tensor_proto::DataType};
+use rafter_onnx_proto::{decode_tensor, load_tensor_file};
 use rafter_reference::Tensor;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-fn dtype_of(code: i32) -> Option<DType> {
-    Some(match DataType::try_from(code).ok()? {
-        DataType::Float => DType::F32,
-        DataType::Double => DType::F64,
-        DataType::Float16 => DType::F16,
-        DataType::Bfloat16 => DType::BF16,
-        DataType::Int8 => DType::I8,
-        DataType::Uint8 => DType::U8,
-        DataType::Int16 => DType::I16,
-        DataType::Uint16 => DType::U16,
-        DataType::Int32 => DType::I32,
-        DataType::Uint32 => DType::U32,
-        DataType::Int64 => DType::I64,
-        DataType::Uint64 => DType::U64,
-        DataType::Bool => DType::Bool,
-        _ => return None,
-    })
-}
-
 fn load(path: &Path) -> Option<Tensor> {
     let (proto, _) = load_tensor_file(path).ok()?;
     let t = decode_tensor(&proto, path.parent()).ok()?;
     let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-    Tensor::from_le_bytes(dtype_of(t.data_type)?, &dims, &t.data).ok()
+    Tensor::from_le_bytes(
+        rafter_import::dtype_from_onnx(t.data_type).ok()?,
+        &dims,
+        &t.data,
+    )
+    .ok()
 }
 
 enum Outcome {

@@ -173,6 +173,13 @@ mod tests {
     }
 
     #[test]
+    fn mismatched_inner_dims_are_an_error() {
+        let (a, b) = (seq(&[2, 3], 1.0), seq(&[4, 5], 1.0));
+        let e = matmul(&a, &b, &ScopedThreads::new(1)).unwrap_err();
+        assert!(e.contains("inner dims differ"), "{e}");
+    }
+
+    #[test]
     fn broadcast_batches_take_the_general_path() {
         let (a, b) = (seq(&[2, 4, 3], 1.0), seq(&[1, 3, 5], 1.0));
         assert!(matmul(&a, &b, &ScopedThreads::new(1)).unwrap().is_none());

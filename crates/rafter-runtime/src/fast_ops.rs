@@ -254,6 +254,31 @@ mod tests {
     }
 
     #[test]
+    fn malformed_operands_are_errors() {
+        let e = transpose(&[0.0; 6], &[2, 3], &[0, 0]).unwrap_err();
+        assert!(e.contains("not a permutation of 2 axes"), "{e}");
+        let e = transpose(&[0.0; 6], &[2, 3], &[1]).unwrap_err();
+        assert!(e.contains("not a permutation"), "{e}");
+        let ln = body(
+            Op::LayerNorm {
+                axis: -1,
+                epsilon: 1e-5,
+            },
+            &[&[2, 4], &[4]],
+            &[2, 4],
+            1,
+        );
+        let k = single_op_kernel(&ln).unwrap();
+        let e = k(&[data(&[2, 4], 1), data(&[3], 2)]).unwrap_err();
+        assert!(e.contains("parameter of 3 elements, rows of 4"), "{e}");
+        let e = k(&[
+            data(&[2, 4], 1),
+            Tensor::from_le_bytes(DType::F64, &[4], &[0; 32]).unwrap(),
+        ]);
+        assert!(e.unwrap_err().contains("expected f32"));
+    }
+
+    #[test]
     fn other_bodies_are_left_to_the_reference() {
         let op = Op::Transpose { perm: vec![1, 0] };
         let mut g = body(op, &[&[2, 3]], &[3, 2], 1);

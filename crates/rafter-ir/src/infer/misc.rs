@@ -2,6 +2,7 @@
 //! AffineGrid, TensorScatter).
 
 use super::cx::{axes, axis, prod, Cx, Res, R};
+use super::shape::{int_vector, known_len};
 use crate::{DType, Dim, LossReduction, Scalar, TensorType};
 
 /// A required operand whose dtype must be a float type.
@@ -14,28 +15,6 @@ fn float_ty<'i>(cx: &Cx<'_, 'i, '_>, i: usize, what: &str) -> Result<&'i TensorT
         ));
     }
     Ok(t)
-}
-
-/// A required 1-D integer operand.
-fn int_vector<'i>(cx: &Cx<'_, 'i, '_>, i: usize, what: &str) -> Result<&'i TensorType, String> {
-    let t = cx.int_ty(i, what)?;
-    if t.rank() != 1 {
-        return Err(format!("{what} (operand {i}) must be 1-D, got {t}"));
-    }
-    Ok(t)
-}
-
-/// The length of a 1-D operand, which must be known (it decides a rank).
-fn known_len(t: &TensorType, i: usize, what: &str) -> Result<usize, String> {
-    t.dims[0]
-        .as_known()
-        .and_then(|v| usize::try_from(v).ok())
-        .ok_or_else(|| {
-            format!(
-                "{what} (operand {i}) has unknown length {}, so the result rank is unknown",
-                t.dims[0]
-            )
-        })
 }
 
 /// Dims two operands must share: an error when both are known and differ.

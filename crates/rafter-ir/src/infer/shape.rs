@@ -10,7 +10,11 @@ use super::RUNTIME_AXES_RANK;
 use crate::{DType, Dim, Scalar, TensorType};
 
 /// The operand must be a 1-D integer tensor (shapes, pads, repeats, slice bounds).
-fn int_vector<'i>(cx: &Cx<'_, 'i, '_>, i: usize, what: &str) -> Result<&'i TensorType, String> {
+pub(super) fn int_vector<'i>(
+    cx: &Cx<'_, 'i, '_>,
+    i: usize,
+    what: &str,
+) -> Result<&'i TensorType, String> {
     let t = cx.int_ty(i, what)?;
     if t.rank() != 1 {
         return Err(format!("{what} (operand {i}) must be 1-D, got {t}"));
@@ -19,7 +23,7 @@ fn int_vector<'i>(cx: &Cx<'_, 'i, '_>, i: usize, what: &str) -> Result<&'i Tenso
 }
 
 /// The length of a 1-D operand, which must be known (it decides a rank).
-fn known_len(t: &TensorType, i: usize, what: &str) -> Result<usize, String> {
+pub(super) fn known_len(t: &TensorType, i: usize, what: &str) -> Result<usize, String> {
     t.dims[0]
         .as_known()
         .and_then(|v| usize::try_from(v).ok())
