@@ -105,7 +105,7 @@ fn static_reshape_target(from: &[Dim], to: &[Dim]) -> Option<ConstData> {
     }
     // `-1` is inferred from the element count, which needs every other entry to be a
     // positive number (a copied symbolic dim could be 0 at run time).
-    if inferred.is_some() && target.iter().any(|&k| k == 0) {
+    if inferred.is_some() && target.contains(&0) {
         return None;
     }
     Some(ConstData::from_i64s(&target))
