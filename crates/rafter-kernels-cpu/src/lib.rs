@@ -29,7 +29,8 @@
 //! portable scalar kernel everywhere (also reachable explicitly, for tests).
 //!
 //! Threads come from the caller through [`Parallel`], so rafter's CPU device drives the GEMM
-//! on its own worker pool; [`ScopedThreads`] is a simple implementation for tests and benches.
+//! on its own worker pool: [`WorkerPool`], persistent threads that spin briefly between jobs;
+//! [`ScopedThreads`] is a simple implementation for tests and benches.
 
 #![warn(missing_docs)]
 
@@ -42,12 +43,14 @@ mod kernel;
 mod pack;
 mod packed;
 mod parallel;
+mod pool;
 
 pub use kernel::Isa;
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
+pub use pool::WorkerPool;
 
 use thiserror::Error;
 
