@@ -1,0 +1,136 @@
+//! The generated matrix product runs on the Vulkan device (lavapipe in CI) and matches a
+//! CPU product computed in f64.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rafter_codegen_spirv::{matmul, to_bytes, MatmulKernel};
+use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
+use rafter_hal_vulkan::VulkanDevice;
+use rafter_ir::text::parse_graph;
+
+fn body(a: &str, b: &str, c: &str) -> rafter_ir::Graph {
+    parse_graph(&format!(
+        "graph @mm(%a: f32[{a}], %b: f32[{b}]) -> (%c) {{\n  %c: f32[{c}] = matmul(%a, %b)\n}}"
+    ))
+    .unwrap()
+}
+
+/// Runs the kernel for `a_dims` × `b_dims` on random data; checks every element against an
+/// f64 product (tolerance: a few ulps of the sum of absolute products).
+fn check(device: &VulkanDevice, kernel: &MatmulKernel, a_dims: &[usize], b_dims: &[usize]) {
+    let shape = kernel.shape(a_dims, b_dims).unwrap();
+    let (batch, m, n, k) = (
+        shape.batch as usize,
+        shape.m as usize,
+        shape.n as usize,
+        shape.k as usize,
+    );
+    let a = common::inputs_in((-1.0, 1.0), batch * m * k, 11);
+    let b_len = if kernel.b_shared {
+        k * n
+    } else {
+        batch * k * n
+    };
+    let b = common::inputs_in((-1.0, 1.0), b_len, 12);
+    // Zero-sized buffers cannot be allocated: give empty operands one element.
+    let upload = |v: &[f32]| common::upload(device, if v.is_empty() { &[0.0] } else { v });
+    let (ab, bb) = (upload(&a), upload(&b));
+    let c_len = (batch * m * n).max(1) as u64 * 4;
+    let cb = device
+        .allocate(c_len, MemoryKind::HostVisibleShared)
+        .unwrap();
+    cb.write_bytes(0, &vec![0xFF; c_len as usize]).unwrap();
+    let exe = device
+        .load_executable(&ExecutableSpec {
+            name: "matmul".into(),
+            format: FORMAT_SPIRV.into(),
+            payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
+        })
+        .unwrap();
+    let grid = MatmulKernel::workgroups(shape, device.info().limits.max_workgroup_count).unwrap();
+    let mut builder = device.create_command_buffer().unwrap();
+    if grid.iter().all(|&g| g > 0) {
+        let bindings: Vec<_> = [&ab, &bb, &cb].into_iter().map(Buffer::whole).collect();
+        builder
+            .dispatch(&exe, 0, &bindings, &kernel.params(shape), grid)
+            .unwrap();
+    }
+    let done = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    done.wait(1, Duration::from_secs(300)).unwrap();
+    let got = common::f32s(&cb.read_bytes(0, c_len).unwrap());
+    for z in 0..batch {
+        let bz = if kernel.b_shared { 0 } else { z };
+        for i in 0..m {
+            for j in 0..n {
+                let (mut want, mut mag) = (0f64, 0f64);
+                for p in 0..k {
+                    let x = a[(z * m + i) * k + p] as f64 * b[(bz * k + p) * n + j] as f64;
+                    want += x;
+                    mag += x.abs();
+                }
+                let g = got[(z * m + i) * n + j] as f64;
+                assert!(
+                    (g - want).abs() <= 4.0 * f32::EPSILON as f64 * mag + 1e-30,
+                    "{a_dims:?} x {b_dims:?}: C[{z}][{i}][{j}] = {g}, want {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_modules_pass_spirv_val() {
+    let k = matmul(&body("m, k", "k, n", "m, n")).unwrap();
+    common::spirv_val(&k.spirv, "matmul_shared_b");
+    let k = matmul(&body("b, m, k", "b, k, n", "b, m, n")).unwrap();
+    common::spirv_val(&k.spirv, "matmul_batched_b");
+}
+
+#[test]
+fn products_match_the_cpu_at_edge_sizes() {
+    let Some(device) = common::device_or_skip("matmul products") else {
+        return;
+    };
+    let shared = matmul(&body("b, m, k", "k, n", "b, m, n")).unwrap();
+    assert!(shared.b_shared);
+    // Tiles partly outside (65, 17), one row, K not a multiple of the 16-step, K = 1.
+    for (a, b) in [
+        (vec![1, 65, 17], vec![17, 70]),
+        (vec![2, 1, 33], vec![33, 1]),
+        (vec![1, 128, 64], vec![64, 128]),
+        (vec![3, 7, 1], vec![1, 9]),
+    ] {
+        check(&device, &shared, &a, &b);
+    }
+    let batched = matmul(&body("h, m, k", "h, k, n", "h, m, n")).unwrap();
+    assert!(!batched.b_shared);
+    check(&device, &batched, &[12, 20, 64], &[12, 64, 20]);
+    check(&device, &batched, &[2, 64, 0], &[2, 0, 5]);
+}
+
+#[test]
+fn unsupported_bodies_and_shapes_are_errors() {
+    let e = matmul(&body("b, m, k", "c, k, n", "b, m, n")).unwrap_err();
+    assert!(e.reason.contains("broadcasting"), "{e}");
+    let g =
+        parse_graph("graph @x(%a: f32[2, 2]) -> (%y) {\n  %y: f32[2, 2] = unary{op = relu}(%a)\n}")
+            .unwrap();
+    assert!(matmul(&g).unwrap_err().reason.contains("not matmul"));
+    let k = matmul(&body("m, k", "k, n", "m, n")).unwrap();
+    assert!(k
+        .shape(&[2, 3], &[4, 5])
+        .unwrap_err()
+        .contains("inner dims"));
+    assert!(k
+        .shape(&[2, 2, 3], &[2, 3, 5])
+        .unwrap_err()
+        .contains("2-D B"));
+}
