@@ -47,11 +47,10 @@ fn main() {
     let queue = device.queue(0).expect("queue");
     for &(m, n, k) in sizes {
         let alloc = |len: usize| {
-            let b = device
+            device
                 .allocate(len as u64 * 4, MemoryKind::DeviceLocal)
                 .or_else(|_| device.allocate(len as u64 * 4, MemoryKind::HostVisibleShared))
-                .expect("allocate");
-            b
+                .expect("allocate")
         };
         let (a, b, c) = (alloc(m * k), alloc(k * n), alloc(m * n));
         let shape = kernel.shape(&[1, m, k], &[k, n]).expect("shape");
