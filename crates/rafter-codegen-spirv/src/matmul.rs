@@ -10,10 +10,17 @@
 //! 65 floats so that the transposing stores do not collide on one memory bank. Elements
 //! outside the matrices read as 0 and are not stored, so any M, N, K work.
 //!
-//! Addresses follow the crate's ABI: 64-bit device addresses in the push constants,
-//! element addresses as 64-bit integers.
+//! A chain of elementwise ops after the product (what fusion puts in a contraction
+//! kernel: bias, scale, residual, relu) is applied to each element as it is stored, so
+//! the fused kernel writes C once: `add`/`sub`/`mul`/`div` with a scalar (a constant or a
+//! one-element input), a row vector broadcast over the rows (a bias of C's last dim), or a
+//! tensor of C's dims (a residual), on either side; and `relu`.
+//!
+//! Addresses follow the crate's ABI: 64-bit device addresses in the push constants, one
+//! per binding (the body's inputs, then its output), then the params; element addresses
+//! are 64-bit integers.
 
-use rafter_ir::{DType, Graph, Op};
+use rafter_ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
@@ -38,10 +45,15 @@ const A_ROW: u32 = MATMUL_TILE + 1;
 /// A generated matrix-product kernel and how to launch it.
 #[derive(Debug, Clone)]
 pub struct MatmulKernel {
-    /// The SPIR-V module (entry point `main`); bindings: A, B, C.
+    /// The SPIR-V module (entry point `main`); bindings: the body's inputs, then C.
     pub spirv: Vec<u32>,
     /// Whether B is one matrix shared by every batch entry of A (B of rank 2).
     pub b_shared: bool,
+    /// The body inputs that are A and B (binding indices).
+    pub a_input: usize,
+    pub b_input: usize,
+    /// Number of bindings (body inputs + 1).
+    pub bindings: usize,
 }
 
 /// The sizes of one call, from the operands' dims.
@@ -117,32 +129,62 @@ impl MatmulKernel {
     }
 }
 
-/// Compiles a body that is exactly one f32 `matmul` of its two inputs: A of rank >= 2, B
-/// either 2-D or with A's batch dims (ONNX broadcasting beyond that is not generated yet).
+/// One operand of an epilogue op.
+#[derive(Debug, Clone, Copy)]
+enum Src {
+    Const(f32),
+    /// Binding `i`, one element.
+    Scalar(usize),
+    /// Binding `i`, indexed by C's column.
+    Row(usize),
+    /// Binding `i`, indexed like C.
+    Full(usize),
+}
+
+/// One epilogue step on the accumulated value `x`.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// `x op s` (`x_left`) or `s op x`.
+    Binary(BinaryOp, Src, bool),
+    Relu,
+}
+
+/// Compiles a body holding one f32 `matmul` of two body inputs, A of rank >= 2 and B
+/// either 2-D or with A's batch dims (ONNX broadcasting beyond that is not generated yet),
+/// optionally followed by the epilogue chain of the module docs, ending in the body's one
+/// output.
 pub fn matmul(body: &Graph) -> Result<MatmulKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),
         reason,
     };
-    let [node] = body.nodes.as_slice() else {
-        return Err(error(format!(
-            "a matmul kernel holds one node, this body has {}",
-            body.nodes.len()
-        )));
+    let Some((first, rest)) = body.nodes.split_first() else {
+        return Err(error("the body is empty".into()));
     };
-    if node.op != Op::MatMul {
+    if first.op != Op::MatMul {
         return Err(error(format!(
-            "the node is `{}`, not matmul",
-            node.op.name()
+            "the first node is `{}`, not matmul",
+            first.op.name()
         )));
     }
-    let ins: Vec<_> = node.inputs.iter().flatten().copied().collect();
-    if ins.len() != 2 || body.inputs != ins || body.outputs.len() != 1 {
+    let input_index = |v: Option<ValueId>| match v.map(|v| &body.value(v).def) {
+        Some(ValueDef::Input(i)) => Some(*i),
+        _ => None,
+    };
+    let (Some(a_input), Some(b_input), 2, [Some(product)]) = (
+        input_index(first.input(0)),
+        input_index(first.input(1)),
+        first.inputs.len(),
+        first.outputs.as_slice(),
+    ) else {
         return Err(error(
-            "the matmul must read the body's two inputs, in order, and be its one output".into(),
+            "the matmul must read two body inputs and have one result".into(),
         ));
-    }
-    let (a, b) = (&body.value(ins[0]).ty, &body.value(ins[1]).ty);
+    };
+    let (a, b) = (
+        &body.value(body.inputs[a_input]).ty,
+        &body.value(body.inputs[b_input]).ty,
+    );
     if a.dtype != DType::F32 || b.dtype != DType::F32 {
         return Err(error(format!(
             "operands are {} and {}; only f32 is generated yet",
@@ -163,8 +205,131 @@ pub fn matmul(body: &Graph) -> Result<MatmulKernel, CodegenError> {
             &a.dims[..a.rank() - 2]
         )));
     }
-    let spirv = emit().map_err(error)?;
-    Ok(MatmulKernel { spirv, b_shared })
+    let c_ty = body.value(*product).ty.clone();
+    let (steps, last) = epilogue(body, rest, *product, &c_ty).map_err(error)?;
+    if body.outputs != [last] {
+        return Err(error(
+            "the body's one output must be the end of the matmul's epilogue chain".into(),
+        ));
+    }
+    let bindings = body.inputs.len() + 1;
+    let spirv = emit(&Layout {
+        a: a_input,
+        b: b_input,
+        c: bindings - 1,
+        bindings,
+        steps,
+    })
+    .map_err(error)?;
+    Ok(MatmulKernel {
+        spirv,
+        b_shared,
+        a_input,
+        b_input,
+        bindings,
+    })
+}
+
+/// The epilogue chain after the product `x`: each node takes the previous result and at
+/// most one other operand. Returns the steps and the chain's last value.
+fn epilogue(
+    body: &Graph,
+    nodes: &[rafter_ir::Node],
+    mut x: ValueId,
+    c: &rafter_ir::TensorType,
+) -> Result<(Vec<Step>, ValueId), String> {
+    let mut steps = Vec::new();
+    for node in nodes {
+        let [Some(y)] = node.outputs.as_slice() else {
+            return Err(format!(
+                "epilogue node `{}` has not one result",
+                node.op.name()
+            ));
+        };
+        if body.value(*y).ty != *c {
+            return Err(format!(
+                "epilogue node `{}` changes the type to {}",
+                node.op.name(),
+                body.value(*y).ty
+            ));
+        }
+        let step = match (&node.op, node.inputs.as_slice()) {
+            (Op::Unary { op: UnaryOp::Relu }, [Some(v)]) if *v == x => Step::Relu,
+            (Op::Binary { op }, [Some(l), Some(r)])
+                if matches!(
+                    op,
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div
+                ) && (*l == x) != (*r == x) =>
+            {
+                let (other, x_left) = if *l == x { (*r, true) } else { (*l, false) };
+                Step::Binary(*op, source(body, other, c)?, x_left)
+            }
+            (op, _) => {
+                return Err(format!(
+                    "epilogue op `{}` is not generated after a matmul yet",
+                    op.name()
+                ))
+            }
+        };
+        steps.push(step);
+        x = *y;
+    }
+    Ok((steps, x))
+}
+
+/// How an epilogue operand is read, from its type against C's.
+fn source(body: &Graph, v: ValueId, c: &rafter_ir::TensorType) -> Result<Src, String> {
+    let value = body.value(v);
+    let ty = &value.ty;
+    if ty.dtype != DType::F32 {
+        return Err(format!("epilogue operand %{} is {}", value.name, ty.dtype));
+    }
+    let ones = |dims: &[rafter_ir::Dim]| dims.iter().all(|d| d.as_known() == Some(1));
+    match value.def {
+        ValueDef::Const(id) => {
+            let data = body.constant(id);
+            match data.to_f64s().as_slice() {
+                [x] if ty.rank() <= c.rank() => Ok(Src::Const(*x as f32)),
+                _ => Err(format!("constant %{} is not one element", value.name)),
+            }
+        }
+        ValueDef::Input(i) => {
+            if ty.rank() > c.rank() {
+                return Err(format!("operand %{} has a higher rank than C", value.name));
+            }
+            if ones(&ty.dims) {
+                return Ok(Src::Scalar(i));
+            }
+            if ty.dims == c.dims {
+                return Ok(Src::Full(i));
+            }
+            if let Some((last, lead)) = ty.dims.split_last() {
+                if ones(lead) && Some(last) == c.dims.last() {
+                    return Ok(Src::Row(i));
+                }
+            }
+            Err(format!(
+                "operand %{} of dims {:?} is neither a scalar, a row of C's {} columns, nor \
+                 of C's dims",
+                value.name,
+                ty.dims,
+                c.dims.last().map_or("?".into(), |d| d.to_string())
+            ))
+        }
+        _ => Err(format!(
+            "epilogue operand %{} is computed inside the kernel",
+            value.name
+        )),
+    }
+}
+
+/// Where the bindings are and what the epilogue does.
+struct Layout {
+    a: usize,
+    b: usize,
+    c: usize,
+    bindings: usize,
+    steps: Vec<Step>,
 }
 
 type R<T> = Result<T, String>;
@@ -190,7 +355,7 @@ struct Ids {
     b_tile: Word,
 }
 
-fn emit() -> R<Vec<u32>> {
+fn emit(layout: &Layout) -> R<Vec<u32>> {
     let mut b = Builder::new();
     b.set_version(1, 5);
     b.capability(Capability::Shader);
@@ -207,16 +372,14 @@ fn emit() -> R<Vec<u32>> {
     let u64 = b.type_int(64, 0);
     let bool = b.type_bool();
 
-    // Push constants: A, B, C addresses (as u64), then M, N, K, B-shared.
-    let push = b.type_struct([u64, u64, u64, u32, u32, u32, u32]);
+    // Push constants: every binding's address (as u64), then M, N, K, B-shared.
+    let nb = layout.bindings as u32;
+    let members: Vec<Word> = (0..nb).map(|_| u64).chain([u32; 4]).collect();
+    let push = b.type_struct(members);
     b.decorate(push, Decoration::Block, []);
-    for (i, offset) in [0u32, 8, 16, 24, 28, 32, 36].into_iter().enumerate() {
-        b.member_decorate(
-            push,
-            i as u32,
-            Decoration::Offset,
-            [Arg::LiteralBit32(offset)],
-        );
+    for i in 0..nb + 4 {
+        let offset = if i < nb { 8 * i } else { 8 * nb + 4 * (i - nb) };
+        b.member_decorate(push, i, Decoration::Offset, [Arg::LiteralBit32(offset)]);
     }
     let ptr_push = b.type_pointer(None, StorageClass::PushConstant, push);
     let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
@@ -273,7 +436,15 @@ fn emit() -> R<Vec<u32>> {
         b_tile,
     };
     let mut e = Body { b, ids };
-    e.main(push_var, ptr_push_u64, ptr_push_u32, wg_var, lid_var, v3)?;
+    e.main(
+        layout,
+        push_var,
+        ptr_push_u64,
+        ptr_push_u32,
+        wg_var,
+        lid_var,
+        v3,
+    )?;
     build(e.b.end_function())?;
     Ok(e.b.module().assemble())
 }
@@ -281,6 +452,14 @@ fn emit() -> R<Vec<u32>> {
 struct Body {
     b: Builder,
     ids: Ids,
+}
+
+/// What `store_block` needs to run the epilogue: the steps, every binding's address, and
+/// the byte offset of this batch entry's C matrix (full-size operands share it).
+struct Epilogue<'a> {
+    steps: &'a [Step],
+    addrs: &'a [Word],
+    c_off: Word,
 }
 
 impl Body {
@@ -364,6 +543,7 @@ impl Body {
     #[allow(clippy::too_many_arguments)]
     fn main(
         &mut self,
+        layout: &Layout,
         push_var: Word,
         ptr_push_u64: Word,
         ptr_push_u32: Word,
@@ -392,13 +572,15 @@ impl Body {
             build(e.b.load(ty, None, p, None, []))
         };
         let u64 = self.ids.u64;
-        let a_addr = push_field(self, 0, u64, ptr_push_u64)?;
-        let b_addr = push_field(self, 1, u64, ptr_push_u64)?;
-        let c_addr = push_field(self, 2, u64, ptr_push_u64)?;
-        let m = push_field(self, 3, u32, ptr_push_u32)?;
-        let n = push_field(self, 4, u32, ptr_push_u32)?;
-        let k = push_field(self, 5, u32, ptr_push_u32)?;
-        let b_shared = push_field(self, 6, u32, ptr_push_u32)?;
+        let nb = layout.bindings as u32;
+        let addrs = (0..nb)
+            .map(|i| push_field(self, i, u64, ptr_push_u64))
+            .collect::<R<Vec<Word>>>()?;
+        let (a_addr, b_addr, c_addr) = (addrs[layout.a], addrs[layout.b], addrs[layout.c]);
+        let m = push_field(self, nb, u32, ptr_push_u32)?;
+        let n = push_field(self, nb + 1, u32, ptr_push_u32)?;
+        let k = push_field(self, nb + 2, u32, ptr_push_u32)?;
+        let b_shared = push_field(self, nb + 3, u32, ptr_push_u32)?;
 
         let wg = build(self.b.load(v3, None, wg_var, None, []))?;
         let lid = build(self.b.load(v3, None, lid_var, None, []))?;
@@ -434,6 +616,11 @@ impl Body {
         let c_off = self.mul64(batch, mn)?;
         let c_off = self.mul64(c_off, four)?;
         let c_base = self.add64(c_addr, c_off)?;
+        let epilogue = Epilogue {
+            steps: &layout.steps,
+            addrs: &addrs,
+            c_off,
+        };
 
         // for (k0 = 0; k0 < K; k0 += KSTEP)
         let (header, cond, body, cont, merge) = (
@@ -466,7 +653,7 @@ impl Body {
         build(self.b.branch(header))?;
 
         build(self.b.begin_block(Some(merge)))?;
-        self.store_block(&acc, (tx, ty), (m0, n0), (m, n), c_base)?;
+        self.store_block(&acc, (tx, ty), (m0, n0), (m, n), c_base, &epilogue)?;
         build(self.b.ret())
     }
 
@@ -558,6 +745,72 @@ impl Body {
         Ok(())
     }
 
+    /// Loads an f32 at `addr` (a u64 byte address).
+    fn load_at(&mut self, addr: Word) -> R<Word> {
+        let ptr = build(self.b.convert_u_to_ptr(self.ids.ptr_elem, None, addr))?;
+        build(self.b.load(
+            self.ids.f32,
+            None,
+            ptr,
+            Some(MemoryAccess::ALIGNED),
+            [Arg::LiteralBit32(4)],
+        ))
+    }
+
+    /// The epilogue on the value `x` of C's element `(row, col)` (C has `n` columns).
+    fn apply(
+        &mut self,
+        e: &Epilogue<'_>,
+        mut x: Word,
+        (row, col): (Word, Word),
+        n: Word,
+    ) -> R<Word> {
+        let f32 = self.ids.f32;
+        for step in e.steps {
+            x = match *step {
+                Step::Relu => {
+                    // `x < 0 ? 0 : x`, which keeps NaN (GLSL's max leaves it undefined).
+                    let zero = self.b.constant_bit32(f32, 0);
+                    let neg = build(self.b.f_ord_less_than(self.ids.bool, None, x, zero))?;
+                    build(self.b.select(f32, None, neg, zero, x))?
+                }
+                Step::Binary(op, src, x_left) => {
+                    let s = match src {
+                        Src::Const(c) => self.b.constant_bit32(f32, c.to_bits()),
+                        Src::Scalar(i) => self.load_at(e.addrs[i])?,
+                        Src::Row(i) => {
+                            let four = self.u64c(4);
+                            let col = self.wide(col)?;
+                            let off = self.mul64(col, four)?;
+                            let addr = self.add64(e.addrs[i], off)?;
+                            self.load_at(addr)?
+                        }
+                        Src::Full(i) => {
+                            let base = self.add64(e.addrs[i], e.c_off)?;
+                            let ptr = self.elem_ptr(base, row, n, col)?;
+                            build(self.b.load(
+                                f32,
+                                None,
+                                ptr,
+                                Some(MemoryAccess::ALIGNED),
+                                [Arg::LiteralBit32(4)],
+                            ))?
+                        }
+                    };
+                    let (l, r) = if x_left { (x, s) } else { (s, x) };
+                    match op {
+                        BinaryOp::Add => build(self.b.f_add(f32, None, l, r))?,
+                        BinaryOp::Sub => build(self.b.f_sub(f32, None, l, r))?,
+                        BinaryOp::Mul => build(self.b.f_mul(f32, None, l, r))?,
+                        BinaryOp::Div => build(self.b.f_div(f32, None, l, r))?,
+                        _ => return Err(format!("epilogue op {op:?} is not generated")),
+                    }
+                }
+            };
+        }
+        Ok(x)
+    }
+
     /// Stores the register block's elements that lie inside C.
     fn store_block(
         &mut self,
@@ -566,6 +819,7 @@ impl Body {
         (m0, n0): (Word, Word),
         (m, n): (Word, Word),
         c_base: Word,
+        epilogue: &Epilogue<'_>,
     ) -> R<()> {
         let f32 = self.ids.f32;
         for i in 0..BLOCK {
@@ -587,6 +841,7 @@ impl Body {
                     self.b
                         .load(f32, None, acc[(i * BLOCK + j) as usize], None, []),
                 )?;
+                let v = self.apply(epilogue, v, (row, col), n)?;
                 let ptr = self.elem_ptr(c_base, row, n, col)?;
                 build(
                     self.b
