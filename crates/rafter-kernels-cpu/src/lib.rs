@@ -44,6 +44,7 @@ mod pack;
 mod packed;
 mod parallel;
 mod pool;
+mod winograd;
 
 pub use kernel::Isa;
 pub use packed::{
@@ -51,6 +52,7 @@ pub use packed::{
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
+pub use winograd::{conv3x3, Conv3x3, WinogradScratch, WinogradWeights};
 
 use thiserror::Error;
 

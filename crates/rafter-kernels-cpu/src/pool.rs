@@ -27,6 +27,9 @@ use crate::parallel::{Parallel, Sequential};
 /// How long a worker spins for the next job before it parks.
 const SPIN: Duration = Duration::from_micros(200);
 
+/// Spin iterations (a few microseconds) before a waiting thread starts yielding its core.
+const SPIN_BEFORE_YIELD: u32 = 4096;
+
 type Task = dyn Fn(usize) + Sync;
 
 struct Job {
@@ -134,7 +137,12 @@ fn wait_for_epoch(shared: &Shared, seen: u64) -> u64 {
             return e;
         }
         if start.elapsed() < SPIN {
-            std::hint::spin_loop();
+            // Spin first (the next kernel usually follows within microseconds), but
+            // yield now and then so an oversubscribed machine's other threads run.
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+            std::thread::yield_now();
             continue;
         }
         let guard = lock(&shared.sleep);
@@ -182,8 +190,16 @@ impl Parallel for WorkerPool {
             self.shared.wake.notify_all();
         }
         job.work();
+        // The last tasks are running on workers: spin briefly, then yield, so that on an
+        // oversubscribed machine the caller does not burn the core a worker needs.
+        let mut spins = 0u32;
         while job.done.load(Ordering::Acquire) < tasks {
-            std::hint::spin_loop();
+            if spins < SPIN_BEFORE_YIELD {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         *lock(&self.shared.current) = None;
         let panic = lock(&job.panic).take();
