@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rafter_codegen_spirv::{matmul, to_bytes, MatmulKernel};
+use rafter_codegen_spirv::{matmul_tiled, to_bytes, MatmulKernel, MatmulTile};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
 use rafter_ir::text::parse_graph;
@@ -29,14 +29,20 @@ fn main() {
         "graph @mm(%a: f32[b, m, k], %b: f32[k, n]) -> (%c) {\n  %c: f32[b, m, n] = matmul(%a, %b)\n}",
     )
     .expect("body");
-    let kernel = matmul(&body).expect("matmul");
-    let exe = device
-        .load_executable(&ExecutableSpec {
-            name: "matmul".into(),
-            format: FORMAT_SPIRV.into(),
-            payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
+    let kernels: Vec<(MatmulKernel, _)> = [MatmulTile::Large, MatmulTile::Small]
+        .into_iter()
+        .map(|tile| {
+            let kernel = matmul_tiled(&body, tile).expect("matmul");
+            let exe = device
+                .load_executable(&ExecutableSpec {
+                    name: "matmul".into(),
+                    format: FORMAT_SPIRV.into(),
+                    payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
+                })
+                .expect("load");
+            (kernel, exe)
         })
-        .expect("load");
+        .collect();
     let sizes: &[(usize, usize, usize)] = &[
         (128, 768, 768),  // BERT-base attention projections, seq 128
         (128, 3072, 768), // BERT-base FFN up
@@ -45,7 +51,10 @@ fn main() {
         (4096, 4096, 4096),
     ];
     let queue = device.queue(0).expect("queue");
-    for &(m, n, k) in sizes {
+    for ((kernel, exe), &(m, n, k)) in kernels
+        .iter()
+        .flat_map(|ke| sizes.iter().map(move |s| (ke, s)))
+    {
         let alloc = |len: usize| {
             device
                 .allocate(len as u64 * 4, MemoryKind::DeviceLocal)
@@ -54,13 +63,14 @@ fn main() {
         };
         let (a, b, c) = (alloc(m * k), alloc(k * n), alloc(m * n));
         let shape = kernel.shape(&[1, m, k], &[k, n]).expect("shape");
-        let grid = MatmulKernel::workgroups(shape, device.info().limits.max_workgroup_count)
+        let grid = kernel
+            .workgroups(shape, device.info().limits.max_workgroup_count)
             .expect("grid");
         let bindings: Vec<_> = [&a, &b, &c].into_iter().map(Buffer::whole).collect();
         let mut builder = device.create_command_buffer().expect("builder");
         for _ in 0..REPS {
             builder
-                .dispatch(&exe, 0, &bindings, &kernel.params(shape), grid)
+                .dispatch(exe, 0, &bindings, &kernel.params(shape), grid)
                 .expect("dispatch");
             builder.barrier();
         }
@@ -82,7 +92,8 @@ fn main() {
         let t = times[times.len() / 2];
         let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
         println!(
-            "matmul {m}x{n}x{k} batch 1: {:.1} us, {gflops:.0} GFLOP/s",
+            "matmul {m}x{n}x{k} tile {}: {:.1} us, {gflops:.0} GFLOP/s",
+            kernel.tile.size(),
             t * 1e6
         );
     }

@@ -1,7 +1,8 @@
 //! f32 matrix products (ONNX `MatMul`), tiled through workgroup memory.
 //!
 //! One workgroup of 16×16 invocations computes a 64×64 tile of `C = A·B` for one batch
-//! entry; each invocation holds a 4×4 block of the tile in registers. K is walked in steps
+//! entry; each invocation holds a 4×4 block of the tile in registers ([`MatmulTile`]: or
+//! 32×32 and 2×2, for products with few rows). K is walked in steps
 //! of 16: the workgroup stages a 64×16 slice of A and a 16×64 slice of B in workgroup
 //! memory (every invocation loads 4 elements of each, consecutive invocations reading
 //! consecutive addresses), synchronises, and every invocation accumulates its 4×4 block
@@ -31,16 +32,45 @@ use rspirv::spirv::{
 
 use crate::CodegenError;
 
-/// Rows and columns of C one workgroup computes.
+/// Rows and columns of C one workgroup computes by default.
 pub const MATMUL_TILE: u32 = 64;
 /// Invocations per workgroup side (16×16).
 const THREADS: u32 = 16;
-/// Rows/columns of the register block per invocation (`MATMUL_TILE / THREADS`).
-const BLOCK: u32 = MATMUL_TILE / THREADS;
 /// The K step staged in workgroup memory.
 const KSTEP: u32 = 16;
-/// Row length of the transposed A slice in workgroup memory (padded against bank conflicts).
-const A_ROW: u32 = MATMUL_TILE + 1;
+
+/// The C tile a workgroup computes. Large tiles reuse each staged element more (4×4
+/// registers per invocation); small ones make 4× more workgroups, which is what products
+/// with few rows (a transformer at batch 1: M = sequence length) need to fill a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MatmulTile {
+    /// 64×64, a 4×4 block per invocation.
+    #[default]
+    Large,
+    /// 32×32, a 2×2 block per invocation.
+    Small,
+}
+
+impl MatmulTile {
+    /// Rows and columns of the tile.
+    pub fn size(self) -> u32 {
+        match self {
+            MatmulTile::Large => 64,
+            MatmulTile::Small => 32,
+        }
+    }
+
+    /// The register block's side (`size / 16`).
+    fn block(self) -> u32 {
+        self.size() / THREADS
+    }
+
+    /// Row length of the transposed A slice in workgroup memory (padded against bank
+    /// conflicts).
+    fn a_row(self) -> u32 {
+        self.size() + 1
+    }
+}
 
 /// A generated matrix-product kernel and how to launch it.
 #[derive(Debug, Clone)]
@@ -54,6 +84,8 @@ pub struct MatmulKernel {
     pub b_input: usize,
     /// Number of bindings (body inputs + 1).
     pub bindings: usize,
+    /// The C tile per workgroup.
+    pub tile: MatmulTile,
 }
 
 /// The sizes of one call, from the operands' dims.
@@ -114,12 +146,9 @@ impl MatmulKernel {
 
     /// The workgroup grid: column tiles, row tiles, batch entries; an error when it exceeds
     /// the device's `max` grid.
-    pub fn workgroups(s: MatmulShape, max: [u32; 3]) -> Result<[u32; 3], String> {
-        let grid = [
-            s.n.div_ceil(MATMUL_TILE),
-            s.m.div_ceil(MATMUL_TILE),
-            s.batch,
-        ];
+    pub fn workgroups(&self, s: MatmulShape, max: [u32; 3]) -> Result<[u32; 3], String> {
+        let t = self.tile.size();
+        let grid = [s.n.div_ceil(t), s.m.div_ceil(t), s.batch];
         if grid.iter().zip(max).any(|(&g, m)| g > m) {
             return Err(format!(
                 "matmul grid {grid:?} exceeds the device's workgroup counts {max:?}"
@@ -154,6 +183,11 @@ enum Step {
 /// optionally followed by the epilogue chain of the module docs, ending in the body's one
 /// output.
 pub fn matmul(body: &Graph) -> Result<MatmulKernel, CodegenError> {
+    matmul_tiled(body, MatmulTile::Large)
+}
+
+/// [`matmul`] with a chosen C tile per workgroup.
+pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),
         reason,
@@ -219,6 +253,7 @@ pub fn matmul(body: &Graph) -> Result<MatmulKernel, CodegenError> {
         c: bindings - 1,
         bindings,
         steps,
+        tile,
     })
     .map_err(error)?;
     Ok(MatmulKernel {
@@ -227,6 +262,7 @@ pub fn matmul(body: &Graph) -> Result<MatmulKernel, CodegenError> {
         a_input,
         b_input,
         bindings,
+        tile,
     })
 }
 
@@ -330,6 +366,7 @@ struct Layout {
     c: usize,
     bindings: usize,
     steps: Vec<Step>,
+    tile: MatmulTile,
 }
 
 type R<T> = Result<T, String>;
@@ -388,8 +425,9 @@ fn emit(layout: &Layout) -> R<Vec<u32>> {
     let ptr_elem = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, f32);
 
     // Workgroup tiles.
-    let a_len = b.constant_bit32(u32, KSTEP * A_ROW);
-    let b_len = b.constant_bit32(u32, KSTEP * MATMUL_TILE);
+    let tile = layout.tile;
+    let a_len = b.constant_bit32(u32, KSTEP * tile.a_row());
+    let b_len = b.constant_bit32(u32, KSTEP * tile.size());
     let a_arr = b.type_array(f32, a_len);
     let b_arr = b.type_array(f32, b_len);
     let ptr_a_arr = b.type_pointer(None, StorageClass::Workgroup, a_arr);
@@ -435,7 +473,7 @@ fn emit(layout: &Layout) -> R<Vec<u32>> {
         a_tile,
         b_tile,
     };
-    let mut e = Body { b, ids };
+    let mut e = Body { b, ids, tile };
     e.main(
         layout,
         push_var,
@@ -452,6 +490,7 @@ fn emit(layout: &Layout) -> R<Vec<u32>> {
 struct Body {
     b: Builder,
     ids: Ids,
+    tile: MatmulTile,
 }
 
 /// What `store_block` needs to run the epilogue: the steps, every binding's address, and
@@ -558,7 +597,7 @@ impl Body {
         // The register block lives in function variables (declared first, as SPIR-V
         // requires); drivers promote them to registers.
         let fzero = self.b.constant_bit32(f32, 0);
-        let n_acc = (BLOCK * BLOCK) as usize;
+        let n_acc = (self.tile.block() * self.tile.block()) as usize;
         let acc: Vec<Word> = (0..n_acc)
             .map(|_| {
                 self.b
@@ -589,7 +628,7 @@ impl Body {
         let wx = build(self.b.composite_extract(u32, None, wg, [0]))?;
         let wy = build(self.b.composite_extract(u32, None, wg, [1]))?;
         let wz = build(self.b.composite_extract(u32, None, wg, [2]))?;
-        let tile = self.u(MATMUL_TILE);
+        let tile = self.u(self.tile.size());
         let n0 = self.mul(wx, tile)?;
         let m0 = self.mul(wy, tile)?;
         let threads = self.u(THREADS);
@@ -665,7 +704,8 @@ impl Body {
         (m, n, k): (Word, Word, Word),
         (a_base, b_base): (Word, Word),
     ) -> R<()> {
-        let per_thread = MATMUL_TILE * KSTEP / (THREADS * THREADS);
+        let size = self.tile.size();
+        let per_thread = size * KSTEP / (THREADS * THREADS);
         let (a_tile, b_tile) = (self.ids.a_tile, self.ids.b_tile);
         for r in 0..per_thread {
             let step = self.u(r * THREADS * THREADS);
@@ -678,20 +718,20 @@ impl Body {
             let row = self.add(m0, ml)?;
             let col = self.add(k0, kk)?;
             let v = self.load_or_zero(a_base, (row, m), (col, k))?;
-            let a_row = self.u(A_ROW);
+            let a_row = self.u(self.tile.a_row());
             let at = self.mul(kk, a_row)?;
             let at = self.add(at, ml)?;
             let p = self.tile_ptr(a_tile, at)?;
             build(self.b.store(p, v, None, []))?;
             // B: the column fastest, then kk.
-            let nmask = self.u(MATMUL_TILE - 1);
+            let nmask = self.u(size - 1);
             let nl = build(self.b.bitwise_and(self.ids.u32, None, lin, nmask))?;
-            let nshift = self.u(MATMUL_TILE.trailing_zeros());
+            let nshift = self.u(size.trailing_zeros());
             let kk = build(self.b.shift_right_logical(self.ids.u32, None, lin, nshift))?;
             let row = self.add(k0, kk)?;
             let col = self.add(n0, nl)?;
             let v = self.load_or_zero(b_base, (row, k), (col, n))?;
-            let tile = self.u(MATMUL_TILE);
+            let tile = self.u(size);
             let bt = self.mul(kk, tile)?;
             let bt = self.add(bt, nl)?;
             let p = self.tile_ptr(b_tile, bt)?;
@@ -713,22 +753,23 @@ impl Body {
         for &var in acc {
             sums.push(build(self.b.load(f32, None, var, None, []))?);
         }
+        let (size, block, a_row) = (self.tile.size(), self.tile.block(), self.tile.a_row());
         for kk in 0..KSTEP {
             let mut a = Vec::new();
             let mut bv = Vec::new();
-            for i in 0..BLOCK {
-                let off = self.u(kk * A_ROW + i * THREADS);
+            for i in 0..block {
+                let off = self.u(kk * a_row + i * THREADS);
                 let at = self.add(ty, off)?;
                 let p = self.tile_ptr(a_tile, at)?;
                 a.push(build(self.b.load(f32, None, p, None, []))?);
-                let off = self.u(kk * MATMUL_TILE + i * THREADS);
+                let off = self.u(kk * size + i * THREADS);
                 let bt = self.add(tx, off)?;
                 let p = self.tile_ptr(b_tile, bt)?;
                 bv.push(build(self.b.load(f32, None, p, None, []))?);
             }
-            for i in 0..BLOCK as usize {
-                for j in 0..BLOCK as usize {
-                    let s = &mut sums[i * BLOCK as usize + j];
+            for i in 0..block as usize {
+                for j in 0..block as usize {
+                    let s = &mut sums[i * block as usize + j];
                     *s = build(self.b.ext_inst(
                         f32,
                         None,
@@ -822,8 +863,9 @@ impl Body {
         epilogue: &Epilogue<'_>,
     ) -> R<()> {
         let f32 = self.ids.f32;
-        for i in 0..BLOCK {
-            for j in 0..BLOCK {
+        let block = self.tile.block();
+        for i in 0..block {
+            for j in 0..block {
                 let off = self.u(i * THREADS);
                 let row = self.add(m0, ty)?;
                 let row = self.add(row, off)?;
@@ -839,7 +881,7 @@ impl Body {
                 build(self.b.begin_block(Some(then)))?;
                 let v = build(
                     self.b
-                        .load(f32, None, acc[(i * BLOCK + j) as usize], None, []),
+                        .load(f32, None, acc[(i * block + j) as usize], None, []),
                 )?;
                 let v = self.apply(epilogue, v, (row, col), n)?;
                 let ptr = self.elem_ptr(c_base, row, n, col)?;

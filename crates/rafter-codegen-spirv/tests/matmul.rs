@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rafter_codegen_spirv::{matmul, to_bytes, MatmulKernel};
+use rafter_codegen_spirv::{matmul, matmul_tiled, to_bytes, MatmulKernel, MatmulTile};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::VulkanDevice;
 use rafter_ir::text::parse_graph;
@@ -44,7 +44,9 @@ fn run(
             payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
         })
         .unwrap();
-    let grid = MatmulKernel::workgroups(shape, device.info().limits.max_workgroup_count).unwrap();
+    let grid = kernel
+        .workgroups(shape, device.info().limits.max_workgroup_count)
+        .unwrap();
     let mut builder = device.create_command_buffer().unwrap();
     if grid.iter().all(|&g| g > 0) {
         let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
@@ -94,7 +96,9 @@ fn check(device: &VulkanDevice, kernel: &MatmulKernel, a_dims: &[usize], b_dims:
             payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
         })
         .unwrap();
-    let grid = MatmulKernel::workgroups(shape, device.info().limits.max_workgroup_count).unwrap();
+    let grid = kernel
+        .workgroups(shape, device.info().limits.max_workgroup_count)
+        .unwrap();
     let mut builder = device.create_command_buffer().unwrap();
     if grid.iter().all(|&g| g > 0) {
         let bindings: Vec<_> = [&ab, &bb, &cb].into_iter().map(Buffer::whole).collect();
@@ -153,6 +157,14 @@ fn products_match_the_cpu_at_edge_sizes() {
         (vec![3, 7, 1], vec![1, 9]),
     ] {
         check(&device, &shared, &a, &b);
+    }
+    let small = matmul_tiled(&body("b, m, k", "k, n", "b, m, n"), MatmulTile::Small).unwrap();
+    common::spirv_val(&small.spirv, "matmul_small_tile");
+    for (a, b) in [
+        (vec![1, 33, 17], vec![17, 70]),
+        (vec![2, 128, 48], vec![48, 96]),
+    ] {
+        check(&device, &small, &a, &b);
     }
     let batched = matmul(&body("h, m, k", "h, k, n", "h, m, n")).unwrap();
     assert!(!batched.b_shared);
