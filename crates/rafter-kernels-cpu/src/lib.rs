@@ -42,12 +42,26 @@ mod kernel;
 mod pack;
 mod packed;
 mod parallel;
+#[macro_use]
+mod simd;
+mod activation;
+mod common;
+mod norm;
+mod softmax;
 
 pub use kernel::Isa;
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
+
+pub use activation::{
+    activation_in_place, activation_in_place_with_isa, gelu_erf, gelu_tanh, sigmoid_in_place, silu,
+    UnaryFn,
+};
+pub use common::KernelError;
+pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
+pub use softmax::{softmax, softmax_in_place, softmax_with_isa, RowMask};
 
 use thiserror::Error;
 
