@@ -48,6 +48,7 @@ mod activation;
 mod common;
 mod norm;
 mod softmax;
+pub mod tile;
 
 pub use kernel::Isa;
 pub use packed::{

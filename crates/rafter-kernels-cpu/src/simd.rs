@@ -17,9 +17,6 @@
 //! The math functions (`exp`, `log`, `erf`, `tanh`, `sigmoid`) are generic too; their
 //! accuracy is documented on each and measured by this module's tests against f64.
 
-// Some primitives and `log` serve only the tile interpreter (next commit).
-#![allow(dead_code)]
-
 /// One ISA's f32 vector operations. `V` holds `LANES` f32s.
 ///
 /// `min`/`max` follow x86 semantics (`a < b ? a : b`, `a > b ? a : b`: NaN in either
