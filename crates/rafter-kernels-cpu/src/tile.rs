@@ -252,11 +252,24 @@ impl TileBuilder {
                 }
             }
         }
+        let mut used = vec![false; total];
+        for (inst, _) in &code {
+            let (a, b) = match *inst {
+                Inst::Unary(_, a) => (a, None),
+                Inst::Binary(_, a, b) => (a, Some(b)),
+            };
+            for s in [Some(a), b].into_iter().flatten() {
+                if let Src::Operand(k) = s {
+                    used[k] = true;
+                }
+            }
+        }
         Ok(TileProgram {
             inputs: self.inputs,
             consts: self.consts,
             code,
             regs,
+            used,
         })
     }
 }
@@ -363,6 +376,8 @@ pub struct TileProgram {
     /// Instructions with their destination register ([`OUT`] for the output).
     code: Vec<(Inst, usize)>,
     regs: usize,
+    /// Which operands (inputs, then constants) the output depends on.
+    used: Vec<bool>,
 }
 
 impl TileProgram {
@@ -379,6 +394,53 @@ impl TileProgram {
     /// Whether the program has no instructions (never: the output is always computed).
     pub fn is_empty(&self) -> bool {
         self.code.is_empty()
+    }
+
+    /// The output dims for inputs of `input_dims`: the NumPy broadcast of every input and
+    /// constant the output depends on (the shape [`run_f32`] needs for `out_dims`).
+    pub fn out_dims(&self, input_dims: &[&[usize]]) -> Result<Vec<usize>, KernelError> {
+        if input_dims.len() != self.inputs {
+            return Err(KernelError::Shape {
+                what: "tile program inputs".into(),
+                detail: format!(
+                    "the program takes {}, got {}",
+                    self.inputs,
+                    input_dims.len()
+                ),
+            });
+        }
+        let all = input_dims
+            .iter()
+            .copied()
+            .chain(self.consts.iter().map(|(_, d)| d.as_slice()));
+        let mut out: Vec<usize> = vec![];
+        for (k, dims) in all.enumerate() {
+            if !self.used[k] {
+                continue;
+            }
+            if dims.len() > out.len() {
+                let mut wider = vec![1; dims.len() - out.len()];
+                wider.extend_from_slice(&out);
+                out = wider;
+            }
+            let off = out.len() - dims.len();
+            for (j, &d) in dims.iter().enumerate() {
+                let o = &mut out[off + j];
+                if *o == 1 {
+                    *o = d;
+                } else if d != 1 && d != *o {
+                    return Err(KernelError::Shape {
+                        what: if k < self.inputs {
+                            format!("tile input {k}")
+                        } else {
+                            format!("tile constant {}", k - self.inputs)
+                        },
+                        detail: format!("dims {dims:?} do not broadcast with {out:?}"),
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Whether the program was fused into a single erf-GELU instruction.
@@ -962,5 +1024,13 @@ mod tests {
         );
         let b = TileBuilder::new(1);
         assert!(b.finish(TileVal(Src::Operand(3))).is_err());
+        assert_eq!(
+            p.out_dims(&[&[3, 1], &[1, 2, 4]]).unwrap(),
+            vec![1, 2, 3, 4]
+        );
+        let e = p.out_dims(&[&[3, 2], &[4]]).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("tile input 1: dims [4] do not broadcast with [3, 2]"));
     }
 }
