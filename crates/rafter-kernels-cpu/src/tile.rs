@@ -1024,10 +1024,7 @@ mod tests {
         );
         let b = TileBuilder::new(1);
         assert!(b.finish(TileVal(Src::Operand(3))).is_err());
-        assert_eq!(
-            p.out_dims(&[&[3, 1], &[1, 2, 4]]).unwrap(),
-            vec![1, 2, 3, 4]
-        );
+        assert_eq!(p.out_dims(&[&[3, 1], &[2, 1, 4]]).unwrap(), vec![2, 3, 4]);
         let e = p.out_dims(&[&[3, 2], &[4]]).unwrap_err();
         assert!(e
             .to_string()
