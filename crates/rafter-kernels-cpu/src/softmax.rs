@@ -232,6 +232,33 @@ simd_dispatch!(fn rows_isa(
     row0: usize,
 ) => rows_generic);
 
+/// Pass 1 of a row: `y[i..i+LANES] = t(i)` and the running maximum; `t` and `tail` (the
+/// partial last vector, `fill` past the end) are expressions in `i` (and `fill`). A macro
+/// so that the loads compile inside the `#[target_feature]` function (see
+/// `map_in_place!`).
+macro_rules! add_max {
+    ($s:ident, $y:expr, |$i:ident| $t:expr, |$ti:ident, $fill:ident| $tail:expr) => {{
+        let y: &mut [f32] = $y;
+        let n = y.len();
+        let lanes = $crate::simd::lanes($s);
+        let mut vmax = $s.splat(f32::NEG_INFINITY);
+        let mut $i = 0;
+        while $i + lanes <= n {
+            let v = $t;
+            $s.store(&mut y[$i..], v);
+            vmax = $s.max(vmax, v);
+            $i += lanes;
+        }
+        if $i < n {
+            let ($ti, $fill) = ($i, f32::NEG_INFINITY);
+            let v = $tail;
+            $s.store_partial(&mut y[$ti..], v);
+            vmax = $s.max(vmax, v);
+        }
+        $s.reduce_max(vmax)
+    }};
+}
+
 #[inline(always)]
 fn rows_generic<S: Simd>(
     s: S,
@@ -245,18 +272,14 @@ fn rows_generic<S: Simd>(
         let m = mask.map(|m| m.row(row0 + r, cols));
         let xr = x.map(|x| &x[r * cols..(r + 1) * cols]);
         let max = match (xr, m) {
-            (Some(xr), Some(m)) => add_max(
+            (Some(xr), Some(m)) => add_max!(
                 s,
                 yr,
                 |i| s.add(s.load(&xr[i..]), s.load(&m[i..])),
-                |i, f| s.add(s.load_partial(&xr[i..], f), s.load_partial(&m[i..], f)),
+                |i, f| s.add(s.load_partial(&xr[i..], f), s.load_partial(&m[i..], f))
             ),
-            (Some(xr), None) => add_max(
-                s,
-                yr,
-                |i| s.load(&xr[i..]),
-                |i, f| s.load_partial(&xr[i..], f),
-            ),
+            (Some(xr), None) => add_max!(s, yr, |i| s.load(&xr[i..]), |i, f| s
+                .load_partial(&xr[i..], f)),
             (None, Some(m)) => {
                 // In place: read the row before overwriting it, one vector at a time.
                 let mut vmax = s.splat(f32::NEG_INFINITY);
@@ -278,32 +301,6 @@ fn rows_generic<S: Simd>(
         };
         exp_normalise(s, yr, max);
     }
-}
-
-/// Writes `t(i)` (a vector load of elements `i..i+LANES`) into `y` and returns the
-/// maximum; `tail(i, fill)` loads the partial last vector, `fill` past the end.
-#[inline(always)]
-fn add_max<S: Simd>(
-    s: S,
-    y: &mut [f32],
-    t: impl Fn(usize) -> S::V,
-    tail: impl Fn(usize, f32) -> S::V,
-) -> f32 {
-    let n = y.len();
-    let mut vmax = s.splat(f32::NEG_INFINITY);
-    let mut i = 0;
-    while i + S::LANES <= n {
-        let v = t(i);
-        s.store(&mut y[i..], v);
-        vmax = s.max(vmax, v);
-        i += S::LANES;
-    }
-    if i < n {
-        let v = tail(i, f32::NEG_INFINITY);
-        s.store_partial(&mut y[i..], v);
-        vmax = s.max(vmax, v);
-    }
-    s.reduce_max(vmax)
 }
 
 #[inline(always)]

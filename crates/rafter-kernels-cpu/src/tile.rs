@@ -664,6 +664,77 @@ enum Arg<'a> {
     Splat(f32),
 }
 
+/// `d[i] = body(a[i])` for an operand slice or splat (a macro for the reason given at
+/// `map_in_place!`).
+macro_rules! map1 {
+    ($s:ident, $a:expr, $d:expr, |$x:ident| $body:expr) => {{
+        let d: &mut [f32] = $d;
+        match $a {
+            Arg::Slice(a) => {
+                let lanes = $crate::simd::lanes($s);
+                let mut dc = d.chunks_exact_mut(lanes);
+                let mut ac = a.chunks_exact(lanes);
+                for (dv, av) in (&mut dc).zip(&mut ac) {
+                    let $x = $s.load(av);
+                    let r = $body;
+                    $s.store(dv, r);
+                }
+                let tail = dc.into_remainder();
+                if !tail.is_empty() {
+                    let $x = $s.load_partial(ac.remainder(), 0.0);
+                    let r = $body;
+                    $s.store_partial(tail, r);
+                }
+            }
+            Arg::Splat(v) => {
+                let $x = $s.splat(v);
+                let r = $body;
+                fill($s, d, r);
+            }
+        }
+    }};
+}
+
+/// `d[i] = body(a[i], b[i])` for operand slices or splats.
+macro_rules! map2 {
+    ($s:ident, $a:expr, $b:expr, $d:expr, |$x:ident, $y:ident| $body:expr) => {{
+        let d: &mut [f32] = $d;
+        match ($a, $b) {
+            (Arg::Slice(a), Arg::Slice(b)) => {
+                let lanes = $crate::simd::lanes($s);
+                let mut dc = d.chunks_exact_mut(lanes);
+                let mut ac = a.chunks_exact(lanes);
+                let mut bc = b.chunks_exact(lanes);
+                for ((dv, av), bv) in (&mut dc).zip(&mut ac).zip(&mut bc) {
+                    let ($x, $y) = ($s.load(av), $s.load(bv));
+                    let r = $body;
+                    $s.store(dv, r);
+                }
+                let tail = dc.into_remainder();
+                if !tail.is_empty() {
+                    let $x = $s.load_partial(ac.remainder(), 0.0);
+                    let $y = $s.load_partial(bc.remainder(), 0.0);
+                    let r = $body;
+                    $s.store_partial(tail, r);
+                }
+            }
+            (a @ Arg::Slice(_), Arg::Splat(y)) => {
+                let $y = $s.splat(y);
+                map1!($s, a, d, |$x| $body)
+            }
+            (Arg::Splat(x), b @ Arg::Slice(_)) => {
+                let $x = $s.splat(x);
+                map1!($s, b, d, |$y| $body)
+            }
+            (Arg::Splat(x), Arg::Splat(y)) => {
+                let ($x, $y) = ($s.splat(x), $s.splat(y));
+                let r = $body;
+                fill($s, d, r);
+            }
+        }
+    }};
+}
+
 simd_dispatch!(fn unary_isa(op: TileUnary, a: Arg<'_>, d: &mut [f32]) => unary_generic);
 simd_dispatch!(fn binary_isa(op: TileBinary, a: Arg<'_>, b: Arg<'_>, d: &mut [f32]) => binary_generic);
 
@@ -671,74 +742,55 @@ simd_dispatch!(fn binary_isa(op: TileBinary, a: Arg<'_>, b: Arg<'_>, d: &mut [f3
 fn unary_generic<S: Simd>(s: S, op: TileUnary, a: Arg<'_>, d: &mut [f32]) {
     let zero = s.splat(0.0);
     match op {
-        TileUnary::Copy => map1(s, a, d, |x| x),
-        TileUnary::Neg => map1(s, a, d, |x| s.neg(x)),
-        TileUnary::Abs => map1(s, a, d, |x| s.abs(x)),
-        TileUnary::Exp => map1(s, a, d, |x| exp(s, x)),
-        TileUnary::Log => map1(s, a, d, |x| log(s, x)),
-        TileUnary::Sqrt => map1(s, a, d, |x| s.sqrt(x)),
-        TileUnary::Rsqrt => map1(s, a, d, |x| s.div(s.splat(1.0), s.sqrt(x))),
-        TileUnary::Recip => map1(s, a, d, |x| s.div(s.splat(1.0), x)),
-        TileUnary::Tanh => map1(s, a, d, |x| tanh(s, x)),
-        TileUnary::Erf => map1(s, a, d, |x| erf(s, x)),
-        TileUnary::Sigmoid => map1(s, a, d, |x| sigmoid(s, x)),
-        TileUnary::Relu => map1(s, a, d, |x| s.select_lt(x, zero, zero, x)),
+        TileUnary::Copy => map1!(s, a, d, |x| x),
+        TileUnary::Neg => map1!(s, a, d, |x| s.neg(x)),
+        TileUnary::Abs => map1!(s, a, d, |x| s.abs(x)),
+        TileUnary::Exp => map1!(s, a, d, |x| exp(s, x)),
+        TileUnary::Log => map1!(s, a, d, |x| log(s, x)),
+        TileUnary::Sqrt => map1!(s, a, d, |x| s.sqrt(x)),
+        TileUnary::Rsqrt => map1!(s, a, d, |x| s.div(s.splat(1.0), s.sqrt(x))),
+        TileUnary::Recip => map1!(s, a, d, |x| s.div(s.splat(1.0), x)),
+        TileUnary::Tanh => map1!(s, a, d, |x| tanh(s, x)),
+        TileUnary::Erf => map1!(s, a, d, |x| erf(s, x)),
+        TileUnary::Sigmoid => map1!(s, a, d, |x| sigmoid(s, x)),
+        TileUnary::Relu => map1!(s, a, d, |x| s.select_lt(x, zero, zero, x)),
         TileUnary::LeakyRelu(alpha) => {
             let al = s.splat(alpha);
-            map1(s, a, d, |x| s.select_lt(x, zero, s.mul(x, al), x))
+            map1!(s, a, d, |x| s.select_lt(x, zero, s.mul(x, al), x))
         }
         TileUnary::Clip(lo, hi) => {
             let (l, h) = (s.splat(lo), s.splat(hi));
-            map1(s, a, d, |x| {
+            map1!(s, a, d, |x| {
                 let x = s.select_lt(x, l, l, x);
                 s.select_lt(h, x, h, x)
             })
         }
-        TileUnary::Square => map1(s, a, d, |x| s.mul(x, x)),
-        TileUnary::Cube => map1(s, a, d, |x| s.mul(s.mul(x, x), x)),
+        TileUnary::Square => map1!(s, a, d, |x| s.mul(x, x)),
+        TileUnary::Cube => map1!(s, a, d, |x| s.mul(s.mul(x, x), x)),
         TileUnary::PowHalf => {
             let inf = s.splat(f32::INFINITY);
-            map1(s, a, d, |x| {
+            map1!(s, a, d, |x| {
                 // sqrt(-0) + 0 = +0; pow(-inf, 0.5) = +inf.
                 let r = s.add(s.sqrt(x), zero);
                 s.select_eq(x, s.splat(f32::NEG_INFINITY), inf, r)
             })
         }
-        TileUnary::GeluErf => map1(s, a, d, |x| gelu_erf_v(s, x)),
-        TileUnary::GeluTanh => map1(s, a, d, |x| gelu_tanh_v(s, x)),
-        TileUnary::Silu => map1(s, a, d, |x| s.mul(x, sigmoid(s, x))),
+        TileUnary::GeluErf => map1!(s, a, d, |x| gelu_erf_v(s, x)),
+        TileUnary::GeluTanh => map1!(s, a, d, |x| gelu_tanh_v(s, x)),
+        TileUnary::Silu => map1!(s, a, d, |x| s.mul(x, sigmoid(s, x))),
     }
 }
 
 #[inline(always)]
 fn binary_generic<S: Simd>(s: S, op: TileBinary, a: Arg<'_>, b: Arg<'_>, d: &mut [f32]) {
     match op {
-        TileBinary::Add => map2(s, a, b, d, |x, y| s.add(x, y)),
-        TileBinary::Sub => map2(s, a, b, d, |x, y| s.sub(x, y)),
-        TileBinary::Mul => map2(s, a, b, d, |x, y| s.mul(x, y)),
-        TileBinary::Div => map2(s, a, b, d, |x, y| s.div(x, y)),
+        TileBinary::Add => map2!(s, a, b, d, |x, y| s.add(x, y)),
+        TileBinary::Sub => map2!(s, a, b, d, |x, y| s.sub(x, y)),
+        TileBinary::Mul => map2!(s, a, b, d, |x, y| s.mul(x, y)),
+        TileBinary::Div => map2!(s, a, b, d, |x, y| s.div(x, y)),
         // x86 max/min return `y` when either is NaN: patch a NaN `x` back in.
-        TileBinary::Max => map2(s, a, b, d, |x, y| s.select_nan(x, x, s.max(x, y))),
-        TileBinary::Min => map2(s, a, b, d, |x, y| s.select_nan(x, x, s.min(x, y))),
-    }
-}
-
-#[inline(always)]
-fn map1<S: Simd>(s: S, a: Arg<'_>, d: &mut [f32], f: impl Fn(S::V) -> S::V) {
-    match a {
-        Arg::Slice(a) => {
-            let mut dc = d.chunks_exact_mut(S::LANES);
-            let mut ac = a.chunks_exact(S::LANES);
-            for (dv, av) in (&mut dc).zip(&mut ac) {
-                s.store(dv, f(s.load(av)));
-            }
-            let tail = dc.into_remainder();
-            if !tail.is_empty() {
-                let v = f(s.load_partial(ac.remainder(), 0.0));
-                s.store_partial(tail, v);
-            }
-        }
-        Arg::Splat(v) => fill(s, d, f(s.splat(v))),
+        TileBinary::Max => map2!(s, a, b, d, |x, y| s.select_nan(x, x, s.max(x, y))),
+        TileBinary::Min => map2!(s, a, b, d, |x, y| s.select_nan(x, x, s.min(x, y))),
     }
 }
 
@@ -751,37 +803,6 @@ fn fill<S: Simd>(s: S, d: &mut [f32], v: S::V) {
     let tail = dc.into_remainder();
     if !tail.is_empty() {
         s.store_partial(tail, v);
-    }
-}
-
-#[inline(always)]
-fn map2<S: Simd>(s: S, a: Arg<'_>, b: Arg<'_>, d: &mut [f32], f: impl Fn(S::V, S::V) -> S::V) {
-    match (a, b) {
-        (Arg::Slice(a), Arg::Slice(b)) => {
-            let mut dc = d.chunks_exact_mut(S::LANES);
-            let mut ac = a.chunks_exact(S::LANES);
-            let mut bc = b.chunks_exact(S::LANES);
-            for ((dv, av), bv) in (&mut dc).zip(&mut ac).zip(&mut bc) {
-                s.store(dv, f(s.load(av), s.load(bv)));
-            }
-            let tail = dc.into_remainder();
-            if !tail.is_empty() {
-                let v = f(
-                    s.load_partial(ac.remainder(), 0.0),
-                    s.load_partial(bc.remainder(), 0.0),
-                );
-                s.store_partial(tail, v);
-            }
-        }
-        (Arg::Slice(_), Arg::Splat(y)) => {
-            let y = s.splat(y);
-            map1(s, a, d, |x| f(x, y))
-        }
-        (Arg::Splat(x), Arg::Slice(_)) => {
-            let x = s.splat(x);
-            map1(s, b, d, |y| f(x, y))
-        }
-        (Arg::Splat(x), Arg::Splat(y)) => fill(s, d, f(s.splat(x), s.splat(y))),
     }
 }
 
