@@ -426,6 +426,168 @@ mod tests {
         assert!(e.contains("operand 1: expected f32"), "{e}");
     }
 
+    fn median_us(reps: usize, mut f: impl FnMut()) -> f64 {
+        f();
+        let mut t: Vec<f64> = (0..reps)
+            .map(|_| {
+                let s = std::time::Instant::now();
+                f();
+                s.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        t.sort_by(f64::total_cmp);
+        t[reps / 2]
+    }
+
+    /// BERT-base's non-GEMM bodies on the reference executor, on the existing host kernel
+    /// (layer norm), and on `rafter-kernels-cpu` (1 and 2 threads). Not a unit test:
+    /// `cargo test --release -p rafter-runtime --lib tile::tests::bench_vs_reference --
+    /// --ignored --nocapture [reps via RAFTER_BENCH_REPS]`.
+    #[test]
+    #[ignore]
+    fn bench_vs_reference() {
+        use rafter_kernels_cpu::{gelu_erf, layer_norm, softmax, RowMask};
+        let reps: usize = std::env::var("RAFTER_BENCH_REPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(21);
+        let two = ScopedThreads::new(2);
+        let pars: [(&str, &dyn Parallel); 2] = [("1t", &Sequential), ("2t", &two)];
+        let f32s = |t: &Tensor| match t {
+            Tensor::F32(a) => a.as_slice().unwrap().to_vec(),
+            _ => unreachable!(),
+        };
+        println!("median of {reps} calls, microseconds");
+
+        // add(scores [1,12,128,128], mask [1,1,1,128]) -> softmax(-1)
+        let (s, m) = ([1usize, 12, 128, 128], [1usize, 1, 1, 128]);
+        let mut b = Body::new("attn_softmax");
+        let x = b.input(&s);
+        let k = b.input(&m);
+        let a = b.bin(BinaryOp::Add, x, k, &s);
+        let y = b.node(
+            Op::Softmax {
+                kind: rafter_ir::SoftmaxKind::Softmax,
+                axis: -1,
+            },
+            &[a],
+            &s,
+        );
+        let g = b.finish(y);
+        let xs = data(&s, 1);
+        let ms = data(&m, 2);
+        let t_ref = median_us(reps, || {
+            rafter_reference::run(&g, vec![xs.clone(), ms.clone()]).unwrap();
+        });
+        println!("add+softmax [1,12,128,128]: reference {t_ref:9.1}");
+        let (xv, mv) = (f32s(&xs), f32s(&ms));
+        let mask = RowMask::broadcast(&mv, &s[..3], &m, 128).unwrap();
+        let mut out = vec![0.0; xv.len()];
+        for (pn, par) in pars {
+            let t = median_us(reps, || {
+                softmax(&xv, &mut out, 128, Some(&mask), par).unwrap()
+            });
+            println!(
+                "add+softmax [1,12,128,128]: kernel {pn} {t:9.1}  ({:.0}x)",
+                t_ref / t
+            );
+        }
+
+        // layer_norm(x [128,768], gamma, beta), eps 1e-12
+        let (s, p) = ([1usize, 128, 768], [768usize]);
+        let mut b = Body::new("layer_norm");
+        let x = b.input(&s);
+        let gm = b.input(&p);
+        let bt = b.input(&p);
+        let y = b.node(
+            Op::LayerNorm {
+                axis: -1,
+                epsilon: 1e-12,
+            },
+            &[x, gm, bt],
+            &s,
+        );
+        let g = b.finish(y);
+        let ins = vec![data(&s, 3), data(&p, 4), data(&p, 5)];
+        let t_ref = median_us(reps, || {
+            rafter_reference::run(&g, ins.clone()).unwrap();
+        });
+        let host = crate::fast_ops::single_op_kernel(&g).unwrap();
+        let t_host = median_us(reps, || {
+            host(&ins).unwrap();
+        });
+        println!("layer_norm [128,768]: reference {t_ref:9.1}, fast_ops host kernel {t_host:9.1}");
+        let (xv, gv, bv) = (f32s(&ins[0]), f32s(&ins[1]), f32s(&ins[2]));
+        let mut out = vec![0.0; xv.len()];
+        for (pn, par) in pars {
+            let t = median_us(reps, || {
+                layer_norm(&xv, &mut out, 768, &gv, Some(&bv), 1e-12, par).unwrap()
+            });
+            println!(
+                "layer_norm [128,768]: kernel {pn} {t:9.1}  ({:.0}x reference, {:.1}x host)",
+                t_ref / t,
+                t_host / t
+            );
+        }
+
+        // BERT's GELU body on [128, 3072], and a bias add [128,768] + [768].
+        let s = [1usize, 128, 3072];
+        let mut b = Body::new("gelu");
+        let x = b.input(&s);
+        let r2 = b.scalar(std::f32::consts::SQRT_2);
+        let one = b.scalar(1.0);
+        let half = b.scalar(0.5);
+        let w = b.bin(BinaryOp::Div, x, r2, &s);
+        let e = b.un(UnaryOp::Erf, w, &s);
+        let p1 = b.bin(BinaryOp::Add, e, one, &s);
+        let mm = b.bin(BinaryOp::Mul, x, p1, &s);
+        let y = b.bin(BinaryOp::Mul, mm, half, &s);
+        let g = b.finish(y);
+        let ins = vec![data(&s, 6)];
+        let t_ref = median_us(reps, || {
+            rafter_reference::run(&g, ins.clone()).unwrap();
+        });
+        println!("gelu body [128,3072]: reference {t_ref:9.1}");
+        let prog = tile_program(&g).unwrap();
+        let xv = f32s(&ins[0]);
+        let mut out = xv.clone();
+        for (pn, par) in pars {
+            let t = median_us(reps, || {
+                run_tile(&prog, &ins, par).unwrap();
+            });
+            let t2 = median_us(reps, || {
+                out.copy_from_slice(&xv);
+                gelu_erf(&mut out, par).unwrap()
+            });
+            println!(
+                "gelu body [128,3072]: tile program {pn} {t:9.1} ({:.0}x), in-place gelu_erf {t2:9.1} ({:.0}x)",
+                t_ref / t,
+                t_ref / t2
+            );
+        }
+        let s = [1usize, 128, 768];
+        let mut b = Body::new("bias_add");
+        let x = b.input(&s);
+        let bias = b.input(&[768]);
+        let y = b.bin(BinaryOp::Add, x, bias, &s);
+        let g = b.finish(y);
+        let ins = vec![data(&s, 7), data(&[768], 8)];
+        let t_ref = median_us(reps, || {
+            rafter_reference::run(&g, ins.clone()).unwrap();
+        });
+        let prog = tile_program(&g).unwrap();
+        println!("bias add [128,768]+[768]: reference {t_ref:9.1}");
+        for (pn, par) in pars {
+            let t = median_us(reps, || {
+                run_tile(&prog, &ins, par).unwrap();
+            });
+            println!(
+                "bias add [128,768]+[768]: tile program {pn} {t:9.1} ({:.0}x)",
+                t_ref / t
+            );
+        }
+    }
+
     /// Every bert_tiny kernel body the tile path takes computes what the reference does,
     /// with its symbols bound to 7.
     #[test]
