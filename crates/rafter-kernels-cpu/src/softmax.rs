@@ -29,6 +29,7 @@ pub struct RowMask<'a> {
     data: &'a [f32],
     row_dims: Vec<usize>,
     strides: Vec<usize>,
+    cols: usize,
 }
 
 impl<'a> RowMask<'a> {
@@ -55,6 +56,7 @@ impl<'a> RowMask<'a> {
                 data,
                 row_dims: row_dims.to_vec(),
                 strides: strides.to_vec(),
+                cols,
             });
         }
         let last = row_dims
@@ -68,6 +70,7 @@ impl<'a> RowMask<'a> {
                 data,
                 row_dims: row_dims.to_vec(),
                 strides: strides.to_vec(),
+                cols,
             }),
             _ => Err(KernelError::Shape {
                 what: "softmax mask".into(),
@@ -81,9 +84,9 @@ impl<'a> RowMask<'a> {
         }
     }
 
-    /// A row-major mask of shape `mask_dims` (its last dim is the row length `cols`, or 1
-    /// to broadcast one value along the row is not supported: it must be `cols`), NumPy-
-    /// broadcast against rows `row_dims` (dims right-aligned; a mask dim of 1 broadcasts).
+    /// A row-major mask of shape `mask_dims`, NumPy-broadcast against rows `row_dims`
+    /// (dims right-aligned; a mask dim of 1 broadcasts). Its last dim must be the row
+    /// length `cols` (a mask broadcast along the keys is not supported).
     /// E.g. scores `[1, 12, 128, 128]`, mask `[1, 1, 1, 128]`: `row_dims = [1, 12, 128]`,
     /// `mask_dims = [1, 1, 1, 128]`.
     pub fn broadcast(
@@ -213,6 +216,7 @@ fn run(
     let rows = y.len() / cols;
     if let Some(m) = mask {
         check_len("softmax mask rows", m.rows(), rows)?;
+        check_len("softmax mask row", m.cols, cols)?;
     }
     let out = Disjoint::new(y);
     par_blocks(par, rows, cols, &|rs| {
@@ -508,6 +512,21 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("mask rows: expected 3 elements, got 2"),
+            "{e}"
+        );
+        let mask = RowMask::broadcast(&m[..2], &[6], &[1, 2], 2).unwrap();
+        assert!(softmax(&x, &mut y, 2, Some(&mask), &Sequential).is_ok());
+        let e = softmax(&x, &mut y, 3, Some(&mask), &Sequential).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("mask rows: expected 4 elements, got 6"),
+            "{e}"
+        );
+        let mask = RowMask::broadcast(&m, &[3], &[1, 4], 4).unwrap();
+        let e = softmax(&x[..9], &mut y[..9], 3, Some(&mask), &Sequential).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("mask row: expected 3 elements, got 4"),
             "{e}"
         );
     }

@@ -581,13 +581,14 @@ pub fn run_f32_with_isa(
     let dims = &dims;
     par_blocks(par, tiles, TILE.min(inner), &|ts| {
         let mut regs: Vec<Vec<f32>> = vec![vec![0.0; TILE.min(inner)]; prog.regs];
+        let mut base = vec![0usize; ops.len()];
         for t in ts {
             let (row, chunk) = (t / chunks, t % chunks);
             let start = chunk * TILE;
             let len = TILE.min(inner - start);
             // Base offsets of this row in every operand.
             let mut r = row;
-            let mut base = vec![0usize; ops.len()];
+            base.fill(0);
             for (k, &d) in dims.iter().enumerate().skip(1) {
                 let i = r % d;
                 r /= d;
