@@ -884,8 +884,8 @@ mod tests {
         }
     }
 
-    /// Every bert_tiny kernel body the tile path takes computes what the reference does,
-    /// with its symbols bound to 7.
+    /// Every bert_tiny kernel body the tile, softmax and layer-norm kernels take computes
+    /// what the reference does, with its symbols bound to 7.
     #[test]
     fn bert_tiny_elementwise_bodies_match_the_reference() {
         let path = concat!(
@@ -896,11 +896,17 @@ mod tests {
             .unwrap()
             .graph;
         let program = rafter_opt::compile(&graph, &rafter_opt::CompileOptions::default()).unwrap();
-        let mut taken = 0;
+        let mut taken = [0usize; 3];
         for k in &program.kernels {
-            if tile_program(&k.body).is_none() {
+            let (which, kern) = if let Some(kern) = tile_kernel(&k.body, 2) {
+                (0, kern)
+            } else if let Some(kern) = softmax_kernel(&k.body, 2) {
+                (1, kern)
+            } else if let Some(kern) = layer_norm_kernel(&k.body, 2) {
+                (2, kern)
+            } else {
                 continue;
-            }
+            };
             let mut bind: HashMap<Symbol, i64> = HashMap::new();
             let inputs: Vec<Tensor> = k
                 .body
@@ -924,10 +930,10 @@ mod tests {
                     data(&dims, i as u32 + 1)
                 })
                 .collect();
-            same_as_reference(&k.body, inputs, 2e-6);
-            taken += 1;
+            kernel_same_as_reference(&kern, &k.body, inputs, 2e-6);
+            taken[which] += 1;
         }
-        assert!(taken > 0, "no bert_tiny body took the tile path");
-        eprintln!("{taken} bert_tiny kernel bodies ran as tile programs");
+        eprintln!("bert_tiny kernel bodies taken (tile, softmax, layer norm): {taken:?}");
+        assert!(taken.iter().all(|&n| n > 0), "{taken:?}");
     }
 }
