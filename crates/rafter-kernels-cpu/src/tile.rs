@@ -789,9 +789,18 @@ fn binary_generic<S: Simd>(s: S, op: TileBinary, a: Arg<'_>, b: Arg<'_>, d: &mut
         TileBinary::Sub => map2!(s, a, b, d, |x, y| s.sub(x, y)),
         TileBinary::Mul => map2!(s, a, b, d, |x, y| s.mul(x, y)),
         TileBinary::Div => map2!(s, a, b, d, |x, y| s.div(x, y)),
-        // x86 max/min return `y` when either is NaN: patch a NaN `x` back in.
-        TileBinary::Max => map2!(s, a, b, d, |x, y| s.select_nan(x, x, s.max(x, y))),
-        TileBinary::Min => map2!(s, a, b, d, |x, y| s.select_nan(x, x, s.min(x, y))),
+        // As the reference: a NaN operand wins, else `x >= y ? x : y` (max) and
+        // `x >= y ? y : x` (min), so equal operands (+0 and -0) pick the same one.
+        TileBinary::Max => map2!(s, a, b, d, |x, y| s.select_nan(
+            y,
+            y,
+            s.select_lt(x, y, y, x)
+        )),
+        TileBinary::Min => map2!(s, a, b, d, |x, y| s.select_nan(
+            x,
+            x,
+            s.select_lt(x, y, x, y)
+        )),
     }
 }
 
@@ -881,7 +890,11 @@ mod tests {
         x[5] = f32::NAN;
         x[6] = -0.0;
         x[7] = f32::NEG_INFINITY;
-        let y = data(n, 8);
+        let mut y = data(n, 8);
+        y[6] = 0.0; // max(-0, +0) is -0 and min(-0, +0) is +0 in the reference
+        y[9] = f32::NAN;
+        x[10] = 0.0;
+        y[10] = -0.0;
         let un = [
             (TileUnary::Copy, (|v| v) as fn(f32) -> f32),
             (TileUnary::Neg, |v| -v),
@@ -924,18 +937,23 @@ mod tests {
                 (TileBinary::Sub, |a, b| a - b),
                 (TileBinary::Mul, |a, b| a * b),
                 (TileBinary::Div, |a, b| a / b),
+                // The reference's NaN-propagating minmax, sign of zero included.
                 (TileBinary::Max, |a: f32, b: f32| {
-                    if a.is_nan() || b.is_nan() {
-                        f32::NAN
+                    if a.is_nan() {
+                        a
+                    } else if b.is_nan() || b > a {
+                        b
                     } else {
-                        a.max(b)
+                        a
                     }
                 }),
                 (TileBinary::Min, |a: f32, b: f32| {
-                    if a.is_nan() || b.is_nan() {
-                        f32::NAN
+                    if a.is_nan() {
+                        a
+                    } else if b.is_nan() || a >= b {
+                        b
                     } else {
-                        a.min(b)
+                        a
                     }
                 }),
             ];
@@ -952,7 +970,7 @@ mod tests {
                         let w = f(x[i], if scalar_b { 0.75 } else { y[i] });
                         let g = out[i];
                         assert!(
-                            (g.is_nan() && w.is_nan()) || g == w,
+                            (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
                             "{isa:?} {op:?} {i}: {g} vs {w}"
                         );
                     }
