@@ -455,9 +455,10 @@ impl TileProgram {
 /// Runs `prog` on `inputs` (each its row-major data and dims), writing `out` of
 /// `out_dims` (row-major), on the fastest ISA.
 ///
-/// Contract: every input (and constant) broadcasts to `out_dims` NumPy-style: its dims,
-/// right-aligned against `out_dims`, are each 1 or equal to the output's; its data holds
-/// exactly the product of its dims. A mismatch is an error naming the operand.
+/// Contract: every input (and constant) the output depends on broadcasts to `out_dims`
+/// NumPy-style: its dims, right-aligned against `out_dims`, are each 1 or equal to the
+/// output's; its data holds exactly the product of its dims. A mismatch is an error naming
+/// the operand. Inputs the output does not depend on are not read or checked.
 pub fn run_f32(
     prog: &TileProgram,
     inputs: &[(&[f32], &[usize])],
@@ -515,6 +516,15 @@ pub fn run_f32_with_isa(
                 format!("tile constant {}", k - prog.inputs)
             }
         };
+        if !prog.used[k] {
+            // An operand the output does not depend on (e.g. a matmul's operands left in
+            // its epilogue body's inputs): any shape, never read.
+            ops.push(Operand {
+                data,
+                strides: vec![0; rank],
+            });
+            continue;
+        }
         let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         if n != Some(data.len()) {
             return Err(KernelError::Shape {
@@ -1062,6 +1072,13 @@ mod tests {
                 .contains("tile output: 11 elements for dims [3, 4]"),
             "{e}"
         );
+        // An input the output does not use may have any shape.
+        let mut b = TileBuilder::new(2);
+        let v = b.unary(TileUnary::Neg, b.input(1));
+        let q = b.finish(v).unwrap();
+        let ins: [(&[f32], &[usize]); 2] = [(&x[..5], &[7, 7]), (&x, &[3, 4])];
+        run_f32(&q, &ins, &mut out, &[3, 4], &Sequential).unwrap();
+        assert_eq!(q.out_dims(&[&[7, 7], &[3, 4]]).unwrap(), vec![3, 4]);
         let b = TileBuilder::new(1);
         assert!(b.finish(TileVal(Src::Operand(3))).is_err());
         assert_eq!(p.out_dims(&[&[3, 1], &[2, 1, 4]]).unwrap(), vec![2, 3, 4]);

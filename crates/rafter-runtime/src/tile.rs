@@ -896,26 +896,34 @@ mod tests {
             .unwrap()
             .graph;
         let program = rafter_opt::compile(&graph, &rafter_opt::CompileOptions::default()).unwrap();
-        let mut taken = [0usize; 3];
+        let mut taken = [0usize; 4];
         for k in &program.kernels {
-            let (which, kern) = if let Some(kern) = tile_kernel(&k.body, 2) {
-                (0, kern)
+            // The epilogue of a matmul-rooted body (what `fast::matmul_kernel` runs on the
+            // reference executor after the GEMM): the body without its matmul, whose
+            // product becomes the last input.
+            let rest = (k.body.nodes.len() > 1 && k.body.nodes[0].op == Op::MatMul)
+                .then(|| matmul_rest(&k.body))
+                .flatten();
+            let (which, kern, body) = if let Some(kern) = tile_kernel(&k.body, 2) {
+                (0, kern, &k.body)
             } else if let Some(kern) = softmax_kernel(&k.body, 2) {
-                (1, kern)
+                (1, kern, &k.body)
             } else if let Some(kern) = layer_norm_kernel(&k.body, 2) {
-                (2, kern)
+                (2, kern, &k.body)
+            } else if let Some((kern, rest)) =
+                rest.as_ref().and_then(|r| Some((tile_kernel(r, 2)?, r)))
+            {
+                (3, kern, rest)
             } else {
                 continue;
             };
             let mut bind: HashMap<Symbol, i64> = HashMap::new();
-            let inputs: Vec<Tensor> = k
-                .body
+            let inputs: Vec<Tensor> = body
                 .inputs
                 .iter()
                 .enumerate()
                 .map(|(i, &v)| {
-                    let dims: Vec<usize> = k
-                        .body
+                    let dims: Vec<usize> = body
                         .value(v)
                         .ty
                         .dims
@@ -930,10 +938,33 @@ mod tests {
                     data(&dims, i as u32 + 1)
                 })
                 .collect();
-            kernel_same_as_reference(&kern, &k.body, inputs, 2e-6);
+            kernel_same_as_reference(&kern, body, inputs, 2e-6);
             taken[which] += 1;
         }
-        eprintln!("bert_tiny kernel bodies taken (tile, softmax, layer norm): {taken:?}");
+        eprintln!(
+            "bert_tiny kernel bodies taken (tile, softmax, layer norm, matmul epilogue as \
+             tile): {taken:?}"
+        );
         assert!(taken.iter().all(|&n| n > 0), "{taken:?}");
+    }
+
+    /// `body` without its first node (a matmul), whose result becomes the last input: as
+    /// `fast::rest_of` builds it.
+    fn matmul_rest(body: &Graph) -> Option<Graph> {
+        let product = body.nodes[0].outputs.first().copied().flatten()?;
+        let mut g = body.clone();
+        g.nodes.remove(0);
+        g.values[product.0 as usize].def = ValueDef::Input(g.inputs.len());
+        g.inputs.push(product);
+        for v in g.values.iter_mut() {
+            if let ValueDef::Node { node, output } = v.def {
+                v.def = ValueDef::Node {
+                    node: rafter_ir::NodeId(node.0.checked_sub(1)?),
+                    output,
+                };
+            }
+        }
+        rafter_ir::verify::verify(&g).ok()?;
+        Some(g)
     }
 }
