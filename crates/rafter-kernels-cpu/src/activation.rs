@@ -2,7 +2,7 @@
 //! [`Parallel`]: erf-GELU (BERT's `x/√2, erf, +1, *x, *0.5` body in one pass), tanh-GELU
 //! (GPT-2), SiLU (LLaMA's gate) and sigmoid.
 //!
-//! Accuracy comes from [`crate::simd`]'s functions: `erf` within 3.7e-7 absolute (so
+//! Accuracy comes from `simd`'s functions: `erf` within 3.7e-7 absolute (so
 //! erf-GELU within `0.5 |x| 3.7e-7` plus a few ulp of the result), `tanh`, `exp` and
 //! sigmoid within a few ulp. Tests hold every ISA to f64 references of the same formulas
 //! and to the reference executor's results.

@@ -5,9 +5,12 @@
 //!
 //! Per row, three passes over a row that stays in L1 (a 128-key row is 512 bytes): `t = x +
 //! mask` and its maximum; `e = exp(t - max)` and its sum; `e * (1 / sum)`. Subtracting the
-//! maximum keeps `exp` in range for any scores. `exp` is [`crate::simd`]'s polynomial (at
-//! most 2 ulp), the sum is accumulated in f32 across vector lanes (16 partial sums on
-//! AVX-512), so results are within a few ulp of the reference executor's f64 softmax.
+//! maximum keeps `exp` in range for any scores. `exp` is `simd`'s polynomial (at
+//! most 2 ulp), the sum is accumulated in f32 across vector lanes (16 partial sums per
+//! AVX-512, 32 with the two accumulators), so results are within 4 ulp of the reference
+//! executor's f64 softmax, plus `|x - max| 2^-24` relative from rounding `x - max` to f32
+//! (measured in the tests). Probabilities below `f32::MIN_POSITIVE` (1.2e-38) come out as
+//! 0: `exp` flushes denormal results (they cost a microcode assist each).
 //!
 //! Edge cases as the reference: a row whose every `x + mask` is `-inf` is all NaN (the
 //! maximum is `-inf`, `-inf - -inf` is NaN); a NaN anywhere in a row makes the row NaN;

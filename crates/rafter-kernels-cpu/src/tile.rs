@@ -15,7 +15,7 @@
 //!
 //! Numerics: add, sub, mul, div, min, max, neg, abs, sqrt, reciprocal, relu and clip are
 //! exact (IEEE, as the reference executor's f32 ops; min/max propagate NaN like NumPy);
-//! exp, log, tanh, erf, sigmoid and the fused activations use [`crate::simd`]'s
+//! exp, log, tanh, erf, sigmoid and the fused activations use `simd`'s
 //! approximations (documented there: a few ulp; erf 3.7e-7 absolute).
 
 use crate::activation::{gelu_erf_v, gelu_tanh_v};

@@ -29,6 +29,13 @@
 //!
 //! The last two check shapes per call and run the body on the reference executor when a
 //! call's shapes are outside what the kernel covers (e.g. a mask broadcast along keys).
+//!
+//! Matmul-rooted bodies: `fast::matmul_kernel` runs the GEMM and then the rest of the body
+//! (`fast::rest_of`, the product as its last input) on the reference executor; that rest
+//! is usually elementwise (bias add, erf-GELU, residual add) and [`tile_program`] takes it
+//! (all 14 of bert_tiny's; inputs the output does not use, such as the matmul's operands
+//! left in the rest's inputs, are ignored). Caching the program at build time and calling
+//! [`run_tile`] with the product appended is the intended wiring.
 
 // Used by the tests here until the session selects these kernels.
 #![allow(dead_code)]
