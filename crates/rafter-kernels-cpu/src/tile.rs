@@ -186,6 +186,21 @@ impl TileBuilder {
                 detail: format!("an operand index is not below {total} operands"),
             });
         }
+        // Values from another builder: a register must be defined before its use.
+        let n = self.insts.len();
+        let late = |s: Src, at: usize| matches!(s, Src::Reg(r) if r >= at);
+        if self
+            .insts
+            .iter()
+            .enumerate()
+            .any(|(i, inst)| srcs(inst).into_iter().any(|s| late(s, i)))
+            || late(out.0, n)
+        {
+            return Err(KernelError::Shape {
+                what: "tile program".into(),
+                detail: "a value used before it is defined (from another builder?)".into(),
+            });
+        }
         let mut out = out.0;
         if !matches!(out, Src::Reg(_)) {
             self.insts.push(Inst::Unary(TileUnary::Copy, out));
@@ -1081,6 +1096,14 @@ mod tests {
         assert_eq!(q.out_dims(&[&[7, 7], &[3, 4]]).unwrap(), vec![3, 4]);
         let b = TileBuilder::new(1);
         assert!(b.finish(TileVal(Src::Operand(3))).is_err());
+        let mut other = TileBuilder::new(1);
+        let v = other.unary(TileUnary::Exp, other.input(0));
+        let v = other.unary(TileUnary::Exp, v);
+        let mut b = TileBuilder::new(1);
+        let w = b.unary(TileUnary::Neg, v);
+        let e = b.finish(w).unwrap_err();
+        assert!(e.to_string().contains("used before it is defined"), "{e}");
+        assert!(TileBuilder::new(1).finish(v).is_err());
         assert_eq!(p.out_dims(&[&[3, 1], &[2, 1, 4]]).unwrap(), vec![2, 3, 4]);
         let e = p.out_dims(&[&[3, 2], &[4]]).unwrap_err();
         assert!(e
