@@ -55,8 +55,24 @@ pub(crate) fn tile_kernel(body: &Graph, threads: usize) -> Option<HostKernel> {
     let prog = tile_program(body)?;
     let par = ScopedThreads::new(threads);
     Some(Arc::new(move |ins: &[Tensor]| {
-        Ok(vec![run_tile(&prog, ins, &par)?])
+        let n = ins.iter().map(Tensor::len).max().unwrap_or(0);
+        Ok(vec![run_tile(&prog, ins, pool(&par, n))?])
     }))
+}
+
+/// Elements below which these kernels run on the calling thread alone: `ScopedThreads`
+/// spawns its threads per call (20-40 us here), and every BERT-base shape of these kernels
+/// (98k-393k elements, 26-330 us on one thread) measured slower on 2 spawned threads than
+/// on one (`bench_vs_reference`, shared 2-core machine). A persistent pool should lower it.
+const SPAWN_MIN_ELEMS: usize = 1 << 20;
+
+/// `par`, or the calling thread alone for work of fewer than [`SPAWN_MIN_ELEMS`] elements.
+fn pool(par: &ScopedThreads, elems: usize) -> &dyn Parallel {
+    if elems < SPAWN_MIN_ELEMS {
+        &rafter_kernels_cpu::Sequential
+    } else {
+        par
+    }
 }
 
 /// The f32 elements of a contiguous tensor.
@@ -150,7 +166,7 @@ pub(crate) fn softmax_kernel(body: &Graph, threads: usize) -> Option<HostKernel>
             },
         };
         let mut out = vec![0.0f32; xv.len()];
-        rafter_kernels_cpu::softmax(xv, &mut out, cols, rm.as_ref(), &par)
+        rafter_kernels_cpu::softmax(xv, &mut out, cols, rm.as_ref(), pool(&par, xv.len()))
             .map_err(|e| e.to_string())?;
         Ok(vec![Tensor::f32s(xt.shape(), out)])
     }))
@@ -197,7 +213,8 @@ pub(crate) fn layer_norm_kernel(body: &Graph, threads: usize) -> Option<HostKern
             return reference(&body, ins);
         }
         let mut out = vec![0.0f32; xv.len()];
-        rafter_kernels_cpu::layer_norm(xv, &mut out, cols, g, b, epsilon, &par)
+        let par = pool(&par, xv.len());
+        rafter_kernels_cpu::layer_norm(xv, &mut out, cols, g, b, epsilon, par)
             .map_err(|e| e.to_string())?;
         Ok(vec![Tensor::f32s(shape, out)])
     }))
