@@ -43,7 +43,14 @@ mod kernel;
 mod pack;
 mod packed;
 mod parallel;
+#[macro_use]
+mod simd;
+mod activation;
+mod common;
+mod norm;
 mod pool;
+mod softmax;
+pub mod tile;
 mod winograd;
 
 pub use kernel::Isa;
@@ -53,6 +60,14 @@ pub use packed::{
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
 pub use winograd::{conv3x3, Conv3x3, WinogradScratch, WinogradWeights};
+
+pub use activation::{
+    activation_in_place, activation_in_place_with_isa, gelu_erf, gelu_tanh, sigmoid_in_place, silu,
+    UnaryFn,
+};
+pub use common::KernelError;
+pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
+pub use softmax::{softmax, softmax_in_place, softmax_with_isa, RowMask};
 
 use thiserror::Error;
 

@@ -50,6 +50,7 @@ mod fast;
 mod fast_ops;
 mod plan;
 mod session;
+mod tile;
 mod trace;
 mod weights;
 
