@@ -249,6 +249,7 @@ fn macro_kernel(
             let epi = if last {
                 ctx.epi.map(|e| TileEpilogue {
                     bias: e.bias.map_or(std::ptr::null(), |b| b[j..].as_ptr()),
+                    row_bias: e.row_bias.map_or(std::ptr::null(), |b| b[i..].as_ptr()),
                     act: e.activation,
                     res: e
                         .residual
