@@ -1,0 +1,149 @@
+//! Data movement on borrowed bytes: reshape-likes (reshape, flatten, squeeze, unsqueeze) are
+//! one `memcpy` of the operand's bytes into the result (their row-major order is unchanged);
+//! transposes walk the output in order, copying whole rows when the last axis stays last.
+
+use std::sync::Arc;
+
+use rafter_ir::{DType, Graph, Op, ValueDef};
+
+use super::{In, NativeKernel, Out};
+
+enum Kind {
+    /// The result is the operand's bytes.
+    Copy,
+    Transpose(Vec<usize>),
+}
+
+struct MovementKernel {
+    kind: Kind,
+}
+
+pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
+    let [node] = body.nodes.as_slice() else {
+        return None;
+    };
+    let x = (*node.inputs.first()?)?;
+    let y = (*node.outputs.first()?)?;
+    if body.value(x).def != ValueDef::Input(0)
+        || body.outputs != [y]
+        || node.outputs.len() != 1
+        || body.value(x).ty.dtype != body.value(y).ty.dtype
+    {
+        return None;
+    }
+    let kind = match &node.op {
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => {
+            Kind::Copy
+        }
+        Op::Transpose { perm }
+            if node.inputs.len() == 1 && matches!(body.value(x).ty.dtype, DType::F32 | DType::I64) =>
+        {
+            Kind::Transpose(
+                perm.iter()
+                    .map(|&p| usize::try_from(p).ok())
+                    .collect::<Option<_>>()?,
+            )
+        }
+        _ => return None,
+    };
+    Some(Arc::new(MovementKernel { kind }))
+}
+
+impl NativeKernel for MovementKernel {
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        let x = &ins[0];
+        let y = &mut outs[0];
+        match &self.kind {
+            Kind::Copy => {
+                if x.len() != y.dims.iter().product::<usize>() {
+                    return Ok(false);
+                }
+                y.bytes_mut().copy_from_slice(x.bytes());
+                Ok(true)
+            }
+            Kind::Transpose(perm) => {
+                let out_dims = permuted(&x.dims, perm)?;
+                if y.dims != out_dims {
+                    return Ok(false);
+                }
+                let esize = x.dtype.size_of();
+                transpose_bytes(x.bytes(), &x.dims, perm, esize, y.bytes_mut());
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// `dims` permuted by `perm`, after checking that `perm` is a permutation of its axes.
+pub(crate) fn permuted(dims: &[usize], perm: &[usize]) -> Result<Vec<usize>, String> {
+    let rank = dims.len();
+    let mut seen = vec![false; rank];
+    if perm.len() != rank
+        || perm
+            .iter()
+            .any(|&p| p >= rank || std::mem::replace(&mut seen[p], true))
+    {
+        return Err(format!(
+            "transpose: perm {perm:?} is not a permutation of {rank} axes"
+        ));
+    }
+    Ok(perm.iter().map(|&p| dims[p]).collect())
+}
+
+/// Transposes `x` (row-major `shape`, elements of `esize` bytes) into `y`: output axis `i`
+/// is input axis `perm[i]` (a valid permutation). An odometer over the output's outer axes;
+/// the innermost axis is one `memcpy` when it stays contiguous.
+fn transpose_bytes(x: &[u8], shape: &[usize], perm: &[usize], esize: usize, y: &mut [u8]) {
+    let rank = shape.len();
+    if x.is_empty() || rank == 0 {
+        y.copy_from_slice(x);
+        return;
+    }
+    let mut in_strides = vec![esize; rank];
+    for i in (0..rank - 1).rev() {
+        in_strides[i] = in_strides[i + 1] * shape[i + 1];
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let (inner, inner_stride) = (out_shape[rank - 1], strides[rank - 1]);
+    let row = inner * esize;
+    let mut idx = vec![0usize; rank - 1];
+    let mut base = 0usize;
+    for dst in y.chunks_exact_mut(row) {
+        if inner_stride == esize {
+            dst.copy_from_slice(&x[base..base + row]);
+        } else {
+            match esize {
+                4 => gather::<4>(dst, x, base, inner_stride),
+                8 => gather::<8>(dst, x, base, inner_stride),
+                _ => {
+                    for (j, d) in dst.chunks_exact_mut(esize).enumerate() {
+                        let s = base + j * inner_stride;
+                        d.copy_from_slice(&x[s..s + esize]);
+                    }
+                }
+            }
+        }
+        // Advance the odometer over the outer output axes.
+        let mut d = rank - 1;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            base += strides[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            base -= strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Elements of `N` bytes at `base + j * stride` of `x`, in order, into `dst`.
+fn gather<const N: usize>(dst: &mut [u8], x: &[u8], base: usize, stride: usize) {
+    for (j, d) in dst.chunks_exact_mut(N).enumerate() {
+        let s = base + j * stride;
+        let e: [u8; N] = x[s..s + N].try_into().expect("N bytes");
+        d.copy_from_slice(&e);
+    }
+}
