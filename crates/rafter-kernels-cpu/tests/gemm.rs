@@ -378,7 +378,16 @@ fn argument_errors_are_errors() {
         ..Epilogue::none()
     };
     let e = sgemm(1.0, am, bm.into(), 0.0, cm, &epi, &Sequential).unwrap_err();
-    assert!(matches!(e, GemmError::Shape { what: "row bias", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            GemmError::Shape {
+                what: "row bias",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let cm = MatMut::row_major(&mut c, 3, 3, 3).unwrap();
     let short = [0.0f32; 5];
     let epi = Epilogue {

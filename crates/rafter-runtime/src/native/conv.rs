@@ -12,15 +12,17 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
-use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, ScopedThreads};
+use rafter_kernels_cpu::{
+    sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, ScopedThreads,
+};
 
-use super::epilogue::{parse_chain, resolve, EpiOp, Resolved};
+use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
 use super::{input_of, In, NativeKernel, Out};
 
 struct ConvKernel {
     x: usize,
     w: usize,
-    bias: Option<usize>,
+    bias: Option<Src>,
     kernel_shape: Vec<i64>,
     strides: Vec<i64>,
     pads: Vec<i64>,
@@ -49,7 +51,7 @@ pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKerne
     }
     let bias = match first.inputs.get(2) {
         None | Some(None) => None,
-        Some(b) => Some(input_of(body, *b, DType::F32)?),
+        Some(b) => Some(Src::of(body, *b)?),
     };
     Some(Arc::new(ConvKernel {
         x: input_of(body, first.inputs[0], DType::F32)?,
@@ -89,9 +91,12 @@ pub(super) fn geometry(
     ceil_mode: bool,
 ) -> Option<Geom> {
     let per = |v: &[i64], n: usize, default: i64| -> Option<Vec<usize>> {
-        let v = if v.is_empty() { vec![default; n] } else { v.to_vec() };
-        (v.len() == n && v.iter().all(|&x| x >= 0))
-            .then(|| v.iter().map(|&x| x as usize).collect())
+        let v = if v.is_empty() {
+            vec![default; n]
+        } else {
+            v.to_vec()
+        };
+        (v.len() == n && v.iter().all(|&x| x >= 0)).then(|| v.iter().map(|&x| x as usize).collect())
     };
     let s = per(strides, 2, 1)?;
     let d = per(dilations, 2, 1)?;
@@ -192,9 +197,11 @@ impl NativeKernel for ConvKernel {
         if outs[0].dims != out_dims {
             return Ok(false);
         }
-        let bias = match self.bias {
-            Some(b) if ins[b].len() != m => return Ok(false),
-            Some(b) => Some(ins[b].f32s()?),
+        let bias = match &self.bias {
+            Some(b) => match b.get(ins)? {
+                (_, data) if data.len() == m => Some(data),
+                _ => return Ok(false),
+            },
             None => None,
         };
         if bias.is_some() && self.chain.iter().any(|o| matches!(o, EpiOp::Mul(_))) {
@@ -213,7 +220,8 @@ impl NativeKernel for ConvKernel {
             return Ok(true);
         }
         let (mg, kc, p) = (m / g, cg * kh * kw, oh * ow);
-        let direct = kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
+        let direct =
+            kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
         let mut run = |cols: &mut Vec<f32>| -> Result<(), String> {
             for img in 0..n {
                 for gi in 0..g {
@@ -254,7 +262,14 @@ impl NativeKernel for ConvKernel {
 }
 
 /// im2col of one group's `cg` input planes into `cols` (`cg*KH*KW` rows of `OH*OW`).
-fn im2col(xg: &[f32], cg: usize, [h, w]: [usize; 2], geo: &Geom, cols: &mut [f32], par: &ScopedThreads) {
+fn im2col(
+    xg: &[f32],
+    cg: usize,
+    [h, w]: [usize; 2],
+    geo: &Geom,
+    cols: &mut [f32],
+    par: &ScopedThreads,
+) {
     let [kh, kw] = geo.k;
     let [oh, ow] = geo.out;
     let p = oh * ow;
@@ -285,7 +300,11 @@ fn im2col(xg: &[f32], cg: usize, [h, w]: [usize; 2], geo: &Geom, cols: &mut [f32
             }
         }
     };
-    let tasks = if rows * p < (1 << 16) { 1 } else { (par.threads() * 4).min(rows) };
+    let tasks = if rows * p < (1 << 16) {
+        1
+    } else {
+        (par.threads() * 4).min(rows)
+    };
     if tasks <= 1 {
         for (r, dst) in cols.chunks_exact_mut(p).enumerate() {
             fill(r, dst);

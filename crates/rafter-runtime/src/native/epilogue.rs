@@ -6,19 +6,55 @@
 use rafter_ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueId};
 use rafter_kernels_cpu::Activation;
 
-use super::operands::In;
 use super::input_of;
+use super::operands::In;
 
-/// One op of the tail, applied to the running value; indices are body inputs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a secondary f32 operand (a bias, a scale, a clip bound) comes from: a body input
+/// (an operand of the dispatch), or a small constant the compiler copied into the body.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Src {
+    Input(usize),
+    Const { dims: Vec<usize>, data: Vec<f32> },
+}
+
+impl Src {
+    /// `v` when it is an f32 body input or f32 body constant.
+    pub(crate) fn of(body: &Graph, v: Option<ValueId>) -> Option<Src> {
+        let v = v?;
+        if let Some(i) = input_of(body, Some(v), DType::F32) {
+            return Some(Src::Input(i));
+        }
+        let c = body.const_of(v)?;
+        if c.dtype != DType::F32 {
+            return None;
+        }
+        let data = c
+            .bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        Some(Src::Const {
+            dims: c.dims.clone(),
+            data,
+        })
+    }
+
+    /// Its dims and elements for this dispatch.
+    pub(crate) fn get<'a>(&'a self, ins: &'a [In<'a>]) -> Result<(&'a [usize], &'a [f32]), String> {
+        match self {
+            Src::Input(i) => Ok((&ins[*i].dims, ins[*i].f32s()?)),
+            Src::Const { dims, data } => Ok((dims, data)),
+        }
+    }
+}
+
+/// One op of the tail, applied to the running value.
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) enum EpiOp {
-    Add(usize),
-    Mul(usize),
+    Add(Src),
+    Mul(Src),
     Relu,
-    Clip {
-        min: Option<usize>,
-        max: Option<usize>,
-    },
+    Clip { min: Option<Src>, max: Option<Src> },
 }
 
 /// The nodes after node 0 as a chain over node 0's result `root`: each takes the running
@@ -38,7 +74,7 @@ pub(crate) fn parse_chain(body: &Graph, root: ValueId) -> Option<Vec<EpiOp>> {
         if uses(cur) != 1 || body.outputs.contains(&cur) || node.outputs.len() != 1 {
             return None;
         }
-        let other = |i: usize| input_of(body, *node.inputs.get(i)?, DType::F32);
+        let other = |i: usize| Src::of(body, *node.inputs.get(i)?);
         let op = match &node.op {
             Op::Binary { op } if node.inputs.len() == 2 => {
                 let x = if node.inputs[0] == Some(cur) {
@@ -90,8 +126,8 @@ pub(crate) struct Resolved<'a> {
 }
 
 /// A scalar operand's value.
-fn scalar(x: &In<'_>) -> Result<Option<f32>, String> {
-    let v = x.f32s()?;
+fn scalar<'a>(x: &'a Src, ins: &'a [In<'a>]) -> Result<Option<f32>, String> {
+    let (_, v) = x.get(ins)?;
     Ok((v.len() == 1).then(|| v[0]))
 }
 
@@ -100,7 +136,7 @@ fn scalar(x: &In<'_>) -> Result<Option<f32>, String> {
 /// everywhere but the channel axis; a residual when it has the output's dims. `bias` is a
 /// bias the contraction itself has (conv's third operand). `Ok(None)`: not covered.
 pub(crate) fn resolve<'a>(
-    chain: &[EpiOp],
+    chain: &'a [EpiOp],
     ins: &'a [In<'a>],
     out_dims: &[usize],
     channel_axis: usize,
@@ -127,8 +163,8 @@ pub(crate) fn resolve<'a>(
     let mut added = false;
     for op in chain {
         match *op {
-            EpiOp::Mul(i) => {
-                let Some(s) = scalar(&ins[i])? else {
+            EpiOp::Mul(ref x) => {
+                let Some(s) = scalar(x, ins)? else {
                     return Ok(None);
                 };
                 if added || activated {
@@ -136,14 +172,14 @@ pub(crate) fn resolve<'a>(
                 }
                 r.alpha *= s;
             }
-            EpiOp::Add(i) => {
+            EpiOp::Add(ref x) => {
                 added = true;
-                let x = &ins[i];
-                if x.dims == out_dims && r.residual.is_none() && r.clamp.is_none() {
-                    r.residual = Some(x.f32s()?);
+                let (dims, data) = x.get(ins)?;
+                if dims == out_dims && r.residual.is_none() && r.clamp.is_none() {
+                    r.residual = Some(data);
                     r.res_before = !activated;
-                } else if per_channel(&x.dims) && bias.is_none() && !activated {
-                    bias = Some(x.f32s()?);
+                } else if per_channel(dims) && bias.is_none() && !activated {
+                    bias = Some(data);
                 } else {
                     return Ok(None);
                 }
@@ -155,21 +191,20 @@ pub(crate) fn resolve<'a>(
                 activated = true;
                 r.act = Activation::Relu;
             }
-            EpiOp::Clip { min, max } => {
+            EpiOp::Clip { ref min, ref max } => {
                 if activated {
                     return Ok(None);
                 }
                 activated = true;
-                let bound = |i: Option<usize>, none: f32| -> Result<Option<f32>, String> {
-                    match i {
+                let bound = |x: &'a Option<Src>, none: f32| -> Result<Option<f32>, String> {
+                    match x {
                         None => Ok(Some(none)),
-                        Some(i) => scalar(&ins[i]),
+                        Some(x) => scalar(x, ins),
                     }
                 };
-                let (Some(lo), Some(hi)) = (
-                    bound(min, f32::NEG_INFINITY)?,
-                    bound(max, f32::INFINITY)?,
-                ) else {
+                let (Some(lo), Some(hi)) =
+                    (bound(min, f32::NEG_INFINITY)?, bound(max, f32::INFINITY)?)
+                else {
                     return Ok(None);
                 };
                 if lo.is_nan() || hi.is_nan() || lo > hi {

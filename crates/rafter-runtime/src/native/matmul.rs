@@ -10,7 +10,7 @@ use rafter_kernels_cpu::{
     sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, ScopedThreads, Sequential,
 };
 
-use super::epilogue::{parse_chain, resolve, EpiOp, Resolved};
+use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
 use super::{input_of, In, NativeKernel, Out};
 
 struct GemmAttrs {
@@ -18,7 +18,7 @@ struct GemmAttrs {
     beta: f32,
     trans_a: bool,
     trans_b: bool,
-    c: Option<usize>,
+    c: Option<Src>,
 }
 
 struct MatMulKernel {
@@ -51,7 +51,7 @@ pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKerne
             trans_b: *trans_b,
             c: match first.inputs.get(2) {
                 None | Some(None) => None,
-                Some(c) => Some(input_of(body, *c, DType::F32)?),
+                Some(c) => Some(Src::of(body, *c)?),
             },
         }),
         _ => return None,
@@ -106,11 +106,7 @@ impl MatMulKernel {
         }
         let (ab, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
         let rank = ab.len().max(bb.len());
-        let dim = |d: &[usize], i: usize| {
-            (i + d.len())
-                .checked_sub(rank)
-                .map_or(1, |j| d[j])
-        };
+        let dim = |d: &[usize], i: usize| (i + d.len()).checked_sub(rank).map_or(1, |j| d[j]);
         let mut batch = Vec::with_capacity(rank);
         for i in 0..rank {
             let (p, q) = (dim(ab, i), dim(bb, i));
@@ -200,7 +196,12 @@ impl MatMulKernel {
         Ok(true)
     }
 
-    fn run_gemm(&self, g: &GemmAttrs, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+    fn run_gemm(
+        &self,
+        g: &GemmAttrs,
+        ins: &[In<'_>],
+        outs: &mut [Out<'_>],
+    ) -> Result<bool, String> {
         let (x, y) = (&ins[self.a], &ins[self.b]);
         let (&[ar, ac], &[br, bc]) = (x.dims.as_slice(), y.dims.as_slice()) else {
             return Ok(false);
@@ -219,15 +220,15 @@ impl MatMulKernel {
         }
         // C: a per-column bias ([N], [1, N]) or a full [M, N] residual, with beta 1.
         let (mut bias, mut residual) = (None, None);
-        if let Some(ci) = g.c {
-            let c = &ins[ci];
+        if let Some(c) = &g.c {
+            let (dims, data) = c.get(ins)?;
             if g.beta != 1.0 {
                 return Ok(false);
             }
-            if c.dims == out_dims {
-                residual = Some(c.f32s()?);
-            } else if c.len() == n && c.dims.iter().rev().skip(1).all(|&d| d == 1) {
-                bias = Some(c.f32s()?);
+            if dims == out_dims {
+                residual = Some(data);
+            } else if data.len() == n && dims.iter().rev().skip(1).all(|&d| d == 1) {
+                bias = Some(data);
             } else {
                 return Ok(false);
             }

@@ -36,7 +36,8 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
             Kind::Copy
         }
         Op::Transpose { perm }
-            if node.inputs.len() == 1 && matches!(body.value(x).ty.dtype, DType::F32 | DType::I64) =>
+            if node.inputs.len() == 1
+                && matches!(body.value(x).ty.dtype, DType::F32 | DType::I64) =>
         {
             Kind::Transpose(
                 perm.iter()

@@ -43,7 +43,11 @@ impl NativeKernel for LayerNormKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         let x = &ins[self.x];
         let rank = x.dims.len() as i64;
-        let axis = if self.axis < 0 { self.axis + rank } else { self.axis };
+        let axis = if self.axis < 0 {
+            self.axis + rank
+        } else {
+            self.axis
+        };
         if !(0..rank).contains(&axis) || outs[0].dims != x.dims {
             return Ok(false);
         }

@@ -62,7 +62,8 @@ pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKerne
             ..
         } => Kind::GlobalAverage,
         Op::GlobalPool {
-            kind: PoolKind::Max, ..
+            kind: PoolKind::Max,
+            ..
         } => Kind::GlobalMax,
         _ => return None,
     };
@@ -141,9 +142,15 @@ impl NativeKernel for PoolKernel {
                 let (Ok(kh), Ok(kw)) = (usize::try_from(kh), usize::try_from(kw)) else {
                     return Ok(false);
                 };
-                let Some(geo) =
-                    geometry([h, w], [kh, kw], strides, pads, dilations, *auto_pad, *ceil_mode)
-                else {
+                let Some(geo) = geometry(
+                    [h, w],
+                    [kh, kw],
+                    strides,
+                    pads,
+                    dilations,
+                    *auto_pad,
+                    *ceil_mode,
+                ) else {
                     return Ok(false);
                 };
                 let [oh, ow] = geo.out;
