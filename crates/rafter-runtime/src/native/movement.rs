@@ -12,6 +12,13 @@ enum Kind {
     /// The result is the operand's bytes.
     Copy,
     Transpose(Vec<usize>),
+    /// ONNX Gather along `axis` of operand `data` by i64 operand `indices`: whole rows copied
+    /// (an embedding lookup reads only the rows it needs from the mapped weight).
+    Gather {
+        axis: i64,
+        data: usize,
+        indices: usize,
+    },
 }
 
 struct MovementKernel {
@@ -24,6 +31,28 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
     };
     let x = (*node.inputs.first()?)?;
     let y = (*node.outputs.first()?)?;
+    if let Op::Gather { axis } = node.op {
+        let (ValueDef::Input(data), Some(ix)) = (body.value(x).def, *node.inputs.get(1)?) else {
+            return None;
+        };
+        let ValueDef::Input(indices) = body.value(ix).def else {
+            return None;
+        };
+        if body.value(ix).ty.dtype != DType::I64
+            || body.outputs != [y]
+            || node.outputs.len() != 1
+            || body.value(x).ty.dtype != body.value(y).ty.dtype
+        {
+            return None;
+        }
+        return Some(Arc::new(MovementKernel {
+            kind: Kind::Gather {
+                axis,
+                data,
+                indices,
+            },
+        }));
+    }
     if body.value(x).def != ValueDef::Input(0)
         || body.outputs != [y]
         || node.outputs.len() != 1
@@ -55,6 +84,11 @@ impl NativeKernel for MovementKernel {
         let x = &ins[0];
         let y = &mut outs[0];
         match &self.kind {
+            &Kind::Gather {
+                axis,
+                data,
+                indices,
+            } => gather_rows(&ins[data], &ins[indices], axis, y),
             Kind::Copy => {
                 if x.len() != y.dims.iter().product::<usize>() {
                     return Ok(false);
@@ -147,4 +181,48 @@ fn gather<const N: usize>(dst: &mut [u8], x: &[u8], base: usize, stride: usize) 
         let e: [u8; N] = x[s..s + N].try_into().expect("N bytes");
         d.copy_from_slice(&e);
     }
+}
+
+/// ONNX Gather of `x` along `axis` by `idx` (negative indices count from the end) into `y`.
+fn gather_rows(x: &In<'_>, idx: &In<'_>, axis: i64, y: &mut Out<'_>) -> Result<bool, String> {
+    let rank = x.dims.len() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    if !(0..rank).contains(&axis) {
+        return Ok(false);
+    }
+    let axis = axis as usize;
+    let out_dims: Vec<usize> = x.dims[..axis]
+        .iter()
+        .chain(&idx.dims)
+        .chain(&x.dims[axis + 1..])
+        .copied()
+        .collect();
+    if y.dims != out_dims {
+        return Ok(false);
+    }
+    let ids = idx.i64s()?;
+    let n = x.dims[axis];
+    let row = x.dims[axis + 1..].iter().product::<usize>() * x.dtype.size_of();
+    let outer: usize = x.dims[..axis].iter().product();
+    let src = x.bytes();
+    let dst = y.bytes_mut();
+    if row == 0 || ids.is_empty() || outer == 0 {
+        return Ok(true);
+    }
+    let mut rows = dst.chunks_exact_mut(row);
+    for o in 0..outer {
+        for &i in ids {
+            let j = if i < 0 { i + n as i64 } else { i };
+            if j < 0 || j >= n as i64 {
+                return Err(format!(
+                    "gather: index {i} is out of range for a dim of size {n}"
+                ));
+            }
+            let s = (o * n + j as usize) * row;
+            rows.next()
+                .expect("the result holds outer x indices rows")
+                .copy_from_slice(&src[s..s + row]);
+        }
+    }
+    Ok(true)
 }

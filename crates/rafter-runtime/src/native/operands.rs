@@ -120,7 +120,6 @@ impl<'a> In<'a> {
     }
 
     /// The elements of an i64 operand.
-    #[allow(dead_code)]
     pub(crate) fn i64s(&self) -> Result<&[i64], String> {
         match &self.data {
             Data::I64(v) => Ok(v),

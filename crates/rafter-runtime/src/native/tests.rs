@@ -477,3 +477,43 @@ fn elementwise_bodies_are_never_native() {
     c.g.outputs.push(z);
     assert!(select(&c.g, 1).is_none());
 }
+
+#[test]
+fn gather_rows_of_a_weight() {
+    for axis in [0i64, 1, -1] {
+        let mut c = Case::new(71);
+        let data = c.weight(&[6, 5, 4]);
+        let ids = c.g.add_input("ids", TensorType::known(DType::I64, &[2, 3]));
+        c.inputs
+            .push(Tensor::i64s(&[2, 3], vec![0, 3, -1, 2, 2, 1]));
+        let out: &[usize] = match axis {
+            0 => &[2, 3, 5, 4],
+            1 => &[6, 2, 3, 4],
+            _ => &[6, 5, 2, 3],
+        };
+        let y = c.node(Op::Gather { axis }, &[data, ids], out);
+        assert_native(c.check(y), 1);
+    }
+    // Out of range: an error naming the index, never a panic.
+    let mut c = Case::new(72);
+    let data = c.weight(&[6, 5]);
+    let ids = c.g.add_input("ids", TensorType::known(DType::I64, &[2]));
+    c.inputs.push(Tensor::i64s(&[2], vec![1, 9]));
+    let y = c.node(Op::Gather { axis: 0 }, &[data, ids], &[2, 5]);
+    c.g.outputs.push(y);
+    let program = rafter_opt::compile(&c.g, &rafter_opt::CompileOptions::default()).unwrap();
+    let session = Session::with_options(
+        program,
+        &DeviceSet::cpu().unwrap(),
+        SessionOptions::new().kernel_threads(1),
+    )
+    .unwrap();
+    let e = session
+        .run(c.inputs, Duration::from_secs(60))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("index 9 is out of range for a dim of size 6"),
+        "{e}"
+    );
+}
