@@ -82,7 +82,7 @@ impl CallRegistry {
         lock(&self.calls).remove(&call);
     }
 
-    fn get(&self, call: u64) -> Result<Slots, String> {
+    pub(crate) fn get(&self, call: u64) -> Result<Slots, String> {
         lock(&self.calls).get(&call).cloned().ok_or_else(|| {
             format!("call {call} has no host slot table (its session state is gone)")
         })
@@ -268,7 +268,17 @@ impl KernelShared {
         let map = bindings.as_map();
         if let Some(native) = &self.native[k] {
             let stats = &self.native_stats;
-            if native::run(&**native, body, &self.program, &params, &map, ctx, stats)? {
+            let registry = &self.registry;
+            if native::run(
+                &**native,
+                body,
+                &self.program,
+                &params,
+                &map,
+                ctx,
+                stats,
+                registry,
+            )? {
                 return Ok(());
             }
         }

@@ -90,6 +90,37 @@ impl NativeKernel for MatMulKernel {
             None => self.run_matmul(ins, outs),
         }
     }
+
+    fn out_dims(&self, ins: &[In<'_>]) -> Option<Vec<usize>> {
+        if self.gemm.is_some() {
+            return None;
+        }
+        let (sa, sb) = (&ins[self.a].dims, &ins[self.b].dims);
+        let (batch, m, _, n) = product_dims(sa, sb)?;
+        Some(batch.into_iter().chain([m, n]).collect())
+    }
+}
+
+/// The broadcast batch dims, M, K and N of a matmul of `sa` by `sb` (both at least 2-D);
+/// `None` when the batch dims do not broadcast or the inner dims differ.
+fn product_dims(sa: &[usize], sb: &[usize]) -> Option<(Vec<usize>, usize, usize, usize)> {
+    if sa.len() < 2 || sb.len() < 2 {
+        return None;
+    }
+    let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+    let (kb, n) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+    let (ab, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
+    let rank = ab.len().max(bb.len());
+    let dim = |d: &[usize], i: usize| (i + d.len()).checked_sub(rank).map_or(1, |j| d[j]);
+    let mut batch = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let (p, q) = (dim(ab, i), dim(bb, i));
+        if p != q && p != 1 && q != 1 {
+            return None;
+        }
+        batch.push(if p == 1 { q } else { p });
+    }
+    (k == kb).then_some((batch, m, k, n))
 }
 
 impl MatMulKernel {

@@ -50,6 +50,12 @@ pub(crate) trait NativeKernel: Send + Sync {
     /// `Ok(false)`: these shapes are not covered; nothing has been written and the caller
     /// runs the reference path. `Err`: the operands are malformed (the dispatch fails).
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String>;
+
+    /// The dims of the (single) result for these operands, when the kernel can tell them;
+    /// needed only for results whose dims the symbols do not determine (host slots).
+    fn out_dims(&self, _ins: &[In<'_>]) -> Option<Vec<usize>> {
+        None
+    }
 }
 
 /// How often the native path ran, fell back, or had to copy a misaligned operand.
@@ -138,6 +144,12 @@ pub(crate) fn input_of(body: &Graph, v: Option<ValueId>, dtype: DType) -> Option
 
 /// Runs kernel `body` natively for one dispatch. `Ok(false)`: the reference path must run
 /// it (nothing has been written).
+///
+/// Operands in host slots (`Storage::Dynamic`, sized by values) are read in place from the
+/// slot table, whose lock is held for the whole kernel; results bound to host slots are
+/// computed into a fresh vector and stored as a tensor, their dims given by the kernel
+/// ([`NativeKernel::out_dims`]) when the symbols do not determine them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     kernel: &dyn NativeKernel,
     body: &Graph,
@@ -146,44 +158,25 @@ pub(crate) fn run(
     map: &std::collections::HashMap<rafter_ir::Symbol, i64>,
     ctx: &DispatchContext<'_>,
     stats: &Stats,
+    registry: &crate::cpu::CallRegistry,
 ) -> Result<bool, String> {
     let n_in = body.inputs.len();
     let fallback = || {
         stats.fallback.fetch_add(1, Ordering::Relaxed);
         Ok(false)
     };
-    // Dims of every operand; a dim the symbols do not determine (data-dependent) is the
-    // reference path's business.
-    let mut dims = Vec::with_capacity(params.operands.len());
-    for &id in body.inputs.iter().chain(&body.outputs) {
-        match eval_dims(&body.value(id).ty, map) {
-            Ok(d) => dims.push(d),
-            Err(_) => return fallback(),
-        }
-    }
-    // Results first: write views of bindings only (host slots go the reference way).
-    let mut write_views = Vec::with_capacity(body.outputs.len());
-    for (j, &operand) in params.operands[n_in..].iter().enumerate() {
-        let Operand::Binding(b) = operand else {
-            return fallback();
-        };
-        let v = body.value(body.outputs[j]);
-        let want = operands::byte_len(v.ty.dtype, &dims[n_in + j])
-            .ok_or_else(|| format!("result `{}`: size overflows", v.name))?;
-        if ctx.binding_len(b) != want {
-            return Err(format!(
-                "result `{}` ({} {:?}) is {want} bytes but its buffer holds {}",
-                v.name,
-                v.ty.dtype,
-                dims[n_in + j],
-                ctx.binding_len(b)
-            ));
-        }
-        match ctx.write(b) {
-            Ok(view) => write_views.push(view),
-            Err(_) => return fallback(),
-        }
-    }
+    let slots = if params
+        .operands
+        .iter()
+        .any(|o| matches!(o, Operand::Slot(_)))
+    {
+        Some(registry.get(params.call)?)
+    } else {
+        None
+    };
+    let mut guard = slots.as_ref().map(|s| crate::cpu::lock(s));
+    let table = guard.as_deref();
+    // Read views of binding operands (weights need none, slots are tensors).
     let mut read_views = Vec::with_capacity(n_in);
     for &operand in &params.operands[..n_in] {
         match operand {
@@ -191,42 +184,130 @@ pub(crate) fn run(
                 Ok(view) => read_views.push(Some(view)),
                 Err(_) => return fallback(),
             },
-            Operand::Weight(_) => read_views.push(None),
-            Operand::Slot(_) | Operand::Absent => return fallback(),
+            Operand::Weight(_) | Operand::Slot(_) => read_views.push(None),
+            Operand::Absent => return fallback(),
         }
     }
     let mut ins = Vec::with_capacity(n_in);
     for (i, (&operand, view)) in params.operands[..n_in].iter().zip(&read_views).enumerate() {
         let v = body.value(body.inputs[i]);
-        let bytes: &[u8] = match (operand, view) {
-            (_, Some(view)) => view,
-            (Operand::Weight(w), None) => {
-                &program
-                    .weights
-                    .get(w)
-                    .ok_or_else(|| format!("operand `{}`: weight {w} does not exist", v.name))?
-                    .bytes
+        let what = |e: String| format!("operand `{}`: {e}", v.name);
+        let input = match (operand, view) {
+            (Operand::Slot(b), _) => {
+                let t = table
+                    .and_then(|t| t.get(b))
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| what(format!("host slot {b} has not been written")))?;
+                let (rafter_reference::Tensor::F32(a), DType::F32) = (t, v.ty.dtype) else {
+                    return fallback();
+                };
+                let Some(data) = a.as_slice() else {
+                    return fallback();
+                };
+                In::from_f32s(a.shape().to_vec(), data)
             }
-            _ => unreachable!("views exist for bindings, weights have none"),
+            (operand, view) => {
+                let Ok(dims) = eval_dims(&v.ty, map) else {
+                    return fallback();
+                };
+                let bytes: &[u8] = match (operand, view) {
+                    (_, Some(view)) => view,
+                    (Operand::Weight(w), None) => {
+                        &program
+                            .weights
+                            .get(w)
+                            .ok_or_else(|| what(format!("weight {w} does not exist")))?
+                            .bytes
+                    }
+                    _ => unreachable!("views exist for bindings, weights have none"),
+                };
+                In::new(v.ty.dtype, dims, bytes, stats).map_err(what)?
+            }
         };
-        let input = In::new(v.ty.dtype, std::mem::take(&mut dims[i]), bytes, stats)
-            .map_err(|e| format!("operand `{}`: {e}", v.name))?;
         ins.push(input);
     }
-    let mut outs = Vec::with_capacity(write_views.len());
-    for (j, view) in write_views.iter_mut().enumerate() {
+    // Results: dims from the symbols, else from the kernel; bindings get write views, host
+    // slots a fresh vector.
+    let mut write_views = Vec::with_capacity(body.outputs.len());
+    let mut slot_outs: Vec<(usize, Vec<f32>)> = Vec::new();
+    let mut out_dims = Vec::with_capacity(body.outputs.len());
+    for (j, &operand) in params.operands[n_in..].iter().enumerate() {
         let v = body.value(body.outputs[j]);
-        match Out::new(v.ty.dtype, std::mem::take(&mut dims[n_in + j]), view) {
-            Some(out) => outs.push(out),
-            None => return fallback(),
+        let dims = match eval_dims(&v.ty, map) {
+            Ok(d) => d,
+            Err(_) => match kernel.out_dims(&ins) {
+                Some(d) if body.outputs.len() == 1 => d,
+                _ => return fallback(),
+            },
+        };
+        let want = operands::byte_len(v.ty.dtype, &dims)
+            .ok_or_else(|| format!("result `{}`: size overflows", v.name))?;
+        match operand {
+            Operand::Binding(b) => {
+                if ctx.binding_len(b) != want {
+                    return Err(format!(
+                        "result `{}` ({} {dims:?}) is {want} bytes but its buffer holds {}",
+                        v.name,
+                        v.ty.dtype,
+                        ctx.binding_len(b)
+                    ));
+                }
+                match ctx.write(b) {
+                    Ok(view) => write_views.push(view),
+                    Err(_) => return fallback(),
+                }
+            }
+            Operand::Slot(b) if v.ty.dtype == DType::F32 => {
+                slot_outs.push((b, vec![0.0; dims.iter().product()]));
+            }
+            _ => return fallback(),
+        }
+        out_dims.push(dims);
+    }
+    let mut outs = Vec::with_capacity(out_dims.len());
+    {
+        let (mut views, mut vecs) = (write_views.iter_mut(), slot_outs.iter_mut());
+        for (j, dims) in out_dims.iter().enumerate() {
+            let v = body.value(body.outputs[j]);
+            let out = match params.operands[n_in + j] {
+                Operand::Binding(_) => Out::new(
+                    v.ty.dtype,
+                    dims.clone(),
+                    views.next().expect("one per binding"),
+                ),
+                _ => Some(Out::from_f32s(
+                    dims.clone(),
+                    &mut vecs.next().expect("one per slot").1,
+                )),
+            };
+            match out {
+                Some(out) => outs.push(out),
+                None => return fallback(),
+            }
         }
     }
-    if kernel.run(&ins, &mut outs)? {
-        stats.native.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
-    } else {
-        fallback()
+    if !kernel.run(&ins, &mut outs)? {
+        return fallback();
     }
+    drop((outs, ins));
+    stats.native.fetch_add(1, Ordering::Relaxed);
+    if let Some(table) = guard.as_deref_mut() {
+        let mut dims = out_dims.into_iter().zip(&params.operands[n_in..]);
+        for (b, data) in slot_outs {
+            let d = loop {
+                match dims.next() {
+                    Some((d, &Operand::Slot(s))) if s == b => break d,
+                    Some(_) => continue,
+                    None => unreachable!("every slot result has dims"),
+                }
+            };
+            let slot = table
+                .get_mut(b)
+                .ok_or_else(|| format!("host slot {b} does not exist"))?;
+            *slot = Some(rafter_reference::Tensor::f32s(&d, data));
+        }
+    }
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -80,6 +80,34 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
 }
 
 impl NativeKernel for MovementKernel {
+    fn out_dims(&self, ins: &[In<'_>]) -> Option<Vec<usize>> {
+        match &self.kind {
+            Kind::Copy => None,
+            Kind::Transpose(perm) => permuted(&ins[0].dims, perm).ok(),
+            &Kind::Gather {
+                axis,
+                data,
+                indices,
+            } => {
+                let (x, idx) = (&ins[data].dims, &ins[indices].dims);
+                let axis = if axis < 0 {
+                    axis + x.len() as i64
+                } else {
+                    axis
+                };
+                let axis = usize::try_from(axis).ok().filter(|&a| a < x.len())?;
+                Some(
+                    x[..axis]
+                        .iter()
+                        .chain(idx)
+                        .chain(&x[axis + 1..])
+                        .copied()
+                        .collect(),
+                )
+            }
+        }
+    }
+
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         let x = &ins[0];
         let y = &mut outs[0];
@@ -209,15 +237,14 @@ fn gather_rows(x: &In<'_>, idx: &In<'_>, axis: i64, y: &mut Out<'_>) -> Result<b
     if row == 0 || ids.is_empty() || outer == 0 {
         return Ok(true);
     }
+    // An index out of range: the reference path reports it, naming the node.
+    if ids.iter().any(|&i| i < -(n as i64) || i >= n as i64) {
+        return Ok(false);
+    }
     let mut rows = dst.chunks_exact_mut(row);
     for o in 0..outer {
         for &i in ids {
             let j = if i < 0 { i + n as i64 } else { i };
-            if j < 0 || j >= n as i64 {
-                return Err(format!(
-                    "gather: index {i} is out of range for a dim of size {n}"
-                ));
-            }
             let s = (o * n + j as usize) * row;
             rows.next()
                 .expect("the result holds outer x indices rows")

@@ -63,6 +63,13 @@ fn cast_or_copy<'a, T: Plain>(bytes: &'a [u8], stats: &Stats) -> Cow<'a, [T]> {
     }
 }
 
+/// The bytes of `v`.
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: viewing initialised f32s as bytes: u8 has no alignment or validity requirement,
+    // the length is exactly the f32s' size, and the view borrows `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
 /// Bytes of a tensor of `dtype` with `dims`, or `None` on overflow.
 pub(crate) fn byte_len(dtype: DType, dims: &[usize]) -> Option<usize> {
     dims.iter()
@@ -111,6 +118,16 @@ impl<'a> In<'a> {
         })
     }
 
+    /// An f32 operand held as elements (a host slot's tensor).
+    pub(crate) fn from_f32s(dims: Vec<usize>, data: &'a [f32]) -> In<'a> {
+        In {
+            dims,
+            dtype: DType::F32,
+            bytes: f32_bytes(data),
+            data: Data::F32(Cow::Borrowed(data)),
+        }
+    }
+
     /// The elements of an f32 operand.
     pub(crate) fn f32s(&self) -> Result<&[f32], String> {
         match &self.data {
@@ -154,6 +171,24 @@ impl<'a> Out<'a> {
             _ => true,
         };
         aligned.then_some(Out { dims, dtype, bytes })
+    }
+
+    /// An f32 result computed into `data` (a host slot's future tensor).
+    pub(crate) fn from_f32s(dims: Vec<usize>, data: &'a mut [f32]) -> Out<'a> {
+        // SAFETY: viewing initialised f32s as bytes: u8 has no alignment or validity
+        // requirement and the length is exactly the f32s' size; the mutable borrow of `data`
+        // moves into the view, so nothing else reaches the memory while it lives.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                data.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(data),
+            )
+        };
+        Out {
+            dims,
+            dtype: DType::F32,
+            bytes,
+        }
     }
 
     /// The elements of an f32 result.
