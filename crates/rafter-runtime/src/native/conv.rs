@@ -300,7 +300,7 @@ fn im2col(
             }
         }
     };
-    let tasks = if rows * p < (1 << 16) {
+    let tasks = if rows * p < (1 << 20) {
         1
     } else {
         (par.threads() * 4).min(rows)
@@ -373,7 +373,7 @@ fn depthwise(
         r.apply(out, b, r.residual.map(|res| &res[pi * p..(pi + 1) * p]));
     };
     let planes = n * c;
-    let tasks = if planes * p * kh * kw < (1 << 15) {
+    let tasks = if planes * p * kh * kw < (1 << 21) {
         1
     } else {
         (par.threads() * 8).min(planes)

@@ -206,7 +206,10 @@ impl MatMulKernel {
             r.post(ct);
             Ok(())
         };
-        if batches >= self.par.threads() && m * n * k < (1 << 22) {
+        if batches >= self.par.threads()
+            && m * n * k < (1 << 22)
+            && batches * m * n * k >= (1 << 22)
+        {
             // Many small products (attention heads): one task per batch, each sequential.
             let chunks: Vec<Mutex<&mut [f32]>> = c.chunks_mut(m * n).map(Mutex::new).collect();
             let error = Mutex::new(None);

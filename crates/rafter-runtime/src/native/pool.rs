@@ -82,7 +82,7 @@ fn per_plane(
     y: &mut [f32],
     f: &(dyn Fn(usize, &mut [f32]) + Sync),
 ) {
-    let tasks = if work < (1 << 16) {
+    let tasks = if work < (1 << 20) {
         1
     } else {
         (par.threads() * 4).min(planes)
