@@ -199,8 +199,8 @@ fn gemm_with_transposes_and_bias() {
 
 #[test]
 fn convolutions_match_the_reference() {
-    // (input NCHW, out channels, kernel, strides, pads, dilations, group, bias)
-    let cases: &[(
+    // (input NCHW, out channels, kernel, strides, pads, dilations, group)
+    type ConvCase = (
         [usize; 4],
         usize,
         [usize; 2],
@@ -208,7 +208,8 @@ fn convolutions_match_the_reference() {
         [i64; 4],
         [i64; 2],
         usize,
-    )] = &[
+    );
+    let cases: &[ConvCase] = &[
         ([1, 3, 9, 7], 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         ([2, 4, 11, 10], 6, [3, 2], [2, 1], [0, 1, 2, 0], [1, 1], 1),
         ([1, 4, 12, 12], 4, [3, 3], [1, 2], [2, 2, 2, 2], [2, 2], 2),
@@ -462,7 +463,7 @@ fn malformed_operands_are_errors() {
     let mm = select(&c.g, 1).unwrap();
     let (ab, bb) = (le(&[1.0; 6]), le(&[1.0; 12]));
     let ins = [input(&[2, 3], &ab, &stats), input(&[4, 3], &bb, &stats)];
-    let mut yb = vec![0u8; 32];
+    let mut yb = [0u8; 32];
     let mut outs = [super::Out::new(DType::F32, vec![2, 4], &mut yb[..]).unwrap()];
     let e = mm.run(&ins, &mut outs).unwrap_err();
     assert!(e.contains("inner dims differ"), "{e}");
