@@ -12,6 +12,11 @@ enum Kind {
     /// The result is the operand's bytes.
     Copy,
     Transpose(Vec<usize>),
+    /// Concat along `axis` of parts that are body inputs or body constants (raw bytes).
+    Concat {
+        axis: i64,
+        parts: Vec<Part>,
+    },
     /// ONNX Gather along `axis` of operand `data` by i64 operand `indices`: whole rows copied
     /// (an embedding lookup reads only the rows it needs from the mapped weight).
     Gather {
@@ -19,6 +24,12 @@ enum Kind {
         data: usize,
         indices: usize,
     },
+}
+
+/// One operand of a concat.
+enum Part {
+    Input(usize),
+    Const { dims: Vec<usize>, bytes: Vec<u8> },
 }
 
 struct MovementKernel {
@@ -53,6 +64,32 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
             },
         }));
     }
+    if let Op::Concat { axis } = node.op {
+        let dtype = body.value(y).ty.dtype;
+        let parts = node
+            .inputs
+            .iter()
+            .map(|v| {
+                let v = (*v)?;
+                if body.value(v).ty.dtype != dtype {
+                    return None;
+                }
+                match body.value(v).def {
+                    ValueDef::Input(i) => Some(Part::Input(i)),
+                    _ => body.const_of(v).map(|c| Part::Const {
+                        dims: c.dims.clone(),
+                        bytes: c.bytes.to_vec(),
+                    }),
+                }
+            })
+            .collect::<Option<Vec<_>>>()?;
+        if parts.is_empty() || body.outputs != [y] || node.outputs.len() != 1 {
+            return None;
+        }
+        return Some(Arc::new(MovementKernel {
+            kind: Kind::Concat { axis, parts },
+        }));
+    }
     if body.value(x).def != ValueDef::Input(0)
         || body.outputs != [y]
         || node.outputs.len() != 1
@@ -82,7 +119,7 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
 impl NativeKernel for MovementKernel {
     fn out_dims(&self, ins: &[In<'_>]) -> Option<Vec<usize>> {
         match &self.kind {
-            Kind::Copy => None,
+            Kind::Copy | Kind::Concat { .. } => None,
             Kind::Transpose(perm) => permuted(&ins[0].dims, perm).ok(),
             &Kind::Gather {
                 axis,
@@ -117,6 +154,16 @@ impl NativeKernel for MovementKernel {
                 data,
                 indices,
             } => gather_rows(&ins[data], &ins[indices], axis, y),
+            Kind::Concat { axis, parts } => {
+                let parts: Vec<(&[usize], &[u8])> = parts
+                    .iter()
+                    .map(|p| match p {
+                        Part::Input(i) => (ins[*i].dims.as_slice(), ins[*i].bytes()),
+                        Part::Const { dims, bytes } => (dims.as_slice(), bytes.as_slice()),
+                    })
+                    .collect();
+                concat(&parts, *axis, y)
+            }
             Kind::Copy => {
                 if x.len() != y.dims.iter().product::<usize>() {
                     return Ok(false);
@@ -249,6 +296,45 @@ fn gather_rows(x: &In<'_>, idx: &In<'_>, axis: i64, y: &mut Out<'_>) -> Result<b
             rows.next()
                 .expect("the result holds outer x indices rows")
                 .copy_from_slice(&src[s..s + row]);
+        }
+    }
+    Ok(true)
+}
+
+/// Concat of `parts` (dims, bytes) along `axis` into `y`; `Ok(false)` when the dims do not
+/// fit together or differ from `y`'s (the reference path reports it).
+fn concat(parts: &[(&[usize], &[u8])], axis: i64, y: &mut Out<'_>) -> Result<bool, String> {
+    let rank = y.dims.len();
+    let axis = if axis < 0 { axis + rank as i64 } else { axis };
+    let Some(axis) = usize::try_from(axis).ok().filter(|&a| a < rank) else {
+        return Ok(false);
+    };
+    let mut along = 0;
+    for (dims, _) in parts {
+        let same_else = dims.len() == rank
+            && dims
+                .iter()
+                .zip(&y.dims)
+                .enumerate()
+                .all(|(i, (a, b))| i == axis || a == b);
+        if !same_else {
+            return Ok(false);
+        }
+        along += dims[axis];
+    }
+    if along != y.dims[axis] {
+        return Ok(false);
+    }
+    let esize = y.dtype.size_of();
+    let outer: usize = y.dims[..axis].iter().product();
+    let inner: usize = y.dims[axis + 1..].iter().product::<usize>() * esize;
+    let dst = y.bytes_mut();
+    let mut at = 0;
+    for o in 0..outer {
+        for (dims, bytes) in parts {
+            let block = dims[axis] * inner;
+            dst[at..at + block].copy_from_slice(&bytes[o * block..(o + 1) * block]);
+            at += block;
         }
     }
     Ok(true)

@@ -518,3 +518,23 @@ fn gather_rows_of_a_weight() {
         "{e}"
     );
 }
+
+#[test]
+fn concat_of_inputs_and_constants() {
+    for axis in [0i64, 1, -1] {
+        let mut c = Case::new(81);
+        let a = c.input(&[2, 3, 4]);
+        let b = c.input(&[2, 3, 4]);
+        let (kd, out): (&[usize], &[usize]) = match axis {
+            0 => (&[1, 3, 4], &[5, 3, 4]),
+            1 => (&[2, 1, 4], &[2, 7, 4]),
+            _ => (&[2, 3, 1], &[2, 3, 9]),
+        };
+        // A small constant (at most 64 bytes): the compiler copies it into the body.
+        let n: usize = kd.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        let k = c.weight_of(kd, &v);
+        let y = c.node(Op::Concat { axis }, &[a, k, b], out);
+        assert_native(c.check(y), 1);
+    }
+}
