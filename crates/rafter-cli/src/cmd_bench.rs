@@ -103,6 +103,15 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         sink.write(path)?;
         println!("wrote trace {}", path.display());
     }
+    let n = session.native_stats();
+    eprintln!(
+        "native: {} of {} kernels, {} dispatches, {} fallbacks, {} misaligned copies",
+        n.kernels,
+        session.program().kernels.len(),
+        n.dispatches,
+        n.fallbacks,
+        n.misaligned_copies
+    );
     println!("{}", summary_line(&times, Rss::now().map(|r| r.peak_kib)));
     Ok(ExitCode::SUCCESS)
 }

@@ -189,7 +189,7 @@ mod x86 {
                 let epi = Epilogue {
                     bias: Some(&d.bias),
                     activation: Activation::Relu,
-                    residual: None,
+                    ..Epilogue::none()
                 };
                 sgemm_with_isa(isa, 1.0, a, (&d.packed).into(), 0.0, c, &epi, par).unwrap();
             }

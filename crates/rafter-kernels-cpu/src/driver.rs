@@ -7,8 +7,10 @@ use crate::pack::{pack_a, pack_b};
 use crate::{BRef, Epilogue, MatMut, MatRef, Parallel};
 
 /// Below this many multiply-adds a GEMM runs on the calling thread: waking threads would
-/// cost more than it saves.
-const MIN_PARALLEL_FMAS: usize = 1 << 20;
+/// cost more than it saves. (4M FMAs is ~40 us on one AVX-512 core; spawning and joining a
+/// scoped thread costs tens of microseconds, and far more when the machine is oversubscribed,
+/// which made MobileNetV2's many small 1x1 convolutions slower on two threads than on one.)
+const MIN_PARALLEL_FMAS: usize = 1 << 22;
 
 /// Fixed cost of one task (taking it, waking a thread, cold caches), in FMAs' time.
 const TASK_COST: usize = 1 << 15;
@@ -249,6 +251,7 @@ fn macro_kernel(
             let epi = if last {
                 ctx.epi.map(|e| TileEpilogue {
                     bias: e.bias.map_or(std::ptr::null(), |b| b[j..].as_ptr()),
+                    row_bias: e.row_bias.map_or(std::ptr::null(), |b| b[i..].as_ptr()),
                     act: e.activation,
                     res: e
                         .residual

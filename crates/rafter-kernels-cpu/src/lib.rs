@@ -17,7 +17,7 @@
 //! N = 64..256 GEMMs, packing A cost up to half the run time, and in place the kernels ran as
 //! fast (see `benchmarks/RESULTS.md`, "CPU GEMM micro-kernel").
 //!
-//! The epilogue (per-column bias, activation, residual add) runs on the tile while it is
+//! The epilogue (per-column or per-row bias, activation, residual add) runs on the tile while it is
 //! still in registers, after the last K block, so a fused `Gemm + Add + Relu` writes C once.
 //!
 //! Weights are B. [`PackedB`] packs them once, at compile time, into exactly the panels the
@@ -259,11 +259,14 @@ impl<'a> Residual<'a> {
 }
 
 /// What happens to the `alpha*A*B + beta*C` tile before it is stored:
-/// `act(x + bias[j] (+ residual)) (+ residual)`.
+/// `act(x + bias[j] + row_bias[i] (+ residual)) (+ residual)`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Epilogue<'a> {
     /// Per-column (output channel / feature) bias, length N.
     pub bias: Option<&'a [f32]>,
+    /// Per-row bias, length M: a convolution's per-output-channel bias when C is laid out
+    /// `[Cout, pixels]` (NCHW), as `C = W x im2col(X)` computes it.
+    pub row_bias: Option<&'a [f32]>,
     /// Applied after the bias (and a residual added before activation).
     pub activation: Activation,
     /// A matrix of C's shape added before or after the activation.
@@ -277,7 +280,10 @@ impl Epilogue<'_> {
     }
 
     fn is_identity(&self) -> bool {
-        self.bias.is_none() && self.activation == Activation::None && self.residual.is_none()
+        self.bias.is_none()
+            && self.row_bias.is_none()
+            && self.activation == Activation::None
+            && self.residual.is_none()
     }
 }
 
@@ -388,6 +394,14 @@ pub fn sgemm_with_isa(
             return Err(GemmError::Shape {
                 what: "bias",
                 detail: format!("{} elements for {n} columns", bias.len()),
+            });
+        }
+    }
+    if let Some(bias) = epilogue.row_bias {
+        if bias.len() != m {
+            return Err(GemmError::Shape {
+                what: "row bias",
+                detail: format!("{} elements for {m} rows", bias.len()),
             });
         }
     }

@@ -66,6 +66,16 @@ pub(crate) fn pack_b(
         let panel = &mut dst[jp * panel_stride..jp * panel_stride + kc * PANEL];
         for (p, d) in panel.chunks_exact_mut(PANEL).enumerate() {
             let row = (p0 + p) * b.rs;
+            if b.cs == 1 && cols == PANEL {
+                // A whole panel row: a fixed-size copy (two vector moves), not a call to
+                // memcpy per 64 bytes, which cost ~10% of ResNet-50's time in packing.
+                let src: &[f32; PANEL] = b.data[row + c0..row + c0 + PANEL]
+                    .try_into()
+                    .expect("PANEL floats");
+                let dst: &mut [f32; PANEL] = d.try_into().expect("PANEL floats");
+                *dst = *src;
+                continue;
+            }
             if b.cs == 1 {
                 d[..cols].copy_from_slice(&b.data[row + c0..row + c0 + cols]);
             } else {

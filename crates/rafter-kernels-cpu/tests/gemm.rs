@@ -47,6 +47,8 @@ struct Case {
     alpha: f32,
     beta: f32,
     bias: bool,
+    /// A per-row bias (a convolution's per-channel bias in `[Cout, pixels]` layout).
+    row_bias: bool,
     act: Activation,
     /// None, Some(before_activation).
     res: Option<bool>,
@@ -63,6 +65,7 @@ impl Case {
             alpha: 1.0,
             beta: 0.0,
             bias: false,
+            row_bias: false,
             act: Activation::None,
             res: None,
         }
@@ -83,6 +86,7 @@ impl Case {
             rng.vec(m * ldc)
         };
         let bias = rng.vec(n);
+        let row_bias = rng.vec(m);
         let res = rng.vec(m * ldc);
         let at = |i: usize, p: usize| if self.trans { a[p * lda + i] } else { a[i * lda + p] } as f64;
         let bt = |p: usize, j: usize| if self.trans { b[j * ldb + p] } else { b[p * ldb + j] } as f64;
@@ -100,6 +104,7 @@ impl Case {
         };
         let epi = Epilogue {
             bias: self.bias.then_some(&bias[..]),
+            row_bias: self.row_bias.then_some(&row_bias[..]),
             activation: self.act,
             residual: self
                 .res
@@ -126,6 +131,10 @@ impl Case {
                 if self.bias {
                     x += bias[j] as f64;
                     mag += bias[j].abs() as f64;
+                }
+                if self.row_bias {
+                    x += row_bias[i] as f64;
+                    mag += row_bias[i].abs() as f64;
                 }
                 let r = res[i * ldc + j] as f64;
                 if self.res == Some(true) {
@@ -227,11 +236,14 @@ fn epilogues() {
         for (s, &(m, k, n)) in SHAPES.iter().enumerate() {
             for act in acts {
                 for res in [None, Some(true), Some(false)] {
-                    for bias in [false, true] {
+                    for (bias, row_bias) in
+                        [(false, false), (true, false), (false, true), (true, true)]
+                    {
                         let case = Case {
                             act,
                             res,
                             bias,
+                            row_bias,
                             beta: 0.5,
                             pad: 2,
                             ..Case::new(m, k, n)
@@ -360,6 +372,22 @@ fn argument_errors_are_errors() {
     };
     let e = sgemm(1.0, am, bm.into(), 0.0, cm, &epi, &Sequential).unwrap_err();
     assert!(matches!(e, GemmError::Shape { what: "bias", .. }), "{e}");
+    let cm = MatMut::row_major(&mut c, 3, 3, 3).unwrap();
+    let epi = Epilogue {
+        row_bias: Some(&bias),
+        ..Epilogue::none()
+    };
+    let e = sgemm(1.0, am, bm.into(), 0.0, cm, &epi, &Sequential).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GemmError::Shape {
+                what: "row bias",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let cm = MatMut::row_major(&mut c, 3, 3, 3).unwrap();
     let short = [0.0f32; 5];
     let epi = Epilogue {

@@ -18,6 +18,10 @@
 //! binds data-dependent symbols), and writes each result into its binding after checking
 //! that the sizes agree.
 //!
+//! Kernels with a native implementation (the `native` module) skip all of that: they read
+//! their operands as slices of the binding views and weight bytes and write results into the
+//! output views; shapes they do not cover come back here.
+//!
 //! # Results in place of operands
 //! The memory planner may bind a result to the same arena bytes as an operand that the
 //! dispatch reads for the last time (an elementwise kernel writing over its input). That is
@@ -45,6 +49,8 @@ use rafter_hal_cpu::DispatchContext;
 use rafter_ir::program::Program;
 use rafter_ir::{Dim, Symbol, TensorType};
 use rafter_reference::{run_with, Bindings, Tensor};
+
+use crate::native::{self, NativeKernel};
 
 /// Marks a symbol the inputs did not bind.
 pub(crate) const UNBOUND: i64 = i64::MIN;
@@ -76,7 +82,7 @@ impl CallRegistry {
         lock(&self.calls).remove(&call);
     }
 
-    fn get(&self, call: u64) -> Result<Slots, String> {
+    pub(crate) fn get(&self, call: u64) -> Result<Slots, String> {
         lock(&self.calls).get(&call).cloned().ok_or_else(|| {
             format!("call {call} has no host slot table (its session state is gone)")
         })
@@ -210,6 +216,10 @@ pub(crate) struct KernelShared {
     pub(crate) symbols: Vec<Symbol>,
     /// Per kernel: the host implementation replacing the reference executor, if any.
     pub(crate) host_kernels: Vec<Option<HostKernel>>,
+    /// Per kernel: the native kernel that computes it on borrowed bytes, if any (see the
+    /// `native` module); shapes it does not cover fall through to the path below.
+    pub(crate) native: Vec<Option<Arc<dyn NativeKernel>>>,
+    pub(crate) native_stats: Arc<native::Stats>,
     pub(crate) registry: Arc<CallRegistry>,
 }
 
@@ -256,6 +266,22 @@ impl KernelShared {
         }
         let mut bindings = self.bindings(&params)?;
         let map = bindings.as_map();
+        if let Some(native) = &self.native[k] {
+            let stats = &self.native_stats;
+            let registry = &self.registry;
+            if native::run(
+                &**native,
+                body,
+                &self.program,
+                &params,
+                &map,
+                ctx,
+                stats,
+                registry,
+            )? {
+                return Ok(());
+            }
+        }
         let mut slots: Option<Slots> = None;
         let mut slots = |call: u64| -> Result<Slots, String> {
             if slots.is_none() {

@@ -35,10 +35,14 @@
 //! orders one call against another.
 //!
 //! # Kernels
-//! CPU kernels run their body on the reference executor, except bodies that start with an
-//! f32 matmul, whose product goes through `rafter-kernels-cpu`'s GEMM (see the `fast`
-//! module), and single f32 transposes and layer norms run hand-written loops (`fast_ops`);
-//! [`SessionOptions::reference_kernels`] turns both off.
+//! CPU kernels whose body a native kernel covers (matmul/gemm and conv with their fused
+//! bias, residual, relu, clip or scale; depthwise conv; max and global pooling; reshapes and
+//! transposes; layer norm) run on slices borrowed from the bindings and the weights' bytes,
+//! writing results in place (the `native` module). Everything else, and shapes a native
+//! kernel does not cover, runs its body on the reference executor, except bodies that start
+//! with an f32 matmul, whose product goes through `rafter-kernels-cpu`'s GEMM (see the
+//! `fast` module), and single f32 transposes and layer norms run hand-written loops
+//! (`fast_ops`); [`SessionOptions::reference_kernels`] turns all of these off.
 //!
 //! # Tracing
 //! [`ChromeTrace`] turns the devices' trace events into Chrome/Perfetto trace JSON.
@@ -48,6 +52,7 @@ mod devices;
 mod error;
 mod fast;
 mod fast_ops;
+mod native;
 mod plan;
 mod session;
 mod tile;
@@ -57,6 +62,7 @@ mod weights;
 pub use cpu::HostKernel;
 pub use devices::DeviceSet;
 pub use error::{Result, RuntimeError};
+pub use native::NativeStats;
 pub use session::{CallHandle, Session, SessionOptions};
 pub use trace::ChromeTrace;
 pub use weights::BytesBuffer;

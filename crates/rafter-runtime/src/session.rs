@@ -49,7 +49,8 @@ impl SessionOptions {
         self
     }
 
-    /// Runs every CPU kernel on the reference executor, without the fast GEMM path (to
+    /// Runs every CPU kernel on the reference executor, without the native kernels or the
+    /// fast GEMM path (to
     /// compare the two, or to rule the fast path out when chasing a difference).
     pub fn reference_kernels(mut self) -> SessionOptions {
         self.reference_only = true;
@@ -122,6 +123,8 @@ struct Inner {
     live: Vec<Option<(usize, usize)>>,
     symbols: Vec<Symbol>,
     registry: Arc<CallRegistry>,
+    native_stats: Arc<crate::native::Stats>,
+    native_kernels: usize,
     next_call: AtomicU64,
 }
 
@@ -351,14 +354,17 @@ impl Session {
                 .ok_or_else(|| unsupported(format!("host kernel for unknown kernel `{name}`")))?;
             host_kernels[k] = Some(f);
         }
+        let mut native: Vec<Option<Arc<dyn crate::native::NativeKernel>>> =
+            vec![None; program.kernels.len()];
         if !options.reference_only {
             let threads = match options.kernel_threads {
                 0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
                 t => t,
             };
             // Only CPU executables consult host kernels; other devices ignore the slot.
-            for (slot, kernel) in host_kernels.iter_mut().zip(&program.kernels) {
+            for (k, (slot, kernel)) in host_kernels.iter_mut().zip(&program.kernels).enumerate() {
                 if slot.is_none() {
+                    native[k] = crate::native::select(&kernel.body, threads);
                     *slot = crate::fast::matmul_kernel(&kernel.body, threads)
                         .or_else(|| crate::fast_ops::single_op_kernel(&kernel.body));
                 }
@@ -367,10 +373,14 @@ impl Session {
 
         let program = Arc::new(program);
         let registry = Arc::new(CallRegistry::default());
+        let native_stats = Arc::new(crate::native::Stats::default());
+        let native_kernels = native.iter().filter(|n| n.is_some()).count();
         let shared = Arc::new(KernelShared {
             program: program.clone(),
             symbols: symbols.clone(),
             host_kernels,
+            native,
+            native_stats: native_stats.clone(),
             registry: registry.clone(),
         });
 
@@ -463,6 +473,8 @@ impl Session {
                 live,
                 symbols,
                 registry,
+                native_stats,
+                native_kernels,
                 next_call: AtomicU64::new(1),
             }),
         })
@@ -476,6 +488,12 @@ impl Session {
     /// The symbols the inputs bind, in the order their values are passed to kernels.
     pub fn symbols(&self) -> &[Symbol] {
         &self.inner.symbols
+    }
+
+    /// How many kernels run natively on borrowed bytes, and how often they ran, fell back to
+    /// the reference path, or copied a misaligned operand (see the `native` module).
+    pub fn native_stats(&self) -> crate::NativeStats {
+        self.inner.native_stats.snapshot(self.inner.native_kernels)
     }
 
     /// The names of the devices the session uses.

@@ -209,6 +209,9 @@ unsafe fn epilogue(
         if !e.bias.is_null() {
             x = _mm256_add_ps(x, load(e.bias.add(col), full, mask));
         }
+        if !e.row_bias.is_null() {
+            x = _mm256_add_ps(x, _mm256_set1_ps(*e.row_bias.add(r)));
+        }
         let res = if e.res.is_null() {
             None
         } else {

@@ -213,6 +213,9 @@ unsafe fn epilogue(
         if !e.bias.is_null() {
             x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, e.bias.add(col)));
         }
+        if !e.row_bias.is_null() {
+            x = _mm512_add_ps(x, _mm512_set1_ps(*e.row_bias.add(r)));
+        }
         let res = if e.res.is_null() {
             None
         } else {

@@ -185,6 +185,8 @@ pub(crate) struct Blocking {
 pub(crate) struct TileEpilogue {
     /// `bias[j]` for the tile's column `j`, or null.
     pub bias: *const f32,
+    /// `row_bias[i]` for the tile's row `i`, or null.
+    pub row_bias: *const f32,
     pub act: Activation,
     /// `residual[i * res_ld + j]`, or null.
     pub res: *const f32,

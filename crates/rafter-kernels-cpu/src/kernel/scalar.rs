@@ -51,11 +51,14 @@ pub(crate) unsafe fn finish(t: &Tile, acc: &[[f32; NR]]) {
                     x += t.beta * *cp;
                 }
                 if let Some(e) = &t.epi {
-                    let bias = if e.bias.is_null() {
+                    let mut bias = if e.bias.is_null() {
                         0.0
                     } else {
                         *e.bias.add(j)
                     };
+                    if !e.row_bias.is_null() {
+                        bias += *e.row_bias.add(i);
+                    }
                     let r = if e.res.is_null() {
                         0.0
                     } else {

@@ -1,0 +1,395 @@
+//! 2-D convolution (NCHW, as the graph has it) with its fused tail, on borrowed operands.
+//!
+//! Per image and group the output is a GEMM, `Y[Cout, OH*OW] = W[Cout, Cin*KH*KW] x
+//! X'[Cin*KH*KW, OH*OW]`, with the conv bias as the epilogue's per-row bias and a residual of
+//! the output's shape added in the epilogue too:
+//! - 1x1, stride 1, no padding: `X'` is the input itself (no copy);
+//! - otherwise `X'` is an im2col of the input in a reusable per-thread scratch buffer;
+//! - depthwise (one input and one output channel per group): a direct loop per channel,
+//!   vectorisable along output rows, no GEMM.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+
+use rafter_ir::{AutoPad, DType, Graph, Op};
+use rafter_kernels_cpu::{
+    sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, ScopedThreads,
+};
+
+use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
+use super::{input_of, In, NativeKernel, Out};
+
+struct ConvKernel {
+    x: usize,
+    w: usize,
+    bias: Option<Src>,
+    kernel_shape: Vec<i64>,
+    strides: Vec<i64>,
+    pads: Vec<i64>,
+    dilations: Vec<i64>,
+    group: i64,
+    auto_pad: AutoPad,
+    chain: Vec<EpiOp>,
+    par: ScopedThreads,
+}
+
+pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKernel>> {
+    let first = body.nodes.first()?;
+    let Op::Conv {
+        kernel_shape,
+        strides,
+        pads,
+        dilations,
+        group,
+        auto_pad,
+    } = &first.op
+    else {
+        return None;
+    };
+    if first.outputs.len() != 1 || !(2..=3).contains(&first.inputs.len()) {
+        return None;
+    }
+    let bias = match first.inputs.get(2) {
+        None | Some(None) => None,
+        Some(b) => Some(Src::of(body, *b)?),
+    };
+    Some(Arc::new(ConvKernel {
+        x: input_of(body, first.inputs[0], DType::F32)?,
+        w: input_of(body, first.inputs[1], DType::F32)?,
+        bias,
+        kernel_shape: kernel_shape.clone(),
+        strides: strides.clone(),
+        pads: pads.clone(),
+        dilations: dilations.clone(),
+        group: *group,
+        auto_pad: *auto_pad,
+        chain: parse_chain(body, first.outputs[0]?)?,
+        par: ScopedThreads::new(threads),
+    }))
+}
+
+/// Resolved 2-D window geometry (also used by pooling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Geom {
+    pub(super) k: [usize; 2],
+    pub(super) s: [usize; 2],
+    pub(super) d: [usize; 2],
+    /// Leading padding.
+    pub(super) pb: [usize; 2],
+    pub(super) out: [usize; 2],
+}
+
+/// ONNX Conv / Pool geometry for a 2-D input `in_sp` and window `k`; `None` for anything
+/// unusual (negative pads, wrong attribute lengths), which the reference path handles.
+pub(super) fn geometry(
+    in_sp: [usize; 2],
+    k: [usize; 2],
+    strides: &[i64],
+    pads: &[i64],
+    dilations: &[i64],
+    auto_pad: AutoPad,
+    ceil_mode: bool,
+) -> Option<Geom> {
+    let per = |v: &[i64], n: usize, default: i64| -> Option<Vec<usize>> {
+        let v = if v.is_empty() {
+            vec![default; n]
+        } else {
+            v.to_vec()
+        };
+        (v.len() == n && v.iter().all(|&x| x >= 0)).then(|| v.iter().map(|&x| x as usize).collect())
+    };
+    let s = per(strides, 2, 1)?;
+    let d = per(dilations, 2, 1)?;
+    if s.contains(&0) || d.contains(&0) || k.contains(&0) {
+        return None;
+    }
+    let mut pb = [0usize; 2];
+    let mut out = [0usize; 2];
+    let explicit = per(pads, 4, 0)?;
+    for i in 0..2 {
+        let eff = (k[i] - 1) * d[i] + 1;
+        let (n, st) = (in_sp[i], s[i]);
+        let pe;
+        match auto_pad {
+            AutoPad::NotSet => {
+                pb[i] = explicit[i];
+                pe = explicit[2 + i];
+            }
+            AutoPad::Valid => pe = 0,
+            AutoPad::SameUpper | AutoPad::SameLower => {
+                let o = n.div_ceil(st);
+                let total = ((o.max(1) - 1) * st + eff).saturating_sub(n);
+                pb[i] = if auto_pad == AutoPad::SameUpper {
+                    total / 2
+                } else {
+                    total - total / 2
+                };
+                pe = total - pb[i];
+                if ceil_mode {
+                    return None;
+                }
+            }
+        }
+        let span = (n + pb[i] + pe).checked_sub(eff)?;
+        let mut o = span / st + 1;
+        if ceil_mode && auto_pad == AutoPad::NotSet && span % st != 0 {
+            o += 1;
+            if (o - 1) * st >= n + pb[i] {
+                o -= 1;
+            }
+        }
+        out[i] = o;
+    }
+    Some(Geom {
+        k,
+        s: [s[0], s[1]],
+        d: [d[0], d[1]],
+        pb,
+        out,
+    })
+}
+
+/// The output columns `lo..hi` whose input column `ow * s + off` lies inside `0..w`.
+pub(super) fn valid_range(off: isize, s: usize, w: usize, ow: usize) -> (usize, usize) {
+    let s = s as isize;
+    let lo = if off >= 0 { 0 } else { (-off + s - 1) / s };
+    let last = w as isize - 1 - off;
+    let hi = if last < 0 { 0 } else { last / s + 1 };
+    let hi = hi.clamp(0, ow as isize) as usize;
+    ((lo as usize).min(hi), hi)
+}
+
+thread_local! {
+    /// im2col scratch, reused across dispatches on this thread.
+    static COLS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
+    format!("conv: {e}")
+}
+
+impl NativeKernel for ConvKernel {
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        let (x, w) = (&ins[self.x], &ins[self.w]);
+        let (&[n, c, h, wd], &[m, cg, kh, kw]) = (x.dims.as_slice(), w.dims.as_slice()) else {
+            return Ok(false);
+        };
+        if !self.kernel_shape.is_empty() && self.kernel_shape != [kh as i64, kw as i64] {
+            return Ok(false);
+        }
+        let g = usize::try_from(self.group).unwrap_or(0);
+        if g == 0 || cg * g != c || m % g != 0 {
+            return Ok(false);
+        }
+        let Some(geo) = geometry(
+            [h, wd],
+            [kh, kw],
+            &self.strides,
+            &self.pads,
+            &self.dilations,
+            self.auto_pad,
+            false,
+        ) else {
+            return Ok(false);
+        };
+        let [oh, ow] = geo.out;
+        let out_dims = [n, m, oh, ow];
+        if outs[0].dims != out_dims {
+            return Ok(false);
+        }
+        let bias = match &self.bias {
+            Some(b) => match b.get(ins)? {
+                (_, data) if data.len() == m => Some(data),
+                _ => return Ok(false),
+            },
+            None => None,
+        };
+        if bias.is_some() && self.chain.iter().any(|o| matches!(o, EpiOp::Mul(_))) {
+            return Ok(false);
+        }
+        let Some(r) = resolve(&self.chain, ins, &out_dims, 1, bias)? else {
+            return Ok(false);
+        };
+        let (xs, ws) = (x.f32s()?, w.f32s()?);
+        let y = outs[0].f32s()?;
+        if y.is_empty() {
+            return Ok(true);
+        }
+        if g == c && cg == 1 && m == c {
+            depthwise(xs, ws, y, [n, c, h, wd], &geo, &r, &self.par);
+            return Ok(true);
+        }
+        let (mg, kc, p) = (m / g, cg * kh * kw, oh * ow);
+        let direct =
+            kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
+        let mut run = |cols: &mut Vec<f32>| -> Result<(), String> {
+            for img in 0..n {
+                for gi in 0..g {
+                    let x0 = (img * c + gi * cg) * h * wd;
+                    let xg = &xs[x0..x0 + cg * h * wd];
+                    let b = if direct {
+                        MatRef::row_major(xg, kc, p, p).map_err(gemm_err)?
+                    } else {
+                        cols.resize(kc * p, 0.0);
+                        im2col(xg, cg, [h, wd], &geo, cols, &self.par);
+                        MatRef::row_major(cols, kc, p, p).map_err(gemm_err)?
+                    };
+                    let a = MatRef::row_major(&ws[gi * mg * kc..(gi + 1) * mg * kc], mg, kc, kc)
+                        .map_err(gemm_err)?;
+                    let y0 = (img * m + gi * mg) * p;
+                    let yg = &mut y[y0..y0 + mg * p];
+                    let e = Epilogue {
+                        row_bias: r.bias.map(|b| &b[gi * mg..(gi + 1) * mg]),
+                        activation: r.act,
+                        residual: r
+                            .residual
+                            .map(|res| Residual::row_major(&res[y0..y0 + mg * p], p, r.res_before)),
+                        ..Epilogue::none()
+                    };
+                    let cm = MatMut::row_major(yg, mg, p, p).map_err(gemm_err)?;
+                    sgemm(r.alpha, a, BRef::Mat(b), 0.0, cm, &e, &self.par).map_err(gemm_err)?;
+                    r.post(yg);
+                }
+            }
+            Ok(())
+        };
+        COLS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut cols) => run(&mut cols),
+            Err(_) => run(&mut Vec::new()),
+        })?;
+        Ok(true)
+    }
+}
+
+/// im2col of one group's `cg` input planes into `cols` (`cg*KH*KW` rows of `OH*OW`).
+fn im2col(
+    xg: &[f32],
+    cg: usize,
+    [h, w]: [usize; 2],
+    geo: &Geom,
+    cols: &mut [f32],
+    par: &ScopedThreads,
+) {
+    let [kh, kw] = geo.k;
+    let [oh, ow] = geo.out;
+    let p = oh * ow;
+    let rows = cg * kh * kw;
+    let fill = |r: usize, dst: &mut [f32]| {
+        let (ci, ki, kj) = (r / (kh * kw), (r / kw) % kh, r % kw);
+        let plane = &xg[ci * h * w..(ci + 1) * h * w];
+        let off = (kj * geo.d[1]) as isize - geo.pb[1] as isize;
+        let (lo, hi) = valid_range(off, geo.s[1], w, ow);
+        for (o, drow) in dst.chunks_exact_mut(ow).enumerate() {
+            let ih = (o * geo.s[0] + ki * geo.d[0]) as isize - geo.pb[0] as isize;
+            if ih < 0 || ih >= h as isize {
+                drow.fill(0.0);
+                continue;
+            }
+            let src = &plane[ih as usize * w..(ih as usize + 1) * w];
+            drow[..lo].fill(0.0);
+            drow[hi..].fill(0.0);
+            if geo.s[1] == 1 {
+                let s0 = (lo as isize + off) as usize;
+                drow[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+            } else {
+                for (j, d) in drow[lo..hi].iter_mut().enumerate() {
+                    // Inside 0..w for every column of lo..hi (`valid_range`).
+                    let iw = ((lo + j) * geo.s[1]) as isize + off;
+                    *d = src[iw as usize];
+                }
+            }
+        }
+    };
+    let tasks = if rows * p < (1 << 20) {
+        1
+    } else {
+        (par.threads() * 4).min(rows)
+    };
+    if tasks <= 1 {
+        for (r, dst) in cols.chunks_exact_mut(p).enumerate() {
+            fill(r, dst);
+        }
+        return;
+    }
+    let per = rows.div_ceil(tasks);
+    let chunks: Vec<Mutex<&mut [f32]>> = cols.chunks_mut(per * p).map(Mutex::new).collect();
+    par.run(chunks.len(), &|t| {
+        let mut chunk = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+        for (i, dst) in chunk.chunks_exact_mut(p).enumerate() {
+            fill(t * per + i, dst);
+        }
+    });
+}
+
+/// Depthwise conv (group == channels, one filter each), then the tail, per plane.
+fn depthwise(
+    xs: &[f32],
+    ws: &[f32],
+    y: &mut [f32],
+    [n, c, h, w]: [usize; 4],
+    geo: &Geom,
+    r: &Resolved<'_>,
+    par: &ScopedThreads,
+) {
+    let [kh, kw] = geo.k;
+    let [oh, ow] = geo.out;
+    let p = oh * ow;
+    let ranges: Vec<(isize, usize, usize)> = (0..kw)
+        .map(|kj| {
+            let off = (kj * geo.d[1]) as isize - geo.pb[1] as isize;
+            let (lo, hi) = valid_range(off, geo.s[1], w, ow);
+            (off, lo, hi)
+        })
+        .collect();
+    let plane = |pi: usize, out: &mut [f32]| {
+        let ch = pi % c;
+        let xp = &xs[pi * h * w..(pi + 1) * h * w];
+        let wk = &ws[ch * kh * kw..(ch + 1) * kh * kw];
+        out.fill(0.0);
+        for (o, orow) in out.chunks_exact_mut(ow).enumerate() {
+            for ki in 0..kh {
+                let ih = (o * geo.s[0] + ki * geo.d[0]) as isize - geo.pb[0] as isize;
+                if ih < 0 || ih >= h as isize {
+                    continue;
+                }
+                let xrow = &xp[ih as usize * w..(ih as usize + 1) * w];
+                for (kj, &(off, lo, hi)) in ranges.iter().enumerate() {
+                    let wv = wk[ki * kw + kj];
+                    if geo.s[1] == 1 {
+                        let s0 = (lo as isize + off) as usize;
+                        for (d, &xv) in orow[lo..hi].iter_mut().zip(&xrow[s0..s0 + (hi - lo)]) {
+                            *d += wv * xv;
+                        }
+                    } else {
+                        for (j, d) in orow[lo..hi].iter_mut().enumerate() {
+                            let iw = ((lo + j) * geo.s[1]) as isize + off;
+                            *d += wv * xrow[iw as usize];
+                        }
+                    }
+                }
+            }
+        }
+        let b = r.bias.map_or(0.0, |b| b[ch]);
+        r.apply(out, b, r.residual.map(|res| &res[pi * p..(pi + 1) * p]));
+    };
+    let planes = n * c;
+    let tasks = if planes * p * kh * kw < (1 << 21) {
+        1
+    } else {
+        (par.threads() * 8).min(planes)
+    };
+    if tasks <= 1 {
+        for (pi, out) in y.chunks_exact_mut(p).enumerate() {
+            plane(pi, out);
+        }
+        return;
+    }
+    let per = planes.div_ceil(tasks);
+    let chunks: Vec<Mutex<&mut [f32]>> = y.chunks_mut(per * p).map(Mutex::new).collect();
+    par.run(chunks.len(), &|t| {
+        let mut chunk = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+        for (i, out) in chunk.chunks_exact_mut(p).enumerate() {
+            plane(t * per + i, out);
+        }
+    });
+}

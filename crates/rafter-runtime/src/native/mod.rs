@@ -1,0 +1,314 @@
+//! Native CPU kernels on borrowed bytes.
+//!
+//! The reference path ([`crate::cpu`]) decodes every operand of a dispatch into an owned
+//! `Tensor` (weights included), runs the body on the reference executor and encodes the
+//! results back. A native kernel instead reads its operands as slices borrowed straight from
+//! the dispatch's binding views and the weights' `Bytes` (the artifact's map), and writes its
+//! results straight into the output bindings' views:
+//!
+//! ```text
+//! session build:  select(body) ─ pattern match ─► Some(native kernel) | None (reference path)
+//! per dispatch:   params → dims (symbols evaluated) → write views of the results
+//!                 → read views of the operands → kernel.run(ins, outs)
+//!                      Ok(true)   done
+//!                      Ok(false)  shapes it does not cover: nothing written, views dropped,
+//!                                 the reference path runs the whole body instead
+//! ```
+//!
+//! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
+//! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
+//! [`pool`], [`movement`] (reshape-likes and transposes), [`norm`] (layer norm).
+//!
+//! # Aliasing
+//! Native kernels are only selected for bodies that are not elementwise-only, so the memory
+//! planner never binds one of their results to the bytes of one of their operands (see the
+//! `cpu` module and `rafter-hal-cpu`'s aliasing rule); all views can be live at once. Should
+//! a view still be refused (the HAL checks every view), the dispatch falls back to the
+//! reference path, which takes one view at a time.
+
+mod conv;
+mod epilogue;
+mod matmul;
+mod movement;
+mod norm;
+mod operands;
+mod pool;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rafter_hal_cpu::DispatchContext;
+use rafter_ir::{DType, Graph, ValueDef, ValueId};
+
+pub(crate) use operands::{In, Out};
+
+use crate::cpu::{eval_dims, Operand, Params};
+
+/// A kernel body computed natively on borrowed operands.
+pub(crate) trait NativeKernel: Send + Sync {
+    /// Computes the results from the operands (body inputs, then body outputs, in order).
+    /// `Ok(false)`: these shapes are not covered; nothing has been written and the caller
+    /// runs the reference path. `Err`: the operands are malformed (the dispatch fails).
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String>;
+
+    /// The dims of the (single) result for these operands, when the kernel can tell them;
+    /// needed only for results whose dims the symbols do not determine (host slots).
+    fn out_dims(&self, _ins: &[In<'_>]) -> Option<Vec<usize>> {
+        None
+    }
+}
+
+/// How often the native path ran, fell back, or had to copy a misaligned operand.
+#[derive(Default, Debug)]
+pub(crate) struct Stats {
+    pub(crate) native: AtomicU64,
+    pub(crate) fallback: AtomicU64,
+    pub(crate) misaligned_copies: AtomicU64,
+}
+
+/// A snapshot of a session's native-kernel counters ([`crate::Session::native_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NativeStats {
+    /// Kernels (by body) that have a native implementation.
+    pub kernels: usize,
+    /// Dispatches computed natively.
+    pub dispatches: u64,
+    /// Dispatches of native kernels that fell back to the reference path (shapes not
+    /// covered, an operand in a host slot, a refused view).
+    pub fallbacks: u64,
+    /// Operands copied because their bytes were not aligned for their element type.
+    pub misaligned_copies: u64,
+}
+
+impl Stats {
+    pub(crate) fn snapshot(&self, kernels: usize) -> NativeStats {
+        NativeStats {
+            kernels,
+            dispatches: self.native.load(Ordering::Relaxed),
+            fallbacks: self.fallback.load(Ordering::Relaxed),
+            misaligned_copies: self.misaligned_copies.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The native kernel for `body`, if one covers it, running on up to `threads` threads.
+pub(crate) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKernel>> {
+    if body.nodes.is_empty()
+        || body
+            .nodes
+            .iter()
+            .all(|n| rafter_opt_class_is_elementwise(&n.op))
+    {
+        // Elementwise-only bodies may have a result bound over an operand: not here.
+        return None;
+    }
+    matmul::select(body, threads)
+        .or_else(|| conv::select(body, threads))
+        .or_else(|| pool::select(body, threads))
+        .or_else(|| movement::select(body))
+        .or_else(|| norm::select(body))
+}
+
+/// The ops the memory planner treats as elementwise (`rafter_opt::fusion::op_class`): a
+/// body made of these alone may write a result over an operand.
+fn rafter_opt_class_is_elementwise(op: &rafter_ir::Op) -> bool {
+    use rafter_ir::Op::*;
+    matches!(
+        op,
+        Identity
+            | Unary { .. }
+            | Binary { .. }
+            | Where
+            | Clip
+            | Cast { .. }
+            | LeakyRelu { .. }
+            | Elu { .. }
+            | Selu { .. }
+            | Celu { .. }
+            | HardSigmoid { .. }
+            | ThresholdedRelu { .. }
+            | Shrink { .. }
+            | Gelu { .. }
+            | IsInf { .. }
+    )
+}
+
+/// The body input index of `v` when it is an input of dtype `dtype`.
+pub(crate) fn input_of(body: &Graph, v: Option<ValueId>, dtype: DType) -> Option<usize> {
+    let v = v?;
+    match body.value(v).def {
+        ValueDef::Input(i) if body.value(v).ty.dtype == dtype => Some(i),
+        _ => None,
+    }
+}
+
+/// Runs kernel `body` natively for one dispatch. `Ok(false)`: the reference path must run
+/// it (nothing has been written).
+///
+/// Operands in host slots (`Storage::Dynamic`, sized by values) are read in place from the
+/// slot table, whose lock is held for the whole kernel; results bound to host slots are
+/// computed into a fresh vector and stored as a tensor, their dims given by the kernel
+/// ([`NativeKernel::out_dims`]) when the symbols do not determine them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    kernel: &dyn NativeKernel,
+    body: &Graph,
+    program: &rafter_ir::program::Program,
+    params: &Params,
+    map: &std::collections::HashMap<rafter_ir::Symbol, i64>,
+    ctx: &DispatchContext<'_>,
+    stats: &Stats,
+    registry: &crate::cpu::CallRegistry,
+) -> Result<bool, String> {
+    let n_in = body.inputs.len();
+    let fallback = || {
+        stats.fallback.fetch_add(1, Ordering::Relaxed);
+        Ok(false)
+    };
+    let slots = if params
+        .operands
+        .iter()
+        .any(|o| matches!(o, Operand::Slot(_)))
+    {
+        Some(registry.get(params.call)?)
+    } else {
+        None
+    };
+    let mut guard = slots.as_ref().map(|s| crate::cpu::lock(s));
+    let table = guard.as_deref();
+    // Read views of binding operands (weights need none, slots are tensors).
+    let mut read_views = Vec::with_capacity(n_in);
+    for &operand in &params.operands[..n_in] {
+        match operand {
+            Operand::Binding(b) => match ctx.read(b) {
+                Ok(view) => read_views.push(Some(view)),
+                Err(_) => return fallback(),
+            },
+            Operand::Weight(_) | Operand::Slot(_) => read_views.push(None),
+            Operand::Absent => return fallback(),
+        }
+    }
+    let mut ins = Vec::with_capacity(n_in);
+    for (i, (&operand, view)) in params.operands[..n_in].iter().zip(&read_views).enumerate() {
+        let v = body.value(body.inputs[i]);
+        let what = |e: String| format!("operand `{}`: {e}", v.name);
+        let input = match (operand, view) {
+            (Operand::Slot(b), _) => {
+                let t = table
+                    .and_then(|t| t.get(b))
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| what(format!("host slot {b} has not been written")))?;
+                let (rafter_reference::Tensor::F32(a), DType::F32) = (t, v.ty.dtype) else {
+                    return fallback();
+                };
+                let Some(data) = a.as_slice() else {
+                    return fallback();
+                };
+                In::from_f32s(a.shape().to_vec(), data)
+            }
+            (operand, view) => {
+                let Ok(dims) = eval_dims(&v.ty, map) else {
+                    return fallback();
+                };
+                let bytes: &[u8] = match (operand, view) {
+                    (_, Some(view)) => view,
+                    (Operand::Weight(w), None) => {
+                        &program
+                            .weights
+                            .get(w)
+                            .ok_or_else(|| what(format!("weight {w} does not exist")))?
+                            .bytes
+                    }
+                    _ => unreachable!("views exist for bindings, weights have none"),
+                };
+                In::new(v.ty.dtype, dims, bytes, stats).map_err(what)?
+            }
+        };
+        ins.push(input);
+    }
+    // Results: dims from the symbols, else from the kernel; bindings get write views, host
+    // slots a fresh vector.
+    let mut write_views = Vec::with_capacity(body.outputs.len());
+    let mut slot_outs: Vec<(usize, Vec<f32>)> = Vec::new();
+    let mut out_dims = Vec::with_capacity(body.outputs.len());
+    for (j, &operand) in params.operands[n_in..].iter().enumerate() {
+        let v = body.value(body.outputs[j]);
+        let dims = match eval_dims(&v.ty, map) {
+            Ok(d) => d,
+            Err(_) => match kernel.out_dims(&ins) {
+                Some(d) if body.outputs.len() == 1 => d,
+                _ => return fallback(),
+            },
+        };
+        let want = operands::byte_len(v.ty.dtype, &dims)
+            .ok_or_else(|| format!("result `{}`: size overflows", v.name))?;
+        match operand {
+            Operand::Binding(b) => {
+                if ctx.binding_len(b) != want {
+                    return Err(format!(
+                        "result `{}` ({} {dims:?}) is {want} bytes but its buffer holds {}",
+                        v.name,
+                        v.ty.dtype,
+                        ctx.binding_len(b)
+                    ));
+                }
+                match ctx.write(b) {
+                    Ok(view) => write_views.push(view),
+                    Err(_) => return fallback(),
+                }
+            }
+            Operand::Slot(b) if v.ty.dtype == DType::F32 => {
+                slot_outs.push((b, vec![0.0; dims.iter().product()]));
+            }
+            _ => return fallback(),
+        }
+        out_dims.push(dims);
+    }
+    let mut outs = Vec::with_capacity(out_dims.len());
+    {
+        let (mut views, mut vecs) = (write_views.iter_mut(), slot_outs.iter_mut());
+        for (j, dims) in out_dims.iter().enumerate() {
+            let v = body.value(body.outputs[j]);
+            let out = match params.operands[n_in + j] {
+                Operand::Binding(_) => Out::new(
+                    v.ty.dtype,
+                    dims.clone(),
+                    views.next().expect("one per binding"),
+                ),
+                _ => Some(Out::from_f32s(
+                    dims.clone(),
+                    &mut vecs.next().expect("one per slot").1,
+                )),
+            };
+            match out {
+                Some(out) => outs.push(out),
+                None => return fallback(),
+            }
+        }
+    }
+    if !kernel.run(&ins, &mut outs)? {
+        return fallback();
+    }
+    drop((outs, ins));
+    stats.native.fetch_add(1, Ordering::Relaxed);
+    if let Some(table) = guard.as_deref_mut() {
+        let mut dims = out_dims.into_iter().zip(&params.operands[n_in..]);
+        for (b, data) in slot_outs {
+            let d = loop {
+                match dims.next() {
+                    Some((d, &Operand::Slot(s))) if s == b => break d,
+                    Some(_) => continue,
+                    None => unreachable!("every slot result has dims"),
+                }
+            };
+            let slot = table
+                .get_mut(b)
+                .ok_or_else(|| format!("host slot {b} does not exist"))?;
+            *slot = Some(rafter_reference::Tensor::f32s(&d, data));
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,341 @@
+//! Data movement on borrowed bytes: reshape-likes (reshape, flatten, squeeze, unsqueeze) are
+//! one `memcpy` of the operand's bytes into the result (their row-major order is unchanged);
+//! transposes walk the output in order, copying whole rows when the last axis stays last.
+
+use std::sync::Arc;
+
+use rafter_ir::{DType, Graph, Op, ValueDef};
+
+use super::{In, NativeKernel, Out};
+
+enum Kind {
+    /// The result is the operand's bytes.
+    Copy,
+    Transpose(Vec<usize>),
+    /// Concat along `axis` of parts that are body inputs or body constants (raw bytes).
+    Concat {
+        axis: i64,
+        parts: Vec<Part>,
+    },
+    /// ONNX Gather along `axis` of operand `data` by i64 operand `indices`: whole rows copied
+    /// (an embedding lookup reads only the rows it needs from the mapped weight).
+    Gather {
+        axis: i64,
+        data: usize,
+        indices: usize,
+    },
+}
+
+/// One operand of a concat.
+enum Part {
+    Input(usize),
+    Const { dims: Vec<usize>, bytes: Vec<u8> },
+}
+
+struct MovementKernel {
+    kind: Kind,
+}
+
+pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
+    let [node] = body.nodes.as_slice() else {
+        return None;
+    };
+    let x = (*node.inputs.first()?)?;
+    let y = (*node.outputs.first()?)?;
+    if let Op::Gather { axis } = node.op {
+        let (ValueDef::Input(data), Some(ix)) = (body.value(x).def, *node.inputs.get(1)?) else {
+            return None;
+        };
+        let ValueDef::Input(indices) = body.value(ix).def else {
+            return None;
+        };
+        if body.value(ix).ty.dtype != DType::I64
+            || body.outputs != [y]
+            || node.outputs.len() != 1
+            || body.value(x).ty.dtype != body.value(y).ty.dtype
+        {
+            return None;
+        }
+        return Some(Arc::new(MovementKernel {
+            kind: Kind::Gather {
+                axis,
+                data,
+                indices,
+            },
+        }));
+    }
+    if let Op::Concat { axis } = node.op {
+        let dtype = body.value(y).ty.dtype;
+        let parts = node
+            .inputs
+            .iter()
+            .map(|v| {
+                let v = (*v)?;
+                if body.value(v).ty.dtype != dtype {
+                    return None;
+                }
+                match body.value(v).def {
+                    ValueDef::Input(i) => Some(Part::Input(i)),
+                    _ => body.const_of(v).map(|c| Part::Const {
+                        dims: c.dims.clone(),
+                        bytes: c.bytes.to_vec(),
+                    }),
+                }
+            })
+            .collect::<Option<Vec<_>>>()?;
+        if parts.is_empty() || body.outputs != [y] || node.outputs.len() != 1 {
+            return None;
+        }
+        return Some(Arc::new(MovementKernel {
+            kind: Kind::Concat { axis, parts },
+        }));
+    }
+    if body.value(x).def != ValueDef::Input(0)
+        || body.outputs != [y]
+        || node.outputs.len() != 1
+        || body.value(x).ty.dtype != body.value(y).ty.dtype
+    {
+        return None;
+    }
+    let kind = match &node.op {
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => {
+            Kind::Copy
+        }
+        Op::Transpose { perm }
+            if node.inputs.len() == 1
+                && matches!(body.value(x).ty.dtype, DType::F32 | DType::I64) =>
+        {
+            Kind::Transpose(
+                perm.iter()
+                    .map(|&p| usize::try_from(p).ok())
+                    .collect::<Option<_>>()?,
+            )
+        }
+        _ => return None,
+    };
+    Some(Arc::new(MovementKernel { kind }))
+}
+
+impl NativeKernel for MovementKernel {
+    fn out_dims(&self, ins: &[In<'_>]) -> Option<Vec<usize>> {
+        match &self.kind {
+            Kind::Copy | Kind::Concat { .. } => None,
+            Kind::Transpose(perm) => permuted(&ins[0].dims, perm).ok(),
+            &Kind::Gather {
+                axis,
+                data,
+                indices,
+            } => {
+                let (x, idx) = (&ins[data].dims, &ins[indices].dims);
+                let axis = if axis < 0 {
+                    axis + x.len() as i64
+                } else {
+                    axis
+                };
+                let axis = usize::try_from(axis).ok().filter(|&a| a < x.len())?;
+                Some(
+                    x[..axis]
+                        .iter()
+                        .chain(idx)
+                        .chain(&x[axis + 1..])
+                        .copied()
+                        .collect(),
+                )
+            }
+        }
+    }
+
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        let x = &ins[0];
+        let y = &mut outs[0];
+        match &self.kind {
+            &Kind::Gather {
+                axis,
+                data,
+                indices,
+            } => gather_rows(&ins[data], &ins[indices], axis, y),
+            Kind::Concat { axis, parts } => {
+                let parts: Vec<(&[usize], &[u8])> = parts
+                    .iter()
+                    .map(|p| match p {
+                        Part::Input(i) => (ins[*i].dims.as_slice(), ins[*i].bytes()),
+                        Part::Const { dims, bytes } => (dims.as_slice(), bytes.as_slice()),
+                    })
+                    .collect();
+                concat(&parts, *axis, y)
+            }
+            Kind::Copy => {
+                if x.len() != y.dims.iter().product::<usize>() {
+                    return Ok(false);
+                }
+                y.bytes_mut().copy_from_slice(x.bytes());
+                Ok(true)
+            }
+            Kind::Transpose(perm) => {
+                let out_dims = permuted(&x.dims, perm)?;
+                if y.dims != out_dims {
+                    return Ok(false);
+                }
+                let esize = x.dtype.size_of();
+                transpose_bytes(x.bytes(), &x.dims, perm, esize, y.bytes_mut());
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// `dims` permuted by `perm`, after checking that `perm` is a permutation of its axes.
+pub(crate) fn permuted(dims: &[usize], perm: &[usize]) -> Result<Vec<usize>, String> {
+    let rank = dims.len();
+    let mut seen = vec![false; rank];
+    if perm.len() != rank
+        || perm
+            .iter()
+            .any(|&p| p >= rank || std::mem::replace(&mut seen[p], true))
+    {
+        return Err(format!(
+            "transpose: perm {perm:?} is not a permutation of {rank} axes"
+        ));
+    }
+    Ok(perm.iter().map(|&p| dims[p]).collect())
+}
+
+/// Transposes `x` (row-major `shape`, elements of `esize` bytes) into `y`: output axis `i`
+/// is input axis `perm[i]` (a valid permutation). An odometer over the output's outer axes;
+/// the innermost axis is one `memcpy` when it stays contiguous.
+fn transpose_bytes(x: &[u8], shape: &[usize], perm: &[usize], esize: usize, y: &mut [u8]) {
+    let rank = shape.len();
+    if x.is_empty() || rank == 0 {
+        y.copy_from_slice(x);
+        return;
+    }
+    let mut in_strides = vec![esize; rank];
+    for i in (0..rank - 1).rev() {
+        in_strides[i] = in_strides[i + 1] * shape[i + 1];
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let (inner, inner_stride) = (out_shape[rank - 1], strides[rank - 1]);
+    let row = inner * esize;
+    let mut idx = vec![0usize; rank - 1];
+    let mut base = 0usize;
+    for dst in y.chunks_exact_mut(row) {
+        if inner_stride == esize {
+            dst.copy_from_slice(&x[base..base + row]);
+        } else {
+            match esize {
+                4 => gather::<4>(dst, x, base, inner_stride),
+                8 => gather::<8>(dst, x, base, inner_stride),
+                _ => {
+                    for (j, d) in dst.chunks_exact_mut(esize).enumerate() {
+                        let s = base + j * inner_stride;
+                        d.copy_from_slice(&x[s..s + esize]);
+                    }
+                }
+            }
+        }
+        // Advance the odometer over the outer output axes.
+        let mut d = rank - 1;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            base += strides[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            base -= strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Elements of `N` bytes at `base + j * stride` of `x`, in order, into `dst`.
+fn gather<const N: usize>(dst: &mut [u8], x: &[u8], base: usize, stride: usize) {
+    for (j, d) in dst.chunks_exact_mut(N).enumerate() {
+        let s = base + j * stride;
+        let e: [u8; N] = x[s..s + N].try_into().expect("N bytes");
+        d.copy_from_slice(&e);
+    }
+}
+
+/// ONNX Gather of `x` along `axis` by `idx` (negative indices count from the end) into `y`.
+fn gather_rows(x: &In<'_>, idx: &In<'_>, axis: i64, y: &mut Out<'_>) -> Result<bool, String> {
+    let rank = x.dims.len() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    if !(0..rank).contains(&axis) {
+        return Ok(false);
+    }
+    let axis = axis as usize;
+    let out_dims: Vec<usize> = x.dims[..axis]
+        .iter()
+        .chain(&idx.dims)
+        .chain(&x.dims[axis + 1..])
+        .copied()
+        .collect();
+    if y.dims != out_dims {
+        return Ok(false);
+    }
+    let ids = idx.i64s()?;
+    let n = x.dims[axis];
+    let row = x.dims[axis + 1..].iter().product::<usize>() * x.dtype.size_of();
+    let outer: usize = x.dims[..axis].iter().product();
+    let src = x.bytes();
+    let dst = y.bytes_mut();
+    if row == 0 || ids.is_empty() || outer == 0 {
+        return Ok(true);
+    }
+    // An index out of range: the reference path reports it, naming the node.
+    if ids.iter().any(|&i| i < -(n as i64) || i >= n as i64) {
+        return Ok(false);
+    }
+    let mut rows = dst.chunks_exact_mut(row);
+    for o in 0..outer {
+        for &i in ids {
+            let j = if i < 0 { i + n as i64 } else { i };
+            let s = (o * n + j as usize) * row;
+            rows.next()
+                .expect("the result holds outer x indices rows")
+                .copy_from_slice(&src[s..s + row]);
+        }
+    }
+    Ok(true)
+}
+
+/// Concat of `parts` (dims, bytes) along `axis` into `y`; `Ok(false)` when the dims do not
+/// fit together or differ from `y`'s (the reference path reports it).
+fn concat(parts: &[(&[usize], &[u8])], axis: i64, y: &mut Out<'_>) -> Result<bool, String> {
+    let rank = y.dims.len();
+    let axis = if axis < 0 { axis + rank as i64 } else { axis };
+    let Some(axis) = usize::try_from(axis).ok().filter(|&a| a < rank) else {
+        return Ok(false);
+    };
+    let mut along = 0;
+    for (dims, _) in parts {
+        let same_else = dims.len() == rank
+            && dims
+                .iter()
+                .zip(&y.dims)
+                .enumerate()
+                .all(|(i, (a, b))| i == axis || a == b);
+        if !same_else {
+            return Ok(false);
+        }
+        along += dims[axis];
+    }
+    if along != y.dims[axis] {
+        return Ok(false);
+    }
+    let esize = y.dtype.size_of();
+    let outer: usize = y.dims[..axis].iter().product();
+    let inner: usize = y.dims[axis + 1..].iter().product::<usize>() * esize;
+    let dst = y.bytes_mut();
+    let mut at = 0;
+    for o in 0..outer {
+        for (dims, bytes) in parts {
+            let block = dims[axis] * inner;
+            dst[at..at + block].copy_from_slice(&bytes[o * block..(o + 1) * block]);
+            at += block;
+        }
+    }
+    Ok(true)
+}

@@ -1,0 +1,540 @@
+//! Native kernels against the reference executor: small graphs compiled by `rafter-opt`, run
+//! through a session (so operands really are binding views and weight bytes), on random
+//! data with odd sizes, strides, pads, groups, dilations and broadcasts; plus the fallback
+//! path, misaligned weights, and malformed operands.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rafter_ir::{
+    AutoPad, BinaryOp, ConstData, DType, Graph, Op, PoolKind, TensorType, UnaryOp, ValueId,
+};
+use rafter_reference::Tensor;
+
+use super::operands::testing::{input, le};
+use super::{select, Stats};
+use crate::{DeviceSet, NativeStats, Session, SessionOptions};
+
+struct Rng(u64);
+
+impl Rng {
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+}
+
+fn ty(d: &[usize]) -> TensorType {
+    let d: Vec<i64> = d.iter().map(|&x| x as i64).collect();
+    TensorType::known(DType::F32, &d)
+}
+
+/// A graph under construction, with the inputs to feed it.
+struct Case {
+    g: Graph,
+    inputs: Vec<Tensor>,
+    rng: Rng,
+}
+
+impl Case {
+    fn new(seed: u64) -> Case {
+        Case {
+            g: Graph::new("native"),
+            inputs: Vec::new(),
+            rng: Rng(seed | 1),
+        }
+    }
+
+    fn input(&mut self, dims: &[usize]) -> ValueId {
+        let n = self.inputs.len();
+        let v = self.rng.vec(dims.iter().product());
+        self.inputs.push(Tensor::f32s(dims, v));
+        self.g.add_input(format!("in{n}"), ty(dims))
+    }
+
+    fn weight(&mut self, dims: &[usize]) -> ValueId {
+        let v = self.rng.vec(dims.iter().product());
+        self.weight_of(dims, &v)
+    }
+
+    fn weight_of(&mut self, dims: &[usize], v: &[f32]) -> ValueId {
+        let n = self.g.values.len();
+        let c = ConstData::new(DType::F32, dims.to_vec(), Bytes::from(le(v))).unwrap();
+        self.g.add_const(format!("w{n}"), c)
+    }
+
+    fn node(&mut self, op: Op, ins: &[ValueId], out: &[usize]) -> ValueId {
+        self.node_opt(op, ins.iter().map(|&v| Some(v)).collect(), out)
+    }
+
+    fn node_opt(&mut self, op: Op, ins: Vec<Option<ValueId>>, out: &[usize]) -> ValueId {
+        let n = self.g.nodes.len();
+        let outs = self.g.add_node(
+            format!("n{n}"),
+            op,
+            ins,
+            vec![Some((format!("v{n}"), ty(out)))],
+        );
+        outs[0].unwrap()
+    }
+
+    /// Compiles and runs the graph with native kernels and checks every output against the
+    /// reference executor; returns the session's counters.
+    fn check(mut self, out: ValueId) -> NativeStats {
+        self.g.outputs.push(out);
+        let want = rafter_reference::run(&self.g, self.inputs.clone()).unwrap();
+        let program = rafter_opt::compile(&self.g, &rafter_opt::CompileOptions::default()).unwrap();
+        run_and_compare(program, self.inputs, &want)
+    }
+}
+
+fn run_and_compare(
+    program: rafter_ir::program::Program,
+    inputs: Vec<Tensor>,
+    want: &[Tensor],
+) -> NativeStats {
+    let devices = DeviceSet::cpu().unwrap();
+    let session =
+        Session::with_options(program, &devices, SessionOptions::new().kernel_threads(2)).unwrap();
+    let got = session.run(inputs, Duration::from_secs(60)).unwrap();
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.shape(), w.shape());
+        for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "element {i}: {a} vs reference {b}"
+            );
+        }
+    }
+    session.native_stats()
+}
+
+fn conv_op(strides: &[i64], pads: &[i64], dilations: &[i64], group: i64) -> Op {
+    Op::Conv {
+        kernel_shape: vec![],
+        strides: strides.to_vec(),
+        pads: pads.to_vec(),
+        dilations: dilations.to_vec(),
+        group,
+        auto_pad: AutoPad::NotSet,
+    }
+}
+
+fn add() -> Op {
+    Op::Binary { op: BinaryOp::Add }
+}
+
+fn assert_native(s: NativeStats, dispatches: u64) {
+    assert!(s.dispatches >= dispatches, "{s:?}");
+    assert_eq!(s.fallbacks, 0, "{s:?}");
+}
+
+#[test]
+fn matmul_with_bias_and_residual() {
+    for (m, k, n) in [(5, 7, 9), (1, 17, 1), (33, 65, 17), (128, 64, 96)] {
+        let mut c = Case::new(m as u64 * 31 + n as u64);
+        let x = c.input(&[2, m, k]);
+        let w = c.weight(&[k, n]);
+        let b = c.weight(&[n]);
+        let r = c.input(&[2, m, n]);
+        let p = c.node(Op::MatMul, &[x, w], &[2, m, n]);
+        let p = c.node(add(), &[p, b], &[2, m, n]);
+        let p = c.node(add(), &[r, p], &[2, m, n]);
+        assert_native(c.check(p), 1);
+    }
+}
+
+#[test]
+fn matmul_relu_and_scale() {
+    let mut c = Case::new(3);
+    let x = c.input(&[3, 8, 16]);
+    let w = c.weight(&[16, 20]);
+    let s = c.weight_of(&[], &[0.125]);
+    let p = c.node(Op::MatMul, &[x, w], &[3, 8, 20]);
+    let p = c.node(Op::Binary { op: BinaryOp::Mul }, &[p, s], &[3, 8, 20]);
+    let p = c.node(Op::Unary { op: UnaryOp::Relu }, &[p], &[3, 8, 20]);
+    assert_native(c.check(p), 1);
+}
+
+#[test]
+fn batched_and_broadcast_matmuls() {
+    for (sa, sb, so) in [
+        (vec![2, 3, 5, 7], vec![2, 3, 7, 4], vec![2, 3, 5, 4]),
+        (vec![2, 1, 5, 7], vec![3, 7, 4], vec![2, 3, 5, 4]),
+        (vec![5, 7], vec![4, 7, 6], vec![4, 5, 6]),
+        (vec![12, 16, 8], vec![12, 8, 16], vec![12, 16, 16]),
+    ] {
+        let mut c = Case::new(sa.len() as u64 + 7);
+        let a = c.input(&sa);
+        let b = c.input(&sb);
+        let p = c.node(Op::MatMul, &[a, b], &so);
+        assert_native(c.check(p), 1);
+    }
+}
+
+#[test]
+fn gemm_with_transposes_and_bias() {
+    for (ta, tb) in [(false, true), (true, false), (false, false)] {
+        let (m, k, n) = (3, 10, 7);
+        let mut c = Case::new(11);
+        let a = c.input(&if ta { [k, m] } else { [m, k] });
+        let b = c.weight(&if tb { [n, k] } else { [k, n] });
+        let bias = c.weight(&[n]);
+        let op = Op::Gemm {
+            alpha: 0.5,
+            beta: 1.0,
+            trans_a: ta,
+            trans_b: tb,
+        };
+        let p = c.node(op, &[a, b, bias], &[m, n]);
+        assert_native(c.check(p), 1);
+    }
+}
+
+#[test]
+fn convolutions_match_the_reference() {
+    // (input NCHW, out channels, kernel, strides, pads, dilations, group)
+    type ConvCase = (
+        [usize; 4],
+        usize,
+        [usize; 2],
+        [i64; 2],
+        [i64; 4],
+        [i64; 2],
+        usize,
+    );
+    let cases: &[ConvCase] = &[
+        ([1, 3, 9, 7], 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        ([2, 4, 11, 10], 6, [3, 2], [2, 1], [0, 1, 2, 0], [1, 1], 1),
+        ([1, 4, 12, 12], 4, [3, 3], [1, 2], [2, 2, 2, 2], [2, 2], 2),
+        ([1, 8, 6, 5], 16, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+        ([1, 8, 7, 7], 4, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1], 1),
+        ([1, 3, 15, 15], 8, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1),
+    ];
+    for (i, &(xd, m, [kh, kw], s, p, d, g)) in cases.iter().enumerate() {
+        let oh = (xd[2] + p[0] as usize + p[2] as usize - (kh - 1) * d[0] as usize - 1)
+            / s[0] as usize
+            + 1;
+        let ow = (xd[3] + p[1] as usize + p[3] as usize - (kw - 1) * d[1] as usize - 1)
+            / s[1] as usize
+            + 1;
+        let od = [xd[0], m, oh, ow];
+        for tail in 0..3 {
+            let mut c = Case::new(100 + i as u64 * 3 + tail);
+            let x = c.input(&xd);
+            let w = c.weight(&[m, xd[1] / g, kh, kw]);
+            let b = c.weight(&[m]);
+            let op = conv_op(&s, &p, &d, g as i64);
+            let y = match tail {
+                // conv(x, w, b), relu
+                0 => {
+                    let y = c.node(op, &[x, w, b], &od);
+                    c.node(Op::Unary { op: UnaryOp::Relu }, &[y], &od)
+                }
+                // conv(x, w, b) + residual, relu (ResNet)
+                1 => {
+                    let r = c.input(&od);
+                    let y = c.node(op, &[x, w, b], &od);
+                    let y = c.node(add(), &[y, r], &od);
+                    c.node(Op::Unary { op: UnaryOp::Relu }, &[y], &od)
+                }
+                // conv(x, w) + per-channel bias [M, 1, 1], no activation
+                _ => {
+                    let cb = c.weight(&[m, 1, 1]);
+                    let y = c.node(op, &[x, w], &od);
+                    c.node(add(), &[y, cb], &od)
+                }
+            };
+            assert_native(c.check(y), 1);
+        }
+    }
+}
+
+#[test]
+fn depthwise_convolutions_with_clip() {
+    for (hw, s, p) in [(9usize, 1i64, 1i64), (10, 2, 1), (7, 1, 0), (5, 2, 2)] {
+        let (ch, k) = (6usize, 3usize);
+        let o = (hw + 2 * p as usize - k) / s as usize + 1;
+        let od = [1, ch, o, o];
+        let mut c = Case::new(hw as u64 * 5 + s as u64);
+        let x = c.input(&[1, ch, hw, hw]);
+        let w = c.weight(&[ch, 1, k, k]);
+        let b = c.weight(&[ch]);
+        let lo = c.weight_of(&[], &[0.0]);
+        let hi = c.weight_of(&[], &[0.5]);
+        let y = c.node(
+            conv_op(&[s, s], &[p; 4], &[1, 1], ch as i64),
+            &[x, w, b],
+            &od,
+        );
+        let y = c.node(Op::Clip, &[y, lo, hi], &od);
+        assert_native(c.check(y), 1);
+    }
+    // Depthwise with a residual and no activation (MobileNetV2's `conv, binary.add` shape).
+    let mut c = Case::new(77);
+    let x = c.input(&[2, 4, 6, 6]);
+    let w = c.weight(&[4, 1, 3, 3]);
+    let r = c.input(&[2, 4, 6, 6]);
+    let y = c.node(
+        conv_op(&[1, 1], &[1, 1, 1, 1], &[1, 1], 4),
+        &[x, w],
+        &[2, 4, 6, 6],
+    );
+    let y = c.node(add(), &[y, r], &[2, 4, 6, 6]);
+    assert_native(c.check(y), 1);
+}
+
+#[test]
+fn same_upper_padding() {
+    let mut c = Case::new(5);
+    let x = c.input(&[1, 2, 7, 8]);
+    let w = c.weight(&[3, 2, 3, 3]);
+    let op = Op::Conv {
+        kernel_shape: vec![3, 3],
+        strides: vec![2, 2],
+        pads: vec![],
+        dilations: vec![],
+        group: 1,
+        auto_pad: AutoPad::SameUpper,
+    };
+    let y = c.node(op, &[x, w], &[1, 3, 4, 4]);
+    assert_native(c.check(y), 1);
+}
+
+#[test]
+fn pooling() {
+    for (hw, k, s, p, ceil, o) in [
+        (11usize, 3i64, 2i64, 1i64, false, 6usize),
+        (8, 2, 2, 0, false, 4),
+        (10, 3, 2, 0, true, 5),
+    ] {
+        let mut c = Case::new(hw as u64);
+        let x = c.input(&[2, 3, hw, hw]);
+        let op = Op::Pool {
+            kind: PoolKind::Max,
+            kernel_shape: vec![k, k],
+            strides: vec![s, s],
+            pads: vec![p; 4],
+            dilations: vec![],
+            auto_pad: AutoPad::NotSet,
+            ceil_mode: ceil,
+            count_include_pad: false,
+            p: 2,
+            storage_order: 0,
+        };
+        let y = c.node(op, &[x], &[2, 3, o, o]);
+        assert_native(c.check(y), 1);
+    }
+    for kind in [PoolKind::Average, PoolKind::Max] {
+        let mut c = Case::new(9);
+        let x = c.input(&[2, 5, 7, 3]);
+        let y = c.node(Op::GlobalPool { kind, p: 2 }, &[x], &[2, 5, 1, 1]);
+        assert_native(c.check(y), 1);
+    }
+}
+
+#[test]
+fn movement_and_layer_norm() {
+    let mut c = Case::new(21);
+    let x = c.input(&[2, 3, 4, 5]);
+    let y = c.node(
+        Op::Transpose {
+            perm: vec![0, 2, 3, 1],
+        },
+        &[x],
+        &[2, 4, 5, 3],
+    );
+    let y = c.node(Op::Flatten { axis: 2 }, &[y], &[8, 15]);
+    let s = c.weight(&[15]);
+    let b = c.weight(&[15]);
+    let y = c.node(
+        Op::LayerNorm {
+            axis: -1,
+            epsilon: 1e-5,
+        },
+        &[y, s, b],
+        &[8, 15],
+    );
+    let y = c.node(Op::Transpose { perm: vec![1, 0] }, &[y], &[15, 8]);
+    assert_native(c.check(y), 3);
+}
+
+#[test]
+fn uncovered_shapes_fall_back_to_the_reference() {
+    // A 1-D convolution: the conv kernel is selected by its body but falls back per call.
+    let mut c = Case::new(31);
+    let x = c.input(&[1, 2, 9]);
+    let w = c.weight(&[3, 2, 3]);
+    let op = Op::Conv {
+        kernel_shape: vec![],
+        strides: vec![1],
+        pads: vec![1, 1],
+        dilations: vec![1],
+        group: 1,
+        auto_pad: AutoPad::NotSet,
+    };
+    let y = c.node(op, &[x, w], &[1, 3, 9]);
+    let y = c.node(Op::Unary { op: UnaryOp::Relu }, &[y], &[1, 3, 9]);
+    let s = c.check(y);
+    assert_eq!((s.kernels, s.dispatches, s.fallbacks), (1, 0, 1), "{s:?}");
+    // A bias that is neither per channel nor full-size: the epilogue does not cover it.
+    let mut c = Case::new(32);
+    let x = c.input(&[4, 6]);
+    let w = c.weight(&[6, 5]);
+    let b = c.weight(&[4, 1]);
+    let y = c.node(Op::MatMul, &[x, w], &[4, 5]);
+    let y = c.node(add(), &[y, b], &[4, 5]);
+    let s = c.check(y);
+    assert_eq!((s.dispatches, s.fallbacks), (0, 1), "{s:?}");
+}
+
+#[test]
+fn misaligned_weights_are_copied_and_counted() {
+    let mut c = Case::new(41);
+    let x = c.input(&[3, 8]);
+    let w = c.weight(&[8, 4]);
+    let y = c.node(Op::MatMul, &[x, w], &[3, 4]);
+    c.g.outputs.push(y);
+    let want = rafter_reference::run(&c.g, c.inputs.clone()).unwrap();
+    let mut program = rafter_opt::compile(&c.g, &rafter_opt::CompileOptions::default()).unwrap();
+    for weight in &mut program.weights {
+        // The same bytes one byte into a fresh buffer: not 4-byte aligned.
+        let mut shifted = vec![0u8; weight.bytes.len() + 4];
+        let start = (0..4)
+            .find(|&o| (shifted.as_ptr() as usize + o) % 4 != 0)
+            .unwrap();
+        shifted[start..start + weight.bytes.len()].copy_from_slice(&weight.bytes);
+        let all = Bytes::from(shifted);
+        weight.bytes = all.slice(start..start + weight.bytes.len());
+        assert_ne!(weight.bytes.as_ptr() as usize % 4, 0);
+    }
+    let s = run_and_compare(program, c.inputs, &want);
+    assert_eq!(s.dispatches, 1, "{s:?}");
+    assert!(s.misaligned_copies >= 1, "{s:?}");
+}
+
+#[test]
+fn malformed_operands_are_errors() {
+    // A conv body run directly on operands that contradict each other.
+    let mut c = Case::new(51);
+    let x = c.input(&[1, 2, 5, 5]);
+    let w = c.weight(&[3, 2, 3, 3]);
+    let y = c.node(
+        conv_op(&[1, 1], &[1, 1, 1, 1], &[1, 1], 1),
+        &[x, w],
+        &[1, 3, 5, 5],
+    );
+    c.g.outputs.push(y);
+    let program = rafter_opt::compile(&c.g, &rafter_opt::CompileOptions::default()).unwrap();
+    let body = &program.kernels[0].body;
+    let k = select(body, 1).expect("a conv body is native");
+    let stats = Stats::default();
+    // Wrong byte lengths never reach the kernel: the operand check names the sizes.
+    let short = le(&[0.0; 10]);
+    let e = super::In::new(DType::F32, vec![1, 2, 5, 5], &short, &stats)
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("40 bytes, but f32 [1, 2, 5, 5] needs 200"),
+        "{e}"
+    );
+    // Shapes that do not fit together: not covered (the reference path reports them).
+    let xb = le(&[0.5; 50]);
+    let wb = le(&[0.5; 36]);
+    let ins = [
+        input(&[1, 2, 5, 5], &xb, &stats),
+        input(&[2, 2, 3, 3], &wb, &stats),
+    ];
+    let mut yb = vec![0u8; 75 * 4];
+    let mut outs = [super::Out::new(DType::F32, vec![1, 3, 5, 5], &mut yb[..]).unwrap()];
+    assert!(!k.run(&ins, &mut outs).unwrap_or(true));
+    // A matmul whose inner dims differ is an error naming them.
+    let mut c = Case::new(52);
+    let a = c.input(&[2, 3]);
+    let b = c.input(&[3, 4]);
+    let y = c.node(Op::MatMul, &[a, b], &[2, 4]);
+    c.g.outputs.push(y);
+    let mm = select(&c.g, 1).unwrap();
+    let (ab, bb) = (le(&[1.0; 6]), le(&[1.0; 12]));
+    let ins = [input(&[2, 3], &ab, &stats), input(&[4, 3], &bb, &stats)];
+    let mut yb = [0u8; 32];
+    let mut outs = [super::Out::new(DType::F32, vec![2, 4], &mut yb[..]).unwrap()];
+    let e = mm.run(&ins, &mut outs).unwrap_err();
+    assert!(e.contains("inner dims differ"), "{e}");
+}
+
+#[test]
+fn elementwise_bodies_are_never_native() {
+    let mut c = Case::new(61);
+    let x = c.input(&[4]);
+    let y = c.input(&[4]);
+    let z = c.node(add(), &[x, y], &[4]);
+    c.g.outputs.push(z);
+    assert!(select(&c.g, 1).is_none());
+}
+
+#[test]
+fn gather_rows_of_a_weight() {
+    for axis in [0i64, 1, -1] {
+        let mut c = Case::new(71);
+        let data = c.weight(&[6, 5, 4]);
+        let ids = c.g.add_input("ids", TensorType::known(DType::I64, &[2, 3]));
+        c.inputs
+            .push(Tensor::i64s(&[2, 3], vec![0, 3, -1, 2, 2, 1]));
+        let out: &[usize] = match axis {
+            0 => &[2, 3, 5, 4],
+            1 => &[6, 2, 3, 4],
+            _ => &[6, 5, 2, 3],
+        };
+        let y = c.node(Op::Gather { axis }, &[data, ids], out);
+        assert_native(c.check(y), 1);
+    }
+    // Out of range: an error naming the index, never a panic.
+    let mut c = Case::new(72);
+    let data = c.weight(&[6, 5]);
+    let ids = c.g.add_input("ids", TensorType::known(DType::I64, &[2]));
+    c.inputs.push(Tensor::i64s(&[2], vec![1, 9]));
+    let y = c.node(Op::Gather { axis: 0 }, &[data, ids], &[2, 5]);
+    c.g.outputs.push(y);
+    let program = rafter_opt::compile(&c.g, &rafter_opt::CompileOptions::default()).unwrap();
+    let session = Session::with_options(
+        program,
+        &DeviceSet::cpu().unwrap(),
+        SessionOptions::new().kernel_threads(1),
+    )
+    .unwrap();
+    let e = session
+        .run(c.inputs, Duration::from_secs(60))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("index 9 is out of range for a dim of size 6"),
+        "{e}"
+    );
+}
+
+#[test]
+fn concat_of_inputs_and_constants() {
+    for axis in [0i64, 1, -1] {
+        let mut c = Case::new(81);
+        let a = c.input(&[2, 3, 4]);
+        let b = c.input(&[2, 3, 4]);
+        let (kd, out): (&[usize], &[usize]) = match axis {
+            0 => (&[1, 3, 4], &[5, 3, 4]),
+            1 => (&[2, 1, 4], &[2, 7, 4]),
+            _ => (&[2, 3, 1], &[2, 3, 9]),
+        };
+        // A small constant (at most 64 bytes): the compiler copies it into the body.
+        let n: usize = kd.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        let k = c.weight_of(kd, &v);
+        let y = c.node(Op::Concat { axis }, &[a, k, b], out);
+        assert_native(c.check(y), 1);
+    }
+}
