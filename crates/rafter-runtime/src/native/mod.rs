@@ -221,7 +221,13 @@ pub(crate) fn run(
                     }
                     _ => unreachable!("views exist for bindings, weights have none"),
                 };
-                In::new(v.ty.dtype, dims, bytes, stats).map_err(what)?
+                let weight = match operand {
+                    Operand::Weight(w) => Some(w),
+                    _ => None,
+                };
+                In::new(v.ty.dtype, dims, bytes, stats)
+                    .map_err(what)?
+                    .of_weight(weight)
             }
         };
         ins.push(input);
