@@ -29,7 +29,8 @@
 //! portable scalar kernel everywhere (also reachable explicitly, for tests).
 //!
 //! Threads come from the caller through [`Parallel`], so rafter's CPU device drives the GEMM
-//! on its own worker pool; [`ScopedThreads`] is a simple implementation for tests and benches.
+//! on its own worker pool: [`WorkerPool`], persistent threads that spin briefly between jobs;
+//! [`ScopedThreads`] is a simple implementation for tests and benches.
 
 #![warn(missing_docs)]
 
@@ -42,6 +43,8 @@ mod kernel;
 mod pack;
 mod packed;
 mod parallel;
+mod pool;
+mod winograd;
 #[macro_use]
 mod simd;
 mod activation;
@@ -55,6 +58,8 @@ pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
+pub use pool::WorkerPool;
+pub use winograd::{conv3x3, Conv3x3, WinogradScratch, WinogradWeights};
 
 pub use activation::{
     activation_in_place, activation_in_place_with_isa, gelu_erf, gelu_tanh, sigmoid_in_place, silu,
