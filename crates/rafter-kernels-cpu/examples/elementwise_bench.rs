@@ -13,7 +13,7 @@ use std::time::Instant;
 use rafter_kernels_cpu::tile::{run_f32_with_isa, TileBinary, TileBuilder, TileUnary};
 use rafter_kernels_cpu::{
     activation_in_place_with_isa, layer_norm_with_isa, softmax_with_isa, Isa, Parallel, RowMask,
-    ScopedThreads, Sequential, UnaryFn,
+    ScopedThreads, Sequential, UnaryFn, WorkerPool,
 };
 
 fn median_us(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -102,7 +102,9 @@ fn main() {
         .filter(|i| i.is_available())
         .collect();
     let two = ScopedThreads::new(2);
-    let pars: [(&str, &dyn Parallel); 2] = [("1t", &Sequential), ("2t", &two)];
+    let pool = WorkerPool::new(2).expect("worker threads");
+    let pars: [(&str, &dyn Parallel); 3] = [("1t", &Sequential), ("2t", &two), ("2p", &pool)];
+    println!("1t: calling thread; 2t: ScopedThreads(2), spawns per call; 2p: WorkerPool(2)");
     println!("median of {reps} calls, microseconds");
 
     // Softmax: scores [12, 128, 128] + mask [1, 1, 1, 128].
