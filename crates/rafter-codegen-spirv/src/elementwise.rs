@@ -76,6 +76,32 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let Some(&first_output) = body.outputs.first() else {
         return Err(error("the body has no outputs".into()));
     };
+    // Ops first, so a reduction or a matmul is reported as such, not by its shapes.
+    for node in &body.nodes {
+        let known = matches!(
+            node.op,
+            Op::Identity
+                | Op::Cast { to: DType::F32 }
+                | Op::Unary { .. }
+                | Op::Binary { .. }
+                | Op::Clip
+                | Op::LeakyRelu { .. }
+                | Op::Elu { .. }
+                | Op::Selu { .. }
+                | Op::Celu { .. }
+                | Op::HardSigmoid { .. }
+                | Op::ThresholdedRelu { .. }
+                | Op::Shrink { .. }
+                | Op::Gelu { .. }
+        );
+        if !known {
+            return Err(error(format!(
+                "op `{}` (node `{}`) is not generated for Vulkan yet",
+                node.op.name(),
+                node.name
+            )));
+        }
+    }
     let shape = &body.value(first_output).ty.dims;
     // Classify every value: full shape, or a single element.
     let is_scalar = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
@@ -87,6 +113,17 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
                 "value %{} (#{i}) is {}; only f32 is generated yet",
                 value.name, value.ty.dtype
             )));
+        }
+        // Constants are folded into the module as one literal, so only single elements.
+        if let ValueDef::Const(c) = value.def {
+            let n = body.constant(c).num_elements();
+            if n != 1 {
+                return Err(error(format!(
+                    "constant %{} has {n} elements; only single-element constants are \
+                     folded in",
+                    value.name
+                )));
+            }
         }
         if &value.ty.dims != shape && !is_scalar(v) {
             return Err(error(format!(

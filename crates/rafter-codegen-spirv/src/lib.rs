@@ -26,6 +26,45 @@ mod elementwise;
 
 pub use elementwise::{elementwise, ElementwiseKernel, Operand, WORKGROUP_SIZE};
 
+use rafter_artifact::{Launch, VulkanModule, VulkanSection};
+use rafter_ir::program::Program;
+use rafter_ir::Graph;
+
+/// The device name kernels compiled here carry.
+pub const DEVICE: &str = "vulkan";
+
+/// Whether a kernel body can be generated, and if not, why (one line naming the value or
+/// op). The partitioner sends a kernel to the Vulkan device only when this is `Ok`.
+///
+/// It runs the generator itself (a few microseconds for a fused elementwise body) rather
+/// than a separate predicate, so the two can never disagree.
+pub fn supports(body: &Graph) -> Result<(), String> {
+    elementwise(body).map(|_| ()).map_err(|e| e.reason)
+}
+
+/// Generates the `vulkan` executable section of `program`: one module per kernel whose
+/// device is [`DEVICE`], in kernel order.
+pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError> {
+    let mut modules = Vec::new();
+    for (k, kernel) in program.kernels.iter().enumerate() {
+        if kernel.device != DEVICE {
+            continue;
+        }
+        let generated = elementwise(&kernel.body).map_err(|e| CodegenError {
+            kernel: kernel.name.clone(),
+            reason: e.reason,
+        })?;
+        modules.push(VulkanModule {
+            kernel: k as u32,
+            launch: Launch::Elementwise,
+            workgroup_size: WORKGROUP_SIZE,
+            entry_point: generated.entry_point,
+            spirv: to_bytes(&generated.spirv).into(),
+        });
+    }
+    Ok(VulkanSection { modules })
+}
+
 /// Why a body could not be compiled to SPIR-V. The message names the node or value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot generate SPIR-V for kernel `{kernel}`: {reason}")]
