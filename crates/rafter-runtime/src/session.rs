@@ -636,6 +636,18 @@ impl Session {
     /// sizes and allocates this call's memory, records all its work into command buffers and
     /// submits them, chained by semaphores. [`CallHandle::wait`] gives the outputs.
     pub fn submit(&self, inputs: Vec<Tensor>) -> Result<CallHandle> {
+        self.submit_after(inputs, &[])
+    }
+
+    /// [`submit`](Session::submit), with the call's work starting only once every
+    /// `(semaphore, value)` of `after` is reached (another call's
+    /// [`CallHandle::semaphores`], a host-signalled gate). Returns at once all the same; a
+    /// failed semaphore fails the call.
+    pub fn submit_after(
+        &self,
+        inputs: Vec<Tensor>,
+        after: &[(Semaphore, u64)],
+    ) -> Result<CallHandle> {
         let inner = &*self.inner;
         let p = &*inner.program;
         let input_error = |msg: String| RuntimeError::Input {
@@ -1064,11 +1076,15 @@ impl Session {
             }
         }
         for (i, c) in chunks.iter().enumerate() {
-            let waits: Vec<(Semaphore, u64)> = c
+            let mut waits: Vec<(Semaphore, u64)> = c
                 .waits
                 .iter()
                 .map(|&w| (semaphores[w].clone(), 1))
                 .collect();
+            // Chunks that wait on no other chunk start the call: they take `after`.
+            if waits.is_empty() {
+                waits.extend(after.iter().cloned());
+            }
             let use_ = &inner.devices[c.device];
             if let Err(e) =
                 use_.queue
