@@ -312,12 +312,46 @@ impl<'a> Emitter<'a> {
         self.select(nan, x, y)
     }
 
+    /// C's `fmod`, also where `b` is infinite (`fmod(a, ±inf) = a` for finite `a`): drivers
+    /// may lower `OpFRem` to `a - b * trunc(a / b)`, which is NaN there (lavapipe's is).
+    fn fmod(&mut self, a: Word, b: Word) -> R<Word> {
+        let r = build(self.b.f_rem(self.f32, None, a, b))?;
+        let b_inf = build(self.b.is_inf(self.bool, None, b))?;
+        let a_inf = build(self.b.is_inf(self.bool, None, a))?;
+        let a_nan = self.is_nan(a)?;
+        let a_special = build(self.b.logical_or(self.bool, None, a_inf, a_nan))?;
+        let a_finite = build(self.b.logical_not(self.bool, None, a_special))?;
+        let keep_a = self.and(b_inf, a_finite)?;
+        self.select(keep_a, a, r)
+    }
+
     /// `tanh` with the input clamped to ±10 (where f32 tanh is ±1), so no driver's
     /// `(e^2x - 1) / (e^2x + 1)` lowering overflows to NaN.
     fn tanh(&mut self, x: Word) -> R<Word> {
         let (lo, hi) = (self.f(-10.0), self.f(10.0));
         let clamped = self.ext(glsl::FCLAMP, &[x, lo, hi])?;
         let t = self.ext(glsl::TANH, &[clamped])?;
+        // Near 0 a driver's `(e^2x - 1) / (e^2x + 1)` cancels (lavapipe's is off by 1e-3
+        // relative at 1e-4): there the odd series to x^9, exact to f32 for |x| < 1/8.
+        let x2 = self.mul(x, x)?;
+        const SERIES: [f32; 5] = [
+            62.0 / 2835.0,
+            -17.0 / 315.0,
+            2.0 / 15.0,
+            -1.0 / 3.0,
+            1.0,
+        ];
+        let mut p = self.f(SERIES[0]);
+        for &c in &SERIES[1..] {
+            let m = self.mul(p, x2)?;
+            let c = self.f(c);
+            p = self.add(m, c)?;
+        }
+        let series = self.mul(p, x)?;
+        let a = self.ext(glsl::FABS, &[x])?;
+        let eighth = self.f(0.125);
+        let small = self.lt(a, eighth)?;
+        let t = self.select(small, series, t)?;
         self.keep_nan(x, t)
     }
 
@@ -369,7 +403,7 @@ impl<'a> Emitter<'a> {
         self.ext(glsl::SQRT, &[p])
     }
 
-    /// `log(1 + exp(x))` without overflow: `max(x, 0) + log(1 + exp(-|x|))`.
+    /// `log(1 + exp(x))` without overflow: `max(x, 0) + log1p(exp(-|x|))`.
     fn softplus(&mut self, x: Word) -> R<Word> {
         let zero = self.f(0.0);
         let one = self.f(1.0);
@@ -379,6 +413,19 @@ impl<'a> Emitter<'a> {
         let e = self.exp(na)?;
         let l1 = self.add(one, e)?;
         let l = self.ext(glsl::LOG, &[l1])?;
+        // log1p(e) for small e: `1 + e` rounds away e's low bits and a driver's log near 1
+        // has a large relative error (lavapipe's), so the series e - e²/2 + ... + e⁵/5,
+        // exact to f32 for e < 1/32.
+        let mut p = self.f(0.2);
+        for c in [-0.25f32, 1.0 / 3.0, -0.5, 1.0] {
+            let t = self.mul(p, e)?;
+            let c = self.f(c);
+            p = self.add(t, c)?;
+        }
+        let series = self.mul(p, e)?;
+        let limit = self.f(1.0 / 32.0);
+        let small = self.lt(e, limit)?;
+        let l = self.select(small, series, l)?;
         let r = self.add(m, l)?;
         self.keep_nan(x, r)
     }
@@ -486,10 +533,10 @@ impl<'a> Emitter<'a> {
             Sub => self.sub(a, b)?,
             Mul => self.mul(a, b)?,
             Div => self.div(a, b)?,
-            FMod => build(self.b.f_rem(self.f32, None, a, b))?,
+            FMod => self.fmod(a, b)?,
             Mod => {
                 // fmod, moved into the divisor's sign (NumPy's divmod).
-                let r = build(self.b.f_rem(self.f32, None, a, b))?;
+                let r = self.fmod(a, b)?;
                 let nonzero = build(self.b.f_ord_not_equal(self.bool, None, r, zero))?;
                 let r_neg = self.lt(r, zero)?;
                 let b_neg = self.lt(b, zero)?;
