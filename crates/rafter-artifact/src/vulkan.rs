@@ -164,7 +164,10 @@ impl VulkanSection {
                 .ok_or_else(|| what("runs past the end of the section".into()))?;
             let entry = std::str::from_utf8(&b[entry_start..entry_start + entry_len])
                 .map_err(|_| what("entry point name is not UTF-8".into()))?;
-            if b[entry_start + entry_len..spirv_start].iter().any(|&x| x != 0) {
+            if b[entry_start + entry_len..spirv_start]
+                .iter()
+                .any(|&x| x != 0)
+            {
                 return Err(what("non-zero padding after the entry point name".into()));
             }
             if word(spirv_start) != SPIRV_MAGIC {
@@ -226,7 +229,10 @@ mod tests {
         assert_eq!(s.module(4).unwrap().kernel, 4);
         assert!(s.module(2).is_none());
         for cut in 0..bytes.len() {
-            assert!(VulkanSection::decode(&bytes.slice(..cut)).is_err(), "cut {cut}");
+            assert!(
+                VulkanSection::decode(&bytes.slice(..cut)).is_err(),
+                "cut {cut}"
+            );
         }
         let mut v = bytes.to_vec();
         v.push(0);

@@ -57,8 +57,9 @@ pub struct BenchArgs {
 }
 
 pub fn bench(args: BenchArgs) -> Result<ExitCode> {
-    let target = crate::model::parse_target(&args.device)
-        .map_err(|_| anyhow::anyhow!("unknown device `{}` (available: cpu, vulkan)", args.device))?;
+    let target = crate::model::parse_target(&args.device).map_err(|_| {
+        anyhow::anyhow!("unknown device `{}` (available: cpu, vulkan)", args.device)
+    })?;
     if args.iters == 0 {
         bail!("--iters must be at least 1");
     }

@@ -6,11 +6,11 @@
 
 use crate::progress::Steps;
 use anyhow::{Context, Result};
+use bytes::Bytes;
 use rafter_artifact::{Artifact, ArtifactWriter, MAGIC};
 use rafter_ir::program::Program;
 use rafter_ir::{Graph, Symbol};
 use rafter_opt::{CompileOptions, Stage, Target};
-use bytes::Bytes;
 use rafter_runtime::{CpuDeviceOptions, DeviceSet, SessionOptions};
 use std::io::Read;
 use std::path::Path;

@@ -334,13 +334,7 @@ impl<'a> Emitter<'a> {
         // Near 0 a driver's `(e^2x - 1) / (e^2x + 1)` cancels (lavapipe's is off by 1e-3
         // relative at 1e-4): there the odd series to x^9, exact to f32 for |x| < 1/8.
         let x2 = self.mul(x, x)?;
-        const SERIES: [f32; 5] = [
-            62.0 / 2835.0,
-            -17.0 / 315.0,
-            2.0 / 15.0,
-            -1.0 / 3.0,
-            1.0,
-        ];
+        const SERIES: [f32; 5] = [62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0, 1.0];
         let mut p = self.f(SERIES[0]);
         for &c in &SERIES[1..] {
             let m = self.mul(p, x2)?;

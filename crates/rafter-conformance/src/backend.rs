@@ -14,9 +14,9 @@
 use crate::suite::one_line;
 use crate::Outcome;
 use rafter_artifact::{Artifact, ArtifactWriter};
+use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
 use rafter_ir::Graph;
 use rafter_reference::Tensor;
-use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
 use rafter_runtime::{CpuDeviceOptions, DeviceSet, RuntimeError, Session, SessionOptions};
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,7 +129,11 @@ impl<'g> Prepared<'g> {
 
 /// `graph` compiled for `backend`'s target, written as artifact bytes (with the SPIR-V of
 /// its Vulkan kernels), reopened and bound to `devices`.
-fn compile_session(graph: &Graph, backend: Backend, devices: &DeviceSet) -> Result<Session, String> {
+fn compile_session(
+    graph: &Graph,
+    backend: Backend,
+    devices: &DeviceSet,
+) -> Result<Session, String> {
     let options = rafter_opt::CompileOptions {
         target: match backend {
             Backend::Vulkan => rafter_opt::Target::Vulkan,
@@ -140,8 +144,8 @@ fn compile_session(graph: &Graph, backend: Backend, devices: &DeviceSet) -> Resu
     let program = rafter_opt::compile(graph, &options).map_err(|e| format!("compile: {e}"))?;
     let mut writer = ArtifactWriter::new(&program);
     if program.kernels.iter().any(|k| k.device == "vulkan") {
-        let section = rafter_codegen_spirv::program_section(&program)
-            .map_err(|e| format!("codegen: {e}"))?;
+        let section =
+            rafter_codegen_spirv::program_section(&program).map_err(|e| format!("codegen: {e}"))?;
         writer = writer.executable("vulkan", section.encode(), 4);
     }
     let bytes = writer

@@ -160,11 +160,7 @@ pub fn run_test(case: &TestCase, backend: Backend) -> Outcome {
 }
 
 /// The outcome, and how many kernels ran on the Vulkan device.
-fn run_test_on(
-    case: &TestCase,
-    backend: Backend,
-    devices: Option<&DeviceSet>,
-) -> (Outcome, usize) {
+fn run_test_on(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -> (Outcome, usize) {
     let mut gpu_kernels = 0;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         run_test_inner(case, backend, devices, &mut gpu_kernels)

@@ -96,5 +96,8 @@ fn vulkan_suite_matches_expected_failures() {
         "vulkan passes {passed}, under 90% of the CPU path's {cpu_passed}"
     );
     // Guards the GPU share against a partitioner that quietly sends everything to the CPU.
-    assert!(on_gpu >= 300, "only {on_gpu} passing tests ran a kernel on the GPU");
+    assert!(
+        on_gpu >= 300,
+        "only {on_gpu} passing tests ran a kernel on the GPU"
+    );
 }

@@ -21,7 +21,9 @@ fn vulkan() -> CompileOptions {
 /// (first read there) and the weight through its own weight buffer; the reduction reads a
 /// CPU replica of the relu, the sigmoid a GPU replica of the sum.
 fn graph() -> String {
-    let w: Vec<String> = (0..32).map(|i| format!("{:?}", i as f32 * 0.25 - 4.0)).collect();
+    let w: Vec<String> = (0..32)
+        .map(|i| format!("{:?}", i as f32 * 0.25 - 4.0))
+        .collect();
     format!(
         r#"graph @g(%x: f32[4, 8]) -> (%y, %b, %x) {{
   const %w: f32[4, 8] = dense [{}]
@@ -67,7 +69,14 @@ fn supported_kernels_go_to_the_gpu_with_copies_at_device_changes() {
         [("cpu", "host"), ("vulkan", "host_visible_shared")],
         "{p:#?}"
     );
-    let storage = |name: &str| p.buffers.iter().find(|b| b.name == name).unwrap().storage.clone();
+    let storage = |name: &str| {
+        p.buffers
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap()
+            .storage
+            .clone()
+    };
     let arena = |name: &str| match storage(name) {
         Storage::Arena { arena, .. } => arena,
         other => panic!("{name}: {other:?}"),

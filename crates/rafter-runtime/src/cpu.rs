@@ -62,10 +62,13 @@ pub type HostKernel = Arc<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>, String> + Sen
 /// The per-call host slot table.
 pub(crate) type Slots = Arc<Mutex<Vec<Option<Tensor>>>>;
 
+/// One call's host slots and foreign ranges.
+type CallState = (Slots, Arc<[BufferRange]>);
+
 /// Live calls' host slot tables and foreign ranges, by call id.
 #[derive(Default)]
 pub(crate) struct CallRegistry {
-    calls: Mutex<HashMap<u64, (Slots, Arc<[BufferRange]>)>>,
+    calls: Mutex<HashMap<u64, CallState>>,
 }
 
 impl CallRegistry {
@@ -336,7 +339,9 @@ impl KernelShared {
                 Operand::Slot(b) => store_slot(&slots(params.call)?, b, t)?,
                 Operand::Absent => {}
                 Operand::Weight(_) | Operand::Foreign(_) => {
-                    return Err(format!("result `{name}` targets a weight or foreign memory"))
+                    return Err(format!(
+                        "result `{name}` targets a weight or foreign memory"
+                    ))
                 }
             }
         }

@@ -285,20 +285,18 @@ impl Session {
         };
         let mut uses: Vec<DeviceUse> = names.into_iter().map(open).collect::<Result<_>>()?;
         let mut host = uses.iter().position(|d| d.is_cpu);
-        if needs_host {
-            if host.is_none() {
-                let cpu = devices
-                    .names()
-                    .into_iter()
-                    .find(|n| {
-                        devices
-                            .get(n)
-                            .is_some_and(|d| d.info().kind == DeviceKind::Cpu)
-                    })
-                    .ok_or_else(|| missing("cpu"))?;
-                uses.push(open(cpu)?);
-                host = Some(uses.len() - 1);
-            }
+        if needs_host && host.is_none() {
+            let cpu = devices
+                .names()
+                .into_iter()
+                .find(|n| {
+                    devices
+                        .get(n)
+                        .is_some_and(|d| d.info().kind == DeviceKind::Cpu)
+                })
+                .ok_or_else(|| missing("cpu"))?;
+            uses.push(open(cpu)?);
+            host = Some(uses.len() - 1);
         }
         let device_index = |name: &str| uses.iter().position(|d| d.name == name).expect("opened");
         let arena_device: Vec<usize> = program
@@ -323,7 +321,8 @@ impl Session {
         // side (`step_foreign`).
         let storage = |b: usize| &program.buffers[b].storage;
         let nb = program.buffers.len();
-        let host_cpu = || host.expect("a CPU device is open when copies or non-CPU devices are used");
+        let host_cpu =
+            || host.expect("a CPU device is open when copies or non-CPU devices are used");
         let mut live: Vec<Option<(usize, usize)>> = vec![None; nb];
         let mut home: Vec<Home> = program
             .buffers
@@ -356,35 +355,33 @@ impl Session {
             };
             let d = match step {
                 Step::Dispatch { kernel, .. } => device_index(&program.kernels[*kernel].device),
-                Step::Copy { src, dst } => {
-                    match (device_of(home[*src]), device_of(home[*dst])) {
-                        (Some(a), Some(b)) if a == b => a,
-                        (Some(a), Some(b)) if uses[a].is_cpu && uses[b].is_cpu => b,
-                        (Some(a), Some(b)) if uses[a].is_cpu || uses[b].is_cpu => {
-                            let (cpu, foreign) = if uses[a].is_cpu { (a, *dst) } else { (b, *src) };
-                            if home[foreign] == Home::Slot
-                                || matches!(storage(foreign), Storage::Weight(_))
-                            {
-                                return Err(unsupported(format!(
-                                    "step {si} copies `{}` between devices `{}` and `{}`: the \
-                                     side off the CPU must be an arena, input or output buffer",
-                                    program.buffers[foreign].name, uses[a].name, uses[b].name
-                                )));
-                            }
-                            step_foreign[si] = Some(foreign);
-                            cpu
-                        }
-                        (Some(a), Some(b)) => {
+                Step::Copy { src, dst } => match (device_of(home[*src]), device_of(home[*dst])) {
+                    (Some(a), Some(b)) if a == b => a,
+                    (Some(a), Some(b)) if uses[a].is_cpu && uses[b].is_cpu => b,
+                    (Some(a), Some(b)) if uses[a].is_cpu || uses[b].is_cpu => {
+                        let (cpu, foreign) = if uses[a].is_cpu { (a, *dst) } else { (b, *src) };
+                        if home[foreign] == Home::Slot
+                            || matches!(storage(foreign), Storage::Weight(_))
+                        {
                             return Err(unsupported(format!(
-                                "step {si} copies `{}` from device `{}` to device `{}`: copies \
-                                 between two non-CPU devices are not supported",
-                                program.buffers[*src].name, uses[a].name, uses[b].name
-                            )))
+                                "step {si} copies `{}` between devices `{}` and `{}`: the \
+                                     side off the CPU must be an arena, input or output buffer",
+                                program.buffers[foreign].name, uses[a].name, uses[b].name
+                            )));
                         }
-                        (Some(a), None) | (None, Some(a)) => a,
-                        (None, None) => host_cpu(),
+                        step_foreign[si] = Some(foreign);
+                        cpu
                     }
-                }
+                    (Some(a), Some(b)) => {
+                        return Err(unsupported(format!(
+                            "step {si} copies `{}` from device `{}` to device `{}`: copies \
+                                 between two non-CPU devices are not supported",
+                            program.buffers[*src].name, uses[a].name, uses[b].name
+                        )))
+                    }
+                    (Some(a), None) | (None, Some(a)) => a,
+                    (None, None) => host_cpu(),
+                },
             };
             step_device.push(d);
             for b in step.reads().into_iter().chain(step.writes()) {
@@ -907,7 +904,8 @@ impl Session {
                         results,
                     } if !use_.is_cpu => {
                         let gpu = inner.gpu_kernels[*kernel].as_ref().expect("loaded");
-                        let mut bound: Vec<BufferRange> = args.iter().map(|&b| range_of(b)).collect();
+                        let mut bound: Vec<BufferRange> =
+                            args.iter().map(|&b| range_of(b)).collect();
                         for r in results {
                             let b = r.ok_or_else(|| {
                                 unsupported(format!(
@@ -935,7 +933,8 @@ impl Session {
                             let max_x = use_.device.info().limits.max_workgroup_count[0];
                             let groups = count
                                 .div_ceil(gpu.workgroup_size as u64)
-                                .min(max_x.max(1) as u64) as u32;
+                                .min(max_x.max(1) as u64)
+                                as u32;
                             builder
                                 .dispatch(
                                     &gpu.executable,

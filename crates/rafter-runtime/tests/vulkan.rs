@@ -36,7 +36,10 @@ fn devices_or_skip(test: &str) -> Option<(DeviceSet, Arc<VulkanDevice>)> {
         Err(error @ VulkanError::NoDevice { .. }) => {
             let required =
                 std::env::var("RAFTER_REQUIRE_VULKAN").is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(!required, "{test}: RAFTER_REQUIRE_VULKAN is set but: {error}");
+            assert!(
+                !required,
+                "{test}: RAFTER_REQUIRE_VULKAN is set but: {error}"
+            );
             eprintln!("skipping {test}: {error}");
             None
         }
@@ -162,7 +165,10 @@ fn submit_returns_before_the_gpu_work_runs() {
     let targets: Vec<(Semaphore, u64)> = handle.semaphores().to_vec();
     assert!(!targets.is_empty());
     for (s, v) in &targets {
-        assert!(s.value() < *v, "a call semaphore reached {v} before the gate opened");
+        assert!(
+            s.value() < *v,
+            "a call semaphore reached {v} before the gate opened"
+        );
     }
     assert!(!handle.is_done());
     assert_eq!(gate.value(), 0);
@@ -183,10 +189,9 @@ fn a_failed_gate_fails_the_call() {
     let Some((devices, vk)) = devices_or_skip("a_failed_gate_fails_the_call") else {
         return;
     };
-    let g = parse_graph(
-        "graph @neg(%x: f32[16]) -> (%y) {\n  %y: f32[16] = unary{op = neg}(%x)\n}",
-    )
-    .unwrap();
+    let g =
+        parse_graph("graph @neg(%x: f32[16]) -> (%y) {\n  %y: f32[16] = unary{op = neg}(%x)\n}")
+            .unwrap();
     let session = Session::from_artifact(compile(&g), &devices, SessionOptions::new()).unwrap();
     let gate = vk.create_semaphore(0).unwrap();
     let handle = session
