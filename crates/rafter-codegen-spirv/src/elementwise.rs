@@ -26,6 +26,9 @@ pub enum Operand {
     Tensor,
     /// A single element, broadcast to every output element.
     Scalar,
+    /// NumPy broadcasting of a smaller tensor (dims of 1, or missing leading dims) to the
+    /// output's static shape: its element index is computed from the output's coordinates.
+    Broadcast,
 }
 
 /// A generated elementwise kernel and how to launch it.
@@ -103,8 +106,15 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         }
     }
     let shape = &body.value(first_output).ty.dims;
-    // Classify every value: full shape, or a single element.
+    // Classify every value: full shape, a single element, or broadcast to a static shape.
     let is_scalar = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
+    let static_shape: Option<Vec<u64>> = shape
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect();
+    let strides_of = |v: ValueId| -> Option<Vec<u32>> {
+        broadcast_strides(&body.value(v).ty.dims, static_shape.as_deref()?)
+    };
     for i in 0..body.values.len() {
         let v = ValueId(i as u32);
         let value = body.value(v);
@@ -125,11 +135,13 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
                 )));
             }
         }
-        if &value.ty.dims != shape && !is_scalar(v) {
+        if &value.ty.dims != shape && !is_scalar(v) && strides_of(v).is_none() {
             return Err(error(format!(
-                "value %{} has dims {:?}, neither the output's {:?} nor a single element \
-                 (general broadcasting is not generated yet)",
-                value.name, value.ty.dims, shape
+                "value %{} of {} does not broadcast to the output's {} (broadcasting is \
+                 generated for static shapes only)",
+                value.name,
+                value.ty,
+                body.value(first_output).ty
             )));
         }
     }
@@ -141,24 +153,65 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             )));
         }
     }
+    let mut strides = Vec::with_capacity(body.inputs.len());
     let inputs: Vec<Operand> = body
         .inputs
         .iter()
         .map(|&v| {
-            if is_scalar(v) && !is_scalar(first_output) {
+            strides.push(None);
+            if body.value(v).ty.dims == *shape {
+                Operand::Tensor
+            } else if is_scalar(v) {
                 Operand::Scalar
             } else {
-                Operand::Tensor
+                *strides.last_mut().expect("pushed") = strides_of(v);
+                Operand::Broadcast
             }
         })
         .collect();
-    let spirv = Emitter::new(body, &inputs).emit().map_err(error)?;
+    let out_dims: Vec<u32> = static_shape
+        .unwrap_or_default()
+        .iter()
+        .map(|&d| d as u32)
+        .collect();
+    let spirv = Emitter::new(body, &inputs, strides, out_dims)
+        .emit()
+        .map_err(error)?;
     Ok(ElementwiseKernel {
         spirv,
         entry_point: "main".into(),
         inputs,
         outputs: body.outputs.len(),
     })
+}
+
+/// Per output dim, the element stride of a tensor of `dims` broadcast (NumPy rules, dims
+/// right-aligned) to the static `out` shape: 0 where it is broadcast. `None` when it does
+/// not broadcast, a dim is symbolic, or a size exceeds 32-bit indexing.
+fn broadcast_strides(dims: &[rafter_ir::Dim], out: &[u64]) -> Option<Vec<u32>> {
+    if dims.len() > out.len() || out.iter().product::<u64>() > MAX_ELEMENTS {
+        return None;
+    }
+    let known: Vec<u64> = dims
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect::<Option<_>>()?;
+    let lead = out.len() - known.len();
+    let mut strides = vec![0u32; out.len()];
+    let mut stride = 1u64;
+    for d in (0..out.len()).rev() {
+        if d < lead {
+            continue;
+        }
+        let n = known[d - lead];
+        if n == out[d] {
+            strides[d] = if n == 1 { 0 } else { stride as u32 };
+        } else if n != 1 {
+            return None;
+        }
+        stride *= n;
+    }
+    Some(strides)
 }
 
 /// GLSL.std.450 instruction numbers used here.
@@ -196,6 +249,10 @@ fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
 struct Emitter<'a> {
     body: &'a Graph,
     inputs: &'a [Operand],
+    /// Per input: its strides per output dim, for [`Operand::Broadcast`] inputs.
+    strides: Vec<Option<Vec<u32>>>,
+    /// The output's static dims (empty when symbolic; then no input is broadcast).
+    out_dims: Vec<u32>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -207,7 +264,12 @@ struct Emitter<'a> {
 }
 
 impl<'a> Emitter<'a> {
-    fn new(body: &'a Graph, inputs: &'a [Operand]) -> Emitter<'a> {
+    fn new(
+        body: &'a Graph,
+        inputs: &'a [Operand],
+        strides: Vec<Option<Vec<u32>>>,
+        out_dims: Vec<u32>,
+    ) -> Emitter<'a> {
         let mut b = Builder::new();
         b.set_version(1, 5);
         b.capability(Capability::Shader);
@@ -226,6 +288,8 @@ impl<'a> Emitter<'a> {
         Emitter {
             body,
             inputs,
+            strides,
+            out_dims,
             b,
             glsl,
             void,
@@ -865,11 +929,51 @@ impl<'a> Emitter<'a> {
             build(b.convert_u_to_ptr(ptr_elem, None, address))
         };
         for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
-            if *kind == Operand::Tensor {
-                let ptr = element(&mut self.b, base_addresses[i])?;
-                let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
-                values.insert(input, v);
-            }
+            let ptr = match kind {
+                Operand::Tensor => element(&mut self.b, base_addresses[i])?,
+                Operand::Scalar => continue,
+                Operand::Broadcast => {
+                    // The input's element index from the output's coordinates:
+                    // sum over dims of ((index / out_stride) % out_dim) * in_stride.
+                    let strides = self.strides[i].clone().ok_or("broadcast without strides")?;
+                    let mut at: Option<Word> = None;
+                    let mut out_stride = 1u32;
+                    for d in (0..self.out_dims.len()).rev() {
+                        let n = self.out_dims[d];
+                        if n != 1 && strides[d] != 0 {
+                            let mut c = index;
+                            if out_stride != 1 {
+                                let s = self.u(out_stride);
+                                c = build(self.b.u_div(u32, None, c, s))?;
+                            }
+                            // The outermost coordinate is below its dim already.
+                            if d != 0 {
+                                let m = self.u(n);
+                                c = build(self.b.u_mod(u32, None, c, m))?;
+                            }
+                            if strides[d] != 1 {
+                                let k = self.u(strides[d]);
+                                c = build(self.b.i_mul(u32, None, c, k))?;
+                            }
+                            at = Some(match at {
+                                Some(a) => build(self.b.i_add(u32, None, a, c))?,
+                                None => c,
+                            });
+                        }
+                        out_stride = out_stride.wrapping_mul(n);
+                    }
+                    let at = match at {
+                        Some(a) => a,
+                        None => self.u(0),
+                    };
+                    let offset = build(self.b.u_convert(u64, None, at))?;
+                    let offset = build(self.b.i_mul(u64, None, offset, four))?;
+                    let address = build(self.b.i_add(u64, None, base_addresses[i], offset))?;
+                    build(self.b.convert_u_to_ptr(ptr_elem, None, address))?
+                }
+            };
+            let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
+            values.insert(input, v);
         }
         for node in &body.nodes {
             let args: Vec<Option<Word>> = node

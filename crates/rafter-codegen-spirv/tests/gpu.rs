@@ -78,6 +78,7 @@ fn every_supported_op_matches_the_reference_executor() {
             let dims: Vec<usize> = match kind {
                 Operand::Tensor => shape.clone(),
                 Operand::Scalar => vec![1; body.value(input).ty.rank()],
+                Operand::Broadcast => unreachable!("the op cases read full tensors and scalars"),
             };
             let len: usize = dims.iter().product();
             let values = common::inputs_in(case.domain, len, 17 + i as u64);
@@ -243,4 +244,38 @@ fn the_pipeline_cache_is_written_on_drop_and_read_by_the_next_device() {
     );
     drop(device);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Broadcast operands (a row, a column, a leading-dims-missing vector) read the element
+/// NumPy broadcasting gives each output element; checked against the reference executor.
+#[test]
+fn broadcast_operands_match_the_reference() {
+    let Some(device) = common::device_or_skip("broadcast_operands_match_the_reference") else {
+        return;
+    };
+    let body = parse_graph(
+        "graph @k(%x: f32[5, 3, 70], %b: f32[70], %c: f32[5, 1, 1], %d: f32[3, 1]) -> (%y) {\n  %a: f32[5, 3, 70] = binary{op = add}(%x, %b)\n  %e: f32[5, 3, 1] = binary{op = mul}(%c, %d)\n  %y: f32[5, 3, 70] = binary{op = sub}(%a, %e)\n}",
+    )
+    .unwrap();
+    let kernel = elementwise(&body).unwrap();
+    common::spirv_val(&kernel.spirv, "broadcast_gpu");
+    let shapes: [&[usize]; 4] = [&[5, 3, 70], &[70], &[5, 1, 1], &[3, 1]];
+    let host: Vec<Vec<f32>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| common::inputs_in((-3.0, 3.0), s.iter().product(), 40 + i as u64))
+        .collect();
+    let buffers: Vec<_> = host.iter().map(|v| common::upload(&device, v)).collect();
+    let count = 5 * 3 * 70;
+    let out = common::run(&device, &kernel, &buffers, count as u64);
+    let got = common::f32s(&out[0].read_bytes(0, count as u64 * 4).unwrap());
+    let tensors = shapes
+        .iter()
+        .zip(&host)
+        .map(|(s, v)| Tensor::f32s(s, v.clone()))
+        .collect();
+    let want = rafter_reference::run(&body, tensors).unwrap()[0].to_f64_vec();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(*g as f64, *w, "element {i}");
+    }
 }
