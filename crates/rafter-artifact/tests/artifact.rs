@@ -6,8 +6,8 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use rafter_artifact::{
-    Artifact, ArtifactError, ArtifactWriter, Container, ContainerWriter, CpuDescriptor,
-    Launch, ReadOptions, SectionData, SectionKind, VulkanModule, VulkanSection,
+    Artifact, ArtifactError, ArtifactWriter, Container, ContainerWriter, CpuDescriptor, Launch,
+    ReadOptions, SectionData, SectionKind, VulkanModule, VulkanSection,
 };
 use rafter_ir::program::{Program, Step};
 use rafter_ir::program_text::{print_program, WeightMode};

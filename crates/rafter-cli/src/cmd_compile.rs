@@ -49,11 +49,10 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     let artifact_bytes = model::write_artifact(&program, &output, &steps)?;
     let elapsed = steps.finish();
     println!(
-        "compiled {} -> {}: {} kernels on {}, {} weight bytes, {} artifact bytes, {}",
+        "compiled {} -> {}: {}, {} weight bytes, {} artifact bytes, {}",
         args.model.display(),
         output.display(),
-        program.kernels.len(),
-        model::placement_summary(&program),
+        model::kernel_count(&program),
         model::weight_bytes(&program),
         artifact_bytes,
         model::human_time(elapsed)

@@ -186,10 +186,9 @@ pub(crate) fn load(
     let executables = model::executables(&program)?;
     let elapsed = steps.finish();
     println!(
-        "compiled in {} ({} kernels on {})",
+        "compiled in {} ({})",
         model::human_time(elapsed),
-        program.kernels.len(),
-        model::placement_summary(&program)
+        model::kernel_count(&program)
     );
     Ok(Executor::Runtime(program, executables))
 }

@@ -115,6 +115,20 @@ pub fn with_executables(
     options
 }
 
+/// `98 kernels`, or `98 kernels (12 on vulkan)`.
+pub fn kernel_count(program: &Program) -> String {
+    let n = program.kernels.len();
+    match program
+        .kernels
+        .iter()
+        .filter(|k| k.device == "vulkan")
+        .count()
+    {
+        0 => format!("{n} kernels"),
+        v => format!("{n} kernels ({v} on vulkan)"),
+    }
+}
+
 /// `cpu`, or `cpu+vulkan (N on vulkan)`: where a program's kernels run.
 pub fn placement_summary(program: &Program) -> String {
     let on_vulkan = program

@@ -1,6 +1,6 @@
 //! Fused elementwise kernels on f32.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rspirv::binary::Assemble;
@@ -27,8 +27,11 @@ pub enum Operand {
     /// A single element, broadcast to every output element.
     Scalar,
     /// NumPy broadcasting of a smaller tensor (dims of 1, or missing leading dims) to the
-    /// output's static shape: its element index is computed from the output's coordinates.
+    /// output's static shape, or the input of a transpose: its element index is computed
+    /// from the output's coordinates and per-dim strides.
     Broadcast,
+    /// Bound but never read: the shape or axes operand of a reshape-like op.
+    Unread,
 }
 
 /// A generated elementwise kernel and how to launch it.
@@ -96,7 +99,8 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
                 | Op::ThresholdedRelu { .. }
                 | Op::Shrink { .. }
                 | Op::Gelu { .. }
-        );
+        ) || is_view(&node.op)
+            || matches!(node.op, Op::Transpose { .. } | Op::Expand);
         if !known {
             return Err(error(format!(
                 "op `{}` (node `{}`) is not generated for Vulkan yet",
@@ -112,12 +116,69 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         .iter()
         .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
         .collect();
+    // Values read only as the shape or axes operand of a reshape-like op: never loaded.
+    let mut meta: HashSet<ValueId> = HashSet::new();
+    let mut data_uses: HashMap<ValueId, usize> = HashMap::new();
+    for node in &body.nodes {
+        for (k, v) in node.inputs.iter().enumerate() {
+            if let Some(v) = v {
+                if k > 0 && (is_view(&node.op) || matches!(node.op, Op::Expand)) {
+                    meta.insert(*v);
+                } else {
+                    *data_uses.entry(*v).or_default() += 1;
+                }
+            }
+        }
+    }
+    meta.retain(|v| !data_uses.contains_key(v) && !body.outputs.contains(v));
+    let has_view = body.nodes.iter().any(|n| is_view(&n.op));
+    // Inputs read through a transpose: strides per output dim from the permutation.
+    let mut transposed: HashMap<ValueId, Vec<u32>> = HashMap::new();
+    for node in &body.nodes {
+        let Op::Transpose { perm } = &node.op else {
+            continue;
+        };
+        let (Some(Some(x)), Some(Some(y))) = (node.inputs.first(), node.outputs.first()) else {
+            return Err(error(format!("transpose `{}` has no operand", node.name)));
+        };
+        let strides = (|| {
+            let out = static_shape.as_deref()?;
+            if has_view
+                || !body.inputs.contains(x)
+                || data_uses.get(x) != Some(&1)
+                || body.value(*y).ty.dims != *shape
+            {
+                return None;
+            }
+            transpose_strides(&body.value(*x).ty.dims, perm, out)
+        })()
+        .ok_or_else(|| {
+            error(format!(
+                "transpose `{}` is generated only alone on a kernel input of static shape",
+                node.name
+            ))
+        })?;
+        transposed.insert(*x, strides);
+    }
     let strides_of = |v: ValueId| -> Option<Vec<u32>> {
+        if let Some(t) = transposed.get(&v) {
+            return Some(t.clone());
+        }
+        if has_view {
+            return None;
+        }
         broadcast_strides(&body.value(v).ty.dims, static_shape.as_deref()?)
     };
+    let out_count = body.value(first_output).ty.num_elements();
+    // Reshape-like ops keep the linear order: with them, every value has the output's
+    // element count (or one element).
+    let linear = |v: ValueId| has_view && body.value(v).ty.num_elements() == out_count;
     for i in 0..body.values.len() {
         let v = ValueId(i as u32);
         let value = body.value(v);
+        if meta.contains(&v) {
+            continue;
+        }
         if value.ty.dtype != DType::F32 {
             return Err(error(format!(
                 "value %{} (#{i}) is {}; only f32 is generated yet",
@@ -135,7 +196,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
                 )));
             }
         }
-        if &value.ty.dims != shape && !is_scalar(v) && strides_of(v).is_none() {
+        if &value.ty.dims != shape && !is_scalar(v) && !linear(v) && strides_of(v).is_none() {
             return Err(error(format!(
                 "value %{} of {} does not broadcast to the output's {} (broadcasting is \
                  generated for static shapes only)",
@@ -159,7 +220,12 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         .iter()
         .map(|&v| {
             strides.push(None);
-            if body.value(v).ty.dims == *shape {
+            if meta.contains(&v) {
+                Operand::Unread
+            } else if let Some(t) = transposed.get(&v) {
+                *strides.last_mut().expect("pushed") = Some(t.clone());
+                Operand::Broadcast
+            } else if body.value(v).ty.dims == *shape || linear(v) {
                 Operand::Tensor
             } else if is_scalar(v) {
                 Operand::Scalar
@@ -174,7 +240,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         .iter()
         .map(|&d| d as u32)
         .collect();
-    let spirv = Emitter::new(body, &inputs, strides, out_dims)
+    let spirv = Emitter::new(body, &inputs, strides, out_dims, meta)
         .emit()
         .map_err(error)?;
     Ok(ElementwiseKernel {
@@ -183,6 +249,43 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         inputs,
         outputs: body.outputs.len(),
     })
+}
+
+/// Ops that only reinterpret their first operand's elements in linear order (the others
+/// are shapes or axes).
+fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. }
+    )
+}
+
+/// Per output dim, the element stride in a tensor of static `dims` that `perm` transposes
+/// to `out` (output dim `d` is input axis `perm[d]`).
+fn transpose_strides(dims: &[rafter_ir::Dim], perm: &[i64], out: &[u64]) -> Option<Vec<u32>> {
+    let known: Vec<u64> = dims
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect::<Option<_>>()?;
+    if perm.len() != known.len() || out.len() != known.len() {
+        return None;
+    }
+    if known.iter().product::<u64>() > MAX_ELEMENTS {
+        return None;
+    }
+    let mut in_strides = vec![0u64; known.len()];
+    let mut stride = 1u64;
+    for a in (0..known.len()).rev() {
+        in_strides[a] = stride;
+        stride *= known[a];
+    }
+    perm.iter()
+        .zip(out)
+        .map(|(&p, &n)| {
+            let a = usize::try_from(p).ok().filter(|&a| a < known.len())?;
+            (known[a] == n).then_some(in_strides[a] as u32)
+        })
+        .collect()
 }
 
 /// Per output dim, the element stride of a tensor of `dims` broadcast (NumPy rules, dims
@@ -253,6 +356,8 @@ struct Emitter<'a> {
     strides: Vec<Option<Vec<u32>>>,
     /// The output's static dims (empty when symbolic; then no input is broadcast).
     out_dims: Vec<u32>,
+    /// Values never read (shape and axes operands of reshape-like ops).
+    meta: HashSet<ValueId>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -269,6 +374,7 @@ impl<'a> Emitter<'a> {
         inputs: &'a [Operand],
         strides: Vec<Option<Vec<u32>>>,
         out_dims: Vec<u32>,
+        meta: HashSet<ValueId>,
     ) -> Emitter<'a> {
         let mut b = Builder::new();
         b.set_version(1, 5);
@@ -290,6 +396,7 @@ impl<'a> Emitter<'a> {
             inputs,
             strides,
             out_dims,
+            meta,
             b,
             glsl,
             void,
@@ -662,7 +769,17 @@ impl<'a> Emitter<'a> {
         let zero = self.f(0.0);
         let one = self.f(1.0);
         Ok(match op {
-            Op::Identity => arg(0)?,
+            // Reshape-like ops and transposes move no value: their operand was read at the
+            // right element (linear order, or through the transpose's strides).
+            Op::Identity
+            | Op::Reshape { .. }
+            | Op::Flatten { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Transpose { .. }
+            // An expand is a broadcast, which every value gets by being read at the
+            // output's coordinates.
+            | Op::Expand => arg(0)?,
             Op::Cast { to: DType::F32 } => arg(0)?,
             Op::Unary { op } => self.unary(*op, arg(0)?)?,
             Op::Binary { op } => self.binary(*op, arg(0)?, arg(1)?)?,
@@ -885,6 +1002,9 @@ impl<'a> Emitter<'a> {
             }
         }
         for (i, value) in body.values.iter().enumerate() {
+            if self.meta.contains(&ValueId(i as u32)) {
+                continue;
+            }
             if let ValueDef::Const(c) = value.def {
                 let data = body.constant(c);
                 let v = data
@@ -931,7 +1051,7 @@ impl<'a> Emitter<'a> {
         for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
             let ptr = match kind {
                 Operand::Tensor => element(&mut self.b, base_addresses[i])?,
-                Operand::Scalar => continue,
+                Operand::Scalar | Operand::Unread => continue,
                 Operand::Broadcast => {
                     // The input's element index from the output's coordinates:
                     // sum over dims of ((index / out_stride) % out_dim) * in_stride.

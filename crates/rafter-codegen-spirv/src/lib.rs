@@ -13,11 +13,14 @@
 //!
 //! # What is generated today
 //!
-//! [`elementwise`]: a fused chain of elementwise ops on `f32`, each operand either of the
-//! output's shape or a single element broadcast to all (a scalar). One invocation per
-//! element over a 1-D grid, in a grid-stride loop, so any element count fits in the device's
-//! workgroup-count limit; the count is the one `u32` param. Reductions, data movement,
-//! contractions, general broadcasting and other dtypes come next.
+//! [`elementwise`]: a fused chain of elementwise ops on `f32`, each operand of the output's
+//! shape, a single element broadcast to all (a scalar), or (static shapes) NumPy-broadcast
+//! or transposed, read through per-dim strides from the output's coordinates; reshape-like
+//! ops (reshape, flatten, squeeze, unsqueeze) keep linear order and expand is a broadcast.
+//! One invocation per element over a 1-D grid, in a grid-stride loop, so any element count
+//! fits in the device's workgroup-count limit; the count is the one `u32` param.
+//! Reductions, other data movement, contractions, broadcasting over symbolic dims and other
+//! dtypes come next.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.

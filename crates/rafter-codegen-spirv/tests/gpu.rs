@@ -78,7 +78,9 @@ fn every_supported_op_matches_the_reference_executor() {
             let dims: Vec<usize> = match kind {
                 Operand::Tensor => shape.clone(),
                 Operand::Scalar => vec![1; body.value(input).ty.rank()],
-                Operand::Broadcast => unreachable!("the op cases read full tensors and scalars"),
+                Operand::Broadcast | Operand::Unread => {
+                    unreachable!("the op cases read full tensors and scalars")
+                }
             };
             let len: usize = dims.iter().product();
             let values = common::inputs_in(case.domain, len, 17 + i as u64);
@@ -246,6 +248,38 @@ fn the_pipeline_cache_is_written_on_drop_and_read_by_the_next_device() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs `text` (a body with f32 inputs of `shapes`) on the device and checks every output
+/// element equals the reference executor's, bit for bit (these bodies only add, multiply
+/// and move values). Returns the kernel's operand kinds.
+fn check_against_reference(
+    device: &rafter_hal_vulkan::VulkanDevice,
+    text: &str,
+    shapes: &[&[usize]],
+) -> Vec<Operand> {
+    let body = parse_graph(text).unwrap();
+    let kernel = elementwise(&body).unwrap_or_else(|e| panic!("{e}"));
+    common::spirv_val(&kernel.spirv, &body.name);
+    let host: Vec<Vec<f32>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| common::inputs_in((-3.0, 3.0), s.iter().product(), 40 + i as u64))
+        .collect();
+    let buffers: Vec<_> = host.iter().map(|v| common::upload(device, v)).collect();
+    let tensors = shapes
+        .iter()
+        .zip(&host)
+        .map(|(s, v)| Tensor::f32s(s, v.clone()))
+        .collect();
+    let want = rafter_reference::run(&body, tensors).unwrap()[0].to_f64_vec();
+    let count = want.len();
+    let out = common::run(device, &kernel, &buffers, count as u64);
+    let got = common::f32s(&out[0].read_bytes(0, count as u64 * 4).unwrap());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(*g as f64, *w, "{}: element {i}", body.name);
+    }
+    kernel.inputs
+}
+
 /// Broadcast operands (a row, a column, a leading-dims-missing vector) read the element
 /// NumPy broadcasting gives each output element; checked against the reference executor.
 #[test]
@@ -253,29 +287,40 @@ fn broadcast_operands_match_the_reference() {
     let Some(device) = common::device_or_skip("broadcast_operands_match_the_reference") else {
         return;
     };
-    let body = parse_graph(
-        "graph @k(%x: f32[5, 3, 70], %b: f32[70], %c: f32[5, 1, 1], %d: f32[3, 1]) -> (%y) {\n  %a: f32[5, 3, 70] = binary{op = add}(%x, %b)\n  %e: f32[5, 3, 1] = binary{op = mul}(%c, %d)\n  %y: f32[5, 3, 70] = binary{op = sub}(%a, %e)\n}",
-    )
-    .unwrap();
-    let kernel = elementwise(&body).unwrap();
-    common::spirv_val(&kernel.spirv, "broadcast_gpu");
-    let shapes: [&[usize]; 4] = [&[5, 3, 70], &[70], &[5, 1, 1], &[3, 1]];
-    let host: Vec<Vec<f32>> = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| common::inputs_in((-3.0, 3.0), s.iter().product(), 40 + i as u64))
-        .collect();
-    let buffers: Vec<_> = host.iter().map(|v| common::upload(&device, v)).collect();
-    let count = 5 * 3 * 70;
-    let out = common::run(&device, &kernel, &buffers, count as u64);
-    let got = common::f32s(&out[0].read_bytes(0, count as u64 * 4).unwrap());
-    let tensors = shapes
-        .iter()
-        .zip(&host)
-        .map(|(s, v)| Tensor::f32s(s, v.clone()))
-        .collect();
-    let want = rafter_reference::run(&body, tensors).unwrap()[0].to_f64_vec();
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(*g as f64, *w, "element {i}");
-    }
+    let kinds = check_against_reference(
+        &device,
+        "graph @bcast(%x: f32[5, 3, 70], %b: f32[70], %c: f32[5, 1, 1], %d: f32[3, 1]) -> (%y) {\n  %a: f32[5, 3, 70] = binary{op = add}(%x, %b)\n  %e: f32[5, 3, 1] = binary{op = mul}(%c, %d)\n  %y: f32[5, 3, 70] = binary{op = sub}(%a, %e)\n}",
+        &[&[5, 3, 70], &[70], &[5, 1, 1], &[3, 1]],
+    );
+    assert_eq!(kinds[1..], [Operand::Broadcast; 3]);
+}
+
+/// Transposes read their input through permuted strides; reshape-like ops keep linear
+/// order (their shape operands are bound but never read); expand is a broadcast.
+#[test]
+fn transpose_reshape_and_expand_match_the_reference() {
+    let Some(device) = common::device_or_skip("transpose_reshape_and_expand") else {
+        return;
+    };
+    let kinds = check_against_reference(
+        &device,
+        "graph @tr(%x: f32[2, 3, 40]) -> (%y) {\n  %y: f32[40, 2, 3] = transpose{perm = [2, 0, 1]}(%x)\n}",
+        &[&[2, 3, 40]],
+    );
+    assert_eq!(kinds, [Operand::Broadcast]);
+    check_against_reference(
+        &device,
+        "graph @tr_add(%x: f32[7, 9], %z: f32[9, 7]) -> (%y) {\n  %t: f32[9, 7] = transpose{perm = [1, 0]}(%x)\n  %y: f32[9, 7] = binary{op = add}(%t, %z)\n}",
+        &[&[7, 9], &[9, 7]],
+    );
+    check_against_reference(
+        &device,
+        "graph @rs(%x: f32[6, 35]) -> (%y) {\n  const %s: i64[3] = dense [5, 6, 7]\n  %r: f32[5, 6, 7] = reshape{allow_zero = false}(%x, %s)\n  %y: f32[5, 6, 7] = unary{op = neg}(%r)\n}",
+        &[&[6, 35]],
+    );
+    check_against_reference(
+        &device,
+        "graph @ex(%x: f32[3, 1]) -> (%y) {\n  const %s: i64[3] = dense [2, 3, 50]\n  %y: f32[2, 3, 50] = expand(%x, %s)\n}",
+        &[&[3, 1]],
+    );
 }
