@@ -24,7 +24,15 @@ pub struct PlanArgs {
 
 pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     let program = load(&args)?;
-    print!("{}", render(&program));
+    let mut out = render(&program);
+    if args.target == "vulkan" && !model::uses_vulkan(&program) {
+        // Compiled for vulkan, yet nothing went there: say why for every kernel.
+        let at = out.find("\nbuffers: ").map_or(out.len(), |i| i + 1);
+        let mut lines = placement_lines(&program, true).join("\n");
+        lines.push('\n');
+        out.insert_str(at, &lines);
+    }
+    print!("{out}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -79,7 +87,7 @@ pub fn render(p: &Program) -> String {
     for (i, step) in p.steps.iter().enumerate() {
         line(step_line(p, i, step));
     }
-    for l in placement_lines(p) {
+    for l in placement_lines(p, false) {
         line(l);
     }
     line(format!("buffers: {}", p.buffers.len()));
@@ -105,8 +113,8 @@ pub fn render(p: &Program) -> String {
 ///   k3 `k3_reduce` stays on cpu: op `reduce` (node `r`) is not generated for Vulkan yet
 ///   cross-device copies: 2
 /// ```
-fn placement_lines(p: &Program) -> Vec<String> {
-    if !model::uses_vulkan(p) {
+fn placement_lines(p: &Program, always: bool) -> Vec<String> {
+    if !always && !model::uses_vulkan(p) {
         return Vec::new();
     }
     let on_vulkan = p.kernels.iter().filter(|k| k.device == "vulkan").count();

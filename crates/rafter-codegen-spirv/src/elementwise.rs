@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
+use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, ReduceKind, UnaryOp, ValueDef, ValueId};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
@@ -68,12 +68,16 @@ impl ElementwiseKernel {
 }
 
 /// Compiles an elementwise body: inputs and outputs f32, every op elementwise, every input
-/// and intermediate either of the output's shape or of one element.
+/// and intermediate of the output's shape, of one element, or (static shapes) broadcast to
+/// the output or read through a transpose; or with reshape-like ops, every value of the
+/// output's element count. A body that is one `reduce` is compiled by a lane loop instead
+/// (same launch: one invocation per output element).
 ///
 /// Supported ops: `identity`, `cast` to f32 of f32, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
 /// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
-/// `shrink`, `gelu`. Scalar f32 constants are folded into the module.
+/// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
+/// `reduce` alone. Scalar f32 constants are folded into the module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),
@@ -82,6 +86,11 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let Some(&first_output) = body.outputs.first() else {
         return Err(error("the body has no outputs".into()));
     };
+    if let [node] = &body.nodes[..] {
+        if matches!(node.op, Op::Reduce { .. }) {
+            return reduction(body).map_err(error);
+        }
+    }
     // Ops first, so a reduction or a matmul is reported as such, not by its shapes.
     for node in &body.nodes {
         let known = matches!(
@@ -251,6 +260,133 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     })
 }
 
+/// One `reduce` node alone, on f32 of static shape: each invocation computes one output
+/// element by a sequential loop over its lane (the reduced elements), in f32.
+#[derive(Debug, Clone)]
+struct ReducePlan {
+    kind: ReduceKind,
+    /// `(divisor, size, input stride)` per kept dim: the output index's coordinate there is
+    /// `(o / divisor) % size`.
+    kept: Vec<(u32, u32, u32)>,
+    /// The same for the lane index over the reduced dims.
+    reduced: Vec<(u32, u32, u32)>,
+    /// Elements per lane.
+    lane: u32,
+}
+
+fn reduction(body: &Graph) -> R<ElementwiseKernel> {
+    let node = &body.nodes[0];
+    let Op::Reduce {
+        kind,
+        axes,
+        keep_dims: _,
+        noop_with_empty_axes,
+    } = &node.op
+    else {
+        return Err("not a reduce".into());
+    };
+    if *kind == ReduceKind::LogSumExp {
+        return Err("reduce log_sum_exp is not generated for Vulkan yet".into());
+    }
+    let Some(Some(x)) = node.inputs.first() else {
+        return Err("reduce without an operand".into());
+    };
+    if body.inputs.first() != Some(x) || body.outputs.len() != 1 {
+        return Err("a reduce is generated alone, on a kernel input, with one result".into());
+    }
+    // Axes: the attribute, or a constant operand folded into the body.
+    let axes: Vec<i64> = match node.inputs.get(1).copied().flatten() {
+        None => axes.clone(),
+        Some(a) => match body.value(a).def {
+            ValueDef::Const(c) => body
+                .constant(c)
+                .to_f64s()
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+            _ => return Err("reduce axes given at run time are not generated yet".into()),
+        },
+    };
+    if axes.is_empty() && *noop_with_empty_axes {
+        return Err("a reduce over no axes (a copy) is not generated".into());
+    }
+    let xv = body.value(*x);
+    let out = body.value(body.outputs[0]);
+    if xv.ty.dtype != DType::F32 || out.ty.dtype != DType::F32 {
+        return Err(format!(
+            "reduce on {}; only f32 is generated yet",
+            xv.ty.dtype
+        ));
+    }
+    let dims: Vec<u64> = xv
+        .ty
+        .dims
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect::<Option<_>>()
+        .ok_or("reduce over symbolic dims is not generated yet")?;
+    if dims.iter().product::<u64>() > MAX_ELEMENTS {
+        return Err("reduce input too large for 32-bit indexing".into());
+    }
+    let rank = dims.len() as i64;
+    let mut is_reduced = vec![axes.is_empty(); dims.len()];
+    for &a in &axes {
+        let a = if a < 0 { a + rank } else { a };
+        if !(0..rank).contains(&a) {
+            return Err(format!("reduce axis {a} out of range for rank {rank}"));
+        }
+        is_reduced[a as usize] = true;
+    }
+    let mut in_stride = vec![0u64; dims.len()];
+    let mut stride = 1u64;
+    for d in (0..dims.len()).rev() {
+        in_stride[d] = stride;
+        stride *= dims[d];
+    }
+    let plan_of = |want: bool| -> Vec<(u32, u32, u32)> {
+        let mut divisor = 1u64;
+        let mut v = Vec::new();
+        for d in (0..dims.len()).rev() {
+            if is_reduced[d] == want {
+                v.push((divisor as u32, dims[d] as u32, in_stride[d] as u32));
+                divisor *= dims[d];
+            }
+        }
+        v
+    };
+    let lane: u64 = (0..dims.len())
+        .filter(|&d| is_reduced[d])
+        .map(|d| dims[d])
+        .product();
+    let plan = ReducePlan {
+        kind: *kind,
+        kept: plan_of(false),
+        reduced: plan_of(true),
+        lane: lane as u32,
+    };
+    let inputs: Vec<Operand> = body
+        .inputs
+        .iter()
+        .map(|v| {
+            if v == x {
+                Operand::Tensor
+            } else {
+                Operand::Unread
+            }
+        })
+        .collect();
+    let mut emitter = Emitter::new(body, &inputs, vec![None; inputs.len()], Vec::new(), {
+        body.inputs.iter().filter(|v| *v != x).copied().collect()
+    });
+    emitter.reduce = Some(plan);
+    Ok(ElementwiseKernel {
+        spirv: emitter.emit()?,
+        entry_point: "main".into(),
+        inputs,
+        outputs: 1,
+    })
+}
+
 /// Ops that only reinterpret their first operand's elements in linear order (the others
 /// are shapes or axes).
 fn is_view(op: &Op) -> bool {
@@ -358,6 +494,8 @@ struct Emitter<'a> {
     out_dims: Vec<u32>,
     /// Values never read (shape and axes operands of reshape-like ops).
     meta: HashSet<ValueId>,
+    /// Set for a reduction kernel ([`reduction`]): the loop body computes one lane.
+    reduce: Option<ReducePlan>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -397,6 +535,7 @@ impl<'a> Emitter<'a> {
             strides,
             out_dims,
             meta,
+            reduce: None,
             b,
             glsl,
             void,
@@ -1038,6 +1177,20 @@ impl<'a> Emitter<'a> {
         build(self.b.branch_conditional(in_range, body_label, merge, []))?;
 
         build(self.b.begin_block(Some(body_label)))?;
+        if let Some(plan) = self.reduce.clone() {
+            let result = self.reduce_lane(&plan, index, base_addresses[0], ptr_elem)?;
+            let offset = build(self.b.u_convert(u64, None, index))?;
+            let offset = build(self.b.i_mul(u64, None, offset, four))?;
+            let address =
+                build(
+                    self.b
+                        .i_add(u64, None, base_addresses[body.inputs.len()], offset),
+                )?;
+            let ptr = build(self.b.convert_u_to_ptr(ptr_elem, None, address))?;
+            build(self.b.store(ptr, result, aligned, [Arg::LiteralBit32(4)]))?;
+            build(self.b.branch(cont))?;
+            return self.finish_loop(cont, next, index, stride, header, merge);
+        }
         // Element addresses are computed as 64-bit integers, `base + index * 4`, not by
         // access chains into the block's runtime array: with those (32- or 64-bit index)
         // NVIDIA's driver (580, H100) never wrote an element past byte 2^32 of a buffer
@@ -1116,6 +1269,20 @@ impl<'a> Emitter<'a> {
         }
         build(self.b.branch(cont))?;
 
+        self.finish_loop(cont, next, index, stride, header, merge)
+    }
+
+    /// The grid-stride loop's continue block and the function's end.
+    fn finish_loop(
+        mut self,
+        cont: Word,
+        next: Word,
+        index: Word,
+        stride: Word,
+        header: Word,
+        merge: Word,
+    ) -> R<Vec<u32>> {
+        let u32 = self.u32;
         build(self.b.begin_block(Some(cont)))?;
         build(self.b.i_add(u32, Some(next), index, stride))?;
         build(self.b.branch(header))?;
@@ -1124,5 +1291,130 @@ impl<'a> Emitter<'a> {
         build(self.b.ret())?;
         build(self.b.end_function())?;
         Ok(self.b.module().assemble())
+    }
+
+    /// `sum over parts of ((v / divisor) % size) * stride`: an element index from a linear
+    /// index and a plan of `(divisor, size, stride)` parts.
+    fn strided(&mut self, v: Word, parts: &[(u32, u32, u32)]) -> R<Word> {
+        let u32 = self.u32;
+        let mut at: Option<Word> = None;
+        for &(divisor, size, stride) in parts {
+            if size == 1 {
+                continue;
+            }
+            let mut c = v;
+            if divisor != 1 {
+                let d = self.u(divisor);
+                c = build(self.b.u_div(u32, None, c, d))?;
+            }
+            let n = self.u(size);
+            c = build(self.b.u_mod(u32, None, c, n))?;
+            if stride != 1 {
+                let k = self.u(stride);
+                c = build(self.b.i_mul(u32, None, c, k))?;
+            }
+            at = Some(match at {
+                Some(a) => build(self.b.i_add(u32, None, a, c))?,
+                None => c,
+            });
+        }
+        Ok(match at {
+            Some(a) => a,
+            None => self.u(0),
+        })
+    }
+
+    /// Reduces the lane of output element `o` (a loop over the reduced elements) and
+    /// returns the result. Leaves the builder in a new block after the loop.
+    fn reduce_lane(&mut self, plan: &ReducePlan, o: Word, base: Word, ptr_elem: Word) -> R<Word> {
+        let (f32, u32, bool_ty) = (self.f32, self.u32, self.bool);
+        let u64 = self.b.type_int(64, 0);
+        let four = self.b.constant_bit64(u64, 4);
+        let lane_base = self.strided(o, &plan.kept)?;
+        let pre = self.b.selected_block().ok_or("no current block")?;
+        let pre_label = self
+            .b
+            .module_ref()
+            .functions
+            .last()
+            .and_then(|f| f.blocks.get(pre))
+            .and_then(|b| b.label_id())
+            .ok_or("no label")?;
+        use ReduceKind::*;
+        let init = match plan.kind {
+            Prod => self.f(1.0),
+            Max => self.f(f32::NEG_INFINITY),
+            Min => self.f(f32::INFINITY),
+            _ => self.f(0.0),
+        };
+        let zero = self.u(0);
+        let one = self.u(1);
+        let lane = self.u(plan.lane);
+        let (header, cond, body, cont, merge) = (
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+        );
+        let (r_next, acc_next) = (self.b.id(), self.b.id());
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(header)))?;
+        let r = build(self.b.phi(u32, None, [(zero, pre_label), (r_next, cont)]))?;
+        let acc = build(self.b.phi(f32, None, [(init, pre_label), (acc_next, cont)]))?;
+        build(self.b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+        build(self.b.branch(cond))?;
+
+        build(self.b.begin_block(Some(cond)))?;
+        let in_range = build(self.b.u_less_than(bool_ty, None, r, lane))?;
+        build(self.b.branch_conditional(in_range, body, merge, []))?;
+
+        build(self.b.begin_block(Some(body)))?;
+        let offset = self.strided(r, &plan.reduced)?;
+        let index = build(self.b.i_add(u32, None, lane_base, offset))?;
+        let byte = build(self.b.u_convert(u64, None, index))?;
+        let byte = build(self.b.i_mul(u64, None, byte, four))?;
+        let address = build(self.b.i_add(u64, None, base, byte))?;
+        let ptr = build(self.b.convert_u_to_ptr(ptr_elem, None, address))?;
+        let x = build(self.b.load(
+            f32,
+            None,
+            ptr,
+            Some(MemoryAccess::ALIGNED),
+            [Arg::LiteralBit32(4)],
+        ))?;
+        let step = match plan.kind {
+            Sum | Mean | LogSum => self.add(acc, x)?,
+            L1 => {
+                let a = self.ext(glsl::FABS, &[x])?;
+                self.add(acc, a)?
+            }
+            L2 | SumSquare => {
+                let sq = self.mul(x, x)?;
+                self.add(acc, sq)?
+            }
+            Prod => self.mul(acc, x)?,
+            Max => self.minmax(true, acc, x)?,
+            Min => self.minmax(false, acc, x)?,
+            LogSumExp => return Err("log_sum_exp".into()),
+        };
+        build(self.b.branch(cont))?;
+
+        build(self.b.begin_block(Some(cont)))?;
+        build(self.b.copy_object(f32, Some(acc_next), step))?;
+        build(self.b.i_add(u32, Some(r_next), r, one))?;
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(merge)))?;
+        Ok(match plan.kind {
+            Mean => {
+                let n = self.f(plan.lane as f32);
+                self.div(acc, n)?
+            }
+            L2 => self.ext(glsl::SQRT, &[acc])?,
+            LogSum => self.ext(glsl::LOG, &[acc])?,
+            _ => acc,
+        })
     }
 }

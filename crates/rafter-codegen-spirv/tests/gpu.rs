@@ -256,6 +256,17 @@ fn check_against_reference(
     text: &str,
     shapes: &[&[usize]],
 ) -> Vec<Operand> {
+    check_within(device, text, shapes, 0.0)
+}
+
+/// [`check_against_reference`] within a relative tolerance (reductions sum in f32 on the
+/// GPU, in f64 in the reference).
+fn check_within(
+    device: &rafter_hal_vulkan::VulkanDevice,
+    text: &str,
+    shapes: &[&[usize]],
+    rtol: f64,
+) -> Vec<Operand> {
     let body = parse_graph(text).unwrap();
     let kernel = elementwise(&body).unwrap_or_else(|e| panic!("{e}"));
     common::spirv_val(&kernel.spirv, &body.name);
@@ -275,7 +286,9 @@ fn check_against_reference(
     let out = common::run(device, &kernel, &buffers, count as u64);
     let got = common::f32s(&out[0].read_bytes(0, count as u64 * 4).unwrap());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(*g as f64, *w, "{}: element {i}", body.name);
+        let g = *g as f64;
+        let close = g == *w || (g - w).abs() <= rtol * w.abs() || (g.is_nan() && w.is_nan());
+        assert!(close, "{}: element {i}: got {g}, want {w}", body.name);
     }
     kernel.inputs
 }
@@ -322,5 +335,50 @@ fn transpose_reshape_and_expand_match_the_reference() {
         &device,
         "graph @ex(%x: f32[3, 1]) -> (%y) {\n  const %s: i64[3] = dense [2, 3, 50]\n  %y: f32[2, 3, 50] = expand(%x, %s)\n}",
         &[&[3, 1]],
+    );
+}
+
+/// A `reduce` alone: one invocation per output element loops over its lane. Every kind
+/// but log_sum_exp, axes as attribute or constant operand, kept or dropped dims, an empty
+/// lane (each kind's identity).
+#[test]
+fn reductions_match_the_reference() {
+    let Some(device) = common::device_or_skip("reductions_match_the_reference") else {
+        return;
+    };
+    for (kind, tol) in [
+        ("sum", 1e-5),
+        ("mean", 1e-5),
+        ("prod", 1e-4),
+        ("l1", 1e-5),
+        ("l2", 1e-5),
+        ("sum_square", 1e-5),
+        ("max", 0.0),
+        ("min", 0.0),
+    ] {
+        check_within(
+            &device,
+            &format!("graph @r_{kind}(%x: f32[4, 6, 5]) -> (%y) {{\n  %y: f32[4, 1, 5] = reduce{{kind = {kind}, axes = [1], keep_dims = true, noop_with_empty_axes = false}}(%x)\n}}"),
+            &[&[4, 6, 5]],
+            tol,
+        );
+        check_within(
+            &device,
+            &format!("graph @r_{kind}_02(%x: f32[4, 6, 5]) -> (%y) {{\n  const %a: i64[2] = dense [0, -1]\n  %y: f32[6] = reduce{{kind = {kind}, axes = [], keep_dims = false, noop_with_empty_axes = false}}(%x, %a)\n}}"),
+            &[&[4, 6, 5]],
+            tol,
+        );
+    }
+    check_within(
+        &device,
+        "graph @r_all(%x: f32[3, 70]) -> (%y) {\n  %y: f32[] = reduce{kind = log_sum, axes = [], keep_dims = false, noop_with_empty_axes = false}(%x)\n}",
+        &[&[3, 70]],
+        1e-5,
+    );
+    check_within(
+        &device,
+        "graph @r_empty(%x: f32[2, 0, 3]) -> (%y) {\n  %y: f32[2, 1, 3] = reduce{kind = max, axes = [1], keep_dims = true, noop_with_empty_axes = false}(%x)\n}",
+        &[&[2, 0, 3]],
+        0.0,
     );
 }

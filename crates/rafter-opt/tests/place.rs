@@ -16,7 +16,7 @@ fn vulkan() -> CompileOptions {
     }
 }
 
-/// relu(x) and relu(x)·w (GPU, one fused kernel) → sum over an axis (reduction: CPU) →
+/// relu(x) and relu(x)·w (GPU, one fused kernel) → log-sum-exp over an axis (CPU) →
 /// sigmoid (GPU), with the input also an output. The GPU reads the input where it lives
 /// (first read there) and the weight through its own weight buffer; the reduction reads a
 /// CPU replica of the relu, the sigmoid a GPU replica of the sum.
@@ -29,7 +29,7 @@ fn graph() -> String {
   const %w: f32[4, 8] = dense [{}]
   %a: f32[4, 8] = unary{{op = relu}}(%x)
   %b: f32[4, 8] = binary{{op = mul}}(%a, %w)
-  %s: f32[4] = reduce{{kind = sum, axes = [1], keep_dims = false, noop_with_empty_axes = false}}(%a)
+  %s: f32[4] = reduce{{kind = log_sum_exp, axes = [1], keep_dims = false, noop_with_empty_axes = false}}(%a)
   %y: f32[4] = unary{{op = sigmoid}}(%s)
 }}"#,
         w.join(", ")
@@ -89,11 +89,11 @@ fn supported_kernels_go_to_the_gpu_with_copies_at_device_changes() {
 }
 
 #[test]
-fn gpu_only_intermediates_live_in_device_local_memory() {
+fn results_crossing_to_the_gpu_live_in_host_visible_memory() {
     let g = parse(
         r#"graph @g(%x: f32[16]) -> (%z) {
   %a: f32[16] = unary{op = exp}(%x)
-  %s: f32[] = reduce{kind = sum, axes = [0], keep_dims = false, noop_with_empty_axes = false}(%x)
+  %s: f32[] = reduce{kind = log_sum_exp, axes = [0], keep_dims = false, noop_with_empty_axes = false}(%x)
   %b: f32[16] = binary{op = div}(%a, %s)
   %z: f32[16] = unary{op = neg}(%b)
 }"#,
@@ -113,7 +113,7 @@ fn gpu_only_intermediates_live_in_device_local_memory() {
 fn a_program_without_supported_kernels_is_the_cpu_program() {
     let g = parse(
         r#"graph @g(%x: f32[4, 8]) -> (%s) {
-  %s: f32[4] = reduce{kind = sum, axes = [1], keep_dims = false, noop_with_empty_axes = false}(%x)
+  %s: f32[4] = reduce{kind = log_sum_exp, axes = [1], keep_dims = false, noop_with_empty_axes = false}(%x)
 }"#,
     );
     let cpu = rafter_opt::compile(&g, &CompileOptions::default()).unwrap();

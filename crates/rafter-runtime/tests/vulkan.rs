@@ -77,7 +77,7 @@ fn rand(dims: &[usize], seed: u32) -> Tensor {
     Tensor::f32s(dims, v)
 }
 
-/// GPU (relu, relu·w) → CPU (sum over an axis) → GPU (sigmoid): input, weight and both
+/// GPU (relu, relu·w) → CPU (log-sum-exp over an axis) → GPU (sigmoid): input, weight and both
 /// ends on the GPU, a copy each way, the input also an output.
 fn mixed_graph() -> Graph {
     let w: Vec<String> = (0..32)
@@ -88,7 +88,7 @@ fn mixed_graph() -> Graph {
   const %w: f32[4, 8] = dense [{}]
   %a: f32[4, 8] = unary{{op = relu}}(%x)
   %b: f32[4, 8] = binary{{op = mul}}(%a, %w)
-  %s: f32[4] = reduce{{kind = sum, axes = [1], keep_dims = false, noop_with_empty_axes = false}}(%a)
+  %s: f32[4] = reduce{{kind = log_sum_exp, axes = [1], keep_dims = false, noop_with_empty_axes = false}}(%a)
   %y: f32[4] = unary{{op = sigmoid}}(%s)
 }}"#,
         w.join(", ")
@@ -200,4 +200,48 @@ fn a_failed_gate_fails_the_call() {
     gate.fail("upstream call failed");
     let err = handle.wait(WAIT).unwrap_err();
     assert!(err.to_string().contains("upstream call failed"), "{err}");
+}
+
+/// The committed bert_tiny (PyTorch export, symbolic `batch` and `seq`) compiled for
+/// Vulkan: its supported kernels on the GPU, the rest on the CPU, with copies between;
+/// two calls in flight at once, each matching ONNX Runtime's outputs.
+#[test]
+fn bert_tiny_on_vulkan_matches_onnx_runtime() {
+    let Some((devices, _)) = devices_or_skip("bert_tiny_on_vulkan_matches_onnx_runtime") else {
+        return;
+    };
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert_tiny");
+    let g = rafter_import::import_onnx_file(&dir.join("model.onnx"))
+        .unwrap()
+        .graph;
+    let artifact = compile(&g);
+    let program = artifact.program();
+    let on_gpu = devices_of(program)
+        .iter()
+        .filter(|d| **d == "vulkan")
+        .count();
+    assert!(
+        on_gpu > 0 && on_gpu < program.kernels.len(),
+        "{on_gpu} on the GPU"
+    );
+    let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
+    let calls: Vec<_> = ["seq7", "seq13"]
+        .iter()
+        .map(|case| {
+            let read =
+                |name: &str| rafter_reference::npy::read_npy(&dir.join(case).join(name)).unwrap();
+            let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
+            (
+                case,
+                session.submit(inputs).unwrap(),
+                read("last_hidden_state.npy"),
+            )
+        })
+        .collect();
+    for (case, handle, want) in calls {
+        let out = handle.wait(WAIT).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let diff = max_abs_diff(&out[0], &want);
+        assert!(diff <= 1e-4, "{case}: max |vulkan - ORT| = {diff}");
+    }
 }
