@@ -2,7 +2,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, ReduceKind, UnaryOp, ValueDef, ValueId};
+use rafter_ir::{
+    BinaryOp, DType, GeluApprox, Graph, Op, ReduceKind, SoftmaxKind, UnaryOp, ValueDef, ValueId,
+};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
@@ -70,14 +72,15 @@ impl ElementwiseKernel {
 /// Compiles an elementwise body: inputs and outputs f32, every op elementwise, every input
 /// and intermediate of the output's shape, of one element, or (static shapes) broadcast to
 /// the output or read through a transpose; or with reshape-like ops, every value of the
-/// output's element count. A body that is one `reduce` is compiled by a lane loop instead
-/// (same launch: one invocation per output element).
+/// output's element count. A body that is one `reduce` or softmax is compiled by lane loops
+/// instead (same launch: the count is the output's element count).
 ///
 /// Supported ops: `identity`, `cast` to f32 of f32, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
 /// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
-/// `reduce` alone. Scalar f32 constants are folded into the module.
+/// `reduce` or `softmax`/`log_softmax` alone. Scalar f32 constants are folded into the
+/// module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),
@@ -89,6 +92,9 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     if let [node] = &body.nodes[..] {
         if matches!(node.op, Op::Reduce { .. }) {
             return reduction(body).map_err(error);
+        }
+        if matches!(node.op, Op::Softmax { .. }) {
+            return softmax(body).map_err(error);
         }
     }
     // Ops first, so a reduction or a matmul is reported as such, not by its shapes.
@@ -387,6 +393,82 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
     })
 }
 
+/// One `softmax` or `log_softmax` alone, on f32 of static shape: each invocation
+/// normalises one lane (the elements along the axis) in three passes (max, sum of
+/// exponentials, write). The launch is the elementwise one (the count is the output's
+/// element count); the kernel divides it by the lane length to get its rows.
+#[derive(Debug, Clone)]
+struct SoftmaxPlan {
+    log: bool,
+    /// Elements along the axis.
+    lane: u32,
+    /// Elements after the axis (the stride between a lane's elements).
+    inner: u32,
+}
+
+fn softmax(body: &Graph) -> R<ElementwiseKernel> {
+    let node = &body.nodes[0];
+    let Op::Softmax { kind, axis } = &node.op else {
+        return Err("not a softmax".into());
+    };
+    let log = match kind {
+        SoftmaxKind::Softmax => false,
+        SoftmaxKind::LogSoftmax => true,
+        other => {
+            return Err(format!(
+                "softmax kind `{}` is not generated for Vulkan yet",
+                other.word()
+            ))
+        }
+    };
+    let Some(Some(x)) = node.inputs.first() else {
+        return Err("softmax without an operand".into());
+    };
+    if body.inputs != [*x] || body.outputs.len() != 1 {
+        return Err("a softmax is generated alone, on a kernel input, with one result".into());
+    }
+    let xv = body.value(*x);
+    if xv.ty.dtype != DType::F32 {
+        return Err(format!(
+            "softmax on {}; only f32 is generated yet",
+            xv.ty.dtype
+        ));
+    }
+    let dims: Vec<u64> = xv
+        .ty
+        .dims
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect::<Option<_>>()
+        .ok_or("softmax over symbolic dims is not generated yet")?;
+    if dims.iter().product::<u64>() > MAX_ELEMENTS {
+        return Err("softmax input too large for 32-bit indexing".into());
+    }
+    let rank = dims.len() as i64;
+    let a = if *axis < 0 { axis + rank } else { *axis };
+    if !(0..rank).contains(&a) {
+        return Err(format!("softmax axis {axis} out of range for rank {rank}"));
+    }
+    let lane = dims[a as usize];
+    if lane == 0 {
+        return Err("softmax over an empty axis is not generated".into());
+    }
+    let inner: u64 = dims[a as usize + 1..].iter().product();
+    let inputs = vec![Operand::Tensor];
+    let mut emitter = Emitter::new(body, &inputs, vec![None], Vec::new(), HashSet::new());
+    emitter.softmax = Some(SoftmaxPlan {
+        log,
+        lane: lane as u32,
+        inner: inner as u32,
+    });
+    Ok(ElementwiseKernel {
+        spirv: emitter.emit()?,
+        entry_point: "main".into(),
+        inputs,
+        outputs: 1,
+    })
+}
+
 /// Ops that only reinterpret their first operand's elements in linear order (the others
 /// are shapes or axes).
 fn is_view(op: &Op) -> bool {
@@ -496,6 +578,8 @@ struct Emitter<'a> {
     meta: HashSet<ValueId>,
     /// Set for a reduction kernel ([`reduction`]): the loop body computes one lane.
     reduce: Option<ReducePlan>,
+    /// Set for a softmax kernel ([`softmax`]): the loop runs over rows.
+    softmax: Option<SoftmaxPlan>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -536,6 +620,7 @@ impl<'a> Emitter<'a> {
             out_dims,
             meta,
             reduce: None,
+            softmax: None,
             b,
             glsl,
             void,
@@ -1173,10 +1258,24 @@ impl<'a> Emitter<'a> {
 
         build(self.b.begin_block(Some(cond)))?;
         let bool_ty = self.bool;
-        let in_range = build(self.b.u_less_than(bool_ty, None, index, count))?;
+        let bound = match &self.softmax {
+            // One invocation per lane: the rows are count / lane.
+            Some(plan) => {
+                let lane = self.u(plan.lane);
+                build(self.b.u_div(u32, None, count, lane))?
+            }
+            None => count,
+        };
+        let in_range = build(self.b.u_less_than(bool_ty, None, index, bound))?;
         build(self.b.branch_conditional(in_range, body_label, merge, []))?;
 
         build(self.b.begin_block(Some(body_label)))?;
+        if let Some(plan) = self.softmax.clone() {
+            let (x_base, y_base) = (base_addresses[0], base_addresses[1]);
+            self.softmax_row(&plan, index, x_base, y_base, ptr_elem)?;
+            build(self.b.branch(cont))?;
+            return self.finish_loop(cont, next, index, stride, header, merge);
+        }
         if let Some(plan) = self.reduce.clone() {
             let result = self.reduce_lane(&plan, index, base_addresses[0], ptr_elem)?;
             let offset = build(self.b.u_convert(u64, None, index))?;
@@ -1322,6 +1421,135 @@ impl<'a> Emitter<'a> {
             Some(a) => a,
             None => self.u(0),
         })
+    }
+
+    /// A pointer to f32 element `index` (u32) of the buffer at address `base` (u64).
+    fn element_ptr(&mut self, base: Word, index: Word, ptr_elem: Word) -> R<Word> {
+        let u64 = self.b.type_int(64, 0);
+        let four = self.b.constant_bit64(u64, 4);
+        let byte = build(self.b.u_convert(u64, None, index))?;
+        let byte = build(self.b.i_mul(u64, None, byte, four))?;
+        let address = build(self.b.i_add(u64, None, base, byte))?;
+        build(self.b.convert_u_to_ptr(ptr_elem, None, address))
+    }
+
+    /// A structured loop `for k in 0..n` carrying one f32 accumulator from `init`;
+    /// `step(self, k, acc)` emits the body and returns the next accumulator. Returns the
+    /// final accumulator; the builder is left in the block after the loop.
+    fn lane_loop(
+        &mut self,
+        n: u32,
+        init: Word,
+        step: &mut dyn FnMut(&mut Self, Word, Word) -> R<Word>,
+    ) -> R<Word> {
+        let (f32, u32, bool_ty) = (self.f32, self.u32, self.bool);
+        let pre = self.b.selected_block().ok_or("no current block")?;
+        let pre_label = self
+            .b
+            .module_ref()
+            .functions
+            .last()
+            .and_then(|f| f.blocks.get(pre))
+            .and_then(|b| b.label_id())
+            .ok_or("no label")?;
+        let zero = self.u(0);
+        let one = self.u(1);
+        let limit = self.u(n);
+        let (header, cond, body, cont, merge) = (
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+        );
+        let (k_next, acc_next) = (self.b.id(), self.b.id());
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(header)))?;
+        let k = build(self.b.phi(u32, None, [(zero, pre_label), (k_next, cont)]))?;
+        let acc = build(self.b.phi(f32, None, [(init, pre_label), (acc_next, cont)]))?;
+        build(self.b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+        build(self.b.branch(cond))?;
+
+        build(self.b.begin_block(Some(cond)))?;
+        let in_range = build(self.b.u_less_than(bool_ty, None, k, limit))?;
+        build(self.b.branch_conditional(in_range, body, merge, []))?;
+
+        build(self.b.begin_block(Some(body)))?;
+        let next = step(self, k, acc)?;
+        build(self.b.branch(cont))?;
+
+        build(self.b.begin_block(Some(cont)))?;
+        build(self.b.copy_object(f32, Some(acc_next), next))?;
+        build(self.b.i_add(u32, Some(k_next), k, one))?;
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(merge)))?;
+        Ok(acc)
+    }
+
+    /// Softmax (or log-softmax) of row `r`: max, sum of `exp(x - max)`, then each output.
+    fn softmax_row(
+        &mut self,
+        plan: &SoftmaxPlan,
+        r: Word,
+        x_base: Word,
+        y_base: Word,
+        ptr_elem: Word,
+    ) -> R<()> {
+        let u32 = self.u32;
+        let f32 = self.f32;
+        // Row r: outer = r / inner, i = r % inner; its k-th element is at
+        // outer * lane * inner + i + k * inner.
+        let start = self.strided(
+            r,
+            &[
+                (1, plan.inner, 1),
+                (plan.inner, u32::MAX, plan.lane * plan.inner),
+            ],
+        )?;
+        let inner = self.u(plan.inner);
+        let aligned = Some(MemoryAccess::ALIGNED);
+        let load = |e: &mut Self, k: Word| -> R<Word> {
+            let off = build(e.b.i_mul(u32, None, k, inner))?;
+            let at = build(e.b.i_add(u32, None, start, off))?;
+            let ptr = e.element_ptr(x_base, at, ptr_elem)?;
+            build(e.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))
+        };
+        let minus_inf = self.f(f32::NEG_INFINITY);
+        let m = self.lane_loop(plan.lane, minus_inf, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            e.ext(glsl::FMAX, &[acc, x])
+        })?;
+        let zero = self.f(0.0);
+        let sum = self.lane_loop(plan.lane, zero, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let d = e.sub(x, m)?;
+            let ex = e.exp(d)?;
+            e.add(acc, ex)
+        })?;
+        let log_sum = if plan.log {
+            Some(self.ext(glsl::LOG, &[sum])?)
+        } else {
+            None
+        };
+        self.lane_loop(plan.lane, zero, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let d = e.sub(x, m)?;
+            let y = match log_sum {
+                Some(l) => e.sub(d, l)?,
+                None => {
+                    let ex = e.exp(d)?;
+                    e.div(ex, sum)?
+                }
+            };
+            let off = build(e.b.i_mul(u32, None, k, inner))?;
+            let at = build(e.b.i_add(u32, None, start, off))?;
+            let ptr = e.element_ptr(y_base, at, ptr_elem)?;
+            build(e.b.store(ptr, y, aligned, [Arg::LiteralBit32(4)]))?;
+            Ok(acc)
+        })?;
+        Ok(())
     }
 
     /// Reduces the lane of output element `o` (a loop over the reduced elements) and

@@ -20,8 +20,10 @@
 //! One invocation per element over a 1-D grid, in a grid-stride loop, so any element count
 //! fits in the device's workgroup-count limit; the count is the one `u32` param.
 //! A `reduce` alone on a static shape is generated too, launched the same way: one
-//! invocation per output element loops over its lane. Softmax, tree reductions, other data
-//! movement, contractions, broadcasting over symbolic dims and other dtypes come next.
+//! invocation per output element loops over its lane; so is a softmax or log-softmax alone
+//! (the kernel divides the count by the lane length and normalises one lane per
+//! invocation). Tree reductions, other data movement, contractions, broadcasting over
+//! symbolic dims and other dtypes come next.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.

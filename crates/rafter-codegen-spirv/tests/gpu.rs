@@ -382,3 +382,22 @@ fn reductions_match_the_reference() {
         0.0,
     );
 }
+
+/// Softmax and log-softmax alone: one invocation per lane, on the last, a middle and the
+/// first axis.
+#[test]
+fn softmax_matches_the_reference() {
+    let Some(device) = common::device_or_skip("softmax_matches_the_reference") else {
+        return;
+    };
+    for kind in ["softmax", "log_softmax"] {
+        for axis in [2, 1, 0, -1] {
+            check_within(
+                &device,
+                &format!("graph @{kind}_{}(%x: f32[3, 70, 5]) -> (%y) {{\n  %y: f32[3, 70, 5] = softmax{{kind = {kind}, axis = {axis}}}(%x)\n}}", axis + 1),
+                &[&[3, 70, 5]],
+                1e-5,
+            );
+        }
+    }
+}
