@@ -79,7 +79,7 @@ impl ElementwiseKernel {
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
 /// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
-/// `reduce` or `softmax`/`log_softmax` alone. Scalar f32 constants are folded into the
+/// a `reduce` after a pointwise prologue; `softmax`/`log_softmax` alone. Scalar f32 constants are folded into the
 /// module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
@@ -89,32 +89,22 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let Some(&first_output) = body.outputs.first() else {
         return Err(error("the body has no outputs".into()));
     };
+    if body
+        .nodes
+        .last()
+        .is_some_and(|n| matches!(n.op, Op::Reduce { .. }))
+    {
+        return reduction(body).map_err(error);
+    }
     if let [node] = &body.nodes[..] {
-        if matches!(node.op, Op::Reduce { .. }) {
-            return reduction(body).map_err(error);
-        }
         if matches!(node.op, Op::Softmax { .. }) {
             return softmax(body).map_err(error);
         }
     }
     // Ops first, so a reduction or a matmul is reported as such, not by its shapes.
     for node in &body.nodes {
-        let known = matches!(
-            node.op,
-            Op::Identity
-                | Op::Cast { to: DType::F32 }
-                | Op::Unary { .. }
-                | Op::Binary { .. }
-                | Op::Clip
-                | Op::LeakyRelu { .. }
-                | Op::Elu { .. }
-                | Op::Selu { .. }
-                | Op::Celu { .. }
-                | Op::HardSigmoid { .. }
-                | Op::ThresholdedRelu { .. }
-                | Op::Shrink { .. }
-                | Op::Gelu { .. }
-        ) || is_view(&node.op)
+        let known = is_pointwise(&node.op)
+            || is_view(&node.op)
             || matches!(node.op, Op::Transpose { .. } | Op::Expand);
         if !known {
             return Err(error(format!(
@@ -280,8 +270,39 @@ struct ReducePlan {
     lane: u32,
 }
 
+/// Ops computed per element by [`Emitter::node`].
+fn is_pointwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Identity
+            | Op::Cast { to: DType::F32 }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::Clip
+            | Op::LeakyRelu { .. }
+            | Op::Elu { .. }
+            | Op::Selu { .. }
+            | Op::Celu { .. }
+            | Op::HardSigmoid { .. }
+            | Op::ThresholdedRelu { .. }
+            | Op::Shrink { .. }
+            | Op::Gelu { .. }
+    )
+}
+
+/// A `reduce` (the body's last node) on f32 of static shape, with an optional prologue of
+/// pointwise ops whose values and inputs all have the reduce operand's shape or one element.
 fn reduction(body: &Graph) -> R<ElementwiseKernel> {
-    let node = &body.nodes[0];
+    let node = body.nodes.last().ok_or("no nodes")?;
+    for p in &body.nodes[..body.nodes.len() - 1] {
+        if !is_pointwise(&p.op) {
+            return Err(format!(
+                "op `{}` (node `{}`) before a reduce is not generated for Vulkan yet",
+                p.op.name(),
+                p.name
+            ));
+        }
+    }
     let Op::Reduce {
         kind,
         axes,
@@ -297,8 +318,8 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
     let Some(Some(x)) = node.inputs.first() else {
         return Err("reduce without an operand".into());
     };
-    if body.inputs.first() != Some(x) || body.outputs.len() != 1 {
-        return Err("a reduce is generated alone, on a kernel input, with one result".into());
+    if body.outputs.len() != 1 || node.outputs.first() != Some(&Some(body.outputs[0])) {
+        return Err("a reduce kernel is generated with the reduce's result only".into());
     }
     // Axes: the attribute, or a constant operand folded into the body.
     let axes: Vec<i64> = match node.inputs.get(1).copied().flatten() {
@@ -370,20 +391,49 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
         reduced: plan_of(true),
         lane: lane as u32,
     };
+    // Every value but the result and the axes: f32, of the operand's dims or one element.
+    let axes_value = node.inputs.get(1).copied().flatten();
+    let one = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
+    for (i, value) in body.values.iter().enumerate() {
+        let v = ValueId(i as u32);
+        if Some(v) == axes_value || v == body.outputs[0] {
+            continue;
+        }
+        if value.ty.dtype != DType::F32 {
+            return Err(format!(
+                "value %{} is {}; only f32 is generated yet",
+                value.name, value.ty.dtype
+            ));
+        }
+        if let ValueDef::Const(c) = value.def {
+            if body.constant(c).num_elements() != 1 {
+                return Err(format!(
+                    "constant %{} has several elements; only single-element constants are \
+                     folded in",
+                    value.name
+                ));
+            }
+        }
+        if value.ty.dims != xv.ty.dims && !one(v) {
+            return Err(format!(
+                "value %{} of {} is neither the reduce operand's shape nor one element",
+                value.name, value.ty
+            ));
+        }
+    }
     let inputs: Vec<Operand> = body
         .inputs
         .iter()
-        .map(|v| {
-            if v == x {
+        .map(|&v| {
+            if body.value(v).ty.dims == xv.ty.dims {
                 Operand::Tensor
             } else {
-                Operand::Unread
+                Operand::Scalar
             }
         })
         .collect();
-    let mut emitter = Emitter::new(body, &inputs, vec![None; inputs.len()], Vec::new(), {
-        body.inputs.iter().filter(|v| *v != x).copied().collect()
-    });
+    let meta: HashSet<ValueId> = axes_value.into_iter().collect();
+    let mut emitter = Emitter::new(body, &inputs, vec![None; inputs.len()], Vec::new(), meta);
     emitter.reduce = Some(plan);
     Ok(ElementwiseKernel {
         spirv: emitter.emit()?,
@@ -1277,7 +1327,8 @@ impl<'a> Emitter<'a> {
             return self.finish_loop(cont, next, index, stride, header, merge);
         }
         if let Some(plan) = self.reduce.clone() {
-            let result = self.reduce_lane(&plan, index, base_addresses[0], ptr_elem)?;
+            let bases = base_addresses[..body.inputs.len()].to_vec();
+            let result = self.reduce_lane(&plan, index, &bases, ptr_elem)?;
             let offset = build(self.b.u_convert(u64, None, index))?;
             let offset = build(self.b.i_mul(u64, None, offset, four))?;
             let address =
@@ -1554,7 +1605,41 @@ impl<'a> Emitter<'a> {
 
     /// Reduces the lane of output element `o` (a loop over the reduced elements) and
     /// returns the result. Leaves the builder in a new block after the loop.
-    fn reduce_lane(&mut self, plan: &ReducePlan, o: Word, base: Word, ptr_elem: Word) -> R<Word> {
+    fn reduce_lane(
+        &mut self,
+        plan: &ReducePlan,
+        o: Word,
+        bases: &[Word],
+        ptr_elem: Word,
+    ) -> R<Word> {
+        let body_graph = self.body;
+        let reduce_node = body_graph.nodes.last().ok_or("no nodes")?;
+        let x_value = reduce_node.inputs[0].ok_or("reduce without an operand")?;
+        // Loop-invariant values: single-element inputs and constants.
+        let mut invariant: HashMap<ValueId, Word> = HashMap::new();
+        for (i, (&input, kind)) in body_graph.inputs.iter().zip(self.inputs).enumerate() {
+            if *kind == Operand::Scalar {
+                let zero_index = self.u(0);
+                let ptr = self.element_ptr(bases[i], zero_index, ptr_elem)?;
+                let v = build(self.b.load(
+                    self.f32,
+                    None,
+                    ptr,
+                    Some(MemoryAccess::ALIGNED),
+                    [Arg::LiteralBit32(4)],
+                ))?;
+                invariant.insert(input, v);
+            }
+        }
+        for (i, value) in body_graph.values.iter().enumerate() {
+            let v = ValueId(i as u32);
+            if let (ValueDef::Const(c), false) = (value.def, self.meta.contains(&v)) {
+                let data = body_graph.constant(c);
+                let x = data.to_f64s().first().copied().ok_or("empty constant")?;
+                let id = self.f(x as f32);
+                invariant.insert(v, id);
+            }
+        }
         let (f32, u32, bool_ty) = (self.f32, self.u32, self.bool);
         let u64 = self.b.type_int(64, 0);
         let four = self.b.constant_bit64(u64, 4);
@@ -1603,15 +1688,40 @@ impl<'a> Emitter<'a> {
         let index = build(self.b.i_add(u32, None, lane_base, offset))?;
         let byte = build(self.b.u_convert(u64, None, index))?;
         let byte = build(self.b.i_mul(u64, None, byte, four))?;
-        let address = build(self.b.i_add(u64, None, base, byte))?;
-        let ptr = build(self.b.convert_u_to_ptr(ptr_elem, None, address))?;
-        let x = build(self.b.load(
-            f32,
-            None,
-            ptr,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))?;
+        // The lane element of every full-shape input, then the prologue at that element.
+        let mut values = invariant.clone();
+        for (i, (&input, kind)) in body_graph.inputs.iter().zip(self.inputs).enumerate() {
+            if *kind == Operand::Tensor {
+                let address = build(self.b.i_add(u64, None, bases[i], byte))?;
+                let ptr = build(self.b.convert_u_to_ptr(ptr_elem, None, address))?;
+                let v = build(self.b.load(
+                    f32,
+                    None,
+                    ptr,
+                    Some(MemoryAccess::ALIGNED),
+                    [Arg::LiteralBit32(4)],
+                ))?;
+                values.insert(input, v);
+            }
+        }
+        for n in &body_graph.nodes[..body_graph.nodes.len() - 1] {
+            let args: Vec<Option<Word>> = n
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|v| values.get(&v).copied()))
+                .collect();
+            let out = n
+                .outputs
+                .first()
+                .copied()
+                .flatten()
+                .ok_or("a node without a result")?;
+            let result = self.node(&n.op, &args, &n.name)?;
+            values.insert(out, result);
+        }
+        let x = *values
+            .get(&x_value)
+            .ok_or("the reduce operand is never computed")?;
         let step = match plan.kind {
             Sum | Mean | LogSum => self.add(acc, x)?,
             L1 => {

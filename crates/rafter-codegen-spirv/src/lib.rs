@@ -19,8 +19,8 @@
 //! ops (reshape, flatten, squeeze, unsqueeze) keep linear order and expand is a broadcast.
 //! One invocation per element over a 1-D grid, in a grid-stride loop, so any element count
 //! fits in the device's workgroup-count limit; the count is the one `u32` param.
-//! A `reduce` alone on a static shape is generated too, launched the same way: one
-//! invocation per output element loops over its lane; so is a softmax or log-softmax alone
+//! A `reduce` on a static shape (after an optional pointwise prologue) is generated too,
+//! launched the same way: one invocation per output element loops over its lane; so is a softmax or log-softmax alone
 //! (the kernel divides the count by the lane length and normalises one lane per
 //! invocation). Tree reductions, other data movement, contractions, broadcasting over
 //! symbolic dims and other dtypes come next.

@@ -401,3 +401,19 @@ fn softmax_matches_the_reference() {
         }
     }
 }
+
+/// A reduce with a pointwise prologue (what fusion makes of `ReduceSumSquare`-like
+/// patterns and norms): the prologue is evaluated at each lane element, with a scalar
+/// input and a constant.
+#[test]
+fn a_reduce_with_a_prologue_matches_the_reference() {
+    let Some(device) = common::device_or_skip("a_reduce_with_a_prologue") else {
+        return;
+    };
+    check_within(
+        &device,
+        "graph @sq(%x: f32[6, 40], %m: f32[6, 40], %s: f32[]) -> (%y) {\n  const %h: f32[] = dense [0.5]\n  %d: f32[6, 40] = binary{op = sub}(%x, %m)\n  %e: f32[6, 40] = binary{op = mul}(%d, %d)\n  %f: f32[6, 40] = binary{op = mul}(%e, %s)\n  %g: f32[6, 40] = binary{op = add}(%f, %h)\n  %y: f32[6, 1] = reduce{kind = mean, axes = [1], keep_dims = true, noop_with_empty_axes = false}(%g)\n}",
+        &[&[6, 40], &[6, 40], &[]],
+        1e-5,
+    );
+}
