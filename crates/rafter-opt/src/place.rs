@@ -251,4 +251,17 @@ pub fn place_on_devices(p: &mut Program) {
             *offset = None;
         }
     }
+    // A program wholly on the GPU keeps no empty CPU arena, so it names no CPU device.
+    let cpu_arena_used = p
+        .buffers
+        .iter()
+        .any(|b| matches!(b.storage, Storage::Arena { arena: 0, .. }));
+    if !cpu_arena_used && !p.kernels.iter().any(|k| k.device == CPU) {
+        p.arenas.remove(0);
+        for decl in &mut p.buffers {
+            if let Storage::Arena { arena, .. } = &mut decl.storage {
+                *arena -= 1;
+            }
+        }
+    }
 }

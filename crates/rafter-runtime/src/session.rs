@@ -260,8 +260,9 @@ impl Session {
                 .iter()
                 .all(|&&b| !matches!(program.buffers[b].storage, Storage::Arena { .. })),
             Step::Dispatch { .. } => false,
-        }) || program.kernels.iter().any(|k| k.device != "cpu")
-            || program.arenas.iter().any(|a| a.device != "cpu");
+        }) || (program.steps.iter().any(|s| matches!(s, Step::Copy { .. }))
+            && (program.kernels.iter().any(|k| k.device != "cpu")
+                || program.arenas.iter().any(|a| a.device != "cpu")));
         let missing = |device: &str| RuntimeError::MissingDevice {
             device: device.to_string(),
             found: match devices.names() {

@@ -245,3 +245,24 @@ fn bert_tiny_on_vulkan_matches_onnx_runtime() {
         assert!(diff <= 1e-4, "{case}: max |vulkan - ORT| = {diff}");
     }
 }
+
+/// A program wholly on the GPU (input written into GPU memory, output read from it, no
+/// copies) needs no CPU device at all.
+#[test]
+fn a_program_wholly_on_the_gpu_runs_without_a_cpu_device() {
+    let Some((_, vk)) = devices_or_skip("a_program_wholly_on_the_gpu") else {
+        return;
+    };
+    let g = parse_graph(
+        "graph @gelu(%x: f32[300]) -> (%y) {\n  %y: f32[300] = gelu{approximate = none}(%x)\n}",
+    )
+    .unwrap();
+    let only_gpu = DeviceSet::new().with("vulkan", vk as Arc<dyn Device>);
+    let session = Session::from_artifact(compile(&g), &only_gpu, SessionOptions::new()).unwrap();
+    assert_eq!(session.device_names(), ["vulkan"]);
+    let x = rand(&[300], 9);
+    let got = session.run(vec![x.clone()], WAIT).unwrap();
+    let want = rafter_reference::run(&g, vec![x]).unwrap();
+    let d = max_abs_diff(&got[0], &want[0]);
+    assert!(d <= 1e-6, "max abs diff {d}");
+}
