@@ -83,8 +83,15 @@ pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
             Backend::Compiled => "rafter conformance --device cpu --compiled",
             Backend::Vulkan => "rafter conformance --device vulkan",
         };
+        let suite = match backend {
+            Backend::Vulkan => {
+                "onnx 1.23.2 backend suite, on\n# lavapipe; the compiled path for --target vulkan, \
+                 CPU fallback for kernels the GPU lacks"
+            }
+            _ => "onnx 1.23.2 backend suite",
+        };
         let header = format!(
-            "# Expected failures of `{command}` (onnx 1.23.2 backend suite).\n\
+            "# Expected failures of `{command}` ({suite}).\n\
              # One test per line with its reason. This list may only shrink: the test suite fails\n\
              # when a test outside it fails or a test on it passes.\n"
         );
