@@ -185,7 +185,7 @@ pub(crate) fn run(
                 Err(_) => return fallback(),
             },
             Operand::Weight(_) | Operand::Slot(_) => read_views.push(None),
-            Operand::Absent => return fallback(),
+            Operand::Absent | Operand::Foreign(_) => return fallback(),
         }
     }
     let mut ins = Vec::with_capacity(n_in);
