@@ -14,7 +14,10 @@
 //!      0    4 kernel index in Program::kernels (its device is `vulkan`)
 //!      4    4 launch kind: 1 = elementwise (one u32 param, the element count of the
 //!             kernel's first result; a 1-D grid of `workgroup_size` invocations per
-//!             workgroup, grid-stride, so any grid size covers every element)
+//!             workgroup, grid-stride, so any grid size covers every element);
+//!             2 = matmul, with the operands' positions and the tile in the upper bytes:
+//!             bits 8..16 A's input index, 16..24 B's, bit 24 B shared (2-D), bits 25..
+//!             log2 of the C tile side (see [`Launch::matmul_dispatch`])
 //!      8    4 workgroup size (invocations per workgroup along x, ≥ 1)
 //!     12    4 entry point name length e (1..=64 bytes of UTF-8)
 //!     16    4 SPIR-V length s (a multiple of 4, ≥ 20: the module header)
@@ -43,20 +46,106 @@ pub enum Launch {
     /// One `u32` push-constant param after the bindings' addresses: the element count of
     /// the kernel's first result; grid `[min(ceil(count / workgroup_size), max_x), 1, 1]`.
     Elementwise,
+    /// A matrix product `C[batch.., M, N] = A[batch.., M, K] · B[(batch..,) K, N]` with A and B
+    /// body inputs `a` and `b` (B 2-D and shared when `b_shared`), computing a `tile`×`tile`
+    /// block of C per workgroup: params `M, N, K, b_shared` as `u32`s, grid
+    /// `[ceil(N / tile), ceil(M / tile), batch]` ([`Launch::matmul_dispatch`]).
+    Matmul {
+        a: u8,
+        b: u8,
+        b_shared: bool,
+        tile: u32,
+    },
 }
 
 impl Launch {
     fn code(self) -> u32 {
         match self {
             Launch::Elementwise => 1,
+            Launch::Matmul {
+                a,
+                b,
+                b_shared,
+                tile,
+            } => {
+                2 | (a as u32) << 8
+                    | (b as u32) << 16
+                    | (b_shared as u32) << 24
+                    | tile.trailing_zeros() << 25
+            }
         }
     }
 
     fn from_code(code: u32) -> Option<Launch> {
-        match code {
-            1 => Some(Launch::Elementwise),
+        match code & 0xFF {
+            1 if code == 1 => Some(Launch::Elementwise),
+            2 => {
+                let log_tile = code >> 25;
+                (4..=7).contains(&log_tile).then_some(Launch::Matmul {
+                    a: (code >> 8) as u8,
+                    b: (code >> 16) as u8,
+                    b_shared: (code >> 24) & 1 == 1,
+                    tile: 1 << log_tile,
+                })
+            }
             _ => None,
         }
+    }
+
+    /// For a matmul launch: the params and the grid for operands of `a_dims` and `b_dims`,
+    /// checked (inner dims agree, B's batch dims are A's or B is 2-D as generated, sizes fit
+    /// `u32`, the grid fits `max`). `Ok(None)` when C is empty (nothing to dispatch).
+    pub fn matmul_dispatch(
+        self,
+        a_dims: &[usize],
+        b_dims: &[usize],
+        max: [u32; 3],
+    ) -> Result<Option<(Vec<u8>, [u32; 3])>, String> {
+        let Launch::Matmul { b_shared, tile, .. } = self else {
+            return Err("not a matmul launch".into());
+        };
+        let (ra, rb) = (a_dims.len(), b_dims.len());
+        if ra < 2 || rb < 2 {
+            return Err(format!(
+                "matmul of {a_dims:?} and {b_dims:?}: ranks below 2"
+            ));
+        }
+        let (m, k) = (a_dims[ra - 2], a_dims[ra - 1]);
+        let (kb, n) = (b_dims[rb - 2], b_dims[rb - 1]);
+        if k != kb {
+            return Err(format!(
+                "matmul of {a_dims:?} and {b_dims:?}: inner dims {k} and {kb} differ"
+            ));
+        }
+        if b_shared != (rb == 2) || (rb > 2 && b_dims[..rb - 2] != a_dims[..ra - 2]) {
+            return Err(format!(
+                "matmul of {a_dims:?} and {b_dims:?}: the kernel was generated for {}",
+                if b_shared {
+                    "a 2-D B"
+                } else {
+                    "B with A's batch dims"
+                }
+            ));
+        }
+        let batch: usize = a_dims[..ra - 2].iter().product();
+        let small = |v: usize| {
+            u32::try_from(v).map_err(|_| format!("matmul size {v} does not fit in 32 bits"))
+        };
+        let (batch, m, n, k) = (small(batch)?, small(m)?, small(n)?, small(k)?);
+        if batch == 0 || m == 0 || n == 0 {
+            return Ok(None);
+        }
+        let grid = [n.div_ceil(tile), m.div_ceil(tile), batch];
+        if grid.iter().zip(max).any(|(&g, lim)| g > lim) {
+            return Err(format!(
+                "matmul grid {grid:?} exceeds the device's workgroup counts {max:?}"
+            ));
+        }
+        let params = [m, n, k, b_shared as u32]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        Ok(Some((params, grid)))
     }
 }
 
@@ -217,6 +306,52 @@ mod tests {
             entry_point: "main".into(),
             spirv: spirv.into(),
         }
+    }
+
+    #[test]
+    fn matmul_launches_round_trip_and_dispatch() {
+        let l = Launch::Matmul {
+            a: 0,
+            b: 3,
+            b_shared: true,
+            tile: 32,
+        };
+        assert_eq!(Launch::from_code(l.code()), Some(l));
+        assert_eq!(
+            Launch::from_code(2 | 3 << 25),
+            None,
+            "a tile of 8 is not generated"
+        );
+        assert_eq!(Launch::from_code(1 | 1 << 8), None);
+        let max = [65535; 3];
+        // [2, 70, 48] x [48, 100]: 4 x 3 tiles of 32, 2 batch entries.
+        let (params, grid) = l
+            .matmul_dispatch(&[2, 70, 48], &[48, 100], max)
+            .unwrap()
+            .unwrap();
+        assert_eq!(grid, [4, 3, 2]);
+        let words: Vec<u32> = params
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(words, [70, 100, 48, 1]);
+        assert_eq!(
+            l.matmul_dispatch(&[0, 70, 48], &[48, 100], max).unwrap(),
+            None
+        );
+        let e = l.matmul_dispatch(&[70, 48], &[47, 100], max).unwrap_err();
+        assert!(e.contains("inner dims"), "{e}");
+        let e = l
+            .matmul_dispatch(&[2, 70, 48], &[2, 48, 100], max)
+            .unwrap_err();
+        assert!(e.contains("2-D B"), "{e}");
+        let e = l
+            .matmul_dispatch(&[1, 70_000, 48], &[48, 100], [65535, 1000, 1])
+            .unwrap_err();
+        assert!(e.contains("exceeds"), "{e}");
+        assert!(Launch::Elementwise
+            .matmul_dispatch(&[1, 1], &[1, 1], max)
+            .is_err());
     }
 
     #[test]

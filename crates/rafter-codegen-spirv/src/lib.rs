@@ -53,7 +53,47 @@ pub const DEVICE: &str = "vulkan";
 /// It runs the generator itself (a few microseconds for a fused elementwise body) rather
 /// than a separate predicate, so the two can never disagree.
 pub fn supports(body: &Graph) -> Result<(), String> {
-    elementwise(body).map(|_| ()).map_err(|e| e.reason)
+    generate(body).map(|_| ())
+}
+
+/// The one generated form of a body: an elementwise (or reduce/softmax) kernel, or a matrix
+/// product with its epilogue.
+enum Generated {
+    Elementwise(ElementwiseKernel),
+    Matmul(MatmulKernel),
+}
+
+/// Generates `body`; the error is the elementwise generator's reason unless the body is a
+/// matmul, whose generator then says why not.
+fn generate(body: &Graph) -> Result<Generated, String> {
+    let is_matmul = body
+        .nodes
+        .first()
+        .is_some_and(|n| n.op == rafter_ir::Op::MatMul);
+    if is_matmul {
+        let tile = matmul_tile(body);
+        return matmul_tiled(body, tile)
+            .map(Generated::Matmul)
+            .map_err(|e| e.reason);
+    }
+    elementwise(body)
+        .map(Generated::Elementwise)
+        .map_err(|e| e.reason)
+}
+
+/// The C tile for a product: 64×64 when A's rows are known to be many (512 or more), else
+/// 32×32, which measured 1.6× faster on BERT's M = 128 products on the H100 (more
+/// workgroups to fill the GPU; `benchmarks/RESULTS.md`). A symbolic row count (a sequence
+/// length) counts as few.
+fn matmul_tile(body: &Graph) -> MatmulTile {
+    let rows = body.nodes.first().and_then(|n| n.input(0)).and_then(|a| {
+        let dims = &body.value(a).ty.dims;
+        dims.len().checked_sub(2).and_then(|i| dims[i].as_known())
+    });
+    match rows {
+        Some(m) if m >= 512 => MatmulTile::Large,
+        _ => MatmulTile::Small,
+    }
 }
 
 /// Generates the `vulkan` executable section of `program`: one module per kernel whose
@@ -64,17 +104,37 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
         if kernel.device != DEVICE {
             continue;
         }
-        let generated = elementwise(&kernel.body).map_err(|e| CodegenError {
+        let error = |reason: String| CodegenError {
             kernel: kernel.name.clone(),
-            reason: e.reason,
-        })?;
-        modules.push(VulkanModule {
-            kernel: k as u32,
-            launch: Launch::Elementwise,
-            workgroup_size: WORKGROUP_SIZE,
-            entry_point: generated.entry_point,
-            spirv: to_bytes(&generated.spirv).into(),
-        });
+            reason,
+        };
+        let module = match generate(&kernel.body).map_err(error)? {
+            Generated::Elementwise(g) => VulkanModule {
+                kernel: k as u32,
+                launch: Launch::Elementwise,
+                workgroup_size: WORKGROUP_SIZE,
+                entry_point: g.entry_point,
+                spirv: to_bytes(&g.spirv).into(),
+            },
+            Generated::Matmul(g) => {
+                let index = |i: usize| {
+                    u8::try_from(i).map_err(|_| error(format!("matmul operand {i} is past 255")))
+                };
+                VulkanModule {
+                    kernel: k as u32,
+                    launch: Launch::Matmul {
+                        a: index(g.a_input)?,
+                        b: index(g.b_input)?,
+                        b_shared: g.b_shared,
+                        tile: g.tile.size(),
+                    },
+                    workgroup_size: 256,
+                    entry_point: "main".into(),
+                    spirv: to_bytes(&g.spirv).into(),
+                }
+            }
+        };
+        modules.push(module);
     }
     Ok(VulkanSection { modules })
 }

@@ -133,6 +133,7 @@ struct GpuKernel {
     executable: Executable,
     entry: usize,
     workgroup_size: u32,
+    launch: rafter_artifact::Launch,
 }
 
 struct Inner {
@@ -528,6 +529,7 @@ impl Session {
                         executable,
                         entry,
                         workgroup_size: module.workgroup_size,
+                        launch: module.launch,
                     });
                 }
                 continue;
@@ -934,35 +936,67 @@ impl Session {
                             })?;
                             bound.push(range_of(b));
                         }
-                        // Elementwise launch: the element count of the first result.
-                        let count: u64 = results
-                            .first()
-                            .copied()
-                            .flatten()
-                            .and_then(|b| dims[b].as_ref())
-                            .map_or(0, |d| d.iter().map(|&x| x as u64).product());
-                        if count > i32::MAX as u64 {
-                            return Err(unsupported(format!(
+                        'launch: {
+                            if let launch @ rafter_artifact::Launch::Matmul { a, b, .. } =
+                                gpu.launch
+                            {
+                                let operand_dims = |i: u8| {
+                                    args.get(i as usize)
+                                        .and_then(|&buf| dims[buf].as_deref())
+                                        .ok_or_else(|| {
+                                            unsupported(format!(
+                                                "step {si}: matmul operand {i} of kernel `{}` has \
+                                             no dims",
+                                                p.kernels[*kernel].name
+                                            ))
+                                        })
+                                };
+                                let max = use_.device.info().limits.max_workgroup_count;
+                                let launched = launch
+                                    .matmul_dispatch(operand_dims(a)?, operand_dims(b)?, max)
+                                    .map_err(|e| {
+                                        unsupported(format!(
+                                            "step {si}: kernel `{}`: {e}",
+                                            p.kernels[*kernel].name
+                                        ))
+                                    })?;
+                                if let Some((params, grid)) = launched {
+                                    builder
+                                        .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
+                                        .map_err(hal(context))?;
+                                }
+                                break 'launch;
+                            }
+                            // Elementwise launch: the element count of the first result.
+                            let count: u64 = results
+                                .first()
+                                .copied()
+                                .flatten()
+                                .and_then(|b| dims[b].as_ref())
+                                .map_or(0, |d| d.iter().map(|&x| x as u64).product());
+                            if count > i32::MAX as u64 {
+                                return Err(unsupported(format!(
                                 "step {si}: kernel `{}` covers {count} elements, more than one \
                                  dispatch on `{}` indexes",
                                 p.kernels[*kernel].name, use_.name
                             )));
-                        }
-                        if count > 0 {
-                            let max_x = use_.device.info().limits.max_workgroup_count[0];
-                            let groups = count
-                                .div_ceil(gpu.workgroup_size as u64)
-                                .min(max_x.max(1) as u64)
-                                as u32;
-                            builder
-                                .dispatch(
-                                    &gpu.executable,
-                                    gpu.entry,
-                                    &bound,
-                                    &(count as u32).to_le_bytes(),
-                                    [groups, 1, 1],
-                                )
-                                .map_err(hal(context))?;
+                            }
+                            if count > 0 {
+                                let max_x = use_.device.info().limits.max_workgroup_count[0];
+                                let groups = count
+                                    .div_ceil(gpu.workgroup_size as u64)
+                                    .min(max_x.max(1) as u64)
+                                    as u32;
+                                builder
+                                    .dispatch(
+                                        &gpu.executable,
+                                        gpu.entry,
+                                        &bound,
+                                        &(count as u32).to_le_bytes(),
+                                        [groups, 1, 1],
+                                    )
+                                    .map_err(hal(context))?;
+                            }
                         }
                     }
                     Step::Dispatch { args, results, .. } => {
