@@ -100,7 +100,9 @@ pub use format::{
     SectionKind, HEADER_LEN, MAGIC, MIN_WEIGHT_ALIGN, READABLE_VERSIONS, VERSION,
     WEIGHTS_SECTION_ALIGN,
 };
-pub use vulkan::{Launch, VulkanModule, VulkanSection, SPIRV_MAGIC, VULKAN_DESCRIPTOR_VERSION};
+pub use vulkan::{
+    Launch, MatmulDispatch, VulkanModule, VulkanSection, SPIRV_MAGIC, VULKAN_DESCRIPTOR_VERSION,
+};
 pub use weights::WeightEntry;
 
 use bytes::Bytes;

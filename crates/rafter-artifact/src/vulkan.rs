@@ -40,6 +40,9 @@ const HEADER_LEN: usize = 16;
 const MODULE_HEADER_LEN: usize = 20;
 const MAX_ENTRY_LEN: usize = 64;
 
+/// A matmul dispatch's push-constant params (after the addresses) and workgroup grid.
+pub type MatmulDispatch = (Vec<u8>, [u32; 3]);
+
 /// How the runtime launches a module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Launch {
@@ -100,7 +103,7 @@ impl Launch {
         a_dims: &[usize],
         b_dims: &[usize],
         max: [u32; 3],
-    ) -> Result<Option<(Vec<u8>, [u32; 3])>, String> {
+    ) -> Result<Option<MatmulDispatch>, String> {
         let Launch::Matmul { b_shared, tile, .. } = self else {
             return Err("not a matmul launch".into());
         };
