@@ -824,9 +824,10 @@ impl Session {
                 }
                 (Storage::Output(k), Home::Device(d)) => {
                     let use_ = &inner.devices[d];
+                    // Host-cached: the caller reads outputs back (see rafter-opt's place).
                     let buffer = use_
                         .device
-                        .allocate(sizes[b], MemoryKind::HostVisibleShared)
+                        .allocate(sizes[b], MemoryKind::Host)
                         .map_err(hal(format!(
                             "call {call}: output `{}` on `{}`",
                             decl.name, use_.name
