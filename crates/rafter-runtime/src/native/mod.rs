@@ -188,6 +188,18 @@ pub(crate) fn run(
             Operand::Absent => return fallback(),
         }
     }
+    // Slot tensors that are not contiguous row-major (a reference op's strided result):
+    // copied once into row-major order.
+    let mut owned: Vec<Option<Vec<f32>>> = vec![None; n_in];
+    for (i, &operand) in params.operands[..n_in].iter().enumerate() {
+        if let Operand::Slot(b) = operand {
+            if let Some(Some(rafter_reference::Tensor::F32(a))) = table.and_then(|t| t.get(b)) {
+                if a.as_slice().is_none() {
+                    owned[i] = Some(a.iter().copied().collect());
+                }
+            }
+        }
+    }
     let mut ins = Vec::with_capacity(n_in);
     for (i, (&operand, view)) in params.operands[..n_in].iter().zip(&read_views).enumerate() {
         let v = body.value(body.inputs[i]);
@@ -201,7 +213,7 @@ pub(crate) fn run(
                 let (rafter_reference::Tensor::F32(a), DType::F32) = (t, v.ty.dtype) else {
                     return fallback();
                 };
-                let Some(data) = a.as_slice() else {
+                let Some(data) = a.as_slice().or(owned[i].as_deref()) else {
                     return fallback();
                 };
                 In::from_f32s(a.shape().to_vec(), data)
