@@ -16,15 +16,22 @@
 //! [`elementwise`]: a fused chain of elementwise ops on `f32`, each operand either of the
 //! output's shape or a single element broadcast to all (a scalar). One invocation per
 //! element over a 1-D grid, in a grid-stride loop, so any element count fits in the device's
-//! workgroup-count limit; the count is the one `u32` param. Reductions, data movement,
+//! workgroup-count limit; the count is the one `u32` param.
+//!
+//! [`matmul`]: f32 matrix products, a 64×64 (or 32×32) tile of C per workgroup staged
+//! through workgroup memory with a 4×4 (2×2) register block per invocation; B 2-D or
+//! batched like A; a fused bias/scale/residual/relu epilogue.
+//! Reductions, data movement,
 //! contractions, general broadcasting and other dtypes come next.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
 
 mod elementwise;
+mod matmul;
 
 pub use elementwise::{elementwise, ElementwiseKernel, Operand, WORKGROUP_SIZE};
+pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulShape, MatmulTile, MATMUL_TILE};
 
 /// Why a body could not be compiled to SPIR-V. The message names the node or value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

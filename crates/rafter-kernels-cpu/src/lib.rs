@@ -29,7 +29,8 @@
 //! portable scalar kernel everywhere (also reachable explicitly, for tests).
 //!
 //! Threads come from the caller through [`Parallel`], so rafter's CPU device drives the GEMM
-//! on its own worker pool; [`ScopedThreads`] is a simple implementation for tests and benches.
+//! on its own worker pool: [`WorkerPool`], persistent threads that spin briefly between jobs;
+//! [`ScopedThreads`] is a simple implementation for tests and benches.
 
 #![warn(missing_docs)]
 
@@ -42,12 +43,31 @@ mod kernel;
 mod pack;
 mod packed;
 mod parallel;
+mod pool;
+mod winograd;
+#[macro_use]
+mod simd;
+mod activation;
+mod common;
+mod norm;
+mod softmax;
+pub mod tile;
 
 pub use kernel::Isa;
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
+pub use pool::WorkerPool;
+pub use winograd::{conv3x3, Conv3x3, WinogradScratch, WinogradWeights};
+
+pub use activation::{
+    activation_in_place, activation_in_place_with_isa, gelu_erf, gelu_tanh, sigmoid_in_place, silu,
+    UnaryFn,
+};
+pub use common::KernelError;
+pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
+pub use softmax::{softmax, softmax_in_place, softmax_with_isa, RowMask};
 
 use thiserror::Error;
 

@@ -55,6 +55,7 @@ mod fast_ops;
 mod native;
 mod plan;
 mod session;
+mod tile;
 mod trace;
 mod weights;
 

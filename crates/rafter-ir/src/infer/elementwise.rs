@@ -122,6 +122,15 @@ pub(super) fn binary_value(op: BinaryOp, a: &Dim, b: &Dim, dtype: DType) -> Opti
         Min => known(|x, y| Some(x.min(y))),
         Pow => known(|x, y| x.checked_pow(u32::try_from(y).ok()?)),
         Equal if a == b => Some(Dim::known(1)),
+        // Symbolic comparisons decided by proof: sizes are non-negative, so e.g.
+        // `seq == -1` is false (exported attention masks compare shapes with -1).
+        Equal if lt(a, b) || lt(b, a) => Some(Dim::known(0)),
+        Less | GreaterOrEqual if lt(a, b) || arith::le(b, a) => {
+            Some(Dim::known((lt(a, b) == (op == Less)) as i64))
+        }
+        Greater | LessOrEqual if lt(b, a) || arith::le(a, b) => {
+            Some(Dim::known((lt(b, a) == (op == Greater)) as i64))
+        }
         Equal => cmp(i64::eq),
         Less => cmp(i64::lt),
         LessOrEqual => cmp(i64::le),
@@ -141,6 +150,11 @@ pub(super) fn binary_value(op: BinaryOp, a: &Dim, b: &Dim, dtype: DType) -> Opti
             _ => Some(a.clone()),
         },
     }
+}
+
+/// Whether `a < b` provably (for every binding of the symbols to sizes).
+fn lt(a: &Dim, b: &Dim) -> bool {
+    arith::add(a, &Dim::known(1)).is_some_and(|a1| arith::le(&a1, b))
 }
 
 pub(super) fn where_(cx: &mut Cx<'_, '_, '_>) -> R {

@@ -10,6 +10,12 @@
 //!   is removed when the result has the inner operand's type, and a `reshape` with a
 //!   constant target shape (no `0` entries copying dims, unless `allow_zero`) of a
 //!   reshape-like op reads the inner operand directly;
+//! - a `reshape` whose target shape is computed at run time (typically `shape` → `gather` →
+//!   `concat` chains over a symbolic sequence length) but whose result type is already known
+//!   from shape inference gets a constant target instead: each result dim that is a number
+//!   becomes that number, each symbolic dim equal to the operand's dim at the same position
+//!   becomes `0` (copy), and at most one other dim becomes `-1` when every other entry is a
+//!   positive number. The shape chain then dies (DCE), sparing a dispatch per op per call;
 //! - `x * 1`, `1 * x`, `x / 1`, integer `x + 0` / `x - 0`, float `x - 0.0` and
 //!   `x + -0.0`, `x and true`, `x or false` are removed when `x` already has the result's
 //!   type (no broadcast). Float `x + 0.0` is kept: it turns `-0.0` into `+0.0`;
@@ -20,7 +26,7 @@
 //! identity(x)` with `x` a graph input stays, since the output must be called `y`.
 
 use crate::util::{bodies_mut, compact, producer, replace_uses};
-use rafter_ir::{BinaryOp, ConstData, DType, Graph, Op, UnaryOp, ValueId};
+use rafter_ir::{BinaryOp, ConstData, DType, Dim, Graph, Op, UnaryOp, ValueId};
 
 /// Applies the rewrites above to a fixed point, in the graph and its bodies, then removes
 /// what became dead. Returns whether anything changed.
@@ -53,6 +59,8 @@ enum Rewrite {
     Replace(ValueId),
     /// The node becomes this op over these operands.
     Modify(Op, Vec<Option<ValueId>>),
+    /// The node's operand at this position becomes a new constant.
+    SetConst(usize, ConstData),
 }
 
 fn apply(g: &mut Graph, ni: usize) -> bool {
@@ -68,7 +76,39 @@ fn apply(g: &mut Graph, ni: usize) -> bool {
             node.inputs = inputs;
             true
         }
+        Some(Rewrite::SetConst(at, data)) => {
+            let name = format!("{}_shape", g.value(y).name);
+            let c = g.add_const(name, data);
+            g.nodes[ni].inputs[at] = Some(c);
+            true
+        }
     }
+}
+
+/// A constant ONNX `reshape` target (no `allow_zero`) producing `to` from `from`, when the
+/// types pin it down: see the module docs.
+fn static_reshape_target(from: &[Dim], to: &[Dim]) -> Option<ConstData> {
+    let mut target = Vec::with_capacity(to.len());
+    let mut inferred = None;
+    for (i, d) in to.iter().enumerate() {
+        match d.as_known() {
+            // A literal 0 would mean "copy" without allow_zero.
+            Some(0) => return None,
+            Some(k) => target.push(k),
+            None if from.get(i) == Some(d) => target.push(0),
+            None if inferred.is_none() => {
+                inferred = Some(i);
+                target.push(-1);
+            }
+            None => return None,
+        }
+    }
+    // `-1` is inferred from the element count, which needs every other entry to be a
+    // positive number (a copied symbolic dim could be 0 at run time).
+    if inferred.is_some() && target.contains(&0) {
+        return None;
+    }
+    Some(ConstData::from_i64s(&target))
 }
 
 fn is_reshape_like(op: &Op) -> bool {
@@ -94,6 +134,12 @@ fn rewrite(g: &Graph, ni: usize) -> Option<Rewrite> {
         op if is_reshape_like(op) => {
             if let Some(r) = keep_x() {
                 return Some(r);
+            }
+            if let (Op::Reshape { allow_zero: false }, Some(s)) = (&node.op, node.input(1)) {
+                if g.const_of(s).is_none() {
+                    let from = &g.value(x?).ty.dims;
+                    return static_reshape_target(from, &ty.dims).map(|c| Rewrite::SetConst(1, c));
+                }
             }
             let inner = producer(g, x?).filter(|p| is_reshape_like(&p.op))?;
             let x0 = inner.input(0)?;
@@ -313,6 +359,38 @@ mod tests {
               %a: f32[6, 4] = reshape{allow_zero = false}(%x, %s1)
               const %s2: i64[3] = dense [0, 2, 2]
               %y: f32[6, 2, 2] = reshape{allow_zero = false}(%a, %s2)
+            }"#;
+        check(canonicalize, src, src);
+    }
+
+    #[test]
+    fn reshape_targets_from_shape_chains_become_constants() {
+        // BERT's head split: the target [batch, seq, 12, 64] is computed from `shape(x)`;
+        // the types already say it, so the target becomes [0, 0, 12, 64] and the chain dies
+        // (the `shape` node stays here: canonicalisation does not run DCE on live inputs).
+        check(
+            canonicalize,
+            r#"graph @g(%x: f32[b, s, 768]) -> (%y, %z) {
+              %sh: i64[3] = shape{start = 0}(%x)
+              const %heads: i64[2] = dense [12, 64]
+              const %idx: i64[2] = dense [0, 1]
+              %bs: i64[2] = gather{axis = 0}(%sh, %idx)
+              %t: i64[4] = concat{axis = 0}(%bs, %heads)
+              %y: f32[b, s, 12, 64] = reshape{allow_zero = false}(%x, %t)
+              const %flat: i64[1] = dense [-1]
+              %n: i64[2] = concat{axis = 0}(%flat, %heads)
+              %z: f32[n, 12, 64] = reshape{allow_zero = false}(%x, %n)
+            }"#,
+            r#"graph @g(%x: f32[b, s, 768]) -> (%y, %z) {
+              const %y_shape: i64[4] = dense [0, 0, 12, 64]
+              %y: f32[b, s, 12, 64] = reshape{allow_zero = false}(%x, %y_shape)
+              const %z_shape: i64[3] = dense [-1, 12, 64]
+              %z: f32[n, 12, 64] = reshape{allow_zero = false}(%x, %z_shape)
+            }"#,
+        );
+        // Two symbolic dims that are not copies: nothing to say statically.
+        let src = r#"graph @g(%x: f32[b, s], %t: i64[2]) -> (%y) {
+              %y: f32[s, b] = reshape{allow_zero = false}(%x, %t)
             }"#;
         check(canonicalize, src, src);
     }

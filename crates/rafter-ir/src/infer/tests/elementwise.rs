@@ -147,6 +147,28 @@ fn value_arithmetic() {
         v(BinaryOp::Equal, &In::sym_scalar("s"), &In::sym_scalar("s")).unwrap(),
         "[1]"
     );
+    // Sizes are non-negative: a symbol is never -1, `s + 1 > s`; `s` vs `t` stays unknown.
+    assert_eq!(
+        v(BinaryOp::Equal, &s, &In::ints(&[-1, -1])).unwrap(),
+        "[0, 0]"
+    );
+    let s1 = In::sym_scalar("s+1");
+    let ss = In::sym_scalar("s");
+    for (op, want) in [
+        (BinaryOp::Less, "[1]"),
+        (BinaryOp::LessOrEqual, "[1]"),
+        (BinaryOp::Greater, "[0]"),
+        (BinaryOp::GreaterOrEqual, "[0]"),
+        (BinaryOp::Equal, "[0]"),
+    ] {
+        assert_eq!(v(op, &ss, &s1).unwrap(), want, "{op:?}(s, s + 1)");
+    }
+    assert_eq!(
+        v(BinaryOp::GreaterOrEqual, &ss, &In::scalar(0)).unwrap(),
+        "[1]"
+    );
+    assert_eq!(v(BinaryOp::Greater, &ss, &In::scalar(0)), None);
+    assert_eq!(v(BinaryOp::Less, &ss, &In::sym_scalar("t")), None);
     assert_eq!(v(BinaryOp::Div, &In::scalar(1), &In::scalar(0)), None);
     // Overflowing products carry no value, and never panic.
     assert_eq!(

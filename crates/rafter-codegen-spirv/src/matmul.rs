@@ -1,0 +1,898 @@
+//! f32 matrix products (ONNX `MatMul`), tiled through workgroup memory.
+//!
+//! One workgroup of 16×16 invocations computes a 64×64 tile of `C = A·B` for one batch
+//! entry; each invocation holds a 4×4 block of the tile in registers ([`MatmulTile`]: or
+//! 32×32 and 2×2, for products with few rows). K is walked in steps
+//! of 16: the workgroup stages a 64×16 slice of A and a 16×64 slice of B in workgroup
+//! memory (every invocation loads 4 elements of each, consecutive invocations reading
+//! consecutive addresses), synchronises, and every invocation accumulates its 4×4 block
+//! from 4 + 4 workgroup-memory reads per k (a 2:1 ratio of FMAs to shared loads, versus
+//! 1:2 for one output per invocation). A's slice is stored transposed, its rows padded to
+//! 65 floats so that the transposing stores do not collide on one memory bank. Elements
+//! outside the matrices read as 0 and are not stored, so any M, N, K work.
+//!
+//! A chain of elementwise ops after the product (what fusion puts in a contraction
+//! kernel: bias, scale, residual, relu) is applied to each element as it is stored, so
+//! the fused kernel writes C once: `add`/`sub`/`mul`/`div` with a scalar (a constant or a
+//! one-element input), a row vector broadcast over the rows (a bias of C's last dim), or a
+//! tensor of C's dims (a residual), on either side; and `relu`.
+//!
+//! Addresses follow the crate's ABI: 64-bit device addresses in the push constants, one
+//! per binding (the body's inputs, then its output), then the params; element addresses
+//! are 64-bit integers.
+
+use rafter_ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueDef, ValueId};
+use rspirv::binary::Assemble;
+use rspirv::dr::{Builder, Operand as Arg};
+use rspirv::spirv::{
+    AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
+    FunctionControl, LoopControl, MemoryAccess, MemoryModel, MemorySemantics, Scope,
+    SelectionControl, StorageClass, Word,
+};
+
+use crate::CodegenError;
+
+/// Rows and columns of C one workgroup computes by default.
+pub const MATMUL_TILE: u32 = 64;
+/// Invocations per workgroup side (16×16).
+const THREADS: u32 = 16;
+/// The K step staged in workgroup memory.
+const KSTEP: u32 = 16;
+
+/// The C tile a workgroup computes. Large tiles reuse each staged element more (4×4
+/// registers per invocation); small ones make 4× more workgroups, which is what products
+/// with few rows (a transformer at batch 1: M = sequence length) need to fill a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MatmulTile {
+    /// 64×64, a 4×4 block per invocation.
+    #[default]
+    Large,
+    /// 32×32, a 2×2 block per invocation.
+    Small,
+}
+
+impl MatmulTile {
+    /// Rows and columns of the tile.
+    pub fn size(self) -> u32 {
+        match self {
+            MatmulTile::Large => 64,
+            MatmulTile::Small => 32,
+        }
+    }
+
+    /// The register block's side (`size / 16`).
+    fn block(self) -> u32 {
+        self.size() / THREADS
+    }
+
+    /// Row length of the transposed A slice in workgroup memory (padded against bank
+    /// conflicts).
+    fn a_row(self) -> u32 {
+        self.size() + 1
+    }
+}
+
+/// A generated matrix-product kernel and how to launch it.
+#[derive(Debug, Clone)]
+pub struct MatmulKernel {
+    /// The SPIR-V module (entry point `main`); bindings: the body's inputs, then C.
+    pub spirv: Vec<u32>,
+    /// Whether B is one matrix shared by every batch entry of A (B of rank 2).
+    pub b_shared: bool,
+    /// The body inputs that are A and B (binding indices).
+    pub a_input: usize,
+    pub b_input: usize,
+    /// Number of bindings (body inputs + 1).
+    pub bindings: usize,
+    /// The C tile per workgroup.
+    pub tile: MatmulTile,
+}
+
+/// The sizes of one call, from the operands' dims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulShape {
+    pub batch: u32,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+}
+
+impl MatmulKernel {
+    /// The call's sizes for operands of `a_dims` and `b_dims`, checked against what the
+    /// kernel was generated for: B 2-D (shared) or with A's batch dims; sizes within `u32`.
+    pub fn shape(&self, a_dims: &[usize], b_dims: &[usize]) -> Result<MatmulShape, String> {
+        let (ra, rb) = (a_dims.len(), b_dims.len());
+        if ra < 2 || rb < 2 {
+            return Err(format!(
+                "matmul of {a_dims:?} and {b_dims:?}: ranks below 2"
+            ));
+        }
+        let (m, k) = (a_dims[ra - 2], a_dims[ra - 1]);
+        let (kb, n) = (b_dims[rb - 2], b_dims[rb - 1]);
+        if k != kb {
+            return Err(format!(
+                "matmul of {a_dims:?} and {b_dims:?}: inner dims {k} and {kb} differ"
+            ));
+        }
+        let batch: usize = a_dims[..ra - 2].iter().product();
+        if self.b_shared != (rb == 2) || (rb > 2 && b_dims[..rb - 2] != a_dims[..ra - 2]) {
+            return Err(format!(
+                "matmul of {a_dims:?} and {b_dims:?}: the kernel was generated for {}",
+                if self.b_shared {
+                    "a 2-D B"
+                } else {
+                    "B with A's batch dims"
+                }
+            ));
+        }
+        let small = |v: usize, what: &str| {
+            u32::try_from(v).map_err(|_| format!("matmul {what} {v} does not fit in 32 bits"))
+        };
+        Ok(MatmulShape {
+            batch: small(batch, "batch")?,
+            m: small(m, "rows")?,
+            n: small(n, "columns")?,
+            k: small(k, "inner dim")?,
+        })
+    }
+
+    /// The push-constant params after the three addresses: M, N, K, B-shared, as `u32`s.
+    pub fn params(&self, s: MatmulShape) -> Vec<u8> {
+        [s.m, s.n, s.k, self.b_shared as u32]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect()
+    }
+
+    /// The workgroup grid: column tiles, row tiles, batch entries; an error when it exceeds
+    /// the device's `max` grid.
+    pub fn workgroups(&self, s: MatmulShape, max: [u32; 3]) -> Result<[u32; 3], String> {
+        let t = self.tile.size();
+        let grid = [s.n.div_ceil(t), s.m.div_ceil(t), s.batch];
+        if grid.iter().zip(max).any(|(&g, m)| g > m) {
+            return Err(format!(
+                "matmul grid {grid:?} exceeds the device's workgroup counts {max:?}"
+            ));
+        }
+        Ok(grid)
+    }
+}
+
+/// One operand of an epilogue op.
+#[derive(Debug, Clone, Copy)]
+enum Src {
+    Const(f32),
+    /// Binding `i`, one element.
+    Scalar(usize),
+    /// Binding `i`, indexed by C's column.
+    Row(usize),
+    /// Binding `i`, indexed like C.
+    Full(usize),
+}
+
+/// One epilogue step on the accumulated value `x`.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// `x op s` (`x_left`) or `s op x`.
+    Binary(BinaryOp, Src, bool),
+    Relu,
+}
+
+/// Compiles a body holding one f32 `matmul` of two body inputs, A of rank >= 2 and B
+/// either 2-D or with A's batch dims (ONNX broadcasting beyond that is not generated yet),
+/// optionally followed by the epilogue chain of the module docs, ending in the body's one
+/// output.
+pub fn matmul(body: &Graph) -> Result<MatmulKernel, CodegenError> {
+    matmul_tiled(body, MatmulTile::Large)
+}
+
+/// [`matmul`] with a chosen C tile per workgroup.
+pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, CodegenError> {
+    let error = |reason: String| CodegenError {
+        kernel: body.name.clone(),
+        reason,
+    };
+    let Some((first, rest)) = body.nodes.split_first() else {
+        return Err(error("the body is empty".into()));
+    };
+    if first.op != Op::MatMul {
+        return Err(error(format!(
+            "the first node is `{}`, not matmul",
+            first.op.name()
+        )));
+    }
+    let input_index = |v: Option<ValueId>| match v.map(|v| &body.value(v).def) {
+        Some(ValueDef::Input(i)) => Some(*i),
+        _ => None,
+    };
+    let (Some(a_input), Some(b_input), 2, [Some(product)]) = (
+        input_index(first.input(0)),
+        input_index(first.input(1)),
+        first.inputs.len(),
+        first.outputs.as_slice(),
+    ) else {
+        return Err(error(
+            "the matmul must read two body inputs and have one result".into(),
+        ));
+    };
+    let (a, b) = (
+        &body.value(body.inputs[a_input]).ty,
+        &body.value(body.inputs[b_input]).ty,
+    );
+    if a.dtype != DType::F32 || b.dtype != DType::F32 {
+        return Err(error(format!(
+            "operands are {} and {}; only f32 is generated yet",
+            a.dtype, b.dtype
+        )));
+    }
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(error(
+            "operands of rank below 2 are not generated yet".into(),
+        ));
+    }
+    let b_shared = b.rank() == 2;
+    if !b_shared && b.dims[..b.rank() - 2] != a.dims[..a.rank() - 2] {
+        return Err(error(format!(
+            "B's batch dims {:?} are neither absent nor A's {:?} (broadcasting is not \
+             generated yet)",
+            &b.dims[..b.rank() - 2],
+            &a.dims[..a.rank() - 2]
+        )));
+    }
+    let c_ty = body.value(*product).ty.clone();
+    let (steps, last) = epilogue(body, rest, *product, &c_ty).map_err(error)?;
+    if body.outputs != [last] {
+        return Err(error(
+            "the body's one output must be the end of the matmul's epilogue chain".into(),
+        ));
+    }
+    let bindings = body.inputs.len() + 1;
+    let spirv = emit(&Layout {
+        a: a_input,
+        b: b_input,
+        c: bindings - 1,
+        bindings,
+        steps,
+        tile,
+    })
+    .map_err(error)?;
+    Ok(MatmulKernel {
+        spirv,
+        b_shared,
+        a_input,
+        b_input,
+        bindings,
+        tile,
+    })
+}
+
+/// The epilogue chain after the product `x`: each node takes the previous result and at
+/// most one other operand. Returns the steps and the chain's last value.
+fn epilogue(
+    body: &Graph,
+    nodes: &[rafter_ir::Node],
+    mut x: ValueId,
+    c: &rafter_ir::TensorType,
+) -> Result<(Vec<Step>, ValueId), String> {
+    let mut steps = Vec::new();
+    for node in nodes {
+        let [Some(y)] = node.outputs.as_slice() else {
+            return Err(format!(
+                "epilogue node `{}` has not one result",
+                node.op.name()
+            ));
+        };
+        if body.value(*y).ty != *c {
+            return Err(format!(
+                "epilogue node `{}` changes the type to {}",
+                node.op.name(),
+                body.value(*y).ty
+            ));
+        }
+        let step = match (&node.op, node.inputs.as_slice()) {
+            (Op::Unary { op: UnaryOp::Relu }, [Some(v)]) if *v == x => Step::Relu,
+            (Op::Binary { op }, [Some(l), Some(r)])
+                if matches!(
+                    op,
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div
+                ) && (*l == x) != (*r == x) =>
+            {
+                let (other, x_left) = if *l == x { (*r, true) } else { (*l, false) };
+                Step::Binary(*op, source(body, other, c)?, x_left)
+            }
+            (op, _) => {
+                return Err(format!(
+                    "epilogue op `{}` is not generated after a matmul yet",
+                    op.name()
+                ))
+            }
+        };
+        steps.push(step);
+        x = *y;
+    }
+    Ok((steps, x))
+}
+
+/// How an epilogue operand is read, from its type against C's.
+fn source(body: &Graph, v: ValueId, c: &rafter_ir::TensorType) -> Result<Src, String> {
+    let value = body.value(v);
+    let ty = &value.ty;
+    if ty.dtype != DType::F32 {
+        return Err(format!("epilogue operand %{} is {}", value.name, ty.dtype));
+    }
+    let ones = |dims: &[rafter_ir::Dim]| dims.iter().all(|d| d.as_known() == Some(1));
+    match value.def {
+        ValueDef::Const(id) => {
+            let data = body.constant(id);
+            match data.to_f64s().as_slice() {
+                [x] if ty.rank() <= c.rank() => Ok(Src::Const(*x as f32)),
+                _ => Err(format!("constant %{} is not one element", value.name)),
+            }
+        }
+        ValueDef::Input(i) => {
+            if ty.rank() > c.rank() {
+                return Err(format!("operand %{} has a higher rank than C", value.name));
+            }
+            if ones(&ty.dims) {
+                return Ok(Src::Scalar(i));
+            }
+            if ty.dims == c.dims {
+                return Ok(Src::Full(i));
+            }
+            if let Some((last, lead)) = ty.dims.split_last() {
+                if ones(lead) && Some(last) == c.dims.last() {
+                    return Ok(Src::Row(i));
+                }
+            }
+            Err(format!(
+                "operand %{} of dims {:?} is neither a scalar, a row of C's {} columns, nor \
+                 of C's dims",
+                value.name,
+                ty.dims,
+                c.dims.last().map_or("?".into(), |d| d.to_string())
+            ))
+        }
+        _ => Err(format!(
+            "epilogue operand %{} is computed inside the kernel",
+            value.name
+        )),
+    }
+}
+
+/// Where the bindings are and what the epilogue does.
+struct Layout {
+    a: usize,
+    b: usize,
+    c: usize,
+    bindings: usize,
+    steps: Vec<Step>,
+    tile: MatmulTile,
+}
+
+type R<T> = Result<T, String>;
+
+fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
+    r.map_err(|e| format!("rspirv: {e}"))
+}
+
+/// GLSL.std.450 `Fma`.
+const GLSL_FMA: u32 = 50;
+
+/// Ids of the types and globals the body refers to.
+struct Ids {
+    glsl: Word,
+    f32: Word,
+    u32: Word,
+    u64: Word,
+    bool: Word,
+    ptr_elem: Word,
+    ptr_wg: Word,
+    ptr_fn: Word,
+    a_tile: Word,
+    b_tile: Word,
+}
+
+fn emit(layout: &Layout) -> R<Vec<u32>> {
+    let mut b = Builder::new();
+    b.set_version(1, 5);
+    b.capability(Capability::Shader);
+    b.capability(Capability::PhysicalStorageBufferAddresses);
+    b.capability(Capability::Int64);
+    let glsl = b.ext_inst_import("GLSL.std.450");
+    b.memory_model(
+        AddressingModel::PhysicalStorageBuffer64,
+        MemoryModel::GLSL450,
+    );
+    let void = b.type_void();
+    let f32 = b.type_float(32);
+    let u32 = b.type_int(32, 0);
+    let u64 = b.type_int(64, 0);
+    let bool = b.type_bool();
+
+    // Push constants: every binding's address (as u64), then M, N, K, B-shared.
+    let nb = layout.bindings as u32;
+    let members: Vec<Word> = (0..nb).map(|_| u64).chain([u32; 4]).collect();
+    let push = b.type_struct(members);
+    b.decorate(push, Decoration::Block, []);
+    for i in 0..nb + 4 {
+        let offset = if i < nb { 8 * i } else { 8 * nb + 4 * (i - nb) };
+        b.member_decorate(push, i, Decoration::Offset, [Arg::LiteralBit32(offset)]);
+    }
+    let ptr_push = b.type_pointer(None, StorageClass::PushConstant, push);
+    let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
+    let ptr_push_u64 = b.type_pointer(None, StorageClass::PushConstant, u64);
+    let ptr_push_u32 = b.type_pointer(None, StorageClass::PushConstant, u32);
+    let ptr_elem = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, f32);
+
+    // Workgroup tiles.
+    let tile = layout.tile;
+    let a_len = b.constant_bit32(u32, KSTEP * tile.a_row());
+    let b_len = b.constant_bit32(u32, KSTEP * tile.size());
+    let a_arr = b.type_array(f32, a_len);
+    let b_arr = b.type_array(f32, b_len);
+    let ptr_a_arr = b.type_pointer(None, StorageClass::Workgroup, a_arr);
+    let ptr_b_arr = b.type_pointer(None, StorageClass::Workgroup, b_arr);
+    let a_tile = b.variable(ptr_a_arr, None, StorageClass::Workgroup, None);
+    let b_tile = b.variable(ptr_b_arr, None, StorageClass::Workgroup, None);
+    let ptr_wg = b.type_pointer(None, StorageClass::Workgroup, f32);
+    let ptr_fn = b.type_pointer(None, StorageClass::Function, f32);
+
+    let v3 = b.type_vector(u32, 3);
+    let ptr_in_v3 = b.type_pointer(None, StorageClass::Input, v3);
+    let wg_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
+    b.decorate(
+        wg_var,
+        Decoration::BuiltIn,
+        [Arg::BuiltIn(BuiltIn::WorkgroupId)],
+    );
+    let lid_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
+    b.decorate(
+        lid_var,
+        Decoration::BuiltIn,
+        [Arg::BuiltIn(BuiltIn::LocalInvocationId)],
+    );
+
+    let fn_type = b.type_function(void, []);
+    let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
+    b.entry_point(
+        ExecutionModel::GLCompute,
+        main,
+        "main",
+        [push_var, wg_var, lid_var, a_tile, b_tile],
+    );
+    b.execution_mode(main, ExecutionMode::LocalSize, [THREADS, THREADS, 1]);
+    let ids = Ids {
+        glsl,
+        f32,
+        u32,
+        u64,
+        bool,
+        ptr_elem,
+        ptr_wg,
+        ptr_fn,
+        a_tile,
+        b_tile,
+    };
+    let mut e = Body { b, ids, tile };
+    e.main(
+        layout,
+        push_var,
+        ptr_push_u64,
+        ptr_push_u32,
+        wg_var,
+        lid_var,
+        v3,
+    )?;
+    build(e.b.end_function())?;
+    Ok(e.b.module().assemble())
+}
+
+struct Body {
+    b: Builder,
+    ids: Ids,
+    tile: MatmulTile,
+}
+
+/// What `store_block` needs to run the epilogue: the steps, every binding's address, and
+/// the byte offset of this batch entry's C matrix (full-size operands share it).
+struct Epilogue<'a> {
+    steps: &'a [Step],
+    addrs: &'a [Word],
+    c_off: Word,
+}
+
+impl Body {
+    fn u(&mut self, v: u32) -> Word {
+        self.b.constant_bit32(self.ids.u32, v)
+    }
+    fn u64c(&mut self, v: u64) -> Word {
+        self.b.constant_bit64(self.ids.u64, v)
+    }
+    fn add(&mut self, a: Word, c: Word) -> R<Word> {
+        build(self.b.i_add(self.ids.u32, None, a, c))
+    }
+    fn mul(&mut self, a: Word, c: Word) -> R<Word> {
+        build(self.b.i_mul(self.ids.u32, None, a, c))
+    }
+    fn add64(&mut self, a: Word, c: Word) -> R<Word> {
+        build(self.b.i_add(self.ids.u64, None, a, c))
+    }
+    fn mul64(&mut self, a: Word, c: Word) -> R<Word> {
+        build(self.b.i_mul(self.ids.u64, None, a, c))
+    }
+    fn wide(&mut self, a: Word) -> R<Word> {
+        build(self.b.u_convert(self.ids.u64, None, a))
+    }
+    fn lt(&mut self, a: Word, c: Word) -> R<Word> {
+        build(self.b.u_less_than(self.ids.bool, None, a, c))
+    }
+    fn and(&mut self, a: Word, c: Word) -> R<Word> {
+        build(self.b.logical_and(self.ids.bool, None, a, c))
+    }
+
+    /// `base + (row * ld + col) * 4` as an f32 pointer into a matrix.
+    fn elem_ptr(&mut self, base: Word, row: Word, ld: Word, col: Word) -> R<Word> {
+        let (row, ld, col) = (self.wide(row)?, self.wide(ld)?, self.wide(col)?);
+        let idx = self.mul64(row, ld)?;
+        let idx = self.add64(idx, col)?;
+        let four = self.u64c(4);
+        let off = self.mul64(idx, four)?;
+        let addr = self.add64(base, off)?;
+        build(self.b.convert_u_to_ptr(self.ids.ptr_elem, None, addr))
+    }
+
+    /// Loads `(row, col)` of a `rows × cols` matrix at `base`, or 0 outside it. The load
+    /// itself always reads an in-bounds address (element 0 when outside): a device
+    /// address must not be dereferenced beyond its buffer.
+    fn load_or_zero(
+        &mut self,
+        base: Word,
+        (row, rows): (Word, Word),
+        (col, cols): (Word, Word),
+    ) -> R<Word> {
+        let in_rows = self.lt(row, rows)?;
+        let in_cols = self.lt(col, cols)?;
+        let inside = self.and(in_rows, in_cols)?;
+        let zero = self.u(0);
+        let row = build(self.b.select(self.ids.u32, None, inside, row, zero))?;
+        let col = build(self.b.select(self.ids.u32, None, inside, col, zero))?;
+        let ptr = self.elem_ptr(base, row, cols, col)?;
+        let v = build(self.b.load(
+            self.ids.f32,
+            None,
+            ptr,
+            Some(MemoryAccess::ALIGNED),
+            [Arg::LiteralBit32(4)],
+        ))?;
+        let fzero = self.b.constant_bit32(self.ids.f32, 0);
+        build(self.b.select(self.ids.f32, None, inside, v, fzero))
+    }
+
+    fn tile_ptr(&mut self, tile: Word, index: Word) -> R<Word> {
+        build(self.b.access_chain(self.ids.ptr_wg, None, tile, [index]))
+    }
+
+    fn barrier(&mut self) -> R<()> {
+        let scope = self.u(Scope::Workgroup as u32);
+        let semantics =
+            self.u((MemorySemantics::ACQUIRE_RELEASE | MemorySemantics::WORKGROUP_MEMORY).bits());
+        build(self.b.control_barrier(scope, scope, semantics))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn main(
+        &mut self,
+        layout: &Layout,
+        push_var: Word,
+        ptr_push_u64: Word,
+        ptr_push_u32: Word,
+        wg_var: Word,
+        lid_var: Word,
+        v3: Word,
+    ) -> R<()> {
+        let Ids {
+            f32, u32, ptr_fn, ..
+        } = self.ids;
+        let entry = build(self.b.begin_block(None))?;
+        // The register block lives in function variables (declared first, as SPIR-V
+        // requires); drivers promote them to registers.
+        let fzero = self.b.constant_bit32(f32, 0);
+        let n_acc = (self.tile.block() * self.tile.block()) as usize;
+        let acc: Vec<Word> = (0..n_acc)
+            .map(|_| {
+                self.b
+                    .variable(ptr_fn, None, StorageClass::Function, Some(fzero))
+            })
+            .collect();
+
+        let push_field = |e: &mut Body, i: u32, ty: Word, ptr: Word| -> R<Word> {
+            let index = e.u(i);
+            let p = build(e.b.access_chain(ptr, None, push_var, [index]))?;
+            build(e.b.load(ty, None, p, None, []))
+        };
+        let u64 = self.ids.u64;
+        let nb = layout.bindings as u32;
+        let addrs = (0..nb)
+            .map(|i| push_field(self, i, u64, ptr_push_u64))
+            .collect::<R<Vec<Word>>>()?;
+        let (a_addr, b_addr, c_addr) = (addrs[layout.a], addrs[layout.b], addrs[layout.c]);
+        let m = push_field(self, nb, u32, ptr_push_u32)?;
+        let n = push_field(self, nb + 1, u32, ptr_push_u32)?;
+        let k = push_field(self, nb + 2, u32, ptr_push_u32)?;
+        let b_shared = push_field(self, nb + 3, u32, ptr_push_u32)?;
+
+        let wg = build(self.b.load(v3, None, wg_var, None, []))?;
+        let lid = build(self.b.load(v3, None, lid_var, None, []))?;
+        let tx = build(self.b.composite_extract(u32, None, lid, [0]))?;
+        let ty = build(self.b.composite_extract(u32, None, lid, [1]))?;
+        let wx = build(self.b.composite_extract(u32, None, wg, [0]))?;
+        let wy = build(self.b.composite_extract(u32, None, wg, [1]))?;
+        let wz = build(self.b.composite_extract(u32, None, wg, [2]))?;
+        let tile = self.u(self.tile.size());
+        let n0 = self.mul(wx, tile)?;
+        let m0 = self.mul(wy, tile)?;
+        let threads = self.u(THREADS);
+        let flat = self.mul(ty, threads)?;
+        let flat = self.add(flat, tx)?;
+
+        // Batch entry `wz`: A and C advance by a matrix each; B too unless shared.
+        let four = self.u64c(4);
+        let batch = self.wide(wz)?;
+        let (m64, n64, k64) = (self.wide(m)?, self.wide(n)?, self.wide(k)?);
+        let mk = self.mul64(m64, k64)?;
+        let a_off = self.mul64(batch, mk)?;
+        let a_off = self.mul64(a_off, four)?;
+        let a_base = self.add64(a_addr, a_off)?;
+        let kn = self.mul64(k64, n64)?;
+        let b_off = self.mul64(batch, kn)?;
+        let b_off = self.mul64(b_off, four)?;
+        let zero32 = self.u(0);
+        let shared = build(self.b.i_not_equal(self.ids.bool, None, b_shared, zero32))?;
+        let zero64 = self.u64c(0);
+        let b_off = build(self.b.select(u64, None, shared, zero64, b_off))?;
+        let b_base = self.add64(b_addr, b_off)?;
+        let mn = self.mul64(m64, n64)?;
+        let c_off = self.mul64(batch, mn)?;
+        let c_off = self.mul64(c_off, four)?;
+        let c_base = self.add64(c_addr, c_off)?;
+        let epilogue = Epilogue {
+            steps: &layout.steps,
+            addrs: &addrs,
+            c_off,
+        };
+
+        // for (k0 = 0; k0 < K; k0 += KSTEP)
+        let (header, cond, body, cont, merge) = (
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+        );
+        let k0_next = self.b.id();
+        build(self.b.branch(header))?;
+        build(self.b.begin_block(Some(header)))?;
+        let k0 = build(self.b.phi(u32, None, [(zero32, entry), (k0_next, cont)]))?;
+        build(self.b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+        build(self.b.branch(cond))?;
+        build(self.b.begin_block(Some(cond)))?;
+        let more = self.lt(k0, k)?;
+        build(self.b.branch_conditional(more, body, merge, []))?;
+
+        build(self.b.begin_block(Some(body)))?;
+        self.stage_tiles((flat, m0, n0, k0), (m, n, k), (a_base, b_base))?;
+        self.barrier()?;
+        self.accumulate(&acc, tx, ty)?;
+        self.barrier()?;
+        build(self.b.branch(cont))?;
+
+        build(self.b.begin_block(Some(cont)))?;
+        let kstep = self.u(KSTEP);
+        build(self.b.i_add(u32, Some(k0_next), k0, kstep))?;
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(merge)))?;
+        self.store_block(&acc, (tx, ty), (m0, n0), (m, n), c_base, &epilogue)?;
+        build(self.b.ret())
+    }
+
+    /// Every invocation stages 4 elements of A's 64×16 slice (transposed) and 4 of B's
+    /// 16×64 slice; consecutive invocations read consecutive addresses.
+    fn stage_tiles(
+        &mut self,
+        (flat, m0, n0, k0): (Word, Word, Word, Word),
+        (m, n, k): (Word, Word, Word),
+        (a_base, b_base): (Word, Word),
+    ) -> R<()> {
+        let size = self.tile.size();
+        let per_thread = size * KSTEP / (THREADS * THREADS);
+        let (a_tile, b_tile) = (self.ids.a_tile, self.ids.b_tile);
+        for r in 0..per_thread {
+            let step = self.u(r * THREADS * THREADS);
+            let lin = self.add(flat, step)?;
+            // A: kk fastest (a row's K run), then the row.
+            let kmask = self.u(KSTEP - 1);
+            let kk = build(self.b.bitwise_and(self.ids.u32, None, lin, kmask))?;
+            let kshift = self.u(KSTEP.trailing_zeros());
+            let ml = build(self.b.shift_right_logical(self.ids.u32, None, lin, kshift))?;
+            let row = self.add(m0, ml)?;
+            let col = self.add(k0, kk)?;
+            let v = self.load_or_zero(a_base, (row, m), (col, k))?;
+            let a_row = self.u(self.tile.a_row());
+            let at = self.mul(kk, a_row)?;
+            let at = self.add(at, ml)?;
+            let p = self.tile_ptr(a_tile, at)?;
+            build(self.b.store(p, v, None, []))?;
+            // B: the column fastest, then kk.
+            let nmask = self.u(size - 1);
+            let nl = build(self.b.bitwise_and(self.ids.u32, None, lin, nmask))?;
+            let nshift = self.u(size.trailing_zeros());
+            let kk = build(self.b.shift_right_logical(self.ids.u32, None, lin, nshift))?;
+            let row = self.add(k0, kk)?;
+            let col = self.add(n0, nl)?;
+            let v = self.load_or_zero(b_base, (row, k), (col, n))?;
+            let tile = self.u(size);
+            let bt = self.mul(kk, tile)?;
+            let bt = self.add(bt, nl)?;
+            let p = self.tile_ptr(b_tile, bt)?;
+            build(self.b.store(p, v, None, []))?;
+        }
+        Ok(())
+    }
+
+    /// acc[i][j] += A[ty + 16 i][kk] * B[kk][tx + 16 j] for the staged kk, unrolled.
+    fn accumulate(&mut self, acc: &[Word], tx: Word, ty: Word) -> R<()> {
+        let Ids {
+            f32,
+            glsl,
+            a_tile,
+            b_tile,
+            ..
+        } = self.ids;
+        let mut sums = Vec::with_capacity(acc.len());
+        for &var in acc {
+            sums.push(build(self.b.load(f32, None, var, None, []))?);
+        }
+        let (size, block, a_row) = (self.tile.size(), self.tile.block(), self.tile.a_row());
+        for kk in 0..KSTEP {
+            let mut a = Vec::new();
+            let mut bv = Vec::new();
+            for i in 0..block {
+                let off = self.u(kk * a_row + i * THREADS);
+                let at = self.add(ty, off)?;
+                let p = self.tile_ptr(a_tile, at)?;
+                a.push(build(self.b.load(f32, None, p, None, []))?);
+                let off = self.u(kk * size + i * THREADS);
+                let bt = self.add(tx, off)?;
+                let p = self.tile_ptr(b_tile, bt)?;
+                bv.push(build(self.b.load(f32, None, p, None, []))?);
+            }
+            for i in 0..block as usize {
+                for j in 0..block as usize {
+                    let s = &mut sums[i * block as usize + j];
+                    *s = build(self.b.ext_inst(
+                        f32,
+                        None,
+                        glsl,
+                        GLSL_FMA,
+                        [Arg::IdRef(a[i]), Arg::IdRef(bv[j]), Arg::IdRef(*s)],
+                    ))?;
+                }
+            }
+        }
+        for (&var, &s) in acc.iter().zip(&sums) {
+            build(self.b.store(var, s, None, []))?;
+        }
+        Ok(())
+    }
+
+    /// Loads an f32 at `addr` (a u64 byte address).
+    fn load_at(&mut self, addr: Word) -> R<Word> {
+        let ptr = build(self.b.convert_u_to_ptr(self.ids.ptr_elem, None, addr))?;
+        build(self.b.load(
+            self.ids.f32,
+            None,
+            ptr,
+            Some(MemoryAccess::ALIGNED),
+            [Arg::LiteralBit32(4)],
+        ))
+    }
+
+    /// The epilogue on the value `x` of C's element `(row, col)` (C has `n` columns).
+    fn apply(
+        &mut self,
+        e: &Epilogue<'_>,
+        mut x: Word,
+        (row, col): (Word, Word),
+        n: Word,
+    ) -> R<Word> {
+        let f32 = self.ids.f32;
+        for step in e.steps {
+            x = match *step {
+                Step::Relu => {
+                    // `x < 0 ? 0 : x`, which keeps NaN (GLSL's max leaves it undefined).
+                    let zero = self.b.constant_bit32(f32, 0);
+                    let neg = build(self.b.f_ord_less_than(self.ids.bool, None, x, zero))?;
+                    build(self.b.select(f32, None, neg, zero, x))?
+                }
+                Step::Binary(op, src, x_left) => {
+                    let s = match src {
+                        Src::Const(c) => self.b.constant_bit32(f32, c.to_bits()),
+                        Src::Scalar(i) => self.load_at(e.addrs[i])?,
+                        Src::Row(i) => {
+                            let four = self.u64c(4);
+                            let col = self.wide(col)?;
+                            let off = self.mul64(col, four)?;
+                            let addr = self.add64(e.addrs[i], off)?;
+                            self.load_at(addr)?
+                        }
+                        Src::Full(i) => {
+                            let base = self.add64(e.addrs[i], e.c_off)?;
+                            let ptr = self.elem_ptr(base, row, n, col)?;
+                            build(self.b.load(
+                                f32,
+                                None,
+                                ptr,
+                                Some(MemoryAccess::ALIGNED),
+                                [Arg::LiteralBit32(4)],
+                            ))?
+                        }
+                    };
+                    let (l, r) = if x_left { (x, s) } else { (s, x) };
+                    match op {
+                        BinaryOp::Add => build(self.b.f_add(f32, None, l, r))?,
+                        BinaryOp::Sub => build(self.b.f_sub(f32, None, l, r))?,
+                        BinaryOp::Mul => build(self.b.f_mul(f32, None, l, r))?,
+                        BinaryOp::Div => build(self.b.f_div(f32, None, l, r))?,
+                        _ => return Err(format!("epilogue op {op:?} is not generated")),
+                    }
+                }
+            };
+        }
+        Ok(x)
+    }
+
+    /// Stores the register block's elements that lie inside C.
+    fn store_block(
+        &mut self,
+        acc: &[Word],
+        (tx, ty): (Word, Word),
+        (m0, n0): (Word, Word),
+        (m, n): (Word, Word),
+        c_base: Word,
+        epilogue: &Epilogue<'_>,
+    ) -> R<()> {
+        let f32 = self.ids.f32;
+        let block = self.tile.block();
+        for i in 0..block {
+            for j in 0..block {
+                let off = self.u(i * THREADS);
+                let row = self.add(m0, ty)?;
+                let row = self.add(row, off)?;
+                let off = self.u(j * THREADS);
+                let col = self.add(n0, tx)?;
+                let col = self.add(col, off)?;
+                let in_rows = self.lt(row, m)?;
+                let in_cols = self.lt(col, n)?;
+                let inside = self.and(in_rows, in_cols)?;
+                let (then, done) = (self.b.id(), self.b.id());
+                build(self.b.selection_merge(done, SelectionControl::NONE))?;
+                build(self.b.branch_conditional(inside, then, done, []))?;
+                build(self.b.begin_block(Some(then)))?;
+                let v = build(
+                    self.b
+                        .load(f32, None, acc[(i * block + j) as usize], None, []),
+                )?;
+                let v = self.apply(epilogue, v, (row, col), n)?;
+                let ptr = self.elem_ptr(c_base, row, n, col)?;
+                build(
+                    self.b
+                        .store(ptr, v, Some(MemoryAccess::ALIGNED), [Arg::LiteralBit32(4)]),
+                )?;
+                build(self.b.branch(done))?;
+                build(self.b.begin_block(Some(done)))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,108 @@
+//! What the elementwise, softmax and normalisation kernels share: their error type, the
+//! row-block split over [`Parallel`], and the disjoint-output helper that lets parallel
+//! tasks write their own rows.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use thiserror::Error;
+
+use crate::{Isa, Parallel};
+
+/// The operands of a softmax, normalisation, activation or tile kernel did not fit
+/// together. Each message names the operand and the sizes.
+#[allow(missing_docs)]
+#[derive(Debug, Error, PartialEq, Eq, Clone)]
+pub enum KernelError {
+    #[error("{what}: expected {expected} elements, got {got}")]
+    Length {
+        what: String,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{what}: {detail}")]
+    Shape { what: String, detail: String },
+    #[error("instruction set {0:?} is not available on this CPU")]
+    IsaUnavailable(Isa),
+}
+
+pub(crate) fn check_len(what: &str, got: usize, expected: usize) -> Result<(), KernelError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(KernelError::Length {
+            what: what.to_string(),
+            expected,
+            got,
+        })
+    }
+}
+
+pub(crate) fn check_isa(isa: Isa) -> Result<(), KernelError> {
+    if isa.is_available() {
+        Ok(())
+    } else {
+        Err(KernelError::IsaUnavailable(isa))
+    }
+}
+
+/// Elements below which a task is not worth handing to another thread (a persistent pool
+/// wakes a worker in a few microseconds; 16K f32 elementwise take about that long).
+pub(crate) const MIN_TASK_ELEMS: usize = 16 * 1024;
+
+/// Splits `items` (rows, tiles) of `per_item` elements each into contiguous blocks and
+/// runs `f(block)` for each, on `par`. At most 4 blocks per thread (load balance on a
+/// shared machine) and none smaller than [`MIN_TASK_ELEMS`] unless there is only one.
+pub(crate) fn par_blocks(
+    par: &dyn Parallel,
+    items: usize,
+    per_item: usize,
+    f: &(dyn Fn(Range<usize>) + Sync),
+) {
+    if items == 0 {
+        return;
+    }
+    let by_size = (items.saturating_mul(per_item.max(1)) / MIN_TASK_ELEMS).max(1);
+    let tasks = by_size.min(par.threads().max(1) * 4).min(items);
+    if tasks <= 1 {
+        return f(0..items);
+    }
+    par.run(tasks, &|t| f(items * t / tasks..items * (t + 1) / tasks));
+}
+
+/// A mutable slice that parallel tasks write disjoint parts of.
+pub(crate) struct Disjoint<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _life: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `Disjoint` hands out `&mut` sub-slices only through `part`, whose contract is
+// that parts used concurrently do not overlap, so sharing it between threads is sound.
+unsafe impl Sync for Disjoint<'_> {}
+unsafe impl Send for Disjoint<'_> {}
+
+impl<'a> Disjoint<'a> {
+    pub(crate) fn new(s: &'a mut [f32]) -> Self {
+        Disjoint {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _life: PhantomData,
+        }
+    }
+
+    /// Elements `r` of the slice.
+    ///
+    /// # Safety
+    /// No other part overlapping `r` may be alive at the same time.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn part(&self, r: Range<usize>) -> &mut [f32] {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "part {r:?} of {}",
+            self.len
+        );
+        // SAFETY: in bounds (checked above); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start) }
+    }
+}
