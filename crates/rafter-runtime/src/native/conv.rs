@@ -12,12 +12,10 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
-use rafter_kernels_cpu::{
-    sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, ScopedThreads,
-};
+use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, WorkerPool};
 
 use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
-use super::{input_of, In, NativeKernel, Out};
+use super::{input_of, In, NativeKernel, Out, Par};
 
 struct ConvKernel {
     x: usize,
@@ -30,10 +28,10 @@ struct ConvKernel {
     group: i64,
     auto_pad: AutoPad,
     chain: Vec<EpiOp>,
-    par: ScopedThreads,
+    par: Par,
 }
 
-pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKernel>> {
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     let first = body.nodes.first()?;
     let Op::Conv {
         kernel_shape,
@@ -64,7 +62,7 @@ pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKerne
         group: *group,
         auto_pad: *auto_pad,
         chain: parse_chain(body, first.outputs[0]?)?,
-        par: ScopedThreads::new(threads),
+        par: par.clone(),
     }))
 }
 
@@ -247,7 +245,7 @@ impl NativeKernel for ConvKernel {
                         ..Epilogue::none()
                     };
                     let cm = MatMut::row_major(yg, mg, p, p).map_err(gemm_err)?;
-                    sgemm(r.alpha, a, BRef::Mat(b), 0.0, cm, &e, &self.par).map_err(gemm_err)?;
+                    sgemm(r.alpha, a, BRef::Mat(b), 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
                     r.post(yg);
                 }
             }
@@ -268,7 +266,7 @@ fn im2col(
     [h, w]: [usize; 2],
     geo: &Geom,
     cols: &mut [f32],
-    par: &ScopedThreads,
+    par: &WorkerPool,
 ) {
     let [kh, kw] = geo.k;
     let [oh, ow] = geo.out;
@@ -329,7 +327,7 @@ fn depthwise(
     [n, c, h, w]: [usize; 4],
     geo: &Geom,
     r: &Resolved<'_>,
-    par: &ScopedThreads,
+    par: &WorkerPool,
 ) {
     let [kh, kw] = geo.k;
     let [oh, ow] = geo.out;

@@ -17,7 +17,8 @@
 //!
 //! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
-//! [`pool`], [`movement`] (reshape-likes and transposes), [`norm`] (layer norm).
+//! [`pool`], [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
+//! norm), [`softmax`] (with an additive row mask).
 //!
 //! # Aliasing
 //! Native kernels are only selected for bodies that are not elementwise-only, so the memory
@@ -33,6 +34,7 @@ mod movement;
 mod norm;
 mod operands;
 mod pool;
+mod softmax;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -91,8 +93,22 @@ impl Stats {
     }
 }
 
-/// The native kernel for `body`, if one covers it, running on up to `threads` threads.
-pub(crate) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKernel>> {
+/// The threads native kernels run their parallel work on: one persistent pool per session
+/// (`rafter-kernels-cpu`'s `WorkerPool`, sized by the session's `kernel_threads`), shared
+/// by all its kernels.
+pub(crate) type Par = Arc<rafter_kernels_cpu::WorkerPool>;
+
+/// A pool of `threads` threads (the caller's included); one thread if workers cannot start.
+pub(crate) fn pool(threads: usize) -> Par {
+    Arc::new(
+        rafter_kernels_cpu::WorkerPool::new(threads)
+            .or_else(|_| rafter_kernels_cpu::WorkerPool::new(1))
+            .expect("a one-thread pool starts no thread"),
+    )
+}
+
+/// The native kernel for `body`, if one covers it, running its parallel work on `par`.
+pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     if body.nodes.is_empty()
         || body
             .nodes
@@ -102,11 +118,12 @@ pub(crate) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKerne
         // Elementwise-only bodies may have a result bound over an operand: not here.
         return None;
     }
-    matmul::select(body, threads)
-        .or_else(|| conv::select(body, threads))
-        .or_else(|| pool::select(body, threads))
+    matmul::select(body, par)
+        .or_else(|| conv::select(body, par))
+        .or_else(|| pool::select(body, par))
+        .or_else(|| softmax::select(body, par))
         .or_else(|| movement::select(body))
-        .or_else(|| norm::select(body))
+        .or_else(|| norm::select(body, par))
 }
 
 /// The ops the memory planner treats as elementwise (`rafter_opt::fusion::op_class`): a

@@ -433,7 +433,7 @@ fn malformed_operands_are_errors() {
     c.g.outputs.push(y);
     let program = rafter_opt::compile(&c.g, &rafter_opt::CompileOptions::default()).unwrap();
     let body = &program.kernels[0].body;
-    let k = select(body, 1).expect("a conv body is native");
+    let k = select(body, &super::pool(1)).expect("a conv body is native");
     let stats = Stats::default();
     // Wrong byte lengths never reach the kernel: the operand check names the sizes.
     let short = le(&[0.0; 10]);
@@ -460,7 +460,7 @@ fn malformed_operands_are_errors() {
     let b = c.input(&[3, 4]);
     let y = c.node(Op::MatMul, &[a, b], &[2, 4]);
     c.g.outputs.push(y);
-    let mm = select(&c.g, 1).unwrap();
+    let mm = select(&c.g, &super::pool(1)).unwrap();
     let (ab, bb) = (le(&[1.0; 6]), le(&[1.0; 12]));
     let ins = [input(&[2, 3], &ab, &stats), input(&[4, 3], &bb, &stats)];
     let mut yb = [0u8; 32];
@@ -476,7 +476,7 @@ fn elementwise_bodies_are_never_native() {
     let y = c.input(&[4]);
     let z = c.node(add(), &[x, y], &[4]);
     c.g.outputs.push(z);
-    assert!(select(&c.g, 1).is_none());
+    assert!(select(&c.g, &super::pool(1)).is_none());
 }
 
 #[test]
@@ -535,6 +535,36 @@ fn concat_of_inputs_and_constants() {
         let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
         let k = c.weight_of(kd, &v);
         let y = c.node(Op::Concat { axis }, &[a, k, b], out);
+        assert_native(c.check(y), 1);
+    }
+}
+
+#[test]
+fn softmax_with_a_row_mask() {
+    for masked in [false, true] {
+        let mut c = Case::new(91);
+        let x = c.input(&[2, 3, 5, 17]);
+        let y = if masked {
+            let m = c.input(&[2, 1, 1, 17]);
+            let s = c.node(add(), &[x, m], &[2, 3, 5, 17]);
+            c.node(
+                Op::Softmax {
+                    kind: rafter_ir::SoftmaxKind::Softmax,
+                    axis: -1,
+                },
+                &[s],
+                &[2, 3, 5, 17],
+            )
+        } else {
+            c.node(
+                Op::Softmax {
+                    kind: rafter_ir::SoftmaxKind::Softmax,
+                    axis: 3,
+                },
+                &[x],
+                &[2, 3, 5, 17],
+            )
+        };
         assert_native(c.check(y), 1);
     }
 }
