@@ -12,10 +12,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
-use rafter_kernels_cpu::{
-    conv3x3, sgemm, Activation, BRef, Conv3x3, Epilogue, MatMut, MatRef, Parallel, Residual,
-    WinogradScratch, WinogradWeights, WorkerPool,
-};
+use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, WorkerPool};
 
 use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
 use super::{input_of, In, NativeKernel, Out, Par};
@@ -32,9 +29,6 @@ struct ConvKernel {
     auto_pad: AutoPad,
     chain: Vec<EpiOp>,
     par: Par,
-    /// Winograd-transformed filters, made on the first call that takes the Winograd path
-    /// and kept while the weight operand stays the same bytes (address and length).
-    winograd: Mutex<Option<(usize, usize, Arc<WinogradWeights>)>>,
 }
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
@@ -69,7 +63,6 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         auto_pad: *auto_pad,
         chain: parse_chain(body, first.outputs[0]?)?,
         par: par.clone(),
-        winograd: Mutex::new(None),
     }))
 }
 
@@ -167,15 +160,7 @@ pub(super) fn valid_range(off: isize, s: usize, w: usize, ow: usize) -> (usize, 
 thread_local! {
     /// im2col scratch, reused across dispatches on this thread.
     static COLS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// Winograd scratch, likewise.
-    static WINOGRAD: RefCell<WinogradScratch> = RefCell::new(WinogradScratch::default());
 }
-
-/// Winograd F(2x2, 3x3) is used for 3x3, stride 1, undilated, ungrouped convolutions with
-/// at most this many output channels: measured 1.7-2.5x faster than im2col + GEMM on
-/// ResNet-50's 64-256-channel layers, no faster on its 512-channel 7x7 ones (where the
-/// transformed filters, 16/9 the size of the originals, would only cost memory).
-const WINOGRAD_MAX_COUT: usize = 256;
 
 fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
     format!("conv: {e}")
@@ -232,19 +217,6 @@ impl NativeKernel for ConvKernel {
             depthwise(xs, ws, y, [n, c, h, wd], &geo, &r, &self.par);
             return Ok(true);
         }
-        let winograd = [kh, kw] == [3, 3]
-            && geo.s == [1, 1]
-            && geo.d == [1, 1]
-            && g == 1
-            && m <= WINOGRAD_MAX_COUT
-            && r.alpha == 1.0
-            && r.clamp.is_none()
-            && (r.residual.is_none() || r.res_before)
-            && matches!(r.act, Activation::None | Activation::Relu);
-        if winograd {
-            self.winograd(xs, ws, y, [n, c, h, wd], m, &geo, &r)?;
-            return Ok(true);
-        }
         let (mg, kc, p) = (m / g, cg * kh * kw, oh * ow);
         let direct =
             kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
@@ -284,64 +256,6 @@ impl NativeKernel for ConvKernel {
             Err(_) => run(&mut Vec::new()),
         })?;
         Ok(true)
-    }
-}
-
-impl ConvKernel {
-    /// The convolution by Winograd F(2x2, 3x3), image by image, with bias, residual and
-    /// relu applied in the output transform.
-    #[allow(clippy::too_many_arguments)]
-    fn winograd(
-        &self,
-        xs: &[f32],
-        ws: &[f32],
-        y: &mut [f32],
-        [n, c, h, w]: [usize; 4],
-        m: usize,
-        geo: &Geom,
-        r: &Resolved<'_>,
-    ) -> Result<(), String> {
-        let key = (ws.as_ptr() as usize, ws.len());
-        let weights = {
-            let mut cached = self.winograd.lock().unwrap_or_else(|e| e.into_inner());
-            match &*cached {
-                Some((p, l, wt)) if (*p, *l) == key => wt.clone(),
-                _ => {
-                    let wt = Arc::new(WinogradWeights::new(ws, m, c)?);
-                    *cached = Some((key.0, key.1, wt.clone()));
-                    wt
-                }
-            }
-        };
-        let [oh, ow] = geo.out;
-        // Trailing pads: stride 1, 3 taps, so oh = h + top + bottom - 2.
-        let pads = [
-            geo.pb[0],
-            geo.pb[1],
-            (oh + 2).saturating_sub(h + geo.pb[0]),
-            (ow + 2).saturating_sub(w + geo.pb[1]),
-        ];
-        let (pin, pout) = (c * h * w, m * oh * ow);
-        let mut run = |scratch: &mut WinogradScratch| -> Result<(), String> {
-            for img in 0..n {
-                let conv = Conv3x3 {
-                    input: &xs[img * pin..(img + 1) * pin],
-                    h,
-                    w,
-                    pads,
-                    bias: r.bias,
-                    residual: r.residual.map(|res| &res[img * pout..(img + 1) * pout]),
-                    relu: r.act == Activation::Relu,
-                };
-                let out = &mut y[img * pout..(img + 1) * pout];
-                conv3x3(&conv, &weights, out, scratch, &*self.par)?;
-            }
-            Ok(())
-        };
-        WINOGRAD.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => run(&mut scratch),
-            Err(_) => run(&mut WinogradScratch::default()),
-        })
     }
 }
 
