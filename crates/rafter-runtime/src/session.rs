@@ -366,9 +366,9 @@ impl Session {
             for (k, (slot, kernel)) in host_kernels.iter_mut().zip(&program.kernels).enumerate() {
                 if slot.is_none() {
                     native[k] = crate::native::select(&kernel.body, &pool);
-                    // The reference path's host kernels: where a native kernel falls back,
-                    // and for elementwise bodies (GELU, bias adds), which may write a result
-                    // over an operand and so stay on the decode/encode path, as tile programs.
+                    // The reference path's host kernels, for bodies no native kernel takes
+                    // and calls a native kernel falls back on (elementwise bodies as tile
+                    // programs there too).
                     *slot = crate::fast::matmul_kernel(&kernel.body, threads)
                         .or_else(|| crate::fast_ops::single_op_kernel(&kernel.body))
                         .or_else(|| crate::tile::tile_kernel(&kernel.body, threads));
