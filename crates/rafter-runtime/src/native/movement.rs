@@ -335,8 +335,12 @@ fn concat(parts: &[(&[usize], &[u8])], axis: i64, y: &mut Out<'_>) -> Result<boo
     let Some(axis) = usize::try_from(axis).ok().filter(|&a| a < rank) else {
         return Ok(false);
     };
+    let esize = y.dtype.size_of();
     let mut along = 0;
-    for (dims, _) in parts {
+    for (dims, bytes) in parts {
+        if dims.iter().product::<usize>() * esize != bytes.len() {
+            return Ok(false);
+        }
         let same_else = dims.len() == rank
             && dims
                 .iter()
@@ -351,7 +355,6 @@ fn concat(parts: &[(&[usize], &[u8])], axis: i64, y: &mut Out<'_>) -> Result<boo
     if along != y.dims[axis] {
         return Ok(false);
     }
-    let esize = y.dtype.size_of();
     let outer: usize = y.dims[..axis].iter().product();
     let inner: usize = y.dims[axis + 1..].iter().product::<usize>() * esize;
     let dst = y.bytes_mut();
