@@ -67,6 +67,10 @@
 //! weights section: each weight's packed little-endian elements at its offset; zero between.
 //!
 //! executable section `cpu`: a 16-byte descriptor, see [`CpuDescriptor`].
+//!
+//! executable section `vulkan`: one SPIR-V module per kernel on `vulkan`, see
+//! [`VulkanSection`] (its own magic and descriptor version; adding it needed no new
+//! container version, since executables were always one section per device).
 //! ```
 //!
 //! Exactly one program, weight_table and weights section; at most one executable per
@@ -86,6 +90,7 @@ mod cpu;
 mod error;
 mod format;
 mod program_io;
+mod vulkan;
 mod weights;
 
 pub use container::{Container, ContainerWriter, Layout, SectionData, SectionInfo};
@@ -94,6 +99,9 @@ pub use error::ArtifactError;
 pub use format::{
     SectionKind, HEADER_LEN, MAGIC, MIN_WEIGHT_ALIGN, READABLE_VERSIONS, VERSION,
     WEIGHTS_SECTION_ALIGN,
+};
+pub use vulkan::{
+    Launch, MatmulDispatch, VulkanModule, VulkanSection, SPIRV_MAGIC, VULKAN_DESCRIPTOR_VERSION,
 };
 pub use weights::WeightEntry;
 
@@ -345,8 +353,8 @@ impl Artifact {
     }
 }
 
-/// Every device a kernel runs on has an executable, and a `cpu` descriptor agrees with
-/// the program.
+/// Every device a kernel runs on has an executable, a `cpu` descriptor agrees with the
+/// program, and a `vulkan` section has exactly one module per kernel on `vulkan`.
 fn check_executables(
     program: &Program,
     executables: &BTreeMap<String, Bytes>,
@@ -370,6 +378,29 @@ fn check_executables(
                     d.kernels
                 ),
             ));
+        }
+    }
+    if let Some(vk) = executables.get("vulkan") {
+        let section = VulkanSection::decode(vk)?;
+        for m in &section.modules {
+            let k = program.kernels.get(m.kernel as usize);
+            if k.is_none_or(|k| k.device != "vulkan") {
+                return Err(ArtifactError::malformed(
+                    "executable `vulkan`",
+                    format!(
+                        "has a module for kernel {}, which is not a kernel on `vulkan`",
+                        m.kernel
+                    ),
+                ));
+            }
+        }
+        for (i, k) in program.kernels.iter().enumerate() {
+            if k.device == "vulkan" && section.module(i).is_none() {
+                return Err(ArtifactError::malformed(
+                    "executable `vulkan`",
+                    format!("has no module for kernel {i} `{}`", k.name),
+                ));
+            }
         }
     }
     Ok(())

@@ -6,8 +6,8 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use rafter_artifact::{
-    Artifact, ArtifactError, ArtifactWriter, Container, ContainerWriter, CpuDescriptor,
-    ReadOptions, SectionData, SectionKind,
+    Artifact, ArtifactError, ArtifactWriter, Container, ContainerWriter, CpuDescriptor, Launch,
+    ReadOptions, SectionData, SectionKind, VulkanModule, VulkanSection,
 };
 use rafter_ir::program::{Program, Step};
 use rafter_ir::program_text::{print_program, WeightMode};
@@ -170,13 +170,40 @@ fn executables_per_device() {
         .iter()
         .flat_map(|w| w.to_le_bytes())
         .collect();
+    let section = |kernel: u32| {
+        VulkanSection {
+            modules: vec![VulkanModule {
+                kernel,
+                launch: Launch::Elementwise,
+                workgroup_size: 64,
+                entry_point: "main".into(),
+                spirv: Bytes::from(spirv.clone()),
+            }],
+        }
+        .encode()
+    };
     let file = ArtifactWriter::new(&program)
-        .executable("vulkan", spirv.clone(), 4)
+        .executable("vulkan", section(1), 4)
         .to_vec()
         .unwrap();
     let a = Artifact::from_bytes(Bytes::from(file)).unwrap();
     assert_eq!(a.devices().collect::<Vec<_>>(), ["cpu", "vulkan"]);
-    assert_eq!(&a.executable("vulkan").unwrap()[..], &spirv[..]);
+    let read_back = VulkanSection::decode(&a.executable("vulkan").unwrap()).unwrap();
+    assert_eq!(&read_back.module(1).unwrap().spirv[..], &spirv[..]);
+    // A module for a kernel that is not on `vulkan`, or none for one that is: refused.
+    for bad in [section(0), section(2)] {
+        let e = ArtifactWriter::new(&program)
+            .executable("vulkan", bad, 4)
+            .to_vec()
+            .unwrap_err();
+        assert!(e.to_string().contains("executable `vulkan`"), "{e}");
+    }
+    // Raw SPIR-V is not a section.
+    let e = ArtifactWriter::new(&program)
+        .executable("vulkan", spirv.clone(), 4)
+        .to_vec()
+        .unwrap_err();
+    assert!(e.to_string().contains("magic"), "{e}");
     assert_eq!(
         CpuDescriptor::decode(&a.executable("cpu").unwrap())
             .unwrap()

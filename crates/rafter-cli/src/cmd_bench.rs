@@ -11,7 +11,7 @@ use crate::dims::{self, DimSpec};
 use crate::rss::Rss;
 use anyhow::{bail, Result};
 use rafter_reference::Bindings;
-use rafter_runtime::{ChromeTrace, CpuDeviceOptions, DeviceSet, Session, SessionOptions};
+use rafter_runtime::{ChromeTrace, CpuDeviceOptions, Session, SessionOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,7 +24,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct BenchArgs {
     /// The model: an ONNX file (compiled in memory first) or a compiled artifact.
     model: PathBuf,
-    /// Device to run on.
+    /// Device to run on: `cpu`, or `vulkan` (an ONNX model is compiled for `--target
+    /// vulkan`). An artifact runs on the devices it was compiled for.
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Worker threads of the CPU device, and threads of one GEMM (0: one per core).
@@ -56,14 +57,16 @@ pub struct BenchArgs {
 }
 
 pub fn bench(args: BenchArgs) -> Result<ExitCode> {
-    if args.device != "cpu" {
-        bail!("unknown device `{}` (available: cpu)", args.device);
-    }
+    let target = crate::model::parse_target(&args.device).map_err(|_| {
+        anyhow::anyhow!("unknown device `{}` (available: cpu, vulkan)", args.device)
+    })?;
     if args.iters == 0 {
         bail!("--iters must be at least 1");
     }
     let specs = dims::parse_dims(&args.dims)?;
-    let Executor::Runtime(program) = load(&Source::File(args.model.clone()), true, &specs)? else {
+    let Executor::Runtime(program, executables) =
+        load(&Source::File(args.model.clone()), true, target, &specs)?
+    else {
         bail!("internal error: bench needs a compiled program");
     };
     let values: Vec<DimSpec> = specs.into_iter().filter(|s| !s.is_bound).collect();
@@ -76,12 +79,18 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     )?;
 
     let sink = args.trace.as_ref().map(|_| Arc::new(ChromeTrace::new()));
-    let devices = DeviceSet::cpu_with(CpuDeviceOptions {
-        worker_threads: args.threads,
-        trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
-        ..CpuDeviceOptions::default()
-    })?;
-    let mut options = SessionOptions::new().kernel_threads(args.threads);
+    let devices = crate::model::devices_for(
+        &program,
+        CpuDeviceOptions {
+            worker_threads: args.threads,
+            trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
+            ..CpuDeviceOptions::default()
+        },
+    )?;
+    let mut options = crate::model::with_executables(
+        SessionOptions::new().kernel_threads(args.threads),
+        &executables,
+    );
     if args.reference_kernels {
         options = options.reference_kernels();
     }

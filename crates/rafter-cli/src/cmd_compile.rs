@@ -15,7 +15,8 @@ pub struct CompileArgs {
     /// The artifact to write (default: the model's path with extension .rfa).
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
-    /// The machine to compile for.
+    /// The machine to compile for: `cpu`, or `vulkan` (kernels the SPIR-V generator supports
+    /// on the GPU, the rest on the CPU; `rafter plan` shows which and why).
     #[arg(long, default_value = "cpu")]
     target: String,
     /// An upper bound of a symbolic dim, as SYMBOL<=N (seq<=2048); SYMBOL=N is the same
@@ -48,10 +49,10 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     let artifact_bytes = model::write_artifact(&program, &output, &steps)?;
     let elapsed = steps.finish();
     println!(
-        "compiled {} -> {}: {} kernels, {} weight bytes, {} artifact bytes, {}",
+        "compiled {} -> {}: {}, {} weight bytes, {} artifact bytes, {}",
         args.model.display(),
         output.display(),
-        program.kernels.len(),
+        model::kernel_count(&program),
         model::weight_bytes(&program),
         artifact_bytes,
         model::human_time(elapsed)

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct ConformanceArgs {
-    /// Device to run on.
+    /// Device to run on: `cpu`, or `vulkan` (always the compiled path, compiled for
+    /// `--target vulkan`: supported kernels on the GPU, the rest on the CPU).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Only tests whose name matches this regular expression.
@@ -33,18 +34,16 @@ pub struct ConformanceArgs {
 }
 
 pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
-    if args.device != "cpu" {
-        bail!("unknown device `{}` (available: cpu)", args.device);
-    }
     let dir = args
         .dir
         .or_else(|| std::env::var_os("RAFTER_CONFORMANCE_DIR").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(".cache/onnx-conformance"));
     let cases = discover(&dir, args.filter.as_deref()).map_err(anyhow::Error::msg)?;
-    let backend = if args.compiled {
-        Backend::Compiled
-    } else {
-        Backend::Reference
+    let backend = match (args.device.as_str(), args.compiled) {
+        ("cpu", false) => Backend::Reference,
+        ("cpu", true) => Backend::Compiled,
+        ("vulkan", _) => Backend::Vulkan,
+        (other, _) => bail!("unknown device `{other}` (available: cpu, vulkan)"),
     };
     let results = run_suite(
         &cases,
@@ -54,12 +53,15 @@ pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
             backend,
         },
     );
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let (mut passed, mut failed, mut skipped, mut passed_on_gpu) = (0, 0, 0, 0);
     let mut list = ExpectedFailures::default();
     for r in &results {
         let name = &r.case.name;
         match &r.outcome {
-            Outcome::Pass => passed += 1,
+            Outcome::Pass => {
+                passed += 1;
+                passed_on_gpu += usize::from(r.gpu_kernels > 0);
+            }
             Outcome::Fail(why) => {
                 failed += 1;
                 println!("FAIL {name}: {why}");
@@ -79,9 +81,17 @@ pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
         let command = match backend {
             Backend::Reference => "rafter conformance --device cpu",
             Backend::Compiled => "rafter conformance --device cpu --compiled",
+            Backend::Vulkan => "rafter conformance --device vulkan",
+        };
+        let suite = match backend {
+            Backend::Vulkan => {
+                "onnx 1.23.2 backend suite, on\n# lavapipe; the compiled path for --target vulkan, \
+                 CPU fallback for kernels the GPU lacks"
+            }
+            _ => "onnx 1.23.2 backend suite",
         };
         let header = format!(
-            "# Expected failures of `{command}` (onnx 1.23.2 backend suite).\n\
+            "# Expected failures of `{command}` ({suite}).\n\
              # One test per line with its reason. This list may only shrink: the test suite fails\n\
              # when a test outside it fails or a test on it passes.\n"
         );
@@ -89,6 +99,12 @@ pub fn conformance(args: ConformanceArgs) -> Result<ExitCode> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     println!("path: {}", backend.word());
+    if backend == Backend::Vulkan {
+        println!(
+            "gpu: {passed_on_gpu} of {passed} passing tests ran at least one kernel on vulkan \
+             (the others ran wholly on the CPU fallback)"
+        );
+    }
     println!("conformance: {passed} passed, {failed} failed, {skipped} skipped");
     Ok(if failed == 0 {
         ExitCode::SUCCESS

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 pub struct PlanArgs {
     /// A compiled artifact, or an ONNX model (compiled in memory).
     model: PathBuf,
-    /// The machine to compile for (ONNX models only).
+    /// The machine to compile for (ONNX models only): `cpu` or `vulkan`.
     #[arg(long, default_value = "cpu")]
     target: String,
     /// A symbol bound to compile for, SYMBOL<=N (ONNX models only).
@@ -24,7 +24,15 @@ pub struct PlanArgs {
 
 pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     let program = load(&args)?;
-    print!("{}", render(&program));
+    let mut out = render(&program);
+    if args.target == "vulkan" && !model::uses_vulkan(&program) {
+        // Compiled for vulkan, yet nothing went there: say why for every kernel.
+        let at = out.find("\nbuffers: ").map_or(out.len(), |i| i + 1);
+        let mut lines = placement_lines(&program, true).join("\n");
+        lines.push('\n');
+        out.insert_str(at, &lines);
+    }
+    print!("{out}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -79,6 +87,9 @@ pub fn render(p: &Program) -> String {
     for (i, step) in p.steps.iter().enumerate() {
         line(step_line(p, i, step));
     }
+    for l in placement_lines(p, false) {
+        line(l);
+    }
     line(format!("buffers: {}", p.buffers.len()));
     for i in 0..p.buffers.len() {
         line(buffer_line(p, i));
@@ -92,6 +103,77 @@ pub fn render(p: &Program) -> String {
         line(l);
     }
     out
+}
+
+/// For a program using a device besides the CPU: kernels per device, each kernel left on
+/// the CPU with the reason it could not go to the GPU, and the copies between devices.
+///
+/// ```text
+/// placement: 7 kernels on vulkan, 2 on cpu
+///   k3 `k3_reduce` stays on cpu: op `reduce` (node `r`) is not generated for Vulkan yet
+///   cross-device copies: 2
+/// ```
+fn placement_lines(p: &Program, always: bool) -> Vec<String> {
+    if !always && !model::uses_vulkan(p) {
+        return Vec::new();
+    }
+    let on_vulkan = p.kernels.iter().filter(|k| k.device == "vulkan").count();
+    let mut lines = vec![format!(
+        "placement: {on_vulkan} kernels on vulkan, {} on cpu",
+        p.kernels.len() - on_vulkan
+    )];
+    for (i, k) in p.kernels.iter().enumerate() {
+        if k.device != "vulkan" {
+            let why = rafter_opt::place::vulkan_support(p, i)
+                .err()
+                .unwrap_or_else(|| "placed there by the compiler".into());
+            lines.push(format!("  k{i} `{}` stays on {}: {why}", k.name, k.device));
+        }
+    }
+    let crossing = p
+        .steps
+        .iter()
+        .filter(|s| match s {
+            Step::Copy { src, dst } => buffer_device(p, *src) != buffer_device(p, *dst),
+            Step::Dispatch { .. } => false,
+        })
+        .count();
+    lines.push(format!("  cross-device copies: {crossing}"));
+    lines
+}
+
+/// The device a buffer lives on: its arena's, or that of the first step touching it (the
+/// runtime's rule for inputs, outputs and weights).
+fn buffer_device(p: &Program, b: usize) -> String {
+    if let Storage::Arena { arena, .. } = p.buffers[b].storage {
+        return p.arenas[arena].device.clone();
+    }
+    if matches!(p.buffers[b].storage, Storage::Input(_)) {
+        // An input lives where the first kernel reading it runs.
+        for step in &p.steps {
+            if let Step::Dispatch { kernel, args, .. } = step {
+                if args.contains(&b) {
+                    return p.kernels[*kernel].device.clone();
+                }
+            }
+        }
+    }
+    for step in &p.steps {
+        match step {
+            Step::Dispatch {
+                kernel,
+                args,
+                results,
+            } if args.contains(&b) || results.contains(&Some(b)) => {
+                return p.kernels[*kernel].device.clone()
+            }
+            Step::Copy { src, dst } if *dst == b => return buffer_device(p, *src),
+            // First touched as a copy's source: an input or weight, on the host.
+            Step::Copy { src, .. } if *src == b => return "cpu".into(),
+            _ => {}
+        }
+    }
+    "cpu".into()
 }
 
 /// `  3 k2 `attn_scores` contraction on cpu: matmul, binary.mul (b4, b7) -> (b8)` or
@@ -119,7 +201,14 @@ fn step_line(p: &Program, i: usize, step: &Step) -> String {
                 buffers(&mut results.iter().copied())
             )
         }
-        Step::Copy { src, dst } => format!("  {i:>4} copy b{src} -> b{dst}"),
+        Step::Copy { src, dst } => {
+            let (from, to) = (buffer_device(p, *src), buffer_device(p, *dst));
+            if from == to {
+                format!("  {i:>4} copy b{src} -> b{dst}")
+            } else {
+                format!("  {i:>4} copy b{src} -> b{dst} ({from} -> {to})")
+            }
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! `rafter run`: one call of a model on the CPU.
+//! `rafter run`: one call of a model on the CPU, or on the Vulkan GPU with CPU fallback.
 //!
 //! The model is an artifact (detected by its magic bytes), run by the runtime; or an ONNX
 //! model, run by the reference executor, or (`--compiled`, `--trace`) compiled in memory
@@ -11,9 +11,10 @@ use crate::rss;
 use anyhow::{anyhow, bail, Context, Result};
 use rafter_ir::program::{Port, Program};
 use rafter_ir::{DType, Graph};
+use rafter_opt::Target;
 use rafter_reference::npy;
 use rafter_reference::{Bindings, Tensor};
-use rafter_runtime::{ChromeTrace, CpuDeviceOptions, DeviceSet, Session};
+use rafter_runtime::{ChromeTrace, CpuDeviceOptions, Session, SessionOptions};
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -33,7 +34,8 @@ pub struct RunArgs {
     /// The model: an ONNX file or a compiled artifact (told apart by content, not by
     /// extension). Omit it to run the built-in demo encoder.
     model: Option<PathBuf>,
-    /// Device to run on.
+    /// Device to run on: `cpu`, or `vulkan` (an ONNX model is compiled for `--target vulkan`
+    /// and run on the runtime). An artifact runs on the devices it was compiled for.
     #[arg(long, default_value = "cpu")]
     device: String,
     /// An input as NAME=FILE.npy; repeat for several. Inputs not given are random.
@@ -68,22 +70,22 @@ pub struct RunArgs {
 pub(crate) enum Executor {
     /// The reference executor over the imported graph.
     Reference(Graph),
-    /// The runtime over a compiled program.
-    Runtime(Program),
+    /// The runtime over a compiled program, with its non-CPU executable sections.
+    Runtime(Program, Vec<(String, bytes::Bytes)>),
 }
 
 impl Executor {
     fn inputs(&self) -> Vec<Port> {
         match self {
             Executor::Reference(g) => ports(g, &g.inputs),
-            Executor::Runtime(p) => p.inputs.clone(),
+            Executor::Runtime(p, _) => p.inputs.clone(),
         }
     }
 
     fn output_names(&self) -> Vec<String> {
         match self {
             Executor::Reference(g) => ports(g, &g.outputs).into_iter().map(|p| p.name).collect(),
-            Executor::Runtime(p) => p.outputs.iter().map(|o| o.name.clone()).collect(),
+            Executor::Runtime(p, _) => p.outputs.iter().map(|o| o.name.clone()).collect(),
         }
     }
 }
@@ -98,9 +100,8 @@ fn ports(g: &Graph, ids: &[rafter_ir::ValueId]) -> Vec<Port> {
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
-    if args.device != "cpu" {
-        bail!("unknown device `{}` (available: cpu)", args.device);
-    }
+    let target = model::parse_target(&args.device)
+        .map_err(|_| anyhow!("unknown device `{}` (available: cpu, vulkan)", args.device))?;
     let mut dims = Vec::new();
     let source = match &args.model {
         Some(path) => Source::File(path.clone()),
@@ -114,8 +115,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     };
     dims.extend(args.dims.iter().cloned());
     let specs = dims::parse_dims(&dims)?;
-    let use_runtime = args.compiled || args.trace.is_some();
-    let executor = load(&source, use_runtime, &specs)?;
+    let use_runtime = args.compiled || args.trace.is_some() || target != Target::Cpu;
+    let executor = load(&source, use_runtime, target, &specs)?;
     if args.memory_report {
         rss::report("after load");
     }
@@ -131,9 +132,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             }
             outputs
         }
-        Executor::Runtime(program) => {
-            run_runtime(program, inputs, args.trace.as_deref(), args.memory_report)?
-        }
+        Executor::Runtime(program, executables) => run_runtime(
+            program,
+            &executables,
+            inputs,
+            args.trace.as_deref(),
+            args.memory_report,
+        )?,
     };
     write_outputs(&names, &outputs, args.output_dir.as_deref())?;
     Ok(ExitCode::SUCCESS)
@@ -146,8 +151,13 @@ pub(crate) enum Source {
 }
 
 /// The executor for `source`: an artifact's program; an ONNX model's graph, or its program
-/// compiled now when `use_runtime` (with the bounds among `specs`).
-pub(crate) fn load(source: &Source, use_runtime: bool, specs: &[DimSpec]) -> Result<Executor> {
+/// compiled now for `target` when `use_runtime` (with the bounds among `specs`).
+pub(crate) fn load(
+    source: &Source,
+    use_runtime: bool,
+    target: Target,
+    specs: &[DimSpec],
+) -> Result<Executor> {
     let bound_specs: Vec<DimSpec> = specs.iter().filter(|s| s.is_bound).cloned().collect();
     let graph = match source {
         Source::File(path) if model::file_kind(path)? == FileKind::Artifact => {
@@ -159,7 +169,8 @@ pub(crate) fn load(source: &Source, use_runtime: bool, specs: &[DimSpec]) -> Res
                 );
             }
             let artifact = model::open_artifact(path)?;
-            return Ok(Executor::Runtime(artifact.into_program()));
+            let executables = model::artifact_executables(&artifact);
+            return Ok(Executor::Runtime(artifact.into_program(), executables));
         }
         Source::File(path) => rafter_import::import_onnx_file(path)?.graph,
         Source::Demo => {
@@ -171,19 +182,15 @@ pub(crate) fn load(source: &Source, use_runtime: bool, specs: &[DimSpec]) -> Res
         return Ok(Executor::Reference(graph));
     }
     let steps = Steps::new(model::COMPILER_STAGES);
-    let program = model::compile(
-        &graph,
-        rafter_opt::Target::Cpu,
-        dims::bounds(&bound_specs),
-        &steps,
-    )?;
+    let program = model::compile(&graph, target, dims::bounds(&bound_specs), &steps)?;
+    let executables = model::executables(&program)?;
     let elapsed = steps.finish();
     println!(
-        "compiled in {} ({} kernels)",
+        "compiled in {} ({})",
         model::human_time(elapsed),
-        program.kernels.len()
+        model::kernel_count(&program)
     );
-    Ok(Executor::Runtime(program))
+    Ok(Executor::Runtime(program, executables))
 }
 
 fn run_reference(
@@ -200,20 +207,27 @@ fn run_reference(
     Ok(outputs)
 }
 
-/// One call on the runtime's CPU device, traced into `trace` when given.
+/// One call on the runtime (the CPU device, and the Vulkan device when the program uses it),
+/// the CPU device traced into `trace` when given.
 fn run_runtime(
     program: Program,
+    executables: &[(String, bytes::Bytes)],
     inputs: Vec<Tensor>,
     trace: Option<&Path>,
     memory_report: bool,
 ) -> Result<Vec<Tensor>> {
     let sink = trace.map(|_| Arc::new(ChromeTrace::new()));
-    let devices = DeviceSet::cpu_with(CpuDeviceOptions {
-        trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
-        ..CpuDeviceOptions::default()
-    })?;
+    let devices = model::devices_for(
+        &program,
+        CpuDeviceOptions {
+            trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
+            ..CpuDeviceOptions::default()
+        },
+    )?;
     let kernels = program.kernels.len();
-    let session = Session::new(program, &devices)?;
+    let placement = model::placement_summary(&program);
+    let options = model::with_executables(SessionOptions::new(), executables);
+    let session = Session::with_options(program, &devices, options)?;
     if memory_report {
         rss::report("after session open");
     }
@@ -223,7 +237,7 @@ fn run_runtime(
         rss::report("after call");
     }
     println!(
-        "ran in {} on cpu (runtime, {kernels} kernels)",
+        "ran in {} on {placement} (runtime, {kernels} kernels)",
         model::human_time(start.elapsed())
     );
     if let (Some(path), Some(sink)) = (trace, sink) {

@@ -6,12 +6,15 @@
 
 use crate::progress::Steps;
 use anyhow::{Context, Result};
+use bytes::Bytes;
 use rafter_artifact::{Artifact, ArtifactWriter, MAGIC};
 use rafter_ir::program::Program;
 use rafter_ir::{Graph, Symbol};
 use rafter_opt::{CompileOptions, Stage, Target};
+use rafter_runtime::{CpuDeviceOptions, DeviceSet, SessionOptions};
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The two kinds of model file.
@@ -53,7 +56,90 @@ pub fn open_artifact(path: &Path) -> Result<Artifact> {
 pub fn parse_target(word: &str) -> Result<Target> {
     match word {
         "cpu" => Ok(Target::Cpu),
-        other => anyhow::bail!("unknown target `{other}` (available: cpu)"),
+        "vulkan" => Ok(Target::Vulkan),
+        other => anyhow::bail!("unknown target `{other}` (available: cpu, vulkan)"),
+    }
+}
+
+/// A program's executable sections for devices other than the CPU: the `vulkan` SPIR-V
+/// modules when a kernel runs there (generated now, at compile time).
+pub fn executables(program: &Program) -> Result<Vec<(String, Bytes)>> {
+    if !program.kernels.iter().any(|k| k.device == "vulkan") {
+        return Ok(Vec::new());
+    }
+    let section = rafter_codegen_spirv::program_section(program).context("generating SPIR-V")?;
+    Ok(vec![("vulkan".to_string(), section.encode().into())])
+}
+
+/// An artifact's executable sections for devices other than the CPU.
+pub fn artifact_executables(artifact: &Artifact) -> Vec<(String, Bytes)> {
+    artifact
+        .devices()
+        .filter(|d| *d != "cpu")
+        .filter_map(|d| Some((d.to_string(), artifact.executable(d)?)))
+        .collect()
+}
+
+/// Whether a program uses the Vulkan device.
+pub fn uses_vulkan(program: &Program) -> bool {
+    program.kernels.iter().any(|k| k.device == "vulkan")
+        || program.arenas.iter().any(|a| a.device == "vulkan")
+}
+
+/// The devices `program` needs: the CPU (with `cpu`), and the Vulkan device when a kernel
+/// or arena is on `vulkan` (an error saying so when it cannot be opened).
+pub fn devices_for(program: &Program, cpu: CpuDeviceOptions) -> Result<DeviceSet> {
+    let mut set = DeviceSet::cpu_with(cpu)?;
+    if uses_vulkan(program) {
+        let device =
+            rafter_hal_vulkan::VulkanDevice::new(rafter_hal_vulkan::VulkanDeviceOptions::default())
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "the program runs kernels on `vulkan`, but the Vulkan device cannot be \
+                         opened: {e}"
+                    )
+                })?;
+        set.insert("vulkan", Arc::new(device));
+    }
+    Ok(set)
+}
+
+/// `options` with `executables` added.
+pub fn with_executables(
+    mut options: SessionOptions,
+    executables: &[(String, Bytes)],
+) -> SessionOptions {
+    for (device, code) in executables {
+        options = options.executable(device.clone(), code.clone());
+    }
+    options
+}
+
+/// `98 kernels`, or `98 kernels (12 on vulkan)`.
+pub fn kernel_count(program: &Program) -> String {
+    let n = program.kernels.len();
+    match program
+        .kernels
+        .iter()
+        .filter(|k| k.device == "vulkan")
+        .count()
+    {
+        0 => format!("{n} kernels"),
+        v => format!("{n} kernels ({v} on vulkan)"),
+    }
+}
+
+/// `cpu`, or `cpu+vulkan (N on vulkan)`: where a program's kernels run.
+pub fn placement_summary(program: &Program) -> String {
+    let on_vulkan = program
+        .kernels
+        .iter()
+        .filter(|k| k.device == "vulkan")
+        .count();
+    if uses_vulkan(program) {
+        format!("cpu+vulkan ({on_vulkan} on vulkan)")
+    } else {
+        "cpu".to_string()
     }
 }
 
@@ -88,10 +174,16 @@ pub const COMPILER_STAGES: u64 = 3;
 /// Progress steps of [`import`] and [`compile`] together.
 pub const COMPILE_STEPS: u64 = 1 + COMPILER_STAGES;
 
-/// Writes `program` as an artifact at `path`, as a progress step; returns the file's length.
+/// Writes `program` as an artifact at `path` with its devices' executables (SPIR-V for
+/// `vulkan` kernels, generated now), as a progress step; returns the file's length.
 pub fn write_artifact(program: &Program, path: &Path, steps: &Steps) -> Result<u64> {
     steps.step("write weights");
-    ArtifactWriter::new(program)
+    let mut writer = ArtifactWriter::new(program);
+    for (device, code) in executables(program)? {
+        // SPIR-V is a stream of u32 words.
+        writer = writer.executable(&device, code, 4);
+    }
+    writer
         .write(path)
         .with_context(|| format!("writing artifact {}", path.display()))
 }

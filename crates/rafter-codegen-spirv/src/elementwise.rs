@@ -1,8 +1,10 @@
 //! Fused elementwise kernels on f32.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
+use rafter_ir::{
+    BinaryOp, DType, GeluApprox, Graph, Op, ReduceKind, SoftmaxKind, UnaryOp, ValueDef, ValueId,
+};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
@@ -26,6 +28,12 @@ pub enum Operand {
     Tensor,
     /// A single element, broadcast to every output element.
     Scalar,
+    /// NumPy broadcasting of a smaller tensor (dims of 1, or missing leading dims) to the
+    /// output's static shape, or the input of a transpose: its element index is computed
+    /// from the output's coordinates and per-dim strides.
+    Broadcast,
+    /// Bound but never read: the shape or axes operand of a reshape-like op.
+    Unread,
 }
 
 /// A generated elementwise kernel and how to launch it.
@@ -62,12 +70,17 @@ impl ElementwiseKernel {
 }
 
 /// Compiles an elementwise body: inputs and outputs f32, every op elementwise, every input
-/// and intermediate either of the output's shape or of one element.
+/// and intermediate of the output's shape, of one element, or (static shapes) broadcast to
+/// the output or read through a transpose; or with reshape-like ops, every value of the
+/// output's element count. A body that is one `reduce` or softmax is compiled by lane loops
+/// instead (same launch: the count is the output's element count).
 ///
 /// Supported ops: `identity`, `cast` to f32 of f32, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
 /// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
-/// `shrink`, `gelu`. Scalar f32 constants are folded into the module.
+/// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
+/// a `reduce` after a pointwise prologue; `softmax`/`log_softmax` alone. Scalar f32 constants are folded into the
+/// module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),
@@ -76,23 +89,125 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let Some(&first_output) = body.outputs.first() else {
         return Err(error("the body has no outputs".into()));
     };
+    if body
+        .nodes
+        .last()
+        .is_some_and(|n| matches!(n.op, Op::Reduce { .. }))
+    {
+        return reduction(body).map_err(error);
+    }
+    if let [node] = &body.nodes[..] {
+        if matches!(node.op, Op::Softmax { .. }) {
+            return softmax(body).map_err(error);
+        }
+    }
+    // Ops first, so a reduction or a matmul is reported as such, not by its shapes.
+    for node in &body.nodes {
+        let known = is_pointwise(&node.op)
+            || is_view(&node.op)
+            || matches!(node.op, Op::Transpose { .. } | Op::Expand);
+        if !known {
+            return Err(error(format!(
+                "op `{}` (node `{}`) is not generated for Vulkan yet",
+                node.op.name(),
+                node.name
+            )));
+        }
+    }
     let shape = &body.value(first_output).ty.dims;
-    // Classify every value: full shape, or a single element.
+    // Classify every value: full shape, a single element, or broadcast to a static shape.
     let is_scalar = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
+    let static_shape: Option<Vec<u64>> = shape
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect();
+    // Values read only as the shape or axes operand of a reshape-like op: never loaded.
+    let mut meta: HashSet<ValueId> = HashSet::new();
+    let mut data_uses: HashMap<ValueId, usize> = HashMap::new();
+    for node in &body.nodes {
+        for (k, v) in node.inputs.iter().enumerate() {
+            if let Some(v) = v {
+                if k > 0 && (is_view(&node.op) || matches!(node.op, Op::Expand)) {
+                    meta.insert(*v);
+                } else {
+                    *data_uses.entry(*v).or_default() += 1;
+                }
+            }
+        }
+    }
+    meta.retain(|v| !data_uses.contains_key(v) && !body.outputs.contains(v));
+    let has_view = body.nodes.iter().any(|n| is_view(&n.op));
+    // Inputs read through a transpose: strides per output dim from the permutation.
+    let mut transposed: HashMap<ValueId, Vec<u32>> = HashMap::new();
+    for node in &body.nodes {
+        let Op::Transpose { perm } = &node.op else {
+            continue;
+        };
+        let (Some(Some(x)), Some(Some(y))) = (node.inputs.first(), node.outputs.first()) else {
+            return Err(error(format!("transpose `{}` has no operand", node.name)));
+        };
+        let strides = (|| {
+            let out = static_shape.as_deref()?;
+            if has_view
+                || !body.inputs.contains(x)
+                || data_uses.get(x) != Some(&1)
+                || body.value(*y).ty.dims != *shape
+            {
+                return None;
+            }
+            transpose_strides(&body.value(*x).ty.dims, perm, out)
+        })()
+        .ok_or_else(|| {
+            error(format!(
+                "transpose `{}` is generated only alone on a kernel input of static shape",
+                node.name
+            ))
+        })?;
+        transposed.insert(*x, strides);
+    }
+    let strides_of = |v: ValueId| -> Option<Vec<u32>> {
+        if let Some(t) = transposed.get(&v) {
+            return Some(t.clone());
+        }
+        if has_view {
+            return None;
+        }
+        broadcast_strides(&body.value(v).ty.dims, static_shape.as_deref()?)
+    };
+    let out_count = body.value(first_output).ty.num_elements();
+    // Reshape-like ops keep the linear order: with them, every value has the output's
+    // element count (or one element).
+    let linear = |v: ValueId| has_view && body.value(v).ty.num_elements() == out_count;
     for i in 0..body.values.len() {
         let v = ValueId(i as u32);
         let value = body.value(v);
+        if meta.contains(&v) {
+            continue;
+        }
         if value.ty.dtype != DType::F32 {
             return Err(error(format!(
                 "value %{} (#{i}) is {}; only f32 is generated yet",
                 value.name, value.ty.dtype
             )));
         }
-        if &value.ty.dims != shape && !is_scalar(v) {
+        // Constants are folded into the module as one literal, so only single elements.
+        if let ValueDef::Const(c) = value.def {
+            let n = body.constant(c).num_elements();
+            if n != 1 {
+                return Err(error(format!(
+                    "constant %{} has {n} elements; only single-element constants are \
+                     folded in",
+                    value.name
+                )));
+            }
+        }
+        if &value.ty.dims != shape && !is_scalar(v) && !linear(v) && strides_of(v).is_none() {
             return Err(error(format!(
-                "value %{} has dims {:?}, neither the output's {:?} nor a single element \
-                 (general broadcasting is not generated yet)",
-                value.name, value.ty.dims, shape
+                "value %{} of {} does not broadcast to the output's {} (broadcasting is \
+                 generated for static shapes only)",
+                value.name,
+                value.ty,
+                body.value(first_output).ty
             )));
         }
     }
@@ -104,24 +219,370 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             )));
         }
     }
+    let mut strides = Vec::with_capacity(body.inputs.len());
     let inputs: Vec<Operand> = body
         .inputs
         .iter()
         .map(|&v| {
-            if is_scalar(v) && !is_scalar(first_output) {
+            strides.push(None);
+            if meta.contains(&v) {
+                Operand::Unread
+            } else if let Some(t) = transposed.get(&v) {
+                *strides.last_mut().expect("pushed") = Some(t.clone());
+                Operand::Broadcast
+            } else if body.value(v).ty.dims == *shape || linear(v) {
+                Operand::Tensor
+            } else if is_scalar(v) {
                 Operand::Scalar
             } else {
-                Operand::Tensor
+                *strides.last_mut().expect("pushed") = strides_of(v);
+                Operand::Broadcast
             }
         })
         .collect();
-    let spirv = Emitter::new(body, &inputs).emit().map_err(error)?;
+    let out_dims: Vec<u32> = static_shape
+        .unwrap_or_default()
+        .iter()
+        .map(|&d| d as u32)
+        .collect();
+    let spirv = Emitter::new(body, &inputs, strides, out_dims, meta)
+        .emit()
+        .map_err(error)?;
     Ok(ElementwiseKernel {
         spirv,
         entry_point: "main".into(),
         inputs,
         outputs: body.outputs.len(),
     })
+}
+
+/// One `reduce` node alone, on f32 of static shape: each invocation computes one output
+/// element by a sequential loop over its lane (the reduced elements), in f32.
+#[derive(Debug, Clone)]
+struct ReducePlan {
+    kind: ReduceKind,
+    /// `(divisor, size, input stride)` per kept dim: the output index's coordinate there is
+    /// `(o / divisor) % size`.
+    kept: Vec<(u32, u32, u32)>,
+    /// The same for the lane index over the reduced dims.
+    reduced: Vec<(u32, u32, u32)>,
+    /// Elements per lane.
+    lane: u32,
+}
+
+/// Ops computed per element by [`Emitter::node`].
+fn is_pointwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Identity
+            | Op::Cast { to: DType::F32 }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::Clip
+            | Op::LeakyRelu { .. }
+            | Op::Elu { .. }
+            | Op::Selu { .. }
+            | Op::Celu { .. }
+            | Op::HardSigmoid { .. }
+            | Op::ThresholdedRelu { .. }
+            | Op::Shrink { .. }
+            | Op::Gelu { .. }
+    )
+}
+
+/// A `reduce` (the body's last node) on f32 of static shape, with an optional prologue of
+/// pointwise ops whose values and inputs all have the reduce operand's shape or one element.
+fn reduction(body: &Graph) -> R<ElementwiseKernel> {
+    let node = body.nodes.last().ok_or("no nodes")?;
+    for p in &body.nodes[..body.nodes.len() - 1] {
+        if !is_pointwise(&p.op) {
+            return Err(format!(
+                "op `{}` (node `{}`) before a reduce is not generated for Vulkan yet",
+                p.op.name(),
+                p.name
+            ));
+        }
+    }
+    let Op::Reduce {
+        kind,
+        axes,
+        keep_dims: _,
+        noop_with_empty_axes,
+    } = &node.op
+    else {
+        return Err("not a reduce".into());
+    };
+    if *kind == ReduceKind::LogSumExp {
+        return Err("reduce log_sum_exp is not generated for Vulkan yet".into());
+    }
+    let Some(Some(x)) = node.inputs.first() else {
+        return Err("reduce without an operand".into());
+    };
+    if body.outputs.len() != 1 || node.outputs.first() != Some(&Some(body.outputs[0])) {
+        return Err("a reduce kernel is generated with the reduce's result only".into());
+    }
+    // Axes: the attribute, or a constant operand folded into the body.
+    let axes: Vec<i64> = match node.inputs.get(1).copied().flatten() {
+        None => axes.clone(),
+        Some(a) => match body.value(a).def {
+            ValueDef::Const(c) => body
+                .constant(c)
+                .to_f64s()
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+            _ => return Err("reduce axes given at run time are not generated yet".into()),
+        },
+    };
+    if axes.is_empty() && *noop_with_empty_axes {
+        return Err("a reduce over no axes (a copy) is not generated".into());
+    }
+    let xv = body.value(*x);
+    let out = body.value(body.outputs[0]);
+    if xv.ty.dtype != DType::F32 || out.ty.dtype != DType::F32 {
+        return Err(format!(
+            "reduce on {}; only f32 is generated yet",
+            xv.ty.dtype
+        ));
+    }
+    let dims: Vec<u64> = xv
+        .ty
+        .dims
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect::<Option<_>>()
+        .ok_or("reduce over symbolic dims is not generated yet")?;
+    if dims.iter().product::<u64>() > MAX_ELEMENTS {
+        return Err("reduce input too large for 32-bit indexing".into());
+    }
+    let rank = dims.len() as i64;
+    let mut is_reduced = vec![axes.is_empty(); dims.len()];
+    for &a in &axes {
+        let a = if a < 0 { a + rank } else { a };
+        if !(0..rank).contains(&a) {
+            return Err(format!("reduce axis {a} out of range for rank {rank}"));
+        }
+        is_reduced[a as usize] = true;
+    }
+    let mut in_stride = vec![0u64; dims.len()];
+    let mut stride = 1u64;
+    for d in (0..dims.len()).rev() {
+        in_stride[d] = stride;
+        stride *= dims[d];
+    }
+    let plan_of = |want: bool| -> Vec<(u32, u32, u32)> {
+        let mut divisor = 1u64;
+        let mut v = Vec::new();
+        for d in (0..dims.len()).rev() {
+            if is_reduced[d] == want {
+                v.push((divisor as u32, dims[d] as u32, in_stride[d] as u32));
+                divisor *= dims[d];
+            }
+        }
+        v
+    };
+    let lane: u64 = (0..dims.len())
+        .filter(|&d| is_reduced[d])
+        .map(|d| dims[d])
+        .product();
+    let plan = ReducePlan {
+        kind: *kind,
+        kept: plan_of(false),
+        reduced: plan_of(true),
+        lane: lane as u32,
+    };
+    // Every value but the result and the axes: f32, of the operand's dims or one element.
+    let axes_value = node.inputs.get(1).copied().flatten();
+    let one = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
+    for (i, value) in body.values.iter().enumerate() {
+        let v = ValueId(i as u32);
+        if Some(v) == axes_value || v == body.outputs[0] {
+            continue;
+        }
+        if value.ty.dtype != DType::F32 {
+            return Err(format!(
+                "value %{} is {}; only f32 is generated yet",
+                value.name, value.ty.dtype
+            ));
+        }
+        if let ValueDef::Const(c) = value.def {
+            if body.constant(c).num_elements() != 1 {
+                return Err(format!(
+                    "constant %{} has several elements; only single-element constants are \
+                     folded in",
+                    value.name
+                ));
+            }
+        }
+        if value.ty.dims != xv.ty.dims && !one(v) {
+            return Err(format!(
+                "value %{} of {} is neither the reduce operand's shape nor one element",
+                value.name, value.ty
+            ));
+        }
+    }
+    let inputs: Vec<Operand> = body
+        .inputs
+        .iter()
+        .map(|&v| {
+            if body.value(v).ty.dims == xv.ty.dims {
+                Operand::Tensor
+            } else {
+                Operand::Scalar
+            }
+        })
+        .collect();
+    let meta: HashSet<ValueId> = axes_value.into_iter().collect();
+    let mut emitter = Emitter::new(body, &inputs, vec![None; inputs.len()], Vec::new(), meta);
+    emitter.reduce = Some(plan);
+    Ok(ElementwiseKernel {
+        spirv: emitter.emit()?,
+        entry_point: "main".into(),
+        inputs,
+        outputs: 1,
+    })
+}
+
+/// One `softmax` or `log_softmax` alone, on f32 of static shape: each invocation
+/// normalises one lane (the elements along the axis) in three passes (max, sum of
+/// exponentials, write). The launch is the elementwise one (the count is the output's
+/// element count); the kernel divides it by the lane length to get its rows.
+#[derive(Debug, Clone)]
+struct SoftmaxPlan {
+    log: bool,
+    /// Elements along the axis.
+    lane: u32,
+    /// Elements after the axis (the stride between a lane's elements).
+    inner: u32,
+}
+
+fn softmax(body: &Graph) -> R<ElementwiseKernel> {
+    let node = &body.nodes[0];
+    let Op::Softmax { kind, axis } = &node.op else {
+        return Err("not a softmax".into());
+    };
+    let log = match kind {
+        SoftmaxKind::Softmax => false,
+        SoftmaxKind::LogSoftmax => true,
+        other => {
+            return Err(format!(
+                "softmax kind `{}` is not generated for Vulkan yet",
+                other.word()
+            ))
+        }
+    };
+    let Some(Some(x)) = node.inputs.first() else {
+        return Err("softmax without an operand".into());
+    };
+    if body.inputs != [*x] || body.outputs.len() != 1 {
+        return Err("a softmax is generated alone, on a kernel input, with one result".into());
+    }
+    let xv = body.value(*x);
+    if xv.ty.dtype != DType::F32 {
+        return Err(format!(
+            "softmax on {}; only f32 is generated yet",
+            xv.ty.dtype
+        ));
+    }
+    let dims: Vec<u64> = xv
+        .ty
+        .dims
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect::<Option<_>>()
+        .ok_or("softmax over symbolic dims is not generated yet")?;
+    if dims.iter().product::<u64>() > MAX_ELEMENTS {
+        return Err("softmax input too large for 32-bit indexing".into());
+    }
+    let rank = dims.len() as i64;
+    let a = if *axis < 0 { axis + rank } else { *axis };
+    if !(0..rank).contains(&a) {
+        return Err(format!("softmax axis {axis} out of range for rank {rank}"));
+    }
+    let lane = dims[a as usize];
+    if lane == 0 {
+        return Err("softmax over an empty axis is not generated".into());
+    }
+    let inner: u64 = dims[a as usize + 1..].iter().product();
+    let inputs = vec![Operand::Tensor];
+    let mut emitter = Emitter::new(body, &inputs, vec![None], Vec::new(), HashSet::new());
+    emitter.softmax = Some(SoftmaxPlan {
+        log,
+        lane: lane as u32,
+        inner: inner as u32,
+    });
+    Ok(ElementwiseKernel {
+        spirv: emitter.emit()?,
+        entry_point: "main".into(),
+        inputs,
+        outputs: 1,
+    })
+}
+
+/// Ops that only reinterpret their first operand's elements in linear order (the others
+/// are shapes or axes).
+fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. }
+    )
+}
+
+/// Per output dim, the element stride in a tensor of static `dims` that `perm` transposes
+/// to `out` (output dim `d` is input axis `perm[d]`).
+fn transpose_strides(dims: &[rafter_ir::Dim], perm: &[i64], out: &[u64]) -> Option<Vec<u32>> {
+    let known: Vec<u64> = dims
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect::<Option<_>>()?;
+    if perm.len() != known.len() || out.len() != known.len() {
+        return None;
+    }
+    if known.iter().product::<u64>() > MAX_ELEMENTS {
+        return None;
+    }
+    let mut in_strides = vec![0u64; known.len()];
+    let mut stride = 1u64;
+    for a in (0..known.len()).rev() {
+        in_strides[a] = stride;
+        stride *= known[a];
+    }
+    perm.iter()
+        .zip(out)
+        .map(|(&p, &n)| {
+            let a = usize::try_from(p).ok().filter(|&a| a < known.len())?;
+            (known[a] == n).then_some(in_strides[a] as u32)
+        })
+        .collect()
+}
+
+/// Per output dim, the element stride of a tensor of `dims` broadcast (NumPy rules, dims
+/// right-aligned) to the static `out` shape: 0 where it is broadcast. `None` when it does
+/// not broadcast, a dim is symbolic, or a size exceeds 32-bit indexing.
+fn broadcast_strides(dims: &[rafter_ir::Dim], out: &[u64]) -> Option<Vec<u32>> {
+    if dims.len() > out.len() || out.iter().product::<u64>() > MAX_ELEMENTS {
+        return None;
+    }
+    let known: Vec<u64> = dims
+        .iter()
+        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
+        .collect::<Option<_>>()?;
+    let lead = out.len() - known.len();
+    let mut strides = vec![0u32; out.len()];
+    let mut stride = 1u64;
+    for d in (0..out.len()).rev() {
+        if d < lead {
+            continue;
+        }
+        let n = known[d - lead];
+        if n == out[d] {
+            strides[d] = if n == 1 { 0 } else { stride as u32 };
+        } else if n != 1 {
+            return None;
+        }
+        stride *= n;
+    }
+    Some(strides)
 }
 
 /// GLSL.std.450 instruction numbers used here.
@@ -159,6 +620,16 @@ fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
 struct Emitter<'a> {
     body: &'a Graph,
     inputs: &'a [Operand],
+    /// Per input: its strides per output dim, for [`Operand::Broadcast`] inputs.
+    strides: Vec<Option<Vec<u32>>>,
+    /// The output's static dims (empty when symbolic; then no input is broadcast).
+    out_dims: Vec<u32>,
+    /// Values never read (shape and axes operands of reshape-like ops).
+    meta: HashSet<ValueId>,
+    /// Set for a reduction kernel ([`reduction`]): the loop body computes one lane.
+    reduce: Option<ReducePlan>,
+    /// Set for a softmax kernel ([`softmax`]): the loop runs over rows.
+    softmax: Option<SoftmaxPlan>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -170,7 +641,13 @@ struct Emitter<'a> {
 }
 
 impl<'a> Emitter<'a> {
-    fn new(body: &'a Graph, inputs: &'a [Operand]) -> Emitter<'a> {
+    fn new(
+        body: &'a Graph,
+        inputs: &'a [Operand],
+        strides: Vec<Option<Vec<u32>>>,
+        out_dims: Vec<u32>,
+        meta: HashSet<ValueId>,
+    ) -> Emitter<'a> {
         let mut b = Builder::new();
         b.set_version(1, 5);
         b.capability(Capability::Shader);
@@ -189,6 +666,11 @@ impl<'a> Emitter<'a> {
         Emitter {
             body,
             inputs,
+            strides,
+            out_dims,
+            meta,
+            reduce: None,
+            softmax: None,
             b,
             glsl,
             void,
@@ -275,12 +757,40 @@ impl<'a> Emitter<'a> {
         self.select(nan, x, y)
     }
 
+    /// C's `fmod`, also where `b` is infinite (`fmod(a, ±inf) = a` for finite `a`): drivers
+    /// may lower `OpFRem` to `a - b * trunc(a / b)`, which is NaN there (lavapipe's is).
+    fn fmod(&mut self, a: Word, b: Word) -> R<Word> {
+        let r = build(self.b.f_rem(self.f32, None, a, b))?;
+        let b_inf = build(self.b.is_inf(self.bool, None, b))?;
+        let a_inf = build(self.b.is_inf(self.bool, None, a))?;
+        let a_nan = self.is_nan(a)?;
+        let a_special = build(self.b.logical_or(self.bool, None, a_inf, a_nan))?;
+        let a_finite = build(self.b.logical_not(self.bool, None, a_special))?;
+        let keep_a = self.and(b_inf, a_finite)?;
+        self.select(keep_a, a, r)
+    }
+
     /// `tanh` with the input clamped to ±10 (where f32 tanh is ±1), so no driver's
     /// `(e^2x - 1) / (e^2x + 1)` lowering overflows to NaN.
     fn tanh(&mut self, x: Word) -> R<Word> {
         let (lo, hi) = (self.f(-10.0), self.f(10.0));
         let clamped = self.ext(glsl::FCLAMP, &[x, lo, hi])?;
         let t = self.ext(glsl::TANH, &[clamped])?;
+        // Near 0 a driver's `(e^2x - 1) / (e^2x + 1)` cancels (lavapipe's is off by 1e-3
+        // relative at 1e-4): there the odd series to x^9, exact to f32 for |x| < 1/8.
+        let x2 = self.mul(x, x)?;
+        const SERIES: [f32; 5] = [62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0, 1.0];
+        let mut p = self.f(SERIES[0]);
+        for &c in &SERIES[1..] {
+            let m = self.mul(p, x2)?;
+            let c = self.f(c);
+            p = self.add(m, c)?;
+        }
+        let series = self.mul(p, x)?;
+        let a = self.ext(glsl::FABS, &[x])?;
+        let eighth = self.f(0.125);
+        let small = self.lt(a, eighth)?;
+        let t = self.select(small, series, t)?;
         self.keep_nan(x, t)
     }
 
@@ -332,7 +842,7 @@ impl<'a> Emitter<'a> {
         self.ext(glsl::SQRT, &[p])
     }
 
-    /// `log(1 + exp(x))` without overflow: `max(x, 0) + log(1 + exp(-|x|))`.
+    /// `log(1 + exp(x))` without overflow: `max(x, 0) + log1p(exp(-|x|))`.
     fn softplus(&mut self, x: Word) -> R<Word> {
         let zero = self.f(0.0);
         let one = self.f(1.0);
@@ -342,6 +852,19 @@ impl<'a> Emitter<'a> {
         let e = self.exp(na)?;
         let l1 = self.add(one, e)?;
         let l = self.ext(glsl::LOG, &[l1])?;
+        // log1p(e) for small e: `1 + e` rounds away e's low bits and a driver's log near 1
+        // has a large relative error (lavapipe's), so the series e - e²/2 + ... + e⁵/5,
+        // exact to f32 for e < 1/32.
+        let mut p = self.f(0.2);
+        for c in [-0.25f32, 1.0 / 3.0, -0.5, 1.0] {
+            let t = self.mul(p, e)?;
+            let c = self.f(c);
+            p = self.add(t, c)?;
+        }
+        let series = self.mul(p, e)?;
+        let limit = self.f(1.0 / 32.0);
+        let small = self.lt(e, limit)?;
+        let l = self.select(small, series, l)?;
         let r = self.add(m, l)?;
         self.keep_nan(x, r)
     }
@@ -449,10 +972,10 @@ impl<'a> Emitter<'a> {
             Sub => self.sub(a, b)?,
             Mul => self.mul(a, b)?,
             Div => self.div(a, b)?,
-            FMod => build(self.b.f_rem(self.f32, None, a, b))?,
+            FMod => self.fmod(a, b)?,
             Mod => {
                 // fmod, moved into the divisor's sign (NumPy's divmod).
-                let r = build(self.b.f_rem(self.f32, None, a, b))?;
+                let r = self.fmod(a, b)?;
                 let nonzero = build(self.b.f_ord_not_equal(self.bool, None, r, zero))?;
                 let r_neg = self.lt(r, zero)?;
                 let b_neg = self.lt(b, zero)?;
@@ -520,7 +1043,17 @@ impl<'a> Emitter<'a> {
         let zero = self.f(0.0);
         let one = self.f(1.0);
         Ok(match op {
-            Op::Identity => arg(0)?,
+            // Reshape-like ops and transposes move no value: their operand was read at the
+            // right element (linear order, or through the transpose's strides).
+            Op::Identity
+            | Op::Reshape { .. }
+            | Op::Flatten { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Transpose { .. }
+            // An expand is a broadcast, which every value gets by being read at the
+            // output's coordinates.
+            | Op::Expand => arg(0)?,
             Op::Cast { to: DType::F32 } => arg(0)?,
             Op::Unary { op } => self.unary(*op, arg(0)?)?,
             Op::Binary { op } => self.binary(*op, arg(0)?, arg(1)?)?,
@@ -743,6 +1276,9 @@ impl<'a> Emitter<'a> {
             }
         }
         for (i, value) in body.values.iter().enumerate() {
+            if self.meta.contains(&ValueId(i as u32)) {
+                continue;
+            }
             if let ValueDef::Const(c) = value.def {
                 let data = body.constant(c);
                 let v = data
@@ -772,10 +1308,39 @@ impl<'a> Emitter<'a> {
 
         build(self.b.begin_block(Some(cond)))?;
         let bool_ty = self.bool;
-        let in_range = build(self.b.u_less_than(bool_ty, None, index, count))?;
+        let bound = match &self.softmax {
+            // One invocation per lane: the rows are count / lane.
+            Some(plan) => {
+                let lane = self.u(plan.lane);
+                build(self.b.u_div(u32, None, count, lane))?
+            }
+            None => count,
+        };
+        let in_range = build(self.b.u_less_than(bool_ty, None, index, bound))?;
         build(self.b.branch_conditional(in_range, body_label, merge, []))?;
 
         build(self.b.begin_block(Some(body_label)))?;
+        if let Some(plan) = self.softmax.clone() {
+            let (x_base, y_base) = (base_addresses[0], base_addresses[1]);
+            self.softmax_row(&plan, index, x_base, y_base, ptr_elem)?;
+            build(self.b.branch(cont))?;
+            return self.finish_loop(cont, next, index, stride, header, merge);
+        }
+        if let Some(plan) = self.reduce.clone() {
+            let bases = base_addresses[..body.inputs.len()].to_vec();
+            let result = self.reduce_lane(&plan, index, &bases, ptr_elem)?;
+            let offset = build(self.b.u_convert(u64, None, index))?;
+            let offset = build(self.b.i_mul(u64, None, offset, four))?;
+            let address =
+                build(
+                    self.b
+                        .i_add(u64, None, base_addresses[body.inputs.len()], offset),
+                )?;
+            let ptr = build(self.b.convert_u_to_ptr(ptr_elem, None, address))?;
+            build(self.b.store(ptr, result, aligned, [Arg::LiteralBit32(4)]))?;
+            build(self.b.branch(cont))?;
+            return self.finish_loop(cont, next, index, stride, header, merge);
+        }
         // Element addresses are computed as 64-bit integers, `base + index * 4`, not by
         // access chains into the block's runtime array: with those (32- or 64-bit index)
         // NVIDIA's driver (580, H100) never wrote an element past byte 2^32 of a buffer
@@ -787,11 +1352,51 @@ impl<'a> Emitter<'a> {
             build(b.convert_u_to_ptr(ptr_elem, None, address))
         };
         for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
-            if *kind == Operand::Tensor {
-                let ptr = element(&mut self.b, base_addresses[i])?;
-                let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
-                values.insert(input, v);
-            }
+            let ptr = match kind {
+                Operand::Tensor => element(&mut self.b, base_addresses[i])?,
+                Operand::Scalar | Operand::Unread => continue,
+                Operand::Broadcast => {
+                    // The input's element index from the output's coordinates:
+                    // sum over dims of ((index / out_stride) % out_dim) * in_stride.
+                    let strides = self.strides[i].clone().ok_or("broadcast without strides")?;
+                    let mut at: Option<Word> = None;
+                    let mut out_stride = 1u32;
+                    for d in (0..self.out_dims.len()).rev() {
+                        let n = self.out_dims[d];
+                        if n != 1 && strides[d] != 0 {
+                            let mut c = index;
+                            if out_stride != 1 {
+                                let s = self.u(out_stride);
+                                c = build(self.b.u_div(u32, None, c, s))?;
+                            }
+                            // The outermost coordinate is below its dim already.
+                            if d != 0 {
+                                let m = self.u(n);
+                                c = build(self.b.u_mod(u32, None, c, m))?;
+                            }
+                            if strides[d] != 1 {
+                                let k = self.u(strides[d]);
+                                c = build(self.b.i_mul(u32, None, c, k))?;
+                            }
+                            at = Some(match at {
+                                Some(a) => build(self.b.i_add(u32, None, a, c))?,
+                                None => c,
+                            });
+                        }
+                        out_stride = out_stride.wrapping_mul(n);
+                    }
+                    let at = match at {
+                        Some(a) => a,
+                        None => self.u(0),
+                    };
+                    let offset = build(self.b.u_convert(u64, None, at))?;
+                    let offset = build(self.b.i_mul(u64, None, offset, four))?;
+                    let address = build(self.b.i_add(u64, None, base_addresses[i], offset))?;
+                    build(self.b.convert_u_to_ptr(ptr_elem, None, address))?
+                }
+            };
+            let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
+            values.insert(input, v);
         }
         for node in &body.nodes {
             let args: Vec<Option<Word>> = node
@@ -814,6 +1419,20 @@ impl<'a> Emitter<'a> {
         }
         build(self.b.branch(cont))?;
 
+        self.finish_loop(cont, next, index, stride, header, merge)
+    }
+
+    /// The grid-stride loop's continue block and the function's end.
+    fn finish_loop(
+        mut self,
+        cont: Word,
+        next: Word,
+        index: Word,
+        stride: Word,
+        header: Word,
+        merge: Word,
+    ) -> R<Vec<u32>> {
+        let u32 = self.u32;
         build(self.b.begin_block(Some(cont)))?;
         build(self.b.i_add(u32, Some(next), index, stride))?;
         build(self.b.branch(header))?;
@@ -822,5 +1441,318 @@ impl<'a> Emitter<'a> {
         build(self.b.ret())?;
         build(self.b.end_function())?;
         Ok(self.b.module().assemble())
+    }
+
+    /// `sum over parts of ((v / divisor) % size) * stride`: an element index from a linear
+    /// index and a plan of `(divisor, size, stride)` parts.
+    fn strided(&mut self, v: Word, parts: &[(u32, u32, u32)]) -> R<Word> {
+        let u32 = self.u32;
+        let mut at: Option<Word> = None;
+        for &(divisor, size, stride) in parts {
+            if size == 1 {
+                continue;
+            }
+            let mut c = v;
+            if divisor != 1 {
+                let d = self.u(divisor);
+                c = build(self.b.u_div(u32, None, c, d))?;
+            }
+            let n = self.u(size);
+            c = build(self.b.u_mod(u32, None, c, n))?;
+            if stride != 1 {
+                let k = self.u(stride);
+                c = build(self.b.i_mul(u32, None, c, k))?;
+            }
+            at = Some(match at {
+                Some(a) => build(self.b.i_add(u32, None, a, c))?,
+                None => c,
+            });
+        }
+        Ok(match at {
+            Some(a) => a,
+            None => self.u(0),
+        })
+    }
+
+    /// A pointer to f32 element `index` (u32) of the buffer at address `base` (u64).
+    fn element_ptr(&mut self, base: Word, index: Word, ptr_elem: Word) -> R<Word> {
+        let u64 = self.b.type_int(64, 0);
+        let four = self.b.constant_bit64(u64, 4);
+        let byte = build(self.b.u_convert(u64, None, index))?;
+        let byte = build(self.b.i_mul(u64, None, byte, four))?;
+        let address = build(self.b.i_add(u64, None, base, byte))?;
+        build(self.b.convert_u_to_ptr(ptr_elem, None, address))
+    }
+
+    /// A structured loop `for k in 0..n` carrying one f32 accumulator from `init`;
+    /// `step(self, k, acc)` emits the body and returns the next accumulator. Returns the
+    /// final accumulator; the builder is left in the block after the loop.
+    fn lane_loop(
+        &mut self,
+        n: u32,
+        init: Word,
+        step: &mut dyn FnMut(&mut Self, Word, Word) -> R<Word>,
+    ) -> R<Word> {
+        let (f32, u32, bool_ty) = (self.f32, self.u32, self.bool);
+        let pre = self.b.selected_block().ok_or("no current block")?;
+        let pre_label = self
+            .b
+            .module_ref()
+            .functions
+            .last()
+            .and_then(|f| f.blocks.get(pre))
+            .and_then(|b| b.label_id())
+            .ok_or("no label")?;
+        let zero = self.u(0);
+        let one = self.u(1);
+        let limit = self.u(n);
+        let (header, cond, body, cont, merge) = (
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+        );
+        let (k_next, acc_next) = (self.b.id(), self.b.id());
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(header)))?;
+        let k = build(self.b.phi(u32, None, [(zero, pre_label), (k_next, cont)]))?;
+        let acc = build(self.b.phi(f32, None, [(init, pre_label), (acc_next, cont)]))?;
+        build(self.b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+        build(self.b.branch(cond))?;
+
+        build(self.b.begin_block(Some(cond)))?;
+        let in_range = build(self.b.u_less_than(bool_ty, None, k, limit))?;
+        build(self.b.branch_conditional(in_range, body, merge, []))?;
+
+        build(self.b.begin_block(Some(body)))?;
+        let next = step(self, k, acc)?;
+        build(self.b.branch(cont))?;
+
+        build(self.b.begin_block(Some(cont)))?;
+        build(self.b.copy_object(f32, Some(acc_next), next))?;
+        build(self.b.i_add(u32, Some(k_next), k, one))?;
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(merge)))?;
+        Ok(acc)
+    }
+
+    /// Softmax (or log-softmax) of row `r`: max, sum of `exp(x - max)`, then each output.
+    fn softmax_row(
+        &mut self,
+        plan: &SoftmaxPlan,
+        r: Word,
+        x_base: Word,
+        y_base: Word,
+        ptr_elem: Word,
+    ) -> R<()> {
+        let u32 = self.u32;
+        let f32 = self.f32;
+        // Row r: outer = r / inner, i = r % inner; its k-th element is at
+        // outer * lane * inner + i + k * inner.
+        let start = self.strided(
+            r,
+            &[
+                (1, plan.inner, 1),
+                (plan.inner, u32::MAX, plan.lane * plan.inner),
+            ],
+        )?;
+        let inner = self.u(plan.inner);
+        let aligned = Some(MemoryAccess::ALIGNED);
+        let load = |e: &mut Self, k: Word| -> R<Word> {
+            let off = build(e.b.i_mul(u32, None, k, inner))?;
+            let at = build(e.b.i_add(u32, None, start, off))?;
+            let ptr = e.element_ptr(x_base, at, ptr_elem)?;
+            build(e.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))
+        };
+        let minus_inf = self.f(f32::NEG_INFINITY);
+        let m = self.lane_loop(plan.lane, minus_inf, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            e.ext(glsl::FMAX, &[acc, x])
+        })?;
+        let zero = self.f(0.0);
+        let sum = self.lane_loop(plan.lane, zero, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let d = e.sub(x, m)?;
+            let ex = e.exp(d)?;
+            e.add(acc, ex)
+        })?;
+        let log_sum = if plan.log {
+            Some(self.ext(glsl::LOG, &[sum])?)
+        } else {
+            None
+        };
+        self.lane_loop(plan.lane, zero, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let d = e.sub(x, m)?;
+            let y = match log_sum {
+                Some(l) => e.sub(d, l)?,
+                None => {
+                    let ex = e.exp(d)?;
+                    e.div(ex, sum)?
+                }
+            };
+            let off = build(e.b.i_mul(u32, None, k, inner))?;
+            let at = build(e.b.i_add(u32, None, start, off))?;
+            let ptr = e.element_ptr(y_base, at, ptr_elem)?;
+            build(e.b.store(ptr, y, aligned, [Arg::LiteralBit32(4)]))?;
+            Ok(acc)
+        })?;
+        Ok(())
+    }
+
+    /// Reduces the lane of output element `o` (a loop over the reduced elements) and
+    /// returns the result. Leaves the builder in a new block after the loop.
+    fn reduce_lane(
+        &mut self,
+        plan: &ReducePlan,
+        o: Word,
+        bases: &[Word],
+        ptr_elem: Word,
+    ) -> R<Word> {
+        let body_graph = self.body;
+        let reduce_node = body_graph.nodes.last().ok_or("no nodes")?;
+        let x_value = reduce_node.inputs[0].ok_or("reduce without an operand")?;
+        // Loop-invariant values: single-element inputs and constants.
+        let mut invariant: HashMap<ValueId, Word> = HashMap::new();
+        for (i, (&input, kind)) in body_graph.inputs.iter().zip(self.inputs).enumerate() {
+            if *kind == Operand::Scalar {
+                let zero_index = self.u(0);
+                let ptr = self.element_ptr(bases[i], zero_index, ptr_elem)?;
+                let v = build(self.b.load(
+                    self.f32,
+                    None,
+                    ptr,
+                    Some(MemoryAccess::ALIGNED),
+                    [Arg::LiteralBit32(4)],
+                ))?;
+                invariant.insert(input, v);
+            }
+        }
+        for (i, value) in body_graph.values.iter().enumerate() {
+            let v = ValueId(i as u32);
+            if let (ValueDef::Const(c), false) = (value.def, self.meta.contains(&v)) {
+                let data = body_graph.constant(c);
+                let x = data.to_f64s().first().copied().ok_or("empty constant")?;
+                let id = self.f(x as f32);
+                invariant.insert(v, id);
+            }
+        }
+        let (f32, u32, bool_ty) = (self.f32, self.u32, self.bool);
+        let u64 = self.b.type_int(64, 0);
+        let four = self.b.constant_bit64(u64, 4);
+        let lane_base = self.strided(o, &plan.kept)?;
+        let pre = self.b.selected_block().ok_or("no current block")?;
+        let pre_label = self
+            .b
+            .module_ref()
+            .functions
+            .last()
+            .and_then(|f| f.blocks.get(pre))
+            .and_then(|b| b.label_id())
+            .ok_or("no label")?;
+        use ReduceKind::*;
+        let init = match plan.kind {
+            Prod => self.f(1.0),
+            Max => self.f(f32::NEG_INFINITY),
+            Min => self.f(f32::INFINITY),
+            _ => self.f(0.0),
+        };
+        let zero = self.u(0);
+        let one = self.u(1);
+        let lane = self.u(plan.lane);
+        let (header, cond, body, cont, merge) = (
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+            self.b.id(),
+        );
+        let (r_next, acc_next) = (self.b.id(), self.b.id());
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(header)))?;
+        let r = build(self.b.phi(u32, None, [(zero, pre_label), (r_next, cont)]))?;
+        let acc = build(self.b.phi(f32, None, [(init, pre_label), (acc_next, cont)]))?;
+        build(self.b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+        build(self.b.branch(cond))?;
+
+        build(self.b.begin_block(Some(cond)))?;
+        let in_range = build(self.b.u_less_than(bool_ty, None, r, lane))?;
+        build(self.b.branch_conditional(in_range, body, merge, []))?;
+
+        build(self.b.begin_block(Some(body)))?;
+        let offset = self.strided(r, &plan.reduced)?;
+        let index = build(self.b.i_add(u32, None, lane_base, offset))?;
+        let byte = build(self.b.u_convert(u64, None, index))?;
+        let byte = build(self.b.i_mul(u64, None, byte, four))?;
+        // The lane element of every full-shape input, then the prologue at that element.
+        let mut values = invariant.clone();
+        for (i, (&input, kind)) in body_graph.inputs.iter().zip(self.inputs).enumerate() {
+            if *kind == Operand::Tensor {
+                let address = build(self.b.i_add(u64, None, bases[i], byte))?;
+                let ptr = build(self.b.convert_u_to_ptr(ptr_elem, None, address))?;
+                let v = build(self.b.load(
+                    f32,
+                    None,
+                    ptr,
+                    Some(MemoryAccess::ALIGNED),
+                    [Arg::LiteralBit32(4)],
+                ))?;
+                values.insert(input, v);
+            }
+        }
+        for n in &body_graph.nodes[..body_graph.nodes.len() - 1] {
+            let args: Vec<Option<Word>> = n
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|v| values.get(&v).copied()))
+                .collect();
+            let out = n
+                .outputs
+                .first()
+                .copied()
+                .flatten()
+                .ok_or("a node without a result")?;
+            let result = self.node(&n.op, &args, &n.name)?;
+            values.insert(out, result);
+        }
+        let x = *values
+            .get(&x_value)
+            .ok_or("the reduce operand is never computed")?;
+        let step = match plan.kind {
+            Sum | Mean | LogSum => self.add(acc, x)?,
+            L1 => {
+                let a = self.ext(glsl::FABS, &[x])?;
+                self.add(acc, a)?
+            }
+            L2 | SumSquare => {
+                let sq = self.mul(x, x)?;
+                self.add(acc, sq)?
+            }
+            Prod => self.mul(acc, x)?,
+            Max => self.minmax(true, acc, x)?,
+            Min => self.minmax(false, acc, x)?,
+            LogSumExp => return Err("log_sum_exp".into()),
+        };
+        build(self.b.branch(cont))?;
+
+        build(self.b.begin_block(Some(cont)))?;
+        build(self.b.copy_object(f32, Some(acc_next), step))?;
+        build(self.b.i_add(u32, Some(r_next), r, one))?;
+        build(self.b.branch(header))?;
+
+        build(self.b.begin_block(Some(merge)))?;
+        Ok(match plan.kind {
+            Mean => {
+                let n = self.f(plan.lane as f32);
+                self.div(acc, n)?
+            }
+            L2 => self.ext(glsl::SQRT, &[acc])?,
+            LogSum => self.ext(glsl::LOG, &[acc])?,
+            _ => acc,
+        })
     }
 }

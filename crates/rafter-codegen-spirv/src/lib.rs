@@ -13,16 +13,23 @@
 //!
 //! # What is generated today
 //!
-//! [`elementwise`]: a fused chain of elementwise ops on `f32`, each operand either of the
-//! output's shape or a single element broadcast to all (a scalar). One invocation per
-//! element over a 1-D grid, in a grid-stride loop, so any element count fits in the device's
-//! workgroup-count limit; the count is the one `u32` param.
+//! [`elementwise`]: a fused chain of elementwise ops on `f32`, each operand of the output's
+//! shape, a single element broadcast to all (a scalar), or (static shapes) NumPy-broadcast
+//! or transposed, read through per-dim strides from the output's coordinates; reshape-like
+//! ops (reshape, flatten, squeeze, unsqueeze) keep linear order and expand is a broadcast.
+//! One invocation per element over a 1-D grid, in a grid-stride loop, so any element count
+//! fits in the device's workgroup-count limit; the count is the one `u32` param.
+//! A `reduce` on a static shape (after an optional pointwise prologue) is generated too,
+//! launched the same way: one invocation per output element loops over its lane; so is a softmax or log-softmax alone
+//! (the kernel divides the count by the lane length and normalises one lane per
+//! invocation).
 //!
 //! [`matmul`]: f32 matrix products, a 64×64 (or 32×32) tile of C per workgroup staged
 //! through workgroup memory with a 4×4 (2×2) register block per invocation; B 2-D or
 //! batched like A; a fused bias/scale/residual/relu epilogue.
-//! Reductions, data movement,
-//! contractions, general broadcasting and other dtypes come next.
+//!
+//! Tree reductions, other data movement, convolutions, broadcasting over symbolic dims and
+//! other dtypes come next.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
@@ -32,6 +39,105 @@ mod matmul;
 
 pub use elementwise::{elementwise, ElementwiseKernel, Operand, WORKGROUP_SIZE};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulShape, MatmulTile, MATMUL_TILE};
+
+use rafter_artifact::{Launch, VulkanModule, VulkanSection};
+use rafter_ir::program::Program;
+use rafter_ir::Graph;
+
+/// The device name kernels compiled here carry.
+pub const DEVICE: &str = "vulkan";
+
+/// Whether a kernel body can be generated, and if not, why (one line naming the value or
+/// op). The partitioner sends a kernel to the Vulkan device only when this is `Ok`.
+///
+/// It runs the generator itself (a few microseconds for a fused elementwise body) rather
+/// than a separate predicate, so the two can never disagree.
+pub fn supports(body: &Graph) -> Result<(), String> {
+    generate(body).map(|_| ())
+}
+
+/// The one generated form of a body: an elementwise (or reduce/softmax) kernel, or a matrix
+/// product with its epilogue.
+enum Generated {
+    Elementwise(ElementwiseKernel),
+    Matmul(MatmulKernel),
+}
+
+/// Generates `body`; the error is the elementwise generator's reason unless the body is a
+/// matmul, whose generator then says why not.
+fn generate(body: &Graph) -> Result<Generated, String> {
+    let is_matmul = body
+        .nodes
+        .first()
+        .is_some_and(|n| n.op == rafter_ir::Op::MatMul);
+    if is_matmul {
+        let tile = matmul_tile(body);
+        return matmul_tiled(body, tile)
+            .map(Generated::Matmul)
+            .map_err(|e| e.reason);
+    }
+    elementwise(body)
+        .map(Generated::Elementwise)
+        .map_err(|e| e.reason)
+}
+
+/// The C tile for a product: 64×64 when A's rows are known to be many (512 or more), else
+/// 32×32, which measured 1.6× faster on BERT's M = 128 products on the H100 (more
+/// workgroups to fill the GPU; `benchmarks/RESULTS.md`). A symbolic row count (a sequence
+/// length) counts as few.
+fn matmul_tile(body: &Graph) -> MatmulTile {
+    let rows = body.nodes.first().and_then(|n| n.input(0)).and_then(|a| {
+        let dims = &body.value(a).ty.dims;
+        dims.len().checked_sub(2).and_then(|i| dims[i].as_known())
+    });
+    match rows {
+        Some(m) if m >= 512 => MatmulTile::Large,
+        _ => MatmulTile::Small,
+    }
+}
+
+/// Generates the `vulkan` executable section of `program`: one module per kernel whose
+/// device is [`DEVICE`], in kernel order.
+pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError> {
+    let mut modules = Vec::new();
+    for (k, kernel) in program.kernels.iter().enumerate() {
+        if kernel.device != DEVICE {
+            continue;
+        }
+        let error = |reason: String| CodegenError {
+            kernel: kernel.name.clone(),
+            reason,
+        };
+        let module = match generate(&kernel.body).map_err(error)? {
+            Generated::Elementwise(g) => VulkanModule {
+                kernel: k as u32,
+                launch: Launch::Elementwise,
+                workgroup_size: WORKGROUP_SIZE,
+                entry_point: g.entry_point,
+                spirv: to_bytes(&g.spirv).into(),
+            },
+            Generated::Matmul(g) => {
+                let index = |i: usize| {
+                    u8::try_from(i).map_err(|_| error(format!("matmul operand {i} is past 255")))
+                };
+                VulkanModule {
+                    kernel: k as u32,
+                    launch: Launch::Matmul {
+                        a: index(g.a_input)?,
+                        b: index(g.b_input)?,
+                        b_shared: g.b_shared,
+                        tile: g.tile.size(),
+                    },
+                    workgroup_size: 256,
+                    entry_point: "main".into(),
+                    spirv: to_bytes(&g.spirv).into(),
+                }
+            }
+        };
+        modules.push(module);
+    }
+    Ok(VulkanSection { modules })
+}
 
 /// Why a body could not be compiled to SPIR-V. The message names the node or value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -78,6 +78,9 @@ fn every_supported_op_matches_the_reference_executor() {
             let dims: Vec<usize> = match kind {
                 Operand::Tensor => shape.clone(),
                 Operand::Scalar => vec![1; body.value(input).ty.rank()],
+                Operand::Broadcast | Operand::Unread => {
+                    unreachable!("the op cases read full tensors and scalars")
+                }
             };
             let len: usize = dims.iter().product();
             let values = common::inputs_in(case.domain, len, 17 + i as u64);
@@ -243,4 +246,174 @@ fn the_pipeline_cache_is_written_on_drop_and_read_by_the_next_device() {
     );
     drop(device);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `text` (a body with f32 inputs of `shapes`) on the device and checks every output
+/// element equals the reference executor's, bit for bit (these bodies only add, multiply
+/// and move values). Returns the kernel's operand kinds.
+fn check_against_reference(
+    device: &rafter_hal_vulkan::VulkanDevice,
+    text: &str,
+    shapes: &[&[usize]],
+) -> Vec<Operand> {
+    check_within(device, text, shapes, 0.0)
+}
+
+/// [`check_against_reference`] within a relative tolerance (reductions sum in f32 on the
+/// GPU, in f64 in the reference).
+fn check_within(
+    device: &rafter_hal_vulkan::VulkanDevice,
+    text: &str,
+    shapes: &[&[usize]],
+    rtol: f64,
+) -> Vec<Operand> {
+    let body = parse_graph(text).unwrap();
+    let kernel = elementwise(&body).unwrap_or_else(|e| panic!("{e}"));
+    common::spirv_val(&kernel.spirv, &body.name);
+    let host: Vec<Vec<f32>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| common::inputs_in((-3.0, 3.0), s.iter().product(), 40 + i as u64))
+        .collect();
+    let buffers: Vec<_> = host.iter().map(|v| common::upload(device, v)).collect();
+    let tensors = shapes
+        .iter()
+        .zip(&host)
+        .map(|(s, v)| Tensor::f32s(s, v.clone()))
+        .collect();
+    let want = rafter_reference::run(&body, tensors).unwrap()[0].to_f64_vec();
+    let count = want.len();
+    let out = common::run(device, &kernel, &buffers, count as u64);
+    let got = common::f32s(&out[0].read_bytes(0, count as u64 * 4).unwrap());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let g = *g as f64;
+        let close = g == *w || (g - w).abs() <= rtol * w.abs() || (g.is_nan() && w.is_nan());
+        assert!(close, "{}: element {i}: got {g}, want {w}", body.name);
+    }
+    kernel.inputs
+}
+
+/// Broadcast operands (a row, a column, a leading-dims-missing vector) read the element
+/// NumPy broadcasting gives each output element; checked against the reference executor.
+#[test]
+fn broadcast_operands_match_the_reference() {
+    let Some(device) = common::device_or_skip("broadcast_operands_match_the_reference") else {
+        return;
+    };
+    let kinds = check_against_reference(
+        &device,
+        "graph @bcast(%x: f32[5, 3, 70], %b: f32[70], %c: f32[5, 1, 1], %d: f32[3, 1]) -> (%y) {\n  %a: f32[5, 3, 70] = binary{op = add}(%x, %b)\n  %e: f32[5, 3, 1] = binary{op = mul}(%c, %d)\n  %y: f32[5, 3, 70] = binary{op = sub}(%a, %e)\n}",
+        &[&[5, 3, 70], &[70], &[5, 1, 1], &[3, 1]],
+    );
+    assert_eq!(kinds[1..], [Operand::Broadcast; 3]);
+}
+
+/// Transposes read their input through permuted strides; reshape-like ops keep linear
+/// order (their shape operands are bound but never read); expand is a broadcast.
+#[test]
+fn transpose_reshape_and_expand_match_the_reference() {
+    let Some(device) = common::device_or_skip("transpose_reshape_and_expand") else {
+        return;
+    };
+    let kinds = check_against_reference(
+        &device,
+        "graph @tr(%x: f32[2, 3, 40]) -> (%y) {\n  %y: f32[40, 2, 3] = transpose{perm = [2, 0, 1]}(%x)\n}",
+        &[&[2, 3, 40]],
+    );
+    assert_eq!(kinds, [Operand::Broadcast]);
+    check_against_reference(
+        &device,
+        "graph @tr_add(%x: f32[7, 9], %z: f32[9, 7]) -> (%y) {\n  %t: f32[9, 7] = transpose{perm = [1, 0]}(%x)\n  %y: f32[9, 7] = binary{op = add}(%t, %z)\n}",
+        &[&[7, 9], &[9, 7]],
+    );
+    check_against_reference(
+        &device,
+        "graph @rs(%x: f32[6, 35]) -> (%y) {\n  const %s: i64[3] = dense [5, 6, 7]\n  %r: f32[5, 6, 7] = reshape{allow_zero = false}(%x, %s)\n  %y: f32[5, 6, 7] = unary{op = neg}(%r)\n}",
+        &[&[6, 35]],
+    );
+    check_against_reference(
+        &device,
+        "graph @ex(%x: f32[3, 1]) -> (%y) {\n  const %s: i64[3] = dense [2, 3, 50]\n  %y: f32[2, 3, 50] = expand(%x, %s)\n}",
+        &[&[3, 1]],
+    );
+}
+
+/// A `reduce` alone: one invocation per output element loops over its lane. Every kind
+/// but log_sum_exp, axes as attribute or constant operand, kept or dropped dims, an empty
+/// lane (each kind's identity).
+#[test]
+fn reductions_match_the_reference() {
+    let Some(device) = common::device_or_skip("reductions_match_the_reference") else {
+        return;
+    };
+    for (kind, tol) in [
+        ("sum", 1e-5),
+        ("mean", 1e-5),
+        ("prod", 1e-4),
+        ("l1", 1e-5),
+        ("l2", 1e-5),
+        ("sum_square", 1e-5),
+        ("max", 0.0),
+        ("min", 0.0),
+    ] {
+        check_within(
+            &device,
+            &format!("graph @r_{kind}(%x: f32[4, 6, 5]) -> (%y) {{\n  %y: f32[4, 1, 5] = reduce{{kind = {kind}, axes = [1], keep_dims = true, noop_with_empty_axes = false}}(%x)\n}}"),
+            &[&[4, 6, 5]],
+            tol,
+        );
+        check_within(
+            &device,
+            &format!("graph @r_{kind}_02(%x: f32[4, 6, 5]) -> (%y) {{\n  const %a: i64[2] = dense [0, -1]\n  %y: f32[6] = reduce{{kind = {kind}, axes = [], keep_dims = false, noop_with_empty_axes = false}}(%x, %a)\n}}"),
+            &[&[4, 6, 5]],
+            tol,
+        );
+    }
+    check_within(
+        &device,
+        "graph @r_all(%x: f32[3, 70]) -> (%y) {\n  %y: f32[] = reduce{kind = log_sum, axes = [], keep_dims = false, noop_with_empty_axes = false}(%x)\n}",
+        &[&[3, 70]],
+        1e-5,
+    );
+    check_within(
+        &device,
+        "graph @r_empty(%x: f32[2, 0, 3]) -> (%y) {\n  %y: f32[2, 1, 3] = reduce{kind = max, axes = [1], keep_dims = true, noop_with_empty_axes = false}(%x)\n}",
+        &[&[2, 0, 3]],
+        0.0,
+    );
+}
+
+/// Softmax and log-softmax alone: one invocation per lane, on the last, a middle and the
+/// first axis.
+#[test]
+fn softmax_matches_the_reference() {
+    let Some(device) = common::device_or_skip("softmax_matches_the_reference") else {
+        return;
+    };
+    for kind in ["softmax", "log_softmax"] {
+        for axis in [2, 1, 0, -1] {
+            check_within(
+                &device,
+                &format!("graph @{kind}_{}(%x: f32[3, 70, 5]) -> (%y) {{\n  %y: f32[3, 70, 5] = softmax{{kind = {kind}, axis = {axis}}}(%x)\n}}", axis + 1),
+                &[&[3, 70, 5]],
+                1e-5,
+            );
+        }
+    }
+}
+
+/// A reduce with a pointwise prologue (what fusion makes of `ReduceSumSquare`-like
+/// patterns and norms): the prologue is evaluated at each lane element, with a scalar
+/// input and a constant.
+#[test]
+fn a_reduce_with_a_prologue_matches_the_reference() {
+    let Some(device) = common::device_or_skip("a_reduce_with_a_prologue") else {
+        return;
+    };
+    check_within(
+        &device,
+        "graph @sq(%x: f32[6, 40], %m: f32[6, 40], %s: f32[]) -> (%y) {\n  const %h: f32[] = dense [0.5]\n  %d: f32[6, 40] = binary{op = sub}(%x, %m)\n  %e: f32[6, 40] = binary{op = mul}(%d, %d)\n  %f: f32[6, 40] = binary{op = mul}(%e, %s)\n  %g: f32[6, 40] = binary{op = add}(%f, %h)\n  %y: f32[6, 1] = reduce{kind = mean, axes = [1], keep_dims = true, noop_with_empty_axes = false}(%g)\n}",
+        &[&[6, 40], &[6, 40], &[]],
+        1e-5,
+    );
 }

@@ -37,11 +37,19 @@ fn unsupported_bodies_are_errors_naming_the_cause() {
         ),
         (
             "graph @k(%x: f32[n, 4], %b: f32[4]) -> (%y) {\n  %y: f32[n, 4] = binary{op = add}(%x, %b)\n}",
-            "general broadcasting",
+            "static shapes only",
+        ),
+        (
+            "graph @k(%x: f32[4, 3], %b: f32[4]) -> (%y) {\n  %y: f32[4, 3] = binary{op = add}(%x, %b)\n}",
+            "does not broadcast",
         ),
         (
             "graph @k(%x: f32[n]) -> (%y) {\n  %y: f32[n] = softmax{kind = softmax, axis = 0}(%x)\n}",
-            "not an elementwise op",
+            "symbolic dims",
+        ),
+        (
+            "graph @k(%x: f32[2]) -> (%y) {\n  const %c: f32[2] = dense [1.0, 2.0]\n  %y: f32[2] = binary{op = add}(%x, %c)\n}",
+            "single-element constants",
         ),
     ];
     for (text, expected) in cases {
@@ -49,4 +57,23 @@ fn unsupported_bodies_are_errors_naming_the_cause() {
         let error = elementwise(&body).unwrap_err().to_string();
         assert!(error.contains(expected), "{error}");
     }
+}
+
+#[test]
+fn smaller_static_inputs_are_broadcast_by_strides() {
+    let body = parse_graph(
+        "graph @k(%x: f32[4, 3, 8], %b: f32[8], %c: f32[4, 1, 1], %d: f32[3, 1]) -> (%y) {\n  %a: f32[4, 3, 8] = binary{op = add}(%x, %b)\n  %e: f32[4, 3, 1] = binary{op = mul}(%c, %d)\n  %y: f32[4, 3, 8] = binary{op = sub}(%a, %e)\n}",
+    )
+    .unwrap();
+    let kernel = elementwise(&body).unwrap();
+    assert_eq!(
+        kernel.inputs,
+        [
+            Operand::Tensor,
+            Operand::Broadcast,
+            Operand::Broadcast,
+            Operand::Broadcast
+        ]
+    );
+    common::spirv_val(&kernel.spirv, "broadcast_strides");
 }

@@ -7,13 +7,18 @@
 //!   and opened again through [`Artifact::from_bytes`] (so the artifact's writer, reader and
 //!   validation are on the path), and a runtime [`Session`] on the CPU device runs each data
 //!   set. A failure names the stage (`compile`, `artifact`, `session`, `run`).
+//! - [`Backend::Vulkan`]: the compiled path for `--target vulkan`: kernels the SPIR-V
+//!   generator supports run on the Vulkan device (their modules travel in the artifact's
+//!   `vulkan` section), the rest on the CPU device.
 
 use crate::suite::one_line;
 use crate::Outcome;
 use rafter_artifact::{Artifact, ArtifactWriter};
+use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
 use rafter_ir::Graph;
 use rafter_reference::Tensor;
-use rafter_runtime::{CpuDeviceOptions, DeviceSet, RuntimeError, Session};
+use rafter_runtime::{CpuDeviceOptions, DeviceSet, RuntimeError, Session, SessionOptions};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which path runs a test's model.
@@ -24,6 +29,8 @@ pub enum Backend {
     Reference,
     /// Compile → artifact bytes → reopen → runtime session on the CPU device.
     Compiled,
+    /// As `Compiled`, for `--target vulkan`, on the Vulkan and CPU devices.
+    Vulkan,
 }
 
 impl Backend {
@@ -32,7 +39,13 @@ impl Backend {
         match self {
             Backend::Reference => "reference",
             Backend::Compiled => "compiled",
+            Backend::Vulkan => "compiled for vulkan",
         }
+    }
+
+    /// Whether the path compiles the model and runs it on the runtime.
+    pub fn is_compiled(self) -> bool {
+        self != Backend::Reference
     }
 }
 
@@ -42,12 +55,19 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Devices the compiled path runs on: one CPU device shared by every test of a suite run,
 /// with one worker thread, since the suite already runs one test per core.
-pub(crate) fn suite_devices() -> Result<DeviceSet, String> {
-    DeviceSet::cpu_with(CpuDeviceOptions {
+/// For [`Backend::Vulkan`], the Vulkan device too, under `vulkan`.
+pub(crate) fn suite_devices(backend: Backend) -> Result<DeviceSet, String> {
+    let mut set = DeviceSet::cpu_with(CpuDeviceOptions {
         worker_threads: 1,
         ..CpuDeviceOptions::default()
     })
-    .map_err(|e| format!("opening the CPU device: {e}"))
+    .map_err(|e| format!("opening the CPU device: {e}"))?;
+    if backend == Backend::Vulkan {
+        let device = VulkanDevice::new(VulkanDeviceOptions::default())
+            .map_err(|e| format!("opening the Vulkan device: {e}"))?;
+        set.insert("vulkan", Arc::new(device));
+    }
+    Ok(set)
 }
 
 /// A model ready to run data sets: the graph itself, or a session over its compiled form.
@@ -66,13 +86,26 @@ impl<'g> Prepared<'g> {
     ) -> Result<Prepared<'g>, Outcome> {
         match (backend, devices) {
             (Backend::Reference, _) => Ok(Prepared::Graph(graph)),
-            (Backend::Compiled, Some(devices)) => compile_session(graph, devices)
+            (_, Some(devices)) => compile_session(graph, backend, devices)
                 .map(Prepared::Session)
                 .map_err(|e| Outcome::Fail(one_line(&e))),
-            (Backend::Compiled, None) => {
-                let devices = suite_devices().map_err(Outcome::Fail)?;
+            (_, None) => {
+                let devices = suite_devices(backend).map_err(Outcome::Fail)?;
                 Prepared::new(graph, backend, Some(&devices))
             }
+        }
+    }
+
+    /// How many of the model's kernels run on the Vulkan device (0 on other paths).
+    pub(crate) fn gpu_kernels(&self) -> usize {
+        match self {
+            Prepared::Graph(_) => 0,
+            Prepared::Session(s) => s
+                .program()
+                .kernels
+                .iter()
+                .filter(|k| k.device == "vulkan")
+                .count(),
         }
     }
 
@@ -94,15 +127,33 @@ impl<'g> Prepared<'g> {
     }
 }
 
-/// `graph` compiled, written as artifact bytes, reopened and bound to `devices`.
-fn compile_session(graph: &Graph, devices: &DeviceSet) -> Result<Session, String> {
-    let options = rafter_opt::CompileOptions::default();
+/// `graph` compiled for `backend`'s target, written as artifact bytes (with the SPIR-V of
+/// its Vulkan kernels), reopened and bound to `devices`.
+fn compile_session(
+    graph: &Graph,
+    backend: Backend,
+    devices: &DeviceSet,
+) -> Result<Session, String> {
+    let options = rafter_opt::CompileOptions {
+        target: match backend {
+            Backend::Vulkan => rafter_opt::Target::Vulkan,
+            _ => rafter_opt::Target::Cpu,
+        },
+        ..rafter_opt::CompileOptions::default()
+    };
     let program = rafter_opt::compile(graph, &options).map_err(|e| format!("compile: {e}"))?;
-    let bytes = ArtifactWriter::new(&program)
+    let mut writer = ArtifactWriter::new(&program);
+    if program.kernels.iter().any(|k| k.device == "vulkan") {
+        let section =
+            rafter_codegen_spirv::program_section(&program).map_err(|e| format!("codegen: {e}"))?;
+        writer = writer.executable("vulkan", section.encode(), 4);
+    }
+    let bytes = writer
         .to_vec()
         .map_err(|e| format!("artifact: writing: {e}"))?;
     let artifact = Artifact::from_bytes(bytes.into()).map_err(|e| format!("artifact: {e}"))?;
-    Session::new(artifact.into_program(), devices).map_err(|e| format!("session: {e}"))
+    Session::from_artifact(artifact, devices, SessionOptions::new())
+        .map_err(|e| format!("session: {e}"))
 }
 
 fn run_error(e: &RuntimeError) -> String {

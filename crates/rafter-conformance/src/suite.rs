@@ -36,6 +36,9 @@ pub struct TestResult {
     pub case: TestCase,
     pub outcome: Outcome,
     pub elapsed: Duration,
+    /// How many of the compiled model's kernels ran on the Vulkan device (0 on the CPU
+    /// paths, and when the test failed before its session existed).
+    pub gpu_kernels: usize,
 }
 
 /// Options of a suite run.
@@ -153,11 +156,16 @@ fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 /// Runs one test on `backend` (the compiled path opens its own CPU device; [`run_suite`]
 /// shares one between tests).
 pub fn run_test(case: &TestCase, backend: Backend) -> Outcome {
-    run_test_on(case, backend, None)
+    run_test_on(case, backend, None).0
 }
 
-fn run_test_on(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -> Outcome {
-    match catch_unwind(AssertUnwindSafe(|| run_test_inner(case, backend, devices))) {
+/// The outcome, and how many kernels ran on the Vulkan device.
+fn run_test_on(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -> (Outcome, usize) {
+    let mut gpu_kernels = 0;
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        run_test_inner(case, backend, devices, &mut gpu_kernels)
+    }));
+    let outcome = match outcome {
         Ok(o) => o,
         Err(payload) => {
             let msg = payload
@@ -167,10 +175,16 @@ fn run_test_on(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -
                 .unwrap_or_else(|| "unknown panic".into());
             Outcome::Fail(format!("panic: {msg}"))
         }
-    }
+    };
+    (outcome, gpu_kernels)
 }
 
-fn run_test_inner(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -> Outcome {
+fn run_test_inner(
+    case: &TestCase,
+    backend: Backend,
+    devices: Option<&DeviceSet>,
+    gpu_kernels: &mut usize,
+) -> Outcome {
     let path = case.dir.join("model.onnx");
     // Reasons name the node, not the file: the test's name already says which file.
     let strip = |e: &dyn std::fmt::Display| {
@@ -186,6 +200,7 @@ fn run_test_inner(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>
         Ok(p) => p,
         Err(outcome) => return outcome,
     };
+    *gpu_kernels = prepared.gpu_kernels();
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&case.dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
@@ -252,7 +267,7 @@ pub fn run_suite(cases: &[TestCase], opts: &SuiteOptions) -> Vec<TestResult> {
     };
     let devices = match opts.backend {
         Backend::Reference => None,
-        Backend::Compiled => match suite_devices() {
+        backend => match suite_devices(backend) {
             Ok(d) => Some(d),
             Err(e) => {
                 return cases
@@ -261,6 +276,7 @@ pub fn run_suite(cases: &[TestCase], opts: &SuiteOptions) -> Vec<TestResult> {
                         case: case.clone(),
                         outcome: Outcome::Fail(e.clone()),
                         elapsed: Duration::ZERO,
+                        gpu_kernels: 0,
                     })
                     .collect()
             }
@@ -277,11 +293,12 @@ pub fn run_suite(cases: &[TestCase], opts: &SuiteOptions) -> Vec<TestResult> {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(case) = cases.get(i) else { break };
                 let start = Instant::now();
-                let outcome = run_test_on(case, opts.backend, devices.as_ref());
+                let (outcome, gpu_kernels) = run_test_on(case, opts.backend, devices.as_ref());
                 let r = TestResult {
                     case: case.clone(),
                     outcome,
                     elapsed: start.elapsed(),
+                    gpu_kernels,
                 };
                 results.lock().unwrap()[i] = Some(r);
             });

@@ -43,15 +43,15 @@ mod kernel;
 mod pack;
 mod packed;
 mod parallel;
-mod pool;
-mod winograd;
 #[macro_use]
 mod simd;
 mod activation;
 mod common;
 mod norm;
+mod pool;
 mod softmax;
 pub mod tile;
+mod winograd;
 
 pub use kernel::Isa;
 pub use packed::{

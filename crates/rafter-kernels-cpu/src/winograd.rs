@@ -184,13 +184,6 @@ fn transform_input(
     let rows = chunks(v, tiles);
     par.run(cin, &|ci| {
         let plane = &conv.input[ci * h * w..][..h * w];
-        let at = |y: isize, x: isize| {
-            if y >= 0 && x >= 0 && (y as usize) < h && (x as usize) < w {
-                plane[y as usize * w + x as usize]
-            } else {
-                0.0
-            }
-        };
         let mut out: Vec<_> = (0..XI)
             .map(|xi| {
                 rows[xi * cin + ci]
@@ -198,43 +191,51 @@ fn transform_input(
                     .unwrap_or_else(|e| e.into_inner())
             })
             .collect();
+        // One tile row at a time, as whole rows: the 4 input rows under it (zero-padded to
+        // the tiles' span), their vertical combinations (B^T d, contiguous loops), then
+        // the horizontal ones per tile (stride-2 reads). Written this way the compiler
+        // vectorises both across tiles.
+        let span = 2 * tw + 2;
+        let mut win = vec![0f32; 4 * span];
+        let mut bd = vec![0f32; 4 * span];
         for ty in 0..th {
-            for tx in 0..tw {
-                let (y0, x0) = (2 * ty as isize - pt, 2 * tx as isize - pl);
-                let mut d = [[0f32; 4]; 4];
-                let inside = y0 >= 0 && x0 >= 0 && y0 as usize + 4 <= h && x0 as usize + 4 <= w;
-                if inside {
-                    // Interior tile: four row slices, no per-element bounds tests.
-                    let (y0, x0) = (y0 as usize, x0 as usize);
-                    for (r, row) in d.iter_mut().enumerate() {
-                        row.copy_from_slice(&plane[(y0 + r) * w + x0..][..4]);
-                    }
-                } else {
-                    for (r, row) in d.iter_mut().enumerate() {
-                        for (c, e) in row.iter_mut().enumerate() {
-                            *e = at(y0 + r as isize, x0 + c as isize);
-                        }
-                    }
+            for r in 0..4 {
+                let dst = &mut win[r * span..][..span];
+                dst.fill(0.0);
+                let y = (2 * ty + r) as isize - pt;
+                if y < 0 || y as usize >= h {
+                    continue;
                 }
-                // B^T d: B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1].
-                let mut bd = [[0f32; 4]; 4];
-                for c in 0..4 {
-                    bd[0][c] = d[0][c] - d[2][c];
-                    bd[1][c] = d[1][c] + d[2][c];
-                    bd[2][c] = d[2][c] - d[1][c];
-                    bd[3][c] = d[1][c] - d[3][c];
-                }
-                let t = ty * tw + tx;
-                for (r, row) in bd.iter().enumerate() {
-                    let vals = [
-                        row[0] - row[2],
-                        row[1] + row[2],
-                        row[2] - row[1],
-                        row[1] - row[3],
-                    ];
-                    for (c, &val) in vals.iter().enumerate() {
-                        out[r * 4 + c][t] = val;
-                    }
+                let src = &plane[y as usize * w..][..w];
+                // Input column x lands at span position x + pl (when inside the span).
+                let lo = (pl as usize).min(span);
+                let n = w.min(span - lo);
+                dst[lo..lo + n].copy_from_slice(&src[..n]);
+            }
+            let (w0, rest) = win.split_at(span);
+            let (w1, rest) = rest.split_at(span);
+            let (w2, w3) = rest.split_at(span);
+            // B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] on rows.
+            for x in 0..span {
+                bd[x] = w0[x] - w2[x];
+                bd[span + x] = w1[x] + w2[x];
+                bd[2 * span + x] = w2[x] - w1[x];
+                bd[3 * span + x] = w1[x] - w3[x];
+            }
+            let t0 = ty * tw;
+            for k in 0..4 {
+                let row = &bd[k * span..][..span];
+                let (o0, rest) = out[k * 4..k * 4 + 4].split_at_mut(1);
+                let (o1, rest) = rest.split_at_mut(1);
+                let (o2, o3) = rest.split_at_mut(1);
+                let (o0, o1) = (&mut o0[0][t0..t0 + tw], &mut o1[0][t0..t0 + tw]);
+                let (o2, o3) = (&mut o2[0][t0..t0 + tw], &mut o3[0][t0..t0 + tw]);
+                for t in 0..tw {
+                    let (a, b, c, d) = (row[2 * t], row[2 * t + 1], row[2 * t + 2], row[2 * t + 3]);
+                    o0[t] = a - c;
+                    o1[t] = b + c;
+                    o2[t] = c - b;
+                    o3[t] = b - d;
                 }
             }
         }
@@ -299,42 +300,59 @@ fn transform_output(
         let mut plane = planes[co].lock().unwrap_or_else(|e| e.into_inner());
         let bias = conv.bias.map_or(0.0, |b| b[co]);
         let residual = conv.residual.map(|r| &r[co * oh * ow..][..oh * ow]);
+        // Per tile row: the column combinations (A^T on the 4 rows of ξ) as contiguous
+        // loops over tiles, then the row combinations into a full-width output row pair
+        // (stride-2 writes), then bias / residual / relu over the rows that exist.
+        let span = 2 * tw;
+        let mut am = vec![0f32; 2 * 4 * tw];
+        let mut ys = vec![0f32; 2 * span];
         for ty in 0..th {
-            for tx in 0..tw {
-                let t = ty * tw + tx;
-                let mv = |xi: usize| m[(xi * cout + co) * tiles + t];
-                // A^T = [1 1 1 0; 0 1 -1 -1], on columns then rows.
-                let col = |c: usize| (mv(c), mv(4 + c), mv(8 + c), mv(12 + c));
-                let am: [[f32; 4]; 2] = [
-                    std::array::from_fn(|c| {
-                        let (a, b, cc, _) = col(c);
-                        a + b + cc
-                    }),
-                    std::array::from_fn(|c| {
-                        let (_, b, cc, d) = col(c);
-                        b - cc - d
-                    }),
-                ];
-                for (r, row) in am.iter().enumerate() {
-                    let y = 2 * ty + r;
-                    if y >= oh {
-                        continue;
+            let t0 = ty * tw;
+            let mrow = |xi: usize| &m[(xi * cout + co) * tiles + t0..][..tw];
+            for c in 0..4 {
+                let (m0, m1, m2, m3) = (mrow(c), mrow(4 + c), mrow(8 + c), mrow(12 + c));
+                let (top, bottom) = am.split_at_mut(4 * tw);
+                let (top, bottom) = (&mut top[c * tw..][..tw], &mut bottom[c * tw..][..tw]);
+                for t in 0..tw {
+                    top[t] = m0[t] + m1[t] + m2[t];
+                    bottom[t] = m1[t] - m2[t] - m3[t];
+                }
+            }
+            for r in 0..2 {
+                let a = &am[r * 4 * tw..][..4 * tw];
+                let (c0, c1, c2, c3) = (&a[..tw], &a[tw..2 * tw], &a[2 * tw..3 * tw], &a[3 * tw..]);
+                let y = &mut ys[r * span..][..span];
+                for t in 0..tw {
+                    y[2 * t] = c0[t] + c1[t] + c2[t];
+                    y[2 * t + 1] = c1[t] - c2[t] - c3[t];
+                }
+            }
+            for r in 0..2 {
+                let oy = 2 * ty + r;
+                if oy >= oh {
+                    continue;
+                }
+                let dst = &mut plane[oy * ow..][..ow];
+                let src = &ys[r * span..][..ow];
+                match residual {
+                    Some(res) => {
+                        let res = &res[oy * ow..][..ow];
+                        for x in 0..ow {
+                            dst[x] = src[x] + bias + res[x];
+                        }
                     }
-                    let vals = [row[0] + row[1] + row[2], row[1] - row[2] - row[3]];
-                    for (c, &val) in vals.iter().enumerate() {
-                        let x = 2 * tx + c;
-                        if x >= ow {
-                            continue;
+                    None => {
+                        for x in 0..ow {
+                            dst[x] = src[x] + bias;
                         }
-                        let i = y * ow + x;
-                        let mut o = val + bias;
-                        if let Some(r) = residual {
-                            o += r[i];
+                    }
+                }
+                if conv.relu {
+                    for v in dst.iter_mut() {
+                        // `x < 0 ? 0 : x` keeps NaN, like the reference's relu.
+                        if *v < 0.0 {
+                            *v = 0.0;
                         }
-                        if conv.relu && o < 0.0 {
-                            o = 0.0;
-                        }
-                        plane[i] = o;
                     }
                 }
             }

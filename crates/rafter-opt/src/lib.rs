@@ -11,6 +11,8 @@
 //! - [`fusion`]: groups ops into kernels (elementwise chains, contraction epilogues,
 //!   reduction prologues);
 //! - [`lower()`]: partition + lowering to a [`Program`], without memory planning;
+//! - [`place`]: device placement for [`Target::Vulkan`] (GPU where the SPIR-V generator
+//!   supports a kernel, CPU fallback, copies at device changes);
 //! - [`memplan`]: static memory planning ([`memplan::plan_memory`]: offsets in one arena per
 //!   device and memory kind, sized at the declared bounds; [`memplan::memory_report`]);
 //! - [`compile()`]: all of the above.
@@ -20,6 +22,7 @@ pub mod fusion;
 pub mod lower;
 pub mod memplan;
 pub mod passes;
+pub mod place;
 mod util;
 
 pub use error::CompileError;
@@ -34,21 +37,23 @@ pub enum Target {
     /// Every kernel on the host CPU, one host-memory arena.
     #[default]
     Cpu,
+    /// Kernels the SPIR-V generator supports on the Vulkan device, the rest on the CPU
+    /// ([`place::place_on_devices`]).
+    Vulkan,
 }
 
 impl Target {
-    /// The device name kernels and arenas carry.
+    /// The device the target accelerates (`cpu`, `vulkan`).
     pub fn device(self) -> &'static str {
         match self {
-            Target::Cpu => "cpu",
+            Target::Cpu => place::CPU,
+            Target::Vulkan => place::VULKAN,
         }
     }
 
-    /// The memory kind of the target's arena.
-    pub fn memory(self) -> &'static str {
-        match self {
-            Target::Cpu => "host",
-        }
+    /// The target's name on the command line.
+    pub fn word(self) -> &'static str {
+        self.device()
     }
 }
 

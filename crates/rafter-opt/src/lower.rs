@@ -39,7 +39,10 @@ pub fn lower(graph: &Graph, opts: &LowerOptions) -> Result<Program, CompileError
         source,
     })?;
     let groups = partition(graph, opts.fuse);
-    let program = lower_partitioned(graph, &groups, opts);
+    let mut program = lower_partitioned(graph, &groups, opts);
+    if opts.target == Target::Vulkan {
+        crate::place::place_on_devices(&mut program);
+    }
     program.verify()?;
     Ok(program)
 }
@@ -53,7 +56,8 @@ pub fn lower(graph: &Graph, opts: &LowerOptions) -> Result<Program, CompileError
 ///   earlier output, gets its own buffer and a `Step::Copy`), constants read by kernels
 ///   `Weight(i)` (one weight per constant), values whose dims mention symbols the inputs do
 ///   not bind `Dynamic`, everything else a slice of arena 0 (`cpu`, `host`) with no offset;
-/// - one kernel per group, on the target's device; steps in the groups' order.
+/// - one kernel per group, on `cpu`; steps in the groups' order ([`lower`] then moves
+///   kernels to other devices for [`Target::Vulkan`], see [`crate::place`]).
 pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -> Program {
     let mut l = Lowering {
         g: graph,
@@ -66,10 +70,10 @@ pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -
         weight_of: HashMap::new(),
         bound: input_symbols(graph),
     };
-    let device = opts.target.device().to_string();
+    let device = crate::place::CPU.to_string();
     l.p.arenas.push(Arena {
         device: device.clone(),
-        memory: opts.target.memory().to_string(),
+        memory: "host".to_string(),
         size: None,
         lower_bound: None,
     });

@@ -45,6 +45,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use rafter_hal::BufferRange;
 use rafter_hal_cpu::DispatchContext;
 use rafter_ir::program::Program;
 use rafter_ir::{Dim, Symbol, TensorType};
@@ -67,15 +68,20 @@ pub type HostKernel = Arc<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>, String> + Sen
 /// The per-call host slot table.
 pub(crate) type Slots = Arc<Mutex<Vec<Option<Tensor>>>>;
 
-/// Live calls' host slot tables, by call id.
+/// One call's host slots and foreign ranges.
+type CallState = (Slots, Arc<[BufferRange]>);
+
+/// Live calls' host slot tables and foreign ranges, by call id.
 #[derive(Default)]
 pub(crate) struct CallRegistry {
-    calls: Mutex<HashMap<u64, Slots>>,
+    calls: Mutex<HashMap<u64, CallState>>,
 }
 
 impl CallRegistry {
-    pub(crate) fn insert(&self, call: u64, slots: Slots) {
-        lock(&self.calls).insert(call, slots);
+    /// Registers a call: its host slots, and the other devices' buffer ranges that its
+    /// cross-device copies map ([`Operand::Foreign`]).
+    pub(crate) fn insert(&self, call: u64, slots: Slots, foreign: Vec<BufferRange>) {
+        lock(&self.calls).insert(call, (slots, foreign.into()));
     }
 
     pub(crate) fn remove(&self, call: u64) {
@@ -83,9 +89,22 @@ impl CallRegistry {
     }
 
     pub(crate) fn get(&self, call: u64) -> Result<Slots, String> {
-        lock(&self.calls).get(&call).cloned().ok_or_else(|| {
-            format!("call {call} has no host slot table (its session state is gone)")
-        })
+        lock(&self.calls)
+            .get(&call)
+            .map(|(slots, _)| slots.clone())
+            .ok_or_else(|| {
+                format!("call {call} has no host slot table (its session state is gone)")
+            })
+    }
+
+    fn foreign(&self, call: u64, i: usize) -> Result<BufferRange, String> {
+        lock(&self.calls)
+            .get(&call)
+            .ok_or_else(|| format!("call {call} is not registered (its session state is gone)"))?
+            .1
+            .get(i)
+            .cloned()
+            .ok_or_else(|| format!("call {call} has no foreign range {i}"))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -104,6 +123,9 @@ pub(crate) enum Operand {
     Weight(usize),
     Slot(usize),
     Absent,
+    /// Range `i` of the call's foreign ranges: another device's host-visible memory, which a
+    /// cross-device copy maps (see [`KernelShared::run_copy`]).
+    Foreign(usize),
 }
 
 const TAG_SHIFT: u32 = 56;
@@ -116,6 +138,7 @@ impl Operand {
             Operand::Weight(i) => (1, i),
             Operand::Slot(i) => (2, i),
             Operand::Absent => (3, 0),
+            Operand::Foreign(i) => (4, i),
         };
         (tag << TAG_SHIFT) | (index as u64 & INDEX_MASK)
     }
@@ -127,6 +150,7 @@ impl Operand {
             1 => Operand::Weight(index),
             2 => Operand::Slot(index),
             3 => Operand::Absent,
+            4 => Operand::Foreign(index),
             tag => return Err(format!("operand word with unknown tag {tag}")),
         })
     }
@@ -306,7 +330,9 @@ impl KernelShared {
                     .cloned()
                     .flatten()
                     .ok_or_else(|| what(format!("host slot {b} has not been written")))?,
-                Operand::Absent => return Err(what("no buffer is bound".into())),
+                Operand::Absent | Operand::Foreign(_) => {
+                    return Err(what("no CPU buffer is bound".into()))
+                }
             };
             inputs.push(t);
         }
@@ -338,13 +364,24 @@ impl KernelShared {
                 Operand::Binding(b) => write_binding(ctx, b, &t, name)?,
                 Operand::Slot(b) => store_slot(&slots(params.call)?, b, t)?,
                 Operand::Absent => {}
-                Operand::Weight(_) => return Err(format!("result `{name}` targets a weight")),
+                Operand::Weight(_) | Operand::Foreign(_) => {
+                    return Err(format!(
+                        "result `{name}` targets a weight or foreign memory"
+                    ))
+                }
             }
         }
         Ok(())
     }
 
     /// The built-in copy: operand 0 to operand 1; `extra` is `[src buffer, src dims...]`.
+    ///
+    /// Either side may be [`Operand::Foreign`]: another device's host-visible buffer, mapped
+    /// here. That is how data crosses between the CPU and a GPU: the copy runs on the CPU
+    /// queue, after a semaphore wait on the GPU work that wrote the source (the GPU's
+    /// command buffers end with a barrier that makes their writes visible to the host), and
+    /// GPU work reading the destination waits on this copy's semaphore (the GPU queue submits
+    /// it only once the semaphore is signalled, so the host writes come first).
     pub(crate) fn run_copy(&self, ctx: &DispatchContext<'_>) -> Result<(), String> {
         let params = Params::decode(ctx.params())?;
         let (&[src, dst], Some((&src_buffer, dims))) =
@@ -369,11 +406,37 @@ impl KernelShared {
                 .cloned()
                 .flatten()
                 .ok_or_else(|| format!("host slot {b} has not been written"))?,
+            Operand::Foreign(i) => {
+                let range = self.registry.foreign(params.call, i)?;
+                range
+                    .buffer
+                    .map_read(range.offset, range.len, |bytes| {
+                        Tensor::from_le_bytes(decl.ty.dtype, &dims, bytes)
+                    })
+                    .map_err(|e| format!("mapping `{}` on its device: {e}", decl.name))?
+                    .map_err(|e| e.to_string())?
+            }
             Operand::Absent => return Err("copy has no source".into()),
         };
         match dst {
             Operand::Binding(b) => write_binding(ctx, b, &tensor, &decl.name),
             Operand::Slot(b) => store_slot(&self.registry.get(params.call)?, b, tensor),
+            Operand::Foreign(i) => {
+                let range = self.registry.foreign(params.call, i)?;
+                let bytes = tensor.to_le_bytes();
+                if bytes.len() as u64 != range.len {
+                    return Err(format!(
+                        "copy of `{}` ({} bytes) into a {}-byte buffer on another device",
+                        decl.name,
+                        bytes.len(),
+                        range.len
+                    ));
+                }
+                range
+                    .buffer
+                    .write_bytes(range.offset, &bytes)
+                    .map_err(|e| format!("mapping the copy of `{}` on its device: {e}", decl.name))
+            }
             _ => Err("copy destination must be a buffer or a host slot".into()),
         }
     }
@@ -424,6 +487,7 @@ mod tests {
                 Operand::Weight(5),
                 Operand::Slot(9),
                 Operand::Absent,
+                Operand::Foreign(4),
             ],
             extra: vec![1, 2],
         };

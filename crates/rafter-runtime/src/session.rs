@@ -1,13 +1,14 @@
 //! Sessions: a program bound to devices, and the calls submitted to it.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rafter_hal::{
-    Buffer, BufferRange, CommandBuffer, Device, DeviceKind, Executable, MemoryKind, Queue,
-    Semaphore, SemaphoreError,
+    Buffer, BufferRange, CommandBuffer, Device, DeviceKind, Executable, ExecutablePayload,
+    ExecutableSpec, MemoryKind, Queue, Semaphore, SemaphoreError, FORMAT_SPIRV,
 };
 use rafter_hal_cpu::CpuKernels;
 use rafter_ir::program::{Program, Step, Storage};
@@ -30,6 +31,7 @@ pub struct SessionOptions {
     queue: usize,
     reference_only: bool,
     kernel_threads: usize,
+    executables: Vec<(String, bytes::Bytes)>,
 }
 
 impl SessionOptions {
@@ -63,6 +65,16 @@ impl SessionOptions {
         self
     }
 
+    /// The executable section for `device` (an artifact's, e.g. the `vulkan` SPIR-V modules
+    /// [`rafter_artifact::VulkanSection`]); [`Session::open`] passes the artifact's. A
+    /// program with kernels on a non-CPU device needs its device's section.
+    pub fn executable(mut self, device: impl Into<String>, code: bytes::Bytes) -> SessionOptions {
+        let device = device.into();
+        self.executables.retain(|(d, _)| *d != device);
+        self.executables.push((device, code));
+        self
+    }
+
     /// The queue index used on every device (default 0).
     pub fn queue(mut self, index: usize) -> SessionOptions {
         self.queue = index;
@@ -80,6 +92,14 @@ impl fmt::Debug for SessionOptions {
             .field("queue", &self.queue)
             .field("reference_only", &self.reference_only)
             .field("kernel_threads", &self.kernel_threads)
+            .field(
+                "executables",
+                &self
+                    .executables
+                    .iter()
+                    .map(|(d, b)| (d, b.len()))
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -108,14 +128,29 @@ enum Home {
     Unused,
 }
 
+/// A kernel loaded on a non-CPU device: a SPIR-V module of the `vulkan` section.
+struct GpuKernel {
+    executable: Executable,
+    entry: usize,
+    workgroup_size: u32,
+    launch: rafter_artifact::Launch,
+}
+
 struct Inner {
     program: Arc<Program>,
     devices: Vec<DeviceUse>,
     step_device: Vec<usize>,
+    /// Per step: for a copy between a CPU and another device (run on the CPU), the buffer
+    /// on the other device, which the copy maps.
+    step_foreign: Vec<Option<usize>>,
+    /// Per kernel: its executable on a non-CPU device.
+    gpu_kernels: Vec<Option<GpuKernel>>,
     home: Vec<Home>,
     /// Per step: for dispatches, the entry point of its kernel on its device.
     step_entry: Vec<usize>,
-    /// Per weight: a buffer on the device that reads it (a [`BytesBuffer`] on a CPU).
+    /// Per buffer of `Storage::Weight`: the weight on the device that reads it (a
+    /// [`BytesBuffer`] on a CPU, uploaded once elsewhere; shared by the weight's buffers on
+    /// one device).
     weight_buffers: Vec<Option<Buffer>>,
     arena_device: Vec<usize>,
     arena_kind: Vec<MemoryKind>,
@@ -176,7 +211,23 @@ impl Session {
     pub fn open(path: impl AsRef<std::path::Path>, devices: &DeviceSet) -> Result<Session> {
         let artifact = rafter_artifact::Artifact::open(path)
             .map_err(|e| RuntimeError::Artifact(e.to_string()))?;
-        Session::new(artifact.into_program(), devices)
+        Session::from_artifact(artifact, devices, SessionOptions::default())
+    }
+
+    /// Binds an artifact's program to `devices` with its executables (the `vulkan` SPIR-V
+    /// modules, if any) added to `options`.
+    pub fn from_artifact(
+        artifact: rafter_artifact::Artifact,
+        devices: &DeviceSet,
+        mut options: SessionOptions,
+    ) -> Result<Session> {
+        for device in artifact.devices().map(str::to_string).collect::<Vec<_>>() {
+            if device != "cpu" && !options.executables.iter().any(|(d, _)| *d == device) {
+                let code = artifact.executable(&device).expect("listed");
+                options = options.executable(device, code);
+            }
+        }
+        Session::with_options(artifact.into_program(), devices, options)
     }
 
     /// Verifies `program`, opens the devices it names, binds its weights (zero-copy on a CPU
@@ -206,13 +257,16 @@ impl Session {
             }
         }
         // The host device runs copies that touch no arena (inputs, outputs, weights, host
-        // slots): the program's first CPU device, or else the set's.
+        // slots), and every copy between a CPU and another device: the program's first CPU
+        // device, or else the set's.
         let needs_host = program.steps.iter().any(|s| match s {
             Step::Copy { src, dst } => [src, dst]
                 .iter()
                 .all(|&&b| !matches!(program.buffers[b].storage, Storage::Arena { .. })),
             Step::Dispatch { .. } => false,
-        });
+        }) || (program.steps.iter().any(|s| matches!(s, Step::Copy { .. }))
+            && (program.kernels.iter().any(|k| k.device != "cpu")
+                || program.arenas.iter().any(|a| a.device != "cpu")));
         let missing = |device: &str| RuntimeError::MissingDevice {
             device: device.to_string(),
             found: match devices.names() {
@@ -235,22 +289,19 @@ impl Session {
             })
         };
         let mut uses: Vec<DeviceUse> = names.into_iter().map(open).collect::<Result<_>>()?;
-        let mut host = None;
-        if needs_host {
-            host = uses.iter().position(|d| d.is_cpu);
-            if host.is_none() {
-                let cpu = devices
-                    .names()
-                    .into_iter()
-                    .find(|n| {
-                        devices
-                            .get(n)
-                            .is_some_and(|d| d.info().kind == DeviceKind::Cpu)
-                    })
-                    .ok_or_else(|| missing("cpu"))?;
-                uses.push(open(cpu)?);
-                host = Some(uses.len() - 1);
-            }
+        let mut host = uses.iter().position(|d| d.is_cpu);
+        if needs_host && host.is_none() {
+            let cpu = devices
+                .names()
+                .into_iter()
+                .find(|n| {
+                    devices
+                        .get(n)
+                        .is_some_and(|d| d.info().kind == DeviceKind::Cpu)
+                })
+                .ok_or_else(|| missing("cpu"))?;
+            uses.push(open(cpu)?);
+            host = Some(uses.len() - 1);
         }
         let device_index = |name: &str| uses.iter().position(|d| d.name == name).expect("opened");
         let arena_device: Vec<usize> = program
@@ -269,24 +320,14 @@ impl Session {
             })
             .collect::<Result<Vec<_>>>()?;
 
-        // Each step's device.
+        // Each step's device and each buffer's home (the device of the first step touching
+        // it), in step order. A copy runs where its source lives, or where its destination's
+        // arena is; one between a CPU and another device runs on the CPU, mapping the other
+        // side (`step_foreign`).
         let storage = |b: usize| &program.buffers[b].storage;
-        let step_device: Vec<usize> = program
-            .steps
-            .iter()
-            .map(|step| match step {
-                Step::Dispatch { kernel, .. } => device_index(&program.kernels[*kernel].device),
-                Step::Copy { src, dst } => match (storage(*dst), storage(*src)) {
-                    (Storage::Arena { arena, .. }, _) | (_, Storage::Arena { arena, .. }) => {
-                        arena_device[*arena]
-                    }
-                    _ => host.expect("copies need the host device"),
-                },
-            })
-            .collect();
-
-        // Each buffer's home, and its live step range.
         let nb = program.buffers.len();
+        let host_cpu =
+            || host.expect("a CPU device is open when copies or non-CPU devices are used");
         let mut live: Vec<Option<(usize, usize)>> = vec![None; nb];
         let mut home: Vec<Home> = program
             .buffers
@@ -297,10 +338,62 @@ impl Session {
                 _ => Home::Unused,
             })
             .collect();
+        // An input lives where the first kernel reading it runs, even when an output copy
+        // of it comes first (the compiler's rule too, `rafter_opt::place`).
+        for step in &program.steps {
+            if let Step::Dispatch { kernel, args, .. } = step {
+                for &b in args {
+                    if matches!(storage(b), Storage::Input(_)) && home[b] == Home::Unused {
+                        home[b] = Home::Device(device_index(&program.kernels[*kernel].device));
+                    }
+                }
+            }
+        }
+        let mut step_device: Vec<usize> = Vec::with_capacity(program.steps.len());
+        let mut step_foreign: Vec<Option<usize>> = vec![None; program.steps.len()];
         for (si, step) in program.steps.iter().enumerate() {
-            let d = step_device[si];
+            let device_of = |home: Home| match home {
+                Home::Device(d) => Some(d),
+                Home::Arena(a) => Some(arena_device[a]),
+                Home::Slot => Some(host_cpu()),
+                Home::Unused => None,
+            };
+            let d = match step {
+                Step::Dispatch { kernel, .. } => device_index(&program.kernels[*kernel].device),
+                Step::Copy { src, dst } => match (device_of(home[*src]), device_of(home[*dst])) {
+                    (Some(a), Some(b)) if a == b => a,
+                    (Some(a), Some(b)) if uses[a].is_cpu && uses[b].is_cpu => b,
+                    (Some(a), Some(b)) if uses[a].is_cpu || uses[b].is_cpu => {
+                        let (cpu, foreign) = if uses[a].is_cpu { (a, *dst) } else { (b, *src) };
+                        if home[foreign] == Home::Slot
+                            || matches!(storage(foreign), Storage::Weight(_))
+                        {
+                            return Err(unsupported(format!(
+                                "step {si} copies `{}` between devices `{}` and `{}`: the \
+                                     side off the CPU must be an arena, input or output buffer",
+                                program.buffers[foreign].name, uses[a].name, uses[b].name
+                            )));
+                        }
+                        step_foreign[si] = Some(foreign);
+                        cpu
+                    }
+                    (Some(a), Some(b)) => {
+                        return Err(unsupported(format!(
+                            "step {si} copies `{}` from device `{}` to device `{}`: copies \
+                                 between two non-CPU devices are not supported",
+                            program.buffers[*src].name, uses[a].name, uses[b].name
+                        )))
+                    }
+                    (Some(a), None) | (None, Some(a)) => a,
+                    (None, None) => host_cpu(),
+                },
+            };
+            step_device.push(d);
             for b in step.reads().into_iter().chain(step.writes()) {
                 live[b] = Some(live[b].map_or((si, si), |(first, _)| (first, si)));
+                if step_foreign[si] == Some(b) {
+                    continue;
+                }
                 let here = match home[b] {
                     Home::Unused => {
                         home[b] = Home::Device(d);
@@ -324,8 +417,7 @@ impl Session {
                 if here != d && !(uses[here].is_cpu && uses[d].is_cpu) {
                     return Err(unsupported(format!(
                         "step {si} runs on device `{}` but buffer {b} `{}` lives on device `{}`: \
-                         cross-device access needs a copy step, and cross-device copies are \
-                         not supported yet",
+                         cross-device access needs a copy step",
                         uses[d].name, program.buffers[b].name, uses[here].name
                     )));
                 }
@@ -392,19 +484,58 @@ impl Session {
         // Executables: one per CPU device, an entry per kernel it runs plus the copy entry.
         let mut step_entry = vec![0usize; program.steps.len()];
         let mut kernel_entry: Vec<Option<usize>> = vec![None; program.kernels.len()];
+        let mut gpu_kernels: Vec<Option<GpuKernel>> =
+            (0..program.kernels.len()).map(|_| None).collect();
         for use_ in uses.iter_mut() {
             let mine: Vec<usize> = (0..program.kernels.len())
                 .filter(|&k| program.kernels[k].device == use_.name)
                 .collect();
             if !use_.is_cpu {
-                if let Some(&k) = mine.first() {
-                    return Err(unsupported(format!(
-                        "kernel `{}` runs on device `{}` ({:?}): this runtime builds \
-                         executables for CPU devices only so far",
-                        program.kernels[k].name,
-                        use_.name,
-                        use_.device.info().kind
-                    )));
+                if mine.is_empty() {
+                    continue;
+                }
+                // Kernels on a non-CPU device come as SPIR-V modules in the device's section.
+                let code = options
+                    .executables
+                    .iter()
+                    .find(|(d, _)| *d == use_.name)
+                    .map(|(_, code)| code.clone())
+                    .ok_or_else(|| {
+                        unsupported(format!(
+                            "kernel `{}` runs on device `{}`, but no `{}` executable section \
+                             was given (compile to an artifact with `--target {}`)",
+                            program.kernels[mine[0]].name, use_.name, use_.name, use_.name
+                        ))
+                    })?;
+                let section = rafter_artifact::VulkanSection::decode(&code)
+                    .map_err(|e| RuntimeError::Artifact(e.to_string()))?;
+                for &k in &mine {
+                    let kernel = &program.kernels[k];
+                    let module = section.module(k).ok_or_else(|| {
+                        unsupported(format!(
+                            "kernel {k} `{}` runs on `{}` but its executable section has no \
+                             module for it",
+                            kernel.name, use_.name
+                        ))
+                    })?;
+                    let context = format!("loading kernel `{}` on `{}`", kernel.name, use_.name);
+                    let executable = use_
+                        .device
+                        .load_executable(&ExecutableSpec {
+                            name: kernel.name.clone(),
+                            format: FORMAT_SPIRV.to_string(),
+                            payload: ExecutablePayload::Bytes(Arc::from(&module.spirv[..])),
+                        })
+                        .map_err(hal(context.clone()))?;
+                    let entry = executable
+                        .entry_index(&module.entry_point)
+                        .map_err(hal(context))?;
+                    gpu_kernels[k] = Some(GpuKernel {
+                        executable,
+                        entry,
+                        workgroup_size: module.workgroup_size,
+                        launch: module.launch,
+                    });
                 }
                 continue;
             }
@@ -436,17 +567,23 @@ impl Session {
         }
         for (si, step) in program.steps.iter().enumerate() {
             if let Step::Dispatch { kernel, .. } = step {
-                step_entry[si] = kernel_entry[*kernel].expect("every kernel has an entry");
+                step_entry[si] = match &gpu_kernels[*kernel] {
+                    Some(g) => g.entry,
+                    None => kernel_entry[*kernel].expect("every kernel has an entry"),
+                };
             }
         }
 
-        // Weights: wrapped where the device addresses host memory, uploaded elsewhere.
-        let mut weight_buffers: Vec<Option<Buffer>> = vec![None; program.weights.len()];
+        // Weights: wrapped where the device addresses host memory, uploaded elsewhere (once
+        // per weight and device).
+        let mut weight_buffers: Vec<Option<Buffer>> = vec![None; nb];
+        let mut uploaded: HashMap<(usize, usize), Buffer> = HashMap::new();
         for (b, decl) in program.buffers.iter().enumerate() {
             let (Storage::Weight(w), Home::Device(d)) = (&decl.storage, home[b]) else {
                 continue;
             };
-            if weight_buffers[*w].is_some() {
+            if let Some(buffer) = uploaded.get(&(*w, d)) {
+                weight_buffers[b] = Some(buffer.clone());
                 continue;
             }
             let use_ = &uses[d];
@@ -462,7 +599,8 @@ impl Session {
                 buffer.write_bytes(0, &bytes).map_err(hal(context))?;
                 buffer
             };
-            weight_buffers[*w] = Some(buffer);
+            uploaded.insert((*w, d), buffer.clone());
+            weight_buffers[b] = Some(buffer);
         }
 
         Ok(Session {
@@ -470,6 +608,8 @@ impl Session {
                 program,
                 devices: uses,
                 step_device,
+                step_foreign,
+                gpu_kernels,
                 home,
                 step_entry,
                 weight_buffers,
@@ -506,16 +646,31 @@ impl Session {
         self.inner.devices.iter().map(|d| d.name.as_str()).collect()
     }
 
-    /// The buffer holding weight `index` on the device that reads it, if any kernel reads it.
-    /// On a CPU device it is a [`BytesBuffer`] over the program's own bytes.
+    /// The buffer holding weight `index` on the (first) device that reads it, if any kernel
+    /// reads it. On a CPU device it is a [`BytesBuffer`] over the program's own bytes.
     pub fn weight_buffer(&self, index: usize) -> Option<&Buffer> {
-        self.inner.weight_buffers.get(index)?.as_ref()
+        let p = &self.inner.program;
+        (0..p.buffers.len())
+            .filter(|&b| p.buffers[b].storage == Storage::Weight(index))
+            .find_map(|b| self.inner.weight_buffers[b].as_ref())
     }
 
     /// Submits one call and returns at once: validates `inputs` against the signature,
     /// sizes and allocates this call's memory, records all its work into command buffers and
     /// submits them, chained by semaphores. [`CallHandle::wait`] gives the outputs.
     pub fn submit(&self, inputs: Vec<Tensor>) -> Result<CallHandle> {
+        self.submit_after(inputs, &[])
+    }
+
+    /// [`submit`](Session::submit), with the call's work starting only once every
+    /// `(semaphore, value)` of `after` is reached (another call's
+    /// [`CallHandle::semaphores`], a host-signalled gate). Returns at once all the same; a
+    /// failed semaphore fails the call.
+    pub fn submit_after(
+        &self,
+        inputs: Vec<Tensor>,
+        after: &[(Semaphore, u64)],
+    ) -> Result<CallHandle> {
         let inner = &*self.inner;
         let p = &*inner.program;
         let input_error = |msg: String| RuntimeError::Input {
@@ -729,6 +884,8 @@ impl Session {
             waits: Vec<usize>,
         }
         let mut chunks: Vec<Chunk> = Vec::new();
+        // Other devices' ranges that this call's cross-device copies map (`Operand::Foreign`).
+        let mut foreign: Vec<BufferRange> = Vec::new();
         let mut si = 0;
         while si < p.steps.len() {
             let d = inner.step_device[si];
@@ -747,6 +904,15 @@ impl Session {
                     segment.clear();
                 }
                 let context = format!("call {call}: step {si}");
+                // The range of buffer `b` on this chunk's device.
+                let range_of = |b: usize| -> BufferRange {
+                    match p.buffers[b].storage {
+                        Storage::Weight(_) => {
+                            inner.weight_buffers[b].as_ref().expect("bound").whole()
+                        }
+                        _ => ranges[b].clone().expect("allocated"),
+                    }
+                };
                 let cpu_operand = |b: usize, bindings: &mut Vec<BufferRange>| -> Operand {
                     match (&p.buffers[b].storage, home[b]) {
                         (_, Home::Slot) => Operand::Slot(b),
@@ -758,6 +924,86 @@ impl Session {
                     }
                 };
                 match step {
+                    Step::Dispatch {
+                        kernel,
+                        args,
+                        results,
+                    } if !use_.is_cpu => {
+                        let gpu = inner.gpu_kernels[*kernel].as_ref().expect("loaded");
+                        let mut bound: Vec<BufferRange> =
+                            args.iter().map(|&b| range_of(b)).collect();
+                        for r in results {
+                            let b = r.ok_or_else(|| {
+                                unsupported(format!(
+                                    "step {si}: kernel `{}` on `{}` has an unbound result",
+                                    p.kernels[*kernel].name, use_.name
+                                ))
+                            })?;
+                            bound.push(range_of(b));
+                        }
+                        'launch: {
+                            if let launch @ rafter_artifact::Launch::Matmul { a, b, .. } =
+                                gpu.launch
+                            {
+                                let operand_dims = |i: u8| {
+                                    args.get(i as usize)
+                                        .and_then(|&buf| dims[buf].as_deref())
+                                        .ok_or_else(|| {
+                                            unsupported(format!(
+                                                "step {si}: matmul operand {i} of kernel `{}` has \
+                                             no dims",
+                                                p.kernels[*kernel].name
+                                            ))
+                                        })
+                                };
+                                let max = use_.device.info().limits.max_workgroup_count;
+                                let launched = launch
+                                    .matmul_dispatch(operand_dims(a)?, operand_dims(b)?, max)
+                                    .map_err(|e| {
+                                        unsupported(format!(
+                                            "step {si}: kernel `{}`: {e}",
+                                            p.kernels[*kernel].name
+                                        ))
+                                    })?;
+                                if let Some((params, grid)) = launched {
+                                    builder
+                                        .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
+                                        .map_err(hal(context))?;
+                                }
+                                break 'launch;
+                            }
+                            // Elementwise launch: the element count of the first result.
+                            let count: u64 = results
+                                .first()
+                                .copied()
+                                .flatten()
+                                .and_then(|b| dims[b].as_ref())
+                                .map_or(0, |d| d.iter().map(|&x| x as u64).product());
+                            if count > i32::MAX as u64 {
+                                return Err(unsupported(format!(
+                                "step {si}: kernel `{}` covers {count} elements, more than one \
+                                 dispatch on `{}` indexes",
+                                p.kernels[*kernel].name, use_.name
+                            )));
+                            }
+                            if count > 0 {
+                                let max_x = use_.device.info().limits.max_workgroup_count[0];
+                                let groups = count
+                                    .div_ceil(gpu.workgroup_size as u64)
+                                    .min(max_x.max(1) as u64)
+                                    as u32;
+                                builder
+                                    .dispatch(
+                                        &gpu.executable,
+                                        gpu.entry,
+                                        &bound,
+                                        &(count as u32).to_le_bytes(),
+                                        [groups, 1, 1],
+                                    )
+                                    .map_err(hal(context))?;
+                            }
+                        }
+                    }
                     Step::Dispatch { args, results, .. } => {
                         let mut bound = Vec::new();
                         let mut operands: Vec<Operand> =
@@ -784,18 +1030,14 @@ impl Session {
                     }
                     Step::Copy { src, dst } => {
                         let (src, dst) = (*src, *dst);
-                        let direct = home[src] != Home::Slot
+                        let foreign_side = inner.step_foreign[si];
+                        let direct = foreign_side.is_none()
+                            && home[src] != Home::Slot
                             && home[dst] != Home::Slot
                             && !(use_.is_cpu
                                 && matches!(p.buffers[src].storage, Storage::Weight(_)));
                         if direct {
-                            let src_range = match p.buffers[src].storage {
-                                Storage::Weight(w) => {
-                                    inner.weight_buffers[w].as_ref().expect("bound").whole()
-                                }
-                                _ => ranges[src].clone().expect("allocated"),
-                            };
-                            let dst_range = ranges[dst].clone().expect("allocated");
+                            let (src_range, dst_range) = (range_of(src), range_of(dst));
                             if src_range.len != dst_range.len {
                                 return Err(input_error(format!(
                                     "step {si} copies `{}` ({} bytes) into `{}` ({} bytes)",
@@ -805,11 +1047,22 @@ impl Session {
                                     dst_range.len
                                 )));
                             }
-                            builder.copy(src_range, dst_range).map_err(hal(context))?;
+                            if src_range.len > 0 {
+                                builder.copy(src_range, dst_range).map_err(hal(context))?;
+                            }
                         } else {
+                            // On a CPU: the built-in copy entry, which also maps the other
+                            // device's side of a cross-device copy.
                             let mut bound = Vec::new();
-                            let operands =
-                                vec![cpu_operand(src, &mut bound), cpu_operand(dst, &mut bound)];
+                            let mut operand = |b: usize| {
+                                if foreign_side == Some(b) {
+                                    foreign.push(ranges[b].clone().expect("allocated"));
+                                    Operand::Foreign(foreign.len() - 1)
+                                } else {
+                                    cpu_operand(b, &mut bound)
+                                }
+                            };
+                            let operands = vec![operand(src), operand(dst)];
                             let mut extra = vec![src as u64];
                             if let Some(d) = &dims[src] {
                                 extra.extend(d.iter().map(|&x| x as u64));
@@ -861,7 +1114,7 @@ impl Session {
             );
         }
         let slots: Slots = Arc::new(Mutex::new(vec![None; nb]));
-        inner.registry.insert(call, slots.clone());
+        inner.registry.insert(call, slots.clone(), foreign);
         if chunks.is_empty() {
             inner.registry.remove(call);
         } else {
@@ -880,11 +1133,15 @@ impl Session {
             }
         }
         for (i, c) in chunks.iter().enumerate() {
-            let waits: Vec<(Semaphore, u64)> = c
+            let mut waits: Vec<(Semaphore, u64)> = c
                 .waits
                 .iter()
                 .map(|&w| (semaphores[w].clone(), 1))
                 .collect();
+            // Chunks that wait on no other chunk start the call: they take `after`.
+            if waits.is_empty() {
+                waits.extend(after.iter().cloned());
+            }
             let use_ = &inner.devices[c.device];
             if let Err(e) =
                 use_.queue

@@ -6,13 +6,20 @@
 //! - 1x1, stride 1, no padding: `X'` is the input itself (no copy);
 //! - otherwise `X'` is an im2col of the input in a reusable per-thread scratch buffer;
 //! - depthwise (one input and one output channel per group): a direct loop per channel,
-//!   vectorisable along output rows, no GEMM.
+//!   vectorisable along output rows, no GEMM;
+//! - 3×3 stride-1 ungrouped convolutions of a weight, whose outputs have at least
+//!   [`WINOGRAD_MIN_PIXELS`] pixels: Winograd F(2×2, 3×3) (`rafter_kernels_cpu::conv3x3`),
+//!   2.25× fewer multiply-adds, its transformed filter computed on the first call and kept
+//!   by the kernel (16/9 of the filter's bytes).
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
-use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, WorkerPool};
+use rafter_kernels_cpu::{
+    conv3x3, sgemm, Activation, BRef, Conv3x3, Epilogue, MatMut, MatRef, Parallel, Residual,
+    WinogradScratch, WinogradWeights, WorkerPool,
+};
 
 use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
 use super::{input_of, In, NativeKernel, Out, Par};
@@ -29,7 +36,13 @@ struct ConvKernel {
     auto_pad: AutoPad,
     chain: Vec<EpiOp>,
     par: Par,
+    /// The Winograd-transformed filter, by the weight it was computed from.
+    winograd: Mutex<Option<(usize, Arc<WinogradWeights>)>>,
 }
+
+/// Outputs smaller than this (ResNet's 7×7 maps) run as im2col + GEMM: there the 16 small
+/// GEMMs of Winograd gained nothing (benches/winograd.rs in rafter-kernels-cpu).
+pub(super) const WINOGRAD_MIN_PIXELS: usize = 100;
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     let first = body.nodes.first()?;
@@ -63,6 +76,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         auto_pad: *auto_pad,
         chain: parse_chain(body, first.outputs[0]?)?,
         par: par.clone(),
+        winograd: Mutex::new(None),
     }))
 }
 
@@ -160,6 +174,8 @@ pub(super) fn valid_range(off: isize, s: usize, w: usize, ow: usize) -> (usize, 
 thread_local! {
     /// im2col scratch, reused across dispatches on this thread.
     static COLS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Winograd scratch, likewise.
+    static WINOGRAD: RefCell<WinogradScratch> = RefCell::new(WinogradScratch::default());
 }
 
 fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
@@ -217,6 +233,9 @@ impl NativeKernel for ConvKernel {
             depthwise(xs, ws, y, [n, c, h, wd], &geo, &r, &self.par);
             return Ok(true);
         }
+        if self.winograd(w, [n, c, h, wd], m, g, &geo, &r, xs, y)? {
+            return Ok(true);
+        }
         let (mg, kc, p) = (m / g, cg * kh * kw, oh * ow);
         let direct =
             kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
@@ -254,6 +273,84 @@ impl NativeKernel for ConvKernel {
         COLS.with(|cell| match cell.try_borrow_mut() {
             Ok(mut cols) => run(&mut cols),
             Err(_) => run(&mut Vec::new()),
+        })?;
+        Ok(true)
+    }
+}
+
+impl ConvKernel {
+    /// The convolution by Winograd F(2×2, 3×3) when it applies (see the module docs);
+    /// `Ok(false)` otherwise, with nothing written.
+    #[allow(clippy::too_many_arguments)]
+    fn winograd(
+        &self,
+        w: &In<'_>,
+        [n, c, h, wd]: [usize; 4],
+        m: usize,
+        g: usize,
+        geo: &Geom,
+        r: &Resolved<'_>,
+        xs: &[f32],
+        y: &mut [f32],
+    ) -> Result<bool, String> {
+        let [oh, ow] = geo.out;
+        let act_ok = match r.act {
+            Activation::None => true,
+            Activation::Relu => r.residual.is_none() || r.res_before,
+            _ => false,
+        };
+        let Some(weight) = w.weight else {
+            return Ok(false);
+        };
+        if g != 1
+            || geo.k != [3, 3]
+            || geo.s != [1, 1]
+            || geo.d != [1, 1]
+            || oh * ow < WINOGRAD_MIN_PIXELS
+            || r.alpha != 1.0
+            || !act_ok
+        {
+            return Ok(false);
+        }
+        let filters = {
+            let mut cached = self.winograd.lock().unwrap_or_else(|e| e.into_inner());
+            match &*cached {
+                Some((w_index, f)) if *w_index == weight => f.clone(),
+                _ => {
+                    let f = Arc::new(WinogradWeights::new(w.f32s()?, m, c)?);
+                    *cached = Some((weight, f.clone()));
+                    f
+                }
+            }
+        };
+        let pads = [
+            geo.pb[0],
+            geo.pb[1],
+            oh + 2 - h - geo.pb[0],
+            ow + 2 - wd - geo.pb[1],
+        ];
+        let (in_len, out_len) = (c * h * wd, m * oh * ow);
+        let mut run = |scratch: &mut WinogradScratch| -> Result<(), String> {
+            for img in 0..n {
+                let yi = &mut y[img * out_len..][..out_len];
+                let conv = Conv3x3 {
+                    input: &xs[img * in_len..][..in_len],
+                    h,
+                    w: wd,
+                    pads,
+                    bias: r.bias,
+                    residual: r.residual.map(|res| &res[img * out_len..][..out_len]),
+                    relu: r.act == Activation::Relu,
+                };
+                conv3x3(&conv, &filters, yi, scratch, &*self.par)
+                    .map_err(|e| format!("conv: {e}"))?;
+                r.post(yi);
+            }
+            Ok(())
+        };
+        WINOGRAD.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut s) => run(&mut s),
+            Err(_) => run(&mut WinogradScratch::default()),
         })?;
         Ok(true)
     }

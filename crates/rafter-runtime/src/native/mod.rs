@@ -241,7 +241,7 @@ pub(crate) fn run(
                 Err(_) => return fallback(),
             },
             Operand::Weight(_) | Operand::Slot(_) => read_views.push(None),
-            Operand::Absent => return fallback(),
+            Operand::Absent | Operand::Foreign(_) => return fallback(),
         }
     }
     // Slot tensors that are not contiguous row-major (a reference op's strided result):
@@ -306,7 +306,13 @@ pub(crate) fn run(
                     }
                     _ => unreachable!("views exist for bindings, weights have none"),
                 };
-                In::new(v.ty.dtype, dims, bytes, stats).map_err(what)?
+                let weight = match operand {
+                    Operand::Weight(w) => Some(w),
+                    _ => None,
+                };
+                In::new(v.ty.dtype, dims, bytes, stats)
+                    .map_err(what)?
+                    .of_weight(weight)
             }
         };
         ins.push(input);

@@ -86,6 +86,9 @@ enum Data<'a> {
 pub(crate) struct In<'a> {
     pub(crate) dims: Vec<usize>,
     pub(crate) dtype: DType,
+    /// The program weight this operand is, if it is one: the same bytes on every call, so
+    /// a kernel may cache something derived from them (a transformed filter).
+    pub(crate) weight: Option<usize>,
     bytes: &'a [u8],
     data: Data<'a>,
 }
@@ -113,6 +116,7 @@ impl<'a> In<'a> {
         Ok(In {
             dims,
             dtype,
+            weight: None,
             bytes,
             data,
         })
@@ -123,9 +127,16 @@ impl<'a> In<'a> {
         In {
             dims,
             dtype: DType::F32,
+            weight: None,
             bytes: f32_bytes(data),
             data: Data::F32(Cow::Borrowed(data)),
         }
+    }
+
+    /// Marks the operand as program weight `w` (see [`In::weight`]).
+    pub(crate) fn of_weight(mut self, w: Option<usize>) -> In<'a> {
+        self.weight = w;
+        self
     }
 
     /// The elements of an f32 operand.

@@ -217,6 +217,10 @@ fn convolutions_match_the_reference() {
         ([1, 8, 6, 5], 16, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
         ([1, 8, 7, 7], 4, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1], 1),
         ([1, 3, 15, 15], 8, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1),
+        // 3x3 stride 1 with >= WINOGRAD_MIN_PIXELS outputs: Winograd F(2x2, 3x3), with a
+        // batch, odd sizes and uneven padding (partial tiles).
+        ([2, 5, 12, 11], 6, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        ([1, 3, 13, 10], 4, [3, 3], [1, 1], [0, 1, 2, 0], [1, 1], 1),
     ];
     for (i, &(xd, m, [kh, kw], s, p, d, g)) in cases.iter().enumerate() {
         let oh = (xd[2] + p[0] as usize + p[2] as usize - (kh - 1) * d[0] as usize - 1)

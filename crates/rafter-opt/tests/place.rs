@@ -1,0 +1,122 @@
+//! Device placement for `Target::Vulkan`: which kernels go to the GPU, the copies at device
+//! changes, one arena per device and memory kind, and that the placed program still computes
+//! what the graph does (interpreted with its arenas as real bytes).
+
+mod common;
+
+use common::{check_equivalent_with, parse, rand_f32};
+use rafter_ir::program::{Step, Storage};
+use rafter_opt::place::vulkan_support;
+use rafter_opt::{CompileOptions, Target};
+
+fn vulkan() -> CompileOptions {
+    CompileOptions {
+        target: Target::Vulkan,
+        bounds: Vec::new(),
+    }
+}
+
+/// relu(x) and relu(x)·w (GPU, one fused kernel) → log-sum-exp over an axis (CPU) →
+/// sigmoid (GPU), with the input also an output. The GPU reads the input where it lives
+/// (first read there) and the weight through its own weight buffer; the reduction reads a
+/// CPU replica of the relu, the sigmoid a GPU replica of the sum.
+fn graph() -> String {
+    let w: Vec<String> = (0..32)
+        .map(|i| format!("{:?}", i as f32 * 0.25 - 4.0))
+        .collect();
+    format!(
+        r#"graph @g(%x: f32[4, 8]) -> (%y, %b, %x) {{
+  const %w: f32[4, 8] = dense [{}]
+  %a: f32[4, 8] = unary{{op = relu}}(%x)
+  %b: f32[4, 8] = binary{{op = mul}}(%a, %w)
+  %s: f32[4] = reduce{{kind = log_sum_exp, axes = [1], keep_dims = false, noop_with_empty_axes = false}}(%a)
+  %y: f32[4] = unary{{op = sigmoid}}(%s)
+}}"#,
+        w.join(", ")
+    )
+}
+
+#[test]
+fn supported_kernels_go_to_the_gpu_with_copies_at_device_changes() {
+    let g = parse(&graph());
+    let x = rand_f32(&[4, 8], 3);
+    let p = check_equivalent_with(&g, vec![x], &vulkan());
+    let devices: Vec<&str> = p.kernels.iter().map(|k| k.device.as_str()).collect();
+    assert_eq!(devices, ["vulkan", "cpu", "vulkan"], "{p:#?}");
+    let reason = vulkan_support(&p, 1).unwrap_err();
+    assert!(reason.contains("reduce"), "{reason}");
+    let copies: Vec<(String, String)> = p
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Copy { src, dst } => {
+                Some((p.buffers[*src].name.clone(), p.buffers[*dst].name.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert!(copies.contains(&pair("a", "a@cpu")), "{copies:?}");
+    assert!(copies.contains(&pair("s", "s@vulkan")), "{copies:?}");
+    assert_eq!(copies.len(), 3, "{copies:?}"); // and x → output 2
+    let arenas: Vec<(&str, &str)> = p
+        .arenas
+        .iter()
+        .map(|a| (a.device.as_str(), a.memory.as_str()))
+        .collect();
+    assert_eq!(
+        arenas,
+        [("cpu", "host"), ("vulkan", "host_visible_shared")],
+        "{p:#?}"
+    );
+    let storage = |name: &str| {
+        p.buffers
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap()
+            .storage
+            .clone()
+    };
+    let arena = |name: &str| match storage(name) {
+        Storage::Arena { arena, .. } => arena,
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(arena("a"), 1);
+    assert_eq!(arena("a@cpu"), 0);
+    assert_eq!(arena("s"), 0);
+    assert_eq!(arena("s@vulkan"), 1);
+    assert!(matches!(storage("w"), Storage::Weight(0)));
+}
+
+#[test]
+fn results_crossing_to_the_gpu_live_in_host_visible_memory() {
+    let g = parse(
+        r#"graph @g(%x: f32[16]) -> (%z) {
+  %a: f32[16] = unary{op = exp}(%x)
+  %s: f32[] = reduce{kind = log_sum_exp, axes = [0], keep_dims = false, noop_with_empty_axes = false}(%x)
+  %b: f32[16] = binary{op = div}(%a, %s)
+  %z: f32[16] = unary{op = neg}(%b)
+}"#,
+    );
+    let p = check_equivalent_with(&g, vec![rand_f32(&[16], 9)], &vulkan());
+    let on: Vec<&str> = p.kernels.iter().map(|k| k.device.as_str()).collect();
+    assert!(on.contains(&"vulkan") && on.contains(&"cpu"), "{p:#?}");
+    assert!(
+        p.arenas
+            .iter()
+            .any(|a| a.device == "vulkan" && a.memory == "host_visible_shared"),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn a_program_without_supported_kernels_is_the_cpu_program() {
+    let g = parse(
+        r#"graph @g(%x: f32[4, 8]) -> (%s) {
+  %s: f32[4] = reduce{kind = log_sum_exp, axes = [1], keep_dims = false, noop_with_empty_axes = false}(%x)
+}"#,
+    );
+    let cpu = rafter_opt::compile(&g, &CompileOptions::default()).unwrap();
+    let vk = check_equivalent_with(&g, vec![rand_f32(&[4, 8], 1)], &vulkan());
+    assert_eq!(cpu, vk);
+}

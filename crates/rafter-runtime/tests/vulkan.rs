@@ -1,0 +1,268 @@
+//! Programs compiled for `--target vulkan` on a real Vulkan device (lavapipe in CI): GPU
+//! kernels from the artifact's SPIR-V, CPU fallback kernels, copies between the two, and a
+//! submit that returns before the GPU work has run.
+//!
+//! Without a Vulkan device each test prints why and passes, unless `RAFTER_REQUIRE_VULKAN`
+//! is set (CI installs lavapipe and sets it).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::max_abs_diff;
+use rafter_artifact::{Artifact, ArtifactWriter};
+use rafter_hal::{Device, Semaphore};
+use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
+use rafter_ir::program::{Program, Step};
+use rafter_ir::text::parse_graph;
+use rafter_ir::Graph;
+use rafter_opt::{CompileOptions, Target};
+use rafter_reference::Tensor;
+use rafter_runtime::{DeviceSet, RuntimeError, Session, SessionOptions};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// `cpu` and `vulkan`, or `None` after printing why the test is skipped.
+fn devices_or_skip(test: &str) -> Option<(DeviceSet, Arc<VulkanDevice>)> {
+    match VulkanDevice::new(VulkanDeviceOptions::default()) {
+        Ok(device) => {
+            let device = Arc::new(device);
+            let set = DeviceSet::cpu()
+                .unwrap()
+                .with("vulkan", device.clone() as Arc<dyn Device>);
+            Some((set, device))
+        }
+        Err(error @ VulkanError::NoDevice { .. }) => {
+            let required =
+                std::env::var("RAFTER_REQUIRE_VULKAN").is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(
+                !required,
+                "{test}: RAFTER_REQUIRE_VULKAN is set but: {error}"
+            );
+            eprintln!("skipping {test}: {error}");
+            None
+        }
+        Err(error) => panic!("{test}: opening the Vulkan device failed: {error}"),
+    }
+}
+
+/// Compiles `g` for Vulkan and round-trips it through artifact bytes with its SPIR-V.
+fn compile(g: &Graph) -> Artifact {
+    let opts = CompileOptions {
+        target: Target::Vulkan,
+        bounds: Vec::new(),
+    };
+    let program = rafter_opt::compile(g, &opts).unwrap();
+    let section = rafter_codegen_spirv::program_section(&program).unwrap();
+    let bytes = ArtifactWriter::new(&program)
+        .executable("vulkan", section.encode(), 4)
+        .to_vec()
+        .unwrap();
+    Artifact::from_bytes(bytes.into()).unwrap()
+}
+
+fn devices_of(p: &Program) -> Vec<&str> {
+    p.kernels.iter().map(|k| k.device.as_str()).collect()
+}
+
+fn rand(dims: &[usize], seed: u32) -> Tensor {
+    let n: usize = dims.iter().product();
+    let v = (0..n)
+        .map(|i| {
+            let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+            (x % 4001) as f32 / 1000.0 - 2.0
+        })
+        .collect();
+    Tensor::f32s(dims, v)
+}
+
+/// GPU (relu, relu·w) → CPU (log-sum-exp over an axis) → GPU (sigmoid): input, weight and both
+/// ends on the GPU, a copy each way, the input also an output.
+fn mixed_graph() -> Graph {
+    let w: Vec<String> = (0..32)
+        .map(|i| format!("{:?}", i as f32 * 0.25 - 4.0))
+        .collect();
+    parse_graph(&format!(
+        r#"graph @mixed(%x: f32[4, 8]) -> (%y, %b, %x) {{
+  const %w: f32[4, 8] = dense [{}]
+  %a: f32[4, 8] = unary{{op = relu}}(%x)
+  %b: f32[4, 8] = binary{{op = mul}}(%a, %w)
+  %s: f32[4] = reduce{{kind = log_sum_exp, axes = [1], keep_dims = false, noop_with_empty_axes = false}}(%a)
+  %y: f32[4] = unary{{op = sigmoid}}(%s)
+}}"#,
+        w.join(", ")
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_mixed_gpu_cpu_program_matches_the_reference() {
+    let Some((devices, _)) = devices_or_skip("a_mixed_gpu_cpu_program_matches_the_reference")
+    else {
+        return;
+    };
+    let g = mixed_graph();
+    let artifact = compile(&g);
+    assert_eq!(devices_of(artifact.program()), ["vulkan", "cpu", "vulkan"]);
+    let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
+    for seed in [1, 2] {
+        let x = rand(&[4, 8], seed);
+        let want = rafter_reference::run(&g, vec![x.clone()]).unwrap();
+        let got = session.run(vec![x], WAIT).unwrap();
+        assert_eq!(got.len(), 3);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let d = max_abs_diff(a, b);
+            assert!(d <= 1e-6, "output {i}: max abs diff {d}");
+        }
+    }
+}
+
+#[test]
+fn a_program_without_its_vulkan_section_is_a_clear_error() {
+    let Some((devices, _)) = devices_or_skip("a_program_without_its_vulkan_section") else {
+        return;
+    };
+    let program = compile(&mixed_graph()).into_program();
+    let err = Session::new(program, &devices).unwrap_err();
+    assert!(matches!(err, RuntimeError::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("--target vulkan"), "{err}");
+    // And a program needing `vulkan` on a set without it names the device.
+    let program = compile(&mixed_graph()).into_program();
+    let err = Session::new(program, &DeviceSet::cpu().unwrap()).unwrap_err();
+    assert!(err.to_string().contains("vulkan"), "{err}");
+}
+
+/// The host returns from `submit_after` while the GPU work cannot have started: its first
+/// submission waits on a gate the host signals only afterwards. Asserted through semaphore
+/// values, not timing: right after submit every call semaphore is below its target; after
+/// the gate opens they all reach it and the outputs are right.
+#[test]
+fn submit_returns_before_the_gpu_work_runs() {
+    let Some((devices, vk)) = devices_or_skip("submit_returns_before_the_gpu_work_runs") else {
+        return;
+    };
+    let g = parse_graph(
+        r#"graph @gpu(%x: f32[1024], %z: f32[1024]) -> (%y) {
+  %a: f32[1024] = binary{op = mul}(%x, %z)
+  %y: f32[1024] = unary{op = tanh}(%a)
+}"#,
+    )
+    .unwrap();
+    let artifact = compile(&g);
+    let program = artifact.program();
+    assert_eq!(devices_of(program), ["vulkan"]);
+    // First and last kernel on the GPU: inputs are written into, and the output read from,
+    // GPU (host-visible) memory; no copy steps.
+    assert!(!program.steps.iter().any(|s| matches!(s, Step::Copy { .. })));
+    let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
+    let gate = vk.create_semaphore(0).unwrap();
+    let (x, z) = (rand(&[1024], 5), rand(&[1024], 6));
+    let handle = session
+        .submit_after(vec![x.clone(), z.clone()], &[(gate.clone(), 1)])
+        .unwrap();
+    // Back from submit: the GPU work is still waiting for the gate.
+    let targets: Vec<(Semaphore, u64)> = handle.semaphores().to_vec();
+    assert!(!targets.is_empty());
+    for (s, v) in &targets {
+        assert!(
+            s.value() < *v,
+            "a call semaphore reached {v} before the gate opened"
+        );
+    }
+    assert!(!handle.is_done());
+    assert_eq!(gate.value(), 0);
+    gate.signal(1).unwrap();
+    handle.wait_done(WAIT).unwrap();
+    for (s, v) in &targets {
+        assert!(s.value() >= *v);
+    }
+    let got = handle.wait(WAIT).unwrap();
+    let want = rafter_reference::run(&g, vec![x, z]).unwrap();
+    let d = max_abs_diff(&got[0], &want[0]);
+    assert!(d <= 1e-6, "max abs diff {d}");
+}
+
+/// A failed gate fails the call with its reason instead of running it.
+#[test]
+fn a_failed_gate_fails_the_call() {
+    let Some((devices, vk)) = devices_or_skip("a_failed_gate_fails_the_call") else {
+        return;
+    };
+    let g =
+        parse_graph("graph @neg(%x: f32[16]) -> (%y) {\n  %y: f32[16] = unary{op = neg}(%x)\n}")
+            .unwrap();
+    let session = Session::from_artifact(compile(&g), &devices, SessionOptions::new()).unwrap();
+    let gate = vk.create_semaphore(0).unwrap();
+    let handle = session
+        .submit_after(vec![rand(&[16], 1)], &[(gate.clone(), 1)])
+        .unwrap();
+    gate.fail("upstream call failed");
+    let err = handle.wait(WAIT).unwrap_err();
+    assert!(err.to_string().contains("upstream call failed"), "{err}");
+}
+
+/// The committed bert_tiny (PyTorch export, symbolic `batch` and `seq`) compiled for
+/// Vulkan: its supported kernels on the GPU, the rest on the CPU, with copies between;
+/// two calls in flight at once, each matching ONNX Runtime's outputs.
+#[test]
+fn bert_tiny_on_vulkan_matches_onnx_runtime() {
+    let Some((devices, _)) = devices_or_skip("bert_tiny_on_vulkan_matches_onnx_runtime") else {
+        return;
+    };
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert_tiny");
+    let g = rafter_import::import_onnx_file(&dir.join("model.onnx"))
+        .unwrap()
+        .graph;
+    let artifact = compile(&g);
+    let program = artifact.program();
+    let on_gpu = devices_of(program)
+        .iter()
+        .filter(|d| **d == "vulkan")
+        .count();
+    assert!(
+        on_gpu > 0 && on_gpu < program.kernels.len(),
+        "{on_gpu} on the GPU"
+    );
+    let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
+    let calls: Vec<_> = ["seq7", "seq13"]
+        .iter()
+        .map(|case| {
+            let read =
+                |name: &str| rafter_reference::npy::read_npy(&dir.join(case).join(name)).unwrap();
+            let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
+            (
+                case,
+                session.submit(inputs).unwrap(),
+                read("last_hidden_state.npy"),
+            )
+        })
+        .collect();
+    for (case, handle, want) in calls {
+        let out = handle.wait(WAIT).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let diff = max_abs_diff(&out[0], &want);
+        assert!(diff <= 1e-4, "{case}: max |vulkan - ORT| = {diff}");
+    }
+}
+
+/// A program wholly on the GPU (input written into GPU memory, output read from it, no
+/// copies) needs no CPU device at all.
+#[test]
+fn a_program_wholly_on_the_gpu_runs_without_a_cpu_device() {
+    let Some((_, vk)) = devices_or_skip("a_program_wholly_on_the_gpu") else {
+        return;
+    };
+    let g = parse_graph(
+        "graph @gelu(%x: f32[300]) -> (%y) {\n  %y: f32[300] = gelu{approximate = none}(%x)\n}",
+    )
+    .unwrap();
+    let only_gpu = DeviceSet::new().with("vulkan", vk as Arc<dyn Device>);
+    let session = Session::from_artifact(compile(&g), &only_gpu, SessionOptions::new()).unwrap();
+    assert_eq!(session.device_names(), ["vulkan"]);
+    let x = rand(&[300], 9);
+    let got = session.run(vec![x.clone()], WAIT).unwrap();
+    let want = rafter_reference::run(&g, vec![x]).unwrap();
+    let d = max_abs_diff(&got[0], &want[0]);
+    assert!(d <= 1e-6, "max abs diff {d}");
+}
