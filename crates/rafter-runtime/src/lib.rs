@@ -36,9 +36,10 @@
 //!
 //! # Kernels
 //! CPU kernels whose body a native kernel covers (matmul/gemm and conv with their fused
-//! bias, residual, relu, clip or scale; depthwise conv; max and global pooling; reshapes and
-//! transposes; layer norm) run on slices borrowed from the bindings and the weights' bytes,
-//! writing results in place (the `native` module). Everything else, and shapes a native
+//! bias, residual, relu, clip or scale; depthwise conv; max and global pooling; reshapes,
+//! transposes, concat, gather; layer norm; masked softmax; elementwise bodies as tile
+//! programs) run on slices borrowed from the bindings and the weights' bytes, writing
+//! results in place (the `native` module). Everything else, and shapes a native
 //! kernel does not cover, runs its body on the reference executor, except bodies that start
 //! with an f32 matmul, whose product goes through `rafter-kernels-cpu`'s GEMM (see the
 //! `fast` module), and single f32 transposes and layer norms run hand-written loops

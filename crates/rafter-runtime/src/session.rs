@@ -453,12 +453,17 @@ impl Session {
                 0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
                 t => t,
             };
+            let pool = crate::native::pool(threads);
             // Only CPU executables consult host kernels; other devices ignore the slot.
             for (k, (slot, kernel)) in host_kernels.iter_mut().zip(&program.kernels).enumerate() {
                 if slot.is_none() {
-                    native[k] = crate::native::select(&kernel.body, threads);
+                    native[k] = crate::native::select(&kernel.body, &pool);
+                    // The reference path's host kernels, for bodies no native kernel takes
+                    // and calls a native kernel falls back on (elementwise bodies as tile
+                    // programs there too).
                     *slot = crate::fast::matmul_kernel(&kernel.body, threads)
-                        .or_else(|| crate::fast_ops::single_op_kernel(&kernel.body));
+                        .or_else(|| crate::fast_ops::single_op_kernel(&kernel.body))
+                        .or_else(|| crate::tile::tile_kernel(&kernel.body, threads));
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! Native kernels reading and writing host slots (buffers whose dims depend on values): a
-//! transpose into a slot, then a matmul from that slot into an output the inputs do not
-//! size, both native, against the reference executor.
+//! transpose into a slot, then a matmul from that slot into another slot, then a reshape whose dims come from its shape operand, all native, against the
+//! reference executor.
 
 mod common;
 
@@ -41,6 +41,18 @@ fn native_kernels_read_and_write_host_slots() {
         ))],
     )[0]
     .unwrap();
+    // A reshape whose result dims come from its shape operand's values: [_t, 5] -> [5, _r].
+    let shape = g.add_const("shape", ConstData::from_i64s(&[5, -1]));
+    let y = g.add_node(
+        "r",
+        Op::Reshape { allow_zero: false },
+        vec![Some(y), Some(shape)],
+        vec![Some((
+            "z".into(),
+            f32_ty(vec![Dim::known(5), Dim::symbol("_r")]),
+        ))],
+    )[0]
+    .unwrap();
     g.outputs.push(y);
     let xs: Vec<f32> = (0..21).map(|i| (i as f32 * 0.37).sin()).collect();
     let inputs = vec![Tensor::f32s(&[3, 7], xs)];
@@ -50,10 +62,10 @@ fn native_kernels_read_and_write_host_slots() {
     let session =
         Session::with_options(program, &devices, SessionOptions::new().kernel_threads(2)).unwrap();
     let got = session.run(inputs, LONG).unwrap();
-    assert_eq!(got[0].shape(), &[7, 5]);
+    assert_eq!(got[0].shape(), &[5, 7]);
     for (a, b) in got[0].to_f64_vec().iter().zip(want[0].to_f64_vec()) {
         assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
     }
     let s = session.native_stats();
-    assert_eq!((s.kernels, s.dispatches, s.fallbacks), (2, 2, 0), "{s:?}");
+    assert_eq!((s.kernels, s.dispatches, s.fallbacks), (3, 3, 0), "{s:?}");
 }

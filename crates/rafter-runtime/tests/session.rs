@@ -316,8 +316,14 @@ fn planned_in_place_results_run_correctly() {
         let x = Tensor::f32s(&[len, 8], x);
         let want = rafter_reference::run(&g, vec![x.clone()]).unwrap();
         let got = session.run(vec![x], LONG).unwrap();
+        // Native softmax and the tile programs' exp are within a few ulp of the reference
+        // (no longer bitwise); a result clobbered in place would be off by far more.
         for (a, b) in got.iter().zip(&want) {
-            assert!(max_abs_diff(a, b) == 0.0, "n = {len}");
+            assert!(
+                max_abs_diff(a, b) <= 1e-5,
+                "n = {len}: {}",
+                max_abs_diff(a, b)
+            );
         }
     }
 }

@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
     conv3x3, sgemm, Activation, BRef, Conv3x3, Epilogue, MatMut, MatRef, Parallel, Residual,
-    ScopedThreads, WinogradScratch, WinogradWeights,
+    WinogradScratch, WinogradWeights, WorkerPool,
 };
 
 use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
-use super::{input_of, In, NativeKernel, Out};
+use super::{input_of, In, NativeKernel, Out, Par};
 
 struct ConvKernel {
     x: usize,
@@ -35,7 +35,7 @@ struct ConvKernel {
     group: i64,
     auto_pad: AutoPad,
     chain: Vec<EpiOp>,
-    par: ScopedThreads,
+    par: Par,
     /// The Winograd-transformed filter, by the weight it was computed from.
     winograd: Mutex<Option<(usize, Arc<WinogradWeights>)>>,
 }
@@ -44,7 +44,7 @@ struct ConvKernel {
 /// GEMMs of Winograd gained nothing (benches/winograd.rs in rafter-kernels-cpu).
 pub(super) const WINOGRAD_MIN_PIXELS: usize = 100;
 
-pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKernel>> {
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     let first = body.nodes.first()?;
     let Op::Conv {
         kernel_shape,
@@ -75,7 +75,7 @@ pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKerne
         group: *group,
         auto_pad: *auto_pad,
         chain: parse_chain(body, first.outputs[0]?)?,
-        par: ScopedThreads::new(threads),
+        par: par.clone(),
         winograd: Mutex::new(None),
     }))
 }
@@ -264,7 +264,7 @@ impl NativeKernel for ConvKernel {
                         ..Epilogue::none()
                     };
                     let cm = MatMut::row_major(yg, mg, p, p).map_err(gemm_err)?;
-                    sgemm(r.alpha, a, BRef::Mat(b), 0.0, cm, &e, &self.par).map_err(gemm_err)?;
+                    sgemm(r.alpha, a, BRef::Mat(b), 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
                     r.post(yg);
                 }
             }
@@ -342,7 +342,7 @@ impl ConvKernel {
                     residual: r.residual.map(|res| &res[img * out_len..][..out_len]),
                     relu: r.act == Activation::Relu,
                 };
-                conv3x3(&conv, &filters, yi, scratch, &self.par)
+                conv3x3(&conv, &filters, yi, scratch, &*self.par)
                     .map_err(|e| format!("conv: {e}"))?;
                 r.post(yi);
             }
@@ -363,7 +363,7 @@ fn im2col(
     [h, w]: [usize; 2],
     geo: &Geom,
     cols: &mut [f32],
-    par: &ScopedThreads,
+    par: &WorkerPool,
 ) {
     let [kh, kw] = geo.k;
     let [oh, ow] = geo.out;
@@ -424,7 +424,7 @@ fn depthwise(
     [n, c, h, w]: [usize; 4],
     geo: &Geom,
     r: &Resolved<'_>,
-    par: &ScopedThreads,
+    par: &WorkerPool,
 ) {
     let [kh, kw] = geo.k;
     let [oh, ow] = geo.out;

@@ -28,11 +28,15 @@ impl Src {
         if c.dtype != DType::F32 {
             return None;
         }
-        let data = c
+        let data: Vec<f32> = c
             .bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
             .collect();
+        // A constant whose bytes disagree with its dims (a corrupt artifact) is not used.
+        if data.len() != c.dims.iter().product::<usize>() || c.bytes.len() % 4 != 0 {
+            return None;
+        }
         Some(Src::Const {
             dims: c.dims.clone(),
             data,

@@ -6,12 +6,10 @@
 use std::sync::{Arc, Mutex};
 
 use rafter_ir::{DType, Graph, Op};
-use rafter_kernels_cpu::{
-    sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, ScopedThreads, Sequential,
-};
+use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, Sequential};
 
 use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
-use super::{input_of, In, NativeKernel, Out};
+use super::{input_of, In, NativeKernel, Out, Par};
 
 struct GemmAttrs {
     alpha: f32,
@@ -27,10 +25,10 @@ struct MatMulKernel {
     /// `Some` for ONNX Gemm (2-D only), `None` for MatMul.
     gemm: Option<GemmAttrs>,
     chain: Vec<EpiOp>,
-    par: ScopedThreads,
+    par: Par,
 }
 
-pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKernel>> {
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     let first = body.nodes.first()?;
     if first.outputs.len() != 1 || first.inputs.len() < 2 {
         return None;
@@ -62,7 +60,7 @@ pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKerne
         b,
         gemm,
         chain,
-        par: ScopedThreads::new(threads),
+        par: par.clone(),
     }))
 }
 
@@ -168,7 +166,7 @@ impl MatMulKernel {
             let bm = MatRef::row_major(b, k, n, n).map_err(gemm_err)?;
             let cm = MatMut::row_major(c, rows, n, n).map_err(gemm_err)?;
             let e = epilogue(&r, 0, rows * n, n);
-            sgemm(r.alpha, am, BRef::Mat(bm), 0.0, cm, &e, &self.par).map_err(gemm_err)?;
+            sgemm(r.alpha, am, BRef::Mat(bm), 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
             r.post(c);
             return Ok(true);
         }
@@ -224,7 +222,7 @@ impl MatMulKernel {
             }
         } else {
             for (t, ct) in c.chunks_mut(m * n).enumerate() {
-                one(t, ct, &self.par)?;
+                one(t, ct, &*self.par)?;
             }
         }
         Ok(true)
@@ -292,7 +290,16 @@ impl MatMulKernel {
         let c = outs[0].f32s()?;
         let cm = MatMut::row_major(c, m, n, n).map_err(gemm_err)?;
         let e = epilogue(&r, 0, m * n, n);
-        sgemm(g.alpha * r.alpha, am, BRef::Mat(bm), 0.0, cm, &e, &self.par).map_err(gemm_err)?;
+        sgemm(
+            g.alpha * r.alpha,
+            am,
+            BRef::Mat(bm),
+            0.0,
+            cm,
+            &e,
+            &*self.par,
+        )
+        .map_err(gemm_err)?;
         r.post(c);
         Ok(true)
     }

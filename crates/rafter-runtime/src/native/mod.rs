@@ -17,22 +17,26 @@
 //!
 //! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
-//! [`pool`], [`movement`] (reshape-likes and transposes), [`norm`] (layer norm).
+//! [`pool`], [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
+//! norm), [`softmax`] (with an additive row mask), [`elementwise`] (tile programs).
 //!
 //! # Aliasing
-//! Native kernels are only selected for bodies that are not elementwise-only, so the memory
-//! planner never binds one of their results to the bytes of one of their operands (see the
-//! `cpu` module and `rafter-hal-cpu`'s aliasing rule); all views can be live at once. Should
-//! a view still be refused (the HAL checks every view), the dispatch falls back to the
-//! reference path, which takes one view at a time.
+//! The memory planner binds a result to the bytes of an operand only in elementwise-only
+//! kernels (see the `cpu` module and `rafter-hal-cpu`'s aliasing rule). Every other native
+//! kernel holds all its views at once; the elementwise kernel copies its binding operands
+//! (dropping each view) before it takes the result's writable view, so an in-place pair is
+//! read whole before it is written. Should a view still be refused (the HAL checks every
+//! view), the dispatch falls back to the reference path, which takes one view at a time.
 
 mod conv;
+mod elementwise;
 mod epilogue;
 mod matmul;
 mod movement;
 mod norm;
 mod operands;
 mod pool;
+mod softmax;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -55,6 +59,12 @@ pub(crate) trait NativeKernel: Send + Sync {
     /// needed only for results whose dims the symbols do not determine (host slots).
     fn out_dims(&self, _ins: &[In<'_>]) -> Option<Vec<usize>> {
         None
+    }
+
+    /// Whether the kernel takes its binding operands as copies, so that a result the
+    /// planner bound over an operand (elementwise-only bodies) can be written in place.
+    fn copies_operands(&self) -> bool {
+        false
     }
 }
 
@@ -91,22 +101,40 @@ impl Stats {
     }
 }
 
-/// The native kernel for `body`, if one covers it, running on up to `threads` threads.
-pub(crate) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKernel>> {
-    if body.nodes.is_empty()
-        || body
-            .nodes
-            .iter()
-            .all(|n| rafter_opt_class_is_elementwise(&n.op))
-    {
-        // Elementwise-only bodies may have a result bound over an operand: not here.
+/// The threads native kernels run their parallel work on: one persistent pool per session
+/// (`rafter-kernels-cpu`'s `WorkerPool`, sized by the session's `kernel_threads`), shared
+/// by all its kernels.
+pub(crate) type Par = Arc<rafter_kernels_cpu::WorkerPool>;
+
+/// A pool of `threads` threads (the caller's included); one thread if workers cannot start.
+pub(crate) fn pool(threads: usize) -> Par {
+    Arc::new(
+        rafter_kernels_cpu::WorkerPool::new(threads)
+            .or_else(|_| rafter_kernels_cpu::WorkerPool::new(1))
+            .expect("a one-thread pool starts no thread"),
+    )
+}
+
+/// The native kernel for `body`, if one covers it, running its parallel work on `par`.
+pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+    if body.nodes.is_empty() {
         return None;
     }
-    matmul::select(body, threads)
-        .or_else(|| conv::select(body, threads))
-        .or_else(|| pool::select(body, threads))
+    if body
+        .nodes
+        .iter()
+        .all(|n| rafter_opt_class_is_elementwise(&n.op))
+    {
+        // Elementwise-only bodies may have a result bound over an operand: only the kernel
+        // that copies its operands first takes them.
+        return elementwise::select(body, par);
+    }
+    matmul::select(body, par)
+        .or_else(|| conv::select(body, par))
+        .or_else(|| pool::select(body, par))
+        .or_else(|| softmax::select(body, par))
         .or_else(|| movement::select(body))
-        .or_else(|| norm::select(body))
+        .or_else(|| norm::select(body, par))
 }
 
 /// The ops the memory planner treats as elementwise (`rafter_opt::fusion::op_class`): a
@@ -176,16 +204,56 @@ pub(crate) fn run(
     };
     let mut guard = slots.as_ref().map(|s| crate::cpu::lock(s));
     let table = guard.as_deref();
+    // Binding operands a kernel takes as copies (see `copies_operands`): read into owned
+    // f32 buffers, each view dropped before any result view is taken.
+    let mut copies: Vec<Option<Vec<f32>>> = vec![None; n_in];
+    if kernel.copies_operands() {
+        for (i, &operand) in params.operands[..n_in].iter().enumerate() {
+            if let Operand::Binding(b) = operand {
+                if body.value(body.inputs[i]).ty.dtype != DType::F32 {
+                    return fallback();
+                }
+                let Ok(view) = ctx.read(b) else {
+                    return fallback();
+                };
+                if view.len() % 4 != 0 {
+                    return Err(format!(
+                        "operand `{}`: {} bytes are not whole f32s",
+                        body.value(body.inputs[i]).name,
+                        view.len()
+                    ));
+                }
+                copies[i] = Some(
+                    view.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                        .collect(),
+                );
+            }
+        }
+    }
     // Read views of binding operands (weights need none, slots are tensors).
     let mut read_views = Vec::with_capacity(n_in);
-    for &operand in &params.operands[..n_in] {
+    for (i, &operand) in params.operands[..n_in].iter().enumerate() {
         match operand {
+            Operand::Binding(_) if copies[i].is_some() => read_views.push(None),
             Operand::Binding(b) => match ctx.read(b) {
                 Ok(view) => read_views.push(Some(view)),
                 Err(_) => return fallback(),
             },
             Operand::Weight(_) | Operand::Slot(_) => read_views.push(None),
             Operand::Absent | Operand::Foreign(_) => return fallback(),
+        }
+    }
+    // Slot tensors that are not contiguous row-major (a reference op's strided result):
+    // copied once into row-major order.
+    let mut owned: Vec<Option<Vec<f32>>> = vec![None; n_in];
+    for (i, &operand) in params.operands[..n_in].iter().enumerate() {
+        if let Operand::Slot(b) = operand {
+            if let Some(Some(rafter_reference::Tensor::F32(a))) = table.and_then(|t| t.get(b)) {
+                if a.as_slice().is_none() {
+                    owned[i] = Some(a.iter().copied().collect());
+                }
+            }
         }
     }
     let mut ins = Vec::with_capacity(n_in);
@@ -201,10 +269,27 @@ pub(crate) fn run(
                 let (rafter_reference::Tensor::F32(a), DType::F32) = (t, v.ty.dtype) else {
                     return fallback();
                 };
-                let Some(data) = a.as_slice() else {
+                let Some(data) = a.as_slice().or(owned[i].as_deref()) else {
                     return fallback();
                 };
                 In::from_f32s(a.shape().to_vec(), data)
+            }
+            (Operand::Binding(_), None) => {
+                let Ok(dims) = eval_dims(&v.ty, map) else {
+                    return fallback();
+                };
+                let data = copies[i]
+                    .as_deref()
+                    .expect("a copy for every binding without a view");
+                if dims.iter().product::<usize>() != data.len() {
+                    return Err(what(format!(
+                        "{} bytes, but {} {dims:?} needs {}",
+                        data.len() * 4,
+                        v.ty.dtype,
+                        dims.iter().product::<usize>() * 4
+                    )));
+                }
+                In::from_f32s(dims, data)
             }
             (operand, view) => {
                 let Ok(dims) = eval_dims(&v.ty, map) else {

@@ -8,9 +8,22 @@ use rafter_ir::{DType, Graph, Op, ValueDef};
 
 use super::{In, NativeKernel, Out};
 
+/// How a reshape-like op's result dims follow from its operands (for results in host
+/// slots, whose dims the symbols do not give).
+enum Shape {
+    /// ONNX Reshape by an i64 shape: a body input, or a constant copied into the body.
+    Reshape {
+        allow_zero: bool,
+        input: Option<usize>,
+        constant: Option<Vec<i64>>,
+    },
+    Flatten(i64),
+    Unknown,
+}
+
 enum Kind {
     /// The result is the operand's bytes.
-    Copy,
+    Copy(Shape),
     Transpose(Vec<usize>),
     /// Concat along `axis` of parts that are body inputs or body constants (raw bytes).
     Concat {
@@ -98,9 +111,21 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
         return None;
     }
     let kind = match &node.op {
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => {
-            Kind::Copy
+        Op::Reshape { allow_zero } => {
+            let shape = node.inputs.get(1).copied().flatten();
+            Kind::Copy(Shape::Reshape {
+                allow_zero: *allow_zero,
+                input: shape.and_then(|v| match body.value(v).def {
+                    ValueDef::Input(i) if body.value(v).ty.dtype == DType::I64 => Some(i),
+                    _ => None,
+                }),
+                constant: shape
+                    .and_then(|v| body.const_of(v))
+                    .and_then(|c| c.to_i64s()),
+            })
         }
+        Op::Flatten { axis } => Kind::Copy(Shape::Flatten(*axis)),
+        Op::Squeeze { .. } | Op::Unsqueeze { .. } => Kind::Copy(Shape::Unknown),
         Op::Transpose { perm }
             if node.inputs.len() == 1
                 && matches!(body.value(x).ty.dtype, DType::F32 | DType::I64) =>
@@ -119,7 +144,8 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
 impl NativeKernel for MovementKernel {
     fn out_dims(&self, ins: &[In<'_>]) -> Option<Vec<usize>> {
         match &self.kind {
-            Kind::Copy | Kind::Concat { .. } => None,
+            Kind::Copy(shape) => copy_dims(shape, ins),
+            Kind::Concat { .. } => None,
             Kind::Transpose(perm) => permuted(&ins[0].dims, perm).ok(),
             &Kind::Gather {
                 axis,
@@ -164,7 +190,7 @@ impl NativeKernel for MovementKernel {
                     .collect();
                 concat(&parts, *axis, y)
             }
-            Kind::Copy => {
+            Kind::Copy(_) => {
                 if x.len() != y.dims.iter().product::<usize>() {
                     return Ok(false);
                 }
@@ -309,8 +335,12 @@ fn concat(parts: &[(&[usize], &[u8])], axis: i64, y: &mut Out<'_>) -> Result<boo
     let Some(axis) = usize::try_from(axis).ok().filter(|&a| a < rank) else {
         return Ok(false);
     };
+    let esize = y.dtype.size_of();
     let mut along = 0;
-    for (dims, _) in parts {
+    for (dims, bytes) in parts {
+        if dims.iter().product::<usize>() * esize != bytes.len() {
+            return Ok(false);
+        }
         let same_else = dims.len() == rank
             && dims
                 .iter()
@@ -325,7 +355,6 @@ fn concat(parts: &[(&[usize], &[u8])], axis: i64, y: &mut Out<'_>) -> Result<boo
     if along != y.dims[axis] {
         return Ok(false);
     }
-    let esize = y.dtype.size_of();
     let outer: usize = y.dims[..axis].iter().product();
     let inner: usize = y.dims[axis + 1..].iter().product::<usize>() * esize;
     let dst = y.bytes_mut();
@@ -338,4 +367,50 @@ fn concat(parts: &[(&[usize], &[u8])], axis: i64, y: &mut Out<'_>) -> Result<boo
         }
     }
     Ok(true)
+}
+
+/// The result dims of a reshape-like op, when its operands tell them.
+fn copy_dims(shape: &Shape, ins: &[In<'_>]) -> Option<Vec<usize>> {
+    let x = &ins[0].dims;
+    match shape {
+        Shape::Reshape {
+            allow_zero,
+            input,
+            constant,
+        } => {
+            let target: &[i64] = match (input, constant) {
+                (Some(i), _) => ins[*i].i64s().ok()?,
+                (None, Some(c)) => c,
+                _ => return None,
+            };
+            let mut dims = Vec::with_capacity(target.len());
+            let mut infer = None;
+            for (i, &t) in target.iter().enumerate() {
+                dims.push(match t {
+                    0 if !allow_zero => *x.get(i)?,
+                    -1 if infer.is_none() => {
+                        infer = Some(i);
+                        1
+                    }
+                    t => usize::try_from(t).ok()?,
+                });
+            }
+            let n: usize = x.iter().product();
+            if let Some(i) = infer {
+                let rest: usize = dims.iter().product();
+                if rest == 0 || n % rest != 0 {
+                    return None;
+                }
+                dims[i] = n / rest;
+            }
+            (dims.iter().product::<usize>() == n).then_some(dims)
+        }
+        Shape::Flatten(axis) => {
+            let r = x.len() as i64;
+            let a = if *axis < 0 { axis + r } else { *axis };
+            let a = usize::try_from(a).ok().filter(|&a| a <= x.len())?;
+            Some(vec![x[..a].iter().product(), x[a..].iter().product()])
+        }
+        Shape::Unknown => None,
+    }
 }

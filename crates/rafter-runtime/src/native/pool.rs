@@ -4,10 +4,10 @@
 use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op, PoolKind};
-use rafter_kernels_cpu::{Parallel, ScopedThreads};
+use rafter_kernels_cpu::{Parallel, WorkerPool};
 
 use super::conv::{geometry, valid_range};
-use super::{input_of, In, NativeKernel, Out};
+use super::{input_of, In, NativeKernel, Out, Par};
 
 enum Kind {
     Max {
@@ -24,10 +24,10 @@ enum Kind {
 
 struct PoolKernel {
     kind: Kind,
-    par: ScopedThreads,
+    par: Par,
 }
 
-pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKernel>> {
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     let [node] = body.nodes.as_slice() else {
         return None;
     };
@@ -69,13 +69,13 @@ pub(super) fn select(body: &Graph, threads: usize) -> Option<Arc<dyn NativeKerne
     };
     Some(Arc::new(PoolKernel {
         kind,
-        par: ScopedThreads::new(threads),
+        par: par.clone(),
     }))
 }
 
 /// Runs `f(plane, out)` over `planes` planes of `pin` input and `pout` output elements.
 fn per_plane(
-    par: &ScopedThreads,
+    par: &WorkerPool,
     planes: usize,
     pout: usize,
     work: usize,

@@ -211,6 +211,7 @@ fn convolutions_match_the_reference() {
     );
     let cases: &[ConvCase] = &[
         ([1, 3, 9, 7], 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        ([2, 4, 10, 9], 6, [3, 3], [1, 1], [0, 1, 2, 0], [1, 1], 1),
         ([2, 4, 11, 10], 6, [3, 2], [2, 1], [0, 1, 2, 0], [1, 1], 1),
         ([1, 4, 12, 12], 4, [3, 3], [1, 2], [2, 2, 2, 2], [2, 2], 2),
         ([1, 8, 6, 5], 16, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
@@ -437,7 +438,7 @@ fn malformed_operands_are_errors() {
     c.g.outputs.push(y);
     let program = rafter_opt::compile(&c.g, &rafter_opt::CompileOptions::default()).unwrap();
     let body = &program.kernels[0].body;
-    let k = select(body, 1).expect("a conv body is native");
+    let k = select(body, &super::pool(1)).expect("a conv body is native");
     let stats = Stats::default();
     // Wrong byte lengths never reach the kernel: the operand check names the sizes.
     let short = le(&[0.0; 10]);
@@ -464,7 +465,7 @@ fn malformed_operands_are_errors() {
     let b = c.input(&[3, 4]);
     let y = c.node(Op::MatMul, &[a, b], &[2, 4]);
     c.g.outputs.push(y);
-    let mm = select(&c.g, 1).unwrap();
+    let mm = select(&c.g, &super::pool(1)).unwrap();
     let (ab, bb) = (le(&[1.0; 6]), le(&[1.0; 12]));
     let ins = [input(&[2, 3], &ab, &stats), input(&[4, 3], &bb, &stats)];
     let mut yb = [0u8; 32];
@@ -474,13 +475,29 @@ fn malformed_operands_are_errors() {
 }
 
 #[test]
-fn elementwise_bodies_are_never_native() {
+fn elementwise_bodies_copy_their_operands() {
+    // BERT's erf GELU, 0.5 x (1 + erf(x / sqrt 2)), with a broadcast bias add in front.
     let mut c = Case::new(61);
+    let x = c.input(&[2, 5, 24]);
+    let b = c.weight(&[24]);
+    let d = [2, 5, 24];
+    let y = c.node(add(), &[x, b], &d);
+    let r2 = c.weight_of(&[], &[std::f32::consts::SQRT_2]);
+    let half = c.weight_of(&[], &[0.5]);
+    let one = c.weight_of(&[], &[1.0]);
+    let t = c.node(Op::Binary { op: BinaryOp::Div }, &[y, r2], &d);
+    let t = c.node(Op::Unary { op: UnaryOp::Erf }, &[t], &d);
+    let t = c.node(add(), &[t, one], &d);
+    let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[y, t], &d);
+    let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[t, half], &d);
+    assert_native(c.check(t), 1);
+    let mut c = Case::new(62);
     let x = c.input(&[4]);
     let y = c.input(&[4]);
     let z = c.node(add(), &[x, y], &[4]);
     c.g.outputs.push(z);
-    assert!(select(&c.g, 1).is_none());
+    let k = select(&c.g, &super::pool(1)).expect("an elementwise body is native");
+    assert!(k.copies_operands());
 }
 
 #[test]
@@ -539,6 +556,36 @@ fn concat_of_inputs_and_constants() {
         let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
         let k = c.weight_of(kd, &v);
         let y = c.node(Op::Concat { axis }, &[a, k, b], out);
+        assert_native(c.check(y), 1);
+    }
+}
+
+#[test]
+fn softmax_with_a_row_mask() {
+    for masked in [false, true] {
+        let mut c = Case::new(91);
+        let x = c.input(&[2, 3, 5, 17]);
+        let y = if masked {
+            let m = c.input(&[2, 1, 1, 17]);
+            let s = c.node(add(), &[x, m], &[2, 3, 5, 17]);
+            c.node(
+                Op::Softmax {
+                    kind: rafter_ir::SoftmaxKind::Softmax,
+                    axis: -1,
+                },
+                &[s],
+                &[2, 3, 5, 17],
+            )
+        } else {
+            c.node(
+                Op::Softmax {
+                    kind: rafter_ir::SoftmaxKind::Softmax,
+                    axis: 3,
+                },
+                &[x],
+                &[2, 3, 5, 17],
+            )
+        };
         assert_native(c.check(y), 1);
     }
 }
