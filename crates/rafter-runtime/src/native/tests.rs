@@ -195,6 +195,25 @@ fn gemm_with_transposes_and_bias() {
         let p = c.node(op, &[a, b, bias], &[m, n]);
         assert_native(c.check(p), 1);
     }
+    // One row times a transposed weight (a classifier), long enough to split into tasks:
+    // the dot-product path, with a bias then relu, and with a full C residual.
+    for (k, n, relu) in [(1280usize, 1000usize, false), (300, 70, true)] {
+        let mut c = Case::new(13 + n as u64);
+        let a = c.input(&[1, k]);
+        let b = c.weight(&[n, k]);
+        let bias = if relu { c.weight(&[n]) } else { c.input(&[1, n]) };
+        let op = Op::Gemm {
+            alpha: 0.75,
+            beta: 1.0,
+            trans_a: false,
+            trans_b: true,
+        };
+        let mut p = c.node(op, &[a, b, bias], &[1, n]);
+        if relu {
+            p = c.node(Op::Unary { op: UnaryOp::Relu }, &[p], &[1, n]);
+        }
+        assert_native(c.check(p), 1);
+    }
 }
 
 #[test]
@@ -279,6 +298,15 @@ fn depthwise_convolutions_with_clip() {
             &od,
         );
         let y = c.node(Op::Clip, &[y, lo, hi], &od);
+        assert_native(c.check(y), 1);
+    }
+    // Uneven padding (top 0, left 1, bottom 1, right 0), both strides.
+    for (s, o) in [(1i64, [7usize, 7]), (2, [4, 4])] {
+        let mut c = Case::new(91 + s as u64);
+        let x = c.input(&[1, 3, 8, 8]);
+        let w = c.weight(&[3, 1, 3, 3]);
+        let od = [1, 3, o[0], o[1]];
+        let y = c.node(conv_op(&[s, s], &[0, 1, 1, 0], &[1, 1], 3), &[x, w], &od);
         assert_native(c.check(y), 1);
     }
     // Depthwise with a residual and no activation (MobileNetV2's `conv, binary.add` shape).
