@@ -221,7 +221,7 @@ impl NativeKernel for ConvKernel {
         if bias.is_some() && self.chain.iter().any(|o| matches!(o, EpiOp::Mul(_))) {
             return Ok(false);
         }
-        let Some(r) = resolve(&self.chain, ins, &out_dims, 1, bias)? else {
+        let Some(r) = resolve(&self.chain, ins, &out_dims, 1, bias, false)? else {
             return Ok(false);
         };
         let (xs, ws) = (x.f32s()?, w.f32s()?);

@@ -137,14 +137,18 @@ fn scalar<'a>(x: &'a Src, ins: &'a [In<'a>]) -> Result<Option<f32>, String> {
 
 /// Resolves `chain` for an output of `out_dims`, whose channels lie along `channel_axis`:
 /// an added operand is a per-channel bias when, right-aligned against the output, it is 1
-/// everywhere but the channel axis; a residual when it has the output's dims. `bias` is a
-/// bias the contraction itself has (conv's third operand). `Ok(None)`: not covered.
+/// everywhere but the channel axis; a residual when it has the output's dims, or (with
+/// `repeat_residual`, for batched products) the output's last two dims and 1 before them,
+/// one matrix added to every batch entry (an attention mask over all heads): the caller then
+/// reads the residual at offsets modulo its length. `bias` is a bias the contraction itself
+/// has (conv's third operand). `Ok(None)`: not covered.
 pub(crate) fn resolve<'a>(
     chain: &'a [EpiOp],
     ins: &'a [In<'a>],
     out_dims: &[usize],
     channel_axis: usize,
     mut bias: Option<&'a [f32]>,
+    repeat_residual: bool,
 ) -> Result<Option<Resolved<'a>>, String> {
     let mut r = Resolved {
         alpha: 1.0,
@@ -179,7 +183,13 @@ pub(crate) fn resolve<'a>(
             EpiOp::Add(ref x) => {
                 added = true;
                 let (dims, data) = x.get(ins)?;
-                if dims == out_dims && r.residual.is_none() && r.clamp.is_none() {
+                let rank = out_dims.len();
+                let repeats = repeat_residual
+                    && rank >= 2
+                    && dims.len() >= 2
+                    && dims[dims.len() - 2..] == out_dims[rank - 2..]
+                    && dims[..dims.len() - 2].iter().all(|&d| d == 1);
+                if (dims == out_dims || repeats) && r.residual.is_none() && r.clamp.is_none() {
                     r.residual = Some(data);
                     r.res_before = !activated;
                 } else if per_channel(dims) && bias.is_none() && !activated {

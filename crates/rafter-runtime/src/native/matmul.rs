@@ -72,13 +72,17 @@ fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
 
 /// The epilogue of `r` for rows `row0..` of a `[rows, n]` block whose residual starts at
 /// element `off`.
+/// The GEMM epilogue for the output elements `off..off + len`. A residual shorter than the
+/// output repeats (one matrix for every batch entry, see `resolve`), so it is read at
+/// `off` modulo its length.
 fn epilogue<'a>(r: &Resolved<'a>, off: usize, len: usize, n: usize) -> Epilogue<'a> {
     Epilogue {
         bias: r.bias,
         activation: r.act,
-        residual: r
-            .residual
-            .map(|res| Residual::row_major(&res[off..off + len], n, r.res_before)),
+        residual: r.residual.map(|res| {
+            let at = off % res.len().max(1);
+            Residual::row_major(&res[at..at + len], n, r.res_before)
+        }),
         ..Epilogue::none()
     }
 }
@@ -150,7 +154,7 @@ impl MatMulKernel {
         if outs[0].dims != out_dims {
             return Ok(false);
         }
-        let Some(r) = resolve(&self.chain, ins, &out_dims, out_dims.len() - 1, None)? else {
+        let Some(r) = resolve(&self.chain, ins, &out_dims, out_dims.len() - 1, None, true)? else {
             return Ok(false);
         };
         let (a, b) = (x.f32s()?, y.f32s()?);
@@ -161,7 +165,8 @@ impl MatMulKernel {
         }
         let b_batches: usize = bb.iter().product();
         let a_batches: usize = ab.iter().product();
-        if b_batches == 1 && a_batches == batches {
+        let whole_residual = r.residual.is_none_or(|res| res.len() == c.len());
+        if b_batches == 1 && a_batches == batches && whole_residual {
             // B shared by every batch (a weight): one GEMM over all rows of A.
             let rows = batches * m;
             let am = MatRef::row_major(a, rows, k, k).map_err(gemm_err)?;
@@ -271,7 +276,7 @@ impl MatMulKernel {
         if (residual.is_some() && !self.chain.is_empty()) || (g.c.is_some() && scaled) {
             return Ok(false);
         }
-        let Some(mut r) = resolve(&self.chain, ins, &out_dims, 1, bias)? else {
+        let Some(mut r) = resolve(&self.chain, ins, &out_dims, 1, bias, false)? else {
             return Ok(false);
         };
         if residual.is_some() {

@@ -176,6 +176,27 @@ fn batched_and_broadcast_matmuls() {
         let p = c.node(Op::MatMul, &[a, b], &so);
         assert_native(c.check(p), 1);
     }
+    // Attention scores: (Q . K^T) * scale + mask, the mask one [seq, seq] matrix for every
+    // head ([1, 1, s, s] against [1, h, s, s]); also a 2-D mask against a 3-D product.
+    for (sa, sb, mask) in [
+        (vec![1, 12, 16, 8], vec![1, 12, 8, 16], vec![1, 1, 16, 16]),
+        (vec![3, 5, 7], vec![3, 7, 6], vec![5, 6]),
+    ] {
+        let so: Vec<usize> = sa[..sa.len() - 1]
+            .iter()
+            .copied()
+            .chain([sb[sb.len() - 1]])
+            .collect();
+        let mut c = Case::new(sa.len() as u64 + 31);
+        let a = c.input(&sa);
+        let b = c.input(&sb);
+        let m = c.input(&mask);
+        let scale = c.weight_of(&[], &[0.125]);
+        let p = c.node(Op::MatMul, &[a, b], &so);
+        let p = c.node(Op::Binary { op: BinaryOp::Mul }, &[p, scale], &so);
+        let p = c.node(add(), &[p, m], &so);
+        assert_native(c.check(p), 1);
+    }
 }
 
 #[test]
@@ -201,7 +222,11 @@ fn gemm_with_transposes_and_bias() {
         let mut c = Case::new(13 + n as u64);
         let a = c.input(&[1, k]);
         let b = c.weight(&[n, k]);
-        let bias = if relu { c.weight(&[n]) } else { c.input(&[1, n]) };
+        let bias = if relu {
+            c.weight(&[n])
+        } else {
+            c.input(&[1, n])
+        };
         let op = Op::Gemm {
             alpha: 0.75,
             beta: 1.0,
