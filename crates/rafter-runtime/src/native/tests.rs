@@ -424,6 +424,29 @@ fn movement_and_layer_norm() {
 }
 
 #[test]
+fn sums_then_layer_norm() {
+    // BERT's embeddings: word + token type + position, then a layer norm, in one kernel.
+    let mut c = Case::new(57);
+    let d = [1, 9, 24];
+    let (w, t, p) = (c.input(&d), c.input(&d), c.input(&d));
+    let s = c.weight(&[24]);
+    let b = c.weight(&[24]);
+    let y = c.node(add(), &[w, t], &d);
+    let y = c.node(add(), &[p, y], &d);
+    let y = c.node(
+        Op::LayerNorm {
+            axis: -1,
+            epsilon: 1e-12,
+        },
+        &[y, s, b],
+        &d,
+    );
+    let stats = c.check(y);
+    assert_eq!(stats.kernels, 1, "the fused kernel is native: {stats:?}");
+    assert_native(stats, 1);
+}
+
+#[test]
 fn uncovered_shapes_fall_back_to_the_reference() {
     // A 1-D convolution: the conv kernel is selected by its body but falls back per call.
     let mut c = Case::new(31);
