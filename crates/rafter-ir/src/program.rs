@@ -82,6 +82,79 @@ pub enum KernelKind {
 }
 
 impl KernelKind {
+    /// The class of a single op. Lives here, with the program types, because both the
+    /// compiler (fusion, the memory planner's in-place rule) and the runtime (which kernels
+    /// may have a result bound over an operand) must agree on it.
+    pub fn of(op: &crate::Op) -> KernelKind {
+        use crate::Op::*;
+        match op {
+            Identity
+            | Unary { .. }
+            | Binary { .. }
+            | Where
+            | Clip
+            | Cast { .. }
+            | LeakyRelu { .. }
+            | Elu { .. }
+            | Selu { .. }
+            | Celu { .. }
+            | HardSigmoid { .. }
+            | ThresholdedRelu { .. }
+            | Shrink { .. }
+            | Gelu { .. }
+            | IsInf { .. } => KernelKind::Elementwise,
+            MatMul
+            | Gemm { .. }
+            | Conv { .. }
+            | ConvTranspose { .. }
+            | Einsum { .. }
+            | MatMulInteger
+            | ConvInteger { .. } => KernelKind::Contraction,
+            Reduce { .. }
+            | ArgReduce { .. }
+            | Cumulative { .. }
+            | Softmax { .. }
+            | LayerNorm { .. }
+            | RmsNorm { .. }
+            | GroupNorm { .. }
+            | InstanceNorm { .. }
+            | BatchNorm { .. }
+            | LpNorm { .. }
+            | Lrn { .. }
+            | MeanVarianceNorm { .. }
+            | Pool { .. }
+            | GlobalPool { .. } => KernelKind::Reduction,
+            Reshape { .. }
+            | Shape { .. }
+            | Size
+            | Transpose { .. }
+            | Squeeze { .. }
+            | Unsqueeze { .. }
+            | Flatten { .. }
+            | Concat { .. }
+            | Split { .. }
+            | Slice
+            | Gather { .. }
+            | GatherElements { .. }
+            | GatherNd { .. }
+            | ScatterElements { .. }
+            | ScatterNd { .. }
+            | Expand
+            | Tile
+            | Pad { .. }
+            | ConstantOfShape { .. }
+            | Range
+            | OneHot { .. }
+            | Trilu { .. }
+            | ReverseSequence { .. }
+            | DepthToSpace { .. }
+            | SpaceToDepth { .. }
+            | EyeLike { .. }
+            | Resize { .. } => KernelKind::DataMovement,
+            _ => KernelKind::Opaque,
+        }
+    }
+
     pub const ALL: [KernelKind; 5] = [
         KernelKind::Contraction,
         KernelKind::Elementwise,

@@ -30,75 +30,9 @@ pub struct Group {
     pub nodes: Vec<usize>,
 }
 
-/// The kernel class of a single op.
+/// The kernel class of a single op ([`KernelKind::of`], which the runtime shares).
 pub fn op_class(op: &Op) -> KernelKind {
-    use Op::*;
-    match op {
-        Identity
-        | Unary { .. }
-        | Binary { .. }
-        | Where
-        | Clip
-        | Cast { .. }
-        | LeakyRelu { .. }
-        | Elu { .. }
-        | Selu { .. }
-        | Celu { .. }
-        | HardSigmoid { .. }
-        | ThresholdedRelu { .. }
-        | Shrink { .. }
-        | Gelu { .. }
-        | IsInf { .. } => KernelKind::Elementwise,
-        MatMul
-        | Gemm { .. }
-        | Conv { .. }
-        | ConvTranspose { .. }
-        | Einsum { .. }
-        | MatMulInteger
-        | ConvInteger { .. } => KernelKind::Contraction,
-        Reduce { .. }
-        | ArgReduce { .. }
-        | Cumulative { .. }
-        | Softmax { .. }
-        | LayerNorm { .. }
-        | RmsNorm { .. }
-        | GroupNorm { .. }
-        | InstanceNorm { .. }
-        | BatchNorm { .. }
-        | LpNorm { .. }
-        | Lrn { .. }
-        | MeanVarianceNorm { .. }
-        | Pool { .. }
-        | GlobalPool { .. } => KernelKind::Reduction,
-        Reshape { .. }
-        | Shape { .. }
-        | Size
-        | Transpose { .. }
-        | Squeeze { .. }
-        | Unsqueeze { .. }
-        | Flatten { .. }
-        | Concat { .. }
-        | Split { .. }
-        | Slice
-        | Gather { .. }
-        | GatherElements { .. }
-        | GatherNd { .. }
-        | ScatterElements { .. }
-        | ScatterNd { .. }
-        | Expand
-        | Tile
-        | Pad { .. }
-        | ConstantOfShape { .. }
-        | Range
-        | OneHot { .. }
-        | Trilu { .. }
-        | ReverseSequence { .. }
-        | DepthToSpace { .. }
-        | SpaceToDepth { .. }
-        | EyeLike { .. }
-        | Resize { .. } => KernelKind::DataMovement,
-        _ => KernelKind::Opaque,
-    }
+    KernelKind::of(op)
 }
 
 struct Building {

@@ -120,12 +120,11 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     if body.nodes.is_empty() {
         return None;
     }
-    if body
-        .nodes
-        .iter()
-        .all(|n| rafter_opt_class_is_elementwise(&n.op))
-    {
-        // Elementwise-only bodies may have a result bound over an operand: only the kernel
+    if body.nodes.iter().all(|n| {
+        rafter_ir::program::KernelKind::of(&n.op) == rafter_ir::program::KernelKind::Elementwise
+    }) {
+        // Elementwise-only bodies (by the memory planner's own classification) may have a
+        // result bound over an operand: only the kernel
         // that copies its operands first takes them.
         return elementwise::select(body, par);
     }
@@ -135,30 +134,6 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| softmax::select(body, par))
         .or_else(|| movement::select(body))
         .or_else(|| norm::select(body, par))
-}
-
-/// The ops the memory planner treats as elementwise (`rafter_opt::fusion::op_class`): a
-/// body made of these alone may write a result over an operand.
-fn rafter_opt_class_is_elementwise(op: &rafter_ir::Op) -> bool {
-    use rafter_ir::Op::*;
-    matches!(
-        op,
-        Identity
-            | Unary { .. }
-            | Binary { .. }
-            | Where
-            | Clip
-            | Cast { .. }
-            | LeakyRelu { .. }
-            | Elu { .. }
-            | Selu { .. }
-            | Celu { .. }
-            | HardSigmoid { .. }
-            | ThresholdedRelu { .. }
-            | Shrink { .. }
-            | Gelu { .. }
-            | IsInf { .. }
-    )
 }
 
 /// The body input index of `v` when it is an input of dtype `dtype`.
