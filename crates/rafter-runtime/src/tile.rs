@@ -18,34 +18,18 @@
 //!   `erf`, `sigmoid` and GELU within a few ulp (erf 3.7e-7 absolute), see
 //!   `rafter_kernels_cpu::tile`.
 //!
-//! Not wired into session selection yet. For the integrator, three host-kernel builders
-//! with the `fast::matmul_kernel` convention (`(body, threads) -> Option<HostKernel>`):
-//! - [`tile_kernel`]: any body [`tile_program`] takes;
-//! - [`softmax_kernel`]: `softmax(x, last axis)` or `softmax(add(x, mask), last axis)` of
-//!   f32 (attention), on `rafter_kernels_cpu::softmax` with the mask broadcast along rows;
-//! - [`layer_norm_kernel`]: a single f32 `layer_norm` (no mean/inv-std outputs) on
-//!   `rafter_kernels_cpu::layer_norm` (within a few ulp of the reference; `fast_ops`' is
-//!   bitwise but ~10x slower).
-//!
-//! The last two check shapes per call and run the body on the reference executor when a
-//! call's shapes are outside what the kernel covers (e.g. a mask broadcast along keys).
-//!
-//! Matmul-rooted bodies: `fast::matmul_kernel` runs the GEMM and then the rest of the body
-//! (`fast::rest_of`, the product as its last input) on the reference executor; that rest
-//! is usually elementwise (bias add, erf-GELU, residual add) and [`tile_program`] takes it
-//! (all 14 of bert_tiny's; inputs the output does not use, such as the matmul's operands
-//! left in the rest's inputs, are ignored). Caching the program at build time and calling
-//! [`run_tile`] with the product appended is the intended wiring.
-
-// Used by the tests here until the session selects these kernels.
-#![allow(dead_code)]
+//! Where it runs: the CPU device's native elementwise kernel (`native::elementwise`) runs
+//! [`tile_program`]s on borrowed operands; [`tile_kernel`] is the host kernel (on tensors,
+//! `fast::matmul_kernel`'s convention) that the session uses when a native kernel declines
+//! a call. Softmax and layer norm bodies have native kernels of their own
+//! (`native::softmax`, `native::norm`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, SoftmaxKind, UnaryOp, ValueDef, ValueId};
+use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rafter_kernels_cpu::tile::{TileBinary, TileBuilder, TileProgram, TileUnary, TileVal};
-use rafter_kernels_cpu::{Parallel, RowMask, ScopedThreads};
+use rafter_kernels_cpu::{Parallel, ScopedThreads};
 use rafter_reference::Tensor;
 
 use crate::cpu::HostKernel;
@@ -75,151 +59,6 @@ fn pool(par: &ScopedThreads, elems: usize) -> &dyn Parallel {
     } else {
         par
     }
-}
-
-/// The f32 elements of a contiguous tensor.
-fn f32s(t: &Tensor) -> Option<&[f32]> {
-    match t {
-        Tensor::F32(a) => a.as_slice(),
-        _ => None,
-    }
-}
-
-/// The body's input index of `v`, when `v` is an f32 body input.
-fn f32_input(body: &Graph, v: Option<ValueId>) -> Option<usize> {
-    let v = v?;
-    match body.value(v).def {
-        ValueDef::Input(i) if body.value(v).ty.dtype == DType::F32 => Some(i),
-        _ => None,
-    }
-}
-
-/// The reference executor on `body`: the fallback for shapes a kernel does not cover.
-fn reference(body: &Graph, ins: &[Tensor]) -> Result<Vec<Tensor>, String> {
-    rafter_reference::run(body, ins.to_vec()).map_err(|e| e.to_string())
-}
-
-/// A host kernel for `softmax(x)` or `softmax(add(x, mask))` (either operand order) over
-/// the last axis of f32 body inputs, on up to `threads` threads. The mask must broadcast
-/// to x along rows (`[b, 1, 1, k]` against `[b, h, q, k]`); other shapes run on the
-/// reference executor.
-pub(crate) fn softmax_kernel(body: &Graph, threads: usize) -> Option<HostKernel> {
-    let (sm, add) = match body.nodes.as_slice() {
-        [sm] => (sm, None),
-        [add, sm] => (sm, Some(add)),
-        _ => return None,
-    };
-    let Op::Softmax {
-        kind: SoftmaxKind::Softmax,
-        axis,
-    } = sm.op
-    else {
-        return None;
-    };
-    let [Some(y)] = sm.outputs.as_slice() else {
-        return None;
-    };
-    let rank = body.value(*y).ty.rank();
-    if body.outputs != [*y] || body.value(*y).ty.dtype != DType::F32 || rank == 0 {
-        return None;
-    }
-    if axis != -1 && axis != rank as i64 - 1 {
-        return None;
-    }
-    let (x, mask) = match add {
-        None => (f32_input(body, sm.inputs.first().copied().flatten())?, None),
-        Some(add) => {
-            if add.op != (Op::Binary { op: BinaryOp::Add })
-                || add.outputs.as_slice() != [sm.inputs.first().copied().flatten()]
-            {
-                return None;
-            }
-            let a = f32_input(body, add.inputs.first().copied().flatten())?;
-            let b = f32_input(body, add.inputs.get(1).copied().flatten())?;
-            (a, Some(b))
-        }
-    };
-    let body = body.clone();
-    let par = ScopedThreads::new(threads);
-    Some(Arc::new(move |ins: &[Tensor]| {
-        // Which add operand is the full scores tensor: the one with the output's shape.
-        let (xi, mi) = match mask {
-            Some(m) if ins[m].len() > ins[x].len() => (m, Some(x)),
-            m => (x, m),
-        };
-        let xt = &ins[xi];
-        let (Some(xv), &[.., cols]) = (f32s(xt), xt.shape()) else {
-            return reference(&body, ins);
-        };
-        if xt.shape().len() < rank {
-            return reference(&body, ins);
-        }
-        let rows_dims = &xt.shape()[..xt.shape().len() - 1];
-        let rm = match mi {
-            None => None,
-            Some(mi) => match (f32s(&ins[mi]), ins[mi].shape()) {
-                (Some(mv), md) if md.len() <= xt.shape().len() => {
-                    match RowMask::broadcast(mv, rows_dims, md, cols) {
-                        Ok(m) => Some(m),
-                        Err(_) => return reference(&body, ins),
-                    }
-                }
-                _ => return reference(&body, ins),
-            },
-        };
-        let mut out = vec![0.0f32; xv.len()];
-        rafter_kernels_cpu::softmax(xv, &mut out, cols, rm.as_ref(), pool(&par, xv.len()))
-            .map_err(|e| e.to_string())?;
-        Ok(vec![Tensor::f32s(xt.shape(), out)])
-    }))
-}
-
-/// A host kernel for a single f32 `layer_norm` (y only) on up to `threads` threads;
-/// scale and bias must hold exactly the normalised axes' elements, other shapes run on
-/// the reference executor.
-pub(crate) fn layer_norm_kernel(body: &Graph, threads: usize) -> Option<HostKernel> {
-    let [node] = body.nodes.as_slice() else {
-        return None;
-    };
-    let Op::LayerNorm { axis, epsilon } = node.op else {
-        return None;
-    };
-    if node.outputs.iter().skip(1).any(Option::is_some) {
-        return None;
-    }
-    let x = f32_input(body, node.inputs.first().copied().flatten())?;
-    let scale = f32_input(body, node.inputs.get(1).copied().flatten())?;
-    let bias = match node.inputs.get(2).copied().flatten() {
-        None => None,
-        b => Some(f32_input(body, b)?),
-    };
-    let body = body.clone();
-    let par = ScopedThreads::new(threads);
-    Some(Arc::new(move |ins: &[Tensor]| {
-        let shape = ins[x].shape();
-        let rank = shape.len() as i64;
-        let a = if axis < 0 { axis + rank } else { axis };
-        if !(0..rank).contains(&a) {
-            return reference(&body, ins);
-        }
-        let cols: usize = shape[a as usize..].iter().product();
-        let (Some(xv), Some(g)) = (f32s(&ins[x]), f32s(&ins[scale])) else {
-            return reference(&body, ins);
-        };
-        let b = match bias.map(|b| f32s(&ins[b])) {
-            None => None,
-            Some(Some(b)) => Some(b),
-            Some(None) => return reference(&body, ins),
-        };
-        if g.len() != cols || b.is_some_and(|b| b.len() != cols) {
-            return reference(&body, ins);
-        }
-        let mut out = vec![0.0f32; xv.len()];
-        let par = pool(&par, xv.len());
-        rafter_kernels_cpu::layer_norm(xv, &mut out, cols, g, b, epsilon, par)
-            .map_err(|e| e.to_string())?;
-        Ok(vec![Tensor::f32s(shape, out)])
-    }))
 }
 
 /// The tile program computing `body`, or `None` when some node is not an f32 elementwise
@@ -583,112 +422,8 @@ mod tests {
         }
     }
 
-    fn softmax_op() -> Op {
-        Op::Softmax {
-            kind: SoftmaxKind::Softmax,
-            axis: -1,
-        }
-    }
-
     #[test]
-    fn attention_softmax_bodies() {
-        let (s, m) = ([2, 3, 5, 19], [2, 1, 1, 19]);
-        for mask_first in [false, true] {
-            let mut b = Body::new("attn");
-            let x = b.input(&s);
-            let k = b.input(&m);
-            let a = if mask_first {
-                b.bin(BinaryOp::Add, k, x, &s)
-            } else {
-                b.bin(BinaryOp::Add, x, k, &s)
-            };
-            let y = b.node(softmax_op(), &[a], &s);
-            let g = b.finish(y);
-            let kern = softmax_kernel(&g, 2).expect("masked softmax body");
-            let mut mk = data(&m, 2);
-            if let Tensor::F32(a) = &mut mk {
-                a[[1, 0, 0, 4]] = f32::NEG_INFINITY;
-                a[[0, 0, 0, 7]] = -10_000.0;
-            }
-            kernel_same_as_reference(&kern, &g, vec![data(&s, 1), mk], 1e-6);
-        }
-        // Plain softmax, and a mask broadcast along keys (reference fallback).
-        let mut b = Body::new("plain");
-        let x = b.input(&s);
-        let y = b.node(softmax_op(), &[x], &s);
-        let g = b.finish(y);
-        let kern = softmax_kernel(&g, 1).unwrap();
-        kernel_same_as_reference(&kern, &g, vec![data(&s, 3)], 1e-6);
-        let mut b = Body::new("key_broadcast");
-        let x = b.input(&s);
-        let k = b.input(&[2, 3, 5, 1]);
-        let a = b.bin(BinaryOp::Add, x, k, &s);
-        let y = b.node(softmax_op(), &[a], &s);
-        let g = b.finish(y);
-        let kern = softmax_kernel(&g, 1).unwrap();
-        kernel_same_as_reference(&kern, &g, vec![data(&s, 3), data(&[2, 3, 5, 1], 4)], 0.0);
-        // Not the last axis, or a mul instead of an add: not taken.
-        let mut b = Body::new("axis1");
-        let x = b.input(&s);
-        let y = b.node(
-            Op::Softmax {
-                kind: SoftmaxKind::Softmax,
-                axis: 1,
-            },
-            &[x],
-            &s,
-        );
-        assert!(softmax_kernel(&b.finish(y), 1).is_none());
-        let mut b = Body::new("mul");
-        let x = b.input(&s);
-        let k = b.input(&m);
-        let a = b.bin(BinaryOp::Mul, x, k, &s);
-        let y = b.node(softmax_op(), &[a], &s);
-        assert!(softmax_kernel(&b.finish(y), 1).is_none());
-    }
-
-    #[test]
-    fn layer_norm_bodies() {
-        let s = [2, 7, 24];
-        for (axis, bias) in [(-1i64, true), (2, false), (1, true)] {
-            let ps: Vec<usize> = s[axis.rem_euclid(3) as usize..].to_vec();
-            let mut b = Body::new("ln");
-            let x = b.input(&s);
-            let gm = b.input(&ps);
-            let mut ins = vec![x, gm];
-            let mut ts = vec![data(&s, 1), data(&ps, 2)];
-            if bias {
-                ins.push(b.input(&ps));
-                ts.push(data(&ps, 3));
-            }
-            let y = b.node(
-                Op::LayerNorm {
-                    axis,
-                    epsilon: 1e-5,
-                },
-                &ins,
-                &s,
-            );
-            let g = b.finish(y);
-            let kern = layer_norm_kernel(&g, 2).unwrap();
-            kernel_same_as_reference(&kern, &g, ts, 2e-6);
-        }
-        // A scale broadcast from fewer elements falls back to the reference.
-        let mut b = Body::new("ln_bcast");
-        let x = b.input(&s);
-        let gm = b.input(&[1]);
-        let y = b.node(
-            Op::LayerNorm {
-                axis: -1,
-                epsilon: 1e-5,
-            },
-            &[x, gm],
-            &s,
-        );
-        let g = b.finish(y);
-        let kern = layer_norm_kernel(&g, 1).unwrap();
-        kernel_same_as_reference(&kern, &g, vec![data(&s, 1), data(&[1], 2)], 0.0);
-        // The tile kernel builder takes what tile_program takes.
+    fn tile_kernel_takes_what_tile_program_takes() {
         let mut b = Body::new("add");
         let x = b.input(&[3, 4]);
         let k = b.input(&[4]);
@@ -922,7 +657,7 @@ mod tests {
             .unwrap()
             .graph;
         let program = rafter_opt::compile(&graph, &rafter_opt::CompileOptions::default()).unwrap();
-        let mut taken = [0usize; 4];
+        let mut taken = [0usize; 2];
         for k in &program.kernels {
             // The epilogue of a matmul-rooted body (what `fast::matmul_kernel` runs on the
             // reference executor after the GEMM): the body without its matmul, whose
@@ -932,14 +667,10 @@ mod tests {
                 .flatten();
             let (which, kern, body) = if let Some(kern) = tile_kernel(&k.body, 2) {
                 (0, kern, &k.body)
-            } else if let Some(kern) = softmax_kernel(&k.body, 2) {
-                (1, kern, &k.body)
-            } else if let Some(kern) = layer_norm_kernel(&k.body, 2) {
-                (2, kern, &k.body)
             } else if let Some((kern, rest)) =
                 rest.as_ref().and_then(|r| Some((tile_kernel(r, 2)?, r)))
             {
-                (3, kern, rest)
+                (1, kern, rest)
             } else {
                 continue;
             };
@@ -967,10 +698,7 @@ mod tests {
             kernel_same_as_reference(&kern, body, inputs, 2e-6);
             taken[which] += 1;
         }
-        eprintln!(
-            "bert_tiny kernel bodies taken (tile, softmax, layer norm, matmul epilogue as \
-             tile): {taken:?}"
-        );
+        eprintln!("bert_tiny kernel bodies taken (tile, matmul epilogue as tile): {taken:?}");
         assert!(taken.iter().all(|&n| n > 0), "{taken:?}");
     }
 

@@ -424,6 +424,26 @@ fn movement_and_layer_norm() {
 }
 
 #[test]
+fn layer_norm_over_several_axes_without_bias() {
+    // Normalised over the last two axes (axis 1 of 3), scale only.
+    let mut c = Case::new(58);
+    let d = [2, 7, 24];
+    let x = c.input(&d);
+    let g = c.weight(&[7, 24]);
+    let y = c.node(
+        Op::LayerNorm {
+            axis: 1,
+            epsilon: 1e-5,
+        },
+        &[x, g],
+        &d,
+    );
+    let stats = c.check(y);
+    assert_eq!(stats.kernels, 1, "{stats:?}");
+    assert_native(stats, 1);
+}
+
+#[test]
 fn sums_then_layer_norm() {
     // BERT's embeddings: word + token type + position, then a layer norm, in one kernel.
     let mut c = Case::new(57);
@@ -638,12 +658,18 @@ fn concat_of_inputs_and_constants() {
 
 #[test]
 fn softmax_with_a_row_mask() {
-    for masked in [false, true] {
+    for (masked, mask_first) in [(false, false), (true, false), (true, true)] {
         let mut c = Case::new(91);
         let x = c.input(&[2, 3, 5, 17]);
         let y = if masked {
             let m = c.input(&[2, 1, 1, 17]);
-            let s = c.node(add(), &[x, m], &[2, 3, 5, 17]);
+            // Masked-out keys as attention masks write them: -inf and a large negative.
+            if let Tensor::F32(a) = &mut c.inputs[1] {
+                a[[1, 0, 0, 4]] = f32::NEG_INFINITY;
+                a[[0, 0, 0, 7]] = -10_000.0;
+            }
+            let ops = if mask_first { [m, x] } else { [x, m] };
+            let s = c.node(add(), &ops, &[2, 3, 5, 17]);
             c.node(
                 Op::Softmax {
                     kind: rafter_ir::SoftmaxKind::Softmax,
