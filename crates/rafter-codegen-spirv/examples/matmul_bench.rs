@@ -62,15 +62,17 @@ fn main() {
                 .expect("allocate")
         };
         let (a, b, c) = (alloc(m * k), alloc(k * n), alloc(m * n));
-        let shape = kernel.shape(&[1, m, k], &[k, n]).expect("shape");
-        let grid = kernel
-            .workgroups(shape, device.info().limits.max_workgroup_count)
-            .expect("grid");
+        let max = device.info().limits.max_workgroup_count;
+        let (params, grid) = kernel
+            .launch()
+            .and_then(|l| l.matmul_dispatch(&[1, m, k], &[k, n], max))
+            .expect("launch")
+            .expect("a non-empty product");
         let bindings: Vec<_> = [&a, &b, &c].into_iter().map(Buffer::whole).collect();
         let mut builder = device.create_command_buffer().expect("builder");
         for _ in 0..REPS {
             builder
-                .dispatch(exe, 0, &bindings, &kernel.params(shape), grid)
+                .dispatch(exe, 0, &bindings, &params, grid)
                 .expect("dispatch");
             builder.barrier();
         }

@@ -38,7 +38,7 @@ mod elementwise;
 mod matmul;
 
 pub use elementwise::{elementwise, ElementwiseKernel, Operand, WORKGROUP_SIZE};
-pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulShape, MatmulTile, MATMUL_TILE};
+pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE};
 
 use rafter_artifact::{Launch, VulkanModule, VulkanSection};
 use rafter_ir::program::Program;
@@ -116,23 +116,13 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
                 entry_point: g.entry_point,
                 spirv: to_bytes(&g.spirv).into(),
             },
-            Generated::Matmul(g) => {
-                let index = |i: usize| {
-                    u8::try_from(i).map_err(|_| error(format!("matmul operand {i} is past 255")))
-                };
-                VulkanModule {
-                    kernel: k as u32,
-                    launch: Launch::Matmul {
-                        a: index(g.a_input)?,
-                        b: index(g.b_input)?,
-                        b_shared: g.b_shared,
-                        tile: g.tile.size(),
-                    },
-                    workgroup_size: 256,
-                    entry_point: "main".into(),
-                    spirv: to_bytes(&g.spirv).into(),
-                }
-            }
+            Generated::Matmul(g) => VulkanModule {
+                kernel: k as u32,
+                launch: g.launch().map_err(error)?,
+                workgroup_size: 256,
+                entry_point: "main".into(),
+                spirv: to_bytes(&g.spirv).into(),
+            },
         };
         modules.push(module);
     }

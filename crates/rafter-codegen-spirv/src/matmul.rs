@@ -21,6 +21,7 @@
 //! per binding (the body's inputs, then its output), then the params; element addresses
 //! are 64-bit integers.
 
+use rafter_artifact::Launch;
 use rafter_ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
@@ -88,73 +89,19 @@ pub struct MatmulKernel {
     pub tile: MatmulTile,
 }
 
-/// The sizes of one call, from the operands' dims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MatmulShape {
-    pub batch: u32,
-    pub m: u32,
-    pub n: u32,
-    pub k: u32,
-}
-
 impl MatmulKernel {
-    /// The call's sizes for operands of `a_dims` and `b_dims`, checked against what the
-    /// kernel was generated for: B 2-D (shared) or with A's batch dims; sizes within `u32`.
-    pub fn shape(&self, a_dims: &[usize], b_dims: &[usize]) -> Result<MatmulShape, String> {
-        let (ra, rb) = (a_dims.len(), b_dims.len());
-        if ra < 2 || rb < 2 {
-            return Err(format!(
-                "matmul of {a_dims:?} and {b_dims:?}: ranks below 2"
-            ));
-        }
-        let (m, k) = (a_dims[ra - 2], a_dims[ra - 1]);
-        let (kb, n) = (b_dims[rb - 2], b_dims[rb - 1]);
-        if k != kb {
-            return Err(format!(
-                "matmul of {a_dims:?} and {b_dims:?}: inner dims {k} and {kb} differ"
-            ));
-        }
-        let batch: usize = a_dims[..ra - 2].iter().product();
-        if self.b_shared != (rb == 2) || (rb > 2 && b_dims[..rb - 2] != a_dims[..ra - 2]) {
-            return Err(format!(
-                "matmul of {a_dims:?} and {b_dims:?}: the kernel was generated for {}",
-                if self.b_shared {
-                    "a 2-D B"
-                } else {
-                    "B with A's batch dims"
-                }
-            ));
-        }
-        let small = |v: usize, what: &str| {
-            u32::try_from(v).map_err(|_| format!("matmul {what} {v} does not fit in 32 bits"))
+    /// How the runtime launches it (and what computes a call's params and grid from the
+    /// operands' dims: [`Launch::matmul_dispatch`], shared with the runtime).
+    pub fn launch(&self) -> Result<Launch, String> {
+        let index = |i: usize| {
+            u8::try_from(i).map_err(|_| format!("matmul operand {i} is past binding 255"))
         };
-        Ok(MatmulShape {
-            batch: small(batch, "batch")?,
-            m: small(m, "rows")?,
-            n: small(n, "columns")?,
-            k: small(k, "inner dim")?,
+        Ok(Launch::Matmul {
+            a: index(self.a_input)?,
+            b: index(self.b_input)?,
+            b_shared: self.b_shared,
+            tile: self.tile.size(),
         })
-    }
-
-    /// The push-constant params after the three addresses: M, N, K, B-shared, as `u32`s.
-    pub fn params(&self, s: MatmulShape) -> Vec<u8> {
-        [s.m, s.n, s.k, self.b_shared as u32]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect()
-    }
-
-    /// The workgroup grid: column tiles, row tiles, batch entries; an error when it exceeds
-    /// the device's `max` grid.
-    pub fn workgroups(&self, s: MatmulShape, max: [u32; 3]) -> Result<[u32; 3], String> {
-        let t = self.tile.size();
-        let grid = [s.n.div_ceil(t), s.m.div_ceil(t), s.batch];
-        if grid.iter().zip(max).any(|(&g, m)| g > m) {
-            return Err(format!(
-                "matmul grid {grid:?} exceeds the device's workgroup counts {max:?}"
-            ));
-        }
-        Ok(grid)
     }
 }
 

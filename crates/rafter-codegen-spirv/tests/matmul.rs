@@ -28,7 +28,9 @@ fn run(
     b_dims: &[usize],
     c_len: usize,
 ) -> Vec<f32> {
-    let shape = kernel.shape(a_dims, b_dims).unwrap();
+    let max = device.info().limits.max_workgroup_count;
+    let launch = kernel.launch().unwrap();
+    let dispatch = launch.matmul_dispatch(a_dims, b_dims, max).unwrap();
     let upload = |v: &[f32]| common::upload(device, if v.is_empty() { &[0.0] } else { v });
     let mut buffers: Vec<Buffer> = inputs.iter().map(|v| upload(v)).collect();
     let bytes = c_len.max(1) as u64 * 4;
@@ -44,15 +46,11 @@ fn run(
             payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
         })
         .unwrap();
-    let grid = kernel
-        .workgroups(shape, device.info().limits.max_workgroup_count)
-        .unwrap();
     let mut builder = device.create_command_buffer().unwrap();
-    if grid.iter().all(|&g| g > 0) {
+    // `None`: C is empty, nothing to dispatch.
+    if let Some((params, grid)) = dispatch {
         let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
-        builder
-            .dispatch(&exe, 0, &bindings, &kernel.params(shape), grid)
-            .unwrap();
+        builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
     }
     let done = device.create_semaphore(0).unwrap();
     device
@@ -67,13 +65,9 @@ fn run(
 /// Runs the kernel for `a_dims` × `b_dims` on random data; checks every element against an
 /// f64 product (tolerance: a few ulps of the sum of absolute products).
 fn check(device: &VulkanDevice, kernel: &MatmulKernel, a_dims: &[usize], b_dims: &[usize]) {
-    let shape = kernel.shape(a_dims, b_dims).unwrap();
-    let (batch, m, n, k) = (
-        shape.batch as usize,
-        shape.m as usize,
-        shape.n as usize,
-        shape.k as usize,
-    );
+    let (ra, rb) = (a_dims.len(), b_dims.len());
+    let (m, k, n) = (a_dims[ra - 2], a_dims[ra - 1], b_dims[rb - 1]);
+    let batch: usize = a_dims[..ra - 2].iter().product();
     let a = common::inputs_in((-1.0, 1.0), batch * m * k, 11);
     let b_len = if kernel.b_shared {
         k * n
@@ -81,39 +75,7 @@ fn check(device: &VulkanDevice, kernel: &MatmulKernel, a_dims: &[usize], b_dims:
         batch * k * n
     };
     let b = common::inputs_in((-1.0, 1.0), b_len, 12);
-    // Zero-sized buffers cannot be allocated: give empty operands one element.
-    let upload = |v: &[f32]| common::upload(device, if v.is_empty() { &[0.0] } else { v });
-    let (ab, bb) = (upload(&a), upload(&b));
-    let c_len = (batch * m * n).max(1) as u64 * 4;
-    let cb = device
-        .allocate(c_len, MemoryKind::HostVisibleShared)
-        .unwrap();
-    cb.write_bytes(0, &vec![0xFF; c_len as usize]).unwrap();
-    let exe = device
-        .load_executable(&ExecutableSpec {
-            name: "matmul".into(),
-            format: FORMAT_SPIRV.into(),
-            payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
-        })
-        .unwrap();
-    let grid = kernel
-        .workgroups(shape, device.info().limits.max_workgroup_count)
-        .unwrap();
-    let mut builder = device.create_command_buffer().unwrap();
-    if grid.iter().all(|&g| g > 0) {
-        let bindings: Vec<_> = [&ab, &bb, &cb].into_iter().map(Buffer::whole).collect();
-        builder
-            .dispatch(&exe, 0, &bindings, &kernel.params(shape), grid)
-            .unwrap();
-    }
-    let done = device.create_semaphore(0).unwrap();
-    device
-        .queue(0)
-        .unwrap()
-        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, Duration::from_secs(300)).unwrap();
-    let got = common::f32s(&cb.read_bytes(0, c_len).unwrap());
+    let got = run(device, kernel, &[&a, &b], a_dims, b_dims, batch * m * n);
     for z in 0..batch {
         let bz = if kernel.b_shared { 0 } else { z };
         for i in 0..m {
@@ -180,15 +142,17 @@ fn unsupported_bodies_and_shapes_are_errors() {
         parse_graph("graph @x(%a: f32[2, 2]) -> (%y) {\n  %y: f32[2, 2] = unary{op = relu}(%a)\n}")
             .unwrap();
     assert!(matmul(&g).unwrap_err().reason.contains("not matmul"));
-    let k = matmul(&body("m, k", "k, n", "m, n")).unwrap();
-    assert!(k
-        .shape(&[2, 3], &[4, 5])
-        .unwrap_err()
-        .contains("inner dims"));
-    assert!(k
-        .shape(&[2, 2, 3], &[2, 3, 5])
-        .unwrap_err()
-        .contains("2-D B"));
+    let launch = matmul(&body("m, k", "k, n", "m, n"))
+        .unwrap()
+        .launch()
+        .unwrap();
+    let max = [65535; 3];
+    let e = launch.matmul_dispatch(&[2, 3], &[4, 5], max).unwrap_err();
+    assert!(e.contains("inner dims"), "{e}");
+    let e = launch
+        .matmul_dispatch(&[2, 2, 3], &[2, 3, 5], max)
+        .unwrap_err();
+    assert!(e.contains("2-D B"), "{e}");
 }
 
 #[test]
