@@ -174,6 +174,8 @@ pub(super) fn valid_range(off: isize, s: usize, w: usize, ow: usize) -> (usize, 
 thread_local! {
     /// im2col scratch, reused across dispatches on this thread.
     static COLS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Padded input rows of the 3×3 depthwise path, likewise.
+    static DEPTHWISE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Winograd scratch, likewise.
     static WINOGRAD: RefCell<WinogradScratch> = RefCell::new(WinogradScratch::default());
 }
@@ -360,15 +362,32 @@ impl ConvKernel {
 /// in one pass of 9 FMAs per element over zero-padded copies of its 3 input rows (for stride
 /// 2, split into even and odd columns first), so every load is contiguous and the loops
 /// vectorise; the general loop above makes 9 read-modify-write passes per row instead.
-fn depthwise3x3_plane(xp: &[f32], [h, w]: [usize; 2], wk: &[f32], geo: &Geom, out: &mut [f32]) {
-    let [oh, ow] = geo.out;
+fn depthwise3x3_plane(xp: &[f32], hw: [usize; 2], wk: &[f32], geo: &Geom, out: &mut [f32]) {
+    // Scratch reused across the channels this thread computes (thousands per call).
+    DEPTHWISE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => depthwise3x3_rows(xp, hw, wk, geo, out, &mut scratch),
+        Err(_) => depthwise3x3_rows(xp, hw, wk, geo, out, &mut Vec::new()),
+    });
+}
+
+/// [`depthwise3x3_plane`]'s body, with `scratch` for the padded and split rows.
+fn depthwise3x3_rows(
+    xp: &[f32],
+    [h, w]: [usize; 2],
+    wk: &[f32],
+    geo: &Geom,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
+    let ow = geo.out[1];
     let s = geo.s[0];
     let (pt, pl) = (geo.pb[0] as isize, geo.pb[1] as isize);
     // Padded row: column i holds input column i - pl (0 outside), for i < (ow-1)*s + 3.
     let len = (ow - 1) * s + 3;
     let half = ow + 1;
-    let mut rows = vec![0f32; 3 * len];
-    let mut split = vec![0f32; 3 * 2 * half];
+    scratch.clear();
+    scratch.resize(3 * len + 3 * 2 * half, 0.0);
+    let (rows, split) = scratch.split_at_mut(3 * len);
     for (o, orow) in out.chunks_exact_mut(ow).enumerate() {
         let mut live = [false; 3];
         for ki in 0..3 {
@@ -408,7 +427,6 @@ fn depthwise3x3_plane(xp: &[f32], [h, w]: [usize; 2], wk: &[f32], geo: &Geom, ou
             }
         }
     }
-    debug_assert_eq!(out.len(), oh * ow);
 }
 
 /// im2col of one group's `cg` input planes into `cols` (`cg*KH*KW` rows of `OH*OW`).
