@@ -17,7 +17,10 @@
 //!             workgroup, grid-stride, so any grid size covers every element);
 //!             2 = matmul, with the operands' positions and the tile in the upper bytes:
 //!             bits 8..16 A's input index, 16..24 B's, bit 24 B shared (2-D), bits 25..
-//!             log2 of the C tile side (see [`Launch::matmul_dispatch`])
+//!             log2 of the C tile side (see [`Launch::matmul_dispatch`]);
+//!             3 = convolution as an implicit GEMM: bits 8..16 the image's input index,
+//!             16..24 the filter's, bits 25.. log2 of the tile (see
+//!             [`Launch::conv_dispatch`])
 //!      8    4 workgroup size (invocations per workgroup along x, ≥ 1)
 //!     12    4 entry point name length e (1..=64 bytes of UTF-8)
 //!     16    4 SPIR-V length s (a multiple of 4, ≥ 20: the module header)
@@ -59,6 +62,13 @@ pub enum Launch {
         b_shared: bool,
         tile: u32,
     },
+    /// An ungrouped 2-D convolution `Y[N, M, OH, OW]` of the image `x` (`[N, C, H, W]`) by
+    /// the filter `w` (`[M, C, KH, KW]`), both body inputs, as the product of the filter
+    /// and the image's im2col matrix per image, a `tile`×`tile` block of `Y[n]` as an
+    /// `M × OH·OW` matrix per workgroup: params `M, OH·OW, C·KH·KW, 0` as `u32`s (the
+    /// matmul kernel's), grid `[ceil(OH·OW / tile), ceil(M / tile), N]`
+    /// ([`Launch::conv_dispatch`]). The window geometry is in the module.
+    Conv { x: u8, w: u8, tile: u32 },
 }
 
 impl Launch {
@@ -76,6 +86,9 @@ impl Launch {
                     | (b_shared as u32) << 24
                     | tile.trailing_zeros() << 25
             }
+            Launch::Conv { x, w, tile } => {
+                3 | (x as u32) << 8 | (w as u32) << 16 | tile.trailing_zeros() << 25
+            }
         }
     }
 
@@ -91,8 +104,56 @@ impl Launch {
                     tile: 1 << log_tile,
                 })
             }
+            3 if code & (1 << 24) == 0 => {
+                let log_tile = code >> 25;
+                (4..=7).contains(&log_tile).then_some(Launch::Conv {
+                    x: (code >> 8) as u8,
+                    w: (code >> 16) as u8,
+                    tile: 1 << log_tile,
+                })
+            }
             _ => None,
         }
+    }
+
+    /// For a convolution launch: the params and the grid for an output `y_dims`
+    /// (`[N, M, OH, OW]`) and a filter `w_dims` (`[M, C, KH, KW]`), checked (ranks, M
+    /// agrees, sizes fit `u32`, the grid fits `max`). `Ok(None)` when Y is empty.
+    pub fn conv_dispatch(
+        self,
+        y_dims: &[usize],
+        w_dims: &[usize],
+        max: [u32; 3],
+    ) -> Result<Option<MatmulDispatch>, String> {
+        let Launch::Conv { tile, .. } = self else {
+            return Err("not a convolution launch".into());
+        };
+        let (&[n, m, oh, ow], &[wm, c, kh, kw]) = (y_dims, w_dims) else {
+            return Err(format!(
+                "convolution to {y_dims:?} by a filter {w_dims:?}: not 4-D"
+            ));
+        };
+        if m != wm {
+            return Err(format!(
+                "convolution to {y_dims:?} by a filter {w_dims:?}: {m} and {wm} channels"
+            ));
+        }
+        let small = |v: usize| {
+            u32::try_from(v).map_err(|_| format!("convolution size {v} does not fit in 32 bits"))
+        };
+        let (n, m) = (small(n)?, small(m)?);
+        let (p, k) = (small(oh * ow)?, small(c * kh * kw)?);
+        if n == 0 || m == 0 || p == 0 {
+            return Ok(None);
+        }
+        let grid = [p.div_ceil(tile), m.div_ceil(tile), n];
+        if grid.iter().zip(max).any(|(&g, lim)| g > lim) {
+            return Err(format!(
+                "convolution grid {grid:?} exceeds the device's workgroup counts {max:?}"
+            ));
+        }
+        let params = [m, p, k, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok(Some((params, grid)))
     }
 
     /// For a matmul launch: the params and the grid for operands of `a_dims` and `b_dims`,
@@ -354,6 +415,49 @@ mod tests {
         assert!(e.contains("exceeds"), "{e}");
         assert!(Launch::Elementwise
             .matmul_dispatch(&[1, 1], &[1, 1], max)
+            .is_err());
+    }
+
+    #[test]
+    fn conv_launch_codes_and_dispatch() {
+        let l = Launch::Conv {
+            x: 0,
+            w: 1,
+            tile: 64,
+        };
+        assert_eq!(Launch::from_code(l.code()), Some(l));
+        assert_eq!(
+            Launch::from_code(3 | 1 << 24 | 6 << 25),
+            None,
+            "bit 24 is not a conv's"
+        );
+        let max = [65535; 3];
+        // Y [2, 100, 10, 13] by W [100, 3, 7, 7]: 130 pixels (3 tiles) x 100 channels (2).
+        let (params, grid) = l
+            .conv_dispatch(&[2, 100, 10, 13], &[100, 3, 7, 7], max)
+            .unwrap()
+            .unwrap();
+        assert_eq!(grid, [3, 2, 2]);
+        let words: Vec<u32> = params
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(words, [100, 130, 147, 0]);
+        assert_eq!(
+            l.conv_dispatch(&[0, 100, 10, 13], &[100, 3, 7, 7], max)
+                .unwrap(),
+            None
+        );
+        let e = l
+            .conv_dispatch(&[1, 99, 10, 13], &[100, 3, 7, 7], max)
+            .unwrap_err();
+        assert!(e.contains("channels"), "{e}");
+        let e = l
+            .conv_dispatch(&[1, 100, 130], &[100, 3, 7, 7], max)
+            .unwrap_err();
+        assert!(e.contains("4-D"), "{e}");
+        assert!(Launch::Elementwise
+            .conv_dispatch(&[1; 4], &[1; 4], max)
             .is_err());
     }
 

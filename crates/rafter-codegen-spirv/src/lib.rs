@@ -28,15 +28,23 @@
 //! through workgroup memory with a 4×4 (2×2) register block per invocation; B 2-D or
 //! batched like A; a fused bias/scale/residual/relu epilogue.
 //!
-//! Tree reductions, other data movement, convolutions, broadcasting over symbolic dims and
-//! other dtypes come next.
+//! [`conv`]: 2-D convolutions and pooling on NCHW f32 with static channel and spatial
+//! dims: an ungrouped convolution as an implicit GEMM (the matmul kernel gathering B's
+//! tiles from the image), with its bias and elementwise tail fused; depthwise convolution,
+//! max pooling and global pooling one invocation per output element.
+//!
+//! Tree reductions, other data movement, broadcasting over symbolic dims and other dtypes
+//! come next.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
 
+mod conv;
 mod elementwise;
 mod matmul;
+mod window;
 
+pub use conv::{conv, ConvKernel};
 pub use elementwise::{elementwise, ElementwiseKernel, Operand, WORKGROUP_SIZE};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE};
 
@@ -61,6 +69,7 @@ pub fn supports(body: &Graph) -> Result<(), String> {
 enum Generated {
     Elementwise(ElementwiseKernel),
     Matmul(MatmulKernel),
+    Conv(ConvKernel),
 }
 
 /// Generates `body`; the error is the elementwise generator's reason unless the body is a
@@ -75,6 +84,17 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         return matmul_tiled(body, tile)
             .map(Generated::Matmul)
             .map_err(|e| e.reason);
+    }
+    let is_window = body.nodes.first().is_some_and(|n| {
+        matches!(
+            n.op,
+            rafter_ir::Op::Conv { .. }
+                | rafter_ir::Op::Pool { .. }
+                | rafter_ir::Op::GlobalPool { .. }
+        )
+    });
+    if is_window {
+        return conv(body).map(Generated::Conv).map_err(|e| e.reason);
     }
     elementwise(body)
         .map(Generated::Elementwise)
@@ -120,6 +140,13 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
                 kernel: k as u32,
                 launch: g.launch().map_err(error)?,
                 workgroup_size: 256,
+                entry_point: "main".into(),
+                spirv: to_bytes(&g.spirv).into(),
+            },
+            Generated::Conv(g) => VulkanModule {
+                kernel: k as u32,
+                launch: g.launch,
+                workgroup_size: g.workgroup_size,
                 entry_point: "main".into(),
                 spirv: to_bytes(&g.spirv).into(),
             },

@@ -36,7 +36,7 @@ use crate::CodegenError;
 /// Rows and columns of C one workgroup computes by default.
 pub const MATMUL_TILE: u32 = 64;
 /// Invocations per workgroup side (16×16).
-const THREADS: u32 = 16;
+pub(crate) const THREADS: u32 = 16;
 /// The K step staged in workgroup memory.
 const KSTEP: u32 = 16;
 
@@ -107,22 +107,36 @@ impl MatmulKernel {
 
 /// One operand of an epilogue op.
 #[derive(Debug, Clone, Copy)]
-enum Src {
+pub(crate) enum Src {
     Const(f32),
     /// Binding `i`, one element.
     Scalar(usize),
     /// Binding `i`, indexed by C's column.
     Row(usize),
+    /// Binding `i`, indexed by C's row (a convolution's per-channel bias).
+    PerRow(usize),
     /// Binding `i`, indexed like C.
     Full(usize),
 }
 
 /// One epilogue step on the accumulated value `x`.
 #[derive(Debug, Clone, Copy)]
-enum Step {
+pub(crate) enum Step {
     /// `x op s` (`x_left`) or `s op x`.
     Binary(BinaryOp, Src, bool),
     Relu,
+    /// `clip(x, lo, hi)`, either bound absent (ONNX `Clip`; ReLU6 in MobileNetV2).
+    Clip(Option<Src>, Option<Src>),
+}
+
+/// How C's dims map onto the kernel's `rows × cols` matrix, for reading epilogue operands:
+/// the axis of C that is the row (a matmul's second-to-last, a convolution's channel), and
+/// whether the last axis is the whole column index (a matmul's; a convolution's columns
+/// span its spatial axes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CAxes {
+    pub(crate) row: usize,
+    pub(crate) col_is_last: bool,
 }
 
 /// Compiles a body holding one f32 `matmul` of two body inputs, A of rank >= 2 and B
@@ -187,7 +201,11 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         )));
     }
     let c_ty = body.value(*product).ty.clone();
-    let (steps, last) = epilogue(body, rest, *product, &c_ty).map_err(error)?;
+    let axes = CAxes {
+        row: c_ty.rank() - 2,
+        col_is_last: true,
+    };
+    let (steps, last) = epilogue(body, rest, *product, &c_ty, axes).map_err(error)?;
     if body.outputs != [last] {
         return Err(error(
             "the body's one output must be the end of the matmul's epilogue chain".into(),
@@ -201,6 +219,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         bindings,
         steps,
         tile,
+        b_source: BSource::Matrix,
     })
     .map_err(error)?;
     Ok(MatmulKernel {
@@ -215,11 +234,12 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
 
 /// The epilogue chain after the product `x`: each node takes the previous result and at
 /// most one other operand. Returns the steps and the chain's last value.
-fn epilogue(
+pub(crate) fn epilogue(
     body: &Graph,
     nodes: &[rafter_ir::Node],
     mut x: ValueId,
     c: &rafter_ir::TensorType,
+    axes: CAxes,
 ) -> Result<(Vec<Step>, ValueId), String> {
     let mut steps = Vec::new();
     for node in nodes {
@@ -245,7 +265,19 @@ fn epilogue(
                 ) && (*l == x) != (*r == x) =>
             {
                 let (other, x_left) = if *l == x { (*r, true) } else { (*l, false) };
-                Step::Binary(*op, source(body, other, c)?, x_left)
+                Step::Binary(*op, source(body, other, c, axes)?, x_left)
+            }
+            (Op::Clip, [Some(v), bounds @ ..]) if *v == x && bounds.len() <= 2 => {
+                let bound = |i: usize| -> Result<Option<Src>, String> {
+                    match bounds.get(i).copied().flatten() {
+                        None => Ok(None),
+                        Some(b) => match source(body, b, c, axes)? {
+                            s @ (Src::Const(_) | Src::Scalar(_)) => Ok(Some(s)),
+                            _ => Err("a clip bound that is not one element".into()),
+                        },
+                    }
+                };
+                Step::Clip(bound(0)?, bound(1)?)
             }
             (op, _) => {
                 return Err(format!(
@@ -261,7 +293,12 @@ fn epilogue(
 }
 
 /// How an epilogue operand is read, from its type against C's.
-fn source(body: &Graph, v: ValueId, c: &rafter_ir::TensorType) -> Result<Src, String> {
+pub(crate) fn source(
+    body: &Graph,
+    v: ValueId,
+    c: &rafter_ir::TensorType,
+    axes: CAxes,
+) -> Result<Src, String> {
     let value = body.value(v);
     let ty = &value.ty;
     if ty.dtype != DType::F32 {
@@ -287,16 +324,26 @@ fn source(body: &Graph, v: ValueId, c: &rafter_ir::TensorType) -> Result<Src, St
                 return Ok(Src::Full(i));
             }
             if let Some((last, lead)) = ty.dims.split_last() {
-                if ones(lead) && Some(last) == c.dims.last() {
+                if axes.col_is_last && ones(lead) && Some(last) == c.dims.last() {
                     return Ok(Src::Row(i));
                 }
             }
+            // Aligned to C's trailing dims: one dim of C's row axis, every other 1.
+            let skip = c.rank() - ty.rank();
+            let per_row = ty.dims.iter().enumerate().all(|(a, d)| {
+                if a + skip == axes.row {
+                    Some(d) == c.dims.get(axes.row)
+                } else {
+                    d.as_known() == Some(1)
+                }
+            });
+            if per_row && axes.row >= skip {
+                return Ok(Src::PerRow(i));
+            }
             Err(format!(
-                "operand %{} of dims {:?} is neither a scalar, a row of C's {} columns, nor \
-                 of C's dims",
-                value.name,
-                ty.dims,
-                c.dims.last().map_or("?".into(), |d| d.to_string())
+                "operand %{} of dims {:?} is neither a scalar, a row or a column of C's \
+                 matrix, nor of C's dims {:?}",
+                value.name, ty.dims, c.dims
             ))
         }
         _ => Err(format!(
@@ -307,39 +354,68 @@ fn source(body: &Graph, v: ValueId, c: &rafter_ir::TensorType) -> Result<Src, St
 }
 
 /// Where the bindings are and what the epilogue does.
-struct Layout {
-    a: usize,
-    b: usize,
-    c: usize,
-    bindings: usize,
-    steps: Vec<Step>,
-    tile: MatmulTile,
+pub(crate) struct Layout {
+    pub(crate) a: usize,
+    pub(crate) b: usize,
+    pub(crate) c: usize,
+    pub(crate) bindings: usize,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) tile: MatmulTile,
+    pub(crate) b_source: BSource,
 }
 
-type R<T> = Result<T, String>;
+/// Where B's elements come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum BSource {
+    /// A row-major `K × N` matrix per batch entry (or one shared, per the `b_shared` param).
+    Matrix,
+    /// A convolution's input image `[C, H, W]` per batch entry (an image), read as its
+    /// im2col matrix on the fly (implicit GEMM): row `k = (c, ki, kj)`, column
+    /// `n = (oh, ow)`. A is then the filter `[M, C·KH·KW]`, shared by every image.
+    Image(ImageGeom),
+}
 
-fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
+/// Static geometry of a 2-D convolution's input window (one group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ImageGeom {
+    /// Input channels, height, width.
+    pub(crate) c: u32,
+    pub(crate) h: u32,
+    pub(crate) w: u32,
+    /// Window, strides, leading pads, dilations (height, width).
+    pub(crate) k: [u32; 2],
+    pub(crate) s: [u32; 2],
+    pub(crate) p: [u32; 2],
+    pub(crate) d: [u32; 2],
+    /// Output width.
+    pub(crate) ow: u32,
+}
+
+pub(crate) type R<T> = Result<T, String>;
+
+pub(crate) fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
     r.map_err(|e| format!("rspirv: {e}"))
 }
 
 /// GLSL.std.450 `Fma`.
-const GLSL_FMA: u32 = 50;
+pub(crate) const GLSL_FMA: u32 = 50;
 
 /// Ids of the types and globals the body refers to.
-struct Ids {
-    glsl: Word,
-    f32: Word,
-    u32: Word,
-    u64: Word,
-    bool: Word,
-    ptr_elem: Word,
-    ptr_wg: Word,
-    ptr_fn: Word,
-    a_tile: Word,
-    b_tile: Word,
+pub(crate) struct Ids {
+    pub(crate) glsl: Word,
+    pub(crate) f32: Word,
+    pub(crate) u32: Word,
+    pub(crate) u64: Word,
+    pub(crate) bool: Word,
+    pub(crate) ptr_elem: Word,
+    pub(crate) ptr_wg: Word,
+    pub(crate) ptr_fn: Word,
+    /// The workgroup tiles (unused, and 0, in kernels without them).
+    pub(crate) a_tile: Word,
+    pub(crate) b_tile: Word,
 }
 
-fn emit(layout: &Layout) -> R<Vec<u32>> {
+pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
     let mut b = Builder::new();
     b.set_version(1, 5);
     b.capability(Capability::Shader);
@@ -434,51 +510,51 @@ fn emit(layout: &Layout) -> R<Vec<u32>> {
     Ok(e.b.module().assemble())
 }
 
-struct Body {
-    b: Builder,
-    ids: Ids,
-    tile: MatmulTile,
+pub(crate) struct Body {
+    pub(crate) b: Builder,
+    pub(crate) ids: Ids,
+    pub(crate) tile: MatmulTile,
 }
 
 /// What `store_block` needs to run the epilogue: the steps, every binding's address, and
 /// the byte offset of this batch entry's C matrix (full-size operands share it).
-struct Epilogue<'a> {
-    steps: &'a [Step],
-    addrs: &'a [Word],
-    c_off: Word,
+pub(crate) struct Epilogue<'a> {
+    pub(crate) steps: &'a [Step],
+    pub(crate) addrs: &'a [Word],
+    pub(crate) c_off: Word,
 }
 
 impl Body {
-    fn u(&mut self, v: u32) -> Word {
+    pub(crate) fn u(&mut self, v: u32) -> Word {
         self.b.constant_bit32(self.ids.u32, v)
     }
-    fn u64c(&mut self, v: u64) -> Word {
+    pub(crate) fn u64c(&mut self, v: u64) -> Word {
         self.b.constant_bit64(self.ids.u64, v)
     }
-    fn add(&mut self, a: Word, c: Word) -> R<Word> {
+    pub(crate) fn add(&mut self, a: Word, c: Word) -> R<Word> {
         build(self.b.i_add(self.ids.u32, None, a, c))
     }
-    fn mul(&mut self, a: Word, c: Word) -> R<Word> {
+    pub(crate) fn mul(&mut self, a: Word, c: Word) -> R<Word> {
         build(self.b.i_mul(self.ids.u32, None, a, c))
     }
-    fn add64(&mut self, a: Word, c: Word) -> R<Word> {
+    pub(crate) fn add64(&mut self, a: Word, c: Word) -> R<Word> {
         build(self.b.i_add(self.ids.u64, None, a, c))
     }
-    fn mul64(&mut self, a: Word, c: Word) -> R<Word> {
+    pub(crate) fn mul64(&mut self, a: Word, c: Word) -> R<Word> {
         build(self.b.i_mul(self.ids.u64, None, a, c))
     }
-    fn wide(&mut self, a: Word) -> R<Word> {
+    pub(crate) fn wide(&mut self, a: Word) -> R<Word> {
         build(self.b.u_convert(self.ids.u64, None, a))
     }
-    fn lt(&mut self, a: Word, c: Word) -> R<Word> {
+    pub(crate) fn lt(&mut self, a: Word, c: Word) -> R<Word> {
         build(self.b.u_less_than(self.ids.bool, None, a, c))
     }
-    fn and(&mut self, a: Word, c: Word) -> R<Word> {
+    pub(crate) fn and(&mut self, a: Word, c: Word) -> R<Word> {
         build(self.b.logical_and(self.ids.bool, None, a, c))
     }
 
     /// `base + (row * ld + col) * 4` as an f32 pointer into a matrix.
-    fn elem_ptr(&mut self, base: Word, row: Word, ld: Word, col: Word) -> R<Word> {
+    pub(crate) fn elem_ptr(&mut self, base: Word, row: Word, ld: Word, col: Word) -> R<Word> {
         let (row, ld, col) = (self.wide(row)?, self.wide(ld)?, self.wide(col)?);
         let idx = self.mul64(row, ld)?;
         let idx = self.add64(idx, col)?;
@@ -513,6 +589,70 @@ impl Body {
         ))?;
         let fzero = self.b.constant_bit32(self.ids.f32, 0);
         build(self.b.select(self.ids.f32, None, inside, v, fzero))
+    }
+
+    /// Element `(row, col)` of the im2col matrix of the image at `base` (`rows × cols`),
+    /// or 0 outside it or in the padding. Coordinates are `u32`: an input row above the
+    /// top edge wraps to a huge value, so one unsigned comparison with H rejects both
+    /// edges (sizes are far below 2^31).
+    fn load_im2col(
+        &mut self,
+        base: Word,
+        g: &ImageGeom,
+        (row, rows): (Word, Word),
+        (col, cols): (Word, Word),
+    ) -> R<Word> {
+        let u32 = self.ids.u32;
+        let in_rows = self.lt(row, rows)?;
+        let in_cols = self.lt(col, cols)?;
+        let inside = self.and(in_rows, in_cols)?;
+        let window = self.u(g.k[0] * g.k[1]);
+        let kw = self.u(g.k[1]);
+        let ow = self.u(g.ow);
+        let ci = build(self.b.u_div(u32, None, row, window))?;
+        let r = build(self.b.u_mod(u32, None, row, window))?;
+        let ki = build(self.b.u_div(u32, None, r, kw))?;
+        let kj = build(self.b.u_mod(u32, None, r, kw))?;
+        let oh = build(self.b.u_div(u32, None, col, ow))?;
+        let owi = build(self.b.u_mod(u32, None, col, ow))?;
+        let ih = self.window_coord(oh, ki, g.s[0], g.d[0], g.p[0])?;
+        let iw = self.window_coord(owi, kj, g.s[1], g.d[1], g.p[1])?;
+        let (h, w) = (self.u(g.h), self.u(g.w));
+        let in_h = self.lt(ih, h)?;
+        let in_w = self.lt(iw, w)?;
+        let inside = self.and(inside, in_h)?;
+        let inside = self.and(inside, in_w)?;
+        let zero = self.u(0);
+        let (ci, ih, iw) = (
+            build(self.b.select(u32, None, inside, ci, zero))?,
+            build(self.b.select(u32, None, inside, ih, zero))?,
+            build(self.b.select(u32, None, inside, iw, zero))?,
+        );
+        let plane = self.u(g.h * g.w);
+        let index = self.mul(ci, plane)?;
+        let ih_w = self.mul(ih, w)?;
+        let index = self.add(index, ih_w)?;
+        let index = self.add(index, iw)?;
+        let ptr = self.elem_ptr(base, zero, zero, index)?;
+        let v = build(self.b.load(
+            self.ids.f32,
+            None,
+            ptr,
+            Some(MemoryAccess::ALIGNED),
+            [Arg::LiteralBit32(4)],
+        ))?;
+        let fzero = self.b.constant_bit32(self.ids.f32, 0);
+        build(self.b.select(self.ids.f32, None, inside, v, fzero))
+    }
+
+    /// The input coordinate `o·s + k·d − p` of output coordinate `o` and window tap `k`,
+    /// wrapping below 0 (see [`Body::load_im2col`]).
+    pub(crate) fn window_coord(&mut self, o: Word, k: Word, s: u32, d: u32, p: u32) -> R<Word> {
+        let (s, d, p) = (self.u(s), self.u(d), self.u(p));
+        let os = self.mul(o, s)?;
+        let kd = self.mul(k, d)?;
+        let x = self.add(os, kd)?;
+        build(self.b.i_sub(self.ids.u32, None, x, p))
     }
 
     fn tile_ptr(&mut self, tile: Word, index: Word) -> R<Word> {
@@ -586,18 +726,28 @@ impl Body {
         let four = self.u64c(4);
         let batch = self.wide(wz)?;
         let (m64, n64, k64) = (self.wide(m)?, self.wide(n)?, self.wide(k)?);
-        let mk = self.mul64(m64, k64)?;
-        let a_off = self.mul64(batch, mk)?;
-        let a_off = self.mul64(a_off, four)?;
-        let a_base = self.add64(a_addr, a_off)?;
-        let kn = self.mul64(k64, n64)?;
-        let b_off = self.mul64(batch, kn)?;
-        let b_off = self.mul64(b_off, four)?;
         let zero32 = self.u(0);
-        let shared = build(self.b.i_not_equal(self.ids.bool, None, b_shared, zero32))?;
-        let zero64 = self.u64c(0);
-        let b_off = build(self.b.select(u64, None, shared, zero64, b_off))?;
-        let b_base = self.add64(b_addr, b_off)?;
+        let (a_base, b_base) = match layout.b_source {
+            BSource::Matrix => {
+                let mk = self.mul64(m64, k64)?;
+                let a_off = self.mul64(batch, mk)?;
+                let a_off = self.mul64(a_off, four)?;
+                let a_base = self.add64(a_addr, a_off)?;
+                let kn = self.mul64(k64, n64)?;
+                let b_off = self.mul64(batch, kn)?;
+                let b_off = self.mul64(b_off, four)?;
+                let shared = build(self.b.i_not_equal(self.ids.bool, None, b_shared, zero32))?;
+                let zero64 = self.u64c(0);
+                let b_off = build(self.b.select(u64, None, shared, zero64, b_off))?;
+                (a_base, self.add64(b_addr, b_off)?)
+            }
+            BSource::Image(g) => {
+                // The filter is shared; the image advances by C·H·W elements.
+                let image = self.u64c(g.c as u64 * g.h as u64 * g.w as u64 * 4);
+                let b_off = self.mul64(batch, image)?;
+                (a_addr, self.add64(b_addr, b_off)?)
+            }
+        };
         let mn = self.mul64(m64, n64)?;
         let c_off = self.mul64(batch, mn)?;
         let c_off = self.mul64(c_off, four)?;
@@ -627,7 +777,12 @@ impl Body {
         build(self.b.branch_conditional(more, body, merge, []))?;
 
         build(self.b.begin_block(Some(body)))?;
-        self.stage_tiles((flat, m0, n0, k0), (m, n, k), (a_base, b_base))?;
+        self.stage_tiles(
+            (flat, m0, n0, k0),
+            (m, n, k),
+            (a_base, b_base),
+            layout.b_source,
+        )?;
         self.barrier()?;
         self.accumulate(&acc, tx, ty)?;
         self.barrier()?;
@@ -650,6 +805,7 @@ impl Body {
         (flat, m0, n0, k0): (Word, Word, Word, Word),
         (m, n, k): (Word, Word, Word),
         (a_base, b_base): (Word, Word),
+        b_source: BSource,
     ) -> R<()> {
         let size = self.tile.size();
         let per_thread = size * KSTEP / (THREADS * THREADS);
@@ -677,7 +833,10 @@ impl Body {
             let kk = build(self.b.shift_right_logical(self.ids.u32, None, lin, nshift))?;
             let row = self.add(k0, kk)?;
             let col = self.add(n0, nl)?;
-            let v = self.load_or_zero(b_base, (row, k), (col, n))?;
+            let v = match b_source {
+                BSource::Matrix => self.load_or_zero(b_base, (row, k), (col, n))?,
+                BSource::Image(g) => self.load_im2col(b_base, &g, (row, k), (col, n))?,
+            };
             let tile = self.u(size);
             let bt = self.mul(kk, tile)?;
             let bt = self.add(bt, nl)?;
@@ -734,7 +893,7 @@ impl Body {
     }
 
     /// Loads an f32 at `addr` (a u64 byte address).
-    fn load_at(&mut self, addr: Word) -> R<Word> {
+    pub(crate) fn load_at(&mut self, addr: Word) -> R<Word> {
         let ptr = build(self.b.convert_u_to_ptr(self.ids.ptr_elem, None, addr))?;
         build(self.b.load(
             self.ids.f32,
@@ -745,8 +904,43 @@ impl Body {
         ))
     }
 
+    /// An epilogue operand's value for C's element `(row, col)` (C has `n` columns).
+    fn load_src(
+        &mut self,
+        e: &Epilogue<'_>,
+        src: Src,
+        (row, col): (Word, Word),
+        n: Word,
+    ) -> R<Word> {
+        let f32 = self.ids.f32;
+        let indexed = |me: &mut Body, i: usize, index: Word| -> R<Word> {
+            let four = me.u64c(4);
+            let index = me.wide(index)?;
+            let off = me.mul64(index, four)?;
+            let addr = me.add64(e.addrs[i], off)?;
+            me.load_at(addr)
+        };
+        match src {
+            Src::Const(c) => Ok(self.b.constant_bit32(f32, c.to_bits())),
+            Src::Scalar(i) => self.load_at(e.addrs[i]),
+            Src::Row(i) => indexed(self, i, col),
+            Src::PerRow(i) => indexed(self, i, row),
+            Src::Full(i) => {
+                let base = self.add64(e.addrs[i], e.c_off)?;
+                let ptr = self.elem_ptr(base, row, n, col)?;
+                build(self.b.load(
+                    f32,
+                    None,
+                    ptr,
+                    Some(MemoryAccess::ALIGNED),
+                    [Arg::LiteralBit32(4)],
+                ))
+            }
+        }
+    }
+
     /// The epilogue on the value `x` of C's element `(row, col)` (C has `n` columns).
-    fn apply(
+    pub(crate) fn apply(
         &mut self,
         e: &Epilogue<'_>,
         mut x: Word,
@@ -762,29 +956,22 @@ impl Body {
                     let neg = build(self.b.f_ord_less_than(self.ids.bool, None, x, zero))?;
                     build(self.b.select(f32, None, neg, zero, x))?
                 }
+                Step::Clip(lo, hi) => {
+                    // Ordered comparisons, so NaN passes through unchanged.
+                    if let Some(lo) = lo {
+                        let lo = self.load_src(e, lo, (row, col), n)?;
+                        let below = build(self.b.f_ord_less_than(self.ids.bool, None, x, lo))?;
+                        x = build(self.b.select(f32, None, below, lo, x))?;
+                    }
+                    if let Some(hi) = hi {
+                        let hi = self.load_src(e, hi, (row, col), n)?;
+                        let above = build(self.b.f_ord_greater_than(self.ids.bool, None, x, hi))?;
+                        x = build(self.b.select(f32, None, above, hi, x))?;
+                    }
+                    x
+                }
                 Step::Binary(op, src, x_left) => {
-                    let s = match src {
-                        Src::Const(c) => self.b.constant_bit32(f32, c.to_bits()),
-                        Src::Scalar(i) => self.load_at(e.addrs[i])?,
-                        Src::Row(i) => {
-                            let four = self.u64c(4);
-                            let col = self.wide(col)?;
-                            let off = self.mul64(col, four)?;
-                            let addr = self.add64(e.addrs[i], off)?;
-                            self.load_at(addr)?
-                        }
-                        Src::Full(i) => {
-                            let base = self.add64(e.addrs[i], e.c_off)?;
-                            let ptr = self.elem_ptr(base, row, n, col)?;
-                            build(self.b.load(
-                                f32,
-                                None,
-                                ptr,
-                                Some(MemoryAccess::ALIGNED),
-                                [Arg::LiteralBit32(4)],
-                            ))?
-                        }
-                    };
+                    let s = self.load_src(e, src, (row, col), n)?;
                     let (l, r) = if x_left { (x, s) } else { (s, x) };
                     match op {
                         BinaryOp::Add => build(self.b.f_add(f32, None, l, r))?,

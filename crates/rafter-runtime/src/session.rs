@@ -973,6 +973,33 @@ impl Session {
                                 }
                                 break 'launch;
                             }
+                            if let launch @ rafter_artifact::Launch::Conv { w, .. } = gpu.launch {
+                                let name = &p.kernels[*kernel].name;
+                                let dims_of = |buf: Option<&usize>, what: &str| {
+                                    buf.and_then(|&b| dims[b].as_deref()).ok_or_else(|| {
+                                        unsupported(format!(
+                                            "step {si}: the {what} of kernel `{name}` has no dims"
+                                        ))
+                                    })
+                                };
+                                let y = results.first().copied().flatten();
+                                let max = use_.device.info().limits.max_workgroup_count;
+                                let launched = launch
+                                    .conv_dispatch(
+                                        dims_of(y.as_ref(), "output")?,
+                                        dims_of(args.get(w as usize), "filter")?,
+                                        max,
+                                    )
+                                    .map_err(|e| {
+                                        unsupported(format!("step {si}: kernel `{name}`: {e}"))
+                                    })?;
+                                if let Some((params, grid)) = launched {
+                                    builder
+                                        .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
+                                        .map_err(hal(context))?;
+                                }
+                                break 'launch;
+                            }
                             // Elementwise launch: the element count of the first result.
                             let count: u64 = results
                                 .first()

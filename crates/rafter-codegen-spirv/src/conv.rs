@@ -1,0 +1,349 @@
+//! 2-D convolutions and pooling of f32 NCHW tensors.
+//!
+//! - An ungrouped convolution is an implicit GEMM: per image, `Y[M, OH·OW] = W[M, C·KH·KW]
+//!   · im2col(X)`, run by the matmul kernel ([`crate::matmul`]) with B's tiles gathered
+//!   from the image as they are staged (no im2col buffer), the filter as A, and the conv's
+//!   bias and elementwise tail (residual add, relu, clip) fused at the store.
+//! - A depthwise convolution (one input and one output channel per group), max pooling and
+//!   global pooling are window kernels ([`crate::window`]): one invocation per output
+//!   element.
+//!
+//! Channel and spatial dims must be static (they are baked into the module, so address
+//! arithmetic divides by constants); the batch may be symbolic.
+
+use rafter_artifact::Launch;
+use rafter_ir::{AutoPad, BinaryOp, DType, Graph, Op, PoolKind, TensorType, ValueDef, ValueId};
+
+use crate::matmul::{emit, epilogue, BSource, CAxes, ImageGeom, Layout, Src, Step};
+use crate::window::{emit_window, WindowGeom, WindowLayout, WindowOp};
+use crate::{CodegenError, MatmulTile, WORKGROUP_SIZE};
+
+/// A generated convolution or pooling kernel and how to launch it.
+#[derive(Debug, Clone)]
+pub struct ConvKernel {
+    /// The SPIR-V module (entry point `main`); bindings: the body's inputs, then Y.
+    pub spirv: Vec<u32>,
+    /// The launch: [`Launch::Conv`] for an implicit GEMM, [`Launch::Elementwise`] (one
+    /// invocation per output element) for a window kernel.
+    pub launch: Launch,
+    /// Invocations per workgroup.
+    pub workgroup_size: u32,
+}
+
+/// Compiles a body whose first node is a `conv`, `pool` (max) or `global_pool` (average
+/// or max) of static channel and spatial dims, followed by the matmul's epilogue chain.
+pub fn conv(body: &Graph) -> Result<ConvKernel, CodegenError> {
+    let error = |reason: String| CodegenError {
+        kernel: body.name.clone(),
+        reason,
+    };
+    generate(body).map_err(error)
+}
+
+fn generate(body: &Graph) -> Result<ConvKernel, String> {
+    let Some((first, rest)) = body.nodes.split_first() else {
+        return Err("the body is empty".into());
+    };
+    let input_index = |v: Option<ValueId>| match v.map(|v| &body.value(v).def) {
+        Some(ValueDef::Input(i)) => Some(*i),
+        _ => None,
+    };
+    let [Some(out)] = first.outputs.as_slice() else {
+        return Err(format!("`{}` must have one result", first.op.name()));
+    };
+    let x = input_index(first.input(0)).ok_or("the input must be a body input")?;
+    let y_ty = &body.value(*out).ty;
+    let x_ty = &body.value(body.inputs[x]).ty;
+    let (xd, yd) = (static_nchw(x_ty, "input")?, static_nchw(y_ty, "output")?);
+    let axes = CAxes {
+        row: 1,
+        col_is_last: false,
+    };
+    let (mut steps, last) = epilogue(body, rest, *out, y_ty, axes)?;
+    if body.outputs != [last] {
+        return Err("the body's one output must be the end of the epilogue chain".into());
+    }
+    let bindings = body.inputs.len() + 1;
+    let window = |op: WindowOp, geom: WindowGeom, w: Option<usize>, steps: Vec<Step>| {
+        let spirv = emit_window(&WindowLayout {
+            op,
+            geom,
+            x,
+            w,
+            y: bindings - 1,
+            bindings,
+            steps,
+        })?;
+        Ok(ConvKernel {
+            spirv,
+            launch: Launch::Elementwise,
+            workgroup_size: WORKGROUP_SIZE,
+        })
+    };
+    match &first.op {
+        Op::Conv {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        } => {
+            let w = input_index(first.input(1)).ok_or("the filter must be a body input")?;
+            let wd = static_dims(&body.value(body.inputs[w]).ty, "filter", 4)?;
+            if !kernel_shape.is_empty() && kernel_shape != &[wd[2] as i64, wd[3] as i64] {
+                return Err("kernel_shape disagrees with the filter".into());
+            }
+            let geom = window_geom(
+                (xd, yd),
+                [wd[2], wd[3]],
+                (strides, pads, dilations),
+                *auto_pad,
+            )?;
+            // The bias, added first.
+            if let Some(bias) = first.inputs.get(2).copied().flatten() {
+                let b = input_index(Some(bias)).ok_or("the bias must be a body input")?;
+                let b_ty = &body.value(bias).ty;
+                if b_ty.dtype != DType::F32 || b_ty.dims.len() != 1 || b_ty.dims[0] != y_ty.dims[1]
+                {
+                    return Err(format!("bias of type {b_ty} is not [M] f32"));
+                }
+                steps.insert(0, Step::Binary(BinaryOp::Add, Src::PerRow(b), true));
+            }
+            check_f32(body, first.inputs.iter().flatten().copied())?;
+            let (c, m) = (xd[1], yd[1]);
+            if *group == 1 && wd[1] == c && wd[0] == m {
+                let tile = conv_tile(m, geom.oh * geom.ow);
+                let spirv = emit(&Layout {
+                    a: w,
+                    b: x,
+                    c: bindings - 1,
+                    bindings,
+                    steps,
+                    tile,
+                    b_source: BSource::Image(ImageGeom {
+                        c,
+                        h: geom.h,
+                        w: geom.w,
+                        k: geom.k,
+                        s: geom.s,
+                        p: geom.p,
+                        d: geom.d,
+                        ow: geom.ow,
+                    }),
+                })?;
+                let index = |i: usize| {
+                    u8::try_from(i).map_err(|_| format!("operand {i} is past binding 255"))
+                };
+                Ok(ConvKernel {
+                    spirv,
+                    launch: Launch::Conv {
+                        x: index(x)?,
+                        w: index(w)?,
+                        tile: tile.size(),
+                    },
+                    workgroup_size: 256,
+                })
+            } else if *group as u32 == c && m == c && wd[1] == 1 {
+                window(WindowOp::Depthwise, geom, Some(w), steps)
+            } else {
+                Err(format!(
+                    "grouped convolution (group {group}, {c} -> {m} channels) other than \
+                     depthwise is not generated yet"
+                ))
+            }
+        }
+        Op::Pool {
+            kind: PoolKind::Max,
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            ceil_mode,
+            ..
+        } => {
+            if first.outputs.len() != 1 {
+                return Err("max pooling with indices is not generated yet".into());
+            }
+            let &[kh, kw] = kernel_shape.as_slice() else {
+                return Err("pooling window is not 2-D".into());
+            };
+            let k = [dim_u32(kh)?, dim_u32(kw)?];
+            // ceil_mode only changes the output size, which is static here: the last
+            // window may hang past the padded input, whose taps are skipped anyway.
+            let _ = ceil_mode;
+            check_f32(body, first.inputs.iter().flatten().copied())?;
+            let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
+            window(WindowOp::MaxPool, geom, None, steps)
+        }
+        Op::GlobalPool { kind, .. } => {
+            let op = match kind {
+                PoolKind::Average => WindowOp::GlobalAverage,
+                PoolKind::Max => WindowOp::GlobalMax,
+                PoolKind::Lp => return Err("global Lp pooling is not generated yet".into()),
+            };
+            check_f32(body, first.inputs.iter().flatten().copied())?;
+            if yd[2] != 1 || yd[3] != 1 {
+                return Err("a global pool's output plane must be 1×1".into());
+            }
+            let geom = WindowGeom {
+                c: xd[1],
+                h: xd[2],
+                w: xd[3],
+                k: [xd[2], xd[3]],
+                s: [1, 1],
+                p: [0, 0],
+                d: [1, 1],
+                oh: 1,
+                ow: 1,
+            };
+            window(op, geom, None, steps)
+        }
+        op => Err(format!(
+            "op `{}` is not a convolution or pooling",
+            op.name()
+        )),
+    }
+}
+
+/// The C tile: 64×64 when that still gives a few hundred workgroups (2 per multiprocessor
+/// on big GPUs), else 32×32 (ResNet's 7×7 stages: 49 columns).
+fn conv_tile(m: u32, n: u32) -> MatmulTile {
+    let large = m.div_ceil(64) as u64 * n.div_ceil(64) as u64;
+    if large >= 256 {
+        MatmulTile::Large
+    } else {
+        MatmulTile::Small
+    }
+}
+
+fn check_f32(body: &Graph, values: impl Iterator<Item = ValueId>) -> Result<(), String> {
+    for v in values {
+        let ty = &body.value(v).ty;
+        if ty.dtype != DType::F32 {
+            return Err(format!(
+                "operand %{} is {}; only f32 is generated yet",
+                body.value(v).name,
+                ty.dtype
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn dim_u32(v: i64) -> Result<u32, String> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&x| x > 0 && x < 1 << 16)
+        .ok_or_else(|| format!("window size {v} is not generated"))
+}
+
+/// `[N, C, H, W]` with C, H, W static (N is whatever; 0 stands for a symbolic batch).
+fn static_nchw(ty: &TensorType, what: &str) -> Result<[u32; 4], String> {
+    if ty.dtype != DType::F32 {
+        return Err(format!(
+            "the {what} is {}; only f32 is generated yet",
+            ty.dtype
+        ));
+    }
+    if ty.rank() != 4 {
+        return Err(format!("the {what} {ty} is not 4-D (NCHW)"));
+    }
+    let mut out = [0u32; 4];
+    for (i, d) in ty.dims.iter().enumerate() {
+        match d.as_known() {
+            Some(v) => out[i] = u32::try_from(v).map_err(|_| format!("the {what} is too large"))?,
+            None if i == 0 => {}
+            None => {
+                return Err(format!(
+                    "the {what} {ty} has symbolic channel or spatial dims (not generated yet)"
+                ))
+            }
+        }
+    }
+    let plane = out[1] as u64 * out[2] as u64 * out[3] as u64;
+    if plane >= 1 << 31 {
+        return Err(format!("the {what} {ty} has too many elements per image"));
+    }
+    Ok(out)
+}
+
+fn static_dims(ty: &TensorType, what: &str, rank: usize) -> Result<Vec<u32>, String> {
+    if ty.rank() != rank {
+        return Err(format!("the {what} {ty} is not {rank}-D"));
+    }
+    ty.dims
+        .iter()
+        .map(|d| {
+            d.as_known()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| format!("the {what} {ty} is not static"))
+        })
+        .collect()
+}
+
+/// The window geometry of a conv or pool from its attributes and its static input and
+/// output planes; the output size is the IR's (shape inference already applied ONNX's
+/// rules), the leading pads are resolved here.
+fn window_geom(
+    (xd, yd): ([u32; 4], [u32; 4]),
+    k: [u32; 2],
+    (strides, pads, dilations): (&[i64], &[i64], &[i64]),
+    auto_pad: AutoPad,
+) -> Result<WindowGeom, String> {
+    let per = |v: &[i64], default: i64| -> Result<[u32; 2], String> {
+        match v {
+            [] => Ok([default as u32; 2]),
+            [a, b] => Ok([attr(*a)?, attr(*b)?]),
+            _ => Err(format!("{v:?} is not 2-D")),
+        }
+    };
+    let s = per(strides, 1)?;
+    let d = per(dilations, 1)?;
+    if s.contains(&0) || d.contains(&0) {
+        return Err("zero stride or dilation".into());
+    }
+    let (h, w, oh, ow) = (xd[2], xd[3], yd[2], yd[3]);
+    let p = match auto_pad {
+        AutoPad::NotSet => match pads {
+            [] => [0, 0],
+            [t, l, _, _] => [attr(*t)?, attr(*l)?],
+            _ => return Err(format!("pads {pads:?} are not 2-D")),
+        },
+        AutoPad::Valid => [0, 0],
+        AutoPad::SameUpper | AutoPad::SameLower => {
+            let lead = |n: u32, o: u32, k: u32, s: u32, d: u32| {
+                let eff = (k - 1) * d + 1;
+                let total = ((o.max(1) - 1) * s + eff).saturating_sub(n);
+                if auto_pad == AutoPad::SameUpper {
+                    total / 2
+                } else {
+                    total - total / 2
+                }
+            };
+            [lead(h, oh, k[0], s[0], d[0]), lead(w, ow, k[1], s[1], d[1])]
+        }
+    };
+    if xd[0] != yd[0] {
+        return Err("input and output batch differ".into());
+    }
+    Ok(WindowGeom {
+        c: xd[1],
+        h,
+        w,
+        k,
+        s,
+        p,
+        d,
+        oh,
+        ow,
+    })
+}
+
+fn attr(v: i64) -> Result<u32, String> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&x| x < 1 << 16)
+        .ok_or_else(|| format!("attribute value {v} is not generated"))
+}
