@@ -87,18 +87,22 @@ pub fn uses_vulkan(program: &Program) -> bool {
 }
 
 /// The devices `program` needs: the CPU (with `cpu`), and the Vulkan device when a kernel
-/// or arena is on `vulkan` (an error saying so when it cannot be opened).
+/// or arena is on `vulkan` (an error saying so when it cannot be opened). The CPU's trace
+/// sink, if any, traces the Vulkan device too (timed by GPU timestamps).
 pub fn devices_for(program: &Program, cpu: CpuDeviceOptions) -> Result<DeviceSet> {
+    let trace_sink = cpu.trace_sink.clone();
     let mut set = DeviceSet::cpu_with(cpu)?;
     if uses_vulkan(program) {
-        let device =
-            rafter_hal_vulkan::VulkanDevice::new(rafter_hal_vulkan::VulkanDeviceOptions::default())
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "the program runs kernels on `vulkan`, but the Vulkan device cannot be \
+        let options = rafter_hal_vulkan::VulkanDeviceOptions {
+            trace_sink,
+            ..Default::default()
+        };
+        let device = rafter_hal_vulkan::VulkanDevice::new(options).map_err(|e| {
+            anyhow::anyhow!(
+                "the program runs kernels on `vulkan`, but the Vulkan device cannot be \
                          opened: {e}"
-                    )
-                })?;
+            )
+        })?;
         set.insert("vulkan", Arc::new(device));
     }
     Ok(set)

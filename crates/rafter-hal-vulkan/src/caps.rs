@@ -111,6 +111,10 @@ pub struct VulkanCapabilities {
     pub memory_heaps: Vec<MemoryHeapInfo>,
     /// The queue family rafter uses and how many queues it has (`None`: no compute queue).
     pub compute_queue_family: Option<(u32, u32)>,
+    /// Picoseconds per timestamp tick, and the valid bits of that queue family's
+    /// timestamps (0: no timestamps, so no GPU trace).
+    pub timestamp_period_ps: u64,
+    pub timestamp_valid_bits: u32,
 }
 
 /// `(feature, what its absence disables)`, in report order.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ash::vk;
-use rafter_hal::{BufferRange, Command, CommandBuffer, FillPattern, HalError};
+use rafter_hal::{BufferRange, Command, CommandBuffer, FillPattern, HalError, TraceKind};
 
 use crate::device::Shared;
 use crate::error::call_error;
@@ -17,13 +17,112 @@ pub(crate) struct Prepared {
     shared: Arc<Shared>,
     pool: vk::CommandPool,
     pub(crate) raw: vk::CommandBuffer,
+    /// With a trace sink: the timestamps around each command.
+    pub(crate) timing: Option<Timing>,
+}
+
+/// Timestamp queries `2i` (before) and `2i + 1` (after) of span `i`.
+pub(crate) struct Timing {
+    pub(crate) pool: vk::QueryPool,
+    /// Queries in the pool: two per timed command.
+    queries: u32,
+    pub(crate) spans: Vec<Span>,
+}
+
+/// What one timed command was.
+pub(crate) struct Span {
+    pub(crate) kind: TraceKind,
+    pub(crate) executable: Arc<str>,
+    pub(crate) name: Arc<str>,
+    pub(crate) workgroups: u64,
 }
 
 impl Drop for Prepared {
     fn drop(&mut self) {
         // SAFETY: a `Prepared` is dropped when its HAL command buffer's last handle goes;
-        // submissions hold a handle until they complete, so the GPU no longer uses it.
-        unsafe { self.shared.device.destroy_command_pool(self.pool, None) };
+        // submissions hold a handle until they complete, so the GPU no longer uses it (nor
+        // its query pool).
+        unsafe {
+            self.shared.device.destroy_command_pool(self.pool, None);
+            if let Some(t) = &self.timing {
+                self.shared.device.destroy_query_pool(t.pool, None);
+            }
+        }
+    }
+}
+
+impl Timing {
+    /// A pool of two timestamps for each of the command buffer's non-barrier commands.
+    fn new(shared: &Shared, command_buffer: &CommandBuffer) -> Result<Option<Timing>, HalError> {
+        let count = command_buffer
+            .commands()
+            .iter()
+            .filter(|c| !matches!(c, Command::Barrier))
+            .count();
+        if shared.trace.is_none() || count == 0 {
+            return Ok(None);
+        }
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(2 * count as u32);
+        // SAFETY: `info` lives across the call.
+        let pool = unsafe { shared.device.create_query_pool(&info, None) }
+            .map_err(|r| call_error("vkCreateQueryPool", r, 0))?;
+        Ok(Some(Timing {
+            pool,
+            queries: 2 * count as u32,
+            spans: Vec::with_capacity(count),
+        }))
+    }
+
+    /// Writes the timestamp of the next span's start (`end == false`) or end.
+    fn stamp(&self, shared: &Shared, raw: vk::CommandBuffer, end: bool) {
+        let index = 2 * self.spans.len() as u32 + end as u32;
+        // Start: once every earlier command has started; end: once this one completed.
+        let stage = if end {
+            vk::PipelineStageFlags2::ALL_COMMANDS
+        } else {
+            vk::PipelineStageFlags2::TOP_OF_PIPE
+        };
+        // SAFETY: recording state; the query index is below the pool's count (one pair
+        // per non-barrier command) and was reset at the start of the command buffer.
+        unsafe {
+            shared
+                .device
+                .cmd_write_timestamp2(raw, stage, self.pool, index)
+        };
+    }
+
+    /// The spans' GPU times in nanoseconds from the first start, once the submission
+    /// completed; `None` if the results are unavailable.
+    pub(crate) fn read(&self, shared: &Shared) -> Option<Vec<(u64, u64)>> {
+        let mut ticks = vec![0u64; 2 * self.spans.len()];
+        // SAFETY: the pool has exactly `ticks.len()` queries; the submission that wrote
+        // them completed (this runs at retirement), so no wait is needed.
+        unsafe {
+            shared.device.get_query_pool_results(
+                self.pool,
+                0,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64,
+            )
+        }
+        .ok()?;
+        let bits = shared.caps.timestamp_valid_bits;
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let period = shared.caps.timestamp_period_ps as f64 / 1000.0;
+        let first = ticks.first().copied()? & mask;
+        let ns = |t: u64| ((t & mask).wrapping_sub(first) & mask) as f64 * period;
+        Some(
+            ticks
+                .chunks_exact(2)
+                .map(|p| (ns(p[0]) as u64, ns(p[1]) as u64))
+                .collect(),
+        )
     }
 }
 
@@ -93,7 +192,9 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
         shared: shared.clone(),
         pool,
         raw: vk::CommandBuffer::null(),
+        timing: None,
     };
+    prepared.timing = Timing::new(shared, command_buffer)?;
     let alloc = vk::CommandBufferAllocateInfo::default()
         .command_pool(pool)
         .level(vk::CommandBufferLevel::PRIMARY)
@@ -107,10 +208,74 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
     // SAFETY: a fresh command buffer of our pool, recorded by this thread only.
     unsafe { device.begin_command_buffer(raw, &begin) }
         .map_err(|r| call_error("vkBeginCommandBuffer", r, 0))?;
+    if let Some(t) = &prepared.timing {
+        // SAFETY: recording state, outside any render pass; the range is the pool's.
+        unsafe { device.cmd_reset_query_pool(raw, t.pool, 0, t.queries) };
+    }
 
     let mut bound = vk::Pipeline::null();
     let mut push = Vec::with_capacity(shared.push_constant_size as usize);
     for (index, command) in command_buffer.commands().iter().enumerate() {
+        let timed = !matches!(command, Command::Barrier);
+        if let (true, Some(t)) = (timed, &prepared.timing) {
+            t.stamp(shared, raw, false);
+        }
+        record_command(shared, raw, index, command, &mut bound, &mut push)?;
+        if let (true, Some(t)) = (timed, &mut prepared.timing) {
+            t.stamp(shared, raw, true);
+            t.spans.push(Span::of(command));
+        }
+    }
+    // Make every write visible to the host, which reads results after waiting on a signal
+    // semaphore (a semaphore signal alone does not reach the host domain).
+    full_barrier(
+        shared,
+        raw,
+        vk::PipelineStageFlags2::HOST,
+        vk::AccessFlags2::HOST_READ | vk::AccessFlags2::HOST_WRITE,
+    );
+    // SAFETY: recording state, ended once.
+    unsafe { device.end_command_buffer(raw) }
+        .map_err(|r| call_error("vkEndCommandBuffer", r, 0))?;
+    Ok(prepared)
+}
+
+impl Span {
+    fn of(command: &Command) -> Span {
+        match command {
+            Command::Dispatch(d) => Span {
+                kind: TraceKind::Dispatch,
+                executable: Arc::from(d.executable.name()),
+                name: Arc::from(d.executable.name()),
+                workgroups: d.workgroups.iter().map(|&w| w as u64).product(),
+            },
+            Command::Copy { .. } => Span {
+                kind: TraceKind::Copy,
+                executable: Arc::from(""),
+                name: Arc::from("copy"),
+                workgroups: 1,
+            },
+            Command::Fill { .. } | Command::Barrier => Span {
+                kind: TraceKind::Fill,
+                executable: Arc::from(""),
+                name: Arc::from("fill"),
+                workgroups: 1,
+            },
+        }
+    }
+}
+
+/// Records one command into `raw`.
+fn record_command(
+    shared: &Arc<Shared>,
+    raw: vk::CommandBuffer,
+    index: usize,
+    command: &Command,
+    bound: &mut vk::Pipeline,
+    push: &mut Vec<u8>,
+) -> Result<(), HalError> {
+    let device = &shared.device;
+    {
         match command {
             Command::Barrier => full_barrier(
                 shared,
@@ -152,15 +317,15 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
                     });
                 }
                 if dispatch.workgroups.contains(&0) {
-                    continue;
+                    return Ok(());
                 }
                 // SAFETY: recording state; the pipeline and layout belong to this device and
                 // the executable (which the HAL command buffer keeps alive) outlives the
                 // recording; the push range lies inside the layout's range.
                 unsafe {
-                    if pipeline != bound {
+                    if pipeline != *bound {
                         device.cmd_bind_pipeline(raw, vk::PipelineBindPoint::COMPUTE, pipeline);
-                        bound = pipeline;
+                        *bound = pipeline;
                     }
                     if !push.is_empty() {
                         device.cmd_push_constants(
@@ -168,7 +333,7 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
                             shared.pipeline_layout,
                             vk::ShaderStageFlags::COMPUTE,
                             0,
-                            &push,
+                            push,
                         );
                     }
                     let [x, y, z] = dispatch.workgroups;
@@ -179,7 +344,7 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
                 let from = resolve(shared, src, format!("command {index}: copy source"))?;
                 let to = resolve(shared, dst, format!("command {index}: copy destination"))?;
                 if src.len == 0 {
-                    continue;
+                    return Ok(());
                 }
                 let region = [vk::BufferCopy {
                     src_offset: src.offset,
@@ -193,7 +358,7 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
             Command::Fill { dst, pattern } => {
                 let to = resolve(shared, dst, format!("command {index}: fill destination"))?;
                 if dst.len == 0 {
-                    continue;
+                    return Ok(());
                 }
                 if dst.offset % 4 != 0 || dst.len % 4 != 0 {
                     return Err(HalError::Unsupported(format!(
@@ -217,16 +382,5 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
             }
         }
     }
-    // Make every write visible to the host, which reads results after waiting on a signal
-    // semaphore (a semaphore signal alone does not reach the host domain).
-    full_barrier(
-        shared,
-        raw,
-        vk::PipelineStageFlags2::HOST,
-        vk::AccessFlags2::HOST_READ | vk::AccessFlags2::HOST_WRITE,
-    );
-    // SAFETY: recording state, ended once.
-    unsafe { device.end_command_buffer(raw) }
-        .map_err(|r| call_error("vkEndCommandBuffer", r, 0))?;
-    Ok(prepared)
+    Ok(())
 }

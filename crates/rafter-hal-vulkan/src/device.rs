@@ -12,7 +12,7 @@ use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationSizes, AllocatorDebugSettings, MemoryLocation};
 use rafter_hal::{
     Buffer, Capabilities, Device, DeviceId, DeviceInfo, DeviceKind, Executable, ExecutableSpec,
-    HalError, Limits, MemoryKind, MemoryKindInfo, Queue, Semaphore, FORMAT_SPIRV,
+    HalError, Limits, MemoryKind, MemoryKindInfo, Queue, Semaphore, TraceSink, FORMAT_SPIRV,
 };
 
 use crate::caps::VulkanCapabilities;
@@ -24,7 +24,7 @@ use crate::queue::{run_monitor, SchedState, VulkanQueue};
 use crate::semaphore::SemInner;
 
 /// How to open a [`VulkanDevice`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct VulkanDeviceOptions {
     /// The physical device by index in the loader's enumeration; `None` reads
     /// `RAFTER_VULKAN_DEVICE`, and without it prefers a discrete GPU.
@@ -37,6 +37,26 @@ pub struct VulkanDeviceOptions {
     pub pipeline_cache_path: Option<PathBuf>,
     /// The device's name in [`DeviceInfo`] and errors; empty means `vulkan`.
     pub name: String,
+    /// Where GPU time goes: with a sink, every command buffer is recorded with a timestamp
+    /// before and after each command, and each completed submission reports one
+    /// [`TraceEvent`] per dispatch, copy and fill, timed by the GPU (its durations are the
+    /// GPU's; its start is placed on the host clock by the completion time). Timestamps
+    /// serialise nothing, but they cost a little, so tracing is off by default. A command
+    /// buffer submitted again before its previous submission completed shares its query
+    /// slots with it, so trace one call at a time.
+    pub trace_sink: Option<Arc<dyn TraceSink>>,
+}
+
+impl std::fmt::Debug for VulkanDeviceOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanDeviceOptions")
+            .field("device_index", &self.device_index)
+            .field("queue_count", &self.queue_count)
+            .field("pipeline_cache_path", &self.pipeline_cache_path)
+            .field("name", &self.name)
+            .field("trace_sink", &self.trace_sink.is_some())
+            .finish()
+    }
 }
 
 /// How each HAL memory kind maps onto gpu-allocator's locations.
@@ -95,6 +115,10 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     /// Memory kinds and their properties, as gpu-allocator will place them.
     pub(crate) memory: Vec<MemoryKindInfo>,
+    /// Receives GPU-timed events of completed submissions (see
+    /// [`VulkanDeviceOptions::trace_sink`]); `None` also when the queue family has no
+    /// timestamps.
+    pub(crate) trace: Option<Arc<dyn TraceSink>>,
     /// Keeps the instance alive until the device is destroyed.
     instance: Arc<InstanceOwner>,
 }
@@ -373,6 +397,10 @@ fn create_shared(
     } else {
         options.name.clone()
     };
+    let trace = options
+        .trace_sink
+        .clone()
+        .filter(|_| caps.timestamp_valid_bits > 0);
     let (wake_semaphore, pipeline_layout) = (partial.semaphore, partial.layout);
     partial.device = None;
     Ok(Shared {
@@ -395,6 +423,7 @@ fn create_shared(
         closing: AtomicBool::new(false),
         shutdown: AtomicBool::new(false),
         memory,
+        trace,
         instance: owner,
     })
 }

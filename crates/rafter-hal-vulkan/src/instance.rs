@@ -335,6 +335,10 @@ fn query(owner: &InstanceOwner, physical: vk::PhysicalDevice, index: usize) -> V
             })
             .collect(),
         compute_queue_family,
+        timestamp_period_ps: (limits.timestamp_period as f64 * 1000.0).round() as u64,
+        timestamp_valid_bits: compute_queue_family
+            .and_then(|(f, _)| families.get(f as usize))
+            .map_or(0, |f| f.timestamp_valid_bits),
     }
 }
 

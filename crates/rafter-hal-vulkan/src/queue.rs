@@ -36,12 +36,14 @@
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ash::vk;
-use rafter_hal::{CommandBuffer, DeviceId, HalError, QueueImpl, Semaphore, SemaphoreError};
+use rafter_hal::{
+    CommandBuffer, DeviceId, HalError, QueueImpl, Semaphore, SemaphoreError, TraceEvent, TraceSink,
+};
 
-use crate::command::{prepare, Prepared};
+use crate::command::{prepare, Prepared, Timing};
 use crate::device::{create_timeline, Shared};
 use crate::error::call_error;
 use crate::semaphore::{SemInner, SemState};
@@ -91,6 +93,8 @@ pub(crate) struct Pending {
 /// buffers and executables, the semaphores) until it completes.
 pub(crate) struct InFlight {
     completion: (vk::Semaphore, u64),
+    /// The queue's name, for trace events.
+    queue_name: Arc<str>,
     _command_buffer: CommandBuffer,
     _prepared: Arc<Prepared>,
     _waits: Vec<Semaphore>,
@@ -100,8 +104,12 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// The batch completed: host-signal the semaphores the GPU could not.
-    fn complete(self) {
+    /// The batch completed: report its GPU timestamps to the trace sink, host-signal the
+    /// semaphores the GPU could not.
+    fn complete(self, shared: &Shared) {
+        if let (Some(sink), Some(timing)) = (&shared.trace, &self._prepared.timing) {
+            report(shared, sink.as_ref(), timing, &self.queue_name);
+        }
         for (semaphore, value) in &self.foreign_signals {
             match semaphore.signal(*value) {
                 Ok(()) | Err(SemaphoreError::Failed(_)) => {}
@@ -329,6 +337,7 @@ impl Shared {
             .collect();
         state.in_flight.push(InFlight {
             completion,
+            queue_name: Arc::from(format!("{}:{}", self.name, pending.queue)),
             _command_buffer: pending.command_buffer,
             _prepared: pending.prepared,
             _waits: waits,
@@ -436,7 +445,7 @@ impl Shared {
         };
         let any = !done.is_empty();
         for flight in done {
-            flight.complete();
+            flight.complete(self);
         }
         any
     }
@@ -460,6 +469,32 @@ impl Shared {
         for semaphore in self.live_semaphores() {
             rafter_hal::SemaphoreImpl::fail(&*semaphore, reason.to_string());
         }
+    }
+}
+
+/// One trace event per timed command of a completed submission. The GPU's clock is not the
+/// host's: the last command is taken to end now (the monitor retires batches promptly) and
+/// the others are placed by their GPU times before it.
+fn report(shared: &Shared, sink: &dyn TraceSink, timing: &Timing, queue: &Arc<str>) {
+    let Some(times) = timing.read(shared) else {
+        return;
+    };
+    let now = Instant::now();
+    let last = times.iter().map(|&(_, end)| end).max().unwrap_or(0);
+    let at = |ns: u64| now - Duration::from_nanos(last.saturating_sub(ns));
+    let thread: Arc<str> = Arc::from("gpu");
+    for (span, &(start, end)) in timing.spans.iter().zip(&times) {
+        sink.record(TraceEvent {
+            queue: queue.clone(),
+            kind: span.kind,
+            executable: span.executable.clone(),
+            name: span.name.clone(),
+            start: at(start),
+            end: at(end.max(start)),
+            thread: thread.clone(),
+            workgroups: span.workgroups,
+            failed: false,
+        });
     }
 }
 

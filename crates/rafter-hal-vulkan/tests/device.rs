@@ -24,7 +24,7 @@ fn device_opens_and_reports_capabilities() {
     }
 }
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use rafter_hal::{Buffer, FillPattern, HalError, Semaphore, SemaphoreError};
@@ -444,4 +444,54 @@ fn dropping_the_device_fails_work_that_never_ran() {
     ));
     assert_eq!(dst.read_bytes(0, 64).unwrap(), vec![0u8; 64]);
     go.signal(1).unwrap();
+}
+
+#[test]
+fn a_trace_sink_gets_gpu_timed_events_per_command() {
+    let sink = Arc::new(rafter_hal::MemoryTraceSink::new());
+    let options = rafter_hal_vulkan::VulkanDeviceOptions {
+        trace_sink: Some(sink.clone()),
+        ..Default::default()
+    };
+    let Some(device) = common::device_with_or_skip("trace_sink", options) else {
+        return;
+    };
+    if device.capabilities().timestamp_valid_bits == 0 {
+        eprintln!("skipping trace_sink: the queue family has no timestamps");
+        return;
+    }
+    let data = pattern(4 << 20, 3);
+    let src = buffer_with(&device, MemoryKind::HostVisibleShared, &data);
+    let dst = device
+        .allocate(data.len() as u64, MemoryKind::DeviceLocal)
+        .unwrap();
+    let mut builder = device.create_command_buffer().unwrap();
+    builder.copy(src.whole(), dst.whole()).unwrap();
+    builder.barrier();
+    builder
+        .fill(dst.whole(), rafter_hal::FillPattern::U32(7))
+        .unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    done.wait(1, WAIT).unwrap();
+    // Events are reported when the monitor retires the batch, just after the signal.
+    let start = std::time::Instant::now();
+    while sink.events().len() < 2 && start.elapsed() < WAIT {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let events = sink.events();
+    let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [rafter_hal::TraceKind::Copy, rafter_hal::TraceKind::Fill]
+    );
+    for e in &events {
+        assert!(e.end >= e.start, "{e:?}");
+        assert_eq!(&*e.queue, "vulkan:0");
+        assert!(!e.failed);
+    }
 }
