@@ -64,7 +64,12 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
         return Err("the body's one output must be the end of the epilogue chain".into());
     }
     let bindings = body.inputs.len() + 1;
-    let window = |op: WindowOp, geom: WindowGeom, w: Option<usize>, steps: Vec<Step>| {
+    let mut const_rows = Vec::new();
+    let window = |op: WindowOp,
+                  geom: WindowGeom,
+                  w: Option<usize>,
+                  steps: Vec<Step>,
+                  const_rows: Vec<Vec<f32>>| {
         let spirv = emit_window(&WindowLayout {
             op,
             geom,
@@ -73,6 +78,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             y: bindings - 1,
             bindings,
             steps,
+            const_rows,
         })?;
         Ok(ConvKernel {
             spirv,
@@ -102,13 +108,22 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             )?;
             // The bias, added first.
             if let Some(bias) = first.inputs.get(2).copied().flatten() {
-                let b = input_index(Some(bias)).ok_or("the bias must be a body input")?;
                 let b_ty = &body.value(bias).ty;
                 if b_ty.dtype != DType::F32 || b_ty.dims.len() != 1 || b_ty.dims[0] != y_ty.dims[1]
                 {
                     return Err(format!("bias of type {b_ty} is not [M] f32"));
                 }
-                steps.insert(0, Step::Binary(BinaryOp::Add, Src::PerRow(b), true));
+                // A body input, or a small constant the compiler copied into the body.
+                let src = match (input_index(Some(bias)), &body.value(bias).def) {
+                    (Some(b), _) => Src::PerRow(b),
+                    (None, ValueDef::Const(id)) => {
+                        let values = body.constant(*id).to_f64s();
+                        const_rows.push(values.into_iter().map(|v| v as f32).collect());
+                        Src::ConstRow(const_rows.len() - 1)
+                    }
+                    _ => return Err("the bias is computed inside the kernel".into()),
+                };
+                steps.insert(0, Step::Binary(BinaryOp::Add, src, true));
             }
             check_f32(body, first.inputs.iter().flatten().copied())?;
             let (c, m) = (xd[1], yd[1]);
@@ -121,6 +136,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                     bindings,
                     steps,
                     tile,
+                    const_rows,
                     b_source: BSource::Image(ImageGeom {
                         c,
                         h: geom.h,
@@ -145,7 +161,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                     workgroup_size: 256,
                 })
             } else if *group as u32 == c && m == c && wd[1] == 1 {
-                window(WindowOp::Depthwise, geom, Some(w), steps)
+                window(WindowOp::Depthwise, geom, Some(w), steps, const_rows)
             } else {
                 Err(format!(
                     "grouped convolution (group {group}, {c} -> {m} channels) other than \
@@ -175,7 +191,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             let _ = ceil_mode;
             check_f32(body, first.inputs.iter().flatten().copied())?;
             let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
-            window(WindowOp::MaxPool, geom, None, steps)
+            window(WindowOp::MaxPool, geom, None, steps, Vec::new())
         }
         Op::GlobalPool { kind, .. } => {
             let op = match kind {
@@ -198,7 +214,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                 oh: 1,
                 ow: 1,
             };
-            window(op, geom, None, steps)
+            window(op, geom, None, steps, Vec::new())
         }
         op => Err(format!(
             "op `{}` is not a convolution or pooling",

@@ -115,6 +115,9 @@ pub(crate) enum Src {
     Row(usize),
     /// Binding `i`, indexed by C's row (a convolution's per-channel bias).
     PerRow(usize),
+    /// The kernel's constant vector `i` (a body constant folded into the module), indexed
+    /// by C's row.
+    ConstRow(usize),
     /// Binding `i`, indexed like C.
     Full(usize),
 }
@@ -220,6 +223,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         steps,
         tile,
         b_source: BSource::Matrix,
+        const_rows: Vec::new(),
     })
     .map_err(error)?;
     Ok(MatmulKernel {
@@ -362,6 +366,8 @@ pub(crate) struct Layout {
     pub(crate) steps: Vec<Step>,
     pub(crate) tile: MatmulTile,
     pub(crate) b_source: BSource,
+    /// Constant vectors the epilogue reads ([`Src::ConstRow`]).
+    pub(crate) const_rows: Vec<Vec<f32>>,
 }
 
 /// Where B's elements come from.
@@ -475,13 +481,17 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         [Arg::BuiltIn(BuiltIn::LocalInvocationId)],
     );
 
+    let const_rows = declare_const_rows(&mut b, f32, u32, &layout.const_rows);
     let fn_type = b.type_function(void, []);
     let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
     b.entry_point(
         ExecutionModel::GLCompute,
         main,
         "main",
-        [push_var, wg_var, lid_var, a_tile, b_tile],
+        [push_var, wg_var, lid_var, a_tile, b_tile]
+            .into_iter()
+            .chain(const_rows.iter().copied())
+            .collect::<Vec<_>>(),
     );
     b.execution_mode(main, ExecutionMode::LocalSize, [THREADS, THREADS, 1]);
     let ids = Ids {
@@ -496,7 +506,12 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         a_tile,
         b_tile,
     };
-    let mut e = Body { b, ids, tile };
+    let mut e = Body {
+        b,
+        ids,
+        tile,
+        const_rows,
+    };
     e.main(
         layout,
         push_var,
@@ -514,6 +529,33 @@ pub(crate) struct Body {
     pub(crate) b: Builder,
     pub(crate) ids: Ids,
     pub(crate) tile: MatmulTile,
+    /// The `Private` arrays holding the kernel's constant vectors ([`Src::ConstRow`]).
+    pub(crate) const_rows: Vec<Word>,
+}
+
+/// Declares each of `vectors` as a `Private` f32 array initialised with its values (before
+/// the function, as SPIR-V requires); returns the variables, which the entry point must
+/// list in its interface.
+pub(crate) fn declare_const_rows(
+    b: &mut Builder,
+    f32: Word,
+    u32: Word,
+    vectors: &[Vec<f32>],
+) -> Vec<Word> {
+    vectors
+        .iter()
+        .map(|v| {
+            let len = b.constant_bit32(u32, v.len() as u32);
+            let arr = b.type_array(f32, len);
+            let elems: Vec<Word> = v
+                .iter()
+                .map(|x| b.constant_bit32(f32, x.to_bits()))
+                .collect();
+            let init = b.constant_composite(arr, elems);
+            let ptr = b.type_pointer(None, StorageClass::Private, arr);
+            b.variable(ptr, None, StorageClass::Private, Some(init))
+        })
+        .collect()
 }
 
 /// What `store_block` needs to run the epilogue: the steps, every binding's address, and
@@ -925,6 +967,14 @@ impl Body {
             Src::Scalar(i) => self.load_at(e.addrs[i]),
             Src::Row(i) => indexed(self, i, col),
             Src::PerRow(i) => indexed(self, i, row),
+            Src::ConstRow(i) => {
+                let ptr_private = self.b.type_pointer(None, StorageClass::Private, f32);
+                let p = build(
+                    self.b
+                        .access_chain(ptr_private, None, self.const_rows[i], [row]),
+                )?;
+                build(self.b.load(f32, None, p, None, []))
+            }
             Src::Full(i) => {
                 let base = self.add64(e.addrs[i], e.c_off)?;
                 let ptr = self.elem_ptr(base, row, n, col)?;

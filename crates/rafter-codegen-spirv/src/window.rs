@@ -16,7 +16,9 @@ use rspirv::spirv::{
     FunctionControl, LoopControl, MemoryAccess, MemoryModel, StorageClass, Word,
 };
 
-use crate::matmul::{build, Body, Epilogue, Ids, MatmulTile, Step, GLSL_FMA, R};
+use crate::matmul::{
+    build, declare_const_rows, Body, Epilogue, Ids, MatmulTile, Step, GLSL_FMA, R,
+};
 use crate::WORKGROUP_SIZE;
 
 /// What a window kernel computes per output element.
@@ -56,6 +58,8 @@ pub(crate) struct WindowLayout {
     pub(crate) y: usize,
     pub(crate) bindings: usize,
     pub(crate) steps: Vec<Step>,
+    /// Constant vectors the epilogue reads ([`crate::matmul::Src::ConstRow`]).
+    pub(crate) const_rows: Vec<Vec<f32>>,
 }
 
 /// Emits the module (entry point `main`, [`WORKGROUP_SIZE`] invocations per workgroup,
@@ -102,13 +106,17 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
     let lid_var = builtin(&mut b, BuiltIn::LocalInvocationId);
     let nwg_var = builtin(&mut b, BuiltIn::NumWorkgroups);
 
+    let const_rows = declare_const_rows(&mut b, f32, u32, &layout.const_rows);
     let fn_type = b.type_function(void, []);
     let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
     b.entry_point(
         ExecutionModel::GLCompute,
         main,
         "main",
-        [push_var, wg_var, lid_var, nwg_var],
+        [push_var, wg_var, lid_var, nwg_var]
+            .into_iter()
+            .chain(const_rows.iter().copied())
+            .collect::<Vec<_>>(),
     );
     b.execution_mode(main, ExecutionMode::LocalSize, [WORKGROUP_SIZE, 1, 1]);
     let ids = Ids {
@@ -127,6 +135,7 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
         b,
         ids,
         tile: MatmulTile::Small,
+        const_rows,
     };
     let entry = build(e.b.begin_block(None))?;
     let push_field = |e: &mut Body, i: u32, ty: Word, ptr: Word| -> R<Word> {

@@ -301,3 +301,25 @@ fn unsupported_convolutions_say_why() {
     let e = conv(&parse_graph(text).unwrap()).unwrap_err();
     assert!(e.reason.contains("symbolic channel or spatial dims"), "{e}");
 }
+
+#[test]
+fn a_bias_folded_into_the_body_is_read_from_the_module() {
+    let Some(device) = common::device_or_skip("const_bias") else {
+        return;
+    };
+    // The compiler copies small constants (this bias) into the kernel body.
+    let text = format!(
+        "graph @cb(%x: f32[1, 3, 6, 6], %w: f32[4, 3, 1, 1]) -> (%y) {{\n  \
+         const %b: f32[4] = dense [0.5, -1.25, 2.0, 0.0]\n  \
+         %y: f32[1, 4, 6, 6] = {}(%x, %w, %b)\n}}",
+        conv_op([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1)
+    );
+    check(&device, "1x1 conv, constant bias", &text, &[]);
+    let text = format!(
+        "graph @cb(%x: f32[1, 4, 6, 6], %w: f32[4, 1, 3, 3]) -> (%y) {{\n  \
+         const %b: f32[4] = dense [0.5, -1.25, 2.0, 0.0]\n  \
+         %y: f32[1, 4, 6, 6] = {}(%x, %w, %b)\n}}",
+        conv_op([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4)
+    );
+    check(&device, "depthwise, constant bias", &text, &[]);
+}
