@@ -29,7 +29,7 @@ fn main() {
         "graph @mm(%a: f32[b, m, k], %b: f32[k, n]) -> (%c) {\n  %c: f32[b, m, n] = matmul(%a, %b)\n}",
     )
     .expect("body");
-    let kernels: Vec<(MatmulKernel, _)> = [MatmulTile::Large, MatmulTile::Small]
+    let kernels: Vec<(MatmulKernel, _)> = [MatmulTile::Large, MatmulTile::Small, MatmulTile::Tiny]
         .into_iter()
         .map(|tile| {
             let kernel = matmul_tiled(&body, tile).expect("matmul");

@@ -223,14 +223,17 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
     }
 }
 
-/// The C tile: 64×64 when that still gives a few hundred workgroups (2 per multiprocessor
-/// on big GPUs), else 32×32 (ResNet's 7×7 stages: 49 columns).
+/// The largest C tile that still gives enough workgroups to fill a big GPU (an H100 has
+/// 132 multiprocessors): 64×64 with at least 256 workgroups, 32×32 with at least 128,
+/// else 16×16 (ResNet's 14×14 and 7×7 stages: 196 and 49 columns).
 fn conv_tile(m: u32, n: u32) -> MatmulTile {
-    let large = m.div_ceil(64) as u64 * n.div_ceil(64) as u64;
-    if large >= 256 {
+    let groups = |t: u32| m.div_ceil(t) as u64 * n.div_ceil(t) as u64;
+    if groups(64) >= 256 {
         MatmulTile::Large
-    } else {
+    } else if groups(32) >= 128 {
         MatmulTile::Small
+    } else {
+        MatmulTile::Tiny
     }
 }
 

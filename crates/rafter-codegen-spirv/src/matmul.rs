@@ -50,6 +50,10 @@ pub enum MatmulTile {
     Large,
     /// 32×32, a 2×2 block per invocation.
     Small,
+    /// 16×16, one element per invocation: for products too small in M and N to give the
+    /// GPU's multiprocessors a workgroup each otherwise (a convolution on a 7×7 map: 49
+    /// columns), at the price of fewer FMAs per workgroup-memory load.
+    Tiny,
 }
 
 impl MatmulTile {
@@ -58,6 +62,7 @@ impl MatmulTile {
         match self {
             MatmulTile::Large => 64,
             MatmulTile::Small => 32,
+            MatmulTile::Tiny => 16,
         }
     }
 

@@ -128,6 +128,14 @@ fn products_match_the_cpu_at_edge_sizes() {
     ] {
         check(&device, &small, &a, &b);
     }
+    let tiny = matmul_tiled(&body("b, m, k", "k, n", "b, m, n"), MatmulTile::Tiny).unwrap();
+    common::spirv_val(&tiny.spirv, "matmul_tiny_tile");
+    for (a, b) in [
+        (vec![1, 17, 40], vec![40, 49]),
+        (vec![2, 64, 33], vec![33, 16]),
+    ] {
+        check(&device, &tiny, &a, &b);
+    }
     let batched = matmul(&body("h, m, k", "h, k, n", "h, m, n")).unwrap();
     assert!(!batched.b_shared);
     check(&device, &batched, &[12, 20, 64], &[12, 64, 20]);
@@ -222,8 +230,10 @@ fn epilogues_outside_the_supported_forms_are_errors() {
 }}"
         )
     };
-    // A column vector (broadcast along rows' other axis) is not a supported form yet.
-    let e = matmul(&parse_graph(&text("binary{op = add}", "4, 1")).unwrap()).unwrap_err();
+    // A [1, 3] operand is neither a scalar, a row or column of C, nor of C's dims (a
+    // column vector, [4, 1], is supported: the convolution tests' per-channel bias).
+    assert!(matmul(&parse_graph(&text("binary{op = add}", "4, 1")).unwrap()).is_ok());
+    let e = matmul(&parse_graph(&text("binary{op = add}", "1, 3")).unwrap()).unwrap_err();
     assert!(e.reason.contains("neither a scalar"), "{e}");
     let e = matmul(&parse_graph(&text("binary{op = pow}", "4, 6")).unwrap()).unwrap_err();
     assert!(e.reason.contains("not generated after a matmul"), "{e}");
