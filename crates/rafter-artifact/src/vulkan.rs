@@ -69,6 +69,11 @@ pub enum Launch {
     /// matmul kernel's), grid `[ceil(OH·OW / tile), ceil(M / tile), N]`
     /// ([`Launch::conv_dispatch`]). The window geometry is in the module.
     Conv { x: u8, w: u8, tile: u32 },
+    /// A 2-D product with B stored transposed (ONNX `Gemm` with `transB`, a classifier's
+    /// weight `[N, K]`): `C[M, N] = A[M, K] · B[N, K]ᵀ`, launched like [`Launch::Matmul`]
+    /// with B shared (params `M, N, K, 1`, grid `[ceil(N / tile), ceil(M / tile), 1]`,
+    /// [`Launch::gemm_dispatch`]).
+    GemmTransB { a: u8, b: u8, tile: u32 },
 }
 
 impl Launch {
@@ -88,6 +93,9 @@ impl Launch {
             }
             Launch::Conv { x, w, tile } => {
                 3 | (x as u32) << 8 | (w as u32) << 16 | tile.trailing_zeros() << 25
+            }
+            Launch::GemmTransB { a, b, tile } => {
+                4 | (a as u32) << 8 | (b as u32) << 16 | tile.trailing_zeros() << 25
             }
         }
     }
@@ -112,8 +120,40 @@ impl Launch {
                     tile: 1 << log_tile,
                 })
             }
+            4 if code & (1 << 24) == 0 => {
+                let log_tile = code >> 25;
+                (4..=7).contains(&log_tile).then_some(Launch::GemmTransB {
+                    a: (code >> 8) as u8,
+                    b: (code >> 16) as u8,
+                    tile: 1 << log_tile,
+                })
+            }
             _ => None,
         }
+    }
+
+    /// For a [`Launch::GemmTransB`]: the params and grid for A `[M, K]` and B `[N, K]`,
+    /// checked like [`Launch::matmul_dispatch`]. `Ok(None)` when C is empty.
+    pub fn gemm_dispatch(
+        self,
+        a_dims: &[usize],
+        b_dims: &[usize],
+        max: [u32; 3],
+    ) -> Result<Option<MatmulDispatch>, String> {
+        let Launch::GemmTransB { a, b, tile } = self else {
+            return Err("not a transposed-B gemm launch".into());
+        };
+        let (&[m, k], &[n, kb]) = (a_dims, b_dims) else {
+            return Err(format!("gemm of {a_dims:?} and {b_dims:?}: not 2-D"));
+        };
+        // The same checks and params as a matmul of A and Bᵀ with B shared.
+        let plain = Launch::Matmul {
+            a,
+            b,
+            b_shared: true,
+            tile,
+        };
+        plain.matmul_dispatch(&[m, k], &[kb, n], max)
     }
 
     /// For a convolution launch: the params and the grid for an output `y_dims`

@@ -78,7 +78,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     let is_matmul = body
         .nodes
         .first()
-        .is_some_and(|n| n.op == rafter_ir::Op::MatMul);
+        .is_some_and(|n| matches!(n.op, rafter_ir::Op::MatMul | rafter_ir::Op::Gemm { .. }));
     if is_matmul {
         let tile = matmul_tile(body);
         return matmul_tiled(body, tile)

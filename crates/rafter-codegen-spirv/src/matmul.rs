@@ -92,6 +92,8 @@ pub struct MatmulKernel {
     pub bindings: usize,
     /// The C tile per workgroup.
     pub tile: MatmulTile,
+    /// B is stored transposed (`[N, K]`: a `Gemm` with `transB`).
+    pub b_transposed: bool,
 }
 
 impl MatmulKernel {
@@ -101,6 +103,13 @@ impl MatmulKernel {
         let index = |i: usize| {
             u8::try_from(i).map_err(|_| format!("matmul operand {i} is past binding 255"))
         };
+        if self.b_transposed {
+            return Ok(Launch::GemmTransB {
+                a: index(self.a_input)?,
+                b: index(self.b_input)?,
+                tile: self.tile.size(),
+            });
+        }
         Ok(Launch::Matmul {
             a: index(self.a_input)?,
             b: index(self.b_input)?,
@@ -164,20 +173,58 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
     let Some((first, rest)) = body.nodes.split_first() else {
         return Err(error("the body is empty".into()));
     };
-    if first.op != Op::MatMul {
-        return Err(error(format!(
-            "the first node is `{}`, not matmul",
-            first.op.name()
-        )));
+    // A 2-D `Gemm` is a matmul whose epilogue starts with `· alpha` and `+ C`.
+    let mut gemm_steps = Vec::new();
+    let mut b_transposed = false;
+    match &first.op {
+        Op::MatMul => {}
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a: false,
+            trans_b,
+        } if first.inputs.len() <= 3 => {
+            b_transposed = *trans_b;
+            if *alpha != 1.0 {
+                gemm_steps.push(Step::Binary(BinaryOp::Mul, Src::Const(*alpha), true));
+            }
+            if let Some(c) = first.inputs.get(2).copied().flatten() {
+                if *beta != 1.0 {
+                    return Err(error(format!(
+                        "gemm with beta {beta} is not generated yet (only 1)"
+                    )));
+                }
+                let Some(&Some(product)) = first.outputs.first() else {
+                    return Err(error("the gemm has no result".into()));
+                };
+                let c_ty = &body.value(product).ty;
+                let axes = CAxes {
+                    row: 0,
+                    col_is_last: true,
+                };
+                gemm_steps.push(Step::Binary(
+                    BinaryOp::Add,
+                    source(body, c, c_ty, axes).map_err(error)?,
+                    true,
+                ));
+            }
+        }
+        op => {
+            return Err(error(format!(
+                "the first node is `{}`, not matmul (or a gemm without transA)",
+                op.name()
+            )));
+        }
     }
+    let is_gemm = first.op != Op::MatMul;
     let input_index = |v: Option<ValueId>| match v.map(|v| &body.value(v).def) {
         Some(ValueDef::Input(i)) => Some(*i),
         _ => None,
     };
-    let (Some(a_input), Some(b_input), 2, [Some(product)]) = (
+    let (Some(a_input), Some(b_input), true, [Some(product)]) = (
         input_index(first.input(0)),
         input_index(first.input(1)),
-        first.inputs.len(),
+        first.inputs.len() == 2 || is_gemm,
         first.outputs.as_slice(),
     ) else {
         return Err(error(
@@ -199,6 +246,9 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
             "operands of rank below 2 are not generated yet".into(),
         ));
     }
+    if is_gemm && (a.rank() != 2 || b.rank() != 2) {
+        return Err(error("gemm operands must be 2-D".into()));
+    }
     let b_shared = b.rank() == 2;
     if !b_shared && b.dims[..b.rank() - 2] != a.dims[..a.rank() - 2] {
         return Err(error(format!(
@@ -213,7 +263,9 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         row: c_ty.rank() - 2,
         col_is_last: true,
     };
-    let (steps, last) = epilogue(body, rest, *product, &c_ty, axes).map_err(error)?;
+    let (mut steps, last) = epilogue(body, rest, *product, &c_ty, axes).map_err(error)?;
+    gemm_steps.append(&mut steps);
+    let steps = gemm_steps;
     if body.outputs != [last] {
         return Err(error(
             "the body's one output must be the end of the matmul's epilogue chain".into(),
@@ -227,7 +279,11 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         bindings,
         steps,
         tile,
-        b_source: BSource::Matrix,
+        b_source: if b_transposed {
+            BSource::MatrixT
+        } else {
+            BSource::Matrix
+        },
         const_rows: Vec::new(),
     })
     .map_err(error)?;
@@ -238,6 +294,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         b_input,
         bindings,
         tile,
+        b_transposed,
     })
 }
 
@@ -380,6 +437,8 @@ pub(crate) struct Layout {
 pub(crate) enum BSource {
     /// A row-major `K × N` matrix per batch entry (or one shared, per the `b_shared` param).
     Matrix,
+    /// One row-major `N × K` matrix (B transposed), shared.
+    MatrixT,
     /// A convolution's input image `[C, H, W]` per batch entry (an image), read as its
     /// im2col matrix on the fly (implicit GEMM): row `k = (c, ki, kj)`, column
     /// `n = (oh, ow)`. A is then the filter `[M, C·KH·KW]`, shared by every image.
@@ -775,7 +834,7 @@ impl Body {
         let (m64, n64, k64) = (self.wide(m)?, self.wide(n)?, self.wide(k)?);
         let zero32 = self.u(0);
         let (a_base, b_base) = match layout.b_source {
-            BSource::Matrix => {
+            BSource::Matrix | BSource::MatrixT => {
                 let mk = self.mul64(m64, k64)?;
                 let a_off = self.mul64(batch, mk)?;
                 let a_off = self.mul64(a_off, four)?;
@@ -882,6 +941,8 @@ impl Body {
             let col = self.add(n0, nl)?;
             let v = match b_source {
                 BSource::Matrix => self.load_or_zero(b_base, (row, k), (col, n))?,
+                // Element (k, n) of Bᵀ is at n·K + k.
+                BSource::MatrixT => self.load_or_zero(b_base, (col, n), (row, k))?,
                 BSource::Image(g) => self.load_im2col(b_base, &g, (row, k), (col, n))?,
             };
             let tile = self.u(size);

@@ -1,7 +1,7 @@
 //! Generated convolutions and pooling run on the Vulkan device (lavapipe in CI) and match
 //! the reference executor: implicit-GEMM convolutions (strides, pads, dilations, 1×1, 7×7,
 //! both tile sizes, several images) with their bias and fused tails, depthwise
-//! convolution, max pooling and global pooling.
+//! convolution, max pooling and global pooling; and the classifier's `Gemm` with B transposed.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rafter_artifact::Launch;
-use rafter_codegen_spirv::{conv, to_bytes, ConvKernel, ElementwiseKernel};
+use rafter_codegen_spirv::{conv, matmul, to_bytes, ConvKernel, ElementwiseKernel};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::VulkanDevice;
 use rafter_ir::text::parse_graph;
@@ -35,6 +35,16 @@ fn dims(d: &[usize]) -> String {
 fn check(device: &VulkanDevice, label: &str, body_text: &str, given: &[Option<Vec<f32>>]) {
     let body = parse_graph(body_text).unwrap_or_else(|e| panic!("{label}: {e}"));
     let kernel = conv(&body).unwrap_or_else(|e| panic!("{label}: {e}"));
+    check_kernel(device, label, &body, &kernel, given);
+}
+
+fn check_kernel(
+    device: &VulkanDevice,
+    label: &str,
+    body: &rafter_ir::Graph,
+    kernel: &ConvKernel,
+    given: &[Option<Vec<f32>>],
+) {
     common::spirv_val(&kernel.spirv, label);
     let mut host = Vec::new();
     let mut tensors = Vec::new();
@@ -55,7 +65,7 @@ fn check(device: &VulkanDevice, label: &str, body_text: &str, given: &[Option<Ve
         tensors.push(Tensor::f32s(&d, values.clone()));
         host.push((d, values));
     }
-    let want: Vec<f32> = rafter_reference::run(&body, tensors).unwrap()[0]
+    let want: Vec<f32> = rafter_reference::run(body, tensors).unwrap()[0]
         .to_f64_vec()
         .into_iter()
         .map(|v| v as f32)
@@ -67,7 +77,7 @@ fn check(device: &VulkanDevice, label: &str, body_text: &str, given: &[Option<Ve
         .iter()
         .map(|x| x.as_known().unwrap() as usize)
         .collect();
-    let got = run(device, &kernel, &host, &y_dims, want.len());
+    let got = run(device, kernel, &host, &y_dims, want.len());
     let bad: Vec<String> = (0..want.len())
         .filter(|&i| !common::close(got[i], want[i], 1e-5, 1e-5))
         .take(3)
@@ -105,11 +115,18 @@ fn run(
             .conv_dispatch(y_dims, &inputs[w as usize].0, max)
             .unwrap()
             .unwrap(),
+        launch @ Launch::GemmTransB { a, b, .. } => launch
+            .gemm_dispatch(&inputs[a as usize].0, &inputs[b as usize].0, max)
+            .unwrap()
+            .unwrap(),
+        launch @ Launch::Matmul { a, b, .. } => launch
+            .matmul_dispatch(&inputs[a as usize].0, &inputs[b as usize].0, max)
+            .unwrap()
+            .unwrap(),
         Launch::Elementwise => (
             ElementwiseKernel::params(count as u64).unwrap(),
             ElementwiseKernel::workgroups(count as u64, max[0]),
         ),
-        other => panic!("unexpected launch {other:?}"),
     };
     let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
     let mut builder = device.create_command_buffer().unwrap();
@@ -322,4 +339,38 @@ fn a_bias_folded_into_the_body_is_read_from_the_module() {
         conv_op([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4)
     );
     check(&device, "depthwise, constant bias", &text, &[]);
+}
+
+#[test]
+fn a_classifier_gemm_with_transposed_b_matches_the_reference() {
+    let Some(device) = common::device_or_skip("gemm_trans_b") else {
+        return;
+    };
+    for (trans_b, alpha, b_dims) in [(true, 0.5, "70, 40"), (false, 1.0, "40, 70")] {
+        let text = format!(
+            "graph @fc(%a: f32[3, 40], %b: f32[{b_dims}], %c: f32[70]) -> (%y) {{\n  \
+             %y: f32[3, 70] = gemm{{alpha = {alpha:?}, beta = 1.0, trans_a = false, \
+             trans_b = {trans_b}}}(%a, %b, %c)\n}}"
+        );
+        let body = parse_graph(&text).unwrap();
+        let mm = matmul(&body).unwrap();
+        common::spirv_val(&mm.spirv, "gemm");
+        let kernel = ConvKernel {
+            launch: mm.launch().unwrap(),
+            spirv: mm.spirv,
+            workgroup_size: 256,
+        };
+        check_kernel(
+            &device,
+            &format!("gemm transB={trans_b}"),
+            &body,
+            &kernel,
+            &[],
+        );
+    }
+    let text = "graph @fc(%a: f32[3, 40], %b: f32[70, 40], %c: f32[70]) -> (%y) {\n  \
+                %y: f32[3, 70] = gemm{alpha = 1.0, beta = 0.5, trans_a = false, \
+                trans_b = true}(%a, %b, %c)\n}";
+    let e = matmul(&parse_graph(text).unwrap()).unwrap_err();
+    assert!(e.reason.contains("beta 0.5"), "{e}");
 }

@@ -943,8 +943,8 @@ impl Session {
                             bound.push(range_of(b));
                         }
                         'launch: {
-                            if let launch @ rafter_artifact::Launch::Matmul { a, b, .. } =
-                                gpu.launch
+                            if let launch @ (rafter_artifact::Launch::Matmul { a, b, .. }
+                            | rafter_artifact::Launch::GemmTransB { a, b, .. }) = gpu.launch
                             {
                                 let operand_dims = |i: u8| {
                                     args.get(i as usize)
@@ -958,14 +958,19 @@ impl Session {
                                         })
                                 };
                                 let max = use_.device.info().limits.max_workgroup_count;
-                                let launched = launch
-                                    .matmul_dispatch(operand_dims(a)?, operand_dims(b)?, max)
-                                    .map_err(|e| {
-                                        unsupported(format!(
-                                            "step {si}: kernel `{}`: {e}",
-                                            p.kernels[*kernel].name
-                                        ))
-                                    })?;
+                                let (a_dims, b_dims) = (operand_dims(a)?, operand_dims(b)?);
+                                let launched = match launch {
+                                    rafter_artifact::Launch::GemmTransB { .. } => {
+                                        launch.gemm_dispatch(a_dims, b_dims, max)
+                                    }
+                                    _ => launch.matmul_dispatch(a_dims, b_dims, max),
+                                }
+                                .map_err(|e| {
+                                    unsupported(format!(
+                                        "step {si}: kernel `{}`: {e}",
+                                        p.kernels[*kernel].name
+                                    ))
+                                })?;
                                 if let Some((params, grid)) = launched {
                                     builder
                                         .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
