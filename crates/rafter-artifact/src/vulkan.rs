@@ -499,6 +499,21 @@ mod tests {
         assert!(Launch::Elementwise
             .conv_dispatch(&[1; 4], &[1; 4], max)
             .is_err());
+        let g = Launch::GemmTransB {
+            a: 0,
+            b: 1,
+            tile: 32,
+        };
+        assert_eq!(Launch::from_code(g.code()), Some(g));
+        // A [1, 2048] by B [1000, 2048]: 32 column tiles, one row tile.
+        let (params, grid) = g
+            .gemm_dispatch(&[1, 2048], &[1000, 2048], max)
+            .unwrap()
+            .unwrap();
+        assert_eq!(grid, [32, 1, 1]);
+        assert_eq!(&params[..4], &1u32.to_le_bytes());
+        let e = g.gemm_dispatch(&[1, 2048], &[1000, 2047], max).unwrap_err();
+        assert!(e.contains("inner dims"), "{e}");
     }
 
     #[test]
