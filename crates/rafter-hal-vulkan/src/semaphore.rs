@@ -19,8 +19,13 @@ use crate::device::{create_timeline, Shared};
 use crate::error::call_error;
 
 /// How long one slice of a host wait blocks in `vkWaitSemaphores` before it looks at the
-/// failure state again: the most a failure can take to reach a host waiter.
-const WAIT_SLICE: Duration = Duration::from_millis(5);
+/// counter and the failure state again: the most a failure can take to reach a host
+/// waiter, and the most a missed wake-up can delay it. Short because wake-ups are missed:
+/// on the H100 (driver 580.159.04) a wait often returned only at the end of its slice
+/// although the GPU had signalled the value long before. With 5 ms slices MobileNetV2 took
+/// 6.0 ms per call (GPU busy 0.5 ms), with 200 µs slices 1.6 ms; ResNet-50 5.2 vs 4.0 ms
+/// (benchmarks/RESULTS.md). The cost is a wake-up every 200 µs while a host thread waits.
+const WAIT_SLICE: Duration = Duration::from_micros(200);
 
 pub(crate) struct SemState {
     pub(crate) failure: Option<String>,
