@@ -1,9 +1,11 @@
 """PyTorch CUDA peer for rafter's Vulkan benchmarks: the benchmark models built exactly as
 scripts/export_models.py builds them (random init, fixed seed), batch 1 (BERT: seq 128),
-eager f32 and f16 on the GPU. Median of `--iters` calls after warm-up, each synchronised.
+eager f32 and f16 on the GPU, and the same replayed as a CUDA graph (what removes
+PyTorch's per-op launch cost; the issue's "PyTorch best"). Median of `--iters` calls after
+warm-up, each synchronised. f32 without TF32, like rafter's f32 kernels.
 
-python3 benchmarks/gpu/torch_models.py [--iters 50]
-Prints `torch <model> <dtype>: median M ms` per model that can be built here.
+python3 benchmarks/gpu/torch_models.py [--iters 50] [--models resnet50,mobilenet_v2,bert_base]
+Prints `torch <model> <dtype> <eager|cuda-graph>: median M ms` per model that can be built.
 """
 import argparse
 import os
@@ -33,7 +35,9 @@ def median_ms(fn, iters):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--models", default="resnet50,mobilenet_v2,bert_base")
     args = ap.parse_args()
+    wanted = set(args.models.split(","))
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     makers = {
@@ -42,6 +46,8 @@ def main():
         "bert_base": em.make_bert_base,
     }
     for name, make in makers.items():
+        if name not in wanted:
+            continue
         try:
             model = make()
         except Exception as e:  # torchvision missing, etc.
@@ -55,9 +61,23 @@ def main():
         for dtype in (torch.float32, torch.float16):
             m = model.to("cuda", dtype=dtype).eval()
             xs = tuple(x.to("cuda") if x.dtype == torch.long else x.to("cuda", dtype=dtype) for x in inputs)
+            dt = str(dtype).split(".")[-1]
             with torch.no_grad():
                 ms = median_ms(lambda: m(*xs), args.iters)
-            print(f"torch {name} {str(dtype).split('.')[-1]}: median {ms:.3f} ms")
+                print(f"torch {name} {dt} eager: median {ms:.3f} ms")
+                # Capture one call as a CUDA graph (warm-up on a side stream first, as
+                # PyTorch's docs require) and time its replays.
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(3):
+                        m(*xs)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    m(*xs)
+                ms = median_ms(graph.replay, args.iters)
+                print(f"torch {name} {dt} cuda-graph: median {ms:.3f} ms")
 
 
 if __name__ == "__main__":
