@@ -33,8 +33,12 @@ for m in resnet50 mobilenet_v2 bert_base; do
   .gl/rafter plan /tmp/$m.rfa 2>&1 | grep placement >> "$out/compile_$m.txt"
   ins=""
   for f in $M/${m}_inputs/*.npy; do ins="$ins --input $(basename "$f" .npy)=$f"; done
-  .gl/rafter bench /tmp/$m.rfa $ins --warmup 3 --iters 20 > "$out/bench_$m.txt" 2>&1
+  .gl/rafter bench /tmp/$m.rfa $ins --warmup 10 --iters 50 > "$out/bench_$m.txt" 2>&1
   echo "$m: $(grep placement "$out/compile_$m.txt") | $(tail -1 "$out/bench_$m.txt")"
+  # GPU time per kernel class, from the GPU timestamps of a traced run.
+  .gl/rafter bench /tmp/$m.rfa $ins --warmup 5 --iters 20 --trace /tmp/$m.trace.json > /dev/null 2>&1
+  python3 benchmarks/gpu/trace_summary.py /tmp/$m.trace.json 20 8 > "$out/trace_$m.txt" 2>&1
+  head -12 "$out/trace_$m.txt"
   .gl/rafter run /tmp/$m.rfa $ins --output-dir /tmp/${m}_out > /dev/null 2>&1
   python3 - "$m" <<'PY' >> "$out/bench_$m.txt" 2>&1
 import sys, glob, os, numpy as np
