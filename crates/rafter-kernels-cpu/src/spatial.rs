@@ -90,7 +90,7 @@ pub fn depthwise3x3_with_isa(
     if p == 0 || c.channels == 0 {
         return Ok(());
     }
-    if out.len() % (p * c.channels) != 0 {
+    if !out.len().is_multiple_of(p * c.channels) {
         return Err(shape(format!(
             "{} output elements for {} channels of {oh}x{ow}",
             out.len(),
@@ -304,7 +304,7 @@ pub fn max_pool2d_with_isa(
     if p == 0 {
         return Ok(());
     }
-    if out.len() % p != 0 {
+    if !out.len().is_multiple_of(p) {
         return Err(KernelError::Shape {
             what: "max pool".into(),
             detail: format!("{} output elements for {oh}x{ow} planes", out.len()),
