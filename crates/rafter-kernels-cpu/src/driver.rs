@@ -258,6 +258,7 @@ fn macro_kernel(
                         .map_or(std::ptr::null(), |r| r.data[i * r.ld + j..].as_ptr()),
                     res_ld: e.residual.map_or(0, |r| r.ld),
                     res_before: e.residual.is_some_and(|r| r.before_activation),
+                    clamp: e.clamp,
                 })
             } else {
                 None

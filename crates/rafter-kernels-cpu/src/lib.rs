@@ -50,6 +50,7 @@ mod common;
 mod norm;
 mod pool;
 mod softmax;
+mod spatial;
 pub mod tile;
 mod winograd;
 
@@ -68,6 +69,10 @@ pub use activation::{
 pub use common::KernelError;
 pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
 pub use softmax::{softmax, softmax_in_place, softmax_with_isa, RowMask};
+pub use spatial::{
+    copy_strided, depthwise3x3, depthwise3x3_with_isa, max_pool2d, max_pool2d_with_isa,
+    Depthwise3x3, MaxPool2d,
+};
 
 use thiserror::Error;
 
@@ -259,7 +264,7 @@ impl<'a> Residual<'a> {
 }
 
 /// What happens to the `alpha*A*B + beta*C` tile before it is stored:
-/// `act(x + bias[j] + row_bias[i] (+ residual)) (+ residual)`.
+/// `clamp(act(x + bias[j] + row_bias[i] (+ residual)) (+ residual))`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Epilogue<'a> {
     /// Per-column (output channel / feature) bias, length N.
@@ -271,6 +276,10 @@ pub struct Epilogue<'a> {
     pub activation: Activation,
     /// A matrix of C's shape added before or after the activation.
     pub residual: Option<Residual<'a>>,
+    /// `(lo, hi)`: the result is clamped to `[lo, hi]` last of all, after a residual added
+    /// after the activation (ONNX `Clip`, MobileNet's ReLU6 as `Relu` with `(0, 6)`). A NaN
+    /// becomes `lo`, as `x.max(lo).min(hi)` gives.
+    pub clamp: Option<(f32, f32)>,
 }
 
 impl Epilogue<'_> {
@@ -284,6 +293,7 @@ impl Epilogue<'_> {
             && self.row_bias.is_none()
             && self.activation == Activation::None
             && self.residual.is_none()
+            && self.clamp.is_none()
     }
 }
 

@@ -67,6 +67,9 @@ pub(crate) trait Simd: Copy + Send + Sync {
     fn frexp(self, x: Self::V) -> (Self::V, Self::V);
     fn reduce_add(self, a: Self::V) -> f32;
     fn reduce_max(self, a: Self::V) -> f32;
+    /// The even and the odd elements of the `2 * LANES` elements `a` then `b`: the two
+    /// halves of a stride-2 access (convolution and pooling with stride 2).
+    fn deinterleave(self, a: Self::V, b: Self::V) -> (Self::V, Self::V);
 
     /// `(sum x, sum (x - shift)^2)` accumulated in f64 (for normalisation statistics:
     /// exact enough that a row's mean and variance round like the reference's f64 ones).
@@ -217,6 +220,10 @@ impl Simd for Scalar {
     #[inline(always)]
     fn reduce_add(self, a: f32) -> f32 {
         a
+    }
+    #[inline(always)]
+    fn deinterleave(self, a: f32, b: f32) -> (f32, f32) {
+        (a, b)
     }
     #[inline(always)]
     fn reduce_max(self, a: f32) -> f32 {
@@ -378,6 +385,19 @@ mod x86 {
         #[inline(always)]
         fn reduce_add(self, a: __m512) -> f32 {
             unsafe { _mm512_reduce_add_ps(a) }
+        }
+        #[inline(always)]
+        fn deinterleave(self, a: __m512, b: __m512) -> (__m512, __m512) {
+            unsafe {
+                let even =
+                    _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                let odd =
+                    _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+                (
+                    _mm512_permutex2var_ps(a, even, b),
+                    _mm512_permutex2var_ps(a, odd, b),
+                )
+            }
         }
         #[inline(always)]
         fn reduce_max(self, a: __m512) -> f32 {
@@ -581,6 +601,19 @@ mod x86 {
                     q += (v as f64 - shift) * (v as f64 - shift);
                 }
                 (s, q)
+            }
+        }
+        #[inline(always)]
+        fn deinterleave(self, a: __m256, b: __m256) -> (__m256, __m256) {
+            unsafe {
+                // Per 128-bit lane: [a0 a2 b0 b2 | a4 a6 b4 b6], then the 64-bit quarters
+                // reordered to [a0 a2 a4 a6 b0 b2 b4 b6].
+                let e = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+                let o = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+                (
+                    _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(e))),
+                    _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(o))),
+                )
             }
         }
         #[inline(always)]

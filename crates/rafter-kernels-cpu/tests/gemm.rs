@@ -52,6 +52,8 @@ struct Case {
     act: Activation,
     /// None, Some(before_activation).
     res: Option<bool>,
+    /// Clamp bounds applied last.
+    clamp: Option<(f32, f32)>,
 }
 
 impl Case {
@@ -68,6 +70,7 @@ impl Case {
             row_bias: false,
             act: Activation::None,
             res: None,
+            clamp: None,
         }
     }
 
@@ -109,6 +112,7 @@ impl Case {
             residual: self
                 .res
                 .map(|before| Residual::row_major(&res, ldc, before)),
+            clamp: self.clamp,
         };
         let mut c = c0.clone();
         let cm = MatMut::row_major(&mut c, m, n, ldc).unwrap();
@@ -150,6 +154,9 @@ impl Case {
                 }
                 if self.res == Some(false) {
                     x += r;
+                }
+                if let Some((lo, hi)) = self.clamp {
+                    x = x.max(lo as f64).min(hi as f64);
                 }
                 // Rounding grows with the length of the dot product; GELU's polynomial
                 // exp adds a small relative error of its own.
@@ -250,6 +257,31 @@ fn epilogues() {
                         };
                         case.run(isa, &Sequential, s % 2 == 1, 200 + s as u64);
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn clamp_epilogue() {
+    // ReLU6 (relu + clamp to [0, 6]) and a two-sided clamp, with and without a residual,
+    // on every kernel, on full and partial tiles.
+    for isa in isas() {
+        for (s, &(m, k, n)) in SHAPES.iter().enumerate() {
+            for (act, clamp) in [
+                (Activation::Relu, (0.0, 6.0)),
+                (Activation::None, (-0.5, 0.25)),
+            ] {
+                for res in [None, Some(true), Some(false)] {
+                    let case = Case {
+                        act,
+                        res,
+                        row_bias: true,
+                        clamp: Some(clamp),
+                        ..Case::new(m, k, n)
+                    };
+                    case.run(isa, &Sequential, s % 2 == 0, 300 + s as u64);
                 }
             }
         }

@@ -228,6 +228,10 @@ unsafe fn epilogue(
         if let (Some(rv), false) = (res, e.res_before) {
             x = _mm256_add_ps(x, rv);
         }
+        if let Some((lo, hi)) = e.clamp {
+            // max(NaN, lo) is lo, as `x.max(lo)`.
+            x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+        }
         x
     }
 }

@@ -232,6 +232,10 @@ unsafe fn epilogue(
         if let (Some(rv), false) = (res, e.res_before) {
             x = _mm512_add_ps(x, rv);
         }
+        if let Some((lo, hi)) = e.clamp {
+            // max(NaN, lo) is lo, as `x.max(lo)`.
+            x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+        }
         x
     }
 }

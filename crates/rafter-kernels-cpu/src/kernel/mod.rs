@@ -192,6 +192,8 @@ pub(crate) struct TileEpilogue {
     pub res: *const f32,
     pub res_ld: usize,
     pub res_before: bool,
+    /// Clamp to `[lo, hi]` last (`x.max(lo).min(hi)`).
+    pub clamp: Option<(f32, f32)>,
 }
 
 /// One micro-kernel call. See the module docs for the layouts.

@@ -65,6 +65,9 @@ pub(crate) unsafe fn finish(t: &Tile, acc: &[[f32; NR]]) {
                         *e.res.add(i * e.res_ld + j)
                     };
                     x = epilogue_scalar(x, bias, e.act, r, e.res_before);
+                    if let Some((lo, hi)) = e.clamp {
+                        x = x.max(lo).min(hi);
+                    }
                 }
                 *cp = x;
             }

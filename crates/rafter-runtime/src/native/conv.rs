@@ -5,8 +5,10 @@
 //! the output's shape added in the epilogue too:
 //! - 1x1, stride 1, no padding: `X'` is the input itself (no copy);
 //! - otherwise `X'` is an im2col of the input in a reusable per-thread scratch buffer;
-//! - depthwise (one input and one output channel per group): a direct loop per channel,
-//!   vectorisable along output rows, no GEMM;
+//! - depthwise (one input and one output channel per group): no GEMM; 3×3 with stride 1 or
+//!   2 (MobileNet's) runs `rafter_kernels_cpu::depthwise3x3` (vectorised, planes split over
+//!   the threads, the whole tail fused), other windows a direct loop per channel;
+//! - the tail's clamp (ReLU6) runs in the GEMM epilogue, not as a pass of its own;
 //! - 3×3 stride-1 ungrouped convolutions of a weight, whose outputs have at least
 //!   [`WINOGRAD_MIN_PIXELS`] pixels: Winograd F(2×2, 3×3) (`rafter_kernels_cpu::conv3x3`),
 //!   2.25× fewer multiply-adds, its transformed filter computed on the first call and kept
@@ -17,8 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
-    conv3x3, sgemm, Activation, BRef, Conv3x3, Epilogue, MatMut, MatRef, Parallel, Residual,
-    WinogradScratch, WinogradWeights, WorkerPool,
+    conv3x3, copy_strided, depthwise3x3, sgemm, Activation, BRef, Conv3x3, Depthwise3x3, Epilogue,
+    MatMut, MatRef, Parallel, Residual, WinogradScratch, WinogradWeights, WorkerPool,
 };
 
 use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
@@ -174,8 +176,6 @@ pub(super) fn valid_range(off: isize, s: usize, w: usize, ow: usize) -> (usize, 
 thread_local! {
     /// im2col scratch, reused across dispatches on this thread.
     static COLS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// Padded input rows of the 3×3 depthwise path, likewise.
-    static DEPTHWISE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Winograd scratch, likewise.
     static WINOGRAD: RefCell<WinogradScratch> = RefCell::new(WinogradScratch::default());
 }
@@ -232,7 +232,7 @@ impl NativeKernel for ConvKernel {
             return Ok(true);
         }
         if g == c && cg == 1 && m == c {
-            depthwise(xs, ws, y, [n, c, h, wd], &geo, &r, &self.par);
+            depthwise(xs, ws, y, [n, c, h, wd], &geo, &r, &self.par)?;
             return Ok(true);
         }
         if self.winograd(w, [n, c, h, wd], m, g, &geo, &r, xs, y)? {
@@ -263,11 +263,12 @@ impl NativeKernel for ConvKernel {
                         residual: r
                             .residual
                             .map(|res| Residual::row_major(&res[y0..y0 + mg * p], p, r.res_before)),
+                        // The clamp (ReLU6's upper bound) in the epilogue too: no extra pass.
+                        clamp: r.clamp,
                         ..Epilogue::none()
                     };
                     let cm = MatMut::row_major(yg, mg, p, p).map_err(gemm_err)?;
                     sgemm(r.alpha, a, BRef::Mat(b), 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
-                    r.post(yg);
                 }
             }
             Ok(())
@@ -358,77 +359,6 @@ impl ConvKernel {
     }
 }
 
-/// One channel of a 3×3 depthwise convolution, stride 1 or 2, no dilation: each output row
-/// in one pass of 9 FMAs per element over zero-padded copies of its 3 input rows (for stride
-/// 2, split into even and odd columns first), so every load is contiguous and the loops
-/// vectorise; the general loop above makes 9 read-modify-write passes per row instead.
-fn depthwise3x3_plane(xp: &[f32], hw: [usize; 2], wk: &[f32], geo: &Geom, out: &mut [f32]) {
-    // Scratch reused across the channels this thread computes (thousands per call).
-    DEPTHWISE.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut scratch) => depthwise3x3_rows(xp, hw, wk, geo, out, &mut scratch),
-        Err(_) => depthwise3x3_rows(xp, hw, wk, geo, out, &mut Vec::new()),
-    });
-}
-
-/// [`depthwise3x3_plane`]'s body, with `scratch` for the padded and split rows.
-fn depthwise3x3_rows(
-    xp: &[f32],
-    [h, w]: [usize; 2],
-    wk: &[f32],
-    geo: &Geom,
-    out: &mut [f32],
-    scratch: &mut Vec<f32>,
-) {
-    let ow = geo.out[1];
-    let s = geo.s[0];
-    let (pt, pl) = (geo.pb[0] as isize, geo.pb[1] as isize);
-    // Padded row: column i holds input column i - pl (0 outside), for i < (ow-1)*s + 3.
-    let len = (ow - 1) * s + 3;
-    let half = ow + 1;
-    scratch.clear();
-    scratch.resize(3 * len + 3 * 2 * half, 0.0);
-    let (rows, split) = scratch.split_at_mut(3 * len);
-    for (o, orow) in out.chunks_exact_mut(ow).enumerate() {
-        let mut live = [false; 3];
-        for ki in 0..3 {
-            let ih = (o * s + ki) as isize - pt;
-            let row = &mut rows[ki * len..(ki + 1) * len];
-            if ih < 0 || ih >= h as isize {
-                continue;
-            }
-            live[ki] = true;
-            row.fill(0.0);
-            let src = &xp[ih as usize * w..(ih as usize + 1) * w];
-            // Input columns 0..w land at pl..pl + w, clipped to the row.
-            let lo = pl.max(0) as usize;
-            let skip = (-pl).max(0) as usize;
-            let n = w.saturating_sub(skip).min(len.saturating_sub(lo));
-            row[lo..lo + n].copy_from_slice(&src[skip..skip + n]);
-        }
-        orow.fill(0.0);
-        for ki in (0..3).filter(|&ki| live[ki]) {
-            let row = &rows[ki * len..(ki + 1) * len];
-            let (w0, w1, w2) = (wk[ki * 3], wk[ki * 3 + 1], wk[ki * 3 + 2]);
-            if s == 1 {
-                let (a, b, c) = (&row[..ow], &row[1..ow + 1], &row[2..ow + 2]);
-                for x in 0..ow {
-                    orow[x] += w0 * a[x] + w1 * b[x] + w2 * c[x];
-                }
-            } else {
-                let (even, odd) = split[ki * 2 * half..(ki + 1) * 2 * half].split_at_mut(half);
-                for i in 0..half {
-                    even[i] = row.get(2 * i).copied().unwrap_or(0.0);
-                    odd[i] = row.get(2 * i + 1).copied().unwrap_or(0.0);
-                }
-                let (a, b, c) = (&even[..ow], &odd[..ow], &even[1..ow + 1]);
-                for x in 0..ow {
-                    orow[x] += w0 * a[x] + w1 * b[x] + w2 * c[x];
-                }
-            }
-        }
-    }
-}
-
 /// im2col of one group's `cg` input planes into `cols` (`cg*KH*KW` rows of `OH*OW`).
 fn im2col(
     xg: &[f32],
@@ -459,16 +389,16 @@ fn im2col(
             if geo.s[1] == 1 {
                 let s0 = (lo as isize + off) as usize;
                 drow[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
-            } else {
-                for (j, d) in drow[lo..hi].iter_mut().enumerate() {
-                    // Inside 0..w for every column of lo..hi (`valid_range`).
-                    let iw = ((lo + j) * geo.s[1]) as isize + off;
-                    *d = src[iw as usize];
-                }
+            } else if hi > lo {
+                // Inside 0..w for every column of lo..hi (`valid_range`).
+                let s0 = (lo * geo.s[1]) as isize + off;
+                copy_strided(&src[s0 as usize..], geo.s[1], &mut drow[lo..hi]);
             }
         }
     };
-    let tasks = if rows * p < (1 << 20) {
+    // A copy of 64K floats takes ~10 us, well above the pool's wake-up cost: ResNet-50's
+    // 3x3 stride-2 im2cols (1152 x 784) and the stems ran on one thread below 1M.
+    let tasks = if rows * p < (1 << 16) {
         1
     } else {
         (par.threads() * 4).min(rows)
@@ -498,10 +428,35 @@ fn depthwise(
     geo: &Geom,
     r: &Resolved<'_>,
     par: &WorkerPool,
-) {
+) -> Result<(), String> {
     let [kh, kw] = geo.k;
     let [oh, ow] = geo.out;
     let p = oh * ow;
+    let three = kh == 3
+        && kw == 3
+        && geo.d == [1, 1]
+        && geo.s[0] == geo.s[1]
+        && geo.s[0] <= 2
+        && matches!(r.act, Activation::None | Activation::Relu);
+    if three {
+        let conv = Depthwise3x3 {
+            input: xs,
+            h,
+            w,
+            stride: geo.s[0],
+            pads: geo.pb,
+            out: geo.out,
+            weights: ws,
+            channels: c,
+            alpha: r.alpha,
+            bias: r.bias,
+            residual: r.residual,
+            res_before: r.res_before,
+            relu: r.act == Activation::Relu,
+            clamp: r.clamp,
+        };
+        return depthwise3x3(&conv, y, par).map_err(|e| format!("conv: {e}"));
+    }
     let ranges: Vec<(isize, usize, usize)> = (0..kw)
         .map(|kj| {
             let off = (kj * geo.d[1]) as isize - geo.pb[1] as isize;
@@ -509,17 +464,10 @@ fn depthwise(
             (off, lo, hi)
         })
         .collect();
-    let three = kh == 3 && kw == 3 && geo.d == [1, 1] && geo.s[0] == geo.s[1] && geo.s[0] <= 2;
     let plane = |pi: usize, out: &mut [f32]| {
         let ch = pi % c;
         let xp = &xs[pi * h * w..(pi + 1) * h * w];
         let wk = &ws[ch * kh * kw..(ch + 1) * kh * kw];
-        if three {
-            depthwise3x3_plane(xp, [h, w], wk, geo, out);
-            let b = r.bias.map_or(0.0, |b| b[ch]);
-            r.apply(out, b, r.residual.map(|res| &res[pi * p..(pi + 1) * p]));
-            return;
-        }
         out.fill(0.0);
         for (o, orow) in out.chunks_exact_mut(ow).enumerate() {
             for ki in 0..kh {
@@ -548,7 +496,7 @@ fn depthwise(
         r.apply(out, b, r.residual.map(|res| &res[pi * p..(pi + 1) * p]));
     };
     let planes = n * c;
-    let tasks = if planes * p * kh * kw < (1 << 21) {
+    let tasks = if planes * p * kh * kw < (1 << 18) {
         1
     } else {
         (par.threads() * 8).min(planes)
@@ -557,7 +505,7 @@ fn depthwise(
         for (pi, out) in y.chunks_exact_mut(p).enumerate() {
             plane(pi, out);
         }
-        return;
+        return Ok(());
     }
     let per = planes.div_ceil(tasks);
     let chunks: Vec<Mutex<&mut [f32]>> = y.chunks_mut(per * p).map(Mutex::new).collect();
@@ -567,4 +515,5 @@ fn depthwise(
             plane(t * per + i, out);
         }
     });
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! The elementwise tail of a contraction kernel (`matmul, binary.add, binary.add`,
 //! `conv, binary.add, unary.relu`, `conv, clip`, `matmul, binary.mul`): parsed from the body
 //! once, resolved against each call's operand shapes, and run inside the GEMM's epilogue
-//! (bias, residual, relu, scale) or as one pass over the result (clip's upper bound).
+//! (bias, residual, relu, scale, and for convolutions clip's bounds too) or as one pass over
+//! the result (clip's bounds after a matmul or a Winograd convolution: [`Resolved::post`]).
 
 use rafter_ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueId};
 use rafter_kernels_cpu::Activation;

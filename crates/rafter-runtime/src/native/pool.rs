@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op, PoolKind};
-use rafter_kernels_cpu::{Parallel, WorkerPool};
+use rafter_kernels_cpu::{max_pool2d, MaxPool2d, Parallel, WorkerPool};
 
 use super::conv::{geometry, valid_range};
 use super::{input_of, In, NativeKernel, Out, Par};
@@ -158,6 +158,19 @@ impl NativeKernel for PoolKernel {
                     return Ok(false);
                 }
                 let y = outs[0].f32s()?;
+                if geo.d == [1, 1] {
+                    // Vectorised, planes split over the threads.
+                    let pool = MaxPool2d {
+                        h,
+                        w,
+                        kernel: geo.k,
+                        stride: geo.s,
+                        pads: geo.pb,
+                        out: geo.out,
+                    };
+                    max_pool2d(&pool, xs, y, &*self.par).map_err(|e| format!("max pool: {e}"))?;
+                    return Ok(true);
+                }
                 let ranges: Vec<(isize, usize, usize)> = (0..kw)
                     .map(|kj| {
                         let off = (kj * geo.d[1]) as isize - geo.pb[1] as isize;

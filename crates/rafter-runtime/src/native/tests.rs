@@ -274,8 +274,8 @@ fn convolutions_match_the_reference() {
             / s[1] as usize
             + 1;
         let od = [xd[0], m, oh, ow];
-        for tail in 0..3 {
-            let mut c = Case::new(100 + i as u64 * 3 + tail);
+        for tail in 0..5 {
+            let mut c = Case::new(100 + i as u64 * 5 + tail);
             let x = c.input(&xd);
             let w = c.weight(&[m, xd[1] / g, kh, kw]);
             let b = c.weight(&[m]);
@@ -293,6 +293,14 @@ fn convolutions_match_the_reference() {
                     let y = c.node(add(), &[y, r], &od);
                     c.node(Op::Unary { op: UnaryOp::Relu }, &[y], &od)
                 }
+                // conv(x, w, b), clip(0, 0.5): ReLU6's shape, clamped in the GEMM epilogue
+                // (or in Winograd's pass after it)
+                2 | 3 => {
+                    let lo = c.weight_of(&[], &[if tail == 2 { 0.0 } else { -0.3 }]);
+                    let hi = c.weight_of(&[], &[0.5]);
+                    let y = c.node(op, &[x, w, b], &od);
+                    c.node(Op::Clip, &[y, lo, hi], &od)
+                }
                 // conv(x, w) + per-channel bias [M, 1, 1], no activation
                 _ => {
                     let cb = c.weight(&[m, 1, 1]);
@@ -307,7 +315,15 @@ fn convolutions_match_the_reference() {
 
 #[test]
 fn depthwise_convolutions_with_clip() {
-    for (hw, s, p) in [(9usize, 1i64, 1i64), (10, 2, 1), (7, 1, 0), (5, 2, 2)] {
+    // Planes wider than a vector too (37, 38: full vectors and a masked tail).
+    for (hw, s, p) in [
+        (9usize, 1i64, 1i64),
+        (10, 2, 1),
+        (7, 1, 0),
+        (5, 2, 2),
+        (37, 1, 1),
+        (38, 2, 1),
+    ] {
         let (ch, k) = (6usize, 3usize);
         let o = (hw + 2 * p as usize - k) / s as usize + 1;
         let od = [1, ch, o, o];
@@ -371,6 +387,10 @@ fn pooling() {
         (11usize, 3i64, 2i64, 1i64, false, 6usize),
         (8, 2, 2, 0, false, 4),
         (10, 3, 2, 0, true, 5),
+        // ResNet's 3x3 stride 2 pad 1, wider than a vector; stride 1 and 3.
+        (40, 3, 2, 1, false, 20),
+        (35, 3, 1, 1, false, 35),
+        (35, 3, 3, 0, true, 12),
     ] {
         let mut c = Case::new(hw as u64);
         let x = c.input(&[2, 3, hw, hw]);
