@@ -201,11 +201,7 @@ impl<'a> PackedBRef<'a> {
                 actual: panels.len() * 4,
             });
         }
-        Ok(PackedBRef {
-            k,
-            n,
-            data: panels,
-        })
+        Ok(PackedBRef { k, n, data: panels })
     }
 
     /// Rows (the GEMM's K).

@@ -169,7 +169,11 @@ fn with_unpacking(body: &Graph, b: usize, packed: &TensorType, k: usize, n: usiz
     let old_b = body.inputs[b];
     for (i, &v) in body.inputs.iter().enumerate() {
         let val = body.value(v);
-        let ty = if i == b { packed.clone() } else { val.ty.clone() };
+        let ty = if i == b {
+            packed.clone()
+        } else {
+            val.ty.clone()
+        };
         let new = g.add_input(val.name.clone(), ty);
         map[v.0 as usize] = Some(new);
     }
@@ -213,7 +217,11 @@ fn with_unpacking(body: &Graph, b: usize, packed: &TensorType, k: usize, n: usiz
         let c = |g: &mut Graph, what: &str, v: i64| {
             Some(g.add_const(format!("{name}.unpack_{what}"), ConstData::from_i64s(&[v])))
         };
-        let (starts, ends, axes) = (c(&mut g, "start", 0), c(&mut g, "end", n as i64), c(&mut g, "axis", 1));
+        let (starts, ends, axes) = (
+            c(&mut g, "start", 0),
+            c(&mut g, "end", n as i64),
+            c(&mut g, "axis", 1),
+        );
         unpacked = g.add_node(
             format!("{name}.unpack_slice"),
             Op::Slice,
@@ -261,4 +269,3 @@ fn with_unpacking(body: &Graph, b: usize, packed: &TensorType, k: usize, n: usiz
         .collect();
     g
 }
-

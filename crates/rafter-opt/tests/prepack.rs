@@ -13,7 +13,10 @@ use rafter_kernels_cpu::{MatRef, PackedB};
 fn dense(n: usize, seed: u32) -> String {
     let v: Vec<String> = (0..n)
         .map(|i| {
-            let x = (i as u32).wrapping_mul(2654435761).wrapping_add(seed * 40503) % 1000;
+            let x = (i as u32)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed * 40503)
+                % 1000;
             format!("{:.3}", x as f32 / 500.0 - 1.0)
         })
         .collect();
@@ -100,8 +103,14 @@ fn matmul_and_gemm_weights_are_packed_and_programs_stay_equivalent() {
         .map(|k| k.body.nodes.iter().map(|n| n.op.name()).collect())
         .collect();
     assert!(
-        bodies.contains(&vec!["transpose", "reshape", "slice", "matmul", "binary", "unary"])
-            || bodies.contains(&vec!["transpose", "reshape", "slice", "matmul", "binary"]),
+        bodies.contains(&vec![
+            "transpose",
+            "reshape",
+            "slice",
+            "matmul",
+            "binary",
+            "unary"
+        ]) || bodies.contains(&vec!["transpose", "reshape", "slice", "matmul", "binary"]),
         "{bodies:?}"
     );
     let gemm = p

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
-    sgemm, Activation, BRef, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual,
-    Sequential, PACKED_B_NR,
+    sgemm, Activation, BRef, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, Sequential,
+    PACKED_B_NR,
 };
 
 use super::epilogue::{parse_chain_from, resolve, EpiOp, Resolved, Src};
@@ -417,7 +417,7 @@ impl MatMulKernel {
         if k != kb {
             return Err(format!(
                 "gemm: {:?} times {:?}: inner dims differ",
-                x.dims, y.dims
+                x.dims, b_dims
             ));
         }
         let out_dims = [m, n];
