@@ -144,3 +144,35 @@ fn a_weight_with_a_non_b_reader_or_a_multiple_of_16_columns() {
         assert_eq!(ops, ["transpose", "reshape", "matmul"]);
     }
 }
+
+#[test]
+fn weights_read_by_a_copy_or_compiled_for_vulkan_stay_raw() {
+    // `w` is also a graph output (a copy step reads it): it must stay raw.
+    let g = parse(&format!(
+        r#"graph @pp3(%x: f32[3, 8]) -> (%a, %w) {{
+          const %w: f32[8, 20] = {w}
+          %a: f32[3, 20] = matmul(%x, %w)
+        }}"#,
+        w = dense(8 * 20, 9),
+    ));
+    let p = check_equivalent(&g, vec![rand_f32(&[3, 8], 6)]);
+    assert_eq!(p.weights.len(), 1);
+    assert_eq!(p.weights[0].dims, vec![8, 20]);
+
+    // Compiled for Vulkan, a matmul the GPU runs reads its weight there: not packed.
+    let g = parse(&format!(
+        r#"graph @pp4(%x: f32[3, 8]) -> (%a) {{
+          const %w: f32[8, 20] = {w}
+          %a: f32[3, 20] = matmul(%x, %w)
+        }}"#,
+        w = dense(8 * 20, 10),
+    ));
+    let opts = rafter_opt::CompileOptions {
+        target: rafter_opt::Target::Vulkan,
+        ..rafter_opt::CompileOptions::default()
+    };
+    let p = rafter_opt::compile(&g, &opts).unwrap();
+    let on_gpu = p.kernels.iter().any(|k| k.device == "vulkan");
+    let packed = p.weights.iter().any(|w| w.dims.len() == 3);
+    assert!(on_gpu != packed, "on the GPU: {on_gpu}, packed: {packed}");
+}
