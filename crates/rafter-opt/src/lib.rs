@@ -140,7 +140,11 @@ pub fn compile_observed(
             fuse: true,
         },
     )?;
-    prepack::prepack_weights(&mut program);
+    // Only for the CPU target: with `--target vulkan`, `rafter plan` explains why each
+    // kernel stayed on the CPU from its body, which must still be the body placement saw.
+    if opts.target == Target::Cpu {
+        prepack::prepack_weights(&mut program);
+    }
     observe(Stage::PlanMemory);
     memplan::plan_memory(&mut program, &memplan::PlanOptions::default())?;
     program.verify()?;

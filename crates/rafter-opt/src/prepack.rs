@@ -25,7 +25,9 @@
 //! dispatch of a `cpu` kernel (dispatched by that one step) whose first node is a 2-D
 //! `matmul` or a `gemm`, the weight is its B and nothing else in the body reads that operand.
 //! Any other reader (a copy, a Vulkan replica, a gather of tied embeddings, an A operand)
-//! keeps the weight raw.
+//! keeps the weight raw. [`crate::compile`] runs this for the CPU target only: for
+//! `--target vulkan`, `rafter plan` explains why a kernel stayed on the CPU from its body,
+//! which must remain the body placement judged.
 
 use bytes::Bytes;
 use rafter_ir::program::{Program, Step, Storage};

@@ -159,7 +159,8 @@ fn weights_read_by_a_copy_or_compiled_for_vulkan_stay_raw() {
     assert_eq!(p.weights.len(), 1);
     assert_eq!(p.weights[0].dims, vec![8, 20]);
 
-    // Compiled for Vulkan, a matmul the GPU runs reads its weight there: not packed.
+    // Compiled for Vulkan nothing is packed (a matmul the GPU runs reads its weight there,
+    // and `rafter plan` explains CPU fallbacks from their unrewritten bodies).
     let g = parse(&format!(
         r#"graph @pp4(%x: f32[3, 8]) -> (%a) {{
           const %w: f32[8, 20] = {w}
@@ -172,7 +173,5 @@ fn weights_read_by_a_copy_or_compiled_for_vulkan_stay_raw() {
         ..rafter_opt::CompileOptions::default()
     };
     let p = rafter_opt::compile(&g, &opts).unwrap();
-    let on_gpu = p.kernels.iter().any(|k| k.device == "vulkan");
-    let packed = p.weights.iter().any(|w| w.dims.len() == 3);
-    assert!(on_gpu != packed, "on the GPU: {on_gpu}, packed: {packed}");
+    assert!(p.weights.iter().all(|w| w.dims.len() == 2));
 }
