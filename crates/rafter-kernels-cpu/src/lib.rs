@@ -22,7 +22,9 @@
 //!
 //! Weights are B. [`PackedB`] packs them once, at compile time, into exactly the panels the
 //! micro-kernels read, and serialises to a validated byte layout so they can sit in the
-//! artifact and be used from a memory map without a copy ([`PackedBRef::from_bytes`]).
+//! artifact and be used from a memory map without a copy ([`PackedBRef::from_bytes`]); the
+//! compiler stores the panels alone as a plain `[ceil(N/16), K, 16]` weight, which the
+//! runtime reads in place through [`PackedBRef::from_panels`].
 //!
 //! The micro-kernel is chosen once per process by runtime feature detection ([`Isa::detect`]):
 //! AVX-512F (12x32 tile) or AVX2+FMA (6x16) on x86-64, NEON (4x16) on aarch64, and a

@@ -145,6 +145,13 @@ impl PackedB {
     pub fn n(&self) -> usize {
         self.n
     }
+
+    /// The panels alone, without the header: `ceil(n/16)` blocks of `k x 16` floats, i.e. a
+    /// row-major `[ceil(n/16), k, 16]` tensor. The compiler stores weights in this form as
+    /// ordinary tensors (see [`PackedBRef::from_panels`]).
+    pub fn panels(&self) -> &[f32] {
+        &self.buf.as_slice()[HEADER_FLOATS..]
+    }
 }
 
 /// A packed B borrowed from elsewhere: a [`PackedB`], or validated bytes in place.
@@ -173,6 +180,28 @@ impl<'a> PackedBRef<'a> {
         // the f32 slice borrows `bytes` for 'a, so it is neither freed nor mutated meanwhile.
         let data = unsafe { std::slice::from_raw_parts(payload.as_ptr().cast::<f32>(), floats) };
         Ok(PackedBRef { k, n, data })
+    }
+
+    /// Uses headerless panels in place: `ceil(n/16) * k * 16` floats laid out as a row-major
+    /// `[ceil(n/16), k, 16]` tensor (panel `q` holds columns `16q..16q+16` of B, `K x 16`
+    /// row-major). This is how a compiled program stores a pre-packed weight: as an ordinary
+    /// f32 tensor of that shape, whose dims already carry K and the panel count, so no
+    /// header is needed. Padding columns past `n` may hold anything: the kernels never
+    /// write the results they feed.
+    pub fn from_panels(k: usize, n: usize, panels: &'a [f32]) -> Result<PackedBRef<'a>, PackError> {
+        let floats = panel_floats(k, n).ok_or(PackError::Overflow {
+            k: k as u64,
+            n: n as u64,
+        })?;
+        if panels.len() != floats {
+            return Err(PackError::Length {
+                k: k as u64,
+                n: n as u64,
+                expected: floats * 4,
+                actual: panels.len() * 4,
+            });
+        }
+        Ok(PackedBRef { k, n, data: panels })
     }
 
     /// Rows (the GEMM's K).

@@ -496,6 +496,24 @@ fn packed_bytes_round_trip() {
         sgemm(1.0, am, bref, 0.0, cm, &Epilogue::none(), &Sequential).unwrap();
         outs.push(c);
     }
+    // Headerless panels (how a compiled program stores a packed weight) are the same B.
+    let panels = PackedBRef::from_panels(k, n, packed.panels()).unwrap();
+    let mut c = vec![0.0f32; 3 * n];
+    let cm = MatMut::row_major(&mut c, 3, n, n).unwrap();
+    sgemm(
+        1.0,
+        am,
+        panels.into(),
+        0.0,
+        cm,
+        &Epilogue::none(),
+        &Sequential,
+    )
+    .unwrap();
+    outs.push(c);
+    let short = &packed.panels()[..packed.panels().len() - 1];
+    let e = PackedBRef::from_panels(k, n, short).unwrap_err();
+    assert!(matches!(e, PackError::Length { .. }), "{e}");
     // Same kernel, same panels: bit-identical.
     assert!(outs.iter().all(|c| c == &outs[0]));
 

@@ -13,6 +13,9 @@
 //! - [`lower()`]: partition + lowering to a [`Program`], without memory planning;
 //! - [`place`]: device placement for [`Target::Vulkan`] (GPU where the SPIR-V generator
 //!   supports a kernel, CPU fallback, copies at device changes);
+//! - [`prepack`]: weights read only as a CPU matmul's B stored pre-packed in the GEMM's
+//!   panel layout, with an unpacking prologue in the kernel body
+//!   ([`prepack::prepack_weights`]);
 //! - [`memplan`]: static memory planning ([`memplan::plan_memory`]: offsets in one arena per
 //!   device and memory kind, sized at the declared bounds; [`memplan::memory_report`]);
 //! - [`compile()`]: all of the above.
@@ -23,6 +26,7 @@ pub mod lower;
 pub mod memplan;
 pub mod passes;
 pub mod place;
+pub mod prepack;
 mod util;
 
 pub use error::CompileError;
@@ -110,7 +114,8 @@ pub enum Stage {
     PlanMemory,
 }
 
-/// Compiles a graph: [`optimize`], fusion and [`lower()`], then [`memplan::plan_memory`].
+/// Compiles a graph: [`optimize`], fusion and [`lower()`], [`prepack::prepack_weights`],
+/// then [`memplan::plan_memory`].
 /// The result passes [`Program::verify`].
 pub fn compile(graph: &Graph, opts: &CompileOptions) -> Result<Program, CompileError> {
     compile_observed(graph, opts, &mut |_| {})
@@ -135,6 +140,11 @@ pub fn compile_observed(
             fuse: true,
         },
     )?;
+    // Only for the CPU target: with `--target vulkan`, `rafter plan` explains why each
+    // kernel stayed on the CPU from its body, which must still be the body placement saw.
+    if opts.target == Target::Cpu {
+        prepack::prepack_weights(&mut program);
+    }
     observe(Stage::PlanMemory);
     memplan::plan_memory(&mut program, &memplan::PlanOptions::default())?;
     program.verify()?;

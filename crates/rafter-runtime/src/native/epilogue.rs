@@ -66,6 +66,12 @@ pub(crate) enum EpiOp {
 /// value (used nowhere else) and at most one f32 body input; the last result is the body's
 /// only output. `None` for any other body.
 pub(crate) fn parse_chain(body: &Graph, root: ValueId) -> Option<Vec<EpiOp>> {
+    parse_chain_from(body, root, 1)
+}
+
+/// [`parse_chain`] for a root computed by node `start - 1` (a contraction behind a prologue,
+/// such as the unpacking of a pre-packed weight): the chain is `body.nodes[start..]`.
+pub(crate) fn parse_chain_from(body: &Graph, root: ValueId, start: usize) -> Option<Vec<EpiOp>> {
     let uses = |v: ValueId| {
         body.nodes
             .iter()
@@ -75,7 +81,7 @@ pub(crate) fn parse_chain(body: &Graph, root: ValueId) -> Option<Vec<EpiOp>> {
     };
     let mut cur = root;
     let mut chain = Vec::new();
-    for node in &body.nodes[1..] {
+    for node in body.nodes.get(start..)? {
         if uses(cur) != 1 || body.outputs.contains(&cur) || node.outputs.len() != 1 {
             return None;
         }

@@ -2,15 +2,21 @@
 //! of `rafter-kernels-cpu` straight from borrowed operands: weights are read as `BRef::Mat`
 //! over the mapped bytes, results are written into the output binding, and a bias, residual,
 //! relu or scalar scale in the body runs in the GEMM's epilogue.
+//!
+//! A weight the compiler pre-packed (`rafter_opt::prepack`) reaches the body as panels
+//! `[ceil(N/16), K, 16]` followed by an unpacking prologue (`transpose`, `reshape`, maybe
+//! `slice`); the kernel recognises that prologue and gives the GEMM the panels in place
+//! (`BRef::Packed`), so no call packs B.
 
 use std::sync::{Arc, Mutex};
 
-use rafter_ir::{DType, Graph, Op};
+use rafter_ir::{DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
-    sgemm, Activation, BRef, Epilogue, MatMut, MatRef, Parallel, Residual, Sequential,
+    sgemm, Activation, BRef, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, Sequential,
+    PACKED_B_NR,
 };
 
-use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
+use super::epilogue::{parse_chain_from, resolve, EpiOp, Resolved, Src};
 use super::{input_of, In, NativeKernel, Out, Par};
 
 struct GemmAttrs {
@@ -21,9 +27,124 @@ struct GemmAttrs {
     c: Option<Src>,
 }
 
+/// Where the product's B comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BSrc {
+    /// Body input `i`, as the product reads it.
+    Input(usize),
+    /// Body input `input`, a weight pre-packed into `[ceil(n/16), k, 16]` panels that the
+    /// body unpacks to `[k, n]` (see [`packed_prologue`]).
+    Packed { input: usize, k: usize, n: usize },
+}
+
+/// The unpacking prologue of a pre-packed weight: `x [np, k, 16] → transpose [1, 0, 2] →
+/// reshape [k, 16·np] (→ slice 0..n on axis 1)`, its result read once, by the product.
+struct Prologue {
+    input: usize,
+    unpacked: ValueId,
+    k: usize,
+    n: usize,
+    /// Index of the first node after the prologue.
+    next: usize,
+}
+
+/// The prologue at the start of `body`, if it is exactly the one `rafter_opt::prepack`
+/// writes (anything else, even if equivalent, is left to the generic paths).
+fn packed_prologue(body: &Graph) -> Option<Prologue> {
+    let dims = |v: ValueId| -> Option<Vec<usize>> {
+        body.value(v)
+            .ty
+            .known_dims()?
+            .into_iter()
+            .map(|d| usize::try_from(d).ok())
+            .collect()
+    };
+    let consts = |v: Option<&Option<ValueId>>| body.const_of((*v?)?)?.to_i64s();
+    let read_once = |v: ValueId| {
+        !body.outputs.contains(&v)
+            && body
+                .nodes
+                .iter()
+                .flat_map(|n| &n.inputs)
+                .filter(|&&i| i == Some(v))
+                .count()
+                == 1
+    };
+    let single = |n: &rafter_ir::Node| match n.outputs.as_slice() {
+        [Some(v)] => Some(*v),
+        _ => None,
+    };
+    let t = body.nodes.first()?;
+    if !matches!(&t.op, Op::Transpose { perm } if perm[..] == [1, 0, 2]) || t.inputs.len() != 1 {
+        return None;
+    }
+    let x = t.input(0)?;
+    let input = super::input_of(body, Some(x), DType::F32)?;
+    let &[np, k, nr] = dims(x)?.as_slice() else {
+        return None;
+    };
+    let width = np.checked_mul(nr)?;
+    let tv = single(t)?;
+    if nr != PACKED_B_NR || k == 0 || np == 0 || dims(tv)? != [k, np, nr] || !read_once(tv) {
+        return None;
+    }
+    let r = body.nodes.get(1)?;
+    let target = [i64::try_from(k).ok()?, i64::try_from(width).ok()?];
+    if !matches!(r.op, Op::Reshape { .. })
+        || r.inputs.len() != 2
+        || r.input(0) != Some(tv)
+        || consts(r.inputs.get(1))? != target
+    {
+        return None;
+    }
+    let mut unpacked = single(r)?;
+    if dims(unpacked)? != [k, width] {
+        return None;
+    }
+    let (mut n, mut next) = (width, 2);
+    if let Some(s) = body.nodes.get(2) {
+        if matches!(s.op, Op::Slice) && s.input(0) == Some(unpacked) {
+            let steps_ok = match s.inputs.get(4) {
+                None | Some(None) => true,
+                v => consts(v)? == [1],
+            };
+            let axis = consts(s.inputs.get(3))?;
+            let end = consts(s.inputs.get(2))?;
+            let &[end] = end.as_slice() else {
+                return None;
+            };
+            let end = usize::try_from(end).ok()?;
+            if !read_once(unpacked)
+                || !steps_ok
+                || !(axis == [1] || axis == [-1])
+                || consts(s.inputs.get(1))? != [0]
+                || end == 0
+                || end > width
+            {
+                return None;
+            }
+            unpacked = single(s)?;
+            if dims(unpacked)? != [k, end] {
+                return None;
+            }
+            (n, next) = (end, 3);
+        }
+    }
+    if n.div_ceil(PACKED_B_NR) != np || !read_once(unpacked) {
+        return None;
+    }
+    Some(Prologue {
+        input,
+        unpacked,
+        k,
+        n,
+        next,
+    })
+}
+
 struct MatMulKernel {
     a: usize,
-    b: usize,
+    b: BSrc,
     /// `Some` for ONNX Gemm (2-D only), `None` for MatMul.
     gemm: Option<GemmAttrs>,
     chain: Vec<EpiOp>,
@@ -31,12 +152,22 @@ struct MatMulKernel {
 }
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
-    let first = body.nodes.first()?;
+    let prologue = packed_prologue(body);
+    let at = prologue.as_ref().map_or(0, |p| p.next);
+    let first = body.nodes.get(at)?;
     if first.outputs.len() != 1 || first.inputs.len() < 2 {
         return None;
     }
     let a = input_of(body, first.inputs[0], DType::F32)?;
-    let b = input_of(body, first.inputs[1], DType::F32)?;
+    let b = match &prologue {
+        Some(p) if first.inputs[1] == Some(p.unpacked) => BSrc::Packed {
+            input: p.input,
+            k: p.k,
+            n: p.n,
+        },
+        Some(_) => return None,
+        None => BSrc::Input(input_of(body, first.inputs[1], DType::F32)?),
+    };
     let gemm = match &first.op {
         Op::MatMul if first.inputs.len() == 2 => None,
         Op::Gemm {
@@ -56,7 +187,10 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         }),
         _ => return None,
     };
-    let chain = parse_chain(body, first.outputs[0]?)?;
+    if matches!(b, BSrc::Packed { .. }) && gemm.as_ref().is_some_and(|g| g.trans_b) {
+        return None;
+    }
+    let chain = parse_chain_from(body, first.outputs[0]?, at + 1)?;
     Some(Arc::new(MatMulKernel {
         a,
         b,
@@ -99,8 +233,8 @@ impl NativeKernel for MatMulKernel {
         if self.gemm.is_some() {
             return None;
         }
-        let (sa, sb) = (&ins[self.a].dims, &ins[self.b].dims);
-        let (batch, m, _, n) = product_dims(sa, sb)?;
+        let (sa, sb) = (&ins[self.a].dims, self.b_dims(ins));
+        let (batch, m, _, n) = product_dims(sa, &sb)?;
         Some(batch.into_iter().chain([m, n]).collect())
     }
 }
@@ -128,9 +262,41 @@ fn product_dims(sa: &[usize], sb: &[usize]) -> Option<(Vec<usize>, usize, usize,
 }
 
 impl MatMulKernel {
+    /// B's dims as the product sees them (`[k, n]` for a pre-packed weight).
+    fn b_dims(&self, ins: &[In<'_>]) -> Vec<usize> {
+        match self.b {
+            BSrc::Input(i) => ins[i].dims.clone(),
+            BSrc::Packed { k, n, .. } => vec![k, n],
+        }
+    }
+
+    /// B for one product: `k x n` elements from element `off` of a plain operand, or the
+    /// pre-packed panels in place (one matrix for every batch entry, so `off` is 0).
+    fn b_ref<'a>(
+        &self,
+        ins: &'a [In<'a>],
+        off: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<BRef<'a>, String> {
+        match self.b {
+            BSrc::Input(i) => {
+                let b = ins[i].f32s()?;
+                let m = MatRef::row_major(&b[off..off + k * n], k, n, n).map_err(gemm_err)?;
+                Ok(BRef::Mat(m))
+            }
+            BSrc::Packed { input, .. } => {
+                let p = PackedBRef::from_panels(k, n, ins[input].f32s()?)
+                    .map_err(|e| format!("matmul: pre-packed weight: {e}"))?;
+                Ok(BRef::Packed(p))
+            }
+        }
+    }
+
     fn run_matmul(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
-        let (x, y) = (&ins[self.a], &ins[self.b]);
-        let (sa, sb) = (&x.dims, &y.dims);
+        let x = &ins[self.a];
+        let sb_owned = self.b_dims(ins);
+        let (sa, sb) = (&x.dims, &sb_owned);
         if sa.len() < 2 || sb.len() < 2 {
             return Ok(false);
         }
@@ -157,7 +323,7 @@ impl MatMulKernel {
         let Some(r) = resolve(&self.chain, ins, &out_dims, out_dims.len() - 1, None, true)? else {
             return Ok(false);
         };
-        let (a, b) = (x.f32s()?, y.f32s()?);
+        let a = x.f32s()?;
         let c = outs[0].f32s()?;
         let batches: usize = batch.iter().product();
         if batches == 0 || m == 0 || n == 0 {
@@ -170,10 +336,10 @@ impl MatMulKernel {
             // B shared by every batch (a weight): one GEMM over all rows of A.
             let rows = batches * m;
             let am = MatRef::row_major(a, rows, k, k).map_err(gemm_err)?;
-            let bm = MatRef::row_major(b, k, n, n).map_err(gemm_err)?;
+            let bm = self.b_ref(ins, 0, k, n)?;
             let cm = MatMut::row_major(c, rows, n, n).map_err(gemm_err)?;
             let e = epilogue(&r, 0, rows * n, n);
-            sgemm(r.alpha, am, BRef::Mat(bm), 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
+            sgemm(r.alpha, am, bm, 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
             r.post(c);
             return Ok(true);
         }
@@ -204,10 +370,10 @@ impl MatMulKernel {
         let one = |t: usize, ct: &mut [f32], par: &dyn Parallel| -> Result<(), String> {
             let (oa, ob) = offsets(t);
             let am = MatRef::row_major(&a[oa..oa + m * k], m, k, k).map_err(gemm_err)?;
-            let bm = MatRef::row_major(&b[ob..ob + k * n], k, n, n).map_err(gemm_err)?;
+            let bm = self.b_ref(ins, ob, k, n)?;
             let cm = MatMut::row_major(ct, m, n, n).map_err(gemm_err)?;
             let e = epilogue(&r, t * m * n, m * n, n);
-            sgemm(r.alpha, am, BRef::Mat(bm), 0.0, cm, &e, par).map_err(gemm_err)?;
+            sgemm(r.alpha, am, bm, 0.0, cm, &e, par).map_err(gemm_err)?;
             r.post(ct);
             Ok(())
         };
@@ -241,8 +407,9 @@ impl MatMulKernel {
         ins: &[In<'_>],
         outs: &mut [Out<'_>],
     ) -> Result<bool, String> {
-        let (x, y) = (&ins[self.a], &ins[self.b]);
-        let (&[ar, ac], &[br, bc]) = (x.dims.as_slice(), y.dims.as_slice()) else {
+        let x = &ins[self.a];
+        let b_dims = self.b_dims(ins);
+        let (&[ar, ac], &[br, bc]) = (x.dims.as_slice(), b_dims.as_slice()) else {
             return Ok(false);
         };
         let (m, k) = if g.trans_a { (ac, ar) } else { (ar, ac) };
@@ -250,7 +417,7 @@ impl MatMulKernel {
         if k != kb {
             return Err(format!(
                 "gemm: {:?} times {:?}: inner dims differ",
-                x.dims, y.dims
+                x.dims, b_dims
             ));
         }
         let out_dims = [m, n];
@@ -286,32 +453,30 @@ impl MatMulKernel {
         if m == 0 || n == 0 {
             return Ok(true);
         }
-        if m == 1 && g.trans_b && matches!(r.act, Activation::None | Activation::Relu) {
-            self.gemv_rows(g.alpha * r.alpha, x.f32s()?, y.f32s()?, &r, outs[0].f32s()?);
-            r.post(outs[0].f32s()?);
-            return Ok(true);
+        if let (BSrc::Input(b), true) = (self.b, m == 1 && g.trans_b) {
+            if matches!(r.act, Activation::None | Activation::Relu) {
+                let w = ins[b].f32s()?;
+                self.gemv_rows(g.alpha * r.alpha, x.f32s()?, w, &r, outs[0].f32s()?);
+                r.post(outs[0].f32s()?);
+                return Ok(true);
+            }
         }
         let mut am = MatRef::row_major(x.f32s()?, ar, ac, ac).map_err(gemm_err)?;
-        let mut bm = MatRef::row_major(y.f32s()?, br, bc, bc).map_err(gemm_err)?;
         if g.trans_a {
             am = am.t();
         }
-        if g.trans_b {
-            bm = bm.t();
-        }
+        let bm = match self.b {
+            BSrc::Input(b) => {
+                let bm = MatRef::row_major(ins[b].f32s()?, br, bc, bc).map_err(gemm_err)?;
+                BRef::Mat(if g.trans_b { bm.t() } else { bm })
+            }
+            // `select` takes a pre-packed B only untransposed (the packing folded it).
+            BSrc::Packed { .. } => self.b_ref(ins, 0, k, n)?,
+        };
         let c = outs[0].f32s()?;
         let cm = MatMut::row_major(c, m, n, n).map_err(gemm_err)?;
         let e = epilogue(&r, 0, m * n, n);
-        sgemm(
-            g.alpha * r.alpha,
-            am,
-            BRef::Mat(bm),
-            0.0,
-            cm,
-            &e,
-            &*self.par,
-        )
-        .map_err(gemm_err)?;
+        sgemm(g.alpha * r.alpha, am, bm, 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
         r.post(c);
         Ok(true)
     }

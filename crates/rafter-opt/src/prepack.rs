@@ -1,0 +1,273 @@
+//! Weights pre-packed at compile time into the CPU GEMM's B layout.
+//!
+//! A CPU matmul kernel packs its B operand into 16-column panels before the micro-kernels
+//! can read it. When B is a weight, that packing is the same on every call: for BERT-base
+//! it was a copy of 340 MB of weights per inference. [`prepack_weights`] does it once, here,
+//! and the artifact stores the weight *only* in packed form:
+//!
+//! - the weight becomes an ordinary f32 constant of shape `[ceil(N/16), K, 16]` (panel `q`
+//!   holds columns `16q..16q+16` of the `K x N` B as a row-major `K x 16` block, zero-padded
+//!   past N; `rafter_kernels_cpu::PackedB::panels`), and its buffer takes that type;
+//! - the kernel body reads it through an explicit unpacking prologue,
+//!   `transpose[1, 0, 2] → reshape [K, 16·ceil(N/16)] (→ slice [.., 0..N])`, and its
+//!   `matmul`/`gemm` takes the unpacked `[K, N]` (a `gemm` with `trans_b` is rewritten to
+//!   `trans_b = false`: the transpose is folded into the packing).
+//!
+//! The program therefore still *means* the same product, in the IR's own ops: the reference
+//! executor, a fallback for shapes the native kernel does not cover, `rafter plan` and an
+//! older runtime all run the body as written (unpacking on demand, per call), while the
+//! native CPU matmul recognises the prologue and hands the weight's bytes, in place in the
+//! artifact's map, to the GEMM as `BRef::Packed`: no packing at run time and no second copy
+//! of the weight in the file or in memory. The artifact container is unchanged (a packed
+//! weight is a weight like any other, 64-byte aligned, so the panels are too).
+//!
+//! A weight is packed only when every read of it is such a B operand: the step is a
+//! dispatch of a `cpu` kernel (dispatched by that one step) whose first node is a 2-D
+//! `matmul` or a `gemm`, the weight is its B and nothing else in the body reads that operand.
+//! Any other reader (a copy, a Vulkan replica, a gather of tied embeddings, an A operand)
+//! keeps the weight raw. [`crate::compile`] runs this for the CPU target only: for
+//! `--target vulkan`, `rafter plan` explains why a kernel stayed on the CPU from its body,
+//! which must remain the body placement judged.
+
+use bytes::Bytes;
+use rafter_ir::program::{Program, Step, Storage};
+use rafter_ir::{ConstData, DType, Graph, Op, TensorType, ValueDef, ValueId};
+use rafter_kernels_cpu::{MatRef, PackedB, PACKED_B_NR};
+
+use crate::place::CPU;
+
+/// One kernel that reads a weight as its B operand.
+struct Use {
+    kernel: usize,
+    /// The body input that is B.
+    input: usize,
+}
+
+/// Packs every weight whose readers are all CPU `matmul`/`gemm` kernels taking it as B (see
+/// the module docs), rewriting the weight, its buffers and those kernels' bodies. Returns
+/// how many weights it packed. The program's meaning is unchanged.
+pub fn prepack_weights(p: &mut Program) -> usize {
+    let mut dispatches = vec![0usize; p.kernels.len()];
+    for s in &p.steps {
+        if let Step::Dispatch { kernel, .. } = s {
+            if let Some(d) = dispatches.get_mut(*kernel) {
+                *d += 1;
+            }
+        }
+    }
+    let mut packed = 0;
+    for w in 0..p.weights.len() {
+        let Some((uses, trans)) = packed_uses(p, w, &dispatches) else {
+            continue;
+        };
+        let raw = &p.weights[w];
+        let (rows, cols) = (raw.dims[0], raw.dims[1]);
+        let (k, n) = if trans { (cols, rows) } else { (rows, cols) };
+        let values: Vec<f32> = raw
+            .bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let Ok(mut m) = MatRef::row_major(&values, rows, cols, cols) else {
+            continue;
+        };
+        if trans {
+            m = m.t();
+        }
+        let panels = PackedB::pack_mat(m);
+        let bytes: Vec<u8> = panels
+            .panels()
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let np = n.div_ceil(PACKED_B_NR);
+        let Ok(data) = ConstData::new(DType::F32, vec![np, k, PACKED_B_NR], Bytes::from(bytes))
+        else {
+            continue;
+        };
+        let ty = TensorType::known(DType::F32, &[np as i64, k as i64, PACKED_B_NR as i64]);
+        p.weights[w] = data;
+        for b in &mut p.buffers {
+            if b.storage == Storage::Weight(w) {
+                b.ty = ty.clone();
+            }
+        }
+        for u in uses {
+            let body = &p.kernels[u.kernel].body;
+            p.kernels[u.kernel].body = with_unpacking(body, u.input, &ty, k, n);
+        }
+        packed += 1;
+    }
+    packed
+}
+
+/// The kernels reading weight `w` as B, and whether they read it transposed (`gemm` with
+/// `trans_b`), when every read of `w` is one; `None` otherwise.
+fn packed_uses(p: &Program, w: usize, dispatches: &[usize]) -> Option<(Vec<Use>, bool)> {
+    let raw = &p.weights[w];
+    if raw.dtype != DType::F32 || raw.dims.len() != 2 || raw.dims.contains(&0) {
+        return None;
+    }
+    let mut uses = Vec::new();
+    let mut trans = None;
+    for s in &p.steps {
+        let reads_w = |b: &usize| p.buffers[*b].storage == Storage::Weight(w);
+        let (kernel, args) = match s {
+            Step::Copy { src, .. } if reads_w(src) => return None,
+            Step::Copy { .. } => continue,
+            Step::Dispatch { kernel, args, .. } => (*kernel, args),
+        };
+        let positions: Vec<usize> = (0..args.len()).filter(|&i| reads_w(&args[i])).collect();
+        match positions.as_slice() {
+            [] => continue,
+            [i] => {
+                let t = b_operand(p, kernel, *i)?;
+                if dispatches[kernel] != 1 || *trans.get_or_insert(t) != t {
+                    return None;
+                }
+                uses.push(Use { kernel, input: *i });
+            }
+            _ => return None,
+        }
+    }
+    Some((uses, trans?))
+}
+
+/// `Some(trans_b)` when body input `i` of CPU kernel `k` is only the B operand of the
+/// body's first node, a 2-D f32 `matmul` or a `gemm`.
+fn b_operand(p: &Program, k: usize, i: usize) -> Option<bool> {
+    let kernel = &p.kernels[k];
+    if kernel.device != CPU {
+        return None;
+    }
+    let body = &kernel.body;
+    let v = *body.inputs.get(i)?;
+    let first = body.nodes.first()?;
+    let a = first.input(0)?;
+    if first.input(1) != Some(v) || body.value(a).ty.dtype != DType::F32 {
+        return None;
+    }
+    let reads = body
+        .nodes
+        .iter()
+        .flat_map(|n| &n.inputs)
+        .filter(|&&x| x == Some(v))
+        .count();
+    if reads != 1 || body.outputs.contains(&v) {
+        return None;
+    }
+    match &first.op {
+        Op::MatMul if first.inputs.len() == 2 => Some(false),
+        Op::Gemm { trans_b, .. } => Some(*trans_b),
+        _ => None,
+    }
+}
+
+/// `body` with input `b` of type `packed` (`[ceil(n/16), k, 16]`) unpacked to `[k, n]` by a
+/// prologue before the first node, which reads the unpacked value (untransposed).
+fn with_unpacking(body: &Graph, b: usize, packed: &TensorType, k: usize, n: usize) -> Graph {
+    let mut g = Graph::new(body.name.clone());
+    let mut map: Vec<Option<ValueId>> = vec![None; body.values.len()];
+    let old_b = body.inputs[b];
+    for (i, &v) in body.inputs.iter().enumerate() {
+        let val = body.value(v);
+        let ty = if i == b {
+            packed.clone()
+        } else {
+            val.ty.clone()
+        };
+        let new = g.add_input(val.name.clone(), ty);
+        map[v.0 as usize] = Some(new);
+    }
+    for (i, val) in body.values.iter().enumerate() {
+        if let ValueDef::Const(c) = val.def {
+            map[i] = Some(g.add_const(val.name.clone(), body.constant(c).clone()));
+        }
+    }
+    let x = map[old_b.0 as usize].expect("mapped above");
+    let name = body.value(old_b).name.clone();
+    let np = n.div_ceil(PACKED_B_NR);
+    let f32s = |dims: &[usize]| {
+        let d: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        TensorType::known(DType::F32, &d)
+    };
+    let t = g.add_node(
+        format!("{name}.unpack_transpose"),
+        Op::Transpose {
+            perm: vec![1, 0, 2],
+        },
+        vec![Some(x)],
+        vec![Some((
+            format!("{name}.panels_by_row"),
+            f32s(&[k, np, PACKED_B_NR]),
+        ))],
+    )[0];
+    let shape = g.add_const(
+        format!("{name}.unpacked_shape"),
+        ConstData::from_i64s(&[k as i64, (np * PACKED_B_NR) as i64]),
+    );
+    let mut unpacked = g.add_node(
+        format!("{name}.unpack_reshape"),
+        Op::Reshape { allow_zero: false },
+        vec![t, Some(shape)],
+        vec![Some((
+            format!("{name}.unpacked_padded"),
+            f32s(&[k, np * PACKED_B_NR]),
+        ))],
+    )[0];
+    if np * PACKED_B_NR != n {
+        let c = |g: &mut Graph, what: &str, v: i64| {
+            Some(g.add_const(format!("{name}.unpack_{what}"), ConstData::from_i64s(&[v])))
+        };
+        let (starts, ends, axes) = (
+            c(&mut g, "start", 0),
+            c(&mut g, "end", n as i64),
+            c(&mut g, "axis", 1),
+        );
+        unpacked = g.add_node(
+            format!("{name}.unpack_slice"),
+            Op::Slice,
+            vec![unpacked, starts, ends, axes],
+            vec![Some((format!("{name}.unpacked"), f32s(&[k, n])))],
+        )[0];
+    }
+    map[old_b.0 as usize] = unpacked;
+    for (ni, node) in body.nodes.iter().enumerate() {
+        let inputs = node
+            .inputs
+            .iter()
+            .map(|v| v.map(|v| map[v.0 as usize].expect("defined before use")))
+            .collect();
+        let op = match &node.op {
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a,
+                ..
+            } if ni == 0 => Op::Gemm {
+                alpha: *alpha,
+                beta: *beta,
+                trans_a: *trans_a,
+                trans_b: false,
+            },
+            op => op.clone(),
+        };
+        let outputs = node
+            .outputs
+            .iter()
+            .map(|o| o.map(|o| (body.value(o).name.clone(), body.value(o).ty.clone())))
+            .collect();
+        let outs = g.add_node(node.name.clone(), op, inputs, outputs);
+        for (old, new) in node.outputs.iter().zip(outs) {
+            if let (Some(old), Some(new)) = (old, new) {
+                map[old.0 as usize] = Some(new);
+            }
+        }
+    }
+    g.outputs = body
+        .outputs
+        .iter()
+        .map(|v| map[v.0 as usize].expect("every output is defined"))
+        .collect();
+    g
+}
