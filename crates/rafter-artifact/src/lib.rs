@@ -101,7 +101,8 @@ pub use format::{
     WEIGHTS_SECTION_ALIGN,
 };
 pub use vulkan::{
-    Launch, MatmulDispatch, VulkanModule, VulkanSection, SPIRV_MAGIC, VULKAN_DESCRIPTOR_VERSION,
+    dim_params, DimParam, Launch, MatmulDispatch, VulkanModule, VulkanSection, MAX_DIM_PARAMS,
+    SPIRV_MAGIC, VULKAN_DESCRIPTOR_VERSION,
 };
 pub use weights::WeightEntry;
 

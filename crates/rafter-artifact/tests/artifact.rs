@@ -177,6 +177,7 @@ fn executables_per_device() {
                 launch: Launch::Elementwise,
                 workgroup_size: 64,
                 entry_point: "main".into(),
+                dims: Vec::new(),
                 spirv: Bytes::from(spirv.clone()),
             }],
         }

@@ -114,6 +114,7 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
                 launch: Launch::Elementwise,
                 workgroup_size: WORKGROUP_SIZE,
                 entry_point: g.entry_point,
+                dims: g.dims,
                 spirv: to_bytes(&g.spirv).into(),
             },
             Generated::Matmul(g) => VulkanModule {
@@ -121,6 +122,7 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
                 launch: g.launch().map_err(error)?,
                 workgroup_size: 256,
                 entry_point: "main".into(),
+                dims: Vec::new(),
                 spirv: to_bytes(&g.spirv).into(),
             },
         };

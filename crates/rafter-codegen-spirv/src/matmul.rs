@@ -106,7 +106,7 @@ impl MatmulKernel {
 }
 
 /// One operand of an epilogue op.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Src {
     Const(f32),
     /// Binding `i`, one element.
@@ -115,10 +115,21 @@ enum Src {
     Row(usize),
     /// Binding `i`, indexed like C.
     Full(usize),
+    /// Binding `i`, broadcast to C (NumPy rules): its rows are C's (`row`) or one, its
+    /// columns C's (`col`) or one, and its matrix for C's batch entry `z` is
+    /// `sum over parts of ((z / divisor) % size) * stride` (no modulo for size 0: the
+    /// outermost batch dim). An attention mask `[b, 1, 1, s]` or `[b, 1, s, s]` added to
+    /// scores `[b, h, s, s]`.
+    Bcast {
+        i: usize,
+        row: bool,
+        col: bool,
+        batch: Vec<(u32, u32, u32)>,
+    },
 }
 
 /// One epilogue step on the accumulated value `x`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Step {
     /// `x op s` (`x_left`) or `s op x`.
     Binary(BinaryOp, Src, bool),
@@ -291,9 +302,12 @@ fn source(body: &Graph, v: ValueId, c: &rafter_ir::TensorType) -> Result<Src, St
                     return Ok(Src::Row(i));
                 }
             }
+            if let Some(src) = broadcast_source(i, &ty.dims, &c.dims) {
+                return Ok(src);
+            }
             Err(format!(
-                "operand %{} of dims {:?} is neither a scalar, a row of C's {} columns, nor \
-                 of C's dims",
+                "operand %{} of dims {:?} is neither a scalar, a row of C's {} columns, of \
+                 C's dims, nor broadcast to them over static inner batch dims",
                 value.name,
                 ty.dims,
                 c.dims.last().map_or("?".into(), |d| d.to_string())
@@ -304,6 +318,59 @@ fn source(body: &Graph, v: ValueId, c: &rafter_ir::TensorType) -> Result<Src, St
             value.name
         )),
     }
+}
+
+/// An operand of `dims` broadcast to C's `c` dims (each dim C's or 1, right-aligned), if
+/// its batch index is computable from C's batch entry: every batch dim of C inside the
+/// outermost one the operand follows is known.
+fn broadcast_source(i: usize, dims: &[rafter_ir::Dim], c: &[rafter_ir::Dim]) -> Option<Src> {
+    let rc = c.len();
+    if rc < 2 || dims.len() > rc {
+        return None;
+    }
+    let one = rafter_ir::Dim::known(1);
+    let mut od = vec![one.clone(); rc - dims.len()];
+    od.extend_from_slice(dims);
+    // Per dim: whether the operand follows C there (a dim of 1 is broadcast).
+    let follows = |d: usize| -> Option<bool> {
+        if od[d] == one {
+            Some(false)
+        } else if od[d] == c[d] {
+            Some(true)
+        } else {
+            None
+        }
+    };
+    let (row, col) = (follows(rc - 2)?, follows(rc - 1)?);
+    let mut batch = Vec::new();
+    let mut divisor = 1u64; // C's batch entries inside dim d
+    let mut stride = 1u64; // the operand's matrices inside dim d
+    for d in (0..rc - 2).rev() {
+        if follows(d)? {
+            let size = if d == 0 {
+                0
+            } else {
+                u32::try_from(c[d].as_known()?).ok()?
+            };
+            batch.push((
+                u32::try_from(divisor).ok()?,
+                size,
+                u32::try_from(stride).ok()?,
+            ));
+            if d > 0 {
+                stride = stride.checked_mul(size as u64)?;
+            }
+        }
+        if d > 0 {
+            divisor = divisor.checked_mul(u64::try_from(c[d].as_known()?).ok()?)?;
+        }
+    }
+    Some(Src::Bcast {
+        i,
+        row,
+        col,
+        batch,
+    })
 }
 
 /// Where the bindings are and what the epilogue does.
@@ -446,6 +513,9 @@ struct Epilogue<'a> {
     steps: &'a [Step],
     addrs: &'a [Word],
     c_off: Word,
+    /// C's batch entry (the workgroup's z) and rows, for broadcast operands.
+    batch: Word,
+    m: Word,
 }
 
 impl Body {
@@ -606,6 +676,8 @@ impl Body {
             steps: &layout.steps,
             addrs: &addrs,
             c_off,
+            batch: wz,
+            m,
         };
 
         // for (k0 = 0; k0 < K; k0 += KSTEP)
@@ -762,14 +834,67 @@ impl Body {
                     let neg = build(self.b.f_ord_less_than(self.ids.bool, None, x, zero))?;
                     build(self.b.select(f32, None, neg, zero, x))?
                 }
-                Step::Binary(op, src, x_left) => {
-                    let s = match src {
+                Step::Binary(op, ref src, x_left) => {
+                    let s = match *src {
                         Src::Const(c) => self.b.constant_bit32(f32, c.to_bits()),
                         Src::Scalar(i) => self.load_at(e.addrs[i])?,
                         Src::Row(i) => {
                             let four = self.u64c(4);
                             let col = self.wide(col)?;
                             let off = self.mul64(col, four)?;
+                            let addr = self.add64(e.addrs[i], off)?;
+                            self.load_at(addr)?
+                        }
+                        Src::Bcast {
+                            i,
+                            row: follows_rows,
+                            col: follows_cols,
+                            ref batch,
+                        } => {
+                            // Matrix index from C's batch entry, then the element in it.
+                            let mut at: Option<Word> = None;
+                            for &(divisor, size, stride) in batch {
+                                let mut c = e.batch;
+                                if divisor != 1 {
+                                    let d = self.u(divisor);
+                                    c = build(self.b.u_div(self.ids.u32, None, c, d))?;
+                                }
+                                if size != 0 {
+                                    let s = self.u(size);
+                                    c = build(self.b.u_mod(self.ids.u32, None, c, s))?;
+                                }
+                                if stride != 1 {
+                                    let s = self.u(stride);
+                                    c = self.mul(c, s)?;
+                                }
+                                at = Some(match at {
+                                    Some(a) => self.add(a, c)?,
+                                    None => c,
+                                });
+                            }
+                            let one = self.u(1);
+                            let rows = if follows_rows { e.m } else { one };
+                            let cols = if follows_cols { n } else { one };
+                            let zero = self.u64c(0);
+                            let mut off = zero;
+                            if let Some(at) = at {
+                                let at = self.wide(at)?;
+                                let (r64, c64) = (self.wide(rows)?, self.wide(cols)?);
+                                let size = self.mul64(r64, c64)?;
+                                off = self.mul64(at, size)?;
+                            }
+                            if follows_rows {
+                                let r = self.wide(row)?;
+                                let c64 = self.wide(cols)?;
+                                let r = self.mul64(r, c64)?;
+                                off = self.add64(off, r)?;
+                            }
+                            if follows_cols {
+                                let c = self.wide(col)?;
+                                off = self.add64(off, c)?;
+                            }
+                            let four = self.u64c(4);
+                            let off = self.mul64(off, four)?;
                             let addr = self.add64(e.addrs[i], off)?;
                             self.load_at(addr)?
                         }

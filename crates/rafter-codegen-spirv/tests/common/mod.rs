@@ -99,6 +99,22 @@ pub fn run(
     inputs: &[Buffer],
     count: u64,
 ) -> Vec<Buffer> {
+    assert!(
+        kernel.dims.is_empty(),
+        "a kernel with dim params runs through run_shaped"
+    );
+    run_shaped(device, kernel, inputs, count, &[])
+}
+
+/// [`run`] for a kernel that reads sizes from its dim params: `binding_dims` are every
+/// binding's dims (inputs, then outputs), as the runtime passes them.
+pub fn run_shaped(
+    device: &VulkanDevice,
+    kernel: &ElementwiseKernel,
+    inputs: &[Buffer],
+    count: u64,
+    binding_dims: &[&[usize]],
+) -> Vec<Buffer> {
     let executable = load(device, kernel, "kernel");
     let outputs: Vec<Buffer> = (0..kernel.outputs)
         .map(|_| {
@@ -115,7 +131,7 @@ pub fn run(
             &executable,
             0,
             &bindings,
-            &ElementwiseKernel::params(count).unwrap(),
+            &kernel.params_for(count, binding_dims).unwrap(),
             ElementwiseKernel::workgroups(count, max_x),
         )
         .unwrap();
