@@ -318,7 +318,7 @@ impl VulkanSection {
                 .ok_or_else(|| what("runs past the end of the section".into()))?;
             let entry = std::str::from_utf8(&b[entry_start..entry_start + entry_len])
                 .map_err(|_| what("entry point name is not UTF-8".into()))?;
-            if b[entry_start + entry_len..spirv_start]
+            if b[entry_start + entry_len..dims_start]
                 .iter()
                 .any(|&x| x != 0)
             {
