@@ -84,17 +84,18 @@ impl ElementwiseKernel {
 }
 
 /// Compiles an elementwise body: inputs and outputs f32, every op elementwise, every input
-/// and intermediate of the output's shape, of one element, or (static shapes) broadcast to
-/// the output or read through a transpose; or with reshape-like ops, every value of the
-/// output's element count. A body that is one `reduce` or softmax is compiled by lane loops
-/// instead (same launch: the count is the output's element count).
+/// and intermediate of the output's shape, of one element, or broadcast to the output or
+/// read through a transpose (symbolic sizes from dim params, [`ElementwiseKernel::dims`]);
+/// or with reshape-like ops, every value of the output's element count. A body that is one
+/// `reduce` or softmax, or ends in a `layer_norm`, is compiled by row loops instead (same
+/// launch: the count is the output's element count).
 ///
 /// Supported ops: `identity`, `cast` to f32 of f32, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
 /// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
-/// a `reduce` after a pointwise prologue; `softmax`/`log_softmax` alone. Scalar f32 constants are folded into the
-/// module.
+/// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax` alone;
+/// `layer_norm` after a pointwise prologue. Scalar f32 constants are folded into the module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),

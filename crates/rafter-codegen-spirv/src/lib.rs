@@ -14,22 +14,41 @@
 //! # What is generated today
 //!
 //! [`elementwise`]: a fused chain of elementwise ops on `f32`, each operand of the output's
-//! shape, a single element broadcast to all (a scalar), or (static shapes) NumPy-broadcast
-//! or transposed, read through per-dim strides from the output's coordinates; reshape-like
-//! ops (reshape, flatten, squeeze, unsqueeze) keep linear order and expand is a broadcast.
-//! One invocation per element over a 1-D grid, in a grid-stride loop, so any element count
-//! fits in the device's workgroup-count limit; the count is the one `u32` param.
-//! A `reduce` on a static shape (after an optional pointwise prologue) is generated too,
-//! launched the same way: one invocation per output element loops over its lane; so is a softmax or log-softmax alone
-//! (the kernel divides the count by the lane length and normalises one lane per
-//! invocation).
+//! shape, a single element broadcast to all (a scalar), or NumPy-broadcast or transposed,
+//! read through per-dim strides from the output's coordinates; reshape-like ops (reshape,
+//! flatten, squeeze, unsqueeze) keep linear order and expand is a broadcast. One invocation
+//! per element over a 1-D grid, in a grid-stride loop, so any element count fits in the
+//! device's workgroup-count limit; the count is the first `u32` param.
+//!
+//! Row kernels, launched the same way (the count is the output's element count):
+//! - a `reduce` on a static shape (after an optional pointwise prologue): one invocation per
+//!   output element loops over its lane;
+//! - a softmax or log-softmax alone, over any axis: the kernel divides the count by the lane
+//!   length and normalises one lane per invocation (max, sum of exponentials, write);
+//! - a `layer_norm` over the axes `axis..rank` with its scale and (optional) bias, after an
+//!   optional pointwise prologue (the residual `add` fusion leaves in front of it): one
+//!   invocation per row, three passes (mean, variance around it, write), the prologue
+//!   evaluated at each element; the scale and bias are read per position in the row.
+//!
+//! **Symbolic dims.** Shapes may be symbolic (`batch`, `seq`): a kernel that needs a size
+//! the body does not fix (a broadcast or transposed operand's strides, the output's
+//! coordinates, a softmax or norm row length) reads it from a *dim param*, a `u32` pushed
+//! after the count. [`ElementwiseKernel::dims`] lists them, each as an axis of one of the
+//! kernel's bindings (`rafter_artifact::DimParam`, carried in the artifact's `vulkan`
+//! section), so the runtime pushes the call's actual size of that axis
+//! (`rafter_artifact::dim_params`, shared with the tests). Dims are matched symbolically:
+//! an operand dim broadcasts where it is 1 and follows the output where it is the same
+//! expression; anything else is refused with the value named. Kernels on static shapes
+//! take no dim params and fold every size into the module.
 //!
 //! [`matmul`]: f32 matrix products, a 64×64 (or 32×32) tile of C per workgroup staged
 //! through workgroup memory with a 4×4 (2×2) register block per invocation; B 2-D or
-//! batched like A; a fused bias/scale/residual/relu epilogue.
+//! batched like A; a fused bias/scale/residual/relu epilogue whose operands may also be
+//! broadcast to C (an attention mask `[b, 1, 1, s]` or `[b, 1, s, s]` added to scores
+//! `[b, h, s, s]`) as long as C's batch dims inside the outermost are known.
 //!
-//! Tree reductions, other data movement, convolutions, broadcasting over symbolic dims and
-//! other dtypes come next.
+//! Workgroup-level (tree or subgroup) reductions for the row kernels, reduces over
+//! symbolic dims, gather, other dtypes and convolutions come next.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
