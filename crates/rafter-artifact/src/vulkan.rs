@@ -17,7 +17,10 @@
 //!             workgroup, grid-stride, so any grid size covers every element);
 //!             2 = matmul, with the operands' positions and the tile in the upper bytes:
 //!             bits 8..16 A's input index, 16..24 B's, bit 24 B shared (2-D), bits 25..
-//!             log2 of the C tile side (see [`Launch::matmul_dispatch`])
+//!             log2 of the C tile side (see [`Launch::matmul_dispatch`]);
+//!             3 = rows (version 2): bits 8..16 the lane's dims `l` ≥ 1; one workgroup per
+//!             row of the first result (its dims but the last `l`), the element count as
+//!             the one param ([`Launch::rows_dispatch`])
 //!      8    4 workgroup size (invocations per workgroup along x, ≥ 1)
 //!     12    4 entry point name length e (1..=64 bytes of UTF-8)
 //!     16    4 SPIR-V length s (a multiple of 4, ≥ 20: the module header)
@@ -98,6 +101,11 @@ pub enum Launch {
         b_shared: bool,
         tile: u32,
     },
+    /// One workgroup per row of the first result: a row is its last `lane_dims` dims (a
+    /// softmax's or layer norm's lane), reduced cooperatively by the workgroup. The one
+    /// `u32` param is the element count; grid `[min(rows, max_x), 1, 1]`, the kernel
+    /// looping over rows grid-stride ([`Launch::rows_dispatch`]).
+    Rows { lane_dims: u8 },
 }
 
 impl Launch {
@@ -115,6 +123,7 @@ impl Launch {
                     | (b_shared as u32) << 24
                     | tile.trailing_zeros() << 25
             }
+            Launch::Rows { lane_dims } => 3 | (lane_dims as u32) << 8,
         }
     }
 
@@ -130,8 +139,37 @@ impl Launch {
                     tile: 1 << log_tile,
                 })
             }
+            3 => {
+                let lane_dims = (code >> 8) as u8;
+                (code >> 16 == 0 && lane_dims >= 1).then_some(Launch::Rows { lane_dims })
+            }
             _ => None,
         }
+    }
+
+    /// For a rows launch: the params (the element count) and the grid for a first result
+    /// of `dims`: one workgroup per row, at most `max_x` of them (the kernel loops over rows
+    /// grid-stride). `Ok(None)` when the result is empty (nothing to dispatch).
+    pub fn rows_dispatch(self, dims: &[usize], max_x: u32) -> Result<Option<MatmulDispatch>, String> {
+        let Launch::Rows { lane_dims } = self else {
+            return Err("not a rows launch".into());
+        };
+        let lane_dims = lane_dims as usize;
+        if dims.len() < lane_dims {
+            return Err(format!(
+                "a rows launch over the last {lane_dims} dims of {dims:?}"
+            ));
+        }
+        let count = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+        let count = count
+            .filter(|&c| c <= i32::MAX as u64)
+            .ok_or_else(|| format!("{dims:?} is more elements than one dispatch indexes"))?;
+        let rows: u64 = dims[..dims.len() - lane_dims].iter().map(|&d| d as u64).product();
+        if count == 0 {
+            return Ok(None);
+        }
+        let grid = [rows.min(max_x.max(1) as u64) as u32, 1, 1];
+        Ok(Some(((count as u32).to_le_bytes().to_vec(), grid)))
     }
 
     /// For a matmul launch: the params and the grid for operands of `a_dims` and `b_dims`,
@@ -457,6 +495,13 @@ mod tests {
             "a tile of 8 is not generated"
         );
         assert_eq!(Launch::from_code(1 | 1 << 8), None);
+        let rows = Launch::Rows { lane_dims: 2 };
+        assert_eq!(Launch::from_code(rows.code()), Some(rows));
+        assert_eq!(Launch::from_code(3), None, "a lane of no dims");
+        let (params, grid) = rows.rows_dispatch(&[3, 5, 7, 8], 4).unwrap().unwrap();
+        assert_eq!((params, grid), (840u32.to_le_bytes().to_vec(), [4, 1, 1]));
+        assert_eq!(rows.rows_dispatch(&[3, 0, 8], 4).unwrap(), None);
+        assert!(rows.rows_dispatch(&[8], 4).is_err());
         let max = [65535; 3];
         // [2, 70, 48] x [48, 100]: 4 x 3 tiles of 32, 2 batch entries.
         let (params, grid) = l

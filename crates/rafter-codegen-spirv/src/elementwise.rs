@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rafter_artifact::{dim_params, DimParam, MAX_DIM_PARAMS};
+use rafter_artifact::{dim_params, DimParam, Launch, MAX_DIM_PARAMS};
 use rafter_ir::{
     BinaryOp, DType, Dim, GeluApprox, Graph, Op, ReduceKind, SoftmaxKind, UnaryOp, ValueDef,
     ValueId,
@@ -11,13 +11,18 @@ use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryAccess, MemoryModel, StorageClass, Word,
+    FunctionControl, LoopControl, MemoryAccess, MemoryModel, MemorySemantics, Scope,
+    SelectionControl, StorageClass, Word,
 };
 
 use crate::CodegenError;
 
 /// Invocations per workgroup of an elementwise kernel.
 pub const WORKGROUP_SIZE: u32 = 64;
+
+/// Invocations per workgroup of a row kernel ([`Launch::Rows`]: a layer norm, a softmax
+/// over the last axis), which reduce a row together through workgroup memory.
+pub const ROW_WORKGROUP_SIZE: u32 = 128;
 
 /// The most elements one dispatch covers: element indices are 32-bit and SPIR-V treats
 /// access-chain indices as signed, so indices stay below 2^31 (8 GiB of f32 per tensor).
@@ -53,6 +58,11 @@ pub struct ElementwiseKernel {
     pub outputs: usize,
     /// The symbolic sizes the kernel reads after the count (the artifact's dim params).
     pub dims: Vec<DimParam>,
+    /// How it is launched: [`Launch::Elementwise`] (a grid over elements, or one invocation
+    /// per lane), or [`Launch::Rows`] (a workgroup per row).
+    pub launch: Launch,
+    /// Invocations per workgroup.
+    pub workgroup_size: u32,
 }
 
 impl ElementwiseKernel {
@@ -278,6 +288,8 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         inputs,
         outputs: body.outputs.len(),
         dims,
+        launch: Launch::Elementwise,
+        workgroup_size: WORKGROUP_SIZE,
     })
 }
 
@@ -508,6 +520,8 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
         inputs,
         outputs: 1,
         dims: Vec::new(),
+        launch: Launch::Elementwise,
+        workgroup_size: WORKGROUP_SIZE,
     })
 }
 
@@ -575,6 +589,13 @@ fn softmax(body: &Graph) -> R<ElementwiseKernel> {
     let inputs = vec![Operand::Tensor];
     let mut emitter = Emitter::new(body, &inputs, vec![None], Vec::new(), HashSet::new());
     emitter.table = table;
+    // Over the last axis, a workgroup per lane; else one invocation per lane.
+    let (launch, workgroup_size) = if inner.is_empty() {
+        emitter.rows = true;
+        (Launch::Rows { lane_dims: 1 }, ROW_WORKGROUP_SIZE)
+    } else {
+        (Launch::Elementwise, WORKGROUP_SIZE)
+    };
     emitter.softmax = Some(SoftmaxPlan { log, lane, inner });
     let dims = emitter.table.params.clone();
     Ok(ElementwiseKernel {
@@ -583,6 +604,8 @@ fn softmax(body: &Graph) -> R<ElementwiseKernel> {
         inputs,
         outputs: 1,
         dims,
+        launch,
+        workgroup_size,
     })
 }
 
@@ -703,6 +726,8 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     }
     let mut emitter = Emitter::new(body, &inputs, vec![None; inputs.len()], Vec::new(), HashSet::new());
     emitter.table = table;
+    emitter.rows = true;
+    let lane_dims_count = u8::try_from(rank - a).map_err(|_| "layer_norm over too many axes")?;
     emitter.norm = Some(NormPlan {
         lane,
         epsilon: *epsilon,
@@ -717,6 +742,10 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
         inputs,
         outputs: 1,
         dims,
+        launch: Launch::Rows {
+            lane_dims: lane_dims_count,
+        },
+        workgroup_size: ROW_WORKGROUP_SIZE,
     })
 }
 
@@ -829,6 +858,15 @@ enum U {
     W(Word),
 }
 
+/// A row kernel's ids: the invocation's index in its workgroup and the workgroup-memory
+/// scratch array (one f32 per invocation) its reductions go through.
+#[derive(Clone, Copy, Debug)]
+struct RowIds {
+    lid: Word,
+    scratch: Word,
+    ptr_wg: Word,
+}
+
 struct Emitter<'a> {
     body: &'a Graph,
     inputs: &'a [Operand],
@@ -847,6 +885,10 @@ struct Emitter<'a> {
     softmax: Option<SoftmaxPlan>,
     /// Set for a layer-norm kernel ([`layer_norm`]): the loop runs over rows.
     norm: Option<NormPlan>,
+    /// A workgroup per row ([`Launch::Rows`]): the loop runs over workgroups, each row's
+    /// lanes strided over the workgroup's invocations and reduced through `row`.
+    rows: bool,
+    row: Option<RowIds>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -891,6 +933,8 @@ impl<'a> Emitter<'a> {
             reduce: None,
             softmax: None,
             norm: None,
+            rows: false,
+            row: None,
             b,
             glsl,
             void,
@@ -1521,28 +1565,72 @@ impl<'a> Emitter<'a> {
             [Arg::BuiltIn(BuiltIn::NumWorkgroups)],
         );
 
+        let mut interface = vec![push_var, gid_var, groups_var];
+        // A row kernel: its workgroup and invocation ids and the reduction's scratch.
+        let row_vars = if self.rows {
+            let wg_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
+            b.decorate(
+                wg_var,
+                Decoration::BuiltIn,
+                [Arg::BuiltIn(BuiltIn::WorkgroupId)],
+            );
+            let lid_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
+            b.decorate(
+                lid_var,
+                Decoration::BuiltIn,
+                [Arg::BuiltIn(BuiltIn::LocalInvocationId)],
+            );
+            let len = b.constant_bit32(u32, ROW_WORKGROUP_SIZE);
+            let arr = b.type_array(f32, len);
+            let ptr_arr = b.type_pointer(None, StorageClass::Workgroup, arr);
+            let scratch = b.variable(ptr_arr, None, StorageClass::Workgroup, None);
+            let ptr_wg = b.type_pointer(None, StorageClass::Workgroup, f32);
+            interface.extend([wg_var, lid_var, scratch]);
+            Some((wg_var, lid_var, scratch, ptr_wg))
+        } else {
+            None
+        };
+
         let void = self.void;
         let fn_type = self.b.type_function(void, []);
         let main = build(
             self.b
                 .begin_function(void, None, FunctionControl::NONE, fn_type),
         )?;
-        self.b.entry_point(
-            ExecutionModel::GLCompute,
-            main,
-            "main",
-            [push_var, gid_var, groups_var],
-        );
         self.b
-            .execution_mode(main, ExecutionMode::LocalSize, [WORKGROUP_SIZE, 1, 1]);
+            .entry_point(ExecutionModel::GLCompute, main, "main", interface);
+        let local_size = if self.rows {
+            ROW_WORKGROUP_SIZE
+        } else {
+            WORKGROUP_SIZE
+        };
+        self.b
+            .execution_mode(main, ExecutionMode::LocalSize, [local_size, 1, 1]);
 
         let entry = build(self.b.begin_block(None))?;
-        let gid = build(self.b.load(v3, None, gid_var, None, []))?;
-        let first = build(self.b.composite_extract(u32, None, gid, [0]))?;
         let groups = build(self.b.load(v3, None, groups_var, None, []))?;
         let groups_x = build(self.b.composite_extract(u32, None, groups, [0]))?;
-        let local = self.u(WORKGROUP_SIZE);
-        let stride = build(self.b.i_mul(u32, None, groups_x, local))?;
+        let (first, stride) = match row_vars {
+            // Rows: workgroup w takes rows w, w + groups, ...
+            Some((wg_var, lid_var, scratch, ptr_wg)) => {
+                let wg = build(self.b.load(v3, None, wg_var, None, []))?;
+                let first = build(self.b.composite_extract(u32, None, wg, [0]))?;
+                let lid = build(self.b.load(v3, None, lid_var, None, []))?;
+                let lid = build(self.b.composite_extract(u32, None, lid, [0]))?;
+                self.row = Some(RowIds {
+                    lid,
+                    scratch,
+                    ptr_wg,
+                });
+                (first, groups_x)
+            }
+            None => {
+                let gid = build(self.b.load(v3, None, gid_var, None, []))?;
+                let first = build(self.b.composite_extract(u32, None, gid, [0]))?;
+                let local = self.u(WORKGROUP_SIZE);
+                (first, build(self.b.i_mul(u32, None, groups_x, local))?)
+            }
+        };
         let count_index = self.u(bindings as u32);
         let count_ptr = build(
             self.b
@@ -1806,6 +1894,86 @@ impl<'a> Emitter<'a> {
         init: Word,
         step: &mut dyn FnMut(&mut Self, Word, Word) -> R<Word>,
     ) -> R<Word> {
+        self.lane_loop_from(U::C(0), U::C(1), n, init, step)
+    }
+
+    /// A loop over the `n` elements of a row: all of them in one invocation, or in a row
+    /// kernel this invocation's share (`k = lid, lid + workgroup size, ...`).
+    fn row_loop(
+        &mut self,
+        n: U,
+        init: Word,
+        step: &mut dyn FnMut(&mut Self, Word, Word) -> R<Word>,
+    ) -> R<Word> {
+        match self.row {
+            Some(ids) => {
+                self.lane_loop_from(U::W(ids.lid), U::C(ROW_WORKGROUP_SIZE), n, init, step)
+            }
+            None => self.lane_loop(n, init, step),
+        }
+    }
+
+    /// In a row kernel, combines every invocation's `v` (max or sum) through workgroup
+    /// memory in a tree and returns the result to all; else `v`. Called in uniform control
+    /// flow (every invocation of the workgroup reaches it).
+    fn combine(&mut self, v: Word, max: bool) -> R<Word> {
+        let Some(ids) = self.row else {
+            return Ok(v);
+        };
+        let (f32, bool_ty) = (self.f32, self.bool);
+        let slot = build(
+            self.b
+                .access_chain(ids.ptr_wg, None, ids.scratch, [ids.lid]),
+        )?;
+        build(self.b.store(slot, v, None, []))?;
+        self.barrier()?;
+        let mut half = ROW_WORKGROUP_SIZE / 2;
+        while half >= 1 {
+            let h = self.u(half);
+            let active = build(self.b.u_less_than(bool_ty, None, ids.lid, h))?;
+            let (then, done) = (self.b.id(), self.b.id());
+            build(self.b.selection_merge(done, SelectionControl::NONE))?;
+            build(self.b.branch_conditional(active, then, done, []))?;
+            build(self.b.begin_block(Some(then)))?;
+            let other = build(self.b.i_add(self.u32, None, ids.lid, h))?;
+            let other = build(self.b.access_chain(ids.ptr_wg, None, ids.scratch, [other]))?;
+            let a = build(self.b.load(f32, None, slot, None, []))?;
+            let b = build(self.b.load(f32, None, other, None, []))?;
+            let r = if max {
+                self.ext(glsl::FMAX, &[a, b])?
+            } else {
+                self.add(a, b)?
+            };
+            build(self.b.store(slot, r, None, []))?;
+            build(self.b.branch(done))?;
+            build(self.b.begin_block(Some(done)))?;
+            self.barrier()?;
+            half /= 2;
+        }
+        let zero = self.u(0);
+        let first = build(self.b.access_chain(ids.ptr_wg, None, ids.scratch, [zero]))?;
+        let r = build(self.b.load(f32, None, first, None, []))?;
+        // Every invocation has read the result before the scratch is reused.
+        self.barrier()?;
+        Ok(r)
+    }
+
+    fn barrier(&mut self) -> R<()> {
+        let scope = self.u(Scope::Workgroup as u32);
+        let semantics =
+            self.u((MemorySemantics::ACQUIRE_RELEASE | MemorySemantics::WORKGROUP_MEMORY).bits());
+        build(self.b.control_barrier(scope, scope, semantics))
+    }
+
+    /// [`Self::lane_loop`] over `k = from, from + by, ... < n`.
+    fn lane_loop_from(
+        &mut self,
+        from: U,
+        by: U,
+        n: U,
+        init: Word,
+        step: &mut dyn FnMut(&mut Self, Word, Word) -> R<Word>,
+    ) -> R<Word> {
         let (f32, u32, bool_ty) = (self.f32, self.u32, self.bool);
         let pre = self.b.selected_block().ok_or("no current block")?;
         let pre_label = self
@@ -1816,8 +1984,8 @@ impl<'a> Emitter<'a> {
             .and_then(|f| f.blocks.get(pre))
             .and_then(|b| b.label_id())
             .ok_or("no label")?;
-        let zero = self.u(0);
-        let one = self.u(1);
+        let zero = self.uw(from);
+        let one = self.uw(by);
         let limit = self.uw(n);
         let (header, cond, body, cont, merge) = (
             self.b.id(),
@@ -1882,23 +2050,25 @@ impl<'a> Emitter<'a> {
             build(e.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))
         };
         let minus_inf = self.f(f32::NEG_INFINITY);
-        let m = self.lane_loop(lane, minus_inf, &mut |e, k, acc| {
+        let m = self.row_loop(lane, minus_inf, &mut |e, k, acc| {
             let x = load(e, k)?;
             e.ext(glsl::FMAX, &[acc, x])
         })?;
+        let m = self.combine(m, true)?;
         let zero = self.f(0.0);
-        let sum = self.lane_loop(lane, zero, &mut |e, k, acc| {
+        let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
             let x = load(e, k)?;
             let d = e.sub(x, m)?;
             let ex = e.exp(d)?;
             e.add(acc, ex)
         })?;
+        let sum = self.combine(sum, false)?;
         let log_sum = if plan.log {
             Some(self.ext(glsl::LOG, &[sum])?)
         } else {
             None
         };
-        self.lane_loop(lane, zero, &mut |e, k, acc| {
+        self.row_loop(lane, zero, &mut |e, k, acc| {
             let x = load(e, k)?;
             let d = e.sub(x, m)?;
             let y = match log_sum {
@@ -1994,17 +2164,19 @@ impl<'a> Emitter<'a> {
             let v = e.norm_values((start, k), bases, invariant, &[plan.x], ptr_elem)?;
             v.get(&plan.x).copied().ok_or_else(|| "x is never computed".into())
         };
-        let sum = self.lane_loop(lane, zero, &mut |e, k, acc| {
+        let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
             let x = x_of(e, k)?;
             e.add(acc, x)
         })?;
+        let sum = self.combine(sum, false)?;
         let mean = self.div(sum, n)?;
-        let squares = self.lane_loop(lane, zero, &mut |e, k, acc| {
+        let squares = self.row_loop(lane, zero, &mut |e, k, acc| {
             let x = x_of(e, k)?;
             let d = e.sub(x, mean)?;
             let d2 = e.mul(d, d)?;
             e.add(acc, d2)
         })?;
+        let squares = self.combine(squares, false)?;
         let var = self.div(squares, n)?;
         let eps = self.f(plan.epsilon);
         let var = self.add(var, eps)?;
@@ -2014,7 +2186,7 @@ impl<'a> Emitter<'a> {
         let out_base = bases[self.body.inputs.len()];
         let mut wanted = vec![plan.x, plan.scale];
         wanted.extend(plan.bias);
-        self.lane_loop(lane, zero, &mut |e, k, acc| {
+        self.row_loop(lane, zero, &mut |e, k, acc| {
             let v = e.norm_values((start, k), bases, invariant, &wanted, ptr_elem)?;
             let get = |id: ValueId| {
                 v.get(&id)

@@ -56,10 +56,12 @@
 mod elementwise;
 mod matmul;
 
-pub use elementwise::{elementwise, ElementwiseKernel, Operand, WORKGROUP_SIZE};
+pub use elementwise::{
+    elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
+};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE};
 
-use rafter_artifact::{Launch, VulkanModule, VulkanSection};
+use rafter_artifact::{VulkanModule, VulkanSection};
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
 
@@ -130,8 +132,8 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
         let module = match generate(&kernel.body).map_err(error)? {
             Generated::Elementwise(g) => VulkanModule {
                 kernel: k as u32,
-                launch: Launch::Elementwise,
-                workgroup_size: WORKGROUP_SIZE,
+                launch: g.launch,
+                workgroup_size: g.workgroup_size,
                 entry_point: g.entry_point,
                 dims: g.dims,
                 spirv: to_bytes(&g.spirv).into(),

@@ -267,6 +267,18 @@ fn check_within(
     shapes: &[&[usize]],
     rtol: f64,
 ) -> Vec<Operand> {
+    check_close(device, text, shapes, rtol, 0.0)
+}
+
+/// [`check_within`] with an absolute tolerance too (a norm's outputs near 0, where
+/// `x - mean` cancels).
+fn check_close(
+    device: &rafter_hal_vulkan::VulkanDevice,
+    text: &str,
+    shapes: &[&[usize]],
+    rtol: f64,
+    atol: f64,
+) -> Vec<Operand> {
     let body = parse_graph(text).unwrap();
     let kernel = elementwise(&body).unwrap_or_else(|e| panic!("{e}"));
     common::spirv_val(&kernel.spirv, &body.name);
@@ -294,7 +306,8 @@ fn check_within(
     let got = common::f32s(&out[0].read_bytes(0, count as u64 * 4).unwrap());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let g = *g as f64;
-        let close = g == *w || (g - w).abs() <= rtol * w.abs() || (g.is_nan() && w.is_nan());
+        let close =
+            g == *w || (g - w).abs() <= atol + rtol * w.abs() || (g.is_nan() && w.is_nan());
         assert!(close, "{}: element {i}: got {g}, want {w}", body.name);
     }
     kernel.inputs
@@ -478,6 +491,23 @@ fn softmax_over_symbolic_dims_matches_the_reference() {
     }
 }
 
+/// A softmax over the last axis runs a workgroup per lane, reduced through workgroup
+/// memory: lanes shorter and longer than the workgroup, symbolic.
+#[test]
+fn softmax_rows_longer_than_a_workgroup_match_the_reference() {
+    let Some(device) = common::device_or_skip("softmax rows") else {
+        return;
+    };
+    for (kind, n) in [("softmax", 333), ("log_softmax", 1000), ("softmax", 3)] {
+        check_within(
+            &device,
+            &format!("graph @{kind}_{n}(%x: f32[r, {n}]) -> (%y) {{\n  %y: f32[r, {n}] = softmax{{kind = {kind}, axis = 1}}(%x)\n}}"),
+            &[&[5, n]],
+            1e-5,
+        );
+    }
+}
+
 /// Layer norm over the last axis (or two), with scale and bias (or without a bias), after
 /// a residual add: one invocation per row, three passes; symbolic row counts and lengths.
 #[test]
@@ -509,6 +539,22 @@ fn layer_norm_matches_the_reference() {
         &[&[3, 5, 6], &[1, 5, 6]],
         1e-5,
     );
+    // Rows longer than a row kernel's workgroup (each invocation sums several elements),
+    // more rows than one workgroup.
+    let kinds = check_close(
+        &device,
+        "graph @ln_long(%x: f32[b, s, 300], %g: f32[300], %bb: f32[300]) -> (%y) {\n  %y: f32[b, s, 300] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g, %bb)\n}",
+        &[&[2, 9, 300], &[300], &[300]],
+        1e-5,
+        1e-6,
+    );
+    assert_eq!(kinds, [Operand::Tensor, Operand::Lane, Operand::Lane]);
+    let kernel = elementwise(
+        &parse_graph("graph @ln_long(%x: f32[b, s, 300], %g: f32[300]) -> (%y) {\n  %y: f32[b, s, 300] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(kernel.launch, rafter_artifact::Launch::Rows { lane_dims: 1 });
     let e = elementwise(
         &parse_graph("graph @ln3(%x: f32[4, 8], %g: f32[4, 8]) -> (%y, %m) {\n  %y: f32[4, 8], %m: f32[4, 1] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}")
             .unwrap(),

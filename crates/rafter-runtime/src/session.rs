@@ -995,6 +995,28 @@ impl Session {
                                 }
                                 break 'launch;
                             }
+                            if let launch @ rafter_artifact::Launch::Rows { .. } = gpu.launch {
+                                let first = results
+                                    .first()
+                                    .copied()
+                                    .flatten()
+                                    .and_then(|b| dims[b].as_deref())
+                                    .unwrap_or(&[]);
+                                let max_x = use_.device.info().limits.max_workgroup_count[0];
+                                let launched = launch.rows_dispatch(first, max_x).map_err(|e| {
+                                    unsupported(format!(
+                                        "step {si}: kernel `{}`: {e}",
+                                        p.kernels[*kernel].name
+                                    ))
+                                })?;
+                                if let Some((mut params, grid)) = launched {
+                                    params.extend_from_slice(&dim_bytes);
+                                    builder
+                                        .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
+                                        .map_err(hal(context))?;
+                                }
+                                break 'launch;
+                            }
                             // Elementwise launch: the element count of the first result.
                             let count: u64 = results
                                 .first()
