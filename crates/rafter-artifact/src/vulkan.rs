@@ -75,8 +75,8 @@ pub fn dim_params(dims: &[DimParam], binding_dims: &[&[usize]]) -> Result<Vec<u8
                     p.binding, p.axis
                 )
             })?;
-        let size = u32::try_from(*size)
-            .map_err(|_| format!("dim {size} does not fit in 32 bits"))?;
+        let size =
+            u32::try_from(*size).map_err(|_| format!("dim {size} does not fit in 32 bits"))?;
         out.extend_from_slice(&size.to_le_bytes());
     }
     Ok(out)
@@ -150,7 +150,11 @@ impl Launch {
     /// For a rows launch: the params (the element count) and the grid for a first result
     /// of `dims`: one workgroup per row, at most `max_x` of them (the kernel loops over rows
     /// grid-stride). `Ok(None)` when the result is empty (nothing to dispatch).
-    pub fn rows_dispatch(self, dims: &[usize], max_x: u32) -> Result<Option<MatmulDispatch>, String> {
+    pub fn rows_dispatch(
+        self,
+        dims: &[usize],
+        max_x: u32,
+    ) -> Result<Option<MatmulDispatch>, String> {
         let Launch::Rows { lane_dims } = self else {
             return Err("not a rows launch".into());
         };
@@ -164,7 +168,10 @@ impl Launch {
         let count = count
             .filter(|&c| c <= i32::MAX as u64)
             .ok_or_else(|| format!("{dims:?} is more elements than one dispatch indexes"))?;
-        let rows: u64 = dims[..dims.len() - lane_dims].iter().map(|&d| d as u64).product();
+        let rows: u64 = dims[..dims.len() - lane_dims]
+            .iter()
+            .map(|&d| d as u64)
+            .product();
         if count == 0 {
             return Ok(None);
         }

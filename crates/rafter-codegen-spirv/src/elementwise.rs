@@ -323,7 +323,9 @@ impl DimTable {
                     axis: u16::try_from(axis).ok()?,
                 })
             })
-            .ok_or_else(|| format!("symbolic dim `{d}` is not the size of a bound tensor's axis"))?;
+            .ok_or_else(|| {
+                format!("symbolic dim `{d}` is not the size of a bound tensor's axis")
+            })?;
         if self.params.len() == MAX_DIM_PARAMS {
             return Err(format!(
                 "the kernel needs more than {MAX_DIM_PARAMS} symbolic sizes"
@@ -662,7 +664,9 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     let rank = dims.len() as i64;
     let a = if *axis < 0 { axis + rank } else { *axis };
     if !(0..rank).contains(&a) {
-        return Err(format!("layer_norm axis {axis} out of range for rank {rank}"));
+        return Err(format!(
+            "layer_norm axis {axis} out of range for rank {rank}"
+        ));
     }
     let lane: Vec<Dim> = dims[a as usize..].to_vec();
     if lane.iter().any(|d| d.as_known() == Some(0)) {
@@ -724,7 +728,13 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     for d in &lane {
         table.need(body, d)?;
     }
-    let mut emitter = Emitter::new(body, &inputs, vec![None; inputs.len()], Vec::new(), HashSet::new());
+    let mut emitter = Emitter::new(
+        body,
+        &inputs,
+        vec![None; inputs.len()],
+        Vec::new(),
+        HashSet::new(),
+    );
     emitter.table = table;
     emitter.rows = true;
     let lane_dims_count = u8::try_from(rank - a).map_err(|_| "layer_norm over too many axes")?;
@@ -765,7 +775,11 @@ fn too_large(dims: &[Dim]) -> bool {
         .iter()
         .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
         .collect();
-    known.is_some_and(|k| k.iter().try_fold(1u64, |a, &n| a.checked_mul(n)).is_none_or(|n| n > MAX_ELEMENTS))
+    known.is_some_and(|k| {
+        k.iter()
+            .try_fold(1u64, |a, &n| a.checked_mul(n))
+            .is_none_or(|n| n > MAX_ELEMENTS)
+    })
 }
 
 /// The factors of a row-major stride: the dims after an axis, without known 1s.
@@ -2162,7 +2176,9 @@ impl<'a> Emitter<'a> {
         let zero = self.f(0.0);
         let x_of = |e: &mut Self, k: Word| -> R<Word> {
             let v = e.norm_values((start, k), bases, invariant, &[plan.x], ptr_elem)?;
-            v.get(&plan.x).copied().ok_or_else(|| "x is never computed".into())
+            v.get(&plan.x)
+                .copied()
+                .ok_or_else(|| "x is never computed".into())
         };
         let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
             let x = x_of(e, k)?;
@@ -2204,12 +2220,7 @@ impl<'a> Emitter<'a> {
             let at = e.uadd(start, U::W(k))?;
             let at = e.uw(at);
             let ptr = e.element_ptr(out_base, at, ptr_elem)?;
-            build(e.b.store(
-                ptr,
-                y,
-                Some(MemoryAccess::ALIGNED),
-                [Arg::LiteralBit32(4)],
-            ))?;
+            build(e.b.store(ptr, y, Some(MemoryAccess::ALIGNED), [Arg::LiteralBit32(4)]))?;
             Ok(acc)
         })?;
         Ok(())

@@ -365,12 +365,7 @@ fn broadcast_source(i: usize, dims: &[rafter_ir::Dim], c: &[rafter_ir::Dim]) -> 
             divisor = divisor.checked_mul(u64::try_from(c[d].as_known()?).ok()?)?;
         }
     }
-    Some(Src::Bcast {
-        i,
-        row,
-        col,
-        batch,
-    })
+    Some(Src::Bcast { i, row, col, batch })
 }
 
 /// Where the bindings are and what the epilogue does.

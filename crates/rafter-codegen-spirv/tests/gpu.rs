@@ -306,8 +306,7 @@ fn check_close(
     let got = common::f32s(&out[0].read_bytes(0, count as u64 * 4).unwrap());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let g = *g as f64;
-        let close =
-            g == *w || (g - w).abs() <= atol + rtol * w.abs() || (g.is_nan() && w.is_nan());
+        let close = g == *w || (g - w).abs() <= atol + rtol * w.abs() || (g.is_nan() && w.is_nan());
         assert!(close, "{}: element {i}: got {g}, want {w}", body.name);
     }
     kernel.inputs
@@ -460,7 +459,10 @@ fn transposes_and_broadcasts_over_symbolic_dims_match_the_reference() {
     }
     let text = "graph @mask(%x: f32[b, 4, s, s], %m: f32[b, 1, 1, s], %c: f32[s, 1]) -> (%y) {\n  %t: f32[b, 4, s, s] = binary{op = add}(%x, %m)\n  %y: f32[b, 4, s, s] = binary{op = mul}(%t, %c)\n}";
     let kinds = check_against_reference(&device, text, &[&[2, 4, 7, 7], &[2, 1, 1, 7], &[7, 1]]);
-    assert_eq!(kinds, [Operand::Tensor, Operand::Broadcast, Operand::Broadcast]);
+    assert_eq!(
+        kinds,
+        [Operand::Tensor, Operand::Broadcast, Operand::Broadcast]
+    );
     let kernel = elementwise(&parse_graph(text).unwrap()).unwrap();
     // b and s, each once, from the first binding that has them.
     assert_eq!(kernel.dims.len(), 2, "{:?}", kernel.dims);
@@ -530,7 +532,12 @@ fn layer_norm_matches_the_reference() {
     );
     assert_eq!(
         kinds,
-        [Operand::Tensor, Operand::Tensor, Operand::Lane, Operand::Lane]
+        [
+            Operand::Tensor,
+            Operand::Tensor,
+            Operand::Lane,
+            Operand::Lane
+        ]
     );
     // Over two axes, a symbolic row length, no bias, the scale of shape [1, s, 6].
     check_within(
@@ -554,7 +561,10 @@ fn layer_norm_matches_the_reference() {
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(kernel.launch, rafter_artifact::Launch::Rows { lane_dims: 1 });
+    assert_eq!(
+        kernel.launch,
+        rafter_artifact::Launch::Rows { lane_dims: 1 }
+    );
     let e = elementwise(
         &parse_graph("graph @ln3(%x: f32[4, 8], %g: f32[4, 8]) -> (%y, %m) {\n  %y: f32[4, 8], %m: f32[4, 1] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}")
             .unwrap(),

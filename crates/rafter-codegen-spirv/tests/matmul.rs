@@ -275,7 +275,8 @@ fn attention_scores_with_a_mask_broadcast_over_heads_match_the_cpu() {
                     let want = 0.25 * p + mv;
                     let at = (z * s + i) * s + j;
                     assert!(
-                        (got[at] as f64 - want).abs() <= 4.0 * f32::EPSILON as f64 * (mag + mv.abs()),
+                        (got[at] as f64 - want).abs()
+                            <= 4.0 * f32::EPSILON as f64 * (mag + mv.abs()),
                         "mask {mask_text}: C[{z}][{i}][{j}] = {}, want {want}",
                         got[at]
                     );
