@@ -20,15 +20,18 @@
 //! per element over a 1-D grid, in a grid-stride loop, so any element count fits in the
 //! device's workgroup-count limit; the count is the first `u32` param.
 //!
-//! Row kernels, launched the same way (the count is the output's element count):
+//! Row kernels (the count param is still the output's element count):
 //! - a `reduce` on a static shape (after an optional pointwise prologue): one invocation per
-//!   output element loops over its lane;
-//! - a softmax or log-softmax alone, over any axis: the kernel divides the count by the lane
-//!   length and normalises one lane per invocation (max, sum of exponentials, write);
+//!   output element loops over its lane (the elementwise launch);
+//! - a softmax or log-softmax alone: max, sum of exponentials, write. Over the last axis a
+//!   workgroup of [`ROW_WORKGROUP_SIZE`] invocations per lane (`Launch::Rows`, the grid the
+//!   row count), each taking every 128th element and the partial results combined by a
+//!   tree through workgroup memory; over another axis one invocation per lane;
 //! - a `layer_norm` over the axes `axis..rank` with its scale and (optional) bias, after an
-//!   optional pointwise prologue (the residual `add` fusion leaves in front of it): one
-//!   invocation per row, three passes (mean, variance around it, write), the prologue
-//!   evaluated at each element; the scale and bias are read per position in the row.
+//!   optional pointwise prologue (the residual `add` fusion leaves in front of it): a
+//!   workgroup per row like the softmax, three passes (mean, variance around it, write),
+//!   the prologue evaluated at each element; the scale and bias are read per position in
+//!   the row.
 //!
 //! **Symbolic dims.** Shapes may be symbolic (`batch`, `seq`): a kernel that needs a size
 //! the body does not fix (a broadcast or transposed operand's strides, the output's
@@ -47,8 +50,8 @@
 //! broadcast to C (an attention mask `[b, 1, 1, s]` or `[b, 1, s, s]` added to scores
 //! `[b, h, s, s]`) as long as C's batch dims inside the outermost are known.
 //!
-//! Workgroup-level (tree or subgroup) reductions for the row kernels, reduces over
-//! symbolic dims, gather, other dtypes and convolutions come next.
+//! Subgroup reductions, reduces over symbolic dims, gather, other dtypes and convolutions
+//! come next.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
