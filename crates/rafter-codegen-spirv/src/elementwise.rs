@@ -715,6 +715,10 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
             }
         }
         // Computed values: x's shape (the prologue) or the normalised dims' (per position).
+        // The norm's own results (the optional mean and deviation) are not computed.
+        if node.outputs.contains(&Some(v)) {
+            continue;
+        }
         if let ValueDef::Node { .. } = value.def {
             if value.ty.dims != *dims && strip(&value.ty.dims) != lane_dims && !one(v) {
                 return Err(format!(
