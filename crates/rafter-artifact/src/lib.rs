@@ -101,7 +101,8 @@ pub use format::{
     WEIGHTS_SECTION_ALIGN,
 };
 pub use vulkan::{
-    Launch, MatmulDispatch, VulkanModule, VulkanSection, SPIRV_MAGIC, VULKAN_DESCRIPTOR_VERSION,
+    dim_params, DimParam, Launch, MatmulDispatch, VulkanModule, VulkanSection, MAX_DIM_PARAMS,
+    SPIRV_MAGIC, VULKAN_DESCRIPTOR_VERSION,
 };
 pub use weights::WeightEntry;
 
@@ -384,7 +385,7 @@ fn check_executables(
         let section = VulkanSection::decode(vk)?;
         for m in &section.modules {
             let k = program.kernels.get(m.kernel as usize);
-            if k.is_none_or(|k| k.device != "vulkan") {
+            let Some(k) = k.filter(|k| k.device == "vulkan") else {
                 return Err(ArtifactError::malformed(
                     "executable `vulkan`",
                     format!(
@@ -392,6 +393,24 @@ fn check_executables(
                         m.kernel
                     ),
                 ));
+            };
+            // Every dim param names an axis of one of the kernel's bindings.
+            let body = &k.body;
+            for d in &m.dims {
+                let value = body
+                    .inputs
+                    .iter()
+                    .chain(&body.outputs)
+                    .nth(d.binding as usize);
+                if value.is_none_or(|&v| d.axis as usize >= body.value(v).ty.rank()) {
+                    return Err(ArtifactError::malformed(
+                        "executable `vulkan`",
+                        format!(
+                            "kernel {} `{}` reads axis {} of binding {}, which it does not have",
+                            m.kernel, k.name, d.axis, d.binding
+                        ),
+                    ));
+                }
             }
         }
         for (i, k) in program.kernels.iter().enumerate() {

@@ -8,7 +8,7 @@
 //! ```text
 //! offset size field
 //!      0    8 magic "RFAVK\0\0\0"
-//!      8    4 descriptor version (1)
+//!      8    4 descriptor version (2; version 1, without dim params, is still read)
 //!     12    4 module count n
 //!   then n modules, each starting on a 4-byte boundary:
 //!      0    4 kernel index in Program::kernels (its device is `vulkan`)
@@ -18,15 +18,26 @@
 //!             2 = matmul, with the operands' positions and the tile in the upper bytes:
 //!             bits 8..16 A's input index, 16..24 B's, bit 24 B shared (2-D), bits 25..
 //!             log2 of the C tile side (see [`Launch::matmul_dispatch`]);
-//!             3 = convolution as an implicit GEMM: bits 8..16 the image's input index,
+//!             3 = rows (version 2): bits 8..16 the lane's dims `l` ≥ 1; one workgroup per
+//!             row of the first result (its dims but the last `l`), the element count as
+//!             the one param ([`Launch::rows_dispatch`]);
+//!             4 = convolution as an implicit GEMM: bits 8..16 the image's input index,
 //!             16..24 the filter's, bits 25.. log2 of the tile (see
-//!             [`Launch::conv_dispatch`])
+//!             [`Launch::conv_dispatch`]); 5 = a 2-D
+//!             product with B transposed, bits as a convolution's for A and B
+//!             ([`Launch::gemm_dispatch`])
 //!      8    4 workgroup size (invocations per workgroup along x, ≥ 1)
 //!     12    4 entry point name length e (1..=64 bytes of UTF-8)
 //!     16    4 SPIR-V length s (a multiple of 4, ≥ 20: the module header)
-//!     20    e entry point name, then zero padding to a multiple of 4
+//!     20    4 dim param count d (0..=16; absent in version 1, where it is 0)
+//!     24    e entry point name, then zero padding to a multiple of 4
+//!      .  4 d dim params, each `binding | axis << 16` ([`DimParam`])
 //!      .    s SPIR-V words, little-endian (first word 0x07230203)
 //! ```
+//!
+//! Dim params are how a kernel over symbolic dims learns their sizes: after its launch's
+//! params (the element count, or matmul's `M, N, K, b_shared`) the runtime pushes, per dim
+//! param, the call's size of that axis of that binding as a `u32` ([`dim_params`]).
 //!
 //! Modules are in increasing kernel order, at most one per kernel; the artifact reader
 //! checks that every kernel whose device is `vulkan` has one (see `check_executables`).
@@ -36,12 +47,45 @@ use bytes::Bytes;
 use crate::ArtifactError;
 
 pub const VULKAN_MAGIC: [u8; 8] = *b"RFAVK\0\0\0";
-pub const VULKAN_DESCRIPTOR_VERSION: u32 = 1;
+pub const VULKAN_DESCRIPTOR_VERSION: u32 = 2;
 /// The SPIR-V magic number, the first word of every module.
 pub const SPIRV_MAGIC: u32 = 0x0723_0203;
 const HEADER_LEN: usize = 16;
-const MODULE_HEADER_LEN: usize = 20;
+const MODULE_HEADER_LEN: usize = 24;
+const MODULE_HEADER_LEN_V1: usize = 20;
 const MAX_ENTRY_LEN: usize = 64;
+/// The most dim params one module takes (push-constant space: 128 bytes are guaranteed).
+pub const MAX_DIM_PARAMS: usize = 16;
+
+/// A size a kernel reads at dispatch time: axis `axis` of binding `binding` (the body's
+/// inputs, then its outputs), pushed as a `u32` after the launch's own params.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DimParam {
+    pub binding: u16,
+    pub axis: u16,
+}
+
+/// The push-constant bytes of `dims` for a call whose bindings have `binding_dims` (in
+/// binding order): each size as a little-endian `u32`. The one rule the runtime and the
+/// compiler's tests share.
+pub fn dim_params(dims: &[DimParam], binding_dims: &[&[usize]]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(4 * dims.len());
+    for p in dims {
+        let size = binding_dims
+            .get(p.binding as usize)
+            .and_then(|d| d.get(p.axis as usize))
+            .ok_or_else(|| {
+                format!(
+                    "dim param: binding {} has no axis {} (bindings' dims {binding_dims:?})",
+                    p.binding, p.axis
+                )
+            })?;
+        let size =
+            u32::try_from(*size).map_err(|_| format!("dim {size} does not fit in 32 bits"))?;
+        out.extend_from_slice(&size.to_le_bytes());
+    }
+    Ok(out)
+}
 
 /// A matmul dispatch's push-constant params (after the addresses) and workgroup grid.
 pub type MatmulDispatch = (Vec<u8>, [u32; 3]);
@@ -74,6 +118,11 @@ pub enum Launch {
     /// with B shared (params `M, N, K, 1`, grid `[ceil(N / tile), ceil(M / tile), 1]`,
     /// [`Launch::gemm_dispatch`]).
     GemmTransB { a: u8, b: u8, tile: u32 },
+    /// One workgroup per row of the first result: a row is its last `lane_dims` dims (a
+    /// softmax's or layer norm's lane), reduced cooperatively by the workgroup. The one
+    /// `u32` param is the element count; grid `[min(rows, max_x), 1, 1]`, the kernel
+    /// looping over rows grid-stride ([`Launch::rows_dispatch`]).
+    Rows { lane_dims: u8 },
 }
 
 impl Launch {
@@ -92,11 +141,12 @@ impl Launch {
                     | tile.trailing_zeros() << 25
             }
             Launch::Conv { x, w, tile } => {
-                3 | (x as u32) << 8 | (w as u32) << 16 | tile.trailing_zeros() << 25
+                4 | (x as u32) << 8 | (w as u32) << 16 | tile.trailing_zeros() << 25
             }
             Launch::GemmTransB { a, b, tile } => {
-                4 | (a as u32) << 8 | (b as u32) << 16 | tile.trailing_zeros() << 25
+                5 | (a as u32) << 8 | (b as u32) << 16 | tile.trailing_zeros() << 25
             }
+            Launch::Rows { lane_dims } => 3 | (lane_dims as u32) << 8,
         }
     }
 
@@ -112,7 +162,11 @@ impl Launch {
                     tile: 1 << log_tile,
                 })
             }
-            3 if code & (1 << 24) == 0 => {
+            3 => {
+                let lane_dims = (code >> 8) as u8;
+                (code >> 16 == 0 && lane_dims >= 1).then_some(Launch::Rows { lane_dims })
+            }
+            4 if code & (1 << 24) == 0 => {
                 let log_tile = code >> 25;
                 (4..=7).contains(&log_tile).then_some(Launch::Conv {
                     x: (code >> 8) as u8,
@@ -120,7 +174,7 @@ impl Launch {
                     tile: 1 << log_tile,
                 })
             }
-            4 if code & (1 << 24) == 0 => {
+            5 if code & (1 << 24) == 0 => {
                 let log_tile = code >> 25;
                 (4..=7).contains(&log_tile).then_some(Launch::GemmTransB {
                     a: (code >> 8) as u8,
@@ -196,6 +250,38 @@ impl Launch {
         Ok(Some((params, grid)))
     }
 
+    /// For a rows launch: the params (the element count) and the grid for a first result
+    /// of `dims`: one workgroup per row, at most `max_x` of them (the kernel loops over rows
+    /// grid-stride). `Ok(None)` when the result is empty (nothing to dispatch).
+    pub fn rows_dispatch(
+        self,
+        dims: &[usize],
+        max_x: u32,
+    ) -> Result<Option<MatmulDispatch>, String> {
+        let Launch::Rows { lane_dims } = self else {
+            return Err("not a rows launch".into());
+        };
+        let lane_dims = lane_dims as usize;
+        if dims.len() < lane_dims {
+            return Err(format!(
+                "a rows launch over the last {lane_dims} dims of {dims:?}"
+            ));
+        }
+        let count = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+        let count = count
+            .filter(|&c| c <= i32::MAX as u64)
+            .ok_or_else(|| format!("{dims:?} is more elements than one dispatch indexes"))?;
+        let rows: u64 = dims[..dims.len() - lane_dims]
+            .iter()
+            .map(|&d| d as u64)
+            .product();
+        if count == 0 {
+            return Ok(None);
+        }
+        let grid = [rows.min(max_x.max(1) as u64) as u32, 1, 1];
+        Ok(Some(((count as u32).to_le_bytes().to_vec(), grid)))
+    }
+
     /// For a matmul launch: the params and the grid for operands of `a_dims` and `b_dims`,
     /// checked (inner dims agree, B's batch dims are A's or B is 2-D as generated, sizes fit
     /// `u32`, the grid fits `max`). `Ok(None)` when C is empty (nothing to dispatch).
@@ -261,6 +347,8 @@ pub struct VulkanModule {
     pub launch: Launch,
     pub workgroup_size: u32,
     pub entry_point: String,
+    /// Sizes pushed after the launch's params, in order.
+    pub dims: Vec<DimParam>,
     /// The module's words as little-endian bytes.
     pub spirv: Bytes,
 }
@@ -286,11 +374,16 @@ impl VulkanSection {
                 m.workgroup_size,
                 m.entry_point.len() as u32,
                 m.spirv.len() as u32,
+                m.dims.len() as u32,
             ] {
                 out.extend_from_slice(&word.to_le_bytes());
             }
             out.extend_from_slice(m.entry_point.as_bytes());
             out.resize(out.len().next_multiple_of(4), 0);
+            for d in &m.dims {
+                let word = d.binding as u32 | (d.axis as u32) << 16;
+                out.extend_from_slice(&word.to_le_bytes());
+            }
             out.extend_from_slice(&m.spirv);
         }
         out
@@ -307,18 +400,23 @@ impl VulkanSection {
         }
         let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         let version = word(8);
-        if version != VULKAN_DESCRIPTOR_VERSION {
+        if version != VULKAN_DESCRIPTOR_VERSION && version != 1 {
             return Err(bad(format!(
-                "descriptor version {version} is not readable by this build (reads \
+                "descriptor version {version} is not readable by this build (reads 1 to \
                  {VULKAN_DESCRIPTOR_VERSION})"
             )));
         }
+        let header_len = if version == 1 {
+            MODULE_HEADER_LEN_V1
+        } else {
+            MODULE_HEADER_LEN
+        };
         let count = word(12) as usize;
         let mut at = HEADER_LEN;
         let mut modules: Vec<VulkanModule> = Vec::new();
         for i in 0..count {
             let what = |msg: String| bad(format!("module {i}: {msg}"));
-            if b.len() - at < MODULE_HEADER_LEN {
+            if b.len() - at < header_len {
                 return Err(what(format!("header at byte {at} runs past the end")));
             }
             let kernel = word(at);
@@ -327,6 +425,16 @@ impl VulkanSection {
             let workgroup_size = word(at + 8);
             let entry_len = word(at + 12) as usize;
             let spirv_len = word(at + 16) as usize;
+            let dim_count = if version == 1 {
+                0
+            } else {
+                word(at + 20) as usize
+            };
+            if dim_count > MAX_DIM_PARAMS {
+                return Err(what(format!(
+                    "{dim_count} dim params (at most {MAX_DIM_PARAMS})"
+                )));
+            }
             if workgroup_size == 0 {
                 return Err(what("workgroup size 0".into()));
             }
@@ -349,20 +457,30 @@ impl VulkanSection {
                     )));
                 }
             }
-            let entry_start = at + MODULE_HEADER_LEN;
-            let spirv_start = entry_start + entry_len.next_multiple_of(4);
+            let entry_start = at + header_len;
+            let dims_start = entry_start + entry_len.next_multiple_of(4);
+            let spirv_start = dims_start + 4 * dim_count;
             let end = spirv_start
                 .checked_add(spirv_len)
                 .filter(|&e| e <= b.len())
                 .ok_or_else(|| what("runs past the end of the section".into()))?;
             let entry = std::str::from_utf8(&b[entry_start..entry_start + entry_len])
                 .map_err(|_| what("entry point name is not UTF-8".into()))?;
-            if b[entry_start + entry_len..spirv_start]
+            if b[entry_start + entry_len..dims_start]
                 .iter()
                 .any(|&x| x != 0)
             {
                 return Err(what("non-zero padding after the entry point name".into()));
             }
+            let dims = (0..dim_count)
+                .map(|j| {
+                    let w = word(dims_start + 4 * j);
+                    DimParam {
+                        binding: w as u16,
+                        axis: (w >> 16) as u16,
+                    }
+                })
+                .collect();
             if word(spirv_start) != SPIRV_MAGIC {
                 return Err(what(format!(
                     "SPIR-V starts with {:#010x}, not the magic {SPIRV_MAGIC:#010x}",
@@ -374,6 +492,7 @@ impl VulkanSection {
                 launch,
                 workgroup_size,
                 entry_point: entry.to_string(),
+                dims,
                 spirv: b.slice(spirv_start..end),
             });
             at = end;
@@ -408,8 +527,67 @@ mod tests {
             launch: Launch::Elementwise,
             workgroup_size: 64,
             entry_point: "main".into(),
+            dims: if kernel % 2 == 0 {
+                vec![
+                    DimParam {
+                        binding: 0,
+                        axis: 1,
+                    },
+                    DimParam {
+                        binding: 2,
+                        axis: 0,
+                    },
+                ]
+            } else {
+                Vec::new()
+            },
             spirv: spirv.into(),
         }
+    }
+
+    #[test]
+    fn dim_params_are_the_bindings_sizes_and_version_1_still_reads() {
+        let dims = [
+            DimParam {
+                binding: 1,
+                axis: 2,
+            },
+            DimParam {
+                binding: 0,
+                axis: 0,
+            },
+        ];
+        let bytes = dim_params(&dims, &[&[3, 4], &[5, 6, 7]]).unwrap();
+        assert_eq!(bytes, [7u32.to_le_bytes(), 3u32.to_le_bytes()].concat());
+        let e = dim_params(&dims, &[&[3, 4]]).unwrap_err();
+        assert!(e.contains("binding 1"), "{e}");
+        let e = dim_params(&dims[1..], &[&[1 << 33]]).unwrap_err();
+        assert!(e.contains("32 bits"), "{e}");
+        // A version-1 section: 20-byte module headers, no dim params.
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(&VULKAN_MAGIC);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        for w in [3u32, 1, 64, 4, 20] {
+            v1.extend_from_slice(&w.to_le_bytes());
+        }
+        v1.extend_from_slice(b"main");
+        v1.extend_from_slice(&SPIRV_MAGIC.to_le_bytes());
+        v1.extend_from_slice(&[0u8; 16]);
+        let s = VulkanSection::decode(&v1.into()).unwrap();
+        assert_eq!(s.modules.len(), 1);
+        assert_eq!(s.modules[0].kernel, 3);
+        assert!(s.modules[0].dims.is_empty());
+        let mut too_many = module(0);
+        too_many.dims = vec![dims[0]; MAX_DIM_PARAMS + 1];
+        let bytes = VulkanSection {
+            modules: vec![too_many],
+        }
+        .encode();
+        assert!(VulkanSection::decode(&bytes.into())
+            .unwrap_err()
+            .to_string()
+            .contains("dim params"));
     }
 
     #[test]
@@ -427,6 +605,13 @@ mod tests {
             "a tile of 8 is not generated"
         );
         assert_eq!(Launch::from_code(1 | 1 << 8), None);
+        let rows = Launch::Rows { lane_dims: 2 };
+        assert_eq!(Launch::from_code(rows.code()), Some(rows));
+        assert_eq!(Launch::from_code(3), None, "a lane of no dims");
+        let (params, grid) = rows.rows_dispatch(&[3, 5, 7, 8], 4).unwrap().unwrap();
+        assert_eq!((params, grid), (840u32.to_le_bytes().to_vec(), [4, 1, 1]));
+        assert_eq!(rows.rows_dispatch(&[3, 0, 8], 4).unwrap(), None);
+        assert!(rows.rows_dispatch(&[8], 4).is_err());
         let max = [65535; 3];
         // [2, 70, 48] x [48, 100]: 4 x 3 tiles of 32, 2 batch entries.
         let (params, grid) = l
@@ -467,7 +652,7 @@ mod tests {
         };
         assert_eq!(Launch::from_code(l.code()), Some(l));
         assert_eq!(
-            Launch::from_code(3 | 1 << 24 | 6 << 25),
+            Launch::from_code(4 | 1 << 24 | 6 << 25),
             None,
             "bit 24 is not a conv's"
         );
@@ -545,7 +730,7 @@ mod tests {
             .to_string()
             .contains("increasing"));
         let mut bad_magic = bytes.to_vec();
-        let spirv_at = HEADER_LEN + MODULE_HEADER_LEN + 4;
+        let spirv_at = HEADER_LEN + MODULE_HEADER_LEN + 4; // module 1: no dim params
         bad_magic[spirv_at] ^= 1;
         assert!(VulkanSection::decode(&bad_magic.into())
             .unwrap_err()

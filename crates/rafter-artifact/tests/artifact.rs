@@ -6,8 +6,8 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use rafter_artifact::{
-    Artifact, ArtifactError, ArtifactWriter, Container, ContainerWriter, CpuDescriptor, Launch,
-    ReadOptions, SectionData, SectionKind, VulkanModule, VulkanSection,
+    Artifact, ArtifactError, ArtifactWriter, Container, ContainerWriter, CpuDescriptor, DimParam,
+    Launch, ReadOptions, SectionData, SectionKind, VulkanModule, VulkanSection,
 };
 use rafter_ir::program::{Program, Step};
 use rafter_ir::program_text::{print_program, WeightMode};
@@ -177,6 +177,7 @@ fn executables_per_device() {
                 launch: Launch::Elementwise,
                 workgroup_size: 64,
                 entry_point: "main".into(),
+                dims: Vec::new(),
                 spirv: Bytes::from(spirv.clone()),
             }],
         }
@@ -197,6 +198,16 @@ fn executables_per_device() {
             .to_vec()
             .unwrap_err();
         assert!(e.to_string().contains("executable `vulkan`"), "{e}");
+    }
+    // A dim param naming an axis or a binding the kernel does not have: refused.
+    for (binding, axis) in [(0, 200), (50, 0)] {
+        let mut with_dims = VulkanSection::decode(&Bytes::from(section(1))).unwrap();
+        with_dims.modules[0].dims = vec![DimParam { binding, axis }];
+        let e = ArtifactWriter::new(&program)
+            .executable("vulkan", with_dims.encode(), 4)
+            .to_vec()
+            .unwrap_err();
+        assert!(e.to_string().contains("does not have"), "{e}");
     }
     // Raw SPIR-V is not a section.
     let e = ArtifactWriter::new(&program)

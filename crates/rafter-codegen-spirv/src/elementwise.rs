@@ -2,20 +2,27 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rafter_artifact::{dim_params, DimParam, Launch, MAX_DIM_PARAMS};
 use rafter_ir::{
-    BinaryOp, DType, GeluApprox, Graph, Op, ReduceKind, SoftmaxKind, UnaryOp, ValueDef, ValueId,
+    BinaryOp, DType, Dim, GeluApprox, Graph, Op, ReduceKind, SoftmaxKind, UnaryOp, ValueDef,
+    ValueId,
 };
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryAccess, MemoryModel, StorageClass, Word,
+    FunctionControl, LoopControl, MemoryAccess, MemoryModel, MemorySemantics, Scope,
+    SelectionControl, StorageClass, Word,
 };
 
 use crate::CodegenError;
 
 /// Invocations per workgroup of an elementwise kernel.
 pub const WORKGROUP_SIZE: u32 = 64;
+
+/// Invocations per workgroup of a row kernel ([`Launch::Rows`]: a layer norm, a softmax
+/// over the last axis), which reduce a row together through workgroup memory.
+pub const ROW_WORKGROUP_SIZE: u32 = 128;
 
 /// The most elements one dispatch covers: element indices are 32-bit and SPIR-V treats
 /// access-chain indices as signed, so indices stay below 2^31 (8 GiB of f32 per tensor).
@@ -29,9 +36,11 @@ pub enum Operand {
     /// A single element, broadcast to every output element.
     Scalar,
     /// NumPy broadcasting of a smaller tensor (dims of 1, or missing leading dims) to the
-    /// output's static shape, or the input of a transpose: its element index is computed
-    /// from the output's coordinates and per-dim strides.
+    /// output's shape, or the input of a transpose: its element index is computed from the
+    /// output's coordinates and per-dim strides (symbolic sizes come from dim params).
     Broadcast,
+    /// Indexed by the position along a normalised lane (a layer norm's scale and bias).
+    Lane,
     /// Bound but never read: the shape or axes operand of a reshape-like op.
     Unread,
 }
@@ -47,9 +56,24 @@ pub struct ElementwiseKernel {
     pub inputs: Vec<Operand>,
     /// Number of outputs; their bindings follow the inputs'.
     pub outputs: usize,
+    /// The symbolic sizes the kernel reads after the count (the artifact's dim params).
+    pub dims: Vec<DimParam>,
+    /// How it is launched: [`Launch::Elementwise`] (a grid over elements, or one invocation
+    /// per lane), or [`Launch::Rows`] (a workgroup per row).
+    pub launch: Launch,
+    /// Invocations per workgroup.
+    pub workgroup_size: u32,
 }
 
 impl ElementwiseKernel {
+    /// The push-constant params of a call: the count, then the kernel's dim params taken
+    /// from `binding_dims` (each binding's dims, inputs then outputs).
+    pub fn params_for(&self, count: u64, binding_dims: &[&[usize]]) -> Result<Vec<u8>, String> {
+        let mut params = Self::params(count)?;
+        params.extend(dim_params(&self.dims, binding_dims)?);
+        Ok(params)
+    }
+
     /// The push-constant params for `count` elements: one little-endian `u32`.
     pub fn params(count: u64) -> Result<Vec<u8>, String> {
         if count > MAX_ELEMENTS {
@@ -70,17 +94,18 @@ impl ElementwiseKernel {
 }
 
 /// Compiles an elementwise body: inputs and outputs f32, every op elementwise, every input
-/// and intermediate of the output's shape, of one element, or (static shapes) broadcast to
-/// the output or read through a transpose; or with reshape-like ops, every value of the
-/// output's element count. A body that is one `reduce` or softmax is compiled by lane loops
-/// instead (same launch: the count is the output's element count).
+/// and intermediate of the output's shape, of one element, or broadcast to the output or
+/// read through a transpose (symbolic sizes from dim params, [`ElementwiseKernel::dims`]);
+/// or with reshape-like ops, every value of the output's element count. A body that is one
+/// `reduce` or softmax, or ends in a `layer_norm`, is compiled by row loops instead (same
+/// launch: the count is the output's element count).
 ///
 /// Supported ops: `identity`, `cast` to f32 of f32, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
 /// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
-/// a `reduce` after a pointwise prologue; `softmax`/`log_softmax` alone. Scalar f32 constants are folded into the
-/// module.
+/// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax` alone;
+/// `layer_norm` after a pointwise prologue. Scalar f32 constants are folded into the module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),
@@ -101,6 +126,13 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             return softmax(body).map_err(error);
         }
     }
+    if body
+        .nodes
+        .last()
+        .is_some_and(|n| matches!(n.op, Op::LayerNorm { .. }))
+    {
+        return layer_norm(body).map_err(error);
+    }
     // Ops first, so a reduction or a matmul is reported as such, not by its shapes.
     for node in &body.nodes {
         let known = is_pointwise(&node.op)
@@ -115,12 +147,8 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         }
     }
     let shape = &body.value(first_output).ty.dims;
-    // Classify every value: full shape, a single element, or broadcast to a static shape.
+    // Classify every value: full shape, a single element, or broadcast to the output.
     let is_scalar = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
-    let static_shape: Option<Vec<u64>> = shape
-        .iter()
-        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
-        .collect();
     // Values read only as the shape or axes operand of a reshape-like op: never loaded.
     let mut meta: HashSet<ValueId> = HashSet::new();
     let mut data_uses: HashMap<ValueId, usize> = HashMap::new();
@@ -138,7 +166,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     meta.retain(|v| !data_uses.contains_key(v) && !body.outputs.contains(v));
     let has_view = body.nodes.iter().any(|n| is_view(&n.op));
     // Inputs read through a transpose: strides per output dim from the permutation.
-    let mut transposed: HashMap<ValueId, Vec<u32>> = HashMap::new();
+    let mut transposed: HashMap<ValueId, Vec<Stride>> = HashMap::new();
     for node in &body.nodes {
         let Op::Transpose { perm } = &node.op else {
             continue;
@@ -147,7 +175,6 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             return Err(error(format!("transpose `{}` has no operand", node.name)));
         };
         let strides = (|| {
-            let out = static_shape.as_deref()?;
             if has_view
                 || !body.inputs.contains(x)
                 || data_uses.get(x) != Some(&1)
@@ -155,24 +182,25 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             {
                 return None;
             }
-            transpose_strides(&body.value(*x).ty.dims, perm, out)
+            transpose_strides(&body.value(*x).ty.dims, perm, shape)
         })()
         .ok_or_else(|| {
             error(format!(
-                "transpose `{}` is generated only alone on a kernel input of static shape",
+                "transpose `{}` is generated only on a kernel input read once, to the \
+                 output's shape, without reshapes in the kernel",
                 node.name
             ))
         })?;
         transposed.insert(*x, strides);
     }
-    let strides_of = |v: ValueId| -> Option<Vec<u32>> {
+    let strides_of = |v: ValueId| -> Option<Vec<Stride>> {
         if let Some(t) = transposed.get(&v) {
             return Some(t.clone());
         }
         if has_view {
             return None;
         }
-        broadcast_strides(&body.value(v).ty.dims, static_shape.as_deref()?)
+        broadcast_strides(&body.value(v).ty.dims, shape)
     };
     let out_count = body.value(first_output).ty.num_elements();
     // Reshape-like ops keep the linear order: with them, every value has the output's
@@ -203,8 +231,8 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         }
         if &value.ty.dims != shape && !is_scalar(v) && !linear(v) && strides_of(v).is_none() {
             return Err(error(format!(
-                "value %{} of {} does not broadcast to the output's {} (broadcasting is \
-                 generated for static shapes only)",
+                "value %{} of {} does not broadcast to the output's {} (dims must be equal \
+                 or 1)",
                 value.name,
                 value.ty,
                 body.value(first_output).ty
@@ -240,20 +268,73 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             }
         })
         .collect();
-    let out_dims: Vec<u32> = static_shape
-        .unwrap_or_default()
-        .iter()
-        .map(|&d| d as u32)
-        .collect();
-    let spirv = Emitter::new(body, &inputs, strides, out_dims, meta)
-        .emit()
-        .map_err(error)?;
+    // Sizes the broadcast indexing needs: the output's dims and the strides' factors.
+    let mut table = DimTable::default();
+    if inputs.contains(&Operand::Broadcast) {
+        for d in shape {
+            table.need(body, d).map_err(error)?;
+        }
+        for d in strides.iter().flatten().flatten().flatten().flatten() {
+            table.need(body, d).map_err(error)?;
+        }
+    }
+    let mut emitter = Emitter::new(body, &inputs, strides, shape.clone(), meta);
+    emitter.table = table;
+    let dims = emitter.table.params.clone();
+    let spirv = emitter.emit().map_err(error)?;
     Ok(ElementwiseKernel {
         spirv,
         entry_point: "main".into(),
         inputs,
         outputs: body.outputs.len(),
+        dims,
+        launch: Launch::Elementwise,
+        workgroup_size: WORKGROUP_SIZE,
     })
+}
+
+/// An input's stride along one output dim: `None` where it is broadcast (0), else the
+/// product of the given dims (empty: 1).
+type Stride = Option<Vec<Dim>>;
+
+/// The symbolic sizes a kernel reads from its dim params, each found as an axis of one of
+/// its bindings (whose size the runtime knows at every call).
+#[derive(Debug, Default, Clone)]
+struct DimTable {
+    dims: Vec<Dim>,
+    params: Vec<DimParam>,
+}
+
+impl DimTable {
+    /// Adds `d` unless it is known or already there.
+    fn need(&mut self, body: &Graph, d: &Dim) -> R<()> {
+        if d.as_known().is_some() || self.dims.contains(d) {
+            return Ok(());
+        }
+        let found = body
+            .inputs
+            .iter()
+            .chain(&body.outputs)
+            .enumerate()
+            .find_map(|(b, &v)| {
+                let axis = body.value(v).ty.dims.iter().position(|x| x == d)?;
+                Some(DimParam {
+                    binding: u16::try_from(b).ok()?,
+                    axis: u16::try_from(axis).ok()?,
+                })
+            })
+            .ok_or_else(|| {
+                format!("symbolic dim `{d}` is not the size of a bound tensor's axis")
+            })?;
+        if self.params.len() == MAX_DIM_PARAMS {
+            return Err(format!(
+                "the kernel needs more than {MAX_DIM_PARAMS} symbolic sizes"
+            ));
+        }
+        self.dims.push(d.clone());
+        self.params.push(found);
+        Ok(())
+    }
 }
 
 /// One `reduce` node alone, on f32 of static shape: each invocation computes one output
@@ -440,20 +521,23 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
         entry_point: "main".into(),
         inputs,
         outputs: 1,
+        dims: Vec::new(),
+        launch: Launch::Elementwise,
+        workgroup_size: WORKGROUP_SIZE,
     })
 }
 
-/// One `softmax` or `log_softmax` alone, on f32 of static shape: each invocation
-/// normalises one lane (the elements along the axis) in three passes (max, sum of
-/// exponentials, write). The launch is the elementwise one (the count is the output's
-/// element count); the kernel divides it by the lane length to get its rows.
+/// One `softmax` or `log_softmax` alone, on f32: each invocation normalises one lane (the
+/// elements along the axis) in three passes (max, sum of exponentials, write). The launch
+/// is the elementwise one (the count is the output's element count); the kernel divides it
+/// by the lane length to get its rows. Symbolic sizes come from dim params.
 #[derive(Debug, Clone)]
 struct SoftmaxPlan {
     log: bool,
     /// Elements along the axis.
-    lane: u32,
-    /// Elements after the axis (the stride between a lane's elements).
-    inner: u32,
+    lane: Dim,
+    /// Elements after the axis (the stride between a lane's elements): their product.
+    inner: Vec<Dim>,
 }
 
 fn softmax(body: &Graph) -> R<ElementwiseKernel> {
@@ -484,38 +568,198 @@ fn softmax(body: &Graph) -> R<ElementwiseKernel> {
             xv.ty.dtype
         ));
     }
-    let dims: Vec<u64> = xv
-        .ty
-        .dims
-        .iter()
-        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
-        .collect::<Option<_>>()
-        .ok_or("softmax over symbolic dims is not generated yet")?;
-    if dims.iter().product::<u64>() > MAX_ELEMENTS {
-        return Err("softmax input too large for 32-bit indexing".into());
+    let dims = &xv.ty.dims;
+    if let Some(n) = xv.ty.num_elements().as_known() {
+        if n as u64 > MAX_ELEMENTS {
+            return Err("softmax input too large for 32-bit indexing".into());
+        }
     }
     let rank = dims.len() as i64;
     let a = if *axis < 0 { axis + rank } else { *axis };
     if !(0..rank).contains(&a) {
         return Err(format!("softmax axis {axis} out of range for rank {rank}"));
     }
-    let lane = dims[a as usize];
-    if lane == 0 {
+    let lane = dims[a as usize].clone();
+    if lane.as_known() == Some(0) {
         return Err("softmax over an empty axis is not generated".into());
     }
-    let inner: u64 = dims[a as usize + 1..].iter().product();
+    let inner: Vec<Dim> = dims[a as usize + 1..].to_vec();
+    let mut table = DimTable::default();
+    for d in std::iter::once(&lane).chain(&inner) {
+        table.need(body, d)?;
+    }
     let inputs = vec![Operand::Tensor];
     let mut emitter = Emitter::new(body, &inputs, vec![None], Vec::new(), HashSet::new());
-    emitter.softmax = Some(SoftmaxPlan {
-        log,
-        lane: lane as u32,
-        inner: inner as u32,
-    });
+    emitter.table = table;
+    // Over the last axis, a workgroup per lane; else one invocation per lane.
+    let (launch, workgroup_size) = if inner.is_empty() {
+        emitter.rows = true;
+        (Launch::Rows { lane_dims: 1 }, ROW_WORKGROUP_SIZE)
+    } else {
+        (Launch::Elementwise, WORKGROUP_SIZE)
+    };
+    emitter.softmax = Some(SoftmaxPlan { log, lane, inner });
+    let dims = emitter.table.params.clone();
     Ok(ElementwiseKernel {
         spirv: emitter.emit()?,
         entry_point: "main".into(),
         inputs,
         outputs: 1,
+        dims,
+        launch,
+        workgroup_size,
+    })
+}
+
+/// A `layer_norm` (the body's last node, its first result the body's one output) over the
+/// axes `axis..rank` of x, after an optional pointwise prologue: each invocation normalises
+/// one row (the normalised elements) in three passes (mean, variance, write), evaluating
+/// the prologue at each element. Inputs are read per element (x's dims), per position in
+/// the row (the scale and bias: the normalised dims), or once (one element).
+#[derive(Debug, Clone)]
+struct NormPlan {
+    /// The normalised dims, whose product is the row length.
+    lane: Vec<Dim>,
+    epsilon: f32,
+    x: ValueId,
+    scale: ValueId,
+    bias: Option<ValueId>,
+}
+
+fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
+    let node = body.nodes.last().ok_or("no nodes")?;
+    for p in &body.nodes[..body.nodes.len() - 1] {
+        if !is_pointwise(&p.op) {
+            return Err(format!(
+                "op `{}` (node `{}`) before a layer_norm is not generated for Vulkan yet",
+                p.op.name(),
+                p.name
+            ));
+        }
+    }
+    let Op::LayerNorm { axis, epsilon } = &node.op else {
+        return Err("not a layer_norm".into());
+    };
+    let (Some(Some(x)), Some(Some(scale))) = (node.inputs.first(), node.inputs.get(1)) else {
+        return Err("layer_norm without its x and scale".into());
+    };
+    let bias = node.inputs.get(2).copied().flatten();
+    if body.outputs.len() != 1 || node.outputs.first() != Some(&Some(body.outputs[0])) {
+        return Err(
+            "a layer_norm kernel is generated with its normalised result only (not the mean \
+             or inverse deviation)"
+                .into(),
+        );
+    }
+    let xv = body.value(*x);
+    let dims = &xv.ty.dims;
+    if body.value(body.outputs[0]).ty.dims != *dims {
+        return Err("the layer_norm's result does not have x's dims".into());
+    }
+    if let Some(n) = xv.ty.num_elements().as_known() {
+        if n as u64 > MAX_ELEMENTS {
+            return Err("layer_norm input too large for 32-bit indexing".into());
+        }
+    }
+    let rank = dims.len() as i64;
+    let a = if *axis < 0 { axis + rank } else { *axis };
+    if !(0..rank).contains(&a) {
+        return Err(format!(
+            "layer_norm axis {axis} out of range for rank {rank}"
+        ));
+    }
+    let lane: Vec<Dim> = dims[a as usize..].to_vec();
+    if lane.iter().any(|d| d.as_known() == Some(0)) {
+        return Err("layer_norm over an empty row is not generated".into());
+    }
+    // A value indexed by the position in the row: the normalised dims, after leading 1s.
+    let strip = |d: &[Dim]| -> Vec<Dim> {
+        let ones = d.iter().take_while(|d| d.as_known() == Some(1)).count();
+        d[ones..].to_vec()
+    };
+    let lane_dims = strip(&lane);
+    let one = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
+    let mut inputs = Vec::with_capacity(body.inputs.len());
+    for &v in &body.inputs {
+        let ty = &body.value(v).ty;
+        inputs.push(if ty.dims == *dims {
+            Operand::Tensor
+        } else if one(v) {
+            Operand::Scalar
+        } else if strip(&ty.dims) == lane_dims {
+            Operand::Lane
+        } else {
+            return Err(format!(
+                "input %{} of {} is neither x's shape, the normalised dims {lane:?}, nor one \
+                 element",
+                body.value(v).name,
+                ty
+            ));
+        });
+    }
+    for (i, value) in body.values.iter().enumerate() {
+        let v = ValueId(i as u32);
+        if value.ty.dtype != DType::F32 {
+            return Err(format!(
+                "value %{} is {}; only f32 is generated yet",
+                value.name, value.ty.dtype
+            ));
+        }
+        if let ValueDef::Const(c) = value.def {
+            if body.constant(c).num_elements() != 1 {
+                return Err(format!(
+                    "constant %{} has several elements; only single-element constants are \
+                     folded in",
+                    value.name
+                ));
+            }
+        }
+        // Computed values: x's shape (the prologue) or the normalised dims' (per position).
+        // The norm's own results (the optional mean and deviation) are not computed.
+        if node.outputs.contains(&Some(v)) {
+            continue;
+        }
+        if let ValueDef::Node { .. } = value.def {
+            if value.ty.dims != *dims && strip(&value.ty.dims) != lane_dims && !one(v) {
+                return Err(format!(
+                    "value %{} of {} is neither x's shape nor the normalised dims'",
+                    value.name, value.ty
+                ));
+            }
+        }
+    }
+    let mut table = DimTable::default();
+    for d in &lane {
+        table.need(body, d)?;
+    }
+    let mut emitter = Emitter::new(
+        body,
+        &inputs,
+        vec![None; inputs.len()],
+        Vec::new(),
+        HashSet::new(),
+    );
+    emitter.table = table;
+    emitter.rows = true;
+    let lane_dims_count = u8::try_from(rank - a).map_err(|_| "layer_norm over too many axes")?;
+    emitter.norm = Some(NormPlan {
+        lane,
+        epsilon: *epsilon,
+        x: *x,
+        scale: *scale,
+        bias,
+    });
+    let dims = emitter.table.params.clone();
+    Ok(ElementwiseKernel {
+        spirv: emitter.emit()?,
+        entry_point: "main".into(),
+        inputs,
+        outputs: 1,
+        dims,
+        launch: Launch::Rows {
+            lane_dims: lane_dims_count,
+        },
+        workgroup_size: ROW_WORKGROUP_SIZE,
     })
 }
 
@@ -528,59 +772,65 @@ fn is_view(op: &Op) -> bool {
     )
 }
 
-/// Per output dim, the element stride in a tensor of static `dims` that `perm` transposes
-/// to `out` (output dim `d` is input axis `perm[d]`).
-fn transpose_strides(dims: &[rafter_ir::Dim], perm: &[i64], out: &[u64]) -> Option<Vec<u32>> {
-    let known: Vec<u64> = dims
+/// Whether `dims` has more elements than 32-bit indexing reaches, as far as known (symbolic
+/// sizes are checked by the runtime, against the element count).
+fn too_large(dims: &[Dim]) -> bool {
+    let known: Option<Vec<u64>> = dims
         .iter()
         .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
-        .collect::<Option<_>>()?;
-    if perm.len() != known.len() || out.len() != known.len() {
+        .collect();
+    known.is_some_and(|k| {
+        k.iter()
+            .try_fold(1u64, |a, &n| a.checked_mul(n))
+            .is_none_or(|n| n > MAX_ELEMENTS)
+    })
+}
+
+/// The factors of a row-major stride: the dims after an axis, without known 1s.
+fn stride_factors(after: &[Dim]) -> Vec<Dim> {
+    after
+        .iter()
+        .filter(|d| d.as_known() != Some(1))
+        .cloned()
+        .collect()
+}
+
+/// Per output dim, the element stride in a tensor of `dims` that `perm` transposes to
+/// `out` (output dim `d` is input axis `perm[d]`, of the same size).
+fn transpose_strides(dims: &[Dim], perm: &[i64], out: &[Dim]) -> Option<Vec<Stride>> {
+    if perm.len() != dims.len() || out.len() != dims.len() || too_large(dims) {
         return None;
-    }
-    if known.iter().product::<u64>() > MAX_ELEMENTS {
-        return None;
-    }
-    let mut in_strides = vec![0u64; known.len()];
-    let mut stride = 1u64;
-    for a in (0..known.len()).rev() {
-        in_strides[a] = stride;
-        stride *= known[a];
     }
     perm.iter()
         .zip(out)
-        .map(|(&p, &n)| {
-            let a = usize::try_from(p).ok().filter(|&a| a < known.len())?;
-            (known[a] == n).then_some(in_strides[a] as u32)
+        .map(|(&p, n)| {
+            let a = usize::try_from(p).ok().filter(|&a| a < dims.len())?;
+            if dims[a] != *n {
+                return None;
+            }
+            Some((n.as_known() != Some(1)).then(|| stride_factors(&dims[a + 1..])))
         })
         .collect()
 }
 
 /// Per output dim, the element stride of a tensor of `dims` broadcast (NumPy rules, dims
-/// right-aligned) to the static `out` shape: 0 where it is broadcast. `None` when it does
-/// not broadcast, a dim is symbolic, or a size exceeds 32-bit indexing.
-fn broadcast_strides(dims: &[rafter_ir::Dim], out: &[u64]) -> Option<Vec<u32>> {
-    if dims.len() > out.len() || out.iter().product::<u64>() > MAX_ELEMENTS {
+/// right-aligned) to the `out` shape: `None` where it is broadcast. `None` overall when it
+/// does not broadcast (a dim neither the output's nor 1) or a size exceeds 32-bit indexing.
+fn broadcast_strides(dims: &[Dim], out: &[Dim]) -> Option<Vec<Stride>> {
+    if dims.len() > out.len() || too_large(out) {
         return None;
     }
-    let known: Vec<u64> = dims
-        .iter()
-        .map(|d| d.as_known().and_then(|n| u64::try_from(n).ok()))
-        .collect::<Option<_>>()?;
-    let lead = out.len() - known.len();
-    let mut strides = vec![0u32; out.len()];
-    let mut stride = 1u64;
-    for d in (0..out.len()).rev() {
-        if d < lead {
+    let lead = out.len() - dims.len();
+    let mut strides = vec![None; out.len()];
+    for d in lead..out.len() {
+        let n = &dims[d - lead];
+        if n.as_known() == Some(1) {
             continue;
         }
-        let n = known[d - lead];
-        if n == out[d] {
-            strides[d] = if n == 1 { 0 } else { stride as u32 };
-        } else if n != 1 {
+        if *n != out[d] {
             return None;
         }
-        stride *= n;
+        strides[d] = Some(stride_factors(&dims[d - lead + 1..]));
     }
     Some(strides)
 }
@@ -617,19 +867,46 @@ fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
     r.map_err(|e| format!("rspirv: {e}"))
 }
 
+/// A `u32` in the kernel: a constant known at generation time, or a computed id. The
+/// helpers on [`Emitter`] fold constants, so a static shape emits the same code it did
+/// before sizes could come from params.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum U {
+    C(u32),
+    W(Word),
+}
+
+/// A row kernel's ids: the invocation's index in its workgroup and the workgroup-memory
+/// scratch array (one f32 per invocation) its reductions go through.
+#[derive(Clone, Copy, Debug)]
+struct RowIds {
+    lid: Word,
+    scratch: Word,
+    ptr_wg: Word,
+}
+
 struct Emitter<'a> {
     body: &'a Graph,
     inputs: &'a [Operand],
     /// Per input: its strides per output dim, for [`Operand::Broadcast`] inputs.
-    strides: Vec<Option<Vec<u32>>>,
-    /// The output's static dims (empty when symbolic; then no input is broadcast).
-    out_dims: Vec<u32>,
+    strides: Vec<Option<Vec<Stride>>>,
+    /// The output's dims (read only when an input is broadcast).
+    out_shape: Vec<Dim>,
     /// Values never read (shape and axes operands of reshape-like ops).
     meta: HashSet<ValueId>,
+    /// The symbolic sizes read from dim params, and their loaded values.
+    table: DimTable,
+    dim_words: Vec<Word>,
     /// Set for a reduction kernel ([`reduction`]): the loop body computes one lane.
     reduce: Option<ReducePlan>,
     /// Set for a softmax kernel ([`softmax`]): the loop runs over rows.
     softmax: Option<SoftmaxPlan>,
+    /// Set for a layer-norm kernel ([`layer_norm`]): the loop runs over rows.
+    norm: Option<NormPlan>,
+    /// A workgroup per row ([`Launch::Rows`]): the loop runs over workgroups, each row's
+    /// lanes strided over the workgroup's invocations and reduced through `row`.
+    rows: bool,
+    row: Option<RowIds>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -644,8 +921,8 @@ impl<'a> Emitter<'a> {
     fn new(
         body: &'a Graph,
         inputs: &'a [Operand],
-        strides: Vec<Option<Vec<u32>>>,
-        out_dims: Vec<u32>,
+        strides: Vec<Option<Vec<Stride>>>,
+        out_shape: Vec<Dim>,
         meta: HashSet<ValueId>,
     ) -> Emitter<'a> {
         let mut b = Builder::new();
@@ -667,10 +944,15 @@ impl<'a> Emitter<'a> {
             body,
             inputs,
             strides,
-            out_dims,
+            out_shape,
             meta,
+            table: DimTable::default(),
+            dim_words: Vec::new(),
             reduce: None,
             softmax: None,
+            norm: None,
+            rows: false,
+            row: None,
             b,
             glsl,
             void,
@@ -699,6 +981,84 @@ impl<'a> Emitter<'a> {
         let id = self.b.constant_bit32(self.u32, value);
         self.u32_constants.insert(value, id);
         id
+    }
+
+    fn uw(&mut self, v: U) -> Word {
+        match v {
+            U::C(c) => self.u(c),
+            U::W(w) => w,
+        }
+    }
+
+    fn umul(&mut self, a: U, b: U) -> R<U> {
+        Ok(match (a, b) {
+            (U::C(0), _) | (_, U::C(0)) => U::C(0),
+            (U::C(1), x) | (x, U::C(1)) => x,
+            (U::C(x), U::C(y)) => U::C(x.wrapping_mul(y)),
+            (x, y) => {
+                let (x, y) = (self.uw(x), self.uw(y));
+                U::W(build(self.b.i_mul(self.u32, None, x, y))?)
+            }
+        })
+    }
+
+    fn uadd(&mut self, a: U, b: U) -> R<U> {
+        Ok(match (a, b) {
+            (U::C(0), x) | (x, U::C(0)) => x,
+            (U::C(x), U::C(y)) => U::C(x.wrapping_add(y)),
+            (x, y) => {
+                let (x, y) = (self.uw(x), self.uw(y));
+                U::W(build(self.b.i_add(self.u32, None, x, y))?)
+            }
+        })
+    }
+
+    fn udiv(&mut self, a: U, b: U) -> R<U> {
+        Ok(match (a, b) {
+            (x, U::C(1)) => x,
+            (U::C(x), U::C(y)) if y != 0 => U::C(x / y),
+            (x, y) => {
+                let (x, y) = (self.uw(x), self.uw(y));
+                U::W(build(self.b.u_div(self.u32, None, x, y))?)
+            }
+        })
+    }
+
+    fn umod(&mut self, a: U, b: U) -> R<U> {
+        Ok(match (a, b) {
+            (_, U::C(1)) => U::C(0),
+            (U::C(x), U::C(y)) if y != 0 => U::C(x % y),
+            (x, y) => {
+                let (x, y) = (self.uw(x), self.uw(y));
+                U::W(build(self.b.u_mod(self.u32, None, x, y))?)
+            }
+        })
+    }
+
+    /// A size: its value if known, else its dim param (loaded at the kernel's start).
+    fn dim(&self, d: &Dim) -> R<U> {
+        if let Some(n) = d.as_known() {
+            return u32::try_from(n)
+                .map(U::C)
+                .map_err(|_| format!("dim {n} does not fit in 32 bits"));
+        }
+        self.table
+            .dims
+            .iter()
+            .position(|x| x == d)
+            .and_then(|i| self.dim_words.get(i))
+            .map(|&w| U::W(w))
+            .ok_or_else(|| format!("symbolic dim `{d}` has no param"))
+    }
+
+    /// The product of `dims`.
+    fn product(&mut self, dims: &[Dim]) -> R<U> {
+        let mut p = U::C(1);
+        for d in dims {
+            let d = self.dim(d)?;
+            p = self.umul(p, d)?;
+        }
+        Ok(p)
     }
 
     fn ext(&mut self, inst: u32, args: &[Word]) -> R<Word> {
@@ -1180,9 +1540,11 @@ impl<'a> Emitter<'a> {
         let ptr_block = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, block);
         let ptr_elem = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, f32);
 
-        // Push constants: one pointer per binding, then the element count.
+        // Push constants: one pointer per binding, then the element count, then the dim
+        // params.
+        let n_dims = self.table.params.len();
         let mut members = vec![ptr_block; bindings];
-        members.push(u32);
+        members.extend(std::iter::repeat_n(u32, 1 + n_dims));
         let push = b.type_struct(members);
         b.decorate(push, Decoration::Block, []);
         for i in 0..bindings {
@@ -1193,12 +1555,14 @@ impl<'a> Emitter<'a> {
                 [Arg::LiteralBit32(8 * i as u32)],
             );
         }
-        b.member_decorate(
-            push,
-            bindings as u32,
-            Decoration::Offset,
-            [Arg::LiteralBit32(8 * bindings as u32)],
-        );
+        for j in 0..=n_dims {
+            b.member_decorate(
+                push,
+                (bindings + j) as u32,
+                Decoration::Offset,
+                [Arg::LiteralBit32(8 * bindings as u32 + 4 * j as u32)],
+            );
+        }
         let ptr_push = b.type_pointer(None, StorageClass::PushConstant, push);
         let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
         let ptr_push_block = b.type_pointer(None, StorageClass::PushConstant, ptr_block);
@@ -1219,34 +1583,93 @@ impl<'a> Emitter<'a> {
             [Arg::BuiltIn(BuiltIn::NumWorkgroups)],
         );
 
+        let mut interface = vec![push_var, gid_var, groups_var];
+        // A row kernel: its workgroup and invocation ids and the reduction's scratch.
+        let row_vars = if self.rows {
+            let wg_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
+            b.decorate(
+                wg_var,
+                Decoration::BuiltIn,
+                [Arg::BuiltIn(BuiltIn::WorkgroupId)],
+            );
+            let lid_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
+            b.decorate(
+                lid_var,
+                Decoration::BuiltIn,
+                [Arg::BuiltIn(BuiltIn::LocalInvocationId)],
+            );
+            let len = b.constant_bit32(u32, ROW_WORKGROUP_SIZE);
+            let arr = b.type_array(f32, len);
+            let ptr_arr = b.type_pointer(None, StorageClass::Workgroup, arr);
+            let scratch = b.variable(ptr_arr, None, StorageClass::Workgroup, None);
+            let ptr_wg = b.type_pointer(None, StorageClass::Workgroup, f32);
+            interface.extend([wg_var, lid_var, scratch]);
+            Some((wg_var, lid_var, scratch, ptr_wg))
+        } else {
+            None
+        };
+
         let void = self.void;
         let fn_type = self.b.type_function(void, []);
         let main = build(
             self.b
                 .begin_function(void, None, FunctionControl::NONE, fn_type),
         )?;
-        self.b.entry_point(
-            ExecutionModel::GLCompute,
-            main,
-            "main",
-            [push_var, gid_var, groups_var],
-        );
         self.b
-            .execution_mode(main, ExecutionMode::LocalSize, [WORKGROUP_SIZE, 1, 1]);
+            .entry_point(ExecutionModel::GLCompute, main, "main", interface);
+        let local_size = if self.rows {
+            ROW_WORKGROUP_SIZE
+        } else {
+            WORKGROUP_SIZE
+        };
+        self.b
+            .execution_mode(main, ExecutionMode::LocalSize, [local_size, 1, 1]);
 
         let entry = build(self.b.begin_block(None))?;
-        let gid = build(self.b.load(v3, None, gid_var, None, []))?;
-        let first = build(self.b.composite_extract(u32, None, gid, [0]))?;
         let groups = build(self.b.load(v3, None, groups_var, None, []))?;
         let groups_x = build(self.b.composite_extract(u32, None, groups, [0]))?;
-        let local = self.u(WORKGROUP_SIZE);
-        let stride = build(self.b.i_mul(u32, None, groups_x, local))?;
+        let (first, stride) = match row_vars {
+            // Rows: workgroup w takes rows w, w + groups, ...
+            Some((wg_var, lid_var, scratch, ptr_wg)) => {
+                let wg = build(self.b.load(v3, None, wg_var, None, []))?;
+                let first = build(self.b.composite_extract(u32, None, wg, [0]))?;
+                let lid = build(self.b.load(v3, None, lid_var, None, []))?;
+                let lid = build(self.b.composite_extract(u32, None, lid, [0]))?;
+                self.row = Some(RowIds {
+                    lid,
+                    scratch,
+                    ptr_wg,
+                });
+                (first, groups_x)
+            }
+            None => {
+                let gid = build(self.b.load(v3, None, gid_var, None, []))?;
+                let first = build(self.b.composite_extract(u32, None, gid, [0]))?;
+                let local = self.u(WORKGROUP_SIZE);
+                (first, build(self.b.i_mul(u32, None, groups_x, local))?)
+            }
+        };
         let count_index = self.u(bindings as u32);
         let count_ptr = build(
             self.b
                 .access_chain(ptr_push_u32, None, push_var, [count_index]),
         )?;
         let count = build(self.b.load(u32, None, count_ptr, None, []))?;
+        for j in 0..n_dims {
+            let index = self.u((bindings + 1 + j) as u32);
+            let ptr = build(self.b.access_chain(ptr_push_u32, None, push_var, [index]))?;
+            let w = build(self.b.load(u32, None, ptr, None, []))?;
+            self.dim_words.push(w);
+        }
+        // Row lengths of a softmax or layer norm (and the softmax's inner stride).
+        let softmax_sizes = match self.softmax.clone() {
+            Some(plan) => Some((self.dim(&plan.lane)?, self.product(&plan.inner)?)),
+            None => None,
+        };
+        let norm_lane = match self.norm.clone() {
+            Some(plan) => Some(self.product(&plan.lane)?),
+            None => None,
+        };
         let mut bases = Vec::with_capacity(bindings);
         for i in 0..bindings {
             let index = self.u(i as u32);
@@ -1308,21 +1731,26 @@ impl<'a> Emitter<'a> {
 
         build(self.b.begin_block(Some(cond)))?;
         let bool_ty = self.bool;
-        let bound = match &self.softmax {
+        let bound = match (softmax_sizes, norm_lane) {
             // One invocation per lane: the rows are count / lane.
-            Some(plan) => {
-                let lane = self.u(plan.lane);
+            (Some((lane, _)), _) | (None, Some(lane)) => {
+                let lane = self.uw(lane);
                 build(self.b.u_div(u32, None, count, lane))?
             }
-            None => count,
+            (None, None) => count,
         };
         let in_range = build(self.b.u_less_than(bool_ty, None, index, bound))?;
         build(self.b.branch_conditional(in_range, body_label, merge, []))?;
 
         build(self.b.begin_block(Some(body_label)))?;
-        if let Some(plan) = self.softmax.clone() {
+        if let (Some(plan), Some((lane, inner))) = (self.softmax.clone(), softmax_sizes) {
             let (x_base, y_base) = (base_addresses[0], base_addresses[1]);
-            self.softmax_row(&plan, index, x_base, y_base, ptr_elem)?;
+            self.softmax_row(&plan, (lane, inner), index, x_base, y_base, ptr_elem)?;
+            build(self.b.branch(cont))?;
+            return self.finish_loop(cont, next, index, stride, header, merge);
+        }
+        if let (Some(plan), Some(lane)) = (self.norm.clone(), norm_lane) {
+            self.norm_row(&plan, lane, index, &base_addresses, &values, ptr_elem)?;
             build(self.b.branch(cont))?;
             return self.finish_loop(cont, next, index, stride, header, merge);
         }
@@ -1355,40 +1783,31 @@ impl<'a> Emitter<'a> {
             let ptr = match kind {
                 Operand::Tensor => element(&mut self.b, base_addresses[i])?,
                 Operand::Scalar | Operand::Unread => continue,
+                Operand::Lane => return Err("a lane operand outside a norm".into()),
                 Operand::Broadcast => {
                     // The input's element index from the output's coordinates:
                     // sum over dims of ((index / out_stride) % out_dim) * in_stride.
                     let strides = self.strides[i].clone().ok_or("broadcast without strides")?;
-                    let mut at: Option<Word> = None;
-                    let mut out_stride = 1u32;
-                    for d in (0..self.out_dims.len()).rev() {
-                        let n = self.out_dims[d];
-                        if n != 1 && strides[d] != 0 {
-                            let mut c = index;
-                            if out_stride != 1 {
-                                let s = self.u(out_stride);
-                                c = build(self.b.u_div(u32, None, c, s))?;
+                    let mut at = U::C(0);
+                    let mut out_stride = U::C(1);
+                    let out_shape = self.out_shape.clone();
+                    for d in (0..out_shape.len()).rev() {
+                        let n = self.dim(&out_shape[d])?;
+                        if n != U::C(1) {
+                            if let Some(factors) = &strides[d] {
+                                let mut c = self.udiv(U::W(index), out_stride)?;
+                                // The outermost coordinate is below its dim already.
+                                if d != 0 {
+                                    c = self.umod(c, n)?;
+                                }
+                                let k = self.product(factors)?;
+                                c = self.umul(c, k)?;
+                                at = self.uadd(at, c)?;
                             }
-                            // The outermost coordinate is below its dim already.
-                            if d != 0 {
-                                let m = self.u(n);
-                                c = build(self.b.u_mod(u32, None, c, m))?;
-                            }
-                            if strides[d] != 1 {
-                                let k = self.u(strides[d]);
-                                c = build(self.b.i_mul(u32, None, c, k))?;
-                            }
-                            at = Some(match at {
-                                Some(a) => build(self.b.i_add(u32, None, a, c))?,
-                                None => c,
-                            });
                         }
-                        out_stride = out_stride.wrapping_mul(n);
+                        out_stride = self.umul(out_stride, n)?;
                     }
-                    let at = match at {
-                        Some(a) => a,
-                        None => self.u(0),
-                    };
+                    let at = self.uw(at);
                     let offset = build(self.b.u_convert(u64, None, at))?;
                     let offset = build(self.b.i_mul(u64, None, offset, four))?;
                     let address = build(self.b.i_add(u64, None, base_addresses[i], offset))?;
@@ -1489,7 +1908,87 @@ impl<'a> Emitter<'a> {
     /// final accumulator; the builder is left in the block after the loop.
     fn lane_loop(
         &mut self,
-        n: u32,
+        n: U,
+        init: Word,
+        step: &mut dyn FnMut(&mut Self, Word, Word) -> R<Word>,
+    ) -> R<Word> {
+        self.lane_loop_from(U::C(0), U::C(1), n, init, step)
+    }
+
+    /// A loop over the `n` elements of a row: all of them in one invocation, or in a row
+    /// kernel this invocation's share (`k = lid, lid + workgroup size, ...`).
+    fn row_loop(
+        &mut self,
+        n: U,
+        init: Word,
+        step: &mut dyn FnMut(&mut Self, Word, Word) -> R<Word>,
+    ) -> R<Word> {
+        match self.row {
+            Some(ids) => {
+                self.lane_loop_from(U::W(ids.lid), U::C(ROW_WORKGROUP_SIZE), n, init, step)
+            }
+            None => self.lane_loop(n, init, step),
+        }
+    }
+
+    /// In a row kernel, combines every invocation's `v` (max or sum) through workgroup
+    /// memory in a tree and returns the result to all; else `v`. Called in uniform control
+    /// flow (every invocation of the workgroup reaches it).
+    fn combine(&mut self, v: Word, max: bool) -> R<Word> {
+        let Some(ids) = self.row else {
+            return Ok(v);
+        };
+        let (f32, bool_ty) = (self.f32, self.bool);
+        let slot = build(
+            self.b
+                .access_chain(ids.ptr_wg, None, ids.scratch, [ids.lid]),
+        )?;
+        build(self.b.store(slot, v, None, []))?;
+        self.barrier()?;
+        let mut half = ROW_WORKGROUP_SIZE / 2;
+        while half >= 1 {
+            let h = self.u(half);
+            let active = build(self.b.u_less_than(bool_ty, None, ids.lid, h))?;
+            let (then, done) = (self.b.id(), self.b.id());
+            build(self.b.selection_merge(done, SelectionControl::NONE))?;
+            build(self.b.branch_conditional(active, then, done, []))?;
+            build(self.b.begin_block(Some(then)))?;
+            let other = build(self.b.i_add(self.u32, None, ids.lid, h))?;
+            let other = build(self.b.access_chain(ids.ptr_wg, None, ids.scratch, [other]))?;
+            let a = build(self.b.load(f32, None, slot, None, []))?;
+            let b = build(self.b.load(f32, None, other, None, []))?;
+            let r = if max {
+                self.ext(glsl::FMAX, &[a, b])?
+            } else {
+                self.add(a, b)?
+            };
+            build(self.b.store(slot, r, None, []))?;
+            build(self.b.branch(done))?;
+            build(self.b.begin_block(Some(done)))?;
+            self.barrier()?;
+            half /= 2;
+        }
+        let zero = self.u(0);
+        let first = build(self.b.access_chain(ids.ptr_wg, None, ids.scratch, [zero]))?;
+        let r = build(self.b.load(f32, None, first, None, []))?;
+        // Every invocation has read the result before the scratch is reused.
+        self.barrier()?;
+        Ok(r)
+    }
+
+    fn barrier(&mut self) -> R<()> {
+        let scope = self.u(Scope::Workgroup as u32);
+        let semantics =
+            self.u((MemorySemantics::ACQUIRE_RELEASE | MemorySemantics::WORKGROUP_MEMORY).bits());
+        build(self.b.control_barrier(scope, scope, semantics))
+    }
+
+    /// [`Self::lane_loop`] over `k = from, from + by, ... < n`.
+    fn lane_loop_from(
+        &mut self,
+        from: U,
+        by: U,
+        n: U,
         init: Word,
         step: &mut dyn FnMut(&mut Self, Word, Word) -> R<Word>,
     ) -> R<Word> {
@@ -1503,9 +2002,9 @@ impl<'a> Emitter<'a> {
             .and_then(|f| f.blocks.get(pre))
             .and_then(|b| b.label_id())
             .ok_or("no label")?;
-        let zero = self.u(0);
-        let one = self.u(1);
-        let limit = self.u(n);
+        let zero = self.uw(from);
+        let one = self.uw(by);
+        let limit = self.uw(n);
         let (header, cond, body, cont, merge) = (
             self.b.id(),
             self.b.id(),
@@ -1543,48 +2042,51 @@ impl<'a> Emitter<'a> {
     fn softmax_row(
         &mut self,
         plan: &SoftmaxPlan,
+        (lane, inner): (U, U),
         r: Word,
         x_base: Word,
         y_base: Word,
         ptr_elem: Word,
     ) -> R<()> {
-        let u32 = self.u32;
         let f32 = self.f32;
         // Row r: outer = r / inner, i = r % inner; its k-th element is at
         // outer * lane * inner + i + k * inner.
-        let start = self.strided(
-            r,
-            &[
-                (1, plan.inner, 1),
-                (plan.inner, u32::MAX, plan.lane * plan.inner),
-            ],
-        )?;
-        let inner = self.u(plan.inner);
+        let i = self.umod(U::W(r), inner)?;
+        let outer = self.udiv(U::W(r), inner)?;
+        let row = self.umul(lane, inner)?;
+        let outer = self.umul(outer, row)?;
+        let start = self.uadd(outer, i)?;
         let aligned = Some(MemoryAccess::ALIGNED);
+        let at = |e: &mut Self, k: Word| -> R<Word> {
+            let off = e.umul(U::W(k), inner)?;
+            let at = e.uadd(start, off)?;
+            Ok(e.uw(at))
+        };
         let load = |e: &mut Self, k: Word| -> R<Word> {
-            let off = build(e.b.i_mul(u32, None, k, inner))?;
-            let at = build(e.b.i_add(u32, None, start, off))?;
+            let at = at(e, k)?;
             let ptr = e.element_ptr(x_base, at, ptr_elem)?;
             build(e.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))
         };
         let minus_inf = self.f(f32::NEG_INFINITY);
-        let m = self.lane_loop(plan.lane, minus_inf, &mut |e, k, acc| {
+        let m = self.row_loop(lane, minus_inf, &mut |e, k, acc| {
             let x = load(e, k)?;
             e.ext(glsl::FMAX, &[acc, x])
         })?;
+        let m = self.combine(m, true)?;
         let zero = self.f(0.0);
-        let sum = self.lane_loop(plan.lane, zero, &mut |e, k, acc| {
+        let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
             let x = load(e, k)?;
             let d = e.sub(x, m)?;
             let ex = e.exp(d)?;
             e.add(acc, ex)
         })?;
+        let sum = self.combine(sum, false)?;
         let log_sum = if plan.log {
             Some(self.ext(glsl::LOG, &[sum])?)
         } else {
             None
         };
-        self.lane_loop(plan.lane, zero, &mut |e, k, acc| {
+        self.row_loop(lane, zero, &mut |e, k, acc| {
             let x = load(e, k)?;
             let d = e.sub(x, m)?;
             let y = match log_sum {
@@ -1594,10 +2096,135 @@ impl<'a> Emitter<'a> {
                     e.div(ex, sum)?
                 }
             };
-            let off = build(e.b.i_mul(u32, None, k, inner))?;
-            let at = build(e.b.i_add(u32, None, start, off))?;
+            let at = at(e, k)?;
             let ptr = e.element_ptr(y_base, at, ptr_elem)?;
             build(e.b.store(ptr, y, aligned, [Arg::LiteralBit32(4)]))?;
+            Ok(acc)
+        })?;
+        Ok(())
+    }
+
+    /// The values `wanted` of a layer norm's prologue at element `k` of the row starting at
+    /// element `start`: loads the inputs they need (per element or per row position) and
+    /// evaluates the prologue nodes on the way.
+    fn norm_values(
+        &mut self,
+        (start, k): (U, Word),
+        bases: &[Word],
+        invariant: &HashMap<ValueId, Word>,
+        wanted: &[ValueId],
+        ptr_elem: Word,
+    ) -> R<HashMap<ValueId, Word>> {
+        let body = self.body;
+        let prologue = &body.nodes[..body.nodes.len() - 1];
+        // The values `wanted` depends on.
+        let mut needed: HashSet<ValueId> = wanted.iter().copied().collect();
+        for n in prologue.iter().rev() {
+            if n.outputs.iter().flatten().any(|o| needed.contains(o)) {
+                needed.extend(n.inputs.iter().flatten().copied());
+            }
+        }
+        let mut values = invariant.clone();
+        let at = self.uadd(start, U::W(k))?;
+        let at = self.uw(at);
+        for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
+            let index = match kind {
+                _ if !needed.contains(&input) => continue,
+                Operand::Tensor => at,
+                Operand::Lane => k,
+                _ => continue,
+            };
+            let ptr = self.element_ptr(bases[i], index, ptr_elem)?;
+            let v = build(self.b.load(
+                self.f32,
+                None,
+                ptr,
+                Some(MemoryAccess::ALIGNED),
+                [Arg::LiteralBit32(4)],
+            ))?;
+            values.insert(input, v);
+        }
+        for n in prologue {
+            let Some(Some(out)) = n.outputs.first() else {
+                return Err(format!("node `{}` has no result", n.name));
+            };
+            if !needed.contains(out) {
+                continue;
+            }
+            let args: Vec<Option<Word>> = n
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|v| values.get(&v).copied()))
+                .collect();
+            let result = self.node(&n.op, &args, &n.name)?;
+            values.insert(*out, result);
+        }
+        Ok(values)
+    }
+
+    /// Layer norm of row `r` (`lane` elements): the mean, the variance around it, then
+    /// `(x - mean) / sqrt(var + epsilon) * scale + bias` per element.
+    fn norm_row(
+        &mut self,
+        plan: &NormPlan,
+        lane: U,
+        r: Word,
+        bases: &[Word],
+        invariant: &HashMap<ValueId, Word>,
+        ptr_elem: Word,
+    ) -> R<()> {
+        let f32 = self.f32;
+        let start = self.umul(U::W(r), lane)?;
+        let lane_word = self.uw(lane);
+        let n = build(self.b.convert_u_to_f(f32, None, lane_word))?;
+        let zero = self.f(0.0);
+        let x_of = |e: &mut Self, k: Word| -> R<Word> {
+            let v = e.norm_values((start, k), bases, invariant, &[plan.x], ptr_elem)?;
+            v.get(&plan.x)
+                .copied()
+                .ok_or_else(|| "x is never computed".into())
+        };
+        let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
+            let x = x_of(e, k)?;
+            e.add(acc, x)
+        })?;
+        let sum = self.combine(sum, false)?;
+        let mean = self.div(sum, n)?;
+        let squares = self.row_loop(lane, zero, &mut |e, k, acc| {
+            let x = x_of(e, k)?;
+            let d = e.sub(x, mean)?;
+            let d2 = e.mul(d, d)?;
+            e.add(acc, d2)
+        })?;
+        let squares = self.combine(squares, false)?;
+        let var = self.div(squares, n)?;
+        let eps = self.f(plan.epsilon);
+        let var = self.add(var, eps)?;
+        let dev = self.ext(glsl::SQRT, &[var])?;
+        let one = self.f(1.0);
+        let inv = self.div(one, dev)?;
+        let out_base = bases[self.body.inputs.len()];
+        let mut wanted = vec![plan.x, plan.scale];
+        wanted.extend(plan.bias);
+        self.row_loop(lane, zero, &mut |e, k, acc| {
+            let v = e.norm_values((start, k), bases, invariant, &wanted, ptr_elem)?;
+            let get = |id: ValueId| {
+                v.get(&id)
+                    .copied()
+                    .ok_or_else(|| format!("%{} is never computed", e.body.value(id).name))
+            };
+            let (x, scale) = (get(plan.x)?, get(plan.scale)?);
+            let bias = plan.bias.map(get).transpose()?;
+            let d = e.sub(x, mean)?;
+            let y = e.mul(d, inv)?;
+            let mut y = e.mul(y, scale)?;
+            if let Some(b) = bias {
+                y = e.add(y, b)?;
+            }
+            let at = e.uadd(start, U::W(k))?;
+            let at = e.uw(at);
+            let ptr = e.element_ptr(out_base, at, ptr_elem)?;
+            build(e.b.store(ptr, y, Some(MemoryAccess::ALIGNED), [Arg::LiteralBit32(4)]))?;
             Ok(acc)
         })?;
         Ok(())

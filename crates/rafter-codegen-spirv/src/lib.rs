@@ -14,26 +14,49 @@
 //! # What is generated today
 //!
 //! [`elementwise`]: a fused chain of elementwise ops on `f32`, each operand of the output's
-//! shape, a single element broadcast to all (a scalar), or (static shapes) NumPy-broadcast
-//! or transposed, read through per-dim strides from the output's coordinates; reshape-like
-//! ops (reshape, flatten, squeeze, unsqueeze) keep linear order and expand is a broadcast.
-//! One invocation per element over a 1-D grid, in a grid-stride loop, so any element count
-//! fits in the device's workgroup-count limit; the count is the one `u32` param.
-//! A `reduce` on a static shape (after an optional pointwise prologue) is generated too,
-//! launched the same way: one invocation per output element loops over its lane; so is a softmax or log-softmax alone
-//! (the kernel divides the count by the lane length and normalises one lane per
-//! invocation).
+//! shape, a single element broadcast to all (a scalar), or NumPy-broadcast or transposed,
+//! read through per-dim strides from the output's coordinates; reshape-like ops (reshape,
+//! flatten, squeeze, unsqueeze) keep linear order and expand is a broadcast. One invocation
+//! per element over a 1-D grid, in a grid-stride loop, so any element count fits in the
+//! device's workgroup-count limit; the count is the first `u32` param.
+//!
+//! Row kernels (the count param is still the output's element count):
+//! - a `reduce` on a static shape (after an optional pointwise prologue): one invocation per
+//!   output element loops over its lane (the elementwise launch);
+//! - a softmax or log-softmax alone: max, sum of exponentials, write. Over the last axis a
+//!   workgroup of [`ROW_WORKGROUP_SIZE`] invocations per lane (`Launch::Rows`, the grid the
+//!   row count), each taking every 128th element and the partial results combined by a
+//!   tree through workgroup memory; over another axis one invocation per lane;
+//! - a `layer_norm` over the axes `axis..rank` with its scale and (optional) bias, after an
+//!   optional pointwise prologue (the residual `add` fusion leaves in front of it): a
+//!   workgroup per row like the softmax, three passes (mean, variance around it, write),
+//!   the prologue evaluated at each element; the scale and bias are read per position in
+//!   the row.
+//!
+//! **Symbolic dims.** Shapes may be symbolic (`batch`, `seq`): a kernel that needs a size
+//! the body does not fix (a broadcast or transposed operand's strides, the output's
+//! coordinates, a softmax or norm row length) reads it from a *dim param*, a `u32` pushed
+//! after the count. [`ElementwiseKernel::dims`] lists them, each as an axis of one of the
+//! kernel's bindings (`rafter_artifact::DimParam`, carried in the artifact's `vulkan`
+//! section), so the runtime pushes the call's actual size of that axis
+//! (`rafter_artifact::dim_params`, shared with the tests). Dims are matched symbolically:
+//! an operand dim broadcasts where it is 1 and follows the output where it is the same
+//! expression; anything else is refused with the value named. Kernels on static shapes
+//! take no dim params and fold every size into the module.
 //!
 //! [`matmul`]: f32 matrix products, a 64×64 (or 32×32) tile of C per workgroup staged
 //! through workgroup memory with a 4×4 (2×2) register block per invocation; B 2-D or
-//! batched like A; a fused bias/scale/residual/relu epilogue.
+//! batched like A; a fused bias/scale/residual/relu epilogue whose operands may also be
+//! broadcast to C (an attention mask `[b, 1, 1, s]` or `[b, 1, s, s]` added to scores
+//! `[b, h, s, s]`) as long as C's batch dims inside the outermost are known.
 //!
 //! [`conv`]: 2-D convolutions and pooling on NCHW f32 with static channel and spatial
 //! dims: an ungrouped convolution as an implicit GEMM (the matmul kernel gathering B's
 //! tiles from the image), with its bias and elementwise tail fused; depthwise convolution,
-//! max pooling and global pooling one invocation per output element.
+//! max pooling and global pooling one invocation per output element. A 2-D `Gemm` is the
+//! matmul kernel (B read transposed for `transB`).
 //!
-//! Tree reductions, other data movement, broadcasting over symbolic dims and other dtypes
+//! Subgroup reductions, reduces over symbolic dims, gather and other dtypes
 //! come next.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
@@ -45,10 +68,12 @@ mod matmul;
 mod window;
 
 pub use conv::{conv, ConvKernel};
-pub use elementwise::{elementwise, ElementwiseKernel, Operand, WORKGROUP_SIZE};
+pub use elementwise::{
+    elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
+};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE};
 
-use rafter_artifact::{Launch, VulkanModule, VulkanSection};
+use rafter_artifact::{VulkanModule, VulkanSection};
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
 
@@ -131,9 +156,10 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
         let module = match generate(&kernel.body).map_err(error)? {
             Generated::Elementwise(g) => VulkanModule {
                 kernel: k as u32,
-                launch: Launch::Elementwise,
-                workgroup_size: WORKGROUP_SIZE,
+                launch: g.launch,
+                workgroup_size: g.workgroup_size,
                 entry_point: g.entry_point,
+                dims: g.dims,
                 spirv: to_bytes(&g.spirv).into(),
             },
             Generated::Matmul(g) => VulkanModule {
@@ -141,6 +167,7 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
                 launch: g.launch().map_err(error)?,
                 workgroup_size: 256,
                 entry_point: "main".into(),
+                dims: Vec::new(),
                 spirv: to_bytes(&g.spirv).into(),
             },
             Generated::Conv(g) => VulkanModule {
@@ -148,6 +175,7 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
                 launch: g.launch,
                 workgroup_size: g.workgroup_size,
                 entry_point: "main".into(),
+                dims: Vec::new(),
                 spirv: to_bytes(&g.spirv).into(),
             },
         };

@@ -120,7 +120,7 @@ impl MatmulKernel {
 }
 
 /// One operand of an epilogue op.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Src {
     Const(f32),
     /// Binding `i`, one element.
@@ -134,10 +134,21 @@ pub(crate) enum Src {
     ConstRow(usize),
     /// Binding `i`, indexed like C.
     Full(usize),
+    /// Binding `i`, broadcast to C (NumPy rules): its rows are C's (`row`) or one, its
+    /// columns C's (`col`) or one, and its matrix for C's batch entry `z` is
+    /// `sum over parts of ((z / divisor) % size) * stride` (no modulo for size 0: the
+    /// outermost batch dim). An attention mask `[b, 1, 1, s]` or `[b, 1, s, s]` added to
+    /// scores `[b, h, s, s]`.
+    Bcast {
+        i: usize,
+        row: bool,
+        col: bool,
+        batch: Vec<(u32, u32, u32)>,
+    },
 }
 
 /// One epilogue step on the accumulated value `x`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Step {
     /// `x op s` (`x_left`) or `s op x`.
     Binary(BinaryOp, Src, bool),
@@ -406,9 +417,14 @@ pub(crate) fn source(
             if per_row && axes.row >= skip {
                 return Ok(Src::PerRow(i));
             }
+            if axes.col_is_last {
+                if let Some(src) = broadcast_source(i, &ty.dims, &c.dims) {
+                    return Ok(src);
+                }
+            }
             Err(format!(
                 "operand %{} of dims {:?} is neither a scalar, a row or a column of C's \
-                 matrix, nor of C's dims {:?}",
+                 matrix, of C's dims {:?}, nor broadcast to them over static inner batch dims",
                 value.name, ty.dims, c.dims
             ))
         }
@@ -417,6 +433,54 @@ pub(crate) fn source(
             value.name
         )),
     }
+}
+
+/// An operand of `dims` broadcast to C's `c` dims (each dim C's or 1, right-aligned), if
+/// its batch index is computable from C's batch entry: every batch dim of C inside the
+/// outermost one the operand follows is known.
+fn broadcast_source(i: usize, dims: &[rafter_ir::Dim], c: &[rafter_ir::Dim]) -> Option<Src> {
+    let rc = c.len();
+    if rc < 2 || dims.len() > rc {
+        return None;
+    }
+    let one = rafter_ir::Dim::known(1);
+    let mut od = vec![one.clone(); rc - dims.len()];
+    od.extend_from_slice(dims);
+    // Per dim: whether the operand follows C there (a dim of 1 is broadcast).
+    let follows = |d: usize| -> Option<bool> {
+        if od[d] == one {
+            Some(false)
+        } else if od[d] == c[d] {
+            Some(true)
+        } else {
+            None
+        }
+    };
+    let (row, col) = (follows(rc - 2)?, follows(rc - 1)?);
+    let mut batch = Vec::new();
+    let mut divisor = 1u64; // C's batch entries inside dim d
+    let mut stride = 1u64; // the operand's matrices inside dim d
+    for d in (0..rc - 2).rev() {
+        if follows(d)? {
+            let size = if d == 0 {
+                0
+            } else {
+                u32::try_from(c[d].as_known()?).ok()?
+            };
+            batch.push((
+                u32::try_from(divisor).ok()?,
+                size,
+                u32::try_from(stride).ok()?,
+            ));
+            if d > 0 {
+                stride = stride.checked_mul(size as u64)?;
+            }
+        }
+        if d > 0 {
+            divisor = divisor.checked_mul(u64::try_from(c[d].as_known()?).ok()?)?;
+        }
+    }
+    Some(Src::Bcast { i, row, col, batch })
 }
 
 /// Where the bindings are and what the epilogue does.
@@ -628,6 +692,9 @@ pub(crate) struct Epilogue<'a> {
     pub(crate) steps: &'a [Step],
     pub(crate) addrs: &'a [Word],
     pub(crate) c_off: Word,
+    /// C's batch entry (the workgroup's z) and rows, for broadcast operands.
+    pub(crate) batch: Word,
+    pub(crate) m: Word,
 }
 
 impl Body {
@@ -862,6 +929,8 @@ impl Body {
             steps: &layout.steps,
             addrs: &addrs,
             c_off,
+            batch: wz,
+            m,
         };
 
         // for (k0 = 0; k0 < K; k0 += KSTEP)
@@ -1016,7 +1085,7 @@ impl Body {
     fn load_src(
         &mut self,
         e: &Epilogue<'_>,
-        src: Src,
+        src: &Src,
         (row, col): (Word, Word),
         n: Word,
     ) -> R<Word> {
@@ -1028,7 +1097,7 @@ impl Body {
             let addr = me.add64(e.addrs[i], off)?;
             me.load_at(addr)
         };
-        match src {
+        match *src {
             Src::Const(c) => Ok(self.b.constant_bit32(f32, c.to_bits())),
             Src::Scalar(i) => self.load_at(e.addrs[i]),
             Src::Row(i) => indexed(self, i, col),
@@ -1040,6 +1109,59 @@ impl Body {
                         .access_chain(ptr_private, None, self.const_rows[i], [row]),
                 )?;
                 build(self.b.load(f32, None, p, None, []))
+            }
+            Src::Bcast {
+                i,
+                row: follows_rows,
+                col: follows_cols,
+                ref batch,
+            } => {
+                // Matrix index from C's batch entry, then the element in it.
+                let mut at: Option<Word> = None;
+                for &(divisor, size, stride) in batch {
+                    let mut c = e.batch;
+                    if divisor != 1 {
+                        let d = self.u(divisor);
+                        c = build(self.b.u_div(self.ids.u32, None, c, d))?;
+                    }
+                    if size != 0 {
+                        let s = self.u(size);
+                        c = build(self.b.u_mod(self.ids.u32, None, c, s))?;
+                    }
+                    if stride != 1 {
+                        let s = self.u(stride);
+                        c = self.mul(c, s)?;
+                    }
+                    at = Some(match at {
+                        Some(a) => self.add(a, c)?,
+                        None => c,
+                    });
+                }
+                let one = self.u(1);
+                let rows = if follows_rows { e.m } else { one };
+                let cols = if follows_cols { n } else { one };
+                let zero = self.u64c(0);
+                let mut off = zero;
+                if let Some(at) = at {
+                    let at = self.wide(at)?;
+                    let (r64, c64) = (self.wide(rows)?, self.wide(cols)?);
+                    let size = self.mul64(r64, c64)?;
+                    off = self.mul64(at, size)?;
+                }
+                if follows_rows {
+                    let r = self.wide(row)?;
+                    let c64 = self.wide(cols)?;
+                    let r = self.mul64(r, c64)?;
+                    off = self.add64(off, r)?;
+                }
+                if follows_cols {
+                    let c = self.wide(col)?;
+                    off = self.add64(off, c)?;
+                }
+                let four = self.u64c(4);
+                let off = self.mul64(off, four)?;
+                let addr = self.add64(e.addrs[i], off)?;
+                self.load_at(addr)
             }
             Src::Full(i) => {
                 let base = self.add64(e.addrs[i], e.c_off)?;
@@ -1065,7 +1187,7 @@ impl Body {
     ) -> R<Word> {
         let f32 = self.ids.f32;
         for step in e.steps {
-            x = match *step {
+            x = match step {
                 Step::Relu => {
                     // `x < 0 ? 0 : x`, which keeps NaN (GLSL's max leaves it undefined).
                     let zero = self.b.constant_bit32(f32, 0);
@@ -1088,7 +1210,7 @@ impl Body {
                 }
                 Step::Binary(op, src, x_left) => {
                     let s = self.load_src(e, src, (row, col), n)?;
-                    let (l, r) = if x_left { (x, s) } else { (s, x) };
+                    let (l, r) = if *x_left { (x, s) } else { (s, x) };
                     match op {
                         BinaryOp::Add => build(self.b.f_add(f32, None, l, r))?,
                         BinaryOp::Sub => build(self.b.f_sub(f32, None, l, r))?,

@@ -282,13 +282,17 @@ impl Body {
         let image = self.wide(image)?;
         let image_bytes = self.u64c(g.c as u64 * g.oh as u64 * g.ow as u64 * 4);
         let c_off = self.mul64(image, image_bytes)?;
+        // No broadcast operands here (`CAxes::col_is_last` is false): batch and rows only
+        // complete the struct.
+        let zero = self.u(0);
         let epilogue = Epilogue {
             steps: &l.steps,
             addrs,
             c_off,
+            batch: zero,
+            m: channels,
         };
         let value = self.apply(&epilogue, value, (c, pixel), out_plane)?;
-        let zero = self.u(0);
         let ptr = self.elem_ptr(addrs[l.y], zero, zero, i)?;
         build(self.b.store(
             ptr,

@@ -78,7 +78,7 @@ fn every_supported_op_matches_the_reference_executor() {
             let dims: Vec<usize> = match kind {
                 Operand::Tensor => shape.clone(),
                 Operand::Scalar => vec![1; body.value(input).ty.rank()],
-                Operand::Broadcast | Operand::Unread => {
+                Operand::Broadcast | Operand::Unread | Operand::Lane => {
                     unreachable!("the op cases read full tensors and scalars")
                 }
             };
@@ -267,6 +267,18 @@ fn check_within(
     shapes: &[&[usize]],
     rtol: f64,
 ) -> Vec<Operand> {
+    check_close(device, text, shapes, rtol, 0.0)
+}
+
+/// [`check_within`] with an absolute tolerance too (a norm's outputs near 0, where
+/// `x - mean` cancels).
+fn check_close(
+    device: &rafter_hal_vulkan::VulkanDevice,
+    text: &str,
+    shapes: &[&[usize]],
+    rtol: f64,
+    atol: f64,
+) -> Vec<Operand> {
     let body = parse_graph(text).unwrap();
     let kernel = elementwise(&body).unwrap_or_else(|e| panic!("{e}"));
     common::spirv_val(&kernel.spirv, &body.name);
@@ -281,13 +293,20 @@ fn check_within(
         .zip(&host)
         .map(|(s, v)| Tensor::f32s(s, v.clone()))
         .collect();
-    let want = rafter_reference::run(&body, tensors).unwrap()[0].to_f64_vec();
+    let want = rafter_reference::run(&body, tensors).unwrap().remove(0);
+    let out_dims = want.shape().to_vec();
+    let want = want.to_f64_vec();
     let count = want.len();
-    let out = common::run(device, &kernel, &buffers, count as u64);
+    let binding_dims: Vec<&[usize]> = shapes
+        .iter()
+        .copied()
+        .chain([out_dims.as_slice()])
+        .collect();
+    let out = common::run_shaped(device, &kernel, &buffers, count as u64, &binding_dims);
     let got = common::f32s(&out[0].read_bytes(0, count as u64 * 4).unwrap());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let g = *g as f64;
-        let close = g == *w || (g - w).abs() <= rtol * w.abs() || (g.is_nan() && w.is_nan());
+        let close = g == *w || (g - w).abs() <= atol + rtol * w.abs() || (g.is_nan() && w.is_nan());
         assert!(close, "{}: element {i}: got {g}, want {w}", body.name);
     }
     kernel.inputs
@@ -416,4 +435,140 @@ fn a_reduce_with_a_prologue_matches_the_reference() {
         &[&[6, 40], &[6, 40], &[]],
         1e-5,
     );
+}
+
+/// Data movement over symbolic dims: BERT's head split and merge (`[b, s, h, d]` to
+/// `[b, h, s, d]`, `[b, h, d, s]` and back) and a mask broadcast over heads, with the
+/// sizes pushed as dim params.
+#[test]
+fn transposes_and_broadcasts_over_symbolic_dims_match_the_reference() {
+    let Some(device) = common::device_or_skip("symbolic transposes") else {
+        return;
+    };
+    for (perm, out) in [
+        ("0, 2, 1, 3", "b, 4, s, 8"),
+        ("0, 2, 3, 1", "b, 4, 8, s"),
+        ("2, 0, 3, 1", "4, b, 8, s"),
+    ] {
+        let kinds = check_against_reference(
+            &device,
+            &format!("graph @tr(%x: f32[b, s, 4, 8]) -> (%y) {{\n  %y: f32[{out}] = transpose{{perm = [{perm}]}}(%x)\n}}"),
+            &[&[3, 5, 4, 8]],
+        );
+        assert_eq!(kinds, [Operand::Broadcast]);
+    }
+    let text = "graph @mask(%x: f32[b, 4, s, s], %m: f32[b, 1, 1, s], %c: f32[s, 1]) -> (%y) {\n  %t: f32[b, 4, s, s] = binary{op = add}(%x, %m)\n  %y: f32[b, 4, s, s] = binary{op = mul}(%t, %c)\n}";
+    let kinds = check_against_reference(&device, text, &[&[2, 4, 7, 7], &[2, 1, 1, 7], &[7, 1]]);
+    assert_eq!(
+        kinds,
+        [Operand::Tensor, Operand::Broadcast, Operand::Broadcast]
+    );
+    let kernel = elementwise(&parse_graph(text).unwrap()).unwrap();
+    // b and s, each once, from the first binding that has them.
+    assert_eq!(kernel.dims.len(), 2, "{:?}", kernel.dims);
+    // A dim that is neither the output's nor 1 is not a broadcast.
+    let e = elementwise(
+        &parse_graph("graph @bad(%x: f32[b, s], %m: f32[t, s]) -> (%y) {\n  %y: f32[b, s] = binary{op = add}(%x, %m)\n}")
+            .unwrap(),
+    )
+    .unwrap_err();
+    assert!(e.reason.contains("does not broadcast"), "{e}");
+}
+
+/// Softmax over symbolic dims: the lane length and inner stride come from dim params.
+#[test]
+fn softmax_over_symbolic_dims_matches_the_reference() {
+    let Some(device) = common::device_or_skip("symbolic softmax") else {
+        return;
+    };
+    for kind in ["softmax", "log_softmax"] {
+        for axis in [-1, 1, 2] {
+            check_within(
+                &device,
+                &format!("graph @{kind}_s{}(%x: f32[b, 4, s, s]) -> (%y) {{\n  %y: f32[b, 4, s, s] = softmax{{kind = {kind}, axis = {axis}}}(%x)\n}}", axis + 1),
+                &[&[2, 4, 9, 9]],
+                1e-5,
+            );
+        }
+    }
+}
+
+/// A softmax over the last axis runs a workgroup per lane, reduced through workgroup
+/// memory: lanes shorter and longer than the workgroup, symbolic.
+#[test]
+fn softmax_rows_longer_than_a_workgroup_match_the_reference() {
+    let Some(device) = common::device_or_skip("softmax rows") else {
+        return;
+    };
+    for (kind, n) in [("softmax", 333), ("log_softmax", 1000), ("softmax", 3)] {
+        check_within(
+            &device,
+            &format!("graph @{kind}_{n}(%x: f32[r, {n}]) -> (%y) {{\n  %y: f32[r, {n}] = softmax{{kind = {kind}, axis = 1}}(%x)\n}}"),
+            &[&[5, n]],
+            1e-5,
+        );
+    }
+}
+
+/// Layer norm over the last axis (or two), with scale and bias (or without a bias), after
+/// a residual add: one invocation per row, three passes; symbolic row counts and lengths.
+#[test]
+fn layer_norm_matches_the_reference() {
+    let Some(device) = common::device_or_skip("layer_norm") else {
+        return;
+    };
+    let kinds = check_within(
+        &device,
+        "graph @ln(%x: f32[b, s, 40], %g: f32[40], %bb: f32[40]) -> (%y) {\n  %y: f32[b, s, 40] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g, %bb)\n}",
+        &[&[2, 3, 40], &[40], &[40]],
+        1e-5,
+    );
+    assert_eq!(kinds, [Operand::Tensor, Operand::Lane, Operand::Lane]);
+    let kinds = check_within(
+        &device,
+        "graph @add_ln(%x: f32[b, s, 48], %r: f32[b, s, 48], %g: f32[48], %bb: f32[48]) -> (%y) {\n  %t: f32[b, s, 48] = binary{op = add}(%x, %r)\n  %y: f32[b, s, 48] = layer_norm{axis = 2, epsilon = 1e-12}(%t, %g, %bb)\n}",
+        &[&[1, 7, 48], &[1, 7, 48], &[48], &[48]],
+        1e-5,
+    );
+    assert_eq!(
+        kinds,
+        [
+            Operand::Tensor,
+            Operand::Tensor,
+            Operand::Lane,
+            Operand::Lane
+        ]
+    );
+    // Over two axes, a symbolic row length, no bias, the scale of shape [1, s, 6].
+    check_within(
+        &device,
+        "graph @ln2(%x: f32[3, s, 6], %g: f32[1, s, 6]) -> (%y) {\n  %y: f32[3, s, 6] = layer_norm{axis = 1, epsilon = 1e-3}(%x, %g)\n}",
+        &[&[3, 5, 6], &[1, 5, 6]],
+        1e-5,
+    );
+    // Rows longer than a row kernel's workgroup (each invocation sums several elements),
+    // more rows than one workgroup.
+    let kinds = check_close(
+        &device,
+        "graph @ln_long(%x: f32[b, s, 300], %g: f32[300], %bb: f32[300]) -> (%y) {\n  %y: f32[b, s, 300] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g, %bb)\n}",
+        &[&[2, 9, 300], &[300], &[300]],
+        1e-5,
+        1e-6,
+    );
+    assert_eq!(kinds, [Operand::Tensor, Operand::Lane, Operand::Lane]);
+    let kernel = elementwise(
+        &parse_graph("graph @ln_long(%x: f32[b, s, 300], %g: f32[300]) -> (%y) {\n  %y: f32[b, s, 300] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        kernel.launch,
+        rafter_artifact::Launch::Rows { lane_dims: 1 }
+    );
+    let e = elementwise(
+        &parse_graph("graph @ln3(%x: f32[4, 8], %g: f32[4, 8]) -> (%y, %m) {\n  %y: f32[4, 8], %m: f32[4, 1] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}")
+            .unwrap(),
+    )
+    .unwrap_err();
+    assert!(e.reason.contains("normalised result only"), "{e}");
 }

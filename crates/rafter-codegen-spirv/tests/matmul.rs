@@ -230,11 +230,67 @@ fn epilogues_outside_the_supported_forms_are_errors() {
 }}"
         )
     };
-    // A [1, 3] operand is neither a scalar, a row or column of C, nor of C's dims (a
-    // column vector, [4, 1], is supported: the convolution tests' per-channel bias).
-    assert!(matmul(&parse_graph(&text("binary{op = add}", "4, 1")).unwrap()).is_ok());
+    // A column vector broadcasts (a convolution's per-channel bias is one); a [1, 3] operand
+    // is neither a scalar, a row or column of C, nor broadcast to C.
+    matmul(&parse_graph(&text("binary{op = add}", "4, 1")).unwrap()).unwrap();
     let e = matmul(&parse_graph(&text("binary{op = add}", "1, 3")).unwrap()).unwrap_err();
     assert!(e.reason.contains("neither a scalar"), "{e}");
     let e = matmul(&parse_graph(&text("binary{op = pow}", "4, 6")).unwrap()).unwrap_err();
     assert!(e.reason.contains("not generated after a matmul"), "{e}");
+}
+
+/// BERT's attention scores: `Q·Kᵀ` batched over `[b, h]`, scaled, plus a mask broadcast
+/// over the heads (`[b, 1, 1, s]` or `[b, 1, s, s]`), with symbolic `b` and `s`.
+#[test]
+fn attention_scores_with_a_mask_broadcast_over_heads_match_the_cpu() {
+    let Some(device) = common::device_or_skip("attention scores") else {
+        return;
+    };
+    let (batch, heads, s, d) = (2, 3, 37, 16);
+    for (mask_text, mask_rows) in [("b, 1, 1, s", 1), ("b, 1, s, s", s)] {
+        let g = parse_graph(&format!(
+            "graph @scores(%q: f32[b, 3, s, 16], %k: f32[b, 3, 16, s], %m: f32[{mask_text}]) -> (%y) {{
+  %p: f32[b, 3, s, s] = matmul(%q, %k)
+  const %scale: f32[] = dense [0.25]
+  %t: f32[b, 3, s, s] = binary{{op = mul}}(%p, %scale)
+  %y: f32[b, 3, s, s] = binary{{op = add}}(%t, %m)
+}}"
+        ))
+        .unwrap();
+        let kernel = matmul_tiled(&g, MatmulTile::Small).unwrap_or_else(|e| panic!("{e}"));
+        common::spirv_val(&kernel.spirv, "matmul_mask");
+        let q = common::inputs_in((-1.0, 1.0), batch * heads * s * d, 5);
+        let k = common::inputs_in((-1.0, 1.0), batch * heads * d * s, 6);
+        let m = common::inputs_in((-3.0, 3.0), batch * mask_rows * s, 7);
+        let got = run(
+            &device,
+            &kernel,
+            &[&q, &k, &m],
+            &[batch, heads, s, d],
+            &[batch, heads, d, s],
+            batch * heads * s * s,
+        );
+        for z in 0..batch * heads {
+            for i in 0..s {
+                for j in 0..s {
+                    let (mut p, mut mag) = (0f64, 0f64);
+                    for c in 0..d {
+                        let x = q[(z * s + i) * d + c] as f64 * k[(z * d + c) * s + j] as f64;
+                        p += x;
+                        mag += x.abs();
+                    }
+                    let row = if mask_rows == 1 { 0 } else { i };
+                    let mv = m[((z / heads) * mask_rows + row) * s + j] as f64;
+                    let want = 0.25 * p + mv;
+                    let at = (z * s + i) * s + j;
+                    assert!(
+                        (got[at] as f64 - want).abs()
+                            <= 4.0 * f32::EPSILON as f64 * (mag + mv.abs()),
+                        "mask {mask_text}: C[{z}][{i}][{j}] = {}, want {want}",
+                        got[at]
+                    );
+                }
+            }
+        }
+    }
 }

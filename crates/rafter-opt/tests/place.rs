@@ -126,3 +126,52 @@ fn a_program_without_supported_kernels_is_the_cpu_program() {
     let vk = check_equivalent_with(&g, vec![rand_f32(&[4, 8], 1)], &vulkan());
     assert_eq!(cpu, vk);
 }
+
+/// An attention block over symbolic `b` and `s` (BERT's head split and merge transposes,
+/// the scores with a mask broadcast over heads, softmax, the residual add and layer norm)
+/// lands on the GPU whole: sizes reach the kernels as dim params. Only the input and the
+/// mask are written by the host and only the result read back.
+#[test]
+fn an_attention_block_over_symbolic_dims_stays_on_the_gpu() {
+    let g = parse(
+        r#"graph @attn(%x: f32[b, s, 8], %m: f32[b, 1, 1, s], %g: f32[8], %beta: f32[8]) -> (%y) {
+  const %split: i64[4] = dense [0, 0, 2, 4]
+  const %merge: i64[3] = dense [0, 0, 8]
+  const %c: f32[] = dense [0.5]
+  %r: f32[b, s, 2, 4] = reshape{allow_zero = false}(%x, %split)
+  %q: f32[b, 2, s, 4] = transpose{perm = [0, 2, 1, 3]}(%r)
+  %k: f32[b, 2, 4, s] = transpose{perm = [0, 2, 3, 1]}(%r)
+  %p: f32[b, 2, s, s] = matmul(%q, %k)
+  %t: f32[b, 2, s, s] = binary{op = mul}(%p, %c)
+  %u: f32[b, 2, s, s] = binary{op = add}(%t, %m)
+  %w: f32[b, 2, s, s] = softmax{kind = softmax, axis = -1}(%u)
+  %v: f32[b, 2, s, 4] = matmul(%w, %q)
+  %o: f32[b, s, 2, 4] = transpose{perm = [0, 2, 1, 3]}(%v)
+  %h: f32[b, s, 8] = reshape{allow_zero = false}(%o, %merge)
+  %a: f32[b, s, 8] = binary{op = add}(%h, %x)
+  %y: f32[b, s, 8] = layer_norm{axis = -1, epsilon = 1e-5}(%a, %g, %beta)
+}"#,
+    );
+    let inputs = vec![
+        rand_f32(&[2, 5, 8], 1),
+        rand_f32(&[2, 1, 1, 5], 2),
+        rand_f32(&[8], 3),
+        rand_f32(&[8], 4),
+    ];
+    let p = check_equivalent_with(&g, inputs, &vulkan());
+    for (k, kernel) in p.kernels.iter().enumerate() {
+        assert_eq!(
+            kernel.device,
+            "vulkan",
+            "kernel {k} `{}`: {:?}",
+            kernel.name,
+            vulkan_support(&p, k)
+        );
+    }
+    let copies = p
+        .steps
+        .iter()
+        .filter(|s| matches!(s, Step::Copy { .. }))
+        .count();
+    assert_eq!(copies, 0, "{p:#?}");
+}

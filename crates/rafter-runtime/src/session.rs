@@ -134,6 +134,8 @@ struct GpuKernel {
     entry: usize,
     workgroup_size: u32,
     launch: rafter_artifact::Launch,
+    /// Sizes pushed after the launch's params (the module's dim params).
+    dims: Vec<rafter_artifact::DimParam>,
 }
 
 struct Inner {
@@ -535,6 +537,7 @@ impl Session {
                         entry,
                         workgroup_size: module.workgroup_size,
                         launch: module.launch,
+                        dims: module.dims.clone(),
                     });
                 }
                 continue;
@@ -942,6 +945,24 @@ impl Session {
                             })?;
                             bound.push(range_of(b));
                         }
+                        // The call's dims of every binding (args, then results), from which
+                        // the module's dim params are pushed after the launch's params.
+                        let dim_bytes = if gpu.dims.is_empty() {
+                            Vec::new()
+                        } else {
+                            let binding_dims: Vec<&[usize]> = args
+                                .iter()
+                                .map(|&b| Some(b))
+                                .chain(results.iter().copied())
+                                .map(|b| b.and_then(|b| dims[b].as_deref()).unwrap_or(&[]))
+                                .collect();
+                            rafter_artifact::dim_params(&gpu.dims, &binding_dims).map_err(|e| {
+                                unsupported(format!(
+                                    "step {si}: kernel `{}`: {e}",
+                                    p.kernels[*kernel].name
+                                ))
+                            })?
+                        };
                         'launch: {
                             if let launch @ (rafter_artifact::Launch::Matmul { a, b, .. }
                             | rafter_artifact::Launch::GemmTransB { a, b, .. }) = gpu.launch
@@ -998,7 +1019,30 @@ impl Session {
                                     .map_err(|e| {
                                         unsupported(format!("step {si}: kernel `{name}`: {e}"))
                                     })?;
-                                if let Some((params, grid)) = launched {
+                                if let Some((mut params, grid)) = launched {
+                                    params.extend_from_slice(&dim_bytes);
+                                    builder
+                                        .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
+                                        .map_err(hal(context))?;
+                                }
+                                break 'launch;
+                            }
+                            if let launch @ rafter_artifact::Launch::Rows { .. } = gpu.launch {
+                                let first = results
+                                    .first()
+                                    .copied()
+                                    .flatten()
+                                    .and_then(|b| dims[b].as_deref())
+                                    .unwrap_or(&[]);
+                                let max_x = use_.device.info().limits.max_workgroup_count[0];
+                                let launched = launch.rows_dispatch(first, max_x).map_err(|e| {
+                                    unsupported(format!(
+                                        "step {si}: kernel `{}`: {e}",
+                                        p.kernels[*kernel].name
+                                    ))
+                                })?;
+                                if let Some((mut params, grid)) = launched {
+                                    params.extend_from_slice(&dim_bytes);
                                     builder
                                         .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
                                         .map_err(hal(context))?;
@@ -1025,12 +1069,14 @@ impl Session {
                                     .div_ceil(gpu.workgroup_size as u64)
                                     .min(max_x.max(1) as u64)
                                     as u32;
+                                let mut params = (count as u32).to_le_bytes().to_vec();
+                                params.extend_from_slice(&dim_bytes);
                                 builder
                                     .dispatch(
                                         &gpu.executable,
                                         gpu.entry,
                                         &bound,
-                                        &(count as u32).to_le_bytes(),
+                                        &params,
                                         [groups, 1, 1],
                                     )
                                     .map_err(hal(context))?;

@@ -225,6 +225,20 @@ fn bert_tiny_on_vulkan_matches_onnx_runtime() {
         on_gpu > 0 && on_gpu < program.kernels.len(),
         "{on_gpu} on the GPU"
     );
+    // Only the embedding prologue (i64 index math, gathers, the embeddings' sum and its
+    // layer norm) stays on the CPU: every encoder layer's products, head transposes,
+    // softmax and layer norms run on the GPU over the symbolic `batch` and `seq`.
+    let on_cpu: Vec<Vec<&str>> = program
+        .kernels
+        .iter()
+        .filter(|k| k.device == "cpu")
+        .map(|k| k.body.nodes.iter().map(|n| n.op.name()).collect())
+        .collect();
+    let count = |op: &str| on_cpu.iter().filter(|ops| ops.contains(&op)).count();
+    for op in ["matmul", "softmax", "transpose"] {
+        assert_eq!(count(op), 0, "a {op} kernel stays on the CPU: {on_cpu:?}");
+    }
+    assert!(count("layer_norm") <= 1, "{on_cpu:?}");
     let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
     let calls: Vec<_> = ["seq7", "seq13"]
         .iter()

@@ -5,6 +5,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rafter_artifact::Launch;
 use rafter_codegen_spirv::{to_bytes, ElementwiseKernel};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
@@ -99,6 +100,22 @@ pub fn run(
     inputs: &[Buffer],
     count: u64,
 ) -> Vec<Buffer> {
+    assert!(
+        kernel.dims.is_empty(),
+        "a kernel with dim params runs through run_shaped"
+    );
+    run_shaped(device, kernel, inputs, count, &[])
+}
+
+/// [`run`] for a kernel that reads sizes from its dim params: `binding_dims` are every
+/// binding's dims (inputs, then outputs), as the runtime passes them.
+pub fn run_shaped(
+    device: &VulkanDevice,
+    kernel: &ElementwiseKernel,
+    inputs: &[Buffer],
+    count: u64,
+    binding_dims: &[&[usize]],
+) -> Vec<Buffer> {
     let executable = load(device, kernel, "kernel");
     let outputs: Vec<Buffer> = (0..kernel.outputs)
         .map(|_| {
@@ -110,14 +127,23 @@ pub fn run(
     let bindings: Vec<_> = inputs.iter().chain(&outputs).map(Buffer::whole).collect();
     let max_x = device.info().limits.max_workgroup_count[0];
     let mut builder = device.create_command_buffer().unwrap();
-    builder
-        .dispatch(
-            &executable,
-            0,
-            &bindings,
-            &ElementwiseKernel::params(count).unwrap(),
+    let (params, grid) = match kernel.launch {
+        // A workgroup per row of the first output (the runtime's rule).
+        launch @ Launch::Rows { .. } => {
+            let (mut params, grid) = launch
+                .rows_dispatch(binding_dims[inputs.len()], max_x)
+                .unwrap()
+                .expect("a non-empty output");
+            params.extend(rafter_artifact::dim_params(&kernel.dims, binding_dims).unwrap());
+            (params, grid)
+        }
+        _ => (
+            kernel.params_for(count, binding_dims).unwrap(),
             ElementwiseKernel::workgroups(count, max_x),
-        )
+        ),
+    };
+    builder
+        .dispatch(&executable, 0, &bindings, &params, grid)
         .unwrap();
     let done = device.create_semaphore(0).unwrap();
     device
