@@ -123,6 +123,7 @@ fn run(
             .matmul_dispatch(&inputs[a as usize].0, &inputs[b as usize].0, max)
             .unwrap()
             .unwrap(),
+        Launch::Rows { .. } => panic!("no convolution or gemm launches by rows"),
         Launch::Elementwise => (
             ElementwiseKernel::params(count as u64).unwrap(),
             ElementwiseKernel::workgroups(count as u64, max[0]),
