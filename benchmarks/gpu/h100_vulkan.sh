@@ -19,7 +19,7 @@ timeout 300 .gl/rafter conformance --device vulkan --dir /tmp/conf/onnx-conforma
 tail -3 "$out/conformance_vulkan.txt"
 # One test thread (see above); the 160 MiB lavapipe test is skipped: reading 160 MiB back
 # through the H100's mapped BAR memory takes minutes (uncached reads).
-for t in .gl/gpu-* .gl/matmul-* .gl/vulkan-*; do
+for t in .gl/gpu-* .gl/matmul-* .gl/vulkan-* .gl/conv-*; do
   RAFTER_REQUIRE_VULKAN=1 timeout 120 "$t" --test-threads 1 --skip larger_than_the_storage_buffer_range > "$out/$(basename "$t").txt" 2>&1
   echo "$t: $(grep 'test result' "$out/$(basename "$t").txt")"
 done
