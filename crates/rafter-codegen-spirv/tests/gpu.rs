@@ -410,12 +410,17 @@ fn softmax_matches_the_reference() {
         return;
     };
     for kind in ["softmax", "log_softmax"] {
+        // log_softmax's `x - max - log(sum)` cancels to values near 0 from terms near 1, so
+        // a few ulps of those terms (the driver's exp and log are not correctly rounded:
+        // NVIDIA's were 1.5e-7 off at -0.0119) need an absolute tolerance.
+        let atol = if kind == "log_softmax" { 1e-6 } else { 0.0 };
         for axis in [2, 1, 0, -1] {
-            check_within(
+            check_close(
                 &device,
                 &format!("graph @{kind}_{}(%x: f32[3, 70, 5]) -> (%y) {{\n  %y: f32[3, 70, 5] = softmax{{kind = {kind}, axis = {axis}}}(%x)\n}}", axis + 1),
                 &[&[3, 70, 5]],
                 1e-5,
+                atol,
             );
         }
     }
