@@ -52,6 +52,13 @@ use crate::semaphore::{SemInner, SemState};
 /// event that needs it also wakes it).
 const MONITOR_TICK: Duration = Duration::from_millis(100);
 
+/// The monitor's tick while it watches anything (in-flight batches, timepoints, deferred
+/// signals): short, because NVIDIA's driver (580, H100) was measured missing semaphore
+/// wake-ups (see `WAIT_SLICE` in semaphore.rs), and every missed one would otherwise stall
+/// whatever waits on the monitor (callbacks, deferred submissions, other devices) for a
+/// whole `MONITOR_TICK`.
+const BUSY_TICK: Duration = Duration::from_micros(500);
+
 /// The scheduler's state, under `Shared::sched`.
 #[derive(Default)]
 pub(crate) struct SchedState {
@@ -535,6 +542,12 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
             }
             waits.extend(state.in_flight.iter().map(|f| f.completion));
         }
+        // Only the wake semaphore: idle, sleep long; anything else: tick short.
+        let tick = if waits.len() > 1 {
+            BUSY_TICK
+        } else {
+            MONITOR_TICK
+        };
         let (semaphores, values): (Vec<_>, Vec<_>) = waits.into_iter().unzip();
         let info = vk::SemaphoreWaitInfo::default()
             .flags(vk::SemaphoreWaitFlags::ANY)
@@ -543,11 +556,11 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
         // SAFETY: every semaphore is a live timeline semaphore of this device: the wake
         // semaphore lives as long as `shared`, `live` holds the registry's, and completion
         // semaphores are destroyed only with `shared`. The arrays live across the call,
-        // which is bounded by MONITOR_TICK.
+        // which is bounded by the tick.
         let result = unsafe {
             shared
                 .device
-                .wait_semaphores(&info, MONITOR_TICK.as_nanos() as u64)
+                .wait_semaphores(&info, tick.as_nanos() as u64)
         };
         match result {
             Ok(()) | Err(vk::Result::TIMEOUT) => {}
