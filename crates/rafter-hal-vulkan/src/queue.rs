@@ -557,11 +557,7 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
         // semaphore lives as long as `shared`, `live` holds the registry's, and completion
         // semaphores are destroyed only with `shared`. The arrays live across the call,
         // which is bounded by the tick.
-        let result = unsafe {
-            shared
-                .device
-                .wait_semaphores(&info, tick.as_nanos() as u64)
-        };
+        let result = unsafe { shared.device.wait_semaphores(&info, tick.as_nanos() as u64) };
         match result {
             Ok(()) | Err(vk::Result::TIMEOUT) => {}
             Err(result) => {
