@@ -186,6 +186,53 @@ impl Launch {
         }
     }
 
+    /// The params (before any dim params) and grid of one dispatch, for every launch kind:
+    /// the one rule the runtime applies. `inputs` are the dims of the kernel's input
+    /// bindings, `first_output` those of its first result, `workgroup_size` the module's,
+    /// `max` the device's workgroup-count limits. `Ok(None)` when there is nothing to
+    /// compute; an error names what does not fit.
+    pub fn dispatch(
+        self,
+        inputs: &[&[usize]],
+        first_output: &[usize],
+        workgroup_size: u32,
+        max: [u32; 3],
+    ) -> Result<Option<MatmulDispatch>, String> {
+        let input = |i: u8| {
+            inputs.get(i as usize).copied().ok_or_else(|| {
+                format!(
+                    "the launch reads input {i}, but the kernel has {} inputs",
+                    inputs.len()
+                )
+            })
+        };
+        match self {
+            Launch::Elementwise => {
+                let count = first_output
+                    .iter()
+                    .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+                    .filter(|&c| c <= i32::MAX as u64)
+                    .ok_or_else(|| {
+                        format!("{first_output:?} is more elements than one dispatch indexes")
+                    })?;
+                if count == 0 {
+                    return Ok(None);
+                }
+                let groups = count
+                    .div_ceil(workgroup_size.max(1) as u64)
+                    .min(max[0].max(1) as u64) as u32;
+                Ok(Some((
+                    (count as u32).to_le_bytes().to_vec(),
+                    [groups, 1, 1],
+                )))
+            }
+            Launch::Rows { .. } => self.rows_dispatch(first_output, max[0]),
+            Launch::Matmul { a, b, .. } => self.matmul_dispatch(input(a)?, input(b)?, max),
+            Launch::GemmTransB { a, b, .. } => self.gemm_dispatch(input(a)?, input(b)?, max),
+            Launch::Conv { w, .. } => self.conv_dispatch(first_output, input(w)?, max),
+        }
+    }
+
     /// For a [`Launch::GemmTransB`]: the params and grid for A `[M, K]` and B `[N, K]`,
     /// checked like [`Launch::matmul_dispatch`]. `Ok(None)` when C is empty.
     pub fn gemm_dispatch(
@@ -641,6 +688,57 @@ mod tests {
         assert!(Launch::Elementwise
             .matmul_dispatch(&[1, 1], &[1, 1], max)
             .is_err());
+    }
+
+    #[test]
+    fn dispatch_covers_every_kind() {
+        let max = [100, 65535, 65535];
+        // Elementwise: ceil(1000 / 64) = 16 groups, capped at max[0].
+        let (params, grid) = Launch::Elementwise
+            .dispatch(&[], &[10, 100], 64, max)
+            .unwrap()
+            .unwrap();
+        assert_eq!((params, grid), (1000u32.to_le_bytes().to_vec(), [16, 1, 1]));
+        let (_, grid) = Launch::Elementwise
+            .dispatch(&[], &[1 << 20], 64, max)
+            .unwrap()
+            .unwrap();
+        assert_eq!(grid, [100, 1, 1]);
+        assert_eq!(
+            Launch::Elementwise.dispatch(&[], &[0, 5], 64, max),
+            Ok(None)
+        );
+        let e = Launch::Elementwise
+            .dispatch(&[], &[1 << 16, 1 << 16], 64, max)
+            .unwrap_err();
+        assert!(e.contains("more elements"), "{e}");
+        // The other kinds read the operands the launch names.
+        let mm = Launch::Matmul {
+            a: 0,
+            b: 1,
+            b_shared: true,
+            tile: 32,
+        };
+        assert_eq!(
+            mm.dispatch(&[&[70, 48], &[48, 100]], &[70, 100], 256, max),
+            mm.matmul_dispatch(&[70, 48], &[48, 100], max)
+        );
+        let e = mm.dispatch(&[&[70, 48]], &[70, 100], 256, max).unwrap_err();
+        assert!(e.contains("reads input 1"), "{e}");
+        let conv = Launch::Conv {
+            x: 0,
+            w: 1,
+            tile: 16,
+        };
+        assert_eq!(
+            conv.dispatch(&[&[1, 3, 9, 9], &[4, 3, 3, 3]], &[1, 4, 7, 7], 256, max),
+            conv.conv_dispatch(&[1, 4, 7, 7], &[4, 3, 3, 3], max)
+        );
+        let rows = Launch::Rows { lane_dims: 1 };
+        assert_eq!(
+            rows.dispatch(&[&[6, 8]], &[6, 8], 128, max),
+            rows.rows_dispatch(&[6, 8], max[0])
+        );
     }
 
     #[test]

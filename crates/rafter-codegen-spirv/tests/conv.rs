@@ -8,8 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rafter_artifact::Launch;
-use rafter_codegen_spirv::{conv, matmul, to_bytes, ConvKernel, ElementwiseKernel};
+use rafter_codegen_spirv::{conv, matmul, to_bytes, ConvKernel};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::VulkanDevice;
 use rafter_ir::text::parse_graph;
@@ -110,25 +109,13 @@ fn run(
         })
         .unwrap();
     let max = device.info().limits.max_workgroup_count;
-    let (params, grid) = match kernel.launch {
-        launch @ Launch::Conv { w, .. } => launch
-            .conv_dispatch(y_dims, &inputs[w as usize].0, max)
-            .unwrap()
-            .unwrap(),
-        launch @ Launch::GemmTransB { a, b, .. } => launch
-            .gemm_dispatch(&inputs[a as usize].0, &inputs[b as usize].0, max)
-            .unwrap()
-            .unwrap(),
-        launch @ Launch::Matmul { a, b, .. } => launch
-            .matmul_dispatch(&inputs[a as usize].0, &inputs[b as usize].0, max)
-            .unwrap()
-            .unwrap(),
-        Launch::Rows { .. } => panic!("no convolution or gemm launches by rows"),
-        Launch::Elementwise => (
-            ElementwiseKernel::params(count as u64).unwrap(),
-            ElementwiseKernel::workgroups(count as u64, max[0]),
-        ),
-    };
+    // The runtime's rule for every launch kind.
+    let input_dims: Vec<&[usize]> = inputs.iter().map(|(d, _)| d.as_slice()).collect();
+    let (params, grid) = kernel
+        .launch
+        .dispatch(&input_dims, y_dims, kernel.workgroup_size, max)
+        .unwrap()
+        .unwrap();
     let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
     let mut builder = device.create_command_buffer().unwrap();
     builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();

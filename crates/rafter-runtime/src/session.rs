@@ -992,142 +992,40 @@ impl Session {
                             })?;
                             bound.push(range_of(b));
                         }
-                        // The call's dims of every binding (args, then results), from which
-                        // the module's dim params are pushed after the launch's params.
-                        let dim_bytes = if gpu.dims.is_empty() {
-                            Vec::new()
-                        } else {
-                            let binding_dims: Vec<&[usize]> = args
-                                .iter()
-                                .map(|&b| Some(b))
-                                .chain(results.iter().copied())
-                                .map(|b| b.and_then(|b| dims[b].as_deref()).unwrap_or(&[]))
-                                .collect();
-                            rafter_artifact::dim_params(&gpu.dims, &binding_dims).map_err(|e| {
+                        // The call's dims of every binding (args, then results): the launch
+                        // sizes its dispatch from the inputs' and the first result's
+                        // (`Launch::dispatch`), and the module's dim params, pushed after the
+                        // launch's params, name axes of any binding.
+                        let binding_dims: Vec<&[usize]> = args
+                            .iter()
+                            .map(|&b| Some(b))
+                            .chain(results.iter().copied())
+                            .map(|b| b.and_then(|b| dims[b].as_deref()).unwrap_or(&[]))
+                            .collect();
+                        let dim_bytes = rafter_artifact::dim_params(&gpu.dims, &binding_dims)
+                            .map_err(|e| {
                                 unsupported(format!(
                                     "step {si}: kernel `{}`: {e}",
                                     p.kernels[*kernel].name
                                 ))
-                            })?
-                        };
-                        'launch: {
-                            if let launch @ (rafter_artifact::Launch::Matmul { a, b, .. }
-                            | rafter_artifact::Launch::GemmTransB { a, b, .. }) = gpu.launch
-                            {
-                                let operand_dims = |i: u8| {
-                                    args.get(i as usize)
-                                        .and_then(|&buf| dims[buf].as_deref())
-                                        .ok_or_else(|| {
-                                            unsupported(format!(
-                                                "step {si}: matmul operand {i} of kernel `{}` has \
-                                             no dims",
-                                                p.kernels[*kernel].name
-                                            ))
-                                        })
-                                };
-                                let max = use_.device.info().limits.max_workgroup_count;
-                                let (a_dims, b_dims) = (operand_dims(a)?, operand_dims(b)?);
-                                let launched = match launch {
-                                    rafter_artifact::Launch::GemmTransB { .. } => {
-                                        launch.gemm_dispatch(a_dims, b_dims, max)
-                                    }
-                                    _ => launch.matmul_dispatch(a_dims, b_dims, max),
-                                }
-                                .map_err(|e| {
-                                    unsupported(format!(
-                                        "step {si}: kernel `{}`: {e}",
-                                        p.kernels[*kernel].name
-                                    ))
-                                })?;
-                                if let Some((params, grid)) = launched {
-                                    builder
-                                        .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
-                                        .map_err(hal(context))?;
-                                }
-                                break 'launch;
-                            }
-                            if let launch @ rafter_artifact::Launch::Conv { w, .. } = gpu.launch {
-                                let name = &p.kernels[*kernel].name;
-                                let dims_of = |buf: Option<&usize>, what: &str| {
-                                    buf.and_then(|&b| dims[b].as_deref()).ok_or_else(|| {
-                                        unsupported(format!(
-                                            "step {si}: the {what} of kernel `{name}` has no dims"
-                                        ))
-                                    })
-                                };
-                                let y = results.first().copied().flatten();
-                                let max = use_.device.info().limits.max_workgroup_count;
-                                let launched = launch
-                                    .conv_dispatch(
-                                        dims_of(y.as_ref(), "output")?,
-                                        dims_of(args.get(w as usize), "filter")?,
-                                        max,
-                                    )
-                                    .map_err(|e| {
-                                        unsupported(format!("step {si}: kernel `{name}`: {e}"))
-                                    })?;
-                                if let Some((mut params, grid)) = launched {
-                                    params.extend_from_slice(&dim_bytes);
-                                    builder
-                                        .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
-                                        .map_err(hal(context))?;
-                                }
-                                break 'launch;
-                            }
-                            if let launch @ rafter_artifact::Launch::Rows { .. } = gpu.launch {
-                                let first = results
-                                    .first()
-                                    .copied()
-                                    .flatten()
-                                    .and_then(|b| dims[b].as_deref())
-                                    .unwrap_or(&[]);
-                                let max_x = use_.device.info().limits.max_workgroup_count[0];
-                                let launched = launch.rows_dispatch(first, max_x).map_err(|e| {
-                                    unsupported(format!(
-                                        "step {si}: kernel `{}`: {e}",
-                                        p.kernels[*kernel].name
-                                    ))
-                                })?;
-                                if let Some((mut params, grid)) = launched {
-                                    params.extend_from_slice(&dim_bytes);
-                                    builder
-                                        .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
-                                        .map_err(hal(context))?;
-                                }
-                                break 'launch;
-                            }
-                            // Elementwise launch: the element count of the first result.
-                            let count: u64 = results
-                                .first()
-                                .copied()
-                                .flatten()
-                                .and_then(|b| dims[b].as_ref())
-                                .map_or(0, |d| d.iter().map(|&x| x as u64).product());
-                            if count > i32::MAX as u64 {
-                                return Err(unsupported(format!(
-                                "step {si}: kernel `{}` covers {count} elements, more than one \
-                                 dispatch on `{}` indexes",
-                                p.kernels[*kernel].name, use_.name
-                            )));
-                            }
-                            if count > 0 {
-                                let max_x = use_.device.info().limits.max_workgroup_count[0];
-                                let groups = count
-                                    .div_ceil(gpu.workgroup_size as u64)
-                                    .min(max_x.max(1) as u64)
-                                    as u32;
-                                let mut params = (count as u32).to_le_bytes().to_vec();
-                                params.extend_from_slice(&dim_bytes);
-                                builder
-                                    .dispatch(
-                                        &gpu.executable,
-                                        gpu.entry,
-                                        &bound,
-                                        &params,
-                                        [groups, 1, 1],
-                                    )
-                                    .map_err(hal(context))?;
-                            }
+                            })?;
+                        let (input_dims, result_dims) = binding_dims.split_at(args.len());
+                        let first_output = result_dims.first().copied().unwrap_or(&[]);
+                        let max = use_.device.info().limits.max_workgroup_count;
+                        let launched = gpu
+                            .launch
+                            .dispatch(input_dims, first_output, gpu.workgroup_size, max)
+                            .map_err(|e| {
+                                unsupported(format!(
+                                    "step {si}: kernel `{}` on `{}`: {e}",
+                                    p.kernels[*kernel].name, use_.name
+                                ))
+                            })?;
+                        if let Some((mut params, grid)) = launched {
+                            params.extend_from_slice(&dim_bytes);
+                            builder
+                                .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
+                                .map_err(hal(context))?;
                         }
                     }
                     Step::Dispatch { args, results, .. } => {
