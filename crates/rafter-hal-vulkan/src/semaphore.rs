@@ -306,9 +306,40 @@ impl SemaphoreImpl for SemInner {
 
 impl Drop for SemInner {
     fn drop(&mut self) {
+        self.fire_orphaned_timepoints();
         // SAFETY: the last handle is gone; submissions hold handles to their semaphores
         // until they complete, so no pending GPU operation refers to it.
         unsafe { self.shared.device.destroy_semaphore(self.raw, None) };
+    }
+}
+
+impl SemInner {
+    /// Fires the timepoints still registered when the last handle goes. The monitor holds
+    /// semaphores weakly, so the last handle can go (a call's handle dropped right after a
+    /// host wait saw the value) before the monitor has fired the callbacks of a value the
+    /// GPU already reached; without this they were lost, and a runtime call's memory was
+    /// never recycled. No signal can come any more: a value reached now is `Ok`, any other
+    /// never will be.
+    fn fire_orphaned_timepoints(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let callbacks = std::mem::take(&mut state.timepoints);
+        if callbacks.is_empty() {
+            return;
+        }
+        let failure = state.failure.clone();
+        let reached = match failure {
+            Some(reason) => Err(reason),
+            None => self.counter(),
+        };
+        for (value, callback) in callbacks {
+            callback(match &reached {
+                Ok(current) if *current >= value => Ok(()),
+                Ok(current) => Err(SemaphoreError::Failed(format!(
+                    "the semaphore was dropped at value {current}, before reaching {value}"
+                ))),
+                Err(reason) => Err(SemaphoreError::Failed(reason.clone())),
+            });
+        }
     }
 }
 

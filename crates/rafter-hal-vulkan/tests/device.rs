@@ -495,3 +495,38 @@ fn a_trace_sink_gets_gpu_timed_events_per_command() {
         assert!(!e.failed);
     }
 }
+
+#[test]
+fn timepoints_of_a_dropped_semaphore_still_fire() {
+    let Some(device) = common::device_or_skip("timepoints_of_a_dropped_semaphore_still_fire")
+    else {
+        return;
+    };
+    let queue = device.queue(0).unwrap();
+    let a = buffer_with(&device, MemoryKind::HostVisibleShared, &pattern(256, 5));
+    let b = buffer_with(&device, MemoryKind::Host, &[0u8; 256]);
+    // A value the GPU reaches, with every handle dropped right after the host saw it
+    // (before or after the monitor fires the callback): the callback fires, with Ok.
+    for _ in 0..20 {
+        let done = device.create_semaphore(0).unwrap();
+        let (sender, receiver) = mpsc::channel();
+        done.notify_at(1, Box::new(move |result| sender.send(result).unwrap()));
+        queue
+            .submit(&copy_commands(&device, &a, &b), &[], &[(done.clone(), 1)])
+            .unwrap();
+        done.wait(1, WAIT).unwrap();
+        drop(done);
+        assert_eq!(receiver.recv_timeout(WAIT).unwrap(), Ok(()));
+    }
+    // A value nothing will signal: dropping the semaphore fails the callback, naming why.
+    let never = device.create_semaphore(0).unwrap();
+    let (sender, receiver) = mpsc::channel();
+    never.notify_at(3, Box::new(move |result| sender.send(result).unwrap()));
+    drop(never);
+    match receiver.recv_timeout(WAIT).unwrap() {
+        Err(SemaphoreError::Failed(reason)) => {
+            assert!(reason.contains("dropped at value 0"), "{reason}")
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}

@@ -55,6 +55,7 @@ mod fast;
 mod fast_ops;
 mod native;
 mod plan;
+mod recorded;
 mod session;
 mod tile;
 mod trace;

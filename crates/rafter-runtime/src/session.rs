@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use rafter_hal::{
 };
 use rafter_hal_cpu::CpuKernels;
 use rafter_ir::program::{Program, Step, Storage};
-use rafter_ir::{DType, Symbol};
+use rafter_ir::Symbol;
 use rafter_reference::{Bindings, Tensor};
 
 use crate::cpu::{
@@ -22,6 +22,7 @@ use crate::cpu::{
 use crate::devices::DeviceSet;
 use crate::error::{hal, Result, RuntimeError};
 use crate::plan::{self, Access, Item, Region};
+use crate::recorded::{Chunk, Lease, OutputSource, Recorded, RecordedCache};
 use crate::weights::BytesBuffer;
 
 /// How to build a [`Session`].
@@ -162,6 +163,8 @@ struct Inner {
     registry: Arc<CallRegistry>,
     /// Arena allocations of completed calls, reused by later ones.
     arena_pool: Arc<ArenaPool>,
+    /// Recordings of completed calls, reused by later calls of the same input shapes.
+    recorded: Arc<RecordedCache>,
     native_stats: Arc<crate::native::Stats>,
     native_kernels: usize,
     next_call: AtomicU64,
@@ -663,6 +666,7 @@ impl Session {
                 symbols,
                 registry,
                 arena_pool: Arc::new(ArenaPool::default()),
+                recorded: Arc::new(RecordedCache::default()),
                 native_stats,
                 native_kernels,
                 next_call: AtomicU64::new(1),
@@ -722,10 +726,6 @@ impl Session {
             program: p.name.clone(),
             msg,
         };
-        let unsupported = |msg: String| RuntimeError::Unsupported {
-            program: p.name.clone(),
-            msg,
-        };
 
         // Inputs against the signature; symbols bound on the way.
         if inputs.len() != p.inputs.len() {
@@ -760,6 +760,38 @@ impl Session {
             .map(|s| bindings.get(s).unwrap_or(UNBOUND))
             .collect();
 
+        let call = inner.next_call.fetch_add(1, Ordering::Relaxed);
+        let key: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        let recorded = match inner.recorded.take(&key) {
+            Some(recorded) => recorded,
+            None => self.record(&inputs, key, &map, &symbol_values, call)?,
+        };
+        self.launch(recorded, inputs, after, call)
+    }
+
+    /// Prepares a call for `inputs`' shapes: dims, arena placement, allocations and every
+    /// chunk's command buffer. Reads only the inputs' shapes, so the result serves every
+    /// later call of the same shapes (see [`crate::recorded`]); `call` is the recording
+    /// call's number, which its CPU dispatches carry as their registry key.
+    fn record(
+        &self,
+        inputs: &[Tensor],
+        key: Vec<Vec<usize>>,
+        map: &HashMap<Symbol, i64>,
+        symbol_values: &[i64],
+        call: u64,
+    ) -> Result<Recorded> {
+        let inner = &*self.inner;
+        let p = &*inner.program;
+        let input_error = |msg: String| RuntimeError::Input {
+            program: p.name.clone(),
+            msg,
+        };
+        let unsupported = |msg: String| RuntimeError::Unsupported {
+            program: p.name.clone(),
+            msg,
+        };
+
         // This call's dims and sizes.
         let nb = p.buffers.len();
         let mut home = inner.home.clone();
@@ -769,7 +801,7 @@ impl Session {
             let d = match &decl.storage {
                 Storage::Input(k) => Some(inputs[*k].shape().to_vec()),
                 Storage::Weight(w) => Some(p.weights[*w].dims.clone()),
-                Storage::Output(_) => match eval_dims(&decl.ty, &map) {
+                Storage::Output(_) => match eval_dims(&decl.ty, map) {
                     Ok(d) => Some(d),
                     Err(_) => {
                         // Sized by the values: produced into a host slot, like Dynamic.
@@ -787,7 +819,7 @@ impl Session {
                     }
                 },
                 Storage::Arena { arena, .. } => {
-                    let d = eval_dims(&decl.ty, &map).map_err(|e| {
+                    let d = eval_dims(&decl.ty, map).map_err(|e| {
                         unsupported(format!(
                             "buffer {b} `{}` in arena {arena} has type {}: {e} (a size that \
                              depends on values needs Storage::Dynamic)",
@@ -805,8 +837,6 @@ impl Session {
             }
             dims[b] = d;
         }
-
-        let call = inner.next_call.fetch_add(1, Ordering::Relaxed);
 
         // Arenas: offsets (compile-time or planned now) and one allocation each.
         let mut ranges: Vec<Option<BufferRange>> = vec![None; nb];
@@ -861,6 +891,7 @@ impl Session {
 
         // Inputs and outputs: their own allocations on the device that uses them.
         let mut outputs: Vec<Option<OutputSource>> = vec![None; p.outputs.len()];
+        let mut input_buffers: Vec<(usize, Buffer)> = Vec::new();
         for (b, decl) in p.buffers.iter().enumerate() {
             match (&decl.storage, home[b]) {
                 (Storage::Input(k), Home::Device(d)) => {
@@ -869,10 +900,8 @@ impl Session {
                     let buffer = use_
                         .device
                         .allocate(sizes[b], MemoryKind::HostVisibleShared)
-                        .map_err(hal(context.clone()))?;
-                    buffer
-                        .write_bytes(0, &inputs[*k].to_le_bytes())
                         .map_err(hal(context))?;
+                    input_buffers.push((*k, buffer.clone()));
                     ranges[b] = Some(buffer.whole());
                     alloc_of[b] = Some((next_alloc, 0));
                     next_alloc += 1;
@@ -928,13 +957,8 @@ impl Session {
         // Record: consecutive steps on one device form a chunk (one command buffer, barriers
         // where a step touches what an earlier step of its segment wrote, or writes what it
         // read); chunks wait on the earlier chunks they conflict with.
-        struct Chunk {
-            device: usize,
-            command_buffer: CommandBuffer,
-            accesses: Vec<Access>,
-            waits: Vec<usize>,
-        }
         let mut chunks: Vec<Chunk> = Vec::new();
+        let mut chunk_accesses: Vec<Vec<Access>> = Vec::new();
         // Other devices' ranges that this call's cross-device copies map (`Operand::Foreign`).
         let mut foreign: Vec<BufferRange> = Vec::new();
         let mut si = 0;
@@ -1038,7 +1062,7 @@ impl Session {
                         }));
                         let params = Params {
                             call,
-                            symbols: symbol_values.clone(),
+                            symbols: symbol_values.to_vec(),
                             operands,
                             extra: Vec::new(),
                         };
@@ -1093,7 +1117,7 @@ impl Session {
                             }
                             let params = Params {
                                 call,
-                                symbols: symbol_values.clone(),
+                                symbols: symbol_values.to_vec(),
                                 operands,
                                 extra,
                             };
@@ -1113,23 +1137,56 @@ impl Session {
                 all.extend(acc);
                 si += 1;
             }
-            let waits = chunks
+            let waits = chunk_accesses
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| plan::any_conflict(&all, &c.accesses))
+                .filter(|(_, accesses)| plan::any_conflict(&all, accesses))
                 .map(|(i, _)| i)
                 .collect();
             chunks.push(Chunk {
                 device: d,
                 command_buffer: builder.finish(),
-                accesses: all,
                 waits,
             });
+            chunk_accesses.push(all);
         }
+        Ok(Recorded {
+            key,
+            registry_key: call,
+            arenas: call_arenas,
+            inputs: input_buffers,
+            outputs,
+            chunks,
+            foreign,
+        })
+    }
+
+    /// Runs one call on `recorded`: writes the inputs, registers the call's host slots,
+    /// and submits the chunks, chained by fresh semaphores. The recording goes back to the
+    /// cache once the work has completed and the handle is done (see [`Lease`]).
+    fn launch(
+        &self,
+        recorded: Recorded,
+        inputs: Vec<Tensor>,
+        after: &[(Semaphore, u64)],
+        call: u64,
+    ) -> Result<CallHandle> {
+        let inner = &*self.inner;
+        let p = &*inner.program;
+        for (k, buffer) in &recorded.inputs {
+            buffer
+                .write_bytes(0, &inputs[*k].to_le_bytes())
+                .map_err(hal(format!(
+                    "call {call}: writing input `{}`",
+                    p.inputs[*k].name
+                )))?;
+        }
+        let nb = p.buffers.len();
+        let chunks = &recorded.chunks;
 
         // Semaphores, the slot table, then submission.
         let mut semaphores = Vec::with_capacity(chunks.len());
-        for c in &chunks {
+        for c in chunks {
             let use_ = &inner.devices[c.device];
             semaphores.push(
                 use_.device
@@ -1138,42 +1195,46 @@ impl Session {
             );
         }
         let slots: Slots = Arc::new(Mutex::new(vec![None; nb]));
-        inner.registry.insert(call, slots.clone(), foreign);
-        if chunks.is_empty() {
-            inner.registry.remove(call);
-            inner.arena_pool.give(call_arenas);
+        let registry_key = recorded.registry_key;
+        inner
+            .registry
+            .insert(registry_key, slots.clone(), recorded.foreign.clone());
+        let outputs = recorded.outputs.clone();
+        let submissions: Vec<(usize, CommandBuffer, Vec<usize>)> = chunks
+            .iter()
+            .map(|c| (c.device, c.command_buffer.clone(), c.waits.clone()))
+            .collect();
+        let (cache, pool) = (inner.recorded.clone(), inner.arena_pool.clone());
+        let lease = Arc::new(Lease::new(
+            recorded,
+            Box::new(move |recorded| cache.give(recorded, |arenas| pool.give(arenas))),
+        ));
+        if submissions.is_empty() {
+            inner.registry.remove(registry_key);
+            lease.release();
         } else {
             // Once every submission has completed or failed: drop the registry entry, and
-            // pool the arenas if every submission succeeded (a failed one may leave work
-            // that never ran or, on device loss, a device in an unknown state).
-            let remaining = Arc::new(AtomicUsize::new(chunks.len()));
-            let failed = Arc::new(AtomicBool::new(false));
-            let arenas = Arc::new(Mutex::new(Some(call_arenas)));
+            // release the work's hold on the recording (a failure keeps it from reuse).
+            let remaining = Arc::new(AtomicUsize::new(submissions.len()));
             for s in &semaphores {
-                let (remaining, registry) = (remaining.clone(), inner.registry.clone());
-                let (failed, arenas, pool) =
-                    (failed.clone(), arenas.clone(), inner.arena_pool.clone());
+                let (remaining, registry, lease) =
+                    (remaining.clone(), inner.registry.clone(), lease.clone());
                 s.notify_at(
                     1,
                     Box::new(move |result| {
                         if result.is_err() {
-                            failed.store(true, Ordering::Release);
+                            lease.fail();
                         }
                         if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                            registry.remove(call);
-                            let arenas = lock(&arenas).take();
-                            if let (false, Some(arenas)) = (failed.load(Ordering::Acquire), arenas)
-                            {
-                                pool.give(arenas);
-                            }
+                            registry.remove(registry_key);
+                            lease.release();
                         }
                     }),
                 );
             }
         }
-        for (i, c) in chunks.iter().enumerate() {
-            let mut waits: Vec<(Semaphore, u64)> = c
-                .waits
+        for (i, (device, command_buffer, chunk_waits)) in submissions.iter().enumerate() {
+            let mut waits: Vec<(Semaphore, u64)> = chunk_waits
                 .iter()
                 .map(|&w| (semaphores[w].clone(), 1))
                 .collect();
@@ -1181,15 +1242,16 @@ impl Session {
             if waits.is_empty() {
                 waits.extend(after.iter().cloned());
             }
-            let use_ = &inner.devices[c.device];
-            if let Err(e) =
-                use_.queue
-                    .submit(&c.command_buffer, &waits, &[(semaphores[i].clone(), 1)])
+            let use_ = &inner.devices[*device];
+            if let Err(e) = use_
+                .queue
+                .submit(command_buffer, &waits, &[(semaphores[i].clone(), 1)])
             {
                 let reason = format!("call {call}: submitting to `{}`: {e}", use_.name);
                 for s in &semaphores[i..] {
                     s.fail(reason.clone());
                 }
+                lease.release();
                 return Err(hal(format!("call {call}: submitting to `{}`", use_.name))(
                     e,
                 ));
@@ -1202,6 +1264,7 @@ impl Session {
             done: semaphores.into_iter().map(|s| (s, 1)).collect(),
             outputs,
             slots,
+            lease: Some(lease),
         })
     }
 
@@ -1213,23 +1276,21 @@ impl Session {
     /// How many arena buffers of completed calls wait to be reused by the next calls (at
     /// most two per arena), so a caller can see that steady-state calls allocate nothing.
     pub fn idle_arenas(&self) -> usize {
-        lock(&self.inner.arena_pool.free).iter().map(Vec::len).sum()
+        let pooled: usize = lock(&self.inner.arena_pool.free).iter().map(Vec::len).sum();
+        pooled + self.inner.recorded.idle_arenas()
+    }
+
+    /// How many recorded calls (memory and command buffers for one set of input shapes)
+    /// wait for the next call of their shapes, which then only writes its inputs and
+    /// submits. At most two are kept.
+    pub fn idle_recordings(&self) -> usize {
+        self.inner.recorded.len()
     }
 
     /// How many calls still have work in flight (submitted, not yet completed or failed).
     pub fn calls_in_flight(&self) -> usize {
         self.inner.registry.len()
     }
-}
-
-#[derive(Clone, Debug)]
-enum OutputSource {
-    Buffer {
-        range: BufferRange,
-        dtype: DType,
-        dims: Vec<usize>,
-    },
-    Slot(usize),
 }
 
 /// A call in flight. [`wait`](CallHandle::wait) blocks until all of its work is done and
@@ -1242,6 +1303,16 @@ pub struct CallHandle {
     done: Vec<(Semaphore, u64)>,
     outputs: Vec<OutputSource>,
     slots: Slots,
+    /// The call's recording, released when the handle is done with the outputs.
+    lease: Option<Arc<Lease>>,
+}
+
+impl Drop for CallHandle {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.release();
+        }
+    }
 }
 
 impl fmt::Debug for CallHandle {

@@ -114,6 +114,55 @@ fn runs_a_chain_with_a_weight_and_an_arena_buffer() {
     }
 }
 
+/// Waits (the release runs on the thread that signals the call's last semaphore, just
+/// after the waiters are woken) until `session` holds `want` idle recordings.
+fn settle(session: &Session, want: usize) {
+    let start = std::time::Instant::now();
+    while session.idle_recordings() != want && start.elapsed() < LONG {
+        std::thread::yield_now();
+    }
+    assert_eq!(session.idle_recordings(), want, "idle recordings");
+}
+
+#[test]
+fn calls_of_the_same_shapes_reuse_one_recording() {
+    let session = Session::new(chain_program(), &cpu(2)).unwrap();
+    let input = |len: usize, round: usize| -> Vec<f32> {
+        (0..len).map(|i| (i * 7 + round * 3) as f32 - 5.0).collect()
+    };
+    // New values on the same shapes: each call rewrites the recording's input buffer and
+    // its arena, and the recording is reused rather than made again.
+    for round in 0..3 {
+        let x = input(4, round);
+        let out = session
+            .run(vec![Tensor::f32s(&[4], x.clone())], LONG)
+            .unwrap();
+        assert_eq!(f32s(&out[0]), chain_expected(&x), "round {round}");
+        settle(&session, 1);
+    }
+    // Another shape gets its own recording; both are kept, and the first is reused again.
+    for (len, idle) in [(5, 2), (4, 2)] {
+        let x = input(len, 9);
+        let out = session
+            .run(vec![Tensor::f32s(&[len], x.clone())], LONG)
+            .unwrap();
+        assert_eq!(f32s(&out[0]), chain_expected(&x), "len {len}");
+        settle(&session, idle);
+    }
+    // Two calls of one shape in flight at once: the second cannot share the first's
+    // recording, so it makes its own; at most two are kept idle afterwards.
+    let (xa, xb) = (input(4, 20), input(4, 21));
+    let a = session
+        .submit(vec![Tensor::f32s(&[4], xa.clone())])
+        .unwrap();
+    let b = session
+        .submit(vec![Tensor::f32s(&[4], xb.clone())])
+        .unwrap();
+    assert_eq!(f32s(&b.wait(LONG).unwrap()[0]), chain_expected(&xb));
+    assert_eq!(f32s(&a.wait(LONG).unwrap()[0]), chain_expected(&xa));
+    settle(&session, 2);
+}
+
 /// `a = x + w; b = x * x` (independent), `c = a * b`, `y = c + w`: arena buffers whose
 /// lifetimes let the planner reuse bytes, and a step pair that shares a barrier segment.
 fn diamond_program() -> Program {
