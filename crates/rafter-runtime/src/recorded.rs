@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use rafter_hal::{Buffer, BufferRange, CommandBuffer};
+use rafter_hal::{Buffer, BufferRange, CommandBuffer, Semaphore};
 use rafter_ir::DType;
 
 use crate::cpu::lock;
@@ -52,6 +52,12 @@ pub(crate) struct Recorded {
     /// and foreign ranges in the registry (see `CallRegistry`). The call that records
     /// chooses it; later calls on this recording register under it again.
     pub(crate) registry_key: u64,
+    /// Per chunk: the timeline semaphore its submission signals. Use `n` of the recording
+    /// waits for and signals value `n` (a recording serves one call at a time, and only
+    /// returns once every signal of its use has landed, so values only grow).
+    pub(crate) semaphores: Vec<Semaphore>,
+    /// How many calls have used the recording: the value the last one signalled.
+    pub(crate) uses: u64,
     /// `(arena, buffer)`: the arenas' allocations.
     pub(crate) arenas: Vec<(usize, Buffer)>,
     /// `(input index, buffer)`: where each input's bytes are written.
@@ -153,6 +159,8 @@ mod tests {
         Recorded {
             key: vec![vec![key]],
             registry_key: key as u64,
+            semaphores: Vec::new(),
+            uses: 0,
             arenas: Vec::new(),
             inputs: Vec::new(),
             outputs: Vec::new(),
