@@ -1151,10 +1151,20 @@ impl Session {
             chunk_accesses.push(all);
         }
         // One timeline semaphore per chunk, made once: creating them per call cost 0.4 ms
-        // of ResNet-50's 0.5 ms `submit` on the H100 (`vkCreateSemaphore`).
+        // of ResNet-50's 0.5 ms `submit` on the H100 (`vkCreateSemaphore`). A chunk that a
+        // GPU chunk waits on signals a semaphore of that GPU: the CPU queue's host signal
+        // then hands the waiting work to the GPU at once, on the signalling thread, instead
+        // of through the GPU device's monitor thread, which may notice a CPU semaphore's
+        // callback only at its next tick.
         let mut semaphores = Vec::with_capacity(chunks.len());
-        for c in &chunks {
-            let use_ = &inner.devices[c.device];
+        for (i, c) in chunks.iter().enumerate() {
+            let owner = chunks
+                .iter()
+                .filter(|later| later.waits.contains(&i))
+                .map(|later| later.device)
+                .find(|&d| d != c.device && !inner.devices[d].is_cpu)
+                .unwrap_or(c.device);
+            let use_ = &inner.devices[owner];
             semaphores.push(
                 use_.device
                     .create_semaphore(0)
