@@ -12,7 +12,8 @@
 //!   reduction prologues);
 //! - [`lower()`]: partition + lowering to a [`Program`], without memory planning;
 //! - [`place`]: device placement for [`Target::Vulkan`] (GPU where the SPIR-V generator
-//!   supports a kernel, CPU fallback, copies at device changes);
+//!   supports a kernel, CPU fallback, copies at device changes), then
+//!   [`schedule::schedule_for_overlap`] (CPU work ordered by when the GPU needs it);
 //! - [`prepack`]: weights read only as a CPU matmul's B stored pre-packed in the GEMM's
 //!   panel layout, with an unpacking prologue in the kernel body
 //!   ([`prepack::prepack_weights`]);
@@ -27,6 +28,7 @@ pub mod memplan;
 pub mod passes;
 pub mod place;
 pub mod prepack;
+pub mod schedule;
 mod util;
 
 pub use error::CompileError;

@@ -261,6 +261,8 @@ pub fn place_on_devices(p: &mut Program) {
             *offset = None;
         }
     }
+    let gpu_kernels: Vec<bool> = p.kernels.iter().map(|k| k.device != CPU).collect();
+    crate::schedule::schedule_for_overlap(p, |k| gpu_kernels[k]);
     // A program wholly on the GPU keeps no empty CPU arena, so it names no CPU device.
     let cpu_arena_used = p
         .buffers

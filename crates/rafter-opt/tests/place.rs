@@ -175,3 +175,42 @@ fn an_attention_block_over_symbolic_dims_stays_on_the_gpu() {
         .count();
     assert_eq!(copies, 0, "{p:#?}");
 }
+
+/// Two CPU reductions (log-sum-exp stays on the CPU) feeding GPU work at different points:
+/// the GPU steps that need only the first go before the second reduction, so the GPU can
+/// start while the CPU computes it (`rafter_opt::schedule`), and the program still computes
+/// what the graph does.
+#[test]
+fn cpu_work_a_gpu_step_needs_later_is_scheduled_after_the_gpu_work_before_it() {
+    let w: Vec<String> = (0..64)
+        .map(|i| format!("{:?}", (i % 7) as f32 * 0.125 - 0.4))
+        .collect();
+    let text = format!(
+        r#"graph @g(%x: f32[4, 8]) -> (%z) {{
+  const %w: f32[8, 8] = dense [{}]
+  %s1: f32[4, 1] = reduce{{kind = log_sum_exp, axes = [1], keep_dims = true, noop_with_empty_axes = false}}(%x)
+  %x2: f32[4, 8] = binary{{op = mul}}(%x, %x)
+  %s2: f32[4, 1] = reduce{{kind = log_sum_exp, axes = [1], keep_dims = true, noop_with_empty_axes = false}}(%x2)
+  %a: f32[4, 8] = binary{{op = sub}}(%x, %s1)
+  %m: f32[4, 8] = matmul(%a, %w)
+  %z: f32[4, 8] = binary{{op = add}}(%m, %s2)
+}}"#,
+        w.join(", ")
+    );
+    let g = parse(&text);
+    let p = check_equivalent_with(&g, vec![rand_f32(&[4, 8], 5)], &vulkan());
+    let on = |s: &Step| match s {
+        Step::Dispatch { kernel, .. } => p.kernels[*kernel].device.as_str(),
+        Step::Copy { .. } => "copy",
+    };
+    let order: Vec<&str> = p.steps.iter().map(on).collect();
+    let first_gpu = order
+        .iter()
+        .position(|d| *d == "vulkan")
+        .expect("GPU steps");
+    let last_cpu = order.iter().rposition(|d| *d == "cpu").expect("CPU steps");
+    assert!(
+        first_gpu < last_cpu,
+        "the second reduction should follow the first GPU step: {order:?}"
+    );
+}
