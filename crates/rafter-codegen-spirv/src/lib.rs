@@ -63,6 +63,7 @@
 //! this crate's tests.
 
 mod conv;
+mod elem;
 mod elementwise;
 mod matmul;
 mod window;
@@ -149,39 +150,52 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
         if kernel.device != DEVICE {
             continue;
         }
-        let error = |reason: String| CodegenError {
+        let module = module(&kernel.body, k as u32).map_err(|reason| CodegenError {
             kernel: kernel.name.clone(),
             reason,
-        };
-        let module = match generate(&kernel.body).map_err(error)? {
-            Generated::Elementwise(g) => VulkanModule {
-                kernel: k as u32,
-                launch: g.launch,
-                workgroup_size: g.workgroup_size,
-                entry_point: g.entry_point,
-                dims: g.dims,
-                spirv: to_bytes(&g.spirv).into(),
-            },
-            Generated::Matmul(g) => VulkanModule {
-                kernel: k as u32,
-                launch: g.launch().map_err(error)?,
-                workgroup_size: 256,
-                entry_point: "main".into(),
-                dims: Vec::new(),
-                spirv: to_bytes(&g.spirv).into(),
-            },
-            Generated::Conv(g) => VulkanModule {
-                kernel: k as u32,
-                launch: g.launch,
-                workgroup_size: g.workgroup_size,
-                entry_point: "main".into(),
-                dims: Vec::new(),
-                spirv: to_bytes(&g.spirv).into(),
-            },
-        };
+        })?;
         modules.push(module);
     }
     Ok(VulkanSection { modules })
+}
+
+/// The module of one kernel body (kernel index `kernel` in its program): the SPIR-V and
+/// how to launch it. [`program_section`] calls it for every Vulkan kernel; tests call it
+/// to run one body.
+pub fn kernel_module(body: &Graph, kernel: u32) -> Result<VulkanModule, CodegenError> {
+    module(body, kernel).map_err(|reason| CodegenError {
+        kernel: body.name.clone(),
+        reason,
+    })
+}
+
+fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
+    Ok(match generate(body)? {
+        Generated::Elementwise(g) => VulkanModule {
+            kernel,
+            launch: g.launch,
+            workgroup_size: g.workgroup_size,
+            entry_point: g.entry_point,
+            dims: g.dims,
+            spirv: to_bytes(&g.spirv).into(),
+        },
+        Generated::Matmul(g) => VulkanModule {
+            kernel,
+            launch: g.launch()?,
+            workgroup_size: 256,
+            entry_point: "main".into(),
+            dims: Vec::new(),
+            spirv: to_bytes(&g.spirv).into(),
+        },
+        Generated::Conv(g) => VulkanModule {
+            kernel,
+            launch: g.launch,
+            workgroup_size: g.workgroup_size,
+            entry_point: "main".into(),
+            dims: Vec::new(),
+            spirv: to_bytes(&g.spirv).into(),
+        },
+    })
 }
 
 /// Why a body could not be compiled to SPIR-V. The message names the node or value.

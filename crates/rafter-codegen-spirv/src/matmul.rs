@@ -22,15 +22,16 @@
 //! are 64-bit integers.
 
 use rafter_artifact::Launch;
-use rafter_ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueDef, ValueId};
+use rafter_ir::{BinaryOp, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryAccess, MemoryModel, MemorySemantics, Scope,
-    SelectionControl, StorageClass, Word,
+    FunctionControl, LoopControl, MemoryModel, MemorySemantics, Scope, SelectionControl,
+    StorageClass, Word,
 };
 
+use crate::elem::{self, Elem};
 use crate::CodegenError;
 
 /// Rows and columns of C one workgroup computes by default.
@@ -246,12 +247,15 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         &body.value(body.inputs[a_input]).ty,
         &body.value(body.inputs[b_input]).ty,
     );
-    if a.dtype != DType::F32 || b.dtype != DType::F32 {
+    let c_dtype = body.value(*product).ty.dtype;
+    if a.dtype != c_dtype || b.dtype != c_dtype {
         return Err(error(format!(
-            "operands are {} and {}; only f32 is generated yet",
-            a.dtype, b.dtype
+            "operands are {} and {} for a {} product; a matmul kernel is generated on one \
+             element type",
+            a.dtype, b.dtype, c_dtype
         )));
     }
+    let elem = Elem::of(c_dtype).map_err(|e| error(format!("operands are {e}")))?;
     if a.rank() < 2 || b.rank() < 2 {
         return Err(error(
             "operands of rank below 2 are not generated yet".into(),
@@ -296,6 +300,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
             BSource::Matrix
         },
         const_rows: Vec::new(),
+        elem,
     })
     .map_err(error)?;
     Ok(MatmulKernel {
@@ -378,8 +383,11 @@ pub(crate) fn source(
 ) -> Result<Src, String> {
     let value = body.value(v);
     let ty = &value.ty;
-    if ty.dtype != DType::F32 {
-        return Err(format!("epilogue operand %{} is {}", value.name, ty.dtype));
+    if ty.dtype != c.dtype {
+        return Err(format!(
+            "epilogue operand %{} is {}, the result {} (one element type per kernel)",
+            value.name, ty.dtype, c.dtype
+        ));
     }
     let ones = |dims: &[rafter_ir::Dim]| dims.iter().all(|d| d.as_known() == Some(1));
     match value.def {
@@ -494,6 +502,8 @@ pub(crate) struct Layout {
     pub(crate) b_source: BSource,
     /// Constant vectors the epilogue reads ([`Src::ConstRow`]).
     pub(crate) const_rows: Vec<Vec<f32>>,
+    /// The element type of every binding (A, B, C and the epilogue's operands alike).
+    pub(crate) elem: Elem,
 }
 
 /// Where B's elements come from.
@@ -541,7 +551,6 @@ pub(crate) struct Ids {
     pub(crate) u32: Word,
     pub(crate) u64: Word,
     pub(crate) bool: Word,
-    pub(crate) ptr_elem: Word,
     pub(crate) ptr_wg: Word,
     pub(crate) ptr_fn: Word,
     /// The workgroup tiles (unused, and 0, in kernels without them).
@@ -579,7 +588,6 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
     let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
     let ptr_push_u64 = b.type_pointer(None, StorageClass::PushConstant, u64);
     let ptr_push_u32 = b.type_pointer(None, StorageClass::PushConstant, u32);
-    let ptr_elem = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, f32);
 
     // Workgroup tiles.
     let tile = layout.tile;
@@ -628,7 +636,6 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         u32,
         u64,
         bool,
-        ptr_elem,
         ptr_wg,
         ptr_fn,
         a_tile,
@@ -639,6 +646,7 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         ids,
         tile,
         const_rows,
+        elem: layout.elem,
     };
     e.main(
         layout,
@@ -659,6 +667,8 @@ pub(crate) struct Body {
     pub(crate) tile: MatmulTile,
     /// The `Private` arrays holding the kernel's constant vectors ([`Src::ConstRow`]).
     pub(crate) const_rows: Vec<Word>,
+    /// The element type of every binding.
+    pub(crate) elem: Elem,
 }
 
 /// Declares each of `vectors` as a `Private` f32 array initialised with its values (before
@@ -726,15 +736,19 @@ impl Body {
         build(self.b.logical_and(self.ids.bool, None, a, c))
     }
 
-    /// `base + (row * ld + col) * 4` as an f32 pointer into a matrix.
-    pub(crate) fn elem_ptr(&mut self, base: Word, row: Word, ld: Word, col: Word) -> R<Word> {
+    /// The element size in bytes, as a `u64` constant.
+    pub(crate) fn esize(&mut self) -> Word {
+        self.u64c(self.elem.bytes() as u64)
+    }
+
+    /// `base + (row * ld + col) * size`: the byte address of a matrix element.
+    pub(crate) fn elem_addr(&mut self, base: Word, row: Word, ld: Word, col: Word) -> R<Word> {
         let (row, ld, col) = (self.wide(row)?, self.wide(ld)?, self.wide(col)?);
         let idx = self.mul64(row, ld)?;
         let idx = self.add64(idx, col)?;
-        let four = self.u64c(4);
-        let off = self.mul64(idx, four)?;
-        let addr = self.add64(base, off)?;
-        build(self.b.convert_u_to_ptr(self.ids.ptr_elem, None, addr))
+        let size = self.esize();
+        let off = self.mul64(idx, size)?;
+        self.add64(base, off)
     }
 
     /// Loads `(row, col)` of a `rows × cols` matrix at `base`, or 0 outside it. The load
@@ -752,14 +766,8 @@ impl Body {
         let zero = self.u(0);
         let row = build(self.b.select(self.ids.u32, None, inside, row, zero))?;
         let col = build(self.b.select(self.ids.u32, None, inside, col, zero))?;
-        let ptr = self.elem_ptr(base, row, cols, col)?;
-        let v = build(self.b.load(
-            self.ids.f32,
-            None,
-            ptr,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))?;
+        let addr = self.elem_addr(base, row, cols, col)?;
+        let v = self.load_at(addr)?;
         let fzero = self.b.constant_bit32(self.ids.f32, 0);
         build(self.b.select(self.ids.f32, None, inside, v, fzero))
     }
@@ -806,14 +814,8 @@ impl Body {
         let ih_w = self.mul(ih, w)?;
         let index = self.add(index, ih_w)?;
         let index = self.add(index, iw)?;
-        let ptr = self.elem_ptr(base, zero, zero, index)?;
-        let v = build(self.b.load(
-            self.ids.f32,
-            None,
-            ptr,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))?;
+        let addr = self.elem_addr(base, zero, zero, index)?;
+        let v = self.load_at(addr)?;
         let fzero = self.b.constant_bit32(self.ids.f32, 0);
         build(self.b.select(self.ids.f32, None, inside, v, fzero))
     }
@@ -896,7 +898,7 @@ impl Body {
         let flat = self.add(flat, tx)?;
 
         // Batch entry `wz`: A and C advance by a matrix each; B too unless shared.
-        let four = self.u64c(4);
+        let four = self.esize();
         let batch = self.wide(wz)?;
         let (m64, n64, k64) = (self.wide(m)?, self.wide(n)?, self.wide(k)?);
         let zero32 = self.u(0);
@@ -916,7 +918,8 @@ impl Body {
             }
             BSource::Image(g) => {
                 // The filter is shared; the image advances by C·H·W elements.
-                let image = self.u64c(g.c as u64 * g.h as u64 * g.w as u64 * 4);
+                let size = self.elem.bytes() as u64;
+                let image = self.u64c(g.c as u64 * g.h as u64 * g.w as u64 * size);
                 let b_off = self.mul64(batch, image)?;
                 (a_addr, self.add64(b_addr, b_off)?)
             }
@@ -1069,16 +1072,14 @@ impl Body {
         Ok(())
     }
 
-    /// Loads an f32 at `addr` (a u64 byte address).
+    /// Loads the element at `addr` (a u64 byte address) as an f32.
     pub(crate) fn load_at(&mut self, addr: Word) -> R<Word> {
-        let ptr = build(self.b.convert_u_to_ptr(self.ids.ptr_elem, None, addr))?;
-        build(self.b.load(
-            self.ids.f32,
-            None,
-            ptr,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))
+        elem::load(&mut self.b, self.elem, self.ids.f32, addr)
+    }
+
+    /// Stores the f32 `v` as the element at `addr` (a u64 byte address).
+    pub(crate) fn store_at(&mut self, addr: Word, v: Word) -> R<()> {
+        elem::store(&mut self.b, self.elem, self.ids.f32, addr, v)
     }
 
     /// An epilogue operand's value for C's element `(row, col)` (C has `n` columns).
@@ -1091,7 +1092,7 @@ impl Body {
     ) -> R<Word> {
         let f32 = self.ids.f32;
         let indexed = |me: &mut Body, i: usize, index: Word| -> R<Word> {
-            let four = me.u64c(4);
+            let four = me.esize();
             let index = me.wide(index)?;
             let off = me.mul64(index, four)?;
             let addr = me.add64(e.addrs[i], off)?;
@@ -1158,21 +1159,15 @@ impl Body {
                     let c = self.wide(col)?;
                     off = self.add64(off, c)?;
                 }
-                let four = self.u64c(4);
-                let off = self.mul64(off, four)?;
+                let size = self.esize();
+                let off = self.mul64(off, size)?;
                 let addr = self.add64(e.addrs[i], off)?;
                 self.load_at(addr)
             }
             Src::Full(i) => {
                 let base = self.add64(e.addrs[i], e.c_off)?;
-                let ptr = self.elem_ptr(base, row, n, col)?;
-                build(self.b.load(
-                    f32,
-                    None,
-                    ptr,
-                    Some(MemoryAccess::ALIGNED),
-                    [Arg::LiteralBit32(4)],
-                ))
+                let addr = self.elem_addr(base, row, n, col)?;
+                self.load_at(addr)
             }
         }
     }
@@ -1256,11 +1251,8 @@ impl Body {
                         .load(f32, None, acc[(i * block + j) as usize], None, []),
                 )?;
                 let v = self.apply(epilogue, v, (row, col), n)?;
-                let ptr = self.elem_ptr(c_base, row, n, col)?;
-                build(
-                    self.b
-                        .store(ptr, v, Some(MemoryAccess::ALIGNED), [Arg::LiteralBit32(4)]),
-                )?;
+                let addr = self.elem_addr(c_base, row, n, col)?;
+                self.store_at(addr, v)?;
                 build(self.b.branch(done))?;
                 build(self.b.begin_block(Some(done)))?;
             }
