@@ -280,3 +280,165 @@ fn a_program_wholly_on_the_gpu_runs_without_a_cpu_device() {
     let d = max_abs_diff(&got[0], &want[0]);
     assert!(d <= 1e-6, "max abs diff {d}");
 }
+
+/// `n` values in [-1, 1] that f16 represents exactly (multiples of 1/512), as IR text.
+fn f16_dense(n: usize, seed: usize) -> String {
+    (0..n)
+        .map(|i| {
+            let k = (i * 2_654_435_761 + seed * 40_503) % 1025;
+            format!("{:?}", (k as f32 - 512.0) / 512.0)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `t` rounded to f16.
+fn to_f16(t: &Tensor) -> Tensor {
+    let bytes: Vec<u8> = t
+        .to_f64_vec()
+        .iter()
+        .flat_map(|&v| half::f16::from_f64(v).to_le_bytes())
+        .collect();
+    Tensor::from_le_bytes(rafter_ir::DType::F16, t.shape(), &bytes).unwrap()
+}
+
+/// Compiles `g` (an f16 model) for Vulkan, checks every kernel was placed on the GPU and
+/// its ops include `ops`, runs it through a session on two inputs, and compares with the
+/// reference executor's f16 results. Tolerance: the fused kernels keep intermediates in
+/// f32 where the reference rounds every op's result to f16 (half an ulp, 2^-11 relative,
+/// each); over the few kernels here that is at most `2^-7 |want| + 2^-8 max|want|` (the
+/// codegen crate's per-kernel bound, tests/f16.rs, doubled for the chain of kernels).
+fn f16_model_matches_the_reference(g: &Graph, x_dims: &[usize], ops: &[&str]) {
+    let Some((devices, _)) = devices_or_skip(&g.name) else {
+        return;
+    };
+    let artifact = compile(g);
+    let program = artifact.program();
+    assert!(
+        devices_of(program).iter().all(|d| *d == "vulkan"),
+        "{}: {:?}",
+        g.name,
+        program
+            .kernels
+            .iter()
+            .filter(|k| k.device != "vulkan")
+            .map(|k| (&k.name, rafter_codegen_spirv::supports(&k.body)))
+            .collect::<Vec<_>>()
+    );
+    let placed: Vec<&str> = program
+        .kernels
+        .iter()
+        .flat_map(|k| k.body.nodes.iter().map(|n| n.op.name()))
+        .collect();
+    for op in ops {
+        assert!(
+            placed.contains(op),
+            "{}: no {op} kernel in {placed:?}",
+            g.name
+        );
+    }
+    let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
+    for seed in [3, 4] {
+        let x = to_f16(&rand(x_dims, seed));
+        let want = rafter_reference::run(g, vec![x.clone()]).unwrap();
+        let got = session.run(vec![x], WAIT).unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.dtype(), b.dtype(), "output {i}");
+            let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+            let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let bad = (0..b.len())
+                .filter(|&j| {
+                    let ok =
+                        (a[j] - b[j]).abs() <= 2f64.powi(-7) * b[j].abs() + 2f64.powi(-8) * scale;
+                    !ok
+                })
+                .map(|j| format!("[{j}] got {} want {}", a[j], b[j]))
+                .take(3)
+                .collect::<Vec<_>>();
+            assert!(bad.is_empty(), "{} output {i}: {bad:?}", g.name);
+        }
+    }
+}
+
+/// A transformer block's core in f16: projection with bias and residual, layer norm,
+/// attention scores scaled by 1/8 (as attention's 1/sqrt(d) keeps softmax's logits small:
+/// unscaled, the f16 rounding of logits near 30 alone moves the softmax by percents),
+/// softmax, and an f32 output through a cast; wholly on the GPU. (Hidden size 48:
+/// constants of 64 bytes or less are folded into kernel bodies, and the generator folds
+/// only single-element ones into a matmul epilogue or layer norm.)
+#[test]
+fn an_f16_transformer_block_on_vulkan_matches_the_reference() {
+    let g = parse_graph(&format!(
+        r#"graph @f16_block(%x: f16[2, 8, 48]) -> (%y, %p) {{
+  const %w: f16[48, 48] = dense [{}]
+  const %b: f16[48] = dense [{}]
+  const %g: f16[48] = dense [{}]
+  const %beta: f16[48] = dense [{}]
+  const %k: f16[] = dense [0.125]
+  %m: f16[2, 8, 48] = matmul(%x, %w)
+  %mb: f16[2, 8, 48] = binary{{op = add}}(%m, %b)
+  %r: f16[2, 8, 48] = binary{{op = add}}(%mb, %x)
+  %n: f16[2, 8, 48] = layer_norm{{axis = -1, epsilon = 1e-5}}(%r, %g, %beta)
+  %t: f16[2, 48, 8] = transpose{{perm = [0, 2, 1]}}(%n)
+  %s: f16[2, 8, 8] = matmul(%n, %t)
+  %sc: f16[2, 8, 8] = binary{{op = mul}}(%s, %k)
+  %y: f16[2, 8, 8] = softmax{{kind = softmax, axis = -1}}(%sc)
+  %p: f32[2, 8, 8] = cast{{to = f32}}(%y)
+}}"#,
+        f16_dense(48 * 48, 1),
+        f16_dense(48, 2),
+        f16_dense(48, 3),
+        f16_dense(48, 4)
+    ))
+    .unwrap();
+    f16_model_matches_the_reference(&g, &[2, 8, 48], &["matmul", "layer_norm", "softmax"]);
+}
+
+/// A MobileNet-like f16 conv net: strided conv + bias + ReLU6, depthwise, pointwise conv
+/// with a residual, max and global pooling, a classifier gemm (transB), wholly on the GPU.
+#[test]
+fn an_f16_conv_net_on_vulkan_matches_the_reference() {
+    let conv = |k: usize, s: usize, p: usize, group: usize| {
+        format!(
+            "conv{{kernel_shape = [{k}, {k}], strides = [{s}, {s}], pads = [{p}, {p}, {p}, {p}], \
+             dilations = [1, 1], group = {group}, auto_pad = explicit}}"
+        )
+    };
+    let g = parse_graph(&format!(
+        r#"graph @f16_convnet(%x: f16[2, 3, 16, 16]) -> (%y) {{
+  const %w1: f16[8, 3, 3, 3] = dense [{}]
+  const %b1: f16[8] = dense [{}]
+  const %wd: f16[8, 1, 3, 3] = dense [{}]
+  const %w2: f16[8, 8, 1, 1] = dense [{}]
+  const %lo: f16[] = dense [0.0]
+  const %hi: f16[] = dense [6.0]
+  const %wc: f16[40, 8] = dense [{}]
+  const %bc: f16[40] = dense [{}]
+  %c1: f16[2, 8, 8, 8] = {}(%x, %w1, %b1)
+  %a1: f16[2, 8, 8, 8] = clip(%c1, %lo, %hi)
+  %d: f16[2, 8, 8, 8] = {}(%a1, %wd, _)
+  %a2: f16[2, 8, 8, 8] = unary{{op = relu}}(%d)
+  %c2: f16[2, 8, 8, 8] = {}(%a2, %w2, _)
+  %r: f16[2, 8, 8, 8] = binary{{op = add}}(%c2, %a1)
+  %mp: f16[2, 8, 4, 4] = pool{{kind = max, kernel_shape = [2, 2], strides = [2, 2], pads = [0, 0, 0, 0], dilations = [1, 1], auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = 2, storage_order = 0}}(%r)
+  %gp: f16[2, 8, 1, 1] = global_pool{{kind = average, p = 2}}(%mp)
+  %f: f16[2, 8] = flatten{{axis = 1}}(%gp)
+  %y: f16[2, 40] = gemm{{alpha = 1.0, beta = 1.0, trans_a = false, trans_b = true}}(%f, %wc, %bc)
+}}"#,
+        f16_dense(8 * 27, 5),
+        f16_dense(8, 6),
+        f16_dense(72, 7),
+        f16_dense(64, 8),
+        f16_dense(320, 9),
+        f16_dense(40, 10),
+        conv(3, 2, 1, 1),
+        conv(3, 1, 1, 8),
+        conv(1, 1, 0, 1),
+    ))
+    .unwrap();
+    f16_model_matches_the_reference(
+        &g,
+        &[2, 3, 16, 16],
+        &["conv", "pool", "global_pool", "gemm"],
+    );
+}
