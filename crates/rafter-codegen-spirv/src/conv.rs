@@ -1,4 +1,4 @@
-//! 2-D convolutions and pooling of f32 NCHW tensors.
+//! 2-D convolutions and pooling of f32 or f16 NCHW tensors (one element type per kernel).
 //!
 //! - An ungrouped convolution is an implicit GEMM: per image, `Y[M, OH·OW] = W[M, C·KH·KW]
 //!   · im2col(X)`, run by the matmul kernel ([`crate::matmul`]) with B's tiles gathered

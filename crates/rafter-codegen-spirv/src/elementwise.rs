@@ -1,4 +1,4 @@
-//! Fused elementwise kernels on f32.
+//! Fused elementwise kernels on f32 and f16 buffers (computed in f32).
 
 use std::collections::{HashMap, HashSet};
 
@@ -94,19 +94,20 @@ impl ElementwiseKernel {
     }
 }
 
-/// Compiles an elementwise body: inputs and outputs f32, every op elementwise, every input
+/// Compiles an elementwise body: inputs and outputs f32 or f16 (mixed through `cast`), every
+/// op elementwise, every input
 /// and intermediate of the output's shape, of one element, or broadcast to the output or
 /// read through a transpose (symbolic sizes from dim params, [`ElementwiseKernel::dims`]);
 /// or with reshape-like ops, every value of the output's element count. A body that is one
 /// `reduce` or softmax, or ends in a `layer_norm`, is compiled by row loops instead (same
 /// launch: the count is the output's element count).
 ///
-/// Supported ops: `identity`, `cast` to f32 of f32, every float `unary` (abs ... hard_swish),
+/// Supported ops: `identity`, `cast` between f32 and f16, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
 /// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
 /// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax` alone;
-/// `layer_norm` after a pointwise prologue. Scalar f32 constants are folded into the module.
+/// `layer_norm` after a pointwise prologue. Scalar constants are folded into the module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),

@@ -1,4 +1,5 @@
-//! f32 matrix products (ONNX `MatMul`), tiled through workgroup memory.
+//! Matrix products (ONNX `MatMul`, `Gemm`) on f32 or f16 buffers, accumulated in f32, tiled
+//! through workgroup memory.
 //!
 //! One workgroup of 16×16 invocations computes a 64×64 tile of `C = A·B` for one batch
 //! entry; each invocation holds a 4×4 block of the tile in registers ([`MatmulTile`]: or
@@ -168,10 +169,10 @@ pub(crate) struct CAxes {
     pub(crate) col_is_last: bool,
 }
 
-/// Compiles a body holding one f32 `matmul` of two body inputs, A of rank >= 2 and B
-/// either 2-D or with A's batch dims (ONNX broadcasting beyond that is not generated yet),
-/// optionally followed by the epilogue chain of the module docs, ending in the body's one
-/// output.
+/// Compiles a body holding one f32 or f16 `matmul` of two body inputs (A, B, C and the
+/// epilogue's operands of one element type), A of rank >= 2 and B either 2-D or with A's
+/// batch dims (ONNX broadcasting beyond that is not generated yet), optionally followed by
+/// the epilogue chain of the module docs, ending in the body's one output.
 pub fn matmul(body: &Graph) -> Result<MatmulKernel, CodegenError> {
     matmul_tiled(body, MatmulTile::Large)
 }

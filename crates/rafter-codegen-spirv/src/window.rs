@@ -1,6 +1,6 @@
 //! Kernels that compute each output element from a small window of one input plane, one
 //! invocation per output element: depthwise convolution, max pooling, global average and
-//! max pooling, on f32 NCHW tensors with static channel and spatial dims (the batch may be
+//! max pooling, on f32 or f16 NCHW tensors with static channel and spatial dims (the batch may be
 //! symbolic: the element count is the launch's one param, as for elementwise kernels).
 //!
 //! These are memory-bound (a depthwise 3×3 reads each input about once per output), so
