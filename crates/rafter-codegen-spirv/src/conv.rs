@@ -62,12 +62,12 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
         row: 1,
         col_is_last: false,
     };
-    let (mut steps, last) = epilogue(body, rest, *out, y_ty, axes)?;
+    let mut const_rows = Vec::new();
+    let (mut steps, last) = epilogue(body, rest, *out, y_ty, axes, &mut const_rows)?;
     if body.outputs != [last] {
         return Err("the body's one output must be the end of the epilogue chain".into());
     }
     let bindings = body.inputs.len() + 1;
-    let mut const_rows = Vec::new();
     let window = |op: WindowOp,
                   geom: WindowGeom,
                   w: Option<usize>,
@@ -196,7 +196,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             let _ = ceil_mode;
             check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
             let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
-            window(WindowOp::MaxPool, geom, None, steps, Vec::new())
+            window(WindowOp::MaxPool, geom, None, steps, const_rows)
         }
         Op::GlobalPool { kind, .. } => {
             let op = match kind {
@@ -219,7 +219,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                 oh: 1,
                 ow: 1,
             };
-            window(op, geom, None, steps, Vec::new())
+            window(op, geom, None, steps, const_rows)
         }
         op => Err(format!(
             "op `{}` is not a convolution or pooling",

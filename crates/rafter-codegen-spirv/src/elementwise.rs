@@ -684,16 +684,25 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
             ));
         });
     }
+    // Constants of the normalised dims (a scale or bias of a few f16s the compiler folded
+    // into the body) are kept in the module and read per position, like lane inputs.
+    let mut lane_consts = Vec::new();
     for (i, value) in body.values.iter().enumerate() {
         let v = ValueId(i as u32);
         Elem::of(value.ty.dtype).map_err(|e| format!("value %{} is {e}", value.name))?;
         if let ValueDef::Const(c) = value.def {
-            if body.constant(c).num_elements() != 1 {
-                return Err(format!(
-                    "constant %{} has several elements; only single-element constants are \
-                     folded in",
-                    value.name
-                ));
+            let n = body.constant(c).num_elements();
+            if n != 1 {
+                if strip(&value.ty.dims) != lane_dims || n > MAX_CONST_LANE {
+                    return Err(format!(
+                        "constant %{} has several elements and is not a vector of the \
+                         normalised dims (of at most {MAX_CONST_LANE}); only those and \
+                         single-element constants are folded in",
+                        value.name
+                    ));
+                }
+                let values = body.constant(c).to_f64s();
+                lane_consts.push((v, values.into_iter().map(|x| x as f32).collect()));
             }
         }
         // Computed values: x's shape (the prologue) or the normalised dims' (per position).
@@ -723,6 +732,7 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     );
     emitter.table = table;
     emitter.rows = true;
+    emitter.lane_consts = lane_consts;
     let lane_dims_count = u8::try_from(rank - a).map_err(|_| "layer_norm over too many axes")?;
     emitter.norm = Some(NormPlan {
         lane,
@@ -744,6 +754,9 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
         workgroup_size: ROW_WORKGROUP_SIZE,
     })
 }
+
+/// The most elements of a constant vector a layer norm keeps in its module.
+const MAX_CONST_LANE: usize = 4096;
 
 /// Ops that only reinterpret their first operand's elements in linear order (the others
 /// are shapes or axes).
@@ -893,6 +906,10 @@ struct Emitter<'a> {
     /// never loaded) and, once `emit` has read them, its base address (a `u64`).
     elems: Vec<Option<Elem>>,
     addrs: Vec<Word>,
+    /// A layer norm's constant vectors of the normalised dims ([`layer_norm`]), and once
+    /// declared, the `Private` arrays holding them.
+    lane_consts: Vec<(ValueId, Vec<f32>)>,
+    lane_const_vars: HashMap<ValueId, Word>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -947,6 +964,8 @@ impl<'a> Emitter<'a> {
             row: None,
             elems,
             addrs: Vec::new(),
+            lane_consts: Vec::new(),
+            lane_const_vars: HashMap::new(),
             b,
             glsl,
             void,
@@ -1614,6 +1633,12 @@ impl<'a> Emitter<'a> {
         );
 
         let mut interface = vec![push_var, gid_var, groups_var];
+        let vectors: Vec<Vec<f32>> = self.lane_consts.iter().map(|(_, v)| v.clone()).collect();
+        let vars = crate::matmul::declare_const_rows(b, f32, u32, &vectors);
+        interface.extend(&vars);
+        for ((v, _), var) in self.lane_consts.iter().zip(vars) {
+            self.lane_const_vars.insert(*v, var);
+        }
         // A row kernel: its workgroup and invocation ids and the reduction's scratch.
         let row_vars = if self.rows {
             let wg_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
@@ -1722,7 +1747,8 @@ impl<'a> Emitter<'a> {
             }
         }
         for (i, value) in body.values.iter().enumerate() {
-            if self.meta.contains(&ValueId(i as u32)) {
+            let v = ValueId(i as u32);
+            if self.meta.contains(&v) || self.lane_const_vars.contains_key(&v) {
                 continue;
             }
             if let ValueDef::Const(c) = value.def {
@@ -2114,6 +2140,20 @@ impl<'a> Emitter<'a> {
             };
             let v = self.load(i, index)?;
             values.insert(input, v);
+        }
+        // In value order, so the module's bytes do not depend on the map's order.
+        let mut lane_consts: Vec<(ValueId, Word)> = self
+            .lane_const_vars
+            .iter()
+            .filter(|(v, _)| needed.contains(v))
+            .map(|(&v, &var)| (v, var))
+            .collect();
+        lane_consts.sort_by_key(|(v, _)| v.0);
+        for (v, var) in lane_consts {
+            let ptr_private = self.b.type_pointer(None, StorageClass::Private, self.f32);
+            let p = build(self.b.access_chain(ptr_private, None, var, [k]))?;
+            let x = build(self.b.load(self.f32, None, p, None, []))?;
+            values.insert(v, x);
         }
         for n in prologue {
             let Some(Some(out)) = n.outputs.first() else {

@@ -76,8 +76,10 @@
 //!
 //! Subgroup reductions, reduces over symbolic dims, gather, integer dtypes and f16
 //! arithmetic (packed f16, cooperative matrices) come next. Multi-element constants folded
-//! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are read
-//! only as a conv's bias; elsewhere such a kernel stays on the CPU.
+//! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are kept
+//! in the module as `Private` arrays where they are a conv's or matmul's bias (a row or
+//! column of C) or a layer norm's scale or bias; elsewhere (an operand of an elementwise
+//! chain) such a kernel stays on the CPU.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.

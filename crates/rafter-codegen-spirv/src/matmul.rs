@@ -134,6 +134,8 @@ pub(crate) enum Src {
     /// The kernel's constant vector `i` (a body constant folded into the module), indexed
     /// by C's row.
     ConstRow(usize),
+    /// The same, indexed by C's column (a matmul's bias folded into the body).
+    ConstCol(usize),
     /// Binding `i`, indexed like C.
     Full(usize),
     /// Binding `i`, broadcast to C (NumPy rules): its rows are C's (`row`) or one, its
@@ -188,6 +190,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
     };
     // A 2-D `Gemm` is a matmul whose epilogue starts with `· alpha` and `+ C`.
     let mut gemm_steps = Vec::new();
+    let mut consts = Vec::new();
     let mut b_transposed = false;
     match &first.op {
         Op::MatMul => {}
@@ -217,7 +220,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
                 };
                 gemm_steps.push(Step::Binary(
                     BinaryOp::Add,
-                    source(body, c, c_ty, axes).map_err(error)?,
+                    source(body, c, c_ty, axes, &mut consts).map_err(error)?,
                     true,
                 ));
             }
@@ -279,7 +282,8 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         row: c_ty.rank() - 2,
         col_is_last: true,
     };
-    let (mut steps, last) = epilogue(body, rest, *product, &c_ty, axes).map_err(error)?;
+    let (mut steps, last) =
+        epilogue(body, rest, *product, &c_ty, axes, &mut consts).map_err(error)?;
     gemm_steps.append(&mut steps);
     let steps = gemm_steps;
     if body.outputs != [last] {
@@ -300,7 +304,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         } else {
             BSource::Matrix
         },
-        const_rows: Vec::new(),
+        const_rows: consts,
         elem,
     })
     .map_err(error)?;
@@ -323,6 +327,7 @@ pub(crate) fn epilogue(
     mut x: ValueId,
     c: &rafter_ir::TensorType,
     axes: CAxes,
+    consts: &mut Vec<Vec<f32>>,
 ) -> Result<(Vec<Step>, ValueId), String> {
     let mut steps = Vec::new();
     for node in nodes {
@@ -348,19 +353,20 @@ pub(crate) fn epilogue(
                 ) && (*l == x) != (*r == x) =>
             {
                 let (other, x_left) = if *l == x { (*r, true) } else { (*l, false) };
-                Step::Binary(*op, source(body, other, c, axes)?, x_left)
+                Step::Binary(*op, source(body, other, c, axes, consts)?, x_left)
             }
             (Op::Clip, [Some(v), bounds @ ..]) if *v == x && bounds.len() <= 2 => {
-                let bound = |i: usize| -> Result<Option<Src>, String> {
+                let mut bound = |i: usize| -> Result<Option<Src>, String> {
                     match bounds.get(i).copied().flatten() {
                         None => Ok(None),
-                        Some(b) => match source(body, b, c, axes)? {
+                        Some(b) => match source(body, b, c, axes, consts)? {
                             s @ (Src::Const(_) | Src::Scalar(_)) => Ok(Some(s)),
                             _ => Err("a clip bound that is not one element".into()),
                         },
                     }
                 };
-                Step::Clip(bound(0)?, bound(1)?)
+                let lo = bound(0)?;
+                Step::Clip(lo, bound(1)?)
             }
             (op, _) => {
                 return Err(format!(
@@ -381,6 +387,7 @@ pub(crate) fn source(
     v: ValueId,
     c: &rafter_ir::TensorType,
     axes: CAxes,
+    consts: &mut Vec<Vec<f32>>,
 ) -> Result<Src, String> {
     let value = body.value(v);
     let ty = &value.ty;
@@ -390,58 +397,91 @@ pub(crate) fn source(
             value.name, ty.dtype, c.dtype
         ));
     }
-    let ones = |dims: &[rafter_ir::Dim]| dims.iter().all(|d| d.as_known() == Some(1));
     match value.def {
         ValueDef::Const(id) => {
-            let data = body.constant(id);
-            match data.to_f64s().as_slice() {
-                [x] if ty.rank() <= c.rank() => Ok(Src::Const(*x as f32)),
-                _ => Err(format!("constant %{} is not one element", value.name)),
+            let values = body.constant(id).to_f64s();
+            if let [x] = values.as_slice() {
+                if ty.rank() <= c.rank() {
+                    return Ok(Src::Const(*x as f32));
+                }
             }
+            // A small vector the compiler folded into the body (a bias of a few f16s): a
+            // row or column of C's matrix, kept in the module as a `Private` array.
+            let vector = || values.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+            let src = match shaped(0, ty, c, axes) {
+                Some(Src::Row(_)) if values.len() <= MAX_CONST_VECTOR => {
+                    consts.push(vector());
+                    Src::ConstCol(consts.len() - 1)
+                }
+                Some(Src::PerRow(_)) if values.len() <= MAX_CONST_VECTOR => {
+                    consts.push(vector());
+                    Src::ConstRow(consts.len() - 1)
+                }
+                _ => {
+                    return Err(format!(
+                        "constant %{} of dims {:?} is neither one element nor a row or column \
+                         vector of C's matrix (of at most {MAX_CONST_VECTOR} elements)",
+                        value.name, ty.dims
+                    ))
+                }
+            };
+            Ok(src)
         }
-        ValueDef::Input(i) => {
-            if ty.rank() > c.rank() {
-                return Err(format!("operand %{} has a higher rank than C", value.name));
-            }
-            if ones(&ty.dims) {
-                return Ok(Src::Scalar(i));
-            }
-            if ty.dims == c.dims {
-                return Ok(Src::Full(i));
-            }
-            if let Some((last, lead)) = ty.dims.split_last() {
-                if axes.col_is_last && ones(lead) && Some(last) == c.dims.last() {
-                    return Ok(Src::Row(i));
-                }
-            }
-            // Aligned to C's trailing dims: one dim of C's row axis, every other 1.
-            let skip = c.rank() - ty.rank();
-            let per_row = ty.dims.iter().enumerate().all(|(a, d)| {
-                if a + skip == axes.row {
-                    Some(d) == c.dims.get(axes.row)
-                } else {
-                    d.as_known() == Some(1)
-                }
-            });
-            if per_row && axes.row >= skip {
-                return Ok(Src::PerRow(i));
-            }
-            if axes.col_is_last {
-                if let Some(src) = broadcast_source(i, &ty.dims, &c.dims) {
-                    return Ok(src);
-                }
-            }
-            Err(format!(
+        ValueDef::Input(i) => shaped(i, ty, c, axes).ok_or_else(|| {
+            format!(
                 "operand %{} of dims {:?} is neither a scalar, a row or a column of C's \
                  matrix, of C's dims {:?}, nor broadcast to them over static inner batch dims",
                 value.name, ty.dims, c.dims
-            ))
-        }
+            )
+        }),
         _ => Err(format!(
             "epilogue operand %{} is computed inside the kernel",
             value.name
         )),
     }
+}
+
+/// The most elements of a constant vector folded into a module.
+const MAX_CONST_VECTOR: usize = 4096;
+
+/// How binding `i` of type `ty` is read against C's type `c`, if it can be.
+fn shaped(
+    i: usize,
+    ty: &rafter_ir::TensorType,
+    c: &rafter_ir::TensorType,
+    axes: CAxes,
+) -> Option<Src> {
+    let ones = |dims: &[rafter_ir::Dim]| dims.iter().all(|d| d.as_known() == Some(1));
+    if ty.rank() > c.rank() {
+        return None;
+    }
+    if ones(&ty.dims) {
+        return Some(Src::Scalar(i));
+    }
+    if ty.dims == c.dims {
+        return Some(Src::Full(i));
+    }
+    if let Some((last, lead)) = ty.dims.split_last() {
+        if axes.col_is_last && ones(lead) && Some(last) == c.dims.last() {
+            return Some(Src::Row(i));
+        }
+    }
+    // Aligned to C's trailing dims: one dim of C's row axis, every other 1.
+    let skip = c.rank() - ty.rank();
+    let per_row = ty.dims.iter().enumerate().all(|(a, d)| {
+        if a + skip == axes.row {
+            Some(d) == c.dims.get(axes.row)
+        } else {
+            d.as_known() == Some(1)
+        }
+    });
+    if per_row && axes.row >= skip {
+        return Some(Src::PerRow(i));
+    }
+    if axes.col_is_last {
+        return broadcast_source(i, &ty.dims, &c.dims);
+    }
+    None
 }
 
 /// An operand of `dims` broadcast to C's `c` dims (each dim C's or 1, right-aligned), if
@@ -1104,11 +1144,16 @@ impl Body {
             Src::Scalar(i) => self.load_at(e.addrs[i]),
             Src::Row(i) => indexed(self, i, col),
             Src::PerRow(i) => indexed(self, i, row),
-            Src::ConstRow(i) => {
+            Src::ConstRow(i) | Src::ConstCol(i) => {
+                let at = if matches!(src, Src::ConstRow(_)) {
+                    row
+                } else {
+                    col
+                };
                 let ptr_private = self.b.type_pointer(None, StorageClass::Private, f32);
                 let p = build(
                     self.b
-                        .access_chain(ptr_private, None, self.const_rows[i], [row]),
+                        .access_chain(ptr_private, None, self.const_rows[i], [at]),
                 )?;
                 build(self.b.load(f32, None, p, None, []))
             }

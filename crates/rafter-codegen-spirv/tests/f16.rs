@@ -124,6 +124,25 @@ fn cases() -> Vec<(&'static str, String)> {
             .into(),
         ),
         (
+            // Constants of 64 bytes or less are folded into bodies by the compiler: 32 f16s.
+            "matmul_folded_const_bias",
+            "graph @k(%a: f16[2, 9, 40], %b: f16[40, 32]) -> (%y) {
+  const %c: f16[32] = dense [0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75, 0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75, 0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75, 0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75]
+  %p: f16[2, 9, 32] = matmul(%a, %b)
+  %y: f16[2, 9, 32] = binary{op = add}(%p, %c)
+}"
+            .into(),
+        ),
+        (
+            "layer_norm_folded_const_scale_bias",
+            "graph @k(%x: f16[3, 4, 16]) -> (%y) {
+  const %g: f16[16] = dense [0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75, 1.5, -1.25, 1.0, 0.25, -0.5, 2.5, 0.375, -1.75]
+  const %b: f16[1, 16] = dense [0.25, 0.5, -1.0, 0.0, 1.5, -2.0, 0.125, 0.75, 1.5, -1.25, 1.0, 0.25, -0.5, 2.5, 0.375, -1.75]
+  %y: f16[3, 4, 16] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g, %b)
+}"
+            .into(),
+        ),
+        (
             "gemm_trans_b",
             "graph @k(%a: f16[5, 40], %w: f16[70, 40], %c: f16[70]) -> (%y) {
   %y: f16[5, 70] = gemm{alpha = 0.5, beta = 1.0, trans_a = false, trans_b = true}(%a, %w, %c)

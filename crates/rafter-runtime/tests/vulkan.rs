@@ -363,9 +363,8 @@ fn f16_model_matches_the_reference(g: &Graph, x_dims: &[usize], ops: &[&str]) {
 /// A transformer block's core in f16: projection with bias and residual, layer norm,
 /// attention scores scaled by 1/8 (as attention's 1/sqrt(d) keeps softmax's logits small:
 /// unscaled, the f16 rounding of logits near 30 alone moves the softmax by percents),
-/// softmax, and an f32 output through a cast; wholly on the GPU. (Hidden size 48:
-/// constants of 64 bytes or less are folded into kernel bodies, and the generator folds
-/// only single-element ones into a matmul epilogue or layer norm.)
+/// softmax, and an f32 output through a cast; wholly on the GPU. (Hidden size 48: its bias
+/// and norm weights are weight buffers; bert_tiny's, of 32 f16s, are folded into bodies.)
 #[test]
 fn an_f16_transformer_block_on_vulkan_matches_the_reference() {
     let g = parse_graph(&format!(
@@ -441,4 +440,87 @@ fn an_f16_conv_net_on_vulkan_matches_the_reference() {
         &[2, 3, 16, 16],
         &["conv", "pool", "global_pool", "gemm"],
     );
+}
+
+/// `g` as `model.half()` exports it: every f32 value, constant and cast target f16, the
+/// constants saturated to f16's range (PyTorch builds an f16 model's mask constant from
+/// f16's minimum, not f32's, which would round to -inf).
+fn to_half_model(mut g: Graph) -> Graph {
+    use rafter_ir::{ConstData, DType, Op};
+    for v in &mut g.values {
+        if v.ty.dtype == DType::F32 {
+            v.ty.dtype = DType::F16;
+        }
+    }
+    for c in &mut g.constants {
+        if c.dtype == DType::F32 {
+            let bytes: Vec<u8> = c
+                .to_f64s()
+                .iter()
+                .flat_map(|&x| half::f16::from_f64(x.clamp(-65504.0, 65504.0)).to_le_bytes())
+                .collect();
+            *c = ConstData::new(DType::F16, c.dims.clone(), bytes.into()).unwrap();
+        }
+    }
+    for n in &mut g.nodes {
+        if let Op::Cast { to } = &mut n.op {
+            if *to == DType::F32 {
+                *to = DType::F16;
+            }
+        }
+    }
+    g
+}
+
+/// bert_tiny converted to f16 (see [`to_half_model`]) and compiled for Vulkan: the same
+/// kernels as in f32 run on the GPU (every encoder kernel), and the output matches the
+/// reference executor's f16 run, and ONNX Runtime's f32 one at f16's precision.
+#[test]
+fn bert_tiny_in_f16_on_vulkan_matches_the_reference() {
+    let Some((devices, _)) = devices_or_skip("bert_tiny_in_f16_on_vulkan") else {
+        return;
+    };
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert_tiny");
+    let g = rafter_import::import_onnx_file(&dir.join("model.onnx"))
+        .unwrap()
+        .graph;
+    let f32_gpu = devices_of(compile(&g).program())
+        .iter()
+        .filter(|d| **d == "vulkan")
+        .count();
+    let g = to_half_model(g);
+    let artifact = compile(&g);
+    let program = artifact.program();
+    let on_cpu: Vec<(String, String)> = program
+        .kernels
+        .iter()
+        .filter(|k| k.device == "cpu")
+        .map(|k| {
+            let why = rafter_codegen_spirv::supports(&k.body)
+                .err()
+                .unwrap_or_default();
+            (k.name.clone(), why)
+        })
+        .collect();
+    let on_gpu = program.kernels.len() - on_cpu.len();
+    assert_eq!(on_gpu, f32_gpu, "f16 leaves more on the CPU: {on_cpu:?}");
+    let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
+    for case in ["seq7", "seq13"] {
+        let read =
+            |name: &str| rafter_reference::npy::read_npy(&dir.join(case).join(name)).unwrap();
+        let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
+        let got = session.run(inputs.clone(), WAIT).unwrap().remove(0);
+        let want = rafter_reference::run(&g, inputs).unwrap().remove(0);
+        let ort = read("last_hidden_state.npy");
+        // Four f16 ulps at the output's largest magnitude (layer-normed, a few units): the
+        // reference rounds every op's result to f16 where fused kernels keep f32, and
+        // ORT's f32 output differs from any f16 run by the inputs' and weights' rounding.
+        let top = ort.to_f64_vec().iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let tol = 4.0 * 2f64.powi(top.log2().floor() as i32 - 10);
+        for (what, other) in [("the reference's f16 run", &want), ("ORT's f32 run", &ort)] {
+            let d = max_abs_diff(&got, other);
+            assert!(d <= tol, "{case}: max |vulkan f16 - {what}| = {d} > {tol}");
+        }
+    }
 }
