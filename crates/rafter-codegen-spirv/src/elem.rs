@@ -7,7 +7,8 @@
 //! f32 result is narrowed (round to nearest even) with `OpFConvert` before it is stored.
 //! All arithmetic and accumulation stay in f32 (what PyTorch's f16 kernels do for their
 //! accumulations too), so a matrix product's error is the f16 rounding of its inputs and
-//! output, not of every partial sum.
+//! output, not of every partial sum. An f16 value computed inside a fused kernel is
+//! rounded with [`round_to_half`] at the op boundary, as if stored.
 //!
 //! An f16 module declares the `StorageBuffer16BitAccess` capability (Vulkan's
 //! `storageBuffer16BitAccess` feature, which covers `PhysicalStorageBuffer`), and only
@@ -113,10 +114,16 @@ pub(crate) fn store(
     build(b.store(ptr, v, Some(MemoryAccess::ALIGNED), align))
 }
 
-/// `v` (an f32) rounded to the nearest f16 and widened back: what a `cast` to f16 computes
-/// inside a fused kernel, whose values stay in f32 registers.
+/// `v` (an f32) rounded to the nearest f16 (ties to even) and widened back: an f16 value
+/// computed inside a fused kernel, whose values stay in f32 registers, as if it had been
+/// stored.
 pub(crate) fn round_to_half(b: &mut Builder, f32: Word, v: Word) -> Result<Word, String> {
     let h = half(b);
     let narrow = build(b.f_convert(h, None, v))?;
+    b.decorate(
+        narrow,
+        Decoration::FPRoundingMode,
+        [Arg::FPRoundingMode(FPRoundingMode::RTE)],
+    );
     build(b.f_convert(f32, None, narrow))
 }

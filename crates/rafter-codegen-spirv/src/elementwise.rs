@@ -1441,6 +1441,23 @@ impl<'a> Emitter<'a> {
         self.select(y_zero, one, r)
     }
 
+    /// The value of `node`'s result `out` on `args`: [`Self::node`], rounded to f16 when
+    /// `out` is f16. Every f16 value a fused kernel computes is rounded as if it had been
+    /// stored, so fusion never changes a result (the reference, the CPU kernels and ONNX
+    /// round each f16 op's result); arithmetic inside an op stays f32.
+    fn node_value(
+        &mut self,
+        node: &rafter_ir::Node,
+        args: &[Option<Word>],
+        out: ValueId,
+    ) -> R<Word> {
+        let v = self.node(&node.op, args, &node.name)?;
+        if self.body.value(out).ty.dtype == DType::F16 {
+            return elem::round_to_half(&mut self.b, self.f32, v);
+        }
+        Ok(v)
+    }
+
     /// The value of node `op` on `args` (absent optional operands are `None`).
     fn node(&mut self, op: &Op, args: &[Option<Word>], name: &str) -> R<Word> {
         let arg = |i: usize| {
@@ -1463,8 +1480,8 @@ impl<'a> Emitter<'a> {
             // An expand is a broadcast, which every value gets by being read at the
             // output's coordinates.
             | Op::Expand => arg(0)?,
-            Op::Cast { to: DType::F32 } => arg(0)?,
-            Op::Cast { to: DType::F16 } => elem::round_to_half(&mut self.b, self.f32, arg(0)?)?,
+            // f32 to f16 rounds in `node_value`, as every f16 result does.
+            Op::Cast { to: DType::F32 | DType::F16 } => arg(0)?,
             Op::Unary { op } => self.unary(*op, arg(0)?)?,
             Op::Binary { op } => self.binary(*op, arg(0)?, arg(1)?)?,
             Op::Clip => {
@@ -1855,8 +1872,9 @@ impl<'a> Emitter<'a> {
             if node.outputs.len() != 1 || node.outputs[0].is_none() {
                 return Err(format!("node `{}` must have exactly one result", node.name));
             }
-            let result = self.node(&node.op, &args, &node.name)?;
-            values.insert(node.outputs[0].expect("checked"), result);
+            let out = node.outputs[0].expect("checked");
+            let result = self.node_value(node, &args, out)?;
+            values.insert(out, result);
         }
         for (o, &output) in body.outputs.iter().enumerate() {
             let v = *values
@@ -2167,7 +2185,7 @@ impl<'a> Emitter<'a> {
                 .iter()
                 .map(|v| v.and_then(|v| values.get(&v).copied()))
                 .collect();
-            let result = self.node(&n.op, &args, &n.name)?;
+            let result = self.node_value(n, &args, *out)?;
             values.insert(*out, result);
         }
         Ok(values)
@@ -2326,7 +2344,7 @@ impl<'a> Emitter<'a> {
                 .copied()
                 .flatten()
                 .ok_or("a node without a result")?;
-            let result = self.node(&n.op, &args, &n.name)?;
+            let result = self.node_value(n, &args, out)?;
             values.insert(out, result);
         }
         let x = *values

@@ -18,10 +18,14 @@
 //! and all arithmetic and accumulation are f32 (the one place that knows the element type
 //! is the private `elem` module). Only a module touching f16 declares
 //! `StorageBuffer16BitAccess` (not `Float16`: nothing is computed in f16), so f32 kernels
-//! still run on devices without 16-bit storage. An elementwise kernel may mix f16 and f32
-//! bindings through `cast` (a cast to f16 inside a chain rounds as the stored value would);
-//! a matmul, conv or window kernel takes one element type for all its bindings. Constants
-//! folded into a module (scalars, a conv's bias) are decoded to f32 when it is generated.
+//! still run on devices without 16-bit storage. Every f16 *value* of the body a fused
+//! kernel computes (an op's result, a matmul's product before its epilogue) is rounded to
+//! f16 as if it had been stored, so fusion never changes a result: the kernel agrees with
+//! the op-by-op reference and CPU kernels, while arithmetic inside one op (a product's
+//! accumulation, a softmax's or layer norm's sums) stays f32. An elementwise kernel may mix
+//! f16 and f32 bindings through `cast`; a matmul, conv or window kernel takes one element
+//! type for all its bindings. Constants folded into a module are decoded to f32 when it is
+//! generated.
 //!
 //! *Placement of f16 kernels:* [`supports`] accepts them whatever the target device, since
 //! the compiler does not know it; the Vulkan loader (`rafter-hal-vulkan`) reads each

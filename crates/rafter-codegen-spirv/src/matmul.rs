@@ -159,6 +159,9 @@ pub(crate) enum Step {
     Relu,
     /// `clip(x, lo, hi)`, either bound absent (ONNX `Clip`; ReLU6 in MobileNetV2).
     Clip(Option<Src>, Option<Src>),
+    /// `x` rounded to f16: the boundary between two ops of an f16 chain (the product and
+    /// each epilogue node), so fusion rounds where separate ops would have stored.
+    Round,
 }
 
 /// How C's dims map onto the kernel's `rows × cols` matrix, for reading epilogue operands:
@@ -331,6 +334,9 @@ pub(crate) fn epilogue(
 ) -> Result<(Vec<Step>, ValueId), String> {
     let mut steps = Vec::new();
     for node in nodes {
+        if c.dtype == rafter_ir::DType::F16 {
+            steps.push(Step::Round);
+        }
         let [Some(y)] = node.outputs.as_slice() else {
             return Err(format!(
                 "epilogue node `{}` has not one result",
@@ -1229,6 +1235,7 @@ impl Body {
         let f32 = self.ids.f32;
         for step in e.steps {
             x = match step {
+                Step::Round => elem::round_to_half(&mut self.b, f32, x)?,
                 Step::Relu => {
                     // `x < 0 ? 0 : x`, which keeps NaN (GLSL's max leaves it undefined).
                     let zero = self.b.constant_bit32(f32, 0);

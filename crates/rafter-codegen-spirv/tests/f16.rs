@@ -2,17 +2,14 @@
 //! with spirv-val and run on the Vulkan device (lavapipe in CI) against the reference
 //! executor's f16 results.
 //!
-//! Tolerance. The reference computes each op in f32 and rounds its result to f16, so a
-//! fused chain there rounds every intermediate value, where the kernel keeps them in f32
-//! and rounds once, at the store. Each rounding is at most half an f16 ulp (2^-11
-//! relative); the chains here have at most three intermediates before the final store, so
-//! the two differ by at most 4 half-ulps of the largest value involved, plus one ulp where
-//! two nearly equal f32 results round to neighbouring f16s. Hence `|got - want| <=
-//! 2^-8 |want| + 2^-9 max|want|`: the relative part covers the roundings of a value of the
-//! output's size, the absolute part those of intermediates as large as the output's
-//! largest (a matmul's product before a bias cancels it). A wrong index, a wrong
-//! conversion or an f16 accumulation (ulp 2^-10 per partial sum over K = 40..80 terms)
-//! miss this by orders of magnitude.
+//! Tolerance, in units in the last place (ulps) of the output's dtype at each expected
+//! element. A kernel rounds every f16 value it computes at the op boundaries, as the
+//! reference does, and computes in f32 inside an op, as the reference does too: the two
+//! agree bit for bit except where an f32 sum in another order (a matmul's, a layer norm's
+//! mean) lands on the other side of a rounding boundary, which costs one ulp. A softmax
+//! gets four: the reference follows ONNX's, which rounds the exp terms, their sum and each
+//! quotient to f16 step by step, where the kernel keeps them in f32 (as PyTorch does).
+//! A wrong index, a missed rounding or an f16 accumulation are off by many ulps.
 
 mod common;
 
@@ -337,14 +334,32 @@ fn run(
     Tensor::from_le_bytes(out_dtype, out_dims, &bytes).unwrap()
 }
 
-/// The elements of `got` outside the module doc's tolerance around `want` (at most 3).
-fn mismatches(got: &Tensor, want: &Tensor) -> Vec<String> {
+/// The ulps of tolerance for a case (see the module doc); the f32 `exp` of the cast case
+/// gets the 3 + 2|x| f32 ulps Vulkan allows an `exp` (|x| <= 2 here).
+fn allowed_ulps(label: &str) -> f64 {
+    match label {
+        "cast_f16_to_f32" => 7.0,
+        l if l.contains("softmax") => 4.0,
+        _ => 1.0,
+    }
+}
+
+/// One ulp of `dtype` at `x` (its subnormal spacing below the smallest normal).
+fn ulp(x: f64, dtype: DType) -> f64 {
+    let (mantissa, min_exp) = match dtype {
+        DType::F16 => (10, -14),
+        _ => (23, -126),
+    };
+    2f64.powi((x.abs().log2().floor() as i32).max(min_exp) - mantissa)
+}
+
+/// The elements of `got` more than `ulps` ulps from `want` (at most 3).
+fn mismatches(got: &Tensor, want: &Tensor, ulps: f64) -> Vec<String> {
+    let dtype = want.dtype();
     let (got, want) = (got.to_f64_vec(), want.to_f64_vec());
-    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let (rtol, atol) = (2f64.powi(-8), 2f64.powi(-9) * scale);
     (0..want.len())
         .filter(|&i| {
-            let ok = (got[i] - want[i]).abs() <= atol + rtol * want[i].abs();
+            let ok = (got[i] - want[i]).abs() <= ulps * ulp(want[i], dtype);
             !ok
         })
         .take(3)
@@ -385,7 +400,7 @@ fn f16_kernels_of_every_kind_match_the_reference() {
             (body.value(out).ty.dtype, &out_dims),
         );
         assert_eq!(got.dtype(), want.dtype(), "{label}");
-        let bad = mismatches(&got, &want);
+        let bad = mismatches(&got, &want, allowed_ulps(label));
         assert!(bad.is_empty(), "{label}: {} elements: {bad:?}", want.len());
     }
 }

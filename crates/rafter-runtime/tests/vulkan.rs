@@ -304,10 +304,11 @@ fn to_f16(t: &Tensor) -> Tensor {
 
 /// Compiles `g` (an f16 model) for Vulkan, checks every kernel was placed on the GPU and
 /// its ops include `ops`, runs it through a session on two inputs, and compares with the
-/// reference executor's f16 results. Tolerance: the fused kernels keep intermediates in
-/// f32 where the reference rounds every op's result to f16 (half an ulp, 2^-11 relative,
-/// each); over the few kernels here that is at most `2^-7 |want| + 2^-8 max|want|` (the
-/// codegen crate's per-kernel bound, tests/f16.rs, doubled for the chain of kernels).
+/// reference executor's f16 results. Tolerance: 4 f16 ulps at each expected element. The
+/// kernels round every f16 value at op boundaries as the reference does, so they differ
+/// only where an f32 sum in another order crosses a rounding boundary (1 ulp) or in a
+/// softmax, which the reference rounds step by step as ONNX's does (up to 4 ulps; the
+/// codegen crate's tests/f16.rs measures each kind).
 fn f16_model_matches_the_reference(g: &Graph, x_dims: &[usize], ops: &[&str]) {
     let Some((devices, _)) = devices_or_skip(&g.name) else {
         return;
@@ -345,11 +346,11 @@ fn f16_model_matches_the_reference(g: &Graph, x_dims: &[usize], ops: &[&str]) {
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert_eq!(a.dtype(), b.dtype(), "output {i}");
             let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
-            let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            // One f16 ulp at x (the f16 subnormal spacing below the smallest normal).
+            let ulp = |x: f64| 2f64.powi((x.abs().log2().floor() as i32).max(-14) - 10);
             let bad = (0..b.len())
                 .filter(|&j| {
-                    let ok =
-                        (a[j] - b[j]).abs() <= 2f64.powi(-7) * b[j].abs() + 2f64.powi(-8) * scale;
+                    let ok = (a[j] - b[j]).abs() <= 4.0 * ulp(b[j]);
                     !ok
                 })
                 .map(|j| format!("[{j}] got {} want {}", a[j], b[j]))
@@ -514,8 +515,9 @@ fn bert_tiny_in_f16_on_vulkan_matches_the_reference() {
         let want = rafter_reference::run(&g, inputs).unwrap().remove(0);
         let ort = read("last_hidden_state.npy");
         // Four f16 ulps at the output's largest magnitude (layer-normed, a few units): the
-        // reference rounds every op's result to f16 where fused kernels keep f32, and
-        // ORT's f32 output differs from any f16 run by the inputs' and weights' rounding.
+        // kernels' softmaxes differ from the reference's by up to 4 ulps (it rounds each
+        // step, as ONNX's does) and two layers carry that on; ORT's f32 output differs
+        // from any f16 run by the rounding of the weights and of every op's result.
         let top = ort.to_f64_vec().iter().fold(0.0f64, |m, v| m.max(v.abs()));
         let tol = 4.0 * 2f64.powi(top.log2().floor() as i32 - 10);
         for (what, other) in [("the reference's f16 run", &want), ("ORT's f32 run", &ort)] {
