@@ -526,3 +526,40 @@ fn bert_tiny_in_f16_on_vulkan_matches_the_reference() {
         }
     }
 }
+
+/// On a device without `storageBuffer16BitAccess` (lavapipe with it switched off), a
+/// program with f16 GPU kernels is refused when the session loads them, naming the first
+/// such kernel and the feature; the driver never sees the module.
+#[test]
+fn f16_kernels_on_a_device_without_16_bit_storage_are_refused_by_name() {
+    let test = "f16_kernels_on_a_device_without_16_bit_storage";
+    let Some((_, _)) = devices_or_skip(test) else {
+        return;
+    };
+    let options = VulkanDeviceOptions {
+        disable_16bit_storage: true,
+        ..VulkanDeviceOptions::default()
+    };
+    let device = Arc::new(VulkanDevice::new(options).unwrap());
+    assert!(!device.capabilities().storage_buffer_16bit);
+    let devices = DeviceSet::cpu()
+        .unwrap()
+        .with("vulkan", device as Arc<dyn Device>);
+    let g = parse_graph("graph @h(%x: f16[64]) -> (%y) {\n  %y: f16[64] = unary{op = relu}(%x)\n}")
+        .unwrap();
+    let artifact = compile(&g);
+    let kernel = artifact.program().kernels[0].name.clone();
+    let Err(err) = Session::from_artifact(artifact, &devices, SessionOptions::new()) else {
+        panic!("an f16 kernel must be refused");
+    };
+    let message = err.to_string();
+    assert!(message.contains(&kernel), "{message}");
+    assert!(message.contains("storageBuffer16BitAccess"), "{message}");
+    // The same program on f32 loads and runs there.
+    let g = parse_graph("graph @h(%x: f32[64]) -> (%y) {\n  %y: f32[64] = unary{op = relu}(%x)\n}")
+        .unwrap();
+    let session = Session::from_artifact(compile(&g), &devices, SessionOptions::new()).unwrap();
+    let x = rand(&[64], 5);
+    let got = session.run(vec![x.clone()], WAIT).unwrap();
+    assert_eq!(got, rafter_reference::run(&g, vec![x]).unwrap());
+}
