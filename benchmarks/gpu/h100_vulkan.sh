@@ -67,9 +67,11 @@ python3 benchmarks/gpu/torch_models.py > "$out/torch.txt" 2>&1; cat "$out/torch.
 fi
 # f16: the same models exported with model.half() (benchmarks/gpu/export_f16.py; needs
 # the f32 exports above for the weights' seed, inputs and reference outputs). PyTorch's
-# f16 times are in torch.txt (the models part).
+# f16 times come from torch_models.py (run here unless the models part already did).
 if [ "$part" = all ] || [ "$part" = f16 ]; then
 [ -d .cache/models/resnet50_outputs ] || python3 scripts/export_models.py --only bert_base resnet50 mobilenet_v2 > "$out/export.txt" 2>&1
 python3 benchmarks/gpu/export_f16.py > "$out/export_f16.txt" 2>&1; grep -E "torch f16|cannot" "$out/export_f16.txt"
 for m in resnet50 mobilenet_v2 bert_base; do bench_model ${m}_f16; done
+[ -f "$out/torch.txt" ] || python3 benchmarks/gpu/torch_models.py > "$out/torch.txt" 2>&1
+grep float16 "$out/torch.txt"
 fi
