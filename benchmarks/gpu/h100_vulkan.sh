@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H100 run of issue 4 (see benchmarks/RESULTS.md): rafter's Vulkan conformance, the
-# GPU tests, and the three models on --device vulkan next to PyTorch CUDA, in one call.
+# GPU tests, and the three models on --device vulkan next to PyTorch CUDA, in one call;
+# `h100_vulkan.sh f16` runs only the f16 models (`tests`, `models`: only those parts).
 # Expects .gl/ to hold the loader debs + setup.sh, the stripped `rafter`, the test binaries
 # (gpu-*, matmul-*, vulkan-*) and conf.tar.xz (the generated ONNX conformance suite).
 set -u
@@ -19,19 +20,19 @@ timeout 300 .gl/rafter conformance --device vulkan --dir /tmp/conf/onnx-conforma
 tail -3 "$out/conformance_vulkan.txt"
 # One test thread (see above); the 160 MiB lavapipe test is skipped: reading 160 MiB back
 # through the H100's mapped BAR memory takes minutes (uncached reads).
-for t in .gl/gpu-* .gl/matmul-* .gl/vulkan-* .gl/conv-*; do
+for t in .gl/gpu-* .gl/matmul-* .gl/vulkan-* .gl/conv-* .gl/f16-*; do
   RAFTER_REQUIRE_VULKAN=1 timeout 120 "$t" --test-threads 1 --skip larger_than_the_storage_buffer_range > "$out/$(basename "$t").txt" 2>&1
   echo "$t: $(grep 'test result' "$out/$(basename "$t").txt")"
 done
 fi
-if [ "$part" = all ] || [ "$part" = models ]; then
-python3 scripts/export_models.py --only bert_base resnet50 mobilenet_v2 > "$out/export.txt" 2>&1; tail -2 "$out/export.txt"
-M=.cache/models
-for m in resnet50 mobilenet_v2 bert_base; do
-  [ -f $M/$m.onnx ] || continue
+# Compiles .cache/models/$1.onnx for Vulkan, benches it, and compares its outputs with
+# .cache/models/$1_outputs/ (ONNX Runtime f32); with .cache/models/$1_torch/ (an f16
+# model's PyTorch f16 outputs) also prints PyTorch's own error against the same reference.
+bench_model() {
+  local m=$1 M=.cache/models ins=""
+  [ -f $M/$m.onnx ] || { echo "$m: no $M/$m.onnx"; return; }
   .gl/rafter compile $M/$m.onnx --target vulkan -o /tmp/$m.rfa --dim batch=1 --dim seq=128 > "$out/compile_$m.txt" 2>&1
   .gl/rafter plan /tmp/$m.rfa 2>&1 | grep placement >> "$out/compile_$m.txt"
-  ins=""
   for f in $M/${m}_inputs/*.npy; do ins="$ins --input $(basename "$f" .npy)=$f"; done
   .gl/rafter bench /tmp/$m.rfa $ins --warmup 10 --iters 50 > "$out/bench_$m.txt" 2>&1
   echo "$m: $(grep placement "$out/compile_$m.txt") | $(tail -1 "$out/bench_$m.txt")"
@@ -44,11 +45,33 @@ for m in resnet50 mobilenet_v2 bert_base; do
 import sys, glob, os, numpy as np
 m = sys.argv[1]
 for f in glob.glob(f".cache/models/{m}_outputs/*.npy"):
-    want = np.load(f); got = np.load(f"/tmp/{m}_out/{os.path.basename(f)}")
-    err = float(np.max(np.abs(got - want) / (np.abs(want).max() + 1e-30)))
-    print(f"output check {m}: max |got - ORT| / max|ORT| = {err:.3g}")
+    name = os.path.basename(f)
+    want = np.load(f).astype(np.float64); scale = np.abs(want).max() + 1e-30
+    got = np.load(f"/tmp/{m}_out/{name}").astype(np.float64)
+    err = float(np.max(np.abs(got - want)) / scale)
+    line = f"output check {m}: max |got - ORT| / max|ORT| = {err:.3g}"
+    torch_f = f".cache/models/{m}_torch/{name}"
+    if os.path.exists(torch_f):
+        # f16: judged against PyTorch's own f16 error on the same weights and inputs.
+        terr = float(np.max(np.abs(np.load(torch_f).astype(np.float64) - want)) / scale)
+        verdict = "ok" if err <= max(2 * terr, 1e-2) else "TOO FAR"
+        line += f"; torch f16: {terr:.3g} ({verdict}: rafter within max(2x torch, 1e-2))"
+    print(line)
 PY
   tail -1 "$out/bench_$m.txt"
-done
+}
+if [ "$part" = all ] || [ "$part" = models ]; then
+python3 scripts/export_models.py --only bert_base resnet50 mobilenet_v2 > "$out/export.txt" 2>&1; tail -2 "$out/export.txt"
+for m in resnet50 mobilenet_v2 bert_base; do bench_model $m; done
 python3 benchmarks/gpu/torch_models.py > "$out/torch.txt" 2>&1; cat "$out/torch.txt"
+fi
+# f16: the same models exported with model.half() (benchmarks/gpu/export_f16.py; needs
+# the f32 exports above for the weights' seed, inputs and reference outputs). PyTorch's
+# f16 times come from torch_models.py (run here unless the models part already did).
+if [ "$part" = all ] || [ "$part" = f16 ]; then
+[ -d .cache/models/resnet50_outputs ] || python3 scripts/export_models.py --only bert_base resnet50 mobilenet_v2 > "$out/export.txt" 2>&1
+python3 benchmarks/gpu/export_f16.py > "$out/export_f16.txt" 2>&1; grep -E "torch f16|cannot" "$out/export_f16.txt"
+for m in resnet50 mobilenet_v2 bert_base; do bench_model ${m}_f16; done
+[ -f "$out/torch.txt" ] || python3 benchmarks/gpu/torch_models.py > "$out/torch.txt" 2>&1
+grep float16 "$out/torch.txt"
 fi

@@ -1,4 +1,4 @@
-//! 2-D convolutions and pooling of f32 NCHW tensors.
+//! 2-D convolutions and pooling of f32 or f16 NCHW tensors (one element type per kernel).
 //!
 //! - An ungrouped convolution is an implicit GEMM: per image, `Y[M, OH·OW] = W[M, C·KH·KW]
 //!   · im2col(X)`, run by the matmul kernel ([`crate::matmul`]) with B's tiles gathered
@@ -12,8 +12,9 @@
 //! arithmetic divides by constants); the batch may be symbolic.
 
 use rafter_artifact::Launch;
-use rafter_ir::{AutoPad, BinaryOp, DType, Graph, Op, PoolKind, TensorType, ValueDef, ValueId};
+use rafter_ir::{AutoPad, BinaryOp, Graph, Op, PoolKind, TensorType, ValueDef, ValueId};
 
+use crate::elem::Elem;
 use crate::matmul::{emit, epilogue, BSource, CAxes, ImageGeom, Layout, Src, Step};
 use crate::window::{emit_window, WindowGeom, WindowLayout, WindowOp};
 use crate::{CodegenError, MatmulTile, WORKGROUP_SIZE};
@@ -55,16 +56,18 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
     let y_ty = &body.value(*out).ty;
     let x_ty = &body.value(body.inputs[x]).ty;
     let (xd, yd) = (static_nchw(x_ty, "input")?, static_nchw(y_ty, "output")?);
+    // One element type for every binding: the output's.
+    let elem = Elem::of(y_ty.dtype).map_err(|e| format!("the output is {e}"))?;
     let axes = CAxes {
         row: 1,
         col_is_last: false,
     };
-    let (mut steps, last) = epilogue(body, rest, *out, y_ty, axes)?;
+    let mut const_rows = Vec::new();
+    let (mut steps, last) = epilogue(body, rest, *out, y_ty, axes, &mut const_rows)?;
     if body.outputs != [last] {
         return Err("the body's one output must be the end of the epilogue chain".into());
     }
     let bindings = body.inputs.len() + 1;
-    let mut const_rows = Vec::new();
     let window = |op: WindowOp,
                   geom: WindowGeom,
                   w: Option<usize>,
@@ -79,6 +82,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             bindings,
             steps,
             const_rows,
+            elem,
         })?;
         Ok(ConvKernel {
             spirv,
@@ -109,9 +113,9 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             // The bias, added first.
             if let Some(bias) = first.inputs.get(2).copied().flatten() {
                 let b_ty = &body.value(bias).ty;
-                if b_ty.dtype != DType::F32 || b_ty.dims.len() != 1 || b_ty.dims[0] != y_ty.dims[1]
+                if b_ty.dtype != y_ty.dtype || b_ty.dims.len() != 1 || b_ty.dims[0] != y_ty.dims[1]
                 {
-                    return Err(format!("bias of type {b_ty} is not [M] f32"));
+                    return Err(format!("bias of type {b_ty} is not [M] {}", y_ty.dtype));
                 }
                 // A body input, or a small constant the compiler copied into the body.
                 let src = match (input_index(Some(bias)), &body.value(bias).def) {
@@ -125,7 +129,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                 };
                 steps.insert(0, Step::Binary(BinaryOp::Add, src, true));
             }
-            check_f32(body, first.inputs.iter().flatten().copied())?;
+            check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
             let (c, m) = (xd[1], yd[1]);
             if *group == 1 && wd[1] == c && wd[0] == m {
                 let tile = conv_tile(m, geom.oh * geom.ow);
@@ -137,6 +141,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                     steps,
                     tile,
                     const_rows,
+                    elem,
                     b_source: BSource::Image(ImageGeom {
                         c,
                         h: geom.h,
@@ -189,9 +194,9 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             // ceil_mode only changes the output size, which is static here: the last
             // window may hang past the padded input, whose taps are skipped anyway.
             let _ = ceil_mode;
-            check_f32(body, first.inputs.iter().flatten().copied())?;
+            check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
             let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
-            window(WindowOp::MaxPool, geom, None, steps, Vec::new())
+            window(WindowOp::MaxPool, geom, None, steps, const_rows)
         }
         Op::GlobalPool { kind, .. } => {
             let op = match kind {
@@ -199,7 +204,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                 PoolKind::Max => WindowOp::GlobalMax,
                 PoolKind::Lp => return Err("global Lp pooling is not generated yet".into()),
             };
-            check_f32(body, first.inputs.iter().flatten().copied())?;
+            check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
             if yd[2] != 1 || yd[3] != 1 {
                 return Err("a global pool's output plane must be 1×1".into());
             }
@@ -214,7 +219,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                 oh: 1,
                 ow: 1,
             };
-            window(op, geom, None, steps, Vec::new())
+            window(op, geom, None, steps, const_rows)
         }
         op => Err(format!(
             "op `{}` is not a convolution or pooling",
@@ -237,14 +242,21 @@ fn conv_tile(m: u32, n: u32) -> MatmulTile {
     }
 }
 
-fn check_f32(body: &Graph, values: impl Iterator<Item = ValueId>) -> Result<(), String> {
+/// Every operand of the first node has the output's element type (a kernel is generated
+/// on one).
+fn check_dtype(
+    body: &Graph,
+    values: impl Iterator<Item = ValueId>,
+    y: &TensorType,
+) -> Result<(), String> {
     for v in values {
         let ty = &body.value(v).ty;
-        if ty.dtype != DType::F32 {
+        if ty.dtype != y.dtype {
             return Err(format!(
-                "operand %{} is {}; only f32 is generated yet",
+                "operand %{} is {} for a {} result; a kernel is generated on one element type",
                 body.value(v).name,
-                ty.dtype
+                ty.dtype,
+                y.dtype
             ));
         }
     }
@@ -260,12 +272,7 @@ fn dim_u32(v: i64) -> Result<u32, String> {
 
 /// `[N, C, H, W]` with C, H, W static (N is whatever; 0 stands for a symbolic batch).
 fn static_nchw(ty: &TensorType, what: &str) -> Result<[u32; 4], String> {
-    if ty.dtype != DType::F32 {
-        return Err(format!(
-            "the {what} is {}; only f32 is generated yet",
-            ty.dtype
-        ));
-    }
+    Elem::of(ty.dtype).map_err(|e| format!("the {what} is {e}"))?;
     if ty.rank() != 4 {
         return Err(format!("the {what} {ty} is not 4-D (NCHW)"));
     }

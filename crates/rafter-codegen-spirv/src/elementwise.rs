@@ -1,4 +1,4 @@
-//! Fused elementwise kernels on f32.
+//! Fused elementwise kernels on f32 and f16 buffers (computed in f32).
 
 use std::collections::{HashMap, HashSet};
 
@@ -11,10 +11,11 @@ use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryAccess, MemoryModel, MemorySemantics, Scope,
-    SelectionControl, StorageClass, Word,
+    FunctionControl, LoopControl, MemoryModel, MemorySemantics, Scope, SelectionControl,
+    StorageClass, Word,
 };
 
+use crate::elem::{self, Elem};
 use crate::CodegenError;
 
 /// Invocations per workgroup of an elementwise kernel.
@@ -93,19 +94,20 @@ impl ElementwiseKernel {
     }
 }
 
-/// Compiles an elementwise body: inputs and outputs f32, every op elementwise, every input
+/// Compiles an elementwise body: inputs and outputs f32 or f16 (mixed through `cast`), every
+/// op elementwise, every input
 /// and intermediate of the output's shape, of one element, or broadcast to the output or
 /// read through a transpose (symbolic sizes from dim params, [`ElementwiseKernel::dims`]);
 /// or with reshape-like ops, every value of the output's element count. A body that is one
 /// `reduce` or softmax, or ends in a `layer_norm`, is compiled by row loops instead (same
 /// launch: the count is the output's element count).
 ///
-/// Supported ops: `identity`, `cast` to f32 of f32, every float `unary` (abs ... hard_swish),
+/// Supported ops: `identity`, `cast` between f32 and f16, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
 /// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
 /// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax` alone;
-/// `layer_norm` after a pointwise prologue. Scalar f32 constants are folded into the module.
+/// `layer_norm` after a pointwise prologue. Scalar constants are folded into the module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),
@@ -212,12 +214,8 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         if meta.contains(&v) {
             continue;
         }
-        if value.ty.dtype != DType::F32 {
-            return Err(error(format!(
-                "value %{} (#{i}) is {}; only f32 is generated yet",
-                value.name, value.ty.dtype
-            )));
-        }
+        Elem::of(value.ty.dtype)
+            .map_err(|e| error(format!("value %{} (#{i}) is {e}", value.name)))?;
         // Constants are folded into the module as one literal, so only single elements.
         if let ValueDef::Const(c) = value.def {
             let n = body.constant(c).num_elements();
@@ -357,6 +355,7 @@ fn is_pointwise(op: &Op) -> bool {
         op,
         Op::Identity
             | Op::Cast { to: DType::F32 }
+            | Op::Cast { to: DType::F16 }
             | Op::Unary { .. }
             | Op::Binary { .. }
             | Op::Clip
@@ -420,11 +419,8 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
     }
     let xv = body.value(*x);
     let out = body.value(body.outputs[0]);
-    if xv.ty.dtype != DType::F32 || out.ty.dtype != DType::F32 {
-        return Err(format!(
-            "reduce on {}; only f32 is generated yet",
-            xv.ty.dtype
-        ));
+    for ty in [&xv.ty, &out.ty] {
+        Elem::of(ty.dtype).map_err(|e| format!("reduce on {e}"))?;
     }
     let dims: Vec<u64> = xv
         .ty
@@ -480,12 +476,7 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
         if Some(v) == axes_value || v == body.outputs[0] {
             continue;
         }
-        if value.ty.dtype != DType::F32 {
-            return Err(format!(
-                "value %{} is {}; only f32 is generated yet",
-                value.name, value.ty.dtype
-            ));
-        }
+        Elem::of(value.ty.dtype).map_err(|e| format!("value %{} is {e}", value.name))?;
         if let ValueDef::Const(c) = value.def {
             if body.constant(c).num_elements() != 1 {
                 return Err(format!(
@@ -562,12 +553,8 @@ fn softmax(body: &Graph) -> R<ElementwiseKernel> {
         return Err("a softmax is generated alone, on a kernel input, with one result".into());
     }
     let xv = body.value(*x);
-    if xv.ty.dtype != DType::F32 {
-        return Err(format!(
-            "softmax on {}; only f32 is generated yet",
-            xv.ty.dtype
-        ));
-    }
+    Elem::of(xv.ty.dtype).map_err(|e| format!("softmax on {e}"))?;
+    Elem::of(body.value(body.outputs[0]).ty.dtype).map_err(|e| format!("softmax to {e}"))?;
     let dims = &xv.ty.dims;
     if let Some(n) = xv.ty.num_elements().as_known() {
         if n as u64 > MAX_ELEMENTS {
@@ -697,21 +684,25 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
             ));
         });
     }
+    // Constants of the normalised dims (a scale or bias of a few f16s the compiler folded
+    // into the body) are kept in the module and read per position, like lane inputs.
+    let mut lane_consts = Vec::new();
     for (i, value) in body.values.iter().enumerate() {
         let v = ValueId(i as u32);
-        if value.ty.dtype != DType::F32 {
-            return Err(format!(
-                "value %{} is {}; only f32 is generated yet",
-                value.name, value.ty.dtype
-            ));
-        }
+        Elem::of(value.ty.dtype).map_err(|e| format!("value %{} is {e}", value.name))?;
         if let ValueDef::Const(c) = value.def {
-            if body.constant(c).num_elements() != 1 {
-                return Err(format!(
-                    "constant %{} has several elements; only single-element constants are \
-                     folded in",
-                    value.name
-                ));
+            let n = body.constant(c).num_elements();
+            if n != 1 {
+                if strip(&value.ty.dims) != lane_dims || n > MAX_CONST_LANE {
+                    return Err(format!(
+                        "constant %{} has several elements and is not a vector of the \
+                         normalised dims (of at most {MAX_CONST_LANE}); only those and \
+                         single-element constants are folded in",
+                        value.name
+                    ));
+                }
+                let values = body.constant(c).to_f64s();
+                lane_consts.push((v, values.into_iter().map(|x| x as f32).collect()));
             }
         }
         // Computed values: x's shape (the prologue) or the normalised dims' (per position).
@@ -741,6 +732,7 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     );
     emitter.table = table;
     emitter.rows = true;
+    emitter.lane_consts = lane_consts;
     let lane_dims_count = u8::try_from(rank - a).map_err(|_| "layer_norm over too many axes")?;
     emitter.norm = Some(NormPlan {
         lane,
@@ -762,6 +754,9 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
         workgroup_size: ROW_WORKGROUP_SIZE,
     })
 }
+
+/// The most elements of a constant vector a layer norm keeps in its module.
+const MAX_CONST_LANE: usize = 4096;
 
 /// Ops that only reinterpret their first operand's elements in linear order (the others
 /// are shapes or axes).
@@ -907,6 +902,14 @@ struct Emitter<'a> {
     /// lanes strided over the workgroup's invocations and reduced through `row`.
     rows: bool,
     row: Option<RowIds>,
+    /// Per binding (inputs, then outputs): its element type (`None`: not a float tensor,
+    /// never loaded) and, once `emit` has read them, its base address (a `u64`).
+    elems: Vec<Option<Elem>>,
+    addrs: Vec<Word>,
+    /// A layer norm's constant vectors of the normalised dims ([`layer_norm`]), and once
+    /// declared, the `Private` arrays holding them.
+    lane_consts: Vec<(ValueId, Vec<f32>)>,
+    lane_const_vars: HashMap<ValueId, Word>,
     b: Builder,
     glsl: Word,
     void: Word,
@@ -940,6 +943,12 @@ impl<'a> Emitter<'a> {
         let f32 = b.type_float(32);
         let u32 = b.type_int(32, 0);
         let bool = b.type_bool();
+        let elems = body
+            .inputs
+            .iter()
+            .chain(&body.outputs)
+            .map(|&v| Elem::of(body.value(v).ty.dtype).ok())
+            .collect();
         Emitter {
             body,
             inputs,
@@ -953,6 +962,10 @@ impl<'a> Emitter<'a> {
             norm: None,
             rows: false,
             row: None,
+            elems,
+            addrs: Vec::new(),
+            lane_consts: Vec::new(),
+            lane_const_vars: HashMap::new(),
             b,
             glsl,
             void,
@@ -972,6 +985,42 @@ impl<'a> Emitter<'a> {
         let id = self.b.constant_bit32(self.f32, bits);
         self.constants.insert(bits, id);
         id
+    }
+
+    /// The byte address (a `u64`) of element `index` (a `u32`) of binding `binding`.
+    fn address(&mut self, binding: usize, index: Word) -> R<Word> {
+        let elem = self.elem(binding)?;
+        let base = *self
+            .addrs
+            .get(binding)
+            .ok_or("binding address not loaded")?;
+        let u64 = self.b.type_int(64, 0);
+        let size = self.b.constant_bit64(u64, elem.bytes() as u64);
+        let wide = build(self.b.u_convert(u64, None, index))?;
+        let offset = build(self.b.i_mul(u64, None, wide, size))?;
+        build(self.b.i_add(u64, None, base, offset))
+    }
+
+    fn elem(&self, binding: usize) -> R<Elem> {
+        self.elems
+            .get(binding)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("binding {binding} is not a float tensor"))
+    }
+
+    /// Element `index` of binding `binding`, as an f32.
+    fn load(&mut self, binding: usize, index: Word) -> R<Word> {
+        let address = self.address(binding, index)?;
+        let elem = self.elem(binding)?;
+        elem::load(&mut self.b, elem, self.f32, address)
+    }
+
+    /// Stores the f32 `v` as element `index` of binding `binding`.
+    fn store(&mut self, binding: usize, index: Word, v: Word) -> R<()> {
+        let address = self.address(binding, index)?;
+        let elem = self.elem(binding)?;
+        elem::store(&mut self.b, elem, self.f32, address, v)
     }
 
     fn u(&mut self, value: u32) -> Word {
@@ -1392,6 +1441,23 @@ impl<'a> Emitter<'a> {
         self.select(y_zero, one, r)
     }
 
+    /// The value of `node`'s result `out` on `args`: [`Self::node`], rounded to f16 when
+    /// `out` is f16. Every f16 value a fused kernel computes is rounded as if it had been
+    /// stored, so fusion never changes a result (the reference, the CPU kernels and ONNX
+    /// round each f16 op's result); arithmetic inside an op stays f32.
+    fn node_value(
+        &mut self,
+        node: &rafter_ir::Node,
+        args: &[Option<Word>],
+        out: ValueId,
+    ) -> R<Word> {
+        let v = self.node(&node.op, args, &node.name)?;
+        if self.body.value(out).ty.dtype == DType::F16 {
+            return elem::round_to_half(&mut self.b, self.f32, v);
+        }
+        Ok(v)
+    }
+
     /// The value of node `op` on `args` (absent optional operands are `None`).
     fn node(&mut self, op: &Op, args: &[Option<Word>], name: &str) -> R<Word> {
         let arg = |i: usize| {
@@ -1414,7 +1480,8 @@ impl<'a> Emitter<'a> {
             // An expand is a broadcast, which every value gets by being read at the
             // output's coordinates.
             | Op::Expand => arg(0)?,
-            Op::Cast { to: DType::F32 } => arg(0)?,
+            // f32 to f16 rounds in `node_value`, as every f16 result does.
+            Op::Cast { to: DType::F32 | DType::F16 } => arg(0)?,
             Op::Unary { op } => self.unary(*op, arg(0)?)?,
             Op::Binary { op } => self.binary(*op, arg(0)?, arg(1)?)?,
             Op::Clip => {
@@ -1538,7 +1605,6 @@ impl<'a> Emitter<'a> {
         b.decorate(block, Decoration::Block, []);
         b.member_decorate(block, 0, Decoration::Offset, [Arg::LiteralBit32(0)]);
         let ptr_block = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, block);
-        let ptr_elem = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, f32);
 
         // Push constants: one pointer per binding, then the element count, then the dim
         // params.
@@ -1584,6 +1650,12 @@ impl<'a> Emitter<'a> {
         );
 
         let mut interface = vec![push_var, gid_var, groups_var];
+        let vectors: Vec<Vec<f32>> = self.lane_consts.iter().map(|(_, v)| v.clone()).collect();
+        let vars = crate::matmul::declare_const_rows(b, f32, u32, &vectors);
+        interface.extend(&vars);
+        for ((v, _), var) in self.lane_consts.iter().zip(vars) {
+            self.lane_const_vars.insert(*v, var);
+        }
         // A row kernel: its workgroup and invocation ids and the reduction's scratch.
         let row_vars = if self.rows {
             let wg_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
@@ -1677,29 +1749,23 @@ impl<'a> Emitter<'a> {
             bases.push(build(self.b.load(ptr_block, None, ptr, None, []))?);
         }
         let zero_index = self.u(0);
-        let aligned = Some(MemoryAccess::ALIGNED);
         let u64 = self.b.type_int(64, 0);
-        let four = self.b.constant_bit64(u64, 4);
-        let mut base_addresses = Vec::with_capacity(bindings);
         for &base in &bases {
-            base_addresses.push(build(self.b.convert_ptr_to_u(u64, None, base))?);
+            let address = build(self.b.convert_ptr_to_u(u64, None, base))?;
+            self.addrs.push(address);
         }
 
         // Scalars (single-element inputs and constants) are read once, before the loop.
         let mut values: HashMap<ValueId, Word> = HashMap::new();
         for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
             if *kind == Operand::Scalar {
-                let ptr =
-                    build(
-                        self.b
-                            .access_chain(ptr_elem, None, bases[i], [zero_index, zero_index]),
-                    )?;
-                let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
+                let v = self.load(i, zero_index)?;
                 values.insert(input, v);
             }
         }
         for (i, value) in body.values.iter().enumerate() {
-            if self.meta.contains(&ValueId(i as u32)) {
+            let v = ValueId(i as u32);
+            if self.meta.contains(&v) || self.lane_const_vars.contains_key(&v) {
                 continue;
             }
             if let ValueDef::Const(c) = value.def {
@@ -1744,44 +1810,28 @@ impl<'a> Emitter<'a> {
 
         build(self.b.begin_block(Some(body_label)))?;
         if let (Some(plan), Some((lane, inner))) = (self.softmax.clone(), softmax_sizes) {
-            let (x_base, y_base) = (base_addresses[0], base_addresses[1]);
-            self.softmax_row(&plan, (lane, inner), index, x_base, y_base, ptr_elem)?;
+            self.softmax_row(&plan, (lane, inner), index)?;
             build(self.b.branch(cont))?;
             return self.finish_loop(cont, next, index, stride, header, merge);
         }
         if let (Some(plan), Some(lane)) = (self.norm.clone(), norm_lane) {
-            self.norm_row(&plan, lane, index, &base_addresses, &values, ptr_elem)?;
+            self.norm_row(&plan, lane, index, &values)?;
             build(self.b.branch(cont))?;
             return self.finish_loop(cont, next, index, stride, header, merge);
         }
         if let Some(plan) = self.reduce.clone() {
-            let bases = base_addresses[..body.inputs.len()].to_vec();
-            let result = self.reduce_lane(&plan, index, &bases, ptr_elem)?;
-            let offset = build(self.b.u_convert(u64, None, index))?;
-            let offset = build(self.b.i_mul(u64, None, offset, four))?;
-            let address =
-                build(
-                    self.b
-                        .i_add(u64, None, base_addresses[body.inputs.len()], offset),
-                )?;
-            let ptr = build(self.b.convert_u_to_ptr(ptr_elem, None, address))?;
-            build(self.b.store(ptr, result, aligned, [Arg::LiteralBit32(4)]))?;
+            let result = self.reduce_lane(&plan, index)?;
+            self.store(body.inputs.len(), index, result)?;
             build(self.b.branch(cont))?;
             return self.finish_loop(cont, next, index, stride, header, merge);
         }
-        // Element addresses are computed as 64-bit integers, `base + index * 4`, not by
+        // Element addresses are computed as 64-bit integers, `base + index * size`, not by
         // access chains into the block's runtime array: with those (32- or 64-bit index)
         // NVIDIA's driver (580, H100) never wrote an element past byte 2^32 of a buffer
         // (rafter-hal-vulkan's tests/big_buffer.rs).
-        let byte_offset = build(self.b.u_convert(u64, None, index))?;
-        let byte_offset = build(self.b.i_mul(u64, None, byte_offset, four))?;
-        let element = |b: &mut Builder, base: Word| -> R<Word> {
-            let address = build(b.i_add(u64, None, base, byte_offset))?;
-            build(b.convert_u_to_ptr(ptr_elem, None, address))
-        };
         for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
-            let ptr = match kind {
-                Operand::Tensor => element(&mut self.b, base_addresses[i])?,
+            let at = match kind {
+                Operand::Tensor => index,
                 Operand::Scalar | Operand::Unread => continue,
                 Operand::Lane => return Err("a lane operand outside a norm".into()),
                 Operand::Broadcast => {
@@ -1807,14 +1857,10 @@ impl<'a> Emitter<'a> {
                         }
                         out_stride = self.umul(out_stride, n)?;
                     }
-                    let at = self.uw(at);
-                    let offset = build(self.b.u_convert(u64, None, at))?;
-                    let offset = build(self.b.i_mul(u64, None, offset, four))?;
-                    let address = build(self.b.i_add(u64, None, base_addresses[i], offset))?;
-                    build(self.b.convert_u_to_ptr(ptr_elem, None, address))?
+                    self.uw(at)
                 }
             };
-            let v = build(self.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))?;
+            let v = self.load(i, at)?;
             values.insert(input, v);
         }
         for node in &body.nodes {
@@ -1826,15 +1872,15 @@ impl<'a> Emitter<'a> {
             if node.outputs.len() != 1 || node.outputs[0].is_none() {
                 return Err(format!("node `{}` must have exactly one result", node.name));
             }
-            let result = self.node(&node.op, &args, &node.name)?;
-            values.insert(node.outputs[0].expect("checked"), result);
+            let out = node.outputs[0].expect("checked");
+            let result = self.node_value(node, &args, out)?;
+            values.insert(out, result);
         }
         for (o, &output) in body.outputs.iter().enumerate() {
             let v = *values
                 .get(&output)
                 .ok_or_else(|| format!("output %{} is never computed", body.value(output).name))?;
-            let ptr = element(&mut self.b, base_addresses[body.inputs.len() + o])?;
-            build(self.b.store(ptr, v, aligned, [Arg::LiteralBit32(4)]))?;
+            self.store(body.inputs.len() + o, index, v)?;
         }
         build(self.b.branch(cont))?;
 
@@ -1891,16 +1937,6 @@ impl<'a> Emitter<'a> {
             Some(a) => a,
             None => self.u(0),
         })
-    }
-
-    /// A pointer to f32 element `index` (u32) of the buffer at address `base` (u64).
-    fn element_ptr(&mut self, base: Word, index: Word, ptr_elem: Word) -> R<Word> {
-        let u64 = self.b.type_int(64, 0);
-        let four = self.b.constant_bit64(u64, 4);
-        let byte = build(self.b.u_convert(u64, None, index))?;
-        let byte = build(self.b.i_mul(u64, None, byte, four))?;
-        let address = build(self.b.i_add(u64, None, base, byte))?;
-        build(self.b.convert_u_to_ptr(ptr_elem, None, address))
     }
 
     /// A structured loop `for k in 0..n` carrying one f32 accumulator from `init`;
@@ -2039,16 +2075,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// Softmax (or log-softmax) of row `r`: max, sum of `exp(x - max)`, then each output.
-    fn softmax_row(
-        &mut self,
-        plan: &SoftmaxPlan,
-        (lane, inner): (U, U),
-        r: Word,
-        x_base: Word,
-        y_base: Word,
-        ptr_elem: Word,
-    ) -> R<()> {
-        let f32 = self.f32;
+    fn softmax_row(&mut self, plan: &SoftmaxPlan, (lane, inner): (U, U), r: Word) -> R<()> {
         // Row r: outer = r / inner, i = r % inner; its k-th element is at
         // outer * lane * inner + i + k * inner.
         let i = self.umod(U::W(r), inner)?;
@@ -2056,7 +2083,6 @@ impl<'a> Emitter<'a> {
         let row = self.umul(lane, inner)?;
         let outer = self.umul(outer, row)?;
         let start = self.uadd(outer, i)?;
-        let aligned = Some(MemoryAccess::ALIGNED);
         let at = |e: &mut Self, k: Word| -> R<Word> {
             let off = e.umul(U::W(k), inner)?;
             let at = e.uadd(start, off)?;
@@ -2064,8 +2090,7 @@ impl<'a> Emitter<'a> {
         };
         let load = |e: &mut Self, k: Word| -> R<Word> {
             let at = at(e, k)?;
-            let ptr = e.element_ptr(x_base, at, ptr_elem)?;
-            build(e.b.load(f32, None, ptr, aligned, [Arg::LiteralBit32(4)]))
+            e.load(0, at)
         };
         let minus_inf = self.f(f32::NEG_INFINITY);
         let m = self.row_loop(lane, minus_inf, &mut |e, k, acc| {
@@ -2097,8 +2122,7 @@ impl<'a> Emitter<'a> {
                 }
             };
             let at = at(e, k)?;
-            let ptr = e.element_ptr(y_base, at, ptr_elem)?;
-            build(e.b.store(ptr, y, aligned, [Arg::LiteralBit32(4)]))?;
+            e.store(1, at, y)?;
             Ok(acc)
         })?;
         Ok(())
@@ -2110,10 +2134,8 @@ impl<'a> Emitter<'a> {
     fn norm_values(
         &mut self,
         (start, k): (U, Word),
-        bases: &[Word],
         invariant: &HashMap<ValueId, Word>,
         wanted: &[ValueId],
-        ptr_elem: Word,
     ) -> R<HashMap<ValueId, Word>> {
         let body = self.body;
         let prologue = &body.nodes[..body.nodes.len() - 1];
@@ -2134,15 +2156,22 @@ impl<'a> Emitter<'a> {
                 Operand::Lane => k,
                 _ => continue,
             };
-            let ptr = self.element_ptr(bases[i], index, ptr_elem)?;
-            let v = build(self.b.load(
-                self.f32,
-                None,
-                ptr,
-                Some(MemoryAccess::ALIGNED),
-                [Arg::LiteralBit32(4)],
-            ))?;
+            let v = self.load(i, index)?;
             values.insert(input, v);
+        }
+        // In value order, so the module's bytes do not depend on the map's order.
+        let mut lane_consts: Vec<(ValueId, Word)> = self
+            .lane_const_vars
+            .iter()
+            .filter(|(v, _)| needed.contains(v))
+            .map(|(&v, &var)| (v, var))
+            .collect();
+        lane_consts.sort_by_key(|(v, _)| v.0);
+        for (v, var) in lane_consts {
+            let ptr_private = self.b.type_pointer(None, StorageClass::Private, self.f32);
+            let p = build(self.b.access_chain(ptr_private, None, var, [k]))?;
+            let x = build(self.b.load(self.f32, None, p, None, []))?;
+            values.insert(v, x);
         }
         for n in prologue {
             let Some(Some(out)) = n.outputs.first() else {
@@ -2156,7 +2185,7 @@ impl<'a> Emitter<'a> {
                 .iter()
                 .map(|v| v.and_then(|v| values.get(&v).copied()))
                 .collect();
-            let result = self.node(&n.op, &args, &n.name)?;
+            let result = self.node_value(n, &args, *out)?;
             values.insert(*out, result);
         }
         Ok(values)
@@ -2169,9 +2198,7 @@ impl<'a> Emitter<'a> {
         plan: &NormPlan,
         lane: U,
         r: Word,
-        bases: &[Word],
         invariant: &HashMap<ValueId, Word>,
-        ptr_elem: Word,
     ) -> R<()> {
         let f32 = self.f32;
         let start = self.umul(U::W(r), lane)?;
@@ -2179,7 +2206,7 @@ impl<'a> Emitter<'a> {
         let n = build(self.b.convert_u_to_f(f32, None, lane_word))?;
         let zero = self.f(0.0);
         let x_of = |e: &mut Self, k: Word| -> R<Word> {
-            let v = e.norm_values((start, k), bases, invariant, &[plan.x], ptr_elem)?;
+            let v = e.norm_values((start, k), invariant, &[plan.x])?;
             v.get(&plan.x)
                 .copied()
                 .ok_or_else(|| "x is never computed".into())
@@ -2203,11 +2230,11 @@ impl<'a> Emitter<'a> {
         let dev = self.ext(glsl::SQRT, &[var])?;
         let one = self.f(1.0);
         let inv = self.div(one, dev)?;
-        let out_base = bases[self.body.inputs.len()];
+        let out = self.body.inputs.len();
         let mut wanted = vec![plan.x, plan.scale];
         wanted.extend(plan.bias);
         self.row_loop(lane, zero, &mut |e, k, acc| {
-            let v = e.norm_values((start, k), bases, invariant, &wanted, ptr_elem)?;
+            let v = e.norm_values((start, k), invariant, &wanted)?;
             let get = |id: ValueId| {
                 v.get(&id)
                     .copied()
@@ -2223,8 +2250,7 @@ impl<'a> Emitter<'a> {
             }
             let at = e.uadd(start, U::W(k))?;
             let at = e.uw(at);
-            let ptr = e.element_ptr(out_base, at, ptr_elem)?;
-            build(e.b.store(ptr, y, Some(MemoryAccess::ALIGNED), [Arg::LiteralBit32(4)]))?;
+            e.store(out, at, y)?;
             Ok(acc)
         })?;
         Ok(())
@@ -2232,13 +2258,7 @@ impl<'a> Emitter<'a> {
 
     /// Reduces the lane of output element `o` (a loop over the reduced elements) and
     /// returns the result. Leaves the builder in a new block after the loop.
-    fn reduce_lane(
-        &mut self,
-        plan: &ReducePlan,
-        o: Word,
-        bases: &[Word],
-        ptr_elem: Word,
-    ) -> R<Word> {
+    fn reduce_lane(&mut self, plan: &ReducePlan, o: Word) -> R<Word> {
         let body_graph = self.body;
         let reduce_node = body_graph.nodes.last().ok_or("no nodes")?;
         let x_value = reduce_node.inputs[0].ok_or("reduce without an operand")?;
@@ -2247,14 +2267,7 @@ impl<'a> Emitter<'a> {
         for (i, (&input, kind)) in body_graph.inputs.iter().zip(self.inputs).enumerate() {
             if *kind == Operand::Scalar {
                 let zero_index = self.u(0);
-                let ptr = self.element_ptr(bases[i], zero_index, ptr_elem)?;
-                let v = build(self.b.load(
-                    self.f32,
-                    None,
-                    ptr,
-                    Some(MemoryAccess::ALIGNED),
-                    [Arg::LiteralBit32(4)],
-                ))?;
+                let v = self.load(i, zero_index)?;
                 invariant.insert(input, v);
             }
         }
@@ -2268,8 +2281,6 @@ impl<'a> Emitter<'a> {
             }
         }
         let (f32, u32, bool_ty) = (self.f32, self.u32, self.bool);
-        let u64 = self.b.type_int(64, 0);
-        let four = self.b.constant_bit64(u64, 4);
         let lane_base = self.strided(o, &plan.kept)?;
         let pre = self.b.selected_block().ok_or("no current block")?;
         let pre_label = self
@@ -2313,21 +2324,11 @@ impl<'a> Emitter<'a> {
         build(self.b.begin_block(Some(body)))?;
         let offset = self.strided(r, &plan.reduced)?;
         let index = build(self.b.i_add(u32, None, lane_base, offset))?;
-        let byte = build(self.b.u_convert(u64, None, index))?;
-        let byte = build(self.b.i_mul(u64, None, byte, four))?;
         // The lane element of every full-shape input, then the prologue at that element.
         let mut values = invariant.clone();
         for (i, (&input, kind)) in body_graph.inputs.iter().zip(self.inputs).enumerate() {
             if *kind == Operand::Tensor {
-                let address = build(self.b.i_add(u64, None, bases[i], byte))?;
-                let ptr = build(self.b.convert_u_to_ptr(ptr_elem, None, address))?;
-                let v = build(self.b.load(
-                    f32,
-                    None,
-                    ptr,
-                    Some(MemoryAccess::ALIGNED),
-                    [Arg::LiteralBit32(4)],
-                ))?;
+                let v = self.load(i, index)?;
                 values.insert(input, v);
             }
         }
@@ -2343,7 +2344,7 @@ impl<'a> Emitter<'a> {
                 .copied()
                 .flatten()
                 .ok_or("a node without a result")?;
-            let result = self.node(&n.op, &args, &n.name)?;
+            let result = self.node_value(n, &args, out)?;
             values.insert(out, result);
         }
         let x = *values

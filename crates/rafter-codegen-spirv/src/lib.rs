@@ -13,7 +13,29 @@
 //!
 //! # What is generated today
 //!
-//! [`elementwise`]: a fused chain of elementwise ops on `f32`, each operand of the output's
+//! **Element types.** Every kernel kind below reads and writes f32 or f16 buffers. f16 is
+//! storage only: loads widen to f32 (`OpFConvert`), stores narrow with round-to-nearest-even,
+//! and all arithmetic and accumulation are f32 (the one place that knows the element type
+//! is the private `elem` module). Only a module touching f16 declares
+//! `StorageBuffer16BitAccess` (not `Float16`: nothing is computed in f16), so f32 kernels
+//! still run on devices without 16-bit storage. Every f16 *value* of the body a fused
+//! kernel computes (an op's result, a matmul's product before its epilogue) is rounded to
+//! f16 as if it had been stored, so fusion never changes a result: the kernel agrees with
+//! the op-by-op reference and CPU kernels, while arithmetic inside one op (a product's
+//! accumulation, a softmax's or layer norm's sums) stays f32. An elementwise kernel may mix
+//! f16 and f32 bindings through `cast`; a matmul, conv or window kernel takes one element
+//! type for all its bindings. Constants folded into a module are decoded to f32 when it is
+//! generated.
+//!
+//! *Placement of f16 kernels:* [`supports`] accepts them whatever the target device, since
+//! the compiler does not know it; the Vulkan loader (`rafter-hal-vulkan`) reads each
+//! module's capabilities and refuses one needing a feature the device lacks
+//! (`storageBuffer16BitAccess`), naming the kernel and the feature, before the driver sees
+//! it. Refusing at compile time would need the device at compile time, and a fallback
+//! placement per device would double the artifact; desktop GPUs (NVIDIA, AMD, Intel) and
+//! lavapipe have the feature (this crate's f16 tests assert lavapipe's).
+//!
+//! [`elementwise`]: a fused chain of elementwise ops on `f32`/`f16`, each operand of the output's
 //! shape, a single element broadcast to all (a scalar), or NumPy-broadcast or transposed,
 //! read through per-dim strides from the output's coordinates; reshape-like ops (reshape,
 //! flatten, squeeze, unsqueeze) keep linear order and expand is a broadcast. One invocation
@@ -44,25 +66,30 @@
 //! expression; anything else is refused with the value named. Kernels on static shapes
 //! take no dim params and fold every size into the module.
 //!
-//! [`matmul`]: f32 matrix products, a 64×64 (or 32×32) tile of C per workgroup staged
+//! [`matmul`]: f32/f16 matrix products, a 64×64 (or 32×32) tile of C per workgroup staged
 //! through workgroup memory with a 4×4 (2×2) register block per invocation; B 2-D or
 //! batched like A; a fused bias/scale/residual/relu epilogue whose operands may also be
 //! broadcast to C (an attention mask `[b, 1, 1, s]` or `[b, 1, s, s]` added to scores
 //! `[b, h, s, s]`) as long as C's batch dims inside the outermost are known.
 //!
-//! [`conv`]: 2-D convolutions and pooling on NCHW f32 with static channel and spatial
+//! [`conv`]: 2-D convolutions and pooling on NCHW f32/f16 with static channel and spatial
 //! dims: an ungrouped convolution as an implicit GEMM (the matmul kernel gathering B's
 //! tiles from the image), with its bias and elementwise tail fused; depthwise convolution,
 //! max pooling and global pooling one invocation per output element. A 2-D `Gemm` is the
 //! matmul kernel (B read transposed for `transB`).
 //!
-//! Subgroup reductions, reduces over symbolic dims, gather and other dtypes
-//! come next.
+//! Subgroup reductions, reduces over symbolic dims, gather, integer dtypes and f16
+//! arithmetic (packed f16, cooperative matrices) come next. Multi-element constants folded
+//! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are kept
+//! in the module as `Private` arrays where they are a conv's or matmul's bias (a row or
+//! column of C) or a layer norm's scale or bias; elsewhere (an operand of an elementwise
+//! chain) such a kernel stays on the CPU.
 //!
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
 
 mod conv;
+mod elem;
 mod elementwise;
 mod matmul;
 mod window;
@@ -149,39 +176,52 @@ pub fn program_section(program: &Program) -> Result<VulkanSection, CodegenError>
         if kernel.device != DEVICE {
             continue;
         }
-        let error = |reason: String| CodegenError {
+        let module = module(&kernel.body, k as u32).map_err(|reason| CodegenError {
             kernel: kernel.name.clone(),
             reason,
-        };
-        let module = match generate(&kernel.body).map_err(error)? {
-            Generated::Elementwise(g) => VulkanModule {
-                kernel: k as u32,
-                launch: g.launch,
-                workgroup_size: g.workgroup_size,
-                entry_point: g.entry_point,
-                dims: g.dims,
-                spirv: to_bytes(&g.spirv).into(),
-            },
-            Generated::Matmul(g) => VulkanModule {
-                kernel: k as u32,
-                launch: g.launch().map_err(error)?,
-                workgroup_size: 256,
-                entry_point: "main".into(),
-                dims: Vec::new(),
-                spirv: to_bytes(&g.spirv).into(),
-            },
-            Generated::Conv(g) => VulkanModule {
-                kernel: k as u32,
-                launch: g.launch,
-                workgroup_size: g.workgroup_size,
-                entry_point: "main".into(),
-                dims: Vec::new(),
-                spirv: to_bytes(&g.spirv).into(),
-            },
-        };
+        })?;
         modules.push(module);
     }
     Ok(VulkanSection { modules })
+}
+
+/// The module of one kernel body (kernel index `kernel` in its program): the SPIR-V and
+/// how to launch it. [`program_section`] calls it for every Vulkan kernel; tests call it
+/// to run one body.
+pub fn kernel_module(body: &Graph, kernel: u32) -> Result<VulkanModule, CodegenError> {
+    module(body, kernel).map_err(|reason| CodegenError {
+        kernel: body.name.clone(),
+        reason,
+    })
+}
+
+fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
+    Ok(match generate(body)? {
+        Generated::Elementwise(g) => VulkanModule {
+            kernel,
+            launch: g.launch,
+            workgroup_size: g.workgroup_size,
+            entry_point: g.entry_point,
+            dims: g.dims,
+            spirv: to_bytes(&g.spirv).into(),
+        },
+        Generated::Matmul(g) => VulkanModule {
+            kernel,
+            launch: g.launch()?,
+            workgroup_size: 256,
+            entry_point: "main".into(),
+            dims: Vec::new(),
+            spirv: to_bytes(&g.spirv).into(),
+        },
+        Generated::Conv(g) => VulkanModule {
+            kernel,
+            launch: g.launch,
+            workgroup_size: g.workgroup_size,
+            entry_point: "main".into(),
+            dims: Vec::new(),
+            spirv: to_bytes(&g.spirv).into(),
+        },
+    })
 }
 
 /// Why a body could not be compiled to SPIR-V. The message names the node or value.

@@ -1,4 +1,5 @@
-//! f32 matrix products (ONNX `MatMul`), tiled through workgroup memory.
+//! Matrix products (ONNX `MatMul`, `Gemm`) on f32 or f16 buffers, accumulated in f32, tiled
+//! through workgroup memory.
 //!
 //! One workgroup of 16×16 invocations computes a 64×64 tile of `C = A·B` for one batch
 //! entry; each invocation holds a 4×4 block of the tile in registers ([`MatmulTile`]: or
@@ -22,15 +23,16 @@
 //! are 64-bit integers.
 
 use rafter_artifact::Launch;
-use rafter_ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueDef, ValueId};
+use rafter_ir::{BinaryOp, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryAccess, MemoryModel, MemorySemantics, Scope,
-    SelectionControl, StorageClass, Word,
+    FunctionControl, LoopControl, MemoryModel, MemorySemantics, Scope, SelectionControl,
+    StorageClass, Word,
 };
 
+use crate::elem::{self, Elem};
 use crate::CodegenError;
 
 /// Rows and columns of C one workgroup computes by default.
@@ -132,6 +134,8 @@ pub(crate) enum Src {
     /// The kernel's constant vector `i` (a body constant folded into the module), indexed
     /// by C's row.
     ConstRow(usize),
+    /// The same, indexed by C's column (a matmul's bias folded into the body).
+    ConstCol(usize),
     /// Binding `i`, indexed like C.
     Full(usize),
     /// Binding `i`, broadcast to C (NumPy rules): its rows are C's (`row`) or one, its
@@ -155,6 +159,9 @@ pub(crate) enum Step {
     Relu,
     /// `clip(x, lo, hi)`, either bound absent (ONNX `Clip`; ReLU6 in MobileNetV2).
     Clip(Option<Src>, Option<Src>),
+    /// `x` rounded to f16: the boundary between two ops of an f16 chain (the product and
+    /// each epilogue node), so fusion rounds where separate ops would have stored.
+    Round,
 }
 
 /// How C's dims map onto the kernel's `rows × cols` matrix, for reading epilogue operands:
@@ -167,10 +174,10 @@ pub(crate) struct CAxes {
     pub(crate) col_is_last: bool,
 }
 
-/// Compiles a body holding one f32 `matmul` of two body inputs, A of rank >= 2 and B
-/// either 2-D or with A's batch dims (ONNX broadcasting beyond that is not generated yet),
-/// optionally followed by the epilogue chain of the module docs, ending in the body's one
-/// output.
+/// Compiles a body holding one f32 or f16 `matmul` of two body inputs (A, B, C and the
+/// epilogue's operands of one element type), A of rank >= 2 and B either 2-D or with A's
+/// batch dims (ONNX broadcasting beyond that is not generated yet), optionally followed by
+/// the epilogue chain of the module docs, ending in the body's one output.
 pub fn matmul(body: &Graph) -> Result<MatmulKernel, CodegenError> {
     matmul_tiled(body, MatmulTile::Large)
 }
@@ -186,6 +193,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
     };
     // A 2-D `Gemm` is a matmul whose epilogue starts with `· alpha` and `+ C`.
     let mut gemm_steps = Vec::new();
+    let mut consts = Vec::new();
     let mut b_transposed = false;
     match &first.op {
         Op::MatMul => {}
@@ -215,7 +223,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
                 };
                 gemm_steps.push(Step::Binary(
                     BinaryOp::Add,
-                    source(body, c, c_ty, axes).map_err(error)?,
+                    source(body, c, c_ty, axes, &mut consts).map_err(error)?,
                     true,
                 ));
             }
@@ -246,12 +254,15 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         &body.value(body.inputs[a_input]).ty,
         &body.value(body.inputs[b_input]).ty,
     );
-    if a.dtype != DType::F32 || b.dtype != DType::F32 {
+    let c_dtype = body.value(*product).ty.dtype;
+    if a.dtype != c_dtype || b.dtype != c_dtype {
         return Err(error(format!(
-            "operands are {} and {}; only f32 is generated yet",
-            a.dtype, b.dtype
+            "operands are {} and {} for a {} product; a matmul kernel is generated on one \
+             element type",
+            a.dtype, b.dtype, c_dtype
         )));
     }
+    let elem = Elem::of(c_dtype).map_err(|e| error(format!("operands are {e}")))?;
     if a.rank() < 2 || b.rank() < 2 {
         return Err(error(
             "operands of rank below 2 are not generated yet".into(),
@@ -274,7 +285,8 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         row: c_ty.rank() - 2,
         col_is_last: true,
     };
-    let (mut steps, last) = epilogue(body, rest, *product, &c_ty, axes).map_err(error)?;
+    let (mut steps, last) =
+        epilogue(body, rest, *product, &c_ty, axes, &mut consts).map_err(error)?;
     gemm_steps.append(&mut steps);
     let steps = gemm_steps;
     if body.outputs != [last] {
@@ -295,7 +307,8 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         } else {
             BSource::Matrix
         },
-        const_rows: Vec::new(),
+        const_rows: consts,
+        elem,
     })
     .map_err(error)?;
     Ok(MatmulKernel {
@@ -317,9 +330,13 @@ pub(crate) fn epilogue(
     mut x: ValueId,
     c: &rafter_ir::TensorType,
     axes: CAxes,
+    consts: &mut Vec<Vec<f32>>,
 ) -> Result<(Vec<Step>, ValueId), String> {
     let mut steps = Vec::new();
     for node in nodes {
+        if c.dtype == rafter_ir::DType::F16 {
+            steps.push(Step::Round);
+        }
         let [Some(y)] = node.outputs.as_slice() else {
             return Err(format!(
                 "epilogue node `{}` has not one result",
@@ -342,19 +359,20 @@ pub(crate) fn epilogue(
                 ) && (*l == x) != (*r == x) =>
             {
                 let (other, x_left) = if *l == x { (*r, true) } else { (*l, false) };
-                Step::Binary(*op, source(body, other, c, axes)?, x_left)
+                Step::Binary(*op, source(body, other, c, axes, consts)?, x_left)
             }
             (Op::Clip, [Some(v), bounds @ ..]) if *v == x && bounds.len() <= 2 => {
-                let bound = |i: usize| -> Result<Option<Src>, String> {
+                let mut bound = |i: usize| -> Result<Option<Src>, String> {
                     match bounds.get(i).copied().flatten() {
                         None => Ok(None),
-                        Some(b) => match source(body, b, c, axes)? {
+                        Some(b) => match source(body, b, c, axes, consts)? {
                             s @ (Src::Const(_) | Src::Scalar(_)) => Ok(Some(s)),
                             _ => Err("a clip bound that is not one element".into()),
                         },
                     }
                 };
-                Step::Clip(bound(0)?, bound(1)?)
+                let lo = bound(0)?;
+                Step::Clip(lo, bound(1)?)
             }
             (op, _) => {
                 return Err(format!(
@@ -375,64 +393,101 @@ pub(crate) fn source(
     v: ValueId,
     c: &rafter_ir::TensorType,
     axes: CAxes,
+    consts: &mut Vec<Vec<f32>>,
 ) -> Result<Src, String> {
     let value = body.value(v);
     let ty = &value.ty;
-    if ty.dtype != DType::F32 {
-        return Err(format!("epilogue operand %{} is {}", value.name, ty.dtype));
+    if ty.dtype != c.dtype {
+        return Err(format!(
+            "epilogue operand %{} is {}, the result {} (one element type per kernel)",
+            value.name, ty.dtype, c.dtype
+        ));
     }
-    let ones = |dims: &[rafter_ir::Dim]| dims.iter().all(|d| d.as_known() == Some(1));
     match value.def {
         ValueDef::Const(id) => {
-            let data = body.constant(id);
-            match data.to_f64s().as_slice() {
-                [x] if ty.rank() <= c.rank() => Ok(Src::Const(*x as f32)),
-                _ => Err(format!("constant %{} is not one element", value.name)),
+            let values = body.constant(id).to_f64s();
+            if let [x] = values.as_slice() {
+                if ty.rank() <= c.rank() {
+                    return Ok(Src::Const(*x as f32));
+                }
             }
+            // A small vector the compiler folded into the body (a bias of a few f16s): a
+            // row or column of C's matrix, kept in the module as a `Private` array.
+            let vector = || values.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+            let src = match shaped(0, ty, c, axes) {
+                Some(Src::Row(_)) if values.len() <= MAX_CONST_VECTOR => {
+                    consts.push(vector());
+                    Src::ConstCol(consts.len() - 1)
+                }
+                Some(Src::PerRow(_)) if values.len() <= MAX_CONST_VECTOR => {
+                    consts.push(vector());
+                    Src::ConstRow(consts.len() - 1)
+                }
+                _ => {
+                    return Err(format!(
+                        "constant %{} of dims {:?} is neither one element nor a row or column \
+                         vector of C's matrix (of at most {MAX_CONST_VECTOR} elements)",
+                        value.name, ty.dims
+                    ))
+                }
+            };
+            Ok(src)
         }
-        ValueDef::Input(i) => {
-            if ty.rank() > c.rank() {
-                return Err(format!("operand %{} has a higher rank than C", value.name));
-            }
-            if ones(&ty.dims) {
-                return Ok(Src::Scalar(i));
-            }
-            if ty.dims == c.dims {
-                return Ok(Src::Full(i));
-            }
-            if let Some((last, lead)) = ty.dims.split_last() {
-                if axes.col_is_last && ones(lead) && Some(last) == c.dims.last() {
-                    return Ok(Src::Row(i));
-                }
-            }
-            // Aligned to C's trailing dims: one dim of C's row axis, every other 1.
-            let skip = c.rank() - ty.rank();
-            let per_row = ty.dims.iter().enumerate().all(|(a, d)| {
-                if a + skip == axes.row {
-                    Some(d) == c.dims.get(axes.row)
-                } else {
-                    d.as_known() == Some(1)
-                }
-            });
-            if per_row && axes.row >= skip {
-                return Ok(Src::PerRow(i));
-            }
-            if axes.col_is_last {
-                if let Some(src) = broadcast_source(i, &ty.dims, &c.dims) {
-                    return Ok(src);
-                }
-            }
-            Err(format!(
+        ValueDef::Input(i) => shaped(i, ty, c, axes).ok_or_else(|| {
+            format!(
                 "operand %{} of dims {:?} is neither a scalar, a row or a column of C's \
                  matrix, of C's dims {:?}, nor broadcast to them over static inner batch dims",
                 value.name, ty.dims, c.dims
-            ))
-        }
+            )
+        }),
         _ => Err(format!(
             "epilogue operand %{} is computed inside the kernel",
             value.name
         )),
     }
+}
+
+/// The most elements of a constant vector folded into a module.
+const MAX_CONST_VECTOR: usize = 4096;
+
+/// How binding `i` of type `ty` is read against C's type `c`, if it can be.
+fn shaped(
+    i: usize,
+    ty: &rafter_ir::TensorType,
+    c: &rafter_ir::TensorType,
+    axes: CAxes,
+) -> Option<Src> {
+    let ones = |dims: &[rafter_ir::Dim]| dims.iter().all(|d| d.as_known() == Some(1));
+    if ty.rank() > c.rank() {
+        return None;
+    }
+    if ones(&ty.dims) {
+        return Some(Src::Scalar(i));
+    }
+    if ty.dims == c.dims {
+        return Some(Src::Full(i));
+    }
+    if let Some((last, lead)) = ty.dims.split_last() {
+        if axes.col_is_last && ones(lead) && Some(last) == c.dims.last() {
+            return Some(Src::Row(i));
+        }
+    }
+    // Aligned to C's trailing dims: one dim of C's row axis, every other 1.
+    let skip = c.rank() - ty.rank();
+    let per_row = ty.dims.iter().enumerate().all(|(a, d)| {
+        if a + skip == axes.row {
+            Some(d) == c.dims.get(axes.row)
+        } else {
+            d.as_known() == Some(1)
+        }
+    });
+    if per_row && axes.row >= skip {
+        return Some(Src::PerRow(i));
+    }
+    if axes.col_is_last {
+        return broadcast_source(i, &ty.dims, &c.dims);
+    }
+    None
 }
 
 /// An operand of `dims` broadcast to C's `c` dims (each dim C's or 1, right-aligned), if
@@ -494,6 +549,8 @@ pub(crate) struct Layout {
     pub(crate) b_source: BSource,
     /// Constant vectors the epilogue reads ([`Src::ConstRow`]).
     pub(crate) const_rows: Vec<Vec<f32>>,
+    /// The element type of every binding (A, B, C and the epilogue's operands alike).
+    pub(crate) elem: Elem,
 }
 
 /// Where B's elements come from.
@@ -541,7 +598,6 @@ pub(crate) struct Ids {
     pub(crate) u32: Word,
     pub(crate) u64: Word,
     pub(crate) bool: Word,
-    pub(crate) ptr_elem: Word,
     pub(crate) ptr_wg: Word,
     pub(crate) ptr_fn: Word,
     /// The workgroup tiles (unused, and 0, in kernels without them).
@@ -579,7 +635,6 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
     let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
     let ptr_push_u64 = b.type_pointer(None, StorageClass::PushConstant, u64);
     let ptr_push_u32 = b.type_pointer(None, StorageClass::PushConstant, u32);
-    let ptr_elem = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, f32);
 
     // Workgroup tiles.
     let tile = layout.tile;
@@ -628,7 +683,6 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         u32,
         u64,
         bool,
-        ptr_elem,
         ptr_wg,
         ptr_fn,
         a_tile,
@@ -639,6 +693,7 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         ids,
         tile,
         const_rows,
+        elem: layout.elem,
     };
     e.main(
         layout,
@@ -659,6 +714,8 @@ pub(crate) struct Body {
     pub(crate) tile: MatmulTile,
     /// The `Private` arrays holding the kernel's constant vectors ([`Src::ConstRow`]).
     pub(crate) const_rows: Vec<Word>,
+    /// The element type of every binding.
+    pub(crate) elem: Elem,
 }
 
 /// Declares each of `vectors` as a `Private` f32 array initialised with its values (before
@@ -726,15 +783,19 @@ impl Body {
         build(self.b.logical_and(self.ids.bool, None, a, c))
     }
 
-    /// `base + (row * ld + col) * 4` as an f32 pointer into a matrix.
-    pub(crate) fn elem_ptr(&mut self, base: Word, row: Word, ld: Word, col: Word) -> R<Word> {
+    /// The element size in bytes, as a `u64` constant.
+    pub(crate) fn esize(&mut self) -> Word {
+        self.u64c(self.elem.bytes() as u64)
+    }
+
+    /// `base + (row * ld + col) * size`: the byte address of a matrix element.
+    pub(crate) fn elem_addr(&mut self, base: Word, row: Word, ld: Word, col: Word) -> R<Word> {
         let (row, ld, col) = (self.wide(row)?, self.wide(ld)?, self.wide(col)?);
         let idx = self.mul64(row, ld)?;
         let idx = self.add64(idx, col)?;
-        let four = self.u64c(4);
-        let off = self.mul64(idx, four)?;
-        let addr = self.add64(base, off)?;
-        build(self.b.convert_u_to_ptr(self.ids.ptr_elem, None, addr))
+        let size = self.esize();
+        let off = self.mul64(idx, size)?;
+        self.add64(base, off)
     }
 
     /// Loads `(row, col)` of a `rows × cols` matrix at `base`, or 0 outside it. The load
@@ -752,14 +813,8 @@ impl Body {
         let zero = self.u(0);
         let row = build(self.b.select(self.ids.u32, None, inside, row, zero))?;
         let col = build(self.b.select(self.ids.u32, None, inside, col, zero))?;
-        let ptr = self.elem_ptr(base, row, cols, col)?;
-        let v = build(self.b.load(
-            self.ids.f32,
-            None,
-            ptr,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))?;
+        let addr = self.elem_addr(base, row, cols, col)?;
+        let v = self.load_at(addr)?;
         let fzero = self.b.constant_bit32(self.ids.f32, 0);
         build(self.b.select(self.ids.f32, None, inside, v, fzero))
     }
@@ -806,14 +861,8 @@ impl Body {
         let ih_w = self.mul(ih, w)?;
         let index = self.add(index, ih_w)?;
         let index = self.add(index, iw)?;
-        let ptr = self.elem_ptr(base, zero, zero, index)?;
-        let v = build(self.b.load(
-            self.ids.f32,
-            None,
-            ptr,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))?;
+        let addr = self.elem_addr(base, zero, zero, index)?;
+        let v = self.load_at(addr)?;
         let fzero = self.b.constant_bit32(self.ids.f32, 0);
         build(self.b.select(self.ids.f32, None, inside, v, fzero))
     }
@@ -896,7 +945,7 @@ impl Body {
         let flat = self.add(flat, tx)?;
 
         // Batch entry `wz`: A and C advance by a matrix each; B too unless shared.
-        let four = self.u64c(4);
+        let four = self.esize();
         let batch = self.wide(wz)?;
         let (m64, n64, k64) = (self.wide(m)?, self.wide(n)?, self.wide(k)?);
         let zero32 = self.u(0);
@@ -916,7 +965,8 @@ impl Body {
             }
             BSource::Image(g) => {
                 // The filter is shared; the image advances by C·H·W elements.
-                let image = self.u64c(g.c as u64 * g.h as u64 * g.w as u64 * 4);
+                let size = self.elem.bytes() as u64;
+                let image = self.u64c(g.c as u64 * g.h as u64 * g.w as u64 * size);
                 let b_off = self.mul64(batch, image)?;
                 (a_addr, self.add64(b_addr, b_off)?)
             }
@@ -1069,16 +1119,14 @@ impl Body {
         Ok(())
     }
 
-    /// Loads an f32 at `addr` (a u64 byte address).
+    /// Loads the element at `addr` (a u64 byte address) as an f32.
     pub(crate) fn load_at(&mut self, addr: Word) -> R<Word> {
-        let ptr = build(self.b.convert_u_to_ptr(self.ids.ptr_elem, None, addr))?;
-        build(self.b.load(
-            self.ids.f32,
-            None,
-            ptr,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))
+        elem::load(&mut self.b, self.elem, self.ids.f32, addr)
+    }
+
+    /// Stores the f32 `v` as the element at `addr` (a u64 byte address).
+    pub(crate) fn store_at(&mut self, addr: Word, v: Word) -> R<()> {
+        elem::store(&mut self.b, self.elem, self.ids.f32, addr, v)
     }
 
     /// An epilogue operand's value for C's element `(row, col)` (C has `n` columns).
@@ -1091,7 +1139,7 @@ impl Body {
     ) -> R<Word> {
         let f32 = self.ids.f32;
         let indexed = |me: &mut Body, i: usize, index: Word| -> R<Word> {
-            let four = me.u64c(4);
+            let four = me.esize();
             let index = me.wide(index)?;
             let off = me.mul64(index, four)?;
             let addr = me.add64(e.addrs[i], off)?;
@@ -1102,11 +1150,16 @@ impl Body {
             Src::Scalar(i) => self.load_at(e.addrs[i]),
             Src::Row(i) => indexed(self, i, col),
             Src::PerRow(i) => indexed(self, i, row),
-            Src::ConstRow(i) => {
+            Src::ConstRow(i) | Src::ConstCol(i) => {
+                let at = if matches!(src, Src::ConstRow(_)) {
+                    row
+                } else {
+                    col
+                };
                 let ptr_private = self.b.type_pointer(None, StorageClass::Private, f32);
                 let p = build(
                     self.b
-                        .access_chain(ptr_private, None, self.const_rows[i], [row]),
+                        .access_chain(ptr_private, None, self.const_rows[i], [at]),
                 )?;
                 build(self.b.load(f32, None, p, None, []))
             }
@@ -1158,21 +1211,15 @@ impl Body {
                     let c = self.wide(col)?;
                     off = self.add64(off, c)?;
                 }
-                let four = self.u64c(4);
-                let off = self.mul64(off, four)?;
+                let size = self.esize();
+                let off = self.mul64(off, size)?;
                 let addr = self.add64(e.addrs[i], off)?;
                 self.load_at(addr)
             }
             Src::Full(i) => {
                 let base = self.add64(e.addrs[i], e.c_off)?;
-                let ptr = self.elem_ptr(base, row, n, col)?;
-                build(self.b.load(
-                    f32,
-                    None,
-                    ptr,
-                    Some(MemoryAccess::ALIGNED),
-                    [Arg::LiteralBit32(4)],
-                ))
+                let addr = self.elem_addr(base, row, n, col)?;
+                self.load_at(addr)
             }
         }
     }
@@ -1188,6 +1235,7 @@ impl Body {
         let f32 = self.ids.f32;
         for step in e.steps {
             x = match step {
+                Step::Round => elem::round_to_half(&mut self.b, f32, x)?,
                 Step::Relu => {
                     // `x < 0 ? 0 : x`, which keeps NaN (GLSL's max leaves it undefined).
                     let zero = self.b.constant_bit32(f32, 0);
@@ -1256,11 +1304,8 @@ impl Body {
                         .load(f32, None, acc[(i * block + j) as usize], None, []),
                 )?;
                 let v = self.apply(epilogue, v, (row, col), n)?;
-                let ptr = self.elem_ptr(c_base, row, n, col)?;
-                build(
-                    self.b
-                        .store(ptr, v, Some(MemoryAccess::ALIGNED), [Arg::LiteralBit32(4)]),
-                )?;
+                let addr = self.elem_addr(c_base, row, n, col)?;
+                self.store_at(addr, v)?;
                 build(self.b.branch(done))?;
                 build(self.b.begin_block(Some(done)))?;
             }

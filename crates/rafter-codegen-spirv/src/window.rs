@@ -1,6 +1,6 @@
 //! Kernels that compute each output element from a small window of one input plane, one
 //! invocation per output element: depthwise convolution, max pooling, global average and
-//! max pooling, on f32 NCHW tensors with static channel and spatial dims (the batch may be
+//! max pooling, on f32 or f16 NCHW tensors with static channel and spatial dims (the batch may be
 //! symbolic: the element count is the launch's one param, as for elementwise kernels).
 //!
 //! These are memory-bound (a depthwise 3×3 reads each input about once per output), so
@@ -13,9 +13,10 @@ use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryAccess, MemoryModel, StorageClass, Word,
+    FunctionControl, LoopControl, MemoryModel, StorageClass, Word,
 };
 
+use crate::elem::Elem;
 use crate::matmul::{
     build, declare_const_rows, Body, Epilogue, Ids, MatmulTile, Step, GLSL_FMA, R,
 };
@@ -60,6 +61,8 @@ pub(crate) struct WindowLayout {
     pub(crate) steps: Vec<Step>,
     /// Constant vectors the epilogue reads ([`crate::matmul::Src::ConstRow`]).
     pub(crate) const_rows: Vec<Vec<f32>>,
+    /// The element type of every binding.
+    pub(crate) elem: Elem,
 }
 
 /// Emits the module (entry point `main`, [`WORKGROUP_SIZE`] invocations per workgroup,
@@ -92,7 +95,6 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
     let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
     let ptr_push_u64 = b.type_pointer(None, StorageClass::PushConstant, u64);
     let ptr_push_u32 = b.type_pointer(None, StorageClass::PushConstant, u32);
-    let ptr_elem = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, f32);
     let ptr_fn = b.type_pointer(None, StorageClass::Function, f32);
 
     let v3 = b.type_vector(u32, 3);
@@ -125,7 +127,6 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
         u32,
         u64,
         bool,
-        ptr_elem,
         ptr_wg: 0,
         ptr_fn,
         a_tile: 0,
@@ -136,6 +137,7 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
         ids,
         tile: MatmulTile::Small,
         const_rows,
+        elem: layout.elem,
     };
     let entry = build(e.b.begin_block(None))?;
     let push_field = |e: &mut Body, i: u32, ty: Word, ptr: Word| -> R<Word> {
@@ -182,17 +184,11 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
 }
 
 impl Body {
-    /// Loads the f32 at element `index` (u32) of the buffer at `base`.
+    /// Loads element `index` (u32) of the buffer at `base`, as an f32.
     fn load_elem(&mut self, base: Word, index: Word) -> R<Word> {
         let zero = self.u(0);
-        let ptr = self.elem_ptr(base, zero, zero, index)?;
-        build(self.b.load(
-            self.ids.f32,
-            None,
-            ptr,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))
+        let addr = self.elem_addr(base, zero, zero, index)?;
+        self.load_at(addr)
     }
 
     /// Output element `i`: its plane `nc = i / (OH·OW)`, pixel, channel; the window's
@@ -280,7 +276,8 @@ impl Body {
         // The epilogue sees the output as per-image `C × (OH·OW)` matrices.
         let image = build(self.b.u_div(u32, None, nc, channels))?;
         let image = self.wide(image)?;
-        let image_bytes = self.u64c(g.c as u64 * g.oh as u64 * g.ow as u64 * 4);
+        let size = self.elem.bytes() as u64;
+        let image_bytes = self.u64c(g.c as u64 * g.oh as u64 * g.ow as u64 * size);
         let c_off = self.mul64(image, image_bytes)?;
         // No broadcast operands here (`CAxes::col_is_last` is false): batch and rows only
         // complete the struct.
@@ -293,13 +290,8 @@ impl Body {
             m: channels,
         };
         let value = self.apply(&epilogue, value, (c, pixel), out_plane)?;
-        let ptr = self.elem_ptr(addrs[l.y], zero, zero, i)?;
-        build(self.b.store(
-            ptr,
-            value,
-            Some(MemoryAccess::ALIGNED),
-            [Arg::LiteralBit32(4)],
-        ))
+        let addr = self.elem_addr(addrs[l.y], zero, zero, i)?;
+        self.store_at(addr, value)
     }
 
     /// The mean or maximum of the `len` elements from `start` (a loop: planes can be

@@ -77,3 +77,15 @@ fn smaller_static_inputs_are_broadcast_by_strides() {
     );
     common::spirv_val(&kernel.spirv, "broadcast_strides");
 }
+
+/// The same sweep on f16 buffers (f32 arithmetic): every op's module passes spirv-val with
+/// 16-bit storage.
+#[test]
+fn every_supported_op_on_f16_passes_spirv_val() {
+    for case in common::op_cases() {
+        let text = case.text.replace("f32", "f16");
+        let body = parse_graph(&text).unwrap_or_else(|e| panic!("{}: {e}", case.label));
+        let kernel = elementwise(&body).unwrap_or_else(|e| panic!("{} f16: {e}", case.label));
+        common::spirv_val(&kernel.spirv, &format!("{}_f16", case.label));
+    }
+}

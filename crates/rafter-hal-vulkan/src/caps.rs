@@ -185,6 +185,37 @@ impl VulkanCapabilities {
         missing
     }
 
+    /// The device features a SPIR-V module needs (from the capabilities it declares) that
+    /// this device lacks, by their Vulkan names. The loader refuses such a module with
+    /// this list rather than hand it to the driver.
+    pub fn missing_for_module(&self, words: &[u32]) -> Result<Vec<&'static str>, String> {
+        // SPIR-V capability numbers (the SPIR-V spec's Capability table).
+        const FLOAT16: u32 = 9;
+        const FLOAT64: u32 = 10;
+        const INT64: u32 = 11;
+        const INT16: u32 = 22;
+        const INT8: u32 = 39;
+        const STORAGE_BUFFER_16BIT: u32 = 4433;
+        const STORAGE_BUFFER_8BIT: u32 = 4448;
+        let mut missing = Vec::new();
+        for capability in crate::executable::spirv_capabilities(words)? {
+            let (feature, present) = match capability {
+                FLOAT16 => ("shaderFloat16", self.shader_float16),
+                FLOAT64 => ("shaderFloat64", self.shader_float64),
+                INT64 => ("shaderInt64", self.shader_int64),
+                INT16 => ("shaderInt16", self.shader_int16),
+                INT8 => ("shaderInt8", self.shader_int8),
+                STORAGE_BUFFER_16BIT => ("storageBuffer16BitAccess", self.storage_buffer_16bit),
+                STORAGE_BUFFER_8BIT => ("storageBuffer8BitAccess", self.storage_buffer_8bit),
+                _ => continue,
+            };
+            if !present && !missing.contains(&feature) {
+                missing.push(feature);
+            }
+        }
+        Ok(missing)
+    }
+
     /// Whether a feature of [`OPTIONAL`] is present.
     fn has_optional(&self, name: &str) -> bool {
         match name {

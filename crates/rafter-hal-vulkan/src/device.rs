@@ -45,6 +45,10 @@ pub struct VulkanDeviceOptions {
     /// buffer submitted again before its previous submission completed shares its query
     /// slots with it, so trace one call at a time.
     pub trace_sink: Option<Arc<dyn TraceSink>>,
+    /// Leave `storageBuffer16BitAccess` off even where the device has it: the device then
+    /// behaves as one without 16-bit storage (f16 kernels are refused at load, by name),
+    /// which tests and users can check on any GPU.
+    pub disable_16bit_storage: bool,
 }
 
 impl std::fmt::Debug for VulkanDeviceOptions {
@@ -55,6 +59,7 @@ impl std::fmt::Debug for VulkanDeviceOptions {
             .field("pipeline_cache_path", &self.pipeline_cache_path)
             .field("name", &self.name)
             .field("trace_sink", &self.trace_sink.is_some())
+            .field("disable_16bit_storage", &self.disable_16bit_storage)
             .finish()
     }
 }
@@ -293,7 +298,10 @@ fn create_shared(
     chosen: instance::Candidate,
     options: &VulkanDeviceOptions,
 ) -> Result<Shared, VulkanError> {
-    let caps = chosen.caps;
+    let mut caps = chosen.caps;
+    if options.disable_16bit_storage {
+        caps.storage_buffer_16bit = false;
+    }
     let physical = chosen.physical;
     let (family, family_queues) = caps
         .compute_queue_family

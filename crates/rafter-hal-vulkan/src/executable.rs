@@ -16,6 +16,7 @@ use crate::error::call_error;
 
 const SPIRV_MAGIC: u32 = 0x0723_0203;
 const OP_ENTRY_POINT: u32 = 15;
+const OP_CAPABILITY: u32 = 17;
 const EXECUTION_MODEL_GL_COMPUTE: u32 = 5;
 
 /// The names of a module's `GLCompute` entry points, in module order. Also checks the
@@ -62,6 +63,22 @@ pub fn spirv_entry_points(words: &[u32]) -> Result<Vec<String>, String> {
     Ok(entries)
 }
 
+/// The SPIR-V capabilities a module declares (`OpCapability` operands, in module order).
+/// The module must be whole words with the SPIR-V magic (see [`spirv_entry_points`]).
+pub fn spirv_capabilities(words: &[u32]) -> Result<Vec<u32>, String> {
+    spirv_entry_points(words)?;
+    let mut capabilities = Vec::new();
+    let mut at = 5;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        if words[at] & 0xffff == OP_CAPABILITY && count == 2 {
+            capabilities.push(words[at + 1]);
+        }
+        at += count;
+    }
+    Ok(capabilities)
+}
+
 /// A loaded SPIR-V module: one compute pipeline per `GLCompute` entry point, all with the
 /// device's single pipeline layout (no descriptors, push constants only).
 pub struct VulkanExecutable {
@@ -104,6 +121,20 @@ impl VulkanExecutable {
         let entries = spirv_entry_points(&words).map_err(invalid)?;
         if entries.is_empty() {
             return Err(invalid("the module has no GLCompute entry point".into()));
+        }
+        // A module using a feature the device lacks is refused here, by name, rather than
+        // handed to the driver (which may crash on it): an f16 kernel on a device without
+        // storageBuffer16BitAccess, say.
+        let missing = shared.caps.missing_for_module(&words).map_err(invalid)?;
+        if !missing.is_empty() {
+            return Err(HalError::Unsupported(format!(
+                "executable '{}' needs the device feature{} {}, which device '{}' ({}) lacks",
+                spec.name,
+                if missing.len() > 1 { "s" } else { "" },
+                missing.join(", "),
+                shared.name,
+                shared.caps.device_name
+            )));
         }
         let device = &shared.device;
         let module_info = vk::ShaderModuleCreateInfo::default().code(&words);

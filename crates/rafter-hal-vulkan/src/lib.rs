@@ -37,7 +37,7 @@ mod semaphore;
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use device::{VulkanDevice, VulkanDeviceOptions};
 pub use error::VulkanError;
-pub use executable::{spirv_entry_points, VulkanExecutable};
+pub use executable::{spirv_capabilities, spirv_entry_points, VulkanExecutable};
 pub use instance::{list_devices, DEVICE_ENV};
 pub use memory::VulkanBuffer;
 pub use queue::VulkanQueue;

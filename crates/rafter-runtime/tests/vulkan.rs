@@ -291,3 +291,286 @@ fn a_program_wholly_on_the_gpu_runs_without_a_cpu_device() {
     let d = max_abs_diff(&got[0], &want[0]);
     assert!(d <= 1e-6, "max abs diff {d}");
 }
+
+/// `n` values in [-1, 1] that f16 represents exactly (multiples of 1/512), as IR text.
+fn f16_dense(n: usize, seed: usize) -> String {
+    (0..n)
+        .map(|i| {
+            let k = (i * 2_654_435_761 + seed * 40_503) % 1025;
+            format!("{:?}", (k as f32 - 512.0) / 512.0)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `t` rounded to f16.
+fn to_f16(t: &Tensor) -> Tensor {
+    let bytes: Vec<u8> = t
+        .to_f64_vec()
+        .iter()
+        .flat_map(|&v| half::f16::from_f64(v).to_le_bytes())
+        .collect();
+    Tensor::from_le_bytes(rafter_ir::DType::F16, t.shape(), &bytes).unwrap()
+}
+
+/// Compiles `g` (an f16 model) for Vulkan, checks every kernel was placed on the GPU and
+/// its ops include `ops`, runs it through a session on two inputs, and compares with the
+/// reference executor's f16 results. Tolerance: 4 f16 ulps at each expected element. The
+/// kernels round every f16 value at op boundaries as the reference does, so they differ
+/// only where an f32 sum in another order crosses a rounding boundary (1 ulp) or in a
+/// softmax, which the reference rounds step by step as ONNX's does (up to 4 ulps; the
+/// codegen crate's tests/f16.rs measures each kind).
+fn f16_model_matches_the_reference(g: &Graph, x_dims: &[usize], ops: &[&str]) {
+    let Some((devices, _)) = devices_or_skip(&g.name) else {
+        return;
+    };
+    let artifact = compile(g);
+    let program = artifact.program();
+    assert!(
+        devices_of(program).iter().all(|d| *d == "vulkan"),
+        "{}: {:?}",
+        g.name,
+        program
+            .kernels
+            .iter()
+            .filter(|k| k.device != "vulkan")
+            .map(|k| (&k.name, rafter_codegen_spirv::supports(&k.body)))
+            .collect::<Vec<_>>()
+    );
+    let placed: Vec<&str> = program
+        .kernels
+        .iter()
+        .flat_map(|k| k.body.nodes.iter().map(|n| n.op.name()))
+        .collect();
+    for op in ops {
+        assert!(
+            placed.contains(op),
+            "{}: no {op} kernel in {placed:?}",
+            g.name
+        );
+    }
+    let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
+    for seed in [3, 4] {
+        let x = to_f16(&rand(x_dims, seed));
+        let want = rafter_reference::run(g, vec![x.clone()]).unwrap();
+        let got = session.run(vec![x], WAIT).unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.dtype(), b.dtype(), "output {i}");
+            let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+            // One f16 ulp at x (the f16 subnormal spacing below the smallest normal).
+            let ulp = |x: f64| 2f64.powi((x.abs().log2().floor() as i32).max(-14) - 10);
+            let bad = (0..b.len())
+                .filter(|&j| {
+                    let ok = (a[j] - b[j]).abs() <= 4.0 * ulp(b[j]);
+                    !ok
+                })
+                .map(|j| format!("[{j}] got {} want {}", a[j], b[j]))
+                .take(3)
+                .collect::<Vec<_>>();
+            assert!(bad.is_empty(), "{} output {i}: {bad:?}", g.name);
+        }
+    }
+}
+
+/// A transformer block's core in f16: projection with bias and residual, layer norm,
+/// attention scores scaled by 1/8 (as attention's 1/sqrt(d) keeps softmax's logits small:
+/// unscaled, the f16 rounding of logits near 30 alone moves the softmax by percents),
+/// softmax, and an f32 output through a cast; wholly on the GPU. (Hidden size 48: its bias
+/// and norm weights are weight buffers; bert_tiny's, of 32 f16s, are folded into bodies.)
+#[test]
+fn an_f16_transformer_block_on_vulkan_matches_the_reference() {
+    let g = parse_graph(&format!(
+        r#"graph @f16_block(%x: f16[2, 8, 48]) -> (%y, %p) {{
+  const %w: f16[48, 48] = dense [{}]
+  const %b: f16[48] = dense [{}]
+  const %g: f16[48] = dense [{}]
+  const %beta: f16[48] = dense [{}]
+  const %k: f16[] = dense [0.125]
+  %m: f16[2, 8, 48] = matmul(%x, %w)
+  %mb: f16[2, 8, 48] = binary{{op = add}}(%m, %b)
+  %r: f16[2, 8, 48] = binary{{op = add}}(%mb, %x)
+  %n: f16[2, 8, 48] = layer_norm{{axis = -1, epsilon = 1e-5}}(%r, %g, %beta)
+  %t: f16[2, 48, 8] = transpose{{perm = [0, 2, 1]}}(%n)
+  %s: f16[2, 8, 8] = matmul(%n, %t)
+  %sc: f16[2, 8, 8] = binary{{op = mul}}(%s, %k)
+  %y: f16[2, 8, 8] = softmax{{kind = softmax, axis = -1}}(%sc)
+  %p: f32[2, 8, 8] = cast{{to = f32}}(%y)
+}}"#,
+        f16_dense(48 * 48, 1),
+        f16_dense(48, 2),
+        f16_dense(48, 3),
+        f16_dense(48, 4)
+    ))
+    .unwrap();
+    f16_model_matches_the_reference(&g, &[2, 8, 48], &["matmul", "layer_norm", "softmax"]);
+}
+
+/// A MobileNet-like f16 conv net: strided conv + bias + ReLU6, depthwise, pointwise conv
+/// with a residual, max and global pooling, a classifier gemm (transB), wholly on the GPU.
+#[test]
+fn an_f16_conv_net_on_vulkan_matches_the_reference() {
+    let conv = |k: usize, s: usize, p: usize, group: usize| {
+        format!(
+            "conv{{kernel_shape = [{k}, {k}], strides = [{s}, {s}], pads = [{p}, {p}, {p}, {p}], \
+             dilations = [1, 1], group = {group}, auto_pad = explicit}}"
+        )
+    };
+    let g = parse_graph(&format!(
+        r#"graph @f16_convnet(%x: f16[2, 3, 16, 16]) -> (%y) {{
+  const %w1: f16[8, 3, 3, 3] = dense [{}]
+  const %b1: f16[8] = dense [{}]
+  const %wd: f16[8, 1, 3, 3] = dense [{}]
+  const %w2: f16[8, 8, 1, 1] = dense [{}]
+  const %lo: f16[] = dense [0.0]
+  const %hi: f16[] = dense [6.0]
+  const %wc: f16[40, 8] = dense [{}]
+  const %bc: f16[40] = dense [{}]
+  %c1: f16[2, 8, 8, 8] = {}(%x, %w1, %b1)
+  %a1: f16[2, 8, 8, 8] = clip(%c1, %lo, %hi)
+  %d: f16[2, 8, 8, 8] = {}(%a1, %wd, _)
+  %a2: f16[2, 8, 8, 8] = unary{{op = relu}}(%d)
+  %c2: f16[2, 8, 8, 8] = {}(%a2, %w2, _)
+  %r: f16[2, 8, 8, 8] = binary{{op = add}}(%c2, %a1)
+  %mp: f16[2, 8, 4, 4] = pool{{kind = max, kernel_shape = [2, 2], strides = [2, 2], pads = [0, 0, 0, 0], dilations = [1, 1], auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = 2, storage_order = 0}}(%r)
+  %gp: f16[2, 8, 1, 1] = global_pool{{kind = average, p = 2}}(%mp)
+  %f: f16[2, 8] = flatten{{axis = 1}}(%gp)
+  %y: f16[2, 40] = gemm{{alpha = 1.0, beta = 1.0, trans_a = false, trans_b = true}}(%f, %wc, %bc)
+}}"#,
+        f16_dense(8 * 27, 5),
+        f16_dense(8, 6),
+        f16_dense(72, 7),
+        f16_dense(64, 8),
+        f16_dense(320, 9),
+        f16_dense(40, 10),
+        conv(3, 2, 1, 1),
+        conv(3, 1, 1, 8),
+        conv(1, 1, 0, 1),
+    ))
+    .unwrap();
+    f16_model_matches_the_reference(
+        &g,
+        &[2, 3, 16, 16],
+        &["conv", "pool", "global_pool", "gemm"],
+    );
+}
+
+/// `g` as `model.half()` exports it: every f32 value, constant and cast target f16, the
+/// constants saturated to f16's range (PyTorch builds an f16 model's mask constant from
+/// f16's minimum, not f32's, which would round to -inf).
+fn to_half_model(mut g: Graph) -> Graph {
+    use rafter_ir::{ConstData, DType, Op};
+    for v in &mut g.values {
+        if v.ty.dtype == DType::F32 {
+            v.ty.dtype = DType::F16;
+        }
+    }
+    for c in &mut g.constants {
+        if c.dtype == DType::F32 {
+            let bytes: Vec<u8> = c
+                .to_f64s()
+                .iter()
+                .flat_map(|&x| half::f16::from_f64(x.clamp(-65504.0, 65504.0)).to_le_bytes())
+                .collect();
+            *c = ConstData::new(DType::F16, c.dims.clone(), bytes.into()).unwrap();
+        }
+    }
+    for n in &mut g.nodes {
+        if let Op::Cast { to } = &mut n.op {
+            if *to == DType::F32 {
+                *to = DType::F16;
+            }
+        }
+    }
+    g
+}
+
+/// bert_tiny converted to f16 (see [`to_half_model`]) and compiled for Vulkan: the same
+/// kernels as in f32 run on the GPU (every encoder kernel), and the output matches the
+/// reference executor's f16 run, and ONNX Runtime's f32 one at f16's precision.
+#[test]
+fn bert_tiny_in_f16_on_vulkan_matches_the_reference() {
+    let Some((devices, _)) = devices_or_skip("bert_tiny_in_f16_on_vulkan") else {
+        return;
+    };
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert_tiny");
+    let g = rafter_import::import_onnx_file(&dir.join("model.onnx"))
+        .unwrap()
+        .graph;
+    let f32_gpu = devices_of(compile(&g).program())
+        .iter()
+        .filter(|d| **d == "vulkan")
+        .count();
+    let g = to_half_model(g);
+    let artifact = compile(&g);
+    let program = artifact.program();
+    let on_cpu: Vec<(String, String)> = program
+        .kernels
+        .iter()
+        .filter(|k| k.device == "cpu")
+        .map(|k| {
+            let why = rafter_codegen_spirv::supports(&k.body)
+                .err()
+                .unwrap_or_default();
+            (k.name.clone(), why)
+        })
+        .collect();
+    let on_gpu = program.kernels.len() - on_cpu.len();
+    assert_eq!(on_gpu, f32_gpu, "f16 leaves more on the CPU: {on_cpu:?}");
+    let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
+    for case in ["seq7", "seq13"] {
+        let read =
+            |name: &str| rafter_reference::npy::read_npy(&dir.join(case).join(name)).unwrap();
+        let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
+        let got = session.run(inputs.clone(), WAIT).unwrap().remove(0);
+        let want = rafter_reference::run(&g, inputs).unwrap().remove(0);
+        let ort = read("last_hidden_state.npy");
+        // Four f16 ulps at the output's largest magnitude (layer-normed, a few units): the
+        // kernels' softmaxes differ from the reference's by up to 4 ulps (it rounds each
+        // step, as ONNX's does) and two layers carry that on; ORT's f32 output differs
+        // from any f16 run by the rounding of the weights and of every op's result.
+        let top = ort.to_f64_vec().iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let tol = 4.0 * 2f64.powi(top.log2().floor() as i32 - 10);
+        for (what, other) in [("the reference's f16 run", &want), ("ORT's f32 run", &ort)] {
+            let d = max_abs_diff(&got, other);
+            assert!(d <= tol, "{case}: max |vulkan f16 - {what}| = {d} > {tol}");
+        }
+    }
+}
+
+/// On a device without `storageBuffer16BitAccess` (lavapipe with it switched off), a
+/// program with f16 GPU kernels is refused when the session loads them, naming the first
+/// such kernel and the feature; the driver never sees the module.
+#[test]
+fn f16_kernels_on_a_device_without_16_bit_storage_are_refused_by_name() {
+    let test = "f16_kernels_on_a_device_without_16_bit_storage";
+    let Some((_, _)) = devices_or_skip(test) else {
+        return;
+    };
+    let options = VulkanDeviceOptions {
+        disable_16bit_storage: true,
+        ..VulkanDeviceOptions::default()
+    };
+    let device = Arc::new(VulkanDevice::new(options).unwrap());
+    assert!(!device.capabilities().storage_buffer_16bit);
+    let devices = DeviceSet::cpu()
+        .unwrap()
+        .with("vulkan", device as Arc<dyn Device>);
+    let g = parse_graph("graph @h(%x: f16[64]) -> (%y) {\n  %y: f16[64] = unary{op = relu}(%x)\n}")
+        .unwrap();
+    let artifact = compile(&g);
+    let kernel = artifact.program().kernels[0].name.clone();
+    let Err(err) = Session::from_artifact(artifact, &devices, SessionOptions::new()) else {
+        panic!("an f16 kernel must be refused");
+    };
+    let message = err.to_string();
+    assert!(message.contains(&kernel), "{message}");
+    assert!(message.contains("storageBuffer16BitAccess"), "{message}");
+    // The same program on f32 loads and runs there.
+    let g = parse_graph("graph @h(%x: f32[64]) -> (%y) {\n  %y: f32[64] = unary{op = relu}(%x)\n}")
+        .unwrap();
+    let session = Session::from_artifact(compile(&g), &devices, SessionOptions::new()).unwrap();
+    let x = rand(&[64], 5);
+    let got = session.run(vec![x.clone()], WAIT).unwrap();
+    assert_eq!(got, rafter_reference::run(&g, vec![x]).unwrap());
+}

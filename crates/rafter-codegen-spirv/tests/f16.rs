@@ -1,0 +1,515 @@
+//! f16 kernels: every kind the generator handles, on f16 buffers (f32 arithmetic), checked
+//! with spirv-val and run on the Vulkan device (lavapipe in CI) against the reference
+//! executor's f16 results.
+//!
+//! Tolerance, in units in the last place (ulps) of the output's dtype at each expected
+//! element. A kernel rounds every f16 value it computes at the op boundaries, as the
+//! reference does, and computes in f32 inside an op, as the reference does too: the two
+//! agree bit for bit except where an f32 sum in another order (a matmul's, a layer norm's
+//! mean) lands on the other side of a rounding boundary, which costs one ulp. A softmax
+//! gets four: the reference follows ONNX's, which rounds the exp terms, their sum and each
+//! quotient to f16 step by step, where the kernel keeps them in f32 (as PyTorch does).
+//! A wrong index, a missed rounding or an f16 accumulation are off by many ulps.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use half::f16;
+use rafter_artifact::{dim_params, VulkanModule};
+use rafter_codegen_spirv::{kernel_module, matmul};
+use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
+use rafter_hal_vulkan::{spirv_capabilities, VulkanDevice};
+use rafter_ir::text::parse_graph;
+use rafter_ir::{DType, Graph};
+use rafter_reference::Tensor;
+
+/// SPIR-V's `StorageBuffer16BitAccess` and `Float16` capabilities.
+const STORAGE_BUFFER_16BIT: u32 = 4433;
+const FLOAT16: u32 = 9;
+
+/// One kernel body per kind the generator covers, all on f16 (or mixing f16 and f32
+/// through casts), static shapes, sizes that leave partial tiles and workgroups.
+fn cases() -> Vec<(&'static str, String)> {
+    let conv = |k: usize, s: usize, p: usize, group: usize| {
+        format!(
+            "conv{{kernel_shape = [{k}, {k}], strides = [{s}, {s}], pads = [{p}, {p}, {p}, {p}], \
+             dilations = [1, 1], group = {group}, auto_pad = explicit}}"
+        )
+    };
+    vec![
+        (
+            "elementwise_broadcast_chain",
+            "graph @k(%x: f16[4, 3, 8], %b: f16[8], %s: f16[]) -> (%y) {
+  %a: f16[4, 3, 8] = binary{op = add}(%x, %b)
+  %c: f16[4, 3, 8] = binary{op = mul}(%a, %s)
+  %y: f16[4, 3, 8] = unary{op = tanh}(%c)
+}"
+            .into(),
+        ),
+        (
+            "transpose_add",
+            "graph @k(%x: f16[5, 3], %z: f16[3, 5]) -> (%y) {
+  %t: f16[3, 5] = transpose{perm = [1, 0]}(%x)
+  %y: f16[3, 5] = binary{op = add}(%t, %z)
+}"
+            .into(),
+        ),
+        (
+            "cast_f16_to_f32",
+            "graph @k(%x: f16[37]) -> (%y) {
+  %a: f32[37] = cast{to = f32}(%x)
+  %y: f32[37] = unary{op = exp}(%a)
+}"
+            .into(),
+        ),
+        (
+            "cast_f32_to_f16_and_const",
+            "graph @k(%x: f32[37]) -> (%y) {
+  const %h: f16[] = dense [0.5]
+  %a: f16[37] = cast{to = f16}(%x)
+  %y: f16[37] = binary{op = mul}(%a, %h)
+}"
+            .into(),
+        ),
+        (
+            "reduce_mean",
+            "graph @k(%x: f16[4, 33]) -> (%y) {
+  %y: f16[4] = reduce{kind = mean, axes = [1], keep_dims = false, noop_with_empty_axes = false}(%x)
+}"
+            .into(),
+        ),
+        (
+            "softmax_last_axis",
+            "graph @k(%x: f16[6, 200]) -> (%y) {
+  %y: f16[6, 200] = softmax{kind = softmax, axis = -1}(%x)
+}"
+            .into(),
+        ),
+        (
+            "softmax_inner_axis",
+            "graph @k(%x: f16[2, 7, 5]) -> (%y) {
+  %y: f16[2, 7, 5] = softmax{kind = softmax, axis = 1}(%x)
+}"
+            .into(),
+        ),
+        (
+            "residual_layer_norm",
+            "graph @k(%x: f16[3, 5, 48], %r: f16[3, 5, 48], %g: f16[48], %b: f16[48]) -> (%y) {
+  %h: f16[3, 5, 48] = binary{op = add}(%x, %r)
+  %y: f16[3, 5, 48] = layer_norm{axis = -1, epsilon = 1e-5}(%h, %g, %b)
+}"
+            .into(),
+        ),
+        (
+            "batched_matmul_bias_relu",
+            "graph @k(%a: f16[2, 3, 33, 40], %b: f16[2, 3, 40, 45], %c: f16[45]) -> (%y) {
+  %p: f16[2, 3, 33, 45] = matmul(%a, %b)
+  %q: f16[2, 3, 33, 45] = binary{op = add}(%p, %c)
+  %y: f16[2, 3, 33, 45] = unary{op = relu}(%q)
+}"
+            .into(),
+        ),
+        (
+            "matmul_shared_b_residual_mask",
+            "graph @k(%a: f16[2, 70, 80], %b: f16[80, 66], %r: f16[2, 70, 66], %m: f16[2, 1, 66]) -> (%y) {
+  %p: f16[2, 70, 66] = matmul(%a, %b)
+  %q: f16[2, 70, 66] = binary{op = add}(%p, %r)
+  %y: f16[2, 70, 66] = binary{op = add}(%q, %m)
+}"
+            .into(),
+        ),
+        (
+            // Constants of 64 bytes or less are folded into bodies by the compiler: 32 f16s.
+            "matmul_folded_const_bias",
+            "graph @k(%a: f16[2, 9, 40], %b: f16[40, 32]) -> (%y) {
+  const %c: f16[32] = dense [0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75, 0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75, 0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75, 0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75]
+  %p: f16[2, 9, 32] = matmul(%a, %b)
+  %y: f16[2, 9, 32] = binary{op = add}(%p, %c)
+}"
+            .into(),
+        ),
+        (
+            "layer_norm_folded_const_scale_bias",
+            "graph @k(%x: f16[3, 4, 16]) -> (%y) {
+  const %g: f16[16] = dense [0.5, -0.25, 1.0, 0.0, -1.5, 2.0, 0.125, -0.75, 1.5, -1.25, 1.0, 0.25, -0.5, 2.5, 0.375, -1.75]
+  const %b: f16[1, 16] = dense [0.25, 0.5, -1.0, 0.0, 1.5, -2.0, 0.125, 0.75, 1.5, -1.25, 1.0, 0.25, -0.5, 2.5, 0.375, -1.75]
+  %y: f16[3, 4, 16] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g, %b)
+}"
+            .into(),
+        ),
+        (
+            "gemm_trans_b",
+            "graph @k(%a: f16[5, 40], %w: f16[70, 40], %c: f16[70]) -> (%y) {
+  %y: f16[5, 70] = gemm{alpha = 0.5, beta = 1.0, trans_a = false, trans_b = true}(%a, %w, %c)
+}"
+            .into(),
+        ),
+        (
+            "conv_bias_residual_relu",
+            format!(
+                "graph @k(%x: f16[2, 4, 9, 9], %w: f16[6, 4, 3, 3], %b: f16[6], %r: f16[2, 6, 9, 9]) -> (%y) {{
+  %c: f16[2, 6, 9, 9] = {}(%x, %w, %b)
+  %s: f16[2, 6, 9, 9] = binary{{op = add}}(%c, %r)
+  %y: f16[2, 6, 9, 9] = unary{{op = relu}}(%s)
+}}",
+                conv(3, 1, 1, 1)
+            ),
+        ),
+        (
+            "conv_const_bias_relu6",
+            format!(
+                "graph @k(%x: f16[1, 3, 10, 10], %w: f16[5, 3, 1, 1]) -> (%y) {{
+  const %b: f16[5] = dense [0.5, -0.25, 1.0, 0.0, -1.5]
+  const %lo: f16[] = dense [0.0]
+  const %hi: f16[] = dense [6.0]
+  %c: f16[1, 5, 5, 5] = {}(%x, %w, %b)
+  %y: f16[1, 5, 5, 5] = clip(%c, %lo, %hi)
+}}",
+                conv(1, 2, 0, 1)
+            ),
+        ),
+        (
+            "depthwise_bias",
+            format!(
+                "graph @k(%x: f16[2, 4, 8, 8], %w: f16[4, 1, 3, 3], %b: f16[4]) -> (%y) {{
+  %y: f16[2, 4, 4, 4] = {}(%x, %w, %b)
+}}",
+                conv(3, 2, 1, 4)
+            ),
+        ),
+        (
+            "max_pool",
+            "graph @k(%x: f16[1, 4, 11, 11]) -> (%y) {
+  %y: f16[1, 4, 6, 6] = pool{kind = max, kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1], dilations = [1, 1], auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = 2, storage_order = 0}(%x)
+}"
+            .into(),
+        ),
+        (
+            "global_average_pool",
+            "graph @k(%x: f16[2, 5, 7, 7]) -> (%y) {
+  %y: f16[2, 5, 1, 1] = global_pool{kind = average, p = 2}(%x)
+}"
+            .into(),
+        ),
+        (
+            "global_max_pool",
+            "graph @k(%x: f16[2, 5, 7, 7]) -> (%y) {
+  %y: f16[2, 5, 1, 1] = global_pool{kind = max, p = 2}(%x)
+}"
+            .into(),
+        ),
+    ]
+}
+
+fn words(module: &VulkanModule) -> Vec<u32> {
+    module
+        .spirv
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn every_f16_kernel_passes_spirv_val_and_needs_only_16_bit_storage() {
+    for (label, text) in cases() {
+        let body = parse_graph(&text).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let module = kernel_module(&body, 0).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let spirv = words(&module);
+        common::spirv_val(&spirv, &format!("f16_{label}"));
+        let caps = spirv_capabilities(&spirv).unwrap();
+        assert!(caps.contains(&STORAGE_BUFFER_16BIT), "{label}: {caps:?}");
+        assert!(
+            !caps.contains(&FLOAT16),
+            "{label}: no f16 arithmetic, {caps:?}"
+        );
+        // The same body on f32 declares no 16-bit capability (it runs where f16 cannot).
+        let f32_text = text.replace("f16", "f32");
+        let body = parse_graph(&f32_text).unwrap_or_else(|e| panic!("{label} f32: {e}"));
+        let module = kernel_module(&body, 0).unwrap_or_else(|e| panic!("{label} f32: {e}"));
+        let caps = spirv_capabilities(&words(&module)).unwrap();
+        assert!(
+            !caps.contains(&STORAGE_BUFFER_16BIT),
+            "{label} f32: {caps:?}"
+        );
+    }
+}
+
+#[test]
+fn a_matmul_mixing_f16_and_f32_operands_says_why() {
+    let body = parse_graph(
+        "graph @k(%a: f16[4, 8], %b: f32[8, 4]) -> (%y) {\n  %y: f16[4, 4] = matmul(%a, %b)\n}",
+    )
+    .unwrap();
+    let e = matmul(&body).unwrap_err().to_string();
+    assert!(e.contains("one element type"), "{e}");
+    let body = parse_graph(
+        "graph @k(%a: f16[4, 8], %b: f16[8, 4], %c: f32[4]) -> (%y) {\n  %p: f16[4, 4] = matmul(%a, %b)\n  %y: f16[4, 4] = binary{op = add}(%p, %c)\n}",
+    )
+    .unwrap();
+    let e = matmul(&body).unwrap_err().to_string();
+    assert!(e.contains("one element type"), "{e}");
+}
+
+/// Every binding's static dims.
+fn dims_of(body: &Graph, v: rafter_ir::ValueId) -> Vec<usize> {
+    body.value(v)
+        .ty
+        .dims
+        .iter()
+        .map(|d| d.as_known().expect("static dims") as usize)
+        .collect()
+}
+
+/// A random input of `dtype` (values in [-2, 2], rounded to f16 for an f16 tensor).
+fn input(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
+    let n = dims.iter().product();
+    let values = common::inputs_in((-2.0, 2.0), n, seed);
+    match dtype {
+        DType::F16 => {
+            let bytes: Vec<u8> = values
+                .iter()
+                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                .collect();
+            Tensor::from_le_bytes(DType::F16, dims, &bytes).unwrap()
+        }
+        _ => Tensor::f32s(dims, values),
+    }
+}
+
+/// Runs `module` on `inputs` and returns its first output, of `out_dtype` and `out_dims`.
+fn run(
+    device: &VulkanDevice,
+    module: &VulkanModule,
+    inputs: &[Tensor],
+    (out_dtype, out_dims): (DType, &[usize]),
+) -> Tensor {
+    let mut buffers: Vec<Buffer> = inputs
+        .iter()
+        .map(|t| {
+            let bytes = t.to_le_bytes();
+            let b = device
+                .allocate(bytes.len().max(4) as u64, MemoryKind::HostVisibleShared)
+                .unwrap();
+            b.write_bytes(0, &bytes).unwrap();
+            b
+        })
+        .collect();
+    let out_bytes = out_dims.iter().product::<usize>() * out_dtype.size_of();
+    let y = device
+        .allocate(out_bytes as u64, MemoryKind::HostVisibleShared)
+        .unwrap();
+    // NaN everywhere (0xFF bytes), so an element the kernel never writes fails.
+    y.write_bytes(0, &vec![0xFF; out_bytes]).unwrap();
+    buffers.push(y.clone());
+    let exe = device
+        .load_executable(&ExecutableSpec {
+            name: "f16".into(),
+            format: FORMAT_SPIRV.into(),
+            payload: ExecutablePayload::Bytes(Arc::from(&module.spirv[..])),
+        })
+        .unwrap();
+    let max = device.info().limits.max_workgroup_count;
+    let input_dims: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
+    let (mut params, grid) = module
+        .launch
+        .dispatch(&input_dims, out_dims, module.workgroup_size, max)
+        .unwrap()
+        .expect("a non-empty output");
+    let mut binding_dims = input_dims.clone();
+    binding_dims.push(out_dims);
+    params.extend(dim_params(&module.dims, &binding_dims).unwrap());
+    let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
+    let mut builder = device.create_command_buffer().unwrap();
+    builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    done.wait(1, Duration::from_secs(300)).unwrap();
+    let bytes = y.read_bytes(0, out_bytes as u64).unwrap();
+    Tensor::from_le_bytes(out_dtype, out_dims, &bytes).unwrap()
+}
+
+/// The ulps of tolerance for a case (see the module doc); the f32 `exp` of the cast case
+/// gets the 3 + 2|x| f32 ulps Vulkan allows an `exp` (|x| <= 2 here).
+fn allowed_ulps(label: &str) -> f64 {
+    match label {
+        "cast_f16_to_f32" => 7.0,
+        l if l.contains("softmax") => 4.0,
+        _ => 1.0,
+    }
+}
+
+/// One ulp of `dtype` at `x` (its subnormal spacing below the smallest normal).
+fn ulp(x: f64, dtype: DType) -> f64 {
+    let (mantissa, min_exp) = match dtype {
+        DType::F16 => (10, -14),
+        _ => (23, -126),
+    };
+    2f64.powi((x.abs().log2().floor() as i32).max(min_exp) - mantissa)
+}
+
+/// The elements of `got` more than `ulps` ulps from `want` (at most 3).
+fn mismatches(got: &Tensor, want: &Tensor, ulps: f64) -> Vec<String> {
+    let dtype = want.dtype();
+    let (got, want) = (got.to_f64_vec(), want.to_f64_vec());
+    (0..want.len())
+        .filter(|&i| {
+            let ok = (got[i] - want[i]).abs() <= ulps * ulp(want[i], dtype);
+            !ok
+        })
+        .take(3)
+        .map(|i| format!("[{i}] got {} want {}", got[i], want[i]))
+        .collect()
+}
+
+#[test]
+fn f16_kernels_of_every_kind_match_the_reference() {
+    let Some(device) = common::device_or_skip("f16_kernels_of_every_kind_match_the_reference")
+    else {
+        return;
+    };
+    let caps = device.capabilities();
+    assert!(
+        caps.storage_buffer_16bit,
+        "{} lacks storageBuffer16BitAccess: f16 kernels cannot run on it",
+        caps.device_name
+    );
+    for (label, text) in cases() {
+        let body = parse_graph(&text).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let module = kernel_module(&body, 0).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let inputs: Vec<Tensor> = body
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| input(body.value(v).ty.dtype, &dims_of(&body, v), 7 + i as u64))
+            .collect();
+        let want = rafter_reference::run(&body, inputs.clone())
+            .unwrap_or_else(|e| panic!("{label}: reference: {e}"))
+            .remove(0);
+        let out = body.outputs[0];
+        let out_dims = dims_of(&body, out);
+        let got = run(
+            &device,
+            &module,
+            &inputs,
+            (body.value(out).ty.dtype, &out_dims),
+        );
+        assert_eq!(got.dtype(), want.dtype(), "{label}");
+        let bad = mismatches(&got, &want, allowed_ulps(label));
+        assert!(bad.is_empty(), "{label}: {} elements: {bad:?}", want.len());
+    }
+}
+
+/// A cast to f16 rounds to the nearest f16 (ties to even) both when it is stored and
+/// inside a chain: bit-exact against the reference, on values chosen to sit between f16s
+/// (1 + 2^-11 is a tie, rounding to 1; 1 + 3·2^-12 rounds up).
+#[test]
+fn a_cast_to_f16_rounds_like_the_reference() {
+    let Some(device) = common::device_or_skip("a_cast_to_f16_rounds_like_the_reference") else {
+        return;
+    };
+    let body = parse_graph(
+        "graph @k(%x: f32[8]) -> (%y, %z) {
+  %y: f16[8] = cast{to = f16}(%x)
+  %a: f16[8] = cast{to = f16}(%x)
+  %b: f32[8] = cast{to = f32}(%a)
+  %z: f32[8] = binary{op = sub}(%x, %b)
+}",
+    )
+    .unwrap();
+    let x: Vec<f32> = vec![
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-12),
+        -(1.0 + 2f32.powi(-11) + 2f32.powi(-20)),
+        65504.0,
+        1e-3,
+        -0.0,
+        3.333_3,
+        -2.222_2,
+    ];
+    let module = kernel_module(&body, 0).unwrap();
+    assert_eq!(rafter_codegen_spirv::elementwise(&body).unwrap().outputs, 2);
+    let inputs = vec![Tensor::f32s(&[8], x)];
+    let want = rafter_reference::run(&body, inputs.clone()).unwrap();
+    // The kernel's two outputs: run it with both bound.
+    let got = run_two(&device, &module, &inputs);
+    assert_eq!(got[0].to_f64_vec(), want[0].to_f64_vec(), "stored cast");
+    assert_eq!(
+        got[1].to_f64_vec(),
+        want[1].to_f64_vec(),
+        "cast inside a chain"
+    );
+}
+
+/// [`run`] for the two-output cast kernel: `y` f16[8], `z` f32[8].
+fn run_two(device: &VulkanDevice, module: &VulkanModule, inputs: &[Tensor]) -> Vec<Tensor> {
+    let x = inputs[0].to_le_bytes();
+    let buffers: Vec<Buffer> = [x.len(), 16, 32]
+        .iter()
+        .map(|&n| {
+            device
+                .allocate(n as u64, MemoryKind::HostVisibleShared)
+                .unwrap()
+        })
+        .collect();
+    buffers[0].write_bytes(0, &x).unwrap();
+    let exe = device
+        .load_executable(&ExecutableSpec {
+            name: "cast".into(),
+            format: FORMAT_SPIRV.into(),
+            payload: ExecutablePayload::Bytes(Arc::from(&module.spirv[..])),
+        })
+        .unwrap();
+    let max = device.info().limits.max_workgroup_count;
+    let (params, grid) = module
+        .launch
+        .dispatch(&[&[8]], &[8], module.workgroup_size, max)
+        .unwrap()
+        .unwrap();
+    let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
+    let mut builder = device.create_command_buffer().unwrap();
+    builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    done.wait(1, Duration::from_secs(300)).unwrap();
+    let read = |b: &Buffer, dtype: DType| {
+        let bytes = b.read_bytes(0, 8 * dtype.size_of() as u64).unwrap();
+        Tensor::from_le_bytes(dtype, &[8], &bytes).unwrap()
+    };
+    vec![read(&buffers[1], DType::F16), read(&buffers[2], DType::F32)]
+}
+
+/// The loader refuses an f16 module on a device without 16-bit storage by naming the
+/// feature (checked on the real device's capabilities with that feature switched off:
+/// the same function the loader calls).
+#[test]
+fn a_device_without_16_bit_storage_is_named_as_the_reason() {
+    let Some(device) = common::device_or_skip("a_device_without_16_bit_storage") else {
+        return;
+    };
+    let body = parse_graph(&cases()[0].1).unwrap();
+    let spirv = words(&kernel_module(&body, 0).unwrap());
+    let mut caps = device.capabilities().clone();
+    assert_eq!(caps.missing_for_module(&spirv).unwrap(), Vec::<&str>::new());
+    caps.storage_buffer_16bit = false;
+    assert_eq!(
+        caps.missing_for_module(&spirv).unwrap(),
+        ["storageBuffer16BitAccess"]
+    );
+    // An f32 module does not need it.
+    let f32_body = parse_graph(&cases()[0].1.replace("f16", "f32")).unwrap();
+    let f32_spirv = words(&kernel_module(&f32_body, 0).unwrap());
+    assert_eq!(
+        caps.missing_for_module(&f32_spirv).unwrap(),
+        Vec::<&str>::new()
+    );
+}
