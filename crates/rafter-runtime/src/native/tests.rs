@@ -711,3 +711,74 @@ fn softmax_with_a_row_mask() {
         assert_native(c.check(y), 1);
     }
 }
+
+#[test]
+fn f16_sums_then_layer_norm_match_the_reference() {
+    // BERT's embeddings exported in f16: the adds round to f16 as the reference's ops do,
+    // the norm runs in f32 and rounds once, so the result is within an f16 ulp.
+    // 48 columns: scale and bias (96 bytes) stay kernel inputs, not folded constants.
+    let d = [1usize, 5, 48];
+    let f16_ty = |d: &[usize]| {
+        let d: Vec<i64> = d.iter().map(|&x| x as i64).collect();
+        TensorType::known(DType::F16, &d)
+    };
+    let halves = |v: Vec<f32>| -> Vec<u8> {
+        v.into_iter()
+            .flat_map(|x| half::f16::from_f32(x * 3.0).to_le_bytes())
+            .collect()
+    };
+    let mut rng = Rng(91);
+    let mut g = Graph::new("f16_norm");
+    let mut inputs = Vec::new();
+    let mut ins = Vec::new();
+    for i in 0..3 {
+        let bytes = halves(rng.vec(240));
+        inputs.push(Tensor::from_le_bytes(DType::F16, &d, &bytes).unwrap());
+        ins.push(g.add_input(format!("e{i}"), f16_ty(&d)));
+    }
+    let mut weight = |g: &mut Graph, name: &str| {
+        let c = ConstData::new(DType::F16, vec![48], Bytes::from(halves(rng.vec(48)))).unwrap();
+        g.add_const(name, c)
+    };
+    let (s, b) = (weight(&mut g, "scale"), weight(&mut g, "bias"));
+    let mut node = |g: &mut Graph, op: Op, args: Vec<Option<ValueId>>, name: &str| {
+        g.add_node(
+            name,
+            op,
+            args,
+            vec![Some((format!("{name}_out"), f16_ty(&d)))],
+        )[0]
+        .unwrap()
+    };
+    let y = node(&mut g, add(), vec![Some(ins[0]), Some(ins[1])], "a0");
+    let y = node(&mut g, add(), vec![Some(ins[2]), Some(y)], "a1");
+    let norm = Op::LayerNorm {
+        axis: -1,
+        epsilon: 1e-12,
+    };
+    let y = node(&mut g, norm, vec![Some(y), Some(s), Some(b)], "ln");
+    g.outputs.push(y);
+    let want = rafter_reference::run(&g, inputs.clone()).unwrap();
+    let program = rafter_opt::compile(&g, &rafter_opt::CompileOptions::default()).unwrap();
+    let session = Session::with_options(
+        program,
+        &DeviceSet::cpu().unwrap(),
+        SessionOptions::new().kernel_threads(2),
+    )
+    .unwrap();
+    let got = session.run(inputs, Duration::from_secs(60)).unwrap();
+    assert_eq!(got[0].dtype(), DType::F16);
+    for (i, (a, b)) in got[0]
+        .to_f64_vec()
+        .iter()
+        .zip(want[0].to_f64_vec())
+        .enumerate()
+    {
+        // One f16 ulp at |b| (2^-10 relative), and an absolute floor near zero.
+        assert!(
+            (a - b).abs() <= b.abs() / 1024.0 + 1e-3,
+            "element {i}: {a} vs reference {b}"
+        );
+    }
+    assert_native(session.native_stats(), 1);
+}
