@@ -741,7 +741,7 @@ fn f16_sums_then_layer_norm_match_the_reference() {
         g.add_const(name, c)
     };
     let (s, b) = (weight(&mut g, "scale"), weight(&mut g, "bias"));
-    let mut node = |g: &mut Graph, op: Op, args: Vec<Option<ValueId>>, name: &str| {
+    let node = |g: &mut Graph, op: Op, args: Vec<Option<ValueId>>, name: &str| {
         g.add_node(
             name,
             op,
