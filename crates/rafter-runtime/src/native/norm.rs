@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use rafter_ir::{BinaryOp, DType, Graph, Op, ValueId};
 
 use super::{input_of, In, NativeKernel, Out, Par};
@@ -162,10 +162,14 @@ impl LayerNormKernel {
         cols: usize,
     ) -> Result<bool, String> {
         let mut xs = widen(&ins[self.x]);
+        let mut halves = vec![f16::ZERO; xs.len()];
         for &i in &self.addends {
             for (s, a) in xs.iter_mut().zip(widen(&ins[i])) {
-                *s = f16::from_f32(*s + a).to_f32();
+                *s += a;
             }
+            // Each add's result rounded to f16, as the reference stores it.
+            halves.convert_from_f32_slice(&xs);
+            halves.convert_to_f32_slice(&mut xs);
         }
         let scale = widen(&ins[self.scale]);
         let bias = bias.map(widen);
@@ -180,17 +184,20 @@ impl LayerNormKernel {
             &*self.par,
         )
         .map_err(|e| format!("layer norm: {e}"))?;
-        for (d, v) in y.bytes_mut().chunks_exact_mut(2).zip(out) {
-            d.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        match super::operands::f16s_mut(y.bytes_mut()) {
+            Some(y) => y.convert_from_f32_slice(&out),
+            None => return Ok(false),
         }
         Ok(true)
     }
 }
 
-/// The f32 values of an f16 operand.
+/// The f32 values of an f16 operand. Converted as a slice: `half` then uses the CPU's
+/// conversion instructions (F16C) where present; element by element it took ~430 µs for
+/// one 128×768 layer norm.
 fn widen(x: &In<'_>) -> Vec<f32> {
-    x.bytes()
-        .chunks_exact(2)
-        .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-        .collect()
+    let halves = super::operands::f16s(x.bytes());
+    let mut out = vec![0f32; halves.len()];
+    halves.convert_to_f32_slice(&mut out);
+    out
 }

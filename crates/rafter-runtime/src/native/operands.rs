@@ -30,9 +30,29 @@ impl Plain for i64 {
     }
 }
 
+impl Plain for half::f16 {
+    fn from_le(bytes: &[u8]) -> half::f16 {
+        half::f16::from_le_bytes(bytes.try_into().expect("2 bytes"))
+    }
+}
+
+/// The elements of an f16 operand: borrowed when aligned (nearly always, see the module
+/// docs), else copied.
+pub(crate) fn f16s(bytes: &[u8]) -> Cow<'_, [half::f16]> {
+    match cast::<half::f16>(bytes) {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(bytes.chunks_exact(2).map(half::f16::from_le).collect()),
+    }
+}
+
+/// An f16 result's elements in place, if aligned.
+pub(crate) fn f16s_mut(bytes: &mut [u8]) -> Option<&mut [half::f16]> {
+    cast_mut::<half::f16>(bytes)
+}
+
 /// `bytes` as a slice of `T` in place, if aligned and a whole number of `T`s.
 fn cast<T: Plain>(bytes: &[u8]) -> Option<&[T]> {
-    // SAFETY: `T: Plain` is f32 or i64: no padding, every bit pattern valid; `align_to`
+    // SAFETY: `T: Plain` is f32, i64 or f16: no padding, every bit pattern valid; `align_to`
     // yields only the correctly aligned middle, and we accept it only when it is all of
     // `bytes`. The result borrows `bytes`, so the memory outlives it and is not written
     // meanwhile. (The crate is little-endian only, like `rafter-kernels-cpu`.)
