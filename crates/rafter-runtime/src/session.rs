@@ -170,11 +170,12 @@ struct Inner {
     next_call: AtomicU64,
 }
 
-/// Arena buffers of calls whose work has all completed, kept per arena for the next call.
+/// Arena buffers of recordings evicted from the session's [`RecordedCache`], kept per arena
+/// for the next recording (calls of new shapes).
 ///
 /// Allocating every arena afresh cost a measurable share of each call (zeroed host memory
 /// and its page faults on the CPU, buffer creation on Vulkan: `rafter bench` reports the
-/// time spent in `submit`). A buffer returns here only once every submission of its call
+/// time spent in `submit`). A buffer comes here only with a recording whose last call
 /// completed successfully, so no device can still touch it; concurrent calls each take
 /// their own (the pool only ever holds idle buffers). Kernels never rely on an arena's
 /// initial contents: the memory plan already reuses regions within one call.
@@ -1297,8 +1298,10 @@ impl Session {
         self.submit(inputs)?.wait(timeout)
     }
 
-    /// How many arena buffers of completed calls wait to be reused by the next calls (at
-    /// most two per arena), so a caller can see that steady-state calls allocate nothing.
+    /// How many arena buffers of completed calls wait to be reused by the next calls: those
+    /// of idle recordings (see [`Session::idle_recordings`]) and those pooled from evicted
+    /// recordings (at most two per arena), so a caller can see that steady-state calls
+    /// allocate nothing.
     pub fn idle_arenas(&self) -> usize {
         let pooled: usize = lock(&self.inner.arena_pool.free).iter().map(Vec::len).sum();
         pooled + self.inner.recorded.idle_arenas()
