@@ -117,13 +117,60 @@ pub(crate) fn store(
 /// `v` (an f32) rounded to the nearest f16 (ties to even) and widened back: an f16 value
 /// computed inside a fused kernel, whose values stay in f32 registers, as if it had been
 /// stored.
+///
+/// Done in f32 arithmetic, not as an `OpFConvert` to f16 and back: with only 16-bit
+/// *storage*, a rounding-mode-decorated conversion is meant to feed a store, and NVIDIA's
+/// driver (580, H100) returned 0 for every such round trip while spirv-val and lavapipe
+/// accepted it. Here `ulp` is the f16 spacing at `v`'s binade (2^(e-10), at least 2^-24
+/// for f16 subnormals), `v * (1/ulp)` is exact (a power of two), `RoundEven` rounds it to
+/// an integer with ties to even, and scaling back is exact; beyond 65504 the result is
+/// ±infinity, and infinities and NaNs pass through.
 pub(crate) fn round_to_half(b: &mut Builder, f32: Word, v: Word) -> Result<Word, String> {
-    let h = half(b);
-    let narrow = build(b.f_convert(h, None, v))?;
-    b.decorate(
-        narrow,
-        Decoration::FPRoundingMode,
-        [Arg::FPRoundingMode(FPRoundingMode::RTE)],
-    );
-    build(b.f_convert(f32, None, narrow))
+    let u32t = b.type_int(32, 0);
+    let boolt = b.type_bool();
+    let glsl = glsl_import(b);
+    let c = |b: &mut Builder, x: u32| b.constant_bit32(u32t, x);
+    let bits = build(b.bitcast(u32t, None, v))?;
+    let exp_mask = c(b, 0x7F80_0000);
+    let exp = build(b.bitwise_and(u32t, None, bits, exp_mask))?;
+    // f16's smallest normal binade, 2^-14: below it the spacing stays 2^-24.
+    let floor = c(b, 113 << 23);
+    let low = build(b.u_less_than(boolt, None, exp, floor))?;
+    let e = build(b.select(u32t, None, low, floor, exp))?;
+    let ten = c(b, 10 << 23);
+    let ulp_bits = build(b.i_sub(u32t, None, e, ten))?;
+    let ulp = build(b.bitcast(f32, None, ulp_bits))?;
+    let two_254 = c(b, 254 << 23);
+    let inv_bits = build(b.i_sub(u32t, None, two_254, ulp_bits))?;
+    let inv = build(b.bitcast(f32, None, inv_bits))?;
+    let q = build(b.f_mul(f32, None, v, inv))?;
+    let r = build(b.ext_inst(f32, None, glsl, GLSL_ROUND_EVEN, [Arg::IdRef(q)]))?;
+    let y = build(b.f_mul(f32, None, r, ulp))?;
+    let abs = build(b.ext_inst(f32, None, glsl, GLSL_FABS, [Arg::IdRef(y)]))?;
+    let max = b.constant_bit32(f32, 65504f32.to_bits());
+    let over = build(b.f_ord_greater_than(boolt, None, abs, max))?;
+    let sign_mask = c(b, 0x8000_0000);
+    let sign = build(b.bitwise_and(u32t, None, bits, sign_mask))?;
+    let inf_bits = build(b.bitwise_or(u32t, None, sign, exp_mask))?;
+    let inf = build(b.bitcast(f32, None, inf_bits))?;
+    let y = build(b.select(f32, None, over, inf, y))?;
+    let special = build(b.i_equal(boolt, None, exp, exp_mask))?;
+    build(b.select(f32, None, special, v, y))
+}
+
+/// GLSL.std.450 `RoundEven` and `FAbs`.
+const GLSL_ROUND_EVEN: u32 = 2;
+const GLSL_FABS: u32 = 4;
+
+/// The module's GLSL.std.450 import, added if it has none yet.
+fn glsl_import(b: &mut Builder) -> Word {
+    let existing = b
+        .module_ref()
+        .ext_inst_imports
+        .iter()
+        .find(|i| {
+            matches!(i.operands.first(), Some(Arg::LiteralString(name)) if name == "GLSL.std.450")
+        })
+        .and_then(|i| i.result_id);
+    existing.unwrap_or_else(|| b.ext_inst_import("GLSL.std.450"))
 }
