@@ -445,6 +445,9 @@ pub fn bench_micro_kernel(isa: Isa, kc: usize, iters: usize) -> f64 {
         a_rs: 0,
         b: b.as_slice().as_ptr(),
         b_ps: kc * kernel::PANEL,
+        b_prefetch: 0,
+        pf_next: std::ptr::null(),
+        pf_lines: 0,
         c: c.as_mut_ptr(),
         ldc: bl.nr,
         mv: bl.mr,
@@ -463,6 +466,13 @@ pub fn bench_micro_kernel(isa: Isa, kc: usize, iters: usize) -> f64 {
     let secs = start.elapsed().as_secs_f64();
     std::hint::black_box(&c);
     (2 * bl.mr * bl.nr * kc * iters) as f64 / secs / 1e9
+}
+
+/// Turns off (1) or back on (0) the kernels' prefetching of pre-packed B for every later
+/// GEMM in the process. For the bench only, to compare within one run.
+#[doc(hidden)]
+pub fn set_prefetch_override(mode: usize) {
+    kernel::BLOCKING_OVERRIDE[4].store(mode, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Overrides the cache blocking (MC, KC, NC; 0 keeps a kernel's default) and how row-major
