@@ -8,8 +8,10 @@
 //! shape back to back, and the table reports medians over rounds of GFLOP/s, the best
 //! round, and the median over rounds of the per-round time ratio against the first variant
 //! (pairs taken milliseconds apart see the same load); the order of the variants rotates
-//! from round to round. A 2-thread FMA probe runs in every
-//! round too, so the load of the moment is visible next to the numbers.
+//! from round to round. A short FMA probe on every pool thread runs before and after each
+//! shape's group of samples; groups whose probes both reach 90% of the run's best probe
+//! are "quiet" (nothing else had the cores), and the quiet columns repeat the medians
+//! over those groups alone.
 //!
 //! ```sh
 //! cargo bench -p rafter-kernels-cpu --bench bert_gemm -- --rounds 31
@@ -20,16 +22,19 @@
 //! B streams from memory as it does in the model (BERT-base's weights, 435 MB, do not stay
 //! in the L3 between calls).
 //!
-//! A variant is `name=mc:kc:nc:a[:pf[:hot]]`: cache blocks and A policy as in
+//! A variant is `name=mc:kc:nc:a[:pf[:hot[:split[:uneven]]]]`: cache blocks and A policy as in
 //! `set_blocking_override` (0 keeps a default), `pf` = 1 turns B prefetching off
 //! (`set_prefetch_override`), `hot` = 1 reuses one weight copy even with `--cold`, to see
-//! what streaming the weights costs.
+//! what streaming the weights costs, `split` = 1 or 4 tasks per thread
+//! (`set_split_override`), `uneven` = 1 K blocks of KC and a remainder
+//! (`set_k_split_override`).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    sgemm, BRef, Epilogue, MatMut, MatRef, PackedB, Parallel, Residual, Sequential, WorkerPool,
+    sgemm_with_isa, BRef, Epilogue, Isa, MatMut, MatRef, PackedB, Parallel, Residual, Sequential,
+    WorkerPool,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -177,7 +182,7 @@ fn data(s: &Shape, cold_bytes: usize) -> Data {
     }
 }
 
-fn call(s: &Shape, d: &mut Data, par: &WorkerPool, hot: bool) {
+fn call(isa: Isa, s: &Shape, d: &mut Data, par: &WorkerPool, hot: bool) {
     let (m, k, n) = (s.m, s.k, s.n);
     match s.kind {
         Kind::Bias | Kind::BiasResidual => {
@@ -192,7 +197,8 @@ fn call(s: &Shape, d: &mut Data, par: &WorkerPool, hot: bool) {
             if !hot {
                 d.next = (d.next + 1) % d.packed.len();
             }
-            sgemm(1.0, a, BRef::from(&d.packed[d.next]), 0.0, c, &epi, par).unwrap();
+            let b = BRef::from(&d.packed[d.next]);
+            sgemm_with_isa(isa, 1.0, a, b, 0.0, c, &epi, par).unwrap();
         }
         Kind::Heads(h) => {
             let chunks: Vec<std::sync::Mutex<&mut [f32]>> =
@@ -203,7 +209,8 @@ fn call(s: &Shape, d: &mut Data, par: &WorkerPool, hot: bool) {
                 let am = MatRef::row_major(&a[t * m * k..(t + 1) * m * k], m, k, k).unwrap();
                 let bm = MatRef::row_major(&b[t * k * n..(t + 1) * k * n], k, n, n).unwrap();
                 let cm = MatMut::row_major(&mut ct, m, n, n).unwrap();
-                sgemm(1.0, am, bm.into(), 0.0, cm, &Epilogue::none(), &Sequential).unwrap();
+                let e = Epilogue::none();
+                sgemm_with_isa(isa, 1.0, am, bm.into(), 0.0, cm, &e, &Sequential).unwrap();
             });
         }
     }
@@ -267,17 +274,26 @@ fn main() {
     let rounds: usize = arg("--rounds").map_or(21, |r| r.parse().expect("--rounds N"));
     let threads: usize = arg("--threads").map_or(2, |r| r.parse().expect("--threads N"));
     let filter = arg("--filter").cloned().unwrap_or_default();
+    // `--isa avx2` runs the AVX2 kernel (the issue's Zen 3 target) on an AVX-512 machine.
+    let isa = match arg("--isa").map(|s| s.as_str()) {
+        Some("avx2") => Isa::Avx2,
+        Some("scalar") => Isa::Scalar,
+        _ => Isa::detect(),
+    };
     // `--cold MB`: rotate through this many MB of weight copies per shape (BERT-base's
     // weights are 435 MB, beyond the L3), instead of one copy that stays cached.
     let cold: usize = arg("--cold").map_or(0, |r| r.parse::<usize>().expect("--cold MB") << 20);
-    let variants: Vec<(String, [usize; 6])> = arg("--variants")
+    let variants: Vec<(String, [usize; 8])> = arg("--variants")
         .map_or("default=0:0:0:0", |v| v.as_str())
         .split(',')
         .map(|v| {
             let (name, spec) = v.split_once('=').expect("name=mc:kc:nc:a");
             let x: Vec<usize> = spec.split(':').map(|x| x.parse().unwrap()).collect();
             let opt = |i: usize| x.get(i).copied().unwrap_or(0);
-            (name.to_string(), [x[0], x[1], x[2], x[3], opt(4), opt(5)])
+            (
+                name.to_string(),
+                [x[0], x[1], x[2], x[3], opt(4), opt(5), opt(6), opt(7)],
+            )
         })
         .collect();
     let pool = WorkerPool::new(threads).unwrap();
@@ -285,20 +301,21 @@ fn main() {
     let mut datas: Vec<Data> = shapes.iter().map(|s| data(s, cold)).collect();
     // times[shape][variant][round], seconds per call.
     let mut times = vec![vec![Vec::new(); variants.len()]; shapes.len()];
-    let mut probes = Vec::new();
+    // probes[shape][round]: the lower of the probes around that group of samples.
+    let mut probes = vec![Vec::new(); shapes.len()];
     let reps: Vec<usize> = shapes
         .iter()
         .zip(datas.iter_mut())
         .map(|(s, d)| {
-            call(s, d, &pool, false);
+            call(isa, s, d, &pool, false);
             let t = Instant::now();
-            call(s, d, &pool, false);
+            call(isa, s, d, &pool, false);
             ((2e-3 / t.elapsed().as_secs_f64()) as usize).clamp(1, 1000)
         })
         .collect();
     for round in 0..rounds {
-        probes.push(fma_probe(&pool));
         for (si, s) in shapes.iter().enumerate() {
+            let before = fma_probe(&pool);
             // Each round starts with a different variant, so none is always the one that
             // runs first on a shape (or right after the probe).
             for i in 0..variants.len() {
@@ -306,26 +323,33 @@ fn main() {
                 let v = &variants[vi].1;
                 rafter_kernels_cpu::set_blocking_override(v[0], v[1], v[2], v[3]);
                 rafter_kernels_cpu::set_prefetch_override(v[4]);
+                rafter_kernels_cpu::set_split_override(v[6]);
+                rafter_kernels_cpu::set_k_split_override(v[7]);
                 let hot = v[5] == 1;
-                call(s, &mut datas[si], &pool, hot);
+                call(isa, s, &mut datas[si], &pool, hot);
                 let t = Instant::now();
                 for _ in 0..reps[si] {
-                    call(s, &mut datas[si], &pool, hot);
+                    call(isa, s, &mut datas[si], &pool, hot);
                 }
                 times[si][vi].push(t.elapsed().as_secs_f64() / reps[si] as f64);
             }
+            probes[si].push(before.min(fma_probe(&pool)));
         }
     }
     rafter_kernels_cpu::set_blocking_override(0, 0, 0, 0);
     rafter_kernels_cpu::set_prefetch_override(0);
+    rafter_kernels_cpu::set_split_override(0);
+    rafter_kernels_cpu::set_k_split_override(0);
+    let all: Vec<f64> = probes.iter().flatten().copied().collect();
+    let best_probe = all.iter().cloned().fold(0.0, f64::max);
     println!(
-        "{threads} thread(s), {rounds} rounds; FMA probe median {:.0} GFLOP/s (best {:.0})",
-        median(&probes),
-        probes.iter().cloned().fold(0.0, f64::max)
+        "{isa:?}, {threads} thread(s), {rounds} rounds; FMA probe median {:.0} GFLOP/s (best {:.0})",
+        median(&all),
+        best_probe
     );
     let names: Vec<&str> = variants.iter().map(|(n, _)| n.as_str()).collect();
     println!(
-        "| shape | M | K | N | {} | {} |",
+        "| shape | M | K | N | {} | {} | quiet rounds | {} | {} |",
         names
             .iter()
             .map(|n| format!("{n} median (best) GFLOP/s"))
@@ -335,7 +359,17 @@ fn main() {
             .iter()
             .map(|n| format!("{} / {n} time", names[0]))
             .collect::<Vec<_>>()
-            .join(" | ")
+            .join(" | "),
+        names
+            .iter()
+            .map(|n| format!("{n} quiet median"))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        names[1..]
+            .iter()
+            .map(|n| format!("{} / {n} quiet", names[0]))
+            .collect::<Vec<_>>()
+            .join(" | "),
     );
     let mut total = vec![0.0; variants.len()];
     for (si, s) in shapes.iter().enumerate() {
@@ -357,14 +391,42 @@ fn main() {
         for (vi, t) in times[si].iter().enumerate() {
             total[vi] += median(t) * s.per_call as f64;
         }
+        let quiet: Vec<usize> = (0..rounds)
+            .filter(|&r| probes[si][r] >= 0.9 * best_probe)
+            .collect();
+        let pick = |t: &[f64]| -> Vec<f64> { quiet.iter().map(|&r| t[r]).collect() };
+        let (qcells, qratios): (Vec<String>, Vec<String>) = if quiet.len() >= 3 {
+            (
+                times[si]
+                    .iter()
+                    .map(|t| format!("{:.1}", f / median(&pick(t)) / 1e9))
+                    .collect(),
+                times[si][1..]
+                    .iter()
+                    .map(|t| {
+                        let (a, b) = (pick(&times[si][0]), pick(t));
+                        let r: Vec<f64> = a.iter().zip(&b).map(|(a, b)| a / b).collect();
+                        format!("{:.3}", median(&r))
+                    })
+                    .collect(),
+            )
+        } else {
+            (
+                vec!["—".into(); variants.len()],
+                vec!["—".into(); variants.len() - 1],
+            )
+        };
         println!(
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.name,
             s.m,
             s.k,
             s.n,
             cells.join(" | "),
-            ratios.join(" | ")
+            ratios.join(" | "),
+            quiet.len(),
+            qcells.join(" | "),
+            qratios.join(" | ")
         );
     }
     let ms: Vec<String> = names
