@@ -22,12 +22,11 @@
 //! B streams from memory as it does in the model (BERT-base's weights, 435 MB, do not stay
 //! in the L3 between calls).
 //!
-//! A variant is `name=mc:kc:nc:a[:pf[:hot[:split[:uneven]]]]`: cache blocks and A policy as in
+//! A variant is `name=mc:kc:nc:a[:pf[:hot[:split]]]`: cache blocks and A policy as in
 //! `set_blocking_override` (0 keeps a default), `pf` = 1 turns B prefetching off
 //! (`set_prefetch_override`), `hot` = 1 reuses one weight copy even with `--cold`, to see
 //! what streaming the weights costs, `split` = 1 or 4 tasks per thread
-//! (`set_split_override`), `uneven` = 1 K blocks of KC and a remainder
-//! (`set_k_split_override`).
+//! (`set_split_override`).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -283,7 +282,7 @@ fn main() {
     // `--cold MB`: rotate through this many MB of weight copies per shape (BERT-base's
     // weights are 435 MB, beyond the L3), instead of one copy that stays cached.
     let cold: usize = arg("--cold").map_or(0, |r| r.parse::<usize>().expect("--cold MB") << 20);
-    let variants: Vec<(String, [usize; 8])> = arg("--variants")
+    let variants: Vec<(String, [usize; 7])> = arg("--variants")
         .map_or("default=0:0:0:0", |v| v.as_str())
         .split(',')
         .map(|v| {
@@ -292,7 +291,7 @@ fn main() {
             let opt = |i: usize| x.get(i).copied().unwrap_or(0);
             (
                 name.to_string(),
-                [x[0], x[1], x[2], x[3], opt(4), opt(5), opt(6), opt(7)],
+                [x[0], x[1], x[2], x[3], opt(4), opt(5), opt(6)],
             )
         })
         .collect();
@@ -324,7 +323,6 @@ fn main() {
                 rafter_kernels_cpu::set_blocking_override(v[0], v[1], v[2], v[3]);
                 rafter_kernels_cpu::set_prefetch_override(v[4]);
                 rafter_kernels_cpu::set_split_override(v[6]);
-                rafter_kernels_cpu::set_k_split_override(v[7]);
                 let hot = v[5] == 1;
                 call(isa, s, &mut datas[si], &pool, hot);
                 let t = Instant::now();
@@ -339,7 +337,6 @@ fn main() {
     rafter_kernels_cpu::set_blocking_override(0, 0, 0, 0);
     rafter_kernels_cpu::set_prefetch_override(0);
     rafter_kernels_cpu::set_split_override(0);
-    rafter_kernels_cpu::set_k_split_override(0);
     let all: Vec<f64> = probes.iter().flatten().copied().collect();
     let best_probe = all.iter().cloned().fold(0.0, f64::max);
     println!(

@@ -36,8 +36,6 @@ unsafe impl Sync for CPtr {}
 struct Ctx<'a> {
     isa: Isa,
     bl: Blocking,
-    /// The K block: K split into equal blocks of at most `bl.kc` (see `run`).
-    kc: usize,
     alpha: f32,
     beta: f32,
     k: usize,
@@ -80,20 +78,9 @@ pub(crate) fn run(
         && a.cs == 1
         // The bench's tuning hook can force packing (1) to compare.
         && crate::kernel::BLOCKING_OVERRIDE[3].load(std::sync::atomic::Ordering::Relaxed) != 1;
-    // K in equal blocks of at most KC rather than KC-sized blocks and a remainder: K = 768
-    // ran as 512 + 256, and the short block pays a whole pass over C and the tile set-up
-    // for half the work.
-    let uneven =
-        crate::kernel::BLOCKING_OVERRIDE[6].load(std::sync::atomic::Ordering::Relaxed) == 1;
-    let kc = if uneven {
-        bl.kc
-    } else {
-        k.div_ceil(k.div_ceil(bl.kc).max(1))
-    };
     let ctx = Ctx {
         isa,
         bl,
-        kc,
         alpha,
         beta,
         k,
@@ -200,7 +187,7 @@ fn split(
 fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
     let bl = ctx.bl;
     let k = ctx.k;
-    let kc_max = ctx.kc.min(k);
+    let kc_max = bl.kc.min(k);
     let mc_max = bl.mc.min(i1 - i0).div_ceil(bl.mr) * bl.mr;
     let nc_max = bl.nc.min(j1 - j0).div_ceil(PANEL) * PANEL;
     let len_a = if ctx.direct_a { 0 } else { mc_max * kc_max };
@@ -214,7 +201,7 @@ fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
             let nc = bl.nc.min(j1 - jc);
             let mut pc = 0;
             loop {
-                let kc = ctx.kc.min(k - pc);
+                let kc = bl.kc.min(k - pc);
                 let (b_ptr, b_ps) = match &ctx.b {
                     BRef::Packed(p) => {
                         let panels = p.panels();

@@ -482,13 +482,6 @@ pub fn set_split_override(tasks_per_thread: usize) {
     kernel::BLOCKING_OVERRIDE[5].store(tasks_per_thread, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// 1: split K into KC-sized blocks and a remainder (the old rule) instead of equal blocks of
-/// at most KC, for every later GEMM in the process; 0: the default. For the bench only.
-#[doc(hidden)]
-pub fn set_k_split_override(uneven: usize) {
-    kernel::BLOCKING_OVERRIDE[6].store(uneven, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// Overrides the cache blocking (MC, KC, NC; 0 keeps a kernel's default) and how row-major
 /// A is read (0: the default rule, 1: packed, 2: in place) for every later
 /// GEMM in the process. For tuning from the bench only.

@@ -163,10 +163,8 @@ impl Isa {
 /// Cache-block sizes (MC, KC, NC) that replace every kernel's defaults when non-zero: a
 /// tuning aid for the bench, which alternates candidates within one run.
 /// The fourth entry overrides how row-major A is read: 1 packs it, 2 reads it in place; the
-/// fifth turns B prefetching off (1); the sixth forces tasks per thread (1 or 4); the
-/// seventh (1) splits K into KC-sized blocks and a remainder instead of equal blocks.
-pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 7] = [
-    AtomicUsize::new(0),
+/// fifth turns B prefetching off (1); the sixth forces tasks per thread (1 or 4).
+pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 6] = [
     AtomicUsize::new(0),
     AtomicUsize::new(0),
     AtomicUsize::new(0),
