@@ -81,36 +81,71 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const W: usize, const PF: u
     let pf = t.b_prefetch;
     let mut next = t.pf_next;
     let mut left = t.pf_lines;
-    // Prefetches are hints that never fault and are never dereferenced, so their addresses
-    // are formed with `wrapping_add` and may run past B's end.
-    for k in 0..t.kc {
-        if PF & 2 != 0 && k % 2 == 0 && left > 0 {
-            // One line of the next micro-panel into L2 every other k step (`Tile::pf_next`).
-            _mm_prefetch::<_MM_HINT_T1>(next.cast());
-            next = next.wrapping_add(PANEL);
-            left -= 1;
-        }
-        if PF & 1 != 0 {
-            // This tile's own B, `pf` floats ahead (`Tile::b_prefetch`).
-            for w in 0..W {
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(w * ps + pf).cast());
-            }
-        }
-        // SAFETY: this k step's rows of the W panels and the A values are inside the
-        // operands (module layout contract); `a` and `b` advance by one k step.
-        unsafe {
+    // Distance between consecutive k steps of A.
+    let a_step = if PACKED { MR } else { 1 };
+    // One k step, `u` steps ahead of `a`/`b`.
+    macro_rules! step {
+        ($u:expr) => {{
+            let bu = b.add($u * PANEL);
             let mut bv = [_mm512_setzero_ps(); W];
             for (w, bw) in bv.iter_mut().enumerate() {
-                *bw = _mm512_loadu_ps(b.add(w * ps));
+                *bw = _mm512_loadu_ps(bu.add(w * ps));
             }
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                let ap = if PACKED { a.add(r) } else { a.add(r * rs) };
+                let ap = a.add($u * a_step + if PACKED { r } else { r * rs });
                 let av = _mm512_set1_ps(*ap);
                 for (acc_rw, &bw) in acc_r.iter_mut().zip(&bv) {
                     *acc_rw = _mm512_fmadd_ps(av, bw, *acc_rw);
                 }
             }
-            a = a.add(if PACKED { MR } else { 1 });
+        }};
+    }
+    // Prefetches are hints that never fault and are never dereferenced, so their addresses
+    // are formed with `wrapping_add` and may run past B's end.
+    macro_rules! prefetch_own {
+        ($u:expr) => {
+            if PF & 1 != 0 {
+                // This tile's own B, `pf` floats ahead (`Tile::b_prefetch`).
+                for w in 0..W {
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(w * ps + pf + $u * PANEL).cast());
+                }
+            }
+        };
+    }
+    // Unrolled by 4, as the AVX2 kernel: the rows of direct A are addressed once per 4 k
+    // steps (constant offsets after that) instead of once per step, which cost about ten
+    // integer instructions per 24 FMAs; measured 1-4% faster on BERT's shapes.
+    for _ in 0..t.kc / 4 {
+        if PF & 2 != 0 {
+            // Two lines of the next micro-panel into L2 per 4 k steps (`Tile::pf_next`).
+            for _ in 0..2 {
+                if left > 0 {
+                    _mm_prefetch::<_MM_HINT_T1>(next.cast());
+                    next = next.wrapping_add(PANEL);
+                    left -= 1;
+                }
+            }
+        }
+        prefetch_own!(0);
+        prefetch_own!(1);
+        prefetch_own!(2);
+        prefetch_own!(3);
+        // SAFETY: the 4 k steps read are < kc: inside A and B per the layout contract.
+        unsafe {
+            step!(0);
+            step!(1);
+            step!(2);
+            step!(3);
+            a = a.add(4 * a_step);
+            b = b.add(4 * PANEL);
+        }
+    }
+    for _ in 0..t.kc % 4 {
+        prefetch_own!(0);
+        // SAFETY: as above, one k step.
+        unsafe {
+            step!(0);
+            a = a.add(a_step);
             b = b.add(PANEL);
         }
     }
