@@ -350,6 +350,51 @@ fn large_shapes_and_threads() {
     }
 }
 
+/// Pre-packed B over several K blocks (the kernels prefetch the next B micro-panel, across
+/// K blocks too, on a task's first pass): the epilogue must apply once, after the last
+/// block, on every edge: M past MC with a partial last row tile, N not a multiple of 16,
+/// a K remainder block, one and several threads, prefetching on and off.
+#[test]
+fn prepacked_k_blocks_with_epilogue_and_prefetch() {
+    let pars: [&dyn Parallel; 2] = [&Sequential, &ScopedThreads::new(2)];
+    for isa in isas().into_iter().filter(|&i| i != Isa::Scalar) {
+        for (s, &(m, k, n)) in [
+            (130, 1100, 200),
+            (128, 1536, 71),
+            (13, 3072, 40),
+            (97, 513, 33),
+        ]
+        .iter()
+        .enumerate()
+        {
+            for (p, par) in pars.iter().enumerate() {
+                for (res, act) in [
+                    (Some(false), Activation::None),
+                    (Some(true), Activation::GeluTanh),
+                    (None, Activation::Relu),
+                ] {
+                    let case = Case {
+                        bias: true,
+                        res,
+                        act,
+                        ..Case::new(m, k, n)
+                    };
+                    case.run(isa, *par, true, 400 + (s * 2 + p) as u64);
+                }
+            }
+        }
+        // Prefetching is a hint only: the same results without it.
+        rafter_kernels_cpu::set_prefetch_override(1);
+        Case {
+            bias: true,
+            res: Some(false),
+            ..Case::new(130, 1100, 200)
+        }
+        .run(isa, &ScopedThreads::new(2), true, 450);
+        rafter_kernels_cpu::set_prefetch_override(0);
+    }
+}
+
 #[test]
 fn alpha_zero_reads_neither_a_nor_b() {
     for isa in isas() {

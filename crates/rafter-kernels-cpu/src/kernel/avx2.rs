@@ -21,28 +21,43 @@ pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
     debug_assert!(t.mv >= 1 && t.mv <= MR && t.nv >= 1 && t.nv <= PANEL);
     // SAFETY (all arms): forwarded contract; rows instantiated match the rows that exist
     // (`MR` padded rows when packed, exactly `mv` rows when direct).
-    unsafe {
-        if packed_a {
-            kernel::<MR, true>(t)
-        } else {
-            match t.mv {
-                1 => kernel::<1, false>(t),
-                2 => kernel::<2, false>(t),
-                3 => kernel::<3, false>(t),
-                4 => kernel::<4, false>(t),
-                5 => kernel::<5, false>(t),
-                _ => kernel::<6, false>(t),
+    macro_rules! rows {
+        ($pf:literal) => {
+            if packed_a {
+                kernel::<MR, true, $pf>(t)
+            } else {
+                match t.mv {
+                    1 => kernel::<1, false, $pf>(t),
+                    2 => kernel::<2, false, $pf>(t),
+                    3 => kernel::<3, false, $pf>(t),
+                    4 => kernel::<4, false, $pf>(t),
+                    5 => kernel::<5, false, $pf>(t),
+                    _ => kernel::<6, false, $pf>(t),
+                }
             }
+        };
+    }
+    // Prefetch modes (bits), as in the AVX-512 kernel: 1, this tile's own B ahead; 2, the
+    // next micro-panel into L2.
+    unsafe {
+        match (t.b_prefetch != 0, t.pf_lines != 0) {
+            (false, false) => rows!(0),
+            (true, false) => rows!(1),
+            (false, true) => rows!(2),
+            (true, true) => rows!(3),
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel<const R: usize, const PACKED: bool>(t: &Tile) {
+unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8>(t: &Tile) {
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let mut a = t.a;
     let mut b = t.b;
     let rs = t.a_rs;
+    let pf = t.b_prefetch;
+    let mut next = t.pf_next;
+    let mut left = t.pf_lines;
     // Distance between consecutive k steps of A.
     let a_step = if PACKED { MR } else { 1 };
     // One k step, `u` steps ahead of `a`/`b`.
@@ -62,6 +77,20 @@ unsafe fn kernel<const R: usize, const PACKED: bool>(t: &Tile) {
     // Unrolled by 4: measured 5-25% faster than the plain loop on the 6x16 tile (fewer
     // loop-carried pointer updates per FMA).
     for _ in 0..t.kc / 4 {
+        // Prefetches (see `Tile::b_prefetch`, `Tile::pf_next`) are hints that never fault
+        // and are never dereferenced, so their addresses use `wrapping_add` and may run
+        // past B's end. One line of the next micro-panel per 4 k steps; this tile's own B
+        // (one line per k step) ahead.
+        if PF & 2 != 0 && left > 0 {
+            _mm_prefetch::<_MM_HINT_T1>(next.cast());
+            next = next.wrapping_add(PANEL);
+            left -= 1;
+        }
+        if PF & 1 != 0 {
+            for u in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pf + u * PANEL).cast());
+            }
+        }
         // SAFETY: the 4 k steps read are < kc: inside A and B per the layout contract.
         unsafe {
             step!(0);

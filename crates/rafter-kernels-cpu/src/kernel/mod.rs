@@ -162,8 +162,11 @@ impl Isa {
 
 /// Cache-block sizes (MC, KC, NC) that replace every kernel's defaults when non-zero: a
 /// tuning aid for the bench, which alternates candidates within one run.
-/// The fourth entry overrides how row-major A is read: 1 packs it, 2 reads it in place.
-pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 4] = [
+/// The fourth entry overrides how row-major A is read: 1 packs it, 2 reads it in place; the
+/// fifth turns B prefetching off (1); the sixth forces tasks per thread (1 or 4).
+pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 6] = [
+    AtomicUsize::new(0),
+    AtomicUsize::new(0),
     AtomicUsize::new(0),
     AtomicUsize::new(0),
     AtomicUsize::new(0),
@@ -205,6 +208,18 @@ pub(crate) struct Tile {
     pub b: *const f32,
     /// Distance between consecutive B panels, in f32s.
     pub b_ps: usize,
+    /// Non-zero: this tile's B comes from memory and nothing prefetched it (a task's first
+    /// pre-packed micro-panel), so the kernel prefetches each of its B panels this many
+    /// floats ahead of its k loop.
+    pub b_prefetch: usize,
+    /// `pf_lines` rows of one B panel from `pf_next` (16 floats, one cache line, each) that
+    /// a later tile will read from memory: the kernel prefetches them into L2, one every
+    /// other k step, so the next weight block's trip from memory overlaps this tile's
+    /// compute instead of stalling the tile that reads it first. Null/0: none.
+    /// Kernels without prefetching ignore both fields (they are hints: the addresses may lie
+    /// past B's end and are never dereferenced).
+    pub pf_next: *const f32,
+    pub pf_lines: usize,
     pub c: *mut f32,
     pub ldc: usize,
     /// Valid rows (`1..=MR`) and columns (`1..=NR`) of the tile.
