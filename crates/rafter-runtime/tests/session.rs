@@ -582,11 +582,19 @@ fn a_failing_kernel_is_an_error_naming_it() {
     let msg = e.to_string();
     assert!(msg.contains("gather::pick"), "{msg}");
     assert!(msg.contains("node `pick` (gather)"), "{msg}");
-    // The session is still good.
+    // The failed call's recording is dropped, not reused (its work may not have run)...
+    let start = std::time::Instant::now();
+    while session.calls_in_flight() != 0 {
+        assert!(start.elapsed() < LONG, "the failed call never finished");
+        std::thread::yield_now();
+    }
+    assert_eq!(session.idle_recordings(), 0, "a failed call's recording is kept");
+    // ...and the session is still good: the next call of the same shape records anew.
     let out = session
         .run(vec![Tensor::i64s(&[1], vec![-1])], LONG)
         .unwrap();
     assert_eq!(f32s(&out[0]), vec![30.0]);
+    settle(&session, 1);
     // A host kernel's error is reported the same way.
     let options = SessionOptions::new().host_kernel("pick", |_: &[Tensor]| {
         Err("refusing on purpose".to_string())
