@@ -588,7 +588,11 @@ fn a_failing_kernel_is_an_error_naming_it() {
         assert!(start.elapsed() < LONG, "the failed call never finished");
         std::thread::yield_now();
     }
-    assert_eq!(session.idle_recordings(), 0, "a failed call's recording is kept");
+    assert_eq!(
+        session.idle_recordings(),
+        0,
+        "a failed call's recording is kept"
+    );
     // ...and the session is still good: the next call of the same shape records anew.
     let out = session
         .run(vec![Tensor::i64s(&[1], vec![-1])], LONG)
