@@ -29,20 +29,25 @@ fn main() {
         "graph @mm(%a: f32[b, m, k], %b: f32[k, n]) -> (%c) {\n  %c: f32[b, m, n] = matmul(%a, %b)\n}",
     )
     .expect("body");
-    let kernels: Vec<(MatmulKernel, _)> = [MatmulTile::Large, MatmulTile::Small, MatmulTile::Tiny]
-        .into_iter()
-        .map(|tile| {
-            let kernel = matmul_tiled(&body, tile).expect("matmul");
-            let exe = device
-                .load_executable(&ExecutableSpec {
-                    name: "matmul".into(),
-                    format: FORMAT_SPIRV.into(),
-                    payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
-                })
-                .expect("load");
-            (kernel, exe)
-        })
-        .collect();
+    let kernels: Vec<(MatmulKernel, _)> = [
+        MatmulTile::Large,
+        MatmulTile::Small,
+        MatmulTile::Sliced,
+        MatmulTile::Tiny,
+    ]
+    .into_iter()
+    .map(|tile| {
+        let kernel = matmul_tiled(&body, tile).expect("matmul");
+        let exe = device
+            .load_executable(&ExecutableSpec {
+                name: "matmul".into(),
+                format: FORMAT_SPIRV.into(),
+                payload: ExecutablePayload::Bytes(Arc::from(to_bytes(&kernel.spirv))),
+            })
+            .expect("load");
+        (kernel, exe)
+    })
+    .collect();
     let sizes: &[(usize, usize, usize)] = &[
         (128, 768, 768),  // BERT-base attention projections, seq 128
         (128, 3072, 768), // BERT-base FFN up

@@ -156,14 +156,33 @@ fn generate(body: &Graph) -> Result<Generated, String> {
 /// The C tile for a product: 64×64 when A's rows are known to be many (512 or more), else
 /// 32×32, which measured 1.6× faster on BERT's M = 128 products on the H100 (more
 /// workgroups to fill the GPU; `benchmarks/RESULTS.md`). A symbolic row count (a sequence
-/// length) counts as few.
+/// length) counts as few. With few rows, a long K (512 or more) and few columns (1,024 or
+/// fewer: at M = 128 at most 128 tiles of 32×32, under one per multiprocessor of a big
+/// GPU), K is also split over the workgroup ([`MatmulTile::Sliced`]).
 fn matmul_tile(body: &Graph) -> MatmulTile {
-    let rows = body.nodes.first().and_then(|n| n.input(0)).and_then(|a| {
-        let dims = &body.value(a).ty.dims;
-        dims.len().checked_sub(2).and_then(|i| dims[i].as_known())
-    });
-    match rows {
+    let dims_of = |i: usize| {
+        body.nodes
+            .first()
+            .and_then(|n| n.input(i))
+            .map(|v| body.value(v).ty.dims.clone())
+    };
+    let known = |dims: &Option<Vec<rafter_ir::Dim>>, from_end: usize| {
+        dims.as_ref()
+            .and_then(|d| d.len().checked_sub(from_end).and_then(|i| d[i].as_known()))
+    };
+    let (a, b) = (dims_of(0), dims_of(1));
+    let transposed = body
+        .nodes
+        .first()
+        .is_some_and(|n| matches!(n.op, rafter_ir::Op::Gemm { trans_b: true, .. }));
+    let (k, n) = if transposed {
+        (known(&b, 1), known(&b, 2))
+    } else {
+        (known(&b, 2), known(&b, 1))
+    };
+    match known(&a, 2) {
         Some(m) if m >= 512 => MatmulTile::Large,
+        _ if k.is_some_and(|k| k >= 512) && n.is_some_and(|n| n <= 1024) => MatmulTile::Sliced,
         _ => MatmulTile::Small,
     }
 }

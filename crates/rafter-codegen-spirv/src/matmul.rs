@@ -56,15 +56,32 @@ pub enum MatmulTile {
     /// GPU's multiprocessors a workgroup each otherwise (a convolution on a 7×7 map: 49
     /// columns), at the price of fewer FMAs per workgroup-memory load.
     Tiny,
+    /// 32×32 like `Small`, with K split over [`SLICES`] groups of 16×16 invocations in one
+    /// workgroup (1,024 invocations), whose partial sums meet through workgroup memory
+    /// before the epilogue: for long-K products with few tiles (BERT's 128×768 outputs
+    /// make 96 workgroups for 132 multiprocessors), 4× the warps per multiprocessor to
+    /// hide memory latency, without a second pass or atomics.
+    Sliced,
 }
+
+/// K slices of a [`MatmulTile::Sliced`] workgroup.
+pub const SLICES: u32 = 4;
 
 impl MatmulTile {
     /// Rows and columns of the tile.
     pub fn size(self) -> u32 {
         match self {
             MatmulTile::Large => 64,
-            MatmulTile::Small => 32,
+            MatmulTile::Small | MatmulTile::Sliced => 32,
             MatmulTile::Tiny => 16,
+        }
+    }
+
+    /// Groups of 16×16 invocations splitting K in one workgroup.
+    pub fn slices(self) -> u32 {
+        match self {
+            MatmulTile::Sliced => SLICES,
+            _ => 1,
         }
     }
 
@@ -638,8 +655,9 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
 
     // Workgroup tiles.
     let tile = layout.tile;
-    let a_len = b.constant_bit32(u32, KSTEP * tile.a_row());
-    let b_len = b.constant_bit32(u32, KSTEP * tile.size());
+    let slices = tile.slices();
+    let a_len = b.constant_bit32(u32, KSTEP * tile.a_row() * slices);
+    let b_len = b.constant_bit32(u32, KSTEP * tile.size() * slices);
     let a_arr = b.type_array(f32, a_len);
     let b_arr = b.type_array(f32, b_len);
     let ptr_a_arr = b.type_pointer(None, StorageClass::Workgroup, a_arr);
@@ -648,6 +666,13 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
     let b_tile = b.variable(ptr_b_arr, None, StorageClass::Workgroup, None);
     let ptr_wg = b.type_pointer(None, StorageClass::Workgroup, f32);
     let ptr_fn = b.type_pointer(None, StorageClass::Function, f32);
+    // The partial sums of slices 1.. for slice 0 to add (sliced tiles only).
+    let red_tile = (slices > 1).then(|| {
+        let len = b.constant_bit32(u32, (slices - 1) * tile.size() * tile.size());
+        let arr = b.type_array(f32, len);
+        let ptr = b.type_pointer(None, StorageClass::Workgroup, arr);
+        b.variable(ptr, None, StorageClass::Workgroup, None)
+    });
 
     let v3 = b.type_vector(u32, 3);
     let ptr_in_v3 = b.type_pointer(None, StorageClass::Input, v3);
@@ -673,10 +698,11 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         "main",
         [push_var, wg_var, lid_var, a_tile, b_tile]
             .into_iter()
+            .chain(red_tile)
             .chain(const_rows.iter().copied())
             .collect::<Vec<_>>(),
     );
-    b.execution_mode(main, ExecutionMode::LocalSize, [THREADS, THREADS, 1]);
+    b.execution_mode(main, ExecutionMode::LocalSize, [THREADS, THREADS, slices]);
     let ids = Ids {
         glsl,
         f32,
@@ -694,6 +720,8 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         tile,
         const_rows,
         elem: layout.elem,
+        slice_offsets: None,
+        red_tile,
     };
     e.main(
         layout,
@@ -716,6 +744,11 @@ pub(crate) struct Body {
     pub(crate) const_rows: Vec<Word>,
     /// The element type of every binding.
     pub(crate) elem: Elem,
+    /// A sliced tile's workgroup-memory offsets of this invocation's slice in the A and B
+    /// tiles (set by `main`; `None`: one slice).
+    pub(crate) slice_offsets: Option<(Word, Word)>,
+    /// A sliced tile's workgroup array of the other slices' partial sums.
+    pub(crate) red_tile: Option<Word>,
 }
 
 /// Declares each of `vectors` as a `Private` f32 array initialised with its values (before
@@ -877,6 +910,22 @@ impl Body {
         build(self.b.i_sub(self.ids.u32, None, x, p))
     }
 
+    /// `index` into the A tile, moved to this invocation's slice.
+    fn slice_a(&mut self, index: Word) -> R<Word> {
+        match self.slice_offsets {
+            Some((a, _)) => self.add(index, a),
+            None => Ok(index),
+        }
+    }
+
+    /// `index` into the B tile, moved to this invocation's slice.
+    fn slice_b(&mut self, index: Word) -> R<Word> {
+        match self.slice_offsets {
+            Some((_, b)) => self.add(index, b),
+            None => Ok(index),
+        }
+    }
+
     fn tile_ptr(&mut self, tile: Word, index: Word) -> R<Word> {
         build(self.b.access_chain(self.ids.ptr_wg, None, tile, [index]))
     }
@@ -937,6 +986,16 @@ impl Body {
         let wx = build(self.b.composite_extract(u32, None, wg, [0]))?;
         let wy = build(self.b.composite_extract(u32, None, wg, [1]))?;
         let wz = build(self.b.composite_extract(u32, None, wg, [2]))?;
+        // A sliced tile: this invocation's K slice, and where its tiles sit.
+        let slices = self.tile.slices();
+        let slice = build(self.b.composite_extract(u32, None, lid, [2]))?;
+        if slices > 1 {
+            let a_step = self.u(KSTEP * self.tile.a_row());
+            let b_step = self.u(KSTEP * self.tile.size());
+            let a_off = self.mul(slice, a_step)?;
+            let b_off = self.mul(slice, b_step)?;
+            self.slice_offsets = Some((a_off, b_off));
+        }
         let tile = self.u(self.tile.size());
         let n0 = self.mul(wx, tile)?;
         let m0 = self.mul(wy, tile)?;
@@ -983,7 +1042,9 @@ impl Body {
             m,
         };
 
-        // for (k0 = 0; k0 < K; k0 += KSTEP)
+        // for (kb = 0; kb < K; kb += KSTEP · slices), slice s staging k0 = kb + s · KSTEP
+        // (past K, its loads read zeros): every slice runs the same trip count, so all reach
+        // the loop's barriers.
         let (header, cond, body, cont, merge) = (
             self.b.id(),
             self.b.id(),
@@ -994,14 +1055,21 @@ impl Body {
         let k0_next = self.b.id();
         build(self.b.branch(header))?;
         build(self.b.begin_block(Some(header)))?;
-        let k0 = build(self.b.phi(u32, None, [(zero32, entry), (k0_next, cont)]))?;
+        let kb = build(self.b.phi(u32, None, [(zero32, entry), (k0_next, cont)]))?;
         build(self.b.loop_merge(merge, cont, LoopControl::NONE, []))?;
         build(self.b.branch(cond))?;
         build(self.b.begin_block(Some(cond)))?;
-        let more = self.lt(k0, k)?;
+        let more = self.lt(kb, k)?;
         build(self.b.branch_conditional(more, body, merge, []))?;
 
         build(self.b.begin_block(Some(body)))?;
+        let k0 = if slices > 1 {
+            let kstep = self.u(KSTEP);
+            let skip = self.mul(slice, kstep)?;
+            self.add(kb, skip)?
+        } else {
+            kb
+        };
         self.stage_tiles(
             (flat, m0, n0, k0),
             (m, n, k),
@@ -1014,13 +1082,85 @@ impl Body {
         build(self.b.branch(cont))?;
 
         build(self.b.begin_block(Some(cont)))?;
-        let kstep = self.u(KSTEP);
-        build(self.b.i_add(u32, Some(k0_next), k0, kstep))?;
+        let kstep = self.u(KSTEP * slices);
+        build(self.b.i_add(u32, Some(k0_next), kb, kstep))?;
         build(self.b.branch(header))?;
 
         build(self.b.begin_block(Some(merge)))?;
-        self.store_block(&acc, (tx, ty), (m0, n0), (m, n), c_base, &epilogue)?;
+        if slices > 1 {
+            self.combine_slices(&acc, slice, (tx, ty))?;
+            // Only slice 0 holds the sums now.
+            let first = build(self.b.i_equal(self.ids.bool, None, slice, zero32))?;
+            let (then, done) = (self.b.id(), self.b.id());
+            build(self.b.selection_merge(done, SelectionControl::NONE))?;
+            build(self.b.branch_conditional(first, then, done, []))?;
+            build(self.b.begin_block(Some(then)))?;
+            self.store_block(&acc, (tx, ty), (m0, n0), (m, n), c_base, &epilogue)?;
+            build(self.b.branch(done))?;
+            build(self.b.begin_block(Some(done)))?;
+        } else {
+            self.store_block(&acc, (tx, ty), (m0, n0), (m, n), c_base, &epilogue)?;
+        }
         build(self.b.ret())
+    }
+
+    /// A sliced tile's reduction: slices 1.. write their register blocks to workgroup
+    /// memory, a barrier, and slice 0 adds them to its own (in slice order, so the sum's
+    /// rounding does not depend on timing).
+    fn combine_slices(&mut self, acc: &[Word], slice: Word, (tx, ty): (Word, Word)) -> R<()> {
+        let Ids { f32, bool, .. } = self.ids;
+        let red = self.red_tile.expect("a sliced tile has a reduction array");
+        let (size, block) = (self.tile.size(), self.tile.block());
+        let zero = self.u(0);
+        // This invocation's element (ty + 16 i, tx + 16 j) of the tile, in slice `s`'s part.
+        let index = |e: &mut Body, s: Word, i: u32, j: u32| -> R<Word> {
+            let row_off = e.u(i * THREADS);
+            let row = e.add(ty, row_off)?;
+            let width = e.u(size);
+            let at = e.mul(row, width)?;
+            let col_off = e.u(j * THREADS);
+            let at = e.add(at, col_off)?;
+            let at = e.add(at, tx)?;
+            let part = e.u(size * size);
+            let base = e.mul(s, part)?;
+            e.add(base, at)
+        };
+        let one = self.u(1);
+        let not_first = build(self.b.i_not_equal(bool, None, slice, zero))?;
+        let (then, done) = (self.b.id(), self.b.id());
+        build(self.b.selection_merge(done, SelectionControl::NONE))?;
+        build(self.b.branch_conditional(not_first, then, done, []))?;
+        build(self.b.begin_block(Some(then)))?;
+        let part = build(self.b.i_sub(self.ids.u32, None, slice, one))?;
+        for i in 0..block {
+            for j in 0..block {
+                let v = build(
+                    self.b
+                        .load(f32, None, acc[(i * block + j) as usize], None, []),
+                )?;
+                let at = index(self, part, i, j)?;
+                let p = self.tile_ptr(red, at)?;
+                build(self.b.store(p, v, None, []))?;
+            }
+        }
+        build(self.b.branch(done))?;
+        build(self.b.begin_block(Some(done)))?;
+        self.barrier()?;
+        for i in 0..block {
+            for j in 0..block {
+                let var = acc[(i * block + j) as usize];
+                let mut sum = build(self.b.load(f32, None, var, None, []))?;
+                for s in 0..self.tile.slices() - 1 {
+                    let part = self.u(s);
+                    let at = index(self, part, i, j)?;
+                    let p = self.tile_ptr(red, at)?;
+                    let v = build(self.b.load(f32, None, p, None, []))?;
+                    sum = build(self.b.f_add(f32, None, sum, v))?;
+                }
+                build(self.b.store(var, sum, None, []))?;
+            }
+        }
+        Ok(())
     }
 
     /// Every invocation stages 4 elements of A's 64×16 slice (transposed) and 4 of B's
@@ -1049,6 +1189,7 @@ impl Body {
             let a_row = self.u(self.tile.a_row());
             let at = self.mul(kk, a_row)?;
             let at = self.add(at, ml)?;
+            let at = self.slice_a(at)?;
             let p = self.tile_ptr(a_tile, at)?;
             build(self.b.store(p, v, None, []))?;
             // B: the column fastest, then kk.
@@ -1067,6 +1208,7 @@ impl Body {
             let tile = self.u(size);
             let bt = self.mul(kk, tile)?;
             let bt = self.add(bt, nl)?;
+            let bt = self.slice_b(bt)?;
             let p = self.tile_ptr(b_tile, bt)?;
             build(self.b.store(p, v, None, []))?;
         }
@@ -1093,10 +1235,12 @@ impl Body {
             for i in 0..block {
                 let off = self.u(kk * a_row + i * THREADS);
                 let at = self.add(ty, off)?;
+                let at = self.slice_a(at)?;
                 let p = self.tile_ptr(a_tile, at)?;
                 a.push(build(self.b.load(f32, None, p, None, []))?);
                 let off = self.u(kk * size + i * THREADS);
                 let bt = self.add(tx, off)?;
+                let bt = self.slice_b(bt)?;
                 let p = self.tile_ptr(b_tile, bt)?;
                 bv.push(build(self.b.load(f32, None, p, None, []))?);
             }

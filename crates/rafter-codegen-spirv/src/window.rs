@@ -138,6 +138,8 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
         tile: MatmulTile::Small,
         const_rows,
         elem: layout.elem,
+        slice_offsets: None,
+        red_tile: None,
     };
     let entry = build(e.b.begin_block(None))?;
     let push_field = |e: &mut Body, i: u32, ty: Word, ptr: Word| -> R<Word> {

@@ -128,6 +128,17 @@ fn products_match_the_cpu_at_edge_sizes() {
     ] {
         check(&device, &small, &a, &b);
     }
+    // K split over four slices of the workgroup: K below one slice's step, not a multiple
+    // of the 4 × 16 round, and long; edge tiles in M and N.
+    let sliced = matmul_tiled(&body("b, m, k", "k, n", "b, m, n"), MatmulTile::Sliced).unwrap();
+    common::spirv_val(&sliced.spirv, "matmul_sliced_tile");
+    for (a, b) in [
+        (vec![1, 33, 9], vec![9, 70]),
+        (vec![2, 40, 100], vec![100, 48]),
+        (vec![1, 128, 768], vec![768, 96]),
+    ] {
+        check(&device, &sliced, &a, &b);
+    }
     let tiny = matmul_tiled(&body("b, m, k", "k, n", "b, m, n"), MatmulTile::Tiny).unwrap();
     common::spirv_val(&tiny.spirv, "matmul_tiny_tile");
     for (a, b) in [
