@@ -67,7 +67,9 @@
 //! take no dim params and fold every size into the module.
 //!
 //! [`matmul`]: f32/f16 matrix products, a 64×64 (or 32×32) tile of C per workgroup staged
-//! through workgroup memory with a 4×4 (2×2) register block per invocation; B 2-D or
+//! through workgroup memory with a 4×4 (2×2) register block per invocation (for long-K
+//! products with few tiles, [`MatmulTile::Sliced`] splits K over four groups of one
+//! workgroup and adds their partial sums through workgroup memory); B 2-D or
 //! batched like A; a fused bias/scale/residual/relu epilogue whose operands may also be
 //! broadcast to C (an attention mask `[b, 1, 1, s]` or `[b, 1, s, s]` added to scores
 //! `[b, h, s, s]`) as long as C's batch dims inside the outermost are known.
@@ -98,7 +100,7 @@ pub use conv::{conv, ConvKernel};
 pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
-pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE};
+pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 
 use rafter_artifact::{VulkanModule, VulkanSection};
 use rafter_ir::program::Program;
