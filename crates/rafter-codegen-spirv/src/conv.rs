@@ -132,7 +132,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
             let (c, m) = (xd[1], yd[1]);
             if *group == 1 && wd[1] == c && wd[0] == m {
-                let tile = conv_tile(m, geom.oh * geom.ow);
+                let tile = conv_tile(m, geom.oh * geom.ow, c * geom.k[0] * geom.k[1]);
                 let spirv = emit(&Layout {
                     a: w,
                     b: x,
@@ -230,13 +230,16 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
 
 /// The largest C tile that still gives enough workgroups to fill a big GPU (an H100 has
 /// 132 multiprocessors): 64×64 with at least 256 workgroups, 32×32 with at least 128,
-/// else 16×16 (ResNet's 14×14 and 7×7 stages: 196 and 49 columns).
-fn conv_tile(m: u32, n: u32) -> MatmulTile {
+/// else 16×16 (ResNet's 14×14 and 7×7 stages: 196 and 49 columns), with K split over the
+/// workgroup when it is long (`k` = C·KH·KW of 1,024 or more).
+fn conv_tile(m: u32, n: u32, k: u32) -> MatmulTile {
     let groups = |t: u32| m.div_ceil(t) as u64 * n.div_ceil(t) as u64;
     if groups(64) >= 256 {
         MatmulTile::Large
     } else if groups(32) >= 128 {
         MatmulTile::Small
+    } else if k >= 1024 {
+        MatmulTile::TinySliced
     } else {
         MatmulTile::Tiny
     }

@@ -62,6 +62,10 @@ pub enum MatmulTile {
     /// make 96 workgroups for 132 multiprocessors), 4× the warps per multiprocessor to
     /// hide memory latency, without a second pass or atomics.
     Sliced,
+    /// 16×16 like `Tiny`, with K split like `Sliced`: for long-K products with too few
+    /// 32×32 tiles to fill the GPU even with slices (ResNet-50's last stage: 512 channels
+    /// on a 7×7 map, K = 4,608).
+    TinySliced,
 }
 
 /// K slices of a [`MatmulTile::Sliced`] workgroup.
@@ -73,14 +77,14 @@ impl MatmulTile {
         match self {
             MatmulTile::Large => 64,
             MatmulTile::Small | MatmulTile::Sliced => 32,
-            MatmulTile::Tiny => 16,
+            MatmulTile::Tiny | MatmulTile::TinySliced => 16,
         }
     }
 
     /// Groups of 16×16 invocations splitting K in one workgroup.
     pub fn slices(self) -> u32 {
         match self {
-            MatmulTile::Sliced => SLICES,
+            MatmulTile::Sliced | MatmulTile::TinySliced => SLICES,
             _ => 1,
         }
     }

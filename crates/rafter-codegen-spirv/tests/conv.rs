@@ -236,6 +236,18 @@ fn implicit_gemm_convolutions_match_the_reference() {
         [1, 1],
         "",
     );
+    // ResNet's last stage in small: few tiles and K = 130·3·3 = 1,170 (past 1,024), so the
+    // 16×16 tile with K split over the workgroup; K is not a multiple of the 4 × 16 round.
+    conv_case(
+        &device,
+        [1, 130, 7, 7],
+        20,
+        [3, 3],
+        [1, 1],
+        [1, 1, 1, 1],
+        [1, 1],
+        "residual",
+    );
     // Enough tiles for the 64×64 tile: 64 channels × 16,384 pixels.
     conv_case(
         &device,
