@@ -10,9 +10,8 @@ use rafter_ir::{
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
-    AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryModel, MemorySemantics, Scope, SelectionControl,
-    StorageClass, Word,
+    BuiltIn, Decoration, ExecutionMode, ExecutionModel, FunctionControl, LoopControl,
+    MemorySemantics, Scope, SelectionControl, StorageClass, Word,
 };
 
 use crate::elem::{self, Elem};
@@ -929,20 +928,15 @@ impl<'a> Emitter<'a> {
         meta: HashSet<ValueId>,
     ) -> Emitter<'a> {
         let mut b = Builder::new();
-        b.set_version(1, 5);
-        b.capability(Capability::Shader);
-        b.capability(Capability::PhysicalStorageBufferAddresses);
         // Element addresses are 64-bit integer arithmetic (see `emit`).
-        b.capability(Capability::Int64);
-        let glsl = b.ext_inst_import("GLSL.std.450");
-        b.memory_model(
-            AddressingModel::PhysicalStorageBuffer64,
-            MemoryModel::GLSL450,
-        );
-        let void = b.type_void();
-        let f32 = b.type_float(32);
-        let u32 = b.type_int(32, 0);
-        let bool = b.type_bool();
+        let crate::matmul::Prelude {
+            glsl,
+            void,
+            f32,
+            u32,
+            bool,
+            ..
+        } = crate::matmul::prelude(&mut b);
         let elems = body
             .inputs
             .iter()

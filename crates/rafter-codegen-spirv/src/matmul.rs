@@ -626,8 +626,19 @@ pub(crate) struct Ids {
     pub(crate) b_tile: Word,
 }
 
-pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
-    let mut b = Builder::new();
+/// The types every compute module here starts with.
+pub(crate) struct Prelude {
+    pub(crate) glsl: Word,
+    pub(crate) void: Word,
+    pub(crate) f32: Word,
+    pub(crate) u32: Word,
+    pub(crate) u64: Word,
+    pub(crate) bool: Word,
+}
+
+/// SPIR-V 1.5, the capabilities and memory model of the kernel ABI (buffers by 64-bit
+/// `PhysicalStorageBuffer` address, see the crate docs), GLSL.std.450, and the base types.
+pub(crate) fn prelude(b: &mut Builder) -> Prelude {
     b.set_version(1, 5);
     b.capability(Capability::Shader);
     b.capability(Capability::PhysicalStorageBufferAddresses);
@@ -637,25 +648,75 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         AddressingModel::PhysicalStorageBuffer64,
         MemoryModel::GLSL450,
     );
-    let void = b.type_void();
-    let f32 = b.type_float(32);
-    let u32 = b.type_int(32, 0);
-    let u64 = b.type_int(64, 0);
-    let bool = b.type_bool();
+    Prelude {
+        glsl,
+        void: b.type_void(),
+        f32: b.type_float(32),
+        u32: b.type_int(32, 0),
+        u64: b.type_int(64, 0),
+        bool: b.type_bool(),
+    }
+}
 
-    // Push constants: every binding's address (as u64), then M, N, K, B-shared.
-    let nb = layout.bindings as u32;
-    let members: Vec<Word> = (0..nb).map(|_| u64).chain([u32; 4]).collect();
+/// The push-constant block and the pointer types to read its members.
+pub(crate) struct Push {
+    pub(crate) var: Word,
+    pub(crate) ptr_u64: Word,
+    pub(crate) ptr_u32: Word,
+}
+
+/// Push constants: `addresses` u64 binding addresses, then `words` u32 params, packed.
+pub(crate) fn push_block(b: &mut Builder, t: &Prelude, addresses: u32, words: u32) -> Push {
+    let members: Vec<Word> = (0..addresses)
+        .map(|_| t.u64)
+        .chain((0..words).map(|_| t.u32))
+        .collect();
     let push = b.type_struct(members);
     b.decorate(push, Decoration::Block, []);
-    for i in 0..nb + 4 {
-        let offset = if i < nb { 8 * i } else { 8 * nb + 4 * (i - nb) };
+    for i in 0..addresses + words {
+        let offset = if i < addresses {
+            8 * i
+        } else {
+            8 * addresses + 4 * (i - addresses)
+        };
         b.member_decorate(push, i, Decoration::Offset, [Arg::LiteralBit32(offset)]);
     }
     let ptr_push = b.type_pointer(None, StorageClass::PushConstant, push);
-    let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
-    let ptr_push_u64 = b.type_pointer(None, StorageClass::PushConstant, u64);
-    let ptr_push_u32 = b.type_pointer(None, StorageClass::PushConstant, u32);
+    Push {
+        var: b.variable(ptr_push, None, StorageClass::PushConstant, None),
+        ptr_u64: b.type_pointer(None, StorageClass::PushConstant, t.u64),
+        ptr_u32: b.type_pointer(None, StorageClass::PushConstant, t.u32),
+    }
+}
+
+/// An `Input` variable of the `uvec3` built-in `which` (workgroup id, local id, ...).
+pub(crate) fn builtin_v3(b: &mut Builder, u32: Word, which: BuiltIn) -> Word {
+    let v3 = b.type_vector(u32, 3);
+    let ptr = b.type_pointer(None, StorageClass::Input, v3);
+    let var = b.variable(ptr, None, StorageClass::Input, None);
+    b.decorate(var, Decoration::BuiltIn, [Arg::BuiltIn(which)]);
+    var
+}
+
+pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
+    let mut b = Builder::new();
+    let t = prelude(&mut b);
+    let Prelude {
+        glsl,
+        void,
+        f32,
+        u32,
+        u64,
+        bool,
+    } = t;
+
+    // Push constants: every binding's address (as u64), then M, N, K, B-shared.
+    let nb = layout.bindings as u32;
+    let Push {
+        var: push_var,
+        ptr_u64: ptr_push_u64,
+        ptr_u32: ptr_push_u32,
+    } = push_block(&mut b, &t, nb, 4);
 
     // Workgroup tiles.
     let tile = layout.tile;
@@ -679,19 +740,8 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
     });
 
     let v3 = b.type_vector(u32, 3);
-    let ptr_in_v3 = b.type_pointer(None, StorageClass::Input, v3);
-    let wg_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
-    b.decorate(
-        wg_var,
-        Decoration::BuiltIn,
-        [Arg::BuiltIn(BuiltIn::WorkgroupId)],
-    );
-    let lid_var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
-    b.decorate(
-        lid_var,
-        Decoration::BuiltIn,
-        [Arg::BuiltIn(BuiltIn::LocalInvocationId)],
-    );
+    let wg_var = builtin_v3(&mut b, u32, BuiltIn::WorkgroupId);
+    let lid_var = builtin_v3(&mut b, u32, BuiltIn::LocalInvocationId);
 
     let const_rows = declare_const_rows(&mut b, f32, u32, &layout.const_rows);
     let fn_type = b.type_function(void, []);

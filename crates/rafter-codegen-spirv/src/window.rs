@@ -12,13 +12,13 @@
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
-    AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryModel, StorageClass, Word,
+    BuiltIn, ExecutionMode, ExecutionModel, FunctionControl, LoopControl, StorageClass, Word,
 };
 
 use crate::elem::Elem;
 use crate::matmul::{
-    build, declare_const_rows, Body, Epilogue, Ids, MatmulTile, Step, GLSL_FMA, R,
+    build, builtin_v3, declare_const_rows, prelude, push_block, Body, Epilogue, Ids, MatmulTile,
+    Prelude, Push, Step, GLSL_FMA, R,
 };
 use crate::WORKGROUP_SIZE;
 
@@ -69,44 +69,27 @@ pub(crate) struct WindowLayout {
 /// a grid-stride loop over the element count in the push constants after the addresses).
 pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
     let mut b = Builder::new();
-    b.set_version(1, 5);
-    b.capability(Capability::Shader);
-    b.capability(Capability::PhysicalStorageBufferAddresses);
-    b.capability(Capability::Int64);
-    let glsl = b.ext_inst_import("GLSL.std.450");
-    b.memory_model(
-        AddressingModel::PhysicalStorageBuffer64,
-        MemoryModel::GLSL450,
-    );
-    let void = b.type_void();
-    let f32 = b.type_float(32);
-    let u32 = b.type_int(32, 0);
-    let u64 = b.type_int(64, 0);
-    let bool = b.type_bool();
-
+    let t = prelude(&mut b);
+    let Prelude {
+        glsl,
+        void,
+        f32,
+        u32,
+        u64,
+        bool,
+    } = t;
+    // Push constants: every binding's address, then the element count.
     let nb = layout.bindings as u32;
-    let members: Vec<Word> = (0..nb).map(|_| u64).chain([u32]).collect();
-    let push = b.type_struct(members);
-    b.decorate(push, Decoration::Block, []);
-    for i in 0..=nb {
-        b.member_decorate(push, i, Decoration::Offset, [Arg::LiteralBit32(8 * i)]);
-    }
-    let ptr_push = b.type_pointer(None, StorageClass::PushConstant, push);
-    let push_var = b.variable(ptr_push, None, StorageClass::PushConstant, None);
-    let ptr_push_u64 = b.type_pointer(None, StorageClass::PushConstant, u64);
-    let ptr_push_u32 = b.type_pointer(None, StorageClass::PushConstant, u32);
+    let Push {
+        var: push_var,
+        ptr_u64: ptr_push_u64,
+        ptr_u32: ptr_push_u32,
+    } = push_block(&mut b, &t, nb, 1);
     let ptr_fn = b.type_pointer(None, StorageClass::Function, f32);
-
     let v3 = b.type_vector(u32, 3);
-    let ptr_in_v3 = b.type_pointer(None, StorageClass::Input, v3);
-    let builtin = |b: &mut Builder, which: BuiltIn| {
-        let var = b.variable(ptr_in_v3, None, StorageClass::Input, None);
-        b.decorate(var, Decoration::BuiltIn, [Arg::BuiltIn(which)]);
-        var
-    };
-    let wg_var = builtin(&mut b, BuiltIn::WorkgroupId);
-    let lid_var = builtin(&mut b, BuiltIn::LocalInvocationId);
-    let nwg_var = builtin(&mut b, BuiltIn::NumWorkgroups);
+    let wg_var = builtin_v3(&mut b, u32, BuiltIn::WorkgroupId);
+    let lid_var = builtin_v3(&mut b, u32, BuiltIn::LocalInvocationId);
+    let nwg_var = builtin_v3(&mut b, u32, BuiltIn::NumWorkgroups);
 
     let const_rows = declare_const_rows(&mut b, f32, u32, &layout.const_rows);
     let fn_type = b.type_function(void, []);
