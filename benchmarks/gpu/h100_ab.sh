@@ -6,6 +6,10 @@
 # `--warmup 10 --iters 50`, and finishes with a traced run of B and an output check
 # against ONNX Runtime. Writes everything under $OUT (or /tmp/ab).
 set -u
+if [ $# -lt 2 ] || [ ! -x "$1" ] || [ ! -x "$2" ]; then
+  echo "usage: $0 OLD_RAFTER NEW_RAFTER [ROUNDS]  (both executable rafter binaries)" >&2
+  exit 2
+fi
 a=$1; b=$2; rounds=${3:-2}
 out=${OUT:-/tmp/ab}; mkdir -p "$out"
 python3 scripts/export_models.py --only bert_base resnet50 mobilenet_v2 > "$out/export.txt" 2>&1; tail -1 "$out/export.txt"

@@ -14,9 +14,16 @@ exact as that anchor.
 import json
 import sys
 
+if len(sys.argv) not in (3, 4) or not sys.argv[2].isdigit() or int(sys.argv[2]) < 1:
+    sys.exit("usage: trace_gaps.py TRACE.json CALLS [GAP_US]  (CALLS: a positive integer)")
 trace, calls = sys.argv[1], int(sys.argv[2])
 gap_us = float(sys.argv[3]) if len(sys.argv) > 3 else 20.0
-events = json.load(open(trace))["traceEvents"]
+try:
+    events = json.load(open(trace))["traceEvents"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"trace_gaps.py: {trace}: not a rafter Chrome trace ({e})")
+if not any(e.get("ph") == "X" for e in events):
+    sys.exit(f"trace_gaps.py: {trace}: no timed events")
 names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
 spans = sorted((e["ts"], e["ts"] + e["dur"], names.get(e["pid"], e["pid"]), e["name"])
                for e in events if e.get("ph") == "X")

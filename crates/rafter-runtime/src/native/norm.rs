@@ -193,8 +193,10 @@ impl LayerNormKernel {
 }
 
 /// The f32 values of an f16 operand. Converted as a slice: `half` then uses the CPU's
-/// conversion instructions (F16C) where present; element by element it took ~430 µs for
-/// one 128×768 layer norm.
+/// conversion instructions (F16C) where present. Element by element, one 128×768 f16
+/// layer norm of BERT-base took ~430 µs, as slices ~200 µs (`rafter bench` of the f16
+/// model compiled for the CPU, `--threads 2`, traced, this 2-core machine, loaded; see
+/// `benchmarks/RESULTS.md`, f16 section).
 fn widen(x: &In<'_>) -> Vec<f32> {
     let halves = super::operands::f16s(x.bytes());
     let mut out = vec![0f32; halves.len()];

@@ -540,7 +540,8 @@ impl Session {
     }
 
     /// One timeline semaphore per chunk, made once: creating them per call cost 0.4 ms of
-    /// ResNet-50's 0.5 ms `submit` on the H100 (`vkCreateSemaphore`). A chunk that a GPU
+    /// ResNet-50's 0.5 ms `submit` on the H100 (`vkCreateSemaphore`; `benchmarks/RESULTS.md`,
+    /// "Vulkan host work per call"). A chunk that a GPU
     /// chunk waits on signals a semaphore of that GPU: the CPU queue's host signal then
     /// hands the waiting work to the GPU at once, on the signalling thread, instead of
     /// through the GPU device's monitor thread, which may notice a CPU semaphore's callback
