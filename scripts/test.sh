@@ -23,11 +23,13 @@ else
   echo "test.sh: conformance cache up to date ($CONF, $(head -n1 "$CONF/STAMP"))"
 fi
 export RAFTER_CONFORMANCE_DIR=$CONF
+# The venv's spirv-val (SPIRV-Tools 2025.5) validates cooperative-matrix modules.
+export RAFTER_SPIRV_VAL=$ROOT/.venv/bin/spirv-val
 
 if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
   # shellcheck disable=SC1091
   . "$HOME/.cargo/env"
 fi
-echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR"
+echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR RAFTER_SPIRV_VAL=$RAFTER_SPIRV_VAL"
 echo "test.sh: cargo test --workspace --release $*"
 exec cargo test --workspace --release "$@"

@@ -8,7 +8,8 @@
 //! ```text
 //! offset size field
 //!      0    8 magic "RFAVK\0\0\0"
-//!      8    4 descriptor version (2; version 1, without dim params, is still read)
+//!      8    4 descriptor version (3; versions 1, without dim params, and 2, without
+//!             variants, are still read)
 //!     12    4 module count n
 //!   then n modules, each starting on a 4-byte boundary:
 //!      0    4 kernel index in Program::kernels (its device is `vulkan`)
@@ -30,10 +31,17 @@
 //!     12    4 entry point name length e (1..=64 bytes of UTF-8)
 //!     16    4 SPIR-V length s (a multiple of 4, ≥ 20: the module header)
 //!     20    4 dim param count d (0..=16; absent in version 1, where it is 0)
-//!     24    e entry point name, then zero padding to a multiple of 4
+//!     24    4 cooperative-matrix variant length v (a multiple of 4, 0 for none or ≥ 20;
+//!             absent before version 3, where it is 0)
+//!     28    e entry point name, then zero padding to a multiple of 4
 //!      .  4 d dim params, each `binding | axis << 16` ([`DimParam`])
 //!      .    s SPIR-V words, little-endian (first word 0x07230203)
+//!      .    v the variant's SPIR-V words, little-endian
 //! ```
+//!
+//! The variant (version 3) is the same kernel written with cooperative matrices, with the
+//! same launch, entry point and dim params: the runtime loads it instead of the module
+//! where the device offers what it needs (`VulkanModule::coop`).
 //!
 //! Dim params are how a kernel over symbolic dims learns their sizes: after its launch's
 //! params (the element count, or matmul's `M, N, K, b_shared`) the runtime pushes, per dim
@@ -47,11 +55,12 @@ use bytes::Bytes;
 use crate::ArtifactError;
 
 pub const VULKAN_MAGIC: [u8; 8] = *b"RFAVK\0\0\0";
-pub const VULKAN_DESCRIPTOR_VERSION: u32 = 2;
+pub const VULKAN_DESCRIPTOR_VERSION: u32 = 3;
 /// The SPIR-V magic number, the first word of every module.
 pub const SPIRV_MAGIC: u32 = 0x0723_0203;
 const HEADER_LEN: usize = 16;
-const MODULE_HEADER_LEN: usize = 24;
+const MODULE_HEADER_LEN: usize = 28;
+const MODULE_HEADER_LEN_V2: usize = 24;
 const MODULE_HEADER_LEN_V1: usize = 20;
 const MAX_ENTRY_LEN: usize = 64;
 /// The most dim params one module takes (push-constant space: 128 bytes are guaranteed).
@@ -398,6 +407,10 @@ pub struct VulkanModule {
     pub dims: Vec<DimParam>,
     /// The module's words as little-endian bytes.
     pub spirv: Bytes,
+    /// The same kernel on cooperative matrices (`VK_KHR_cooperative_matrix`), to load
+    /// instead of `spirv` where the device offers them; same launch, entry point and dim
+    /// params. `None` for kernels without one (everything but f16 products today).
+    pub coop: Option<Bytes>,
 }
 
 /// The decoded `vulkan` executable section.
@@ -422,6 +435,7 @@ impl VulkanSection {
                 m.entry_point.len() as u32,
                 m.spirv.len() as u32,
                 m.dims.len() as u32,
+                m.coop.as_ref().map_or(0, |c| c.len() as u32),
             ] {
                 out.extend_from_slice(&word.to_le_bytes());
             }
@@ -432,6 +446,9 @@ impl VulkanSection {
                 out.extend_from_slice(&word.to_le_bytes());
             }
             out.extend_from_slice(&m.spirv);
+            if let Some(coop) = &m.coop {
+                out.extend_from_slice(coop);
+            }
         }
         out
     }
@@ -447,16 +464,16 @@ impl VulkanSection {
         }
         let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         let version = word(8);
-        if version != VULKAN_DESCRIPTOR_VERSION && version != 1 {
+        if !(1..=VULKAN_DESCRIPTOR_VERSION).contains(&version) {
             return Err(bad(format!(
                 "descriptor version {version} is not readable by this build (reads 1 to \
                  {VULKAN_DESCRIPTOR_VERSION})"
             )));
         }
-        let header_len = if version == 1 {
-            MODULE_HEADER_LEN_V1
-        } else {
-            MODULE_HEADER_LEN
+        let header_len = match version {
+            1 => MODULE_HEADER_LEN_V1,
+            2 => MODULE_HEADER_LEN_V2,
+            _ => MODULE_HEADER_LEN,
         };
         let count = word(12) as usize;
         let mut at = HEADER_LEN;
@@ -477,6 +494,11 @@ impl VulkanSection {
             } else {
                 word(at + 20) as usize
             };
+            let coop_len = if version < 3 {
+                0
+            } else {
+                word(at + 24) as usize
+            };
             if dim_count > MAX_DIM_PARAMS {
                 return Err(what(format!(
                     "{dim_count} dim params (at most {MAX_DIM_PARAMS})"
@@ -495,6 +517,12 @@ impl VulkanSection {
                     "SPIR-V of {spirv_len} bytes (a multiple of 4, at least 20)"
                 )));
             }
+            if coop_len % 4 != 0 || (coop_len > 0 && coop_len < 20) {
+                return Err(what(format!(
+                    "cooperative-matrix SPIR-V of {coop_len} bytes (0, or a multiple of 4 \
+                     and at least 20)"
+                )));
+            }
             if let Some(prev) = modules.last() {
                 if prev.kernel >= kernel {
                     return Err(what(format!(
@@ -507,8 +535,9 @@ impl VulkanSection {
             let entry_start = at + header_len;
             let dims_start = entry_start + entry_len.next_multiple_of(4);
             let spirv_start = dims_start + 4 * dim_count;
-            let end = spirv_start
-                .checked_add(spirv_len)
+            let spirv_end = spirv_start + spirv_len;
+            let end = spirv_end
+                .checked_add(coop_len)
                 .filter(|&e| e <= b.len())
                 .ok_or_else(|| what("runs past the end of the section".into()))?;
             let entry = std::str::from_utf8(&b[entry_start..entry_start + entry_len])
@@ -528,11 +557,13 @@ impl VulkanSection {
                     }
                 })
                 .collect();
-            if word(spirv_start) != SPIRV_MAGIC {
-                return Err(what(format!(
-                    "SPIR-V starts with {:#010x}, not the magic {SPIRV_MAGIC:#010x}",
-                    word(spirv_start)
-                )));
+            for (start, which) in [(spirv_start, "SPIR-V"), (spirv_end, "its variant")] {
+                if start < end && word(start) != SPIRV_MAGIC {
+                    return Err(what(format!(
+                        "{which} starts with {:#010x}, not the magic {SPIRV_MAGIC:#010x}",
+                        word(start)
+                    )));
+                }
             }
             modules.push(VulkanModule {
                 kernel,
@@ -540,7 +571,8 @@ impl VulkanSection {
                 workgroup_size,
                 entry_point: entry.to_string(),
                 dims,
-                spirv: b.slice(spirv_start..end),
+                spirv: b.slice(spirv_start..spirv_end),
+                coop: (coop_len > 0).then(|| b.slice(spirv_end..end)),
             });
             at = end;
         }
@@ -588,8 +620,39 @@ mod tests {
             } else {
                 Vec::new()
             },
-            spirv: spirv.into(),
+            spirv: spirv.clone().into(),
+            coop: (kernel % 2 == 1).then(|| {
+                let mut coop = spirv;
+                coop.extend_from_slice(&[1u8; 8]);
+                coop.into()
+            }),
         }
+    }
+
+    #[test]
+    fn cooperative_matrix_variants_round_trip_and_bad_ones_are_refused() {
+        let section = VulkanSection {
+            modules: vec![module(0), module(1), module(2), module(3)],
+        };
+        let bytes = section.encode();
+        let back = VulkanSection::decode(&bytes.clone().into()).unwrap();
+        assert_eq!(back, section);
+        assert!(back.module(0).unwrap().coop.is_none());
+        assert_eq!(back.module(1).unwrap().coop.as_ref().unwrap().len(), 28);
+        // Module 0: header, "main", two dim params, 20 bytes of SPIR-V; module 1: header,
+        // "main", its SPIR-V, then the variant.
+        let module_1 = HEADER_LEN + MODULE_HEADER_LEN + 4 + 8 + 20;
+        let variant = module_1 + MODULE_HEADER_LEN + 4 + 20;
+        let mut bad = bytes.clone();
+        bad[variant] ^= 1;
+        let e = VulkanSection::decode(&bad.into()).unwrap_err().to_string();
+        assert!(e.contains("module 1: its variant starts with"), "{e}");
+        let mut short = bytes;
+        short.truncate(variant + 4);
+        let e = VulkanSection::decode(&short.into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("module 1: runs past the end"), "{e}");
     }
 
     #[test]

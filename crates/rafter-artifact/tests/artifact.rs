@@ -179,6 +179,7 @@ fn executables_per_device() {
                 entry_point: "main".into(),
                 dims: Vec::new(),
                 spirv: Bytes::from(spirv.clone()),
+                coop: None,
             }],
         }
         .encode()

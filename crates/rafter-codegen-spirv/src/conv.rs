@@ -14,6 +14,7 @@
 use rafter_artifact::Launch;
 use rafter_ir::{AutoPad, BinaryOp, Graph, Op, PoolKind, TensorType, ValueDef, ValueId};
 
+use crate::coop::emit_coop;
 use crate::elem::Elem;
 use crate::matmul::{emit, epilogue, BSource, CAxes, ImageGeom, Layout, Src, Step};
 use crate::window::{emit_window, WindowGeom, WindowLayout, WindowOp};
@@ -29,6 +30,9 @@ pub struct ConvKernel {
     pub launch: Launch,
     /// Invocations per workgroup.
     pub workgroup_size: u32,
+    /// The same kernel on cooperative matrices, with the same launch, for devices that
+    /// offer them (f16 implicit GEMMs only; see the `coop` module).
+    pub coop: Option<Vec<u32>>,
 }
 
 /// Compiles a body whose first node is a `conv`, `pool` (max) or `global_pool` (average
@@ -88,6 +92,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             spirv,
             launch: Launch::Elementwise,
             workgroup_size: WORKGROUP_SIZE,
+            coop: None,
         })
     };
     match &first.op {
@@ -133,7 +138,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             let (c, m) = (xd[1], yd[1]);
             if *group == 1 && wd[1] == c && wd[0] == m {
                 let tile = conv_tile(m, geom.oh * geom.ow, c * geom.k[0] * geom.k[1]);
-                let spirv = emit(&Layout {
+                let layout = Layout {
                     a: w,
                     b: x,
                     c: bindings - 1,
@@ -152,12 +157,15 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                         d: geom.d,
                         ow: geom.ow,
                     }),
-                })?;
+                };
+                let spirv = emit(&layout)?;
+                let coop = emit_coop(&layout)?;
                 let index = |i: usize| {
                     u8::try_from(i).map_err(|_| format!("operand {i} is past binding 255"))
                 };
                 Ok(ConvKernel {
                     spirv,
+                    coop,
                     launch: Launch::Conv {
                         x: index(x)?,
                         w: index(w)?,

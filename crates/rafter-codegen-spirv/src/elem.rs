@@ -71,6 +71,22 @@ fn half(b: &mut Builder) -> Word {
 /// Loads the element of type `elem` at byte address `addr` (a `u64`), as an f32 (`f32` is
 /// the module's 32-bit float type).
 pub(crate) fn load(b: &mut Builder, elem: Elem, f32: Word, addr: Word) -> Result<Word, String> {
+    let v = load_stored(b, elem, f32, addr)?;
+    match elem {
+        Elem::F32 => Ok(v),
+        Elem::F16 => build(b.f_convert(f32, None, v)),
+    }
+}
+
+/// Loads the element of type `elem` at byte address `addr` as stored (an f16 stays f16):
+/// for kernels that move elements without computing on them (staging a tile in workgroup
+/// memory for cooperative matrices).
+pub(crate) fn load_stored(
+    b: &mut Builder,
+    elem: Elem,
+    f32: Word,
+    addr: Word,
+) -> Result<Word, String> {
     let ty = match elem {
         Elem::F32 => f32,
         Elem::F16 => half(b),
@@ -78,11 +94,7 @@ pub(crate) fn load(b: &mut Builder, elem: Elem, f32: Word, addr: Word) -> Result
     let ptr_ty = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, ty);
     let ptr = build(b.convert_u_to_ptr(ptr_ty, None, addr))?;
     let align = [Arg::LiteralBit32(elem.bytes())];
-    let v = build(b.load(ty, None, ptr, Some(MemoryAccess::ALIGNED), align))?;
-    match elem {
-        Elem::F32 => Ok(v),
-        Elem::F16 => build(b.f_convert(f32, None, v)),
-    }
+    build(b.load(ty, None, ptr, Some(MemoryAccess::ALIGNED), align))
 }
 
 /// Stores the f32 `v` as an element of type `elem` at byte address `addr` (a `u64`).

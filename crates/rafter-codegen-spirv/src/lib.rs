@@ -91,12 +91,14 @@
 //! this crate's tests.
 
 mod conv;
+mod coop;
 mod elem;
 mod elementwise;
 mod matmul;
 mod window;
 
 pub use conv::{conv, ConvKernel};
+pub use coop::{COOP_SIDE, COOP_SUBGROUP};
 pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
@@ -225,6 +227,7 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             entry_point: g.entry_point,
             dims: g.dims,
             spirv: to_bytes(&g.spirv).into(),
+            coop: None,
         },
         Generated::Matmul(g) => VulkanModule {
             kernel,
@@ -233,6 +236,7 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             entry_point: "main".into(),
             dims: Vec::new(),
             spirv: to_bytes(&g.spirv).into(),
+            coop: g.coop.map(|c| to_bytes(&c).into()),
         },
         Generated::Conv(g) => VulkanModule {
             kernel,
@@ -241,6 +245,7 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             entry_point: "main".into(),
             dims: Vec::new(),
             spirv: to_bytes(&g.spirv).into(),
+            coop: g.coop.map(|c| to_bytes(&c).into()),
         },
     })
 }

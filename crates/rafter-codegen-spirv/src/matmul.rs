@@ -32,6 +32,7 @@ use rspirv::spirv::{
     StorageClass, Word,
 };
 
+use crate::coop::emit_coop;
 use crate::elem::{self, Elem};
 use crate::CodegenError;
 
@@ -117,6 +118,9 @@ pub struct MatmulKernel {
     pub tile: MatmulTile,
     /// B is stored transposed (`[N, K]`: a `Gemm` with `transB`).
     pub b_transposed: bool,
+    /// The same kernel on cooperative matrices, with the same launch, for devices that
+    /// offer them (f16 kernels only; see the `coop` module).
+    pub coop: Option<Vec<u32>>,
 }
 
 impl MatmulKernel {
@@ -316,7 +320,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         ));
     }
     let bindings = body.inputs.len() + 1;
-    let spirv = emit(&Layout {
+    let layout = Layout {
         a: a_input,
         b: b_input,
         c: bindings - 1,
@@ -330,10 +334,12 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         },
         const_rows: consts,
         elem,
-    })
-    .map_err(error)?;
+    };
+    let spirv = emit(&layout).map_err(error)?;
+    let coop = emit_coop(&layout).map_err(error)?;
     Ok(MatmulKernel {
         spirv,
+        coop,
         b_shared,
         a_input,
         b_input,
@@ -841,6 +847,20 @@ pub(crate) struct Epilogue<'a> {
     pub(crate) m: Word,
 }
 
+/// A kernel's view of its push constants for one batch entry: every binding's address,
+/// the product's sizes, and the byte addresses of this entry's A, B and C.
+pub(crate) struct Operands {
+    pub(crate) addrs: Vec<Word>,
+    pub(crate) m: Word,
+    pub(crate) n: Word,
+    pub(crate) k: Word,
+    pub(crate) a_base: Word,
+    pub(crate) b_base: Word,
+    pub(crate) c_base: Word,
+    /// C's byte offset of this entry, which full-size epilogue operands share.
+    pub(crate) c_off: Word,
+}
+
 impl Body {
     pub(crate) fn u(&mut self, v: u32) -> Word {
         self.b.constant_bit32(self.ids.u32, v)
@@ -885,31 +905,44 @@ impl Body {
         self.add64(base, off)
     }
 
-    /// Loads `(row, col)` of a `rows × cols` matrix at `base`, or 0 outside it. The load
-    /// itself always reads an in-bounds address (element 0 when outside): a device
-    /// address must not be dereferenced beyond its buffer.
+    /// Loads `(row, col)` of a `rows × cols` matrix at `base`, or 0 outside it.
     fn load_or_zero(
         &mut self,
         base: Word,
         (row, rows): (Word, Word),
         (col, cols): (Word, Word),
     ) -> R<Word> {
+        let (addr, inside) = self.matrix_addr(base, (row, rows), (col, cols))?;
+        self.load_inside(addr, inside)
+    }
+
+    /// The f32 value at `addr` where `inside`, else 0.
+    fn load_inside(&mut self, addr: Word, inside: Word) -> R<Word> {
+        let v = self.load_at(addr)?;
+        let fzero = self.b.constant_bit32(self.ids.f32, 0);
+        build(self.b.select(self.ids.f32, None, inside, v, fzero))
+    }
+
+    /// The address of `(row, col)` of a `rows × cols` matrix at `base`, and whether it lies
+    /// inside. The address is always in bounds (element 0 when outside): a device address
+    /// must not be dereferenced beyond its buffer, even by a load whose value is dropped.
+    pub(crate) fn matrix_addr(
+        &mut self,
+        base: Word,
+        (row, rows): (Word, Word),
+        (col, cols): (Word, Word),
+    ) -> R<(Word, Word)> {
         let in_rows = self.lt(row, rows)?;
         let in_cols = self.lt(col, cols)?;
         let inside = self.and(in_rows, in_cols)?;
         let zero = self.u(0);
         let row = build(self.b.select(self.ids.u32, None, inside, row, zero))?;
         let col = build(self.b.select(self.ids.u32, None, inside, col, zero))?;
-        let addr = self.elem_addr(base, row, cols, col)?;
-        let v = self.load_at(addr)?;
-        let fzero = self.b.constant_bit32(self.ids.f32, 0);
-        build(self.b.select(self.ids.f32, None, inside, v, fzero))
+        Ok((self.elem_addr(base, row, cols, col)?, inside))
     }
 
     /// Element `(row, col)` of the im2col matrix of the image at `base` (`rows × cols`),
-    /// or 0 outside it or in the padding. Coordinates are `u32`: an input row above the
-    /// top edge wraps to a huge value, so one unsigned comparison with H rejects both
-    /// edges (sizes are far below 2^31).
+    /// or 0 outside it or in the padding.
     fn load_im2col(
         &mut self,
         base: Word,
@@ -917,6 +950,22 @@ impl Body {
         (row, rows): (Word, Word),
         (col, cols): (Word, Word),
     ) -> R<Word> {
+        let (addr, inside) = self.im2col_addr(base, g, (row, rows), (col, cols))?;
+        self.load_inside(addr, inside)
+    }
+
+    /// The address of element `(row, col)` of the im2col matrix of the image at `base`
+    /// (`rows × cols`), and whether it is a real element (inside the matrix and not in
+    /// the padding); in bounds either way. Coordinates are `u32`: an input row above the
+    /// top edge wraps to a huge value, so one unsigned comparison with H rejects both
+    /// edges (sizes are far below 2^31).
+    pub(crate) fn im2col_addr(
+        &mut self,
+        base: Word,
+        g: &ImageGeom,
+        (row, rows): (Word, Word),
+        (col, cols): (Word, Word),
+    ) -> R<(Word, Word)> {
         let u32 = self.ids.u32;
         let in_rows = self.lt(row, rows)?;
         let in_cols = self.lt(col, cols)?;
@@ -948,14 +997,11 @@ impl Body {
         let ih_w = self.mul(ih, w)?;
         let index = self.add(index, ih_w)?;
         let index = self.add(index, iw)?;
-        let addr = self.elem_addr(base, zero, zero, index)?;
-        let v = self.load_at(addr)?;
-        let fzero = self.b.constant_bit32(self.ids.f32, 0);
-        build(self.b.select(self.ids.f32, None, inside, v, fzero))
+        Ok((self.elem_addr(base, zero, zero, index)?, inside))
     }
 
     /// The input coordinate `o·s + k·d − p` of output coordinate `o` and window tap `k`,
-    /// wrapping below 0 (see [`Body::load_im2col`]).
+    /// wrapping below 0 (see [`Body::im2col_addr`]).
     pub(crate) fn window_coord(&mut self, o: Word, k: Word, s: u32, d: u32, p: u32) -> R<Word> {
         let (s, d, p) = (self.u(s), self.u(d), self.u(p));
         let os = self.mul(o, s)?;
@@ -984,7 +1030,7 @@ impl Body {
         build(self.b.access_chain(self.ids.ptr_wg, None, tile, [index]))
     }
 
-    fn barrier(&mut self) -> R<()> {
+    pub(crate) fn barrier(&mut self) -> R<()> {
         let scope = self.u(Scope::Workgroup as u32);
         let semantics =
             self.u((MemorySemantics::ACQUIRE_RELEASE | MemorySemantics::WORKGROUP_MEMORY).bits());
@@ -1017,22 +1063,6 @@ impl Body {
             })
             .collect();
 
-        let push_field = |e: &mut Body, i: u32, ty: Word, ptr: Word| -> R<Word> {
-            let index = e.u(i);
-            let p = build(e.b.access_chain(ptr, None, push_var, [index]))?;
-            build(e.b.load(ty, None, p, None, []))
-        };
-        let u64 = self.ids.u64;
-        let nb = layout.bindings as u32;
-        let addrs = (0..nb)
-            .map(|i| push_field(self, i, u64, ptr_push_u64))
-            .collect::<R<Vec<Word>>>()?;
-        let (a_addr, b_addr, c_addr) = (addrs[layout.a], addrs[layout.b], addrs[layout.c]);
-        let m = push_field(self, nb, u32, ptr_push_u32)?;
-        let n = push_field(self, nb + 1, u32, ptr_push_u32)?;
-        let k = push_field(self, nb + 2, u32, ptr_push_u32)?;
-        let b_shared = push_field(self, nb + 3, u32, ptr_push_u32)?;
-
         let wg = build(self.b.load(v3, None, wg_var, None, []))?;
         let lid = build(self.b.load(v3, None, lid_var, None, []))?;
         let tx = build(self.b.composite_extract(u32, None, lid, [0]))?;
@@ -1040,6 +1070,17 @@ impl Body {
         let wx = build(self.b.composite_extract(u32, None, wg, [0]))?;
         let wy = build(self.b.composite_extract(u32, None, wg, [1]))?;
         let wz = build(self.b.composite_extract(u32, None, wg, [2]))?;
+        let ops = self.operands(layout, push_var, (ptr_push_u64, ptr_push_u32), wz)?;
+        let Operands {
+            m,
+            n,
+            k,
+            a_base,
+            b_base,
+            c_base,
+            ..
+        } = ops;
+        let zero32 = self.u(0);
         // A sliced tile: this invocation's K slice, and where its tiles sit.
         let slices = self.tile.slices();
         let slice = build(self.b.composite_extract(u32, None, lid, [2]))?;
@@ -1056,42 +1097,10 @@ impl Body {
         let threads = self.u(THREADS);
         let flat = self.mul(ty, threads)?;
         let flat = self.add(flat, tx)?;
-
-        // Batch entry `wz`: A and C advance by a matrix each; B too unless shared.
-        let four = self.esize();
-        let batch = self.wide(wz)?;
-        let (m64, n64, k64) = (self.wide(m)?, self.wide(n)?, self.wide(k)?);
-        let zero32 = self.u(0);
-        let (a_base, b_base) = match layout.b_source {
-            BSource::Matrix | BSource::MatrixT => {
-                let mk = self.mul64(m64, k64)?;
-                let a_off = self.mul64(batch, mk)?;
-                let a_off = self.mul64(a_off, four)?;
-                let a_base = self.add64(a_addr, a_off)?;
-                let kn = self.mul64(k64, n64)?;
-                let b_off = self.mul64(batch, kn)?;
-                let b_off = self.mul64(b_off, four)?;
-                let shared = build(self.b.i_not_equal(self.ids.bool, None, b_shared, zero32))?;
-                let zero64 = self.u64c(0);
-                let b_off = build(self.b.select(u64, None, shared, zero64, b_off))?;
-                (a_base, self.add64(b_addr, b_off)?)
-            }
-            BSource::Image(g) => {
-                // The filter is shared; the image advances by C·H·W elements.
-                let size = self.elem.bytes() as u64;
-                let image = self.u64c(g.c as u64 * g.h as u64 * g.w as u64 * size);
-                let b_off = self.mul64(batch, image)?;
-                (a_addr, self.add64(b_addr, b_off)?)
-            }
-        };
-        let mn = self.mul64(m64, n64)?;
-        let c_off = self.mul64(batch, mn)?;
-        let c_off = self.mul64(c_off, four)?;
-        let c_base = self.add64(c_addr, c_off)?;
         let epilogue = Epilogue {
             steps: &layout.steps,
-            addrs: &addrs,
-            c_off,
+            addrs: &ops.addrs,
+            c_off: ops.c_off,
             batch: wz,
             m,
         };
@@ -1156,6 +1165,73 @@ impl Body {
             self.store_block(&acc, (tx, ty), (m0, n0), (m, n), c_base, &epilogue)?;
         }
         build(self.b.ret())
+    }
+
+    /// Reads the push constants and computes batch entry `wz`'s matrices: A and C advance
+    /// by a matrix each, B too unless shared (a convolution's image by one image, its
+    /// filter shared).
+    pub(crate) fn operands(
+        &mut self,
+        layout: &Layout,
+        push_var: Word,
+        (ptr_push_u64, ptr_push_u32): (Word, Word),
+        wz: Word,
+    ) -> R<Operands> {
+        let u32 = self.ids.u32;
+        let push_field = |e: &mut Body, i: u32, ty: Word, ptr: Word| -> R<Word> {
+            let index = e.u(i);
+            let p = build(e.b.access_chain(ptr, None, push_var, [index]))?;
+            build(e.b.load(ty, None, p, None, []))
+        };
+        let u64 = self.ids.u64;
+        let nb = layout.bindings as u32;
+        let addrs = (0..nb)
+            .map(|i| push_field(self, i, u64, ptr_push_u64))
+            .collect::<R<Vec<Word>>>()?;
+        let (a_addr, b_addr, c_addr) = (addrs[layout.a], addrs[layout.b], addrs[layout.c]);
+        let m = push_field(self, nb, u32, ptr_push_u32)?;
+        let n = push_field(self, nb + 1, u32, ptr_push_u32)?;
+        let k = push_field(self, nb + 2, u32, ptr_push_u32)?;
+        let b_shared = push_field(self, nb + 3, u32, ptr_push_u32)?;
+        let four = self.esize();
+        let batch = self.wide(wz)?;
+        let (m64, n64, k64) = (self.wide(m)?, self.wide(n)?, self.wide(k)?);
+        let zero32 = self.u(0);
+        let (a_base, b_base) = match layout.b_source {
+            BSource::Matrix | BSource::MatrixT => {
+                let mk = self.mul64(m64, k64)?;
+                let a_off = self.mul64(batch, mk)?;
+                let a_off = self.mul64(a_off, four)?;
+                let a_base = self.add64(a_addr, a_off)?;
+                let kn = self.mul64(k64, n64)?;
+                let b_off = self.mul64(batch, kn)?;
+                let b_off = self.mul64(b_off, four)?;
+                let shared = build(self.b.i_not_equal(self.ids.bool, None, b_shared, zero32))?;
+                let zero64 = self.u64c(0);
+                let b_off = build(self.b.select(u64, None, shared, zero64, b_off))?;
+                (a_base, self.add64(b_addr, b_off)?)
+            }
+            BSource::Image(g) => {
+                let size = self.elem.bytes() as u64;
+                let image = self.u64c(g.c as u64 * g.h as u64 * g.w as u64 * size);
+                let b_off = self.mul64(batch, image)?;
+                (a_addr, self.add64(b_addr, b_off)?)
+            }
+        };
+        let mn = self.mul64(m64, n64)?;
+        let c_off = self.mul64(batch, mn)?;
+        let c_off = self.mul64(c_off, four)?;
+        let c_base = self.add64(c_addr, c_off)?;
+        Ok(Operands {
+            addrs,
+            m,
+            n,
+            k,
+            a_base,
+            b_base,
+            c_base,
+            c_off,
+        })
     }
 
     /// A sliced tile's reduction: slices 1.. write their register blocks to workgroup

@@ -359,6 +359,7 @@ fn a_classifier_gemm_with_transposed_b_matches_the_reference() {
             launch: mm.launch().unwrap(),
             spirv: mm.spirv,
             workgroup_size: 256,
+            coop: None,
         };
         check_kernel(
             &device,

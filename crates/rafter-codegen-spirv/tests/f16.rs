@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use half::f16;
 use rafter_artifact::{dim_params, VulkanModule};
-use rafter_codegen_spirv::{kernel_module, matmul};
+use rafter_codegen_spirv::{kernel_module, matmul, matmul_tiled, MatmulTile};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::{spirv_capabilities, VulkanDevice};
 use rafter_ir::text::parse_graph;
@@ -204,8 +204,11 @@ fn cases() -> Vec<(&'static str, String)> {
 }
 
 fn words(module: &VulkanModule) -> Vec<u32> {
-    module
-        .spirv
+    words_of(&module.spirv)
+}
+
+fn words_of(bytes: &[u8]) -> Vec<u32> {
+    bytes
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
@@ -218,6 +221,14 @@ fn every_f16_kernel_passes_spirv_val_and_needs_only_16_bit_storage() {
         let module = kernel_module(&body, 0).unwrap_or_else(|e| panic!("{label}: {e}"));
         let spirv = words(&module);
         common::spirv_val(&spirv, &format!("f16_{label}"));
+        // Products (a matmul, gemm or ungrouped conv) also come on cooperative matrices.
+        let product = ["matmul", "gemm", "conv_bias", "conv_const"]
+            .iter()
+            .any(|p| label.starts_with(p) || label.contains("_matmul"));
+        assert_eq!(module.coop.is_some(), product, "{label}: variant");
+        if let Some(coop) = &module.coop {
+            common::spirv_val(&words_of(coop), &format!("f16_{label}_coop"));
+        }
         let caps = spirv_capabilities(&spirv).unwrap();
         assert!(caps.contains(&STORAGE_BUFFER_16BIT), "{label}: {caps:?}");
         assert!(
@@ -512,4 +523,105 @@ fn a_device_without_16_bit_storage_is_named_as_the_reason() {
         caps.missing_for_module(&f32_spirv).unwrap(),
         Vec::<&str>::new()
     );
+}
+
+/// Products of every tile on cooperative matrices, each shape leaving partial tiles and
+/// a partial last K step: `(label, body, tile)`. A 16×16 tile splits K eight ways
+/// (KC = 128), so K = 300 leaves a last step of 44.
+fn coop_cases() -> Vec<(String, String, MatmulTile)> {
+    let matmul = "graph @k(%a: f16[2, 70, 300], %b: f16[300, 90], %c: f16[90]) -> (%y) {
+  %p: f16[2, 70, 90] = matmul(%a, %b)
+  %q: f16[2, 70, 90] = binary{op = add}(%p, %c)
+  %y: f16[2, 70, 90] = unary{op = relu}(%q)
+}";
+    let conv = "graph @k(%x: f16[2, 40, 9, 9], %w: f16[24, 40, 3, 3], %b: f16[24]) -> (%y) {
+  %y: f16[2, 24, 9, 9] = conv{kernel_shape = [3, 3], strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1, auto_pad = explicit}(%x, %w, %b)
+}";
+    let mut out = Vec::new();
+    for tile in [
+        MatmulTile::Large,
+        MatmulTile::Small,
+        MatmulTile::Sliced,
+        MatmulTile::Tiny,
+        MatmulTile::TinySliced,
+    ] {
+        out.push((format!("matmul_{tile:?}"), matmul.to_string(), tile));
+    }
+    out.push(("conv".into(), conv.to_string(), MatmulTile::Large));
+    out
+}
+
+/// The cooperative-matrix variant of a body's module, `tile` for a matmul (a conv gets
+/// the generator's choice): the plain module with the variant's SPIR-V in its place.
+fn coop_module(body: &Graph, tile: MatmulTile) -> VulkanModule {
+    let mut module = kernel_module(body, 0).unwrap();
+    if body.nodes[0].op == rafter_ir::Op::MatMul {
+        let kernel = matmul_tiled(body, tile).unwrap();
+        module.launch = kernel.launch().unwrap();
+        module.coop = kernel
+            .coop
+            .map(|c| rafter_codegen_spirv::to_bytes(&c).into());
+    }
+    let coop = module.coop.clone().expect("an f16 product has a variant");
+    module.spirv = coop;
+    module
+}
+
+/// Every tile's variant passes spirv-val, and runs where the device offers the
+/// configuration, matching the reference within an ulp: the tensor cores' f32 sums add
+/// in another order. Elsewhere (lavapipe) the loader refuses it, naming the feature, which
+/// is what makes the runtime fall back to the plain module. `RAFTER_REQUIRE_COOP=1` (the
+/// H100 run) fails instead of skipping the comparison.
+#[test]
+fn cooperative_matrix_variants_match_the_reference_or_are_refused_by_name() {
+    for (label, text, tile) in coop_cases() {
+        let body = parse_graph(&text).unwrap_or_else(|e| panic!("{label}: {e}"));
+        common::spirv_val(&words(&coop_module(&body, tile)), &format!("coop_{label}"));
+    }
+    let Some(device) = common::device_or_skip("cooperative_matrix_variants") else {
+        return;
+    };
+    let required = std::env::var("RAFTER_REQUIRE_COOP").is_ok_and(|v| v == "1");
+    if !device.capabilities().has_coop_f16() {
+        assert!(
+            !required,
+            "RAFTER_REQUIRE_COOP=1 but the device has no f16 coop"
+        );
+        let (_, text, tile) = &coop_cases()[0];
+        let module = coop_module(&parse_graph(text).unwrap(), *tile);
+        let e = device
+            .load_executable(&ExecutableSpec {
+                name: "coop".into(),
+                format: FORMAT_SPIRV.into(),
+                payload: ExecutablePayload::Bytes(Arc::from(&module.spirv[..])),
+            })
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("cooperativeMatrix"), "{e}");
+        eprintln!("note: no f16 cooperative matrices on this device; variants not run");
+        return;
+    }
+    for (label, text, tile) in coop_cases() {
+        let body = parse_graph(&text).unwrap();
+        let module = coop_module(&body, tile);
+        let inputs: Vec<Tensor> = body
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| input(body.value(v).ty.dtype, &dims_of(&body, v), 3 + i as u64))
+            .collect();
+        let want = rafter_reference::run(&body, inputs.clone())
+            .unwrap()
+            .remove(0);
+        let out = body.outputs[0];
+        let got = run(
+            &device,
+            &module,
+            &inputs,
+            (DType::F16, &dims_of(&body, out)),
+        );
+        let bad = mismatches(&got, &want, 1.0);
+        assert!(bad.is_empty(), "{label}: {} elements: {bad:?}", want.len());
+    }
 }

@@ -24,6 +24,8 @@ pub struct CoopMatrixShape {
     pub b: String,
     pub c: String,
     pub result: String,
+    /// Offered at subgroup scope (the scope rafter's kernels use).
+    pub subgroup_scope: bool,
 }
 
 /// The device limits that matter to rafter.
@@ -197,6 +199,9 @@ impl VulkanCapabilities {
         const INT8: u32 = 39;
         const STORAGE_BUFFER_16BIT: u32 = 4433;
         const STORAGE_BUFFER_8BIT: u32 = 4448;
+        const GROUP_NON_UNIFORM: u32 = 61;
+        const VULKAN_MEMORY_MODEL: u32 = 5345;
+        const COOPERATIVE_MATRIX: u32 = 6022;
         let mut missing = Vec::new();
         for capability in crate::executable::spirv_capabilities(words)? {
             let (feature, present) = match capability {
@@ -207,6 +212,16 @@ impl VulkanCapabilities {
                 INT8 => ("shaderInt8", self.shader_int8),
                 STORAGE_BUFFER_16BIT => ("storageBuffer16BitAccess", self.storage_buffer_16bit),
                 STORAGE_BUFFER_8BIT => ("storageBuffer8BitAccess", self.storage_buffer_8bit),
+                GROUP_NON_UNIFORM => (
+                    "subgroup operations in compute",
+                    self.subgroup_in_compute && self.subgroup_ops.contains(&"basic"),
+                ),
+                VULKAN_MEMORY_MODEL => ("vulkanMemoryModel", self.vulkan_memory_model),
+                COOPERATIVE_MATRIX => (
+                    "cooperativeMatrix (16x16x16 f16*f16+f32 at subgroup scope, 32-wide \
+                     subgroups)",
+                    self.has_coop_f16(),
+                ),
                 _ => continue,
             };
             if !present && !missing.contains(&feature) {
@@ -214,6 +229,21 @@ impl VulkanCapabilities {
             }
         }
         Ok(missing)
+    }
+
+    /// Whether the device runs rafter's cooperative-matrix kernels: the 16×16×16
+    /// configuration of f16 A and B with f32 accumulator and result, at subgroup scope,
+    /// with 32-invocation subgroups (`rafter_codegen_spirv`'s `COOP_*` constants).
+    pub fn has_coop_f16(&self) -> bool {
+        self.subgroup_size == 32
+            && self.cooperative_matrix.as_ref().is_some_and(|shapes| {
+                shapes.iter().any(|s| {
+                    (s.m, s.n, s.k) == (16, 16, 16)
+                        && (s.a.as_str(), s.b.as_str()) == ("f16", "f16")
+                        && (s.c.as_str(), s.result.as_str()) == ("f32", "f32")
+                        && s.subgroup_scope
+                })
+            })
     }
 
     /// Whether a feature of [`OPTIONAL`] is present.

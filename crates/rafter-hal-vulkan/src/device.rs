@@ -49,7 +49,15 @@ pub struct VulkanDeviceOptions {
     /// behaves as one without 16-bit storage (f16 kernels are refused at load, by name),
     /// which tests and users can check on any GPU.
     pub disable_16bit_storage: bool,
+    /// Leave `VK_KHR_cooperative_matrix` off even where the device has it (also set by the
+    /// environment variable [`NO_COOP_ENV`] = `1`): kernels with a cooperative-matrix
+    /// variant then load their plain module, for comparing the two on one GPU.
+    pub disable_cooperative_matrix: bool,
 }
+
+/// Set to `1` to open Vulkan devices without cooperative matrices
+/// ([`VulkanDeviceOptions::disable_cooperative_matrix`]).
+pub const NO_COOP_ENV: &str = "RAFTER_VULKAN_NO_COOP";
 
 impl std::fmt::Debug for VulkanDeviceOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -60,6 +68,10 @@ impl std::fmt::Debug for VulkanDeviceOptions {
             .field("name", &self.name)
             .field("trace_sink", &self.trace_sink.is_some())
             .field("disable_16bit_storage", &self.disable_16bit_storage)
+            .field(
+                "disable_cooperative_matrix",
+                &self.disable_cooperative_matrix,
+            )
             .finish()
     }
 }
@@ -301,6 +313,9 @@ fn create_shared(
     let mut caps = chosen.caps;
     if options.disable_16bit_storage {
         caps.storage_buffer_16bit = false;
+    }
+    if options.disable_cooperative_matrix || std::env::var(NO_COOP_ENV).is_ok_and(|v| v == "1") {
+        caps.cooperative_matrix = None;
     }
     let physical = chosen.physical;
     let (family, family_queues) = caps

@@ -256,6 +256,7 @@ fn query(owner: &InstanceOwner, physical: vk::PhysicalDevice, index: usize) -> V
                     b: component_type_name(s.b_type),
                     c: component_type_name(s.c_type),
                     result: component_type_name(s.result_type),
+                    subgroup_scope: s.scope == vk::ScopeKHR::SUBGROUP,
                 })
                 .collect(),
         )

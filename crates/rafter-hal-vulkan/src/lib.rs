@@ -35,7 +35,7 @@ mod queue;
 mod semaphore;
 
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
-pub use device::{VulkanDevice, VulkanDeviceOptions};
+pub use device::{VulkanDevice, VulkanDeviceOptions, NO_COOP_ENV};
 pub use error::VulkanError;
 pub use executable::{spirv_capabilities, spirv_entry_points, VulkanExecutable};
 pub use instance::{list_devices, DEVICE_ENV};

@@ -564,13 +564,7 @@ impl Session {
                         ))
                     })?;
                     let context = format!("loading kernel `{}` on `{}`", kernel.name, use_.name);
-                    let executable = use_
-                        .device
-                        .load_executable(&ExecutableSpec {
-                            name: kernel.name.clone(),
-                            format: FORMAT_SPIRV.to_string(),
-                            payload: ExecutablePayload::Bytes(Arc::from(&module.spirv[..])),
-                        })
+                    let executable = load_spirv(use_.device.as_ref(), &kernel.name, module)
                         .map_err(hal(context.clone()))?;
                     let entry = executable
                         .entry_index(&module.entry_point)
@@ -996,4 +990,26 @@ impl CallHandle {
         }
         Ok(outputs)
     }
+}
+
+/// Loads a kernel's SPIR-V: its cooperative-matrix variant where it has one and the
+/// device takes it, else the plain module. A device without what the variant needs
+/// refuses it as unsupported before the driver sees it, so only that error falls back.
+fn load_spirv(
+    device: &dyn Device,
+    name: &str,
+    module: &rafter_artifact::VulkanModule,
+) -> rafter_hal::Result<Executable> {
+    let spec = |bytes: &[u8]| ExecutableSpec {
+        name: name.to_string(),
+        format: FORMAT_SPIRV.to_string(),
+        payload: ExecutablePayload::Bytes(Arc::from(bytes)),
+    };
+    if let Some(coop) = &module.coop {
+        match device.load_executable(&spec(coop)) {
+            Err(rafter_hal::HalError::Unsupported(_)) => {}
+            loaded => return loaded,
+        }
+    }
+    device.load_executable(&spec(&module.spirv))
 }

@@ -15,9 +15,15 @@ use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
 pub fn spirv_val(words: &[u32], name: &str) {
     let dir = std::env::temp_dir().join(format!("rafter-spirv-val-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{name}.spv"));
+    // One file per call: tests run in parallel and may validate modules of one name.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{name}-{call}.spv"));
     std::fs::write(&path, to_bytes(words)).unwrap();
-    match Command::new("spirv-val")
+    // scripts/test.sh points RAFTER_SPIRV_VAL at the venv's SPIRV-Tools (Debian 12's
+    // 2023.1 predates SPV_KHR_cooperative_matrix); otherwise the one on PATH.
+    let program = std::env::var("RAFTER_SPIRV_VAL").unwrap_or_else(|_| "spirv-val".into());
+    match Command::new(&program)
         .args(["--target-env", "vulkan1.3"])
         .arg(&path)
         .output()

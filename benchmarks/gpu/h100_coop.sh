@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Cooperative-matrix (tensor core) variants on the H100, in one device call: the f16 test
+# binary with RAFTER_REQUIRE_COOP=1 (every tile's variant against the reference), then
+# issue 4's f16 models benched with the variants and without (RAFTER_VULKAN_NO_COOP=1),
+# alternated `rounds` times (`--warmup 10 --iters 50`), a traced run with them, their
+# outputs against ONNX Runtime f32 and PyTorch f16, and PyTorch's f16 times beside.
+#   bash benchmarks/gpu/h100_coop.sh [rounds]
+# Expects .gl/ to hold setup.sh with the loader debs, the stripped `rafter` and f16-*.
+set -u
+rounds=${1:-2}
+out=${OUT:-/tmp/coop}; mkdir -p "$out"
+bash .gl/setup.sh
+# Test binaries look for fixtures under the checkout they were built in.
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+.gl/rafter devices > "$out/devices.txt" 2>&1; grep -i "cooperative" "$out/devices.txt"
+for t in .gl/f16-*; do
+  RAFTER_REQUIRE_VULKAN=1 RAFTER_REQUIRE_COOP=1 timeout 120 "$t" --test-threads 1 > "$out/$(basename "$t").txt" 2>&1
+  echo "$t: $(grep 'test result' "$out/$(basename "$t").txt")"
+  grep -A3 "panicked" "$out/$(basename "$t").txt" | head -8
+done
+python3 scripts/export_models.py --only bert_base resnet50 mobilenet_v2 > "$out/export.txt" 2>&1; tail -1 "$out/export.txt"
+python3 benchmarks/gpu/export_f16.py > "$out/export_f16.txt" 2>&1; tail -1 "$out/export_f16.txt"
+M=.cache/models
+for m in resnet50_f16 mobilenet_v2_f16 bert_base_f16; do
+  [ -f $M/$m.onnx ] || { echo "$m: not exported"; continue; }
+  .gl/rafter compile $M/$m.onnx --target vulkan -o /tmp/$m.rfa --dim batch=1 --dim seq=128 > "$out/compile_$m.txt" 2>&1 || { tail -3 "$out/compile_$m.txt"; continue; }
+  ins=""
+  for f in $M/${m}_inputs/*.npy; do ins="$ins --input $(basename "$f" .npy)=$f"; done
+  for r in $(seq "$rounds"); do
+    for mode in plain coop; do
+      no=0; [ $mode = plain ] && no=1
+      RAFTER_VULKAN_NO_COOP=$no .gl/rafter bench /tmp/$m.rfa $ins --warmup 10 --iters 50 > "$out/bench_${m}_${mode}_$r.txt" 2>&1
+      echo "$m $mode round $r: $(tail -1 "$out/bench_${m}_${mode}_$r.txt")"
+    done
+  done
+  .gl/rafter bench /tmp/$m.rfa $ins --warmup 5 --iters 20 --trace /tmp/$m.trace.json > /dev/null 2>&1
+  python3 benchmarks/gpu/trace_summary.py /tmp/$m.trace.json 20 8 > "$out/trace_$m.txt" 2>&1
+  head -14 "$out/trace_$m.txt"
+  .gl/rafter run /tmp/$m.rfa $ins --output-dir /tmp/${m}_out > /dev/null 2>&1
+  python3 - "$m" <<'PY'
+import sys, glob, os, numpy as np
+m = sys.argv[1]
+for f in glob.glob(f".cache/models/{m}_outputs/*.npy"):
+    name = os.path.basename(f)
+    want = np.load(f).astype(np.float64); scale = np.abs(want).max() + 1e-30
+    got = np.load(f"/tmp/{m}_out/{name}").astype(np.float64)
+    err = float(np.max(np.abs(got - want)) / scale)
+    line = f"output check {m} (coop): max |got - ORT| / max|ORT| = {err:.3g}"
+    torch_f = f".cache/models/{m}_torch/{name}"
+    if os.path.exists(torch_f):
+        terr = float(np.max(np.abs(np.load(torch_f).astype(np.float64) - want)) / scale)
+        verdict = "ok" if err <= max(2 * terr, 1e-2) else "TOO FAR"
+        line += f"; torch f16: {terr:.3g} ({verdict}: within max(2x torch, 1e-2))"
+    print(line)
+PY
+done
+python3 benchmarks/gpu/torch_models.py > "$out/torch.txt" 2>&1; grep float16 "$out/torch.txt"

@@ -1,0 +1,511 @@
+//! The cooperative-matrix variant of the f16 matrix-product and convolution kernels
+//! (`VK_KHR_cooperative_matrix`: tensor cores on NVIDIA, matrix cores elsewhere).
+//!
+//! It computes what the [`crate::matmul`] kernel of the same [`MatmulTile`] computes, with
+//! the same launch (grid, push constants, 256 invocations), so the runtime can load it in
+//! place of that kernel where the device offers the configuration it is written for and
+//! keep the plain kernel everywhere else: 16×16×16 products of f16 A and B accumulated
+//! in f32, at subgroup scope, with 32-invocation subgroups (eight per workgroup).
+//!
+//! Per step of K the workgroup stages a `tile × KC` slice of A and a `KC × tile` slice of
+//! B in workgroup memory as f16 (element loads and the zero fill past the edges are the
+//! plain kernel's; the rows are padded by 8 elements to stay 16-byte aligned and spread
+//! over memory banks), and each subgroup multiplies 16×16 blocks of them with
+//! `OpCooperativeMatrixMulAddKHR`. A 64×64 tile has 16 such blocks of C: each subgroup
+//! owns two of one block row. Smaller tiles have fewer blocks than subgroups, so K is
+//! split too, like the sliced tiles: a 32×32 tile's four blocks each get two subgroups
+//! (KC = 32), a 16×16 tile's one block eight (KC = 128). At the end every subgroup stores
+//! its f32 blocks to workgroup memory, and the 256 invocations each take elements of the
+//! tile, add the K groups' partial sums in group order (so rounding does not depend on
+//! timing), run the epilogue and store, as the plain kernel does: the position of a
+//! cooperative matrix's elements in its invocations is the driver's, so the epilogue
+//! cannot run on the matrices themselves.
+
+use rspirv::binary::Assemble;
+use rspirv::dr::{Builder, Operand as Arg};
+use rspirv::spirv::{
+    AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
+    FunctionControl, LoopControl, MemoryAccess, MemoryModel, Scope, SelectionControl, StorageClass,
+    Word,
+};
+
+use crate::elem::{self, Elem};
+use crate::matmul::{
+    build, builtin_v3, declare_const_rows, prelude, push_block, BSource, Body, Epilogue, Ids,
+    Layout, MatmulTile, Operands, Prelude, Push, R, THREADS,
+};
+
+/// The side of one cooperative matrix (the 16×16×16 configuration).
+pub const COOP_SIDE: u32 = 16;
+/// The subgroup size the variant is written for: eight subgroups per 256-invocation
+/// workgroup. The Vulkan device loads the variant only where subgroups are this wide.
+pub const COOP_SUBGROUP: u32 = 32;
+const INVOCATIONS: u32 = THREADS * THREADS;
+const SUBGROUPS: u32 = INVOCATIONS / COOP_SUBGROUP;
+/// f16 elements after each staged row: 16 bytes keep every row (and so every matrix
+/// load) 16-byte aligned, and shift consecutive rows across memory banks.
+const PAD: u32 = 8;
+/// The memory operand of every workgroup-memory access: the Vulkan memory model orders
+/// only non-private accesses across invocations, even at a barrier.
+const SHARED: MemoryAccess = MemoryAccess::NON_PRIVATE_POINTER;
+/// `CooperativeMatrixUse`: A, B, accumulator.
+const USE_A: u32 = 0;
+const USE_B: u32 = 1;
+const USE_ACC: u32 = 2;
+/// `CooperativeMatrixLayout::RowMajorKHR`.
+const ROW_MAJOR: u32 = 0;
+
+/// How a tile is divided among the subgroups.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// The C tile's side.
+    size: u32,
+    /// Cooperative blocks per side of the tile.
+    side: u32,
+    /// Groups of subgroups splitting K (1 when there are at least as many blocks as
+    /// subgroups).
+    groups: u32,
+    /// Blocks of one block row each subgroup computes.
+    per_subgroup: u32,
+    /// Elements of K staged per step (16 per group).
+    kc: u32,
+}
+
+impl Plan {
+    fn of(tile: MatmulTile) -> Plan {
+        let size = tile.size();
+        let side = size / COOP_SIDE;
+        let blocks = side * side;
+        let (groups, per_subgroup) = if blocks >= SUBGROUPS {
+            (1, blocks / SUBGROUPS)
+        } else {
+            (SUBGROUPS / blocks, 1)
+        };
+        Plan {
+            size,
+            side,
+            groups,
+            per_subgroup,
+            kc: COOP_SIDE * groups,
+        }
+    }
+
+    /// Row stride of the staged A slice (`size × kc`, row-major).
+    fn a_stride(self) -> u32 {
+        self.kc + PAD
+    }
+
+    /// Row stride of the staged B slice (`kc × size`, row-major).
+    fn b_stride(self) -> u32 {
+        self.size + PAD
+    }
+}
+
+/// The module's cooperative-matrix types and workgroup arrays.
+struct Coop {
+    plan: Plan,
+    f16: Word,
+    mat_a: Word,
+    mat_b: Word,
+    mat_c: Word,
+    a_sh: Word,
+    b_sh: Word,
+    c_sh: Word,
+    ptr_wg16: Word,
+    sg_var: Word,
+}
+
+/// The cooperative-matrix module of `layout`, or `None` where there is none: f32 kernels
+/// (the devices' f32 matrix configurations are rare, and TF32 would change results).
+pub(crate) fn emit_coop(layout: &Layout) -> R<Option<Vec<u32>>> {
+    if layout.elem != Elem::F16 {
+        return Ok(None);
+    }
+    let plan = Plan::of(layout.tile);
+    let mut b = Builder::new();
+    let t = prelude(&mut b);
+    // f16 values in workgroup memory and registers (shaderFloat16), the subgroup index
+    // (a basic subgroup feature) and the matrices themselves.
+    b.capability(Capability::Float16);
+    b.capability(Capability::GroupNonUniform);
+    b.capability(Capability::CooperativeMatrixKHR);
+    b.extension("SPV_KHR_cooperative_matrix");
+    // Cooperative matrices require the Vulkan memory model, under which a barrier orders
+    // only accesses marked non-private: every workgroup-memory access here is ([`SHARED`]).
+    b.capability(Capability::VulkanMemoryModel);
+    b.memory_model(
+        AddressingModel::PhysicalStorageBuffer64,
+        MemoryModel::Vulkan,
+    );
+    let Prelude {
+        glsl,
+        void,
+        f32,
+        u32,
+        u64,
+        bool,
+    } = t;
+    let f16 = b.type_float(16);
+    let push = push_block(&mut b, &t, layout.bindings as u32, 4);
+    let mut array = |ty: Word, len: u32| {
+        let len = b.constant_bit32(u32, len);
+        let arr = b.type_array(ty, len);
+        let ptr = b.type_pointer(None, StorageClass::Workgroup, arr);
+        b.variable(ptr, None, StorageClass::Workgroup, None)
+    };
+    let a_sh = array(f16, plan.size * plan.a_stride());
+    let b_sh = array(f16, plan.kc * plan.b_stride());
+    let c_sh = array(f32, plan.groups * plan.size * plan.size);
+    let ptr_wg = b.type_pointer(None, StorageClass::Workgroup, f32);
+    let ptr_wg16 = b.type_pointer(None, StorageClass::Workgroup, f16);
+    let ptr_fn = b.type_pointer(None, StorageClass::Function, f32);
+    let wg_var = builtin_v3(&mut b, u32, BuiltIn::WorkgroupId);
+    let lid_var = builtin_v3(&mut b, u32, BuiltIn::LocalInvocationId);
+    let ptr_in = b.type_pointer(None, StorageClass::Input, u32);
+    let sg_var = b.variable(ptr_in, None, StorageClass::Input, None);
+    b.decorate(
+        sg_var,
+        Decoration::BuiltIn,
+        [Arg::BuiltIn(BuiltIn::SubgroupId)],
+    );
+    let scope = b.constant_bit32(u32, Scope::Subgroup as u32);
+    let side = b.constant_bit32(u32, COOP_SIDE);
+    let mut matrix = |component: Word, use_: u32| {
+        let use_ = b.constant_bit32(u32, use_);
+        b.type_cooperative_matrix_khr(component, scope, side, side, use_)
+    };
+    let (mat_a, mat_b, mat_c) = (matrix(f16, USE_A), matrix(f16, USE_B), matrix(f32, USE_ACC));
+    let const_rows = declare_const_rows(&mut b, f32, u32, &layout.const_rows);
+    let fn_type = b.type_function(void, []);
+    let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
+    b.entry_point(
+        ExecutionModel::GLCompute,
+        main,
+        "main",
+        [push.var, wg_var, lid_var, sg_var, a_sh, b_sh, c_sh]
+            .into_iter()
+            .chain(const_rows.iter().copied())
+            .collect::<Vec<_>>(),
+    );
+    b.execution_mode(main, ExecutionMode::LocalSize, [THREADS, THREADS, 1]);
+    let mut e = Body {
+        b,
+        ids: Ids {
+            glsl,
+            f32,
+            u32,
+            u64,
+            bool,
+            ptr_wg,
+            ptr_fn,
+            a_tile: a_sh,
+            b_tile: b_sh,
+        },
+        tile: layout.tile,
+        const_rows,
+        elem: layout.elem,
+        slice_offsets: None,
+        red_tile: None,
+    };
+    let coop = Coop {
+        plan,
+        f16,
+        mat_a,
+        mat_b,
+        mat_c,
+        a_sh,
+        b_sh,
+        c_sh,
+        ptr_wg16,
+        sg_var,
+    };
+    coop.main(&mut e, layout, &push, (wg_var, lid_var))?;
+    build(e.b.end_function())?;
+    Ok(Some(e.b.module().assemble()))
+}
+
+/// The subgroup's place in the tile: its block row, first block column and K group.
+struct Place {
+    row: Word,
+    col: Word,
+    group: Word,
+}
+
+impl Coop {
+    fn main(&self, e: &mut Body, layout: &Layout, push: &Push, vars: (Word, Word)) -> R<()> {
+        let (wg_var, lid_var) = vars;
+        let Ids { u32, f32, .. } = e.ids;
+        let entry = build(e.b.begin_block(None))?;
+        // The accumulators, in function variables declared first (as SPIR-V requires).
+        let fzero = e.b.constant_bit32(f32, 0);
+        let zero_c = e.b.constant_composite(self.mat_c, [fzero]);
+        let ptr_c = e.b.type_pointer(None, StorageClass::Function, self.mat_c);
+        let acc: Vec<Word> = (0..self.plan.per_subgroup)
+            .map(|_| {
+                e.b.variable(ptr_c, None, StorageClass::Function, Some(zero_c))
+            })
+            .collect();
+
+        let v3 = e.b.type_vector(u32, 3);
+        let wg = build(e.b.load(v3, None, wg_var, None, []))?;
+        let lid = build(e.b.load(v3, None, lid_var, None, []))?;
+        let tx = build(e.b.composite_extract(u32, None, lid, [0]))?;
+        let ty = build(e.b.composite_extract(u32, None, lid, [1]))?;
+        let wx = build(e.b.composite_extract(u32, None, wg, [0]))?;
+        let wy = build(e.b.composite_extract(u32, None, wg, [1]))?;
+        let wz = build(e.b.composite_extract(u32, None, wg, [2]))?;
+        let ops = e.operands(layout, push.var, (push.ptr_u64, push.ptr_u32), wz)?;
+        let size = e.u(self.plan.size);
+        let n0 = e.mul(wx, size)?;
+        let m0 = e.mul(wy, size)?;
+        let threads = e.u(THREADS);
+        let flat = e.mul(ty, threads)?;
+        let flat = e.add(flat, tx)?;
+        let place = self.place(e)?;
+
+        // for (kb = 0; kb < K; kb += KC): stage, multiply. Every subgroup runs the same
+        // trip count (a group past K multiplies the zeros staged there).
+        let (header, cond, body, cont, merge) = (e.b.id(), e.b.id(), e.b.id(), e.b.id(), e.b.id());
+        let kb_next = e.b.id();
+        let zero = e.u(0);
+        build(e.b.branch(header))?;
+        build(e.b.begin_block(Some(header)))?;
+        let kb = build(e.b.phi(u32, None, [(zero, entry), (kb_next, cont)]))?;
+        build(e.b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+        build(e.b.branch(cond))?;
+        build(e.b.begin_block(Some(cond)))?;
+        let more = e.lt(kb, ops.k)?;
+        build(e.b.branch_conditional(more, body, merge, []))?;
+        build(e.b.begin_block(Some(body)))?;
+        self.stage(e, (flat, m0, n0, kb), &ops, layout.b_source)?;
+        e.barrier()?;
+        self.multiply(e, &acc, &place)?;
+        e.barrier()?;
+        build(e.b.branch(cont))?;
+        build(e.b.begin_block(Some(cont)))?;
+        let kc = e.u(self.plan.kc);
+        build(e.b.i_add(u32, Some(kb_next), kb, kc))?;
+        build(e.b.branch(header))?;
+        build(e.b.begin_block(Some(merge)))?;
+
+        self.park(e, &acc, &place)?;
+        e.barrier()?;
+        let epilogue = Epilogue {
+            steps: &layout.steps,
+            addrs: &ops.addrs,
+            c_off: ops.c_off,
+            batch: wz,
+            m: ops.m,
+        };
+        self.store(e, flat, (m0, n0), &ops, &epilogue)?;
+        build(e.b.ret())
+    }
+
+    /// This subgroup's block row, first block column and K group (see the module docs).
+    fn place(&self, e: &mut Body) -> R<Place> {
+        let u32 = e.ids.u32;
+        let sg = build(e.b.load(u32, None, self.sg_var, None, []))?;
+        let Plan {
+            side,
+            groups,
+            per_subgroup,
+            ..
+        } = self.plan;
+        if groups == 1 {
+            let across = e.u(side / per_subgroup);
+            let row = build(e.b.u_div(u32, None, sg, across))?;
+            let col = build(e.b.u_mod(u32, None, sg, across))?;
+            let per = e.u(per_subgroup);
+            let col = e.mul(col, per)?;
+            let group = e.u(0);
+            return Ok(Place { row, col, group });
+        }
+        let blocks = e.u(side * side);
+        let block = build(e.b.u_mod(u32, None, sg, blocks))?;
+        let group = build(e.b.u_div(u32, None, sg, blocks))?;
+        let s = e.u(side);
+        let row = build(e.b.u_div(u32, None, block, s))?;
+        let col = build(e.b.u_mod(u32, None, block, s))?;
+        Ok(Place { row, col, group })
+    }
+
+    /// Stages A's `size × kc` and B's `kc × size` slices at K offset `kb` as f16, zero
+    /// outside the matrices; consecutive invocations read consecutive addresses of A's
+    /// rows and B's rows (an image's positions for a convolution).
+    fn stage(
+        &self,
+        e: &mut Body,
+        (flat, m0, n0, kb): (Word, Word, Word, Word),
+        ops: &Operands,
+        b_source: BSource,
+    ) -> R<()> {
+        let Plan { size, kc, .. } = self.plan;
+        let u32 = e.ids.u32;
+        let h0 = e.b.constant_bit32(self.f16, 0);
+        for r in 0..size * kc / INVOCATIONS {
+            let step = e.u(r * INVOCATIONS);
+            let lin = e.add(flat, step)?;
+            // A: the K offset fastest, then the row.
+            let mask = e.u(kc - 1);
+            let kk = build(e.b.bitwise_and(u32, None, lin, mask))?;
+            let shift = e.u(kc.trailing_zeros());
+            let ml = build(e.b.shift_right_logical(u32, None, lin, shift))?;
+            let row = e.add(m0, ml)?;
+            let col = e.add(kb, kk)?;
+            let (addr, inside) = e.matrix_addr(ops.a_base, (row, ops.m), (col, ops.k))?;
+            let stride = e.u(self.plan.a_stride());
+            let at = e.mul(ml, stride)?;
+            let at = e.add(at, kk)?;
+            self.stage_one(e, self.a_sh, at, (addr, inside), h0)?;
+            // B: the column fastest, then the K offset.
+            let mask = e.u(size - 1);
+            let nl = build(e.b.bitwise_and(u32, None, lin, mask))?;
+            let shift = e.u(size.trailing_zeros());
+            let kk = build(e.b.shift_right_logical(u32, None, lin, shift))?;
+            let row = e.add(kb, kk)?;
+            let col = e.add(n0, nl)?;
+            let (k, n) = (ops.k, ops.n);
+            let found = match b_source {
+                BSource::Matrix => e.matrix_addr(ops.b_base, (row, k), (col, n))?,
+                // Element (k, n) of Bᵀ is at n·K + k.
+                BSource::MatrixT => e.matrix_addr(ops.b_base, (col, n), (row, k))?,
+                BSource::Image(g) => e.im2col_addr(ops.b_base, &g, (row, k), (col, n))?,
+            };
+            let stride = e.u(self.plan.b_stride());
+            let at = e.mul(kk, stride)?;
+            let at = e.add(at, nl)?;
+            self.stage_one(e, self.b_sh, at, found, h0)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the f16 at `addr` (or 0 where not `inside`) to element `at` of `tile`.
+    fn stage_one(
+        &self,
+        e: &mut Body,
+        tile: Word,
+        at: Word,
+        (addr, inside): (Word, Word),
+        h0: Word,
+    ) -> R<()> {
+        let v = elem::load_stored(&mut e.b, e.elem, e.ids.f32, addr)?;
+        let v = build(e.b.select(self.f16, None, inside, v, h0))?;
+        let p = build(e.b.access_chain(self.ptr_wg16, None, tile, [at]))?;
+        build(e.b.store(p, v, Some(SHARED), []))
+    }
+
+    /// `acc[j] += A block · B block j` for this subgroup's blocks and K group.
+    fn multiply(&self, e: &mut Body, acc: &[Word], place: &Place) -> R<()> {
+        let side16 = e.u(COOP_SIDE);
+        let layout = e.u(ROW_MAJOR);
+        // A's block: rows 16·row.., columns 16·group.. of the staged slice.
+        let a_stride = e.u(self.plan.a_stride());
+        let r0 = e.mul(place.row, side16)?;
+        let at = e.mul(r0, a_stride)?;
+        let k0 = e.mul(place.group, side16)?;
+        let at = e.add(at, k0)?;
+        let p = build(e.b.access_chain(self.ptr_wg16, None, self.a_sh, [at]))?;
+        let a = build(e.b.cooperative_matrix_load_khr(
+            self.mat_a,
+            None,
+            p,
+            layout,
+            Some(a_stride),
+            Some(SHARED),
+            [],
+        ))?;
+        let b_stride = e.u(self.plan.b_stride());
+        let b_row = e.mul(k0, b_stride)?;
+        for (j, &var) in acc.iter().enumerate() {
+            let col = e.u(j as u32);
+            let col = e.add(place.col, col)?;
+            let col = e.mul(col, side16)?;
+            let at = e.add(b_row, col)?;
+            let p = build(e.b.access_chain(self.ptr_wg16, None, self.b_sh, [at]))?;
+            let bm = build(e.b.cooperative_matrix_load_khr(
+                self.mat_b,
+                None,
+                p,
+                layout,
+                Some(b_stride),
+                Some(SHARED),
+                [],
+            ))?;
+            let c = build(e.b.load(self.mat_c, None, var, None, []))?;
+            let c = build(e.b.cooperative_matrix_mul_add_khr(self.mat_c, None, a, bm, c, None))?;
+            build(e.b.store(var, c, None, []))?;
+        }
+        Ok(())
+    }
+
+    /// Stores this subgroup's accumulators to its K group's part of the f32 tile.
+    fn park(&self, e: &mut Body, acc: &[Word], place: &Place) -> R<()> {
+        let size = self.plan.size;
+        let (side16, width, part) = (e.u(COOP_SIDE), e.u(size), e.u(size * size));
+        let layout = e.u(ROW_MAJOR);
+        let base = e.mul(place.group, part)?;
+        let r0 = e.mul(place.row, side16)?;
+        let r0 = e.mul(r0, width)?;
+        let base = e.add(base, r0)?;
+        for (j, &var) in acc.iter().enumerate() {
+            let col = e.u(j as u32);
+            let col = e.add(place.col, col)?;
+            let col = e.mul(col, side16)?;
+            let at = e.add(base, col)?;
+            let p = build(e.b.access_chain(e.ids.ptr_wg, None, self.c_sh, [at]))?;
+            let c = build(e.b.load(self.mat_c, None, var, None, []))?;
+            build(e.b.cooperative_matrix_store_khr(p, c, layout, Some(width), Some(SHARED), []))?;
+        }
+        Ok(())
+    }
+
+    /// Every invocation takes elements `flat + 256·r` of the tile (row-major, so
+    /// consecutive invocations store consecutive columns), adds the K groups' parts, runs
+    /// the epilogue and stores what lies inside C.
+    fn store(
+        &self,
+        e: &mut Body,
+        flat: Word,
+        (m0, n0): (Word, Word),
+        ops: &Operands,
+        epilogue: &Epilogue<'_>,
+    ) -> R<()> {
+        let Ids { u32, f32, .. } = e.ids;
+        let Plan { size, groups, .. } = self.plan;
+        for r in 0..size * size / INVOCATIONS {
+            let step = e.u(r * INVOCATIONS);
+            let at = e.add(flat, step)?;
+            let mut sum = None;
+            for g in 0..groups {
+                let off = e.u(g * size * size);
+                let i = e.add(at, off)?;
+                let p = build(e.b.access_chain(e.ids.ptr_wg, None, self.c_sh, [i]))?;
+                let v = build(e.b.load(f32, None, p, Some(SHARED), []))?;
+                sum = Some(match sum {
+                    Some(s) => build(e.b.f_add(f32, None, s, v))?,
+                    None => v,
+                });
+            }
+            let sum = sum.expect("at least one K group");
+            let shift = e.u(size.trailing_zeros());
+            let row = build(e.b.shift_right_logical(u32, None, at, shift))?;
+            let mask = e.u(size - 1);
+            let col = build(e.b.bitwise_and(u32, None, at, mask))?;
+            let row = e.add(m0, row)?;
+            let col = e.add(n0, col)?;
+            let in_rows = e.lt(row, ops.m)?;
+            let in_cols = e.lt(col, ops.n)?;
+            let inside = e.and(in_rows, in_cols)?;
+            let (then, done) = (e.b.id(), e.b.id());
+            build(e.b.selection_merge(done, SelectionControl::NONE))?;
+            build(e.b.branch_conditional(inside, then, done, []))?;
+            build(e.b.begin_block(Some(then)))?;
+            let v = e.apply(epilogue, sum, (row, col), ops.n)?;
+            let addr = e.elem_addr(ops.c_base, row, ops.n, col)?;
+            e.store_at(addr, v)?;
+            build(e.b.branch(done))?;
+            build(e.b.begin_block(Some(done)))?;
+        }
+        Ok(())
+    }
+}
