@@ -35,7 +35,7 @@ for m in resnet50_f16 mobilenet_v2_f16 bert_base_f16; do
   done
   .gl/rafter bench /tmp/$m.rfa $ins --warmup 5 --iters 20 --trace /tmp/$m.trace.json > /dev/null 2>&1
   python3 benchmarks/gpu/trace_summary.py /tmp/$m.trace.json 20 8 > "$out/trace_$m.txt" 2>&1
-  head -14 "$out/trace_$m.txt"
+  head -6 "$out/trace_$m.txt"
   .gl/rafter run /tmp/$m.rfa $ins --output-dir /tmp/${m}_out > /dev/null 2>&1
   python3 - "$m" <<'PY'
 import sys, glob, os, numpy as np

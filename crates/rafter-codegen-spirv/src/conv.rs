@@ -157,6 +157,9 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                         d: geom.d,
                         ow: geom.ow,
                     }),
+                    // Measured: convolutions ran slower with two products per step on the
+                    // H100, even with long K (ResNet-50 f16 1.74 -> 2.10 ms; RESULTS.md).
+                    long_k: false,
                 };
                 let spirv = emit(&layout)?;
                 let coop = emit_coop(&layout)?;

@@ -11,10 +11,13 @@
 //! B in workgroup memory as f16 (element loads and the zero fill past the edges are the
 //! plain kernel's; the rows are padded by 8 elements to stay 16-byte aligned and spread
 //! over memory banks), and each subgroup multiplies 16×16 blocks of them with
-//! `OpCooperativeMatrixMulAddKHR`. A 64×64 tile has 16 such blocks of C: each subgroup
-//! owns two of one block row. Smaller tiles have fewer blocks than subgroups, so K is
-//! split too, like the sliced tiles: a 32×32 tile's four blocks each get two subgroups
-//! (KC = 32), a 16×16 tile's one block eight (KC = 128). At the end every subgroup stores
+//! `OpCooperativeMatrixMulAddKHR`: one 16-deep product per block and step, or two for a
+//! matrix product with a long K (`Layout::long_k`). A 64×64 tile has 16 blocks of C:
+//! each subgroup owns two of one block row (KC = 16 or 32). Smaller tiles have fewer
+//! blocks than subgroups, so K is split too, like the sliced tiles: a 32×32 tile's four
+//! blocks each get two subgroups (KC = 32 or 64), a 16×16 tile's one block eight (KC =
+//! 128 or 256). Loading the next step into registers before the products (double
+//! buffering) measured slower on the H100 and is not done. At the end every subgroup stores
 //! its f32 blocks to workgroup memory, and the 256 invocations each take elements of the
 //! tile, add the K groups' partial sums in group order (so rounding does not depend on
 //! timing), run the epilogue and store, as the plain kernel does: the position of a
@@ -67,12 +70,18 @@ struct Plan {
     groups: u32,
     /// Blocks of one block row each subgroup computes.
     per_subgroup: u32,
-    /// Elements of K staged per step (16 per group).
+    /// 16-deep products each subgroup does per block and staged step.
+    steps: u32,
+    /// Elements of K staged per step: `steps` products of 16 per group.
     kc: u32,
 }
 
 impl Plan {
-    fn of(tile: MatmulTile) -> Plan {
+    /// The plan of a `tile`; `long_k`: two 16-deep products per staged step (half the
+    /// barriers and loop trips per element of K), which measured faster for BERT's
+    /// long-K matrix products and slower for convolutions and short K on the H100
+    /// (benchmarks/RESULTS.md).
+    fn of(tile: MatmulTile, long_k: bool) -> Plan {
         let size = tile.size();
         let side = size / COOP_SIDE;
         let blocks = side * side;
@@ -86,7 +95,8 @@ impl Plan {
             side,
             groups,
             per_subgroup,
-            kc: COOP_SIDE * groups,
+            steps: if long_k { 2 } else { 1 },
+            kc: COOP_SIDE * groups * if long_k { 2 } else { 1 },
         }
     }
 
@@ -112,6 +122,7 @@ struct Coop {
     b_sh: Word,
     c_sh: Word,
     ptr_wg16: Word,
+    ptr_fn16: Word,
     sg_var: Word,
 }
 
@@ -121,7 +132,7 @@ pub(crate) fn emit_coop(layout: &Layout) -> R<Option<Vec<u32>>> {
     if layout.elem != Elem::F16 {
         return Ok(None);
     }
-    let plan = Plan::of(layout.tile);
+    let plan = Plan::of(layout.tile, layout.long_k);
     let mut b = Builder::new();
     let t = prelude(&mut b);
     // f16 values in workgroup memory and registers (shaderFloat16), the subgroup index
@@ -158,6 +169,7 @@ pub(crate) fn emit_coop(layout: &Layout) -> R<Option<Vec<u32>>> {
     let c_sh = array(f32, plan.groups * plan.size * plan.size);
     let ptr_wg = b.type_pointer(None, StorageClass::Workgroup, f32);
     let ptr_wg16 = b.type_pointer(None, StorageClass::Workgroup, f16);
+    let ptr_fn16 = b.type_pointer(None, StorageClass::Function, f16);
     let ptr_fn = b.type_pointer(None, StorageClass::Function, f32);
     let wg_var = builtin_v3(&mut b, u32, BuiltIn::WorkgroupId);
     let lid_var = builtin_v3(&mut b, u32, BuiltIn::LocalInvocationId);
@@ -217,6 +229,7 @@ pub(crate) fn emit_coop(layout: &Layout) -> R<Option<Vec<u32>>> {
         b_sh,
         c_sh,
         ptr_wg16,
+        ptr_fn16,
         sg_var,
     };
     coop.main(&mut e, layout, &push, (wg_var, lid_var))?;
@@ -245,6 +258,14 @@ impl Coop {
                 e.b.variable(ptr_c, None, StorageClass::Function, Some(zero_c))
             })
             .collect();
+        // One step's elements of this invocation (A's, then B's), loaded before any is
+        // stored to workgroup memory so the loads overlap.
+        let per = (self.plan.size * self.plan.kc / INVOCATIONS) as usize;
+        let regs = (0..2 * per)
+            .map(|_| {
+                e.b.variable(self.ptr_fn16, None, StorageClass::Function, None)
+            })
+            .collect::<Vec<_>>();
 
         let v3 = e.b.type_vector(u32, 3);
         let wg = build(e.b.load(v3, None, wg_var, None, []))?;
@@ -262,12 +283,13 @@ impl Coop {
         let flat = e.mul(ty, threads)?;
         let flat = e.add(flat, tx)?;
         let place = self.place(e)?;
+        let zero = e.u(0);
 
-        // for (kb = 0; kb < K; kb += KC): stage, multiply. Every subgroup runs the same
-        // trip count (a group past K multiplies the zeros staged there).
+        // for (kb = 0; kb < K; kb += KC): stage the fetched step, fetch the next, multiply.
+        // Every subgroup runs the same trip count (a group past K multiplies the zeros
+        // staged there).
         let (header, cond, body, cont, merge) = (e.b.id(), e.b.id(), e.b.id(), e.b.id(), e.b.id());
         let kb_next = e.b.id();
-        let zero = e.u(0);
         build(e.b.branch(header))?;
         build(e.b.begin_block(Some(header)))?;
         let kb = build(e.b.phi(u32, None, [(zero, entry), (kb_next, cont)]))?;
@@ -277,7 +299,8 @@ impl Coop {
         let more = e.lt(kb, ops.k)?;
         build(e.b.branch_conditional(more, body, merge, []))?;
         build(e.b.begin_block(Some(body)))?;
-        self.stage(e, (flat, m0, n0, kb), &ops, layout.b_source)?;
+        self.fetch(e, (flat, m0, n0, kb), &ops, layout.b_source, &regs)?;
+        self.deposit(e, flat, &regs)?;
         e.barrier()?;
         self.multiply(e, &acc, &place)?;
         e.barrier()?;
@@ -329,41 +352,46 @@ impl Coop {
         Ok(Place { row, col, group })
     }
 
-    /// Stages A's `size × kc` and B's `kc × size` slices at K offset `kb` as f16, zero
-    /// outside the matrices; consecutive invocations read consecutive addresses of A's
-    /// rows and B's rows (an image's positions for a convolution).
-    fn stage(
+    /// Element `r` of this invocation's share of a staged step: its A coordinates (row,
+    /// K offset) and its B coordinates (K offset, column) within the slices. A's K offset
+    /// runs fastest and B's column, so consecutive invocations read consecutive addresses
+    /// of A's rows and of B's rows (an image's positions for a convolution).
+    fn share(&self, e: &mut Body, flat: Word, r: u32) -> R<[Word; 4]> {
+        let Plan { size, kc, .. } = self.plan;
+        let u32 = e.ids.u32;
+        let step = e.u(r * INVOCATIONS);
+        let lin = e.add(flat, step)?;
+        let mask = e.u(kc - 1);
+        let a_k = build(e.b.bitwise_and(u32, None, lin, mask))?;
+        let shift = e.u(kc.trailing_zeros());
+        let a_row = build(e.b.shift_right_logical(u32, None, lin, shift))?;
+        let mask = e.u(size - 1);
+        let b_col = build(e.b.bitwise_and(u32, None, lin, mask))?;
+        let shift = e.u(size.trailing_zeros());
+        let b_k = build(e.b.shift_right_logical(u32, None, lin, shift))?;
+        Ok([a_row, a_k, b_k, b_col])
+    }
+
+    /// Loads this invocation's share of the step at K offset `kb` into `regs` (A's
+    /// elements, then B's) as f16, zero outside the matrices.
+    fn fetch(
         &self,
         e: &mut Body,
         (flat, m0, n0, kb): (Word, Word, Word, Word),
         ops: &Operands,
         b_source: BSource,
+        regs: &[Word],
     ) -> R<()> {
-        let Plan { size, kc, .. } = self.plan;
-        let u32 = e.ids.u32;
+        let per = regs.len() / 2;
         let h0 = e.b.constant_bit32(self.f16, 0);
-        for r in 0..size * kc / INVOCATIONS {
-            let step = e.u(r * INVOCATIONS);
-            let lin = e.add(flat, step)?;
-            // A: the K offset fastest, then the row.
-            let mask = e.u(kc - 1);
-            let kk = build(e.b.bitwise_and(u32, None, lin, mask))?;
-            let shift = e.u(kc.trailing_zeros());
-            let ml = build(e.b.shift_right_logical(u32, None, lin, shift))?;
-            let row = e.add(m0, ml)?;
-            let col = e.add(kb, kk)?;
-            let (addr, inside) = e.matrix_addr(ops.a_base, (row, ops.m), (col, ops.k))?;
-            let stride = e.u(self.plan.a_stride());
-            let at = e.mul(ml, stride)?;
-            let at = e.add(at, kk)?;
-            self.stage_one(e, self.a_sh, at, (addr, inside), h0)?;
-            // B: the column fastest, then the K offset.
-            let mask = e.u(size - 1);
-            let nl = build(e.b.bitwise_and(u32, None, lin, mask))?;
-            let shift = e.u(size.trailing_zeros());
-            let kk = build(e.b.shift_right_logical(u32, None, lin, shift))?;
-            let row = e.add(kb, kk)?;
-            let col = e.add(n0, nl)?;
+        for r in 0..per {
+            let [a_row, a_k, b_k, b_col] = self.share(e, flat, r as u32)?;
+            let row = e.add(m0, a_row)?;
+            let col = e.add(kb, a_k)?;
+            let found = e.matrix_addr(ops.a_base, (row, ops.m), (col, ops.k))?;
+            self.fetch_one(e, found, h0, regs[r])?;
+            let row = e.add(kb, b_k)?;
+            let col = e.add(n0, b_col)?;
             let (k, n) = (ops.k, ops.n);
             let found = match b_source {
                 BSource::Matrix => e.matrix_addr(ops.b_base, (row, k), (col, n))?,
@@ -371,69 +399,91 @@ impl Coop {
                 BSource::MatrixT => e.matrix_addr(ops.b_base, (col, n), (row, k))?,
                 BSource::Image(g) => e.im2col_addr(ops.b_base, &g, (row, k), (col, n))?,
             };
-            let stride = e.u(self.plan.b_stride());
-            let at = e.mul(kk, stride)?;
-            let at = e.add(at, nl)?;
-            self.stage_one(e, self.b_sh, at, found, h0)?;
+            self.fetch_one(e, found, h0, regs[per + r])?;
         }
         Ok(())
     }
 
-    /// Copies the f16 at `addr` (or 0 where not `inside`) to element `at` of `tile`.
-    fn stage_one(
-        &self,
-        e: &mut Body,
-        tile: Word,
-        at: Word,
-        (addr, inside): (Word, Word),
-        h0: Word,
-    ) -> R<()> {
+    /// Loads the f16 at `addr` (0 where not `inside`) into the variable `reg`.
+    fn fetch_one(&self, e: &mut Body, (addr, inside): (Word, Word), h0: Word, reg: Word) -> R<()> {
         let v = elem::load_stored(&mut e.b, e.elem, e.ids.f32, addr)?;
         let v = build(e.b.select(self.f16, None, inside, v, h0))?;
+        build(e.b.store(reg, v, None, []))
+    }
+
+    /// Stores the fetched share to the workgroup's A and B slices.
+    fn deposit(&self, e: &mut Body, flat: Word, regs: &[Word]) -> R<()> {
+        let per = regs.len() / 2;
+        let (a_stride, b_stride) = (e.u(self.plan.a_stride()), e.u(self.plan.b_stride()));
+        for r in 0..per {
+            let [a_row, a_k, b_k, b_col] = self.share(e, flat, r as u32)?;
+            let at = e.mul(a_row, a_stride)?;
+            let at = e.add(at, a_k)?;
+            self.deposit_one(e, self.a_sh, at, regs[r])?;
+            let at = e.mul(b_k, b_stride)?;
+            let at = e.add(at, b_col)?;
+            self.deposit_one(e, self.b_sh, at, regs[per + r])?;
+        }
+        Ok(())
+    }
+
+    fn deposit_one(&self, e: &mut Body, tile: Word, at: Word, reg: Word) -> R<()> {
+        let v = build(e.b.load(self.f16, None, reg, None, []))?;
         let p = build(e.b.access_chain(self.ptr_wg16, None, tile, [at]))?;
         build(e.b.store(p, v, Some(SHARED), []))
     }
 
-    /// `acc[j] += A block · B block j` for this subgroup's blocks and K group.
+    /// `acc[j] += A block · B block j` over this subgroup's K group of the staged step
+    /// ([`STEPS`] 16-deep products per block).
     fn multiply(&self, e: &mut Body, acc: &[Word], place: &Place) -> R<()> {
         let side16 = e.u(COOP_SIDE);
         let layout = e.u(ROW_MAJOR);
-        // A's block: rows 16·row.., columns 16·group.. of the staged slice.
-        let a_stride = e.u(self.plan.a_stride());
+        let (a_stride, b_stride) = (e.u(self.plan.a_stride()), e.u(self.plan.b_stride()));
         let r0 = e.mul(place.row, side16)?;
-        let at = e.mul(r0, a_stride)?;
-        let k0 = e.mul(place.group, side16)?;
-        let at = e.add(at, k0)?;
-        let p = build(e.b.access_chain(self.ptr_wg16, None, self.a_sh, [at]))?;
-        let a = build(e.b.cooperative_matrix_load_khr(
-            self.mat_a,
-            None,
-            p,
-            layout,
-            Some(a_stride),
-            Some(SHARED),
-            [],
-        ))?;
-        let b_stride = e.u(self.plan.b_stride());
-        let b_row = e.mul(k0, b_stride)?;
-        for (j, &var) in acc.iter().enumerate() {
-            let col = e.u(j as u32);
-            let col = e.add(place.col, col)?;
-            let col = e.mul(col, side16)?;
-            let at = e.add(b_row, col)?;
-            let p = build(e.b.access_chain(self.ptr_wg16, None, self.b_sh, [at]))?;
-            let bm = build(e.b.cooperative_matrix_load_khr(
-                self.mat_b,
+        let a_row = e.mul(r0, a_stride)?;
+        let group_k = e.u(COOP_SIDE * self.plan.steps);
+        let group_k = e.mul(place.group, group_k)?;
+        let mut sums: Vec<Word> = acc
+            .iter()
+            .map(|&var| build(e.b.load(self.mat_c, None, var, None, [])))
+            .collect::<R<_>>()?;
+        for step in 0..self.plan.steps {
+            // A's block: rows 16·row.., K offsets group·KC/G + 16·step.. of the slice.
+            let off = e.u(step * COOP_SIDE);
+            let k0 = e.add(group_k, off)?;
+            let at = e.add(a_row, k0)?;
+            let p = build(e.b.access_chain(self.ptr_wg16, None, self.a_sh, [at]))?;
+            let a = build(e.b.cooperative_matrix_load_khr(
+                self.mat_a,
                 None,
                 p,
                 layout,
-                Some(b_stride),
+                Some(a_stride),
                 Some(SHARED),
                 [],
             ))?;
-            let c = build(e.b.load(self.mat_c, None, var, None, []))?;
-            let c = build(e.b.cooperative_matrix_mul_add_khr(self.mat_c, None, a, bm, c, None))?;
-            build(e.b.store(var, c, None, []))?;
+            let b_row = e.mul(k0, b_stride)?;
+            for (j, sum) in sums.iter_mut().enumerate() {
+                let col = e.u(j as u32);
+                let col = e.add(place.col, col)?;
+                let col = e.mul(col, side16)?;
+                let at = e.add(b_row, col)?;
+                let p = build(e.b.access_chain(self.ptr_wg16, None, self.b_sh, [at]))?;
+                let bm = build(e.b.cooperative_matrix_load_khr(
+                    self.mat_b,
+                    None,
+                    p,
+                    layout,
+                    Some(b_stride),
+                    Some(SHARED),
+                    [],
+                ))?;
+                *sum =
+                    build(e.b.cooperative_matrix_mul_add_khr(self.mat_c, None, a, bm, *sum, None))?;
+            }
+        }
+        for (&var, &sum) in acc.iter().zip(&sums) {
+            build(e.b.store(var, sum, None, []))?;
         }
         Ok(())
     }

@@ -320,6 +320,8 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         ));
     }
     let bindings = body.inputs.len() + 1;
+    // A is `[.., M, K]` whether or not B is transposed.
+    let k = a.dims[a.rank() - 1].as_known();
     let layout = Layout {
         a: a_input,
         b: b_input,
@@ -334,6 +336,7 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         },
         const_rows: consts,
         elem,
+        long_k: k.is_some_and(|k| k >= i64::from(LONG_K)),
     };
     let spirv = emit(&layout).map_err(error)?;
     let coop = emit_coop(&layout).map_err(error)?;
@@ -578,7 +581,13 @@ pub(crate) struct Layout {
     pub(crate) const_rows: Vec<Vec<f32>>,
     /// The element type of every binding (A, B, C and the epilogue's operands alike).
     pub(crate) elem: Elem,
+    /// A matrix product whose K is known to be [`LONG_K`] or more: the cooperative-matrix
+    /// variant stages twice the K per step (see the `coop` module).
+    pub(crate) long_k: bool,
 }
+
+/// What counts as a long K for [`Layout::long_k`].
+pub(crate) const LONG_K: u32 = 512;
 
 /// Where B's elements come from.
 #[derive(Debug, Clone, Copy)]
