@@ -634,8 +634,7 @@ fn cooperative_matrix_variants_match_the_reference_or_are_refused_by_name() {
                 format: FORMAT_SPIRV.into(),
                 payload: ExecutablePayload::Bytes(Arc::from(&module.spirv[..])),
             })
-            .err()
-            .expect("refused")
+            .expect_err("refused")
             .to_string();
         assert!(e.contains("cooperativeMatrix"), "{e}");
         eprintln!("note: no f16 cooperative matrices on this device; variants not run");
