@@ -41,6 +41,11 @@ pub enum Operand {
     Broadcast,
     /// Indexed by the position along a normalised lane (a layer norm's scale and bias).
     Lane,
+    /// A layer norm's prologue operand repeating over x's leading dims: its dims, after
+    /// leading 1s, are x's trailing dims, whole rows of them (BERT's position embeddings
+    /// `[1, seq, 768]` added to `[batch, seq, 768]`). Its element index is x's flat index
+    /// modulo its element count.
+    Repeated,
     /// Bound but never read: the shape or axes operand of a reshape-like op.
     Unread,
 }
@@ -610,6 +615,9 @@ struct NormPlan {
     x: ValueId,
     scale: ValueId,
     bias: Option<ValueId>,
+    /// The dims of each [`Operand::Repeated`] input, by input index: their product is the
+    /// modulus of its index.
+    repeated: Vec<(usize, Vec<Dim>)>,
 }
 
 fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
@@ -665,8 +673,14 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     };
     let lane_dims = strip(&lane);
     let one = |v: ValueId| body.value(v).ty.num_elements().as_known() == Some(1);
+    // Whole rows of x's trailing dims, repeated over its leading ones.
+    let repeats = |d: &[Dim]| {
+        let d = strip(d);
+        d.len() > lane.len() && d.len() < dims.len() && dims.ends_with(&d)
+    };
     let mut inputs = Vec::with_capacity(body.inputs.len());
-    for &v in &body.inputs {
+    let mut repeated = Vec::new();
+    for (i, &v) in body.inputs.iter().enumerate() {
         let ty = &body.value(v).ty;
         inputs.push(if ty.dims == *dims {
             Operand::Tensor
@@ -674,10 +688,13 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
             Operand::Scalar
         } else if strip(&ty.dims) == lane_dims {
             Operand::Lane
+        } else if repeats(&ty.dims) {
+            repeated.push((i, strip(&ty.dims)));
+            Operand::Repeated
         } else {
             return Err(format!(
-                "input %{} of {} is neither x's shape, the normalised dims {lane:?}, nor one \
-                 element",
+                "input %{} of {} is neither x's shape, the normalised dims {lane:?}, x's \
+                 trailing dims repeated over its leading ones, nor one element",
                 body.value(v).name,
                 ty
             ));
@@ -719,7 +736,7 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
         }
     }
     let mut table = DimTable::default();
-    for d in &lane {
+    for d in lane.iter().chain(repeated.iter().flat_map(|(_, d)| d)) {
         table.need(body, d)?;
     }
     let mut emitter = Emitter::new(
@@ -739,6 +756,7 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
         x: *x,
         scale: *scale,
         bias,
+        repeated,
     });
     let dims = emitter.table.params.clone();
     Ok(ElementwiseKernel {
@@ -1827,7 +1845,9 @@ impl<'a> Emitter<'a> {
             let at = match kind {
                 Operand::Tensor => index,
                 Operand::Scalar | Operand::Unread => continue,
-                Operand::Lane => return Err("a lane operand outside a norm".into()),
+                Operand::Lane | Operand::Repeated => {
+                    return Err("a row operand outside a norm".into())
+                }
                 Operand::Broadcast => {
                     // The input's element index from the output's coordinates:
                     // sum over dims of ((index / out_stride) % out_dim) * in_stride.
@@ -2141,13 +2161,24 @@ impl<'a> Emitter<'a> {
             }
         }
         let mut values = invariant.clone();
-        let at = self.uadd(start, U::W(k))?;
-        let at = self.uw(at);
+        let flat = self.uadd(start, U::W(k))?;
+        let at = self.uw(flat);
         for (i, (&input, kind)) in body.inputs.iter().zip(self.inputs).enumerate() {
             let index = match kind {
                 _ if !needed.contains(&input) => continue,
                 Operand::Tensor => at,
                 Operand::Lane => k,
+                Operand::Repeated => {
+                    let dims = self
+                        .norm
+                        .as_ref()
+                        .and_then(|n| n.repeated.iter().find(|(j, _)| *j == i))
+                        .map(|(_, d)| d.clone())
+                        .ok_or("a repeated operand without its dims")?;
+                    let count = self.product(&dims)?;
+                    let index = self.umod(flat, count)?;
+                    self.uw(index)
+                }
                 _ => continue,
             };
             let v = self.load(i, index)?;

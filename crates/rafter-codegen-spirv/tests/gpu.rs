@@ -78,7 +78,7 @@ fn every_supported_op_matches_the_reference_executor() {
             let dims: Vec<usize> = match kind {
                 Operand::Tensor => shape.clone(),
                 Operand::Scalar => vec![1; body.value(input).ty.rank()],
-                Operand::Broadcast | Operand::Unread | Operand::Lane => {
+                Operand::Broadcast | Operand::Unread | Operand::Lane | Operand::Repeated => {
                     unreachable!("the op cases read full tensors and scalars")
                 }
             };
@@ -544,6 +544,40 @@ fn layer_norm_matches_the_reference() {
             Operand::Lane
         ]
     );
+    // BERT's embedding sum: word and token-type embeddings of x's shape, the position
+    // embeddings `[1, s, 48]` repeated over the batch (symbolic s), then the norm.
+    let kinds = check_close(
+        &device,
+        "graph @emb_ln(%w: f32[b, s, 48], %t: f32[b, s, 48], %p: f32[1, s, 48], %g: f32[48], %bb: f32[48]) -> (%y) {\n  %a: f32[b, s, 48] = binary{op = add}(%w, %t)\n  %c: f32[b, s, 48] = binary{op = add}(%a, %p)\n  %y: f32[b, s, 48] = layer_norm{axis = -1, epsilon = 1e-12}(%c, %g, %bb)\n}",
+        &[&[3, 5, 48], &[3, 5, 48], &[1, 5, 48], &[48], &[48]],
+        1e-5,
+        1e-6,
+    );
+    assert_eq!(
+        kinds,
+        [
+            Operand::Tensor,
+            Operand::Tensor,
+            Operand::Repeated,
+            Operand::Lane,
+            Operand::Lane
+        ]
+    );
+    // A [s, 48] operand with one fewer dim repeats too; [b, 1, 48] does not (it is
+    // broadcast inside the rows, not repeated whole), and says why.
+    check_close(
+        &device,
+        "graph @emb_ln2(%w: f32[b, s, 48], %p: f32[s, 48], %g: f32[48]) -> (%y) {\n  %c: f32[b, s, 48] = binary{op = add}(%w, %p)\n  %y: f32[b, s, 48] = layer_norm{axis = -1, epsilon = 1e-5}(%c, %g)\n}",
+        &[&[2, 4, 48], &[4, 48], &[48]],
+        1e-5,
+        1e-6,
+    );
+    let e = elementwise(
+        &parse_graph("graph @bad(%w: f32[b, s, 48], %p: f32[b, 1, 48], %g: f32[48]) -> (%y) {\n  %c: f32[b, s, 48] = binary{op = add}(%w, %p)\n  %y: f32[b, s, 48] = layer_norm{axis = -1, epsilon = 1e-5}(%c, %g)\n}")
+            .unwrap(),
+    )
+    .unwrap_err();
+    assert!(e.reason.contains("repeated over its leading ones"), "{e}");
     // Over two axes, a symbolic row length, no bias, the scale of shape [1, s, 6].
     check_within(
         &device,
