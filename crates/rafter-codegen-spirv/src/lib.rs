@@ -94,6 +94,7 @@ mod conv;
 mod coop;
 mod elem;
 mod elementwise;
+mod gather;
 mod matmul;
 mod window;
 
@@ -102,6 +103,7 @@ pub use coop::{COOP_SIDE, COOP_SUBGROUP};
 pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
+pub use gather::{gather, GatherKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 
 use rafter_artifact::{VulkanModule, VulkanSection};
@@ -126,6 +128,7 @@ enum Generated {
     Elementwise(ElementwiseKernel),
     Matmul(MatmulKernel),
     Conv(ConvKernel),
+    Gather(GatherKernel),
 }
 
 /// Generates `body`; the error is the elementwise generator's reason unless the body is a
@@ -151,6 +154,13 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     });
     if is_window {
         return conv(body).map(Generated::Conv).map_err(|e| e.reason);
+    }
+    if body
+        .nodes
+        .first()
+        .is_some_and(|n| matches!(n.op, rafter_ir::Op::Gather { .. }))
+    {
+        return gather(body).map(Generated::Gather);
     }
     elementwise(body)
         .map(Generated::Elementwise)
@@ -237,6 +247,15 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             dims: Vec::new(),
             spirv: to_bytes(&g.spirv).into(),
             coop: g.coop.map(|c| to_bytes(&c).into()),
+        },
+        Generated::Gather(g) => VulkanModule {
+            kernel,
+            launch: rafter_artifact::Launch::Elementwise,
+            workgroup_size: WORKGROUP_SIZE,
+            entry_point: "main".into(),
+            dims: Vec::new(),
+            spirv: to_bytes(&g.spirv).into(),
+            coop: None,
         },
         Generated::Conv(g) => VulkanModule {
             kernel,

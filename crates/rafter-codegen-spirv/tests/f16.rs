@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use half::f16;
-use rafter_artifact::{dim_params, VulkanModule};
+use rafter_artifact::VulkanModule;
 use rafter_codegen_spirv::{kernel_module, matmul, matmul_tiled, MatmulTile};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::{spirv_capabilities, VulkanDevice};
@@ -289,62 +289,6 @@ fn input(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
     }
 }
 
-/// Runs `module` on `inputs` and returns its first output, of `out_dtype` and `out_dims`.
-fn run(
-    device: &VulkanDevice,
-    module: &VulkanModule,
-    inputs: &[Tensor],
-    (out_dtype, out_dims): (DType, &[usize]),
-) -> Tensor {
-    let mut buffers: Vec<Buffer> = inputs
-        .iter()
-        .map(|t| {
-            let bytes = t.to_le_bytes();
-            let b = device
-                .allocate(bytes.len().max(4) as u64, MemoryKind::HostVisibleShared)
-                .unwrap();
-            b.write_bytes(0, &bytes).unwrap();
-            b
-        })
-        .collect();
-    let out_bytes = out_dims.iter().product::<usize>() * out_dtype.size_of();
-    let y = device
-        .allocate(out_bytes as u64, MemoryKind::HostVisibleShared)
-        .unwrap();
-    // NaN everywhere (0xFF bytes), so an element the kernel never writes fails.
-    y.write_bytes(0, &vec![0xFF; out_bytes]).unwrap();
-    buffers.push(y.clone());
-    let exe = device
-        .load_executable(&ExecutableSpec {
-            name: "f16".into(),
-            format: FORMAT_SPIRV.into(),
-            payload: ExecutablePayload::Bytes(Arc::from(&module.spirv[..])),
-        })
-        .unwrap();
-    let max = device.info().limits.max_workgroup_count;
-    let input_dims: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
-    let (mut params, grid) = module
-        .launch
-        .dispatch(&input_dims, out_dims, module.workgroup_size, max)
-        .unwrap()
-        .expect("a non-empty output");
-    let mut binding_dims = input_dims.clone();
-    binding_dims.push(out_dims);
-    params.extend(dim_params(&module.dims, &binding_dims).unwrap());
-    let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
-    let mut builder = device.create_command_buffer().unwrap();
-    builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
-    let done = device.create_semaphore(0).unwrap();
-    device
-        .queue(0)
-        .unwrap()
-        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, Duration::from_secs(300)).unwrap();
-    let bytes = y.read_bytes(0, out_bytes as u64).unwrap();
-    Tensor::from_le_bytes(out_dtype, out_dims, &bytes).unwrap()
-}
-
 /// The ulps of tolerance for a case (see the module doc); the f32 `exp` of the cast case
 /// gets the 3 + 2|x| f32 ulps Vulkan allows an `exp` (|x| <= 2 here).
 fn allowed_ulps(label: &str) -> f64 {
@@ -404,7 +348,7 @@ fn f16_kernels_of_every_kind_match_the_reference() {
             .remove(0);
         let out = body.outputs[0];
         let out_dims = dims_of(&body, out);
-        let got = run(
+        let got = common::run_module(
             &device,
             &module,
             &inputs,
@@ -653,7 +597,7 @@ fn cooperative_matrix_variants_match_the_reference_or_are_refused_by_name() {
             .unwrap()
             .remove(0);
         let out = body.outputs[0];
-        let got = run(
+        let got = common::run_module(
             &device,
             &module,
             &inputs,

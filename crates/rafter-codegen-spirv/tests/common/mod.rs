@@ -5,10 +5,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rafter_artifact::Launch;
+use rafter_artifact::{dim_params, Launch, VulkanModule};
 use rafter_codegen_spirv::{to_bytes, ElementwiseKernel};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
+use rafter_ir::DType;
+use rafter_reference::Tensor;
 
 /// Checks `words` with `spirv-val --target-env vulkan1.3`. Without spirv-val (Debian:
 /// `spirv-tools`) prints a note and passes, unless `RAFTER_REQUIRE_SPIRV_VAL` is set (CI).
@@ -350,4 +352,60 @@ pub fn inputs_in(domain: (f32, f32), count: usize, seed: u64) -> Vec<f32> {
             }
         })
         .collect()
+}
+
+/// Runs `module` on `inputs` and returns its first output, of `out_dtype` and `out_dims`.
+pub fn run_module(
+    device: &VulkanDevice,
+    module: &VulkanModule,
+    inputs: &[Tensor],
+    (out_dtype, out_dims): (DType, &[usize]),
+) -> Tensor {
+    let mut buffers: Vec<Buffer> = inputs
+        .iter()
+        .map(|t| {
+            let bytes = t.to_le_bytes();
+            let b = device
+                .allocate(bytes.len().max(4) as u64, MemoryKind::HostVisibleShared)
+                .unwrap();
+            b.write_bytes(0, &bytes).unwrap();
+            b
+        })
+        .collect();
+    let out_bytes = out_dims.iter().product::<usize>() * out_dtype.size_of();
+    let y = device
+        .allocate(out_bytes as u64, MemoryKind::HostVisibleShared)
+        .unwrap();
+    // NaN everywhere (0xFF bytes), so an element the kernel never writes fails.
+    y.write_bytes(0, &vec![0xFF; out_bytes]).unwrap();
+    buffers.push(y.clone());
+    let exe = device
+        .load_executable(&ExecutableSpec {
+            name: "f16".into(),
+            format: FORMAT_SPIRV.into(),
+            payload: ExecutablePayload::Bytes(Arc::from(&module.spirv[..])),
+        })
+        .unwrap();
+    let max = device.info().limits.max_workgroup_count;
+    let input_dims: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
+    let (mut params, grid) = module
+        .launch
+        .dispatch(&input_dims, out_dims, module.workgroup_size, max)
+        .unwrap()
+        .expect("a non-empty output");
+    let mut binding_dims = input_dims.clone();
+    binding_dims.push(out_dims);
+    params.extend(dim_params(&module.dims, &binding_dims).unwrap());
+    let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
+    let mut builder = device.create_command_buffer().unwrap();
+    builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    done.wait(1, Duration::from_secs(300)).unwrap();
+    let bytes = y.read_bytes(0, out_bytes as u64).unwrap();
+    Tensor::from_le_bytes(out_dtype, out_dims, &bytes).unwrap()
 }
