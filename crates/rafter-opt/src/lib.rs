@@ -75,11 +75,12 @@ pub struct CompileOptions {
 pub type Pass = fn(&mut Graph) -> bool;
 
 /// The pipeline [`optimize`] runs each round, with the names errors report.
-pub const PIPELINE: [(&str, Pass); 4] = [
+pub const PIPELINE: [(&str, Pass); 5] = [
     ("dce", passes::dce),
     ("fold_constants", passes::fold_constants),
     ("cse", passes::cse),
     ("canonicalize", passes::canonicalize),
+    ("shapes_from_inputs", passes::shapes_from_inputs),
 ];
 
 /// Most rounds of the pass pipeline (each round is DCE, folding, CSE, canonicalisation).

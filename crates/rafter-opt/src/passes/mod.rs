@@ -7,11 +7,13 @@ mod canon;
 mod cse;
 mod dce;
 mod fold;
+mod shapes;
 
 pub use canon::canonicalize;
 pub use cse::cse;
 pub use dce::dce;
 pub use fold::{fold_constants, FOLD_LIMIT_BYTES};
+pub use shapes::shapes_from_inputs;
 
 #[cfg(test)]
 pub(crate) mod testing {
