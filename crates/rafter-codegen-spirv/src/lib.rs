@@ -80,8 +80,18 @@
 //! max pooling and global pooling one invocation per output element. A 2-D `Gemm` is the
 //! matmul kernel (B read transposed for `transB`).
 //!
-//! Subgroup reductions, reduces over symbolic dims, gather, integer dtypes and f16
-//! arithmetic (packed f16, cooperative matrices) come next. Multi-element constants folded
+//! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
+//! second module on `VK_KHR_cooperative_matrix` (16×16×16 f16·f16 + f32, subgroup scope,
+//! 32-wide subgroups; the private `coop` module): the same kernel with the same launch,
+//! which the artifact carries beside the plain one (`VulkanModule::coop`) and the runtime
+//! loads where the device offers that configuration ([`COOP_SIDE`], [`COOP_SUBGROUP`]).
+//!
+//! [`gather`]: an embedding lookup, axis 0 of a static 2-D f32/f16 table by i64 indices
+//! (negative ones from the end; an index outside the table gives NaN, never a read past
+//! the table).
+//!
+//! Subgroup reductions, reduces over symbolic dims, integer dtypes beyond gather's indices
+//! and f16 arithmetic (packed f16) come next. Multi-element constants folded
 //! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are kept
 //! in the module as `Private` arrays where they are a conv's or matmul's bias (a row or
 //! column of C) or a layer norm's scale or bias; elsewhere (an operand of an elementwise
