@@ -160,6 +160,7 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
                     // Measured: convolutions ran slower with two products per step on the
                     // H100, even with long K (ResNet-50 f16 1.74 -> 2.10 ms; RESULTS.md).
                     long_k: false,
+                    rows_of_8: false,
                 };
                 let spirv = emit(&layout)?;
                 let coop = emit_coop(&layout)?;

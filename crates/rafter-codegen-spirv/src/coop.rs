@@ -283,6 +283,18 @@ impl Coop {
         let flat = e.mul(ty, threads)?;
         let flat = e.add(flat, tx)?;
         let place = self.place(e)?;
+        // Whether A's and B's addresses (of this batch entry) are 16-byte aligned, for
+        // products whose rows are multiples of 8 elements; uniform over the workgroup.
+        let vectors = if layout.rows_of_8 && !matches!(layout.b_source, BSource::Image(_)) {
+            let u64 = e.ids.u64;
+            let both = build(e.b.bitwise_or(u64, None, ops.a_base, ops.b_base))?;
+            let low = e.u64c(15);
+            let low = build(e.b.bitwise_and(u64, None, both, low))?;
+            let zero = e.u64c(0);
+            Some(build(e.b.i_equal(e.ids.bool, None, low, zero))?)
+        } else {
+            None
+        };
         let zero = e.u(0);
 
         // for (kb = 0; kb < K; kb += KC): stage the fetched step, fetch the next, multiply.
@@ -299,8 +311,27 @@ impl Coop {
         let more = e.lt(kb, ops.k)?;
         build(e.b.branch_conditional(more, body, merge, []))?;
         build(e.b.begin_block(Some(body)))?;
-        self.fetch(e, (flat, m0, n0, kb), &ops, layout.b_source, &regs)?;
-        self.deposit(e, flat, &regs)?;
+        let at = (flat, m0, n0, kb);
+        match vectors {
+            Some(aligned) => {
+                // 16-byte loads where the operands are aligned, else element by element.
+                let (then, other, done) = (e.b.id(), e.b.id(), e.b.id());
+                build(e.b.selection_merge(done, SelectionControl::NONE))?;
+                build(e.b.branch_conditional(aligned, then, other, []))?;
+                build(e.b.begin_block(Some(then)))?;
+                self.stage_vectors(e, at, &ops, layout.b_source)?;
+                build(e.b.branch(done))?;
+                build(e.b.begin_block(Some(other)))?;
+                self.fetch(e, at, &ops, layout.b_source, &regs)?;
+                self.deposit(e, flat, &regs)?;
+                build(e.b.branch(done))?;
+                build(e.b.begin_block(Some(done)))?;
+            }
+            None => {
+                self.fetch(e, at, &ops, layout.b_source, &regs)?;
+                self.deposit(e, flat, &regs)?;
+            }
+        }
         e.barrier()?;
         self.multiply(e, &acc, &place)?;
         e.barrier()?;
@@ -431,6 +462,115 @@ impl Coop {
         let v = build(e.b.load(self.f16, None, reg, None, []))?;
         let p = build(e.b.access_chain(self.ptr_wg16, None, tile, [at]))?;
         build(e.b.store(p, v, Some(SHARED), []))
+    }
+
+    /// Stages the step at K offset `kb` with 16-byte loads (8 f16s of a row), zero
+    /// outside the matrices: rows are multiples of 8 elements and the bases 16-byte
+    /// aligned, so a vector lies wholly inside or wholly outside. Each vector's elements are
+    /// stored to workgroup memory one by one (the slices stay f16 arrays, which the matrix
+    /// loads read).
+    fn stage_vectors(
+        &self,
+        e: &mut Body,
+        (flat, m0, n0, kb): (Word, Word, Word, Word),
+        ops: &Operands,
+        b_source: BSource,
+    ) -> R<()> {
+        let Plan { size, kc, .. } = self.plan;
+        let (a_stride, b_stride) = (self.plan.a_stride(), self.plan.b_stride());
+        // A: `size` rows of `kc / 8` vectors; element i of vector (row, v) goes to
+        // (row, 8v + i).
+        self.vectors(e, flat, size, kc / 8, &mut |e, row, v| {
+            let k = e.mul_c(v, 8)?;
+            let (gr, gk) = (e.add(m0, row)?, e.add(kb, k)?);
+            let found = e.matrix_addr(ops.a_base, (gr, ops.m), (gk, ops.k))?;
+            let at = e.mul_c(row, a_stride)?;
+            let at = e.add(at, k)?;
+            Ok((found, self.a_sh, at, 1))
+        })?;
+        match b_source {
+            // B: `kc` rows of `size / 8` vectors along N.
+            BSource::Matrix => self.vectors(e, flat, kc, size / 8, &mut |e, row, v| {
+                let n = e.mul_c(v, 8)?;
+                let (gk, gn) = (e.add(kb, row)?, e.add(n0, n)?);
+                let found = e.matrix_addr(ops.b_base, (gk, ops.k), (gn, ops.n))?;
+                let at = e.mul_c(row, b_stride)?;
+                let at = e.add(at, n)?;
+                Ok((found, self.b_sh, at, 1))
+            }),
+            // Bᵀ `[N, K]`: `size` rows (columns of B) of `kc / 8` vectors along K, each
+            // element going down a column of the slice.
+            BSource::MatrixT => self.vectors(e, flat, size, kc / 8, &mut |e, col, v| {
+                let k = e.mul_c(v, 8)?;
+                let (gn, gk) = (e.add(n0, col)?, e.add(kb, k)?);
+                let found = e.matrix_addr(ops.b_base, (gn, ops.n), (gk, ops.k))?;
+                let at = e.mul_c(k, b_stride)?;
+                let at = e.add(at, col)?;
+                Ok((found, self.b_sh, at, b_stride))
+            }),
+            BSource::Image(_) => Err("an image is not staged by vectors".into()),
+        }
+    }
+
+    /// Loads `rows × per_row` 16-byte vectors, vector `lin` at `(lin / per_row, lin %
+    /// per_row)`, spread over the workgroup's invocations; `place` gives a vector's
+    /// address, whether it is inside, and where its first element and the next go in
+    /// workgroup memory (the tile, the index, the step between elements).
+    #[allow(clippy::type_complexity)]
+    fn vectors(
+        &self,
+        e: &mut Body,
+        flat: Word,
+        rows: u32,
+        per_row: u32,
+        place: &mut dyn FnMut(&mut Body, Word, Word) -> R<((Word, Word), Word, Word, u32)>,
+    ) -> R<()> {
+        let u32 = e.ids.u32;
+        let count = rows * per_row;
+        let u32x4 = e.b.type_vector(u32, 4);
+        let f16x2 = e.b.type_vector(self.f16, 2);
+        let zero = e.u(0);
+        let zeros = e.b.constant_composite(u32x4, [zero, zero, zero, zero]);
+        let ptr_ty =
+            e.b.type_pointer(None, StorageClass::PhysicalStorageBuffer, u32x4);
+        for r in 0..count.div_ceil(INVOCATIONS) {
+            let lin = e.add_c(flat, r * INVOCATIONS)?;
+            // The last round may cover fewer vectors than invocations.
+            let partial = (r + 1) * INVOCATIONS > count;
+            let done = e.b.id();
+            if partial {
+                let then = e.b.id();
+                let some = e.lt_c(lin, count)?;
+                build(e.b.selection_merge(done, SelectionControl::NONE))?;
+                build(e.b.branch_conditional(some, then, done, []))?;
+                build(e.b.begin_block(Some(then)))?;
+            }
+            let shift = e.u(per_row.trailing_zeros());
+            let row = build(e.b.shift_right_logical(u32, None, lin, shift))?;
+            let mask = e.u(per_row - 1);
+            let v = build(e.b.bitwise_and(u32, None, lin, mask))?;
+            let ((addr, inside), tile, at, step) = place(e, row, v)?;
+            let ptr = build(e.b.convert_u_to_ptr(ptr_ty, None, addr))?;
+            let align = [Arg::LiteralBit32(16)];
+            let words = build(e.b.load(u32x4, None, ptr, Some(MemoryAccess::ALIGNED), align))?;
+            let words = build(e.b.select(u32x4, None, inside, words, zeros))?;
+            for w in 0..4u32 {
+                let word = build(e.b.composite_extract(u32, None, words, [w]))?;
+                let pair = build(e.b.bitcast(f16x2, None, word))?;
+                for h in 0..2u32 {
+                    let x = build(e.b.composite_extract(self.f16, None, pair, [h]))?;
+                    let off = e.u((2 * w + h) * step);
+                    let i = e.add(at, off)?;
+                    let p = build(e.b.access_chain(self.ptr_wg16, None, tile, [i]))?;
+                    build(e.b.store(p, x, Some(SHARED), []))?;
+                }
+            }
+            if partial {
+                build(e.b.branch(done))?;
+                build(e.b.begin_block(Some(done)))?;
+            }
+        }
+        Ok(())
     }
 
     /// `acc[j] += A block · B block j` over this subgroup's K group of the staged step

@@ -337,6 +337,13 @@ pub fn matmul_tiled(body: &Graph, tile: MatmulTile) -> Result<MatmulKernel, Code
         const_rows: consts,
         elem,
         long_k: k.is_some_and(|k| k >= i64::from(LONG_K)),
+        // Rows of 8-element multiples: A's (K) and B's contiguous dim (N, or K if B is
+        // transposed).
+        rows_of_8: k.is_some_and(|k| k % 8 == 0)
+            && (b_transposed
+                || c_ty.dims[c_ty.rank() - 1]
+                    .as_known()
+                    .is_some_and(|n| n % 8 == 0)),
     };
     let spirv = emit(&layout).map_err(error)?;
     let coop = emit_coop(&layout).map_err(error)?;
@@ -584,6 +591,10 @@ pub(crate) struct Layout {
     /// A matrix product whose K is known to be [`LONG_K`] or more: the cooperative-matrix
     /// variant stages twice the K per step (see the `coop` module).
     pub(crate) long_k: bool,
+    /// A matrix product whose A rows and B rows (their contiguous dim) are known to be
+    /// multiples of 8 elements: the cooperative-matrix variant stages them 16 bytes at a
+    /// time where the operands' addresses are 16-byte aligned (see the `coop` module).
+    pub(crate) rows_of_8: bool,
 }
 
 /// What counts as a long K for [`Layout::long_k`].
@@ -891,6 +902,21 @@ impl Body {
     }
     pub(crate) fn wide(&mut self, a: Word) -> R<Word> {
         build(self.b.u_convert(self.ids.u64, None, a))
+    }
+    /// `a * c` for a constant `c`.
+    pub(crate) fn mul_c(&mut self, a: Word, c: u32) -> R<Word> {
+        let c = self.u(c);
+        self.mul(a, c)
+    }
+    /// `a + c` for a constant `c`.
+    pub(crate) fn add_c(&mut self, a: Word, c: u32) -> R<Word> {
+        let c = self.u(c);
+        self.add(a, c)
+    }
+    /// `a < c` for a constant `c`.
+    pub(crate) fn lt_c(&mut self, a: Word, c: u32) -> R<Word> {
+        let c = self.u(c);
+        self.lt(a, c)
     }
     pub(crate) fn lt(&mut self, a: Word, c: Word) -> R<Word> {
         build(self.b.u_less_than(self.ids.bool, None, a, c))

@@ -503,6 +503,35 @@ fn coop_cases() -> Vec<(String, String, MatmulTile)> {
     ] {
         out.push((format!("matmul_long_k_{tile:?}"), long_k.to_string(), tile));
     }
+    // Rows of multiples of 8 (K, and N or Bᵀ's K): staged 16 bytes at a time, with
+    // partial tiles in M and N, short and long K, batched and transposed B.
+    let rows8 = |k: usize| {
+        format!(
+            "graph @k(%a: f16[2, 70, {k}], %b: f16[{k}, 72]) -> (%y) {{
+  %y: f16[2, 70, 72] = matmul(%a, %b)
+}}"
+        )
+    };
+    for tile in [MatmulTile::Small, MatmulTile::Tiny] {
+        out.push((format!("matmul_rows8_{tile:?}"), rows8(96), tile));
+    }
+    for tile in [
+        MatmulTile::Large,
+        MatmulTile::Sliced,
+        MatmulTile::TinySliced,
+    ] {
+        out.push((format!("matmul_rows8_long_k_{tile:?}"), rows8(640), tile));
+    }
+    let gemm = "graph @k(%a: f16[37, 96], %w: f16[72, 96], %c: f16[72]) -> (%y) {
+  %y: f16[37, 72] = gemm{alpha = 1.0, beta = 1.0, trans_a = false, trans_b = true}(%a, %w, %c)
+}";
+    for tile in [MatmulTile::Large, MatmulTile::Tiny] {
+        out.push((
+            format!("gemm_trans_b_rows8_{tile:?}"),
+            gemm.to_string(),
+            tile,
+        ));
+    }
     out.push(("conv".into(), conv.to_string(), MatmulTile::Large));
     out
 }
@@ -534,7 +563,10 @@ fn product_of(body: &Graph) -> Graph {
 /// the generator's choice): the plain module with the variant's SPIR-V in its place.
 fn coop_module(body: &Graph, tile: MatmulTile) -> VulkanModule {
     let mut module = kernel_module(body, 0).unwrap();
-    if body.nodes[0].op == rafter_ir::Op::MatMul {
+    if matches!(
+        body.nodes[0].op,
+        rafter_ir::Op::MatMul | rafter_ir::Op::Gemm { .. }
+    ) {
         let kernel = matmul_tiled(body, tile).unwrap();
         module.launch = kernel.launch().unwrap();
         module.coop = kernel
