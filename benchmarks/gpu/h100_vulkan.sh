@@ -20,8 +20,8 @@ timeout 300 .gl/rafter conformance --device vulkan --dir /tmp/conf/onnx-conforma
 tail -3 "$out/conformance_vulkan.txt"
 # One test thread (see above); the 160 MiB lavapipe test is skipped: reading 160 MiB back
 # through the H100's mapped BAR memory takes minutes (uncached reads).
-for t in .gl/gpu-* .gl/matmul-* .gl/vulkan-* .gl/conv-* .gl/f16-*; do
-  RAFTER_REQUIRE_VULKAN=1 timeout 120 "$t" --test-threads 1 --skip larger_than_the_storage_buffer_range > "$out/$(basename "$t").txt" 2>&1
+for t in .gl/gpu-* .gl/matmul-* .gl/vulkan-* .gl/conv-* .gl/f16-* .gl/gather-*; do
+  RAFTER_REQUIRE_VULKAN=1 RAFTER_REQUIRE_COOP=1 timeout 120 "$t" --test-threads 1 --skip larger_than_the_storage_buffer_range > "$out/$(basename "$t").txt" 2>&1
   echo "$t: $(grep 'test result' "$out/$(basename "$t").txt")"
 done
 fi
