@@ -13,7 +13,7 @@ bash .gl/setup.sh
 # Test binaries look for fixtures under the checkout they were built in.
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 .gl/rafter devices > "$out/devices.txt" 2>&1; grep -i "cooperative" "$out/devices.txt"
-for t in .gl/f16-*; do
+for t in .gl/f16-* .gl/gather-*; do
   RAFTER_REQUIRE_VULKAN=1 RAFTER_REQUIRE_COOP=1 timeout 120 "$t" --test-threads 1 > "$out/$(basename "$t").txt" 2>&1
   echo "$t: $(grep 'test result' "$out/$(basename "$t").txt")"
   grep -A3 "panicked" "$out/$(basename "$t").txt" | head -8
@@ -26,6 +26,10 @@ for m in resnet50_f16 mobilenet_v2_f16 bert_base_f16; do
   .gl/rafter compile $M/$m.onnx --target vulkan -o /tmp/$m.rfa --dim batch=1 --dim seq=128 > "$out/compile_$m.txt" 2>&1 || { tail -3 "$out/compile_$m.txt"; continue; }
   ins=""
   for f in $M/${m}_inputs/*.npy; do ins="$ins --input $(basename "$f" .npy)=$f"; done
+  # An untimed process first: the first process to run a model after the exports ran
+  # slow throughout in every call (p10 near the later medians, median 2-3x), later ones
+  # never did; GPU clocks ramping up is the likely cause.
+  .gl/rafter bench /tmp/$m.rfa $ins --warmup 3 --iters 20 > /dev/null 2>&1
   for r in $(seq "$rounds"); do
     for mode in plain coop; do
       no=0; [ $mode = plain ] && no=1
