@@ -278,11 +278,14 @@ impl Session {
     /// Verifies `program`, opens the devices it names, binds its weights (zero-copy on a CPU
     /// device), and builds each device's executable.
     pub fn with_options(
-        program: Program,
+        mut program: Program,
         devices: &DeviceSet,
         options: SessionOptions,
     ) -> Result<Session> {
         program.verify()?;
+        for weight in &mut program.weights {
+            weight.bytes = crate::weights::aligned(std::mem::take(&mut weight.bytes));
+        }
         let program_name = program.name.clone();
         let unsupported = |msg: String| RuntimeError::Unsupported {
             program: program_name.clone(),

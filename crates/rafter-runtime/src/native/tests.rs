@@ -516,7 +516,7 @@ fn uncovered_shapes_fall_back_to_the_reference() {
 }
 
 #[test]
-fn misaligned_weights_are_copied_and_counted() {
+fn misaligned_weights_are_realigned_once_by_the_session() {
     let mut c = Case::new(41);
     let x = c.input(&[3, 8]);
     let w = c.weight(&[8, 4]);
@@ -535,9 +535,11 @@ fn misaligned_weights_are_copied_and_counted() {
         weight.bytes = all.slice(start..start + weight.bytes.len());
         assert_ne!(weight.bytes.as_ptr() as usize % 4, 0);
     }
+    // The session copies them to aligned memory when it is created, so no call copies a
+    // weight to read it (the operand-level copy is covered in `operands`' tests).
     let s = run_and_compare(program, c.inputs, &want);
     assert_eq!(s.dispatches, 1, "{s:?}");
-    assert!(s.misaligned_copies >= 1, "{s:?}");
+    assert_eq!(s.misaligned_copies, 0, "{s:?}");
 }
 
 #[test]
