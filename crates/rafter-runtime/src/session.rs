@@ -284,7 +284,8 @@ impl Session {
     ) -> Result<Session> {
         program.verify()?;
         for weight in &mut program.weights {
-            weight.bytes = crate::weights::aligned(std::mem::take(&mut weight.bytes));
+            let element = weight.dtype.size_of();
+            weight.bytes = crate::weights::aligned(std::mem::take(&mut weight.bytes), element);
         }
         let program_name = program.name.clone();
         let unsupported = |msg: String| RuntimeError::Unsupported {

@@ -91,19 +91,21 @@ impl fmt::Debug for BytesBuffer {
     }
 }
 
-/// Where every weight's bytes start: a cache line, so kernels read them in place as
-/// elements of any type and vector loads stay within lines.
+/// Where a weight copied by [`aligned`] starts: a cache line.
 pub const WEIGHT_ALIGN: usize = 64;
 
-/// `bytes`, or a copy of them starting on a [`WEIGHT_ALIGN`] boundary where they do not.
+/// `bytes`, or a copy of them starting on a [`WEIGHT_ALIGN`] boundary where they do not
+/// start on a multiple of `element` bytes (the weight's element size), which kernels need
+/// to read them in place.
 ///
 /// Weights from an artifact start page-aligned in its map; weights of an ONNX model
-/// compiled in memory are slices of the protobuf and start anywhere. Kernels would copy a
-/// misaligned operand on *every* call to read it as `f32`s: all-MiniLM-L6's 47 MB
+/// compiled in memory are slices of the protobuf and may start anywhere. Kernels would copy
+/// a misaligned operand on *every* call to read it as `f32`s: all-MiniLM-L6's 47 MB
 /// embedding table made 25 of a 50 ms call (`rafter bench model.onnx`). Copying once, when
-/// the session is created, costs that copy once.
-pub fn aligned(bytes: Bytes) -> Bytes {
-    if bytes.as_ptr() as usize % WEIGHT_ALIGN == 0 {
+/// the session is created, costs that copy once. Weights already element-aligned are kept
+/// as they are (bound without a copy).
+pub fn aligned(bytes: Bytes, element: usize) -> Bytes {
+    if bytes.as_ptr() as usize % element.max(1) == 0 {
         return bytes;
     }
     let mut copy = vec![0u8; bytes.len() + WEIGHT_ALIGN];
@@ -121,13 +123,18 @@ mod tests {
         let backing = Bytes::from((0..=255u8).cycle().take(10_000).collect::<Vec<u8>>());
         for offset in 0..WEIGHT_ALIGN {
             let w = backing.slice(offset..offset + 4_000);
-            let a = aligned(w.clone());
-            assert_eq!(a.as_ptr() as usize % WEIGHT_ALIGN, 0, "offset {offset}");
+            let a = aligned(w.clone(), 4);
             assert_eq!(a, w, "offset {offset}: same bytes");
-            if w.as_ptr() as usize % WEIGHT_ALIGN == 0 {
-                assert_eq!(a.as_ptr(), w.as_ptr(), "an aligned weight is not copied");
+            if w.as_ptr() as usize % 4 == 0 {
+                assert_eq!(
+                    a.as_ptr(),
+                    w.as_ptr(),
+                    "an f32-aligned weight is not copied"
+                );
+            } else {
+                assert_eq!(a.as_ptr() as usize % WEIGHT_ALIGN, 0, "offset {offset}");
             }
         }
-        assert!(aligned(Bytes::new()).is_empty());
+        assert!(aligned(Bytes::new(), 8).is_empty());
     }
 }
