@@ -283,23 +283,11 @@ impl Coop {
         let flat = e.mul(ty, threads)?;
         let flat = e.add(flat, tx)?;
         let place = self.place(e)?;
-        // Whether A's and B's addresses (of this batch entry) are 16-byte aligned, for
-        // products whose rows are multiples of 8 elements; uniform over the workgroup.
-        let vectors = if layout.rows_of_8 && !matches!(layout.b_source, BSource::Image(_)) {
-            let u64 = e.ids.u64;
-            let both = build(e.b.bitwise_or(u64, None, ops.a_base, ops.b_base))?;
-            let low = e.u64c(15);
-            let low = build(e.b.bitwise_and(u64, None, both, low))?;
-            let zero = e.u64c(0);
-            Some(build(e.b.i_equal(e.ids.bool, None, low, zero))?)
-        } else {
-            None
-        };
+        let vectors = vector_staging(e, layout, &ops)?;
         let zero = e.u(0);
 
-        // for (kb = 0; kb < K; kb += KC): stage the fetched step, fetch the next, multiply.
-        // Every subgroup runs the same trip count (a group past K multiplies the zeros
-        // staged there).
+        // for (kb = 0; kb < K; kb += KC): stage a step of K, multiply. Every subgroup runs
+        // the same trip count (a group past K multiplies the zeros staged there).
         let (header, cond, body, cont, merge) = (e.b.id(), e.b.id(), e.b.id(), e.b.id(), e.b.id());
         let kb_next = e.b.id();
         build(e.b.branch(header))?;
@@ -311,27 +299,13 @@ impl Coop {
         let more = e.lt(kb, ops.k)?;
         build(e.b.branch_conditional(more, body, merge, []))?;
         build(e.b.begin_block(Some(body)))?;
-        let at = (flat, m0, n0, kb);
-        match vectors {
-            Some(aligned) => {
-                // 16-byte loads where the operands are aligned, else element by element.
-                let (then, other, done) = (e.b.id(), e.b.id(), e.b.id());
-                build(e.b.selection_merge(done, SelectionControl::NONE))?;
-                build(e.b.branch_conditional(aligned, then, other, []))?;
-                build(e.b.begin_block(Some(then)))?;
-                self.stage_vectors(e, at, &ops, layout.b_source)?;
-                build(e.b.branch(done))?;
-                build(e.b.begin_block(Some(other)))?;
-                self.fetch(e, at, &ops, layout.b_source, &regs)?;
-                self.deposit(e, flat, &regs)?;
-                build(e.b.branch(done))?;
-                build(e.b.begin_block(Some(done)))?;
-            }
-            None => {
-                self.fetch(e, at, &ops, layout.b_source, &regs)?;
-                self.deposit(e, flat, &regs)?;
-            }
-        }
+        self.stage(
+            e,
+            (flat, m0, n0, kb),
+            (&ops, layout.b_source),
+            vectors,
+            &regs,
+        )?;
         e.barrier()?;
         self.multiply(e, &acc, &place)?;
         e.barrier()?;
@@ -381,6 +355,35 @@ impl Coop {
         let row = build(e.b.u_div(u32, None, block, s))?;
         let col = build(e.b.u_mod(u32, None, block, s))?;
         Ok(Place { row, col, group })
+    }
+
+    /// Stages the step at K offset `kb`: by 16-byte loads where `vectors` (the alignment
+    /// check) holds, else element by element through `regs`.
+    fn stage(
+        &self,
+        e: &mut Body,
+        at: (Word, Word, Word, Word),
+        (ops, b_source): (&Operands, BSource),
+        vectors: Option<Word>,
+        regs: &[Word],
+    ) -> R<()> {
+        let flat = at.0;
+        let Some(aligned) = vectors else {
+            self.fetch(e, at, ops, b_source, regs)?;
+            return self.deposit(e, flat, regs);
+        };
+        let (then, other, done) = (e.b.id(), e.b.id(), e.b.id());
+        build(e.b.selection_merge(done, SelectionControl::NONE))?;
+        build(e.b.branch_conditional(aligned, then, other, []))?;
+        build(e.b.begin_block(Some(then)))?;
+        self.stage_vectors(e, at, ops, b_source)?;
+        build(e.b.branch(done))?;
+        build(e.b.begin_block(Some(other)))?;
+        self.fetch(e, at, ops, b_source, regs)?;
+        self.deposit(e, flat, regs)?;
+        build(e.b.branch(done))?;
+        build(e.b.begin_block(Some(done)))?;
+        Ok(())
     }
 
     /// Element `r` of this invocation's share of a staged step: its A coordinates (row,
@@ -698,4 +701,19 @@ impl Coop {
         }
         Ok(())
     }
+}
+
+/// For a product whose rows are multiples of 8 elements (not a convolution's image),
+/// whether this batch entry's A and B addresses are both 16-byte aligned (a boolean,
+/// uniform over the workgroup), for [`Coop::stage`]; `None` otherwise.
+fn vector_staging(e: &mut Body, layout: &Layout, ops: &Operands) -> R<Option<Word>> {
+    if !layout.rows_of_8 || matches!(layout.b_source, BSource::Image(_)) {
+        return Ok(None);
+    }
+    let u64 = e.ids.u64;
+    let both = build(e.b.bitwise_or(u64, None, ops.a_base, ops.b_base))?;
+    let low = e.u64c(15);
+    let low = build(e.b.bitwise_and(u64, None, both, low))?;
+    let zero = e.u64c(0);
+    Ok(Some(build(e.b.i_equal(e.ids.bool, None, low, zero))?))
 }
