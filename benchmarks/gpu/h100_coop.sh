@@ -26,9 +26,9 @@ for m in resnet50_f16 mobilenet_v2_f16 bert_base_f16; do
   .gl/rafter compile $M/$m.onnx --target vulkan -o /tmp/$m.rfa --dim batch=1 --dim seq=128 > "$out/compile_$m.txt" 2>&1 || { tail -3 "$out/compile_$m.txt"; continue; }
   ins=""
   for f in $M/${m}_inputs/*.npy; do ins="$ins --input $(basename "$f" .npy)=$f"; done
-  # An untimed process first: the first process to run a model after the exports ran
-  # slow throughout in every call (p10 near the later medians, median 2-3x), later ones
-  # never did; GPU clocks ramping up is the likely cause.
+  # An untimed process first: the first process to run a model after the exports was slow
+  # in every call (median 2-3x, p10 near the later medians), later ones nearly never.
+  # Not GPU clocks (at 1980 MHz throughout); see RESULTS.md, "The slow first process".
   .gl/rafter bench /tmp/$m.rfa $ins --warmup 3 --iters 20 > /dev/null 2>&1
   for r in $(seq "$rounds"); do
     for mode in plain coop; do
