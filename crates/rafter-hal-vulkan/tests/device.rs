@@ -530,3 +530,62 @@ fn timepoints_of_a_dropped_semaphore_still_fire() {
         other => panic!("expected a failure, got {other:?}"),
     }
 }
+
+/// The cooperative-matrix variants load only where the device offers exactly the
+/// configuration they are written for (16×16×16 f16·f16 + f32 at subgroup scope, 32-wide
+/// subgroups); otherwise the loader names what is missing. Checked on the real device's
+/// capabilities with the configuration list edited (the same function the loader calls).
+#[test]
+fn cooperative_matrix_modules_need_the_exact_configuration() {
+    let Some(device) = common::device_or_skip("cooperative_matrix_configuration") else {
+        return;
+    };
+    // A module declaring Shader and CooperativeMatrixKHR (OpCapability, opcode 17).
+    let module = [
+        0x0723_0203,
+        0x0001_0500,
+        0,
+        10,
+        0,
+        2 << 16 | 17,
+        1,
+        2 << 16 | 17,
+        6022,
+    ];
+    let shape = |c: &str, subgroup_scope: bool| rafter_hal_vulkan::CoopMatrixShape {
+        m: 16,
+        n: 16,
+        k: 16,
+        a: "f16".into(),
+        b: "f16".into(),
+        c: c.into(),
+        result: c.into(),
+        subgroup_scope,
+    };
+    let mut caps = device.capabilities().clone();
+    caps.subgroup_size = 32;
+    caps.cooperative_matrix = Some(vec![shape("f16", true), shape("f32", true)]);
+    assert!(caps.has_coop_f16());
+    assert!(caps.missing_for_module(&module).unwrap().is_empty());
+    for (what, edit) in [
+        ("no extension", (None, 32)),
+        (
+            "f16 accumulators only",
+            (Some(vec![shape("f16", true)]), 32),
+        ),
+        (
+            "workgroup scope only",
+            (Some(vec![shape("f32", false)]), 32),
+        ),
+        ("64-wide subgroups", (Some(vec![shape("f32", true)]), 64)),
+    ] {
+        caps.cooperative_matrix = edit.0;
+        caps.subgroup_size = edit.1;
+        assert!(!caps.has_coop_f16(), "{what}");
+        let missing = caps.missing_for_module(&module).unwrap();
+        assert!(
+            missing.len() == 1 && missing[0].starts_with("cooperativeMatrix"),
+            "{what}: {missing:?}"
+        );
+    }
+}
