@@ -27,15 +27,14 @@
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
-    AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryAccess, MemoryModel, Scope, SelectionControl, StorageClass,
-    Word,
+    AddressingModel, BuiltIn, Capability, Decoration, LoopControl, MemoryAccess, MemoryModel,
+    Scope, SelectionControl, StorageClass, Word,
 };
 
 use crate::elem::{self, Elem};
 use crate::matmul::{
-    build, builtin_v3, declare_const_rows, prelude, push_block, BSource, Body, Epilogue, Ids,
-    Layout, MatmulTile, Operands, Prelude, Push, R, THREADS,
+    begin_main, build, builtin_v3, declare_const_rows, prelude, push_block, BSource, Body,
+    Epilogue, Ids, Layout, MatmulTile, Operands, Prelude, Push, R, THREADS,
 };
 
 /// The side of one cooperative matrix (the 16×16×16 configuration).
@@ -188,18 +187,11 @@ pub(crate) fn emit_coop(layout: &Layout) -> R<Option<Vec<u32>>> {
     };
     let (mat_a, mat_b, mat_c) = (matrix(f16, USE_A), matrix(f16, USE_B), matrix(f32, USE_ACC));
     let const_rows = declare_const_rows(&mut b, f32, u32, &layout.const_rows);
-    let fn_type = b.type_function(void, []);
-    let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
-    b.entry_point(
-        ExecutionModel::GLCompute,
-        main,
-        "main",
-        [push.var, wg_var, lid_var, sg_var, a_sh, b_sh, c_sh]
-            .into_iter()
-            .chain(const_rows.iter().copied())
-            .collect::<Vec<_>>(),
-    );
-    b.execution_mode(main, ExecutionMode::LocalSize, [THREADS, THREADS, 1]);
+    let interface = [push.var, wg_var, lid_var, sg_var, a_sh, b_sh, c_sh]
+        .into_iter()
+        .chain(const_rows.iter().copied())
+        .collect();
+    begin_main(&mut b, void, interface, [THREADS, THREADS, 1])?;
     let mut e = Body {
         b,
         ids: Ids {
@@ -275,7 +267,7 @@ impl Coop {
         let wx = build(e.b.composite_extract(u32, None, wg, [0]))?;
         let wy = build(e.b.composite_extract(u32, None, wg, [1]))?;
         let wz = build(e.b.composite_extract(u32, None, wg, [2]))?;
-        let ops = e.operands(layout, push.var, (push.ptr_u64, push.ptr_u32), wz)?;
+        let ops = e.operands(layout, push, wz)?;
         let size = e.u(self.plan.size);
         let n0 = e.mul(wx, size)?;
         let m0 = e.mul(wy, size)?;

@@ -10,11 +10,11 @@ use rafter_ir::{
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
-    BuiltIn, Decoration, ExecutionMode, ExecutionModel, FunctionControl, LoopControl,
-    MemorySemantics, Scope, SelectionControl, StorageClass, Word,
+    BuiltIn, Decoration, LoopControl, MemorySemantics, Scope, SelectionControl, StorageClass, Word,
 };
 
 use crate::elem::{self, Elem};
+use crate::matmul::begin_main;
 use crate::CodegenError;
 
 /// Invocations per workgroup of an elementwise kernel.
@@ -1693,21 +1693,12 @@ impl<'a> Emitter<'a> {
             None
         };
 
-        let void = self.void;
-        let fn_type = self.b.type_function(void, []);
-        let main = build(
-            self.b
-                .begin_function(void, None, FunctionControl::NONE, fn_type),
-        )?;
-        self.b
-            .entry_point(ExecutionModel::GLCompute, main, "main", interface);
         let local_size = if self.rows {
             ROW_WORKGROUP_SIZE
         } else {
             WORKGROUP_SIZE
         };
-        self.b
-            .execution_mode(main, ExecutionMode::LocalSize, [local_size, 1, 1]);
+        begin_main(&mut self.b, self.void, interface, [local_size, 1, 1])?;
 
         let entry = build(self.b.begin_block(None))?;
         let groups = build(self.b.load(v3, None, groups_var, None, []))?;

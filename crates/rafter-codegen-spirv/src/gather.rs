@@ -12,13 +12,10 @@
 use rafter_ir::{Graph, Op, ValueDef};
 use rspirv::binary::Assemble;
 use rspirv::dr::Builder;
-use rspirv::spirv::{
-    BuiltIn, ExecutionMode, ExecutionModel, FunctionControl, LoopControl, MemoryAccess,
-    StorageClass, Word,
-};
+use rspirv::spirv::{BuiltIn, LoopControl, MemoryAccess, StorageClass, Word};
 
 use crate::elem::{self, Elem};
-use crate::matmul::{build, builtin_v3, prelude, push_block, Prelude, Push, R};
+use crate::matmul::{begin_main, build, builtin_v3, prelude, push_block, Prelude, R};
 use crate::WORKGROUP_SIZE;
 
 /// A generated gather kernel; launched like an elementwise kernel (one `u32` param, the
@@ -113,30 +110,17 @@ fn emit(l: &Layout) -> R<Vec<u32>> {
     let v3 = b.type_vector(u32, 3);
     let gid_var = builtin_v3(&mut b, u32, BuiltIn::GlobalInvocationId);
     let nwg_var = builtin_v3(&mut b, u32, BuiltIn::NumWorkgroups);
-    let fn_type = b.type_function(void, []);
-    let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
-    b.entry_point(
-        ExecutionModel::GLCompute,
-        main,
-        "main",
-        [push.var, gid_var, nwg_var],
-    );
-    b.execution_mode(main, ExecutionMode::LocalSize, [WORKGROUP_SIZE, 1, 1]);
+    begin_main(
+        &mut b,
+        void,
+        vec![push.var, gid_var, nwg_var],
+        [WORKGROUP_SIZE, 1, 1],
+    )?;
     let entry = build(b.begin_block(None))?;
-    let Push {
-        var: push_var,
-        ptr_u64,
-        ptr_u32,
-    } = push;
-    let field = |b: &mut Builder, i: u32, ty: Word, ptr: Word| -> R<Word> {
-        let index = b.constant_bit32(u32, i);
-        let p = build(b.access_chain(ptr, None, push_var, [index]))?;
-        build(b.load(ty, None, p, None, []))
-    };
     let addrs = (0..nb)
-        .map(|i| field(&mut b, i, u64, ptr_u64))
+        .map(|i| push.member(&mut b, (u32, u64), i, true))
         .collect::<R<Vec<Word>>>()?;
-    let count = field(&mut b, nb, u32, ptr_u32)?;
+    let count = push.member(&mut b, (u32, u64), nb, false)?;
     let gid = build(b.load(v3, None, gid_var, None, []))?;
     let first = build(b.composite_extract(u32, None, gid, [0]))?;
     let nwg = build(b.load(v3, None, nwg_var, None, []))?;

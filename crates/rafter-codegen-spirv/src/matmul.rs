@@ -715,6 +715,36 @@ pub(crate) fn push_block(b: &mut Builder, t: &Prelude, addresses: u32, words: u3
     }
 }
 
+impl Push {
+    /// Loads member `i` of the block: a binding's address (`wide`, a u64) or a param (u32).
+    pub(crate) fn member(&self, b: &mut Builder, t: (Word, Word), i: u32, wide: bool) -> R<Word> {
+        let (u32, u64) = t;
+        let (ty, ptr) = if wide {
+            (u64, self.ptr_u64)
+        } else {
+            (u32, self.ptr_u32)
+        };
+        let index = b.constant_bit32(u32, i);
+        let p = build(b.access_chain(ptr, None, self.var, [index]))?;
+        build(b.load(ty, None, p, None, []))
+    }
+}
+
+/// Starts the module's one function: `main`, a GLCompute entry point using the globals
+/// `interface`, with `local_size` invocations per workgroup. Returns its id.
+pub(crate) fn begin_main(
+    b: &mut Builder,
+    void: Word,
+    interface: Vec<Word>,
+    local_size: [u32; 3],
+) -> R<Word> {
+    let fn_type = b.type_function(void, []);
+    let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
+    b.entry_point(ExecutionModel::GLCompute, main, "main", interface);
+    b.execution_mode(main, ExecutionMode::LocalSize, local_size);
+    Ok(main)
+}
+
 /// An `Input` variable of the `uvec3` built-in `which` (workgroup id, local id, ...).
 pub(crate) fn builtin_v3(b: &mut Builder, u32: Word, which: BuiltIn) -> Word {
     let v3 = b.type_vector(u32, 3);
@@ -738,11 +768,7 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
 
     // Push constants: every binding's address (as u64), then M, N, K, B-shared.
     let nb = layout.bindings as u32;
-    let Push {
-        var: push_var,
-        ptr_u64: ptr_push_u64,
-        ptr_u32: ptr_push_u32,
-    } = push_block(&mut b, &t, nb, 4);
+    let push = push_block(&mut b, &t, nb, 4);
 
     // Workgroup tiles.
     let tile = layout.tile;
@@ -770,19 +796,12 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
     let lid_var = builtin_v3(&mut b, u32, BuiltIn::LocalInvocationId);
 
     let const_rows = declare_const_rows(&mut b, f32, u32, &layout.const_rows);
-    let fn_type = b.type_function(void, []);
-    let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
-    b.entry_point(
-        ExecutionModel::GLCompute,
-        main,
-        "main",
-        [push_var, wg_var, lid_var, a_tile, b_tile]
-            .into_iter()
-            .chain(red_tile)
-            .chain(const_rows.iter().copied())
-            .collect::<Vec<_>>(),
-    );
-    b.execution_mode(main, ExecutionMode::LocalSize, [THREADS, THREADS, slices]);
+    let interface = [push.var, wg_var, lid_var, a_tile, b_tile]
+        .into_iter()
+        .chain(red_tile)
+        .chain(const_rows.iter().copied())
+        .collect();
+    begin_main(&mut b, void, interface, [THREADS, THREADS, slices])?;
     let ids = Ids {
         glsl,
         f32,
@@ -803,15 +822,7 @@ pub(crate) fn emit(layout: &Layout) -> R<Vec<u32>> {
         slice_offsets: None,
         red_tile,
     };
-    e.main(
-        layout,
-        push_var,
-        ptr_push_u64,
-        ptr_push_u32,
-        wg_var,
-        lid_var,
-        v3,
-    )?;
+    e.main(layout, &push, (wg_var, lid_var), v3)?;
     build(e.b.end_function())?;
     Ok(e.b.module().assemble())
 }
@@ -1072,15 +1083,11 @@ impl Body {
         build(self.b.control_barrier(scope, scope, semantics))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn main(
         &mut self,
         layout: &Layout,
-        push_var: Word,
-        ptr_push_u64: Word,
-        ptr_push_u32: Word,
-        wg_var: Word,
-        lid_var: Word,
+        push: &Push,
+        (wg_var, lid_var): (Word, Word),
         v3: Word,
     ) -> R<()> {
         let Ids {
@@ -1105,7 +1112,7 @@ impl Body {
         let wx = build(self.b.composite_extract(u32, None, wg, [0]))?;
         let wy = build(self.b.composite_extract(u32, None, wg, [1]))?;
         let wz = build(self.b.composite_extract(u32, None, wg, [2]))?;
-        let ops = self.operands(layout, push_var, (ptr_push_u64, ptr_push_u32), wz)?;
+        let ops = self.operands(layout, push, wz)?;
         let Operands {
             m,
             n,
@@ -1205,29 +1212,17 @@ impl Body {
     /// Reads the push constants and computes batch entry `wz`'s matrices: A and C advance
     /// by a matrix each, B too unless shared (a convolution's image by one image, its
     /// filter shared).
-    pub(crate) fn operands(
-        &mut self,
-        layout: &Layout,
-        push_var: Word,
-        (ptr_push_u64, ptr_push_u32): (Word, Word),
-        wz: Word,
-    ) -> R<Operands> {
-        let u32 = self.ids.u32;
-        let push_field = |e: &mut Body, i: u32, ty: Word, ptr: Word| -> R<Word> {
-            let index = e.u(i);
-            let p = build(e.b.access_chain(ptr, None, push_var, [index]))?;
-            build(e.b.load(ty, None, p, None, []))
-        };
-        let u64 = self.ids.u64;
+    pub(crate) fn operands(&mut self, layout: &Layout, push: &Push, wz: Word) -> R<Operands> {
+        let (u32, u64) = (self.ids.u32, self.ids.u64);
         let nb = layout.bindings as u32;
         let addrs = (0..nb)
-            .map(|i| push_field(self, i, u64, ptr_push_u64))
+            .map(|i| push.member(&mut self.b, (u32, u64), i, true))
             .collect::<R<Vec<Word>>>()?;
         let (a_addr, b_addr, c_addr) = (addrs[layout.a], addrs[layout.b], addrs[layout.c]);
-        let m = push_field(self, nb, u32, ptr_push_u32)?;
-        let n = push_field(self, nb + 1, u32, ptr_push_u32)?;
-        let k = push_field(self, nb + 2, u32, ptr_push_u32)?;
-        let b_shared = push_field(self, nb + 3, u32, ptr_push_u32)?;
+        let m = push.member(&mut self.b, (u32, u64), nb, false)?;
+        let n = push.member(&mut self.b, (u32, u64), nb + 1, false)?;
+        let k = push.member(&mut self.b, (u32, u64), nb + 2, false)?;
+        let b_shared = push.member(&mut self.b, (u32, u64), nb + 3, false)?;
         let four = self.esize();
         let batch = self.wide(wz)?;
         let (m64, n64, k64) = (self.wide(m)?, self.wide(n)?, self.wide(k)?);

@@ -11,14 +11,12 @@
 
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
-use rspirv::spirv::{
-    BuiltIn, ExecutionMode, ExecutionModel, FunctionControl, LoopControl, StorageClass, Word,
-};
+use rspirv::spirv::{BuiltIn, LoopControl, StorageClass, Word};
 
 use crate::elem::Elem;
 use crate::matmul::{
-    build, builtin_v3, declare_const_rows, prelude, push_block, Body, Epilogue, Ids, MatmulTile,
-    Prelude, Push, Step, GLSL_FMA, R,
+    begin_main, build, builtin_v3, declare_const_rows, prelude, push_block, Body, Epilogue, Ids,
+    MatmulTile, Prelude, Step, GLSL_FMA, R,
 };
 use crate::WORKGROUP_SIZE;
 
@@ -80,11 +78,7 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
     } = t;
     // Push constants: every binding's address, then the element count.
     let nb = layout.bindings as u32;
-    let Push {
-        var: push_var,
-        ptr_u64: ptr_push_u64,
-        ptr_u32: ptr_push_u32,
-    } = push_block(&mut b, &t, nb, 1);
+    let push = push_block(&mut b, &t, nb, 1);
     let ptr_fn = b.type_pointer(None, StorageClass::Function, f32);
     let v3 = b.type_vector(u32, 3);
     let wg_var = builtin_v3(&mut b, u32, BuiltIn::WorkgroupId);
@@ -92,18 +86,11 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
     let nwg_var = builtin_v3(&mut b, u32, BuiltIn::NumWorkgroups);
 
     let const_rows = declare_const_rows(&mut b, f32, u32, &layout.const_rows);
-    let fn_type = b.type_function(void, []);
-    let main = build(b.begin_function(void, None, FunctionControl::NONE, fn_type))?;
-    b.entry_point(
-        ExecutionModel::GLCompute,
-        main,
-        "main",
-        [push_var, wg_var, lid_var, nwg_var]
-            .into_iter()
-            .chain(const_rows.iter().copied())
-            .collect::<Vec<_>>(),
-    );
-    b.execution_mode(main, ExecutionMode::LocalSize, [WORKGROUP_SIZE, 1, 1]);
+    let interface = [push.var, wg_var, lid_var, nwg_var]
+        .into_iter()
+        .chain(const_rows.iter().copied())
+        .collect();
+    begin_main(&mut b, void, interface, [WORKGROUP_SIZE, 1, 1])?;
     let ids = Ids {
         glsl,
         f32,
@@ -125,15 +112,10 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
         red_tile: None,
     };
     let entry = build(e.b.begin_block(None))?;
-    let push_field = |e: &mut Body, i: u32, ty: Word, ptr: Word| -> R<Word> {
-        let index = e.u(i);
-        let p = build(e.b.access_chain(ptr, None, push_var, [index]))?;
-        build(e.b.load(ty, None, p, None, []))
-    };
     let addrs = (0..nb)
-        .map(|i| push_field(&mut e, i, u64, ptr_push_u64))
+        .map(|i| push.member(&mut e.b, (u32, u64), i, true))
         .collect::<R<Vec<Word>>>()?;
-    let count = push_field(&mut e, nb, u32, ptr_push_u32)?;
+    let count = push.member(&mut e.b, (u32, u64), nb, false)?;
     let wg = build(e.b.load(v3, None, wg_var, None, []))?;
     let lid = build(e.b.load(v3, None, lid_var, None, []))?;
     let nwg = build(e.b.load(v3, None, nwg_var, None, []))?;
