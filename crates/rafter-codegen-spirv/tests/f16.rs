@@ -14,7 +14,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use half::f16;
 use rafter_artifact::VulkanModule;
@@ -429,13 +428,7 @@ fn run_two(device: &VulkanDevice, module: &VulkanModule, inputs: &[Tensor]) -> V
     let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
     let mut builder = device.create_command_buffer().unwrap();
     builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
-    let done = device.create_semaphore(0).unwrap();
-    device
-        .queue(0)
-        .unwrap()
-        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, Duration::from_secs(300)).unwrap();
+    common::submit_and_wait(device, builder);
     let read = |b: &Buffer, dtype: DType| {
         let bytes = b.read_bytes(0, 8 * dtype.size_of() as u64).unwrap();
         Tensor::from_le_bytes(dtype, &[8], &bytes).unwrap()

@@ -4,7 +4,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use rafter_codegen_spirv::{matmul, matmul_tiled, to_bytes, MatmulKernel, MatmulTile};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
@@ -52,13 +51,7 @@ fn run(
         let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
         builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
     }
-    let done = device.create_semaphore(0).unwrap();
-    device
-        .queue(0)
-        .unwrap()
-        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, Duration::from_secs(300)).unwrap();
+    common::submit_and_wait(device, builder);
     common::f32s(&cb.read_bytes(0, c_len as u64 * 4).unwrap())
 }
 

@@ -153,13 +153,7 @@ pub fn run_shaped(
     builder
         .dispatch(&executable, 0, &bindings, &params, grid)
         .unwrap();
-    let done = device.create_semaphore(0).unwrap();
-    device
-        .queue(0)
-        .unwrap()
-        .submit(&builder.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, Duration::from_secs(300)).unwrap();
+    submit_and_wait(device, builder);
     outputs
 }
 
@@ -399,6 +393,14 @@ pub fn run_module(
     let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
     let mut builder = device.create_command_buffer().unwrap();
     builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
+    submit_and_wait(device, builder);
+    let bytes = y.read_bytes(0, out_bytes as u64).unwrap();
+    Tensor::from_le_bytes(out_dtype, out_dims, &bytes).unwrap()
+}
+
+/// Submits `builder`'s commands to queue 0 and waits for them (five minutes at most:
+/// lavapipe runs the big cases on the CPU).
+pub fn submit_and_wait(device: &VulkanDevice, builder: rafter_hal::CommandBufferBuilder) {
     let done = device.create_semaphore(0).unwrap();
     device
         .queue(0)
@@ -406,6 +408,4 @@ pub fn run_module(
         .submit(&builder.finish(), &[], &[(done.clone(), 1)])
         .unwrap();
     done.wait(1, Duration::from_secs(300)).unwrap();
-    let bytes = y.read_bytes(0, out_bytes as u64).unwrap();
-    Tensor::from_le_bytes(out_dtype, out_dims, &bytes).unwrap()
 }
