@@ -38,12 +38,5 @@ for m in $models; do
   python3 benchmarks/gpu/trace_summary.py /tmp/$m.trace.json 20 8 > "$out/trace_$m.txt" 2>&1
   head -24 "$out/trace_$m.txt"
   "$b" run "$(rfa "$m" "$b")" $ins --output-dir /tmp/${m}_out > /dev/null 2>&1
-  python3 - "$m" <<'PY'
-import sys, glob, os, numpy as np
-m = sys.argv[1]
-for f in glob.glob(f".cache/models/{m}_outputs/*.npy"):
-    want = np.load(f); got = np.load(f"/tmp/{m}_out/{os.path.basename(f)}")
-    err = float(np.max(np.abs(got - want) / (np.abs(want).max() + 1e-30)))
-    print(f"output check {m}: max |got - ORT| / max|ORT| = {err:.3g}")
-PY
+  python3 benchmarks/gpu/check_outputs.py "$m" /tmp/${m}_out
 done

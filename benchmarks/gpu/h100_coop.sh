@@ -41,21 +41,6 @@ for m in resnet50_f16 mobilenet_v2_f16 bert_base_f16; do
   python3 benchmarks/gpu/trace_summary.py /tmp/$m.trace.json 20 8 > "$out/trace_$m.txt" 2>&1
   head -6 "$out/trace_$m.txt"
   .gl/rafter run /tmp/$m.rfa $ins --output-dir /tmp/${m}_out > /dev/null 2>&1
-  python3 - "$m" <<'PY'
-import sys, glob, os, numpy as np
-m = sys.argv[1]
-for f in glob.glob(f".cache/models/{m}_outputs/*.npy"):
-    name = os.path.basename(f)
-    want = np.load(f).astype(np.float64); scale = np.abs(want).max() + 1e-30
-    got = np.load(f"/tmp/{m}_out/{name}").astype(np.float64)
-    err = float(np.max(np.abs(got - want)) / scale)
-    line = f"output check {m} (coop): max |got - ORT| / max|ORT| = {err:.3g}"
-    torch_f = f".cache/models/{m}_torch/{name}"
-    if os.path.exists(torch_f):
-        terr = float(np.max(np.abs(np.load(torch_f).astype(np.float64) - want)) / scale)
-        verdict = "ok" if err <= max(2 * terr, 1e-2) else "TOO FAR"
-        line += f"; torch f16: {terr:.3g} ({verdict}: within max(2x torch, 1e-2))"
-    print(line)
-PY
+  python3 benchmarks/gpu/check_outputs.py "$m" /tmp/${m}_out
 done
 python3 benchmarks/gpu/torch_models.py > "$out/torch.txt" 2>&1; grep float16 "$out/torch.txt"
