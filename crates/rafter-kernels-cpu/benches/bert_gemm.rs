@@ -225,21 +225,8 @@ fn flops(s: &Shape) -> f64 {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn fma_loop(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_set1_ps(0.0); 12];
-    let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-    for _ in 0..iters {
-        for x in acc.iter_mut() {
-            *x = _mm512_fmadd_ps(a, b, *x);
-        }
-    }
-    _mm512_reduce_add_ps(
-        acc.iter()
-            .fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x)),
-    )
-}
+#[path = "common/fma.rs"]
+mod fma;
 
 /// GFLOP/s of independent AVX-512 FMA chains on every pool thread (about 2 ms): the ceiling
 /// at this moment.
@@ -250,7 +237,7 @@ fn fma_probe(par: &WorkerPool) -> f64 {
         let t = Instant::now();
         par.run(par.threads(), &|_| {
             // SAFETY: AVX-512F was detected above.
-            black_box(unsafe { fma_loop(iters) });
+            black_box(unsafe { fma::fma_loop_avx512(iters) });
         });
         return (par.threads() * iters * 12 * 16 * 2) as f64 / t.elapsed().as_secs_f64() / 1e9;
     }

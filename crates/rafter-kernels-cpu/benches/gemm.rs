@@ -10,8 +10,11 @@
 //! The comparison uses AVX2/AVX-512 intrinsics for its peak measurement, so it is x86-64 only.
 
 #[cfg(target_arch = "x86_64")]
+#[path = "common/fma.rs"]
+mod fma;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
-    use std::arch::x86_64::*;
     use std::hint::black_box;
     use std::time::{Duration, Instant};
 
@@ -263,37 +266,6 @@ mod x86 {
         v[v.len() / 2]
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    fn fma_loop_avx2(iters: usize) -> f32 {
-        let mut acc = [_mm256_set1_ps(0.0); 12];
-        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm256_fmadd_ps(a, b, *x);
-            }
-        }
-        let mut s = _mm256_setzero_ps();
-        for x in acc {
-            s = _mm256_add_ps(s, x);
-        }
-        _mm256_cvtss_f32(s)
-    }
-
-    #[target_feature(enable = "avx512f")]
-    fn fma_loop_avx512(iters: usize) -> f32 {
-        let mut acc = [_mm512_set1_ps(0.0); 12];
-        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm512_fmadd_ps(a, b, *x);
-            }
-        }
-        _mm512_reduce_add_ps(
-            acc.iter()
-                .fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x)),
-        )
-    }
-
     /// Measured FMA peak (GFLOP/s) of `threads` threads running independent FMA chains: the
     /// ceiling the fractions below are taken against, measured in the same run (other load on
     /// the machine lowers it as it lowers the GEMMs).
@@ -304,9 +276,9 @@ mod x86 {
             // SAFETY: called only when the feature was detected.
             black_box(unsafe {
                 if avx512 {
-                    fma_loop_avx512(iters)
+                    super::fma::fma_loop_avx512(iters)
                 } else {
-                    fma_loop_avx2(iters)
+                    super::fma::fma_loop_avx2(iters)
                 }
             });
         };
