@@ -190,6 +190,35 @@ pub struct Kernel {
     pub body: Graph,
 }
 
+impl Kernel {
+    /// The operand whose bytes the kernel's one result repeats unchanged, if the kernel is
+    /// a single reshape, flatten, squeeze, unsqueeze or identity of that operand: row-major
+    /// tensors keep their bytes under a change of dims. The memory planner may then place
+    /// the result over the operand, and the runtime skips the dispatch (its bytes are
+    /// already there); other operands (a reshape's target shape) only name dims.
+    pub fn viewed_operand(&self) -> Option<usize> {
+        use crate::Op;
+        let [node] = self.body.nodes.as_slice() else {
+            return None;
+        };
+        let is_view = matches!(
+            node.op,
+            Op::Reshape { .. }
+                | Op::Flatten { .. }
+                | Op::Squeeze { .. }
+                | Op::Unsqueeze { .. }
+                | Op::Identity
+        );
+        let data = node.input(0)?;
+        let result = (*node.outputs.first()?)?;
+        let same_type = self.body.value(data).ty.dtype == self.body.value(result).ty.dtype;
+        if !is_view || !same_type || self.body.outputs != [result] {
+            return None;
+        }
+        self.body.inputs.iter().position(|&v| v == data)
+    }
+}
+
 /// One step of the host program.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {

@@ -18,7 +18,9 @@
 //!    from the operand's element at the same index: a kernel that streams may read element `i`
 //!    and then write it, and the CPU runtime reads every operand before writing any result.
 //!    Broadcast operands (other dims) and kernels holding anything but elementwise ops never
-//!    qualify. The buffers so chained form one block, live from the first's producer to the
+//!    qualify, except a reshape-like kernel ([`Kernel::viewed_operand`]): its result is its
+//!    operand's bytes under other dims, so placed over them it needs no dispatch, and the
+//!    runtime skips it. The buffers so chained form one block, live from the first's producer to the
 //!    last's last reader.
 //! 4. **Offsets.** Blocks are placed "greedy by size" (TFLite's offset planner,
 //!    [`arena::place`]): largest first, each into the smallest gap that holds it among the
@@ -203,18 +205,22 @@ fn can_alias(
         return false;
     };
     let port_ty = &k.body.value(port_in).ty;
-    b != out
-        && elementwise_only(k)
+    let lifetimes_meet = b != out
         && arena_b == arena_out
         && facts.live[b].map(|l| l.1) == Some(si)
         && facts.live[out].map(|l| l.0) == Some(si)
-        && !results.contains(&Some(b))
+        && !results.contains(&Some(b));
+    let elementwise = elementwise_only(k)
         && same_layout(&p.buffers[b].ty, &p.buffers[out].ty)
         && same_layout(port_ty, &k.body.value(port_out).ty)
         && k.body
             .outputs
             .iter()
-            .all(|&o| k.body.value(o).ty.dims == port_ty.dims)
+            .all(|&o| k.body.value(o).ty.dims == port_ty.dims);
+    // A reshape-like kernel's result is its operand's bytes under other dims: placed over
+    // them, it needs no dispatch at all (the runtime skips it).
+    let view = k.viewed_operand() == Some(a) && r == 0;
+    lifetimes_meet && (elementwise || view)
 }
 
 /// Whether a kernel is elementwise and holds elementwise ops only.

@@ -482,6 +482,88 @@ fn weights_are_bound_without_a_copy() {
 /// blocks until the test signals `latch`; the test signals it only after call 2, submitted
 /// after call 1, has completed with its outputs. If call 2 were serialized behind call 1
 /// its wait would time out (the latch is not signalled yet) and the test would fail.
+/// A compiled program with a reshape between two softmaxes: the planner places the
+/// reshape's result over the operand it views, and the runtime then never dispatches the
+/// reshape (its bytes are already there). A reshape whose operand is read again later keeps
+/// its own bytes and its dispatch. Results match the reference at sizes up to the bound.
+#[test]
+fn placed_reshapes_are_not_dispatched() {
+    let g = rafter_ir::text::parse_graph(
+        r#"graph @view(%x: f32[n, 8]) -> (%y, %z) {
+          const %shape: i64[3] = dense [0, 2, 4]
+          %s: f32[n, 8] = softmax{kind = softmax, axis = 1}(%x)
+          %r: f32[n, 2, 4] = reshape{allow_zero = false}(%s, %shape)
+          %t: f32[n, 2, 4] = softmax{kind = softmax, axis = 2}(%r)
+          %f: f32[n, 8] = flatten{axis = 1}(%t)
+          %y: f32[n, 8] = softmax{kind = log_softmax, axis = 1}(%f)
+          %z: f32[n, 2, 4] = softmax{kind = softmax, axis = 1}(%t)
+        }"#,
+    )
+    .unwrap();
+    let opts = rafter_opt::CompileOptions {
+        bounds: vec![(Symbol::new("n"), 8)],
+        ..Default::default()
+    };
+    let p = rafter_opt::compile(&g, &opts).unwrap();
+    let text =
+        rafter_ir::program_text::print_program(&p, rafter_ir::program_text::WeightMode::Inline);
+    let offset_of = |name: &str| {
+        let b = p
+            .buffers
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap_or_else(|| panic!("{name}\n{text}"));
+        match b.storage {
+            Storage::Arena { offset, .. } => offset,
+            _ => None,
+        }
+    };
+    assert!(
+        offset_of("r").is_some() && offset_of("r") == offset_of("s"),
+        "{text}"
+    );
+    // `t` is read again (by `z`'s softmax) after the flatten: `f` cannot take its bytes.
+    assert_ne!(offset_of("f"), offset_of("t"), "{text}");
+
+    let trace = Arc::new(ChromeTrace::new());
+    let devices = DeviceSet::cpu_with(CpuDeviceOptions {
+        worker_threads: 2,
+        trace_sink: Some(trace.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let session = Session::new(p.clone(), &devices).unwrap();
+    for len in [1usize, 5, 8] {
+        let x: Vec<f32> = (0..len * 8).map(|i| (i % 7) as f32 * 0.5 - 1.0).collect();
+        let x = Tensor::f32s(&[len, 8], x);
+        let want = rafter_reference::run(&g, vec![x.clone()]).unwrap();
+        let got = session.run(vec![x], LONG).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert!(
+                max_abs_diff(a, b) <= 1e-5,
+                "n = {len}: {}",
+                max_abs_diff(a, b)
+            );
+        }
+    }
+    let kernel_of = |k: &str| {
+        p.kernels
+            .iter()
+            .find(|kernel| kernel.body.nodes.iter().any(|n| n.op.name() == k))
+            .map(|kernel| kernel.name.clone())
+            .unwrap_or_else(|| panic!("no {k} kernel\n{text}"))
+    };
+    let dispatched = |name: &str| {
+        trace
+            .events()
+            .iter()
+            .filter(|e| e.kind == rafter_hal::TraceKind::Dispatch && *e.name == *name)
+            .count()
+    };
+    assert_eq!(dispatched(&kernel_of("reshape")), 0, "{text}");
+    assert_eq!(dispatched(&kernel_of("flatten")), 3, "{text}");
+}
+
 #[test]
 fn two_calls_overlap_on_the_cpu_device() {
     let latch = Semaphore::host(0);

@@ -321,8 +321,13 @@ impl Session {
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut chunk_accesses: Vec<Vec<Access>> = Vec::new();
         let mut foreign: Vec<BufferRange> = Vec::new();
+        let skip = self.placed_views(layout);
         let mut si = 0;
         while si < p.steps.len() {
+            if skip[si] {
+                si += 1;
+                continue;
+            }
             let d = inner.step_device[si];
             let use_ = &inner.devices[d];
             let mut builder = use_
@@ -331,7 +336,11 @@ impl Session {
                 .map_err(hal(format!("call {call}: recording for `{}`", use_.name)))?;
             let mut segment: Vec<Access> = Vec::new();
             let mut all: Vec<Access> = Vec::new();
-            while si < p.steps.len() && inner.step_device[si] == d {
+            while si < p.steps.len() && (skip[si] || inner.step_device[si] == d) {
+                if skip[si] {
+                    si += 1;
+                    continue;
+                }
                 let acc = layout.accesses(&p.steps[si]);
                 // On a CPU, steps of one segment run concurrently on the workers. On a GPU,
                 // every step waits for the one before: measured on the H100 (BERT-base,
@@ -369,6 +378,39 @@ impl Session {
             chunk_accesses.push(all);
         }
         Ok((chunks, foreign))
+    }
+
+    /// Per step, whether it is a reshape-like kernel whose result this call places over
+    /// the operand it views ([`Kernel::viewed_operand`](rafter_ir::program::Kernel)): the
+    /// bytes are already there, so the step is not recorded at all (no dispatch, no
+    /// barrier; on a GPU each costs microseconds). The memory planner makes such pairs.
+    fn placed_views(&self, layout: &CallLayout) -> Vec<bool> {
+        let p = &*self.inner.program;
+        p.steps
+            .iter()
+            .map(|step| {
+                let Step::Dispatch {
+                    kernel,
+                    args,
+                    results,
+                } = step
+                else {
+                    return false;
+                };
+                let Some(a) = p.kernels[*kernel].viewed_operand() else {
+                    return false;
+                };
+                let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
+                    return false;
+                };
+                let memory = |b: usize| !matches!(layout.home[b], Home::Slot);
+                memory(src)
+                    && memory(dst)
+                    && layout.alloc_of[src].is_some()
+                    && layout.alloc_of[src] == layout.alloc_of[dst]
+                    && layout.sizes[src] == layout.sizes[dst]
+            })
+            .collect()
     }
 
     /// Records step `cx.si` into `builder`.
