@@ -11,13 +11,13 @@
 //! B in workgroup memory as f16 (element loads and the zero fill past the edges are the
 //! plain kernel's; the rows are padded by 8 elements to stay 16-byte aligned and spread
 //! over memory banks), and each subgroup multiplies 16×16 blocks of them with
-//! `OpCooperativeMatrixMulAddKHR`: one 16-deep product per block and step, or two for a
-//! matrix product with a long K (`Layout::long_k`). A 64×64 tile has 16 blocks of C:
-//! each subgroup owns two of one block row (KC = 16 or 32). Smaller tiles have fewer
-//! blocks than subgroups, so K is split too, like the sliced tiles: a 32×32 tile's four
-//! blocks each get two subgroups (KC = 32 or 64), a 16×16 tile's one block eight (KC =
-//! 128 or 256). Loading the next step into registers before the products (double
-//! buffering) measured slower on the H100 and is not done. At the end every subgroup stores
+//! `OpCooperativeMatrixMulAddKHR`: one 16-deep product per block and step, or up to eight
+//! for a matrix product with a long K (`Layout::long_k`), as many as fit [`MAX_SHARED`]. A
+//! 64×64 tile has 16 blocks of C: each subgroup owns two of one block row (KC = 16, or 64
+//! for a long K). Smaller tiles have fewer blocks than subgroups, so K is split too, like
+//! the sliced tiles: a 32×32 tile's four blocks each get two subgroups (KC = 32, or 256),
+//! a 16×16 tile's one block eight (KC = 128, or 256). Loading the next step into registers
+//! before the products (double buffering) measured slower on the H100 and is not done. At the end every subgroup stores
 //! its f32 blocks to workgroup memory, and the 256 invocations each take elements of the
 //! tile, add the K groups' partial sums in group order (so rounding does not depend on
 //! timing), run the epilogue and store, as the plain kernel does: the position of a
@@ -47,6 +47,12 @@ const SUBGROUPS: u32 = INVOCATIONS / COOP_SUBGROUP;
 /// f16 elements after each staged row: 16 bytes keep every row (and so every matrix
 /// load) 16-byte aligned, and shift consecutive rows across memory banks.
 const PAD: u32 = 8;
+/// The most workgroup memory a variant declares: 48 KiB, what NVIDIA's driver offers (AMD
+/// and Intel offer 64 KiB). A device offering less refuses the variant by its
+/// `maxComputeSharedMemorySize` and runs the plain kernel.
+const MAX_SHARED: u32 = 48 * 1024;
+/// 16-deep products per staged step for a long K, at most.
+const LONG_K_STEPS: u32 = 8;
 /// The memory operand of every workgroup-memory access: the Vulkan memory model orders
 /// only non-private accesses across invocations, even at a barrier.
 const SHARED: MemoryAccess = MemoryAccess::NON_PRIVATE_POINTER;
@@ -76,10 +82,11 @@ struct Plan {
 }
 
 impl Plan {
-    /// The plan of a `tile`; `long_k`: two 16-deep products per staged step (half the
-    /// barriers and loop trips per element of K), which measured faster for BERT's
-    /// long-K matrix products and slower for convolutions and short K on the H100
-    /// (benchmarks/RESULTS.md).
+    /// The plan of a `tile`; `long_k`: up to [`LONG_K_STEPS`] 16-deep products per staged
+    /// step, as many as fit [`MAX_SHARED`] (fewer barriers and loop trips per element of
+    /// K, and more loads in flight per trip). On the H100, BERT-base f16 took 2.96 ms a
+    /// call with two, 2.34–2.43 with four and 2.24–2.38 with eight; two had measured
+    /// slower than one for convolutions and short K (benchmarks/RESULTS.md).
     fn of(tile: MatmulTile, long_k: bool) -> Plan {
         let size = tile.size();
         let side = size / COOP_SIDE;
@@ -89,14 +96,28 @@ impl Plan {
         } else {
             (SUBGROUPS / blocks, 1)
         };
-        Plan {
-            size,
-            side,
-            groups,
-            per_subgroup,
-            steps: if long_k { 2 } else { 1 },
-            kc: COOP_SIDE * groups * if long_k { 2 } else { 1 },
+        let mut steps = if long_k { LONG_K_STEPS } else { 1 };
+        loop {
+            let plan = Plan {
+                size,
+                side,
+                groups,
+                per_subgroup,
+                steps,
+                kc: COOP_SIDE * groups * steps,
+            };
+            if steps == 1 || plan.shared_bytes() <= MAX_SHARED {
+                return plan;
+            }
+            steps /= 2;
         }
+    }
+
+    /// Bytes of workgroup memory the module declares: the staged A and B slices and the
+    /// f32 tile of each K group.
+    fn shared_bytes(self) -> u32 {
+        let f16s = self.size * self.a_stride() + self.kc * self.b_stride();
+        2 * f16s + 4 * self.groups * self.size * self.size
     }
 
     /// Row stride of the staged A slice (`size × kc`, row-major).
@@ -123,6 +144,10 @@ struct Coop {
     ptr_wg16: Word,
     ptr_fn16: Word,
     sg_var: Word,
+    /// The A and B slices are arrays of 4-f16 vectors ([`packed`]), not of f16s.
+    packed: bool,
+    v4h: Word,
+    ptr_wg_v4h: Word,
 }
 
 /// The cooperative-matrix module of `layout`, or `None` where there is none: f32 kernels
@@ -157,17 +182,21 @@ pub(crate) fn emit_coop(layout: &Layout) -> R<Option<Vec<u32>>> {
     } = t;
     let f16 = b.type_float(16);
     let push = push_block(&mut b, &t, layout.bindings as u32, 4);
+    let packed = packed(layout);
+    let v4h = b.type_vector(f16, 4);
     let mut array = |ty: Word, len: u32| {
         let len = b.constant_bit32(u32, len);
         let arr = b.type_array(ty, len);
         let ptr = b.type_pointer(None, StorageClass::Workgroup, arr);
         b.variable(ptr, None, StorageClass::Workgroup, None)
     };
-    let a_sh = array(f16, plan.size * plan.a_stride());
-    let b_sh = array(f16, plan.kc * plan.b_stride());
+    let (slice_elem, per_elem) = if packed { (v4h, 4) } else { (f16, 1) };
+    let a_sh = array(slice_elem, plan.size * plan.a_stride() / per_elem);
+    let b_sh = array(slice_elem, plan.kc * plan.b_stride() / per_elem);
     let c_sh = array(f32, plan.groups * plan.size * plan.size);
     let ptr_wg = b.type_pointer(None, StorageClass::Workgroup, f32);
     let ptr_wg16 = b.type_pointer(None, StorageClass::Workgroup, f16);
+    let ptr_wg_v4h = b.type_pointer(None, StorageClass::Workgroup, v4h);
     let ptr_fn16 = b.type_pointer(None, StorageClass::Function, f16);
     let ptr_fn = b.type_pointer(None, StorageClass::Function, f32);
     let wg_var = builtin_v3(&mut b, u32, BuiltIn::WorkgroupId);
@@ -223,6 +252,9 @@ pub(crate) fn emit_coop(layout: &Layout) -> R<Option<Vec<u32>>> {
         ptr_wg16,
         ptr_fn16,
         sg_var,
+        packed,
+        v4h,
+        ptr_wg_v4h,
     };
     coop.main(&mut e, layout, &push, (wg_var, lid_var))?;
     build(e.b.end_function())?;
@@ -455,8 +487,37 @@ impl Coop {
 
     fn deposit_one(&self, e: &mut Body, tile: Word, at: Word, reg: Word) -> R<()> {
         let v = build(e.b.load(self.f16, None, reg, None, []))?;
-        let p = build(e.b.access_chain(self.ptr_wg16, None, tile, [at]))?;
+        let p = self.element(e, tile, at)?;
         build(e.b.store(p, v, Some(SHARED), []))
+    }
+
+    /// A pointer to f16 element `at` of a staged slice (a component of a vector where the
+    /// slices are packed).
+    fn element(&self, e: &mut Body, tile: Word, at: Word) -> R<Word> {
+        if !self.packed {
+            return build(e.b.access_chain(self.ptr_wg16, None, tile, [at]));
+        }
+        let u32 = e.ids.u32;
+        let two = e.u(2);
+        let vector = build(e.b.shift_right_logical(u32, None, at, two))?;
+        let three = e.u(3);
+        let lane = build(e.b.bitwise_and(u32, None, at, three))?;
+        build(e.b.access_chain(self.ptr_wg16, None, tile, [vector, lane]))
+    }
+
+    /// A pointer to f16 element `at` (a multiple of 4) of a staged slice, for a matrix
+    /// load: of the f16 array, or of the vector array where packed; with the row stride in
+    /// the same units.
+    fn matrix_at(&self, e: &mut Body, tile: Word, at: Word, stride: u32) -> R<(Word, Word)> {
+        if !self.packed {
+            let p = build(e.b.access_chain(self.ptr_wg16, None, tile, [at]))?;
+            return Ok((p, e.u(stride)));
+        }
+        let u32 = e.ids.u32;
+        let two = e.u(2);
+        let vector = build(e.b.shift_right_logical(u32, None, at, two))?;
+        let p = build(e.b.access_chain(self.ptr_wg_v4h, None, tile, [vector]))?;
+        Ok((p, e.u(stride / 4)))
     }
 
     /// Stages the step at K offset `kb` with 16-byte loads (8 f16s of a row), zero
@@ -549,6 +610,30 @@ impl Coop {
             let align = [Arg::LiteralBit32(16)];
             let words = build(e.b.load(u32x4, None, ptr, Some(MemoryAccess::ALIGNED), align))?;
             let words = build(e.b.select(u32x4, None, inside, words, zeros))?;
+            if self.packed && step == 1 {
+                // Two 4-f16 stores: `at` is a multiple of 8, so vectors `at / 4` and the next.
+                let u32x2 = e.b.type_vector(u32, 2);
+                let two = e.u(2);
+                let first = build(e.b.shift_right_logical(u32, None, at, two))?;
+                for half in 0..2u32 {
+                    let pair = build(e.b.vector_shuffle(
+                        u32x2,
+                        None,
+                        words,
+                        words,
+                        [2 * half, 2 * half + 1],
+                    ))?;
+                    let v = build(e.b.bitcast(self.v4h, None, pair))?;
+                    let i = e.add_c(first, half)?;
+                    let p = build(e.b.access_chain(self.ptr_wg_v4h, None, tile, [i]))?;
+                    build(e.b.store(p, v, Some(SHARED), []))?;
+                }
+                if partial {
+                    build(e.b.branch(done))?;
+                    build(e.b.begin_block(Some(done)))?;
+                }
+                continue;
+            }
             for w in 0..4u32 {
                 let word = build(e.b.composite_extract(u32, None, words, [w]))?;
                 let pair = build(e.b.bitcast(f16x2, None, word))?;
@@ -556,7 +641,7 @@ impl Coop {
                     let x = build(e.b.composite_extract(self.f16, None, pair, [h]))?;
                     let off = e.u((2 * w + h) * step);
                     let i = e.add(at, off)?;
-                    let p = build(e.b.access_chain(self.ptr_wg16, None, tile, [i]))?;
+                    let p = self.element(e, tile, i)?;
                     build(e.b.store(p, x, Some(SHARED), []))?;
                 }
             }
@@ -587,13 +672,13 @@ impl Coop {
             let off = e.u(step * COOP_SIDE);
             let k0 = e.add(group_k, off)?;
             let at = e.add(a_row, k0)?;
-            let p = build(e.b.access_chain(self.ptr_wg16, None, self.a_sh, [at]))?;
+            let (p, stride) = self.matrix_at(e, self.a_sh, at, self.plan.a_stride())?;
             let a = build(e.b.cooperative_matrix_load_khr(
                 self.mat_a,
                 None,
                 p,
                 layout,
-                Some(a_stride),
+                Some(stride),
                 Some(SHARED),
                 [],
             ))?;
@@ -603,13 +688,13 @@ impl Coop {
                 let col = e.add(place.col, col)?;
                 let col = e.mul(col, side16)?;
                 let at = e.add(b_row, col)?;
-                let p = build(e.b.access_chain(self.ptr_wg16, None, self.b_sh, [at]))?;
+                let (p, stride) = self.matrix_at(e, self.b_sh, at, self.plan.b_stride())?;
                 let bm = build(e.b.cooperative_matrix_load_khr(
                     self.mat_b,
                     None,
                     p,
                     layout,
-                    Some(b_stride),
+                    Some(stride),
                     Some(SHARED),
                     [],
                 ))?;
@@ -693,6 +778,15 @@ impl Coop {
         }
         Ok(())
     }
+}
+
+/// Whether the staged slices are arrays of 4-f16 vectors, so that a 16-byte load of
+/// A or B is stored to workgroup memory by two vector stores instead of eight f16 stores:
+/// for products staged by vectors ([`vector_staging`]) whose B rows lie along N (a staged
+/// row of B is then a row of the slice). The matrix loads read the vectors with the row
+/// stride in vectors; element stores (the unaligned fallback) write vector components.
+fn packed(layout: &Layout) -> bool {
+    layout.rows_of_8 && matches!(layout.b_source, BSource::Matrix)
 }
 
 /// For a product whose rows are multiples of 8 elements (not a convolution's image),

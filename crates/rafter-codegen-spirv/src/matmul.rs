@@ -589,7 +589,7 @@ pub(crate) struct Layout {
     /// The element type of every binding (A, B, C and the epilogue's operands alike).
     pub(crate) elem: Elem,
     /// A matrix product whose K is known to be [`LONG_K`] or more: the cooperative-matrix
-    /// variant stages twice the K per step (see the `coop` module).
+    /// variant stages more of K per step (see the `coop` module).
     pub(crate) long_k: bool,
     /// A matrix product whose A rows and B rows (their contiguous dim) are known to be
     /// multiples of 8 elements: the cooperative-matrix variant stages them 16 bytes at a

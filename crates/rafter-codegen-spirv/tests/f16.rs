@@ -462,6 +462,50 @@ fn a_device_without_16_bit_storage_is_named_as_the_reason() {
     );
 }
 
+/// A cooperative variant's workgroup memory, hand-computed, is what the loader's SPIR-V
+/// scan reads; a device offering less refuses the variant by that limit's name (checked on
+/// the real device's capabilities with the limit lowered: the function the loader calls).
+#[test]
+fn a_variant_needing_more_workgroup_memory_than_offered_is_refused() {
+    let Some(device) = common::device_or_skip("a_variant_needing_more_workgroup_memory") else {
+        return;
+    };
+    // M = 128, K = 768, N = 768: the sliced 32×32 tile, K ≥ 512, rows of 8 elements.
+    let body = parse_graph(
+        "graph @k(%a: f16[128, 768], %b: f16[768, 768]) -> (%y) {
+           %y: f16[128, 768] = matmul(%a, %b)
+         }",
+    )
+    .unwrap();
+    let module = kernel_module(&body, 0).unwrap();
+    let coop = words_of(module.coop.as_ref().expect("an f16 product has a variant"));
+    // Eight 16-deep products per step over two K groups: KC = 256. A: 32 rows of 256 + 8
+    // f16s; B: 256 rows of 32 + 8; the f32 tile of each K group: 2 × 32 × 32.
+    let declared = 32 * 264 * 2 + 256 * 40 * 2 + 2 * 32 * 32 * 4;
+    assert_eq!(declared, 45_568);
+    assert_eq!(
+        rafter_hal_vulkan::spirv_workgroup_bytes(&coop).unwrap(),
+        declared
+    );
+    let mut caps = device.capabilities().clone();
+    caps.limits.max_compute_shared_memory_size = 49_152;
+    assert_eq!(caps.workgroup_memory_excess(&coop).unwrap(), None);
+    caps.limits.max_compute_shared_memory_size = 32_768;
+    assert_eq!(
+        caps.workgroup_memory_excess(&coop).unwrap(),
+        Some((declared, 32_768))
+    );
+    // The plain kernel (the sliced tile's staged f32 slices and partial sums: 28,928
+    // bytes) fits 32 KiB, what mobile GPUs offer, not the 16 KiB Vulkan guarantees.
+    let plain = words(&module);
+    assert_eq!(caps.workgroup_memory_excess(&plain).unwrap(), None);
+    caps.limits.max_compute_shared_memory_size = 16_384;
+    assert_eq!(
+        caps.workgroup_memory_excess(&plain).unwrap(),
+        Some((28_928, 16_384))
+    );
+}
+
 /// Products of every tile on cooperative matrices, each shape leaving partial tiles and
 /// a partial last K step: `(label, body, tile)`. A 16×16 tile splits K eight ways
 /// (KC = 128, or 256 for a long K), so K = 300 leaves a last step of 44 and K = 600 one

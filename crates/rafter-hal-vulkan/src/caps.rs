@@ -231,6 +231,16 @@ impl VulkanCapabilities {
         Ok(missing)
     }
 
+    /// `(declared, offered)` bytes of workgroup memory when a SPIR-V module declares more
+    /// than the device's `maxComputeSharedMemorySize` (the loader refuses it, so that a
+    /// variant written for a bigger device falls back to its plain kernel); `None` when
+    /// it fits.
+    pub fn workgroup_memory_excess(&self, words: &[u32]) -> Result<Option<(u64, u64)>, String> {
+        let declared = crate::executable::spirv_workgroup_bytes(words)?;
+        let offered = u64::from(self.limits.max_compute_shared_memory_size);
+        Ok((declared > offered).then_some((declared, offered)))
+    }
+
     /// Whether the device runs rafter's cooperative-matrix kernels: the 16×16×16
     /// configuration of f16 A and B with f32 accumulator and result, at subgroup scope,
     /// with 32-invocation subgroups (`rafter_codegen_spirv`'s `COOP_*` constants).

@@ -1,6 +1,7 @@
 //! SPIR-V executables (one compute pipeline per entry point) and the pipeline cache.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -79,6 +80,68 @@ pub fn spirv_capabilities(words: &[u32]) -> Result<Vec<u32>, String> {
     Ok(capabilities)
 }
 
+/// Bytes of workgroup (shared) memory a module declares: the sum of its `Workgroup`
+/// variables' types, arrays and vectors of scalars taken at their natural size (how
+/// drivers lay out workgroup memory without an explicit layout). The module must be whole
+/// words with the SPIR-V magic (see [`spirv_entry_points`]).
+pub fn spirv_workgroup_bytes(words: &[u32]) -> Result<u64, String> {
+    // Opcodes and the storage class, from the SPIR-V spec's tables.
+    const OP_TYPE_INT: u32 = 21;
+    const OP_TYPE_FLOAT: u32 = 22;
+    const OP_TYPE_VECTOR: u32 = 23;
+    const OP_TYPE_ARRAY: u32 = 28;
+    const OP_TYPE_STRUCT: u32 = 30;
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_CONSTANT: u32 = 43;
+    const OP_VARIABLE: u32 = 59;
+    const WORKGROUP: u32 = 4;
+    spirv_entry_points(words)?;
+    let mut size: HashMap<u32, u64> = HashMap::new();
+    let mut constant: HashMap<u32, u64> = HashMap::new();
+    let mut pointee: HashMap<u32, (u32, u32)> = HashMap::new();
+    let mut total = 0u64;
+    let mut at = 5;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        let op = words
+            .get(at..at + count.max(1))
+            .ok_or("an instruction runs past the end")?;
+        let operand = |i: usize| op.get(i).copied().unwrap_or(0);
+        let size_of = |id: u32| size.get(&id).copied().unwrap_or(0);
+        match op[0] & 0xffff {
+            OP_TYPE_INT | OP_TYPE_FLOAT => {
+                size.insert(operand(1), u64::from(operand(2)) / 8);
+            }
+            OP_TYPE_VECTOR => {
+                let bytes = size_of(operand(2)) * u64::from(operand(3));
+                size.insert(operand(1), bytes);
+            }
+            OP_TYPE_ARRAY => {
+                let length = constant.get(&operand(3)).copied().unwrap_or(0);
+                size.insert(operand(1), size_of(operand(2)).saturating_mul(length));
+            }
+            OP_TYPE_STRUCT => {
+                let bytes = op.iter().skip(2).map(|&m| size_of(m)).sum();
+                size.insert(operand(1), bytes);
+            }
+            OP_TYPE_POINTER => {
+                pointee.insert(operand(1), (operand(2), operand(3)));
+            }
+            OP_CONSTANT if count == 4 => {
+                constant.insert(operand(2), u64::from(operand(3)));
+            }
+            OP_VARIABLE if operand(3) == WORKGROUP => {
+                if let Some(&(_, ty)) = pointee.get(&operand(1)) {
+                    total = total.saturating_add(size_of(ty));
+                }
+            }
+            _ => {}
+        }
+        at += count.max(1);
+    }
+    Ok(total)
+}
+
 /// A loaded SPIR-V module: one compute pipeline per `GLCompute` entry point, all with the
 /// device's single pipeline layout (no descriptors, push constants only).
 pub struct VulkanExecutable {
@@ -134,6 +197,17 @@ impl VulkanExecutable {
                 missing.join(", "),
                 shared.name,
                 shared.caps.device_name
+            )));
+        }
+        if let Some((declared, limit)) = shared
+            .caps
+            .workgroup_memory_excess(&words)
+            .map_err(invalid)?
+        {
+            return Err(HalError::Unsupported(format!(
+                "executable '{}' declares {declared} bytes of workgroup memory; device '{}' \
+                 ({}) offers {limit} (maxComputeSharedMemorySize)",
+                spec.name, shared.name, shared.caps.device_name
             )));
         }
         let device = &shared.device;

@@ -37,7 +37,9 @@ mod semaphore;
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use device::{VulkanDevice, VulkanDeviceOptions, NO_COOP_ENV};
 pub use error::VulkanError;
-pub use executable::{spirv_capabilities, spirv_entry_points, VulkanExecutable};
+pub use executable::{
+    spirv_capabilities, spirv_entry_points, spirv_workgroup_bytes, VulkanExecutable,
+};
 pub use instance::{list_devices, DEVICE_ENV};
 pub use memory::VulkanBuffer;
 pub use queue::VulkanQueue;
