@@ -10,7 +10,8 @@
 # benchmarks/gpu/export_f16.py, the others from scripts/export_models.py). Per model: one
 # untimed process per variant first (the first process on a model runs slow on this
 # machine, benchmarks/RESULTS.md), then ROUNDS rounds of every variant in turn with
-# `--warmup 10 --iters 50`, then a traced run and an output check of the last variant.
+# `--warmup 10 --iters 50`, then a traced run of the last variant (summary, gaps, and the
+# trace itself, xz-compressed) and every variant's output check.
 # Writes everything under $OUT (or /tmp/variants).
 set -u
 usage() { echo "usage: $0 ROUNDS LABEL=BINARY[:NAME=VALUE,...] ..." >&2; exit 2; }
@@ -55,7 +56,9 @@ for m in $models; do
   last=$((${#labels[@]} - 1))
   run "$last" bench "/tmp/$m.${labels[$last]}.rfa" $ins --warmup 5 --iters 20 --trace /tmp/$m.trace.json > /dev/null 2>&1
   python3 benchmarks/gpu/trace_summary.py /tmp/$m.trace.json 20 10 > "$out/trace_$m.txt" 2>&1
-  head -30 "$out/trace_$m.txt"
+  head -14 "$out/trace_$m.txt"
+  python3 benchmarks/gpu/trace_gaps.py /tmp/$m.trace.json 20 > "$out/gaps_$m.txt" 2>&1
+  xz -c /tmp/$m.trace.json > "$out/trace_$m.json.xz"
   for i in "${!labels[@]}"; do
     run "$i" run "/tmp/$m.${labels[$i]}.rfa" $ins --output-dir /tmp/${m}_out > /dev/null 2>&1
     echo "$m ${labels[$i]} output: $(python3 benchmarks/gpu/check_outputs.py "$m" /tmp/${m}_out 2>&1 | tail -1)"
