@@ -86,7 +86,7 @@ struct Facts {
 impl Facts {
     fn new(p: &Program) -> Result<Facts, CompileError> {
         let bounds = bounds_map(p)?;
-        let live = arena::liveness(p);
+        let live = across_devices(p, arena::liveness(p));
         let size = p
             .buffers
             .iter()
@@ -108,6 +108,57 @@ impl Facts {
             _ => None,
         }
     }
+}
+
+/// `live` with every arena buffer that a step of another device touches (a copy between
+/// the CPU and a GPU arena, which the CPU runs) made live for the whole call. Step order
+/// is one device's order only: the devices run their steps concurrently, so bytes that
+/// such a buffer shared with an earlier or later buffer of its arena would order the two
+/// devices' work (the runtime's conflict check would make one wait for the other). BERT's
+/// attention mask, computed on the CPU and copied into GPU memory, shared bytes with the
+/// token ids the GPU's first kernels read, so the CPU's mask work waited for those kernels.
+fn across_devices(p: &Program, mut live: Vec<Option<Live>>) -> Vec<Option<Live>> {
+    let last = p.steps.len().saturating_sub(1);
+    let arena_device = |b: usize| match p.buffers.get(b).map(|d| &d.storage) {
+        Some(Storage::Arena { arena, .. }) => p.arenas.get(*arena).map(|a| a.device.as_str()),
+        _ => None,
+    };
+    for step in &p.steps {
+        let foreign: Vec<usize> = match step {
+            Step::Dispatch {
+                kernel,
+                args,
+                results,
+            } => {
+                let device = p.kernels.get(*kernel).map(|k| k.device.as_str());
+                args.iter()
+                    .chain(results.iter().flatten())
+                    .copied()
+                    .filter(|&b| arena_device(b).is_some_and(|d| Some(d) != device))
+                    .collect()
+            }
+            Step::Copy { src, dst } => {
+                // The runtime runs a copy on the CPU unless both sides are memory of one
+                // other device.
+                let (a, b) = (arena_device(*src), arena_device(*dst));
+                let runs_on = if a.is_some() && a == b {
+                    a
+                } else {
+                    Some("cpu")
+                };
+                [*src, *dst]
+                    .into_iter()
+                    .filter(|&x| arena_device(x).is_some_and(|d| Some(d) != runs_on))
+                    .collect()
+            }
+        };
+        for b in foreign {
+            if let Some(l) = live.get_mut(b).and_then(|l| l.as_mut()) {
+                *l = (0, last);
+            }
+        }
+    }
+    live
 }
 
 fn plan_error(msg: String) -> CompileError {

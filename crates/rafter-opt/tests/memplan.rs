@@ -213,6 +213,57 @@ step dispatch k4 (b6) -> (b8)
     );
 }
 
+/// A GPU-arena buffer that the CPU writes (a copy into GPU memory) is live for the whole
+/// call: the CPU may run its copy while the GPU still runs earlier steps, so it must not
+/// share bytes with `g1`, which the GPU reads first (in step order their lives are disjoint,
+/// and the planner would otherwise reuse `g1`'s bytes, making the CPU wait for the GPU).
+/// Buffers that only the GPU touches still reuse bytes (`g4` over `g1`'s).
+#[test]
+fn buffers_crossing_devices_live_for_the_whole_call() {
+    let text = r#"program @cross(%x: f32[4, 8], %m: f32[4, 8]) -> (%y: f32[4, 8])
+arena a0 on cpu host
+arena a1 on vulkan host_visible_shared
+buffer b0 "x": f32[4, 8] = input 0
+buffer b1 "m": f32[4, 8] = input 1
+buffer b2 "g1": f32[4, 8] = arena a1
+buffer b3 "g2": f32[4, 8] = arena a1
+buffer b4 "c": f32[4, 8] = arena a0
+buffer b5 "g3": f32[4, 8] = arena a1
+buffer b6 "g4": f32[4, 8] = arena a1
+buffer b7 "y": f32[4, 8] = output 0
+kernel k0 "gpu_sm" reduction on vulkan = graph @sm(%a: f32[4, 8]) -> (%b) {
+  %b: f32[4, 8] = softmax{kind = softmax, axis = 1}(%a)
+}
+kernel k1 "cpu_sm" reduction on cpu = graph @sm(%a: f32[4, 8]) -> (%b) {
+  %b: f32[4, 8] = softmax{kind = softmax, axis = 1}(%a)
+}
+kernel k2 "gpu_add" elementwise on vulkan = graph @add(%a: f32[4, 8], %c: f32[4, 8]) -> (%b) {
+  %b: f32[4, 8] = binary{op = add}(%a, %c)
+}
+step dispatch k0 (b0) -> (b2)
+step dispatch k0 (b2) -> (b3)
+step dispatch k1 (b1) -> (b4)
+step copy b4 -> b5
+step dispatch k2 (b3, b5) -> (b6)
+step dispatch k0 (b6) -> (b7)
+"#;
+    let mut p = parse_program_inline(text).unwrap_or_else(|e| panic!("{e}"));
+    plan_memory(&mut p, &PlanOptions { in_place: false }).unwrap();
+    let offset = |b: usize| match p.buffers[b].storage {
+        Storage::Arena { offset, .. } => offset.expect("planned"),
+        _ => panic!("buffer {b} is not in an arena"),
+    };
+    let printed = print_program(&p, WeightMode::Inline);
+    // g3 (written by the CPU's copy) overlaps neither g1 nor g2, though g1 is dead in step
+    // order before the copy; g4 (GPU only) takes g1's bytes.
+    let bytes = 4 * 8 * 4;
+    let disjoint = |a: u64, b: u64| a + bytes <= b || b + bytes <= a;
+    assert!(disjoint(offset(5), offset(2)), "{printed}");
+    assert!(disjoint(offset(5), offset(3)), "{printed}");
+    assert_eq!(offset(6), offset(2), "{printed}");
+    check_plan(&p).unwrap();
+}
+
 /// Dims with bounded symbols are planned at the bounds (`seq <= 16`: 512 bytes each; the
 /// `2*seq` buffer 1024), including polynomial dims.
 #[test]
