@@ -11,7 +11,8 @@
 //! A wait that nothing submitted will signal yet (a value the host will signal later, a
 //! semaphore of another device) keeps the submission host-side, *deferred*, until the value
 //! becomes resolvable; then it is submitted by whichever thread made it so (the host
-//! thread's `signal`, or the monitor for other devices' semaphores). Vulkan would accept
+//! thread's `signal`, the thread that signalled another device's semaphore, or the
+//! monitor). Vulkan would accept
 //! such a wait-before-signal at once, but two things forbid relying on it here:
 //! - drivers process one `VkQueue`'s batches in order, so a batch waiting for a host signal
 //!   stalls every later batch on that queue, independent ones included, which the HAL's
@@ -671,9 +672,14 @@ impl QueueImpl for VulkanQueue {
                         other => other.to_string(),
                     });
                     *target.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
-                    // Short and non-blocking, as callbacks must be: the monitor submits.
+                    // Submitted here, on the signalling thread (the CPU worker that finished
+                    // the work waited for): a `vkQueueSubmit2` is bounded work, and handing
+                    // it to the monitor instead cost a monitor wake-up, 77 µs on the H100
+                    // (BERT-base's mask, CPU to GPU; benchmarks/RESULTS.md). Callbacks run
+                    // after the signaller's locks are released, so `schedule` may lock.
+                    // Its submission errors reach the submissions' signal semaphores.
                     if let Some(shared) = weak.upgrade() {
-                        shared.wake();
+                        shared.schedule();
                     }
                 }),
             );
