@@ -1,7 +1,22 @@
 //! The worker pool: N threads taking jobs from one FIFO.
+//!
+//! A job pushed by a worker of the same pool (the worker that finished a barrier
+//! segment's last job pushing the next segment) is not queued: the worker keeps one of the
+//! jobs and runs it as soon as its current job returns. A chain of small dependent kernels
+//! (a transformer's mask arithmetic: ~20 kernels of a few microseconds) then runs on one
+//! thread instead of waking another for every kernel; a profile of that chain on two
+//! threads spent a third of its time in those wake-ups.
 
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+thread_local! {
+    /// The pool this thread works for (its address), if it is a worker.
+    static WORKER_OF: Cell<usize> = const { Cell::new(0) };
+    /// The job this worker runs next, before looking at the queue.
+    static NEXT: RefCell<Option<Job>> = const { RefCell::new(None) };
+}
 
 /// The worker running a job.
 pub(crate) struct Worker {
@@ -37,8 +52,15 @@ impl Pool {
 
     /// Queues jobs. Jobs pushed after `shutdown` still run: workers exit only once the queue
     /// is empty, so every job's completion accounting happens.
-    pub(crate) fn push(&self, jobs: Vec<Job>) {
+    pub(crate) fn push(&self, mut jobs: Vec<Job>) {
+        if self.is_current_worker() && !jobs.is_empty() && NEXT.with(|n| n.borrow().is_none()) {
+            let kept = jobs.remove(0);
+            NEXT.with(|n| *n.borrow_mut() = Some(kept));
+        }
         let n = jobs.len();
+        if n == 0 {
+            return;
+        }
         self.lock().jobs.extend(jobs);
         if n == 1 {
             self.available.notify_one();
@@ -53,9 +75,18 @@ impl Pool {
         self.available.notify_all();
     }
 
+    fn is_current_worker(&self) -> bool {
+        WORKER_OF.with(|w| w.get()) == self as *const Pool as usize
+    }
+
     /// A worker thread's body.
     pub(crate) fn run_worker(&self, worker: Worker) {
+        WORKER_OF.with(|w| w.set(self as *const Pool as usize));
         loop {
+            // The job kept by the last one's `push` first (see the module docs).
+            while let Some(job) = NEXT.with(|n| n.borrow_mut().take()) {
+                job(&worker);
+            }
             let job = {
                 let mut state = self.lock();
                 loop {
