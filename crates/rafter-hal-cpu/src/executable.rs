@@ -252,6 +252,30 @@ impl<'a> DispatchContext<'a> {
         self.bindings.get(index).map_or(0, |b| b.len)
     }
 
+    /// Whether bindings `a` and `b` share a byte (ranges of one allocation that
+    /// intersect); false for a missing binding. A kernel that copies operands to write its
+    /// result over them needs the copy only for operands that do.
+    pub fn bindings_overlap(&self, a: usize, b: usize) -> bool {
+        match (self.bindings.get(a), self.bindings.get(b)) {
+            (Some(x), Some(y)) => {
+                Arc::ptr_eq(&x.alloc, &y.alloc)
+                    && x.offset < y.offset + y.len
+                    && y.offset < x.offset + x.len
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether bindings `a` and `b` are the same bytes (one allocation, offset and length).
+    pub fn same_range(&self, a: usize, b: usize) -> bool {
+        match (self.bindings.get(a), self.bindings.get(b)) {
+            (Some(x), Some(y)) => {
+                Arc::ptr_eq(&x.alloc, &y.alloc) && x.offset == y.offset && x.len == y.len
+            }
+            _ => false,
+        }
+    }
+
     /// A read-only view of the whole of binding `index`.
     pub fn read(&self, index: usize) -> Result<BindingRead<'_>, String> {
         let len = self.binding(index)?.len;

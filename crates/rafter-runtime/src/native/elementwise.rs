@@ -33,6 +33,17 @@ impl NativeKernel for ElementwiseKernel {
         true
     }
 
+    /// GELU (erf) over its own operand's bytes: BERT's FFN activation, whose input (the
+    /// FFN-up product) the planner binds in place, so the copy of it is skipped.
+    fn run_in_place(&self, y: &mut Out<'_>) -> Result<bool, String> {
+        if !self.prog.is_gelu_erf() {
+            return Ok(false);
+        }
+        rafter_kernels_cpu::gelu_erf(y.f32s()?, &*self.par)
+            .map_err(|e| format!("elementwise: {e}"))?;
+        Ok(true)
+    }
+
     fn out_dims(&self, ins: &[In<'_>]) -> Option<Vec<usize>> {
         let dims: Vec<&[usize]> = ins.iter().map(|x| x.dims.as_slice()).collect();
         self.prog.out_dims(&dims).ok()

@@ -63,8 +63,16 @@ pub(crate) trait NativeKernel: Send + Sync {
 
     /// Whether the kernel takes its binding operands as copies, so that a result the
     /// planner bound over an operand (elementwise-only bodies) can be written in place.
+    /// Only operands whose bytes a result shares are copied.
     fn copies_operands(&self) -> bool {
         false
+    }
+
+    /// Computes the kernel over its result's bytes when its one binding operand *is* the
+    /// result (the planner's in-place pair), with no copy: `Ok(false)` when it cannot (the
+    /// operand is then copied as usual). `y` holds the operand's values on entry.
+    fn run_in_place(&self, _y: &mut Out<'_>) -> Result<bool, String> {
+        Ok(false)
     }
 }
 
@@ -136,6 +144,51 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| norm::select(body, par))
 }
 
+/// [`NativeKernel::run_in_place`] when the body's one binding operand and its one result
+/// are the same bytes: `Some(true)` when it ran, `None` to take the copying path.
+fn run_in_place(
+    kernel: &dyn NativeKernel,
+    body: &Graph,
+    params: &Params,
+    map: &std::collections::HashMap<rafter_ir::Symbol, i64>,
+    ctx: &DispatchContext<'_>,
+    stats: &Stats,
+) -> Result<Option<bool>, String> {
+    let n_in = body.inputs.len();
+    let bindings: Vec<usize> = params.operands[..n_in]
+        .iter()
+        .filter_map(|o| match o {
+            Operand::Binding(b) => Some(*b),
+            _ => None,
+        })
+        .collect();
+    let ([b], [Operand::Binding(r)], [out]) = (
+        bindings.as_slice(),
+        &params.operands[n_in..],
+        body.outputs.as_slice(),
+    ) else {
+        return Ok(None);
+    };
+    if !ctx.same_range(*b, *r) {
+        return Ok(None);
+    }
+    let v = body.value(*out);
+    let Ok(dims) = eval_dims(&v.ty, map) else {
+        return Ok(None);
+    };
+    let Ok(mut view) = ctx.write(*r) else {
+        return Ok(None);
+    };
+    let Some(mut y) = Out::new(v.ty.dtype, dims, &mut view) else {
+        return Ok(None);
+    };
+    if !kernel.run_in_place(&mut y)? {
+        return Ok(None);
+    }
+    stats.native.fetch_add(1, Ordering::Relaxed);
+    Ok(Some(true))
+}
+
 /// The body input index of `v` when it is an input of dtype `dtype`.
 pub(crate) fn input_of(body: &Graph, v: Option<ValueId>, dtype: DType) -> Option<usize> {
     let v = v?;
@@ -183,8 +236,21 @@ pub(crate) fn run(
     // f32 buffers, each view dropped before any result view is taken.
     let mut copies: Vec<Option<Vec<f32>>> = vec![None; n_in];
     if kernel.copies_operands() {
+        if let Some(done) = run_in_place(kernel, body, params, map, ctx, stats)? {
+            return Ok(done);
+        }
+        let results: Vec<usize> = params.operands[n_in..]
+            .iter()
+            .filter_map(|o| match o {
+                Operand::Binding(r) => Some(*r),
+                _ => None,
+            })
+            .collect();
         for (i, &operand) in params.operands[..n_in].iter().enumerate() {
             if let Operand::Binding(b) = operand {
+                if !results.iter().any(|&r| ctx.bindings_overlap(b, r)) {
+                    continue; // read through a view: no result shares its bytes
+                }
                 if body.value(body.inputs[i]).ty.dtype != DType::F32 {
                     return fallback();
                 }

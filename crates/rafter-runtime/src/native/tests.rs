@@ -622,6 +622,50 @@ fn elementwise_bodies_copy_their_operands() {
     assert!(k.copies_operands());
 }
 
+/// The erf GELU of a softmax's result, in two programs: the result dying at the GELU (the
+/// planner binds the GELU's result over it, and the kernel runs in place with no copy),
+/// and the GELU plus the softmax's result again (one fused elementwise kernel that is not
+/// a pure GELU: the copying path). Both against the reference; without the in-place path
+/// the first fails (checked by making it return an error).
+#[test]
+fn gelu_runs_in_place_over_its_operand() {
+    for read_again in [false, true] {
+        let mut c = Case::new(63);
+        let d = [3, 4, 40];
+        let x = c.input(&d);
+        let y = c.node(
+            Op::Softmax {
+                kind: rafter_ir::SoftmaxKind::Softmax,
+                axis: -1,
+            },
+            &[x],
+            &d,
+        );
+        let r2 = c.weight_of(&[], &[std::f32::consts::SQRT_2]);
+        let half = c.weight_of(&[], &[0.5]);
+        let one = c.weight_of(&[], &[1.0]);
+        let t = c.node(Op::Binary { op: BinaryOp::Div }, &[y, r2], &d);
+        let t = c.node(Op::Unary { op: UnaryOp::Erf }, &[t], &d);
+        let t = c.node(add(), &[t, one], &d);
+        let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[y, t], &d);
+        let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[t, half], &d);
+        let t = if read_again {
+            c.node(add(), &[t, y], &d)
+        } else {
+            t
+        };
+        // A transpose after, so that the GELU's result is an arena buffer (not the output).
+        let out = c.node(
+            Op::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            &[t],
+            &[3, 40, 4],
+        );
+        assert_native(c.check(out), 3);
+    }
+}
+
 #[test]
 fn gather_rows_of_a_weight() {
     for axis in [0i64, 1, -1] {
