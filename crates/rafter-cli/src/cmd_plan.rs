@@ -191,7 +191,7 @@ fn step_line(p: &Program, i: usize, step: &Step) -> String {
             results,
         } => {
             let k = &p.kernels[*kernel];
-            format!(
+            let line = format!(
                 "  {i:>4} k{kernel} `{}` {} on {}: {} ({}) -> ({})",
                 k.name,
                 k.kind.word(),
@@ -199,7 +199,12 @@ fn step_line(p: &Program, i: usize, step: &Step) -> String {
                 fused_ops(k).join(", "),
                 buffers(&mut args.iter().map(|&b| Some(b))),
                 buffers(&mut results.iter().copied())
-            )
+            );
+            if placed_view(p, k, args, results) {
+                format!("{line} [a view: placed over its operand, never dispatched]")
+            } else {
+                line
+            }
         }
         Step::Copy { src, dst } => {
             let (from, to) = (buffer_device(p, *src), buffer_device(p, *dst));
@@ -210,6 +215,23 @@ fn step_line(p: &Program, i: usize, step: &Step) -> String {
             }
         }
     }
+}
+
+/// Whether a reshape-like kernel's result is planned at its viewed operand's offset in the
+/// same arena ([`Kernel::viewed_operand`]): the runtime then records no dispatch for it.
+fn placed_view(p: &Program, k: &Kernel, args: &[usize], results: &[Option<usize>]) -> bool {
+    let placed = |b: usize| match p.buffers.get(b).map(|d| &d.storage) {
+        Some(Storage::Arena {
+            arena,
+            offset: Some(o),
+        }) => Some((*arena, *o)),
+        _ => None,
+    };
+    let (Some(a), Some(Some(out))) = (k.viewed_operand(), results.first()) else {
+        return false;
+    };
+    let src = args.get(a).and_then(|&b| placed(b));
+    src.is_some() && src == placed(*out)
 }
 
 /// The ops of a kernel's body in order, with their kind where one op name covers several
