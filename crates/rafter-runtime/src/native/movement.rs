@@ -202,6 +202,10 @@ impl NativeKernel for MovementKernel {
                 if y.dims != out_dims {
                     return Ok(false);
                 }
+                if x.dtype == DType::F32 && across_planes(perm) {
+                    transpose_planes(x.f32s()?, &x.dims, perm, y.f32s()?);
+                    return Ok(true);
+                }
                 let esize = x.dtype.size_of();
                 transpose_bytes(x.bytes(), &x.dims, perm, esize, y.bytes_mut());
                 Ok(true)
@@ -270,6 +274,71 @@ fn transpose_bytes(x: &[u8], shape: &[usize], perm: &[usize], esize: usize, y: &
                 break;
             }
             base -= strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Whether the input's innermost axis stops being the output's innermost one (a key
+/// transposed for `Q·Kᵀ`, `[b, s, h, d] -> [b, h, d, s]`): then a row of the output
+/// gathers one element per input row, and [`transpose_planes`] does it in cache blocks.
+fn across_planes(perm: &[usize]) -> bool {
+    let rank = perm.len();
+    rank >= 2 && perm[rank - 1] != rank - 1
+}
+
+/// [`transpose_bytes`] for [`across_planes`] permutations: for every position of the other
+/// axes, the plane of output axes `p` (the input's contiguous axis) and the last is
+/// transposed in 8×8 blocks, so each block reads 8 input rows and writes 8 output rows
+/// while they are in cache (an element-by-element gather took ~90 µs for MiniLM's
+/// `[1, 128, 12, 32]` key, a cache line per element).
+fn transpose_planes<T: Copy>(x: &[T], shape: &[usize], perm: &[usize], y: &mut [T]) {
+    const B: usize = 8;
+    let rank = shape.len();
+    let mut in_strides = vec![1usize; rank];
+    for i in (0..rank - 1).rev() {
+        in_strides[i] = in_strides[i + 1] * shape[i + 1];
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&a| shape[a]).collect();
+    let mut out_strides = vec![1usize; rank];
+    for i in (0..rank - 1).rev() {
+        out_strides[i] = out_strides[i + 1] * out_shape[i + 1];
+    }
+    let p = perm
+        .iter()
+        .position(|&a| a == rank - 1)
+        .expect("a permutation");
+    let (rows, cols) = (out_shape[p], out_shape[rank - 1]);
+    let (row_out, col_in) = (out_strides[p], in_strides[perm[rank - 1]]);
+    // The other output axes, walked by an odometer: (extent, input stride, output stride).
+    let outer: Vec<(usize, usize, usize)> = (0..rank - 1)
+        .filter(|&a| a != p)
+        .map(|a| (out_shape[a], in_strides[perm[a]], out_strides[a]))
+        .collect();
+    let planes: usize = outer.iter().map(|o| o.0).product();
+    let mut idx = vec![0usize; outer.len()];
+    let (mut x0, mut y0) = (0usize, 0usize);
+    for _ in 0..planes {
+        for r0 in (0..rows).step_by(B) {
+            for c0 in (0..cols).step_by(B) {
+                for r in r0..(r0 + B).min(rows) {
+                    let (xr, yr) = (x0 + r, y0 + r * row_out);
+                    for c in c0..(c0 + B).min(cols) {
+                        y[yr + c] = x[xr + c * col_in];
+                    }
+                }
+            }
+        }
+        // Advance the odometer over the other axes.
+        for (d, &(extent, si, so)) in outer.iter().enumerate().rev() {
+            idx[d] += 1;
+            x0 += si;
+            y0 += so;
+            if idx[d] < extent {
+                break;
+            }
+            x0 -= si * extent;
+            y0 -= so * extent;
             idx[d] = 0;
         }
     }
@@ -412,5 +481,47 @@ fn copy_dims(shape: &Shape, ins: &[In<'_>]) -> Option<Vec<usize>> {
             Some(vec![x[..a].iter().product(), x[a..].iter().product()])
         }
         Shape::Unknown => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every permutation of ranks 2 to 4 that moves the innermost axis, on odd extents
+    /// (partial 8×8 blocks): the blocked planes against the element-by-element odometer,
+    /// checked by value (element `i` holds `i`).
+    #[test]
+    fn blocked_planes_match_the_odometer() {
+        fn perms(n: usize) -> Vec<Vec<usize>> {
+            if n == 1 {
+                return vec![vec![0]];
+            }
+            let mut out = Vec::new();
+            for p in perms(n - 1) {
+                for at in 0..n {
+                    let mut q = p.clone();
+                    q.insert(at, n - 1);
+                    out.push(q);
+                }
+            }
+            out
+        }
+        for shape in [vec![13, 9], vec![3, 11, 10], vec![2, 9, 3, 17]] {
+            let n: usize = shape.iter().product();
+            let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for perm in perms(shape.len()) {
+                if !across_planes(&perm) {
+                    continue;
+                }
+                let mut want = vec![0u8; n * 4];
+                transpose_bytes(&bytes, &shape, &perm, 4, &mut want);
+                let mut got = vec![0f32; n];
+                transpose_planes(&x, &shape, &perm, &mut got);
+                let got: Vec<u8> = got.iter().flat_map(|v| v.to_le_bytes()).collect();
+                assert_eq!(got, want, "shape {shape:?} perm {perm:?}");
+            }
+        }
     }
 }
