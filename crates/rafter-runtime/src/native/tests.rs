@@ -265,6 +265,9 @@ fn convolutions_match_the_reference() {
         // batch, odd sizes and uneven padding (partial tiles).
         ([2, 5, 12, 11], 6, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
         ([1, 3, 13, 10], 4, [3, 3], [1, 1], [0, 1, 2, 0], [1, 1], 1),
+        // A stem-like im2col above 2 MiB (27 x 20,022 floats) with short rows: built and
+        // multiplied in blocks of output rows (the last one partial), per image.
+        ([2, 3, 283, 281], 4, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 1),
     ];
     for (i, &(xd, m, [kh, kw], s, p, d, g)) in cases.iter().enumerate() {
         let oh = (xd[2] + p[0] as usize + p[2] as usize - (kh - 1) * d[0] as usize - 1)
