@@ -6,8 +6,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use rafter_hal::{
-    Buffer, BufferRange, Device, FillPattern, HalError, MemoryKind, MemoryTraceSink, Semaphore,
-    SemaphoreError, TraceKind,
+    Buffer, BufferRange, CommandBufferBuilder, Device, FillPattern, HalError, MemoryKind,
+    MemoryTraceSink, Queue, Semaphore, SemaphoreError, TraceKind,
 };
 use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions, CpuKernels, DispatchContext, ALIGNMENT};
 
@@ -65,6 +65,20 @@ fn vector_add(ctx: &DispatchContext<'_>) -> Result<(), String> {
         *out = a[i] + b[i];
     }
     Ok(())
+}
+
+/// Submits `cb` on `queue` with a fresh host semaphore to signal, and waits for it (up to
+/// `timeout`): the work's failure, if any, is the wait's error.
+fn submit_and_wait(
+    queue: &Queue,
+    cb: CommandBufferBuilder,
+    timeout: Duration,
+) -> Result<(), SemaphoreError> {
+    let done = Semaphore::host(0);
+    queue
+        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    done.wait(1, timeout)
 }
 
 fn params(words: &[u32]) -> Vec<u8> {
@@ -238,12 +252,7 @@ fn commands_between_barriers_run_concurrently() {
     let mut cb = dev.create_command_buffer().unwrap();
     cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
     cb.dispatch(&exe, 1, &[], &[], [1, 1, 1]).unwrap();
-    let done = Semaphore::host(0);
-    dev.queue(0)
-        .unwrap()
-        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, LONG * 2).unwrap();
+    submit_and_wait(&dev.queue(0).unwrap(), cb, LONG * 2).unwrap();
 }
 
 #[test]
@@ -267,12 +276,7 @@ fn a_dispatch_runs_its_workgroups_in_parallel() {
     let mut cb = dev.create_command_buffer().unwrap();
     cb.dispatch(&exe, 0, &[], &[], [workers as u32, 1, 1])
         .unwrap();
-    let done = Semaphore::host(0);
-    dev.queue(0)
-        .unwrap()
-        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, LONG * 2).unwrap();
+    submit_and_wait(&dev.queue(0).unwrap(), cb, LONG * 2).unwrap();
     assert_eq!(count.load(Ordering::SeqCst), workers as u32);
 }
 
@@ -295,12 +299,7 @@ fn workgroup_ids_cover_the_3d_grid_once() {
         .unwrap();
     let mut cb = dev.create_command_buffer().unwrap();
     cb.dispatch(&exe, 0, &[out.whole()], &[], grid).unwrap();
-    let done = Semaphore::host(0);
-    dev.queue(0)
-        .unwrap()
-        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, LONG).unwrap();
+    submit_and_wait(&dev.queue(0).unwrap(), cb, LONG).unwrap();
     let got: Vec<u32> = out
         .read_bytes(0, out.size())
         .unwrap()
@@ -372,12 +371,7 @@ fn writes_before_a_barrier_are_visible_after_it() {
         [1, 1, 1],
     )
     .unwrap();
-    let done = Semaphore::host(0);
-    dev.queue(0)
-        .unwrap()
-        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, LONG).unwrap();
+    submit_and_wait(&dev.queue(0).unwrap(), cb, LONG).unwrap();
     let got = read_f32(&y);
     for t in 0..tiles as usize {
         assert!(got[t * 64..(t + 1) * 64]
@@ -403,12 +397,7 @@ fn fill_and_copy() {
         .unwrap();
     cb.fill(b.range(0, 8).unwrap(), FillPattern::U16(0x0102))
         .unwrap();
-    let done = Semaphore::host(0);
-    dev.queue(0)
-        .unwrap()
-        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, LONG).unwrap();
+    submit_and_wait(&dev.queue(0).unwrap(), cb, LONG).unwrap();
     let mut expected_a: Vec<u8> = (0..8).flat_map(|_| 0xA1B2_C3D4u32.to_le_bytes()).collect();
     expected_a.extend([7u8; 31]);
     expected_a.push(9);
@@ -497,11 +486,7 @@ fn a_panicking_kernel_becomes_a_failed_semaphore_and_the_device_carries_on() {
     let queue = dev.queue(0).unwrap();
     let mut cb = dev.create_command_buffer().unwrap();
     cb.dispatch(&exe, 0, &[], &[], [4, 1, 1]).unwrap();
-    let done = Semaphore::host(0);
-    queue
-        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    let error = done.wait(1, LONG).unwrap_err().to_string();
+    let error = submit_and_wait(&queue, cb, LONG).unwrap_err().to_string();
     assert!(error.contains("panicked: kernel exploded"), "{error}");
 
     let mut cb = dev.create_command_buffer().unwrap();
@@ -631,11 +616,7 @@ fn conflicting_views_fail_the_dispatch_instead_of_racing() {
     let run = |entry, bindings: &[BufferRange]| {
         let mut cb = dev.create_command_buffer().unwrap();
         cb.dispatch(&exe, entry, bindings, &[], [1, 1, 1]).unwrap();
-        let done = Semaphore::host(0);
-        queue
-            .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-            .unwrap();
-        done.wait(1, LONG)
+        submit_and_wait(&queue, cb, LONG)
     };
     let error = run(0, &[buffer.whole(), buffer.range(128, 128).unwrap()]).unwrap_err();
     assert!(error.to_string().contains("aliasing rule"), "{error}");
@@ -708,12 +689,7 @@ fn dispatches_are_traced() {
     let mut cb = dev.create_command_buffer().unwrap();
     cb.dispatch(&exe, 0, &[], &[], [5, 1, 1]).unwrap();
     cb.fill(buffer.whole(), FillPattern::U8(0)).unwrap();
-    let done = Semaphore::host(0);
-    dev.queue(0)
-        .unwrap()
-        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, LONG).unwrap();
+    submit_and_wait(&dev.queue(0).unwrap(), cb, LONG).unwrap();
     let events = sink.take();
     let dispatches: Vec<_> = events
         .iter()
@@ -770,12 +746,7 @@ fn a_chain_of_single_dispatches_stays_on_one_worker() {
         }
         cb.dispatch(&exe, 0, &[], &params(&[i]), [1, 1, 1]).unwrap();
     }
-    let done = Semaphore::host(0);
-    dev.queue(0)
-        .unwrap()
-        .submit(&cb.finish(), &[], &[(done.clone(), 1)])
-        .unwrap();
-    done.wait(1, LONG).unwrap();
+    submit_and_wait(&dev.queue(0).unwrap(), cb, LONG).unwrap();
     assert_eq!(count.load(Ordering::SeqCst), 20);
     let threads: Vec<_> = sink
         .take()
