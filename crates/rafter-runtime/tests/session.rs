@@ -359,14 +359,19 @@ fn planned_in_place_results_run_correctly() {
         let session = Session::new(p.clone(), &devices).unwrap();
         assert_eq!(session.run(vec![x8.clone()], LONG).is_ok(), fits, "{limit}");
     }
-    let session = Session::new(p, &cpu(2)).unwrap();
+    matches_reference_up_to_8_rows(&Session::new(p, &cpu(2)).unwrap(), &g);
+}
+
+/// Runs `session` (compiled from `g`, input `f32[n, 8]`) at n = 1, 5 and 8 and compares
+/// every output with the reference executor's. Native softmax and the tile programs' exp
+/// are within a few ulp of the reference (no longer bitwise); a result clobbered in place
+/// would be off by far more.
+fn matches_reference_up_to_8_rows(session: &Session, g: &rafter_ir::Graph) {
     for len in [1usize, 5, 8] {
         let x: Vec<f32> = (0..len * 8).map(|i| (i % 7) as f32 * 0.5 - 1.0).collect();
         let x = Tensor::f32s(&[len, 8], x);
-        let want = rafter_reference::run(&g, vec![x.clone()]).unwrap();
+        let want = rafter_reference::run(g, vec![x.clone()]).unwrap();
         let got = session.run(vec![x], LONG).unwrap();
-        // Native softmax and the tile programs' exp are within a few ulp of the reference
-        // (no longer bitwise); a result clobbered in place would be off by far more.
         for (a, b) in got.iter().zip(&want) {
             assert!(
                 max_abs_diff(a, b) <= 1e-5,
@@ -532,20 +537,7 @@ fn placed_reshapes_are_not_dispatched() {
         ..Default::default()
     })
     .unwrap();
-    let session = Session::new(p.clone(), &devices).unwrap();
-    for len in [1usize, 5, 8] {
-        let x: Vec<f32> = (0..len * 8).map(|i| (i % 7) as f32 * 0.5 - 1.0).collect();
-        let x = Tensor::f32s(&[len, 8], x);
-        let want = rafter_reference::run(&g, vec![x.clone()]).unwrap();
-        let got = session.run(vec![x], LONG).unwrap();
-        for (a, b) in got.iter().zip(&want) {
-            assert!(
-                max_abs_diff(a, b) <= 1e-5,
-                "n = {len}: {}",
-                max_abs_diff(a, b)
-            );
-        }
-    }
+    matches_reference_up_to_8_rows(&Session::new(p.clone(), &devices).unwrap(), &g);
     let kernel_of = |k: &str| {
         p.kernels
             .iter()

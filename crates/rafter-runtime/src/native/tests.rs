@@ -599,6 +599,18 @@ fn malformed_operands_are_errors() {
     assert!(e.contains("inner dims differ"), "{e}");
 }
 
+/// BERT's erf GELU of `y` (dims `d`) as the exporter writes it: 0.5 y (1 + erf(y / sqrt 2)).
+fn gelu_erf(c: &mut Case, y: ValueId, d: &[usize]) -> ValueId {
+    let r2 = c.weight_of(&[], &[std::f32::consts::SQRT_2]);
+    let half = c.weight_of(&[], &[0.5]);
+    let one = c.weight_of(&[], &[1.0]);
+    let t = c.node(Op::Binary { op: BinaryOp::Div }, &[y, r2], d);
+    let t = c.node(Op::Unary { op: UnaryOp::Erf }, &[t], d);
+    let t = c.node(add(), &[t, one], d);
+    let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[y, t], d);
+    c.node(Op::Binary { op: BinaryOp::Mul }, &[t, half], d)
+}
+
 #[test]
 fn elementwise_bodies_copy_their_operands() {
     // BERT's erf GELU, 0.5 x (1 + erf(x / sqrt 2)), with a broadcast bias add in front.
@@ -607,14 +619,7 @@ fn elementwise_bodies_copy_their_operands() {
     let b = c.weight(&[24]);
     let d = [2, 5, 24];
     let y = c.node(add(), &[x, b], &d);
-    let r2 = c.weight_of(&[], &[std::f32::consts::SQRT_2]);
-    let half = c.weight_of(&[], &[0.5]);
-    let one = c.weight_of(&[], &[1.0]);
-    let t = c.node(Op::Binary { op: BinaryOp::Div }, &[y, r2], &d);
-    let t = c.node(Op::Unary { op: UnaryOp::Erf }, &[t], &d);
-    let t = c.node(add(), &[t, one], &d);
-    let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[y, t], &d);
-    let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[t, half], &d);
+    let t = gelu_erf(&mut c, y, &d);
     assert_native(c.check(t), 1);
     let mut c = Case::new(62);
     let x = c.input(&[4]);
@@ -644,14 +649,7 @@ fn gelu_runs_in_place_over_its_operand() {
             &[x],
             &d,
         );
-        let r2 = c.weight_of(&[], &[std::f32::consts::SQRT_2]);
-        let half = c.weight_of(&[], &[0.5]);
-        let one = c.weight_of(&[], &[1.0]);
-        let t = c.node(Op::Binary { op: BinaryOp::Div }, &[y, r2], &d);
-        let t = c.node(Op::Unary { op: UnaryOp::Erf }, &[t], &d);
-        let t = c.node(add(), &[t, one], &d);
-        let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[y, t], &d);
-        let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[t, half], &d);
+        let t = gelu_erf(&mut c, y, &d);
         let t = if read_again {
             c.node(add(), &[t, y], &d)
         } else {
