@@ -144,49 +144,46 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| norm::select(body, par))
 }
 
+/// The bindings among `operands` (a dispatch's operand words).
+fn bindings_of(operands: &[Operand]) -> Vec<usize> {
+    operands
+        .iter()
+        .filter_map(|o| match o {
+            Operand::Binding(b) => Some(*b),
+            _ => None,
+        })
+        .collect()
+}
+
 /// [`NativeKernel::run_in_place`] when the body's one binding operand and its one result
-/// are the same bytes: `Some(true)` when it ran, `None` to take the copying path.
+/// are the same bytes: `true` when it ran, `false` to take the copying path.
 fn run_in_place(
     kernel: &dyn NativeKernel,
     body: &Graph,
     params: &Params,
     map: &std::collections::HashMap<rafter_ir::Symbol, i64>,
     ctx: &DispatchContext<'_>,
-    stats: &Stats,
-) -> Result<Option<bool>, String> {
+) -> Result<bool, String> {
     let n_in = body.inputs.len();
-    let bindings: Vec<usize> = params.operands[..n_in]
-        .iter()
-        .filter_map(|o| match o {
-            Operand::Binding(b) => Some(*b),
-            _ => None,
-        })
-        .collect();
+    let bindings = bindings_of(&params.operands[..n_in]);
     let ([b], [Operand::Binding(r)], [out]) = (
         bindings.as_slice(),
         &params.operands[n_in..],
         body.outputs.as_slice(),
     ) else {
-        return Ok(None);
+        return Ok(false);
     };
     if !ctx.same_range(*b, *r) {
-        return Ok(None);
+        return Ok(false);
     }
     let v = body.value(*out);
-    let Ok(dims) = eval_dims(&v.ty, map) else {
-        return Ok(None);
+    let (Ok(dims), Ok(mut view)) = (eval_dims(&v.ty, map), ctx.write(*r)) else {
+        return Ok(false);
     };
-    let Ok(mut view) = ctx.write(*r) else {
-        return Ok(None);
-    };
-    let Some(mut y) = Out::new(v.ty.dtype, dims, &mut view) else {
-        return Ok(None);
-    };
-    if !kernel.run_in_place(&mut y)? {
-        return Ok(None);
+    match Out::new(v.ty.dtype, dims, &mut view) {
+        Some(mut y) => kernel.run_in_place(&mut y),
+        None => Ok(false),
     }
-    stats.native.fetch_add(1, Ordering::Relaxed);
-    Ok(Some(true))
 }
 
 /// The body input index of `v` when it is an input of dtype `dtype`.
@@ -236,16 +233,11 @@ pub(crate) fn run(
     // f32 buffers, each view dropped before any result view is taken.
     let mut copies: Vec<Option<Vec<f32>>> = vec![None; n_in];
     if kernel.copies_operands() {
-        if let Some(done) = run_in_place(kernel, body, params, map, ctx, stats)? {
-            return Ok(done);
+        if run_in_place(kernel, body, params, map, ctx)? {
+            stats.native.fetch_add(1, Ordering::Relaxed);
+            return Ok(true);
         }
-        let results: Vec<usize> = params.operands[n_in..]
-            .iter()
-            .filter_map(|o| match o {
-                Operand::Binding(r) => Some(*r),
-                _ => None,
-            })
-            .collect();
+        let results = bindings_of(&params.operands[n_in..]);
         for (i, &operand) in params.operands[..n_in].iter().enumerate() {
             if let Operand::Binding(b) = operand {
                 if !results.iter().any(|&r| ctx.bindings_overlap(b, r)) {

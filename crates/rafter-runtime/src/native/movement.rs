@@ -239,10 +239,10 @@ fn transpose_bytes(x: &[u8], shape: &[usize], perm: &[usize], esize: usize, y: &
         y.copy_from_slice(x);
         return;
     }
-    let mut in_strides = vec![esize; rank];
-    for i in (0..rank - 1).rev() {
-        in_strides[i] = in_strides[i + 1] * shape[i + 1];
-    }
+    let in_strides: Vec<usize> = row_major_strides(shape)
+        .into_iter()
+        .map(|s| s * esize)
+        .collect();
     let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
     let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
     let (inner, inner_stride) = (out_shape[rank - 1], strides[rank - 1]);
@@ -279,6 +279,15 @@ fn transpose_bytes(x: &[u8], shape: &[usize], perm: &[usize], esize: usize, y: &
     }
 }
 
+/// Elements between consecutive indices of each axis of a row-major `shape`.
+fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
 /// Whether the input's innermost axis stops being the output's innermost one (a key
 /// transposed for `Q·Kᵀ`, `[b, s, h, d] -> [b, h, d, s]`): then a row of the output
 /// gathers one element per input row, and [`transpose_planes`] does it in cache blocks.
@@ -295,15 +304,9 @@ fn across_planes(perm: &[usize]) -> bool {
 fn transpose_planes<T: Copy>(x: &[T], shape: &[usize], perm: &[usize], y: &mut [T]) {
     const B: usize = 8;
     let rank = shape.len();
-    let mut in_strides = vec![1usize; rank];
-    for i in (0..rank - 1).rev() {
-        in_strides[i] = in_strides[i + 1] * shape[i + 1];
-    }
+    let in_strides = row_major_strides(shape);
     let out_shape: Vec<usize> = perm.iter().map(|&a| shape[a]).collect();
-    let mut out_strides = vec![1usize; rank];
-    for i in (0..rank - 1).rev() {
-        out_strides[i] = out_strides[i + 1] * out_shape[i + 1];
-    }
+    let out_strides = row_major_strides(&out_shape);
     let p = perm
         .iter()
         .position(|&a| a == rank - 1)
