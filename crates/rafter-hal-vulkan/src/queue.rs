@@ -674,9 +674,12 @@ impl QueueImpl for VulkanQueue {
                     *target.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
                     // Submitted here, on the signalling thread (the CPU worker that finished
                     // the work waited for): a `vkQueueSubmit2` is bounded work, and handing
-                    // it to the monitor instead cost a monitor wake-up, 77 µs on the H100
-                    // (BERT-base's mask, CPU to GPU; benchmarks/RESULTS.md). Callbacks run
-                    // after the signaller's locks are released, so `schedule` may lock.
+                    // it to the monitor instead costs a monitor wake-up (the H100's traces
+                    // showed ~77 µs between BERT-base's CPU mask and the GPU's next kernel,
+                    // before and after this change, as far as their cross-device placement
+                    // tells; its own effect on the call was not isolated: RESULTS.md).
+                    // Callbacks run after the signaller's locks are released, so `schedule`
+                    // may lock.
                     // Its submission errors reach the submissions' signal semaphores.
                     if let Some(shared) = weak.upgrade() {
                         shared.schedule();

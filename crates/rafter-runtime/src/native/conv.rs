@@ -381,11 +381,12 @@ impl ConvKernel {
 /// The most bytes of one im2col block: an im2col above [`IM2COL_WHOLE`] bytes is built and
 /// multiplied a block of output rows at a time, so the block is still in cache when the
 /// GEMM packs it. ResNet-50's stem (147 × 12,544 floats) had written and re-read 7.4 MB:
-/// 3.07 → 1.79 ms a call in blocks (2 threads, this 2-core machine). Smaller ones stay
-/// whole: MobileNetV2's 1.35 MB stem measured ~3% slower in three blocks. So do long rows
-/// (large K), whose blocks would be narrow: ResNet-50's 3×3 stride-2 convolution of
+/// 2.85–3.23 → 1.72–2.02 ms a call in blocks (2 threads, this 2-core machine). Smaller ones
+/// stay whole: MobileNetV2's 1.35 MB stem measured ~3% slower in three blocks. So do long
+/// rows (large K), whose blocks would be narrow: ResNet-50's 3×3 stride-2 convolution of
 /// layer 2 (K = 1,152, 3.6 MB) took 1.42–1.48 ms in blocks of 112 columns against
-/// 1.33–1.35 ms whole.
+/// 1.21–1.35 ms whole. Commands and runs: benchmarks/RESULTS.md, "Kernel-level
+/// measurements behind this session's CPU changes".
 const IM2COL_BYTES: usize = 512 * 1024;
 /// The largest im2col built whole (see [`IM2COL_BYTES`]).
 const IM2COL_WHOLE: usize = 2 * 1024 * 1024;

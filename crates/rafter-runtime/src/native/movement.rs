@@ -299,8 +299,9 @@ fn across_planes(perm: &[usize]) -> bool {
 /// [`transpose_bytes`] for [`across_planes`] permutations: for every position of the other
 /// axes, the plane of output axes `p` (the input's contiguous axis) and the last is
 /// transposed in 8×8 blocks, so each block reads 8 input rows and writes 8 output rows
-/// while they are in cache (an element-by-element gather took ~90 µs for MiniLM's
-/// `[1, 128, 12, 32]` key, a cache line per element).
+/// while they are in cache: MiniLM-L6's `[1, 128, 12, 32]` key took 83–90 µs element by
+/// element (a cache line per element), 55–56 µs in blocks (2 threads; benchmarks/RESULTS.md,
+/// "Kernel-level measurements").
 fn transpose_planes<T: Copy>(x: &[T], shape: &[usize], perm: &[usize], y: &mut [T]) {
     const B: usize = 8;
     let rank = shape.len();
