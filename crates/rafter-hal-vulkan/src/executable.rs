@@ -20,10 +20,10 @@ const OP_ENTRY_POINT: u32 = 15;
 const OP_CAPABILITY: u32 = 17;
 const EXECUTION_MODEL_GL_COMPUTE: u32 = 5;
 
-/// The names of a module's `GLCompute` entry points, in module order. Also checks the
-/// module is whole words with the SPIR-V magic, so a bad payload is an error here rather
-/// than undefined behaviour in the driver.
-pub fn spirv_entry_points(words: &[u32]) -> Result<Vec<String>, String> {
+/// A module's instructions after the header, each with the word it starts at. Checks the
+/// module is whole words with the SPIR-V magic and that every instruction's word count
+/// fits, so a bad payload is an error here rather than undefined behaviour in the driver.
+fn instructions(words: &[u32]) -> Result<Vec<(usize, &[u32])>, String> {
     if words.len() < 5 {
         return Err(format!(
             "{} words is shorter than a SPIR-V header",
@@ -36,21 +36,29 @@ pub fn spirv_entry_points(words: &[u32]) -> Result<Vec<String>, String> {
             words[0]
         ));
     }
-    let mut entries = Vec::new();
+    let mut out = Vec::new();
     let mut at = 5;
     while at < words.len() {
         let count = (words[at] >> 16) as usize;
-        let opcode = words[at] & 0xffff;
         if count == 0 || at + count > words.len() {
             return Err(format!(
                 "instruction at word {at} has a bad word count {count}"
             ));
         }
-        if opcode == OP_ENTRY_POINT && count >= 4 && words[at + 1] == EXECUTION_MODEL_GL_COMPUTE {
-            let bytes: Vec<u8> = words[at + 3..at + count]
-                .iter()
-                .flat_map(|w| w.to_le_bytes())
-                .collect();
+        out.push((at, &words[at..at + count]));
+        at += count;
+    }
+    Ok(out)
+}
+
+/// The names of a module's `GLCompute` entry points, in module order. Also checks the
+/// module's framing ([`instructions`]).
+pub fn spirv_entry_points(words: &[u32]) -> Result<Vec<String>, String> {
+    let mut entries = Vec::new();
+    for (at, op) in instructions(words)? {
+        if op[0] & 0xffff == OP_ENTRY_POINT && op.len() >= 4 && op[1] == EXECUTION_MODEL_GL_COMPUTE
+        {
+            let bytes: Vec<u8> = op[3..].iter().flat_map(|w| w.to_le_bytes()).collect();
             let end = bytes
                 .iter()
                 .position(|&b| b == 0)
@@ -59,31 +67,24 @@ pub fn spirv_entry_points(words: &[u32]) -> Result<Vec<String>, String> {
                 .map_err(|_| format!("entry point name at word {at} is not UTF-8"))?;
             entries.push(name.to_string());
         }
-        at += count;
     }
     Ok(entries)
 }
 
 /// The SPIR-V capabilities a module declares (`OpCapability` operands, in module order).
-/// The module must be whole words with the SPIR-V magic (see [`spirv_entry_points`]).
+/// Also checks the module's framing ([`instructions`]).
 pub fn spirv_capabilities(words: &[u32]) -> Result<Vec<u32>, String> {
-    spirv_entry_points(words)?;
-    let mut capabilities = Vec::new();
-    let mut at = 5;
-    while at < words.len() {
-        let count = (words[at] >> 16) as usize;
-        if words[at] & 0xffff == OP_CAPABILITY && count == 2 {
-            capabilities.push(words[at + 1]);
-        }
-        at += count;
-    }
-    Ok(capabilities)
+    Ok(instructions(words)?
+        .into_iter()
+        .filter(|(_, op)| op[0] & 0xffff == OP_CAPABILITY && op.len() == 2)
+        .map(|(_, op)| op[1])
+        .collect())
 }
 
 /// Bytes of workgroup (shared) memory a module declares: the sum of its `Workgroup`
 /// variables' types, arrays and vectors of scalars taken at their natural size (how
-/// drivers lay out workgroup memory without an explicit layout). The module must be whole
-/// words with the SPIR-V magic (see [`spirv_entry_points`]).
+/// drivers lay out workgroup memory without an explicit layout). Also checks the module's
+/// framing ([`instructions`]).
 pub fn spirv_workgroup_bytes(words: &[u32]) -> Result<u64, String> {
     // Opcodes and the storage class, from the SPIR-V spec's tables.
     const OP_TYPE_INT: u32 = 21;
@@ -95,17 +96,11 @@ pub fn spirv_workgroup_bytes(words: &[u32]) -> Result<u64, String> {
     const OP_CONSTANT: u32 = 43;
     const OP_VARIABLE: u32 = 59;
     const WORKGROUP: u32 = 4;
-    spirv_entry_points(words)?;
     let mut size: HashMap<u32, u64> = HashMap::new();
     let mut constant: HashMap<u32, u64> = HashMap::new();
-    let mut pointee: HashMap<u32, (u32, u32)> = HashMap::new();
+    let mut pointee: HashMap<u32, u32> = HashMap::new();
     let mut total = 0u64;
-    let mut at = 5;
-    while at < words.len() {
-        let count = (words[at] >> 16) as usize;
-        let op = words
-            .get(at..at + count.max(1))
-            .ok_or("an instruction runs past the end")?;
+    for (_, op) in instructions(words)? {
         let operand = |i: usize| op.get(i).copied().unwrap_or(0);
         let size_of = |id: u32| size.get(&id).copied().unwrap_or(0);
         match op[0] & 0xffff {
@@ -125,19 +120,18 @@ pub fn spirv_workgroup_bytes(words: &[u32]) -> Result<u64, String> {
                 size.insert(operand(1), bytes);
             }
             OP_TYPE_POINTER => {
-                pointee.insert(operand(1), (operand(2), operand(3)));
+                pointee.insert(operand(1), operand(3));
             }
-            OP_CONSTANT if count == 4 => {
+            OP_CONSTANT if op.len() == 4 => {
                 constant.insert(operand(2), u64::from(operand(3)));
             }
             OP_VARIABLE if operand(3) == WORKGROUP => {
-                if let Some(&(_, ty)) = pointee.get(&operand(1)) {
+                if let Some(&ty) = pointee.get(&operand(1)) {
                     total = total.saturating_add(size_of(ty));
                 }
             }
             _ => {}
         }
-        at += count.max(1);
     }
     Ok(total)
 }
@@ -411,5 +405,69 @@ impl PipelineCache {
     pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
         // SAFETY: per the contract; the cache belongs to `device`.
         unsafe { device.destroy_pipeline_cache(self.raw, None) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-assembled module: capability Shader, entry point `main`, a workgroup array
+    /// of ten 4-f16 vectors (80 bytes) and a function-storage one (not counted).
+    fn module() -> Vec<u32> {
+        let op = |opcode: u32, operands: &[u32]| {
+            let mut words = vec![((operands.len() as u32 + 1) << 16) | opcode];
+            words.extend_from_slice(operands);
+            words
+        };
+        let mut w = vec![SPIRV_MAGIC, 0x0001_0600, 0, 20, 0];
+        w.extend(op(17, &[1]));
+        w.extend(op(15, &[5, 1, u32::from_le_bytes(*b"main"), 0]));
+        w.extend(op(21, &[2, 32, 0]));
+        w.extend(op(22, &[3, 16]));
+        w.extend(op(23, &[4, 3, 4]));
+        w.extend(op(43, &[2, 5, 10]));
+        w.extend(op(28, &[6, 4, 5]));
+        w.extend(op(32, &[7, 4, 6]));
+        w.extend(op(59, &[7, 8, 4]));
+        w.extend(op(32, &[9, 7, 6]));
+        w.extend(op(59, &[9, 10, 7]));
+        w
+    }
+
+    #[test]
+    fn a_module_is_read_for_entries_capabilities_and_workgroup_bytes() {
+        let m = module();
+        assert_eq!(spirv_entry_points(&m).unwrap(), ["main"]);
+        assert_eq!(spirv_capabilities(&m).unwrap(), [1]);
+        assert_eq!(spirv_workgroup_bytes(&m).unwrap(), 80);
+    }
+
+    /// Every reader refuses a short header, a bad magic, a zero word count and an
+    /// instruction running past the end, naming which.
+    #[test]
+    fn malformed_modules_are_named_errors() {
+        let mut bad_magic = module();
+        bad_magic[0] = 0x0302_2307;
+        let mut zero_count = module();
+        zero_count[5] = 17; // OpCapability with word count 0
+        let mut truncated = module();
+        truncated.pop();
+        let cases: [(&[u32], &str); 4] = [
+            (&[SPIRV_MAGIC, 0, 0], "shorter than a SPIR-V header"),
+            (&bad_magic, "bad magic"),
+            (&zero_count, "instruction at word 5 has a bad word count 0"),
+            (&truncated, "bad word count 4"),
+        ];
+        for (words, want) in cases {
+            for got in [
+                spirv_entry_points(words).map(|_| ()),
+                spirv_capabilities(words).map(|_| ()),
+                spirv_workgroup_bytes(words).map(|_| ()),
+            ] {
+                let e = got.unwrap_err();
+                assert!(e.contains(want), "{e} (want {want})");
+            }
+        }
     }
 }
