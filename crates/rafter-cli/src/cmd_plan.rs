@@ -200,7 +200,7 @@ fn step_line(p: &Program, i: usize, step: &Step) -> String {
                 buffers(&mut args.iter().map(|&b| Some(b))),
                 buffers(&mut results.iter().copied())
             );
-            if placed_view(p, k, args, results) {
+            if p.is_placed_view(step) {
                 format!("{line} [a view: placed over its operand, never dispatched]")
             } else {
                 line
@@ -215,23 +215,6 @@ fn step_line(p: &Program, i: usize, step: &Step) -> String {
             }
         }
     }
-}
-
-/// Whether a reshape-like kernel's result is planned at its viewed operand's offset in the
-/// same arena ([`Kernel::viewed_operand`]): the runtime then records no dispatch for it.
-fn placed_view(p: &Program, k: &Kernel, args: &[usize], results: &[Option<usize>]) -> bool {
-    let placed = |b: usize| match p.buffers.get(b).map(|d| &d.storage) {
-        Some(Storage::Arena {
-            arena,
-            offset: Some(o),
-        }) => Some((*arena, *o)),
-        _ => None,
-    };
-    let (Some(a), Some(Some(out))) = (k.viewed_operand(), results.first()) else {
-        return false;
-    };
-    let src = args.get(a).and_then(|&b| placed(b));
-    src.is_some() && src == placed(*out)
 }
 
 /// The ops of a kernel's body in order, with their kind where one op name covers several

@@ -277,6 +277,35 @@ pub struct ProgramError {
 }
 
 impl Program {
+    /// Whether `step` dispatches a reshape-like kernel ([`Kernel::viewed_operand`]) whose
+    /// result the memory plan placed at its operand's offset in the same arena: its bytes
+    /// are already there, so the runtime records no dispatch for it and `rafter plan` says
+    /// so. (Buffers placed per call never qualify: live together, they get disjoint bytes.)
+    pub fn is_placed_view(&self, step: &Step) -> bool {
+        let Step::Dispatch {
+            kernel,
+            args,
+            results,
+        } = step
+        else {
+            return false;
+        };
+        let placed = |b: usize| match self.buffers.get(b).map(|d| &d.storage) {
+            Some(Storage::Arena {
+                arena,
+                offset: Some(o),
+            }) => Some((*arena, *o)),
+            _ => None,
+        };
+        let Some(a) = self.kernels.get(*kernel).and_then(Kernel::viewed_operand) else {
+            return false;
+        };
+        let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
+            return false;
+        };
+        placed(src).is_some() && placed(src) == placed(dst)
+    }
+
     /// Checks every index, arity and type, and that each buffer is written before it is
     /// read (inputs and weights count as written). The runtime runs this on every program it
     /// loads, so a hostile artifact cannot make it index out of bounds.

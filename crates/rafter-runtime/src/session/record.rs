@@ -321,7 +321,9 @@ impl Session {
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut chunk_accesses: Vec<Vec<Access>> = Vec::new();
         let mut foreign: Vec<BufferRange> = Vec::new();
-        let skip = self.placed_views(layout);
+        // Views placed over their operand: the bytes are already there, so no dispatch and
+        // no barrier (on a GPU each costs microseconds).
+        let skip: Vec<bool> = p.steps.iter().map(|s| p.is_placed_view(s)).collect();
         let mut si = 0;
         while si < p.steps.len() {
             if skip[si] {
@@ -378,39 +380,6 @@ impl Session {
             chunk_accesses.push(all);
         }
         Ok((chunks, foreign))
-    }
-
-    /// Per step, whether it is a reshape-like kernel whose result this call places over
-    /// the operand it views ([`Kernel::viewed_operand`](rafter_ir::program::Kernel)): the
-    /// bytes are already there, so the step is not recorded at all (no dispatch, no
-    /// barrier; on a GPU each costs microseconds). The memory planner makes such pairs.
-    fn placed_views(&self, layout: &CallLayout) -> Vec<bool> {
-        let p = &*self.inner.program;
-        p.steps
-            .iter()
-            .map(|step| {
-                let Step::Dispatch {
-                    kernel,
-                    args,
-                    results,
-                } = step
-                else {
-                    return false;
-                };
-                let Some(a) = p.kernels[*kernel].viewed_operand() else {
-                    return false;
-                };
-                let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
-                    return false;
-                };
-                let memory = |b: usize| !matches!(layout.home[b], Home::Slot);
-                memory(src)
-                    && memory(dst)
-                    && layout.alloc_of[src].is_some()
-                    && layout.alloc_of[src] == layout.alloc_of[dst]
-                    && layout.sizes[src] == layout.sizes[dst]
-            })
-            .collect()
     }
 
     /// Records step `cx.si` into `builder`.
