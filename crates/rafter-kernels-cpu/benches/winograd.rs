@@ -7,8 +7,7 @@
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    conv3x3, sgemm, BRef, Conv3x3, Epilogue, MatMut, MatRef, Parallel, WinogradScratch,
-    WinogradWeights, WorkerPool,
+    conv3x3, sgemm, BRef, Conv3x3, Epilogue, MatMut, MatRef, Parallel, WinogradWeights, WorkerPool,
 };
 
 fn data(n: usize) -> Vec<f32> {
@@ -72,7 +71,6 @@ fn main() {
         let ww = WinogradWeights::new(&w, c, c).unwrap();
         let mut out = vec![0f32; c * hw * hw];
         let mut cols = vec![0f32; c * 9 * hw * hw];
-        let mut scratch = WinogradScratch::default();
         let conv = Conv3x3 {
             input: &x,
             h: hw,
@@ -85,7 +83,7 @@ fn main() {
         let (mut wino, mut gemm) = (Vec::new(), Vec::new());
         for _ in 0..3 {
             wino.push(median_ms(
-                || conv3x3(&conv, &ww, &mut out, &mut scratch, &pool).unwrap(),
+                || conv3x3(&conv, &ww, &mut out, &pool).unwrap(),
                 15,
             ));
             gemm.push(median_ms(

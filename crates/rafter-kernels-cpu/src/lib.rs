@@ -69,7 +69,7 @@ pub use packed::{
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
-pub use winograd::{conv3x3, Conv3x3, WinogradScratch, WinogradWeights};
+pub use winograd::{conv3x3, Conv3x3, WinogradWeights};
 
 pub use activation::{
     activation_in_place, activation_in_place_with_isa, gelu_erf, gelu_tanh, sigmoid_in_place, silu,

@@ -70,6 +70,9 @@ pub(crate) trait Simd: Copy + Send + Sync {
     /// The even and the odd elements of the `2 * LANES` elements `a` then `b`: the two
     /// halves of a stride-2 access (convolution and pooling with stride 2).
     fn deinterleave(self, a: Self::V, b: Self::V) -> (Self::V, Self::V);
+    /// `a` and `b` interleaved, `a0 b0 a1 b1 ...`, as two vectors: the inverse of
+    /// [`Simd::deinterleave`] (stride-2 stores: Winograd's 2-wide output tiles).
+    fn interleave(self, a: Self::V, b: Self::V) -> (Self::V, Self::V);
 
     /// `(sum x, sum (x - shift)^2)` accumulated in f64 (for normalisation statistics:
     /// exact enough that a row's mean and variance round like the reference's f64 ones).
@@ -223,6 +226,10 @@ impl Simd for Scalar {
     }
     #[inline(always)]
     fn deinterleave(self, a: f32, b: f32) -> (f32, f32) {
+        (a, b)
+    }
+    #[inline(always)]
+    fn interleave(self, a: f32, b: f32) -> (f32, f32) {
         (a, b)
     }
     #[inline(always)]
@@ -396,6 +403,19 @@ mod x86 {
                 (
                     _mm512_permutex2var_ps(a, even, b),
                     _mm512_permutex2var_ps(a, odd, b),
+                )
+            }
+        }
+        #[inline(always)]
+        fn interleave(self, a: __m512, b: __m512) -> (__m512, __m512) {
+            unsafe {
+                // Index i < 16 picks a[i], 16 + i picks b[i].
+                let lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+                let hi =
+                    _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+                (
+                    _mm512_permutex2var_ps(a, lo, b),
+                    _mm512_permutex2var_ps(a, hi, b),
                 )
             }
         }
@@ -613,6 +633,19 @@ mod x86 {
                 (
                     _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(e))),
                     _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(o))),
+                )
+            }
+        }
+        #[inline(always)]
+        fn interleave(self, a: __m256, b: __m256) -> (__m256, __m256) {
+            unsafe {
+                // Per 128-bit lane: [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7],
+                // then the low lanes together and the high lanes together.
+                let l = _mm256_unpacklo_ps(a, b);
+                let h = _mm256_unpackhi_ps(a, b);
+                (
+                    _mm256_permute2f128_ps::<0x20>(l, h),
+                    _mm256_permute2f128_ps::<0x31>(l, h),
                 )
             }
         }
@@ -897,6 +930,43 @@ pub(crate) mod tests {
         (0..n)
             .map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32)
             .collect()
+    }
+
+    /// `interleave` then `deinterleave` on `isa`: the interleaved halves and the round trip.
+    fn interleave_on(isa: Isa, a: &[f32], b: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        #[inline(always)]
+        fn go<S: Simd>(s: S, a: &[f32], b: &[f32], out: &mut [f32], back: &mut [f32]) {
+            let l = S::LANES;
+            let (lo, hi) = s.interleave(s.load(a), s.load(b));
+            s.store(&mut out[..l], lo);
+            s.store(&mut out[l..], hi);
+            let (e, o) = s.deinterleave(lo, hi);
+            s.store(&mut back[..l], e);
+            s.store(&mut back[l..], o);
+        }
+        simd_dispatch!(fn run(a: &[f32], b: &[f32], out: &mut [f32], back: &mut [f32]) => go);
+        let l = match isa {
+            Isa::Avx512 => 16,
+            Isa::Avx2 => 8,
+            _ => 1,
+        };
+        let (mut out, mut back) = (vec![0.0; 2 * l], vec![0.0; 2 * l]);
+        run(isa, &a[..l], &b[..l], &mut out, &mut back);
+        let want: Vec<f32> = (0..l).flat_map(|i| [a[i], b[i]]).collect();
+        (out, want, back)
+    }
+
+    #[test]
+    fn interleave_is_the_inverse_of_deinterleave() {
+        let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..16).map(|i| 100.0 + i as f32).collect();
+        for isa in isas() {
+            let (out, want, back) = interleave_on(isa, &a, &b);
+            assert_eq!(out, want, "{isa:?}");
+            let l = out.len() / 2;
+            assert_eq!(back[..l], a[..l], "{isa:?}");
+            assert_eq!(back[l..], b[..l], "{isa:?}");
+        }
     }
 
     #[test]

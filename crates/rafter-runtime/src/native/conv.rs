@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
     conv3x3, copy_strided, depthwise3x3, sgemm, Activation, BRef, Conv3x3, Depthwise3x3, Epilogue,
-    MatMut, MatRef, Parallel, Residual, WinogradScratch, WinogradWeights, WorkerPool,
+    MatMut, MatRef, Parallel, Residual, WinogradWeights, WorkerPool,
 };
 
 use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
@@ -42,8 +42,12 @@ struct ConvKernel {
     winograd: Mutex<Option<(usize, Arc<WinogradWeights>)>>,
 }
 
-/// Outputs smaller than this (ResNet's 7×7 maps) run as im2col + GEMM: there the 16 small
-/// GEMMs of Winograd gained nothing (benches/winograd.rs in rafter-kernels-cpu).
+/// Outputs smaller than this (ResNet-50's 7×7 maps) run as im2col + GEMM. There the
+/// weights, not the multiply-adds, bound the time: 49 outputs per filter, and Winograd's
+/// filters are 16/9 the bytes (16.8 MB against 9.4 MB for 512 channels). With weights hot
+/// in cache Winograd wins (0.82 against 1.59 ms, `cargo bench -p rafter-kernels-cpu --bench
+/// winograd`), but inside ResNet-50 it gained ~7% on those layers for +34 MB of peak RSS
+/// (`rafter bench resnet50.onnx --trace`, both builds alternated, three rounds).
 pub(super) const WINOGRAD_MIN_PIXELS: usize = 100;
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
@@ -176,8 +180,6 @@ pub(super) fn valid_range(off: isize, s: usize, w: usize, ow: usize) -> (usize, 
 thread_local! {
     /// im2col scratch, reused across dispatches on this thread.
     static COLS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// Winograd scratch, likewise.
-    static WINOGRAD: RefCell<WinogradScratch> = RefCell::new(WinogradScratch::default());
 }
 
 fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
@@ -352,28 +354,20 @@ impl ConvKernel {
             ow + 2 - wd - geo.pb[1],
         ];
         let (in_len, out_len) = (c * h * wd, m * oh * ow);
-        let mut run = |scratch: &mut WinogradScratch| -> Result<(), String> {
-            for img in 0..n {
-                let yi = &mut y[img * out_len..][..out_len];
-                let conv = Conv3x3 {
-                    input: &xs[img * in_len..][..in_len],
-                    h,
-                    w: wd,
-                    pads,
-                    bias: r.bias,
-                    residual: r.residual.map(|res| &res[img * out_len..][..out_len]),
-                    relu: r.act == Activation::Relu,
-                };
-                conv3x3(&conv, &filters, yi, scratch, &*self.par)
-                    .map_err(|e| format!("conv: {e}"))?;
-                r.post(yi);
-            }
-            Ok(())
-        };
-        WINOGRAD.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut s) => run(&mut s),
-            Err(_) => run(&mut WinogradScratch::default()),
-        })?;
+        for img in 0..n {
+            let yi = &mut y[img * out_len..][..out_len];
+            let conv = Conv3x3 {
+                input: &xs[img * in_len..][..in_len],
+                h,
+                w: wd,
+                pads,
+                bias: r.bias,
+                residual: r.residual.map(|res| &res[img * out_len..][..out_len]),
+                relu: r.act == Activation::Relu,
+            };
+            conv3x3(&conv, &filters, yi, &*self.par).map_err(|e| format!("conv: {e}"))?;
+            r.post(yi);
+        }
         Ok(true)
     }
 }
