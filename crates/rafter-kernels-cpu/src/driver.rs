@@ -12,6 +12,15 @@ use crate::{BRef, Epilogue, MatMut, MatRef, Parallel};
 /// which made MobileNetV2's many small 1x1 convolutions slower on two threads than on one.)
 const MIN_PARALLEL_FMAS: usize = 1 << 22;
 
+/// Pre-packed B (weights) of at least this many floats is streamed by several threads
+/// even below [`MIN_PARALLEL_FMAS`]: a product with few rows (a classifier's single row,
+/// a decoder's token) does ~1 multiply-add per weight it reads from memory, so one thread
+/// is bound by its own memory bandwidth, not by the FMAs. 64K floats (256 KiB) take about
+/// 20 us to stream on one thread, well above a pool wake-up. Measured (`rafter bench
+/// --trace`, 2 threads): MobileNetV2's classifier 222-335 -> 138-158 us, ResNet-50's
+/// 571-577 -> 284-326 us.
+const MIN_PARALLEL_B_FLOATS: usize = 1 << 16;
+
 /// Fixed cost of one task (taking it, waking a thread, cold caches), in FMAs' time.
 const TASK_COST: usize = 1 << 15;
 
@@ -134,7 +143,8 @@ fn split(
     packs_b: bool,
 ) -> (usize, usize) {
     let (mt, nt) = (m.div_ceil(bl.mr), n.div_ceil(bl.nr));
-    if threads <= 1 || m * n * k.max(1) < MIN_PARALLEL_FMAS {
+    let streams_weights = !packs_b && k * n >= MIN_PARALLEL_B_FLOATS;
+    if threads <= 1 || (m * n * k.max(1) < MIN_PARALLEL_FMAS && !streams_weights) {
         return (1, 1);
     }
     let best_for = |tasks: usize| -> Option<(usize, (usize, usize))> {
@@ -353,5 +363,26 @@ fn macro_kernel(
             // alone writes that region of C; the ISA was checked available.
             unsafe { ctx.isa.tile(&t, !ctx.direct_a) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_single_row_against_large_packed_weights_is_split_over_the_threads() {
+        let bl = Isa::Scalar.blocking();
+        // A classifier: 1 × 1280 times pre-packed 1280 × 1000 weights (1.28M FMAs, below
+        // MIN_PARALLEL_FMAS, but 5 MB of weights to stream).
+        let (tm, tn) = split(1, 1000, 1280, &bl, 2, false, false);
+        assert_eq!(tm, 1);
+        assert!(tn >= 2, "{tn} column tasks");
+        // The same product with B packed per call stays on one thread (B was just written,
+        // it is in cache), as does one with small weights.
+        assert_eq!(split(1, 1000, 1280, &bl, 2, false, true), (1, 1));
+        assert_eq!(split(1, 64, 64, &bl, 2, false, false), (1, 1));
+        // One thread never splits.
+        assert_eq!(split(1, 1000, 1280, &bl, 1, false, false), (1, 1));
     }
 }
