@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 
 use crate::common::{check_isa, check_len, par_blocks, Disjoint, KernelError};
-use crate::simd::Simd;
+use crate::simd::{copy, Simd};
 use crate::{Isa, Parallel};
 
 thread_local! {
@@ -233,7 +233,7 @@ fn dw_plane<S: Simd>(
         for pr in pt.min(r1)..r1 {
             let src = &x[(pr - pt) * w..][..k1 - pl];
             let at = geo.row_at(pr) + pl;
-            plane[at..at + k1 - pl].copy_from_slice(src);
+            copy(s, src, &mut plane[at..at + k1 - pl]);
         }
     }
     let wk = &c.weights[ch * 9..ch * 9 + 9];

@@ -32,7 +32,7 @@ use crate::buffer::Aligned;
 use crate::common::Disjoint;
 use crate::kernel::PANEL;
 use crate::parallel::{Parallel, Sequential};
-use crate::simd::Simd;
+use crate::simd::{copy, Simd};
 use crate::{sgemm, BRef, Epilogue, Isa, MatMut, MatRef, PackedBRef};
 
 /// Positions of a transformed 4×4 tile.
@@ -397,7 +397,7 @@ fn transform_input<S: Simd>(
         // Copied whole before any row is read back, so the reads below do not wait on
         // just-issued stores.
         for &(rr, y) in &input_rows {
-            region[rr * rw + pl..][..w].copy_from_slice(&plane[y * w..][..w]);
+            copy(s, &plane[y * w..][..w], &mut region[rr * rw + pl..][..w]);
         }
         for ty in task.ty.0..task.ty.1 {
             let l0 = (ty - task.ty.0) * tw;
@@ -431,7 +431,7 @@ fn transform_input<S: Simd>(
             for q in 0..panels {
                 let at = ((xi * panels + q) * cin + ci) * PANEL;
                 let src = &vals[xi * stride + q * PANEL..][..PANEL];
-                v[at..at + PANEL].copy_from_slice(src);
+                copy(s, src, &mut v[at..at + PANEL]);
             }
         }
     }
