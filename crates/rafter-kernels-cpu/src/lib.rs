@@ -60,6 +60,7 @@ mod norm;
 mod pool;
 mod softmax;
 mod spatial;
+mod stem;
 pub mod tile;
 mod winograd;
 
@@ -69,6 +70,7 @@ pub use packed::{
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
+pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
 pub use winograd::{conv3x3, Conv3x3, WinogradWeights};
 
 pub use activation::{

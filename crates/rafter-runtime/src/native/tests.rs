@@ -260,7 +260,10 @@ fn convolutions_match_the_reference() {
         ([1, 4, 12, 12], 4, [3, 3], [1, 2], [2, 2, 2, 2], [2, 2], 2),
         ([1, 8, 6, 5], 16, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
         ([1, 8, 7, 7], 4, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1], 1),
+        // Few input channels and a large window: the direct stem kernel (stride 2 and, with
+        // a batch, stride 1).
         ([1, 3, 15, 15], 8, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1),
+        ([2, 3, 17, 16], 10, [5, 5], [1, 1], [2, 1, 2, 3], [1, 1], 1),
         // 3x3 stride 1 with >= WINOGRAD_MIN_PIXELS outputs: Winograd F(2x2, 3x3), with a
         // batch, odd sizes and uneven padding (partial tiles).
         ([2, 5, 12, 11], 6, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
