@@ -7,10 +7,12 @@ use crate::pack::{pack_a, pack_b};
 use crate::{BRef, Epilogue, MatMut, MatRef, Parallel};
 
 /// Below this many multiply-adds a GEMM runs on the calling thread: waking threads would
-/// cost more than it saves. (4M FMAs is ~40 us on one AVX-512 core; spawning and joining a
-/// scoped thread costs tens of microseconds, and far more when the machine is oversubscribed,
-/// which made MobileNetV2's many small 1x1 convolutions slower on two threads than on one.)
-const MIN_PARALLEL_FMAS: usize = 1 << 22;
+/// cost more than it saves. (1M FMAs is ~10 us on one AVX-512 core; the persistent pool's
+/// workers spin between back-to-back kernels, so handing them tasks costs a few
+/// microseconds. At 4M, MobileNetV2's 144 → 32 projection on 28×28 (3.6M FMAs) ran on one
+/// thread: 93 → 47 us a call on two, minimum of 6 alternated rounds of `rafter bench
+/// --trace`.)
+const MIN_PARALLEL_FMAS: usize = 1 << 20;
 
 /// Pre-packed B (weights) of at least this many floats is streamed by several threads
 /// even below [`MIN_PARALLEL_FMAS`]: a product with few rows (a classifier's single row,
@@ -373,16 +375,16 @@ mod tests {
     #[test]
     fn a_single_row_against_large_packed_weights_is_split_over_the_threads() {
         let bl = Isa::Scalar.blocking();
-        // A classifier: 1 × 1280 times pre-packed 1280 × 1000 weights (1.28M FMAs, below
-        // MIN_PARALLEL_FMAS, but 5 MB of weights to stream).
-        let (tm, tn) = split(1, 1000, 1280, &bl, 2, false, false);
+        // A classifier: 1 × 1280 times pre-packed 1280 × 500 weights (640K FMAs, below
+        // MIN_PARALLEL_FMAS, but 2.5 MB of weights to stream).
+        let (tm, tn) = split(1, 500, 1280, &bl, 2, false, false);
         assert_eq!(tm, 1);
         assert!(tn >= 2, "{tn} column tasks");
-        // The same product with B packed per call stays on one thread (B was just written,
-        // it is in cache), as does one with small weights.
-        assert_eq!(split(1, 1000, 1280, &bl, 2, false, true), (1, 1));
+        // A product below MIN_PARALLEL_FMAS with B packed per call stays on one thread (B
+        // was just written, it is in cache), as does one with small weights.
+        assert_eq!(split(1, 500, 1280, &bl, 2, false, true), (1, 1));
         assert_eq!(split(1, 64, 64, &bl, 2, false, false), (1, 1));
         // One thread never splits.
-        assert_eq!(split(1, 1000, 1280, &bl, 1, false, false), (1, 1));
+        assert_eq!(split(1, 500, 1280, &bl, 1, false, false), (1, 1));
     }
 }
