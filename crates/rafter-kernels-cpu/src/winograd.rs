@@ -144,8 +144,7 @@ thread_local! {
 
 /// How a convolution's work is cut into tasks: blocks of whole tile rows (so a task writes
 /// whole output rows), times ranges of output channels when there are too few blocks to
-/// keep every thread busy (each such task transforms its block's input again, which costs
-/// about 1/Cout of its multiply-adds).
+/// keep every thread busy (each such task transforms its block's input again).
 #[derive(Clone, Copy, Debug)]
 struct Split {
     /// Tile rows per block.
@@ -160,9 +159,12 @@ impl Split {
         let rows = (BLOCK_TILES / tw).clamp(1, th);
         let blocks = th.div_ceil(rows);
         let mut parts = 1;
-        // Two tasks per thread balance a preempted thread; output ranges stay at least 32
-        // channels (several 12-row micro-tiles each).
-        while blocks * parts < 2 * threads && cout / (2 * parts) >= 32 {
+        // One task per thread at least, output ranges of at least 32 channels (several
+        // 12-row micro-tiles each). Not two per thread: every part transforms the whole
+        // block's input again, and 256 channels at 14×14 took 1.03–1.15 ms in four parts
+        // against 0.61–0.62 in two (`cargo bench -p rafter-kernels-cpu --bench winograd`,
+        // 2 threads, alternated builds).
+        while blocks * parts < threads && cout / (2 * parts) >= 32 {
             parts *= 2;
         }
         Split {
