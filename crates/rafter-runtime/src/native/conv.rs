@@ -12,7 +12,10 @@
 //! - 3×3 stride-1 ungrouped convolutions of a weight, whose outputs have at least
 //!   [`WINOGRAD_MIN_PIXELS`] pixels: Winograd F(2×2, 3×3) (`rafter_kernels_cpu::conv3x3`),
 //!   2.25× fewer multiply-adds, its transformed filter computed on the first call and kept
-//!   by the kernel (16/9 of the filter's bytes).
+//!   by the kernel (16/9 of the filter's bytes);
+//! - stems (at most [`STEM_MAX_CIN`] input channels, windows of [`STEM_MIN_TAPS`]+ taps):
+//!   no GEMM, `rafter_kernels_cpu::stem_conv` reads every tap from the input split once into
+//!   zero-padded stride phases.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
