@@ -697,6 +697,10 @@ macro_rules! simd_dispatch {
     };
 }
 
+/// The most lanes of any [`Simd`] (AVX-512's 16): what kernels size their scratch's slack
+/// and row padding for, so one layout serves every ISA.
+pub(crate) const MAX_LANES: usize = 16;
+
 /// `dst.copy_from_slice(src)` by vectors, inline: a kernel copying many short rows
 /// (padded planes, panels) would otherwise pay a `memcpy` call per row. MobileNetV2's 7×7
 /// depthwise layers (960 planes): 49–57 → 44–50 µs a call (`rafter bench --trace`, three

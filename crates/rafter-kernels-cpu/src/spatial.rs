@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 
 use crate::common::{check_isa, check_len, par_blocks, Disjoint, KernelError};
-use crate::simd::{copy, Simd};
+use crate::simd::{copy, Simd, MAX_LANES};
 use crate::{Isa, Parallel};
 
 thread_local! {
@@ -109,7 +109,7 @@ pub fn depthwise3x3_with_isa(
         check_len("depthwise residual", r.len(), out.len())?;
     }
     let y = Disjoint::new(out);
-    let geo = DwGeometry::new(c, S_LANES_MAX);
+    let geo = DwGeometry::new(c, MAX_LANES);
     // A plane's work is 9 FMAs per output, about as long as 4 elements of an elementwise op.
     par_blocks(par, planes, 4 * p, &|r| {
         with_scratch(|scratch| {
@@ -126,9 +126,6 @@ pub fn depthwise3x3_with_isa(
     });
     Ok(())
 }
-
-/// The most lanes of any [`Simd`] (AVX-512's 16): the scratch's slack is sized for it.
-const S_LANES_MAX: usize = 16;
 
 /// Where a depthwise plane lives in the scratch: the zero-padded input plane as a flat
 /// array of rows of `rw` floats, then the flat results.
@@ -248,7 +245,8 @@ fn dw_plane<S: Simd>(
         s.splat(wk[7]),
         s.splat(wk[8]),
     ];
-    let tail = Tail::new(s, c, ch);
+    let bias = c.bias.map_or(0.0, |b| b[ch]);
+    let tail = Tail::new(s, bias, c.alpha, c.res_before, c.relu, c.clamp);
     let res = c.residual.map(|r| &r[pi * oh * ow..(pi + 1) * oh * ow]);
     if ow >= DW_ROWWISE_MIN_WIDTH {
         // Wide rows: per output row, the tail applied as each vector is computed.
@@ -316,53 +314,66 @@ fn dw_taps<S: Simd>(s: S, plane: &[f32], geo: &DwGeometry, wv: &[S::V; 9], q: us
     acc
 }
 
-/// A depthwise plane's tail, `clamp(act(alpha * conv + bias (+ residual)) (+ residual))`,
-/// with its constants splatted once per plane.
-struct Tail<'c, S: Simd> {
-    c: &'c Depthwise3x3<'c>,
+/// A direct convolution's tail per output channel, `clamp(act(alpha * conv + bias (+
+/// residual)) (+ residual))`, with its constants splatted once per channel: shared by the
+/// depthwise and the stem kernels.
+pub(crate) struct Tail<S: Simd> {
     bias: S::V,
     alpha: S::V,
     zero: S::V,
     lo: S::V,
     hi: S::V,
+    res_before: bool,
+    relu: bool,
+    clamp: bool,
 }
 
-impl<'c, S: Simd> Tail<'c, S> {
+impl<S: Simd> Tail<S> {
     #[inline(always)]
-    fn new(s: S, c: &'c Depthwise3x3<'c>, ch: usize) -> Self {
-        let (lo, hi) = c.clamp.unwrap_or((0.0, 0.0));
+    pub(crate) fn new(
+        s: S,
+        bias: f32,
+        alpha: f32,
+        res_before: bool,
+        relu: bool,
+        clamp: Option<(f32, f32)>,
+    ) -> Self {
+        let (lo, hi) = clamp.unwrap_or((0.0, 0.0));
         Tail {
-            c,
-            bias: s.splat(c.bias.map_or(0.0, |b| b[ch])),
-            alpha: s.splat(c.alpha),
+            bias: s.splat(bias),
+            alpha: s.splat(alpha),
             zero: s.splat(0.0),
             lo: s.splat(lo),
             hi: s.splat(hi),
+            res_before,
+            relu,
+            clamp: clamp.is_some(),
         }
     }
 
-    /// The tail of `acc`, stored at `orow[x0..]` (masked past the row's end).
+    /// The tail of `acc`, stored at `orow[x0..]` (masked past the row's end), with the
+    /// residual row's matching elements.
     #[inline(always)]
-    fn store(&self, s: S, acc: S::V, rrow: Option<&[f32]>, orow: &mut [f32], x0: usize) {
+    pub(crate) fn store(&self, s: S, acc: S::V, rrow: Option<&[f32]>, orow: &mut [f32], x0: usize) {
         let full = x0 + S::LANES <= orow.len();
         let mut v = s.fma(acc, self.alpha, self.bias);
-        let rv = rrow.map(|r| {
-            if full {
-                s.load(&r[x0..])
-            } else {
-                s.load_partial(&r[x0..], 0.0)
-            }
-        });
-        if let (Some(rv), true) = (rv, self.c.res_before) {
+        // (A match, not `Option::map` with a closure: a closure is compiled without the
+        // caller's target features, and its load would become a call.)
+        let rv = match rrow {
+            Some(r) if full => Some(s.load(&r[x0..])),
+            Some(r) => Some(s.load_partial(&r[x0..], 0.0)),
+            None => None,
+        };
+        if let (Some(rv), true) = (rv, self.res_before) {
             v = s.add(v, rv);
         }
-        if self.c.relu {
+        if self.relu {
             v = s.max(v, self.zero);
         }
-        if let (Some(rv), false) = (rv, self.c.res_before) {
+        if let (Some(rv), false) = (rv, self.res_before) {
             v = s.add(v, rv);
         }
-        if self.c.clamp.is_some() {
+        if self.clamp {
             v = s.min(s.max(v, self.lo), self.hi);
         }
         if full {
@@ -580,7 +591,7 @@ fn copy_stride2<S: Simd>(s: S, src: &[f32], dst: &mut [f32]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::simd::tests::isas;
     use crate::{ScopedThreads, Sequential};
@@ -599,7 +610,7 @@ mod tests {
             .collect()
     }
 
-    fn out_size(n: usize, pb: usize, pe: usize, k: usize, s: usize) -> usize {
+    pub(crate) fn out_size(n: usize, pb: usize, pe: usize, k: usize, s: usize) -> usize {
         (n + pb + pe - k) / s + 1
     }
 

@@ -12,7 +12,8 @@
 //! `x + kj / s` of row `o·s + ki` of phase `kj % s` of channel `ci`.
 
 use crate::common::{check_isa, check_len, Disjoint, KernelError};
-use crate::simd::{copy, Simd};
+use crate::simd::{copy, Simd, MAX_LANES};
+use crate::spatial::Tail;
 use crate::{Isa, Parallel};
 
 /// Output channels computed together: each tap's input vectors are loaded once for all of
@@ -134,9 +135,10 @@ pub fn stem_conv_with_isa(
 fn phases(isa: Isa, c: &StemConv<'_>, par: &dyn Parallel) -> Phases {
     let (s, [kh, kw], [oh, ow]) = (c.stride, c.kernel, c.out);
     let rows = (oh - 1) * s + kh;
-    // Output vectors reach column ow rounded up to X_VECS vectors of the widest ISA (16);
-    // a multiple of 16 itself, so the phase rows split by whole vectors.
-    let width = (ow.div_ceil(16 * X_VECS) * 16 * X_VECS + (kw - 1) / s + 1).div_ceil(16) * 16;
+    // Output vectors reach column ow rounded up to X_VECS vectors of the widest ISA; a
+    // multiple of its lanes itself, so the phase rows split by whole vectors.
+    let v = MAX_LANES * X_VECS;
+    let width = (ow.div_ceil(v) * v + (kw - 1) / s + 1).div_ceil(MAX_LANES) * MAX_LANES;
     let mut ph = Phases {
         rows,
         width,
@@ -239,8 +241,6 @@ fn stem_rows<S: Simd>(
     }
     let data = &ph.data[..];
     let zero = s.splat(0.0);
-    let (lo, hi) = c.clamp.unwrap_or((0.0, 0.0));
-    let (lo, hi) = (s.splat(lo), s.splat(hi));
     for o in rows {
         let row_off = o * st * ph.width;
         for x0 in (0..ow).step_by(l * X_VECS) {
@@ -267,36 +267,14 @@ fn stem_rows<S: Simd>(
                 // disjoint (channel block, row band) pairs (`stem_conv_with_isa`).
                 let orow = unsafe { y.part(base..base + ow) };
                 let rrow = c.residual.map(|r| &r[base..base + ow]);
-                let bias = s.splat(c.bias.map_or(0.0, |b| b[co]));
+                let bias = c.bias.map_or(0.0, |b| b[co]);
+                let tail = Tail::new(s, bias, 1.0, c.res_before, c.relu, c.clamp);
                 for (v, &a) in acc_j.iter().enumerate() {
                     let x = x0 + v * l;
                     if x >= ow {
                         break;
                     }
-                    let full = x + l <= ow;
-                    let mut r = s.add(a, bias);
-                    let rv = match rrow {
-                        Some(rr) if full => Some(s.load(&rr[x..])),
-                        Some(rr) => Some(s.load_partial(&rr[x..], 0.0)),
-                        None => None,
-                    };
-                    if let (Some(rv), true) = (rv, c.res_before) {
-                        r = s.add(r, rv);
-                    }
-                    if c.relu {
-                        r = s.max(r, zero);
-                    }
-                    if let (Some(rv), false) = (rv, c.res_before) {
-                        r = s.add(r, rv);
-                    }
-                    if c.clamp.is_some() {
-                        r = s.min(s.max(r, lo), hi);
-                    }
-                    if full {
-                        s.store(&mut orow[x..], r);
-                    } else {
-                        s.store_partial(&mut orow[x..], r);
-                    }
+                    tail.store(s, a, rrow, orow, x);
                 }
             }
         }
@@ -307,23 +285,9 @@ fn stem_rows<S: Simd>(
 mod tests {
     use super::*;
     use crate::simd::tests::isas;
+    use crate::spatial::tests::out_size;
+    use crate::winograd::tests::data;
     use crate::ScopedThreads;
-
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
-
-    fn out_size(n: usize, pb: usize, pe: usize, k: usize, s: usize) -> usize {
-        (n + pb + pe - k) / s + 1
-    }
 
     #[test]
     fn stem_matches_direct_loops() {

@@ -533,11 +533,11 @@ fn grow(buf: &mut Aligned, len: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ScopedThreads;
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
+    pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
         (0..n)
             .map(|_| {
