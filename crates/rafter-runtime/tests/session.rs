@@ -322,11 +322,7 @@ fn planned_in_place_results_run_correctly() {
         }"#,
     )
     .unwrap();
-    let opts = rafter_opt::CompileOptions {
-        bounds: vec![(Symbol::new("n"), 8)],
-        ..Default::default()
-    };
-    let p = rafter_opt::compile(&g, &opts).unwrap();
+    let p = compile_up_to_8_rows(&g);
     let live = rafter_ir::arena::liveness(&p);
     let offset = |b: usize| match p.buffers[b].storage {
         Storage::Arena { offset, .. } => offset,
@@ -360,6 +356,16 @@ fn planned_in_place_results_run_correctly() {
         assert_eq!(session.run(vec![x8.clone()], LONG).is_ok(), fits, "{limit}");
     }
     matches_reference_up_to_8_rows(&Session::new(p, &cpu(2)).unwrap(), &g);
+}
+
+/// `g` compiled with its row count `n` bounded by 8 (what [`matches_reference_up_to_8_rows`]
+/// runs).
+fn compile_up_to_8_rows(g: &rafter_ir::Graph) -> Program {
+    let opts = rafter_opt::CompileOptions {
+        bounds: vec![(Symbol::new("n"), 8)],
+        ..Default::default()
+    };
+    rafter_opt::compile(g, &opts).unwrap()
 }
 
 /// Runs `session` (compiled from `g`, input `f32[n, 8]`) at n = 1, 5 and 8 and compares
@@ -505,11 +511,7 @@ fn placed_reshapes_are_not_dispatched() {
         }"#,
     )
     .unwrap();
-    let opts = rafter_opt::CompileOptions {
-        bounds: vec![(Symbol::new("n"), 8)],
-        ..Default::default()
-    };
-    let p = rafter_opt::compile(&g, &opts).unwrap();
+    let p = compile_up_to_8_rows(&g);
     let text =
         rafter_ir::program_text::print_program(&p, rafter_ir::program_text::WeightMode::Inline);
     let offset_of = |name: &str| {
