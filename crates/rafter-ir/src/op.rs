@@ -284,6 +284,14 @@ define_ops! {
         kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
         group: i64, auto_pad: AutoPad,
     },
+    /// Conv with channels last, the layout rafter's CPU convolution kernels read:
+    /// x [N, spatial..., C], w [kernel..., C/group, M], b? [M]; result [N, spatial..., M].
+    /// Attributes as `conv`. The compiler's layout pass (`rafter_opt::layout`) rewrites CPU
+    /// convolutions into it; importers never produce it.
+    ConvNhwc "conv_nhwc" {
+        kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
+        group: i64, auto_pad: AutoPad,
+    },
     /// Operands: x, w [C, M/group, kernel...], b?.
     ConvTranspose "conv_transpose" {
         kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,

@@ -106,6 +106,7 @@ impl KernelKind {
             MatMul
             | Gemm { .. }
             | Conv { .. }
+            | ConvNhwc { .. }
             | ConvTranspose { .. }
             | Einsum { .. }
             | MatMulInteger

@@ -57,6 +57,7 @@ mod simd;
 mod activation;
 mod common;
 mod norm;
+mod nhwc;
 mod pool;
 mod softmax;
 mod spatial;
@@ -70,6 +71,7 @@ pub use packed::{
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
+pub use nhwc::{depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, DepthwiseNhwc};
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
 pub use winograd::{conv3x3, Conv3x3, WinogradWeights};
 

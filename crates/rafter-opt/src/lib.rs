@@ -10,6 +10,8 @@
 //!   [`passes::cse`], [`passes::canonicalize`]), each type-preserving and verified;
 //! - [`fusion`]: groups ops into kernels (elementwise chains, contraction epilogues,
 //!   reduction prologues);
+//! - [`layout`]: CPU convolutions to channels-last (`conv_nhwc`), the layout flowing
+//!   through the elementwise ops between them ([`layout::channels_last`]);
 //! - [`lower()`]: partition + lowering to a [`Program`], without memory planning;
 //! - [`place`]: device placement for [`Target::Vulkan`] (GPU where the SPIR-V generator
 //!   supports a kernel, CPU fallback, copies at device changes), then
@@ -23,6 +25,7 @@
 
 mod error;
 pub mod fusion;
+pub mod layout;
 pub mod lower;
 pub mod memplan;
 pub mod passes;
@@ -134,6 +137,12 @@ pub fn compile_observed(
     observe(Stage::Optimize);
     let mut g = graph.clone();
     optimize(&mut g)?;
+    if opts.target == Target::Cpu && layout::channels_last(&mut g) {
+        rafter_ir::verify(&g).map_err(|source| CompileError::Verify {
+            pass: "channels_last",
+            source,
+        })?;
+    }
     observe(Stage::Lower);
     let mut program = lower(
         &g,

@@ -23,7 +23,9 @@
 //!
 //! A weight is packed only when every read of it is such a B operand: the step is a
 //! dispatch of a `cpu` kernel (dispatched by that one step) whose first node is a 2-D
-//! `matmul` or a `gemm`, the weight is its B and nothing else in the body reads that operand.
+//! `matmul`, a `gemm` or an ungrouped `conv_nhwc` (whose `[kh, kw, C, M]` weight is the B
+//! `[kh·kw·C, M]`; its prologue ends with a `reshape` back to 4-D), the weight is its B and
+//! nothing else in the body reads that operand.
 //! Any other reader (a copy, a Vulkan replica, a gather of tied embeddings, an A operand)
 //! keeps the weight raw. [`crate::compile`] runs this for the CPU target only: for
 //! `--target vulkan`, `rafter plan` explains why a kernel stayed on the CPU from its body,
@@ -61,7 +63,12 @@ pub fn prepack_weights(p: &mut Program) -> usize {
             continue;
         };
         let raw = &p.weights[w];
-        let (rows, cols) = (raw.dims[0], raw.dims[1]);
+        // A conv_nhwc weight [kh, kw, C, M] is the row-major B [kh·kw·C, M].
+        let dims = raw.dims.clone();
+        let (rows, cols) = match dims.as_slice() {
+            &[kh, kw, c, m] => (kh * kw * c, m),
+            d => (d[0], d[1]),
+        };
         let (k, n) = if trans { (cols, rows) } else { (rows, cols) };
         let values: Vec<f32> = raw
             .bytes
@@ -94,7 +101,7 @@ pub fn prepack_weights(p: &mut Program) -> usize {
         }
         for u in uses {
             let body = &p.kernels[u.kernel].body;
-            p.kernels[u.kernel].body = with_unpacking(body, u.input, &ty, k, n);
+            p.kernels[u.kernel].body = with_unpacking(body, u.input, &ty, k, n, &dims);
         }
         packed += 1;
     }
@@ -105,7 +112,7 @@ pub fn prepack_weights(p: &mut Program) -> usize {
 /// `trans_b`), when every read of `w` is one; `None` otherwise.
 fn packed_uses(p: &Program, w: usize, dispatches: &[usize]) -> Option<(Vec<Use>, bool)> {
     let raw = &p.weights[w];
-    if raw.dtype != DType::F32 || raw.dims.len() != 2 || raw.dims.contains(&0) {
+    if raw.dtype != DType::F32 || !matches!(raw.dims.len(), 2 | 4) || raw.dims.contains(&0) {
         return None;
     }
     let mut uses = Vec::new();
@@ -121,7 +128,7 @@ fn packed_uses(p: &Program, w: usize, dispatches: &[usize]) -> Option<(Vec<Use>,
         match positions.as_slice() {
             [] => continue,
             [i] => {
-                let t = b_operand(p, kernel, *i)?;
+                let t = b_operand(p, kernel, *i, raw.dims.len())?;
                 if dispatches[kernel] != 1 || *trans.get_or_insert(t) != t {
                     return None;
                 }
@@ -134,8 +141,9 @@ fn packed_uses(p: &Program, w: usize, dispatches: &[usize]) -> Option<(Vec<Use>,
 }
 
 /// `Some(trans_b)` when body input `i` of CPU kernel `k` is only the B operand of the
-/// body's first node, a 2-D f32 `matmul` or a `gemm`.
-fn b_operand(p: &Program, k: usize, i: usize) -> Option<bool> {
+/// body's first node: a 2-D f32 `matmul` or a `gemm` (`rank` 2), or an ungrouped
+/// `conv_nhwc`, whose `[kh, kw, C, M]` weight is the B `[kh·kw·C, M]` (`rank` 4).
+fn b_operand(p: &Program, k: usize, i: usize, rank: usize) -> Option<bool> {
     let kernel = &p.kernels[k];
     if kernel.device != CPU {
         return None;
@@ -156,16 +164,25 @@ fn b_operand(p: &Program, k: usize, i: usize) -> Option<bool> {
     if reads != 1 || body.outputs.contains(&v) {
         return None;
     }
-    match &first.op {
-        Op::MatMul if first.inputs.len() == 2 => Some(false),
-        Op::Gemm { trans_b, .. } => Some(*trans_b),
+    match (&first.op, rank) {
+        (Op::MatMul, 2) if first.inputs.len() == 2 => Some(false),
+        (Op::Gemm { trans_b, .. }, 2) => Some(*trans_b),
+        (Op::ConvNhwc { group: 1, .. }, 4) => Some(false),
         _ => None,
     }
 }
 
 /// `body` with input `b` of type `packed` (`[ceil(n/16), k, 16]`) unpacked to `[k, n]` by a
-/// prologue before the first node, which reads the unpacked value (untransposed).
-fn with_unpacking(body: &Graph, b: usize, packed: &TensorType, k: usize, n: usize) -> Graph {
+/// prologue before the first node, which reads the unpacked value (untransposed), reshaped
+/// back to the weight's own `dims` when they are a conv's 4-D weight.
+fn with_unpacking(
+    body: &Graph,
+    b: usize,
+    packed: &TensorType,
+    k: usize,
+    n: usize,
+    dims: &[usize],
+) -> Graph {
     let mut g = Graph::new(body.name.clone());
     let mut map: Vec<Option<ValueId>> = vec![None; body.values.len()];
     let old_b = body.inputs[b];
@@ -229,6 +246,16 @@ fn with_unpacking(body: &Graph, b: usize, packed: &TensorType, k: usize, n: usiz
             Op::Slice,
             vec![unpacked, starts, ends, axes],
             vec![Some((format!("{name}.unpacked"), f32s(&[k, n])))],
+        )[0];
+    }
+    if dims.len() == 4 {
+        let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let shape = g.add_const(format!("{name}.weight_shape"), ConstData::from_i64s(&shape));
+        unpacked = g.add_node(
+            format!("{name}.unpack_weight"),
+            Op::Reshape { allow_zero: false },
+            vec![unpacked, Some(shape)],
+            vec![Some((format!("{name}.unpacked_weight"), f32s(dims)))],
         )[0];
     }
     map[old_b.0 as usize] = unpacked;

@@ -177,6 +177,24 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
             },
             None,
         ),
+        Op::ConvNhwc {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        } => nn::conv_nhwc(
+            cx,
+            &nn::ConvAttrs {
+                kernel_shape,
+                strides,
+                pads,
+                dilations,
+                group: *group,
+                auto_pad: *auto_pad,
+            },
+        ),
         Op::ConvInteger {
             kernel_shape,
             strides,

@@ -418,6 +418,44 @@ pub(super) fn conv(cx: &mut Cx<'_, '_, '_>, a: &ConvAttrs<'_>, dtype: Option<DTy
     Ok(vec![Res::new(dtype.unwrap_or(x.dtype), dims)])
 }
 
+/// ConvNhwc: x [N, s..., C], w [k..., C/group, M], b? [M]; result [N, o..., M].
+pub(super) fn conv_nhwc(cx: &mut Cx<'_, '_, '_>, a: &ConvAttrs<'_>) -> R {
+    cx.arity(2, 3)?;
+    let x = cx.ty(0)?;
+    let w = cx.ty(1)?;
+    let n = spatial_rank(x)?;
+    if w.rank() != x.rank() {
+        return Err(format!(
+            "weights have rank {}, x has rank {}",
+            w.rank(),
+            x.rank()
+        ));
+    }
+    if a.group <= 0 {
+        return Err(format!("group must be positive, got {}", a.group));
+    }
+    if let (Some(c), Some(wc)) = (x.dims[n + 1].as_known(), w.dims[n].as_known()) {
+        if wc.checked_mul(a.group) != Some(c) {
+            return Err(format!(
+                "x has {c} channels (last dim), weights expect {wc} x {} groups",
+                a.group
+            ));
+        }
+    }
+    if let Some(b) = cx.opt_ty(2) {
+        if b.rank() != 1 {
+            return Err(format!("bias must be 1-D, got {b}"));
+        }
+    }
+    let win = window(a, n, Some(&w.dims[..n]))?;
+    let mut dims = vec![x.dims[0].clone()];
+    for i in 0..n {
+        dims.push(window_out(cx, &win, i, &x.dims[1 + i], a.auto_pad, false)?);
+    }
+    dims.push(w.dims[n + 1].clone());
+    Ok(vec![Res::new(x.dtype, dims)])
+}
+
 /// ConvTranspose: x [N, C, s...], w [C, M/group, k...].
 pub(super) fn conv_transpose(
     cx: &mut Cx<'_, '_, '_>,

@@ -118,6 +118,7 @@ pub fn eval(
         MatMul
         | Gemm { .. }
         | Conv { .. }
+        | ConvNhwc { .. }
         | ConvTranspose { .. }
         | Einsum { .. }
         | MatMulInteger

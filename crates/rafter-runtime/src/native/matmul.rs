@@ -39,18 +39,18 @@ enum BSrc {
 
 /// The unpacking prologue of a pre-packed weight: `x [np, k, 16] → transpose [1, 0, 2] →
 /// reshape [k, 16·np] (→ slice 0..n on axis 1)`, its result read once, by the product.
-struct Prologue {
-    input: usize,
-    unpacked: ValueId,
-    k: usize,
-    n: usize,
+pub(super) struct Prologue {
+    pub(super) input: usize,
+    pub(super) unpacked: ValueId,
+    pub(super) k: usize,
+    pub(super) n: usize,
     /// Index of the first node after the prologue.
-    next: usize,
+    pub(super) next: usize,
 }
 
 /// The prologue at the start of `body`, if it is exactly the one `rafter_opt::prepack`
 /// writes (anything else, even if equivalent, is left to the generic paths).
-fn packed_prologue(body: &Graph) -> Option<Prologue> {
+pub(super) fn packed_prologue(body: &Graph) -> Option<Prologue> {
     let dims = |v: ValueId| -> Option<Vec<usize>> {
         body.value(v)
             .ty

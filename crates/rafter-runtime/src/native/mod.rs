@@ -29,6 +29,7 @@
 //! view), the dispatch falls back to the reference path, which takes one view at a time.
 
 mod conv;
+mod conv_nhwc;
 mod elementwise;
 mod epilogue;
 mod matmul;
@@ -138,6 +139,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     }
     matmul::select(body, par)
         .or_else(|| conv::select(body, par))
+        .or_else(|| conv_nhwc::select(body, par))
         .or_else(|| pool::select(body, par))
         .or_else(|| softmax::select(body, par))
         .or_else(|| movement::select(body))

@@ -3,6 +3,7 @@
 
 use super::matmul::as_i32;
 use super::{by_float, per_dim, positive, window_offsets, Real};
+use crate::ops::data::layout::transpose;
 use crate::ops::{arg, invalid, OpError};
 use crate::Tensor;
 use ndarray::linalg::general_mat_mul;
@@ -369,6 +370,24 @@ pub fn conv(inputs: &[Option<&Tensor>], p: &ConvParams) -> Result<Tensor, OpErro
         shape.extend(&g.out);
         Ok(T::wrap(ArrayD::from_shape_vec(IxDyn(&shape), out).expect("sizes"), dt))
     })
+}
+
+/// Conv with channels last (`conv_nhwc`): x [N, s..., C] and w [k..., C/group, M] are
+/// permuted to Conv's layouts, convolved, and the result permuted back to [N, o..., M]. The
+/// reference favours being evidently the same as `conv` over speed.
+pub fn conv_nhwc(inputs: &[Option<&Tensor>], p: &ConvParams) -> Result<Tensor, OpError> {
+    let (x, w) = (arg(inputs, 0)?, arg(inputs, 1)?);
+    check_ranks(x, w)?;
+    let r = x.shape().len() as i64;
+    // x: [N, s..., C] -> [N, C, s...]; w: [k..., I, M] -> [M, I, k...].
+    let x_perm: Vec<i64> = [0, r - 1].into_iter().chain(1..r - 1).collect();
+    let w_perm: Vec<i64> = [r - 1, r - 2].into_iter().chain(0..r - 2).collect();
+    let y_perm: Vec<i64> = [0].into_iter().chain(2..r).chain([1]).collect();
+    let xt = transpose(x, &x_perm)?;
+    let wt = transpose(w, &w_perm)?;
+    let mut args: Vec<Option<&Tensor>> = vec![Some(&xt), Some(&wt)];
+    args.extend(inputs.get(2).copied());
+    transpose(&conv(&args, p)?, &y_perm)
 }
 
 pub fn conv_transpose(

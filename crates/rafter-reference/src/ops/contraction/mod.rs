@@ -51,6 +51,24 @@ pub fn eval(
             };
             conv::conv(inputs, &p).map(one)
         }
+        ConvNhwc {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        } => {
+            let p = conv::ConvParams {
+                kernel_shape,
+                strides,
+                pads,
+                dilations,
+                group: *group,
+                auto_pad: *auto_pad,
+            };
+            conv::conv_nhwc(inputs, &p).map(one)
+        }
         ConvInteger {
             kernel_shape,
             strides,

@@ -6,7 +6,7 @@
 
 mod create;
 mod index;
-mod layout;
+pub(crate) mod layout;
 mod sort;
 
 use super::{invalid, OpCtx, OpError};

@@ -1,0 +1,502 @@
+//! Convolution helpers for channels-last (NHWC) activations.
+//!
+//! In NHWC a pixel's channels are contiguous, which is what these kernels exploit:
+//! - [`depthwise_nhwc`] vectorises over channels: an output vector of `LANES` channels is
+//!   `kh·kw` fused multiply-adds of input vectors by weight vectors (`[kh, kw, C]`, so a
+//!   tap's weights are contiguous too), with no per-plane padding, no row gathers and no
+//!   short-map special cases; the 3×3 taps of interior pixels are unrolled with their
+//!   weights held in registers;
+//! - [`im2col_nhwc`] builds a k×k (or strided) convolution's GEMM operand row by row: each
+//!   output pixel's row is `kh·kw` contiguous runs of `C` input values, so the copy is a
+//!   few long `memcpy`s per pixel instead of one gather per element. 1×1 stride-1
+//!   convolutions need no copy at all: the activations *are* the GEMM's row-major A.
+
+use std::ops::Range;
+
+use crate::common::{check_isa, check_len, par_blocks, Disjoint};
+use crate::simd::Simd;
+use crate::{Isa, KernelError, Parallel};
+
+/// A depthwise convolution (one filter per channel, no dilation) over NHWC activations,
+/// with its tail: per output element
+/// `clamp(act(alpha * conv + bias[c] (+ residual)) (+ residual))`.
+#[derive(Clone, Copy, Debug)]
+pub struct DepthwiseNhwc<'a> {
+    /// `n x h x w x channels`.
+    pub input: &'a [f32],
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Channels (one filter each).
+    pub channels: usize,
+    /// Window height and width.
+    pub kernel: [usize; 2],
+    /// Strides along height and width.
+    pub stride: [usize; 2],
+    /// Leading padding (top, left); trailing padding is whatever `out` implies (zeros).
+    pub pads: [usize; 2],
+    /// Output height and width.
+    pub out: [usize; 2],
+    /// `kh x kw x channels`.
+    pub weights: &'a [f32],
+    /// Scale of the convolution's result.
+    pub alpha: f32,
+    /// Per channel, added after the scale.
+    pub bias: Option<&'a [f32]>,
+    /// Of the output's shape.
+    pub residual: Option<&'a [f32]>,
+    /// The residual is added before the activation (else after it).
+    pub res_before: bool,
+    /// `max(x, 0)` as the activation (else none).
+    pub relu: bool,
+    /// `x.max(lo).min(hi)`, last.
+    pub clamp: Option<(f32, f32)>,
+}
+
+/// Runs `conv` into `out` (`n x out[0] x out[1] x channels`) on the fastest ISA.
+pub fn depthwise_nhwc(
+    conv: &DepthwiseNhwc<'_>,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    depthwise_nhwc_with_isa(Isa::detect(), conv, out, par)
+}
+
+/// [`depthwise_nhwc`] on a given ISA.
+pub fn depthwise_nhwc_with_isa(
+    isa: Isa,
+    conv: &DepthwiseNhwc<'_>,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    check_isa(isa)?;
+    let c = conv;
+    let [oh, ow] = c.out;
+    let [kh, kw] = c.kernel;
+    let pixel = oh * ow * c.channels;
+    if pixel == 0 || out.is_empty() {
+        return Ok(());
+    }
+    let shape = |detail: String| KernelError::Shape {
+        what: "depthwise nhwc".into(),
+        detail,
+    };
+    if kh == 0 || kw == 0 || c.stride.contains(&0) {
+        return Err(shape(format!(
+            "window {kh}x{kw}, strides {:?} (all must be positive)",
+            c.stride
+        )));
+    }
+    if !out.len().is_multiple_of(pixel) {
+        return Err(shape(format!(
+            "{} output elements for {oh}x{ow}x{} images",
+            out.len(),
+            c.channels
+        )));
+    }
+    let n = out.len() / pixel;
+    check_len("depthwise input", c.input.len(), n * c.h * c.w * c.channels)?;
+    check_len("depthwise weights", c.weights.len(), kh * kw * c.channels)?;
+    if let Some(b) = c.bias {
+        check_len("depthwise bias", b.len(), c.channels)?;
+    }
+    if let Some(r) = c.residual {
+        check_len("depthwise residual", r.len(), out.len())?;
+    }
+    let rows = n * oh;
+    let dst = Disjoint::new(out);
+    par_blocks(par, rows, ow * c.channels * kh * kw, &|r| {
+        depthwise_isa(isa, c, r, &dst)
+    });
+    Ok(())
+}
+
+simd_dispatch!(fn depthwise_isa(c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) => depthwise_rows);
+
+/// The tail of one output vector: scale, bias, residual, relu, clamp.
+#[derive(Clone, Copy)]
+struct VecTail<S: Simd> {
+    alpha: S::V,
+    zero: S::V,
+    lo: S::V,
+    hi: S::V,
+}
+
+/// Output rows `rows` (image-major: row `r` is image `r / oh`, output row `r % oh`).
+#[inline(always)]
+fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) {
+    let ch = c.channels;
+    let [oh, ow] = c.out;
+    let [kh, kw] = c.kernel;
+    let [sh, sw] = c.stride;
+    let (lo, hi) = c.clamp.unwrap_or((0.0, 0.0));
+    let t = VecTail::<S> {
+        alpha: s.splat(c.alpha),
+        zero: s.splat(0.0),
+        lo: s.splat(lo),
+        hi: s.splat(hi),
+    };
+    // Output columns whose whole window lies inside the input: no checks there.
+    let ix = |ox: usize| (ox * sw) as isize - c.pads[1] as isize;
+    let inner_lo = (0..ow).find(|&ox| ix(ox) >= 0).unwrap_or(ow);
+    let inner_hi = (inner_lo..ow)
+        .find(|&ox| ix(ox) + kw as isize > c.w as isize)
+        .unwrap_or(ow);
+    for r in rows {
+        let (img, oy) = (r / oh, r % oh);
+        // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
+        let orow = unsafe { dst.part(r * ow * ch..(r + 1) * ow * ch) };
+        let rrow = c.residual.map(|res| &res[r * ow * ch..(r + 1) * ow * ch]);
+        let iy0 = (oy * sh) as isize - c.pads[0] as isize;
+        let ky0 = (-iy0).max(0) as usize;
+        let ky1 = (c.h as isize - iy0).clamp(0, kh as isize) as usize;
+        let plane = &c.input[img * c.h * c.w * ch..(img + 1) * c.h * c.w * ch];
+        let full_rows = ky0 == 0 && ky1 == kh;
+        for c0 in (0..ch).step_by(S::LANES) {
+            let lanes = S::LANES.min(ch - c0);
+            let bias = match c.bias {
+                Some(b) if lanes == S::LANES => s.load(&b[c0..]),
+                Some(b) => s.load_partial(&b[c0..c0 + lanes], 0.0),
+                None => t.zero,
+            };
+            // (No closures here: a closure is compiled without the caller's target
+            // features, and its vector operations would become calls.)
+            if kh == 3 && kw == 3 && lanes == S::LANES && full_rows {
+                let mut wv = [t.zero; 9];
+                for (i, v) in wv.iter_mut().enumerate() {
+                    *v = s.load(&c.weights[i * ch + c0..]);
+                }
+                for ox in 0..ow {
+                    let acc = if (inner_lo..inner_hi).contains(&ox) {
+                        let base = (iy0 as usize * c.w + ix(ox) as usize) * ch + c0;
+                        dot9(s, plane, base, c.w * ch, ch, &wv)
+                    } else {
+                        window(s, c, plane, iy0, ky0..ky1, ix(ox), c0, lanes)
+                    };
+                    store_tail(s, c, &t, acc, bias, rrow, orow, ox * ch + c0, lanes);
+                }
+            } else {
+                for ox in 0..ow {
+                    let acc = window(s, c, plane, iy0, ky0..ky1, ix(ox), c0, lanes);
+                    store_tail(s, c, &t, acc, bias, rrow, orow, ox * ch + c0, lanes);
+                }
+            }
+        }
+    }
+}
+
+/// The 3×3 window at `plane[base..]` (rows `row` apart, pixels `px` apart) times `wv`.
+#[inline(always)]
+fn dot9<S: Simd>(s: S, plane: &[f32], base: usize, row: usize, px: usize, wv: &[S::V; 9]) -> S::V {
+    let mut acc = s.mul(s.load(&plane[base..]), wv[0]);
+    acc = s.fma(s.load(&plane[base + px..]), wv[1], acc);
+    acc = s.fma(s.load(&plane[base + 2 * px..]), wv[2], acc);
+    let b1 = base + row;
+    acc = s.fma(s.load(&plane[b1..]), wv[3], acc);
+    acc = s.fma(s.load(&plane[b1 + px..]), wv[4], acc);
+    acc = s.fma(s.load(&plane[b1 + 2 * px..]), wv[5], acc);
+    let b2 = b1 + row;
+    acc = s.fma(s.load(&plane[b2..]), wv[6], acc);
+    acc = s.fma(s.load(&plane[b2 + px..]), wv[7], acc);
+    s.fma(s.load(&plane[b2 + 2 * px..]), wv[8], acc)
+}
+
+/// Any window, checking each tap's column: the taps of rows `ky` at input row `iy0 + ky`
+/// and columns `ix0 + kx`, channels `c0..c0 + lanes`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn window<S: Simd>(
+    s: S,
+    c: &DepthwiseNhwc<'_>,
+    plane: &[f32],
+    iy0: isize,
+    ky: Range<usize>,
+    ix0: isize,
+    c0: usize,
+    lanes: usize,
+) -> S::V {
+    let ch = c.channels;
+    let kw = c.kernel[1];
+    let kx0 = (-ix0).max(0) as usize;
+    let kx1 = (c.w as isize - ix0).clamp(0, kw as isize) as usize;
+    let mut acc = s.splat(0.0);
+    for ky in ky {
+        let iy = (iy0 + ky as isize) as usize;
+        for kx in kx0..kx1 {
+            let i = (iy * c.w + (ix0 + kx as isize) as usize) * ch + c0;
+            let wi = (ky * kw + kx) * ch + c0;
+            let (x, w) = if lanes == S::LANES {
+                (s.load(&plane[i..]), s.load(&c.weights[wi..]))
+            } else {
+                (
+                    s.load_partial(&plane[i..i + lanes], 0.0),
+                    s.load_partial(&c.weights[wi..wi + lanes], 0.0),
+                )
+            };
+            acc = s.fma(x, w, acc);
+        }
+    }
+    acc
+}
+
+/// Scale, bias, residual, activation and clamp of one output vector, stored at `orow[at..]`
+/// (`lanes` channels).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn store_tail<S: Simd>(
+    s: S,
+    c: &DepthwiseNhwc<'_>,
+    t: &VecTail<S>,
+    acc: S::V,
+    bias: S::V,
+    rrow: Option<&[f32]>,
+    orow: &mut [f32],
+    at: usize,
+    lanes: usize,
+) {
+    let full = lanes == S::LANES;
+    let mut v = s.fma(acc, t.alpha, bias);
+    let rv = match rrow {
+        Some(r) if full => Some(s.load(&r[at..])),
+        Some(r) => Some(s.load_partial(&r[at..at + lanes], 0.0)),
+        None => None,
+    };
+    if let (Some(rv), true) = (rv, c.res_before) {
+        v = s.add(v, rv);
+    }
+    if c.relu {
+        v = s.max(v, t.zero);
+    }
+    if let (Some(rv), false) = (rv, c.res_before) {
+        v = s.add(v, rv);
+    }
+    if c.clamp.is_some() {
+        v = s.min(s.max(v, t.lo), t.hi);
+    }
+    if full {
+        s.store(&mut orow[at..], v);
+    } else {
+        s.store_partial(&mut orow[at..at + lanes], v);
+    }
+}
+
+/// The GEMM operand of a k×k convolution over one NHWC image: for each output pixel of
+/// rows `oy` (row-major over `oy × out[1]`), the row `[kh][kw][channels]` of the input
+/// values under its window, zero where the window leaves the input (`cols` holds
+/// `oy.len() · out[1]` such rows of `kh·kw·channels`). No dilation.
+#[allow(clippy::too_many_arguments)]
+pub fn im2col_nhwc(
+    x: &[f32],
+    [h, w, ch]: [usize; 3],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    pads: [usize; 2],
+    out: [usize; 2],
+    oy: Range<usize>,
+    cols: &mut [f32],
+) -> Result<(), KernelError> {
+    let [kh, kw] = kernel;
+    let k = kh * kw * ch;
+    let ow = out[1];
+    check_len("im2col input", x.len(), h * w * ch)?;
+    check_len("im2col columns", cols.len(), oy.len() * ow * k)?;
+    if oy.end > out[0] {
+        return Err(KernelError::Shape {
+            what: "im2col nhwc".into(),
+            detail: format!("rows {oy:?} of an output {} tall", out[0]),
+        });
+    }
+    if k == 0 {
+        return Ok(());
+    }
+    let oy0 = oy.start;
+    for (row, dst) in cols.chunks_exact_mut(k).enumerate() {
+        let (y, xo) = (oy0 + row / ow, row % ow);
+        let iy0 = (y * stride[0]) as isize - pads[0] as isize;
+        let ix0 = (xo * stride[1]) as isize - pads[1] as isize;
+        for ky in 0..kh {
+            let iy = iy0 + ky as isize;
+            let drow = &mut dst[ky * kw * ch..(ky + 1) * kw * ch];
+            if iy < 0 || iy >= h as isize {
+                drow.fill(0.0);
+                continue;
+            }
+            let kx0 = (-ix0).clamp(0, kw as isize) as usize;
+            let kx1 = (w as isize - ix0).clamp(kx0 as isize, kw as isize) as usize;
+            drow[..kx0 * ch].fill(0.0);
+            drow[kx1 * ch..].fill(0.0);
+            if kx1 > kx0 {
+                let src = (iy as usize * w + (ix0 + kx0 as isize) as usize) * ch;
+                drow[kx0 * ch..kx1 * ch].copy_from_slice(&x[src..src + (kx1 - kx0) * ch]);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::winograd::tests::data;
+    use crate::{ScopedThreads, Sequential};
+
+    /// Direct NHWC depthwise convolution in f64, with the tail.
+    fn direct(c: &DepthwiseNhwc<'_>, n: usize) -> Vec<f32> {
+        let (ch, [oh, ow], [kh, kw]) = (c.channels, c.out, c.kernel);
+        let mut y = vec![0f32; n * oh * ow * ch];
+        for img in 0..n {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    for k in 0..ch {
+                        let mut acc = 0f64;
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * c.stride[0] + ky) as isize - c.pads[0] as isize;
+                                let ix = (ox * c.stride[1] + kx) as isize - c.pads[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= c.h as isize || ix >= c.w as isize {
+                                    continue;
+                                }
+                                let xi = ((img * c.h + iy as usize) * c.w + ix as usize) * ch + k;
+                                acc += c.input[xi] as f64
+                                    * c.weights[(ky * kw + kx) * ch + k] as f64;
+                            }
+                        }
+                        let i = ((img * oh + oy) * ow + ox) * ch + k;
+                        let b = c.bias.map_or(0.0, |b| b[k]) as f64;
+                        let r = c.residual.map_or(0.0, |r| r[i]) as f64;
+                        let mut v = c.alpha as f64 * acc + b;
+                        if c.res_before {
+                            v += r;
+                        }
+                        if c.relu {
+                            v = v.max(0.0);
+                        }
+                        if !c.res_before {
+                            v += r;
+                        }
+                        if let Some((lo, hi)) = c.clamp {
+                            v = v.max(lo as f64).min(hi as f64);
+                        }
+                        y[i] = v as f32;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn case(n: usize, h: usize, w: usize, ch: usize, k: usize, s: usize, p: [usize; 4], tail: bool) {
+        let out = [
+            (h + p[0] + p[2] - k) / s + 1,
+            (w + p[1] + p[3] - k) / s + 1,
+        ];
+        let x = data(n * h * w * ch, 1);
+        let wt = data(k * k * ch, 2);
+        let bias = data(ch, 3);
+        let res = data(n * out[0] * out[1] * ch, 4);
+        let conv = DepthwiseNhwc {
+            input: &x,
+            h,
+            w,
+            channels: ch,
+            kernel: [k, k],
+            stride: [s, s],
+            pads: [p[0], p[1]],
+            out,
+            weights: &wt,
+            alpha: if tail { 0.5 } else { 1.0 },
+            bias: tail.then_some(&bias[..]),
+            residual: tail.then_some(&res[..]),
+            res_before: !tail || ch % 2 == 0,
+            relu: tail,
+            clamp: tail.then_some((0.0, 1.5)),
+        };
+        let want = direct(&conv, n);
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon] {
+            if !isa.is_available() {
+                continue;
+            }
+            let mut y = vec![f32::NAN; want.len()];
+            depthwise_nhwc_with_isa(isa, &conv, &mut y, &ScopedThreads::new(3)).unwrap();
+            for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "{isa:?} n{n} {h}x{w}x{ch} k{k} s{s} {p:?} tail {tail}: [{i}] {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn depthwise_matches_direct_convolution() {
+        // MobileNet's 3×3 (stride 1 and 2, pad 1), channel counts with and without a
+        // partial vector, maps narrower than the window, 5×5 and uneven padding.
+        case(1, 7, 7, 32, 3, 1, [1; 4], true);
+        case(2, 9, 8, 19, 3, 2, [1; 4], true);
+        case(1, 14, 13, 40, 3, 2, [0, 1, 1, 0], false);
+        case(1, 2, 1, 17, 3, 1, [1; 4], true);
+        case(1, 11, 12, 24, 5, 1, [2; 4], true);
+        case(1, 6, 6, 3, 3, 1, [0; 4], false);
+    }
+
+    #[test]
+    fn depthwise_bad_sizes_are_errors() {
+        let x = data(4 * 4 * 8, 1);
+        let w = data(9 * 8, 2);
+        let conv = DepthwiseNhwc {
+            input: &x,
+            h: 4,
+            w: 4,
+            channels: 8,
+            kernel: [3, 3],
+            stride: [1, 1],
+            pads: [1, 1],
+            out: [4, 4],
+            weights: &w[..70],
+            alpha: 1.0,
+            bias: None,
+            residual: None,
+            res_before: true,
+            relu: false,
+            clamp: None,
+        };
+        let mut y = vec![0f32; 4 * 4 * 8];
+        let e = depthwise_nhwc(&conv, &mut y, &Sequential).unwrap_err();
+        assert!(e.to_string().contains("depthwise weights"), "{e}");
+        let e = depthwise_nhwc(&DepthwiseNhwc { weights: &w, ..conv }, &mut y[..100], &Sequential)
+            .unwrap_err();
+        assert!(e.to_string().contains("output elements"), "{e}");
+    }
+
+    #[test]
+    fn im2col_rows_are_the_windows() {
+        let (h, w, ch) = (5, 4, 3);
+        let x = data(h * w * ch, 7);
+        let (k, s, p) = ([3, 2], [2, 1], [1, 0]);
+        let out = [3, 3];
+        let mut cols = vec![f32::NAN; 2 * out[1] * k[0] * k[1] * ch];
+        im2col_nhwc(&x, [h, w, ch], k, s, p, out, 1..3, &mut cols).unwrap();
+        let kk = k[0] * k[1] * ch;
+        for row in 0..2 * out[1] {
+            let (oy, ox) = (1 + row / out[1], row % out[1]);
+            for ky in 0..k[0] {
+                for kx in 0..k[1] {
+                    for c in 0..ch {
+                        let iy = (oy * s[0] + ky) as isize - p[0] as isize;
+                        let ix = (ox * s[1] + kx) as isize - p[1] as isize;
+                        let want = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                            0.0
+                        } else {
+                            x[(iy as usize * w + ix as usize) * ch + c]
+                        };
+                        assert_eq!(cols[row * kk + (ky * k[1] + kx) * ch + c], want);
+                    }
+                }
+            }
+        }
+        let e = im2col_nhwc(&x, [h, w, ch], k, s, p, out, 2..4, &mut cols).unwrap_err();
+        assert!(e.to_string().contains("rows"), "{e}");
+    }
+}

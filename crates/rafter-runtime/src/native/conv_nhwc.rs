@@ -1,0 +1,351 @@
+//! Channels-last convolution (`conv_nhwc`, written by `rafter_opt::layout`) with its fused
+//! tail, on borrowed operands. With pixels as rows the convolution is a GEMM whose B is the
+//! weight, `Y[pixels, M] = X'[pixels, kh·kw·C] · W[kh·kw·C, M]`:
+//! - 1×1, stride 1, no padding: `X'` is the input itself, every image at once (no copy);
+//! - other ungrouped windows: `X'` is built per block of output rows
+//!   (`rafter_kernels_cpu::im2col_nhwc`, a few contiguous runs per pixel) in a reusable
+//!   per-thread scratch buffer, the blocks' copies spread over the threads;
+//! - depthwise: no GEMM, `rafter_kernels_cpu::depthwise_nhwc` vectorised over channels.
+//!
+//! The weight `[kh, kw, C, M]` is B as it is, or pre-packed at compile time
+//! (`rafter_opt::prepack`): the body then unpacks the panels by a prologue (`transpose`,
+//! `reshape`, maybe `slice`, and a last `reshape` to 4-D) that this kernel recognises, handing
+//! the GEMM the panels in place (`BRef::Packed`). The conv bias is the epilogue's per-column
+//! bias; a residual of the output's shape is a row-major matrix of C's shape.
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
+use rafter_kernels_cpu::{
+    depthwise_nhwc, im2col_nhwc, sgemm, BRef, DepthwiseNhwc, Epilogue, MatMut, MatRef,
+    PackedBRef, Parallel, Residual,
+};
+
+use super::conv::{geometry, Geom};
+use super::epilogue::{parse_chain_from, resolve, EpiOp, Resolved, Src};
+use super::matmul::packed_prologue;
+use super::{input_of, In, NativeKernel, Out, Par};
+
+/// Where the weight comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WSrc {
+    /// Body input `i`, `[kh, kw, C/g, M]`.
+    Input(usize),
+    /// Body input `input`: panels of the `[kh·kw·C, M]` B that the body unpacks.
+    Packed {
+        input: usize,
+        kernel: [usize; 4],
+    },
+}
+
+struct ConvNhwcKernel {
+    x: usize,
+    w: WSrc,
+    bias: Option<Src>,
+    kernel_shape: Vec<i64>,
+    strides: Vec<i64>,
+    pads: Vec<i64>,
+    dilations: Vec<i64>,
+    group: i64,
+    auto_pad: AutoPad,
+    chain: Vec<EpiOp>,
+    par: Par,
+}
+
+/// im2col blocks hold about this many bytes (a block's GEMM reads its A from L2/L3).
+const IM2COL_BYTES: usize = 1024 * 1024;
+
+thread_local! {
+    /// im2col scratch, reused across dispatches on this thread.
+    static COLS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+    let (w, at) = match packed_prologue(body) {
+        Some(p) => {
+            let r = body.nodes.get(p.next)?;
+            let out = *r.outputs.first()?.as_ref()?;
+            let dims = known_dims(body, out)?;
+            let &[kh, kw, cg, m] = dims.as_slice() else {
+                return None;
+            };
+            let reads = |v: ValueId| {
+                body.nodes
+                    .iter()
+                    .flat_map(|n| &n.inputs)
+                    .filter(|&&i| i == Some(v))
+                    .count()
+            };
+            if !matches!(r.op, Op::Reshape { .. })
+                || r.input(0) != Some(p.unpacked)
+                || p.k != kh * kw * cg
+                || p.n != m
+                || reads(out) != 1
+                || body.outputs.contains(&out)
+            {
+                return None;
+            }
+            let conv = body.nodes.get(p.next + 1)?;
+            if conv.input(1) != Some(out) {
+                return None;
+            }
+            let w = WSrc::Packed {
+                input: p.input,
+                kernel: [kh, kw, cg, m],
+            };
+            (w, p.next + 1)
+        }
+        None => (
+            WSrc::Input(input_of(body, body.nodes.first()?.input(1), DType::F32)?),
+            0,
+        ),
+    };
+    let node = body.nodes.get(at)?;
+    let Op::ConvNhwc {
+        kernel_shape,
+        strides,
+        pads,
+        dilations,
+        group,
+        auto_pad,
+    } = &node.op
+    else {
+        return None;
+    };
+    if node.outputs.len() != 1 || !(2..=3).contains(&node.inputs.len()) {
+        return None;
+    }
+    let bias = match node.inputs.get(2) {
+        None | Some(None) => None,
+        Some(b) => Some(Src::of(body, *b)?),
+    };
+    Some(Arc::new(ConvNhwcKernel {
+        x: input_of(body, node.input(0), DType::F32)?,
+        w,
+        bias,
+        kernel_shape: kernel_shape.clone(),
+        strides: strides.clone(),
+        pads: pads.clone(),
+        dilations: dilations.clone(),
+        group: *group,
+        auto_pad: *auto_pad,
+        chain: parse_chain_from(body, node.outputs[0]?, at + 1)?,
+        par: par.clone(),
+    }))
+}
+
+fn known_dims(body: &Graph, v: ValueId) -> Option<Vec<usize>> {
+    body.value(v)
+        .ty
+        .known_dims()?
+        .into_iter()
+        .map(|d| usize::try_from(d).ok())
+        .collect()
+}
+
+fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
+    format!("conv_nhwc: {e}")
+}
+
+impl NativeKernel for ConvNhwcKernel {
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        let x = &ins[self.x];
+        let &[n, h, wd, c] = x.dims.as_slice() else {
+            return Ok(false);
+        };
+        let [kh, kw, cg, m] = match self.w {
+            WSrc::Input(i) => match ins[i].dims.as_slice() {
+                &[kh, kw, cg, m] => [kh, kw, cg, m],
+                _ => return Ok(false),
+            },
+            WSrc::Packed { kernel, .. } => kernel,
+        };
+        if !self.kernel_shape.is_empty() && self.kernel_shape != [kh as i64, kw as i64] {
+            return Ok(false);
+        }
+        if !self.dilations.iter().all(|&d| d == 1) {
+            return Ok(false);
+        }
+        let g = usize::try_from(self.group).unwrap_or(0);
+        let depthwise = g == c && cg == 1 && m == c;
+        if !(g == 1 && cg == c || depthwise) {
+            return Ok(false);
+        }
+        let Some(geo) = geometry(
+            [h, wd],
+            [kh, kw],
+            &self.strides,
+            &self.pads,
+            &[],
+            self.auto_pad,
+            false,
+        ) else {
+            return Ok(false);
+        };
+        let [oh, ow] = geo.out;
+        let out_dims = [n, oh, ow, m];
+        if outs[0].dims != out_dims {
+            return Ok(false);
+        }
+        let bias = match &self.bias {
+            Some(b) => match b.get(ins)? {
+                (_, data) if data.len() == m => Some(data),
+                _ => return Ok(false),
+            },
+            None => None,
+        };
+        if bias.is_some() && self.chain.iter().any(|o| matches!(o, EpiOp::Mul(_))) {
+            return Ok(false);
+        }
+        let Some(r) = resolve(&self.chain, ins, &out_dims, 3, bias, false)? else {
+            return Ok(false);
+        };
+        let xs = x.f32s()?;
+        let y = outs[0].f32s()?;
+        if y.is_empty() {
+            return Ok(true);
+        }
+        if depthwise {
+            let WSrc::Input(wi) = self.w else {
+                return Ok(false);
+            };
+            self.depthwise(xs, ins[wi].f32s()?, y, [h, wd, c], &geo, &r)?;
+            return Ok(true);
+        }
+        let k = kh * kw * c;
+        let b = match self.w {
+            WSrc::Input(i) => {
+                BRef::Mat(MatRef::row_major(ins[i].f32s()?, k, m, m).map_err(gemm_err)?)
+            }
+            WSrc::Packed { input, .. } => BRef::Packed(
+                PackedBRef::from_panels(k, m, ins[input].f32s()?)
+                    .map_err(|e| format!("conv_nhwc: packed weight: {e}"))?,
+            ),
+        };
+        let direct = kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
+        if direct {
+            // Every image at once: the activations are the GEMM's A as they are.
+            let a = MatRef::row_major(xs, n * h * wd, c, c).map_err(gemm_err)?;
+            return self.gemm(a, b, &r, 0..n * oh * ow, m, y).map(|()| true);
+        }
+        // Output rows per im2col block.
+        let block = (IM2COL_BYTES / (k * ow * 4).max(1)).clamp(1, oh);
+        let mut run = |cols: &mut Vec<f32>| -> Result<(), String> {
+            for img in 0..n {
+                let xi = &xs[img * h * wd * c..(img + 1) * h * wd * c];
+                for o0 in (0..oh).step_by(block) {
+                    let o1 = (o0 + block).min(oh);
+                    let rows = (o1 - o0) * ow;
+                    if cols.len() < rows * k {
+                        cols.resize(rows * k, 0.0);
+                    }
+                    let cols = &mut cols[..rows * k];
+                    self.im2col(xi, [h, wd, c], [kh, kw], &geo, o0..o1, cols)?;
+                    let a = MatRef::row_major(cols, rows, k, k).map_err(gemm_err)?;
+                    let p0 = (img * oh + o0) * ow;
+                    self.gemm(a, b, &r, p0..p0 + rows, m, y)?;
+                }
+            }
+            Ok(())
+        };
+        COLS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut cols) => run(&mut cols),
+            Err(_) => run(&mut Vec::new()),
+        })?;
+        Ok(true)
+    }
+}
+
+impl ConvNhwcKernel {
+    /// `y[pixels] = act(alpha · a · b + bias (+ residual)) (+ residual)`, clamped, for output
+    /// pixels `pixels` (rows of `y` as a `[P, m]` matrix).
+    fn gemm(
+        &self,
+        a: MatRef<'_>,
+        b: BRef<'_>,
+        r: &Resolved<'_>,
+        pixels: Range<usize>,
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), String> {
+        let span = pixels.start * m..pixels.end * m;
+        let e = Epilogue {
+            bias: r.bias,
+            activation: r.act,
+            residual: r
+                .residual
+                .map(|res| Residual::row_major(&res[span.clone()], m, r.res_before)),
+            clamp: r.clamp,
+            ..Epilogue::none()
+        };
+        let c = MatMut::row_major(&mut y[span], pixels.len(), m, m).map_err(gemm_err)?;
+        sgemm(r.alpha, a, b, 0.0, c, &e, &*self.par).map_err(gemm_err)
+    }
+
+    /// The im2col rows of output rows `oy` of one image, the copy spread over the threads.
+    fn im2col(
+        &self,
+        x: &[f32],
+        [h, w, c]: [usize; 3],
+        k: [usize; 2],
+        geo: &Geom,
+        oy: Range<usize>,
+        cols: &mut [f32],
+    ) -> Result<(), String> {
+        let per_row = geo.out[1] * k[0] * k[1] * c;
+        let tasks = self.par.threads().min(oy.len()).max(1);
+        // Each task's rows, split off up front: task `t` takes part `t` alone.
+        let mut parts = Vec::with_capacity(tasks);
+        let mut rest = cols;
+        for t in 0..tasks {
+            let rows = oy.len() * (t + 1) / tasks - oy.len() * t / tasks;
+            let (part, tail) = rest.split_at_mut(rows * per_row);
+            parts.push(Mutex::new(part));
+            rest = tail;
+        }
+        let err = Mutex::new(None);
+        self.par.run(tasks, &|t| {
+            let lo = oy.start + oy.len() * t / tasks;
+            let hi = oy.start + oy.len() * (t + 1) / tasks;
+            let mut dst = parts[t].lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = im2col_nhwc(x, [h, w, c], k, geo.s, geo.pb, geo.out, lo..hi, &mut dst) {
+                *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+            }
+        });
+        match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(format!("conv_nhwc: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    fn depthwise(
+        &self,
+        xs: &[f32],
+        ws: &[f32],
+        y: &mut [f32],
+        [h, w, c]: [usize; 3],
+        geo: &Geom,
+        r: &Resolved<'_>,
+    ) -> Result<(), String> {
+        let conv = DepthwiseNhwc {
+            input: xs,
+            h,
+            w,
+            channels: c,
+            kernel: geo.k,
+            stride: geo.s,
+            pads: geo.pb,
+            out: geo.out,
+            weights: ws,
+            alpha: r.alpha,
+            bias: r.bias,
+            residual: r.residual,
+            res_before: r.res_before,
+            relu: r.act == rafter_kernels_cpu::Activation::Relu,
+            clamp: r.clamp,
+        };
+        depthwise_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))
+    }
+}
