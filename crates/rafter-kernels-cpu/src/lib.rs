@@ -64,6 +64,7 @@ mod spatial;
 mod stem;
 pub mod tile;
 mod winograd;
+mod winograd_nhwc;
 
 pub use kernel::Isa;
 pub use packed::{
@@ -74,6 +75,7 @@ pub use pool::WorkerPool;
 pub use nhwc::{depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, DepthwiseNhwc};
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
 pub use winograd::{conv3x3, Conv3x3, WinogradWeights};
+pub use winograd_nhwc::{conv3x3_nhwc, conv3x3_nhwc_with_isa, Conv3x3Nhwc, WinogradNhwcWeights};
 
 pub use activation::{
     activation_in_place, activation_in_place_with_isa, gelu_erf, gelu_tanh, sigmoid_in_place, silu,

@@ -114,13 +114,88 @@ pub fn depthwise_nhwc_with_isa(
 
 simd_dispatch!(fn depthwise_isa(c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) => depthwise_rows);
 
-/// The tail of one output vector: scale, bias, residual, relu, clamp.
+/// The tail of an output vector of channels: `clamp(act(alpha·acc + bias (+ residual))
+/// (+ residual))`, its constants splat once per kernel call.
 #[derive(Clone, Copy)]
-struct VecTail<S: Simd> {
+pub(crate) struct VecTail<S: Simd> {
     alpha: S::V,
     zero: S::V,
     lo: S::V,
     hi: S::V,
+    res_before: bool,
+    relu: bool,
+    clamp: bool,
+}
+
+impl<S: Simd> VecTail<S> {
+    #[inline(always)]
+    pub(crate) fn new(
+        s: S,
+        alpha: f32,
+        res_before: bool,
+        relu: bool,
+        clamp: Option<(f32, f32)>,
+    ) -> Self {
+        let (lo, hi) = clamp.unwrap_or((0.0, 0.0));
+        VecTail {
+            alpha: s.splat(alpha),
+            zero: s.splat(0.0),
+            lo: s.splat(lo),
+            hi: s.splat(hi),
+            res_before,
+            relu,
+            clamp: clamp.is_some(),
+        }
+    }
+
+    /// The per-channel bias vector of channels `c0..c0 + lanes` (zero without a bias).
+    #[inline(always)]
+    pub(crate) fn bias(&self, s: S, bias: Option<&[f32]>, c0: usize, lanes: usize) -> S::V {
+        match bias {
+            Some(b) if lanes == S::LANES => s.load(&b[c0..]),
+            Some(b) => s.load_partial(&b[c0..c0 + lanes], 0.0),
+            None => self.zero,
+        }
+    }
+
+    /// The tail of `acc` stored to `out[..lanes]`, with `res[..lanes]` as the residual.
+    #[inline(always)]
+    pub(crate) fn store(
+        &self,
+        s: S,
+        acc: S::V,
+        bias: S::V,
+        res: Option<&[f32]>,
+        out: &mut [f32],
+        lanes: usize,
+    ) {
+        let full = lanes == S::LANES;
+        let mut v = s.fma(acc, self.alpha, bias);
+        // (A match, not `Option::map` with a closure: a closure is compiled without the
+        // caller's target features, and its load would become a call.)
+        let rv = match res {
+            Some(r) if full => Some(s.load(r)),
+            Some(r) => Some(s.load_partial(&r[..lanes], 0.0)),
+            None => None,
+        };
+        if let (Some(rv), true) = (rv, self.res_before) {
+            v = s.add(v, rv);
+        }
+        if self.relu {
+            v = s.max(v, self.zero);
+        }
+        if let (Some(rv), false) = (rv, self.res_before) {
+            v = s.add(v, rv);
+        }
+        if self.clamp {
+            v = s.min(s.max(v, self.lo), self.hi);
+        }
+        if full {
+            s.store(out, v);
+        } else {
+            s.store_partial(&mut out[..lanes], v);
+        }
+    }
 }
 
 /// Output rows `rows` (image-major: row `r` is image `r / oh`, output row `r % oh`).
@@ -130,13 +205,7 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
     let [oh, ow] = c.out;
     let [kh, kw] = c.kernel;
     let [sh, sw] = c.stride;
-    let (lo, hi) = c.clamp.unwrap_or((0.0, 0.0));
-    let t = VecTail::<S> {
-        alpha: s.splat(c.alpha),
-        zero: s.splat(0.0),
-        lo: s.splat(lo),
-        hi: s.splat(hi),
-    };
+    let t = VecTail::new(s, c.alpha, c.res_before, c.relu, c.clamp);
     // Output columns whose whole window lies inside the input: no checks there.
     let ix = |ox: usize| (ox * sw) as isize - c.pads[1] as isize;
     let inner_lo = (0..ow).find(|&ox| ix(ox) >= 0).unwrap_or(ow);
@@ -155,15 +224,11 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
         let full_rows = ky0 == 0 && ky1 == kh;
         for c0 in (0..ch).step_by(S::LANES) {
             let lanes = S::LANES.min(ch - c0);
-            let bias = match c.bias {
-                Some(b) if lanes == S::LANES => s.load(&b[c0..]),
-                Some(b) => s.load_partial(&b[c0..c0 + lanes], 0.0),
-                None => t.zero,
-            };
+            let bias = t.bias(s, c.bias, c0, lanes);
             // (No closures here: a closure is compiled without the caller's target
             // features, and its vector operations would become calls.)
             if kh == 3 && kw == 3 && lanes == S::LANES && full_rows {
-                let mut wv = [t.zero; 9];
+                let mut wv = [s.splat(0.0); 9];
                 for (i, v) in wv.iter_mut().enumerate() {
                     *v = s.load(&c.weights[i * ch + c0..]);
                 }
@@ -174,12 +239,14 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
                     } else {
                         window(s, c, plane, iy0, ky0..ky1, ix(ox), c0, lanes)
                     };
-                    store_tail(s, c, &t, acc, bias, rrow, orow, ox * ch + c0, lanes);
+                    let at = ox * ch + c0;
+                    t.store(s, acc, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
                 }
             } else {
                 for ox in 0..ow {
                     let acc = window(s, c, plane, iy0, ky0..ky1, ix(ox), c0, lanes);
-                    store_tail(s, c, &t, acc, bias, rrow, orow, ox * ch + c0, lanes);
+                    let at = ox * ch + c0;
+                    t.store(s, acc, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
                 }
             }
         }
@@ -238,47 +305,6 @@ fn window<S: Simd>(
         }
     }
     acc
-}
-
-/// Scale, bias, residual, activation and clamp of one output vector, stored at `orow[at..]`
-/// (`lanes` channels).
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn store_tail<S: Simd>(
-    s: S,
-    c: &DepthwiseNhwc<'_>,
-    t: &VecTail<S>,
-    acc: S::V,
-    bias: S::V,
-    rrow: Option<&[f32]>,
-    orow: &mut [f32],
-    at: usize,
-    lanes: usize,
-) {
-    let full = lanes == S::LANES;
-    let mut v = s.fma(acc, t.alpha, bias);
-    let rv = match rrow {
-        Some(r) if full => Some(s.load(&r[at..])),
-        Some(r) => Some(s.load_partial(&r[at..at + lanes], 0.0)),
-        None => None,
-    };
-    if let (Some(rv), true) = (rv, c.res_before) {
-        v = s.add(v, rv);
-    }
-    if c.relu {
-        v = s.max(v, t.zero);
-    }
-    if let (Some(rv), false) = (rv, c.res_before) {
-        v = s.add(v, rv);
-    }
-    if c.clamp.is_some() {
-        v = s.min(s.max(v, t.lo), t.hi);
-    }
-    if full {
-        s.store(&mut orow[at..], v);
-    } else {
-        s.store_partial(&mut orow[at..at + lanes], v);
-    }
 }
 
 /// The GEMM operand of a k×k convolution over one NHWC image: for each output pixel of

@@ -63,22 +63,9 @@ impl WinogradWeights {
         let mut data = vec![0f32; XI * cout * cin];
         for co in 0..cout {
             for ci in 0..cin {
-                let g = &w[(co * cin + ci) * 9..][..9];
-                // G g: 4×3, then (G g) G^T: 4×4. G = [1 0 0; ½ ½ ½; ½ -½ ½; 0 0 1].
-                let mut gg = [[0f32; 3]; 4];
-                for c in 0..3 {
-                    let (a, b, d) = (g[c], g[3 + c], g[6 + c]);
-                    gg[0][c] = a;
-                    gg[1][c] = 0.5 * (a + b + d);
-                    gg[2][c] = 0.5 * (a - b + d);
-                    gg[3][c] = d;
-                }
-                for (r, row) in gg.iter().enumerate() {
-                    let (a, b, d) = (row[0], row[1], row[2]);
-                    let u = [a, 0.5 * (a + b + d), 0.5 * (a - b + d), d];
-                    for (c, &v) in u.iter().enumerate() {
-                        data[((r * 4 + c) * cout + co) * cin + ci] = v;
-                    }
+                let g: &[f32; 9] = w[(co * cin + ci) * 9..][..9].try_into().expect("9");
+                for (xi, v) in filter_tile(g).into_iter().enumerate() {
+                    data[(xi * cout + co) * cin + ci] = v;
                 }
             }
         }
@@ -94,6 +81,25 @@ impl WinogradWeights {
     pub fn cin(&self) -> usize {
         self.cin
     }
+}
+
+/// `G g Gᵀ` of one 3×3 filter `g` (row-major), row-major 4×4:
+/// `G = [1 0 0; ½ ½ ½; ½ -½ ½; 0 0 1]`.
+pub(crate) fn filter_tile(g: &[f32; 9]) -> [f32; 16] {
+    let mut gg = [[0f32; 3]; 4];
+    for c in 0..3 {
+        let (a, b, d) = (g[c], g[3 + c], g[6 + c]);
+        gg[0][c] = a;
+        gg[1][c] = 0.5 * (a + b + d);
+        gg[2][c] = 0.5 * (a - b + d);
+        gg[3][c] = d;
+    }
+    let mut u = [0f32; 16];
+    for (r, row) in gg.iter().enumerate() {
+        let (a, b, d) = (row[0], row[1], row[2]);
+        u[r * 4..r * 4 + 4].copy_from_slice(&[a, 0.5 * (a + b + d), 0.5 * (a - b + d), d]);
+    }
+    u
 }
 
 /// One 3×3 stride-1 convolution of a CHW image.

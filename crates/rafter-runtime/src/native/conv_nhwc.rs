@@ -19,11 +19,12 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
-    depthwise_nhwc, im2col_nhwc, sgemm, BRef, DepthwiseNhwc, Epilogue, MatMut, MatRef,
-    PackedBRef, Parallel, Residual,
+    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, Activation, BRef, Conv3x3Nhwc,
+    DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, WinogradNhwcWeights,
+    PACKED_B_NR,
 };
 
-use super::conv::{geometry, Geom};
+use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
 use super::epilogue::{parse_chain_from, resolve, EpiOp, Resolved, Src};
 use super::matmul::packed_prologue;
 use super::{input_of, In, NativeKernel, Out, Par};
@@ -52,6 +53,8 @@ struct ConvNhwcKernel {
     auto_pad: AutoPad,
     chain: Vec<EpiOp>,
     par: Par,
+    /// The Winograd-transformed filter, by the address of the weight it was computed from.
+    winograd: Mutex<Option<(usize, Arc<WinogradNhwcWeights>)>>,
 }
 
 /// im2col blocks hold about this many bytes (a block's GEMM reads its A from L2/L3).
@@ -133,6 +136,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         auto_pad: *auto_pad,
         chain: parse_chain_from(body, node.outputs[0]?, at + 1)?,
         par: par.clone(),
+        winograd: Mutex::new(None),
     }))
 }
 
@@ -215,6 +219,14 @@ impl NativeKernel for ConvNhwcKernel {
             return Ok(true);
         }
         let k = kh * kw * c;
+        let wdata = match self.w {
+            WSrc::Input(i) => ins[i].f32s()?,
+            WSrc::Packed { input, .. } => ins[input].f32s()?,
+        };
+        if kh == 3 && kw == 3 && geo.s == [1, 1] && oh * ow >= WINOGRAD_MIN_PIXELS {
+            self.winograd(wdata, [n, h, wd, c], m, &geo, &r, xs, y)?;
+            return Ok(true);
+        }
         let b = match self.w {
             WSrc::Input(i) => {
                 BRef::Mat(MatRef::row_major(ins[i].f32s()?, k, m, m).map_err(gemm_err)?)
@@ -320,6 +332,65 @@ impl ConvNhwcKernel {
         }
     }
 
+    /// The convolution by Winograd F(2×2, 3×3), one image at a time, its transformed filter
+    /// computed from the weight (raw or pre-packed panels) on the first call and kept.
+    #[allow(clippy::too_many_arguments)]
+    fn winograd(
+        &self,
+        wdata: &[f32],
+        [n, h, w, c]: [usize; 4],
+        m: usize,
+        geo: &Geom,
+        r: &Resolved<'_>,
+        xs: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), String> {
+        let [oh, ow] = geo.out;
+        let filters = {
+            let key = wdata.as_ptr() as usize;
+            let mut cached = self.winograd.lock().unwrap_or_else(|e| e.into_inner());
+            match &*cached {
+                Some((k, f)) if *k == key => f.clone(),
+                _ => {
+                    let raw = match self.w {
+                        WSrc::Input(_) => std::borrow::Cow::Borrowed(wdata),
+                        WSrc::Packed { .. } => std::borrow::Cow::Owned(unpack(wdata, 9 * c, m)),
+                    };
+                    let f = Arc::new(
+                        WinogradNhwcWeights::new(&raw, c, m)
+                            .map_err(|e| format!("conv_nhwc: {e}"))?,
+                    );
+                    *cached = Some((key, f.clone()));
+                    f
+                }
+            }
+        };
+        let pads = [
+            geo.pb[0],
+            geo.pb[1],
+            oh + 2 - h - geo.pb[0],
+            ow + 2 - w - geo.pb[1],
+        ];
+        let (in_len, out_len) = (h * w * c, oh * ow * m);
+        for img in 0..n {
+            let conv = Conv3x3Nhwc {
+                input: &xs[img * in_len..][..in_len],
+                h,
+                w,
+                pads,
+                alpha: r.alpha,
+                bias: r.bias,
+                residual: r.residual.map(|res| &res[img * out_len..][..out_len]),
+                res_before: r.res_before,
+                relu: r.act == Activation::Relu,
+                clamp: r.clamp,
+            };
+            conv3x3_nhwc(&conv, &filters, &mut y[img * out_len..][..out_len], &*self.par)
+                .map_err(|e| format!("conv_nhwc: {e}"))?;
+        }
+        Ok(())
+    }
+
     fn depthwise(
         &self,
         xs: &[f32],
@@ -343,9 +414,20 @@ impl ConvNhwcKernel {
             bias: r.bias,
             residual: r.residual,
             res_before: r.res_before,
-            relu: r.act == rafter_kernels_cpu::Activation::Relu,
+            relu: r.act == Activation::Relu,
             clamp: r.clamp,
         };
         depthwise_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))
     }
+}
+
+/// The row-major `k × n` B held in GEMM panels (`[ceil(n/16), k, 16]`).
+fn unpack(panels: &[f32], k: usize, n: usize) -> Vec<f32> {
+    let mut b = vec![0f32; k * n];
+    for (j, col) in (0..n).map(|j| (j, (j / PACKED_B_NR) * k * PACKED_B_NR + j % PACKED_B_NR)) {
+        for i in 0..k {
+            b[i * n + j] = panels[col + i * PACKED_B_NR];
+        }
+    }
+    b
 }

@@ -202,12 +202,13 @@ impl NativeKernel for MovementKernel {
                 if y.dims != out_dims {
                     return Ok(false);
                 }
-                if x.dtype == DType::F32 && across_planes(perm) {
-                    transpose_planes(x.f32s()?, &x.dims, perm, y.f32s()?);
+                let (dims, perm) = merged_axes(&x.dims, perm);
+                if x.dtype == DType::F32 && across_planes(&perm) {
+                    transpose_planes(x.f32s()?, &dims, &perm, y.f32s()?);
                     return Ok(true);
                 }
                 let esize = x.dtype.size_of();
-                transpose_bytes(x.bytes(), &x.dims, perm, esize, y.bytes_mut());
+                transpose_bytes(x.bytes(), &dims, &perm, esize, y.bytes_mut());
                 Ok(true)
             }
         }
@@ -277,6 +278,37 @@ fn transpose_bytes(x: &[u8], shape: &[usize], perm: &[usize], esize: usize, y: &
             idx[d] = 0;
         }
     }
+}
+
+/// The same transpose on fewer axes: axes of extent 1 dropped, and input axes that stay
+/// adjacent and in order in the output merged into one. NCHW → NHWC of `[1, 3, 224, 224]`
+/// becomes the 2-D `[3, 50176]` → `[50176, 3]`, so the blocked kernel walks one plane in
+/// long rows instead of 224 planes of 224×3.
+fn merged_axes(dims: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    // Output order of the input axes that are not 1, then runs of consecutive input axes.
+    let kept: Vec<usize> = perm.iter().copied().filter(|&a| dims[a] != 1).collect();
+    let mut runs: Vec<(usize, usize)> = Vec::new(); // (first input axis, last input axis)
+    for &a in &kept {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == a => *last = a,
+            _ => runs.push((a, a)),
+        }
+    }
+    if runs.is_empty() {
+        return (vec![1], vec![0]);
+    }
+    // Input order of the runs gives the new input axes.
+    let mut by_input: Vec<usize> = (0..runs.len()).collect();
+    by_input.sort_by_key(|&r| runs[r].0);
+    let new_dims: Vec<usize> = by_input
+        .iter()
+        .map(|&r| dims[runs[r].0..=runs[r].1].iter().product())
+        .collect();
+    let mut new_perm = vec![0usize; runs.len()];
+    for (new_axis, &r) in by_input.iter().enumerate() {
+        new_perm[r] = new_axis;
+    }
+    (new_dims, new_perm)
 }
 
 /// Elements between consecutive indices of each axis of a row-major `shape`.
@@ -527,5 +559,38 @@ mod tests {
                 assert_eq!(got, want, "shape {shape:?} perm {perm:?}");
             }
         }
+    }
+
+    /// Merging axes changes nothing: every permutation of ranks 2 to 4 on shapes with
+    /// extent-1 axes (NCHW ↔ NHWC of one image among them), merged, against the odometer on
+    /// the shape as given.
+    #[test]
+    fn merged_axes_transpose_the_same() {
+        let perms4: Vec<Vec<usize>> = (0..24)
+            .map(|mut k| {
+                let mut left: Vec<usize> = (0..4).collect();
+                let mut p = Vec::new();
+                for f in [6, 2, 1, 1] {
+                    p.push(left.remove(k / f));
+                    k %= f;
+                }
+                p
+            })
+            .collect();
+        for shape in [vec![1, 3, 5, 7], vec![2, 1, 4, 3], vec![1, 6, 1, 1], vec![1, 1, 1, 1]] {
+            let n: usize = shape.iter().product();
+            let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for perm in &perms4 {
+                let mut want = vec![0u8; n * 4];
+                transpose_bytes(&bytes, &shape, perm, 4, &mut want);
+                let (dims, p) = merged_axes(&shape, perm);
+                assert_eq!(dims.iter().product::<usize>(), n);
+                let mut got = vec![0u8; n * 4];
+                transpose_bytes(&bytes, &dims, &p, 4, &mut got);
+                assert_eq!(got, want, "shape {shape:?} perm {perm:?} merged {dims:?} {p:?}");
+            }
+        }
+        assert_eq!(merged_axes(&[1, 3, 224, 224], &[0, 2, 3, 1]), (vec![3, 50176], vec![1, 0]));
     }
 }

@@ -1,0 +1,553 @@
+//! 3×3 stride-1 convolution of channels-last (NHWC) activations by Winograd F(2×2, 3×3).
+//!
+//! The same algorithm as [`crate::conv3x3`] (see `winograd.rs`), with the roles of the GEMM
+//! operands swapped, which channels-last makes natural:
+//!
+//! ```text
+//! U[ξ][ci][co] = (G g Gᵀ)[ξ]         once per weight, packed as the GEMMs' B
+//! V[ξ][t][ci]  = (Bᵀ d B)[ξ]         d: the 4×4 input tile t, vectorised over channels
+//! M[ξ]         = V[ξ] · U[ξ]         16 GEMMs, tiles×Cin times Cin×Cout, A read in place
+//! Y[t][co]     = Aᵀ M[·][t][co] A    the 2×2 output pixels, then the tail
+//! ```
+//!
+//! Both transforms load and store whole vectors of channels (a pixel's channels are
+//! contiguous), `V` is the GEMMs' row-major A as written (no packing), and `U` is packed
+//! once into B panels, so no step of a call packs anything. Work is cut into blocks of
+//! tiles sized so a block's `V` and `M` stay in L2, times ranges of output channels when
+//! there are fewer blocks than threads.
+
+use std::cell::RefCell;
+
+use crate::common::{check_isa, check_len, Disjoint};
+use crate::nhwc::VecTail;
+use crate::simd::Simd;
+use crate::winograd::filter_tile;
+use crate::{
+    sgemm_with_isa, BRef, Epilogue, Isa, KernelError, MatMut, MatRef, PackedB, PackedBRef,
+    Parallel, Sequential, PACKED_B_NR,
+};
+
+/// Positions of a transformed 4×4 tile.
+const XI: usize = 16;
+
+/// 3×3 filters transformed for F(2×2, 3×3), per position `ξ` a `Cin × Cout` B packed into
+/// the GEMM's panels. 16/9 the size of the filters.
+#[derive(Clone, Debug)]
+pub struct WinogradNhwcWeights {
+    cin: usize,
+    cout: usize,
+    /// `XI` packed Bs, `per` floats each.
+    panels: Vec<f32>,
+    per: usize,
+}
+
+impl WinogradNhwcWeights {
+    /// Transforms channels-last filters `w` of `3 × 3 × cin × cout` (`conv_nhwc`'s layout).
+    pub fn new(w: &[f32], cin: usize, cout: usize) -> Result<WinogradNhwcWeights, KernelError> {
+        let n = cin
+            .checked_mul(cout)
+            .and_then(|n| n.checked_mul(9))
+            .ok_or_else(|| KernelError::Shape {
+                what: "winograd nhwc".into(),
+                detail: format!("{cin}x{cout} filters overflow"),
+            })?;
+        check_len("winograd nhwc filters", w.len(), n)?;
+        let mut u = vec![0f32; XI * cin * cout];
+        for ci in 0..cin {
+            for co in 0..cout {
+                let g: [f32; 9] = std::array::from_fn(|t| w[(t * cin + ci) * cout + co]);
+                for (xi, v) in filter_tile(&g).into_iter().enumerate() {
+                    u[(xi * cin + ci) * cout + co] = v;
+                }
+            }
+        }
+        let mut panels = Vec::new();
+        for xi in 0..XI {
+            let b = &u[xi * cin * cout..(xi + 1) * cin * cout];
+            let p = PackedB::pack(cin, cout, b, cout).map_err(|e| KernelError::Shape {
+                what: "winograd nhwc".into(),
+                detail: e.to_string(),
+            })?;
+            panels.extend_from_slice(p.panels());
+        }
+        let per = panels.len() / XI;
+        Ok(WinogradNhwcWeights {
+            cin,
+            cout,
+            panels,
+            per,
+        })
+    }
+
+    /// Input channels.
+    pub fn cin(&self) -> usize {
+        self.cin
+    }
+
+    /// Output channels.
+    pub fn cout(&self) -> usize {
+        self.cout
+    }
+
+    /// Position `xi`'s B, columns `co0..co1` (`co0` a multiple of the panel width).
+    fn b(&self, xi: usize, co0: usize, co1: usize) -> PackedBRef<'_> {
+        let panel = self.cin * PACKED_B_NR;
+        let (q0, q1) = (co0 / PACKED_B_NR, co1.div_ceil(PACKED_B_NR));
+        let base = xi * self.per;
+        PackedBRef::from_panels(
+            self.cin,
+            co1 - co0,
+            &self.panels[base + q0 * panel..base + q1 * panel],
+        )
+        .expect("a whole number of panels")
+    }
+}
+
+/// One 3×3 stride-1 convolution of an HWC image, with its tail: per output element
+/// `clamp(act(alpha * conv + bias[c] (+ residual)) (+ residual))`.
+#[derive(Clone, Copy, Debug)]
+pub struct Conv3x3Nhwc<'a> {
+    /// `h × w × cin`.
+    pub input: &'a [f32],
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Zero padding: top, left, bottom, right.
+    pub pads: [usize; 4],
+    /// Scale of the convolution's result.
+    pub alpha: f32,
+    /// Per output channel, added after the scale.
+    pub bias: Option<&'a [f32]>,
+    /// Of the output's shape (`oh × ow × cout`).
+    pub residual: Option<&'a [f32]>,
+    /// The residual is added before the activation (else after it).
+    pub res_before: bool,
+    /// `max(x, 0)` as the activation (else none).
+    pub relu: bool,
+    /// `x.max(lo).min(hi)`, last.
+    pub clamp: Option<(f32, f32)>,
+}
+
+/// Bytes of `V` and `M` a block aims for (a Zen 3 core has 512 KiB of L2).
+const BLOCK_BYTES: usize = 384 * 1024;
+
+thread_local! {
+    /// A task's `V` and `M`, grown only.
+    static BLOCK: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// How the tiles and output channels are cut into tasks.
+#[derive(Clone, Copy, Debug)]
+struct Split {
+    /// Tiles per block.
+    tiles: usize,
+    blocks: usize,
+    /// Output channel ranges per block.
+    parts: usize,
+}
+
+impl Split {
+    fn new(tiles: usize, cin: usize, cout: usize, threads: usize) -> Split {
+        let per_tile = XI * (cin + cout) * 4;
+        let block = (BLOCK_BYTES / per_tile.max(1)).clamp(6, 96).min(tiles);
+        let blocks = tiles.div_ceil(block.max(1));
+        let mut parts = 1;
+        // Every part transforms its block's input again: split channels only until every
+        // thread has a task, in ranges of at least 32 channels.
+        while blocks * parts < threads && cout / (2 * parts) >= 32 {
+            parts *= 2;
+        }
+        Split {
+            tiles: block,
+            blocks,
+            parts,
+        }
+    }
+
+    /// Output channels of part `s`, cut at panel boundaries.
+    fn channels(&self, s: usize, cout: usize) -> (usize, usize) {
+        let cut = |i: usize| {
+            if i == self.parts {
+                cout
+            } else {
+                (cout * i / self.parts) / PACKED_B_NR * PACKED_B_NR
+            }
+        };
+        (cut(s), cut(s + 1))
+    }
+}
+
+/// Computes the convolution into `out` (`oh × ow × cout`) on the fastest ISA.
+pub fn conv3x3_nhwc(
+    conv: &Conv3x3Nhwc<'_>,
+    weights: &WinogradNhwcWeights,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    conv3x3_nhwc_with_isa(Isa::detect(), conv, weights, out, par)
+}
+
+/// [`conv3x3_nhwc`] on a given ISA.
+pub fn conv3x3_nhwc_with_isa(
+    isa: Isa,
+    conv: &Conv3x3Nhwc<'_>,
+    weights: &WinogradNhwcWeights,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    check_isa(isa)?;
+    let c = conv;
+    let (cin, cout) = (weights.cin, weights.cout);
+    let shape = |detail: String| KernelError::Shape {
+        what: "winograd nhwc".into(),
+        detail,
+    };
+    let oh = (c.h + c.pads[0] + c.pads[2]).checked_sub(2);
+    let ow = (c.w + c.pads[1] + c.pads[3]).checked_sub(2);
+    let (Some(oh), Some(ow)) = (oh, ow) else {
+        return Err(shape(format!(
+            "a {}x{} input with pads {:?} is smaller than the 3x3 filter",
+            c.h, c.w, c.pads
+        )));
+    };
+    check_len("winograd nhwc input", c.input.len(), c.h * c.w * cin)?;
+    check_len("winograd nhwc output", out.len(), oh * ow * cout)?;
+    if let Some(b) = c.bias {
+        check_len("winograd nhwc bias", b.len(), cout)?;
+    }
+    if let Some(r) = c.residual {
+        check_len("winograd nhwc residual", r.len(), out.len())?;
+    }
+    if out.is_empty() || cin == 0 {
+        if cin == 0 && !out.is_empty() {
+            return Err(shape("no input channels".into()));
+        }
+        return Ok(());
+    }
+    let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
+    let tiles = th * tw;
+    let split = Split::new(tiles, cin, cout, par.threads());
+    let task = Task {
+        c,
+        weights,
+        oh,
+        ow,
+        tw,
+        tiles,
+        split,
+        out: Disjoint::new(out),
+    };
+    par.run(split.blocks * split.parts, &|i| {
+        let (b, s) = (i / split.parts, i % split.parts);
+        BLOCK.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut bufs) => {
+                let (v, m) = &mut *bufs;
+                task.run(isa, b, s, v, m)
+            }
+            Err(_) => task.run(isa, b, s, &mut Vec::new(), &mut Vec::new()),
+        })
+    });
+    Ok(())
+}
+
+struct Task<'a> {
+    c: &'a Conv3x3Nhwc<'a>,
+    weights: &'a WinogradNhwcWeights,
+    oh: usize,
+    ow: usize,
+    tw: usize,
+    tiles: usize,
+    split: Split,
+    out: Disjoint<'a>,
+}
+
+impl Task<'_> {
+    /// Block `b`, output channels of part `s`: input transform, 16 GEMMs, output transform.
+    fn run(&self, isa: Isa, b: usize, s: usize, v: &mut Vec<f32>, m: &mut Vec<f32>) {
+        let (cin, cout) = (self.weights.cin, self.weights.cout);
+        let t0 = b * self.split.tiles;
+        let t1 = (t0 + self.split.tiles).min(self.tiles);
+        let bt = t1 - t0;
+        let (co0, co1) = self.split.channels(s, cout);
+        let cp = co1 - co0;
+        if bt == 0 || cp == 0 {
+            return;
+        }
+        if v.len() < XI * bt * cin {
+            v.resize(XI * bt * cin, 0.0);
+        }
+        if m.len() < XI * bt * cp {
+            m.resize(XI * bt * cp, 0.0);
+        }
+        let (v, m) = (&mut v[..XI * bt * cin], &mut m[..XI * bt * cp]);
+        input_isa(isa, self, t0..t1, v);
+        for xi in 0..XI {
+            let a = MatRef::row_major(&v[xi * bt * cin..(xi + 1) * bt * cin], bt, cin, cin)
+                .expect("block shape");
+            let c = MatMut::row_major(&mut m[xi * bt * cp..(xi + 1) * bt * cp], bt, cp, cp)
+                .expect("block shape");
+            let bref = BRef::Packed(self.weights.b(xi, co0, co1));
+            sgemm_with_isa(isa, 1.0, a, bref, 0.0, c, &Epilogue::none(), &Sequential)
+                .expect("shapes checked by construction");
+        }
+        output_isa(isa, self, t0..t1, (co0, co1), m);
+    }
+}
+
+simd_dispatch!(fn input_isa(task: &Task<'_>, tiles: std::ops::Range<usize>, v: &mut [f32]) => transform_input);
+simd_dispatch!(fn output_isa(task: &Task<'_>, tiles: std::ops::Range<usize>, co: (usize, usize), m: &[f32]) => transform_output);
+
+/// `V[ξ][t][ci] = (Bᵀ d B)[ξ]` for the block's tiles, a vector of channels at a time.
+/// `Bᵀ = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]`.
+#[inline(always)]
+fn transform_input<S: Simd>(s: S, task: &Task<'_>, tiles: std::ops::Range<usize>, v: &mut [f32]) {
+    let c = task.c;
+    let cin = task.weights.cin;
+    let bt = tiles.len();
+    let zero = s.splat(0.0);
+    for (tl, t) in tiles.enumerate() {
+        let (ty, tx) = (t / task.tw, t % task.tw);
+        let iy0 = (2 * ty) as isize - c.pads[0] as isize;
+        let ix0 = (2 * tx) as isize - c.pads[1] as isize;
+        let inside = iy0 >= 0 && ix0 >= 0 && iy0 + 4 <= c.h as isize && ix0 + 4 <= c.w as isize;
+        for c0 in (0..cin).step_by(S::LANES) {
+            let lanes = S::LANES.min(cin - c0);
+            let mut d = [zero; 16];
+            for i in 0..4 {
+                let iy = iy0 + i as isize;
+                if !inside && (iy < 0 || iy >= c.h as isize) {
+                    continue;
+                }
+                for j in 0..4 {
+                    let ix = ix0 + j as isize;
+                    if !inside && (ix < 0 || ix >= c.w as isize) {
+                        continue;
+                    }
+                    let at = (iy as usize * c.w + ix as usize) * cin + c0;
+                    d[i * 4 + j] = if lanes == S::LANES {
+                        s.load(&c.input[at..])
+                    } else {
+                        s.load_partial(&c.input[at..at + lanes], 0.0)
+                    };
+                }
+            }
+            // Bᵀ d: rows.
+            let mut r = [zero; 16];
+            for j in 0..4 {
+                let (d0, d1, d2, d3) = (d[j], d[4 + j], d[8 + j], d[12 + j]);
+                r[j] = s.sub(d0, d2);
+                r[4 + j] = s.add(d1, d2);
+                r[8 + j] = s.sub(d2, d1);
+                r[12 + j] = s.sub(d1, d3);
+            }
+            // (Bᵀ d) B: columns, stored at V[ξ][tl][c0..].
+            for i in 0..4 {
+                let (r0, r1, r2, r3) = (r[i * 4], r[i * 4 + 1], r[i * 4 + 2], r[i * 4 + 3]);
+                let u = [s.sub(r0, r2), s.add(r1, r2), s.sub(r2, r1), s.sub(r1, r3)];
+                for (j, &x) in u.iter().enumerate() {
+                    let at = ((i * 4 + j) * bt + tl) * cin + c0;
+                    if lanes == S::LANES {
+                        s.store(&mut v[at..], x);
+                    } else {
+                        s.store_partial(&mut v[at..at + lanes], x);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `Y = Aᵀ M A` for the block's tiles and output channels `co`, with the tail.
+/// `Aᵀ = [1 1 1 0; 0 1 -1 -1]`.
+#[inline(always)]
+fn transform_output<S: Simd>(
+    s: S,
+    task: &Task<'_>,
+    tiles: std::ops::Range<usize>,
+    (co0, co1): (usize, usize),
+    m: &[f32],
+) {
+    let c = task.c;
+    let cout = task.weights.cout;
+    let cp = co1 - co0;
+    let bt = tiles.len();
+    let tail = VecTail::new(s, c.alpha, c.res_before, c.relu, c.clamp);
+    for (tl, t) in tiles.enumerate() {
+        let (ty, tx) = (t / task.tw, t % task.tw);
+        for k0 in (0..cp).step_by(S::LANES) {
+            let lanes = S::LANES.min(cp - k0);
+            let mut q = [s.splat(0.0); 16];
+            for (xi, v) in q.iter_mut().enumerate() {
+                let at = (xi * bt + tl) * cp + k0;
+                *v = if lanes == S::LANES {
+                    s.load(&m[at..])
+                } else {
+                    s.load_partial(&m[at..at + lanes], 0.0)
+                };
+            }
+            // Aᵀ q: two rows of four.
+            let mut r = [s.splat(0.0); 8];
+            for j in 0..4 {
+                let (q0, q1, q2, q3) = (q[j], q[4 + j], q[8 + j], q[12 + j]);
+                r[j] = s.add(s.add(q0, q1), q2);
+                r[4 + j] = s.sub(s.sub(q1, q2), q3);
+            }
+            let bias = tail.bias(s, c.bias, co0 + k0, lanes);
+            for dy in 0..2 {
+                let oy = 2 * ty + dy;
+                if oy >= task.oh {
+                    break;
+                }
+                let (r0, r1, r2, r3) = (r[dy * 4], r[dy * 4 + 1], r[dy * 4 + 2], r[dy * 4 + 3]);
+                let px = [s.add(s.add(r0, r1), r2), s.sub(s.sub(r1, r2), r3)];
+                for (dx, &acc) in px.iter().enumerate() {
+                    let ox = 2 * tx + dx;
+                    if ox >= task.ow {
+                        break;
+                    }
+                    let at = (oy * task.ow + ox) * cout + co0 + k0;
+                    // SAFETY: tasks own disjoint (tile, channel range) pairs, so no two
+                    // write the same output elements.
+                    let out = unsafe { task.out.part(at..at + lanes) };
+                    let res = match c.residual {
+                        Some(r) => Some(&r[at..at + lanes]),
+                        None => None,
+                    };
+                    tail.store(s, acc, bias, res, out, lanes);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::winograd::tests::data;
+    use crate::ScopedThreads;
+
+    /// Direct NHWC 3×3 convolution in f64, with the tail.
+    fn direct(c: &Conv3x3Nhwc<'_>, w: &[f32], cin: usize, cout: usize) -> Vec<f32> {
+        let (oh, ow) = (c.h + c.pads[0] + c.pads[2] - 2, c.w + c.pads[1] + c.pads[3] - 2);
+        let mut y = vec![0f32; oh * ow * cout];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for co in 0..cout {
+                    let mut acc = 0f64;
+                    for ky in 0..3 {
+                        for kx in 0..3 {
+                            let iy = (oy + ky) as isize - c.pads[0] as isize;
+                            let ix = (ox + kx) as isize - c.pads[1] as isize;
+                            if iy < 0 || ix < 0 || iy >= c.h as isize || ix >= c.w as isize {
+                                continue;
+                            }
+                            for ci in 0..cin {
+                                let xv = c.input[(iy as usize * c.w + ix as usize) * cin + ci];
+                                acc += xv as f64 * w[((ky * 3 + kx) * cin + ci) * cout + co] as f64;
+                            }
+                        }
+                    }
+                    let i = (oy * ow + ox) * cout + co;
+                    let mut v = c.alpha as f64 * acc + c.bias.map_or(0.0, |b| b[co]) as f64;
+                    let r = c.residual.map_or(0.0, |r| r[i]) as f64;
+                    if c.res_before {
+                        v += r;
+                    }
+                    if c.relu {
+                        v = v.max(0.0);
+                    }
+                    if !c.res_before {
+                        v += r;
+                    }
+                    if let Some((lo, hi)) = c.clamp {
+                        v = v.max(lo as f64).min(hi as f64);
+                    }
+                    y[i] = v as f32;
+                }
+            }
+        }
+        y
+    }
+
+    fn case(cin: usize, cout: usize, h: usize, w: usize, pads: [usize; 4], tail: bool) {
+        let x = data(h * w * cin, 1);
+        let wt = data(9 * cin * cout, 2);
+        let bias = data(cout, 3);
+        let (oh, ow) = (h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2);
+        let res = data(oh * ow * cout, 4);
+        let conv = Conv3x3Nhwc {
+            input: &x,
+            h,
+            w,
+            pads,
+            alpha: if tail { 0.5 } else { 1.0 },
+            bias: tail.then_some(&bias[..]),
+            residual: tail.then_some(&res[..]),
+            res_before: cout % 2 == 0,
+            relu: tail,
+            clamp: (tail && cin % 2 == 1).then_some((0.0, 2.0)),
+        };
+        let want = direct(&conv, &wt, cin, cout);
+        let weights = WinogradNhwcWeights::new(&wt, cin, cout).unwrap();
+        // Sums of |products| bound the rounding of any summation order.
+        let scale = (cin * 9) as f32;
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon] {
+            if !isa.is_available() {
+                continue;
+            }
+            for threads in [1, 3] {
+                let mut y = vec![f32::NAN; want.len()];
+                conv3x3_nhwc_with_isa(isa, &conv, &weights, &mut y, &ScopedThreads::new(threads))
+                    .unwrap();
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale * (1.0 + b.abs()),
+                        "{isa:?} {cin}->{cout} {h}x{w} {pads:?} tail {tail} threads {threads}: \
+                         [{i}] {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_direct_convolution() {
+        // ResNet's pad-1 shape, odd sizes (partial tiles), channel counts that leave
+        // partial vectors and partial panels, no padding and uneven padding, several
+        // blocks (many tiles with many channels) and split output channels (few tiles).
+        case(16, 32, 8, 8, [1; 4], true);
+        case(5, 7, 7, 9, [1; 4], true);
+        case(19, 33, 5, 4, [0, 1, 2, 0], false);
+        case(8, 8, 3, 3, [0; 4], true);
+        case(64, 48, 30, 30, [1; 4], true);
+        case(64, 128, 4, 4, [1; 4], false);
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let w = data(9 * 4 * 4, 1);
+        let e = WinogradNhwcWeights::new(&w[..10], 4, 4).unwrap_err();
+        assert!(e.to_string().contains("filters"), "{e}");
+        let weights = WinogradNhwcWeights::new(&w, 4, 4).unwrap();
+        let x = data(5 * 5 * 4, 2);
+        let conv = Conv3x3Nhwc {
+            input: &x,
+            h: 5,
+            w: 5,
+            pads: [0; 4],
+            alpha: 1.0,
+            bias: None,
+            residual: None,
+            res_before: true,
+            relu: false,
+            clamp: None,
+        };
+        let mut y = vec![0f32; 9 * 4 + 1];
+        let e = conv3x3_nhwc(&conv, &weights, &mut y, &Sequential).unwrap_err();
+        assert!(e.to_string().contains("output"), "{e}");
+        let small = Conv3x3Nhwc { h: 1, w: 1, input: &x[..4], ..conv };
+        let e = conv3x3_nhwc(&small, &weights, &mut y, &Sequential).unwrap_err();
+        assert!(e.to_string().contains("smaller"), "{e}");
+    }
+}
