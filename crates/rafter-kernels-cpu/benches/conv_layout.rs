@@ -2,12 +2,12 @@
 //! (X·Wᵀ, Wᵀ pre-packed), 2 threads, alternating.
 use std::time::Instant;
 
-use rafter_kernels_cpu::{
-    sgemm, Activation, BRef, Epilogue, MatMut, MatRef, PackedB, WorkerPool,
-};
+use rafter_kernels_cpu::{sgemm, Activation, BRef, Epilogue, MatMut, MatRef, PackedB, WorkerPool};
 
 fn data(n: usize) -> Vec<f32> {
-    (0..n).map(|i| ((i * 7919) % 2003) as f32 / 1000.0 - 1.0).collect()
+    (0..n)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1000.0 - 1.0)
+        .collect()
 }
 
 fn main() {
@@ -44,13 +44,39 @@ fn main() {
             let s = Instant::now();
             let a = MatRef::row_major(&w, cout, cin, cin).unwrap();
             let b = MatRef::row_major(&x, cin, p, p).unwrap();
-            let e = Epilogue { row_bias: Some(&bias), activation: Activation::Relu, ..Epilogue::none() };
-            sgemm(1.0, a, BRef::Mat(b), 0.0, MatMut::row_major(&mut y, cout, p, p).unwrap(), &e, &pool).unwrap();
+            let e = Epilogue {
+                row_bias: Some(&bias),
+                activation: Activation::Relu,
+                ..Epilogue::none()
+            };
+            sgemm(
+                1.0,
+                a,
+                BRef::Mat(b),
+                0.0,
+                MatMut::row_major(&mut y, cout, p, p).unwrap(),
+                &e,
+                &pool,
+            )
+            .unwrap();
             t_nchw.push(s.elapsed().as_secs_f64() * 1e6);
             let s = Instant::now();
             let a = MatRef::row_major(&x, p, cin, cin).unwrap();
-            let e = Epilogue { bias: Some(&bias), activation: Activation::Relu, ..Epilogue::none() };
-            sgemm(1.0, a, BRef::Packed(pb.view()), 0.0, MatMut::row_major(&mut y, p, cout, cout).unwrap(), &e, &pool).unwrap();
+            let e = Epilogue {
+                bias: Some(&bias),
+                activation: Activation::Relu,
+                ..Epilogue::none()
+            };
+            sgemm(
+                1.0,
+                a,
+                BRef::Packed(pb.view()),
+                0.0,
+                MatMut::row_major(&mut y, p, cout, cout).unwrap(),
+                &e,
+                &pool,
+            )
+            .unwrap();
             t_nhwc.push(s.elapsed().as_secs_f64() * 1e6);
         }
         t_nchw.sort_by(f64::total_cmp);

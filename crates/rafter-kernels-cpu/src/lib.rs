@@ -56,8 +56,8 @@ mod parallel;
 mod simd;
 mod activation;
 mod common;
-mod norm;
 mod nhwc;
+mod norm;
 mod pool;
 mod softmax;
 mod spatial;
@@ -67,12 +67,12 @@ mod winograd;
 mod winograd_nhwc;
 
 pub use kernel::Isa;
+pub use nhwc::{depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, DepthwiseNhwc};
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
-pub use nhwc::{depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, DepthwiseNhwc};
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
 pub use winograd::{conv3x3, Conv3x3, WinogradWeights};
 pub use winograd_nhwc::{conv3x3_nhwc, conv3x3_nhwc_with_isa, Conv3x3Nhwc, WinogradNhwcWeights};

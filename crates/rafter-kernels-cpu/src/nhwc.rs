@@ -384,8 +384,8 @@ mod tests {
                                     continue;
                                 }
                                 let xi = ((img * c.h + iy as usize) * c.w + ix as usize) * ch + k;
-                                acc += c.input[xi] as f64
-                                    * c.weights[(ky * kw + kx) * ch + k] as f64;
+                                acc +=
+                                    c.input[xi] as f64 * c.weights[(ky * kw + kx) * ch + k] as f64;
                             }
                         }
                         let i = ((img * oh + oy) * ow + ox) * ch + k;
@@ -413,11 +413,17 @@ mod tests {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn case(n: usize, h: usize, w: usize, ch: usize, k: usize, s: usize, p: [usize; 4], tail: bool) {
-        let out = [
-            (h + p[0] + p[2] - k) / s + 1,
-            (w + p[1] + p[3] - k) / s + 1,
-        ];
+    fn case(
+        n: usize,
+        h: usize,
+        w: usize,
+        ch: usize,
+        k: usize,
+        s: usize,
+        p: [usize; 4],
+        tail: bool,
+    ) {
+        let out = [(h + p[0] + p[2] - k) / s + 1, (w + p[1] + p[3] - k) / s + 1];
         let x = data(n * h * w * ch, 1);
         let wt = data(k * k * ch, 2);
         let bias = data(ch, 3);
@@ -435,7 +441,7 @@ mod tests {
             alpha: if tail { 0.5 } else { 1.0 },
             bias: tail.then_some(&bias[..]),
             residual: tail.then_some(&res[..]),
-            res_before: !tail || ch % 2 == 0,
+            res_before: !tail || ch.is_multiple_of(2),
             relu: tail,
             clamp: tail.then_some((0.0, 1.5)),
         };
@@ -491,8 +497,15 @@ mod tests {
         let mut y = vec![0f32; 4 * 4 * 8];
         let e = depthwise_nhwc(&conv, &mut y, &Sequential).unwrap_err();
         assert!(e.to_string().contains("depthwise weights"), "{e}");
-        let e = depthwise_nhwc(&DepthwiseNhwc { weights: &w, ..conv }, &mut y[..100], &Sequential)
-            .unwrap_err();
+        let e = depthwise_nhwc(
+            &DepthwiseNhwc {
+                weights: &w,
+                ..conv
+            },
+            &mut y[..100],
+            &Sequential,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("output elements"), "{e}");
     }
 

@@ -410,10 +410,7 @@ fn transform_output<S: Simd>(
                     // SAFETY: tasks own disjoint (tile, channel range) pairs, so no two
                     // write the same output elements.
                     let out = unsafe { task.out.part(at..at + lanes) };
-                    let res = match c.residual {
-                        Some(r) => Some(&r[at..at + lanes]),
-                        None => None,
-                    };
+                    let res = c.residual.map(|r| &r[at..at + lanes]);
                     tail.store(s, acc, bias, res, out, lanes);
                 }
             }
@@ -429,7 +426,10 @@ mod tests {
 
     /// Direct NHWC 3×3 convolution in f64, with the tail.
     fn direct(c: &Conv3x3Nhwc<'_>, w: &[f32], cin: usize, cout: usize) -> Vec<f32> {
-        let (oh, ow) = (c.h + c.pads[0] + c.pads[2] - 2, c.w + c.pads[1] + c.pads[3] - 2);
+        let (oh, ow) = (
+            c.h + c.pads[0] + c.pads[2] - 2,
+            c.w + c.pads[1] + c.pads[3] - 2,
+        );
         let mut y = vec![0f32; oh * ow * cout];
         for oy in 0..oh {
             for ox in 0..ow {
@@ -484,9 +484,9 @@ mod tests {
             alpha: if tail { 0.5 } else { 1.0 },
             bias: tail.then_some(&bias[..]),
             residual: tail.then_some(&res[..]),
-            res_before: cout % 2 == 0,
+            res_before: cout.is_multiple_of(2),
             relu: tail,
-            clamp: (tail && cin % 2 == 1).then_some((0.0, 2.0)),
+            clamp: (tail && !cin.is_multiple_of(2)).then_some((0.0, 2.0)),
         };
         let want = direct(&conv, &wt, cin, cout);
         let weights = WinogradNhwcWeights::new(&wt, cin, cout).unwrap();
@@ -546,7 +546,12 @@ mod tests {
         let mut y = vec![0f32; 9 * 4 + 1];
         let e = conv3x3_nhwc(&conv, &weights, &mut y, &Sequential).unwrap_err();
         assert!(e.to_string().contains("output"), "{e}");
-        let small = Conv3x3Nhwc { h: 1, w: 1, input: &x[..4], ..conv };
+        let small = Conv3x3Nhwc {
+            h: 1,
+            w: 1,
+            input: &x[..4],
+            ..conv
+        };
         let e = conv3x3_nhwc(&small, &weights, &mut y, &Sequential).unwrap_err();
         assert!(e.to_string().contains("smaller"), "{e}");
     }

@@ -12,9 +12,10 @@
 //! compile time from `[M, C/g, kh, kw]` to `[kh, kw, C/g, M]`) and lets the layout flow: one
 //! pass over the nodes in order keeps, per value, the form(s) it exists in, NCHW (the
 //! graph's) or NHWC (`<name>.nhwc`), and
-//! - an elementwise node whose operands are all of its result's shape (or single elements)
-//!   runs in NHWC when one of its operands exists only in NHWC, so ReLUs and residual adds
-//!   between convolutions stay channels-last;
+//! - an elementwise node whose operands are all of its result's shape, single elements or
+//!   per-channel constants (`[C, 1, 1]`, re-laid out as `[1, 1, 1, C]`) runs in NHWC when
+//!   one of its operands exists only in NHWC, so biases, ReLUs and residual adds between
+//!   convolutions stay channels-last;
 //! - every other node reads NCHW, as the graph has it;
 //! - a missing form is made by one `transpose` where it is first needed and then reused.
 //!
@@ -198,13 +199,16 @@ impl Builder<'_> {
         if self.runs_nhwc(n) {
             return self.elementwise_nhwc(n);
         }
-        let inputs: Vec<Option<ValueId>> = n.inputs.iter().map(|v| v.map(|v| self.nchw(v))).collect();
+        let inputs: Vec<Option<ValueId>> =
+            n.inputs.iter().map(|v| v.map(|v| self.nchw(v))).collect();
         let outputs = n
             .outputs
             .iter()
             .map(|o| o.map(|o| (self.src.value(o).name.clone(), self.src.value(o).ty.clone())))
             .collect();
-        let outs = self.dst.add_node(n.name.clone(), n.op.clone(), inputs, outputs);
+        let outs = self
+            .dst
+            .add_node(n.name.clone(), n.op.clone(), inputs, outputs);
         for (old, new) in n.outputs.iter().zip(outs) {
             if let (Some(old), Some(new)) = (old, new) {
                 self.forms[old.0 as usize].nchw = Some(new);
@@ -225,7 +229,10 @@ impl Builder<'_> {
             unreachable!("nhwc_conv matched a conv");
         };
         let x = self.nhwc(n.inputs[0].expect("a conv has x"));
-        let wname = format!("{}.hwio", self.src.value(n.inputs[1].expect("a conv has w")).name);
+        let wname = format!(
+            "{}.hwio",
+            self.src.value(n.inputs[1].expect("a conv has w")).name
+        );
         let w = self.dst.add_const(wname, w);
         let bias = n.input(2).map(|b| self.nchw(b));
         let y = n.outputs[0].expect("one result");
@@ -242,7 +249,10 @@ impl Builder<'_> {
             n.name.clone(),
             op,
             vec![Some(x), Some(w), bias],
-            vec![Some((format!("{}.nhwc", val.name), permuted(&val.ty, &TO_NHWC)))],
+            vec![Some((
+                format!("{}.nhwc", val.name),
+                permuted(&val.ty, &TO_NHWC),
+            ))],
         )[0];
         self.forms[y.0 as usize].nhwc = out;
     }
@@ -270,6 +280,9 @@ impl Builder<'_> {
                 continue;
             }
             if d != dims {
+                if self.src.const_of(*v).and_then(channel_const).is_some() {
+                    continue;
+                }
                 return false;
             }
             let f = self.forms[v.0 as usize];
@@ -285,10 +298,15 @@ impl Builder<'_> {
             .iter()
             .map(|v| {
                 v.map(|v| {
-                    if &self.src.value(v).ty.dims == dims {
-                        self.nhwc(v)
-                    } else {
-                        self.nchw(v)
+                    let val = self.src.value(v);
+                    if &val.ty.dims == dims {
+                        return self.nhwc(v);
+                    }
+                    match self.src.const_of(v).and_then(channel_const) {
+                        Some(c) if !val.ty.dims.iter().all(|d| *d == Dim::known(1)) => {
+                            self.dst.add_const(format!("{}.nhwc", val.name), c)
+                        }
+                        _ => self.nchw(v),
                     }
                 })
             })
@@ -299,8 +317,26 @@ impl Builder<'_> {
             n.name.clone(),
             n.op.clone(),
             inputs,
-            vec![Some((format!("{}.nhwc", val.name), permuted(&val.ty, &TO_NHWC)))],
+            vec![Some((
+                format!("{}.nhwc", val.name),
+                permuted(&val.ty, &TO_NHWC),
+            ))],
         )[0];
         self.forms[y.0 as usize].nhwc = out;
     }
+}
+
+/// A per-channel constant of an NCHW operand (`[C, 1, 1]`, `[1, C, 1, 1]`: a bias added after
+/// a convolution) as the same values broadcast along NHWC's channels, `[1, 1, 1, C]`; `None`
+/// for any other shape.
+fn channel_const(c: &ConstData) -> Option<ConstData> {
+    if c.dims.len() > 4 || c.dims.len() < 3 {
+        return None;
+    }
+    let mut aligned = vec![1usize; 4 - c.dims.len()];
+    aligned.extend(&c.dims);
+    if aligned[0] != 1 || aligned[2] != 1 || aligned[3] != 1 {
+        return None;
+    }
+    ConstData::new(c.dtype, vec![1, 1, 1, aligned[1]], c.bytes.clone()).ok()
 }

@@ -19,9 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
-    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, Activation, BRef, Conv3x3Nhwc,
-    DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, WinogradNhwcWeights,
-    PACKED_B_NR,
+    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, Activation, BRef, Conv3x3Nhwc, DepthwiseNhwc,
+    Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, WinogradNhwcWeights, PACKED_B_NR,
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
@@ -35,10 +34,7 @@ enum WSrc {
     /// Body input `i`, `[kh, kw, C/g, M]`.
     Input(usize),
     /// Body input `input`: panels of the `[kh·kw·C, M]` B that the body unpacks.
-    Packed {
-        input: usize,
-        kernel: [usize; 4],
-    },
+    Packed { input: usize, kernel: [usize; 4] },
 }
 
 struct ConvNhwcKernel {
@@ -236,7 +232,8 @@ impl NativeKernel for ConvNhwcKernel {
                     .map_err(|e| format!("conv_nhwc: packed weight: {e}"))?,
             ),
         };
-        let direct = kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
+        let direct =
+            kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
         if direct {
             // Every image at once: the activations are the GEMM's A as they are.
             let a = MatRef::row_major(xs, n * h * wd, c, c).map_err(gemm_err)?;
@@ -385,8 +382,13 @@ impl ConvNhwcKernel {
                 relu: r.act == Activation::Relu,
                 clamp: r.clamp,
             };
-            conv3x3_nhwc(&conv, &filters, &mut y[img * out_len..][..out_len], &*self.par)
-                .map_err(|e| format!("conv_nhwc: {e}"))?;
+            conv3x3_nhwc(
+                &conv,
+                &filters,
+                &mut y[img * out_len..][..out_len],
+                &*self.par,
+            )
+            .map_err(|e| format!("conv_nhwc: {e}"))?;
         }
         Ok(())
     }

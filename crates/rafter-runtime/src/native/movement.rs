@@ -577,7 +577,12 @@ mod tests {
                 p
             })
             .collect();
-        for shape in [vec![1, 3, 5, 7], vec![2, 1, 4, 3], vec![1, 6, 1, 1], vec![1, 1, 1, 1]] {
+        for shape in [
+            vec![1, 3, 5, 7],
+            vec![2, 1, 4, 3],
+            vec![1, 6, 1, 1],
+            vec![1, 1, 1, 1],
+        ] {
             let n: usize = shape.iter().product();
             let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
             let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -588,9 +593,15 @@ mod tests {
                 assert_eq!(dims.iter().product::<usize>(), n);
                 let mut got = vec![0u8; n * 4];
                 transpose_bytes(&bytes, &dims, &p, 4, &mut got);
-                assert_eq!(got, want, "shape {shape:?} perm {perm:?} merged {dims:?} {p:?}");
+                assert_eq!(
+                    got, want,
+                    "shape {shape:?} perm {perm:?} merged {dims:?} {p:?}"
+                );
             }
         }
-        assert_eq!(merged_axes(&[1, 3, 224, 224], &[0, 2, 3, 1]), (vec![3, 50176], vec![1, 0]));
+        assert_eq!(
+            merged_axes(&[1, 3, 224, 224], &[0, 2, 3, 1]),
+            (vec![3, 50176], vec![1, 0])
+        );
     }
 }

@@ -40,6 +40,9 @@ struct Case {
     g: Graph,
     inputs: Vec<Tensor>,
     rng: Rng,
+    /// [`Case::conv_weight`] makes graph inputs, not constants: the compiler's layout pass
+    /// converts only convolutions of constant weights, so these stay NCHW.
+    nchw: bool,
 }
 
 impl Case {
@@ -48,6 +51,25 @@ impl Case {
             g: Graph::new("native"),
             inputs: Vec::new(),
             rng: Rng(seed | 1),
+            nchw: false,
+        }
+    }
+
+    /// A case whose convolutions stay NCHW (see [`Case::nchw`]).
+    fn with_layout(seed: u64, nchw: bool) -> Case {
+        Case {
+            nchw,
+            ..Case::new(seed)
+        }
+    }
+
+    /// A convolution's weight: a constant (the CPU compiles the convolution channels-last)
+    /// or, for an NCHW case, an input.
+    fn conv_weight(&mut self, dims: &[usize]) -> ValueId {
+        if self.nchw {
+            self.input(dims)
+        } else {
+            self.weight(dims)
         }
     }
 
@@ -280,10 +302,10 @@ fn convolutions_match_the_reference() {
             / s[1] as usize
             + 1;
         let od = [xd[0], m, oh, ow];
-        for tail in 0..5 {
-            let mut c = Case::new(100 + i as u64 * 5 + tail);
+        for (tail, nchw) in (0..5).flat_map(|t| [(t, false), (t, true)]) {
+            let mut c = Case::with_layout(100 + i as u64 * 5 + tail, nchw);
             let x = c.input(&xd);
-            let w = c.weight(&[m, xd[1] / g, kh, kw]);
+            let w = c.conv_weight(&[m, xd[1] / g, kh, kw]);
             let b = c.weight(&[m]);
             let op = conv_op(&s, &p, &d, g as i64);
             let y = match tail {
@@ -333,25 +355,32 @@ fn depthwise_convolutions_with_clip() {
         let (ch, k) = (6usize, 3usize);
         let o = (hw + 2 * p as usize - k) / s as usize + 1;
         let od = [1, ch, o, o];
-        let mut c = Case::new(hw as u64 * 5 + s as u64);
-        let x = c.input(&[1, ch, hw, hw]);
-        let w = c.weight(&[ch, 1, k, k]);
-        let b = c.weight(&[ch]);
-        let lo = c.weight_of(&[], &[0.0]);
-        let hi = c.weight_of(&[], &[0.5]);
-        let y = c.node(
-            conv_op(&[s, s], &[p; 4], &[1, 1], ch as i64),
-            &[x, w, b],
-            &od,
-        );
-        let y = c.node(Op::Clip, &[y, lo, hi], &od);
-        assert_native(c.check(y), 1);
+        for nchw in [false, true] {
+            let mut c = Case::with_layout(hw as u64 * 5 + s as u64, nchw);
+            let x = c.input(&[1, ch, hw, hw]);
+            let w = c.conv_weight(&[ch, 1, k, k]);
+            let b = c.weight(&[ch]);
+            let lo = c.weight_of(&[], &[0.0]);
+            let hi = c.weight_of(&[], &[0.5]);
+            let y = c.node(
+                conv_op(&[s, s], &[p; 4], &[1, 1], ch as i64),
+                &[x, w, b],
+                &od,
+            );
+            let y = c.node(Op::Clip, &[y, lo, hi], &od);
+            assert_native(c.check(y), 1);
+        }
     }
-    // Uneven padding (top 0, left 1, bottom 1, right 0), both strides.
-    for (s, o) in [(1i64, [7usize, 7]), (2, [4, 4])] {
-        let mut c = Case::new(91 + s as u64);
+    // Uneven padding (top 0, left 1, bottom 1, right 0), both strides, both layouts.
+    for (s, o, nchw) in [
+        (1i64, [7usize, 7], false),
+        (2, [4, 4], false),
+        (1, [7, 7], true),
+        (2, [4, 4], true),
+    ] {
+        let mut c = Case::with_layout(91 + s as u64, nchw);
         let x = c.input(&[1, 3, 8, 8]);
-        let w = c.weight(&[3, 1, 3, 3]);
+        let w = c.conv_weight(&[3, 1, 3, 3]);
         let od = [1, 3, o[0], o[1]];
         let y = c.node(conv_op(&[s, s], &[0, 1, 1, 0], &[1, 1], 3), &[x, w], &od);
         assert_native(c.check(y), 1);

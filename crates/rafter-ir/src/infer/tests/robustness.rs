@@ -196,6 +196,14 @@ fn all_ops() -> Vec<Op> {
             equation: ".....".into(),
         },
         Op::MatMulInteger,
+        Op::ConvNhwc {
+            kernel_shape: vec![3, 3],
+            strides: vec![2, 2],
+            pads: vec![1, 1, 1, 1],
+            dilations: vec![],
+            group: 1,
+            auto_pad: AutoPad::NotSet,
+        },
         Op::ConvInteger {
             kernel_shape: vec![],
             strides: vec![],
