@@ -67,7 +67,10 @@ mod winograd;
 mod winograd_nhwc;
 
 pub use kernel::Isa;
-pub use nhwc::{depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, DepthwiseNhwc};
+pub use nhwc::{
+    depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, small_conv_nhwc,
+    small_conv_nhwc_with_isa, DepthwiseNhwc, SmallConvNhwc,
+};
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
 };

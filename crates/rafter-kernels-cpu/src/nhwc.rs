@@ -14,7 +14,7 @@
 use std::ops::Range;
 
 use crate::common::{check_isa, check_len, par_blocks, Disjoint};
-use crate::simd::Simd;
+use crate::simd::{Simd, MAX_LANES};
 use crate::{Isa, KernelError, Parallel};
 
 /// A depthwise convolution (one filter per channel, no dilation) over NHWC activations,
@@ -307,6 +307,216 @@ fn window<S: Simd>(
     acc
 }
 
+/// A convolution of few input channels over NHWC activations (an RGB stem), computed
+/// directly: each output pixel's channels are accumulated in registers as input values
+/// (broadcast) times weight vectors, `kh·kw·cin` of them, four vectors of output channels
+/// at a time. As im2col + GEMM, MobileNetV2's 3×3 stem (K = 27, 32 channels) spent most of
+/// its time copying 3-float runs and in a GEMM too thin for its micro-kernel. No dilation.
+#[derive(Clone, Copy, Debug)]
+pub struct SmallConvNhwc<'a> {
+    /// `n x h x w x cin`.
+    pub input: &'a [f32],
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Input channels.
+    pub cin: usize,
+    /// Window height and width.
+    pub kernel: [usize; 2],
+    /// Strides along height and width.
+    pub stride: [usize; 2],
+    /// Leading padding (top, left); trailing padding is whatever `out` implies (zeros).
+    pub pads: [usize; 2],
+    /// Output height and width.
+    pub out: [usize; 2],
+    /// `kh x kw x cin x cout` (`conv_nhwc`'s layout).
+    pub weights: &'a [f32],
+    /// Output channels.
+    pub cout: usize,
+    /// Scale of the convolution's result.
+    pub alpha: f32,
+    /// Per output channel, added after the scale.
+    pub bias: Option<&'a [f32]>,
+    /// Of the output's shape.
+    pub residual: Option<&'a [f32]>,
+    /// The residual is added before the activation (else after it).
+    pub res_before: bool,
+    /// `max(x, 0)` as the activation (else none).
+    pub relu: bool,
+    /// `x.max(lo).min(hi)`, last.
+    pub clamp: Option<(f32, f32)>,
+}
+
+/// Output-channel vectors accumulated together by [`small_conv_nhwc`].
+const SMALL_VECS: usize = 4;
+
+/// Runs `conv` into `out` (`n x out[0] x out[1] x cout`) on the fastest ISA.
+pub fn small_conv_nhwc(
+    conv: &SmallConvNhwc<'_>,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    small_conv_nhwc_with_isa(Isa::detect(), conv, out, par)
+}
+
+/// [`small_conv_nhwc`] on a given ISA.
+pub fn small_conv_nhwc_with_isa(
+    isa: Isa,
+    conv: &SmallConvNhwc<'_>,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    check_isa(isa)?;
+    let c = conv;
+    let [oh, ow] = c.out;
+    let [kh, kw] = c.kernel;
+    let pixel = oh * ow * c.cout;
+    if pixel == 0 || out.is_empty() {
+        return Ok(());
+    }
+    if kh == 0 || kw == 0 || c.stride.contains(&0) {
+        return Err(KernelError::Shape {
+            what: "small conv nhwc".into(),
+            detail: format!(
+                "window {kh}x{kw}, strides {:?} (all must be positive)",
+                c.stride
+            ),
+        });
+    }
+    if !out.len().is_multiple_of(pixel) {
+        return Err(KernelError::Shape {
+            what: "small conv nhwc".into(),
+            detail: format!(
+                "{} output elements for {oh}x{ow}x{} images",
+                out.len(),
+                c.cout
+            ),
+        });
+    }
+    let n = out.len() / pixel;
+    check_len("small conv input", c.input.len(), n * c.h * c.w * c.cin)?;
+    check_len(
+        "small conv weights",
+        c.weights.len(),
+        kh * kw * c.cin * c.cout,
+    )?;
+    if let Some(b) = c.bias {
+        check_len("small conv bias", b.len(), c.cout)?;
+    }
+    if let Some(r) = c.residual {
+        check_len("small conv residual", r.len(), out.len())?;
+    }
+    // The weights with each tap's row of output channels padded to a whole number of
+    // accumulator groups of the widest ISA (zeros), so the inner loop never masks a load.
+    let group = SMALL_VECS * MAX_LANES;
+    let cp = c.cout.div_ceil(group) * group;
+    let taps = kh * kw * c.cin;
+    let mut wp = vec![0f32; taps * cp];
+    for t in 0..taps {
+        wp[t * cp..t * cp + c.cout].copy_from_slice(&c.weights[t * c.cout..(t + 1) * c.cout]);
+    }
+    let dst = Disjoint::new(out);
+    par_blocks(par, n * oh, ow * cp * taps, &|r| {
+        small_conv_isa(isa, c, &wp, cp, r, &dst)
+    });
+    Ok(())
+}
+
+simd_dispatch!(fn small_conv_isa(c: &SmallConvNhwc<'_>, wp: &[f32], cp: usize, rows: Range<usize>, dst: &Disjoint<'_>) => small_conv_rows);
+
+/// Output rows `rows` (image-major) of [`small_conv_nhwc`], weights `wp` padded to `cp`
+/// output channels per tap.
+#[inline(always)]
+fn small_conv_rows<S: Simd>(
+    s: S,
+    c: &SmallConvNhwc<'_>,
+    wp: &[f32],
+    cp: usize,
+    rows: Range<usize>,
+    dst: &Disjoint<'_>,
+) {
+    let [oh, ow] = c.out;
+    let [kh, kw] = c.kernel;
+    let (cin, cout) = (c.cin, c.cout);
+    let t = VecTail::new(s, c.alpha, c.res_before, c.relu, c.clamp);
+    let zero = s.splat(0.0);
+    for r in rows {
+        let (img, oy) = (r / oh, r % oh);
+        // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
+        let orow = unsafe { dst.part(r * ow * cout..(r + 1) * ow * cout) };
+        let rrow = c
+            .residual
+            .map(|res| &res[r * ow * cout..(r + 1) * ow * cout]);
+        let plane = &c.input[img * c.h * c.w * cin..(img + 1) * c.h * c.w * cin];
+        let iy0 = (oy * c.stride[0]) as isize - c.pads[0] as isize;
+        let ky0 = (-iy0).max(0) as usize;
+        let ky1 = (c.h as isize - iy0).clamp(0, kh as isize) as usize;
+        // Output columns whose window lies inside the input's width: two at a time there,
+        // sharing each weight load, each window row one contiguous run of `kw·cin` values.
+        let ix = |ox: usize| (ox * c.stride[1]) as isize - c.pads[1] as isize;
+        let inner = |ox: usize| ix(ox) >= 0 && ix(ox) + kw as isize <= c.w as isize;
+        let run = kw * cin;
+        let mut ox = 0;
+        while ox < ow {
+            let pair = ox + 1 < ow && inner(ox) && inner(ox + 1);
+            for g0 in (0..cout).step_by(SMALL_VECS * S::LANES) {
+                let mut a0 = [zero; SMALL_VECS];
+                let mut a1 = [zero; SMALL_VECS];
+                if pair {
+                    let (x0, x1) = (ix(ox) as usize, ix(ox + 1) as usize);
+                    for ky in ky0..ky1 {
+                        let iy = (iy0 + ky as isize) as usize;
+                        let r0 = &plane[(iy * c.w + x0) * cin..][..run];
+                        let r1 = &plane[(iy * c.w + x1) * cin..][..run];
+                        let wk = &wp[ky * run * cp + g0..];
+                        for t in 0..run {
+                            let (v0, v1) = (s.splat(r0[t]), s.splat(r1[t]));
+                            let wt = &wk[t * cp..];
+                            for j in 0..SMALL_VECS {
+                                let wv = s.load(&wt[j * S::LANES..]);
+                                a0[j] = s.fma(v0, wv, a0[j]);
+                                a1[j] = s.fma(v1, wv, a1[j]);
+                            }
+                        }
+                    }
+                } else {
+                    let ix0 = ix(ox);
+                    let kx0 = (-ix0).max(0) as usize;
+                    let kx1 = (c.w as isize - ix0).clamp(0, kw as isize) as usize;
+                    for ky in ky0..ky1 {
+                        let iy = (iy0 + ky as isize) as usize;
+                        for kx in kx0..kx1 {
+                            let xi = (iy * c.w + (ix0 + kx as isize) as usize) * cin;
+                            for ci in 0..cin {
+                                let xv = s.splat(plane[xi + ci]);
+                                let wt = &wp[((ky * kw + kx) * cin + ci) * cp + g0..];
+                                for (j, a) in a0.iter_mut().enumerate() {
+                                    *a = s.fma(xv, s.load(&wt[j * S::LANES..]), *a);
+                                }
+                            }
+                        }
+                    }
+                }
+                let pixels = if pair { 2 } else { 1 };
+                for (p, acc) in [a0, a1].iter().take(pixels).enumerate() {
+                    for (j, &a) in acc.iter().enumerate() {
+                        let c0 = g0 + j * S::LANES;
+                        if c0 >= cout {
+                            break;
+                        }
+                        let lanes = S::LANES.min(cout - c0);
+                        let bias = t.bias(s, c.bias, c0, lanes);
+                        let at = (ox + p) * cout + c0;
+                        t.store(s, a, bias, rrow.map(|rr| &rr[at..]), &mut orow[at..], lanes);
+                    }
+                }
+            }
+            ox += if pair { 2 } else { 1 };
+        }
+    }
+}
+
 /// The GEMM operand of a k×k convolution over one NHWC image: for each output pixel of
 /// rows `oy` (row-major over `oy × out[1]`), the row `[kh][kw][channels]` of the input
 /// values under its window, zero where the window leaves the input (`cols` holds
@@ -507,6 +717,101 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("output elements"), "{e}");
+    }
+
+    #[test]
+    fn small_conv_matches_im2col_and_a_direct_sum() {
+        // (n, h, w, cin, cout, k, stride, pads): MobileNet's stem shape, channel counts
+        // that leave partial vectors and partial accumulator groups, uneven padding.
+        for &(n, h, w, cin, cout, k, s, p) in &[
+            (
+                1usize,
+                9usize,
+                9usize,
+                3usize,
+                32usize,
+                3usize,
+                2usize,
+                [1usize, 1],
+            ),
+            (2, 7, 6, 1, 5, 3, 1, [1, 0]),
+            (1, 11, 10, 4, 40, 5, 2, [2, 1]),
+            (1, 5, 5, 2, 17, 1, 1, [0, 0]),
+        ] {
+            let out = [(h + 2 * p[0] - k) / s + 1, (w + 2 * p[1] - k) / s + 1];
+            let x = data(n * h * w * cin, 11);
+            let wt = data(k * k * cin * cout, 12);
+            let bias = data(cout, 13);
+            let res = data(n * out[0] * out[1] * cout, 14);
+            let conv = SmallConvNhwc {
+                input: &x,
+                h,
+                w,
+                cin,
+                kernel: [k, k],
+                stride: [s, s],
+                pads: p,
+                out,
+                weights: &wt,
+                cout,
+                alpha: 0.5,
+                bias: Some(&bias),
+                residual: Some(&res),
+                res_before: cout % 2 == 0,
+                relu: true,
+                clamp: Some((0.0, 1.0)),
+            };
+            // Independent reference: f64 sums over the im2col rows.
+            let kk = k * k * cin;
+            let mut want = vec![0f32; res.len()];
+            for img in 0..n {
+                let mut cols = vec![0f32; out[0] * out[1] * kk];
+                let xi = &x[img * h * w * cin..(img + 1) * h * w * cin];
+                im2col_nhwc(
+                    xi,
+                    [h, w, cin],
+                    [k, k],
+                    [s, s],
+                    p,
+                    out,
+                    0..out[0],
+                    &mut cols,
+                )
+                .unwrap();
+                for px in 0..out[0] * out[1] {
+                    for co in 0..cout {
+                        let acc: f64 = (0..kk)
+                            .map(|t| cols[px * kk + t] as f64 * wt[t * cout + co] as f64)
+                            .sum();
+                        let i = (img * out[0] * out[1] + px) * cout + co;
+                        let mut v = 0.5 * acc + bias[co] as f64;
+                        if conv.res_before {
+                            v += res[i] as f64;
+                        }
+                        v = v.max(0.0);
+                        if !conv.res_before {
+                            v += res[i] as f64;
+                        }
+                        want[i] = v.clamp(0.0, 1.0) as f32;
+                    }
+                }
+            }
+            for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon] {
+                if !isa.is_available() {
+                    continue;
+                }
+                let mut y = vec![f32::NAN; want.len()];
+                small_conv_nhwc_with_isa(isa, &conv, &mut y, &ScopedThreads::new(3)).unwrap();
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{isa:?} {h}x{w}x{cin}->{cout} k{k} s{s}: [{i}] {a} vs {b}"
+                    );
+                }
+            }
+            let mut y = vec![0f32; want.len() - 1];
+            assert!(small_conv_nhwc(&conv, &mut y, &Sequential).is_err());
+        }
     }
 
     #[test]

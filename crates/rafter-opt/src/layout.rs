@@ -38,6 +38,11 @@ pub const STEM_MAX_CIN: i64 = 4;
 /// See [`STEM_MAX_CIN`].
 pub const STEM_MIN_TAPS: i64 = 25;
 
+/// `conv_nhwc`s of at most this many input channels (an RGB stem that is not a
+/// [`STEM_MAX_CIN`] stem) keep their weight raw, not pre-packed: the CPU runtime computes
+/// them directly (`rafter_kernels_cpu::small_conv_nhwc`), not as a GEMM.
+pub const SMALL_CONV_MAX_CIN: i64 = 4;
+
 /// The forms a value of the input graph exists in, in the graph being built.
 #[derive(Clone, Copy, Default)]
 struct Forms {

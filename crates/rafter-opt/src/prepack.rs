@@ -167,7 +167,14 @@ fn b_operand(p: &Program, k: usize, i: usize, rank: usize) -> Option<bool> {
     match (&first.op, rank) {
         (Op::MatMul, 2) if first.inputs.len() == 2 => Some(false),
         (Op::Gemm { trans_b, .. }, 2) => Some(*trans_b),
-        (Op::ConvNhwc { group: 1, .. }, 4) => Some(false),
+        // A convolution of few input channels runs directly on the raw weight.
+        (Op::ConvNhwc { group: 1, .. }, 4)
+            if body.value(v).ty.dims[2]
+                .as_known()
+                .is_some_and(|c| c > crate::layout::SMALL_CONV_MAX_CIN) =>
+        {
+            Some(false)
+        }
         _ => None,
     }
 }

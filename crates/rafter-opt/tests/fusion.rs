@@ -33,9 +33,6 @@ fn ops(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-/// The prologue that unpacks a pre-packed conv weight of fewer than 16 output channels.
-const UNPACK: &[&str] = &["transpose", "reshape", "slice", "reshape"];
-
 const CONV_W: &str = "dense [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, -0.7, 0.8, 0.9, \
                       -0.1, 0.2, -0.3, 0.4, 0.5, -0.6, 0.7, -0.8, 0.9]";
 
@@ -52,16 +49,12 @@ fn conv_bias_relu_is_one_contraction_kernel() {
     ));
     let p = check_equivalent(&g, vec![rand_f32(&[1, 1, 5, 5], 1)]);
     // On the CPU the convolution runs channels-last (`rafter_opt::layout`): a transpose on
-    // each side, the pre-packed weight unpacked by the body's prologue, and the per-channel
-    // bias re-laid out as [1, 1, 1, 2] so the add still fuses.
+    // each side, and the per-channel bias re-laid out as [1, 1, 1, 2] so the add still fuses.
     assert_eq!(
         kernels(&p),
         vec![
             (KernelKind::DataMovement, ops(&["transpose"])),
-            (
-                KernelKind::Contraction,
-                ops(&[UNPACK, &["conv_nhwc", "add", "relu"]].concat())
-            ),
+            (KernelKind::Contraction, ops(&["conv_nhwc", "add", "relu"])),
             (KernelKind::DataMovement, ops(&["transpose"])),
         ]
     );
@@ -103,10 +96,7 @@ fn conv_residual_relu_and_matmul_bias_gelu() {
             (KernelKind::DataMovement, ops(&["transpose"])),
             (KernelKind::Elementwise, ops(&["exp"])),
             (KernelKind::DataMovement, ops(&["transpose"])),
-            (
-                KernelKind::Contraction,
-                ops(&[UNPACK, &["conv_nhwc", "add", "relu"]].concat())
-            ),
+            (KernelKind::Contraction, ops(&["conv_nhwc", "add", "relu"])),
             (KernelKind::Contraction, ops(&["matmul", "add", "gelu"])),
             (KernelKind::DataMovement, ops(&["transpose"])),
         ]

@@ -115,11 +115,11 @@ fn compiled_channels_last_programs_match_the_reference_bitwise() {
         .map(|n| n.op.name())
         .collect();
     assert_eq!(convs, ["conv_nhwc"; 4]);
-    // The ungrouped convolutions' weights are pre-packed ([ceil(M/16), kh·kw·C, 16]); the
-    // depthwise one stays [3, 3, 1, 8].
+    // The ungrouped convolutions' weights are pre-packed ([ceil(M/16), kh·kw·C, 16]), but the
+    // 3-channel stem's (computed directly) and the depthwise one's stay raw.
     let dims: Vec<Vec<usize>> = p.weights.iter().map(|w| w.dims.clone()).collect();
     for want in [
-        vec![1, 27, 16],
+        vec![3, 3, 3, 8],
         vec![1, 8, 16],
         vec![1, 72, 16],
         vec![3, 3, 1, 8],

@@ -5,7 +5,10 @@
 //! - other ungrouped windows: `X'` is built per block of output rows
 //!   (`rafter_kernels_cpu::im2col_nhwc`, a few contiguous runs per pixel) in a reusable
 //!   per-thread scratch buffer, the blocks' copies spread over the threads;
-//! - depthwise: no GEMM, `rafter_kernels_cpu::depthwise_nhwc` vectorised over channels.
+//! - depthwise: no GEMM, `rafter_kernels_cpu::depthwise_nhwc` vectorised over channels;
+//! - at most [`SMALL_CONV_MAX_CIN`] input channels (an RGB stem), weight left raw by the
+//!   compiler: no GEMM, `rafter_kernels_cpu::small_conv_nhwc` accumulates each pixel's
+//!   output channels in registers.
 //!
 //! The weight `[kh, kw, C, M]` is B as it is, or pre-packed at compile time
 //! (`rafter_opt::prepack`): the body then unpacks the panels by a prologue (`transpose`,
@@ -19,8 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
-    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, Activation, BRef, Conv3x3Nhwc, DepthwiseNhwc,
-    Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, WinogradNhwcWeights, PACKED_B_NR,
+    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, small_conv_nhwc, Activation, BRef,
+    Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual,
+    SmallConvNhwc, WinogradNhwcWeights, PACKED_B_NR,
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
@@ -52,6 +56,11 @@ struct ConvNhwcKernel {
     /// The Winograd-transformed filter, by the address of the weight it was computed from.
     winograd: Mutex<Option<(usize, Arc<WinogradNhwcWeights>)>>,
 }
+
+/// Convolutions of at most this many input channels run directly
+/// (`rafter_kernels_cpu::small_conv_nhwc`) when their weight is raw, as `rafter_opt`
+/// leaves it for them (`layout::SMALL_CONV_MAX_CIN`).
+const SMALL_CONV_MAX_CIN: usize = 4;
 
 /// im2col blocks hold about this many bytes (a block's GEMM reads its A from L2/L3).
 const IM2COL_BYTES: usize = 1024 * 1024;
@@ -212,6 +221,10 @@ impl NativeKernel for ConvNhwcKernel {
                 return Ok(false);
             };
             self.depthwise(xs, ins[wi].f32s()?, y, [h, wd, c], &geo, &r)?;
+            return Ok(true);
+        }
+        if let (WSrc::Input(wi), true) = (self.w, c <= SMALL_CONV_MAX_CIN) {
+            self.small(xs, ins[wi].f32s()?, y, [h, wd, c], m, &geo, &r)?;
             return Ok(true);
         }
         let k = kh * kw * c;
@@ -391,6 +404,39 @@ impl ConvNhwcKernel {
             .map_err(|e| format!("conv_nhwc: {e}"))?;
         }
         Ok(())
+    }
+
+    /// A convolution of few input channels, computed directly on the raw weight.
+    #[allow(clippy::too_many_arguments)]
+    fn small(
+        &self,
+        xs: &[f32],
+        ws: &[f32],
+        y: &mut [f32],
+        [h, w, c]: [usize; 3],
+        m: usize,
+        geo: &Geom,
+        r: &Resolved<'_>,
+    ) -> Result<(), String> {
+        let conv = SmallConvNhwc {
+            input: xs,
+            h,
+            w,
+            cin: c,
+            kernel: geo.k,
+            stride: geo.s,
+            pads: geo.pb,
+            out: geo.out,
+            weights: ws,
+            cout: m,
+            alpha: r.alpha,
+            bias: r.bias,
+            residual: r.residual,
+            res_before: r.res_before,
+            relu: r.act == Activation::Relu,
+            clamp: r.clamp,
+        };
+        small_conv_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))
     }
 
     fn depthwise(
