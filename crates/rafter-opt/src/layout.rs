@@ -23,6 +23,8 @@
 //! transpose at each end; the graph's inputs and outputs keep their layout and names. The
 //! pass runs for the CPU target only (the SPIR-V generator has no `conv_nhwc`).
 
+use std::collections::HashMap;
+
 use rafter_ir::{ConstData, DType, Dim, Graph, Op, TensorType, ValueDef, ValueId};
 
 use crate::util::is_control_flow;
@@ -64,6 +66,7 @@ pub fn channels_last(g: &mut Graph) -> bool {
         src: g,
         dst: Graph::new(g.name.clone()),
         forms: vec![Forms::default(); g.values.len()],
+        relaid: HashMap::new(),
     };
     for &v in &g.inputs {
         let val = g.value(v);
@@ -138,6 +141,9 @@ struct Builder<'a> {
     src: &'a Graph,
     dst: Graph,
     forms: Vec<Forms>,
+    /// Re-laid-out constants (a permuted weight, a per-channel constant) by source value,
+    /// made once however many nodes read them.
+    relaid: HashMap<ValueId, ValueId>,
 }
 
 impl Builder<'_> {
@@ -183,6 +189,18 @@ impl Builder<'_> {
             .add_const(val.name.clone(), self.src.constant(c).clone());
         self.forms[v.0 as usize].nchw = Some(new);
         self.forms[v.0 as usize]
+    }
+
+    /// Constant `data`, source value `v` re-laid out, named `<v's name>.<suffix>`: added on
+    /// first use, then shared.
+    fn relaid(&mut self, v: ValueId, suffix: &str, data: ConstData) -> ValueId {
+        if let Some(&c) = self.relaid.get(&v) {
+            return c;
+        }
+        let name = format!("{}.{suffix}", self.src.value(v).name);
+        let c = self.dst.add_const(name, data);
+        self.relaid.insert(v, c);
+        c
     }
 
     fn transpose(&mut self, x: ValueId, perm: &[i64; 4], name: String, ty: TensorType) -> ValueId {
@@ -234,11 +252,7 @@ impl Builder<'_> {
             unreachable!("nhwc_conv matched a conv");
         };
         let x = self.nhwc(n.inputs[0].expect("a conv has x"));
-        let wname = format!(
-            "{}.hwio",
-            self.src.value(n.inputs[1].expect("a conv has w")).name
-        );
-        let w = self.dst.add_const(wname, w);
+        let w = self.relaid(n.inputs[1].expect("a conv has w"), "hwio", w);
         let bias = n.input(2).map(|b| self.nchw(b));
         let y = n.outputs[0].expect("one result");
         let val = self.src.value(y);
@@ -309,7 +323,7 @@ impl Builder<'_> {
                     }
                     match self.src.const_of(v).and_then(channel_const) {
                         Some(c) if !val.ty.dims.iter().all(|d| *d == Dim::known(1)) => {
-                            self.dst.add_const(format!("{}.nhwc", val.name), c)
+                            self.relaid(v, "nhwc", c)
                         }
                         _ => self.nchw(v),
                     }

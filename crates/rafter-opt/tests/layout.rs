@@ -193,3 +193,36 @@ fn grouped_stems_dilated_and_vulkan_convolutions_stay_nchw() {
         .flat_map(|k| &k.body.nodes)
         .any(|n| matches!(n.op, Op::ConvNhwc { .. })));
 }
+
+#[test]
+fn a_shared_weight_and_bias_are_relaid_once() {
+    let src = format!(
+        r#"graph @tied(%x: f32[1, 6, 5, 5]) -> (%z) {{
+          const %w: f32[6, 6, 3, 3] = {w}
+          const %b: f32[6, 1, 1] = {b}
+          %c1: f32[1, 6, 5, 5] = {c}(%x, %w)
+          %a1: f32[1, 6, 5, 5] = binary{{op = add}}(%c1, %b)
+          %c2: f32[1, 6, 5, 5] = {c}(%a1, %w)
+          %z: f32[1, 6, 5, 5] = binary{{op = add}}(%c2, %b)
+        }}"#,
+        w = dense(6 * 54, 1),
+        b = dense(6, 2),
+        c = conv(3, 1, 1, 1),
+    );
+    let mut g = parse(&src);
+    assert!(channels_last(&mut g));
+    let named = |name: &str| g.values.iter().filter(|v| v.name == name).count();
+    assert_eq!((named("w.hwio"), named("b.nhwc")), (1, 1));
+    assert_eq!(
+        ops(&g),
+        [
+            "transpose",
+            "conv_nhwc",
+            "binary",
+            "conv_nhwc",
+            "binary",
+            "transpose"
+        ]
+    );
+    check_equivalent(&parse(&src), vec![rand_f32(&[1, 6, 5, 5], 5)]);
+}
