@@ -5,8 +5,11 @@
 //! `Y[pixels, M] = X[pixels, C] · W[C, M]`, that reads the activations in place with the
 //! weights as its pre-packed B ([`crate::prepack`]); a k×k one packs rows of `k·k·C`
 //! contiguous runs; a depthwise one vectorises over channels. In NCHW the activations must
-//! be packed from L3 on every call and small maps fill the GEMM's tiles badly
-//! (`benchmarks/RESULTS.md`, "Channels-last convolutions").
+//! be packed on every call: ResNet-50's 1×1 convolutions took 0.68–0.93× the NCHW time
+//! channels-last even hot in cache (`cargo bench -p rafter-kernels-cpu --bench
+//! conv_layout`), and the whole model 50.9–57.9 → 37.6–37.8 ms (`rafter bench resnet50.rfa
+//! --threads 2`, builds alternated; `benchmarks/RESULTS.md`, "Channels-last CPU
+//! convolutions").
 //!
 //! [`channels_last`] rewrites every covered `conv` into `conv_nhwc` (its weight permuted at
 //! compile time from `[M, C/g, kh, kw]` to `[kh, kw, C/g, M]`) and lets the layout flow: one
@@ -83,9 +86,10 @@ pub fn channels_last(g: &mut Graph) -> bool {
     true
 }
 
-/// The conv's weight as `[kh, kw, C/g, M]` when the conv is one the CPU's NHWC kernels
-/// cover: 2-D, f32, a constant weight, no dilation, ungrouped or depthwise, and not a stem.
-fn nhwc_conv(g: &Graph, n: &rafter_ir::Node) -> Option<ConstData> {
+/// The dims `[M, C/g, kh, kw]` of the conv's weight when the conv is one the CPU's NHWC
+/// kernels cover: 2-D, f32, a constant weight, no dilation, ungrouped or depthwise, and not
+/// a stem.
+fn nhwc_conv(g: &Graph, n: &rafter_ir::Node) -> Option<[usize; 4]> {
     let Op::Conv {
         dilations, group, ..
     } = &n.op
@@ -109,7 +113,7 @@ fn nhwc_conv(g: &Graph, n: &rafter_ir::Node) -> Option<ConstData> {
     if c <= STEM_MAX_CIN && (kh * kw) as i64 >= STEM_MIN_TAPS {
         return None;
     }
-    Some(hwio(wc, [m, cg, kh, kw]))
+    Some([m, cg, kh, kw])
 }
 
 /// An `[M, I, kh, kw]` f32 weight permuted to `[kh, kw, I, M]`.
@@ -193,12 +197,21 @@ impl Builder<'_> {
 
     /// Constant `data`, source value `v` re-laid out, named `<v's name>.<suffix>`: added on
     /// first use, then shared.
-    fn relaid(&mut self, v: ValueId, suffix: &str, data: ConstData) -> ValueId {
+    fn relaid(
+        &mut self,
+        v: ValueId,
+        suffix: &str,
+        data: impl FnOnce(&ConstData) -> ConstData,
+    ) -> ValueId {
         if let Some(&c) = self.relaid.get(&v) {
             return c;
         }
+        let src = self
+            .src
+            .const_of(v)
+            .expect("only constants are re-laid out");
         let name = format!("{}.{suffix}", self.src.value(v).name);
-        let c = self.dst.add_const(name, data);
+        let c = self.dst.add_const(name, data(src));
         self.relaid.insert(v, c);
         c
     }
@@ -239,7 +252,7 @@ impl Builder<'_> {
         }
     }
 
-    fn conv(&mut self, n: &rafter_ir::Node, w: ConstData) {
+    fn conv(&mut self, n: &rafter_ir::Node, w_dims: [usize; 4]) {
         let Op::Conv {
             kernel_shape,
             strides,
@@ -252,7 +265,9 @@ impl Builder<'_> {
             unreachable!("nhwc_conv matched a conv");
         };
         let x = self.nhwc(n.inputs[0].expect("a conv has x"));
-        let w = self.relaid(n.inputs[1].expect("a conv has w"), "hwio", w);
+        let w = self.relaid(n.inputs[1].expect("a conv has w"), "hwio", |w| {
+            hwio(w, w_dims)
+        });
         let bias = n.input(2).map(|b| self.nchw(b));
         let y = n.outputs[0].expect("one result");
         let val = self.src.value(y);
@@ -323,7 +338,7 @@ impl Builder<'_> {
                     }
                     match self.src.const_of(v).and_then(channel_const) {
                         Some(c) if !val.ty.dims.iter().all(|d| *d == Dim::known(1)) => {
-                            self.relaid(v, "nhwc", c)
+                            self.relaid(v, "nhwc", |_| c)
                         }
                         _ => self.nchw(v),
                     }
