@@ -69,7 +69,7 @@ mod winograd_nhwc;
 pub use kernel::Isa;
 pub use nhwc::{
     depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, small_conv_nhwc,
-    small_conv_nhwc_with_isa, DepthwiseNhwc, SmallConvNhwc,
+    small_conv_nhwc_with_isa, ChannelTail, DepthwiseNhwc, SmallConvNhwc, WindowNhwc,
 };
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,

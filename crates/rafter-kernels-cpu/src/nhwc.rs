@@ -17,32 +17,13 @@ use crate::common::{check_isa, check_len, par_blocks, Disjoint};
 use crate::simd::{Simd, MAX_LANES};
 use crate::{Isa, KernelError, Parallel};
 
-/// A depthwise convolution (one filter per channel, no dilation) over NHWC activations,
-/// with its tail: per output element
+/// The elementwise tail a channels-last convolution fuses, per output element:
 /// `clamp(act(alpha * conv + bias[c] (+ residual)) (+ residual))`.
 #[derive(Clone, Copy, Debug)]
-pub struct DepthwiseNhwc<'a> {
-    /// `n x h x w x channels`.
-    pub input: &'a [f32],
-    /// Input height.
-    pub h: usize,
-    /// Input width.
-    pub w: usize,
-    /// Channels (one filter each).
-    pub channels: usize,
-    /// Window height and width.
-    pub kernel: [usize; 2],
-    /// Strides along height and width.
-    pub stride: [usize; 2],
-    /// Leading padding (top, left); trailing padding is whatever `out` implies (zeros).
-    pub pads: [usize; 2],
-    /// Output height and width.
-    pub out: [usize; 2],
-    /// `kh x kw x channels`.
-    pub weights: &'a [f32],
+pub struct ChannelTail<'a> {
     /// Scale of the convolution's result.
     pub alpha: f32,
-    /// Per channel, added after the scale.
+    /// Per output channel, added after the scale.
     pub bias: Option<&'a [f32]>,
     /// Of the output's shape.
     pub residual: Option<&'a [f32]>,
@@ -52,6 +33,105 @@ pub struct DepthwiseNhwc<'a> {
     pub relu: bool,
     /// `x.max(lo).min(hi)`, last.
     pub clamp: Option<(f32, f32)>,
+}
+
+impl Default for ChannelTail<'_> {
+    /// The identity: the convolution's result as it is.
+    fn default() -> Self {
+        ChannelTail {
+            alpha: 1.0,
+            bias: None,
+            residual: None,
+            res_before: true,
+            relu: false,
+            clamp: None,
+        }
+    }
+}
+
+impl ChannelTail<'_> {
+    /// Checks the bias against `channels` and the residual against the output's length.
+    pub(crate) fn check(
+        &self,
+        what: &str,
+        channels: usize,
+        out_len: usize,
+    ) -> Result<(), KernelError> {
+        if let Some(b) = self.bias {
+            check_len(&format!("{what} bias"), b.len(), channels)?;
+        }
+        if let Some(r) = self.residual {
+            check_len(&format!("{what} residual"), r.len(), out_len)?;
+        }
+        Ok(())
+    }
+}
+
+/// An NHWC input and the window a convolution slides over it (no dilation).
+#[derive(Clone, Copy, Debug)]
+pub struct WindowNhwc<'a> {
+    /// `n x h x w x channels`.
+    pub input: &'a [f32],
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Input channels.
+    pub channels: usize,
+    /// Window height and width.
+    pub kernel: [usize; 2],
+    /// Strides along height and width.
+    pub stride: [usize; 2],
+    /// Leading padding (top, left); trailing padding is whatever `out` implies (zeros).
+    pub pads: [usize; 2],
+    /// Output height and width.
+    pub out: [usize; 2],
+}
+
+impl WindowNhwc<'_> {
+    /// The images in an output of `out_len` elements of `cout` channels, after checking the
+    /// window and the input's length against them; 0 for an empty output.
+    fn images(&self, what: &str, out_len: usize, cout: usize) -> Result<usize, KernelError> {
+        let ([oh, ow], [kh, kw]) = (self.out, self.kernel);
+        let pixel = oh * ow * cout;
+        if pixel == 0 || out_len == 0 {
+            return Ok(0);
+        }
+        let shape = |detail: String| KernelError::Shape {
+            what: what.into(),
+            detail,
+        };
+        if kh == 0 || kw == 0 || self.stride.contains(&0) {
+            return Err(shape(format!(
+                "window {kh}x{kw}, strides {:?} (all must be positive)",
+                self.stride
+            )));
+        }
+        if !out_len.is_multiple_of(pixel) {
+            return Err(shape(format!(
+                "{out_len} output elements for {oh}x{ow}x{cout} images"
+            )));
+        }
+        let n = out_len / pixel;
+        check_len(
+            &format!("{what} input"),
+            self.input.len(),
+            n * self.h * self.w * self.channels,
+        )?;
+        Ok(n)
+    }
+}
+
+/// A depthwise convolution (one filter per input channel) over NHWC activations, with its
+/// tail.
+#[derive(Clone, Copy, Debug)]
+pub struct DepthwiseNhwc<'a> {
+    /// The input and window; output channels are the input's.
+    pub window: WindowNhwc<'a>,
+    /// `kh x kw x channels`.
+    pub weights: &'a [f32],
+    /// The fused tail.
+    pub tail: ChannelTail<'a>,
 }
 
 /// Runs `conv` into `out` (`n x out[0] x out[1] x channels`) on the fastest ISA.
@@ -72,41 +152,16 @@ pub fn depthwise_nhwc_with_isa(
 ) -> Result<(), KernelError> {
     check_isa(isa)?;
     let c = conv;
-    let [oh, ow] = c.out;
-    let [kh, kw] = c.kernel;
-    let pixel = oh * ow * c.channels;
-    if pixel == 0 || out.is_empty() {
+    let (ch, [oh, ow], [kh, kw]) = (c.window.channels, c.window.out, c.window.kernel);
+    let n = c.window.images("depthwise nhwc", out.len(), ch)?;
+    if n == 0 {
         return Ok(());
     }
-    let shape = |detail: String| KernelError::Shape {
-        what: "depthwise nhwc".into(),
-        detail,
-    };
-    if kh == 0 || kw == 0 || c.stride.contains(&0) {
-        return Err(shape(format!(
-            "window {kh}x{kw}, strides {:?} (all must be positive)",
-            c.stride
-        )));
-    }
-    if !out.len().is_multiple_of(pixel) {
-        return Err(shape(format!(
-            "{} output elements for {oh}x{ow}x{} images",
-            out.len(),
-            c.channels
-        )));
-    }
-    let n = out.len() / pixel;
-    check_len("depthwise input", c.input.len(), n * c.h * c.w * c.channels)?;
-    check_len("depthwise weights", c.weights.len(), kh * kw * c.channels)?;
-    if let Some(b) = c.bias {
-        check_len("depthwise bias", b.len(), c.channels)?;
-    }
-    if let Some(r) = c.residual {
-        check_len("depthwise residual", r.len(), out.len())?;
-    }
+    check_len("depthwise weights", c.weights.len(), kh * kw * ch)?;
+    c.tail.check("depthwise", ch, out.len())?;
     let rows = n * oh;
     let dst = Disjoint::new(out);
-    par_blocks(par, rows, ow * c.channels * kh * kw, &|r| {
+    par_blocks(par, rows, ow * ch * kh * kw, &|r| {
         depthwise_isa(isa, c, r, &dst)
     });
     Ok(())
@@ -129,22 +184,16 @@ pub(crate) struct VecTail<S: Simd> {
 
 impl<S: Simd> VecTail<S> {
     #[inline(always)]
-    pub(crate) fn new(
-        s: S,
-        alpha: f32,
-        res_before: bool,
-        relu: bool,
-        clamp: Option<(f32, f32)>,
-    ) -> Self {
-        let (lo, hi) = clamp.unwrap_or((0.0, 0.0));
+    pub(crate) fn new(s: S, tail: &ChannelTail<'_>) -> Self {
+        let (lo, hi) = tail.clamp.unwrap_or((0.0, 0.0));
         VecTail {
-            alpha: s.splat(alpha),
+            alpha: s.splat(tail.alpha),
             zero: s.splat(0.0),
             lo: s.splat(lo),
             hi: s.splat(hi),
-            res_before,
-            relu,
-            clamp: clamp.is_some(),
+            res_before: tail.res_before,
+            relu: tail.relu,
+            clamp: tail.clamp.is_some(),
         }
     }
 
@@ -201,30 +250,34 @@ impl<S: Simd> VecTail<S> {
 /// Output rows `rows` (image-major: row `r` is image `r / oh`, output row `r % oh`).
 #[inline(always)]
 fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) {
-    let ch = c.channels;
-    let [oh, ow] = c.out;
-    let [kh, kw] = c.kernel;
-    let [sh, sw] = c.stride;
-    let t = VecTail::new(s, c.alpha, c.res_before, c.relu, c.clamp);
+    let wnd = &c.window;
+    let ch = wnd.channels;
+    let [oh, ow] = wnd.out;
+    let [kh, kw] = wnd.kernel;
+    let [sh, sw] = wnd.stride;
+    let t = VecTail::new(s, &c.tail);
     // Output columns whose whole window lies inside the input: no checks there.
-    let ix = |ox: usize| (ox * sw) as isize - c.pads[1] as isize;
+    let ix = |ox: usize| (ox * sw) as isize - wnd.pads[1] as isize;
     let inner_lo = (0..ow).find(|&ox| ix(ox) >= 0).unwrap_or(ow);
     let inner_hi = (inner_lo..ow)
-        .find(|&ox| ix(ox) + kw as isize > c.w as isize)
+        .find(|&ox| ix(ox) + kw as isize > wnd.w as isize)
         .unwrap_or(ow);
     for r in rows {
         let (img, oy) = (r / oh, r % oh);
         // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
         let orow = unsafe { dst.part(r * ow * ch..(r + 1) * ow * ch) };
-        let rrow = c.residual.map(|res| &res[r * ow * ch..(r + 1) * ow * ch]);
-        let iy0 = (oy * sh) as isize - c.pads[0] as isize;
+        let rrow = c
+            .tail
+            .residual
+            .map(|res| &res[r * ow * ch..(r + 1) * ow * ch]);
+        let iy0 = (oy * sh) as isize - wnd.pads[0] as isize;
         let ky0 = (-iy0).max(0) as usize;
-        let ky1 = (c.h as isize - iy0).clamp(0, kh as isize) as usize;
-        let plane = &c.input[img * c.h * c.w * ch..(img + 1) * c.h * c.w * ch];
+        let ky1 = (wnd.h as isize - iy0).clamp(0, kh as isize) as usize;
+        let plane = &wnd.input[img * wnd.h * wnd.w * ch..(img + 1) * wnd.h * wnd.w * ch];
         let full_rows = ky0 == 0 && ky1 == kh;
         for c0 in (0..ch).step_by(S::LANES) {
             let lanes = S::LANES.min(ch - c0);
-            let bias = t.bias(s, c.bias, c0, lanes);
+            let bias = t.bias(s, c.tail.bias, c0, lanes);
             // (No closures here: a closure is compiled without the caller's target
             // features, and its vector operations would become calls.)
             if kh == 3 && kw == 3 && lanes == S::LANES && full_rows {
@@ -234,8 +287,8 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
                 }
                 for ox in 0..ow {
                     let acc = if (inner_lo..inner_hi).contains(&ox) {
-                        let base = (iy0 as usize * c.w + ix(ox) as usize) * ch + c0;
-                        dot9(s, plane, base, c.w * ch, ch, &wv)
+                        let base = (iy0 as usize * wnd.w + ix(ox) as usize) * ch + c0;
+                        dot9(s, plane, base, wnd.w * ch, ch, &wv)
                     } else {
                         window(s, c, plane, iy0, ky0..ky1, ix(ox), c0, lanes)
                     };
@@ -283,15 +336,15 @@ fn window<S: Simd>(
     c0: usize,
     lanes: usize,
 ) -> S::V {
-    let ch = c.channels;
-    let kw = c.kernel[1];
+    let ch = c.window.channels;
+    let kw = c.window.kernel[1];
     let kx0 = (-ix0).max(0) as usize;
-    let kx1 = (c.w as isize - ix0).clamp(0, kw as isize) as usize;
+    let kx1 = (c.window.w as isize - ix0).clamp(0, kw as isize) as usize;
     let mut acc = s.splat(0.0);
     for ky in ky {
         let iy = (iy0 + ky as isize) as usize;
         for kx in kx0..kx1 {
-            let i = (iy * c.w + (ix0 + kx as isize) as usize) * ch + c0;
+            let i = (iy * c.window.w + (ix0 + kx as isize) as usize) * ch + c0;
             let wi = (ky * kw + kx) * ch + c0;
             let (x, w) = if lanes == S::LANES {
                 (s.load(&plane[i..]), s.load(&c.weights[wi..]))
@@ -310,42 +363,20 @@ fn window<S: Simd>(
 /// A convolution of few input channels over NHWC activations (an RGB stem), computed
 /// directly: each output pixel's channels are accumulated in registers as input values
 /// (broadcast) times weight vectors, `kh·kw·cin` of them, four vectors of output channels
-/// at a time. As im2col + GEMM, MobileNetV2's 3×3 stem (K = 27, 32 channels) spent most of
-/// its time copying 3-float runs and in a GEMM too thin for its micro-kernel. No dilation.
+/// at a time, two pixels per weight load. On MobileNetV2's 3×3 stem (K = 27, 32 channels) it
+/// took the time of im2col + GEMM (342–392 against 348–367 µs a call, `rafter bench
+/// --trace`, builds alternated) with no im2col scratch and no packed weight: 1.7 MB less
+/// peak RSS for the model. No dilation.
 #[derive(Clone, Copy, Debug)]
 pub struct SmallConvNhwc<'a> {
-    /// `n x h x w x cin`.
-    pub input: &'a [f32],
-    /// Input height.
-    pub h: usize,
-    /// Input width.
-    pub w: usize,
-    /// Input channels.
-    pub cin: usize,
-    /// Window height and width.
-    pub kernel: [usize; 2],
-    /// Strides along height and width.
-    pub stride: [usize; 2],
-    /// Leading padding (top, left); trailing padding is whatever `out` implies (zeros).
-    pub pads: [usize; 2],
-    /// Output height and width.
-    pub out: [usize; 2],
+    /// The input and window.
+    pub window: WindowNhwc<'a>,
     /// `kh x kw x cin x cout` (`conv_nhwc`'s layout).
     pub weights: &'a [f32],
     /// Output channels.
     pub cout: usize,
-    /// Scale of the convolution's result.
-    pub alpha: f32,
-    /// Per output channel, added after the scale.
-    pub bias: Option<&'a [f32]>,
-    /// Of the output's shape.
-    pub residual: Option<&'a [f32]>,
-    /// The residual is added before the activation (else after it).
-    pub res_before: bool,
-    /// `max(x, 0)` as the activation (else none).
-    pub relu: bool,
-    /// `x.max(lo).min(hi)`, last.
-    pub clamp: Option<(f32, f32)>,
+    /// The fused tail.
+    pub tail: ChannelTail<'a>,
 }
 
 /// Output-channel vectors accumulated together by [`small_conv_nhwc`].
@@ -369,49 +400,22 @@ pub fn small_conv_nhwc_with_isa(
 ) -> Result<(), KernelError> {
     check_isa(isa)?;
     let c = conv;
-    let [oh, ow] = c.out;
-    let [kh, kw] = c.kernel;
-    let pixel = oh * ow * c.cout;
-    if pixel == 0 || out.is_empty() {
+    let ([oh, ow], [kh, kw]) = (c.window.out, c.window.kernel);
+    let n = c.window.images("small conv nhwc", out.len(), c.cout)?;
+    if n == 0 {
         return Ok(());
     }
-    if kh == 0 || kw == 0 || c.stride.contains(&0) {
-        return Err(KernelError::Shape {
-            what: "small conv nhwc".into(),
-            detail: format!(
-                "window {kh}x{kw}, strides {:?} (all must be positive)",
-                c.stride
-            ),
-        });
-    }
-    if !out.len().is_multiple_of(pixel) {
-        return Err(KernelError::Shape {
-            what: "small conv nhwc".into(),
-            detail: format!(
-                "{} output elements for {oh}x{ow}x{} images",
-                out.len(),
-                c.cout
-            ),
-        });
-    }
-    let n = out.len() / pixel;
-    check_len("small conv input", c.input.len(), n * c.h * c.w * c.cin)?;
     check_len(
         "small conv weights",
         c.weights.len(),
-        kh * kw * c.cin * c.cout,
+        kh * kw * c.window.channels * c.cout,
     )?;
-    if let Some(b) = c.bias {
-        check_len("small conv bias", b.len(), c.cout)?;
-    }
-    if let Some(r) = c.residual {
-        check_len("small conv residual", r.len(), out.len())?;
-    }
+    c.tail.check("small conv", c.cout, out.len())?;
     // The weights with each tap's row of output channels padded to a whole number of
     // accumulator groups of the widest ISA (zeros), so the inner loop never masks a load.
     let group = SMALL_VECS * MAX_LANES;
     let cp = c.cout.div_ceil(group) * group;
-    let taps = kh * kw * c.cin;
+    let taps = kh * kw * c.window.channels;
     let mut wp = vec![0f32; taps * cp];
     for t in 0..taps {
         wp[t * cp..t * cp + c.cout].copy_from_slice(&c.weights[t * c.cout..(t + 1) * c.cout]);
@@ -436,26 +440,28 @@ fn small_conv_rows<S: Simd>(
     rows: Range<usize>,
     dst: &Disjoint<'_>,
 ) {
-    let [oh, ow] = c.out;
-    let [kh, kw] = c.kernel;
-    let (cin, cout) = (c.cin, c.cout);
-    let t = VecTail::new(s, c.alpha, c.res_before, c.relu, c.clamp);
+    let wnd = &c.window;
+    let [oh, ow] = wnd.out;
+    let [kh, kw] = wnd.kernel;
+    let (cin, cout) = (wnd.channels, c.cout);
+    let t = VecTail::new(s, &c.tail);
     let zero = s.splat(0.0);
     for r in rows {
         let (img, oy) = (r / oh, r % oh);
         // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
         let orow = unsafe { dst.part(r * ow * cout..(r + 1) * ow * cout) };
         let rrow = c
+            .tail
             .residual
             .map(|res| &res[r * ow * cout..(r + 1) * ow * cout]);
-        let plane = &c.input[img * c.h * c.w * cin..(img + 1) * c.h * c.w * cin];
-        let iy0 = (oy * c.stride[0]) as isize - c.pads[0] as isize;
+        let plane = &wnd.input[img * wnd.h * wnd.w * cin..(img + 1) * wnd.h * wnd.w * cin];
+        let iy0 = (oy * wnd.stride[0]) as isize - wnd.pads[0] as isize;
         let ky0 = (-iy0).max(0) as usize;
-        let ky1 = (c.h as isize - iy0).clamp(0, kh as isize) as usize;
+        let ky1 = (wnd.h as isize - iy0).clamp(0, kh as isize) as usize;
         // Output columns whose window lies inside the input's width: two at a time there,
         // sharing each weight load, each window row one contiguous run of `kw·cin` values.
-        let ix = |ox: usize| (ox * c.stride[1]) as isize - c.pads[1] as isize;
-        let inner = |ox: usize| ix(ox) >= 0 && ix(ox) + kw as isize <= c.w as isize;
+        let ix = |ox: usize| (ox * wnd.stride[1]) as isize - wnd.pads[1] as isize;
+        let inner = |ox: usize| ix(ox) >= 0 && ix(ox) + kw as isize <= wnd.w as isize;
         let run = kw * cin;
         let mut ox = 0;
         while ox < ow {
@@ -467,8 +473,8 @@ fn small_conv_rows<S: Simd>(
                     let (x0, x1) = (ix(ox) as usize, ix(ox + 1) as usize);
                     for ky in ky0..ky1 {
                         let iy = (iy0 + ky as isize) as usize;
-                        let r0 = &plane[(iy * c.w + x0) * cin..][..run];
-                        let r1 = &plane[(iy * c.w + x1) * cin..][..run];
+                        let r0 = &plane[(iy * wnd.w + x0) * cin..][..run];
+                        let r1 = &plane[(iy * wnd.w + x1) * cin..][..run];
                         let wk = &wp[ky * run * cp + g0..];
                         for t in 0..run {
                             let (v0, v1) = (s.splat(r0[t]), s.splat(r1[t]));
@@ -483,11 +489,11 @@ fn small_conv_rows<S: Simd>(
                 } else {
                     let ix0 = ix(ox);
                     let kx0 = (-ix0).max(0) as usize;
-                    let kx1 = (c.w as isize - ix0).clamp(0, kw as isize) as usize;
+                    let kx1 = (wnd.w as isize - ix0).clamp(0, kw as isize) as usize;
                     for ky in ky0..ky1 {
                         let iy = (iy0 + ky as isize) as usize;
                         for kx in kx0..kx1 {
-                            let xi = (iy * c.w + (ix0 + kx as isize) as usize) * cin;
+                            let xi = (iy * wnd.w + (ix0 + kx as isize) as usize) * cin;
                             for ci in 0..cin {
                                 let xv = s.splat(plane[xi + ci]);
                                 let wt = &wp[((ky * kw + kx) * cin + ci) * cp + g0..];
@@ -506,7 +512,7 @@ fn small_conv_rows<S: Simd>(
                             break;
                         }
                         let lanes = S::LANES.min(cout - c0);
-                        let bias = t.bias(s, c.bias, c0, lanes);
+                        let bias = t.bias(s, c.tail.bias, c0, lanes);
                         let at = (ox + p) * cout + c0;
                         t.store(s, a, bias, rrow.map(|rr| &rr[at..]), &mut orow[at..], lanes);
                     }
@@ -579,7 +585,7 @@ mod tests {
 
     /// Direct NHWC depthwise convolution in f64, with the tail.
     fn direct(c: &DepthwiseNhwc<'_>, n: usize) -> Vec<f32> {
-        let (ch, [oh, ow], [kh, kw]) = (c.channels, c.out, c.kernel);
+        let (ch, [oh, ow], [kh, kw]) = (c.window.channels, c.window.out, c.window.kernel);
         let mut y = vec![0f32; n * oh * ow * ch];
         for img in 0..n {
             for oy in 0..oh {
@@ -588,30 +594,39 @@ mod tests {
                         let mut acc = 0f64;
                         for ky in 0..kh {
                             for kx in 0..kw {
-                                let iy = (oy * c.stride[0] + ky) as isize - c.pads[0] as isize;
-                                let ix = (ox * c.stride[1] + kx) as isize - c.pads[1] as isize;
-                                if iy < 0 || ix < 0 || iy >= c.h as isize || ix >= c.w as isize {
+                                let iy = (oy * c.window.stride[0] + ky) as isize
+                                    - c.window.pads[0] as isize;
+                                let ix = (ox * c.window.stride[1] + kx) as isize
+                                    - c.window.pads[1] as isize;
+                                if iy < 0
+                                    || ix < 0
+                                    || iy >= c.window.h as isize
+                                    || ix >= c.window.w as isize
+                                {
                                     continue;
                                 }
-                                let xi = ((img * c.h + iy as usize) * c.w + ix as usize) * ch + k;
-                                acc +=
-                                    c.input[xi] as f64 * c.weights[(ky * kw + kx) * ch + k] as f64;
+                                let xi = ((img * c.window.h + iy as usize) * c.window.w
+                                    + ix as usize)
+                                    * ch
+                                    + k;
+                                acc += c.window.input[xi] as f64
+                                    * c.weights[(ky * kw + kx) * ch + k] as f64;
                             }
                         }
                         let i = ((img * oh + oy) * ow + ox) * ch + k;
-                        let b = c.bias.map_or(0.0, |b| b[k]) as f64;
-                        let r = c.residual.map_or(0.0, |r| r[i]) as f64;
-                        let mut v = c.alpha as f64 * acc + b;
-                        if c.res_before {
+                        let b = c.tail.bias.map_or(0.0, |b| b[k]) as f64;
+                        let r = c.tail.residual.map_or(0.0, |r| r[i]) as f64;
+                        let mut v = c.tail.alpha as f64 * acc + b;
+                        if c.tail.res_before {
                             v += r;
                         }
-                        if c.relu {
+                        if c.tail.relu {
                             v = v.max(0.0);
                         }
-                        if !c.res_before {
+                        if !c.tail.res_before {
                             v += r;
                         }
-                        if let Some((lo, hi)) = c.clamp {
+                        if let Some((lo, hi)) = c.tail.clamp {
                             v = v.max(lo as f64).min(hi as f64);
                         }
                         y[i] = v as f32;
@@ -639,21 +654,25 @@ mod tests {
         let bias = data(ch, 3);
         let res = data(n * out[0] * out[1] * ch, 4);
         let conv = DepthwiseNhwc {
-            input: &x,
-            h,
-            w,
-            channels: ch,
-            kernel: [k, k],
-            stride: [s, s],
-            pads: [p[0], p[1]],
-            out,
+            window: WindowNhwc {
+                input: &x,
+                h,
+                w,
+                channels: ch,
+                kernel: [k, k],
+                stride: [s, s],
+                pads: [p[0], p[1]],
+                out,
+            },
             weights: &wt,
-            alpha: if tail { 0.5 } else { 1.0 },
-            bias: tail.then_some(&bias[..]),
-            residual: tail.then_some(&res[..]),
-            res_before: !tail || ch.is_multiple_of(2),
-            relu: tail,
-            clamp: tail.then_some((0.0, 1.5)),
+            tail: ChannelTail {
+                alpha: if tail { 0.5 } else { 1.0 },
+                bias: tail.then_some(&bias[..]),
+                residual: tail.then_some(&res[..]),
+                res_before: !tail || ch.is_multiple_of(2),
+                relu: tail,
+                clamp: tail.then_some((0.0, 1.5)),
+            },
         };
         let want = direct(&conv, n);
         for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon] {
@@ -688,21 +707,18 @@ mod tests {
         let x = data(4 * 4 * 8, 1);
         let w = data(9 * 8, 2);
         let conv = DepthwiseNhwc {
-            input: &x,
-            h: 4,
-            w: 4,
-            channels: 8,
-            kernel: [3, 3],
-            stride: [1, 1],
-            pads: [1, 1],
-            out: [4, 4],
+            window: WindowNhwc {
+                input: &x,
+                h: 4,
+                w: 4,
+                channels: 8,
+                kernel: [3, 3],
+                stride: [1, 1],
+                pads: [1, 1],
+                out: [4, 4],
+            },
             weights: &w[..70],
-            alpha: 1.0,
-            bias: None,
-            residual: None,
-            res_before: true,
-            relu: false,
-            clamp: None,
+            tail: ChannelTail::default(),
         };
         let mut y = vec![0f32; 4 * 4 * 8];
         let e = depthwise_nhwc(&conv, &mut y, &Sequential).unwrap_err();
@@ -717,6 +733,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("output elements"), "{e}");
+        let ok = DepthwiseNhwc {
+            weights: &w,
+            ..conv
+        };
+        let short = DepthwiseNhwc {
+            window: WindowNhwc {
+                input: &x[..100],
+                ..conv.window
+            },
+            ..ok
+        };
+        let e = depthwise_nhwc(&short, &mut y, &Sequential).unwrap_err();
+        assert!(e.to_string().contains("input"), "{e}");
+        let zero = DepthwiseNhwc {
+            window: WindowNhwc {
+                stride: [0, 1],
+                ..conv.window
+            },
+            ..ok
+        };
+        let e = depthwise_nhwc(&zero, &mut y, &Sequential).unwrap_err();
+        assert!(e.to_string().contains("strides"), "{e}");
+        let bias = [0f32; 7];
+        let bad_bias = DepthwiseNhwc {
+            tail: ChannelTail {
+                bias: Some(&bias),
+                ..ChannelTail::default()
+            },
+            ..ok
+        };
+        let e = depthwise_nhwc(&bad_bias, &mut y, &Sequential).unwrap_err();
+        assert!(e.to_string().contains("bias"), "{e}");
     }
 
     #[test]
@@ -744,22 +792,26 @@ mod tests {
             let bias = data(cout, 13);
             let res = data(n * out[0] * out[1] * cout, 14);
             let conv = SmallConvNhwc {
-                input: &x,
-                h,
-                w,
-                cin,
-                kernel: [k, k],
-                stride: [s, s],
-                pads: p,
-                out,
+                window: WindowNhwc {
+                    input: &x,
+                    h,
+                    w,
+                    channels: cin,
+                    kernel: [k, k],
+                    stride: [s, s],
+                    pads: p,
+                    out,
+                },
                 weights: &wt,
                 cout,
-                alpha: 0.5,
-                bias: Some(&bias),
-                residual: Some(&res),
-                res_before: cout % 2 == 0,
-                relu: true,
-                clamp: Some((0.0, 1.0)),
+                tail: ChannelTail {
+                    alpha: 0.5,
+                    bias: Some(&bias),
+                    residual: Some(&res),
+                    res_before: cout.is_multiple_of(2),
+                    relu: true,
+                    clamp: Some((0.0, 1.0)),
+                },
             };
             // Independent reference: f64 sums over the im2col rows.
             let kk = k * k * cin;
@@ -785,11 +837,11 @@ mod tests {
                             .sum();
                         let i = (img * out[0] * out[1] + px) * cout + co;
                         let mut v = 0.5 * acc + bias[co] as f64;
-                        if conv.res_before {
+                        if conv.tail.res_before {
                             v += res[i] as f64;
                         }
                         v = v.max(0.0);
-                        if !conv.res_before {
+                        if !conv.tail.res_before {
                             v += res[i] as f64;
                         }
                         want[i] = v.clamp(0.0, 1.0) as f32;

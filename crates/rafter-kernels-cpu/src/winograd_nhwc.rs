@@ -19,7 +19,7 @@
 use std::cell::RefCell;
 
 use crate::common::{check_isa, check_len, Disjoint};
-use crate::nhwc::VecTail;
+use crate::nhwc::{ChannelTail, VecTail};
 use crate::simd::Simd;
 use crate::winograd::filter_tile;
 use crate::{
@@ -103,8 +103,7 @@ impl WinogradNhwcWeights {
     }
 }
 
-/// One 3×3 stride-1 convolution of an HWC image, with its tail: per output element
-/// `clamp(act(alpha * conv + bias[c] (+ residual)) (+ residual))`.
+/// One 3×3 stride-1 convolution of an HWC image, with its tail.
 #[derive(Clone, Copy, Debug)]
 pub struct Conv3x3Nhwc<'a> {
     /// `h × w × cin`.
@@ -115,18 +114,8 @@ pub struct Conv3x3Nhwc<'a> {
     pub w: usize,
     /// Zero padding: top, left, bottom, right.
     pub pads: [usize; 4],
-    /// Scale of the convolution's result.
-    pub alpha: f32,
-    /// Per output channel, added after the scale.
-    pub bias: Option<&'a [f32]>,
-    /// Of the output's shape (`oh × ow × cout`).
-    pub residual: Option<&'a [f32]>,
-    /// The residual is added before the activation (else after it).
-    pub res_before: bool,
-    /// `max(x, 0)` as the activation (else none).
-    pub relu: bool,
-    /// `x.max(lo).min(hi)`, last.
-    pub clamp: Option<(f32, f32)>,
+    /// The fused tail.
+    pub tail: ChannelTail<'a>,
 }
 
 /// Bytes of `V` and `M` a block aims for (a Zen 3 core has 512 KiB of L2).
@@ -213,12 +202,7 @@ pub fn conv3x3_nhwc_with_isa(
     };
     check_len("winograd nhwc input", c.input.len(), c.h * c.w * cin)?;
     check_len("winograd nhwc output", out.len(), oh * ow * cout)?;
-    if let Some(b) = c.bias {
-        check_len("winograd nhwc bias", b.len(), cout)?;
-    }
-    if let Some(r) = c.residual {
-        check_len("winograd nhwc residual", r.len(), out.len())?;
-    }
+    c.tail.check("winograd nhwc", cout, out.len())?;
     if out.is_empty() || cin == 0 {
         if cin == 0 && !out.is_empty() {
             return Err(shape("no input channels".into()));
@@ -372,7 +356,7 @@ fn transform_output<S: Simd>(
     let cout = task.weights.cout;
     let cp = co1 - co0;
     let bt = tiles.len();
-    let tail = VecTail::new(s, c.alpha, c.res_before, c.relu, c.clamp);
+    let tail = VecTail::new(s, &c.tail);
     for (tl, t) in tiles.enumerate() {
         let (ty, tx) = (t / task.tw, t % task.tw);
         for k0 in (0..cp).step_by(S::LANES) {
@@ -393,7 +377,7 @@ fn transform_output<S: Simd>(
                 r[j] = s.add(s.add(q0, q1), q2);
                 r[4 + j] = s.sub(s.sub(q1, q2), q3);
             }
-            let bias = tail.bias(s, c.bias, co0 + k0, lanes);
+            let bias = tail.bias(s, c.tail.bias, co0 + k0, lanes);
             for dy in 0..2 {
                 let oy = 2 * ty + dy;
                 if oy >= task.oh {
@@ -410,7 +394,7 @@ fn transform_output<S: Simd>(
                     // SAFETY: tasks own disjoint (tile, channel range) pairs, so no two
                     // write the same output elements.
                     let out = unsafe { task.out.part(at..at + lanes) };
-                    let res = c.residual.map(|r| &r[at..at + lanes]);
+                    let res = c.tail.residual.map(|r| &r[at..at + lanes]);
                     tail.store(s, acc, bias, res, out, lanes);
                 }
             }
@@ -449,18 +433,19 @@ mod tests {
                         }
                     }
                     let i = (oy * ow + ox) * cout + co;
-                    let mut v = c.alpha as f64 * acc + c.bias.map_or(0.0, |b| b[co]) as f64;
-                    let r = c.residual.map_or(0.0, |r| r[i]) as f64;
-                    if c.res_before {
+                    let mut v =
+                        c.tail.alpha as f64 * acc + c.tail.bias.map_or(0.0, |b| b[co]) as f64;
+                    let r = c.tail.residual.map_or(0.0, |r| r[i]) as f64;
+                    if c.tail.res_before {
                         v += r;
                     }
-                    if c.relu {
+                    if c.tail.relu {
                         v = v.max(0.0);
                     }
-                    if !c.res_before {
+                    if !c.tail.res_before {
                         v += r;
                     }
-                    if let Some((lo, hi)) = c.clamp {
+                    if let Some((lo, hi)) = c.tail.clamp {
                         v = v.max(lo as f64).min(hi as f64);
                     }
                     y[i] = v as f32;
@@ -481,12 +466,14 @@ mod tests {
             h,
             w,
             pads,
-            alpha: if tail { 0.5 } else { 1.0 },
-            bias: tail.then_some(&bias[..]),
-            residual: tail.then_some(&res[..]),
-            res_before: cout.is_multiple_of(2),
-            relu: tail,
-            clamp: (tail && !cin.is_multiple_of(2)).then_some((0.0, 2.0)),
+            tail: ChannelTail {
+                alpha: if tail { 0.5 } else { 1.0 },
+                bias: tail.then_some(&bias[..]),
+                residual: tail.then_some(&res[..]),
+                res_before: cout.is_multiple_of(2),
+                relu: tail,
+                clamp: (tail && !cin.is_multiple_of(2)).then_some((0.0, 2.0)),
+            },
         };
         let want = direct(&conv, &wt, cin, cout);
         let weights = WinogradNhwcWeights::new(&wt, cin, cout).unwrap();
@@ -536,12 +523,7 @@ mod tests {
             h: 5,
             w: 5,
             pads: [0; 4],
-            alpha: 1.0,
-            bias: None,
-            residual: None,
-            res_before: true,
-            relu: false,
-            clamp: None,
+            tail: ChannelTail::default(),
         };
         let mut y = vec![0f32; 9 * 4 + 1];
         let e = conv3x3_nhwc(&conv, &weights, &mut y, &Sequential).unwrap_err();

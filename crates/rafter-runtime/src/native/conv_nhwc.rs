@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
     conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, small_conv_nhwc, Activation, BRef,
-    Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual,
-    SmallConvNhwc, WinogradNhwcWeights, PACKED_B_NR,
+    ChannelTail, Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel,
+    Residual, SmallConvNhwc, WindowNhwc, WinogradNhwcWeights, PACKED_B_NR,
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
@@ -220,11 +220,22 @@ impl NativeKernel for ConvNhwcKernel {
             let WSrc::Input(wi) = self.w else {
                 return Ok(false);
             };
-            self.depthwise(xs, ins[wi].f32s()?, y, [h, wd, c], &geo, &r)?;
+            let conv = DepthwiseNhwc {
+                window: window_of(xs, [h, wd, c], &geo),
+                weights: ins[wi].f32s()?,
+                tail: tail_of(&r),
+            };
+            depthwise_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))?;
             return Ok(true);
         }
         if let (WSrc::Input(wi), true) = (self.w, c <= SMALL_CONV_MAX_CIN) {
-            self.small(xs, ins[wi].f32s()?, y, [h, wd, c], m, &geo, &r)?;
+            let conv = SmallConvNhwc {
+                window: window_of(xs, [h, wd, c], &geo),
+                weights: ins[wi].f32s()?,
+                cout: m,
+                tail: tail_of(&r),
+            };
+            small_conv_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))?;
             return Ok(true);
         }
         let k = kh * kw * c;
@@ -388,12 +399,10 @@ impl ConvNhwcKernel {
                 h,
                 w,
                 pads,
-                alpha: r.alpha,
-                bias: r.bias,
-                residual: r.residual.map(|res| &res[img * out_len..][..out_len]),
-                res_before: r.res_before,
-                relu: r.act == Activation::Relu,
-                clamp: r.clamp,
+                tail: ChannelTail {
+                    residual: r.residual.map(|res| &res[img * out_len..][..out_len]),
+                    ..tail_of(r)
+                },
             };
             conv3x3_nhwc(
                 &conv,
@@ -404,68 +413,6 @@ impl ConvNhwcKernel {
             .map_err(|e| format!("conv_nhwc: {e}"))?;
         }
         Ok(())
-    }
-
-    /// A convolution of few input channels, computed directly on the raw weight.
-    #[allow(clippy::too_many_arguments)]
-    fn small(
-        &self,
-        xs: &[f32],
-        ws: &[f32],
-        y: &mut [f32],
-        [h, w, c]: [usize; 3],
-        m: usize,
-        geo: &Geom,
-        r: &Resolved<'_>,
-    ) -> Result<(), String> {
-        let conv = SmallConvNhwc {
-            input: xs,
-            h,
-            w,
-            cin: c,
-            kernel: geo.k,
-            stride: geo.s,
-            pads: geo.pb,
-            out: geo.out,
-            weights: ws,
-            cout: m,
-            alpha: r.alpha,
-            bias: r.bias,
-            residual: r.residual,
-            res_before: r.res_before,
-            relu: r.act == Activation::Relu,
-            clamp: r.clamp,
-        };
-        small_conv_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))
-    }
-
-    fn depthwise(
-        &self,
-        xs: &[f32],
-        ws: &[f32],
-        y: &mut [f32],
-        [h, w, c]: [usize; 3],
-        geo: &Geom,
-        r: &Resolved<'_>,
-    ) -> Result<(), String> {
-        let conv = DepthwiseNhwc {
-            input: xs,
-            h,
-            w,
-            channels: c,
-            kernel: geo.k,
-            stride: geo.s,
-            pads: geo.pb,
-            out: geo.out,
-            weights: ws,
-            alpha: r.alpha,
-            bias: r.bias,
-            residual: r.residual,
-            res_before: r.res_before,
-            relu: r.act == Activation::Relu,
-            clamp: r.clamp,
-        };
-        depthwise_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))
     }
 }
 
@@ -478,4 +425,30 @@ fn unpack(panels: &[f32], k: usize, n: usize) -> Vec<f32> {
         }
     }
     b
+}
+
+/// The input and window of a convolution over `xs` (`[n, h, w, c]`).
+fn window_of<'a>(xs: &'a [f32], [h, w, c]: [usize; 3], geo: &Geom) -> WindowNhwc<'a> {
+    WindowNhwc {
+        input: xs,
+        h,
+        w,
+        channels: c,
+        kernel: geo.k,
+        stride: geo.s,
+        pads: geo.pb,
+        out: geo.out,
+    }
+}
+
+/// The resolved tail as the NHWC kernels take it (`resolve` yields no activation but relu).
+fn tail_of<'a>(r: &Resolved<'a>) -> ChannelTail<'a> {
+    ChannelTail {
+        alpha: r.alpha,
+        bias: r.bias,
+        residual: r.residual,
+        res_before: r.res_before,
+        relu: r.act == Activation::Relu,
+        clamp: r.clamp,
+    }
 }
