@@ -26,7 +26,7 @@ use rafter_kernels_cpu::{
     Epilogue, MatMut, MatRef, Parallel, Residual, StemConv, WinogradWeights, WorkerPool,
 };
 
-use super::epilogue::{parse_chain, resolve, EpiOp, Resolved, Src};
+use super::epilogue::{parse_chain, resolve_conv, EpiOp, Resolved, Src};
 use super::{input_of, In, NativeKernel, Out, Par};
 
 struct ConvKernel {
@@ -218,17 +218,7 @@ impl NativeKernel for ConvKernel {
         if outs[0].dims != out_dims {
             return Ok(false);
         }
-        let bias = match &self.bias {
-            Some(b) => match b.get(ins)? {
-                (_, data) if data.len() == m => Some(data),
-                _ => return Ok(false),
-            },
-            None => None,
-        };
-        if bias.is_some() && self.chain.iter().any(|o| matches!(o, EpiOp::Mul(_))) {
-            return Ok(false);
-        }
-        let Some(r) = resolve(&self.chain, ins, &out_dims, 1, bias, false)? else {
+        let Some(r) = resolve_conv(&self.chain, self.bias.as_ref(), ins, &out_dims, 1)? else {
             return Ok(false);
         };
         let (xs, ws) = (x.f32s()?, w.f32s()?);

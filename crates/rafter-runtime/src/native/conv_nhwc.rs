@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
+use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
     conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, small_conv_nhwc, Activation, BRef,
     ChannelTail, Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel,
@@ -28,9 +28,9 @@ use rafter_kernels_cpu::{
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
-use super::epilogue::{parse_chain_from, resolve, EpiOp, Resolved, Src};
+use super::epilogue::{parse_chain_from, resolve_conv, EpiOp, Resolved, Src};
 use super::matmul::packed_prologue;
-use super::{input_of, In, NativeKernel, Out, Par};
+use super::{input_of, known_dims, read_once, In, NativeKernel, Out, Par};
 
 /// Where the weight comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,19 +79,11 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             let &[kh, kw, cg, m] = dims.as_slice() else {
                 return None;
             };
-            let reads = |v: ValueId| {
-                body.nodes
-                    .iter()
-                    .flat_map(|n| &n.inputs)
-                    .filter(|&&i| i == Some(v))
-                    .count()
-            };
             if !matches!(r.op, Op::Reshape { .. })
                 || r.input(0) != Some(p.unpacked)
                 || p.k != kh * kw * cg
                 || p.n != m
-                || reads(out) != 1
-                || body.outputs.contains(&out)
+                || !read_once(body, out)
             {
                 return None;
             }
@@ -145,15 +137,6 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     }))
 }
 
-fn known_dims(body: &Graph, v: ValueId) -> Option<Vec<usize>> {
-    body.value(v)
-        .ty
-        .known_dims()?
-        .into_iter()
-        .map(|d| usize::try_from(d).ok())
-        .collect()
-}
-
 fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
     format!("conv_nhwc: {e}")
 }
@@ -198,17 +181,7 @@ impl NativeKernel for ConvNhwcKernel {
         if outs[0].dims != out_dims {
             return Ok(false);
         }
-        let bias = match &self.bias {
-            Some(b) => match b.get(ins)? {
-                (_, data) if data.len() == m => Some(data),
-                _ => return Ok(false),
-            },
-            None => None,
-        };
-        if bias.is_some() && self.chain.iter().any(|o| matches!(o, EpiOp::Mul(_))) {
-            return Ok(false);
-        }
-        let Some(r) = resolve(&self.chain, ins, &out_dims, 3, bias, false)? else {
+        let Some(r) = resolve_conv(&self.chain, self.bias.as_ref(), ins, &out_dims, 3)? else {
             return Ok(false);
         };
         let xs = x.f32s()?;

@@ -72,17 +72,10 @@ pub(crate) fn parse_chain(body: &Graph, root: ValueId) -> Option<Vec<EpiOp>> {
 /// [`parse_chain`] for a root computed by node `start - 1` (a contraction behind a prologue,
 /// such as the unpacking of a pre-packed weight): the chain is `body.nodes[start..]`.
 pub(crate) fn parse_chain_from(body: &Graph, root: ValueId, start: usize) -> Option<Vec<EpiOp>> {
-    let uses = |v: ValueId| {
-        body.nodes
-            .iter()
-            .flat_map(|n| n.inputs.iter())
-            .filter(|&&i| i == Some(v))
-            .count()
-    };
     let mut cur = root;
     let mut chain = Vec::new();
     for node in body.nodes.get(start..)? {
-        if uses(cur) != 1 || body.outputs.contains(&cur) || node.outputs.len() != 1 {
+        if !super::read_once(body, cur) || node.outputs.len() != 1 {
             return None;
         }
         let other = |i: usize| Src::of(body, *node.inputs.get(i)?);
@@ -248,6 +241,29 @@ pub(crate) fn resolve<'a>(
     }
     r.bias = bias;
     Ok(Some(r))
+}
+
+/// [`resolve`] for a convolution whose own bias operand is `bias`: covered only when the
+/// bias has one value per output channel and the tail scales nothing (a scale would have
+/// to apply before the bias). The output's channels lie along `channel_axis`.
+pub(crate) fn resolve_conv<'a>(
+    chain: &'a [EpiOp],
+    bias: Option<&'a Src>,
+    ins: &'a [In<'a>],
+    out_dims: &[usize],
+    channel_axis: usize,
+) -> Result<Option<Resolved<'a>>, String> {
+    let bias = match bias {
+        Some(b) => match b.get(ins)? {
+            (_, data) if data.len() == out_dims[channel_axis] => Some(data),
+            _ => return Ok(None),
+        },
+        None => None,
+    };
+    if bias.is_some() && chain.iter().any(|o| matches!(o, EpiOp::Mul(_))) {
+        return Ok(None);
+    }
+    resolve(chain, ins, out_dims, channel_axis, bias, false)
 }
 
 impl Resolved<'_> {

@@ -51,25 +51,9 @@ pub(super) struct Prologue {
 /// The prologue at the start of `body`, if it is exactly the one `rafter_opt::prepack`
 /// writes (anything else, even if equivalent, is left to the generic paths).
 pub(super) fn packed_prologue(body: &Graph) -> Option<Prologue> {
-    let dims = |v: ValueId| -> Option<Vec<usize>> {
-        body.value(v)
-            .ty
-            .known_dims()?
-            .into_iter()
-            .map(|d| usize::try_from(d).ok())
-            .collect()
-    };
+    let dims = |v: ValueId| super::known_dims(body, v);
     let consts = |v: Option<&Option<ValueId>>| body.const_of((*v?)?)?.to_i64s();
-    let read_once = |v: ValueId| {
-        !body.outputs.contains(&v)
-            && body
-                .nodes
-                .iter()
-                .flat_map(|n| &n.inputs)
-                .filter(|&&i| i == Some(v))
-                .count()
-                == 1
-    };
+    let read_once = |v: ValueId| super::read_once(body, v);
     let single = |n: &rafter_ir::Node| match n.outputs.as_slice() {
         [Some(v)] => Some(*v),
         _ => None,

@@ -189,6 +189,29 @@ fn run_in_place(
 }
 
 /// The body input index of `v` when it is an input of dtype `dtype`.
+/// Whether body value `v` is read by exactly one node operand and is not a body output:
+/// a value a fused kernel may keep to itself.
+pub(crate) fn read_once(body: &Graph, v: ValueId) -> bool {
+    !body.outputs.contains(&v)
+        && body
+            .nodes
+            .iter()
+            .flat_map(|n| &n.inputs)
+            .filter(|&&i| i == Some(v))
+            .count()
+            == 1
+}
+
+/// The dims of body value `v` when all are known (and fit a `usize`).
+pub(crate) fn known_dims(body: &Graph, v: ValueId) -> Option<Vec<usize>> {
+    body.value(v)
+        .ty
+        .known_dims()?
+        .into_iter()
+        .map(|d| usize::try_from(d).ok())
+        .collect()
+}
+
 pub(crate) fn input_of(body: &Graph, v: Option<ValueId>, dtype: DType) -> Option<usize> {
     let v = v?;
     match body.value(v).def {

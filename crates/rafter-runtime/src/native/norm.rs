@@ -92,13 +92,7 @@ fn add_chain(
         cur = n.outputs[0]?;
     }
     // The chain's result must be what the norm reads, and used nowhere else.
-    let uses = body
-        .nodes
-        .iter()
-        .flat_map(|n| n.inputs.iter())
-        .filter(|&&i| i == Some(cur))
-        .count();
-    (cur == v && uses == 1 && !body.outputs.contains(&cur)).then_some((x, addends))
+    (cur == v && super::read_once(body, cur)).then_some((x, addends))
 }
 
 impl NativeKernel for LayerNormKernel {
