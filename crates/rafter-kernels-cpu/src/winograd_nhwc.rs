@@ -23,8 +23,8 @@ use crate::nhwc::{ChannelTail, VecTail};
 use crate::simd::Simd;
 use crate::winograd::filter_tile;
 use crate::{
-    sgemm_with_isa, BRef, Epilogue, Isa, KernelError, MatMut, MatRef, PackedB, PackedBRef,
-    Parallel, Sequential, PACKED_B_NR,
+    sgemm_with_isa, BRef, Epilogue, Isa, KernelError, MatMut, MatRef, PackedBRef, Parallel,
+    Sequential, PACKED_B_NR,
 };
 
 /// Positions of a transformed 4×4 tile.
@@ -52,25 +52,21 @@ impl WinogradNhwcWeights {
                 detail: format!("{cin}x{cout} filters overflow"),
             })?;
         check_len("winograd nhwc filters", w.len(), n)?;
-        let mut u = vec![0f32; XI * cin * cout];
+        // Each transformed value goes straight to its place in position ξ's B panels
+        // (panel q: columns 16q..16q+16 as a row-major cin × 16 block, zero past cout), so
+        // no unpacked copy of the transformed filter is ever held.
+        let per = cout.div_ceil(PACKED_B_NR) * cin * PACKED_B_NR;
+        let mut panels = vec![0f32; XI * per];
         for ci in 0..cin {
             for co in 0..cout {
                 let g: [f32; 9] = std::array::from_fn(|t| w[(t * cin + ci) * cout + co]);
+                let at =
+                    (co / PACKED_B_NR) * cin * PACKED_B_NR + ci * PACKED_B_NR + co % PACKED_B_NR;
                 for (xi, v) in filter_tile(&g).into_iter().enumerate() {
-                    u[(xi * cin + ci) * cout + co] = v;
+                    panels[xi * per + at] = v;
                 }
             }
         }
-        let mut panels = Vec::new();
-        for xi in 0..XI {
-            let b = &u[xi * cin * cout..(xi + 1) * cin * cout];
-            let p = PackedB::pack(cin, cout, b, cout).map_err(|e| KernelError::Shape {
-                what: "winograd nhwc".into(),
-                detail: e.to_string(),
-            })?;
-            panels.extend_from_slice(p.panels());
-        }
-        let per = panels.len() / XI;
         Ok(WinogradNhwcWeights {
             cin,
             cout,
