@@ -4,7 +4,7 @@
 use super::arith;
 use super::cx::{ck, Cx, Res, R};
 use super::linalg::matmul_dims;
-use super::nn::{conv, ConvAttrs};
+use super::nn::{conv, ConvAttrs, ConvLayout};
 use crate::{AutoPad, DType, Dim, TensorType};
 
 /// Two dims that must agree when both are known.
@@ -65,7 +65,9 @@ pub(super) fn deform_conv(cx: &mut Cx<'_, '_, '_>, a: &ConvAttrs<'_>, offset_gro
             return Err(format!("mask must have rank 4, got {m}"));
         }
     }
-    let mut res = cx.with_operands(&[Some(0), Some(1), Some(3)], |c| conv(c, a, None))?;
+    let mut res = cx.with_operands(&[Some(0), Some(1), Some(3)], |c| {
+        conv(c, a, None, ConvLayout::ChannelsFirst)
+    })?;
     let out = &mut res[0].ty.dims;
     for i in 0..2 {
         same_dim(
@@ -103,7 +105,9 @@ pub(super) fn qlinear_conv(cx: &mut Cx<'_, '_, '_>, a: &ConvAttrs<'_>) -> R {
     quant_dtype(cx.ty(0)?, "x")?;
     quant_dtype(cx.ty(3)?, "w")?;
     let out = quant_dtype(cx.ty(7)?, "y_zero_point")?;
-    let mut res = cx.with_operands(&[Some(0), Some(3), Some(8)], |c| conv(c, a, None))?;
+    let mut res = cx.with_operands(&[Some(0), Some(3), Some(8)], |c| {
+        conv(c, a, None, ConvLayout::ChannelsFirst)
+    })?;
     res[0].ty.dtype = out;
     Ok(res)
 }

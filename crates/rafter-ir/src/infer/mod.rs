@@ -165,37 +165,16 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
             dilations,
             group,
             auto_pad,
-        } => nn::conv(
-            cx,
-            &nn::ConvAttrs {
-                kernel_shape,
-                strides,
-                pads,
-                dilations,
-                group: *group,
-                auto_pad: *auto_pad,
-            },
-            None,
-        ),
-        Op::ConvNhwc {
+        }
+        | Op::ConvNhwc {
             kernel_shape,
             strides,
             pads,
             dilations,
             group,
             auto_pad,
-        } => nn::conv_nhwc(
-            cx,
-            &nn::ConvAttrs {
-                kernel_shape,
-                strides,
-                pads,
-                dilations,
-                group: *group,
-                auto_pad: *auto_pad,
-            },
-        ),
-        Op::ConvInteger {
+        }
+        | Op::ConvInteger {
             kernel_shape,
             strides,
             pads,
@@ -212,7 +191,12 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
                 group: *group,
                 auto_pad: *auto_pad,
             },
-            Some(crate::DType::I32),
+            matches!(cx.op, Op::ConvInteger { .. }).then_some(crate::DType::I32),
+            if matches!(cx.op, Op::ConvNhwc { .. }) {
+                nn::ConvLayout::ChannelsLast
+            } else {
+                nn::ConvLayout::ChannelsFirst
+            },
         ),
         Op::ConvTranspose {
             kernel_shape,

@@ -378,8 +378,22 @@ fn spatial_rank(x: &crate::TensorType) -> Result<usize, String> {
     Ok(x.rank() - 2)
 }
 
-/// Conv and ConvInteger: x [N, C, s...], w [M, C/group, k...].
-pub(super) fn conv(cx: &mut Cx<'_, '_, '_>, a: &ConvAttrs<'_>, dtype: Option<DType>) -> R {
+/// Where a convolution's channel axes lie.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum ConvLayout {
+    /// `conv`, `conv_integer`: x [N, C, s...], w [M, C/group, k...]; result [N, M, o...].
+    ChannelsFirst,
+    /// `conv_nhwc`: x [N, s..., C], w [k..., C/group, M]; result [N, o..., M].
+    ChannelsLast,
+}
+
+/// Conv, ConvInteger (`dtype` I32) and ConvNhwc, by `layout`; b? [M] for the float ones.
+pub(super) fn conv(
+    cx: &mut Cx<'_, '_, '_>,
+    a: &ConvAttrs<'_>,
+    dtype: Option<DType>,
+    layout: ConvLayout,
+) -> R {
     let integer = dtype.is_some();
     cx.arity(2, if integer { 4 } else { 3 })?;
     let x = cx.ty(0)?;
@@ -395,7 +409,13 @@ pub(super) fn conv(cx: &mut Cx<'_, '_, '_>, a: &ConvAttrs<'_>, dtype: Option<DTy
     if a.group <= 0 {
         return Err(format!("group must be positive, got {}", a.group));
     }
-    if let (Some(c), Some(wc)) = (x.dims[1].as_known(), w.dims[1].as_known()) {
+    // (x's channel axis, x's first spatial axis, w's input and output channel axes, w's
+    // first kernel axis)
+    let (xc, xs, wi, wo, wk) = match layout {
+        ConvLayout::ChannelsFirst => (1, 2, 1, 0, 2),
+        ConvLayout::ChannelsLast => (n + 1, 1, n, n + 1, 0),
+    };
+    if let (Some(c), Some(wc)) = (x.dims[xc].as_known(), w.dims[wi].as_known()) {
         if wc.checked_mul(a.group) != Some(c) {
             return Err(format!(
                 "x has {c} channels, weights expect {wc} x {} groups",
@@ -410,50 +430,17 @@ pub(super) fn conv(cx: &mut Cx<'_, '_, '_>, a: &ConvAttrs<'_>, dtype: Option<DTy
             }
         }
     }
-    let win = window(a, n, Some(&w.dims[2..]))?;
-    let mut dims = vec![x.dims[0].clone(), w.dims[0].clone()];
+    let win = window(a, n, Some(&w.dims[wk..wk + n]))?;
+    let mut spatial = Vec::with_capacity(n);
     for i in 0..n {
-        dims.push(window_out(cx, &win, i, &x.dims[2 + i], a.auto_pad, false)?);
+        spatial.push(window_out(cx, &win, i, &x.dims[xs + i], a.auto_pad, false)?);
     }
+    let (batch, m) = (x.dims[0].clone(), w.dims[wo].clone());
+    let dims = match layout {
+        ConvLayout::ChannelsFirst => [vec![batch, m], spatial].concat(),
+        ConvLayout::ChannelsLast => [vec![batch], spatial, vec![m]].concat(),
+    };
     Ok(vec![Res::new(dtype.unwrap_or(x.dtype), dims)])
-}
-
-/// ConvNhwc: x [N, s..., C], w [k..., C/group, M], b? [M]; result [N, o..., M].
-pub(super) fn conv_nhwc(cx: &mut Cx<'_, '_, '_>, a: &ConvAttrs<'_>) -> R {
-    cx.arity(2, 3)?;
-    let x = cx.ty(0)?;
-    let w = cx.ty(1)?;
-    let n = spatial_rank(x)?;
-    if w.rank() != x.rank() {
-        return Err(format!(
-            "weights have rank {}, x has rank {}",
-            w.rank(),
-            x.rank()
-        ));
-    }
-    if a.group <= 0 {
-        return Err(format!("group must be positive, got {}", a.group));
-    }
-    if let (Some(c), Some(wc)) = (x.dims[n + 1].as_known(), w.dims[n].as_known()) {
-        if wc.checked_mul(a.group) != Some(c) {
-            return Err(format!(
-                "x has {c} channels (last dim), weights expect {wc} x {} groups",
-                a.group
-            ));
-        }
-    }
-    if let Some(b) = cx.opt_ty(2) {
-        if b.rank() != 1 {
-            return Err(format!("bias must be 1-D, got {b}"));
-        }
-    }
-    let win = window(a, n, Some(&w.dims[..n]))?;
-    let mut dims = vec![x.dims[0].clone()];
-    for i in 0..n {
-        dims.push(window_out(cx, &win, i, &x.dims[1 + i], a.auto_pad, false)?);
-    }
-    dims.push(w.dims[n + 1].clone());
-    Ok(vec![Res::new(x.dtype, dims)])
 }
 
 /// ConvTranspose: x [N, C, s...], w [C, M/group, k...].

@@ -335,6 +335,49 @@ fn einsum() {
     assert!(err_all(&bad, &[&In::f32(&["2", "3"])], 1).contains("bad character"));
 }
 
+/// `conv_nhwc` infers what `conv` does, on channels-last axes, and names mismatches.
+#[test]
+fn channels_last_convolution() {
+    let nhwc = |strides: &[i64], pads: &[i64], group: i64| Op::ConvNhwc {
+        kernel_shape: vec![],
+        strides: strides.to_vec(),
+        pads: pads.to_vec(),
+        dilations: vec![],
+        group,
+        auto_pad: AutoPad::NotSet,
+    };
+    let x = In::f32(&["n", "224", "224", "3"]);
+    let w = In::f32(&["7", "7", "3", "64"]);
+    let stem = nhwc(&[2, 2], &[3, 3, 3, 3], 1);
+    assert_eq!(shape1(&stem, &[&x, &w]), "f32[n, 112, 112, 64]");
+    assert_eq!(
+        shape1(&stem, &[&x, &w, &In::f32(&["64"])]),
+        "f32[n, 112, 112, 64]"
+    );
+    let s1 = nhwc(&[1, 1], &[1, 0, 1, 0], 1);
+    let w3 = In::f32(&["3", "3", "3", "8"]);
+    assert_eq!(
+        shape1(&s1, &[&In::f32(&["n", "h", "w", "3"]), &w3]),
+        "f32[n, h, w - 2, 8]"
+    );
+    let dw = nhwc(&[2, 2], &[1, 1, 1, 1], 32);
+    let (x32, w32) = (
+        In::f32(&["1", "10", "10", "32"]),
+        In::f32(&["3", "3", "1", "32"]),
+    );
+    assert_eq!(shape1(&dw, &[&x32, &w32]), "f32[1, 5, 5, 32]");
+    // The channels are x's last dim and w's third: an NCHW x does not fit.
+    let e = err_all(&stem, &[&In::f32(&["1", "3", "224", "224"]), &w], 1);
+    assert!(
+        e.contains("x has 224 channels, weights expect 3 x 1 groups"),
+        "{e}"
+    );
+    let e = err_all(&stem, &[&x, &w, &In::f32(&["64", "1"])], 1);
+    assert!(e.contains("bias must be 1-D"), "{e}");
+    let e = err_all(&stem, &[&x, &In::f32(&["7", "3", "64"])], 1);
+    assert!(e.contains("weights have rank 3, x has rank 4"), "{e}");
+}
+
 #[test]
 fn convolution() {
     let x = In::f32(&["n", "3", "224", "224"]);
