@@ -40,18 +40,16 @@ pub fn eval(
             dilations,
             group,
             auto_pad,
-        } => {
-            let p = conv::ConvParams {
-                kernel_shape,
-                strides,
-                pads,
-                dilations,
-                group: *group,
-                auto_pad: *auto_pad,
-            };
-            conv::conv(inputs, &p).map(one)
         }
-        ConvNhwc {
+        | ConvNhwc {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        }
+        | ConvInteger {
             kernel_shape,
             strides,
             pads,
@@ -67,25 +65,12 @@ pub fn eval(
                 group: *group,
                 auto_pad: *auto_pad,
             };
-            conv::conv_nhwc(inputs, &p).map(one)
-        }
-        ConvInteger {
-            kernel_shape,
-            strides,
-            pads,
-            dilations,
-            group,
-            auto_pad,
-        } => {
-            let p = conv::ConvParams {
-                kernel_shape,
-                strides,
-                pads,
-                dilations,
-                group: *group,
-                auto_pad: *auto_pad,
-            };
-            conv::conv_integer(inputs, &p).map(one)
+            match op {
+                ConvNhwc { .. } => conv::conv_nhwc(inputs, &p),
+                ConvInteger { .. } => conv::conv_integer(inputs, &p),
+                _ => conv::conv(inputs, &p),
+            }
+            .map(one)
         }
         ConvTranspose {
             kernel_shape,

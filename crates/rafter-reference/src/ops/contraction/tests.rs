@@ -198,6 +198,46 @@ fn conv_group_bias_dilation() {
     );
 }
 
+/// `conv_nhwc` by hand: channels-last data, `[kh, kw, C/g, M]` weights.
+#[test]
+fn conv_nhwc_by_hand() {
+    let nhwc = |strides: &[i64], pads: &[i64], group: i64| Op::ConvNhwc {
+        kernel_shape: vec![],
+        strides: strides.to_vec(),
+        pads: pads.to_vec(),
+        dilations: vec![],
+        group,
+        auto_pad: AutoPad::NotSet,
+    };
+    // One channel: the same numbers as NCHW (3×3 ones, stride 2, pad 1 over a 5×5 ramp).
+    let x = range(&[1, 5, 5, 1]);
+    let w = f(&[3, 3, 1, 1], &[1.; 9]);
+    let y = run1(nhwc(&[2, 2], &[1, 1, 1, 1], 1), &[&x, &w]);
+    close(
+        &y,
+        &[1, 3, 3, 1],
+        &[12., 27., 24., 63., 108., 81., 72., 117., 84.],
+    );
+    // Two groups of one channel, pixel (h, w) holding channels (2h + w, 4 + 2h + w):
+    // channel 0 times 2 plus 1, channel 1 times 3 minus 1, interleaved per pixel.
+    let x = f(&[1, 2, 2, 2], &[0., 4., 1., 5., 2., 6., 3., 7.]);
+    let w = f(&[1, 1, 1, 2], &[2., 3.]);
+    let b = f(&[2], &[1., -1.]);
+    let y = run1(nhwc(&[], &[], 2), &[&x, &w, &b]);
+    close(&y, &[1, 2, 2, 2], &[1., 11., 3., 14., 5., 17., 7., 20.]);
+    // Mismatched ranks are an error, not a panic.
+    let p = super::conv::ConvParams {
+        kernel_shape: &[],
+        strides: &[],
+        pads: &[],
+        dilations: &[],
+        group: 1,
+        auto_pad: AutoPad::NotSet,
+    };
+    let w3 = f(&[1, 1, 2], &[1., 1.]);
+    assert!(super::conv::conv_nhwc(&[Some(&x), Some(&w3)], &p).is_err());
+}
+
 #[test]
 fn conv_transpose_basic_and_output_shape() {
     let x = range(&[1, 1, 3, 3]);
