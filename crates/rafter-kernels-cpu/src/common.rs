@@ -106,3 +106,54 @@ impl<'a> Disjoint<'a> {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start) }
     }
 }
+
+/// The elementwise tail a direct convolution kernel fuses (the NHWC ones, the NCHW
+/// depthwise one), per output element:
+/// `clamp(act(alpha * conv + bias[c] (+ residual)) (+ residual))`.
+#[derive(Clone, Copy, Debug)]
+pub struct ChannelTail<'a> {
+    /// Scale of the convolution's result.
+    pub alpha: f32,
+    /// Per output channel, added after the scale.
+    pub bias: Option<&'a [f32]>,
+    /// Of the output's shape.
+    pub residual: Option<&'a [f32]>,
+    /// The residual is added before the activation (else after it).
+    pub res_before: bool,
+    /// `max(x, 0)` as the activation (else none).
+    pub relu: bool,
+    /// `x.max(lo).min(hi)`, last.
+    pub clamp: Option<(f32, f32)>,
+}
+
+impl Default for ChannelTail<'_> {
+    /// The identity: the convolution's result as it is.
+    fn default() -> Self {
+        ChannelTail {
+            alpha: 1.0,
+            bias: None,
+            residual: None,
+            res_before: true,
+            relu: false,
+            clamp: None,
+        }
+    }
+}
+
+impl ChannelTail<'_> {
+    /// Checks the bias against `channels` and the residual against the output's length.
+    pub(crate) fn check(
+        &self,
+        what: &str,
+        channels: usize,
+        out_len: usize,
+    ) -> Result<(), KernelError> {
+        if let Some(b) = self.bias {
+            check_len(&format!("{what} bias"), b.len(), channels)?;
+        }
+        if let Some(r) = self.residual {
+            check_len(&format!("{what} residual"), r.len(), out_len)?;
+        }
+        Ok(())
+    }
+}

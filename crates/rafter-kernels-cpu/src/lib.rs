@@ -69,7 +69,7 @@ mod winograd_nhwc;
 pub use kernel::Isa;
 pub use nhwc::{
     depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, small_conv_nhwc,
-    small_conv_nhwc_with_isa, ChannelTail, DepthwiseNhwc, SmallConvNhwc, WindowNhwc,
+    small_conv_nhwc_with_isa, DepthwiseNhwc, SmallConvNhwc, WindowNhwc,
 };
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
@@ -84,7 +84,7 @@ pub use activation::{
     activation_in_place, activation_in_place_with_isa, gelu_erf, gelu_tanh, sigmoid_in_place, silu,
     UnaryFn,
 };
-pub use common::KernelError;
+pub use common::{ChannelTail, KernelError};
 pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
 pub use softmax::{softmax, softmax_in_place, softmax_with_isa, RowMask};
 pub use spatial::{

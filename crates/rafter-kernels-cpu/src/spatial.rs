@@ -10,7 +10,7 @@
 
 use std::cell::RefCell;
 
-use crate::common::{check_isa, check_len, par_blocks, Disjoint, KernelError};
+use crate::common::{check_isa, check_len, par_blocks, ChannelTail, Disjoint, KernelError};
 use crate::simd::{copy, Simd, MAX_LANES};
 use crate::{Isa, Parallel};
 
@@ -28,8 +28,7 @@ fn with_scratch<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
 }
 
 /// A 3×3 depthwise convolution (one filter per channel, no dilation) over `planes`
-/// NCHW planes, with its tail: per output element
-/// `clamp(act(alpha * conv + bias[c] (+ residual)) (+ residual))`.
+/// NCHW planes, with its tail.
 #[derive(Clone, Copy, Debug)]
 pub struct Depthwise3x3<'a> {
     /// `planes x h x w`: `n` images of `channels` planes each.
@@ -48,18 +47,8 @@ pub struct Depthwise3x3<'a> {
     pub weights: &'a [f32],
     /// Channels per image.
     pub channels: usize,
-    /// Scale of the convolution's result.
-    pub alpha: f32,
-    /// Per channel, added after the scale.
-    pub bias: Option<&'a [f32]>,
-    /// Of the output's shape.
-    pub residual: Option<&'a [f32]>,
-    /// The residual is added before the activation (else after it).
-    pub res_before: bool,
-    /// `max(x, 0)` as the activation (else none).
-    pub relu: bool,
-    /// `x.max(lo).min(hi)`, last.
-    pub clamp: Option<(f32, f32)>,
+    /// The fused tail (bias per channel).
+    pub tail: ChannelTail<'a>,
 }
 
 /// Runs `conv` into `out` (`planes x out[0] x out[1]`) on the fastest ISA.
@@ -102,12 +91,7 @@ pub fn depthwise3x3_with_isa(
     let planes = out.len() / p;
     check_len("depthwise input", c.input.len(), planes * c.h * c.w)?;
     check_len("depthwise weights", c.weights.len(), c.channels * 9)?;
-    if let Some(b) = c.bias {
-        check_len("depthwise bias", b.len(), c.channels)?;
-    }
-    if let Some(r) = c.residual {
-        check_len("depthwise residual", r.len(), out.len())?;
-    }
+    c.tail.check("depthwise", c.channels, out.len())?;
     let y = Disjoint::new(out);
     let geo = DwGeometry::new(c, MAX_LANES);
     // A plane's work is 9 FMAs per output, about as long as 4 elements of an elementwise op.
@@ -245,9 +229,10 @@ fn dw_plane<S: Simd>(
         s.splat(wk[7]),
         s.splat(wk[8]),
     ];
-    let bias = c.bias.map_or(0.0, |b| b[ch]);
-    let tail = Tail::new(s, bias, c.alpha, c.res_before, c.relu, c.clamp);
-    let res = c.residual.map(|r| &r[pi * oh * ow..(pi + 1) * oh * ow]);
+    let t = &c.tail;
+    let bias = t.bias.map_or(0.0, |b| b[ch]);
+    let tail = Tail::new(s, bias, t.alpha, t.res_before, t.relu, t.clamp);
+    let res = t.residual.map(|r| &r[pi * oh * ow..(pi + 1) * oh * ow]);
     if ow >= DW_ROWWISE_MIN_WIDTH {
         // Wide rows: per output row, the tail applied as each vector is computed.
         for o in 0..oh {
@@ -651,12 +636,14 @@ pub(crate) mod tests {
                                 out: [oh, ow],
                                 weights: &wts,
                                 channels: ch,
-                                alpha: if variant == 3 { 0.5 } else { 1.0 },
-                                bias: (variant != 0).then_some(&bias[..]),
-                                residual: (variant >= 2).then_some(&res[..]),
-                                res_before: variant == 2,
-                                relu: variant != 3,
-                                clamp: (variant == 1 || variant == 3).then_some((0.0, 1.5)),
+                                tail: ChannelTail {
+                                    alpha: if variant == 3 { 0.5 } else { 1.0 },
+                                    bias: (variant != 0).then_some(&bias[..]),
+                                    residual: (variant >= 2).then_some(&res[..]),
+                                    res_before: variant == 2,
+                                    relu: variant != 3,
+                                    clamp: (variant == 1 || variant == 3).then_some((0.0, 1.5)),
+                                },
                             };
                             let mut y = vec![f32::NAN; n * ch * oh * ow];
                             let par = ScopedThreads::new(3);
@@ -684,19 +671,19 @@ pub(crate) mod tests {
                                             }
                                         }
                                         let i = pi * oh * ow + o * ow + q;
-                                        let mut v = conv.alpha as f64 * acc
-                                            + conv.bias.map_or(0.0, |b| b[c] as f64);
-                                        let r = conv.residual.map_or(0.0, |r| r[i] as f64);
-                                        if conv.res_before {
+                                        let mut v = conv.tail.alpha as f64 * acc
+                                            + conv.tail.bias.map_or(0.0, |b| b[c] as f64);
+                                        let r = conv.tail.residual.map_or(0.0, |r| r[i] as f64);
+                                        if conv.tail.res_before {
                                             v += r;
                                         }
-                                        if conv.relu {
+                                        if conv.tail.relu {
                                             v = v.max(0.0);
                                         }
-                                        if !conv.res_before {
+                                        if !conv.tail.res_before {
                                             v += r;
                                         }
-                                        if let Some((lo, hi)) = conv.clamp {
+                                        if let Some((lo, hi)) = conv.tail.clamp {
                                             v = v.max(lo as f64).min(hi as f64);
                                         }
                                         assert!(

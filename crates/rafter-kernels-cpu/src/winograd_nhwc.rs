@@ -18,8 +18,9 @@
 
 use std::cell::RefCell;
 
+use crate::common::ChannelTail;
 use crate::common::{check_isa, check_len, Disjoint};
-use crate::nhwc::{ChannelTail, VecTail};
+use crate::nhwc::VecTail;
 use crate::simd::Simd;
 use crate::winograd::filter_tile;
 use crate::{

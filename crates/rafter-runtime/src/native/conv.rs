@@ -536,12 +536,7 @@ fn depthwise(
             out: geo.out,
             weights: ws,
             channels: c,
-            alpha: r.alpha,
-            bias: r.bias,
-            residual: r.residual,
-            res_before: r.res_before,
-            relu: r.act == Activation::Relu,
-            clamp: r.clamp,
+            tail: r.channel_tail(),
         };
         return depthwise3x3(&conv, y, par).map_err(|e| format!("conv: {e}"));
     }

@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
-    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, small_conv_nhwc, Activation, BRef,
-    ChannelTail, Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel,
-    Residual, SmallConvNhwc, WindowNhwc, WinogradNhwcWeights, PACKED_B_NR,
+    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, small_conv_nhwc, BRef, ChannelTail,
+    Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual,
+    SmallConvNhwc, WindowNhwc, WinogradNhwcWeights, PACKED_B_NR,
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
@@ -196,7 +196,7 @@ impl NativeKernel for ConvNhwcKernel {
             let conv = DepthwiseNhwc {
                 window: window_of(xs, [h, wd, c], &geo),
                 weights: ins[wi].f32s()?,
-                tail: tail_of(&r),
+                tail: r.channel_tail(),
             };
             depthwise_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))?;
             return Ok(true);
@@ -206,7 +206,7 @@ impl NativeKernel for ConvNhwcKernel {
                 window: window_of(xs, [h, wd, c], &geo),
                 weights: ins[wi].f32s()?,
                 cout: m,
-                tail: tail_of(&r),
+                tail: r.channel_tail(),
             };
             small_conv_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))?;
             return Ok(true);
@@ -374,7 +374,7 @@ impl ConvNhwcKernel {
                 pads,
                 tail: ChannelTail {
                     residual: r.residual.map(|res| &res[img * out_len..][..out_len]),
-                    ..tail_of(r)
+                    ..r.channel_tail()
                 },
             };
             conv3x3_nhwc(
@@ -411,17 +411,5 @@ fn window_of<'a>(xs: &'a [f32], [h, w, c]: [usize; 3], geo: &Geom) -> WindowNhwc
         stride: geo.s,
         pads: geo.pb,
         out: geo.out,
-    }
-}
-
-/// The resolved tail as the NHWC kernels take it (`resolve` yields no activation but relu).
-fn tail_of<'a>(r: &Resolved<'a>) -> ChannelTail<'a> {
-    ChannelTail {
-        alpha: r.alpha,
-        bias: r.bias,
-        residual: r.residual,
-        res_before: r.res_before,
-        relu: r.act == Activation::Relu,
-        clamp: r.clamp,
     }
 }

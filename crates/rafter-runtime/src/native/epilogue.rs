@@ -5,7 +5,7 @@
 //! the result (clip's bounds after a matmul or a Winograd convolution: [`Resolved::post`]).
 
 use rafter_ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueId};
-use rafter_kernels_cpu::Activation;
+use rafter_kernels_cpu::{Activation, ChannelTail};
 
 use super::input_of;
 use super::operands::In;
@@ -266,7 +266,20 @@ pub(crate) fn resolve_conv<'a>(
     resolve(chain, ins, out_dims, channel_axis, bias, false)
 }
 
-impl Resolved<'_> {
+impl<'a> Resolved<'a> {
+    /// The tail as the direct convolution kernels take it (`resolve` yields no activation
+    /// but relu).
+    pub(crate) fn channel_tail(&self) -> ChannelTail<'a> {
+        ChannelTail {
+            alpha: self.alpha,
+            bias: self.bias,
+            residual: self.residual,
+            res_before: self.res_before,
+            relu: self.act == Activation::Relu,
+            clamp: self.clamp,
+        }
+    }
+
     /// Applies the clamp (the part the GEMM epilogue cannot fuse) to results.
     pub(crate) fn post(&self, y: &mut [f32]) {
         if let Some((lo, hi)) = self.clamp {
