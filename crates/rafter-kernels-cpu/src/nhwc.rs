@@ -225,6 +225,26 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
         let ky1 = (wnd.h as isize - iy0).clamp(0, kh as isize) as usize;
         let plane = &wnd.input[img * wnd.h * wnd.w * ch..(img + 1) * wnd.h * wnd.w * ch];
         let full_rows = ky0 == 0 && ky1 == kh;
+        // Interior 3×3 windows of stride 1 or 2, four pixels at a time over every whole
+        // channel vector; `blocked` are the pixels done so, for channels below `whole`.
+        let whole = ch / S::LANES * S::LANES;
+        let mut blocked = inner_lo..inner_lo;
+        if kh == 3 && kw == 3 && full_rows && (sw == 1 || sw == 2) && whole > 0 {
+            let mut ox = inner_lo;
+            while ox + QUAD <= inner_hi {
+                let base = (iy0 as usize * wnd.w + ix(ox) as usize) * ch;
+                let at = ox * ch;
+                let rquad = rrow.map(|r| &r[at..at + QUAD * ch]);
+                let oquad = &mut orow[at..at + QUAD * ch];
+                if sw == 1 {
+                    quad3x3::<S, 1>(s, c, &t, &plane[base..], whole, rquad, oquad);
+                } else {
+                    quad3x3::<S, 2>(s, c, &t, &plane[base..], whole, rquad, oquad);
+                }
+                ox += QUAD;
+            }
+            blocked = inner_lo..ox;
+        }
         for c0 in (0..ch).step_by(S::LANES) {
             let lanes = S::LANES.min(ch - c0);
             let bias = t.bias(s, c.tail.bias, c0, lanes);
@@ -236,6 +256,9 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
                     *v = s.load(&c.weights[i * ch + c0..]);
                 }
                 for ox in 0..ow {
+                    if c0 < whole && blocked.contains(&ox) {
+                        continue;
+                    }
                     let acc = if (inner_lo..inner_hi).contains(&ox) {
                         let base = (iy0 as usize * wnd.w + ix(ox) as usize) * ch + c0;
                         dot9(s, plane, base, wnd.w * ch, ch, &wv)
@@ -252,6 +275,54 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
                     t.store(s, acc, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
                 }
             }
+        }
+    }
+}
+
+/// Output pixels computed together by [`quad3x3`].
+const QUAD: usize = 4;
+
+/// `QUAD` adjacent output pixels of a 3×3 depthwise window of stride `SW`, whose windows lie
+/// inside the input and start at `x[0]` (the first window's top-left pixel), for every
+/// whole channel vector below `whole`. Each input vector of a window row is loaded once for
+/// the four pixels (6 or 9 columns instead of 12), and the four accumulators are independent
+/// chains of fused multiply-adds, so neither loads nor FMA latency bound the loop. Channels
+/// are the inner loop, so the loads of consecutive vectors are consecutive in memory.
+#[inline(always)]
+fn quad3x3<S: Simd, const SW: usize>(
+    s: S,
+    c: &DepthwiseNhwc<'_>,
+    t: &VecTail<S>,
+    x: &[f32],
+    whole: usize,
+    res: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let ch = c.window.channels;
+    let row = c.window.w * ch;
+    for c0 in (0..whole).step_by(S::LANES) {
+        let mut wv = [s.splat(0.0); 9];
+        for (i, v) in wv.iter_mut().enumerate() {
+            *v = s.load(&c.weights[i * ch + c0..]);
+        }
+        let mut acc = [s.splat(0.0); QUAD];
+        for ky in 0..3 {
+            let xr = &x[ky * row + c0..];
+            // Columns `j·SW + kx` of the window row (at most 3 + 3·SW of them).
+            let mut col = [s.splat(0.0); 9];
+            for (k, v) in col.iter_mut().enumerate().take(3 + (QUAD - 1) * SW) {
+                *v = s.load(&xr[k * ch..]);
+            }
+            for (j, a) in acc.iter_mut().enumerate() {
+                for kx in 0..3 {
+                    *a = s.fma(col[j * SW + kx], wv[ky * 3 + kx], *a);
+                }
+            }
+        }
+        let bias = t.bias(s, c.tail.bias, c0, S::LANES);
+        for (j, &a) in acc.iter().enumerate() {
+            let at = j * ch + c0;
+            t.store(s, a, bias, res.map(|r| &r[at..]), &mut out[at..], S::LANES);
         }
     }
 }
@@ -310,17 +381,21 @@ fn window<S: Simd>(
     acc
 }
 
-/// A convolution of few input channels over NHWC activations (an RGB stem), computed
+/// A convolution of few input channels (an RGB stem) writing NHWC activations, computed
 /// directly: each output pixel's channels are accumulated in registers as input values
-/// (broadcast) times weight vectors, `kh·kw·cin` of them, four vectors of output channels
-/// at a time, two pixels per weight load. On MobileNetV2's 3×3 stem (K = 27, 32 channels) it
-/// took the time of im2col + GEMM (342–392 against 348–367 µs a call, `rafter bench
-/// --trace`, builds alternated) with no im2col scratch and no packed weight: 1.7 MB less
-/// peak RSS for the model. No dilation.
+/// (broadcast) times weight vectors, `kh·kw·cin` of them, for a block of output-channel
+/// vectors and a block of pixels sharing each weight load (2 pixels × 4 vectors, or
+/// 4 pixels × 2 vectors when the output has at most two vectors of channels, as
+/// MobileNetV2's 32 channels are with AVX-512's 16 lanes). The input may be NHWC or NCHW
+/// (`input_nchw`): a model's NCHW input is then read in place, with no transpose before the
+/// stem. No dilation.
 #[derive(Clone, Copy, Debug)]
 pub struct SmallConvNhwc<'a> {
-    /// The input and window.
+    /// The input and window (`window.input` is `n x h x w x channels`, or
+    /// `n x channels x h x w` with `input_nchw`).
     pub window: WindowNhwc<'a>,
+    /// The input is NCHW.
+    pub input_nchw: bool,
     /// `kh x kw x cin x cout` (`conv_nhwc`'s layout).
     pub weights: &'a [f32],
     /// Output channels.
@@ -329,7 +404,7 @@ pub struct SmallConvNhwc<'a> {
     pub tail: ChannelTail<'a>,
 }
 
-/// Output-channel vectors accumulated together by [`small_conv_nhwc`].
+/// Output-channel vectors accumulated together by [`small_conv_nhwc`], at most.
 const SMALL_VECS: usize = 4;
 
 /// Runs `conv` into `out` (`n x out[0] x out[1] x cout`) on the fastest ISA.
@@ -380,9 +455,26 @@ pub fn small_conv_nhwc_with_isa(
 simd_dispatch!(fn small_conv_isa(c: &SmallConvNhwc<'_>, wp: &[f32], cp: usize, rows: Range<usize>, dst: &Disjoint<'_>) => small_conv_rows);
 
 /// Output rows `rows` (image-major) of [`small_conv_nhwc`], weights `wp` padded to `cp`
-/// output channels per tap.
+/// output channels per tap: the accumulator block that wastes no lanes on this ISA.
 #[inline(always)]
 fn small_conv_rows<S: Simd>(
+    s: S,
+    c: &SmallConvNhwc<'_>,
+    wp: &[f32],
+    cp: usize,
+    rows: Range<usize>,
+    dst: &Disjoint<'_>,
+) {
+    if c.cout.div_ceil(S::LANES) <= 2 {
+        small_conv_block::<S, 2, 4>(s, c, wp, cp, rows, dst);
+    } else {
+        small_conv_block::<S, SMALL_VECS, 2>(s, c, wp, cp, rows, dst);
+    }
+}
+
+/// [`small_conv_rows`] with `V` output-channel vectors times `P` pixels of accumulators.
+#[inline(always)]
+fn small_conv_block<S: Simd, const V: usize, const P: usize>(
     s: S,
     c: &SmallConvNhwc<'_>,
     wp: &[f32],
@@ -393,9 +485,22 @@ fn small_conv_rows<S: Simd>(
     let wnd = &c.window;
     let [oh, ow] = wnd.out;
     let [kh, kw] = wnd.kernel;
+    let [sh, sw] = wnd.stride;
     let (cin, cout) = (wnd.channels, c.cout);
+    // Element strides of a row, a pixel and a channel of the input.
+    let (rs, ps, cs) = if c.input_nchw {
+        (wnd.w, 1, wnd.h * wnd.w)
+    } else {
+        (wnd.w * cin, cin, 1)
+    };
     let t = VecTail::new(s, &c.tail);
     let zero = s.splat(0.0);
+    let ix = |ox: usize| (ox * sw) as isize - wnd.pads[1] as isize;
+    // Output columns whose window lies inside the input's width: `P` at a time there.
+    let inner_lo = (0..ow).find(|&ox| ix(ox) >= 0).unwrap_or(ow);
+    let inner_hi = (inner_lo..ow)
+        .find(|&ox| ix(ox) + kw as isize > wnd.w as isize)
+        .unwrap_or(ow);
     for r in rows {
         let (img, oy) = (r / oh, r % oh);
         // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
@@ -405,34 +510,32 @@ fn small_conv_rows<S: Simd>(
             .residual
             .map(|res| &res[r * ow * cout..(r + 1) * ow * cout]);
         let plane = &wnd.input[img * wnd.h * wnd.w * cin..(img + 1) * wnd.h * wnd.w * cin];
-        let iy0 = (oy * wnd.stride[0]) as isize - wnd.pads[0] as isize;
+        let iy0 = (oy * sh) as isize - wnd.pads[0] as isize;
         let ky0 = (-iy0).max(0) as usize;
         let ky1 = (wnd.h as isize - iy0).clamp(0, kh as isize) as usize;
-        // Output columns whose window lies inside the input's width: two at a time there,
-        // sharing each weight load, each window row one contiguous run of `kw·cin` values.
-        let ix = |ox: usize| (ox * wnd.stride[1]) as isize - wnd.pads[1] as isize;
-        let inner = |ox: usize| ix(ox) >= 0 && ix(ox) + kw as isize <= wnd.w as isize;
-        let run = kw * cin;
         let mut ox = 0;
         while ox < ow {
-            let pair = ox + 1 < ow && inner(ox) && inner(ox + 1);
-            for g0 in (0..cout).step_by(SMALL_VECS * S::LANES) {
-                let mut a0 = [zero; SMALL_VECS];
-                let mut a1 = [zero; SMALL_VECS];
-                if pair {
-                    let (x0, x1) = (ix(ox) as usize, ix(ox + 1) as usize);
+            let block = ox >= inner_lo && ox + P <= inner_hi;
+            for g0 in (0..cout).step_by(V * S::LANES) {
+                let mut acc = [[zero; V]; P];
+                if block {
+                    let x0 = ix(ox) as usize;
                     for ky in ky0..ky1 {
                         let iy = (iy0 + ky as isize) as usize;
-                        let r0 = &plane[(iy * wnd.w + x0) * cin..][..run];
-                        let r1 = &plane[(iy * wnd.w + x1) * cin..][..run];
-                        let wk = &wp[ky * run * cp + g0..];
-                        for t in 0..run {
-                            let (v0, v1) = (s.splat(r0[t]), s.splat(r1[t]));
-                            let wt = &wk[t * cp..];
-                            for j in 0..SMALL_VECS {
-                                let wv = s.load(&wt[j * S::LANES..]);
-                                a0[j] = s.fma(v0, wv, a0[j]);
-                                a1[j] = s.fma(v1, wv, a1[j]);
+                        for kx in 0..kw {
+                            let at = iy * rs + (x0 + kx) * ps;
+                            for ci in 0..cin {
+                                let wt = &wp[((ky * kw + kx) * cin + ci) * cp + g0..];
+                                let mut wv = [zero; V];
+                                for (j, v) in wv.iter_mut().enumerate() {
+                                    *v = s.load(&wt[j * S::LANES..]);
+                                }
+                                for (p, a) in acc.iter_mut().enumerate() {
+                                    let xv = s.splat(plane[at + ci * cs + p * sw * ps]);
+                                    for j in 0..V {
+                                        a[j] = s.fma(xv, wv[j], a[j]);
+                                    }
+                                }
                             }
                         }
                     }
@@ -443,20 +546,20 @@ fn small_conv_rows<S: Simd>(
                     for ky in ky0..ky1 {
                         let iy = (iy0 + ky as isize) as usize;
                         for kx in kx0..kx1 {
-                            let xi = (iy * wnd.w + (ix0 + kx as isize) as usize) * cin;
+                            let at = iy * rs + (ix0 + kx as isize) as usize * ps;
                             for ci in 0..cin {
-                                let xv = s.splat(plane[xi + ci]);
+                                let xv = s.splat(plane[at + ci * cs]);
                                 let wt = &wp[((ky * kw + kx) * cin + ci) * cp + g0..];
-                                for (j, a) in a0.iter_mut().enumerate() {
+                                for (j, a) in acc[0].iter_mut().enumerate() {
                                     *a = s.fma(xv, s.load(&wt[j * S::LANES..]), *a);
                                 }
                             }
                         }
                     }
                 }
-                let pixels = if pair { 2 } else { 1 };
-                for (p, acc) in [a0, a1].iter().take(pixels).enumerate() {
-                    for (j, &a) in acc.iter().enumerate() {
+                let pixels = if block { P } else { 1 };
+                for (p, pacc) in acc.iter().take(pixels).enumerate() {
+                    for (j, &a) in pacc.iter().enumerate() {
                         let c0 = g0 + j * S::LANES;
                         if c0 >= cout {
                             break;
@@ -468,7 +571,7 @@ fn small_conv_rows<S: Simd>(
                     }
                 }
             }
-            ox += if pair { 2 } else { 1 };
+            ox += if block { P } else { 1 };
         }
     }
 }
@@ -650,6 +753,11 @@ mod tests {
         case(1, 2, 1, 17, 3, 1, [1; 4], true);
         case(1, 11, 12, 24, 5, 1, [2; 4], true);
         case(1, 6, 6, 3, 3, 1, [0; 4], false);
+        // Rows wide enough for several four-pixel blocks, with leftover pixels and (on the
+        // wider ISAs) a partial channel vector beside the whole ones.
+        case(1, 10, 23, 40, 3, 1, [1; 4], true);
+        case(2, 12, 21, 48, 3, 2, [1; 4], false);
+        case(1, 9, 30, 72, 3, 2, [0, 0, 1, 1], true);
     }
 
     #[test]
@@ -735,13 +843,16 @@ mod tests {
             (2, 7, 6, 1, 5, 3, 1, [1, 0]),
             (1, 11, 10, 4, 40, 5, 2, [2, 1]),
             (1, 5, 5, 2, 17, 1, 1, [0, 0]),
+            // Wide rows: several pixel blocks per row, and leftovers.
+            (2, 8, 29, 3, 32, 3, 2, [1, 1]),
+            (1, 6, 23, 3, 24, 3, 1, [1, 1]),
         ] {
             let out = [(h + 2 * p[0] - k) / s + 1, (w + 2 * p[1] - k) / s + 1];
             let x = data(n * h * w * cin, 11);
             let wt = data(k * k * cin * cout, 12);
             let bias = data(cout, 13);
             let res = data(n * out[0] * out[1] * cout, 14);
-            let conv = SmallConvNhwc {
+            let mut conv = SmallConvNhwc {
                 window: WindowNhwc {
                     input: &x,
                     h,
@@ -752,6 +863,7 @@ mod tests {
                     pads: p,
                     out,
                 },
+                input_nchw: false,
                 weights: &wt,
                 cout,
                 tail: ChannelTail {
@@ -798,17 +910,32 @@ mod tests {
                     }
                 }
             }
-            for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon] {
-                if !isa.is_available() {
-                    continue;
+            // The same input as NCHW, read in place with `input_nchw`.
+            let mut x_nchw = vec![0f32; x.len()];
+            for img in 0..n {
+                for pix in 0..h * w {
+                    for ci in 0..cin {
+                        x_nchw[(img * cin + ci) * h * w + pix] = x[(img * h * w + pix) * cin + ci];
+                    }
                 }
-                let mut y = vec![f32::NAN; want.len()];
-                small_conv_nhwc_with_isa(isa, &conv, &mut y, &ScopedThreads::new(3)).unwrap();
-                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
-                    assert!(
-                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                        "{isa:?} {h}x{w}x{cin}->{cout} k{k} s{s}: [{i}] {a} vs {b}"
-                    );
+            }
+            for nchw in [false, true] {
+                if nchw {
+                    conv.window.input = &x_nchw;
+                    conv.input_nchw = true;
+                }
+                for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon] {
+                    if !isa.is_available() {
+                        continue;
+                    }
+                    let mut y = vec![f32::NAN; want.len()];
+                    small_conv_nhwc_with_isa(isa, &conv, &mut y, &ScopedThreads::new(3)).unwrap();
+                    for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                            "{isa:?} nchw {nchw} {h}x{w}x{cin}->{cout} k{k} s{s}: [{i}] {a} vs {b}"
+                        );
+                    }
                 }
             }
             let mut y = vec![0f32; want.len() - 1];

@@ -12,11 +12,17 @@
 //!   group through its data operand when that has the group's domain and nothing outside
 //!   the group and the reduction reads any value the group computes (else the prologue
 //!   would be computed twice or stored anyway). The group is then closed;
+//! - **reordered stem input**: a channels-last convolution of at most
+//!   [`SMALL_CONV_MAX_CIN`] input channels joins the NCHW→NHWC transpose of its input when
+//!   it alone reads it: the CPU runtime's direct small convolution reads the NCHW tensor in
+//!   place, so a model's RGB input is never transposed (MobileNetV2's 224×224 input took
+//!   ~160 µs to transpose, a call);
 //! - everything else (data movement, control flow, data-dependent ops) is one op per kernel.
 //!
 //! A join is refused when it would make a cycle between groups (a value leaving the group
 //! and coming back through another group). Nodes are never duplicated.
 
+use crate::layout::{SMALL_CONV_MAX_CIN, TO_NHWC};
 use crate::util::{consumers, graph_outputs};
 use rafter_ir::program::KernelKind;
 use rafter_ir::{Dim, Graph, Op, ValueDef, ValueId};
@@ -82,7 +88,8 @@ impl Partitioner<'_> {
         let g = self.g;
         let grp = &self.groups[gid];
         let node = &g.nodes[ni];
-        if grp.closed {
+        let reordered = self.reads_reordered_input(gid, ni, pos, v);
+        if grp.closed && !reordered {
             return false;
         }
         let out_dims = |n: &rafter_ir::Node| {
@@ -92,29 +99,30 @@ impl Partitioner<'_> {
                 .flatten()
                 .map(|o| g.value(o).ty.dims.clone())
         };
-        let ok = match (op_class(&node.op), grp.kind) {
-            (KernelKind::Elementwise, KernelKind::Elementwise) => {
-                out_dims(node).as_ref() == Some(&grp.domain)
-            }
-            (KernelKind::Elementwise, KernelKind::Contraction) => {
-                out_dims(node).as_ref() == Some(&grp.domain)
-                    && self.uses[v.0 as usize] == [ni]
-                    && !self.is_output[v.0 as usize]
-            }
-            (KernelKind::Reduction, KernelKind::Elementwise) => {
-                pos == 0
-                    && g.value(v).ty.dims == grp.domain
-                    && grp.nodes.iter().all(|&m| {
-                        g.nodes[m].outputs.iter().flatten().all(|o| {
-                            !self.is_output[o.0 as usize]
-                                && self.uses[o.0 as usize]
-                                    .iter()
-                                    .all(|&u| u == ni || self.node_group[u] == gid)
+        let ok = reordered
+            || match (op_class(&node.op), grp.kind) {
+                (KernelKind::Elementwise, KernelKind::Elementwise) => {
+                    out_dims(node).as_ref() == Some(&grp.domain)
+                }
+                (KernelKind::Elementwise, KernelKind::Contraction) => {
+                    out_dims(node).as_ref() == Some(&grp.domain)
+                        && self.uses[v.0 as usize] == [ni]
+                        && !self.is_output[v.0 as usize]
+                }
+                (KernelKind::Reduction, KernelKind::Elementwise) => {
+                    pos == 0
+                        && g.value(v).ty.dims == grp.domain
+                        && grp.nodes.iter().all(|&m| {
+                            g.nodes[m].outputs.iter().flatten().all(|o| {
+                                !self.is_output[o.0 as usize]
+                                    && self.uses[o.0 as usize]
+                                        .iter()
+                                        .all(|&u| u == ni || self.node_group[u] == gid)
+                            })
                         })
-                    })
-            }
-            _ => false,
-        };
+                }
+                _ => false,
+            };
         // Operands from other groups must not depend on this one.
         ok && node
             .inputs
@@ -123,6 +131,31 @@ impl Partitioner<'_> {
             .filter_map(|&u| self.group_of(u))
             .filter(|&h| h != gid && h != usize::MAX)
             .all(|h| !self.reaches(h, gid))
+    }
+
+    /// Whether node `ni` is a channels-last convolution of few input channels whose input
+    /// `v` (operand `pos`) is the NCHW→NHWC transpose that group `gid` holds alone, read by
+    /// nothing else (the "reordered stem input" rule).
+    fn reads_reordered_input(&self, gid: usize, ni: usize, pos: usize, v: ValueId) -> bool {
+        let g = self.g;
+        let Op::ConvNhwc { group: 1, .. } = g.nodes[ni].op else {
+            return false;
+        };
+        let few_channels = g
+            .value(v)
+            .ty
+            .dims
+            .last()
+            .and_then(Dim::as_known)
+            .is_some_and(|c| c <= SMALL_CONV_MAX_CIN);
+        let grp = &self.groups[gid];
+        pos == 0
+            && few_channels
+            && grp.kind == KernelKind::DataMovement
+            && matches!(grp.nodes.as_slice(), &[t] if matches!(
+                &g.nodes[t].op, Op::Transpose { perm } if perm.as_slice() == TO_NHWC))
+            && self.uses[v.0 as usize] == [ni]
+            && !self.is_output[v.0 as usize]
     }
 
     fn place(&mut self, ni: usize, fuse: bool) {
@@ -147,6 +180,19 @@ impl Partitioner<'_> {
         let gid = match target {
             Some(gid) => {
                 let grp = &mut self.groups[gid];
+                if grp.kind == KernelKind::DataMovement {
+                    // A reordered stem input: the group is the convolution's from here on,
+                    // open to its epilogue.
+                    grp.kind = KernelKind::Contraction;
+                    grp.closed = false;
+                    grp.domain = node
+                        .outputs
+                        .first()
+                        .copied()
+                        .flatten()
+                        .map(|o| g.value(o).ty.dims.clone())
+                        .unwrap_or_default();
+                }
                 grp.nodes.push(ni);
                 if class == KernelKind::Reduction {
                     grp.kind = KernelKind::Reduction;

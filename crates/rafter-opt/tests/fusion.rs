@@ -50,17 +50,21 @@ fn conv_bias_relu_is_one_contraction_kernel() {
     let p = check_equivalent(&g, vec![rand_f32(&[1, 1, 5, 5], 1)]);
     // On the CPU the convolution runs channels-last (`rafter_opt::layout`): a transpose on
     // each side, and the per-channel bias re-laid out as [1, 1, 1, 2] so the add still fuses.
+    // With one input channel the input's transpose joins the convolution's kernel (the
+    // "reordered stem input" rule: the runtime reads the NCHW input in place).
     assert_eq!(
         kernels(&p),
         vec![
-            (KernelKind::DataMovement, ops(&["transpose"])),
-            (KernelKind::Contraction, ops(&["conv_nhwc", "add", "relu"])),
+            (
+                KernelKind::Contraction,
+                ops(&["transpose", "conv_nhwc", "add", "relu"])
+            ),
             (KernelKind::DataMovement, ops(&["transpose"])),
         ]
     );
     // The weight (72 bytes) is a weight buffer; the bias (8 bytes) lives in the body.
     assert_eq!(p.weights.len(), 1);
-    let body = &p.kernels[1].body;
+    let body = &p.kernels[0].body;
     assert_eq!(body.inputs.len(), 2);
     assert!(body.constants.iter().any(|c| c.dims == [1, 1, 1, 2]));
     assert!(p.buffers.iter().any(|b| b.storage == Storage::Weight(0)));
@@ -93,10 +97,12 @@ fn conv_residual_relu_and_matmul_bias_gelu() {
     assert_eq!(
         kernels(&p),
         vec![
-            (KernelKind::DataMovement, ops(&["transpose"])),
             (KernelKind::Elementwise, ops(&["exp"])),
             (KernelKind::DataMovement, ops(&["transpose"])),
-            (KernelKind::Contraction, ops(&["conv_nhwc", "add", "relu"])),
+            (
+                KernelKind::Contraction,
+                ops(&["transpose", "conv_nhwc", "add", "relu"])
+            ),
             (KernelKind::Contraction, ops(&["matmul", "add", "gelu"])),
             (KernelKind::DataMovement, ops(&["transpose"])),
         ]

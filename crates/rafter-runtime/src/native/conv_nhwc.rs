@@ -8,7 +8,9 @@
 //! - depthwise: no GEMM, `rafter_kernels_cpu::depthwise_nhwc` vectorised over channels;
 //! - at most [`SMALL_CONV_MAX_CIN`] input channels (an RGB stem), weight left raw by the
 //!   compiler: no GEMM, `rafter_kernels_cpu::small_conv_nhwc` accumulates each pixel's
-//!   output channels in registers.
+//!   output channels in registers. When the body starts by transposing an NCHW input to
+//!   NHWC (`rafter_opt::fusion`'s reordered stem input), that kernel reads the NCHW tensor
+//!   in place and the transpose is never computed.
 //!
 //! The weight `[kh, kw, C, M]` is B as it is, or pre-packed at compile time
 //! (`rafter_opt::prepack`): the body then unpacks the panels by a prologue (`transpose`,
@@ -43,6 +45,9 @@ enum WSrc {
 
 struct ConvNhwcKernel {
     x: usize,
+    /// Input `x` is NCHW, reordered by the body (only the small direct convolution takes
+    /// it so).
+    x_nchw: bool,
     w: WSrc,
     bias: Option<Src>,
     kernel_shape: Vec<i64>,
@@ -71,7 +76,24 @@ thread_local! {
 }
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
-    let (w, at) = match packed_prologue(body) {
+    // A reordered stem input (`rafter_opt::fusion`): the body transposes its NCHW input
+    // first, and the small convolution reads the NCHW tensor in place instead.
+    let reordered = match body.nodes.first() {
+        Some(t) if matches!(&t.op, Op::Transpose { perm } if perm.as_slice() == [0, 2, 3, 1]) => {
+            let conv = body.nodes.get(1)?;
+            if conv.input(0) != *t.outputs.first()? || !read_once(body, (*t.outputs.first()?)?) {
+                return None;
+            }
+            Some(input_of(body, t.input(0), DType::F32)?)
+        }
+        _ => None,
+    };
+    let packed = if reordered.is_some() {
+        None
+    } else {
+        packed_prologue(body)
+    };
+    let (w, at) = match packed {
         Some(p) => {
             let r = body.nodes.get(p.next)?;
             let out = *r.outputs.first()?.as_ref()?;
@@ -97,10 +119,11 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             };
             (w, p.next + 1)
         }
-        None => (
-            WSrc::Input(input_of(body, body.nodes.first()?.input(1), DType::F32)?),
-            0,
-        ),
+        None => {
+            let at = usize::from(reordered.is_some());
+            let w = input_of(body, body.nodes.get(at)?.input(1), DType::F32)?;
+            (WSrc::Input(w), at)
+        }
     };
     let node = body.nodes.get(at)?;
     let Op::ConvNhwc {
@@ -121,8 +144,13 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         None | Some(None) => None,
         Some(b) => Some(Src::of(body, *b)?),
     };
+    let x = match reordered {
+        Some(x) => x,
+        None => input_of(body, node.input(0), DType::F32)?,
+    };
     Some(Arc::new(ConvNhwcKernel {
-        x: input_of(body, node.input(0), DType::F32)?,
+        x,
+        x_nchw: reordered.is_some(),
         w,
         bias,
         kernel_shape: kernel_shape.clone(),
@@ -144,8 +172,10 @@ fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
 impl NativeKernel for ConvNhwcKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         let x = &ins[self.x];
-        let &[n, h, wd, c] = x.dims.as_slice() else {
-            return Ok(false);
+        let [n, h, wd, c] = match (x.dims.as_slice(), self.x_nchw) {
+            (&[n, h, w, c], false) => [n, h, w, c],
+            (&[n, c, h, w], true) => [n, h, w, c],
+            _ => return Ok(false),
         };
         let [kh, kw, cg, m] = match self.w {
             WSrc::Input(i) => match ins[i].dims.as_slice() {
@@ -189,6 +219,12 @@ impl NativeKernel for ConvNhwcKernel {
         if y.is_empty() {
             return Ok(true);
         }
+        // (A one-channel convolution is also "depthwise"; from NCHW it runs as a small one.)
+        let depthwise = depthwise && !self.x_nchw;
+        let small = matches!(self.w, WSrc::Input(_)) && c <= SMALL_CONV_MAX_CIN && !depthwise;
+        if self.x_nchw && !small {
+            return Ok(false);
+        }
         if depthwise {
             let WSrc::Input(wi) = self.w else {
                 return Ok(false);
@@ -201,9 +237,10 @@ impl NativeKernel for ConvNhwcKernel {
             depthwise_nhwc(&conv, y, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))?;
             return Ok(true);
         }
-        if let (WSrc::Input(wi), true) = (self.w, c <= SMALL_CONV_MAX_CIN) {
+        if let (WSrc::Input(wi), true) = (self.w, small) {
             let conv = SmallConvNhwc {
                 window: window_of(xs, [h, wd, c], &geo),
+                input_nchw: self.x_nchw,
                 weights: ins[wi].f32s()?,
                 cout: m,
                 tail: r.channel_tail(),

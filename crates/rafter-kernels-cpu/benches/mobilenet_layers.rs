@@ -1,0 +1,127 @@
+//! MobileNetV2's direct NHWC convolutions, with the model's fused bias and ReLU6, 2 threads:
+//! the 3×3 stride-2 RGB stem (`small_conv_nhwc`, from NHWC and from NCHW input) and the
+//! depthwise 3×3 layers (`depthwise_nhwc`). Prints the median µs a call, GFLOP/s and the
+//! GB/s of one read of the input and one write of the output. Run it from two builds,
+//! alternated, to compare kernel versions.
+use std::time::Instant;
+
+use rafter_kernels_cpu::{
+    depthwise_nhwc, small_conv_nhwc, ChannelTail, DepthwiseNhwc, SmallConvNhwc, WindowNhwc,
+    WorkerPool,
+};
+
+fn data(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+/// The median seconds of 200 calls of `f`.
+fn median(mut f: impl FnMut()) -> f64 {
+    let mut times: Vec<f64> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn report(what: &str, secs: f64, flops: f64, bytes: f64) {
+    println!(
+        "{what:<22}: {:7.1} us  {:5.1} GFLOP/s  {:5.1} GB/s",
+        secs * 1e6,
+        flops / secs / 1e9,
+        bytes / secs / 1e9
+    );
+}
+
+fn stem(pool: &WorkerPool) {
+    let (hw, o, cin, cout) = (224usize, 112usize, 3usize, 32usize);
+    let x = data(hw * hw * cin);
+    let w = data(27 * cout);
+    let b = data(cout);
+    let mut y = vec![0f32; o * o * cout];
+    for nchw in [false, true] {
+        let conv = SmallConvNhwc {
+            window: WindowNhwc {
+                input: &x,
+                h: hw,
+                w: hw,
+                channels: cin,
+                kernel: [3, 3],
+                stride: [2, 2],
+                pads: [1, 1],
+                out: [o, o],
+            },
+            input_nchw: nchw,
+            weights: &w,
+            cout,
+            tail: ChannelTail {
+                bias: Some(&b),
+                clamp: Some((0.0, 6.0)),
+                ..ChannelTail::default()
+            },
+        };
+        let med = median(|| small_conv_nhwc(&conv, &mut y, pool).unwrap());
+        let what = if nchw {
+            "stem from NCHW"
+        } else {
+            "stem from NHWC"
+        };
+        let flops = 2.0 * 27.0 * y.len() as f64;
+        report(what, med, flops, 4.0 * (x.len() + y.len()) as f64);
+    }
+}
+
+fn main() {
+    let pool = WorkerPool::new(2).unwrap();
+    stem(&pool);
+    // (input size, channels, stride), in the model's order of first appearance.
+    let shapes = [
+        (112usize, 32usize, 1usize),
+        (112, 96, 2),
+        (56, 144, 1),
+        (56, 144, 2),
+        (28, 192, 1),
+        (28, 192, 2),
+        (14, 384, 1),
+        (14, 576, 1),
+        (14, 576, 2),
+        (7, 960, 1),
+    ];
+    let mut total = 0.0;
+    for &(hw, ch, s) in &shapes {
+        let o = (hw + 2 - 3) / s + 1;
+        let x = data(hw * hw * ch);
+        let w = data(9 * ch);
+        let b = data(ch);
+        let mut y = vec![0f32; o * o * ch];
+        let conv = DepthwiseNhwc {
+            window: WindowNhwc {
+                input: &x,
+                h: hw,
+                w: hw,
+                channels: ch,
+                kernel: [3, 3],
+                stride: [s, s],
+                pads: [1, 1],
+                out: [o, o],
+            },
+            weights: &w,
+            tail: ChannelTail {
+                bias: Some(&b),
+                clamp: Some((0.0, 6.0)),
+                ..ChannelTail::default()
+            },
+        };
+        let med = median(|| depthwise_nhwc(&conv, &mut y, &pool).unwrap());
+        total += med;
+        let flops = 2.0 * 9.0 * (o * o * ch) as f64;
+        let what = format!("dw {hw}x{hw} c{ch} s{s}");
+        report(&what, med, flops, 4.0 * (x.len() + y.len()) as f64);
+    }
+    println!("depthwise total {:.1} us", total * 1e6);
+}
