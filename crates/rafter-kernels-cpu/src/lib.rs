@@ -63,6 +63,7 @@ mod softmax;
 mod spatial;
 mod stem;
 pub mod tile;
+mod transpose;
 mod winograd;
 mod winograd_nhwc;
 
@@ -77,6 +78,7 @@ pub use packed::{
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
+pub use transpose::transpose_f32;
 pub use winograd::{conv3x3, Conv3x3, WinogradWeights};
 pub use winograd_nhwc::{conv3x3_nhwc, conv3x3_nhwc_with_isa, Conv3x3Nhwc, WinogradNhwcWeights};
 

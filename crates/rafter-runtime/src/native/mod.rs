@@ -142,7 +142,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| conv_nhwc::select(body, par))
         .or_else(|| pool::select(body, par))
         .or_else(|| softmax::select(body, par))
-        .or_else(|| movement::select(body))
+        .or_else(|| movement::select(body, par))
         .or_else(|| norm::select(body, par))
 }
 

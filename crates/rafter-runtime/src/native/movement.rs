@@ -1,12 +1,15 @@
 //! Data movement on borrowed bytes: reshape-likes (reshape, flatten, squeeze, unsqueeze) are
 //! one `memcpy` of the operand's bytes into the result (their row-major order is unchanged);
-//! transposes walk the output in order, copying whole rows when the last axis stays last.
+//! transposes walk the output in order, copying whole rows when the last axis stays last;
+//! f32 transposes that are batched 2-D ones once their axes are merged (NCHW ↔ NHWC) run
+//! tiled over the worker pool (`rafter_kernels_cpu::transpose_f32`).
 
 use std::sync::Arc;
 
 use rafter_ir::{DType, Graph, Op, ValueDef};
+use rafter_kernels_cpu::transpose_f32;
 
-use super::{In, NativeKernel, Out};
+use super::{In, NativeKernel, Out, Par};
 
 /// How a reshape-like op's result dims follow from its operands (for results in host
 /// slots, whose dims the symbols do not give).
@@ -47,9 +50,18 @@ enum Part {
 
 struct MovementKernel {
     kind: Kind,
+    par: Par,
 }
 
-pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+    let kind = kind_of(body)?;
+    Some(Arc::new(MovementKernel {
+        kind,
+        par: par.clone(),
+    }))
+}
+
+fn kind_of(body: &Graph) -> Option<Kind> {
     let [node] = body.nodes.as_slice() else {
         return None;
     };
@@ -69,13 +81,11 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
         {
             return None;
         }
-        return Some(Arc::new(MovementKernel {
-            kind: Kind::Gather {
-                axis,
-                data,
-                indices,
-            },
-        }));
+        return Some(Kind::Gather {
+            axis,
+            data,
+            indices,
+        });
     }
     if let Op::Concat { axis } = node.op {
         let dtype = body.value(y).ty.dtype;
@@ -99,9 +109,7 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
         if parts.is_empty() || body.outputs != [y] || node.outputs.len() != 1 {
             return None;
         }
-        return Some(Arc::new(MovementKernel {
-            kind: Kind::Concat { axis, parts },
-        }));
+        return Some(Kind::Concat { axis, parts });
     }
     if body.value(x).def != ValueDef::Input(0)
         || body.outputs != [y]
@@ -138,7 +146,7 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
         }
         _ => return None,
     };
-    Some(Arc::new(MovementKernel { kind }))
+    Some(kind)
 }
 
 impl NativeKernel for MovementKernel {
@@ -203,6 +211,16 @@ impl NativeKernel for MovementKernel {
                     return Ok(false);
                 }
                 let (dims, perm) = merged_axes(&x.dims, perm);
+                let batched_2d = match (dims.as_slice(), perm.as_slice()) {
+                    (&[r, c], [1, 0]) => Some([1, r, c]),
+                    (&[b, r, c], [0, 2, 1]) => Some([b, r, c]),
+                    _ => None,
+                };
+                if let (DType::F32, Some(brc)) = (x.dtype, batched_2d) {
+                    transpose_f32(x.f32s()?, brc, y.f32s()?, &*self.par)
+                        .map_err(|e| format!("transpose: {e}"))?;
+                    return Ok(true);
+                }
                 if x.dtype == DType::F32 && across_planes(&perm) {
                     transpose_planes(x.f32s()?, &dims, &perm, y.f32s()?);
                     return Ok(true);
