@@ -1,13 +1,14 @@
-//! MobileNetV2's direct NHWC convolutions, with the model's fused bias and ReLU6, 2 threads:
-//! the 3×3 stride-2 RGB stem (`small_conv_nhwc`, from NHWC and from NCHW input) and the
-//! depthwise 3×3 layers (`depthwise_nhwc`). Prints the median µs a call, GFLOP/s and the
+//! The CNN layers rafter computes directly rather than as GEMMs, 2 threads: ResNet-50's 7×7
+//! stride-2 stem (`stem_conv`, NCHW, with bias and ReLU), and MobileNetV2's 3×3 stride-2 RGB
+//! stem (`small_conv_nhwc`, from NHWC and from NCHW input) and depthwise 3×3 layers
+//! (`depthwise_nhwc`), with the model's bias and ReLU6. Prints the median µs a call, GFLOP/s and the
 //! GB/s of one read of the input and one write of the output. Run it from two builds,
 //! alternated, to compare kernel versions.
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    depthwise_nhwc, small_conv_nhwc, ChannelTail, DepthwiseNhwc, SmallConvNhwc, WindowNhwc,
-    WorkerPool,
+    depthwise_nhwc, small_conv_nhwc, stem_conv, ChannelTail, DepthwiseNhwc, SmallConvNhwc,
+    StemConv, WindowNhwc, WorkerPool,
 };
 
 fn data(n: usize) -> Vec<f32> {
@@ -76,8 +77,42 @@ fn stem(pool: &WorkerPool) {
     }
 }
 
+fn resnet_stem(pool: &WorkerPool) {
+    let (hw, o, cin, cout) = (224usize, 112usize, 3usize, 64usize);
+    let x = data(cin * hw * hw);
+    let w = data(cout * cin * 49);
+    let b = data(cout);
+    let mut y = vec![0f32; cout * o * o];
+    let conv = StemConv {
+        input: &x,
+        cin,
+        h: hw,
+        w: hw,
+        weights: &w,
+        cout,
+        kernel: [7, 7],
+        stride: 2,
+        pads: [3, 3],
+        out: [o, o],
+        bias: Some(&b),
+        residual: None,
+        res_before: false,
+        relu: true,
+        clamp: None,
+    };
+    let med = median(|| stem_conv(&conv, &mut y, pool).unwrap());
+    let flops = 2.0 * 147.0 * y.len() as f64;
+    report(
+        "resnet stem (NCHW)",
+        med,
+        flops,
+        4.0 * (x.len() + y.len()) as f64,
+    );
+}
+
 fn main() {
     let pool = WorkerPool::new(2).unwrap();
+    resnet_stem(&pool);
     stem(&pool);
     // (input size, channels, stride), in the model's order of first appearance.
     let shapes = [
