@@ -92,20 +92,13 @@ impl Partitioner<'_> {
         if grp.closed && !reordered {
             return false;
         }
-        let out_dims = |n: &rafter_ir::Node| {
-            n.outputs
-                .first()
-                .copied()
-                .flatten()
-                .map(|o| g.value(o).ty.dims.clone())
-        };
         let ok = reordered
             || match (op_class(&node.op), grp.kind) {
                 (KernelKind::Elementwise, KernelKind::Elementwise) => {
-                    out_dims(node).as_ref() == Some(&grp.domain)
+                    out_dims(g, node).as_ref() == Some(&grp.domain)
                 }
                 (KernelKind::Elementwise, KernelKind::Contraction) => {
-                    out_dims(node).as_ref() == Some(&grp.domain)
+                    out_dims(g, node).as_ref() == Some(&grp.domain)
                         && self.uses[v.0 as usize] == [ni]
                         && !self.is_output[v.0 as usize]
                 }
@@ -185,13 +178,7 @@ impl Partitioner<'_> {
                     // open to its epilogue.
                     grp.kind = KernelKind::Contraction;
                     grp.closed = false;
-                    grp.domain = node
-                        .outputs
-                        .first()
-                        .copied()
-                        .flatten()
-                        .map(|o| g.value(o).ty.dims.clone())
-                        .unwrap_or_default();
+                    grp.domain = out_dims(g, node).unwrap_or_default();
                 }
                 grp.nodes.push(ni);
                 if class == KernelKind::Reduction {
@@ -201,13 +188,7 @@ impl Partitioner<'_> {
                 gid
             }
             None => {
-                let domain = node
-                    .outputs
-                    .first()
-                    .copied()
-                    .flatten()
-                    .map(|o| g.value(o).ty.dims.clone())
-                    .unwrap_or_default();
+                let domain = out_dims(g, node).unwrap_or_default();
                 self.groups.push(Building {
                     kind: class,
                     nodes: vec![ni],
@@ -222,6 +203,15 @@ impl Partitioner<'_> {
         let grp = &mut self.groups[gid];
         grp.preds.extend(preds.into_iter().filter(|&h| h != gid));
     }
+}
+
+/// The dims of `n`'s first result, if it has one.
+fn out_dims(g: &Graph, n: &rafter_ir::Node) -> Option<Vec<Dim>> {
+    n.outputs
+        .first()
+        .copied()
+        .flatten()
+        .map(|o| g.value(o).ty.dims.clone())
 }
 
 /// Partitions `g`'s nodes into kernels, in an order where every group comes after the

@@ -62,6 +62,9 @@ struct ConvNhwcKernel {
     winograd: Mutex<Option<(usize, Arc<WinogradNhwcWeights>)>>,
 }
 
+/// The permutation of NCHW to NHWC (`rafter_opt::layout::TO_NHWC`).
+const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
+
 /// Convolutions of at most this many input channels run directly
 /// (`rafter_kernels_cpu::small_conv_nhwc`) when their weight is raw, as `rafter_opt`
 /// leaves it for them (`layout::SMALL_CONV_MAX_CIN`).
@@ -79,9 +82,9 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     // A reordered stem input (`rafter_opt::fusion`): the body transposes its NCHW input
     // first, and the small convolution reads the NCHW tensor in place instead.
     let reordered = match body.nodes.first() {
-        Some(t) if matches!(&t.op, Op::Transpose { perm } if perm.as_slice() == [0, 2, 3, 1]) => {
-            let conv = body.nodes.get(1)?;
-            if conv.input(0) != *t.outputs.first()? || !read_once(body, (*t.outputs.first()?)?) {
+        Some(t) if matches!(&t.op, Op::Transpose { perm } if perm.as_slice() == TO_NHWC) => {
+            let xt = (*t.outputs.first()?)?;
+            if body.nodes.get(1)?.input(0) != Some(xt) || !read_once(body, xt) {
                 return None;
             }
             Some(input_of(body, t.input(0), DType::F32)?)
