@@ -156,4 +156,25 @@ impl ChannelTail<'_> {
         }
         Ok(())
     }
+
+    /// The tail of `acc`, the sum of output element `at` of channel `channel`, in f64: the
+    /// tests' reference for every kernel that takes a `ChannelTail`.
+    #[cfg(test)]
+    pub(crate) fn reference(&self, acc: f64, channel: usize, at: usize) -> f64 {
+        let r = self.residual.map_or(0.0, |r| r[at] as f64);
+        let mut v = self.alpha as f64 * acc + self.bias.map_or(0.0, |b| b[channel] as f64);
+        if self.res_before {
+            v += r;
+        }
+        if self.relu {
+            v = v.max(0.0);
+        }
+        if !self.res_before {
+            v += r;
+        }
+        if let Some((lo, hi)) = self.clamp {
+            v = v.max(lo as f64).min(hi as f64);
+        }
+        v
+    }
 }

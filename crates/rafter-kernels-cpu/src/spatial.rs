@@ -671,21 +671,7 @@ pub(crate) mod tests {
                                             }
                                         }
                                         let i = pi * oh * ow + o * ow + q;
-                                        let mut v = conv.tail.alpha as f64 * acc
-                                            + conv.tail.bias.map_or(0.0, |b| b[c] as f64);
-                                        let r = conv.tail.residual.map_or(0.0, |r| r[i] as f64);
-                                        if conv.tail.res_before {
-                                            v += r;
-                                        }
-                                        if conv.tail.relu {
-                                            v = v.max(0.0);
-                                        }
-                                        if !conv.tail.res_before {
-                                            v += r;
-                                        }
-                                        if let Some((lo, hi)) = conv.tail.clamp {
-                                            v = v.max(lo as f64).min(hi as f64);
-                                        }
+                                        let v = conv.tail.reference(acc, c, i);
                                         assert!(
                                             (y[i] as f64 - v).abs() < 1e-5 * (1.0 + v.abs()),
                                             "{isa:?} {ch}x{h}x{w} s{stride} pads {pt},{pl},{pb},{pe} v{variant} at {pi},{o},{q}: {} vs {v}",

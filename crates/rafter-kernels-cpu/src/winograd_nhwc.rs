@@ -431,22 +431,7 @@ mod tests {
                         }
                     }
                     let i = (oy * ow + ox) * cout + co;
-                    let mut v =
-                        c.tail.alpha as f64 * acc + c.tail.bias.map_or(0.0, |b| b[co]) as f64;
-                    let r = c.tail.residual.map_or(0.0, |r| r[i]) as f64;
-                    if c.tail.res_before {
-                        v += r;
-                    }
-                    if c.tail.relu {
-                        v = v.max(0.0);
-                    }
-                    if !c.tail.res_before {
-                        v += r;
-                    }
-                    if let Some((lo, hi)) = c.tail.clamp {
-                        v = v.max(lo as f64).min(hi as f64);
-                    }
-                    y[i] = v as f32;
+                    y[i] = c.tail.reference(acc, co, i) as f32;
                 }
             }
         }
