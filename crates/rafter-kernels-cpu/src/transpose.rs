@@ -3,8 +3,10 @@
 //!
 //! The output is split into blocks of rows over the threads, and each block is written in
 //! [`TILE`]×[`TILE`] tiles, so a tile's reads touch `TILE` input rows once, while their cache
-//! lines are resident, and its writes fill whole output lines. Element by element on one
-//! thread, ResNet-50's `[64, 3136]` transpose took ~237 µs a call.
+//! lines are resident, and its writes fill whole output lines. ResNet-50's `[64, 3136]`
+//! transpose took 237 µs a call element by element on one thread, 106 µs so (2 threads,
+//! `rafter bench resnet50.rfa --trace`; `benchmarks/RESULTS.md`, "CNN direct kernels and
+//! transposes on an AVX-512 machine").
 
 use crate::common::{check_len, par_blocks, Disjoint, KernelError};
 use crate::Parallel;
