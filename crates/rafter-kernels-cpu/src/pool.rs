@@ -9,8 +9,11 @@
 //!
 //! # Protocol
 //! A job lives in an `Arc<Job>` published in `current`, announced by bumping `epoch`.
-//! Tasks are claimed with `fetch_add` on the job's `next`; an index below `tasks` is
-//! claimed exactly once. The caller takes tasks too, then waits until `done == tasks`
+//! Its tasks are cut into one contiguous chunk per thread; a thread claims tasks with
+//! `fetch_add` on its own chunk's counter first, then on the others' (stealing), so an index
+//! below `tasks` is claimed exactly once. Owning a chunk keeps the same rows of consecutive
+//! kernels on the same core: kernels split their output rows in order, so the rows a layer
+//! reads are the ones the same core wrote into its L2 one kernel earlier. The caller takes tasks too, then waits until `done == tasks`
 //! before it returns, so the borrowed closure outlives every call of it (the invariant
 //! behind the one `unsafe` lifetime erasure below). A worker that joins late only sees
 //! claimed-out indices and never calls the closure. One job runs at a time: a second
@@ -36,8 +39,8 @@ struct Job {
     /// The caller's closure, its lifetime erased; valid until `done == tasks` (see the
     /// module docs).
     f: *const Task,
-    tasks: usize,
-    next: AtomicUsize,
+    /// One chunk of task indices per thread (see the module docs).
+    chunks: Vec<Chunk>,
     done: AtomicUsize,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
@@ -47,12 +50,41 @@ struct Job {
 unsafe impl Send for Job {}
 unsafe impl Sync for Job {}
 
+/// Task indices `next..end`, claimed from the front.
+struct Chunk {
+    next: AtomicUsize,
+    end: usize,
+}
+
 impl Job {
-    /// Claims and runs tasks until none are left.
-    fn work(&self) {
+    fn new(f: *const Task, tasks: usize, threads: usize) -> Job {
+        let chunks = (0..threads)
+            .map(|p| Chunk {
+                next: AtomicUsize::new(tasks * p / threads),
+                end: tasks * (p + 1) / threads,
+            })
+            .collect();
+        Job {
+            f,
+            chunks,
+            done: AtomicUsize::new(0),
+            panic: Mutex::new(None),
+        }
+    }
+
+    /// Claims and runs tasks until none are left: the chunk of thread `me` first, then the
+    /// others' in turn.
+    fn work(&self, me: usize) {
+        let n = self.chunks.len();
+        for q in (0..n).map(|d| (me + d) % n) {
+            self.drain(&self.chunks[q]);
+        }
+    }
+
+    fn drain(&self, chunk: &Chunk) {
         loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.tasks {
+            let i = chunk.next.fetch_add(1, Ordering::Relaxed);
+            if i >= chunk.end {
                 return;
             }
             // SAFETY: `i < tasks` was claimed by this thread alone, and the caller of
@@ -106,14 +138,15 @@ impl WorkerPool {
             let shared = shared.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("rafter-pool-{i}"))
-                .spawn(move || worker(&shared))?;
+                .spawn(move || worker(&shared, i))?;
             pool.workers.push(handle);
         }
         Ok(pool)
     }
 }
 
-fn worker(shared: &Shared) {
+/// Worker `me` (1.., the caller of `run` being 0) of the pool.
+fn worker(shared: &Shared, me: usize) {
     let mut seen = 0u64;
     loop {
         let epoch = wait_for_epoch(shared, seen);
@@ -123,7 +156,7 @@ fn worker(shared: &Shared) {
         seen = epoch;
         let job = lock(&shared.current).clone();
         if let Some(job) = job {
-            job.work();
+            job.work(me);
         }
     }
 }
@@ -176,20 +209,14 @@ impl Parallel for WorkerPool {
         // SAFETY (lifetime erasure): the pointer is dereferenced only for claimed tasks,
         // and this function returns only after every task is done (the wait below).
         let f = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), *const Task>(f) };
-        let job = Arc::new(Job {
-            f,
-            tasks,
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            panic: Mutex::new(None),
-        });
+        let job = Arc::new(Job::new(f, tasks, self.threads));
         *lock(&self.shared.current) = Some(job.clone());
         self.shared.epoch.fetch_add(1, Ordering::SeqCst);
         if self.shared.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = lock(&self.shared.sleep);
             self.shared.wake.notify_all();
         }
-        job.work();
+        job.work(0);
         // The last tasks are running on workers: spin briefly, then yield, so that on an
         // oversubscribed machine the caller does not burn the core a worker needs.
         let mut spins = 0u32;
@@ -253,6 +280,22 @@ mod tests {
         for tasks in [0, 1, 2, 3, 7, 100, 1000] {
             assert_eq!(counts(&pool, tasks), vec![1; tasks], "{tasks} tasks");
         }
+    }
+
+    #[test]
+    fn a_thread_takes_its_own_chunk_first_then_steals_in_turn() {
+        // A static, so the closure is 'static like the `*const Task` a job holds.
+        static ORDER: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+        let order = &ORDER;
+        let f: &Task = &|i: usize| lock(&ORDER).push(i);
+        // 10 tasks over 3 threads: chunks 0..3, 3..6, 6..10.
+        let job = Job::new(f as *const Task, 10, 3);
+        job.work(1);
+        assert_eq!(*lock(&order), vec![3, 4, 5, 6, 7, 8, 9, 0, 1, 2]);
+        assert_eq!(job.done.load(Ordering::Relaxed), 10);
+        // Every chunk is drained: another thread finds nothing to run.
+        job.work(0);
+        assert_eq!(lock(&order).len(), 10);
     }
 
     #[test]
