@@ -286,16 +286,15 @@ mod tests {
     fn a_thread_takes_its_own_chunk_first_then_steals_in_turn() {
         // A static, so the closure is 'static like the `*const Task` a job holds.
         static ORDER: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-        let order = &ORDER;
         let f: &Task = &|i: usize| lock(&ORDER).push(i);
         // 10 tasks over 3 threads: chunks 0..3, 3..6, 6..10.
         let job = Job::new(f as *const Task, 10, 3);
         job.work(1);
-        assert_eq!(*lock(&order), vec![3, 4, 5, 6, 7, 8, 9, 0, 1, 2]);
+        assert_eq!(*lock(&ORDER), vec![3, 4, 5, 6, 7, 8, 9, 0, 1, 2]);
         assert_eq!(job.done.load(Ordering::Relaxed), 10);
         // Every chunk is drained: another thread finds nothing to run.
         job.work(0);
-        assert_eq!(lock(&order).len(), 10);
+        assert_eq!(lock(&ORDER).len(), 10);
     }
 
     #[test]
