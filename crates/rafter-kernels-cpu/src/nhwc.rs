@@ -198,83 +198,127 @@ impl<S: Simd> VecTail<S> {
 }
 
 /// Output rows `rows` (image-major: row `r` is image `r / oh`, output row `r % oh`).
+///
+/// One channel vector at a time over all the rows: the vector's slice of the window's input
+/// rows (3·w·64 bytes with AVX-512) stays in L1 while the rows' pixels are swept, and is read
+/// from L2 about once, where a pixel's whole channel range first streams the window rows
+/// (3·w·C floats, 96 KiB for MobileNetV2's 56×56×144, twice L1) from L2 for each output row.
+/// This is the order of a channel-blocked (NCHWc) layout, reached within NHWC.
 #[inline(always)]
 fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) {
     let wnd = &c.window;
     let ch = wnd.channels;
-    let [oh, ow] = wnd.out;
     let [kh, kw] = wnd.kernel;
-    let [sh, sw] = wnd.stride;
     let t = VecTail::new(s, &c.tail);
-    // Output columns whose whole window lies inside the input: no checks there.
-    let ix = |ox: usize| (ox * sw) as isize - wnd.pads[1] as isize;
-    let inner_lo = (0..ow).find(|&ox| ix(ox) >= 0).unwrap_or(ow);
-    let inner_hi = (inner_lo..ow)
-        .find(|&ox| ix(ox) + kw as isize > wnd.w as isize)
-        .unwrap_or(ow);
-    for r in rows {
-        let (img, oy) = (r / oh, r % oh);
-        // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
-        let orow = unsafe { dst.part(r * ow * ch..(r + 1) * ow * ch) };
-        let rrow = c
-            .tail
-            .residual
-            .map(|res| &res[r * ow * ch..(r + 1) * ow * ch]);
-        let iy0 = (oy * sh) as isize - wnd.pads[0] as isize;
-        let ky0 = (-iy0).max(0) as usize;
-        let ky1 = (wnd.h as isize - iy0).clamp(0, kh as isize) as usize;
-        let plane = &wnd.input[img * wnd.h * wnd.w * ch..(img + 1) * wnd.h * wnd.w * ch];
-        let full_rows = ky0 == 0 && ky1 == kh;
-        // Interior 3×3 windows of stride 1 or 2, four pixels at a time over every whole
-        // channel vector; `blocked` are the pixels done so, for channels below `whole`.
-        let whole = ch / S::LANES * S::LANES;
-        let mut blocked = inner_lo..inner_lo;
-        if kh == 3 && kw == 3 && full_rows && (sw == 1 || sw == 2) && whole > 0 {
-            let mut ox = inner_lo;
-            while ox + QUAD <= inner_hi {
-                let base = (iy0 as usize * wnd.w + ix(ox) as usize) * ch;
-                let at = ox * ch;
-                let rquad = rrow.map(|r| &r[at..at + QUAD * ch]);
-                let oquad = &mut orow[at..at + QUAD * ch];
-                if sw == 1 {
-                    quad3x3::<S, 1>(s, c, &t, &plane[base..], whole, rquad, oquad);
-                } else {
-                    quad3x3::<S, 2>(s, c, &t, &plane[base..], whole, rquad, oquad);
-                }
-                ox += QUAD;
+    let cols = InnerCols::of(wnd);
+    let quads = kh == 3 && kw == 3 && (wnd.stride[1] == 1 || wnd.stride[1] == 2);
+    for c0 in (0..ch).step_by(S::LANES) {
+        let lanes = S::LANES.min(ch - c0);
+        let bias = t.bias(s, c.tail.bias, c0, lanes);
+        let unrolled = kh == 3 && kw == 3 && lanes == S::LANES;
+        let mut wv = [s.splat(0.0); 9];
+        if unrolled {
+            for (i, v) in wv.iter_mut().enumerate() {
+                *v = s.load(&c.weights[i * ch + c0..]);
             }
-            blocked = inner_lo..ox;
         }
-        for c0 in (0..ch).step_by(S::LANES) {
-            let lanes = S::LANES.min(ch - c0);
-            let bias = t.bias(s, c.tail.bias, c0, lanes);
-            // (No closures here: a closure is compiled without the caller's target
-            // features, and its vector operations would become calls.)
-            if kh == 3 && kw == 3 && lanes == S::LANES && full_rows {
-                let mut wv = [s.splat(0.0); 9];
-                for (i, v) in wv.iter_mut().enumerate() {
-                    *v = s.load(&c.weights[i * ch + c0..]);
-                }
-                for ox in 0..ow {
-                    if c0 < whole && blocked.contains(&ox) {
-                        continue;
-                    }
-                    let acc = if (inner_lo..inner_hi).contains(&ox) {
-                        let base = (iy0 as usize * wnd.w + ix(ox) as usize) * ch + c0;
-                        dot9(s, plane, base, wnd.w * ch, ch, &wv)
+        for r in rows.clone() {
+            let g = RowGeom::of(wnd, r);
+            // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap;
+            // within this task the row's previous part (last channel vector) is dead.
+            let orow = unsafe { dst.part(r * g.len..(r + 1) * g.len) };
+            let rrow = c.tail.residual.map(|res| &res[r * g.len..(r + 1) * g.len]);
+            let plane = &wnd.input[g.plane..g.plane + wnd.h * wnd.w * ch];
+            let full_rows = g.ky.start == 0 && g.ky.end == kh;
+            let mut ox = 0;
+            while ox < wnd.out[1] {
+                let inner = ox >= cols.lo && ox < cols.hi && full_rows && unrolled;
+                if inner && quads && ox + QUAD <= cols.hi {
+                    let base = (g.iy0 as usize * wnd.w + cols.ix(ox) as usize) * ch + c0;
+                    let at = ox * ch + c0;
+                    let acc = if wnd.stride[1] == 1 {
+                        quad3x3::<S, 1>(s, plane, base, wnd.w * ch, ch, &wv)
                     } else {
-                        window(s, c, plane, iy0, ky0..ky1, ix(ox), c0, lanes)
+                        quad3x3::<S, 2>(s, plane, base, wnd.w * ch, ch, &wv)
                     };
-                    let at = ox * ch + c0;
-                    t.store(s, acc, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
+                    for (j, &a) in acc.iter().enumerate() {
+                        let at = at + j * ch;
+                        t.store(s, a, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
+                    }
+                    ox += QUAD;
+                    continue;
                 }
-            } else {
-                for ox in 0..ow {
-                    let acc = window(s, c, plane, iy0, ky0..ky1, ix(ox), c0, lanes);
-                    let at = ox * ch + c0;
-                    t.store(s, acc, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
-                }
+                let acc = if inner {
+                    let base = (g.iy0 as usize * wnd.w + cols.ix(ox) as usize) * ch + c0;
+                    dot9(s, plane, base, wnd.w * ch, ch, &wv)
+                } else {
+                    window(s, c, plane, g.iy0, g.ky.clone(), cols.ix(ox), c0, lanes)
+                };
+                let at = ox * ch + c0;
+                t.store(s, acc, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
+                ox += 1;
             }
+        }
+    }
+}
+
+/// The output columns whose whole window lies inside the input (`lo..hi`): no checks there.
+struct InnerCols {
+    lo: usize,
+    hi: usize,
+    stride: usize,
+    pad: usize,
+}
+
+impl InnerCols {
+    fn of(wnd: &WindowNhwc<'_>) -> InnerCols {
+        let mut c = InnerCols {
+            lo: 0,
+            hi: 0,
+            stride: wnd.stride[1],
+            pad: wnd.pads[1],
+        };
+        let ow = wnd.out[1];
+        c.lo = (0..ow).find(|&ox| c.ix(ox) >= 0).unwrap_or(ow);
+        c.hi = (c.lo..ow)
+            .find(|&ox| c.ix(ox) + wnd.kernel[1] as isize > wnd.w as isize)
+            .unwrap_or(ow);
+        c
+    }
+
+    /// The input column of output column `ox`'s first tap.
+    #[inline(always)]
+    fn ix(&self, ox: usize) -> isize {
+        (ox * self.stride) as isize - self.pad as isize
+    }
+}
+
+/// Where output row `r` (image-major) reads: its image's plane, its first input row and the
+/// window rows inside the input.
+struct RowGeom {
+    /// Offset of the image's input plane.
+    plane: usize,
+    /// Input row of the window's first row (negative in the top padding).
+    iy0: isize,
+    /// Window rows inside the input.
+    ky: Range<usize>,
+    /// Elements in an output row.
+    len: usize,
+}
+
+impl RowGeom {
+    #[inline(always)]
+    fn of(wnd: &WindowNhwc<'_>, r: usize) -> RowGeom {
+        let [oh, ow] = wnd.out;
+        let (img, oy) = (r / oh, r % oh);
+        let iy0 = (oy * wnd.stride[0]) as isize - wnd.pads[0] as isize;
+        let ky0 = (-iy0).max(0) as usize;
+        let ky1 = (wnd.h as isize - iy0).clamp(0, wnd.kernel[0] as isize) as usize;
+        RowGeom {
+            plane: img * wnd.h * wnd.w * wnd.channels,
+            iy0,
+            ky: ky0..ky1.max(ky0),
+            len: ow * wnd.channels,
         }
     }
 }
@@ -282,53 +326,37 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
 /// Output pixels computed together by [`quad3x3`].
 const QUAD: usize = 4;
 
-/// `QUAD` adjacent output pixels of a 3×3 depthwise window of stride `SW`, whose windows lie
-/// inside the input and start at `x[0]` (the first window's top-left pixel), for every
-/// whole channel vector below `whole`. Each input vector of a window row is loaded once for
-/// the four pixels (6 or 9 columns instead of 12), and the four accumulators are independent
-/// chains of fused multiply-adds. Channels are the inner loop, so the loads of consecutive
-/// vectors are consecutive in memory. MobileNetV2's ten depthwise shapes took 587–732 µs in
-/// all against 702–814 one pixel at a time (`cargo bench -p rafter-kernels-cpu --bench
-/// cnn_layers`, builds alternated, 5 rounds; the old build won one). The same bench moves
-/// 20–45 GB/s of activations at 35–60 GFLOP/s, so these layers are bound by data movement,
-/// not by the loads this block saves.
+/// `QUAD` adjacent output pixels of a 3×3 depthwise window of stride `SW` for one channel
+/// vector, the first window's top-left tap at `plane[base..]` (rows `row` apart, pixels `px`
+/// apart), all inside the input. Each input vector of a window row is loaded once for the
+/// four pixels (6 or 9 columns instead of 12), and the four accumulators are independent
+/// chains of fused multiply-adds. MobileNetV2's ten depthwise shapes took 587–732 µs in all
+/// against 702–814 one pixel at a time (`cargo bench -p rafter-kernels-cpu --bench
+/// cnn_layers`, builds alternated, 5 rounds; the old build won one).
 #[inline(always)]
 fn quad3x3<S: Simd, const SW: usize>(
     s: S,
-    c: &DepthwiseNhwc<'_>,
-    t: &VecTail<S>,
-    x: &[f32],
-    whole: usize,
-    res: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    let ch = c.window.channels;
-    let row = c.window.w * ch;
-    for c0 in (0..whole).step_by(S::LANES) {
-        let mut wv = [s.splat(0.0); 9];
-        for (i, v) in wv.iter_mut().enumerate() {
-            *v = s.load(&c.weights[i * ch + c0..]);
+    plane: &[f32],
+    base: usize,
+    row: usize,
+    px: usize,
+    wv: &[S::V; 9],
+) -> [S::V; QUAD] {
+    let mut acc = [s.splat(0.0); QUAD];
+    for ky in 0..3 {
+        let xr = &plane[base + ky * row..];
+        // Columns `j·SW + kx` of the window row (at most 3 + 3·SW of them).
+        let mut col = [s.splat(0.0); 9];
+        for (k, v) in col.iter_mut().enumerate().take(3 + (QUAD - 1) * SW) {
+            *v = s.load(&xr[k * px..]);
         }
-        let mut acc = [s.splat(0.0); QUAD];
-        for ky in 0..3 {
-            let xr = &x[ky * row + c0..];
-            // Columns `j·SW + kx` of the window row (at most 3 + 3·SW of them).
-            let mut col = [s.splat(0.0); 9];
-            for (k, v) in col.iter_mut().enumerate().take(3 + (QUAD - 1) * SW) {
-                *v = s.load(&xr[k * ch..]);
+        for (j, a) in acc.iter_mut().enumerate() {
+            for kx in 0..3 {
+                *a = s.fma(col[j * SW + kx], wv[ky * 3 + kx], *a);
             }
-            for (j, a) in acc.iter_mut().enumerate() {
-                for kx in 0..3 {
-                    *a = s.fma(col[j * SW + kx], wv[ky * 3 + kx], *a);
-                }
-            }
-        }
-        let bias = t.bias(s, c.tail.bias, c0, S::LANES);
-        for (j, &a) in acc.iter().enumerate() {
-            let at = j * ch + c0;
-            t.store(s, a, bias, res.map(|r| &r[at..]), &mut out[at..], S::LANES);
         }
     }
+    acc
 }
 
 /// The 3×3 window at `plane[base..]` (rows `row` apart, pixels `px` apart) times `wv`.
