@@ -17,15 +17,19 @@
 //!   it alone reads it: the CPU runtime's direct small convolution reads the NCHW tensor in
 //!   place, so a model's RGB input is never transposed (MobileNetV2's 224×224 input took
 //!   ~160 µs to transpose, a call);
+//! - **channels-last pooling head**: a global average or max pool joins the NHWC→NCHW
+//!   transpose of its input when it alone reads it: the CPU runtime pools the NHWC tensor
+//!   in place (its result, `[N, C, 1, 1]`, is the same in either layout), so a CNN's head
+//!   does not transpose its last feature map (MobileNetV2's 7×7×1280 took ~37 µs);
 //! - everything else (data movement, control flow, data-dependent ops) is one op per kernel.
 //!
 //! A join is refused when it would make a cycle between groups (a value leaving the group
 //! and coming back through another group). Nodes are never duplicated.
 
-use crate::layout::{SMALL_CONV_MAX_CIN, TO_NHWC};
+use crate::layout::{SMALL_CONV_MAX_CIN, TO_NCHW, TO_NHWC};
 use crate::util::{consumers, graph_outputs};
 use rafter_ir::program::KernelKind;
-use rafter_ir::{Dim, Graph, Op, ValueDef, ValueId};
+use rafter_ir::{Dim, Graph, Op, PoolKind, ValueDef, ValueId};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
@@ -88,7 +92,7 @@ impl Partitioner<'_> {
         let g = self.g;
         let grp = &self.groups[gid];
         let node = &g.nodes[ni];
-        let reordered = self.reads_reordered_input(gid, ni, pos, v);
+        let reordered = self.reads_through_transpose(gid, ni, pos, v);
         if grp.closed && !reordered {
             return false;
         }
@@ -126,27 +130,39 @@ impl Partitioner<'_> {
             .all(|h| !self.reaches(h, gid))
     }
 
-    /// Whether node `ni` is a channels-last convolution of few input channels whose input
-    /// `v` (operand `pos`) is the NCHW→NHWC transpose that group `gid` holds alone, read by
-    /// nothing else (the "reordered stem input" rule).
-    fn reads_reordered_input(&self, gid: usize, ni: usize, pos: usize, v: ValueId) -> bool {
+    /// Whether node `ni` reads its data operand `v` (operand `pos`) through the layout
+    /// transpose that group `gid` holds alone, read by nothing else, and the CPU runtime's
+    /// kernel for it reads the transpose's input in place instead: a channels-last
+    /// convolution of few input channels after NCHW→NHWC (the "reordered stem input" rule)
+    /// or a global pool after NHWC→NCHW (the "channels-last pooling head" rule).
+    fn reads_through_transpose(&self, gid: usize, ni: usize, pos: usize, v: ValueId) -> bool {
         let g = self.g;
-        let Op::ConvNhwc { group: 1, .. } = g.nodes[ni].op else {
+        let grp = &self.groups[gid];
+        let &[t] = grp.nodes.as_slice() else {
             return false;
         };
-        let few_channels = g
-            .value(v)
-            .ty
-            .dims
-            .last()
-            .and_then(Dim::as_known)
-            .is_some_and(|c| c <= SMALL_CONV_MAX_CIN);
-        let grp = &self.groups[gid];
+        let Op::Transpose { perm } = &g.nodes[t].op else {
+            return false;
+        };
+        let fits = match g.nodes[ni].op {
+            Op::ConvNhwc { group: 1, .. } => {
+                perm.as_slice() == TO_NHWC
+                    && g.value(v)
+                        .ty
+                        .dims
+                        .last()
+                        .and_then(Dim::as_known)
+                        .is_some_and(|c| c <= SMALL_CONV_MAX_CIN)
+            }
+            Op::GlobalPool {
+                kind: PoolKind::Average | PoolKind::Max,
+                ..
+            } => perm.as_slice() == TO_NCHW,
+            _ => false,
+        };
         pos == 0
-            && few_channels
+            && fits
             && grp.kind == KernelKind::DataMovement
-            && matches!(grp.nodes.as_slice(), &[t] if matches!(
-                &g.nodes[t].op, Op::Transpose { perm } if perm.as_slice() == TO_NHWC))
             && self.uses[v.0 as usize] == [ni]
             && !self.is_output[v.0 as usize]
     }
@@ -174,8 +190,8 @@ impl Partitioner<'_> {
             Some(gid) => {
                 let grp = &mut self.groups[gid];
                 if grp.kind == KernelKind::DataMovement {
-                    // A reordered stem input: the group is the convolution's from here on,
-                    // open to its epilogue.
+                    // A transpose read in place: the group is the reader's from here on (a
+                    // convolution's is open to its epilogue; a pool's is closed below).
                     grp.kind = KernelKind::Contraction;
                     grp.closed = false;
                     grp.domain = out_dims(g, node).unwrap_or_default();

@@ -233,3 +233,39 @@ fn softmax_with_prologue_and_data_movement_alone() {
         ]
     );
 }
+
+#[test]
+fn a_global_pool_reads_the_channels_last_map_in_place() {
+    // The "channels-last pooling head" rule: the NHWC -> NCHW transpose before a global
+    // pool joins the pool's kernel, which the runtime runs on the NHWC map in place. When
+    // the feature map is also a graph output, the transpose stays its own kernel (its
+    // result is stored) and the pool reads it.
+    for (outputs, fused) in [("%y", true), ("%y, %a", false)] {
+        let g = parse(&format!(
+            r#"graph @head(%x: f32[1, 1, 5, 5]) -> ({outputs}) {{
+              const %w: f32[2, 1, 3, 3] = {CONV_W}
+              %c: f32[1, 2, 5, 5] = conv{{kernel_shape = [3, 3], strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1, auto_pad = explicit}}(%x, %w, _)
+              %a: f32[1, 2, 5, 5] = unary{{op = relu}}(%c)
+              %y: f32[1, 2, 1, 1] = global_pool{{kind = average, p = 2}}(%a)
+            }}"#
+        ));
+        let p = check_equivalent(&g, vec![rand_f32(&[1, 1, 5, 5], 7)]);
+        let conv = (
+            KernelKind::Contraction,
+            ops(&["transpose", "conv_nhwc", "relu"]),
+        );
+        let expected = if fused {
+            vec![
+                conv,
+                (KernelKind::Reduction, ops(&["transpose", "global_pool"])),
+            ]
+        } else {
+            vec![
+                conv,
+                (KernelKind::DataMovement, ops(&["transpose"])),
+                (KernelKind::Reduction, ops(&["global_pool"])),
+            ]
+        };
+        assert_eq!(kernels(&p), expected, "outputs {outputs}");
+    }
+}

@@ -1,5 +1,7 @@
 //! 2-D max pooling and global (average or max) pooling of f32 NCHW tensors, on borrowed
-//! operands, one task per group of planes.
+//! operands, one task per group of planes; global pooling also of an NHWC tensor whose
+//! NCHW transpose the kernel's body starts with (`rafter_opt::fusion`'s "channels-last
+//! pooling head"), read in place.
 
 use std::sync::{Arc, Mutex};
 
@@ -7,7 +9,13 @@ use rafter_ir::{AutoPad, DType, Graph, Op, PoolKind};
 use rafter_kernels_cpu::{max_pool2d, MaxPool2d, Parallel, WorkerPool};
 
 use super::conv::{geometry, valid_range};
-use super::{input_of, In, NativeKernel, Out, Par};
+use super::{input_of, read_once, In, NativeKernel, Out, Par};
+
+/// The permutation of NHWC to NCHW (`rafter_opt::layout::TO_NCHW`).
+const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
+
+/// Global pools of at least this many input elements split their channels over the threads.
+const GLOBAL_PAR_ELEMS: usize = 1 << 16;
 
 enum Kind {
     Max {
@@ -24,14 +32,25 @@ enum Kind {
 
 struct PoolKernel {
     kind: Kind,
+    /// The input is NHWC (a global pool after its NCHW transpose, fused).
+    nhwc: bool,
     par: Par,
 }
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
-    let [node] = body.nodes.as_slice() else {
-        return None;
+    let (first, node, nhwc) = match body.nodes.as_slice() {
+        [node] => (node, node, false),
+        [t, node] => {
+            let xt = (*t.outputs.first()?)?;
+            let to_nchw = matches!(&t.op, Op::Transpose { perm } if perm.as_slice() == TO_NCHW);
+            if !to_nchw || node.input(0) != Some(xt) || !read_once(body, xt) {
+                return None;
+            }
+            (t, node, true)
+        }
+        _ => return None,
     };
-    if input_of(body, *node.inputs.first()?, DType::F32) != Some(0)
+    if input_of(body, *first.inputs.first()?, DType::F32) != Some(0)
         || body.inputs.len() != 1
         || node.outputs.iter().skip(1).any(Option::is_some)
         || body.outputs.len() != 1
@@ -67,8 +86,12 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         } => Kind::GlobalMax,
         _ => return None,
     };
+    if nhwc && matches!(kind, Kind::Max { .. }) {
+        return None;
+    }
     Some(Arc::new(PoolKernel {
         kind,
+        nhwc,
         par: par.clone(),
     }))
 }
@@ -106,6 +129,9 @@ fn per_plane(
 impl NativeKernel for PoolKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         let x = &ins[0];
+        if self.nhwc {
+            return self.global_nhwc(x, &mut outs[0]);
+        }
         let &[n, c, h, w] = x.dims.as_slice() else {
             return Ok(false);
         };
@@ -206,5 +232,51 @@ impl NativeKernel for PoolKernel {
                 Ok(true)
             }
         }
+    }
+}
+
+impl PoolKernel {
+    /// A global pool of NHWC `x` (`[n, h, w, c]`) into `[n, c, 1, 1]`: per image, the
+    /// pixels' channel rows summed (or maxed) into one row, in pixel order as the NCHW
+    /// path sums a plane; channels split over the threads for large maps.
+    fn global_nhwc(&self, x: &In<'_>, out: &mut Out<'_>) -> Result<bool, String> {
+        let &[n, h, w, c] = x.dims.as_slice() else {
+            return Ok(false);
+        };
+        let pin = h * w;
+        if out.dims != [n, c, 1, 1] || pin == 0 {
+            return Ok(false);
+        }
+        let xs = x.f32s()?;
+        let y = out.f32s()?;
+        let avg = matches!(self.kind, Kind::GlobalAverage);
+        let parts = if n * pin * c >= GLOBAL_PAR_ELEMS {
+            self.par.threads().min(c.div_ceil(16))
+        } else {
+            1
+        };
+        // Output channel ranges, multiples of 16 wide (whole cache lines of a pixel's row).
+        let per = c.div_ceil(parts).div_ceil(16) * 16;
+        for (img, yi) in y.chunks_exact_mut(c).enumerate() {
+            let plane = &xs[img * pin * c..(img + 1) * pin * c];
+            let chunks: Vec<Mutex<&mut [f32]>> = yi.chunks_mut(per).map(Mutex::new).collect();
+            self.par.run(chunks.len(), &|t| {
+                let mut acc = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+                let c0 = t * per;
+                acc.fill(if avg { 0.0 } else { f32::NEG_INFINITY });
+                for px in 0..pin {
+                    let row = &plane[px * c + c0..px * c + c0 + acc.len()];
+                    if avg {
+                        acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v);
+                    } else {
+                        acc.iter_mut().zip(row).for_each(|(a, &v)| *a = a.max(v));
+                    }
+                }
+                if avg {
+                    acc.iter_mut().for_each(|a| *a /= pin as f32);
+                }
+            });
+        }
+        Ok(true)
     }
 }

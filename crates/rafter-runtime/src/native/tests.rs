@@ -453,6 +453,34 @@ fn pooling() {
 }
 
 #[test]
+fn global_pool_reads_nhwc_through_its_transpose() {
+    // A channels-last pooling head: NHWC -> NCHW transpose, then a global pool, fused into
+    // one kernel that pools the NHWC tensor in place. Small (two images, a partial vector of
+    // channels) and large enough to split its channels over the threads (300 channels:
+    // 16-wide chunks and a short last one).
+    for (d, kind) in [
+        ([2, 3, 5, 40], PoolKind::Average),
+        ([2, 3, 5, 40], PoolKind::Max),
+        ([1, 16, 16, 300], PoolKind::Average),
+        ([1, 16, 16, 300], PoolKind::Max),
+    ] {
+        let mut c = Case::new(d[3] as u64);
+        let x = c.input(&d);
+        let xt = c.node(
+            Op::Transpose {
+                perm: vec![0, 3, 1, 2],
+            },
+            &[x],
+            &[d[0], d[3], d[1], d[2]],
+        );
+        let y = c.node(Op::GlobalPool { kind, p: 2 }, &[xt], &[d[0], d[3], 1, 1]);
+        let stats = c.check(y);
+        assert_eq!(stats.kernels, 1, "{d:?} {kind:?}: {stats:?}");
+        assert_native(stats, 1);
+    }
+}
+
+#[test]
 fn movement_and_layer_norm() {
     let mut c = Case::new(21);
     let x = c.input(&[2, 3, 4, 5]);
