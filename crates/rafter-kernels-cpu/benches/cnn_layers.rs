@@ -1,5 +1,6 @@
 //! The CNN layers rafter computes directly rather than as GEMMs, 2 threads: ResNet-50's 7×7
-//! stride-2 stem (`stem_conv`, NCHW, with bias and ReLU), and MobileNetV2's 3×3 stride-2 RGB
+//! stride-2 stem (`stem_conv`, NCHW, with bias and ReLU; and `small_conv_nhwc` writing NHWC
+//! from the NCHW input), and MobileNetV2's 3×3 stride-2 RGB
 //! stem (`small_conv_nhwc`, from NHWC and from NCHW input) and depthwise 3×3 layers
 //! (`depthwise_nhwc`), with the model's bias and ReLU6. Prints the median µs a call, GFLOP/s and the
 //! GB/s of one read of the input and one write of the output. Run it from two builds,
@@ -102,12 +103,31 @@ fn resnet_stem(pool: &WorkerPool) {
     };
     let med = median(|| stem_conv(&conv, &mut y, pool).unwrap());
     let flops = 2.0 * 147.0 * y.len() as f64;
-    report(
-        "resnet stem (NCHW)",
-        med,
-        flops,
-        4.0 * (x.len() + y.len()) as f64,
-    );
+    let bytes = 4.0 * (x.len() + y.len()) as f64;
+    report("resnet stem (NCHW)", med, flops, bytes);
+    // The same convolution writing NHWC, reading the NCHW input in place.
+    let direct = SmallConvNhwc {
+        window: WindowNhwc {
+            input: &x,
+            h: hw,
+            w: hw,
+            channels: cin,
+            kernel: [7, 7],
+            stride: [2, 2],
+            pads: [3, 3],
+            out: [o, o],
+        },
+        input_nchw: true,
+        weights: &w,
+        cout,
+        tail: ChannelTail {
+            bias: Some(&b),
+            relu: true,
+            ..ChannelTail::default()
+        },
+    };
+    let med = median(|| small_conv_nhwc(&direct, &mut y, pool).unwrap());
+    report("resnet stem to NHWC", med, flops, bytes);
 }
 
 fn main() {

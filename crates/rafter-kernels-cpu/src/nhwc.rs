@@ -499,6 +499,8 @@ fn small_conv_rows<S: Simd>(
 ) {
     if c.cout.div_ceil(S::LANES) <= 2 {
         small_conv_block::<S, 2, 4>(s, c, wp, cp, rows, dst);
+    } else if S::LANES >= 16 {
+        small_conv_block::<S, SMALL_VECS, 4>(s, c, wp, cp, rows, dst);
     } else {
         small_conv_block::<S, SMALL_VECS, 2>(s, c, wp, cp, rows, dst);
     }
@@ -527,6 +529,11 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize>(
     };
     let t = VecTail::new(s, &c.tail);
     let zero = s.splat(0.0);
+    // Input offset of the `p`-th pixel of a block from the first.
+    let mut pstep = [0usize; P];
+    for (p, o) in pstep.iter_mut().enumerate() {
+        *o = p * sw * ps;
+    }
     let ix = |ox: usize| (ox * sw) as isize - wnd.pads[1] as isize;
     // Output columns whose window lies inside the input's width: `P` at a time there.
     let inner_lo = (0..ow).find(|&ox| ix(ox) >= 0).unwrap_or(ow);
@@ -552,20 +559,24 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize>(
                 let mut acc = [[zero; V]; P];
                 if block {
                     let x0 = ix(ox) as usize;
+                    // Per window row and input channel, the kw taps in a row: the input
+                    // values of the P windows lie `sw·ps` apart, the taps' weight rows `cin·cp`.
                     for ky in ky0..ky1 {
                         let iy = (iy0 + ky as isize) as usize;
-                        for kx in 0..kw {
-                            let at = iy * rs + (x0 + kx) * ps;
-                            for ci in 0..cin {
-                                let wt = &wp[((ky * kw + kx) * cin + ci) * cp + g0..];
+                        for ci in 0..cin {
+                            let xr = &plane[iy * rs + ci * cs + x0 * ps..];
+                            let wr = &wp[(ky * kw * cin + ci) * cp + g0..];
+                            for kx in 0..kw {
+                                let wt = &wr[kx * cin * cp..][..V * S::LANES];
                                 let mut wv = [zero; V];
                                 for (j, v) in wv.iter_mut().enumerate() {
                                     *v = s.load(&wt[j * S::LANES..]);
                                 }
-                                for (p, a) in acc.iter_mut().enumerate() {
-                                    let xv = s.splat(plane[at + ci * cs + p * sw * ps]);
+                                let xk = &xr[kx * ps..];
+                                for p in 0..P {
+                                    let xv = s.splat(xk[pstep[p]]);
                                     for j in 0..V {
-                                        a[j] = s.fma(xv, wv[j], a[j]);
+                                        acc[p][j] = s.fma(xv, wv[j], acc[p][j]);
                                     }
                                 }
                             }
@@ -863,6 +874,10 @@ mod tests {
             // Wide rows: several pixel blocks per row, and leftovers.
             (2, 8, 29, 3, 32, 3, 2, [1, 1]),
             (1, 6, 23, 3, 24, 3, 1, [1, 1]),
+            // ResNet's 7×7 stride-2 stem shape (wide accumulator blocks), and more output
+            // channels than a block holds, the last group partial.
+            (1, 16, 40, 3, 64, 7, 2, [3, 3]),
+            (1, 9, 37, 3, 70, 7, 2, [3, 3]),
         ] {
             let out = [(h + 2 * p[0] - k) / s + 1, (w + 2 * p[1] - k) / s + 1];
             let x = data(n * h * w * cin, 11);
