@@ -566,20 +566,15 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize>(
                         for ci in 0..cin {
                             let xr = &plane[iy * rs + ci * cs + x0 * ps..];
                             let wr = &wp[(ky * kw * cin + ci) * cp + g0..];
-                            for kx in 0..kw {
-                                let wt = &wr[kx * cin * cp..][..V * S::LANES];
-                                let mut wv = [zero; V];
-                                for (j, v) in wv.iter_mut().enumerate() {
-                                    *v = s.load(&wt[j * S::LANES..]);
-                                }
-                                let xk = &xr[kx * ps..];
-                                for p in 0..P {
-                                    let xv = s.splat(xk[pstep[p]]);
-                                    for j in 0..V {
-                                        acc[p][j] = s.fma(xv, wv[j], acc[p][j]);
-                                    }
-                                }
-                            }
+                            let wstep = cin * cp;
+                            // Constant widths and pixel strides for the common stems, so
+                            // the taps unroll with constant offsets.
+                            acc = match (kw, ps) {
+                                (7, 1) => row_taps(s, xr, wr, 7, 1, wstep, &pstep, acc),
+                                (3, 1) => row_taps(s, xr, wr, 3, 1, wstep, &pstep, acc),
+                                (3, 3) => row_taps(s, xr, wr, 3, 3, wstep, &pstep, acc),
+                                _ => row_taps(s, xr, wr, kw, ps, wstep, &pstep, acc),
+                            };
                         }
                     }
                 } else {
@@ -617,6 +612,38 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize>(
             ox += if block { P } else { 1 };
         }
     }
+}
+
+/// One window row of one input channel into a [`small_conv_block`] block: `kw` taps, the
+/// `p`-th pixel's input at `xr[kx·ps + pstep[p]]`, the tap's weight vectors at
+/// `wr[kx·wstep..]`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn row_taps<S: Simd, const V: usize, const P: usize>(
+    s: S,
+    xr: &[f32],
+    wr: &[f32],
+    kw: usize,
+    ps: usize,
+    wstep: usize,
+    pstep: &[usize; P],
+    mut acc: [[S::V; V]; P],
+) -> [[S::V; V]; P] {
+    for kx in 0..kw {
+        let wt = &wr[kx * wstep..][..V * S::LANES];
+        let mut wv = [s.splat(0.0); V];
+        for (j, v) in wv.iter_mut().enumerate() {
+            *v = s.load(&wt[j * S::LANES..]);
+        }
+        let xk = &xr[kx * ps..];
+        for p in 0..P {
+            let xv = s.splat(xk[pstep[p]]);
+            for j in 0..V {
+                acc[p][j] = s.fma(xv, wv[j], acc[p][j]);
+            }
+        }
+    }
+    acc
 }
 
 /// The GEMM operand of a k×k convolution over one NHWC image: for each output pixel of
