@@ -69,8 +69,9 @@ mod winograd_nhwc;
 
 pub use kernel::Isa;
 pub use nhwc::{
-    depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, small_conv_nhwc,
-    small_conv_nhwc_with_isa, DepthwiseNhwc, SmallConvNhwc, WindowNhwc,
+    depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, max_pool_nhwc, max_pool_nhwc_with_isa,
+    small_conv_nhwc, small_conv_nhwc_with_isa, DepthwiseNhwc, MaxPoolNhwc, SmallConvNhwc,
+    WindowNhwc,
 };
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,

@@ -413,6 +413,89 @@ fn window<S: Simd>(
     acc
 }
 
+/// Max pooling of NHWC activations (no dilation): each output pixel's channel vectors are
+/// the maxima of the window's input pixel vectors inside the input (padding never wins), a
+/// NaN in the window giving NaN. Channels-last, so no plane is transposed around the pool
+/// (ResNet's stem pool reads the stem's NHWC output in place).
+#[derive(Clone, Copy, Debug)]
+pub struct MaxPoolNhwc<'a> {
+    /// The input and window; output channels are the input's.
+    pub window: WindowNhwc<'a>,
+}
+
+/// Runs `pool` into `out` (`n x out[0] x out[1] x channels`) on the fastest ISA.
+pub fn max_pool_nhwc(
+    pool: &MaxPoolNhwc<'_>,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    max_pool_nhwc_with_isa(Isa::detect(), pool, out, par)
+}
+
+/// [`max_pool_nhwc`] on a given ISA.
+pub fn max_pool_nhwc_with_isa(
+    isa: Isa,
+    pool: &MaxPoolNhwc<'_>,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    check_isa(isa)?;
+    let wnd = &pool.window;
+    let ([oh, ow], [kh, kw], ch) = (wnd.out, wnd.kernel, wnd.channels);
+    let n = wnd.images("max pool nhwc", out.len(), ch)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let dst = Disjoint::new(out);
+    par_blocks(par, n * oh, ow * ch * kh * kw, &|r| {
+        max_pool_isa(isa, wnd, r, &dst)
+    });
+    Ok(())
+}
+
+simd_dispatch!(fn max_pool_isa(wnd: &WindowNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) => max_pool_rows);
+
+/// Output rows `rows` (image-major) of [`max_pool_nhwc`].
+#[inline(always)]
+fn max_pool_rows<S: Simd>(s: S, wnd: &WindowNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) {
+    let ch = wnd.channels;
+    let cols = InnerCols::of(wnd);
+    let ninf = s.splat(f32::NEG_INFINITY);
+    for r in rows {
+        let g = RowGeom::of(wnd, r);
+        // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
+        let orow = unsafe { dst.part(r * g.len..(r + 1) * g.len) };
+        let plane = &wnd.input[g.plane..g.plane + wnd.h * wnd.w * ch];
+        for ox in 0..wnd.out[1] {
+            let ix0 = cols.ix(ox);
+            let kx0 = (-ix0).max(0) as usize;
+            let kx1 = (wnd.w as isize - ix0).clamp(0, wnd.kernel[1] as isize) as usize;
+            for c0 in (0..ch).step_by(S::LANES) {
+                let lanes = S::LANES.min(ch - c0);
+                let mut m = ninf;
+                for ky in g.ky.clone() {
+                    let iy = (g.iy0 + ky as isize) as usize;
+                    for kx in kx0..kx1 {
+                        let at = (iy * wnd.w + (ix0 + kx as isize) as usize) * ch + c0;
+                        let v = if lanes == S::LANES {
+                            s.load(&plane[at..])
+                        } else {
+                            s.load_partial(&plane[at..at + lanes], f32::NEG_INFINITY)
+                        };
+                        m = crate::spatial::max_nan(s, v, m);
+                    }
+                }
+                let at = ox * ch + c0;
+                if lanes == S::LANES {
+                    s.store(&mut orow[at..], m);
+                } else {
+                    s.store_partial(&mut orow[at..at + lanes], m);
+                }
+            }
+        }
+    }
+}
+
 /// A convolution of few input channels (an RGB stem) writing NHWC activations, computed
 /// directly: each output pixel's channels are accumulated in registers as input values
 /// (broadcast) times weight vectors, `kh·kw·cin` of them, for a block of output-channel
@@ -878,6 +961,89 @@ mod tests {
         };
         let e = depthwise_nhwc(&bad_bias, &mut y, &Sequential).unwrap_err();
         assert!(e.to_string().contains("bias"), "{e}");
+    }
+
+    #[test]
+    fn max_pool_matches_direct_loops() {
+        // (n, h, w, channels, k, stride, pads, out): ResNet's 3×3 stride-2 pad-1 pool,
+        // partial channel vectors, a window that reaches past the input (ceil mode), and
+        // a NaN that must win its windows.
+        for &(n, h, w, ch, k, s, p, out, nan) in &[
+            (
+                1usize,
+                12usize,
+                14usize,
+                64usize,
+                3usize,
+                2usize,
+                1usize,
+                [6usize, 7usize],
+                false,
+            ),
+            (2, 7, 5, 19, 3, 1, 1, [7, 5], true),
+            (1, 9, 9, 40, 2, 2, 0, [5, 5], false),
+        ] {
+            let mut x = data(n * h * w * ch, 21);
+            if nan {
+                x[(2 * w + 3) * ch + 5] = f32::NAN;
+            }
+            let pool = MaxPoolNhwc {
+                window: WindowNhwc {
+                    input: &x,
+                    h,
+                    w,
+                    channels: ch,
+                    kernel: [k, k],
+                    stride: [s, s],
+                    pads: [p, p],
+                    out,
+                },
+            };
+            let mut want = vec![f32::NEG_INFINITY; n * out[0] * out[1] * ch];
+            for img in 0..n {
+                for oy in 0..out[0] {
+                    for ox in 0..out[1] {
+                        for c in 0..ch {
+                            let o = &mut want[((img * out[0] + oy) * out[1] + ox) * ch + c];
+                            for ky in 0..k {
+                                for kx in 0..k {
+                                    let (iy, ix) = (
+                                        (oy * s + ky) as isize - p as isize,
+                                        (ox * s + kx) as isize - p as isize,
+                                    );
+                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                        continue;
+                                    }
+                                    let v = x[((img * h + iy as usize) * w + ix as usize) * ch + c];
+                                    if v.is_nan() || v > *o {
+                                        *o = if o.is_nan() { *o } else { v };
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon] {
+                if !isa.is_available() {
+                    continue;
+                }
+                let mut y = vec![0f32; want.len()];
+                max_pool_nhwc_with_isa(isa, &pool, &mut y, &ScopedThreads::new(3)).unwrap();
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        a == b || (a.is_nan() && b.is_nan()),
+                        "{isa:?} {n}x{h}x{w}x{ch} k{k} s{s}: element {i}: {a} vs {b}"
+                    );
+                }
+                if nan {
+                    assert!(y.iter().any(|v| v.is_nan()), "{isa:?}: the NaN was lost");
+                }
+            }
+            let mut short = vec![0f32; want.len() - 1];
+            let e = max_pool_nhwc(&pool, &mut short, &Sequential).unwrap_err();
+            assert!(e.to_string().contains("max pool nhwc"), "{e}");
+        }
     }
 
     #[test]

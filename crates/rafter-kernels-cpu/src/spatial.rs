@@ -444,7 +444,7 @@ simd_dispatch!(fn mp_plane_isa(pool: &MaxPool2d, x: &[f32], out: &mut [f32], scr
 
 /// `max(a, b)`, NaN if either is NaN.
 #[inline(always)]
-fn max_nan<S: Simd>(s: S, a: S::V, b: S::V) -> S::V {
+pub(crate) fn max_nan<S: Simd>(s: S, a: S::V, b: S::V) -> S::V {
     // x86 max returns its second operand when either is NaN: b's NaN survives, a's is
     // put back by the select.
     s.select_nan(a, a, s.max(a, b))

@@ -21,6 +21,10 @@
 //!   transpose of its input when it alone reads it: the CPU runtime pools the NHWC tensor
 //!   in place (its result, `[N, C, 1, 1]`, is the same in either layout), so a CNN's head
 //!   does not transpose its last feature map (MobileNetV2's 7×7×1280 took ~37 µs);
+//! - **channels-last max pool**: a 2-D max pool between an NHWC→NCHW transpose and an
+//!   NCHW→NHWC one, each read by nothing else, becomes one kernel of the three, which the
+//!   CPU runtime runs as a max pool over the NHWC map (ResNet's stem pool, which otherwise
+//!   transposes 3.2 MB and 0.8 MB around it);
 //! - everything else (data movement, control flow, data-dependent ops) is one op per kernel.
 //!
 //! A join is refused when it would make a cycle between groups (a value leaving the group
@@ -92,7 +96,8 @@ impl Partitioner<'_> {
         let g = self.g;
         let grp = &self.groups[gid];
         let node = &g.nodes[ni];
-        let reordered = self.reads_through_transpose(gid, ni, pos, v);
+        let reordered = self.reads_through_transpose(gid, ni, pos, v)
+            || self.writes_through_transpose(gid, ni, v);
         if grp.closed && !reordered {
             return false;
         }
@@ -158,6 +163,10 @@ impl Partitioner<'_> {
                 kind: PoolKind::Average | PoolKind::Max,
                 ..
             } => perm.as_slice() == TO_NCHW,
+            Op::Pool {
+                kind: PoolKind::Max,
+                ..
+            } => perm.as_slice() == TO_NCHW && self.transposed_back(ni).is_some(),
             _ => false,
         };
         pos == 0
@@ -165,6 +174,43 @@ impl Partitioner<'_> {
             && grp.kind == KernelKind::DataMovement
             && self.uses[v.0 as usize] == [ni]
             && !self.is_output[v.0 as usize]
+    }
+
+    /// The NCHW→NHWC transpose that alone reads 2-D max pool `ni`'s only result (and that is
+    /// no graph output), if there is one: the channels-last max pool rule's last node.
+    fn transposed_back(&self, ni: usize) -> Option<usize> {
+        let g = self.g;
+        let [Some(y)] = g.nodes[ni].outputs.as_slice() else {
+            return None;
+        };
+        if self.is_output[y.0 as usize] || g.value(*y).ty.rank() != 4 {
+            return None;
+        }
+        let &[t] = self.uses[y.0 as usize].as_slice() else {
+            return None;
+        };
+        let back = matches!(&g.nodes[t].op, Op::Transpose { perm } if perm.as_slice() == TO_NHWC);
+        back.then_some(t)
+    }
+
+    /// Whether node `ni` is the transpose back to NHWC of the max pool that group `gid`
+    /// reads through its NHWC→NCHW transpose (`v` the pool's result): the channels-last max
+    /// pool rule's last join.
+    fn writes_through_transpose(&self, gid: usize, ni: usize, v: ValueId) -> bool {
+        let g = self.g;
+        let &[t, pool] = self.groups[gid].nodes.as_slice() else {
+            return false;
+        };
+        matches!(&g.nodes[t].op, Op::Transpose { perm } if perm.as_slice() == TO_NCHW)
+            && matches!(
+                g.nodes[pool].op,
+                Op::Pool {
+                    kind: PoolKind::Max,
+                    ..
+                }
+            )
+            && g.nodes[pool].outputs.first() == Some(&Some(v))
+            && self.transposed_back(pool) == Some(ni)
     }
 
     fn place(&mut self, ni: usize, fuse: bool) {

@@ -37,15 +37,13 @@ pub const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
 /// NHWC → NCHW.
 pub const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
 
-/// Convolutions with at most this many input channels and at least [`STEM_MIN_TAPS`] taps
-/// stay NCHW: the CPU runtime's direct stem kernel (ResNet's 7×7 on RGB) reads NCHW.
-pub const STEM_MAX_CIN: i64 = 4;
-/// See [`STEM_MAX_CIN`].
-pub const STEM_MIN_TAPS: i64 = 25;
-
-/// `conv_nhwc`s of at most this many input channels (an RGB stem that is not a
-/// [`STEM_MAX_CIN`] stem) keep their weight raw, not pre-packed: the CPU runtime computes
-/// them directly (`rafter_kernels_cpu::small_conv_nhwc`), not as a GEMM.
+/// `conv_nhwc`s of at most this many input channels (an RGB stem) keep their weight raw,
+/// not pre-packed: the CPU runtime computes them directly
+/// (`rafter_kernels_cpu::small_conv_nhwc`), not as a GEMM. ResNet-50's 7×7 stride-2 stem
+/// went channels-last too once that kernel matched the NCHW stem kernel's speed (1028–1477
+/// against 1111–1530 µs over five runs of `cargo bench -p rafter-kernels-cpu --bench
+/// cnn_layers`, the two kernels in each run): its max
+/// pool then runs on the NHWC map, with no transposes around it (see `crate::fusion`).
 pub const SMALL_CONV_MAX_CIN: i64 = 4;
 
 /// The forms a value of the input graph exists in, in the graph being built.
@@ -87,8 +85,7 @@ pub fn channels_last(g: &mut Graph) -> bool {
 }
 
 /// The dims `[M, C/g, kh, kw]` of the conv's weight when the conv is one the CPU's NHWC
-/// kernels cover: 2-D, f32, a constant weight, no dilation, ungrouped or depthwise, and not
-/// a stem.
+/// kernels cover: 2-D, f32, a constant weight, no dilation, ungrouped or depthwise.
 fn nhwc_conv(g: &Graph, n: &rafter_ir::Node) -> Option<[usize; 4]> {
     let Op::Conv {
         dilations, group, ..
@@ -108,9 +105,6 @@ fn nhwc_conv(g: &Graph, n: &rafter_ir::Node) -> Option<[usize; 4]> {
     let c = x.ty.dims[1].as_known()?;
     let depthwise = cg == 1 && *group == c && m as i64 == c;
     if !(*group == 1 && cg as i64 == c || depthwise) {
-        return None;
-    }
-    if c <= STEM_MAX_CIN && (kh * kw) as i64 >= STEM_MIN_TAPS {
         return None;
     }
     Some([m, cg, kh, kw])

@@ -269,3 +269,50 @@ fn a_global_pool_reads_the_channels_last_map_in_place() {
         assert_eq!(kernels(&p), expected, "outputs {outputs}");
     }
 }
+
+#[test]
+fn a_resnet_stem_and_its_max_pool_run_channels_last() {
+    // ResNet's stem: a 7×7 stride-2 convolution on RGB, ReLU, a 3×3 stride-2 max pool, then
+    // a 1×1 convolution. The stem reads the NCHW input in place ("reordered stem input"),
+    // and the max pool between the transposes the layout pass puts around it is one kernel
+    // ("channels-last max pool"): no transpose runs on its own until the output's.
+    let w7: Vec<String> = (0..8 * 3 * 49)
+        .map(|i| format!("{:.3}", ((i * 37) % 101) as f32 / 50.0 - 1.0))
+        .collect();
+    let w1: Vec<String> = (0..4 * 8)
+        .map(|i| format!("{:.3}", ((i * 13) % 17) as f32 / 8.0 - 1.0))
+        .collect();
+    let g = parse(&format!(
+        r#"graph @stem(%x: f32[1, 3, 16, 16]) -> (%y) {{
+          const %w7: f32[8, 3, 7, 7] = dense [{w7}]
+          %c: f32[1, 8, 8, 8] = conv{{kernel_shape = [7, 7], strides = [2, 2], pads = [3, 3, 3, 3], dilations = [1, 1], group = 1, auto_pad = explicit}}(%x, %w7, _)
+          %r: f32[1, 8, 8, 8] = unary{{op = relu}}(%c)
+          %p: f32[1, 8, 4, 4] = pool{{kind = max, kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1], dilations = [1, 1], auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = 2, storage_order = 0}}(%p_in)
+          const %w1: f32[4, 8, 1, 1] = dense [{w1}]
+          %y: f32[1, 4, 4, 4] = conv{{kernel_shape = [1, 1], strides = [1, 1], pads = [0, 0, 0, 0], dilations = [1, 1], group = 1, auto_pad = explicit}}(%p, %w1, _)
+        }}"#,
+        w7 = w7.join(", "),
+        w1 = w1.join(", "),
+    )
+    .replace("%p_in", "%r"));
+    let p = check_equivalent(&g, vec![rand_f32(&[1, 3, 16, 16], 9)]);
+    assert_eq!(
+        kernels(&p),
+        vec![
+            (
+                KernelKind::Contraction,
+                ops(&["transpose", "conv_nhwc", "relu"])
+            ),
+            (
+                KernelKind::Reduction,
+                ops(&["transpose", "pool", "transpose"])
+            ),
+            // (The 1×1's weight is pre-packed: its unpacking prologue, `rafter_opt::prepack`.)
+            (
+                KernelKind::Contraction,
+                ops(&["transpose", "reshape", "slice", "reshape", "conv_nhwc"])
+            ),
+            (KernelKind::DataMovement, ops(&["transpose"])),
+        ]
+    );
+}

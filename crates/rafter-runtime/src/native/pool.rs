@@ -1,18 +1,23 @@
 //! 2-D max pooling and global (average or max) pooling of f32 NCHW tensors, on borrowed
-//! operands, one task per group of planes; global pooling also of an NHWC tensor whose
-//! NCHW transpose the kernel's body starts with (`rafter_opt::fusion`'s "channels-last
-//! pooling head"), read in place.
+//! operands, one task per group of planes; and both of an NHWC tensor whose NCHW transpose
+//! the kernel's body starts with, read in place (`rafter_opt::fusion`'s "channels-last
+//! pooling head", and "channels-last max pool", whose body ends by transposing the pooled
+//! map back to NHWC, which the NHWC pool writes directly).
 
 use std::sync::{Arc, Mutex};
 
-use rafter_ir::{AutoPad, DType, Graph, Op, PoolKind};
-use rafter_kernels_cpu::{max_pool2d, MaxPool2d, Parallel, WorkerPool};
+use rafter_ir::{AutoPad, DType, Graph, Op, PoolKind, ValueId};
+use rafter_kernels_cpu::{
+    max_pool2d, max_pool_nhwc, MaxPool2d, MaxPoolNhwc, Parallel, WindowNhwc, WorkerPool,
+};
 
 use super::conv::{geometry, valid_range};
 use super::{input_of, read_once, In, NativeKernel, Out, Par};
 
 /// The permutation of NHWC to NCHW (`rafter_opt::layout::TO_NCHW`).
 const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
+/// The permutation of NCHW to NHWC (`rafter_opt::layout::TO_NHWC`).
+const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
 
 /// Global pools of at least this many input elements split their channels over the threads.
 const GLOBAL_PAR_ELEMS: usize = 1 << 16;
@@ -32,21 +37,43 @@ enum Kind {
 
 struct PoolKernel {
     kind: Kind,
-    /// The input is NHWC (a global pool after its NCHW transpose, fused).
+    /// The input is NHWC (the pool after its NCHW transpose, fused; a max pool's result is
+    /// NHWC too).
     nhwc: bool,
     par: Par,
 }
 
+/// The first result of `n`.
+fn first_out(n: &rafter_ir::Node) -> Option<ValueId> {
+    n.outputs.first().copied().flatten()
+}
+
+/// Whether `b` transposes by `perm` the first result of `a`, which nothing else in `body`
+/// reads.
+fn transposed(body: &Graph, a: &rafter_ir::Node, b: &rafter_ir::Node, perm: [i64; 4]) -> bool {
+    matches!(&b.op, Op::Transpose { perm: p } if p.as_slice() == perm)
+        && b.input(0).is_some()
+        && b.input(0) == first_out(a)
+        && read_once(body, b.input(0).expect("checked"))
+}
+
+/// Whether `t` transposes NHWC to NCHW the value pool `node` reads, and nothing else does.
+fn reads_transposed(body: &Graph, t: &rafter_ir::Node, node: &rafter_ir::Node) -> bool {
+    matches!(&t.op, Op::Transpose { perm } if perm.as_slice() == TO_NCHW)
+        && node.input(0).is_some()
+        && node.input(0) == first_out(t)
+        && read_once(body, node.input(0).expect("checked"))
+}
+
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
-    let (first, node, nhwc) = match body.nodes.as_slice() {
-        [node] => (node, node, false),
-        [t, node] => {
-            let xt = (*t.outputs.first()?)?;
-            let to_nchw = matches!(&t.op, Op::Transpose { perm } if perm.as_slice() == TO_NCHW);
-            if !to_nchw || node.input(0) != Some(xt) || !read_once(body, xt) {
-                return None;
-            }
-            (t, node, true)
+    // (the node reading the body's input, the pool, the node writing the body's output)
+    let (first, node, last, nhwc) = match body.nodes.as_slice() {
+        [node] => (node, node, node, false),
+        [t, node] if reads_transposed(body, t, node) => (t, node, node, true),
+        [t, node, back]
+            if reads_transposed(body, t, node) && transposed(body, node, back, TO_NHWC) =>
+        {
+            (t, node, back, true)
         }
         _ => return None,
     };
@@ -54,7 +81,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         || body.inputs.len() != 1
         || node.outputs.iter().skip(1).any(Option::is_some)
         || body.outputs.len() != 1
-        || body.outputs.first().copied() != node.outputs[0]
+        || body.outputs.first().copied() != first_out(last)
     {
         return None;
     }
@@ -86,7 +113,8 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         } => Kind::GlobalMax,
         _ => return None,
     };
-    if nhwc && matches!(kind, Kind::Max { .. }) {
+    // An NHWC max pool writes NHWC: its body must transpose the result back.
+    if nhwc && matches!(kind, Kind::Max { .. }) != (last.op.name() == "transpose") {
         return None;
     }
     Some(Arc::new(PoolKernel {
@@ -130,7 +158,10 @@ impl NativeKernel for PoolKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         let x = &ins[0];
         if self.nhwc {
-            return self.global_nhwc(x, &mut outs[0]);
+            return match &self.kind {
+                Kind::Max { .. } => self.max_nhwc(x, &mut outs[0]),
+                Kind::GlobalAverage | Kind::GlobalMax => self.global_nhwc(x, &mut outs[0]),
+            };
         }
         let &[n, c, h, w] = x.dims.as_slice() else {
             return Ok(false);
@@ -236,6 +267,57 @@ impl NativeKernel for PoolKernel {
 }
 
 impl PoolKernel {
+    /// A 2-D max pool of NHWC `x` (`[n, h, w, c]`) into NHWC `[n, oh, ow, c]`.
+    fn max_nhwc(&self, x: &In<'_>, out: &mut Out<'_>) -> Result<bool, String> {
+        let Kind::Max {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            ceil_mode,
+        } = &self.kind
+        else {
+            return Ok(false);
+        };
+        let (&[n, h, w, c], &[kh, kw]) = (x.dims.as_slice(), kernel_shape.as_slice()) else {
+            return Ok(false);
+        };
+        let (Ok(kh), Ok(kw)) = (usize::try_from(kh), usize::try_from(kw)) else {
+            return Ok(false);
+        };
+        let geo = geometry(
+            [h, w],
+            [kh, kw],
+            strides,
+            pads,
+            dilations,
+            *auto_pad,
+            *ceil_mode,
+        );
+        let Some(geo) = geo.filter(|g| g.d == [1, 1]) else {
+            return Ok(false);
+        };
+        let [oh, ow] = geo.out;
+        if out.dims != [n, oh, ow, c] {
+            return Ok(false);
+        }
+        let pool = MaxPoolNhwc {
+            window: WindowNhwc {
+                input: x.f32s()?,
+                h,
+                w,
+                channels: c,
+                kernel: geo.k,
+                stride: geo.s,
+                pads: geo.pb,
+                out: geo.out,
+            },
+        };
+        max_pool_nhwc(&pool, out.f32s()?, &*self.par).map_err(|e| format!("max pool: {e}"))?;
+        Ok(true)
+    }
+
     /// A global pool of NHWC `x` (`[n, h, w, c]`) into `[n, c, 1, 1]`: per image, the
     /// pixels' channel rows summed (or maxed) into one row, in pixel order as the NCHW
     /// path sums a plane; channels split over the threads for large maps.

@@ -453,6 +453,57 @@ fn pooling() {
 }
 
 #[test]
+fn max_pool_between_layout_transposes_runs_on_nhwc() {
+    // A channels-last max pool: NHWC -> NCHW, max pool, NCHW -> NHWC, fused into one kernel
+    // that pools the NHWC map in place. ResNet's 3x3 stride 2 pad 1 over 64 channels, and a
+    // ceil-mode window past the input over a partial vector of channels.
+    for (d, k, s, p, ceil, o) in [
+        (
+            [1usize, 12usize, 14usize, 64usize],
+            3i64,
+            2i64,
+            1i64,
+            false,
+            [6usize, 7usize],
+        ),
+        ([2, 9, 9, 19], 2, 2, 0, true, [5, 5]),
+    ] {
+        let mut c = Case::new(d[3] as u64);
+        let x = c.input(&d);
+        let xt = c.node(
+            Op::Transpose {
+                perm: vec![0, 3, 1, 2],
+            },
+            &[x],
+            &[d[0], d[3], d[1], d[2]],
+        );
+        let op = Op::Pool {
+            kind: PoolKind::Max,
+            kernel_shape: vec![k, k],
+            strides: vec![s, s],
+            pads: vec![p; 4],
+            dilations: vec![],
+            auto_pad: AutoPad::NotSet,
+            ceil_mode: ceil,
+            count_include_pad: false,
+            p: 2,
+            storage_order: 0,
+        };
+        let y = c.node(op, &[xt], &[d[0], d[3], o[0], o[1]]);
+        let y = c.node(
+            Op::Transpose {
+                perm: vec![0, 2, 3, 1],
+            },
+            &[y],
+            &[d[0], o[0], o[1], d[3]],
+        );
+        let stats = c.check(y);
+        assert_eq!(stats.kernels, 1, "{d:?}: {stats:?}");
+        assert_native(stats, 1);
+    }
+}
+
+#[test]
 fn global_pool_reads_nhwc_through_its_transpose() {
     // A channels-last pooling head: NHWC -> NCHW transpose, then a global pool, fused into
     // one kernel that pools the NHWC tensor in place. Small (two images, a partial vector of
