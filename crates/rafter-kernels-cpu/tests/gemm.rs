@@ -289,6 +289,34 @@ fn clamp_epilogue() {
 }
 
 #[test]
+fn column_bias_epilogues() {
+    // A convolution's epilogue: alpha 1, beta 0, a per-column bias, ReLU and/or a clamp
+    // (ReLU6), no residual: the kernels' fast path for full tiles. Shapes of whole tiles
+    // (AVX-512's 12 x 32 and 12 x 16, AVX2's 6 x 16) and the shared ones with partial tiles.
+    let full = [(24, 16, 32), (36, 32, 16), (12, 7, 64), (18, 24, 48)];
+    for isa in isas() {
+        for (s, &(m, k, n)) in full.iter().chain(SHAPES.iter()).enumerate() {
+            for (act, clamp) in [
+                (Activation::None, None),
+                (Activation::Relu, None),
+                (Activation::None, Some((0.0, 6.0))),
+                (Activation::Relu, Some((-0.25, 0.5))),
+            ] {
+                for bias in [true, false] {
+                    let case = Case {
+                        act,
+                        bias,
+                        clamp,
+                        ..Case::new(m, k, n)
+                    };
+                    case.run(isa, &Sequential, s % 2 == 0, 400 + s as u64);
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn gelu_extremes() {
     // Large |x| must neither overflow exp into NaN nor lose the identity/zero limits.
     for isa in isas() {

@@ -203,6 +203,10 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const W: usize, const PF: u
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
 unsafe fn finish_full<const R: usize, const W: usize>(t: &Tile, ab: &[[f32; 2 * PANEL]; R]) {
+    if let Some(e) = t.epi.as_ref().filter(|e| is_column_epilogue(t, e)) {
+        // SAFETY: forwarded.
+        return unsafe { finish_column_epilogue::<R, W>(t, e, ab) };
+    }
     let alpha = _mm512_set1_ps(t.alpha);
     let beta = _mm512_set1_ps(t.beta);
     for (r, ab_r) in ab.iter().enumerate() {
@@ -223,6 +227,59 @@ unsafe fn finish_full<const R: usize, const W: usize>(t: &Tile, ab: &[[f32; 2 * 
                     x = epilogue(x, e, r, w * PANEL, 0xffff);
                 }
                 _mm512_storeu_ps(cp, x);
+            }
+        }
+    }
+}
+
+/// Whether the tile's epilogue is only a per-column bias, ReLU and a clamp on `AB` (alpha 1,
+/// beta 0): a convolution's bias and ReLU/ReLU6, the common case.
+fn is_column_epilogue(t: &Tile, e: &TileEpilogue) -> bool {
+    t.alpha == 1.0
+        && t.beta == 0.0
+        && e.row_bias.is_null()
+        && e.res.is_null()
+        && matches!(e.act, Activation::None | Activation::Relu)
+}
+
+/// [`finish_full`] for a [`is_column_epilogue`] epilogue: the bias vectors loaded once per
+/// tile rather than per row, and no per-vector tests of alpha, beta and the residual. With
+/// K as small as MobileNetV2's 1×1 convolutions (16–32), the general path was 8% of the
+/// model's time.
+///
+/// # Safety
+/// The tile contract with `mv == R`, `nv == 16 W`; `e`'s bias readable for the tile's columns.
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
+unsafe fn finish_column_epilogue<const R: usize, const W: usize>(
+    t: &Tile,
+    e: &TileEpilogue,
+    ab: &[[f32; 2 * PANEL]; R],
+) {
+    let zero = _mm512_setzero_ps();
+    let mut bias = [zero; W];
+    if !e.bias.is_null() {
+        for (w, b) in bias.iter_mut().enumerate() {
+            // SAFETY: columns w*16..w*16+16 <= 16 W == nv are the tile's.
+            *b = unsafe { _mm512_loadu_ps(e.bias.add(w * PANEL)) };
+        }
+    }
+    let relu = matches!(e.act, Activation::Relu);
+    let (lo, hi) = e.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+    let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+    for (r, ab_r) in ab.iter().enumerate() {
+        for (w, &bw) in bias.iter().enumerate() {
+            // SAFETY: r < R == mv, columns w*16..w*16+16 <= 16 W == nv: inside the tile.
+            unsafe {
+                let mut x = _mm512_add_ps(_mm512_loadu_ps(ab_r.as_ptr().add(w * PANEL)), bw);
+                if relu {
+                    x = _mm512_max_ps(x, zero);
+                }
+                if e.clamp.is_some() {
+                    // max(NaN, lo) is lo, as the general epilogue's clamp.
+                    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+                }
+                _mm512_storeu_ps(t.c.add(r * t.ldc + w * PANEL), x);
             }
         }
     }
