@@ -94,6 +94,25 @@ mod x86 {
             k: 512,
             n: 2048,
         },
+        // MobileNetV2's 1×1 convolutions of small K or N (pixels x in x out channels).
+        Shape {
+            name: "mobilenet_v2 project 32->16 at 112x112",
+            m: 12544,
+            k: 32,
+            n: 16,
+        },
+        Shape {
+            name: "mobilenet_v2 expand 16->96 at 112x112",
+            m: 12544,
+            k: 16,
+            n: 96,
+        },
+        Shape {
+            name: "mobilenet_v2 project 144->24 at 56x56",
+            m: 3136,
+            k: 144,
+            n: 24,
+        },
         Shape {
             name: "bert qkv/out proj",
             m: 128,
