@@ -158,6 +158,26 @@ impl Tensor {
         })
     }
 
+    /// [`to_le_bytes`](Tensor::to_le_bytes), borrowed where the storage already is those
+    /// bytes (a contiguous f32, i32 or i64 tensor on a little-endian host): writing a call's
+    /// input into its device buffer then copies it once instead of twice (MobileNetV2's
+    /// 602 KB input, on the critical path of every call).
+    pub fn le_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        #[cfg(target_endian = "little")]
+        {
+            let borrowed = match self {
+                Tensor::F32(a) => a.as_slice().map(bytemuck::cast_slice),
+                Tensor::I32(a) => a.as_slice().map(bytemuck::cast_slice),
+                Tensor::I64(a) => a.as_slice().map(bytemuck::cast_slice),
+                _ => None,
+            };
+            if let Some(bytes) = borrowed {
+                return std::borrow::Cow::Borrowed(bytes);
+            }
+        }
+        std::borrow::Cow::Owned(self.to_le_bytes())
+    }
+
     /// Packed little-endian bytes in row-major order.
     pub fn to_le_bytes(&self) -> Vec<u8> {
         fn pack<T: Copy, const N: usize>(a: &ArrayD<T>, f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
@@ -274,7 +294,29 @@ mod tests {
             assert_eq!(t.dtype(), d);
             assert_eq!(t.shape(), &[2, 3]);
             assert_eq!(t.to_le_bytes(), bytes, "{d}");
+            assert_eq!(&*t.le_bytes(), &bytes[..], "{d}");
         }
+    }
+
+    #[test]
+    fn borrowed_bytes_are_the_packed_bytes() {
+        // Contiguous f32 and i64 borrow their storage; a transposed (non-contiguous) view
+        // and f16 are packed; every form gives the same bytes as `to_le_bytes`.
+        let f = Tensor::F32(
+            ArrayD::from_shape_vec(vec![2, 3], vec![1.5, -2.0, 0.25, 3.0, -0.5, 8.0]).unwrap(),
+        );
+        assert!(
+            matches!(f.le_bytes(), std::borrow::Cow::Borrowed(_)) == cfg!(target_endian = "little")
+        );
+        let i = Tensor::I64(ArrayD::from_shape_vec(vec![3], vec![1, -2, 1 << 40]).unwrap());
+        let Tensor::F32(a) = &f else { unreachable!() };
+        let t = Tensor::F32(a.t().to_owned().into_dyn());
+        let tv = Tensor::F32(a.clone().reversed_axes());
+        let h = Tensor::F16(ArrayD::from_elem(vec![2], f16::from_f32(1.5)));
+        for x in [&f, &i, &t, &tv, &h] {
+            assert_eq!(&*x.le_bytes(), &x.to_le_bytes()[..]);
+        }
+        assert!(matches!(tv.le_bytes(), std::borrow::Cow::Owned(_)));
     }
 
     #[test]

@@ -423,7 +423,7 @@ impl KernelShared {
             Operand::Slot(b) => store_slot(&self.registry.get(params.call)?, b, tensor),
             Operand::Foreign(i) => {
                 let range = self.registry.foreign(params.call, i)?;
-                let bytes = tensor.to_le_bytes();
+                let bytes = tensor.le_bytes();
                 if bytes.len() as u64 != range.len {
                     return Err(format!(
                         "copy of `{}` ({} bytes) into a {}-byte buffer on another device",
@@ -448,7 +448,7 @@ fn write_binding(
     t: &Tensor,
     name: &str,
 ) -> Result<(), String> {
-    let bytes = t.to_le_bytes();
+    let bytes = t.le_bytes();
     let len = ctx.binding_len(b);
     if bytes.len() != len {
         return Err(format!(

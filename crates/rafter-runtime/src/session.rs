@@ -780,7 +780,7 @@ impl Session {
         let p = &*inner.program;
         for (k, buffer) in &recorded.inputs {
             buffer
-                .write_bytes(0, &inputs[*k].to_le_bytes())
+                .write_bytes(0, &inputs[*k].le_bytes())
                 .map_err(hal(format!(
                     "call {call}: writing input `{}`",
                     p.inputs[*k].name
