@@ -51,18 +51,22 @@ fn first_out(n: &rafter_ir::Node) -> Option<ValueId> {
 /// Whether `b` transposes by `perm` the first result of `a`, which nothing else in `body`
 /// reads.
 fn transposed(body: &Graph, a: &rafter_ir::Node, b: &rafter_ir::Node, perm: [i64; 4]) -> bool {
+    let Some(v) = first_out(a) else {
+        return false;
+    };
     matches!(&b.op, Op::Transpose { perm: p } if p.as_slice() == perm)
-        && b.input(0).is_some()
-        && b.input(0) == first_out(a)
-        && read_once(body, b.input(0).expect("checked"))
+        && b.input(0) == Some(v)
+        && read_once(body, v)
 }
 
 /// Whether `t` transposes NHWC to NCHW the value pool `node` reads, and nothing else does.
 fn reads_transposed(body: &Graph, t: &rafter_ir::Node, node: &rafter_ir::Node) -> bool {
+    let Some(v) = first_out(t) else {
+        return false;
+    };
     matches!(&t.op, Op::Transpose { perm } if perm.as_slice() == TO_NCHW)
-        && node.input(0).is_some()
-        && node.input(0) == first_out(t)
-        && read_once(body, node.input(0).expect("checked"))
+        && node.input(0) == Some(v)
+        && read_once(body, v)
 }
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
@@ -114,7 +118,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         _ => return None,
     };
     // An NHWC max pool writes NHWC: its body must transpose the result back.
-    if nhwc && matches!(kind, Kind::Max { .. }) != (last.op.name() == "transpose") {
+    if nhwc && matches!(kind, Kind::Max { .. }) != matches!(last.op, Op::Transpose { .. }) {
         return None;
     }
     Some(Arc::new(PoolKernel {
