@@ -4,6 +4,9 @@
 //! classic Haswell/Zen shape: 12 accumulators cover the FMA latency x throughput product
 //! (4 cycles x 2 ports = 8 independent chains at least) and leave registers for B and the
 //! broadcast, and 2 loads + 6 broadcasts per 12 FMAs stays under the load ports' limit.
+//! A tile of at most 8 columns (the last of an N = 8 mod 16 product: MobileNetV2's 24-channel
+//! projections, a 1000-class classifier) runs 6x8, one vector wide, instead of computing
+//! and masking off a zero half.
 
 use std::arch::x86_64::*;
 
@@ -21,19 +24,29 @@ pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
     debug_assert!(t.mv >= 1 && t.mv <= MR && t.nv >= 1 && t.nv <= PANEL);
     // SAFETY (all arms): forwarded contract; rows instantiated match the rows that exist
     // (`MR` padded rows when packed, exactly `mv` rows when direct).
-    macro_rules! rows {
-        ($pf:literal) => {
+    macro_rules! rows_w {
+        ($pf:literal, $w:literal) => {
             if packed_a {
-                kernel::<MR, true, $pf>(t)
+                kernel::<MR, true, $pf, $w>(t)
             } else {
                 match t.mv {
-                    1 => kernel::<1, false, $pf>(t),
-                    2 => kernel::<2, false, $pf>(t),
-                    3 => kernel::<3, false, $pf>(t),
-                    4 => kernel::<4, false, $pf>(t),
-                    5 => kernel::<5, false, $pf>(t),
-                    _ => kernel::<6, false, $pf>(t),
+                    1 => kernel::<1, false, $pf, $w>(t),
+                    2 => kernel::<2, false, $pf, $w>(t),
+                    3 => kernel::<3, false, $pf, $w>(t),
+                    4 => kernel::<4, false, $pf, $w>(t),
+                    5 => kernel::<5, false, $pf, $w>(t),
+                    _ => kernel::<6, false, $pf, $w>(t),
                 }
+            }
+        };
+    }
+    // One vector of B per k step for a tile of at most 8 columns.
+    macro_rules! rows {
+        ($pf:literal) => {
+            if t.nv <= 8 {
+                rows_w!($pf, 1)
+            } else {
+                rows_w!($pf, 2)
             }
         };
     }
@@ -50,8 +63,8 @@ pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8>(t: &Tile) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8, const W: usize>(t: &Tile) {
+    let mut acc = [[_mm256_setzero_ps(); W]; R];
     let mut a = t.a;
     let mut b = t.b;
     let rs = t.a_rs;
@@ -64,13 +77,16 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8>(t: &Tile) {
     macro_rules! step {
         ($u:expr) => {{
             let bu = b.add($u * PANEL);
-            let b0 = _mm256_loadu_ps(bu);
-            let b1 = _mm256_loadu_ps(bu.add(8));
+            let mut bv = [_mm256_setzero_ps(); W];
+            for (w, bw) in bv.iter_mut().enumerate() {
+                *bw = _mm256_loadu_ps(bu.add(w * 8));
+            }
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 let ap = a.add($u * a_step + if PACKED { r } else { r * rs });
                 let av = _mm256_broadcast_ss(&*ap);
-                acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
-                acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
+                for (acc_rw, &bw) in acc_r.iter_mut().zip(&bv) {
+                    *acc_rw = _mm256_fmadd_ps(av, bw, *acc_rw);
+                }
             }
         }};
     }
@@ -113,8 +129,8 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8>(t: &Tile) {
     // Full tiles without GELU are stored straight from registers, every index constant (no
     // early exit, so LLVM unrolls it and keeps `acc` in registers): with K = 64 (ResNet's
     // 1x1 convs) the spill-and-finish path below cost ~15% of the tile.
-    if t.mv == R && t.nv == PANEL && t.epi.is_none_or(|e| e.act != Activation::GeluTanh) {
-        // SAFETY: a full R x 16 tile: C and the epilogue operands hold it (tile contract).
+    if t.mv == R && t.nv == 8 * W && t.epi.is_none_or(|e| e.act != Activation::GeluTanh) {
+        // SAFETY: a full R x 8W tile: C and the epilogue operands hold it (tile contract).
         unsafe { store_full(t, &acc) };
         return;
     }
@@ -122,10 +138,9 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8>(t: &Tile) {
     // the AVX-512 kernel: an inlined epilogue made LLVM store accumulators on every k step).
     let mut tile = [[0.0f32; PANEL]; R];
     for (acc_r, out_r) in acc.iter().zip(tile.iter_mut()) {
-        // SAFETY: out_r holds 16 floats: two vectors of 8.
-        unsafe {
-            _mm256_storeu_ps(out_r.as_mut_ptr(), acc_r[0]);
-            _mm256_storeu_ps(out_r.as_mut_ptr().add(8), acc_r[1]);
+        for (w, &x) in acc_r.iter().enumerate() {
+            // SAFETY: out_r holds 16 floats: W <= 2 vectors of 8.
+            unsafe { _mm256_storeu_ps(out_r.as_mut_ptr().add(w * 8), x) };
         }
     }
     // SAFETY: forwarded contract; `tile` has R >= mv rows of 16 >= nv columns.
@@ -135,15 +150,15 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8>(t: &Tile) {
 /// `alpha * AB (+ beta C)` and a GELU-free epilogue for a full tile, from registers.
 ///
 /// # Safety
-/// The tile contract with `mv == R`, `nv == 16`.
+/// The tile contract with `mv == R`, `nv == 8 W`.
 #[inline(always)]
-unsafe fn store_full<const R: usize>(t: &Tile, acc: &[[__m256; 2]; R]) {
+unsafe fn store_full<const R: usize, const W: usize>(t: &Tile, acc: &[[__m256; W]; R]) {
     let alpha = _mm256_set1_ps(t.alpha);
     let beta = _mm256_set1_ps(t.beta);
     let ones = _mm256_set1_epi32(-1);
     for (r, acc_r) in acc.iter().enumerate() {
         for (v, &accv) in acc_r.iter().enumerate() {
-            // SAFETY: r < R == mv rows, columns v*8..v*8+8 < 16 == nv.
+            // SAFETY: r < R == mv rows, columns v*8..v*8+8 <= 8W == nv.
             unsafe {
                 let cp = t.c.add(r * t.ldc + v * 8);
                 let mut x = if t.alpha == 1.0 {
