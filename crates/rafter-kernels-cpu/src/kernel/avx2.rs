@@ -153,6 +153,35 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8, const W: usiz
 /// The tile contract with `mv == R`, `nv == 8 W`.
 #[inline(always)]
 unsafe fn store_full<const R: usize, const W: usize>(t: &Tile, acc: &[[__m256; W]; R]) {
+    if let Some(e) = t.column_epilogue() {
+        // A convolution's epilogue (see `Tile::column_epilogue`): the bias once per tile.
+        let zero = _mm256_setzero_ps();
+        let mut bias = [zero; W];
+        if !e.bias.is_null() {
+            for (w, b) in bias.iter_mut().enumerate() {
+                // SAFETY: columns w*8..w*8+8 <= 8W == nv are the tile's.
+                *b = unsafe { _mm256_loadu_ps(e.bias.add(w * 8)) };
+            }
+        }
+        let relu = matches!(e.act, Activation::Relu);
+        let (lo, hi) = e.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+        let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (w, (&accv, &bw)) in acc_r.iter().zip(&bias).enumerate() {
+                let mut x = _mm256_add_ps(accv, bw);
+                if relu {
+                    x = _mm256_max_ps(x, zero);
+                }
+                if e.clamp.is_some() {
+                    // max(NaN, lo) is lo, as the general epilogue's clamp.
+                    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+                }
+                // SAFETY: r < R == mv rows, columns w*8..w*8+8 <= 8W == nv.
+                unsafe { _mm256_storeu_ps(t.c.add(r * t.ldc + w * 8), x) };
+            }
+        }
+        return;
+    }
     let alpha = _mm256_set1_ps(t.alpha);
     let beta = _mm256_set1_ps(t.beta);
     let ones = _mm256_set1_epi32(-1);

@@ -203,7 +203,7 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const W: usize, const PF: u
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
 unsafe fn finish_full<const R: usize, const W: usize>(t: &Tile, ab: &[[f32; 2 * PANEL]; R]) {
-    if let Some(e) = t.epi.as_ref().filter(|e| is_column_epilogue(t, e)) {
+    if let Some(e) = t.column_epilogue() {
         // SAFETY: forwarded.
         return unsafe { finish_column_epilogue::<R, W>(t, e, ab) };
     }
@@ -232,17 +232,7 @@ unsafe fn finish_full<const R: usize, const W: usize>(t: &Tile, ab: &[[f32; 2 * 
     }
 }
 
-/// Whether the tile's epilogue is only a per-column bias, ReLU and a clamp on `AB` (alpha 1,
-/// beta 0): a convolution's bias and ReLU/ReLU6, the common case.
-fn is_column_epilogue(t: &Tile, e: &TileEpilogue) -> bool {
-    t.alpha == 1.0
-        && t.beta == 0.0
-        && e.row_bias.is_null()
-        && e.res.is_null()
-        && matches!(e.act, Activation::None | Activation::Relu)
-}
-
-/// [`finish_full`] for a [`is_column_epilogue`] epilogue: the bias vectors loaded once per
+/// [`finish_full`] for a [`Tile::column_epilogue`]: the bias vectors loaded once per
 /// tile rather than per row, and no per-vector tests of alpha, beta and the residual. With
 /// K as small as MobileNetV2's 1×1 convolutions (16–32), the general path was 8% of the
 /// model's time.

@@ -232,6 +232,21 @@ pub(crate) struct Tile {
     pub epi: Option<TileEpilogue>,
 }
 
+impl Tile {
+    /// The tile's epilogue when it is only a per-column bias, ReLU and a clamp on `AB`
+    /// (alpha 1, beta 0): a convolution's, which the kernels finish on a fast path (the bias
+    /// loaded once per tile, nothing tested per vector).
+    pub(crate) fn column_epilogue(&self) -> Option<&TileEpilogue> {
+        self.epi.as_ref().filter(|e| {
+            self.alpha == 1.0
+                && self.beta == 0.0
+                && e.row_bias.is_null()
+                && e.res.is_null()
+                && matches!(e.act, crate::Activation::None | crate::Activation::Relu)
+        })
+    }
+}
+
 /// The scalar epilogue of one element, shared by the scalar kernel and vector kernels'
 /// reference tests: `act(x + bias (+ r)) (+ r)`.
 #[inline]
