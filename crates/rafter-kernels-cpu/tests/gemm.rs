@@ -649,3 +649,14 @@ fn detect_is_cached_and_available() {
     assert!(isa.is_available());
     assert_eq!(isa, Isa::detect());
 }
+
+#[test]
+fn isa_names_round_trip() {
+    // `RAFTER_CPU_ISA` names: every ISA by its own name, any case; others are no ISA.
+    for &isa in Isa::all() {
+        assert_eq!(Isa::named(isa.name()), Some(isa));
+        assert_eq!(Isa::named(&isa.name().to_uppercase()), Some(isa));
+    }
+    assert_eq!(Isa::named("sse4"), None);
+    assert_eq!(Isa::named(""), None);
+}

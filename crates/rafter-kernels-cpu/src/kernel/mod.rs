@@ -44,16 +44,58 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The fastest kernel this CPU supports; detected once per process, then cached.
+    /// The fastest kernel this CPU supports, or the one the environment variable
+    /// `RAFTER_CPU_ISA` names (`avx512`, `avx2`, `neon`, `scalar`) when this CPU has it: the
+    /// way to run a slower ISA's kernels on a faster machine, e.g. to measure the AVX2 path
+    /// on an AVX-512 host. Detected once per process, then cached; a name that is unknown
+    /// or not available here is reported on stderr once and ignored.
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
         *DETECTED.get_or_init(|| {
-            Isa::all()
+            let best = Isa::all()
                 .iter()
                 .copied()
                 .find(|isa| *isa != Isa::Scalar && isa.is_available())
-                .unwrap_or(Isa::Scalar)
+                .unwrap_or(Isa::Scalar);
+            let Ok(name) = std::env::var("RAFTER_CPU_ISA") else {
+                return best;
+            };
+            match Isa::named(&name) {
+                Some(isa) if isa.is_available() => isa,
+                _ => {
+                    let here: Vec<&str> = Isa::all()
+                        .iter()
+                        .filter(|i| i.is_available())
+                        .map(|i| i.name())
+                        .collect();
+                    eprintln!(
+                        "rafter: RAFTER_CPU_ISA={name} is not a kernel set this CPU runs ({}); \
+                         using {}",
+                        here.join(", "),
+                        best.name()
+                    );
+                    best
+                }
+            }
         })
+    }
+
+    /// The ISA's name as `RAFTER_CPU_ISA` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// The ISA named `name` (as [`Isa::name`] spells it, any case).
+    pub fn named(name: &str) -> Option<Isa> {
+        Isa::all()
+            .iter()
+            .copied()
+            .find(|i| i.name().eq_ignore_ascii_case(name.trim()))
     }
 
     /// Every kernel compiled into this build, fastest first.
