@@ -32,7 +32,7 @@ use rafter_kernels_cpu::{
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
 use super::epilogue::{parse_chain_from, resolve_conv, EpiOp, Resolved, Src};
 use super::matmul::packed_prologue;
-use super::{input_of, known_dims, read_once, In, NativeKernel, Out, Par};
+use super::{input_of, known_dims, read_once, In, NativeKernel, Out, Par, TO_NHWC};
 
 /// Where the weight comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,9 +61,6 @@ struct ConvNhwcKernel {
     /// The Winograd-transformed filter, by the address of the weight it was computed from.
     winograd: Mutex<Option<(usize, Arc<WinogradNhwcWeights>)>>,
 }
-
-/// The permutation of NCHW to NHWC (`rafter_opt::layout::TO_NHWC`).
-const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
 
 /// Convolutions of at most this many input channels run directly
 /// (`rafter_kernels_cpu::small_conv_nhwc`) when their weight is raw, as `rafter_opt`

@@ -188,7 +188,12 @@ fn run_in_place(
     }
 }
 
-/// The body input index of `v` when it is an input of dtype `dtype`.
+/// The permutation of NCHW to NHWC (`rafter_opt::layout::TO_NHWC`; the runtime does not
+/// depend on the compiler): a fused body that starts with it reads an NCHW tensor.
+pub(crate) const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
+/// The permutation of NHWC to NCHW (`rafter_opt::layout::TO_NCHW`).
+pub(crate) const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
+
 /// Whether body value `v` is read by exactly one node operand and is not a body output:
 /// a value a fused kernel may keep to itself.
 pub(crate) fn read_once(body: &Graph, v: ValueId) -> bool {
@@ -212,6 +217,7 @@ pub(crate) fn known_dims(body: &Graph, v: ValueId) -> Option<Vec<usize>> {
         .collect()
 }
 
+/// The body input index of `v` when it is an input of dtype `dtype`.
 pub(crate) fn input_of(body: &Graph, v: Option<ValueId>, dtype: DType) -> Option<usize> {
     let v = v?;
     match body.value(v).def {

@@ -11,13 +11,8 @@ use rafter_kernels_cpu::{
     max_pool2d, max_pool_nhwc, MaxPool2d, MaxPoolNhwc, Parallel, WindowNhwc, WorkerPool,
 };
 
-use super::conv::{geometry, valid_range};
-use super::{input_of, read_once, In, NativeKernel, Out, Par};
-
-/// The permutation of NHWC to NCHW (`rafter_opt::layout::TO_NCHW`).
-const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
-/// The permutation of NCHW to NHWC (`rafter_opt::layout::TO_NHWC`).
-const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
+use super::conv::{geometry, valid_range, Geom};
+use super::{input_of, read_once, In, NativeKernel, Out, Par, TO_NCHW, TO_NHWC};
 
 /// Global pools of at least this many input elements split their channels over the threads.
 const GLOBAL_PAR_ELEMS: usize = 1 << 16;
@@ -189,31 +184,11 @@ impl NativeKernel for PoolKernel {
                 });
                 Ok(true)
             }
-            Kind::Max {
-                kernel_shape,
-                strides,
-                pads,
-                dilations,
-                auto_pad,
-                ceil_mode,
-            } => {
-                let &[kh, kw] = kernel_shape.as_slice() else {
+            Kind::Max { .. } => {
+                let Some(geo) = self.max_geometry([h, w]) else {
                     return Ok(false);
                 };
-                let (Ok(kh), Ok(kw)) = (usize::try_from(kh), usize::try_from(kw)) else {
-                    return Ok(false);
-                };
-                let Some(geo) = geometry(
-                    [h, w],
-                    [kh, kw],
-                    strides,
-                    pads,
-                    dilations,
-                    *auto_pad,
-                    *ceil_mode,
-                ) else {
-                    return Ok(false);
-                };
+                let [kh, kw] = geo.k;
                 let [oh, ow] = geo.out;
                 if outs[0].dims != [n, c, oh, ow] {
                     return Ok(false);
@@ -271,8 +246,9 @@ impl NativeKernel for PoolKernel {
 }
 
 impl PoolKernel {
-    /// A 2-D max pool of NHWC `x` (`[n, h, w, c]`) into NHWC `[n, oh, ow, c]`.
-    fn max_nhwc(&self, x: &In<'_>, out: &mut Out<'_>) -> Result<bool, String> {
+    /// The window of a 2-D max pool over `[h, w]` maps; `None` for another kind or an
+    /// unsupported window (the reference path runs it).
+    fn max_geometry(&self, in_sp: [usize; 2]) -> Option<Geom> {
         let Kind::Max {
             kernel_shape,
             strides,
@@ -282,24 +258,21 @@ impl PoolKernel {
             ceil_mode,
         } = &self.kind
         else {
+            return None;
+        };
+        let &[kh, kw] = kernel_shape.as_slice() else {
+            return None;
+        };
+        let k = [usize::try_from(kh).ok()?, usize::try_from(kw).ok()?];
+        geometry(in_sp, k, strides, pads, dilations, *auto_pad, *ceil_mode)
+    }
+
+    /// A 2-D max pool of NHWC `x` (`[n, h, w, c]`) into NHWC `[n, oh, ow, c]`.
+    fn max_nhwc(&self, x: &In<'_>, out: &mut Out<'_>) -> Result<bool, String> {
+        let &[n, h, w, c] = x.dims.as_slice() else {
             return Ok(false);
         };
-        let (&[n, h, w, c], &[kh, kw]) = (x.dims.as_slice(), kernel_shape.as_slice()) else {
-            return Ok(false);
-        };
-        let (Ok(kh), Ok(kw)) = (usize::try_from(kh), usize::try_from(kw)) else {
-            return Ok(false);
-        };
-        let geo = geometry(
-            [h, w],
-            [kh, kw],
-            strides,
-            pads,
-            dilations,
-            *auto_pad,
-            *ceil_mode,
-        );
-        let Some(geo) = geo.filter(|g| g.d == [1, 1]) else {
+        let Some(geo) = self.max_geometry([h, w]).filter(|g| g.d == [1, 1]) else {
             return Ok(false);
         };
         let [oh, ow] = geo.out;

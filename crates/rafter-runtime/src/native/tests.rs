@@ -416,6 +416,22 @@ fn same_upper_padding() {
     assert_native(c.check(y), 1);
 }
 
+/// A square 2-D max pool: window `k`, stride `s`, padding `p` on every side.
+fn max_pool(k: i64, s: i64, p: i64, ceil_mode: bool) -> Op {
+    Op::Pool {
+        kind: PoolKind::Max,
+        kernel_shape: vec![k, k],
+        strides: vec![s, s],
+        pads: vec![p; 4],
+        dilations: vec![],
+        auto_pad: AutoPad::NotSet,
+        ceil_mode,
+        count_include_pad: false,
+        p: 2,
+        storage_order: 0,
+    }
+}
+
 #[test]
 fn pooling() {
     for (hw, k, s, p, ceil, o) in [
@@ -429,18 +445,7 @@ fn pooling() {
     ] {
         let mut c = Case::new(hw as u64);
         let x = c.input(&[2, 3, hw, hw]);
-        let op = Op::Pool {
-            kind: PoolKind::Max,
-            kernel_shape: vec![k, k],
-            strides: vec![s, s],
-            pads: vec![p; 4],
-            dilations: vec![],
-            auto_pad: AutoPad::NotSet,
-            ceil_mode: ceil,
-            count_include_pad: false,
-            p: 2,
-            storage_order: 0,
-        };
+        let op = max_pool(k, s, p, ceil);
         let y = c.node(op, &[x], &[2, 3, o, o]);
         assert_native(c.check(y), 1);
     }
@@ -477,18 +482,7 @@ fn max_pool_between_layout_transposes_runs_on_nhwc() {
             &[x],
             &[d[0], d[3], d[1], d[2]],
         );
-        let op = Op::Pool {
-            kind: PoolKind::Max,
-            kernel_shape: vec![k, k],
-            strides: vec![s, s],
-            pads: vec![p; 4],
-            dilations: vec![],
-            auto_pad: AutoPad::NotSet,
-            ceil_mode: ceil,
-            count_include_pad: false,
-            p: 2,
-            storage_order: 0,
-        };
+        let op = max_pool(k, s, p, ceil);
         let y = c.node(op, &[xt], &[d[0], d[3], o[0], o[1]]);
         let y = c.node(
             Op::Transpose {
