@@ -584,3 +584,45 @@ fn bench_ends_with_the_summary_line() {
         text(&o)
     );
 }
+
+#[test]
+fn rafter_cpu_isa_picks_a_kernel_set_and_reports_an_unknown_one() {
+    let dir = tmpdir("isa");
+    let rfa = compile_fixture(&dir, "tiny.rfa");
+    let bench = |isa: &str| {
+        Command::new(env!("CARGO_BIN_EXE_rafter"))
+            .args([
+                "bench",
+                rfa.to_str().unwrap(),
+                "--dim",
+                "batch=1",
+                "--dim",
+                "seq=9",
+                "--warmup",
+                "0",
+                "--iters",
+                "1",
+            ])
+            .env("RAFTER_CPU_ISA", isa)
+            .output()
+            .expect("the rafter binary runs")
+    };
+    // A name no CPU runs: reported once on stderr, the detected kernels used instead.
+    let o = bench("sse4");
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.matches("RAFTER_CPU_ISA=sse4 is not a kernel set")
+            .count(),
+        1,
+        "{err}"
+    );
+    // The portable kernels run everywhere: taken without a word.
+    let o = bench("scalar");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("RAFTER_CPU_ISA"),
+        "{}",
+        text(&o)
+    );
+}
