@@ -594,7 +594,8 @@ fn small_conv_rows<S: Simd>(
 /// offsets and the accumulators mostly stay in registers across the rows and channels
 /// (choosing the constants per window row instead made LLVM store and reload them there).
 /// `cargo bench -p rafter-kernels-cpu --bench cnn_layers`, 8 alternated runs against that:
-/// MobileNetV2's stem 186–239 → 160–164 µs, ResNet's 987–1072 → 1001–1110 µs.
+/// MobileNetV2's stem from NCHW 186–224 → 162–213 µs (medians 187 → 163), ResNet's
+/// 987–1072 → 1001–1156 µs (a little slower; one loop for both keeps the code single).
 #[inline(always)]
 fn small_conv_shape<S: Simd, const V: usize, const P: usize>(
     s: S,

@@ -40,10 +40,10 @@ pub const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
 /// `conv_nhwc`s of at most this many input channels (an RGB stem) keep their weight raw,
 /// not pre-packed: the CPU runtime computes them directly
 /// (`rafter_kernels_cpu::small_conv_nhwc`), not as a GEMM. ResNet-50's 7×7 stride-2 stem
-/// went channels-last too once that kernel matched the NCHW stem kernel's speed (1028–1477
-/// against 1111–1530 µs over five runs of `cargo bench -p rafter-kernels-cpu --bench
-/// cnn_layers`, the two kernels in each run): its max
-/// pool then runs on the NHWC map, with no transposes around it (see `crate::fusion`).
+/// went channels-last too once that kernel matched the NCHW stem kernel's speed (1001–1156
+/// against 1063–1186 µs over eight runs of `cargo bench -p rafter-kernels-cpu --bench
+/// cnn_layers`, the two kernels in each run): its max pool then runs on the NHWC map, with
+/// no transposes around it (see `crate::fusion`).
 pub const SMALL_CONV_MAX_CIN: i64 = 4;
 
 /// The forms a value of the input graph exists in, in the graph being built.
