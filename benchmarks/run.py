@@ -35,7 +35,7 @@ seconds is killed and reported as a timeout.
 Reported per peer: median latency (the median over rounds of each round's
 median), p10-p90 (the median over rounds of each round's p10 and p90), the
 ratio to rafter (peer / rafter: above 1 means rafter is faster), peak RSS (the
-runner process's getrusage ru_maxrss, median over rounds) with its ratio,
+runner process's VmHWM, median over rounds) with its ratio,
 compile time and artifact size where the peer has them, and the output check:
 every output against ONNX Runtime's saved outputs in .cache/models/<model>_outputs/,
 max|diff| / max|ref| <= --rtol (relative, because the random-init mobilenet_v2's
@@ -143,7 +143,9 @@ def import_rss() -> dict:
     PyPI's default wheel, loaded by `import torch` even on a CPU-only run)."""
     out = {}
     for k, stmt in IMPORTS.items():
-        code = f"{stmt}; import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        # VmHWM, as the peers report (see peers/common.py's peak_rss_mb).
+        code = (f"{stmt}; print(next(int(l.split()[1]) for l in open('/proc/self/status') "
+                f"if l.startswith('VmHWM:')))")
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         out[k] = int(p.stdout.strip()) / 1024 if p.returncode == 0 else None
     return out
@@ -484,7 +486,7 @@ def render(models: dict, meta: dict, args) -> str:
              f"below 1.00× the peer is faster (or smaller) than rafter. Medians and p10/p90 are the "
              f"median over rounds of each round's value, \"best round\" the lowest round median (the least "
              f"disturbed by other load); peak RSS is each runner process's "
-             f"ru_maxrss (median over rounds); \"calls\" counts timed calls over all rounds.")
+             f"VmHWM (median over rounds); \"calls\" counts timed calls over all rounds.")
     L.append("")
     L.append(f"Command: `{meta['command']}`")
     c = meta.get("ceilings") or {}
