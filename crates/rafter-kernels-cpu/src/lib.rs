@@ -46,6 +46,7 @@
 #[cfg(target_endian = "big")]
 compile_error!("rafter-kernels-cpu's packed-weight byte layout is little-endian only");
 
+mod block_nhwc;
 mod buffer;
 mod driver;
 mod kernel;
@@ -67,6 +68,7 @@ mod transpose;
 mod winograd;
 mod winograd_nhwc;
 
+pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use kernel::Isa;
 pub use nhwc::{
     depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, max_pool_nhwc, max_pool_nhwc_with_isa,

@@ -1,0 +1,644 @@
+//! A channels-last block of 1×1 and depthwise convolutions run band by band: MobileNet's
+//! inverted residual, `expand 1×1 → depthwise k×k → project 1×1 (+ skip)`, or either half.
+//!
+//! Run one layer at a time, the block writes its widest tensor, the expansion (6× the
+//! input's channels: 4.8 MB at MobileNetV2's 112×112×96), to memory and reads it back twice:
+//! those layers are bound by that traffic, not by their few FLOPs. Here each thread walks
+//! its share of output rows in bands of a few rows: it expands just the input rows the
+//! band's depthwise windows cover into a scratch buffer that stays in its L2, runs the
+//! depthwise convolution over that buffer into a second one, and projects those rows into
+//! the output. Expanded rows shared by consecutive bands (`kh - stride` of them) are kept,
+//! not recomputed; only the first band of a thread's share recomputes its halo.
+//!
+//! Each stage is the crate's own kernel on a band: [`crate::sgemm_with_isa`] for the 1×1
+//! stages (the activations are A as they are; the weight is B, pre-packed or not) and
+//! [`crate::depthwise_nhwc_with_isa`] on a window whose input is the band's rows, both on
+//! the calling thread.
+
+use std::cell::RefCell;
+use std::sync::Mutex;
+
+use crate::common::{check_isa, check_len, ChannelTail, KernelError};
+use crate::nhwc::{depthwise_nhwc_with_isa, DepthwiseNhwc, WindowNhwc};
+use crate::{sgemm_with_isa, BRef, Epilogue, Isa, MatMut, MatRef, Parallel, Residual, Sequential};
+
+/// A 1×1, stride-1, unpadded convolution: `y[pixel] = alpha · x[pixel] · B`, then the
+/// epilogue (bias, activation, clamp; a residual is the block's, not the stage's).
+#[derive(Clone, Copy, Debug)]
+pub struct Pointwise<'a> {
+    /// `[in channels, out channels]`, row-major or pre-packed.
+    pub weights: BRef<'a>,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Bias, activation and clamp of the stage's result.
+    pub epilogue: Epilogue<'a>,
+}
+
+/// The depthwise stage: window and filter (`[kh, kw, channels]`) and its tail (no residual).
+#[derive(Clone, Copy, Debug)]
+pub struct DepthwiseStage<'a> {
+    /// Window height and width.
+    pub kernel: [usize; 2],
+    /// Strides along height and width.
+    pub stride: [usize; 2],
+    /// Leading padding (top, left); trailing padding is whatever `out` implies.
+    pub pads: [usize; 2],
+    /// Output height and width.
+    pub out: [usize; 2],
+    /// `[kh, kw, channels]`.
+    pub weights: &'a [f32],
+    /// Bias, activation and clamp of the stage's result.
+    pub tail: ChannelTail<'a>,
+}
+
+/// `[expand] → depthwise → [project] (+ residual)` over an NHWC input.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockNhwc<'a> {
+    /// `n x h x w x channels`.
+    pub input: &'a [f32],
+    /// Images.
+    pub n: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Input channels.
+    pub channels: usize,
+    /// The 1×1 expansion before the depthwise stage, if any.
+    pub expand: Option<Pointwise<'a>>,
+    /// The depthwise stage, over the expansion's channels (or the input's).
+    pub depthwise: DepthwiseStage<'a>,
+    /// The 1×1 projection after it, if any (a block has at least one 1×1 stage).
+    pub project: Option<Pointwise<'a>>,
+    /// Of the output's shape, added by the last stage (a 1×1 projection): before its
+    /// activation when the flag is set, else after it (before the clamp).
+    pub residual: Option<(&'a [f32], bool)>,
+}
+
+/// Expanded rows a band aims to keep in scratch, in bytes: with the depthwise output and
+/// the input rows, a band's working set stays well inside a 1 MiB L2.
+const BAND_BYTES: usize = 192 * 1024;
+
+thread_local! {
+    /// Per-thread scratch: the band's expanded rows and its depthwise output.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `block` into `out` (`n x oh x ow x out channels`) on the fastest ISA.
+pub fn block_nhwc(
+    block: &BlockNhwc<'_>,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    block_nhwc_with_isa(Isa::detect(), block, out, par)
+}
+
+/// The channel counts of a checked block: the depthwise stage's and the output's.
+struct Channels {
+    mid: usize,
+    out: usize,
+}
+
+fn shape_err(detail: String) -> KernelError {
+    KernelError::Shape {
+        what: "block nhwc".into(),
+        detail,
+    }
+}
+
+/// Checks every operand against the block's shapes, so that no band can fail.
+fn check(b: &BlockNhwc<'_>, out_len: usize) -> Result<Channels, KernelError> {
+    let d = &b.depthwise;
+    if d.kernel.contains(&0) || d.stride.contains(&0) || d.out.contains(&0) {
+        return Err(shape_err(format!(
+            "depthwise window {:?}, strides {:?}, output {:?} (all must be positive)",
+            d.kernel, d.stride, d.out
+        )));
+    }
+    if b.expand.is_none() && b.project.is_none() {
+        return Err(shape_err("no 1x1 stage: run depthwise_nhwc instead".into()));
+    }
+    check_len(
+        "block nhwc input",
+        b.input.len(),
+        b.n * b.h * b.w * b.channels,
+    )?;
+    let mid = match &b.expand {
+        Some(e) => {
+            if e.weights.rows() != b.channels {
+                return Err(shape_err(format!(
+                    "expansion weight has {} rows for {} input channels",
+                    e.weights.rows(),
+                    b.channels
+                )));
+            }
+            check_epilogue("expansion", e, e.weights.cols())?;
+            e.weights.cols()
+        }
+        None => b.channels,
+    };
+    check_len(
+        "block nhwc depthwise weights",
+        d.weights.len(),
+        d.kernel[0] * d.kernel[1] * mid,
+    )?;
+    if d.tail.residual.is_some() {
+        return Err(shape_err("the depthwise stage takes no residual".into()));
+    }
+    d.tail.check("block nhwc depthwise", mid, 0)?;
+    let cout = match &b.project {
+        Some(p) => {
+            if p.weights.rows() != mid {
+                return Err(shape_err(format!(
+                    "projection weight has {} rows for {mid} channels",
+                    p.weights.rows()
+                )));
+            }
+            check_epilogue("projection", p, p.weights.cols())?;
+            p.weights.cols()
+        }
+        None => mid,
+    };
+    let expected = b.n * d.out[0] * d.out[1] * cout;
+    check_len("block nhwc output", out_len, expected)?;
+    if let Some((r, _)) = b.residual {
+        if b.project.is_none() {
+            return Err(shape_err("a residual needs a projection to add it".into()));
+        }
+        check_len("block nhwc residual", r.len(), expected)?;
+    }
+    Ok(Channels { mid, out: cout })
+}
+
+fn check_epilogue(what: &str, p: &Pointwise<'_>, cols: usize) -> Result<(), KernelError> {
+    if p.epilogue.residual.is_some() || p.epilogue.row_bias.is_some() {
+        return Err(shape_err(format!(
+            "the {what}'s epilogue takes no residual or row bias"
+        )));
+    }
+    if let Some(bias) = p.epilogue.bias {
+        check_len(&format!("block nhwc {what} bias"), bias.len(), cols)?;
+    }
+    Ok(())
+}
+
+/// [`block_nhwc`] on a given ISA.
+pub fn block_nhwc_with_isa(
+    isa: Isa,
+    block: &BlockNhwc<'_>,
+    out: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    check_isa(isa)?;
+    let ch = check(block, out.len())?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    let oh = block.depthwise.out[0];
+    // Each image's rows in one contiguous share per thread (a share's bands reuse their
+    // overlapping expanded rows; only its first band recomputes a halo).
+    let parts = par.threads().clamp(1, oh);
+    let tasks = block.n * parts;
+    let per_image = oh * block.depthwise.out[1] * ch.out;
+    let mut shares: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(tasks);
+    let mut rest = out;
+    for t in 0..tasks {
+        let rows = share(oh, parts, t % parts);
+        let (part, tail) = rest.split_at_mut(rows.len() * per_image / oh);
+        shares.push(Mutex::new(part));
+        rest = tail;
+    }
+    let err = Mutex::new(None);
+    par.run(tasks, &|t| {
+        let mut dst = shares[t].lock().unwrap_or_else(|p| p.into_inner());
+        let rows = share(oh, parts, t % parts);
+        let r = SCRATCH.with(|cell| {
+            let mut spare = (Vec::new(), Vec::new());
+            let mut held = cell.try_borrow_mut();
+            let s = match held.as_deref_mut() {
+                Ok(s) => s,
+                Err(_) => &mut spare,
+            };
+            run_share(isa, block, &ch, t / parts, rows.clone(), &mut dst, s)
+        });
+        if let Err(e) = r {
+            err.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
+    });
+    match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Output rows of part `p` of `parts` of an image of `oh` rows.
+fn share(oh: usize, parts: usize, p: usize) -> std::ops::Range<usize> {
+    oh * p / parts..oh * (p + 1) / parts
+}
+
+/// Output rows a band computes: about [`BAND_BYTES`] of expanded rows.
+fn band_rows(b: &BlockNhwc<'_>, mid: usize) -> usize {
+    let d = &b.depthwise;
+    let row_bytes = (b.w * mid * 4).max(1);
+    let rows_in = (BAND_BYTES / row_bytes).max(d.kernel[0] + d.stride[0]);
+    ((rows_in - d.kernel[0]) / d.stride[0] + 1).max(1)
+}
+
+fn gemm_err(e: crate::GemmError) -> KernelError {
+    shape_err(e.to_string())
+}
+
+/// The expanded rows held in scratch: input rows `lo..hi`, stored from the buffer's start.
+struct Held {
+    lo: usize,
+    hi: usize,
+}
+
+/// Output rows `rows` of image `img`, band by band, into `dst` (those rows' elements).
+fn run_share(
+    isa: Isa,
+    b: &BlockNhwc<'_>,
+    ch: &Channels,
+    img: usize,
+    rows: std::ops::Range<usize>,
+    dst: &mut [f32],
+    (held_buf, dw_buf): &mut (Vec<f32>, Vec<f32>),
+) -> Result<(), KernelError> {
+    let d = &b.depthwise;
+    let (w, c0, mid) = (b.w, b.channels, ch.mid);
+    let [oh, ow] = d.out;
+    let plane = &b.input[img * b.h * w * c0..][..b.h * w * c0];
+    let band = band_rows(b, mid);
+    let mut held = Held { lo: 0, hi: 0 };
+    for o0 in rows.clone().step_by(band) {
+        let o1 = (o0 + band).min(rows.end);
+        // Input rows the band's windows cover, inside the image.
+        let top = (o0 * d.stride[0]) as isize - d.pads[0] as isize;
+        let lo = top.max(0) as usize;
+        let bottom = ((o1 - 1) * d.stride[0] + d.kernel[0]) as isize - d.pads[0] as isize;
+        let hi = (bottom.clamp(0, b.h as isize) as usize).max(lo);
+        let dw_in: &[f32] = match &b.expand {
+            Some(e) => {
+                expand_rows(isa, e, plane, w, c0, mid, lo..hi, &mut held, held_buf)?;
+                &held_buf[..(hi - lo) * w * mid]
+            }
+            None => &plane[lo * w * c0..hi * w * c0],
+        };
+        let conv = DepthwiseNhwc {
+            window: WindowNhwc {
+                input: dw_in,
+                h: hi - lo,
+                w,
+                channels: mid,
+                kernel: d.kernel,
+                stride: d.stride,
+                pads: [(lo as isize - top) as usize, d.pads[1]],
+                out: [o1 - o0, ow],
+            },
+            weights: d.weights,
+            tail: d.tail,
+        };
+        let local = (o0 - rows.start) * ow * ch.out..(o1 - rows.start) * ow * ch.out;
+        let Some(p) = &b.project else {
+            depthwise_nhwc_with_isa(isa, &conv, &mut dst[local], &Sequential)?;
+            continue;
+        };
+        let pixels = (o1 - o0) * ow;
+        if dw_buf.len() < pixels * mid {
+            dw_buf.resize(pixels * mid, 0.0);
+        }
+        let dw_out = &mut dw_buf[..pixels * mid];
+        depthwise_nhwc_with_isa(isa, &conv, dw_out, &Sequential)?;
+        let global = (img * oh + o0) * ow * ch.out..(img * oh + o1) * ow * ch.out;
+        let e = Epilogue {
+            residual: b
+                .residual
+                .map(|(r, before)| Residual::row_major(&r[global], ch.out, before)),
+            ..p.epilogue
+        };
+        let a = MatRef::row_major(dw_out, pixels, mid, mid).map_err(gemm_err)?;
+        let c = MatMut::row_major(&mut dst[local], pixels, ch.out, ch.out).map_err(gemm_err)?;
+        sgemm_with_isa(isa, p.alpha, a, p.weights, 0.0, c, &e, &Sequential).map_err(gemm_err)?;
+    }
+    Ok(())
+}
+
+/// Makes `buf` hold the expansion of input rows `need` (a window that only moves down):
+/// rows already held are moved to the front, the rest computed.
+#[allow(clippy::too_many_arguments)]
+fn expand_rows(
+    isa: Isa,
+    e: &Pointwise<'_>,
+    plane: &[f32],
+    w: usize,
+    c0: usize,
+    mid: usize,
+    need: std::ops::Range<usize>,
+    held: &mut Held,
+    buf: &mut Vec<f32>,
+) -> Result<(), KernelError> {
+    let row = w * mid;
+    if buf.len() < need.len() * row {
+        buf.resize(need.len() * row, 0.0);
+    }
+    if held.lo <= need.start && need.start < held.hi {
+        buf.copy_within((need.start - held.lo) * row..(held.hi - held.lo) * row, 0);
+        held.hi = held.hi.min(need.end);
+    } else {
+        held.hi = need.start;
+    }
+    held.lo = need.start;
+    if held.hi < need.end {
+        let new = held.hi..need.end;
+        let pixels = new.len() * w;
+        let a = MatRef::row_major(&plane[new.start * w * c0..new.end * w * c0], pixels, c0, c0)
+            .map_err(gemm_err)?;
+        let at = (new.start - held.lo) * row;
+        let c = MatMut::row_major(&mut buf[at..at + pixels * mid], pixels, mid, mid)
+            .map_err(gemm_err)?;
+        sgemm_with_isa(isa, e.alpha, a, e.weights, 0.0, c, &e.epilogue, &Sequential)
+            .map_err(gemm_err)?;
+        held.hi = need.end;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::tests::isas;
+    use crate::winograd::tests::data;
+    use crate::{Activation, PackedB, ScopedThreads};
+
+    /// One stage's tail in f64: `clamp(act(alpha·acc + bias (+ r)) (+ r))`.
+    fn tail(
+        acc: f64,
+        alpha: f32,
+        bias: f64,
+        relu: bool,
+        res: Option<(f64, bool)>,
+        clamp: Option<(f32, f32)>,
+    ) -> f32 {
+        let mut v = alpha as f64 * acc + bias;
+        if let Some((r, true)) = res {
+            v += r;
+        }
+        if relu {
+            v = v.max(0.0);
+        }
+        if let Some((r, false)) = res {
+            v += r;
+        }
+        if let Some((lo, hi)) = clamp {
+            v = v.max(lo as f64).min(hi as f64);
+        }
+        v as f32
+    }
+
+    /// A 1×1 convolution of `[pixels, cin]` by `[cin, cout]`, in f64, rounded to f32.
+    fn pointwise(
+        x: &[f32],
+        cin: usize,
+        w: &[f32],
+        cout: usize,
+        bias: &[f32],
+        res: Option<(&[f32], bool)>,
+    ) -> Vec<f32> {
+        let pixels = x.len() / cin;
+        let mut y = vec![0f32; pixels * cout];
+        for p in 0..pixels {
+            for j in 0..cout {
+                let acc: f64 = (0..cin)
+                    .map(|i| x[p * cin + i] as f64 * w[i * cout + j] as f64)
+                    .sum();
+                let r = res.map(|(r, before)| (r[p * cout + j] as f64, before));
+                y[p * cout + j] = tail(acc, 1.0, bias[j] as f64, false, r, Some((0.0, 6.0)));
+            }
+        }
+        y
+    }
+
+    /// The depthwise stage over `[n, h, w, c]`, in f64, with bias and a 0..6 clamp.
+    #[allow(clippy::too_many_arguments)]
+    fn depthwise(
+        x: &[f32],
+        [n, h, w, c]: [usize; 4],
+        k: usize,
+        s: usize,
+        p: usize,
+        [oh, ow]: [usize; 2],
+        wt: &[f32],
+        bias: &[f32],
+    ) -> Vec<f32> {
+        let mut y = vec![0f32; n * oh * ow * c];
+        for img in 0..n {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    for ch in 0..c {
+                        let mut acc = 0f64;
+                        for ky in 0..k {
+                            for kx in 0..k {
+                                let iy = (oy * s + ky) as isize - p as isize;
+                                let ix = (ox * s + kx) as isize - p as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                    continue;
+                                }
+                                let xi = ((img * h + iy as usize) * w + ix as usize) * c + ch;
+                                acc += x[xi] as f64 * wt[(ky * k + kx) * c + ch] as f64;
+                            }
+                        }
+                        let i = ((img * oh + oy) * ow + ox) * c + ch;
+                        y[i] = tail(acc, 1.0, bias[ch] as f64, false, None, Some((0.0, 6.0)));
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// The block `[expand c→mid] → depthwise k×k/s → [project mid→cout] (+ input)` on
+    /// `n` images of `h×w`, every ISA, 1 and 3 threads, against the stage-by-stage reference.
+    #[allow(clippy::too_many_arguments)]
+    fn case(
+        n: usize,
+        h: usize,
+        w: usize,
+        c: usize,
+        mid: Option<usize>,
+        k: usize,
+        s: usize,
+        cout: Option<usize>,
+        skip: bool,
+        packed: bool,
+    ) {
+        let p = k / 2;
+        let [oh, ow] = [(h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1];
+        let x = data(n * h * w * c, 1);
+        let m = mid.unwrap_or(c);
+        let (we, be) = (data(c * m, 2), data(m, 3));
+        let (wd, bd) = (data(k * k * m, 4), data(m, 5));
+        let co = cout.unwrap_or(m);
+        let (wp, bp) = (data(m * co, 6), data(co, 7));
+        let expanded = match mid {
+            Some(_) => pointwise(&x, c, &we, m, &be, None),
+            None => x.clone(),
+        };
+        let dw = depthwise(&expanded, [n, h, w, m], k, s, p, [oh, ow], &wd, &bd);
+        let want = match cout {
+            Some(_) => pointwise(&dw, m, &wp, co, &bp, skip.then_some((&x[..], false))),
+            None => dw,
+        };
+        let (pe, pp) = (
+            PackedB::pack(c, m, &we, m).unwrap(),
+            PackedB::pack(m, co, &wp, co).unwrap(),
+        );
+        let weights = |raw: &'static str| -> BRef<'_> {
+            match (raw, packed) {
+                ("e", true) => BRef::Packed(pe.view()),
+                ("e", false) => BRef::Mat(MatRef::row_major(&we, c, m, m).unwrap()),
+                (_, true) => BRef::Packed(pp.view()),
+                _ => BRef::Mat(MatRef::row_major(&wp, m, co, co).unwrap()),
+            }
+        };
+        let clamp6 = |bias| Epilogue {
+            bias: Some(bias),
+            activation: Activation::None,
+            clamp: Some((0.0, 6.0)),
+            ..Epilogue::none()
+        };
+        let block = BlockNhwc {
+            input: &x,
+            n,
+            h,
+            w,
+            channels: c,
+            expand: mid.map(|_| Pointwise {
+                weights: weights("e"),
+                alpha: 1.0,
+                epilogue: clamp6(&be),
+            }),
+            depthwise: DepthwiseStage {
+                kernel: [k, k],
+                stride: [s, s],
+                pads: [p, p],
+                out: [oh, ow],
+                weights: &wd,
+                tail: ChannelTail {
+                    bias: Some(&bd),
+                    clamp: Some((0.0, 6.0)),
+                    ..ChannelTail::default()
+                },
+            },
+            project: cout.map(|_| Pointwise {
+                weights: weights("p"),
+                alpha: 1.0,
+                epilogue: clamp6(&bp),
+            }),
+            residual: skip.then_some((&x[..], false)),
+        };
+        for isa in isas() {
+            for threads in [1, 3] {
+                let mut got = vec![f32::NAN; want.len()];
+                block_nhwc_with_isa(isa, &block, &mut got, &ScopedThreads::new(threads)).unwrap();
+                for (i, (&g, &r)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - r).abs() <= 1e-4 * (1.0 + r.abs()),
+                        "{isa:?}, {threads} threads, {n}x{h}x{w}x{c} {mid:?} k{k}s{s} {cout:?}: element {i}: {g} vs {r}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn inverted_residual_with_skip() {
+        // Rows of 19 pixels: bands end mid-image and shares start mid-band.
+        case(2, 23, 19, 24, Some(144), 3, 1, Some(24), true, true);
+        case(1, 9, 7, 5, Some(30), 3, 1, Some(5), true, false);
+    }
+
+    #[test]
+    fn strided_blocks_and_halves() {
+        case(1, 31, 29, 16, Some(96), 3, 2, Some(24), false, true);
+        // Expansion and depthwise only; depthwise and projection only (t = 1).
+        case(1, 30, 17, 8, Some(40), 3, 2, None, false, false);
+        case(2, 21, 33, 32, None, 3, 1, Some(16), false, true);
+        case(1, 12, 12, 20, Some(36), 5, 2, Some(20), false, true);
+    }
+
+    #[test]
+    fn bad_blocks_are_errors() {
+        let x = data(4 * 4 * 8, 1);
+        let wd = data(9 * 8, 2);
+        let wp = data(8 * 4, 3);
+        let block = BlockNhwc {
+            input: &x,
+            n: 1,
+            h: 4,
+            w: 4,
+            channels: 8,
+            expand: None,
+            depthwise: DepthwiseStage {
+                kernel: [3, 3],
+                stride: [1, 1],
+                pads: [1, 1],
+                out: [4, 4],
+                weights: &wd,
+                tail: ChannelTail::default(),
+            },
+            project: None,
+            residual: None,
+        };
+        let mut out = vec![0f32; 4 * 4 * 4];
+        let e = block_nhwc(&block, &mut out, &Sequential).unwrap_err();
+        assert!(e.to_string().contains("no 1x1 stage"), "{e}");
+        let wrong = Pointwise {
+            weights: BRef::Mat(MatRef::row_major(&wp, 4, 8, 8).unwrap()),
+            alpha: 1.0,
+            epilogue: Epilogue::none(),
+        };
+        let e = block_nhwc(
+            &BlockNhwc {
+                project: Some(wrong),
+                ..block
+            },
+            &mut out,
+            &Sequential,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("projection weight has 4 rows for 8 channels"),
+            "{e}"
+        );
+        let right = Pointwise {
+            weights: BRef::Mat(MatRef::row_major(&wp, 8, 4, 4).unwrap()),
+            ..wrong
+        };
+        let e = block_nhwc(
+            &BlockNhwc {
+                project: Some(right),
+                ..block
+            },
+            &mut out[..10],
+            &Sequential,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("block nhwc output: expected 64 elements, got 10"),
+            "{e}"
+        );
+        block_nhwc(
+            &BlockNhwc {
+                project: Some(right),
+                ..block
+            },
+            &mut out,
+            &Sequential,
+        )
+        .unwrap();
+    }
+}
