@@ -25,6 +25,11 @@
 //!   NCHW→NHWC one, each read by nothing else, becomes one kernel of the three, which the
 //!   CPU runtime runs as a max pool over the NHWC map (ResNet's stem pool, which otherwise
 //!   transposes 3.2 MB and 0.8 MB around it);
+//! - **channels-last depthwise block**: a `conv_nhwc` joins the group of the `conv_nhwc`
+//!   whose result (after its clips or relus) it alone reads when the two, or three, make
+//!   MobileNet's inverted residual `1×1 → depthwise → 1×1` or a half of it. The CPU
+//!   runtime runs the block band by band (`rafter_kernels_cpu::block_nhwc`), so the 6×
+//!   wide expansion never goes to memory (MobileNetV2's first one is 4.8 MB);
 //! - everything else (data movement, control flow, data-dependent ops) is one op per kernel.
 //!
 //! A join is refused when it would make a cycle between groups (a value leaving the group
@@ -33,7 +38,7 @@
 use crate::layout::{SMALL_CONV_MAX_CIN, TO_NCHW, TO_NHWC};
 use crate::util::{consumers, graph_outputs};
 use rafter_ir::program::KernelKind;
-use rafter_ir::{Dim, Graph, Op, PoolKind, ValueDef, ValueId};
+use rafter_ir::{AutoPad, Dim, Graph, Op, PoolKind, UnaryOp, ValueDef, ValueId};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
@@ -123,6 +128,9 @@ impl Partitioner<'_> {
                             })
                         })
                 }
+                (KernelKind::Contraction, KernelKind::Contraction) => {
+                    self.continues_block(gid, ni, pos, v)
+                }
                 _ => false,
             };
         // Operands from other groups must not depend on this one.
@@ -133,6 +141,45 @@ impl Partitioner<'_> {
             .filter_map(|&u| self.group_of(u))
             .filter(|&h| h != gid && h != usize::MAX)
             .all(|h| !self.reaches(h, gid))
+    }
+
+    /// Whether channels-last convolution `ni` continues the depthwise block that group `gid`
+    /// is (the "channels-last depthwise block" rule): it reads the group's running value `v`
+    /// (its data operand, read by nothing else and no graph output), and the group's
+    /// convolutions followed by `ni` make `1×1 → depthwise`, `depthwise → 1×1` or
+    /// `1×1 → depthwise → 1×1`, every 1×1 of stride 1 without padding, with nothing but
+    /// clips and relus after a convolution that is not the last.
+    fn continues_block(&self, gid: usize, ni: usize, pos: usize, v: ValueId) -> bool {
+        let g = self.g;
+        let grp = &self.groups[gid];
+        let reads_head = grp
+            .nodes
+            .last()
+            .is_some_and(|&l| g.nodes[l].outputs.first() == Some(&Some(v)));
+        if pos != 0
+            || !reads_head
+            || self.uses[v.0 as usize] != [ni]
+            || self.is_output[v.0 as usize]
+        {
+            return false;
+        }
+        let mut stages = Vec::new();
+        for &m in &grp.nodes {
+            match &g.nodes[m].op {
+                Op::ConvNhwc { .. } => match block_stage(g, m) {
+                    Some(st) => stages.push(st),
+                    None => return false,
+                },
+                Op::Clip | Op::Unary { op: UnaryOp::Relu } if !stages.is_empty() => {}
+                _ => return false,
+            }
+        }
+        let Some(next) = block_stage(g, ni) else {
+            return false;
+        };
+        stages.push(next);
+        use BlockStage::{Depthwise as D, Pointwise as P};
+        matches!(stages.as_slice(), [P, D] | [D, P] | [P, D, P])
     }
 
     /// Whether node `ni` reads its data operand `v` (operand `pos`) through the layout
@@ -235,6 +282,10 @@ impl Partitioner<'_> {
         let gid = match target {
             Some(gid) => {
                 let grp = &mut self.groups[gid];
+                if class == KernelKind::Contraction && grp.kind == KernelKind::Contraction {
+                    // The next convolution of a depthwise block: its epilogue has its dims.
+                    grp.domain = out_dims(g, node).unwrap_or_default();
+                }
                 if grp.kind == KernelKind::DataMovement {
                     // A transpose read in place: the group is the reader's from here on (a
                     // convolution's is open to its epilogue; a pool's is closed below).
@@ -265,6 +316,60 @@ impl Partitioner<'_> {
         let grp = &mut self.groups[gid];
         grp.preds.extend(preds.into_iter().filter(|&h| h != gid));
     }
+}
+
+/// A depthwise block is fused only when its output has at least this many rows. The CPU
+/// runtime splits each image's rows between its threads, and a thread's first band
+/// recomputes the expanded rows above it; on MobileNetV2's 7×7 maps that recomputation
+/// (+29% expansion FLOPs on 2 threads) and both threads reading every weight made the
+/// fused blocks slower, 1320 against 1127 µs for the four, while the 14×14 blocks gained
+/// 5-20% (`rafter bench --trace`, 2 threads, 40 calls).
+const BLOCK_MIN_ROWS: i64 = 8;
+
+/// A convolution's part in a channels-last depthwise block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockStage {
+    Pointwise,
+    Depthwise,
+}
+
+/// What `conv_nhwc` node `ni` is in a depthwise block: a 1×1 of stride 1 without padding,
+/// or a depthwise window (one input and output channel per group) without dilation.
+fn block_stage(g: &Graph, ni: usize) -> Option<BlockStage> {
+    let node = &g.nodes[ni];
+    let Op::ConvNhwc {
+        strides,
+        pads,
+        dilations,
+        group,
+        auto_pad,
+        ..
+    } = &node.op
+    else {
+        return None;
+    };
+    let w = g.value(node.input(1)?).ty.dims.clone();
+    let known: Option<Vec<i64>> = w.iter().map(Dim::as_known).collect();
+    let &[kh, kw, cg, m] = known?.as_slice() else {
+        return None;
+    };
+    if !dilations.iter().all(|&d| d == 1) {
+        return None;
+    }
+    let ones = |v: &[i64]| v.iter().all(|&x| x == 1);
+    let zeros = |v: &[i64]| v.iter().all(|&x| x == 0);
+    if [kh, kw] == [1, 1] && *group == 1 && ones(strides) && zeros(pads) {
+        let valid = matches!(auto_pad, AutoPad::NotSet | AutoPad::Valid);
+        return valid.then_some(BlockStage::Pointwise);
+    }
+    let out_rows = node
+        .outputs
+        .first()
+        .copied()
+        .flatten()
+        .and_then(|y| g.value(y).ty.dims.get(1)?.as_known());
+    (cg == 1 && *group > 1 && *group == m && out_rows.is_some_and(|r| r >= BLOCK_MIN_ROWS))
+        .then_some(BlockStage::Depthwise)
 }
 
 /// The dims of `n`'s first result, if it has one.

@@ -316,3 +316,81 @@ fn a_resnet_stem_and_its_max_pool_run_channels_last() {
         ]
     );
 }
+
+/// MobileNet's inverted residual on an `h×h` map: 1×1 expansion 8 → 24 with ReLU6, a 3×3
+/// depthwise convolution with ReLU6, a 1×1 projection 24 → 8 and the skip add.
+fn inverted_residual(h: usize) -> rafter_ir::Graph {
+    let dense = |n: usize, seed: usize| {
+        let v: Vec<String> = (0..n)
+            .map(|i| format!("{:.3}", (((i + seed) * 37) % 101) as f32 / 100.0 - 0.5))
+            .collect();
+        format!("dense [{}]", v.join(", "))
+    };
+    let conv = |k: usize, p: usize, group: usize| {
+        format!(
+            "conv{{kernel_shape = [{k}, {k}], strides = [1, 1], pads = [{p}, {p}, {p}, {p}], \
+             dilations = [1, 1], group = {group}, auto_pad = explicit}}"
+        )
+    };
+    parse(&format!(
+        r#"graph @block(%x: f32[1, 8, {h}, {h}]) -> (%y) {{
+          const %lo: f32[] = dense [0.0]
+          const %hi: f32[] = dense [6.0]
+          const %we: f32[24, 8, 1, 1] = {we}
+          const %be: f32[24] = {be}
+          %e: f32[1, 24, {h}, {h}] = {c1}(%x, %we, %be)
+          %e6: f32[1, 24, {h}, {h}] = clip(%e, %lo, %hi)
+          const %wd: f32[24, 1, 3, 3] = {wd}
+          %d: f32[1, 24, {h}, {h}] = {dw}(%e6, %wd)
+          %d6: f32[1, 24, {h}, {h}] = clip(%d, %lo, %hi)
+          const %wp: f32[8, 24, 1, 1] = {wp}
+          %p: f32[1, 8, {h}, {h}] = {c1}(%d6, %wp)
+          %y: f32[1, 8, {h}, {h}] = binary{{op = add}}(%p, %x)
+        }}"#,
+        we = dense(24 * 8, 1),
+        be = dense(24, 2),
+        wd = dense(24 * 9, 3),
+        wp = dense(8 * 24, 4),
+        c1 = conv(1, 0, 1),
+        dw = conv(3, 1, 24),
+    ))
+}
+
+#[test]
+fn an_inverted_residual_is_one_channels_last_kernel() {
+    // The three convolutions, their clips and the skip add are one kernel ("channels-last
+    // depthwise block"), behind the expansion weight's unpacking prologue.
+    let p = check_equivalent(&inverted_residual(10), vec![rand_f32(&[1, 8, 10, 10], 3)]);
+    let block = [
+        "transpose",
+        "reshape",
+        "slice",
+        "reshape",
+        "conv_nhwc",
+        "clip",
+        "conv_nhwc",
+        "clip",
+        "conv_nhwc",
+        "add",
+    ];
+    assert_eq!(
+        kernels(&p),
+        vec![
+            (KernelKind::DataMovement, ops(&["transpose"])),
+            (KernelKind::Contraction, ops(&block)),
+            (KernelKind::DataMovement, ops(&["transpose"])),
+        ]
+    );
+}
+
+#[test]
+fn a_depthwise_block_on_a_small_map_stays_three_kernels() {
+    // Seven output rows: too few to split into bands (`BLOCK_MIN_ROWS`).
+    let p = check_equivalent(&inverted_residual(7), vec![rand_f32(&[1, 8, 7, 7], 3)]);
+    let convs: Vec<usize> = kernels(&p)
+        .iter()
+        .map(|(_, ops)| ops.iter().filter(|o| *o == "conv_nhwc").count())
+        .filter(|&n| n > 0)
+        .collect();
+    assert_eq!(convs, [1, 1, 1]);
+}

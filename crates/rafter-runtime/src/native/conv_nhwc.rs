@@ -36,7 +36,7 @@ use super::{input_of, known_dims, read_once, In, NativeKernel, Out, Par, TO_NHWC
 
 /// Where the weight comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WSrc {
+pub(super) enum WSrc {
     /// Body input `i`, `[kh, kw, C/g, M]`.
     Input(usize),
     /// Body input `input`: panels of the `[kh·kw·C, M]` B that the body unpacks.
@@ -94,31 +94,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         packed_prologue(body)
     };
     let (w, at) = match packed {
-        Some(p) => {
-            let r = body.nodes.get(p.next)?;
-            let out = *r.outputs.first()?.as_ref()?;
-            let dims = known_dims(body, out)?;
-            let &[kh, kw, cg, m] = dims.as_slice() else {
-                return None;
-            };
-            if !matches!(r.op, Op::Reshape { .. })
-                || r.input(0) != Some(p.unpacked)
-                || p.k != kh * kw * cg
-                || p.n != m
-                || !read_once(body, out)
-            {
-                return None;
-            }
-            let conv = body.nodes.get(p.next + 1)?;
-            if conv.input(1) != Some(out) {
-                return None;
-            }
-            let w = WSrc::Packed {
-                input: p.input,
-                kernel: [kh, kw, cg, m],
-            };
-            (w, p.next + 1)
-        }
+        Some(p) => packed_weight(body, &p)?,
         None => {
             let at = usize::from(reordered.is_some());
             let w = input_of(body, body.nodes.get(at)?.input(1), DType::F32)?;
@@ -163,6 +139,34 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         par: par.clone(),
         winograd: Mutex::new(None),
     }))
+}
+
+/// The weight that `body`'s unpacking prologue `p` makes (ending with a reshape to the 4-D
+/// `[kh, kw, C, M]`) and the index of the convolution that reads it, right after.
+pub(super) fn packed_weight(body: &Graph, p: &super::matmul::Prologue) -> Option<(WSrc, usize)> {
+    let r = body.nodes.get(p.next)?;
+    let out = *r.outputs.first()?.as_ref()?;
+    let dims = known_dims(body, out)?;
+    let &[kh, kw, cg, m] = dims.as_slice() else {
+        return None;
+    };
+    if !matches!(r.op, Op::Reshape { .. })
+        || r.input(0) != Some(p.unpacked)
+        || p.k != kh * kw * cg
+        || p.n != m
+        || !read_once(body, out)
+    {
+        return None;
+    }
+    let conv = body.nodes.get(p.next + 1)?;
+    if conv.input(1) != Some(out) || !matches!(conv.op, Op::ConvNhwc { .. }) {
+        return None;
+    }
+    let w = WSrc::Packed {
+        input: p.input,
+        kernel: [kh, kw, cg, m],
+    };
+    Some((w, p.next + 1))
 }
 
 fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {

@@ -72,9 +72,29 @@ pub(crate) fn parse_chain(body: &Graph, root: ValueId) -> Option<Vec<EpiOp>> {
 /// [`parse_chain`] for a root computed by node `start - 1` (a contraction behind a prologue,
 /// such as the unpacking of a pre-packed weight): the chain is `body.nodes[start..]`.
 pub(crate) fn parse_chain_from(body: &Graph, root: ValueId, start: usize) -> Option<Vec<EpiOp>> {
+    let (chain, cur, next) = parse_chain_until(body, root, start, |_| false)?;
+    if next != body.nodes.len() || body.value(cur).ty.dtype != DType::F32 || body.outputs != [cur] {
+        return None;
+    }
+    Some(chain)
+}
+
+/// The chain over `root` in `body.nodes[start..]` up to the first node that `stop` picks
+/// (a fused block's next contraction), with the running value there and that node's index
+/// (the body's length when none stops it). The running value is read once, by that node.
+pub(crate) fn parse_chain_until(
+    body: &Graph,
+    root: ValueId,
+    start: usize,
+    stop: impl Fn(&rafter_ir::Node) -> bool,
+) -> Option<(Vec<EpiOp>, ValueId, usize)> {
     let mut cur = root;
     let mut chain = Vec::new();
-    for node in body.nodes.get(start..)? {
+    for (i, node) in body.nodes.iter().enumerate().skip(start) {
+        if stop(node) {
+            return (node.input(0) == Some(cur) && super::read_once(body, cur))
+                .then_some((chain, cur, i));
+        }
         if !super::read_once(body, cur) || node.outputs.len() != 1 {
             return None;
         }
@@ -110,10 +130,7 @@ pub(crate) fn parse_chain_from(body: &Graph, root: ValueId, start: usize) -> Opt
         chain.push(op);
         cur = node.outputs[0]?;
     }
-    if body.value(cur).ty.dtype != DType::F32 || body.outputs != [cur] {
-        return None;
-    }
-    Some(chain)
+    Some((chain, cur, body.nodes.len()))
 }
 
 /// A tail resolved for one call: `clamp(act(alpha*x + bias + res_before) + res_after)`.

@@ -17,6 +17,7 @@
 //!
 //! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
+//! [`conv_nhwc`], [`block_nhwc`] (a fused channels-last depthwise block),
 //! [`pool`], [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
 //! norm), [`softmax`] (with an additive row mask), [`elementwise`] (tile programs).
 //!
@@ -28,6 +29,7 @@
 //! read whole before it is written. Should a view still be refused (the HAL checks every
 //! view), the dispatch falls back to the reference path, which takes one view at a time.
 
+mod block_nhwc;
 mod conv;
 mod conv_nhwc;
 mod elementwise;
@@ -140,6 +142,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     matmul::select(body, par)
         .or_else(|| conv::select(body, par))
         .or_else(|| conv_nhwc::select(body, par))
+        .or_else(|| block_nhwc::select(body, par))
         .or_else(|| pool::select(body, par))
         .or_else(|| softmax::select(body, par))
         .or_else(|| movement::select(body, par))

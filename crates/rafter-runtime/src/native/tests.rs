@@ -399,6 +399,60 @@ fn depthwise_convolutions_with_clip() {
     assert_native(c.check(y), 1);
 }
 
+/// A channels-last depthwise block (`rafter_opt::fusion`): `[1×1 c → mid, ReLU6] →
+/// depthwise 3×3 stride `s` with bias and ReLU6 → [1×1 mid → cout] (+ the input)`.
+#[allow(clippy::too_many_arguments)]
+fn depthwise_block(
+    seed: u64,
+    [n, c, hw]: [usize; 3],
+    mid: Option<usize>,
+    s: usize,
+    cout: Option<usize>,
+    skip: bool,
+) -> NativeStats {
+    let mut k = Case::new(seed);
+    let x = k.input(&[n, c, hw, hw]);
+    let lo = k.weight_of(&[], &[0.0]);
+    let hi = k.weight_of(&[], &[6.0]);
+    let one = || conv_op(&[1, 1], &[0; 4], &[1, 1], 1);
+    let mut y = x;
+    let m = mid.unwrap_or(c);
+    if let Some(m) = mid {
+        let (w, b) = (k.weight(&[m, c, 1, 1]), k.weight(&[m]));
+        y = k.node(one(), &[y, w, b], &[n, m, hw, hw]);
+        y = k.node(Op::Clip, &[y, lo, hi], &[n, m, hw, hw]);
+    }
+    let o = (hw + 2 - 3) / s + 1;
+    let (w, b) = (k.weight(&[m, 1, 3, 3]), k.weight(&[m]));
+    let dw = conv_op(&[s as i64; 2], &[1; 4], &[1, 1], m as i64);
+    y = k.node(dw, &[y, w, b], &[n, m, o, o]);
+    y = k.node(Op::Clip, &[y, lo, hi], &[n, m, o, o]);
+    if let Some(co) = cout {
+        let w = k.weight(&[co, m, 1, 1]);
+        y = k.node(one(), &[y, w], &[n, co, o, o]);
+        if skip {
+            y = k.node(add(), &[y, x], &[n, co, o, o]);
+        }
+    }
+    k.check(y)
+}
+
+#[test]
+fn depthwise_blocks_run_as_one_kernel() {
+    // Two images of odd width; the inverted residual with its skip, a strided expansion
+    // without projection, and MobileNetV2's first block (depthwise then projection). Each
+    // compiles to transpose → block → transpose, all three native.
+    for stats in [
+        depthwise_block(5, [2, 6, 11], Some(20), 1, Some(6), true),
+        depthwise_block(6, [1, 5, 19], Some(17), 2, None, false),
+        depthwise_block(7, [2, 16, 9], None, 1, Some(8), false),
+        depthwise_block(8, [1, 8, 20], Some(48), 2, Some(12), false),
+    ] {
+        assert_eq!(stats.kernels, 3, "{stats:?}");
+        assert_native(stats, 3);
+    }
+}
+
 #[test]
 fn same_upper_padding() {
     let mut c = Case::new(5);

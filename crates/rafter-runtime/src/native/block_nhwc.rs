@@ -1,0 +1,261 @@
+//! A channels-last depthwise block (`rafter_opt::fusion`'s rule of that name): two or three
+//! `conv_nhwc` in one body, `1×1 → depthwise (→ 1×1)` or `depthwise → 1×1`, each with its
+//! tail, run band by band by `rafter_kernels_cpu::block_nhwc` so that the expanded rows
+//! stay in the core's cache. The first convolution's weight may be pre-packed (the body then
+//! starts with its unpacking prologue, `rafter_opt::prepack`); the others are raw. Only the
+//! last convolution's tail may add a residual.
+
+use std::sync::Arc;
+
+use rafter_ir::{AutoPad, DType, Graph, Op};
+use rafter_kernels_cpu::{
+    block_nhwc, BRef, BlockNhwc, DepthwiseStage, Epilogue, MatRef, PackedBRef, Pointwise,
+};
+
+use super::conv::geometry;
+use super::conv_nhwc::{packed_weight, WSrc};
+use super::epilogue::{parse_chain_until, resolve_conv, EpiOp, Resolved, Src};
+use super::matmul::packed_prologue;
+use super::{input_of, known_dims, In, NativeKernel, Out, Par};
+
+/// One convolution of the block and its tail.
+struct Stage {
+    w: WSrc,
+    bias: Option<Src>,
+    chain: Vec<EpiOp>,
+    /// `None` for a 1×1 (stride 1, no padding).
+    window: Option<Window>,
+}
+
+/// A depthwise stage's attributes.
+struct Window {
+    strides: Vec<i64>,
+    pads: Vec<i64>,
+    auto_pad: AutoPad,
+}
+
+struct BlockKernel {
+    x: usize,
+    stages: Vec<Stage>,
+    par: Par,
+}
+
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+    let (first_w, mut at) = match packed_prologue(body) {
+        Some(p) => {
+            let (w, at) = packed_weight(body, &p)?;
+            (Some(w), at)
+        }
+        None => (None, 0),
+    };
+    let x = input_of(body, body.nodes.get(at)?.input(0), DType::F32)?;
+    let mut stages = Vec::new();
+    while at < body.nodes.len() {
+        let node = &body.nodes[at];
+        let Op::ConvNhwc {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        } = &node.op
+        else {
+            return None;
+        };
+        if node.outputs.len() != 1 || !(2..=3).contains(&node.inputs.len()) {
+            return None;
+        }
+        let w = match (stages.is_empty(), first_w) {
+            (true, Some(w)) => w,
+            _ => WSrc::Input(input_of(body, node.input(1), DType::F32)?),
+        };
+        let wdims = match w {
+            WSrc::Packed { kernel, .. } => kernel.to_vec(),
+            WSrc::Input(_) => known_dims(body, node.input(1)?)?,
+        };
+        let &[kh, kw, cg, m] = wdims.as_slice() else {
+            return None;
+        };
+        if !dilations.iter().all(|&d| d == 1)
+            || !(kernel_shape.is_empty() || kernel_shape == &[kh as i64, kw as i64])
+        {
+            return None;
+        }
+        let pointwise = [kh, kw] == [1, 1]
+            && *group == 1
+            && strides.iter().all(|&s| s == 1)
+            && pads.iter().all(|&p| p == 0)
+            && matches!(auto_pad, AutoPad::NotSet | AutoPad::Valid);
+        let depthwise = cg == 1 && *group > 1 && usize::try_from(*group).ok() == Some(m);
+        if !(pointwise || depthwise) || matches!((depthwise, w), (true, WSrc::Packed { .. })) {
+            return None;
+        }
+        let bias = match node.inputs.get(2) {
+            None | Some(None) => None,
+            Some(b) => Some(Src::of(body, *b)?),
+        };
+        let stop = |n: &rafter_ir::Node| matches!(n.op, Op::ConvNhwc { .. });
+        let (chain, cur, next) = parse_chain_until(body, node.outputs[0]?, at + 1, stop)?;
+        if next == body.nodes.len()
+            && (body.value(cur).ty.dtype != DType::F32 || body.outputs != [cur])
+        {
+            return None;
+        }
+        stages.push(Stage {
+            w,
+            bias,
+            chain,
+            window: depthwise.then(|| Window {
+                strides: strides.clone(),
+                pads: pads.clone(),
+                auto_pad: *auto_pad,
+            }),
+        });
+        at = next;
+    }
+    let shape: Vec<bool> = stages.iter().map(|s| s.window.is_some()).collect();
+    if !matches!(
+        shape.as_slice(),
+        [false, true] | [true, false] | [false, true, false]
+    ) {
+        return None;
+    }
+    Some(Arc::new(BlockKernel {
+        x,
+        stages,
+        par: par.clone(),
+    }))
+}
+
+/// A stage's weight dims for this call: `[kh, kw, C/group, M]`.
+fn weight_dims(ins: &[In<'_>], w: WSrc) -> Option<[usize; 4]> {
+    match w {
+        WSrc::Packed { kernel, .. } => Some(kernel),
+        WSrc::Input(i) => match ins[i].dims.as_slice() {
+            &[kh, kw, cg, m] => Some([kh, kw, cg, m]),
+            _ => None,
+        },
+    }
+}
+
+/// A 1×1 stage's weight as the GEMM's `[cin, cout]` B.
+fn b_of<'a>(ins: &'a [In<'a>], w: WSrc, cin: usize, cout: usize) -> Result<BRef<'a>, String> {
+    Ok(match w {
+        WSrc::Input(i) => BRef::Mat(
+            MatRef::row_major(ins[i].f32s()?, cin, cout, cout)
+                .map_err(|e| format!("block_nhwc: {e}"))?,
+        ),
+        WSrc::Packed { input, .. } => BRef::Packed(
+            PackedBRef::from_panels(cin, cout, ins[input].f32s()?)
+                .map_err(|e| format!("block_nhwc: packed weight: {e}"))?,
+        ),
+    })
+}
+
+/// A 1×1 stage as the kernel takes it (its residual, if any, is the block's).
+fn pointwise<'a>(b: BRef<'a>, r: &Resolved<'a>) -> Pointwise<'a> {
+    Pointwise {
+        weights: b,
+        alpha: r.alpha,
+        epilogue: Epilogue {
+            bias: r.bias,
+            activation: r.act,
+            clamp: r.clamp,
+            ..Epilogue::none()
+        },
+    }
+}
+
+impl NativeKernel for BlockKernel {
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        let &[n, h, w, c] = ins[self.x].dims.as_slice() else {
+            return Ok(false);
+        };
+        // Walk the stages' shapes: channels and spatial size after each.
+        let (mut ch, mut sp) = (c, [h, w]);
+        let mut geo = None;
+        let mut dims = Vec::with_capacity(self.stages.len());
+        for st in &self.stages {
+            let Some([kh, kw, cg, m]) = weight_dims(ins, st.w) else {
+                return Ok(false);
+            };
+            match &st.window {
+                None if [kh, kw, cg] == [1, 1, ch] => {}
+                Some(wd) if cg == 1 && m == ch => {
+                    let Some(g) =
+                        geometry(sp, [kh, kw], &wd.strides, &wd.pads, &[], wd.auto_pad, false)
+                    else {
+                        return Ok(false);
+                    };
+                    sp = g.out;
+                    geo = Some(g);
+                }
+                _ => return Ok(false),
+            }
+            ch = m;
+            dims.push([n, sp[0], sp[1], m]);
+        }
+        let Some(geo) = geo else {
+            return Ok(false);
+        };
+        if outs[0].dims != [n, sp[0], sp[1], ch] {
+            return Ok(false);
+        }
+        let mut tails = Vec::with_capacity(self.stages.len());
+        for (st, d) in self.stages.iter().zip(&dims) {
+            match resolve_conv(&st.chain, st.bias.as_ref(), ins, d, 3)? {
+                Some(r) => tails.push(r),
+                None => return Ok(false),
+            }
+        }
+        let last = tails.len() - 1;
+        if tails[..last].iter().any(|r| r.residual.is_some()) {
+            return Ok(false);
+        }
+        let dw_at = self.stages.iter().position(|s| s.window.is_some());
+        let Some(dw_at) = dw_at else {
+            return Ok(false);
+        };
+        let mid = dims[dw_at][3];
+        let dw = &self.stages[dw_at];
+        let WSrc::Input(dw_w) = dw.w else {
+            return Ok(false);
+        };
+        let expand = match dw_at {
+            1 => {
+                let b = b_of(ins, self.stages[0].w, c, mid)?;
+                Some(pointwise(b, &tails[0]))
+            }
+            _ => None,
+        };
+        let project = match self.stages.get(dw_at + 1) {
+            Some(st) => Some(pointwise(b_of(ins, st.w, mid, ch)?, &tails[last])),
+            None => None,
+        };
+        let block = BlockNhwc {
+            input: ins[self.x].f32s()?,
+            n,
+            h,
+            w,
+            channels: c,
+            expand,
+            depthwise: DepthwiseStage {
+                kernel: geo.k,
+                stride: geo.s,
+                pads: geo.pb,
+                out: geo.out,
+                weights: ins[dw_w].f32s()?,
+                tail: tails[dw_at].channel_tail(),
+            },
+            project,
+            residual: tails[last].residual.map(|r| (r, tails[last].res_before)),
+        };
+        if project.is_none() && block.depthwise.tail.residual.is_some() {
+            return Ok(false);
+        }
+        let y = outs[0].f32s()?;
+        block_nhwc(&block, y, &*self.par).map_err(|e| format!("block_nhwc: {e}"))?;
+        Ok(true)
+    }
+}
