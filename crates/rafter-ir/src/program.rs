@@ -179,6 +179,47 @@ impl KernelKind {
     }
 }
 
+/// What a `conv_nhwc` is to a fused channels-last depthwise block: `rafter_opt::fusion`
+/// forms the block and the CPU runtime's block kernel runs it, so both must agree on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockConv {
+    /// 1×1, stride 1, no padding, one group: a GEMM over pixels.
+    Pointwise,
+    /// One input and one output channel per group.
+    Depthwise,
+}
+
+impl BlockConv {
+    /// `op` with weight dims `[kh, kw, C/group, M]`, if it is a `conv_nhwc` of either kind
+    /// without dilation whose `kernel_shape` (when given) is the weight's window.
+    pub fn of(op: &crate::Op, [kh, kw, cg, m]: [i64; 4]) -> Option<BlockConv> {
+        let crate::Op::ConvNhwc {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        } = op
+        else {
+            return None;
+        };
+        let window_ok = kernel_shape.is_empty() || kernel_shape[..] == [kh, kw];
+        if !window_ok || !dilations.iter().all(|&d| d == 1) {
+            return None;
+        }
+        let pointwise = [kh, kw] == [1, 1]
+            && *group == 1
+            && strides.iter().all(|&s| s == 1)
+            && pads.iter().all(|&p| p == 0)
+            && matches!(auto_pad, crate::AutoPad::NotSet | crate::AutoPad::Valid);
+        if pointwise {
+            return Some(BlockConv::Pointwise);
+        }
+        (cg == 1 && *group > 1 && *group == m).then_some(BlockConv::Depthwise)
+    }
+}
+
 /// A fused group of graph ops, run as one dispatch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kernel {

@@ -2,18 +2,22 @@
 //! inverted residual, `expand 1×1 → depthwise k×k → project 1×1 (+ skip)`, or either half.
 //!
 //! Run one layer at a time, the block writes its widest tensor, the expansion (6× the
-//! input's channels: 4.8 MB at MobileNetV2's 112×112×96), to memory and reads it back twice:
-//! those layers are bound by that traffic, not by their few FLOPs. Here each thread walks
-//! its share of output rows in bands of a few rows: it expands just the input rows the
-//! band's depthwise windows cover into a scratch buffer that stays in its L2, runs the
-//! depthwise convolution over that buffer into a second one, and projects those rows into
-//! the output. Expanded rows shared by consecutive bands (`kh - stride` of them) are kept,
+//! input's channels: 4.8 MB at MobileNetV2's 112×112×96), to memory and reads it back.
+//! Here each thread walks its share of output rows in bands of a few rows: it expands just
+//! the input rows the band's depthwise windows cover into a scratch buffer that stays in its
+//! L2, runs the depthwise convolution over that buffer into a second one, and projects those
+//! rows into the output. Expanded rows shared by consecutive bands (`kh - stride` of them) are kept,
 //! not recomputed; only the first band of a thread's share recomputes its halo.
 //!
 //! Each stage is the crate's own kernel on a band: [`crate::sgemm_with_isa`] for the 1×1
 //! stages (the activations are A as they are; the weight is B, pre-packed or not) and
 //! [`crate::depthwise_nhwc_with_isa`] on a window whose input is the band's rows, both on
 //! the calling thread.
+//!
+//! Measured (`cargo bench -p rafter-kernels-cpu --bench block_nhwc`, 2 threads, against the
+//! three stages run separately, alternated): on a Zen 4 with a 32 MiB L3, which keeps the
+//! expansion off DRAM either way, 709 → 581 µs on MobileNetV2's 112×112 block and
+//! 0.99–1.10× on the others, 2369 → 2224 µs for all eight.
 
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -199,12 +203,12 @@ pub fn block_nhwc_with_isa(
     // overlapping expanded rows; only its first band recomputes a halo).
     let parts = par.threads().clamp(1, oh);
     let tasks = block.n * parts;
-    let per_image = oh * block.depthwise.out[1] * ch.out;
+    let row_len = block.depthwise.out[1] * ch.out;
     let mut shares: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(tasks);
     let mut rest = out;
     for t in 0..tasks {
         let rows = share(oh, parts, t % parts);
-        let (part, tail) = rest.split_at_mut(rows.len() * per_image / oh);
+        let (part, tail) = rest.split_at_mut(rows.len() * row_len);
         shares.push(Mutex::new(part));
         rest = tail;
     }
@@ -594,6 +598,27 @@ mod tests {
         let mut out = vec![0f32; 4 * 4 * 4];
         let e = block_nhwc(&block, &mut out, &Sequential).unwrap_err();
         assert!(e.to_string().contains("no 1x1 stage"), "{e}");
+        // A residual is added by the projection only.
+        let expand = Pointwise {
+            weights: BRef::Mat(MatRef::row_major(&wp, 8, 4, 4).unwrap()),
+            alpha: 1.0,
+            epilogue: Epilogue::none(),
+        };
+        let no_project = BlockNhwc {
+            channels: 8,
+            expand: Some(expand),
+            residual: Some((&x[..16 * 4], false)),
+            depthwise: DepthwiseStage {
+                weights: &wd[..9 * 4],
+                ..block.depthwise
+            },
+            ..block
+        };
+        let e = block_nhwc(&no_project, &mut out, &Sequential).unwrap_err();
+        assert!(
+            e.to_string().contains("a residual needs a projection"),
+            "{e}"
+        );
         let wrong = Pointwise {
             weights: BRef::Mat(MatRef::row_major(&wp, 4, 8, 8).unwrap()),
             alpha: 1.0,

@@ -37,8 +37,8 @@
 
 use crate::layout::{SMALL_CONV_MAX_CIN, TO_NCHW, TO_NHWC};
 use crate::util::{consumers, graph_outputs};
-use rafter_ir::program::KernelKind;
-use rafter_ir::{AutoPad, Dim, Graph, Op, PoolKind, UnaryOp, ValueDef, ValueId};
+use rafter_ir::program::{BlockConv, KernelKind};
+use rafter_ir::{Dim, Graph, Op, PoolKind, UnaryOp, ValueDef, ValueId};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
@@ -178,7 +178,7 @@ impl Partitioner<'_> {
             return false;
         };
         stages.push(next);
-        use BlockStage::{Depthwise as D, Pointwise as P};
+        use BlockConv::{Depthwise as D, Pointwise as P};
         matches!(stages.as_slice(), [P, D] | [D, P] | [P, D, P])
     }
 
@@ -326,50 +326,21 @@ impl Partitioner<'_> {
 /// 5-20% (`rafter bench --trace`, 2 threads, 40 calls).
 const BLOCK_MIN_ROWS: i64 = 8;
 
-/// A convolution's part in a channels-last depthwise block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BlockStage {
-    Pointwise,
-    Depthwise,
-}
-
-/// What `conv_nhwc` node `ni` is in a depthwise block: a 1×1 of stride 1 without padding,
-/// or a depthwise window (one input and output channel per group) without dilation.
-fn block_stage(g: &Graph, ni: usize) -> Option<BlockStage> {
+/// What `conv_nhwc` node `ni` is in a depthwise block ([`BlockConv::of`]), a depthwise one
+/// only when its output has at least [`BLOCK_MIN_ROWS`] rows.
+fn block_stage(g: &Graph, ni: usize) -> Option<BlockConv> {
     let node = &g.nodes[ni];
-    let Op::ConvNhwc {
-        strides,
-        pads,
-        dilations,
-        group,
-        auto_pad,
-        ..
-    } = &node.op
-    else {
-        return None;
-    };
-    let w = g.value(node.input(1)?).ty.dims.clone();
+    let w = &g.value(node.input(1)?).ty.dims;
     let known: Option<Vec<i64>> = w.iter().map(Dim::as_known).collect();
-    let &[kh, kw, cg, m] = known?.as_slice() else {
-        return None;
-    };
-    if !dilations.iter().all(|&d| d == 1) {
-        return None;
-    }
-    let ones = |v: &[i64]| v.iter().all(|&x| x == 1);
-    let zeros = |v: &[i64]| v.iter().all(|&x| x == 0);
-    if [kh, kw] == [1, 1] && *group == 1 && ones(strides) && zeros(pads) {
-        let valid = matches!(auto_pad, AutoPad::NotSet | AutoPad::Valid);
-        return valid.then_some(BlockStage::Pointwise);
-    }
+    let stage = BlockConv::of(&node.op, known?.try_into().ok()?)?;
     let out_rows = node
         .outputs
         .first()
         .copied()
         .flatten()
         .and_then(|y| g.value(y).ty.dims.get(1)?.as_known());
-    (cg == 1 && *group > 1 && *group == m && out_rows.is_some_and(|r| r >= BLOCK_MIN_ROWS))
-        .then_some(BlockStage::Depthwise)
+    let big_enough = out_rows.is_some_and(|r| r >= BLOCK_MIN_ROWS);
+    (stage == BlockConv::Pointwise || big_enough).then_some(stage)
 }
 
 /// The dims of `n`'s first result, if it has one.

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use rafter_ir::program::BlockConv;
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
     block_nhwc, BRef, BlockNhwc, DepthwiseStage, Epilogue, MatRef, PackedBRef, Pointwise,
@@ -53,12 +54,10 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     while at < body.nodes.len() {
         let node = &body.nodes[at];
         let Op::ConvNhwc {
-            kernel_shape,
             strides,
             pads,
-            dilations,
-            group,
             auto_pad,
+            ..
         } = &node.op
         else {
             return None;
@@ -74,21 +73,13 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             WSrc::Packed { kernel, .. } => kernel.to_vec(),
             WSrc::Input(_) => known_dims(body, node.input(1)?)?,
         };
-        let &[kh, kw, cg, m] = wdims.as_slice() else {
-            return None;
-        };
-        if !dilations.iter().all(|&d| d == 1)
-            || !(kernel_shape.is_empty() || kernel_shape == &[kh as i64, kw as i64])
-        {
-            return None;
-        }
-        let pointwise = [kh, kw] == [1, 1]
-            && *group == 1
-            && strides.iter().all(|&s| s == 1)
-            && pads.iter().all(|&p| p == 0)
-            && matches!(auto_pad, AutoPad::NotSet | AutoPad::Valid);
-        let depthwise = cg == 1 && *group > 1 && usize::try_from(*group).ok() == Some(m);
-        if !(pointwise || depthwise) || matches!((depthwise, w), (true, WSrc::Packed { .. })) {
+        let wdims: Vec<i64> = wdims
+            .into_iter()
+            .map(|d| i64::try_from(d).ok())
+            .collect::<Option<_>>()?;
+        let kind = BlockConv::of(&node.op, wdims.try_into().ok()?)?;
+        // (The kernel reads a depthwise filter raw; prepack packs only GEMM weights.)
+        if matches!((kind, w), (BlockConv::Depthwise, WSrc::Packed { .. })) {
             return None;
         }
         let bias = match node.inputs.get(2) {
@@ -106,7 +97,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             w,
             bias,
             chain,
-            window: depthwise.then(|| Window {
+            window: (kind == BlockConv::Depthwise).then(|| Window {
                 strides: strides.clone(),
                 pads: pads.clone(),
                 auto_pad: *auto_pad,
