@@ -499,9 +499,9 @@ fn max_pool_rows<S: Simd>(s: S, wnd: &WindowNhwc<'_>, rows: Range<usize>, dst: &
 /// A convolution of few input channels (an RGB stem) writing NHWC activations, computed
 /// directly: each output pixel's channels are accumulated in registers as input values
 /// (broadcast) times weight vectors, `kh·kw·cin` of them, for a block of output-channel
-/// vectors and a block of pixels sharing each weight load (2 pixels × 4 vectors, or
-/// 4 pixels × 2 vectors when the output has at most two vectors of channels, as
-/// MobileNetV2's 32 channels are with AVX-512's 16 lanes). The input may be NHWC or NCHW
+/// vectors and a block of pixels sharing each weight load (on AVX-512, 4 pixels × 4
+/// vectors, or 8 pixels × 2 vectors when the output has at most two vectors of channels,
+/// as MobileNetV2's 32 channels are with 16 lanes). The input may be NHWC or NCHW
 /// (`input_nchw`): a model's NCHW input is then read in place, with no transpose before the
 /// stem. No dilation.
 #[derive(Clone, Copy, Debug)]
@@ -570,7 +570,13 @@ pub fn small_conv_nhwc_with_isa(
 simd_dispatch!(fn small_conv_isa(c: &SmallConvNhwc<'_>, wp: &[f32], cp: usize, rows: Range<usize>, dst: &Disjoint<'_>) => small_conv_rows);
 
 /// Output rows `rows` (image-major) of [`small_conv_nhwc`], weights `wp` padded to `cp`
-/// output channels per tap: the accumulator block that wastes no lanes on this ISA.
+/// output channels per tap. The accumulator block is `V` channel vectors × `P` pixels:
+/// 16 accumulators on AVX-512 (of 32 registers), 12 on AVX2/NEON (of 16), each tap loading
+/// `V` weight vectors and broadcasting `P` inputs for `V·P` FMAs. 24 on AVX-512 (12 × 2,
+/// 6 × 4) made LLVM rotate and spill accumulators every tap; the old 2 × 4 / 4 × 2 blocks
+/// with per-window-row unrolling measured the same on MobileNetV2's stem and slower on
+/// ResNet-50's: `cnn_layers`' "resnet stem to NHWC" 807–847 → 688–913 µs (medians 822 →
+/// 692) over 5 alternated runs on a 2-core Zen 5.
 #[inline(always)]
 fn small_conv_rows<S: Simd>(
     s: S,
@@ -580,45 +586,29 @@ fn small_conv_rows<S: Simd>(
     rows: Range<usize>,
     dst: &Disjoint<'_>,
 ) {
-    if c.cout.div_ceil(S::LANES) <= 2 {
-        small_conv_shape::<S, 2, 4>(s, c, wp, cp, rows, dst);
-    } else if S::LANES >= 16 {
-        small_conv_shape::<S, SMALL_VECS, 4>(s, c, wp, cp, rows, dst);
-    } else {
-        small_conv_shape::<S, SMALL_VECS, 2>(s, c, wp, cp, rows, dst);
+    let narrow = c.cout.div_ceil(S::LANES) <= 2;
+    match (S::LANES >= 16, narrow) {
+        (true, true) => small_conv_block::<S, 2, 8>(s, c, wp, cp, rows, dst),
+        (true, false) => small_conv_block::<S, 4, 4>(s, c, wp, cp, rows, dst),
+        (false, true) => small_conv_block::<S, 2, 6>(s, c, wp, cp, rows, dst),
+        (false, false) => small_conv_block::<S, 4, 3>(s, c, wp, cp, rows, dst),
     }
 }
 
-/// [`small_conv_block`] with the window width and input pixel stride as constants for the
-/// common RGB stems (7×7 and 3×3, NCHW or NHWC), so a window row's taps unroll with constant
-/// offsets and the accumulators mostly stay in registers across the rows and channels
-/// (choosing the constants per window row instead made LLVM store and reload them there).
-/// `cargo bench -p rafter-kernels-cpu --bench cnn_layers`, 8 alternated runs against that:
-/// MobileNetV2's stem from NCHW 186–224 → 162–213 µs (medians 187 → 163), ResNet's
-/// 987–1072 → 1001–1156 µs (a little slower; one loop for both keeps the code single).
-#[inline(always)]
-fn small_conv_shape<S: Simd, const V: usize, const P: usize>(
-    s: S,
-    c: &SmallConvNhwc<'_>,
-    wp: &[f32],
-    cp: usize,
-    rows: Range<usize>,
-    dst: &Disjoint<'_>,
-) {
-    let ps = if c.input_nchw { 1 } else { c.window.channels };
-    match (c.window.kernel[1], ps) {
-        (7, 1) => small_conv_block::<S, V, P, 7, 1>(s, c, wp, cp, rows, dst),
-        (3, 1) => small_conv_block::<S, V, P, 3, 1>(s, c, wp, cp, rows, dst),
-        (3, 3) => small_conv_block::<S, V, P, 3, 3>(s, c, wp, cp, rows, dst),
-        _ => small_conv_block::<S, V, P, 0, 0>(s, c, wp, cp, rows, dst),
-    }
+/// One tap of a window (row `ky`, column `kx`, input channel `ci`): its input's offset from
+/// the window's first element, and its weight row's offset in the padded weights.
+#[derive(Clone, Copy)]
+struct Tap {
+    x: usize,
+    w: usize,
 }
 
-/// [`small_conv_rows`] with `V` output-channel vectors times `P` pixels of accumulators,
-/// for windows `KW` wide (0: the window's width) on input pixels `PS` floats apart (0: the
-/// input's pixel stride).
+/// [`small_conv_rows`] with `V` output-channel vectors times `P` pixels of accumulators.
+/// Interior pixels (whole window inside the input's width) run `P` at a time over a flat
+/// list of the row's taps (the window rows inside the input only), so the inner loop is
+/// one loop whatever the window; the few edge pixels run one at a time.
 #[inline(always)]
-fn small_conv_block<S: Simd, const V: usize, const P: usize, const KW: usize, const PS: usize>(
+fn small_conv_block<S: Simd, const V: usize, const P: usize>(
     s: S,
     c: &SmallConvNhwc<'_>,
     wp: &[f32],
@@ -637,21 +627,17 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize, const KW: usize, co
     } else {
         (wnd.w * cin, cin, 1)
     };
-    debug_assert!((KW == 0 || KW == kw) && (PS == 0 || PS == ps));
-    let (kw, ps) = (if KW > 0 { KW } else { kw }, if PS > 0 { PS } else { ps });
     let t = VecTail::new(s, &c.tail);
     let zero = s.splat(0.0);
-    // Input offset of the `p`-th pixel of a block from the first.
-    let mut pstep = [0usize; P];
-    for (p, o) in pstep.iter_mut().enumerate() {
-        *o = p * sw * ps;
-    }
+    // Input offset of a block's next pixel from the previous.
+    let step = sw * ps;
     let ix = |ox: usize| (ox * sw) as isize - wnd.pads[1] as isize;
     // Output columns whose window lies inside the input's width: `P` at a time there.
     let inner_lo = (0..ow).find(|&ox| ix(ox) >= 0).unwrap_or(ow);
     let inner_hi = (inner_lo..ow)
         .find(|&ox| ix(ox) + kw as isize > wnd.w as isize)
         .unwrap_or(ow);
+    let mut taps = Vec::with_capacity(kh * kw * cin);
     for r in rows {
         let (img, oy) = (r / oh, r % oh);
         // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
@@ -664,21 +650,42 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize, const KW: usize, co
         let iy0 = (oy * sh) as isize - wnd.pads[0] as isize;
         let ky0 = (-iy0).max(0) as usize;
         let ky1 = (wnd.h as isize - iy0).clamp(0, kh as isize) as usize;
+        // This row's taps, offsets from the window's top-left input element (row `ky0`).
+        taps.clear();
+        for ky in ky0..ky1 {
+            for kx in 0..kw {
+                for ci in 0..cin {
+                    taps.push(Tap {
+                        x: (ky - ky0) * rs + ci * cs + kx * ps,
+                        w: ((ky * kw + kx) * cin + ci) * cp,
+                    });
+                }
+            }
+        }
+        let row0 = (iy0 + ky0 as isize) as usize * rs;
         let mut ox = 0;
         while ox < ow {
             let block = ox >= inner_lo && ox + P <= inner_hi;
             for g0 in (0..cout).step_by(V * S::LANES) {
                 let mut acc = [[zero; V]; P];
                 if block {
-                    let x0 = ix(ox) as usize;
-                    // Per window row and input channel, the kw taps in a row: the input
-                    // values of the P windows lie `sw·ps` apart, the taps' weight rows `cin·cp`.
-                    for ky in ky0..ky1 {
-                        let iy = (iy0 + ky as isize) as usize;
-                        for ci in 0..cin {
-                            let xr = &plane[iy * rs + ci * cs + x0 * ps..];
-                            let wr = &wp[(ky * kw * cin + ci) * cp + g0..];
-                            acc = row_taps(s, xr, wr, kw, ps, cin * cp, &pstep, acc);
+                    let x0 = row0 + ix(ox) as usize * ps;
+                    // The block's last tap of its last pixel is inside the plane, so every
+                    // offset below is (taps ascend in `x`; interior windows stay in-row).
+                    assert!(x0 + taps.last().map_or(0, |t| t.x) + (P - 1) * step < plane.len());
+                    for tap in &taps {
+                        let wt = &wp[tap.w + g0..][..V * S::LANES];
+                        let mut wv = [zero; V];
+                        for (j, v) in wv.iter_mut().enumerate() {
+                            *v = s.load(&wt[j * S::LANES..]);
+                        }
+                        let xk = x0 + tap.x;
+                        for (p, pacc) in acc.iter_mut().enumerate() {
+                            // SAFETY: `xk + p·step` is at most the asserted last offset.
+                            let xv = s.splat(unsafe { *plane.get_unchecked(xk + p * step) });
+                            for (a, &w) in pacc.iter_mut().zip(&wv) {
+                                *a = s.fma(xv, w, *a);
+                            }
                         }
                     }
                 } else {
@@ -716,38 +723,6 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize, const KW: usize, co
             ox += if block { P } else { 1 };
         }
     }
-}
-
-/// One window row of one input channel into a [`small_conv_block`] block: `kw` taps, the
-/// `p`-th pixel's input at `xr[kx·ps + pstep[p]]`, the tap's weight vectors at
-/// `wr[kx·wstep..]`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn row_taps<S: Simd, const V: usize, const P: usize>(
-    s: S,
-    xr: &[f32],
-    wr: &[f32],
-    kw: usize,
-    ps: usize,
-    wstep: usize,
-    pstep: &[usize; P],
-    mut acc: [[S::V; V]; P],
-) -> [[S::V; V]; P] {
-    for kx in 0..kw {
-        let wt = &wr[kx * wstep..][..V * S::LANES];
-        let mut wv = [s.splat(0.0); V];
-        for (j, v) in wv.iter_mut().enumerate() {
-            *v = s.load(&wt[j * S::LANES..]);
-        }
-        let xk = &xr[kx * ps..];
-        for p in 0..P {
-            let xv = s.splat(xk[pstep[p]]);
-            for j in 0..V {
-                acc[p][j] = s.fma(xv, wv[j], acc[p][j]);
-            }
-        }
-    }
-    acc
 }
 
 /// The GEMM operand of a k×k convolution over one NHWC image: for each output pixel of
