@@ -24,7 +24,9 @@ use std::sync::Mutex;
 
 use crate::common::{check_isa, check_len, ChannelTail, KernelError};
 use crate::nhwc::{depthwise_nhwc_with_isa, DepthwiseNhwc, WindowNhwc};
-use crate::{sgemm_with_isa, BRef, Epilogue, Isa, MatMut, MatRef, Parallel, Residual, Sequential};
+use crate::{
+    sgemm_with_isa, BRef, Epilogue, Isa, MatMut, MatRef, PackedB, Parallel, Residual, Sequential,
+};
 
 /// A 1×1, stride-1, unpadded convolution: `y[pixel] = alpha · x[pixel] · B`, then the
 /// epilogue (bias, activation, clamp; a residual is the block's, not the stage's).
@@ -198,9 +200,29 @@ pub fn block_nhwc_with_isa(
     if out.is_empty() {
         return Ok(());
     }
+    // Stage weights not packed ahead of time are packed once here: handed to every band's
+    // GEMM as they were, they were packed again for every band (`pack_b` was 3.3% of
+    // MobileNetV2's samples under `perf` on a Zen 5, whose projection weights come raw).
+    let packed = |p: &Option<Pointwise<'_>>| match p.map(|p| p.weights) {
+        Some(BRef::Mat(m)) => Some(PackedB::pack_mat(m)),
+        _ => None,
+    };
+    let (expand_packed, project_packed) = (packed(&block.expand), packed(&block.project));
+    let mut block = *block;
+    for (stage, pk) in [
+        (&mut block.expand, &expand_packed),
+        (&mut block.project, &project_packed),
+    ] {
+        if let (Some(st), Some(pk)) = (stage.as_mut(), pk) {
+            st.weights = BRef::Packed(pk.view());
+        }
+    }
+    let block = &block;
     let oh = block.depthwise.out[0];
     // Each image's rows in one contiguous share per thread (a share's bands reuse their
-    // overlapping expanded rows; only its first band recomputes a halo).
+    // overlapping expanded rows; only its first band recomputes a halo). Four shares per
+    // thread, for stealing, made MobileNetV2 slower: 2.48–2.56 → 2.72–2.81 ms (4
+    // alternated `rafter bench` runs, Zen 5).
     let parts = par.threads().clamp(1, oh);
     let tasks = block.n * parts;
     let row_len = block.depthwise.out[1] * ch.out;
