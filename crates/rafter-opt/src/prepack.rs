@@ -25,14 +25,17 @@
 //! dispatch of a `cpu` kernel (dispatched by that one step) whose first node is a 2-D
 //! `matmul`, a `gemm` or an ungrouped `conv_nhwc` (whose `[kh, kw, C, M]` weight is the B
 //! `[kh·kw·C, M]`; its prologue ends with a `reshape` back to 4-D), the weight is its B and
-//! nothing else in the body reads that operand.
+//! nothing else in the body reads that operand. In a channels-last depthwise block
+//! (`crate::fusion`) the later 1×1 convolutions' weights are packed too: their prologues
+//! also go at the body's start, and the runtime's block kernel reads every 1×1 weight
+//! packed (packing MobileNetV2's projections on every call had cost ~4% of its latency).
 //! Any other reader (a copy, a Vulkan replica, a gather of tied embeddings, an A operand)
 //! keeps the weight raw. [`crate::compile`] runs this for the CPU target only: for
 //! `--target vulkan`, `rafter plan` explains why a kernel stayed on the CPU from its body,
 //! which must remain the body placement judged.
 
 use bytes::Bytes;
-use rafter_ir::program::{Program, Step, Storage};
+use rafter_ir::program::{BlockConv, Program, Step, Storage};
 use rafter_ir::{ConstData, DType, Graph, Op, TensorType, ValueDef, ValueId};
 use rafter_kernels_cpu::{MatRef, PackedB, PACKED_B_NR};
 
@@ -151,8 +154,11 @@ fn b_operand(p: &Program, k: usize, i: usize, rank: usize) -> Option<bool> {
     let body = &kernel.body;
     let v = *body.inputs.get(i)?;
     let first = body.nodes.first()?;
+    if first.input(1) != Some(v) {
+        return block_pointwise_weight(body, v, rank);
+    }
     let a = first.input(0)?;
-    if first.input(1) != Some(v) || body.value(a).ty.dtype != DType::F32 {
+    if body.value(a).ty.dtype != DType::F32 {
         return None;
     }
     let reads = body
@@ -177,6 +183,33 @@ fn b_operand(p: &Program, k: usize, i: usize, rank: usize) -> Option<bool> {
         }
         _ => None,
     }
+}
+
+/// `Some(false)` when body input `v` is the weight of a later 1×1 convolution of a
+/// channels-last depthwise block (`crate::fusion`: two or three `conv_nhwc` in one body),
+/// read by it alone: the CPU runtime's block kernel takes every 1×1 weight pre-packed
+/// (unpacked by prologues at the body's start), where a raw one was packed on every call.
+fn block_pointwise_weight(body: &Graph, v: ValueId, rank: usize) -> Option<bool> {
+    let convs = body
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::ConvNhwc { .. }))
+        .count();
+    if rank != 4 || convs < 2 || body.outputs.contains(&v) {
+        return None;
+    }
+    let mut readers = body.nodes.iter().filter(|n| n.inputs.contains(&Some(v)));
+    let node = readers.next()?;
+    if readers.next().is_some()
+        || node.input(1) != Some(v)
+        || node.inputs.iter().filter(|&&x| x == Some(v)).count() != 1
+    {
+        return None;
+    }
+    let a = node.input(0)?;
+    let dims: Option<Vec<i64>> = body.value(v).ty.dims.iter().map(|d| d.as_known()).collect();
+    let stage = BlockConv::of(&node.op, dims?.try_into().ok()?)?;
+    (stage == BlockConv::Pointwise && body.value(a).ty.dtype == DType::F32).then_some(false)
 }
 
 /// `body` with input `b` of type `packed` (`[ceil(n/16), k, 16]`) unpacked to `[k, n]` by a

@@ -359,9 +359,14 @@ fn inverted_residual(h: usize) -> rafter_ir::Graph {
 #[test]
 fn an_inverted_residual_is_one_channels_last_kernel() {
     // The three convolutions, their clips and the skip add are one kernel ("channels-last
-    // depthwise block"), behind the expansion weight's unpacking prologue.
+    // depthwise block"), behind the unpacking prologues of both 1×1 weights (the
+    // projection's, then the expansion's: each packed weight's prologue goes first).
     let p = check_equivalent(&inverted_residual(10), vec![rand_f32(&[1, 8, 10, 10], 3)]);
     let block = [
+        "transpose",
+        "reshape",
+        "slice",
+        "reshape",
         "transpose",
         "reshape",
         "slice",

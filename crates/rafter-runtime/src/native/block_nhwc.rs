@@ -1,22 +1,22 @@
 //! A channels-last depthwise block (`rafter_opt::fusion`'s rule of that name): two or three
 //! `conv_nhwc` in one body, `1×1 → depthwise (→ 1×1)` or `depthwise → 1×1`, each with its
 //! tail, run band by band by `rafter_kernels_cpu::block_nhwc` so that the expanded rows
-//! stay in the core's cache. The first convolution's weight may be pre-packed (the body then
-//! starts with its unpacking prologue, `rafter_opt::prepack`); the others are raw. Only the
-//! last convolution's tail may add a residual.
+//! stay in the core's cache. The 1×1 convolutions' weights may be pre-packed (the body then
+//! starts with their unpacking prologues, one after another, `rafter_opt::prepack`); the
+//! depthwise filter is raw. Only the last convolution's tail may add a residual.
 
 use std::sync::Arc;
 
 use rafter_ir::program::BlockConv;
-use rafter_ir::{AutoPad, DType, Graph, Op};
+use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
     block_nhwc, BRef, BlockNhwc, DepthwiseStage, Epilogue, MatRef, PackedBRef, Pointwise,
 };
 
 use super::conv::geometry;
-use super::conv_nhwc::{packed_weight, WSrc};
+use super::conv_nhwc::{unpacked_conv_weight, WSrc};
 use super::epilogue::{parse_chain_until, resolve_conv, EpiOp, Resolved, Src};
-use super::matmul::packed_prologue;
+use super::matmul::packed_prologue_at;
 use super::{input_of, known_dims, In, NativeKernel, Out, Par};
 
 /// One convolution of the block and its tail.
@@ -42,13 +42,14 @@ struct BlockKernel {
 }
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
-    let (first_w, mut at) = match packed_prologue(body) {
-        Some(p) => {
-            let (w, at) = packed_weight(body, &p)?;
-            (Some(w), at)
-        }
-        None => (None, 0),
-    };
+    // The unpacking prologues of the pre-packed 1×1 weights, one after another.
+    let mut packed: Vec<(ValueId, WSrc)> = Vec::new();
+    let mut at = 0;
+    while let Some(p) = packed_prologue_at(body, at) {
+        let (w, value, next) = unpacked_conv_weight(body, &p)?;
+        packed.push((value, w));
+        at = next;
+    }
     let x = input_of(body, body.nodes.get(at)?.input(0), DType::F32)?;
     let mut stages = Vec::new();
     while at < body.nodes.len() {
@@ -65,9 +66,9 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         if node.outputs.len() != 1 || !(2..=3).contains(&node.inputs.len()) {
             return None;
         }
-        let w = match (stages.is_empty(), first_w) {
-            (true, Some(w)) => w,
-            _ => WSrc::Input(input_of(body, node.input(1), DType::F32)?),
+        let w = match packed.iter().find(|(v, _)| node.input(1) == Some(*v)) {
+            Some(&(_, w)) => w,
+            None => WSrc::Input(input_of(body, node.input(1), DType::F32)?),
         };
         let wdims = match w {
             WSrc::Packed { kernel, .. } => kernel.to_vec(),

@@ -144,6 +144,21 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
 /// The weight that `body`'s unpacking prologue `p` makes (ending with a reshape to the 4-D
 /// `[kh, kw, C, M]`) and the index of the convolution that reads it, right after.
 pub(super) fn packed_weight(body: &Graph, p: &super::matmul::Prologue) -> Option<(WSrc, usize)> {
+    let (w, out, next) = unpacked_conv_weight(body, p)?;
+    let conv = body.nodes.get(next)?;
+    if conv.input(1) != Some(out) || !matches!(conv.op, Op::ConvNhwc { .. }) {
+        return None;
+    }
+    Some((w, next))
+}
+
+/// The 4-D weight a prologue ends with: the final `reshape` of its unpacked `[k, n]` to
+/// `[kh, kw, C/g, M]`, read once. Returns the weight's source, the reshaped value, and the
+/// index of the node after the reshape.
+pub(super) fn unpacked_conv_weight(
+    body: &Graph,
+    p: &super::matmul::Prologue,
+) -> Option<(WSrc, rafter_ir::ValueId, usize)> {
     let r = body.nodes.get(p.next)?;
     let out = *r.outputs.first()?.as_ref()?;
     let dims = known_dims(body, out)?;
@@ -158,15 +173,11 @@ pub(super) fn packed_weight(body: &Graph, p: &super::matmul::Prologue) -> Option
     {
         return None;
     }
-    let conv = body.nodes.get(p.next + 1)?;
-    if conv.input(1) != Some(out) || !matches!(conv.op, Op::ConvNhwc { .. }) {
-        return None;
-    }
     let w = WSrc::Packed {
         input: p.input,
         kernel: [kh, kw, cg, m],
     };
-    Some((w, p.next + 1))
+    Some((w, out, p.next + 1))
 }
 
 fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {

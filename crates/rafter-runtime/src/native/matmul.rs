@@ -51,6 +51,12 @@ pub(super) struct Prologue {
 /// The prologue at the start of `body`, if it is exactly the one `rafter_opt::prepack`
 /// writes (anything else, even if equivalent, is left to the generic paths).
 pub(super) fn packed_prologue(body: &Graph) -> Option<Prologue> {
+    packed_prologue_at(body, 0)
+}
+
+/// [`packed_prologue`] starting at node `start` (a depthwise block's body unpacks each of
+/// its pre-packed 1×1 weights by one prologue, one after another at its start).
+pub(super) fn packed_prologue_at(body: &Graph, start: usize) -> Option<Prologue> {
     let dims = |v: ValueId| super::known_dims(body, v);
     let consts = |v: Option<&Option<ValueId>>| body.const_of((*v?)?)?.to_i64s();
     let read_once = |v: ValueId| super::read_once(body, v);
@@ -58,7 +64,7 @@ pub(super) fn packed_prologue(body: &Graph) -> Option<Prologue> {
         [Some(v)] => Some(*v),
         _ => None,
     };
-    let t = body.nodes.first()?;
+    let t = body.nodes.get(start)?;
     if !matches!(&t.op, Op::Transpose { perm } if perm[..] == [1, 0, 2]) || t.inputs.len() != 1 {
         return None;
     }
@@ -72,7 +78,7 @@ pub(super) fn packed_prologue(body: &Graph) -> Option<Prologue> {
     if nr != PACKED_B_NR || k == 0 || np == 0 || dims(tv)? != [k, np, nr] || !read_once(tv) {
         return None;
     }
-    let r = body.nodes.get(1)?;
+    let r = body.nodes.get(start + 1)?;
     let target = [i64::try_from(k).ok()?, i64::try_from(width).ok()?];
     if !matches!(r.op, Op::Reshape { .. })
         || r.inputs.len() != 2
@@ -85,8 +91,8 @@ pub(super) fn packed_prologue(body: &Graph) -> Option<Prologue> {
     if dims(unpacked)? != [k, width] {
         return None;
     }
-    let (mut n, mut next) = (width, 2);
-    if let Some(s) = body.nodes.get(2) {
+    let (mut n, mut next) = (width, start + 2);
+    if let Some(s) = body.nodes.get(start + 2) {
         if matches!(s.op, Op::Slice) && s.input(0) == Some(unpacked) {
             let steps_ok = match s.inputs.get(4) {
                 None | Some(None) => true,
@@ -111,7 +117,7 @@ pub(super) fn packed_prologue(body: &Graph) -> Option<Prologue> {
             if dims(unpacked)? != [k, end] {
                 return None;
             }
-            (n, next) = (end, 3);
+            (n, next) = (end, start + 3);
         }
     }
     if n.div_ceil(PACKED_B_NR) != np || !read_once(unpacked) {
