@@ -50,6 +50,7 @@ mod block_nhwc;
 mod buffer;
 mod driver;
 mod kernel;
+mod lowp;
 mod pack;
 mod packed;
 mod parallel;
@@ -70,6 +71,10 @@ mod winograd_nhwc;
 
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use kernel::Isa;
+pub use lowp::{
+    gemm_half, gemm_half_with_isa, HalfKind, HalfPackError, PackedHalfB, PackedHalfBRef,
+    HALF_DIRECT_MAX_M, PACKED_HALF_B_HEADER_BYTES, PACKED_HALF_B_MAGIC,
+};
 pub use nhwc::{
     depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, max_pool_nhwc, max_pool_nhwc_with_isa,
     small_conv_nhwc, small_conv_nhwc_with_isa, DepthwiseNhwc, MaxPoolNhwc, SmallConvNhwc,
@@ -422,6 +427,13 @@ pub fn sgemm_with_isa(
             detail: format!("A*B is {m}x{n} but C is {}x{}", c.rows, c.cols),
         });
     }
+    check_epilogue(m, n, epilogue)?;
+    driver::run(isa, alpha, a, b, beta, c, epilogue, par);
+    Ok(())
+}
+
+/// Checks an epilogue's operands against an `m x n` C (shared by every GEMM entry point).
+pub(crate) fn check_epilogue(m: usize, n: usize, epilogue: &Epilogue<'_>) -> Result<(), GemmError> {
     if let Some(bias) = epilogue.bias {
         if bias.len() != n {
             return Err(GemmError::Shape {
@@ -448,7 +460,6 @@ pub fn sgemm_with_isa(
         }
         check_extent("residual", r.data.len(), m, n, r.ld, 1)?;
     }
-    driver::run(isa, alpha, a, b, beta, c, epilogue, par);
     Ok(())
 }
 
