@@ -71,9 +71,11 @@ mod winograd_nhwc;
 
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use kernel::Isa;
+#[doc(hidden)]
+pub use lowp::set_half_direct_max_m;
 pub use lowp::{
     gemm_half, gemm_half_with_isa, HalfKind, HalfPackError, PackedHalfB, PackedHalfBRef,
-    HALF_DIRECT_MAX_M, PACKED_HALF_B_HEADER_BYTES, PACKED_HALF_B_MAGIC,
+    PACKED_HALF_B_HEADER_BYTES, PACKED_HALF_B_MAGIC,
 };
 pub use nhwc::{
     depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, max_pool_nhwc, max_pool_nhwc_with_isa,

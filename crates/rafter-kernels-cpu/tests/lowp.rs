@@ -5,9 +5,9 @@
 
 use half::{bf16, f16};
 use rafter_kernels_cpu::{
-    gemm_half, gemm_half_with_isa, Activation, Epilogue, GemmError, HalfKind, HalfPackError, Isa,
-    MatMut, MatRef, PackedHalfB, PackedHalfBRef, Parallel, Residual, ScopedThreads, Sequential,
-    HALF_DIRECT_MAX_M, PACKED_HALF_B_HEADER_BYTES,
+    gemm_half, gemm_half_with_isa, set_half_direct_max_m, Activation, Epilogue, GemmError,
+    HalfKind, HalfPackError, Isa, MatMut, MatRef, PackedHalfB, PackedHalfBRef, Parallel, Residual,
+    ScopedThreads, Sequential, PACKED_HALF_B_HEADER_BYTES,
 };
 
 struct Rng(u64);
@@ -250,9 +250,21 @@ fn half_gemm_matches_the_f64_reference_on_every_isa_and_path() {
     let mut rng = Rng(0xfeed_beef);
     let three = ScopedThreads::new(3);
     let pars: [&dyn Parallel; 2] = [&Sequential, &three];
-    // Rows on both sides of HALF_DIRECT_MAX_M (the direct and the widened path).
     let rows = [1, 2, 3, 5, 7, 8, 9, 13, 40];
-    assert!(rows.contains(&HALF_DIRECT_MAX_M) && rows.contains(&(HALF_DIRECT_MAX_M + 1)));
+    // Both paths on every ISA: direct for every M (usize::MAX), and the widening path for
+    // every M >= 2 (1). The override is process-wide, but the other tests here are correct
+    // whichever path they get.
+    for direct_max in [usize::MAX, 1] {
+        set_half_direct_max_m(direct_max);
+        each_isa_and_kind(&rows, &pars, &mut rng);
+    }
+    set_half_direct_max_m(0);
+    // The measured defaults.
+    each_isa_and_kind(&rows, &pars, &mut rng);
+}
+
+fn each_isa_and_kind(rows: &[usize], pars: &[&dyn Parallel], rng: &mut Rng) {
+    let three = ScopedThreads::new(3);
     // K odd, below and above every KC (256 / 384 / 512); N not a multiple of 16, below and
     // above every direct tile width (16 / 32 / 64) and the widened block width.
     let kn = [
@@ -266,30 +278,20 @@ fn half_gemm_matches_the_f64_reference_on_every_isa_and_path() {
     ];
     for isa in isas() {
         for kind in KINDS {
-            for &m in &rows {
+            for &m in rows {
                 for &(k, n) in &kn {
-                    for par in pars {
-                        check(isa, kind, m, k, n, Epi::None, false, par, &mut rng);
+                    for &par in pars {
+                        check(isa, kind, m, k, n, Epi::None, false, par, rng);
                     }
                 }
             }
             // Epilogues and strided A on a few shapes of each path.
             for &(m, k, n) in &[(1, 77, 45), (3, 130, 33), (13, 65, 97), (40, 520, 40)] {
                 for epi in [Epi::BiasGelu, Epi::BiasResidualReluClamp, Epi::RowBias] {
-                    check(isa, kind, m, k, n, epi, false, &three, &mut rng);
+                    check(isa, kind, m, k, n, epi, false, &three, rng);
                 }
-                check(isa, kind, m, k, n, Epi::None, true, &three, &mut rng);
-                check(
-                    isa,
-                    kind,
-                    m,
-                    k,
-                    n,
-                    Epi::BiasGelu,
-                    true,
-                    &Sequential,
-                    &mut rng,
-                );
+                check(isa, kind, m, k, n, Epi::None, true, &three, rng);
+                check(isa, kind, m, k, n, Epi::BiasGelu, true, &Sequential, rng);
             }
         }
     }

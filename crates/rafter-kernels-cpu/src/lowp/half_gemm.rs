@@ -2,6 +2,7 @@
 //! docs of [`crate::lowp`], their thread split, and the scalar kernels.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::half_packed::{HalfKind, PackedHalfBRef};
 use crate::buffer::Aligned;
@@ -12,14 +13,40 @@ use crate::{
     Sequential,
 };
 
-/// Products with at most this many rows stream the 16-bit weights through the converting
-/// micro-kernel; larger ones widen blocks of B to f32 and run the f32 driver.
+/// The most rows a product may have to run on the direct (converting) kernels of `path`;
+/// larger ones widen blocks of B to f32 and run the f32 driver.
 ///
-/// The direct kernel holds up to 8 rows of C (AVX-512; 6 on AVX2) per pass over B, so up
-/// to 8 rows read each weight once, converted once; the f32 path's 12x32 tile only wins
-/// once the widening (a store and a reload of each weight block per call) is spread over
-/// enough rows. Measured on the decode and BERT shapes of `benches/lowp_gemm.rs`.
-pub const HALF_DIRECT_MAX_M: usize = 8;
+/// Measured with `benches/lowp_gemm.rs --crossover` (M = 4..128, K x N = 768 x 3072,
+/// weights streamed, Zen 5): the AVX-512 direct kernel (8 x 32 tiles, B converted once per
+/// 8 rows, re-read from L2) was faster than widening at every M, 9-10% at M = 128, and
+/// even 6% faster than the f32 12x32 kernel on f32 weights at M = 128; so it runs up to the
+/// largest M measured, 128. On the AVX2 kernels (measured on the same Zen 5 with
+/// `--isa avx2`), `vcvtph2ps ymm` is dearer: f16 direct tied widening at M = 32 and was 26%
+/// slower at M = 128, while bf16 direct (a shift) stayed 8-34% faster. The scalar path is
+/// not tuned: its widened path runs the scalar f32 kernel.
+fn direct_max_m(path: Path, kind: HalfKind) -> usize {
+    match (path, kind) {
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx512, _) => 128,
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx2, HalfKind::F16) => 32,
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx2, HalfKind::Bf16) => 128,
+        (Path::Scalar, _) => 8,
+    }
+}
+
+/// Replaces `direct_max_m` when non-zero (see [`set_half_direct_max_m`]).
+static DIRECT_MAX_M_OVERRIDE: AtomicUsize = AtomicUsize::new(0);
+
+/// Overrides the row count up to which half GEMMs run the direct kernels, for every later
+/// call in the process (0 restores the measured defaults; `usize::MAX` sends every M to the
+/// direct kernels, 1 sends M >= 2 to the widening path). For the bench, to measure the
+/// crossover within one run, and for tests, to hold both paths to the reference.
+#[doc(hidden)]
+pub fn set_half_direct_max_m(m: usize) {
+    DIRECT_MAX_M_OVERRIDE.store(m, Ordering::Relaxed);
+}
 
 /// Columns of one direct tile, and rows of one pass over them, per path.
 const OUT_LD: usize = 64;
@@ -125,7 +152,11 @@ pub fn gemm_half_with_isa(
         return Ok(());
     }
     let epi = (!epilogue.is_identity()).then_some(epilogue);
-    if m <= HALF_DIRECT_MAX_M || k == 0 {
+    let direct_max = match DIRECT_MAX_M_OVERRIDE.load(Ordering::Relaxed) {
+        0 => direct_max_m(Path::of(isa), b.kind()),
+        v => v,
+    };
+    if m <= direct_max || k == 0 {
         direct(Path::of(isa), a, b, c, epi, par);
     } else {
         widened(isa, a, b, c, epilogue, par);
@@ -312,7 +343,8 @@ thread_local! {
 }
 
 /// Target width of one column block: a 512 x 256 f32 block is 512 KiB, half of a Zen 4/5
-/// L2, so the driver's micro-panels come from L2 right after being written.
+/// L2, so the driver's micro-panels come from L2 right after being written. (128 measured
+/// the same at M = 32..128 on Zen 5.)
 const WIDE_NC: usize = 256;
 
 /// Many rows: each task owns a block of columns (and of rows, when there are fewer column

@@ -7,7 +7,8 @@
 //! bytes; widening them in registers costs an instruction per 16 weights, which the
 //! memory-bound loop has to spare.
 //!
-//! Two paths, chosen by M (see [`gemm_half`]):
+//! Two paths, chosen by M (the crossover, per ISA and format, was measured: see
+//! `direct_max_m` in `half_gemm.rs`; on AVX-512 the direct path won up to M = 128):
 //! - few rows (decode): the micro-kernel streams the 16-bit panels itself and converts on
 //!   load (AVX-512F `vcvtph2ps` for f16, a zero-extend and shift for bf16; AVX2 with F16C;
 //!   `half` in the scalar kernel). N is split over threads.
@@ -25,7 +26,7 @@ mod half_packed;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use half_gemm::{gemm_half, gemm_half_with_isa, HALF_DIRECT_MAX_M};
+pub use half_gemm::{gemm_half, gemm_half_with_isa, set_half_direct_max_m};
 pub use half_packed::{
     HalfKind, HalfPackError, PackedHalfB, PackedHalfBRef, PACKED_HALF_B_HEADER_BYTES,
     PACKED_HALF_B_MAGIC,
