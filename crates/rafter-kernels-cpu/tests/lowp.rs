@@ -404,7 +404,7 @@ fn bytes_round_trip_and_bad_bytes_are_errors_never_panics() {
         // Misaligned in place: the panels one byte off a 2-byte boundary.
         let mut shifted = vec![0u8; bytes.len() + 2];
         let base = shifted.as_ptr() as usize;
-        let off = if base % 2 == 0 { 1 } else { 0 };
+        let off = if base.is_multiple_of(2) { 1 } else { 0 };
         shifted[off..off + bytes.len()].copy_from_slice(bytes);
         let e = PackedHalfBRef::from_bytes(&shifted[off..off + bytes.len()]).unwrap_err();
         assert!(matches!(e, HalfPackError::Misaligned { .. }), "{e}");
