@@ -33,6 +33,12 @@
 //! compiler stores the panels alone as a plain `[ceil(N/16), K, 16]` weight, which the
 //! runtime reads in place through [`PackedBRef::from_panels`].
 //!
+//! Weights can also be stored in 16 bits ([`PackedHalfB`], f16 or bf16, same panel layout,
+//! its own validated byte format) and multiplied by [`gemm_half`], which accumulates in f32:
+//! few-row products (LLM decode, bound by weight bytes) stream the 16-bit panels through
+//! micro-kernels that widen them on load; many-row ones may instead widen blocks of B into
+//! f32 panels for the f32 driver (see the `lowp` module).
+//!
 //! The micro-kernel is chosen once per process by runtime feature detection ([`Isa::detect`]):
 //! AVX-512F (12x32 tile) or AVX2+FMA (6x16) on x86-64, NEON (4x16) on aarch64, and a
 //! portable scalar kernel everywhere (also reachable explicitly, for tests).
