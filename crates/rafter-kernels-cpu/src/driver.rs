@@ -12,7 +12,7 @@ use crate::{BRef, Epilogue, MatMut, MatRef, Parallel};
 /// microseconds. At 4M, MobileNetV2's 144 → 32 projection on 28×28 (3.6M FMAs) ran on one
 /// thread: 93 → 47 us a call on two, minimum of 6 alternated rounds of `rafter bench
 /// --trace`.)
-const MIN_PARALLEL_FMAS: usize = 1 << 20;
+pub(crate) const MIN_PARALLEL_FMAS: usize = 1 << 20;
 
 /// Pre-packed B (weights) of at least this many floats is streamed by several threads
 /// even below [`MIN_PARALLEL_FMAS`]: a product with few rows (a classifier's single row,
@@ -21,7 +21,7 @@ const MIN_PARALLEL_FMAS: usize = 1 << 20;
 /// 20 us to stream on one thread, well above a pool wake-up. Measured (`rafter bench
 /// --trace`, 2 threads): MobileNetV2's classifier 222-335 -> 138-158 us, ResNet-50's
 /// 571-577 -> 284-326 us.
-const MIN_PARALLEL_B_FLOATS: usize = 1 << 16;
+pub(crate) const MIN_PARALLEL_B_FLOATS: usize = 1 << 16;
 
 /// Fixed cost of one task (taking it, waking a thread, cold caches), in FMAs' time.
 const TASK_COST: usize = 1 << 15;
@@ -74,7 +74,48 @@ pub(crate) fn run(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) {
-    let (m, n) = (c.rows, c.cols);
+    // SAFETY: `c` is a checked row-major view (`MatMut::row_major`), borrowed mutably for
+    // the whole call, so its slice covers rows x cols at `ld` and nothing else touches it.
+    unsafe {
+        run_raw(
+            isa,
+            alpha,
+            a,
+            b,
+            beta,
+            c.data.as_mut_ptr(),
+            c.rows,
+            c.cols,
+            c.ld,
+            epilogue,
+            par,
+        )
+    }
+}
+
+/// [`run`] on a raw C: lets a caller that splits C into disjoint column blocks itself (the
+/// half-precision GEMM, which widens one block of B at a time) run each block through this
+/// driver without holding overlapping `&mut` slices.
+///
+/// # Safety
+/// Element `(i, j)` of C, at `c + i * ldc + j`, must be valid for reads and writes for
+/// `i < m`, `j < n` (`ldc >= n`), and no other thread may access those elements during the
+/// call. The epilogue's operands must have been checked against `m x n` as
+/// `sgemm_with_isa` checks them, and B must have `a.cols` rows and `n` columns.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn run_raw(
+    isa: Isa,
+    alpha: f32,
+    a: MatRef<'_>,
+    b: BRef<'_>,
+    beta: f32,
+    c: *mut f32,
+    m: usize,
+    n: usize,
+    ldc: usize,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -97,8 +138,8 @@ pub(crate) fn run(
         k,
         a,
         b,
-        c: CPtr(c.data.as_mut_ptr()),
-        ldc: c.ld,
+        c: CPtr(c),
+        ldc,
         epi: (!epilogue.is_identity()).then_some(epilogue),
         direct_a,
         // The bench's tuning hook can turn prefetching off (1) to compare.

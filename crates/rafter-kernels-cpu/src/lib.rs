@@ -33,6 +33,12 @@
 //! compiler stores the panels alone as a plain `[ceil(N/16), K, 16]` weight, which the
 //! runtime reads in place through [`PackedBRef::from_panels`].
 //!
+//! Weights can also be stored in 16 bits ([`PackedHalfB`], f16 or bf16, same panel layout,
+//! its own validated byte format) and multiplied by [`gemm_half`], which accumulates in f32:
+//! few-row products (LLM decode, bound by weight bytes) stream the 16-bit panels through
+//! micro-kernels that widen them on load; many-row ones may instead widen blocks of B into
+//! f32 panels for the f32 driver (see the `lowp` module).
+//!
 //! The micro-kernel is chosen once per process by runtime feature detection ([`Isa::detect`]):
 //! AVX-512F (12x32 tile) or AVX2+FMA (6x16) on x86-64, NEON (4x16) on aarch64, and a
 //! portable scalar kernel everywhere (also reachable explicitly, for tests).
@@ -50,6 +56,7 @@ mod block_nhwc;
 mod buffer;
 mod driver;
 mod kernel;
+mod lowp;
 mod pack;
 mod packed;
 mod parallel;
@@ -70,6 +77,12 @@ mod winograd_nhwc;
 
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use kernel::Isa;
+#[doc(hidden)]
+pub use lowp::set_half_direct_max_m;
+pub use lowp::{
+    gemm_half, gemm_half_with_isa, HalfKind, HalfPackError, PackedHalfB, PackedHalfBRef,
+    PACKED_HALF_B_HEADER_BYTES, PACKED_HALF_B_MAGIC,
+};
 pub use nhwc::{
     depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, max_pool_nhwc, max_pool_nhwc_with_isa,
     small_conv_nhwc, small_conv_nhwc_with_isa, DepthwiseNhwc, MaxPoolNhwc, SmallConvNhwc,
@@ -422,6 +435,13 @@ pub fn sgemm_with_isa(
             detail: format!("A*B is {m}x{n} but C is {}x{}", c.rows, c.cols),
         });
     }
+    check_epilogue(m, n, epilogue)?;
+    driver::run(isa, alpha, a, b, beta, c, epilogue, par);
+    Ok(())
+}
+
+/// Checks an epilogue's operands against an `m x n` C (shared by every GEMM entry point).
+pub(crate) fn check_epilogue(m: usize, n: usize, epilogue: &Epilogue<'_>) -> Result<(), GemmError> {
     if let Some(bias) = epilogue.bias {
         if bias.len() != n {
             return Err(GemmError::Shape {
@@ -448,7 +468,6 @@ pub fn sgemm_with_isa(
         }
         check_extent("residual", r.data.len(), m, n, r.ld, 1)?;
     }
-    driver::run(isa, alpha, a, b, beta, c, epilogue, par);
     Ok(())
 }
 

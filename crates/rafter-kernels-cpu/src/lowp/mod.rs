@@ -1,0 +1,33 @@
+//! Low-precision weights: GEMMs whose B (the model's weight) is stored in 16 bits and
+//! widened to f32 inside the kernels, accumulating in f32.
+//!
+//! Why: a decoder generating one token multiplies one row of activations by every weight
+//! of the model, about one multiply-add per weight it reads, so its speed is the memory
+//! bandwidth divided by the weight bytes. Storing weights as f16 or bf16 halves those
+//! bytes; widening them in registers costs an instruction per 16 weights, which the
+//! memory-bound loop has to spare.
+//!
+//! Two paths, chosen by M (the crossover, per ISA and format, was measured: see
+//! `direct_max_m` in `half_gemm.rs`; on AVX-512 the direct path won up to M = 128):
+//! - few rows (decode): the micro-kernel streams the 16-bit panels itself and converts on
+//!   load (AVX-512F `vcvtph2ps` for f16, a zero-extend and shift for bf16; AVX2 with F16C;
+//!   `half` in the scalar kernel). N is split over threads.
+//! - many rows (prefill, BERT): the product is compute-bound and every weight is reused M
+//!   times, so each `KC x NC` block of B is widened once into a per-thread f32 scratch in
+//!   the panel layout of [`crate::PackedB`] and multiplied by the crate's f32 driver and
+//!   micro-kernels, unchanged.
+//!
+//! The panel layout is [`crate::PackedB`]'s with 16-bit elements (`[ceil(N/16), K, 16]`),
+//! so one k step of a 16-wide panel is one 32-byte load. On aarch64 the NEON ISA runs the
+//! scalar half kernels (correct, not fast: no NEON half kernel is written yet).
+
+mod half_gemm;
+mod half_packed;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use half_gemm::{gemm_half, gemm_half_with_isa, set_half_direct_max_m};
+pub use half_packed::{
+    HalfKind, HalfPackError, PackedHalfB, PackedHalfBRef, PACKED_HALF_B_HEADER_BYTES,
+    PACKED_HALF_B_MAGIC,
+};
