@@ -111,13 +111,31 @@ pub fn depthwise_nhwc_with_isa(
     c.tail.check("depthwise", ch, out.len())?;
     let rows = n * oh;
     let dst = Disjoint::new(out);
+    let threads = par.threads();
+    if threads > 1 && rows < CHANNEL_SPLIT_ROWS * threads && ch >= 2 * MAX_LANES * threads {
+        // Few rows (a 7×7 map): split the channels instead, in whole vectors of the widest
+        // ISA, so each thread reads only its channels' inputs and filters.
+        let vecs = ch.div_ceil(MAX_LANES);
+        let parts = threads.min(vecs);
+        par.run(parts, &|t| {
+            let chans =
+                (vecs * t / parts * MAX_LANES)..(vecs * (t + 1) / parts * MAX_LANES).min(ch);
+            depthwise_isa(isa, c, 0..rows, chans, &dst)
+        });
+        return Ok(());
+    }
     par_blocks(par, rows, ow * ch * kh * kw, &|r| {
-        depthwise_isa(isa, c, r, &dst)
+        depthwise_isa(isa, c, r, 0..ch, &dst)
     });
     Ok(())
 }
 
-simd_dispatch!(fn depthwise_isa(c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) => depthwise_rows);
+/// Below this many output rows per thread, [`depthwise_nhwc`] splits channels, not rows:
+/// on MobileNetV2's 7×7 maps (7 rows for 2 threads) the row split ran no faster on two
+/// threads than on one.
+const CHANNEL_SPLIT_ROWS: usize = 8;
+
+simd_dispatch!(fn depthwise_isa(c: &DepthwiseNhwc<'_>, rows: Range<usize>, chans: Range<usize>, dst: &Disjoint<'_>) => depthwise_rows);
 
 /// The tail of an output vector of channels: `clamp(act(alpha·acc + bias (+ residual))
 /// (+ residual))`, its constants splat once per kernel call.
@@ -205,15 +223,21 @@ impl<S: Simd> VecTail<S> {
 /// (3·w·C floats, 96 KiB for MobileNetV2's 56×56×144, twice L1) from L2 for each output row.
 /// This is the order of a channel-blocked (NCHWc) layout, reached within NHWC.
 #[inline(always)]
-fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst: &Disjoint<'_>) {
+fn depthwise_rows<S: Simd>(
+    s: S,
+    c: &DepthwiseNhwc<'_>,
+    rows: Range<usize>,
+    chans: Range<usize>,
+    dst: &Disjoint<'_>,
+) {
     let wnd = &c.window;
     let ch = wnd.channels;
     let [kh, kw] = wnd.kernel;
     let t = VecTail::new(s, &c.tail);
     let cols = InnerCols::of(wnd);
     let quads = kh == 3 && kw == 3 && (wnd.stride[1] == 1 || wnd.stride[1] == 2);
-    for c0 in (0..ch).step_by(S::LANES) {
-        let lanes = S::LANES.min(ch - c0);
+    for c0 in chans.clone().step_by(S::LANES) {
+        let lanes = S::LANES.min(chans.end - c0);
         let bias = t.bias(s, c.tail.bias, c0, lanes);
         let unrolled = kh == 3 && kw == 3 && lanes == S::LANES;
         let mut wv = [s.splat(0.0); 9];
@@ -224,9 +248,10 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
         }
         for r in rows.clone() {
             let g = RowGeom::of(wnd, r);
-            // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap;
-            // within this task the row's previous part (last channel vector) is dead.
-            let orow = unsafe { dst.part(r * g.len..(r + 1) * g.len) };
+            // Output vector `at..at + lanes` of this row. SAFETY (of each use): tasks get
+            // disjoint row ranges or disjoint channel ranges, so no two tasks write one
+            // element, and each part is dead once its vector is stored.
+            let out = |at: usize| unsafe { dst.part(r * g.len + at..r * g.len + at + lanes) };
             let rrow = c.tail.residual.map(|res| &res[r * g.len..(r + 1) * g.len]);
             let plane = &wnd.input[g.plane..g.plane + wnd.h * wnd.w * ch];
             let full_rows = g.ky.start == 0 && g.ky.end == kh;
@@ -243,7 +268,7 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
                     };
                     for (j, &a) in acc.iter().enumerate() {
                         let at = at + j * ch;
-                        t.store(s, a, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
+                        t.store(s, a, bias, rrow.map(|r| &r[at..]), out(at), lanes);
                     }
                     ox += QUAD;
                     continue;
@@ -255,7 +280,7 @@ fn depthwise_rows<S: Simd>(s: S, c: &DepthwiseNhwc<'_>, rows: Range<usize>, dst:
                     window(s, c, plane, g.iy0, g.ky.clone(), cols.ix(ox), c0, lanes)
                 };
                 let at = ox * ch + c0;
-                t.store(s, acc, bias, rrow.map(|r| &r[at..]), &mut orow[at..], lanes);
+                t.store(s, acc, bias, rrow.map(|r| &r[at..]), out(at), lanes);
                 ox += 1;
             }
         }
@@ -892,6 +917,11 @@ mod tests {
         case(1, 10, 23, 40, 3, 1, [1; 4], true);
         case(2, 12, 21, 48, 3, 2, [1; 4], false);
         case(1, 9, 30, 72, 3, 2, [0, 0, 1, 1], true);
+        // Few rows and many channels, split by channels over the 3 threads: whole vectors,
+        // a partial last vector, two images, and a stride-2 map from 14 to 7 rows.
+        case(1, 7, 7, 160, 3, 1, [1; 4], true);
+        case(2, 5, 6, 100, 3, 1, [1; 4], false);
+        case(1, 14, 14, 104, 3, 2, [0, 0, 1, 1], true);
     }
 
     #[test]
