@@ -5,6 +5,8 @@ use crate::dims::{bounds, parse_dims};
 use crate::model::{self, FileKind};
 use crate::progress::Steps;
 use anyhow::{bail, Result};
+use rafter_opt::prepack::WeightFormat;
+use rafter_opt::{CompileOptions, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -23,11 +25,24 @@ pub struct CompileArgs {
     /// bound. Memory is planned for the bounds; a call above one is rejected.
     #[arg(long = "dim", value_name = "SYMBOL<=N")]
     dims: Vec<String>,
+    /// How the CPU stores matrix-product weights: `f32` (exact), or `f16` / `bf16` (half
+    /// the bytes and memory; the products use the weights rounded to 16 bits, accumulating
+    /// in f32). Convolution weights stay f32. `--target cpu` only.
+    #[arg(long, default_value = "f32", value_name = "f32|f16|bf16")]
+    cpu_weights: String,
 }
 
 pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     let target = model::parse_target(&args.target)?;
     let bounds = bounds(&parse_dims(&args.dims)?);
+    let cpu_weights = model::parse_cpu_weights(&args.cpu_weights)?;
+    if cpu_weights != WeightFormat::F32 && target != Target::Cpu {
+        bail!(
+            "--cpu-weights {} applies to --target cpu only (got --target {})",
+            args.cpu_weights,
+            args.target
+        );
+    }
     if model::file_kind(&args.model)? == FileKind::Artifact {
         bail!(
             "{} is already a compiled artifact (compile takes an .onnx model)",
@@ -45,7 +60,12 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     }
     let steps = Steps::new(model::COMPILE_STEPS + 1);
     let graph = model::import(&args.model, &steps)?;
-    let program = model::compile(&graph, target, bounds, &steps)?;
+    let options = CompileOptions {
+        target,
+        bounds,
+        cpu_weights,
+    };
+    let program = model::compile_with(&graph, options, &steps)?;
     let artifact_bytes = model::write_artifact(&program, &output, &steps)?;
     let elapsed = steps.finish();
     println!(

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use rafter_artifact::{Artifact, ArtifactWriter, MAGIC};
 use rafter_ir::program::Program;
 use rafter_ir::{Graph, Symbol};
+use rafter_opt::prepack::WeightFormat;
 use rafter_opt::{CompileOptions, Stage, Target};
 use rafter_runtime::{CpuDeviceOptions, DeviceSet, SessionOptions};
 use std::io::Read;
@@ -147,6 +148,16 @@ pub fn placement_summary(program: &Program) -> String {
     }
 }
 
+/// `--cpu-weights`: `f32`, `f16` or `bf16`.
+pub fn parse_cpu_weights(word: &str) -> Result<WeightFormat> {
+    match word {
+        "f32" => Ok(WeightFormat::F32),
+        "f16" => Ok(WeightFormat::F16),
+        "bf16" => Ok(WeightFormat::Bf16),
+        other => anyhow::bail!("--cpu-weights {other}: expected f32, f16 or bf16"),
+    }
+}
+
 /// Imports an ONNX file, as a progress step.
 pub fn import(path: &Path, steps: &Steps) -> Result<Graph> {
     steps.step("import");
@@ -160,7 +171,19 @@ pub fn compile(
     bounds: Vec<(Symbol, i64)>,
     steps: &Steps,
 ) -> Result<Program> {
-    let options = CompileOptions { target, bounds };
+    compile_with(
+        graph,
+        CompileOptions {
+            target,
+            bounds,
+            ..CompileOptions::default()
+        },
+        steps,
+    )
+}
+
+/// [`compile`] with every option.
+pub fn compile_with(graph: &Graph, options: CompileOptions, steps: &Steps) -> Result<Program> {
     let program = rafter_opt::compile_observed(graph, &options, &mut |stage| {
         steps.step(match stage {
             Stage::Optimize => "optimise",

@@ -22,6 +22,7 @@ fn bert_tiny_elementwise_kernels_compile_validate_and_match_the_reference() {
         &CompileOptions {
             target: Target::Cpu,
             bounds: vec![(Symbol::new("seq"), 64)],
+            ..CompileOptions::default()
         },
     )
     .unwrap();

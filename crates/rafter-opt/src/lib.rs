@@ -72,6 +72,8 @@ pub struct CompileOptions {
     pub target: Target,
     /// Declared upper bounds of symbols (`--dim seq<=2048`), for static memory planning.
     pub bounds: Vec<(Symbol, i64)>,
+    /// How the CPU target stores the weights of matrix products (`--cpu-weights`).
+    pub cpu_weights: prepack::WeightFormat,
 }
 
 /// A graph pass: rewrites in place, returns whether it changed anything.
@@ -155,7 +157,7 @@ pub fn compile_observed(
     // Only for the CPU target: with `--target vulkan`, `rafter plan` explains why each
     // kernel stayed on the CPU from its body, which must still be the body placement saw.
     if opts.target == Target::Cpu {
-        prepack::prepack_weights(&mut program);
+        prepack::prepack_weights_as(&mut program, opts.cpu_weights);
     }
     observe(Stage::PlanMemory);
     memplan::plan_memory(&mut program, &memplan::PlanOptions::default())?;

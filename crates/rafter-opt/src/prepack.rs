@@ -37,7 +37,7 @@
 use bytes::Bytes;
 use rafter_ir::program::{BlockConv, Program, Step, Storage};
 use rafter_ir::{ConstData, DType, Graph, Op, TensorType, ValueDef, ValueId};
-use rafter_kernels_cpu::{MatRef, PackedB, PACKED_B_NR};
+use rafter_kernels_cpu::{HalfKind, MatRef, PackedB, PackedHalfB, PACKED_B_NR};
 
 use crate::place::CPU;
 
@@ -48,10 +48,44 @@ struct Use {
     input: usize,
 }
 
+/// How pre-packed matrix-product weights are stored (`rafter compile --cpu-weights`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// As the model has them: the program means exactly the model.
+    #[default]
+    F32,
+    /// IEEE half precision: half the bytes, ~3 significant digits (`rafter_kernels_cpu::
+    /// gemm_half` widens them in registers). Only `matmul`/`gemm` weights; convolutions'
+    /// stay f32.
+    F16,
+    /// bfloat16: f32's range, ~2-3 significant digits, half the bytes.
+    Bf16,
+}
+
+impl WeightFormat {
+    /// The 16-bit kind, `None` for f32.
+    fn half(self) -> Option<HalfKind> {
+        match self {
+            WeightFormat::F32 => None,
+            WeightFormat::F16 => Some(HalfKind::F16),
+            WeightFormat::Bf16 => Some(HalfKind::Bf16),
+        }
+    }
+}
+
 /// Packs every weight whose readers are all CPU `matmul`/`gemm` kernels taking it as B (see
 /// the module docs), rewriting the weight, its buffers and those kernels' bodies. Returns
 /// how many weights it packed. The program's meaning is unchanged.
 pub fn prepack_weights(p: &mut Program) -> usize {
+    prepack_weights_as(p, WeightFormat::F32)
+}
+
+/// [`prepack_weights`], storing the weights of 2-D products (`matmul`, `gemm`) in
+/// `format`: with a 16-bit format the program's products then use the weights rounded to
+/// it, which is the point (half the bytes to stream per call, for memory-bound decoding);
+/// the bodies widen them back to f32 by a `cast` before unpacking, so the reference
+/// executor computes the same rounded product the native kernels do.
+pub fn prepack_weights_as(p: &mut Program, format: WeightFormat) -> usize {
     let mut dispatches = vec![0usize; p.kernels.len()];
     for s in &p.steps {
         if let Step::Dispatch { kernel, .. } = s {
@@ -84,18 +118,36 @@ pub fn prepack_weights(p: &mut Program) -> usize {
         if trans {
             m = m.t();
         }
-        let panels = PackedB::pack_mat(m);
-        let bytes: Vec<u8> = panels
-            .panels()
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
+        // 16-bit storage only for 2-D products' weights (see `WeightFormat`).
+        // (`gemm_half` has no alpha: a `gemm` scaling its product keeps f32 weights.)
+        let unscaled = |u: &Use| match p.kernels[u.kernel].body.nodes.first().map(|n| &n.op) {
+            Some(Op::Gemm { alpha, .. }) => *alpha == 1.0,
+            _ => true,
+        };
+        let half = format
+            .half()
+            .filter(|_| dims.len() == 2 && uses.iter().all(unscaled));
+        let (dtype, bytes): (DType, Vec<u8>) = match half {
+            None => {
+                let panels = PackedB::pack_mat(m);
+                let bytes = panels.panels().iter().flat_map(|x| x.to_le_bytes());
+                (DType::F32, bytes.collect())
+            }
+            Some(kind) => {
+                let panels = PackedHalfB::pack_mat(kind, m);
+                let bytes = panels.panels().iter().flat_map(|x| x.to_le_bytes());
+                let dtype = match kind {
+                    HalfKind::F16 => DType::F16,
+                    HalfKind::Bf16 => DType::BF16,
+                };
+                (dtype, bytes.collect())
+            }
+        };
         let np = n.div_ceil(PACKED_B_NR);
-        let Ok(data) = ConstData::new(DType::F32, vec![np, k, PACKED_B_NR], Bytes::from(bytes))
-        else {
+        let Ok(data) = ConstData::new(dtype, vec![np, k, PACKED_B_NR], Bytes::from(bytes)) else {
             continue;
         };
-        let ty = TensorType::known(DType::F32, &[np as i64, k as i64, PACKED_B_NR as i64]);
+        let ty = TensorType::known(dtype, &[np as i64, k as i64, PACKED_B_NR as i64]);
         p.weights[w] = data;
         for b in &mut p.buffers {
             if b.storage == Storage::Weight(w) {
@@ -241,13 +293,26 @@ fn with_unpacking(
             map[i] = Some(g.add_const(val.name.clone(), body.constant(c).clone()));
         }
     }
-    let x = map[old_b.0 as usize].expect("mapped above");
+    let mut x = map[old_b.0 as usize].expect("mapped above");
     let name = body.value(old_b).name.clone();
     let np = n.div_ceil(PACKED_B_NR);
     let f32s = |dims: &[usize]| {
         let d: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         TensorType::known(DType::F32, &d)
     };
+    if packed.dtype != DType::F32 {
+        // 16-bit panels are widened first: the rest of the prologue is the f32 one.
+        x = g.add_node(
+            format!("{name}.unpack_widen"),
+            Op::Cast { to: DType::F32 },
+            vec![Some(x)],
+            vec![Some((
+                format!("{name}.panels_f32"),
+                f32s(&[np, k, PACKED_B_NR]),
+            ))],
+        )[0]
+        .expect("one output");
+    }
     let t = g.add_node(
         format!("{name}.unpack_transpose"),
         Op::Transpose {

@@ -12,7 +12,7 @@ use rafter_opt::{CompileOptions, Target};
 fn vulkan() -> CompileOptions {
     CompileOptions {
         target: Target::Vulkan,
-        bounds: Vec::new(),
+        ..CompileOptions::default()
     }
 }
 

@@ -175,3 +175,105 @@ fn weights_read_by_a_copy_or_compiled_for_vulkan_stay_raw() {
     let p = rafter_opt::compile(&g, &opts).unwrap();
     assert!(p.weights.iter().all(|w| w.dims.len() == 2));
 }
+
+/// `n` deterministic values (as `dense` writes them).
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = (i as u32)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed * 40503)
+                % 1000;
+            format!("{:.3}", x as f32 / 500.0 - 1.0).parse().unwrap()
+        })
+        .collect()
+}
+
+fn literal(v: &[f32]) -> String {
+    let v: Vec<String> = v.iter().map(|x| format!("{x:?}")).collect();
+    format!("dense [{}]", v.join(", "))
+}
+
+#[test]
+fn sixteen_bit_weights_are_the_rounded_weights_packed_and_widened_by_the_body() {
+    use rafter_ir::DType;
+    use rafter_kernels_cpu::{HalfKind, PackedHalfB};
+    use rafter_opt::prepack::WeightFormat;
+    // A matmul weight (with bias and ReLU), an unscaled gemm weight read transposed, a
+    // scaled gemm weight (gemm_half has no alpha: it stays f32), and a conv weight (f32).
+    let src = |w1: &[f32], w2: &[f32], w3: &[f32]| {
+        parse(&format!(
+            r#"graph @h(%x: f32[2, 3, 9], %m: f32[5, 20]) -> (%y, %z, %s) {{
+              const %w1: f32[9, 20] = {w1}
+              const %b1: f32[20] = {b1}
+              %mm: f32[2, 3, 20] = matmul(%x, %w1)
+              %a: f32[2, 3, 20] = binary{{op = add}}(%mm, %b1)
+              %y: f32[2, 3, 20] = unary{{op = relu}}(%a)
+              const %w2: f32[7, 20] = {w2}
+              %z: f32[5, 7] = gemm{{alpha = 1, beta = 1, trans_a = false, trans_b = true}}(%m, %w2)
+              const %w3: f32[20, 6] = {w3}
+              %s: f32[5, 6] = gemm{{alpha = 0.5, beta = 1, trans_a = false, trans_b = false}}(%m, %w3)
+            }}"#,
+            w1 = literal(w1),
+            b1 = dense(20, 2),
+            w2 = literal(w2),
+            w3 = literal(w3),
+        ))
+    };
+    let (w1, w2, w3) = (values(9 * 20, 1), values(7 * 20, 3), values(20 * 6, 4));
+    let inputs = vec![rand_f32(&[2, 3, 9], 1), rand_f32(&[5, 20], 2)];
+    for (format, kind, dtype) in [
+        (WeightFormat::Bf16, HalfKind::Bf16, DType::BF16),
+        (WeightFormat::F16, HalfKind::F16, DType::F16),
+    ] {
+        let opts = rafter_opt::CompileOptions {
+            cpu_weights: format,
+            ..rafter_opt::CompileOptions::default()
+        };
+        let p = rafter_opt::compile(&src(&w1, &w2, &w3), &opts).unwrap();
+        // The two unscaled products' weights are 16-bit panels; the scaled one is f32.
+        let half: Vec<&ConstData> = p.weights.iter().filter(|w| w.dtype == dtype).collect();
+        assert_eq!(half.len(), 2, "{format:?}");
+        let want = PackedHalfB::pack(kind, 9, 20, &w1, 20).unwrap();
+        let got = half.iter().find(|w| w.dims == [2, 9, 16]).unwrap();
+        let bits: Vec<u16> = got
+            .bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        assert_eq!(bits, want.panels(), "{format:?}");
+        assert!(p
+            .weights
+            .iter()
+            .any(|w| w.dtype == DType::F32 && w.dims == [1, 20, 16]));
+        // Every body reading 16-bit panels widens them first.
+        for k in &p.kernels {
+            if let Some(first) = k.body.nodes.first() {
+                let reads_half = k
+                    .body
+                    .inputs
+                    .iter()
+                    .any(|&v| k.body.value(v).ty.dtype == dtype);
+                if reads_half {
+                    assert!(
+                        matches!(first.op, Op::Cast { to: DType::F32 }),
+                        "{}",
+                        k.name
+                    );
+                }
+            }
+        }
+        // The program computes what the reference computes with the weights rounded.
+        let round =
+            |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| kind.to_f32(kind.from_f32(x))).collect() };
+        let rounded = src(&round(&w1), &round(&w2), &w3);
+        let want = rafter_reference::run(&rounded, inputs.clone()).unwrap();
+        let got = common::interpret(&p, inputs.clone()).unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            common::same_bits(a, b).unwrap_or_else(|e| panic!("{format:?} output {i}: {e}"));
+        }
+        // And the rounding changed the results (the test would not see a missing cast).
+        let exact = rafter_reference::run(&src(&w1, &w2, &w3), inputs.clone()).unwrap();
+        assert!(common::same_bits(&got[0], &exact[0]).is_err(), "{format:?}");
+    }
+}

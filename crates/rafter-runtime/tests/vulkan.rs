@@ -51,7 +51,7 @@ fn devices_or_skip(test: &str) -> Option<(DeviceSet, Arc<VulkanDevice>)> {
 fn compile(g: &Graph) -> Artifact {
     let opts = CompileOptions {
         target: Target::Vulkan,
-        bounds: Vec::new(),
+        ..CompileOptions::default()
     };
     let program = rafter_opt::compile(g, &opts).unwrap();
     let section = rafter_codegen_spirv::program_section(&program).unwrap();

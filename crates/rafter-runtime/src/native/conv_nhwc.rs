@@ -159,6 +159,10 @@ pub(super) fn unpacked_conv_weight(
     body: &Graph,
     p: &super::matmul::Prologue,
 ) -> Option<(WSrc, rafter_ir::ValueId, usize)> {
+    // Convolutions take f32 panels only (`rafter_opt::prepack` keeps their weights f32).
+    if p.half.is_some() {
+        return None;
+    }
     let r = body.nodes.get(p.next)?;
     let out = *r.outputs.first()?.as_ref()?;
     let dims = known_dims(body, out)?;

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
-    sgemm, Activation, BRef, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, Sequential,
-    PACKED_B_NR,
+    gemm_half, sgemm, Activation, BRef, Epilogue, HalfKind, MatMut, MatRef, PackedBRef,
+    PackedHalfBRef, Parallel, Residual, Sequential, PACKED_B_NR,
 };
 
 use super::epilogue::{parse_chain_from, resolve, EpiOp, Resolved, Src};
@@ -35,12 +35,47 @@ enum BSrc {
     /// Body input `input`, a weight pre-packed into `[ceil(n/16), k, 16]` panels that the
     /// body unpacks to `[k, n]` (see [`packed_prologue`]).
     Packed { input: usize, k: usize, n: usize },
+    /// The same panels in a 16-bit format, which the body widens first.
+    PackedHalf {
+        input: usize,
+        kind: HalfKind,
+        k: usize,
+        n: usize,
+    },
+}
+
+/// B as a product reads it: f32 (plain or packed), or 16-bit packed panels.
+enum Weight<'a> {
+    F32(BRef<'a>),
+    Half(PackedHalfBRef<'a>),
+}
+
+/// `C = alpha·A·B` with `e`'s epilogue, on the f32 GEMM or, for 16-bit weights, on
+/// `gemm_half` (which has no alpha: `select` keeps scaled products off 16-bit weights).
+fn product(
+    alpha: f32,
+    a: MatRef<'_>,
+    b: Weight<'_>,
+    c: MatMut<'_>,
+    e: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<(), String> {
+    match b {
+        Weight::F32(b) => sgemm(alpha, a, b, 0.0, c, e, par).map_err(gemm_err),
+        Weight::Half(_) if alpha != 1.0 => Err(format!(
+            "matmul: a product scaled by {alpha} on 16-bit weights"
+        )),
+        Weight::Half(b) => gemm_half(a, b, c, e, par).map_err(gemm_err),
+    }
 }
 
 /// The unpacking prologue of a pre-packed weight: `x [np, k, 16] → transpose [1, 0, 2] →
 /// reshape [k, 16·np] (→ slice 0..n on axis 1)`, its result read once, by the product.
 pub(super) struct Prologue {
     pub(super) input: usize,
+    /// The panels' 16-bit format when they are stored so (`rafter compile --cpu-weights`):
+    /// the prologue then starts with a `cast` to f32.
+    pub(super) half: Option<HalfKind>,
     pub(super) unpacked: ValueId,
     pub(super) k: usize,
     pub(super) n: usize,
@@ -64,12 +99,43 @@ pub(super) fn packed_prologue_at(body: &Graph, start: usize) -> Option<Prologue>
         [Some(v)] => Some(*v),
         _ => None,
     };
+    // 16-bit panels: `cast` to f32 first, its result read by the transpose alone.
+    let (half, start) = match body.nodes.get(start) {
+        Some(c) if matches!(c.op, Op::Cast { to: DType::F32 }) && c.inputs.len() == 1 => {
+            let raw = c.input(0)?;
+            let kind = match body.value(raw).ty.dtype {
+                DType::F16 => HalfKind::F16,
+                DType::BF16 => HalfKind::Bf16,
+                _ => return None,
+            };
+            let widened = single(c)?;
+            if !read_once(widened) || dims(widened)? != dims(raw)? {
+                return None;
+            }
+            (Some((kind, raw)), start + 1)
+        }
+        _ => (None, start),
+    };
     let t = body.nodes.get(start)?;
     if !matches!(&t.op, Op::Transpose { perm } if perm[..] == [1, 0, 2]) || t.inputs.len() != 1 {
         return None;
     }
     let x = t.input(0)?;
-    let input = super::input_of(body, Some(x), DType::F32)?;
+    let input = match half {
+        Some((kind, raw)) => {
+            // The transpose reads the cast's result.
+            if body.nodes[start - 1].outputs[0] != Some(x) {
+                return None;
+            }
+            let dtype = match kind {
+                HalfKind::F16 => DType::F16,
+                HalfKind::Bf16 => DType::BF16,
+            };
+            super::input_of(body, Some(raw), dtype)?
+        }
+        None => super::input_of(body, Some(x), DType::F32)?,
+    };
+    let half = half.map(|(kind, _)| kind);
     let &[np, k, nr] = dims(x)?.as_slice() else {
         return None;
     };
@@ -125,6 +191,7 @@ pub(super) fn packed_prologue_at(body: &Graph, start: usize) -> Option<Prologue>
     }
     Some(Prologue {
         input,
+        half,
         unpacked,
         k,
         n,
@@ -150,10 +217,18 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     }
     let a = input_of(body, first.inputs[0], DType::F32)?;
     let b = match &prologue {
-        Some(p) if first.inputs[1] == Some(p.unpacked) => BSrc::Packed {
-            input: p.input,
-            k: p.k,
-            n: p.n,
+        Some(p) if first.inputs[1] == Some(p.unpacked) => match p.half {
+            None => BSrc::Packed {
+                input: p.input,
+                k: p.k,
+                n: p.n,
+            },
+            Some(kind) => BSrc::PackedHalf {
+                input: p.input,
+                kind,
+                k: p.k,
+                n: p.n,
+            },
         },
         Some(_) => return None,
         None => BSrc::Input(input_of(body, first.inputs[1], DType::F32)?),
@@ -177,10 +252,17 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         }),
         _ => return None,
     };
-    if matches!(b, BSrc::Packed { .. }) && gemm.as_ref().is_some_and(|g| g.trans_b) {
+    let packed = matches!(b, BSrc::Packed { .. } | BSrc::PackedHalf { .. });
+    if packed && gemm.as_ref().is_some_and(|g| g.trans_b) {
         return None;
     }
     let chain = parse_chain_from(body, first.outputs[0]?, at + 1)?;
+    // `gemm_half` has no alpha: a scaled product on 16-bit weights runs as written.
+    let scaled = gemm.as_ref().is_some_and(|g| g.alpha != 1.0)
+        || chain.iter().any(|o| matches!(o, EpiOp::Mul(_)));
+    if matches!(b, BSrc::PackedHalf { .. }) && scaled {
+        return None;
+    }
     Some(Arc::new(MatMulKernel {
         a,
         b,
@@ -256,7 +338,7 @@ impl MatMulKernel {
     fn b_dims(&self, ins: &[In<'_>]) -> Vec<usize> {
         match self.b {
             BSrc::Input(i) => ins[i].dims.clone(),
-            BSrc::Packed { k, n, .. } => vec![k, n],
+            BSrc::Packed { k, n, .. } | BSrc::PackedHalf { k, n, .. } => vec![k, n],
         }
     }
 
@@ -268,17 +350,22 @@ impl MatMulKernel {
         off: usize,
         k: usize,
         n: usize,
-    ) -> Result<BRef<'a>, String> {
+    ) -> Result<Weight<'a>, String> {
         match self.b {
             BSrc::Input(i) => {
                 let b = ins[i].f32s()?;
                 let m = MatRef::row_major(&b[off..off + k * n], k, n, n).map_err(gemm_err)?;
-                Ok(BRef::Mat(m))
+                Ok(Weight::F32(BRef::Mat(m)))
             }
             BSrc::Packed { input, .. } => {
                 let p = PackedBRef::from_panels(k, n, ins[input].f32s()?)
                     .map_err(|e| format!("matmul: pre-packed weight: {e}"))?;
-                Ok(BRef::Packed(p))
+                Ok(Weight::F32(BRef::Packed(p)))
+            }
+            BSrc::PackedHalf { input, kind, .. } => {
+                let p = PackedHalfBRef::from_panels(kind, k, n, ins[input].u16s()?)
+                    .map_err(|e| format!("matmul: pre-packed 16-bit weight: {e}"))?;
+                Ok(Weight::Half(p))
             }
         }
     }
@@ -329,7 +416,7 @@ impl MatMulKernel {
             let bm = self.b_ref(ins, 0, k, n)?;
             let cm = MatMut::row_major(c, rows, n, n).map_err(gemm_err)?;
             let e = epilogue(&r, 0, rows * n, n);
-            sgemm(r.alpha, am, bm, 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
+            product(r.alpha, am, bm, cm, &e, &*self.par)?;
             r.post(c);
             return Ok(true);
         }
@@ -363,7 +450,7 @@ impl MatMulKernel {
             let bm = self.b_ref(ins, ob, k, n)?;
             let cm = MatMut::row_major(ct, m, n, n).map_err(gemm_err)?;
             let e = epilogue(&r, t * m * n, m * n, n);
-            sgemm(r.alpha, am, bm, 0.0, cm, &e, par).map_err(gemm_err)?;
+            product(r.alpha, am, bm, cm, &e, par)?;
             r.post(ct);
             Ok(())
         };
@@ -458,15 +545,15 @@ impl MatMulKernel {
         let bm = match self.b {
             BSrc::Input(b) => {
                 let bm = MatRef::row_major(ins[b].f32s()?, br, bc, bc).map_err(gemm_err)?;
-                BRef::Mat(if g.trans_b { bm.t() } else { bm })
+                Weight::F32(BRef::Mat(if g.trans_b { bm.t() } else { bm }))
             }
             // `select` takes a pre-packed B only untransposed (the packing folded it).
-            BSrc::Packed { .. } => self.b_ref(ins, 0, k, n)?,
+            BSrc::Packed { .. } | BSrc::PackedHalf { .. } => self.b_ref(ins, 0, k, n)?,
         };
         let c = outs[0].f32s()?;
         let cm = MatMut::row_major(c, m, n, n).map_err(gemm_err)?;
         let e = epilogue(&r, 0, m * n, n);
-        sgemm(g.alpha * r.alpha, am, bm, 0.0, cm, &e, &*self.par).map_err(gemm_err)?;
+        product(g.alpha * r.alpha, am, bm, cm, &e, &*self.par)?;
         r.post(c);
         Ok(true)
     }

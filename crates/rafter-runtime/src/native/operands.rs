@@ -24,6 +24,12 @@ impl Plain for f32 {
     }
 }
 
+impl Plain for u16 {
+    fn from_le(bytes: &[u8]) -> u16 {
+        u16::from_le_bytes(bytes.try_into().expect("2 bytes"))
+    }
+}
+
 impl Plain for i64 {
     fn from_le(bytes: &[u8]) -> i64 {
         i64::from_le_bytes(bytes.try_into().expect("8 bytes"))
@@ -99,6 +105,8 @@ pub(crate) fn byte_len(dtype: DType, dims: &[usize]) -> Option<usize> {
 enum Data<'a> {
     F32(Cow<'a, [f32]>),
     I64(Cow<'a, [i64]>),
+    /// f16 or bf16 bit patterns (16-bit weights, widened by the kernels).
+    U16(Cow<'a, [u16]>),
     Other,
 }
 
@@ -131,6 +139,7 @@ impl<'a> In<'a> {
         let data = match dtype {
             DType::F32 => Data::F32(cast_or_copy(bytes, stats)),
             DType::I64 => Data::I64(cast_or_copy(bytes, stats)),
+            DType::F16 | DType::BF16 => Data::U16(cast_or_copy(bytes, stats)),
             _ => Data::Other,
         };
         Ok(In {
@@ -172,6 +181,17 @@ impl<'a> In<'a> {
         match &self.data {
             Data::I64(v) => Ok(v),
             _ => Err(format!("expected an i64 operand, got {}", self.dtype)),
+        }
+    }
+
+    /// The bit patterns of an f16 or bf16 operand.
+    pub(crate) fn u16s(&self) -> Result<&[u16], String> {
+        match &self.data {
+            Data::U16(v) => Ok(v),
+            _ => Err(format!(
+                "expected an f16 or bf16 operand, got {}",
+                self.dtype
+            )),
         }
     }
 

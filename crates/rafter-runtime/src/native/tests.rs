@@ -992,3 +992,58 @@ fn f16_sums_then_layer_norm_match_the_reference() {
     }
     assert_native(session.native_stats(), 1);
 }
+
+#[test]
+fn sixteen_bit_weights_run_natively_as_the_program_means() {
+    use rafter_opt::prepack::WeightFormat;
+    // A batched matmul with bias and GELU-free tail (bias, ReLU), a single-row product
+    // (decode) and a gemm read transposed, with weights compiled to 16 bits: every kernel
+    // runs natively (`gemm_half`) and matches the reference executor running the same
+    // program (cast, unpack, f32 matmul).
+    for format in [WeightFormat::Bf16, WeightFormat::F16] {
+        let mut c = Case::new(41);
+        let x = c.input(&[2, 5, 40]);
+        let w = c.weight(&[40, 37]);
+        let b = c.weight(&[37]);
+        let mm = c.node(Op::MatMul, &[x, w], &[2, 5, 37]);
+        let a = c.node(add(), &[mm, b], &[2, 5, 37]);
+        let y = c.node(Op::Unary { op: UnaryOp::Relu }, &[a], &[2, 5, 37]);
+        let r = c.input(&[1, 40]);
+        let w2 = c.weight(&[40, 70]);
+        let z = c.node(Op::MatMul, &[r, w2], &[1, 70]);
+        let m = c.input(&[3, 40]);
+        let w3 = c.weight(&[19, 40]);
+        let gemm = Op::Gemm {
+            alpha: 1.0,
+            beta: 1.0,
+            trans_a: false,
+            trans_b: true,
+        };
+        let q = c.node(gemm, &[m, w3], &[3, 19]);
+        c.g.outputs = vec![y, z, q];
+        let opts = rafter_opt::CompileOptions {
+            cpu_weights: format,
+            ..rafter_opt::CompileOptions::default()
+        };
+        let program = rafter_opt::compile(&c.g, &opts).unwrap();
+        let halves = program
+            .weights
+            .iter()
+            .filter(|w| matches!(w.dtype, DType::F16 | DType::BF16))
+            .count();
+        assert_eq!(halves, 3, "{format:?}");
+        let devices = DeviceSet::cpu().unwrap();
+        let reference = Session::with_options(
+            program.clone(),
+            &devices,
+            SessionOptions::new().reference_kernels(),
+        )
+        .unwrap();
+        let want = reference
+            .run(c.inputs.clone(), Duration::from_secs(60))
+            .unwrap();
+        let stats = run_and_compare(program, c.inputs, &want);
+        assert_eq!(stats.fallbacks, 0, "{format:?}: {stats:?}");
+        assert!(stats.dispatches >= 3, "{format:?}: {stats:?}");
+    }
+}
