@@ -626,3 +626,67 @@ fn rafter_cpu_isa_picks_a_kernel_set_and_reports_an_unknown_one() {
         text(&o)
     );
 }
+
+#[test]
+fn sixteen_bit_weights_shrink_the_artifact_and_stay_close_to_onnx_runtime() {
+    let dir = tmpdir("cpu-weights");
+    let f32_rfa = compile_fixture(&dir, "f32.rfa");
+    let mut sizes = Vec::new();
+    for (format, tol) in [("bf16", 3e-2f64), ("f16", 4e-3)] {
+        let rfa = dir.join(format!("{format}.rfa"));
+        let o = rafter(&[
+            "compile",
+            fixture("model.onnx").to_str().unwrap(),
+            "-o",
+            rfa.to_str().unwrap(),
+            "--dim",
+            "seq<=64",
+            "--cpu-weights",
+            format,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        sizes.push(std::fs::metadata(&rfa).unwrap().len());
+        let out = tmpdir(&format!("cpu-weights-out-{format}"));
+        let mut args = vec!["run".to_string(), rfa.display().to_string()];
+        args.extend(fixture_inputs("seq13"));
+        args.extend(["--output-dir".to_string(), out.display().to_string()]);
+        let o = rafter(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", text(&o));
+        let got = read_npy(&out.join("last_hidden_state.npy")).unwrap();
+        let want = read_npy(&fixture("seq13/last_hidden_state.npy")).unwrap();
+        // The weights are rounded to 8 (bf16) or 11 (f16) significant bits: close to ONNX
+        // Runtime's f32 result, and not equal to it (the rounding is real).
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff < tol && diff > 1e-6, "{format}: max abs diff {diff}");
+    }
+    let f32_len = std::fs::metadata(&f32_rfa).unwrap().len();
+    assert!(sizes.iter().all(|&s| s < f32_len), "{sizes:?} vs {f32_len}");
+
+    // Bad values are errors that say what is accepted.
+    let o = rafter(&[
+        "compile",
+        fixture("model.onnx").to_str().unwrap(),
+        "-o",
+        dir.join("x.rfa").to_str().unwrap(),
+        "--cpu-weights",
+        "f8",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("expected f32, f16 or bf16"),
+        "{}",
+        text(&o)
+    );
+    let o = rafter(&[
+        "compile",
+        fixture("model.onnx").to_str().unwrap(),
+        "-o",
+        dir.join("y.rfa").to_str().unwrap(),
+        "--cpu-weights",
+        "bf16",
+        "--target",
+        "vulkan",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--target cpu only"), "{}", text(&o));
+}
