@@ -94,12 +94,8 @@ fn packing_quantizes_per_column_as_specified() {
     assert_eq!((packed.k(), packed.n()), (k, n));
     let (q, scales) = ref_quant_b(&b, k, n);
     assert_eq!(packed.scales().len(), n);
-    for j in 0..n {
-        assert_eq!(
-            packed.scales()[j].to_bits(),
-            scales[j].to_bits(),
-            "scale {j}"
-        );
+    for (j, (got, want)) in packed.scales().iter().zip(&scales).enumerate() {
+        assert_eq!(got.to_bits(), want.to_bits(), "scale {j}");
     }
     let panels = packed.panels();
     assert_eq!(panels.len(), 3 * 2 * 64);
@@ -292,6 +288,57 @@ fn integer_valued_operands_give_exact_results_on_every_isa() {
                         c[i * n + j],
                         dot as f32 + bias[j],
                         "{isa:?} {m}x{k}x{n} C[{i}][{j}]"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantized_results_match_the_reference_quantization_bit_for_bit() {
+    // The whole path, activation quantization included, against the reference: the
+    // documented formula `(sa sb) * (sum_k (qa - 128) q)` evaluated in f32 in that order.
+    let mut rng = Rng(0xb17);
+    for isa in isas() {
+        for &(m, k, n) in &[(1, 5, 17), (3, 130, 33), (13, 67, 70), (40, 259, 45)] {
+            let mut a = rng.vec(m * k);
+            // A row whose scale is 1, with ties: 2.5 -> 2, 3.5 -> 4, -2.5 -> -2.
+            if m > 1 && k >= 4 {
+                a[k..2 * k].fill(0.0);
+                a[k..k + 4].copy_from_slice(&[127.0, 2.5, 3.5, -2.5]);
+            }
+            if m > 2 {
+                a[2 * k..3 * k].fill(0.0);
+            }
+            let b = rng.vec(k * n);
+            let packed = PackedI8B::pack(k, n, &b, n).unwrap();
+            let (q, sb) = ref_quant_b(&b, k, n);
+            let mut c = vec![f32::NAN; m * n];
+            gemm_i8_with_isa(
+                isa,
+                MatRef::row_major(&a, m, k, k).unwrap(),
+                packed.view(),
+                MatMut::row_major(&mut c, m, n, n).unwrap(),
+                &Epilogue::none(),
+                &ScopedThreads::new(3),
+            )
+            .unwrap();
+            for i in 0..m {
+                let (qa, sa) = ref_quant_row(&a[i * k..(i + 1) * k]);
+                if m > 1 && k >= 4 && i == 1 {
+                    assert_eq!(&qa[..4], &[255, 130, 132, 126]);
+                }
+                for j in 0..n {
+                    let dot: i64 = (0..k)
+                        .map(|p| (qa[p] as i64 - 128) * q[p * n + j] as i64)
+                        .sum();
+                    let want = (sa * sb[j]) * dot as f32;
+                    assert_eq!(
+                        c[i * n + j].to_bits(),
+                        want.to_bits(),
+                        "{isa:?} {m}x{k}x{n} C[{i}][{j}] = {}, want {want}",
+                        c[i * n + j]
                     );
                 }
             }
