@@ -261,10 +261,6 @@ enum Sink<'s> {
     Raw { acc: Ptr<i32>, ld: usize },
 }
 
-// SAFETY: the pointers are `Ptr`s (Sync, see above); the rest are shared references to
-// Sync data.
-unsafe impl Sync for Sink<'_> {}
-
 /// Whether a product is worth waking threads for: the f32 driver's rule in weight bytes
 /// (enough multiply-adds, or enough weights to stream that one core's bandwidth is the
 /// limit: 256 KiB, the f32 rule's byte count).
