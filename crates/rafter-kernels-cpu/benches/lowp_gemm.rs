@@ -1,5 +1,5 @@
-//! f32 pre-packed weights ([`PackedB`]) against f16 and bf16 weights ([`PackedHalfB`]) on
-//! the same products, side by side in one run: LLM decode (M = 1) and BERT-base's FFN up
+//! f32 pre-packed weights ([`PackedB`]) against f16 and bf16 weights ([`PackedHalfB`]) and
+//! int8 weights ([`PackedI8B`], activations quantized per call) on the same products, side by side in one run: LLM decode (M = 1) and BERT-base's FFN up
 //! projection at sequence 128 (M = 128).
 //!
 //! Weights stream from memory as in a model: every call uses the next of enough copies of
@@ -7,7 +7,8 @@
 //! still read at 79 GB/s, above this machine's ~44 GB/s DRAM, so part stayed cached). The machine is shared, so the
 //! contenders alternate within every round (the order rotating from round to round), and
 //! the table reports medians over rounds of the per-call time; GB/s counts the weight bytes
-//! of the contender's own format (the memory traffic that the half formats halve), and the
+//! of the contender's own format (the memory traffic that the half formats halve and int8
+//! quarters; int8's per-column scales and sums, 8 bytes per column, are counted too), and the
 //! last column is the speedup over the shape's first row (f32; f16 direct with
 //! `--crossover`).
 //!
@@ -20,8 +21,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    gemm_half_with_isa, set_half_direct_max_m, sgemm_with_isa, Epilogue, HalfKind, Isa, MatMut,
-    MatRef, PackedB, PackedHalfB, Parallel, WorkerPool,
+    gemm_half_with_isa, gemm_i8_with_isa, set_half_direct_max_m, sgemm_with_isa, Epilogue,
+    HalfKind, Isa, MatMut, MatRef, PackedB, PackedHalfB, PackedI8B, Parallel, WorkerPool,
 };
 
 struct Shape {
@@ -68,6 +69,7 @@ const SHAPES: &[Shape] = &[
 enum Weights {
     F32(Vec<PackedB>),
     Half(Vec<PackedHalfB>),
+    I8(Vec<PackedI8B>),
 }
 
 struct Contender {
@@ -109,6 +111,10 @@ fn call(isa: Isa, s: &Shape, a: &[f32], c: &mut [f32], w: &mut Contender, par: &
             set_half_direct_max_m(w.direct_max);
             gemm_half_with_isa(isa, am, v[w.next].view(), cm, &e, par).unwrap();
             set_half_direct_max_m(0);
+        }
+        Weights::I8(v) => {
+            w.next = (w.next + 1) % v.len();
+            gemm_i8_with_isa(isa, am, v[w.next].view(), cm, &e, par).unwrap();
         }
     }
     black_box(&c);
@@ -200,6 +206,15 @@ fn main() {
                     direct_max: 0,
                 });
             }
+            let one = PackedI8B::pack(s.k, s.n, &b, s.n).unwrap();
+            let i8_bytes = one.as_bytes().len();
+            cs.push(Contender {
+                name: "int8".into(),
+                w: Weights::I8(vec![one; copies(i8_bytes)]),
+                bytes: i8_bytes,
+                next: 0,
+                direct_max: 0,
+            });
         }
         // Calls per sample: about 3 ms of the first contender.
         call(isa, s, &a, &mut c, &mut cs[0], &pool);

@@ -39,6 +39,11 @@
 //! micro-kernels that widen them on load; many-row ones may instead widen blocks of B into
 //! f32 panels for the f32 driver (see the `lowp` module).
 //!
+//! Or in 8 bits ([`PackedI8B`]: int8 per-column symmetric quantization, packed for AVX-512
+//! VNNI's `vpdpbusd`, with its own validated byte format), multiplied by [`gemm_i8`], which
+//! quantizes each row of activations to u8 on the fly and accumulates exactly in i32; the
+//! error is the quantization's, bounded in [`gemm_i8`]'s docs.
+//!
 //! The micro-kernel is chosen once per process by runtime feature detection ([`Isa::detect`]):
 //! AVX-512F (12x32 tile) or AVX2+FMA (6x16) on x86-64, NEON (4x16) on aarch64, and a
 //! portable scalar kernel everywhere (also reachable explicitly, for tests).
@@ -77,12 +82,13 @@ mod winograd_nhwc;
 
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use kernel::Isa;
-#[doc(hidden)]
-pub use lowp::set_half_direct_max_m;
 pub use lowp::{
-    gemm_half, gemm_half_with_isa, HalfKind, HalfPackError, PackedHalfB, PackedHalfBRef,
-    PACKED_HALF_B_HEADER_BYTES, PACKED_HALF_B_MAGIC,
+    gemm_half, gemm_half_with_isa, gemm_i8, gemm_i8_with_isa, HalfKind, HalfPackError, I8PackError,
+    PackedHalfB, PackedHalfBRef, PackedI8B, PackedI8BRef, I8_MAX_K, PACKED_HALF_B_HEADER_BYTES,
+    PACKED_HALF_B_MAGIC, PACKED_I8_B_HEADER_BYTES, PACKED_I8_B_MAGIC,
 };
+#[doc(hidden)]
+pub use lowp::{gemm_i8_accumulate_with_isa, set_half_direct_max_m};
 pub use nhwc::{
     depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, max_pool_nhwc, max_pool_nhwc_with_isa,
     small_conv_nhwc, small_conv_nhwc_with_isa, DepthwiseNhwc, MaxPoolNhwc, SmallConvNhwc,

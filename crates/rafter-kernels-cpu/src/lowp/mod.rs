@@ -1,5 +1,6 @@
 //! Low-precision weights: GEMMs whose B (the model's weight) is stored in 16 bits and
-//! widened to f32 inside the kernels, accumulating in f32.
+//! widened to f32 inside the kernels, accumulating in f32; or quantized to int8 per
+//! column, multiplied by activations quantized to u8 per row, accumulating in i32.
 //!
 //! Why: a decoder generating one token multiplies one row of activations by every weight
 //! of the model, about one multiply-add per weight it reads, so its speed is the memory
@@ -21,13 +22,30 @@
 //! so one k step of a 16-wide panel is one 32-byte load. On aarch64 the NEON ISA runs the
 //! scalar half kernels (correct, not fast: no NEON half kernel is written yet).
 
+//!
+//! int8 ([`crate::PackedI8B`], [`crate::gemm_i8`]): symmetric per-column weight scales,
+//! activations quantized dynamically per row with zero point 128, so that the `u8 x i8`
+//! products fit AVX-512 VNNI's `vpdpbusd` (AVX2 widens both to i16 for `vpmaddwd`, exact;
+//! a scalar kernel everywhere else). One kernel path for every M: tiles of up to 8 rows x
+//! 64 columns, N (and M, when N has too few tiles) split over threads. The accumulation is
+//! exact; the error is the two quantizations', bounded and measured in
+//! [`crate::gemm_i8`]'s docs.
+
 mod half_gemm;
 mod half_packed;
+mod int8_gemm;
+mod int8_packed;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_int8;
 
 pub use half_gemm::{gemm_half, gemm_half_with_isa, set_half_direct_max_m};
 pub use half_packed::{
     HalfKind, HalfPackError, PackedHalfB, PackedHalfBRef, PACKED_HALF_B_HEADER_BYTES,
     PACKED_HALF_B_MAGIC,
+};
+pub use int8_gemm::{gemm_i8, gemm_i8_accumulate_with_isa, gemm_i8_with_isa};
+pub use int8_packed::{
+    I8PackError, PackedI8B, PackedI8BRef, I8_MAX_K, PACKED_I8_B_HEADER_BYTES, PACKED_I8_B_MAGIC,
 };
