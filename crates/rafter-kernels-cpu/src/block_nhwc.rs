@@ -200,9 +200,10 @@ pub fn block_nhwc_with_isa(
     if out.is_empty() {
         return Ok(());
     }
-    // Stage weights not packed ahead of time are packed once here: handed to every band's
+    // Stage weights not packed ahead of time (a caller's raw weights; the compiler now
+    // pre-packs every 1×1 weight of a block) are packed once here: handed to every band's
     // GEMM as they were, they were packed again for every band (`pack_b` was 3.3% of
-    // MobileNetV2's samples under `perf` on a Zen 5, whose projection weights come raw).
+    // MobileNetV2's samples under `perf` on a Zen 5, when its projections came raw).
     let packed = |p: &Option<Pointwise<'_>>| match p.map(|p| p.weights) {
         Some(BRef::Mat(m)) => Some(PackedB::pack_mat(m)),
         _ => None,
