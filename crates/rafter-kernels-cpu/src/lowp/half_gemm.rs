@@ -24,10 +24,16 @@ use crate::{
 /// `--isa avx2`), `vcvtph2ps ymm` is dearer: f16 direct tied widening at M = 32 and was 26%
 /// slower at M = 128, while bf16 direct (a shift) stayed 8-34% faster. The scalar path is
 /// not tuned: its widened path runs the scalar f32 kernel.
+///
+/// In a model the products carry epilogues (bias, GELU), which the direct path applies in
+/// scalar code: BERT-base with bf16 weights at seq 128 (M = 128) ran faster with AVX-512
+/// products above 16 rows widened, 57.4–62.2 against 62.5–63.1 ms in 3 of 3 alternated
+/// `rafter bench --threads 2` runs, so AVX-512 goes direct up to M = 16 (decoding, a few
+/// rows, is what the direct kernels are for).
 fn direct_max_m(path: Path, kind: HalfKind) -> usize {
     match (path, kind) {
         #[cfg(target_arch = "x86_64")]
-        (Path::Avx512, _) => 128,
+        (Path::Avx512, _) => 16,
         #[cfg(target_arch = "x86_64")]
         (Path::Avx2, HalfKind::F16) => 32,
         #[cfg(target_arch = "x86_64")]

@@ -9,7 +9,8 @@
 //! memory-bound loop has to spare.
 //!
 //! Two paths, chosen by M (the crossover, per ISA and format, was measured: see
-//! `direct_max_m` in `half_gemm.rs`; on AVX-512 the direct path won up to M = 128):
+//! `direct_max_m` in `half_gemm.rs`; on AVX-512 the direct path won up to M = 128 without
+//! an epilogue, and with a model's bias and GELU it runs up to M = 16):
 //! - few rows (decode): the micro-kernel streams the 16-bit panels itself and converts on
 //!   load (AVX-512F `vcvtph2ps` for f16, a zero-extend and shift for bf16; AVX2 with F16C;
 //!   `half` in the scalar kernel). N is split over threads.
