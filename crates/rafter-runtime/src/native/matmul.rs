@@ -112,7 +112,7 @@ pub(super) fn packed_prologue_at(body: &Graph, start: usize) -> Option<Prologue>
             if !read_once(widened) || dims(widened)? != dims(raw)? {
                 return None;
             }
-            (Some((kind, raw)), start + 1)
+            (Some((kind, raw, widened)), start + 1)
         }
         _ => (None, start),
     };
@@ -122,20 +122,13 @@ pub(super) fn packed_prologue_at(body: &Graph, start: usize) -> Option<Prologue>
     }
     let x = t.input(0)?;
     let input = match half {
-        Some((kind, raw)) => {
-            // The transpose reads the cast's result.
-            if body.nodes[start - 1].outputs[0] != Some(x) {
-                return None;
-            }
-            let dtype = match kind {
-                HalfKind::F16 => DType::F16,
-                HalfKind::Bf16 => DType::BF16,
-            };
-            super::input_of(body, Some(raw), dtype)?
+        Some((_, raw, widened)) if x == widened => {
+            super::input_of(body, Some(raw), body.value(raw).ty.dtype)?
         }
+        Some(_) => return None,
         None => super::input_of(body, Some(x), DType::F32)?,
     };
-    let half = half.map(|(kind, _)| kind);
+    let half = half.map(|(kind, ..)| kind);
     let &[np, k, nr] = dims(x)?.as_slice() else {
         return None;
     };
