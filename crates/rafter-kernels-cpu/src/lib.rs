@@ -425,14 +425,30 @@ pub fn sgemm_with_isa(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) -> Result<(), GemmError> {
+    check_product(isa, &a, "B", [b.rows(), b.cols()], &c, epilogue)?;
+    driver::run(isa, alpha, a, b, beta, c, epilogue, par);
+    Ok(())
+}
+
+/// Checks a product's arguments, shared by every GEMM entry point: the ISA is available,
+/// B (`b_dims`, named `b_name` in the error) has A's columns as rows, C is `A·B`'s shape, and
+/// the epilogue's operands fit C.
+pub(crate) fn check_product(
+    isa: Isa,
+    a: &MatRef<'_>,
+    b_name: &str,
+    [b_rows, n]: [usize; 2],
+    c: &MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+) -> Result<(), GemmError> {
     if !isa.is_available() {
         return Err(GemmError::IsaUnavailable(isa));
     }
-    let (m, k, n) = (a.rows, a.cols, b.cols());
-    if b.rows() != k {
+    let (m, k) = (a.rows, a.cols);
+    if b_rows != k {
         return Err(GemmError::Shape {
             what: "B",
-            detail: format!("A is {m}x{k} but B has {} rows", b.rows()),
+            detail: format!("A is {m}x{k} but {b_name} has {b_rows} rows"),
         });
     }
     if c.rows != m || c.cols != n {
@@ -441,9 +457,7 @@ pub fn sgemm_with_isa(
             detail: format!("A*B is {m}x{n} but C is {}x{}", c.rows, c.cols),
         });
     }
-    check_epilogue(m, n, epilogue)?;
-    driver::run(isa, alpha, a, b, beta, c, epilogue, par);
-    Ok(())
+    check_epilogue(m, n, epilogue)
 }
 
 /// Checks an epilogue's operands against an `m x n` C (shared by every GEMM entry point).

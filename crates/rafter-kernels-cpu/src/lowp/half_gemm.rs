@@ -9,7 +9,7 @@ use crate::buffer::Aligned;
 use crate::driver::{run_raw, MIN_PARALLEL_B_FLOATS, MIN_PARALLEL_FMAS};
 use crate::kernel::{epilogue_scalar, Isa, PANEL};
 use crate::{
-    check_epilogue, BRef, Epilogue, GemmError, MatMut, MatRef, PackedBRef, Parallel, Residual,
+    check_product, BRef, Epilogue, GemmError, MatMut, MatRef, PackedBRef, Parallel, Residual,
     Sequential,
 };
 
@@ -137,23 +137,15 @@ pub fn gemm_half_with_isa(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) -> Result<(), GemmError> {
-    if !isa.is_available() {
-        return Err(GemmError::IsaUnavailable(isa));
-    }
+    check_product(
+        isa,
+        &a,
+        "the half-precision B",
+        [b.k(), b.n()],
+        &c,
+        epilogue,
+    )?;
     let (m, k, n) = (a.rows, a.cols, b.n());
-    if b.k() != k {
-        return Err(GemmError::Shape {
-            what: "B",
-            detail: format!("A is {m}x{k} but the half-precision B has {} rows", b.k()),
-        });
-    }
-    if c.rows != m || c.cols != n {
-        return Err(GemmError::Shape {
-            what: "C",
-            detail: format!("A*B is {m}x{n} but C is {}x{}", c.rows, c.cols),
-        });
-    }
-    check_epilogue(m, n, epilogue)?;
     if m == 0 || n == 0 {
         return Ok(());
     }

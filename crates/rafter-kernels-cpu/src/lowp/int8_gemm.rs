@@ -3,7 +3,7 @@
 
 use super::int8_packed::{round_even_small, scale_of, PackedI8BRef, GROUP_BYTES, I8_MAX_K};
 use crate::kernel::{epilogue_scalar, Isa, PANEL};
-use crate::{check_epilogue, Epilogue, GemmError, MatMut, MatRef, Parallel};
+use crate::{check_product, Epilogue, GemmError, MatMut, MatRef, Parallel};
 
 /// The activations' zero point: `qa = round(a / sa) + 128` lies in `[1, 255]`, the u8
 /// operand `vpdpbusd` wants; `sum_k qa qb - 128 colsum` removes the offset exactly.
@@ -114,23 +114,8 @@ pub fn gemm_i8_with_isa(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) -> Result<(), GemmError> {
-    if !isa.is_available() {
-        return Err(GemmError::IsaUnavailable(isa));
-    }
-    let (m, k, n) = (a.rows, a.cols, b.n());
-    if b.k() != k {
-        return Err(GemmError::Shape {
-            what: "B",
-            detail: format!("A is {m}x{k} but the int8 B has {} rows", b.k()),
-        });
-    }
-    if c.rows != m || c.cols != n {
-        return Err(GemmError::Shape {
-            what: "C",
-            detail: format!("A*B is {m}x{n} but C is {}x{}", c.rows, c.cols),
-        });
-    }
-    check_epilogue(m, n, epilogue)?;
+    check_product(isa, &a, "the int8 B", [b.k(), b.n()], &c, epilogue)?;
+    let (m, n) = (a.rows, b.n());
     if m == 0 || n == 0 {
         return Ok(());
     }
