@@ -6,34 +6,8 @@ use rafter_kernels_cpu::{
     PackedB, PackedBRef, Parallel, Residual, ScopedThreads, Sequential, PACKED_B_HEADER_BYTES,
 };
 
-struct Rng(u64);
-
-impl Rng {
-    fn f32(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, len: usize) -> Vec<f32> {
-        (0..len).map(|_| self.f32()).collect()
-    }
-}
-
-fn isas() -> Vec<Isa> {
-    let isas: Vec<Isa> = Isa::all()
-        .iter()
-        .copied()
-        .filter(|i| i.is_available())
-        .collect();
-    assert!(isas.contains(&Isa::Scalar));
-    isas
-}
-
-fn gelu64(x: f64) -> f64 {
-    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
-}
+mod common;
+use common::{gelu64, isas, Rng};
 
 /// One GEMM problem, with its operands stored with the given strides.
 struct Case {

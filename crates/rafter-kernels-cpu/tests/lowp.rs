@@ -4,36 +4,14 @@
 //! byte format's validation.
 
 use half::{bf16, f16};
+
+mod common;
+use common::{gelu64, isas, Rng};
 use rafter_kernels_cpu::{
     gemm_half, gemm_half_with_isa, set_half_direct_max_m, Activation, Epilogue, GemmError,
     HalfKind, HalfPackError, Isa, MatMut, MatRef, PackedHalfB, PackedHalfBRef, Parallel, Residual,
     ScopedThreads, Sequential, PACKED_HALF_B_HEADER_BYTES,
 };
-
-struct Rng(u64);
-
-impl Rng {
-    fn f32(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, len: usize) -> Vec<f32> {
-        (0..len).map(|_| self.f32()).collect()
-    }
-}
-
-fn isas() -> Vec<Isa> {
-    let isas: Vec<Isa> = Isa::all()
-        .iter()
-        .copied()
-        .filter(|i| i.is_available())
-        .collect();
-    assert!(isas.contains(&Isa::Scalar));
-    isas
-}
 
 const KINDS: [HalfKind; 2] = [HalfKind::F16, HalfKind::Bf16];
 
@@ -217,13 +195,7 @@ fn check(
             let r = res[i * ldc + j] as f64;
             let want = match epi {
                 Epi::None => dot,
-                Epi::BiasGelu => {
-                    let x = dot + bias[j] as f64;
-                    0.5 * x
-                        * (1.0
-                            + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x))
-                                .tanh())
-                }
+                Epi::BiasGelu => gelu64(dot + bias[j] as f64),
                 Epi::BiasResidualReluClamp => (dot + bias[j] as f64 + r).max(0.0).clamp(-0.5, 2.0),
                 Epi::RowBias => dot + row_bias[i] as f64,
             };

@@ -12,34 +12,8 @@ use rafter_kernels_cpu::{
     Sequential, I8_MAX_K, PACKED_I8_B_HEADER_BYTES,
 };
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn f32(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, len: usize) -> Vec<f32> {
-        (0..len).map(|_| self.f32()).collect()
-    }
-}
-
-fn isas() -> Vec<Isa> {
-    let isas: Vec<Isa> = Isa::all()
-        .iter()
-        .copied()
-        .filter(|i| i.is_available())
-        .collect();
-    assert!(isas.contains(&Isa::Scalar));
-    isas
-}
+mod common;
+use common::{gelu64, isas, Rng};
 
 /// Reference quantization of a `k x n` B: `(q` row-major, scales`)`.
 fn ref_quant_b(b: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
@@ -457,16 +431,8 @@ fn check(
             let r = res[i * ldc + j] as f64;
             let (want, lipschitz) = match epi {
                 Epi::None => (dot, 1.0),
-                Epi::BiasGelu => {
-                    let x = dot + bias[j] as f64;
-                    let g = 0.5
-                        * x
-                        * (1.0
-                            + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x))
-                                .tanh());
-                    // GELU-tanh's slope lies in [-0.13, 1.13].
-                    (g, 1.13)
-                }
+                // GELU-tanh's slope lies in [-0.13, 1.13].
+                Epi::BiasGelu => (gelu64(dot + bias[j] as f64), 1.13),
                 Epi::BiasResidualReluClamp => {
                     ((dot + bias[j] as f64 + r).max(0.0).clamp(-0.5, 2.0), 1.0)
                 }
