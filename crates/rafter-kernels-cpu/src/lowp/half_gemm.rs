@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::half_packed::{HalfKind, PackedHalfBRef};
+use super::Ptr;
 use crate::buffer::Aligned;
 use crate::driver::{run_raw, MIN_PARALLEL_B_FLOATS, MIN_PARALLEL_FMAS};
 use crate::kernel::{epilogue_scalar, Isa, PANEL};
@@ -162,22 +163,6 @@ pub fn gemm_half_with_isa(
     Ok(())
 }
 
-/// The C pointer, shared by tasks that write disjoint column ranges.
-#[derive(Clone, Copy)]
-struct CPtr(*mut f32);
-// SAFETY: tasks write disjoint column ranges of C (see `direct` and `widened`), and the
-// pointer outlives them (`Parallel::run` returns only when every task has returned).
-unsafe impl Send for CPtr {}
-// SAFETY: as above.
-unsafe impl Sync for CPtr {}
-
-impl CPtr {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the field).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// Whether a product is worth waking threads for: the driver's rule (enough FMAs, or
 /// enough weights to stream that one core's bandwidth is the limit).
 fn parallel_worth(m: usize, k: usize, n: usize) -> bool {
@@ -212,7 +197,7 @@ fn direct(
     } else {
         1
     };
-    let (cp, ldc) = (CPtr(c.data.as_mut_ptr()), c.ld);
+    let (cp, ldc) = (Ptr(c.data.as_mut_ptr()), c.ld);
     let panels = b.panels();
     let task = |t: usize| {
         let mut out = [[0.0f32; OUT_LD]; OUT_ROWS];
@@ -311,7 +296,7 @@ unsafe fn finish(
     j: usize,
     nv: usize,
     epi: Option<&Epilogue<'_>>,
-    c: CPtr,
+    c: Ptr<f32>,
     ldc: usize,
 ) {
     for (r, out_r) in out.iter().enumerate().take(mv) {
@@ -378,7 +363,7 @@ fn widened(
     } else {
         1
     };
-    let cp = CPtr(c.data.as_mut_ptr());
+    let cp = Ptr(c.data.as_mut_ptr());
     let ldc = c.ld;
     let panels = b.panels();
     let task = |t: usize| {

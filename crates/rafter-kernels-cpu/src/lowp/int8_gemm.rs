@@ -2,6 +2,7 @@
 //! split, the scalar kernel, and the dequantizing epilogue.
 
 use super::int8_packed::{round_even_small, scale_of, PackedI8BRef, GROUP_BYTES, I8_MAX_K};
+use super::Ptr;
 use crate::kernel::{epilogue_scalar, Isa, PANEL};
 use crate::{check_product, Epilogue, GemmError, MatMut, MatRef, Parallel};
 
@@ -213,22 +214,6 @@ fn quantize_rows(a: MatRef<'_>) -> (Vec<u8>, Vec<f32>) {
         }
     }
     (qa, sa)
-}
-
-/// A pointer shared by tasks that write disjoint parts of one output.
-#[derive(Clone, Copy)]
-struct Ptr<T>(*mut T);
-// SAFETY: tasks write disjoint (row block, column range) parts of the output (see `run`),
-// and the pointer outlives them (`Parallel::run` returns only when every task has).
-unsafe impl<T> Send for Ptr<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for Ptr<T> {}
-
-impl<T> Ptr<T> {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the field).
-    fn get(self) -> *mut T {
-        self.0
-    }
 }
 
 /// Where a tile's accumulators go.

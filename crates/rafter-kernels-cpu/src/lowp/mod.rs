@@ -50,3 +50,20 @@ pub use int8_gemm::{gemm_i8, gemm_i8_accumulate_with_isa, gemm_i8_with_isa};
 pub use int8_packed::{
     I8PackError, PackedI8B, PackedI8BRef, I8_MAX_K, PACKED_I8_B_HEADER_BYTES, PACKED_I8_B_MAGIC,
 };
+
+/// A pointer shared by a GEMM's tasks, which write disjoint parts of one output (column
+/// ranges, or row block × column range tiles; see `half_gemm` and `int8_gemm`).
+#[derive(Clone, Copy)]
+struct Ptr<T>(*mut T);
+// SAFETY: the tasks holding a `Ptr` write disjoint parts of the output, and the pointer
+// outlives them (`Parallel::run` returns only when every task has returned).
+unsafe impl<T> Send for Ptr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Ptr<T> {}
+
+impl<T> Ptr<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the field).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
