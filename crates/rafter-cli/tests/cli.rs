@@ -197,21 +197,30 @@ fn fixture_inputs(seq: &str) -> Vec<String> {
 
 /// Compiles the fixture with `--dim seq<=64` into `dir/name` and returns the path.
 fn compile_fixture(dir: &Path, name: &str) -> PathBuf {
+    compile_fixture_with(dir, name, &[])
+}
+
+/// [`compile_fixture`] with `extra` compile flags.
+fn compile_fixture_with(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let rfa = dir.join(name);
-    let o = rafter(&[
+    let model = fixture("model.onnx");
+    let mut args = vec![
         "compile",
-        fixture("model.onnx").to_str().unwrap(),
+        model.to_str().unwrap(),
         "-o",
         rfa.to_str().unwrap(),
         "--dim",
         "seq<=64",
-    ]);
+    ];
+    args.extend(extra);
+    let o = rafter(&args);
     assert!(o.status.success(), "{}", text(&o));
     rfa
 }
 
-/// Runs `model` on the fixture's inputs at `seq` and compares with ONNX Runtime's output.
-fn run_matches_ort(model: &Path, seq: &str, extra: &[&str]) -> String {
+/// Runs `model` on the fixture's inputs at `seq`; returns its output's largest absolute
+/// difference from ONNX Runtime's, and the run's text.
+fn run_against_ort(model: &Path, seq: &str, extra: &[&str]) -> (f64, String) {
     static RUNS: AtomicUsize = AtomicUsize::new(0);
     let out = tmpdir(&format!("out-{}", RUNS.fetch_add(1, Ordering::Relaxed)));
     let mut args = vec!["run".to_string(), model.display().to_string()];
@@ -222,9 +231,14 @@ fn run_matches_ort(model: &Path, seq: &str, extra: &[&str]) -> String {
     assert!(o.status.success(), "{}", text(&o));
     let got = read_npy(&out.join("last_hidden_state.npy")).unwrap();
     let want = read_npy(&fixture(&format!("{seq}/last_hidden_state.npy"))).unwrap();
-    let diff = max_abs_diff(&got, &want);
+    (max_abs_diff(&got, &want), text(&o))
+}
+
+/// Runs `model` on the fixture's inputs at `seq` and compares with ONNX Runtime's output.
+fn run_matches_ort(model: &Path, seq: &str, extra: &[&str]) -> String {
+    let (diff, t) = run_against_ort(model, seq, extra);
     assert!(diff < 1e-4, "{seq}: max abs diff {diff} vs ONNX Runtime");
-    text(&o)
+    t
 }
 
 #[test]
@@ -630,63 +644,37 @@ fn rafter_cpu_isa_picks_a_kernel_set_and_reports_an_unknown_one() {
 #[test]
 fn sixteen_bit_weights_shrink_the_artifact_and_stay_close_to_onnx_runtime() {
     let dir = tmpdir("cpu-weights");
-    let f32_rfa = compile_fixture(&dir, "f32.rfa");
-    let mut sizes = Vec::new();
+    let f32_len = std::fs::metadata(compile_fixture(&dir, "f32.rfa"))
+        .unwrap()
+        .len();
     for (format, tol) in [("bf16", 3e-2f64), ("f16", 4e-3)] {
-        let rfa = dir.join(format!("{format}.rfa"));
-        let o = rafter(&[
-            "compile",
-            fixture("model.onnx").to_str().unwrap(),
-            "-o",
-            rfa.to_str().unwrap(),
-            "--dim",
-            "seq<=64",
-            "--cpu-weights",
-            format,
-        ]);
-        assert!(o.status.success(), "{}", text(&o));
-        sizes.push(std::fs::metadata(&rfa).unwrap().len());
-        let out = tmpdir(&format!("cpu-weights-out-{format}"));
-        let mut args = vec!["run".to_string(), rfa.display().to_string()];
-        args.extend(fixture_inputs("seq13"));
-        args.extend(["--output-dir".to_string(), out.display().to_string()]);
-        let o = rafter(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(o.status.success(), "{}", text(&o));
-        let got = read_npy(&out.join("last_hidden_state.npy")).unwrap();
-        let want = read_npy(&fixture("seq13/last_hidden_state.npy")).unwrap();
+        let flags = ["--cpu-weights", format];
+        let rfa = compile_fixture_with(&dir, &format!("{format}.rfa"), &flags);
+        let len = std::fs::metadata(&rfa).unwrap().len();
+        assert!(len < f32_len, "{format}: {len} bytes vs f32's {f32_len}");
         // The weights are rounded to 8 (bf16) or 11 (f16) significant bits: close to ONNX
         // Runtime's f32 result, and not equal to it (the rounding is real).
-        let diff = max_abs_diff(&got, &want);
+        let (diff, _) = run_against_ort(&rfa, "seq13", &[]);
         assert!(diff < tol && diff > 1e-6, "{format}: max abs diff {diff}");
     }
-    let f32_len = std::fs::metadata(&f32_rfa).unwrap().len();
-    assert!(sizes.iter().all(|&s| s < f32_len), "{sizes:?} vs {f32_len}");
 
     // Bad values are errors that say what is accepted.
-    let o = rafter(&[
-        "compile",
-        fixture("model.onnx").to_str().unwrap(),
-        "-o",
-        dir.join("x.rfa").to_str().unwrap(),
-        "--cpu-weights",
-        "f8",
-    ]);
-    assert!(!o.status.success());
-    assert!(
-        text(&o).contains("expected f32, f16 or bf16"),
-        "{}",
+    let model = fixture("model.onnx");
+    let out = dir.join("x.rfa");
+    let compile = |extra: &[&str]| {
+        let mut args = vec![
+            "compile",
+            model.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let o = rafter(&args);
+        assert!(!o.status.success(), "{extra:?} was accepted");
         text(&o)
-    );
-    let o = rafter(&[
-        "compile",
-        fixture("model.onnx").to_str().unwrap(),
-        "-o",
-        dir.join("y.rfa").to_str().unwrap(),
-        "--cpu-weights",
-        "bf16",
-        "--target",
-        "vulkan",
-    ]);
-    assert!(!o.status.success());
-    assert!(text(&o).contains("--target cpu only"), "{}", text(&o));
+    };
+    let t = compile(&["--cpu-weights", "f8"]);
+    assert!(t.contains("expected f32, f16 or bf16"), "{t}");
+    let t = compile(&["--cpu-weights", "bf16", "--target", "vulkan"]);
+    assert!(t.contains("--target cpu only"), "{t}");
 }
