@@ -109,7 +109,7 @@ fn call(isa: Isa, s: &Shape, a: &[f32], c: &mut [f32], w: &mut Contender, par: &
         Weights::Half(v) => {
             w.next = (w.next + 1) % v.len();
             set_half_direct_max_m(w.direct_max);
-            gemm_half_with_isa(isa, am, v[w.next].view(), cm, &e, par).unwrap();
+            gemm_half_with_isa(isa, 1.0, am, v[w.next].view(), cm, &e, par).unwrap();
             set_half_direct_max_m(0);
         }
         Weights::I8(v) => {

@@ -175,8 +175,15 @@ fn check(
             ..Epilogue::none()
         },
     };
+    // A scaled product with one of the epilogues (as an ONNX Gemm with alpha).
+    let alpha = if matches!(epi, Epi::BiasGelu) {
+        0.5
+    } else {
+        1.0
+    };
     gemm_half_with_isa(
         isa,
+        alpha,
         a_view,
         packed.view(),
         MatMut::row_major(&mut c, m, n, ldc).unwrap(),
@@ -192,6 +199,7 @@ fn check(
                 dot += a[i * k + p] as f64 * bw;
                 mag += (a[i * k + p] as f64 * bw).abs();
             }
+            dot *= alpha as f64;
             let r = res[i * ldc + j] as f64;
             let want = match epi {
                 Epi::None => dot,
@@ -282,6 +290,7 @@ fn k_zero_gives_the_epilogue_of_zero_and_gemm_half_uses_a_real_kernel() {
             ..Epilogue::none()
         };
         gemm_half(
+            1.0,
             MatRef::row_major(&a, m, 0, 0).unwrap(),
             packed.view(),
             MatMut::row_major(&mut c, m, 3, 3).unwrap(),
@@ -303,6 +312,7 @@ fn bad_shapes_are_errors_that_name_the_operand() {
     let err = |r: Result<(), GemmError>| r.unwrap_err().to_string();
     // A is 3x3, B has 4 rows.
     let e = err(gemm_half(
+        1.0,
         MatRef::row_major(&a, 3, 3, 3).unwrap(),
         packed.view(),
         MatMut::row_major(&mut c, 3, 5, 5).unwrap(),
@@ -313,6 +323,7 @@ fn bad_shapes_are_errors_that_name_the_operand() {
     // C is 3x4, A*B is 3x5.
     let a4 = [1.0f32; 12];
     let e = err(gemm_half(
+        1.0,
         MatRef::row_major(&a4, 3, 4, 4).unwrap(),
         packed.view(),
         MatMut::row_major(&mut c, 3, 4, 4).unwrap(),
@@ -323,6 +334,7 @@ fn bad_shapes_are_errors_that_name_the_operand() {
     // Bias of 4 for 5 columns.
     let bias = [0.0f32; 4];
     let e = err(gemm_half(
+        1.0,
         MatRef::row_major(&a4, 3, 4, 4).unwrap(),
         packed.view(),
         MatMut::row_major(&mut c, 3, 5, 5).unwrap(),
@@ -340,6 +352,7 @@ fn bad_shapes_are_errors_that_name_the_operand() {
     if let Some(&isa) = Isa::all().iter().find(|i| !i.is_available()) {
         let e = gemm_half_with_isa(
             isa,
+            1.0,
             MatRef::row_major(&a4, 3, 4, 4).unwrap(),
             packed.view(),
             MatMut::row_major(&mut c, 3, 5, 5).unwrap(),

@@ -120,14 +120,7 @@ pub fn prepack_weights_as(p: &mut Program, format: WeightFormat) -> usize {
             m = m.t();
         }
         // 16-bit storage only for 2-D products' weights (see `WeightFormat`).
-        // (`gemm_half` has no alpha: a `gemm` scaling its product keeps f32 weights.)
-        let unscaled = |u: &Use| match p.kernels[u.kernel].body.nodes.first().map(|n| &n.op) {
-            Some(Op::Gemm { alpha, .. }) => *alpha == 1.0,
-            _ => true,
-        };
-        let half = format
-            .half()
-            .filter(|_| dims.len() == 2 && uses.iter().all(unscaled));
+        let half = format.half().filter(|_| dims.len() == 2);
         let (dtype, bytes): (DType, Vec<u8>) = match half {
             None => {
                 let panels = PackedB::pack_mat(m);

@@ -109,7 +109,7 @@ pub(crate) struct DecodeTile {
     pub out: *mut f32,
 }
 
-/// `C = A B`, then the epilogue, with B in 16-bit panels; on the fastest kernels this CPU
+/// `C = alpha A B`, then the epilogue, with B in 16-bit panels; on the fastest kernels this CPU
 /// has, with tasks run by `par`.
 ///
 /// `A` is `M x K` f32 (any strides), `B` is `K x N` packed by [`crate::PackedHalfB`], C is
@@ -117,13 +117,14 @@ pub(crate) struct DecodeTile {
 /// f32 GEMM over the *rounded* weights only by the order of the additions. The epilogue is
 /// [`crate::sgemm`]'s (bias, row bias, activation, residual, clamp).
 pub fn gemm_half(
+    alpha: f32,
     a: MatRef<'_>,
     b: PackedHalfBRef<'_>,
     c: MatMut<'_>,
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) -> Result<(), GemmError> {
-    gemm_half_with_isa(Isa::detect(), a, b, c, epilogue, par)
+    gemm_half_with_isa(Isa::detect(), alpha, a, b, c, epilogue, par)
 }
 
 /// [`gemm_half`] on a given ISA's kernels (tests hold every path to the reference; benches
@@ -132,6 +133,7 @@ pub fn gemm_half(
 /// runs on `isa` itself.
 pub fn gemm_half_with_isa(
     isa: Isa,
+    alpha: f32,
     a: MatRef<'_>,
     b: PackedHalfBRef<'_>,
     c: MatMut<'_>,
@@ -156,9 +158,9 @@ pub fn gemm_half_with_isa(
         v => v,
     };
     if m <= direct_max || k == 0 {
-        direct(Path::of(isa), a, b, c, epi, par);
+        direct(Path::of(isa), alpha, a, b, c, epi, par);
     } else {
-        widened(isa, a, b, c, epilogue, par);
+        widened(isa, alpha, a, b, c, epilogue, par);
     }
     Ok(())
 }
@@ -173,6 +175,7 @@ fn parallel_worth(m: usize, k: usize, n: usize) -> bool {
 /// converting on load.
 fn direct(
     path: Path,
+    alpha: f32,
     a: MatRef<'_>,
     b: PackedHalfBRef<'_>,
     c: MatMut<'_>,
@@ -222,7 +225,7 @@ fn direct(
                 // 64 >= nv columns; the path's ISA is available (checked by the caller).
                 unsafe { tile(path, b.kind(), &dt, mv, nv.div_ceil(PANEL)) };
                 // SAFETY: this task alone writes columns j..j+nv (its tiles), rows < m.
-                unsafe { finish(&out, r0, mv, j, nv, epi, cp, ldc) };
+                unsafe { finish(&out, alpha, r0, mv, j, nv, epi, cp, ldc) };
             }
         }
     };
@@ -281,7 +284,7 @@ unsafe fn tile_scalar(t: &DecodeTile, rows: usize, np: usize, kind: HalfKind) {
     }
 }
 
-/// Applies the epilogue to `mv x nv` raw results and stores them at C's rows `r0..`,
+/// Scales `mv x nv` raw results by alpha, applies the epilogue and stores them at C's rows `r0..`,
 /// columns `j..`. Scalar on purpose: it touches M x N values against the kernel's K x N
 /// weights, so with few rows it is a small share (GELU's `exp` included) of a call.
 ///
@@ -291,6 +294,7 @@ unsafe fn tile_scalar(t: &DecodeTile, rows: usize, np: usize, kind: HalfKind) {
 #[allow(clippy::too_many_arguments)]
 unsafe fn finish(
     out: &[[f32; OUT_LD]; OUT_ROWS],
+    alpha: f32,
     r0: usize,
     mv: usize,
     j: usize,
@@ -303,7 +307,7 @@ unsafe fn finish(
         let i = r0 + r;
         for (jj, &raw) in out_r.iter().enumerate().take(nv) {
             let col = j + jj;
-            let mut x = raw;
+            let mut x = alpha * raw;
             if let Some(e) = epi {
                 let bias = e.bias.map_or(0.0, |b| b[col]) + e.row_bias.map_or(0.0, |b| b[i]);
                 let (res, before) = e.residual.map_or((0.0, false), |r| {
@@ -335,6 +339,7 @@ const WIDE_NC: usize = 256;
 /// driver on them, accumulating over K blocks through beta = 1.
 fn widened(
     isa: Isa,
+    alpha: f32,
     a: MatRef<'_>,
     b: PackedHalfBRef<'_>,
     c: MatMut<'_>,
@@ -415,7 +420,7 @@ fn widened(
                 unsafe {
                     run_raw(
                         isa,
-                        1.0,
+                        alpha,
                         a_block,
                         BRef::Packed(bref),
                         if pc == 0 { 0.0 } else { 1.0 },

@@ -51,7 +51,7 @@ enum Weight<'a> {
 }
 
 /// `C = alpha·A·B` with `e`'s epilogue, on the f32 GEMM or, for 16-bit weights, on
-/// `gemm_half` (which has no alpha: `select` keeps scaled products off 16-bit weights).
+/// `gemm_half`.
 fn product(
     alpha: f32,
     a: MatRef<'_>,
@@ -61,12 +61,10 @@ fn product(
     par: &dyn Parallel,
 ) -> Result<(), String> {
     match b {
-        Weight::F32(b) => sgemm(alpha, a, b, 0.0, c, e, par).map_err(gemm_err),
-        Weight::Half(_) if alpha != 1.0 => Err(format!(
-            "matmul: a product scaled by {alpha} on 16-bit weights"
-        )),
-        Weight::Half(b) => gemm_half(a, b, c, e, par).map_err(gemm_err),
+        Weight::F32(b) => sgemm(alpha, a, b, 0.0, c, e, par),
+        Weight::Half(b) => gemm_half(alpha, a, b, c, e, par),
     }
+    .map_err(gemm_err)
 }
 
 /// The unpacking prologue of a pre-packed weight: `x [np, k, 16] → transpose [1, 0, 2] →
@@ -250,12 +248,6 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         return None;
     }
     let chain = parse_chain_from(body, first.outputs[0]?, at + 1)?;
-    // `gemm_half` has no alpha: a scaled product on 16-bit weights runs as written.
-    let scaled = gemm.as_ref().is_some_and(|g| g.alpha != 1.0)
-        || chain.iter().any(|o| matches!(o, EpiOp::Mul(_)));
-    if matches!(b, BSrc::PackedHalf { .. }) && scaled {
-        return None;
-    }
     Some(Arc::new(MatMulKernel {
         a,
         b,

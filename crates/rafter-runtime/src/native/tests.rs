@@ -996,8 +996,8 @@ fn f16_sums_then_layer_norm_match_the_reference() {
 #[test]
 fn sixteen_bit_weights_run_natively_as_the_program_means() {
     use rafter_opt::prepack::WeightFormat;
-    // A batched matmul with bias and GELU-free tail (bias, ReLU), a single-row product
-    // (decode) and a gemm read transposed, with weights compiled to 16 bits: every kernel
+    // A batched matmul with bias and ReLU, a single-row product (decode) and a scaled gemm
+    // read transposed, with weights compiled to 16 bits: every kernel
     // runs natively (`gemm_half`) and matches the reference executor running the same
     // program (cast, unpack, f32 matmul).
     for format in [WeightFormat::Bf16, WeightFormat::F16] {
@@ -1014,7 +1014,7 @@ fn sixteen_bit_weights_run_natively_as_the_program_means() {
         let m = c.input(&[3, 40]);
         let w3 = c.weight(&[19, 40]);
         let gemm = Op::Gemm {
-            alpha: 1.0,
+            alpha: 0.5,
             beta: 1.0,
             trans_a: false,
             trans_b: true,
