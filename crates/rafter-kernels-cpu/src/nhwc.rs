@@ -603,7 +603,11 @@ simd_dispatch!(fn small_conv_isa(c: &SmallConvNhwc<'_>, wp: &[f32], cp: usize, r
 /// 6 × 4) made LLVM rotate and spill accumulators every tap; the old 2 × 4 / 4 × 2 blocks
 /// with per-window-row unrolling measured the same on MobileNetV2's stem and slower on
 /// ResNet-50's: `cnn_layers`' "resnet stem to NHWC" 807–847 → 688–913 µs (medians 822 →
-/// 692) over 5 alternated runs on a 2-core Zen 5.
+/// 692) over 5 alternated runs on a 2-core Zen 5. The interior's last block overlapping
+/// the one before (no one-at-a-time leftovers) and a constant pixel step
+/// ([`small_conv_step`]) then took "stem from NCHW" 149–154 → 114–154 µs (medians 150 →
+/// 124) and "resnet stem to NHWC" 754–789 → 670–804 (759 → 716) over 5 alternated runs
+/// on a noisy Zen 5; 98–100 → 91–92 µs for the first on a quiet one.
 #[inline(always)]
 fn small_conv_rows<S: Simd>(
     s: S,
@@ -615,10 +619,35 @@ fn small_conv_rows<S: Simd>(
 ) {
     let narrow = c.cout.div_ceil(S::LANES) <= 2;
     match (S::LANES >= 16, narrow) {
-        (true, true) => small_conv_block::<S, 2, 8>(s, c, wp, cp, rows, dst),
-        (true, false) => small_conv_block::<S, 4, 4>(s, c, wp, cp, rows, dst),
-        (false, true) => small_conv_block::<S, 2, 6>(s, c, wp, cp, rows, dst),
-        (false, false) => small_conv_block::<S, 4, 3>(s, c, wp, cp, rows, dst),
+        (true, true) => small_conv_step::<S, 2, 8>(s, c, wp, cp, rows, dst),
+        (true, false) => small_conv_step::<S, 4, 4>(s, c, wp, cp, rows, dst),
+        (false, true) => small_conv_step::<S, 2, 6>(s, c, wp, cp, rows, dst),
+        (false, false) => small_conv_step::<S, 4, 3>(s, c, wp, cp, rows, dst),
+    }
+}
+
+/// Input elements between a pixel's window and the next pixel's: the stride times the
+/// input's pixel stride (1 from NCHW, the channels from NHWC).
+fn pixel_step(c: &SmallConvNhwc<'_>) -> usize {
+    let ps = if c.input_nchw { 1 } else { c.window.channels };
+    c.window.stride[1] * ps
+}
+
+/// [`small_conv_block`] with the pixel step a constant when it is 2 (stride 2 from NCHW,
+/// both stems' case): the block's `P` input offsets are then address immediates; held in
+/// variables, LLVM spilled them and reloaded one per broadcast.
+#[inline(always)]
+fn small_conv_step<S: Simd, const V: usize, const P: usize>(
+    s: S,
+    c: &SmallConvNhwc<'_>,
+    wp: &[f32],
+    cp: usize,
+    rows: Range<usize>,
+    dst: &Disjoint<'_>,
+) {
+    match pixel_step(c) {
+        2 => small_conv_block::<S, V, P, 2>(s, c, wp, cp, rows, dst),
+        _ => small_conv_block::<S, V, P, 0>(s, c, wp, cp, rows, dst),
     }
 }
 
@@ -633,9 +662,10 @@ struct Tap {
 /// [`small_conv_rows`] with `V` output-channel vectors times `P` pixels of accumulators.
 /// Interior pixels (whole window inside the input's width) run `P` at a time over a flat
 /// list of the row's taps (the window rows inside the input only), so the inner loop is
-/// one loop whatever the window; the few edge pixels run one at a time.
+/// one loop whatever the window; the few edge pixels run one at a time. `STEP` is the
+/// pixel step ([`pixel_step`]) when known at compile time, else 0.
 #[inline(always)]
-fn small_conv_block<S: Simd, const V: usize, const P: usize>(
+fn small_conv_block<S: Simd, const V: usize, const P: usize, const STEP: usize>(
     s: S,
     c: &SmallConvNhwc<'_>,
     wp: &[f32],
@@ -657,7 +687,11 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize>(
     let t = VecTail::new(s, &c.tail);
     let zero = s.splat(0.0);
     // Input offset of a block's next pixel from the previous.
-    let step = sw * ps;
+    let step = if STEP > 0 { STEP } else { pixel_step(c) };
+    // Every channel group's `V` weight vectors lie inside a tap's padded row (`cp` is a
+    // whole number of the widest ISA's accumulator groups), so each tap's slice below is
+    // in bounds: `tap.w + cp <= wp.len()` and `g0 + V·LANES <= cp`.
+    assert!(cp.is_multiple_of(V * S::LANES) && wp.len() >= kh * kw * cin * cp);
     let ix = |ox: usize| (ox * sw) as isize - wnd.pads[1] as isize;
     // Output columns whose window lies inside the input's width: `P` at a time there.
     let inner_lo = (0..ow).find(|&ox| ix(ox) >= 0).unwrap_or(ow);
@@ -692,6 +726,13 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize>(
         let row0 = (iy0 + ky0 as isize) as usize * rs;
         let mut ox = 0;
         while ox < ow {
+            // The interior's last `P` pixels when fewer than `P` are left: the block then
+            // overlaps the one before and recomputes (rewrites the same values of) a few
+            // pixels, instead of running the rest one at a time on the edge path (7 of
+            // MobileNetV2's 112 columns did, a third of its stem's time).
+            if ox >= inner_lo && ox < inner_hi && ox + P > inner_hi && inner_hi - inner_lo >= P {
+                ox = inner_hi - P;
+            }
             let block = ox >= inner_lo && ox + P <= inner_hi;
             for g0 in (0..cout).step_by(V * S::LANES) {
                 let mut acc = [[zero; V]; P];
@@ -701,7 +742,9 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize>(
                     // offset below is (taps ascend in `x`; interior windows stay in-row).
                     assert!(x0 + taps.last().map_or(0, |t| t.x) + (P - 1) * step < plane.len());
                     for tap in &taps {
-                        let wt = &wp[tap.w + g0..][..V * S::LANES];
+                        // SAFETY: `tap.w + g0 + V·LANES <= wp.len()` by the assertion
+                        // above (`tap.w` is a tap row's start, at most `(taps - 1)·cp`).
+                        let wt = unsafe { wp.get_unchecked(tap.w + g0..tap.w + g0 + V * S::LANES) };
                         let mut wv = [zero; V];
                         for (j, v) in wv.iter_mut().enumerate() {
                             *v = s.load(&wt[j * S::LANES..]);
