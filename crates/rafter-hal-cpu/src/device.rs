@@ -76,6 +76,8 @@ pub struct CpuDevice {
     queue_threads: Mutex<Vec<JoinHandle<()>>>,
     worker_threads: Mutex<Vec<JoinHandle<()>>>,
     allocated: Arc<AtomicU64>,
+    /// The name a host thread lent by [`Device::help`] runs jobs under.
+    host_worker: Arc<str>,
 }
 
 impl CpuDevice {
@@ -103,6 +105,7 @@ impl CpuDevice {
             queue_threads: Mutex::new(Vec::new()),
             worker_threads: Mutex::new(Vec::new()),
             allocated: Arc::new(AtomicU64::new(0)),
+            host_worker: format!("rafter-{}{}-host", options.name, id).into(),
         };
         let spawn_error =
             |e: std::io::Error| HalError::Unsupported(format!("spawning a thread: {e}"));
@@ -248,6 +251,15 @@ impl Device for CpuDevice {
     fn load_executable(&self, spec: &ExecutableSpec) -> Result<Executable, HalError> {
         let executable = CpuExecutable::load(spec, self.info.id, &self.info.name)?;
         Ok(Executable::from_impl(Arc::new(executable)))
+    }
+
+    /// Runs queued jobs on the calling thread (see `Pool::help`); traces name it
+    /// `<device>-host`.
+    fn help(&self, done: &dyn Fn() -> bool) {
+        let worker = Worker {
+            name: self.host_worker.clone(),
+        };
+        self.shared.pool.help(&worker, done);
     }
 }
 

@@ -80,6 +80,43 @@ impl Pool {
         WORKER_OF.with(|w| w.get()) == self as *const Pool as usize
     }
 
+    /// Runs queued jobs on the calling thread, as if it were one of the workers, until
+    /// `done` returns true or the queue is empty. Why: a host thread about to block on a
+    /// call's semaphore would otherwise leave the call's first job to a worker that
+    /// `push` must wake, and then be woken itself at the end: two futex wake-ups, tens of
+    /// microseconds each on a VM. Helping, it takes the job at once, keeps the chained
+    /// segments on itself (see the module docs), and sees the call finish. A thread that is
+    /// already a worker (of any pool) does not help: its kept job is its own pool's.
+    pub(crate) fn help(&self, worker: &Worker, done: &dyn Fn() -> bool) {
+        if WORKER_OF.with(|w| w.get()) != 0 {
+            return;
+        }
+        WORKER_OF.with(|w| w.set(self as *const Pool as usize));
+        /// Makes the thread a plain host thread again, on return or unwind.
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                WORKER_OF.with(|w| w.set(0));
+            }
+        }
+        let _reset = Reset;
+        loop {
+            // A kept job is run before stopping, so none is left behind on this thread.
+            if let Some(job) = NEXT.with(|n| n.borrow_mut().take()) {
+                job(worker);
+                continue;
+            }
+            if done() {
+                break;
+            }
+            let job = self.lock().jobs.pop_front();
+            match job {
+                Some(job) => job(worker),
+                None => break,
+            }
+        }
+    }
+
     /// A worker thread's body.
     pub(crate) fn run_worker(&self, worker: Worker) {
         WORKER_OF.with(|w| w.set(self as *const Pool as usize));

@@ -1,7 +1,11 @@
 //! CPU queues: a queue thread that honours waits, and executions that run on the pool.
 //!
-//! `submit` validates and resolves the command buffer on the caller's thread, then sends it
-//! to the queue thread and returns. The queue thread keeps submissions whose waits are not yet
+//! `submit` validates and resolves the command buffer on the caller's thread. A submission
+//! whose waits are all reached starts right there (its first segment's jobs are pushed onto
+//! the pool; no command runs on the caller); any other is sent to the queue thread, and
+//! `submit` returns. A host thread that then waits for the work can run the pool's jobs
+//! itself (`Device::help`), so a CPU-only call needs no thread to be woken at all.
+//! The queue thread keeps submissions whose waits are not yet
 //! reached in a table, registering a timepoint callback on each wait semaphore; the callback
 //! only sends a message back, so signalling never runs queue logic on the signaller's thread.
 //! A submission whose waits are all reached becomes an [`Execution`]: its first barrier
@@ -126,16 +130,31 @@ impl QueueImpl for CpuQueue {
             });
         }
         let prepared = self.prepare(command_buffer)?;
-        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
-        let sender = sender
+        let guard = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = guard
             .as_ref()
             .ok_or_else(|| HalError::DeviceLost(format!("queue '{}' is closed", self.name)))?;
+        let submission = Submission {
+            prepared,
+            waits: waits.to_vec(),
+            signals: signals.to_vec(),
+        };
+        // Waits already reached (none, usually): start here instead of through the queue
+        // thread, which would have to be woken first (a futex wake-up, tens of
+        // microseconds on a VM, on every call). Starting only pushes the first segment's
+        // jobs onto the pool, so `submit` still returns at once. (The queue thread starts
+        // such a submission on receipt all the same: only semaphores order submissions.)
+        let reached = |(s, v): &(Semaphore, u64)| s.query().is_ok_and(|x| x >= *v);
+        if submission.waits.iter().all(reached) {
+            // (The lock is not held while starting: completing an empty submission runs
+            // the signal semaphores' callbacks. A device dropped meanwhile fails the
+            // execution as lost.)
+            drop(guard);
+            Execution::start(self.name.clone(), self.shared.clone(), submission);
+            return Ok(());
+        }
         sender
-            .send(QueueMsg::Submit(Submission {
-                prepared,
-                waits: waits.to_vec(),
-                signals: signals.to_vec(),
-            }))
+            .send(QueueMsg::Submit(submission))
             .map_err(|_| HalError::DeviceLost(format!("queue '{}' has stopped", self.name)))
     }
 }

@@ -858,3 +858,93 @@ fn dropping_the_device_with_work_in_flight_does_not_hang() {
     // The semaphore the dropped device was waiting on still works.
     never.signal(1).unwrap();
 }
+
+/// A kernel that records the thread it ran on, once per workgroup.
+fn records_thread(
+    ran_on: &Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
+) -> impl Fn(&DispatchContext<'_>) -> Result<(), String> {
+    let ran_on = ran_on.clone();
+    move |_| {
+        ran_on.lock().unwrap().push(std::thread::current().id());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_helping_host_thread_runs_queued_work_and_its_chain() {
+    // One worker, held by a gated kernel, so the second submission's jobs stay queued
+    // until the host helps: they must then all run on the host thread, in order.
+    let dev = device(1);
+    let gate = Semaphore::host(0);
+    let (started, is_running) = mpsc::channel();
+    let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let exe = dev
+        .load_kernels(
+            "help",
+            CpuKernels::new()
+                .with_entry("hold", {
+                    let gate = gate.clone();
+                    move |_| {
+                        started.send(()).map_err(|e| e.to_string())?;
+                        block_on(&gate, 1)
+                    }
+                })
+                .with_entry("record", records_thread(&ran_on)),
+        )
+        .unwrap();
+    let queue = dev.queue(0).unwrap();
+    let mut hold = dev.create_command_buffer().unwrap();
+    hold.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
+    let held = Semaphore::host(0);
+    queue
+        .submit(&hold.finish(), &[], &[(held.clone(), 1)])
+        .unwrap();
+    is_running.recv_timeout(LONG).unwrap();
+    let mut chain = dev.create_command_buffer().unwrap();
+    for i in 0..3 {
+        if i > 0 {
+            chain.barrier();
+        }
+        chain.dispatch(&exe, 1, &[], &[], [1, 1, 1]).unwrap();
+    }
+    let done = Semaphore::host(0);
+    queue
+        .submit(&chain.finish(), &[], &[(done.clone(), 1)])
+        .unwrap();
+    dev.help(&|| done.value() >= 1);
+    assert_eq!(
+        done.value(),
+        1,
+        "help returned before the queued work was done"
+    );
+    let me = std::thread::current().id();
+    assert_eq!(*ran_on.lock().unwrap(), vec![me; 3]);
+    gate.signal(1).unwrap();
+    held.wait(1, LONG).unwrap();
+}
+
+#[test]
+fn help_leaves_work_whose_waits_are_not_reached() {
+    let dev = device(1);
+    let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let exe = dev
+        .load_kernels(
+            "later",
+            CpuKernels::new().with_entry("record", records_thread(&ran_on)),
+        )
+        .unwrap();
+    let mut cb = dev.create_command_buffer().unwrap();
+    cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
+    let (gate, done) = (Semaphore::host(0), Semaphore::host(0));
+    dev.queue(0)
+        .unwrap()
+        .submit(&cb.finish(), &[(gate.clone(), 1)], &[(done.clone(), 1)])
+        .unwrap();
+    // Nothing is runnable: help returns at once, without running the gated work.
+    dev.help(&|| false);
+    assert!(ran_on.lock().unwrap().is_empty());
+    assert_eq!(done.value(), 0);
+    gate.signal(1).unwrap();
+    done.wait(1, LONG).unwrap();
+    assert_eq!(ran_on.lock().unwrap().len(), 1);
+}

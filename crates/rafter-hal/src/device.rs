@@ -154,6 +154,16 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// for a format the device does not know,
     /// [`HalError::InvalidExecutable`](crate::HalError::InvalidExecutable) for a bad payload.
     fn load_executable(&self, spec: &ExecutableSpec) -> Result<Executable>;
+
+    /// Lends the calling thread to the device: runs queued work on it until `done` returns
+    /// true (asked between pieces of work) or the device has none to give it. A host thread
+    /// calls this before it blocks on a semaphore that the device's work will signal, so
+    /// that work starts without waking a device thread, and the host sees it end without
+    /// being woken. Devices whose work does not run on host threads (GPUs) keep the
+    /// default, which does nothing; a piece of work that has started runs to its end.
+    fn help(&self, done: &dyn Fn() -> bool) {
+        let _ = done;
+    }
 }
 
 /// What a device implements for one of its queues.

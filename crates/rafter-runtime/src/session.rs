@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rafter_hal::{
     Buffer, CommandBuffer, Device, DeviceKind, Executable, ExecutablePayload, ExecutableSpec,
@@ -862,6 +862,7 @@ impl Session {
             output_names: p.outputs.iter().map(|o| o.name.clone()).collect(),
             call,
             done: semaphores.into_iter().map(|s| (s, value)).collect(),
+            devices: inner.devices.iter().map(|d| d.device.clone()).collect(),
             outputs,
             slots,
             lease: Some(lease),
@@ -903,6 +904,8 @@ pub struct CallHandle {
     output_names: Vec<String>,
     call: u64,
     done: Vec<(Semaphore, u64)>,
+    /// The devices the call runs on, which a waiting thread helps (`wait_done`).
+    devices: Vec<Arc<dyn Device>>,
     outputs: Vec<OutputSource>,
     slots: Slots,
     /// The call's recording, released when the handle is done with the outputs.
@@ -950,7 +953,22 @@ impl CallHandle {
     /// Blocks until the call's work is done, or `timeout`. Repeatable; does not take the
     /// outputs.
     pub fn wait_done(&self, timeout: Duration) -> Result<()> {
-        Semaphore::wait_all(&self.done, timeout).map_err(|e| match e {
+        // The waiting thread first runs the call's queued work itself (`Device::help`): on
+        // the CPU that saves waking a device thread to start the call and being woken at its
+        // end. It stops helping at the deadline, or once the call is done or failed.
+        let start = Instant::now();
+        let done = || {
+            start.elapsed() >= timeout
+                || self
+                    .done
+                    .iter()
+                    .all(|(s, v)| s.query().map_or(true, |x| x >= *v))
+        };
+        for device in &self.devices {
+            device.help(&done);
+        }
+        let left = timeout.saturating_sub(start.elapsed());
+        Semaphore::wait_all(&self.done, left).map_err(|e| match e {
             SemaphoreError::Failed(reason) => RuntimeError::CallFailed {
                 program: self.program.clone(),
                 call: self.call,
