@@ -9,8 +9,9 @@
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    block_nhwc, depthwise_nhwc, sgemm, Activation, BRef, BlockNhwc, ChannelTail, DepthwiseNhwc,
-    DepthwiseStage, Epilogue, MatMut, MatRef, PackedB, Pointwise, Residual, WindowNhwc, WorkerPool,
+    block_nhwc, depthwise_nhwc, sgemm, small_conv_nhwc, Activation, BRef, BlockNhwc, ChannelTail,
+    DepthwiseNhwc, DepthwiseStage, Epilogue, MatMut, MatRef, PackedB, Pointwise, Residual,
+    SmallConvNhwc, WindowNhwc, WorkerPool,
 };
 
 fn data(n: usize, seed: usize) -> Vec<f32> {
@@ -113,6 +114,104 @@ fn main() {
         "| all | {total_sep:.1} | {total_fused:.1} | {:.2} |",
         total_sep / total_fused
     );
+    let (sep, fused) = stem_block(&pool);
+    println!(
+        "| stem 3×224×224 → 32 s2, then 112×112×32 → dw → 16 | {sep:.1} | {fused:.1} | {:.2} |",
+        sep / fused
+    );
+}
+
+/// MobileNetV2's stem (`small_conv_nhwc` from NCHW) then its first block (depthwise and
+/// projection), against the block with the stem as its first stage: median µs of each,
+/// 300 alternated calls.
+fn stem_block(pool: &WorkerPool) -> (f64, f64) {
+    let (hw, o, c, co) = (224usize, 112usize, 32usize, 16usize);
+    let x = data(3 * hw * hw, 1);
+    let (ws, bs) = (data(27 * c, 2), data(c, 3));
+    let (wd, bd) = (data(9 * c, 4), data(c, 5));
+    let wp = PackedB::pack(c, co, &data(c * co, 6), co).expect("pack");
+    let bp = data(co, 7);
+    let relu6 = |b| ChannelTail {
+        bias: Some(b),
+        clamp: Some((0.0, 6.0)),
+        ..ChannelTail::default()
+    };
+    let stem = SmallConvNhwc {
+        window: WindowNhwc {
+            input: &x,
+            h: hw,
+            w: hw,
+            channels: 3,
+            kernel: [3, 3],
+            stride: [2, 2],
+            pads: [1, 1],
+            out: [o, o],
+        },
+        input_nchw: true,
+        weights: &ws,
+        cout: c,
+        tail: relu6(&bs),
+    };
+    let block = BlockNhwc {
+        input: &[],
+        stem: None,
+        n: 1,
+        h: o,
+        w: o,
+        channels: c,
+        expand: None,
+        depthwise: DepthwiseStage {
+            kernel: [3, 3],
+            stride: [1, 1],
+            pads: [1, 1],
+            out: [o, o],
+            weights: &wd,
+            tail: relu6(&bd),
+        },
+        project: Some(Pointwise {
+            weights: BRef::Packed(wp.view()),
+            alpha: 1.0,
+            epilogue: Epilogue {
+                bias: Some(&bp),
+                ..Epilogue::none()
+            },
+        }),
+        residual: None,
+    };
+    let mut map = vec![0f32; o * o * c];
+    let (mut y, mut y2) = (vec![0f32; o * o * co], vec![0f32; o * o * co]);
+    let mut separate = || {
+        small_conv_nhwc(&stem, &mut map, pool).unwrap();
+        let b = BlockNhwc {
+            input: &map,
+            ..block
+        };
+        block_nhwc(&b, &mut y, pool).unwrap();
+    };
+    let fused_block = BlockNhwc {
+        stem: Some(stem),
+        ..block
+    };
+    let mut fused = || block_nhwc(&fused_block, &mut y2, pool).unwrap();
+    let (mut ts, mut tf) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        separate();
+        fused();
+    }
+    for _ in 0..300 {
+        let t = Instant::now();
+        separate();
+        ts.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        fused();
+        tf.push(t.elapsed().as_secs_f64());
+    }
+    assert_eq!(y, y2, "fused and separate differ");
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2] * 1e6
+    };
+    (med(ts), med(tf))
 }
 
 /// Median µs of (separate stages, fused block), 300 alternated calls each.
@@ -139,6 +238,7 @@ fn run(sh: &Shape, pool: &WorkerPool) -> (f64, f64) {
     };
     let block = BlockNhwc {
         input: &x,
+        stem: None,
         n: 1,
         h,
         w: h,

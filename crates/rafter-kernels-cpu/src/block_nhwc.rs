@@ -18,12 +18,23 @@
 //! three stages run separately, alternated): on a Zen 4 with a 32 MiB L3, which keeps the
 //! expansion off DRAM either way, 709 → 581 µs on MobileNetV2's 112×112 block and
 //! 0.99–1.10× on the others, 2369 → 2224 µs for all eight.
+//!
+//! The first stage may instead be a network's stem ([`BlockNhwc::stem`], a
+//! `small_conv_nhwc` run a band of rows at a time), so the stem's output map never goes to
+//! memory either. The compiler does not form such blocks yet: in the same bench, MobileNetV2's
+//! stem and first block fused measured 0.94–1.21× the two run one after another (medians
+//! of 300 calls, 9 runs on a noisy Zen 5, about 1.0 typical) while the bench's map stays in
+//! cache between the two; in the model the stem took ~133 µs against ~95 alone, which is
+//! what fusing it would go after.
 
 use std::cell::RefCell;
 use std::sync::Mutex;
 
 use crate::common::{check_isa, check_len, ChannelTail, KernelError};
-use crate::nhwc::{depthwise_nhwc_with_isa, DepthwiseNhwc, WindowNhwc};
+use crate::nhwc::{
+    check_small_conv, depthwise_nhwc_with_isa, small_conv_rows_into, DepthwiseNhwc, SmallConvNhwc,
+    SmallWeights, WindowNhwc,
+};
 use crate::{
     sgemm_with_isa, BRef, Epilogue, Isa, MatMut, MatRef, PackedB, Parallel, Residual, Sequential,
 };
@@ -57,11 +68,17 @@ pub struct DepthwiseStage<'a> {
     pub tail: ChannelTail<'a>,
 }
 
-/// `[expand] → depthwise → [project] (+ residual)` over an NHWC input.
+/// `[expand] → depthwise → [project] (+ residual)` over an NHWC input, or over a network's
+/// stem: `stem conv → depthwise → [project]`.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockNhwc<'a> {
-    /// `n x h x w x channels`.
+    /// `n x h x w x channels`; empty with a `stem`.
     pub input: &'a [f32],
+    /// A small convolution (`small_conv_nhwc`: an image's few channels, MobileNet's 3×3
+    /// stride-2 stem) whose output, `n x h x w x channels`, is the block's input, computed a
+    /// band at a time like an expansion: its map (1.6 MB at MobileNetV2's 112×112×32)
+    /// never goes to memory. No residual; excludes `expand`.
+    pub stem: Option<SmallConvNhwc<'a>>,
     /// Images.
     pub n: usize,
     /// Input height.
@@ -121,14 +138,34 @@ fn check(b: &BlockNhwc<'_>, out_len: usize) -> Result<Channels, KernelError> {
             d.kernel, d.stride, d.out
         )));
     }
-    if b.expand.is_none() && b.project.is_none() {
+    if b.expand.is_none() && b.project.is_none() && b.stem.is_none() {
         return Err(shape_err("no 1x1 stage: run depthwise_nhwc instead".into()));
     }
-    check_len(
-        "block nhwc input",
-        b.input.len(),
-        b.n * b.h * b.w * b.channels,
-    )?;
+    let input_len = b.n * b.h * b.w * b.channels;
+    match &b.stem {
+        None => check_len("block nhwc input", b.input.len(), input_len)?,
+        Some(st) => {
+            if b.expand.is_some() || !b.input.is_empty() {
+                return Err(shape_err(
+                    "a stem block takes no expansion and no input of its own".into(),
+                ));
+            }
+            if st.tail.residual.is_some() || st.window.out != [b.h, b.w] || st.cout != b.channels {
+                return Err(shape_err(format!(
+                    "the stem makes {:?}x{} (residual: {}) for a {}x{}x{} block input",
+                    st.window.out,
+                    st.cout,
+                    st.tail.residual.is_some(),
+                    b.h,
+                    b.w,
+                    b.channels
+                )));
+            }
+            if check_small_conv(st, input_len)? != b.n {
+                return Err(shape_err(format!("the stem's input is not {} images", b.n)));
+            }
+        }
+    }
     let mid = match &b.expand {
         Some(e) => {
             if e.weights.rows() != b.channels {
@@ -209,6 +246,7 @@ pub fn block_nhwc_with_isa(
         _ => None,
     };
     let (expand_packed, project_packed) = (packed(&block.expand), packed(&block.project));
+    let stem_weights = block.stem.as_ref().map(SmallWeights::new);
     let mut block = *block;
     for (stage, pk) in [
         (&mut block.expand, &expand_packed),
@@ -246,7 +284,8 @@ pub fn block_nhwc_with_isa(
                 Ok(s) => s,
                 Err(_) => &mut spare,
             };
-            run_share(isa, block, &ch, t / parts, rows.clone(), &mut dst, s)
+            let stem = block.stem.as_ref().zip(stem_weights.as_ref());
+            run_share(isa, block, stem, &ch, t / parts, rows.clone(), &mut dst, s)
         });
         if let Err(e) = r {
             err.lock()
@@ -284,9 +323,11 @@ struct Held {
 }
 
 /// Output rows `rows` of image `img`, band by band, into `dst` (those rows' elements).
+#[allow(clippy::too_many_arguments)]
 fn run_share(
     isa: Isa,
     b: &BlockNhwc<'_>,
+    stem: Option<(&SmallConvNhwc<'_>, &SmallWeights)>,
     ch: &Channels,
     img: usize,
     rows: std::ops::Range<usize>,
@@ -296,7 +337,10 @@ fn run_share(
     let d = &b.depthwise;
     let (w, c0, mid) = (b.w, b.channels, ch.mid);
     let [oh, ow] = d.out;
-    let plane = &b.input[img * b.h * w * c0..][..b.h * w * c0];
+    let plane = match stem {
+        Some(_) => &[][..],
+        None => &b.input[img * b.h * w * c0..][..b.h * w * c0],
+    };
     let band = band_rows(b, mid);
     let mut held = Held { lo: 0, hi: 0 };
     for o0 in rows.clone().step_by(band) {
@@ -306,12 +350,29 @@ fn run_share(
         let lo = top.max(0) as usize;
         let bottom = ((o1 - 1) * d.stride[0] + d.kernel[0]) as isize - d.pads[0] as isize;
         let hi = (bottom.clamp(0, b.h as isize) as usize).max(lo);
-        let dw_in: &[f32] = match &b.expand {
-            Some(e) => {
-                expand_rows(isa, e, plane, w, c0, mid, lo..hi, &mut held, held_buf)?;
+        let dw_in: &[f32] = match (&b.expand, stem) {
+            (Some(e), _) => {
+                let expand = |rows: std::ops::Range<usize>, out: &mut [f32]| {
+                    let pixels = rows.len() * w;
+                    let x = &plane[rows.start * w * c0..rows.end * w * c0];
+                    let a = MatRef::row_major(x, pixels, c0, c0).map_err(gemm_err)?;
+                    let c = MatMut::row_major(out, pixels, mid, mid).map_err(gemm_err)?;
+                    sgemm_with_isa(isa, e.alpha, a, e.weights, 0.0, c, &e.epilogue, &Sequential)
+                        .map_err(gemm_err)
+                };
+                held_rows(w * mid, lo..hi, &mut held, held_buf, &expand)?;
                 &held_buf[..(hi - lo) * w * mid]
             }
-            None => &plane[lo * w * c0..hi * w * c0],
+            (None, Some((st, sw))) => {
+                let first = img * b.h;
+                let conv = |rows: std::ops::Range<usize>, out: &mut [f32]| {
+                    small_conv_rows_into(isa, st, sw, first + rows.start..first + rows.end, out);
+                    Ok(())
+                };
+                held_rows(w * mid, lo..hi, &mut held, held_buf, &conv)?;
+                &held_buf[..(hi - lo) * w * mid]
+            }
+            (None, None) => &plane[lo * w * c0..hi * w * c0],
         };
         let conv = DepthwiseNhwc {
             window: WindowNhwc {
@@ -352,21 +413,19 @@ fn run_share(
     Ok(())
 }
 
-/// Makes `buf` hold the expansion of input rows `need` (a window that only moves down):
-/// rows already held are moved to the front, the rest computed.
-#[allow(clippy::too_many_arguments)]
-fn expand_rows(
-    isa: Isa,
-    e: &Pointwise<'_>,
-    plane: &[f32],
-    w: usize,
-    c0: usize,
-    mid: usize,
+/// Computes a block's first-stage rows (the expansion's or the stem's) into a buffer.
+type RowsFn<'a> = dyn Fn(std::ops::Range<usize>, &mut [f32]) -> Result<(), KernelError> + 'a;
+
+/// Makes `buf` hold the first stage's rows `need` (a window that only moves down), `row`
+/// elements each: rows already held are moved to the front, the rest computed by
+/// `compute(rows, out)`.
+fn held_rows(
+    row: usize,
     need: std::ops::Range<usize>,
     held: &mut Held,
     buf: &mut Vec<f32>,
+    compute: &RowsFn<'_>,
 ) -> Result<(), KernelError> {
-    let row = w * mid;
     if buf.len() < need.len() * row {
         buf.resize(need.len() * row, 0.0);
     }
@@ -379,14 +438,8 @@ fn expand_rows(
     held.lo = need.start;
     if held.hi < need.end {
         let new = held.hi..need.end;
-        let pixels = new.len() * w;
-        let a = MatRef::row_major(&plane[new.start * w * c0..new.end * w * c0], pixels, c0, c0)
-            .map_err(gemm_err)?;
         let at = (new.start - held.lo) * row;
-        let c = MatMut::row_major(&mut buf[at..at + pixels * mid], pixels, mid, mid)
-            .map_err(gemm_err)?;
-        sgemm_with_isa(isa, e.alpha, a, e.weights, 0.0, c, &e.epilogue, &Sequential)
-            .map_err(gemm_err)?;
+        compute(new.clone(), &mut buf[at..at + new.len() * row])?;
         held.hi = need.end;
     }
     Ok(())
@@ -537,6 +590,7 @@ mod tests {
         };
         let block = BlockNhwc {
             input: &x,
+            stem: None,
             n,
             h,
             w,
@@ -595,6 +649,117 @@ mod tests {
         case(1, 12, 12, 20, Some(36), 5, 2, Some(20), false, true);
     }
 
+    /// A stem block (`stem conv → depthwise 3×3 → [project]`) against the stem run whole by
+    /// `small_conv_nhwc`, then the block without it: the same arithmetic, so equal bit for bit.
+    fn stem_case(n: usize, [h, w]: [usize; 2], cout: usize, project: Option<usize>) {
+        use crate::nhwc::small_conv_nhwc_with_isa;
+        let (cin, o) = (3, [(h + 2 - 3) / 2 + 1, (w + 2 - 3) / 2 + 1]);
+        let x = data(n * cin * h * w, 1);
+        let (ws, bs) = (data(27 * cout, 2), data(cout, 3));
+        let (wd, bd) = (data(9 * cout, 4), data(cout, 5));
+        let co = project.unwrap_or(cout);
+        let (wp, bp) = (data(cout * co, 6), data(co, 7));
+        let clamp6 = |bias| ChannelTail {
+            bias: Some(bias),
+            clamp: Some((0.0, 6.0)),
+            ..ChannelTail::default()
+        };
+        let stem = SmallConvNhwc {
+            window: WindowNhwc {
+                input: &x,
+                h,
+                w,
+                channels: cin,
+                kernel: [3, 3],
+                stride: [2, 2],
+                pads: [1, 1],
+                out: o,
+            },
+            input_nchw: true,
+            weights: &ws,
+            cout,
+            tail: clamp6(&bs),
+        };
+        let rest = BlockNhwc {
+            input: &[],
+            stem: None,
+            n,
+            h: o[0],
+            w: o[1],
+            channels: cout,
+            expand: None,
+            depthwise: DepthwiseStage {
+                kernel: [3, 3],
+                stride: [1, 1],
+                pads: [1, 1],
+                out: o,
+                weights: &wd,
+                tail: clamp6(&bd),
+            },
+            project: project.map(|_| Pointwise {
+                weights: BRef::Mat(MatRef::row_major(&wp, cout, co, co).unwrap()),
+                alpha: 1.0,
+                epilogue: Epilogue {
+                    bias: Some(&bp),
+                    ..Epilogue::none()
+                },
+            }),
+            residual: None,
+        };
+        for isa in isas() {
+            let mut map = vec![0f32; n * o[0] * o[1] * cout];
+            small_conv_nhwc_with_isa(isa, &stem, &mut map, &Sequential).unwrap();
+            let mut want = vec![0f32; n * o[0] * o[1] * co];
+            let unfused = BlockNhwc {
+                input: &map,
+                ..rest
+            };
+            if project.is_some() {
+                block_nhwc_with_isa(isa, &unfused, &mut want, &Sequential).unwrap();
+            } else {
+                let d = &rest.depthwise;
+                let conv = DepthwiseNhwc {
+                    window: WindowNhwc {
+                        input: &map,
+                        h: o[0],
+                        w: o[1],
+                        channels: cout,
+                        kernel: d.kernel,
+                        stride: d.stride,
+                        pads: d.pads,
+                        out: d.out,
+                    },
+                    weights: d.weights,
+                    tail: d.tail,
+                };
+                depthwise_nhwc_with_isa(isa, &conv, &mut want, &Sequential).unwrap();
+            }
+            let fused = BlockNhwc {
+                stem: Some(stem),
+                ..rest
+            };
+            for threads in [1, 3] {
+                let mut got = vec![f32::NAN; want.len()];
+                block_nhwc_with_isa(isa, &fused, &mut got, &ScopedThreads::new(threads)).unwrap();
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(g, r)| g.to_bits() == r.to_bits()),
+                    "{isa:?}, {threads} threads, {n}x3x{h}x{w} -> {cout} {project:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stem_blocks_match_the_stem_then_the_block() {
+        // Odd sizes: bands and shares end mid-image; MobileNetV2's channels (32 -> 16) and
+        // ones leaving partial vectors; one without a projection.
+        stem_case(2, [45, 37], 32, Some(16));
+        stem_case(1, [23, 50], 20, Some(7));
+        stem_case(1, [30, 30], 24, None);
+    }
+
     #[test]
     fn bad_blocks_are_errors() {
         let x = data(4 * 4 * 8, 1);
@@ -602,6 +767,7 @@ mod tests {
         let wp = data(8 * 4, 3);
         let block = BlockNhwc {
             input: &x,
+            stem: None,
             n: 1,
             h: 4,
             w: 4,

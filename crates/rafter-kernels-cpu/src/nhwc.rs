@@ -567,37 +567,81 @@ pub fn small_conv_nhwc_with_isa(
 ) -> Result<(), KernelError> {
     check_isa(isa)?;
     let c = conv;
-    let ([oh, ow], [kh, kw]) = (c.window.out, c.window.kernel);
-    let n = c.window.images("small conv nhwc", out.len(), c.cout)?;
+    let n = check_small_conv(c, out.len())?;
     if n == 0 {
         return Ok(());
+    }
+    let [oh, ow] = c.window.out;
+    let w = SmallWeights::new(c);
+    let dst = Disjoint::new(out);
+    par_blocks(par, n * oh, ow * w.wp.len(), &|r| {
+        small_conv_isa(isa, c, &w.wp, w.cp, r, 0, &dst)
+    });
+    Ok(())
+}
+
+/// Checks `c` against an output of `out_len` elements; returns its images (0: empty).
+pub(crate) fn check_small_conv(
+    c: &SmallConvNhwc<'_>,
+    out_len: usize,
+) -> Result<usize, KernelError> {
+    let [kh, kw] = c.window.kernel;
+    let n = c.window.images("small conv nhwc", out_len, c.cout)?;
+    if n == 0 {
+        return Ok(0);
     }
     check_len(
         "small conv weights",
         c.weights.len(),
         kh * kw * c.window.channels * c.cout,
     )?;
-    c.tail.check("small conv", c.cout, out.len())?;
-    // The weights with each tap's row of output channels padded to a whole number of
-    // accumulator groups of the widest ISA (zeros), so the inner loop never masks a load.
-    let group = SMALL_VECS * MAX_LANES;
-    let cp = c.cout.div_ceil(group) * group;
-    let taps = kh * kw * c.window.channels;
-    let mut wp = vec![0f32; taps * cp];
-    for t in 0..taps {
-        wp[t * cp..t * cp + c.cout].copy_from_slice(&c.weights[t * c.cout..(t + 1) * c.cout]);
-    }
-    let dst = Disjoint::new(out);
-    par_blocks(par, n * oh, ow * cp * taps, &|r| {
-        small_conv_isa(isa, c, &wp, cp, r, &dst)
-    });
-    Ok(())
+    c.tail.check("small conv", c.cout, out_len)?;
+    Ok(n)
 }
 
-simd_dispatch!(fn small_conv_isa(c: &SmallConvNhwc<'_>, wp: &[f32], cp: usize, rows: Range<usize>, dst: &Disjoint<'_>) => small_conv_rows);
+/// A small convolution's weights with each tap's row of output channels padded to a whole
+/// number of accumulator groups of the widest ISA (zeros), so the inner loop never masks a
+/// load.
+pub(crate) struct SmallWeights {
+    wp: Vec<f32>,
+    cp: usize,
+}
+
+impl SmallWeights {
+    /// `c`'s weights padded; `c` checked by [`check_small_conv`].
+    pub(crate) fn new(c: &SmallConvNhwc<'_>) -> SmallWeights {
+        let [kh, kw] = c.window.kernel;
+        let group = SMALL_VECS * MAX_LANES;
+        let cp = c.cout.div_ceil(group) * group;
+        let taps = kh * kw * c.window.channels;
+        let mut wp = vec![0f32; taps * cp];
+        for t in 0..taps {
+            wp[t * cp..t * cp + c.cout].copy_from_slice(&c.weights[t * c.cout..(t + 1) * c.cout]);
+        }
+        SmallWeights { wp, cp }
+    }
+}
+
+/// Output rows `rows` (image-major) of checked `c`, on the calling thread, into `out`,
+/// which holds just those rows. For a caller that consumes a few rows at a time (the
+/// depthwise block's first stage).
+pub(crate) fn small_conv_rows_into(
+    isa: Isa,
+    c: &SmallConvNhwc<'_>,
+    w: &SmallWeights,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let row = c.window.out[1] * c.cout;
+    assert!(c.tail.residual.is_none() && out.len() == rows.len() * row);
+    let base = rows.start;
+    small_conv_isa(isa, c, &w.wp, w.cp, rows, base, &Disjoint::new(out));
+}
+
+simd_dispatch!(fn small_conv_isa(c: &SmallConvNhwc<'_>, wp: &[f32], cp: usize, rows: Range<usize>, base: usize, dst: &Disjoint<'_>) => small_conv_rows);
 
 /// Output rows `rows` (image-major) of [`small_conv_nhwc`], weights `wp` padded to `cp`
-/// output channels per tap. The accumulator block is `V` channel vectors × `P` pixels:
+/// output channels per tap, row `r` written at row `r - base` of `dst`. The accumulator block is `V` channel vectors × `P` pixels:
 /// 16 accumulators on AVX-512 (of 32 registers), 12 on AVX2/NEON (of 16), each tap loading
 /// `V` weight vectors and broadcasting `P` inputs for `V·P` FMAs. 24 on AVX-512 (12 × 2,
 /// 6 × 4) made LLVM rotate and spill accumulators every tap; the old 2 × 4 / 4 × 2 blocks
@@ -615,14 +659,15 @@ fn small_conv_rows<S: Simd>(
     wp: &[f32],
     cp: usize,
     rows: Range<usize>,
+    base: usize,
     dst: &Disjoint<'_>,
 ) {
     let narrow = c.cout.div_ceil(S::LANES) <= 2;
     match (S::LANES >= 16, narrow) {
-        (true, true) => small_conv_step::<S, 2, 8>(s, c, wp, cp, rows, dst),
-        (true, false) => small_conv_step::<S, 4, 4>(s, c, wp, cp, rows, dst),
-        (false, true) => small_conv_step::<S, 2, 6>(s, c, wp, cp, rows, dst),
-        (false, false) => small_conv_step::<S, 4, 3>(s, c, wp, cp, rows, dst),
+        (true, true) => small_conv_step::<S, 2, 8>(s, c, wp, cp, rows, base, dst),
+        (true, false) => small_conv_step::<S, 4, 4>(s, c, wp, cp, rows, base, dst),
+        (false, true) => small_conv_step::<S, 2, 6>(s, c, wp, cp, rows, base, dst),
+        (false, false) => small_conv_step::<S, 4, 3>(s, c, wp, cp, rows, base, dst),
     }
 }
 
@@ -643,11 +688,12 @@ fn small_conv_step<S: Simd, const V: usize, const P: usize>(
     wp: &[f32],
     cp: usize,
     rows: Range<usize>,
+    base: usize,
     dst: &Disjoint<'_>,
 ) {
     match pixel_step(c) {
-        2 => small_conv_block::<S, V, P, 2>(s, c, wp, cp, rows, dst),
-        _ => small_conv_block::<S, V, P, 0>(s, c, wp, cp, rows, dst),
+        2 => small_conv_block::<S, V, P, 2>(s, c, wp, cp, rows, base, dst),
+        _ => small_conv_block::<S, V, P, 0>(s, c, wp, cp, rows, base, dst),
     }
 }
 
@@ -671,6 +717,7 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize, const STEP: usize>(
     wp: &[f32],
     cp: usize,
     rows: Range<usize>,
+    base: usize,
     dst: &Disjoint<'_>,
 ) {
     let wnd = &c.window;
@@ -702,7 +749,7 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize, const STEP: usize>(
     for r in rows {
         let (img, oy) = (r / oh, r % oh);
         // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
-        let orow = unsafe { dst.part(r * ow * cout..(r + 1) * ow * cout) };
+        let orow = unsafe { dst.part((r - base) * ow * cout..(r - base + 1) * ow * cout) };
         let rrow = c
             .tail
             .residual

@@ -227,6 +227,7 @@ impl NativeKernel for BlockKernel {
         };
         let block = BlockNhwc {
             input: ins[self.x].f32s()?,
+            stem: None,
             n,
             h,
             w,
