@@ -180,7 +180,7 @@ fn stem_block(pool: &WorkerPool) -> (f64, f64) {
     };
     let mut map = vec![0f32; o * o * c];
     let (mut y, mut y2) = (vec![0f32; o * o * co], vec![0f32; o * o * co]);
-    let mut separate = || {
+    let separate = || {
         small_conv_nhwc(&stem, &mut map, pool).unwrap();
         let b = BlockNhwc {
             input: &map,
@@ -192,26 +192,10 @@ fn stem_block(pool: &WorkerPool) -> (f64, f64) {
         stem: Some(stem),
         ..block
     };
-    let mut fused = || block_nhwc(&fused_block, &mut y2, pool).unwrap();
-    let (mut ts, mut tf) = (Vec::new(), Vec::new());
-    for _ in 0..20 {
-        separate();
-        fused();
-    }
-    for _ in 0..300 {
-        let t = Instant::now();
-        separate();
-        ts.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        fused();
-        tf.push(t.elapsed().as_secs_f64());
-    }
+    let fused = || block_nhwc(&fused_block, &mut y2, pool).unwrap();
+    let times = alternated(separate, fused);
     assert_eq!(y, y2, "fused and separate differ");
-    let med = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2] * 1e6
-    };
-    (med(ts), med(tf))
+    times
 }
 
 /// Median µs of (separate stages, fused block), 300 alternated calls each.
@@ -270,7 +254,7 @@ fn run(sh: &Shape, pool: &WorkerPool) -> (f64, f64) {
     let mut d = vec![0f32; oh * oh * mid];
     let mut y = vec![0f32; oh * oh * co];
     let mut y2 = vec![0f32; oh * oh * co];
-    let mut separate = || {
+    let separate = || {
         let dw_in: &[f32] = if expand {
             let a = MatRef::row_major(&x, h * h, c, c).unwrap();
             let cm = MatMut::row_major(&mut e, h * h, mid, mid).unwrap();
@@ -303,29 +287,35 @@ fn run(sh: &Shape, pool: &WorkerPool) -> (f64, f64) {
         };
         sgemm(1.0, a, BRef::Packed(wp.view()), 0.0, cm, &epi, pool).unwrap();
     };
-    let mut fused = || block_nhwc(&block, &mut y2, pool).unwrap();
-    let (mut ts, mut tf) = (Vec::new(), Vec::new());
-    for _ in 0..20 {
-        separate();
-        fused();
-    }
-    for _ in 0..300 {
-        let t = Instant::now();
-        separate();
-        ts.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        fused();
-        tf.push(t.elapsed().as_secs_f64());
-    }
+    let fused = || block_nhwc(&block, &mut y2, pool).unwrap();
+    let times = alternated(separate, fused);
     let diff = y
         .iter()
         .zip(&y2)
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(diff < 1e-3, "fused and separate differ by {diff}");
+    times
+}
+
+/// Median µs a call of `a` and of `b`: 20 warm-up calls each, then 300 alternated.
+fn alternated(mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        a();
+        b();
+    }
+    for _ in 0..300 {
+        let t = Instant::now();
+        a();
+        ta.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        b();
+        tb.push(t.elapsed().as_secs_f64());
+    }
     let med = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2] * 1e6
     };
-    (med(ts), med(tf))
+    (med(ta), med(tb))
 }

@@ -761,6 +761,71 @@ mod tests {
     }
 
     #[test]
+    fn bad_stem_blocks_are_errors() {
+        use crate::nhwc::{SmallConvNhwc, WindowNhwc};
+        let (img, ws, wd) = (data(3 * 8 * 8, 1), data(27 * 8, 2), data(9 * 8, 3));
+        let stem = SmallConvNhwc {
+            window: WindowNhwc {
+                input: &img,
+                h: 8,
+                w: 8,
+                channels: 3,
+                kernel: [3, 3],
+                stride: [2, 2],
+                pads: [1, 1],
+                out: [4, 4],
+            },
+            input_nchw: true,
+            weights: &ws,
+            cout: 8,
+            tail: ChannelTail::default(),
+        };
+        let block = BlockNhwc {
+            input: &[],
+            stem: Some(stem),
+            n: 1,
+            h: 4,
+            w: 4,
+            channels: 8,
+            expand: None,
+            depthwise: DepthwiseStage {
+                kernel: [3, 3],
+                stride: [1, 1],
+                pads: [1, 1],
+                out: [4, 4],
+                weights: &wd,
+                tail: ChannelTail::default(),
+            },
+            project: None,
+            residual: None,
+        };
+        let mut out = vec![0f32; 4 * 4 * 8];
+        block_nhwc(&block, &mut out, &Sequential).unwrap();
+        let err = |b: &BlockNhwc<'_>| block_nhwc(b, &mut out.clone(), &Sequential).unwrap_err();
+        let own_input = BlockNhwc {
+            input: &img[..4 * 4 * 8],
+            ..block
+        };
+        let e = err(&own_input);
+        assert!(e.to_string().contains("no input of its own"), "{e}");
+        let wider = BlockNhwc {
+            stem: Some(SmallConvNhwc { cout: 4, ..stem }),
+            ..block
+        };
+        let e = err(&wider);
+        assert!(e.to_string().contains("the stem makes [4, 4]x4"), "{e}");
+        let short_weights = BlockNhwc {
+            stem: Some(SmallConvNhwc {
+                weights: &ws[1..],
+                ..stem
+            }),
+            ..block
+        };
+        let e = err(&short_weights);
+        assert!(e.to_string().contains("small conv weights"), "{e}");
+    }
+
+    #[test]
     fn bad_blocks_are_errors() {
         let x = data(4 * 4 * 8, 1);
         let wd = data(9 * 8, 2);
