@@ -179,6 +179,12 @@ impl KernelKind {
     }
 }
 
+/// `conv_nhwc`s of at most this many input channels (an RGB stem) are computed directly on
+/// the CPU (`rafter_kernels_cpu::small_conv_nhwc`), not as a GEMM: `rafter_opt` keeps their
+/// weight raw and lets them read an NCHW input in place, and the CPU runtime picks that
+/// kernel for them, so all three must agree on the bound.
+pub const SMALL_CONV_MAX_CIN: i64 = 4;
+
 /// What a `conv_nhwc` is to a fused channels-last depthwise block: `rafter_opt::fusion`
 /// forms the block and the CPU runtime's block kernel runs it, so both must agree on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +193,10 @@ pub enum BlockConv {
     Pointwise,
     /// One input and one output channel per group.
     Depthwise,
+    /// One group of at most [`SMALL_CONV_MAX_CIN`] input channels, not a pointwise one: an
+    /// image's stem, computed directly; only ever a block's first stage, whose rows the
+    /// block computes a band at a time so that its map never goes to memory.
+    Stem,
 }
 
 impl BlockConv {
@@ -215,6 +225,9 @@ impl BlockConv {
             && matches!(auto_pad, crate::AutoPad::NotSet | crate::AutoPad::Valid);
         if pointwise {
             return Some(BlockConv::Pointwise);
+        }
+        if *group == 1 && (1..=SMALL_CONV_MAX_CIN).contains(&cg) {
+            return Some(BlockConv::Stem);
         }
         (cg == 1 && *group > 1 && *group == m).then_some(BlockConv::Depthwise)
     }

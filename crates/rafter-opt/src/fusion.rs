@@ -29,7 +29,10 @@
 //!   whose result (after its clips or relus) it alone reads when the two, or three, make
 //!   MobileNet's inverted residual `1×1 → depthwise → 1×1` or a half of it. The CPU
 //!   runtime runs the block band by band (`rafter_kernels_cpu::block_nhwc`), so the 6×
-//!   wide expansion never goes to memory (MobileNetV2's first one is 4.8 MB);
+//!   wide expansion never goes to memory (MobileNetV2's first one is 4.8 MB). An image's
+//!   stem (a convolution of at most [`SMALL_CONV_MAX_CIN`] input channels, perhaps read
+//!   through its input's transpose by the rule above) may take the expansion's place:
+//!   `stem → depthwise (→ 1×1)`, its map computed a band at a time too;
 //! - everything else (data movement, control flow, data-dependent ops) is one op per kernel.
 //!
 //! A join is refused when it would make a cycle between groups (a value leaving the group
@@ -148,7 +151,9 @@ impl Partitioner<'_> {
     /// (its data operand, read by nothing else and no graph output), and the group's
     /// convolutions followed by `ni` make `1×1 → depthwise`, `depthwise → 1×1` or
     /// `1×1 → depthwise → 1×1`, every 1×1 of stride 1 without padding, with nothing but
-    /// clips and relus after a convolution that is not the last.
+    /// clips and relus after a convolution that is not the last; or `stem → depthwise
+    /// (→ 1×1)`, the stem a convolution of few input channels, perhaps read through its
+    /// input's NCHW→NHWC transpose (MobileNet's first layers).
     fn continues_block(&self, gid: usize, ni: usize, pos: usize, v: ValueId) -> bool {
         let g = self.g;
         let grp = &self.groups[gid];
@@ -164,13 +169,15 @@ impl Partitioner<'_> {
             return false;
         }
         let mut stages = Vec::new();
-        for &m in &grp.nodes {
+        for (i, &m) in grp.nodes.iter().enumerate() {
             match &g.nodes[m].op {
                 Op::ConvNhwc { .. } => match block_stage(g, m) {
                     Some(st) => stages.push(st),
                     None => return false,
                 },
                 Op::Clip | Op::Unary { op: UnaryOp::Relu } if !stages.is_empty() => {}
+                // The stem's input read in place (the reordered stem input rule).
+                Op::Transpose { perm } if i == 0 && perm.as_slice() == TO_NHWC => {}
                 _ => return false,
             }
         }
@@ -178,8 +185,11 @@ impl Partitioner<'_> {
             return false;
         };
         stages.push(next);
-        use BlockConv::{Depthwise as D, Pointwise as P};
-        matches!(stages.as_slice(), [P, D] | [D, P] | [P, D, P])
+        use BlockConv::{Depthwise as D, Pointwise as P, Stem as S};
+        matches!(
+            stages.as_slice(),
+            [P, D] | [D, P] | [P, D, P] | [S, D] | [S, D, P]
+        )
     }
 
     /// Whether node `ni` reads its data operand `v` (operand `pos`) through the layout

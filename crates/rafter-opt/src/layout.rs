@@ -44,7 +44,7 @@ pub const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
 /// against 1063–1186 µs over eight runs of `cargo bench -p rafter-kernels-cpu --bench
 /// cnn_layers`, the two kernels in each run): its max pool then runs on the NHWC map, with
 /// no transposes around it (see `crate::fusion`).
-pub const SMALL_CONV_MAX_CIN: i64 = 4;
+pub use rafter_ir::program::SMALL_CONV_MAX_CIN;
 
 /// The forms a value of the input graph exists in, in the graph being built.
 #[derive(Clone, Copy, Default)]

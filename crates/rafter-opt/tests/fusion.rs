@@ -389,6 +389,56 @@ fn an_inverted_residual_is_one_channels_last_kernel() {
 }
 
 #[test]
+fn a_stem_and_its_depthwise_block_are_one_kernel_reading_the_nchw_input() {
+    // MobileNet's first layers: a 3×3 stride-2 stem of 3 channels with ReLU6, a depthwise
+    // 3×3 with ReLU6 and a 1×1 projection. One kernel reads the NCHW input through its
+    // transpose, behind the projection weight's unpacking prologue.
+    let dense = |n: usize, seed: usize| {
+        let v: Vec<String> = (0..n)
+            .map(|i| format!("{:.3}", (((i + seed) * 37) % 101) as f32 / 100.0 - 0.5))
+            .collect();
+        format!("dense [{}]", v.join(", "))
+    };
+    let g = parse(&format!(
+        r#"graph @stem(%x: f32[1, 3, 16, 16]) -> (%y) {{
+          const %lo: f32[] = dense [0.0]
+          const %hi: f32[] = dense [6.0]
+          const %ws: f32[8, 3, 3, 3] = {ws}
+          %s: f32[1, 8, 8, 8] = conv{{kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1, auto_pad = explicit}}(%x, %ws, _)
+          %s6: f32[1, 8, 8, 8] = clip(%s, %lo, %hi)
+          const %wd: f32[8, 1, 3, 3] = {wd}
+          %d: f32[1, 8, 8, 8] = conv{{kernel_shape = [3, 3], strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 8, auto_pad = explicit}}(%s6, %wd, _)
+          %d6: f32[1, 8, 8, 8] = clip(%d, %lo, %hi)
+          const %wp: f32[4, 8, 1, 1] = {wp}
+          %y: f32[1, 4, 8, 8] = conv{{kernel_shape = [1, 1], strides = [1, 1], pads = [0, 0, 0, 0], dilations = [1, 1], group = 1, auto_pad = explicit}}(%d6, %wp, _)
+        }}"#,
+        ws = dense(8 * 27, 1),
+        wd = dense(8 * 9, 2),
+        wp = dense(4 * 8, 3),
+    ));
+    let p = check_equivalent(&g, vec![rand_f32(&[1, 3, 16, 16], 4)]);
+    let block = [
+        "transpose",
+        "reshape",
+        "slice",
+        "reshape",
+        "transpose",
+        "conv_nhwc",
+        "clip",
+        "conv_nhwc",
+        "clip",
+        "conv_nhwc",
+    ];
+    assert_eq!(
+        kernels(&p),
+        vec![
+            (KernelKind::Contraction, ops(&block)),
+            (KernelKind::DataMovement, ops(&["transpose"])),
+        ]
+    );
+}
+
+#[test]
 fn a_depthwise_block_on_a_small_map_stays_three_kernels() {
     // Seven output rows: too few to split into bands (`BLOCK_MIN_ROWS`).
     let p = check_equivalent(&inverted_residual(7), vec![rand_f32(&[1, 8, 7, 7], 3)]);

@@ -4,6 +4,11 @@
 //! stay in the core's cache. The 1×1 convolutions' weights may be pre-packed (the body then
 //! starts with their unpacking prologues, one after another, `rafter_opt::prepack`); the
 //! depthwise filter is raw. Only the last convolution's tail may add a residual.
+//!
+//! An image's stem (a convolution of few input channels, raw weight) may take the place of
+//! the expansion: `stem → depthwise (→ 1×1)`. The body may then start with the NCHW→NHWC
+//! transpose of the stem's input (`rafter_opt::fusion`'s reordered stem input rule), which
+//! the kernel reads in place, as the standalone stem kernel does (`super::conv_nhwc`).
 
 use std::sync::Arc;
 
@@ -11,16 +16,18 @@ use rafter_ir::program::BlockConv;
 use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{
     block_nhwc, BRef, BlockNhwc, DepthwiseStage, Epilogue, MatRef, PackedBRef, Pointwise,
+    SmallConvNhwc,
 };
 
 use super::conv::geometry;
-use super::conv_nhwc::{unpacked_conv_weight, WSrc};
+use super::conv_nhwc::{unpacked_conv_weight, window_of, WSrc};
 use super::epilogue::{parse_chain_until, resolve_conv, EpiOp, Resolved, Src};
 use super::matmul::packed_prologue_at;
-use super::{input_of, known_dims, In, NativeKernel, Out, Par};
+use super::{input_of, known_dims, read_once, In, NativeKernel, Out, Par, TO_NHWC};
 
 /// One convolution of the block and its tail.
 struct Stage {
+    kind: BlockConv,
     w: WSrc,
     bias: Option<Src>,
     chain: Vec<EpiOp>,
@@ -28,7 +35,7 @@ struct Stage {
     window: Option<Window>,
 }
 
-/// A depthwise stage's attributes.
+/// A depthwise or stem stage's attributes.
 struct Window {
     strides: Vec<i64>,
     pads: Vec<i64>,
@@ -37,6 +44,8 @@ struct Window {
 
 struct BlockKernel {
     x: usize,
+    /// Input `x` is NCHW, transposed by the body for the stem, which reads it in place.
+    x_nchw: bool,
     stages: Vec<Stage>,
     par: Par,
 }
@@ -50,7 +59,16 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         packed.push((value, w));
         at = next;
     }
+    let x_nchw =
+        matches!(&body.nodes.get(at)?.op, Op::Transpose { perm } if perm.as_slice() == TO_NHWC);
     let x = input_of(body, body.nodes.get(at)?.input(0), DType::F32)?;
+    if x_nchw {
+        let xt = (*body.nodes[at].outputs.first()?)?;
+        if body.nodes.get(at + 1)?.input(0) != Some(xt) || !read_once(body, xt) {
+            return None;
+        }
+        at += 1;
+    }
     let mut stages = Vec::new();
     while at < body.nodes.len() {
         let node = &body.nodes[at];
@@ -79,8 +97,8 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             .map(|d| i64::try_from(d).ok())
             .collect::<Option<_>>()?;
         let kind = BlockConv::of(&node.op, wdims.try_into().ok()?)?;
-        // (The kernel reads a depthwise filter raw; prepack packs only GEMM weights.)
-        if matches!((kind, w), (BlockConv::Depthwise, WSrc::Packed { .. })) {
+        // (The kernel reads depthwise and stem filters raw; prepack packs only GEMM weights.)
+        if kind != BlockConv::Pointwise && matches!(w, WSrc::Packed { .. }) {
             return None;
         }
         let bias = match node.inputs.get(2) {
@@ -95,10 +113,11 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             return None;
         }
         stages.push(Stage {
+            kind,
             w,
             bias,
             chain,
-            window: (kind == BlockConv::Depthwise).then(|| Window {
+            window: (kind != BlockConv::Pointwise).then(|| Window {
                 strides: strides.clone(),
                 pads: pads.clone(),
                 auto_pad: *auto_pad,
@@ -106,15 +125,17 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         });
         at = next;
     }
-    let shape: Vec<bool> = stages.iter().map(|s| s.window.is_some()).collect();
-    if !matches!(
-        shape.as_slice(),
-        [false, true] | [true, false] | [false, true, false]
-    ) {
+    use BlockConv::{Depthwise as D, Pointwise as P, Stem as S};
+    let shape: Vec<BlockConv> = stages.iter().map(|s| s.kind).collect();
+    let stem_first = matches!(shape.as_slice(), [S, D] | [S, D, P]);
+    if !(matches!(shape.as_slice(), [P, D] | [D, P] | [P, D, P]) || stem_first)
+        || (x_nchw && !stem_first)
+    {
         return None;
     }
     Some(Arc::new(BlockKernel {
         x,
+        x_nchw,
         stages,
         par: par.clone(),
     }))
@@ -161,36 +182,44 @@ fn pointwise<'a>(b: BRef<'a>, r: &Resolved<'a>) -> Pointwise<'a> {
 
 impl NativeKernel for BlockKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
-        let &[n, h, w, c] = ins[self.x].dims.as_slice() else {
-            return Ok(false);
+        let [n, h, w, c] = match (ins[self.x].dims.as_slice(), self.x_nchw) {
+            (&[n, h, w, c], false) => [n, h, w, c],
+            (&[n, c, h, w], true) => [n, h, w, c],
+            _ => return Ok(false),
         };
-        // Walk the stages' shapes: channels and spatial size after each.
+        // Walk the stages' shapes: channels and spatial size after each, and the geometry
+        // of each windowed stage.
         let (mut ch, mut sp) = (c, [h, w]);
-        let mut geo = None;
+        let mut geos = Vec::with_capacity(self.stages.len());
         let mut dims = Vec::with_capacity(self.stages.len());
         for st in &self.stages {
             let Some([kh, kw, cg, m]) = weight_dims(ins, st.w) else {
                 return Ok(false);
             };
-            match &st.window {
-                None if [kh, kw, cg] == [1, 1, ch] => {}
-                Some(wd) if cg == 1 && m == ch => {
+            let fits = match st.kind {
+                BlockConv::Pointwise => [kh, kw, cg] == [1, 1, ch],
+                BlockConv::Depthwise => cg == 1 && m == ch,
+                BlockConv::Stem => cg == ch,
+            };
+            if !fits {
+                return Ok(false);
+            }
+            let geo = match &st.window {
+                None => None,
+                Some(wd) => {
                     let Some(g) =
                         geometry(sp, [kh, kw], &wd.strides, &wd.pads, &[], wd.auto_pad, false)
                     else {
                         return Ok(false);
                     };
                     sp = g.out;
-                    geo = Some(g);
+                    Some(g)
                 }
-                _ => return Ok(false),
-            }
+            };
+            geos.push(geo);
             ch = m;
             dims.push([n, sp[0], sp[1], m]);
         }
-        let Some(geo) = geo else {
-            return Ok(false);
-        };
         if outs[0].dims != [n, sp[0], sp[1], ch] {
             return Ok(false);
         }
@@ -205,20 +234,39 @@ impl NativeKernel for BlockKernel {
         if tails[..last].iter().any(|r| r.residual.is_some()) {
             return Ok(false);
         }
-        let dw_at = self.stages.iter().position(|s| s.window.is_some());
-        let Some(dw_at) = dw_at else {
+        let dw_at = self
+            .stages
+            .iter()
+            .position(|s| s.kind == BlockConv::Depthwise);
+        let (Some(dw_at), Some(first)) = (dw_at, self.stages.first()) else {
+            return Ok(false);
+        };
+        let Some(geo) = &geos[dw_at] else {
             return Ok(false);
         };
         let mid = dims[dw_at][3];
-        let dw = &self.stages[dw_at];
-        let WSrc::Input(dw_w) = dw.w else {
+        let WSrc::Input(dw_w) = self.stages[dw_at].w else {
             return Ok(false);
         };
-        let expand = match dw_at {
-            1 => {
-                let b = b_of(ins, self.stages[0].w, c, mid)?;
-                Some(pointwise(b, &tails[0]))
+        let xs = ins[self.x].f32s()?;
+        // The block's input: `x`, or the stem's output, computed band by band.
+        let (input, stem, [bh, bw, bc]) = match (first.kind, first.w, &geos[0]) {
+            (BlockConv::Stem, WSrc::Input(wi), Some(sg)) => {
+                let stem = SmallConvNhwc {
+                    window: window_of(xs, [h, w, c], sg),
+                    input_nchw: self.x_nchw,
+                    weights: ins[wi].f32s()?,
+                    cout: dims[0][3],
+                    tail: tails[0].channel_tail(),
+                };
+                let [_, sh, sw, sc] = dims[0];
+                (&[][..], Some(stem), [sh, sw, sc])
             }
+            (BlockConv::Stem, ..) => return Ok(false),
+            _ => (xs, None, [h, w, c]),
+        };
+        let expand = match (dw_at, first.kind) {
+            (1, BlockConv::Pointwise) => Some(pointwise(b_of(ins, first.w, c, mid)?, &tails[0])),
             _ => None,
         };
         let project = match self.stages.get(dw_at + 1) {
@@ -226,12 +274,12 @@ impl NativeKernel for BlockKernel {
             None => None,
         };
         let block = BlockNhwc {
-            input: ins[self.x].f32s()?,
-            stem: None,
+            input,
+            stem,
             n,
-            h,
-            w,
-            channels: c,
+            h: bh,
+            w: bw,
+            channels: bc,
             expand,
             depthwise: DepthwiseStage {
                 kernel: geo.k,

@@ -65,7 +65,7 @@ struct ConvNhwcKernel {
 /// Convolutions of at most this many input channels run directly
 /// (`rafter_kernels_cpu::small_conv_nhwc`) when their weight is raw, as `rafter_opt`
 /// leaves it for them (`layout::SMALL_CONV_MAX_CIN`).
-const SMALL_CONV_MAX_CIN: usize = 4;
+const SMALL_CONV_MAX_CIN: usize = rafter_ir::program::SMALL_CONV_MAX_CIN as usize;
 
 /// im2col blocks hold about this many bytes (a block's GEMM reads its A from L2/L3).
 const IM2COL_BYTES: usize = 1024 * 1024;
@@ -457,7 +457,7 @@ fn unpack(panels: &[f32], k: usize, n: usize) -> Vec<f32> {
 }
 
 /// The input and window of a convolution over `xs` (`[n, h, w, c]`).
-fn window_of<'a>(xs: &'a [f32], [h, w, c]: [usize; 3], geo: &Geom) -> WindowNhwc<'a> {
+pub(super) fn window_of<'a>(xs: &'a [f32], [h, w, c]: [usize; 3], geo: &Geom) -> WindowNhwc<'a> {
     WindowNhwc {
         input: xs,
         h,

@@ -453,6 +453,59 @@ fn depthwise_blocks_run_as_one_kernel() {
     }
 }
 
+/// An image's stem as a depthwise block's first stage (`rafter_opt::fusion`): a 3×3
+/// convolution of `cin` channels, stride `s`, with bias and ReLU6 → depthwise 3×3 with bias
+/// and ReLU6 → [1×1 → `cout`].
+fn stem_block(
+    seed: u64,
+    [n, cin, hw]: [usize; 3],
+    s: usize,
+    mid: usize,
+    cout: Option<usize>,
+) -> NativeStats {
+    let mut k = Case::new(seed);
+    let x = k.input(&[n, cin, hw, hw]);
+    let lo = k.weight_of(&[], &[0.0]);
+    let hi = k.weight_of(&[], &[6.0]);
+    let o = (hw + 2 - 3) / s + 1;
+    let (w, b) = (k.weight(&[mid, cin, 3, 3]), k.weight(&[mid]));
+    let mut y = k.node(
+        conv_op(&[s as i64; 2], &[1; 4], &[1, 1], 1),
+        &[x, w, b],
+        &[n, mid, o, o],
+    );
+    y = k.node(Op::Clip, &[y, lo, hi], &[n, mid, o, o]);
+    let (w, b) = (k.weight(&[mid, 1, 3, 3]), k.weight(&[mid]));
+    let dw = conv_op(&[1, 1], &[1; 4], &[1, 1], mid as i64);
+    y = k.node(dw, &[y, w, b], &[n, mid, o, o]);
+    y = k.node(Op::Clip, &[y, lo, hi], &[n, mid, o, o]);
+    if let Some(co) = cout {
+        let w = k.weight(&[co, mid, 1, 1]);
+        y = k.node(
+            conv_op(&[1, 1], &[0; 4], &[1, 1], 1),
+            &[y, w],
+            &[n, co, o, o],
+        );
+    }
+    k.check(y)
+}
+
+#[test]
+fn a_stem_and_its_depthwise_block_run_as_one_kernel() {
+    // MobileNetV2's first layers in small (3 channels, stride 2, projection), two images of
+    // odd width, one input channel, four, stride 1, and no projection. Each compiles to
+    // block (reading the NCHW input in place) → transpose, both native.
+    for stats in [
+        stem_block(11, [1, 3, 20], 2, 16, Some(8)),
+        stem_block(12, [2, 3, 33], 2, 12, Some(5)),
+        stem_block(13, [1, 1, 17], 1, 8, Some(8)),
+        stem_block(14, [1, 4, 18], 2, 24, None),
+    ] {
+        assert_eq!(stats.kernels, 2, "{stats:?}");
+        assert_native(stats, 2);
+    }
+}
+
 #[test]
 fn same_upper_padding() {
     let mut c = Case::new(5);
