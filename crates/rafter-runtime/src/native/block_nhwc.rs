@@ -127,10 +127,13 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     }
     use BlockConv::{Depthwise as D, Pointwise as P, Stem as S};
     let shape: Vec<BlockConv> = stages.iter().map(|s| s.kind).collect();
-    let stem_first = matches!(shape.as_slice(), [S, D] | [S, D, P]);
-    if !(matches!(shape.as_slice(), [P, D] | [D, P] | [P, D, P]) || stem_first)
-        || (x_nchw && !stem_first)
-    {
+    // (Only a stem reads an NCHW input in place.)
+    let ok = match shape.as_slice() {
+        [S, D] | [S, D, P] => true,
+        [P, D] | [D, P] | [P, D, P] => !x_nchw,
+        _ => false,
+    };
+    if !ok {
         return None;
     }
     Some(Arc::new(BlockKernel {
