@@ -5,11 +5,15 @@
 //! (`depthwise_nhwc`), with the model's bias and ReLU6. Prints the median µs a call, GFLOP/s and the
 //! GB/s of one read of the input and one write of the output. Run it from two builds,
 //! alternated, to compare kernel versions.
+//!
+//! Last, the depthwise stage as `block_nhwc` runs it: a band of a few interior rows held in
+//! L2, on one thread (less noisy than two). With `BANDS_ONLY` set, only that part runs, 20
+//! times over, for `perf record`.
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    depthwise_nhwc, small_conv_nhwc, stem_conv, ChannelTail, DepthwiseNhwc, SmallConvNhwc,
-    StemConv, WindowNhwc, WorkerPool,
+    depthwise_nhwc, small_conv_nhwc, stem_conv, ChannelTail, DepthwiseNhwc, Sequential,
+    SmallConvNhwc, StemConv, WindowNhwc, WorkerPool,
 };
 
 fn data(n: usize) -> Vec<f32> {
@@ -131,6 +135,12 @@ fn resnet_stem(pool: &WorkerPool) {
 }
 
 fn main() {
+    if std::env::var_os("BANDS_ONLY").is_some() {
+        for _ in 0..20 {
+            bands();
+        }
+        return;
+    }
     let pool = WorkerPool::new(2).unwrap();
     resnet_stem(&pool);
     stem(&pool);
@@ -179,4 +189,57 @@ fn main() {
         report(&what, med, flops, 4.0 * (x.len() + y.len()) as f64);
     }
     println!("depthwise total {:.1} us", total * 1e6);
+    bands();
+}
+
+/// The depthwise stage as a block runs it: one band of an image's interior rows, held in
+/// L2, on one thread (`block_nhwc`'s bands of MobileNetV2's blocks: output rows a band
+/// computes, width, channels, stride).
+fn bands() {
+    let shapes = [
+        (11usize, 112usize, 32usize, 1usize),
+        (2, 112, 96, 2),
+        (4, 56, 144, 1),
+        (4, 56, 144, 2),
+        (8, 28, 192, 1),
+        (4, 14, 576, 1),
+    ];
+    let mut total = 0.0;
+    for &(rows, w, ch, s) in &shapes {
+        let ow = (w + 2 - 3) / s + 1;
+        let hin = (rows - 1) * s + 3;
+        let x = data(hin * w * ch);
+        let wt = data(9 * ch);
+        let b = data(ch);
+        let mut y = vec![0f32; rows * ow * ch];
+        let conv = DepthwiseNhwc {
+            window: WindowNhwc {
+                input: &x,
+                h: hin,
+                w,
+                channels: ch,
+                kernel: [3, 3],
+                stride: [s, s],
+                pads: [0, 1],
+                out: [rows, ow],
+            },
+            weights: &wt,
+            tail: ChannelTail {
+                bias: Some(&b),
+                clamp: Some((0.0, 6.0)),
+                ..ChannelTail::default()
+            },
+        };
+        // A band is a few microseconds: time 20 of them per sample.
+        let med = median(|| {
+            for _ in 0..20 {
+                depthwise_nhwc(&conv, &mut y, &Sequential).unwrap();
+            }
+        }) / 20.0;
+        total += med;
+        let flops = 2.0 * 9.0 * (rows * ow * ch) as f64;
+        let what = format!("band {rows}x{ow} c{ch} s{s} 1T");
+        report(&what, med, flops, 4.0 * (x.len() + y.len()) as f64);
+    }
+    println!("bands total {:.2} us", total * 1e6);
 }

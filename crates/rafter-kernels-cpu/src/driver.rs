@@ -148,13 +148,8 @@ pub(crate) unsafe fn run_raw(
     };
     let packed_b = matches!(b, BRef::Packed(_));
     let (tm, tn) = split(m, n, k, &bl, par.threads(), !direct_a, !packed_b);
-    let (mt, nt) = (m.div_ceil(bl.mr), n.div_ceil(bl.nr));
     let task = |t: usize| {
-        let (ti, tj) = (t / tn, t % tn);
-        let i0 = (ti * mt / tm * bl.mr).min(m);
-        let i1 = ((ti + 1) * mt / tm * bl.mr).min(m);
-        let j0 = (tj * nt / tn * bl.nr).min(n);
-        let j1 = ((tj + 1) * nt / tn * bl.nr).min(n);
+        let ([i0, i1], [j0, j1]) = task_range(t, (tm, tn), m, n, bl.mr);
         if i0 < i1 && j0 < j1 {
             block(&ctx, i0, i1, j0, j1);
         }
@@ -163,9 +158,25 @@ pub(crate) unsafe fn run_raw(
         task(0);
     } else {
         // Tasks cover disjoint row ranges (multiples of MR) x column ranges (multiples of
-        // NR, so of the packed panel width), which is what makes sharing `ctx.c` sound.
+        // the packed panel width), which is what makes sharing `ctx.c` sound.
         par.run(tm * tn, &task);
     }
+}
+
+/// The rows and columns of C that task `t` of a `tm x tn` grid computes: row ranges in
+/// whole `mr` tiles, column ranges in whole packed panels.
+fn task_range(
+    t: usize,
+    (tm, tn): (usize, usize),
+    m: usize,
+    n: usize,
+    mr: usize,
+) -> ([usize; 2], [usize; 2]) {
+    let (mt, nt) = (m.div_ceil(mr), n.div_ceil(PANEL));
+    let (ti, tj) = (t / tn, t % tn);
+    let rows = [ti * mt / tm * mr, (ti + 1) * mt / tm * mr].map(|i| i.min(m));
+    let cols = [tj * nt / tn * PANEL, (tj + 1) * nt / tn * PANEL].map(|j| j.min(n));
+    (rows, cols)
 }
 
 /// Chooses a `tm x tn` grid of tasks (rows x columns) for `threads` threads.
@@ -185,7 +196,10 @@ fn split(
     packs_a: bool,
     packs_b: bool,
 ) -> (usize, usize) {
-    let (mt, nt) = (m.div_ceil(bl.mr), n.div_ceil(bl.nr));
+    // Columns are split in whole panels, not whole register tiles: 160 columns on two
+    // threads are 80 and 80 (a task's last tile 16 wide), where tiles of 32 made 96 and 64
+    // (MobileNetV2's 7×7 projections).
+    let (mt, nt) = (m.div_ceil(bl.mr), n.div_ceil(PANEL));
     let streams_weights = !packs_b && k * n >= MIN_PARALLEL_B_FLOATS;
     if threads <= 1 || (m * n * k.max(1) < MIN_PARALLEL_FMAS && !streams_weights) {
         return (1, 1);
@@ -198,7 +212,7 @@ fn split(
             }
             let tn = tasks / tm;
             let rows = mt.div_ceil(tm) * bl.mr;
-            let cols = nt.div_ceil(tn) * bl.nr;
+            let cols = nt.div_ceil(tn) * PANEL;
             let pack = PACK_COST * k * (rows * packs_a as usize + cols * packs_b as usize);
             let task = rows * cols * k + pack + k * (rows + cols) + TASK_COST;
             let cost = task * tasks.div_ceil(threads);
@@ -258,8 +272,8 @@ fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
                 let (b_ptr, b_ps) = match &ctx.b {
                     BRef::Packed(p) => {
                         let panels = p.panels();
-                        // `jc` is a multiple of PANEL (task and NC boundaries are multiples
-                        // of NR), so this is the start of a panel, `pc` rows down.
+                        // `jc` is a multiple of PANEL (task boundaries are multiples of it,
+                        // NC of NR), so this is the start of a panel, `pc` rows down.
                         (
                             panels[(jc / PANEL) * k * PANEL + pc * PANEL..].as_ptr(),
                             k * PANEL,
@@ -412,6 +426,25 @@ fn macro_kernel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn columns_are_split_in_whole_panels() {
+        // MobileNetV2's 7×7 projection: 49 x 160 (K = 960) on two threads of the AVX-512
+        // blocking (12 x 32 tiles). Whole 32-wide tiles made 96 + 64 columns.
+        let bl = Blocking {
+            mr: 12,
+            nr: 32,
+            mc: 144,
+            kc: 256,
+            nc: 512,
+        };
+        let grid = split(49, 160, 960, &bl, 2, false, false);
+        assert_eq!(grid, (1, 2));
+        let cols: Vec<[usize; 2]> = (0..2).map(|t| task_range(t, grid, 49, 160, 12).1).collect();
+        assert_eq!(cols, [[0, 80], [80, 160]]);
+        // Rows in whole tiles, the last one partial.
+        assert_eq!(task_range(1, (2, 1), 49, 160, 12).0, [24, 49]);
+    }
 
     #[test]
     fn a_single_row_against_large_packed_weights_is_split_over_the_threads() {
