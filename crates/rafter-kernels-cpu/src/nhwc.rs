@@ -278,6 +278,8 @@ fn depthwise_rows<S: Simd>(
                 let acc = if inner {
                     let base = (g.iy0 as usize * wnd.w + cols.ix(ox) as usize) * ch + c0;
                     dot9(s, plane, base, wnd.w * ch, ch, &wv)
+                } else if unrolled {
+                    edge3x3(s, wnd, plane, g.iy0, g.ky.clone(), cols.ix(ox), c0, &wv)
                 } else {
                     window(s, c, plane, g.iy0, g.ky.clone(), cols.ix(ox), c0, lanes)
                 };
@@ -400,6 +402,42 @@ fn dot9<S: Simd>(s: S, plane: &[f32], base: usize, row: usize, px: usize, wv: &[
     acc = s.fma(s.load(&plane[b2..]), wv[6], acc);
     acc = s.fma(s.load(&plane[b2 + px..]), wv[7], acc);
     s.fma(s.load(&plane[b2 + 2 * px..]), wv[8], acc)
+}
+
+/// A 3×3 window that crosses the input's edge, for a whole channel vector: the taps of rows
+/// `ky` and of the columns inside the input, the filter taken from the registers `wv`.
+/// Through [`window`], which reloads the filter and walks general bounds, edge pixels cost
+/// several times an inner one; on a 7×7 map half the pixels are on the edge.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn edge3x3<S: Simd>(
+    s: S,
+    wnd: &WindowNhwc<'_>,
+    plane: &[f32],
+    iy0: isize,
+    ky: Range<usize>,
+    ix0: isize,
+    c0: usize,
+    wv: &[S::V; 9],
+) -> S::V {
+    let ch = wnd.channels;
+    let inside = |kx: usize| (0..wnd.w as isize).contains(&(ix0 + kx as isize));
+    let cols = [inside(0), inside(1), inside(2)];
+    let mut acc = s.splat(0.0);
+    // Constant bounds, so that `wv` is indexed by constants and stays in registers.
+    for r in 0..3 {
+        if !ky.contains(&r) {
+            continue;
+        }
+        let row = (iy0 + r as isize) as usize * wnd.w;
+        for kx in 0..3 {
+            if cols[kx] {
+                let i = (row + (ix0 + kx as isize) as usize) * ch + c0;
+                acc = s.fma(s.load(&plane[i..]), wv[r * 3 + kx], acc);
+            }
+        }
+    }
+    acc
 }
 
 /// Any window, checking each tap's column: the taps of rows `ky` at input row `iy0 + ky`
