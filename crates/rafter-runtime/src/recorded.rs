@@ -36,6 +36,15 @@ pub(crate) enum OutputSource {
     Slot(usize),
 }
 
+/// Where a call's input goes.
+pub(crate) enum InputDest {
+    /// Its bytes are written into this buffer.
+    Buffer(Buffer),
+    /// The tensor itself goes into host slot `b`, which only CPU kernels read, in place:
+    /// no copy.
+    Slot(usize),
+}
+
 /// One command buffer of a recorded call, for one device.
 pub(crate) struct Chunk {
     pub(crate) device: usize,
@@ -60,8 +69,8 @@ pub(crate) struct Recorded {
     pub(crate) uses: u64,
     /// `(arena, buffer)`: the arenas' allocations.
     pub(crate) arenas: Vec<(usize, Buffer)>,
-    /// `(input index, buffer)`: where each input's bytes are written.
-    pub(crate) inputs: Vec<(usize, Buffer)>,
+    /// `(input index, destination)`: where each input goes.
+    pub(crate) inputs: Vec<(usize, InputDest)>,
     pub(crate) outputs: Vec<OutputSource>,
     pub(crate) chunks: Vec<Chunk>,
     /// Other devices' ranges that the call's cross-device copies map.

@@ -14,7 +14,7 @@ use super::{DeviceUse, Home, Inner, Session};
 use crate::cpu::{byte_size, eval_dims, Operand, Params};
 use crate::error::{hal, Result, RuntimeError};
 use crate::plan::{self, Access, Item, Region};
-use crate::recorded::{Chunk, OutputSource, Recorded};
+use crate::recorded::{Chunk, InputDest, OutputSource, Recorded};
 
 /// Where each buffer of one call lives: its home, dims, byte size, and (once allocated)
 /// its byte range and the allocation it is part of.
@@ -252,17 +252,18 @@ impl Session {
 
     /// Inputs and outputs: their own allocations on the device that uses them (host-visible
     /// for inputs, which the host writes; host-cached for outputs, which it reads back).
-    /// Returns `(input index, buffer)` per input and where each output is read from.
+    /// Returns where each input goes (an input that only CPU kernels read goes to its host
+    /// slot as it is) and where each output is read from.
     #[allow(clippy::type_complexity)]
     fn allocate_io(
         &self,
         layout: &mut CallLayout,
         call: u64,
-    ) -> Result<(Vec<(usize, Buffer)>, Vec<OutputSource>)> {
+    ) -> Result<(Vec<(usize, InputDest)>, Vec<OutputSource>)> {
         let inner = &*self.inner;
         let p = &*inner.program;
         let mut outputs: Vec<Option<OutputSource>> = vec![None; p.outputs.len()];
-        let mut inputs: Vec<(usize, Buffer)> = Vec::new();
+        let mut inputs: Vec<(usize, InputDest)> = Vec::new();
         for (b, decl) in p.buffers.iter().enumerate() {
             match (&decl.storage, layout.home[b]) {
                 (Storage::Input(k), Home::Device(d)) => {
@@ -275,8 +276,9 @@ impl Session {
                             decl.name, use_.name
                         )))?;
                     layout.own_allocation(b, &buffer);
-                    inputs.push((*k, buffer));
+                    inputs.push((*k, InputDest::Buffer(buffer)));
                 }
+                (Storage::Input(k), Home::Slot) => inputs.push((*k, InputDest::Slot(b))),
                 (Storage::Output(k), Home::Device(d)) => {
                     let use_ = &inner.devices[d];
                     // Host-cached: the caller reads outputs back (see rafter-opt's place).
