@@ -328,29 +328,15 @@ impl Partitioner<'_> {
     }
 }
 
-/// A depthwise block is fused only when its output has at least this many rows. The CPU
-/// runtime splits each image's rows between its threads, and a thread's first band
-/// recomputes the expanded rows above it; on MobileNetV2's 7×7 maps that recomputation
-/// (+29% expansion FLOPs on 2 threads) and both threads reading every weight made the
-/// fused blocks slower, 1320 against 1127 µs for the four, while the 14×14 blocks gained
-/// 5-20% (`rafter bench --trace`, 2 threads, 40 calls).
-const BLOCK_MIN_ROWS: i64 = 8;
-
-/// What `conv_nhwc` node `ni` is in a depthwise block ([`BlockConv::of`]), a depthwise one
-/// only when its output has at least [`BLOCK_MIN_ROWS`] rows.
+/// What `conv_nhwc` node `ni` is in a depthwise block ([`BlockConv::of`]). Blocks on maps of
+/// any size are fused: the CPU runtime's kernel runs those of few rows stage by stage over
+/// the whole map (`rafter_kernels_cpu::block_nhwc`'s `BAND_MIN_ROWS`), where bands would
+/// recompute too much of the expansion.
 fn block_stage(g: &Graph, ni: usize) -> Option<BlockConv> {
     let node = &g.nodes[ni];
     let w = &g.value(node.input(1)?).ty.dims;
     let known: Option<Vec<i64>> = w.iter().map(Dim::as_known).collect();
-    let stage = BlockConv::of(&node.op, known?.try_into().ok()?)?;
-    let out_rows = node
-        .outputs
-        .first()
-        .copied()
-        .flatten()
-        .and_then(|y| g.value(y).ty.dims.get(1)?.as_known());
-    let big_enough = out_rows.is_some_and(|r| r >= BLOCK_MIN_ROWS);
-    (stage == BlockConv::Pointwise || big_enough).then_some(stage)
+    BlockConv::of(&node.op, known?.try_into().ok()?)
 }
 
 /// The dims of `n`'s first result, if it has one.
