@@ -550,6 +550,9 @@ impl Session {
             native,
             native_stats: native_stats.clone(),
             registry: registry.clone(),
+            dims: (0..program.kernels.len())
+                .map(|_| Mutex::new(None))
+                .collect(),
         });
 
         // Executables: one per CPU device, an entry per kernel it runs plus the copy entry.

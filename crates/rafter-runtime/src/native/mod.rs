@@ -49,7 +49,7 @@ use rafter_ir::{DType, Graph, ValueDef, ValueId};
 
 pub(crate) use operands::{In, Out};
 
-use crate::cpu::{eval_dims, Operand, Params};
+use crate::cpu::{KernelDims, Operand, Params};
 
 /// A kernel body computed natively on borrowed operands.
 pub(crate) trait NativeKernel: Send + Sync {
@@ -166,7 +166,7 @@ fn run_in_place(
     kernel: &dyn NativeKernel,
     body: &Graph,
     params: &Params,
-    map: &std::collections::HashMap<rafter_ir::Symbol, i64>,
+    dims: &KernelDims,
     ctx: &DispatchContext<'_>,
 ) -> Result<bool, String> {
     let n_in = body.inputs.len();
@@ -182,7 +182,7 @@ fn run_in_place(
         return Ok(false);
     }
     let v = body.value(*out);
-    let (Ok(dims), Ok(mut view)) = (eval_dims(&v.ty, map), ctx.write(*r)) else {
+    let (Some(dims), Ok(mut view)) = (dims.outs[0].clone(), ctx.write(*r)) else {
         return Ok(false);
     };
     match Out::new(v.ty.dtype, dims, &mut view) {
@@ -242,7 +242,7 @@ pub(crate) fn run(
     body: &Graph,
     program: &rafter_ir::program::Program,
     params: &Params,
-    map: &std::collections::HashMap<rafter_ir::Symbol, i64>,
+    dims: &KernelDims,
     ctx: &DispatchContext<'_>,
     stats: &Stats,
     registry: &crate::cpu::CallRegistry,
@@ -267,7 +267,7 @@ pub(crate) fn run(
     // f32 buffers, each view dropped before any result view is taken.
     let mut copies: Vec<Option<Vec<f32>>> = vec![None; n_in];
     if kernel.copies_operands() {
-        if run_in_place(kernel, body, params, map, ctx)? {
+        if run_in_place(kernel, body, params, dims, ctx)? {
             stats.native.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }
@@ -342,7 +342,7 @@ pub(crate) fn run(
                 In::from_f32s(a.shape().to_vec(), data)
             }
             (Operand::Binding(_), None) => {
-                let Ok(dims) = eval_dims(&v.ty, map) else {
+                let Some(dims) = dims.ins[i].clone() else {
                     return fallback();
                 };
                 let data = copies[i]
@@ -359,7 +359,7 @@ pub(crate) fn run(
                 In::from_f32s(dims, data)
             }
             (operand, view) => {
-                let Ok(dims) = eval_dims(&v.ty, map) else {
+                let Some(dims) = dims.ins[i].clone() else {
                     return fallback();
                 };
                 let bytes: &[u8] = match (operand, view) {
@@ -391,9 +391,9 @@ pub(crate) fn run(
     let mut out_dims = Vec::with_capacity(body.outputs.len());
     for (j, &operand) in params.operands[n_in..].iter().enumerate() {
         let v = body.value(body.outputs[j]);
-        let dims = match eval_dims(&v.ty, map) {
-            Ok(d) => d,
-            Err(_) => match kernel.out_dims(&ins) {
+        let dims = match &dims.outs[j] {
+            Some(d) => d.clone(),
+            None => match kernel.out_dims(&ins) {
                 Some(d) if body.outputs.len() == 1 => d,
                 _ => return fallback(),
             },
