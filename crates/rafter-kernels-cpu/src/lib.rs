@@ -100,7 +100,7 @@ pub use packed::{
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
-pub use transpose::transpose_f32;
+pub use transpose::{permute_rows_f32, transpose_f32};
 pub use winograd::{conv3x3, Conv3x3, WinogradWeights};
 pub use winograd_nhwc::{conv3x3_nhwc, conv3x3_nhwc_with_isa, Conv3x3Nhwc, WinogradNhwcWeights};
 

@@ -2,12 +2,14 @@
 //! one `memcpy` of the operand's bytes into the result (their row-major order is unchanged);
 //! transposes walk the output in order, copying whole rows when the last axis stays last;
 //! f32 transposes that are batched 2-D ones once their axes are merged (NCHW ↔ NHWC) run
-//! tiled over the worker pool (`rafter_kernels_cpu::transpose_f32`).
+//! tiled over the worker pool (`rafter_kernels_cpu::transpose_f32`), and f32 ones that keep
+//! the last axis last (attention's head split and merge) copy their rows over the pool
+//! (`rafter_kernels_cpu::permute_rows_f32`).
 
 use std::sync::Arc;
 
 use rafter_ir::{DType, Graph, Op, ValueDef};
-use rafter_kernels_cpu::transpose_f32;
+use rafter_kernels_cpu::{permute_rows_f32, transpose_f32};
 
 use super::{In, NativeKernel, Out, Par};
 
@@ -218,6 +220,11 @@ impl NativeKernel for MovementKernel {
                 };
                 if let (DType::F32, Some(brc)) = (x.dtype, batched_2d) {
                     transpose_f32(x.f32s()?, brc, y.f32s()?, &*self.par)
+                        .map_err(|e| format!("transpose: {e}"))?;
+                    return Ok(true);
+                }
+                if x.dtype == DType::F32 && perm.last() == Some(&(perm.len() - 1)) {
+                    permute_rows_f32(x.f32s()?, &dims, &perm, y.f32s()?, &*self.par)
                         .map_err(|e| format!("transpose: {e}"))?;
                     return Ok(true);
                 }
