@@ -723,6 +723,14 @@ mod tests {
     }
 
     #[test]
+    fn many_bands_reuse_their_held_rows() {
+        // 32 KB expanded rows: bands of 4 output rows, so a share walks many bands, keeping
+        // two rows from one band to the next (stride 2: one) in the buffer.
+        case(1, 60, 16, 8, Some(512), 3, 1, Some(8), true, true);
+        case(1, 61, 16, 8, Some(512), 3, 2, Some(8), false, true);
+    }
+
+    #[test]
     fn small_maps_run_stage_by_stage() {
         // Fewer than BAND_MIN_ROWS output rows: MobileNetV2's 7×7 block with its skip, the
         // 14×14 → 7×7 stride-2 one on two images, and the halves.
