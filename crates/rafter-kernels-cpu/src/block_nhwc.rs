@@ -70,6 +70,33 @@ pub struct DepthwiseStage<'a> {
     pub tail: ChannelTail<'a>,
 }
 
+impl<'a> DepthwiseStage<'a> {
+    /// The stage as a depthwise convolution over `input` (`h x w x channels` an image), with
+    /// leading padding `pads` and output `out`: a band's rows, or the whole map.
+    fn over(
+        &self,
+        input: &'a [f32],
+        [h, w, channels]: [usize; 3],
+        pads: [usize; 2],
+        out: [usize; 2],
+    ) -> DepthwiseNhwc<'a> {
+        DepthwiseNhwc {
+            window: WindowNhwc {
+                input,
+                h,
+                w,
+                channels,
+                kernel: self.kernel,
+                stride: self.stride,
+                pads,
+                out,
+            },
+            weights: self.weights,
+            tail: self.tail,
+        }
+    }
+}
+
 /// `[expand] → depthwise → [project] (+ residual)` over an NHWC input, or over a network's
 /// stem: `stem conv → depthwise → [project]`.
 #[derive(Clone, Copy, Debug)]
@@ -347,20 +374,7 @@ fn whole_map(
             }
             None => b.input,
         };
-        let conv = DepthwiseNhwc {
-            window: WindowNhwc {
-                input: dw_in,
-                h: b.h,
-                w: b.w,
-                channels: mid,
-                kernel: d.kernel,
-                stride: d.stride,
-                pads: d.pads,
-                out: d.out,
-            },
-            weights: d.weights,
-            tail: d.tail,
-        };
+        let conv = d.over(dw_in, [b.h, b.w, mid], d.pads, d.out);
         let Some(p) = &b.project else {
             return depthwise_nhwc_with_isa(isa, &conv, out, par);
         };
@@ -456,20 +470,8 @@ fn run_share(
             }
             (None, None) => &plane[lo * w * c0..hi * w * c0],
         };
-        let conv = DepthwiseNhwc {
-            window: WindowNhwc {
-                input: dw_in,
-                h: hi - lo,
-                w,
-                channels: mid,
-                kernel: d.kernel,
-                stride: d.stride,
-                pads: [(lo as isize - top) as usize, d.pads[1]],
-                out: [o1 - o0, ow],
-            },
-            weights: d.weights,
-            tail: d.tail,
-        };
+        let pads = [(lo as isize - top) as usize, d.pads[1]];
+        let conv = d.over(dw_in, [hi - lo, w, mid], pads, [o1 - o0, ow]);
         let local = (o0 - rows.start) * ow * ch.out..(o1 - rows.start) * ow * ch.out;
         let Some(p) = &b.project else {
             depthwise_nhwc_with_isa(isa, &conv, &mut dst[local], &Sequential)?;
