@@ -63,6 +63,11 @@ impl Pool {
             return;
         }
         self.lock().jobs.extend(jobs);
+        // A host thread that will help next takes the jobs itself, and hands what is left to
+        // a worker when it stops helping (see `help`): waking one now would be wasted.
+        if rafter_hal::submitter_will_wait() && !self.is_current_worker() {
+            return;
+        }
         // One wake-up per job, not all: on a 16-core machine `notify_all` woke every idle
         // worker to contend for two or three small jobs.
         for _ in 0..n {
@@ -89,6 +94,7 @@ impl Pool {
     /// already a worker (of any pool) does not help: its kept job is its own pool's.
     pub(crate) fn help(&self, worker: &Worker, done: &dyn Fn() -> bool) {
         if WORKER_OF.with(|w| w.get()) != 0 {
+            self.wake_for_queued();
             return;
         }
         WORKER_OF.with(|w| w.set(self as *const Pool as usize));
@@ -114,6 +120,17 @@ impl Pool {
                 Some(job) => job(worker),
                 None => break,
             }
+        }
+        self.wake_for_queued();
+    }
+
+    /// Wakes a worker for each queued job: a helper leaving (at its deadline, once its call
+    /// is done, or not helping at all) hands them over, as `push` woke no one for the jobs
+    /// it pushed for that helper.
+    fn wake_for_queued(&self) {
+        let queued = self.lock().jobs.len();
+        for _ in 0..queued {
+            self.available.notify_one();
         }
     }
 

@@ -948,3 +948,51 @@ fn help_leaves_work_whose_waits_are_not_reached() {
     done.wait(1, LONG).unwrap();
     assert_eq!(ran_on.lock().unwrap().len(), 1);
 }
+
+/// A device with `records_thread` as entry 0, its queue, and a command buffer of one
+/// dispatch of it.
+fn recording_device(
+    ran_on: &Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
+) -> (CpuDevice, Queue, rafter_hal::CommandBuffer) {
+    let dev = device(1);
+    let exe = dev
+        .load_kernels(
+            "record",
+            CpuKernels::new().with_entry("record", records_thread(ran_on)),
+        )
+        .unwrap();
+    let queue = dev.queue(0).unwrap();
+    let mut cb = dev.create_command_buffer().unwrap();
+    cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
+    (dev, queue, cb.finish())
+}
+
+#[test]
+fn work_submitted_for_a_helper_runs_on_it() {
+    let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (dev, queue, cb) = recording_device(&ran_on);
+    let done = Semaphore::host(0);
+    rafter_hal::submit_then_wait(|| queue.submit(&cb, &[], &[(done.clone(), 1)])).unwrap();
+    dev.help(&|| done.value() >= 1);
+    done.wait(1, LONG).unwrap();
+    assert_eq!(*ran_on.lock().unwrap(), vec![std::thread::current().id()]);
+}
+
+#[test]
+fn work_submitted_for_a_helper_that_leaves_at_once_goes_to_a_worker() {
+    let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (dev, queue, cb) = recording_device(&ran_on);
+    // Let the worker run once and go back to sleep, so only a wake-up can start it again.
+    let first = Semaphore::host(0);
+    queue.submit(&cb, &[], &[(first.clone(), 1)]).unwrap();
+    first.wait(1, LONG).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // Pushed without waking the worker, for this thread; which leaves without helping.
+    let done = Semaphore::host(0);
+    rafter_hal::submit_then_wait(|| queue.submit(&cb, &[], &[(done.clone(), 1)])).unwrap();
+    dev.help(&|| true);
+    done.wait(1, Duration::from_secs(5)).unwrap();
+    let ran_on = ran_on.lock().unwrap();
+    assert_eq!(ran_on.len(), 2);
+    assert_ne!(ran_on[1], std::thread::current().id());
+}

@@ -43,7 +43,8 @@ mod trace;
 
 pub use command::{Command, CommandBuffer, CommandBufferBuilder, Dispatch, FillPattern};
 pub use device::{
-    Capabilities, Device, DeviceId, DeviceInfo, DeviceKind, Limits, Queue, QueueImpl,
+    submit_then_wait, submitter_will_wait, Capabilities, Device, DeviceId, DeviceInfo, DeviceKind,
+    Limits, Queue, QueueImpl,
 };
 pub use error::{HalError, Result, SemaphoreError};
 pub use executable::{

@@ -902,9 +902,21 @@ impl Session {
         })
     }
 
-    /// Submits a call and waits for its outputs.
+    /// Submits a call and waits for its outputs. The submission tells the devices that this
+    /// thread waits next ([`rafter_hal::submit_then_wait`]), so the CPU device leaves the
+    /// call's first work to it instead of waking one of its threads.
     pub fn run(&self, inputs: Vec<Tensor>, timeout: Duration) -> Result<Vec<Tensor>> {
-        self.submit(inputs)?.wait(timeout)
+        match rafter_hal::submit_then_wait(|| self.submit(inputs)) {
+            Ok(call) => call.wait(timeout),
+            Err(e) => {
+                // A submission that failed part-way may have left work queued for this
+                // thread: stop "helping" at once, which hands it to the devices' threads.
+                for use_ in &self.inner.devices {
+                    use_.device.help(&|| true);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// How many arena buffers of completed calls wait to be reused by the next calls: those
