@@ -910,3 +910,37 @@ fn a_trace_has_one_event_per_dispatch_and_a_track_per_queue() {
         assert!(e.get("dur").and_then(Json::num).unwrap() >= 0.0);
     }
 }
+
+/// An input that only CPU kernels read goes to them as the caller's tensor, in place (no
+/// copy into a buffer of its own): one whose elements are not in row-major order in memory
+/// (a transposed view) must still be read in its logical order.
+#[test]
+fn strided_input_tensors_read_in_place_are_read_in_logical_order() {
+    let g = rafter_ir::text::parse_graph(
+        r#"graph @mm(%x: f32[4, 6]) -> (%y) {
+          const %w: f32[6, 3] = dense [0.5, -1.0, 2.0, 1.5, 0.25, -0.5, 1.0, 1.0, 1.0, -2.0, 0.5, 0.75, 0.125, 3.0, -1.5, 1.0, -0.25, 0.5]
+          %m: f32[4, 3] = matmul(%x, %w)
+          %y: f32[4, 3] = unary{op = relu}(%m)
+        }"#,
+    )
+    .unwrap();
+    let p = rafter_opt::compile(&g, &Default::default()).unwrap();
+    // `[6, 4]` in memory, `[4, 6]` as a tensor: column-major.
+    let data: Vec<f32> = (0..24)
+        .map(|i| (i % 5) as f32 - 1.5 + i as f32 * 0.1)
+        .collect();
+    let x = ndarray::Array2::from_shape_vec((6, 4), data)
+        .unwrap()
+        .reversed_axes()
+        .into_dyn();
+    assert!(x.as_slice().is_none(), "the input must not be row-major");
+    let x = Tensor::F32(x);
+    let want = rafter_reference::run(&g, vec![x.clone()]).unwrap();
+    let session = Session::new(p, &cpu(2)).unwrap();
+    let got = session.run(vec![x], LONG).unwrap();
+    assert!(
+        max_abs_diff(&got[0], &want[0]) <= 1e-5,
+        "{}",
+        max_abs_diff(&got[0], &want[0])
+    );
+}
