@@ -292,7 +292,7 @@ unsafe fn finish_column_epilogue<const R: usize, const W: usize>(
 /// `ab` readable for `mv` rows of `nv` (rounded up to 16) floats; the tile contract.
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
-unsafe fn finish(t: &Tile, ab: *const f32, ab_ld: usize) {
+pub(crate) unsafe fn finish(t: &Tile, ab: *const f32, ab_ld: usize) {
     let alpha = _mm512_set1_ps(t.alpha);
     let beta = _mm512_set1_ps(t.beta);
     for r in 0..t.mv {

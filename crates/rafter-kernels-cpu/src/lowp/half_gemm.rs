@@ -26,15 +26,17 @@ use crate::{
 /// slower at M = 128, while bf16 direct (a shift) stayed 8-34% faster. The scalar path is
 /// not tuned: its widened path runs the scalar f32 kernel.
 ///
-/// In a model the products carry epilogues (bias, GELU), which the direct path applies in
-/// scalar code: BERT-base with bf16 weights at seq 128 (M = 128) ran faster with AVX-512
-/// products above 16 rows widened, 57.4–62.2 against 62.5–63.1 ms in 3 of 3 alternated
-/// `rafter bench --threads 2` runs, so AVX-512 goes direct up to M = 16 (decoding, a few
-/// rows, is what the direct kernels are for).
+/// In a model the products carry epilogues (bias, GELU). While the direct path applied them
+/// in scalar code, BERT-base with bf16 weights at seq 128 (M = 128) ran faster with
+/// AVX-512 products above 16 rows widened (57.4–62.2 against 62.5–63.1 ms). With the f32
+/// kernel's vector epilogue (see `finish`), direct up to M = 128 took BERT-base from 57.0
+/// to 51.2 ms with bf16 weights and from 56.0 to 51.4 with f16 (`rafter bench --threads
+/// 2`, 10 and 6 alternated rounds, the new build faster in every one), level with f32
+/// weights (52.3 ms).
 fn direct_max_m(path: Path, kind: HalfKind) -> usize {
     match (path, kind) {
         #[cfg(target_arch = "x86_64")]
-        (Path::Avx512, _) => 16,
+        (Path::Avx512, _) => 128,
         #[cfg(target_arch = "x86_64")]
         (Path::Avx2, HalfKind::F16) => 32,
         #[cfg(target_arch = "x86_64")]
@@ -224,8 +226,9 @@ fn direct(
                 // panel count is ceil(n/16) and j + nv <= n); `out` has 8 >= mv rows of
                 // 64 >= nv columns; the path's ISA is available (checked by the caller).
                 unsafe { tile(path, b.kind(), &dt, mv, nv.div_ceil(PANEL)) };
-                // SAFETY: this task alone writes columns j..j+nv (its tiles), rows < m.
-                unsafe { finish(&out, alpha, r0, mv, j, nv, epi, cp, ldc) };
+                // SAFETY: this task alone writes columns j..j+nv (its tiles), rows < m; the
+                // path's ISA is available.
+                unsafe { finish(path, &out, alpha, r0, mv, j, nv, epi, cp, ldc) };
             }
         }
     };
@@ -285,14 +288,72 @@ unsafe fn tile_scalar(t: &DecodeTile, rows: usize, np: usize, kind: HalfKind) {
 }
 
 /// Scales `mv x nv` raw results by alpha, applies the epilogue and stores them at C's rows `r0..`,
-/// columns `j..`. Scalar on purpose: it touches M x N values against the kernel's K x N
-/// weights, so with few rows it is a small share (GELU's `exp` included) of a call.
+/// columns `j..`: with AVX-512, the f32 kernel's vector epilogue; else in scalar code, which
+/// with few rows is a small share of a call. With the scalar epilogue (GELU's `exp` per
+/// element), BERT-base's products of 128 rows had run faster widened than direct.
 ///
 /// # Safety
 /// C's rows `r0..r0+mv`, columns `j..j+nv` are in bounds at `ldc` and written by this
-/// task alone; the epilogue was checked against C's shape.
+/// task alone; the epilogue was checked against C's shape; `path`'s ISA is available.
 #[allow(clippy::too_many_arguments)]
 unsafe fn finish(
+    path: Path,
+    out: &[[f32; OUT_LD]; OUT_ROWS],
+    alpha: f32,
+    r0: usize,
+    mv: usize,
+    j: usize,
+    nv: usize,
+    epi: Option<&Epilogue<'_>>,
+    c: Ptr<f32>,
+    ldc: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Avx512 {
+        let tile = crate::kernel::Tile {
+            kc: 0,
+            a: std::ptr::null(),
+            a_rs: 0,
+            b: std::ptr::null(),
+            b_ps: 0,
+            b_prefetch: 0,
+            pf_next: std::ptr::null(),
+            pf_lines: 0,
+            // SAFETY (of the offsets): row r0 < m and column j < n of C, checked by the caller.
+            c: unsafe { c.get().add(r0 * ldc + j) },
+            ldc,
+            mv,
+            nv,
+            alpha,
+            beta: 0.0,
+            epi: epi.map(|e| crate::kernel::TileEpilogue {
+                bias: e.bias.map_or(std::ptr::null(), |b| b[j..].as_ptr()),
+                row_bias: e.row_bias.map_or(std::ptr::null(), |b| b[r0..].as_ptr()),
+                act: e.activation,
+                res: e
+                    .residual
+                    .map_or(std::ptr::null(), |r| r.data[r0 * r.ld + j..].as_ptr()),
+                res_ld: e.residual.map_or(0, |r| r.ld),
+                res_before: e.residual.is_some_and(|r| r.before_activation),
+                clamp: e.clamp,
+            }),
+        };
+        // SAFETY: `out` holds mv <= 8 rows of 64 >= nv (rounded up to 16) floats at
+        // stride OUT_LD; the tile's C and epilogue regions are the caller's `mv x nv` block,
+        // in bounds and this task's alone; AVX-512 is available (the path's ISA).
+        unsafe { crate::kernel::avx512::finish(&tile, out.as_ptr().cast(), OUT_LD) };
+        return;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { finish_scalar(out, alpha, r0, mv, j, nv, epi, c, ldc) }
+}
+
+/// [`finish`] in scalar code.
+///
+/// # Safety
+/// As [`finish`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn finish_scalar(
     out: &[[f32; OUT_LD]; OUT_ROWS],
     alpha: f32,
     r0: usize,
