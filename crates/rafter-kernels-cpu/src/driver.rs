@@ -356,17 +356,7 @@ fn macro_kernel(
                 abuf[ir * kc..].as_ptr()
             };
             let epi = if last {
-                ctx.epi.map(|e| TileEpilogue {
-                    bias: e.bias.map_or(std::ptr::null(), |b| b[j..].as_ptr()),
-                    row_bias: e.row_bias.map_or(std::ptr::null(), |b| b[i..].as_ptr()),
-                    act: e.activation,
-                    res: e
-                        .residual
-                        .map_or(std::ptr::null(), |r| r.data[i * r.ld + j..].as_ptr()),
-                    res_ld: e.residual.map_or(0, |r| r.ld),
-                    res_before: e.residual.is_some_and(|r| r.before_activation),
-                    clamp: e.clamp,
-                })
+                ctx.epi.map(|e| TileEpilogue::at(e, i, j))
             } else {
                 None
             };

@@ -241,6 +241,24 @@ pub(crate) struct TileEpilogue {
     pub clamp: Option<(f32, f32)>,
 }
 
+impl TileEpilogue {
+    /// Epilogue `e` (checked against C's shape) offset to the tile whose origin is C's row
+    /// `i`, column `j`.
+    pub(crate) fn at(e: &crate::Epilogue<'_>, i: usize, j: usize) -> TileEpilogue {
+        TileEpilogue {
+            bias: e.bias.map_or(std::ptr::null(), |b| b[j..].as_ptr()),
+            row_bias: e.row_bias.map_or(std::ptr::null(), |b| b[i..].as_ptr()),
+            act: e.activation,
+            res: e
+                .residual
+                .map_or(std::ptr::null(), |r| r.data[i * r.ld + j..].as_ptr()),
+            res_ld: e.residual.map_or(0, |r| r.ld),
+            res_before: e.residual.is_some_and(|r| r.before_activation),
+            clamp: e.clamp,
+        }
+    }
+}
+
 /// One micro-kernel call. See the module docs for the layouts.
 pub(crate) struct Tile {
     pub kc: usize,

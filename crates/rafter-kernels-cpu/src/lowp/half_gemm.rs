@@ -326,17 +326,7 @@ unsafe fn finish(
             nv,
             alpha,
             beta: 0.0,
-            epi: epi.map(|e| crate::kernel::TileEpilogue {
-                bias: e.bias.map_or(std::ptr::null(), |b| b[j..].as_ptr()),
-                row_bias: e.row_bias.map_or(std::ptr::null(), |b| b[r0..].as_ptr()),
-                act: e.activation,
-                res: e
-                    .residual
-                    .map_or(std::ptr::null(), |r| r.data[r0 * r.ld + j..].as_ptr()),
-                res_ld: e.residual.map_or(0, |r| r.ld),
-                res_before: e.residual.is_some_and(|r| r.before_activation),
-                clamp: e.clamp,
-            }),
+            epi: epi.map(|e| crate::kernel::TileEpilogue::at(e, r0, j)),
         };
         // SAFETY: `out` holds mv <= 8 rows of 64 >= nv (rounded up to 16) floats at
         // stride OUT_LD; the tile's C and epilogue regions are the caller's `mv x nv` block,
@@ -344,26 +334,7 @@ unsafe fn finish(
         unsafe { crate::kernel::avx512::finish(&tile, out.as_ptr().cast(), OUT_LD) };
         return;
     }
-    // SAFETY: forwarded contract.
-    unsafe { finish_scalar(out, alpha, r0, mv, j, nv, epi, c, ldc) }
-}
-
-/// [`finish`] in scalar code.
-///
-/// # Safety
-/// As [`finish`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn finish_scalar(
-    out: &[[f32; OUT_LD]; OUT_ROWS],
-    alpha: f32,
-    r0: usize,
-    mv: usize,
-    j: usize,
-    nv: usize,
-    epi: Option<&Epilogue<'_>>,
-    c: Ptr<f32>,
-    ldc: usize,
-) {
+    let _ = path; // (read above on x86-64 only)
     for (r, out_r) in out.iter().enumerate().take(mv) {
         let i = r0 + r;
         for (jj, &raw) in out_r.iter().enumerate().take(nv) {
