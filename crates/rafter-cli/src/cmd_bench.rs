@@ -108,8 +108,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     for _ in 0..args.iters {
         let call_inputs = inputs.clone();
         let start = Instant::now();
-        // This thread waits next: the CPU device leaves the call's first work to it.
-        let call = rafter_hal::submit_then_wait(|| session.submit(call_inputs))?;
+        let call = session.submit_to_wait(call_inputs)?;
         submits.push(start.elapsed().as_secs_f64() * 1e3);
         call.wait(CALL_TIMEOUT)?;
         times.push(start.elapsed().as_secs_f64() * 1e3);

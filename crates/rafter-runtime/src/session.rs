@@ -902,21 +902,25 @@ impl Session {
         })
     }
 
-    /// Submits a call and waits for its outputs. The submission tells the devices that this
-    /// thread waits next ([`rafter_hal::submit_then_wait`]), so the CPU device leaves the
-    /// call's first work to it instead of waking one of its threads.
+    /// Submits a call and waits for its outputs.
     pub fn run(&self, inputs: Vec<Tensor>, timeout: Duration) -> Result<Vec<Tensor>> {
-        match rafter_hal::submit_then_wait(|| self.submit(inputs)) {
-            Ok(call) => call.wait(timeout),
-            Err(e) => {
-                // A submission that failed part-way may have left work queued for this
-                // thread: stop "helping" at once, which hands it to the devices' threads.
-                for use_ in &self.inner.devices {
-                    use_.device.help(&|| true);
-                }
-                Err(e)
+        self.submit_to_wait(inputs)?.wait(timeout)
+    }
+
+    /// [`Session::submit`] for a caller that waits on the handle next (from this thread):
+    /// the devices are told so ([`rafter_hal::submit_then_wait`]), and the CPU device leaves
+    /// the call's first work to this thread instead of waking one of its own. A caller that
+    /// may not wait must use `submit`.
+    pub fn submit_to_wait(&self, inputs: Vec<Tensor>) -> Result<CallHandle> {
+        let submitted = rafter_hal::submit_then_wait(|| self.submit(inputs));
+        if submitted.is_err() {
+            // A submission that failed part-way may have left work queued for this thread:
+            // stop "helping" at once, which hands it to the devices' threads.
+            for use_ in &self.inner.devices {
+                use_.device.help(&|| true);
             }
         }
+        submitted
     }
 
     /// How many arena buffers of completed calls wait to be reused by the next calls: those

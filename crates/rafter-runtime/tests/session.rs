@@ -428,11 +428,29 @@ fn inputs_are_checked_against_the_signature() {
         ]),
         "program `chain`: input `b` dim 1 is 5 but its type says `2` = 2"
     );
-    // And a good call still works.
+    // `submit_to_wait` checks as `submit` does.
+    assert_eq!(
+        session
+            .submit_to_wait(vec![Tensor::f32s(&[3], vec![0.0; 3])])
+            .unwrap_err()
+            .to_string(),
+        "program `chain`: expected 2 inputs (`x`, `b`), got 1"
+    );
+    // And a good call still works, either way.
     let out = session
-        .run(vec![Tensor::f32s(&[3], vec![1.0, 2.0, 3.0]), ok_b], LONG)
+        .run(
+            vec![Tensor::f32s(&[3], vec![1.0, 2.0, 3.0]), ok_b.clone()],
+            LONG,
+        )
         .unwrap();
     assert_eq!(f32s(&out[0]), chain_expected(&[1.0, 2.0, 3.0]));
+    let call = session
+        .submit_to_wait(vec![Tensor::f32s(&[3], vec![4.0, 5.0, 6.0]), ok_b])
+        .unwrap();
+    assert_eq!(
+        f32s(&call.wait(LONG).unwrap()[0]),
+        chain_expected(&[4.0, 5.0, 6.0])
+    );
 }
 
 #[test]
