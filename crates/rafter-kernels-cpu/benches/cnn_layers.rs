@@ -164,24 +164,7 @@ fn main() {
         let w = data(9 * ch);
         let b = data(ch);
         let mut y = vec![0f32; o * o * ch];
-        let conv = DepthwiseNhwc {
-            window: WindowNhwc {
-                input: &x,
-                h: hw,
-                w: hw,
-                channels: ch,
-                kernel: [3, 3],
-                stride: [s, s],
-                pads: [1, 1],
-                out: [o, o],
-            },
-            weights: &w,
-            tail: ChannelTail {
-                bias: Some(&b),
-                clamp: Some((0.0, 6.0)),
-                ..ChannelTail::default()
-            },
-        };
+        let conv = depthwise3x3(&x, [hw, hw, ch], s, [1, 1], [o, o], &w, &b);
         let med = median(|| depthwise_nhwc(&conv, &mut y, &pool).unwrap());
         total += med;
         let flops = 2.0 * 9.0 * (o * o * ch) as f64;
@@ -190,6 +173,37 @@ fn main() {
     }
     println!("depthwise total {:.1} us", total * 1e6);
     bands();
+}
+
+/// A 3×3 depthwise convolution of stride `s` over `x` (`h x w x channels`) with bias and
+/// ReLU6, MobileNetV2's.
+fn depthwise3x3<'a>(
+    x: &'a [f32],
+    [h, w, channels]: [usize; 3],
+    s: usize,
+    pads: [usize; 2],
+    out: [usize; 2],
+    weights: &'a [f32],
+    bias: &'a [f32],
+) -> DepthwiseNhwc<'a> {
+    DepthwiseNhwc {
+        window: WindowNhwc {
+            input: x,
+            h,
+            w,
+            channels,
+            kernel: [3, 3],
+            stride: [s, s],
+            pads,
+            out,
+        },
+        weights,
+        tail: ChannelTail {
+            bias: Some(bias),
+            clamp: Some((0.0, 6.0)),
+            ..ChannelTail::default()
+        },
+    }
 }
 
 /// The depthwise stage as a block runs it: one band of an image's interior rows, held in
@@ -212,24 +226,7 @@ fn bands() {
         let wt = data(9 * ch);
         let b = data(ch);
         let mut y = vec![0f32; rows * ow * ch];
-        let conv = DepthwiseNhwc {
-            window: WindowNhwc {
-                input: &x,
-                h: hin,
-                w,
-                channels: ch,
-                kernel: [3, 3],
-                stride: [s, s],
-                pads: [0, 1],
-                out: [rows, ow],
-            },
-            weights: &wt,
-            tail: ChannelTail {
-                bias: Some(&b),
-                clamp: Some((0.0, 6.0)),
-                ..ChannelTail::default()
-            },
-        };
+        let conv = depthwise3x3(&x, [hin, w, ch], s, [0, 1], [rows, ow], &wt, &b);
         // A band is a few microseconds: time 20 of them per sample.
         let med = median(|| {
             for _ in 0..20 {
