@@ -32,6 +32,7 @@
 use std::cell::RefCell;
 use std::sync::Mutex;
 
+use crate::buffer::Aligned;
 use crate::common::{check_isa, check_len, ChannelTail, KernelError};
 use crate::nhwc::{
     check_small_conv, depthwise_nhwc_with_isa, small_conv_rows_into, DepthwiseNhwc, SmallConvNhwc,
@@ -132,8 +133,12 @@ pub struct BlockNhwc<'a> {
 const BAND_BYTES: usize = 192 * 1024;
 
 thread_local! {
-    /// Per-thread scratch: the band's expanded rows and its depthwise output.
-    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Per-thread scratch: the band's expanded rows and its depthwise output, 64-byte
+    /// aligned. Every stage reads and writes them a channel vector (one 64-byte line) at a
+    /// time; from a `Vec<f32>` (malloc's 16-byte alignment) every such access split two
+    /// lines. Aligned, MobileNetV2 ran at B/A 0.956 (faster in 17 of 20 alternated
+    /// `rafter bench` rounds of 100 calls, Zen 5).
+    static SCRATCH: RefCell<(Aligned, Aligned)> = RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
 }
 
 /// Runs `block` into `out` (`n x oh x ow x out channels`) on the fastest ISA.
@@ -310,7 +315,7 @@ pub fn block_nhwc_with_isa(
         let mut dst = shares[t].lock().unwrap_or_else(|p| p.into_inner());
         let rows = share(oh, parts, t % parts);
         let r = SCRATCH.with(|cell| {
-            let mut spare = (Vec::new(), Vec::new());
+            let mut spare = (Aligned::new(0, 0), Aligned::new(0, 0));
             let mut held = cell.try_borrow_mut();
             let s = match held.as_deref_mut() {
                 Ok(s) => s,
@@ -353,7 +358,7 @@ fn whole_map(
     let (pixels, mid) = (b.n * b.h * b.w, ch.mid);
     let out_pixels = b.n * d.out[0] * d.out[1];
     SCRATCH.with(|cell| {
-        let mut spare = (Vec::new(), Vec::new());
+        let mut spare = (Aligned::new(0, 0), Aligned::new(0, 0));
         let mut held = cell.try_borrow_mut();
         let (expanded, dw_out) = match held.as_deref_mut() {
             Ok(s) => s,
@@ -361,16 +366,14 @@ fn whole_map(
         };
         let dw_in: &[f32] = match &b.expand {
             Some(e) => {
-                if expanded.len() < pixels * mid {
-                    expanded.resize(pixels * mid, 0.0);
-                }
-                let y = &mut expanded[..pixels * mid];
+                expanded.grow(pixels * mid);
+                let y = &mut expanded.as_mut_slice()[..pixels * mid];
                 let a =
                     MatRef::row_major(b.input, pixels, b.channels, b.channels).map_err(gemm_err)?;
                 let c = MatMut::row_major(y, pixels, mid, mid).map_err(gemm_err)?;
                 sgemm_with_isa(isa, e.alpha, a, e.weights, 0.0, c, &e.epilogue, par)
                     .map_err(gemm_err)?;
-                &expanded[..pixels * mid]
+                &expanded.as_slice()[..pixels * mid]
             }
             None => b.input,
         };
@@ -378,10 +381,8 @@ fn whole_map(
         let Some(p) = &b.project else {
             return depthwise_nhwc_with_isa(isa, &conv, out, par);
         };
-        if dw_out.len() < out_pixels * mid {
-            dw_out.resize(out_pixels * mid, 0.0);
-        }
-        let dw_out = &mut dw_out[..out_pixels * mid];
+        dw_out.grow(out_pixels * mid);
+        let dw_out = &mut dw_out.as_mut_slice()[..out_pixels * mid];
         depthwise_nhwc_with_isa(isa, &conv, dw_out, par)?;
         let e = Epilogue {
             residual: b
@@ -428,7 +429,7 @@ fn run_share(
     img: usize,
     rows: std::ops::Range<usize>,
     dst: &mut [f32],
-    (held_buf, dw_buf): &mut (Vec<f32>, Vec<f32>),
+    (held_buf, dw_buf): &mut (Aligned, Aligned),
 ) -> Result<(), KernelError> {
     let d = &b.depthwise;
     let (w, c0, mid) = (b.w, b.channels, ch.mid);
@@ -457,7 +458,7 @@ fn run_share(
                         .map_err(gemm_err)
                 };
                 held_rows(w * mid, lo..hi, &mut held, held_buf, &expand)?;
-                &held_buf[..(hi - lo) * w * mid]
+                &held_buf.as_slice()[..(hi - lo) * w * mid]
             }
             (None, Some((st, sw))) => {
                 let first = img * b.h;
@@ -466,7 +467,7 @@ fn run_share(
                     Ok(())
                 };
                 held_rows(w * mid, lo..hi, &mut held, held_buf, &conv)?;
-                &held_buf[..(hi - lo) * w * mid]
+                &held_buf.as_slice()[..(hi - lo) * w * mid]
             }
             (None, None) => &plane[lo * w * c0..hi * w * c0],
         };
@@ -478,10 +479,8 @@ fn run_share(
             continue;
         };
         let pixels = (o1 - o0) * ow;
-        if dw_buf.len() < pixels * mid {
-            dw_buf.resize(pixels * mid, 0.0);
-        }
-        let dw_out = &mut dw_buf[..pixels * mid];
+        dw_buf.grow(pixels * mid);
+        let dw_out = &mut dw_buf.as_mut_slice()[..pixels * mid];
         depthwise_nhwc_with_isa(isa, &conv, dw_out, &Sequential)?;
         let global = (img * oh + o0) * ow * ch.out..(img * oh + o1) * ow * ch.out;
         let e = Epilogue {
@@ -507,12 +506,11 @@ fn held_rows(
     row: usize,
     need: std::ops::Range<usize>,
     held: &mut Held,
-    buf: &mut Vec<f32>,
+    buf: &mut Aligned,
     compute: &RowsFn<'_>,
 ) -> Result<(), KernelError> {
-    if buf.len() < need.len() * row {
-        buf.resize(need.len() * row, 0.0);
-    }
+    buf.grow(need.len() * row);
+    let buf = buf.as_mut_slice();
     if held.lo <= need.start && need.start < held.hi {
         buf.copy_within((need.start - held.lo) * row..(held.hi - held.lo) * row, 0);
         held.hi = held.hi.min(need.end);

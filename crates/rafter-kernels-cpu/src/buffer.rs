@@ -14,6 +14,12 @@ pub(crate) struct Aligned {
     len: usize,
 }
 
+impl std::fmt::Debug for Aligned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Aligned({} floats)", self.len)
+    }
+}
+
 impl Aligned {
     /// Zero-filled.
     pub(crate) fn new(prefix: usize, len: usize) -> Aligned {
@@ -40,6 +46,21 @@ impl Aligned {
 
     fn capacity_floats(&self) -> usize {
         self.v.len() - (ALIGN_FLOATS - 1)
+    }
+
+    /// Makes the payload at least `len` floats (no prefix), keeping its contents; new
+    /// floats are zero. Grows geometrically, so a buffer that is reused settles.
+    pub(crate) fn grow(&mut self, len: usize) {
+        if self.len >= len {
+            return;
+        }
+        if self.capacity_floats() < len {
+            let mut bigger = Aligned::new(0, len.max(2 * self.len));
+            bigger.as_mut_slice()[..self.len].copy_from_slice(self.as_slice());
+            *self = bigger;
+        } else {
+            self.len = len;
+        }
     }
 }
 
@@ -79,6 +100,39 @@ pub(crate) fn with_scratch<R>(
             let (mut a, mut b) = (Aligned::new(0, len_a), Aligned::new(0, len_b));
             let f = f.take().expect("scratch closure already ran");
             f(a.as_mut_slice(), b.as_mut_slice())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aligned(a: &Aligned) -> bool {
+        (a.as_slice().as_ptr() as usize).is_multiple_of(64)
+    }
+
+    #[test]
+    fn grow_keeps_the_contents_and_the_alignment() {
+        let mut a = Aligned::new(0, 3);
+        a.as_mut_slice().copy_from_slice(&[1.0, 2.0, 3.0]);
+        for len in [2, 3, 5, 6, 1000, 999] {
+            a.grow(len);
+            assert!(a.as_slice().len() >= len, "grow({len})");
+            assert!(aligned(&a), "grow({len}) left the payload misaligned");
+            assert_eq!(&a.as_slice()[..3], &[1.0, 2.0, 3.0], "grow({len})");
+        }
+        // Floats a grow added are zero.
+        assert!(a.as_slice()[3..].iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn new_is_aligned_after_the_prefix() {
+        for prefix in [0, 1, 8, 15, 16, 17] {
+            let a = Aligned::new(prefix, 40);
+            let at = a.as_slice()[prefix..].as_ptr() as usize;
+            assert!(at.is_multiple_of(64), "prefix {prefix}");
+            assert_eq!(a.as_slice().len(), prefix + 40);
         }
     }
 }

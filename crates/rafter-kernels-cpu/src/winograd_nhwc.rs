@@ -18,6 +18,7 @@
 
 use std::cell::RefCell;
 
+use crate::buffer::Aligned;
 use crate::common::ChannelTail;
 use crate::common::{check_isa, check_len, Disjoint};
 use crate::nhwc::VecTail;
@@ -37,8 +38,9 @@ const XI: usize = 16;
 pub struct WinogradNhwcWeights {
     cin: usize,
     cout: usize,
-    /// `XI` packed Bs, `per` floats each.
-    panels: Vec<f32>,
+    /// `XI` packed Bs, `per` floats each, 64-byte aligned like every packed B: the GEMM
+    /// loads each panel row as one vector, which must not split cache lines.
+    panels: Aligned,
     per: usize,
 }
 
@@ -57,14 +59,15 @@ impl WinogradNhwcWeights {
         // (panel q: columns 16q..16q+16 as a row-major cin × 16 block, zero past cout), so
         // no unpacked copy of the transformed filter is ever held.
         let per = cout.div_ceil(PACKED_B_NR) * cin * PACKED_B_NR;
-        let mut panels = vec![0f32; XI * per];
+        let mut panels = Aligned::new(0, XI * per);
+        let p = panels.as_mut_slice();
         for ci in 0..cin {
             for co in 0..cout {
                 let g: [f32; 9] = std::array::from_fn(|t| w[(t * cin + ci) * cout + co]);
                 let at =
                     (co / PACKED_B_NR) * cin * PACKED_B_NR + ci * PACKED_B_NR + co % PACKED_B_NR;
                 for (xi, v) in filter_tile(&g).into_iter().enumerate() {
-                    panels[xi * per + at] = v;
+                    p[xi * per + at] = v;
                 }
             }
         }
@@ -94,7 +97,7 @@ impl WinogradNhwcWeights {
         PackedBRef::from_panels(
             self.cin,
             co1 - co0,
-            &self.panels[base + q0 * panel..base + q1 * panel],
+            &self.panels.as_slice()[base + q0 * panel..base + q1 * panel],
         )
         .expect("a whole number of panels")
     }
@@ -120,8 +123,11 @@ pub struct Conv3x3Nhwc<'a> {
 const BLOCK_BYTES: usize = 384 * 1024;
 
 thread_local! {
-    /// A task's `V` and `M`, grown only.
-    static BLOCK: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A task's `V` and `M`, grown only, 64-byte aligned: the transforms store and load
+    /// them a channel vector at a time, and the GEMMs write `M` in vectors. With the
+    /// filters' panels aligned too, ResNet-50 ran at B/A 0.979 against `Vec<f32>`s
+    /// (faster in 12 of 12 alternated `rafter bench` rounds, Zen 5).
+    static BLOCK: RefCell<(Aligned, Aligned)> = RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
 }
 
 /// How the tiles and output channels are cut into tasks.
@@ -227,7 +233,7 @@ pub fn conv3x3_nhwc_with_isa(
                 let (v, m) = &mut *bufs;
                 task.run(isa, b, s, v, m)
             }
-            Err(_) => task.run(isa, b, s, &mut Vec::new(), &mut Vec::new()),
+            Err(_) => task.run(isa, b, s, &mut Aligned::new(0, 0), &mut Aligned::new(0, 0)),
         })
     });
     Ok(())
@@ -246,7 +252,7 @@ struct Task<'a> {
 
 impl Task<'_> {
     /// Block `b`, output channels of part `s`: input transform, 16 GEMMs, output transform.
-    fn run(&self, isa: Isa, b: usize, s: usize, v: &mut Vec<f32>, m: &mut Vec<f32>) {
+    fn run(&self, isa: Isa, b: usize, s: usize, v: &mut Aligned, m: &mut Aligned) {
         let (cin, cout) = (self.weights.cin, self.weights.cout);
         let t0 = b * self.split.tiles;
         let t1 = (t0 + self.split.tiles).min(self.tiles);
@@ -256,13 +262,12 @@ impl Task<'_> {
         if bt == 0 || cp == 0 {
             return;
         }
-        if v.len() < XI * bt * cin {
-            v.resize(XI * bt * cin, 0.0);
-        }
-        if m.len() < XI * bt * cp {
-            m.resize(XI * bt * cp, 0.0);
-        }
-        let (v, m) = (&mut v[..XI * bt * cin], &mut m[..XI * bt * cp]);
+        v.grow(XI * bt * cin);
+        m.grow(XI * bt * cp);
+        let (v, m) = (
+            &mut v.as_mut_slice()[..XI * bt * cin],
+            &mut m.as_mut_slice()[..XI * bt * cp],
+        );
         input_isa(isa, self, t0..t1, v);
         for xi in 0..XI {
             let a = MatRef::row_major(&v[xi * bt * cin..(xi + 1) * bt * cin], bt, cin, cin)
