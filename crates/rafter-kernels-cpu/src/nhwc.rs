@@ -736,6 +736,46 @@ fn small_conv_step<S: Simd, const V: usize, const P: usize>(
     }
 }
 
+/// How many output rows ahead [`small_conv_block`] prefetches its input rows.
+const PREFETCH_ROWS: usize = 2;
+
+/// Prefetches the input rows that output row `oy` of image `img` reads and the row before
+/// it did not: the bottom `stride` rows of its window. A network's image comes from memory
+/// (or another core) on every call, where a bench's stays in L2: `cnn_layers`' MobileNetV2
+/// stem took 86.8 µs warm and 112.8 cold (16 MB touched between calls).
+fn prefetch_window_bottom(c: &SmallConvNhwc<'_>, img: usize, oy: usize) {
+    let wnd = &c.window;
+    let [sh, kh] = [wnd.stride[0], wnd.kernel[0]];
+    let bottom = (oy * sh + kh) as isize - wnd.pads[0] as isize;
+    let rows = (bottom - sh.min(kh) as isize).max(0) as usize..(bottom.max(0) as usize).min(wnd.h);
+    let (cin, plane) = (wnd.channels, wnd.h * wnd.w * wnd.channels);
+    let x = &wnd.input[img * plane..(img + 1) * plane];
+    for iy in rows {
+        if c.input_nchw {
+            for ci in 0..cin {
+                let at = ci * wnd.h * wnd.w + iy * wnd.w;
+                prefetch(&x[at..at + wnd.w]);
+            }
+        } else {
+            prefetch(&x[iy * wnd.w * cin..(iy + 1) * wnd.w * cin]);
+        }
+    }
+}
+
+/// Asks for the cache lines of `xs` ahead of their use; a no-op off x86-64.
+#[inline(always)]
+fn prefetch(xs: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in xs.chunks(16) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint: it changes no state a program can observe and
+        // never faults; the address lies inside `xs` anyway.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = xs;
+}
+
 /// One tap of a window (row `ky`, column `kx`, input channel `ci`): its input's offset from
 /// the window's first element, and its weight row's offset in the padded weights.
 #[derive(Clone, Copy)]
@@ -787,6 +827,9 @@ fn small_conv_block<S: Simd, const V: usize, const P: usize, const STEP: usize>(
     let mut taps = Vec::with_capacity(kh * kw * cin);
     for r in rows {
         let (img, oy) = (r / oh, r % oh);
+        if oy + PREFETCH_ROWS < oh {
+            prefetch_window_bottom(c, img, oy + PREFETCH_ROWS);
+        }
         // SAFETY: tasks get disjoint row ranges, so their output rows do not overlap.
         let orow = unsafe { dst.part((r - base) * ow * cout..(r - base + 1) * ow * cout) };
         let rrow = c
