@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use crate::common::{check_isa, check_len, par_blocks, ChannelTail, Disjoint};
+use crate::common::{check_isa, check_len, par_blocks, prefetch_read, ChannelTail, Disjoint};
 use crate::simd::{Simd, MAX_LANES};
 use crate::{Isa, KernelError, Parallel};
 
@@ -754,26 +754,12 @@ fn prefetch_window_bottom(c: &SmallConvNhwc<'_>, img: usize, oy: usize) {
         if c.input_nchw {
             for ci in 0..cin {
                 let at = ci * wnd.h * wnd.w + iy * wnd.w;
-                prefetch(&x[at..at + wnd.w]);
+                prefetch_read(&x[at..at + wnd.w]);
             }
         } else {
-            prefetch(&x[iy * wnd.w * cin..(iy + 1) * wnd.w * cin]);
+            prefetch_read(&x[iy * wnd.w * cin..(iy + 1) * wnd.w * cin]);
         }
     }
-}
-
-/// Asks for the cache lines of `xs` ahead of their use; a no-op off x86-64.
-#[inline(always)]
-fn prefetch(xs: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in xs.chunks(16) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch is a hint: it changes no state a program can observe and
-        // never faults; the address lies inside `xs` anyway.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = xs;
 }
 
 /// One tap of a window (row `ky`, column `kx`, input channel `ci`): its input's offset from
