@@ -25,54 +25,92 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// The contract of [`super::Isa::tile`] with AVX-512F available.
 pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
     debug_assert!(t.mv >= 1 && t.mv <= MR && t.nv >= 1 && t.nv <= 2 * PANEL);
+    // A tile as wide as its panels whose epilogue is a column one (a convolution's bias,
+    // ReLU, clamp) finishes in registers (`CE`); see `kernel`.
+    let full_width = t.nv == PANEL || t.nv == 2 * PANEL;
+    let ce = full_width && (!packed_a || t.mv == MR) && t.column_epilogue().is_some();
+    // Prefetch modes (bits): 1, this tile's own B ahead; 2, the next micro-panel into L2.
+    let pf = (t.b_prefetch != 0) as u8 | (((t.pf_lines != 0) as u8) << 1);
     macro_rules! direct {
-        ($w:literal, $pf:literal) => {
+        ($w:literal, $pf:literal, $ce:literal) => {
             match t.mv {
-                1 => kernel::<1, false, $w, $pf>(t),
-                2 => kernel::<2, false, $w, $pf>(t),
-                3 => kernel::<3, false, $w, $pf>(t),
-                4 => kernel::<4, false, $w, $pf>(t),
-                5 => kernel::<5, false, $w, $pf>(t),
-                6 => kernel::<6, false, $w, $pf>(t),
-                7 => kernel::<7, false, $w, $pf>(t),
-                8 => kernel::<8, false, $w, $pf>(t),
-                9 => kernel::<9, false, $w, $pf>(t),
-                10 => kernel::<10, false, $w, $pf>(t),
-                11 => kernel::<11, false, $w, $pf>(t),
-                _ => kernel::<12, false, $w, $pf>(t),
+                1 => kernel::<1, false, $w, $pf, $ce>(t),
+                2 => kernel::<2, false, $w, $pf, $ce>(t),
+                3 => kernel::<3, false, $w, $pf, $ce>(t),
+                4 => kernel::<4, false, $w, $pf, $ce>(t),
+                5 => kernel::<5, false, $w, $pf, $ce>(t),
+                6 => kernel::<6, false, $w, $pf, $ce>(t),
+                7 => kernel::<7, false, $w, $pf, $ce>(t),
+                8 => kernel::<8, false, $w, $pf, $ce>(t),
+                9 => kernel::<9, false, $w, $pf, $ce>(t),
+                10 => kernel::<10, false, $w, $pf, $ce>(t),
+                11 => kernel::<11, false, $w, $pf, $ce>(t),
+                _ => kernel::<12, false, $w, $pf, $ce>(t),
+            }
+        };
+    }
+    macro_rules! by_pf {
+        ($ce:literal) => {
+            match (packed_a, t.nv > PANEL, pf) {
+                (true, true, 0) => kernel::<MR, true, 2, 0, $ce>(t),
+                (true, false, 0) => kernel::<MR, true, 1, 0, $ce>(t),
+                (true, true, 1) => kernel::<MR, true, 2, 1, $ce>(t),
+                (true, false, 1) => kernel::<MR, true, 1, 1, $ce>(t),
+                (true, true, 2) => kernel::<MR, true, 2, 2, $ce>(t),
+                (true, false, 2) => kernel::<MR, true, 1, 2, $ce>(t),
+                (true, true, _) => kernel::<MR, true, 2, 3, $ce>(t),
+                (true, false, _) => kernel::<MR, true, 1, 3, $ce>(t),
+                (false, true, 0) => direct!(2, 0, $ce),
+                (false, false, 0) => direct!(1, 0, $ce),
+                (false, true, 1) => direct!(2, 1, $ce),
+                (false, false, 1) => direct!(1, 1, $ce),
+                (false, true, 2) => direct!(2, 2, $ce),
+                (false, false, 2) => direct!(1, 2, $ce),
+                (false, true, _) => direct!(2, 3, $ce),
+                (false, false, _) => direct!(1, 3, $ce),
             }
         };
     }
     // SAFETY (all arms): forwarded contract; the rows instantiated are the rows that exist
     // (`MR` padded rows when packed, exactly `mv` when direct), and the panels read are the
-    // ones that exist (two only when more than 16 columns are valid).
-    // Prefetch modes (bits): 1, this tile's own B ahead; 2, the next micro-panel into L2.
-    let pf = (t.b_prefetch != 0) as u8 | (((t.pf_lines != 0) as u8) << 1);
+    // ones that exist (two only when more than 16 columns are valid); `CE` only for tiles
+    // of `R` rows and `16 W` columns with a column epilogue.
     unsafe {
-        match (packed_a, t.nv > PANEL, pf) {
-            (true, true, 0) => kernel::<MR, true, 2, 0>(t),
-            (true, false, 0) => kernel::<MR, true, 1, 0>(t),
-            (true, true, 1) => kernel::<MR, true, 2, 1>(t),
-            (true, false, 1) => kernel::<MR, true, 1, 1>(t),
-            (true, true, 2) => kernel::<MR, true, 2, 2>(t),
-            (true, false, 2) => kernel::<MR, true, 1, 2>(t),
-            (true, true, _) => kernel::<MR, true, 2, 3>(t),
-            (true, false, _) => kernel::<MR, true, 1, 3>(t),
-            (false, true, 0) => direct!(2, 0),
-            (false, false, 0) => direct!(1, 0),
-            (false, true, 1) => direct!(2, 1),
-            (false, false, 1) => direct!(1, 1),
-            (false, true, 2) => direct!(2, 2),
-            (false, false, 2) => direct!(1, 2),
-            (false, true, _) => direct!(2, 3),
-            (false, false, _) => direct!(1, 3),
+        if ce {
+            by_pf!(true)
+        } else {
+            by_pf!(false)
         }
     }
 }
 
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel<const R: usize, const PACKED: bool, const W: usize, const PF: u8>(t: &Tile) {
+unsafe fn kernel<
+    const R: usize,
+    const PACKED: bool,
+    const W: usize,
+    const PF: u8,
+    const CE: bool,
+>(
+    t: &Tile,
+) {
     let mut acc = [[_mm512_setzero_ps(); W]; R];
+    // With a column epilogue (`CE`), the accumulators start at the bias, and the ReLU and
+    // clamp are applied in registers after the k loop, so the tile goes to C in one store
+    // per vector. Spilled and finished out of line instead (below), MobileNetV2's K = 16–32
+    // tiles paid a store and a load per accumulator besides the one to C.
+    let ce = if CE { t.column_epilogue() } else { None };
+    if let Some(e) = ce {
+        if !e.bias.is_null() {
+            for acc_r in acc.iter_mut() {
+                for (w, a) in acc_r.iter_mut().enumerate() {
+                    // SAFETY: columns w*16..w*16+16 <= 16 W == nv are the tile's, and the
+                    // bias covers them.
+                    *a = unsafe { _mm512_loadu_ps(e.bias.add(w * PANEL)) };
+                }
+            }
+        }
+    }
     let mut a = t.a;
     let mut b = t.b;
     let rs = t.a_rs;
@@ -149,6 +187,28 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const W: usize, const PF: u
         }
     }
 
+    if let Some(e) = ce {
+        let zero = _mm512_setzero_ps();
+        let relu = matches!(e.act, Activation::Relu);
+        let (lo, hi) = e.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+        let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (w, &accv) in acc_r.iter().enumerate() {
+                let mut x = accv;
+                if relu {
+                    x = _mm512_max_ps(x, zero);
+                }
+                if e.clamp.is_some() {
+                    // max(NaN, lo) is lo, as the general epilogue's clamp.
+                    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+                }
+                // SAFETY: r < R == mv rows, columns w*16..w*16+16 <= W*16 == nv (`CE`'s
+                // contract, checked by `tile`).
+                unsafe { _mm512_storeu_ps(t.c.add(r * t.ldc + w * PANEL), x) };
+            }
+        }
+        return;
+    }
     // Full tiles without an epilogue are stored straight from registers, every index
     // constant; see the AVX2 kernel. (With the epilogue inlined here too, the extra
     // registers it needs made LLVM keep the 24 accumulators in memory again.)
@@ -210,10 +270,7 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const W: usize, const PF: u
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
 unsafe fn finish_full<const R: usize, const W: usize>(t: &Tile, ab: *const f32) {
-    if let Some(e) = t.column_epilogue() {
-        // SAFETY: forwarded.
-        return unsafe { finish_column_epilogue::<R, W>(t, e, ab) };
-    }
+    // (A column epilogue never comes here: such tiles finish in `kernel`'s registers.)
     let alpha = _mm512_set1_ps(t.alpha);
     let beta = _mm512_set1_ps(t.beta);
     for r in 0..R {
@@ -235,51 +292,6 @@ unsafe fn finish_full<const R: usize, const W: usize>(t: &Tile, ab: *const f32) 
                     x = epilogue(x, e, r, w * PANEL, 0xffff);
                 }
                 _mm512_storeu_ps(cp, x);
-            }
-        }
-    }
-}
-
-/// [`finish_full`] for a [`Tile::column_epilogue`]: the bias vectors loaded once per
-/// tile rather than per row, and no per-vector tests of alpha, beta and the residual. With
-/// K as small as MobileNetV2's 1×1 convolutions (16–32), the general path was 8% of the
-/// model's time.
-///
-/// # Safety
-/// The tile contract with `mv == R`, `nv == 16 W`; `e`'s bias readable for the tile's columns;
-/// `ab` readable for R rows of 16 W floats, row stride 32.
-#[inline(never)]
-#[target_feature(enable = "avx512f")]
-unsafe fn finish_column_epilogue<const R: usize, const W: usize>(
-    t: &Tile,
-    e: &TileEpilogue,
-    ab: *const f32,
-) {
-    let zero = _mm512_setzero_ps();
-    let mut bias = [zero; W];
-    if !e.bias.is_null() {
-        for (w, b) in bias.iter_mut().enumerate() {
-            // SAFETY: columns w*16..w*16+16 <= 16 W == nv are the tile's.
-            *b = unsafe { _mm512_loadu_ps(e.bias.add(w * PANEL)) };
-        }
-    }
-    let relu = matches!(e.act, Activation::Relu);
-    let (lo, hi) = e.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
-    let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
-    for r in 0..R {
-        for (w, &bw) in bias.iter().enumerate() {
-            // SAFETY: r < R == mv, columns w*16..w*16+16 <= 16 W == nv: inside the tile
-            // and inside `ab`'s stored part (row stride 32).
-            unsafe {
-                let mut x = _mm512_add_ps(_mm512_loadu_ps(ab.add(r * 2 * PANEL + w * PANEL)), bw);
-                if relu {
-                    x = _mm512_max_ps(x, zero);
-                }
-                if e.clamp.is_some() {
-                    // max(NaN, lo) is lo, as the general epilogue's clamp.
-                    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-                }
-                _mm512_storeu_ps(t.c.add(r * t.ldc + w * PANEL), x);
             }
         }
     }
