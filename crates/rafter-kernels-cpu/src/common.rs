@@ -105,6 +105,19 @@ impl<'a> Disjoint<'a> {
         // SAFETY: in bounds (checked above); exclusive by the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start) }
     }
+
+    /// A raw pointer to elements `r`, checked in bounds, for a loop that writes them
+    /// through [`crate::simd::Simd::store_at`] (no `&mut` made, so parts of other tasks
+    /// may interleave with `r`, as channel ranges of shared rows do).
+    pub(crate) fn ptr_to(&self, r: Range<usize>) -> *mut f32 {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "part {r:?} of {}",
+            self.len
+        );
+        // In bounds (checked above), so the offset stays inside the allocation.
+        self.ptr.wrapping_add(r.start)
+    }
 }
 
 /// The elementwise tail a direct convolution kernel fuses (the NHWC ones, the NCHW

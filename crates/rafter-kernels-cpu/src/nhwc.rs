@@ -177,26 +177,10 @@ impl<S: Simd> VecTail<S> {
         }
     }
 
-    /// The tail of `acc` stored to `out[..lanes]`, with `res[..lanes]` as the residual.
+    /// The tail of `acc`, with `rv` as the residual.
     #[inline(always)]
-    pub(crate) fn store(
-        &self,
-        s: S,
-        acc: S::V,
-        bias: S::V,
-        res: Option<&[f32]>,
-        out: &mut [f32],
-        lanes: usize,
-    ) {
-        let full = lanes == S::LANES;
+    pub(crate) fn finish(&self, s: S, acc: S::V, bias: S::V, rv: Option<S::V>) -> S::V {
         let mut v = s.fma(acc, self.alpha, bias);
-        // (A match, not `Option::map` with a closure: a closure is compiled without the
-        // caller's target features, and its load would become a call.)
-        let rv = match res {
-            Some(r) if full => Some(s.load(r)),
-            Some(r) => Some(s.load_partial(&r[..lanes], 0.0)),
-            None => None,
-        };
         if let (Some(rv), true) = (rv, self.res_before) {
             v = s.add(v, rv);
         }
@@ -209,6 +193,29 @@ impl<S: Simd> VecTail<S> {
         if self.clamp {
             v = s.min(s.max(v, self.lo), self.hi);
         }
+        v
+    }
+
+    /// The tail of `acc` stored to `out[..lanes]`, with `res[..lanes]` as the residual.
+    #[inline(always)]
+    pub(crate) fn store(
+        &self,
+        s: S,
+        acc: S::V,
+        bias: S::V,
+        res: Option<&[f32]>,
+        out: &mut [f32],
+        lanes: usize,
+    ) {
+        let full = lanes == S::LANES;
+        // (A match, not `Option::map` with a closure: a closure is compiled without the
+        // caller's target features, and its load would become a call.)
+        let rv = match res {
+            Some(r) if full => Some(s.load(r)),
+            Some(r) => Some(s.load_partial(&r[..lanes], 0.0)),
+            None => None,
+        };
+        let v = self.finish(s, acc, bias, rv);
         if full {
             s.store(out, v);
         } else {
@@ -261,18 +268,31 @@ fn depthwise_rows<S: Simd>(
             while ox < wnd.out[1] {
                 let inner = ox >= cols.lo && ox < cols.hi && full_rows && unrolled;
                 if inner && quads && ox + QUAD <= cols.hi {
+                    // Every quad left in the row's interior, through unchecked loads and
+                    // stores whose bounds are checked here once.
+                    let n = (cols.hi - ox) / QUAD;
                     let base = (g.iy0 as usize * wnd.w + cols.ix(ox) as usize) * ch + c0;
+                    let sw = wnd.stride[1];
+                    let last_in =
+                        base + 2 * wnd.w * ch + ((n - 1) * QUAD * sw + 2 + (QUAD - 1) * sw) * ch;
+                    assert!(last_in + S::LANES <= plane.len());
                     let at = ox * ch + c0;
-                    let acc = if wnd.stride[1] == 1 {
-                        quad3x3::<S, 1>(s, plane, base, wnd.w * ch, ch, &wv)
-                    } else {
-                        quad3x3::<S, 2>(s, plane, base, wnd.w * ch, ch, &wv)
-                    };
-                    for (j, &a) in acc.iter().enumerate() {
-                        let at = at + j * ch;
-                        t.store(s, a, bias, rrow.map(|r| &r[at..]), out(at), lanes);
+                    let end = at + ((n - 1) * QUAD + QUAD - 1) * ch + S::LANES;
+                    let o = dst.ptr_to(r * g.len + at..r * g.len + end);
+                    let res = rrow.map(|rr| rr[at..end].as_ptr());
+                    let x = plane[base..].as_ptr();
+                    // SAFETY: the last quad's last input vector ends inside `plane`, its
+                    // last output vector inside this task's part of `dst` and its last
+                    // residual vector inside the row's (all checked above); earlier ones
+                    // lie before them.
+                    unsafe {
+                        if sw == 1 {
+                            quads_at::<S, 1>(s, x, wnd.w * ch, ch, o, res, n, &wv, &t, bias);
+                        } else {
+                            quads_at::<S, 2>(s, x, wnd.w * ch, ch, o, res, n, &wv, &t, bias);
+                        }
                     }
-                    ox += QUAD;
+                    ox += n * QUAD;
                     continue;
                 }
                 let acc = if inner {
@@ -355,37 +375,66 @@ impl RowGeom {
 /// Output pixels computed together by [`quad3x3`].
 const QUAD: usize = 4;
 
-/// `QUAD` adjacent output pixels of a 3×3 depthwise window of stride `SW` for one channel
-/// vector, the first window's top-left tap at `plane[base..]` (rows `row` apart, pixels `px`
-/// apart), all inside the input. Each input vector of a window row is loaded once for the
-/// four pixels (6 or 9 columns instead of 12), and the four accumulators are independent
-/// chains of fused multiply-adds. MobileNetV2's ten depthwise shapes took 587–732 µs in all
-/// against 702–814 one pixel at a time (`cargo bench -p rafter-kernels-cpu --bench
-/// cnn_layers`, builds alternated, 5 rounds; the old build won one).
+/// `n` runs of [`QUAD`] adjacent output pixels along a row, for one channel vector of a 3×3
+/// depthwise window of stride `SW`: the first window's top-left tap at `x` (rows `row`
+/// apart, pixels `px` apart), the outputs at `out` and the residual, if any, at `res`
+/// (pixels `px` apart too: depthwise keeps the channels), each finished by `t`.
+///
+/// Each input vector of a window row is loaded once for the four pixels (6 or 9 columns
+/// instead of 12), and the four accumulators are independent chains of fused
+/// multiply-adds: MobileNetV2's ten depthwise shapes took 587–732 µs in all against 702–814
+/// one pixel at a time (`cargo bench -p rafter-kernels-cpu --bench cnn_layers`, builds
+/// alternated, 5 rounds; the old build won one). The accesses are unchecked, bounded once
+/// per row by the caller: with a slice and its bounds checks per load and store,
+/// MobileNetV2 ran at 1/0.976 of this (17 of 20 alternated `rafter bench` rounds, Zen 5).
+///
+/// # Safety
+/// The last quad's last input vector (at `x + 2·row + ((n-1)·QUAD·SW + 2 + (QUAD-1)·SW)·px`)
+/// must be readable, and its last output vector (at `out + ((n-1)·QUAD + QUAD-1)·px`)
+/// writable and unaliased, as its residual readable; earlier ones lie before them.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn quad3x3<S: Simd, const SW: usize>(
+unsafe fn quads_at<S: Simd, const SW: usize>(
     s: S,
-    plane: &[f32],
-    base: usize,
+    x: *const f32,
     row: usize,
     px: usize,
+    out: *mut f32,
+    res: Option<*const f32>,
+    n: usize,
     wv: &[S::V; 9],
-) -> [S::V; QUAD] {
-    let mut acc = [s.splat(0.0); QUAD];
-    for ky in 0..3 {
-        let xr = &plane[base + ky * row..];
-        // Columns `j·SW + kx` of the window row (at most 3 + 3·SW of them).
-        let mut col = [s.splat(0.0); 9];
-        for (k, v) in col.iter_mut().enumerate().take(3 + (QUAD - 1) * SW) {
-            *v = s.load(&xr[k * px..]);
-        }
-        for (j, a) in acc.iter_mut().enumerate() {
-            for kx in 0..3 {
-                *a = s.fma(col[j * SW + kx], wv[ky * 3 + kx], *a);
+    t: &VecTail<S>,
+    bias: S::V,
+) {
+    for q in 0..n {
+        let xq = x.wrapping_add(q * QUAD * SW * px);
+        let mut acc = [s.splat(0.0); QUAD];
+        for ky in 0..3 {
+            let xr = xq.wrapping_add(ky * row);
+            let mut col = [s.splat(0.0); 9];
+            for (k, v) in col.iter_mut().enumerate().take(3 + (QUAD - 1) * SW) {
+                // SAFETY: below the last quad's last input vector (the contract).
+                *v = unsafe { s.load_at(xr.wrapping_add(k * px)) };
+            }
+            for (j, a) in acc.iter_mut().enumerate() {
+                for kx in 0..3 {
+                    *a = s.fma(col[j * SW + kx], wv[ky * 3 + kx], *a);
+                }
             }
         }
+        for (j, &a) in acc.iter().enumerate() {
+            let at = (q * QUAD + j) * px;
+            // SAFETY (both): below the last quad's last output and residual vectors (the
+            // contract). (A match, not `Option::map`: a closure is compiled without the
+            // caller's target features, and its load would become a call.)
+            #[allow(clippy::manual_map)]
+            let rv = match res {
+                Some(r) => Some(unsafe { s.load_at(r.wrapping_add(at)) }),
+                None => None,
+            };
+            unsafe { s.store_at(out.wrapping_add(at), t.finish(s, a, bias, rv)) };
+        }
     }
-    acc
 }
 
 /// The 3×3 window at `plane[base..]` (rows `row` apart, pixels `px` apart) times `wv`.

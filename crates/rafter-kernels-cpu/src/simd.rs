@@ -31,6 +31,17 @@ pub(crate) trait Simd: Copy + Send + Sync {
     fn load(self, x: &[f32]) -> Self::V;
     /// Writes the first `LANES` elements of `x`.
     fn store(self, x: &mut [f32], v: Self::V);
+    /// `LANES` elements from `p`, unchecked: for an inner loop whose bounds its caller
+    /// checked once, where a check per load cost more than the loads.
+    ///
+    /// # Safety
+    /// `p..p + LANES` must be readable.
+    unsafe fn load_at(self, p: *const f32) -> Self::V;
+    /// Writes `LANES` elements at `p`, unchecked (see [`Simd::load_at`]).
+    ///
+    /// # Safety
+    /// `p..p + LANES` must be writable, and no reference to them alive.
+    unsafe fn store_at(self, p: *mut f32, v: Self::V);
     /// The elements of `x` (fewer than `LANES`), the remaining lanes set to `fill`.
     fn load_partial(self, x: &[f32], fill: f32) -> Self::V;
     /// Writes the first `x.len()` (fewer than `LANES`) lanes of `v` to `x`.
@@ -110,6 +121,16 @@ impl Simd for Scalar {
     #[inline(always)]
     fn load(self, x: &[f32]) -> f32 {
         x[0]
+    }
+    #[inline(always)]
+    unsafe fn load_at(self, p: *const f32) -> f32 {
+        // SAFETY: the caller's contract (one element readable).
+        unsafe { *p }
+    }
+    #[inline(always)]
+    unsafe fn store_at(self, p: *mut f32, v: f32) {
+        // SAFETY: the caller's contract (one element writable).
+        unsafe { *p = v }
     }
     #[inline(always)]
     fn store(self, x: &mut [f32], v: f32) {
@@ -286,6 +307,16 @@ mod x86 {
         fn load(self, x: &[f32]) -> __m512 {
             assert!(x.len() >= 16);
             unsafe { _mm512_loadu_ps(x.as_ptr()) }
+        }
+        #[inline(always)]
+        unsafe fn load_at(self, p: *const f32) -> __m512 {
+            // SAFETY: the caller's contract (16 floats readable).
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store_at(self, p: *mut f32, v: __m512) {
+            // SAFETY: the caller's contract (16 floats writable).
+            unsafe { _mm512_storeu_ps(p, v) }
         }
         #[inline(always)]
         fn store(self, x: &mut [f32], v: __m512) {
@@ -468,6 +499,16 @@ mod x86 {
         fn load(self, x: &[f32]) -> __m256 {
             assert!(x.len() >= 8);
             unsafe { _mm256_loadu_ps(x.as_ptr()) }
+        }
+        #[inline(always)]
+        unsafe fn load_at(self, p: *const f32) -> __m256 {
+            // SAFETY: the caller's contract (8 floats readable).
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store_at(self, p: *mut f32, v: __m256) {
+            // SAFETY: the caller's contract (8 floats writable).
+            unsafe { _mm256_storeu_ps(p, v) }
         }
         #[inline(always)]
         fn store(self, x: &mut [f32], v: __m256) {
