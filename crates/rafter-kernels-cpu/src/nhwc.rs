@@ -372,7 +372,7 @@ impl RowGeom {
     }
 }
 
-/// Output pixels computed together by [`quad3x3`].
+/// Output pixels computed together by [`quads_at`].
 const QUAD: usize = 4;
 
 /// `n` runs of [`QUAD`] adjacent output pixels along a row, for one channel vector of a 3×3
