@@ -11,6 +11,7 @@
 use std::cell::RefCell;
 
 use crate::common::{check_isa, check_len, par_blocks, ChannelTail, Disjoint, KernelError};
+use crate::nhwc::VecTail;
 use crate::simd::{copy, Simd, MAX_LANES};
 use crate::{Isa, Parallel};
 
@@ -303,14 +304,10 @@ fn dw_taps<S: Simd>(s: S, plane: &[f32], geo: &DwGeometry, wv: &[S::V; 9], q: us
 /// residual)) (+ residual))`, with its constants splatted once per channel: shared by the
 /// depthwise and the stem kernels.
 pub(crate) struct Tail<S: Simd> {
+    /// The channel's bias, splatted.
     bias: S::V,
-    alpha: S::V,
-    zero: S::V,
-    lo: S::V,
-    hi: S::V,
-    res_before: bool,
-    relu: bool,
-    clamp: bool,
+    /// Everything else, as the channels-last kernels apply it.
+    tail: VecTail<S>,
 }
 
 impl<S: Simd> Tail<S> {
@@ -323,16 +320,17 @@ impl<S: Simd> Tail<S> {
         relu: bool,
         clamp: Option<(f32, f32)>,
     ) -> Self {
-        let (lo, hi) = clamp.unwrap_or((0.0, 0.0));
-        Tail {
-            bias: s.splat(bias),
-            alpha: s.splat(alpha),
-            zero: s.splat(0.0),
-            lo: s.splat(lo),
-            hi: s.splat(hi),
+        let channel = ChannelTail {
+            alpha,
+            bias: None,
+            residual: None,
             res_before,
             relu,
-            clamp: clamp.is_some(),
+            clamp,
+        };
+        Tail {
+            bias: s.splat(bias),
+            tail: VecTail::new(s, &channel),
         }
     }
 
@@ -341,7 +339,6 @@ impl<S: Simd> Tail<S> {
     #[inline(always)]
     pub(crate) fn store(&self, s: S, acc: S::V, rrow: Option<&[f32]>, orow: &mut [f32], x0: usize) {
         let full = x0 + S::LANES <= orow.len();
-        let mut v = s.fma(acc, self.alpha, self.bias);
         // (A match, not `Option::map` with a closure: a closure is compiled without the
         // caller's target features, and its load would become a call.)
         let rv = match rrow {
@@ -349,18 +346,7 @@ impl<S: Simd> Tail<S> {
             Some(r) => Some(s.load_partial(&r[x0..], 0.0)),
             None => None,
         };
-        if let (Some(rv), true) = (rv, self.res_before) {
-            v = s.add(v, rv);
-        }
-        if self.relu {
-            v = s.max(v, self.zero);
-        }
-        if let (Some(rv), false) = (rv, self.res_before) {
-            v = s.add(v, rv);
-        }
-        if self.clamp {
-            v = s.min(s.max(v, self.lo), self.hi);
-        }
+        let v = self.tail.finish(s, acc, self.bias, rv);
         if full {
             s.store(&mut orow[x0..], v);
         } else {
