@@ -32,7 +32,7 @@
 use std::cell::RefCell;
 use std::sync::Mutex;
 
-use crate::buffer::Aligned;
+use crate::buffer::{with_pair, Aligned, ScratchPair};
 use crate::common::{check_isa, check_len, ChannelTail, KernelError};
 use crate::nhwc::{
     check_small_conv, depthwise_nhwc_with_isa, small_conv_rows_into, DepthwiseNhwc, SmallConvNhwc,
@@ -138,7 +138,7 @@ thread_local! {
     /// time; from a `Vec<f32>` (malloc's 16-byte alignment) every such access split two
     /// lines. Aligned, MobileNetV2 ran at B/A 0.956 (faster in 17 of 20 alternated
     /// `rafter bench` rounds of 100 calls, Zen 5).
-    static SCRATCH: RefCell<(Aligned, Aligned)> = RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
+    static SCRATCH: ScratchPair = RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
 }
 
 /// Runs `block` into `out` (`n x oh x ow x out channels`) on the fastest ISA.
@@ -314,13 +314,7 @@ pub fn block_nhwc_with_isa(
     par.run(tasks, &|t| {
         let mut dst = shares[t].lock().unwrap_or_else(|p| p.into_inner());
         let rows = share(oh, parts, t % parts);
-        let r = SCRATCH.with(|cell| {
-            let mut spare = (Aligned::new(0, 0), Aligned::new(0, 0));
-            let mut held = cell.try_borrow_mut();
-            let s = match held.as_deref_mut() {
-                Ok(s) => s,
-                Err(_) => &mut spare,
-            };
+        let r = with_pair(&SCRATCH, |s| {
             let stem = block.stem.as_ref().zip(stem_weights.as_ref());
             run_share(isa, block, stem, &ch, t / parts, rows.clone(), &mut dst, s)
         });
@@ -357,13 +351,7 @@ fn whole_map(
     let d = &b.depthwise;
     let (pixels, mid) = (b.n * b.h * b.w, ch.mid);
     let out_pixels = b.n * d.out[0] * d.out[1];
-    SCRATCH.with(|cell| {
-        let mut spare = (Aligned::new(0, 0), Aligned::new(0, 0));
-        let mut held = cell.try_borrow_mut();
-        let (expanded, dw_out) = match held.as_deref_mut() {
-            Ok(s) => s,
-            Err(_) => &mut spare,
-        };
+    with_pair(&SCRATCH, |(expanded, dw_out)| {
         let dw_in: &[f32] = match &b.expand {
             Some(e) => {
                 expanded.grow(pixels * mid);

@@ -3,6 +3,7 @@
 //! kernels' vector loads never split lines.
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
 const ALIGN_FLOATS: usize = 16; // 64 bytes
 
@@ -49,13 +50,14 @@ impl Aligned {
     }
 
     /// Makes the payload at least `len` floats (no prefix), keeping its contents; new
-    /// floats are zero. Grows geometrically, so a buffer that is reused settles.
+    /// floats are zero. Grows to exactly `len`: a reused buffer settles at the largest
+    /// request it sees, and holds no slack (the GEMM's packing buffers reach megabytes).
     pub(crate) fn grow(&mut self, len: usize) {
         if self.len >= len {
             return;
         }
         if self.capacity_floats() < len {
-            let mut bigger = Aligned::new(0, len.max(2 * self.len));
+            let mut bigger = Aligned::new(0, len);
             bigger.as_mut_slice()[..self.len].copy_from_slice(self.as_slice());
             *self = bigger;
         } else {
@@ -67,12 +69,28 @@ impl Aligned {
 thread_local! {
     /// Per-thread packing buffers, reused across calls so a GEMM allocates nothing in steady
     /// state, whichever pool thread runs its tasks.
-    static SCRATCH: RefCell<(Aligned, Aligned)> =
-        RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
+    static SCRATCH: ScratchPair = RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
+}
+
+/// A thread's own pair of aligned buffers, reused across calls (see [`with_pair`]).
+pub(crate) type ScratchPair = RefCell<(Aligned, Aligned)>;
+
+/// Runs `f` on the thread's pair of buffers in `key`, or on a fresh (empty) pair if this
+/// thread already holds them further up its stack (re-entrancy), so a kernel's scratch
+/// allocates nothing in steady state whichever pool thread runs it.
+pub(crate) fn with_pair<R>(
+    key: &'static LocalKey<ScratchPair>,
+    f: impl FnOnce(&mut (Aligned, Aligned)) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut pair) => f(&mut pair),
+        Err(_) => f(&mut (Aligned::new(0, 0), Aligned::new(0, 0))),
+    })
 }
 
 /// Runs `f` with two aligned scratch buffers of at least `len_a` and `len_b` floats (contents
-/// unspecified). Falls back to fresh buffers if the thread's are in use (re-entrancy).
+/// unspecified): the GEMM's packing buffers. Falls back to fresh buffers if the thread's
+/// are in use (re-entrancy).
 pub(crate) fn with_scratch<R>(
     len_a: usize,
     len_b: usize,
@@ -124,6 +142,29 @@ mod tests {
         }
         // Floats a grow added are zero.
         assert!(a.as_slice()[3..].iter().all(|&x| x == 0.0));
+    }
+
+    thread_local! {
+        static PAIR: ScratchPair = RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
+    }
+
+    #[test]
+    fn a_pair_held_up_the_stack_is_not_handed_out_again() {
+        with_pair(&PAIR, |(a, _)| {
+            a.grow(4);
+            a.as_mut_slice().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+            // Re-entered: a fresh, empty pair, not the one this frame holds.
+            with_pair(&PAIR, |(inner, _)| {
+                assert!(inner.as_slice().is_empty());
+                inner.grow(4);
+                inner.as_mut_slice().fill(9.0);
+            });
+            assert_eq!(a.as_slice(), &[1.0, 2.0, 3.0, 4.0]);
+        });
+        // Released: the thread's own pair again, contents kept.
+        with_pair(&PAIR, |(a, _)| {
+            assert_eq!(a.as_slice(), &[1.0, 2.0, 3.0, 4.0])
+        });
     }
 
     #[test]

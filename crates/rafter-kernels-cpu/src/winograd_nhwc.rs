@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 
-use crate::buffer::Aligned;
+use crate::buffer::{with_pair, Aligned, ScratchPair};
 use crate::common::ChannelTail;
 use crate::common::{check_isa, check_len, Disjoint};
 use crate::nhwc::VecTail;
@@ -127,7 +127,7 @@ thread_local! {
     /// them a channel vector at a time, and the GEMMs write `M` in vectors. With the
     /// filters' panels aligned too, ResNet-50 ran at B/A 0.979 against `Vec<f32>`s
     /// (faster in 12 of 12 alternated `rafter bench` rounds, Zen 5).
-    static BLOCK: RefCell<(Aligned, Aligned)> = RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
+    static BLOCK: ScratchPair = RefCell::new((Aligned::new(0, 0), Aligned::new(0, 0)));
 }
 
 /// How the tiles and output channels are cut into tasks.
@@ -228,13 +228,7 @@ pub fn conv3x3_nhwc_with_isa(
     };
     par.run(split.blocks * split.parts, &|i| {
         let (b, s) = (i / split.parts, i % split.parts);
-        BLOCK.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut bufs) => {
-                let (v, m) = &mut *bufs;
-                task.run(isa, b, s, v, m)
-            }
-            Err(_) => task.run(isa, b, s, &mut Aligned::new(0, 0), &mut Aligned::new(0, 0)),
-        })
+        with_pair(&BLOCK, |(v, m)| task.run(isa, b, s, v, m))
     });
     Ok(())
 }
