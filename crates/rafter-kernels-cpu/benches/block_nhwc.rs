@@ -14,6 +14,18 @@ use rafter_kernels_cpu::{
     SmallConvNhwc, WindowNhwc, WorkerPool,
 };
 
+/// A pre-packed 1×1 projection with a bias and no activation (a linear bottleneck).
+fn projection<'a>(wp: &'a PackedB, bp: &'a [f32]) -> Pointwise<'a> {
+    Pointwise {
+        weights: BRef::Packed(wp.view()),
+        alpha: 1.0,
+        epilogue: Epilogue {
+            bias: Some(bp),
+            ..Epilogue::none()
+        },
+    }
+}
+
 fn data(n: usize, seed: usize) -> Vec<f32> {
     (0..n)
         .map(|i| (((i + seed) * 7919) % 2003) as f32 / 1000.0 - 1.0)
@@ -168,14 +180,7 @@ fn stem_block(pool: &WorkerPool) -> (f64, f64) {
             weights: &wd,
             tail: relu6(&bd),
         },
-        project: Some(Pointwise {
-            weights: BRef::Packed(wp.view()),
-            alpha: 1.0,
-            epilogue: Epilogue {
-                bias: Some(&bp),
-                ..Epilogue::none()
-            },
-        }),
+        project: Some(projection(&wp, &bp)),
         residual: None,
     };
     let mut map = vec![0f32; o * o * c];
@@ -240,14 +245,7 @@ fn run(sh: &Shape, pool: &WorkerPool) -> (f64, f64) {
             weights: &wd,
             tail: dw_tail,
         },
-        project: Some(Pointwise {
-            weights: BRef::Packed(wp.view()),
-            alpha: 1.0,
-            epilogue: Epilogue {
-                bias: Some(&bp),
-                ..Epilogue::none()
-            },
-        }),
+        project: Some(projection(&wp, &bp)),
         residual: skip.then_some((&x[..], false)),
     };
     let mut e = vec![0f32; h * h * mid];

@@ -848,6 +848,30 @@ mod tests {
         stem_case(1, [30, 30], 24, None);
     }
 
+    /// A 1×4×4×8 input through a 3×3 depthwise stage and nothing else, for the error tests
+    /// to add or break a stage.
+    fn depthwise_only_4x4x8<'a>(input: &'a [f32], wd: &'a [f32]) -> BlockNhwc<'a> {
+        BlockNhwc {
+            input,
+            stem: None,
+            n: 1,
+            h: 4,
+            w: 4,
+            channels: 8,
+            expand: None,
+            depthwise: DepthwiseStage {
+                kernel: [3, 3],
+                stride: [1, 1],
+                pads: [1, 1],
+                out: [4, 4],
+                weights: wd,
+                tail: ChannelTail::default(),
+            },
+            project: None,
+            residual: None,
+        }
+    }
+
     #[test]
     fn bad_stem_blocks_are_errors() {
         use crate::nhwc::{SmallConvNhwc, WindowNhwc};
@@ -869,23 +893,8 @@ mod tests {
             tail: ChannelTail::default(),
         };
         let block = BlockNhwc {
-            input: &[],
             stem: Some(stem),
-            n: 1,
-            h: 4,
-            w: 4,
-            channels: 8,
-            expand: None,
-            depthwise: DepthwiseStage {
-                kernel: [3, 3],
-                stride: [1, 1],
-                pads: [1, 1],
-                out: [4, 4],
-                weights: &wd,
-                tail: ChannelTail::default(),
-            },
-            project: None,
-            residual: None,
+            ..depthwise_only_4x4x8(&[], &wd)
         };
         let mut out = vec![0f32; 4 * 4 * 8];
         block_nhwc(&block, &mut out, &Sequential).unwrap();
@@ -918,25 +927,7 @@ mod tests {
         let x = data(4 * 4 * 8, 1);
         let wd = data(9 * 8, 2);
         let wp = data(8 * 4, 3);
-        let block = BlockNhwc {
-            input: &x,
-            stem: None,
-            n: 1,
-            h: 4,
-            w: 4,
-            channels: 8,
-            expand: None,
-            depthwise: DepthwiseStage {
-                kernel: [3, 3],
-                stride: [1, 1],
-                pads: [1, 1],
-                out: [4, 4],
-                weights: &wd,
-                tail: ChannelTail::default(),
-            },
-            project: None,
-            residual: None,
-        };
+        let block = depthwise_only_4x4x8(&x, &wd);
         let mut out = vec![0f32; 4 * 4 * 4];
         let e = block_nhwc(&block, &mut out, &Sequential).unwrap_err();
         assert!(e.to_string().contains("no 1x1 stage"), "{e}");
