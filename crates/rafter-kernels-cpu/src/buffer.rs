@@ -51,7 +51,7 @@ impl Aligned {
 
     /// Makes the payload at least `len` floats (no prefix), keeping its contents; new
     /// floats are zero. Grows to exactly `len`: a reused buffer settles at the largest
-    /// request it sees, and holds no slack (the GEMM's packing buffers reach megabytes).
+    /// request it sees and holds no slack (a block's scratch is ~200 KB a thread).
     pub(crate) fn grow(&mut self, len: usize) {
         if self.len >= len {
             return;
