@@ -51,6 +51,79 @@ impl Node {
     }
 }
 
+/// State carried from one call of a graph to the next: graph output `output` of a call is
+/// graph input `input` of the following call (a KV cache, an RNN's hidden state).
+///
+/// Both ends have the same dtype and rank. Their dims are equal except on at most one
+/// *growth* axis, where the input's dim is a plain symbol (the length carried so far, such
+/// as `past`) and the output's is larger (`past + seq`): a KV cache that a call extends.
+/// The compiler then keeps the state in one buffer per session, sized at the declared
+/// bounds, which the input reads as a prefix and the output extends in place; the caller
+/// neither passes nor receives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StateLink {
+    /// Index into [`Graph::inputs`].
+    pub input: usize,
+    /// Index into [`Graph::outputs`].
+    pub output: usize,
+}
+
+impl StateLink {
+    /// The axis along which the state grows from call to call, if any; an error naming the
+    /// problem when the two ends do not form a state (see the type's docs).
+    pub fn growth_axis(&self, g: &Graph) -> Result<Option<usize>, String> {
+        let (Some(&i), Some(&o)) = (g.inputs.get(self.input), g.outputs.get(self.output)) else {
+            return Err(format!(
+                "state links input {} and output {}, but the graph has {} inputs and {} outputs",
+                self.input,
+                self.output,
+                g.inputs.len(),
+                g.outputs.len()
+            ));
+        };
+        let (iv, ov) = (g.value(i), g.value(o));
+        let what = || format!("state `{}` -> `{}`", ov.name, iv.name);
+        if iv.ty.dtype != ov.ty.dtype || iv.ty.rank() != ov.ty.rank() {
+            return Err(format!(
+                "{}: the output's type {} and the input's type {} differ in dtype or rank",
+                what(),
+                ov.ty,
+                iv.ty
+            ));
+        }
+        let differ: Vec<usize> = (0..iv.ty.rank())
+            .filter(|&a| iv.ty.dims[a] != ov.ty.dims[a])
+            .collect();
+        match differ[..] {
+            [] => Ok(None),
+            [a] => {
+                if iv.ty.dims[a].as_symbol().is_none() {
+                    return Err(format!(
+                        "{}: the input's growing dim {} (axis {a}) must be a plain symbol",
+                        what(),
+                        iv.ty.dims[a]
+                    ));
+                }
+                if let Some(b) = (0..a).find(|&b| iv.ty.dims[b].as_known() != Some(1)) {
+                    return Err(format!(
+                        "{}: dims before the growth axis {a} must be 1 (so the state is a \
+                         prefix of its buffer), axis {b} is {}",
+                        what(),
+                        iv.ty.dims[b]
+                    ));
+                }
+                Ok(Some(a))
+            }
+            _ => Err(format!(
+                "{}: the types {} and {} differ on more than one axis",
+                what(),
+                ov.ty,
+                iv.ty
+            )),
+        }
+    }
+}
+
 /// A graph of ops over SSA values.
 ///
 /// Nodes are stored in a topological order (every operand is defined before it is used), so
@@ -64,6 +137,9 @@ pub struct Graph {
     pub constants: Vec<ConstData>,
     pub inputs: Vec<ValueId>,
     pub outputs: Vec<ValueId>,
+    /// Inputs fed by outputs of the previous call (see [`StateLink`]); empty for a
+    /// stateless graph.
+    pub states: Vec<StateLink>,
 }
 
 impl Graph {

@@ -18,12 +18,14 @@ pub mod program_text;
 pub mod text;
 mod types;
 pub mod verify;
+mod weight;
 
 pub use attr::{AttrType, AttrValue, Scalar};
 pub use constant::{ConstData, ConstSizeError};
 pub use dim::{is_identifier, sanitize_identifier, Dim, DimError, Symbol};
 pub use dtype::DType;
-pub use graph::{ConstId, Graph, Node, NodeId, Value, ValueDef, ValueId};
+pub use graph::{ConstId, Graph, Node, NodeId, StateLink, Value, ValueDef, ValueId};
 pub use op::*;
 pub use types::TensorType;
 pub use verify::{verify, VerifyError};
+pub use weight::WeightFormat;

@@ -9,7 +9,7 @@
 //! time, e.g. `squeeze` with no axes).
 
 use crate::attr::{AttrType, AttrValue, Scalar};
-use crate::{attr_enum, DType, Graph};
+use crate::{attr_enum, DType, Graph, WeightFormat};
 
 attr_enum! {
     /// Elementwise functions of one operand.
@@ -157,6 +157,12 @@ attr_enum! {
 }
 
 attr_enum! {
+    /// The gate activation of a gated feed-forward block (`moe_ffn`): SiLU (Llama, Qwen) or
+    /// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
+    FfnActivation { Silu => "silu", GeluTanh => "gelu_tanh" }
+}
+
+attr_enum! {
     /// How a loss combines its per-element values: kept as they are, summed, or averaged
     /// (a weighted average when the loss has weights or ignores some targets).
     LossReduction { None => "none", Sum => "sum", Mean => "mean" }
@@ -296,6 +302,26 @@ define_ops! {
     ConvTranspose "conv_transpose" {
         kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,
         group: i64, auto_pad: AutoPad, output_padding: Vec<i64>, output_shape: Vec<i64>,
+    },
+    /// A linear layer over a weight in any [`WeightFormat`]. Operands: x [..., K] (f32),
+    /// w, bias? [N] (f32). Result f32 [..., N] = x · dequant(w)ᵀ (+ bias). `w` is [N, K] of
+    /// the format's dtype for f32/f16/bf16, or `u8` [N, K / block_elems * block_bytes] of
+    /// raw ggml blocks: the weight stays encoded and is decoded where it is read.
+    Linear "linear" { format: WeightFormat },
+    /// Rows of a table in any [`WeightFormat`] (a token embedding). Operands: table [V, H]
+    /// stored as for `linear`'s weight, ids (i32/i64, any shape; each in `0..V`). Result f32
+    /// [ids..., H]. An id outside the table is an error.
+    Embedding "embedding" { format: WeightFormat },
+    /// A mixture-of-experts gated feed-forward block (Qwen3-MoE, Mixtral). Operands:
+    /// x [T, H] (f32), router_logits [T, E] (f32), gate [E, F, H], up [E, F, H],
+    /// down [E, H, F] (each in its format, stored per expert as `linear`'s weight).
+    /// Per token: p = softmax(router_logits) in f32; the `top_k` largest p (ties to the
+    /// lower expert index), divided by their sum when `normalize`; the result is
+    /// `Σ p_e · down_e(act(gate_e · x) ⊙ (up_e · x))` over the chosen experts. Only the
+    /// chosen experts' weights are read. Result f32 [T, H].
+    MoeFfn "moe_ffn" {
+        top_k: i64, normalize: bool, activation: FfnActivation,
+        gate_format: WeightFormat, up_format: WeightFormat, down_format: WeightFormat,
     },
     /// Operands: the einsum's inputs.
     Einsum "einsum" { equation: String },

@@ -110,7 +110,9 @@ impl KernelKind {
             | ConvTranspose { .. }
             | Einsum { .. }
             | MatMulInteger
-            | ConvInteger { .. } => KernelKind::Contraction,
+            | ConvInteger { .. }
+            | Linear { .. }
+            | MoeFfn { .. } => KernelKind::Contraction,
             Reduce { .. }
             | ArgReduce { .. }
             | Cumulative { .. }
@@ -136,6 +138,7 @@ impl KernelKind {
             | Split { .. }
             | Slice
             | Gather { .. }
+            | Embedding { .. }
             | GatherElements { .. }
             | GatherNd { .. }
             | ScatterElements { .. }

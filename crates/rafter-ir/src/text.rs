@@ -25,7 +25,7 @@
 //!
 //! ```text
 //! graph      := 'graph' '@' name '(' [def {',' def}] ')' '->' '(' [ref {',' ref}] ')'
-//!               '{' {stmt} '}'
+//!               ['states' '(' [ref '->' ref {',' ref '->' ref}] ')'] '{' {stmt} '}'
 //! stmt       := 'const' (def {',' def} | '_') '=' data
 //!             | [result {',' result} '='] op ['{' [attr {',' attr}] '}']
 //!               '(' [operand {',' operand}] ')' ['@' name]
@@ -72,6 +72,8 @@
 //!   attributes accept it). Scalars print as `f32 1.5`, `i64 -3`, `u8 7`, `bool true`: a
 //!   float literal gives [`Scalar::Float`], an integer gives the variant that fits the
 //!   dtype.
+//! * **States** (`states(%present -> %past)`) name a graph output that the next call
+//!   receives as a graph input ([`crate::StateLink`]).
 //! * **Node names** follow the operands as `@name`; an empty name is left out.
 //!
 //! [`print_graph_elided`] prints constants above [`DENSE_LIMIT`] elements as
@@ -409,7 +411,27 @@ impl Printer {
             }
             names.reference(&mut self.out, v);
         }
-        self.out.push_str(") {\n");
+        self.out.push(')');
+        if !g.states.is_empty() {
+            self.out.push_str(" states(");
+            for (i, st) in g.states.iter().enumerate() {
+                if i > 0 {
+                    self.out.push_str(", ");
+                }
+                // An unverified graph may hold stale indices: print `_` rather than panic.
+                match g.outputs.get(st.output) {
+                    Some(&v) => names.reference(&mut self.out, v),
+                    None => self.out.push('_'),
+                }
+                self.out.push_str(" -> ");
+                match g.inputs.get(st.input) {
+                    Some(&v) => names.reference(&mut self.out, v),
+                    None => self.out.push('_'),
+                }
+            }
+            self.out.push(')');
+        }
+        self.out.push_str(" {\n");
         for s in stmts {
             self.indent(indent + 2);
             match s {
@@ -1009,6 +1031,8 @@ struct GraphBuild {
     defs: Vec<RawDef>,
     inputs: Vec<usize>,
     outputs: Vec<RawRef>,
+    /// `states(%out -> %in)` pairs as written: (output, input).
+    states: Vec<(RawRef, RawRef)>,
     nodes: Vec<RawNode>,
     constants: Vec<ConstData>,
 }
@@ -1147,11 +1171,34 @@ impl GraphBuild {
             .iter()
             .map(resolve)
             .collect::<Result<Vec<_>, _>>()?;
-        let inputs = self
+        let inputs: Vec<ValueId> = self
             .inputs
             .iter()
             .map(|&k| ValueId(ids[k] as u32))
             .collect();
+        let mut states = Vec::with_capacity(self.states.len());
+        for (out, inp) in &self.states {
+            let (o, i) = (resolve(out)?, resolve(inp)?);
+            let output = outputs.iter().position(|&v| v == o).ok_or_else(|| {
+                error_at(
+                    out.pos,
+                    format!(
+                        "`{}` in `states` is not a graph output",
+                        ref_text(&out.name, out.id)
+                    ),
+                )
+            })?;
+            let input = inputs.iter().position(|&v| v == i).ok_or_else(|| {
+                error_at(
+                    inp.pos,
+                    format!(
+                        "`{}` in `states` is not a graph input",
+                        ref_text(&inp.name, inp.id)
+                    ),
+                )
+            })?;
+            states.push(crate::StateLink { input, output });
+        }
         Ok(Graph {
             name,
             values,
@@ -1159,6 +1206,7 @@ impl GraphBuild {
             constants: self.constants,
             inputs,
             outputs,
+            states,
         })
     }
 }
@@ -1278,6 +1326,21 @@ impl Parser {
                 b.outputs.push(r);
                 if !self.list_sep(")")? {
                     break;
+                }
+            }
+        }
+        if self.is_ident("states") {
+            self.next();
+            self.expect("(")?;
+            if !self.eat(")") {
+                loop {
+                    let out = self.value_ref()?;
+                    self.expect("->")?;
+                    let inp = self.value_ref()?;
+                    b.states.push((out, inp));
+                    if !self.list_sep(")")? {
+                        break;
+                    }
                 }
             }
         }

@@ -34,6 +34,8 @@ pub enum VerifyError {
         op: &'static str,
         msg: String,
     },
+    #[error("graph `{graph}`: {msg}")]
+    BadState { graph: String, msg: String },
     #[error("graph `{graph}`: constant `{value}` has {actual} bytes, its type needs {expected}")]
     BadConst {
         graph: String,
@@ -118,6 +120,27 @@ pub fn verify(g: &Graph) -> Result<(), VerifyError> {
                 node: "<graph outputs>".into(),
                 value: g.value(v).name.clone(),
             });
+        }
+    }
+    verify_states(g)
+}
+
+/// Each state links a distinct input and output whose types form a state
+/// ([`crate::StateLink::growth_axis`]).
+fn verify_states(g: &Graph) -> Result<(), VerifyError> {
+    let bad = |msg: String| VerifyError::BadState {
+        graph: g.name.clone(),
+        msg,
+    };
+    let mut inputs = std::collections::HashSet::new();
+    let mut outputs = std::collections::HashSet::new();
+    for st in &g.states {
+        st.growth_axis(g).map_err(bad)?;
+        if !inputs.insert(st.input) || !outputs.insert(st.output) {
+            return Err(bad(format!(
+                "input {} or output {} is in more than one state",
+                st.input, st.output
+            )));
         }
     }
     Ok(())

@@ -1055,6 +1055,8 @@ fn all_words() -> Vec<&'static str> {
     w.extend(LinearAttnRule::ALL.iter().map(|x| x.word()));
     w.extend(LossReduction::ALL.iter().map(|x| x.word()));
     w.extend(TensorScatterMode::ALL.iter().map(|x| x.word()));
+    w.extend(FfnActivation::ALL.iter().map(|x| x.word()));
+    w.extend(WeightFormat::ALL.iter().map(|x| x.word()));
     w.sort();
     w.dedup();
     w
@@ -1096,11 +1098,11 @@ fn discover(op: &'static str, words: &[&'static str]) -> Vec<Field> {
         Kind::Floats,
         Kind::Ints,
         Kind::Str,
-        Kind::DType,
-        Kind::Scalar,
-        Kind::Graph,
     ];
+    // Keywords before dtypes: a weight format's `f32`/`f16`/`bf16` read back as dtype
+    // tokens, but its other keywords (`q4_k`) are words, so the field takes words.
     kinds.extend((0..words.len()).map(Kind::Word));
+    kinds.extend([Kind::DType, Kind::Scalar, Kind::Graph]);
     let mut choice: HashMap<&'static str, usize> = HashMap::new();
     let built = loop {
         let res = Op::from_parts(op, |f| {

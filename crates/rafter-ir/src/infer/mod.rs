@@ -33,6 +33,7 @@ mod cx;
 mod elementwise;
 mod fused;
 mod linalg;
+mod llm;
 mod misc;
 mod nn;
 mod shape;
@@ -153,6 +154,15 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
         Op::Lrn { size, .. } => nn::lrn(cx, *size),
         Op::MeanVarianceNorm { axes } => nn::mean_variance_norm(cx, axes),
 
+        Op::Linear { format } => llm::linear(cx, *format),
+        Op::Embedding { format } => llm::embedding(cx, *format),
+        Op::MoeFfn {
+            top_k,
+            gate_format,
+            up_format,
+            down_format,
+            ..
+        } => llm::moe_ffn(cx, *top_k, [*gate_format, *up_format, *down_format]),
         Op::MatMul => linalg::matmul(cx, None),
         Op::MatMulInteger => linalg::matmul(cx, Some(crate::DType::I32)),
         Op::Gemm {

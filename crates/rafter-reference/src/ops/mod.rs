@@ -24,6 +24,7 @@ pub mod recurrent;
 pub mod reduce;
 pub mod signal;
 pub mod stateful;
+pub mod weights;
 
 /// Why an op could not be evaluated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,5 +184,6 @@ pub fn eval(
         QLinearMatMul | QLinearConv { .. } => qlinear::eval(op, inputs, ctx),
         LinearAttention { .. } | CausalConvWithState { .. } => stateful::eval(op, inputs, ctx),
         BitCast { .. } => bitcast::eval(op, inputs, ctx),
+        Linear { .. } | Embedding { .. } | MoeFfn { .. } => weights::eval(op, inputs, ctx),
     }
 }

@@ -460,6 +460,26 @@ fn all_ops() -> Vec<Op> {
             ignore_index: None,
         },
         Op::SwiGlu { alpha: 0.5 },
+        Op::Linear {
+            format: WeightFormat::F32,
+        },
+        Op::Linear {
+            format: WeightFormat::Q4K,
+        },
+        Op::Embedding {
+            format: WeightFormat::F16,
+        },
+        Op::Embedding {
+            format: WeightFormat::Q8_0,
+        },
+        Op::MoeFfn {
+            top_k: 2,
+            normalize: true,
+            activation: FfnActivation::Silu,
+            gate_format: WeightFormat::F32,
+            up_format: WeightFormat::F32,
+            down_format: WeightFormat::F32,
+        },
         Op::Det,
         Op::CenterCropPad { axes: vec![] },
         Op::CenterCropPad {
@@ -570,6 +590,9 @@ fn pool_of_inputs() -> Vec<In> {
         In::f32(&["n", "c", "h", "w"]),
         In::f32(&["2*s-1", "0", "1"]),
         In::t(DType::F16, &["2", "3"]),
+        In::t(DType::U8, &["3", "68"]),
+        In::t(DType::U8, &["2", "3", "144"]),
+        In::t(DType::U8, &["s", "x"]),
         In::t(DType::Bool, &["3"]),
         In::t(DType::Bool, &[]),
         In::t(DType::I64, &["k"]),
