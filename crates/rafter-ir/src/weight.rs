@@ -179,7 +179,9 @@ impl WeightFormat {
             return Some(bytes);
         }
         let bb = self.block_bytes();
-        bytes.is_multiple_of(bb).then(|| bytes / bb * self.block_elems())
+        bytes
+            .is_multiple_of(bb)
+            .then(|| bytes / bb * self.block_elems())
     }
 }
 

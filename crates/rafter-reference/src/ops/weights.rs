@@ -431,10 +431,7 @@ mod tests {
         );
         let (p0, p2) = (1f64.exp(), 2f64.exp());
         let (w0, w2) = (p0 / (p0 + p2), p2 / (p0 + p2));
-        let want = [
-            w0 * h0 * 1.0 + w2 * h2 * 2.0,
-            w0 * h0 * -1.0 + w2 * h2 * 4.0,
-        ];
+        let want = [w0 * h0 * 1.0 + w2 * h2 * 2.0, -(w0 * h0) + w2 * h2 * 4.0];
         for (got, want) in y.iter().zip(want) {
             assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
         }
