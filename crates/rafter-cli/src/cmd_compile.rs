@@ -64,6 +64,7 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
         target,
         bounds,
         cpu_weights,
+        ..CompileOptions::default()
     };
     let program = model::compile_with(&graph, options, &steps)?;
     let artifact_bytes = model::write_artifact(&program, &output, &steps)?;

@@ -258,6 +258,10 @@ fn buffer_line(p: &Program, i: usize) -> String {
             offset: None,
         } => format!("arena a{arena} (placed per call)"),
         Storage::Dynamic => "dynamic (sized by its producer)".to_string(),
+        Storage::State(s) => match p.state_bytes(*s) {
+            Some(bytes) => format!("state s{s} ({bytes} bytes at the bounds)"),
+            None => format!("state s{s} (unbounded: declare a bound for its dims)"),
+        },
     };
     format!("  b{i} `{}`: {} {storage}", b.name, b.ty)
 }

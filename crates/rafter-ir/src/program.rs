@@ -14,7 +14,7 @@
 //! (a size that depends on tensor *values*, such as NonZero's output) makes a buffer
 //! [`Storage::Dynamic`]: its producer sizes it when it runs.
 
-use crate::{ConstData, Graph, Symbol, TensorType};
+use crate::{ConstData, Dim, Graph, Symbol, TensorType};
 
 /// A named, typed program input or output.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,6 +41,45 @@ pub enum Storage {
     Arena { arena: usize, offset: Option<u64> },
     /// Sized by its producer at run time (data-dependent dims); lives in host memory.
     Dynamic,
+    /// `Program::states[i]`: memory a session keeps from one call to the next (a KV
+    /// cache), allocated once at its capacity. The buffer for the state's input reads the
+    /// bytes the previous call left; the one for its output is the same bytes, which the
+    /// producing kernel extends in place (see [`StateDecl`]).
+    State(usize),
+}
+
+/// State a program carries from one call to the next ([`crate::StateLink`] in the graph).
+///
+/// The caller neither passes nor receives it: the session allocates it once, at the size of
+/// `output`'s type at the declared bounds, and keeps its length. On a growth axis the input's
+/// dim is a plain symbol (`past`) that the session binds to the length left by the previous
+/// call (0 after a reset); the output's dim (`past + seq`) is the new length. Every dim before
+/// the growth axis is 1, so both are prefixes of one buffer, and a kernel that writes the
+/// output over the input (`concat(past, new)`) only writes the new part.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateDecl {
+    /// The state's name: the graph output that produces it (`present_k.3`).
+    pub name: String,
+    /// The input port it was (the graph input that reads it).
+    pub input_name: String,
+    /// Its type as a call reads it.
+    pub input_ty: TensorType,
+    /// Its type as a call leaves it.
+    pub output_ty: TensorType,
+}
+
+impl StateDecl {
+    /// The axis along which the state grows, if any: the one axis where the input and
+    /// output dims differ.
+    pub fn growth_axis(&self) -> Option<usize> {
+        (0..self.input_ty.rank()).find(|&a| self.input_ty.dims[a] != self.output_ty.dims[a])
+    }
+
+    /// The symbol the session binds to the state's current length (`past`), if it grows.
+    pub fn length_symbol(&self) -> Option<&Symbol> {
+        self.growth_axis()
+            .and_then(|a| self.input_ty.dims[a].as_symbol())
+    }
 }
 
 /// One tensor that crosses a kernel boundary.
@@ -318,6 +357,12 @@ pub struct Program {
     pub outputs: Vec<Port>,
     /// Declared upper bounds of symbols (`--dim seq<=2048`), used for static planning.
     pub bounds: Vec<(Symbol, i64)>,
+    /// Declared upper bounds of sums of symbols (`--dim 'past+seq<=4096'`): the runtime
+    /// checks them on every call, and the planner sizes a dim equal to one of them by it.
+    /// Each of their symbols is also in `bounds`, at most the same value.
+    pub dim_bounds: Vec<(Dim, i64)>,
+    /// State carried across calls (KV caches), read and written through `Storage::State`.
+    pub states: Vec<StateDecl>,
     /// Constant tensors read by kernels (weights), in buffer order of `Storage::Weight`.
     pub weights: Vec<ConstData>,
     pub buffers: Vec<BufferDecl>,
@@ -372,6 +417,7 @@ impl Program {
             program: self.name.clone(),
             msg,
         };
+        self.verify_states().map_err(err)?;
         let nb = self.buffers.len();
         let mut written = vec![false; nb];
         let mut outputs_seen = vec![false; self.outputs.len()];
@@ -438,8 +484,26 @@ impl Program {
                     }
                 }
                 Storage::Dynamic => {}
+                Storage::State(st) => {
+                    let decl = self.states.get(*st).ok_or_else(|| {
+                        err(format!(
+                            "buffer {i} `{}` is state {st}, but there are {} states",
+                            b.name,
+                            self.states.len()
+                        ))
+                    })?;
+                    if b.ty != decl.input_ty && b.ty != decl.output_ty {
+                        return Err(err(format!(
+                            "buffer {i} `{}` has type {} but state {st} `{}` is {} -> {}",
+                            b.name, b.ty, decl.name, decl.output_ty, decl.input_ty
+                        )));
+                    }
+                    // The previous call (or the reset) left it: readable from the start.
+                    written[i] = true;
+                }
             }
         }
+
         if let Some(k) = outputs_seen.iter().position(|s| !s) {
             return Err(err(format!(
                 "output {k} `{}` has no buffer",
@@ -458,6 +522,55 @@ impl Program {
             }
         }
         Ok(())
+    }
+
+    /// Each state's types form a state (same dtype and rank; dims equal but on one growth
+    /// axis, where the input's dim is a symbol and the dims before it are 1).
+    fn verify_states(&self) -> Result<(), String> {
+        for (i, st) in self.states.iter().enumerate() {
+            let (a, b) = (&st.input_ty, &st.output_ty);
+            let bad = |why: &str| format!("state {i} `{}` ({b} -> {a}): {why}", st.name);
+            if a.dtype != b.dtype || a.rank() != b.rank() {
+                return Err(bad("dtype or rank differ"));
+            }
+            let differ = (0..a.rank()).filter(|&x| a.dims[x] != b.dims[x]).count();
+            if differ > 1 {
+                return Err(bad("the types differ on more than one axis"));
+            }
+            if let Some(axis) = st.growth_axis() {
+                if a.dims[axis].as_symbol().is_none() {
+                    return Err(bad("the input's growing dim must be a plain symbol"));
+                }
+                if (0..axis).any(|x| a.dims[x].as_known() != Some(1)) {
+                    return Err(bad("the dims before the growth axis must be 1"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The largest value `dim` takes within the declared bounds: a sum bound that `dim`
+    /// equals (`past + seq <= 4096`), else the polynomial at the symbols' bounds. `None`
+    /// when a symbol of `dim` has no bound.
+    pub fn max_of(&self, dim: &Dim) -> Option<i64> {
+        if let Some((_, b)) = self.dim_bounds.iter().find(|(d, _)| d == dim) {
+            return Some(*b);
+        }
+        let bounds: std::collections::HashMap<Symbol, i64> = self.bounds.iter().cloned().collect();
+        dim.max_value(&bounds).ok()
+    }
+
+    /// Bytes state `s` takes at its capacity (its output type at the declared bounds), or
+    /// `None` when a dim has no bound (or the size overflows).
+    pub fn state_bytes(&self, s: usize) -> Option<u64> {
+        let st = self.states.get(s)?;
+        st.output_ty
+            .dims
+            .iter()
+            .try_fold(st.output_ty.dtype.size_of() as u64, |acc, d| {
+                let n = u64::try_from(self.max_of(d)?).ok()?;
+                acc.checked_mul(n)
+            })
     }
 
     fn verify_step(&self, si: usize, step: &Step, written: &mut [bool]) -> Result<(), String> {

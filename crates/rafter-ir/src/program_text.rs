@@ -34,7 +34,8 @@
 //! program  := 'program' '@' name '(' [port {',' port}] ')' '->' '(' [port {',' port}] ')'
 //!             {item}
 //! port     := '%' name ':' type
-//! item     := 'bounds' '{' [symbol '<' '=' integer {',' ...}] '}'
+//! item     := 'bounds' '{' [dim '<' '=' integer {',' ...}] '}'   // `seq <= 64`, `past + seq <= 4096`
+//!           | 'state' sN port '->' port          // output type, then the input it becomes
 //!           | 'weight' wN [string] ':' type '=' (data | 'external')
 //!           | 'arena' aN 'on' word word ['size' integer] ['lower_bound' integer]
 //!           | 'buffer' bN string ':' type '=' storage
@@ -42,7 +43,7 @@
 //!           | 'step' 'dispatch' kN '(' [bN {',' bN}] ')' '->' '(' [(bN | '_') {',' ...}] ')'
 //!           | 'step' 'copy' bN '->' bN
 //! storage  := 'input' integer | 'output' integer | 'weight' wN
-//!           | 'arena' aN ['offset' integer] | 'dynamic'
+//!           | 'arena' aN ['offset' integer] | 'dynamic' | 'state' sN
 //! kind     := 'contraction' | 'elementwise' | 'reduction' | 'data_movement' | 'opaque'
 //! word     := identifier | string             // devices (`cpu`) and memory kinds (`host`)
 //! ```
@@ -63,10 +64,12 @@
 //!   readers and resolvers only (a [`ConstData`] has no name) and may be left out.
 //! * **Steps** run in the order written.
 
-use crate::program::{Arena, BufferDecl, Kernel, KernelKind, Port, Program, Step, Storage};
+use crate::program::{
+    Arena, BufferDecl, Kernel, KernelKind, Port, Program, StateDecl, Step, Storage,
+};
 use crate::text::{error_at, parse_i64, write_const_data, write_name, write_string};
 use crate::text::{print_graph, ParseError, Parser, Pos, Tok};
-use crate::{is_identifier, ConstData, DType, Symbol, TensorType};
+use crate::{is_identifier, ConstData, DType, TensorType};
 use std::fmt::Write as _;
 
 /// How [`print_program`] writes weight data.
@@ -96,15 +99,24 @@ pub fn print_program(p: &Program, weights: WeightMode) -> String {
     out.push_str(" -> ");
     write_ports(&mut out, &p.outputs);
     out.push('\n');
-    if !p.bounds.is_empty() {
-        out.push_str("bounds { ");
-        for (i, (s, b)) in p.bounds.iter().enumerate() {
-            if i > 0 {
-                out.push_str(", ");
-            }
-            let _ = write!(out, "{} <= {b}", s.name());
-        }
-        out.push_str(" }\n");
+    if !p.bounds.is_empty() || !p.dim_bounds.is_empty() {
+        let entries: Vec<String> = p
+            .bounds
+            .iter()
+            .map(|(s, b)| format!("{} <= {b}", s.name()))
+            .chain(p.dim_bounds.iter().map(|(d, b)| format!("{d} <= {b}")))
+            .collect();
+        let _ = writeln!(out, "bounds {{ {} }}", entries.join(", "));
+    }
+    if !p.states.is_empty() {
+        out.push('\n');
+    }
+    for (i, st) in p.states.iter().enumerate() {
+        let _ = write!(out, "state s{i} %");
+        write_name(&mut out, &st.name);
+        let _ = write!(out, ": {} -> %", st.output_ty);
+        write_name(&mut out, &st.input_name);
+        let _ = writeln!(out, ": {}", st.input_ty);
     }
 
     if !p.weights.is_empty() {
@@ -163,6 +175,7 @@ pub fn print_program(p: &Program, weights: WeightMode) -> String {
                 None => write!(out, "arena a{arena}"),
             },
             Storage::Dynamic => write!(out, "dynamic"),
+            Storage::State(st) => write!(out, "state s{st}"),
         };
         out.push('\n');
     }
@@ -301,6 +314,7 @@ enum Decl {
     Arena,
     Buffer,
     Kernel,
+    State,
 }
 
 impl Decl {
@@ -310,6 +324,7 @@ impl Decl {
             Decl::Arena => 'a',
             Decl::Buffer => 'b',
             Decl::Kernel => 'k',
+            Decl::State => 's',
         }
     }
 
@@ -319,6 +334,7 @@ impl Decl {
             Decl::Arena => "arena",
             Decl::Buffer => "buffer",
             Decl::Kernel => "kernel",
+            Decl::State => "state",
         }
     }
 }
@@ -406,8 +422,9 @@ impl ProgramParser<'_, '_> {
             "buffer" => self.buffer(pos),
             "kernel" => self.kernel(),
             "step" => self.step(pos),
+            "state" => self.state(),
             _ => self.p.expected(
-                "an item (`bounds`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
+                "an item (`bounds`, `state`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
             ),
         }
     }
@@ -419,11 +436,14 @@ impl ProgramParser<'_, '_> {
             return Ok(());
         }
         loop {
-            let sym = match self.p.peek() {
-                Tok::Ident(s) if is_identifier(s) => Symbol::new(s),
-                _ => return self.p.expected("a symbol"),
-            };
-            self.p.next();
+            let dim_pos = self.p.pos();
+            let dim = self.p.dim()?;
+            if dim.symbols().is_empty() {
+                return Err(error_at(
+                    dim_pos,
+                    format!("expected a symbol or a sum of symbols to bound, found {dim}"),
+                ));
+            }
             self.p.expect("<")?;
             self.p.expect("=")?;
             let pos = self.p.pos();
@@ -435,7 +455,10 @@ impl ProgramParser<'_, '_> {
                 }
                 _ => return self.p.expected("an integer bound"),
             };
-            self.program.bounds.push((sym, bound));
+            match dim.as_symbol() {
+                Some(sym) => self.program.bounds.push((sym.clone(), bound)),
+                None => self.program.dim_bounds.push((dim, bound)),
+            }
             if !self.p.list_sep("}")? {
                 return Ok(());
             }
@@ -569,13 +592,44 @@ impl ProgramParser<'_, '_> {
                 self.p.next();
                 Storage::Dynamic
             }
+            "state" => {
+                self.p.next();
+                Storage::State(self.reference(Decl::State)?)
+            }
             _ => return self.p.expected(
-                "a storage (`input N`, `output N`, `weight wN`, `arena aN [offset N]`, `dynamic`)",
+                "a storage (`input N`, `output N`, `weight wN`, `arena aN [offset N]`, `dynamic`, `state sN`)",
             ),
         };
         self.program.buffers.push(BufferDecl { name, ty, storage });
         self.places.buffers.push(pos);
         Ok(())
+    }
+
+    /// `state sN %present: type -> %past: type`.
+    fn state(&mut self) -> Result<(), ParseError> {
+        self.p.next();
+        self.declare(Decl::State, self.program.states.len())?;
+        let (name, output_ty) = self.state_port()?;
+        self.p.expect("->")?;
+        let (input_name, input_ty) = self.state_port()?;
+        self.program.states.push(StateDecl {
+            name,
+            input_name,
+            input_ty,
+            output_ty,
+        });
+        Ok(())
+    }
+
+    fn state_port(&mut self) -> Result<(String, TensorType), ParseError> {
+        let (name, id, ty, pos) = self.p.value_def()?;
+        if let Some(id) = id {
+            return Err(error_at(
+                pos,
+                format!("expected a state port `%name: type`, found a value id `#{id}`"),
+            ));
+        }
+        Ok((name, ty))
     }
 
     fn kernel(&mut self) -> Result<(), ParseError> {
@@ -714,6 +768,7 @@ impl ProgramParser<'_, '_> {
                 Decl::Arena => self.program.arenas.len(),
                 Decl::Buffer => self.program.buffers.len(),
                 Decl::Kernel => self.program.kernels.len(),
+                Decl::State => self.program.states.len(),
             };
             if i >= n {
                 let l = decl.letter();

@@ -1421,7 +1421,7 @@ impl Parser {
 
     // ---- dims ----
 
-    fn dim(&mut self) -> Result<Dim, ParseError> {
+    pub(crate) fn dim(&mut self) -> Result<Dim, ParseError> {
         let neg = self.eat("-");
         let mut acc = self.dim_term(neg)?;
         loop {

@@ -73,6 +73,8 @@ fn every_feature() -> Program {
             port("", "i64[batch, seq]"),
         ],
         bounds: vec![(Symbol::new("batch"), 8), (Symbol::new("seq"), 2048)],
+        dim_bounds: vec![],
+        states: vec![],
         weights: vec![
             f32s(&[2, 2], &[1.0, -0.0, 0.1, f32::INFINITY]),
             f32s(&[100], &big),
@@ -345,6 +347,8 @@ buffer b3 "y": f32[batch, 4] = output 0
         inputs: vec![port("x", "f32[batch, 4]")],
         outputs: vec![port("y", "f32[batch, 4]")],
         bounds: vec![(Symbol::new("batch"), 16)],
+        dim_bounds: vec![],
+        states: vec![],
         weights: vec![f32s(&[4, 4], &eye)],
         buffers: vec![
             buffer("x", "f32[batch, 4]", Storage::Input(0)),
@@ -606,7 +610,7 @@ fn syntax_errors() {
     error_at(
         &format!("{HEAD}buffer b2 \"t\": f32[2] = stack 0\n"),
         "stack",
-        "expected a storage (`input N`, `output N`, `weight wN`, `arena aN [offset N]`, `dynamic`), found `stack`",
+        "expected a storage (`input N`, `output N`, `weight wN`, `arena aN [offset N]`, `dynamic`, `state sN`), found `stack`",
     );
     error_at(
         &format!("{HEAD}buffer b3 \"t\": f32[2] = dynamic\n"),
@@ -661,7 +665,7 @@ fn syntax_errors() {
     error_at(
         &format!("{HEAD}buffers\n"),
         "buffers",
-        "expected an item (`bounds`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
+        "expected an item (`bounds`, `state`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
     );
     error_at(
         "program @p(%x#0: f32[2]) -> ()\n",
@@ -767,4 +771,69 @@ fn verifier_errors_point_at_their_item() {
         "program",
         "output 0 `y` has no buffer",
     );
+}
+
+/// A one-step KV cache: the state's input and output buffers share `state s0`, sum bounds
+/// print and parse, and the growth axis and length symbol come from the declaration.
+const KV_STEP: &str = r#"program @kv(%x: f32[1, seq, 4]) -> (%y: f32[1, past + seq, 4])
+bounds { past <= 16, seq <= 16, past + seq <= 16 }
+
+state s0 %present: f32[1, past + seq, 4] -> %past: f32[1, past, 4]
+
+buffer b0 "x": f32[1, seq, 4] = input 0
+buffer b1 "past": f32[1, past, 4] = state s0
+buffer b2 "present": f32[1, past + seq, 4] = state s0
+buffer b3 "y": f32[1, past + seq, 4] = output 0
+
+kernel k0 "append" data_movement on cpu = graph @k0(%p: f32[1, past, 4], %x: f32[1, seq, 4]) -> (%c) {
+  %c: f32[1, past + seq, 4] = concat{axis = 1}(%p, %x)
+}
+
+step dispatch k0 (b1, b0) -> (b2)
+step copy b2 -> b3
+"#;
+
+#[test]
+fn states_and_sum_bounds_round_trip() {
+    let p = parse_program_inline(KV_STEP).unwrap();
+    assert_eq!(p.states.len(), 1);
+    assert_eq!(p.states[0].growth_axis(), Some(1));
+    assert_eq!(p.states[0].length_symbol(), Some(&Symbol::new("past")));
+    assert_eq!(p.bounds.len(), 2);
+    assert_eq!(p.dim_bounds.len(), 1);
+    let past_seq = parse_type("f32[past + seq]").unwrap().dims[0].clone();
+    // A sum bound is used as it is, not as the sum of its symbols' bounds.
+    assert_eq!(p.max_of(&past_seq), Some(16));
+    assert_eq!(p.max_of(&past_seq.add(&rafter_ir::Dim::known(1))), Some(33));
+    let text = print_program(&p, WeightMode::Inline);
+    assert_eq!(parse_program_inline(&text).unwrap(), p);
+    assert_eq!(
+        text, KV_STEP,
+        "the printer writes the hand-written text back"
+    );
+}
+
+#[test]
+fn bad_states_are_errors() {
+    let e =
+        parse_program_inline(&KV_STEP.replace("= state s0\nbuffer b2", "= state s1\nbuffer b2"))
+            .unwrap_err();
+    assert!(e.message.contains("unknown state `s1`"), "{e}");
+    // Both ends grow behind a dim of 2: not a prefix of the state's buffer.
+    let e = parse_program_inline(
+        &KV_STEP
+            .replace("f32[1, past + seq, 4]", "f32[2, past + seq, 4]")
+            .replace("f32[1, past, 4]", "f32[2, past, 4]"),
+    )
+    .unwrap_err();
+    assert!(e.message.contains("must be 1"), "{e}");
+    let e = parse_program_inline(&KV_STEP.replace("bounds { past", "bounds { 3 <= 4, past"))
+        .unwrap_err();
+    assert!(e.message.contains("a symbol or a sum of symbols"), "{e}");
+    let e = parse_program_inline(&KV_STEP.replace(
+        "buffer b1 \"past\": f32[1, past, 4]",
+        "buffer b1 \"past\": f32[1, seq, 4]",
+    ))
+    .unwrap_err();
+    assert!(e.message.contains("but state 0 `present` is"), "{e}");
 }

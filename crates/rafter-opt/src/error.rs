@@ -19,4 +19,7 @@ pub enum CompileError {
     /// Memory planning failed.
     #[error("memory planning: {0}")]
     Plan(String),
+    /// The graph is valid but asks for something the compiler does not do (named).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }

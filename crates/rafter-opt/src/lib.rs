@@ -38,7 +38,7 @@ pub use error::CompileError;
 pub use lower::{lower, LowerOptions};
 
 use rafter_ir::program::Program;
-use rafter_ir::{Graph, Symbol};
+use rafter_ir::{Dim, Graph, Symbol};
 
 /// The machine a program is compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -72,6 +72,9 @@ pub struct CompileOptions {
     pub target: Target,
     /// Declared upper bounds of symbols (`--dim seq<=2048`), for static memory planning.
     pub bounds: Vec<(Symbol, i64)>,
+    /// Declared upper bounds of sums of symbols (`--dim 'past+seq<=4096'`); each of their
+    /// symbols must also be in `bounds` (see [`rafter_ir::program::Program::dim_bounds`]).
+    pub dim_bounds: Vec<(Dim, i64)>,
     /// How the CPU target stores the weights of matrix products (`--cpu-weights`).
     pub cpu_weights: prepack::WeightFormat,
 }
@@ -151,6 +154,7 @@ pub fn compile_observed(
         &LowerOptions {
             target: opts.target,
             bounds: opts.bounds.clone(),
+            dim_bounds: opts.dim_bounds.clone(),
             fuse: true,
         },
     )?;

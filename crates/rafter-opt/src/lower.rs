@@ -3,8 +3,8 @@
 use crate::fusion::{partition, Group};
 use crate::util::{consumers, graph_outputs, input_symbols};
 use crate::{CompileError, Target};
-use rafter_ir::program::{Arena, BufferDecl, Kernel, Port, Program, Step, Storage};
-use rafter_ir::{ConstId, Graph, Symbol, TensorType, Value, ValueDef, ValueId};
+use rafter_ir::program::{Arena, BufferDecl, Kernel, Port, Program, StateDecl, Step, Storage};
+use rafter_ir::{ConstId, Dim, Graph, Symbol, TensorType, Value, ValueDef, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// Constants of at most this many bytes are copied into the kernel bodies that read them
@@ -17,6 +17,8 @@ pub struct LowerOptions {
     pub target: Target,
     /// Declared upper bounds of symbols, copied into the program for the memory planner.
     pub bounds: Vec<(Symbol, i64)>,
+    /// Declared upper bounds of sums of symbols, copied into the program.
+    pub dim_bounds: Vec<(Dim, i64)>,
     /// Fuse ops into kernels ([`crate::fusion`]); off: one op per kernel.
     pub fuse: bool,
 }
@@ -26,6 +28,7 @@ impl Default for LowerOptions {
         LowerOptions {
             target: Target::Cpu,
             bounds: Vec::new(),
+            dim_bounds: Vec::new(),
             fuse: true,
         }
     }
@@ -38,6 +41,17 @@ pub fn lower(graph: &Graph, opts: &LowerOptions) -> Result<Program, CompileError
         pass: "lower",
         source,
     })?;
+    for st in &graph.states {
+        let out = graph.value(graph.outputs[st.output]);
+        if !matches!(out.def, ValueDef::Node { .. }) {
+            return Err(CompileError::Unsupported(format!(
+                "state `{}` -> `{}`: the state's new value must be computed by the graph, not \
+                 be an input or a constant",
+                out.name,
+                graph.value(graph.inputs[st.input]).name
+            )));
+        }
+    }
     let groups = partition(graph, opts.fuse);
     let mut program = lower_partitioned(graph, &groups, opts);
     if opts.target == Target::Vulkan {
@@ -64,6 +78,7 @@ pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -
         p: Program {
             name: graph.name.clone(),
             bounds: opts.bounds.clone(),
+            dim_bounds: opts.dim_bounds.clone(),
             ..Program::default()
         },
         buf_of: HashMap::new(),
@@ -77,34 +92,76 @@ pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -
         size: None,
         lower_bound: None,
     });
+    // State ports leave the call's signature: their buffers are the session's state.
+    let state_of_input: HashMap<usize, usize> = graph
+        .states
+        .iter()
+        .enumerate()
+        .map(|(s, st)| (st.input, s))
+        .collect();
+    let state_of_output: HashMap<usize, usize> = graph
+        .states
+        .iter()
+        .enumerate()
+        .map(|(s, st)| (st.output, s))
+        .collect();
+    for st in &graph.states {
+        let (i, o) = (
+            graph.value(graph.inputs[st.input]),
+            graph.value(graph.outputs[st.output]),
+        );
+        l.p.states.push(StateDecl {
+            name: o.name.clone(),
+            input_name: i.name.clone(),
+            input_ty: i.ty.clone(),
+            output_ty: o.ty.clone(),
+        });
+    }
     for (i, &v) in graph.inputs.iter().enumerate() {
         let val = graph.value(v);
-        l.p.inputs.push(Port {
-            name: val.name.clone(),
-            ty: val.ty.clone(),
-        });
-        let b = l.push(val.name.clone(), val.ty.clone(), Storage::Input(i));
+        let storage = match state_of_input.get(&i) {
+            Some(&s) => Storage::State(s),
+            None => {
+                l.p.inputs.push(Port {
+                    name: val.name.clone(),
+                    ty: val.ty.clone(),
+                });
+                Storage::Input(l.p.inputs.len() - 1)
+            }
+        };
+        let b = l.push(val.name.clone(), val.ty.clone(), storage);
         l.buf_of.insert(v, b);
     }
     // Which output slots each value fills; the first one produced by a kernel is its
-    // buffer, the others are copies.
-    let mut out_slots: HashMap<ValueId, Vec<usize>> = HashMap::new();
+    // buffer, the others are copies. A state is always the first.
+    let mut out_slots: HashMap<ValueId, Vec<Storage>> = HashMap::new();
+    let mut port_of_output = vec![None; graph.outputs.len()];
     for (j, &v) in graph.outputs.iter().enumerate() {
         let val = graph.value(v);
-        l.p.outputs.push(Port {
-            name: val.name.clone(),
-            ty: val.ty.clone(),
-        });
-        out_slots.entry(v).or_default().push(j);
+        let slots = out_slots.entry(v).or_default();
+        match state_of_output.get(&j) {
+            Some(&s) => slots.insert(0, Storage::State(s)),
+            None => {
+                l.p.outputs.push(Port {
+                    name: val.name.clone(),
+                    ty: val.ty.clone(),
+                });
+                let k = l.p.outputs.len() - 1;
+                port_of_output[j] = Some(k);
+                slots.push(Storage::Output(k));
+            }
+        }
     }
-    // Outputs that no kernel produces: copies of inputs and constants.
+    // Outputs that no kernel produces: copies of inputs and constants ([`lower`] has
+    // refused such states).
     for (j, &v) in graph.outputs.iter().enumerate() {
+        let Some(k) = port_of_output[j] else { continue };
         if matches!(graph.value(v).def, ValueDef::Node { .. }) {
             continue;
         }
         let src = l.operand(v);
         let val = graph.value(v);
-        let dst = l.push(val.name.clone(), val.ty.clone(), Storage::Output(j));
+        let dst = l.push(val.name.clone(), val.ty.clone(), Storage::Output(k));
         l.p.steps.push(Step::Copy { src, dst });
     }
 
@@ -134,7 +191,7 @@ pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -
             let val = graph.value(v);
             let slots = out_slots.get(&v).map(Vec::as_slice).unwrap_or(&[]);
             let storage = match slots.first() {
-                Some(&j) => Storage::Output(j),
+                Some(s) => s.clone(),
                 None if l.is_dynamic(&val.ty) => Storage::Dynamic,
                 None => Storage::Arena {
                     arena: 0,
@@ -144,8 +201,8 @@ pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -
             let b = l.push(val.name.clone(), val.ty.clone(), storage);
             l.buf_of.insert(v, b);
             results.push(Some(b));
-            for &j in slots.iter().skip(1) {
-                let dst = l.push(val.name.clone(), val.ty.clone(), Storage::Output(j));
+            for slot in slots.iter().skip(1) {
+                let dst = l.push(val.name.clone(), val.ty.clone(), slot.clone());
                 copies.push(Step::Copy { src: b, dst });
             }
         }

@@ -39,7 +39,7 @@ use crate::fusion::op_class;
 use crate::CompileError;
 use rafter_ir::arena::{self, Block, Live, ARENA_ALIGN};
 use rafter_ir::program::{Kernel, KernelKind, Program, Step, Storage};
-use rafter_ir::{DimError, Symbol, TensorType};
+use rafter_ir::{Dim, DimError, Symbol, TensorType};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -93,8 +93,10 @@ impl Facts {
             .zip(&live)
             .enumerate()
             .map(|(b, (decl, live))| match decl.storage {
-                Storage::Arena { .. } if live.is_some() => max_bytes(&decl.ty, &bounds)
-                    .map_err(|e| plan_error(format!("buffer {b} `{}`: {e}", decl.name))),
+                Storage::Arena { .. } if live.is_some() => {
+                    max_bytes(&decl.ty, &bounds, &p.dim_bounds)
+                        .map_err(|e| plan_error(format!("buffer {b} `{}`: {e}", decl.name)))
+                }
                 _ => Ok(None),
             })
             .collect::<Result<_, _>>()?;
@@ -181,12 +183,17 @@ fn bounds_map(p: &Program) -> Result<HashMap<Symbol, i64>, CompileError> {
     Ok(map)
 }
 
-/// Bytes of a `ty` at its largest under `bounds`; `None` when a dim names an unbounded
-/// symbol.
-fn max_bytes(ty: &TensorType, bounds: &HashMap<Symbol, i64>) -> Result<Option<u64>, String> {
+/// Bytes of a `ty` at its largest under `bounds` (a dim equal to a bounded sum, such as
+/// `past + seq`, takes that sum's bound); `None` when a dim names an unbounded symbol.
+fn max_bytes(
+    ty: &TensorType,
+    bounds: &HashMap<Symbol, i64>,
+    sums: &[(Dim, i64)],
+) -> Result<Option<u64>, String> {
     let mut bytes = ty.dtype.size_of() as u64;
     for (i, d) in ty.dims.iter().enumerate() {
-        let v = match d.max_value(bounds) {
+        let summed = sums.iter().find(|(s, _)| s == d).map(|(_, b)| *b);
+        let v = match summed.map_or_else(|| d.max_value(bounds), Ok) {
             Ok(v) => v.max(0) as u64,
             Err(DimError::Unbound(_)) => return Ok(None),
             Err(e) => return Err(format!("dim {i} of {ty}: {e}")),

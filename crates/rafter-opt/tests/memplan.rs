@@ -423,6 +423,8 @@ fn random_program(rng: &mut Rng, bounded: bool) -> Program {
             size: None,
             lower_bound: None,
         }],
+        dim_bounds: vec![],
+        states: vec![],
         ..Program::default()
     };
     p.buffers.push(BufferDecl {

@@ -60,6 +60,8 @@ pub fn sample_program() -> Program {
             ty: bt.clone(),
         }],
         bounds: vec![(Symbol::new("batch"), 8)],
+        dim_bounds: vec![],
+        states: vec![],
         weights: vec![w, idx, h, flag],
         buffers: vec![
             buf("x", bt.clone(), Storage::Input(0)),

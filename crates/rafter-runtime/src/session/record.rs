@@ -174,6 +174,13 @@ impl Session {
                     Some(d)
                 }
                 Storage::Dynamic => None,
+                Storage::State(s) => {
+                    return Err(self.unsupported(format!(
+                        "buffer {b} `{}` is state {s}: this runtime does not carry state \
+                         across calls yet",
+                        decl.name
+                    )))
+                }
             };
             if let Some(d) = &d {
                 sizes[b] = byte_size(&decl.ty, d).ok_or_else(|| {
