@@ -225,3 +225,17 @@ fn empty_file_has_no_padding_and_no_tensors() {
     assert!(file.metadata().is_empty() && file.tensors().is_empty());
     assert_eq!(file.data_offset(), 32);
 }
+
+/// The fuzz target's committed seeds are valid files (so mutations start deep in them).
+#[test]
+fn fuzz_seeds_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/read_gguf");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!file.tensors().is_empty(), "{}", path.display());
+        n += 1;
+    }
+    assert!(n >= 2);
+}
