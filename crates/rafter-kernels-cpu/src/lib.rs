@@ -72,6 +72,7 @@ mod common;
 mod nhwc;
 mod norm;
 mod pool;
+mod quant;
 mod softmax;
 mod spatial;
 mod stem;
@@ -99,6 +100,11 @@ pub use packed::{
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
+#[doc(hidden)]
+pub use quant::quant_activation_block;
+pub use quant::{
+    quant_matmul, quant_matmul_with_isa, BlockFormat, QuantMatRef, WeightFormat, DECODE_MAX_M,
+};
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
 pub use transpose::{permute_rows_f32, transpose_f32};
 pub use winograd::{conv3x3, Conv3x3, WinogradWeights};

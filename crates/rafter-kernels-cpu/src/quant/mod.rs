@@ -1,0 +1,331 @@
+//! Products with quantized weights: `y[M, N] = x[M, K] · Wᵀ (+ epilogue)`, where `W` is a
+//! row-major `[N, K]` weight stored in one of ggml's block formats (the bytes of a GGUF
+//! tensor, used in place) or in f32/f16/bf16, and `x` is f32.
+//!
+//! Why: an LLM's decode step multiplies one row of activations by every weight of the
+//! model, about one multiply-add per weight byte or two it reads, so its speed is the
+//! memory bandwidth divided by the weight bytes; keeping weights at 4-8 bits (instead of
+//! widening them to f32 in memory) is what makes decode fast. Prefill multiplies many rows
+//! by the same weights and is compute-bound.
+//!
+//! Two paths, chosen by M ([`DECODE_MAX_M`]):
+//! - **decode** (few rows, [`gemv`]): every row of W is read once, for all rows of x, by
+//!   threads that each stream a contiguous range of W's rows. x is first quantized to 8
+//!   bits, as ggml does (per 32 elements for the `_0`/`_1` formats, per 256 for the K
+//!   formats; see [`act`]), so the inner loops are integer dot products: AVX-512 VNNI
+//!   `vpdpbusd` (with AVX-512BW and GFNI for the unpacking) where present, AVX2
+//!   `vpmaddubsw` otherwise, portable Rust everywhere (which is also the scalar model the
+//!   vector kernels are tested against). f32/f16/bf16 weights are widened and FMA'd against
+//!   f32 x (no activation rounding).
+//! - **prefill** (many rows, [`gemm`]): compute-bound; each task unpacks a block of W's
+//!   rows once into int8 panels with a float scale (and min) per 16 or 32 elements and runs
+//!   an int8 VNNI micro-kernel over x quantized per 32 elements; f32/f16/bf16 weights, and
+//!   every format on CPUs without VNNI, are widened into f32 panels for the crate's f32 GEMM
+//!   driver instead.
+//!
+//! The epilogue is [`crate::sgemm`]'s (bias, activation, residual, clamp), applied to each
+//! output tile while it is hot; a decoder layer's residual add (`o_proj`, `down_proj`) costs
+//! no extra pass over memory.
+
+pub(crate) mod act;
+mod dense;
+mod finish;
+mod gemm;
+mod gemv;
+mod gemv_scalar;
+mod repack;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_vnni;
+#[cfg(target_arch = "x86_64")]
+mod x86_vnni_gemm;
+
+pub use rafter_quant::BlockFormat;
+
+use crate::{check_epilogue, Epilogue, GemmError, Isa, MatMut, MatRef, Parallel};
+
+/// Rows of x up to which a product runs the decode path (each weight row read once for
+/// all rows); more rows run the prefill GEMM. Measured crossover: see [`gemm`].
+pub const DECODE_MAX_M: usize = 8;
+
+/// How a weight matrix's elements are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    /// Little-endian f32.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16 (the top half of an f32).
+    Bf16,
+    /// One of ggml's block formats; each row a whole number of blocks.
+    Block(BlockFormat),
+}
+
+impl WeightFormat {
+    /// Elements per block (1 for the float formats).
+    pub fn block_elems(self) -> usize {
+        match self {
+            WeightFormat::Block(f) => f.block_elems(),
+            _ => 1,
+        }
+    }
+
+    /// Bytes of a row of `k` elements; an error when `k` is not a whole number of blocks.
+    pub fn row_bytes(self, k: usize) -> Result<usize, GemmError> {
+        let bytes = match self {
+            WeightFormat::F32 => k.checked_mul(4),
+            WeightFormat::F16 | WeightFormat::Bf16 => k.checked_mul(2),
+            WeightFormat::Block(f) => f.row_bytes(k).ok(),
+        };
+        bytes.ok_or_else(|| GemmError::Shape {
+            what: "W",
+            detail: format!(
+                "a {} row of {k} elements is not a whole number of {}-element blocks",
+                self.name(),
+                self.block_elems()
+            ),
+        })
+    }
+
+    /// The format's name (`f32`, `f16`, `bf16`, or ggml's, e.g. `q4_K`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::F16 => "f16",
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::Block(f) => f.name(),
+        }
+    }
+
+    /// The format of ggml type id `id` (0 f32, 1 f16, 30 bf16, or a block format).
+    pub fn from_ggml_type(id: u32) -> Option<WeightFormat> {
+        match id {
+            0 => Some(WeightFormat::F32),
+            1 => Some(WeightFormat::F16),
+            30 => Some(WeightFormat::Bf16),
+            _ => BlockFormat::from_ggml_type(id)
+                .ok()
+                .map(WeightFormat::Block),
+        }
+    }
+}
+
+impl From<BlockFormat> for WeightFormat {
+    fn from(f: BlockFormat) -> Self {
+        WeightFormat::Block(f)
+    }
+}
+
+/// A row-major `[N, K]` weight in a [`WeightFormat`]: row `n` is bytes
+/// `n * row_bytes .. (n + 1) * row_bytes` of `data` (checked at construction, which is
+/// what makes the kernels' unchecked reads sound).
+#[derive(Clone, Copy, Debug)]
+pub struct QuantMatRef<'a> {
+    format: WeightFormat,
+    data: &'a [u8],
+    n: usize,
+    k: usize,
+    row_bytes: usize,
+}
+
+impl<'a> QuantMatRef<'a> {
+    /// `n` rows of `k` elements in `format`, packed back to back in `data` (exactly
+    /// `n * format.row_bytes(k)` bytes: a GGUF tensor's data).
+    pub fn new(
+        format: impl Into<WeightFormat>,
+        data: &'a [u8],
+        n: usize,
+        k: usize,
+    ) -> Result<Self, GemmError> {
+        let format = format.into();
+        let row_bytes = format.row_bytes(k)?;
+        let expected = row_bytes.checked_mul(n);
+        if expected != Some(data.len()) {
+            return Err(GemmError::Shape {
+                what: "W",
+                detail: format!(
+                    "{n} {} rows of {k} elements take {} bytes, the data has {}",
+                    format.name(),
+                    expected.map_or("too many".to_string(), |e| e.to_string()),
+                    data.len()
+                ),
+            });
+        }
+        Ok(QuantMatRef {
+            format,
+            data,
+            n,
+            k,
+            row_bytes,
+        })
+    }
+
+    /// The storage format.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// Rows (output features).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Columns (input features).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The bytes of rows `n0..n1`.
+    pub(crate) fn rows(&self, n0: usize, n1: usize) -> &'a [u8] {
+        &self.data[n0 * self.row_bytes..n1 * self.row_bytes]
+    }
+}
+
+/// `y = x · Wᵀ`, then the epilogue, on the fastest kernels this CPU has, with tasks run by
+/// `par`. `x` is `M x K` (any strides), `W` is `[N, K]`, `y` is `M x N` (only written).
+///
+/// Block-format weights multiply x quantized to 8 bits (see the module docs), so the result
+/// differs from the f64 product of x and the dequantized W by that rounding: per 32 (or
+/// 256) elements of x at most half a step of `max |x| / 127`, in practice ~0.3% of the
+/// product's magnitude for random data (the tests bound it). f32/f16/bf16 weights multiply
+/// x unrounded, accumulating in f32.
+pub fn quant_matmul(
+    x: MatRef<'_>,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<(), GemmError> {
+    quant_matmul_with_isa(Isa::detect(), x, w, y, epilogue, par)
+}
+
+/// [`quant_matmul`] on a given ISA's kernels (tests hold every path to the references;
+/// benches compare them).
+pub fn quant_matmul_with_isa(
+    isa: Isa,
+    x: MatRef<'_>,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<(), GemmError> {
+    if !isa.is_available() {
+        return Err(GemmError::IsaUnavailable(isa));
+    }
+    let (m, k, n) = (x.rows, x.cols, w.n);
+    if k != w.k {
+        return Err(GemmError::Shape {
+            what: "W",
+            detail: format!("x is {m}x{k} but W has rows of {} elements", w.k),
+        });
+    }
+    if y.rows != m || y.cols != n {
+        return Err(GemmError::Shape {
+            what: "y",
+            detail: format!("x·Wᵀ is {m}x{n} but y is {}x{}", y.rows, y.cols),
+        });
+    }
+    check_epilogue(m, n, epilogue)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let path = Path::of(isa);
+    if m <= DECODE_MAX_M {
+        gemv::run(path, x, w, y, epilogue, par);
+    } else {
+        gemm::run(isa, path, x, w, y, epilogue, par);
+    }
+    Ok(())
+}
+
+/// How [`quant_matmul_with_isa`] treats x for this ISA, weight format and row count: the
+/// block size x is quantized to 8 bits in (see the module docs), or `None` when x is
+/// multiplied unrounded. For tests, which hold each product to the matching reference.
+#[doc(hidden)]
+pub fn quant_activation_block(isa: Isa, format: WeightFormat, m: usize) -> Option<usize> {
+    let WeightFormat::Block(f) = format else {
+        return None;
+    };
+    if m <= DECODE_MAX_M {
+        gemv::act_block_of(Path::of(isa), f)
+    } else {
+        gemm::act_block_of(Path::of(isa), f)
+    }
+}
+
+/// Which quantized kernels an [`Isa`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// AVX-512F + BW + VNNI (+ GFNI where present): `vpdpbusd` on 64-byte vectors.
+    #[cfg(target_arch = "x86_64")]
+    Vnni512,
+    /// AVX2 + FMA + F16C: `vpmaddubsw`/`vpmaddwd` on 32-byte vectors.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// Portable Rust (also NEON for now).
+    Scalar,
+}
+
+impl Path {
+    pub(crate) fn of(isa: Isa) -> Path {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            match isa {
+                Isa::Avx512 if has!("avx512bw") && has!("avx512vnni") && has!("gfni") => {
+                    return Path::Vnni512
+                }
+                Isa::Avx512 | Isa::Avx2 if avx2 => return Path::Avx2,
+                _ => {}
+            }
+        }
+        let _ = isa;
+        Path::Scalar
+    }
+}
+
+/// A slice that parallel tasks write disjoint parts of (rows of the quantized activations,
+/// column ranges of y).
+pub(crate) struct Shared<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: parts are handed out only through `part`, whose contract is that parts used
+// concurrently do not overlap; the slice outlives the tasks (`Parallel::run` returns only
+// when every task has).
+unsafe impl<T: Send> Sync for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Send for Shared<T> {}
+
+impl<T> Shared<T> {
+    pub(crate) fn new(s: &mut [T]) -> Self {
+        Shared {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+        }
+    }
+
+    /// Elements `r`.
+    ///
+    /// # Safety
+    /// No other part overlapping `r` may be alive at the same time, and the slice this was
+    /// made from must still be alive and not otherwise borrowed.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn part(&self, r: std::ops::Range<usize>) -> &mut [T] {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "part {r:?} of {}",
+            self.len
+        );
+        // SAFETY: in bounds (checked above); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start) }
+    }
+}

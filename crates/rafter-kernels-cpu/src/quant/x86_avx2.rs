@@ -1,0 +1,25 @@
+//! AVX2 decode kernels (placeholder until written).
+use super::act::Act;
+use super::dense::MR;
+use super::gemv::AlignedBytes;
+use rafter_quant::BlockFormat;
+
+pub(crate) fn supports(_format: BlockFormat) -> bool {
+    false
+}
+
+pub(crate) fn prepare(_format: BlockFormat, _act: &Act, _aux: &mut AlignedBytes) {}
+
+/// # Safety
+/// Never called while `supports` is false.
+pub(crate) unsafe fn dot_rows(
+    _f: BlockFormat,
+    _w: &[u8],
+    _act: &Act,
+    _aux: &[u8],
+    _r0: usize,
+    _m: usize,
+    _out: &mut [f32; MR],
+) {
+    unreachable!()
+}

@@ -1,0 +1,368 @@
+//! The quantized-weight products (`quant_matmul`) on every ISA available here, for every
+//! weight format, against f64 references over the dequantized weights
+//! (`rafter_quant::dequantize_row`, itself bit-exact with gguf-py):
+//!
+//! - where the kernels quantize x (block formats; `quant_activation_block` says in what
+//!   blocks), the reference multiplies the same quantized x, written out independently
+//!   here, so the only difference is the kernels' f32 rounding: the bound allows
+//!   `(blocks + 16) * 2^-23` of `Σ|w x|`, well below one unit of any block's integer dot
+//!   product (which these small K make at least ~1e-5 of it), so a wrong integer anywhere
+//!   fails;
+//! - and every result is also held to the product with unrounded x, within the bound the
+//!   activation rounding allows (`Σ_k |w_k| amax_blk(k) / 254`).
+
+use rafter_kernels_cpu::{
+    quant_activation_block, quant_matmul, quant_matmul_with_isa, Activation, BlockFormat, Epilogue,
+    GemmError, Isa, MatMut, MatRef, Parallel, QuantMatRef, Residual, ScopedThreads, Sequential,
+    WeightFormat, DECODE_MAX_M,
+};
+use rafter_quant::{dequantize_row, quantize_row};
+
+mod common;
+use common::{isas, Rng};
+
+fn formats() -> Vec<WeightFormat> {
+    let mut f = vec![WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16];
+    f.extend(BlockFormat::ALL.map(WeightFormat::Block));
+    f
+}
+
+/// `n x k` random weights in `format` (rows of varied scale, some all-zero blocks) and
+/// their exact f32 values.
+fn weights(format: WeightFormat, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+    let mut vals = Vec::with_capacity(n * k);
+    for r in 0..n {
+        let scale = [1.0, 0.01, 30.0, 0.5][r % 4];
+        for c in 0..k {
+            // Every 7th row has a zero run (an all-zero block in the block formats).
+            let zero = r % 7 == 3 && (c / 32) % 3 == 1;
+            vals.push(if zero { 0.0 } else { rng.f32() * scale });
+        }
+    }
+    match format {
+        WeightFormat::F32 => (vals.iter().flat_map(|v| v.to_le_bytes()).collect(), vals),
+        WeightFormat::F16 => {
+            let h: Vec<half::f16> = vals.iter().map(|&v| half::f16::from_f32(v)).collect();
+            (
+                h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+                h.iter().map(|v| v.to_f32()).collect(),
+            )
+        }
+        WeightFormat::Bf16 => {
+            let h: Vec<half::bf16> = vals.iter().map(|&v| half::bf16::from_f32(v)).collect();
+            (
+                h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+                h.iter().map(|v| v.to_f32()).collect(),
+            )
+        }
+        WeightFormat::Block(f) => {
+            let rb = f.row_bytes(k).unwrap();
+            let mut bytes = vec![0u8; n * rb];
+            let mut deq = vec![0.0f32; n * k];
+            for r in 0..n {
+                quantize_row(f, &vals[r * k..][..k], &mut bytes[r * rb..][..rb]).unwrap();
+                dequantize_row(f, &bytes[r * rb..][..rb], &mut deq[r * k..][..k]).unwrap();
+            }
+            (bytes, deq)
+        }
+    }
+}
+
+/// x quantized as the kernels document it: per block, `d = amax / 127`,
+/// `q = round_ties_even(x * (127 / amax))`, value `d * q`.
+fn quantize_x(x: &[f32], blk: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.len()];
+    for (xb, ob) in x.chunks(blk).zip(out.chunks_mut(blk)) {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        let (d, inv) = (amax / 127.0, 127.0 / amax);
+        for (o, &v) in ob.iter_mut().zip(xb) {
+            *o = d * (v * inv).round_ties_even();
+        }
+    }
+    out
+}
+
+struct Case<'a> {
+    isa: Isa,
+    format: WeightFormat,
+    m: usize,
+    k: usize,
+    n: usize,
+    par: &'a dyn Parallel,
+    residual: bool,
+}
+
+fn check(c: &Case<'_>, rng: &mut Rng) {
+    let (m, k, n) = (c.m, c.k, c.n);
+    let (bytes, wdeq) = weights(c.format, n, k, rng);
+    let mut x = rng.vec(m * k);
+    // Varied magnitudes across blocks of x too.
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= [1.0, 4.0, 0.25][(i / 32) % 3];
+    }
+    let bias: Vec<f32> = rng.vec(n);
+    let res: Vec<f32> = rng.vec(m * n);
+    let w = QuantMatRef::new(c.format, &bytes, n, k).unwrap();
+    let mut y = vec![f32::NAN; m * n];
+    let epi = if c.residual {
+        Epilogue {
+            bias: Some(&bias),
+            residual: Some(Residual::row_major(&res, n, false)),
+            ..Epilogue::none()
+        }
+    } else {
+        Epilogue::none()
+    };
+    quant_matmul_with_isa(
+        c.isa,
+        MatRef::row_major(&x, m, k, k).unwrap(),
+        w,
+        MatMut::row_major(&mut y, m, n, n).unwrap(),
+        &epi,
+        c.par,
+    )
+    .unwrap();
+    let blk = quant_activation_block(c.isa, c.format, m);
+    let xq = blk.map_or_else(|| x.clone(), |b| quantize_x(&x, b));
+    let blocks = k / blk.unwrap_or(32).max(32);
+    for i in 0..m {
+        for j in 0..n {
+            let wr = &wdeq[j * k..][..k];
+            let (xr, xqr) = (&x[i * k..][..k], &xq[i * k..][..k]);
+            let mut exact = 0.0f64;
+            let mut mag = 0.0f64;
+            let mut y_unrounded = 0.0f64;
+            let mut qbound = 0.0f64;
+            for p in 0..k {
+                exact += wr[p] as f64 * xqr[p] as f64;
+                mag += (wr[p] as f64 * xqr[p] as f64).abs();
+                y_unrounded += wr[p] as f64 * xr[p] as f64;
+            }
+            if let Some(b) = blk {
+                for (wb, xb) in wr.chunks(b).zip(xr.chunks(b)) {
+                    let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs())) as f64;
+                    qbound += wb.iter().map(|w| w.abs() as f64).sum::<f64>() * amax / 254.0;
+                }
+            }
+            let (extra, extra_mag) = if c.residual {
+                let (b, r) = (bias[j] as f64, res[i * n + j] as f64);
+                (b + r, b.abs() + r.abs() + exact.abs())
+            } else {
+                (0.0, 0.0)
+            };
+            let got = y[i * n + j] as f64;
+            let tol = (blocks + 16) as f64 * f32::EPSILON as f64 * mag
+                + 2.0 * f32::EPSILON as f64 * extra_mag
+                + 1e-30;
+            let what = format!(
+                "{:?} {} m={m} k={k} n={n} threads={} residual={} y[{i}][{j}]",
+                c.isa,
+                c.format.name(),
+                c.par.threads(),
+                c.residual
+            );
+            assert!(
+                (got - (exact + extra)).abs() <= tol,
+                "{what}: got {got}, want {} (quantized-x reference), |diff| {} > tol {tol}",
+                exact + extra,
+                (got - exact - extra).abs()
+            );
+            assert!(
+                (got - (y_unrounded + extra)).abs() <= qbound * 1.0001 + tol,
+                "{what}: got {got}, want {} (unrounded x) within {}",
+                y_unrounded + extra,
+                qbound + tol
+            );
+        }
+    }
+}
+
+fn ks(format: WeightFormat) -> Vec<usize> {
+    match format.block_elems() {
+        256 => vec![256, 768],
+        // 3 blocks (tails of any 4-block grouping), 8 blocks, 24.
+        32 => vec![96, 256, 768],
+        _ => vec![1, 17, 96, 256, 771],
+    }
+}
+
+#[test]
+fn decode_every_format_isa_and_row_count() {
+    let mut rng = Rng(0x9E3779B97F4A7C15);
+    let two = ScopedThreads::new(2);
+    for isa in isas() {
+        for format in formats() {
+            for k in ks(format) {
+                for (m, n) in [(1, 67), (3, 130), (4, 16), (DECODE_MAX_M, 33)] {
+                    let par: &dyn Parallel = if n > 100 { &two } else { &Sequential };
+                    let residual = m == 3;
+                    check(
+                        &Case {
+                            isa,
+                            format,
+                            m,
+                            k,
+                            n,
+                            par,
+                            residual,
+                        },
+                        &mut rng,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prefill_every_format_and_isa() {
+    let mut rng = Rng(0xD1B54A32D192ED03);
+    let two = ScopedThreads::new(2);
+    for isa in isas() {
+        for format in formats() {
+            let k = if format.block_elems() == 256 { 512 } else { 96 };
+            check(
+                &Case {
+                    isa,
+                    format,
+                    m: 128,
+                    k,
+                    n: 50,
+                    par: &two,
+                    residual: true,
+                },
+                &mut rng,
+            );
+            check(
+                &Case {
+                    isa,
+                    format,
+                    m: DECODE_MAX_M + 1,
+                    k,
+                    n: 19,
+                    par: &Sequential,
+                    residual: false,
+                },
+                &mut rng,
+            );
+        }
+    }
+}
+
+#[test]
+fn many_threads_split_large_weights() {
+    // Enough bytes to take the parallel path (>= 128 KiB), and more tasks than columns of
+    // some tiles.
+    let mut rng = Rng(42);
+    let par = ScopedThreads::new(3);
+    for format in [
+        WeightFormat::Block(BlockFormat::Q4_0),
+        WeightFormat::Block(BlockFormat::Q6_K),
+        WeightFormat::F16,
+    ] {
+        check(
+            &Case {
+                isa: Isa::detect(),
+                format,
+                m: 1,
+                k: 1024,
+                n: 300,
+                par: &par,
+                residual: false,
+            },
+            &mut rng,
+        );
+    }
+}
+
+#[test]
+fn shape_errors_are_errors() {
+    let bytes = vec![0u8; 2 * 18];
+    let e = QuantMatRef::new(BlockFormat::Q4_0, &bytes, 2, 33).unwrap_err();
+    assert!(matches!(e, GemmError::Shape { what: "W", .. }), "{e}");
+    assert!(e.to_string().contains("q4_0"), "{e}");
+    let e = QuantMatRef::new(BlockFormat::Q4_0, &bytes, 3, 32).unwrap_err();
+    assert!(e.to_string().contains("54 bytes"), "{e}");
+    let e = QuantMatRef::new(WeightFormat::F16, &bytes, 3, 7).unwrap_err();
+    assert!(e.to_string().contains("42 bytes, the data has 36"), "{e}");
+    assert!(QuantMatRef::new(BlockFormat::Q4_0, &bytes, usize::MAX, 32).is_err());
+
+    let w = QuantMatRef::new(BlockFormat::Q4_0, &bytes, 2, 32).unwrap();
+    let x = vec![0.0f32; 64];
+    let mut y = vec![0.0f32; 4];
+    // x has 64 columns, W rows 32.
+    let e = quant_matmul(
+        MatRef::row_major(&x, 1, 64, 64).unwrap(),
+        w,
+        MatMut::row_major(&mut y, 1, 2, 2).unwrap(),
+        &Epilogue::none(),
+        &Sequential,
+    )
+    .unwrap_err();
+    assert!(matches!(e, GemmError::Shape { what: "W", .. }), "{e}");
+    // y is 2x2 but x·Wᵀ is 1x2.
+    let e = quant_matmul(
+        MatRef::row_major(&x, 1, 32, 32).unwrap(),
+        w,
+        MatMut::row_major(&mut y, 2, 2, 2).unwrap(),
+        &Epilogue::none(),
+        &Sequential,
+    )
+    .unwrap_err();
+    assert!(matches!(e, GemmError::Shape { what: "y", .. }), "{e}");
+    // A bias of the wrong length.
+    let bias = [0.0f32; 3];
+    let e = quant_matmul(
+        MatRef::row_major(&x, 1, 32, 32).unwrap(),
+        w,
+        MatMut::row_major(&mut y, 1, 2, 2).unwrap(),
+        &Epilogue {
+            bias: Some(&bias),
+            ..Epilogue::none()
+        },
+        &Sequential,
+    )
+    .unwrap_err();
+    assert!(matches!(e, GemmError::Shape { what: "bias", .. }), "{e}");
+}
+
+#[test]
+fn strided_x_and_activation_epilogue() {
+    // x given transposed (column stride != 1) and a ReLU epilogue: against the same product
+    // with contiguous x and the ReLU applied here.
+    let mut rng = Rng(7);
+    let (m, k, n) = (2, 256, 40);
+    for format in [WeightFormat::Block(BlockFormat::Q4_K), WeightFormat::Bf16] {
+        let (bytes, _) = weights(format, n, k, &mut rng);
+        let w = QuantMatRef::new(format, &bytes, n, k).unwrap();
+        let x = rng.vec(m * k);
+        let xt: Vec<f32> = (0..k * m).map(|i| x[(i % m) * k + i / m]).collect();
+        let mut y1 = vec![0.0f32; m * n];
+        let mut y2 = vec![0.0f32; m * n];
+        quant_matmul(
+            MatRef::row_major(&x, m, k, k).unwrap(),
+            w,
+            MatMut::row_major(&mut y1, m, n, n).unwrap(),
+            &Epilogue::none(),
+            &Sequential,
+        )
+        .unwrap();
+        quant_matmul(
+            MatRef::row_major(&xt, k, m, m).unwrap().t(),
+            w,
+            MatMut::row_major(&mut y2, m, n, n).unwrap(),
+            &Epilogue {
+                activation: Activation::Relu,
+                ..Epilogue::none()
+            },
+            &Sequential,
+        )
+        .unwrap();
+        for (a, b) in y1.iter().zip(&y2) {
+            assert_eq!(a.max(0.0), *b);
+        }
+    }
+}
