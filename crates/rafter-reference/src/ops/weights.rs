@@ -110,13 +110,19 @@ fn decode_row(format: WeightFormat, raw: &[u8], cols: usize) -> Result<Vec<f32>,
             .map(|b| half::bf16::from_bits(b).to_f32())
             .collect(),
         block => {
-            let _ = cols;
-            return unsupported(format!(
-                "block format {} (rafter-quant not yet wired)",
-                block.word()
-            ));
+            let format = block_format(block)?;
+            let mut out = vec![0f32; cols];
+            rafter_quant::dequantize_row(format, raw, &mut out)
+                .map_err(|e| OpError::Invalid(format!("{}: {e}", block.word())))?;
+            out
         }
     })
+}
+
+/// `rafter-quant`'s name for a block format of the IR.
+pub fn block_format(f: WeightFormat) -> Result<rafter_quant::BlockFormat, OpError> {
+    rafter_quant::BlockFormat::named(f.word())
+        .ok_or_else(|| OpError::Unsupported(format!("{} is not a block format", f.word())))
 }
 
 /// 16-bit little-endian words.
@@ -368,6 +374,55 @@ mod tests {
             format!("{e:?}").contains("stored as f16, got bf16"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn the_ir_block_table_is_rafter_quants() {
+        for f in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+            let q = block_format(f).unwrap();
+            assert_eq!(
+                (f.block_elems(), f.block_bytes()),
+                (q.block_elems(), q.block_bytes()),
+                "{}",
+                f.word()
+            );
+        }
+    }
+
+    #[test]
+    fn linear_decodes_block_weights_where_it_reads_them() {
+        // Two rows of 64 values in q8_0 (2 blocks each), against their dequantized copy.
+        let vals: Vec<f32> = (0..128)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.07)
+            .collect();
+        let q = rafter_quant::BlockFormat::Q8_0;
+        let mut blocks = vec![0u8; 2 * q.row_bytes(64).unwrap()];
+        rafter_quant::quantize_row(q, &vals, &mut blocks).unwrap();
+        let mut deq = vec![0f32; 128];
+        rafter_quant::dequantize_row(q, &blocks, &mut deq).unwrap();
+        let w = Tensor::U8(ArrayD::from_shape_vec(IxDyn(&[2, 68]), blocks).unwrap());
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.1).sin()).collect();
+        let xt = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[1, 64]), x.clone()).unwrap());
+        let y = run(
+            Op::Linear {
+                format: WeightFormat::Q8_0,
+            },
+            &[Some(&xt), Some(&w), None],
+        )
+        .unwrap();
+        for r in 0..2 {
+            let want = dot(&x, &deq[r * 64..(r + 1) * 64]) as f32;
+            assert_eq!(y[[0, r]], want);
+        }
+        // A row of bytes that is not whole blocks is an error, not a panic.
+        let bad = Tensor::U8(ArrayD::from_shape_vec(IxDyn(&[1, 67]), vec![0; 67]).unwrap());
+        assert!(run(
+            Op::Linear {
+                format: WeightFormat::Q8_0,
+            },
+            &[Some(&xt), Some(&bad), None],
+        )
+        .is_err());
     }
 
     #[test]
