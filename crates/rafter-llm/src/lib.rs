@@ -14,8 +14,10 @@
 //! Supported architectures: Qwen3, Qwen3-MoE, Llama (3.x, SmolLM, TinyLlama) and Gemma 3
 //! (text).
 
+pub mod graph;
 pub mod source;
 pub mod spec;
 
+pub use graph::{build_decoder, DecoderGraph, DecoderOptions, Logits};
 pub use source::{ModelSource, SourceError};
 pub use spec::{Architecture, ModelSpec};

@@ -1,0 +1,122 @@
+//! The decoder graph of each architecture, run by the reference executor: the KV cache
+//! carried across calls gives the same logits as one call over all the tokens (prefill in
+//! chunks and decode one token at a time agree with a single prefill), and the graph
+//! passes the verifier and the text format.
+//!
+//! Agreement with transformers itself is checked against its saved outputs by the
+//! end-to-end tests over `scripts/gen_llm_fixtures.py`'s checkpoints.
+
+mod common;
+
+use common::*;
+use ndarray::{ArrayD, IxDyn};
+use rafter_ir::text::{parse_graph, print_graph};
+use rafter_llm::{build_decoder, DecoderOptions, Logits, ModelSource};
+use rafter_reference::{run_with, Bindings, Tensor};
+use safetensors::Dtype;
+
+fn source(name: &str, config: &serde_json::Value, dims: &Dims) -> (TempDir, ModelSource) {
+    let dir = TempDir::new(name);
+    write_hf_folder(dir.path(), config, &dims.hf_tensors(), Dtype::F32, 1);
+    let m = ModelSource::open(dir.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    (dir, m)
+}
+
+/// Runs the graph over `chunks` of token ids in successive calls, carrying the states;
+/// returns each call's logits rows (`[positions, vocab]` flattened per position).
+fn run_chunks(g: &rafter_ir::Graph, chunks: &[&[i64]]) -> Vec<Vec<f32>> {
+    let n_states = g.states.len();
+    let kv_width = g.value(g.inputs[1]).ty.dims[2].as_known().unwrap() as usize;
+    let mut past: Vec<Tensor> = (0..n_states)
+        .map(|_| Tensor::F32(ArrayD::zeros(IxDyn(&[1, 0, kv_width]))))
+        .collect();
+    let mut rows = Vec::new();
+    for ids in chunks {
+        let ids_t =
+            Tensor::I64(ArrayD::from_shape_vec(IxDyn(&[1, ids.len()]), ids.to_vec()).unwrap());
+        let mut inputs = vec![ids_t];
+        inputs.extend(past.drain(..));
+        let outs = run_with(g, inputs, &mut Bindings::default()).unwrap();
+        let Tensor::F32(logits) = &outs[0] else {
+            panic!("logits are f32")
+        };
+        let vocab = *logits.shape().last().unwrap();
+        let flat: Vec<f32> = logits.iter().copied().collect();
+        rows.extend(flat.chunks(vocab).map(<[f32]>::to_vec));
+        past = outs[1..].to_vec();
+        assert_eq!(past.len(), n_states);
+    }
+    rows
+}
+
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(x.abs()))
+}
+
+/// Prefill of all tokens == prefill in chunks then one-token decodes, position by position.
+fn check_cache_consistency(name: &str, config: serde_json::Value, dims: Dims) {
+    let (_d, m) = source(name, &config, &dims);
+    let all = build_decoder(
+        &m,
+        &DecoderOptions {
+            logits: Logits::All,
+        },
+    )
+    .unwrap();
+    let g = &all.graph;
+    rafter_ir::verify(g).unwrap();
+    assert_eq!(
+        parse_graph(&print_graph(g)).unwrap(),
+        *g,
+        "{name}: the graph round-trips through the text format"
+    );
+    let ids: Vec<i64> = (0..11).map(|i| (i * 37 + 5) % dims.vocab as i64).collect();
+    let once = run_chunks(g, &[&ids]);
+    let split = run_chunks(g, &[&ids[..4], &ids[4..9], &ids[9..10], &ids[10..]]);
+    assert_eq!(once.len(), ids.len());
+    assert_eq!(split.len(), ids.len());
+    for (p, (a, b)) in once.iter().zip(&split).enumerate() {
+        let scale = max_abs(a).max(1e-6);
+        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            err <= 1e-5 * scale,
+            "{name}: position {p}: cached and uncached logits differ by {err} (max {scale})"
+        );
+        assert!(a.iter().all(|x| x.is_finite()), "{name}: finite logits");
+    }
+    // Logits::Last gives the last row of each call.
+    let last = build_decoder(&m, &DecoderOptions::default()).unwrap();
+    let rows = run_chunks(&last.graph, &[&ids[..6], &ids[6..7]]);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0], once[5], "{name}: last row of the prefill");
+    let err = rows[1]
+        .iter()
+        .zip(&once[6])
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(err <= 1e-5 * max_abs(&once[6]), "{name}: decode step");
+}
+
+#[test]
+fn qwen3_cache_is_consistent() {
+    let (c, d) = qwen3_0_6b();
+    check_cache_consistency("dg-qwen3", c, d);
+}
+
+#[test]
+fn qwen3_moe_cache_is_consistent() {
+    let (c, d) = qwen3_30b_a3b();
+    check_cache_consistency("dg-qwen3moe", c, d);
+}
+
+#[test]
+fn llama_cache_is_consistent() {
+    let (c, d) = llama_3_2_1b();
+    check_cache_consistency("dg-llama", c, d);
+}
+
+#[test]
+fn gemma3_sliding_window_cache_is_consistent() {
+    // 11 tokens against a window of 8: the sliding layers drop early keys.
+    let (c, d) = gemma3_1b_it();
+    check_cache_consistency("dg-gemma3", c, d);
+}
