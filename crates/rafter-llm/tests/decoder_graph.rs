@@ -35,7 +35,7 @@ fn run_chunks(g: &rafter_ir::Graph, chunks: &[&[i64]]) -> Vec<Vec<f32>> {
         let ids_t =
             Tensor::I64(ArrayD::from_shape_vec(IxDyn(&[1, ids.len()]), ids.to_vec()).unwrap());
         let mut inputs = vec![ids_t];
-        inputs.extend(past.drain(..));
+        inputs.append(&mut past);
         let outs = run_with(g, inputs, &mut Bindings::default()).unwrap();
         let Tensor::F32(logits) = &outs[0] else {
             panic!("logits are f32")
