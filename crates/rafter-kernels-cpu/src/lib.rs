@@ -68,11 +68,13 @@ mod parallel;
 #[macro_use]
 mod simd;
 mod activation;
+mod attention;
 mod common;
 mod nhwc;
 mod norm;
 mod pool;
 mod quant;
+mod rope;
 mod softmax;
 mod spatial;
 mod stem;
@@ -81,6 +83,7 @@ mod transpose;
 mod winograd;
 mod winograd_nhwc;
 
+pub use attention::{cached_attention, cached_attention_with_isa, CachedAttention};
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use kernel::Isa;
 pub use lowp::{
@@ -116,6 +119,7 @@ pub use activation::{
 };
 pub use common::{ChannelTail, KernelError};
 pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
+pub use rope::{rope, RopePairs};
 pub use softmax::{softmax, softmax_in_place, softmax_with_isa, RowMask};
 pub use spatial::{
     copy_strided, depthwise3x3, depthwise3x3_with_isa, max_pool2d, max_pool2d_with_isa,
