@@ -50,14 +50,14 @@ impl CachedAttention {
             what: "cached attention".into(),
             detail,
         };
-        if self.head_dim == 0 || self.kv_heads == 0 || self.q_heads % self.kv_heads != 0 {
+        if self.head_dim == 0 || self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(shape(format!(
                 "{} query heads, {} key/value heads of {} elements",
                 self.q_heads, self.kv_heads, self.head_dim
             )));
         }
         let (qw, kw) = (self.q_heads * self.head_dim, self.kv_heads * self.head_dim);
-        if q.len() % qw != 0 || out.len() != q.len() {
+        if !q.len().is_multiple_of(qw) || out.len() != q.len() {
             return Err(shape(format!(
                 "queries of {} and output of {} elements are not rows of {qw}",
                 q.len(),
@@ -65,7 +65,7 @@ impl CachedAttention {
             )));
         }
         let seq = q.len() / qw;
-        if k.len() != v.len() || k.len() % kw != 0 {
+        if k.len() != v.len() || !k.len().is_multiple_of(kw) {
             return Err(shape(format!(
                 "keys of {} and values of {} elements are not rows of {kw}",
                 k.len(),
@@ -139,6 +139,7 @@ simd_dispatch!(fn attend_isa(
 
 /// Items `first_item..` of the call, as many as `out` holds segments for.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_generic<S: Simd>(
     s: S,
     a: &CachedAttention,

@@ -36,7 +36,7 @@ pub fn rope(
         detail,
     };
     let width = heads * head_dim;
-    if width == 0 || head_dim % 2 != 0 || x.len() % width != 0 {
+    if width == 0 || !head_dim.is_multiple_of(2) || !x.len().is_multiple_of(width) {
         return Err(bad(format!(
             "{} elements are not rows of {heads} heads of {head_dim} (even) elements",
             x.len()
