@@ -120,3 +120,47 @@ fn gemma3_sliding_window_cache_is_consistent() {
     let (c, d) = gemma3_1b_it();
     check_cache_consistency("dg-gemma3", c, d);
 }
+
+/// The decoder compiles with every intermediate planned in the arena (no buffer sized at
+/// run time) and its KV caches as session state, at the declared `past + seq` bound.
+#[test]
+fn decoders_compile_with_planned_memory() {
+    use rafter_ir::program::Storage;
+    use rafter_ir::{Dim, Symbol};
+    for (name, (config, dims)) in [
+        ("dc-qwen3", qwen3_0_6b()),
+        ("dc-moe", qwen3_30b_a3b()),
+        ("dc-gemma3", gemma3_1b_it()),
+    ] {
+        let (_d, m) = source(name, &config, &dims);
+        let d = build_decoder(&m, &DecoderOptions::default()).unwrap();
+        let past_seq = Dim::symbol("past").add(&Dim::symbol("seq"));
+        let opts = rafter_opt::CompileOptions {
+            bounds: vec![(Symbol::new("past"), 64), (Symbol::new("seq"), 64)],
+            dim_bounds: vec![(past_seq, 64)],
+            ..Default::default()
+        };
+        let p = rafter_opt::compile(&d.graph, &opts).unwrap();
+        if std::env::var_os("RAFTER_PRINT_PLAN").is_some() {
+            for (i, k) in p.kernels.iter().enumerate() {
+                let ops: Vec<&str> = k.body.nodes.iter().map(|n| n.op.name()).collect();
+                println!("{name} k{i} {} {ops:?}", k.kind.word());
+            }
+        }
+        assert_eq!(p.states.len(), 2 * dims.layers, "{name}");
+        assert_eq!(p.inputs.len(), 1, "{name}: only input_ids");
+        assert_eq!(p.outputs.len(), 1, "{name}: only logits");
+        let kv = (dims.kv * dims.head_dim) as u64;
+        for s in 0..p.states.len() {
+            assert_eq!(p.state_bytes(s), Some(64 * kv * 4), "{name}: state {s}");
+        }
+        for b in &p.buffers {
+            assert!(
+                !matches!(b.storage, Storage::Dynamic),
+                "{name}: buffer `{}` {} is sized at run time",
+                b.name,
+                b.ty
+            );
+        }
+    }
+}

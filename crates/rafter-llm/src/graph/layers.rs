@@ -20,6 +20,9 @@ pub(super) struct Decoder<'a> {
     ropes: Vec<(RopeSpec, ValueId, ValueId)>,
     /// The call's positions as f32 `[seq, 1]`: `past .. past + seq`.
     positions: ValueId,
+    /// `[past + seq]` (i64): the cache length after this call, attention's
+    /// `nonpad_kv_seqlen`; one value for every layer.
+    kv_len: ValueId,
 }
 
 impl<'a> Decoder<'a> {
@@ -30,7 +33,7 @@ impl<'a> Decoder<'a> {
         ids: ValueId,
         past_key: ValueId,
     ) -> Result<Decoder<'a>, BuildError> {
-        let positions = positions(b, ids, past_key)?;
+        let (positions, kv_len) = positions(b, ids, past_key)?;
         Ok(Decoder {
             b,
             src,
@@ -38,6 +41,7 @@ impl<'a> Decoder<'a> {
             table: None,
             ropes: Vec::new(),
             positions,
+            kv_len,
         })
     }
 
@@ -216,14 +220,7 @@ impl<'a> Decoder<'a> {
         let present_v = self
             .b
             .op(&n("present_value"), Op::Concat { axis: 1 }, &[past_v, v])?;
-        let total = self.b.op(
-            &n("kv_len"),
-            Op::Shape {
-                start: 1,
-                end: Some(2),
-            },
-            &[present_k],
-        )?;
+        let total = self.kv_len;
         let window = match (kind.attention, &spec.sliding_window) {
             (AttentionKind::Sliding, Some(w)) => w.size as i64 - 1,
             _ => -1,
@@ -421,8 +418,12 @@ fn proj_name(p: ExpertProj) -> &'static str {
 }
 
 /// The call's positions `past .. past + seq` as f32 `[seq, 1]`, `past` read from the
-/// cache's length and `seq` from the tokens.
-fn positions(b: &mut Builder, ids: ValueId, past_key: ValueId) -> Result<ValueId, BuildError> {
+/// cache's length and `seq` from the tokens; and `[past + seq]` as i64.
+fn positions(
+    b: &mut Builder,
+    ids: ValueId,
+    past_key: ValueId,
+) -> Result<(ValueId, ValueId), BuildError> {
     let dim1 = Op::Shape {
         start: 1,
         end: Some(2),
