@@ -449,5 +449,7 @@ fn positions(
         },
         &[pos],
     )?;
-    Ok(b.op("positions.col", Op::Unsqueeze { axes: vec![1] }, &[pos])?)
+    let col = b.op("positions.col", Op::Unsqueeze { axes: vec![1] }, &[pos])?;
+    let kv_len = b.op("kv_len", Op::Unsqueeze { axes: vec![0] }, &[end])?;
+    Ok((col, kv_len))
 }
