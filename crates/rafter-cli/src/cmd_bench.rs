@@ -6,12 +6,13 @@
 //! `bench: median M ms, p10 A ms, p90 B ms, peak RSS R MB`, RSS being the whole process's
 //! peak (weights included), from the kernel's high-water mark.
 
-use crate::cmd_run::{gather_inputs, load, Executor, Source};
+use crate::cmd_run::{gather_inputs, load, runtime_tensors, Executor, Source};
 use crate::dims::{self, DimSpec};
 use crate::rss::Rss;
 use anyhow::{bail, Result};
 use rafter_reference::Bindings;
-use rafter_runtime::{ChromeTrace, CpuDeviceOptions, Session, SessionOptions};
+use rafter_runtime::{ChromeTrace, Session, SessionOptions};
+use rafter_runtime_cpu::CpuDeviceOptions;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -71,12 +72,12 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     };
     let values: Vec<DimSpec> = specs.into_iter().filter(|s| !s.is_bound).collect();
     let mut bindings = Bindings::with(dims::values_only(&values)?);
-    let inputs = gather_inputs(
+    let inputs = runtime_tensors(&gather_inputs(
         &program.inputs,
         &args.inputs,
         &mut bindings,
         Some(args.seed),
-    )?;
+    )?)?;
 
     let sink = args.trace.as_ref().map(|_| Arc::new(ChromeTrace::new()));
     let devices = crate::model::devices_for(

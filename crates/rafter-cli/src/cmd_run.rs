@@ -14,7 +14,8 @@ use rafter_ir::{DType, Graph};
 use rafter_opt::Target;
 use rafter_reference::npy;
 use rafter_reference::{Bindings, Tensor};
-use rafter_runtime::{ChromeTrace, CpuDeviceOptions, Session, SessionOptions};
+use rafter_runtime::{ChromeTrace, Session, SessionOptions};
+use rafter_runtime_cpu::{from_reference, to_reference, CpuDeviceOptions};
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -231,6 +232,7 @@ fn run_runtime(
     if memory_report {
         rss::report("after session open");
     }
+    let inputs = runtime_tensors(&inputs)?;
     let start = Instant::now();
     let outputs = session.run(inputs, CALL_TIMEOUT)?;
     if memory_report {
@@ -252,7 +254,19 @@ fn run_runtime(
             path.display()
         );
     }
-    Ok(outputs)
+    outputs
+        .iter()
+        .map(|t| to_reference(t).map_err(anyhow::Error::msg))
+        .collect()
+}
+
+/// The inputs as the runtime's tensors (the command line reads and makes them as the
+/// reference executor's, which also writes `.npy` files).
+pub(crate) fn runtime_tensors(inputs: &[Tensor]) -> Result<Vec<rafter_runtime::Tensor>> {
+    inputs
+        .iter()
+        .map(|t| from_reference(t).map_err(anyhow::Error::msg))
+        .collect()
 }
 
 /// Prints each output's summary, and writes it to `dir/NAME.npy` when `dir` is given.

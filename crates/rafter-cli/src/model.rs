@@ -12,10 +12,10 @@ use rafter_ir::program::Program;
 use rafter_ir::{Graph, Symbol};
 use rafter_opt::prepack::WeightFormat;
 use rafter_opt::{CompileOptions, Stage, Target};
-use rafter_runtime::{CpuDeviceOptions, DeviceSet, SessionOptions};
+use rafter_runtime::{DeviceSet, SessionOptions};
+use rafter_runtime_cpu::CpuDeviceOptions;
 use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The two kinds of model file.
@@ -72,11 +72,10 @@ pub fn executables(program: &Program) -> Result<Vec<(String, Bytes)>> {
     Ok(vec![("vulkan".to_string(), section.encode().into())])
 }
 
-/// An artifact's executable sections for devices other than the CPU.
+/// An artifact's executable sections, by device (each device's loader validates its own).
 pub fn artifact_executables(artifact: &Artifact) -> Vec<(String, Bytes)> {
     artifact
         .devices()
-        .filter(|d| *d != "cpu")
         .filter_map(|d| Some((d.to_string(), artifact.executable(d)?)))
         .collect()
 }
@@ -92,19 +91,18 @@ pub fn uses_vulkan(program: &Program) -> bool {
 /// sink, if any, traces the Vulkan device too (timed by GPU timestamps).
 pub fn devices_for(program: &Program, cpu: CpuDeviceOptions) -> Result<DeviceSet> {
     let trace_sink = cpu.trace_sink.clone();
-    let mut set = DeviceSet::cpu_with(cpu)?;
+    let mut set = rafter_runtime_cpu::devices_with(cpu)?;
     if uses_vulkan(program) {
-        let options = rafter_hal_vulkan::VulkanDeviceOptions {
+        let options = rafter_runtime_vulkan::VulkanDeviceOptions {
             trace_sink,
             ..Default::default()
         };
-        let device = rafter_hal_vulkan::VulkanDevice::new(options).map_err(|e| {
+        rafter_runtime_vulkan::add_device(&mut set, options).map_err(|e| {
             anyhow::anyhow!(
                 "the program runs kernels on `vulkan`, but the Vulkan device cannot be \
                          opened: {e}"
             )
         })?;
-        set.insert("vulkan", Arc::new(device));
     }
     Ok(set)
 }

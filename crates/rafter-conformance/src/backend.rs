@@ -14,11 +14,10 @@
 use crate::suite::one_line;
 use crate::Outcome;
 use rafter_artifact::{Artifact, ArtifactWriter};
-use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
 use rafter_ir::Graph;
 use rafter_reference::Tensor;
-use rafter_runtime::{CpuDeviceOptions, DeviceSet, RuntimeError, Session, SessionOptions};
-use std::sync::Arc;
+use rafter_runtime::{DeviceSet, RuntimeError, Session, SessionOptions};
+use rafter_runtime_cpu::{from_reference, to_reference, CpuDeviceOptions};
 use std::time::Duration;
 
 /// Which path runs a test's model.
@@ -57,15 +56,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// with one worker thread, since the suite already runs one test per core.
 /// For [`Backend::Vulkan`], the Vulkan device too, under `vulkan`.
 pub(crate) fn suite_devices(backend: Backend) -> Result<DeviceSet, String> {
-    let mut set = DeviceSet::cpu_with(CpuDeviceOptions {
+    let mut set = rafter_runtime_cpu::devices_with(CpuDeviceOptions {
         worker_threads: 1,
         ..CpuDeviceOptions::default()
     })
     .map_err(|e| format!("opening the CPU device: {e}"))?;
     if backend == Backend::Vulkan {
-        let device = VulkanDevice::new(VulkanDeviceOptions::default())
+        rafter_runtime_vulkan::add_device(&mut set, Default::default())
             .map_err(|e| format!("opening the Vulkan device: {e}"))?;
-        set.insert("vulkan", Arc::new(device));
     }
     Ok(set)
 }
@@ -120,9 +118,22 @@ impl<'g> Prepared<'g> {
                     Outcome::Fail(one_line(&format!("run: {e}")))
                 }
             }),
-            Prepared::Session(s) => s
-                .run(inputs, CALL_TIMEOUT)
-                .map_err(|e| Outcome::Fail(one_line(&run_error(&e)))),
+            Prepared::Session(s) => {
+                let fail = |e: String| Outcome::Fail(one_line(&format!("run (compiled): {e}")));
+                let inputs = inputs
+                    .iter()
+                    .map(from_reference)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(fail)?;
+                let outputs = s
+                    .run(inputs, CALL_TIMEOUT)
+                    .map_err(|e| Outcome::Fail(one_line(&run_error(&e))))?;
+                outputs
+                    .iter()
+                    .map(to_reference)
+                    .collect::<Result<_, _>>()
+                    .map_err(fail)
+            }
         }
     }
 }

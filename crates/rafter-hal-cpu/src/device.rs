@@ -14,8 +14,8 @@ use rafter_hal::{
 
 use crate::executable::{CpuExecutable, CpuKernels};
 use crate::memory::{CpuBuffer, HostAllocation, ALIGNMENT};
-use crate::pool::{Pool, Worker};
 use crate::queue::{run_queue_thread, CpuQueue, DeviceShared};
+use crate::workers::{Pool, Worker};
 
 /// How to build a [`CpuDevice`].
 #[derive(Clone)]

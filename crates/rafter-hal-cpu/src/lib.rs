@@ -12,8 +12,8 @@
 mod device;
 mod executable;
 mod memory;
-mod pool;
 mod queue;
+mod workers;
 
 pub use device::{CpuDevice, CpuDeviceOptions};
 pub use executable::{CpuExecutable, CpuKernel, CpuKernels, DispatchContext};

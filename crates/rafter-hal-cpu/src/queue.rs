@@ -28,7 +28,7 @@ use rafter_hal::{
 
 use crate::executable::{CpuExecutable, CpuKernel, DispatchContext, ResolvedRange};
 use crate::memory::CpuBuffer;
-use crate::pool::{Job, Pool, Worker};
+use crate::workers::{Job, Pool, Worker};
 
 /// State shared by the device, its queues, and running executions.
 pub(crate) struct DeviceShared {

@@ -7,6 +7,7 @@
 
 pub mod arena;
 pub mod attr;
+mod bindings;
 mod constant;
 mod dim;
 mod dtype;
@@ -21,6 +22,7 @@ pub mod verify;
 mod weight;
 
 pub use attr::{AttrType, AttrValue, Scalar};
+pub use bindings::{Bindings, Shaped};
 pub use constant::{ConstData, ConstSizeError};
 pub use dim::{is_identifier, sanitize_identifier, Dim, DimError, Symbol};
 pub use dtype::DType;

@@ -2,8 +2,8 @@
 
 use crate::ops::{self, OpCtx, OpError};
 use crate::Tensor;
-use rafter_ir::{Dim, Graph, Symbol, TensorType, ValueDef, ValueId};
-use std::collections::HashMap;
+pub use rafter_ir::Bindings;
+use rafter_ir::{Graph, ValueDef, ValueId};
 
 /// Why a run failed, naming the input, node or result concerned.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -37,80 +37,6 @@ impl ExecError {
     /// Whether the failure is a missing capability (op, dtype or mode), not a wrong result.
     pub fn is_unsupported(&self) -> bool {
         matches!(self, ExecError::Unsupported { .. })
-    }
-}
-
-/// Symbol values bound while running, with where each was bound (for error messages).
-#[derive(Default, Debug, Clone)]
-pub struct Bindings {
-    values: HashMap<Symbol, (i64, String)>,
-}
-
-impl Bindings {
-    /// Pre-binds symbols (the CLI's `--dim seq=128`).
-    pub fn with(values: impl IntoIterator<Item = (Symbol, i64)>) -> Bindings {
-        let values = values
-            .into_iter()
-            .map(|(s, v)| (s, (v, "--dim".to_string())))
-            .collect();
-        Bindings { values }
-    }
-
-    pub fn get(&self, s: &Symbol) -> Option<i64> {
-        self.values.get(s).map(|v| v.0)
-    }
-
-    /// Plain symbol → value map, for `Dim::eval`.
-    pub fn as_map(&self) -> HashMap<Symbol, i64> {
-        self.values.iter().map(|(k, v)| (k.clone(), v.0)).collect()
-    }
-
-    /// Checks `actual` against the dim `d`, binding `d`'s symbol if it is a lone unbound
-    /// symbol. `what` says where the value came from ("input `x` dim 1").
-    pub fn unify(&mut self, d: &Dim, actual: usize, what: &str) -> Result<(), String> {
-        let actual = actual as i64;
-        if let Some(s) = d.as_symbol() {
-            return match self.values.get(s) {
-                Some((v, _)) if *v == actual => Ok(()),
-                Some((v, from)) => Err(format!(
-                    "{what} is {actual} but symbol `{}` is {v} (bound by {from})",
-                    s.name()
-                )),
-                None => {
-                    self.values.insert(s.clone(), (actual, what.to_string()));
-                    Ok(())
-                }
-            };
-        }
-        match d.eval(&self.as_map()) {
-            Ok(v) if v == actual => Ok(()),
-            Ok(v) => Err(format!("{what} is {actual} but its type says `{d}` = {v}")),
-            // An expression over a symbol not bound yet: nothing to check against.
-            Err(_) => Ok(()),
-        }
-    }
-
-    /// Checks a whole tensor against a type (dtype, rank, dims).
-    pub fn check(&mut self, ty: &TensorType, t: &Tensor, what: &str) -> Result<(), String> {
-        if t.dtype() != ty.dtype {
-            return Err(format!(
-                "{what} has dtype {} but {} is expected",
-                t.dtype(),
-                ty.dtype
-            ));
-        }
-        if t.shape().len() != ty.rank() {
-            return Err(format!(
-                "{what} has shape {:?} (rank {}) but {ty} (rank {}) is expected",
-                t.shape(),
-                t.shape().len(),
-                ty.rank()
-            ));
-        }
-        for (i, (d, &a)) in ty.dims.iter().zip(t.shape()).enumerate() {
-            self.unify(d, a, &format!("{what} dim {i}"))?;
-        }
-        Ok(())
     }
 }
 

@@ -93,6 +93,17 @@ fn arr<T>(dims: &[usize], v: Vec<T>) -> ArrayD<T> {
     ArrayD::from_shape_vec(IxDyn(dims), v).expect("element count checked by caller")
 }
 
+/// What [`Bindings::check`](rafter_ir::Bindings::check) reads of a tensor.
+impl rafter_ir::Shaped for Tensor {
+    fn dtype(&self) -> DType {
+        Tensor::dtype(self)
+    }
+
+    fn shape(&self) -> &[usize] {
+        Tensor::shape(self)
+    }
+}
+
 impl Tensor {
     pub fn dtype(&self) -> DType {
         match self {

@@ -1,38 +1,31 @@
-//! The devices a session may use, by the names programs give them.
+//! The devices a session may use, by the names programs give them, and the executable
+//! loaders that run kernels on them.
 
 use std::fmt;
 use std::sync::Arc;
 
 use rafter_hal::Device;
-use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions};
 
-use crate::error::{hal, Result};
+use crate::backend::ExecutableLoader;
 
 /// Open devices, each under the name a [`Program`](rafter_ir::program::Program) uses for it
-/// (`cpu`, `vulkan`). A session takes the ones its program needs; several sessions may share
-/// one set (and so the devices' queues and worker threads).
+/// (`cpu`, `vulkan`), and the [`ExecutableLoader`]s registered for their kinds. A session
+/// takes the devices its program needs and, for each, the first loader that serves it;
+/// several sessions may share one set (and so the devices' queues and worker threads).
+///
+/// A device backend crate offers the pair: `rafter_runtime_cpu::devices()` is a set with
+/// the CPU device and its loader, and `rafter_runtime_vulkan::add_device` adds a Vulkan
+/// device and the SPIR-V loader.
 #[derive(Clone, Default)]
 pub struct DeviceSet {
     devices: Vec<(String, Arc<dyn Device>)>,
+    loaders: Vec<Arc<dyn ExecutableLoader>>,
 }
 
 impl DeviceSet {
     /// An empty set.
     pub fn new() -> DeviceSet {
         DeviceSet::default()
-    }
-
-    /// A set holding one CPU device named `cpu`, with default options (a worker per core).
-    pub fn cpu() -> Result<DeviceSet> {
-        DeviceSet::cpu_with(CpuDeviceOptions::default())
-    }
-
-    /// A set holding one CPU device built with `options`, under `options.name` (`cpu` by
-    /// default). Pass a [`ChromeTrace`](crate::ChromeTrace) as `trace_sink` to trace it.
-    pub fn cpu_with(options: CpuDeviceOptions) -> Result<DeviceSet> {
-        let name = options.name.clone();
-        let device = CpuDevice::new(options).map_err(hal("opening the CPU device"))?;
-        Ok(DeviceSet::new().with(name, Arc::new(device)))
     }
 
     /// Adds `device` under `name` (replacing a device of the same name).
@@ -48,9 +41,27 @@ impl DeviceSet {
         self.devices.push((name, device));
     }
 
+    /// Registers `loader` (after those already registered; a loader of the same name is
+    /// replaced).
+    pub fn with_loader(mut self, loader: Arc<dyn ExecutableLoader>) -> DeviceSet {
+        self.register(loader);
+        self
+    }
+
+    /// Registers `loader` (a loader of the same name is replaced).
+    pub fn register(&mut self, loader: Arc<dyn ExecutableLoader>) {
+        self.loaders.retain(|l| l.name() != loader.name());
+        self.loaders.push(loader);
+    }
+
     /// The device called `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Device>> {
         self.devices.iter().find(|(n, _)| n == name).map(|(_, d)| d)
+    }
+
+    /// The first registered loader serving `device`.
+    pub fn loader_for(&self, device: &dyn Device) -> Option<&Arc<dyn ExecutableLoader>> {
+        self.loaders.iter().find(|l| l.serves(device.info()))
     }
 
     /// The names, in insertion order.
@@ -58,6 +69,12 @@ impl DeviceSet {
         self.devices.iter().map(|(n, _)| n.as_str()).collect()
     }
 
+    /// The registered loaders' names, in registration order.
+    pub fn loader_names(&self) -> Vec<&str> {
+        self.loaders.iter().map(|l| l.name()).collect()
+    }
+
+    /// Whether the set has no device.
     pub fn is_empty(&self) -> bool {
         self.devices.is_empty()
     }
@@ -65,8 +82,16 @@ impl DeviceSet {
 
 impl fmt::Debug for DeviceSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map()
-            .entries(self.devices.iter().map(|(n, d)| (n, &d.info().name)))
+        f.debug_struct("DeviceSet")
+            .field(
+                "devices",
+                &self
+                    .devices
+                    .iter()
+                    .map(|(n, d)| (n, &d.info().name))
+                    .collect::<Vec<_>>(),
+            )
+            .field("loaders", &self.loader_names())
             .finish()
     }
 }

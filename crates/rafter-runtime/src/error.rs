@@ -68,7 +68,9 @@ pub enum RuntimeError {
 /// The runtime's result type.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 
-pub(crate) fn hal(context: impl Into<String>) -> impl FnOnce(HalError) -> RuntimeError {
+/// A [`RuntimeError::Hal`] maker for `map_err`, saying what the runtime (or a backend)
+/// was doing.
+pub fn hal(context: impl Into<String>) -> impl FnOnce(HalError) -> RuntimeError {
     let context = context.into();
     move |source| RuntimeError::Hal { context, source }
 }

@@ -25,7 +25,7 @@
 //!   compiler's planner replaces it later).
 //! - **Dynamic buffers** (`Storage::Dynamic`, and outputs whose dims the inputs do not
 //!   determine) live in a per-call host slot table that CPU kernels read and write; they are
-//!   CPU-only by construction (see the `cpu` module).
+//!   touched only by host (CPU) kernels (see [`host`]).
 //!
 //! # Ordering
 //! Consecutive steps on one device are recorded into one command buffer; a barrier goes
@@ -34,40 +34,34 @@
 //! buffer, which waits on the semaphores of the earlier ones it conflicts with. Nothing
 //! orders one call against another.
 //!
-//! # Kernels
-//! CPU kernels whose body a native kernel covers (matmul/gemm and conv with their fused
-//! bias, residual, relu, clip or scale; depthwise conv; max and global pooling; reshapes,
-//! transposes, concat, gather; layer norm; masked softmax; elementwise bodies as tile
-//! programs) run on slices borrowed from the bindings and the weights' bytes, writing
-//! results in place (the `native` module). Everything else, and shapes a native
-//! kernel does not cover, runs its body on the reference executor, except bodies that start
-//! with an f32 matmul, whose product goes through `rafter-kernels-cpu`'s GEMM (see the
-//! `fast` module), and single f32 transposes and layer norms run hand-written loops
-//! (`fast_ops`); [`SessionOptions::reference_kernels`] turns all of these off.
+//! # Devices and backends
+//! The runtime reaches devices only through the HAL ([`rafter_hal`]) and the executable
+//! loaders registered with the [`DeviceSet`] ([`backend`]): `rafter-runtime-cpu` runs
+//! kernels on the CPU device (native kernels on borrowed bytes, the reference executor as
+//! their fallback), `rafter-runtime-vulkan` loads the artifact's SPIR-V on a Vulkan device.
+//! A new device adds a backend crate and registers its loader; nothing here changes.
 //!
 //! # Tracing
 //! [`ChromeTrace`] turns the devices' trace events into Chrome/Perfetto trace JSON.
 
-mod cpu;
+pub mod backend;
 mod devices;
 mod error;
-mod fast;
-mod fast_ops;
-mod native;
+pub mod host;
 mod plan;
 mod recorded;
 mod session;
-mod tile;
+mod tensor;
 mod trace;
 mod weights;
 
-pub use cpu::HostKernel;
+pub use backend::{
+    CopyEnd, DispatchArgs, ExecutableLoader, HostCopy, HostKernel, KernelOptions, LoadRequest,
+    LoadedKernels, NativeStats, Operand,
+};
 pub use devices::DeviceSet;
-pub use error::{Result, RuntimeError};
-pub use native::NativeStats;
+pub use error::{hal, Result, RuntimeError};
 pub use session::{CallHandle, Session, SessionOptions};
+pub use tensor::{Element, Tensor, TensorError};
 pub use trace::ChromeTrace;
-pub use weights::BytesBuffer;
-
-pub use rafter_hal_cpu::CpuDeviceOptions;
-pub use rafter_reference::Tensor;
+pub use weights::{aligned, BytesBuffer, WEIGHT_ALIGN};

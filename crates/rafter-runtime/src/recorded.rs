@@ -23,7 +23,7 @@ use std::sync::Mutex;
 use rafter_hal::{Buffer, BufferRange, CommandBuffer, Semaphore};
 use rafter_ir::DType;
 
-use crate::cpu::lock;
+use crate::host::lock;
 
 /// Where one output of a call is read from.
 #[derive(Clone, Debug)]

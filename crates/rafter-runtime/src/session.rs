@@ -6,20 +6,20 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use rafter_hal::{
-    Buffer, CommandBuffer, Device, DeviceKind, Executable, ExecutablePayload, ExecutableSpec,
-    MemoryKind, Queue, Semaphore, SemaphoreError, FORMAT_SPIRV,
+    Buffer, CommandBuffer, Device, DeviceKind, MemoryKind, Queue, Semaphore, SemaphoreError,
 };
-use rafter_hal_cpu::CpuKernels;
 use rafter_ir::program::{Program, Step, Storage};
-use rafter_ir::Symbol;
-use rafter_reference::{Bindings, Tensor};
+use rafter_ir::{Bindings, Symbol};
 
-use crate::cpu::{lock, CallRegistry, HostKernel, KernelShared, Slots, COPY_ENTRY, UNBOUND};
+use crate::backend::{HostKernel, KernelOptions, LoadRequest, LoadedKernels, NativeStats, UNBOUND};
 use crate::devices::DeviceSet;
 use crate::error::{hal, Result, RuntimeError};
+use crate::host::{lock, CallRegistry, Slots};
 use crate::recorded::{InputDest, Lease, OutputSource, Recorded, RecordedCache};
 use crate::weights::BytesBuffer;
+use crate::Tensor;
 
 mod record;
 
@@ -30,7 +30,7 @@ pub struct SessionOptions {
     queue: usize,
     reference_only: bool,
     kernel_threads: usize,
-    executables: Vec<(String, bytes::Bytes)>,
+    executables: Vec<(String, Bytes)>,
 }
 
 impl SessionOptions {
@@ -38,7 +38,7 @@ impl SessionOptions {
         SessionOptions::default()
     }
 
-    /// Runs the CPU kernel called `kernel` with `f` instead of the reference executor (a
+    /// Runs the CPU kernel called `kernel` with `f` instead of the backend's own kernel (a
     /// hand-written micro-kernel, or a test's instrumented kernel). `f` receives the kernel's
     /// operands and returns its results, which are checked against the kernel body's types.
     pub fn host_kernel(
@@ -50,24 +50,25 @@ impl SessionOptions {
         self
     }
 
-    /// Runs every CPU kernel on the reference executor, without the native kernels or the
-    /// fast GEMM path (to
-    /// compare the two, or to rule the fast path out when chasing a difference).
+    /// Runs every kernel on its backend's plain interpreter (on the CPU, the reference
+    /// executor), without the native kernels (to compare the two, or to rule the native
+    /// kernels out when chasing a difference).
     pub fn reference_kernels(mut self) -> SessionOptions {
         self.reference_only = true;
         self
     }
 
-    /// Threads one fast CPU kernel may use (default 0: one per available core).
+    /// Threads one CPU kernel may use (default 0: one per available core).
     pub fn kernel_threads(mut self, threads: usize) -> SessionOptions {
         self.kernel_threads = threads;
         self
     }
 
-    /// The executable section for `device` (an artifact's, e.g. the `vulkan` SPIR-V modules
-    /// [`rafter_artifact::VulkanSection`]); [`Session::open`] passes the artifact's. A
-    /// program with kernels on a non-CPU device needs its device's section.
-    pub fn executable(mut self, device: impl Into<String>, code: bytes::Bytes) -> SessionOptions {
+    /// The executable section for `device` (an artifact's, e.g. the `vulkan` SPIR-V
+    /// modules), which the device's loader reads and validates; [`Session::open`] passes
+    /// the artifact's. Whether a device needs one is its loader's business (the CPU runs
+    /// the kernel bodies the program carries; a GPU needs its section).
+    pub fn executable(mut self, device: impl Into<String>, code: Bytes) -> SessionOptions {
         let device = device.into();
         self.executables.retain(|(d, _)| *d != device);
         self.executables.push((device, code));
@@ -78,6 +79,15 @@ impl SessionOptions {
     pub fn queue(mut self, index: usize) -> SessionOptions {
         self.queue = index;
         self
+    }
+
+    /// What the loaders are told about running kernels.
+    fn kernel_options(&self) -> KernelOptions {
+        KernelOptions {
+            host_kernels: self.host_kernels.clone(),
+            reference_only: self.reference_only,
+            threads: self.kernel_threads,
+        }
     }
 }
 
@@ -108,10 +118,21 @@ struct DeviceUse {
     name: String,
     device: Arc<dyn Device>,
     queue: Queue,
+    /// A host device (the CPU): its memory is the host's, it runs host copies and kernels
+    /// that touch host slots.
     is_cpu: bool,
-    /// The CPU executable (every kernel on this device, then [`COPY_ENTRY`]).
-    executable: Option<Executable>,
-    copy_entry: usize,
+    /// Its kernels, as its loader loaded them (`None` for a device that runs no kernel and
+    /// records no host copy).
+    kernels: Option<Arc<dyn LoadedKernels>>,
+}
+
+impl DeviceUse {
+    /// The loaded kernels, which every device that records a step has.
+    fn kernels(&self) -> &dyn LoadedKernels {
+        self.kernels
+            .as_deref()
+            .expect("a device that records steps has loaded kernels")
+    }
 }
 
 /// Where a buffer lives, decided when the session is created.
@@ -127,16 +148,6 @@ enum Home {
     Unused,
 }
 
-/// A kernel loaded on a non-CPU device: a SPIR-V module of the `vulkan` section.
-struct GpuKernel {
-    executable: Executable,
-    entry: usize,
-    workgroup_size: u32,
-    launch: rafter_artifact::Launch,
-    /// Sizes pushed after the launch's params (the module's dim params).
-    dims: Vec<rafter_artifact::DimParam>,
-}
-
 struct Inner {
     program: Arc<Program>,
     devices: Vec<DeviceUse>,
@@ -144,11 +155,7 @@ struct Inner {
     /// Per step: for a copy between a CPU and another device (run on the CPU), the buffer
     /// on the other device, which the copy maps.
     step_foreign: Vec<Option<usize>>,
-    /// Per kernel: its executable on a non-CPU device.
-    gpu_kernels: Vec<Option<GpuKernel>>,
     home: Vec<Home>,
-    /// Per step: for dispatches, the entry point of its kernel on its device.
-    step_entry: Vec<usize>,
     /// Per buffer of `Storage::Weight`: the weight on the device that reads it (a
     /// [`BytesBuffer`] on a CPU, uploaded once elsewhere; shared by the weight's buffers on
     /// one device).
@@ -163,8 +170,6 @@ struct Inner {
     arena_pool: Arc<ArenaPool>,
     /// Recordings of completed calls, reused by later calls of the same input shapes.
     recorded: Arc<RecordedCache>,
-    native_stats: Arc<crate::native::Stats>,
-    native_kernels: usize,
     next_call: AtomicU64,
 }
 
@@ -259,15 +264,15 @@ impl Session {
         Session::from_artifact(artifact, devices, SessionOptions::default())
     }
 
-    /// Binds an artifact's program to `devices` with its executables (the `vulkan` SPIR-V
-    /// modules, if any) added to `options`.
+    /// Binds an artifact's program to `devices` with its executable sections added to
+    /// `options` (where `options` has none for that device).
     pub fn from_artifact(
         artifact: rafter_artifact::Artifact,
         devices: &DeviceSet,
         mut options: SessionOptions,
     ) -> Result<Session> {
         for device in artifact.devices().map(str::to_string).collect::<Vec<_>>() {
-            if device != "cpu" && !options.executables.iter().any(|(d, _)| *d == device) {
+            if !options.executables.iter().any(|(d, _)| *d == device) {
                 let code = artifact.executable(&device).expect("listed");
                 options = options.executable(device, code);
             }
@@ -333,8 +338,7 @@ impl Session {
                 is_cpu: device.info().kind == DeviceKind::Cpu,
                 device,
                 queue,
-                executable: None,
-                copy_entry: 0,
+                kernels: None,
             })
         };
         let mut uses: Vec<DeviceUse> = names.into_iter().map(open).collect::<Result<_>>()?;
@@ -507,140 +511,54 @@ impl Session {
             }
         }
 
-        // Host kernels by kernel index.
-        let mut host_kernels: Vec<Option<HostKernel>> = vec![None; program.kernels.len()];
-        for (name, f) in options.host_kernels {
-            let k = program
-                .kernels
-                .iter()
-                .position(|k| k.name == name)
-                .ok_or_else(|| unsupported(format!("host kernel for unknown kernel `{name}`")))?;
-            host_kernels[k] = Some(f);
-        }
-        let mut native: Vec<Option<Arc<dyn crate::native::NativeKernel>>> =
-            vec![None; program.kernels.len()];
-        if !options.reference_only {
-            let threads = match options.kernel_threads {
-                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                t => t,
-            };
-            let pool = crate::native::pool(threads);
-            // Only CPU executables consult host kernels; other devices ignore the slot.
-            for (k, (slot, kernel)) in host_kernels.iter_mut().zip(&program.kernels).enumerate() {
-                if slot.is_none() {
-                    native[k] = crate::native::select(&kernel.body, &pool);
-                    // The reference path's host kernels, for bodies no native kernel takes
-                    // and calls a native kernel falls back on (elementwise bodies as tile
-                    // programs there too).
-                    *slot = crate::fast::matmul_kernel(&kernel.body, threads)
-                        .or_else(|| crate::fast_ops::single_op_kernel(&kernel.body))
-                        .or_else(|| crate::tile::tile_kernel(&kernel.body, threads));
-                }
+        // Host kernels must name kernels of the program.
+        for (name, _) in &options.host_kernels {
+            if !program.kernels.iter().any(|k| k.name == *name) {
+                return Err(unsupported(format!(
+                    "host kernel for unknown kernel `{name}`"
+                )));
             }
         }
-
         let program = Arc::new(program);
         let registry = Arc::new(CallRegistry::default());
-        let native_stats = Arc::new(crate::native::Stats::default());
-        let native_kernels = native.iter().filter(|n| n.is_some()).count();
-        let shared = Arc::new(KernelShared {
-            program: program.clone(),
-            symbols: symbols.clone(),
-            host_kernels,
-            native,
-            native_stats: native_stats.clone(),
-            registry: registry.clone(),
-            dims: (0..program.kernels.len())
-                .map(|_| Mutex::new(None))
-                .collect(),
-        });
-
-        // Executables: one per CPU device, an entry per kernel it runs plus the copy entry.
-        let mut step_entry = vec![0usize; program.steps.len()];
-        let mut kernel_entry: Vec<Option<usize>> = vec![None; program.kernels.len()];
-        let mut gpu_kernels: Vec<Option<GpuKernel>> =
-            (0..program.kernels.len()).map(|_| None).collect();
+        let kernel_options = options.kernel_options();
+        // Each device's kernels, through the loader registered for its kind. A host device
+        // loads even without kernels: it records the call's host copies.
         for use_ in uses.iter_mut() {
             let mine: Vec<usize> = (0..program.kernels.len())
                 .filter(|&k| program.kernels[k].device == use_.name)
                 .collect();
-            if !use_.is_cpu {
-                if mine.is_empty() {
-                    continue;
-                }
-                // Kernels on a non-CPU device come as SPIR-V modules in the device's section.
-                let code = options
-                    .executables
-                    .iter()
-                    .find(|(d, _)| *d == use_.name)
-                    .map(|(_, code)| code.clone())
-                    .ok_or_else(|| {
-                        unsupported(format!(
-                            "kernel `{}` runs on device `{}`, but no `{}` executable section \
-                             was given (compile to an artifact with `--target {}`)",
-                            program.kernels[mine[0]].name, use_.name, use_.name, use_.name
-                        ))
-                    })?;
-                let section = rafter_artifact::VulkanSection::decode(&code)
-                    .map_err(|e| RuntimeError::Artifact(e.to_string()))?;
-                for &k in &mine {
-                    let kernel = &program.kernels[k];
-                    let module = section.module(k).ok_or_else(|| {
-                        unsupported(format!(
-                            "kernel {k} `{}` runs on `{}` but its executable section has no \
-                             module for it",
-                            kernel.name, use_.name
-                        ))
-                    })?;
-                    let context = format!("loading kernel `{}` on `{}`", kernel.name, use_.name);
-                    let executable = load_spirv(use_.device.as_ref(), &kernel.name, module)
-                        .map_err(hal(context.clone()))?;
-                    let entry = executable
-                        .entry_index(&module.entry_point)
-                        .map_err(hal(context))?;
-                    gpu_kernels[k] = Some(GpuKernel {
-                        executable,
-                        entry,
-                        workgroup_size: module.workgroup_size,
-                        launch: module.launch,
-                        dims: module.dims.clone(),
-                    });
-                }
+            if mine.is_empty() && !use_.is_cpu {
                 continue;
             }
-            let mut kernels = CpuKernels::new();
-            let mut entry_names: Vec<String> = Vec::new();
-            for &k in &mine {
-                let mut name = program.kernels[k].name.clone();
-                if entry_names.contains(&name) || name == COPY_ENTRY {
-                    name = format!("{name}#{k}");
-                }
-                kernel_entry[k] = Some(entry_names.len());
-                entry_names.push(name.clone());
-                let shared = shared.clone();
-                kernels = kernels.with_entry(name, move |ctx| shared.run_kernel(k, ctx));
-            }
-            use_.copy_entry = entry_names.len();
-            let copy_shared = shared.clone();
-            kernels = kernels.with_entry(COPY_ENTRY, move |ctx| copy_shared.run_copy(ctx));
-            let exe_name = if program.name.is_empty() {
-                "program".to_string()
-            } else {
-                program.name.clone()
-            };
-            use_.executable = Some(
-                use_.device
-                    .load_executable(&kernels.into_spec(exe_name))
-                    .map_err(hal(format!("loading kernels on device `{}`", use_.name)))?,
-            );
-        }
-        for (si, step) in program.steps.iter().enumerate() {
-            if let Step::Dispatch { kernel, .. } = step {
-                step_entry[si] = match &gpu_kernels[*kernel] {
-                    Some(g) => g.entry,
-                    None => kernel_entry[*kernel].expect("every kernel has an entry"),
-                };
-            }
+            let loader = devices.loader_for(use_.device.as_ref()).ok_or_else(|| {
+                unsupported(format!(
+                    "device `{}` ({:?}) runs {} of the program's kernels, but no executable \
+                     loader for it is registered (registered: {})",
+                    use_.name,
+                    use_.device.info().kind,
+                    mine.len(),
+                    match devices.loader_names() {
+                        n if n.is_empty() => "none".to_string(),
+                        n => n.join(", "),
+                    }
+                ))
+            })?;
+            let section = options
+                .executables
+                .iter()
+                .find(|(d, _)| *d == use_.name)
+                .map(|(_, code)| code);
+            use_.kernels = Some(loader.load(&LoadRequest {
+                program: &program,
+                device_name: &use_.name,
+                device: &use_.device,
+                kernels: &mine,
+                section,
+                symbols: &symbols,
+                calls: &registry,
+                options: &kernel_options,
+            })?);
         }
 
         // Weights: wrapped where the device addresses host memory, uploaded elsewhere (once
@@ -678,9 +596,7 @@ impl Session {
                 devices: uses,
                 step_device,
                 step_foreign,
-                gpu_kernels,
                 home,
-                step_entry,
                 weight_buffers,
                 arena_device,
                 arena_kind,
@@ -689,8 +605,6 @@ impl Session {
                 registry,
                 arena_pool: Arc::new(ArenaPool::default()),
                 recorded: Arc::new(RecordedCache::default()),
-                native_stats,
-                native_kernels,
                 next_call: AtomicU64::new(1),
             }),
         })
@@ -707,9 +621,14 @@ impl Session {
     }
 
     /// How many kernels run natively on borrowed bytes, and how often they ran, fell back to
-    /// the reference path, or copied a misaligned operand (see the `native` module).
-    pub fn native_stats(&self) -> crate::NativeStats {
-        self.inner.native_stats.snapshot(self.inner.native_kernels)
+    /// their backend's interpreter, or copied a misaligned operand (summed over the
+    /// devices whose backends keep such counters).
+    pub fn native_stats(&self) -> NativeStats {
+        self.inner
+            .devices
+            .iter()
+            .filter_map(|d| d.kernels.as_ref()?.native_stats())
+            .fold(NativeStats::default(), |a, b| a + b)
     }
 
     /// The names of the devices the session uses.
@@ -810,7 +729,7 @@ impl Session {
             match dest {
                 InputDest::Buffer(buffer) => {
                     let t = inputs[*k].as_ref().expect("each input has one destination");
-                    buffer.write_bytes(0, &t.le_bytes()).map_err(|e| {
+                    buffer.write_bytes(0, t.le_bytes()).map_err(|e| {
                         hal(format!(
                             "call {call}: writing input `{}`",
                             p.inputs[*k].name
@@ -1061,26 +980,4 @@ impl CallHandle {
         }
         Ok(outputs)
     }
-}
-
-/// Loads a kernel's SPIR-V: its cooperative-matrix variant where it has one and the
-/// device takes it, else the plain module. A device without what the variant needs
-/// refuses it as unsupported before the driver sees it, so only that error falls back.
-fn load_spirv(
-    device: &dyn Device,
-    name: &str,
-    module: &rafter_artifact::VulkanModule,
-) -> rafter_hal::Result<Executable> {
-    let spec = |bytes: &[u8]| ExecutableSpec {
-        name: name.to_string(),
-        format: FORMAT_SPIRV.to_string(),
-        payload: ExecutablePayload::Bytes(Arc::from(bytes)),
-    };
-    if let Some(coop) = &module.coop {
-        match device.load_executable(&spec(coop)) {
-            Err(rafter_hal::HalError::Unsupported(_)) => {}
-            loaded => return loaded,
-        }
-    }
-    device.load_executable(&spec(&module.spirv))
 }

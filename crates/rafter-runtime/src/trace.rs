@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use rafter_hal::{TraceEvent, TraceKind, TraceSink};
 
-use crate::cpu::lock;
 use crate::error::{Result, RuntimeError};
+use crate::host::lock;
 
 /// Collects trace events and writes them as Chrome trace JSON.
 #[derive(Debug)]

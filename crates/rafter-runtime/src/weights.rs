@@ -7,7 +7,7 @@
 //!
 //! The CPU device's queue resolves bindings to its own allocation type, so a `BytesBuffer`
 //! cannot be bound to a CPU dispatch. The runtime therefore passes a CPU kernel its weight
-//! operands by index (in the dispatch's push constants, see the `cpu` module) and the kernel
+//! operands by index (in the dispatch's push constants, see `rafter-runtime-cpu`) and the kernel
 //! reads the same `Bytes` the buffer wraps. Devices with their own memory (a GPU) get a
 //! weight uploaded into a buffer of theirs once, when the session is created.
 

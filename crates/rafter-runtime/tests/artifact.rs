@@ -5,10 +5,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{lower_per_node, max_abs_diff, LONG};
+use common::{lower_per_node, max_abs_diff, read_npy, LONG};
 use rafter_artifact::{Artifact, ArtifactWriter};
-use rafter_reference::npy::read_npy;
-use rafter_runtime::{BytesBuffer, DeviceSet, RuntimeError, Session};
+use rafter_runtime::{BytesBuffer, RuntimeError, Session};
 
 #[test]
 fn runs_a_mapped_artifact_with_weights_in_place() {
@@ -18,7 +17,7 @@ fn runs_a_mapped_artifact_with_weights_in_place() {
     let program = lower_per_node(&imported.graph);
     let path = std::env::temp_dir().join(format!("rafter-runtime-{}.rfa", std::process::id()));
     ArtifactWriter::new(&program).write(&path).unwrap();
-    let devices = DeviceSet::cpu().unwrap();
+    let devices = rafter_runtime_cpu::devices().unwrap();
 
     let artifact = Artifact::open(&path).unwrap();
     let map = artifact.bytes().as_ptr_range();
@@ -33,7 +32,7 @@ fn runs_a_mapped_artifact_with_weights_in_place() {
     }
     assert!(bound > 10, "{bound} weights bound");
 
-    let read = |name: &str| read_npy(&dir.join("seq7").join(name)).unwrap();
+    let read = |name: &str| read_npy(&dir.join("seq7").join(name));
     let out = session
         .run(
             vec![read("input_ids.npy"), read("attention_mask.npy")],

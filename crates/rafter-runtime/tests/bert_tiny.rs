@@ -6,11 +6,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{lower_per_node, max_abs_diff, LONG};
+use common::{lower_per_node, max_abs_diff, read_npy, LONG};
 use rafter_ir::program::{Program, Storage};
 use rafter_ir::Symbol;
-use rafter_reference::npy::read_npy;
-use rafter_runtime::{BytesBuffer, DeviceSet, Session};
+use rafter_runtime::{BytesBuffer, Session};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert_tiny")
@@ -76,7 +75,7 @@ fn run_and_compare(program: Program) {
         .iter()
         .map(|w| (w.bytes.as_ptr(), w.dtype.size_of()))
         .collect();
-    let session = Session::new(program, &DeviceSet::cpu().unwrap()).unwrap();
+    let session = Session::new(program, &rafter_runtime_cpu::devices().unwrap()).unwrap();
     // The weights the kernels read are the program's own bytes (the model file's map, for
     // weights the compiler did not fold) where they start element-aligned; a weight the
     // protobuf left misaligned is copied once, to a 64-byte boundary.
@@ -100,7 +99,7 @@ fn run_and_compare(program: Program) {
     let calls: Vec<_> = ["seq7", "seq13"]
         .iter()
         .map(|case| {
-            let read = |name: &str| read_npy(&dir.join(case).join(name)).unwrap();
+            let read = |name: &str| read_npy(&dir.join(case).join(name));
             let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
             let handle = session.submit(inputs).unwrap();
             (case, handle, read("last_hidden_state.npy"))
@@ -121,7 +120,7 @@ fn run_and_compare(program: Program) {
     }
     assert!(session.idle_arenas() > 0, "no arena was pooled");
     for case in ["seq13", "seq7", "seq7"] {
-        let read = |name: &str| read_npy(&dir.join(case).join(name)).unwrap();
+        let read = |name: &str| read_npy(&dir.join(case).join(name));
         let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
         let out = session
             .run(inputs, LONG)

@@ -7,7 +7,7 @@ mod common;
 use bytes::Bytes;
 use common::{lower_per_node, LONG};
 use rafter_ir::{ConstData, DType, Dim, Graph, Op, TensorType};
-use rafter_runtime::{DeviceSet, Session, SessionOptions, Tensor};
+use rafter_runtime::{Session, SessionOptions, Tensor};
 
 #[test]
 fn native_kernels_read_and_write_host_slots() {
@@ -56,9 +56,9 @@ fn native_kernels_read_and_write_host_slots() {
     g.outputs.push(y);
     let xs: Vec<f32> = (0..21).map(|i| (i as f32 * 0.37).sin()).collect();
     let inputs = vec![Tensor::f32s(&[3, 7], xs)];
-    let want = rafter_reference::run(&g, inputs.clone()).unwrap();
+    let want = common::reference_run(&g, &inputs);
     let program = lower_per_node(&g);
-    let devices = DeviceSet::cpu().unwrap();
+    let devices = rafter_runtime_cpu::devices().unwrap();
     let session =
         Session::with_options(program, &devices, SessionOptions::new().kernel_threads(2)).unwrap();
     let got = session.run(inputs, LONG).unwrap();

@@ -8,8 +8,7 @@ mod common;
 use common::{max_abs_diff, LONG};
 use rafter_artifact::{Artifact, ArtifactWriter, ReadOptions, SectionKind};
 use rafter_ir::{ConstData, DType, Graph};
-use rafter_reference::Tensor;
-use rafter_runtime::{DeviceSet, Session, SessionOptions};
+use rafter_runtime::{Session, SessionOptions, Tensor};
 
 fn dense(n: usize, seed: u32) -> String {
     let v: Vec<String> = (0..n)
@@ -92,8 +91,8 @@ fn packed_weights_run_in_place_from_the_map_and_match_the_reference() {
         assert_eq!(ptr % 64, 0, "weight {w}");
     }
 
-    let want = rafter_reference::run(&g, inputs()).unwrap();
-    let devices = DeviceSet::cpu().unwrap();
+    let want = common::reference_run(&g, &inputs());
+    let devices = rafter_runtime_cpu::devices().unwrap();
     let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
     let got = session.run(inputs(), LONG).unwrap();
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -146,7 +145,7 @@ fn a_corrupt_packed_weight_is_an_error_not_a_panic() {
         verify_checksums: false,
     };
     let a = Artifact::from_bytes_with(flipped.into(), &lax).unwrap();
-    let devices = DeviceSet::cpu().unwrap();
+    let devices = rafter_runtime_cpu::devices().unwrap();
     let s = Session::from_artifact(a, &devices, SessionOptions::new()).unwrap();
     s.run(inputs(), LONG).unwrap();
 
@@ -192,7 +191,7 @@ fn a_packed_weight_that_disagrees_with_its_kernel_fails_the_call() {
             b.ty = rafter_ir::TensorType::known(DType::F32, &d);
         }
     }
-    let devices = DeviceSet::cpu().unwrap();
+    let devices = rafter_runtime_cpu::devices().unwrap();
     let session = Session::new(program, &devices).unwrap();
     let e = session.run(inputs(), LONG).unwrap_err();
     assert!(e.to_string().contains("bytes"), "{e}");

@@ -7,14 +7,14 @@ use std::collections::HashMap;
 
 use rafter_hal::{Buffer, BufferRange, CommandBufferBuilder, MemoryKind};
 use rafter_ir::program::{Step, Storage};
-use rafter_ir::Symbol;
-use rafter_reference::Tensor;
+use rafter_ir::{Symbol, TensorType};
 
 use super::{DeviceUse, Home, Inner, Session};
-use crate::cpu::{byte_size, eval_dims, Operand, Params};
+use crate::backend::{CopyEnd, DispatchArgs, HostCopy, Operand};
 use crate::error::{hal, Result, RuntimeError};
 use crate::plan::{self, Access, Item, Region};
 use crate::recorded::{Chunk, InputDest, OutputSource, Recorded};
+use crate::Tensor;
 
 /// Where each buffer of one call lives: its home, dims, byte size, and (once allocated)
 /// its byte range and the allocation it is part of.
@@ -66,17 +66,46 @@ impl CallLayout {
         }
     }
 
-    /// How a CPU dispatch names buffer `b`, binding its range when it is memory.
-    fn cpu_operand(&self, inner: &Inner, b: usize, bindings: &mut Vec<BufferRange>) -> Operand {
+    /// Where a dispatch finds buffer `b`.
+    fn operand(&self, inner: &Inner, b: usize) -> Operand {
         match (&inner.program.buffers[b].storage, self.home[b]) {
             (_, Home::Slot) => Operand::Slot(b),
-            (Storage::Weight(w), _) => Operand::Weight(*w),
-            _ => {
-                bindings.push(self.ranges[b].clone().expect("allocated"));
-                Operand::Binding(bindings.len() - 1)
-            }
+            (Storage::Weight(w), _) => Operand::Weight {
+                index: *w,
+                buffer: self.range_of(inner, b),
+            },
+            _ => Operand::Memory(self.ranges[b].clone().expect("allocated")),
         }
     }
+
+    /// Where a host copy finds buffer `b`.
+    fn copy_end(&self, inner: &Inner, b: usize) -> CopyEnd {
+        match (&inner.program.buffers[b].storage, self.home[b]) {
+            (_, Home::Slot) => CopyEnd::Slot(b),
+            (Storage::Weight(w), _) => CopyEnd::Weight(*w),
+            _ => CopyEnd::Memory(self.ranges[b].clone().expect("allocated")),
+        }
+    }
+}
+
+/// The dims of `ty` under `map`, as sizes.
+fn eval_dims(ty: &TensorType, map: &HashMap<Symbol, i64>) -> Result<Vec<usize>, String> {
+    ty.dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match d.eval(map) {
+            Ok(v) if v >= 0 => usize::try_from(v).map_err(|e| format!("dim {i} `{d}`: {e}")),
+            Ok(v) => Err(format!("dim {i} `{d}` is {v}")),
+            Err(e) => Err(format!("dim {i} `{d}`: {e}")),
+        })
+        .collect()
+}
+
+/// Bytes of a tensor of `ty` with `dims`, checked for overflow.
+fn byte_size(ty: &TensorType, dims: &[usize]) -> Option<u64> {
+    dims.iter().try_fold(ty.dtype.size_of() as u64, |acc, &d| {
+        acc.checked_mul(d as u64)
+    })
 }
 
 /// What every step encoder needs besides the step.
@@ -358,7 +387,8 @@ impl Session {
                 // f32), letting independent dispatches overlap (a transpose beside the
                 // next projection) took 9.4 ms per call, a barrier between every pair
                 // 8.1 ms; ResNet-50 and MobileNetV2 are chains, barriered either way.
-                let serial = !use_.is_cpu && !segment.is_empty();
+                let serial =
+                    use_.kernels.as_ref().is_some_and(|k| k.serial()) && !segment.is_empty();
                 if serial || plan::any_conflict(&acc, &segment) {
                     builder.barrier();
                     segment.clear();
@@ -404,107 +434,37 @@ impl Session {
                 kernel,
                 args,
                 results,
-            } if !cx.use_.is_cpu => self.encode_gpu_dispatch(cx, builder, *kernel, args, results),
-            Step::Dispatch { args, results, .. } => {
-                let mut bound = Vec::new();
-                let mut operands: Vec<Operand> = args
+            } => {
+                let buffers: Vec<Option<usize>> = args
                     .iter()
-                    .map(|&b| cx.layout.cpu_operand(inner, b, &mut bound))
+                    .map(|&b| Some(b))
+                    .chain(results.iter().copied())
                     .collect();
-                operands.extend(results.iter().map(|r| match r {
-                    Some(b) => cx.layout.cpu_operand(inner, *b, &mut bound),
-                    None => Operand::Absent,
-                }));
-                let entry = inner.step_entry[cx.si];
-                self.encode_cpu_dispatch(cx, builder, entry, bound, operands, Vec::new())
+                let operands: Vec<Operand> = buffers
+                    .iter()
+                    .map(|b| match b {
+                        Some(b) => cx.layout.operand(inner, *b),
+                        None => Operand::Absent,
+                    })
+                    .collect();
+                let dims: Vec<&[usize]> = buffers
+                    .iter()
+                    .map(|b| b.and_then(|b| cx.layout.dims[b].as_deref()).unwrap_or(&[]))
+                    .collect();
+                cx.use_.kernels().record_dispatch(
+                    builder,
+                    &DispatchArgs {
+                        call: cx.call,
+                        step: cx.si,
+                        kernel: *kernel,
+                        symbol_values: cx.symbol_values,
+                        operands: &operands,
+                        dims: &dims,
+                    },
+                )
             }
             Step::Copy { src, dst } => self.encode_copy(cx, builder, foreign, *src, *dst),
         }
-    }
-
-    /// A CPU dispatch: the entry point of the device's executable, with the call's params.
-    fn encode_cpu_dispatch(
-        &self,
-        cx: &StepContext<'_>,
-        builder: &mut CommandBufferBuilder,
-        entry: usize,
-        bound: Vec<BufferRange>,
-        operands: Vec<Operand>,
-        extra: Vec<u64>,
-    ) -> Result<()> {
-        let params = Params {
-            call: cx.call,
-            symbols: cx.symbol_values.to_vec(),
-            operands,
-            extra,
-        };
-        builder
-            .dispatch(
-                cx.use_.executable.as_ref().expect("CPU device"),
-                entry,
-                &bound,
-                &params.encode(),
-                [1, 1, 1],
-            )
-            .map_err(hal(format!("call {}: step {}", cx.call, cx.si)))?;
-        Ok(())
-    }
-
-    /// A GPU dispatch: the kernel's module with its bindings, sized by `Launch::dispatch`
-    /// from the call's dims, its dim params pushed after the launch's params.
-    fn encode_gpu_dispatch(
-        &self,
-        cx: &StepContext<'_>,
-        builder: &mut CommandBufferBuilder,
-        kernel: usize,
-        args: &[usize],
-        results: &[Option<usize>],
-    ) -> Result<()> {
-        let inner = &*self.inner;
-        let (si, use_) = (cx.si, cx.use_);
-        let name = &inner.program.kernels[kernel].name;
-        let gpu = inner.gpu_kernels[kernel].as_ref().expect("loaded");
-        let mut bound: Vec<BufferRange> =
-            args.iter().map(|&b| cx.layout.range_of(inner, b)).collect();
-        for r in results {
-            let b = r.ok_or_else(|| {
-                self.unsupported(format!(
-                    "step {si}: kernel `{name}` on `{}` has an unbound result",
-                    use_.name
-                ))
-            })?;
-            bound.push(cx.layout.range_of(inner, b));
-        }
-        // The call's dims of every binding (args, then results): the launch sizes its
-        // dispatch from the inputs' and the first result's (`Launch::dispatch`), and the
-        // module's dim params, pushed after the launch's params, name axes of any binding.
-        let binding_dims: Vec<&[usize]> = args
-            .iter()
-            .map(|&b| Some(b))
-            .chain(results.iter().copied())
-            .map(|b| b.and_then(|b| cx.layout.dims[b].as_deref()).unwrap_or(&[]))
-            .collect();
-        let dim_bytes = rafter_artifact::dim_params(&gpu.dims, &binding_dims)
-            .map_err(|e| self.unsupported(format!("step {si}: kernel `{name}`: {e}")))?;
-        let (input_dims, result_dims) = binding_dims.split_at(args.len());
-        let first_output = result_dims.first().copied().unwrap_or(&[]);
-        let max = use_.device.info().limits.max_workgroup_count;
-        let launched = gpu
-            .launch
-            .dispatch(input_dims, first_output, gpu.workgroup_size, max)
-            .map_err(|e| {
-                self.unsupported(format!(
-                    "step {si}: kernel `{name}` on `{}`: {e}",
-                    use_.name
-                ))
-            })?;
-        if let Some((mut params, grid)) = launched {
-            params.extend_from_slice(&dim_bytes);
-            builder
-                .dispatch(&gpu.executable, gpu.entry, &bound, &params, grid)
-                .map_err(hal(format!("call {}: step {si}", cx.call)))?;
-        }
-        Ok(())
     }
 
     /// A copy: a device copy command between two memory ranges, or on a CPU the built-in
@@ -541,22 +501,26 @@ impl Session {
             }
             return Ok(());
         }
-        let mut bound = Vec::new();
-        let mut operand = |b: usize| {
+        let mut end = |b: usize| {
             if foreign_side == Some(b) {
                 foreign.push(layout.ranges[b].clone().expect("allocated"));
-                Operand::Foreign(foreign.len() - 1)
+                CopyEnd::Foreign(foreign.len() - 1)
             } else {
-                layout.cpu_operand(inner, b, &mut bound)
+                layout.copy_end(inner, b)
             }
         };
-        let operands = vec![operand(src), operand(dst)];
-        let mut extra = vec![src as u64];
-        if let Some(d) = &layout.dims[src] {
-            extra.extend(d.iter().map(|&x| x as u64));
-        }
-        let entry = cx.use_.copy_entry;
-        self.encode_cpu_dispatch(cx, builder, entry, bound, operands, extra)
+        let (src_end, dst_end) = (end(src), end(dst));
+        cx.use_.kernels().record_host_copy(
+            builder,
+            &HostCopy {
+                call: cx.call,
+                step: si,
+                src: src_end,
+                dst: dst_end,
+                buffer: src,
+                dims: layout.dims[src].as_deref(),
+            },
+        )
     }
 
     /// One timeline semaphore per chunk, made once: creating them per call cost 0.4 ms of

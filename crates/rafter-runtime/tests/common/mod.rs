@@ -202,8 +202,29 @@ pub fn lower_per_node(g: &Graph) -> Program {
     p
 }
 
-/// Max |a - b| over two f32 tensors of one shape.
-pub fn max_abs_diff(a: &rafter_reference::Tensor, b: &rafter_reference::Tensor) -> f64 {
+/// A `.npy` file as the runtime's tensor.
+#[allow(dead_code)]
+pub fn read_npy(path: &std::path::Path) -> rafter_runtime::Tensor {
+    let t = rafter_reference::npy::read_npy(path).unwrap_or_else(|e| panic!("{e}"));
+    rafter_runtime_cpu::from_reference(&t).unwrap()
+}
+
+/// The reference executor's outputs of `g` on `inputs`: the oracle, in the runtime's type.
+#[allow(dead_code)]
+pub fn reference_run(g: &Graph, inputs: &[rafter_runtime::Tensor]) -> Vec<rafter_runtime::Tensor> {
+    let inputs = inputs
+        .iter()
+        .map(|t| rafter_runtime_cpu::to_reference(t).unwrap())
+        .collect();
+    rafter_reference::run(g, inputs)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .iter()
+        .map(|t| rafter_runtime_cpu::from_reference(t).unwrap())
+        .collect()
+}
+
+/// Max |a - b| over two tensors of one shape.
+pub fn max_abs_diff(a: &rafter_runtime::Tensor, b: &rafter_runtime::Tensor) -> f64 {
     assert_eq!(a.shape(), b.shape());
     a.to_f64_vec()
         .iter()

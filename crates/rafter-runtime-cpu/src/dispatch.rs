@@ -1,4 +1,5 @@
-//! CPU executables for a program: one entry point per kernel, run by the reference executor.
+//! What one CPU dispatch does: its parameters' layout, and the kernel and copy entry points
+//! that read them.
 //!
 //! # Dispatch parameters
 //! Every CPU dispatch the runtime records carries its call's facts in the push constants, as
@@ -8,113 +9,55 @@
 //! call id | n_sym | n_sym symbol values (i64; i64::MIN = unbound) | n_ops | n_ops operands | n_extra | extra...
 //! ```
 //!
-//! Symbols are the program's input symbols ([`Session::symbols`](crate::Session::symbols)
+//! Symbols are the program's input symbols ([`Session::symbols`](rafter_runtime::Session::symbols)
 //! order). An operand word says where each body input (then each body output) lives: in the
 //! dispatch's binding `i`, in program weight `w` (read from the weight's `Bytes`, see
-//! [`crate::weights`]), in the call's host slot for buffer `b` (`Storage::Dynamic`), or
-//! absent (an unused optional result). The kernel evaluates its operands' dims from the
-//! symbol values, decodes them with [`Tensor::from_le_bytes`], runs its body with
-//! [`rafter_reference::run_with`] (which checks every result against the body's types and
-//! binds data-dependent symbols), and writes each result into its binding after checking
-//! that the sizes agree.
+//! [`rafter_runtime::BytesBuffer`]), in the call's host slot for buffer `b`
+//! (`Storage::Dynamic`), or absent (an unused optional result).
 //!
-//! Kernels with a native implementation (the `native` module) skip all of that: they read
-//! their operands as slices of the binding views and weight bytes and write results into the
-//! output views; shapes they do not cover come back here.
+//! # The paths of a kernel
+//! [`KernelShared::run_kernel`] tries, in order:
+//! 1. the **native** kernel chosen for the body when the session was built (`native`:
+//!    slices borrowed from the binding views and weight bytes, results written in place);
+//!    it declines shapes it does not cover;
+//! 2. the **tensor path** (`fallback`): operands decoded into owned reference tensors, the
+//!    body run by a host kernel (the caller's, or one of `fallback`'s accelerated ones) or
+//!    else by the reference executor ([`rafter_reference::run_with`]), which checks every
+//!    result against the body's types and binds data-dependent symbols; results encoded
+//!    back into their bindings after checking that the sizes agree.
 //!
 //! # Results in place of operands
 //! The memory planner may bind a result to the same arena bytes as an operand that the
 //! dispatch reads for the last time (an elementwise kernel writing over its input). That is
-//! safe here because of an invariant [`KernelShared::run_kernel`] keeps: it decodes every
-//! operand into an owned [`Tensor`], dropping each read view at once, before it runs the body
-//! (or the host kernel), and takes a write view of a result only after the body has
-//! returned. No two views of one dispatch are ever live together, and every operand byte is
-//! read before any result byte is written. A kernel that streams instead must read element
-//! `i` of an operand before writing element `i` of a result bound to it, and must take one
-//! writable view for the pair (see the HAL's aliasing rule).
+//! safe on the tensor path because of an invariant [`KernelShared::run_kernel`] keeps: it
+//! decodes every operand into an owned tensor, dropping each read view at once, before it
+//! runs the body, and takes a write view of a result only after the body has returned. No
+//! two views of one dispatch are ever live together, and every operand byte is read before
+//! any result byte is written. A kernel that streams instead must read element `i` of an
+//! operand before writing element `i` of a result bound to it, and must take one writable
+//! view for the pair (see the HAL's aliasing rule).
 //!
-//! # Host slots (`Storage::Dynamic`)
-//! A buffer whose size depends on tensor values cannot be allocated before the call runs.
-//! It lives in a per-call table of host tensors, `Arc<Mutex<Vec<Option<Tensor>>>>` indexed by
-//! buffer, that the kernel closures reach through the call id in their parameters
-//! ([`CallRegistry`]). Its producer stores the tensor it computed; consumers clone it. Such
-//! buffers are therefore CPU-only by construction: the session refuses a program whose
-//! non-CPU kernel touches one. The table is registered when the call is submitted and
-//! dropped from the registry when every submission of the call has completed or failed.
+//! # Host slots
+//! Buffers sized by values, and f32 inputs only CPU kernels read, live in the call's host
+//! slot table ([`rafter_runtime::host`]), which a kernel finds through the call id in its
+//! parameters.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rafter_hal::BufferRange;
 use rafter_hal_cpu::DispatchContext;
 use rafter_ir::program::Program;
-use rafter_ir::{Dim, Symbol, TensorType};
-use rafter_reference::{run_with, Bindings, Tensor};
+use rafter_ir::{Bindings, Dim, Symbol, TensorType};
+use rafter_reference::{run_with, Tensor};
+use rafter_runtime::backend::UNBOUND;
+use rafter_runtime::host::{lock, CallRegistry, Slots};
 
+use crate::convert::{from_reference, to_reference};
+use crate::fallback::TensorKernel;
 use crate::native::{self, NativeKernel};
-
-/// Marks a symbol the inputs did not bind.
-pub(crate) const UNBOUND: i64 = i64::MIN;
 
 /// The name of the built-in entry point that copies between buffers and host slots.
 pub(crate) const COPY_ENTRY: &str = "rafter.copy";
-
-/// A host implementation of one kernel, replacing the reference executor for it: takes the
-/// kernel's operands (body inputs, in order) and returns its results (body outputs, in
-/// order). The results are checked against the body's types like the reference's are.
-/// Registered with [`SessionOptions::host_kernel`](crate::SessionOptions::host_kernel).
-pub type HostKernel = Arc<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>, String> + Send + Sync>;
-
-/// The per-call host slot table.
-pub(crate) type Slots = Arc<Mutex<Vec<Option<Tensor>>>>;
-
-/// One call's host slots and foreign ranges.
-type CallState = (Slots, Arc<[BufferRange]>);
-
-/// Live calls' host slot tables and foreign ranges, by call id.
-#[derive(Default)]
-pub(crate) struct CallRegistry {
-    calls: Mutex<HashMap<u64, CallState>>,
-}
-
-impl CallRegistry {
-    /// Registers a call: its host slots, and the other devices' buffer ranges that its
-    /// cross-device copies map ([`Operand::Foreign`]).
-    pub(crate) fn insert(&self, call: u64, slots: Slots, foreign: Vec<BufferRange>) {
-        lock(&self.calls).insert(call, (slots, foreign.into()));
-    }
-
-    pub(crate) fn remove(&self, call: u64) {
-        lock(&self.calls).remove(&call);
-    }
-
-    pub(crate) fn get(&self, call: u64) -> Result<Slots, String> {
-        lock(&self.calls)
-            .get(&call)
-            .map(|(slots, _)| slots.clone())
-            .ok_or_else(|| {
-                format!("call {call} has no host slot table (its session state is gone)")
-            })
-    }
-
-    fn foreign(&self, call: u64, i: usize) -> Result<BufferRange, String> {
-        lock(&self.calls)
-            .get(&call)
-            .ok_or_else(|| format!("call {call} is not registered (its session state is gone)"))?
-            .1
-            .get(i)
-            .cloned()
-            .ok_or_else(|| format!("call {call} has no foreign range {i}"))
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        lock(&self.calls).len()
-    }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Where one kernel operand lives, as encoded in a dispatch's parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,13 +170,6 @@ pub(crate) fn eval_dims(ty: &TensorType, map: &HashMap<Symbol, i64>) -> Result<V
         .collect()
 }
 
-/// Bytes of a tensor of `ty` with `dims`, checked for overflow.
-pub(crate) fn byte_size(ty: &TensorType, dims: &[usize]) -> Option<u64> {
-    dims.iter().try_fold(ty.dtype.size_of() as u64, |acc, &d| {
-        acc.checked_mul(d as u64)
-    })
-}
-
 /// A kernel's operand dims under one set of symbol values: what the native path needs of
 /// the symbols. Evaluating them took ~1.3 µs of the ~2.3 µs a MiniLM dispatch spent before
 /// its kernel ran (hashing each symbol's name, per dim, per operand), so each kernel keeps
@@ -251,8 +187,9 @@ pub(crate) struct KernelDims {
 pub(crate) struct KernelShared {
     pub(crate) program: Arc<Program>,
     pub(crate) symbols: Vec<Symbol>,
-    /// Per kernel: the host implementation replacing the reference executor, if any.
-    pub(crate) host_kernels: Vec<Option<HostKernel>>,
+    /// Per kernel: the tensor-path kernel replacing the reference executor, if any (the
+    /// caller's host kernel, or an accelerated one from `fallback`).
+    pub(crate) tensor_kernels: Vec<Option<TensorKernel>>,
     /// Per kernel: the native kernel that computes it on borrowed bytes, if any (see the
     /// `native` module); shapes it does not cover fall through to the path below.
     pub(crate) native: Vec<Option<Arc<dyn NativeKernel>>>,
@@ -351,7 +288,7 @@ impl KernelShared {
         let mut slots: Option<Slots> = None;
         let mut slots = |call: u64| -> Result<Slots, String> {
             if slots.is_none() {
-                slots = Some(self.registry.get(call)?);
+                slots = Some(self.registry.slots(call)?);
             }
             Ok(slots.clone().expect("just set"))
         };
@@ -369,16 +306,17 @@ impl KernelShared {
                 Operand::Weight(w) => self.weight(w).map_err(what)?,
                 Operand::Slot(b) => lock(&*slots(params.call)?)
                     .get(b)
-                    .cloned()
-                    .flatten()
-                    .ok_or_else(|| what(format!("host slot {b} has not been written")))?,
+                    .and_then(Option::as_ref)
+                    .map(to_reference)
+                    .ok_or_else(|| what(format!("host slot {b} has not been written")))?
+                    .map_err(what)?,
                 Operand::Absent | Operand::Foreign(_) => {
                     return Err(what("no CPU buffer is bound".into()))
                 }
             };
             inputs.push(t);
         }
-        let outputs = match &self.host_kernels[k] {
+        let outputs = match &self.tensor_kernels[k] {
             Some(f) => {
                 let outputs = f(&inputs)?;
                 if outputs.len() != n_out {
@@ -443,11 +381,11 @@ impl KernelShared {
                 Tensor::from_le_bytes(decl.ty.dtype, &dims, &view).map_err(|e| e.to_string())?
             }
             Operand::Weight(w) => self.weight(w)?,
-            Operand::Slot(b) => lock(&*self.registry.get(params.call)?)
+            Operand::Slot(b) => lock(&*self.registry.slots(params.call)?)
                 .get(b)
-                .cloned()
-                .flatten()
-                .ok_or_else(|| format!("host slot {b} has not been written"))?,
+                .and_then(Option::as_ref)
+                .map(to_reference)
+                .ok_or_else(|| format!("host slot {b} has not been written"))??,
             Operand::Foreign(i) => {
                 let range = self.registry.foreign(params.call, i)?;
                 range
@@ -462,7 +400,7 @@ impl KernelShared {
         };
         match dst {
             Operand::Binding(b) => write_binding(ctx, b, &tensor, &decl.name),
-            Operand::Slot(b) => store_slot(&self.registry.get(params.call)?, b, tensor),
+            Operand::Slot(b) => store_slot(&self.registry.slots(params.call)?, b, tensor),
             Operand::Foreign(i) => {
                 let range = self.registry.foreign(params.call, i)?;
                 let bytes = tensor.le_bytes();
@@ -507,6 +445,7 @@ fn write_binding(
 }
 
 fn store_slot(slots: &Slots, b: usize, t: Tensor) -> Result<(), String> {
+    let t = from_reference(&t)?;
     let mut slots = lock(slots);
     let slot = slots
         .get_mut(b)

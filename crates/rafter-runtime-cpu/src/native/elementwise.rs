@@ -23,7 +23,7 @@ struct ElementwiseKernel {
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     Some(Arc::new(ElementwiseKernel {
-        prog: crate::tile::tile_program(body)?,
+        prog: crate::elementwise_tile::tile_program(body)?,
         par: par.clone(),
     }))
 }

@@ -1,8 +1,8 @@
-//! Fast CPU kernels for kernel bodies that start with a matrix product.
+//! The tensor path's kernel for bodies that start with a matrix product.
 //!
-//! Until the compiler emits micro-kernel executables (issue 5), the CPU device interprets
-//! each kernel body with the reference executor. Contractions are where nearly all the
-//! time goes, so a body whose first node is an f32 `matmul` of two body inputs gets a host
+//! When no native kernel covers a body (or a native kernel declines a call's shapes), the
+//! CPU runs the body on owned tensors. Contractions are where nearly all the time goes,
+//! so a body whose first node is an f32 `matmul` of two body inputs gets a tensor
 //! kernel that computes the product with `rafter-kernels-cpu`'s packed GEMM and runs the
 //! rest of the body (the fused bias, activation or residual epilogue) with the reference
 //! executor, on the product as an extra input. Shapes are checked per call: anything the
@@ -12,15 +12,16 @@
 
 use std::sync::Arc;
 
-use rafter_ir::{DType, Graph, NodeId, Op, ValueDef, ValueId};
-use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef, ScopedThreads};
-use rafter_reference::{run_with, Bindings, Tensor};
+use rafter_ir::{Bindings, DType, Graph, NodeId, Op, ValueDef, ValueId};
+use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef, Parallel};
+use rafter_reference::{run_with, Tensor};
 
-use crate::cpu::HostKernel;
+use super::TensorKernel;
+use crate::native::Par;
 
-/// A host kernel for `body` when it starts with an f32 matmul of two body inputs, running
-/// GEMMs on up to `threads` threads; `None` for any other body.
-pub(crate) fn matmul_kernel(body: &Graph, threads: usize) -> Option<HostKernel> {
+/// A tensor kernel for `body` when it starts with an f32 matmul of two body inputs, running
+/// its GEMMs on `par`; `None` for any other body.
+pub(crate) fn matmul_kernel(body: &Graph, par: &Par) -> Option<TensorKernel> {
     let first = body.nodes.first()?;
     if first.op != Op::MatMul || first.inputs.len() != 2 || first.outputs.len() != 1 {
         return None;
@@ -36,9 +37,9 @@ pub(crate) fn matmul_kernel(body: &Graph, threads: usize) -> Option<HostKernel> 
     let product = first.outputs[0]?;
     let rest = Arc::new(rest_of(body, product)?);
     let full = Arc::new(body.clone());
-    let par = ScopedThreads::new(threads);
+    let par = par.clone();
     Some(Arc::new(move |inputs: &[Tensor]| {
-        let Some(c) = matmul(&inputs[a], &inputs[b], &par)? else {
+        let Some(c) = matmul(&inputs[a], &inputs[b], &*par)? else {
             let mut bindings = Bindings::default();
             return run_with(&full, inputs.to_vec(), &mut bindings).map_err(|e| e.to_string());
         };
@@ -73,7 +74,7 @@ fn rest_of(body: &Graph, product: ValueId) -> Option<Graph> {
 /// ONNX MatMul of f32 `a` [..., M, K] and `b` [..., K, N] by GEMM, when the batch dims allow
 /// it without broadcasting copies: `b` 2-D (the batch folds into M), or both with the same
 /// batch dims. `Ok(None)` when the shapes need the general path.
-fn matmul(a: &Tensor, b: &Tensor, par: &ScopedThreads) -> Result<Option<Tensor>, String> {
+fn matmul(a: &Tensor, b: &Tensor, par: &dyn Parallel) -> Result<Option<Tensor>, String> {
     let (Tensor::F32(a), Tensor::F32(b)) = (a, b) else {
         return Ok(None);
     };
@@ -119,6 +120,7 @@ fn matmul(a: &Tensor, b: &Tensor, par: &ScopedThreads) -> Result<Option<Tensor>,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rafter_kernels_cpu::ScopedThreads;
 
     fn seq(shape: &[usize], scale: f32) -> Tensor {
         let n: usize = shape.iter().product();
@@ -217,7 +219,7 @@ mod model_tests {
                 .map(|v| k.body.value(v.unwrap()).def)
                 .collect();
             assert!(
-                matmul_kernel(&k.body, 1).is_some(),
+                matmul_kernel(&k.body, &crate::native::pool(1)).is_some(),
                 "{}: {} nodes, operand defs {defs:?}, rest builds: {}",
                 k.name,
                 k.body.nodes.len(),

@@ -1,6 +1,6 @@
 //! Layer normalisation of f32 rows on borrowed operands, by `rafter-kernels-cpu`'s
 //! vectorised layer norm (within a few ulp of the reference, which computes in f64; the
-//! reference path's `fast_ops` loop is bitwise but about 10x slower).
+//! tensor path's `fallback::single_op` loop is bitwise but about 10x slower).
 //!
 //! f16 rows go through the same kernel: widened to f32, the prologue's sums rounded to f16
 //! after each add as the reference rounds each op's result, normalised in f32, and rounded

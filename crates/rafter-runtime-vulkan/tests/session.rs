@@ -5,12 +5,10 @@
 //! Without a Vulkan device each test prints why and passes, unless `RAFTER_REQUIRE_VULKAN`
 //! is set (CI installs lavapipe and sets it).
 
-mod common;
-
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::max_abs_diff;
 use rafter_artifact::{Artifact, ArtifactWriter};
 use rafter_hal::{Device, Semaphore};
 use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
@@ -18,20 +16,49 @@ use rafter_ir::program::{Program, Step};
 use rafter_ir::text::parse_graph;
 use rafter_ir::Graph;
 use rafter_opt::{CompileOptions, Target};
-use rafter_reference::Tensor;
-use rafter_runtime::{DeviceSet, RuntimeError, Session, SessionOptions};
+use rafter_runtime::{DeviceSet, RuntimeError, Session, SessionOptions, Tensor};
+use rafter_runtime_cpu::{from_reference, to_reference};
 
 const WAIT: Duration = Duration::from_secs(120);
+
+/// Max |a - b| over two tensors of one shape.
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.shape(), b.shape());
+    a.to_f64_vec()
+        .iter()
+        .zip(b.to_f64_vec())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// The reference executor's outputs of `g` on `inputs` (the oracle).
+fn reference_run(g: &Graph, inputs: &[Tensor]) -> Vec<Tensor> {
+    let inputs = inputs.iter().map(|t| to_reference(t).unwrap()).collect();
+    rafter_reference::run(g, inputs)
+        .unwrap()
+        .iter()
+        .map(|t| from_reference(t).unwrap())
+        .collect()
+}
+
+fn read_npy(path: &Path) -> Tensor {
+    from_reference(&rafter_reference::npy::read_npy(path).unwrap()).unwrap()
+}
+
+/// The CPU device with its loader, and `vulkan` with the SPIR-V loader.
+fn with_vulkan(device: Arc<VulkanDevice>) -> DeviceSet {
+    rafter_runtime_cpu::devices()
+        .unwrap()
+        .with("vulkan", device as Arc<dyn Device>)
+        .with_loader(rafter_runtime_vulkan::loader())
+}
 
 /// `cpu` and `vulkan`, or `None` after printing why the test is skipped.
 fn devices_or_skip(test: &str) -> Option<(DeviceSet, Arc<VulkanDevice>)> {
     match VulkanDevice::new(VulkanDeviceOptions::default()) {
         Ok(device) => {
             let device = Arc::new(device);
-            let set = DeviceSet::cpu()
-                .unwrap()
-                .with("vulkan", device.clone() as Arc<dyn Device>);
-            Some((set, device))
+            Some((with_vulkan(device.clone()), device))
         }
         Err(error @ VulkanError::NoDevice { .. }) => {
             let required =
@@ -110,7 +137,7 @@ fn a_mixed_gpu_cpu_program_matches_the_reference() {
     // submitted again, its buffers rewritten): the results must follow the new inputs.
     for seed in [1, 2, 3] {
         let x = rand(&[4, 8], seed);
-        let want = rafter_reference::run(&g, vec![x.clone()]).unwrap();
+        let want = reference_run(&g, std::slice::from_ref(&x));
         let got = session.run(vec![x], WAIT).unwrap();
         assert_eq!(got.len(), 3);
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -140,7 +167,7 @@ fn a_program_without_its_vulkan_section_is_a_clear_error() {
     assert!(err.to_string().contains("--target vulkan"), "{err}");
     // And a program needing `vulkan` on a set without it names the device.
     let program = compile(&mixed_graph()).into_program();
-    let err = Session::new(program, &DeviceSet::cpu().unwrap()).unwrap_err();
+    let err = Session::new(program, &rafter_runtime_cpu::devices().unwrap()).unwrap_err();
     assert!(err.to_string().contains("vulkan"), "{err}");
 }
 
@@ -189,7 +216,7 @@ fn submit_returns_before_the_gpu_work_runs() {
         assert!(s.value() >= *v);
     }
     let got = handle.wait(WAIT).unwrap();
-    let want = rafter_reference::run(&g, vec![x, z]).unwrap();
+    let want = reference_run(&g, &[x, z]);
     let d = max_abs_diff(&got[0], &want[0]);
     assert!(d <= 1e-6, "max abs diff {d}");
 }
@@ -254,8 +281,7 @@ fn bert_tiny_on_vulkan_matches_onnx_runtime() {
     let calls: Vec<_> = ["seq7", "seq13"]
         .iter()
         .map(|case| {
-            let read =
-                |name: &str| rafter_reference::npy::read_npy(&dir.join(case).join(name)).unwrap();
+            let read = |name: &str| read_npy(&dir.join(case).join(name));
             let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
             (
                 case,
@@ -282,12 +308,14 @@ fn a_program_wholly_on_the_gpu_runs_without_a_cpu_device() {
         "graph @gelu(%x: f32[300]) -> (%y) {\n  %y: f32[300] = gelu{approximate = none}(%x)\n}",
     )
     .unwrap();
-    let only_gpu = DeviceSet::new().with("vulkan", vk as Arc<dyn Device>);
+    let only_gpu = DeviceSet::new()
+        .with("vulkan", vk as Arc<dyn Device>)
+        .with_loader(rafter_runtime_vulkan::loader());
     let session = Session::from_artifact(compile(&g), &only_gpu, SessionOptions::new()).unwrap();
     assert_eq!(session.device_names(), ["vulkan"]);
     let x = rand(&[300], 9);
     let got = session.run(vec![x.clone()], WAIT).unwrap();
-    let want = rafter_reference::run(&g, vec![x]).unwrap();
+    let want = reference_run(&g, &[x]);
     let d = max_abs_diff(&got[0], &want[0]);
     assert!(d <= 1e-6, "max abs diff {d}");
 }
@@ -352,7 +380,7 @@ fn f16_model_matches_the_reference(g: &Graph, x_dims: &[usize], ops: &[&str]) {
     let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
     for seed in [3, 4] {
         let x = to_f16(&rand(x_dims, seed));
-        let want = rafter_reference::run(g, vec![x.clone()]).unwrap();
+        let want = reference_run(g, std::slice::from_ref(&x));
         let got = session.run(vec![x], WAIT).unwrap();
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert_eq!(a.dtype(), b.dtype(), "output {i}");
@@ -519,11 +547,10 @@ fn bert_tiny_in_f16_on_vulkan_matches_the_reference() {
     assert_eq!(on_gpu, f32_gpu, "f16 leaves more on the CPU: {on_cpu:?}");
     let session = Session::from_artifact(artifact, &devices, SessionOptions::new()).unwrap();
     for case in ["seq7", "seq13"] {
-        let read =
-            |name: &str| rafter_reference::npy::read_npy(&dir.join(case).join(name)).unwrap();
+        let read = |name: &str| read_npy(&dir.join(case).join(name));
         let inputs = vec![read("input_ids.npy"), read("attention_mask.npy")];
         let got = session.run(inputs.clone(), WAIT).unwrap().remove(0);
-        let want = rafter_reference::run(&g, inputs).unwrap().remove(0);
+        let want = reference_run(&g, &inputs).remove(0);
         let ort = read("last_hidden_state.npy");
         // Four f16 ulps at the output's largest magnitude (layer-normed, a few units): the
         // kernels' softmaxes differ from the reference's by up to 4 ulps (it rounds each
@@ -553,9 +580,7 @@ fn f16_kernels_on_a_device_without_16_bit_storage_are_refused_by_name() {
     };
     let device = Arc::new(VulkanDevice::new(options).unwrap());
     assert!(!device.capabilities().storage_buffer_16bit);
-    let devices = DeviceSet::cpu()
-        .unwrap()
-        .with("vulkan", device as Arc<dyn Device>);
+    let devices = with_vulkan(device);
     let g = parse_graph("graph @h(%x: f16[64]) -> (%y) {\n  %y: f16[64] = unary{op = relu}(%x)\n}")
         .unwrap();
     let artifact = compile(&g);
@@ -572,5 +597,5 @@ fn f16_kernels_on_a_device_without_16_bit_storage_are_refused_by_name() {
     let session = Session::from_artifact(compile(&g), &devices, SessionOptions::new()).unwrap();
     let x = rand(&[64], 5);
     let got = session.run(vec![x.clone()], WAIT).unwrap();
-    assert_eq!(got, rafter_reference::run(&g, vec![x]).unwrap());
+    assert_eq!(got, reference_run(&g, &[x]));
 }

@@ -1,4 +1,7 @@
-//! The worker pool: N threads taking jobs from one FIFO.
+//! The command workers: N threads taking jobs (barrier segments of command buffers) from
+//! one FIFO. Not to be confused with the kernels' own threads (`rafter_kernels_cpu::WorkerPool`,
+//! one per session in `rafter-runtime-cpu`), across which one kernel splits its work.
+//!
 //!
 //! A job pushed by a worker of the same pool (the worker that finished a barrier
 //! segment's last job pushing the next segment) is not queued: the worker keeps one of the

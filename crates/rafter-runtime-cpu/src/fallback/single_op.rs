@@ -1,5 +1,5 @@
-//! Fast CPU kernels for single-op bodies the reference executor runs slowly: transposes and
-//! layer normalisation of f32 tensors (together ~30% of BERT-base's time on the reference
+//! The tensor path's kernels for single-op bodies the reference executor runs slowly:
+//! transposes and layer normalisation of f32 tensors (together ~30% of BERT-base's time on the reference
 //! executor, whose general n-d iteration steps one index at a time).
 //!
 //! Each kernel computes exactly what the reference does — layer norm in f64 with the same
@@ -13,10 +13,10 @@ use std::sync::Arc;
 use rafter_ir::{DType, Graph, Op, ValueDef, ValueId};
 use rafter_reference::Tensor;
 
-use crate::cpu::HostKernel;
+use super::TensorKernel;
 
-/// A host kernel for a body of one f32 transpose or layer norm of body inputs.
-pub(crate) fn single_op_kernel(body: &Graph) -> Option<HostKernel> {
+/// A tensor kernel for a body of one f32 transpose or layer norm of body inputs.
+pub(crate) fn single_op_kernel(body: &Graph) -> Option<TensorKernel> {
     let [node] = body.nodes.as_slice() else {
         return None;
     };

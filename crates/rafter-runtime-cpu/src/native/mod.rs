@@ -1,6 +1,6 @@
 //! Native CPU kernels on borrowed bytes.
 //!
-//! The reference path ([`crate::cpu`]) decodes every operand of a dispatch into an owned
+//! The tensor path ([`crate::dispatch`]) decodes every operand of a dispatch into an owned
 //! `Tensor` (weights included), runs the body on the reference executor and encodes the
 //! results back. A native kernel instead reads its operands as slices borrowed straight from
 //! the dispatch's binding views and the weights' `Bytes` (the artifact's map), and writes its
@@ -49,7 +49,10 @@ use rafter_ir::{DType, Graph, ValueDef, ValueId};
 
 pub(crate) use operands::{In, Out};
 
-use crate::cpu::{KernelDims, Operand, Params};
+use rafter_runtime::host::{lock, CallRegistry};
+use rafter_runtime::{NativeStats, Tensor};
+
+use crate::dispatch::{KernelDims, Operand, Params};
 
 /// A kernel body computed natively on borrowed operands.
 pub(crate) trait NativeKernel: Send + Sync {
@@ -85,20 +88,6 @@ pub(crate) struct Stats {
     pub(crate) native: AtomicU64,
     pub(crate) fallback: AtomicU64,
     pub(crate) misaligned_copies: AtomicU64,
-}
-
-/// A snapshot of a session's native-kernel counters ([`crate::Session::native_stats`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NativeStats {
-    /// Kernels (by body) that have a native implementation.
-    pub kernels: usize,
-    /// Dispatches computed natively.
-    pub dispatches: u64,
-    /// Dispatches of native kernels that fell back to the reference path (shapes not
-    /// covered, an operand in a host slot, a refused view).
-    pub fallbacks: u64,
-    /// Operands copied because their bytes were not aligned for their element type.
-    pub misaligned_copies: u64,
 }
 
 impl Stats {
@@ -245,7 +234,7 @@ pub(crate) fn run(
     dims: &KernelDims,
     ctx: &DispatchContext<'_>,
     stats: &Stats,
-    registry: &crate::cpu::CallRegistry,
+    registry: &CallRegistry,
 ) -> Result<bool, String> {
     let n_in = body.inputs.len();
     let fallback = || {
@@ -257,11 +246,11 @@ pub(crate) fn run(
         .iter()
         .any(|o| matches!(o, Operand::Slot(_)))
     {
-        Some(registry.get(params.call)?)
+        Some(registry.slots(params.call)?)
     } else {
         None
     };
-    let mut guard = slots.as_ref().map(|s| crate::cpu::lock(s));
+    let mut guard = slots.as_ref().map(|s| lock(s));
     let table = guard.as_deref();
     // Binding operands a kernel takes as copies (see `copies_operands`): read into owned
     // f32 buffers, each view dropped before any result view is taken.
@@ -311,18 +300,6 @@ pub(crate) fn run(
             Operand::Absent | Operand::Foreign(_) => return fallback(),
         }
     }
-    // Slot tensors that are not contiguous row-major (a reference op's strided result):
-    // copied once into row-major order.
-    let mut owned: Vec<Option<Vec<f32>>> = vec![None; n_in];
-    for (i, &operand) in params.operands[..n_in].iter().enumerate() {
-        if let Operand::Slot(b) = operand {
-            if let Some(Some(rafter_reference::Tensor::F32(a))) = table.and_then(|t| t.get(b)) {
-                if a.as_slice().is_none() {
-                    owned[i] = Some(a.iter().copied().collect());
-                }
-            }
-        }
-    }
     let mut ins = Vec::with_capacity(n_in);
     for (i, (&operand, view)) in params.operands[..n_in].iter().zip(&read_views).enumerate() {
         let v = body.value(body.inputs[i]);
@@ -333,13 +310,10 @@ pub(crate) fn run(
                     .and_then(|t| t.get(b))
                     .and_then(Option::as_ref)
                     .ok_or_else(|| what(format!("host slot {b} has not been written")))?;
-                let (rafter_reference::Tensor::F32(a), DType::F32) = (t, v.ty.dtype) else {
+                let (Ok(data), DType::F32) = (t.as_slice::<f32>(), v.ty.dtype) else {
                     return fallback();
                 };
-                let Some(data) = a.as_slice().or(owned[i].as_deref()) else {
-                    return fallback();
-                };
-                In::from_f32s(a.shape().to_vec(), data)
+                In::from_f32s(t.shape().to_vec(), data)
             }
             (Operand::Binding(_), None) => {
                 let Some(dims) = dims.ins[i].clone() else {
@@ -387,7 +361,7 @@ pub(crate) fn run(
     // Results: dims from the symbols, else from the kernel; bindings get write views, host
     // slots a fresh vector.
     let mut write_views = Vec::with_capacity(body.outputs.len());
-    let mut slot_outs: Vec<(usize, Vec<f32>)> = Vec::new();
+    let mut slot_outs: Vec<(usize, Tensor)> = Vec::new();
     let mut out_dims = Vec::with_capacity(body.outputs.len());
     for (j, &operand) in params.operands[n_in..].iter().enumerate() {
         let v = body.value(body.outputs[j]);
@@ -416,7 +390,9 @@ pub(crate) fn run(
                 }
             }
             Operand::Slot(b) if v.ty.dtype == DType::F32 => {
-                slot_outs.push((b, vec![0.0; dims.iter().product()]));
+                let t = Tensor::zeros(DType::F32, &dims)
+                    .map_err(|e| format!("result `{}`: {e}", v.name))?;
+                slot_outs.push((b, t));
             }
             _ => return fallback(),
         }
@@ -435,7 +411,11 @@ pub(crate) fn run(
                 ),
                 _ => Some(Out::from_f32s(
                     dims.clone(),
-                    &mut vecs.next().expect("one per slot").1,
+                    vecs.next()
+                        .expect("one per slot")
+                        .1
+                        .as_mut_slice::<f32>()
+                        .expect("made f32 above"),
                 )),
             };
             match out {
@@ -450,19 +430,11 @@ pub(crate) fn run(
     drop((outs, ins));
     stats.native.fetch_add(1, Ordering::Relaxed);
     if let Some(table) = guard.as_deref_mut() {
-        let mut dims = out_dims.into_iter().zip(&params.operands[n_in..]);
-        for (b, data) in slot_outs {
-            let d = loop {
-                match dims.next() {
-                    Some((d, &Operand::Slot(s))) if s == b => break d,
-                    Some(_) => continue,
-                    None => unreachable!("every slot result has dims"),
-                }
-            };
+        for (b, t) in slot_outs {
             let slot = table
                 .get_mut(b)
                 .ok_or_else(|| format!("host slot {b} does not exist"))?;
-            *slot = Some(rafter_reference::Tensor::f32s(&d, data));
+            *slot = Some(t);
         }
     }
     Ok(true)

@@ -13,7 +13,8 @@ use rafter_reference::Tensor;
 
 use super::operands::testing::{input, le};
 use super::{select, Stats};
-use crate::{DeviceSet, NativeStats, Session, SessionOptions};
+use crate::{devices, from_reference, to_reference};
+use rafter_runtime::{NativeStats, RuntimeError, Session, SessionOptions};
 
 struct Rng(u64);
 
@@ -116,15 +117,22 @@ impl Case {
     }
 }
 
+/// One call of `session` on the reference executor's tensors (the tests' oracle's type).
+fn call(session: &Session, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, RuntimeError> {
+    let inputs = inputs.iter().map(|t| from_reference(t).unwrap()).collect();
+    let outputs = session.run(inputs, Duration::from_secs(60))?;
+    Ok(outputs.iter().map(|t| to_reference(t).unwrap()).collect())
+}
+
 fn run_and_compare(
     program: rafter_ir::program::Program,
     inputs: Vec<Tensor>,
     want: &[Tensor],
 ) -> NativeStats {
-    let devices = DeviceSet::cpu().unwrap();
+    let devices = devices().unwrap();
     let session =
         Session::with_options(program, &devices, SessionOptions::new().kernel_threads(2)).unwrap();
-    let got = session.run(inputs, Duration::from_secs(60)).unwrap();
+    let got = call(&session, inputs).unwrap();
     for (g, w) in got.iter().zip(want) {
         assert_eq!(g.shape(), w.shape());
         for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
@@ -905,14 +913,11 @@ fn gather_rows_of_a_weight() {
     let program = rafter_opt::compile(&c.g, &rafter_opt::CompileOptions::default()).unwrap();
     let session = Session::with_options(
         program,
-        &DeviceSet::cpu().unwrap(),
+        &devices().unwrap(),
         SessionOptions::new().kernel_threads(1),
     )
     .unwrap();
-    let e = session
-        .run(c.inputs, Duration::from_secs(60))
-        .unwrap_err()
-        .to_string();
+    let e = call(&session, c.inputs).unwrap_err().to_string();
     assert!(
         e.contains("index 9 is out of range for a dim of size 6"),
         "{e}"
@@ -1025,11 +1030,11 @@ fn f16_sums_then_layer_norm_match_the_reference() {
     let program = rafter_opt::compile(&g, &rafter_opt::CompileOptions::default()).unwrap();
     let session = Session::with_options(
         program,
-        &DeviceSet::cpu().unwrap(),
+        &devices().unwrap(),
         SessionOptions::new().kernel_threads(2),
     )
     .unwrap();
-    let got = session.run(inputs, Duration::from_secs(60)).unwrap();
+    let got = call(&session, inputs).unwrap();
     assert_eq!(got[0].dtype(), DType::F16);
     for (i, (a, b)) in got[0]
         .to_f64_vec()
@@ -1085,16 +1090,14 @@ fn sixteen_bit_weights_run_natively_as_the_program_means() {
             .filter(|w| matches!(w.dtype, DType::F16 | DType::BF16))
             .count();
         assert_eq!(halves, 3, "{format:?}");
-        let devices = DeviceSet::cpu().unwrap();
+        let devices = devices().unwrap();
         let reference = Session::with_options(
             program.clone(),
             &devices,
             SessionOptions::new().reference_kernels(),
         )
         .unwrap();
-        let want = reference
-            .run(c.inputs.clone(), Duration::from_secs(60))
-            .unwrap();
+        let want = call(&reference, c.inputs.clone()).unwrap();
         let stats = run_and_compare(program, c.inputs, &want);
         assert_eq!(stats.fallbacks, 0, "{format:?}: {stats:?}");
         assert!(stats.dispatches >= 3, "{format:?}: {stats:?}");

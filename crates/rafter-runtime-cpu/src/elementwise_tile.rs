@@ -19,9 +19,8 @@
 //!   `rafter_kernels_cpu::tile`.
 //!
 //! Where it runs: the CPU device's native elementwise kernel (`native::elementwise`) runs
-//! [`tile_program`]s on borrowed operands; [`tile_kernel`] is the host kernel (on tensors,
-//! `fast::matmul_kernel`'s convention) that the session uses when a native kernel declines
-//! a call. Softmax and layer norm bodies have native kernels of their own
+//! [`tile_program`]s on borrowed operands; [`tile_kernel`] is the tensor-path kernel (on
+//! owned tensors, see `fallback`) used when a native kernel declines a call. Softmax and layer norm bodies have native kernels of their own
 //! (`native::softmax`, `native::norm`).
 
 use std::collections::HashMap;
@@ -29,36 +28,19 @@ use std::sync::Arc;
 
 use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rafter_kernels_cpu::tile::{TileBinary, TileBuilder, TileProgram, TileUnary, TileVal};
-use rafter_kernels_cpu::{Parallel, ScopedThreads};
+use rafter_kernels_cpu::Parallel;
 use rafter_reference::Tensor;
 
-use crate::cpu::HostKernel;
+use crate::fallback::TensorKernel;
+use crate::native::Par;
 
-/// A host kernel running `body` as a tile program on up to `threads` threads.
-pub(crate) fn tile_kernel(body: &Graph, threads: usize) -> Option<HostKernel> {
+/// A tensor-path kernel running `body` as a tile program on the session's kernel threads.
+pub(crate) fn tile_kernel(body: &Graph, par: &Par) -> Option<TensorKernel> {
     let prog = tile_program(body)?;
-    let par = ScopedThreads::new(threads);
+    let par = par.clone();
     Some(Arc::new(move |ins: &[Tensor]| {
-        let n = ins.iter().map(Tensor::len).max().unwrap_or(0);
-        Ok(vec![run_tile(&prog, ins, pool(&par, n))?])
+        Ok(vec![run_tile(&prog, ins, &*par)?])
     }))
-}
-
-/// Elements below which these kernels run on the calling thread alone: `ScopedThreads`
-/// spawns its threads per call (20-40 us here), and every BERT-base shape of these kernels
-/// (98k-393k elements, 26-330 us on one thread) measured slower on 2 spawned threads than
-/// on one (`bench_vs_reference`, shared 2-core machine). On `rafter_kernels_cpu::WorkerPool`
-/// (persistent workers) two threads never lost to one and GELU gained 1.7x, so wiring
-/// these kernels to the device's pool should drop this threshold.
-const SPAWN_MIN_ELEMS: usize = 1 << 20;
-
-/// `par`, or the calling thread alone for work of fewer than [`SPAWN_MIN_ELEMS`] elements.
-fn pool(par: &ScopedThreads, elems: usize) -> &dyn Parallel {
-    if elems < SPAWN_MIN_ELEMS {
-        &rafter_kernels_cpu::Sequential
-    } else {
-        par
-    }
 }
 
 /// The tile program computing `body`, or `None` when some node is not an f32 elementwise
@@ -407,7 +389,7 @@ mod tests {
     }
 
     /// Runs the host kernel `k` and the reference on `g`; within `tol` as above.
-    fn kernel_same_as_reference(k: &HostKernel, g: &Graph, inputs: Vec<Tensor>, tol: f64) {
+    fn kernel_same_as_reference(k: &TensorKernel, g: &Graph, inputs: Vec<Tensor>, tol: f64) {
         let got = k(&inputs).unwrap();
         let want = rafter_reference::run(g, inputs).unwrap();
         assert_eq!(got[0].shape(), want[0].shape(), "{}", g.name);
@@ -429,7 +411,7 @@ mod tests {
         let k = b.input(&[4]);
         let y = b.bin(BinaryOp::Add, x, k, &[3, 4]);
         let g = b.finish(y);
-        let kern = tile_kernel(&g, 2).unwrap();
+        let kern = tile_kernel(&g, &crate::native::pool(2)).unwrap();
         kernel_same_as_reference(&kern, &g, vec![data(&[3, 4], 1), data(&[4], 2)], 0.0);
     }
 
@@ -569,11 +551,13 @@ mod tests {
         let t_ref = median_us(reps, || {
             rafter_reference::run(&g, ins.clone()).unwrap();
         });
-        let host = crate::fast_ops::single_op_kernel(&g).unwrap();
+        let host = crate::fallback::single_op::single_op_kernel(&g).unwrap();
         let t_host = median_us(reps, || {
             host(&ins).unwrap();
         });
-        println!("layer_norm [128,768]: reference {t_ref:9.1}, fast_ops host kernel {t_host:9.1}");
+        println!(
+            "layer_norm [128,768]: reference {t_ref:9.1}, single_op tensor kernel {t_host:9.1}"
+        );
         let (xv, gv, bv) = (f32s(&ins[0]), f32s(&ins[1]), f32s(&ins[2]));
         let mut out = vec![0.0; xv.len()];
         for (pn, par) in pars {
@@ -659,21 +643,23 @@ mod tests {
         let program = rafter_opt::compile(&graph, &rafter_opt::CompileOptions::default()).unwrap();
         let mut taken = [0usize; 2];
         for k in &program.kernels {
-            // The epilogue of a matmul-rooted body (what `fast::matmul_kernel` runs on the
+            // The epilogue of a matmul-rooted body (what `fallback::gemm_first::matmul_kernel` runs on the
             // reference executor after the GEMM): the body without its matmul, whose
             // product becomes the last input.
             let rest = (k.body.nodes.len() > 1 && k.body.nodes[0].op == Op::MatMul)
                 .then(|| matmul_rest(&k.body))
                 .flatten();
-            let (which, kern, body) = if let Some(kern) = tile_kernel(&k.body, 2) {
-                (0, kern, &k.body)
-            } else if let Some((kern, rest)) =
-                rest.as_ref().and_then(|r| Some((tile_kernel(r, 2)?, r)))
-            {
-                (1, kern, rest)
-            } else {
-                continue;
-            };
+            let (which, kern, body) =
+                if let Some(kern) = tile_kernel(&k.body, &crate::native::pool(2)) {
+                    (0, kern, &k.body)
+                } else if let Some((kern, rest)) = rest
+                    .as_ref()
+                    .and_then(|r| Some((tile_kernel(r, &crate::native::pool(2))?, r)))
+                {
+                    (1, kern, rest)
+                } else {
+                    continue;
+                };
             let mut bind: HashMap<Symbol, i64> = HashMap::new();
             let inputs: Vec<Tensor> = body
                 .inputs
@@ -703,7 +689,7 @@ mod tests {
     }
 
     /// `body` without its first node (a matmul), whose result becomes the last input: as
-    /// `fast::rest_of` builds it.
+    /// `fallback::gemm_first::rest_of` builds it.
     fn matmul_rest(body: &Graph) -> Option<Graph> {
         let product = body.nodes[0].outputs.first().copied().flatten()?;
         let mut g = body.clone();

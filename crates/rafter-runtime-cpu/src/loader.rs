@@ -1,0 +1,219 @@
+//! The CPU's executable loader: a program's CPU kernels as one `cpu-kernels` executable.
+//!
+//! The CPU runs the kernel bodies the program itself carries. Loading picks, per kernel,
+//! its native kernel and its tensor-path kernel (see [`crate::dispatch`]), and loads one
+//! [`CpuKernels`] executable on the device: an entry point per kernel, then the built-in
+//! copy entry ([`COPY_ENTRY`]) that the session's host copies run on. Recording a dispatch
+//! encodes its operands into the parameter words [`crate::dispatch::Params`] describes.
+
+use std::sync::{Arc, Mutex};
+
+use rafter_hal::{CommandBufferBuilder, DeviceInfo, DeviceKind, Executable, FORMAT_CPU_KERNELS};
+use rafter_hal_cpu::CpuKernels;
+use rafter_runtime::{
+    hal, CopyEnd, DispatchArgs, ExecutableLoader, HostCopy, LoadRequest, LoadedKernels,
+    NativeStats, Result, RuntimeError,
+};
+
+use crate::dispatch::{KernelShared, Operand, Params, COPY_ENTRY};
+use crate::fallback::{self, TensorKernel};
+use crate::native::{self, NativeKernel};
+use crate::section::check_section;
+
+/// Loads kernels on a CPU device ([`DeviceKind::Cpu`]), format [`FORMAT_CPU_KERNELS`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuLoader;
+
+impl ExecutableLoader for CpuLoader {
+    fn name(&self) -> &str {
+        FORMAT_CPU_KERNELS
+    }
+
+    fn serves(&self, device: &DeviceInfo) -> bool {
+        device.kind == DeviceKind::Cpu
+    }
+
+    fn load(&self, req: &LoadRequest<'_>) -> Result<Arc<dyn LoadedKernels>> {
+        let program = req.program;
+        if let Some(section) = req.section {
+            check_section(req, section)?;
+        }
+        let n = program.kernels.len();
+        // Per program kernel: the caller's host kernel, else the native kernel and the
+        // tensor path's accelerated kernel (none with `reference_only`).
+        let mut tensor_kernels: Vec<Option<TensorKernel>> = vec![None; n];
+        let mut natives: Vec<Option<Arc<dyn NativeKernel>>> = vec![None; n];
+        for (name, f) in &req.options.host_kernels {
+            if let Some(&k) = req
+                .kernels
+                .iter()
+                .find(|&&k| program.kernels[k].name == *name)
+            {
+                tensor_kernels[k] = Some(fallback::host(f.clone()));
+            }
+        }
+        if !req.options.reference_only {
+            let threads = match req.options.threads {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                t => t,
+            };
+            let pool = native::pool(threads);
+            for &k in req.kernels {
+                if tensor_kernels[k].is_none() {
+                    let body = &program.kernels[k].body;
+                    natives[k] = native::select(body, &pool);
+                    tensor_kernels[k] = fallback::select(body, &pool);
+                }
+            }
+        }
+        let native_kernels = natives.iter().filter(|n| n.is_some()).count();
+        let shared = Arc::new(KernelShared {
+            program: program.clone(),
+            symbols: req.symbols.to_vec(),
+            tensor_kernels,
+            native: natives,
+            native_stats: Arc::new(native::Stats::default()),
+            registry: req.calls.clone(),
+            dims: (0..n).map(|_| Mutex::new(None)).collect(),
+        });
+
+        // One executable: an entry per kernel, then the copy entry.
+        let mut entry: Vec<Option<usize>> = vec![None; n];
+        let mut names: Vec<String> = Vec::with_capacity(req.kernels.len() + 1);
+        let mut kernels = CpuKernels::new();
+        for &k in req.kernels {
+            let mut name = program.kernels[k].name.clone();
+            if names.contains(&name) || name == COPY_ENTRY {
+                name = format!("{name}#{k}");
+            }
+            entry[k] = Some(names.len());
+            names.push(name.clone());
+            let shared = shared.clone();
+            kernels = kernels.with_entry(name, move |ctx| shared.run_kernel(k, ctx));
+        }
+        let copy_entry = names.len();
+        let copy_shared = shared.clone();
+        kernels = kernels.with_entry(COPY_ENTRY, move |ctx| copy_shared.run_copy(ctx));
+        let exe_name = if program.name.is_empty() {
+            "program".to_string()
+        } else {
+            program.name.clone()
+        };
+        let executable = req
+            .device
+            .load_executable(&kernels.into_spec(exe_name))
+            .map_err(hal(format!(
+                "loading kernels on device `{}`",
+                req.device_name
+            )))?;
+        Ok(Arc::new(CpuProgram {
+            program: program.name.clone(),
+            executable,
+            entry,
+            copy_entry,
+            shared,
+            native_kernels,
+        }))
+    }
+}
+
+/// A program's kernels loaded on one CPU device.
+struct CpuProgram {
+    /// The program's name, for errors.
+    program: String,
+    executable: Executable,
+    /// Per program kernel: its entry point, if it runs on this device.
+    entry: Vec<Option<usize>>,
+    copy_entry: usize,
+    shared: Arc<KernelShared>,
+    native_kernels: usize,
+}
+
+impl CpuProgram {
+    fn record(
+        &self,
+        builder: &mut CommandBufferBuilder,
+        entry: usize,
+        bound: &[rafter_hal::BufferRange],
+        params: &Params,
+        step: usize,
+    ) -> Result<()> {
+        builder
+            .dispatch(&self.executable, entry, bound, &params.encode(), [1, 1, 1])
+            .map_err(hal(format!("call {}: step {step}", params.call)))?;
+        Ok(())
+    }
+}
+
+impl LoadedKernels for CpuProgram {
+    fn record_dispatch(
+        &self,
+        builder: &mut CommandBufferBuilder,
+        d: &DispatchArgs<'_>,
+    ) -> Result<()> {
+        let entry = self.entry.get(d.kernel).copied().flatten().ok_or_else(|| {
+            RuntimeError::Unsupported {
+                program: self.program.clone(),
+                msg: format!(
+                    "step {}: kernel {} is not loaded on this CPU device",
+                    d.step, d.kernel
+                ),
+            }
+        })?;
+        let mut bound = Vec::new();
+        let operands = d
+            .operands
+            .iter()
+            .map(|o| match o {
+                rafter_runtime::Operand::Memory(range) => {
+                    bound.push(range.clone());
+                    Operand::Binding(bound.len() - 1)
+                }
+                rafter_runtime::Operand::Weight { index, .. } => Operand::Weight(*index),
+                rafter_runtime::Operand::Slot(b) => Operand::Slot(*b),
+                rafter_runtime::Operand::Absent => Operand::Absent,
+            })
+            .collect();
+        let params = Params {
+            call: d.call,
+            symbols: d.symbol_values.to_vec(),
+            operands,
+            extra: Vec::new(),
+        };
+        self.record(builder, entry, &bound, &params, d.step)
+    }
+
+    fn record_host_copy(
+        &self,
+        builder: &mut CommandBufferBuilder,
+        copy: &HostCopy<'_>,
+    ) -> Result<()> {
+        let mut bound = Vec::new();
+        let mut operand = |end: &CopyEnd| match end {
+            CopyEnd::Memory(range) => {
+                bound.push(range.clone());
+                Operand::Binding(bound.len() - 1)
+            }
+            CopyEnd::Weight(w) => Operand::Weight(*w),
+            CopyEnd::Slot(b) => Operand::Slot(*b),
+            CopyEnd::Foreign(i) => Operand::Foreign(*i),
+        };
+        let operands = vec![operand(&copy.src), operand(&copy.dst)];
+        let mut extra = vec![copy.buffer as u64];
+        if let Some(dims) = copy.dims {
+            extra.extend(dims.iter().map(|&x| x as u64));
+        }
+        // The copy entry reads no symbols: the source's dims travel in `extra`.
+        let params = Params {
+            call: copy.call,
+            symbols: Vec::new(),
+            operands,
+            extra,
+        };
+        self.record(builder, self.copy_entry, &bound, &params, copy.step)
+    }
+
+    fn native_stats(&self) -> Option<NativeStats> {
+        Some(self.shared.native_stats.snapshot(self.native_kernels))
+    }
+}
