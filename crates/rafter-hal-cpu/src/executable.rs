@@ -276,6 +276,17 @@ impl<'a> DispatchContext<'a> {
         }
     }
 
+    /// Whether binding `a`'s bytes are the start of binding `b`'s (one allocation, same
+    /// offset, `a` no longer than `b`): a state that a kernel extends in place.
+    pub fn is_prefix_of(&self, a: usize, b: usize) -> bool {
+        match (self.bindings.get(a), self.bindings.get(b)) {
+            (Some(x), Some(y)) => {
+                Arc::ptr_eq(&x.alloc, &y.alloc) && x.offset == y.offset && x.len <= y.len
+            }
+            _ => false,
+        }
+    }
+
     /// A read-only view of the whole of binding `index`.
     pub fn read(&self, index: usize) -> Result<BindingRead<'_>, String> {
         let len = self.binding(index)?.len;

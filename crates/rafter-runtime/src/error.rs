@@ -60,6 +60,10 @@ pub enum RuntimeError {
     /// section and field).
     #[error("{0}")]
     Artifact(String),
+    /// The session's state (KV caches) cannot serve the call: over its capacity, or unknown
+    /// after a failed call until it is reset.
+    #[error("program `{program}`: {msg}")]
+    State { program: String, msg: String },
     /// Writing a trace file.
     #[error("writing trace `{path}`: {msg}")]
     Trace { path: String, msg: String },

@@ -22,6 +22,7 @@ use crate::weights::BytesBuffer;
 use crate::Tensor;
 
 mod record;
+mod state;
 
 /// How to build a [`Session`].
 #[derive(Clone, Default)]
@@ -144,6 +145,8 @@ enum Home {
     Arena(usize),
     /// A host slot (`Storage::Dynamic`, or an output whose dims depend on values).
     Slot,
+    /// The session's state `s` (`Storage::State`), kept across calls.
+    State(usize),
     /// No step touches it.
     Unused,
 }
@@ -171,6 +174,10 @@ struct Inner {
     /// Recordings of completed calls, reused by later calls of the same input shapes.
     recorded: Arc<RecordedCache>,
     next_call: AtomicU64,
+    /// Per `Program::states` entry: its memory, allocated once.
+    state_memory: Vec<state::StateMemory>,
+    /// The states' lengths and the last call on them (see [`state`]).
+    tracker: state::SharedTracker,
 }
 
 /// Arena buffers of recordings evicted from the session's [`RecordedCache`], kept per arena
@@ -388,6 +395,7 @@ impl Session {
             .map(|b| match b.storage {
                 Storage::Arena { arena, .. } => Home::Arena(arena),
                 Storage::Dynamic => Home::Slot,
+                Storage::State(s) => Home::State(s),
                 _ => Home::Unused,
             })
             .collect();
@@ -426,11 +434,14 @@ impl Session {
         }
         let mut step_device: Vec<usize> = Vec::with_capacity(program.steps.len());
         let mut step_foreign: Vec<Option<usize>> = vec![None; program.steps.len()];
+        // A state lives on the device of the first step touching it.
+        let mut state_device: Vec<Option<usize>> = vec![None; program.states.len()];
         for (si, step) in program.steps.iter().enumerate() {
             let device_of = |home: Home| match home {
                 Home::Device(d) => Some(d),
                 Home::Arena(a) => Some(arena_device[a]),
                 Home::Slot => Some(host_cpu()),
+                Home::State(s) => state_device[s],
                 Home::Unused => None,
             };
             let d = match step {
@@ -476,6 +487,7 @@ impl Session {
                     }
                     Home::Device(h) => h,
                     Home::Arena(a) => arena_device[a],
+                    Home::State(s) => *state_device[s].get_or_insert(d),
                     Home::Slot => {
                         if !uses[d].is_cpu {
                             return Err(unsupported(format!(
@@ -499,10 +511,12 @@ impl Session {
             }
         }
 
-        // Symbols the inputs bind, passed with every dispatch.
+        // Symbols the inputs bind, then those the states bind, passed with every dispatch.
         let mut symbols: Vec<Symbol> = Vec::new();
-        for port in &program.inputs {
-            for d in &port.ty.dims {
+        let bound_by = program.inputs.iter().map(|p| &p.ty);
+        let bound_by = bound_by.chain(program.states.iter().map(|st| &st.input_ty));
+        for ty in bound_by {
+            for d in &ty.dims {
                 for s in d.symbols() {
                     if !symbols.contains(&s) {
                         symbols.push(s);
@@ -510,6 +524,31 @@ impl Session {
                 }
             }
         }
+
+        // States: one allocation each, at capacity, on the device that uses it.
+        let mut state_memory = Vec::with_capacity(program.states.len());
+        for (s, st) in program.states.iter().enumerate() {
+            let (capacity, bytes) = state::capacity(&program, s).map_err(&unsupported)?;
+            let device = state_device[s].or(host).unwrap_or(0);
+            let use_ = uses.get(device).ok_or_else(|| missing("cpu"))?;
+            let kind = if use_.is_cpu {
+                MemoryKind::Host
+            } else {
+                MemoryKind::DeviceLocal
+            };
+            let buffer = use_
+                .device
+                .allocate(bytes.max(1), kind)
+                .map_err(hal(format!(
+                    "allocating state `{}` ({bytes} bytes) on `{}`",
+                    st.name, use_.name
+                )))?;
+            state_memory.push(state::StateMemory { buffer, capacity });
+        }
+        let tracker = Arc::new(std::sync::Mutex::new(state::Tracker {
+            lengths: vec![0; program.states.len()],
+            ..state::Tracker::default()
+        }));
 
         // Host kernels must name kernels of the program.
         for (name, _) in &options.host_kernels {
@@ -606,6 +645,8 @@ impl Session {
                 arena_pool: Arc::new(ArenaPool::default()),
                 recorded: Arc::new(RecordedCache::default()),
                 next_call: AtomicU64::new(1),
+                state_memory,
+                tracker,
             }),
         })
     }
@@ -679,6 +720,22 @@ impl Session {
             )));
         }
         let mut bindings = Bindings::default();
+        // A stateful session takes one call at a time through its states: the tracker stays
+        // locked until the call is submitted, so calls read the lengths in submit order.
+        let state_error = |msg: String| RuntimeError::State {
+            program: p.name.clone(),
+            msg,
+        };
+        let mut tracker = (!p.states.is_empty()).then(|| lock(&inner.tracker));
+        if let Some(t) = &tracker {
+            if let Some(reason) = &t.poisoned {
+                return Err(state_error(format!(
+                    "the session's state is unknown after a failed call ({reason}): reset it \
+                     (Session::reset_state) before the next call"
+                )));
+            }
+            state::bind_lengths(p, t, &mut bindings).map_err(input_error)?;
+        }
         for (port, t) in p.inputs.iter().zip(&inputs) {
             bindings
                 .check(&port.ty, t, &format!("input `{}`", port.name))
@@ -695,6 +752,19 @@ impl Session {
             }
         }
         let map = bindings.as_map();
+        for (d, bound) in &p.dim_bounds {
+            if let Ok(v) = d.eval(&map) {
+                if v > *bound {
+                    return Err(input_error(format!(
+                        "the call makes `{d}` = {v}, above its declared bound {bound}"
+                    )));
+                }
+            }
+        }
+        let lengths = match &tracker {
+            Some(_) => state::new_lengths(p, &inner.state_memory, &map).map_err(state_error)?,
+            None => Vec::new(),
+        };
         let symbol_values: Vec<i64> = inner
             .symbols
             .iter()
@@ -702,12 +772,71 @@ impl Session {
             .collect();
 
         let call = inner.next_call.fetch_add(1, Ordering::Relaxed);
-        let key: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        let mut key: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        let mut after = after.to_vec();
+        if let Some(t) = &tracker {
+            // The states' lengths shape the call too; and it reads what the last call left.
+            key.push(t.lengths.clone());
+            after.extend(t.last.iter().cloned());
+        }
         let recorded = match inner.recorded.take(&key) {
             Some(recorded) => recorded,
             None => self.record(&inputs, key, &map, &symbol_values, call)?,
         };
-        self.launch(recorded, inputs, after, call)
+        let handle = self.launch(recorded, inputs, &after, call)?;
+        if let Some(t) = tracker.as_mut() {
+            t.lengths = lengths;
+            t.last = handle.done.clone();
+        }
+        // Unlocked first: a callback may run at once (the call already failed).
+        drop(tracker);
+        if !p.states.is_empty() {
+            state::poison_on_failure(&inner.tracker, &handle.done);
+        }
+        Ok(handle)
+    }
+
+    /// The length of each state along its growth axis (the positions a KV cache holds), as
+    /// of the calls submitted so far; 0 for states that do not grow.
+    pub fn state_lengths(&self) -> Vec<usize> {
+        lock(&self.inner.tracker).lengths.clone()
+    }
+
+    /// Forgets the session's state: growing states become empty (the next call starts at
+    /// position 0), fixed-size ones are zeroed, and a failed call's poison is cleared.
+    /// Waits up to `timeout` for the last call on the state to finish first.
+    pub fn reset_state(&self, timeout: Duration) -> Result<()> {
+        let inner = &*self.inner;
+        let mut t = lock(&inner.tracker);
+        state::wait_last(&inner.program.name, &t, timeout)?;
+        for (s, m) in inner.state_memory.iter().enumerate() {
+            if m.capacity.is_none() {
+                let zeros = vec![0u8; m.buffer.size() as usize];
+                m.buffer.write_bytes(0, &zeros).map_err(hal(format!(
+                    "zeroing state `{}`",
+                    inner.program.states[s].name
+                )))?;
+            }
+        }
+        t.lengths.iter_mut().for_each(|l| *l = 0);
+        t.poisoned = None;
+        t.last.clear();
+        Ok(())
+    }
+
+    /// Shortens every growing state to at most `len` positions (a conversation rewound, a
+    /// shared prompt prefix kept): the next call continues at position `len`. An error if
+    /// the state is unknown after a failed call.
+    pub fn truncate_state(&self, len: usize) -> Result<()> {
+        let mut t = lock(&self.inner.tracker);
+        if let Some(reason) = &t.poisoned {
+            return Err(RuntimeError::State {
+                program: self.inner.program.name.clone(),
+                msg: format!("the state is unknown after a failed call ({reason}): reset it"),
+            });
+        }
+        t.lengths.iter_mut().for_each(|l| *l = (*l).min(len));
+        Ok(())
     }
 
     /// Runs one call on `recorded`: writes the inputs, registers the call's host slots,

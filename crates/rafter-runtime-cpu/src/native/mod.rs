@@ -49,7 +49,7 @@ use rafter_ir::{DType, Graph, ValueDef, ValueId};
 
 pub(crate) use operands::{In, Out};
 
-use rafter_runtime::host::{lock, CallRegistry};
+use rafter_runtime::host::{lock, CallRegistry, Slots};
 use rafter_runtime::{NativeStats, Tensor};
 
 use crate::dispatch::{KernelDims, Operand, Params};
@@ -79,6 +79,78 @@ pub(crate) trait NativeKernel: Send + Sync {
     /// operand is then copied as usual). `y` holds the operand's values on entry.
     fn run_in_place(&self, _y: &mut Out<'_>) -> Result<bool, String> {
         Ok(false)
+    }
+
+    /// For a concat of two body inputs `(prefix, tail, axis)`: when the prefix's bytes are
+    /// the start of the result's (a KV cache the call extends, `Storage::State`), the
+    /// dispatch writes only the tail after them ([`append`]).
+    fn append_parts(&self) -> Option<(usize, usize, i64)> {
+        None
+    }
+}
+
+/// A state extended in place: when operand `prefix` of an [`NativeKernel::append_parts`]
+/// kernel is the start of its result's bytes and every result dim before `axis` is 1 (so
+/// the prefix is the result's leading rows), copies operand `tail` after it and returns
+/// `true`. Nothing before the tail is read or written: appending to a cache costs the new
+/// rows only, never a copy of the cache.
+fn append(
+    kernel: &dyn NativeKernel,
+    body: &Graph,
+    params: &Params,
+    dims: &KernelDims,
+    ctx: &DispatchContext<'_>,
+    slots: Option<&Slots>,
+) -> Result<bool, String> {
+    let Some((prefix, tail, axis)) = kernel.append_parts() else {
+        return Ok(false);
+    };
+    let n_in = body.inputs.len();
+    let (Some(Operand::Binding(p)), Some(&tail), [Operand::Binding(r)]) = (
+        params.operands.get(prefix),
+        params.operands.get(tail),
+        &params.operands[n_in..],
+    ) else {
+        return Ok(false);
+    };
+    let Some(out_dims) = dims.outs[0].as_deref() else {
+        return Ok(false);
+    };
+    let rank = out_dims.len() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    let leading_ones = usize::try_from(axis)
+        .ok()
+        .filter(|&a| a < out_dims.len())
+        .is_some_and(|a| out_dims[..a].iter().all(|&d| d == 1));
+    if !leading_ones || !ctx.is_prefix_of(*p, *r) {
+        return Ok(false);
+    }
+    let start = ctx.binding_len(*p);
+    let write = |src: &[u8]| -> Result<bool, String> {
+        if start + src.len() != ctx.binding_len(*r) {
+            return Err(format!(
+                "appending {} bytes after {start} to a result of {} bytes",
+                src.len(),
+                ctx.binding_len(*r)
+            ));
+        }
+        ctx.write_range(*r, start, src.len())?.copy_from_slice(src);
+        Ok(true)
+    };
+    match tail {
+        Operand::Binding(t) if !ctx.bindings_overlap(t, *r) => write(&ctx.read(t)?),
+        // The call's own input, read in place from its host slot.
+        Operand::Slot(b) => {
+            let Some(table) = slots else {
+                return Ok(false);
+            };
+            let table = lock(table);
+            match table.get(b).and_then(Option::as_ref) {
+                Some(t) => write(t.le_bytes()),
+                None => Err(format!("host slot {b} has not been written")),
+            }
+        }
+        _ => Ok(false),
     }
 }
 
@@ -250,6 +322,10 @@ pub(crate) fn run(
     } else {
         None
     };
+    if append(kernel, body, params, dims, ctx, slots.as_ref())? {
+        stats.native.fetch_add(1, Ordering::Relaxed);
+        return Ok(true);
+    }
     let mut guard = slots.as_ref().map(|s| lock(s));
     let table = guard.as_deref();
     // Binding operands a kernel takes as copies (see `copies_operands`): read into owned

@@ -181,6 +181,16 @@ impl NativeKernel for MovementKernel {
         }
     }
 
+    fn append_parts(&self) -> Option<(usize, usize, i64)> {
+        match &self.kind {
+            Kind::Concat { axis, parts } => match parts.as_slice() {
+                [Part::Input(a), Part::Input(b)] => Some((*a, *b, *axis)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         let x = &ins[0];
         let y = &mut outs[0];

@@ -147,6 +147,7 @@ impl Session {
         let mut layout = self.call_layout(inputs, map)?;
         let arenas = self.place_arenas(&mut layout, call)?;
         let (inputs, outputs) = self.allocate_io(&mut layout, call)?;
+        self.bind_states(&mut layout, call)?;
         let (chunks, foreign) = self.record_chunks(&layout, symbol_values, call)?;
         let semaphores = self.chunk_semaphores(&chunks, call)?;
         Ok(Recorded {
@@ -203,13 +204,9 @@ impl Session {
                     Some(d)
                 }
                 Storage::Dynamic => None,
-                Storage::State(s) => {
-                    return Err(self.unsupported(format!(
-                        "buffer {b} `{}` is state {s}: this runtime does not carry state \
-                         across calls yet",
-                        decl.name
-                    )))
-                }
+                Storage::State(_) => Some(eval_dims(&decl.ty, map).map_err(|e| {
+                    self.input_error(format!("state buffer {b} `{}`: {e}", decl.name))
+                })?),
             };
             if let Some(d) = &d {
                 sizes[b] = byte_size(&decl.ty, d).ok_or_else(|| {
@@ -341,6 +338,32 @@ impl Session {
             .map(|o| o.expect("verify: every output has a buffer, and it is written"))
             .collect();
         Ok((inputs, outputs))
+    }
+
+    /// State buffers: ranges at the start of their state's session allocation (the input
+    /// and output of one state share it, so a step that extends the state conflicts with
+    /// the ones reading it, and is ordered after them).
+    fn bind_states(&self, layout: &mut CallLayout, call: u64) -> Result<()> {
+        let inner = &*self.inner;
+        let p = &*inner.program;
+        let base = layout.next_alloc;
+        layout.next_alloc += p.states.len();
+        for (b, decl) in p.buffers.iter().enumerate() {
+            let Storage::State(s) = decl.storage else {
+                continue;
+            };
+            let memory = &inner.state_memory[s];
+            let range = memory
+                .buffer
+                .range(0, layout.sizes[b])
+                .map_err(hal(format!(
+                    "call {call}: state buffer `{}` ({} bytes)",
+                    decl.name, layout.sizes[b]
+                )))?;
+            layout.ranges[b] = Some(range);
+            layout.alloc_of[b] = Some((base + s, 0));
+        }
+        Ok(())
     }
 
     /// Consecutive steps on one device form a chunk (one command buffer, barriers where a
