@@ -70,6 +70,7 @@ mod simd;
 mod activation;
 mod attention;
 mod common;
+mod moe;
 mod nhwc;
 mod norm;
 mod pool;
@@ -118,6 +119,7 @@ pub use activation::{
     UnaryFn,
 };
 pub use common::{ChannelTail, KernelError};
+pub use moe::moe_route;
 pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
 pub use rope::{rope, RopePairs};
 pub use softmax::{softmax, softmax_in_place, softmax_with_isa, RowMask};

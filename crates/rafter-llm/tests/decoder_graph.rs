@@ -164,3 +164,71 @@ fn decoders_compile_with_planned_memory() {
         }
     }
 }
+
+/// The compiled decoder on the CPU runtime (native kernels, KV caches as session state)
+/// gives the reference executor's logits, call after call.
+fn check_runtime_matches_reference(name: &str, config: serde_json::Value, dims: Dims) {
+    use rafter_ir::{Dim, Symbol};
+    let (_d, m) = source(name, &config, &dims);
+    let d = build_decoder(
+        &m,
+        &DecoderOptions {
+            logits: Logits::All,
+        },
+    )
+    .unwrap();
+    let past_seq = Dim::symbol("past").add(&Dim::symbol("seq"));
+    let opts = rafter_opt::CompileOptions {
+        bounds: vec![(Symbol::new("past"), 32), (Symbol::new("seq"), 32)],
+        dim_bounds: vec![(past_seq, 32)],
+        ..Default::default()
+    };
+    let p = rafter_opt::compile(&d.graph, &opts).unwrap();
+    let devices = rafter_runtime_cpu::devices().unwrap();
+    let s = rafter_runtime::Session::new(p, &devices).unwrap();
+    let ids: Vec<i64> = (0..11).map(|i| (i * 53 + 3) % dims.vocab as i64).collect();
+    let chunks: [&[i64]; 4] = [&ids[..5], &ids[5..6], &ids[6..10], &ids[10..]];
+    let want = run_chunks(&d.graph, &chunks);
+    let mut got = Vec::new();
+    for c in chunks {
+        let t = rafter_runtime::Tensor::from_slice(&[1, c.len()], c).unwrap();
+        let out = s.run(vec![t], std::time::Duration::from_secs(60)).unwrap();
+        let logits = out[0].as_slice::<f32>().unwrap();
+        got.extend(logits.chunks(dims.vocab).map(<[f32]>::to_vec));
+    }
+    assert_eq!(s.state_lengths()[0], ids.len());
+    for (p, (a, b)) in want.iter().zip(&got).enumerate() {
+        let scale = max_abs(a).max(1e-6);
+        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            err <= 2e-5 * scale,
+            "{name}: position {p}: runtime and reference differ by {err} (max {scale})"
+        );
+    }
+    let stats = s.native_stats();
+    println!("{name}: {stats:?}");
+}
+
+#[test]
+fn qwen3_runs_on_the_cpu_runtime() {
+    let (c, d) = qwen3_0_6b();
+    check_runtime_matches_reference("rt-qwen3", c, d);
+}
+
+#[test]
+fn qwen3_moe_runs_on_the_cpu_runtime() {
+    let (c, d) = qwen3_30b_a3b();
+    check_runtime_matches_reference("rt-moe", c, d);
+}
+
+#[test]
+fn gemma3_runs_on_the_cpu_runtime() {
+    let (c, d) = gemma3_1b_it();
+    check_runtime_matches_reference("rt-gemma3", c, d);
+}
+
+#[test]
+fn llama_runs_on_the_cpu_runtime() {
+    let (c, d) = llama_3_2_1b();
+    check_runtime_matches_reference("rt-llama", c, d);
+}

@@ -34,6 +34,7 @@ mod conv;
 mod conv_nhwc;
 mod elementwise;
 mod epilogue;
+mod llm;
 mod matmul;
 mod movement;
 mod norm;
@@ -200,7 +201,8 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         // that copies its operands first takes them.
         return elementwise::select(body, par);
     }
-    matmul::select(body, par)
+    llm::select(body, par)
+        .or_else(|| matmul::select(body, par))
         .or_else(|| conv::select(body, par))
         .or_else(|| conv_nhwc::select(body, par))
         .or_else(|| block_nhwc::select(body, par))
