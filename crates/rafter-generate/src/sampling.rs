@@ -465,9 +465,10 @@ mod tests {
         // 1000 tokens at logit 0 and one at ln(1000): the top token holds exactly half.
         let mut v = vec![0.0f32; 1001];
         v[500] = 1000f32.ln();
-        let cfg = SamplerConfig { top_p: 0.5, temperature: 1.0, ..SamplerConfig::greedy() };
+        let cfg = SamplerConfig { top_p: 0.499, temperature: 1.0, ..SamplerConfig::greedy() };
         close(&dist(cfg, &v), &[(500, 1.0)]);
-        let cfg = SamplerConfig { top_p: 0.5005, temperature: 1.0, ..SamplerConfig::greedy() };
+        // 0.5 + 0.0005 reaches 0.5004: the best token and the first of the tail.
+        let cfg = SamplerConfig { top_p: 0.5004, temperature: 1.0, ..SamplerConfig::greedy() };
         let d = dist(cfg, &v);
         assert_eq!(d.len(), 2);
         assert_eq!(d[1].0, 0);
