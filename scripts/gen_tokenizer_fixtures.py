@@ -377,6 +377,17 @@ CONVERSATIONS = {
         {"role": "user", "content": "Another, in 日本語?"},
     ],
 }
+CONVERSATIONS["tool_round"] = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "name": "get_weather", "content": "{\"temp_c\": 21.5, \"sky\": \"clear\"}"},
+]
+CONVERSATIONS["reasoning"] = [
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4", "reasoning_content": "Add two and two."},
+    {"role": "user", "content": "And 3+3?"},
+]
 TOOLS = [{
     "type": "function",
     "function": {
@@ -429,6 +440,10 @@ def template_refs(models: Path) -> dict:
         ]
         if "tools" in src:
             variants.append(("tools", CONVERSATIONS["single"], True, {"tools": TOOLS}))
+        if "tool_calls" in src:
+            variants.append(("tool_round", CONVERSATIONS["tool_round"], True, {"tools": TOOLS}))
+        if "reasoning_content" in src:
+            variants.append(("reasoning", CONVERSATIONS["reasoning"], True, {}))
         if "enable_thinking" in src:
             variants.append(("no_thinking", CONVERSATIONS["single"], True, {"enable_thinking": False}))
         for label, messages, gen, extra in variants:
