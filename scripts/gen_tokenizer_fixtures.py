@@ -354,9 +354,20 @@ def build_cache() -> dict[str, Path]:
 def tokenizer_refs(folders: dict[str, Path]) -> dict:
     from tokenizers import Tokenizer
 
+    from tokenizers import pre_tokenizers
+
     out = {"texts": TEXTS, "tokenizers": {}}
-    for name, folder in folders.items():
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    toks = {name: Tokenizer.from_file(str(folder / "tokenizer.json")) for name, folder in folders.items()}
+    # No SmolLM vocabulary ships in the sdist: check llama.cpp's `smollm` split rules on the
+    # GPT-2 vocabulary against SmolLM's own tokenizer.json pre-tokenizer (each digit alone,
+    # then GPT-2's byte-level regex).
+    smollm = Tokenizer.from_file(str(folders["gpt-2"] / "tokenizer.json"))
+    smollm.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    toks["smollm-on-gpt-2"] = smollm
+    for name, tok in toks.items():
         plain = [tok.encode(t, add_special_tokens=False).ids for t in TEXTS]
         special = [tok.encode(t, add_special_tokens=True).ids for t in TEXTS]
         out["tokenizers"][name] = {

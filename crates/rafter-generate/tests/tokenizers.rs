@@ -195,3 +195,23 @@ fn a_folder_without_tokenizer_json_is_named() {
     let e = rafter_generate::Tokenizer::from_hf_dir(&dir).unwrap_err().to_string();
     assert!(e.contains("tokenizer.json") && e.contains("rafter-generate-empty-hf"), "{e}");
 }
+
+/// llama.cpp's `smollm` rules (each digit alone, then GPT-2's regex) on the GPT-2 vocabulary
+/// against SmolLM's own tokenizer.json pre-tokenizer on the same vocabulary.
+#[test]
+fn smollm_pre_tokenizer_matches_smollm_tokenizer_json() {
+    let refs = data("tokenizer_ids.json");
+    let texts = refs["texts"].as_array().unwrap();
+    let mut vocab = gguf_vocab("gpt-2");
+    vocab.pre = Some("smollm".into());
+    let tok = rafter_generate::Tokenizer::from_gguf_vocab(&vocab).unwrap();
+    for (i, text) in texts.iter().enumerate() {
+        let want = ids(&refs["tokenizers"]["smollm-on-gpt-2"]["ids"][i]);
+        assert_eq!(tok.encode(text.as_str().unwrap(), false).unwrap(), want, "text {i} {text}");
+    }
+    // The rules differ from gpt-2's on digits, so this checks something.
+    assert_ne!(
+        tok.encode("2024", false).unwrap(),
+        gguf_tokenizer("gpt-2").encode("2024", false).unwrap()
+    );
+}
