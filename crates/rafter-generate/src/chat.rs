@@ -96,7 +96,12 @@ impl ChatTemplate {
     }
 
     /// As [`ChatTemplate::new`], with the clock `strftime_now` reads.
-    pub fn with_clock(source: &str, bos_token: &str, eos_token: &str, clock: Clock) -> Result<Self> {
+    pub fn with_clock(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+        clock: Clock,
+    ) -> Result<Self> {
         let mut env = Environment::new();
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
@@ -106,18 +111,27 @@ impl ChatTemplate {
                 .map_err(template_error)?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
-        env.add_function("strftime_now", move |fmt: String| -> std::result::Result<String, minijinja::Error> {
-            let now = match &clock {
-                Clock::Local => jiff::ZonedDateTime::now().datetime(),
-                Clock::Fixed(t) => *t,
-            };
-            jiff::fmt::strtime::format(fmt.as_str(), now).map_err(|e| {
-                minijinja::Error::new(ErrorKind::InvalidOperation, format!("strftime_now({fmt:?}): {e}"))
-            })
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_function(
+            "strftime_now",
+            move |fmt: String| -> std::result::Result<String, minijinja::Error> {
+                let now = match &clock {
+                    Clock::Local => jiff::ZonedDateTime::now().datetime(),
+                    Clock::Fixed(t) => *t,
+                };
+                jiff::fmt::strtime::format(fmt.as_str(), now).map_err(|e| {
+                    minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("strftime_now({fmt:?}): {e}"),
+                    )
+                })
+            },
+        );
         env.add_filter("tojson", tojson);
         env.add_template_owned("chat_template", source.to_string())
             .map_err(template_error)?;
@@ -131,27 +145,41 @@ impl ChatTemplate {
     /// Renders the conversation to the prompt text.
     pub fn render(&self, req: &ChatRequest) -> Result<String> {
         let mut ctx = Map::new();
-        ctx.insert("messages".into(), Json::Array(req.messages.iter().map(alias_reasoning).collect()));
+        ctx.insert(
+            "messages".into(),
+            Json::Array(req.messages.iter().map(alias_reasoning).collect()),
+        );
         ctx.insert(
             "tools".into(),
-            req.tools.as_ref().map_or(Json::Null, |t| Json::Array(t.clone())),
+            req.tools
+                .as_ref()
+                .map_or(Json::Null, |t| Json::Array(t.clone())),
         );
         ctx.insert("documents".into(), Json::Null);
-        ctx.insert("add_generation_prompt".into(), Json::Bool(req.add_generation_prompt));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(req.add_generation_prompt),
+        );
         ctx.insert("bos_token".into(), Json::String(self.bos_token.clone()));
         ctx.insert("eos_token".into(), Json::String(self.eos_token.clone()));
         for (k, v) in &req.extra {
             ctx.insert(k.clone(), v.clone());
         }
-        let tmpl = self.env.get_template("chat_template").map_err(template_error)?;
-        tmpl.render(Value::from(minijinja::value::Serde(&ctx))).map_err(template_error)
+        let tmpl = self
+            .env
+            .get_template("chat_template")
+            .map_err(template_error)?;
+        tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
+            .map_err(template_error)
     }
 }
 
 /// transformers passes a message's reasoning under `reasoning_content` and `thinking`
 /// whichever of `reasoning_content`, `thinking`, `reasoning` it came as.
 fn alias_reasoning(m: &Json) -> Json {
-    let Json::Object(obj) = m else { return m.clone() };
+    let Json::Object(obj) = m else {
+        return m.clone();
+    };
     let reasoning = ["reasoning_content", "thinking", "reasoning"]
         .iter()
         .find_map(|k| obj.get(*k).filter(|v| !v.is_null()))
@@ -205,7 +233,9 @@ mod tests {
             "",
         )
         .unwrap();
-        let out = t.render(&ChatRequest::new(&[Message::new("user", "hi")])).unwrap();
+        let out = t
+            .render(&ChatRequest::new(&[Message::new("user", "hi")]))
+            .unwrap();
         assert_eq!(out, "[hi]\n");
     }
 
@@ -218,7 +248,9 @@ mod tests {
 
     #[test]
     fn syntax_errors_name_the_template() {
-        let e = ChatTemplate::new("{% if %}", "", "").unwrap_err().to_string();
+        let e = ChatTemplate::new("{% if %}", "", "")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("chat template"), "{e}");
     }
 
@@ -232,13 +264,20 @@ mod tests {
             Clock::Fixed(when),
         )
         .unwrap();
-        let out = t.render(&ChatRequest::new(&[Message::new("user", "  hi ")])).unwrap();
+        let out = t
+            .render(&ChatRequest::new(&[Message::new("user", "  hi ")]))
+            .unwrap();
         assert_eq!(out, "HI 07 Mar 2025 <s>");
     }
 
     #[test]
     fn tojson_is_python_json_dumps() {
-        let t = ChatTemplate::new("{{ tools[0] | tojson }}|{{ tools[0] | tojson(indent=2) }}", "", "").unwrap();
+        let t = ChatTemplate::new(
+            "{{ tools[0] | tojson }}|{{ tools[0] | tojson(indent=2) }}",
+            "",
+            "",
+        )
+        .unwrap();
         let mut req = ChatRequest::new(&[]);
         req.tools = Some(vec![serde_json::json!({"name": "f", "p": [1, 2.5]})]);
         assert_eq!(

@@ -18,7 +18,10 @@ use crate::tokenizer::Tokenizer;
 /// (one score per vocabulary entry; the vocabulary may be padded past the tokenizer's).
 pub trait LogitsModel {
     /// Feeds `tokens` (never empty) and returns the logits after the last one.
-    fn forward(&mut self, tokens: &[u32]) -> Result<&[f32], Box<dyn std::error::Error + Send + Sync>>;
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+    ) -> Result<&[f32], Box<dyn std::error::Error + Send + Sync>>;
     /// Forgets every token fed so far (an empty KV cache).
     fn reset(&mut self);
     /// The most tokens (prompt and generated) one sequence may hold.
@@ -55,7 +58,8 @@ impl Timings {
 
     /// Decode speed: the first token comes from prefill's logits, so it is not counted.
     pub fn generated_tokens_per_second(&self) -> f64 {
-        self.generated_tokens.saturating_sub(1) as f64 / self.generation_seconds.max(f64::MIN_POSITIVE)
+        self.generated_tokens.saturating_sub(1) as f64
+            / self.generation_seconds.max(f64::MIN_POSITIVE)
     }
 }
 
@@ -127,7 +131,9 @@ pub fn generate<M: LogitsModel + ?Sized>(
         sampler.accept(t);
     }
     let context = &prompt_ids[prompt_ids.len().saturating_sub(DECODE_CONTEXT)..];
-    let mut stream = tokenizer.stream_decoder(params.skip_special).with_context(context);
+    let mut stream = tokenizer
+        .stream_decoder(params.skip_special)
+        .with_context(context);
     let mut stops = StopStrings::new(params.stop_strings.iter().cloned());
     let mut text = String::new();
     let mut generated = Vec::new();

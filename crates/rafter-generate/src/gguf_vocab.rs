@@ -230,9 +230,13 @@ impl GgufVocab {
         let merges = merges
             .iter()
             .enumerate()
-            .map(|(i, m)| split_merge(m).ok_or_else(|| {
-                Error::Vocab(format!("tokenizer.ggml.merges[{i}] = {m:?} is not \"left right\""))
-            }))
+            .map(|(i, m)| {
+                split_merge(m).ok_or_else(|| {
+                    Error::Vocab(format!(
+                        "tokenizer.ggml.merges[{i}] = {m:?} is not \"left right\""
+                    ))
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
@@ -256,7 +260,10 @@ impl GgufVocab {
         Ok(tok)
     }
 
-    fn sentencepiece(&self, vocab: tokenizers::models::bpe::Vocab) -> Result<tokenizers::Tokenizer> {
+    fn sentencepiece(
+        &self,
+        vocab: tokenizers::models::bpe::Vocab,
+    ) -> Result<tokenizers::Tokenizer> {
         let scores = self.scores.as_ref().ok_or_else(|| {
             Error::Vocab("a llama (SentencePiece) vocabulary needs tokenizer.ggml.scores".into())
         })?;
@@ -314,7 +321,11 @@ impl GgufVocab {
 
     fn post_processor(&self) -> Result<Option<TemplateProcessing>> {
         let bos = self.adds_bos().then_some(self.bos_token_id).flatten();
-        let eos = self.add_eos_token.unwrap_or(false).then_some(self.eos_token_id).flatten();
+        let eos = self
+            .add_eos_token
+            .unwrap_or(false)
+            .then_some(self.eos_token_id)
+            .flatten();
         if bos.is_none() && eos.is_none() {
             return Ok(None);
         }
@@ -400,7 +411,11 @@ mod tests {
             scores: Some(vec![0.0]),
             ..Default::default()
         };
-        assert!(v.build_tokenizer().unwrap_err().to_string().contains("scores has 1"));
+        assert!(v
+            .build_tokenizer()
+            .unwrap_err()
+            .to_string()
+            .contains("scores has 1"));
         let v = GgufVocab {
             model: "llama".into(),
             tokens: vec!["a".into()],
@@ -408,14 +423,22 @@ mod tests {
             eos_token_id: Some(7),
             ..Default::default()
         };
-        assert!(v.build_tokenizer().unwrap_err().to_string().contains("eos_token_id = 7"));
+        assert!(v
+            .build_tokenizer()
+            .unwrap_err()
+            .to_string()
+            .contains("eos_token_id = 7"));
         let v = GgufVocab {
             model: "gpt2".into(),
             tokens: vec!["a".into()],
             merges: Some(vec!["ab".into()]),
             ..Default::default()
         };
-        assert!(v.build_tokenizer().unwrap_err().to_string().contains("merges[0]"));
+        assert!(v
+            .build_tokenizer()
+            .unwrap_err()
+            .to_string()
+            .contains("merges[0]"));
     }
 
     /// A hand-made SentencePiece vocabulary: the best-scored merge wins, unknown characters
@@ -429,7 +452,14 @@ mod tests {
             types.push(token_type::BYTE);
         }
         let base = tokens.len() as u32;
-        for (t, _) in [("▁", 0), ("a", 0), ("b", 0), ("ab", 0), ("▁a", 0), ("▁ab", 0)] {
+        for (t, _) in [
+            ("▁", 0),
+            ("a", 0),
+            ("b", 0),
+            ("ab", 0),
+            ("▁a", 0),
+            ("▁ab", 0),
+        ] {
             tokens.push(t.into());
             types.push(1);
         }
@@ -463,6 +493,10 @@ mod tests {
         assert!(base > 0);
         let enc = tok.encode("ab", true).unwrap();
         assert_eq!(enc.get_ids(), [1, id("▁ab")]);
-        assert_eq!(tok.decode(&[1, id("▁ab"), id("▁"), 3 + 0xC3, 3 + 0xA9], true).unwrap(), "ab é");
+        assert_eq!(
+            tok.decode(&[1, id("▁ab"), id("▁"), 3 + 0xC3, 3 + 0xA9], true)
+                .unwrap(),
+            "ab é"
+        );
     }
 }

@@ -17,8 +17,7 @@ pub struct PreTokenizerSpec {
     pub ignore_merges: bool,
 }
 
-const GPT2: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -33,33 +32,22 @@ pub fn pre_tokenizer_spec(pre: &str) -> Option<PreTokenizerSpec> {
     };
     Some(match pre {
         "default" | "" => spec(
-            vec![
-                r"[\p{P}\$\+<=>\^~\|]+",
-                GPT2,
-                r"\p{N}+",
-                r"[0-9][0-9][0-9]",
-            ],
+            vec![r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
             false,
         ),
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
         | "lfm2" | "jina-v5-nano" => spec(vec![LLAMA3], true),
         "dbrx" | "smaug-bpe" => spec(vec![LLAMA3], false),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2"
-        | "hunyuan" | "solar-open" => spec(vec![QWEN2], false),
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan"
+        | "solar-open" => spec(vec![QWEN2], false),
         "qwen35" => spec(vec![QWEN35], false),
         "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code"
-        | "roberta-bpe" | "mpt" | "olmo" | "jais" | "trillion" | "exaone4" => {
-            spec(vec![GPT2], false)
-        }
-        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
-        | "minerva-7b" | "mellum2" => spec(vec![r"\p{N}", GPT2], false),
+        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe"
+        | "mpt" | "olmo" | "jais" | "trillion" | "exaone4" => spec(vec![GPT2], false),
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => spec(vec![r"\p{N}", GPT2], false),
         "falcon" => spec(
-            vec![
-                r"[\p{P}\$\+<=>\^~\|`]+",
-                GPT2,
-                r"[0-9][0-9][0-9]",
-            ],
+            vec![r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
             false,
         ),
         _ => return None,
@@ -92,7 +80,15 @@ mod tests {
 
     #[test]
     fn every_pattern_compiles() {
-        for pre in ["default", "llama-bpe", "qwen2", "qwen35", "gpt-2", "smollm", "falcon"] {
+        for pre in [
+            "default",
+            "llama-bpe",
+            "qwen2",
+            "qwen35",
+            "gpt-2",
+            "smollm",
+            "falcon",
+        ] {
             let spec = pre_tokenizer_spec(pre).unwrap();
             for p in spec.patterns {
                 fancy_regex_compiles(p);

@@ -38,7 +38,14 @@ fn newline(out: &mut String, opts: &DumpOptions, level: usize) {
     }
 }
 
-fn write_value(out: &mut String, v: &Value, opts: &DumpOptions, item: &str, key: &str, level: usize) {
+fn write_value(
+    out: &mut String,
+    v: &Value,
+    opts: &DumpOptions,
+    item: &str,
+    key: &str,
+    level: usize,
+) {
     match v {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -122,10 +129,16 @@ fn py_float(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     let sci = format!("{f:e}"); // shortest digits: "-1.2345e-7"
-    let (mant, exp) = sci.split_once('e').expect("LowerExp always writes an exponent");
+    let (mant, exp) = sci
+        .split_once('e')
+        .expect("LowerExp always writes an exponent");
     let exp: i32 = exp.parse().expect("LowerExp writes an integer exponent");
     let (sign, mant) = mant.strip_prefix('-').map_or(("", mant), |m| ("-", m));
     let digits: String = mant.chars().filter(|c| *c != '.').collect();
@@ -136,7 +149,11 @@ fn py_float(f: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{s}")
     } else {
@@ -145,7 +162,11 @@ fn py_float(f: f64) -> String {
         } else {
             digits
         };
-        format!("{sign}{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+        format!(
+            "{sign}{m}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
     }
 }
 
@@ -162,12 +183,19 @@ mod tests {
             dumps(&v, &DumpOptions::default()),
             r#"{"b": [1, 2.0, {"c": null}], "a": "x", "e": {}, "f": []}"#
         );
-        let o = DumpOptions { indent: Some("  ".into()), sort_keys: true, ..Default::default() };
+        let o = DumpOptions {
+            indent: Some("  ".into()),
+            sort_keys: true,
+            ..Default::default()
+        };
         assert_eq!(
             dumps(&json!({"b": [1, true], "a": {}}), &o),
             "{\n  \"a\": {},\n  \"b\": [\n    1,\n    true\n  ]\n}"
         );
-        let o = DumpOptions { separators: Some((",".into(), ":".into())), ..Default::default() };
+        let o = DumpOptions {
+            separators: Some((",".into(), ":".into())),
+            ..Default::default()
+        };
         assert_eq!(dumps(&json!({"a": [1, 2]}), &o), r#"{"a":[1,2]}"#);
     }
 
@@ -191,8 +219,17 @@ mod tests {
     #[test]
     fn strings_escape_as_python_does() {
         let s = json!("a\"b\\c\nd\u{1}é😀");
-        assert_eq!(dumps(&s, &DumpOptions::default()), "\"a\\\"b\\\\c\\nd\\u0001é😀\"");
-        let o = DumpOptions { ensure_ascii: true, ..Default::default() };
-        assert_eq!(dumps(&s, &o), "\"a\\\"b\\\\c\\nd\\u0001\\u00e9\\ud83d\\ude00\"");
+        assert_eq!(
+            dumps(&s, &DumpOptions::default()),
+            "\"a\\\"b\\\\c\\nd\\u0001é😀\""
+        );
+        let o = DumpOptions {
+            ensure_ascii: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            dumps(&s, &o),
+            "\"a\\\"b\\\\c\\nd\\u0001\\u00e9\\ud83d\\ude00\""
+        );
     }
 }

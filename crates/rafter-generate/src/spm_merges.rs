@@ -14,7 +14,11 @@ use std::collections::HashMap;
 /// token are ordered by the left piece's length (they can only compete when both are present
 /// at once, which the tokenization's own order decides).
 pub fn merges_from_scores(tokens: &[String], scores: &[f32]) -> Vec<(String, String)> {
-    let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let ids: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
     let mut found: Vec<(usize, usize, usize)> = Vec::new(); // (merged id, left len, left id)
     for (merged, text) in tokens.iter().enumerate() {
         for (cut, _) in text.char_indices().skip(1) {
@@ -45,7 +49,10 @@ mod tests {
 
     #[test]
     fn every_split_ranked_by_merged_score() {
-        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
+        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
         let m = merges_from_scores(&tokens, &scores);
         let m: Vec<(&str, &str)> = m.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();

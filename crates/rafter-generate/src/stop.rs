@@ -24,7 +24,11 @@ impl StopStrings {
     /// Empty stop strings are ignored.
     pub fn new<S: Into<String>>(stops: impl IntoIterator<Item = S>) -> Self {
         StopStrings {
-            stops: stops.into_iter().map(Into::into).filter(|s: &String| !s.is_empty()).collect(),
+            stops: stops
+                .into_iter()
+                .map(Into::into)
+                .filter(|s: &String| !s.is_empty())
+                .collect(),
             ..Default::default()
         }
     }
@@ -32,7 +36,10 @@ impl StopStrings {
     /// Adds generated text; returns what may be emitted.
     pub fn push(&mut self, piece: &str) -> Released {
         if self.hit {
-            return Released { text: String::new(), stopped: true };
+            return Released {
+                text: String::new(),
+                stopped: true,
+            };
         }
         self.text.push_str(piece);
         // A stop string can only begin in the held-back tail (see `hold`), so search there.
@@ -47,13 +54,19 @@ impl StopStrings {
             self.text.truncate(end);
             self.emitted = end;
             self.hit = true;
-            return Released { text: out, stopped: true };
+            return Released {
+                text: out,
+                stopped: true,
+            };
         }
         let keep = self.hold();
         let end = self.text.len() - keep;
         let out = self.text[self.emitted..end].to_string();
         self.emitted = end;
-        Released { text: out, stopped: false }
+        Released {
+            text: out,
+            stopped: false,
+        }
     }
 
     /// The longest tail of the unemitted text that is a proper prefix of a stop string.

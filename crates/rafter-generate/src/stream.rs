@@ -45,8 +45,12 @@ impl<'a> StreamDecoder<'a> {
     /// Adds a token; returns the text it completes, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
-        let before = self.tok.decode(&self.ids[self.prefix..self.read], self.skip_special)?;
-        let after = self.tok.decode(&self.ids[self.prefix..], self.skip_special)?;
+        let before = self
+            .tok
+            .decode(&self.ids[self.prefix..self.read], self.skip_special)?;
+        let after = self
+            .tok
+            .decode(&self.ids[self.prefix..], self.skip_special)?;
         if after.len() <= before.len() || after.ends_with('\u{FFFD}') {
             return Ok(None);
         }
@@ -66,8 +70,12 @@ impl<'a> StreamDecoder<'a> {
         if self.read == self.ids.len() {
             return Ok(String::new());
         }
-        let before = self.tok.decode(&self.ids[self.prefix..self.read], self.skip_special)?;
-        let after = self.tok.decode(&self.ids[self.prefix..], self.skip_special)?;
+        let before = self
+            .tok
+            .decode(&self.ids[self.prefix..self.read], self.skip_special)?;
+        let after = self
+            .tok
+            .decode(&self.ids[self.prefix..], self.skip_special)?;
         self.prefix = self.read;
         self.read = self.ids.len();
         Ok(match after.strip_prefix(before.as_str()) {

@@ -33,7 +33,10 @@ impl std::fmt::Debug for Tokenizer {
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .field("stop_ids", &self.stop_ids)
-            .field("chat_template", &self.chat_template.as_ref().map(|t| t.len()))
+            .field(
+                "chat_template",
+                &self.chat_template.as_ref().map(|t| t.len()),
+            )
             .finish()
     }
 }
@@ -102,7 +105,11 @@ fn config_template(v: &Value, path: &Path) -> Result<Option<String>> {
 fn ids_of(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|n| n.as_u64())
+            .map(|n| n as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -140,7 +147,10 @@ impl Tokenizer {
         let chat_template = if jinja.is_file() {
             Some(read(&jinja)?)
         } else {
-            config_template(config.get("chat_template").unwrap_or(&Value::Null), &config_path)?
+            config_template(
+                config.get("chat_template").unwrap_or(&Value::Null),
+                &config_path,
+            )?
         };
         let gen_path = dir.join("generation_config.json");
         let mut stop_ids: Vec<u32> = eos.into_iter().collect();
@@ -246,12 +256,16 @@ impl Tokenizer {
 
     /// The text of BOS (`""` if none), as chat templates receive it.
     pub fn bos_token(&self) -> String {
-        self.bos.and_then(|i| self.id_to_token(i)).unwrap_or_default()
+        self.bos
+            .and_then(|i| self.id_to_token(i))
+            .unwrap_or_default()
     }
 
     /// The text of EOS (`""` if none), as chat templates receive it.
     pub fn eos_token(&self) -> String {
-        self.eos.and_then(|i| self.id_to_token(i)).unwrap_or_default()
+        self.eos
+            .and_then(|i| self.id_to_token(i))
+            .unwrap_or_default()
     }
 
     /// Token ids that end generation (EOS and the model's end-of-turn tokens).
@@ -269,4 +283,3 @@ impl Tokenizer {
         &self.inner
     }
 }
-

@@ -10,9 +10,19 @@ use rafter_generate::{ChatRequest, ChatTemplate, Clock};
 #[test]
 fn templates_render_as_transformers_does() {
     let refs = common::data("chat_templates.json");
-    let now: Vec<i64> = refs["now"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
+    let now: Vec<i64> = refs["now"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect();
     let clock = Clock::Fixed(
-        jiff::civil::date(now[0] as i16, now[1] as i8, now[2] as i8).at(now[3] as i8, now[4] as i8, now[5] as i8, 0),
+        jiff::civil::date(now[0] as i16, now[1] as i8, now[2] as i8).at(
+            now[3] as i8,
+            now[4] as i8,
+            now[5] as i8,
+            0,
+        ),
     );
     let mut failures = Vec::new();
     let cases = refs["cases"].as_array().unwrap();
@@ -55,5 +65,10 @@ fn templates_render_as_transformers_does() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }

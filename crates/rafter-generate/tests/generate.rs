@@ -16,7 +16,9 @@ fn tiny_tokenizer() -> Tokenizer {
         tokens.push(format!("<0x{b:02X}>"));
         types.push(6);
     }
-    for t in ["▁", "▁Hello", "▁world", "▁ST", "OP", "▁more", "!", "S", "T", "O", "P"] {
+    for t in [
+        "▁", "▁Hello", "▁world", "▁ST", "OP", "▁more", "!", "S", "T", "O", "P",
+    ] {
         tokens.push(t.into());
         types.push(1);
     }
@@ -69,7 +71,10 @@ impl Scripted {
 }
 
 impl LogitsModel for Scripted {
-    fn forward(&mut self, tokens: &[u32]) -> Result<&[f32], Box<dyn std::error::Error + Send + Sync>> {
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+    ) -> Result<&[f32], Box<dyn std::error::Error + Send + Sync>> {
         if self.fail_at == Some(self.calls.len()) {
             return Err("device lost".into());
         }
@@ -110,7 +115,12 @@ fn collect(
 #[test]
 fn prefill_then_one_token_at_a_time_until_max_tokens() {
     let tok = tiny_tokenizer();
-    let script = vec![id(&tok, "▁Hello"), id(&tok, "▁world"), id(&tok, "!"), id(&tok, "▁more")];
+    let script = vec![
+        id(&tok, "▁Hello"),
+        id(&tok, "▁world"),
+        id(&tok, "!"),
+        id(&tok, "▁more"),
+    ];
     let mut m = Scripted::new(script.clone(), tok.vocab_size());
     let prompt = tok.encode("Hello", true).unwrap();
     let (g, pieces) = collect(&mut m, &tok, &prompt, &GenerateParams::new(&tok, 3));
@@ -120,7 +130,10 @@ fn prefill_then_one_token_at_a_time_until_max_tokens() {
     assert_eq!(g.text, " Hello world!");
     assert_eq!(pieces.concat(), g.text);
     assert_eq!(m.resets, 1);
-    assert_eq!(m.calls, vec![prompt.clone(), vec![script[0]], vec![script[1]]]);
+    assert_eq!(
+        m.calls,
+        vec![prompt.clone(), vec![script[0]], vec![script[1]]]
+    );
     assert_eq!(g.prompt_ids, prompt);
     assert_eq!(g.timings.prompt_tokens, prompt.len());
     assert_eq!(g.timings.generated_tokens, 3);
@@ -143,7 +156,12 @@ fn a_stop_token_ends_generation_and_stays_out_of_the_text() {
 fn a_stop_string_across_tokens_is_never_streamed() {
     let tok = tiny_tokenizer();
     // " Hello ST" + "OP" + " more": the stop string "STOP" spans two tokens.
-    let script = vec![id(&tok, "▁Hello"), id(&tok, "▁ST"), id(&tok, "OP"), id(&tok, "▁more")];
+    let script = vec![
+        id(&tok, "▁Hello"),
+        id(&tok, "▁ST"),
+        id(&tok, "OP"),
+        id(&tok, "▁more"),
+    ];
     let mut m = Scripted::new(script, tok.vocab_size());
     let mut params = GenerateParams::new(&tok, 10);
     params.stop_strings = vec!["STOP".into()];
@@ -207,8 +225,24 @@ fn bad_prompts_and_model_failures_are_errors() {
     let mut m = Scripted::new(vec![], tok.vocab_size());
     m.max_context = 4;
     let params = GenerateParams::new(&tok, 5);
-    let e = generate(&mut m, &tok, &[1; 4], &params, |_| ControlFlow::Continue(())).unwrap_err();
-    assert!(matches!(e, Error::PromptTooLong { prompt: 4, max_context: 4 }), "{e}");
+    let e = generate(
+        &mut m,
+        &tok,
+        &[1; 4],
+        &params,
+        |_| ControlFlow::Continue(()),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::PromptTooLong {
+                prompt: 4,
+                max_context: 4
+            }
+        ),
+        "{e}"
+    );
     let e = generate(&mut m, &tok, &[], &params, |_| ControlFlow::Continue(())).unwrap_err();
     assert!(matches!(e, Error::EmptyPrompt), "{e}");
     let mut m = Scripted::new(vec![id(&tok, "!"); 5], tok.vocab_size());
@@ -236,7 +270,10 @@ fn seeded_sampling_repeats() {
     // A model with a flat distribution: the draw decides everything.
     struct Flat(Vec<f32>);
     impl LogitsModel for Flat {
-        fn forward(&mut self, _: &[u32]) -> Result<&[f32], Box<dyn std::error::Error + Send + Sync>> {
+        fn forward(
+            &mut self,
+            _: &[u32],
+        ) -> Result<&[f32], Box<dyn std::error::Error + Send + Sync>> {
             Ok(&self.0)
         }
         fn reset(&mut self) {}
@@ -250,10 +287,15 @@ fn seeded_sampling_repeats() {
     }
     let run = |seed| {
         let mut p = GenerateParams::new(&tok, 20);
-        p.sampler = SamplerConfig { seed, ..SamplerConfig::temperature(1.0, seed) };
-        generate(&mut Flat(flat.clone()), &tok, &[1], &p, |_| ControlFlow::Continue(()))
-            .unwrap()
-            .generated_ids
+        p.sampler = SamplerConfig {
+            seed,
+            ..SamplerConfig::temperature(1.0, seed)
+        };
+        generate(&mut Flat(flat.clone()), &tok, &[1], &p, |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap()
+        .generated_ids
     };
     assert_eq!(run(3), run(3));
     assert_ne!(run(3), run(4));

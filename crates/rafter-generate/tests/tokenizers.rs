@@ -11,14 +11,20 @@ use common::*;
 fn mismatches(name: &str, tok: &rafter_generate::Tokenizer, with_special: bool) -> Vec<String> {
     let refs = data("tokenizer_ids.json");
     let texts = refs["texts"].as_array().unwrap();
-    let want = &refs["tokenizers"][name][if with_special { "ids_with_special" } else { "ids" }];
+    let want = &refs["tokenizers"][name][if with_special {
+        "ids_with_special"
+    } else {
+        "ids"
+    }];
     let mut bad = Vec::new();
     for (i, text) in texts.iter().enumerate() {
         let text = text.as_str().unwrap();
         let got = tok.encode(text, with_special).unwrap();
         let expect = ids(&want[i]);
         if got != expect {
-            bad.push(format!("{name} text {i} {text:?}:\n  got  {got:?}\n  want {expect:?}"));
+            bad.push(format!(
+                "{name} text {i} {text:?}:\n  got  {got:?}\n  want {expect:?}"
+            ));
         }
     }
     bad
@@ -43,7 +49,11 @@ fn hf_decoding_matches_the_tokenizers_library() {
         let r = &refs["tokenizers"][name];
         for (i, ids_v) in r["ids_with_special"].as_array().unwrap().iter().enumerate() {
             let ids = ids(ids_v);
-            assert_eq!(tok.decode(&ids, true).unwrap(), r["decoded"][i].as_str().unwrap(), "{name} {i}");
+            assert_eq!(
+                tok.decode(&ids, true).unwrap(),
+                r["decoded"][i].as_str().unwrap(),
+                "{name} {i}"
+            );
             assert_eq!(
                 tok.decode(&ids, false).unwrap(),
                 r["decoded_with_special"][i].as_str().unwrap(),
@@ -72,7 +82,11 @@ fn gguf_expectation(
         return hf.encode(&format!(" {text}"), with_special).unwrap();
     }
     if name == "llama-bpe" && with_special {
-        return [vec![hf.token_to_id("<|begin_of_text|>").unwrap()], reference].concat();
+        return [
+            vec![hf.token_to_id("<|begin_of_text|>").unwrap()],
+            reference,
+        ]
+        .concat();
     }
     reference
 }
@@ -86,13 +100,25 @@ fn gguf_vocabularies_match_the_tokenizers_library() {
         let tok = gguf_tokenizer(name);
         let hf = hf_tokenizer(name);
         for with_special in [false, true] {
-            let key = if with_special { "ids_with_special" } else { "ids" };
+            let key = if with_special {
+                "ids_with_special"
+            } else {
+                "ids"
+            };
             for (i, text) in texts.iter().enumerate() {
                 let text = text.as_str().unwrap();
-                let want = gguf_expectation(&hf, name, text, with_special, ids(&refs["tokenizers"][name][key][i]));
+                let want = gguf_expectation(
+                    &hf,
+                    name,
+                    text,
+                    with_special,
+                    ids(&refs["tokenizers"][name][key][i]),
+                );
                 let got = tok.encode(text, with_special).unwrap();
                 if got != want {
-                    bad.push(format!("{name} text {i} {text:?}:\n  got  {got:?}\n  want {want:?}"));
+                    bad.push(format!(
+                        "{name} text {i} {text:?}:\n  got  {got:?}\n  want {want:?}"
+                    ));
                 }
             }
         }
@@ -124,7 +150,11 @@ fn llamacpp_cases(name: &str) -> Vec<(String, Vec<u32>)> {
         .lines()
         .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
         .collect();
-    assert_eq!(texts.len(), outs.len(), "{name}: .inp and .out disagree on the number of tests");
+    assert_eq!(
+        texts.len(),
+        outs.len(),
+        "{name}: .inp and .out disagree on the number of tests"
+    );
     texts.into_iter().zip(outs).collect()
 }
 
@@ -145,7 +175,12 @@ fn gguf_vocabularies_match_llama_cpp() {
         }
     }
     assert!(total > 100, "only {total} llama.cpp cases");
-    assert!(bad.is_empty(), "{} of {total} differ:\n{}", bad.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {total} differ:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
 }
 
 #[test]
@@ -161,12 +196,19 @@ fn streaming_decode_concatenates_to_the_full_decode() {
                     let mut streamed = String::new();
                     for &id in &ids {
                         if let Some(piece) = dec.push(id).unwrap() {
-                            assert!(!piece.contains('\u{FFFD}'), "{name}: broken character in {piece:?}");
+                            assert!(
+                                !piece.contains('\u{FFFD}'),
+                                "{name}: broken character in {piece:?}"
+                            );
                             streamed.push_str(&piece);
                         }
                     }
                     streamed.push_str(&dec.finish().unwrap());
-                    assert_eq!(streamed, tok.decode(&ids, skip).unwrap(), "{name} skip={skip} {text}");
+                    assert_eq!(
+                        streamed,
+                        tok.decode(&ids, skip).unwrap(),
+                        "{name} skip={skip} {text}"
+                    );
                 }
             }
         }
@@ -177,7 +219,11 @@ fn streaming_decode_concatenates_to_the_full_decode() {
 fn special_tokens_and_stop_ids() {
     let q = gguf_tokenizer("qwen2");
     let im_end = q.token_to_id("<|im_end|>").unwrap();
-    assert!(q.stop_token_ids().contains(&im_end), "{:?}", q.stop_token_ids());
+    assert!(
+        q.stop_token_ids().contains(&im_end),
+        "{:?}",
+        q.stop_token_ids()
+    );
     assert_eq!(q.encode("<|im_end|>", false).unwrap(), [im_end]);
     let mut q2 = q.clone();
     q2.set_parse_special(false);
@@ -192,8 +238,13 @@ fn special_tokens_and_stop_ids() {
 fn a_folder_without_tokenizer_json_is_named() {
     let dir = std::env::temp_dir().join("rafter-generate-empty-hf");
     std::fs::create_dir_all(&dir).unwrap();
-    let e = rafter_generate::Tokenizer::from_hf_dir(&dir).unwrap_err().to_string();
-    assert!(e.contains("tokenizer.json") && e.contains("rafter-generate-empty-hf"), "{e}");
+    let e = rafter_generate::Tokenizer::from_hf_dir(&dir)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tokenizer.json") && e.contains("rafter-generate-empty-hf"),
+        "{e}"
+    );
 }
 
 /// llama.cpp's `smollm` rules (each digit alone, then GPT-2's regex) on the GPT-2 vocabulary
@@ -207,7 +258,11 @@ fn smollm_pre_tokenizer_matches_smollm_tokenizer_json() {
     let tok = rafter_generate::Tokenizer::from_gguf_vocab(&vocab).unwrap();
     for (i, text) in texts.iter().enumerate() {
         let want = ids(&refs["tokenizers"]["smollm-on-gpt-2"]["ids"][i]);
-        assert_eq!(tok.encode(text.as_str().unwrap(), false).unwrap(), want, "text {i} {text}");
+        assert_eq!(
+            tok.encode(text.as_str().unwrap(), false).unwrap(),
+            want,
+            "text {i} {text}"
+        );
     }
     // The rules differ from gpt-2's on digits, so this checks something.
     assert_ne!(

@@ -25,7 +25,9 @@ pub fn cache_dir() -> PathBuf {
 
 /// Committed reference data under tests/data/.
 pub fn data(name: &str) -> serde_json::Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -45,9 +47,14 @@ pub fn hf_tokenizer(name: &str) -> rafter_generate::Tokenizer {
 }
 
 pub fn gguf_tokenizer(name: &str) -> rafter_generate::Tokenizer {
-    rafter_generate::Tokenizer::from_gguf_vocab(&gguf_vocab(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    rafter_generate::Tokenizer::from_gguf_vocab(&gguf_vocab(name))
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
