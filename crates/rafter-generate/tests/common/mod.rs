@@ -2,7 +2,11 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+use rafter_generate::Tokenizer;
 
 /// `.cache/llm-tokenizers` (or `$RAFTER_LLM_TOKENIZERS_DIR`), made by
 /// scripts/gen_tokenizer_fixtures.py. Panics with the command to run when it is missing:
