@@ -24,7 +24,16 @@ fn main() {
         let t = Instant::now();
         let n = gg.encode(&sample, false).unwrap().len();
         let t_enc = t.elapsed();
-        assert_eq!(hf.vocab_size() > 0, true);
+        assert!(hf.vocab_size() > 0);
+        let ids = gg.encode(&sample, false).unwrap();
+        let t = Instant::now();
+        let mut dec = gg.stream_decoder(true);
+        let mut streamed = 0;
+        for &id in &ids {
+            streamed += dec.push(id).unwrap().map_or(0, |p| p.len());
+        }
+        let t_stream = t.elapsed();
+        println!("{name:<10} stream-decode {} tokens ({streamed} bytes): {:.1} us/token", ids.len(), t_stream.as_secs_f64() * 1e6 / ids.len() as f64);
         println!(
             "{name:<10} vocab {:>6}: HF folder {:>6.0} ms, GGUF vocab {:>6.0} ms (+ {:>4.0} ms reading the JSON dump); encode {} tokens in {:.1} ms",
             gg.vocab_size(),

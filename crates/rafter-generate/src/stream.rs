@@ -61,7 +61,17 @@ impl<'a> StreamDecoder<'a> {
         };
         self.prefix = self.read;
         self.read = self.ids.len();
+        self.compact();
         Ok(Some(piece))
+    }
+
+    /// Drops tokens before the decode window, so a long stream keeps a short buffer.
+    fn compact(&mut self) {
+        if self.prefix > 64 {
+            self.ids.drain(..self.prefix);
+            self.read -= self.prefix;
+            self.prefix = 0;
+        }
     }
 
     /// The text of tokens still held back (an incomplete character at the end of the stream
