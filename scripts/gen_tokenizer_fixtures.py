@@ -141,7 +141,9 @@ def pip_download(spec: str, dest: Path, source: bool) -> Path:
     args = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "--disable-pip-version-check",
             "-d", str(dest), spec]
     if source:
-        args[4:4] = ["--no-binary", ":all:"]
+        # The package itself as its sdist; its build requirements (fetched to read its
+        # metadata) may come as wheels.
+        args[4:4] = ["--no-binary", spec.split("==")[0]]
     subprocess.check_call(args)
     name = spec.split("==")[0].replace("-", "_")
     found = [p for p in dest.iterdir() if p.name.lower().startswith(name.lower())]
