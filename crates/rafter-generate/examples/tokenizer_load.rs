@@ -11,7 +11,8 @@ fn main() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/llm-tokenizers");
     for name in ["qwen2", "llama-bpe", "llama-spm", "gpt-2", "gemma3"] {
         let t = Instant::now();
-        let hf = rafter_generate::Tokenizer::from_hf_dir(dir.join(name).join("hf")).expect("run scripts/gen_tokenizer_fixtures.py");
+        let hf = rafter_generate::Tokenizer::from_hf_dir(dir.join(name).join("hf"))
+            .expect("run scripts/gen_tokenizer_fixtures.py");
         let t_hf = t.elapsed();
         let t = Instant::now();
         let text = std::fs::read_to_string(dir.join(name).join("vocab.json")).unwrap();
@@ -20,7 +21,9 @@ fn main() {
         let t = Instant::now();
         let gg = rafter_generate::Tokenizer::from_gguf_vocab(&vocab).unwrap();
         let t_gguf = t.elapsed();
-        let sample = "The quick brown fox jumps over the lazy dog. 日本語のテキスト 🦙 fn main() {}\n".repeat(200);
+        let sample =
+            "The quick brown fox jumps over the lazy dog. 日本語のテキスト 🦙 fn main() {}\n"
+                .repeat(200);
         let t = Instant::now();
         let n = gg.encode(&sample, false).unwrap().len();
         let t_enc = t.elapsed();
@@ -33,7 +36,11 @@ fn main() {
             streamed += dec.push(id).unwrap().map_or(0, |p| p.len());
         }
         let t_stream = t.elapsed();
-        println!("{name:<10} stream-decode {} tokens ({streamed} bytes): {:.1} us/token", ids.len(), t_stream.as_secs_f64() * 1e6 / ids.len() as f64);
+        println!(
+            "{name:<10} stream-decode {} tokens ({streamed} bytes): {:.1} us/token",
+            ids.len(),
+            t_stream.as_secs_f64() * 1e6 / ids.len() as f64
+        );
         println!(
             "{name:<10} vocab {:>6}: HF folder {:>6.0} ms, GGUF vocab {:>6.0} ms (+ {:>4.0} ms reading the JSON dump); encode {} tokens in {:.1} ms",
             gg.vocab_size(),

@@ -114,6 +114,62 @@ fn ids_of(v: Option<&Value>) -> Vec<u32> {
     }
 }
 
+/// tokenizer_config.json's `add_bos_token` / `add_eos_token`, when set, decide what
+/// encoding with special tokens adds (transformers rebuilds the post-processor from them);
+/// a tokenizer.json that already agrees is left as it is.
+fn apply_bos_eos_flags(
+    tok: &mut tokenizers::Tokenizer,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    add_bos: Option<bool>,
+    add_eos: Option<bool>,
+) -> Result<()> {
+    if add_bos.is_none() && add_eos.is_none() {
+        return Ok(());
+    }
+    let probe = tok.encode("a", true).map_err(Error::tok)?;
+    let ids = probe.get_ids();
+    let has_bos = bos.is_some() && ids.first() == bos.as_ref();
+    let has_eos = eos.is_some() && ids.last() == eos.as_ref() && ids.len() > 1;
+    let want_bos = add_bos.unwrap_or(has_bos) && bos.is_some();
+    let want_eos = add_eos.unwrap_or(has_eos) && eos.is_some();
+    if want_bos == has_bos && want_eos == has_eos {
+        return Ok(());
+    }
+    let name = |id: u32| tok.id_to_token(id).unwrap_or_default();
+    let mut single: Vec<String> = Vec::new();
+    let mut specials = Vec::new();
+    if want_bos {
+        let b = bos.expect("want_bos implies bos");
+        single.push(name(b));
+        specials.push((name(b), b));
+    }
+    single.push("$A".into());
+    if want_eos {
+        let e = eos.expect("want_eos implies eos");
+        single.push(name(e));
+        specials.push((name(e), e));
+    }
+    let mut pair = single.clone();
+    pair.extend(single.iter().map(|s| {
+        if s == "$A" {
+            "$B:1".to_string()
+        } else {
+            format!("{s}:1")
+        }
+    }));
+    specials.dedup();
+    let pp = tokenizers::processors::template::TemplateProcessing::builder()
+        .try_single(single.join(" "))
+        .and_then(|b| b.try_pair(pair.join(" ")))
+        .map_err(Error::tok)?
+        .special_tokens(specials)
+        .build()
+        .map_err(Error::tok)?;
+    tok.with_post_processor(Some(pp));
+    Ok(())
+}
+
 impl Tokenizer {
     /// Loads a Hugging Face model folder: `tokenizer.json` (required), and when present
     /// `tokenizer_config.json` (BOS/EOS, chat template), `chat_template.jinja` (the template
@@ -127,7 +183,7 @@ impl Tokenizer {
                 what: "tokenizer.json (the Hugging Face tokenizer)".into(),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(&file)
+        let mut inner = tokenizers::Tokenizer::from_file(&file)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", file.display())))?;
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
@@ -143,6 +199,14 @@ impl Tokenizer {
         };
         let bos = id("bos_token");
         let eos = id("eos_token");
+        let flag = |key: &str| config.get(key).and_then(Value::as_bool);
+        apply_bos_eos_flags(
+            &mut inner,
+            bos,
+            eos,
+            flag("add_bos_token"),
+            flag("add_eos_token"),
+        )?;
         let jinja = dir.join("chat_template.jinja");
         let chat_template = if jinja.is_file() {
             Some(read(&jinja)?)

@@ -186,8 +186,12 @@ fn gguf_vocabularies_match_llama_cpp() {
 #[test]
 fn streaming_decode_concatenates_to_the_full_decode() {
     let refs = data("tokenizer_ids.json");
-    let mut texts: Vec<String> =
-        refs["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    let mut texts: Vec<String> = refs["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
     // And one long stream (the decoder drops tokens it no longer needs past 64).
     texts.push(texts.concat().repeat(3));
     for name in VOCABS {
@@ -272,4 +276,55 @@ fn smollm_pre_tokenizer_matches_smollm_tokenizer_json() {
         tok.encode("2024", false).unwrap(),
         gguf_tokenizer("gpt-2").encode("2024", false).unwrap()
     );
+}
+
+/// tokenizer_config.json's add_bos_token / add_eos_token override what tokenizer.json's
+/// post-processor adds (as transformers' Llama tokenizers rebuild it), and the chat template
+/// and generation_config.json's EOS ids are read.
+#[test]
+fn hf_config_flags_template_and_generation_config() {
+    let src = cache_dir().join("llama-spm").join("hf");
+    let dir = std::env::temp_dir().join(format!("rafter-generate-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"bos_token": "<s>", "eos_token": {"content": "</s>"}, "add_bos_token": false,
+            "add_eos_token": true, "chat_template": "{{ bos_token }}{{ messages[0].content }}"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": [2, 13]}"#,
+    )
+    .unwrap();
+    let tok = rafter_generate::Tokenizer::from_hf_dir(&dir).unwrap();
+    let plain = tok.encode("Hi", false).unwrap();
+    assert_eq!(
+        tok.encode("Hi", true).unwrap(),
+        [plain.clone(), vec![2]].concat()
+    );
+    assert_eq!(
+        tok.chat_template(),
+        Some("{{ bos_token }}{{ messages[0].content }}")
+    );
+    assert_eq!(tok.stop_token_ids(), [2, 13]);
+    assert_eq!(
+        (tok.bos_token().as_str(), tok.eos_token().as_str()),
+        ("<s>", "</s>")
+    );
+    std::fs::write(dir.join("tokenizer_config.json"), r#"{"chat_template": 7}"#).unwrap();
+    let e = rafter_generate::Tokenizer::from_hf_dir(&dir)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("chat_template"),
+        "{e}"
+    );
+    std::fs::write(dir.join("tokenizer_config.json"), "{").unwrap();
+    let e = rafter_generate::Tokenizer::from_hf_dir(&dir)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tokenizer_config.json"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
