@@ -23,6 +23,9 @@ else
   echo "test.sh: conformance cache up to date ($CONF, $(head -n1 "$CONF/STAMP"))"
 fi
 export RAFTER_CONFORMANCE_DIR=$CONF
+# Tokenizer and chat-template data for crates/rafter-generate (.cache/llm-tokenizers; the
+# script keeps its own venv, .cache/venv-tokenizers, and rebuilds only when its stamp changes).
+python3 scripts/gen_tokenizer_fixtures.py
 # The venv's spirv-val (SPIRV-Tools 2025.5) validates cooperative-matrix modules.
 export RAFTER_SPIRV_VAL=$ROOT/.venv/bin/spirv-val
 
