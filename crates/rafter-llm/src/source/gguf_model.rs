@@ -246,7 +246,7 @@ impl Keys<'_> {
     fn missing(&self, k: &str) -> SourceError {
         SourceError::MissingField {
             path: self.path.to_path_buf(),
-            field: self.key(k),
+            field: format!("'{}'", self.key(k)),
             architecture: self.arch.to_string(),
         }
     }
