@@ -490,7 +490,7 @@ fn inconsistent_heads() {
 }
 
 #[test]
-fn fused_qkv_gguf() {
+fn fused_qkv_of_the_wrong_shape() {
     let (_, d) = tinyllama();
     let dir = TempDir::new("qkv");
     let path = dir.join("m.gguf");
@@ -500,17 +500,17 @@ fn fused_qkv_gguf() {
     }
     w.add_tensor(
         "blk.0.attn_qkv.weight",
-        &[64, 80],
+        &[64, 72],
         GgmlType::F32,
-        vec![0u8; 64 * 80 * 4],
+        vec![0u8; 64 * 72 * 4],
     )
     .unwrap();
     w.write_file(&path).unwrap();
     contains_all(
         &err(&path),
         &[
-            "m.gguf: the fused attention tensor 'blk.0.attn_qkv.weight'",
-            "not supported",
+            "tensor 'model.layers.0.self_attn.qkv_proj.weight' (blk.0.attn_qkv.weight in",
+            "has shape [72, 64], but the config implies [80, 64]",
         ],
     );
 }

@@ -10,13 +10,24 @@ use common::*;
 use safetensors::Dtype;
 
 fn seeds(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds").join(target)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/seeds")
+        .join(target)
 }
 
 fn tiny(moe: bool, qk_norm: bool, sandwich: bool) -> Dims {
     Dims {
-        vocab: 8, hidden: 8, inter: 16, layers: if sandwich { 2 } else { 1 }, heads: 2, kv: 1, head_dim: 4,
-        tied: !moe, qk_norm, sandwich, moe: moe.then(|| (2, 4, vec![0])),
+        vocab: 8,
+        hidden: 8,
+        inter: 16,
+        layers: if sandwich { 2 } else { 1 },
+        heads: 2,
+        kv: 1,
+        head_dim: 4,
+        tied: !moe,
+        qk_norm,
+        sandwich,
+        moe: moe.then(|| (2, 4, vec![0])),
     }
 }
 
@@ -57,11 +68,21 @@ fn write_fuzz_seeds() {
     std::fs::create_dir_all(&dir).unwrap();
     let models = [
         ("qwen3moe", tiny(true, true, false), Convert::Plain),
-        ("llama", tiny(false, false, false), Convert::Llama { heads: 2, kv: 1 }),
+        (
+            "llama",
+            tiny(false, false, false),
+            Convert::Llama { heads: 2, kv: 1 },
+        ),
         ("gemma3", tiny(false, true, true), Convert::Gemma),
     ];
     for (arch, d, convert) in models {
-        write_gguf(&dir.join(format!("{arch}.gguf")), &meta(arch, &d), &d.hf_tensors(), convert, &[]);
+        write_gguf(
+            &dir.join(format!("{arch}.gguf")),
+            &meta(arch, &d),
+            &d.hf_tensors(),
+            convert,
+            &[],
+        );
     }
     let dir = seeds("read_safetensors");
     std::fs::create_dir_all(&dir).unwrap();

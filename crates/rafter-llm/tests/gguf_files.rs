@@ -505,3 +505,83 @@ fn qwen3moe_expert_ff_default() {
     let (_g, g) = write_and_open("qwen3moe-ff", &meta, &d, Convert::Plain, &[]);
     assert_eq!(g.spec.moe.as_ref().unwrap().intermediate_size, 32);
 }
+
+/// The converter's `--fuse-qkv` and `--fuse-gate-up-exps` outputs (attn_qkv = rows of q,
+/// k, v; ffn_gate_up_exps = each expert's gate rows then up rows) read as the same
+/// weights as the unfused file, zero-copy.
+#[test]
+fn fused_qkv_and_gate_up_exps() {
+    let (_, d) = qwen3_30b_a3b();
+    let meta = metadata("qwen3moe", &d, 40960, 1e6, 1e-6);
+    let (dir, plain) = write_and_open("fused-plain", &meta, &d, Convert::Plain, &[]);
+    let src = rafter_gguf::GgufFile::open(dir.join("model.gguf")).unwrap();
+    let data = |n: &str| src.tensor_data(src.tensor(n).unwrap());
+    let mut w = rafter_gguf::GgufWriter::new();
+    for (k, v) in &meta {
+        w.add(k, v.clone()).unwrap();
+    }
+    for info in src.tensors() {
+        let n = info.name();
+        let layer = n.split('.').nth(1).unwrap_or("");
+        if n.contains(".attn_k.") || n.contains(".attn_v.") || n.contains(".ffn_up_exps.") {
+            continue;
+        }
+        if n.contains(".attn_q.") {
+            let mut qkv = data(n).to_vec();
+            qkv.extend_from_slice(&data(&format!("blk.{layer}.attn_k.weight")));
+            qkv.extend_from_slice(&data(&format!("blk.{layer}.attn_v.weight")));
+            w.add_tensor(
+                &format!("blk.{layer}.attn_qkv.weight"),
+                &[64, 128 + 64],
+                GgmlType::F32,
+                qkv,
+            )
+            .unwrap();
+        } else if n.contains(".ffn_gate_exps.") {
+            let (gate, up) = (data(n), data(&format!("blk.{layer}.ffn_up_exps.weight")));
+            let per = gate.len() / 4;
+            let mut fused = Vec::new();
+            for e in 0..4 {
+                fused.extend_from_slice(&gate[e * per..(e + 1) * per]);
+                fused.extend_from_slice(&up[e * per..(e + 1) * per]);
+            }
+            w.add_tensor(
+                &format!("blk.{layer}.ffn_gate_up_exps.weight"),
+                &[64, 64, 4],
+                GgmlType::F32,
+                fused,
+            )
+            .unwrap();
+        } else {
+            w.add_tensor(n, info.dims(), info.ggml_type(), data(n))
+                .unwrap();
+        }
+    }
+    let path = dir.join("fused.gguf");
+    w.write_file(&path).unwrap();
+    let fused = ModelSource::open(&path).unwrap();
+    assert_eq!(fused.conventions.experts, ExpertLayout::PerExpert);
+    for layer in 0..2 {
+        for n in ["q_proj", "k_proj", "v_proj"] {
+            let name = format!("model.layers.{layer}.self_attn.{n}.weight");
+            assert_eq!(
+                fused.weights.get(&name).unwrap().bytes,
+                plain.weights.get(&name).unwrap().bytes,
+                "{name}"
+            );
+        }
+        for e in 0..4 {
+            for p in [ExpertProj::Gate, ExpertProj::Up, ExpertProj::Down] {
+                let (a, b) = (
+                    fused.weights.expert(layer, e, p).unwrap(),
+                    plain.weights.expert(layer, e, p).unwrap(),
+                );
+                assert_eq!(
+                    (a.bytes, a.shape),
+                    (b.bytes, b.shape),
+                    "layer {layer} expert {e} {p:?}"
+                );
+            }
+        }
+    }
+}
