@@ -514,3 +514,31 @@ fn fused_qkv_of_the_wrong_shape() {
         ],
     );
 }
+
+/// A hostile layer or expert count is an error before anything per layer is allocated.
+#[test]
+fn huge_counts() {
+    let (_, d) = tinyllama();
+    let dir = TempDir::new("huge-gguf");
+    let path = dir.join("m.gguf");
+    let mut meta = gguf_meta("llama", &d);
+    meta.retain(|(k, _)| *k != "llama.block_count");
+    meta.push(("llama.block_count", u32v(4_000_000_000)));
+    write_gguf(&path, &meta, &d.hf_tensors(), Convert::Plain, &[]);
+    contains_all(
+        &err(&path),
+        &["m.gguf: field 'llama.block_count': 4000000000 layers (at most 512 are supported)"],
+    );
+
+    let (mut config, d) = qwen3_30b_a3b();
+    config["num_experts"] = json!(1_000_000);
+    let dir = hf("huge-hf", &config, &d);
+    contains_all(
+        &err(dir.path()),
+        &["config.json: inconsistent model: 1000000 experts of size 32 (at most 1024 experts"],
+    );
+    let (mut config, d) = qwen3_0_6b();
+    config["vocab_size"] = json!(1u64 << 60);
+    let dir = hf("huge-vocab", &config, &d);
+    contains_all(&err(dir.path()), &["too large to address"]);
+}

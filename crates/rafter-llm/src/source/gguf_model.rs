@@ -34,8 +34,8 @@ use super::weights::{
 };
 use super::ModelSource;
 use crate::spec::{
-    Activation, Architecture, AttentionKind, FfnKind, GenerationDefaults, LayerSpec, ModelSpec,
-    MoeSpec, RopeScaling, RopeSpec, SlidingWindow, TokenIds,
+    check_layer_count, Activation, Architecture, AttentionKind, FfnKind, GenerationDefaults,
+    LayerSpec, ModelSpec, MoeSpec, RopeScaling, RopeSpec, SlidingWindow, TokenIds,
 };
 
 /// GGUF tensor names (per block, after `blk.N.`) and their HF names (after
@@ -395,6 +395,7 @@ fn read_spec(file: &GgufFile, arch: Architecture, path: &Path) -> Result<ModelSp
     };
     let hidden_size = k.req_count("embedding_length")?;
     let num_layers = k.req_count("block_count")?;
+    check_layer_count(num_layers).map_err(|reason| k.bad(&k.key("block_count"), &reason))?;
     let num_heads = k.req_count("attention.head_count")?;
     let num_kv_heads = k.count("attention.head_count_kv")?.unwrap_or(num_heads);
     let head_dim = match k.count("attention.key_length")? {
