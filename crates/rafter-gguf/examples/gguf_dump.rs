@@ -36,11 +36,10 @@ fn show(value: &Value, all: bool) -> String {
                 items.join(", ")
             )
         }
-        Value::String(s) if !all && s.len() > 80 => format!(
-            "{:?}... ({} bytes)",
-            &s[..s.floor_char_boundary(80)],
-            s.len()
-        ),
+        Value::String(s) if !all && s.len() > 80 => {
+            let head: String = s.chars().take(80).collect();
+            format!("{head:?}... ({} bytes)", s.len())
+        }
         other => format!("{other:?}"),
     }
 }
