@@ -415,6 +415,26 @@ pub struct ModelSpec {
     pub generation: GenerationDefaults,
 }
 
+/// The most layers a spec may have (llama.cpp's `LLAMA_MAX_LAYERS`). Checked before
+/// anything per layer is allocated, so a hostile layer count is an error, not an
+/// out-of-memory.
+pub const MAX_LAYERS: usize = 512;
+
+/// The most experts a MoE layer may have (llama.cpp's `LLAMA_MAX_EXPERTS`).
+pub const MAX_EXPERTS: usize = 1024;
+
+/// The largest head dimension, head count or hidden size accepted (far above any real
+/// model; it bounds what a hostile file can make the graph builder allocate).
+pub const MAX_DIM: usize = 1 << 20;
+
+/// Checks a layer count read from a file before per-layer data is built from it.
+pub fn check_layer_count(n: usize) -> Result<(), String> {
+    if n > MAX_LAYERS {
+        return Err(format!("{n} layers (at most {MAX_LAYERS} are supported)"));
+    }
+    Ok(())
+}
+
 impl ModelSpec {
     /// Query heads per key/value head.
     pub fn gqa_group(&self) -> usize {
@@ -450,6 +470,31 @@ impl ModelSpec {
                 return Err(format!("{name} is 0"));
             }
         }
+        check_layer_count(self.num_layers)?;
+        let bounded = [
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.num_heads),
+            ("head_dim", self.head_dim),
+            ("intermediate_size", self.intermediate_size),
+        ];
+        for (name, v) in bounded {
+            if v > MAX_DIM {
+                return Err(format!("{name} {v} exceeds {MAX_DIM}"));
+            }
+        }
+        // Every tensor the spec implies must have an element count that fits in u64.
+        let fits = |dims: &[usize]| {
+            dims.iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+                .is_some_and(|n| n <= i64::MAX as u64)
+        };
+        let q = self.num_heads * self.head_dim;
+        if !fits(&[self.vocab_size, self.hidden_size]) || !fits(&[q, self.hidden_size]) {
+            return Err(format!(
+                "vocab_size {} / hidden_size {} give tensors too large to address",
+                self.vocab_size, self.hidden_size
+            ));
+        }
         if self.num_heads % self.num_kv_heads != 0 {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
@@ -479,6 +524,12 @@ impl ModelSpec {
             }
             (Some(m), _) if m.intermediate_size == 0 => {
                 return Err("moe_intermediate_size is 0".into())
+            }
+            (Some(m), _) if m.num_experts > MAX_EXPERTS || m.intermediate_size > MAX_DIM => {
+                return Err(format!(
+                    "{} experts of size {} (at most {MAX_EXPERTS} experts of {MAX_DIM})",
+                    m.num_experts, m.intermediate_size
+                ))
             }
             (None, true) => return Err("MoE layers without MoE parameters".into()),
             _ => {}

@@ -32,9 +32,10 @@ pub enum SourceError {
         supported: String,
     },
 
-    #[error("{}: missing field '{field}' (needed for {architecture})", path.display())]
+    #[error("{}: missing field {field} (needed for {architecture})", path.display())]
     MissingField {
         path: PathBuf,
+        /// The field, quoted, with alternative names: `'num_experts' (or 'num_local_experts')`.
         field: String,
         architecture: String,
     },

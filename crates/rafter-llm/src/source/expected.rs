@@ -8,63 +8,85 @@ use super::error::SourceError;
 use super::weights::{ExpertLayout, UnsupportedTensor, WeightDtype, WeightTensor, Weights};
 use crate::spec::{FfnKind, ModelSpec};
 
-/// The canonical name and logical shape of every tensor the graph needs.
+/// The canonical name and logical shape of every tensor the graph needs, generated lazily
+/// so that a source missing tensors fails at the first one without listing them all.
 pub(crate) fn expected_tensors(
     spec: &ModelSpec,
     experts: ExpertLayout,
-) -> Vec<(String, Vec<usize>)> {
-    let (h, v, hd) = (spec.hidden_size, spec.vocab_size, spec.head_dim);
-    let (q, kv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
-    let mut out = vec![
+) -> impl Iterator<Item = (String, Vec<usize>)> + '_ {
+    let (h, v) = (spec.hidden_size, spec.vocab_size);
+    let mut top = vec![
         ("model.embed_tokens.weight".to_string(), vec![v, h]),
         ("model.norm.weight".to_string(), vec![h]),
     ];
     if !spec.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![v, h]));
+        top.push(("lm_head.weight".to_string(), vec![v, h]));
     }
-    for (i, layer) in spec.layers.iter().enumerate() {
-        let p = format!("model.layers.{i}");
-        let mut add =
-            |name: &str, shape: Vec<usize>| out.push((format!("{p}.{name}.weight"), shape));
-        add("input_layernorm", vec![h]);
-        add("self_attn.q_proj", vec![q, h]);
-        add("self_attn.k_proj", vec![kv, h]);
-        add("self_attn.v_proj", vec![kv, h]);
-        add("self_attn.o_proj", vec![h, q]);
-        if spec.qk_norm {
-            add("self_attn.q_norm", vec![hd]);
-            add("self_attn.k_norm", vec![hd]);
-        }
-        add("post_attention_layernorm", vec![h]);
-        if spec.sandwich_norms {
-            add("pre_feedforward_layernorm", vec![h]);
-            add("post_feedforward_layernorm", vec![h]);
-        }
-        match (layer.ffn, &spec.moe) {
-            (FfnKind::Moe, Some(moe)) => {
-                let (e, f) = (moe.num_experts, moe.intermediate_size);
-                add("mlp.gate", vec![e, h]);
-                if experts == ExpertLayout::Stacked {
-                    add("mlp.experts.gate_proj", vec![e, f, h]);
-                    add("mlp.experts.up_proj", vec![e, f, h]);
-                    add("mlp.experts.down_proj", vec![e, h, f]);
-                } else {
-                    for x in 0..e {
-                        add(&format!("mlp.experts.{x}.gate_proj"), vec![f, h]);
-                        add(&format!("mlp.experts.{x}.up_proj"), vec![f, h]);
-                        add(&format!("mlp.experts.{x}.down_proj"), vec![h, f]);
-                    }
-                }
+    let layers = (0..spec.num_layers).flat_map(move |i| layer_tensors(spec, experts, i));
+    top.into_iter().chain(layers)
+}
+
+/// The tensors of layer `i`: attention and norms, then the MLP (dense, or the router and
+/// each expert's projections, which are generated one expert at a time).
+fn layer_tensors(
+    spec: &ModelSpec,
+    experts: ExpertLayout,
+    i: usize,
+) -> impl Iterator<Item = (String, Vec<usize>)> + '_ {
+    let (h, hd) = (spec.hidden_size, spec.head_dim);
+    let (q, kv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+    let p = format!("model.layers.{i}");
+    let name = move |n: &str| format!("{p}.{n}.weight");
+    let mut out = vec![
+        (name("input_layernorm"), vec![h]),
+        (name("self_attn.q_proj"), vec![q, h]),
+        (name("self_attn.k_proj"), vec![kv, h]),
+        (name("self_attn.v_proj"), vec![kv, h]),
+        (name("self_attn.o_proj"), vec![h, q]),
+    ];
+    if spec.qk_norm {
+        out.push((name("self_attn.q_norm"), vec![hd]));
+        out.push((name("self_attn.k_norm"), vec![hd]));
+    }
+    out.push((name("post_attention_layernorm"), vec![h]));
+    if spec.sandwich_norms {
+        out.push((name("pre_feedforward_layernorm"), vec![h]));
+        out.push((name("post_feedforward_layernorm"), vec![h]));
+    }
+    let moe = match (spec.layers.get(i).map(|l| l.ffn), &spec.moe) {
+        (Some(FfnKind::Moe), Some(moe)) => Some(moe),
+        _ => None,
+    };
+    let mut per_expert = 0..0;
+    match moe {
+        Some(m) => {
+            let (e, f) = (m.num_experts, m.intermediate_size);
+            out.push((name("mlp.gate"), vec![e, h]));
+            if experts == ExpertLayout::Stacked {
+                out.push((name("mlp.experts.gate_proj"), vec![e, f, h]));
+                out.push((name("mlp.experts.up_proj"), vec![e, f, h]));
+                out.push((name("mlp.experts.down_proj"), vec![e, h, f]));
+            } else {
+                per_expert = 0..e;
             }
-            _ => {
-                let f = spec.intermediate_size;
-                add("mlp.gate_proj", vec![f, h]);
-                add("mlp.up_proj", vec![f, h]);
-                add("mlp.down_proj", vec![h, f]);
-            }
+        }
+        None => {
+            let f = spec.intermediate_size;
+            out.push((name("mlp.gate_proj"), vec![f, h]));
+            out.push((name("mlp.up_proj"), vec![f, h]));
+            out.push((name("mlp.down_proj"), vec![h, f]));
         }
     }
-    out
+    let f = moe.map_or(0, |m| m.intermediate_size);
+    let expert_tensors = per_expert.flat_map(move |x| {
+        let e = |proj: &str| format!("model.layers.{i}.mlp.experts.{x}.{proj}.weight");
+        [
+            (e("gate_proj"), vec![f, h]),
+            (e("up_proj"), vec![f, h]),
+            (e("down_proj"), vec![h, f]),
+        ]
+    });
+    out.into_iter().chain(expert_tensors)
 }
 
 /// Tensors a source holds in a dtype rafter cannot compute on, by canonical name: where

@@ -34,8 +34,8 @@ use super::weights::{
 };
 use super::ModelSource;
 use crate::spec::{
-    Activation, Architecture, AttentionKind, FfnKind, GenerationDefaults, LayerSpec, ModelSpec,
-    MoeSpec, RopeScaling, RopeSpec, SlidingWindow, TokenIds,
+    check_layer_count, Activation, Architecture, AttentionKind, FfnKind, GenerationDefaults,
+    LayerSpec, ModelSpec, MoeSpec, RopeScaling, RopeSpec, SlidingWindow, TokenIds,
 };
 
 /// GGUF tensor names (per block, after `blk.N.`) and their HF names (after
@@ -61,6 +61,9 @@ pub const GGUF_TO_HF: &[(&str, &str)] = &[
     ("ffn_gate_exps", "mlp.experts.gate_proj"),
     ("ffn_up_exps", "mlp.experts.up_proj"),
     ("ffn_down_exps", "mlp.experts.down_proj"),
+    // Written only with the converter's --fuse-qkv / --fuse-gate-up-exps; split on read.
+    ("attn_qkv", "self_attn.qkv_proj"),
+    ("ffn_gate_up_exps", "mlp.experts.gate_up_proj"),
 ];
 
 /// Non-block tensors.
@@ -130,18 +133,11 @@ pub(crate) fn from_file(file: GgufFile, path: &Path) -> Result<ModelSource, Sour
     let file_arc: Arc<Path> = Arc::from(path);
     let mut found = BTreeMap::new();
     let mut unsupported = Unsupported::new();
+    let mut fused_gate_up = false;
     for info in file.tensors() {
         let name = info.name();
         if name == "rope_freqs.weight" {
             continue;
-        }
-        if name.starts_with("blk.") && name.contains(".attn_qkv.") {
-            return Err(SourceError::Unsupported {
-                path: path.to_path_buf(),
-                what: format!(
-                    "the fused attention tensor '{name}' (separate attn_q/attn_k/attn_v are)"
-                ),
-            });
         }
         let Some(canonical) = canonical_name(name, arch) else {
             continue;
@@ -161,12 +157,25 @@ pub(crate) fn from_file(file: GgufFile, path: &Path) -> Result<ModelSource, Sour
             bytes: file.tensor_data(info),
             origin,
         };
-        found.insert(canonical, tensor);
+        match fused_kind(&canonical) {
+            Some(Fused::Qkv) => split_qkv(&spec, &canonical, tensor, &mut found, path)?,
+            Some(Fused::GateUpExps) => {
+                fused_gate_up = true;
+                split_gate_up_exps(&spec, &canonical, tensor, &mut found, path)?;
+            }
+            None => {
+                found.insert(canonical, tensor);
+            }
+        }
     }
     spec.tie_word_embeddings = !found.contains_key("lm_head.weight");
-    let experts = match spec.moe {
-        Some(_) => ExpertLayout::Stacked,
-        None => ExpertLayout::None,
+    let experts = match (&spec.moe, fused_gate_up) {
+        (None, _) => ExpertLayout::None,
+        (Some(_), false) => ExpertLayout::Stacked,
+        (Some(moe), true) => {
+            unstack_experts(&mut found, moe.num_experts);
+            ExpertLayout::PerExpert
+        }
     };
     let (weights, unused) = take_expected(&spec, experts, found, &unsupported, path, |name| {
         format!("GGUF tensor '{}'", gguf_name(name, arch))
@@ -189,6 +198,124 @@ pub(crate) fn from_file(file: GgufFile, path: &Path) -> Result<ModelSource, Sour
         unused,
         gguf: Some(file),
     })
+}
+
+/// Tensors the converter can fuse (`--fuse-qkv`, `--fuse-gate-up-exps`; conversion/base.py
+/// `ModelBase.modify_tensors`): rafter splits them back, zero-copy.
+enum Fused {
+    /// `attn_qkv`: `torch.cat([q, k, v], dim=0)`, rows of q, then k, then v.
+    Qkv,
+    /// `ffn_gate_up_exps`: `torch.cat([gate, up], dim=1)` of `[experts, ff, hidden]`
+    /// tensors, so each expert's gate rows then its up rows.
+    GateUpExps,
+}
+
+fn fused_kind(canonical: &str) -> Option<Fused> {
+    if canonical.ends_with(".self_attn.qkv_proj.weight") {
+        Some(Fused::Qkv)
+    } else if canonical.ends_with(".mlp.experts.gate_up_proj.weight") {
+        Some(Fused::GateUpExps)
+    } else {
+        None
+    }
+}
+
+fn fused_shape_error(
+    name: &str,
+    t: &WeightTensor,
+    expected: Vec<usize>,
+    path: &Path,
+) -> SourceError {
+    SourceError::ShapeMismatch {
+        name: name.to_string(),
+        stored_as: t.origin.name.clone(),
+        expected,
+        found: t.shape.clone(),
+        path: path.to_path_buf(),
+    }
+}
+
+/// `model.layers.N.self_attn.qkv_proj.weight` → q_proj, k_proj, v_proj.
+fn split_qkv(
+    spec: &ModelSpec,
+    canonical: &str,
+    t: WeightTensor,
+    found: &mut BTreeMap<String, WeightTensor>,
+    path: &Path,
+) -> Result<(), SourceError> {
+    let q = spec.num_heads * spec.head_dim;
+    let kv = spec.num_kv_heads * spec.head_dim;
+    let expected = vec![q + 2 * kv, spec.hidden_size];
+    if t.shape != expected {
+        return Err(fused_shape_error(canonical, &t, expected, path));
+    }
+    let prefix = canonical.trim_end_matches("qkv_proj.weight");
+    for (proj, start, end) in [
+        ("q_proj", 0, q),
+        ("k_proj", q, q + kv),
+        ("v_proj", q + kv, q + 2 * kv),
+    ] {
+        let part = t.rows(start, end, proj).ok_or_else(|| {
+            fused_shape_error(canonical, &t, vec![q + 2 * kv, spec.hidden_size], path)
+        })?;
+        found.insert(format!("{prefix}{proj}.weight"), part);
+    }
+    Ok(())
+}
+
+/// `model.layers.N.mlp.experts.gate_up_proj.weight` `[experts, 2·ff, hidden]` →
+/// per-expert gate_proj and up_proj.
+fn split_gate_up_exps(
+    spec: &ModelSpec,
+    canonical: &str,
+    t: WeightTensor,
+    found: &mut BTreeMap<String, WeightTensor>,
+    path: &Path,
+) -> Result<(), SourceError> {
+    let Some(moe) = &spec.moe else {
+        return Ok(());
+    };
+    let (e, f) = (moe.num_experts, moe.intermediate_size);
+    let expected = vec![e, 2 * f, spec.hidden_size];
+    if t.shape != expected {
+        return Err(fused_shape_error(canonical, &t, expected, path));
+    }
+    let prefix = canonical.trim_end_matches("gate_up_proj.weight");
+    for x in 0..e {
+        let expert = t
+            .index_outer(x)
+            .ok_or_else(|| fused_shape_error(canonical, &t, expected.clone(), path))?;
+        for (proj, start, end) in [("gate_proj", 0, f), ("up_proj", f, 2 * f)] {
+            let part = expert
+                .rows(start, end, proj)
+                .ok_or_else(|| fused_shape_error(canonical, &t, expected.clone(), path))?;
+            found.insert(format!("{prefix}{x}.{proj}.weight"), part);
+        }
+    }
+    Ok(())
+}
+
+/// Replaces stacked `mlp.experts.{p}_proj.weight` tensors by per-expert views (when a
+/// file fuses gate and up, so every projection is read one expert at a time).
+fn unstack_experts(found: &mut BTreeMap<String, WeightTensor>, experts: usize) {
+    let stacked: Vec<String> = found
+        .keys()
+        .filter(|k| {
+            k.contains(".mlp.experts.") && k.split('.').nth(5).is_some_and(|p| p.ends_with("_proj"))
+        })
+        .cloned()
+        .collect();
+    for name in stacked {
+        let Some(t) = found.remove(&name) else {
+            continue;
+        };
+        let (prefix, proj) = name.rsplit_once(".mlp.experts.").unwrap_or((&name, ""));
+        for x in 0..experts {
+            if let Some(part) = t.index_outer(x) {
+                found.insert(format!("{prefix}.mlp.experts.{x}.{proj}"), part);
+            }
+        }
+    }
 }
 
 /// Metadata key reader for one architecture's `{arch}.*` keys.
@@ -246,7 +373,7 @@ impl Keys<'_> {
     fn missing(&self, k: &str) -> SourceError {
         SourceError::MissingField {
             path: self.path.to_path_buf(),
-            field: self.key(k),
+            field: format!("'{}'", self.key(k)),
             architecture: self.arch.to_string(),
         }
     }
@@ -268,6 +395,7 @@ fn read_spec(file: &GgufFile, arch: Architecture, path: &Path) -> Result<ModelSp
     };
     let hidden_size = k.req_count("embedding_length")?;
     let num_layers = k.req_count("block_count")?;
+    check_layer_count(num_layers).map_err(|reason| k.bad(&k.key("block_count"), &reason))?;
     let num_heads = k.req_count("attention.head_count")?;
     let num_kv_heads = k.count("attention.head_count_kv")?.unwrap_or(num_heads);
     let head_dim = match k.count("attention.key_length")? {

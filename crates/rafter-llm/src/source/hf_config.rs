@@ -17,8 +17,8 @@ use serde_json::{Map, Value};
 use super::error::SourceError;
 use super::json::Fields;
 use crate::spec::{
-    Activation, Architecture, AttentionKind, FfnKind, GenerationDefaults, LayerSpec, ModelSpec,
-    MoeSpec, RopeScaling, RopeSpec, SlidingWindow, TokenIds,
+    check_layer_count, Activation, Architecture, AttentionKind, FfnKind, GenerationDefaults,
+    LayerSpec, ModelSpec, MoeSpec, RopeScaling, RopeSpec, SlidingWindow, TokenIds,
 };
 
 /// The architecture a config describes: `architectures[0]`, else `model_type`.
@@ -67,6 +67,7 @@ pub(crate) fn read_spec(
 
     let hidden_size = f.req_usize(&["hidden_size"])?;
     let num_layers = f.req_usize(&["num_hidden_layers"])?;
+    check_layer_count(num_layers).map_err(|reason| f.bad("num_hidden_layers", reason))?;
     let num_heads = f.req_usize(&["num_attention_heads"])?;
     let num_kv_heads = f.usize(&["num_key_value_heads"])?.unwrap_or(num_heads);
     let head_dim = match f.usize(&["head_dim"])? {

@@ -358,25 +358,14 @@ fn split_fused(
         };
         match fused {
             Fused::GateUp(prefix) => {
-                let (rows, cols) = (expert.shape[0], expert.shape[1]);
+                let rows = expert.shape[0];
                 if rows % 2 != 0 {
                     return Err(bad(format!("odd gate_up row count {rows}")));
                 }
-                let half = expert.bytes.len() / 2;
-                for (k, proj) in ["gate_proj", "up_proj"].into_iter().enumerate() {
-                    let part = WeightTensor {
-                        dtype: expert.dtype,
-                        shape: vec![rows / 2, cols],
-                        bytes: expert.bytes.slice(k * half..(k + 1) * half),
-                        origin: TensorOrigin {
-                            file: Arc::clone(&expert.origin.file),
-                            name: format!(
-                                "{}[{}]",
-                                expert.origin.name,
-                                ["gate half", "up half"][k]
-                            ),
-                        },
-                    };
+                let gate = expert.rows(0, rows / 2, "gate half");
+                let up = expert.rows(rows / 2, rows, "up half");
+                for (proj, part) in [("gate_proj", gate), ("up_proj", up)] {
+                    let part = part.ok_or_else(|| bad(format!("cannot split expert {e}")))?;
                     found.insert(format!("{prefix}.mlp.experts.{e}.{proj}.weight"), part);
                 }
             }

@@ -94,10 +94,13 @@ impl<'a> Fields<'a> {
     }
 
     pub fn missing(&self, keys: &[&str]) -> SourceError {
+        let p = &self.prefix;
         let field = match keys {
-            [one] => format!("{}{one}", self.prefix),
-            [first, rest @ ..] => format!("{}{first}' (or '{}", self.prefix, rest.join("', '")),
-            [] => String::new(),
+            [first, rest @ ..] if !rest.is_empty() => {
+                let alts: Vec<String> = rest.iter().map(|k| format!("'{p}{k}'")).collect();
+                format!("'{p}{first}' (or {})", alts.join(", "))
+            }
+            _ => format!("'{p}{}'", keys.first().unwrap_or(&"")),
         };
         SourceError::MissingField {
             path: self.path_buf(),

@@ -41,7 +41,15 @@
 //!   (conversion/gemma.py: `data_torch[:n_vocab_real]`), so `vocab_size` can be smaller
 //!   than the HF config's; the spec takes it from the file.
 //!
-//! Tensor names map as [`GGUF_TO_HF`] lists.
+//! * **Fused tensors** written with the converter's `--fuse-qkv` (`attn_qkv`: rows of q,
+//!   then k, then v) and `--fuse-gate-up-exps` (`ffn_gate_up_exps`: each expert's gate
+//!   rows then its up rows; conversion/base.py `ModelBase.modify_tensors`), and
+//!   transformers 5's fused `mlp.experts.gate_up_proj`, are split into the canonical
+//!   tensors zero-copy (rows of a tensor are contiguous, whole blocks for block types).
+//!
+//! Tensor names map as [`GGUF_TO_HF`] lists. The mapping and conventions are checked
+//! against files made by llama.cpp's own converter (tests/real_converter.rs, with
+//! tests/make_converted_models.py).
 
 mod error;
 mod expected;

@@ -140,6 +140,29 @@ impl WeightTensor {
     }
 }
 
+impl WeightTensor {
+    /// Rows `start..end` of a 2-D `[rows, cols]` tensor, zero-copy (rows are contiguous,
+    /// whole blocks for block types); `part` names the slice in the origin.
+    pub fn rows(&self, start: usize, end: usize, part: &str) -> Option<WeightTensor> {
+        let [rows, cols] = self.shape[..] else {
+            return None;
+        };
+        if start > end || end > rows {
+            return None;
+        }
+        let stride = self.bytes.len() / rows.max(1);
+        Some(WeightTensor {
+            dtype: self.dtype,
+            shape: vec![end - start, cols],
+            bytes: self.bytes.slice(start * stride..end * stride),
+            origin: TensorOrigin {
+                file: Arc::clone(&self.origin.file),
+                name: format!("{}[{part}]", self.origin.name),
+            },
+        })
+    }
+}
+
 /// The canonical weights of a model, by canonical (HF-style) name.
 ///
 /// Names are those of a transformers checkpoint of the architecture without any wrapper

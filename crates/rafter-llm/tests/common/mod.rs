@@ -783,3 +783,137 @@ pub fn gemma3_4b_it_v5() -> (Value, Dims) {
     };
     (config, dims)
 }
+
+// ---------------------------------------------------------------------------------------
+// Comparing a model read from HF with the same model read from GGUF.
+
+use rafter_llm::source::RopePairing;
+use rafter_llm::spec::ModelSpec;
+use rafter_llm::ModelSource;
+
+pub fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= a.abs().max(b.abs()) * 1e-6
+}
+
+/// The architecture-level fields agree (GGUF stores floats as f32, hence `close`).
+pub fn assert_same_architecture(hf: &ModelSpec, gguf: &ModelSpec) {
+    assert_eq!(hf.architecture, gguf.architecture);
+    assert_eq!(
+        (
+            hf.vocab_size,
+            hf.hidden_size,
+            hf.num_layers,
+            hf.num_heads,
+            hf.num_kv_heads,
+            hf.head_dim
+        ),
+        (
+            gguf.vocab_size,
+            gguf.hidden_size,
+            gguf.num_layers,
+            gguf.num_heads,
+            gguf.num_kv_heads,
+            gguf.head_dim
+        )
+    );
+    if hf.moe.is_none() {
+        assert_eq!(hf.intermediate_size, gguf.intermediate_size);
+    }
+    assert!(
+        close(hf.rms_norm_eps, gguf.rms_norm_eps),
+        "{} vs {}",
+        hf.rms_norm_eps,
+        gguf.rms_norm_eps
+    );
+    assert!(close(hf.rope.theta, gguf.rope.theta));
+    for (a, b) in hf
+        .rope
+        .inv_freq(hf.head_dim)
+        .iter()
+        .zip(gguf.rope.inv_freq(gguf.head_dim))
+    {
+        assert!(close(*a, b), "inv_freq {a} vs {b}");
+    }
+    assert_eq!(hf.max_position_embeddings, gguf.max_position_embeddings);
+    assert_eq!(hf.tie_word_embeddings, gguf.tie_word_embeddings);
+    assert_eq!(
+        (hf.qk_norm, hf.sandwich_norms, hf.activation),
+        (gguf.qk_norm, gguf.sandwich_norms, gguf.activation)
+    );
+    assert_eq!(hf.layers, gguf.layers);
+    assert_eq!(hf.moe, gguf.moe);
+    assert_eq!(hf.sliding_window, gguf.sliding_window);
+    assert!(close(hf.attention_scale, gguf.attention_scale));
+    assert_eq!(hf.final_logit_softcapping, gguf.final_logit_softcapping);
+    assert_eq!(hf.embedding_scale, gguf.embedding_scale);
+}
+
+/// Rotates `x` (one head) at position `pos` with `inv_freq`, pairing as `pairing` says.
+pub fn rope(x: &[f64], pos: f64, inv_freq: &[f64], pairing: RopePairing) -> Vec<f64> {
+    let d = x.len();
+    let mut out = x.to_vec();
+    for (j, f) in inv_freq.iter().enumerate() {
+        let (a, b) = match pairing {
+            RopePairing::Halves => (j, j + d / 2),
+            RopePairing::Interleaved => (2 * j, 2 * j + 1),
+        };
+        let (s, c) = (pos * f).sin_cos();
+        out[a] = x[a] * c - x[b] * s;
+        out[b] = x[a] * s + x[b] * c;
+    }
+    out
+}
+
+/// `W x` for a row-major f32 weight of `rows` rows.
+pub fn matvec(w: &[f32], x: &[f64], rows: usize) -> Vec<f64> {
+    let cols = x.len();
+    (0..rows)
+        .map(|r| (0..cols).map(|c| f64::from(w[r * cols + c]) * x[c]).sum())
+        .collect()
+}
+
+/// Attention scores q(head h, pos 7) · k(kv head, pos 3) for every head, from a model's
+/// q/k weights and its rope pairing.
+pub fn scores(m: &ModelSource, x: &[f64]) -> Vec<f64> {
+    let s = &m.spec;
+    let q = matvec(
+        &f32s(
+            &m.weights
+                .get("model.layers.0.self_attn.q_proj.weight")
+                .unwrap()
+                .bytes,
+        ),
+        x,
+        s.num_heads * s.head_dim,
+    );
+    let k = matvec(
+        &f32s(
+            &m.weights
+                .get("model.layers.0.self_attn.k_proj.weight")
+                .unwrap()
+                .bytes,
+        ),
+        x,
+        s.num_kv_heads * s.head_dim,
+    );
+    let inv = s.rope.inv_freq(s.head_dim);
+    let hd = s.head_dim;
+    (0..s.num_heads)
+        .map(|h| {
+            let kv = h / s.gqa_group();
+            let qh = rope(
+                &q[h * hd..(h + 1) * hd],
+                7.0,
+                &inv,
+                m.conventions.rope_pairing,
+            );
+            let kh = rope(
+                &k[kv * hd..(kv + 1) * hd],
+                3.0,
+                &inv,
+                m.conventions.rope_pairing,
+            );
+            qh.iter().zip(&kh).map(|(a, b)| a * b).sum()
+        })
+        .collect()
+}
