@@ -159,36 +159,57 @@ pub(crate) fn prepare(format: BlockFormat, act: &Act, aux: &mut AlignedBytes) {
     }
 }
 
-/// `out[i]` = row `r0 + i` of x times the weight row `w`, for `i < m <= MR`.
+/// `out[i * out_ld + c]` = row `r0 + i` of x times weight row `c`, for `i < m <= MR` and
+/// the `w.len() / row_bytes` weight rows in `w`.
 ///
 /// # Safety
-/// `w` is one whole row of `format` blocks for `act.k` elements; rows `r0..r0 + m` of `act`
+/// `w` is whole rows of `format` blocks for `act.k` elements; rows `r0..r0 + m` of `act`
 /// exist; `aux` was made by [`prepare`] for `format` from `act`; AVX-512F/BW/VBMI/VNNI,
 /// GFNI and BMI2 are available.
-pub(crate) unsafe fn dot_rows(
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn dot_tile(
     format: BlockFormat,
     w: &[u8],
     act: &Act,
     aux: &[u8],
     r0: usize,
     m: usize,
-    out: &mut [f32; MR],
+    out: &mut [f32],
+    out_ld: usize,
 ) {
     let k = act.k;
     let rb = row_bytes(format, k);
+    let wrow = format.row_bytes(k).expect("whole blocks");
+    let rows = w.len() / wrow.max(1);
     assert!(m <= MR && r0 + m <= act.m && aux.len() >= (r0 + m) * rb);
-    assert_eq!(w.len(), format.row_bytes(k).unwrap_or(usize::MAX));
+    assert!(
+        w.len() == rows * wrow && (rows == 0 || m == 0 || out.len() >= (m - 1) * out_ld + rows)
+    );
+    if rows == 0 || m == 0 {
+        return;
+    }
     let a = aux[r0 * rb..].as_ptr();
-    // SAFETY (every arm): `w` holds the row (asserted), `a` the prepared rows r0..r0+m at
-    // stride rb (asserted); the features are available (caller).
+    let t = Tile {
+        w: w.as_ptr(),
+        rows,
+        wrow,
+        k,
+        a,
+        rb,
+        out: out.as_mut_ptr(),
+        out_ld,
+    };
+    // SAFETY (every arm): `t` describes `rows` whole weight rows, the prepared rows
+    // r0..r0+m and an output of m rows of `rows` floats (asserted above); the features are
+    // available (caller).
     macro_rules! rows {
         ($kern:ident, $($c:expr),*) => {
             unsafe {
                 match m {
-                    1 => $kern::<$($c,)* 1>(w.as_ptr(), k, a, rb, out),
-                    2 => $kern::<$($c,)* 2>(w.as_ptr(), k, a, rb, out),
-                    3 => $kern::<$($c,)* 3>(w.as_ptr(), k, a, rb, out),
-                    _ => $kern::<$($c,)* 4>(w.as_ptr(), k, a, rb, out),
+                    1 => $kern::<$($c,)* 1>(&t),
+                    2 => $kern::<$($c,)* 2>(&t),
+                    3 => $kern::<$($c,)* 3>(&t),
+                    _ => $kern::<$($c,)* 4>(&t),
                 }
             }
         };
@@ -210,19 +231,47 @@ pub(crate) unsafe fn dot_rows(
     let bb = format.block_bytes();
     if format.block_elems() == 32 {
         let nb = k / 32;
-        for b in nb / 4 * 4..nb {
-            for (i, o) in out.iter_mut().enumerate().take(m) {
-                let r = r0 + i;
-                let s = act.sums16(r);
-                *o += gemv_scalar::block32(
-                    format,
-                    &w[b * bb..][..bb],
-                    &act.row(r)[32 * b..][..32],
-                    act.scales(r)[b],
-                    s[2 * b] + s[2 * b + 1],
-                );
+        for c in 0..rows {
+            let wr = &w[c * wrow..][..wrow];
+            for b in nb / 4 * 4..nb {
+                for i in 0..m {
+                    let r = r0 + i;
+                    let s = act.sums16(r);
+                    out[i * out_ld + c] += gemv_scalar::block32(
+                        format,
+                        &wr[b * bb..][..bb],
+                        &act.row(r)[32 * b..][..32],
+                        act.scales(r)[b],
+                        s[2 * b] + s[2 * b + 1],
+                    );
+                }
             }
         }
+    }
+}
+
+/// One kernel call: `rows` weight rows of `wrow` bytes from `w`, the prepared activation
+/// rows from `a` (`rb` bytes each), results to `out` (row `i` at `out + i * out_ld`).
+struct Tile {
+    w: *const u8,
+    rows: usize,
+    wrow: usize,
+    k: usize,
+    a: *const u8,
+    rb: usize,
+    out: *mut f32,
+    out_ld: usize,
+}
+
+impl Tile {
+    /// Stores row `i`'s result for weight row `c`.
+    ///
+    /// # Safety
+    /// `i < m` and `c < rows` of the [`dot_tile`] call.
+    #[inline(always)]
+    unsafe fn store(&self, i: usize, c: usize, v: f32) {
+        // SAFETY: inside `out` (caller).
+        unsafe { *self.out.add(i * self.out_ld + c) = v };
     }
 }
 
@@ -284,84 +333,130 @@ fn hsum(v: __m512) -> f32 {
     _mm512_reduce_add_ps(v)
 }
 
+/// The constants of the nibble kernels, made once per call.
+struct NibConsts {
+    qidx: __m512i,
+    didx: __m512i,
+    midx: __m512i,
+    low4: __m512i,
+    shr4: __m512i,
+    sixteen: __m512i,
+}
+
 /// Q4_0 (`KIND` 0), Q4_1 (1), Q5_0 (2), Q5_1 (3): groups of 4 blocks, one per 128-bit
 /// lane; low nibbles and high nibbles each one `vpdpbusd` against the split activations.
+/// Two groups an iteration, into separate accumulators (FMA latency).
 ///
 /// # Safety
-/// [`dot_rows`]'s contract with `m == R`.
+/// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni,bmi2")]
-unsafe fn nibble<const KIND: u8, const R: usize>(
-    w: *const u8,
-    k: usize,
-    a: *const u8,
-    rb: usize,
-    out: &mut [f32; MR],
-) {
+unsafe fn nibble<const KIND: u8, const R: usize>(t: &Tile) {
     let bb = [18usize, 20, 22, 24][KIND as usize];
     let qs = [2usize, 4, 6, 8][KIND as usize];
+    let span = 4 * bb;
+    let c = NibConsts {
+        qidx: table(gather_index(4, 16, bb, qs, span)),
+        didx: table(spread_index(4, 4, bb, 0, span)),
+        midx: table(spread_index(4, 4, bb, 2, span)),
+        low4: _mm512_set1_epi8(0x0F),
+        shr4: _mm512_set1_epi64(SHR4 as i64),
+        sixteen: _mm512_set1_epi8(16),
+    };
+    let groups = t.k / 128;
+    for n in 0..t.rows {
+        let mut s0 = [_mm512_setzero_ps(); R];
+        let mut s1 = [_mm512_setzero_ps(); R];
+        let mut mins = [_mm512_setzero_ps(); R];
+        // SAFETY: row n < rows; groups g < k / 128 lie inside it and inside each prepared
+        // row (the Tile contract).
+        unsafe {
+            let w = t.w.add(n * t.wrow);
+            let mut g = 0;
+            while g + 2 <= groups {
+                nibble_group::<KIND, R>(&c, w, t, g, &mut s0, &mut mins);
+                nibble_group::<KIND, R>(&c, w, t, g + 1, &mut s1, &mut mins);
+                g += 2;
+            }
+            if g < groups {
+                nibble_group::<KIND, R>(&c, w, t, g, &mut s0, &mut mins);
+            }
+            for r in 0..R {
+                t.store(
+                    r,
+                    n,
+                    hsum(_mm512_add_ps(_mm512_add_ps(s0[r], s1[r]), mins[r])),
+                );
+            }
+        }
+    }
+}
+
+/// Group `g` of the weight row at `w` into `sum` (and `mins`, for the `_1` formats).
+///
+/// # Safety
+/// Group `g` lies inside the row and inside the prepared rows < R of `t`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni,bmi2")]
+unsafe fn nibble_group<const KIND: u8, const R: usize>(
+    c: &NibConsts,
+    w: *const u8,
+    t: &Tile,
+    g: usize,
+    sum: &mut [__m512; R],
+    mins: &mut [__m512; R],
+) {
+    let bb = [18usize, 20, 22, 24][KIND as usize];
     let qh_at = [0usize, 0, 2, 4][KIND as usize];
     let five = KIND >= 2;
     let with_min = KIND % 2 == 1;
     let span = 4 * bb;
-    let qidx = table(gather_index(4, 16, bb, qs, span));
-    let didx = table(spread_index(4, 4, bb, 0, span));
-    let midx = table(spread_index(4, 4, bb, 2, span));
-    let low4 = _mm512_set1_epi8(0x0F);
-    let shr4 = _mm512_set1_epi64(SHR4 as i64);
-    let sixteen = _mm512_set1_epi8(16);
-    let mut sum = [[_mm512_setzero_ps(); 2]; R];
-    let mut mins = [_mm512_setzero_ps(); R];
-    for g in 0..k / 128 {
-        // SAFETY: group g's span lies inside the row (g < k / 128 whole groups); prepared
-        // group g of rows < R lies inside `a` (rb bytes a row).
-        unsafe {
-            let p = w.add(g * span);
-            let l0 = _mm512_loadu_si512(p.cast());
-            let l1 = _mm512_loadu_si512(p.add(span - 64).cast());
-            let q = _mm512_permutex2var_epi8(l0, qidx, l1);
-            let mut lo = _mm512_and_si512(q, low4);
-            let mut hi = _mm512_gf2p8affine_epi64_epi8::<0>(q, shr4);
-            if five {
-                let h = |b: usize| (p.add(bb * b + qh_at).cast::<u32>().read_unaligned()) as u64;
-                let (h01, h23) = (h(0) | h(1) << 32, h(2) | h(3) << 32);
-                let kl = _pext_u64(h01, 0x0000_FFFF_0000_FFFF)
-                    | _pext_u64(h23, 0x0000_FFFF_0000_FFFF) << 32;
-                let kh = _pext_u64(h01, 0xFFFF_0000_FFFF_0000)
-                    | _pext_u64(h23, 0xFFFF_0000_FFFF_0000) << 32;
-                lo = _mm512_mask_add_epi8(lo, kl, lo, sixteen);
-                hi = _mm512_mask_add_epi8(hi, kh, hi, sixteen);
-            }
-            let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
-                l0, didx, l1,
-            )));
-            let mw = if with_min {
-                _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
-                    l0, midx, l1,
-                )))
+    // SAFETY: the group's span and prepared bytes are readable (caller).
+    unsafe {
+        let p = w.add(g * span);
+        let l0 = _mm512_loadu_si512(p.cast());
+        let l1 = _mm512_loadu_si512(p.add(span - 64).cast());
+        let q = _mm512_permutex2var_epi8(l0, c.qidx, l1);
+        let mut lo = _mm512_and_si512(q, c.low4);
+        let mut hi = _mm512_gf2p8affine_epi64_epi8::<0>(q, c.shr4);
+        if five {
+            let h0 = p.add(qh_at).cast::<u32>().read_unaligned() as u64;
+            let h1 = p.add(bb + qh_at).cast::<u32>().read_unaligned() as u64;
+            let h2 = p.add(2 * bb + qh_at).cast::<u32>().read_unaligned() as u64;
+            let h3 = p.add(3 * bb + qh_at).cast::<u32>().read_unaligned() as u64;
+            let (h01, h23) = (h0 | h1 << 32, h2 | h3 << 32);
+            const LO: u64 = 0x0000_FFFF_0000_FFFF;
+            const HI: u64 = 0xFFFF_0000_FFFF_0000;
+            let kl = _pext_u64(h01, LO) | _pext_u64(h23, LO) << 32;
+            let kh = _pext_u64(h01, HI) | _pext_u64(h23, HI) << 32;
+            lo = _mm512_mask_add_epi8(lo, kl, lo, c.sixteen);
+            hi = _mm512_mask_add_epi8(hi, kh, hi, c.sixteen);
+        }
+        let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
+            l0, c.didx, l1,
+        )));
+        let mw = if with_min {
+            _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
+                l0, c.midx, l1,
+            )))
+        } else {
+            _mm512_setzero_ps()
+        };
+        for r in 0..R {
+            let ar = t.a.add(r * t.rb + g * NIB_GROUP);
+            let third = _mm512_load_si512(ar.add(128).cast());
+            let init = if with_min {
+                _mm512_setzero_si512()
             } else {
-                _mm512_setzero_ps()
+                third
             };
-            for r in 0..R {
-                let ar = a.add(r * rb + g * NIB_GROUP);
-                let third = _mm512_load_si512(ar.add(128).cast());
-                let init = if with_min {
-                    _mm512_setzero_si512()
-                } else {
-                    third
-                };
-                let acc = _mm512_dpbusd_epi32(init, lo, _mm512_load_si512(ar.cast()));
-                let acc = _mm512_dpbusd_epi32(acc, hi, _mm512_load_si512(ar.add(64).cast()));
-                let scale = _mm512_mul_ps(dw, _mm512_load_ps(ar.add(192).cast()));
-                let s = &mut sum[r][g % 2];
-                *s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), scale, *s);
-                if with_min {
-                    mins[r] = _mm512_fmadd_ps(mw, _mm512_castsi512_ps(third), mins[r]);
-                }
+            let acc = _mm512_dpbusd_epi32(init, lo, _mm512_load_si512(ar.cast()));
+            let acc = _mm512_dpbusd_epi32(acc, hi, _mm512_load_si512(ar.add(64).cast()));
+            let scale = _mm512_mul_ps(dw, _mm512_load_ps(ar.add(192).cast()));
+            sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), scale, sum[r]);
+            if with_min {
+                mins[r] = _mm512_fmadd_ps(mw, _mm512_castsi512_ps(third), mins[r]);
             }
         }
-    }
-    for r in 0..R {
-        out[r] = hsum(_mm512_add_ps(_mm512_add_ps(sum[r][0], sum[r][1]), mins[r]));
     }
 }
 
@@ -370,15 +465,10 @@ unsafe fn nibble<const KIND: u8, const R: usize>(
 /// prepared per-lane corrections.
 ///
 /// # Safety
-/// [`dot_rows`]'s contract with `m == R`.
+/// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
-unsafe fn q8<const KIND: u8, const R: usize>(
-    w: *const u8,
-    k: usize,
-    a: *const u8,
-    rb: usize,
-    out: &mut [f32; MR],
-) {
+unsafe fn q8<const KIND: u8, const R: usize>(t: &Tile) {
+    let (k, a, rb) = (t.k, t.a, t.rb);
     let bb = [34usize, 36][KIND as usize];
     let qs = [2usize, 4][KIND as usize];
     // Two blocks from loads at 0 and 2 bb - 64; the scales of four from the pairs' first
@@ -391,42 +481,47 @@ unsafe fn q8<const KIND: u8, const R: usize>(
     }
     let didx = table(didx);
     let flip = _mm512_set1_epi8(-128);
-    let mut sum = [[_mm512_setzero_ps(); 2]; R];
-    for g in 0..k / 128 {
-        // SAFETY: group g (4 blocks) lies inside the row; prepared group g of rows < R
-        // inside `a`.
-        unsafe {
-            let p = w.add(g * 4 * bb);
-            let l0 = _mm512_loadu_si512(p.cast());
-            let l1 = _mm512_loadu_si512(p.add(2 * bb - 64).cast());
-            let l2 = _mm512_loadu_si512(p.add(2 * bb).cast());
-            let l3 = _mm512_loadu_si512(p.add(4 * bb - 64).cast());
-            let z0 = _mm512_xor_si512(_mm512_permutex2var_epi8(l0, qidx, l1), flip);
-            let z1 = _mm512_xor_si512(_mm512_permutex2var_epi8(l2, qidx, l3), flip);
-            let d = _mm512_permutex2var_epi16(l0, didx, l2);
-            let dw0 = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
-            let dw1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(d));
-            for (r, s) in sum.iter_mut().enumerate() {
-                let ar = a.add(r * rb + g * Q8_GROUP);
-                let acc0 = _mm512_dpbusd_epi32(
-                    _mm512_load_si512(ar.add(128).cast()),
-                    z0,
-                    _mm512_load_si512(ar.cast()),
-                );
-                let acc1 = _mm512_dpbusd_epi32(
-                    _mm512_load_si512(ar.add(192).cast()),
-                    z1,
-                    _mm512_load_si512(ar.add(64).cast()),
-                );
-                let sc0 = _mm512_mul_ps(dw0, _mm512_load_ps(ar.add(256).cast()));
-                let sc1 = _mm512_mul_ps(dw1, _mm512_load_ps(ar.add(320).cast()));
-                s[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc0), sc0, s[0]);
-                s[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc1), sc1, s[1]);
+    for n in 0..t.rows {
+        // SAFETY: row n < rows of the tile (the Tile contract).
+        let w = unsafe { t.w.add(n * t.wrow) };
+        let mut sum = [[_mm512_setzero_ps(); 2]; R];
+        for g in 0..k / 128 {
+            // SAFETY: group g (4 blocks) lies inside the row; prepared group g of rows < R
+            // inside `a`.
+            unsafe {
+                let p = w.add(g * 4 * bb);
+                let l0 = _mm512_loadu_si512(p.cast());
+                let l1 = _mm512_loadu_si512(p.add(2 * bb - 64).cast());
+                let l2 = _mm512_loadu_si512(p.add(2 * bb).cast());
+                let l3 = _mm512_loadu_si512(p.add(4 * bb - 64).cast());
+                let z0 = _mm512_xor_si512(_mm512_permutex2var_epi8(l0, qidx, l1), flip);
+                let z1 = _mm512_xor_si512(_mm512_permutex2var_epi8(l2, qidx, l3), flip);
+                let d = _mm512_permutex2var_epi16(l0, didx, l2);
+                let dw0 = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
+                let dw1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(d));
+                for (r, s) in sum.iter_mut().enumerate() {
+                    let ar = a.add(r * rb + g * Q8_GROUP);
+                    let acc0 = _mm512_dpbusd_epi32(
+                        _mm512_load_si512(ar.add(128).cast()),
+                        z0,
+                        _mm512_load_si512(ar.cast()),
+                    );
+                    let acc1 = _mm512_dpbusd_epi32(
+                        _mm512_load_si512(ar.add(192).cast()),
+                        z1,
+                        _mm512_load_si512(ar.add(64).cast()),
+                    );
+                    let sc0 = _mm512_mul_ps(dw0, _mm512_load_ps(ar.add(256).cast()));
+                    let sc1 = _mm512_mul_ps(dw1, _mm512_load_ps(ar.add(320).cast()));
+                    s[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc0), sc0, s[0]);
+                    s[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc1), sc1, s[1]);
+                }
             }
         }
-    }
-    for (o, s) in out.iter_mut().zip(&sum) {
-        *o = hsum(_mm512_add_ps(s[0], s[1]));
+        for (r, s) in sum.iter().enumerate() {
+            // SAFETY: r < m, n < rows.
+            unsafe { t.store(r, n, hsum(_mm512_add_ps(s[0], s[1]))) };
+        }
     }
 }
 
@@ -467,15 +562,10 @@ unsafe fn k4_scales(p: *const u8) -> __m128i {
 /// activations, `vpdpwssd` with the sub-blocks' scales, and the mins from the 32-sums.
 ///
 /// # Safety
-/// [`dot_rows`]'s contract with `m == R`.
+/// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni")]
-unsafe fn q45k<const FIVE: bool, const R: usize>(
-    w: *const u8,
-    k: usize,
-    a: *const u8,
-    rb: usize,
-    out: &mut [f32; MR],
-) {
+unsafe fn q45k<const FIVE: bool, const R: usize>(t: &Tile) {
+    let (k, a, rb) = (t.k, t.a, t.rb);
     let (bb, qs) = if FIVE { (176, 48) } else { (144, 16) };
     let low4 = _mm512_set1_epi8(0x0F);
     let shr4 = _mm512_set1_epi64(SHR4 as i64);
@@ -497,66 +587,71 @@ unsafe fn q45k<const FIVE: bool, const R: usize>(
         )
     };
     let hm = [hmove(0), hmove(1), hmove(2), hmove(3)];
-    let mut sum = [_mm512_setzero_ps(); R];
-    let mut mins = [_mm_setzero_ps(); R];
-    for s in 0..k / 256 {
-        // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
-        // inside `a`.
-        unsafe {
-            let p = w.add(s * bb);
-            let q0 = _mm512_loadu_si512(p.add(qs).cast());
-            let q1 = _mm512_loadu_si512(p.add(qs + 64).cast());
-            let mut v = [
-                _mm512_and_si512(q0, low4),
-                _mm512_gf2p8affine_epi64_epi8::<0>(q0, shr4),
-                _mm512_and_si512(q1, low4),
-                _mm512_gf2p8affine_epi64_epi8::<0>(q1, shr4),
-            ];
-            if FIVE {
-                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16).cast()));
-                for (vi, h) in v.iter_mut().zip(&hm) {
-                    *vi = _mm512_or_si512(*vi, _mm512_gf2p8affine_epi64_epi8::<0>(qh, *h));
+    for n in 0..t.rows {
+        // SAFETY: row n < rows of the tile (the Tile contract).
+        let w = unsafe { t.w.add(n * t.wrow) };
+        let mut sum = [_mm512_setzero_ps(); R];
+        let mut mins = [_mm_setzero_ps(); R];
+        for s in 0..k / 256 {
+            // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
+            // inside `a`.
+            unsafe {
+                let p = w.add(s * bb);
+                let q0 = _mm512_loadu_si512(p.add(qs).cast());
+                let q1 = _mm512_loadu_si512(p.add(qs + 64).cast());
+                let mut v = [
+                    _mm512_and_si512(q0, low4),
+                    _mm512_gf2p8affine_epi64_epi8::<0>(q0, shr4),
+                    _mm512_and_si512(q1, low4),
+                    _mm512_gf2p8affine_epi64_epi8::<0>(q1, shr4),
+                ];
+                if FIVE {
+                    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16).cast()));
+                    for (vi, h) in v.iter_mut().zip(&hm) {
+                        *vi = _mm512_or_si512(*vi, _mm512_gf2p8affine_epi64_epi8::<0>(qh, *h));
+                    }
+                }
+                let sm = k4_scales(p.add(4));
+                let sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
+                let scv = [
+                    _mm512_permutexvar_epi16(sidx[0], sc16),
+                    _mm512_permutexvar_epi16(sidx[1], sc16),
+                    _mm512_permutexvar_epi16(sidx[2], sc16),
+                    _mm512_permutexvar_epi16(sidx[3], sc16),
+                ];
+                let m16 = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(sm));
+                let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+                let d = _mm512_broadcastss_ps(dd);
+                let dmin = _mm_broadcastss_ps(_mm_movehdup_ps(dd));
+                for r in 0..R {
+                    let ar = a.add(r * rb + s * K_SB);
+                    let x = |i: usize| _mm512_load_si512(ar.add(64 * i).cast());
+                    let acc0 = _mm512_dpwssd_epi32(
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[0], x(0)), scv[0]),
+                        _mm512_maddubs_epi16(v[1], x(1)),
+                        scv[1],
+                    );
+                    let acc1 = _mm512_dpwssd_epi32(
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[2], x(2)), scv[2]),
+                        _mm512_maddubs_epi16(v[3], x(3)),
+                        scv[3],
+                    );
+                    let acc = _mm512_add_epi32(acc0, acc1);
+                    let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
+                    sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
+                    let mi = _mm_madd_epi16(m16, _mm_load_si128(ar.add(256).cast()));
+                    let dxm = _mm_mul_ps(dmin, _mm512_castps512_ps128(dx));
+                    mins[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mi), dxm, mins[r]);
                 }
             }
-            let sm = k4_scales(p.add(4));
-            let sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
-            let scv = [
-                _mm512_permutexvar_epi16(sidx[0], sc16),
-                _mm512_permutexvar_epi16(sidx[1], sc16),
-                _mm512_permutexvar_epi16(sidx[2], sc16),
-                _mm512_permutexvar_epi16(sidx[3], sc16),
-            ];
-            let m16 = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(sm));
-            let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
-            let d = _mm512_broadcastss_ps(dd);
-            let dmin = _mm_broadcastss_ps(_mm_movehdup_ps(dd));
-            for r in 0..R {
-                let ar = a.add(r * rb + s * K_SB);
-                let x = |i: usize| _mm512_load_si512(ar.add(64 * i).cast());
-                let acc0 = _mm512_dpwssd_epi32(
-                    _mm512_madd_epi16(_mm512_maddubs_epi16(v[0], x(0)), scv[0]),
-                    _mm512_maddubs_epi16(v[1], x(1)),
-                    scv[1],
-                );
-                let acc1 = _mm512_dpwssd_epi32(
-                    _mm512_madd_epi16(_mm512_maddubs_epi16(v[2], x(2)), scv[2]),
-                    _mm512_maddubs_epi16(v[3], x(3)),
-                    scv[3],
-                );
-                let acc = _mm512_add_epi32(acc0, acc1);
-                let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
-                sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
-                let mi = _mm_madd_epi16(m16, _mm_load_si128(ar.add(256).cast()));
-                let dxm = _mm_mul_ps(dmin, _mm512_castps512_ps128(dx));
-                mins[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mi), dxm, mins[r]);
-            }
         }
-    }
-    for r in 0..R {
-        let m = mins[r];
-        let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-        let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[r] = hsum(sum[r]) - _mm_cvtss_f32(m);
+        for r in 0..R {
+            let m = mins[r];
+            let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            // SAFETY: r < m, n < rows.
+            unsafe { t.store(r, n, hsum(sum[r]) - _mm_cvtss_f32(m)) };
+        }
     }
 }
 
@@ -566,15 +661,10 @@ unsafe fn q45k<const FIVE: bool, const R: usize>(
 /// int8 scales, and `32 Σ sc_j bsum_j` subtracted once per super-block.
 ///
 /// # Safety
-/// [`dot_rows`]'s contract with `m == R`.
+/// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni")]
-unsafe fn q6k<const UNUSED: u8, const R: usize>(
-    w: *const u8,
-    k: usize,
-    a: *const u8,
-    rb: usize,
-    out: &mut [f32; MR],
-) {
+unsafe fn q6k<const UNUSED: u8, const R: usize>(t: &Tile) {
+    let (k, a, rb) = (t.k, t.a, t.rb);
     let low4 = _mm512_set1_epi8(0x0F);
     let shr4 = _mm512_set1_epi64(SHR4 as i64);
     let two = |lo: u64, hi: u64| {
@@ -598,65 +688,72 @@ unsafe fn q6k<const UNUSED: u8, const R: usize>(
         unsafe { _mm512_loadu_si512(t.as_ptr().cast()) }
     };
     let sidx = [sidx(0), sidx(4), sidx(8), sidx(12)];
-    let mut sum = [_mm512_setzero_ps(); R];
-    for s in 0..k / 256 {
-        // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
-        // inside `a`.
-        unsafe {
-            let p = w.add(s * 210);
-            let mut v = [_mm512_setzero_si512(); 4];
-            for h in 0..2 {
-                let ql = _mm512_loadu_si512(p.add(64 * h).cast());
-                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h).cast()));
-                // (ql & 0x0F) | high pairs: ternary logic 0xEA is (a & b) | c.
-                v[2 * h] = _mm512_ternarylogic_epi32::<0xEA>(
-                    ql,
-                    low4,
-                    _mm512_gf2p8affine_epi64_epi8::<0>(qh, h_lo),
-                );
-                v[2 * h + 1] = _mm512_or_si512(
-                    _mm512_gf2p8affine_epi64_epi8::<0>(ql, shr4),
-                    _mm512_gf2p8affine_epi64_epi8::<0>(qh, h_hi),
-                );
-            }
-            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
-            let sc = _mm512_castsi256_si512(sc16);
-            let scv = [
-                _mm512_permutexvar_epi16(sidx[0], sc),
-                _mm512_permutexvar_epi16(sidx[1], sc),
-                _mm512_permutexvar_epi16(sidx[2], sc),
-                _mm512_permutexvar_epi16(sidx[3], sc),
-            ];
-            let d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                p.add(208).cast::<u16>().read_unaligned() as i32,
-            )));
-            for r in 0..R {
-                let ar = a.add(r * rb + s * K_SB);
-                let x = |i: usize| _mm512_load_si512(ar.add(64 * i).cast());
-                let acc0 = _mm512_dpwssd_epi32(
-                    _mm512_madd_epi16(_mm512_maddubs_epi16(v[0], x(0)), scv[0]),
-                    _mm512_maddubs_epi16(v[1], x(1)),
-                    scv[1],
-                );
-                let acc1 = _mm512_dpwssd_epi32(
-                    _mm512_madd_epi16(_mm512_maddubs_epi16(v[2], x(2)), scv[2]),
-                    _mm512_maddubs_epi16(v[3], x(3)),
-                    scv[3],
-                );
-                // 32 Σ_j sc_j bsum_j, in 8 lanes.
-                let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
-                    sc16,
-                    _mm256_load_si256(ar.add(256).cast()),
-                ));
-                let acc =
-                    _mm512_sub_epi32(_mm512_add_epi32(acc0, acc1), _mm512_zextsi256_si512(corr));
-                let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
-                sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
+    for n in 0..t.rows {
+        // SAFETY: row n < rows of the tile (the Tile contract).
+        let w = unsafe { t.w.add(n * t.wrow) };
+        let mut sum = [_mm512_setzero_ps(); R];
+        for s in 0..k / 256 {
+            // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
+            // inside `a`.
+            unsafe {
+                let p = w.add(s * 210);
+                let mut v = [_mm512_setzero_si512(); 4];
+                for h in 0..2 {
+                    let ql = _mm512_loadu_si512(p.add(64 * h).cast());
+                    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h).cast()));
+                    // (ql & 0x0F) | high pairs: ternary logic 0xEA is (a & b) | c.
+                    v[2 * h] = _mm512_ternarylogic_epi32::<0xEA>(
+                        ql,
+                        low4,
+                        _mm512_gf2p8affine_epi64_epi8::<0>(qh, h_lo),
+                    );
+                    v[2 * h + 1] = _mm512_or_si512(
+                        _mm512_gf2p8affine_epi64_epi8::<0>(ql, shr4),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(qh, h_hi),
+                    );
+                }
+                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
+                let sc = _mm512_castsi256_si512(sc16);
+                let scv = [
+                    _mm512_permutexvar_epi16(sidx[0], sc),
+                    _mm512_permutexvar_epi16(sidx[1], sc),
+                    _mm512_permutexvar_epi16(sidx[2], sc),
+                    _mm512_permutexvar_epi16(sidx[3], sc),
+                ];
+                let d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                    p.add(208).cast::<u16>().read_unaligned() as i32,
+                )));
+                for r in 0..R {
+                    let ar = a.add(r * rb + s * K_SB);
+                    let x = |i: usize| _mm512_load_si512(ar.add(64 * i).cast());
+                    let acc0 = _mm512_dpwssd_epi32(
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[0], x(0)), scv[0]),
+                        _mm512_maddubs_epi16(v[1], x(1)),
+                        scv[1],
+                    );
+                    let acc1 = _mm512_dpwssd_epi32(
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[2], x(2)), scv[2]),
+                        _mm512_maddubs_epi16(v[3], x(3)),
+                        scv[3],
+                    );
+                    // 32 Σ_j sc_j bsum_j, in 8 lanes.
+                    let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
+                        sc16,
+                        _mm256_load_si256(ar.add(256).cast()),
+                    ));
+                    let acc = _mm512_sub_epi32(
+                        _mm512_add_epi32(acc0, acc1),
+                        _mm512_zextsi256_si512(corr),
+                    );
+                    let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
+                    sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
+                }
             }
         }
-    }
-    for r in 0..R {
-        out[r] = hsum(sum[r]);
+        for r in 0..R {
+            // SAFETY: r < m, n < rows.
+            unsafe { t.store(r, n, hsum(sum[r])) };
+        }
     }
 }
 
@@ -664,41 +761,42 @@ unsafe fn q6k<const UNUSED: u8, const R: usize>(
 /// as in [`q8`], `128 Σ x` removed through the prepared super-block sum.
 ///
 /// # Safety
-/// [`dot_rows`]'s contract with `m == R`.
+/// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q8k<const UNUSED: u8, const R: usize>(
-    w: *const u8,
-    k: usize,
-    a: *const u8,
-    rb: usize,
-    out: &mut [f32; MR],
-) {
+unsafe fn q8k<const UNUSED: u8, const R: usize>(t: &Tile) {
+    let (k, a, rb) = (t.k, t.a, t.rb);
     let flip = _mm512_set1_epi8(-128);
-    let mut sum = [_mm512_setzero_ps(); R];
-    for s in 0..k / 256 {
-        // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
-        // inside `a`.
-        unsafe {
-            let p = w.add(s * 292);
-            let v: [__m512i; 4] = std::array::from_fn(|i| {
-                _mm512_xor_si512(_mm512_loadu_si512(p.add(4 + 64 * i).cast()), flip)
-            });
-            let d = _mm512_set1_ps(p.cast::<f32>().read_unaligned());
-            for r in 0..R {
-                let ar = a.add(r * rb + s * K_SB);
-                let init = _mm512_zextsi128_si512(_mm_cvtsi32_si128(
-                    -128 * ar.add(292).cast::<i32>().read(),
-                ));
-                let mut acc = init;
-                for (i, vi) in v.iter().enumerate() {
-                    acc = _mm512_dpbusd_epi32(acc, *vi, _mm512_load_si512(ar.add(64 * i).cast()));
+    for n in 0..t.rows {
+        // SAFETY: row n < rows of the tile (the Tile contract).
+        let w = unsafe { t.w.add(n * t.wrow) };
+        let mut sum = [_mm512_setzero_ps(); R];
+        for s in 0..k / 256 {
+            // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
+            // inside `a`.
+            unsafe {
+                let p = w.add(s * 292);
+                let v: [__m512i; 4] = std::array::from_fn(|i| {
+                    _mm512_xor_si512(_mm512_loadu_si512(p.add(4 + 64 * i).cast()), flip)
+                });
+                let d = _mm512_set1_ps(p.cast::<f32>().read_unaligned());
+                for r in 0..R {
+                    let ar = a.add(r * rb + s * K_SB);
+                    let init = _mm512_zextsi128_si512(_mm_cvtsi32_si128(
+                        -128 * ar.add(292).cast::<i32>().read(),
+                    ));
+                    let mut acc = init;
+                    for (i, vi) in v.iter().enumerate() {
+                        acc =
+                            _mm512_dpbusd_epi32(acc, *vi, _mm512_load_si512(ar.add(64 * i).cast()));
+                    }
+                    let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
+                    sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
                 }
-                let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
-                sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
             }
         }
-    }
-    for r in 0..R {
-        out[r] = hsum(sum[r]);
+        for r in 0..R {
+            // SAFETY: r < m, n < rows.
+            unsafe { t.store(r, n, hsum(sum[r])) };
+        }
     }
 }
