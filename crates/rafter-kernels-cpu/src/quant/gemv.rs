@@ -217,6 +217,9 @@ fn contiguous<'a>(x: &'a MatRef<'_>, buf: &'a mut Vec<f32>) -> (&'a [f32], usize
     (buf, x.cols)
 }
 
+/// A decode kernel over a tile of weight rows (see [`drive`]).
+type TileKernel<'a> = dyn Fn(&[u8], usize, usize, &mut [f32], usize) + Sync + 'a;
+
 /// Runs `kernel(rows, r0, mr, out, out_ld)` — `out[i * out_ld + c]` = row `r0 + i` of x
 /// times weight row `c` of `rows` (a tile of W's rows, back to back), for `i < mr <= MR` —
 /// over all of W's rows and x's `m` rows, split over tasks by ranges of W's rows, and
@@ -229,7 +232,7 @@ fn drive(
     y: YPtr,
     epi: Option<&Epilogue<'_>>,
     par: &dyn Parallel,
-    kernel: &(dyn Fn(&[u8], usize, usize, &mut [f32], usize) + Sync),
+    kernel: &TileKernel<'_>,
 ) {
     let n = w.n;
     let bytes = w.data.len();

@@ -28,6 +28,10 @@
 //!
 //! Blocks past the last whole group of 4 (K not a multiple of 128) run the scalar model.
 
+// The kernels index several small register arrays (weight rows x activation rows) with
+// the same loop variables; iterator chains would hide the tile structure.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use rafter_quant::BlockFormat;
@@ -345,7 +349,9 @@ struct NibConsts {
 
 /// Q4_0 (`KIND` 0), Q4_1 (1), Q5_0 (2), Q5_1 (3): groups of 4 blocks, one per 128-bit
 /// lane; low nibbles and high nibbles each one `vpdpbusd` against the split activations.
-/// Two groups an iteration, into separate accumulators (FMA latency).
+/// Two weight rows at a time share each load of the activations (loads, not arithmetic,
+/// bounded this kernel: a group of one row is 2 weight and 4 activation loads); with one
+/// or two rows of x, alternate groups go to separate accumulators (FMA latency).
 ///
 /// # Safety
 /// [`dot_tile`]'s contract with `m == R`.
@@ -362,48 +368,68 @@ unsafe fn nibble<const KIND: u8, const R: usize>(t: &Tile) {
         shr4: _mm512_set1_epi64(SHR4 as i64),
         sixteen: _mm512_set1_epi8(16),
     };
+    let mut n = 0;
+    // SAFETY: rows n, n + 1 < rows (the Tile contract covers them).
+    unsafe {
+        while n + 2 <= t.rows {
+            nibble_rows::<KIND, R, 2>(&c, t, n);
+            n += 2;
+        }
+        if n < t.rows {
+            nibble_rows::<KIND, R, 1>(&c, t, n);
+        }
+    }
+}
+
+/// Weight rows `n..n + NR` of the tile.
+///
+/// # Safety
+/// `n + NR <= t.rows`; the [`Tile`] contract.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni,bmi2")]
+unsafe fn nibble_rows<const KIND: u8, const R: usize, const NR: usize>(
+    c: &NibConsts,
+    t: &Tile,
+    n: usize,
+) {
     let groups = t.k / 128;
-    for n in 0..t.rows {
-        let mut s0 = [_mm512_setzero_ps(); R];
-        let mut s1 = [_mm512_setzero_ps(); R];
-        let mut mins = [_mm512_setzero_ps(); R];
-        // SAFETY: row n < rows; groups g < k / 128 lie inside it and inside each prepared
-        // row (the Tile contract).
-        unsafe {
-            let w = t.w.add(n * t.wrow);
-            let mut g = 0;
-            while g + 2 <= groups {
-                nibble_group::<KIND, R>(&c, w, t, g, &mut s0, &mut mins);
-                nibble_group::<KIND, R>(&c, w, t, g + 1, &mut s1, &mut mins);
-                g += 2;
-            }
-            if g < groups {
-                nibble_group::<KIND, R>(&c, w, t, g, &mut s0, &mut mins);
-            }
+    let alternate = R * NR <= 2;
+    let mut s0 = [[_mm512_setzero_ps(); R]; NR];
+    let mut s1 = [[_mm512_setzero_ps(); R]; NR];
+    // SAFETY: rows n..n+NR lie inside the tile; groups g < k / 128 inside each row and
+    // inside each prepared row (the Tile contract).
+    unsafe {
+        let w: [*const u8; NR] = std::array::from_fn(|j| t.w.add((n + j) * t.wrow));
+        let mut g = 0;
+        while g + 2 <= groups {
+            nibble_group::<KIND, R, NR>(c, &w, t, g, &mut s0);
+            let second = if alternate { &mut s1 } else { &mut s0 };
+            nibble_group::<KIND, R, NR>(c, &w, t, g + 1, second);
+            g += 2;
+        }
+        if g < groups {
+            nibble_group::<KIND, R, NR>(c, &w, t, g, &mut s0);
+        }
+        for j in 0..NR {
             for r in 0..R {
-                t.store(
-                    r,
-                    n,
-                    hsum(_mm512_add_ps(_mm512_add_ps(s0[r], s1[r]), mins[r])),
-                );
+                t.store(r, n + j, hsum(_mm512_add_ps(s0[j][r], s1[j][r])));
             }
         }
     }
 }
 
-/// Group `g` of the weight row at `w` into `sum` (and `mins`, for the `_1` formats).
+/// Group `g` of the weight rows at `w` into `sum` (the `_1` formats' min terms included).
 ///
 /// # Safety
-/// Group `g` lies inside the row and inside the prepared rows < R of `t`.
+/// Group `g` lies inside each row and inside the prepared rows < R of `t`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni,bmi2")]
-unsafe fn nibble_group<const KIND: u8, const R: usize>(
+unsafe fn nibble_group<const KIND: u8, const R: usize, const NR: usize>(
     c: &NibConsts,
-    w: *const u8,
+    w: &[*const u8; NR],
     t: &Tile,
     g: usize,
-    sum: &mut [__m512; R],
-    mins: &mut [__m512; R],
+    sum: &mut [[__m512; R]; NR],
 ) {
     let bb = [18usize, 20, 22, 24][KIND as usize];
     let qh_at = [0usize, 0, 2, 4][KIND as usize];
@@ -412,52 +438,91 @@ unsafe fn nibble_group<const KIND: u8, const R: usize>(
     let span = 4 * bb;
     // SAFETY: the group's span and prepared bytes are readable (caller).
     unsafe {
-        let p = w.add(g * span);
-        let l0 = _mm512_loadu_si512(p.cast());
-        let l1 = _mm512_loadu_si512(p.add(span - 64).cast());
-        let q = _mm512_permutex2var_epi8(l0, c.qidx, l1);
-        let mut lo = _mm512_and_si512(q, c.low4);
-        let mut hi = _mm512_gf2p8affine_epi64_epi8::<0>(q, c.shr4);
-        if five {
-            let h0 = p.add(qh_at).cast::<u32>().read_unaligned() as u64;
-            let h1 = p.add(bb + qh_at).cast::<u32>().read_unaligned() as u64;
-            let h2 = p.add(2 * bb + qh_at).cast::<u32>().read_unaligned() as u64;
-            let h3 = p.add(3 * bb + qh_at).cast::<u32>().read_unaligned() as u64;
-            let (h01, h23) = (h0 | h1 << 32, h2 | h3 << 32);
-            const LO: u64 = 0x0000_FFFF_0000_FFFF;
-            const HI: u64 = 0xFFFF_0000_FFFF_0000;
-            let kl = _pext_u64(h01, LO) | _pext_u64(h23, LO) << 32;
-            let kh = _pext_u64(h01, HI) | _pext_u64(h23, HI) << 32;
-            lo = _mm512_mask_add_epi8(lo, kl, lo, c.sixteen);
-            hi = _mm512_mask_add_epi8(hi, kh, hi, c.sixteen);
+        let mut lo = [_mm512_setzero_si512(); NR];
+        let mut hi = [_mm512_setzero_si512(); NR];
+        let mut dw = [_mm512_setzero_ps(); NR];
+        let mut mw = [_mm512_setzero_ps(); NR];
+        for j in 0..NR {
+            let p = w[j].add(g * span);
+            let l0 = _mm512_loadu_si512(p.cast());
+            let l1 = _mm512_loadu_si512(p.add(span - 64).cast());
+            let q = _mm512_permutex2var_epi8(l0, c.qidx, l1);
+            lo[j] = _mm512_and_si512(q, c.low4);
+            hi[j] = _mm512_gf2p8affine_epi64_epi8::<0>(q, c.shr4);
+            if five {
+                let h0 = p.add(qh_at).cast::<u32>().read_unaligned() as u64;
+                let h1 = p.add(bb + qh_at).cast::<u32>().read_unaligned() as u64;
+                let h2 = p.add(2 * bb + qh_at).cast::<u32>().read_unaligned() as u64;
+                let h3 = p.add(3 * bb + qh_at).cast::<u32>().read_unaligned() as u64;
+                let (h01, h23) = (h0 | h1 << 32, h2 | h3 << 32);
+                const LO: u64 = 0x0000_FFFF_0000_FFFF;
+                const HI: u64 = 0xFFFF_0000_FFFF_0000;
+                let kl = _pext_u64(h01, LO) | _pext_u64(h23, LO) << 32;
+                let kh = _pext_u64(h01, HI) | _pext_u64(h23, HI) << 32;
+                lo[j] = _mm512_mask_add_epi8(lo[j], kl, lo[j], c.sixteen);
+                hi[j] = _mm512_mask_add_epi8(hi[j], kh, hi[j], c.sixteen);
+            }
+            dw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
+                l0, c.didx, l1,
+            )));
+            if with_min {
+                mw[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
+                    l0, c.midx, l1,
+                )));
+            }
         }
-        let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
-            l0, c.didx, l1,
-        )));
-        let mw = if with_min {
-            _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
-                l0, c.midx, l1,
-            )))
-        } else {
-            _mm512_setzero_ps()
-        };
         for r in 0..R {
             let ar = t.a.add(r * t.rb + g * NIB_GROUP);
+            let xlo = _mm512_load_si512(ar.cast());
+            let xhi = _mm512_load_si512(ar.add(64).cast());
             let third = _mm512_load_si512(ar.add(128).cast());
-            let init = if with_min {
-                _mm512_setzero_si512()
-            } else {
-                third
-            };
-            let acc = _mm512_dpbusd_epi32(init, lo, _mm512_load_si512(ar.cast()));
-            let acc = _mm512_dpbusd_epi32(acc, hi, _mm512_load_si512(ar.add(64).cast()));
-            let scale = _mm512_mul_ps(dw, _mm512_load_ps(ar.add(192).cast()));
-            sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), scale, sum[r]);
-            if with_min {
-                mins[r] = _mm512_fmadd_ps(mw, _mm512_castsi512_ps(third), mins[r]);
+            let dx = _mm512_load_ps(ar.add(192).cast());
+            for j in 0..NR {
+                let init = if with_min {
+                    _mm512_setzero_si512()
+                } else {
+                    third
+                };
+                let acc = _mm512_dpbusd_epi32(init, lo[j], xlo);
+                let acc = _mm512_dpbusd_epi32(acc, hi[j], xhi);
+                let scale = _mm512_mul_ps(dw[j], dx);
+                let mut s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), scale, sum[j][r]);
+                if with_min {
+                    s = _mm512_fmadd_ps(mw[j], _mm512_castsi512_ps(third), s);
+                }
+                sum[j][r] = s;
             }
         }
     }
+}
+
+/// Runs `$rows::<.., NR>(consts, t, n)` over the tile's weight rows two at a time (one
+/// for an odd last row): two rows share each load of the activations.
+macro_rules! row_pairs {
+    ($rows:ident, $c:expr, $t:expr, $($p:tt),*) => {{
+        let t: &Tile = $t;
+        let mut n = 0;
+        // SAFETY: rows n..n+NR < rows (the Tile contract covers them).
+        unsafe {
+            while n + 2 <= t.rows {
+                $rows::<$($p,)* 2>($c, t, n);
+                n += 2;
+            }
+            if n < t.rows {
+                $rows::<$($p,)* 1>($c, t, n);
+            }
+        }
+    }};
+}
+
+/// The weight row pointers `n..n + NR` of a tile.
+///
+/// # Safety
+/// `n + NR <= t.rows`.
+#[inline(always)]
+unsafe fn row_ptrs<const NR: usize>(t: &Tile, n: usize) -> [*const u8; NR] {
+    // SAFETY: inside the tile's weights (caller).
+    std::array::from_fn(|j| unsafe { t.w.add((n + j) * t.wrow) })
 }
 
 /// Q8_0 (`KIND` 0) and Q8_1 (1): groups of 4 blocks, two per vector; weights made
@@ -468,7 +533,6 @@ unsafe fn nibble_group<const KIND: u8, const R: usize>(
 /// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
 unsafe fn q8<const KIND: u8, const R: usize>(t: &Tile) {
-    let (k, a, rb) = (t.k, t.a, t.rb);
     let bb = [34usize, 36][KIND as usize];
     let qs = [2usize, 4][KIND as usize];
     // Two blocks from loads at 0 and 2 bb - 64; the scales of four from the pairs' first
@@ -479,82 +543,119 @@ unsafe fn q8<const KIND: u8, const R: usize>(t: &Tile) {
         let wi = 32 + (bb * ((o - 16) / 8)) / 2;
         didx[2 * o..2 * o + 2].copy_from_slice(&(wi as u16).to_le_bytes());
     }
-    let didx = table(didx);
+    let c = [qidx, table(didx)];
+    row_pairs!(q8_rows, &c, t, KIND, R);
+}
+
+/// Weight rows `n..n + NR` of a Q8 tile.
+///
+/// # Safety
+/// `n + NR <= t.rows`; the [`Tile`] contract.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
+unsafe fn q8_rows<const KIND: u8, const R: usize, const NR: usize>(
+    c: &[__m512i; 2],
+    t: &Tile,
+    n: usize,
+) {
+    let bb = [34usize, 36][KIND as usize];
     let flip = _mm512_set1_epi8(-128);
-    for n in 0..t.rows {
-        // SAFETY: row n < rows of the tile (the Tile contract).
-        let w = unsafe { t.w.add(n * t.wrow) };
-        let mut sum = [[_mm512_setzero_ps(); 2]; R];
-        for g in 0..k / 128 {
-            // SAFETY: group g (4 blocks) lies inside the row; prepared group g of rows < R
-            // inside `a`.
-            unsafe {
-                let p = w.add(g * 4 * bb);
+    let mut sum = [[[_mm512_setzero_ps(); 2]; R]; NR];
+    // SAFETY: groups g < k / 128 lie inside each row and each prepared row.
+    unsafe {
+        let w = row_ptrs::<NR>(t, n);
+        for g in 0..t.k / 128 {
+            let mut z = [[_mm512_setzero_si512(); 2]; NR];
+            let mut dw = [[_mm512_setzero_ps(); 2]; NR];
+            for j in 0..NR {
+                let p = w[j].add(g * 4 * bb);
                 let l0 = _mm512_loadu_si512(p.cast());
                 let l1 = _mm512_loadu_si512(p.add(2 * bb - 64).cast());
                 let l2 = _mm512_loadu_si512(p.add(2 * bb).cast());
                 let l3 = _mm512_loadu_si512(p.add(4 * bb - 64).cast());
-                let z0 = _mm512_xor_si512(_mm512_permutex2var_epi8(l0, qidx, l1), flip);
-                let z1 = _mm512_xor_si512(_mm512_permutex2var_epi8(l2, qidx, l3), flip);
-                let d = _mm512_permutex2var_epi16(l0, didx, l2);
-                let dw0 = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
-                let dw1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(d));
-                for (r, s) in sum.iter_mut().enumerate() {
-                    let ar = a.add(r * rb + g * Q8_GROUP);
-                    let acc0 = _mm512_dpbusd_epi32(
-                        _mm512_load_si512(ar.add(128).cast()),
-                        z0,
-                        _mm512_load_si512(ar.cast()),
-                    );
-                    let acc1 = _mm512_dpbusd_epi32(
-                        _mm512_load_si512(ar.add(192).cast()),
-                        z1,
-                        _mm512_load_si512(ar.add(64).cast()),
-                    );
-                    let sc0 = _mm512_mul_ps(dw0, _mm512_load_ps(ar.add(256).cast()));
-                    let sc1 = _mm512_mul_ps(dw1, _mm512_load_ps(ar.add(320).cast()));
-                    s[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc0), sc0, s[0]);
-                    s[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc1), sc1, s[1]);
+                z[j][0] = _mm512_xor_si512(_mm512_permutex2var_epi8(l0, c[0], l1), flip);
+                z[j][1] = _mm512_xor_si512(_mm512_permutex2var_epi8(l2, c[0], l3), flip);
+                let d = _mm512_permutex2var_epi16(l0, c[1], l2);
+                dw[j][0] = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
+                dw[j][1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(d));
+            }
+            for r in 0..R {
+                let ar = t.a.add(r * t.rb + g * Q8_GROUP);
+                for h in 0..2 {
+                    let x = _mm512_load_si512(ar.add(64 * h).cast());
+                    let corr = _mm512_load_si512(ar.add(128 + 64 * h).cast());
+                    let dx = _mm512_load_ps(ar.add(256 + 64 * h).cast());
+                    for j in 0..NR {
+                        let acc = _mm512_dpbusd_epi32(corr, z[j][h], x);
+                        let sc = _mm512_mul_ps(dw[j][h], dx);
+                        sum[j][r][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, sum[j][r][h]);
+                    }
                 }
             }
         }
-        for (r, s) in sum.iter().enumerate() {
-            // SAFETY: r < m, n < rows.
-            unsafe { t.store(r, n, hsum(_mm512_add_ps(s[0], s[1]))) };
+        for j in 0..NR {
+            for r in 0..R {
+                t.store(r, n + j, hsum(_mm512_add_ps(sum[j][r][0], sum[j][r][1])));
+            }
         }
     }
 }
 
 /// The 8 six-bit scales (bytes 0..8) and mins (8..16) of a Q4_K/Q5_K super-block from its 12
-/// packed bytes at `p` (ggml's `get_scale_min_k4` for all 8 at once).
+/// packed bytes at `p` (ggml's `get_scale_min_k4` for all 8 at once), in general-purpose
+/// registers: the vector units are this loop's bottleneck, the integer ones idle.
 ///
 /// # Safety
-/// 16 bytes at `p` readable; SSSE3.
+/// 12 bytes at `p` readable; SSE4.1.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f")]
 unsafe fn k4_scales(p: *const u8) -> __m128i {
-    // SAFETY: 16 bytes (12 scale bytes and 4 quant bytes, masked off below).
-    let s = unsafe { _mm_loadu_si128(p.cast()) };
-    // sc_j: j < 4: s[j] & 63; j >= 4: s[j+4] & 15 | (s[j-4] >> 6) << 4.
-    // m_j:  j < 4: s[j+4] & 63; j >= 4: s[j+4] >> 4 | (s[j] >> 6) << 4.
-    let v1 = _mm_shuffle_epi8(
-        s,
-        _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11),
-    );
-    let v2 = _mm_shuffle_epi8(
-        s,
-        _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7),
-    );
-    let low = _mm_and_si128(
-        v1,
-        _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0),
-    );
-    let nib = _mm_and_si128(
-        _mm_srli_epi16::<4>(v1),
-        _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15),
-    );
-    let top = _mm_and_si128(_mm_srli_epi16::<2>(v2), _mm_set1_epi8(0x30));
-    _mm_or_si128(_mm_or_si128(low, nib), top)
+    // SAFETY: bytes 0..12 at p.
+    let (u0, u1, u2) = unsafe {
+        (
+            p.cast::<u32>().read_unaligned(),
+            p.add(4).cast::<u32>().read_unaligned(),
+            p.add(8).cast::<u32>().read_unaligned(),
+        )
+    };
+    const M6: u32 = 0x3f3f_3f3f;
+    const M4: u32 = 0x0f0f_0f0f;
+    const M2: u32 = 0x0303_0303;
+    let sc_lo = u0 & M6;
+    let sc_hi = (u2 & M4) | (((u0 >> 6) & M2) << 4);
+    let m_lo = u1 & M6;
+    let m_hi = ((u2 >> 4) & M4) | (((u1 >> 6) & M2) << 4);
+    let lo = sc_lo as u64 | (sc_hi as u64) << 32;
+    let hi = m_lo as u64 | (m_hi as u64) << 32;
+    _mm_set_epi64x(hi as i64, lo as i64)
+}
+
+/// The constants of the K kernels: four scale-spreading `vpshufb` controls, four bit-moving
+/// matrices (Q5_K's fifth bits, Q6_K's high pairs), and the nibble helpers.
+struct KConsts {
+    sidx: [__m512i; 4],
+    hm: [__m512i; 4],
+    low4: __m512i,
+    shr4: __m512i,
+}
+
+/// A `vpshufb` control that fills each 128-bit lane `l` with copies of word `words[l]` of
+/// that lane (whose source holds the same 8 words in every lane).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn spread_words(words: [u8; 4]) -> __m512i {
+    let t: [u8; 64] = std::array::from_fn(|i| 2 * words[i / 16] + (i % 2) as u8);
+    // SAFETY: 64 bytes.
+    unsafe { _mm512_loadu_si512(t.as_ptr().cast()) }
+}
+
+/// A qword vector: the low four qwords `lo`, the high four `hi`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn two(lo: u64, hi: u64) -> __m512i {
+    _mm512_setr_epi64(
+        lo as i64, lo as i64, lo as i64, lo as i64, hi as i64, hi as i64, hi as i64, hi as i64,
+    )
 }
 
 /// Q4_K (`FIVE` false) and Q5_K (true): per super-block two 64-byte quant loads give four
@@ -565,92 +666,112 @@ unsafe fn k4_scales(p: *const u8) -> __m128i {
 /// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni")]
 unsafe fn q45k<const FIVE: bool, const R: usize>(t: &Tile) {
-    let (k, a, rb) = (t.k, t.a, t.rb);
-    let (bb, qs) = if FIVE { (176, 48) } else { (144, 16) };
-    let low4 = _mm512_set1_epi8(0x0F);
-    let shr4 = _mm512_set1_epi64(SHR4 as i64);
-    // Scale index per vector: sub-blocks (0, 2), (1, 3), (4, 6), (5, 7), 16 words each.
-    let sidx = |a: u16, b: u16| {
-        let mut t = [0u16; 32];
-        t[..16].fill(a);
-        t[16..].fill(b);
-        // SAFETY: 64 bytes.
-        unsafe { _mm512_loadu_si512(t.as_ptr().cast()) }
-    };
-    let sidx = [sidx(0, 2), sidx(1, 3), sidx(4, 6), sidx(5, 7)];
-    // Fifth bits: vector v, half h takes bit 2 (2 (v / 2) + h) + v % 2 of qh.
+    // Fifth bits: vector v, half h takes bit 4 (v / 2) + 2 h + v % 2 of qh.
     let hmove = |v: u32| {
-        let lo = bit_move(4 * (v / 2) + v % 2, 4);
-        let hi = bit_move(4 * (v / 2) + 2 + v % 2, 4);
-        _mm512_setr_epi64(
-            lo as i64, lo as i64, lo as i64, lo as i64, hi as i64, hi as i64, hi as i64, hi as i64,
+        two(
+            bit_move(4 * (v / 2) + v % 2, 4),
+            bit_move(4 * (v / 2) + 2 + v % 2, 4),
         )
     };
-    let hm = [hmove(0), hmove(1), hmove(2), hmove(3)];
-    for n in 0..t.rows {
-        // SAFETY: row n < rows of the tile (the Tile contract).
-        let w = unsafe { t.w.add(n * t.wrow) };
-        let mut sum = [_mm512_setzero_ps(); R];
-        let mut mins = [_mm_setzero_ps(); R];
-        for s in 0..k / 256 {
-            // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
-            // inside `a`.
-            unsafe {
-                let p = w.add(s * bb);
+    let c = KConsts {
+        sidx: [
+            spread_words([0, 0, 2, 2]),
+            spread_words([1, 1, 3, 3]),
+            spread_words([4, 4, 6, 6]),
+            spread_words([5, 5, 7, 7]),
+        ],
+        hm: [hmove(0), hmove(1), hmove(2), hmove(3)],
+        low4: _mm512_set1_epi8(0x0F),
+        shr4: _mm512_set1_epi64(SHR4 as i64),
+    };
+    row_pairs!(q45k_rows, &c, t, FIVE, R);
+}
+
+/// Weight rows `n..n + NR` of a Q4_K/Q5_K tile.
+///
+/// # Safety
+/// `n + NR <= t.rows`; the [`Tile`] contract.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni")]
+unsafe fn q45k_rows<const FIVE: bool, const R: usize, const NR: usize>(
+    c: &KConsts,
+    t: &Tile,
+    n: usize,
+) {
+    let (bb, qs) = if FIVE { (176, 48) } else { (144, 16) };
+    let mut sum = [[_mm512_setzero_ps(); R]; NR];
+    let mut mins = [[_mm_setzero_ps(); R]; NR];
+    // SAFETY: super-blocks s < k / 256 lie inside each row and each prepared row.
+    unsafe {
+        let w = row_ptrs::<NR>(t, n);
+        for s in 0..t.k / 256 {
+            let mut v = [[_mm512_setzero_si512(); 4]; NR];
+            let mut scv = [[_mm512_setzero_si512(); 4]; NR];
+            let mut m16 = [_mm_setzero_si128(); NR];
+            let mut d = [_mm512_setzero_ps(); NR];
+            let mut dmin = [_mm_setzero_ps(); NR];
+            for j in 0..NR {
+                let p = w[j].add(s * bb);
                 let q0 = _mm512_loadu_si512(p.add(qs).cast());
                 let q1 = _mm512_loadu_si512(p.add(qs + 64).cast());
-                let mut v = [
-                    _mm512_and_si512(q0, low4),
-                    _mm512_gf2p8affine_epi64_epi8::<0>(q0, shr4),
-                    _mm512_and_si512(q1, low4),
-                    _mm512_gf2p8affine_epi64_epi8::<0>(q1, shr4),
+                v[j] = [
+                    _mm512_and_si512(q0, c.low4),
+                    _mm512_gf2p8affine_epi64_epi8::<0>(q0, c.shr4),
+                    _mm512_and_si512(q1, c.low4),
+                    _mm512_gf2p8affine_epi64_epi8::<0>(q1, c.shr4),
                 ];
                 if FIVE {
                     let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16).cast()));
-                    for (vi, h) in v.iter_mut().zip(&hm) {
+                    for (vi, h) in v[j].iter_mut().zip(&c.hm) {
                         *vi = _mm512_or_si512(*vi, _mm512_gf2p8affine_epi64_epi8::<0>(qh, *h));
                     }
                 }
                 let sm = k4_scales(p.add(4));
-                let sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
-                let scv = [
-                    _mm512_permutexvar_epi16(sidx[0], sc16),
-                    _mm512_permutexvar_epi16(sidx[1], sc16),
-                    _mm512_permutexvar_epi16(sidx[2], sc16),
-                    _mm512_permutexvar_epi16(sidx[3], sc16),
-                ];
-                let m16 = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(sm));
+                let sc8 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+                for (o, idx) in scv[j].iter_mut().zip(&c.sidx) {
+                    *o = _mm512_shuffle_epi8(sc8, *idx);
+                }
+                m16[j] = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(sm));
                 let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
-                let d = _mm512_broadcastss_ps(dd);
-                let dmin = _mm_broadcastss_ps(_mm_movehdup_ps(dd));
-                for r in 0..R {
-                    let ar = a.add(r * rb + s * K_SB);
-                    let x = |i: usize| _mm512_load_si512(ar.add(64 * i).cast());
+                d[j] = _mm512_broadcastss_ps(dd);
+                dmin[j] = _mm_broadcastss_ps(_mm_movehdup_ps(dd));
+            }
+            for r in 0..R {
+                let ar = t.a.add(r * t.rb + s * K_SB);
+                let x: [__m512i; 4] =
+                    std::array::from_fn(|i| _mm512_load_si512(ar.add(64 * i).cast()));
+                let xs = _mm_load_si128(ar.add(256).cast());
+                let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
+                for j in 0..NR {
                     let acc0 = _mm512_dpwssd_epi32(
-                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[0], x(0)), scv[0]),
-                        _mm512_maddubs_epi16(v[1], x(1)),
-                        scv[1],
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[j][0], x[0]), scv[j][0]),
+                        _mm512_maddubs_epi16(v[j][1], x[1]),
+                        scv[j][1],
                     );
                     let acc1 = _mm512_dpwssd_epi32(
-                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[2], x(2)), scv[2]),
-                        _mm512_maddubs_epi16(v[3], x(3)),
-                        scv[3],
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[j][2], x[2]), scv[j][2]),
+                        _mm512_maddubs_epi16(v[j][3], x[3]),
+                        scv[j][3],
                     );
                     let acc = _mm512_add_epi32(acc0, acc1);
-                    let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
-                    sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
-                    let mi = _mm_madd_epi16(m16, _mm_load_si128(ar.add(256).cast()));
-                    let dxm = _mm_mul_ps(dmin, _mm512_castps512_ps128(dx));
-                    mins[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mi), dxm, mins[r]);
+                    sum[j][r] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(acc),
+                        _mm512_mul_ps(d[j], dx),
+                        sum[j][r],
+                    );
+                    let mi = _mm_madd_epi16(m16[j], xs);
+                    let dxm = _mm_mul_ps(dmin[j], _mm512_castps512_ps128(dx));
+                    mins[j][r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mi), dxm, mins[j][r]);
                 }
             }
         }
-        for r in 0..R {
-            let m = mins[r];
-            let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            // SAFETY: r < m, n < rows.
-            unsafe { t.store(r, n, hsum(sum[r]) - _mm_cvtss_f32(m)) };
+        for j in 0..NR {
+            for r in 0..R {
+                let m = mins[j][r];
+                let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                t.store(r, n + j, hsum(sum[j][r]) - _mm_cvtss_f32(m));
+            }
         }
     }
 }
@@ -664,16 +785,8 @@ unsafe fn q45k<const FIVE: bool, const R: usize>(t: &Tile) {
 /// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni")]
 unsafe fn q6k<const UNUSED: u8, const R: usize>(t: &Tile) {
-    let (k, a, rb) = (t.k, t.a, t.rb);
-    let low4 = _mm512_set1_epi8(0x0F);
-    let shr4 = _mm512_set1_epi64(SHR4 as i64);
-    let two = |lo: u64, hi: u64| {
-        _mm512_setr_epi64(
-            lo as i64, lo as i64, lo as i64, lo as i64, hi as i64, hi as i64, hi as i64, hi as i64,
-        )
-    };
-    // High pairs: low-nibble vector takes bits (0,1) | (2,3), high-nibble (4,5) | (6,7),
-    // into bits 4, 5.
+    // High pairs: the low-nibble vector takes bits (0,1) | (2,3), the high-nibble one
+    // (4,5) | (6,7), into bits 4, 5.
     let h_lo = two(
         bit_move(0, 4) | bit_move(1, 5),
         bit_move(2, 4) | bit_move(3, 5),
@@ -682,77 +795,98 @@ unsafe fn q6k<const UNUSED: u8, const R: usize>(t: &Tile) {
         bit_move(4, 4) | bit_move(5, 5),
         bit_move(6, 4) | bit_move(7, 5),
     );
-    let sidx = |s0: u16| {
-        let t: [u16; 32] = std::array::from_fn(|i| s0 + i as u16 / 8);
-        // SAFETY: 64 bytes.
-        unsafe { _mm512_loadu_si512(t.as_ptr().cast()) }
+    let c = KConsts {
+        sidx: [
+            spread_words([0, 1, 2, 3]),
+            spread_words([4, 5, 6, 7]),
+            spread_words([0, 1, 2, 3]),
+            spread_words([4, 5, 6, 7]),
+        ],
+        hm: [h_lo, h_hi, h_lo, h_hi],
+        low4: _mm512_set1_epi8(0x0F),
+        shr4: _mm512_set1_epi64(SHR4 as i64),
     };
-    let sidx = [sidx(0), sidx(4), sidx(8), sidx(12)];
-    for n in 0..t.rows {
-        // SAFETY: row n < rows of the tile (the Tile contract).
-        let w = unsafe { t.w.add(n * t.wrow) };
-        let mut sum = [_mm512_setzero_ps(); R];
-        for s in 0..k / 256 {
-            // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
-            // inside `a`.
-            unsafe {
-                let p = w.add(s * 210);
-                let mut v = [_mm512_setzero_si512(); 4];
+    row_pairs!(q6k_rows, &c, t, R);
+}
+
+/// Weight rows `n..n + NR` of a Q6_K tile.
+///
+/// # Safety
+/// `n + NR <= t.rows`; the [`Tile`] contract.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni")]
+unsafe fn q6k_rows<const R: usize, const NR: usize>(c: &KConsts, t: &Tile, n: usize) {
+    let mut sum = [[_mm512_setzero_ps(); R]; NR];
+    // SAFETY: super-blocks s < k / 256 lie inside each row and each prepared row.
+    unsafe {
+        let w = row_ptrs::<NR>(t, n);
+        for s in 0..t.k / 256 {
+            let mut v = [[_mm512_setzero_si512(); 4]; NR];
+            let mut scv = [[_mm512_setzero_si512(); 4]; NR];
+            let mut sc16 = [_mm256_setzero_si256(); NR];
+            let mut d = [_mm512_setzero_ps(); NR];
+            for j in 0..NR {
+                let p = w[j].add(s * 210);
                 for h in 0..2 {
                     let ql = _mm512_loadu_si512(p.add(64 * h).cast());
                     let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h).cast()));
                     // (ql & 0x0F) | high pairs: ternary logic 0xEA is (a & b) | c.
-                    v[2 * h] = _mm512_ternarylogic_epi32::<0xEA>(
+                    v[j][2 * h] = _mm512_ternarylogic_epi32::<0xEA>(
                         ql,
-                        low4,
-                        _mm512_gf2p8affine_epi64_epi8::<0>(qh, h_lo),
+                        c.low4,
+                        _mm512_gf2p8affine_epi64_epi8::<0>(qh, c.hm[0]),
                     );
-                    v[2 * h + 1] = _mm512_or_si512(
-                        _mm512_gf2p8affine_epi64_epi8::<0>(ql, shr4),
-                        _mm512_gf2p8affine_epi64_epi8::<0>(qh, h_hi),
+                    v[j][2 * h + 1] = _mm512_or_si512(
+                        _mm512_gf2p8affine_epi64_epi8::<0>(ql, c.shr4),
+                        _mm512_gf2p8affine_epi64_epi8::<0>(qh, c.hm[1]),
                     );
                 }
-                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
-                let sc = _mm512_castsi256_si512(sc16);
-                let scv = [
-                    _mm512_permutexvar_epi16(sidx[0], sc),
-                    _mm512_permutexvar_epi16(sidx[1], sc),
-                    _mm512_permutexvar_epi16(sidx[2], sc),
-                    _mm512_permutexvar_epi16(sidx[3], sc),
-                ];
-                let d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                sc16[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
+                // Sub-blocks 0..8 in every lane for the first half, 8..16 for the second.
+                let first = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16[j]));
+                let second = _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc16[j]));
+                for (i, (o, idx)) in scv[j].iter_mut().zip(&c.sidx).enumerate() {
+                    *o = _mm512_shuffle_epi8(if i < 2 { first } else { second }, *idx);
+                }
+                d[j] = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(
                     p.add(208).cast::<u16>().read_unaligned() as i32,
                 )));
-                for r in 0..R {
-                    let ar = a.add(r * rb + s * K_SB);
-                    let x = |i: usize| _mm512_load_si512(ar.add(64 * i).cast());
+            }
+            for r in 0..R {
+                let ar = t.a.add(r * t.rb + s * K_SB);
+                let x: [__m512i; 4] =
+                    std::array::from_fn(|i| _mm512_load_si512(ar.add(64 * i).cast()));
+                let bsums = _mm256_load_si256(ar.add(256).cast());
+                let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
+                for j in 0..NR {
                     let acc0 = _mm512_dpwssd_epi32(
-                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[0], x(0)), scv[0]),
-                        _mm512_maddubs_epi16(v[1], x(1)),
-                        scv[1],
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[j][0], x[0]), scv[j][0]),
+                        _mm512_maddubs_epi16(v[j][1], x[1]),
+                        scv[j][1],
                     );
                     let acc1 = _mm512_dpwssd_epi32(
-                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[2], x(2)), scv[2]),
-                        _mm512_maddubs_epi16(v[3], x(3)),
-                        scv[3],
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[j][2], x[2]), scv[j][2]),
+                        _mm512_maddubs_epi16(v[j][3], x[3]),
+                        scv[j][3],
                     );
                     // 32 Σ_j sc_j bsum_j, in 8 lanes.
-                    let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
-                        sc16,
-                        _mm256_load_si256(ar.add(256).cast()),
-                    ));
+                    let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16[j], bsums));
                     let acc = _mm512_sub_epi32(
                         _mm512_add_epi32(acc0, acc1),
                         _mm512_zextsi256_si512(corr),
                     );
-                    let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
-                    sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
+                    sum[j][r] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(acc),
+                        _mm512_mul_ps(d[j], dx),
+                        sum[j][r],
+                    );
                 }
             }
         }
-        for r in 0..R {
-            // SAFETY: r < m, n < rows.
-            unsafe { t.store(r, n, hsum(sum[r])) };
+        for j in 0..NR {
+            for r in 0..R {
+                t.store(r, n + j, hsum(sum[j][r]));
+            }
         }
     }
 }
@@ -764,39 +898,33 @@ unsafe fn q6k<const UNUSED: u8, const R: usize>(t: &Tile) {
 /// [`dot_tile`]'s contract with `m == R`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn q8k<const UNUSED: u8, const R: usize>(t: &Tile) {
-    let (k, a, rb) = (t.k, t.a, t.rb);
     let flip = _mm512_set1_epi8(-128);
     for n in 0..t.rows {
-        // SAFETY: row n < rows of the tile (the Tile contract).
-        let w = unsafe { t.w.add(n * t.wrow) };
         let mut sum = [_mm512_setzero_ps(); R];
-        for s in 0..k / 256 {
-            // SAFETY: super-block s lies inside the row; prepared super-block s of rows < R
-            // inside `a`.
-            unsafe {
+        // SAFETY: row n < rows; super-blocks s < k / 256 inside it and each prepared row.
+        unsafe {
+            let w = t.w.add(n * t.wrow);
+            for s in 0..t.k / 256 {
                 let p = w.add(s * 292);
                 let v: [__m512i; 4] = std::array::from_fn(|i| {
                     _mm512_xor_si512(_mm512_loadu_si512(p.add(4 + 64 * i).cast()), flip)
                 });
                 let d = _mm512_set1_ps(p.cast::<f32>().read_unaligned());
-                for r in 0..R {
-                    let ar = a.add(r * rb + s * K_SB);
-                    let init = _mm512_zextsi128_si512(_mm_cvtsi32_si128(
-                        -128 * ar.add(292).cast::<i32>().read(),
-                    ));
-                    let mut acc = init;
+                for (r, sr) in sum.iter_mut().enumerate() {
+                    let ar = t.a.add(r * t.rb + s * K_SB);
+                    let total = ar.add(292).cast::<i32>().read();
+                    let mut acc = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-128 * total));
                     for (i, vi) in v.iter().enumerate() {
                         acc =
                             _mm512_dpbusd_epi32(acc, *vi, _mm512_load_si512(ar.add(64 * i).cast()));
                     }
                     let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
-                    sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), sum[r]);
+                    *sr = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), *sr);
                 }
             }
-        }
-        for r in 0..R {
-            // SAFETY: r < m, n < rows.
-            unsafe { t.store(r, n, hsum(sum[r])) };
+            for (r, sr) in sum.iter().enumerate() {
+                t.store(r, n, hsum(*sr));
+            }
         }
     }
 }
