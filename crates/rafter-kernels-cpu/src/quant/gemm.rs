@@ -178,6 +178,16 @@ fn widen_block(
 ) {
     row.resize(kb, 0.0);
     let be = w.format.block_elems();
+    #[cfg(target_arch = "x86_64")]
+    if !matches!(w.format, WeightFormat::Block(_)) && std::arch::is_x86_feature_detected!("avx512f") {
+        for q in 0..(j1 - j0).div_ceil(PANEL) {
+            let panel = &mut panels[q * kb * PANEL..][..kb * PANEL];
+            let r0 = j0 + q * PANEL;
+            // SAFETY: AVX-512F checked; rows r0..min(r0 + 16, j1) of W exist.
+            unsafe { widen_panel512(w, r0, (j1 - r0).min(PANEL), pc, kb, panel) };
+        }
+        return;
+    }
     for q in 0..(j1 - j0).div_ceil(PANEL) {
         let panel = &mut panels[q * kb * PANEL..][..kb * PANEL];
         for jj in 0..PANEL {
@@ -203,6 +213,63 @@ fn widen_block(
             for (p, &v) in row.iter().enumerate() {
                 panel[p * PANEL + jj] = v;
             }
+        }
+    }
+}
+
+/// One panel of float-format weights: rows `r0..r0 + rows` (`rows <= 16`; zero columns
+/// past them), elements `pc..pc + kb`, widened 16 rows x 16 elements at a time and
+/// transposed in registers.
+///
+/// # Safety
+/// AVX-512F available; rows `r0..r0 + rows` of `w` exist; `panel` holds `kb * 16` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn widen_panel512(
+    w: &QuantMatRef<'_>,
+    r0: usize,
+    rows: usize,
+    pc: usize,
+    kb: usize,
+    panel: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(rows <= PANEL && panel.len() >= kb * PANEL && pc + kb <= w.k);
+    let format = w.format;
+    let full = kb / 16 * 16;
+    for p in (0..full).step_by(16) {
+        let mut v: [__m512i; 16] = std::array::from_fn(|r| {
+            if r >= rows {
+                return _mm512_setzero_si512();
+            }
+            let row = w.rows(r0 + r, r0 + r + 1).as_ptr();
+            let e = pc + p;
+            // SAFETY: elements e..e+16 <= pc + kb <= k of row r0 + r.
+            unsafe {
+                match format {
+                    WeightFormat::F32 => _mm512_loadu_si512(row.add(4 * e).cast()),
+                    WeightFormat::F16 => _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(
+                        row.add(2 * e).cast(),
+                    ))),
+                    _ => _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                        row.add(2 * e).cast(),
+                    ))),
+                }
+            }
+        });
+        super::x86_vnni_gemm::transpose16(&mut v);
+        for (i, vi) in v.iter().enumerate() {
+            // SAFETY: panel row p + i < kb.
+            unsafe { _mm512_storeu_si512(panel.as_mut_ptr().add((p + i) * PANEL).cast(), *vi) };
+        }
+    }
+    for p in full..kb {
+        for r in 0..PANEL {
+            panel[p * PANEL + r] = if r < rows {
+                dense::widen(format, w.rows(r0 + r, r0 + r + 1), pc + p)
+            } else {
+                0.0
+            };
         }
     }
 }

@@ -399,7 +399,7 @@ unsafe fn transpose512(rows: &[u8], kb: usize, full: usize, panel: &mut [u8]) {
 /// Transposes a 16x16 matrix of dwords held as 16 row vectors.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn transpose16(v: &mut [__m512i; 16]) {
+pub(crate) fn transpose16(v: &mut [__m512i; 16]) {
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
