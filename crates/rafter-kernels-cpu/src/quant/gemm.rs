@@ -179,7 +179,8 @@ fn widen_block(
     row.resize(kb, 0.0);
     let be = w.format.block_elems();
     #[cfg(target_arch = "x86_64")]
-    if !matches!(w.format, WeightFormat::Block(_)) && std::arch::is_x86_feature_detected!("avx512f") {
+    if !matches!(w.format, WeightFormat::Block(_)) && std::arch::is_x86_feature_detected!("avx512f")
+    {
         for q in 0..(j1 - j0).div_ceil(PANEL) {
             let panel = &mut panels[q * kb * PANEL..][..kb * PANEL];
             let r0 = j0 + q * PANEL;

@@ -240,7 +240,12 @@ fn pack_panel(
             continue;
         }
         let bytes = &w.rows(j0 + c, j0 + c + 1)[pc / be * bb..(pc + kb) / be * bb];
-        unpack_row(format, bytes, u, s, t);
+        // SAFETY: the VNNI path's features (AVX-512F/BW/VL) are available.
+        if !unsafe { unpack_row_simd(format, bytes, u) } {
+            unpack_row(format, bytes, u, s, t);
+        } else {
+            scales_row(format, bytes, s, t);
+        }
     }
     let panel = bufs.panel.reset(NR * kb);
     transpose(bufs.rows.as_slice(), kb, panel);
@@ -315,6 +320,164 @@ fn unpack_row(format: BlockFormat, bytes: &[u8], u: &mut [u8], s: &mut [f32], t:
             }
         }
     }
+}
+
+/// The per-group `s`, `t` of a row segment (what [`unpack_row`] writes besides the
+/// quants).
+fn scales_row(format: BlockFormat, bytes: &[u8], s: &mut [f32], t: &mut [f32]) {
+    let bb = format.block_bytes();
+    let per = format.block_elems() / spec(format).g;
+    for (b, blk) in bytes.chunks_exact(bb).enumerate() {
+        let (s, t) = (&mut s[b * per..][..per], &mut t[b * per..][..per]);
+        match format {
+            BlockFormat::Q4_1 | BlockFormat::Q5_1 => {
+                s[0] = read_f16(blk, 0);
+                t[0] = read_f16(blk, 2);
+            }
+            BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 | BlockFormat::Q8_1 => {
+                s[0] = read_f16(blk, 0);
+                t[0] = 0.0;
+            }
+            BlockFormat::Q8_K => {
+                s.fill(f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]));
+                t.fill(0.0);
+            }
+            _ => k_scales(format, blk, s, t),
+        }
+    }
+}
+
+/// The quants of a row segment with vector instructions, for the formats that have such an
+/// unpacking here (returns `false` for the others, which [`unpack_row`] handles).
+///
+/// # Safety
+/// AVX-512F/BW/VL available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn unpack_row_simd(format: BlockFormat, bytes: &[u8], u: &mut [u8]) -> bool {
+    let (be, bb) = (format.block_elems(), format.block_bytes());
+    let nb = bytes.len() / bb;
+    assert!(u.len() >= nb * be);
+    let (src, dst) = (bytes.as_ptr(), u.as_mut_ptr());
+    let low4 = _mm_set1_epi8(0x0F);
+    let low4y = _mm256_set1_epi8(0x0F);
+    // SAFETY (every arm): block b's bytes are src[b * bb..][..bb] and its quants go to
+    // dst[b * be..][..be], both inside the slices (asserted).
+    unsafe {
+        match format {
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0 | BlockFormat::Q5_1 => {
+                let (qs, qh) = match format {
+                    BlockFormat::Q4_0 => (layout::q4_0::QS, usize::MAX),
+                    BlockFormat::Q4_1 => (layout::q4_1::QS, usize::MAX),
+                    BlockFormat::Q5_0 => (layout::q5_0::QS, layout::q5_0::QH),
+                    _ => (layout::q5_1::QS, layout::q5_1::QH),
+                };
+                let sixteen = _mm_set1_epi8(16);
+                for b in 0..nb {
+                    let p = src.add(b * bb);
+                    let q = _mm_loadu_si128(p.add(qs).cast());
+                    let mut lo = _mm_and_si128(q, low4);
+                    let mut hi = _mm_and_si128(_mm_srli_epi16::<4>(q), low4);
+                    if qh != usize::MAX {
+                        let h = p.add(qh).cast::<u32>().read_unaligned();
+                        lo = _mm_mask_add_epi8(lo, h as u16, lo, sixteen);
+                        hi = _mm_mask_add_epi8(hi, (h >> 16) as u16, hi, sixteen);
+                    }
+                    _mm_storeu_si128(dst.add(32 * b).cast(), lo);
+                    _mm_storeu_si128(dst.add(32 * b + 16).cast(), hi);
+                }
+            }
+            BlockFormat::Q8_0 | BlockFormat::Q8_1 => {
+                let qs = if format == BlockFormat::Q8_0 {
+                    layout::q8_0::QS
+                } else {
+                    layout::q8_1::QS
+                };
+                let flip = _mm256_set1_epi8(-128);
+                for b in 0..nb {
+                    let q = _mm256_loadu_si256(src.add(b * bb + qs).cast());
+                    _mm256_storeu_si256(dst.add(32 * b).cast(), _mm256_xor_si256(q, flip));
+                }
+            }
+            BlockFormat::Q8_K => {
+                let flip = _mm512_set1_epi8(-128);
+                for b in 0..nb {
+                    for i in 0..4 {
+                        let q =
+                            _mm512_loadu_si512(src.add(b * bb + layout::q8_k::QS + 64 * i).cast());
+                        _mm512_storeu_si512(
+                            dst.add(256 * b + 64 * i).cast(),
+                            _mm512_xor_si512(q, flip),
+                        );
+                    }
+                }
+            }
+            BlockFormat::Q4_K | BlockFormat::Q5_K => {
+                let five = format == BlockFormat::Q5_K;
+                let qs = if five {
+                    layout::q5_k::QS
+                } else {
+                    layout::q4_k::QS
+                };
+                let one = _mm256_set1_epi8(1);
+                for b in 0..nb {
+                    let p = src.add(b * bb);
+                    let qh = if five {
+                        _mm256_loadu_si256(p.add(layout::q5_k::QH).cast())
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    for c in 0..4 {
+                        let q = _mm256_loadu_si256(p.add(qs + 32 * c).cast());
+                        let mut lo = _mm256_and_si256(q, low4y);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4y);
+                        if five {
+                            // Bits 2c and 2c + 1 of qh, as 16 in bytes.
+                            let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32));
+                            let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(h, one));
+                            let h_hi =
+                                _mm256_slli_epi16::<3>(_mm256_and_si256(h, _mm256_set1_epi8(2)));
+                            lo = _mm256_or_si256(lo, h_lo);
+                            hi = _mm256_or_si256(hi, h_hi);
+                        }
+                        _mm256_storeu_si256(dst.add(256 * b + 64 * c).cast(), lo);
+                        _mm256_storeu_si256(dst.add(256 * b + 64 * c + 32).cast(), hi);
+                    }
+                }
+            }
+            BlockFormat::Q6_K => {
+                let three = _mm256_set1_epi8(3);
+                for b in 0..nb {
+                    let p = src.add(b * bb);
+                    for h in 0..2 {
+                        let ql0 = _mm256_loadu_si256(p.add(64 * h).cast());
+                        let ql1 = _mm256_loadu_si256(p.add(64 * h + 32).cast());
+                        let qh = _mm256_loadu_si256(p.add(layout::q6_k::QH + 32 * h).cast());
+                        let pair = |s: i32| {
+                            let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
+                            _mm256_slli_epi16::<4>(_mm256_and_si256(v, three))
+                        };
+                        let e = [
+                            _mm256_or_si256(_mm256_and_si256(ql0, low4y), pair(0)),
+                            _mm256_or_si256(_mm256_and_si256(ql1, low4y), pair(2)),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4y),
+                                pair(4),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4y),
+                                pair(6),
+                            ),
+                        ];
+                        for (i, v) in e.iter().enumerate() {
+                            _mm256_storeu_si256(dst.add(256 * b + 128 * h + 32 * i).cast(), *v);
+                        }
+                    }
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// The per-group `s`, `t` of a K super-block (8 groups of 32 or 16 of 16).
