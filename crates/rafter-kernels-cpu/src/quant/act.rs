@@ -48,7 +48,7 @@ impl Act {
 
     /// Resizes for `m x k` in blocks of `blk` (contents unspecified until [`quantize_rows`]).
     pub fn reset(&mut self, m: usize, k: usize, blk: usize) {
-        debug_assert!(k % blk == 0 && blk % 16 == 0);
+        debug_assert!(k.is_multiple_of(blk) && blk.is_multiple_of(16));
         self.m = m;
         self.k = k;
         self.blk = blk;

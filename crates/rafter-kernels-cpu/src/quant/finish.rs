@@ -12,6 +12,14 @@ pub(crate) struct YPtr {
     pub ld: usize,
 }
 
+impl YPtr {
+    /// The address of y's element `(i, j)` (computed, not dereferenced; a method so that
+    /// closures capture the whole `Sync` wrapper, not the raw field).
+    pub(crate) fn at(self, i: usize, j: usize) -> *mut f32 {
+        self.ptr.wrapping_add(i * self.ld + j)
+    }
+}
+
 // SAFETY: tasks holding a `YPtr` write disjoint tiles of y, which outlives them
 // (`Parallel::run` returns only when every task has returned).
 unsafe impl Send for YPtr {}

@@ -152,42 +152,54 @@ fn run_with(
                 _ => {}
             }
             let aux = s.aux.as_slice();
-            drive(path, w, m, y, epi, par, &|n, r0, mr, out| {
-                let row = w.rows(n, n + 1);
-                match kern {
-                    // SAFETY: `row` is one whole row of W in format f; the activation
-                    // rows r0..r0+mr exist; `aux` was prepared for f from `act`; the
-                    // path's ISA is available (checked by the caller).
+            drive(
+                path,
+                w,
+                m,
+                y,
+                epi,
+                par,
+                &|rows, r0, mr, out, out_ld| match kern {
+                    // SAFETY: `rows` is whole rows of W in format f; the activation rows
+                    // r0..r0+mr exist; `aux` was prepared for f from `act`; the path's ISA is
+                    // available (checked by the caller).
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Vnni => unsafe {
-                        super::x86_vnni::dot_rows(f, row, act, aux, r0, mr, out)
+                        super::x86_vnni::dot_tile(f, rows, act, aux, r0, mr, out, out_ld)
                     },
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Avx2 => unsafe {
-                        super::x86_avx2::dot_rows(f, row, act, aux, r0, mr, out)
+                        super::x86_avx2::dot_tile(f, rows, act, aux, r0, mr, out, out_ld)
                     },
                     _ => {
-                        for (i, o) in out.iter_mut().enumerate().take(mr) {
-                            *o = gemv_scalar::dot(f, row, act, r0 + i);
+                        for (c, row) in rows.chunks_exact(w.row_bytes).enumerate() {
+                            for i in 0..mr {
+                                out[i * out_ld + c] = gemv_scalar::dot(f, row, act, r0 + i);
+                            }
                         }
                     }
-                }
-            });
+                },
+            );
         }
         _ => {
             let (xs, ldx) = contiguous(x, &mut s.x);
             let format = w.format;
-            drive(path, w, m, y, epi, par, &|n, r0, mr, out| {
-                let row = w.rows(n, n + 1);
+            drive(path, w, m, y, epi, par, &|rows, r0, mr, out, out_ld| {
                 let xr = &xs[r0 * ldx..];
-                match format {
-                    WeightFormat::Block(f) => ROW.with(|buf| {
-                        let mut buf = buf.borrow_mut();
-                        buf.resize(k, 0.0);
-                        dequantize_row(f, row, &mut buf).expect("W rows are whole blocks");
-                        dense::dot_rows_f32(path, &buf, xr, ldx, mr, out);
-                    }),
-                    _ => dense::dot_rows(path, format, row, xr, ldx, mr, out),
+                let mut o = [0.0f32; MR];
+                for (c, row) in rows.chunks_exact(w.row_bytes).enumerate() {
+                    match format {
+                        WeightFormat::Block(f) => ROW.with(|buf| {
+                            let mut buf = buf.borrow_mut();
+                            buf.resize(k, 0.0);
+                            dequantize_row(f, row, &mut buf).expect("W rows are whole blocks");
+                            dense::dot_rows_f32(path, &buf, xr, ldx, mr, &mut o);
+                        }),
+                        _ => dense::dot_rows(path, format, row, xr, ldx, mr, &mut o),
+                    }
+                    for (i, &v) in o.iter().enumerate().take(mr) {
+                        out[i * out_ld + c] = v;
+                    }
                 }
             });
         }
@@ -205,9 +217,13 @@ fn contiguous<'a>(x: &'a MatRef<'_>, buf: &'a mut Vec<f32>) -> (&'a [f32], usize
     (buf, x.cols)
 }
 
-/// Runs `kernel(n, r0, mr, out)` — `out[i]` = row `r0 + i` of x times row `n` of W, for
-/// `i < mr <= MR` — over all of W's rows and x's `m` rows, split over tasks by ranges of
-/// W's rows, and stores the results through the epilogue.
+/// A decode kernel over a tile of weight rows (see [`drive`]).
+type TileKernel<'a> = dyn Fn(&[u8], usize, usize, &mut [f32], usize) + Sync + 'a;
+
+/// Runs `kernel(rows, r0, mr, out, out_ld)` — `out[i * out_ld + c]` = row `r0 + i` of x
+/// times weight row `c` of `rows` (a tile of W's rows, back to back), for `i < mr <= MR` —
+/// over all of W's rows and x's `m` rows, split over tasks by ranges of W's rows, and
+/// stores the results through the epilogue.
 #[allow(clippy::too_many_arguments)]
 fn drive(
     path: Path,
@@ -216,7 +232,7 @@ fn drive(
     y: YPtr,
     epi: Option<&Epilogue<'_>>,
     par: &dyn Parallel,
-    kernel: &(dyn Fn(usize, usize, usize, &mut [f32; MR]) + Sync),
+    kernel: &TileKernel<'_>,
 ) {
     let n = w.n;
     let bytes = w.data.len();
@@ -229,17 +245,11 @@ fn drive(
     let task = |t: usize| {
         let (n0, n1) = (t * n / tasks, (t + 1) * n / tasks);
         let mut out = [0.0f32; DECODE_MAX_M * TILE];
-        let mut o = [0.0f32; MR];
         for j0 in (n0..n1).step_by(TILE) {
             let cols = TILE.min(n1 - j0);
-            for c in 0..cols {
-                for r0 in (0..m).step_by(MR) {
-                    let mr = MR.min(m - r0);
-                    kernel(j0 + c, r0, mr, &mut o);
-                    for (i, &v) in o.iter().enumerate().take(mr) {
-                        out[(r0 + i) * TILE + c] = v;
-                    }
-                }
+            for r0 in (0..m).step_by(MR) {
+                let mr = MR.min(m - r0);
+                kernel(w.rows(j0, j0 + cols), r0, mr, &mut out[r0 * TILE..], TILE);
             }
             // SAFETY: y's rows 0..m, columns j0..j0+cols are in bounds (checked shapes) and
             // this task's alone (tasks own disjoint column ranges); the epilogue was

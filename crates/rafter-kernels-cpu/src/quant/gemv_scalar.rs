@@ -30,19 +30,14 @@ pub(crate) fn dot(format: BlockFormat, w: &[u8], act: &Act, r: usize) -> f32 {
     let bb = format.block_bytes();
     let mut acc = 0.0f32;
     for (b, blk) in w.chunks_exact(bb).enumerate() {
-        acc += match format {
-            BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 | BlockFormat::Q8_1 => {
-                let xs = &x[32 * b..][..32];
-                let (q, offset) = unpack32(format, blk);
-                let idot = idot(&q, xs) - offset * (s16[2 * b] + s16[2 * b + 1]);
-                read_f16(blk, 0) * dx[b] * idot as f32
-            }
-            BlockFormat::Q4_1 | BlockFormat::Q5_1 => {
-                let xs = &x[32 * b..][..32];
-                let (q, _) = unpack32(format, blk);
-                let (d, m) = (read_f16(blk, 0), read_f16(blk, 2));
-                d * dx[b] * idot(&q, xs) as f32 + m * dx[b] * (s16[2 * b] + s16[2 * b + 1]) as f32
-            }
+        acc += match format.block_elems() {
+            32 => block32(
+                format,
+                blk,
+                &x[32 * b..][..32],
+                dx[b],
+                s16[2 * b] + s16[2 * b + 1],
+            ),
             _ => {
                 let xs = &x[256 * b..][..256];
                 let sums = &s16[16 * b..][..16];
@@ -51,6 +46,19 @@ pub(crate) fn dot(format: BlockFormat, w: &[u8], act: &Act, r: usize) -> f32 {
         };
     }
     acc
+}
+
+/// One 32-element block `b` against 32 quantized activations `x` with scale `dx` and sum
+/// `sx`.
+pub(crate) fn block32(format: BlockFormat, b: &[u8], x: &[i8], dx: f32, sx: i32) -> f32 {
+    let (q, offset) = unpack32(format, b);
+    match format {
+        BlockFormat::Q4_1 | BlockFormat::Q5_1 => {
+            let (d, m) = (read_f16(b, 0), read_f16(b, 2));
+            d * dx * idot(&q, x) as f32 + m * dx * sx as f32
+        }
+        _ => read_f16(b, 0) * dx * (idot(&q, x) - offset * sx) as f32,
+    }
 }
 
 /// `Σ q x` in i32 (exact: at most 256 products of magnitude < 2^15).

@@ -262,7 +262,8 @@ pub fn quant_activation_block(isa: Isa, format: WeightFormat, m: usize) -> Optio
 /// Which quantized kernels an [`Isa`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Path {
-    /// AVX-512F + BW + VNNI (+ GFNI where present): `vpdpbusd` on 64-byte vectors.
+    /// AVX-512F/BW/VL/VBMI/VNNI, GFNI and BMI2 (Ice Lake, Zen 4 and later): `vpdpbusd` on
+    /// 64-byte vectors.
     #[cfg(target_arch = "x86_64")]
     Vnni512,
     /// AVX2 + FMA + F16C: `vpmaddubsw`/`vpmaddwd` on 32-byte vectors.
@@ -279,7 +280,15 @@ impl Path {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
             match isa {
-                Isa::Avx512 if has!("avx512bw") && has!("avx512vnni") && has!("gfni") => {
+                Isa::Avx512
+                    if has!("avx512bw")
+                        && has!("avx512vl")
+                        && has!("avx512vnni")
+                        && has!("avx512vbmi")
+                        && has!("gfni")
+                        && has!("bmi2")
+                        && avx2 =>
+                {
                     return Path::Vnni512
                 }
                 Isa::Avx512 | Isa::Avx2 if avx2 => return Path::Avx2,

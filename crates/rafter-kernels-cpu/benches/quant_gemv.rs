@@ -1,0 +1,277 @@
+//! The quantized-weight products (`quant_matmul`) on the shapes of a Qwen3-0.6B decode step
+//! (M = 1) or prefill (`--m 128`), per weight format, against this machine's measured memory
+//! read bandwidth (decode) or the f32 micro-kernel's peak (prefill).
+//!
+//! Weights stream from memory as in a model: every call uses the next of enough copies of
+//! its weight to exceed the caches (`--cold MB`, 256 by default). The machine is shared, so
+//! the formats alternate within every round and the table reports medians over rounds of
+//! the per-call time. GB/s counts the weight bytes of the format itself. The read bandwidth
+//! is measured in the same run with the same threads (a vectorised sum over 1 GiB, best of
+//! 5), before and after the table.
+//!
+//! ```sh
+//! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --threads 1,2 --rounds 9
+//! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --m 128 --rounds 5
+//! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --formats all --isa avx2
+//! ```
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use rafter_kernels_cpu::{
+    bench_micro_kernel, quant_matmul_with_isa, BlockFormat, Epilogue, Isa, MatMut, MatRef,
+    Parallel, QuantMatRef, WeightFormat, WorkerPool,
+};
+
+/// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the
+/// tied LM head.
+const SHAPES: &[(usize, usize, &str)] = &[
+    (1024, 2048, "q_proj"),
+    (1024, 1024, "k/v_proj"),
+    (2048, 1024, "o_proj"),
+    (1024, 3072, "gate/up"),
+    (3072, 1024, "down"),
+    (1024, 151936, "lm_head"),
+];
+
+fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            (*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// `n x k` weights in `format`, built from random floats.
+fn weights(format: WeightFormat, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+    let rb = format.row_bytes(k).unwrap();
+    let mut out = vec![0u8; n * rb];
+    // Rows in chunks, so the f32 source stays small for the LM head.
+    for (r0, chunk) in out.chunks_mut(rb * 256).enumerate() {
+        let rows = chunk.len() / rb;
+        let src = rnd(seed, rows * k);
+        let _ = r0;
+        match format {
+            WeightFormat::F32 => {
+                for (o, v) in chunk.chunks_exact_mut(4).zip(&src) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            WeightFormat::F16 => {
+                for (o, v) in chunk.chunks_exact_mut(2).zip(&src) {
+                    o.copy_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes());
+                }
+            }
+            WeightFormat::Bf16 => {
+                for (o, v) in chunk.chunks_exact_mut(2).zip(&src) {
+                    o.copy_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes());
+                }
+            }
+            WeightFormat::Block(f) => {
+                for (o, s) in chunk.chunks_exact_mut(rb).zip(src.chunks_exact(k)) {
+                    rafter_quant::quantize_row(f, s, o).unwrap();
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Sums `x` with four AVX-512 (or AVX2) accumulators: a pure streaming read.
+fn read_sum(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f")]
+        unsafe fn sum512(x: &[f32]) -> f32 {
+            let mut a = [_mm512_setzero_ps(); 4];
+            for c in x.chunks_exact(64) {
+                for (i, ai) in a.iter_mut().enumerate() {
+                    // SAFETY: 16 floats of the 64-float chunk.
+                    *ai = _mm512_add_ps(*ai, unsafe { _mm512_loadu_ps(c.as_ptr().add(16 * i)) });
+                }
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(
+                _mm512_add_ps(a[0], a[1]),
+                _mm512_add_ps(a[2], a[3]),
+            ))
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F checked.
+            return unsafe { sum512(x) };
+        }
+    }
+    x.iter().sum()
+}
+
+/// Read bandwidth in GB/s of `threads` tasks summing their part of `buf`: best of 5.
+fn read_bw(buf: &[f32], par: &dyn Parallel, threads: usize) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        par.run(threads, &|i| {
+            let part = &buf[i * buf.len() / threads..(i + 1) * buf.len() / threads];
+            black_box(read_sum(part));
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (buf.len() * 4) as f64 / best / 1e9
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    let rounds: usize = arg("--rounds").map_or(7, |r| r.parse().expect("--rounds N"));
+    let threads: Vec<usize> = arg("--threads")
+        .map_or("1,2".to_string(), |s| s.clone())
+        .split(',')
+        .map(|t| t.parse().expect("--threads 1,2"))
+        .collect();
+    let m: usize = arg("--m").map_or(1, |r| r.parse().expect("--m M"));
+    let cold: usize = arg("--cold").map_or(256, |r| r.parse().expect("--cold MB")) << 20;
+    // `--hot`: one copy of each weight (cache-resident when small), minimum over rounds:
+    // the kernels' own throughput, robust to a loaded machine's preemptions.
+    let hot = args.iter().any(|a| a == "--hot");
+    let cold = if hot { 0 } else { cold };
+    let isa = arg("--isa").map_or(Isa::detect(), |s| Isa::named(s).expect("--isa name"));
+    let fmt_arg = arg("--formats").map_or("f16,q8_0,q4_0,q4_K,q6_K".to_string(), |s| s.clone());
+    let shape_filter = arg("--shapes").cloned();
+    let formats: Vec<WeightFormat> = if fmt_arg == "all" {
+        let mut v = vec![WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16];
+        v.extend(BlockFormat::ALL.map(WeightFormat::Block));
+        v
+    } else {
+        fmt_arg
+            .split(',')
+            .map(|s| match s {
+                "f32" => WeightFormat::F32,
+                "f16" => WeightFormat::F16,
+                "bf16" => WeightFormat::Bf16,
+                _ => WeightFormat::Block(BlockFormat::named(s).expect("--formats name")),
+            })
+            .collect()
+    };
+    let max_threads = *threads.iter().max().unwrap();
+    let pools: Vec<(usize, WorkerPool)> = threads
+        .iter()
+        .map(|&t| (t, WorkerPool::new(t).unwrap()))
+        .collect();
+    let bw_buf = vec![1.0f32; 1 << 28];
+    let bw_before: Vec<f64> = pools.iter().map(|(t, p)| read_bw(&bw_buf, p, *t)).collect();
+    for ((t, _), bw) in pools.iter().zip(&bw_before) {
+        println!("read bandwidth, {t} thread(s): {bw:.1} GB/s (best of 5, 1 GiB)");
+    }
+    let peak1 = if m > 1 {
+        let g = bench_micro_kernel(isa, 256, 2_000_000);
+        println!("f32 micro-kernel peak, 1 thread: {g:.0} GFLOP/s (prefill fractions are of threads x this)");
+        g
+    } else {
+        0.0
+    };
+    if hot {
+        println!("{isa:?}, M = {m}, {rounds} rounds, one copy of each weight; minimum per call");
+    } else {
+        println!(
+            "{isa:?}, M = {m}, {rounds} rounds, weights rotated through >= {} MiB; median per call",
+            cold >> 20
+        );
+    }
+    println!(
+        "{:<8} {:<16} {:<6} {:>10} {:>9} {:>8}",
+        "threads",
+        "shape KxN",
+        "format",
+        "us",
+        if m == 1 { "GB/s" } else { "GFLOP/s" },
+        if m == 1 { "of read" } else { "of f32pk" },
+    );
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let x = rnd(&mut seed, m * 3072);
+    for &(k, n, name) in SHAPES {
+        if let Some(f) = &shape_filter {
+            if !f.split(',').any(|s| s == name) {
+                continue;
+            }
+        }
+        // Every format's copies, generated once per shape.
+        let copies: Vec<Vec<Vec<u8>>> = formats
+            .iter()
+            .map(|&f| {
+                let one = weights(f, n, k, &mut seed);
+                let c = cold.div_ceil(one.len()).max(1);
+                vec![one; c]
+            })
+            .collect();
+        let mut y = vec![0.0f32; m * n];
+        for (pi, (t, pool)) in pools.iter().enumerate() {
+            let mut times = vec![Vec::new(); formats.len()];
+            for round in 0..rounds + 1 {
+                for fi in 0..formats.len() {
+                    let fi = (fi + round) % formats.len();
+                    let f = formats[fi];
+                    let start = Instant::now();
+                    for w in &copies[fi] {
+                        let wr = QuantMatRef::new(f, w, n, k).unwrap();
+                        quant_matmul_with_isa(
+                            isa,
+                            MatRef::row_major(&x[..m * k], m, k, k).unwrap(),
+                            wr,
+                            MatMut::row_major(&mut y, m, n, n).unwrap(),
+                            &Epilogue::none(),
+                            pool,
+                        )
+                        .unwrap();
+                    }
+                    black_box(&y);
+                    if round > 0 {
+                        times[fi].push(start.elapsed().as_secs_f64() / copies[fi].len() as f64);
+                    }
+                }
+            }
+            for (fi, f) in formats.iter().enumerate() {
+                let s = if hot {
+                    times[fi].iter().cloned().fold(f64::MAX, f64::min)
+                } else {
+                    median(&times[fi])
+                };
+                let bytes = copies[fi][0].len() as f64;
+                let (rate, frac) = if m == 1 {
+                    let gbs = bytes / s / 1e9;
+                    (gbs, gbs / bw_before[pi])
+                } else {
+                    let gf = 2.0 * (m * n * k) as f64 / s / 1e9;
+                    (gf, gf / (peak1 * *t as f64))
+                };
+                println!(
+                    "{:<8} {:<16} {:<6} {:>10.1} {:>9.1} {:>8.2}",
+                    t,
+                    format!("{k}x{n}"),
+                    f.name(),
+                    s * 1e6,
+                    rate,
+                    frac
+                );
+            }
+        }
+    }
+    let _ = max_threads;
+    for (t, p) in &pools {
+        println!(
+            "read bandwidth after, {t} thread(s): {:.1} GB/s",
+            read_bw(&bw_buf, p, *t)
+        );
+    }
+}
