@@ -4,6 +4,7 @@ mod cmd_bench;
 mod cmd_compile;
 mod cmd_conformance;
 mod cmd_devices;
+mod cmd_generate;
 mod cmd_inspect;
 mod cmd_plan;
 mod cmd_run;
@@ -52,6 +53,9 @@ enum Command {
     },
     /// Run ONNX's backend test suite and report every failing or skipped test.
     Conformance(cmd_conformance::ConformanceArgs),
+    /// Generate text with an LLM (a Hugging Face folder or a .gguf file), streamed to stdout;
+    /// ends with `generate: prompt P tokens at X tok/s, N tokens at Y tok/s, peak RSS R MB`.
+    Generate(cmd_generate::GenerateArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd_bench::bench(args),
         Command::Inspect { model, ir } => cmd_inspect::inspect(&model, ir),
         Command::Conformance(args) => cmd_conformance::conformance(args),
+        Command::Generate(args) => cmd_generate::generate(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,135 @@
+//! `rafter generate`: text from an LLM (a Hugging Face folder or a GGUF file), streamed to
+//! stdout as it is produced.
+
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rafter_generate::{GenerateParams, Message, SamplerConfig};
+use rafter_llm_engine::{Llm, LlmOptions, Stage};
+
+use crate::progress::Steps;
+use crate::rss::Rss;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// The model: a Hugging Face folder (config.json, safetensors, tokenizer.json) or a
+    /// .gguf file.
+    model: PathBuf,
+    /// The prompt (with --chat, the user's message).
+    #[arg(long, short = 'p')]
+    prompt: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    max_tokens: usize,
+    /// Wrap the prompt in the model's chat template as one user message.
+    #[arg(long)]
+    chat: bool,
+    /// A system message for --chat.
+    #[arg(long)]
+    system: Option<String>,
+    /// Sampling temperature; 0 is greedy (the default).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Keep the most likely tokens whose probabilities sum to p (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Repetition penalty over the prompt and the generated tokens (1: none).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Seed of the sampler's random stream.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop at this string (not printed); may be repeated.
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// The most positions (prompt and generated) a sequence may hold; the KV caches are
+    /// allocated for it. Default: the model's context, at most 4096.
+    #[arg(long)]
+    context: Option<usize>,
+    /// Kernel threads (default: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Write the prompt's ids, the generated ids, the text and the timings as one JSON
+    /// object to this file.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+}
+
+pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
+    let steps = Steps::new(4);
+    let options = LlmOptions {
+        context: args.context,
+        threads: args.threads,
+    };
+    let llm = Llm::open_observed(&args.model, &options, &mut |stage| {
+        steps.step(match stage {
+            Stage::Read => "reading the model",
+            Stage::Build => "building the decoder",
+            Stage::Compile => "compiling",
+            Stage::Bind => "binding weights",
+        })
+    })
+    .with_context(|| format!("opening {}", args.model.display()))?;
+    steps.finish();
+
+    let tok = llm.tokenizer();
+    let text = if args.chat {
+        let mut messages = Vec::new();
+        if let Some(s) = &args.system {
+            messages.push(Message::new("system", s.as_str()));
+        }
+        messages.push(Message::new("user", args.prompt.as_str()));
+        llm.chat_prompt(&messages)?
+    } else {
+        args.prompt.clone()
+    };
+    // A chat template writes its own BOS where the model wants one.
+    let add_special = !args.chat;
+    let prompt_ids = tok.encode(&text, add_special)?;
+    if prompt_ids.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let mut params = GenerateParams::new(tok, args.max_tokens);
+    params.sampler = SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repeat_penalty,
+        seed: args.seed,
+    };
+    params.stop_strings = args.stop.clone();
+
+    let mut stdout = std::io::stdout().lock();
+    let generation = llm.generate(&prompt_ids, &params, |piece| {
+        let _ = stdout.write_all(piece.as_bytes());
+        let _ = stdout.flush();
+        ControlFlow::Continue(())
+    })?;
+    let _ = writeln!(stdout);
+    let t = &generation.timings;
+    let peak = Rss::now().map_or_else(|| "?".to_string(), |r| format!("{}", r.peak_kib / 1024));
+    let summary = format!(
+        "generate: prompt {} tokens at {:.1} tok/s, {} tokens at {:.1} tok/s, peak RSS {peak} MB",
+        t.prompt_tokens,
+        t.prompt_tokens_per_second(),
+        t.generated_tokens,
+        t.generated_tokens_per_second(),
+    );
+    let _ = writeln!(stdout, "{summary}");
+    if let Some(path) = &args.json_out {
+        let json = serde_json::to_string_pretty(&generation)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
