@@ -56,6 +56,10 @@ pub struct GenerateArgs {
     /// allocated for it. Default: the model's context, at most 4096.
     #[arg(long)]
     context: Option<usize>,
+    /// Quantize an HF checkpoint's float weights while compiling: q8_0, q4_0, q4_1, q5_0,
+    /// q5_1, q4_k, q5_k, q6_k (GGUF weights keep their types).
+    #[arg(long, value_name = "FORMAT")]
+    weights: Option<String>,
     /// Kernel threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -63,13 +67,38 @@ pub struct GenerateArgs {
     /// object to this file.
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// Write a Chrome trace of every call (prefill and each decode step) to this file:
+    /// one slice per kernel dispatch (open it in ui.perfetto.dev).
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let steps = Steps::new(4);
+    let sink = args
+        .trace
+        .as_ref()
+        .map(|_| std::sync::Arc::new(rafter_runtime::ChromeTrace::new()));
+    let weights = match &args.weights {
+        Some(w) => Some(
+            rafter_ir::WeightFormat::from_word(&w.to_ascii_lowercase())
+                .filter(|f| f.is_block())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--weights {w}: expected a block format (q8_0, q4_0, q4_1, q5_0, q5_1, \
+                         q4_k, q5_k, q6_k)"
+                    )
+                })?,
+        ),
+        None => None,
+    };
     let options = LlmOptions {
         context: args.context,
+        weights,
         threads: args.threads,
+        trace: sink
+            .clone()
+            .map(|s| s as std::sync::Arc<dyn rafter_hal::TraceSink>),
     };
     let llm = Llm::open_observed(&args.model, &options, &mut |stage| {
         steps.step(match stage {
@@ -127,6 +156,9 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         t.generated_tokens_per_second(),
     );
     let _ = writeln!(stdout, "{summary}");
+    if let (Some(path), Some(sink)) = (&args.trace, &sink) {
+        sink.write(path)?;
+    }
     if let Some(path) = &args.json_out {
         let json = serde_json::to_string_pretty(&generation)?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;

@@ -48,13 +48,18 @@ pub enum EngineError {
 }
 
 /// How to open a model.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct LlmOptions {
     /// The most positions (prompt and generated) a sequence may hold: the KV caches are
     /// allocated for it. Default: the model's trained context, at most 4096.
     pub context: Option<usize>,
     /// Kernel threads (0: one per core).
     pub threads: usize,
+    /// Re-encode float weights (HF checkpoints) in this block format (`q8_0`, `q4_0`,
+    /// `q4_k`, ...) while compiling; GGUF weights keep their types.
+    pub weights: Option<rafter_ir::WeightFormat>,
+    /// Where the CPU device reports each dispatch (a [`rafter_runtime::ChromeTrace`]).
+    pub trace: Option<std::sync::Arc<dyn rafter_hal::TraceSink>>,
 }
 
 /// Default cap on the context when the caller names none (the KV caches are allocated for
@@ -116,6 +121,7 @@ impl Llm {
             &source,
             &DecoderOptions {
                 logits: Logits::Last,
+                quantize: options.weights,
             },
         )?;
         observe(Stage::Compile);
@@ -130,6 +136,7 @@ impl Llm {
         observe(Stage::Bind);
         let devices = rafter_runtime_cpu::devices_with(rafter_runtime_cpu::CpuDeviceOptions {
             worker_threads: options.threads,
+            trace_sink: options.trace.clone(),
             ..Default::default()
         })?;
         let mut session_options = SessionOptions::new();

@@ -59,6 +59,7 @@ fn open(path: &Path) -> Llm {
     let options = LlmOptions {
         context: Some(128),
         threads: 2,
+        ..Default::default()
     };
     Llm::open(path, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

@@ -60,6 +60,7 @@ fn check_cache_consistency(name: &str, config: serde_json::Value, dims: Dims) {
         &m,
         &DecoderOptions {
             logits: Logits::All,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -174,6 +175,7 @@ fn check_runtime_matches_reference(name: &str, config: serde_json::Value, dims: 
         &m,
         &DecoderOptions {
             logits: Logits::All,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -231,4 +233,48 @@ fn gemma3_runs_on_the_cpu_runtime() {
 fn llama_runs_on_the_cpu_runtime() {
     let (c, d) = llama_3_2_1b();
     check_runtime_matches_reference("rt-llama", c, d);
+}
+
+/// `quantize: q8_0` re-encodes every linear weight and the embedding (weights with rows of
+/// whole blocks), and the logits stay close to the float model's.
+#[test]
+fn quantized_builds_stay_close_to_the_float_model() {
+    use rafter_ir::{Op, WeightFormat};
+    let (c, d) = qwen3_0_6b();
+    let (_dir, m) = source("dg-quant", &c, &d);
+    let all = |quantize| DecoderOptions {
+        logits: Logits::All,
+        quantize,
+    };
+    let float = build_decoder(&m, &all(None)).unwrap();
+    let ids: Vec<i64> = (0..6).map(|i| (i * 41 + 7) % d.vocab as i64).collect();
+    let want = run_chunks(&float.graph, &[&ids]);
+    for q in [WeightFormat::Q8_0, WeightFormat::Q4K] {
+        let g = build_decoder(&m, &all(Some(q))).unwrap().graph;
+        let formats: Vec<WeightFormat> = g
+            .nodes
+            .iter()
+            .filter_map(|n| match n.op {
+                Op::Linear { format } | Op::Embedding { format } => Some(format),
+                _ => None,
+            })
+            .collect();
+        // Rows of 64 are whole q8_0 blocks; q4_k's 256-value blocks do not fit them.
+        let expect = if q == WeightFormat::Q8_0 {
+            q
+        } else {
+            WeightFormat::F32
+        };
+        assert!(formats.iter().all(|&f| f == expect), "{q:?}: {formats:?}");
+        let got = run_chunks(&g, &[&ids]);
+        for (a, b) in want.iter().zip(&got) {
+            let e = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                e <= 0.05 * max_abs(a),
+                "{q:?}: quantized logits differ by {e}"
+            );
+        }
+    }
+    let e = build_decoder(&m, &all(Some(WeightFormat::BF16))).unwrap_err();
+    assert!(e.to_string().contains("block format"), "{e}");
 }

@@ -5,8 +5,9 @@
 use rafter_ir::{BinaryOp, FfnActivation, GeluApprox, Op, UnaryOp, ValueId, WeightFormat};
 
 use super::builder::Builder;
+use super::quantize::requantize;
 use super::{stack_experts, weight_constant, weight_f32, BuildError, Logits, Present};
-use crate::source::{ExpertLayout, ExpertProj, ModelSource, NormWeight, RopePairing};
+use crate::source::{ExpertLayout, ExpertProj, ModelSource, NormWeight, RopePairing, WeightTensor};
 use crate::spec::{Activation, AttentionKind, FfnKind, RopeSpec};
 
 /// Builds one decoder into a [`Builder`].
@@ -23,6 +24,8 @@ pub(super) struct Decoder<'a> {
     /// `[past + seq]` (i64): the cache length after this call, attention's
     /// `nonpad_kv_seqlen`; one value for every layer.
     kv_len: ValueId,
+    /// The block format float weights are re-encoded in, if any.
+    quantize: Option<WeightFormat>,
 }
 
 impl<'a> Decoder<'a> {
@@ -32,6 +35,7 @@ impl<'a> Decoder<'a> {
         src: &'a ModelSource,
         ids: ValueId,
         past_key: ValueId,
+        quantize: Option<WeightFormat>,
     ) -> Result<Decoder<'a>, BuildError> {
         let (positions, kv_len) = positions(b, ids, past_key)?;
         Ok(Decoder {
@@ -42,6 +46,7 @@ impl<'a> Decoder<'a> {
             ropes: Vec::new(),
             positions,
             kv_len,
+            quantize,
         })
     }
 
@@ -54,8 +59,22 @@ impl<'a> Decoder<'a> {
                 name: name.into(),
                 msg: "missing from the model source".into(),
             })?;
-        let (format, data) = weight_constant(t)?;
+        let (format, data) = self.encoded(t)?;
         Ok((self.b.constant(name, data), format))
+    }
+
+    /// A weight as a constant, re-encoded in the requested block format if any.
+    fn encoded(
+        &self,
+        t: &WeightTensor,
+    ) -> Result<(WeightFormat, rafter_ir::ConstData), BuildError> {
+        match self.quantize {
+            Some(q) => match requantize(t, q)? {
+                Some(qt) => weight_constant(&qt),
+                None => weight_constant(t),
+            },
+            None => weight_constant(t),
+        }
     }
 
     /// `linear(x, W)` for weight `name`.
@@ -338,7 +357,7 @@ impl<'a> Decoder<'a> {
                             name: name.clone(),
                             msg: "missing from the model source".into(),
                         })?;
-                    weight_constant(t)?
+                    self.encoded(t)?
                 }
                 _ => {
                     let parts = (0..moe.num_experts)
@@ -352,6 +371,13 @@ impl<'a> Decoder<'a> {
                                 })
                         })
                         .collect::<Result<Vec<_>, _>>()?;
+                    let parts = match self.quantize {
+                        Some(q) => parts
+                            .iter()
+                            .map(|p| Ok(requantize(p, q)?.unwrap_or_else(|| p.clone())))
+                            .collect::<Result<Vec<_>, BuildError>>()?,
+                        None => parts,
+                    };
                     stack_experts(&parts)?
                 }
             };

@@ -26,6 +26,7 @@
 
 mod builder;
 mod layers;
+mod quantize;
 
 use std::fmt;
 
@@ -50,6 +51,10 @@ pub enum Logits {
 #[derive(Clone, Debug, Default)]
 pub struct DecoderOptions {
     pub logits: Logits,
+    /// Re-encode the float weights of linear layers, experts and the embedding in this
+    /// block format (`q8_0`, `q4_0`, `q4_k`, ...) while building; weights already
+    /// block-quantized (GGUF) and rows that are not whole blocks keep their encoding.
+    pub quantize: Option<WeightFormat>,
 }
 
 /// Why a decoder graph could not be built.
@@ -94,6 +99,12 @@ pub fn build_decoder(
 ) -> Result<DecoderGraph, BuildError> {
     let spec = &source.spec;
     spec.check().map_err(BuildError::Node)?;
+    if let Some(q) = opts.quantize.filter(|q| !q.is_block()) {
+        return Err(BuildError::Node(format!(
+            "weights can be quantized to a block format (q8_0, q4_0, q4_k, ...), not {}",
+            q.word()
+        )));
+    }
     let mut b = Builder::new(&format!("{:?}", spec.architecture).to_lowercase());
     let seq = Dim::symbol(SEQ);
     let past = Dim::symbol(PAST);
@@ -113,7 +124,7 @@ pub fn build_decoder(
         past_inputs.push((k, v));
     }
 
-    let mut d = layers::Decoder::new(&mut b, source, ids, past_inputs[0].0)?;
+    let mut d = layers::Decoder::new(&mut b, source, ids, past_inputs[0].0, opts.quantize)?;
     let mut x = d.embed()?;
     let mut presents = Vec::with_capacity(spec.num_layers);
     for (l, &(pk, pv)) in past_inputs.iter().enumerate() {
