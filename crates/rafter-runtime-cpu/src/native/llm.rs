@@ -331,17 +331,15 @@ impl AttentionKernel {
             scale,
             softcap,
             left_window_size,
-            right_window_size,
+            // The causal mask hides every later key already, whatever the right window.
+            right_window_size: _,
         } = node.op
         else {
             return None;
         };
-        // No mask, no past inputs, only `y` used; windows look back only.
+        // No mask, no past inputs, only `y` used.
         let extra = [3, 4, 5].iter().any(|&i| node.input(i).is_some());
         if extra || node.outputs.iter().skip(1).any(Option::is_some) {
-            return None;
-        }
-        if right_window_size >= 0 && right_window_size != 0 {
             return None;
         }
         Some(Arc::new(AttentionKernel {
