@@ -12,7 +12,7 @@ fn main() {
         std::fs::create_dir_all(dir).expect("create the output folder");
     }
     let program = common::sample_program();
-    let len = rafter_artifact::ArtifactWriter::new(&program)
+    let len = common::writer(&program)
         .write(&out)
         .expect("write the sample artifact");
     println!("{out}: {len} bytes");

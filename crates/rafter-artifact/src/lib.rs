@@ -2,9 +2,12 @@
 //!
 //! - the **host program** ([`Program`]) as Program text in weight-reference mode; its inputs,
 //!   outputs and symbol bounds are the model's **signature** ([`Artifact::signature`]);
-//! - each device's **executable**, opaque bytes per device name (`cpu` today: a small
-//!   descriptor, since the CPU runs the kernel bodies the program carries; a `vulkan`
-//!   SPIR-V module is one more section of the same kind);
+//! - each device's **executable section**, opaque bytes per device name, written by the
+//!   device's compiler backend and read (and validated) by the device's executable loader
+//!   in the runtime: `cpu` holds a small descriptor (the CPU runs the kernel bodies the
+//!   program carries; `rafter_kernels_cpu::artifact_section`), `vulkan` the SPIR-V modules
+//!   (`rafter-vulkan-section`). This crate never looks inside one, so a new device adds a
+//!   section without touching it;
 //! - the **weights**, laid out for memory mapping: the section starts on a 4096-byte page
 //!   boundary of the file and every weight on a 64-byte boundary, so [`Artifact::open`] maps
 //!   the file and every weight's [`ConstData`] is a slice of the map (no copy, and pages
@@ -66,11 +69,9 @@
 //!
 //! weights section: each weight's packed little-endian elements at its offset; zero between.
 //!
-//! executable section `cpu`: a 16-byte descriptor, see [`CpuDescriptor`].
-//!
-//! executable section `vulkan`: one SPIR-V module per kernel on `vulkan`, see
-//! [`VulkanSection`] (its own magic and descriptor version; adding it needed no new
-//! container version, since executables were always one section per device).
+//! executable section: the device's own bytes (its own magic and version inside; adding
+//! a device needs no new container version, since executables were always one section
+//! per device).
 //! ```
 //!
 //! Exactly one program, weight_table and weights section; at most one executable per
@@ -86,23 +87,16 @@
 //! not something to skip.
 
 mod container;
-mod cpu;
 mod error;
 mod format;
 mod program_io;
-mod vulkan;
 mod weights;
 
 pub use container::{Container, ContainerWriter, Layout, SectionData, SectionInfo};
-pub use cpu::CpuDescriptor;
 pub use error::ArtifactError;
 pub use format::{
     SectionKind, HEADER_LEN, MAGIC, MIN_WEIGHT_ALIGN, READABLE_VERSIONS, VERSION,
     WEIGHTS_SECTION_ALIGN,
-};
-pub use vulkan::{
-    dim_params, DimParam, Launch, MatmulDispatch, VulkanModule, VulkanSection, MAX_DIM_PARAMS,
-    SPIRV_MAGIC, VULKAN_DESCRIPTOR_VERSION,
 };
 pub use weights::WeightEntry;
 
@@ -354,8 +348,8 @@ impl Artifact {
     }
 }
 
-/// Every device a kernel runs on has an executable, a `cpu` descriptor agrees with the
-/// program, and a `vulkan` section has exactly one module per kernel on `vulkan`.
+/// Every device a kernel runs on has an executable section. What a section holds is its
+/// device's business: its loader validates it against the program.
 fn check_executables(
     program: &Program,
     executables: &BTreeMap<String, Bytes>,
@@ -368,67 +362,13 @@ fn check_executables(
             )));
         }
     }
-    if let Some(cpu) = executables.get("cpu") {
-        let d = CpuDescriptor::decode(cpu)?;
-        let n = program.kernels.iter().filter(|k| k.device == "cpu").count();
-        if d.kernels as usize != n {
-            return Err(ArtifactError::malformed(
-                "executable `cpu`",
-                format!(
-                    "the descriptor says {} kernels, the program has {n} on `cpu`",
-                    d.kernels
-                ),
-            ));
-        }
-    }
-    if let Some(vk) = executables.get("vulkan") {
-        let section = VulkanSection::decode(vk)?;
-        for m in &section.modules {
-            let k = program.kernels.get(m.kernel as usize);
-            let Some(k) = k.filter(|k| k.device == "vulkan") else {
-                return Err(ArtifactError::malformed(
-                    "executable `vulkan`",
-                    format!(
-                        "has a module for kernel {}, which is not a kernel on `vulkan`",
-                        m.kernel
-                    ),
-                ));
-            };
-            // Every dim param names an axis of one of the kernel's bindings.
-            let body = &k.body;
-            for d in &m.dims {
-                let value = body
-                    .inputs
-                    .iter()
-                    .chain(&body.outputs)
-                    .nth(d.binding as usize);
-                if value.is_none_or(|&v| d.axis as usize >= body.value(v).ty.rank()) {
-                    return Err(ArtifactError::malformed(
-                        "executable `vulkan`",
-                        format!(
-                            "kernel {} `{}` reads axis {} of binding {}, which it does not have",
-                            m.kernel, k.name, d.axis, d.binding
-                        ),
-                    ));
-                }
-            }
-        }
-        for (i, k) in program.kernels.iter().enumerate() {
-            if k.device == "vulkan" && section.module(i).is_none() {
-                return Err(ArtifactError::malformed(
-                    "executable `vulkan`",
-                    format!("has no module for kernel {i} `{}`", k.name),
-                ));
-            }
-        }
-    }
     Ok(())
 }
 
 /// Writes a [`Program`] and its devices' executables as an artifact.
 ///
-/// A `cpu` descriptor is added when a kernel runs on `cpu` and no `cpu` executable was
-/// given. The program must verify, and every device a kernel runs on needs an executable.
+/// The program must verify, and every device a kernel runs on needs an executable section
+/// (`rafter-compiler` emits them, through each device's compiler backend).
 #[derive(Debug)]
 pub struct ArtifactWriter<'p> {
     program: &'p Program,
@@ -459,20 +399,11 @@ impl<'p> ArtifactWriter<'p> {
         let p = self.program;
         p.verify()
             .map_err(|e| ArtifactError::Write(e.to_string()))?;
-        let mut executables = self.executables.clone();
+        let executables = self.executables.clone();
         if let Some(bad) = executables.keys().find(|d| !format::is_valid_name(d)) {
             return Err(ArtifactError::Write(format!(
                 "device name `{bad}` is not 1-16 bytes of [a-z0-9_] starting with a letter"
             )));
-        }
-        let cpu_kernels = p.kernels.iter().filter(|k| k.device == "cpu").count();
-        if cpu_kernels > 0 && !executables.contains_key("cpu") {
-            let kernels = u32::try_from(cpu_kernels)
-                .map_err(|_| ArtifactError::Write("too many cpu kernels".into()))?;
-            executables.insert(
-                "cpu".into(),
-                (CpuDescriptor { kernels }.encode().into(), META_ALIGN),
-            );
         }
         let code: BTreeMap<String, Bytes> = executables
             .iter()

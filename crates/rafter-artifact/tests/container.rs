@@ -4,9 +4,8 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use rafter_artifact::{
-    Container, ContainerWriter, CpuDescriptor, ReadOptions, SectionData, SectionKind,
-};
+use rafter_artifact::{Container, ContainerWriter, ReadOptions, SectionData, SectionKind};
+use rafter_kernels_cpu::artifact_section::CpuDescriptor;
 
 /// A container with opaque program bytes, a real weight table and weights, and two
 /// executables (a CPU descriptor and a fake SPIR-V module).

@@ -5,8 +5,7 @@ use crate::dims::{bounds, parse_dims};
 use crate::model::{self, FileKind};
 use crate::progress::Steps;
 use anyhow::{bail, Result};
-use rafter_opt::prepack::WeightFormat;
-use rafter_opt::{CompileOptions, Target};
+use rafter_compiler::{CompileOptions, WeightFormat};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -36,7 +35,7 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     let target = model::parse_target(&args.target)?;
     let bounds = bounds(&parse_dims(&args.dims)?);
     let cpu_weights = model::parse_cpu_weights(&args.cpu_weights)?;
-    if cpu_weights != WeightFormat::F32 && target != Target::Cpu {
+    if cpu_weights != WeightFormat::F32 && !target.is_cpu_only() {
         bail!(
             "--cpu-weights {} applies to --target cpu only (got --target {})",
             args.cpu_weights,
@@ -66,15 +65,16 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
         cpu_weights,
         ..CompileOptions::default()
     };
-    let program = model::compile_with(&graph, options, &steps)?;
-    let artifact_bytes = model::write_artifact(&program, &output, &steps)?;
+    let compiled = model::compile_with(&graph, options, &steps)?;
+    let artifact_bytes = model::write_artifact(&compiled, &output, &steps)?;
+    let program = &compiled.program;
     let elapsed = steps.finish();
     println!(
         "compiled {} -> {}: {}, {} weight bytes, {} artifact bytes, {}",
         args.model.display(),
         output.display(),
-        model::kernel_count(&program),
-        model::weight_bytes(&program),
+        model::kernel_count(program),
+        model::weight_bytes(program),
         artifact_bytes,
         model::human_time(elapsed)
     );

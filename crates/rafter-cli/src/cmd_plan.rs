@@ -48,7 +48,7 @@ fn load(args: &PlanArgs) -> Result<Program> {
     let bounds = bounds(&parse_dims(&args.dims)?);
     let steps = Steps::new(model::COMPILE_STEPS);
     let graph = model::import(&args.model, &steps)?;
-    let program = model::compile(&graph, target, bounds, &steps)?;
+    let program = model::compile(&graph, target, bounds, &steps)?.program;
     steps.finish();
     Ok(program)
 }
@@ -124,8 +124,7 @@ fn placement_lines(p: &Program, always: bool) -> Vec<String> {
     )];
     for (i, k) in p.kernels.iter().enumerate() {
         if k.device != "vulkan" {
-            let why = rafter_opt::place::vulkan_support(p, i)
-                .err()
+            let why = model::vulkan_refusal(p, i)
                 .unwrap_or_else(|| "placed there by the compiler".into());
             lines.push(format!("  k{i} `{}` stays on {}: {why}", k.name, k.device));
         }

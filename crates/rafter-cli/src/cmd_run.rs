@@ -9,9 +9,9 @@ use crate::model::{self, FileKind};
 use crate::progress::Steps;
 use crate::rss;
 use anyhow::{anyhow, bail, Context, Result};
+use rafter_compiler::Target;
 use rafter_ir::program::{Port, Program};
 use rafter_ir::{DType, Graph};
-use rafter_opt::Target;
 use rafter_reference::npy;
 use rafter_reference::{Bindings, Tensor};
 use rafter_runtime::{ChromeTrace, Session, SessionOptions};
@@ -116,7 +116,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     };
     dims.extend(args.dims.iter().cloned());
     let specs = dims::parse_dims(&dims)?;
-    let use_runtime = args.compiled || args.trace.is_some() || target != Target::Cpu;
+    let use_runtime = args.compiled || args.trace.is_some() || !target.is_cpu_only();
     let executor = load(&source, use_runtime, target, &specs)?;
     if args.memory_report {
         rss::report("after load");
@@ -183,8 +183,9 @@ pub(crate) fn load(
         return Ok(Executor::Reference(graph));
     }
     let steps = Steps::new(model::COMPILER_STAGES);
-    let program = model::compile(&graph, target, dims::bounds(&bound_specs), &steps)?;
-    let executables = model::executables(&program)?;
+    let compiled = model::compile(&graph, target, dims::bounds(&bound_specs), &steps)?;
+    let executables = compiled.executables();
+    let program = compiled.program;
     let elapsed = steps.finish();
     println!(
         "compiled in {} ({})",

@@ -7,11 +7,10 @@
 use crate::progress::Steps;
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use rafter_artifact::{Artifact, ArtifactWriter, MAGIC};
+use rafter_artifact::{Artifact, MAGIC};
+use rafter_compiler::{CompileOptions, Compiled, Stage, Target, WeightFormat};
 use rafter_ir::program::Program;
 use rafter_ir::{Graph, Symbol};
-use rafter_opt::prepack::WeightFormat;
-use rafter_opt::{CompileOptions, Stage, Target};
 use rafter_runtime::{DeviceSet, SessionOptions};
 use rafter_runtime_cpu::CpuDeviceOptions;
 use std::io::Read;
@@ -53,23 +52,17 @@ pub fn open_artifact(path: &Path) -> Result<Artifact> {
     Artifact::open(path).map_err(|e| anyhow::anyhow!("invalid artifact: {e}"))
 }
 
-/// `--target` values.
+/// `--target` values (`rafter_compiler::target_names`).
 pub fn parse_target(word: &str) -> Result<Target> {
-    match word {
-        "cpu" => Ok(Target::Cpu),
-        "vulkan" => Ok(Target::Vulkan),
-        other => anyhow::bail!("unknown target `{other}` (available: cpu, vulkan)"),
-    }
+    Ok(rafter_compiler::target(word)?)
 }
 
-/// A program's executable sections for devices other than the CPU: the `vulkan` SPIR-V
-/// modules when a kernel runs there (generated now, at compile time).
-pub fn executables(program: &Program) -> Result<Vec<(String, Bytes)>> {
-    if !program.kernels.iter().any(|k| k.device == "vulkan") {
-        return Ok(Vec::new());
-    }
-    let section = rafter_codegen_spirv::program_section(program).context("generating SPIR-V")?;
-    Ok(vec![("vulkan".to_string(), section.encode().into())])
+/// Why kernel `k` of `p` is not on the Vulkan device, if the Vulkan backend would refuse
+/// it (`None` when it would take it, or this build has no Vulkan backend).
+pub fn vulkan_refusal(p: &Program, k: usize) -> Option<String> {
+    let target = rafter_compiler::target("vulkan").ok()?;
+    let backend = target.accelerators().first()?;
+    rafter_opt::place::support(p, k, backend.as_ref()).err()
 }
 
 /// An artifact's executable sections, by device (each device's loader validates its own).
@@ -168,7 +161,7 @@ pub fn compile(
     target: Target,
     bounds: Vec<(Symbol, i64)>,
     steps: &Steps,
-) -> Result<Program> {
+) -> Result<Compiled> {
     compile_with(
         graph,
         CompileOptions {
@@ -180,9 +173,10 @@ pub fn compile(
     )
 }
 
-/// [`compile`] with every option.
-pub fn compile_with(graph: &Graph, options: CompileOptions, steps: &Steps) -> Result<Program> {
-    let program = rafter_opt::compile_observed(graph, &options, &mut |stage| {
+/// [`compile`] with every option: the program and its devices' executable sections
+/// (SPIR-V for `vulkan` kernels, generated now).
+pub fn compile_with(graph: &Graph, options: CompileOptions, steps: &Steps) -> Result<Compiled> {
+    let compiled = rafter_compiler::compile_observed(graph, &options, &mut |stage| {
         steps.step(match stage {
             Stage::Optimize => "optimise",
             Stage::Lower => "fuse and lower",
@@ -190,7 +184,7 @@ pub fn compile_with(graph: &Graph, options: CompileOptions, steps: &Steps) -> Re
         })
     })
     .context("compiling")?;
-    Ok(program)
+    Ok(compiled)
 }
 
 /// Progress steps of [`compile`]: one per compiler [`Stage`].
@@ -199,16 +193,11 @@ pub const COMPILER_STAGES: u64 = 3;
 /// Progress steps of [`import`] and [`compile`] together.
 pub const COMPILE_STEPS: u64 = 1 + COMPILER_STAGES;
 
-/// Writes `program` as an artifact at `path` with its devices' executables (SPIR-V for
-/// `vulkan` kernels, generated now), as a progress step; returns the file's length.
-pub fn write_artifact(program: &Program, path: &Path, steps: &Steps) -> Result<u64> {
+/// Writes a compiled program as an artifact at `path`, as a progress step; returns the
+/// file's length.
+pub fn write_artifact(compiled: &Compiled, path: &Path, steps: &Steps) -> Result<u64> {
     steps.step("write weights");
-    let mut writer = ArtifactWriter::new(program);
-    for (device, code) in executables(program)? {
-        // SPIR-V is a stream of u32 words.
-        writer = writer.executable(&device, code, 4);
-    }
-    writer
+    compiled
         .write(path)
         .with_context(|| format!("writing artifact {}", path.display()))
 }

@@ -11,8 +11,8 @@
 //! Channel and spatial dims must be static (they are baked into the module, so address
 //! arithmetic divides by constants); the batch may be symbolic.
 
-use rafter_artifact::Launch;
 use rafter_ir::{AutoPad, BinaryOp, Graph, Op, PoolKind, TensorType, ValueDef, ValueId};
+use rafter_vulkan_section::Launch;
 
 use crate::coop::emit_coop;
 use crate::elem::Elem;

@@ -2,11 +2,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rafter_artifact::{dim_params, DimParam, Launch, MAX_DIM_PARAMS};
 use rafter_ir::{
     BinaryOp, DType, Dim, GeluApprox, Graph, Op, ReduceKind, SoftmaxKind, UnaryOp, ValueDef,
     ValueId,
 };
+use rafter_vulkan_section::{dim_params, DimParam, Launch, MAX_DIM_PARAMS};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{

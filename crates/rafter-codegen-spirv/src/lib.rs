@@ -59,9 +59,9 @@
 //! the body does not fix (a broadcast or transposed operand's strides, the output's
 //! coordinates, a softmax or norm row length) reads it from a *dim param*, a `u32` pushed
 //! after the count. [`ElementwiseKernel::dims`] lists them, each as an axis of one of the
-//! kernel's bindings (`rafter_artifact::DimParam`, carried in the artifact's `vulkan`
+//! kernel's bindings (`rafter_vulkan_section::DimParam`, carried in the artifact's `vulkan`
 //! section), so the runtime pushes the call's actual size of that axis
-//! (`rafter_artifact::dim_params`, shared with the tests). Dims are matched symbolically:
+//! (`rafter_vulkan_section::dim_params`, shared with the tests). Dims are matched symbolically:
 //! an operand dim broadcasts where it is 1 and follows the output where it is the same
 //! expression; anything else is refused with the value named. Kernels on static shapes
 //! take no dim params and fold every size into the module.
@@ -100,6 +100,7 @@
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
 
+mod backend;
 mod conv;
 mod coop;
 mod elem;
@@ -108,6 +109,7 @@ mod gather;
 mod matmul;
 mod window;
 
+pub use backend::SpirvBackend;
 pub use conv::{conv, ConvKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
 pub use elementwise::{
@@ -116,9 +118,9 @@ pub use elementwise::{
 pub use gather::{gather, GatherKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 
-use rafter_artifact::{VulkanModule, VulkanSection};
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
+use rafter_vulkan_section::{VulkanModule, VulkanSection};
 
 /// The device name kernels compiled here carry.
 pub const DEVICE: &str = "vulkan";
@@ -260,7 +262,7 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
         },
         Generated::Gather(g) => VulkanModule {
             kernel,
-            launch: rafter_artifact::Launch::Elementwise,
+            launch: rafter_vulkan_section::Launch::Elementwise,
             workgroup_size: WORKGROUP_SIZE,
             entry_point: "main".into(),
             dims: Vec::new(),

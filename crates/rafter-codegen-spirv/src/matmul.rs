@@ -22,8 +22,8 @@
 //! per binding (the body's inputs, then its output), then the params; element addresses
 //! are 64-bit integers.
 
-use rafter_artifact::Launch;
 use rafter_ir::{BinaryOp, Graph, Op, UnaryOp, ValueDef, ValueId};
+use rafter_vulkan_section::Launch;
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{

@@ -20,7 +20,7 @@ fn bert_tiny_elementwise_kernels_compile_validate_and_match_the_reference() {
     let program = rafter_opt::compile(
         &graph,
         &CompileOptions {
-            target: Target::Cpu,
+            target: Target::cpu(),
             bounds: vec![(Symbol::new("seq"), 64)],
             ..CompileOptions::default()
         },

@@ -16,13 +16,13 @@ mod common;
 use std::sync::Arc;
 
 use half::f16;
-use rafter_artifact::VulkanModule;
 use rafter_codegen_spirv::{kernel_module, matmul, matmul_tiled, MatmulTile};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::{spirv_capabilities, VulkanDevice};
 use rafter_ir::text::parse_graph;
 use rafter_ir::{DType, Graph};
 use rafter_reference::Tensor;
+use rafter_vulkan_section::VulkanModule;
 
 /// SPIR-V's `StorageBuffer16BitAccess` and `Float16` capabilities.
 const STORAGE_BUFFER_16BIT: u32 = 4433;

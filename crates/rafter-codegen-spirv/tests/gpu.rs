@@ -602,7 +602,7 @@ fn layer_norm_matches_the_reference() {
     .unwrap();
     assert_eq!(
         kernel.launch,
-        rafter_artifact::Launch::Rows { lane_dims: 1 }
+        rafter_vulkan_section::Launch::Rows { lane_dims: 1 }
     );
     let e = elementwise(
         &parse_graph("graph @ln3(%x: f32[4, 8], %g: f32[4, 8]) -> (%y, %m) {\n  %y: f32[4, 8], %m: f32[4, 1] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}")

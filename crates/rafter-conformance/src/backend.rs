@@ -13,7 +13,6 @@
 
 use crate::suite::one_line;
 use crate::Outcome;
-use rafter_artifact::{Artifact, ArtifactWriter};
 use rafter_ir::Graph;
 use rafter_reference::Tensor;
 use rafter_runtime::{DeviceSet, RuntimeError, Session, SessionOptions};
@@ -138,31 +137,29 @@ impl<'g> Prepared<'g> {
     }
 }
 
-/// `graph` compiled for `backend`'s target, written as artifact bytes (with the SPIR-V of
-/// its Vulkan kernels), reopened and bound to `devices`.
+/// `graph` compiled for `backend`'s target through `rafter-compiler` (program and every
+/// device's section, the SPIR-V of its Vulkan kernels included), written as artifact
+/// bytes, reopened and bound to `devices`.
 fn compile_session(
     graph: &Graph,
     backend: Backend,
     devices: &DeviceSet,
 ) -> Result<Session, String> {
-    let options = rafter_opt::CompileOptions {
-        target: match backend {
-            Backend::Vulkan => rafter_opt::Target::Vulkan,
-            _ => rafter_opt::Target::Cpu,
-        },
-        ..rafter_opt::CompileOptions::default()
+    let target = match backend {
+        Backend::Vulkan => "vulkan",
+        _ => "cpu",
     };
-    let program = rafter_opt::compile(graph, &options).map_err(|e| format!("compile: {e}"))?;
-    let mut writer = ArtifactWriter::new(&program);
-    if program.kernels.iter().any(|k| k.device == "vulkan") {
-        let section =
-            rafter_codegen_spirv::program_section(&program).map_err(|e| format!("codegen: {e}"))?;
-        writer = writer.executable("vulkan", section.encode(), 4);
-    }
-    let bytes = writer
-        .to_vec()
-        .map_err(|e| format!("artifact: writing: {e}"))?;
-    let artifact = Artifact::from_bytes(bytes.into()).map_err(|e| format!("artifact: {e}"))?;
+    let options = rafter_compiler::CompileOptions {
+        target: rafter_compiler::target(target).map_err(|e| format!("compile: {e}"))?,
+        ..rafter_compiler::CompileOptions::default()
+    };
+    let compiled = rafter_compiler::compile(graph, &options).map_err(|e| match e {
+        rafter_compiler::Error::Codegen { .. } => format!("codegen: {e}"),
+        e => format!("compile: {e}"),
+    })?;
+    let artifact = compiled
+        .to_artifact()
+        .map_err(|e| format!("artifact: {e}"))?;
     Session::from_artifact(artifact, devices, SessionOptions::new())
         .map_err(|e| format!("session: {e}"))
 }

@@ -2,7 +2,6 @@
 //! one FIFO. Not to be confused with the kernels' own threads (`rafter_kernels_cpu::WorkerPool`,
 //! one per session in `rafter-runtime-cpu`), across which one kernel splits its work.
 //!
-//!
 //! A job pushed by a worker of the same pool (the worker that finished a barrier
 //! segment's last job pushing the next segment) is not queued: the worker keeps one of the
 //! jobs and runs it as soon as its current job returns. A chain of small dependent kernels

@@ -57,6 +57,7 @@
 #[cfg(target_endian = "big")]
 compile_error!("rafter-kernels-cpu's packed-weight byte layout is little-endian only");
 
+pub mod artifact_section;
 mod block_nhwc;
 mod buffer;
 mod driver;

@@ -13,8 +13,11 @@
 //! - [`layout`]: CPU convolutions to channels-last (`conv_nhwc`), the layout flowing
 //!   through the elementwise ops between them ([`layout::channels_last`]);
 //! - [`lower()`]: partition + lowering to a [`Program`], without memory planning;
-//! - [`place`]: device placement for [`Target::Vulkan`] (GPU where the SPIR-V generator
-//!   supports a kernel, CPU fallback, copies at device changes), then
+//! - [`backend`]: the [`Backend`] trait a device's code generator implements (which kernels
+//!   it supports and why not, its section of the artifact), the host's [`CpuBackend`], and
+//!   the [`Target`] (the host plus accelerator backends);
+//! - [`place`]: device placement for a target with accelerators (a kernel on the first
+//!   accelerator that supports it, CPU fallback, copies at device changes), then
 //!   [`schedule::schedule_for_overlap`] (CPU work ordered by when the GPU needs it);
 //! - [`prepack`]: weights read only as a CPU matmul's B stored pre-packed in the GEMM's
 //!   panel layout, with an unpacking prologue in the kernel body
@@ -22,7 +25,11 @@
 //! - [`memplan`]: static memory planning ([`memplan::plan_memory`]: offsets in one arena per
 //!   device and memory kind, sized at the declared bounds; [`memplan::memory_report`]);
 //! - [`compile()`]: all of the above.
+//!
+//! `rafter-compiler` runs this together with each device backend's code generation and
+//! writes the artifact: that is the entry point for the command line and other frontends.
 
+pub mod backend;
 mod error;
 pub mod fusion;
 pub mod layout;
@@ -34,37 +41,12 @@ pub mod prepack;
 pub mod schedule;
 mod util;
 
+pub use backend::{Backend, CpuBackend, Section, Target};
 pub use error::CompileError;
 pub use lower::{lower, LowerOptions};
 
 use rafter_ir::program::Program;
 use rafter_ir::{Dim, Graph, Symbol};
-
-/// The machine a program is compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Target {
-    /// Every kernel on the host CPU, one host-memory arena.
-    #[default]
-    Cpu,
-    /// Kernels the SPIR-V generator supports on the Vulkan device, the rest on the CPU
-    /// ([`place::place_on_devices`]).
-    Vulkan,
-}
-
-impl Target {
-    /// The device the target accelerates (`cpu`, `vulkan`).
-    pub fn device(self) -> &'static str {
-        match self {
-            Target::Cpu => place::CPU,
-            Target::Vulkan => place::VULKAN,
-        }
-    }
-
-    /// The target's name on the command line.
-    pub fn word(self) -> &'static str {
-        self.device()
-    }
-}
 
 /// Options of [`compile`].
 #[derive(Clone, Debug, Default)]
@@ -142,7 +124,7 @@ pub fn compile_observed(
     observe(Stage::Optimize);
     let mut g = graph.clone();
     optimize(&mut g)?;
-    if opts.target == Target::Cpu && layout::channels_last(&mut g) {
+    if opts.target.is_cpu_only() && layout::channels_last(&mut g) {
         rafter_ir::verify(&g).map_err(|source| CompileError::Verify {
             pass: "channels_last",
             source,
@@ -152,7 +134,7 @@ pub fn compile_observed(
     let mut program = lower(
         &g,
         &LowerOptions {
-            target: opts.target,
+            target: opts.target.clone(),
             bounds: opts.bounds.clone(),
             dim_bounds: opts.dim_bounds.clone(),
             fuse: true,
@@ -160,7 +142,7 @@ pub fn compile_observed(
     )?;
     // Only for the CPU target: with `--target vulkan`, `rafter plan` explains why each
     // kernel stayed on the CPU from its body, which must still be the body placement saw.
-    if opts.target == Target::Cpu {
+    if opts.target.is_cpu_only() {
         prepack::prepack_weights_as(&mut program, opts.cpu_weights);
     }
     observe(Stage::PlanMemory);

@@ -26,7 +26,7 @@ pub struct LowerOptions {
 impl Default for LowerOptions {
     fn default() -> LowerOptions {
         LowerOptions {
-            target: Target::Cpu,
+            target: Target::cpu(),
             bounds: Vec::new(),
             dim_bounds: Vec::new(),
             fuse: true,
@@ -54,8 +54,8 @@ pub fn lower(graph: &Graph, opts: &LowerOptions) -> Result<Program, CompileError
     }
     let groups = partition(graph, opts.fuse);
     let mut program = lower_partitioned(graph, &groups, opts);
-    if opts.target == Target::Vulkan {
-        crate::place::place_on_devices(&mut program);
+    if !opts.target.is_cpu_only() {
+        crate::place::place_on_devices(&mut program, opts.target.accelerators());
     }
     program.verify()?;
     Ok(program)
@@ -71,7 +71,7 @@ pub fn lower(graph: &Graph, opts: &LowerOptions) -> Result<Program, CompileError
 ///   `Weight(i)` (one weight per constant), values whose dims mention symbols the inputs do
 ///   not bind `Dynamic`, everything else a slice of arena 0 (`cpu`, `host`) with no offset;
 /// - one kernel per group, on `cpu`; steps in the groups' order ([`lower`] then moves
-///   kernels to other devices for [`Target::Vulkan`], see [`crate::place`]).
+///   kernels to the target's accelerators, see [`crate::place`]).
 pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -> Program {
     let mut l = Lowering {
         g: graph,

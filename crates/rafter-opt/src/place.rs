@@ -2,12 +2,12 @@
 //! need.
 //!
 //! [`place_on_devices`] rewrites a program lowered for the CPU (every kernel on `cpu`, one
-//! host arena) for [`Target::Vulkan`](crate::Target::Vulkan):
+//! host arena) for a [`Target`](crate::Target) with accelerators (`--target vulkan`):
 //!
-//! - **by support**: a kernel goes to `vulkan` when [`vulkan_support`] says the SPIR-V
-//!   generator handles its body and every buffer it touches is sized by the inputs;
-//!   everything else stays on `cpu` (the CPU fallback). There is no cost model yet: a
-//!   supported kernel always goes to the GPU.
+//! - **by support**: a kernel goes to the first accelerator whose backend generates code
+//!   for its body ([`Backend::supports`]) when every buffer it touches is sized by the
+//!   inputs ([`support`]); everything else stays on `cpu` (the CPU fallback). There is no
+//!   cost model yet: a supported kernel always goes to the accelerator.
 //! - **homes**: every buffer lives on the device of the step that first touches it (its
 //!   producer; for a weight, its first reader; for an input, the first kernel reading it,
 //!   whose copy step comes first), which is also the rule the runtime applies. An input first read by a GPU kernel is thus allocated on the GPU, and an output
@@ -17,25 +17,30 @@
 //!   and device; buffers are written once, so replicas never go stale). A weight's replica
 //!   is another `Storage::Weight` buffer of the same weight: the runtime uploads it once per
 //!   session, not per call.
-//! - **arenas**: one per device and memory kind. On `vulkan`, buffers touched only by GPU
-//!   kernels live in `device_local` memory; those a cross-device copy writes live in
+//! - **arenas**: one per device and memory kind. On an accelerator, buffers touched only by
+//!   its kernels live in `device_local` memory; those a cross-device copy writes live in
 //!   `host_visible_shared` memory, which the host maps to do the copy (the zero-copy memory
 //!   of unified-memory and resizable-BAR GPUs); those a copy reads back to the host live in
 //!   `host` memory (host-cached: reading uncached BAR memory from the CPU is very slow).
+//!
+//! Copies run between the host and one accelerator; with several accelerators, a buffer
+//! one makes and another reads would need a copy between the two, which the runtime does
+//! not run yet (it refuses such a program by name).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use rafter_ir::program::{Arena, BufferDecl, Program, Step, Storage};
 use rafter_ir::{Symbol, TensorType};
 
-/// The host device's name.
-pub const CPU: &str = "cpu";
-/// The Vulkan device's name.
-pub const VULKAN: &str = rafter_codegen_spirv::DEVICE;
+use crate::backend::Backend;
+pub use crate::backend::CPU;
 
-/// Whether kernel `k` of `p` can run on the Vulkan device; the error says briefly why not
-/// (`rafter plan` prints it for every kernel that fell back to the CPU).
-pub fn vulkan_support(p: &Program, k: usize) -> Result<(), String> {
+/// Whether kernel `k` of `p` can run on `backend`'s device; the error says briefly why not
+/// (`rafter plan` prints it for every kernel that fell back to the CPU). Beyond what the
+/// backend generates code for, a kernel off the host must touch only buffers the inputs
+/// size (the host keeps the others in host slots) and bind every result.
+pub fn support(p: &Program, k: usize, backend: &dyn Backend) -> Result<(), String> {
     let kernel = p
         .kernels
         .get(k)
@@ -66,7 +71,7 @@ pub fn vulkan_support(p: &Program, k: usize) -> Result<(), String> {
             }
         }
     }
-    rafter_codegen_spirv::supports(&kernel.body)
+    backend.supports(&kernel.body)
 }
 
 fn input_symbols(p: &Program) -> HashSet<Symbol> {
@@ -83,28 +88,32 @@ fn sized_by(ty: &TensorType, symbols: &HashSet<Symbol>) -> bool {
         .all(|s| symbols.contains(&s))
 }
 
-/// Moves every kernel [`vulkan_support`] accepts to `vulkan` and adds the arenas and copies
-/// that needs (see the module doc). `p` must be a program lowered for the CPU and not yet
-/// memory-planned (arena offsets are dropped and must be planned again).
-pub fn place_on_devices(p: &mut Program) {
-    let devices: Vec<&'static str> = (0..p.kernels.len())
+/// Moves every kernel an accelerator supports ([`support`]) to the first such, and adds
+/// the arenas and copies that needs (see the module doc). `p` must be a program lowered
+/// for the CPU and not yet memory-planned (arena offsets are dropped and must be planned
+/// again).
+pub fn place_on_devices(p: &mut Program, accelerators: &[Arc<dyn Backend>]) {
+    // Device 0 is the host; device `i + 1` is accelerator `i`.
+    let names: Vec<String> = std::iter::once(CPU.to_string())
+        .chain(accelerators.iter().map(|b| b.device().to_string()))
+        .collect();
+    let devices: Vec<usize> = (0..p.kernels.len())
         .map(|k| {
-            if vulkan_support(p, k).is_ok() {
-                VULKAN
-            } else {
-                CPU
-            }
+            accelerators
+                .iter()
+                .position(|b| support(p, k, b.as_ref()).is_ok())
+                .map_or(0, |i| i + 1)
         })
         .collect();
-    if !devices.contains(&VULKAN) {
+    if devices.iter().all(|&d| d == 0) {
         return;
     }
     for (kernel, &d) in p.kernels.iter_mut().zip(&devices) {
-        kernel.device = d.to_string();
+        kernel.device = names[d].clone();
     }
 
     let old_steps = std::mem::take(&mut p.steps);
-    let mut home: Vec<Option<&'static str>> = vec![None; p.buffers.len()];
+    let mut home: Vec<Option<usize>> = vec![None; p.buffers.len()];
     // An input lives where the first kernel reading it runs (the output copies of inputs
     // that lowering puts first must not pull it to the CPU).
     for step in &old_steps {
@@ -116,19 +125,19 @@ pub fn place_on_devices(p: &mut Program) {
             }
         }
     }
-    let mut replicas: HashMap<(usize, &'static str), usize> = HashMap::new();
-    let mut weight_replicas: HashMap<(usize, &'static str), usize> = HashMap::new();
-    // Arena buffers moved to `vulkan` (marked with this placeholder until arenas exist).
-    let mut on_vulkan: HashSet<usize> = HashSet::new();
+    let mut replicas: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut weight_replicas: HashMap<(usize, usize), usize> = HashMap::new();
+    // Arena buffers moved to an accelerator, with its device (their arenas are made below).
+    let mut off_host: HashMap<usize, usize> = HashMap::new();
     let mut steps = Vec::with_capacity(old_steps.len());
 
     // The buffer holding `b` on device `d`: `b` itself, or a replica (made on first use).
     let mut local = |p: &mut Program,
                      steps: &mut Vec<Step>,
-                     home: &mut Vec<Option<&'static str>>,
-                     on_vulkan: &mut HashSet<usize>,
+                     home: &mut Vec<Option<usize>>,
+                     off_host: &mut HashMap<usize, usize>,
                      b: usize,
-                     d: &'static str|
+                     d: usize|
      -> usize {
         match home[b] {
             None => {
@@ -142,7 +151,7 @@ pub fn place_on_devices(p: &mut Program) {
         if let Storage::Weight(w) = decl.storage {
             return *weight_replicas.entry((w, d)).or_insert_with(|| {
                 p.buffers.push(BufferDecl {
-                    name: format!("{}@{d}", decl.name),
+                    name: format!("{}@{}", decl.name, names[d]),
                     ..decl.clone()
                 });
                 home.push(Some(d));
@@ -151,7 +160,7 @@ pub fn place_on_devices(p: &mut Program) {
         }
         *replicas.entry((b, d)).or_insert_with(|| {
             p.buffers.push(BufferDecl {
-                name: format!("{}@{d}", decl.name),
+                name: format!("{}@{}", decl.name, names[d]),
                 ty: decl.ty.clone(),
                 storage: Storage::Arena {
                     arena: 0,
@@ -160,8 +169,8 @@ pub fn place_on_devices(p: &mut Program) {
             });
             let r = p.buffers.len() - 1;
             home.push(Some(d));
-            if d == VULKAN {
-                on_vulkan.insert(r);
+            if d != 0 {
+                off_host.insert(r, d);
             }
             steps.push(Step::Copy { src: b, dst: r });
             r
@@ -178,12 +187,12 @@ pub fn place_on_devices(p: &mut Program) {
                 let d = devices[kernel];
                 let args = args
                     .iter()
-                    .map(|&b| local(p, &mut steps, &mut home, &mut on_vulkan, b, d))
+                    .map(|&b| local(p, &mut steps, &mut home, &mut off_host, b, d))
                     .collect();
                 for &r in results.iter().flatten() {
                     home[r] = Some(d);
-                    if d == VULKAN && matches!(p.buffers[r].storage, Storage::Arena { .. }) {
-                        on_vulkan.insert(r);
+                    if d != 0 && matches!(p.buffers[r].storage, Storage::Arena { .. }) {
+                        off_host.insert(r, d);
                     }
                 }
                 steps.push(Step::Dispatch {
@@ -194,11 +203,11 @@ pub fn place_on_devices(p: &mut Program) {
             }
             Step::Copy { src, dst } => {
                 // A graph output that repeats another value: copied where the value lives.
-                let d = home[src].unwrap_or(CPU);
+                let d = home[src].unwrap_or(0);
                 home[src] = Some(d);
                 home[dst] = Some(d);
-                if d == VULKAN && matches!(p.buffers[dst].storage, Storage::Arena { .. }) {
-                    on_vulkan.insert(dst);
+                if d != 0 && matches!(p.buffers[dst].storage, Storage::Arena { .. }) {
+                    off_host.insert(dst, d);
                 }
                 steps.push(Step::Copy { src, dst });
             }
@@ -206,8 +215,8 @@ pub fn place_on_devices(p: &mut Program) {
     }
     p.steps = steps;
 
-    // Arenas: 0 stays the CPU's; GPU-only buffers in `device_local`, buffers a
-    // cross-device copy touches in `host_visible_shared`.
+    // Arenas: 0 stays the CPU's; an accelerator's buffers in `device_local` memory, those
+    // a cross-device copy touches in `host_visible_shared`, those it reads back in `host`.
     let mut crossing: HashSet<usize> = HashSet::new();
     let mut read_back: HashSet<usize> = HashSet::new();
     for step in &p.steps {
@@ -219,30 +228,30 @@ pub fn place_on_devices(p: &mut Program) {
             }
         }
     }
-    let arena_of = |p: &mut Program, memory: &str| -> usize {
+    let arena_of = |p: &mut Program, device: &str, memory: &str| -> usize {
         if let Some(a) = p
             .arenas
             .iter()
-            .position(|a| a.device == VULKAN && a.memory == memory)
+            .position(|a| a.device == device && a.memory == memory)
         {
             return a;
         }
         p.arenas.push(Arena {
-            device: VULKAN.to_string(),
+            device: device.to_string(),
             memory: memory.to_string(),
             size: None,
             lower_bound: None,
         });
         p.arenas.len() - 1
     };
-    let mut on_vulkan: Vec<usize> = on_vulkan.into_iter().collect();
-    on_vulkan.sort_unstable();
-    for b in on_vulkan {
-        // GPU results the host reads back go to host-cached memory: on a discrete GPU the
+    let mut off_host: Vec<(usize, usize)> = off_host.into_iter().collect();
+    off_host.sort_unstable();
+    for (b, d) in off_host {
+        // Results the host reads back go to host-cached memory: on a discrete GPU the
         // host-visible device memory (resizable BAR) is uncached for the CPU, and reading a
         // tensor from it there took orders of magnitude longer than the kernels (BERT-base
-        // on the H100: 2.6 s per call). What the host writes for the GPU stays in
-        // `host_visible_shared` (sequential writes are fast there, the GPU reads locally).
+        // on the H100: 2.6 s per call). What the host writes for the device stays in
+        // `host_visible_shared` (sequential writes are fast there, the device reads locally).
         let memory = if read_back.contains(&b) {
             "host"
         } else if crossing.contains(&b) {
@@ -250,7 +259,7 @@ pub fn place_on_devices(p: &mut Program) {
         } else {
             "device_local"
         };
-        let a = arena_of(p, memory);
+        let a = arena_of(p, &names[d], memory);
         p.buffers[b].storage = Storage::Arena {
             arena: a,
             offset: None,
@@ -261,9 +270,9 @@ pub fn place_on_devices(p: &mut Program) {
             *offset = None;
         }
     }
-    let gpu_kernels: Vec<bool> = p.kernels.iter().map(|k| k.device != CPU).collect();
-    crate::schedule::schedule_for_overlap(p, |k| gpu_kernels[k]);
-    // A program wholly on the GPU keeps no empty CPU arena, so it names no CPU device.
+    let off_cpu: Vec<bool> = p.kernels.iter().map(|k| k.device != CPU).collect();
+    crate::schedule::schedule_for_overlap(p, |k| off_cpu[k]);
+    // A program wholly off the CPU keeps no empty CPU arena, so it names no CPU device.
     let cpu_arena_used = p
         .buffers
         .iter()

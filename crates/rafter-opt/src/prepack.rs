@@ -40,7 +40,7 @@ use rafter_ir::program::{BlockConv, Program, Step, Storage};
 use rafter_ir::{ConstData, DType, Graph, Op, TensorType, ValueDef, ValueId};
 use rafter_kernels_cpu::{HalfKind, MatRef, PackedB, PackedHalfB, PACKED_B_NR};
 
-use crate::place::CPU;
+use crate::backend::CPU;
 
 /// One kernel that reads a weight as its B operand.
 struct Use {

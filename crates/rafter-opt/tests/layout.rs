@@ -172,7 +172,8 @@ fn grouped_dilated_and_vulkan_convolutions_stay_nchw() {
     let mut g = parse(&src);
     assert!(!channels_last(&mut g), "{:?}", ops(&g));
     let mut opts = rafter_opt::CompileOptions {
-        target: rafter_opt::Target::Vulkan,
+        target: rafter_opt::Target::cpu()
+            .with(std::sync::Arc::new(rafter_codegen_spirv::SpirvBackend)),
         ..Default::default()
     };
     let p = rafter_opt::compile(&cnn(), &opts).unwrap();
@@ -181,7 +182,7 @@ fn grouped_dilated_and_vulkan_convolutions_stay_nchw() {
         .iter()
         .flat_map(|k| &k.body.nodes)
         .all(|n| !matches!(n.op, Op::ConvNhwc { .. })));
-    opts.target = rafter_opt::Target::Cpu;
+    opts.target = rafter_opt::Target::cpu();
     let p = rafter_opt::compile(&cnn(), &opts).unwrap();
     assert!(p
         .kernels

@@ -1,19 +1,25 @@
-//! Device placement for `Target::Vulkan`: which kernels go to the GPU, the copies at device
+//! Device placement for the Vulkan target (the SPIR-V backend as the accelerator): which kernels go to the GPU, the copies at device
 //! changes, one arena per device and memory kind, and that the placed program still computes
 //! what the graph does (interpreted with its arenas as real bytes).
 
 mod common;
 
 use common::{check_equivalent_with, parse, rand_f32};
+use rafter_codegen_spirv::SpirvBackend;
+use rafter_ir::program::Program;
 use rafter_ir::program::{Step, Storage};
-use rafter_opt::place::vulkan_support;
 use rafter_opt::{CompileOptions, Target};
 
 fn vulkan() -> CompileOptions {
     CompileOptions {
-        target: Target::Vulkan,
+        target: Target::cpu().with(std::sync::Arc::new(SpirvBackend)),
         ..CompileOptions::default()
     }
+}
+
+/// Why the Vulkan backend refuses kernel `k`.
+fn vulkan_support(p: &Program, k: usize) -> Result<(), String> {
+    rafter_opt::place::support(p, k, &SpirvBackend)
 }
 
 /// relu(x) and relu(x)·w (GPU, one fused kernel) → log-sum-exp over an axis (CPU) →

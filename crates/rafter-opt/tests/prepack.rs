@@ -169,7 +169,8 @@ fn weights_read_by_a_copy_or_compiled_for_vulkan_stay_raw() {
         w = dense(8 * 20, 10),
     ));
     let opts = rafter_opt::CompileOptions {
-        target: rafter_opt::Target::Vulkan,
+        target: rafter_opt::Target::cpu()
+            .with(std::sync::Arc::new(rafter_codegen_spirv::SpirvBackend)),
         ..rafter_opt::CompileOptions::default()
     };
     let p = rafter_opt::compile(&g, &opts).unwrap();

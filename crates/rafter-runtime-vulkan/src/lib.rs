@@ -12,10 +12,10 @@
 //! ```
 //!
 //! Each kernel the compiler placed on `vulkan` is one module of the section
-//! ([`rafter_artifact::VulkanSection`]): loaded as an executable of format
+//! ([`rafter_vulkan_section::VulkanSection`]): loaded as an executable of format
 //! [`FORMAT_SPIRV`] (its cooperative-matrix variant where the device takes it), and
 //! dispatched with the bindings' device addresses and the params its launch rule computes
-//! from the call's dims ([`rafter_artifact::Launch::dispatch`]), followed by the module's
+//! from the call's dims ([`rafter_vulkan_section::Launch::dispatch`]), followed by the module's
 //! dim params.
 
 mod loader;

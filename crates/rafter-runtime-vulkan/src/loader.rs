@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use rafter_artifact::{DimParam, Launch, VulkanModule, VulkanSection};
 use rafter_hal::{
     BufferRange, CommandBufferBuilder, Device, DeviceInfo, DeviceKind, Executable,
     ExecutablePayload, ExecutableSpec, HalError, FORMAT_SPIRV,
@@ -13,6 +12,7 @@ use rafter_ir::program::Program;
 use rafter_runtime::{
     hal, DispatchArgs, ExecutableLoader, LoadRequest, LoadedKernels, Operand, Result, RuntimeError,
 };
+use rafter_vulkan_section::{DimParam, Launch, VulkanModule, VulkanSection};
 
 /// Loads kernels on a Vulkan device ([`DeviceKind::Vulkan`]) from the program's `vulkan`
 /// executable section, one SPIR-V module per kernel.
@@ -68,45 +68,11 @@ impl ExecutableLoader for SpirvLoader {
     }
 }
 
-/// The section, decoded and checked against the program: one module per kernel on the
-/// device, and every dim param an axis of one of its kernel's bindings.
+/// The section, decoded and checked against the program (see [`VulkanSection::check`]).
 fn decode(program: &Program, device: &str, code: &Bytes) -> Result<VulkanSection> {
-    let malformed = |msg: String| RuntimeError::Artifact(format!("executable `{device}`: {msg}"));
-    let section = VulkanSection::decode(code).map_err(|e| RuntimeError::Artifact(e.to_string()))?;
-    for m in &section.modules {
-        let Some(k) = program
-            .kernels
-            .get(m.kernel as usize)
-            .filter(|k| k.device == device)
-        else {
-            return Err(malformed(format!(
-                "has a module for kernel {}, which is not a kernel on `{device}`",
-                m.kernel
-            )));
-        };
-        let body = &k.body;
-        for d in &m.dims {
-            let value = body
-                .inputs
-                .iter()
-                .chain(&body.outputs)
-                .nth(d.binding as usize);
-            if value.is_none_or(|&v| d.axis as usize >= body.value(v).ty.rank()) {
-                return Err(malformed(format!(
-                    "kernel {} `{}` reads axis {} of binding {}, which it does not have",
-                    m.kernel, k.name, d.axis, d.binding
-                )));
-            }
-        }
-    }
-    for (i, k) in program.kernels.iter().enumerate() {
-        if k.device == device && section.module(i).is_none() {
-            return Err(malformed(format!(
-                "has no module for kernel {i} `{}`",
-                k.name
-            )));
-        }
-    }
+    let artifact = |e: rafter_vulkan_section::SectionError| RuntimeError::Artifact(e.to_string());
+    let section = VulkanSection::decode(code).map_err(artifact)?;
+    section.check(program, device).map_err(artifact)?;
     Ok(section)
 }
 
@@ -213,7 +179,7 @@ impl LoadedKernels for SpirvProgram {
             .collect::<Result<_>>()?;
         // The launch sizes its dispatch from the inputs' and the first result's dims
         // (`Launch::dispatch`); the dim params name axes of any binding.
-        let dim_bytes = rafter_artifact::dim_params(&gpu.dims, d.dims)
+        let dim_bytes = rafter_vulkan_section::dim_params(&gpu.dims, d.dims)
             .map_err(|e| self.unsupported(format!("step {si}: kernel `{name}`: {e}")))?;
         let (input_dims, result_dims) = d.dims.split_at(gpu.inputs.min(d.dims.len()));
         let first_output = result_dims.first().copied().unwrap_or(&[]);

@@ -9,13 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rafter_artifact::{Artifact, ArtifactWriter};
+use rafter_artifact::Artifact;
+use rafter_compiler::CompileOptions;
 use rafter_hal::{Device, Semaphore};
 use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
 use rafter_ir::program::{Program, Step};
 use rafter_ir::text::parse_graph;
 use rafter_ir::Graph;
-use rafter_opt::{CompileOptions, Target};
 use rafter_runtime::{DeviceSet, RuntimeError, Session, SessionOptions, Tensor};
 use rafter_runtime_cpu::{from_reference, to_reference};
 
@@ -77,16 +77,13 @@ fn devices_or_skip(test: &str) -> Option<(DeviceSet, Arc<VulkanDevice>)> {
 /// Compiles `g` for Vulkan and round-trips it through artifact bytes with its SPIR-V.
 fn compile(g: &Graph) -> Artifact {
     let opts = CompileOptions {
-        target: Target::Vulkan,
+        target: rafter_compiler::target("vulkan").unwrap(),
         ..CompileOptions::default()
     };
-    let program = rafter_opt::compile(g, &opts).unwrap();
-    let section = rafter_codegen_spirv::program_section(&program).unwrap();
-    let bytes = ArtifactWriter::new(&program)
-        .executable("vulkan", section.encode(), 4)
-        .to_vec()
-        .unwrap();
-    Artifact::from_bytes(bytes.into()).unwrap()
+    rafter_compiler::compile(g, &opts)
+        .unwrap()
+        .to_artifact()
+        .unwrap()
 }
 
 fn devices_of(p: &Program) -> Vec<&str> {

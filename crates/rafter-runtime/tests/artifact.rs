@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 
 use common::{lower_per_node, max_abs_diff, read_npy, LONG};
-use rafter_artifact::{Artifact, ArtifactWriter};
+use rafter_artifact::Artifact;
 use rafter_runtime::{BytesBuffer, RuntimeError, Session};
 
 #[test]
@@ -16,7 +16,10 @@ fn runs_a_mapped_artifact_with_weights_in_place() {
         rafter_import::import_onnx_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{e}"));
     let program = lower_per_node(&imported.graph);
     let path = std::env::temp_dir().join(format!("rafter-runtime-{}.rfa", std::process::id()));
-    ArtifactWriter::new(&program).write(&path).unwrap();
+    rafter_compiler::package(program, &rafter_compiler::Target::cpu())
+        .unwrap()
+        .write(&path)
+        .unwrap();
     let devices = rafter_runtime_cpu::devices().unwrap();
 
     let artifact = Artifact::open(&path).unwrap();

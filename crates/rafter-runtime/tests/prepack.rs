@@ -6,7 +6,7 @@
 mod common;
 
 use common::{max_abs_diff, LONG};
-use rafter_artifact::{Artifact, ArtifactWriter, ReadOptions, SectionKind};
+use rafter_artifact::{Artifact, ReadOptions, SectionKind};
 use rafter_ir::{ConstData, DType, Graph};
 use rafter_runtime::{Session, SessionOptions, Tensor};
 
@@ -78,10 +78,10 @@ fn packed_weights(a: &Artifact) -> Vec<usize> {
 #[test]
 fn packed_weights_run_in_place_from_the_map_and_match_the_reference() {
     let g = graph();
-    let program = rafter_opt::compile(&g, &rafter_opt::CompileOptions::default())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let compiled =
+        rafter_compiler::compile(&g, &Default::default()).unwrap_or_else(|e| panic!("{e}"));
     let path = std::env::temp_dir().join(format!("rafter-prepack-{}.rfa", std::process::id()));
-    ArtifactWriter::new(&program).write(&path).unwrap();
+    compiled.write(&path).unwrap();
     let artifact = Artifact::open(&path).unwrap();
     let packed = packed_weights(&artifact);
     assert_eq!(packed.len(), 3, "{:?}", artifact.weight_entries());
@@ -122,8 +122,10 @@ fn packed_weights_run_in_place_from_the_map_and_match_the_reference() {
 #[test]
 fn a_corrupt_packed_weight_is_an_error_not_a_panic() {
     let g = graph();
-    let program = rafter_opt::compile(&g, &rafter_opt::CompileOptions::default()).unwrap();
-    let bytes = ArtifactWriter::new(&program).to_vec().unwrap();
+    let bytes = rafter_compiler::compile(&g, &Default::default())
+        .unwrap()
+        .to_bytes()
+        .unwrap();
     let artifact = Artifact::from_bytes(bytes.clone().into()).unwrap();
     let w = packed_weights(&artifact)[0];
     let weights = artifact

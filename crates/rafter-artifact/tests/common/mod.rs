@@ -3,15 +3,23 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use rafter_artifact::{ArtifactError, HEADER_LEN};
+use rafter_artifact::{ArtifactError, ArtifactWriter, HEADER_LEN};
 use rafter_ir::program::{Arena, BufferDecl, Kernel, KernelKind, Port, Program, Step, Storage};
 use rafter_ir::{BinaryOp, ConstData, DType, Dim, Graph, Op, Symbol, TensorType, UnaryOp};
+use rafter_kernels_cpu::artifact_section::CpuDescriptor;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub const ENTRY_LEN: usize = 64;
 
 fn ty(dims: Vec<Dim>) -> TensorType {
     TensorType::new(DType::F32, dims)
+}
+
+/// A writer for `program` with the `cpu` section its kernels need (the CPU backend's
+/// descriptor: the artifact only carries it).
+pub fn writer(program: &Program) -> ArtifactWriter<'_> {
+    let kernels = program.kernels.iter().filter(|k| k.device == "cpu").count() as u32;
+    ArtifactWriter::new(program).executable("cpu", CpuDescriptor { kernels }.encode(), 8)
 }
 
 /// `y = relu(x + w)` over `x: f32[batch, 4]` (`batch <= 8`), with two more weights of other

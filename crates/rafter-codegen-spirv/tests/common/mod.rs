@@ -5,12 +5,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rafter_artifact::{dim_params, Launch, VulkanModule};
 use rafter_codegen_spirv::{to_bytes, ElementwiseKernel};
 use rafter_hal::{Buffer, Device, ExecutablePayload, ExecutableSpec, MemoryKind, FORMAT_SPIRV};
 use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
 use rafter_ir::DType;
 use rafter_reference::Tensor;
+use rafter_vulkan_section::{dim_params, Launch, VulkanModule};
 
 /// Checks `words` with `spirv-val --target-env vulkan1.3`. Without spirv-val (Debian:
 /// `spirv-tools`) prints a note and passes, unless `RAFTER_REQUIRE_SPIRV_VAL` is set (CI).
@@ -142,7 +142,7 @@ pub fn run_shaped(
                 .rows_dispatch(binding_dims[inputs.len()], max_x)
                 .unwrap()
                 .expect("a non-empty output");
-            params.extend(rafter_artifact::dim_params(&kernel.dims, binding_dims).unwrap());
+            params.extend(rafter_vulkan_section::dim_params(&kernel.dims, binding_dims).unwrap());
             (params, grid)
         }
         _ => (

@@ -1,9 +1,15 @@
-//! The Vulkan device's executable section: one SPIR-V module per kernel on `vulkan`.
+//! The Vulkan device's executable section of an artifact: one SPIR-V module per kernel on
+//! `vulkan`, with the launch rule and dim params the runtime dispatches it by.
 //!
-//! The compiler generates the SPIR-V (`rafter-codegen-spirv`) and the runtime only loads
-//! it, so a deployed program needs no code generator. The section has its own magic and
-//! descriptor version, like the `cpu` section, so its layout can change without a new
-//! container version:
+//! The contract between the two sides of the Vulkan backend: `rafter-codegen-spirv` (the
+//! compiler) writes the section, `rafter-runtime-vulkan` (the runtime's loader) reads and
+//! checks it ([`VulkanSection::decode`], [`VulkanSection::check`]), and both compute a
+//! dispatch's params the same way ([`Launch::dispatch`], [`dim_params`]). The artifact
+//! itself carries the section as opaque bytes. A deployed program needs no code
+//! generator: this crate has no dependency but `bytes` and the IR.
+//!
+//! The section has its own magic and descriptor version, so its layout can change without
+//! a new container version:
 //!
 //! ```text
 //! offset size field
@@ -47,12 +53,29 @@
 //! params (the element count, or matmul's `M, N, K, b_shared`) the runtime pushes, per dim
 //! param, the call's size of that axis of that binding as a `u32` ([`dim_params`]).
 //!
-//! Modules are in increasing kernel order, at most one per kernel; the artifact reader
-//! checks that every kernel whose device is `vulkan` has one (see `check_executables`).
+//! Modules are in increasing kernel order, at most one per kernel; every kernel whose
+//! device is `vulkan` has one ([`VulkanSection::check`]).
 
 use bytes::Bytes;
+use rafter_ir::program::Program;
 
-use crate::ArtifactError;
+/// Why a section is malformed or does not fit its program: `executable `vulkan`: ...`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("executable `{device}`: {msg}")]
+pub struct SectionError {
+    /// The device the section is for.
+    pub device: String,
+    pub msg: String,
+}
+
+impl SectionError {
+    fn new(msg: String) -> SectionError {
+        SectionError {
+            device: "vulkan".into(),
+            msg,
+        }
+    }
+}
 
 pub const VULKAN_MAGIC: [u8; 8] = *b"RFAVK\0\0\0";
 pub const VULKAN_DESCRIPTOR_VERSION: u32 = 3;
@@ -419,8 +442,6 @@ pub struct VulkanSection {
     pub modules: Vec<VulkanModule>,
 }
 
-const WHAT: &str = "executable `vulkan`";
-
 impl VulkanSection {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -454,8 +475,8 @@ impl VulkanSection {
     }
 
     /// Decodes and validates a section; module bytes are slices of `b` (no copy).
-    pub fn decode(b: &Bytes) -> Result<VulkanSection, ArtifactError> {
-        let bad = |msg: String| ArtifactError::malformed(WHAT, msg);
+    pub fn decode(b: &Bytes) -> Result<VulkanSection, SectionError> {
+        let bad = SectionError::new;
         if b.len() < HEADER_LEN || b[..8] != VULKAN_MAGIC {
             return Err(bad(format!(
                 "is {} bytes and does not start with the magic \"RFAVK\\0\\0\\0\"",
@@ -591,6 +612,48 @@ impl VulkanSection {
             .binary_search_by_key(&k, |m| m.kernel as usize)
             .ok()
             .map(|i| &self.modules[i])
+    }
+
+    /// Checks the section against `program`, whose kernels on `device` it holds: one module
+    /// for each of them and for nothing else, and every dim param an axis of one of its
+    /// kernel's bindings. The loader calls it before loading anything.
+    pub fn check(&self, program: &Program, device: &str) -> Result<(), SectionError> {
+        let bad = |msg: String| SectionError {
+            device: device.to_string(),
+            msg,
+        };
+        for m in &self.modules {
+            let Some(k) = program
+                .kernels
+                .get(m.kernel as usize)
+                .filter(|k| k.device == device)
+            else {
+                return Err(bad(format!(
+                    "has a module for kernel {}, which is not a kernel on `{device}`",
+                    m.kernel
+                )));
+            };
+            let body = &k.body;
+            for d in &m.dims {
+                let value = body
+                    .inputs
+                    .iter()
+                    .chain(&body.outputs)
+                    .nth(d.binding as usize);
+                if value.is_none_or(|&v| d.axis as usize >= body.value(v).ty.rank()) {
+                    return Err(bad(format!(
+                        "kernel {} `{}` reads axis {} of binding {}, which it does not have",
+                        m.kernel, k.name, d.axis, d.binding
+                    )));
+                }
+            }
+        }
+        for (i, k) in program.kernels.iter().enumerate() {
+            if k.device == device && self.module(i).is_none() {
+                return Err(bad(format!("has no module for kernel {i} `{}`", k.name)));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -897,5 +960,69 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("magic"));
+    }
+
+    /// A program of three kernels, the middle one on `vulkan` (one `f32[4]` input, one
+    /// result).
+    fn program() -> Program {
+        use rafter_ir::program::{Kernel, KernelKind};
+        use rafter_ir::{DType, Graph, Op, TensorType, UnaryOp};
+        let kernel = |device: &str| {
+            let ty = TensorType::known(DType::F32, &[4]);
+            let mut g = Graph::new("k");
+            let x = g.add_input("x", ty.clone());
+            let y = g.add_node(
+                "relu",
+                Op::Unary { op: UnaryOp::Relu },
+                vec![Some(x)],
+                vec![Some(("y".into(), ty))],
+            );
+            g.outputs = vec![y[0].unwrap()];
+            Kernel {
+                name: format!("k_{device}"),
+                kind: KernelKind::Elementwise,
+                device: device.into(),
+                body: g,
+            }
+        };
+        Program {
+            kernels: vec![kernel("cpu"), kernel("vulkan"), kernel("cpu")],
+            ..Program::default()
+        }
+    }
+
+    #[test]
+    fn check_holds_the_section_to_its_program() {
+        let p = program();
+        let section = |kernel: u32, dims: Vec<DimParam>| VulkanSection {
+            modules: vec![VulkanModule {
+                dims,
+                ..module(kernel)
+            }],
+        };
+        section(1, Vec::new()).check(&p, "vulkan").unwrap();
+        section(
+            1,
+            vec![DimParam {
+                binding: 1,
+                axis: 0,
+            }],
+        )
+        .check(&p, "vulkan")
+        .unwrap();
+        // A module for a kernel not on `vulkan`, or none for one that is.
+        for k in [0, 2] {
+            let e = section(k, Vec::new()).check(&p, "vulkan").unwrap_err();
+            assert!(e.to_string().starts_with("executable `vulkan`: "), "{e}");
+        }
+        let e = VulkanSection::default().check(&p, "vulkan").unwrap_err();
+        assert!(e.msg.contains("no module for kernel 1 `k_vulkan`"), "{e}");
+        // A dim param naming an axis or a binding the kernel does not have.
+        for (binding, axis) in [(0, 1), (2, 0)] {
+            let e = section(1, vec![DimParam { binding, axis }])
+                .check(&p, "vulkan")
+                .unwrap_err();
+            assert!(e.msg.contains("does not have"), "{e}");
+        }
     }
 }
