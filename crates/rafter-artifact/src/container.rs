@@ -30,6 +30,7 @@ impl SectionInfo {
     pub(crate) fn label(&self, index: usize) -> String {
         match self.kind {
             SectionKind::Executable => format!("section {index} (executable `{}`)", self.name),
+            SectionKind::Metadata => format!("section {index} (metadata `{}`)", self.name),
             _ => format!("section {index} ({})", self.name),
         }
     }

@@ -34,14 +34,18 @@ pub enum SectionKind {
     Weights,
     /// One device's executable, opaque to this crate; the section name is the device.
     Executable,
+    /// Data a frontend keeps with the program, opaque to this crate and the runtime; the
+    /// section name says whose (`llm`: an LLM's tokenizer and generation settings).
+    Metadata,
 }
 
 impl SectionKind {
-    pub const ALL: [SectionKind; 4] = [
+    pub const ALL: [SectionKind; 5] = [
         SectionKind::Program,
         SectionKind::WeightTable,
         SectionKind::Weights,
         SectionKind::Executable,
+        SectionKind::Metadata,
     ];
 
     pub fn code(self) -> u32 {
@@ -50,6 +54,7 @@ impl SectionKind {
             SectionKind::WeightTable => 2,
             SectionKind::Weights => 3,
             SectionKind::Executable => 4,
+            SectionKind::Metadata => 5,
         }
     }
 
@@ -57,13 +62,14 @@ impl SectionKind {
         SectionKind::ALL.into_iter().find(|k| k.code() == code)
     }
 
-    /// The name a section of this kind must have (`None` for executables: the device).
+    /// The name a section of this kind must have (`None` for executables, named by their
+    /// device, and metadata, named by its owner).
     pub fn fixed_name(self) -> Option<&'static str> {
         match self {
             SectionKind::Program => Some("program"),
             SectionKind::WeightTable => Some("weight_table"),
             SectionKind::Weights => Some("weights"),
-            SectionKind::Executable => None,
+            SectionKind::Executable | SectionKind::Metadata => None,
         }
     }
 
@@ -73,6 +79,7 @@ impl SectionKind {
             SectionKind::WeightTable => "weight_table",
             SectionKind::Weights => "weights",
             SectionKind::Executable => "executable",
+            SectionKind::Metadata => "metadata",
         }
     }
 }

@@ -139,6 +139,7 @@ pub struct Artifact {
     program: Program,
     weights: Vec<WeightEntry>,
     executables: BTreeMap<String, Bytes>,
+    metadata: BTreeMap<String, Bytes>,
     mapped: bool,
 }
 
@@ -251,9 +252,16 @@ impl Artifact {
         }
 
         let mut executables = BTreeMap::new();
+        let mut metadata = BTreeMap::new();
         for s in container.sections() {
-            if s.kind == SectionKind::Executable {
-                executables.insert(s.name.clone(), section(SectionKind::Executable, &s.name));
+            match s.kind {
+                SectionKind::Executable => {
+                    executables.insert(s.name.clone(), section(SectionKind::Executable, &s.name));
+                }
+                SectionKind::Metadata => {
+                    metadata.insert(s.name.clone(), section(SectionKind::Metadata, &s.name));
+                }
+                _ => {}
             }
         }
         check_executables(&program, &executables).map_err(|e| match e {
@@ -265,6 +273,7 @@ impl Artifact {
             program,
             weights: table,
             executables,
+            metadata,
             mapped: false,
         })
     }
@@ -289,6 +298,12 @@ impl Artifact {
     /// The executable for `device` (a slice of the file), if the artifact has one.
     pub fn executable(&self, device: &str) -> Option<Bytes> {
         self.executables.get(device).cloned()
+    }
+
+    /// The metadata section `name` (a slice of the file), if the artifact has one: data a
+    /// frontend stored with the program (`llm`: an LLM's tokenizer and settings).
+    pub fn metadata(&self, name: &str) -> Option<Bytes> {
+        self.metadata.get(name).cloned()
     }
 
     /// The devices that have an executable, sorted.
@@ -373,6 +388,7 @@ fn check_executables(
 pub struct ArtifactWriter<'p> {
     program: &'p Program,
     executables: BTreeMap<String, (Bytes, u64)>,
+    metadata: BTreeMap<String, Bytes>,
 }
 
 /// Alignment of the program and weight-table sections.
@@ -383,6 +399,7 @@ impl<'p> ArtifactWriter<'p> {
         ArtifactWriter {
             program,
             executables: BTreeMap::new(),
+            metadata: BTreeMap::new(),
         }
     }
 
@@ -394,12 +411,24 @@ impl<'p> ArtifactWriter<'p> {
         self
     }
 
+    /// Adds (or replaces) metadata section `name` (1-16 bytes of `[a-z0-9_]`): bytes a
+    /// frontend keeps with the program, opaque to the artifact and the runtime.
+    pub fn metadata(mut self, name: &str, bytes: impl Into<Bytes>) -> Self {
+        self.metadata.insert(name.to_string(), bytes.into());
+        self
+    }
+
     /// Lays the artifact out (checking the program) without writing it.
     pub fn layout(&self) -> Result<Layout, ArtifactError> {
         let p = self.program;
         p.verify()
             .map_err(|e| ArtifactError::Write(e.to_string()))?;
         let executables = self.executables.clone();
+        if let Some(bad) = self.metadata.keys().find(|d| !format::is_valid_name(d)) {
+            return Err(ArtifactError::Write(format!(
+                "metadata name `{bad}` is not 1-16 bytes of [a-z0-9_] starting with a letter"
+            )));
+        }
         if let Some(bad) = executables.keys().find(|d| !format::is_valid_name(d)) {
             return Err(ArtifactError::Write(format!(
                 "device name `{bad}` is not 1-16 bytes of [a-z0-9_] starting with a letter"
@@ -444,6 +473,14 @@ impl<'p> ArtifactWriter<'p> {
                 &device,
                 align,
                 SectionData::from_bytes(b),
+            )?;
+        }
+        for (name, b) in &self.metadata {
+            w.add(
+                SectionKind::Metadata,
+                name,
+                META_ALIGN,
+                SectionData::from_bytes(b.to_vec()),
             )?;
         }
         w.add(SectionKind::Weights, "weights", WEIGHTS_SECTION_ALIGN, data)?;

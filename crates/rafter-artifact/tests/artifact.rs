@@ -185,6 +185,33 @@ fn executables_per_device() {
 }
 
 #[test]
+fn metadata_sections_round_trip_and_are_checksummed() {
+    let program = sample_program();
+    let blob = br#"{"tokenizer": "..."}"#.to_vec();
+    let file = writer(&program)
+        .metadata("llm", blob.clone())
+        .to_vec()
+        .unwrap();
+    let a = Artifact::from_bytes(Bytes::from(file.clone())).unwrap();
+    assert_eq!(&a.metadata("llm").unwrap()[..], &blob[..]);
+    assert!(a.metadata("other").is_none());
+    assert_eq!(
+        a.devices().collect::<Vec<_>>(),
+        ["cpu"],
+        "metadata is not a device"
+    );
+    // A flipped byte inside it fails the section's checksum, naming it.
+    let at = section_bytes(&file, SectionKind::Metadata, "llm");
+    let start = file.windows(at.len()).position(|w| w == &at[..]).unwrap();
+    let mut bad = file.clone();
+    bad[start] ^= 0x40;
+    let e = read(Bytes::from(bad)).unwrap_err();
+    assert!(e.to_string().contains("metadata `llm`"), "{e}");
+    let e = writer(&program).metadata("LLM", blob).to_vec().unwrap_err();
+    assert!(e.to_string().contains("metadata name `LLM`"), "{e}");
+}
+
+#[test]
 fn writer_rejects_invalid_programs() {
     let mut p = sample_program();
     p.steps[1] = Step::Dispatch {
