@@ -1,7 +1,7 @@
-//! `rafter compile`: an ONNX model to one artifact (`.rfa`) that `rafter run` loads without
-//! the compiler.
+//! `rafter compile`: an ONNX model, or an LLM (a Hugging Face folder or a GGUF file), to one
+//! artifact (`.rfa`) that `rafter run` / `rafter generate` load without the compiler.
 
-use crate::dims::{bounds, parse_dims};
+use crate::dims::{bounds, parse_dims, split_sum_bounds};
 use crate::model::{self, FileKind};
 use crate::progress::Steps;
 use anyhow::{bail, Result};
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct CompileArgs {
-    /// The model (.onnx).
+    /// The model: an .onnx file, or an LLM (a Hugging Face folder or a .gguf file).
     model: PathBuf,
     /// The artifact to write (default: the model's path with extension .rfa).
     #[arg(short, long, value_name = "FILE")]
@@ -21,7 +21,8 @@ pub struct CompileArgs {
     #[arg(long, default_value = "cpu")]
     target: String,
     /// An upper bound of a symbolic dim, as SYMBOL<=N (seq<=2048); SYMBOL=N is the same
-    /// bound. Memory is planned for the bounds; a call above one is rejected.
+    /// bound; or of a sum (past+seq<=4096: for an LLM, the positions its KV caches hold).
+    /// Memory is planned for the bounds; a call above one is rejected.
     #[arg(long = "dim", value_name = "SYMBOL<=N")]
     dims: Vec<String>,
     /// How the CPU stores matrix-product weights: `f32` (exact), or `f16` / `bf16` (half
@@ -29,11 +30,29 @@ pub struct CompileArgs {
     /// in f32). Convolution weights stay f32. `--target cpu` only.
     #[arg(long, default_value = "f32", value_name = "f32|f16|bf16")]
     cpu_weights: String,
+    /// LLMs: quantize an HF checkpoint's float weights to this block format (q8_0, q4_0,
+    /// q4_1, q5_0, q5_1, q4_k, q5_k, q6_k); GGUF weights keep their types.
+    #[arg(long, value_name = "FORMAT")]
+    weights: Option<String>,
 }
 
 pub fn compile(args: CompileArgs) -> Result<ExitCode> {
+    if crate::cmd_generate::is_llm_source(&args.model)? {
+        return compile_llm(args);
+    }
+    if args.weights.is_some() {
+        bail!("--weights applies to LLMs (Hugging Face folders and GGUF files)");
+    }
     let target = model::parse_target(&args.target)?;
-    let bounds = bounds(&parse_dims(&args.dims)?);
+    let (dims, sums) = split_sum_bounds(&args.dims)?;
+    let mut bounds = bounds(&parse_dims(&dims)?);
+    for (sum, b) in &sums {
+        for s in sum.symbols() {
+            if !bounds.iter().any(|(x, _)| *x == s) {
+                bounds.push((s, *b));
+            }
+        }
+    }
     let cpu_weights = model::parse_cpu_weights(&args.cpu_weights)?;
     if cpu_weights != WeightFormat::F32 && !target.is_cpu_only() {
         bail!(
@@ -62,6 +81,7 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     let options = CompileOptions {
         target,
         bounds,
+        dim_bounds: sums,
         cpu_weights,
         ..CompileOptions::default()
     };
@@ -75,6 +95,69 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
         output.display(),
         model::kernel_count(program),
         model::weight_bytes(program),
+        artifact_bytes,
+        model::human_time(elapsed)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An LLM (HF folder or GGUF) to an artifact that carries its tokenizer.
+fn compile_llm(args: CompileArgs) -> Result<ExitCode> {
+    if args.target != "cpu" {
+        bail!(
+            "LLMs compile for --target cpu for now (got --target {})",
+            args.target
+        );
+    }
+    let (dims, sums) = split_sum_bounds(&args.dims)?;
+    if !dims.is_empty() {
+        bail!(
+            "--dim {}: an LLM takes one bound, the positions its KV caches hold, as \
+             --dim 'past+seq<=N'",
+            dims.join(", ")
+        );
+    }
+    let context = match sums.as_slice() {
+        [] => None,
+        [(sum, n)] if sum.to_string() == "past + seq" => Some(*n as usize),
+        _ => bail!("an LLM takes one bound, --dim 'past+seq<=N'"),
+    };
+    let output = args.output.clone().unwrap_or_else(|| {
+        let base = args.model.to_string_lossy();
+        let base = base.trim_end_matches('/');
+        PathBuf::from(base).with_extension("rfa")
+    });
+    if output == args.model {
+        bail!(
+            "the output {} would overwrite the model: pass -o with another path",
+            output.display()
+        );
+    }
+    let options = rafter_llm_engine::LlmOptions {
+        context,
+        weights: crate::cmd_generate::parse_weights(args.weights.as_deref())?,
+        ..Default::default()
+    };
+    let steps = Steps::new(5);
+    let compiled = rafter_llm_engine::compile(&args.model, &options, &mut |stage| {
+        steps.step(crate::cmd_generate::stage_name(stage))
+    })?;
+    steps.step("writing the artifact");
+    let artifact_bytes = compiled.write(&output)?;
+    let program = &compiled.compiled.program;
+    let elapsed = steps.finish();
+    let kv: u64 = (0..program.states.len())
+        .filter_map(|s| program.state_bytes(s))
+        .sum();
+    println!(
+        "compiled {} -> {}: {}, {} weight bytes, {} KV-cache bytes for {} positions, {} \
+         artifact bytes, {}",
+        args.model.display(),
+        output.display(),
+        model::kernel_count(program),
+        model::weight_bytes(program),
+        kv,
+        compiled.info.context,
         artifact_bytes,
         model::human_time(elapsed)
     );

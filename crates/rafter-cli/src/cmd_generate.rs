@@ -16,8 +16,8 @@ use crate::rss::Rss;
 
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// The model: a Hugging Face folder (config.json, safetensors, tokenizer.json) or a
-    /// .gguf file.
+    /// The model: a Hugging Face folder (config.json, safetensors, tokenizer.json), a .gguf
+    /// file, or an .rfa compiled from one by `rafter compile`.
     model: PathBuf,
     /// The prompt (with --chat, the user's message).
     #[arg(long, short = 'p')]
@@ -73,25 +73,53 @@ pub struct GenerateArgs {
     trace: Option<PathBuf>,
 }
 
+/// The progress bar's name for an engine stage.
+pub fn stage_name(stage: Stage) -> &'static str {
+    match stage {
+        Stage::Read => "reading the model",
+        Stage::Build => "building the decoder",
+        Stage::Compile => "compiling",
+        Stage::Bind => "binding weights",
+    }
+}
+
+/// `--weights FORMAT`: a block format to quantize float weights to.
+pub fn parse_weights(w: Option<&str>) -> Result<Option<rafter_ir::WeightFormat>> {
+    let Some(w) = w else { return Ok(None) };
+    rafter_ir::WeightFormat::from_word(&w.to_ascii_lowercase())
+        .filter(|f| f.is_block())
+        .map(Some)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--weights {w}: expected a block format (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, \
+                 q5_k, q6_k)"
+            )
+        })
+}
+
+/// Whether `path` is an LLM source: a folder with `config.json`, or a GGUF file (by its
+/// magic bytes).
+pub fn is_llm_source(path: &std::path::Path) -> Result<bool> {
+    if path.is_dir() {
+        return Ok(path.join("config.json").is_file());
+    }
+    let mut head = Vec::new();
+    use std::io::Read;
+    std::fs::File::open(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .take(4)
+        .read_to_end(&mut head)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(head == b"GGUF")
+}
+
 pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let steps = Steps::new(4);
     let sink = args
         .trace
         .as_ref()
         .map(|_| std::sync::Arc::new(rafter_runtime::ChromeTrace::new()));
-    let weights = match &args.weights {
-        Some(w) => Some(
-            rafter_ir::WeightFormat::from_word(&w.to_ascii_lowercase())
-                .filter(|f| f.is_block())
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "--weights {w}: expected a block format (q8_0, q4_0, q4_1, q5_0, q5_1, \
-                         q4_k, q5_k, q6_k)"
-                    )
-                })?,
-        ),
-        None => None,
-    };
+    let weights = parse_weights(args.weights.as_deref())?;
     let options = LlmOptions {
         context: args.context,
         weights,
@@ -101,12 +129,7 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
             .map(|s| s as std::sync::Arc<dyn rafter_hal::TraceSink>),
     };
     let llm = Llm::open_observed(&args.model, &options, &mut |stage| {
-        steps.step(match stage {
-            Stage::Read => "reading the model",
-            Stage::Build => "building the decoder",
-            Stage::Compile => "compiling",
-            Stage::Bind => "binding weights",
-        })
+        steps.step(stage_name(stage))
     })
     .with_context(|| format!("opening {}", args.model.display()))?;
     steps.finish();

@@ -276,7 +276,7 @@ pub fn memory_lines(p: &Program) -> Vec<String> {
             devices.push(&a.device);
         }
     }
-    devices
+    let mut lines: Vec<String> = devices
         .into_iter()
         .map(|device| {
             let planned: Option<Vec<(u64, u64)>> = p
@@ -297,7 +297,22 @@ pub fn memory_lines(p: &Program) -> Vec<String> {
                 None => format!("memory {device}: arena unplanned (sized per call)"),
             }
         })
-        .collect()
+        .collect();
+    if !p.states.is_empty() {
+        let sizes: Option<Vec<u64>> = (0..p.states.len()).map(|s| p.state_bytes(s)).collect();
+        lines.push(match sizes {
+            Some(sizes) => format!(
+                "memory state: {} bytes in {} states (kept across calls: KV caches), at the bounds",
+                sizes.iter().sum::<u64>(),
+                p.states.len()
+            ),
+            None => format!(
+                "memory state: {} states, unbounded (declare a bound for their dims)",
+                p.states.len()
+            ),
+        });
+    }
+    lines
 }
 
 /// `size / lower` with two decimals (`1.00` for an empty arena).

@@ -17,6 +17,37 @@ pub struct DimSpec {
     pub is_bound: bool,
 }
 
+/// `--dim` arguments bounding a sum of symbols (`past+seq<=4096`) taken out of `dims`:
+/// returns the others, and each sum as a [`Dim`] with its bound. Every symbol of a sum is
+/// also bounded by it (sizes are non-negative), so memory can be planned per symbol.
+pub fn split_sum_bounds(dims: &[String]) -> Result<(Vec<String>, Vec<(rafter_ir::Dim, i64)>)> {
+    let mut rest = Vec::new();
+    let mut sums = Vec::new();
+    for d in dims {
+        let Some((lhs, rhs)) = d.split_once("<=").filter(|(l, _)| l.contains('+')) else {
+            rest.push(d.clone());
+            continue;
+        };
+        let mut sum = rafter_ir::Dim::known(0);
+        for term in lhs.split('+') {
+            let term = term.trim();
+            if !rafter_ir::is_identifier(term) {
+                bail!("--dim `{d}`: `{term}` is not a symbol name");
+            }
+            sum = sum.add(&rafter_ir::Dim::symbol(term));
+        }
+        let bound: i64 = rhs
+            .trim()
+            .parse()
+            .map_err(|_| anyhow!("--dim `{d}`: `{}` is not an integer", rhs.trim()))?;
+        if bound < 0 {
+            bail!("--dim `{d}`: dims cannot be negative");
+        }
+        sums.push((sum, bound));
+    }
+    Ok((rest, sums))
+}
+
 /// Parses every `--dim`; the error names the argument and what is wrong with it.
 pub fn parse_dims(dims: &[String]) -> Result<Vec<DimSpec>> {
     dims.iter().map(|d| parse_dim(d)).collect()
@@ -86,6 +117,20 @@ mod tests {
 
     fn one(d: &str) -> Result<DimSpec> {
         parse_dim(d)
+    }
+
+    #[test]
+    fn sums_are_split_out() {
+        let args = vec!["seq<=8".to_string(), "past + seq<=4096".to_string()];
+        let (rest, sums) = split_sum_bounds(&args).unwrap();
+        assert_eq!(rest, vec!["seq<=8".to_string()]);
+        assert_eq!(sums.len(), 1);
+        assert_eq!(sums[0].1, 4096);
+        assert_eq!(sums[0].0.to_string(), "past + seq");
+        let e = split_sum_bounds(&["past+2<=4".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("`2` is not a symbol"), "{e}");
+        let e = split_sum_bounds(&["a+b<=x".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("not an integer"), "{e}");
     }
 
     #[test]

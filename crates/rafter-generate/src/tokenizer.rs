@@ -257,6 +257,59 @@ impl Tokenizer {
         })
     }
 
+    /// The whole tokenizer as one JSON document (the `tokenizers` model, special ids, stop
+    /// ids, chat template), for storing it with a compiled model; [`Tokenizer::from_json`]
+    /// reads it back.
+    pub fn to_json(&self) -> Result<String> {
+        let inner = self
+            .inner
+            .to_string(false)
+            .map_err(|e| Error::Tokenizer(format!("serialising the tokenizer: {e}")))?;
+        let doc = serde_json::json!({
+            "tokenizer": inner,
+            "bos": self.bos,
+            "eos": self.eos,
+            "stop_ids": self.stop_ids,
+            "chat_template": self.chat_template,
+        });
+        Ok(doc.to_string())
+    }
+
+    /// Reads a document [`Tokenizer::to_json`] wrote; an error says what is missing.
+    pub fn from_json(json: &str) -> Result<Self> {
+        let bad = |m: String| Error::Tokenizer(format!("stored tokenizer: {m}"));
+        let doc: Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+        let inner = doc["tokenizer"]
+            .as_str()
+            .ok_or_else(|| bad("no `tokenizer` string".into()))?;
+        let inner: tokenizers::Tokenizer = inner.parse().map_err(|e| bad(format!("{e}")))?;
+        let id = |k: &str| -> Result<Option<u32>> {
+            match &doc[k] {
+                Value::Null => Ok(None),
+                v => v
+                    .as_u64()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .map(Some)
+                    .ok_or_else(|| bad(format!("`{k}` is not a token id"))),
+            }
+        };
+        let stop_ids = doc["stop_ids"]
+            .as_array()
+            .ok_or_else(|| bad("no `stop_ids` list".into()))?
+            .iter()
+            .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| bad("`stop_ids` holds something other than token ids".into()))?;
+        let chat_template = doc["chat_template"].as_str().map(str::to_string);
+        Ok(Tokenizer::from_parts(
+            inner,
+            id("bos")?,
+            id("eos")?,
+            stop_ids,
+            chat_template,
+        ))
+    }
+
     /// Wraps a `tokenizers::Tokenizer` built elsewhere.
     pub fn from_parts(
         inner: tokenizers::Tokenizer,

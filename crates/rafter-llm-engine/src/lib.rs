@@ -1,22 +1,27 @@
 //! LLMs end to end: a Hugging Face folder or a GGUF file read, built into a decoder graph,
-//! compiled, and bound to a CPU session whose KV caches are session state; its tokenizer
-//! and chat template; and generation through `rafter-generate`'s loop.
+//! compiled (in memory, or into one `.rfa` artifact that also carries the tokenizer), and
+//! bound to a CPU session whose KV caches are session state; its tokenizer and chat
+//! template; and generation through `rafter-generate`'s loop.
 //!
-//! The CLI's `rafter generate`, the OpenAI-compatible server and the Python package all
-//! open models through [`Llm::open`].
+//! The CLI's `rafter generate` and `rafter compile`, the OpenAI-compatible server and the
+//! Python package all open models through [`Llm::open`].
 
 mod model;
 pub mod vocab;
 
+use std::io::Read;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use rafter_artifact::Artifact;
 use rafter_generate::{ChatRequest, ChatTemplate, GenerateParams, Generation, Message, Tokenizer};
-use rafter_ir::{Dim, Symbol};
+use rafter_ir::{Dim, Symbol, WeightFormat};
 use rafter_llm::graph::{BuildError, PAST, SEQ};
 use rafter_llm::source::SourceFormat;
-use rafter_llm::{build_decoder, DecoderOptions, Logits, ModelSource, ModelSpec, SourceError};
+use rafter_llm::{build_decoder, DecoderOptions, Logits, ModelSource, SourceError};
 use rafter_runtime::{RuntimeError, Session, SessionOptions};
+use serde::{Deserialize, Serialize};
 
 pub use model::SessionModel;
 
@@ -28,7 +33,7 @@ pub enum EngineError {
     #[error("building the decoder: {0}")]
     Build(#[from] BuildError),
     #[error("compiling the decoder: {0}")]
-    Compile(#[from] rafter_opt::CompileError),
+    Compile(#[from] rafter_compiler::Error),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error("tokenizer of {path}: {source}")]
@@ -43,28 +48,40 @@ pub enum EngineError {
     Gguf(#[from] rafter_gguf::GgufError),
     #[error(transparent)]
     Generate(#[from] rafter_generate::Error),
+    #[error("{path}: {msg}")]
+    Artifact { path: PathBuf, msg: String },
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Options(String),
 }
 
-/// How to open a model.
+/// How to open (or compile) a model.
 #[derive(Clone, Default)]
 pub struct LlmOptions {
     /// The most positions (prompt and generated) a sequence may hold: the KV caches are
-    /// allocated for it. Default: the model's trained context, at most 4096.
+    /// allocated for it. Default: the model's trained context, at most [`DEFAULT_CONTEXT`].
+    /// Fixed by the compile for an artifact (a different value is an error).
     pub context: Option<usize>,
     /// Kernel threads (0: one per core).
     pub threads: usize,
     /// Re-encode float weights (HF checkpoints) in this block format (`q8_0`, `q4_0`,
     /// `q4_k`, ...) while compiling; GGUF weights keep their types.
-    pub weights: Option<rafter_ir::WeightFormat>,
+    pub weights: Option<WeightFormat>,
     /// Where the CPU device reports each dispatch (a [`rafter_runtime::ChromeTrace`]).
-    pub trace: Option<std::sync::Arc<dyn rafter_hal::TraceSink>>,
+    pub trace: Option<Arc<dyn rafter_hal::TraceSink>>,
 }
 
 /// Default cap on the context when the caller names none (the KV caches are allocated for
 /// it up front).
 pub const DEFAULT_CONTEXT: usize = 4096;
+
+/// The metadata section of an LLM artifact.
+pub const METADATA_SECTION: &str = "llm";
 
 /// What [`Llm::open`] is doing, for a progress display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,18 +96,126 @@ pub enum Stage {
     Bind,
 }
 
+/// What an LLM artifact records besides its program: enough to generate without the
+/// model's original files.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlmInfo {
+    /// The layout of this record (1).
+    pub format: u32,
+    /// `Qwen3`, `Llama`, ... (the source's architecture).
+    pub architecture: String,
+    pub vocab_size: usize,
+    /// The positions its KV caches hold.
+    pub context: usize,
+    /// The tokenizer ([`Tokenizer::to_json`]).
+    pub tokenizer: String,
+}
+
+/// The current [`LlmInfo::format`].
+const INFO_FORMAT: u32 = 1;
+
 /// An LLM ready to generate.
 pub struct Llm {
     path: PathBuf,
-    spec: ModelSpec,
+    info: LlmInfo,
     tokenizer: Tokenizer,
     session: Session,
-    context: usize,
+}
+
+/// A decoder compiled with what it needs to run, before it is bound to a device.
+pub struct CompiledLlm {
+    pub compiled: rafter_compiler::Compiled,
+    pub info: LlmInfo,
+    pub tokenizer: Tokenizer,
+}
+
+impl CompiledLlm {
+    /// Writes the artifact (program, executables, weights, and the `llm` metadata);
+    /// returns its length.
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<u64, EngineError> {
+        let meta = serde_json::to_vec(&self.info).expect("LlmInfo serialises");
+        let writer = self.compiled.writer().metadata(METADATA_SECTION, meta);
+        writer.write(&path).map_err(|e| EngineError::Artifact {
+            path: path.as_ref().to_path_buf(),
+            msg: e.to_string(),
+        })
+    }
+}
+
+/// Reads an HF folder or GGUF, builds and compiles its decoder for `options.context`
+/// positions (not yet bound to devices).
+pub fn compile(
+    path: &Path,
+    options: &LlmOptions,
+    observe: &mut dyn FnMut(Stage),
+) -> Result<CompiledLlm, EngineError> {
+    observe(Stage::Read);
+    let source = ModelSource::open(path)?;
+    let tokenizer = tokenizer_of(&source, path)?;
+    let context = options.context.unwrap_or_else(|| {
+        source
+            .spec
+            .max_position_embeddings
+            .clamp(1, DEFAULT_CONTEXT)
+    });
+    if context == 0 {
+        return Err(EngineError::Options(
+            "the context must hold at least 1 position".into(),
+        ));
+    }
+    observe(Stage::Build);
+    let decoder = build_decoder(
+        &source,
+        &DecoderOptions {
+            logits: Logits::Last,
+            quantize: options.weights,
+        },
+    )?;
+    observe(Stage::Compile);
+    let n = context as i64;
+    let past_seq = Dim::symbol(PAST).add(&Dim::symbol(SEQ));
+    let compile = rafter_compiler::CompileOptions {
+        bounds: vec![(Symbol::new(PAST), n), (Symbol::new(SEQ), n)],
+        dim_bounds: vec![(past_seq, n)],
+        ..Default::default()
+    };
+    let compiled = rafter_compiler::compile(&decoder.graph, &compile)?;
+    let info = LlmInfo {
+        format: INFO_FORMAT,
+        architecture: format!("{:?}", source.spec.architecture),
+        vocab_size: source.spec.vocab_size,
+        context,
+        tokenizer: tokenizer.to_json()?,
+    };
+    Ok(CompiledLlm {
+        compiled,
+        info,
+        tokenizer,
+    })
+}
+
+/// Whether `path` is a rafter artifact (by its magic bytes).
+fn is_artifact(path: &Path) -> Result<bool, EngineError> {
+    if path.is_dir() {
+        return Ok(false);
+    }
+    let io = |source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut head = Vec::with_capacity(8);
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(8)
+        .read_to_end(&mut head)
+        .map_err(io)?;
+    Ok(head == rafter_artifact::MAGIC)
 }
 
 impl Llm {
-    /// Opens an HF folder or a GGUF file: reads it, builds and compiles the decoder for
-    /// `options.context` positions, binds it to the CPU, and builds its tokenizer.
+    /// Opens an LLM: an `.rfa` compiled by [`compile`] (`rafter compile`), or an HF folder
+    /// or GGUF file, which is compiled in memory for `options.context` positions. Binds it
+    /// to the CPU.
     pub fn open(path: impl AsRef<Path>, options: &LlmOptions) -> Result<Llm, EngineError> {
         Llm::open_observed(path, options, &mut |_| {})
     }
@@ -102,54 +227,71 @@ impl Llm {
         observe: &mut dyn FnMut(Stage),
     ) -> Result<Llm, EngineError> {
         let path = path.as_ref().to_path_buf();
-        observe(Stage::Read);
-        let source = ModelSource::open(&path)?;
-        let tokenizer = tokenizer_of(&source, &path)?;
-        let context = options.context.unwrap_or_else(|| {
-            source
-                .spec
-                .max_position_embeddings
-                .clamp(1, DEFAULT_CONTEXT)
-        });
-        if context == 0 {
-            return Err(EngineError::Options(
-                "the context must hold at least 1 position".into(),
-            ));
+        if is_artifact(&path)? {
+            return Llm::from_artifact(path, options, observe);
         }
-        observe(Stage::Build);
-        let decoder = build_decoder(
-            &source,
-            &DecoderOptions {
-                logits: Logits::Last,
-                quantize: options.weights,
-            },
-        )?;
-        observe(Stage::Compile);
-        let n = context as i64;
-        let past_seq = Dim::symbol(PAST).add(&Dim::symbol(SEQ));
-        let compile = rafter_opt::CompileOptions {
-            bounds: vec![(Symbol::new(PAST), n), (Symbol::new(SEQ), n)],
-            dim_bounds: vec![(past_seq, n)],
-            ..Default::default()
-        };
-        let program = rafter_opt::compile(&decoder.graph, &compile)?;
+        let c = compile(&path, options, observe)?;
         observe(Stage::Bind);
-        let devices = rafter_runtime_cpu::devices_with(rafter_runtime_cpu::CpuDeviceOptions {
-            worker_threads: options.threads,
-            trace_sink: options.trace.clone(),
-            ..Default::default()
-        })?;
-        let mut session_options = SessionOptions::new();
-        if options.threads > 0 {
-            session_options = session_options.kernel_threads(options.threads);
+        let mut session_options = session_options(options);
+        for (device, code) in c.compiled.executables() {
+            session_options = session_options.executable(device, code);
         }
-        let session = Session::with_options(program, &devices, session_options)?;
+        let session =
+            Session::with_options(c.compiled.program, &devices(options)?, session_options)?;
         Ok(Llm {
             path,
-            spec: source.spec,
+            info: c.info,
+            tokenizer: c.tokenizer,
+            session,
+        })
+    }
+
+    fn from_artifact(
+        path: PathBuf,
+        options: &LlmOptions,
+        observe: &mut dyn FnMut(Stage),
+    ) -> Result<Llm, EngineError> {
+        let bad = |msg: String| EngineError::Artifact {
+            path: path.clone(),
+            msg,
+        };
+        observe(Stage::Read);
+        let artifact = Artifact::open(&path).map_err(|e| bad(e.to_string()))?;
+        let meta = artifact.metadata(METADATA_SECTION).ok_or_else(|| {
+            bad(
+                "not an LLM artifact (no `llm` metadata section): compile an HF folder or \
+                 GGUF file with `rafter compile`"
+                    .into(),
+            )
+        })?;
+        let info: LlmInfo = serde_json::from_slice(&meta)
+            .map_err(|e| bad(format!("the `llm` metadata section: {e}")))?;
+        if info.format != INFO_FORMAT {
+            return Err(bad(format!(
+                "the `llm` metadata has layout {}, this build reads {INFO_FORMAT}",
+                info.format
+            )));
+        }
+        if let Some(c) = options.context.filter(|&c| c != info.context) {
+            return Err(EngineError::Options(format!(
+                "the artifact was compiled for a context of {} positions; a context of {c} \
+                 needs a new compile",
+                info.context
+            )));
+        }
+        let tokenizer =
+            Tokenizer::from_json(&info.tokenizer).map_err(|source| EngineError::Tokenizer {
+                path: path.clone(),
+                source,
+            })?;
+        observe(Stage::Bind);
+        let session =
+            Session::from_artifact(artifact, &devices(options)?, session_options(options))?;
+        Ok(Llm {
+            path,
+            info,
             tokenizer,
             session,
-            context,
         })
     }
 
@@ -158,9 +300,9 @@ impl Llm {
         &self.path
     }
 
-    /// The architecture description.
-    pub fn spec(&self) -> &ModelSpec {
-        &self.spec
+    /// What the model is (architecture, vocabulary, context).
+    pub fn info(&self) -> &LlmInfo {
+        &self.info
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -169,7 +311,7 @@ impl Llm {
 
     /// The positions a sequence may hold (prompt and generated tokens).
     pub fn context(&self) -> usize {
-        self.context
+        self.info.context
     }
 
     /// The decoder's session (its KV caches are its state).
@@ -183,7 +325,6 @@ impl Llm {
         let source = self
             .tokenizer
             .chat_template()
-            .or(self.spec.chat_template.as_deref())
             .ok_or_else(|| EngineError::NoTokenizer {
                 path: self.path.clone(),
                 msg: "the model has no chat template (tokenizer_config.json's `chat_template`, \
@@ -208,7 +349,7 @@ impl Llm {
         params: &GenerateParams,
         on_text: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Generation, EngineError> {
-        let mut model = SessionModel::new(&self.session, self.context);
+        let mut model = SessionModel::new(&self.session, self.info.context);
         Ok(rafter_generate::generate(
             &mut model,
             &self.tokenizer,
@@ -219,6 +360,25 @@ impl Llm {
     }
 }
 
+fn devices(options: &LlmOptions) -> Result<rafter_runtime::DeviceSet, EngineError> {
+    Ok(rafter_runtime_cpu::devices_with(
+        rafter_runtime_cpu::CpuDeviceOptions {
+            worker_threads: options.threads,
+            trace_sink: options.trace.clone(),
+            ..Default::default()
+        },
+    )?)
+}
+
+fn session_options(options: &LlmOptions) -> SessionOptions {
+    let o = SessionOptions::new();
+    if options.threads > 0 {
+        o.kernel_threads(options.threads)
+    } else {
+        o
+    }
+}
+
 /// The tokenizer a model ships: an HF folder's `tokenizer.json` (+ config), or a GGUF's
 /// embedded vocabulary.
 fn tokenizer_of(source: &ModelSource, path: &Path) -> Result<Tokenizer, EngineError> {
@@ -226,7 +386,7 @@ fn tokenizer_of(source: &ModelSource, path: &Path) -> Result<Tokenizer, EngineEr
         path: path.to_path_buf(),
         source,
     };
-    match &source.format {
+    let mut tok = match &source.format {
         SourceFormat::HfFolder { dir } => {
             if !dir.join("tokenizer.json").is_file() {
                 return Err(EngineError::NoTokenizer {
@@ -236,7 +396,7 @@ fn tokenizer_of(source: &ModelSource, path: &Path) -> Result<Tokenizer, EngineEr
                         .into(),
                 });
             }
-            Tokenizer::from_hf_dir(dir).map_err(wrap)
+            Tokenizer::from_hf_dir(dir).map_err(wrap)?
         }
         SourceFormat::Gguf { .. } => {
             let file = source.gguf().expect("a GGUF source keeps its file");
@@ -244,7 +404,17 @@ fn tokenizer_of(source: &ModelSource, path: &Path) -> Result<Tokenizer, EngineEr
                 path: path.to_path_buf(),
                 msg: "the GGUF file has no embedded tokenizer (tokenizer.ggml.model)".into(),
             })?;
-            Tokenizer::from_gguf_vocab(&vocab).map_err(wrap)
+            Tokenizer::from_gguf_vocab(&vocab).map_err(wrap)?
+        }
+    };
+    // A template the spec knows (from a sibling file) where the tokenizer has none.
+    if tok.chat_template().is_none() {
+        if let Some(t) = &source.spec.chat_template {
+            let json = tok.to_json().map_err(wrap)?;
+            let mut doc: serde_json::Value = serde_json::from_str(&json).expect("own JSON");
+            doc["chat_template"] = serde_json::Value::String(t.clone());
+            tok = Tokenizer::from_json(&doc.to_string()).map_err(wrap)?;
         }
     }
+    Ok(tok)
 }

@@ -245,3 +245,78 @@ fn diagnose_gguf() {
         logits = m.forward(&[t]).unwrap().to_vec();
     }
 }
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rafter-engine-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `rafter compile`'s path: the artifact carries the tokenizer, and the model it holds
+/// gives transformers' greedy tokens; a truncated copy is refused naming the file.
+#[test]
+fn compiled_artifacts_generate_alike() {
+    let base = fixtures().join("qwen3");
+    let options = LlmOptions {
+        context: Some(64),
+        ..Default::default()
+    };
+    let c = rafter_llm_engine::compile(&base.join("hf-f32"), &options, &mut |_| {}).unwrap();
+    let dir = temp_dir("rfa");
+    let path = dir.join("qwen3.rfa");
+    c.write(&path).unwrap();
+    let llm = Llm::open(&path, &LlmOptions::default()).unwrap();
+    assert_eq!(llm.context(), 64);
+    assert_eq!(llm.info().architecture, "Qwen3");
+    let r = base.join("ref/hf-f32/short");
+    let prompt = ids(&r.join("prompt_ids.npy"));
+    let text = "The quick brown fox jumps over the";
+    assert_eq!(llm.tokenizer().encode(text, true).unwrap(), prompt);
+    assert_eq!(greedy(&llm, &prompt, 32), ids(&r.join("greedy_ids.npy")));
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.join("cut.rfa");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let e = Llm::open(&cut, &LlmOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("cut.rfa"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bad input gets errors that say what is wrong.
+#[test]
+fn missing_tokenizer_and_overlong_prompts_are_errors() {
+    let src = fixtures().join("qwen3/hf-f32");
+    let dir = temp_dir("notok");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let p = entry.unwrap().path();
+        if p.file_name().unwrap() != "tokenizer.json" {
+            std::os::unix::fs::symlink(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let e = Llm::open(&dir, &LlmOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("tokenizer.json"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let llm = Llm::open(
+        &src,
+        &LlmOptions {
+            context: Some(16),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let long = ids(&fixtures().join("qwen3/ref/hf-f32/long/prompt_ids.npy"));
+    let params = GenerateParams::new(llm.tokenizer(), 4);
+    let e = llm
+        .generate(&long, &params, |_| ControlFlow::Continue(()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("23") && e.contains("16"), "{e}");
+}
