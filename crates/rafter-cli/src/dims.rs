@@ -17,10 +17,13 @@ pub struct DimSpec {
     pub is_bound: bool,
 }
 
+/// A bound on a sum of symbols (`past + seq <= 4096`).
+pub type SumBound = (rafter_ir::Dim, i64);
+
 /// `--dim` arguments bounding a sum of symbols (`past+seq<=4096`) taken out of `dims`:
 /// returns the others, and each sum as a [`Dim`] with its bound. Every symbol of a sum is
 /// also bounded by it (sizes are non-negative), so memory can be planned per symbol.
-pub fn split_sum_bounds(dims: &[String]) -> Result<(Vec<String>, Vec<(rafter_ir::Dim, i64)>)> {
+pub fn split_sum_bounds(dims: &[String]) -> Result<(Vec<String>, Vec<SumBound>)> {
     let mut rest = Vec::new();
     let mut sums = Vec::new();
     for d in dims {
