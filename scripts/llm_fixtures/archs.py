@@ -109,12 +109,20 @@ BENCH = Arch(
 
 # Spread of the logits (std over the vocabulary) the output projection is scaled for.
 LOGIT_STD = 4.0
+# Gain of the residual branches (o_proj, down_proj) over the embedding. With tied embeddings
+# the current token's own embedding in the residual stream adds |e|^2 / rms(h) to its own
+# logit; unless the branches outweigh the embedding, greedy decoding repeats one token.
+RESIDUAL_GAIN = 4.0
+# Gemma's post-attention / post-FFN norms set the branches' scale instead (its embedding is
+# multiplied by sqrt(hidden)): weights near 8 do what RESIDUAL_GAIN does elsewhere.
+GEMMA_POST_NORM = 8.0
 
 
 def weight_std_and_mean(name: str, shape: tuple, arch: Arch, hidden: int) -> tuple[float, float]:
     """How each tensor is drawn: (std, mean) of a normal.
 
-    Linear maps get std 1/sqrt(fan_in) so every activation stays near unit RMS; q/k get 1.5x
+    Linear maps get std 1/sqrt(fan_in) so every activation stays near unit RMS (the residual
+    branches' outputs RESIDUAL_GAIN times that, see there); q/k get 1.5x
     (or, with q/k norms, norm weights near 1.5) so attention is peaked rather than uniform and
     greedy decoding depends on the context; the output projection (or the tied embedding) is
     scaled so the logits spread LOGIT_STD; norm weights vary by 10% around 1 so a skipped or
@@ -122,6 +130,8 @@ def weight_std_and_mean(name: str, shape: tuple, arch: Arch, hidden: int) -> tup
     """
     if "norm" in name:
         base = 1.5 if ("q_norm" in name or "k_norm" in name) else 1.0
+        if arch.gemma_norms and ("post_attention_layernorm" in name or "post_feedforward_layernorm" in name):
+            base = GEMMA_POST_NORM
         # Gemma stores w of (1 + w).
         return 0.1, (base - 1.0 if arch.gemma_norms else base)
     if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
@@ -133,6 +143,8 @@ def weight_std_and_mean(name: str, shape: tuple, arch: Arch, hidden: int) -> tup
     std = 1.0 / np.sqrt(fan_in)
     if name.endswith("mlp.gate.weight"):  # MoE router
         std *= 2.0
+    if not arch.gemma_norms and (".o_proj." in name or "down_proj" in name):
+        std *= RESIDUAL_GAIN
     has_qk_norm = arch.model_type in ("qwen3", "qwen3_moe", "gemma3_text")
     if not has_qk_norm and (".q_proj." in name or ".k_proj." in name):
         std *= 1.5
