@@ -29,8 +29,10 @@ file. --update-expected rewrites that file instead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +69,11 @@ CHAT = [
 MULTILINGUAL = ("Hello, world! 你好，世界。こんにちは 🌍🚀 — naïve café, Ünïcödé.\n"
                 "def f(x):\n    return x ** 2  # squares\n\n\t  tabs\tand   spaces   \n"
                 "Привет, мир! مرحبا 123456789 3.14159 <b>bold</b>")
+# A greedy step whose top two logits are closer than this (in f32 transformers, with f32 or
+# bf16 weights) would make "identical greedy tokens" a coin toss for an implementation within
+# the 1e-4 relative tolerance (logits reach ~20): the weights' seed is moved until none is.
+MIN_TOP2_GAP = 2e-3
+MAX_SEED_TRIES = 12
 N_DECODE_LOGITS = 8
 N_GREEDY_HF = 32
 N_GREEDY_LLAMA = 64
@@ -78,9 +85,11 @@ def log(msg: str) -> None:
 
 
 def dump_json(path: str, value) -> None:
+    """Indented JSON with lists of numbers kept on one line (ids, logits)."""
+    text = json.dumps(value, indent=1, ensure_ascii=False)
+    text = re.sub(r"\[\s+([-\d.e,\s]+?)\s+\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
     with open(path, "w", encoding="utf-8", newline="\n") as f:
-        json.dump(value, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+        f.write(text + "\n")
 
 
 # ------------------------------------------------------------------ tokenizers
@@ -222,7 +231,6 @@ def hf_references(arch: A.Arch, dirs: dict, prompts: dict, adir: str) -> dict:
             out[kind][pname] = {"greedy": greedy.tolist(), "logit_std": float(prefill[-1].std()),
                                 "min_top2_gap": float(min_top2_gap(steps))}
         del model
-    check_not_collapsed(arch, out["f32"])
     return out
 
 
@@ -231,17 +239,18 @@ def min_top2_gap(logits: np.ndarray) -> float:
     return float((top2[:, 1] - top2[:, 0]).min())
 
 
-def check_not_collapsed(arch: A.Arch, refs: dict) -> None:
-    """Greedy continuations of a random model can fall into one repeated token; the tests need
-    ones that depend on the context."""
-    for pname, r in refs.items():
+def references_usable(arch: A.Arch, hf: dict) -> bool:
+    """Greedy continuations that depend on the context (a random model can fall into one
+    repeated token) and have no near-tie in f32 compute (see MIN_TOP2_GAP)."""
+    ok = True
+    for pname, r in hf["f32"].items():
         g = r["greedy"]
         distinct = len(set(g))
-        if distinct < len(g) // 4:
-            raise SystemExit(f"gen_llm_fixtures: {arch.name} {pname}: greedy continuation collapsed "
-                             f"({distinct} distinct of {len(g)}): {g}")
-        log(f"{arch.name} hf-f32 {pname}: {distinct}/{len(g)} distinct greedy ids, logit std "
-            f"{r['logit_std']:.2f}, min top-2 gap {r['min_top2_gap']:.4f}")
+        gap = min(r["min_top2_gap"], hf["bf16-as-f32"][pname]["min_top2_gap"])
+        log(f"{arch.name} seed {arch.seed} hf-f32 {pname}: {distinct}/{len(g)} distinct greedy ids, logit std "
+            f"{r['logit_std']:.2f}, min top-2 gap {gap:.4f}")
+        ok = ok and distinct >= len(g) // 4 and gap >= MIN_TOP2_GAP
+    return ok
 
 
 # ------------------------------------------------------------------ GGUF
@@ -329,7 +338,8 @@ def llama_cpp_references(arch: A.Arch, ggufs: dict, prompts: dict, adir: str) ->
             np.save(os.path.join(d, "prefill_logits.npy"), prefill)
             np.save(os.path.join(d, "decode_logits.npy"), np.stack(decode))
             np.save(os.path.join(d, "greedy_ids.npy"), np.array(greedy, dtype=np.int64))
-            out[t]["prompts"][pname] = {"greedy": greedy, "top": tops}
+            gap = min(s[1][0] - s[1][1] for s in tops)
+            out[t]["prompts"][pname] = {"greedy": greedy, "min_top2_gap": round(gap, 4), "top": tops}
         llm.close()
     return out
 
@@ -392,7 +402,7 @@ def expected_entry(arch: A.Arch, adir: str, prompts: dict, hf: dict, lc: dict, t
             if n.endswith((".safetensors", ".gguf", "tokenizer.json", "tokenizer.model")):
                 p = os.path.join(root, n)
                 hashes[os.path.relpath(p, adir)] = T.sha256_file(p)
-    return {"files_sha256": dict(sorted(hashes.items())),
+    return {"seed": arch.seed, "files_sha256": dict(sorted(hashes.items())),
             "prompts": {k: v["ids"] for k, v in prompts.items()},
             "transformers_greedy": {k: {p: r["greedy"] for p, r in v.items()} for k, v in hf.items()},
             "llama_cpp": lc,
@@ -435,13 +445,19 @@ def gen_arch(arch: A.Arch, out: str, with_llama: bool) -> dict:
     adir = os.path.join(out, arch.name)
     os.makedirs(adir, exist_ok=True)
     tok = build_tokenizer(arch, out)
-    dirs = write_hf_folders(arch, tok, adir)
     prompts = make_prompts(arch, tok)
     dump_json(os.path.join(adir, "prompts.json"), prompts)
-    log(f"{arch.name}: checkpoints written ({time.time() - t0:.0f} s); prompt lengths "
-        + ", ".join(f"{k} {len(v['ids'])}" for k, v in prompts.items()))
-    hf = hf_references(arch, dirs, prompts, adir)
-    log(f"{arch.name}: transformers references ({time.time() - t0:.0f} s)")
+    log(f"{arch.name}: prompt lengths " + ", ".join(f"{k} {len(v['ids'])}" for k, v in prompts.items()))
+    first_seed = arch.seed  # archs.py pins the one found last time, so this loop runs once
+    for k in range(MAX_SEED_TRIES):
+        arch = dataclasses.replace(arch, seed=first_seed + k)
+        dirs = write_hf_folders(arch, tok, adir)
+        hf = hf_references(arch, dirs, prompts, adir)
+        if references_usable(arch, hf):
+            break
+    else:
+        raise SystemExit(f"gen_llm_fixtures: {arch.name}: no seed in {first_seed}..{arch.seed} gives usable references")
+    log(f"{arch.name}: checkpoints (seed {arch.seed}) and transformers references ({time.time() - t0:.0f} s)")
     ggufs = convert_ggufs(arch, dirs, adir)
     if arch.tokenizer == "gemma3":
         check_gemma_vocab_round_trip(ggufs["f32"], T.fetch_gemma3_gguf(os.path.join(out, "_published")))
