@@ -168,11 +168,25 @@ def write_hf_folders(arch: A.Arch, tok, adir: str) -> dict:
         tok.save_pretrained(d)
         if arch.tokenizer == "gemma3":
             # llama.cpp's converter reads Gemma's vocabulary from a SentencePiece model.
-            T.write_sentencepiece_model(T.fetch_gemma3_gguf(os.path.join(os.path.dirname(adir), "_published")),
-                                        os.path.join(d, "tokenizer.model"))
+            published = T.fetch_gemma3_gguf(os.path.join(os.path.dirname(adir), "_published"))
+            T.write_sentencepiece_model(published, os.path.join(d, "tokenizer.model"))
+            T.add_user_defined_tokens(published, d)
+        check_saved_tokenizer(tok, d)
         dirs[dtype] = d
     del model
     return dirs
+
+
+def check_saved_tokenizer(tok, folder: str) -> None:
+    """The folder's tokenizer, as transformers loads it, encodes like the one we built."""
+    from transformers import AutoTokenizer
+
+    texts = [MULTILINGUAL, PROMPT_TEXTS["long"][0]]
+    again = AutoTokenizer.from_pretrained(folder)
+    for text in texts:
+        a, b = tok.encode(text), again.encode(text)
+        if a != b:
+            raise SystemExit(f"gen_llm_fixtures: {folder}: the saved tokenizer encodes {text!r} as {b}, not {a}")
 
 
 def make_prompts(arch: A.Arch, tok) -> dict:
@@ -525,7 +539,8 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     entries = {n: gen_arch(A.ARCHS[n], args.out, not args.no_llama_cpp) for n in names}
     published = os.path.join(args.out, "_published", T.GEMMA3_GGUF)
-    write_manifest(args.out, names, published if os.path.exists(published) else None)
+    present = [n for n in A.ARCHS if os.path.isdir(os.path.join(args.out, n))]
+    write_manifest(args.out, present, published if os.path.exists(published) else None)
     log(f"all done in {time.time() - t0:.0f} s: {args.out}/manifest.json")
 
     if args.update_expected:

@@ -64,7 +64,7 @@ ARCHS = {
     # llama3 rope scaling (factor 32, original context 8192), rope 500000, tied embeddings.
     # SmolLM and TinyLlama share this architecture (LlamaForCausalLM).
     "llama3": Arch(
-        name="llama3", model_type="llama", tokenizer="llama3",
+        name="llama3", seed=20251129, model_type="llama", tokenizer="llama3",
         config=dict(vocab_size=128256, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=64, hidden_act="silu",
                     max_position_embeddings=131072, rms_norm_eps=1e-5,
@@ -82,7 +82,7 @@ ARCHS = {
     # embeddings scaled by sqrt(hidden), (1 + w) norms. The window is shrunk to 16, below the
     # long and the chat prompt.
     "gemma3": Arch(
-        name="gemma3", model_type="gemma3_text", tokenizer="gemma3",
+        name="gemma3", seed=20251129, model_type="gemma3_text", tokenizer="gemma3",
         config=dict(vocab_size=262144, hidden_size=256, intermediate_size=1536, num_hidden_layers=6,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
                     hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768, rms_norm_eps=1e-6,

@@ -231,6 +231,33 @@ def write_sentencepiece_model(gguf_path: str, dst: str) -> None:
         f.write(model.SerializeToString())
 
 
+def add_user_defined_tokens(gguf_path: str, folder: str) -> int:
+    """List the vocabulary's user-defined pieces (GGUF token type 4: "\\n" runs, whitespace
+    runs, [multimodal], ...) in tokenizer_config.json's added_tokens_decoder, as Gemma 3's
+    published tokenizer_config.json does; llama.cpp's converter takes their type from there."""
+    from transformers.integrations.gguf import read_gguf_metadata
+
+    keys = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
+    m, _ = read_gguf_metadata(gguf_path, keys)
+    path = os.path.join(folder, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    dec = cfg.setdefault("added_tokens_decoder", {})
+    n = 0
+    for i, (text, kind) in enumerate(zip(*(m[k] for k in keys))):
+        if int(kind) == 4:
+            # Spaces spelled as the vocabulary of tokenizer.json spells them (the converter
+            # turns them back into spaces).
+            dec[str(i)] = {"content": text.replace(" ", "\u2581"), "lstrip": False, "normalized": False, "rstrip": False,
+                           "single_word": False, "special": False}
+            n += 1
+    cfg["added_tokens_decoder"] = dict(sorted(dec.items(), key=lambda kv: int(kv[0])))
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        json.dump(cfg, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    return n
+
+
 def check_against_vocab_tests(tok, models_dir: str, vocab: str) -> int:
     """Encode every test string of llama.cpp's ggml-vocab-VOCAB.gguf.inp and compare with the ids
     of the original Hugging Face tokenizer in .out; raise on any difference. Returns the count."""
