@@ -9,7 +9,7 @@ bandwidth, so that decode can be put against its roofline (weight bytes per toke
         [--rafter 'target/release/rafter generate {model} --prompt-ids {prompt_ids} -n {gen} --threads {threads}']
 
 Each measurement runs in its own process; its peak RSS is that process's (getrusage of a wrapper whose only child it is). llama.cpp
-is also run at every thread count from 1 to --threads and its best reported. The --rafter
+is also run at every thread count from 1 to --threads (one llama-bench call each) and each reported. The --rafter
 template is the slot for rafter: run once per GGUF type ({model} = the .gguf, {type},
 {threads}, {prompt} and {gen} = token counts, {prompt_ids} = a file of ids, one per line)
 and its last line `generate: prompt P tokens at X tok/s, N tokens at Y tok/s, peak RSS R MB`
@@ -44,9 +44,9 @@ _RSS_WRAPPER = ("import resource, subprocess, sys\n"
                 "sys.exit(r.returncode)\n")
 
 
-def run_measured(cmd: list[str]) -> tuple[str, float]:
-    """stdout of cmd and its peak RSS in MB."""
-    p = subprocess.run([sys.executable, "-c", _RSS_WRAPPER, *cmd], capture_output=True, text=True)
+def run_measured(cmd: list[str], timeout: float | None = None) -> tuple[str, float]:
+    """stdout of cmd and its peak RSS in MB (TimeoutExpired past `timeout` seconds)."""
+    p = subprocess.run([sys.executable, "-c", _RSS_WRAPPER, *cmd], capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise SystemExit(f"llm_peers: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     kib = re.findall(r"peak_rss_kib (\d+)", p.stderr)[-1]
@@ -82,10 +82,14 @@ def gguf_bytes_per_token(path: str) -> int:
 
 # ------------------------------------------------------------------ llama.cpp
 
-def llama_bench(gguf: str, threads: list[int], args) -> list[dict]:
+def llama_bench(gguf: str, threads: int, args) -> list[dict]:
     cmd = [os.path.join(LLAMA_BIN, "llama-bench"), "-m", gguf, "-p", str(args.prompt), "-n", str(args.gen),
-           "-t", ",".join(map(str, threads)), "-r", str(args.reps), "-o", "json"]
-    out, rss = run_measured(cmd)
+           "-t", str(threads), "-r", str(args.reps), "-o", "json"]
+    try:
+        out, rss = run_measured(cmd, args.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"llm_peers: timed out after {args.timeout} s: {' '.join(cmd)}", flush=True)
+        return []
     rows = json.loads(out)
     res = {}
     for row in rows:
@@ -180,6 +184,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds per llama-bench run (a busy machine)")
     ap.add_argument("--rafter", help="command template for rafter (see above)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
@@ -200,7 +205,7 @@ def main() -> None:
     for t in types:
         gguf = os.path.join(BENCH, "gguf", f"qwen3-0.6b-shape-{t}.gguf")
         wb = gguf_bytes_per_token(gguf)
-        for r in llama_bench(gguf, list(range(1, args.threads + 1)), args):
+        for r in [r for t_ in range(1, args.threads + 1) for r in llama_bench(gguf, t_, args)]:
             rows.append(dict(r, peer="llama.cpp", type=t, weight_bytes_per_token=wb))
             print(f"llm_peers: llama.cpp {t} t={r['threads']}: prefill {r['prefill_tok_s']:.1f} decode "
                   f"{r['decode_tok_s']:.2f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)

