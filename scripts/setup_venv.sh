@@ -5,6 +5,9 @@
 #   scripts/setup_venv.sh --full   also onnxruntime, torch, torchvision, transformers (only
 #                                  to regenerate tests/fixtures/ with scripts/gen_fixtures.py
 #                                  and .cache/models/ with scripts/export_models.py; never in CI)
+#   scripts/setup_venv.sh --llm    also torch, transformers, safetensors, sentencepiece, gguf,
+#                                  diskcache (for scripts/gen_llm_fixtures.py and
+#                                  benchmarks/llm_peers.sh; see tests/fixtures/llm/README.md)
 #
 # Idempotent: an existing .venv is reused, and pip runs only if a pinned package
 # is missing or at another version. Set PYTHON to choose the interpreter
@@ -25,18 +28,27 @@ BASE_PKGS=(onnx==1.23.2 numpy==2.4.6 protobuf==7.36.2 ml_dtypes==0.6.0 cmeel-spi
 # torchvision/transformers: the model definitions for scripts/export_models.py
 # (random init, no weights downloaded).
 FULL_PKGS=(onnxruntime==1.32.0 torch==2.15.0 torchvision==0.29.2 transformers==5.23.0)
+# The LLM fixtures: transformers' decoders (random weights drawn with numpy), the
+# tokenizer libraries llama.cpp's converter imports, gguf (transformers' GGUF
+# tokenizer reader; the converter itself uses the llama.cpp sdist's gguf-py) and
+# diskcache (imported by the sdist's llama_cpp Python package).
+LLM_PKGS=(torch==2.15.0 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23.3
+          sentencepiece==0.2.3 gguf==0.19.0 jinja2==3.1.6 diskcache==5.6.3)
 
 full=0
+llm=0
 for arg in "$@"; do
   case "$arg" in
     --full) full=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --llm) llm=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "setup_venv.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
 
 pkgs=("${BASE_PKGS[@]}")
 if [[ $full == 1 ]]; then pkgs+=("${FULL_PKGS[@]}"); fi
+if [[ $llm == 1 ]]; then pkgs+=("${LLM_PKGS[@]}"); fi
 
 pick_python() {
   local c

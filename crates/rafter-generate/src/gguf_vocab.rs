@@ -451,15 +451,7 @@ mod tests {
             tokens.push(format!("<0x{b:02X}>"));
             types.push(token_type::BYTE);
         }
-        let base = tokens.len() as u32;
-        for (t, _) in [
-            ("▁", 0),
-            ("a", 0),
-            ("b", 0),
-            ("ab", 0),
-            ("▁a", 0),
-            ("▁ab", 0),
-        ] {
+        for t in ["▁", "a", "b", "ab", "▁a", "▁ab"] {
             tokens.push(t.into());
             types.push(1);
         }

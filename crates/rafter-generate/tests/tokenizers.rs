@@ -35,8 +35,8 @@ fn hf_folders_match_the_tokenizers_library() {
     let mut bad = Vec::new();
     for name in VOCABS {
         let tok = hf_tokenizer(name);
-        bad.extend(mismatches(name, &tok, false));
-        bad.extend(mismatches(name, &tok, true));
+        bad.extend(mismatches(name, tok, false));
+        bad.extend(mismatches(name, tok, true));
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
@@ -108,7 +108,7 @@ fn gguf_vocabularies_match_the_tokenizers_library() {
             for (i, text) in texts.iter().enumerate() {
                 let text = text.as_str().unwrap();
                 let want = gguf_expectation(
-                    &hf,
+                    hf,
                     name,
                     text,
                     with_special,

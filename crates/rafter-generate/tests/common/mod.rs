@@ -45,14 +45,35 @@ pub fn gguf_vocab(name: &str) -> rafter_generate::GgufVocab {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-pub fn hf_tokenizer(name: &str) -> rafter_generate::Tokenizer {
-    rafter_generate::Tokenizer::from_hf_dir(cache_dir().join(name).join("hf"))
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
+type Cache = Mutex<HashMap<String, &'static Tokenizer>>;
+
+/// Loads once per test binary (a 262k vocabulary takes a second or more to build).
+fn cached(
+    cache: &'static OnceLock<Cache>,
+    key: &str,
+    load: impl FnOnce() -> Tokenizer,
+) -> &'static Tokenizer {
+    let map = cache.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(t) = map.lock().unwrap().get(key) {
+        return t;
+    }
+    let t: &'static Tokenizer = Box::leak(Box::new(load()));
+    map.lock().unwrap().entry(key.to_string()).or_insert(t)
 }
 
-pub fn gguf_tokenizer(name: &str) -> rafter_generate::Tokenizer {
-    rafter_generate::Tokenizer::from_gguf_vocab(&gguf_vocab(name))
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
+pub fn hf_tokenizer(name: &str) -> &'static Tokenizer {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    cached(&CACHE, name, || {
+        Tokenizer::from_hf_dir(cache_dir().join(name).join("hf"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+    })
+}
+
+pub fn gguf_tokenizer(name: &str) -> &'static Tokenizer {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    cached(&CACHE, name, || {
+        Tokenizer::from_gguf_vocab(&gguf_vocab(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    })
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
