@@ -19,8 +19,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    bench_micro_kernel, quant_matmul_with_isa, BlockFormat, Epilogue, Isa, MatMut, MatRef,
-    Parallel, QuantMatRef, WeightFormat, WorkerPool,
+    bench_micro_kernel, quant_matmul_with_isa, set_quant_decode_max_m, BlockFormat, Epilogue, Isa,
+    MatMut, MatRef, Parallel, QuantMatRef, WeightFormat, WorkerPool,
 };
 
 /// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the
@@ -149,6 +149,10 @@ fn main() {
     let isa = arg("--isa").map_or(Isa::detect(), |s| Isa::named(s).expect("--isa name"));
     let fmt_arg = arg("--formats").map_or("f16,q8_0,q4_0,q4_K,q6_K".to_string(), |s| s.clone());
     let shape_filter = arg("--shapes").cloned();
+    // `--decode-max-m M`: rows up to which the decode path runs (crossover measurements).
+    if let Some(d) = arg("--decode-max-m") {
+        set_quant_decode_max_m(d.parse().expect("--decode-max-m M"));
+    }
     let formats: Vec<WeightFormat> = if fmt_arg == "all" {
         let mut v = vec![WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16];
         v.extend(BlockFormat::ALL.map(WeightFormat::Block));

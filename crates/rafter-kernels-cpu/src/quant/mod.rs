@@ -8,7 +8,7 @@
 //! widening them to f32 in memory) is what makes decode fast. Prefill multiplies many rows
 //! by the same weights and is compute-bound.
 //!
-//! Two paths, chosen by M ([`DECODE_MAX_M`]):
+//! Two paths, chosen by M (up to [`DECODE_MAX_M`] rows run the decode path):
 //! - **decode** (few rows, [`gemv`]): every row of W is read once, for all rows of x, by
 //!   threads that each stream a contiguous range of W's rows. x is first quantized to 8
 //!   bits, as ggml does (per 32 elements for the `_0`/`_1` formats, per 256 for the K
@@ -45,9 +45,39 @@ pub use rafter_quant::BlockFormat;
 
 use crate::{check_epilogue, Epilogue, GemmError, Isa, MatMut, MatRef, Parallel};
 
-/// Rows of x up to which a product runs the decode path (each weight row read once for
-/// all rows); more rows run the prefill GEMM. Measured crossover: see [`gemm`].
-pub const DECODE_MAX_M: usize = 8;
+/// The most rows of x any product runs on the decode path (each weight row read once for
+/// all rows); more rows run the prefill GEMM. Block formats use all of it, the float
+/// formats switch at 8 ([`decode_max_m`]).
+///
+/// Measured on Zen 5 (`benches/quant_gemv.rs --m M --decode-max-m 1` against the default,
+/// K x N = 1024 x 3072, weights streamed, one thread): at M = 8 the decode path took
+/// 55-65% of the GEMM's time for every format; at M = 12-16 it still won for q8_0, q4_0
+/// and q6_K (by 10-35%), tied for q4_K, and lost for f16 (1.5-1.6 ms against 1.2-1.5).
+pub const DECODE_MAX_M: usize = 16;
+
+/// Replaces [`DECODE_MAX_M`] when non-zero (see [`set_quant_decode_max_m`]).
+static DECODE_MAX_M_OVERRIDE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Rows up to which `format` runs the decode path (see [`DECODE_MAX_M`]).
+fn decode_max_m(format: WeightFormat) -> usize {
+    let default = match format {
+        WeightFormat::Block(_) => DECODE_MAX_M,
+        _ => 8,
+    };
+    match DECODE_MAX_M_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => default,
+        v => v.min(default),
+    }
+}
+
+/// Lowers the row count up to which quantized products run the decode path, for every
+/// later call in the process (0 restores [`DECODE_MAX_M`]; values above it are capped,
+/// 1 sends every `M >= 2` to the GEMM). For the bench, to measure the crossover.
+#[doc(hidden)]
+pub fn set_quant_decode_max_m(m: usize) {
+    DECODE_MAX_M_OVERRIDE.store(m, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// How a weight matrix's elements are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -236,7 +266,7 @@ pub fn quant_matmul_with_isa(
         return Ok(());
     }
     let path = Path::of(isa);
-    if m <= DECODE_MAX_M {
+    if m <= decode_max_m(w.format) {
         gemv::run(path, x, w, y, epilogue, par);
     } else {
         gemm::run(isa, path, x, w, y, epilogue, par);
@@ -252,7 +282,7 @@ pub fn quant_activation_block(isa: Isa, format: WeightFormat, m: usize) -> Optio
     let WeightFormat::Block(f) = format else {
         return None;
     };
-    if m <= DECODE_MAX_M {
+    if m <= decode_max_m(format) {
         gemv::act_block_of(Path::of(isa), f)
     } else {
         gemm::act_block_of(Path::of(isa), f)
