@@ -48,7 +48,7 @@ pub(crate) unsafe fn dot_tile(
 ) {
     let k = act.k;
     let wrow = format.row_bytes(k).expect("whole blocks");
-    assert!(r0 + m <= act.m && w.len() % wrow.max(1) == 0);
+    assert!(r0 + m <= act.m && w.len().is_multiple_of(wrow.max(1)));
     for (c, row) in w.chunks_exact(wrow).enumerate() {
         for i in 0..m {
             let r = r0 + i;

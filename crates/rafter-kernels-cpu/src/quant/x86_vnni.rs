@@ -34,7 +34,7 @@
 
 use std::arch::x86_64::*;
 
-use rafter_quant::BlockFormat;
+use rafter_quant::{layout, BlockFormat};
 
 use super::act::Act;
 use super::dense::MR;
@@ -42,8 +42,8 @@ use super::gemv::AlignedBytes;
 use super::gemv_scalar;
 
 /// Whether a format has kernels here.
-pub(crate) fn supports(format: BlockFormat) -> bool {
-    !matches!(format, BlockFormat::Q2_K | BlockFormat::Q3_K)
+pub(crate) fn supports(_format: BlockFormat) -> bool {
+    true
 }
 
 /// Which kernel family a format belongs to.
@@ -229,7 +229,8 @@ pub(crate) unsafe fn dot_tile(
         BlockFormat::Q5_K => rows!(q45k, true),
         BlockFormat::Q6_K => rows!(q6k, 0),
         BlockFormat::Q8_K => rows!(q8k, 0),
-        BlockFormat::Q2_K | BlockFormat::Q3_K => unreachable!("not supported here"),
+        BlockFormat::Q2_K => rows!(q23k, false),
+        BlockFormat::Q3_K => rows!(q23k, true),
     }
     // Blocks past the whole groups of 4 (32-element formats only).
     let bb = format.block_bytes();
@@ -886,6 +887,182 @@ unsafe fn q6k_rows<const R: usize, const NR: usize>(c: &KConsts, t: &Tile, n: us
         for j in 0..NR {
             for r in 0..R {
                 t.store(r, n + j, hsum(sum[j][r]));
+            }
+        }
+    }
+}
+
+/// Q2_K (`THREE` false) and Q3_K (true): per 128-element half, the 32 bytes of 2-bit quants
+/// (and Q3_K's 32 bytes of high bits, whose bits `4 h + s` belong to this half) broadcast
+/// to both 256-bit halves and moved into place by GFNI, giving two vectors of four
+/// 16-element sub-blocks each, natural order; then as Q6_K: `vpmaddubsw`, `vpdpwssd` with
+/// the sub-block scales, Q3_K's offset 4 and Q2_K's mins through the 16-sums.
+///
+/// # Safety
+/// [`dot_tile`]'s contract with `m == R`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni")]
+unsafe fn q23k<const THREE: bool, const R: usize>(t: &Tile) {
+    // Vector v (0, 1) of a half holds shifts 2v (lower 256 bits) and 2v + 1 (upper).
+    let low = |v: u32| {
+        two(
+            bit_move(4 * v, 0) | bit_move(4 * v + 1, 1),
+            bit_move(4 * v + 2, 0) | bit_move(4 * v + 3, 1),
+        )
+    };
+    let c = KConsts {
+        sidx: [
+            spread_words([0, 1, 2, 3]),
+            spread_words([4, 5, 6, 7]),
+            spread_words([0, 1, 2, 3]),
+            spread_words([4, 5, 6, 7]),
+        ],
+        hm: [
+            low(0),
+            low(1),
+            _mm512_setzero_si512(),
+            _mm512_setzero_si512(),
+        ],
+        low4: _mm512_setzero_si512(),
+        shr4: _mm512_setzero_si512(),
+    };
+    row_pairs!(q23k_rows, &c, t, THREE, R);
+}
+
+/// Weight rows `n..n + NR` of a Q2_K/Q3_K tile.
+///
+/// # Safety
+/// `n + NR <= t.rows`; the [`Tile`] contract.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni")]
+unsafe fn q23k_rows<const THREE: bool, const R: usize, const NR: usize>(
+    c: &KConsts,
+    t: &Tile,
+    n: usize,
+) {
+    let bb = if THREE { 110 } else { 84 };
+    let qs_at = if THREE {
+        layout::q3_k::QS
+    } else {
+        layout::q2_k::QS
+    };
+    let mut sum = [[_mm512_setzero_ps(); R]; NR];
+    let mut mins = [[_mm512_setzero_ps(); R]; NR];
+    // SAFETY: super-blocks s < k / 256 lie inside each row and each prepared row.
+    unsafe {
+        let w = row_ptrs::<NR>(t, n);
+        for s in 0..t.k / 256 {
+            let mut v = [[_mm512_setzero_si512(); 4]; NR];
+            let mut scv = [[_mm512_setzero_si512(); 4]; NR];
+            let mut sc16 = [_mm256_setzero_si256(); NR];
+            let mut m16 = [_mm256_setzero_si256(); NR];
+            let mut d = [_mm512_setzero_ps(); NR];
+            let mut dmin = [_mm512_setzero_ps(); NR];
+            for j in 0..NR {
+                let p = w[j].add(s * bb);
+                let hm = if THREE {
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast()))
+                } else {
+                    _mm512_setzero_si512()
+                };
+                for h in 0..2 {
+                    let qs =
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(qs_at + 32 * h).cast()));
+                    for vi in 0..2 {
+                        let mut q = _mm512_gf2p8affine_epi64_epi8::<0>(qs, c.hm[vi]);
+                        if THREE {
+                            // High bits 4h + 2vi (lower half), 4h + 2vi + 1 (upper) to bit 2.
+                            let b = (4 * h + 2 * vi) as u32;
+                            let mv = two(bit_move(b, 2), bit_move(b + 1, 2));
+                            q = _mm512_or_si512(q, _mm512_gf2p8affine_epi64_epi8::<0>(hm, mv));
+                        }
+                        v[j][2 * h + vi] = q;
+                    }
+                }
+                let (sc, mn) = if THREE {
+                    // The 16 six-bit scales (ggml's kmask trick, in GPRs), minus 32.
+                    let at = p.add(layout::q3_k::SCALES).cast::<u32>();
+                    let (a0, a1, t2) = (
+                        at.read_unaligned(),
+                        at.add(1).read_unaligned(),
+                        at.add(2).read_unaligned(),
+                    );
+                    const M2: u32 = 0x0303_0303;
+                    const M4: u32 = 0x0f0f_0f0f;
+                    let s0 = (a0 & M4) | ((t2 & M2) << 4);
+                    let s1 = (a1 & M4) | (((t2 >> 2) & M2) << 4);
+                    let s2 = ((a0 >> 4) & M4) | (((t2 >> 4) & M2) << 4);
+                    let s3 = ((a1 >> 4) & M4) | (((t2 >> 6) & M2) << 4);
+                    let b = _mm_sub_epi8(
+                        _mm_setr_epi32(s0 as i32, s1 as i32, s2 as i32, s3 as i32),
+                        _mm_set1_epi8(32),
+                    );
+                    (_mm256_cvtepi8_epi16(b), _mm256_setzero_si256())
+                } else {
+                    let b = _mm_loadu_si128(p.cast());
+                    (
+                        _mm256_cvtepu8_epi16(_mm_and_si128(b, _mm_set1_epi8(0x0F))),
+                        _mm256_cvtepu8_epi16(_mm_and_si128(
+                            _mm_srli_epi16::<4>(b),
+                            _mm_set1_epi8(0x0F),
+                        )),
+                    )
+                };
+                sc16[j] = sc;
+                m16[j] = mn;
+                let first = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc));
+                let second = _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(sc));
+                for (i, (o, idx)) in scv[j].iter_mut().zip(&c.sidx).enumerate() {
+                    *o = _mm512_shuffle_epi8(if i < 2 { first } else { second }, *idx);
+                }
+                // Q2_K: d, dmin at 80, 82; Q3_K: d alone at 108, the block's last two bytes
+                // (read as 16 bits: 32 would run past the weight's end).
+                let bits = if THREE {
+                    p.add(layout::q3_k::D).cast::<u16>().read_unaligned() as i32
+                } else {
+                    p.add(layout::q2_k::D).cast::<i32>().read_unaligned()
+                };
+                let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+                d[j] = _mm512_broadcastss_ps(dd);
+                dmin[j] = _mm512_broadcastss_ps(_mm_movehdup_ps(dd));
+            }
+            for r in 0..R {
+                let ar = t.a.add(r * t.rb + s * K_SB);
+                let x: [__m512i; 4] =
+                    std::array::from_fn(|i| _mm512_load_si512(ar.add(64 * i).cast()));
+                let bsums = _mm256_load_si256(ar.add(256).cast());
+                let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
+                for j in 0..NR {
+                    let acc0 = _mm512_dpwssd_epi32(
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[j][0], x[0]), scv[j][0]),
+                        _mm512_maddubs_epi16(v[j][1], x[1]),
+                        scv[j][1],
+                    );
+                    let acc1 = _mm512_dpwssd_epi32(
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(v[j][2], x[2]), scv[j][2]),
+                        _mm512_maddubs_epi16(v[j][3], x[3]),
+                        scv[j][3],
+                    );
+                    let mut acc = _mm512_add_epi32(acc0, acc1);
+                    if THREE {
+                        // 4 Σ_j sc_j bsum_j.
+                        let corr = _mm256_slli_epi32::<2>(_mm256_madd_epi16(sc16[j], bsums));
+                        acc = _mm512_sub_epi32(acc, _mm512_zextsi256_si512(corr));
+                    } else {
+                        let mi = _mm256_madd_epi16(m16[j], bsums);
+                        let f = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(mi));
+                        mins[j][r] = _mm512_fmadd_ps(f, _mm512_mul_ps(dmin[j], dx), mins[j][r]);
+                    }
+                    sum[j][r] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(acc),
+                        _mm512_mul_ps(d[j], dx),
+                        sum[j][r],
+                    );
+                }
+            }
+        }
+        for j in 0..NR {
+            for r in 0..R {
+                t.store(r, n + j, hsum(_mm512_sub_ps(sum[j][r], mins[j][r])));
             }
         }
     }
