@@ -32,6 +32,9 @@ const SHAPES: &[(usize, usize, &str)] = &[
     (1024, 3072, "gate/up"),
     (3072, 1024, "down"),
     (1024, 151936, "lm_head"),
+    // Not a model shape: 64 weight rows, so the time is the per-call overhead (activation
+    // quantization and rearrangement, task start); run it with `--shapes overhead`.
+    (3072, 64, "overhead"),
 ];
 
 fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
@@ -205,10 +208,10 @@ fn main() {
     let mut seed = 0x1234_5678_9abc_def1u64;
     let x = rnd(&mut seed, m * 3072);
     for &(k, n, name) in SHAPES {
-        if let Some(f) = &shape_filter {
-            if !f.split(',').any(|s| s == name) {
-                continue;
-            }
+        match &shape_filter {
+            Some(f) if !f.split(',').any(|s| s == name) => continue,
+            None if name == "overhead" => continue,
+            _ => {}
         }
         // Every format's copies, generated once per shape.
         let copies: Vec<Vec<Vec<u8>>> = formats

@@ -94,41 +94,17 @@ pub(crate) fn prepare(format: BlockFormat, act: &Act, aux: &mut AlignedBytes) {
         match family(format) {
             Family::Nibble => {
                 for (g, o) in out.chunks_exact_mut(NIB_GROUP).enumerate() {
-                    let xg = &x[128 * g..][..128];
-                    for b in 0..4 {
-                        for t in 0..16 {
-                            o[16 * b + t] = xg[32 * b + t] as u8;
-                            o[64 + 16 * b + t] = xg[32 * b + 16 + t] as u8;
-                        }
-                    }
-                    for i in 0..16 {
-                        let (b, u) = (i / 4, i % 4);
-                        let s: i32 = (0..4)
-                            .map(|v| {
-                                xg[32 * b + 4 * u + v] as i32 + xg[32 * b + 16 + 4 * u + v] as i32
-                            })
-                            .sum();
-                        let d = dx[4 * g + b];
-                        match format {
-                            BlockFormat::Q4_0 => put_i32(o, 128 + 4 * i, -8 * s),
-                            BlockFormat::Q5_0 => put_i32(o, 128 + 4 * i, -16 * s),
-                            _ => put_f32(o, 128 + 4 * i, d * s as f32),
-                        }
-                        put_f32(o, 192 + 4 * i, d);
-                    }
+                    // SAFETY: the VNNI path's features are available (prepare runs only
+                    // for it); the group's 128 activations and 4 scales exist.
+                    unsafe {
+                        nibble_group_prep(format, &x[128 * g..][..128], &dx[4 * g..][..4], o)
+                    };
                 }
             }
             Family::Q8 => {
                 for (g, o) in out.chunks_exact_mut(Q8_GROUP).enumerate() {
-                    let xg = &x[128 * g..][..128];
-                    for (dst, &v) in o[..128].iter_mut().zip(xg) {
-                        *dst = v as u8;
-                    }
-                    for i in 0..32 {
-                        let s: i32 = xg[4 * i..4 * i + 4].iter().map(|&v| v as i32).sum();
-                        put_i32(o, 128 + 4 * i, -128 * s);
-                        put_f32(o, 256 + 4 * i, dx[4 * g + i / 8]);
-                    }
+                    // SAFETY: as above.
+                    unsafe { q8_group_prep(&x[128 * g..][..128], &dx[4 * g..][..4], o) };
                 }
             }
             Family::K => {
@@ -159,6 +135,92 @@ pub(crate) fn prepare(format: BlockFormat, act: &Act, aux: &mut AlignedBytes) {
                     o[296..K_SB].fill(0);
                 }
             }
+        }
+    }
+}
+
+/// One nibble-format group of prepared activations (layout in the module docs): the
+/// split halves by `vpermb`, the lane sums by `vpdpbusd` with ones.
+///
+/// # Safety
+/// AVX-512F/BW/VBMI/VNNI available; `o` holds [`NIB_GROUP`] bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
+unsafe fn nibble_group_prep(format: BlockFormat, x: &[i8], dx: &[f32], o: &mut [u8]) {
+    assert!(x.len() >= 128 && dx.len() >= 4 && o.len() >= NIB_GROUP);
+    // Output byte 16 b + t of x_lo is element 32 b + t; of x_hi, 32 b + 16 + t.
+    let lo_idx: [u8; 64] = std::array::from_fn(|i| (32 * (i / 16) + i % 16) as u8);
+    let hi_idx: [u8; 64] = std::array::from_fn(|i| (32 * (i / 16) + 16 + i % 16) as u8);
+    // SAFETY: 128 bytes of x, NIB_GROUP of o, 4 floats of dx (asserted).
+    unsafe {
+        let x0 = _mm512_loadu_si512(x.as_ptr().cast());
+        let x1 = _mm512_loadu_si512(x.as_ptr().add(64).cast());
+        let lo = _mm512_permutex2var_epi8(x0, table(lo_idx), x1);
+        let hi = _mm512_permutex2var_epi8(x0, table(hi_idx), x1);
+        let ones = _mm512_set1_epi8(1);
+        let sums = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, lo),
+            ones,
+            hi,
+        );
+        let d4 = _mm_loadu_ps(dx.as_ptr());
+        let dv = _mm512_permutexvar_ps(
+            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+            _mm512_castps128_ps512(d4),
+        );
+        let third = match format {
+            BlockFormat::Q4_0 => {
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<3>(sums))
+            }
+            BlockFormat::Q5_0 => {
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<4>(sums))
+            }
+            _ => _mm512_castps_si512(_mm512_mul_ps(dv, _mm512_cvtepi32_ps(sums))),
+        };
+        let op = o.as_mut_ptr();
+        _mm512_storeu_si512(op.cast(), lo);
+        _mm512_storeu_si512(op.add(64).cast(), hi);
+        _mm512_storeu_si512(op.add(128).cast(), third);
+        _mm512_storeu_ps(op.add(192).cast(), dv);
+    }
+}
+
+/// One Q8 group of prepared activations: the 128 quants, `-128` times each lane's sum,
+/// and the lanes' scales.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI available; `o` holds [`Q8_GROUP`] bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q8_group_prep(x: &[i8], dx: &[f32], o: &mut [u8]) {
+    assert!(x.len() >= 128 && dx.len() >= 4 && o.len() >= Q8_GROUP);
+    // SAFETY: 128 bytes of x, Q8_GROUP of o, 4 floats of dx (asserted).
+    unsafe {
+        let op = o.as_mut_ptr();
+        let ones = _mm512_set1_epi8(1);
+        for h in 0..2 {
+            let xv = _mm512_loadu_si512(x.as_ptr().add(64 * h).cast());
+            let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xv);
+            let corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sums));
+            let dv = _mm512_setr_ps(
+                dx[2 * h],
+                dx[2 * h],
+                dx[2 * h],
+                dx[2 * h],
+                dx[2 * h],
+                dx[2 * h],
+                dx[2 * h],
+                dx[2 * h],
+                dx[2 * h + 1],
+                dx[2 * h + 1],
+                dx[2 * h + 1],
+                dx[2 * h + 1],
+                dx[2 * h + 1],
+                dx[2 * h + 1],
+                dx[2 * h + 1],
+                dx[2 * h + 1],
+            );
+            _mm512_storeu_si512(op.add(64 * h).cast(), xv);
+            _mm512_storeu_si512(op.add(128 + 64 * h).cast(), corr);
+            _mm512_storeu_ps(op.add(256 + 64 * h).cast(), dv);
         }
     }
 }
