@@ -168,6 +168,9 @@ mod x86 {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         let mut i = 0;
         while i + 32 <= k {
+            // Bytes of this iteration's weights (64 or 128), prefetched a distance ahead.
+            let eb = if format == WeightFormat::F32 { 4 } else { 2 };
+            crate::quant::x86_vnni::prefetch(w.wrapping_add(i * eb), 32 * eb);
             // SAFETY: elements i..i+32 < k of w and of each x row.
             unsafe {
                 let w0 = load16(format, w, i, 0xffff);

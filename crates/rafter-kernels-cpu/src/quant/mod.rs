@@ -37,7 +37,7 @@ mod repack;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
-mod x86_vnni;
+pub(crate) mod x86_vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86_vnni_gemm;
 
@@ -77,6 +77,15 @@ fn decode_max_m(format: WeightFormat) -> usize {
 #[doc(hidden)]
 pub fn set_quant_decode_max_m(m: usize) {
     DECODE_MAX_M_OVERRIDE.store(m, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Sets how far ahead (bytes) the VNNI decode kernels prefetch the weight stream, for every
+/// later call (0: off). For the bench's tuning runs.
+#[doc(hidden)]
+pub fn set_quant_prefetch_distance(bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    x86_vnni::set_prefetch_distance(bytes);
+    let _ = bytes;
 }
 
 /// How a weight matrix's elements are stored.
