@@ -279,6 +279,31 @@ fn many_threads_split_large_weights() {
 }
 
 #[test]
+fn empty_k_gives_the_epilogue_of_zeros() {
+    for format in [WeightFormat::Block(BlockFormat::Q4_K), WeightFormat::F16] {
+        for m in [1, 20] {
+            let (n, bias) = (70, (0..70).map(|j| j as f32).collect::<Vec<f32>>());
+            let w = QuantMatRef::new(format, &[], n, 0).unwrap();
+            let mut y = vec![f32::NAN; m * n];
+            quant_matmul(
+                MatRef::row_major(&[], m, 0, 0).unwrap(),
+                w,
+                MatMut::row_major(&mut y, m, n, n).unwrap(),
+                &Epilogue {
+                    bias: Some(&bias),
+                    ..Epilogue::none()
+                },
+                &Sequential,
+            )
+            .unwrap();
+            for (i, v) in y.iter().enumerate() {
+                assert_eq!(*v, (i % n) as f32, "{} m={m}", format.name());
+            }
+        }
+    }
+}
+
+#[test]
 fn shape_errors_are_errors() {
     let bytes = vec![0u8; 2 * 18];
     let e = QuantMatRef::new(BlockFormat::Q4_0, &bytes, 2, 33).unwrap_err();

@@ -10,18 +10,24 @@
 //!
 //! Two paths, chosen by M (up to [`DECODE_MAX_M`] rows run the decode path):
 //! - **decode** (few rows, [`gemv`]): every row of W is read once, for all rows of x, by
-//!   threads that each stream a contiguous range of W's rows. x is first quantized to 8
-//!   bits, as ggml does (per 32 elements for the `_0`/`_1` formats, per 256 for the K
-//!   formats; see [`act`]), so the inner loops are integer dot products: AVX-512 VNNI
-//!   `vpdpbusd` (with AVX-512BW and GFNI for the unpacking) where present, AVX2
-//!   `vpmaddubsw` otherwise, portable Rust everywhere (which is also the scalar model the
-//!   vector kernels are tested against). f32/f16/bf16 weights are widened and FMA'd against
-//!   f32 x (no activation rounding).
-//! - **prefill** (many rows, [`gemm`]): compute-bound; each task unpacks a block of W's
-//!   rows once into int8 panels with a float scale (and min) per 16 or 32 elements and runs
-//!   an int8 VNNI micro-kernel over x quantized per 32 elements; f32/f16/bf16 weights, and
-//!   every format on CPUs without VNNI, are widened into f32 panels for the crate's f32 GEMM
-//!   driver instead.
+//!   tasks that each stream a contiguous range of W's rows, prefetching 8 KiB ahead. x is
+//!   first quantized to 8 bits, as ggml does (per 32 elements for the `_0`/`_1` formats,
+//!   per 256 for the K formats; see [`act`]), so the inner loops are integer dot products:
+//!   AVX-512 VNNI `vpdpbusd` / `vpdpwssd` with AVX-512BW, VBMI and GFNI for the unpacking,
+//!   for every block format ([`x86_vnni`]); AVX2 `vpmaddubsw` for Q4_0, Q8_0, Q4_K and Q6_K
+//!   ([`x86_avx2`]; the other formats dequantize each row and run the f32 kernel there);
+//!   portable Rust everywhere ([`gemv_scalar`], also the scalar model the vector kernels
+//!   are tested against). f32/f16/bf16 weights are widened and FMA'd against unrounded f32
+//!   x ([`dense`]).
+//! - **prefill** (many rows, [`gemm`]): compute-bound. On AVX-512 VNNI, block formats run
+//!   an int8 GEMM ([`x86_vnni_gemm`]): each task unpacks panels of 32 weight rows into
+//!   int8 with a float scale (and min) per 16 or 32 elements and runs `vpdpbusd` tiles over
+//!   x quantized per 32 elements. f32/f16/bf16 weights, and every format on CPUs without
+//!   VNNI, are widened into f32 panels for the crate's f32 GEMM driver (exact for the float
+//!   formats).
+//!
+//! The weights are always read in their GGUF layout, from wherever they lie (a memory map
+//! of the file included): nothing is repacked ahead of time.
 //!
 //! The epilogue is [`crate::sgemm`]'s (bias, activation, residual, clamp), applied to each
 //! output tile while it is hot; a decoder layer's residual add (`o_proj`, `down_proj`) costs
@@ -275,6 +281,35 @@ pub fn quant_matmul_with_isa(
         return Ok(());
     }
     let path = Path::of(isa);
+    if k == 0 {
+        // An empty sum: y is the epilogue of zeros.
+        let yp = finish::YPtr {
+            ptr: y.data.as_mut_ptr(),
+            ld: y.ld,
+        };
+        let zeros = [0.0f32; 16 * 64];
+        for i0 in (0..m).step_by(16) {
+            for j0 in (0..n).step_by(64) {
+                // SAFETY: rows i0.., columns j0.. of y are in bounds (checked shapes) and
+                // written by this call alone; the epilogue was checked; `zeros` holds 16
+                // rows of 64 floats; the path's ISA is available.
+                unsafe {
+                    finish::finish(
+                        path,
+                        &zeros,
+                        64,
+                        16.min(m - i0),
+                        64.min(n - j0),
+                        i0,
+                        j0,
+                        Some(epilogue),
+                        yp,
+                    )
+                };
+            }
+        }
+        return Ok(());
+    }
     if m <= decode_max_m(w.format) {
         gemv::run(path, x, w, y, epilogue, par);
     } else {
