@@ -53,7 +53,7 @@ use crate::{check_epilogue, Epilogue, GemmError, Isa, MatMut, MatRef, Parallel};
 
 /// The most rows of x any product runs on the decode path (each weight row read once for
 /// all rows); more rows run the prefill GEMM. Block formats use all of it, the float
-/// formats switch at 8 ([`decode_max_m`]).
+/// formats switch at 8.
 ///
 /// Measured on Zen 5 (`benches/quant_gemv.rs --m M --decode-max-m 1` against the default,
 /// K x N = 1024 x 3072, weights streamed, one thread): at M = 8 the decode path took
