@@ -6,8 +6,8 @@
 //! its weight to exceed the caches (`--cold MB`, 256 by default). The machine is shared, so
 //! the formats alternate within every round and the table reports medians over rounds of
 //! the per-call time. GB/s counts the weight bytes of the format itself. The read bandwidth
-//! is measured in the same run with the same threads (a vectorised sum over 1 GiB, best of
-//! 10, half of them with software prefetching), before and after the table.
+//! is measured in the same run with the same threads (a vectorised sum, best of
+//! 10 over 256 MiB, half of them with software prefetching), before and after the table.
 //!
 //! ```sh
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --threads 1,2 --rounds 9
@@ -98,10 +98,10 @@ fn read_sum(x: &[f32], pf: usize) -> f32 {
         use std::arch::x86_64::*;
         #[target_feature(enable = "avx512f")]
         unsafe fn sum512(x: &[f32], pf: usize) -> f32 {
-            let mut a = [_mm512_setzero_ps(); 4];
-            for c in x.chunks_exact(64) {
+            let mut a = [_mm512_setzero_ps(); 8];
+            for c in x.chunks_exact(128) {
                 if pf > 0 {
-                    for l in 0..4 {
+                    for l in 0..8 {
                         let p = c
                             .as_ptr()
                             .wrapping_add(16 * l)
@@ -113,14 +113,14 @@ fn read_sum(x: &[f32], pf: usize) -> f32 {
                     }
                 }
                 for (i, ai) in a.iter_mut().enumerate() {
-                    // SAFETY: 16 floats of the 64-float chunk.
+                    // SAFETY: 16 floats of the 128-float chunk.
                     *ai = _mm512_add_ps(*ai, unsafe { _mm512_loadu_ps(c.as_ptr().add(16 * i)) });
                 }
             }
-            _mm512_reduce_add_ps(_mm512_add_ps(
-                _mm512_add_ps(a[0], a[1]),
-                _mm512_add_ps(a[2], a[3]),
-            ))
+            let s = a
+                .iter()
+                .fold(_mm512_setzero_ps(), |s, v| _mm512_add_ps(s, *v));
+            _mm512_reduce_add_ps(s)
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: AVX-512F checked.
@@ -168,10 +168,13 @@ fn main() {
     let isa = arg("--isa").map_or(Isa::detect(), |s| Isa::named(s).expect("--isa name"));
     let fmt_arg = arg("--formats").map_or("f16,q8_0,q4_0,q4_K,q6_K".to_string(), |s| s.clone());
     let shape_filter = arg("--shapes").cloned();
-    // `--prefetch BYTES`: the decode kernels' prefetch distance (tuning; 0 turns it off).
-    if let Some(d) = arg("--prefetch") {
-        set_quant_prefetch_distance(d.parse().expect("--prefetch BYTES"));
-    }
+    // `--prefetch B1,B2,..`: the decode kernels' prefetch distances to compare (each format
+    // runs once per distance within every round; 0 turns prefetching off).
+    let distances: Vec<Option<usize>> = arg("--prefetch").map_or(vec![None], |d| {
+        d.split(',')
+            .map(|v| Some(v.parse().expect("--prefetch B1,B2")))
+            .collect()
+    });
     // `--decode-max-m M`: rows up to which the decode path runs (crossover measurements).
     if let Some(d) = arg("--decode-max-m") {
         set_quant_decode_max_m(d.parse().expect("--decode-max-m M"));
@@ -196,10 +199,11 @@ fn main() {
         .iter()
         .map(|&t| (t, WorkerPool::new(t).unwrap()))
         .collect();
-    let bw_buf = vec![1.0f32; 1 << 28];
+    // 256 MiB, the size the weights rotate through.
+    let bw_buf = vec![1.0f32; 1 << 26];
     let bw_before: Vec<f64> = pools.iter().map(|(t, p)| read_bw(&bw_buf, p, *t)).collect();
     for ((t, _), bw) in pools.iter().zip(&bw_before) {
-        println!("read bandwidth, {t} thread(s): {bw:.1} GB/s (best of 10, 1 GiB)");
+        println!("read bandwidth, {t} thread(s): {bw:.1} GB/s (best of 10, 256 MiB)");
     }
     let peak1 = if m > 1 {
         let g = bench_micro_kernel(isa, 256, 2_000_000);
@@ -242,12 +246,20 @@ fn main() {
                 vec![one; c]
             })
             .collect();
+        // Contenders: (format index, prefetch distance).
+        let contenders: Vec<(usize, Option<usize>)> = (0..formats.len())
+            .flat_map(|fi| distances.iter().map(move |&d| (fi, d)))
+            .collect();
         let mut y = vec![0.0f32; m * n];
         for (pi, (t, pool)) in pools.iter().enumerate() {
-            let mut times = vec![Vec::new(); formats.len()];
+            let mut times = vec![Vec::new(); contenders.len()];
             for round in 0..rounds + 1 {
-                for fi in 0..formats.len() {
-                    let fi = (fi + round) % formats.len();
+                for ci in 0..contenders.len() {
+                    let ci = (ci + round) % contenders.len();
+                    let (fi, dist) = contenders[ci];
+                    if let Some(d) = dist {
+                        set_quant_prefetch_distance(d);
+                    }
                     let f = formats[fi];
                     let start = Instant::now();
                     for w in &copies[fi] {
@@ -264,15 +276,16 @@ fn main() {
                     }
                     black_box(&y);
                     if round > 0 {
-                        times[fi].push(start.elapsed().as_secs_f64() / copies[fi].len() as f64);
+                        times[ci].push(start.elapsed().as_secs_f64() / copies[fi].len() as f64);
                     }
                 }
             }
-            for (fi, f) in formats.iter().enumerate() {
+            for (ci, &(fi, dist)) in contenders.iter().enumerate() {
+                let f = &formats[fi];
                 let s = if hot {
-                    times[fi].iter().cloned().fold(f64::MAX, f64::min)
+                    times[ci].iter().cloned().fold(f64::MAX, f64::min)
                 } else {
-                    median(&times[fi])
+                    median(&times[ci])
                 };
                 let bytes = copies[fi][0].len() as f64;
                 let (rate, frac) = if m == 1 {
@@ -282,11 +295,15 @@ fn main() {
                     let gf = 2.0 * (m * n * k) as f64 / s / 1e9;
                     (gf, gf / (peak1 * *t as f64))
                 };
+                let name = match dist {
+                    Some(d) => format!("{} pf{}", f.name(), d),
+                    None => f.name().to_string(),
+                };
                 println!(
                     "{:<8} {:<16} {:<6} {:>10.1} {:>9.1} {:>8.2}",
                     t,
                     format!("{k}x{n}"),
-                    f.name(),
+                    name,
                     s * 1e6,
                     rate,
                     frac

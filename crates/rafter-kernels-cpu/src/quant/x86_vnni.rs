@@ -33,6 +33,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::cell::Cell;
 
 use rafter_quant::{layout, BlockFormat};
 
@@ -264,6 +265,11 @@ pub(crate) unsafe fn dot_tile(
         rb,
         out: out.as_mut_ptr(),
         out_ld,
+        pf_next: Cell::new(
+            w.as_ptr()
+                .wrapping_add(PREFETCH_DISTANCE.load(std::sync::atomic::Ordering::Relaxed)),
+        ),
+        pf_owed: Cell::new(0),
     };
     // SAFETY (every arm): `t` describes `rows` whole weight rows, the prepared rows
     // r0..r0+m and an output of m rows of `rows` floats (asserted above); the features are
@@ -328,9 +334,34 @@ struct Tile {
     rb: usize,
     out: *mut f32,
     out_ld: usize,
+    /// The next weight line to prefetch (a hint address, [`PREFETCH_DISTANCE`] ahead of
+    /// the tile's start to begin with) and the bytes consumed but not yet prefetched for.
+    pf_next: Cell<*const u8>,
+    pf_owed: Cell<isize>,
 }
 
 impl Tile {
+    /// Records that `bytes` more of the weight stream were consumed, prefetching one line
+    /// per 64 bytes that far ahead: exactly one hint per line of the tile, spread evenly
+    /// over the kernel's steps (weight rows are back to back, so the stream is linear
+    /// even though two rows are consumed side by side).
+    #[inline(always)]
+    fn prefetch(&self, bytes: usize) {
+        if PREFETCH_DISTANCE.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut owed = self.pf_owed.get() + bytes as isize;
+        let mut next = self.pf_next.get();
+        while owed > 0 {
+            // SAFETY: a prefetch hint; never dereferenced.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(next.cast()) };
+            next = next.wrapping_add(64);
+            owed -= 64;
+        }
+        self.pf_owed.set(owed);
+        self.pf_next.set(next);
+    }
+
     /// Stores row `i`'s result for weight row `c`.
     ///
     /// # Safety
@@ -545,7 +576,7 @@ unsafe fn nibble_group<const KIND: u8, const R: usize, const NR: usize>(
         let mut mw = [_mm512_setzero_ps(); NR];
         for j in 0..NR {
             let p = w[j].add(g * span);
-            prefetch(p, span);
+            t.prefetch(span);
             let l0 = _mm512_loadu_si512(p.cast());
             let l1 = _mm512_loadu_si512(p.add(span - 64).cast());
             let q = _mm512_permutex2var_epi8(l0, c.qidx, l1);
@@ -671,7 +702,7 @@ unsafe fn q8_rows<const KIND: u8, const R: usize, const NR: usize>(
             let mut dw = [[_mm512_setzero_ps(); 2]; NR];
             for j in 0..NR {
                 let p = w[j].add(g * 4 * bb);
-                prefetch(p, 4 * bb);
+                t.prefetch(4 * bb);
                 let l0 = _mm512_loadu_si512(p.cast());
                 let l1 = _mm512_loadu_si512(p.add(2 * bb - 64).cast());
                 let l2 = _mm512_loadu_si512(p.add(2 * bb).cast());
@@ -815,7 +846,7 @@ unsafe fn q45k_rows<const FIVE: bool, const R: usize, const NR: usize>(
             let mut dmin = [_mm_setzero_ps(); NR];
             for j in 0..NR {
                 let p = w[j].add(s * bb);
-                prefetch(p, bb);
+                t.prefetch(bb);
                 let q0 = _mm512_loadu_si512(p.add(qs).cast());
                 let q1 = _mm512_loadu_si512(p.add(qs + 64).cast());
                 v[j] = [
@@ -931,7 +962,7 @@ unsafe fn q6k_rows<const R: usize, const NR: usize>(c: &KConsts, t: &Tile, n: us
             let mut d = [_mm512_setzero_ps(); NR];
             for j in 0..NR {
                 let p = w[j].add(s * 210);
-                prefetch(p, 210);
+                t.prefetch(210);
                 for h in 0..2 {
                     let ql = _mm512_loadu_si512(p.add(64 * h).cast());
                     let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h).cast()));
@@ -1063,7 +1094,7 @@ unsafe fn q23k_rows<const THREE: bool, const R: usize, const NR: usize>(
             let mut dmin = [_mm512_setzero_ps(); NR];
             for j in 0..NR {
                 let p = w[j].add(s * bb);
-                prefetch(p, bb);
+                t.prefetch(bb);
                 let hm = if THREE {
                     _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast()))
                 } else {
@@ -1188,7 +1219,7 @@ unsafe fn q8k<const UNUSED: u8, const R: usize>(t: &Tile) {
             let w = t.w.add(n * t.wrow);
             for s in 0..t.k / 256 {
                 let p = w.add(s * 292);
-                prefetch(p, 292);
+                t.prefetch(292);
                 let v: [__m512i; 4] = std::array::from_fn(|i| {
                     _mm512_xor_si512(_mm512_loadu_si512(p.add(4 + 64 * i).cast()), flip)
                 });
