@@ -19,8 +19,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    bench_micro_kernel, quant_matmul_with_isa, set_quant_decode_max_m, set_quant_prefetch_distance,
-    BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef, WeightFormat, WorkerPool,
+    bench_micro_kernel, quant_matmul_with_isa, set_quant_decode_max_m, set_quant_gemm_rows,
+    set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef,
+    WeightFormat, WorkerPool,
 };
 
 /// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the
@@ -175,6 +176,12 @@ fn main() {
             .map(|v| Some(v.parse().expect("--prefetch B1,B2")))
             .collect()
     });
+    // `--gemm-rows R1,R2`: the int8 GEMM micro-kernel's rows to compare (as `--prefetch`).
+    let gemm_rows: Vec<Option<usize>> = arg("--gemm-rows").map_or(vec![None], |d| {
+        d.split(',')
+            .map(|v| Some(v.parse().expect("--gemm-rows R1,R2")))
+            .collect()
+    });
     // `--decode-max-m M`: rows up to which the decode path runs (crossover measurements).
     if let Some(d) = arg("--decode-max-m") {
         set_quant_decode_max_m(d.parse().expect("--decode-max-m M"));
@@ -246,9 +253,14 @@ fn main() {
                 vec![one; c]
             })
             .collect();
-        // Contenders: (format index, prefetch distance).
-        let contenders: Vec<(usize, Option<usize>)> = (0..formats.len())
-            .flat_map(|fi| distances.iter().map(move |&d| (fi, d)))
+        // Contenders: (format index, prefetch distance, GEMM rows).
+        let contenders: Vec<(usize, Option<usize>, Option<usize>)> = (0..formats.len())
+            .flat_map(|fi| {
+                let gr = &gemm_rows;
+                distances
+                    .iter()
+                    .flat_map(move |&d| gr.iter().map(move |&g| (fi, d, g)))
+            })
             .collect();
         let mut y = vec![0.0f32; m * n];
         for (pi, (t, pool)) in pools.iter().enumerate() {
@@ -256,9 +268,12 @@ fn main() {
             for round in 0..rounds + 1 {
                 for ci in 0..contenders.len() {
                     let ci = (ci + round) % contenders.len();
-                    let (fi, dist) = contenders[ci];
+                    let (fi, dist, rows) = contenders[ci];
                     if let Some(d) = dist {
                         set_quant_prefetch_distance(d);
+                    }
+                    if let Some(r) = rows {
+                        set_quant_gemm_rows(r);
                     }
                     let f = formats[fi];
                     let start = Instant::now();
@@ -280,7 +295,7 @@ fn main() {
                     }
                 }
             }
-            for (ci, &(fi, dist)) in contenders.iter().enumerate() {
+            for (ci, &(fi, dist, rows)) in contenders.iter().enumerate() {
                 let f = &formats[fi];
                 let s = if hot {
                     times[ci].iter().cloned().fold(f64::MAX, f64::min)
@@ -295,10 +310,13 @@ fn main() {
                     let gf = 2.0 * (m * n * k) as f64 / s / 1e9;
                     (gf, gf / (peak1 * *t as f64))
                 };
-                let name = match dist {
-                    Some(d) => format!("{} pf{}", f.name(), d),
-                    None => f.name().to_string(),
-                };
+                let mut name = f.name().to_string();
+                if let Some(d) = dist {
+                    name += &format!(" pf{d}");
+                }
+                if let Some(r) = rows {
+                    name += &format!(" mr{r}");
+                }
                 println!(
                     "{:<8} {:<16} {:<6} {:>10.1} {:>9.1} {:>8.2}",
                     t,

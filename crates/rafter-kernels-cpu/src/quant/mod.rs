@@ -94,6 +94,15 @@ pub fn set_quant_prefetch_distance(bytes: usize) {
     let _ = bytes;
 }
 
+/// Sets the int8 GEMM micro-kernel's rows (1..=6; 0: default) for later calls. For the
+/// bench's tuning runs.
+#[doc(hidden)]
+pub fn set_quant_gemm_rows(mr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    x86_vnni_gemm::set_rows(mr);
+    let _ = mr;
+}
+
 /// How a weight matrix's elements are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
