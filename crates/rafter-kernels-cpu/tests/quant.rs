@@ -248,6 +248,36 @@ fn prefill_every_format_and_isa() {
                 },
                 &mut rng,
             );
+            // Every remainder of the 6- and 5-row micro-kernel tiles.
+            for m in [22, 24, 25, 26] {
+                let (n, par) = (33, &Sequential);
+                check(
+                    &Case {
+                        isa,
+                        format,
+                        m,
+                        k,
+                        n,
+                        par,
+                        residual: false,
+                    },
+                    &mut rng,
+                );
+            }
+            // Several K blocks (partial sums kept in y between them), a partial panel.
+            let (m, k, n) = (21, 1280, 70);
+            check(
+                &Case {
+                    isa,
+                    format,
+                    m,
+                    k,
+                    n,
+                    par: &two,
+                    residual: true,
+                },
+                &mut rng,
+            );
         }
     }
 }
