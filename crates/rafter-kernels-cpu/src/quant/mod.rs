@@ -345,7 +345,8 @@ pub fn quant_activation_block(isa: Isa, format: WeightFormat, m: usize) -> Optio
 /// Which quantized kernels an [`Isa`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Path {
-    /// AVX-512F/BW/VL/VBMI/VNNI, GFNI and BMI2 (Ice Lake, Zen 4 and later): `vpdpbusd` on
+    /// AVX-512F/BW/VL/VBMI/VNNI/BITALG, GFNI and BMI2 (Ice Lake, Zen 4 and later):
+    /// `vpdpbusd` on
     /// 64-byte vectors.
     #[cfg(target_arch = "x86_64")]
     Vnni512,
@@ -368,6 +369,7 @@ impl Path {
                         && has!("avx512vl")
                         && has!("avx512vnni")
                         && has!("avx512vbmi")
+                        && has!("avx512bitalg")
                         && has!("gfni")
                         && has!("bmi2")
                         && avx2 =>

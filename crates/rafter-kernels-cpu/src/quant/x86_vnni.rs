@@ -231,8 +231,8 @@ unsafe fn q8_group_prep(x: &[i8], dx: &[f32], o: &mut [u8]) {
 ///
 /// # Safety
 /// `w` is whole rows of `format` blocks for `act.k` elements; rows `r0..r0 + m` of `act`
-/// exist; `aux` was made by [`prepare`] for `format` from `act`; AVX-512F/BW/VBMI/VNNI,
-/// GFNI and BMI2 are available.
+/// exist; `aux` was made by [`prepare`] for `format` from `act`; AVX-512F/BW/VBMI/VNNI/
+/// BITALG, GFNI and BMI2 are available.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn dot_tile(
     format: BlockFormat,
@@ -453,6 +453,24 @@ fn spread_index(
     idx
 }
 
+/// The `vpermt2w` index that puts the u32 at byte `stride * b + offset` (`b < 4`) into the
+/// low half of qwords `2b` and `2b + 1`, from the tables of [`gather_index`].
+fn qh_index(stride: usize, offset: usize, span: usize) -> [u8; 64] {
+    let mut idx = [0u8; 64];
+    for q in 0..8 {
+        for w in 0..2 {
+            let s = stride * (q / 2) + offset + 2 * w;
+            let wi = if s < 64 {
+                s / 2
+            } else {
+                32 + (s - (span - 64)) / 2
+            };
+            idx[8 * q + 2 * w..8 * q + 2 * w + 2].copy_from_slice(&(wi as u16).to_le_bytes());
+        }
+    }
+    idx
+}
+
 /// `vgf2p8affineqb` matrix (one per qword) that moves bit `from` of each byte to bit `to`,
 /// clearing the others.
 const fn bit_move(from: u32, to: u32) -> u64 {
@@ -477,6 +495,12 @@ struct NibConsts {
     low4: __m512i,
     shr4: __m512i,
     sixteen: __m512i,
+    /// Q5: the `vpermt2w` index putting block `b`'s 32 fifth bits in qwords `2b`, `2b + 1`,
+    /// and the `vpshufbitqmb` controls picking bit `t` (low nibbles) or `16 + t` (high) of
+    /// them for byte `16 b + t`.
+    qhidx: __m512i,
+    lo_bits: __m512i,
+    hi_bits: __m512i,
 }
 
 /// Q4_0 (`KIND` 0), Q4_1 (1), Q5_0 (2), Q5_1 (3): groups of 4 blocks, one per 128-bit
@@ -487,7 +511,7 @@ struct NibConsts {
 ///
 /// # Safety
 /// [`dot_tile`]'s contract with `m == R`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni,bmi2")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx512bitalg,gfni,bmi2")]
 unsafe fn nibble<const KIND: u8, const R: usize>(t: &Tile) {
     let bb = [18usize, 20, 22, 24][KIND as usize];
     let qs = [2usize, 4, 6, 8][KIND as usize];
@@ -499,6 +523,9 @@ unsafe fn nibble<const KIND: u8, const R: usize>(t: &Tile) {
         low4: _mm512_set1_epi8(0x0F),
         shr4: _mm512_set1_epi64(SHR4 as i64),
         sixteen: _mm512_set1_epi8(16),
+        qhidx: table(qh_index(bb, [0usize, 0, 2, 4][KIND as usize], span)),
+        lo_bits: table(std::array::from_fn(|i| (i % 16) as u8)),
+        hi_bits: table(std::array::from_fn(|i| (16 + i % 16) as u8)),
     };
     let mut n = 0;
     // SAFETY: rows n, n + 1 < rows (the Tile contract covers them).
@@ -518,7 +545,7 @@ unsafe fn nibble<const KIND: u8, const R: usize>(t: &Tile) {
 /// # Safety
 /// `n + NR <= t.rows`; the [`Tile`] contract.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni,bmi2")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx512bitalg,gfni,bmi2")]
 unsafe fn nibble_rows<const KIND: u8, const R: usize, const NR: usize>(
     c: &NibConsts,
     t: &Tile,
@@ -555,7 +582,7 @@ unsafe fn nibble_rows<const KIND: u8, const R: usize, const NR: usize>(
 /// # Safety
 /// Group `g` lies inside each row and inside the prepared rows < R of `t`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,gfni,bmi2")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx512bitalg,gfni,bmi2")]
 unsafe fn nibble_group<const KIND: u8, const R: usize, const NR: usize>(
     c: &NibConsts,
     w: &[*const u8; NR],
@@ -564,7 +591,6 @@ unsafe fn nibble_group<const KIND: u8, const R: usize, const NR: usize>(
     sum: &mut [[__m512; R]; NR],
 ) {
     let bb = [18usize, 20, 22, 24][KIND as usize];
-    let qh_at = [0usize, 0, 2, 4][KIND as usize];
     let five = KIND >= 2;
     let with_min = KIND % 2 == 1;
     let span = 4 * bb;
@@ -583,15 +609,9 @@ unsafe fn nibble_group<const KIND: u8, const R: usize, const NR: usize>(
             lo[j] = _mm512_and_si512(q, c.low4);
             hi[j] = _mm512_gf2p8affine_epi64_epi8::<0>(q, c.shr4);
             if five {
-                let h0 = p.add(qh_at).cast::<u32>().read_unaligned() as u64;
-                let h1 = p.add(bb + qh_at).cast::<u32>().read_unaligned() as u64;
-                let h2 = p.add(2 * bb + qh_at).cast::<u32>().read_unaligned() as u64;
-                let h3 = p.add(3 * bb + qh_at).cast::<u32>().read_unaligned() as u64;
-                let (h01, h23) = (h0 | h1 << 32, h2 | h3 << 32);
-                const LO: u64 = 0x0000_FFFF_0000_FFFF;
-                const HI: u64 = 0xFFFF_0000_FFFF_0000;
-                let kl = _pext_u64(h01, LO) | _pext_u64(h23, LO) << 32;
-                let kh = _pext_u64(h01, HI) | _pext_u64(h23, HI) << 32;
+                let qh = _mm512_permutex2var_epi16(l0, c.qhidx, l1);
+                let kl = _mm512_bitshuffle_epi64_mask(qh, c.lo_bits);
+                let kh = _mm512_bitshuffle_epi64_mask(qh, c.hi_bits);
                 lo[j] = _mm512_mask_add_epi8(lo[j], kl, lo[j], c.sixteen);
                 hi[j] = _mm512_mask_add_epi8(hi[j], kh, hi[j], c.sixteen);
             }
