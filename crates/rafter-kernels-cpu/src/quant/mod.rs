@@ -39,7 +39,6 @@ mod finish;
 mod gemm;
 mod gemv;
 mod gemv_scalar;
-mod repack;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
