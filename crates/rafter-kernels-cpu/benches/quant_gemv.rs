@@ -6,8 +6,8 @@
 //! its weight to exceed the caches (`--cold MB`, 256 by default). The machine is shared, so
 //! the formats alternate within every round and the table reports medians over rounds of
 //! the per-call time. GB/s counts the weight bytes of the format itself. The read bandwidth
-//! is measured in the same run with the same threads (a vectorised sum over 1 GiB, best of
-//! 5), before and after the table.
+//! is measured in the same run with the same threads (a vectorised sum, best of
+//! 10 over 256 MiB, half of them with software prefetching), before and after the table.
 //!
 //! ```sh
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --threads 1,2 --rounds 9
@@ -19,8 +19,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    bench_micro_kernel, quant_matmul_with_isa, BlockFormat, Epilogue, Isa, MatMut, MatRef,
-    Parallel, QuantMatRef, WeightFormat, WorkerPool,
+    bench_micro_kernel, quant_matmul_with_isa, set_quant_decode_max_m, set_quant_gemm_rows,
+    set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef,
+    WeightFormat, WorkerPool,
 };
 
 /// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the
@@ -32,6 +33,9 @@ const SHAPES: &[(usize, usize, &str)] = &[
     (1024, 3072, "gate/up"),
     (3072, 1024, "down"),
     (1024, 151936, "lm_head"),
+    // Not a model shape: 64 weight rows, so the time is the per-call overhead (activation
+    // quantization and rearrangement, task start); run it with `--shapes overhead`.
+    (3072, 64, "overhead"),
 ];
 
 fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
@@ -86,41 +90,57 @@ fn weights(format: WeightFormat, n: usize, k: usize, seed: &mut u64) -> Vec<u8> 
     out
 }
 
-/// Sums `x` with four AVX-512 (or AVX2) accumulators: a pure streaming read.
-fn read_sum(x: &[f32]) -> f32 {
+/// Sums `x` with four AVX-512 (or AVX2) accumulators: a pure streaming read, prefetching
+/// `pf` bytes ahead when non-zero (on a loaded machine software prefetching raised the
+/// streaming read itself by up to a third, so the bench reports the better of both).
+fn read_sum(x: &[f32], pf: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
         #[target_feature(enable = "avx512f")]
-        unsafe fn sum512(x: &[f32]) -> f32 {
-            let mut a = [_mm512_setzero_ps(); 4];
-            for c in x.chunks_exact(64) {
+        unsafe fn sum512(x: &[f32], pf: usize) -> f32 {
+            let mut a = [_mm512_setzero_ps(); 8];
+            for c in x.chunks_exact(128) {
+                if pf > 0 {
+                    for l in 0..8 {
+                        let p = c
+                            .as_ptr()
+                            .wrapping_add(16 * l)
+                            .cast::<i8>()
+                            .wrapping_add(pf);
+                        // A prefetch hint, never dereferenced (safe inside the
+                        // target-feature function).
+                        _mm_prefetch::<_MM_HINT_T0>(p);
+                    }
+                }
                 for (i, ai) in a.iter_mut().enumerate() {
-                    // SAFETY: 16 floats of the 64-float chunk.
+                    // SAFETY: 16 floats of the 128-float chunk.
                     *ai = _mm512_add_ps(*ai, unsafe { _mm512_loadu_ps(c.as_ptr().add(16 * i)) });
                 }
             }
-            _mm512_reduce_add_ps(_mm512_add_ps(
-                _mm512_add_ps(a[0], a[1]),
-                _mm512_add_ps(a[2], a[3]),
-            ))
+            let s = a
+                .iter()
+                .fold(_mm512_setzero_ps(), |s, v| _mm512_add_ps(s, *v));
+            _mm512_reduce_add_ps(s)
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: AVX-512F checked.
-            return unsafe { sum512(x) };
+            return unsafe { sum512(x, pf) };
         }
     }
     x.iter().sum()
 }
 
-/// Read bandwidth in GB/s of `threads` tasks summing their part of `buf`: best of 5.
+/// Read bandwidth in GB/s of `threads` tasks summing their part of `buf`: best of 5 runs
+/// each without and with software prefetching.
 fn read_bw(buf: &[f32], par: &dyn Parallel, threads: usize) -> f64 {
     let mut best = f64::MAX;
-    for _ in 0..5 {
+    for run in 0..10 {
+        let pf = if run % 2 == 0 { 0 } else { 8192 };
         let t = Instant::now();
         par.run(threads, &|i| {
             let part = &buf[i * buf.len() / threads..(i + 1) * buf.len() / threads];
-            black_box(read_sum(part));
+            black_box(read_sum(part, pf));
         });
         best = best.min(t.elapsed().as_secs_f64());
     }
@@ -149,6 +169,23 @@ fn main() {
     let isa = arg("--isa").map_or(Isa::detect(), |s| Isa::named(s).expect("--isa name"));
     let fmt_arg = arg("--formats").map_or("f16,q8_0,q4_0,q4_K,q6_K".to_string(), |s| s.clone());
     let shape_filter = arg("--shapes").cloned();
+    // `--prefetch B1,B2,..`: the decode kernels' prefetch distances to compare (each format
+    // runs once per distance within every round; 0 turns prefetching off).
+    let distances: Vec<Option<usize>> = arg("--prefetch").map_or(vec![None], |d| {
+        d.split(',')
+            .map(|v| Some(v.parse().expect("--prefetch B1,B2")))
+            .collect()
+    });
+    // `--gemm-rows R1,R2`: the int8 GEMM micro-kernel's rows to compare (as `--prefetch`).
+    let gemm_rows: Vec<Option<usize>> = arg("--gemm-rows").map_or(vec![None], |d| {
+        d.split(',')
+            .map(|v| Some(v.parse().expect("--gemm-rows R1,R2")))
+            .collect()
+    });
+    // `--decode-max-m M`: rows up to which the decode path runs (crossover measurements).
+    if let Some(d) = arg("--decode-max-m") {
+        set_quant_decode_max_m(d.parse().expect("--decode-max-m M"));
+    }
     let formats: Vec<WeightFormat> = if fmt_arg == "all" {
         let mut v = vec![WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16];
         v.extend(BlockFormat::ALL.map(WeightFormat::Block));
@@ -169,10 +206,11 @@ fn main() {
         .iter()
         .map(|&t| (t, WorkerPool::new(t).unwrap()))
         .collect();
-    let bw_buf = vec![1.0f32; 1 << 28];
+    // 256 MiB, the size the weights rotate through.
+    let bw_buf = vec![1.0f32; 1 << 26];
     let bw_before: Vec<f64> = pools.iter().map(|(t, p)| read_bw(&bw_buf, p, *t)).collect();
     for ((t, _), bw) in pools.iter().zip(&bw_before) {
-        println!("read bandwidth, {t} thread(s): {bw:.1} GB/s (best of 5, 1 GiB)");
+        println!("read bandwidth, {t} thread(s): {bw:.1} GB/s (best of 10, 256 MiB)");
     }
     let peak1 = if m > 1 {
         let g = bench_micro_kernel(isa, 256, 2_000_000);
@@ -201,10 +239,10 @@ fn main() {
     let mut seed = 0x1234_5678_9abc_def1u64;
     let x = rnd(&mut seed, m * 3072);
     for &(k, n, name) in SHAPES {
-        if let Some(f) = &shape_filter {
-            if !f.split(',').any(|s| s == name) {
-                continue;
-            }
+        match &shape_filter {
+            Some(f) if !f.split(',').any(|s| s == name) => continue,
+            None if name == "overhead" => continue,
+            _ => {}
         }
         // Every format's copies, generated once per shape.
         let copies: Vec<Vec<Vec<u8>>> = formats
@@ -215,12 +253,28 @@ fn main() {
                 vec![one; c]
             })
             .collect();
+        // Contenders: (format index, prefetch distance, GEMM rows).
+        let contenders: Vec<(usize, Option<usize>, Option<usize>)> = (0..formats.len())
+            .flat_map(|fi| {
+                let gr = &gemm_rows;
+                distances
+                    .iter()
+                    .flat_map(move |&d| gr.iter().map(move |&g| (fi, d, g)))
+            })
+            .collect();
         let mut y = vec![0.0f32; m * n];
         for (pi, (t, pool)) in pools.iter().enumerate() {
-            let mut times = vec![Vec::new(); formats.len()];
+            let mut times = vec![Vec::new(); contenders.len()];
             for round in 0..rounds + 1 {
-                for fi in 0..formats.len() {
-                    let fi = (fi + round) % formats.len();
+                for ci in 0..contenders.len() {
+                    let ci = (ci + round) % contenders.len();
+                    let (fi, dist, rows) = contenders[ci];
+                    if let Some(d) = dist {
+                        set_quant_prefetch_distance(d);
+                    }
+                    if let Some(r) = rows {
+                        set_quant_gemm_rows(r);
+                    }
                     let f = formats[fi];
                     let start = Instant::now();
                     for w in &copies[fi] {
@@ -237,15 +291,16 @@ fn main() {
                     }
                     black_box(&y);
                     if round > 0 {
-                        times[fi].push(start.elapsed().as_secs_f64() / copies[fi].len() as f64);
+                        times[ci].push(start.elapsed().as_secs_f64() / copies[fi].len() as f64);
                     }
                 }
             }
-            for (fi, f) in formats.iter().enumerate() {
+            for (ci, &(fi, dist, rows)) in contenders.iter().enumerate() {
+                let f = &formats[fi];
                 let s = if hot {
-                    times[fi].iter().cloned().fold(f64::MAX, f64::min)
+                    times[ci].iter().cloned().fold(f64::MAX, f64::min)
                 } else {
-                    median(&times[fi])
+                    median(&times[ci])
                 };
                 let bytes = copies[fi][0].len() as f64;
                 let (rate, frac) = if m == 1 {
@@ -255,11 +310,18 @@ fn main() {
                     let gf = 2.0 * (m * n * k) as f64 / s / 1e9;
                     (gf, gf / (peak1 * *t as f64))
                 };
+                let mut name = f.name().to_string();
+                if let Some(d) = dist {
+                    name += &format!(" pf{d}");
+                }
+                if let Some(r) = rows {
+                    name += &format!(" mr{r}");
+                }
                 println!(
                     "{:<8} {:<16} {:<6} {:>10.1} {:>9.1} {:>8.2}",
                     t,
                     format!("{k}x{n}"),
-                    f.name(),
+                    name,
                     s * 1e6,
                     rate,
                     frac

@@ -106,7 +106,10 @@ pub use packed::{
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
 #[doc(hidden)]
-pub use quant::quant_activation_block;
+pub use quant::{
+    quant_activation_block, set_quant_decode_max_m, set_quant_gemm_rows,
+    set_quant_prefetch_distance,
+};
 pub use quant::{
     quant_matmul, quant_matmul_with_isa, BlockFormat, QuantMatRef, WeightFormat, DECODE_MAX_M,
 };

@@ -248,6 +248,36 @@ fn prefill_every_format_and_isa() {
                 },
                 &mut rng,
             );
+            // Every remainder of the 6- and 5-row micro-kernel tiles.
+            for m in [22, 24, 25, 26] {
+                let (n, par) = (33, &Sequential);
+                check(
+                    &Case {
+                        isa,
+                        format,
+                        m,
+                        k,
+                        n,
+                        par,
+                        residual: false,
+                    },
+                    &mut rng,
+                );
+            }
+            // Several K blocks (partial sums kept in y between them), a partial panel.
+            let (m, k, n) = (21, 1280, 70);
+            check(
+                &Case {
+                    isa,
+                    format,
+                    m,
+                    k,
+                    n,
+                    par: &two,
+                    residual: true,
+                },
+                &mut rng,
+            );
         }
     }
 }
@@ -275,6 +305,31 @@ fn many_threads_split_large_weights() {
             },
             &mut rng,
         );
+    }
+}
+
+#[test]
+fn empty_k_gives_the_epilogue_of_zeros() {
+    for format in [WeightFormat::Block(BlockFormat::Q4_K), WeightFormat::F16] {
+        for m in [1, 20] {
+            let (n, bias) = (70, (0..70).map(|j| j as f32).collect::<Vec<f32>>());
+            let w = QuantMatRef::new(format, &[], n, 0).unwrap();
+            let mut y = vec![f32::NAN; m * n];
+            quant_matmul(
+                MatRef::row_major(&[], m, 0, 0).unwrap(),
+                w,
+                MatMut::row_major(&mut y, m, n, n).unwrap(),
+                &Epilogue {
+                    bias: Some(&bias),
+                    ..Epilogue::none()
+                },
+                &Sequential,
+            )
+            .unwrap();
+            for (i, v) in y.iter().enumerate() {
+                assert_eq!(*v, (i % n) as f32, "{} m={m}", format.name());
+            }
+        }
     }
 }
 

@@ -1,6 +1,14 @@
 //! Decode kernels for unquantized weights (f32, f16, bf16): one weight row against up to
 //! [`MR`] rows of f32 activations, widening the weights on load and accumulating in f32.
 //! The activations are not rounded, so these are exact up to the f32 additions' order.
+//!
+//! bf16 weights are widened (a zero-extend and a shift) rather than multiplied with
+//! AVX512_BF16's `vdpbf16ps`: that instruction would round x to bf16 too (8 bits of
+//! mantissa), and decode is bound by the weight bytes, not by the multiplies (these kernels
+//! stream bf16 as fast as f16). For prefill, `vdpbf16ps` did 32 multiply-adds an instruction
+//! at ~1.85 instructions/ns on this Zen 5 against FMA's 16 at ~2.8 (a throughput loop of 8
+//! independent chains each), so only ~1.3x the f32 rate, not worth rounding x: prefill
+//! widens to f32 panels instead (see `gemm.rs`).
 
 use super::{Path, WeightFormat};
 
@@ -168,6 +176,9 @@ mod x86 {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         let mut i = 0;
         while i + 32 <= k {
+            // Bytes of this iteration's weights (64 or 128), prefetched a distance ahead.
+            let eb = if format == WeightFormat::F32 { 4 } else { 2 };
+            crate::quant::x86_vnni::prefetch(w.wrapping_add(i * eb), 32 * eb);
             // SAFETY: elements i..i+32 < k of w and of each x row.
             unsafe {
                 let w0 = load16(format, w, i, 0xffff);

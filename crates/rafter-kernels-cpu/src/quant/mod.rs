@@ -8,20 +8,26 @@
 //! widening them to f32 in memory) is what makes decode fast. Prefill multiplies many rows
 //! by the same weights and is compute-bound.
 //!
-//! Two paths, chosen by M ([`DECODE_MAX_M`]):
+//! Two paths, chosen by M (up to [`DECODE_MAX_M`] rows run the decode path):
 //! - **decode** (few rows, [`gemv`]): every row of W is read once, for all rows of x, by
-//!   threads that each stream a contiguous range of W's rows. x is first quantized to 8
-//!   bits, as ggml does (per 32 elements for the `_0`/`_1` formats, per 256 for the K
-//!   formats; see [`act`]), so the inner loops are integer dot products: AVX-512 VNNI
-//!   `vpdpbusd` (with AVX-512BW and GFNI for the unpacking) where present, AVX2
-//!   `vpmaddubsw` otherwise, portable Rust everywhere (which is also the scalar model the
-//!   vector kernels are tested against). f32/f16/bf16 weights are widened and FMA'd against
-//!   f32 x (no activation rounding).
-//! - **prefill** (many rows, [`gemm`]): compute-bound; each task unpacks a block of W's
-//!   rows once into int8 panels with a float scale (and min) per 16 or 32 elements and runs
-//!   an int8 VNNI micro-kernel over x quantized per 32 elements; f32/f16/bf16 weights, and
-//!   every format on CPUs without VNNI, are widened into f32 panels for the crate's f32 GEMM
-//!   driver instead.
+//!   tasks that each stream a contiguous range of W's rows, prefetching 8 KiB ahead. x is
+//!   first quantized to 8 bits, as ggml does (per 32 elements for the `_0`/`_1` formats,
+//!   per 256 for the K formats; see [`act`]), so the inner loops are integer dot products:
+//!   AVX-512 VNNI `vpdpbusd` / `vpdpwssd` with AVX-512BW, VBMI and GFNI for the unpacking,
+//!   for every block format ([`x86_vnni`]); AVX2 `vpmaddubsw` for Q4_0, Q8_0, Q4_K and Q6_K
+//!   ([`x86_avx2`]; the other formats dequantize each row and run the f32 kernel there);
+//!   portable Rust everywhere ([`gemv_scalar`], also the scalar model the vector kernels
+//!   are tested against). f32/f16/bf16 weights are widened and FMA'd against unrounded f32
+//!   x ([`dense`]).
+//! - **prefill** (many rows, [`gemm`]): compute-bound. On AVX-512 VNNI, block formats run
+//!   an int8 GEMM ([`x86_vnni_gemm`]): each task unpacks panels of 32 weight rows into
+//!   int8 with a float scale (and min) per 16 or 32 elements and runs `vpdpbusd` tiles over
+//!   x quantized per 32 elements. f32/f16/bf16 weights, and every format on CPUs without
+//!   VNNI, are widened into f32 panels for the crate's f32 GEMM driver (exact for the float
+//!   formats).
+//!
+//! The weights are always read in their GGUF layout, from wherever they lie (a memory map
+//! of the file included): nothing is repacked ahead of time.
 //!
 //! The epilogue is [`crate::sgemm`]'s (bias, activation, residual, clamp), applied to each
 //! output tile while it is hot; a decoder layer's residual add (`o_proj`, `down_proj`) costs
@@ -33,11 +39,10 @@ mod finish;
 mod gemm;
 mod gemv;
 mod gemv_scalar;
-mod repack;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
-mod x86_vnni;
+pub(crate) mod x86_vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86_vnni_gemm;
 
@@ -45,9 +50,57 @@ pub use rafter_quant::BlockFormat;
 
 use crate::{check_epilogue, Epilogue, GemmError, Isa, MatMut, MatRef, Parallel};
 
-/// Rows of x up to which a product runs the decode path (each weight row read once for
-/// all rows); more rows run the prefill GEMM. Measured crossover: see [`gemm`].
-pub const DECODE_MAX_M: usize = 8;
+/// The most rows of x any product runs on the decode path (each weight row read once for
+/// all rows); more rows run the prefill GEMM. Block formats use all of it, the float
+/// formats switch at 8.
+///
+/// Measured on Zen 5 (`benches/quant_gemv.rs --m M --decode-max-m 1` against the default,
+/// K x N = 1024 x 3072, weights streamed, one thread): at M = 8 the decode path took
+/// 55-65% of the GEMM's time for every format; at M = 12-16 it still won for q8_0, q4_0
+/// and q6_K (by 10-35%), tied for q4_K, and lost for f16 (1.5-1.6 ms against 1.2-1.5).
+pub const DECODE_MAX_M: usize = 16;
+
+/// Replaces [`DECODE_MAX_M`] when non-zero (see [`set_quant_decode_max_m`]).
+static DECODE_MAX_M_OVERRIDE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Rows up to which `format` runs the decode path (see [`DECODE_MAX_M`]).
+fn decode_max_m(format: WeightFormat) -> usize {
+    let default = match format {
+        WeightFormat::Block(_) => DECODE_MAX_M,
+        _ => 8,
+    };
+    match DECODE_MAX_M_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => default,
+        v => v.min(default),
+    }
+}
+
+/// Lowers the row count up to which quantized products run the decode path, for every
+/// later call in the process (0 restores [`DECODE_MAX_M`]; values above it are capped,
+/// 1 sends every `M >= 2` to the GEMM). For the bench, to measure the crossover.
+#[doc(hidden)]
+pub fn set_quant_decode_max_m(m: usize) {
+    DECODE_MAX_M_OVERRIDE.store(m, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Sets how far ahead (bytes) the VNNI decode kernels prefetch the weight stream, for every
+/// later call (0: off). For the bench's tuning runs.
+#[doc(hidden)]
+pub fn set_quant_prefetch_distance(bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    x86_vnni::set_prefetch_distance(bytes);
+    let _ = bytes;
+}
+
+/// Sets the int8 GEMM micro-kernel's rows (1..=6; 0: default) for later calls. For the
+/// bench's tuning runs.
+#[doc(hidden)]
+pub fn set_quant_gemm_rows(mr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    x86_vnni_gemm::set_rows(mr);
+    let _ = mr;
+}
 
 /// How a weight matrix's elements are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -236,7 +289,36 @@ pub fn quant_matmul_with_isa(
         return Ok(());
     }
     let path = Path::of(isa);
-    if m <= DECODE_MAX_M {
+    if k == 0 {
+        // An empty sum: y is the epilogue of zeros.
+        let yp = finish::YPtr {
+            ptr: y.data.as_mut_ptr(),
+            ld: y.ld,
+        };
+        let zeros = [0.0f32; 16 * 64];
+        for i0 in (0..m).step_by(16) {
+            for j0 in (0..n).step_by(64) {
+                // SAFETY: rows i0.., columns j0.. of y are in bounds (checked shapes) and
+                // written by this call alone; the epilogue was checked; `zeros` holds 16
+                // rows of 64 floats; the path's ISA is available.
+                unsafe {
+                    finish::finish(
+                        path,
+                        &zeros,
+                        64,
+                        16.min(m - i0),
+                        64.min(n - j0),
+                        i0,
+                        j0,
+                        Some(epilogue),
+                        yp,
+                    )
+                };
+            }
+        }
+        return Ok(());
+    }
+    if m <= decode_max_m(w.format) {
         gemv::run(path, x, w, y, epilogue, par);
     } else {
         gemm::run(isa, path, x, w, y, epilogue, par);
@@ -252,7 +334,7 @@ pub fn quant_activation_block(isa: Isa, format: WeightFormat, m: usize) -> Optio
     let WeightFormat::Block(f) = format else {
         return None;
     };
-    if m <= DECODE_MAX_M {
+    if m <= decode_max_m(format) {
         gemv::act_block_of(Path::of(isa), f)
     } else {
         gemm::act_block_of(Path::of(isa), f)
@@ -262,7 +344,8 @@ pub fn quant_activation_block(isa: Isa, format: WeightFormat, m: usize) -> Optio
 /// Which quantized kernels an [`Isa`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Path {
-    /// AVX-512F/BW/VL/VBMI/VNNI, GFNI and BMI2 (Ice Lake, Zen 4 and later): `vpdpbusd` on
+    /// AVX-512F/BW/VL/VBMI/VNNI/BITALG, GFNI and BMI2 (Ice Lake, Zen 4 and later):
+    /// `vpdpbusd` on
     /// 64-byte vectors.
     #[cfg(target_arch = "x86_64")]
     Vnni512,
@@ -285,6 +368,7 @@ impl Path {
                         && has!("avx512vl")
                         && has!("avx512vnni")
                         && has!("avx512vbmi")
+                        && has!("avx512bitalg")
                         && has!("gfni")
                         && has!("bmi2")
                         && avx2 =>
