@@ -26,6 +26,26 @@ export RAFTER_CONFORMANCE_DIR=$CONF
 # Tokenizer and chat-template data for crates/rafter-generate (.cache/llm-tokenizers; the
 # script keeps its own venv, .cache/venv-tokenizers, and rebuilds only when its stamp changes).
 python3 scripts/gen_tokenizer_fixtures.py
+# LLM fixtures (tests/fixtures/llm/README.md): tiny checkpoints of each architecture, their
+# transformers references and GGUFs (llama.cpp's converter and quantizer, built from a pinned
+# sdist), checked against the committed expected.json. Regenerated when the generator, its
+# pins or expected.json change (a stamp), or taken from RAFTER_LLM_FIXTURES when set.
+if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
+  LLM=$ROOT/.cache/llm-fixtures
+  llm_want=$(cat scripts/gen_llm_fixtures.py scripts/llm_fixtures/*.py \
+    tests/fixtures/llm/expected.json scripts/setup_venv.sh benchmarks/setup_llama_cpp.sh |
+    sha256sum | cut -d' ' -f1)
+  if [[ "$(cat "$LLM/STAMP" 2>/dev/null || true)" != "$llm_want" ]]; then
+    echo "test.sh: LLM fixtures missing or stale; generating $LLM"
+    scripts/setup_venv.sh --llm
+    benchmarks/setup_llama_cpp.sh
+    "$PY" scripts/gen_llm_fixtures.py --no-llama-cpp
+    echo "$llm_want" >"$LLM/STAMP"
+  else
+    echo "test.sh: LLM fixtures up to date ($LLM)"
+  fi
+  export RAFTER_LLM_FIXTURES=$LLM
+fi
 # The venv's spirv-val (SPIRV-Tools 2025.5) validates cooperative-matrix modules.
 export RAFTER_SPIRV_VAL=$ROOT/.venv/bin/spirv-val
 

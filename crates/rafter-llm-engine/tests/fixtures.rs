@@ -6,9 +6,10 @@
 //! - HF folders (f32, and bf16 weights): the last prefill position's logits at two prompt
 //!   lengths and the next 8 decode steps' logits match transformers within 1e-4 of the
 //!   largest logit, from one session (one compiled program), and 32 greedy tokens agree.
-//! - GGUF at f32/f16/bf16/q8_0: the same greedy tokens as llama.cpp; at q4_0, q4_K_M,
-//!   q5_K_M and q6_K, the top-1 token agrees with llama.cpp's on >= 90% of its 64 greedy
-//!   steps (teacher-forced: both see llama.cpp's tokens).
+//! - GGUF at f16 and q8_0: llama.cpp's greedy tokens at every one of its 64 steps, but
+//!   where its own top two logits tie within its numeric noise ([`TIE`]); at q4_0, q4_K_M,
+//!   q5_K_M and q6_K, the top-1 token agrees with llama.cpp's on >= 90% of the steps
+//!   (teacher-forced: both see llama.cpp's tokens).
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -128,39 +129,73 @@ fn check_hf(arch: &str, folder: &str, reference: &str) {
     }
 }
 
-/// A GGUF against llama.cpp's outputs on the same file: identical greedy tokens (`exact`),
-/// or top-1 agreement on at least 90% of its steps.
+/// llama.cpp's committed outputs (tests/fixtures/llm/expected.json: its greedy ids and the
+/// top-5 logits of every step, for the GGUFs CI rebuilds bit for bit).
+fn expected() -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llm/expected.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// How far below llama.cpp's top logit a token may be and still count as its greedy
+/// choice: llama.cpp itself is this far from an exact evaluation (its KV cache is f16 by
+/// default: its f32 GGUF differs from transformers' f32 logits by ~1.4e-3 of the largest,
+/// about 0.03 here), so a step whose top two are closer than this is a tie.
+const TIE: f64 = 0.05;
+
+/// A GGUF against llama.cpp's greedy run on the same file, teacher-forced (both see
+/// llama.cpp's tokens): at every step our top token must be llama.cpp's, or tie with it
+/// (within [`TIE`] by llama.cpp's own logits). `exact`: every step; otherwise at least 90%
+/// of the steps must agree outright.
 fn check_gguf(arch: &str, kind: &str, exact: bool) {
     let base = fixtures().join(arch);
     let llm = open(&base.join("gguf").join(format!("{arch}-{kind}.gguf")));
-    for prompt in ["short", "long"] {
-        let r = base
-            .join("ref")
-            .join(format!("llama.cpp-{kind}"))
-            .join(prompt);
+    let e = expected();
+    let a = &e["archs"][arch];
+    for prompt in ["short", "long", "chat"] {
         let what = format!("{arch} {kind} vs llama.cpp `{prompt}`");
-        let prompt_ids = ids(&r.join("prompt_ids.npy"));
-        let want = ids(&r.join("greedy_ids.npy"));
-        if exact {
-            let got = greedy(&llm, &prompt_ids, want.len());
-            assert_eq!(got, want, "{what}: greedy tokens");
-            continue;
-        }
+        let prompt_ids = u32s(&a["prompts"][prompt]);
+        let run = &a["llama_cpp"][kind]["prompts"][prompt];
+        let want = u32s(&run["greedy"]);
+        let tops = run["top"].as_array().unwrap();
         let mut m = SessionModel::new(llm.session(), llm.context());
         m.reset();
         let mut logits = m.forward(&prompt_ids).unwrap().to_vec();
-        let mut agree = 0;
-        for &t in &want {
-            agree += usize::from(argmax(&logits) == t);
+        let (mut agree, mut ties) = (0, 0);
+        for (step, &t) in want.iter().enumerate() {
+            let ours = argmax(&logits);
+            if ours == t {
+                agree += 1;
+            } else {
+                // llama.cpp's logit for our token, if it is in its top 5.
+                let ids = u32s(&tops[step][0]);
+                let vals: Vec<f64> = tops[step][1]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect();
+                let gap = ids.iter().position(|&i| i == ours).map(|j| vals[0] - vals[j]);
+                match gap {
+                    Some(g) if g <= TIE => ties += 1,
+                    _ if exact => panic!(
+                        "{what}: step {step}: we pick {ours}, llama.cpp {t} (its top 5 {ids:?} \
+                         {vals:?})"
+                    ),
+                    _ => {}
+                }
+            }
             logits = m.forward(&[t]).unwrap().to_vec();
         }
-        let share = agree as f64 / want.len() as f64;
-        println!("{what}: top-1 agreement {agree}/{}", want.len());
-        assert!(
-            share >= 0.9,
-            "{what}: top-1 agrees on {agree} of {} steps",
-            want.len()
-        );
+        println!("{what}: {agree}/{} agree, {ties} ties", want.len());
+        if !exact {
+            let share = agree as f64 / want.len() as f64;
+            assert!(share >= 0.9, "{what}: top-1 agrees on {agree} of {} steps", want.len());
+        }
     }
 }
 
@@ -195,55 +230,6 @@ hf_tests! {
     qwen3_moe: "qwen3-moe",
     llama3: "llama3",
     gemma3: "gemma3",
-}
-
-/// Diagnostics (ignored): relative logit error against llama.cpp, and the gaps at
-/// mismatching steps.
-#[test]
-#[ignore]
-fn diagnose_gguf() {
-    let arch = std::env::var("ARCH").unwrap_or("qwen3".into());
-    let kind = std::env::var("KIND").unwrap_or("q8_0".into());
-    let base = fixtures().join(&arch);
-    let llm = open(&base.join("gguf").join(format!("{arch}-{kind}.gguf")));
-    let r = base
-        .join("ref")
-        .join(format!("llama.cpp-{kind}"))
-        .join("short");
-    let prompt_ids = ids(&r.join("prompt_ids.npy"));
-    let prefill = rows(&r.join("prefill_logits.npy"));
-    let decode = rows(&r.join("decode_logits.npy"));
-    let want = ids(&r.join("greedy_ids.npy"));
-    let mut m = SessionModel::new(llm.session(), llm.context());
-    m.reset();
-    let mut logits = m.forward(&prompt_ids).unwrap().to_vec();
-    println!(
-        "prefill rel err {:.3e}",
-        rel_err(&logits, prefill.last().unwrap())
-    );
-    let hf = rows(&base.join("ref/hf-f32/short/prefill_logits.npy"));
-    println!(
-        "prefill vs transformers f32 {:.3e}; llama.cpp vs transformers {:.3e}",
-        rel_err(&logits, hf.last().unwrap()),
-        rel_err(prefill.last().unwrap(), hf.last().unwrap())
-    );
-    for (i, &t) in want.iter().enumerate() {
-        let mut s: Vec<f32> = logits.clone();
-        s.sort_by(|a, b| b.total_cmp(a));
-        let ours = argmax(&logits);
-        if i < decode.len() + 1 && i > 0 {
-            println!("step {i} rel err {:.3e}", rel_err(&logits, &decode[i - 1]));
-        }
-        if ours != t {
-            println!(
-                "step {i}: ours {ours} ({}) llama {t} ({}), our gap top1-top2 {}",
-                logits[ours as usize],
-                logits[t as usize],
-                s[0] - s[1]
-            );
-        }
-        logits = m.forward(&[t]).unwrap().to_vec();
-    }
 }
 
 fn temp_dir(name: &str) -> PathBuf {
