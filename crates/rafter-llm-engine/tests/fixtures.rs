@@ -138,7 +138,11 @@ fn expected() -> serde_json::Value {
 }
 
 fn u32s(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// How far below llama.cpp's top logit a token may be and still count as its greedy
@@ -179,7 +183,10 @@ fn check_gguf(arch: &str, kind: &str, exact: bool) {
                     .iter()
                     .map(|v| v.as_f64().unwrap())
                     .collect();
-                let gap = ids.iter().position(|&i| i == ours).map(|j| vals[0] - vals[j]);
+                let gap = ids
+                    .iter()
+                    .position(|&i| i == ours)
+                    .map(|j| vals[0] - vals[j]);
                 match gap {
                     Some(g) if g <= TIE => ties += 1,
                     _ if exact => panic!(
@@ -194,7 +201,11 @@ fn check_gguf(arch: &str, kind: &str, exact: bool) {
         println!("{what}: {agree}/{} agree, {ties} ties", want.len());
         if !exact {
             let share = agree as f64 / want.len() as f64;
-            assert!(share >= 0.9, "{what}: top-1 agrees on {agree} of {} steps", want.len());
+            assert!(
+                share >= 0.9,
+                "{what}: top-1 agrees on {agree} of {} steps",
+                want.len()
+            );
         }
     }
 }
