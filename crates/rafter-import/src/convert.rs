@@ -138,17 +138,6 @@ pub(crate) fn first_scalar(c: &ConstData) -> Option<Scalar> {
     })
 }
 
-/// Largest integer constant (elements) whose values are handed to inference as dims.
-const MAX_SYM_ELEMENTS: usize = 1024;
-
-/// A constant's elements as dims, for 0-D and 1-D integer constants.
-pub(crate) fn const_syms(c: &ConstData) -> Option<Vec<Dim>> {
-    if c.dims.len() > 1 || c.num_elements() > MAX_SYM_ELEMENTS || !c.dtype.is_int() {
-        return None;
-    }
-    Some(c.to_i64s()?.into_iter().map(Dim::known).collect())
-}
-
 /// Resolves a possibly negative axis against a rank.
 pub(crate) fn norm_axis(axis: i64, rank: usize) -> Result<i64, String> {
     let r = rank as i64;

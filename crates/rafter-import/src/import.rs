@@ -1,19 +1,14 @@
 //! The importer's core: per-model context, per-graph scopes, node ordering, free names of
 //! subgraphs, and graph translation.
 
-use crate::convert::{const_syms, declared_symbols, dtype_from_onnx, value_info_type};
+use crate::convert::{declared_symbols, dtype_from_onnx, value_info_type};
 use crate::node::{attr_graphs, display_name, is_default_domain, is_ml_domain, NodeView};
 use crate::{ImportError, Imported, MAX_OPSET, MIN_OPSET};
-use rafter_ir::infer::{Fresh, InferInput, Inferred};
-use rafter_ir::{sanitize_identifier, ConstData, Dim, Graph, Op, TensorType, ValueDef, ValueId};
+use rafter_ir::builder::{const_syms, wire, InferFn, SymbolNames, ValueSyms};
+use rafter_ir::{ConstData, Dim, Graph, Op, TensorType, ValueDef, ValueId};
 use rafter_onnx_proto::{GraphProto, ModelProto, NodeProto, TensorLoader, TensorProto};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-
-/// The shape-inference entry point the importer calls (normally
-/// [`rafter_ir::infer::infer_node`]).
-pub type InferFn<'h> = dyn FnMut(&Op, &[Option<InferInput<'_>>], usize, &mut Fresh<'_>) -> Result<Inferred, String>
-    + 'h;
 
 /// State shared by every graph of one model.
 pub(crate) struct Ctx<'h> {
@@ -21,9 +16,8 @@ pub(crate) struct Ctx<'h> {
     pub opset: i64,
     pub loader: TensorLoader,
     infer: Box<InferFn<'h>>,
-    next_sym: usize,
     /// Symbol names in use (declared by the model or handed out as fresh ones).
-    used_syms: HashSet<String>,
+    symbols: SymbolNames,
     /// Domains of model-local functions, for a precise error.
     pub function_domains: HashSet<String>,
 }
@@ -33,7 +27,7 @@ pub(crate) struct Scope {
     pub g: Graph,
     pub names: HashMap<String, ValueId>,
     /// Known element values of small integer values (constants, shape arithmetic).
-    pub syms: HashMap<ValueId, Vec<Dim>>,
+    pub syms: ValueSyms,
 }
 
 impl Scope {
@@ -41,7 +35,7 @@ impl Scope {
         Scope {
             g: Graph::new(name),
             names: HashMap::new(),
-            syms: HashMap::new(),
+            syms: ValueSyms::new(),
         }
     }
 
@@ -227,15 +221,16 @@ impl<'h> Ctx<'h> {
             opset,
             loader: TensorLoader::new(base_dir),
             infer,
-            next_sym: 0,
-            used_syms: HashSet::new(),
+            symbols: SymbolNames::default(),
             function_domains: HashSet::new(),
         }
     }
 
     pub fn reserve_symbols(&mut self, gp: &GraphProto) {
         for vi in gp.input.iter().chain(&gp.output).chain(&gp.value_info) {
-            self.used_syms.extend(declared_symbols(vi));
+            for name in declared_symbols(vi) {
+                self.symbols.reserve(name);
+            }
         }
         for n in &gp.node {
             for (_, sub) in attr_graphs(n) {
@@ -246,7 +241,7 @@ impl<'h> Ctx<'h> {
 
     /// A fresh symbol `_<hint><n>`, unique within the model.
     pub fn fresh(&mut self, hint: &str) -> Dim {
-        fresh_symbol(&mut self.next_sym, &mut self.used_syms, hint)
+        self.symbols.fresh(hint)
     }
 
     /// Decodes a tensor proto into constant data (zero-copy for raw and external data).
@@ -269,8 +264,9 @@ impl<'h> Ctx<'h> {
         })
     }
 
-    /// Appends one IR node after inferring its result types. `outs` names each result
-    /// (`None` for an unused optional one). Errors name the ONNX node `n`.
+    /// Appends one IR node after inferring its result types (`rafter_ir::builder::wire`,
+    /// the graph builder's own path). `outs` names each result (`None` for an unused
+    /// optional one). Errors name the ONNX node `n`.
     pub fn emit(
         &mut self,
         sc: &mut Scope,
@@ -280,22 +276,16 @@ impl<'h> Ctx<'h> {
         inputs: Vec<Option<ValueId>>,
         outs: Vec<Option<String>>,
     ) -> Result<Vec<Option<ValueId>>, ImportError> {
-        let inferred = {
-            let ins: Vec<Option<InferInput<'_>>> = inputs
-                .iter()
-                .map(|o| {
-                    o.map(|v| InferInput {
-                        ty: &sc.g.value(v).ty,
-                        sym: sc.syms.get(&v).map(Vec::as_slice),
-                        konst: sc.g.const_of(v),
-                    })
-                })
-                .collect();
-            let next = &mut self.next_sym;
-            let used = &mut self.used_syms;
-            let mut fresh = |hint: &str| fresh_symbol(next, used, hint);
-            (self.infer)(&op, &ins, outs.len(), &mut fresh)
-        }
+        wire(
+            &mut sc.g,
+            &mut sc.syms,
+            &mut self.symbols,
+            &mut *self.infer,
+            name,
+            op,
+            inputs,
+            outs,
+        )
         .map_err(|msg| {
             // A rank only the run time knows is a limit of rafter, not a malformed node.
             if msg.starts_with(rafter_ir::infer::RUNTIME_AXES_RANK) {
@@ -303,27 +293,7 @@ impl<'h> Ctx<'h> {
             } else {
                 n.shape_err(msg)
             }
-        })?;
-        if inferred.types.len() < outs.len() {
-            return Err(n.shape_err(format!(
-                "inference of `{}` gave {} result types for {} results",
-                op.name(),
-                inferred.types.len(),
-                outs.len()
-            )));
-        }
-        let outputs = outs
-            .into_iter()
-            .zip(inferred.types)
-            .map(|(o, t)| o.map(|name| (name, t)))
-            .collect();
-        let ids = sc.g.add_node(name, op, inputs, outputs);
-        for (id, s) in ids.iter().zip(inferred.syms) {
-            if let (Some(id), Some(s)) = (id, s) {
-                sc.syms.insert(*id, s);
-            }
-        }
-        Ok(ids)
+        })
     }
 
     /// Fills `sc` from a graph whose inputs (and captures) are already bound:
@@ -397,8 +367,8 @@ impl<'h> Ctx<'h> {
                 };
                 return Err(n.unsupported(reason));
             }
-            crate::support::static_check(&n).map_err(|r| n.unsupported(r))?;
-            crate::ops::translate(self, sc, &n)?;
+            let op = crate::support::static_check(&n).map_err(|r| n.unsupported(r))?;
+            crate::ops::translate(self, sc, &n, op)?;
             if let Some(a) = n.unread_attr() {
                 return Err(n.unsupported(format!("unsupported: attribute `{a}`")));
             }
@@ -489,17 +459,6 @@ impl<'h> Ctx<'h> {
             }
         }
         Ok((caps, consts))
-    }
-}
-
-fn fresh_symbol(next: &mut usize, used: &mut HashSet<String>, hint: &str) -> Dim {
-    loop {
-        let n = *next;
-        *next += 1;
-        let name = sanitize_identifier(&format!("_{hint}{n}"));
-        if used.insert(name.clone()) {
-            return Dim::symbol(&name);
-        }
     }
 }
 

@@ -11,9 +11,13 @@
 //!   hint, is the one ignored).
 //! * Graph inputs keep their `dim_param`s as symbols; initializers and Constant nodes become
 //!   constants sharing the model file's bytes (the file is memory-mapped).
+//! * Each ONNX op type is one registration (`ops::registry`), in its family's table beside
+//!   the code that builds it (`ops/elementwise.rs`, `ops/movement.rs`, ...): the one list of
+//!   what is imported, read by the importer and by [`check_support`] alike.
 //! * Nodes are imported in dependency order (ONNX requires sorted nodes; we sort anyway and
-//!   report cycles). Each node's result types come from [`rafter_ir::infer::infer_node`],
-//!   which also tracks shape arithmetic symbolically.
+//!   report cycles). Each node is added with [`rafter_ir::builder::wire`], the path every
+//!   frontend's graph builder takes ([`rafter_ir::GraphBuilder`]): its result types come from
+//!   [`rafter_ir::infer::infer_node`], which also tracks shape arithmetic symbolically.
 //! * If/Loop/Scan bodies reference outer values implicitly in ONNX; here those captures are
 //!   explicit operands and body inputs (outer constants are copied into the body instead).
 //! * Anything outside the IR's op set is an [`ImportError::UnsupportedOp`]; [`check_support`]
@@ -31,7 +35,7 @@ mod tests;
 
 pub use convert::dtype_from_onnx;
 pub use error::{ImportError, Unsupported};
-pub use import::InferFn;
+pub use rafter_ir::builder::InferFn;
 pub use support::check_support;
 
 use bytes::Bytes;

@@ -5,12 +5,12 @@
 use crate::convert::{dtype_from_onnx, value_info_type};
 use crate::import::model_opset;
 use crate::node::{attr_graphs, is_default_domain, is_ml_domain, NodeView};
-use crate::ops::{ML_SUPPORTED, SUPPORTED};
+use crate::ops::registry::{self, OnnxOp};
 use crate::{Unsupported, MAX_OPSET};
 use rafter_onnx_proto::{GraphProto, ModelProto};
 use std::collections::HashSet;
 
-/// Why a default-domain op type outside [`SUPPORTED`] is not imported.
+/// Why a default-domain op type the registry does not have is not imported.
 fn unknown_op_reason(op: &str) -> String {
     let why = if op.starts_with("Sequence")
         || matches!(
@@ -37,119 +37,23 @@ fn unknown_op_reason(op: &str) -> String {
     format!("unsupported op `{op}`: {why}")
 }
 
-/// Problems visible without importing: unknown ops, version-specific forms and attribute
-/// values rafter does not handle. `Err` holds the reason.
-pub(crate) fn static_check(n: &NodeView<'_>) -> Result<(), String> {
+/// The node's registration, after the problems visible without importing: an op type the
+/// registry does not have, and what the op's own static check finds (attribute values
+/// rafter does not handle). `Err` holds the reason.
+pub(crate) fn static_check(n: &NodeView<'_>) -> Result<&'static OnnxOp, String> {
     let op = n.op_type();
-    if is_ml_domain(&n.p.domain) {
-        if !ML_SUPPORTED.contains(&op) {
-            return Err(format!("unsupported op in domain `{}`", n.p.domain));
-        }
-    } else if !SUPPORTED.contains(&op) {
-        return Err(unknown_op_reason(op));
-    }
-    let attr_i = |name: &str| n.attr(name).map(|a| a.i);
-    let attr_s = |name: &str| {
-        n.attr(name)
-            .map(|a| String::from_utf8_lossy(&a.s).into_owned())
+    let ml = is_ml_domain(&n.p.domain);
+    let Some(registered) = registry::lookup(op, ml) else {
+        return Err(if ml {
+            format!("unsupported op in domain `{}`", n.p.domain)
+        } else {
+            unknown_op_reason(op)
+        });
     };
-    match op {
-        "BatchNormalization" => {
-            if attr_i("training_mode") == Some(1) {
-                return Err(
-                    "unsupported: training_mode=1 (only inference batch norm is supported)".into(),
-                );
-            }
-            if n.opset < 7 && attr_i("is_test").unwrap_or(0) == 0 {
-                return Err(
-                    "unsupported: is_test=0 (training mode: normalises with the batch's own \
-                     statistics; only inference batch norm is supported)"
-                        .into(),
-                );
-            }
-            if (1..n.p.output.len()).any(|i| n.has_output(i)) {
-                return Err(
-                    "unsupported: training outputs (running or saved mean/variance) are requested"
-                        .into(),
-                );
-            }
-        }
-        "Scan" if n.opset < 9 => {
-            return Err(
-                "unsupported: Scan-8 (batched, with sequence_lens); Scan from opset 9 is supported"
-                    .into(),
-            )
-        }
-        "Cast" => {
-            if let Ok(to) = crate::ops::cast_to_code(n) {
-                dtype_from_onnx(to).map_err(|e| format!("unsupported: cast to {e}"))?;
-            }
-        }
-        "Dropout" if n.opset < 7 => {
-            let ratio = n.attr("ratio").map_or(0.5, |a| a.f);
-            if attr_i("is_test").unwrap_or(0) == 0 && ratio != 0.0 {
-                return Err(
-                    "unsupported: is_test=0 (training mode: zeroes random elements)".into(),
-                );
-            }
-        }
-        "BitCast" => {
-            if let Some(to) = attr_i("to") {
-                dtype_from_onnx(to as i32).map_err(|e| format!("unsupported: to: {e}"))?;
-            }
-        }
-        "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix" => {
-            if let Some(d) = attr_i("output_datatype") {
-                dtype_from_onnx(d as i32).map_err(|e| format!("unsupported: {e}"))?;
-            }
-        }
-        "EyeLike" => {
-            if let Some(d) = attr_i("dtype") {
-                dtype_from_onnx(d as i32).map_err(|e| format!("unsupported: {e}"))?;
-            }
-        }
-        "QuantizeLinear" => {
-            if let Some(d) = attr_i("output_dtype").filter(|&d| d != 0) {
-                dtype_from_onnx(d as i32).map_err(|e| format!("unsupported: output {e}"))?;
-            }
-        }
-        "Constant" => {
-            if n.has("sparse_value") {
-                return Err("unsupported: sparse tensor constants".into());
-            }
-            if n.has("value_string") || n.has("value_strings") {
-                return Err("unsupported: string constants".into());
-            }
-            if let Some(t) = n.attr("value").and_then(|a| a.t.as_ref()) {
-                dtype_from_onnx(t.data_type).map_err(|e| format!("unsupported: {e}"))?;
-            }
-        }
-        "ConstantOfShape" => {
-            if let Some(t) = n.attr("value").and_then(|a| a.t.as_ref()) {
-                dtype_from_onnx(t.data_type).map_err(|e| format!("unsupported: {e}"))?;
-            }
-        }
-        "Resize"
-            if attr_s("coordinate_transformation_mode").as_deref()
-                == Some("tf_half_pixel_for_nn") =>
-        {
-            return Err(
-                "unsupported: coordinate_transformation_mode `tf_half_pixel_for_nn`".into(),
-            );
-        }
-        "LSTM" | "GRU" | "RNN" => {
-            if let Some(a) = n.attr("activations") {
-                for s in &a.strings {
-                    let s = String::from_utf8_lossy(s);
-                    if crate::ops::rnn_activation_index(&s).is_none() {
-                        return Err(format!("unsupported: activation function `{s}`"));
-                    }
-                }
-            }
-        }
-        _ => {}
+    if let Some(check) = registered.check {
+        check(n)?;
     }
-    Ok(())
+    Ok(registered)
 }
 
 /// Every node of `model` (subgraphs included) and every graph input the importer would

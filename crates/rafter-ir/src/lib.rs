@@ -8,6 +8,7 @@
 pub mod arena;
 pub mod attr;
 mod bindings;
+pub mod builder;
 mod constant;
 mod dim;
 mod dtype;
@@ -23,6 +24,7 @@ mod weight;
 
 pub use attr::{AttrType, AttrValue, Scalar};
 pub use bindings::{Bindings, Shaped};
+pub use builder::{GraphBuilder, WireError};
 pub use constant::{ConstData, ConstSizeError};
 pub use dim::{is_identifier, sanitize_identifier, Dim, DimError, Symbol};
 pub use dtype::DType;

@@ -1,9 +1,46 @@
 //! Translation of the signal-processing ops (DFT, STFT, windows, MelWeightMatrix), RoiAlign,
 //! DeformConv, QLinearMatMul/QLinearConv, LinearAttention, CausalConvWithState and BitCast.
 
+use super::registry::OnnxOp;
 use super::{trim, Tr, R};
 use crate::convert::{dtype_from_onnx, norm_axis};
+use crate::node::NodeView;
 use rafter_ir::{DType, LinearAttnRule, Op, RoiPoolMode, WindowKind};
+
+/// The signal-processing, detection, quantized and stateful sequence ops.
+pub(super) const OPS: &[OnnxOp] = &[
+    OnnxOp::new("DFT", |t| t.dft()),
+    OnnxOp::new("STFT", |t| t.stft()),
+    OnnxOp::new("HannWindow", |t| t.window()).checked(check_output_datatype),
+    OnnxOp::new("HammingWindow", |t| t.window()).checked(check_output_datatype),
+    OnnxOp::new("BlackmanWindow", |t| t.window()).checked(check_output_datatype),
+    OnnxOp::new("MelWeightMatrix", |t| t.mel_weight_matrix()).checked(check_output_datatype),
+    OnnxOp::new("RoiAlign", |t| t.roi_align()),
+    OnnxOp::new("DeformConv", |t| t.deform_conv()),
+    OnnxOp::new("QLinearMatMul", |t| t.qlinear_matmul()),
+    OnnxOp::new("QLinearConv", |t| t.qlinear_conv()),
+    OnnxOp::new("LinearAttention", |t| t.linear_attention()),
+    OnnxOp::new("CausalConvWithState", |t| t.causal_conv_with_state()),
+    OnnxOp::new("BitCast", |t| t.bit_cast()).checked(check_bit_cast),
+];
+
+/// A dtype attribute, when given, names an element type the IR has.
+fn check_dtype_attr(n: &NodeView<'_>, name: &str, what: &str) -> Result<(), String> {
+    if let Some(d) = n.attr(name).map(|a| a.i) {
+        dtype_from_onnx(d as i32).map_err(|e| format!("unsupported: {what}{e}"))?;
+    }
+    Ok(())
+}
+
+/// BitCast's `to`.
+fn check_bit_cast(n: &NodeView<'_>) -> Result<(), String> {
+    check_dtype_attr(n, "to", "to: ")
+}
+
+/// A window's or mel matrix's `output_datatype`.
+fn check_output_datatype(n: &NodeView<'_>) -> Result<(), String> {
+    check_dtype_attr(n, "output_datatype", "")
+}
 
 impl Tr<'_, '_, '_> {
     /// A dtype attribute (`output_datatype`, `to`), unsupported when not an IR dtype.
