@@ -421,17 +421,17 @@ impl<'a> Decoder<'a> {
         } else {
             self.weight("lm_head.weight")?
         };
-        let mut y = self.b.op("logits", Op::Linear { format }, &[h, w])?;
-        if let Some(cap) = self.src.spec.final_logit_softcapping {
-            let c = self.b.f32_scalar("logits.cap", cap as f32);
-            let s = self.binary("logits.scaled", BinaryOp::Div, y, c)?;
-            let t = self.unary("logits.tanh", UnaryOp::Tanh, s)?;
-            y = self.binary("logits.capped", BinaryOp::Mul, t, c)?;
+        // The last node is named `logits`, the name callers look for.
+        match self.src.spec.final_logit_softcapping {
+            None => Ok(self.b.op("logits", Op::Linear { format }, &[h, w])?),
+            Some(cap) => {
+                let y = self.b.op("logits.raw", Op::Linear { format }, &[h, w])?;
+                let c = self.b.f32_scalar("logits.cap", cap as f32);
+                let s = self.binary("logits.scaled", BinaryOp::Div, y, c)?;
+                let t = self.unary("logits.tanh", UnaryOp::Tanh, s)?;
+                self.binary("logits", BinaryOp::Mul, t, c)
+            }
         }
-        // The output keeps the name callers look for.
-        let v = &mut self.b.g.values[y.0 as usize];
-        v.name = "logits".into();
-        Ok(y)
     }
 }
 
@@ -464,8 +464,7 @@ fn positions(
         Op::Binary { op: BinaryOp::Add },
         &[start, count],
     )?;
-    let one =
-        b.g.add_const("positions.one", rafter_ir::ConstData::from_i64s(&[1]));
+    let one = b.i64s("positions.one", &[1]);
     let one = b.op("positions.step", Op::Squeeze { axes: vec![0] }, &[one])?;
     let pos = b.op("positions", Op::Range, &[start, end, one])?;
     let pos = b.op(

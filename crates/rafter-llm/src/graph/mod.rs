@@ -31,7 +31,7 @@ mod quantize;
 use std::fmt;
 
 use bytes::Bytes;
-use rafter_ir::{ConstData, DType, Dim, Graph, StateLink, TensorType, ValueId, WeightFormat};
+use rafter_ir::{ConstData, DType, Dim, Graph, TensorType, ValueId, WeightFormat};
 
 use crate::source::{ModelSource, WeightDtype, WeightTensor};
 use builder::Builder;
@@ -67,12 +67,6 @@ pub enum BuildError {
     /// A node could not be typed (a bug in the builder or an inconsistent spec).
     #[error("{0}")]
     Node(String),
-}
-
-impl From<String> for BuildError {
-    fn from(msg: String) -> BuildError {
-        BuildError::Node(msg)
-    }
 }
 
 /// The graph and the names its caller needs.
@@ -134,20 +128,17 @@ pub fn build_decoder(
     }
     let logits = d.head(x, opts.logits)?;
 
-    let g = &mut b.g;
-    g.outputs.push(logits);
-    for (l, (pk, pv)) in presents.into_iter().enumerate() {
-        for (j, v) in [pk, pv].into_iter().enumerate() {
-            g.outputs.push(v);
-            g.states.push(StateLink {
-                input: 1 + 2 * l + j,
-                output: g.outputs.len() - 1,
-            });
+    let g = &mut b.b;
+    g.output(logits);
+    for ((pk, pv), (k, v)) in past_inputs.iter().zip(presents) {
+        for (input, output) in [(*pk, k), (*pv, v)] {
+            g.output(output);
+            g.state(input, output).map_err(BuildError::Node)?;
         }
     }
-    rafter_ir::verify(g).map_err(|e| BuildError::Node(e.to_string()))?;
+    let graph = b.b.finish().map_err(|e| BuildError::Node(e.to_string()))?;
     Ok(DecoderGraph {
-        graph: b.g,
+        graph,
         input_ids: "input_ids".into(),
         logits: "logits".into(),
         logits_mode: opts.logits,
