@@ -391,7 +391,7 @@ impl<T: Scalar + fmt::Debug> fmt::Debug for TypedArray<'_, T> {
 /// A string array as stored in the file: the strings' bytes are not copied, only the
 /// position of each one's length prefix is kept.
 ///
-/// Invariant (established by [`StringArray::parse`] and [`StringArray::from_strs`], the
+/// Invariant (established by `StringArray::parse` and `StringArray::from_strs`, the
 /// only constructors): `prefixes` are strictly increasing positions in `data`; the string
 /// `i` occupies `prefixes[i] + 8 .. end(i)` where `end(i)` is `prefixes[i + 1]` or
 /// `data.len()` for the last, and every such range is valid UTF-8.
