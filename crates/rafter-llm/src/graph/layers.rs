@@ -80,7 +80,7 @@ impl<'a> Decoder<'a> {
     /// `linear(x, W)` for weight `name`.
     fn linear(&mut self, node: &str, x: ValueId, name: &str) -> Result<ValueId, BuildError> {
         let (w, format) = self.weight(name)?;
-        Ok(self.b.op(node, Op::Linear { format }, &[x, w])?)
+        self.b.op(node, Op::Linear { format }, &[x, w])
     }
 
     /// RMSNorm over the last axis with the scale `name` (as the source's convention says).
@@ -101,7 +101,7 @@ impl<'a> Decoder<'a> {
         let s = self.b.f32s(name, &scale);
         let axis = self.b.ty(x).rank() as i64 - 1;
         let epsilon = self.src.spec.rms_norm_eps as f32;
-        Ok(self.b.op(node, Op::RmsNorm { axis, epsilon }, &[x, s])?)
+        self.b.op(node, Op::RmsNorm { axis, epsilon }, &[x, s])
     }
 
     fn binary(
@@ -111,11 +111,11 @@ impl<'a> Decoder<'a> {
         a: ValueId,
         c: ValueId,
     ) -> Result<ValueId, BuildError> {
-        Ok(self.b.op(node, Op::Binary { op }, &[a, c])?)
+        self.b.op(node, Op::Binary { op }, &[a, c])
     }
 
     fn unary(&mut self, node: &str, op: UnaryOp, a: ValueId) -> Result<ValueId, BuildError> {
-        Ok(self.b.op(node, Op::Unary { op }, &[a])?)
+        self.b.op(node, Op::Unary { op }, &[a])
     }
 
     /// Token embeddings, scaled for Gemma.
@@ -159,7 +159,7 @@ impl<'a> Decoder<'a> {
             sin = self.binary(&format!("{tag}.sin_scaled"), BinaryOp::Mul, sin, k)?;
         }
         let unsq = |d: &mut Self, v: ValueId, n: &str| -> Result<ValueId, BuildError> {
-            Ok(d.b.op(n, Op::Unsqueeze { axes: vec![0] }, &[v])?)
+            d.b.op(n, Op::Unsqueeze { axes: vec![0] }, &[v])
         };
         let cos = unsq(self, cos, &format!("{tag}.cos3"))?;
         let sin = unsq(self, sin, &format!("{tag}.sin3"))?;
@@ -188,11 +188,11 @@ impl<'a> Decoder<'a> {
             &[x, split],
         )?;
         let n = self.norm(node, x4, name)?;
-        Ok(self.b.op(
+        self.b.op(
             &format!("{node}.merged"),
             Op::Reshape { allow_zero: false },
             &[n, merge],
-        )?)
+        )
     }
 
     /// One layer: returns the residual stream after it and the layer's new KV cache.
@@ -423,7 +423,7 @@ impl<'a> Decoder<'a> {
         };
         // The last node is named `logits`, the name callers look for.
         match self.src.spec.final_logit_softcapping {
-            None => Ok(self.b.op("logits", Op::Linear { format }, &[h, w])?),
+            None => self.b.op("logits", Op::Linear { format }, &[h, w]),
             Some(cap) => {
                 let y = self.b.op("logits.raw", Op::Linear { format }, &[h, w])?;
                 let c = self.b.f32_scalar("logits.cap", cap as f32);
