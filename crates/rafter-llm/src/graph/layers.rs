@@ -399,9 +399,8 @@ impl<'a> Decoder<'a> {
             op,
             &[h2, logits, experts[0].0, experts[1].0, experts[2].0],
         )?;
-        Ok(self
-            .b
-            .op(&n("moe.out"), Op::Reshape { allow_zero: false }, &[y, back])?)
+        self.b
+            .op(&n("moe.out"), Op::Reshape { allow_zero: false }, &[y, back])
     }
 
     /// Final norm, output projection (tied to the embedding or not), soft-capping.
