@@ -211,11 +211,11 @@ fn unsupported_dtype_gguf() {
         )
         .unwrap();
     }
-    let n = GgmlType::Q3_K.bytes_for(256 * 64).unwrap() as usize;
+    let n = GgmlType::IQ4_XS.bytes_for(256 * 64).unwrap() as usize;
     w.add_tensor(
         "blk.0.ffn_down.weight",
         &[256, 64],
-        GgmlType::Q3_K,
+        GgmlType::IQ4_XS,
         vec![0u8; n],
     )
     .unwrap();
@@ -225,7 +225,7 @@ fn unsupported_dtype_gguf() {
         &[
             "tensor 'blk.0.ffn_down.weight'",
             "m.gguf",
-            "dtype q3_K, which rafter cannot compute",
+            "dtype iq4_xs, which rafter cannot compute",
         ],
     );
 }

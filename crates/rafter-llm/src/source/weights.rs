@@ -20,10 +20,10 @@ pub enum WeightDtype {
     Ggml(GgmlType),
 }
 
-/// The ggml block types rafter computes on: those in the Q4_K_M, Q5_K_M, Q8_0 (and
-/// Q4_0/Q4_1/Q5_0/Q5_1) files in the wild. A GGUF tensor of any other block type is an
+/// The ggml block types rafter computes on: those in the Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q8_0
+/// (and Q4_0/Q4_1/Q5_0/Q5_1) files in the wild. A GGUF tensor of any other block type is an
 /// [`crate::source::SourceError::UnsupportedDtype`].
-pub const SUPPORTED_GGML_TYPES: [GgmlType; 8] = [
+pub const SUPPORTED_GGML_TYPES: [GgmlType; 10] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -32,6 +32,8 @@ pub const SUPPORTED_GGML_TYPES: [GgmlType; 8] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
 ];
 
 impl WeightDtype {
