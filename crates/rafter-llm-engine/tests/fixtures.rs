@@ -164,50 +164,79 @@ fn check_gguf(arch: &str, kind: &str, exact: bool) {
         let what = format!("{arch} {kind} vs llama.cpp `{prompt}`");
         let prompt_ids = u32s(&a["prompts"][prompt]);
         let run = &a["llama_cpp"][kind]["prompts"][prompt];
-        let want = u32s(&run["greedy"]);
-        let tops = run["top"].as_array().unwrap();
-        let mut m = SessionModel::new(llm.session(), llm.context());
-        m.reset();
-        let mut logits = m.forward(&prompt_ids).unwrap().to_vec();
-        let (mut agree, mut ties) = (0, 0);
-        for (step, &t) in want.iter().enumerate() {
-            let ours = argmax(&logits);
-            if ours == t {
-                agree += 1;
-            } else {
-                // llama.cpp's logit for our token, if it is in its top 5.
-                let ids = u32s(&tops[step][0]);
-                let vals: Vec<f64> = tops[step][1]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap())
-                    .collect();
-                let gap = ids
-                    .iter()
-                    .position(|&i| i == ours)
-                    .map(|j| vals[0] - vals[j]);
-                match gap {
-                    Some(g) if g <= TIE => ties += 1,
-                    _ if exact => panic!(
-                        "{what}: step {step}: we pick {ours}, llama.cpp {t} (its top 5 {ids:?} \
-                         {vals:?})"
-                    ),
-                    _ => {}
-                }
-            }
-            logits = m.forward(&[t]).unwrap().to_vec();
-        }
-        println!("{what}: {agree}/{} agree, {ties} ties", want.len());
-        if !exact {
-            let share = agree as f64 / want.len() as f64;
-            assert!(
-                share >= 0.9,
-                "{what}: top-1 agrees on {agree} of {} steps",
-                want.len()
-            );
-        }
+        teacher_forced(&llm, &what, &prompt_ids, run, exact);
     }
+}
+
+/// Feeds llama.cpp's greedy tokens (`run`: `greedy` ids and each step's `top` 5) after
+/// `prompt_ids` and compares our top token at each step (see [`check_gguf`]).
+fn teacher_forced(llm: &Llm, what: &str, prompt_ids: &[u32], run: &serde_json::Value, exact: bool) {
+    let want = u32s(&run["greedy"]);
+    let tops = run["top"].as_array().unwrap();
+    let mut m = SessionModel::new(llm.session(), llm.context());
+    m.reset();
+    let mut logits = m.forward(prompt_ids).unwrap().to_vec();
+    let (mut agree, mut ties) = (0, 0);
+    for (step, &t) in want.iter().enumerate() {
+        let ours = argmax(&logits);
+        if ours == t {
+            agree += 1;
+        } else {
+            // llama.cpp's logit for our token, if it is in its top 5.
+            let ids = u32s(&tops[step][0]);
+            let vals: Vec<f64> = tops[step][1]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            let gap = ids
+                .iter()
+                .position(|&i| i == ours)
+                .map(|j| vals[0] - vals[j]);
+            match gap {
+                Some(g) if g <= TIE => ties += 1,
+                _ if exact => panic!(
+                    "{what}: step {step}: we pick {ours}, llama.cpp {t} (its top 5 {ids:?} \
+                     {vals:?})"
+                ),
+                _ => {}
+            }
+        }
+        logits = m.forward(&[t]).unwrap().to_vec();
+    }
+    println!("{what}: {agree}/{} agree, {ties} ties", want.len());
+    if !exact {
+        let share = agree as f64 / want.len() as f64;
+        assert!(
+            share >= 0.9,
+            "{what}: top-1 agrees on {agree} of {} steps",
+            want.len()
+        );
+    }
+}
+
+/// The held-out real model: google/gemma-3-270m as published in GGUF (Q4_K_M, by
+/// GGUF-my-repo), against llama.cpp's greedy run on it
+/// (tests/fixtures/llm/published-gemma3-270m.json, from scripts/published_gguf_reference.py).
+#[test]
+fn published_gemma3_gguf_matches_llama_cpp() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/llm/published-gemma3-270m.json");
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let gguf = fixtures().join(run["gguf"].as_str().unwrap());
+    let llm = open(&gguf);
+    let prompt = run["prompt"].as_str().unwrap();
+    let ids = u32s(&run["prompt_ids"]);
+    assert_eq!(
+        llm.tokenizer().encode(prompt, true).unwrap(),
+        ids,
+        "tokenization"
+    );
+    teacher_forced(&llm, "published gemma-3-270m q4_K_M", &ids, &run, true);
+    let text = llm.tokenizer().decode(&u32s(&run["greedy"]), true).unwrap();
+    assert_eq!(text, run["text"].as_str().unwrap());
 }
 
 macro_rules! hf_tests {
