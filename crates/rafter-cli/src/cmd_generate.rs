@@ -20,8 +20,16 @@ pub struct GenerateArgs {
     /// file, or an .rfa compiled from one by `rafter compile`.
     model: PathBuf,
     /// The prompt (with --chat, the user's message).
-    #[arg(long, short = 'p')]
-    prompt: String,
+    #[arg(long, short = 'p', required_unless_present = "prompt_ids")]
+    prompt: Option<String>,
+    /// The prompt as token ids instead: a file of ids separated by whitespace or commas
+    /// (benchmarks feed exact lengths this way).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "chat"])]
+    prompt_ids: Option<PathBuf>,
+    /// Do not stop at end-of-generation tokens (generate exactly -n tokens, as benchmarks
+    /// do).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
     max_tokens: usize,
@@ -113,6 +121,28 @@ pub fn is_llm_source(path: &std::path::Path) -> Result<bool> {
     Ok(head == b"GGUF")
 }
 
+/// Token ids from a file (whitespace- or comma-separated), each below `vocab`.
+fn read_ids(path: &std::path::Path, vocab: usize) -> Result<Vec<u32>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|t| !t.is_empty())
+        .enumerate()
+        .map(|(i, t)| {
+            let id: u32 = t.parse().map_err(|_| {
+                anyhow::anyhow!("{}: entry {i} `{t}` is not a token id", path.display())
+            })?;
+            if id as usize >= vocab {
+                bail!(
+                    "{}: entry {i} is token {id}, beyond the vocabulary of {vocab}",
+                    path.display()
+                );
+            }
+            Ok(id)
+        })
+        .collect()
+}
+
 pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let steps = Steps::new(4);
     let sink = args
@@ -135,19 +165,24 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     steps.finish();
 
     let tok = llm.tokenizer();
-    let text = if args.chat {
-        let mut messages = Vec::new();
-        if let Some(s) = &args.system {
-            messages.push(Message::new("system", s.as_str()));
+    let prompt_ids = match &args.prompt_ids {
+        Some(path) => read_ids(path, llm.info().vocab_size)?,
+        None => {
+            let prompt = args.prompt.clone().unwrap_or_default();
+            let text = if args.chat {
+                let mut messages = Vec::new();
+                if let Some(s) = &args.system {
+                    messages.push(Message::new("system", s.as_str()));
+                }
+                messages.push(Message::new("user", prompt.as_str()));
+                llm.chat_prompt(&messages)?
+            } else {
+                prompt
+            };
+            // A chat template writes its own BOS where the model wants one.
+            tok.encode(&text, !args.chat)?
         }
-        messages.push(Message::new("user", args.prompt.as_str()));
-        llm.chat_prompt(&messages)?
-    } else {
-        args.prompt.clone()
     };
-    // A chat template writes its own BOS where the model wants one.
-    let add_special = !args.chat;
-    let prompt_ids = tok.encode(&text, add_special)?;
     if prompt_ids.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
@@ -161,6 +196,9 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         seed: args.seed,
     };
     params.stop_strings = args.stop.clone();
+    if args.ignore_eos {
+        params.stop_token_ids.clear();
+    }
 
     let mut stdout = std::io::stdout().lock();
     let generation = llm.generate(&prompt_ids, &params, |piece| {
