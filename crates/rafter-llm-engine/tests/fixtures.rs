@@ -128,8 +128,28 @@ fn check_hf(arch: &str, folder: &str, reference: &str) {
     }
 }
 
+/// How our model follows llama.cpp's greedy ids `want` from `prompt`: the steps whose
+/// top-1 token agrees when both see llama.cpp's tokens (teacher-forced), and our own
+/// greedy continuation.
+fn agreement(llm: &Llm, prompt: &[u32], want: &[u32]) -> (usize, Vec<u32>) {
+    let mut m = SessionModel::new(llm.session(), llm.context());
+    m.reset();
+    let mut logits = m.forward(prompt).unwrap().to_vec();
+    let mut agree = 0;
+    for &t in want {
+        agree += usize::from(argmax(&logits) == t);
+        logits = m.forward(&[t]).unwrap().to_vec();
+    }
+    (agree, greedy(llm, prompt, want.len()))
+}
+
+/// Leading steps on which two greedy continuations agree.
+fn same_steps(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// A GGUF against llama.cpp's outputs on the same file: identical greedy tokens (`exact`),
-/// or top-1 agreement on at least 90% of its steps.
+/// or top-1 agreement on at least 90% of its steps. Prints both measures either way.
 fn check_gguf(arch: &str, kind: &str, exact: bool) {
     let base = fixtures().join(arch);
     let llm = open(&base.join("gguf").join(format!("{arch}-{kind}.gguf")));
@@ -141,26 +161,57 @@ fn check_gguf(arch: &str, kind: &str, exact: bool) {
         let what = format!("{arch} {kind} vs llama.cpp `{prompt}`");
         let prompt_ids = ids(&r.join("prompt_ids.npy"));
         let want = ids(&r.join("greedy_ids.npy"));
+        let (agree, same) = agreement(&llm, &prompt_ids, &want);
+        println!(
+            "{what}: top-1 agreement {agree}/{}, greedy identical for {same} steps",
+            want.len()
+        );
         if exact {
             let got = greedy(&llm, &prompt_ids, want.len());
-            assert_eq!(got, want, "{what}: greedy tokens");
+            assert_eq!(
+                got, want,
+                "{what}: greedy tokens (first difference at step {same})"
+            );
             continue;
         }
-        let mut m = SessionModel::new(llm.session(), llm.context());
-        m.reset();
-        let mut logits = m.forward(&prompt_ids).unwrap().to_vec();
-        let mut agree = 0;
-        for &t in &want {
-            agree += usize::from(argmax(&logits) == t);
-            logits = m.forward(&[t]).unwrap().to_vec();
-        }
         let share = agree as f64 / want.len() as f64;
-        println!("{what}: top-1 agreement {agree}/{}", want.len());
         assert!(
             share >= 0.9,
             "{what}: top-1 agrees on {agree} of {} steps",
             want.len()
         );
+    }
+}
+
+/// Diagnostics (ignored): the agreement of every architecture's GGUFs (`KINDS`, default
+/// `f16,q8_0,q4_0,q4_k_m,q5_k_m,q6_k`) with llama.cpp greedy ids kept under `REF_ROOT`
+/// (default: the fixtures; same layout, `ARCH/ref/llama.cpp-KIND/PROMPT/greedy_ids.npy`),
+/// e.g. ids llama.cpp made with other settings.
+#[test]
+#[ignore]
+fn agreement_report() {
+    let root = std::env::var_os("REF_ROOT").map_or_else(fixtures, PathBuf::from);
+    let kinds = std::env::var("KINDS").unwrap_or("f16,q8_0,q4_0,q4_k_m,q5_k_m,q6_k".into());
+    for arch in ["qwen3", "qwen3-moe", "llama3", "gemma3"] {
+        for kind in kinds.split(',') {
+            let gguf = fixtures()
+                .join(arch)
+                .join(format!("gguf/{arch}-{kind}.gguf"));
+            let llm = open(&gguf);
+            for prompt in ["short", "long"] {
+                let r = root
+                    .join(arch)
+                    .join(format!("ref/llama.cpp-{kind}/{prompt}"));
+                let want = ids(&r.join("greedy_ids.npy"));
+                let (agree, got) = agreement(&llm, &ids(&r.join("prompt_ids.npy")), &want);
+                let same = same_steps(&got, &want);
+                println!(
+                    "{arch} {kind} `{prompt}`: top-1 agreement {agree}/{}, greedy identical \
+                     for {same} steps",
+                    want.len()
+                );
+            }
+        }
     }
 }
 

@@ -14,9 +14,8 @@
 
 use std::cell::RefCell;
 
-use rafter_quant::{dequantize_row, BlockFormat};
-
 use rafter_quant::layout::{self, read_f16};
+use rafter_quant::{dequantize_row, BlockFormat};
 
 use super::act::{quantize_rows, Act, ActType, QuantIsa};
 use super::finish::YPtr;
@@ -27,13 +26,9 @@ use crate::kernel::{Isa, PANEL};
 use crate::{BRef, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, Sequential};
 
 /// Whether `format` runs the int8 GEMM on `path` (else the widened f32 GEMM).
+#[cfg(target_arch = "x86_64")]
 fn int8_gemm(path: Path, format: BlockFormat) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if path == Path::Vnni512 && super::x86_vnni_gemm::supports(format) {
-        return true;
-    }
-    let _ = (path, format);
-    false
+    path == Path::Vnni512 && super::x86_vnni_gemm::supports(format)
 }
 
 /// `y = x · Wᵀ` (then the epilogue) for many rows; shapes checked by the caller.
@@ -46,8 +41,8 @@ pub(crate) fn run(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) {
-    #[cfg(target_arch = "x86_64")]
     if let WeightFormat::Block(f) = w.format {
+        #[cfg(target_arch = "x86_64")]
         if int8_gemm(path, f) {
             return super::x86_vnni_gemm::run(f, x, w, y, epilogue, par);
         }
