@@ -2,24 +2,24 @@
 //! weight format, against f64 references over the dequantized weights
 //! (`rafter_quant::dequantize_row`, itself bit-exact with gguf-py):
 //!
-//! - where the kernels quantize x (block formats; `quant_activation_block` says in what
-//!   blocks), the reference multiplies the same quantized x, written out independently
-//!   here, so the only difference is the kernels' f32 rounding: the bound allows
+//! - block formats quantize x as ggml does (every path and ISA); the reference is ggml's
+//!   model of the product (`common/ggml.rs`, which `quant_ggml.rs` anchors to ggml's own
+//!   outputs), so the only difference is the kernels' f32 rounding: the bound allows
 //!   `(blocks + 16) * 2^-23` of `Σ|w x|`, well below one unit of any block's integer dot
 //!   product (which these small K make at least ~1e-5 of it), so a wrong integer anywhere
-//!   fails;
+//!   fails; the float formats multiply x unrounded;
 //! - and every result is also held to the product with unrounded x, within the bound the
-//!   activation rounding allows (`Σ_k |w_k| amax_blk(k) / 254`).
+//!   activation rounding allows (per element half a step of `amax_blk / 127`, plus the f16
+//!   rounding of the 32-element blocks' scale: `Σ_k |w_k| amax_blk(k) (1/254 + 2^-11)`).
 
 use rafter_kernels_cpu::{
-    quant_activation_block, quant_matmul, quant_matmul_with_isa, Activation, BlockFormat, Epilogue,
-    GemmError, Isa, MatMut, MatRef, Parallel, QuantMatRef, Residual, ScopedThreads, Sequential,
-    WeightFormat, DECODE_MAX_M,
+    quant_matmul, quant_matmul_with_isa, Activation, BlockFormat, Epilogue, GemmError, Isa, MatMut,
+    MatRef, Parallel, QuantMatRef, Residual, ScopedThreads, Sequential, WeightFormat, DECODE_MAX_M,
 };
 use rafter_quant::{dequantize_row, quantize_row};
 
 mod common;
-use common::{isas, Rng};
+use common::{ggml, isas, Rng};
 
 fn formats() -> Vec<WeightFormat> {
     let mut f = vec![WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16];
@@ -68,23 +68,6 @@ fn weights(format: WeightFormat, n: usize, k: usize, rng: &mut Rng) -> (Vec<u8>,
     }
 }
 
-/// x quantized as the kernels document it: per block, `d = amax / 127`,
-/// `q = round_ties_even(x * (127 / amax))`, value `d * q`.
-fn quantize_x(x: &[f32], blk: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; x.len()];
-    for (xb, ob) in x.chunks(blk).zip(out.chunks_mut(blk)) {
-        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        if amax == 0.0 {
-            continue;
-        }
-        let (d, inv) = (amax / 127.0, 127.0 / amax);
-        for (o, &v) in ob.iter_mut().zip(xb) {
-            *o = d * (v * inv).round_ties_even();
-        }
-    }
-    out
-}
-
 struct Case<'a> {
     isa: Isa,
     format: WeightFormat,
@@ -125,26 +108,41 @@ fn check(c: &Case<'_>, rng: &mut Rng) {
         c.par,
     )
     .unwrap();
-    let blk = quant_activation_block(c.isa, c.format, m);
-    let xq = blk.map_or_else(|| x.clone(), |b| quantize_x(&x, b));
+    let kind = match c.format {
+        WeightFormat::Block(f) => Some(ggml::vec_dot_type(f)),
+        _ => None,
+    };
+    let blk = kind.map(|t| t.block());
     let blocks = k / blk.unwrap_or(32).max(32);
+    let xq: Vec<_> = x
+        .chunks_exact(k.max(1))
+        .map(|xr| kind.map(|t| ggml::quantize(t, xr)))
+        .collect();
     for i in 0..m {
         for j in 0..n {
             let wr = &wdeq[j * k..][..k];
-            let (xr, xqr) = (&x[i * k..][..k], &xq[i * k..][..k]);
-            let mut exact = 0.0f64;
-            let mut mag = 0.0f64;
+            let xr = &x[i * k..][..k];
             let mut y_unrounded = 0.0f64;
             let mut qbound = 0.0f64;
             for p in 0..k {
-                exact += wr[p] as f64 * xqr[p] as f64;
-                mag += (wr[p] as f64 * xqr[p] as f64).abs();
                 y_unrounded += wr[p] as f64 * xr[p] as f64;
             }
+            let (exact, mag) = match (&xq[i], c.format) {
+                (Some(xq), WeightFormat::Block(f)) => {
+                    let rb = f.row_bytes(k).unwrap();
+                    ggml::product(&ggml::weight_row(f, &bytes[j * rb..][..rb], k), xq)
+                }
+                _ => (
+                    y_unrounded,
+                    wr.iter().zip(xr).map(|(w, x)| (w * x).abs() as f64).sum(),
+                ),
+            };
             if let Some(b) = blk {
                 for (wb, xb) in wr.chunks(b).zip(xr.chunks(b)) {
                     let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs())) as f64;
-                    qbound += wb.iter().map(|w| w.abs() as f64).sum::<f64>() * amax / 254.0;
+                    qbound += wb.iter().map(|w| w.abs() as f64).sum::<f64>()
+                        * amax
+                        * (1.0 / 254.0 + 1.0 / 2048.0);
                 }
             }
             let (extra, extra_mag) = if c.residual {

@@ -2,17 +2,22 @@
 //! compute-bound.
 //!
 //! - On AVX-512 VNNI, block formats run the int8 GEMM of [`super::x86_vnni_gemm`]: x
-//!   quantized per 32 elements, each task unpacking panels of 32 weight rows into int8
-//!   with a float scale (and min) per 16 or 32 elements, `vpdpbusd` tiles.
+//!   quantized as ggml does ([`super::act`]), each task unpacking panels of 32 weight rows
+//!   into int8 with a float scale (and min) per 16 or 32 elements, `vpdpbusd` tiles.
 //! - Everything else (f32/f16/bf16 weights, CPUs without VNNI) widens blocks of W into the
 //!   f32 panels of [`crate::PackedB`] and runs the crate's f32 GEMM driver on them, exactly
 //!   as the half-precision GEMM's many-rows path does: one `KC x NC` block of weights at a
-//!   time per task, accumulated over K through `beta = 1`.
+//!   time per task, accumulated over K through `beta = 1`. Block formats multiply the
+//!   activations quantized as ggml does and dequantized (as the decode path's fallback:
+//!   see `gemv.rs`), so their results are ggml's on every CPU; f32/f16/bf16 weights
+//!   multiply x unrounded.
 
 use std::cell::RefCell;
 
+use rafter_quant::layout::{self, read_f16};
 use rafter_quant::{dequantize_row, BlockFormat};
 
+use super::act::{quantize_rows, Act, ActType, QuantIsa};
 use super::finish::YPtr;
 use super::{dense, Path, QuantMatRef, WeightFormat};
 use crate::buffer::Aligned;
@@ -20,15 +25,10 @@ use crate::driver::run_raw;
 use crate::kernel::{Isa, PANEL};
 use crate::{BRef, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, Sequential};
 
-/// The block size x is quantized in by the prefill path for `format` on `path`, or `None`
-/// (widened weights against f32 x).
-pub(crate) fn act_block_of(path: Path, format: BlockFormat) -> Option<usize> {
-    #[cfg(target_arch = "x86_64")]
-    if path == Path::Vnni512 && super::x86_vnni_gemm::supports(format) {
-        return Some(32);
-    }
-    let _ = (path, format);
-    None
+/// Whether `format` runs the int8 GEMM on `path` (else the widened f32 GEMM).
+#[cfg(target_arch = "x86_64")]
+fn int8_gemm(path: Path, format: BlockFormat) -> bool {
+    path == Path::Vnni512 && super::x86_vnni_gemm::supports(format)
 }
 
 /// `y = x · Wᵀ` (then the epilogue) for many rows; shapes checked by the caller.
@@ -41,19 +41,63 @@ pub(crate) fn run(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) {
-    #[cfg(target_arch = "x86_64")]
     if let WeightFormat::Block(f) = w.format {
-        if act_block_of(path, f).is_some() {
+        #[cfg(target_arch = "x86_64")]
+        if int8_gemm(path, f) {
             return super::x86_vnni_gemm::run(f, x, w, y, epilogue, par);
         }
+        return dequantized_x(isa, path, f, x, w, y, epilogue, par);
     }
-    let _ = path;
-    widened(isa, x, w, y, epilogue, par);
+    widened(isa, x, w, 0, y, epilogue, par);
 }
 
 thread_local! {
     /// Per-thread f32 panels of one widened `KC x NC` block of W, and one decoded row.
     static WIDE: RefCell<(Aligned, Vec<f32>)> = RefCell::new((Aligned::new(0, 0), Vec::new()));
+    /// The calling thread's quantized activations and their dequantized copy.
+    static XQ: RefCell<(Act, Vec<f32>)> = RefCell::new((Act::default(), Vec::new()));
+}
+
+/// Block-format W on the widened path: x quantized as ggml does, dequantized (with the
+/// `_1` formats' per-block corrections as `k / 32` more columns; see
+/// [`Act::dequantize_row`]), times the widened W.
+#[allow(clippy::too_many_arguments)]
+fn dequantized_x(
+    isa: Isa,
+    path: Path,
+    f: BlockFormat,
+    x: MatRef<'_>,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) {
+    let (m, k) = (x.rows, x.cols);
+    let mut fresh = None;
+    XQ.with(|cell| {
+        let mut guard = cell.try_borrow_mut().ok();
+        let (act, xd) = match guard.as_deref_mut() {
+            Some(s) => s,
+            None => fresh.insert((Act::default(), Vec::new())),
+        };
+        act.reset(m, k, ActType::of(f));
+        quantize_rows(QuantIsa::of(path), &x, act, par);
+        let extra = if act.kind == ActType::Q8_1 { k / 32 } else { 0 };
+        let ld = k + extra;
+        xd.resize(m * ld, 0.0);
+        for (r, xr) in xd.chunks_exact_mut(ld).enumerate() {
+            let (vals, corr) = xr.split_at_mut(k);
+            act.dequantize_row(r, vals, corr);
+        }
+        let xv = MatRef {
+            data: xd,
+            rows: m,
+            cols: ld,
+            rs: ld,
+            cs: 1,
+        };
+        widened(isa, xv, w, extra, y, epilogue, par);
+    });
 }
 
 /// Width of one column block (W rows) of the widened path: 256 columns of a 512-deep block
@@ -63,16 +107,20 @@ const WIDE_NC: usize = 256;
 /// Depth of one widened block: a multiple of every block format's 256.
 const WIDE_KC: usize = 512;
 
-/// The widened path (see the module docs).
+/// The widened path (see the module docs). x has W's `k` columns plus `extra` (the `_1`
+/// formats' corrections, multiplied by the blocks' mins; 0 otherwise).
 fn widened(
     isa: Isa,
     x: MatRef<'_>,
     w: QuantMatRef<'_>,
+    extra: usize,
     y: MatMut<'_>,
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) {
-    let (m, k, n) = (x.rows, x.cols, w.n);
+    let (m, n) = (x.rows, w.n);
+    let k = w.k;
+    debug_assert_eq!(x.cols, k + extra);
     let mr = isa.blocking().mr;
     let threads = par.threads().max(1);
     let blocks = n.div_ceil(WIDE_NC).div_ceil(threads) * threads;
@@ -110,9 +158,9 @@ fn widened(
         let none = Epilogue::none();
         let np = (j1 - j0).div_ceil(PANEL);
         let mut pc = 0;
-        while pc < k {
-            let kb = WIDE_KC.min(k - pc);
-            let last = pc + kb >= k;
+        while pc < k + extra {
+            let kb = if pc < k { WIDE_KC.min(k - pc) } else { extra };
+            let last = pc + kb >= k + extra;
             WIDE.with(|cell| {
                 let mut fresh = (Aligned::new(0, 0), Vec::new());
                 let mut guard = cell.try_borrow_mut().ok();
@@ -166,7 +214,8 @@ fn widened(
 }
 
 /// W's rows `j0..j1`, elements `pc..pc + kb`, as f32 panels `[ceil((j1-j0)/16)][kb][16]`
-/// (zero past the last row).
+/// (zero past the last row). `pc == k` is the block of the `_1` formats' mins, one per
+/// block of the row.
 fn widen_block(
     w: &QuantMatRef<'_>,
     j0: usize,
@@ -178,6 +227,27 @@ fn widen_block(
 ) {
     row.resize(kb, 0.0);
     let be = w.format.block_elems();
+    if pc >= w.k {
+        let WeightFormat::Block(f) = w.format else {
+            unreachable!("only block formats have the extra columns")
+        };
+        for q in 0..(j1 - j0).div_ceil(PANEL) {
+            let panel = &mut panels[q * kb * PANEL..][..kb * PANEL];
+            for jj in 0..PANEL {
+                let j = j0 + q * PANEL + jj;
+                for p in 0..kb {
+                    panel[p * PANEL + jj] = if j < j1 {
+                        let blk = &w.rows(j, j + 1)[p * f.block_bytes()..];
+                        // Q4_1 and Q5_1 keep the min at the same offset.
+                        read_f16(blk, layout::q4_1::M)
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if !matches!(w.format, WeightFormat::Block(_)) && std::arch::is_x86_feature_detected!("avx512f")
     {

@@ -2,18 +2,20 @@
 //!
 //! N (W's rows) is split into contiguous ranges, so each task streams its part of W
 //! sequentially; a task computes [`TILE`] outputs of every x row at a time into a small
-//! buffer and stores them through the epilogue. Block-format weights run the integer
-//! kernels of the path (x quantized once per call, before the tasks start); formats a
-//! vector path has no kernel for dequantize each row to f32 and run the f32 kernel.
+//! buffer and stores them through the epilogue. Block-format weights multiply x quantized
+//! as ggml does (once per call, before the tasks start; see [`super::act`]): with the
+//! path's integer kernels, or, for formats a vector path has no kernel for, by
+//! dequantizing each weight row to f32 against the dequantized activations.
 
 use std::cell::RefCell;
 
+use rafter_quant::layout::{self, read_f16};
 use rafter_quant::{dequantize_row, BlockFormat};
 
-use super::act::{quantize_rows, Act, QuantIsa};
+use super::act::{quantize_rows, Act, ActType, QuantIsa};
 use super::dense::{self, MR};
 use super::finish::{finish, YPtr};
-use super::gemv_scalar::{self, act_block};
+use super::gemv_scalar;
 use super::{Path, QuantMatRef, WeightFormat, DECODE_MAX_M};
 use crate::{Epilogue, MatMut, MatRef, Parallel};
 
@@ -92,12 +94,6 @@ impl Kernel {
     }
 }
 
-/// The block size x is quantized in for `format` on `path`, or `None` (dequantized rows
-/// against f32 x).
-pub(crate) fn act_block_of(path: Path, format: BlockFormat) -> Option<usize> {
-    (Kernel::of(path, format) != Kernel::Dequant).then(|| act_block(format))
-}
-
 /// `y = x · Wᵀ` (then the epilogue) for `x.rows <= DECODE_MAX_M`; shapes checked by the
 /// caller.
 pub(crate) fn run(
@@ -141,9 +137,13 @@ fn run_with(
         _ => None,
     };
     match kernel {
-        Some((f, kern @ (Kernel::Scalar | Kernel::Vnni | Kernel::Avx2))) => {
-            s.act.reset(m, k, act_block(f));
+        Some((f, kern)) => {
+            s.act.reset(m, k, ActType::of(f));
             quantize_rows(QuantIsa::of(path), x, &mut s.act, &crate::Sequential);
+            if kern == Kernel::Dequant {
+                dequantized(path, f, w, y, epi, par, s);
+                return;
+            }
             let act = &s.act;
             #[cfg(target_arch = "x86_64")]
             match kern {
@@ -181,22 +181,14 @@ fn run_with(
                 },
             );
         }
-        _ => {
+        None => {
             let (xs, ldx) = contiguous(x, &mut s.x);
             let format = w.format;
             drive(path, w, m, y, epi, par, &|rows, r0, mr, out, out_ld| {
                 let xr = &xs[r0 * ldx..];
                 let mut o = [0.0f32; MR];
                 for (c, row) in rows.chunks_exact(w.row_bytes).enumerate() {
-                    match format {
-                        WeightFormat::Block(f) => ROW.with(|buf| {
-                            let mut buf = buf.borrow_mut();
-                            buf.resize(k, 0.0);
-                            dequantize_row(f, row, &mut buf).expect("W rows are whole blocks");
-                            dense::dot_rows_f32(path, &buf, xr, ldx, mr, &mut o);
-                        }),
-                        _ => dense::dot_rows(path, format, row, xr, ldx, mr, &mut o),
-                    }
+                    dense::dot_rows(path, format, row, xr, ldx, mr, &mut o);
                     for (i, &v) in o.iter().enumerate().take(mr) {
                         out[i * out_ld + c] = v;
                     }
@@ -204,6 +196,55 @@ fn run_with(
             });
         }
     }
+}
+
+/// A block format this path has no integer kernel for: each weight row dequantized to f32
+/// against the activations as ggml's dot products see them (`s.act`, quantized), dequantized
+/// too ([`Act::dequantize_row`]), so the result is ggml's up to the f32 additions. For the
+/// `_1` formats, one more element per block carries the min times the Q8_1 correction.
+fn dequantized(
+    path: Path,
+    f: BlockFormat,
+    w: &QuantMatRef<'_>,
+    y: YPtr,
+    epi: Option<&Epilogue<'_>>,
+    par: &dyn Parallel,
+    s: &mut Scratch,
+) {
+    let (m, k) = (s.act.m, s.act.k);
+    let extra = if s.act.kind == ActType::Q8_1 {
+        k / 32
+    } else {
+        0
+    };
+    let ldx = k + extra;
+    s.x.resize(m * ldx, 0.0);
+    for (r, xr) in s.x.chunks_exact_mut(ldx).enumerate() {
+        let (vals, corr) = xr.split_at_mut(k);
+        s.act.dequantize_row(r, vals, corr);
+    }
+    let xs = &s.x;
+    let bb = f.block_bytes();
+    drive(path, w, m, y, epi, par, &|rows, r0, mr, out, out_ld| {
+        let xr = &xs[r0 * ldx..];
+        let mut o = [0.0f32; MR];
+        ROW.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.resize(ldx, 0.0);
+            for (c, row) in rows.chunks_exact(w.row_bytes).enumerate() {
+                let (vals, mins) = buf.split_at_mut(k);
+                dequantize_row(f, row, vals).expect("W rows are whole blocks");
+                for (mn, blk) in mins.iter_mut().zip(row.chunks_exact(bb)) {
+                    // The `_1` formats' min (Q4_1 and Q5_1 keep it at the same offset).
+                    *mn = read_f16(blk, layout::q4_1::M);
+                }
+                dense::dot_rows_f32(path, &buf, xr, ldx, mr, &mut o);
+                for (i, &v) in o.iter().enumerate().take(mr) {
+                    out[i * out_ld + c] = v;
+                }
+            }
+        });
+    });
 }
 
 /// x's rows as contiguous f32 slices: x itself when its columns are contiguous, else a

@@ -4,29 +4,24 @@
 //! results differ from these only by the order of the f32 additions).
 //!
 //! Per block (32 elements) or super-block (256) the integer part is exact; the float part
-//! is ggml's: `dw * dx * (Σ q x - offset Σ x)` for the symmetric formats, plus
-//! `mw * dx * Σ x` for the ones with a min; for the K formats `dx * (d Σ sc_j Σ_j q x -
-//! dmin Σ m_j Σ_j x)` over the sub-blocks `j`.
+//! is ggml's (`ggml_vec_dot_*` in ggml-cpu/arch/x86/quants.c), with the activations
+//! quantized as ggml's `vec_dot_type` ([`super::act`]):
+//! - `_0` formats: `(dw dx) (Σ q x - offset Σ x)`, `dw dx` the product of two f16 values
+//!   (exact in f32);
+//! - `_1` formats: `(dw dx) Σ q x + mw s`, with the activations' f16 `s` (Q8_1), not
+//!   `dx Σ x`;
+//! - K formats: `(dx dw) Σ_j sc_j Σ_j q x - (dx dmin) Σ_j m_j Σ_j x` over the sub-blocks
+//!   `j`, `dx` the Q8_K f32 scale.
 
 use rafter_quant::layout::{self, k4_scale_min, q3_k_scales, read_f16};
 use rafter_quant::BlockFormat;
 
 use super::act::Act;
 
-/// The activation block size the format's decode kernels read: ggml's Q8_0 for the 32-element
-/// formats, Q8_K for the K formats.
-pub(crate) fn act_block(format: BlockFormat) -> usize {
-    if format.block_elems() == 32 {
-        32
-    } else {
-        256
-    }
-}
-
 /// `Σ_k w[k] x[k]` for one weight row `w` (whole blocks of `format`) and row `r` of `act`
-/// (quantized in blocks of [`act_block`]).
+/// (quantized as [`super::act::ActType::of`] `format`).
 pub(crate) fn dot(format: BlockFormat, w: &[u8], act: &Act, r: usize) -> f32 {
-    let (x, dx, s16) = (act.row(r), act.scales(r), act.sums16(r));
+    let (x, dx, sx, s16) = (act.row(r), act.scales(r), act.block_sums(r), act.sums16(r));
     let bb = format.block_bytes();
     let mut acc = 0.0f32;
     for (b, blk) in w.chunks_exact(bb).enumerate() {
@@ -36,28 +31,29 @@ pub(crate) fn dot(format: BlockFormat, w: &[u8], act: &Act, r: usize) -> f32 {
                 blk,
                 &x[32 * b..][..32],
                 dx[b],
+                sx[b],
                 s16[2 * b] + s16[2 * b + 1],
             ),
             _ => {
                 let xs = &x[256 * b..][..256];
                 let sums = &s16[16 * b..][..16];
-                dx[b] * superblock(format, blk, xs, sums)
+                superblock(format, blk, xs, sums, dx[b])
             }
         };
     }
     acc
 }
 
-/// One 32-element block `b` against 32 quantized activations `x` with scale `dx` and sum
-/// `sx`.
-pub(crate) fn block32(format: BlockFormat, b: &[u8], x: &[i8], dx: f32, sx: i32) -> f32 {
+/// One 32-element block `b` against 32 quantized activations `x` with scale `dx`, Q8_1 sum
+/// `s` (for the `_1` formats) and integer sum `sum`.
+pub(crate) fn block32(format: BlockFormat, b: &[u8], x: &[i8], dx: f32, s: f32, sum: i32) -> f32 {
     let (q, offset) = unpack32(format, b);
     match format {
         BlockFormat::Q4_1 | BlockFormat::Q5_1 => {
             let (d, m) = (read_f16(b, 0), read_f16(b, 2));
-            d * dx * idot(&q, x) as f32 + m * dx * sx as f32
+            d * dx * idot(&q, x) as f32 + m * s
         }
-        _ => read_f16(b, 0) * dx * (idot(&q, x) - offset * sx) as f32,
+        _ => read_f16(b, 0) * dx * (idot(&q, x) - offset * sum) as f32,
     }
 }
 
@@ -115,9 +111,9 @@ fn unpack32(format: BlockFormat, b: &[u8]) -> ([i32; 32], i32) {
     (q, offset)
 }
 
-/// One K-format super-block against 256 quantized activations (with their 16-sums), before
-/// the activation scale: `d Σ_j sc_j (Σ_j q x) - dmin Σ_j m_j (Σ_j x)`.
-fn superblock(format: BlockFormat, b: &[u8], x: &[i8], s16: &[i32]) -> f32 {
+/// One K-format super-block against 256 quantized activations (with their 16-sums) of
+/// scale `dx`: `(dx d) Σ_j sc_j (Σ_j q x) - (dx dmin) Σ_j m_j (Σ_j x)`.
+fn superblock(format: BlockFormat, b: &[u8], x: &[i8], s16: &[i32], dx: f32) -> f32 {
     let q = unpack256(format, b);
     match format {
         BlockFormat::Q4_K | BlockFormat::Q5_K => {
@@ -128,7 +124,7 @@ fn superblock(format: BlockFormat, b: &[u8], x: &[i8], s16: &[i32]) -> f32 {
                 a += sc as i32 * idot(&q[32 * j..][..32], &x[32 * j..][..32]);
                 m += mn as i32 * (s16[2 * j] + s16[2 * j + 1]);
             }
-            read_f16(b, 0) * a as f32 - read_f16(b, layout::q4_k::DMIN) * m as f32
+            (dx * read_f16(b, 0)) * a as f32 - (dx * read_f16(b, layout::q4_k::DMIN)) * m as f32
         }
         BlockFormat::Q6_K => {
             let sc = &b[layout::q6_k::SCALES..][..16];
@@ -137,7 +133,7 @@ fn superblock(format: BlockFormat, b: &[u8], x: &[i8], s16: &[i32]) -> f32 {
                 let dot = idot(&q[16 * j..][..16], &x[16 * j..][..16]) - 32 * s16[j];
                 a += sc[j] as i8 as i32 * dot;
             }
-            read_f16(b, layout::q6_k::D) * a as f32
+            (dx * read_f16(b, layout::q6_k::D)) * a as f32
         }
         BlockFormat::Q3_K => {
             let sc = q3_k_scales(&b[layout::q3_k::SCALES..][..12]);
@@ -146,7 +142,7 @@ fn superblock(format: BlockFormat, b: &[u8], x: &[i8], s16: &[i32]) -> f32 {
                 let dot = idot(&q[16 * j..][..16], &x[16 * j..][..16]) - 4 * s16[j];
                 a += sc[j] as i32 * dot;
             }
-            read_f16(b, layout::q3_k::D) * a as f32
+            (dx * read_f16(b, layout::q3_k::D)) * a as f32
         }
         BlockFormat::Q2_K => {
             let (mut a, mut m) = (0i32, 0i32);
@@ -155,12 +151,13 @@ fn superblock(format: BlockFormat, b: &[u8], x: &[i8], s16: &[i32]) -> f32 {
                 a += (sc & 0xF) as i32 * idot(&q[16 * j..][..16], &x[16 * j..][..16]);
                 m += (sc >> 4) as i32 * s16[j];
             }
-            read_f16(b, layout::q2_k::D) * a as f32 - read_f16(b, layout::q2_k::DMIN) * m as f32
+            (dx * read_f16(b, layout::q2_k::D)) * a as f32
+                - (dx * read_f16(b, layout::q2_k::DMIN)) * m as f32
         }
         _ => {
             // Q8_K as a weight: an f32 scale and 256 i8.
             let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            d * idot(&q, x) as f32
+            (dx * d) * idot(&q, x) as f32
         }
     }
 }

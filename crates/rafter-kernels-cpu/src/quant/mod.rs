@@ -11,20 +11,27 @@
 //! Two paths, chosen by M (up to [`DECODE_MAX_M`] rows run the decode path):
 //! - **decode** (few rows, [`gemv`]): every row of W is read once, for all rows of x, by
 //!   tasks that each stream a contiguous range of W's rows, prefetching 8 KiB ahead. x is
-//!   first quantized to 8 bits, as ggml does (per 32 elements for the `_0`/`_1` formats,
-//!   per 256 for the K formats; see [`act`]), so the inner loops are integer dot products:
-//!   AVX-512 VNNI `vpdpbusd` / `vpdpwssd` with AVX-512BW, VBMI and GFNI for the unpacking,
-//!   for every block format ([`x86_vnni`]); AVX2 `vpmaddubsw` for Q4_0, Q8_0, Q4_K and Q6_K
-//!   ([`x86_avx2`]; the other formats dequantize each row and run the f32 kernel there);
-//!   portable Rust everywhere ([`gemv_scalar`], also the scalar model the vector kernels
-//!   are tested against). f32/f16/bf16 weights are widened and FMA'd against unrounded f32
-//!   x ([`dense`]).
+//!   first quantized to 8 bits, so the inner loops are integer dot products: AVX-512 VNNI
+//!   `vpdpbusd` / `vpdpwssd` with AVX-512BW, VBMI and GFNI for the unpacking, for every
+//!   block format ([`x86_vnni`]); AVX2 `vpmaddubsw` for Q4_0, Q8_0, Q4_K and Q6_K
+//!   ([`x86_avx2`]; the other formats dequantize each row and run the f32 kernel against
+//!   the dequantized activations there); portable Rust everywhere ([`gemv_scalar`], also
+//!   the scalar model the vector kernels are tested against). f32/f16/bf16 weights are
+//!   widened and FMA'd against unrounded f32 x ([`dense`]).
 //! - **prefill** (many rows, [`gemm`]): compute-bound. On AVX-512 VNNI, block formats run
 //!   an int8 GEMM ([`x86_vnni_gemm`]): each task unpacks panels of 32 weight rows into
 //!   int8 with a float scale (and min) per 16 or 32 elements and runs `vpdpbusd` tiles over
-//!   x quantized per 32 elements. f32/f16/bf16 weights, and every format on CPUs without
-//!   VNNI, are widened into f32 panels for the crate's f32 GEMM driver (exact for the float
-//!   formats).
+//!   the quantized x. f32/f16/bf16 weights, and every format on CPUs without VNNI, are
+//!   widened into f32 panels for the crate's f32 GEMM driver (block formats against the
+//!   dequantized quantized activations).
+//!
+//! **Block formats compute what ggml computes.** On every path and ISA, x is quantized
+//! exactly as ggml's CPU backend quantizes activations on x86-64 for that weight type
+//! (its `vec_dot_type`: Q8_0 per 32 with an f16 scale for Q4_0/Q5_0/Q8_0, Q8_1 with an f16
+//! scale and f16 sum for Q4_1/Q5_1, Q8_K per 256 with an f32 scale for the K formats; see
+//! [`act`]), and the products combine the same integers with the same scales as ggml's
+//! dot products, so a result differs from llama.cpp's only by the order of f32 additions
+//! (the tests hold every format, path and ISA to an f64 evaluation of ggml's model).
 //!
 //! The weights are always read in their GGUF layout, from wherever they lie (a memory map
 //! of the file included): nothing is repacked ahead of time.
@@ -243,11 +250,12 @@ impl<'a> QuantMatRef<'a> {
 /// `y = x · Wᵀ`, then the epilogue, on the fastest kernels this CPU has, with tasks run by
 /// `par`. `x` is `M x K` (any strides), `W` is `[N, K]`, `y` is `M x N` (only written).
 ///
-/// Block-format weights multiply x quantized to 8 bits (see the module docs), so the result
-/// differs from the f64 product of x and the dequantized W by that rounding: per 32 (or
-/// 256) elements of x at most half a step of `max |x| / 127`, in practice ~0.3% of the
-/// product's magnitude for random data (the tests bound it). f32/f16/bf16 weights multiply
-/// x unrounded, accumulating in f32.
+/// Block-format weights multiply x quantized to 8 bits as ggml does (see the module docs),
+/// so the result differs from the f64 product of x and the dequantized W by that rounding:
+/// per 32 (or 256) elements of x at most half a step of `max |x| / 127` (plus the f16
+/// rounding of the 32-element scales), in practice ~0.3% of the product's magnitude for
+/// random data (the tests bound it). f32/f16/bf16 weights multiply x unrounded,
+/// accumulating in f32.
 pub fn quant_matmul(
     x: MatRef<'_>,
     w: QuantMatRef<'_>,
@@ -324,21 +332,6 @@ pub fn quant_matmul_with_isa(
         gemm::run(isa, path, x, w, y, epilogue, par);
     }
     Ok(())
-}
-
-/// How [`quant_matmul_with_isa`] treats x for this ISA, weight format and row count: the
-/// block size x is quantized to 8 bits in (see the module docs), or `None` when x is
-/// multiplied unrounded. For tests, which hold each product to the matching reference.
-#[doc(hidden)]
-pub fn quant_activation_block(isa: Isa, format: WeightFormat, m: usize) -> Option<usize> {
-    let WeightFormat::Block(f) = format else {
-        return None;
-    };
-    if m <= decode_max_m(format) {
-        gemv::act_block_of(Path::of(isa), f)
-    } else {
-        gemm::act_block_of(Path::of(isa), f)
-    }
 }
 
 /// Which quantized kernels an [`Isa`] runs.

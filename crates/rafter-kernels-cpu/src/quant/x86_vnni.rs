@@ -17,8 +17,9 @@
 //! Layouts of the prepared activations ([`prepare`]), per row of x:
 //! - `_0`/`_1` nibble formats, per group of 4 blocks (256 bytes): `x_lo[64]` (lane `b`'s 16
 //!   bytes: block `b`'s elements 0..16), `x_hi[64]` (elements 16..32), then 16 lanes of
-//!   `-offset * s` as i32 (Q4_0, Q5_0) or `dx * s` as f32 (Q4_1, Q5_1), where `s` is the sum
-//!   of the 8 activations that lane's `vpdpbusd` multiplies, then 16 lanes of `dx`.
+//!   `-offset * s` as i32 (Q4_0, Q5_0), where `s` is the sum of the 8 activations that
+//!   lane's `vpdpbusd` multiplies, or (Q4_1, Q5_1) the block's Q8_1 sum `s` as f32 in its
+//!   first lane and zeros in the other three (ggml's `x.m * y.s`), then 16 lanes of `dx`.
 //! - Q8_0/Q8_1, per group of 4 blocks (384 bytes): the 128 activations, 32 lanes of
 //!   `-128 * s` (weights are made unsigned by flipping their sign bit), 32 lanes of `dx`.
 //! - K formats, per super-block (320 bytes): the 256 activations (Q4_K/Q5_K: in the order
@@ -94,11 +95,18 @@ pub(crate) fn prepare(format: BlockFormat, act: &Act, aux: &mut AlignedBytes) {
         let (x, dx, s16) = (act.row(r), act.scales(r), act.sums16(r));
         match family(format) {
             Family::Nibble => {
+                let sx = act.block_sums(r);
                 for (g, o) in out.chunks_exact_mut(NIB_GROUP).enumerate() {
                     // SAFETY: the VNNI path's features are available (prepare runs only
-                    // for it); the group's 128 activations and 4 scales exist.
+                    // for it); the group's 128 activations, 4 scales and 4 sums exist.
                     unsafe {
-                        nibble_group_prep(format, &x[128 * g..][..128], &dx[4 * g..][..4], o)
+                        nibble_group_prep(
+                            format,
+                            &x[128 * g..][..128],
+                            &dx[4 * g..][..4],
+                            &sx[4 * g..][..4],
+                            o,
+                        )
                     };
                 }
             }
@@ -146,12 +154,12 @@ pub(crate) fn prepare(format: BlockFormat, act: &Act, aux: &mut AlignedBytes) {
 /// # Safety
 /// AVX-512F/BW/VBMI/VNNI available; `o` holds [`NIB_GROUP`] bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
-unsafe fn nibble_group_prep(format: BlockFormat, x: &[i8], dx: &[f32], o: &mut [u8]) {
-    assert!(x.len() >= 128 && dx.len() >= 4 && o.len() >= NIB_GROUP);
+unsafe fn nibble_group_prep(format: BlockFormat, x: &[i8], dx: &[f32], sx: &[f32], o: &mut [u8]) {
+    assert!(x.len() >= 128 && dx.len() >= 4 && sx.len() >= 4 && o.len() >= NIB_GROUP);
     // Output byte 16 b + t of x_lo is element 32 b + t; of x_hi, 32 b + 16 + t.
     let lo_idx: [u8; 64] = std::array::from_fn(|i| (32 * (i / 16) + i % 16) as u8);
     let hi_idx: [u8; 64] = std::array::from_fn(|i| (32 * (i / 16) + 16 + i % 16) as u8);
-    // SAFETY: 128 bytes of x, NIB_GROUP of o, 4 floats of dx (asserted).
+    // SAFETY: 128 bytes of x, NIB_GROUP of o, 4 floats of dx and sx (asserted).
     unsafe {
         let x0 = _mm512_loadu_si512(x.as_ptr().cast());
         let x1 = _mm512_loadu_si512(x.as_ptr().add(64).cast());
@@ -175,7 +183,12 @@ unsafe fn nibble_group_prep(format: BlockFormat, x: &[i8], dx: &[f32], o: &mut [
             BlockFormat::Q5_0 => {
                 _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<4>(sums))
             }
-            _ => _mm512_castps_si512(_mm512_mul_ps(dv, _mm512_cvtepi32_ps(sums))),
+            // Q4_1, Q5_1: s of block b in lane 4b.
+            _ => _mm512_castps_si512(_mm512_maskz_permutexvar_ps(
+                0x1111,
+                _mm512_setr_epi32(0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0),
+                _mm512_castps128_ps512(_mm_loadu_ps(sx.as_ptr())),
+            )),
         };
         let op = o.as_mut_ptr();
         _mm512_storeu_si512(op.cast(), lo);
@@ -315,6 +328,7 @@ pub(crate) unsafe fn dot_tile(
                         &wr[b * bb..][..bb],
                         &act.row(r)[32 * b..][..32],
                         act.scales(r)[b],
+                        act.block_sums(r)[b],
                         s[2 * b] + s[2 * b + 1],
                     );
                 }
@@ -1233,7 +1247,7 @@ unsafe fn q23k_rows<const THREE: bool, const R: usize, const NR: usize>(
 unsafe fn q8k<const UNUSED: u8, const R: usize>(t: &Tile) {
     let flip = _mm512_set1_epi8(-128);
     for n in 0..t.rows {
-        let mut sum = [_mm512_setzero_ps(); R];
+        let mut sum = [0.0f32; R];
         // SAFETY: row n < rows; super-blocks s < k / 256 inside it and each prepared row.
         unsafe {
             let w = t.w.add(n * t.wrow);
@@ -1243,21 +1257,25 @@ unsafe fn q8k<const UNUSED: u8, const R: usize>(t: &Tile) {
                 let v: [__m512i; 4] = std::array::from_fn(|i| {
                     _mm512_xor_si512(_mm512_loadu_si512(p.add(4 + 64 * i).cast()), flip)
                 });
-                let d = _mm512_set1_ps(p.cast::<f32>().read_unaligned());
+                let d = p.cast::<f32>().read_unaligned();
                 for (r, sr) in sum.iter_mut().enumerate() {
                     let ar = t.a.add(r * t.rb + s * K_SB);
                     let total = ar.add(292).cast::<i32>().read();
-                    let mut acc = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-128 * total));
+                    let mut acc = _mm512_setzero_si512();
                     for (i, vi) in v.iter().enumerate() {
                         acc =
                             _mm512_dpbusd_epi32(acc, *vi, _mm512_load_si512(ar.add(64 * i).cast()));
                     }
-                    let dx = _mm512_set1_ps(ar.add(288).cast::<f32>().read());
-                    *sr = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, dx), *sr);
+                    // The flipped sign bits add 128 Σ x, removed in integers: the lanes
+                    // alone are far larger than the dot product, so their float sum would
+                    // cancel.
+                    let dot = _mm512_reduce_add_epi32(acc) - 128 * total;
+                    let dx = ar.add(288).cast::<f32>().read();
+                    *sr += dot as f32 * (d * dx);
                 }
             }
-            for (r, sr) in sum.iter().enumerate() {
-                t.store(r, n, hsum(*sr));
+            for (r, &sr) in sum.iter().enumerate() {
+                t.store(r, n, sr);
             }
         }
     }

@@ -3,8 +3,10 @@
 //! Every block format is a weight `w = s q + t` per group of `G` elements (16 or 32), with
 //! `q` a small unsigned integer (Q8's signed quants sign-flipped to `q + 128`), `s` a float
 //! scale and `t` a float offset (the `_1`/K formats' mins, or `-s * offset` for the
-//! symmetric formats, which is applied in integers instead). With x quantized per 32
-//! elements (`x = dx xq`), a group's contribution is `dx (s Σ q xq + t Σ xq)`.
+//! symmetric formats, which is applied in integers instead). With x quantized as ggml does
+//! (`x = dx xq`, [`super::act`]: per 32 elements for the 32-element formats, per 256 for
+//! the K formats), a group's contribution is `dx s Σ q xq + t (dx Σ xq)`, where for the
+//! `_1` formats `dx Σ xq` is ggml's f16 Q8_1 sum `s` instead.
 //!
 //! Each task owns a range of output columns (W rows) and, per panel of [`NR`] = 32 W rows
 //! and [`KC`] elements of K:
@@ -27,7 +29,7 @@ use std::cell::RefCell;
 use rafter_quant::layout::{self, k4_scale_min, q3_k_scales, read_f16};
 use rafter_quant::BlockFormat;
 
-use super::act::{quantize_rows, Act, QuantIsa};
+use super::act::{quantize_rows, Act, ActType, QuantIsa};
 use super::finish::{finish, YPtr};
 use super::gemv::AlignedBytes;
 use super::gemv_scalar::unpack256;
@@ -138,24 +140,30 @@ pub(crate) fn run(
     });
 }
 
-/// Quantizes x per 32 and derives the per-group arrays.
+/// Quantizes x as ggml does for `format` ([`super::act`]: per 32 with f16 scales for the
+/// 32-element formats, per 256 with f32 scales for the K formats) and derives the
+/// per-group arrays: a group's `dx` is its block's scale; the mins' multiplier `dx Σ xq` is
+/// the Q8_1 `s` for the `_1` formats (ggml's `x.m * y.s`).
 fn prepare_x(format: BlockFormat, x: &MatRef<'_>, xs: &mut XSide, par: &dyn Parallel) {
     let (m, k) = (x.rows, x.cols);
     let sp = spec(format);
-    xs.act.reset(m, k, 32);
+    xs.act.reset(m, k, ActType::of(format));
     quantize_rows(QuantIsa::of(Path::Vnni512), x, &mut xs.act, par);
-    let ng = k / sp.g;
+    let (ng, blk) = (k / sp.g, xs.act.blk);
+    let q8_1 = xs.act.kind == ActType::Q8_1;
     xs.off.resize(m * ng, 0);
     xs.dx.resize(m * ng, 0.0);
     xs.dxs.resize(m * ng, 0.0);
     for r in 0..m {
-        let (d, s16) = (xs.act.scales(r), xs.act.sums16(r));
+        let (d, s, s16) = (xs.act.scales(r), xs.act.block_sums(r), xs.act.sums16(r));
         for gi in 0..ng {
             let sum: i32 = s16[gi * sp.g / 16..(gi + 1) * sp.g / 16].iter().sum();
-            let dx = d[gi * sp.g / 32];
+            let b = gi * sp.g / blk;
+            let dx = d[b];
             xs.off[r * ng + gi] = -sp.offset * sum;
             xs.dx[r * ng + gi] = dx;
-            xs.dxs[r * ng + gi] = dx * sum as f32;
+            // Groups of the `_1` formats are whole Q8_1 blocks (g = blk = 32).
+            xs.dxs[r * ng + gi] = if q8_1 { s[b] } else { dx * sum as f32 };
         }
     }
 }

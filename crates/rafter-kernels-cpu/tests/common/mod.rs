@@ -5,6 +5,8 @@
 
 use rafter_kernels_cpu::Isa;
 
+pub mod ggml;
+
 /// A xorshift generator: the same values on every machine.
 pub struct Rng(pub u64);
 
