@@ -362,7 +362,36 @@ def llama_cpp_references(arch: A.Arch, ggufs: dict, prompts: dict, adir: str) ->
             gap = min(s[1][0] - s[1][1] for s in tops)
             out[t]["prompts"][pname] = {"greedy": greedy, "min_top2_gap": round(gap, 4), "top": tops}
         llm.close()
+        if t not in ("f32", "f16", "bf16"):
+            for pname, p in prompts.items():
+                out[t]["prompts"][pname]["self_agreement"] = llama_cpp_self_agreement(
+                    path, p["ids"], out[t]["prompts"][pname]["greedy"])
     return out
+
+
+# llama.cpp settings that change only its arithmetic, not the model: its flash-attention
+# kernel, and an f32 KV cache instead of f16.
+SELF_SETTINGS = {"flash_attn": {"flash_attn": True}, "f32_kv": {"type_k": 0, "type_v": 0}}
+
+
+def llama_cpp_self_agreement(path: str, prompt: list[int], greedy: list[int]) -> dict:
+    """How often llama.cpp under each of SELF_SETTINGS picks the top-1 token its default
+    run picked, teacher-forced on the default's greedy ids: the bar for another
+    implementation at quantized types, where llama.cpp does not agree with itself."""
+    L = llama_cpp()
+    res = {}
+    for name, kw in SELF_SETTINGS.items():
+        llm = L.Llama(path, n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1, n_threads_batch=1,
+                      logits_all=True, verbose=False, **kw)
+        llm.reset()
+        llm.eval(prompt)
+        agree = 0
+        for t in greedy:
+            agree += int(np.argmax(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)) == t)
+            llm.eval([t])
+        llm.close()
+        res[name] = agree
+    return res
 
 
 def tokenizer_check(tok, gguf: str) -> dict:
@@ -525,6 +554,26 @@ def gen_bench(out_root: str) -> None:
     log(f"bench: GGUFs in {adir}/gguf ({time.time() - t0:.0f} s)")
 
 
+def add_self_agreement(out: str, names: list[str]) -> None:
+    """Adds llama_cpp_self_agreement's counts to the committed expected.json for GGUFs
+    already made (their sha256 must be the recorded one)."""
+    exp = json.load(open(EXPECTED))
+    for n in names:
+        for t, run in exp["archs"][n]["llama_cpp"].items():
+            if t in ("f32", "f16", "bf16"):
+                continue
+            path = os.path.join(out, n, run["gguf"])
+            if T.sha256_file(path) != run["gguf_sha256"]:
+                raise SystemExit(f"gen_llm_fixtures: {path}: not the GGUF expected.json records")
+            for pname, p in run["prompts"].items():
+                ids = exp["archs"][n]["prompts"][pname]
+                ids = ids["ids"] if isinstance(ids, dict) else ids
+                p["self_agreement"] = llama_cpp_self_agreement(path, ids, p["greedy"])
+                log(f"{n} {t} {pname}: llama.cpp self-agreement {p['self_agreement']}")
+    dump_json(EXPECTED, exp)
+    log(f"wrote {EXPECTED}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=sorted(A.ARCHS), help="only this architecture (repeatable)")
@@ -532,8 +581,14 @@ def main() -> None:
     ap.add_argument("--bench", action="store_true", help="write the benchmark model instead")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's runs (GGUFs are still made)")
     ap.add_argument("--update-expected", action="store_true", help=f"rewrite {os.path.relpath(EXPECTED, REPO)}")
+    ap.add_argument("--add-self-agreement", action="store_true",
+                    help="only measure llama.cpp's self-agreement on the GGUFs in --out and add it to "
+                         f"{os.path.relpath(EXPECTED, REPO)}")
     args = ap.parse_args()
 
+    if args.add_self_agreement:
+        add_self_agreement(args.out, args.only or list(A.ARCHS))
+        return
     for tool in ("llama-quantize",):
         if not os.path.exists(os.path.join(LLAMA_BIN, tool)):
             raise SystemExit(f"gen_llm_fixtures: {LLAMA_BIN}/{tool} missing: run benchmarks/setup_llama_cpp.sh")
