@@ -7,6 +7,14 @@
 //! sharing at buffer boundaries). It also satisfies every element type's alignment, so typed
 //! views ([`BindingRead::as_slice`]) of ranges at aligned offsets always succeed.
 //!
+//! # Why large allocations are mapped
+//! An allocation of [`MAPPED_FROM`] bytes or more is an anonymous memory mapping rather than
+//! a heap block: the kernel hands out zero pages on first touch, so a buffer sized for a
+//! bound (a KV cache for 4096 positions, an arena planned for the longest prompt) costs
+//! resident memory only for the bytes a call actually writes. The heap's aligned
+//! `alloc_zeroed` would memset (and so commit) every page up front. Pages are 4 KiB or
+//! larger, so the mapping is also 64-byte aligned.
+//!
 //! # Why borrow tracking
 //! Workgroups of a dispatch and commands of one barrier segment run on several threads at
 //! once, each taking `&[u8]` or `&mut [u8]` views of buffer memory. Rust forbids a `&mut`
@@ -31,12 +39,23 @@ use rafter_hal::{BufferImpl, DeviceId, HalError, MemoryKind};
 /// Alignment of every CPU allocation, in bytes.
 pub const ALIGNMENT: usize = 64;
 
+/// Allocations of at least this many bytes are anonymous mappings (see the module docs).
+pub const MAPPED_FROM: usize = 1 << 20;
+
+/// Where an allocation's bytes live.
+enum Backing {
+    /// A heap block of this layout, freed with it.
+    Heap(Layout),
+    /// An anonymous mapping, unmapped when dropped; `ptr` points at its first byte.
+    Mapped(#[allow(dead_code)] memmap2::MmapMut),
+}
+
 /// One aligned host allocation. Its bytes are only ever reached through [`HostBorrow`]s,
 /// which [`HostAllocation::borrow`] hands out only when they conflict with no live one.
 pub(crate) struct HostAllocation {
     ptr: NonNull<u8>,
     size: usize,
-    layout: Layout,
+    backing: Backing,
     borrows: Mutex<BorrowSet>,
     accounting: Arc<AtomicU64>,
 }
@@ -64,23 +83,37 @@ impl HostAllocation {
     /// Allocates `size` zeroed bytes, 64-byte aligned. `accounting` is the device's running
     /// total, already charged with `size` by the caller; it is credited back on drop.
     pub(crate) fn new(size: usize, accounting: Arc<AtomicU64>) -> Result<HostAllocation, HalError> {
-        // A zero-size layout may not be passed to the allocator; give empty buffers one
-        // (never exposed) cache line.
-        let layout =
-            Layout::from_size_align(size.max(1), ALIGNMENT).map_err(|e| HalError::OutOfMemory {
-                size: size as u64,
-                reason: e.to_string(),
+        let (ptr, backing) = if size >= MAPPED_FROM {
+            let mut map = memmap2::MmapOptions::new()
+                .len(size)
+                .map_anon()
+                .map_err(|e| HalError::OutOfMemory {
+                    size: size as u64,
+                    reason: format!("anonymous mapping: {e}"),
+                })?;
+            let ptr = NonNull::new(map.as_mut_ptr()).expect("a mapping is never at address 0");
+            (ptr, Backing::Mapped(map))
+        } else {
+            // A zero-size layout may not be passed to the allocator; give empty buffers one
+            // (never exposed) cache line.
+            let layout = Layout::from_size_align(size.max(1), ALIGNMENT).map_err(|e| {
+                HalError::OutOfMemory {
+                    size: size as u64,
+                    reason: e.to_string(),
+                }
             })?;
-        // SAFETY: `layout` has non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| HalError::OutOfMemory {
-            size: size as u64,
-            reason: "the system allocator returned null".into(),
-        })?;
+            // SAFETY: `layout` has non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            let ptr = NonNull::new(ptr).ok_or_else(|| HalError::OutOfMemory {
+                size: size as u64,
+                reason: "the system allocator returned null".into(),
+            })?;
+            (ptr, Backing::Heap(layout))
+        };
         Ok(HostAllocation {
             ptr,
             size,
-            layout,
+            backing,
             borrows: Mutex::new(BorrowSet::default()),
             accounting,
         })
@@ -149,8 +182,11 @@ impl HostAllocation {
 
 impl Drop for HostAllocation {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout; no borrow can outlive `self`.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        if let Backing::Heap(layout) = self.backing {
+            // SAFETY: allocated in `new` with exactly this layout; no borrow can outlive
+            // `self`. (A mapping is unmapped when `backing` drops.)
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
         self.accounting
             .fetch_sub(self.size as u64, Ordering::Relaxed);
     }
@@ -361,5 +397,60 @@ impl fmt::Debug for CpuBuffer {
             .field("kind", &self.kind)
             .field("size", &self.alloc.size())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Resident memory of this process, in bytes (Linux).
+    fn resident() -> Option<usize> {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let pages: usize = statm.split_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * 4096)
+    }
+
+    #[test]
+    fn large_allocations_are_zero_aligned_and_resident_only_where_touched() {
+        let size = 256 << 20;
+        let before = resident();
+        let a = HostAllocation::new(size, Arc::new(AtomicU64::new(size as u64))).unwrap();
+        assert_eq!(a.ptr.as_ptr() as usize % ALIGNMENT, 0);
+        {
+            let mut w = a.borrow(size - 4096, 4096, true).unwrap();
+            assert!(w.bytes().iter().all(|&b| b == 0));
+            w.bytes_mut()[7] = 42;
+        }
+        assert_eq!(a.borrow(size - 4096, 8, false).unwrap().bytes()[7], 42);
+        assert!(a
+            .borrow(0, 8, false)
+            .unwrap()
+            .bytes()
+            .iter()
+            .all(|&b| b == 0));
+        if let (Some(before), Some(after)) = (before, resident()) {
+            // Other tests run in parallel threads, so leave a wide margin: the point is
+            // that 256 MiB were not committed.
+            assert!(
+                after.saturating_sub(before) < 64 << 20,
+                "{} MiB became resident for an untouched 256 MiB allocation",
+                (after - before) >> 20
+            );
+        }
+    }
+
+    #[test]
+    fn small_allocations_are_zero_and_aligned() {
+        for size in [0, 1, 63, 4096, MAPPED_FROM - 1] {
+            let a = HostAllocation::new(size, Arc::new(AtomicU64::new(size as u64))).unwrap();
+            assert_eq!(a.ptr.as_ptr() as usize % ALIGNMENT, 0);
+            assert!(a
+                .borrow(0, size, false)
+                .unwrap()
+                .bytes()
+                .iter()
+                .all(|&b| b == 0));
+        }
     }
 }
