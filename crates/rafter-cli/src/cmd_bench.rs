@@ -95,7 +95,12 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     if args.reference_kernels {
         options = options.reference_kernels();
     }
+    let uses_vulkan = crate::model::uses_vulkan(&program);
+    let opened = Instant::now();
     let session = Session::with_options(program, &devices, options)?;
+    if uses_vulkan {
+        crate::model::note_slow_open(opened.elapsed());
+    }
     for _ in 0..args.warmup {
         session.run(inputs.clone(), CALL_TIMEOUT)?;
     }

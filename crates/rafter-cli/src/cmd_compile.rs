@@ -78,6 +78,11 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     }
     let steps = Steps::new(model::COMPILE_STEPS + 1);
     let graph = model::import(&args.model, &steps)?;
+    crate::dims::check_symbols(
+        &parse_dims(&dims)?,
+        &sums,
+        &crate::dims::model_symbols(graph.values.iter().map(|v| &v.ty)),
+    )?;
     let options = CompileOptions {
         target,
         bounds,

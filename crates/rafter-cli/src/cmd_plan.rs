@@ -45,9 +45,15 @@ fn load(args: &PlanArgs) -> Result<Program> {
         return Ok(model::open_artifact(&args.model)?.into_program());
     }
     let target = model::parse_target(&args.target)?;
-    let bounds = bounds(&parse_dims(&args.dims)?);
+    let specs = parse_dims(&args.dims)?;
+    let bounds = bounds(&specs);
     let steps = Steps::new(model::COMPILE_STEPS);
     let graph = model::import(&args.model, &steps)?;
+    crate::dims::check_symbols(
+        &specs,
+        &[],
+        &crate::dims::model_symbols(graph.values.iter().map(|v| &v.ty)),
+    )?;
     let program = model::compile(&graph, target, bounds, &steps)?.program;
     steps.finish();
     Ok(program)

@@ -171,13 +171,21 @@ pub(crate) fn load(
             }
             let artifact = model::open_artifact(path)?;
             let executables = model::artifact_executables(&artifact);
-            return Ok(Executor::Runtime(artifact.into_program(), executables));
+            let program = artifact.into_program();
+            let known = dims::model_symbols(program.inputs.iter().map(|p| &p.ty));
+            dims::check_symbols(specs, &[], &known)?;
+            return Ok(Executor::Runtime(program, executables));
         }
         Source::File(path) => rafter_import::import_onnx_file(path)?.graph,
         Source::Demo => {
             rafter_import::import_onnx_bytes(bytes_static(), None, "built-in demo model")?.graph
         }
     };
+    dims::check_symbols(
+        specs,
+        &[],
+        &dims::model_symbols(graph.values.iter().map(|v| &v.ty)),
+    )?;
     if !use_runtime {
         dims::values_only(&bound_specs)?;
         return Ok(Executor::Reference(graph));
@@ -200,6 +208,20 @@ fn run_reference(
     inputs: Vec<Tensor>,
     bindings: &mut Bindings,
 ) -> Result<Vec<Tensor>> {
+    // Where the call's dims exceed what the model can reach, say so by the node that
+    // limits them (the executor alone would report the first broken shape it meets).
+    let mut values: Vec<(rafter_ir::Symbol, i64)> = bindings.as_map().into_iter().collect();
+    values.sort_by(|a, b| a.0.name().cmp(b.0.name()));
+    if let Err(e) = rafter_ir::check_at_values(graph, &values.iter().cloned().collect()) {
+        let list: Vec<String> = values
+            .iter()
+            .map(|(s, v)| format!("{}={v}", s.name()))
+            .collect();
+        bail!(
+            "the model does not hold together at {}: {e}",
+            list.join(", ")
+        );
+    }
     let start = Instant::now();
     let outputs = rafter_reference::run_with(graph, inputs, bindings)?;
     println!(
@@ -229,7 +251,12 @@ fn run_runtime(
     let kernels = program.kernels.len();
     let placement = model::placement_summary(&program);
     let options = model::with_executables(SessionOptions::new(), executables);
+    let uses_vulkan = crate::model::uses_vulkan(&program);
+    let opened = Instant::now();
     let session = Session::with_options(program, &devices, options)?;
+    if uses_vulkan {
+        crate::model::note_slow_open(opened.elapsed());
+    }
     if memory_report {
         rss::report("after session open");
     }

@@ -82,6 +82,89 @@ fn parse_dim(d: &str) -> Result<DimSpec> {
     })
 }
 
+/// The symbols of a model's dims, sorted: what a `--dim` may name.
+pub fn model_symbols<'a>(
+    types: impl IntoIterator<Item = &'a rafter_ir::TensorType>,
+) -> Vec<String> {
+    let mut names: Vec<String> = types
+        .into_iter()
+        .flat_map(|t| t.dims.iter().flat_map(|d| d.symbols()))
+        .map(|s| s.name().to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Every symbol `specs` and `sums` name must be one of the model's (`known`, from
+/// [`model_symbols`]): a misspelt `--dim` would otherwise bind nothing, silently.
+pub fn check_symbols(specs: &[DimSpec], sums: &[SumBound], known: &[String]) -> Result<()> {
+    let named = specs
+        .iter()
+        .map(|s| s.symbol.clone())
+        .chain(sums.iter().flat_map(|(d, _)| d.symbols()));
+    for s in named {
+        if !known.iter().any(|k| k == s.name()) {
+            let list = if known.is_empty() {
+                "it has none: every dim is fixed".to_string()
+            } else {
+                format!("its symbols: {}", known.join(", "))
+            };
+            bail!("--dim: the model has no symbol `{}` ({list})", s.name());
+        }
+    }
+    Ok(())
+}
+
+/// The model must hold together at the declared bounds: a bound above what the model can
+/// reach (`seq<=2048` where a 64-row position table is sliced `[0:seq]`) is an error naming
+/// the node that limits it and the largest value that works.
+pub fn check_bounds_reachable(graph: &rafter_ir::Graph, bounds: &[(Symbol, i64)]) -> Result<()> {
+    let at = |values: &[(Symbol, i64)]| {
+        rafter_ir::check_at_values(graph, &values.iter().cloned().collect())
+    };
+    let Err(err) = at(bounds) else {
+        return Ok(());
+    };
+    // Per symbol, with the others at their bounds: the largest value that works.
+    for (i, (s, bound)) in bounds.iter().enumerate() {
+        let mut values = bounds.to_vec();
+        let mut works = |v: i64| {
+            values[i].1 = v;
+            at(&values).is_ok()
+        };
+        if works(*bound) {
+            continue;
+        }
+        let (mut lo, mut hi) = (0i64, *bound); // works(lo) assumed, !works(hi)
+        if !works(1) {
+            break;
+        }
+        lo = lo.max(1);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if works(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        bail!(
+            "--dim {}<={bound}: the model only holds together up to {} = {lo} ({err})",
+            s.name(),
+            s.name()
+        );
+    }
+    let list: Vec<String> = bounds
+        .iter()
+        .map(|(s, v)| format!("{}<={v}", s.name()))
+        .collect();
+    bail!(
+        "--dim {}: the model does not hold together at these bounds ({err})",
+        list.join(" ")
+    )
+}
+
 /// The values (`seq=N`) of `specs`; a bound is an error naming it (`run` on the reference
 /// executor has nothing to check a bound against).
 pub fn values_only(specs: &[DimSpec]) -> Result<Vec<(Symbol, i64)>> {
@@ -134,6 +217,24 @@ mod tests {
         assert!(e.to_string().contains("`2` is not a symbol"), "{e}");
         let e = split_sum_bounds(&["a+b<=x".to_string()]).unwrap_err();
         assert!(e.to_string().contains("not an integer"), "{e}");
+    }
+
+    #[test]
+    fn unknown_symbols_are_errors_listing_the_known_ones() {
+        let known = vec!["batch".to_string(), "seq".to_string()];
+        let specs = parse_dims(&["seq=3".to_string()]).unwrap();
+        check_symbols(&specs, &[], &known).unwrap();
+        let specs = parse_dims(&["foo=3".to_string()]).unwrap();
+        let e = check_symbols(&specs, &[], &known).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--dim: the model has no symbol `foo` (its symbols: batch, seq)"
+        );
+        let (_, sums) = split_sum_bounds(&["past+seq<=8".to_string()]).unwrap();
+        let e = check_symbols(&[], &sums, &known).unwrap_err().to_string();
+        assert!(e.contains("no symbol `past`"), "{e}");
+        let e = check_symbols(&specs, &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("every dim is fixed"), "{e}");
     }
 
     #[test]

@@ -73,8 +73,53 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes joined by `: `, each cause left out when the message before it
+/// already says it (many errors format their source into their own message, and anyhow's
+/// `{:#}` would repeat it).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if out.contains(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("not a valid ONNX model: {0}")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("invalid wire type value: 7")]
+    struct Inner;
+
+    #[test]
+    fn causes_already_in_the_message_are_not_repeated() {
+        let e = anyhow::Error::new(Outer(Inner)).context("reading x.onnx");
+        assert_eq!(
+            error_chain(&e),
+            "reading x.onnx: not a valid ONNX model: invalid wire type value: 7"
+        );
+        let e = anyhow::Error::new(Inner).context("reading x.onnx");
+        assert_eq!(
+            error_chain(&e),
+            "reading x.onnx: invalid wire type value: 7"
+        );
     }
 }

@@ -678,3 +678,72 @@ fn sixteen_bit_weights_shrink_the_artifact_and_stay_close_to_onnx_runtime() {
     let t = compile(&["--cpu-weights", "bf16", "--target", "vulkan"]);
     assert!(t.contains("--target cpu only"), "{t}");
 }
+
+/// The `rafter ...` lines of README.md's usage sections (up to its LLM section), in order.
+fn readme_commands() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let start = readme
+        .find("## Using it")
+        .expect("README has `## Using it`");
+    let end = readme.find("### LLMs").expect("README has `### LLMs`");
+    let mut in_block = false;
+    let mut out = Vec::new();
+    for line in readme[start..end].lines() {
+        if line.starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        if in_block && line.starts_with("rafter ") {
+            // Comments are set off by two or more spaces and `#`.
+            let cmd = line.find("  #").map_or(line, |i| &line[..i]);
+            out.push(cmd.trim().to_string());
+        }
+    }
+    out
+}
+
+/// Every README example runs as written, with `model.onnx` the demo encoder and `ids.npy`
+/// an int64 [1, 8] array of token ids (as the README says). The Vulkan ones run where a Vulkan device
+/// is (CI: lavapipe), the conformance ones where the suite's data is.
+#[test]
+fn readme_examples_run_as_written() {
+    let dir = tmpdir("readme");
+    std::fs::copy(fixture("model.onnx"), dir.join("model.onnx")).unwrap();
+    let ids: Vec<i64> = (1..9).collect();
+    write_npy(&dir.join("ids.npy"), &Tensor::i64s(&[1, 8], ids)).unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_rafter")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let vulkan = text(&rafter(&["devices"])).contains("\nvulkan")
+        || std::env::var("RAFTER_REQUIRE_VULKAN").as_deref() == Ok("1");
+    let conformance = std::env::var_os("RAFTER_CONFORMANCE_DIR").is_some();
+    let commands = readme_commands();
+    assert!(commands.len() >= 15, "README examples: {commands:?}");
+    for cmd in commands {
+        if (cmd.contains("vulkan") && cmd.contains("run") && !vulkan)
+            || (cmd.contains("--device vulkan") && !vulkan)
+            || (cmd.contains("conformance") && !conformance)
+        {
+            eprintln!("skipped here (no Vulkan device or conformance data): {cmd}");
+            continue;
+        }
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .current_dir(&dir)
+            .env("PATH", &path)
+            .env("RAFTER_PIPELINE_CACHE", "")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "README example `{cmd}` failed:\n{}",
+            text(&o)
+        );
+    }
+}

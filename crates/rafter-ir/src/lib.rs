@@ -6,6 +6,7 @@
 //! (passes, partitioning, code generation, the reference executor) reads this form.
 
 pub mod arena;
+mod at_values;
 pub mod attr;
 mod bindings;
 pub mod builder;
@@ -22,6 +23,7 @@ mod types;
 pub mod verify;
 mod weight;
 
+pub use at_values::check_at_values;
 pub use attr::{AttrType, AttrValue, Scalar};
 pub use bindings::{Bindings, Shaped};
 pub use builder::{GraphBuilder, WireError};

@@ -101,11 +101,11 @@ fn parse_npy(bytes: &[u8]) -> Result<Tensor, ParseFail> {
     let descr = header_field(header, "descr")
         .ok_or_else(|| fmt("header has no 'descr'"))?
         .trim_matches('\'');
-    if header_field(header, "fortran_order") != Some("False") {
-        return Err(fmt(
-            "only C-order arrays are supported (fortran_order must be False)",
-        ));
-    }
+    let fortran = match header_field(header, "fortran_order") {
+        Some("False") => false,
+        Some("True") => true,
+        _ => return Err(fmt("header's 'fortran_order' is neither True nor False")),
+    };
     let shape_txt = header_field(header, "shape").ok_or_else(|| fmt("header has no 'shape'"))?;
     let dims: Vec<usize> = shape_txt
         .trim_matches(|c| c == '(' || c == ')')
@@ -118,8 +118,46 @@ fn parse_npy(bytes: &[u8]) -> Result<Tensor, ParseFail> {
         })
         .collect::<Result<_, _>>()?;
     let dtype = dtype_of(descr).ok_or_else(|| ParseFail::Dtype(descr.to_string()))?;
-    Tensor::from_le_bytes(dtype, &dims, &bytes[hstart + hlen..])
+    let payload = &bytes[hstart + hlen..];
+    let c_order;
+    let payload = if fortran {
+        c_order = fortran_to_c(payload, &dims, dtype.size_of())
+            .ok_or_else(|| fmt("payload is shorter than its shape"))?;
+        &c_order[..]
+    } else {
+        payload
+    };
+    Tensor::from_le_bytes(dtype, &dims, payload)
         .map_err(|e| ParseFail::Format(format!("payload: {e}")))
+}
+
+/// Reorders a Fortran-order (first axis fastest) payload into C order (last axis
+/// fastest): what `np.save` writes for a transposed array, read as the array it shows.
+/// `None` if `payload` holds fewer than the shape's elements.
+fn fortran_to_c(payload: &[u8], dims: &[usize], elem: usize) -> Option<Vec<u8>> {
+    let count = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    let bytes = count.checked_mul(elem)?;
+    let payload = payload.get(..bytes)?;
+    // Fortran strides, in elements: axis 0 is contiguous.
+    let mut strides = vec![1usize; dims.len()];
+    for k in 1..dims.len() {
+        strides[k] = strides[k - 1] * dims[k - 1];
+    }
+    let mut out = Vec::with_capacity(bytes);
+    let mut index = vec![0usize; dims.len()];
+    for _ in 0..count {
+        let f: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
+        out.extend_from_slice(&payload[f * elem..(f + 1) * elem]);
+        // Next C-order index: the last axis counts fastest.
+        for k in (0..dims.len()).rev() {
+            index[k] += 1;
+            if index[k] < dims[k] {
+                break;
+            }
+            index[k] = 0;
+        }
+    }
+    Some(out)
 }
 
 /// Serialises a tensor as `.npy` (version 1). bf16 has no NumPy dtype and is written as f32.
@@ -194,6 +232,26 @@ mod tests {
             .join("../../tests/fixtures/bert_tiny/seq7/input_ids.npy");
         let t = read_npy(&path).unwrap();
         assert_eq!((t.dtype(), t.shape()), (DType::I64, &[1usize, 7][..]));
+    }
+
+    /// Fortran-order files as NumPy writes them (`np.save` of `np.asfortranarray(a)` and of
+    /// a transposed array; tests/fixtures/npy): read as the arrays they show.
+    #[test]
+    fn reads_fortran_order() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/npy");
+        let t = read_npy(&dir.join("fortran_i32_2x3x4.npy")).unwrap();
+        assert_eq!(
+            t,
+            Tensor::from_le_bytes(
+                DType::I32,
+                &[2, 3, 4],
+                &(0..24i32).flat_map(i32::to_le_bytes).collect::<Vec<_>>()
+            )
+            .unwrap()
+        );
+        // np.arange(6).reshape(2, 3).T
+        let t = read_npy(&dir.join("transposed_f32_3x2.npy")).unwrap();
+        assert_eq!(t, Tensor::f32s(&[3, 2], vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]));
     }
 
     #[test]
