@@ -440,5 +440,5 @@ pub(crate) fn run(
     Ok(true)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "interpreter"))]
 mod tests;
