@@ -14,6 +14,8 @@
 //! # Ok::<(), rafter_deploy::DeployError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 use std::path::Path;
 
 use rafter_artifact::Artifact;
@@ -26,16 +28,27 @@ pub use rafter_runtime::{CallHandle, RuntimeError, Session, Tensor};
 /// What went wrong: the artifact, a device, the session, or a tensor file.
 #[derive(Debug, thiserror::Error)]
 pub enum DeployError {
+    /// The artifact is missing, corrupt or of another version (the reader's message names
+    /// the file, section and field).
     #[error("invalid artifact: {0}")]
     Artifact(#[from] rafter_artifact::ArtifactError),
+    /// A device the artifact needs cannot be opened, or an input is missing.
     #[error("{0}")]
     Device(String),
+    /// The session refused the program, or a call failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// A `.npy` file could not be read.
     #[error(transparent)]
     Npy(#[from] rafter_ir::npy::NpyError),
+    /// A tensor file's contents, or writing one.
     #[error("{path}: {msg}")]
-    Tensor { path: String, msg: String },
+    Tensor {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        msg: String,
+    },
 }
 
 /// How to run.

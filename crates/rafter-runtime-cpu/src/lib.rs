@@ -34,6 +34,8 @@
 //! worker running the dispatch, takes tasks too. Every kernel of a session, native or on
 //! the tensor path, shares that one pool.
 
+#![warn(missing_docs)]
+
 #[cfg(any(test, feature = "interpreter"))]
 mod convert;
 mod dispatch;

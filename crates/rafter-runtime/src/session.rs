@@ -34,6 +34,7 @@ pub struct SessionOptions {
 }
 
 impl SessionOptions {
+    /// The defaults: reference kernels off, a thread per core, queue 0.
     pub fn new() -> SessionOptions {
         SessionOptions::default()
     }
