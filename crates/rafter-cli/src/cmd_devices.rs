@@ -9,7 +9,6 @@
 use anyhow::Result;
 use rafter_hal::{Device, DeviceInfo, DeviceKind, MemoryKind};
 use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions};
-use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
 use std::process::ExitCode;
 
 /// One device, as printed: a title line and `key: value` lines.
@@ -23,6 +22,12 @@ type Probe = fn() -> Result<Vec<DeviceReport>, String>;
 
 /// The backends, in the order they are listed.
 const PROBES: [(&str, Probe); 2] = [("cpu", probe_cpu), ("vulkan", probe_vulkan)];
+
+/// A build without the `vulkan` feature has no Vulkan backend to probe.
+#[cfg(not(feature = "vulkan"))]
+fn probe_vulkan() -> Result<Vec<DeviceReport>, String> {
+    Err("this build has no Vulkan support (built without the `vulkan` feature)".into())
+}
 
 pub fn devices() -> Result<ExitCode> {
     let mut found = 0;
@@ -70,7 +75,9 @@ fn probe_cpu() -> Result<Vec<DeviceReport>, String> {
 }
 
 /// Every Vulkan physical device, and the HAL description of the one rafter opens.
+#[cfg(feature = "vulkan")]
 fn probe_vulkan() -> Result<Vec<DeviceReport>, String> {
+    use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
     let listed = rafter_hal_vulkan::list_devices().map_err(|e| e.to_string())?;
     if listed.is_empty() {
         return Err("the Vulkan loader found no physical device".into());

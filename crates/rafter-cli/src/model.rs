@@ -83,20 +83,30 @@ pub fn uses_vulkan(program: &Program) -> bool {
 /// or arena is on `vulkan` (an error saying so when it cannot be opened). The CPU's trace
 /// sink, if any, traces the Vulkan device too (timed by GPU timestamps).
 pub fn devices_for(program: &Program, cpu: CpuDeviceOptions) -> Result<DeviceSet> {
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
     let trace_sink = cpu.trace_sink.clone();
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
     let mut set = rafter_runtime_cpu::devices_with(cpu)?;
     if uses_vulkan(program) {
-        let options = rafter_runtime_vulkan::VulkanDeviceOptions {
-            trace_sink,
-            pipeline_cache_path: pipeline_cache_path(),
-            ..Default::default()
-        };
-        rafter_runtime_vulkan::add_device(&mut set, options).map_err(|e| {
-            anyhow::anyhow!(
-                "the program runs kernels on `vulkan`, but the Vulkan device cannot be \
-                         opened: {e}"
-            )
-        })?;
+        #[cfg(feature = "vulkan")]
+        {
+            let options = rafter_runtime_vulkan::VulkanDeviceOptions {
+                trace_sink,
+                pipeline_cache_path: pipeline_cache_path(),
+                ..Default::default()
+            };
+            rafter_runtime_vulkan::add_device(&mut set, options).map_err(|e| {
+                anyhow::anyhow!(
+                    "the program runs kernels on `vulkan`, but the Vulkan device cannot be \
+                     opened: {e}"
+                )
+            })?;
+        }
+        #[cfg(not(feature = "vulkan"))]
+        anyhow::bail!(
+            "the program runs kernels on `vulkan`, and this build has no Vulkan support \
+             (built without the `vulkan` feature)"
+        );
     }
     Ok(set)
 }

@@ -13,6 +13,8 @@
 //! is built with its `vulkan` feature (the default). A new device adds its backend crate
 //! and one arm to [`target`].
 
+#![warn(missing_docs)]
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -31,7 +33,9 @@ pub enum Error {
     /// A target this build does not know.
     #[error("unknown target `{name}` (available: {})", known.join(", "))]
     UnknownTarget {
+        /// The name asked for.
         name: String,
+        /// The targets this build has.
         known: Vec<&'static str>,
     },
     /// The optimiser or lowering failed.
@@ -39,12 +43,20 @@ pub enum Error {
     Compile(#[from] CompileError),
     /// A device backend could not generate its section.
     #[error("generating code for `{device}`: {msg}")]
-    Codegen { device: String, msg: String },
+    Codegen {
+        /// The device whose backend failed.
+        device: String,
+        /// The backend's message (naming the kernel).
+        msg: String,
+    },
     /// A kernel runs on a device the target has no backend for.
     #[error("kernel `{kernel}` runs on `{device}`, which target `{target}` has no backend for")]
     NoBackend {
+        /// The first kernel on that device.
         kernel: String,
+        /// The device.
         device: String,
+        /// The target's name.
         target: String,
     },
     /// Writing or reading the artifact.
@@ -84,6 +96,7 @@ pub fn target(name: &str) -> Result<Target, Error> {
 /// A compiled program with each device's executable section: what an artifact holds.
 #[derive(Debug)]
 pub struct Compiled {
+    /// The compiled program (weights are slices of the model's bytes).
     pub program: Program,
     /// `(device, section)` for every device a kernel runs on, sorted by device.
     pub sections: Vec<(String, Section)>,

@@ -55,14 +55,18 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// with one worker thread, since the suite already runs one test per core.
 /// For [`Backend::Vulkan`], the Vulkan device too, under `vulkan`.
 pub(crate) fn suite_devices(backend: Backend) -> Result<DeviceSet, String> {
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
     let mut set = rafter_runtime_cpu::devices_with(CpuDeviceOptions {
         worker_threads: 1,
         ..CpuDeviceOptions::default()
     })
     .map_err(|e| format!("opening the CPU device: {e}"))?;
     if backend == Backend::Vulkan {
+        #[cfg(feature = "vulkan")]
         rafter_runtime_vulkan::add_device(&mut set, Default::default())
             .map_err(|e| format!("opening the Vulkan device: {e}"))?;
+        #[cfg(not(feature = "vulkan"))]
+        return Err("this build has no Vulkan support (the `vulkan` feature)".into());
     }
     Ok(set)
 }

@@ -7,6 +7,8 @@
 //! Without a Vulkan device it prints why and passes, unless `RAFTER_REQUIRE_VULKAN` is set
 //! (CI installs lavapipe and sets it).
 
+#![cfg(feature = "vulkan")]
+
 use rafter_conformance::{discover, run_suite, Backend, ExpectedFailures, Outcome, SuiteOptions};
 use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
 use std::path::PathBuf;

@@ -26,6 +26,7 @@ pub struct CpuKernels {
 }
 
 impl CpuKernels {
+    /// No entry points yet.
     pub fn new() -> CpuKernels {
         CpuKernels::default()
     }
@@ -45,10 +46,12 @@ impl CpuKernels {
         self.entries.push((name.into(), kernel));
     }
 
+    /// The number of entry points.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether there is no entry point.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -9,6 +9,8 @@
 //! Create a [`CpuDevice`] with [`CpuDeviceOptions`], load kernels ([`CpuKernels`]: closures
 //! over a [`DispatchContext`]) and drive it through [`rafter_hal::Device`].
 
+#![warn(missing_docs)]
+
 mod device;
 mod executable;
 mod memory;

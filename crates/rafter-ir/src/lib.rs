@@ -15,6 +15,7 @@ mod dim;
 mod dtype;
 mod graph;
 pub mod infer;
+pub mod npy;
 mod op;
 pub mod program;
 pub mod program_text;

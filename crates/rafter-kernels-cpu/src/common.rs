@@ -80,6 +80,7 @@ pub(crate) struct Disjoint<'a> {
 // SAFETY: `Disjoint` hands out `&mut` sub-slices only through `part`, whose contract is
 // that parts used concurrently do not overlap, so sharing it between threads is sound.
 unsafe impl Sync for Disjoint<'_> {}
+// SAFETY: as for `Sync`: moving it to another thread moves only the right to take parts.
 unsafe impl Send for Disjoint<'_> {}
 
 impl<'a> Disjoint<'a> {

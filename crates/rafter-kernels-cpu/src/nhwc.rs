@@ -260,6 +260,7 @@ fn depthwise_rows<S: Simd>(
             // Output vector `at..at + lanes` of this row. SAFETY (of each use): tasks get
             // disjoint row ranges or disjoint channel ranges, so no two tasks write one
             // element, and each part is dead once its vector is stored.
+            // SAFETY: as for the block above (the same contract).
             let out = |at: usize| unsafe { dst.part(r * g.len + at..r * g.len + at + lanes) };
             let rrow = c.tail.residual.map(|res| &res[r * g.len..(r + 1) * g.len]);
             let plane = &wnd.input[g.plane..g.plane + wnd.h * wnd.w * ch];
@@ -429,9 +430,11 @@ unsafe fn quads_at<S: Simd, const SW: usize>(
             // caller's target features, and its load would become a call.)
             #[allow(clippy::manual_map)]
             let rv = match res {
+                // SAFETY: as for the block above (the same contract).
                 Some(r) => Some(unsafe { s.load_at(r.wrapping_add(at)) }),
                 None => None,
             };
+            // SAFETY: as for the block above (the same contract).
             unsafe { s.store_at(out.wrapping_add(at), t.finish(s, a, bias, rv)) };
         }
     }

@@ -48,6 +48,7 @@ struct Job {
 // SAFETY: `f` points to a `Sync` closure, called only while the caller of `run` waits for
 // it (see `Job::f`); the other fields are thread-safe.
 unsafe impl Send for Job {}
+// SAFETY: as for `Send`: shared between the workers, it only hands out task indices.
 unsafe impl Sync for Job {}
 
 /// Task indices `next..end`, claimed from the front.
@@ -208,6 +209,7 @@ impl Parallel for WorkerPool {
         };
         // SAFETY (lifetime erasure): the pointer is dereferenced only for claimed tasks,
         // and this function returns only after every task is done (the wait below).
+        // SAFETY: as for the block above (the same contract).
         let f = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), *const Task>(f) };
         let job = Arc::new(Job::new(f, tasks, self.threads));
         *lock(&self.shared.current) = Some(job.clone());

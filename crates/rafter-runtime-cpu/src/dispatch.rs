@@ -47,12 +47,12 @@ use std::sync::{Arc, Mutex};
 
 use rafter_hal_cpu::DispatchContext;
 use rafter_ir::program::Program;
-use rafter_ir::{Bindings, Dim, Symbol, TensorType};
-use rafter_reference::{run_with, Tensor};
+use rafter_ir::{Bindings, ConstData, Dim, Symbol, TensorType};
 use rafter_runtime::backend::UNBOUND;
 use rafter_runtime::host::{lock, CallRegistry, Slots};
+use rafter_runtime::Tensor;
 
-use crate::convert::{from_reference, to_reference};
+#[cfg(feature = "interpreter")]
 use crate::fallback::TensorKernel;
 use crate::native::{self, NativeKernel};
 
@@ -189,6 +189,7 @@ pub(crate) struct KernelShared {
     pub(crate) symbols: Vec<Symbol>,
     /// Per kernel: the tensor-path kernel replacing the reference executor, if any (the
     /// caller's host kernel, or an accelerated one from `fallback`).
+    #[cfg(feature = "interpreter")]
     pub(crate) tensor_kernels: Vec<Option<TensorKernel>>,
     /// Per kernel: the native kernel that computes it on borrowed bytes, if any (see the
     /// `native` module); shapes it does not cover fall through to the path below.
@@ -200,7 +201,7 @@ pub(crate) struct KernelShared {
 }
 
 impl KernelShared {
-    fn bindings(&self, params: &Params) -> Result<Bindings, String> {
+    pub(crate) fn bindings(&self, params: &Params) -> Result<Bindings, String> {
         if params.symbols.len() != self.symbols.len() {
             return Err(format!(
                 "dispatch passes {} symbol values, the program has {} symbols",
@@ -244,14 +245,12 @@ impl KernelShared {
         Ok(d)
     }
 
-    fn weight(&self, w: usize) -> Result<Tensor, String> {
-        let c = self
-            .program
+    /// Program weight `w`.
+    pub(crate) fn weight(&self, w: usize) -> Result<&ConstData, String> {
+        self.program
             .weights
             .get(w)
-            .ok_or_else(|| format!("weight {w} does not exist"))?;
-        // Decodes straight from the weight's own bytes (the artifact's map): no staging copy.
-        Tensor::from_le_bytes(c.dtype, &c.dims, &c.bytes).map_err(|e| e.to_string())
+            .ok_or_else(|| format!("weight {w} does not exist"))
     }
 
     /// Runs kernel `k` for one dispatch.
@@ -283,75 +282,17 @@ impl KernelShared {
                 return Ok(());
             }
         }
-        let mut bindings = self.bindings(&params)?;
-        let map = bindings.as_map();
-        let mut slots: Option<Slots> = None;
-        let mut slots = |call: u64| -> Result<Slots, String> {
-            if slots.is_none() {
-                slots = Some(self.registry.slots(call)?);
-            }
-            Ok(slots.clone().expect("just set"))
-        };
-        let mut inputs = Vec::with_capacity(n_in);
-        for (&id, &operand) in body.inputs.iter().zip(&params.operands) {
-            let v = body.value(id);
-            let what = |msg: String| format!("operand `{}`: {msg}", v.name);
-            let t = match operand {
-                Operand::Binding(b) => {
-                    let dims = eval_dims(&v.ty, &map).map_err(what)?;
-                    let view = ctx.read(b).map_err(what)?;
-                    Tensor::from_le_bytes(v.ty.dtype, &dims, &view)
-                        .map_err(|e| what(e.to_string()))?
-                }
-                Operand::Weight(w) => self.weight(w).map_err(what)?,
-                Operand::Slot(b) => lock(&*slots(params.call)?)
-                    .get(b)
-                    .and_then(Option::as_ref)
-                    .map(to_reference)
-                    .ok_or_else(|| what(format!("host slot {b} has not been written")))?
-                    .map_err(what)?,
-                Operand::Absent | Operand::Foreign(_) => {
-                    return Err(what("no CPU buffer is bound".into()))
-                }
-            };
-            inputs.push(t);
-        }
-        let outputs = match &self.tensor_kernels[k] {
-            Some(f) => {
-                let outputs = f(&inputs)?;
-                if outputs.len() != n_out {
-                    return Err(format!(
-                        "host kernel returned {} results, the kernel has {n_out}",
-                        outputs.len()
-                    ));
-                }
-                for (&id, t) in body.outputs.iter().zip(&outputs) {
-                    let v = body.value(id);
-                    bindings.check(&v.ty, t, &format!("result `{}`", v.name))?;
-                }
-                outputs
-            }
-            None => run_with(body, inputs, &mut bindings).map_err(|e| e.to_string())?,
-        };
-        for ((&id, t), &operand) in body
-            .outputs
-            .iter()
-            .zip(outputs)
-            .zip(&params.operands[n_in..])
-        {
-            let name = &body.value(id).name;
-            match operand {
-                Operand::Binding(b) => write_binding(ctx, b, &t, name)?,
-                Operand::Slot(b) => store_slot(&slots(params.call)?, b, t)?,
-                Operand::Absent => {}
-                Operand::Weight(_) | Operand::Foreign(_) => {
-                    return Err(format!(
-                        "result `{name}` targets a weight or foreign memory"
-                    ))
-                }
-            }
-        }
-        Ok(())
+        self.run_tensor_path(k, ctx, &params)
+    }
+
+    /// Without the interpreter, a kernel no native kernel ran is an error naming it.
+    #[cfg(not(feature = "interpreter"))]
+    fn run_tensor_path(&self, k: usize, _: &DispatchContext<'_>, _: &Params) -> Result<(), String> {
+        Err(format!(
+            "kernel `{}`: no native kernel covers its body at these shapes, and this build \
+             has no interpreter (rafter-runtime-cpu's `interpreter` feature)",
+            self.program.kernels[k].name
+        ))
     }
 
     /// The built-in copy: operand 0 to operand 1; `extra` is `[src buffer, src dims...]`.
@@ -380,12 +321,15 @@ impl KernelShared {
                 let view = ctx.read(b)?;
                 Tensor::from_le_bytes(decl.ty.dtype, &dims, &view).map_err(|e| e.to_string())?
             }
-            Operand::Weight(w) => self.weight(w)?,
+            Operand::Weight(w) => {
+                let c = self.weight(w)?;
+                Tensor::from_le_bytes(c.dtype, &c.dims, &c.bytes).map_err(|e| e.to_string())?
+            }
             Operand::Slot(b) => lock(&*self.registry.slots(params.call)?)
                 .get(b)
-                .and_then(Option::as_ref)
-                .map(to_reference)
-                .ok_or_else(|| format!("host slot {b} has not been written"))??,
+                .cloned()
+                .flatten()
+                .ok_or_else(|| format!("host slot {b} has not been written"))?,
             Operand::Foreign(i) => {
                 let range = self.registry.foreign(params.call, i)?;
                 range
@@ -414,7 +358,7 @@ impl KernelShared {
                 }
                 range
                     .buffer
-                    .write_bytes(range.offset, &bytes)
+                    .write_bytes(range.offset, bytes)
                     .map_err(|e| format!("mapping the copy of `{}` on its device: {e}", decl.name))
             }
             _ => Err("copy destination must be a buffer or a host slot".into()),
@@ -422,7 +366,8 @@ impl KernelShared {
     }
 }
 
-fn write_binding(
+/// Writes result `name`, tensor `t`, into binding `b`, whose length must be the tensor's.
+pub(crate) fn write_binding(
     ctx: &DispatchContext<'_>,
     b: usize,
     t: &Tensor,
@@ -440,12 +385,12 @@ fn write_binding(
     }
     ctx.write(b)
         .map_err(|e| format!("result `{name}`: {e}"))?
-        .copy_from_slice(&bytes);
+        .copy_from_slice(bytes);
     Ok(())
 }
 
-fn store_slot(slots: &Slots, b: usize, t: Tensor) -> Result<(), String> {
-    let t = from_reference(&t)?;
+/// Stores `t` in host slot `b`.
+pub(crate) fn store_slot(slots: &Slots, b: usize, t: Tensor) -> Result<(), String> {
     let mut slots = lock(slots);
     let slot = slots
         .get_mut(b)

@@ -24,21 +24,25 @@
 //! (`native::softmax`, `native::norm`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use rafter_ir::{BinaryOp, DType, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rafter_kernels_cpu::tile::{TileBinary, TileBuilder, TileProgram, TileUnary, TileVal};
+#[cfg(any(test, feature = "interpreter"))]
 use rafter_kernels_cpu::Parallel;
+#[cfg(any(test, feature = "interpreter"))]
 use rafter_reference::Tensor;
 
+#[cfg(feature = "interpreter")]
 use crate::fallback::TensorKernel;
+#[cfg(feature = "interpreter")]
 use crate::native::Par;
 
 /// A tensor-path kernel running `body` as a tile program on the session's kernel threads.
+#[cfg(feature = "interpreter")]
 pub(crate) fn tile_kernel(body: &Graph, par: &Par) -> Option<TensorKernel> {
     let prog = tile_program(body)?;
     let par = par.clone();
-    Some(Arc::new(move |ins: &[Tensor]| {
+    Some(std::sync::Arc::new(move |ins: &[Tensor]| {
         Ok(vec![run_tile(&prog, ins, &*par)?])
     }))
 }
@@ -195,6 +199,7 @@ fn translate(
 }
 
 /// Runs `prog` on the body's input tensors (f32, contiguous), returning the output.
+#[cfg(any(test, feature = "interpreter"))]
 pub(crate) fn run_tile(
     prog: &TileProgram,
     ins: &[Tensor],
@@ -218,7 +223,7 @@ pub(crate) fn run_tile(
     Ok(Tensor::f32s(&out_dims, out))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "interpreter"))]
 mod tests {
     use super::*;
     use rafter_ir::{ConstData, Symbol, TensorType};

@@ -19,10 +19,12 @@
 //!   as tile programs) runs on slices borrowed from the dispatch's bindings and the
 //!   weights' bytes, writing its results in place. Chosen per kernel when the session is
 //!   built; shapes a kernel does not cover fall through, per call, to
-//! - the *tensor path* ([`crate::dispatch`], [`crate::fallback`]): operands decoded into
-//!   owned tensors, the body run by an accelerated tensor kernel (a GEMM-first body, a
-//!   single transpose or layer norm, an elementwise tile program) or by the reference
-//!   executor, which covers every op.
+//! - the *tensor path* (`dispatch`, `fallback`): operands decoded into owned tensors, the
+//!   body run by an accelerated tensor kernel (a GEMM-first body, a single transpose or
+//!   layer norm, an elementwise tile program) or by the reference executor, which covers
+//!   every op. It is the `interpreter` feature (default on): a deploy-only build without it
+//!   links no reference executor, and refuses, when the session loads, a program with a
+//!   kernel no native kernel covers.
 //!
 //! # Threads
 //! Two kinds of threads run CPU work, with two jobs. The device's **command workers**
@@ -32,9 +34,13 @@
 //! worker running the dispatch, takes tasks too. Every kernel of a session, native or on
 //! the tensor path, shares that one pool.
 
+#![warn(missing_docs)]
+
+#[cfg(any(test, feature = "interpreter"))]
 mod convert;
 mod dispatch;
 mod elementwise_tile;
+#[cfg(feature = "interpreter")]
 mod fallback;
 mod loader;
 mod native;
@@ -45,9 +51,14 @@ use std::sync::Arc;
 use rafter_hal_cpu::CpuDevice;
 use rafter_runtime::{hal, DeviceSet, ExecutableLoader, Result};
 
+#[cfg(any(test, feature = "interpreter"))]
 pub use convert::{from_reference, to_reference};
 pub use loader::CpuLoader;
 pub use rafter_hal_cpu::CpuDeviceOptions;
+
+/// Whether this build has the interpreter (the `interpreter` feature): without it, a kernel
+/// no native kernel covers is refused when a session loads it.
+pub const INTERPRETER: bool = cfg!(feature = "interpreter");
 
 /// The CPU's executable loader, to register with a [`DeviceSet`].
 pub fn loader() -> Arc<dyn ExecutableLoader> {

@@ -16,6 +16,7 @@ use rafter_runtime::{
 };
 
 use crate::dispatch::{KernelShared, Operand, Params, COPY_ENTRY};
+#[cfg(feature = "interpreter")]
 use crate::fallback::{self, TensorKernel};
 use crate::native::{self, NativeKernel};
 use crate::section::check_section;
@@ -39,37 +40,13 @@ impl ExecutableLoader for CpuLoader {
             check_section(req, section)?;
         }
         let n = program.kernels.len();
-        // Per program kernel: the caller's host kernel, else the native kernel and the
-        // tensor path's accelerated kernel (none with `reference_only`).
-        let mut tensor_kernels: Vec<Option<TensorKernel>> = vec![None; n];
-        let mut natives: Vec<Option<Arc<dyn NativeKernel>>> = vec![None; n];
-        for (name, f) in &req.options.host_kernels {
-            if let Some(&k) = req
-                .kernels
-                .iter()
-                .find(|&&k| program.kernels[k].name == *name)
-            {
-                tensor_kernels[k] = Some(fallback::host(f.clone()));
-            }
-        }
-        if !req.options.reference_only {
-            let threads = match req.options.threads {
-                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                t => t,
-            };
-            let pool = native::pool(threads);
-            for &k in req.kernels {
-                if tensor_kernels[k].is_none() {
-                    let body = &program.kernels[k].body;
-                    natives[k] = native::select(body, &pool);
-                    tensor_kernels[k] = fallback::select(body, &pool);
-                }
-            }
-        }
+        #[cfg_attr(not(feature = "interpreter"), allow(unused_variables))]
+        let (natives, tensor_kernels) = choose_kernels(req)?;
         let native_kernels = natives.iter().filter(|n| n.is_some()).count();
         let shared = Arc::new(KernelShared {
             program: program.clone(),
             symbols: req.symbols.to_vec(),
+            #[cfg(feature = "interpreter")]
             tensor_kernels,
             native: natives,
             native_stats: Arc::new(native::Stats::default()),
@@ -115,6 +92,76 @@ impl ExecutableLoader for CpuLoader {
             native_kernels,
         }))
     }
+}
+
+/// Per program kernel: its native kernel, if one covers its body.
+type Natives = Vec<Option<Arc<dyn NativeKernel>>>;
+
+/// The threads a kernel may use (0: one per available core).
+fn threads(options: &rafter_runtime::KernelOptions) -> usize {
+    match options.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        t => t,
+    }
+}
+
+/// Per kernel on the device: the caller's host kernel, else the native kernel and the
+/// tensor path's accelerated kernel (neither with `reference_only`).
+#[cfg(feature = "interpreter")]
+fn choose_kernels(req: &LoadRequest<'_>) -> Result<(Natives, Vec<Option<TensorKernel>>)> {
+    let program = req.program;
+    let n = program.kernels.len();
+    let mut tensor_kernels: Vec<Option<TensorKernel>> = vec![None; n];
+    let mut natives: Natives = vec![None; n];
+    for (name, f) in &req.options.host_kernels {
+        if let Some(&k) = req
+            .kernels
+            .iter()
+            .find(|&&k| program.kernels[k].name == *name)
+        {
+            tensor_kernels[k] = Some(fallback::host(f.clone()));
+        }
+    }
+    if !req.options.reference_only {
+        let pool = native::pool(threads(req.options));
+        for &k in req.kernels {
+            if tensor_kernels[k].is_none() {
+                let body = &program.kernels[k].body;
+                natives[k] = native::select(body, &pool);
+                tensor_kernels[k] = fallback::select(body, &pool);
+            }
+        }
+    }
+    Ok((natives, tensor_kernels))
+}
+
+/// Without the interpreter every kernel needs a native kernel: one without is refused
+/// here, by name, as are the options only the interpreter serves.
+#[cfg(not(feature = "interpreter"))]
+fn choose_kernels(req: &LoadRequest<'_>) -> Result<(Natives, ())> {
+    let program = req.program;
+    if req.options.reference_only || !req.options.host_kernels.is_empty() {
+        return Err(req.unsupported(
+            "reference kernels and host kernels need the interpreter (rafter-runtime-cpu's \
+             `interpreter` feature), which this build leaves out",
+        ));
+    }
+    let pool = native::pool(threads(req.options));
+    let mut natives: Natives = vec![None; program.kernels.len()];
+    for &k in req.kernels {
+        let kernel = &program.kernels[k];
+        natives[k] = native::select(&kernel.body, &pool);
+        if natives[k].is_none() {
+            let ops: Vec<&str> = kernel.body.nodes.iter().map(|n| n.op.name()).collect();
+            return Err(req.unsupported(format!(
+                "kernel {k} `{}` ({}) has no native CPU kernel, and this build has no \
+                 interpreter (rafter-runtime-cpu's `interpreter` feature)",
+                kernel.name,
+                ops.join(", ")
+            )));
+        }
+    }
+    Ok((natives, ()))
 }
 
 /// A program's kernels loaded on one CPU device.

@@ -18,6 +18,8 @@
 //! from the call's dims ([`rafter_vulkan_section::Launch::dispatch`]), followed by the module's
 //! dim params.
 
+#![warn(missing_docs)]
+
 mod loader;
 
 use std::sync::Arc;

@@ -84,6 +84,7 @@ pub struct LoadRequest<'a> {
     pub symbols: &'a [Symbol],
     /// The session's per-call host state (see [`crate::host`]).
     pub calls: &'a Arc<CallRegistry>,
+    /// How to run kernels (the session's options).
     pub options: &'a KernelOptions,
 }
 
@@ -118,7 +119,12 @@ pub enum Operand {
     Memory(BufferRange),
     /// Program weight `index`; `buffer` is its buffer on this device (on a host device a
     /// read-only wrapper of the program's own bytes, elsewhere an upload).
-    Weight { index: usize, buffer: BufferRange },
+    Weight {
+        /// The program weight.
+        index: usize,
+        /// Its buffer on this device.
+        buffer: BufferRange,
+    },
     /// The call's host slot of program buffer `b` (host devices only, see [`crate::host`]).
     Slot(usize),
     /// An unused optional result.
@@ -164,9 +170,13 @@ pub enum CopyEnd {
 /// the program's bytes, or crosses to another device's memory.
 #[derive(Debug)]
 pub struct HostCopy<'a> {
+    /// The call's registry key (see [`crate::host`]).
     pub call: u64,
+    /// The program step, for errors.
     pub step: usize,
+    /// Where the bytes come from.
     pub src: CopyEnd,
+    /// Where they go.
     pub dst: CopyEnd,
     /// The source's program buffer (its type is the copied tensor's).
     pub buffer: usize,

@@ -14,22 +14,39 @@ use rafter_ir::program::ProgramError;
 pub enum RuntimeError {
     /// A device the program names is not in the [`DeviceSet`](crate::DeviceSet).
     #[error("program needs device `{device}`, which is not available (found: {found})")]
-    MissingDevice { device: String, found: String },
+    MissingDevice {
+        /// The device's name in the program.
+        device: String,
+        /// The set's devices, comma-separated (`none` when empty).
+        found: String,
+    },
     /// The program failed [`Program::verify`](rafter_ir::program::Program::verify).
     #[error(transparent)]
     InvalidProgram(#[from] ProgramError),
     /// The program is valid but asks for something this runtime cannot do (yet); the message
     /// names the step, kernel or buffer.
     #[error("program `{program}`: {msg}")]
-    Unsupported { program: String, msg: String },
+    Unsupported {
+        /// The program's name.
+        program: String,
+        /// What, and where.
+        msg: String,
+    },
     /// The inputs of a call do not match the program's signature.
     #[error("program `{program}`: {msg}")]
-    Input { program: String, msg: String },
+    Input {
+        /// The program's name.
+        program: String,
+        /// Which input, and how it differs.
+        msg: String,
+    },
     /// A synchronous HAL error (allocation, recording, submission), with what the runtime was
     /// doing.
     #[error("{context}: {source}")]
     Hal {
+        /// What the runtime was doing.
         context: String,
+        /// The HAL's error.
         #[source]
         source: HalError,
     },
@@ -37,23 +54,33 @@ pub enum RuntimeError {
     /// names the program's kernel and its error).
     #[error("call {call} of program `{program}` failed: {reason}")]
     CallFailed {
+        /// The program's name.
         program: String,
+        /// The call's number in its session.
         call: u64,
+        /// The device's message.
         reason: String,
     },
     /// [`CallHandle::wait`](crate::CallHandle::wait) gave up.
     #[error("call {call} of program `{program}`: {msg}")]
     Timeout {
+        /// The program's name.
         program: String,
+        /// The call's number in its session.
         call: u64,
+        /// The wait's message.
         msg: String,
     },
     /// Reading an output back after the call completed.
     #[error("call {call} of program `{program}`: output `{output}`: {msg}")]
     Output {
+        /// The program's name.
         program: String,
+        /// The call's number in its session.
         call: u64,
+        /// The output's name.
         output: String,
+        /// What went wrong.
         msg: String,
     },
     /// An artifact could not be opened (the artifact reader's message names the file,
@@ -63,10 +90,20 @@ pub enum RuntimeError {
     /// The session's state (KV caches) cannot serve the call: over its capacity, or unknown
     /// after a failed call until it is reset.
     #[error("program `{program}`: {msg}")]
-    State { program: String, msg: String },
+    State {
+        /// The program's name.
+        program: String,
+        /// What the state cannot do.
+        msg: String,
+    },
     /// Writing a trace file.
     #[error("writing trace `{path}`: {msg}")]
-    Trace { path: String, msg: String },
+    Trace {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        msg: String,
+    },
 }
 
 /// The runtime's result type.

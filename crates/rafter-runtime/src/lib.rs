@@ -44,6 +44,8 @@
 //! # Tracing
 //! [`ChromeTrace`] turns the devices' trace events into Chrome/Perfetto trace JSON.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 mod devices;
 mod error;

@@ -35,6 +35,7 @@ pub struct SessionOptions {
 }
 
 impl SessionOptions {
+    /// The defaults: reference kernels off, a thread per core, queue 0.
     pub fn new() -> SessionOptions {
         SessionOptions::default()
     }

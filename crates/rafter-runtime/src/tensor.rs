@@ -23,17 +23,31 @@ pub enum TensorError {
     /// The bytes (or elements) do not match the dims.
     #[error("{dtype} tensor of shape {dims:?} needs {expected} bytes, got {actual}")]
     Size {
+        /// The element type.
         dtype: DType,
+        /// The dims.
         dims: Vec<usize>,
+        /// The bytes the dims need.
         expected: usize,
+        /// The bytes given.
         actual: usize,
     },
     /// The dims' element count overflows.
     #[error("{dtype} tensor of shape {dims:?}: size overflows")]
-    Overflow { dtype: DType, dims: Vec<usize> },
+    Overflow {
+        /// The element type.
+        dtype: DType,
+        /// The dims.
+        dims: Vec<usize>,
+    },
     /// A typed view of another dtype.
     #[error("tensor is {actual}, not {wanted}")]
-    DType { wanted: DType, actual: DType },
+    DType {
+        /// The view's element type.
+        wanted: DType,
+        /// The tensor's.
+        actual: DType,
+    },
 }
 
 /// Element types with a Rust representation: plain little-endian values, every bit

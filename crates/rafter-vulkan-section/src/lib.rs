@@ -56,6 +56,8 @@
 //! Modules are in increasing kernel order, at most one per kernel; every kernel whose
 //! device is `vulkan` has one ([`VulkanSection::check`]).
 
+#![warn(missing_docs)]
+
 use bytes::Bytes;
 use rafter_ir::program::Program;
 
@@ -65,6 +67,7 @@ use rafter_ir::program::Program;
 pub struct SectionError {
     /// The device the section is for.
     pub device: String,
+    /// What is wrong, naming the module, kernel or field.
     pub msg: String,
 }
 
@@ -77,7 +80,9 @@ impl SectionError {
     }
 }
 
+/// The section's first eight bytes.
 pub const VULKAN_MAGIC: [u8; 8] = *b"RFAVK\0\0\0";
+/// The descriptor version this build writes (and the newest it reads).
 pub const VULKAN_DESCRIPTOR_VERSION: u32 = 3;
 /// The SPIR-V magic number, the first word of every module.
 pub const SPIRV_MAGIC: u32 = 0x0723_0203;
@@ -93,7 +98,9 @@ pub const MAX_DIM_PARAMS: usize = 16;
 /// inputs, then its outputs), pushed as a `u32` after the launch's own params.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DimParam {
+    /// The binding: the body's inputs, then its outputs.
     pub binding: u16,
+    /// The axis of that binding's dims.
     pub axis: u16,
 }
 
@@ -133,9 +140,13 @@ pub enum Launch {
     /// block of C per workgroup: params `M, N, K, b_shared` as `u32`s, grid
     /// `[ceil(N / tile), ceil(M / tile), batch]` ([`Launch::matmul_dispatch`]).
     Matmul {
+        /// A's body input.
         a: u8,
+        /// B's body input.
         b: u8,
+        /// B is 2-D, shared by every batch of A.
         b_shared: bool,
+        /// The C tile's side.
         tile: u32,
     },
     /// An ungrouped 2-D convolution `Y[N, M, OH, OW]` of the image `x` (`[N, C, H, W]`) by
@@ -144,17 +155,34 @@ pub enum Launch {
     /// `M × OH·OW` matrix per workgroup: params `M, OH·OW, C·KH·KW, 0` as `u32`s (the
     /// matmul kernel's), grid `[ceil(OH·OW / tile), ceil(M / tile), N]`
     /// ([`Launch::conv_dispatch`]). The window geometry is in the module.
-    Conv { x: u8, w: u8, tile: u32 },
+    Conv {
+        /// The image's body input.
+        x: u8,
+        /// The filter's body input.
+        w: u8,
+        /// The output tile's side.
+        tile: u32,
+    },
     /// A 2-D product with B stored transposed (ONNX `Gemm` with `transB`, a classifier's
     /// weight `[N, K]`): `C[M, N] = A[M, K] · B[N, K]ᵀ`, launched like [`Launch::Matmul`]
     /// with B shared (params `M, N, K, 1`, grid `[ceil(N / tile), ceil(M / tile), 1]`,
     /// [`Launch::gemm_dispatch`]).
-    GemmTransB { a: u8, b: u8, tile: u32 },
+    GemmTransB {
+        /// A's body input.
+        a: u8,
+        /// B's body input (`[N, K]`).
+        b: u8,
+        /// The C tile's side.
+        tile: u32,
+    },
     /// One workgroup per row of the first result: a row is its last `lane_dims` dims (a
     /// softmax's or layer norm's lane), reduced cooperatively by the workgroup. The one
     /// `u32` param is the element count; grid `[min(rows, max_x), 1, 1]`, the kernel
     /// looping over rows grid-stride ([`Launch::rows_dispatch`]).
-    Rows { lane_dims: u8 },
+    Rows {
+        /// How many trailing dims make a row.
+        lane_dims: u8,
+    },
 }
 
 impl Launch {
@@ -423,8 +451,11 @@ impl Launch {
 pub struct VulkanModule {
     /// Index of the kernel in `Program::kernels`.
     pub kernel: u32,
+    /// How the runtime sizes its dispatch.
     pub launch: Launch,
+    /// Invocations per workgroup along x.
     pub workgroup_size: u32,
+    /// The `GLCompute` entry point's name.
     pub entry_point: String,
     /// Sizes pushed after the launch's params, in order.
     pub dims: Vec<DimParam>,
@@ -439,10 +470,12 @@ pub struct VulkanModule {
 /// The decoded `vulkan` executable section.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VulkanSection {
+    /// One module per kernel on the device, in increasing kernel order.
     pub modules: Vec<VulkanModule>,
 }
 
 impl VulkanSection {
+    /// The section's bytes (the layout in the crate docs).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&VULKAN_MAGIC);

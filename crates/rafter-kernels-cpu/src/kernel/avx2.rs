@@ -52,6 +52,7 @@ pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
     }
     // Prefetch modes (bits), as in the AVX-512 kernel: 1, this tile's own B ahead; 2, the
     // next micro-panel into L2.
+    // SAFETY: as for the block above (the same contract).
     unsafe {
         match (t.b_prefetch != 0, t.pf_lines != 0) {
             (false, false) => rows!(0),
@@ -155,7 +156,8 @@ unsafe fn kernel<const R: usize, const PACKED: bool, const PF: u8, const W: usiz
 unsafe fn store_full<const R: usize, const W: usize>(t: &Tile, acc: &[[__m256; W]; R]) {
     if let Some(e) = t.column_epilogue() {
         // A convolution's epilogue (see `Tile::column_epilogue`): the bias once per tile.
-        let zero = _mm256_setzero_ps();
+        // SAFETY: this kernel runs only where AVX2 and FMA are (the tile contract).
+        let zero = unsafe { _mm256_setzero_ps() };
         let mut bias = [zero; W];
         if !e.bias.is_null() {
             for (w, b) in bias.iter_mut().enumerate() {
@@ -165,26 +167,36 @@ unsafe fn store_full<const R: usize, const W: usize>(t: &Tile, acc: &[[__m256; W
         }
         let relu = matches!(e.act, Activation::Relu);
         let (lo, hi) = e.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
-        let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+        // SAFETY: as above.
+        let (lo, hi) = unsafe { (_mm256_set1_ps(lo), _mm256_set1_ps(hi)) };
         for (r, acc_r) in acc.iter().enumerate() {
             for (w, (&accv, &bw)) in acc_r.iter().zip(&bias).enumerate() {
-                let mut x = _mm256_add_ps(accv, bw);
-                if relu {
-                    x = _mm256_max_ps(x, zero);
-                }
-                if e.clamp.is_some() {
-                    // max(NaN, lo) is lo, as the general epilogue's clamp.
-                    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-                }
+                // SAFETY: as above.
+                let x = unsafe {
+                    let mut x = _mm256_add_ps(accv, bw);
+                    if relu {
+                        x = _mm256_max_ps(x, zero);
+                    }
+                    if e.clamp.is_some() {
+                        // max(NaN, lo) is lo, as the general epilogue's clamp.
+                        x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+                    }
+                    x
+                };
                 // SAFETY: r < R == mv rows, columns w*8..w*8+8 <= 8W == nv.
                 unsafe { _mm256_storeu_ps(t.c.add(r * t.ldc + w * 8), x) };
             }
         }
         return;
     }
-    let alpha = _mm256_set1_ps(t.alpha);
-    let beta = _mm256_set1_ps(t.beta);
-    let ones = _mm256_set1_epi32(-1);
+    // SAFETY: this kernel runs only where AVX2 and FMA are (the tile contract).
+    let (alpha, beta, ones) = unsafe {
+        (
+            _mm256_set1_ps(t.alpha),
+            _mm256_set1_ps(t.beta),
+            _mm256_set1_epi32(-1),
+        )
+    };
     for (r, acc_r) in acc.iter().enumerate() {
         for (v, &accv) in acc_r.iter().enumerate() {
             // SAFETY: r < R == mv rows, columns v*8..v*8+8 <= 8W == nv.

@@ -207,6 +207,7 @@ pub(crate) fn quantize_row(isa: QuantIsa, x: &[f32], act_row: RowMut<'_>) {
             #[cfg(target_arch = "x86_64")]
             QuantIsa::Avx512 => unsafe { x86::amax512(xb) },
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for AVX-512.
             QuantIsa::Avx2 => unsafe { x86::amax256(xb) },
             QuantIsa::Scalar => xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
         };
@@ -219,6 +220,7 @@ pub(crate) fn quantize_row(isa: QuantIsa, x: &[f32], act_row: RowMut<'_>) {
             #[cfg(target_arch = "x86_64")]
             QuantIsa::Avx512 => unsafe { x86::round512(xb, inv, qb, sums) },
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for AVX-512.
             QuantIsa::Avx2 => unsafe { x86::round256(xb, inv, qb, sums) },
             QuantIsa::Scalar => {
                 for (q, &v) in qb.iter_mut().zip(xb) {

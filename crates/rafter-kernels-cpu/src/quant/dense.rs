@@ -71,6 +71,7 @@ fn dot_rows_raw(
         #[cfg(target_arch = "x86_64")]
         Path::Vnni512 => unsafe { x86::dot512(format, w, k, x.as_ptr(), ldx, m, out) },
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for AVX-512.
         Path::Avx2 => unsafe { x86::dot256(format, w, k, x.as_ptr(), ldx, m, out) },
         Path::Scalar => {
             // SAFETY: `w` holds k elements of `format` (callers).

@@ -168,6 +168,7 @@ fn run_with(
                         super::x86_vnni::dot_tile(f, rows, act, aux, r0, mr, out, out_ld)
                     },
                     #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as for VNNI.
                     Kernel::Avx2 => unsafe {
                         super::x86_avx2::dot_tile(f, rows, act, aux, r0, mr, out, out_ld)
                     },

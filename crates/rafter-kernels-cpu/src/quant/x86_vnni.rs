@@ -284,11 +284,12 @@ pub(crate) unsafe fn dot_tile(
         ),
         pf_owed: Cell::new(0),
     };
-    // SAFETY (every arm): `t` describes `rows` whole weight rows, the prepared rows
+    // Every arm's unsafe: `t` describes `rows` whole weight rows, the prepared rows
     // r0..r0+m and an output of m rows of `rows` floats (asserted above); the features are
     // available (caller).
     macro_rules! rows {
         ($kern:ident, $($c:expr),*) => {
+            // SAFETY: see above (the tile's contract and the caller's features).
             unsafe {
                 match m {
                     1 => $kern::<$($c,)* 1>(&t),

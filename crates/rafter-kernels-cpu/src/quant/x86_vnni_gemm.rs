@@ -387,7 +387,7 @@ unsafe fn unpack_row_simd(format: BlockFormat, bytes: &[u8], u: &mut [u8]) -> bo
     let (src, dst) = (bytes.as_ptr(), u.as_mut_ptr());
     let low4 = _mm_set1_epi8(0x0F);
     let low4y = _mm256_set1_epi8(0x0F);
-    // SAFETY (every arm): block b's bytes are src[b * bb..][..bb] and its quants go to
+    // SAFETY: (every arm) block b's bytes are src[b * bb..][..bb] and its quants go to
     // dst[b * be..][..be], both inside the slices (asserted).
     unsafe {
         match format {

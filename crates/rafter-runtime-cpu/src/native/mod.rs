@@ -518,5 +518,5 @@ pub(crate) fn run(
     Ok(true)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "interpreter"))]
 mod tests;
