@@ -210,10 +210,9 @@ pub(crate) fn has_extension(
 /// Reads properties, features, limits and memory of one physical device.
 fn query(owner: &InstanceOwner, physical: vk::PhysicalDevice, index: usize) -> VulkanCapabilities {
     let instance = &owner.instance;
-    // SAFETY (for every call in this function): `physical` was enumerated from `instance`,
+    // SAFETY: (for every call in this function) `physical` was enumerated from `instance`,
     // which outlives the calls; each out-structure chain is built from locals that live
     // across the call that fills it.
-    // SAFETY: as for the block above (the same contract).
     let base = unsafe { instance.get_physical_device_properties(physical) };
     let api = base.api_version;
     let is_13 = api >= vk::API_VERSION_1_3;
@@ -231,23 +230,23 @@ fn query(owner: &InstanceOwner, physical: vk::PhysicalDevice, index: usize) -> V
                 .push_next(&mut p11)
                 .push_next(&mut p12)
                 .push_next(&mut p13);
-            // SAFETY: as for the block above (the same contract).
+            // SAFETY: as the comment at the top of this function says.
             unsafe { instance.get_physical_device_properties2(physical, &mut props) };
         }
         let mut features = vk::PhysicalDeviceFeatures2::default()
             .push_next(&mut f11)
             .push_next(&mut f12)
             .push_next(&mut f13);
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment at the top of this function says.
         unsafe { instance.get_physical_device_features2(physical, &mut features) };
         features.features
     } else {
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment at the top of this function says.
         unsafe { instance.get_physical_device_features(physical) }
     };
     let cooperative_matrix = if is_13 && coop_ext {
         let loader = ash::khr::cooperative_matrix::Instance::new(&owner.entry, instance);
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment at the top of this function says.
         let shapes = unsafe { loader.get_physical_device_cooperative_matrix_properties(physical) }
             .unwrap_or_default();
         Some(
@@ -268,9 +267,9 @@ fn query(owner: &InstanceOwner, physical: vk::PhysicalDevice, index: usize) -> V
     } else {
         None
     };
-    // SAFETY: as for the block above (the same contract).
+    // SAFETY: as the comment at the top of this function says.
     let memory = unsafe { instance.get_physical_device_memory_properties(physical) };
-    // SAFETY: as for the block above (the same contract).
+    // SAFETY: as the comment at the top of this function says.
     let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
     let compute_queue_family = pick_queue_family(&families);
     let limits = &base.limits;

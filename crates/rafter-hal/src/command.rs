@@ -12,7 +12,9 @@ use crate::memory::BufferRange;
 /// The value a fill writes, repeated over the destination range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FillPattern {
+    /// One byte.
     U8(u8),
+    /// Two bytes, little-endian.
     U16(u16),
     /// Four bytes, little-endian; what `vkCmdFillBuffer` writes.
     U32(u32),
@@ -41,6 +43,7 @@ impl FillPattern {
 /// One kernel launch.
 #[derive(Debug, Clone)]
 pub struct Dispatch {
+    /// The executable holding the kernel.
     pub executable: Executable,
     /// Index into [`Executable::entry_points`].
     pub entry: usize,
@@ -66,15 +69,20 @@ impl Dispatch {
 /// A recorded command.
 #[derive(Debug, Clone)]
 pub enum Command {
+    /// A kernel launch.
     Dispatch(Dispatch),
     /// Copies `src` to `dst` (same length, no overlap).
     Copy {
+        /// The bytes read.
         src: BufferRange,
+        /// Where they go.
         dst: BufferRange,
     },
     /// Writes `pattern` repeatedly over `dst`.
     Fill {
+        /// The bytes written.
         dst: BufferRange,
+        /// The value repeated over them.
         pattern: FillPattern,
     },
     /// Every command before it completes, with its writes visible, before any command after
@@ -276,6 +284,7 @@ impl CommandBuffer {
         self.0.device
     }
 
+    /// The recorded commands, in order.
     pub fn commands(&self) -> &[Command] {
         &self.0.commands
     }

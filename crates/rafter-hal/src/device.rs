@@ -23,6 +23,7 @@ impl DeviceId {
         DeviceId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// The identity as a number (for names and traces).
     pub fn get(self) -> u64 {
         self.0
     }
@@ -37,7 +38,9 @@ impl fmt::Display for DeviceId {
 /// What sort of device this is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DeviceKind {
+    /// The host CPU (`rafter-hal-cpu`).
     Cpu,
+    /// A Vulkan 1.3 device (`rafter-hal-vulkan`).
     Vulkan,
     /// A plug-in device (an NPU driver, say), named by its driver.
     Other(String),
@@ -74,10 +77,12 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// Whether the device computes on `dtype` (`"f16"`, `"i8"`).
     pub fn supports_dtype(&self, dtype: &str) -> bool {
         self.dtypes.contains(dtype)
     }
 
+    /// Whether the device has the optional `feature` (`"cooperative_matrix"`, ...).
     pub fn has_feature(&self, feature: &str) -> bool {
         self.features.contains(feature)
     }
@@ -86,13 +91,17 @@ impl Capabilities {
 /// Static description of a device.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
+    /// The process-unique identity.
     pub id: DeviceId,
     /// A human name (`"cpu"`, `"AMD Radeon 780M"`).
     pub name: String,
+    /// What sort of device.
     pub kind: DeviceKind,
     /// The memory kinds the device offers, with their properties.
     pub memory: Vec<MemoryKindInfo>,
+    /// Its limits (bindings, buffer sizes, workgroups).
     pub limits: Limits,
+    /// Its dtypes, features and executable formats.
     pub capabilities: Capabilities,
     /// Roofline: peak arithmetic throughput in FLOP/s, if known (measured by
     /// `rafter devices --calibrate`).
@@ -220,14 +229,17 @@ pub trait QueueImpl: Send + Sync + fmt::Debug + 'static {
 pub struct Queue(Arc<dyn QueueImpl>);
 
 impl Queue {
+    /// Wraps a device's queue implementation.
     pub fn from_impl(inner: Arc<dyn QueueImpl>) -> Queue {
         Queue(inner)
     }
 
+    /// The queue's name (`"cpu:0"`), for errors and traces.
     pub fn name(&self) -> &str {
         self.0.name()
     }
 
+    /// The device the queue belongs to.
     pub fn device_id(&self) -> DeviceId {
         self.0.device_id()
     }

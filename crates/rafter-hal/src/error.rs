@@ -24,6 +24,9 @@ pub type Result<T, E = HalError> = std::result::Result<T, E>;
 ///
 /// Messages name the object concerned (the binding index, the entry point, the device) so an
 /// error can be understood without a debugger.
+// The variants' fields are the values their messages print (`#[error(...)]`), which
+// say what each is; the variants themselves are documented.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum HalError {
     /// A byte range does not fit in its buffer. `what` says which range: `binding 2`,
@@ -115,6 +118,9 @@ pub enum HalError {
 }
 
 /// An error from a [`Semaphore`](crate::Semaphore) operation.
+// The variants' fields are the values their messages print (`#[error(...)]`), which
+// say what each is; the variants themselves are documented.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SemaphoreError {
     /// The wait's timeout elapsed before the semaphore reached the value.

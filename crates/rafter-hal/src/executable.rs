@@ -23,6 +23,7 @@ pub struct ExecutableSpec {
     pub name: String,
     /// The format tag: [`FORMAT_CPU_KERNELS`], [`FORMAT_SPIRV`], or a plug-in device's own.
     pub format: String,
+    /// The code: the format's bytes, or an in-process object (the CPU's kernel closures).
     pub payload: ExecutablePayload,
 }
 
@@ -66,22 +67,27 @@ pub trait ExecutableImpl: Send + Sync + fmt::Debug + 'static {
 pub struct Executable(Arc<dyn ExecutableImpl>);
 
 impl Executable {
+    /// Wraps a device's executable implementation.
     pub fn from_impl(inner: Arc<dyn ExecutableImpl>) -> Executable {
         Executable(inner)
     }
 
+    /// The implementation, when it is a `T` (a device reads back its own executables).
     pub fn downcast_ref<T: ExecutableImpl>(&self) -> Option<&T> {
         self.0.as_any().downcast_ref::<T>()
     }
 
+    /// The name given in the [`ExecutableSpec`].
     pub fn name(&self) -> &str {
         self.0.name()
     }
 
+    /// The entry points, indexed by [`Dispatch::entry`](crate::Dispatch::entry).
     pub fn entry_points(&self) -> &[String] {
         self.0.entry_points()
     }
 
+    /// The device that loaded it.
     pub fn device_id(&self) -> DeviceId {
         self.0.device_id()
     }

@@ -33,6 +33,8 @@
 //! 5. **Handles keep what they need alive.** Everything is reference counted; a submission
 //!    keeps its command buffer, buffers and executables alive until it completes.
 
+#![warn(missing_docs)]
+
 mod command;
 mod device;
 mod error;

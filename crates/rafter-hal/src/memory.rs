@@ -43,6 +43,7 @@ impl MemoryKind {
 /// Properties of one memory kind on one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryKindInfo {
+    /// The memory kind.
     pub kind: MemoryKind,
     /// The host can map buffers of this kind ([`Buffer::map_read`], [`Buffer::map_write`]).
     pub host_visible: bool,
@@ -103,18 +104,22 @@ impl Buffer {
         self.0.as_any().downcast_ref::<T>()
     }
 
+    /// The size in bytes.
     pub fn size(&self) -> u64 {
         self.0.size()
     }
 
+    /// The memory kind it was allocated from.
     pub fn memory_kind(&self) -> MemoryKind {
         self.0.memory_kind()
     }
 
+    /// Whether the host can map it.
     pub fn host_visible(&self) -> bool {
         self.0.host_visible()
     }
 
+    /// The device that owns it.
     pub fn device_id(&self) -> DeviceId {
         self.0.device_id()
     }
@@ -207,8 +212,11 @@ impl fmt::Debug for Buffer {
 /// ever touching bytes outside the buffer. [`Buffer::range`] validates on construction.
 #[derive(Clone, Debug)]
 pub struct BufferRange {
+    /// The buffer.
     pub buffer: Buffer,
+    /// The first byte, from the buffer's start.
     pub offset: u64,
+    /// The length in bytes.
     pub len: u64,
 }
 

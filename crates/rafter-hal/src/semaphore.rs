@@ -175,6 +175,7 @@ struct HostState {
 }
 
 impl HostSemaphore {
+    /// A semaphore at `initial`, not failed.
     pub fn new(initial: u64) -> HostSemaphore {
         HostSemaphore {
             state: Mutex::new(HostState {

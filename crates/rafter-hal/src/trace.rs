@@ -6,8 +6,11 @@ use std::time::Instant;
 /// What a trace event covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceKind {
+    /// A kernel launch (one span per thread that ran workgroups of it).
     Dispatch,
+    /// A buffer copy.
     Copy,
+    /// A buffer fill.
     Fill,
 }
 
@@ -21,12 +24,15 @@ pub enum TraceKind {
 pub struct TraceEvent {
     /// The queue the work was submitted to (`"cpu:0"`).
     pub queue: Arc<str>,
+    /// What the span covers.
     pub kind: TraceKind,
     /// The executable's name (empty for copies and fills).
     pub executable: Arc<str>,
     /// The entry point's name, or `"copy"` / `"fill"`.
     pub name: Arc<str>,
+    /// When it started (host clock).
     pub start: Instant,
+    /// When it ended (host clock).
     pub end: Instant,
     /// The thread (or hardware lane) that ran it (`"rafter-cpu#1-worker-3"`).
     pub thread: Arc<str>,
@@ -39,6 +45,7 @@ pub struct TraceEvent {
 /// Receives trace events. Called from device threads while work runs, so `record` must be
 /// cheap and must not block for long.
 pub trait TraceSink: Send + Sync {
+    /// Takes one event.
     fn record(&self, event: TraceEvent);
 }
 
@@ -49,6 +56,7 @@ pub struct MemoryTraceSink {
 }
 
 impl MemoryTraceSink {
+    /// An empty sink.
     pub fn new() -> MemoryTraceSink {
         MemoryTraceSink::default()
     }

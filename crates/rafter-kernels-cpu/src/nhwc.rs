@@ -257,10 +257,9 @@ fn depthwise_rows<S: Simd>(
         }
         for r in rows.clone() {
             let g = RowGeom::of(wnd, r);
-            // Output vector `at..at + lanes` of this row. SAFETY (of each use): tasks get
+            // Output vector `at..at + lanes` of this row. SAFETY: (of each use) tasks get
             // disjoint row ranges or disjoint channel ranges, so no two tasks write one
             // element, and each part is dead once its vector is stored.
-            // SAFETY: as for the block above (the same contract).
             let out = |at: usize| unsafe { dst.part(r * g.len + at..r * g.len + at + lanes) };
             let rrow = c.tail.residual.map(|res| &res[r * g.len..(r + 1) * g.len]);
             let plane = &wnd.input[g.plane..g.plane + wnd.h * wnd.w * ch];
@@ -425,16 +424,16 @@ unsafe fn quads_at<S: Simd, const SW: usize>(
         }
         for (j, &a) in acc.iter().enumerate() {
             let at = (q * QUAD + j) * px;
-            // SAFETY (both): below the last quad's last output and residual vectors (the
-            // contract). (A match, not `Option::map`: a closure is compiled without the
+            // Both accesses below stay below the last quad's last output and residual vectors
+            // (the contract). (A match, not `Option::map`: a closure is compiled without the
             // caller's target features, and its load would become a call.)
             #[allow(clippy::manual_map)]
             let rv = match res {
-                // SAFETY: as for the block above (the same contract).
+                // SAFETY: below the last quad's last residual vector (the contract).
                 Some(r) => Some(unsafe { s.load_at(r.wrapping_add(at)) }),
                 None => None,
             };
-            // SAFETY: as for the block above (the same contract).
+            // SAFETY: below the last quad's last output vector (the contract, as above).
             unsafe { s.store_at(out.wrapping_add(at), t.finish(s, a, bias, rv)) };
         }
     }

@@ -207,9 +207,8 @@ impl Parallel for WorkerPool {
             Err(TryLockError::Poisoned(e)) => e.into_inner(),
             Err(TryLockError::WouldBlock) => return Sequential.run(tasks, f),
         };
-        // SAFETY (lifetime erasure): the pointer is dereferenced only for claimed tasks,
+        // SAFETY: (lifetime erasure) the pointer is dereferenced only for claimed tasks,
         // and this function returns only after every task is done (the wait below).
-        // SAFETY: as for the block above (the same contract).
         let f = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), *const Task>(f) };
         let job = Arc::new(Job::new(f, tasks, self.threads));
         *lock(&self.shared.current) = Some(job.clone());

@@ -155,7 +155,7 @@ fn phases(isa: Isa, c: &StemConv<'_>, par: &dyn Parallel) -> Phases {
             // from every other's (and from each other).
             let even = unsafe { out.part(at(0)..at(0) + width) };
             let odd = if s == 2 {
-                // SAFETY: as for the block above (the same contract).
+                // SAFETY: the odd phase row of this task: disjoint as above.
                 unsafe { out.part(at(1)..at(1) + width) }
             } else {
                 &mut []

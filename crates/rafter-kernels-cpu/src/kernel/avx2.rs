@@ -52,7 +52,7 @@ pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
     }
     // Prefetch modes (bits), as in the AVX-512 kernel: 1, this tile's own B ahead; 2, the
     // next micro-panel into L2.
-    // SAFETY: as for the block above (the same contract).
+    // SAFETY: the forwarded contract (see the top of this function).
     unsafe {
         match (t.b_prefetch != 0, t.pf_lines != 0) {
             (false, false) => rows!(0),

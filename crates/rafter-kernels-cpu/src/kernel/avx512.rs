@@ -71,11 +71,10 @@ pub(crate) unsafe fn tile(t: &Tile, packed_a: bool) {
             }
         };
     }
-    // SAFETY (all arms): forwarded contract; the rows instantiated are the rows that exist
+    // SAFETY: (all arms) forwarded contract; the rows instantiated are the rows that exist
     // (`MR` padded rows when packed, exactly `mv` when direct), and the panels read are the
     // ones that exist (two only when more than 16 columns are valid); `CE` only for tiles
     // of `R` rows and `16 W` columns with a column epilogue.
-    // SAFETY: as for the block above (the same contract).
     unsafe {
         if ce {
             by_pf!(true)

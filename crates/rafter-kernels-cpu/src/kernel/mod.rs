@@ -193,7 +193,7 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => unsafe { avx2::tile(t, packed_a) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for the block above (the same contract).
+            // SAFETY: as the comment over the match says, for this arm too.
             Isa::Avx512 => unsafe { avx512::tile(t, packed_a) },
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => unsafe { neon::tile(t, packed_a) },

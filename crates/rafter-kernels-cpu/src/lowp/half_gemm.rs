@@ -249,10 +249,10 @@ unsafe fn tile(path: Path, kind: HalfKind, t: &DecodeTile, rows: usize, np: usiz
     match path {
         // SAFETY (both arms): forwarded.
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment over the match says, for this arm too.
         Path::Avx512 => unsafe { super::x86::tile_avx512(t, rows, np, bf16) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment over the match says, for this arm too.
         Path::Avx2 => unsafe { super::x86::tile_avx2(t, rows, np, bf16) },
         // SAFETY: forwarded.
         Path::Scalar => unsafe { tile_scalar(t, rows, np, kind) },
@@ -321,8 +321,7 @@ unsafe fn finish(
             b_prefetch: 0,
             pf_next: std::ptr::null(),
             pf_lines: 0,
-            // SAFETY (of the offsets): row r0 < m and column j < n of C, checked by the caller.
-            // SAFETY: as for the block above (the same contract).
+            // SAFETY: (of the offsets) row r0 < m and column j < n of C, checked by the caller.
             c: unsafe { c.get().add(r0 * ldc + j) },
             ldc,
             mv,
@@ -503,10 +502,10 @@ pub(crate) fn widen(path: Path, kind: HalfKind, src: &[u16], dst: &mut [f32]) {
     match path {
         // SAFETY (both arms): the path's ISA was checked available by the GEMM's caller.
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment over the match says, for this arm too.
         Path::Avx512 => unsafe { super::x86::widen_avx512(kind == HalfKind::Bf16, src, dst) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment over the match says, for this arm too.
         Path::Avx2 => unsafe { super::x86::widen_avx2(kind == HalfKind::Bf16, src, dst) },
         Path::Scalar => {
             for (d, &s) in dst.iter_mut().zip(src) {

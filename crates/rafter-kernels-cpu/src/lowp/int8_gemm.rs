@@ -311,12 +311,12 @@ unsafe fn tile(path: Path, t: &I8Tile, rows: usize, np: usize) {
     match path {
         // SAFETY (every arm): forwarded.
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment over the match says, for this arm too.
         Path::Avx512Vnni => unsafe { super::x86_int8::tile_vnni(t, rows, np) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment over the match says, for this arm too.
         Path::Avx2 => unsafe { super::x86_int8::tile_avx2(t, rows, np) },
-        // SAFETY: as for the block above (the same contract).
+        // SAFETY: as the comment over the match says, for this arm too.
         Path::Scalar => unsafe { tile_scalar(t, rows, np) },
     }
 }
