@@ -3,8 +3,9 @@
 //!
 //! Requests keep the fields whose meaning rafter checks itself (`stop`, `messages`,
 //! `prompt`) as raw JSON, so that a wrong shape gets a message naming the field rather than
-//! serde's "did not match any variant". Fields a request may carry that rafter has no use
-//! for are collected in `extra` and refused by name, as OpenAI refuses them
+//! serde's "did not match any variant". A body is read twice, as its endpoint's fields and as
+//! [`CommonFields`] (not `#[serde(flatten)]`, which would lose the name of a field of the
+//! wrong type); fields neither reads are refused by name, as OpenAI refuses them
 //! ("Unrecognized request argument supplied: ..."), except the few it accepts and ignores.
 
 use serde::{Deserialize, Serialize};
@@ -85,11 +86,6 @@ pub struct ChatCompletionRequest {
     /// Extension: more variables for the chat template (`{"enable_thinking": false}`).
     #[serde(default)]
     pub chat_template_kwargs: Option<Map<String, Value>>,
-    #[serde(flatten)]
-    pub common: CommonFields,
-    /// Every other field (refused by name unless known to be harmless).
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
 }
 
 /// `POST /v1/completions`.
@@ -105,10 +101,6 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     #[serde(default)]
     pub best_of: Option<u64>,
-    #[serde(flatten)]
-    pub common: CommonFields,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
 }
 
 /// Fields that clients send and that change nothing about a generation here.

@@ -5,6 +5,7 @@
 //! before it is queued, so a bad request is answered at once with a 4xx and never waits
 //! behind others; templating and tokenizing run on tokio's blocking pool.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -15,12 +16,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::params::{chat_max_tokens, check_extra, request_options};
 use crate::prompt::{chat_messages, chat_prompt, completion_prompt, Prompt};
-use crate::protocol::{ChatCompletionRequest, CompletionRequest, ModelCard, ModelList};
+use crate::protocol::{
+    ChatCompletionRequest, CommonFields, CompletionRequest, ModelCard, ModelList,
+};
 use crate::stream::{Endpoint, ResponseMeta};
 use crate::AppState;
 
@@ -100,9 +103,12 @@ async fn wrong_method(method: Method, uri: Uri) -> ApiError {
     }
 }
 
-/// The body as JSON: a syntax error, a body that is not an object, and a field of the wrong
-/// type are each a 400 saying which.
-fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+/// The body as JSON: the endpoint's fields `T`, the shared fields, and the fields neither
+/// knows. A syntax error, a body that is not an object, and a field of the wrong type are
+/// each a 400 saying which.
+fn parse_body<T: DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(T, CommonFields, Map<String, Value>), ApiError> {
     let body = body.map_err(|r| ApiError {
         status: r.status(),
         message: format!("reading the request body: {}", r.body_text()),
@@ -117,14 +123,37 @@ fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Resul
         ))
         .with_code("invalid_json")
     })?;
-    if !value.is_object() {
+    let Value::Object(fields) = value else {
         return Err(ApiError::bad_request(format!(
             "the request body is a JSON {}, expected an object",
             json_kind(&value)
         ))
         .with_code("invalid_json"));
-    }
-    serde_path_to_error::deserialize(value).map_err(|e| {
+    };
+    let (specific, unread_specific) = typed::<T>(&fields)?;
+    let (common, unread_common) = typed::<CommonFields>(&fields)?;
+    let extra = fields
+        .into_iter()
+        .filter(|(k, _)| unread_specific.contains(k) && unread_common.contains(k))
+        .collect();
+    Ok((specific, common, extra))
+}
+
+/// `fields` as `T`, and the top-level fields `T` does not read.
+fn typed<T: DeserializeOwned>(
+    fields: &Map<String, Value>,
+) -> Result<(T, BTreeSet<String>), ApiError> {
+    let mut unread = BTreeSet::new();
+    let value = Value::Object(fields.clone());
+    let mut note = |path: serde_ignored::Path<'_>| {
+        if let serde_ignored::Path::Map { parent, key } = path {
+            if matches!(parent, serde_ignored::Path::Root) {
+                unread.insert(key);
+            }
+        }
+    };
+    let de = serde_ignored::Deserializer::new(value, &mut note);
+    let parsed = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path == "." || path == "?" {
@@ -132,7 +161,8 @@ fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Resul
         } else {
             ApiError::bad_param(path.clone(), format!("{path}: {inner}"))
         }
-    })
+    })?;
+    Ok((parsed, unread))
 }
 
 fn json_kind(v: &Value) -> &'static str {
@@ -172,9 +202,9 @@ async fn chat(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: ChatCompletionRequest = parse_body(body)?;
-    state.check_model(&req.common.model)?;
-    check_extra(&req.extra)?;
+    let (req, common, extra) = parse_body::<ChatCompletionRequest>(body)?;
+    state.check_model(&common.model)?;
+    check_extra(&extra)?;
     if req.logprobs == Some(true) || req.top_logprobs.is_some_and(|n| n > 0) {
         let param = if req.logprobs == Some(true) {
             "logprobs"
@@ -212,8 +242,8 @@ async fn chat(
             ));
         }
     }
-    let max = chat_max_tokens(req.max_completion_tokens, req.common.max_tokens)?;
-    let mut options = request_options(&req.common, max, state.llm.tokenizer())?;
+    let max = chat_max_tokens(req.max_completion_tokens, common.max_tokens)?;
+    let mut options = request_options(&common, max, state.llm.tokenizer())?;
     let messages = chat_messages(&req.messages)?;
     state.chat_template()?;
     let kwargs = req.chat_template_kwargs;
@@ -233,9 +263,9 @@ async fn completion(
     state: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse_body(body)?;
-    state.check_model(&req.common.model)?;
-    check_extra(&req.extra)?;
+    let (req, common, extra) = parse_body::<CompletionRequest>(body)?;
+    state.check_model(&common.model)?;
+    check_extra(&extra)?;
     if req.logprobs.is_some() {
         return Err(ApiError::bad_param(
             "logprobs",
@@ -254,8 +284,8 @@ async fn completion(
             format!("best_of = {n} is not supported: rafter serve generates one sequence"),
         ));
     }
-    let max = req.common.max_tokens.map(|n| ("max_tokens", n));
-    let mut options = request_options(&req.common, max, state.llm.tokenizer())?;
+    let max = common.max_tokens.map(|n| ("max_tokens", n));
+    let mut options = request_options(&common, max, state.llm.tokenizer())?;
     let prompt = {
         let state = state.clone();
         let value = req.prompt;
