@@ -163,3 +163,85 @@ fn openai_client_against_rafter_serve() {
     );
     assert!(out.contains("all passed"), "{out}");
 }
+
+/// SIGTERM while a long generation streams: the server stops it within moments (not after
+/// its thousands of tokens), ends the stream with a `shutting_down` error event and
+/// `[DONE]`, and exits 0.
+#[cfg(unix)]
+#[test]
+fn sigterm_stops_a_streaming_generation() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    let model = model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rafter"))
+        .arg("serve")
+        .arg(&model)
+        .args(["--port", "0", "--model-name", "m", "--context", "4096"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rafter serve starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("rafter serve prints its address");
+    let server = ServerProcess(child);
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .and_then(|w| w.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+
+    let body = r#"{"model": "m", "prompt": "a", "max_tokens": 4000, "ignore_eos": true,
+                   "temperature": 0, "stream": true}"#;
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    // Wait for the first text chunk: the generation runs.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"text\"") {
+        let n = conn.read(&mut buf).expect("the stream starts");
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    let term = Instant::now();
+    let pid = server.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    conn.read_to_end(&mut got).expect("the stream ends");
+    let mut server = server;
+    let status = server.0.wait().unwrap();
+    let took = term.elapsed();
+    let text = String::from_utf8_lossy(&got);
+    assert!(status.success(), "rafter serve exited with {status}");
+    // (The body is chunked: HTTP/1.1 framing surrounds the events.)
+    let error_at = text.find("\"code\":\"shutting_down\"");
+    let done_at = text.find("data: [DONE]");
+    assert!(
+        matches!((error_at, done_at), (Some(e), Some(d)) if e < d),
+        "the stream did not end with a shutting_down error and [DONE]: ...{}",
+        &text[text.len().saturating_sub(400)..]
+    );
+    // 4000 tokens take tens of seconds on the tiny model; stopping takes one token.
+    assert!(
+        took < Duration::from_secs(10),
+        "the server took {took:?} to stop"
+    );
+}

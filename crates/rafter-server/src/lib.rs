@@ -142,14 +142,22 @@ impl Server {
     }
 }
 
-/// Serves on `listener` until `shutdown` completes (then finishes the responses in flight).
+/// Serves on `listener` until `shutdown` completes; then stops the generations (each
+/// answered with a 503 `shutting_down`, a stream with an error event) and returns once
+/// their responses are written.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     server: &Server,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let state = server.state.clone();
+    let stop = async move {
+        shutdown.await;
+        eprintln!("rafter serve: shutting down");
+        state.queue.shut_down();
+    };
     axum::serve(listener, server.router())
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(stop)
         .await
 }
 

@@ -81,11 +81,15 @@ struct Job {
     params: GenerateParams,
     events: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
+    /// The server is shutting down: every job stops (see [`Queue::shut_down`]).
+    stopping: Arc<AtomicBool>,
 }
 
 impl Job {
     fn cancelled(&self) -> bool {
-        self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+        self.cancel.load(Ordering::Relaxed)
+            || self.events.is_closed()
+            || self.stopping.load(Ordering::Relaxed)
     }
 }
 
@@ -106,6 +110,8 @@ struct Shared {
     /// Admitted jobs not yet finished (waiting, and the running one).
     admitted: AtomicUsize,
     running: AtomicBool,
+    /// Set by [`Queue::shut_down`]; shared with every job.
+    stopping: Arc<AtomicBool>,
     max_queue: usize,
     stats: Stats,
 }
@@ -123,6 +129,7 @@ impl Queue {
         let shared = Arc::new(Shared {
             admitted: AtomicUsize::new(0),
             running: AtomicBool::new(false),
+            stopping: Arc::new(AtomicBool::new(false)),
             max_queue,
             stats: Stats::default(),
         });
@@ -144,6 +151,9 @@ impl Queue {
         params: GenerateParams,
     ) -> Result<Ticket, ApiError> {
         let s = &self.shared;
+        if s.stopping.load(Ordering::Relaxed) {
+            return Err(shutting_down());
+        }
         let limit = s.max_queue + 1;
         if s.admitted
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -162,6 +172,7 @@ impl Queue {
             params,
             events,
             cancel: cancel.clone(),
+            stopping: s.stopping.clone(),
         };
         let sent = self
             .jobs
@@ -173,6 +184,13 @@ impl Queue {
             return Err(ApiError::internal("the generation worker has stopped"));
         }
         Ok(Ticket { events: rx, cancel })
+    }
+
+    /// Stops the running generation within a token and every waiting one, each answered
+    /// with a 503 `shutting_down` (so a server asked to stop does not first finish a long
+    /// generation), and refuses new ones.
+    pub fn shut_down(&self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
     }
 
     pub fn status(&self) -> QueueStatus {
@@ -206,9 +224,25 @@ fn queue_full(max_queue: usize) -> ApiError {
     }
 }
 
+fn shutting_down() -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        message: "The server is shutting down; the generation was stopped.".into(),
+        kind: "server_error",
+        param: None,
+        code: Some("shutting_down"),
+    }
+}
+
 /// The worker thread: jobs in order until the queue is dropped.
 fn work(llm: &Llm, jobs: &mpsc::Receiver<Job>, shared: &Shared) {
     while let Ok(job) = jobs.recv() {
+        if job.stopping.load(Ordering::Relaxed) {
+            shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            shared.admitted.fetch_sub(1, Ordering::AcqRel);
+            let _ = job.events.send(Event::Done(Err(shutting_down())));
+            continue;
+        }
         if job.cancelled() {
             // Its client left while it waited.
             shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -230,6 +264,16 @@ fn work(llm: &Llm, jobs: &mpsc::Receiver<Job>, shared: &Shared) {
                     "the generation panicked: {why}"
                 )))
             });
+        let outcome = match outcome {
+            Ok(f)
+                if f.finish_reason == FinishReason::Cancelled
+                    && job.stopping.load(Ordering::Relaxed) =>
+            {
+                eprintln!("rafter serve: {} stopped by the shutdown", job.id);
+                Err(shutting_down())
+            }
+            other => other,
+        };
         let stats = &shared.stats;
         let secs = start.elapsed().as_secs_f64();
         match &outcome {
