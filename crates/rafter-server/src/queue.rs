@@ -301,6 +301,13 @@ fn work(llm: &Llm, jobs: &mpsc::Receiver<Job>, shared: &Shared) {
                     t.generated_tokens_per_second(),
                 );
             }
+            // Stopped by the shutdown (logged above): not a failure of the generation.
+            Err(e) if e.code == Some("shutting_down") => {
+                stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .cancelled_tokens
+                    .fetch_add(steps as u64, Ordering::Relaxed);
+            }
             Err(e) => {
                 stats.failed.fetch_add(1, Ordering::Relaxed);
                 eprintln!("rafter serve: {} failed: {}", job.id, e.message);
