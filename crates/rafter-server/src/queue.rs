@@ -99,6 +99,19 @@ pub struct Ticket {
     cancel: Arc<AtomicBool>,
 }
 
+#[cfg(test)]
+impl Ticket {
+    /// A ticket fed by the returned sender instead of the worker.
+    pub(crate) fn for_test() -> (Ticket, UnboundedSender<Event>) {
+        let (tx, events) = unbounded_channel();
+        let ticket = Ticket {
+            events,
+            cancel: Arc::new(AtomicBool::new(false)),
+        };
+        (ticket, tx)
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);

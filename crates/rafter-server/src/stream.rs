@@ -310,3 +310,112 @@ async fn next_chunk(s: &mut StreamState) -> Option<String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::Ticket;
+    use rafter_generate::Timings;
+    use serde_json::{json, Value};
+
+    fn meta(endpoint: Endpoint, include_usage: bool) -> ResponseMeta {
+        ResponseMeta {
+            endpoint,
+            id: "id-1".into(),
+            created: 7,
+            model: "m".into(),
+            prompt_ids: vec![1, 2, 3],
+            echo: None,
+            include_usage,
+            return_token_ids: false,
+        }
+    }
+
+    fn finished(reason: FinishReason) -> Finished {
+        Finished {
+            generated_ids: vec![10, 11],
+            text: "ab".into(),
+            finish_reason: reason,
+            timings: Timings::default(),
+        }
+    }
+
+    /// The `data:` payloads of a stream whose job sent `events`.
+    async fn payloads(meta: ResponseMeta, events: Vec<Event>) -> Vec<String> {
+        let (ticket, tx) = Ticket::for_test();
+        for e in events {
+            tx.send(e).unwrap();
+        }
+        drop(tx);
+        chunks(meta, ticket).collect().await
+    }
+
+    fn parse(s: &str) -> Value {
+        serde_json::from_str(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[tokio::test]
+    async fn chat_stream_shape() {
+        let events = vec![
+            Event::Text("a".into()),
+            Event::Text("b".into()),
+            Event::Done(Ok(finished(FinishReason::Length))),
+        ];
+        let p = payloads(meta(Endpoint::Chat, true), events).await;
+        assert_eq!(p.len(), 6, "{p:?}");
+        let c: Vec<Value> = p[..5].iter().map(|s| parse(s)).collect();
+        assert_eq!(
+            c[0]["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
+        assert_eq!(c[0]["object"], "chat.completion.chunk");
+        assert_eq!(c[1]["choices"][0]["delta"], json!({"content": "a"}));
+        assert_eq!(c[2]["choices"][0]["delta"], json!({"content": "b"}));
+        assert!(c[2]["choices"][0]["finish_reason"].is_null());
+        assert_eq!(c[3]["choices"][0]["delta"], json!({}));
+        assert_eq!(c[3]["choices"][0]["finish_reason"], "length");
+        // include_usage: usage null on every chunk, then a chunk without choices.
+        assert!(c[..4]
+            .iter()
+            .all(|c| c["usage"].is_null() && c.get("usage").is_some()));
+        assert_eq!(c[4]["choices"], json!([]));
+        assert_eq!(
+            c[4]["usage"],
+            json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})
+        );
+        assert_eq!(p[5], "[DONE]");
+    }
+
+    #[tokio::test]
+    async fn completion_stream_without_usage() {
+        let events = vec![
+            Event::Text("x".into()),
+            Event::Done(Ok(finished(FinishReason::Stop))),
+        ];
+        let p = payloads(meta(Endpoint::Completion, false), events).await;
+        assert_eq!(p.len(), 3, "{p:?}");
+        let first = parse(&p[0]);
+        assert_eq!(first["object"], "text_completion");
+        assert_eq!(first["choices"][0]["text"], "x");
+        assert!(first.get("usage").is_none());
+        assert_eq!(parse(&p[1])["choices"][0]["finish_reason"], "stop");
+        assert_eq!(p[2], "[DONE]");
+    }
+
+    #[tokio::test]
+    async fn a_failure_ends_the_stream_with_an_error_event() {
+        let events = vec![
+            Event::Text("x".into()),
+            Event::Done(Err(ApiError::internal("boom"))),
+        ];
+        let p = payloads(meta(Endpoint::Chat, false), events).await;
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert_eq!(parse(&p[2])["error"]["message"], "boom");
+        assert_eq!(parse(&p[2])["error"]["type"], "server_error");
+        assert_eq!(p[3], "[DONE]");
+        // A worker that went away without an answer is an error too, never a silent end.
+        let p = payloads(meta(Endpoint::Completion, false), vec![]).await;
+        assert_eq!(parse(&p[0])["error"]["type"], "server_error");
+        assert_eq!(p[1], "[DONE]");
+    }
+}
