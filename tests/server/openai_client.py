@@ -242,6 +242,24 @@ def test_disconnect():
     ok(f"a client that disconnects mid-stream is cancelled ({wasted} tokens computed) and the next request is right")
 
 
+def test_disconnect_non_streaming():
+    before = wait_idle()["queue"]
+    max_tokens = CONTEXT - 16
+    try:
+        client.with_options(timeout=0.5).completions.create(
+            model=MODEL, prompt="Count:", max_tokens=max_tokens, temperature=0,
+            extra_body={"ignore_eos": True})
+        raise AssertionError("a long generation finished within the client's 0.5 s timeout")
+    except openai.APITimeoutError:
+        pass  # the client gave up and closed its connection
+    h = wait_idle()["queue"]
+    check(h["cancelled"] == before["cancelled"] + 1, f"cancelled count {before} -> {h}")
+    wasted = h["cancelled_tokens"] - before["cancelled_tokens"]
+    check(wasted < max_tokens // 2, f"the cancelled generation ran {wasted} of {max_tokens} tokens")
+    check_completion(completion(extra_body={"return_token_ids": True}), "completion after a timeout")
+    ok(f"a non-streaming client that gives up is cancelled too ({wasted} tokens computed)")
+
+
 def test_queue_full(max_queue):
     check(max_queue == 1, "run the server with --max-queue 1")
     wait_idle()
@@ -330,6 +348,7 @@ def main():
     test_errors()
     test_concurrent()
     test_disconnect()
+    test_disconnect_non_streaming()
     test_queue_full(max_queue)
     h = wait_idle()["queue"]
     check(h["failed"] == 0, f"no generation failed: {h}")

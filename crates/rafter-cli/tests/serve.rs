@@ -3,9 +3,10 @@
 //! The references are `rafter generate --json-out` runs on the same tiny Qwen3 fixture
 //! (random weights, the real tokenizer and chat template): greedy chat and plain prompts,
 //! and one seeded sampled prompt. The server must give exactly their tokens, streamed and
-//! not, alone and with concurrent clients, after a client disconnected mid-stream and
-//! after a full queue refused a request; the error cases must come back as OpenAI error
-//! objects. tests/server/openai_client.py holds the client side.
+//! not, alone and with concurrent clients, after a client disconnected mid-stream (or gave
+//! up on a non-streamed request) and after a full queue refused a request; the error cases
+//! must come back as OpenAI error objects. tests/server/openai_client.py holds the client
+//! side. A second test sends SIGTERM during a long stream: the server stops it at once.
 //!
 //! Needs the LLM fixtures (`RAFTER_LLM_FIXTURES`, made by scripts/test.sh) and a Python
 //! with the pinned `openai` (`scripts/setup_venv.sh --server` puts it in .venv; or point
