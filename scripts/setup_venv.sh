@@ -8,6 +8,8 @@
 #   scripts/setup_venv.sh --llm    also torch, transformers, safetensors, sentencepiece, gguf,
 #                                  diskcache (for scripts/gen_llm_fixtures.py and
 #                                  benchmarks/llm_peers.sh; see tests/fixtures/llm/README.md)
+#   scripts/setup_venv.sh --server also the official `openai` client (crates/rafter-cli's
+#                                  `rafter serve` test drives the server with it)
 #
 # Idempotent: an existing .venv is reused, and pip runs only if a pinned package
 # is missing or at another version. Set PYTHON to choose the interpreter
@@ -34,14 +36,18 @@ FULL_PKGS=(onnxruntime==1.32.0 torch==2.15.0 torchvision==0.29.2 transformers==5
 # diskcache (imported by the sdist's llama_cpp Python package).
 LLM_PKGS=(torch==2.15.0 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23.3
           sentencepiece==0.2.3 gguf==0.19.0 jinja2==3.1.6 diskcache==5.6.3)
+# The OpenAI-compatible server's test client (tests/server/openai_client.py).
+SERVER_PKGS=(openai==3.51.0)
 
 full=0
 llm=0
+server=0
 for arg in "$@"; do
   case "$arg" in
     --full) full=1 ;;
     --llm) llm=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --server) server=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "setup_venv.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -49,6 +55,7 @@ done
 pkgs=("${BASE_PKGS[@]}")
 if [[ $full == 1 ]]; then pkgs+=("${FULL_PKGS[@]}"); fi
 if [[ $llm == 1 ]]; then pkgs+=("${LLM_PKGS[@]}"); fi
+if [[ $server == 1 ]]; then pkgs+=("${SERVER_PKGS[@]}"); fi
 
 pick_python() {
   local c

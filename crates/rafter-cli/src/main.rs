@@ -8,6 +8,7 @@ mod cmd_generate;
 mod cmd_inspect;
 mod cmd_plan;
 mod cmd_run;
+mod cmd_serve;
 mod dims;
 mod model;
 mod progress;
@@ -56,6 +57,9 @@ enum Command {
     /// Generate text with an LLM (a Hugging Face folder or a .gguf file), streamed to stdout;
     /// ends with `generate: prompt P tokens at X tok/s, N tokens at Y tok/s, peak RSS R MB`.
     Generate(cmd_generate::GenerateArgs),
+    /// Serve an LLM over an OpenAI-compatible HTTP API (/v1/models, /v1/completions,
+    /// /v1/chat/completions, streamed or not; /health); requests queue in arrival order.
+    Serve(cmd_serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         Command::Inspect { model, ir } => cmd_inspect::inspect(&model, ir),
         Command::Conformance(args) => cmd_conformance::conformance(args),
         Command::Generate(args) => cmd_generate::generate(args),
+        Command::Serve(args) => cmd_serve::serve(args),
     };
     match result {
         Ok(code) => code,
