@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 
-scripts/setup_venv.sh
+scripts/setup_venv.sh --server   # + the openai client for `rafter serve`'s test
 PY=$ROOT/.venv/bin/python
 CONF=$ROOT/.cache/onnx-conformance
 
