@@ -6,6 +6,7 @@
 //! by several families.
 
 mod contraction;
+mod contrib;
 mod control;
 mod elementwise;
 mod extra;

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Generate tests/fixtures/contrib: one small model per ONNX Runtime contrib op
+(com.microsoft) and attribute variant, built with onnx.helper, with random inputs
+(fixed seed) and ONNX Runtime's outputs, in ONNX's backend-test layout:
+
+    tests/fixtures/contrib/node/<case>/model.onnx
+    tests/fixtures/contrib/node/<case>/test_data_set_0/{input,output}_J.pb
+    tests/fixtures/contrib/node/<case>/tolerance.json
+
+crates/rafter-conformance/tests/contrib_ops.rs runs every case through rafter's
+reference executor and its compiled CPU path and compares with these outputs.
+
+Needs onnx, numpy and onnxruntime (scripts/setup_venv.sh --full has them):
+    .venv/bin/python scripts/gen_contrib_fixtures.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(REPO, "tests", "fixtures", "contrib", "node")
+MS = "com.microsoft"
+RNG = np.random.default_rng(20261128)
+
+F32 = TensorProto.FLOAT
+I32 = TensorProto.INT32
+I64 = TensorProto.INT64
+U8 = TensorProto.UINT8
+I8 = TensorProto.INT8
+
+CASES: list[str] = []
+
+
+def rnd(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def case(name, nodes, inputs, outputs, inits=None, rtol=1e-4, atol=1e-5, extra_sets=(), ref=None):
+    """Builds the model, runs ORT on `inputs` (name -> array; more data sets in
+    `extra_sets`), writes the fixture. `outputs`: list of (name, elem_type). `ref`
+    (feeds -> outputs) replaces ORT for ops ORT has no CPU kernel for."""
+    inits = inits or {}
+    g = helper.make_graph(
+        nodes,
+        name,
+        [
+            helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+            for k, v in inputs.items()
+        ],
+        [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    m = helper.make_model(
+        g,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+        producer_name="rafter gen_contrib_fixtures.py",
+    )
+    m.ir_version = 8
+    write(name, m, [inputs, *extra_sets], rtol, atol, ref)
+
+
+def write(name, model, sets, rtol, atol, ref=None):
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    data = model.SerializeToString()
+    with open(os.path.join(d, "model.onnx"), "wb") as f:
+        f.write(data)
+    so = ort.SessionOptions()
+    # The model as written, not ORT's own rewrite of it.
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if ref is None:
+        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        in_names = [i.name for i in sess.get_inputs()]
+        out_names = [o.name for o in sess.get_outputs()]
+    else:
+        in_names = [i.name for i in model.graph.input]
+        out_names = [o.name for o in model.graph.output]
+    for k, feeds in enumerate(sets):
+        outs = sess.run(None, feeds) if ref is None else ref(feeds)
+        sd = os.path.join(d, f"test_data_set_{k}")
+        os.makedirs(sd)
+        for j, n in enumerate(in_names):
+            save(os.path.join(sd, f"input_{j}.pb"), feeds[n], n)
+        for j, (o, arr) in enumerate(zip(out_names, outs)):
+            save(os.path.join(sd, f"output_{j}.pb"), arr, o)
+    with open(os.path.join(d, "tolerance.json"), "w") as f:
+        json.dump({"rtol": rtol, "atol": atol}, f)
+    CASES.append(name)
+
+
+def save(path, arr, name):
+    with open(path, "wb") as f:
+        f.write(numpy_helper.from_array(np.asarray(arr), name).SerializeToString())
+
+
+def ms(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, domain=MS, **attrs)
+
+
+# ---- activations, normalisations, fused matmul ----
+
+
+def fused():
+    x = rnd(2, 3, 8)
+    case("gelu", [ms("Gelu", ["x"], ["y"])], {"x": x}, [("y", F32)])
+    case(
+        "bias_gelu",
+        [ms("BiasGelu", ["x", "b"], ["y"])],
+        {"x": x},
+        [("y", F32)],
+        inits={"b": rnd(8)},
+    )
+    case("fast_gelu", [ms("FastGelu", ["x"], ["y"])], {"x": x}, [("y", F32)])
+    case(
+        "fast_gelu_bias",
+        [ms("FastGelu", ["x", "b"], ["y"])],
+        {"x": x, "b": rnd(8)},
+        [("y", F32)],
+    )
+    case("quick_gelu", [ms("QuickGelu", ["x"], ["y"])], {"x": x}, [("y", F32)])
+    case(
+        "quick_gelu_alpha",
+        [ms("QuickGelu", ["x"], ["y"], alpha=1.0)],
+        {"x": x},
+        [("y", F32)],
+    )
+    case(
+        "bias_add",
+        [ms("BiasAdd", ["x", "b", "s"], ["y"])],
+        {"x": x, "b": rnd(8), "s": rnd(2, 3, 8)},
+        [("y", F32)],
+        # ORT has BiasAdd for CUDA only: NumPy, from the op's definition.
+        ref=lambda f: [f["x"] + f["b"] + f["s"]],
+    )
+    for name, a, b, attrs in [
+        ("fused_matmul_alpha", rnd(3, 4), rnd(4, 5), dict(alpha=0.5)),
+        ("fused_matmul_trans_a", rnd(4, 3), rnd(4, 5), dict(transA=1)),
+        ("fused_matmul_trans_b", rnd(2, 3, 4), rnd(5, 4), dict(transB=1, alpha=2.0)),
+        ("fused_matmul_trans_ab_batched", rnd(2, 4, 3), rnd(2, 5, 4), dict(transA=1, transB=1)),
+    ]:
+        case(name, [ms("FusedMatMul", ["a", "b"], ["y"], **attrs)], {"a": a, "b": b}, [("y", F32)])
+    h = 16
+    x, s = rnd(2, 5, h), rnd(2, 5, h)
+    gamma, beta, bias = rnd(h) + 1.0, rnd(h), rnd(h)
+    case(
+        "skip_layer_norm",
+        [ms("SkipLayerNormalization", ["x", "s", "gamma", "beta", "bias"], ["y", "", "", "sum"])],
+        {"x": x, "s": s},
+        [("y", F32), ("sum", F32)],
+        inits={"gamma": gamma, "beta": beta, "bias": bias},
+    )
+    case(
+        "skip_layer_norm_no_beta_eps",
+        [ms("SkipLayerNormalization", ["x", "s", "gamma"], ["y"], epsilon=1e-3)],
+        {"x": x, "s": rnd(5, h)},
+        [("y", F32)],
+        inits={"gamma": gamma},
+    )
+    case(
+        "skip_simplified_layer_norm",
+        [ms("SkipSimplifiedLayerNormalization", ["x", "s", "gamma", "bias"], ["y", "", "", "sum"],
+            epsilon=1e-6)],
+        {"x": x, "s": s},
+        [("y", F32), ("sum", F32)],
+        inits={"gamma": gamma, "bias": bias},
+    )
+    case(
+        "simplified_layer_norm",
+        [helper.make_node("SimplifiedLayerNormalization", ["x", "gamma"], ["y"], epsilon=1e-6)],
+        {"x": x},
+        [("y", F32)],
+        inits={"gamma": gamma},
+    )
+    vocab, maxpos = 11, 9
+    ids = RNG.integers(0, vocab, (2, 6)).astype(np.int32)
+    seg = RNG.integers(0, 2, (2, 6)).astype(np.int32)
+    mask = np.array([[1] * 6, [1] * 4 + [0] * 2], dtype=np.int32)
+    emb = {
+        "word": rnd(vocab, h),
+        "pos": rnd(maxpos, h),
+        "segemb": rnd(2, h),
+        "gamma": gamma,
+        "beta": beta,
+    }
+    case(
+        "embed_layer_norm",
+        [ms("EmbedLayerNormalization",
+            ["ids", "seg", "word", "pos", "segemb", "gamma", "beta", "mask"],
+            ["y", "mask_index", "sum"])],
+        {"ids": ids, "seg": seg, "mask": mask},
+        [("y", F32), ("mask_index", I32), ("sum", F32)],
+        inits=emb,
+    )
+    case(
+        "embed_layer_norm_position_ids",
+        [ms("EmbedLayerNormalization",
+            ["ids", "", "word", "pos", "", "gamma", "beta", "", "pos_ids"],
+            ["y", "mask_index"], epsilon=1e-5)],
+        {"ids": ids, "pos_ids": RNG.integers(0, maxpos, (2, 6)).astype(np.int32)},
+        [("y", F32), ("mask_index", I32)],
+        inits={k: v for k, v in emb.items() if k != "segemb"},
+    )
+
+
+GROUPS = {"fused": fused}
+
+
+def main(argv):
+    wanted = argv[1:] or list(GROUPS)
+    for g in wanted:
+        GROUPS[g]()
+    print(f"wrote {len(CASES)} cases under {OUT} (onnxruntime {ort.__version__})")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
