@@ -211,7 +211,133 @@ def fused():
     )
 
 
-GROUPS = {"fused": fused}
+# ---- quantized ----
+
+
+def pack_nbits(q, bits):
+    """[rows, n] values < 2^bits -> [rows, ceil(n * bits / 8)] bytes, low bits first."""
+    per = 8 // bits
+    rows, n = q.shape
+    pad = (-n) % per
+    q = np.concatenate([q, np.zeros((rows, pad), q.dtype)], axis=1).reshape(rows, -1, per)
+    out = np.zeros(q.shape[:2], np.uint8)
+    for i in range(per):
+        out |= (q[:, :, i].astype(np.uint8) << (bits * i)).astype(np.uint8)
+    return out
+
+
+def nbits_case(name, k, n, block, bits, a_shape, zp=True, bias=False):
+    k_blocks = -(-k // block)
+    q = RNG.integers(0, 1 << bits, (n, k_blocks * block)).astype(np.uint8)
+    b = pack_nbits(q, bits).reshape(n, k_blocks, block * bits // 8)
+    inits = {"B": b, "scales": (RNG.random(n * k_blocks) * 0.1 + 0.01).astype(np.float32)}
+    ins = ["A", "B", "scales"]
+    if zp:
+        zq = RNG.integers(0, 1 << bits, (n, k_blocks)).astype(np.uint8)
+        inits["zp"] = pack_nbits(zq, bits).reshape(-1)
+        ins.append("zp")
+    if bias:
+        inits["bias"] = rnd(n)
+        ins += [""] * (5 - len(ins)) + ["bias"]
+    case(
+        name,
+        [ms("MatMulNBits", ins, ["y"], K=k, N=n, bits=bits, block_size=block)],
+        {"A": rnd(*a_shape)},
+        [("y", F32)],
+        inits=inits,
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+def quantized():
+    nbits_case("matmul_nbits_decode", 64, 24, 32, 4, (1, 64))
+    nbits_case("matmul_nbits_prefill_3d", 64, 24, 32, 4, (2, 5, 64), bias=True)
+    nbits_case("matmul_nbits_no_zero_points", 48, 8, 16, 4, (3, 48), zp=False)
+    nbits_case("matmul_nbits_k_padded", 40, 8, 16, 4, (3, 40))
+    nbits_case("matmul_nbits_8bit", 64, 12, 32, 8, (2, 64))
+
+    a = RNG.integers(0, 256, (2, 3, 8)).astype(np.uint8)
+    b = RNG.integers(-128, 128, (8, 5)).astype(np.int8)
+    case(
+        "matmul_integer_to_float",
+        [ms("MatMulIntegerToFloat", ["a", "b", "as", "bs", "az", "bz", "bias"], ["y"])],
+        {"a": a},
+        [("y", F32)],
+        inits={
+            "b": b,
+            "as": np.array(0.02, np.float32),
+            "bs": (RNG.random(5) * 0.05).astype(np.float32),
+            "az": np.array(128, np.uint8),
+            "bz": RNG.integers(-3, 3, 5).astype(np.int8),
+            "bias": rnd(5),
+        },
+    )
+    case(
+        "matmul_integer_to_float_no_zero_points",
+        [ms("MatMulIntegerToFloat", ["a", "b", "as", "bs"], ["y"])],
+        {"a": a},
+        [("y", F32)],
+        inits={"b": b, "as": np.array(0.02, np.float32), "bs": np.array(0.03, np.float32)},
+    )
+    for name, zp, bs in [
+        ("dynamic_quantize_matmul", True, (RNG.random(6) * 0.05).astype(np.float32)),
+        ("dynamic_quantize_matmul_symmetric", False, np.array(0.04, np.float32)),
+    ]:
+        inits = {"b": RNG.integers(-128, 128, (8, 6)).astype(np.int8), "bs": bs, "bias": rnd(6)}
+        ins = ["a", "b", "bs", "bz", "bias"] if zp else ["a", "b", "bs", "", "bias"]
+        if zp:
+            inits["bz"] = np.zeros(6, np.int8)
+        case(
+            name,
+            [ms("DynamicQuantizeMatMul", ins, ["y"])],
+            {"a": rnd(4, 8)},
+            [("y", F32)],
+            inits=inits,
+            atol=1e-4,
+        )
+    qa = RNG.integers(0, 256, (2, 3, 4)).astype(np.uint8)
+    qb = RNG.integers(0, 256, (4,)).astype(np.uint8)
+    qparams = {
+        "as": np.array(0.05, np.float32), "az": np.array(120, np.uint8),
+        "bs": np.array(0.03, np.float32), "bz": np.array(130, np.uint8),
+        "cs": np.array(0.07, np.float32), "cz": np.array(125, np.uint8),
+    }
+    for op in ["QLinearAdd", "QLinearMul"]:
+        case(
+            op.lower().replace("qlinear", "qlinear_"),
+            [ms(op, ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], ["y"])],
+            {"a": qa, "b": qb},
+            [("y", U8)],
+            inits=qparams,
+        )
+    ia = RNG.integers(-128, 128, (2, 3, 4)).astype(np.int8)
+    case(
+        "qlinear_add_int8",
+        [ms("QLinearAdd", ["a", "as", "az", "a", "bs", "az", "cs", "cz"], ["y"])],
+        {"a": ia},
+        [("y", I8)],
+        inits={"as": np.array(0.05, np.float32), "az": np.array(-3, np.int8),
+               "bs": np.array(0.05, np.float32),
+               "cs": np.array(0.11, np.float32), "cz": np.array(4, np.int8)},
+    )
+    xq = RNG.integers(0, 256, (2, 8)).astype(np.uint8)
+    for name, op, attrs in [
+        ("qlinear_sigmoid", "QLinearSigmoid", {}),
+        ("qlinear_leaky_relu", "QLinearLeakyRelu", {"alpha": 0.1}),
+    ]:
+        case(
+            name,
+            [ms(op, ["x", "xs", "xz", "ys", "yz"], ["y"], **attrs)],
+            {"x": xq},
+            [("y", U8)],
+            inits={"xs": np.array(0.05, np.float32), "xz": np.array(128, np.uint8),
+                   "ys": np.array(1 / 256 if op == "QLinearSigmoid" else 0.04, np.float32),
+                   "yz": np.array(0 if op == "QLinearSigmoid" else 100, np.uint8)},
+        )
+
+
+GROUPS = {"fused": fused, "quantized": quantized}
 
 
 def main(argv):

@@ -251,7 +251,7 @@ impl Tr<'_, '_, '_> {
     // ---- helpers of the decompositions ----
 
     /// Names ONNX output `i` (when the node has it) after `v`, through an identity.
-    fn bind(&mut self, i: usize, v: ValueId) -> R {
+    pub(super) fn bind(&mut self, i: usize, v: ValueId) -> R {
         if !self.n.has_output(i) {
             return Ok(());
         }
@@ -260,7 +260,7 @@ impl Tr<'_, '_, '_> {
     }
 
     /// A rank-0 constant `value` of float type `dt`.
-    fn scalar(&mut self, suffix: &str, value: f64, dt: DType) -> R<ValueId> {
+    pub(super) fn scalar(&mut self, suffix: &str, value: f64, dt: DType) -> R<ValueId> {
         let bytes: Vec<u8> = match dt {
             DType::F32 => (value as f32).to_le_bytes().to_vec(),
             DType::F64 => value.to_le_bytes().to_vec(),
@@ -276,16 +276,16 @@ impl Tr<'_, '_, '_> {
         Ok(self.konst(suffix, data))
     }
 
-    fn un(&mut self, suffix: &str, op: UnaryOp, x: ValueId) -> R<ValueId> {
+    pub(super) fn un(&mut self, suffix: &str, op: UnaryOp, x: ValueId) -> R<ValueId> {
         self.tmp(suffix, Op::Unary { op }, vec![Some(x)])
     }
 
-    fn bin(&mut self, suffix: &str, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
+    pub(super) fn bin(&mut self, suffix: &str, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
         self.tmp(suffix, Op::Binary { op }, vec![Some(a), Some(b)])
     }
 
     /// `x` with its last two dims swapped.
-    fn transpose_last2(&mut self, suffix: &str, x: ValueId) -> R<ValueId> {
+    pub(super) fn transpose_last2(&mut self, suffix: &str, x: ValueId) -> R<ValueId> {
         let r = self.rank(x);
         if r < 2 {
             return Err(self
@@ -298,7 +298,7 @@ impl Tr<'_, '_, '_> {
     }
 
     /// `x[..., start..end]` along `axis`.
-    fn slice_axis(
+    pub(super) fn slice_axis(
         &mut self,
         suffix: &str,
         x: ValueId,

@@ -95,7 +95,7 @@ const DEFAULT_DOMAIN: &[&[OnnxOp]] = &[
 ];
 
 /// The `com.microsoft` (ONNX Runtime contrib, opset 1) families.
-const CONTRIB_DOMAIN: &[&[OnnxOp]] = &[super::contrib::OPS];
+const CONTRIB_DOMAIN: &[&[OnnxOp]] = &[super::contrib::OPS, super::contrib_quant::OPS];
 
 /// The registration of `op_type` in `domain` (the default domain, `ai.onnx.ml` or
 /// `com.microsoft`). ONNX Runtime registers a few of its own ops in the default domain
