@@ -337,7 +337,78 @@ def quantized():
         )
 
 
-GROUPS = {"fused": fused, "quantized": quantized}
+# ---- attention ----
+
+
+def attention():
+    b, s, d, heads = 2, 5, 16, 2
+    x = rnd(b, s, d)
+    w, bias = rnd(d, 3 * d, scale=0.3), rnd(3 * d, scale=0.1)
+    att = lambda name, ins, outs, feeds, inits=None, **attrs: case(
+        name,
+        [ms("Attention", ins, [o for o, _ in outs], num_heads=heads, **attrs)],
+        feeds,
+        outs,
+        inits={"w": w, "bias": bias, **(inits or {})},
+    )
+    att("attention", ["x", "w", "bias"], [("y", F32)], {"x": x})
+    att("attention_mask_1d", ["x", "w", "bias", "m"], [("y", F32)],
+        {"x": x, "m": np.array([5, 3], np.int32)})
+    att("attention_mask_2d_unidirectional", ["x", "w", "bias", "m"], [("y", F32)],
+        {"x": x, "m": np.array([[1] * 5, [1, 1, 1, 0, 0]], np.int32)}, unidirectional=1)
+    att("attention_mask_3d_scale", ["x", "w", "bias", "m"], [("y", F32)],
+        {"x": x, "m": RNG.integers(0, 2, (b, s, s)).astype(np.int32) | np.eye(s, dtype=np.int32)},
+        scale=0.2)
+    case("attention_qkv_hidden_sizes",
+         [ms("Attention", ["x", "w2"], ["y"], num_heads=heads, qkv_hidden_sizes=[16, 16, 8])],
+         {"x": x}, [("y", F32)], inits={"w2": rnd(d, 40, scale=0.3)})
+    att("attention_bias", ["x", "w", "bias", "", "", "ab"], [("y", F32)],
+        {"x": x, "ab": rnd(1, heads, s, s)})
+    p = 3
+    att("attention_past_unidirectional", ["x", "w", "bias", "m", "past"],
+        [("y", F32), ("present", F32)],
+        {"x": rnd(b, 2, d), "m": np.ones((b, p + 2), np.int32),
+         "past": rnd(2, b, heads, p, d // heads)},
+        unidirectional=1)
+
+    q, kv = rnd(2, 4, 16), rnd(2, 6, 16)
+    case("multi_head_attention",
+         [ms("MultiHeadAttention", ["q", "k", "v", "bias", "kpm"], ["y"], num_heads=4)],
+         {"q": q, "k": kv, "v": rnd(2, 6, 16),
+          "kpm": np.array([[1] * 6, [1] * 4 + [0] * 2], np.int32)},
+         [("y", F32)], inits={"bias": rnd(48, scale=0.1)})
+    case("multi_head_attention_bias_scale",
+         [ms("MultiHeadAttention", ["q", "k", "v", "", "kpm", "ab"], ["y"], num_heads=4,
+             scale=0.3)],
+         {"q": q, "k": kv, "v": rnd(2, 6, 16), "kpm": np.array([6, 3], np.int32),
+          "ab": rnd(2, 1, 4, 6)},
+         [("y", F32)])
+    case("multi_head_attention_past_unidirectional",
+         [ms("MultiHeadAttention", ["q", "k", "v", "", "", "", "pk", "pv"],
+             ["y", "present_k", "present_v"], num_heads=4, unidirectional=1)],
+         {"q": rnd(2, 2, 16), "k": rnd(2, 2, 16), "v": rnd(2, 2, 16),
+          "pk": rnd(2, 4, 3, 4), "pv": rnd(2, 4, 3, 4)},
+         [("y", F32), ("present_k", F32), ("present_v", F32)])
+
+    maxpos, hd = 12, 16
+    inv = 1.0 / (10000 ** (np.arange(0, hd, 2) / hd))
+    ang = np.arange(maxpos)[:, None] * inv[None, :]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pos = RNG.integers(0, maxpos, (2, 5)).astype(np.int64)
+    for name, xs, feeds_pos, attrs, cs in [
+        ("rotary_embedding", (2, 5, 32), pos, {}, (cos, sin)),
+        ("rotary_embedding_interleaved", (2, 5, 32), pos, {"interleaved": 1}, (cos, sin)),
+        ("rotary_embedding_offset", (2, 5, 32), np.array([3], np.int64), {}, (cos, sin)),
+        ("rotary_embedding_4d_bnsh", (2, 2, 5, 16), pos, {}, (cos, sin)),
+        ("rotary_embedding_partial", (2, 5, 32), pos,
+         {"num_heads": 2, "rotary_embedding_dim": 8}, (cos[:, :4], sin[:, :4])),
+    ]:
+        case(name, [ms("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], **attrs)],
+             {"x": rnd(*xs), "pos": feeds_pos}, [("y", F32)],
+             inits={"cos": cs[0], "sin": cs[1]})
+
+
+GROUPS = {"fused": fused, "quantized": quantized, "attention": attention}
 
 
 def main(argv):

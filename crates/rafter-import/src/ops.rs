@@ -7,6 +7,7 @@
 
 mod contraction;
 mod contrib;
+mod contrib_attention;
 mod contrib_quant;
 mod control;
 mod elementwise;

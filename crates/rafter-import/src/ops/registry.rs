@@ -95,7 +95,11 @@ const DEFAULT_DOMAIN: &[&[OnnxOp]] = &[
 ];
 
 /// The `com.microsoft` (ONNX Runtime contrib, opset 1) families.
-const CONTRIB_DOMAIN: &[&[OnnxOp]] = &[super::contrib::OPS, super::contrib_quant::OPS];
+const CONTRIB_DOMAIN: &[&[OnnxOp]] = &[
+    super::contrib::OPS,
+    super::contrib_quant::OPS,
+    super::contrib_attention::OPS,
+];
 
 /// The registration of `op_type` in `domain` (the default domain, `ai.onnx.ml` or
 /// `com.microsoft`). ONNX Runtime registers a few of its own ops in the default domain
