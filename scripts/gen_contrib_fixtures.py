@@ -408,7 +408,48 @@ def attention():
              inits={"cos": cs[0], "sin": cs[1]})
 
 
-GROUPS = {"fused": fused, "quantized": quantized, "attention": attention}
+def gqa():
+    h, nq, nkv, b = 16, 4, 2, 2
+    cos_sin = {}
+    inv = 1.0 / (10000 ** (np.arange(0, h, 2) / h))
+    ang = np.arange(16)[:, None] * inv[None, :]
+    cos_sin = {"cos": np.cos(ang).astype(np.float32), "sin": np.sin(ang).astype(np.float32)}
+    outs = [("y", F32), ("present_k", F32), ("present_v", F32)]
+
+    def g(name, s, past, attrs, packed=False, rotary=False, b=b):
+        total = s + past
+        feeds = {"seqlens": np.full(b, total - 1, np.int32), "total": np.array(total, np.int32)}
+        if packed:
+            feeds["q"] = rnd(b, s, (nq + 2 * nkv) * h)
+            ins = ["q", "", ""]
+        else:
+            feeds.update(q=rnd(b, s, nq * h), k=rnd(b, s, nkv * h), v=rnd(b, s, nkv * h))
+            ins = ["q", "k", "v"]
+        if past:
+            feeds.update(pk=rnd(b, nkv, past, h), pv=rnd(b, nkv, past, h))
+            ins += ["pk", "pv"]
+        else:
+            ins += ["", ""]
+        ins += ["seqlens", "total"]
+        if rotary:
+            ins += ["cos", "sin"]
+        case(name,
+             [ms("GroupQueryAttention", ins, [o for o, _ in outs], num_heads=nq,
+                 kv_num_heads=nkv, **attrs)],
+             feeds, outs, inits=cos_sin if rotary else None)
+
+    g("gqa_prompt", 5, 0, {})
+    g("gqa_decode", 1, 4, {})
+    g("gqa_rotary_decode", 1, 4, {"do_rotary": 1}, rotary=True)
+    g("gqa_rotary_chunk_batch1", 2, 3, {"do_rotary": 1}, rotary=True, b=1)
+    g("gqa_rotary_interleaved_prompt", 4, 0, {"do_rotary": 1, "rotary_interleaved": 1},
+      rotary=True)
+    g("gqa_packed_local_window_softcap", 5, 0, {"local_window_size": 3, "softcap": 5.0},
+      packed=True)
+    g("gqa_decode_scale", 1, 6, {"scale": 0.2})
+
+
+GROUPS = {"fused": fused, "quantized": quantized, "attention": attention, "gqa": gqa}
 
 
 def main(argv):

@@ -16,7 +16,23 @@ pub(super) const OPS: &[OnnxOp] = &[
     OnnxOp::new("Attention", packed_attention).checked(check_packed_attention),
     OnnxOp::new("MultiHeadAttention", multi_head_attention),
     OnnxOp::new("RotaryEmbedding", rotary_embedding).checked(check_rotary),
+    OnnxOp::new("GroupQueryAttention", group_query_attention).checked(check_gqa),
 ];
+
+fn check_gqa(n: &NodeView<'_>) -> Result<(), String> {
+    for a in ["smooth_softmax", "qk_output"] {
+        if n.attr(a).is_some_and(|a| a.i != 0) {
+            return Err(format!("unsupported: {a}={}", n.attr(a).map_or(0, |a| a.i)));
+        }
+    }
+    if n.input_name(11).is_some() {
+        return Err("unsupported: head_sink".into());
+    }
+    if n.has_output(3) {
+        return Err("unsupported: the output_qk output".into());
+    }
+    Ok(())
+}
 
 fn check_packed_attention(n: &NodeView<'_>) -> Result<(), String> {
     for a in ["do_rotary", "past_present_share_buffer"] {
@@ -200,6 +216,117 @@ fn multi_head_attention(t: &mut Tr<'_, '_, '_>) -> R {
             past_v,
             nonpad,
         ]),
+        outs.into_iter().take(3).collect(),
+    )
+}
+
+/// `GroupQueryAttention`: `num_heads` query heads over `kv_num_heads` key/value heads,
+/// causal, with a past key/value (`[batch, kv_heads, past, head]`) the new keys and values
+/// are appended to (`present_*`), optional rotary embedding of Q and K at positions
+/// `seqlens_k + 1 - seq + 0..seq`, a local (sliding) window, softcap and an additive
+/// attention bias. Q, K, V come separately or packed in `query`.
+///
+/// Lowered for batches whose sequences all have the same length: the past buffer is taken
+/// as fully valid (`past = total_sequence_length - seq`, i.e. `seqlens_k[b] =
+/// total_sequence_length - 1` for every `b`). ORT's ragged batches (shorter sequences
+/// right-padded inside the past buffer) are not represented: rafter does not detect them.
+fn group_query_attention(t: &mut Tr<'_, '_, '_>) -> R {
+    let n = t.n;
+    let heads = n.i_req("num_heads")?;
+    let kv_heads = n.i_req("kv_num_heads")?;
+    let q = t.req(0)?;
+    let (mut k, mut v) = (t.inp(1)?, t.inp(2)?);
+    let (past_k, past_v) = (t.inp(3)?, t.inp(4)?);
+    let seqlens = t.req(5)?;
+    t.req(6)?;
+    let (cos, sin, pos_ids, attn_bias) = (t.inp(7)?, t.inp(8)?, t.inp(9)?, t.inp(10)?);
+    n.i("smooth_softmax", 0)?;
+    n.i("qk_output", 0)?;
+    if t.rank(q) != 3 {
+        return Err(n.unsupported(format!("unsupported: query {} (want 3-D)", t.ty(q))));
+    }
+    let mut q = q;
+    if k.is_none() {
+        // Packed QKV: [batch, seq, (heads + 2 kv_heads) * head].
+        let Some(d) = t.ty(q).dims[2].as_known() else {
+            return Err(n.unsupported("unsupported: packed QKV of unknown width"));
+        };
+        let per = heads + 2 * kv_heads;
+        if d % per != 0 {
+            return Err(n.invalid(format!("packed QKV width {d} is not a multiple of {per}")));
+        }
+        let h = d / per;
+        let packed = q;
+        q = t.slice_axis("q", packed, -1, 0, heads * h)?;
+        k = Some(t.slice_axis("k", packed, -1, heads * h, (heads + kv_heads) * h)?);
+        v = Some(t.slice_axis("v", packed, -1, (heads + kv_heads) * h, d)?);
+    }
+    let (Some(mut k), Some(v)) = (k, v) else {
+        return Err(n.invalid("key without value"));
+    };
+    if n.flag("do_rotary", false)? {
+        let (Some(cos), Some(sin)) = (cos, sin) else {
+            return Err(n.invalid("do_rotary=1 without cos_cache and sin_cache"));
+        };
+        let pos = match pos_ids {
+            Some(p) => t.tmp("position_ids", Op::Cast { to: DType::I64 }, vec![Some(p)])?,
+            None => {
+                // Position of the first new token: seqlens_k + 1 - seq, per batch.
+                let sl = t.tmp("seqlens", Op::Cast { to: DType::I64 }, vec![Some(seqlens)])?;
+                let one = t.i64_scalar("one_i", 1);
+                let total = t.bin("total_len", BinaryOp::Add, sl, one)?;
+                let seq = t.tmp(
+                    "seq_len",
+                    Op::Shape {
+                        start: 1,
+                        end: Some(2),
+                    },
+                    vec![Some(q)],
+                )?;
+                let start = t.bin("start_pos", BinaryOp::Sub, total, seq)?;
+                let start = t.tmp(
+                    "start_col",
+                    Op::Unsqueeze { axes: vec![1] },
+                    vec![Some(start)],
+                )?;
+                let zero = t.i64_scalar("zero_i", 0);
+                let seq0 = t.tmp("seq_scalar", Op::Squeeze { axes: vec![0] }, vec![Some(seq)])?;
+                let r = t.tmp("range", Op::Range, vec![Some(zero), Some(seq0), Some(one)])?;
+                t.bin("positions", BinaryOp::Add, start, r)?
+            }
+        };
+        let interleaved = n.flag("rotary_interleaved", false)?;
+        let rot = |t: &mut Tr<'_, '_, '_>, s: &str, x: ValueId, nh: i64| {
+            t.tmp(
+                s,
+                Op::RotaryEmbedding {
+                    interleaved,
+                    num_heads: nh,
+                    rotary_embedding_dim: 0,
+                },
+                vec![Some(x), Some(cos), Some(sin), Some(pos)],
+            )
+        };
+        q = rot(t, "q_rotary", q, heads)?;
+        k = rot(t, "k_rotary", k, kv_heads)?;
+    } else {
+        n.flag("rotary_interleaved", false)?;
+    }
+    let window = n.i("local_window_size", -1)?;
+    let outs = n.out_names();
+    t.finish_outs(
+        Op::Attention {
+            is_causal: true,
+            kv_num_heads: kv_heads,
+            q_num_heads: heads,
+            qk_matmul_output_mode: 0,
+            scale: n.f_opt("scale")?.filter(|&s| s != 0.0),
+            softcap: n.f("softcap", 0.0)?,
+            // A window of `w` keys: the query's own position and `w - 1` before it.
+            left_window_size: if window > 0 { window - 1 } else { -1 },
+            right_window_size: -1,
+        },
+        super::trim(vec![Some(q), Some(k), Some(v), attn_bias, past_k, past_v]),
         outs.into_iter().take(3).collect(),
     )
 }
