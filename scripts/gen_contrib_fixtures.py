@@ -11,7 +11,9 @@ crates/rafter-conformance/tests/contrib_ops.rs runs every case through rafter's
 reference executor and its compiled CPU path and compares with these outputs.
 
 Needs onnx, numpy and onnxruntime (scripts/setup_venv.sh --full has them):
-    .venv/bin/python scripts/gen_contrib_fixtures.py
+    .venv/bin/python scripts/gen_contrib_fixtures.py [GROUP...]
+
+GROUPs: fused, quantized, attention, gqa, tools (default: all).
 """
 from __future__ import annotations
 
@@ -449,12 +451,125 @@ def gqa():
     g("gqa_decode_scale", 1, 6, {"scale": 0.2})
 
 
-GROUPS = {"fused": fused, "quantized": quantized, "attention": attention, "gqa": gqa}
+# ---- models as ONNX Runtime's tools write them ----
+
+
+def contrib_ops_of(model):
+    return sorted({n.op_type for n in model.graph.node if n.domain == MS})
+
+
+def ort_optimized(model, level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED):
+    """The model as ORT's own graph optimizer rewrites and saves it (CPU, its fusions
+    into com.microsoft ops)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "opt.onnx")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = level
+        so.optimized_model_filepath = path
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return onnx.load(path)
+
+
+def tool_case(name, model, sets, rtol, atol, want_ops):
+    ops = contrib_ops_of(model)
+    missing = set(want_ops) - set(ops)
+    assert not missing, f"{name}: the tool wrote {ops}, not {sorted(missing)}"
+    print(f"{name}: contrib ops {ops}")
+    write(name, model, sets, rtol, atol)
+
+
+def mlp():
+    """A 3-layer MLP (MatMul + Add + Relu, and a Gemm) with fixed random weights."""
+    d_in, d_h, d_out = 32, 64, 16
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"]),
+        helper.make_node("Add", ["h1", "b1"], ["h1b"]),
+        helper.make_node("Relu", ["h1b"], ["a1"]),
+        helper.make_node("MatMul", ["a1", "w2"], ["h2"]),
+        helper.make_node("Add", ["h2", "b2"], ["h2b"]),
+        helper.make_node("Relu", ["h2b"], ["a2"]),
+        helper.make_node("MatMul", ["a2", "w3"], ["y"]),
+    ]
+    inits = {"w1": rnd(d_in, d_h, scale=0.2), "b1": rnd(d_h, scale=0.1),
+             "w2": rnd(d_h, d_h, scale=0.15), "b2": rnd(d_h, scale=0.1),
+             "w3": rnd(d_h, d_out, scale=0.15)}
+    g = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", F32, ["batch", d_in])],
+        [helper.make_tensor_value_info("y", F32, ["batch", d_out])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def tools():
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    bert_dir = os.path.join(REPO, "tests", "fixtures", "bert_tiny")
+    sets = []
+    for seq in ["seq7", "seq13"]:
+        sets.append({n: np.load(os.path.join(bert_dir, seq, n + ".npy"))
+                     for n in ["input_ids", "attention_mask"]})
+    with tempfile.TemporaryDirectory() as tmp:
+        # ORT's transformer optimizer (model_type bert), its Python fusions only.
+        opt = optimize_model(os.path.join(bert_dir, "model.onnx"), model_type="bert",
+                             num_heads=4, hidden_size=32, opt_level=0)
+        bert_opt = opt.model
+        tool_case("tool_bert_transformer_optimizer", bert_opt, sets, 1e-4, 1e-4,
+                  ["Attention", "EmbedLayerNormalization", "SkipLayerNormalization"])
+        # The same, then ORT's own CPU fusions on top, as saved by ORT.
+        tool_case("tool_bert_optimizer_then_ort", ort_optimized(bert_opt), sets, 1e-4, 1e-4,
+                  ["Attention"])
+
+        # quantize_dynamic (int8 weights), then ORT's fusions of what it wrote.
+        src, dst = os.path.join(tmp, "mlp.onnx"), os.path.join(tmp, "mlp_q.onnx")
+        onnx.save(mlp(), src)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        x_sets = [{"x": rnd(4, 32)}, {"x": rnd(1, 32)}]
+        mlp_q = onnx.load(dst)
+        write("tool_mlp_quantize_dynamic", mlp_q, x_sets, 1e-4, 1e-4)
+        tool_case("tool_mlp_quantize_dynamic_ort_fused", ort_optimized(mlp_q), x_sets, 1e-4,
+                  1e-4, ["DynamicQuantizeMatMul"])
+        bsrc, bdst = os.path.join(tmp, "bert.onnx"), os.path.join(tmp, "bert_q.onnx")
+        shutil.copy(os.path.join(bert_dir, "model.onnx"), bsrc)
+        quantize_dynamic(bsrc, bdst, weight_type=QuantType.QInt8)
+        # Two layers of activations quantized at run time: a last-bit difference before a
+        # quantizer (a fused kernel's summation order) moves a value by one quantization
+        # step, which the next layers carry; hence the wider tolerance.
+        tool_case("tool_bert_quantize_dynamic_ort_fused", ort_optimized(onnx.load(bdst)), sets,
+                  1e-2, 1e-2, ["DynamicQuantizeMatMul", "MatMulIntegerToFloat", "FusedMatMul"])
+
+        # 4-bit weights with MatMulNBits (block 32, asymmetric), as ORT's quantizer writes.
+        for sym in [False, True]:
+            q = MatMulNBitsQuantizer(mlp(), block_size=32, is_symmetric=sym)
+            q.process()
+            tool_case(f"tool_mlp_matmul_nbits_{'sym' if sym else 'asym'}", q.model.model,
+                      x_sets, 1e-4, 1e-4, ["MatMulNBits"])
+
+
+GROUPS = {
+    "fused": fused,
+    "quantized": quantized,
+    "attention": attention,
+    "gqa": gqa,
+    "tools": tools,
+}
 
 
 def main(argv):
+    global RNG
     wanted = argv[1:] or list(GROUPS)
     for g in wanted:
+        # Each group its own seed: regenerating one group leaves the others' data as is.
+        RNG = np.random.default_rng([20261128, list(GROUPS).index(g)])
         GROUPS[g]()
     print(f"wrote {len(CASES)} cases under {OUT} (onnxruntime {ort.__version__})")
 
