@@ -210,9 +210,10 @@ impl GraphBuilder {
     ) -> Result<Vec<Option<ValueId>>, WireError> {
         let name = name.into();
         let op_name = op.name();
-        let mut infer = |op: &Op, ins: &[Option<InferInput<'_>>], n: usize, fresh: &mut Fresh<'_>| {
-            crate::infer::infer_node(op, ins, n, fresh)
-        };
+        let mut infer =
+            |op: &Op, ins: &[Option<InferInput<'_>>], n: usize, fresh: &mut Fresh<'_>| {
+                crate::infer::infer_node(op, ins, n, fresh)
+            };
         wire(
             &mut self.graph,
             &mut self.syms,
@@ -275,8 +276,20 @@ mod tests {
     fn wired_nodes_are_typed_and_shape_arithmetic_stays_symbolic() {
         let mut b = GraphBuilder::new("g");
         let seq = Dim::symbol("seq");
-        let x = b.input("x", TensorType::new(DType::F32, vec![seq.clone(), Dim::known(6)]));
-        let shape = b.wire_node("shape", Op::Shape { start: 0, end: None }, &[x]).unwrap();
+        let x = b.input(
+            "x",
+            TensorType::new(DType::F32, vec![seq.clone(), Dim::known(6)]),
+        );
+        let shape = b
+            .wire_node(
+                "shape",
+                Op::Shape {
+                    start: 0,
+                    end: None,
+                },
+                &[x],
+            )
+            .unwrap();
         assert_eq!(b.ty(shape).to_string(), "i64[2]");
         let two = b.constant("two", ConstData::from_i64s(&[3, -1]));
         assert_eq!(b.known_i64s(two), Some(vec![3, -1]));
@@ -284,7 +297,9 @@ mod tests {
             .wire_node("r", Op::Reshape { allow_zero: false }, &[x, two])
             .unwrap();
         assert_eq!(b.ty(r).to_string(), "f32[3, 2*seq]");
-        let y = b.wire_node("y", Op::Unary { op: UnaryOp::Relu }, &[r]).unwrap();
+        let y = b
+            .wire_node("y", Op::Unary { op: UnaryOp::Relu }, &[r])
+            .unwrap();
         b.output(y);
         let g = b.finish().unwrap();
         assert_eq!(g.nodes.len(), 3);

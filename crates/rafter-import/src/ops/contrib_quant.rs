@@ -1,7 +1,7 @@
 //! ONNX Runtime's quantized contrib ops (`com.microsoft`), decomposed at import:
 //! integer matmuls with a float epilogue (MatMulIntegerToFloat, DynamicQuantizeMatMul),
-//! MatMulNBits (block-quantized 4/8-bit weights, unpacked at import to one u8 per
-//! element and dequantized by the IR's blocked DequantizeLinear), and the QLinear*
+//! MatMulNBits (block-quantized 4/8-bit weights, onto the IR's `matmul_block_quant`, which
+//! keeps them packed), and the QLinear*
 //! elementwise ops as DequantizeLinear -> float op -> QuantizeLinear.
 
 use super::registry::OnnxOp;
@@ -58,112 +58,46 @@ fn check_matmul_nbits(n: &NodeView<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// `MatMulNBits`: `Y = A @ dequant(B)^T (+ bias)`. B `[N, k_blocks, blob]` holds each
-/// row's blocks of `block_size` elements, packed low bits first; scales `[N * k_blocks]`;
-/// zero points packed the same way per row (absent: `2^(bits-1)`). B, scales and zero
-/// points must be constants: they are unpacked here to a u8 `[N, K]` weight, and the
-/// IR's blocked DequantizeLinear turns it into floats on each call.
+/// `MatMulNBits`: `Y = A @ dequant(B)^T (+ bias)`, onto the IR's `matmul_block_quant`,
+/// which keeps ORT's packed layout: B `[N, k_blocks, blob]` holds each row's blocks of
+/// `block_size` elements, low bits first; scales `[N * k_blocks]`; zero points packed the
+/// same way per row (absent: `2^(bits-1)`). The weights stay `bits`-bit in the artifact.
 fn matmul_nbits(t: &mut Tr<'_, '_, '_>) -> R {
     let n = t.n;
-    let k = n.i_req("K")? as usize;
-    let cols = n.i_req("N")? as usize;
-    let bits = n.i("bits", 4)? as usize;
-    let block = n.i_req("block_size")? as usize;
+    let k = n.i_req("K")?;
+    let cols = n.i_req("N")?;
+    let bits = n.i("bits", 4)?;
+    let block = n.i_req("block_size")?;
     n.i("accuracy_level", 0)?;
-    if block < 16 || !block.is_power_of_two() {
+    if block < 16 || (block as u64).count_ones() != 1 {
         return Err(n.invalid(format!("block_size {block} is not a power of 2 >= 16")));
     }
     let (a, b, scales) = (t.req(0)?, t.req(1)?, t.req(2)?);
     let (zp, bias) = (t.inp(3)?, t.inp(5)?);
-    let k_blocks = k.div_ceil(block);
-    let blob = block * bits / 8;
-    let konst = |t: &Tr<'_, '_, '_>, v: ValueId, what: &str| {
-        t.sc.g.const_of(v).cloned().ok_or_else(|| {
-            n.unsupported(format!(
-                "unsupported: {what} computed at run time (it must be an initializer)"
-            ))
-        })
-    };
-    let bq = konst(t, b, "B")?;
-    if bq.dtype != DType::U8 || bq.num_elements() != cols * k_blocks * blob {
-        return Err(n.invalid(format!(
-            "B is {}{:?}, expected u8 [{cols}, {k_blocks}, {blob}]",
-            bq.dtype, bq.dims
-        )));
-    }
-    let per_byte = 8 / bits;
-    let mask = ((1u16 << bits) - 1) as u8;
-    let unpack = |byte: u8, i: usize| (byte >> (bits * (i % per_byte))) & mask;
-    // The weight, one element a byte, [N, K] (a row's padding past K dropped).
-    let mut w = Vec::with_capacity(cols * k);
-    for row in bq.bytes.chunks_exact(k_blocks * blob) {
-        w.extend((0..k).map(|i| unpack(row[i / per_byte], i)));
-    }
-    let w = t.konst(
-        "weight",
-        ConstData::new(DType::U8, vec![cols, k], w.into()).expect("sized"),
-    );
-    let st = t.ty(scales).clone();
-    if st.num_elements().as_known() != Some((cols * k_blocks) as i64) {
-        return Err(n.invalid(format!(
-            "scales are {st}, expected {} elements",
-            cols * k_blocks
-        )));
-    }
-    let shape = t.i64_const("scale_shape", &[cols as i64, k_blocks as i64]);
-    let scales = t.tmp(
-        "scales",
-        Op::Reshape { allow_zero: false },
-        vec![Some(scales), Some(shape)],
-    )?;
-    let zero = match zp {
-        Some(z) => {
-            let zq = konst(t, z, "zero_points")?;
-            if zq.dtype != DType::U8 {
-                return Err(n.unsupported(format!(
-                    "unsupported: {} zero points (only packed u8)",
-                    zq.dtype
-                )));
-            }
-            let row_bytes = k_blocks.div_ceil(per_byte);
-            if zq.num_elements() != cols * row_bytes {
-                return Err(n.invalid(format!(
-                    "zero_points have {} bytes, expected {}",
-                    zq.num_elements(),
-                    cols * row_bytes
-                )));
-            }
-            zq.bytes
-                .chunks_exact(row_bytes)
-                .flat_map(|row| (0..k_blocks).map(move |i| unpack(row[i / per_byte], i)))
-                .collect()
+    for (v, what) in [(Some(a), "A"), (Some(scales), "scales"), (bias, "bias")] {
+        if let Some(v) = v.filter(|&v| t.dtype(v) != DType::F32) {
+            return Err(n.unsupported(format!(
+                "unsupported: {what} of type {} (only f32)",
+                t.dtype(v)
+            )));
         }
-        None => vec![1u8 << (bits - 1); cols * k_blocks],
-    };
-    let zero = t.konst(
-        "zero_points",
-        ConstData::new(DType::U8, vec![cols, k_blocks], zero.into()).expect("sized"),
-    );
-    let wf = t.tmp(
-        "dequantized",
-        Op::DequantizeLinear {
-            axis: 1,
-            block_size: block as i64,
+    }
+    if let Some(z) = zp.filter(|&z| t.dtype(z) != DType::U8) {
+        return Err(n.unsupported(format!(
+            "unsupported: {} zero points (only packed u8)",
+            t.dtype(z)
+        )));
+    }
+    // The op's operands: zero points at 3, bias at 4 (ORT's g_idx slot dropped).
+    t.finish(
+        Op::MatMulBlockQuant {
+            k,
+            n: cols,
+            bits,
+            block_size: block,
         },
-        vec![Some(w), Some(scales), Some(zero)],
-    )?;
-    let wt = t.tmp(
-        "weight_t",
-        Op::Transpose { perm: vec![1, 0] },
-        vec![Some(wf)],
-    )?;
-    match bias {
-        None => t.finish(Op::MatMul, vec![Some(a), Some(wt)]),
-        Some(bias) => {
-            let y = t.tmp("matmul", Op::MatMul, vec![Some(a), Some(wt)])?;
-            t.finish(Op::Binary { op: BinaryOp::Add }, vec![Some(y), Some(bias)])
-        }
-    }
+        super::trim(vec![Some(a), Some(b), Some(scales), zp, bias]),
+    )
 }
 
 impl Tr<'_, '_, '_> {

@@ -122,6 +122,7 @@ pub fn eval(
         | ConvTranspose { .. }
         | Einsum { .. }
         | MatMulInteger
+        | MatMulBlockQuant { .. }
         | ConvInteger { .. }
         | QuantizeLinear { .. }
         | DequantizeLinear { .. }
