@@ -2,7 +2,9 @@
 //! subgraphs, and graph translation.
 
 use crate::convert::{declared_symbols, dtype_from_onnx, value_info_type};
-use crate::node::{attr_graphs, display_name, is_default_domain, is_ml_domain, NodeView};
+use crate::node::{
+    attr_graphs, display_name, is_default_domain, is_known_domain, is_ml_domain, NodeView,
+};
 use crate::{ImportError, Imported, MAX_OPSET, MIN_OPSET};
 use rafter_ir::builder::{const_syms, wire, InferFn, SymbolNames, ValueSyms};
 use rafter_ir::{ConstData, Dim, Graph, Op, TensorType, ValueDef, ValueId};
@@ -356,7 +358,7 @@ impl<'h> Ctx<'h> {
             let p = &gp.node[i];
             let file = self.file.clone();
             let n = NodeView::new(p, i, self.opset, &file);
-            if !is_default_domain(&p.domain) && !is_ml_domain(&p.domain) {
+            if !is_known_domain(&p.domain) {
                 let reason = if self.function_domains.contains(&p.domain) {
                     format!(
                         "unsupported op in domain `{}` (model-local functions are not supported)",

@@ -26,6 +26,17 @@ pub(crate) fn is_ml_domain(d: &str) -> bool {
     d == "ai.onnx.ml"
 }
 
+/// Whether a node domain is `com.microsoft`, ONNX Runtime's contrib ops (opset 1), checked
+/// against their own list.
+pub(crate) fn is_contrib_domain(d: &str) -> bool {
+    d == "com.microsoft"
+}
+
+/// Whether the importer has a registry for the node domain at all.
+pub(crate) fn is_known_domain(d: &str) -> bool {
+    is_default_domain(d) || is_ml_domain(d) || is_contrib_domain(d)
+}
+
 /// Attributes that only tune precision or training and change nothing the IR expresses.
 /// (`consumed_inputs`, before opset 6, only hinted which inputs may be overwritten in
 /// place. Legacy `is_test` and `spatial` do change results: the translations read them.)

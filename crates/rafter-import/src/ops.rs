@@ -6,6 +6,9 @@
 //! by several families.
 
 mod contraction;
+mod contrib;
+mod contrib_attention;
+mod contrib_quant;
 mod control;
 mod elementwise;
 mod extra;

@@ -4,7 +4,7 @@
 
 use crate::convert::{dtype_from_onnx, value_info_type};
 use crate::import::model_opset;
-use crate::node::{attr_graphs, is_default_domain, is_ml_domain, NodeView};
+use crate::node::{attr_graphs, is_contrib_domain, is_default_domain, is_known_domain, NodeView};
 use crate::ops::registry::{self, OnnxOp};
 use crate::{Unsupported, MAX_OPSET};
 use rafter_onnx_proto::{GraphProto, ModelProto};
@@ -42,12 +42,14 @@ fn unknown_op_reason(op: &str) -> String {
 /// rafter does not handle). `Err` holds the reason.
 pub(crate) fn static_check(n: &NodeView<'_>) -> Result<&'static OnnxOp, String> {
     let op = n.op_type();
-    let ml = is_ml_domain(&n.p.domain);
-    let Some(registered) = registry::lookup(op, ml) else {
-        return Err(if ml {
-            format!("unsupported op in domain `{}`", n.p.domain)
-        } else {
+    let domain = &n.p.domain;
+    let Some(registered) = registry::lookup(op, domain) else {
+        return Err(if is_default_domain(domain) {
             unknown_op_reason(op)
+        } else if is_contrib_domain(domain) {
+            format!("unsupported op `{op}` in domain `{domain}` (not among the contrib ops rafter translates; see docs/contrib-ops.md)")
+        } else {
+            format!("unsupported op in domain `{domain}`")
         });
     };
     if let Some(check) = registered.check {
@@ -151,7 +153,7 @@ fn walk(
                 reason,
             })
         };
-        if !is_default_domain(&p.domain) && !is_ml_domain(&p.domain) {
+        if !is_known_domain(&p.domain) {
             if functions.contains(p.domain.as_str()) {
                 push(format!(
                     "unsupported op in domain `{}` (model-local functions are not supported)",

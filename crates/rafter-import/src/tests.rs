@@ -441,8 +441,26 @@ fn unknown_op_is_unsupported() {
 
 #[test]
 fn foreign_domains_are_unsupported() {
-    for domain in ["ai.onnx.ml", "com.microsoft"] {
-        let mut m = unary_model("TreeEnsemble", 17, vec![]);
+    for (domain, op, why) in [
+        (
+            "ai.onnx.ml",
+            "TreeEnsemble",
+            "unsupported op in domain `ai.onnx.ml`".to_string(),
+        ),
+        (
+            "org.example",
+            "Relu",
+            "unsupported op in domain `org.example`".into(),
+        ),
+        (
+            "com.microsoft",
+            "QAttention",
+            "unsupported op `QAttention` in domain `com.microsoft` (not among the contrib ops \
+             rafter translates; see docs/contrib-ops.md)"
+                .into(),
+        ),
+    ] {
+        let mut m = unary_model(op, 17, vec![]);
         m.graph.as_mut().unwrap().node[0].domain = domain.into();
         m.opset_import.push(OperatorSetIdProto {
             domain: domain.into(),
@@ -450,11 +468,17 @@ fn foreign_domains_are_unsupported() {
         });
         let e = import_real(&m).unwrap_err();
         assert!(matches!(e, ImportError::UnsupportedOp { .. }), "{e}");
-        assert_eq!(
-            e.to_string(),
-            format!("t.onnx: node `n` (TreeEnsemble): unsupported op in domain `{domain}`")
-        );
+        assert_eq!(e.to_string(), format!("t.onnx: node `n` ({op}): {why}"));
     }
+    // A contrib op rafter translates, with an attribute value it does not.
+    let mut m = unary_model("FusedMatMul", 17, vec![ai("transBatchA", 1)]);
+    m.graph.as_mut().unwrap().node[0].domain = "com.microsoft".into();
+    let e = import_real(&m).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("node `n` (FusedMatMul): unsupported: transBatchA=1"),
+        "{e}"
+    );
     // A model of ai.onnx.ml only still names the node, not the missing opset.
     let mut m = unary_model("TreeEnsemble", 17, vec![]);
     m.graph.as_mut().unwrap().node[0].domain = "ai.onnx.ml".into();

@@ -327,6 +327,14 @@ define_ops! {
     Einsum "einsum" { equation: String },
     /// Operands: a, b, a_zero_point?, b_zero_point?. Output i32.
     MatMulInteger "matmul_integer",
+    /// A matmul with block-quantized weights kept packed (ONNX Runtime's MatMulNBits
+    /// layout), so a call streams `bits`-bit weights instead of a float matrix.
+    /// Operands: a [..., k] (f32), b (u8 [n, k_blocks, block_size * bits / 8]: row `j`'s
+    /// blocks of `block_size` elements along k, packed low bits first), scales (f32,
+    /// n * k_blocks), zero_points? (u8, each row's k_blocks zero points packed the same
+    /// way; absent: 2^(bits-1)), bias? [n]. Output [..., n]:
+    /// `a @ ((b - zero_point) * scale)^T + bias`. `k_blocks = ceil(k / block_size)`.
+    MatMulBlockQuant "matmul_block_quant" { k: i64, n: i64, bits: i64, block_size: i64 },
     /// Operands: x, w, x_zero_point?, w_zero_point?. Output i32.
     ConvInteger "conv_integer" {
         kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,

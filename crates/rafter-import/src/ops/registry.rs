@@ -7,7 +7,7 @@
 //! serves both. Adding an op is one registration; nothing else lists op names.
 
 use super::{Tr, R};
-use crate::node::NodeView;
+use crate::node::{is_contrib_domain, is_default_domain, is_ml_domain, NodeView};
 use rafter_ir::{BinaryOp, ReduceKind, UnaryOp};
 
 /// How a node of the op is translated.
@@ -94,17 +94,38 @@ const DEFAULT_DOMAIN: &[&[OnnxOp]] = &[
     super::control::OPS,
 ];
 
-/// The registration of `op_type` in the default domain, or in `ai.onnx.ml` when `ml`.
-pub(crate) fn lookup(op_type: &str, ml: bool) -> Option<&'static OnnxOp> {
-    let families: &[&[OnnxOp]] = if ml {
+/// The `com.microsoft` (ONNX Runtime contrib, opset 1) families.
+const CONTRIB_DOMAIN: &[&[OnnxOp]] = &[
+    super::contrib::OPS,
+    super::contrib_quant::OPS,
+    super::contrib_attention::OPS,
+];
+
+/// The registration of `op_type` in `domain` (the default domain, `ai.onnx.ml` or
+/// `com.microsoft`). ONNX Runtime registers a few of its own ops in the default domain
+/// (`SimplifiedLayerNormalization`); those are found in the contrib table after the
+/// standard ops.
+pub(crate) fn lookup(op_type: &str, domain: &str) -> Option<&'static OnnxOp> {
+    let families: &[&[OnnxOp]] = if is_ml_domain(domain) {
         &[super::misc::ML_OPS]
-    } else {
+    } else if is_contrib_domain(domain) {
+        CONTRIB_DOMAIN
+    } else if is_default_domain(domain) {
         DEFAULT_DOMAIN
+    } else {
+        &[]
     };
-    families
-        .iter()
-        .flat_map(|f| f.iter())
-        .find(|o| o.name == op_type)
+    let find = |families: &[&'static [OnnxOp]]| {
+        families
+            .iter()
+            .flat_map(|f| f.iter())
+            .find(|o| o.name == op_type)
+    };
+    find(families).or_else(|| {
+        is_default_domain(domain)
+            .then(|| find(&[super::contrib::ORT_DEFAULT_DOMAIN_OPS]))
+            .flatten()
+    })
 }
 
 /// Every registered default-domain op type.
@@ -130,8 +151,12 @@ mod tests {
         assert_eq!(sorted.len(), names.len(), "an op type registered twice");
         // ONNX's op set of opsets 1..=28 that rafter translates: one entry each.
         assert_eq!(names.len(), 178);
-        assert!(lookup("Conv", false).is_some() && lookup("Conv", true).is_none());
-        assert!(lookup("LabelEncoder", true).is_some());
-        assert!(lookup("SequenceAt", false).is_none());
+        assert!(lookup("Conv", "").is_some() && lookup("Conv", "ai.onnx.ml").is_none());
+        assert!(lookup("LabelEncoder", "ai.onnx.ml").is_some());
+        assert!(lookup("SequenceAt", "").is_none());
+        assert!(lookup("FastGelu", "com.microsoft").is_some() && lookup("FastGelu", "").is_none());
+        assert!(lookup("SimplifiedLayerNormalization", "").is_some());
+        assert!(lookup("Conv", "com.microsoft").is_none());
+        assert!(lookup("Conv", "org.example").is_none());
     }
 }

@@ -63,6 +63,69 @@ pub(super) fn matmul(cx: &mut Cx<'_, '_, '_>, integer: Option<DType>) -> R {
     Ok(vec![Res::new(integer.unwrap_or(a.dtype), dims)])
 }
 
+/// MatMulBlockQuant: `a [..., k]` times the packed `[n, k]` weight, transposed.
+pub(super) fn matmul_block_quant(
+    cx: &mut Cx<'_, '_, '_>,
+    k: i64,
+    n: i64,
+    bits: i64,
+    block_size: i64,
+) -> R {
+    cx.arity(3, 5)?;
+    if !matches!(bits, 2 | 4 | 8) || block_size <= 0 || k <= 0 || n <= 0 {
+        return Err(format!(
+            "bits {bits} (want 2, 4 or 8), block_size {block_size}, k {k}, n {n}"
+        ));
+    }
+    let a = cx.ty(0)?;
+    let r = a.rank();
+    if a.dtype != DType::F32 || r == 0 {
+        return Err(format!("a must be f32 [..., {k}], got {a}"));
+    }
+    unify(&a.dims[r - 1], &Dim::known(k), || {
+        format!("a {a}: last dim is not k = {k}")
+    })?;
+    let k_blocks = k / block_size + i64::from(k % block_size != 0);
+    let sizes = n
+        .checked_mul(k_blocks)
+        .and_then(|nk| Some((nk, nk.checked_mul(block_size)?.checked_mul(bits)? / 8)));
+    let Some((n_blocks, want_b)) = sizes else {
+        return Err(format!("k {k}, n {n}, block_size {block_size}: too large"));
+    };
+    let b = cx.ty(1)?;
+    if b.dtype != DType::U8 || b.num_elements().as_known().is_some_and(|e| e != want_b) {
+        return Err(format!("b must be u8 with {want_b} elements, got {b}"));
+    }
+    let scales = cx.ty(2)?;
+    if scales.dtype != DType::F32
+        || scales
+            .num_elements()
+            .as_known()
+            .is_some_and(|e| e != n_blocks)
+    {
+        return Err(format!(
+            "scales must be f32 with {n_blocks} elements, got {scales}"
+        ));
+    }
+    if let Some(z) = cx.opt_ty(3) {
+        let per_byte = 8 / bits;
+        let want = n.saturating_mul(k_blocks / per_byte + i64::from(k_blocks % per_byte != 0));
+        if z.dtype != DType::U8 || z.num_elements().as_known().is_some_and(|e| e != want) {
+            return Err(format!(
+                "zero_points must be u8 with {want} elements, got {z}"
+            ));
+        }
+    }
+    if let Some(bias) = cx.opt_ty(4) {
+        if bias.dtype != DType::F32 || bias.num_elements().as_known().is_some_and(|e| e != n) {
+            return Err(format!("bias must be f32 [{n}], got {bias}"));
+        }
+    }
+    let mut dims = a.dims[..r - 1].to_vec();
+    dims.push(Dim::known(n));
+    Ok(vec![Res::new(DType::F32, dims)])
+}
+
 pub(super) fn gemm(cx: &mut Cx<'_, '_, '_>, trans_a: bool, trans_b: bool) -> R {
     cx.arity(2, 3)?;
     let a = cx.ranked(0, 2, "a")?;

@@ -165,6 +165,12 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
         } => llm::moe_ffn(cx, *top_k, [*gate_format, *up_format, *down_format]),
         Op::MatMul => linalg::matmul(cx, None),
         Op::MatMulInteger => linalg::matmul(cx, Some(crate::DType::I32)),
+        Op::MatMulBlockQuant {
+            k,
+            n,
+            bits,
+            block_size,
+        } => linalg::matmul_block_quant(cx, *k, *n, *bits, *block_size),
         Op::Gemm {
             trans_a, trans_b, ..
         } => linalg::gemm(cx, *trans_a, *trans_b),

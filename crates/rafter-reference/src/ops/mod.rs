@@ -123,6 +123,7 @@ pub fn eval(
         | ConvTranspose { .. }
         | Einsum { .. }
         | MatMulInteger
+        | MatMulBlockQuant { .. }
         | ConvInteger { .. }
         | QuantizeLinear { .. }
         | DequantizeLinear { .. }

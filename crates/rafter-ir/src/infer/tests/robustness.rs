@@ -196,6 +196,18 @@ fn all_ops() -> Vec<Op> {
             equation: ".....".into(),
         },
         Op::MatMulInteger,
+        Op::MatMulBlockQuant {
+            k: 3,
+            n: 2,
+            bits: 4,
+            block_size: 16,
+        },
+        Op::MatMulBlockQuant {
+            k: i64::MAX,
+            n: i64::MAX,
+            bits: 8,
+            block_size: 1,
+        },
         Op::ConvNhwc {
             kernel_shape: vec![3, 3],
             strides: vec![2, 2],

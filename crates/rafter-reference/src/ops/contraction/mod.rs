@@ -6,6 +6,7 @@
 //! product (im2col for convolutions) so real CNNs run in seconds.
 
 mod attention;
+mod block_quant;
 mod conv;
 mod matmul;
 mod pool;
@@ -33,6 +34,20 @@ pub fn eval(
         } => matmul::gemm(inputs, *alpha, *beta, *trans_a, *trans_b).map(one),
         Einsum { equation } => matmul::einsum(inputs, equation).map(one),
         MatMulInteger => matmul::matmul_integer(inputs).map(one),
+        MatMulBlockQuant {
+            k,
+            n,
+            bits,
+            block_size,
+        } => {
+            let q = block_quant::BlockQuant {
+                k: *k as usize,
+                n: *n as usize,
+                bits: *bits as usize,
+                block_size: *block_size as usize,
+            };
+            block_quant::matmul_block_quant(inputs, q).map(one)
+        }
         Conv {
             kernel_shape,
             strides,

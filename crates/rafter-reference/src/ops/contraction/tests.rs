@@ -648,3 +648,31 @@ fn vgg_layer_timing() {
     eprintln!("conv 64x224x224 3x3: {:?}", t.elapsed());
     assert_eq!(y.shape(), &[1, 64, 224, 224]);
 }
+
+/// MatMulBlockQuant against values computed by hand: k = 3 in one block of 16 (padded),
+/// 4-bit weights rows [1, 2, 3] and [15, 0, 8], scales 0.5 and 2, zero points 1 and 8.
+#[test]
+fn matmul_block_quant_matches_hand_computed_values() {
+    let op = Op::MatMulBlockQuant {
+        k: 3,
+        n: 2,
+        bits: 4,
+        block_size: 16,
+    };
+    let mut b = vec![0u8; 16];
+    b[..2].copy_from_slice(&[0x21, 0x03]);
+    b[8..10].copy_from_slice(&[0x0F, 0x08]);
+    let b = Tensor::U8(ArrayD::from_shape_vec(IxDyn(&[2, 1, 8]), b).unwrap());
+    let a = f(&[2, 3], &[1.0, 2.0, 3.0, 0.0, 1.0, -1.0]);
+    let scales = f(&[2], &[0.5, 2.0]);
+    let zp = Tensor::U8(ArrayD::from_shape_vec(IxDyn(&[2]), vec![1, 8]).unwrap());
+    let bias = f(&[2], &[1.0, -1.0]);
+    let ins = [Some(&a), Some(&b), Some(&scales), Some(&zp), Some(&bias)];
+    let y = run_op(op.clone(), &ins, &[DType::F32]).remove(0).unwrap();
+    // W = [[0, 0.5, 1], [14, -16, 0]]; a @ W^T + bias.
+    assert_eq!(y, f(&[2, 2], &[5.0, -19.0, 0.5, -17.0]));
+    // Without zero points, 8: row 0 is [-3.5, -3, -2.5].
+    let ins = [Some(&a), Some(&b), Some(&scales)];
+    let y = run_op(op, &ins, &[DType::F32]).remove(0).unwrap();
+    assert_eq!(y, f(&[2, 2], &[-17.0, 14.0 - 32.0, -0.5, -16.0]));
+}
