@@ -126,28 +126,29 @@ impl Params {
                 bytes.len()
             ));
         }
-        let words: Vec<u64> = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
+        // Read straight from the bytes: no staging vector of words per dispatch.
+        let n_words = bytes.len() / 8;
+        let word =
+            |i: usize| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
         let mut at = 0usize;
-        let mut take = |n: usize| -> Result<&[u64], String> {
-            let slice = words
-                .get(at..at.checked_add(n).ok_or("parameter count overflows")?)
-                .ok_or_else(|| format!("dispatch parameters end early ({} words)", words.len()))?;
-            at += n;
-            Ok(slice)
+        let mut take = |n: usize| -> Result<std::ops::Range<usize>, String> {
+            let end = at.checked_add(n).ok_or("parameter count overflows")?;
+            if end > n_words {
+                return Err(format!("dispatch parameters end early ({n_words} words)"));
+            }
+            let range = at..end;
+            at = end;
+            Ok(range)
         };
-        let call = take(1)?[0];
-        let n = take(1)?[0] as usize;
-        let symbols = take(n)?.iter().map(|&w| w as i64).collect();
-        let n = take(1)?[0] as usize;
+        let call = word(take(1)?.start);
+        let n = word(take(1)?.start) as usize;
+        let symbols = take(n)?.map(|i| word(i) as i64).collect();
+        let n = word(take(1)?.start) as usize;
         let operands = take(n)?
-            .iter()
-            .map(|&w| Operand::decode(w))
+            .map(|i| Operand::decode(word(i)))
             .collect::<Result<_, _>>()?;
-        let n = take(1)?[0] as usize;
-        let extra = take(n)?.to_vec();
+        let n = word(take(1)?.start) as usize;
+        let extra = take(n)?.map(word).collect();
         Ok(Params {
             call,
             symbols,
@@ -173,10 +174,14 @@ pub(crate) fn eval_dims(ty: &TensorType, map: &HashMap<Symbol, i64>) -> Result<V
 /// A kernel's operand dims under one set of symbol values: what the native path needs of
 /// the symbols. Evaluating them took ~1.3 µs of the ~2.3 µs a MiniLM dispatch spent before
 /// its kernel ran (hashing each symbol's name, per dim, per operand), so each kernel keeps
-/// the last set and reuses it while the symbols repeat, as they do call after call.
+/// the last set and reuses it while the symbols its dims mention repeat.
 pub(crate) struct KernelDims {
-    /// The symbol values (the dispatch params' order) these dims are for.
-    symbols: Vec<i64>,
+    /// The positions (in the dispatch params' order) of the symbols the kernel's operand
+    /// dims mention: only their values decide the dims, so only they key the cache (an LLM
+    /// decode step changes `past` every call, which most kernels' dims never mention).
+    used: Vec<usize>,
+    /// The values of the `used` symbols these dims are for.
+    values: Vec<i64>,
     /// Per body input: its dims, `None` where the symbols do not decide them.
     pub(crate) ins: Vec<Option<Vec<usize>>>,
     /// Per body result, likewise.
@@ -224,7 +229,12 @@ impl KernelShared {
     fn kernel_dims(&self, k: usize, params: &Params) -> Result<Arc<KernelDims>, String> {
         let cache = &self.dims[k];
         if let Some(d) = lock(cache).as_ref() {
-            if d.symbols == params.symbols {
+            if params.symbols.len() == self.symbols.len()
+                && d.used
+                    .iter()
+                    .zip(&d.values)
+                    .all(|(&i, &v)| params.symbols[i] == v)
+            {
                 return Ok(d.clone());
             }
         }
@@ -236,8 +246,22 @@ impl KernelShared {
                 .map(|&v| eval_dims(&body.value(v).ty, &map).ok())
                 .collect()
         };
+        let mut used: Vec<usize> = Vec::new();
+        for &v in body.inputs.iter().chain(&body.outputs) {
+            for d in &body.value(v).ty.dims {
+                for s in d.symbols() {
+                    if let Some(i) = self.symbols.iter().position(|t| *t == s) {
+                        if !used.contains(&i) {
+                            used.push(i);
+                        }
+                    }
+                }
+            }
+        }
+        let values = used.iter().map(|&i| params.symbols[i]).collect();
         let d = Arc::new(KernelDims {
-            symbols: params.symbols.clone(),
+            used,
+            values,
             ins: of(&body.inputs),
             outs: of(&body.outputs),
         });
