@@ -8,6 +8,9 @@
 #   scripts/setup_venv.sh --llm    also torch, transformers, safetensors, sentencepiece, gguf,
 #                                  diskcache (for scripts/gen_llm_fixtures.py and
 #                                  benchmarks/llm_peers.sh; see tests/fixtures/llm/README.md)
+#   scripts/setup_venv.sh --python also maturin, pytest and the Python package's test
+#                                  references: onnxruntime, torch, torchvision, tokenizers
+#                                  (scripts/test_python.sh)
 #
 # Idempotent: an existing .venv is reused, and pip runs only if a pinned package
 # is missing or at another version. Set PYTHON to choose the interpreter
@@ -35,13 +38,20 @@ FULL_PKGS=(onnxruntime==1.32.0 torch==2.15.0 torchvision==0.29.2 transformers==5
 LLM_PKGS=(torch==2.15.0 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23.3
           sentencepiece==0.2.3 gguf==0.19.0 jinja2==3.1.6 diskcache==5.6.3)
 
+# The Python package's build and tests (python/tests): maturin builds the wheel; ONNX
+# Runtime, PyTorch/torchvision and tokenizers are the references the tests compare with.
+PYTHON_PKGS=(maturin==1.16.0 pytest==9.2.0 onnxruntime==1.32.0 torch==2.15.0
+             torchvision==0.29.2 tokenizers==0.23.3)
+
 full=0
 llm=0
+python=0
 for arg in "$@"; do
   case "$arg" in
     --full) full=1 ;;
     --llm) llm=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --python) python=1 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "setup_venv.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -49,6 +59,7 @@ done
 pkgs=("${BASE_PKGS[@]}")
 if [[ $full == 1 ]]; then pkgs+=("${FULL_PKGS[@]}"); fi
 if [[ $llm == 1 ]]; then pkgs+=("${LLM_PKGS[@]}"); fi
+if [[ $python == 1 ]]; then pkgs+=("${PYTHON_PKGS[@]}"); fi
 
 pick_python() {
   local c
