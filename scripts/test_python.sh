@@ -23,9 +23,11 @@ WHEELS=$ROOT/.whl/python
 rm -rf "$WHEELS"
 start=$SECONDS
 echo "test_python.sh: maturin build --release (python/pyproject.toml)"
-"$ROOT/.venv/bin/maturin" build --release --quiet -m python/pyproject.toml -o "$WHEELS" \
+cd "$ROOT/python"
+"$ROOT/.venv/bin/maturin" build --release --quiet -o "$WHEELS" \
   --interpreter "$PY"
 echo "test_python.sh: built $(cd "$WHEELS" && ls) in $((SECONDS - start)) s"
+cd "$ROOT"
 "$PY" -m pip install --disable-pip-version-check --no-input -q --force-reinstall --no-deps \
   "$WHEELS"/rafter-*.whl
 

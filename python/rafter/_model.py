@@ -7,6 +7,7 @@ import concurrent.futures
 import os
 import tempfile
 import threading
+import warnings
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -281,7 +282,10 @@ def _export_torch(module, example_inputs, path, input_names, output_names, dynam
     was_training = module.training
     module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # The TorchScript exporter is deprecated upstream but needs no extra packages
+            # (the dynamo one needs onnxscript); its warnings are not the user's to act on.
+            warnings.simplefilter("ignore", DeprecationWarning)
             try:
                 torch.onnx.export(module, args, path, dynamo=False, **kwargs)
             except TypeError:  # a torch without the `dynamo` argument

@@ -65,7 +65,7 @@ const FLOAT: u8 = 2;
 const BFLOAT: u8 = 4;
 const BOOL: u8 = 6;
 
-/// The DLPack type of a rafter dtype (`None` for types DLPack cannot describe).
+/// The DLPack type of a rafter dtype.
 fn dl_dtype(d: DType) -> Option<DLDataType> {
     let (code, bits) = match d {
         DType::F32 => (FLOAT, 32),
@@ -81,7 +81,6 @@ fn dl_dtype(d: DType) -> Option<DLDataType> {
         DType::U32 => (UINT, 32),
         DType::U64 => (UINT, 64),
         DType::Bool => (BOOL, 8),
-        _ => return None,
     };
     Some(DLDataType {
         code,
@@ -319,7 +318,7 @@ impl Tensor {
                 delete_lent(managed);
                 return Err(PyErr::fetch(py));
             }
-            Ok(Py::from_owned_ptr(py, cap))
+            Ok(Bound::from_owned_ptr(py, cap).unbind())
         }
     }
 
