@@ -134,7 +134,8 @@ pub fn tensor_from(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<RtTensor> {
     }
     // SAFETY: the capsule is valid with this name (checked above), so its pointer is the
     // producer's DLManagedTensor, alive until we call its deleter.
-    let managed = unsafe { ffi::PyCapsule_GetPointer(cap, CAPSULE.as_ptr()) } as *mut DLManagedTensor;
+    let managed =
+        unsafe { ffi::PyCapsule_GetPointer(cap, CAPSULE.as_ptr()) } as *mut DLManagedTensor;
     // SAFETY: as above; we read it, then take ownership by renaming the capsule (so its
     // destructor will not free it) and call the deleter exactly once.
     let result = unsafe { read_managed(&*managed, what) };
@@ -200,7 +201,8 @@ unsafe fn read_managed(m: &DLManagedTensor, what: &str) -> PyResult<RtTensor> {
             std::slice::from_raw_parts((t.data as *const u8).add(t.byte_offset as usize), len)
         }
     };
-    RtTensor::from_le_bytes(dtype, &dims, bytes).map_err(|e| to::<InputError>(format!("{what}: {e}")))
+    RtTensor::from_le_bytes(dtype, &dims, bytes)
+        .map_err(|e| to::<InputError>(format!("{what}: {e}")))
 }
 
 /// A rafter output tensor. Its memory is the runtime's; `numpy.from_dlpack(t)` and
@@ -328,6 +330,10 @@ impl Tensor {
     }
 
     fn __repr__(&self) -> String {
-        format!("rafter.Tensor({}{:?})", self.inner.dtype(), self.inner.shape())
+        format!(
+            "rafter.Tensor({}{:?})",
+            self.inner.dtype(),
+            self.inner.shape()
+        )
     }
 }

@@ -197,7 +197,9 @@ impl TextStream {
             }
             Err(_) => {
                 *guard = None;
-                Err(to::<LLMError>("the generation thread ended without a result"))
+                Err(to::<LLMError>(
+                    "the generation thread ended without a result",
+                ))
             }
         }
     }

@@ -23,7 +23,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Where a model's artifact bytes come from, for `save`.
 enum Saved {
     /// Compiled in this process.
-    Compiled(Compiled),
+    Compiled(Box<Compiled>),
     /// Opened from this artifact file.
     File(PathBuf),
 }
@@ -79,7 +79,7 @@ pub fn compile_onnx(
     let session = py.detach(|| bind(compiled.program.clone(), &compiled.executables()))?;
     Ok(Model {
         session: Arc::new(session),
-        saved: Mutex::new(Saved::Compiled(compiled)),
+        saved: Mutex::new(Saved::Compiled(Box::new(compiled))),
     })
 }
 
