@@ -53,8 +53,10 @@ def test_submit_futures(bert):
     want = [bert(*x) for x in xs]
     futures = [bert.submit(*x) for x in xs]
     assert all(isinstance(f, concurrent.futures.Future) for f in futures)
-    for f, w in zip(concurrent.futures.as_completed(futures) and futures, want):
-        np.testing.assert_array_equal(f.result(timeout=60), w)
+    done = set(concurrent.futures.as_completed(futures, timeout=60))
+    assert done == set(futures)
+    for f, w in zip(futures, want):
+        np.testing.assert_array_equal(f.result(), w)
 
 
 def test_submit_is_awaitable(bert):
@@ -68,7 +70,7 @@ def test_submit_is_awaitable(bert):
         np.testing.assert_array_equal(g, w)
 
 
-def test_submit_error_reaches_the_future(bert):
+def test_submit_refuses_bad_inputs_at_once(bert):
     import pytest
     import rafter
 
