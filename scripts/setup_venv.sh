@@ -10,6 +10,9 @@
 #                                  benchmarks/llm_peers.sh; see tests/fixtures/llm/README.md)
 #   scripts/setup_venv.sh --server also the official `openai` client (crates/rafter-cli's
 #                                  `rafter serve` test drives the server with it)
+#   scripts/setup_venv.sh --python also maturin, pytest and the Python package's test
+#                                  references: onnxruntime, torch, torchvision, tokenizers
+#                                  (scripts/test_python.sh)
 #
 # Idempotent: an existing .venv is reused, and pip runs only if a pinned package
 # is missing or at another version. Set PYTHON to choose the interpreter
@@ -39,15 +42,22 @@ LLM_PKGS=(torch==2.15.0 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23
 # The OpenAI-compatible server's test client (tests/server/openai_client.py).
 SERVER_PKGS=(openai==3.51.0)
 
+# The Python package's build and tests (python/tests): maturin builds the wheel; ONNX
+# Runtime, PyTorch/torchvision and tokenizers are the references the tests compare with.
+PYTHON_PKGS=(maturin==1.16.0 pytest==9.2.0 onnxruntime==1.32.0 torch==2.15.0
+             torchvision==0.29.2 tokenizers==0.23.3)
+
 full=0
 llm=0
 server=0
+python=0
 for arg in "$@"; do
   case "$arg" in
     --full) full=1 ;;
     --llm) llm=1 ;;
+    --python) python=1 ;;
     --server) server=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "setup_venv.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -56,6 +66,7 @@ pkgs=("${BASE_PKGS[@]}")
 if [[ $full == 1 ]]; then pkgs+=("${FULL_PKGS[@]}"); fi
 if [[ $llm == 1 ]]; then pkgs+=("${LLM_PKGS[@]}"); fi
 if [[ $server == 1 ]]; then pkgs+=("${SERVER_PKGS[@]}"); fi
+if [[ $python == 1 ]]; then pkgs+=("${PYTHON_PKGS[@]}"); fi
 
 pick_python() {
   local c

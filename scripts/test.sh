@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the project's tests: ensure the venv and the ONNX conformance cache, then
-# `cargo test --workspace --release` (extra arguments go to cargo test).
+# `cargo test --workspace --release` (extra arguments go to cargo test), and without
+# arguments the Python package's tests (scripts/test_python.sh).
 #
 # The cache (.cache/onnx-conformance, git-ignored) is (re)generated with
 # scripts/gen_conformance_data.py when its STAMP is missing or differs from the
@@ -55,4 +56,9 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
 fi
 echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR RAFTER_SPIRV_VAL=$RAFTER_SPIRV_VAL"
 echo "test.sh: cargo test --workspace --release $*"
-exec cargo test --workspace --release "$@"
+cargo test --workspace --release "$@"
+# The Python package (python/, crates/rafter-py): its wheel built by maturin over the release
+# build above, then python/tests. On a full run only (no arguments), as CI's.
+if [[ $# == 0 ]]; then
+  scripts/test_python.sh
+fi

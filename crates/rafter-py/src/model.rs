@@ -1,0 +1,312 @@
+//! A compiled model bound to its devices: compile, load, save, run, submit.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use rafter_compiler::{CompileOptions, Compiled};
+use rafter_ir::program::{Port, Program};
+use rafter_ir::Symbol;
+use rafter_runtime::{CallHandle, Session, SessionOptions};
+
+use crate::devices::devices_for;
+use crate::dlpack::{tensor_from, Tensor};
+use crate::errors::{to, CompileError, InputError, ModelError, RunError};
+
+/// How long a call may run before waiting gives up: far beyond any model, so it only ends a
+/// call the runtime failed to complete.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Where a model's artifact bytes come from, for `save`.
+enum Saved {
+    /// Compiled in this process.
+    Compiled(Box<Compiled>),
+    /// Opened from this artifact file.
+    File(PathBuf),
+}
+
+/// A compiled model, ready to call from any thread.
+#[pyclass(frozen, module = "rafter._rafter")]
+pub struct Model {
+    session: Arc<Session>,
+    saved: Mutex<Saved>,
+}
+
+/// Compiles the ONNX model at `path` for `target` (`cpu` or `vulkan`) with symbol `bounds`.
+#[pyfunction]
+#[pyo3(signature = (path, target, bounds))]
+pub fn compile_onnx(
+    py: Python<'_>,
+    path: PathBuf,
+    target: &str,
+    bounds: Vec<(String, i64)>,
+) -> PyResult<Model> {
+    let target = match target {
+        "auto" if crate::devices::vulkan_available().is_ok() => "vulkan",
+        "auto" => "cpu",
+        name => name,
+    };
+    let target = rafter_compiler::target(target).map_err(to::<CompileError>)?;
+    let mut symbols = Vec::new();
+    for (name, n) in bounds {
+        if !rafter_ir::is_identifier(&name) {
+            return Err(to::<CompileError>(format!(
+                "dims: `{name}` is not a symbol name"
+            )));
+        }
+        if n < 1 {
+            return Err(to::<CompileError>(format!(
+                "dims: `{name}` must be bounded by a positive size, got {n}"
+            )));
+        }
+        symbols.push((Symbol::new(&name), n));
+    }
+    let compiled = py.detach(|| -> PyResult<Compiled> {
+        let graph = rafter_import::import_onnx_file(&path)
+            .map_err(to::<ModelError>)?
+            .graph;
+        check_bounds_known(&graph, &symbols)?;
+        let options = CompileOptions {
+            target,
+            bounds: symbols,
+            ..CompileOptions::default()
+        };
+        rafter_compiler::compile(&graph, &options).map_err(to::<CompileError>)
+    })?;
+    let session = py.detach(|| bind(compiled.program.clone(), &compiled.executables()))?;
+    Ok(Model {
+        session: Arc::new(session),
+        saved: Mutex::new(Saved::Compiled(Box::new(compiled))),
+    })
+}
+
+/// A bound on a symbol the model does not have is a mistake worth naming.
+fn check_bounds_known(graph: &rafter_ir::Graph, bounds: &[(Symbol, i64)]) -> PyResult<()> {
+    let mut known = Vec::new();
+    for &id in &graph.inputs {
+        for d in &graph.value(id).ty.dims {
+            for s in d.symbols() {
+                if !known.contains(&s) {
+                    known.push(s);
+                }
+            }
+        }
+    }
+    for (s, _) in bounds {
+        if !known.contains(s) {
+            let names: Vec<&str> = known.iter().map(|s| s.name()).collect();
+            return Err(to::<CompileError>(format!(
+                "dims: the model's inputs have no symbol `{}` (they have: {})",
+                s.name(),
+                if names.is_empty() {
+                    "none, every dim is fixed".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens the artifact at `path` (memory-mapped, checksums verified).
+#[pyfunction]
+pub fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
+    let session = py.detach(|| -> PyResult<Session> {
+        let artifact = rafter_artifact::Artifact::open(&path)
+            .map_err(|e| to::<ModelError>(format!("{}: {e}", path.display())))?;
+        let executables: Vec<(String, Bytes)> = artifact
+            .devices()
+            .filter_map(|d| Some((d.to_string(), artifact.executable(d)?)))
+            .collect();
+        bind(artifact.into_program(), &executables)
+    })?;
+    Ok(Model {
+        session: Arc::new(session),
+        saved: Mutex::new(Saved::File(path)),
+    })
+}
+
+/// A session for `program` on the devices it names.
+fn bind(program: Program, executables: &[(String, Bytes)]) -> PyResult<Session> {
+    let devices = devices_for(&program)?;
+    let mut options = SessionOptions::new();
+    for (device, code) in executables {
+        options = options.executable(device.clone(), code.clone());
+    }
+    Session::with_options(program, &devices, options).map_err(to::<ModelError>)
+}
+
+/// `(name, dtype, dims)` of a port; a dim is an int when known, else its symbolic text.
+fn describe(py: Python<'_>, port: &Port) -> PyResult<(String, String, Py<PyList>)> {
+    let dims = PyList::empty(py);
+    for d in &port.ty.dims {
+        match d.as_known() {
+            Some(n) => dims.append(n)?,
+            None => dims.append(d.to_string())?,
+        }
+    }
+    Ok((port.name.clone(), port.ty.dtype.to_string(), dims.unbind()))
+}
+
+#[pymethods]
+impl Model {
+    /// `(name, dtype, dims)` of each input, in call order.
+    #[getter]
+    fn inputs(&self, py: Python<'_>) -> PyResult<Vec<(String, String, Py<PyList>)>> {
+        let p = self.session.program();
+        p.inputs.iter().map(|port| describe(py, port)).collect()
+    }
+
+    /// `(name, dtype, dims)` of each output, in result order.
+    #[getter]
+    fn outputs(&self, py: Python<'_>) -> PyResult<Vec<(String, String, Py<PyList>)>> {
+        let p = self.session.program();
+        p.outputs.iter().map(|port| describe(py, port)).collect()
+    }
+
+    /// The program as text: its bounds, arenas, buffers, kernels (with the graph each
+    /// runs and its device) and steps; weights by name only.
+    fn plan(&self) -> String {
+        rafter_ir::program_text::print_program(
+            self.session.program(),
+            rafter_ir::program_text::WeightMode::Reference,
+        )
+    }
+
+    /// The devices the model runs on.
+    fn device_names(&self) -> Vec<String> {
+        self.session
+            .device_names()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Writes the model as an artifact at `path`; returns its length in bytes.
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<u64> {
+        let saved = self.saved.lock().map_err(|_| to::<ModelError>("lock"))?;
+        py.detach(|| match &*saved {
+            Saved::Compiled(c) => c
+                .write(&path)
+                .map_err(|e| to::<ModelError>(format!("writing {}: {e}", path.display()))),
+            Saved::File(src) => copy_artifact(src, &path),
+        })
+    }
+
+    /// Runs one call with the GIL released; `inputs` in the model's input order.
+    fn run(&self, py: Python<'_>, inputs: &Bound<'_, PyList>) -> PyResult<Vec<Tensor>> {
+        let tensors = self.tensors(inputs)?;
+        let session = self.session.clone();
+        let outputs = py.detach(move || {
+            session
+                .submit_to_wait(tensors)
+                .and_then(|h| h.wait(CALL_TIMEOUT))
+        });
+        Ok(outputs
+            .map_err(run_error)?
+            .into_iter()
+            .map(Tensor::new)
+            .collect())
+    }
+
+    /// Submits one call and returns at once; [`Call::wait`] gets its outputs.
+    fn submit(&self, inputs: &Bound<'_, PyList>) -> PyResult<Call> {
+        let tensors = self.tensors(inputs)?;
+        let handle = self.session.submit(tensors).map_err(run_error)?;
+        Ok(Call {
+            handle: Mutex::new(Some(handle)),
+        })
+    }
+}
+
+impl Model {
+    /// The inputs as runtime tensors, checked against the program's inputs by count and
+    /// dtype (the runtime checks shapes against the symbols).
+    fn tensors(&self, inputs: &Bound<'_, PyList>) -> PyResult<Vec<rafter_runtime::Tensor>> {
+        let ports = &self.session.program().inputs;
+        if inputs.len() != ports.len() {
+            let names: Vec<&str> = ports.iter().map(|p| p.name.as_str()).collect();
+            return Err(to::<InputError>(format!(
+                "the model takes {} inputs ({}), got {}",
+                ports.len(),
+                names.join(", "),
+                inputs.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(ports.len());
+        for (port, obj) in ports.iter().zip(inputs.iter()) {
+            let what = format!("input `{}`", port.name);
+            let t = tensor_from(&obj, &what)?;
+            if t.dtype() != port.ty.dtype {
+                return Err(to::<InputError>(format!(
+                    "{what}: expected {}, got {}",
+                    port.ty.dtype,
+                    t.dtype()
+                )));
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+}
+
+/// A runtime error as a Python exception: an input that does not fit the model is an
+/// [`InputError`], anything else a [`RunError`].
+fn run_error(e: rafter_runtime::RuntimeError) -> PyErr {
+    match e {
+        rafter_runtime::RuntimeError::Input { .. } => to::<InputError>(e),
+        e => to::<RunError>(e),
+    }
+}
+
+fn copy_artifact(src: &Path, dst: &Path) -> PyResult<u64> {
+    if src.canonicalize().ok() == dst.canonicalize().ok() {
+        return std::fs::metadata(src)
+            .map(|m| m.len())
+            .map_err(|e| to::<ModelError>(format!("{}: {e}", src.display())));
+    }
+    std::fs::copy(src, dst).map_err(|e| {
+        to::<ModelError>(format!(
+            "copying artifact {} to {}: {e}",
+            src.display(),
+            dst.display()
+        ))
+    })
+}
+
+/// A submitted call.
+#[pyclass(frozen, module = "rafter._rafter")]
+pub struct Call {
+    handle: Mutex<Option<CallHandle>>,
+}
+
+#[pymethods]
+impl Call {
+    /// Whether the call's work has finished. Never blocks.
+    fn done(&self) -> bool {
+        self.handle
+            .lock()
+            .map(|h| h.as_ref().is_none_or(CallHandle::is_done))
+            .unwrap_or(true)
+    }
+
+    /// Waits (GIL released) and returns the outputs; only once.
+    fn wait(&self, py: Python<'_>) -> PyResult<Vec<Tensor>> {
+        let handle = self
+            .handle
+            .lock()
+            .map_err(|_| to::<RunError>("lock"))?
+            .take()
+            .ok_or_else(|| to::<RunError>("the call's outputs were already taken"))?;
+        let outputs = py.detach(move || handle.wait(CALL_TIMEOUT));
+        Ok(outputs
+            .map_err(run_error)?
+            .into_iter()
+            .map(Tensor::new)
+            .collect())
+    }
+}

@@ -1,0 +1,79 @@
+"""Calls from several threads overlap (the GIL is released) and stay correct; submit()
+futures work with concurrent.futures and asyncio."""
+
+import asyncio
+import concurrent.futures
+import threading
+
+import numpy as np
+
+from conftest import BERT
+
+
+def inputs(k):
+    rng = np.random.default_rng(k)
+    ids = rng.integers(0, 100, (4, 16), dtype=np.int64)
+    return ids, np.ones((4, 16), np.int64)
+
+
+def test_four_threads_correct(bert):
+    xs = [inputs(k) for k in range(8)]
+    want = [bert(*x) for x in xs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(lambda x: bert(*x), xs))
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+
+
+def test_gil_released_during_a_call(bert):
+    """A Python thread keeps running while another thread is inside rafter."""
+    x = inputs(0)
+    stop = threading.Event()
+    ticks = [0]
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        before = ticks[0]
+        for _ in range(20):
+            bert(*x)
+        assert ticks[0] > before
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_submit_futures(bert):
+    xs = [inputs(k) for k in range(4)]
+    want = [bert(*x) for x in xs]
+    futures = [bert.submit(*x) for x in xs]
+    assert all(isinstance(f, concurrent.futures.Future) for f in futures)
+    done = set(concurrent.futures.as_completed(futures, timeout=60))
+    assert done == set(futures)
+    for f, w in zip(futures, want):
+        np.testing.assert_array_equal(f.result(), w)
+
+
+def test_submit_is_awaitable(bert):
+    xs = [inputs(k) for k in range(4)]
+    want = [bert(*x) for x in xs]
+
+    async def main():
+        return await asyncio.gather(*(bert.submit(*x) for x in xs))
+
+    for g, w in zip(asyncio.run(main()), want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_submit_refuses_bad_inputs_at_once(bert):
+    import pytest
+    import rafter
+
+    ids, _ = inputs(0)
+    with pytest.raises(rafter.InputError):
+        bert.submit(ids)  # refused before anything runs

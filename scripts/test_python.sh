@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Build the `rafter` Python package's wheel with maturin (from scratch: a fresh wheel every
+# run; the Rust crates it links come from cargo's release cache in target/), install it into
+# the project venv (.venv, with `scripts/setup_venv.sh --python`), and run python/tests.
+#
+# RAFTER_PY_REQUIRE_ALL=1 makes a missing reference (torch, torchvision, onnxruntime,
+# tokenizers, the LLM fixtures) fail the run instead of skipping its tests. The LLM fixtures
+# come from RAFTER_LLM_FIXTURES, else .cache/llm-fixtures (scripts/test.sh makes them).
+# Extra arguments go to pytest.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+scripts/setup_venv.sh --python
+PY=$ROOT/.venv/bin/python
+if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi
+
+WHEELS=$ROOT/.whl/python
+rm -rf "$WHEELS"
+start=$SECONDS
+echo "test_python.sh: maturin build --release (python/pyproject.toml)"
+cd "$ROOT/python"
+"$ROOT/.venv/bin/maturin" build --release --quiet -o "$WHEELS" \
+  --interpreter "$PY"
+echo "test_python.sh: built $(cd "$WHEELS" && ls) in $((SECONDS - start)) s"
+cd "$ROOT"
+"$PY" -m pip install --disable-pip-version-check --no-input -q --force-reinstall --no-deps \
+  "$WHEELS"/rafter-*.whl
+
+# A fresh venv as a user has one: `pip install ./python` (maturin through PEP 517, reusing
+# target/'s build) pulls only numpy, and the README's two lines run on the BERT fixture.
+FRESH=$ROOT/.cache/venv-python-fresh
+rm -rf "$FRESH"
+"$PY" -m venv "$FRESH"
+start=$SECONDS
+"$FRESH/bin/python" -m pip install --disable-pip-version-check --no-input -q "$ROOT/python"
+echo "test_python.sh: pip install ./python into a fresh venv in $((SECONDS - start)) s:" \
+  "$("$FRESH/bin/python" -m pip list --format=freeze 2>/dev/null | grep -v '^pip=' | tr '\n' ' ')"
+(cd "$ROOT/tests/fixtures/bert_tiny" && "$FRESH/bin/python" - <<'PYEOF'
+import numpy as np
+import rafter
+m = rafter.compile("model.onnx", dims={"seq": "<=64"})  # its position table holds 64
+y = m(input_ids=np.load("seq7/input_ids.npy"), attention_mask=np.load("seq7/attention_mask.npy"))
+err = float(np.abs(y - np.load("seq7/last_hidden_state.npy")).max())
+assert err < 1e-4, err
+print(f"test_python.sh: fresh venv: README example matches ONNX Runtime's output (max |diff| {err:.1e})")
+PYEOF
+)
+
+export RAFTER_PY_REQUIRE_ALL=${RAFTER_PY_REQUIRE_ALL:-1}
+export RAFTER_LLM_FIXTURES=${RAFTER_LLM_FIXTURES:-$ROOT/.cache/llm-fixtures}
+# Run from outside python/ so the tests import the installed wheel, not the source tree.
+cd "$ROOT/python/tests"
+exec "$PY" -m pytest -q -p no:cacheprovider "$@" .
