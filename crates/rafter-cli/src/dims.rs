@@ -136,11 +136,11 @@ pub fn check_bounds_reachable(graph: &rafter_ir::Graph, bounds: &[(Symbol, i64)]
         if works(*bound) {
             continue;
         }
-        let (mut lo, mut hi) = (0i64, *bound); // works(lo) assumed, !works(hi)
-        if !works(1) {
+        if *bound <= 1 || !works(1) {
             break;
         }
-        lo = lo.max(1);
+        // works(lo) and !works(hi) hold throughout.
+        let (mut lo, mut hi) = (1i64, *bound);
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
             if works(mid) {

@@ -747,3 +747,35 @@ fn readme_examples_run_as_written() {
         );
     }
 }
+
+/// A bound or a value the demo model cannot reach (its position table has 64 rows) is an
+/// error naming the node that limits it, at compile time with the largest value that works.
+#[test]
+fn unreachable_dims_name_the_limiting_node() {
+    let dir = tmpdir("unreachable");
+    let model = fixture("model.onnx");
+    let out = dir.join("m.rfa");
+    let o = rafter(&[
+        "compile",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--dim",
+        "seq<=2048",
+    ]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(
+        t.contains("only holds together up to seq = 64") && t.contains("/embeddings/Slice"),
+        "{t}"
+    );
+    let o = rafter(&["run", "--dim", "seq=128"]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(
+        t.contains("does not hold together at batch=1, seq=128") && t.contains("/embeddings/Slice"),
+        "{t}"
+    );
+    let o = rafter(&["run", "--dim", "foo=3"]);
+    assert!(text(&o).contains("the model has no symbol `foo` (its symbols: batch, seq)"));
+}
