@@ -84,7 +84,7 @@ else
     py=$(pick_python)
     rm -rf "$TV"
     "$py" -m venv "$TV"
-    "$TV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${TOOL_PKGS[@]}"
+    "$TV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-cache-dir "${TOOL_PKGS[@]}"
   fi
   CMAKE=$TV/bin/cmake; NINJA=$TV/bin/ninja
 fi

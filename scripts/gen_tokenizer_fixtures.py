@@ -120,7 +120,7 @@ def ensure_venv() -> None:
     missing = subprocess.check_output([str(py), "-c", check, *PINS], text=True).split()
     if missing:
         print(f"gen_tokenizer_fixtures: installing {' '.join(missing)}", file=sys.stderr)
-        subprocess.check_call([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS])
+        subprocess.check_call([str(py), "-m", "pip", "install", "-q", "--no-cache-dir", "--disable-pip-version-check", *PINS])
     os.execv(str(py), [str(py), __file__, *sys.argv[1:]])
 
 

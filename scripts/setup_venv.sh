@@ -117,6 +117,6 @@ if [[ -z $missing ]]; then
 else
   echo "setup_venv.sh: installing: $missing"
   # All pins in one call, so pip resolves them together.
-  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q "${pkgs[@]}"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-cache-dir "${pkgs[@]}"
 fi
 echo "setup_venv.sh: done ($VENV/bin/python)"

@@ -37,7 +37,7 @@ FRESH=$ROOT/.cache/venv-python-fresh
 rm -rf "$FRESH"
 "$PY" -m venv "$FRESH"
 start=$SECONDS
-"$FRESH/bin/python" -m pip install --disable-pip-version-check --no-input -q "$ROOT/python"
+"$FRESH/bin/python" -m pip install --disable-pip-version-check --no-input -q --no-cache-dir "$ROOT/python"
 echo "test_python.sh: pip install ./python into a fresh venv in $((SECONDS - start)) s:" \
   "$("$FRESH/bin/python" -m pip list --format=freeze 2>/dev/null | grep -v '^pip=' | tr '\n' ' ')"
 (cd "$ROOT/tests/fixtures/bert_tiny" && "$FRESH/bin/python" - <<'PYEOF'
