@@ -76,7 +76,11 @@ fn body_flops(
         let reduced = match &node.op {
             Op::MatMul => operand(0).and_then(|a| a.dims.last()).map(size),
             Op::Gemm { trans_a, .. } => operand(0).and_then(|a| {
-                let k = if *trans_a { a.dims.first() } else { a.dims.last() };
+                let k = if *trans_a {
+                    a.dims.first()
+                } else {
+                    a.dims.last()
+                };
                 k.map(size)
             }),
             // w: [M, C/group, kernel...] for both layouts' weights.

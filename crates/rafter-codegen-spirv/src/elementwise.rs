@@ -327,9 +327,11 @@ fn check_integers(body: &Graph, meta: &HashSet<ValueId>) -> R<()> {
                                 | BinaryOp::Greater
                                 | BinaryOp::GreaterOrEqual
                         ) || (matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
-                            && node.inputs.iter().flatten().all(|&v| {
-                                body.value(v).ty.dtype == DType::Bool
-                            })))
+                            && node
+                                .inputs
+                                .iter()
+                                .flatten()
+                                .all(|&v| body.value(v).ty.dtype == DType::Bool)))
                 }
                 Op::Unary { op } => {
                     dtype == DType::Bool && matches!(op, UnaryOp::Not | UnaryOp::IsNaN)
@@ -1467,9 +1469,7 @@ impl<'a> Emitter<'a> {
                 let nan = build(self.b.is_nan(self.bool, None, x))?;
                 self.select(nan, one, zero)?
             }
-            BitwiseNot => {
-                return Err("unary.bitwise_not works on integers, not f32".to_string())
-            }
+            BitwiseNot => return Err("unary.bitwise_not works on integers, not f32".to_string()),
         })
     }
 

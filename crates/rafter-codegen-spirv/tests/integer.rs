@@ -130,7 +130,11 @@ fn cases() -> Vec<Case> {
     cases.push(case(
         "where_u8",
         "graph @k(%c: bool[4], %a: u8[4], %b: u8[4]) -> (%y) {\n  %y: u8[4] = where(%c, %a, %b)\n}",
-        vec![a.clone(), vec![0.0, 255.0, 7.0, 128.0], vec![9.0, 1.0, 200.0, 3.0]],
+        vec![
+            a.clone(),
+            vec![0.0, 255.0, 7.0, 128.0],
+            vec![9.0, 1.0, 200.0, 3.0],
+        ],
     ));
     // A quantization written out in ops: round(x / s) + z, clipped to u8, cast.
     cases.push(case(
@@ -193,8 +197,7 @@ fn every_integer_kernel_passes_spirv_val_and_declares_8_bit_storage_only_when_us
 
 #[test]
 fn integer_kernels_match_the_reference_exactly() {
-    let Some(device) = common::device_or_skip("integer_kernels_match_the_reference_exactly")
-    else {
+    let Some(device) = common::device_or_skip("integer_kernels_match_the_reference_exactly") else {
         return;
     };
     assert!(
@@ -226,7 +229,11 @@ fn integer_kernels_match_the_reference_exactly() {
         let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
         for (i, (g, w)) in g.iter().zip(&w).enumerate() {
             let same = g == w || (g.is_nan() && w.is_nan());
-            assert!(same, "{label}: [{i}] got {g} want {w} (inputs {:?})", c.inputs);
+            assert!(
+                same,
+                "{label}: [{i}] got {g} want {w} (inputs {:?})",
+                c.inputs
+            );
         }
     }
 }
