@@ -20,13 +20,15 @@ const FLOPS: f64 = 100e9;
 const BANDWIDTH: f64 = 20e9;
 
 /// Estimated seconds of every kernel of `p`, in kernel order, with each symbol at its
-/// declared bound (a symbol without one counts as 1).
+/// declared bound; a symbol without one (a size fixed at run time) at the largest declared
+/// bound, an upper estimate (1 where nothing is bounded).
 pub fn kernel_seconds(p: &Program) -> Vec<f64> {
     let bindings: HashMap<Symbol, i64> = p.bounds.iter().cloned().collect();
+    let unbound = bindings.values().copied().max().unwrap_or(1);
     let size = |d: &Dim| -> f64 {
         let mut b = bindings.clone();
         for s in d.symbols() {
-            b.entry(s).or_insert(1);
+            b.entry(s).or_insert(unbound);
         }
         d.eval(&b).map_or(1.0, |v| v.max(0) as f64)
     };
@@ -46,12 +48,24 @@ pub fn kernel_seconds(p: &Program) -> Vec<f64> {
         if p.is_placed_view(step) {
             continue;
         }
-        let moved: f64 = args
+        let body = &p.kernels[*kernel].body;
+        // `shape` and `size` read only their operand's dims, not its bytes.
+        let reads_dims_only = body
+            .nodes
             .iter()
-            .chain(results.iter().flatten())
+            .all(|n| matches!(n.op, Op::Shape { .. } | Op::Size));
+        let read: f64 = if reads_dims_only {
+            0.0
+        } else {
+            args.iter().map(|&b| bytes(&p.buffers[b].ty)).sum()
+        };
+        let written: f64 = results
+            .iter()
+            .flatten()
             .map(|&b| bytes(&p.buffers[b].ty))
             .sum();
-        let flops = body_flops(&p.kernels[*kernel].body, &elements, &size);
+        let moved = read + written;
+        let flops = body_flops(body, &elements, &size);
         seconds[*kernel] += flops / FLOPS + moved / BANDWIDTH;
     }
     seconds
@@ -95,4 +109,43 @@ fn body_flops(
         };
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One product [8, 64] × [64, 32]: 2·8·64·32 FLOPs and its three operands' bytes,
+    /// computed by hand; a `shape` kernel costs only its result.
+    #[test]
+    fn a_product_costs_its_flops_and_bytes() {
+        let g = rafter_ir::text::parse_graph(
+            "graph @g(%a: f32[8, 64], %b: f32[64, 32]) -> (%y, %s) {\n  %y: f32[8, 32] = matmul(%a, %b)\n  %s: i64[2] = shape{start = 0}(%a)\n}",
+        )
+        .unwrap();
+        let p = rafter_opt::compile(&g, &rafter_opt::CompileOptions::default()).unwrap();
+        let seconds = kernel_seconds(&p);
+        let matmul = p
+            .kernels
+            .iter()
+            .position(|k| k.body.nodes.iter().any(|n| matches!(n.op, Op::MatMul)))
+            .unwrap();
+        let want = 2.0 * 8.0 * 64.0 * 32.0 / FLOPS
+            + 4.0 * (8.0 * 64.0 + 64.0 * 32.0 + 8.0 * 32.0) / BANDWIDTH;
+        assert!(
+            (seconds[matmul] - want).abs() < 1e-12 * want.max(1.0),
+            "{seconds:?} vs {want}"
+        );
+        if let Some(shape) = p.kernels.iter().position(|k| {
+            k.body
+                .nodes
+                .iter()
+                .all(|n| matches!(n.op, Op::Shape { .. }))
+        }) {
+            assert!(
+                (seconds[shape] - 16.0 / BANDWIDTH).abs() < 1e-15,
+                "{seconds:?}"
+            );
+        }
+    }
 }
