@@ -111,28 +111,76 @@ pub fn render(p: &Program) -> String {
     out
 }
 
-/// For a program using a device besides the CPU: kernels per device, each kernel left on
-/// the CPU with the reason it could not go to the GPU, and the copies between devices.
+/// For a program using a device besides the CPU: kernels per device with the share of the
+/// estimated work ([`crate::plan_cost`]) on the GPU, each kernel left on the CPU with the
+/// reason it could not go to the GPU, the reasons by how many kernels they keep on the CPU
+/// (the first is the one to lift), and the copies between devices.
 ///
 /// ```text
-/// placement: 7 kernels on vulkan, 2 on cpu
+/// placement: 7 of 9 kernels on vulkan (77.8%), 95.1% of the estimated work
 ///   k3 `k3_reduce` stays on cpu: op `reduce` (node `r`) is not generated for Vulkan yet
+///   ...
+///   why kernels stay on cpu, by count:
+///     2 kernels, 4.9% of the work: op `reduce` (node ...) is not generated for Vulkan yet
 ///   cross-device copies: 2
 /// ```
 fn placement_lines(p: &Program, always: bool) -> Vec<String> {
     if !always && !model::uses_vulkan(p) {
         return Vec::new();
     }
+    let seconds = crate::plan_cost::kernel_seconds(p);
+    let total: f64 = seconds.iter().sum();
+    let share = |s: f64| {
+        if total > 0.0 {
+            100.0 * s / total
+        } else {
+            0.0
+        }
+    };
     let on_vulkan = p.kernels.iter().filter(|k| k.device == "vulkan").count();
+    let gpu_seconds: f64 = p
+        .kernels
+        .iter()
+        .zip(&seconds)
+        .filter(|(k, _)| k.device == "vulkan")
+        .map(|(_, s)| s)
+        .sum();
     let mut lines = vec![format!(
-        "placement: {on_vulkan} kernels on vulkan, {} on cpu",
-        p.kernels.len() - on_vulkan
+        "placement: {on_vulkan} of {} kernels on vulkan ({:.1}%), {:.1}% of the estimated work",
+        p.kernels.len(),
+        if p.kernels.is_empty() {
+            0.0
+        } else {
+            100.0 * on_vulkan as f64 / p.kernels.len() as f64
+        },
+        share(gpu_seconds)
     )];
+    // Reasons with the node names taken out, so one op's refusals count together.
+    let mut by_reason: Vec<(String, usize, f64)> = Vec::new();
     for (i, k) in p.kernels.iter().enumerate() {
         if k.device != "vulkan" {
             let why = model::vulkan_refusal(p, i)
                 .unwrap_or_else(|| "placed there by the compiler".into());
             lines.push(format!("  k{i} `{}` stays on {}: {why}", k.name, k.device));
+            let key = reason_key(&why);
+            match by_reason.iter_mut().find(|(r, _, _)| *r == key) {
+                Some(entry) => {
+                    entry.1 += 1;
+                    entry.2 += seconds[i];
+                }
+                None => by_reason.push((key, 1, seconds[i])),
+            }
+        }
+    }
+    if !by_reason.is_empty() {
+        by_reason.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.total_cmp(&a.2)));
+        lines.push("  why kernels stay on cpu, by count:".into());
+        for (reason, n, s) in by_reason {
+            lines.push(format!(
+                "    {n} kernel{}, {:.1}% of the work: {reason}",
+                if n == 1 { "" } else { "s" },
+                share(s)
+            ));
         }
     }
     let crossing = p
@@ -145,6 +193,50 @@ fn placement_lines(p: &Program, always: bool) -> Vec<String> {
         .count();
     lines.push(format!("  cross-device copies: {crossing}"));
     lines
+}
+
+/// A refusal with what names one instance (backquoted names, `%value`s, `#n`s) replaced
+/// by `…`, so the refusals of one op or dtype group together.
+fn reason_key(why: &str) -> String {
+    let mut out = String::with_capacity(why.len());
+    let mut chars = why.chars().peekable();
+    let mut in_name = false;
+    while let Some(c) = chars.next() {
+        if c == '`' {
+            in_name = !in_name;
+            if in_name {
+                // Keep op names (`op `reduce``): they are what the reason is about.
+                let word: String = chars.clone().take_while(|&c| c != '`').collect();
+                if out.ends_with("op ") {
+                    out.push('`');
+                    out.push_str(&word);
+                    out.push('`');
+                    for _ in 0..=word.chars().count() {
+                        chars.next();
+                    }
+                    in_name = false;
+                } else {
+                    out.push('…');
+                }
+            }
+            continue;
+        }
+        if in_name {
+            continue;
+        }
+        if (c == '%' || c == '#') && chars.peek().is_some_and(|n| !n.is_whitespace()) {
+            out.push('…');
+            while chars
+                .peek()
+                .is_some_and(|n| !n.is_whitespace() && *n != ')' && *n != ',')
+            {
+                chars.next();
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The device a buffer lives on: its arena's, or that of the first step touching it (the
@@ -363,6 +455,22 @@ mod tests {
                 "memory cpu: arena 4000 bytes, lower bound 3000 bytes, ratio 1.33",
                 "memory vulkan: arena unplanned (sized per call)",
             ]
+        );
+    }
+
+    #[test]
+    fn reasons_group_without_instance_names() {
+        assert_eq!(
+            reason_key("op `reduce` (node `r7`) is not generated for Vulkan yet"),
+            "op `reduce` (node …) is not generated for Vulkan yet"
+        );
+        assert_eq!(
+            reason_key("value %x.3 (#12) is i64; only f32 and f16 are generated yet"),
+            "value … (…) is i64; only f32 and f16 are generated yet"
+        );
+        assert_eq!(
+            reason_key("buffer `t7` is sized by tensor values (host memory only)"),
+            "buffer … is sized by tensor values (host memory only)"
         );
     }
 

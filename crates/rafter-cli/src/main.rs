@@ -11,6 +11,7 @@ mod cmd_run;
 mod cmd_serve;
 mod dims;
 mod model;
+mod plan_cost;
 mod progress;
 mod rss;
 

@@ -1,5 +1,6 @@
 //! Element types of the buffers a kernel reads and writes: f32, or f16 *stored* as 16-bit
-//! floats and computed in f32.
+//! floats and computed in f32; and, in elementwise kernels only, bool, i8, u8, i32 and i64,
+//! also computed in f32 (see [`Elem::of_any`] for what that allows).
 //!
 //! Every load and store of a buffer element goes through [`load`] and [`store`], the one
 //! place that knows the element type: an f16 element is loaded through a
@@ -15,6 +16,13 @@
 //! that: 16-bit loads, stores and `OpFConvert` need no `Float16` (`shaderFloat16`), since no
 //! arithmetic is done in f16. An f32-only module declares neither, so it runs on devices
 //! without 16-bit storage as before.
+//!
+//! Integer elements are loaded and converted to f32 (`OpConvertSToF`/`OpConvertUToF`; a
+//! bool is 1.0 where its byte is nonzero) and stored from f32 the way the reference's
+//! `cast` converts: truncation toward zero, saturating at the type's range, NaN to 0 (a
+//! bool: nonzero or NaN is true). 8-bit elements need `StorageBuffer8BitAccess` (Vulkan's
+//! `storageBuffer8BitAccess`), which only a module touching them declares; i32 and i64 need
+//! nothing beyond the `Int64` every module already declares for its addresses.
 
 use rafter_ir::DType;
 use rspirv::dr::{Builder, Operand as Arg};
@@ -25,6 +33,12 @@ use rspirv::spirv::{Capability, Decoration, FPRoundingMode, MemoryAccess, Storag
 pub(crate) enum Elem {
     F32,
     F16,
+    /// One byte, 0 or 1 (any nonzero byte reads as true).
+    Bool,
+    I8,
+    U8,
+    I32,
+    I64,
 }
 
 impl Elem {
@@ -37,11 +51,37 @@ impl Elem {
         }
     }
 
+    /// The element type of an elementwise kernel's tensor of `dtype`, integers included,
+    /// or why it is not generated. Elementwise kernels compute every value in f32, which
+    /// holds bool, i8 and u8 values exactly; i32 and i64 ones only up to 2^24, so the
+    /// elementwise generator lets a wide integer ([`Elem::is_wide_int`]) only be loaded
+    /// for a cast to a float, or stored from one.
+    pub(crate) fn of_any(dtype: DType) -> Result<Elem, String> {
+        match dtype {
+            DType::Bool => Ok(Elem::Bool),
+            DType::I8 => Ok(Elem::I8),
+            DType::U8 => Ok(Elem::U8),
+            DType::I32 => Ok(Elem::I32),
+            DType::I64 => Ok(Elem::I64),
+            DType::F32 | DType::F16 => Elem::of(dtype),
+            other => Err(format!(
+                "{other}; only f32, f16, bool, i8, u8, i32 and i64 are generated yet"
+            )),
+        }
+    }
+
+    /// Whether f32 cannot hold every value of the type (i32, i64).
+    pub(crate) fn is_wide_int(self) -> bool {
+        matches!(self, Elem::I32 | Elem::I64)
+    }
+
     /// Bytes per element (the stride of element addresses and their alignment).
     pub(crate) fn bytes(self) -> u32 {
         match self {
-            Elem::F32 => 4,
+            Elem::I64 => 8,
+            Elem::F32 | Elem::I32 => 4,
             Elem::F16 => 2,
+            Elem::Bool | Elem::I8 | Elem::U8 => 1,
         }
     }
 }
@@ -75,6 +115,49 @@ pub(crate) fn load(b: &mut Builder, elem: Elem, f32: Word, addr: Word) -> Result
     match elem {
         Elem::F32 => Ok(v),
         Elem::F16 => build(b.f_convert(f32, None, v)),
+        // 8-bit values are widened to 32 bits first: with only 8-bit *storage*, loads,
+        // stores and width conversions are all a module may do with them.
+        Elem::Bool => {
+            let u32t = b.type_int(32, 0);
+            let wide = build(b.u_convert(u32t, None, v))?;
+            let zero = b.constant_bit32(u32t, 0);
+            let boolt = b.type_bool();
+            let set = build(b.i_not_equal(boolt, None, wide, zero))?;
+            let (one, nil) = (
+                b.constant_bit32(f32, 1f32.to_bits()),
+                b.constant_bit32(f32, 0),
+            );
+            build(b.select(f32, None, set, one, nil))
+        }
+        Elem::U8 => {
+            let u32t = b.type_int(32, 0);
+            let wide = build(b.u_convert(u32t, None, v))?;
+            build(b.convert_u_to_f(f32, None, wide))
+        }
+        Elem::I8 => {
+            let i32t = b.type_int(32, 1);
+            let wide = build(b.s_convert(i32t, None, v))?;
+            build(b.convert_s_to_f(f32, None, wide))
+        }
+        Elem::I32 | Elem::I64 => build(b.convert_s_to_f(f32, None, v)),
+    }
+}
+
+/// The 8-bit integer type (signed or not), declaring what a module using it needs.
+fn byte(b: &mut Builder, signed: bool) -> Word {
+    require(b, Capability::StorageBuffer8BitAccess);
+    b.type_int(8, u32::from(signed))
+}
+
+/// The type an element of `elem` is stored as.
+fn stored_type(b: &mut Builder, elem: Elem, f32: Word) -> Word {
+    match elem {
+        Elem::F32 => f32,
+        Elem::F16 => half(b),
+        Elem::Bool | Elem::U8 => byte(b, false),
+        Elem::I8 => byte(b, true),
+        Elem::I32 => b.type_int(32, 1),
+        Elem::I64 => b.type_int(64, 1),
     }
 }
 
@@ -87,10 +170,7 @@ pub(crate) fn load_stored(
     f32: Word,
     addr: Word,
 ) -> Result<Word, String> {
-    let ty = match elem {
-        Elem::F32 => f32,
-        Elem::F16 => half(b),
-    };
+    let ty = stored_type(b, elem, f32);
     let ptr_ty = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, ty);
     let ptr = build(b.convert_u_to_ptr(ptr_ty, None, addr))?;
     let align = [Arg::LiteralBit32(elem.bytes())];
@@ -119,12 +199,82 @@ pub(crate) fn store(
             );
             (h, narrow)
         }
+        Elem::Bool => {
+            // Nonzero or NaN is true, as the reference's cast to bool.
+            let boolt = b.type_bool();
+            let zero = b.constant_bit32(f32, 0);
+            let set = build(b.f_unord_not_equal(boolt, None, v, zero))?;
+            let u32t = b.type_int(32, 0);
+            let (one, nil) = (b.constant_bit32(u32t, 1), b.constant_bit32(u32t, 0));
+            let wide = build(b.select(u32t, None, set, one, nil))?;
+            let u8t = byte(b, false);
+            (u8t, build(b.u_convert(u8t, None, wide))?)
+        }
+        Elem::I8 | Elem::U8 | Elem::I32 | Elem::I64 => {
+            let ty = stored_type(b, elem, f32);
+            (ty, saturating_int(b, elem, f32, ty, v)?)
+        }
     };
     let ptr_ty = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, ty);
     let ptr = build(b.convert_u_to_ptr(ptr_ty, None, addr))?;
     let align = [Arg::LiteralBit32(elem.bytes())];
     build(b.store(ptr, v, Some(MemoryAccess::ALIGNED), align))
 }
+
+/// `v` (an f32) as the integer type `ty` of `elem`, as the reference's cast converts:
+/// truncated toward zero, saturated at the type's range, NaN to 0. The bounds of i32 and
+/// i64 are not f32 values: an f32 at or past 2^31 (2^63) is the maximum, checked before the
+/// conversion, whose result is undefined out of range.
+fn saturating_int(
+    b: &mut Builder,
+    elem: Elem,
+    f32: Word,
+    ty: Word,
+    v: Word,
+) -> Result<Word, String> {
+    let (lo, hi, bits): (f64, f64, u32) = match elem {
+        Elem::I8 => (-128.0, 127.0, 8),
+        Elem::U8 => (0.0, 255.0, 8),
+        Elem::I32 => (-(2f64.powi(31)), 2f64.powi(31), 32),
+        _ => (-(2f64.powi(63)), 2f64.powi(63), 64),
+    };
+    let boolt = b.type_bool();
+    let glsl = glsl_import(b);
+    let c = |b: &mut Builder, x: f64| b.constant_bit32(f32, (x as f32).to_bits());
+    let (lo_c, hi_c, zero) = (c(b, lo), c(b, hi), c(b, 0.0));
+    let nan = build(b.is_nan(boolt, None, v))?;
+    let v = build(b.select(f32, None, nan, zero, v))?;
+    let clamped = build(b.ext_inst(
+        f32,
+        None,
+        glsl,
+        GLSL_FCLAMP,
+        [Arg::IdRef(v), Arg::IdRef(lo_c), Arg::IdRef(hi_c)],
+    ))?;
+    if bits == 8 {
+        // Every value in range is exact in f32 and in i32: convert, then narrow.
+        let i32t = b.type_int(32, 1);
+        let wide = build(b.convert_f_to_s(i32t, None, clamped))?;
+        return if elem == Elem::U8 {
+            build(b.u_convert(ty, None, wide))
+        } else {
+            build(b.s_convert(ty, None, wide))
+        };
+    }
+    // `hi` (2^31 or 2^63) is past the range: below it convert, at it take the maximum.
+    let over = build(b.f_ord_greater_than_equal(boolt, None, clamped, hi_c))?;
+    let safe = build(b.select(f32, None, over, zero, clamped))?;
+    let converted = build(b.convert_f_to_s(ty, None, safe))?;
+    let max = if bits == 32 {
+        b.constant_bit32(ty, i32::MAX as u32)
+    } else {
+        b.constant_bit64(ty, i64::MAX as u64)
+    };
+    build(b.select(ty, None, over, max, converted))
+}
+
+/// GLSL.std.450 `FClamp`.
+const GLSL_FCLAMP: u32 = 43;
 
 /// `v` (an f32) rounded to the nearest f16 (ties to even) and widened back: an f16 value
 /// computed inside a fused kernel, whose values stay in f32 registers, as if it had been

@@ -218,7 +218,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         if meta.contains(&v) {
             continue;
         }
-        Elem::of(value.ty.dtype)
+        Elem::of_any(value.ty.dtype)
             .map_err(|e| error(format!("value %{} (#{i}) is {e}", value.name)))?;
         // Constants are folded into the module as one literal, so only single elements.
         if let ValueDef::Const(c) = value.def {
@@ -241,6 +241,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             )));
         }
     }
+    check_integers(body, &meta).map_err(error)?;
     for &output in &body.outputs {
         if body.value(output).ty.dims != *shape {
             return Err(error(format!(
@@ -293,6 +294,83 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         launch: Launch::Elementwise,
         workgroup_size: WORKGROUP_SIZE,
     })
+}
+
+/// Checks that every integer and bool value of an elementwise body is computed exactly in
+/// the kernel's f32 registers (bools as 0.0 and 1.0):
+/// - an integer or bool result comes from an op that only moves or compares values (a cast
+///   from a float or a bool, `where`, a reshape-like op, `expand`, `transpose`), or a
+///   comparison, logic op, `not` or `is_nan` yielding bool; integer arithmetic (which
+///   wraps) and casts between integer types (which wrap too) are refused;
+/// - an i32 or i64 value, which f32 holds exactly only up to 2^24, is read only by a cast
+///   to a float (a load converts it with one rounding, as the reference's cast does).
+fn check_integers(body: &Graph, meta: &HashSet<ValueId>) -> R<()> {
+    let is_int = |v: ValueId| !body.value(v).ty.dtype.is_float();
+    for node in &body.nodes {
+        for out in node.outputs.iter().flatten() {
+            let dtype = body.value(*out).ty.dtype;
+            if dtype.is_float() {
+                continue;
+            }
+            let source = node.input(0).map(|v| body.value(v).ty.dtype);
+            let exact = match &node.op {
+                Op::Cast { .. } => source.is_some_and(|d| d.is_float() || d == DType::Bool),
+                Op::Where | Op::Identity | Op::Expand | Op::Transpose { .. } => true,
+                op if is_view(op) => true,
+                Op::Binary { op } => {
+                    dtype == DType::Bool
+                        && (matches!(
+                            op,
+                            BinaryOp::Equal
+                                | BinaryOp::Less
+                                | BinaryOp::LessOrEqual
+                                | BinaryOp::Greater
+                                | BinaryOp::GreaterOrEqual
+                        ) || (matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
+                            && node
+                                .inputs
+                                .iter()
+                                .flatten()
+                                .all(|&v| body.value(v).ty.dtype == DType::Bool)))
+                }
+                Op::Unary { op } => {
+                    dtype == DType::Bool && matches!(op, UnaryOp::Not | UnaryOp::IsNaN)
+                }
+                _ => false,
+            };
+            if !exact {
+                return Err(format!(
+                    "node `{}`: op `{}` to {dtype} is not generated for Vulkan yet (integer \
+                     values come only from casts of floats or bools, comparisons, logic \
+                     and `where`)",
+                    node.name,
+                    node.op.name()
+                ));
+            }
+        }
+        let to_float = matches!(node.op, Op::Cast { to } if to.is_float());
+        for (k, v) in node.inputs.iter().enumerate() {
+            let Some(v) = *v else { continue };
+            let is_meta = k > 0 && (is_view(&node.op) || matches!(node.op, Op::Expand));
+            if is_meta || meta.contains(&v) || !is_int(v) || to_float {
+                continue;
+            }
+            let elem = Elem::of_any(body.value(v).ty.dtype)?;
+            if elem.is_wide_int() {
+                return Err(format!(
+                    "value %{} is {}, read by `{}` (node `{}`): wide integers are generated \
+                     only when cast to a float (f32 holds them exactly only up to 2^24)",
+                    body.value(v).name,
+                    body.value(v).ty.dtype,
+                    node.op.name(),
+                    node.name
+                ));
+            }
+        }
+    }
+    // A body output that is an integer input passed through unchanged is fine; one that is
+    // a wide integer computed here came from a cast of a float, checked above.
+    Ok(())
 }
 
 /// An input's stride along one output dim: `None` where it is broadcast (0), else the
@@ -358,8 +436,16 @@ fn is_pointwise(op: &Op) -> bool {
     matches!(
         op,
         Op::Identity
-            | Op::Cast { to: DType::F32 }
-            | Op::Cast { to: DType::F16 }
+            | Op::Cast {
+                to: DType::F32
+                    | DType::F16
+                    | DType::Bool
+                    | DType::I8
+                    | DType::U8
+                    | DType::I32
+                    | DType::I64
+            }
+            | Op::Where
             | Op::Unary { .. }
             | Op::Binary { .. }
             | Op::Clip
@@ -850,6 +936,7 @@ fn broadcast_strides(dims: &[Dim], out: &[Dim]) -> Option<Vec<Stride>> {
 /// GLSL.std.450 instruction numbers used here.
 mod glsl {
     pub const ROUND_EVEN: u32 = 2;
+    pub const TRUNC: u32 = 3;
     pub const FABS: u32 = 4;
     pub const FLOOR: u32 = 8;
     pub const CEIL: u32 = 9;
@@ -959,7 +1046,7 @@ impl<'a> Emitter<'a> {
             .inputs
             .iter()
             .chain(&body.outputs)
-            .map(|&v| Elem::of(body.value(v).ty.dtype).ok())
+            .map(|&v| Elem::of_any(body.value(v).ty.dtype).ok())
             .collect();
         Emitter {
             body,
@@ -1376,12 +1463,13 @@ impl<'a> Emitter<'a> {
                 let t = self.ext(glsl::FMAX, &[t, zero])?;
                 self.mul(x, t)?
             }
-            Not | BitwiseNot | IsNaN => {
-                return Err(format!(
-                    "unary.{} works on bool or integers, not f32",
-                    op.word()
-                ))
+            // Bools are 0.0 and 1.0 here (see `check_integers`).
+            Not => self.sub(one, x)?,
+            IsNaN => {
+                let nan = build(self.b.is_nan(self.bool, None, x))?;
+                self.select(nan, one, zero)?
             }
+            BitwiseNot => return Err("unary.bitwise_not works on integers, not f32".to_string()),
         })
     }
 
@@ -1413,10 +1501,31 @@ impl<'a> Emitter<'a> {
                 let scaled = self.mul(a, b)?;
                 self.select(neg, scaled, a)?
             }
+            // Comparisons yield a bool, 1.0 or 0.0 (ordered: false against NaN); the logic
+            // ops take bools, 1.0 or 0.0 (see `check_integers`).
+            Equal | Less | LessOrEqual | Greater | GreaterOrEqual => {
+                let (t, f) = (a, b);
+                let bool = self.bool;
+                let c = match op {
+                    Equal => build(self.b.f_ord_equal(bool, None, t, f))?,
+                    Less => build(self.b.f_ord_less_than(bool, None, t, f))?,
+                    LessOrEqual => build(self.b.f_ord_less_than_equal(bool, None, t, f))?,
+                    Greater => build(self.b.f_ord_greater_than(bool, None, t, f))?,
+                    _ => build(self.b.f_ord_greater_than_equal(bool, None, t, f))?,
+                };
+                let one = self.f(1.0);
+                self.select(c, one, zero)?
+            }
+            And => self.mul(a, b)?,
+            Or => self.minmax(true, a, b)?,
+            Xor => {
+                let differ = build(self.b.f_ord_not_equal(self.bool, None, a, b))?;
+                let one = self.f(1.0);
+                self.select(differ, one, zero)?
+            }
             other => {
                 return Err(format!(
-                    "binary.{} yields bool or works on integers; only f32 arithmetic is \
-                     generated yet",
+                    "binary.{} works on integers; only f32 arithmetic is generated yet",
                     other.word()
                 ))
             }
@@ -1492,8 +1601,37 @@ impl<'a> Emitter<'a> {
             // An expand is a broadcast, which every value gets by being read at the
             // output's coordinates.
             | Op::Expand => arg(0)?,
-            // f32 to f16 rounds in `node_value`, as every f16 result does.
+            // f32 to f16 rounds in `node_value`, as every f16 result does; an integer or a
+            // bool is already its f32 value.
             Op::Cast { to: DType::F32 | DType::F16 } => arg(0)?,
+            // Nonzero or NaN is true, as the reference's cast.
+            Op::Cast { to: DType::Bool } => {
+                let x = arg(0)?;
+                let set = build(self.b.f_unord_not_equal(self.bool, None, x, zero))?;
+                self.select(set, one, zero)?
+            }
+            // Truncated toward zero, NaN to 0, saturated at the type's range (the store
+            // saturates i32 and i64 at their maxima, which f32 does not hold).
+            Op::Cast { to } => {
+                let (lo, hi) = match to {
+                    DType::I8 => (-128.0, 127.0),
+                    DType::U8 => (0.0, 255.0),
+                    DType::I32 => (-(2f32.powi(31)), 2f32.powi(31)),
+                    DType::I64 => (-(2f32.powi(63)), 2f32.powi(63)),
+                    other => return Err(format!("node `{name}`: a cast to {other}")),
+                };
+                let x = arg(0)?;
+                let nan = build(self.b.is_nan(self.bool, None, x))?;
+                let x = self.select(nan, zero, x)?;
+                let t = self.ext(glsl::TRUNC, &[x])?;
+                let (lo, hi) = (self.f(lo), self.f(hi));
+                self.ext(glsl::FCLAMP, &[t, lo, hi])?
+            }
+            Op::Where => {
+                let cond = arg(0)?;
+                let set = build(self.b.f_ord_not_equal(self.bool, None, cond, zero))?;
+                self.select(set, arg(1)?, arg(2)?)?
+            }
             Op::Unary { op } => self.unary(*op, arg(0)?)?,
             Op::Binary { op } => self.binary(*op, arg(0)?, arg(1)?)?,
             Op::Clip => {

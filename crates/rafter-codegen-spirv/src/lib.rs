@@ -35,6 +35,16 @@
 //! placement per device would double the artifact; desktop GPUs (NVIDIA, AMD, Intel) and
 //! lavapipe have the feature (this crate's f16 tests assert lavapipe's).
 //!
+//! **Integers and bools (elementwise kernels only).** Bool, i8, u8, i32 and i64 bindings are
+//! loaded and converted to f32 and stored back the way the reference's `cast` converts
+//! (truncation toward zero, saturation, NaN to 0; nonzero or NaN is true). f32 holds every
+//! bool, i8 and u8 exactly, so those values may flow through the ops that only move or
+//! compare values: casts from floats or bools, comparisons (bool results), `and`/`or`/`xor`/
+//! `not`/`is_nan`, `where`, reshapes, `expand`, `transpose`. Integer arithmetic (which
+//! wraps), casts between integer types and any use of an i32 or i64 other than a cast to a
+//! float (f32 holds them exactly only up to 2^24) are refused with that reason, and the
+//! kernel stays on the CPU. A module with 8-bit bindings declares `StorageBuffer8BitAccess`.
+//!
 //! [`elementwise`]: a fused chain of elementwise ops on `f32`/`f16`, each operand of the output's
 //! shape, a single element broadcast to all (a scalar), or NumPy-broadcast or transposed,
 //! read through per-dim strides from the output's coordinates; reshape-like ops (reshape,
@@ -90,7 +100,7 @@
 //! (negative ones from the end; an index outside the table gives NaN, never a read past
 //! the table).
 //!
-//! Subgroup reductions, reduces over symbolic dims, integer dtypes beyond gather's indices
+//! Subgroup reductions, reduces over symbolic dims, integer arithmetic
 //! and f16 arithmetic (packed f16) come next. Multi-element constants folded
 //! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are kept
 //! in the module as `Private` arrays where they are a conv's or matmul's bias (a row or

@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use rafter_codegen_spirv::{elementwise, Operand};
+use rafter_codegen_spirv::{elementwise, kernel_module, Operand};
 use rafter_ir::program::KernelKind;
 use rafter_ir::{DType, Symbol};
 use rafter_opt::{CompileOptions, Target};
@@ -29,6 +29,7 @@ fn bert_tiny_elementwise_kernels_compile_validate_and_match_the_reference() {
     let device = common::device_or_skip("bert_tiny_elementwise_kernels");
     let sizes: HashMap<&str, usize> = [("batch", 2), ("seq", 13)].into();
     let mut generated = 0;
+    let mut masks = 0;
     for kernel in program
         .kernels
         .iter()
@@ -37,16 +38,6 @@ fn bert_tiny_elementwise_kernels_compile_validate_and_match_the_reference() {
         let body = &kernel.body;
         let all_f32 = body.values.iter().all(|v| v.ty.dtype == DType::F32);
         let result = elementwise(body);
-        if !all_f32 {
-            // Integer masks (`cast` of i64 attention masks) are not generated yet.
-            let error = result.expect_err("a non-f32 body is refused");
-            eprintln!("not generated (expected): {error}");
-            continue;
-        }
-        let spirv = result.unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
-        common::spirv_val(&spirv.spirv, &kernel.name);
-        generated += 1;
-        let Some(device) = &device else { continue };
         // Inputs at batch=2, seq=13; the reference is the oracle.
         let dims = |input: rafter_ir::ValueId| -> Vec<usize> {
             body.value(input)
@@ -59,6 +50,61 @@ fn bert_tiny_elementwise_kernels_compile_validate_and_match_the_reference() {
                 })
                 .collect()
         };
+        if !all_f32 {
+            // The attention mask's kernel (a `cast` of the i64 mask to f32, then its
+            // scaling): run on a mask of ones and zeros.
+            let module = kernel_module(body, 0).unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
+            let words: Vec<u32> = module
+                .spirv
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            common::spirv_val(&words, &kernel.name);
+            masks += 1;
+            let Some(device) = &device else { continue };
+            let inputs: Vec<Tensor> = body
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let shape = dims(v);
+                    let n: usize = shape.iter().product();
+                    let dtype = body.value(v).ty.dtype;
+                    let values: Vec<f64> = if dtype.is_float() {
+                        common::inputs_in((-4.0, 4.0), n, 40 + i as u64)
+                            .into_iter()
+                            .map(f64::from)
+                            .collect()
+                    } else {
+                        (0..n).map(|j| ((j * 7 + i) % 3 % 2) as f64).collect()
+                    };
+                    rafter_reference::ops::elementwise::from_f64s(dtype, &shape, values)
+                })
+                .collect();
+            let want = rafter_reference::run_with(body, inputs.clone(), &mut Bindings::default())
+                .unwrap()
+                .remove(0);
+            let out = body.outputs[0];
+            let got = common::run_module(
+                device,
+                &module,
+                &inputs,
+                (body.value(out).ty.dtype, &dims(out)),
+            );
+            for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+                assert!(
+                    common::close(*g as f32, w as f32, 2e-6, 2e-5),
+                    "{} [{i}]: got {g}, want {w}",
+                    kernel.name
+                );
+            }
+            eprintln!("{}: the mask kernel matches the reference", kernel.name);
+            continue;
+        }
+        let spirv = result.unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
+        common::spirv_val(&spirv.spirv, &kernel.name);
+        generated += 1;
+        let Some(device) = &device else { continue };
         let mut tensors = Vec::new();
         let mut buffers = Vec::new();
         for (i, (&input, kind)) in body.inputs.iter().zip(&spirv.inputs).enumerate() {
@@ -87,4 +133,5 @@ fn bert_tiny_elementwise_kernels_compile_validate_and_match_the_reference() {
         generated >= 2,
         "bert_tiny's two GELU chains are f32 elementwise kernels"
     );
+    assert!(masks >= 1, "bert_tiny's attention mask kernel is generated");
 }

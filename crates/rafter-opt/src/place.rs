@@ -64,14 +64,64 @@ pub fn support(p: &Program, k: usize, backend: &dyn Backend) -> Result<(), Strin
         for b in args.iter().chain(results.iter().flatten()) {
             let decl = &p.buffers[*b];
             if decl.storage == Storage::Dynamic || !sized_by(&decl.ty, &inputs) {
-                return Err(format!(
-                    "buffer `{}` is sized by tensor values (host memory only)",
-                    decl.name
-                ));
+                return Err(value_sized(p, &decl.name, &decl.ty, &inputs));
             }
         }
     }
     backend.supports(&kernel.body)
+}
+
+/// Why buffer `name` of type `ty` lives in host memory: it is sized by tensor values. Names
+/// the first symbol the inputs do not bind and the op whose result it first sizes, the op
+/// that keeps everything sized by it on the host (`rafter plan` groups refusals by it).
+fn value_sized(p: &Program, name: &str, ty: &TensorType, inputs: &HashSet<Symbol>) -> String {
+    let plain = format!("buffer `{name}` is sized by tensor values (host memory only)");
+    let Some(symbol) = ty
+        .dims
+        .iter()
+        .flat_map(|d| d.symbols())
+        .find(|s| !inputs.contains(s))
+    else {
+        return plain;
+    };
+    let origin = p.steps.iter().find_map(|step| {
+        let Step::Dispatch {
+            kernel, results, ..
+        } = step
+        else {
+            return None;
+        };
+        let sized = results.iter().flatten().any(|&r| {
+            p.buffers[r]
+                .ty
+                .dims
+                .iter()
+                .any(|d| d.symbols().contains(&symbol))
+        });
+        sized.then_some(*kernel)
+    });
+    let Some(k) = origin else { return plain };
+    let body = &p.kernels[k].body;
+    // The body's first node whose result carries the symbol made it.
+    let node = body.nodes.iter().find(|n| {
+        n.outputs.iter().flatten().any(|&v| {
+            body.value(v)
+                .ty
+                .dims
+                .iter()
+                .any(|d| d.symbols().contains(&symbol))
+        })
+    });
+    match node {
+        Some(n) => format!(
+            "buffer `{name}` is sized by `{}`, which only tensor values determine (host \
+             memory only); it first sizes the result of op `{}` (node `{}`, kernel k{k})",
+            symbol.name(),
+            n.op.name(),
+            n.name
+        ),
+        None => plain,
+    }
 }
 
 fn input_symbols(p: &Program) -> HashSet<Symbol> {

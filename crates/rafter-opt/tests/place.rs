@@ -220,3 +220,35 @@ fn cpu_work_a_gpu_step_needs_later_is_scheduled_after_the_gpu_work_before_it() {
         "the second reduction should follow the first GPU step: {order:?}"
     );
 }
+
+/// A size only tensor values fix (the count of a `non_zero`) keeps what it sizes on the
+/// host, and the refusal names the symbol and the op that made it, the one to lift; the
+/// comparison before it (a bool result) runs on the GPU.
+#[test]
+fn a_value_sized_buffer_names_the_op_that_sized_it() {
+    let g = parse(
+        r#"graph @nz(%x: f32[6]) -> (%y) {
+          const %zero: f32[] = dense [0.0]
+          %m: bool[6] = binary{op = greater}(%x, %zero)
+          %nz: i64[1, nnz] = non_zero(%m)
+          %f: i64[nnz] = squeeze{axes = [0]}(%nz)
+          %g: f32[nnz] = gather{axis = 0}(%x, %f)
+          %y: f32[nnz] = unary{op = exp}(%g)
+        }"#,
+    );
+    let p = check_equivalent_with(&g, vec![rand_f32(&[6], 2)], &vulkan());
+    let kernel_of = |op: &str| {
+        p.kernels
+            .iter()
+            .position(|k| k.body.nodes.iter().any(|n| n.op.name() == op))
+            .unwrap_or_else(|| panic!("no {op} kernel: {p:#?}"))
+    };
+    assert_eq!(p.kernels[kernel_of("binary")].device, "vulkan", "{p:#?}");
+    let exp = kernel_of("unary");
+    assert_eq!(p.kernels[exp].device, "cpu");
+    let reason = vulkan_support(&p, exp).unwrap_err();
+    assert!(
+        reason.contains("sized by `nnz`") && reason.contains("op `non_zero`"),
+        "{reason}"
+    );
+}

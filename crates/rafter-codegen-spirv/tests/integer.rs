@@ -1,0 +1,262 @@
+//! Elementwise kernels on integers and bools: casts between floats and bool/i8/u8/i32/i64,
+//! comparisons, logic and `where`, checked with spirv-val and run on the Vulkan device
+//! (lavapipe in CI) against the reference executor, element for element (every one is
+//! exact: no tolerance). Inputs hold the edges of each conversion: NaN, values past the
+//! target's range, halves, negative values, integers f32 does not hold.
+
+mod common;
+
+use rafter_codegen_spirv::kernel_module;
+use rafter_hal_vulkan::spirv_capabilities;
+use rafter_ir::text::parse_graph;
+use rafter_ir::{DType, Graph};
+use rafter_reference::Tensor;
+use rafter_vulkan_section::VulkanModule;
+
+/// SPIR-V's `StorageBuffer8BitAccess` capability.
+const STORAGE_BUFFER_8BIT: u32 = 4448;
+
+/// Edge values of a float-to-integer cast (12 of them).
+const FLOAT_EDGES: [f32; 12] = [
+    f32::NAN,
+    1e10,
+    -1e10,
+    -2.7,
+    2.7,
+    300.0,
+    -129.5,
+    127.9,
+    0.5,
+    -0.5,
+    3e9,
+    -0.0,
+];
+
+/// A body and its inputs' values (as f64, converted to each input's dtype).
+struct Case {
+    label: &'static str,
+    text: String,
+    inputs: Vec<Vec<f64>>,
+}
+
+fn case(label: &'static str, text: &str, inputs: Vec<Vec<f64>>) -> Case {
+    Case {
+        label,
+        text: text.into(),
+        inputs,
+    }
+}
+
+fn floats() -> Vec<f64> {
+    FLOAT_EDGES.iter().map(|&v| f64::from(v)).collect()
+}
+
+fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for to in ["bool", "i8", "u8", "i32", "i64"] {
+        cases.push(Case {
+            label: "cast_f32_to_int",
+            text: format!(
+                "graph @k(%x: f32[12]) -> (%y) {{\n  %y: {to}[12] = cast{{to = {to}}}(%x)\n}}"
+            ),
+            inputs: vec![floats()],
+        });
+    }
+    let ints = |lo: f64, hi: f64| -> Vec<f64> {
+        (0..12)
+            .map(|i| lo + (hi - lo) * f64::from(i) / 11.0)
+            .map(f64::round)
+            .collect()
+    };
+    cases.push(case(
+        "cast_i8_to_f32",
+        "graph @k(%x: i8[12]) -> (%y) {\n  %y: f32[12] = cast{to = f32}(%x)\n}",
+        vec![ints(-128.0, 127.0)],
+    ));
+    cases.push(case(
+        "cast_u8_to_f16",
+        "graph @k(%x: u8[12]) -> (%y) {\n  %y: f16[12] = cast{to = f16}(%x)\n}",
+        vec![ints(0.0, 255.0)],
+    ));
+    // 2^24 + 1 and 2^40 + 1 round to the nearest f32, as the reference's cast does.
+    cases.push(case(
+        "cast_i32_to_f32",
+        "graph @k(%x: i32[4]) -> (%y) {\n  %y: f32[4] = cast{to = f32}(%x)\n}",
+        vec![vec![16_777_217.0, -2_147_483_648.0, 2_147_483_647.0, -7.0]],
+    ));
+    cases.push(case(
+        "cast_i64_to_f32_scaled",
+        "graph @k(%x: i64[4], %s: f32[]) -> (%y) {\n  %c: f32[4] = cast{to = f32}(%x)\n  %y: f32[4] = binary{op = mul}(%c, %s)\n}",
+        vec![vec![1_099_511_627_777.0, -3.0, 0.0, 123_456_789.0], vec![0.5]],
+    ));
+    cases.push(case(
+        "cast_bool_to_f32_mask",
+        "graph @k(%m: bool[6], %x: f32[6]) -> (%y) {\n  %c: f32[6] = cast{to = f32}(%m)\n  %y: f32[6] = binary{op = mul}(%c, %x)\n}",
+        vec![vec![1.0, 0.0, 1.0, 1.0, 0.0, 0.0], vec![1.5, -2.0, 3.0, -4.0, 5.0, 6.0]],
+    ));
+    // Comparisons against NaN are false; the result feeds a where.
+    let x = vec![1.0, f64::NAN, -2.0, 3.0, 0.0, 5.0];
+    let y = vec![2.0, 1.0, -2.0, f64::NAN, -0.0, 4.0];
+    for op in ["equal", "less", "less_equal", "greater", "greater_equal"] {
+        cases.push(Case {
+            label: "compare",
+            text: format!(
+                "graph @k(%x: f32[6], %z: f32[6]) -> (%y) {{\n  %y: bool[6] = binary{{op = {op}}}(%x, %z)\n}}"
+            ),
+            inputs: vec![x.clone(), y.clone()],
+        });
+    }
+    cases.push(case(
+        "less_where_broadcast",
+        "graph @k(%x: f32[2, 3], %t: f32[3]) -> (%y) {\n  const %z: f32[] = dense [-1.0]\n  %m: bool[2, 3] = binary{op = less}(%x, %t)\n  %y: f32[2, 3] = where(%m, %x, %z)\n}",
+        vec![vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], vec![2.0, 5.0, 3.5]],
+    ));
+    let a = vec![1.0, 1.0, 0.0, 0.0];
+    let b = vec![1.0, 0.0, 1.0, 0.0];
+    for op in ["and", "or", "xor"] {
+        cases.push(Case {
+            label: "logic",
+            text: format!(
+                "graph @k(%a: bool[4], %b: bool[4]) -> (%y) {{\n  %c: bool[4] = binary{{op = {op}}}(%a, %b)\n  %y: bool[4] = unary{{op = not}}(%c)\n}}"
+            ),
+            inputs: vec![a.clone(), b.clone()],
+        });
+    }
+    cases.push(case(
+        "is_nan",
+        "graph @k(%x: f32[12]) -> (%y) {\n  %y: bool[12] = unary{op = is_nan}(%x)\n}",
+        vec![floats()],
+    ));
+    cases.push(case(
+        "where_u8",
+        "graph @k(%c: bool[4], %a: u8[4], %b: u8[4]) -> (%y) {\n  %y: u8[4] = where(%c, %a, %b)\n}",
+        vec![
+            a.clone(),
+            vec![0.0, 255.0, 7.0, 128.0],
+            vec![9.0, 1.0, 200.0, 3.0],
+        ],
+    ));
+    // A quantization written out in ops: round(x / s) + z, clipped to u8, cast.
+    cases.push(case(
+        "quantize_chain_u8",
+        "graph @k(%x: f32[12]) -> (%y) {\n  const %s: f32[] = dense [0.5]\n  const %z: f32[] = dense [128.0]\n  const %lo: f32[] = dense [0.0]\n  const %hi: f32[] = dense [255.0]\n  %d: f32[12] = binary{op = div}(%x, %s)\n  %r: f32[12] = unary{op = round}(%d)\n  %a: f32[12] = binary{op = add}(%r, %z)\n  %c: f32[12] = clip(%a, %lo, %hi)\n  %y: u8[12] = cast{to = u8}(%c)\n}",
+        vec![vec![-70.0, -64.25, -0.25, 0.25, 0.75, 1.25, 63.0, 63.75, 64.0, 100.0, -1.0, 2.0]],
+    ));
+    cases
+}
+
+fn dims_of(body: &Graph, v: rafter_ir::ValueId) -> Vec<usize> {
+    body.value(v)
+        .ty
+        .dims
+        .iter()
+        .map(|d| d.as_known().expect("static dims") as usize)
+        .collect()
+}
+
+/// `values` as a tensor of `dtype` (through the reference's own conversion).
+fn tensor(dtype: DType, dims: &[usize], values: &[f64]) -> Tensor {
+    rafter_reference::ops::elementwise::from_f64s(dtype, dims, values.to_vec())
+}
+
+fn words(module: &VulkanModule) -> Vec<u32> {
+    module
+        .spirv
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// The body with a name saying which dtypes it converts (for messages).
+fn name(c: &Case, body: &Graph) -> String {
+    let out = body.value(body.outputs[0]).ty.dtype;
+    format!("{}_{out}", c.label)
+}
+
+#[test]
+fn every_integer_kernel_passes_spirv_val_and_declares_8_bit_storage_only_when_used() {
+    for c in cases() {
+        let body = parse_graph(&c.text).unwrap_or_else(|e| panic!("{}: {e}", c.label));
+        let label = name(&c, &body);
+        let module = kernel_module(&body, 0).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let spirv = words(&module);
+        common::spirv_val(&spirv, &format!("int_{label}"));
+        let bytes = body
+            .inputs
+            .iter()
+            .chain(&body.outputs)
+            .any(|&v| body.value(v).ty.dtype.size_of() == 1);
+        let caps = spirv_capabilities(&spirv).unwrap();
+        assert_eq!(
+            caps.contains(&STORAGE_BUFFER_8BIT),
+            bytes,
+            "{label}: {caps:?}"
+        );
+    }
+}
+
+#[test]
+fn integer_kernels_match_the_reference_exactly() {
+    let Some(device) = common::device_or_skip("integer_kernels_match_the_reference_exactly") else {
+        return;
+    };
+    assert!(
+        device.capabilities().storage_buffer_8bit,
+        "{} lacks storageBuffer8BitAccess: 8-bit kernels cannot run on it",
+        device.capabilities().device_name
+    );
+    for c in cases() {
+        let body = parse_graph(&c.text).unwrap();
+        let label = name(&c, &body);
+        let module = kernel_module(&body, 0).unwrap();
+        let inputs: Vec<Tensor> = body
+            .inputs
+            .iter()
+            .zip(&c.inputs)
+            .map(|(&v, values)| tensor(body.value(v).ty.dtype, &dims_of(&body, v), values))
+            .collect();
+        let want = rafter_reference::run(&body, inputs.clone())
+            .unwrap_or_else(|e| panic!("{label}: reference: {e}"))
+            .remove(0);
+        let out = body.outputs[0];
+        let got = common::run_module(
+            &device,
+            &module,
+            &inputs,
+            (body.value(out).ty.dtype, &dims_of(&body, out)),
+        );
+        assert_eq!(got.dtype(), want.dtype(), "{label}");
+        let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+        for (i, (g, w)) in g.iter().zip(&w).enumerate() {
+            let same = g == w || (g.is_nan() && w.is_nan());
+            assert!(
+                same,
+                "{label}: [{i}] got {g} want {w} (inputs {:?})",
+                c.inputs
+            );
+        }
+    }
+}
+
+#[test]
+fn integer_arithmetic_and_wide_integers_stay_off_with_a_reason() {
+    let refused = [
+        (
+            "graph @k(%a: u8[4], %b: u8[4]) -> (%y) {\n  %y: u8[4] = binary{op = add}(%a, %b)\n}",
+            "integer values come only from",
+        ),
+        (
+            "graph @k(%a: i64[4], %b: i64[4]) -> (%y) {\n  %y: bool[4] = binary{op = less}(%a, %b)\n}",
+            "wide integers are generated only when cast to a float",
+        ),
+        (
+            "graph @k(%a: i64[4]) -> (%y) {\n  %y: i32[4] = cast{to = i32}(%a)\n}",
+            "integer values come only from",
+        ),
+    ];
+    for (text, expected) in refused {
+        let body = parse_graph(text).unwrap();
+        let e = kernel_module(&body, 0).unwrap_err().to_string();
+        assert!(e.contains(expected), "{e}");
+    }
+}
