@@ -10,6 +10,9 @@ calls that serialised would take N times.
     .venv/bin/python scripts/bench_python_threads.py [--model resnet18|bert] \
         [--call-threads 1] [--threads 4] [--reps 10] [--rounds 5]
 
+`--model numpy-matmul` (with OPENBLAS_NUM_THREADS=1) is the control without rafter: on a
+machine whose cores are taken by other jobs it shows how much N threads can overlap there.
+
 Needs the installed `rafter` wheel (scripts/test_python.sh installs it); resnet18 needs
 torch and torchvision.
 """
@@ -29,6 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def model_and_inputs(name, call_threads):
+    if name == "numpy-matmul":
+        # The control, no rafter: numpy's matmul releases the GIL, one BLAS thread per
+        # call (run with OPENBLAS_NUM_THREADS=1). What it shows is the machine's limit.
+        a = np.random.default_rng(0).random((1000, 1000), dtype=np.float32)
+        return (lambda m: m @ m), (a,)
     if name == "bert":
         m = rafter.compile(ROOT / "tests/fixtures/bert_tiny/model.onnx",
                            dims={"batch": 4, "seq": 64}, threads=call_threads)
@@ -74,7 +82,7 @@ def one_round(m, x, want, threads, reps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="resnet18", choices=["bert", "resnet18"])
+    ap.add_argument("--model", default="resnet18", choices=["bert", "resnet18", "numpy-matmul"])
     ap.add_argument("--call-threads", type=int, default=1,
                     help="CPU threads of one call (rafter.compile(threads=...); 0: one per core)")
     ap.add_argument("--threads", type=int, default=4, help="Python threads calling at once")

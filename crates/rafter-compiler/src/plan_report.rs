@@ -105,8 +105,7 @@ fn placement_lines(p: &Program, always: bool) -> Vec<String> {
     )];
     for (i, k) in p.kernels.iter().enumerate() {
         if k.device != "vulkan" {
-            let why = vulkan_refusal(p, i)
-                .unwrap_or_else(|| "placed there by the compiler".into());
+            let why = vulkan_refusal(p, i).unwrap_or_else(|| "placed there by the compiler".into());
             lines.push(format!("  k{i} `{}` stays on {}: {why}", k.name, k.device));
         }
     }
