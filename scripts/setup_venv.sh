@@ -43,9 +43,10 @@ LLM_PKGS=(torch==2.15.0 transformers==5.23.0 safetensors==0.8.0 tokenizers==0.23
 SERVER_PKGS=(openai==3.51.0)
 
 # The Python package's build and tests (python/tests): maturin builds the wheel; ONNX
-# Runtime, PyTorch/torchvision and tokenizers are the references the tests compare with.
+# Runtime, PyTorch/torchvision and tokenizers are the references the tests compare with;
+# onnxscript is what torch's dynamo exporter (rafter.compile(..., exporter="dynamo")) needs.
 PYTHON_PKGS=(maturin==1.16.0 pytest==9.2.0 onnxruntime==1.32.0 torch==2.15.0
-             torchvision==0.29.2 tokenizers==0.23.3)
+             torchvision==0.29.2 tokenizers==0.23.3 onnxscript==0.7.2)
 
 full=0
 llm=0

@@ -83,8 +83,9 @@ class Model:
         return self._native.device_names()
 
     def plan(self) -> str:
-        """The compiled program as text: symbol bounds, memory arenas, buffers, each kernel
-        with the ops fused into it and its device, and the dispatch steps."""
+        """The report ``rafter plan`` prints, to the byte: inputs, outputs and bounds, the
+        steps in dispatch order with the ops fused into each kernel and its device, the
+        buffers, the weights, and each device's planned memory."""
         return self._native.plan()
 
     def save(self, path: PathLike) -> int:
@@ -201,6 +202,11 @@ def _parse_dims(dims: Optional[Mapping[str, Union[int, str]]]) -> List[Tuple[str
     return out
 
 
+def _check_threads(threads: Any) -> None:
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise CompileError(f"threads = {threads!r}: expected a count >= 0 (0: one per core)")
+
+
 def _is_artifact(path: str) -> bool:
     try:
         with open(path, "rb") as f:
@@ -219,6 +225,8 @@ def compile(
     output_names: Optional[Sequence[str]] = None,
     dynamic_axes: Optional[Mapping[str, Mapping[int, str]]] = None,
     opset: int = 17,
+    threads: int = 0,
+    exporter: str = "torchscript",
 ) -> Model:
     """Compiles a model for ``target`` and binds it to the devices.
 
@@ -230,17 +238,22 @@ def compile(
     * a ``torch.nn.Module``: exported with ``torch.onnx.export`` over ``example_inputs``
       (a tensor or a tuple of tensors), then compiled. ``input_names``, ``output_names``
       and ``dynamic_axes`` (``{"x": {0: "batch"}}``) go to the exporter; without
-      ``dynamic_axes`` every dim is fixed to the example's.
+      ``dynamic_axes`` every dim is fixed to the example's. ``exporter="torchscript"``
+      (the default) needs only torch; ``exporter="dynamo"`` traces with ``torch.export``
+      and needs the onnxscript package.
 
     ``target`` is ``"cpu"``, ``"vulkan"`` (kernels the GPU supports go there, the rest
     stay on the CPU) or ``"auto"`` (``"vulkan"`` when a Vulkan device opens, else
     ``"cpu"``). ``dims`` bounds the model's symbolic dims, ``{"seq": "<=512"}``, so memory is
-    planned for the largest call.
+    planned for the largest call. ``threads`` is the CPU threads the model's calls use
+    (0, the default: one per core); with ``threads=1`` calls from several Python threads
+    each take a core.
 
     Raises :class:`ModelError` for a file that cannot be read, :class:`CompileError` for a
     model or option the compiler rejects, :class:`DeviceError` for a device that cannot be
     opened.
     """
+    _check_threads(threads)
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if _is_artifact(path):
@@ -248,15 +261,16 @@ def compile(
                 raise CompileError(
                     f"{path} is a compiled artifact: its dims were fixed when it was compiled"
                 )
-            return load(path)
-        return Model(_rafter.compile_onnx(path, target, _parse_dims(dims)))
+            return load(path, threads=threads)
+        return Model(_rafter.compile_onnx(path, target, _parse_dims(dims), threads))
     if _is_torch_module(model):
         if example_inputs is None:
             raise CompileError("compiling a torch.nn.Module needs example_inputs")
         with tempfile.TemporaryDirectory(prefix="rafter-") as tmp:
             path = os.path.join(tmp, "model.onnx")
-            _export_torch(model, example_inputs, path, input_names, output_names, dynamic_axes, opset)
-            return Model(_rafter.compile_onnx(path, target, _parse_dims(dims)))
+            _export_torch(model, example_inputs, path, input_names, output_names, dynamic_axes,
+                          opset, exporter)
+            return Model(_rafter.compile_onnx(path, target, _parse_dims(dims), threads))
     raise CompileError(
         f"cannot compile a {type(model).__name__}: pass an ONNX path, an artifact path or a "
         "torch.nn.Module with example_inputs"
@@ -268,10 +282,27 @@ def _is_torch_module(model: Any) -> bool:
     return torch is not None and isinstance(model, torch.nn.Module)
 
 
-def _export_torch(module, example_inputs, path, input_names, output_names, dynamic_axes, opset):
-    """``torch.onnx.export`` with the TorchScript exporter (it needs no extra packages)."""
+#: The exporters ``compile(torch_module, exporter=...)`` takes.
+EXPORTERS = ("torchscript", "dynamo")
+
+
+def _export_torch(module, example_inputs, path, input_names, output_names, dynamic_axes, opset,
+                  exporter):
+    """``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``, no extra
+    packages), or with ``dynamo=True``: ``torch.export`` traces the module and onnxscript
+    writes the ONNX model (``pip install onnxscript``)."""
     import torch
 
+    if exporter not in EXPORTERS:
+        raise CompileError(f"exporter = {exporter!r}: expected one of {', '.join(EXPORTERS)}")
+    if exporter == "dynamo":
+        try:
+            import onnxscript  # noqa: F401 - torch's dynamo exporter needs it
+        except ImportError:
+            raise CompileError(
+                "exporter='dynamo' needs the onnxscript package (pip install onnxscript); "
+                "exporter='torchscript' needs nothing more than torch"
+            ) from None
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     kwargs = dict(
         input_names=list(input_names) if input_names else None,
@@ -279,27 +310,36 @@ def _export_torch(module, example_inputs, path, input_names, output_names, dynam
         dynamic_axes=dict(dynamic_axes) if dynamic_axes else None,
         opset_version=opset,
     )
+    if exporter == "dynamo":
+        # One self-contained file (weights inside), the exporter's console report off, and
+        # opset 18 at least: the exporter writes 18 and converting down fails on ReduceMean.
+        kwargs.update(external_data=False, verbose=False, opset_version=max(opset, 18))
     was_training = module.training
     module.eval()
     try:
         with torch.no_grad(), warnings.catch_warnings():
-            # The TorchScript exporter is deprecated upstream but needs no extra packages
-            # (the dynamo one needs onnxscript); its warnings are not the user's to act on.
+            # The TorchScript exporter is deprecated upstream but needs no extra packages;
+            # its warnings (and dynamo's) are not the user's to act on.
             warnings.simplefilter("ignore", DeprecationWarning)
-            try:
-                torch.onnx.export(module, args, path, dynamo=False, **kwargs)
-            except TypeError:  # a torch without the `dynamo` argument
-                torch.onnx.export(module, args, path, **kwargs)
+            warnings.simplefilter("ignore", UserWarning)
+            if exporter == "dynamo":
+                torch.onnx.export(module, args, path, dynamo=True, **kwargs)
+            else:
+                try:
+                    torch.onnx.export(module, args, path, dynamo=False, **kwargs)
+                except TypeError:  # a torch without the `dynamo` argument
+                    torch.onnx.export(module, args, path, **kwargs)
     except Exception as e:  # noqa: BLE001 - the exporter raises many types
-        raise CompileError(f"torch.onnx.export failed: {type(e).__name__}: {e}") from e
+        raise CompileError(f"torch.onnx.export ({exporter}) failed: {type(e).__name__}: {e}") from e
     finally:
         module.train(was_training)
 
 
-def load(path: PathLike) -> Model:
+def load(path: PathLike, threads: int = 0) -> Model:
     """Opens a compiled artifact (memory-mapped, checksums verified) and binds it to the
-    devices it was compiled for."""
-    return Model(_rafter.load(os.fspath(path)))
+    devices it was compiled for; its calls use ``threads`` CPU threads (0: one per core)."""
+    _check_threads(threads)
+    return Model(_rafter.load(os.fspath(path), threads))
 
 
 def devices() -> List[Dict[str, Any]]:

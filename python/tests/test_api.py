@@ -1,10 +1,13 @@
 """The Model API: ports, plan, save/load, calling conventions and every error path."""
 
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
 import rafter
-from conftest import BERT
+from conftest import BERT, ROOT
 
 
 def bert_inputs(seq=7):
@@ -21,11 +24,41 @@ def test_ports(bert):
     assert "cpu" in bert.devices
 
 
+def rafter_cli():
+    """The `rafter` command built from this tree (scripts/test_python.sh builds it)."""
+    exe = ROOT / "target" / "release" / "rafter"
+    if not exe.is_file():
+        msg = f"{exe} not built (cargo build --release -p rafter-cli)"
+        if os.environ.get("RAFTER_PY_REQUIRE_ALL") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return exe
+
+
 def test_plan_names_kernels_and_bounds(bert):
     plan = bert.plan()
-    assert plan.startswith("program @")
-    assert "kernel k0" in plan
-    assert "seq <= 16" in plan
+    assert plan.startswith("program `")
+    assert "input input_ids: i64[batch, seq]" in plan
+    assert "bounds: " in plan and "seq<=16" in plan
+    assert "\nsteps:\n" in plan and " k0 `" in plan
+    assert plan.splitlines()[-1].startswith("memory cpu: arena ")
+
+
+def test_plan_is_what_rafter_plan_prints(bert, tmp_path):
+    """One renderer (rafter_compiler::plan_report): the CLI's report of the same ONNX model
+    with the same bounds, and of the saved artifact, is m.plan() to the byte."""
+    exe = rafter_cli()
+    model = BERT / "model.onnx"
+    cli = subprocess.run(
+        [str(exe), "plan", str(model), "--dim", "batch<=4", "--dim", "seq<=16"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert cli == bert.plan()
+    rfa = tmp_path / "bert.rfa"
+    bert.save(rfa)
+    cli = subprocess.run([str(exe), "plan", str(rfa)], capture_output=True, text=True,
+                         check=True).stdout
+    assert cli == rafter.load(rfa).plan()
 
 
 def test_call_conventions_agree(bert):
@@ -113,6 +146,8 @@ def test_compile_errors(tmp_path):
         rafter.compile(onnx, dims={"seq": 0})
     with pytest.raises(rafter.CompileError, match="cannot compile a int"):
         rafter.compile(3)
+    with pytest.raises(rafter.CompileError, match="threads = -1"):
+        rafter.compile(onnx, threads=-1)
     path = tmp_path / "m.rfa"
     rafter.compile(onnx, dims={"batch": 1, "seq": 8}).save(path)
     with pytest.raises(rafter.CompileError, match="fixed when it was compiled"):

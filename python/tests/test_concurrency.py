@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 
+import rafter
 from conftest import BERT
 
 
@@ -24,6 +25,17 @@ def test_four_threads_correct(bert):
             got = list(pool.map(lambda x: bert(*x), xs))
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
+
+
+def test_one_thread_per_call_is_correct(bert):
+    """threads=1 (a core per call, for many Python threads): the same outputs."""
+    one = rafter.compile(str(BERT / "model.onnx"), dims={"batch": 4, "seq": "<=16"},
+                         threads=1)
+    xs = [inputs(k) for k in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda x: one(*x), xs))
+    for x, g in zip(xs, got):
+        np.testing.assert_allclose(g, bert(*x), rtol=1e-5, atol=1e-5)
 
 
 def test_gil_released_during_a_call(bert):

@@ -1,5 +1,6 @@
 """Outputs against independent references: ONNX Runtime on an ONNX model, PyTorch on a
-torch.nn.Module (torchvision's ResNet-18, random weights)."""
+torch.nn.Module (torchvision's ResNet-18, random weights) through both of torch's ONNX
+exporters."""
 
 import numpy as np
 
@@ -48,3 +49,30 @@ def test_resnet18_module_matches_pytorch(tmp_path):
     net.train()
     rafter.compile(net, (x,))
     assert net.training
+
+
+def test_resnet18_through_torch_export_matches_pytorch():
+    """exporter="dynamo": torch.export traces the module, onnxscript writes the ONNX."""
+    torch = need("torch")
+    tv = need("torchvision")
+    need("onnxscript")
+    torch.manual_seed(1)
+    net = tv.models.resnet18(weights=None).eval()
+    x = torch.randn(1, 3, 224, 224)
+    m = rafter.compile(net, (x,), exporter="dynamo")
+    with torch.no_grad():
+        want = net(x)
+    got = m(x)
+    assert got.shape == (1, 1000)
+    assert (got - want).abs().max().item() <= 1e-4 * max(want.abs().max().item(), 1.0)
+
+
+def test_torch_export_errors():
+    torch = need("torch")
+    import pytest
+
+    net = torch.nn.Linear(3, 2)
+    with pytest.raises(rafter.CompileError, match="exporter = 'jit'"):
+        rafter.compile(net, (torch.zeros(1, 3),), exporter="jit")
+    with pytest.raises(rafter.CompileError, match="needs example_inputs"):
+        rafter.compile(net)

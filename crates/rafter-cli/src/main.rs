@@ -11,7 +11,6 @@ mod cmd_run;
 mod cmd_serve;
 mod dims;
 mod model;
-mod plan_cost;
 mod progress;
 mod rss;
 

@@ -57,14 +57,6 @@ pub fn parse_target(word: &str) -> Result<Target> {
     Ok(rafter_compiler::target(word)?)
 }
 
-/// Why kernel `k` of `p` is not on the Vulkan device, if the Vulkan backend would refuse
-/// it (`None` when it would take it, or this build has no Vulkan backend).
-pub fn vulkan_refusal(p: &Program, k: usize) -> Option<String> {
-    let target = rafter_compiler::target("vulkan").ok()?;
-    let backend = target.accelerators().first()?;
-    rafter_opt::place::support(p, k, backend.as_ref()).err()
-}
-
 /// An artifact's executable sections, by device (each device's loader validates its own).
 pub fn artifact_executables(artifact: &Artifact) -> Vec<(String, Bytes)> {
     artifact

@@ -24,6 +24,9 @@ use rafter_ir::program::Program;
 use rafter_ir::Graph;
 use rafter_opt::{Backend, CompileError, Section};
 
+pub mod plan_cost;
+pub mod plan_report;
+
 pub use rafter_opt::prepack::WeightFormat;
 pub use rafter_opt::{CompileOptions, Stage, Target};
 

@@ -13,10 +13,14 @@ fn uses_vulkan(program: &Program) -> bool {
         || program.arenas.iter().any(|a| a.device == "vulkan")
 }
 
-/// The CPU, and the Vulkan device when `program` has work there (an error saying so when
-/// it cannot be opened).
-pub fn devices_for(program: &Program) -> PyResult<DeviceSet> {
-    let mut set = rafter_runtime_cpu::devices().map_err(to::<DeviceError>)?;
+/// The CPU (with `threads` worker threads, 0: one per core), and the Vulkan device when
+/// `program` has work there (an error saying so when it cannot be opened).
+pub fn devices_for(program: &Program, threads: usize) -> PyResult<DeviceSet> {
+    let cpu = rafter_runtime_cpu::CpuDeviceOptions {
+        worker_threads: threads,
+        ..Default::default()
+    };
+    let mut set = rafter_runtime_cpu::devices_with(cpu).map_err(to::<DeviceError>)?;
     if uses_vulkan(program) {
         rafter_runtime_vulkan::add_device(&mut set, Default::default()).map_err(|e| {
             to::<DeviceError>(format!(

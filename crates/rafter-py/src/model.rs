@@ -33,22 +33,28 @@ enum Saved {
 pub struct Model {
     session: Arc<Session>,
     saved: Mutex<Saved>,
+    /// The target it was compiled for here (`None` for an artifact opened from a file),
+    /// which the plan report names as `rafter plan --target` does.
+    target: Option<String>,
 }
 
-/// Compiles the ONNX model at `path` for `target` (`cpu` or `vulkan`) with symbol `bounds`.
+/// Compiles the ONNX model at `path` for `target` (`cpu` or `vulkan`) with symbol `bounds`;
+/// its calls use `threads` CPU threads (0: one per core).
 #[pyfunction]
-#[pyo3(signature = (path, target, bounds))]
+#[pyo3(signature = (path, target, bounds, threads=0))]
 pub fn compile_onnx(
     py: Python<'_>,
     path: PathBuf,
     target: &str,
     bounds: Vec<(String, i64)>,
+    threads: usize,
 ) -> PyResult<Model> {
     let target = match target {
         "auto" if crate::devices::vulkan_available().is_ok() => "vulkan",
         "auto" => "cpu",
         name => name,
     };
+    let target_name = target.to_string();
     let target = rafter_compiler::target(target).map_err(to::<CompileError>)?;
     let mut symbols = Vec::new();
     for (name, n) in bounds {
@@ -76,10 +82,11 @@ pub fn compile_onnx(
         };
         rafter_compiler::compile(&graph, &options).map_err(to::<CompileError>)
     })?;
-    let session = py.detach(|| bind(compiled.program.clone(), &compiled.executables()))?;
+    let session = py.detach(|| bind(compiled.program.clone(), &compiled.executables(), threads))?;
     Ok(Model {
         session: Arc::new(session),
         saved: Mutex::new(Saved::Compiled(Box::new(compiled))),
+        target: Some(target_name),
     })
 }
 
@@ -112,9 +119,11 @@ fn check_bounds_known(graph: &rafter_ir::Graph, bounds: &[(Symbol, i64)]) -> PyR
     Ok(())
 }
 
-/// Opens the artifact at `path` (memory-mapped, checksums verified).
+/// Opens the artifact at `path` (memory-mapped, checksums verified); its calls use
+/// `threads` CPU threads (0: one per core).
 #[pyfunction]
-pub fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
+#[pyo3(signature = (path, threads=0))]
+pub fn load(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Model> {
     let session = py.detach(|| -> PyResult<Session> {
         let artifact = rafter_artifact::Artifact::open(&path)
             .map_err(|e| to::<ModelError>(format!("{}: {e}", path.display())))?;
@@ -122,18 +131,20 @@ pub fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
             .devices()
             .filter_map(|d| Some((d.to_string(), artifact.executable(d)?)))
             .collect();
-        bind(artifact.into_program(), &executables)
+        bind(artifact.into_program(), &executables, threads)
     })?;
     Ok(Model {
         session: Arc::new(session),
         saved: Mutex::new(Saved::File(path)),
+        target: None,
     })
 }
 
-/// A session for `program` on the devices it names.
-fn bind(program: Program, executables: &[(String, Bytes)]) -> PyResult<Session> {
-    let devices = devices_for(&program)?;
-    let mut options = SessionOptions::new();
+/// A session for `program` on the devices it names; `threads` CPU worker threads, and
+/// threads per CPU kernel (0: one per core).
+fn bind(program: Program, executables: &[(String, Bytes)], threads: usize) -> PyResult<Session> {
+    let devices = devices_for(&program, threads)?;
+    let mut options = SessionOptions::new().kernel_threads(threads);
     for (device, code) in executables {
         options = options.executable(device.clone(), code.clone());
     }
@@ -168,13 +179,10 @@ impl Model {
         p.outputs.iter().map(|port| describe(py, port)).collect()
     }
 
-    /// The program as text: its bounds, arenas, buffers, kernels (with the graph each
-    /// runs and its device) and steps; weights by name only.
+    /// The report `rafter plan` prints: ports and bounds, the steps in dispatch order with
+    /// the ops fused into each kernel and its device, buffers, weights and planned memory.
     fn plan(&self) -> String {
-        rafter_ir::program_text::print_program(
-            self.session.program(),
-            rafter_ir::program_text::WeightMode::Reference,
-        )
+        rafter_compiler::plan_report::render(self.session.program(), self.target.as_deref())
     }
 
     /// The devices the model runs on.
