@@ -1,0 +1,410 @@
+//! Products with ONNX Runtime's `MatMulNBits` weights: `y[M, N] = x[M, K] · Wᵀ (+ bias)`,
+//! where `W` is `[N, K]` quantized along K in blocks of `block` elements (a power of two
+//! >= 16), each block `bits` (4 or 8) bits per element packed low bits first, with an f32
+//! scale and an optional zero point per block (packed `bits`-bit per row of blocks; absent:
+//! `2^(bits-1)`): `W[j, i] = (q - z) * s`.
+//!
+//! Why a kernel of its own rather than a repack into ggml's formats: ORT computes these
+//! products in f32 (dequantized weights against unrounded activations) unless the model
+//! asks for `accuracy_level` 4, and ggml's formats carry f16 scales and run against
+//! 8-bit activations, which moves results by ~0.3%, far outside what ORT's own outputs
+//! allow. So this kernel dequantizes each weight exactly as ORT (and the reference
+//! executor) does, `(q - z) * s` in f32, and multiplies in f32:
+//! - **few rows** (`M <=` [`NBITS_FUSED_MAX_M`]): every weight row is read once; each
+//!   32-element chunk of a 4-bit block is unpacked into two vectors and FMA'd straight
+//!   into per-row accumulators (AVX-512), or dequantized into a row buffer and dotted
+//!   (portable Rust, any bits). Tasks take contiguous ranges of output columns.
+//! - **many rows**: compute-bound; panels of [`PANEL`] weight rows are dequantized into
+//!   f32 (tasks split the panel's rows) and multiplied by the crate's f32 GEMM.
+//!
+//! The weights are read in ORT's layout, in place: nothing is repacked ahead of time.
+
+use crate::quant::Shared;
+use crate::{sgemm, BRef, Epilogue, GemmError, MatMut, MatRef, Parallel};
+
+/// The most rows of x the fused path takes; more run dequantized panels through the f32
+/// GEMM.
+pub const NBITS_FUSED_MAX_M: usize = 8;
+
+/// Weight rows dequantized per GEMM call on the many-rows path.
+const PANEL: usize = 128;
+
+/// An `[N, K]` weight in `MatMulNBits`'s layout, borrowed (sizes checked at construction,
+/// which is what makes the kernels' unchecked reads sound).
+#[derive(Clone, Copy, Debug)]
+pub struct NBitsRef<'a> {
+    packed: &'a [u8],
+    scales: &'a [f32],
+    zero_points: Option<&'a [u8]>,
+    n: usize,
+    k: usize,
+    bits: usize,
+    block: usize,
+}
+
+fn shape_err(what: &'static str, detail: String) -> GemmError {
+    GemmError::Shape { what, detail }
+}
+
+impl<'a> NBitsRef<'a> {
+    /// `packed` is `[n, ceil(k / block), block * bits / 8]` bytes, `scales` `[n, k_blocks]`,
+    /// `zero_points` (if any) `[n, ceil(k_blocks * bits / 8)]` bytes.
+    pub fn new(
+        packed: &'a [u8],
+        scales: &'a [f32],
+        zero_points: Option<&'a [u8]>,
+        n: usize,
+        k: usize,
+        bits: usize,
+        block: usize,
+    ) -> Result<Self, GemmError> {
+        if bits != 4 && bits != 8 {
+            return Err(shape_err("W", format!("{bits}-bit weights (4 or 8 only)")));
+        }
+        if block < 16 || !block.is_power_of_two() {
+            return Err(shape_err(
+                "W",
+                format!("block size {block} is not a power of two >= 16"),
+            ));
+        }
+        let w = NBitsRef {
+            packed,
+            scales,
+            zero_points,
+            n,
+            k,
+            bits,
+            block,
+        };
+        let kb = w.k_blocks();
+        let want = |what: &'static str, len: usize, expected: Option<usize>| {
+            if expected == Some(len) {
+                Ok(())
+            } else {
+                Err(shape_err(
+                    what,
+                    format!(
+                        "{len} elements, but n {n}, k {k}, block {block}, {bits} bits take {}",
+                        expected.map_or("too many".to_string(), |e| e.to_string())
+                    ),
+                ))
+            }
+        };
+        want(
+            "W",
+            packed.len(),
+            n.checked_mul(kb).and_then(|v| v.checked_mul(w.blob())),
+        )?;
+        want("scales", scales.len(), n.checked_mul(kb))?;
+        if let Some(z) = zero_points {
+            want("zero points", z.len(), n.checked_mul(w.zp_row()))?;
+        }
+        Ok(w)
+    }
+
+    /// Rows (output features).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Columns (input features).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    fn k_blocks(&self) -> usize {
+        self.k.div_ceil(self.block)
+    }
+
+    /// Bytes of one packed block.
+    fn blob(&self) -> usize {
+        self.block * self.bits / 8
+    }
+
+    /// Bytes of one row's zero points.
+    fn zp_row(&self) -> usize {
+        (self.k_blocks() * self.bits).div_ceil(8)
+    }
+
+    /// The zero point of block `b` of row `j`, as f32.
+    fn zero(&self, j: usize, b: usize) -> f32 {
+        match self.zero_points {
+            Some(z) => {
+                let per = 8 / self.bits;
+                let byte = z[j * self.zp_row() + b / per];
+                ((byte >> (self.bits * (b % per))) & ((1u16 << self.bits) - 1) as u8) as f32
+            }
+            None => (1u32 << (self.bits - 1)) as f32,
+        }
+    }
+
+    /// The packed bytes of block `b` of row `j`.
+    fn block_bytes(&self, j: usize, b: usize) -> &'a [u8] {
+        let blob = self.blob();
+        &self.packed[(j * self.k_blocks() + b) * blob..][..blob]
+    }
+
+    /// Row `j` dequantized into `out` (`k` values): `(q - z) * s`, as ORT computes it.
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        assert!(
+            j < self.n && out.len() == self.k,
+            "row {j} of {} into {}",
+            self.n,
+            out.len()
+        );
+        for b in 0..self.k_blocks() {
+            let (s, z) = (self.scales[j * self.k_blocks() + b], self.zero(j, b));
+            let start = b * self.block;
+            let dst = &mut out[start..(start + self.block).min(self.k)];
+            let bytes = self.block_bytes(j, b);
+            if self.bits == 8 {
+                for (o, &q) in dst.iter_mut().zip(bytes) {
+                    *o = (q as f32 - z) * s;
+                }
+            } else {
+                for (i, o) in dst.iter_mut().enumerate() {
+                    let q = (bytes[i / 2] >> (4 * (i % 2))) & 15;
+                    *o = (q as f32 - z) * s;
+                }
+            }
+        }
+    }
+}
+
+/// `y = x · Wᵀ (+ bias)`, with tasks run by `par`. `x` is `M x K` (any strides), `y` is
+/// `M x N` (only written), `bias` has N values.
+pub fn nbits_matmul(
+    x: MatRef<'_>,
+    w: NBitsRef<'_>,
+    bias: Option<&[f32]>,
+    y: MatMut<'_>,
+    par: &dyn Parallel,
+) -> Result<(), GemmError> {
+    let (m, k, n) = (x.rows, x.cols, w.n);
+    if k != w.k {
+        return Err(shape_err(
+            "W",
+            format!("x is {m}x{k} but W has rows of {} elements", w.k),
+        ));
+    }
+    if y.rows != m || y.cols != n {
+        return Err(shape_err(
+            "y",
+            format!("x·Wᵀ is {m}x{n} but y is {}x{}", y.rows, y.cols),
+        ));
+    }
+    if bias.is_some_and(|b| b.len() != n) {
+        return Err(shape_err(
+            "bias",
+            format!("{} values for n {n}", bias.unwrap().len()),
+        ));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if m <= NBITS_FUSED_MAX_M {
+        fused(x, w, bias, y, par);
+        Ok(())
+    } else {
+        panels(x, w, bias, y, par)
+    }
+}
+
+/// The few-rows path: tasks over ranges of output columns, each weight row read once.
+fn fused(x: MatRef<'_>, w: NBitsRef<'_>, bias: Option<&[f32]>, y: MatMut<'_>, par: &dyn Parallel) {
+    let (m, k, n) = (x.rows, x.cols, w.n);
+    // x as contiguous rows (the SIMD loads want unit stride).
+    let xs: Vec<f32> = (0..m)
+        .flat_map(|r| (0..k).map(move |c| (r, c)))
+        .map(|(r, c)| x.data[r * x.rs + c * x.cs])
+        .collect();
+    let tasks = (par.threads() * 4).clamp(1, n);
+    let (ld, ys) = (y.ld, Shared::new(y.data));
+    let simd = Simd::detect(&w);
+    par.run(tasks, &|t| {
+        let (j0, j1) = (n * t / tasks, n * (t + 1) / tasks);
+        let mut row = vec![0f32; if simd.is_some() { 0 } else { k }];
+        let mut acc = [0f32; NBITS_FUSED_MAX_M];
+        for j in j0..j1 {
+            match simd {
+                #[cfg(target_arch = "x86_64")]
+                Some(Simd::Avx512Q4) => {
+                    for r0 in (0..m).step_by(4) {
+                        let mr = (m - r0).min(4);
+                        // SAFETY: the ISA was detected (`Simd::detect`); `xs` holds m rows
+                        // of k values; w is 4-bit with block % 32 == 0 (checked there).
+                        unsafe { avx512::q4_rows(&w, j, &xs[r0 * k..], mr, &mut acc[r0..]) };
+                    }
+                }
+                _ => {
+                    w.dequantize_row(j, &mut row);
+                    for (r, a) in acc[..m].iter_mut().enumerate() {
+                        *a = dot(&xs[r * k..][..k], &row);
+                    }
+                }
+            }
+            let b = bias.map_or(0.0, |b| b[j]);
+            for (r, a) in acc[..m].iter().enumerate() {
+                // SAFETY: element (r, j) is in y (checked shapes); column j belongs to
+                // this task alone.
+                unsafe { ys.part(r * ld + j..r * ld + j + 1)[0] = a + b };
+            }
+        }
+    });
+}
+
+/// A dot product in 16 lanes (which the compiler vectorizes), then summed.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..16 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// The many-rows path: panels of weight rows dequantized to f32 (in parallel), each
+/// multiplied by the f32 GEMM into its columns of y.
+fn panels(
+    x: MatRef<'_>,
+    w: NBitsRef<'_>,
+    bias: Option<&[f32]>,
+    y: MatMut<'_>,
+    par: &dyn Parallel,
+) -> Result<(), GemmError> {
+    let (m, k, n) = (x.rows, x.cols, w.n);
+    let mut panel = vec![0f32; PANEL.min(n) * k];
+    let ld = y.ld;
+    for j0 in (0..n).step_by(PANEL) {
+        let nb = PANEL.min(n - j0);
+        {
+            let rows = Shared::new(&mut panel[..nb * k]);
+            par.run(nb, &|r| {
+                // SAFETY: row r of the panel is written by this task alone.
+                w.dequantize_row(j0 + r, unsafe { rows.part(r * k..(r + 1) * k) });
+            });
+        }
+        let b = MatRef::strided(&panel[..nb * k], k, nb, 1, k)?;
+        let c = MatMut::row_major(&mut y.data[j0..], m, nb, ld)?;
+        let epi = Epilogue {
+            bias: bias.map(|b| &b[j0..j0 + nb]),
+            ..Epilogue::none()
+        };
+        sgemm(1.0, x, BRef::Mat(b), 0.0, c, &epi, par)?;
+    }
+    Ok(())
+}
+
+/// The SIMD kernel a weight can use on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Simd {
+    /// 4-bit weights with blocks of a multiple of 32, on AVX-512F/BW.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Q4,
+}
+
+impl Simd {
+    fn detect(w: &NBitsRef<'_>) -> Option<Simd> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if w.bits == 4 && w.block % 32 == 0 && has!("avx512f") && has!("avx512bw") {
+                return Some(Simd::Avx512Q4);
+            }
+        }
+        let _ = w;
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::NBitsRef;
+    use std::arch::x86_64::*;
+
+    /// `acc[r] = x_r · W[j]` for the `mr` (1..=4) rows of `xs` (rows of `w.k` values, back
+    /// to back).
+    ///
+    /// # Safety
+    /// AVX-512F/BW must be available; `w` is 4-bit with `block % 32 == 0`; `xs` holds at
+    /// least `mr * w.k` values and `acc` at least `mr`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn q4_rows(
+        w: &NBitsRef<'_>,
+        j: usize,
+        xs: &[f32],
+        mr: usize,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract is the callee's.
+        unsafe {
+            match mr {
+                1 => q4_rows_n::<1>(w, j, xs, acc),
+                2 => q4_rows_n::<2>(w, j, xs, acc),
+                3 => q4_rows_n::<3>(w, j, xs, acc),
+                _ => q4_rows_n::<4>(w, j, xs, acc),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn q4_rows_n<const MR: usize>(w: &NBitsRef<'_>, j: usize, xs: &[f32], acc: &mut [f32]) {
+        let k = w.k;
+        assert!(xs.len() >= MR * k && acc.len() >= MR);
+        let mut a0 = [_mm512_setzero_ps(); MR];
+        let mut a1 = [_mm512_setzero_ps(); MR];
+        let nib = _mm_set1_epi8(0x0f);
+        for b in 0..w.k_blocks() {
+            let s = _mm512_set1_ps(w.scales[j * w.k_blocks() + b]);
+            let z = _mm512_set1_ps(w.zero(j, b));
+            let bytes = w.block_bytes(j, b);
+            for c in 0..w.block / 32 {
+                let start = b * w.block + c * 32;
+                if start >= k {
+                    break;
+                }
+                // SAFETY: the block holds block / 2 bytes, so 16 at c * 16 are in it.
+                let v = unsafe { _mm_loadu_si128(bytes.as_ptr().add(c * 16) as *const __m128i) };
+                let lo = _mm_and_si128(v, nib);
+                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+                // Element 2i is the low nibble of byte i, 2i+1 the high one.
+                let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+                let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+                let w0 = _mm512_mul_ps(_mm512_sub_ps(q0, z), s);
+                let w1 = _mm512_mul_ps(_mm512_sub_ps(q1, z), s);
+                let left = k - start;
+                let (m0, m1): (__mmask16, __mmask16) = if left >= 32 {
+                    (!0, !0)
+                } else if left >= 16 {
+                    (!0, ((1u32 << (left - 16)) - 1) as u16)
+                } else {
+                    (((1u32 << left) - 1) as u16, 0)
+                };
+                for r in 0..MR {
+                    // SAFETY: masked loads touch only elements start.. start + left of row
+                    // r, inside xs (len >= MR * k).
+                    let p = xs[r * k + start..].as_ptr();
+                    let (x0, x1) = unsafe {
+                        (
+                            _mm512_maskz_loadu_ps(m0, p),
+                            _mm512_maskz_loadu_ps(m1, p.wrapping_add(16)),
+                        )
+                    };
+                    a0[r] = _mm512_fmadd_ps(w0, x0, a0[r]);
+                    a1[r] = _mm512_fmadd_ps(w1, x1, a1[r]);
+                }
+            }
+        }
+        for r in 0..MR {
+            acc[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+        }
+    }
+}
