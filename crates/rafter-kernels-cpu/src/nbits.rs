@@ -40,6 +40,7 @@ pub struct NBitsRef<'a> {
     k: usize,
     bits: usize,
     block: usize,
+    int8_activations: bool,
 }
 
 fn shape_err(what: &'static str, detail: String) -> GemmError {
@@ -75,6 +76,7 @@ impl<'a> NBitsRef<'a> {
             k,
             bits,
             block,
+            int8_activations: false,
         };
         let kb = w.k_blocks();
         let want = |what: &'static str, len: usize, expected: Option<usize>| {
@@ -100,6 +102,16 @@ impl<'a> NBitsRef<'a> {
             want("zero points", z.len(), n.checked_mul(w.zp_row()))?;
         }
         Ok(w)
+    }
+
+    /// The same weight, multiplied as ORT's CPU kernel does at `accuracy_level` 4
+    /// (`SQNBIT_CompInt8`): each block of x first rounded to int8 with an f32 scale
+    /// `max|x| / 127`, ties to even (see [`round_to_int8`]).
+    pub fn with_int8_activations(self, on: bool) -> Self {
+        NBitsRef {
+            int8_activations: on,
+            ..self
+        }
     }
 
     /// Rows (output features).
@@ -202,6 +214,19 @@ pub fn nbits_matmul(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    let rounded: Vec<f32>;
+    let x = if w.int8_activations {
+        rounded = (0..m)
+            .flat_map(|r| {
+                let mut row: Vec<f32> = (0..k).map(|c| x.data[r * x.rs + c * x.cs]).collect();
+                row.chunks_mut(w.block).for_each(round_to_int8);
+                row
+            })
+            .collect();
+        MatRef::row_major(&rounded, m, k, k)?
+    } else {
+        x
+    };
     if m <= NBITS_FUSED_MAX_M {
         fused(x, w, bias, y, par);
         Ok(())
@@ -251,6 +276,19 @@ fn fused(x: MatRef<'_>, w: NBitsRef<'_>, bias: Option<&[f32]>, y: MatMut<'_>, pa
             }
         }
     });
+}
+
+/// Replaces a block of activations by its int8 rounding, as ONNX Runtime's CPU MatMulNBits
+/// quantizes them at `accuracy_level` 4: scale `max|x| / 127` (f32), `q = x * (127 /
+/// max|x|)` rounded to nearest, ties to even; `q * scale` then stands for `x` in the f32
+/// product, which gives ORT's int8 dot products up to f32 rounding.
+pub fn round_to_int8(block: &mut [f32]) {
+    let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let scale = amax / 127.0;
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for v in block.iter_mut() {
+        *v = (*v * inv).round_ties_even() * scale;
+    }
 }
 
 /// A dot product in 16 lanes (which the compiler vectorizes), then summed.

@@ -30,6 +30,8 @@ struct Case {
     block: usize,
     zp: bool,
     bias: bool,
+    /// ORT's accuracy_level 4.
+    int8: bool,
 }
 
 fn run(c: &Case, threads: usize) {
@@ -43,6 +45,20 @@ fn run(c: &Case, threads: usize) {
     let bias: Vec<f32> = (0..c.n).map(|_| rng.f32()).collect();
     let x: Vec<f32> = (0..c.m * c.k).map(|_| rng.f32()).collect();
 
+    // At accuracy_level 4 ORT rounds each block of x to int8: q = round_even(x * 127 /
+    // max|x|), standing for q * max|x| / 127 (checked against ORT 1.32 in
+    // scripts/gen_contrib_fixtures.py's accuracy_level cases).
+    let mut xr = x.clone();
+    if c.int8 {
+        for row in xr.chunks_mut(c.k) {
+            for blk in row.chunks_mut(c.block) {
+                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for v in blk.iter_mut() {
+                    *v = (*v * (127.0 / amax)).round_ties_even() * (amax / 127.0);
+                }
+            }
+        }
+    }
     // The reference: W dequantized element by element, products in f64.
     let mask = (1u32 << c.bits) - 1;
     let elem = |bytes: &[u8], i: usize| -> u32 {
@@ -61,7 +77,7 @@ fn run(c: &Case, threads: usize) {
             };
             let wv = (q as f64 - z as f64) * scales[j * kb + b] as f64;
             for r in 0..c.m {
-                expected[r * c.n + j] += x[r * c.k + i] as f64 * wv;
+                expected[r * c.n + j] += xr[r * c.k + i] as f64 * wv;
             }
         }
         if c.bias {
@@ -80,7 +96,8 @@ fn run(c: &Case, threads: usize) {
         c.bits,
         c.block,
     )
-    .unwrap();
+    .unwrap()
+    .with_int8_activations(c.int8);
     let mut y = vec![f32::NAN; c.m * c.n];
     let xm = MatRef::row_major(&x, c.m, c.k, c.k).unwrap();
     let ym = MatMut::row_major(&mut y, c.m, c.n, c.n).unwrap();
@@ -95,7 +112,7 @@ fn run(c: &Case, threads: usize) {
         let tol = 1e-5 * (c.k as f64).sqrt() * 4.0 + 1e-5 * want.abs();
         assert!(
             (got as f64 - want).abs() <= tol,
-            "m {} n {} k {} bits {} block {} zp {} bias {}: y[{}, {}] = {got}, want {want}",
+            "m {} n {} k {} bits {} block {} zp {} bias {} int8 {}: y[{}, {}] = {got}, want {want}",
             c.m,
             c.n,
             c.k,
@@ -103,6 +120,7 @@ fn run(c: &Case, threads: usize) {
             c.block,
             c.zp,
             c.bias,
+            c.int8,
             i / c.n,
             i % c.n
         );
@@ -130,6 +148,7 @@ fn every_path_matches_the_dequantized_product() {
                         block,
                         zp,
                         bias: m % 2 == 1,
+                        int8: (m + k) % 3 == 0,
                     };
                     run(&c, 1);
                     if m == 1 || m == 20 {
@@ -154,6 +173,7 @@ fn more_columns_than_a_panel() {
                 block: 32,
                 zp: true,
                 bias: true,
+                int8: m == 33,
             },
             2,
         );
