@@ -228,7 +228,7 @@ def pack_nbits(q, bits):
     return out
 
 
-def nbits_case(name, k, n, block, bits, a_shape, zp=True, bias=False):
+def nbits_case(name, k, n, block, bits, a_shape, zp=True, bias=False, accuracy_level=None):
     k_blocks = -(-k // block)
     q = RNG.integers(0, 1 << bits, (n, k_blocks * block)).astype(np.uint8)
     b = pack_nbits(q, bits).reshape(n, k_blocks, block * bits // 8)
@@ -241,9 +241,10 @@ def nbits_case(name, k, n, block, bits, a_shape, zp=True, bias=False):
     if bias:
         inits["bias"] = rnd(n)
         ins += [""] * (5 - len(ins)) + ["bias"]
+    attrs = {} if accuracy_level is None else {"accuracy_level": accuracy_level}
     case(
         name,
-        [ms("MatMulNBits", ins, ["y"], K=k, N=n, bits=bits, block_size=block)],
+        [ms("MatMulNBits", ins, ["y"], K=k, N=n, bits=bits, block_size=block, **attrs)],
         {"A": rnd(*a_shape)},
         [("y", F32)],
         inits=inits,
@@ -337,6 +338,17 @@ def quantized():
                    "ys": np.array(1 / 256 if op == "QLinearSigmoid" else 0.04, np.float32),
                    "yz": np.array(0 if op == "QLinearSigmoid" else 100, np.uint8)},
         )
+    # accuracy_level 4: ORT's CPU kernel rounds A to int8 per block (its outputs move by
+    # ~0.3% from the f32 product, far outside the tolerance, so these check that we round
+    # as ORT does), at decode and prefill shapes, several blocks and no zero points.
+    nbits_case("matmul_nbits_acc4_decode", 256, 24, 32, 4, (1, 256), accuracy_level=4)
+    nbits_case("matmul_nbits_acc4_prefill_3d", 128, 40, 64, 4, (2, 9, 128), bias=True,
+               accuracy_level=4)
+    nbits_case("matmul_nbits_acc4_no_zero_points_k_padded", 80, 8, 32, 4, (3, 80), zp=False,
+               accuracy_level=4)
+    nbits_case("matmul_nbits_acc4_block16", 64, 8, 16, 4, (2, 64), accuracy_level=4)
+    nbits_case("matmul_nbits_acc4_8bit", 64, 12, 32, 8, (2, 64), accuracy_level=4)
+    nbits_case("matmul_nbits_acc1", 64, 12, 32, 4, (2, 64), accuracy_level=1)
 
 
 # ---- attention ----
