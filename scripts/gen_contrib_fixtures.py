@@ -462,6 +462,34 @@ def gqa():
       packed=True)
     g("gqa_decode_scale", 1, 6, {"scale": 0.2})
 
+    # Per-sequence lengths (seqlens_k varying across the batch), as ORT GenAI batches run:
+    # decode steps over a shared past buffer longer than some sequences (ORT writes each new
+    # row at seqlens_k[b] and zeroes the rows above it), and a right-padded first prompt.
+    def ragged(name, s, past, seqlens, attrs, rotary=False):
+        nb = len(seqlens)
+        total = max(past, max(seqlens) + 1) if past else s
+        feeds = {"seqlens": np.array(seqlens, np.int32), "total": np.array(total, np.int32),
+                 "q": rnd(nb, s, nq * h), "k": rnd(nb, s, nkv * h), "v": rnd(nb, s, nkv * h)}
+        ins = ["q", "k", "v"]
+        if past:
+            feeds.update(pk=rnd(nb, nkv, past, h), pv=rnd(nb, nkv, past, h))
+            ins += ["pk", "pv"]
+        else:
+            ins += ["", ""]
+        ins += ["seqlens", "total"]
+        if rotary:
+            ins += ["cos", "sin"]
+        case(name,
+             [ms("GroupQueryAttention", ins, [o for o, _ in outs], num_heads=nq,
+                 kv_num_heads=nkv, **attrs)],
+             feeds, outs, inits=cos_sin if rotary else None)
+
+    ragged("gqa_ragged_decode", 1, 6, [2, 5, 3], {})
+    ragged("gqa_ragged_decode_grows_buffer", 1, 4, [4, 1], {})
+    ragged("gqa_ragged_rotary_decode_window", 1, 7, [6, 2, 4], {"do_rotary": 1, "local_window_size": 3},
+           rotary=True)
+    ragged("gqa_ragged_prompt_padded", 5, 0, [2, 4], {"do_rotary": 1}, rotary=True)
+
 
 # ---- models as ONNX Runtime's tools write them ----
 
