@@ -36,7 +36,9 @@ fn main() {
         let pool = WorkerPool::new(threads).unwrap();
         for m in [1usize, 128] {
             for int8 in [false, true] {
-                let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+                let x: Vec<f32> = (0..m * k)
+                    .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
+                    .collect();
                 let mut y = vec![0f32; m * n];
                 let w = NBitsRef::new(&packed, &scales, Some(&zps), n, k, 4, block)
                     .unwrap()

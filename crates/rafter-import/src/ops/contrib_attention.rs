@@ -4,7 +4,7 @@
 //! RotaryEmbedding-23 semantics) with ORT's masks rewritten as additive biases.
 
 use super::registry::OnnxOp;
-use super::{R, Tr};
+use super::{Tr, R};
 use crate::node::NodeView;
 use rafter_ir::{BinaryOp, DType, Op, ValueId};
 
