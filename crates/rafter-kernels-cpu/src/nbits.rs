@@ -325,9 +325,17 @@ fn panels(
         let nb = PANEL.min(n - j0);
         {
             let rows = Shared::new(&mut panel[..nb * k]);
+            let simd = Simd::detect(&w);
             par.run(nb, &|r| {
                 // SAFETY: row r of the panel is written by this task alone.
-                w.dequantize_row(j0 + r, unsafe { rows.part(r * k..(r + 1) * k) });
+                let out = unsafe { rows.part(r * k..(r + 1) * k) };
+                match simd {
+                    // SAFETY: the ISA was detected and w is 4-bit with block % 32 == 0
+                    // (`Simd::detect`); out holds k values.
+                    #[cfg(target_arch = "x86_64")]
+                    Some(Simd::Avx512Q4) => unsafe { avx512::q4_dequantize_row(&w, j0 + r, out) },
+                    _ => w.dequantize_row(j0 + r, out),
+                }
             });
         }
         let b = MatRef::strided(&panel[..nb * k], k, nb, 1, k)?;
@@ -393,56 +401,123 @@ mod avx512 {
         }
     }
 
+    /// Row `j`'s block `b` zero point and scale, as f32 vectors.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn block_params(
+        w: &NBitsRef<'_>,
+        row_z: Option<&[u8]>,
+        row_s: &[f32],
+        b: usize,
+    ) -> (__m512, __m512) {
+        let z = match row_z {
+            Some(z) => ((z[b / 2] >> (4 * (b % 2))) & 15) as f32,
+            None => 8.0,
+        };
+        let _ = w;
+        (_mm512_set1_ps(z), _mm512_set1_ps(row_s[b]))
+    }
+
+    /// The 32 weights of the 16 packed bytes at `p`, `(q - z) * s`.
+    ///
+    /// # Safety
+    /// 16 bytes at `p` must be readable; AVX-512F/BW available.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn unpack32(p: *const u8, z: __m512, s: __m512) -> (__m512, __m512) {
+        let nib = _mm_set1_epi8(0x0f);
+        // SAFETY: the caller's contract.
+        let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        let lo = _mm_and_si128(v, nib);
+        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+        // Element 2i is the low nibble of byte i, 2i+1 the high one.
+        let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+        let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+        (
+            _mm512_mul_ps(_mm512_sub_ps(q0, z), s),
+            _mm512_mul_ps(_mm512_sub_ps(q1, z), s),
+        )
+    }
+
+    /// Masks of the two 16-lane halves of a 32-element chunk with `left` valid elements.
+    fn masks(left: usize) -> (__mmask16, __mmask16) {
+        if left >= 32 {
+            (!0, !0)
+        } else if left >= 16 {
+            (!0, ((1u32 << (left - 16)) - 1) as u16)
+        } else {
+            (((1u32 << left) - 1) as u16, 0)
+        }
+    }
+
+    /// One row's pieces: packed bytes, scales, zero points.
+    fn row<'a>(w: &NBitsRef<'a>, j: usize) -> (&'a [u8], &'a [f32], Option<&'a [u8]>) {
+        let kb = w.k_blocks();
+        (
+            &w.packed[j * kb * w.blob()..(j + 1) * kb * w.blob()],
+            &w.scales[j * kb..(j + 1) * kb],
+            w.zero_points
+                .map(|z| &z[j * w.zp_row()..(j + 1) * w.zp_row()]),
+        )
+    }
+
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn q4_rows_n<const MR: usize>(w: &NBitsRef<'_>, j: usize, xs: &[f32], acc: &mut [f32]) {
         let k = w.k;
         assert!(xs.len() >= MR * k && acc.len() >= MR);
+        let (packed, scales, zps) = row(w, j);
         let mut a0 = [_mm512_setzero_ps(); MR];
         let mut a1 = [_mm512_setzero_ps(); MR];
-        let nib = _mm_set1_epi8(0x0f);
-        for b in 0..w.k_blocks() {
-            let s = _mm512_set1_ps(w.scales[j * w.k_blocks() + b]);
-            let z = _mm512_set1_ps(w.zero(j, b));
-            let bytes = w.block_bytes(j, b);
-            for c in 0..w.block / 32 {
-                let start = b * w.block + c * 32;
-                if start >= k {
-                    break;
-                }
-                // SAFETY: the block holds block / 2 bytes, so 16 at c * 16 are in it.
-                let v = unsafe { _mm_loadu_si128(bytes.as_ptr().add(c * 16) as *const __m128i) };
-                let lo = _mm_and_si128(v, nib);
-                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
-                // Element 2i is the low nibble of byte i, 2i+1 the high one.
-                let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
-                let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
-                let w0 = _mm512_mul_ps(_mm512_sub_ps(q0, z), s);
-                let w1 = _mm512_mul_ps(_mm512_sub_ps(q1, z), s);
-                let left = k - start;
-                let (m0, m1): (__mmask16, __mmask16) = if left >= 32 {
-                    (!0, !0)
-                } else if left >= 16 {
-                    (!0, ((1u32 << (left - 16)) - 1) as u16)
-                } else {
-                    (((1u32 << left) - 1) as u16, 0)
+        let chunks_per_block = w.block / 32;
+        for c in 0..k.div_ceil(32) {
+            let start = c * 32;
+            // Chunk c's 16 bytes are bytes c * 16.. of the row (blocks are back to back,
+            // block / 2 bytes each).
+            let (z, s) = block_params(w, zps, scales, c / chunks_per_block);
+            // SAFETY: the row holds k_blocks * block / 2 >= (c + 1) * 16 bytes.
+            let (w0, w1) = unsafe { unpack32(packed.as_ptr().add(c * 16), z, s) };
+            let (m0, m1) = masks(k - start);
+            for r in 0..MR {
+                // SAFETY: masked loads touch only elements start..min(start + 32, k) of
+                // row r, inside xs (len >= MR * k).
+                let (x0, x1) = unsafe {
+                    let p = xs.as_ptr().add(r * k + start);
+                    (
+                        _mm512_maskz_loadu_ps(m0, p),
+                        _mm512_maskz_loadu_ps(m1, p.wrapping_add(16)),
+                    )
                 };
-                for r in 0..MR {
-                    // SAFETY: masked loads touch only elements start.. start + left of row
-                    // r, inside xs (len >= MR * k).
-                    let p = xs[r * k + start..].as_ptr();
-                    let (x0, x1) = unsafe {
-                        (
-                            _mm512_maskz_loadu_ps(m0, p),
-                            _mm512_maskz_loadu_ps(m1, p.wrapping_add(16)),
-                        )
-                    };
-                    a0[r] = _mm512_fmadd_ps(w0, x0, a0[r]);
-                    a1[r] = _mm512_fmadd_ps(w1, x1, a1[r]);
-                }
+                a0[r] = _mm512_fmadd_ps(w0, x0, a0[r]);
+                a1[r] = _mm512_fmadd_ps(w1, x1, a1[r]);
             }
         }
         for r in 0..MR {
             acc[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+        }
+    }
+
+    /// Row `j` dequantized into `out` (`k` values).
+    ///
+    /// # Safety
+    /// As [`q4_rows`]; `out.len() == w.k`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn q4_dequantize_row(w: &NBitsRef<'_>, j: usize, out: &mut [f32]) {
+        let k = w.k;
+        assert_eq!(out.len(), k);
+        let (packed, scales, zps) = row(w, j);
+        let chunks_per_block = w.block / 32;
+        for c in 0..k.div_ceil(32) {
+            let start = c * 32;
+            let (z, s) = block_params(w, zps, scales, c / chunks_per_block);
+            // SAFETY: as in `q4_rows_n`; the masked stores write only elements
+            // start..min(start + 32, k) of out.
+            unsafe {
+                let (w0, w1) = unpack32(packed.as_ptr().add(c * 16), z, s);
+                let (m0, m1) = masks(k - start);
+                let p = out.as_mut_ptr().add(start);
+                _mm512_mask_storeu_ps(p, m0, w0);
+                _mm512_mask_storeu_ps(p.wrapping_add(16), m1, w1);
+            }
         }
     }
 }
