@@ -205,11 +205,8 @@ pub fn nbits_matmul(
             format!("x·Wᵀ is {m}x{n} but y is {}x{}", y.rows, y.cols),
         ));
     }
-    if bias.is_some_and(|b| b.len() != n) {
-        return Err(shape_err(
-            "bias",
-            format!("{} values for n {n}", bias.unwrap().len()),
-        ));
+    if let Some(b) = bias.filter(|b| b.len() != n) {
+        return Err(shape_err("bias", format!("{} values for n {n}", b.len())));
     }
     if m == 0 || n == 0 {
         return Ok(());
@@ -302,8 +299,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| x * y)
         .sum();
     for (x, y) in ac.zip(bc) {
-        for l in 0..16 {
-            lanes[l] += x[l] * y[l];
+        for ((l, a), b) in lanes.iter_mut().zip(x).zip(y) {
+            *l += a * b;
         }
     }
     lanes.iter().sum::<f32>() + tail
@@ -404,17 +401,11 @@ mod avx512 {
     /// Row `j`'s block `b` zero point and scale, as f32 vectors.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn block_params(
-        w: &NBitsRef<'_>,
-        row_z: Option<&[u8]>,
-        row_s: &[f32],
-        b: usize,
-    ) -> (__m512, __m512) {
+    fn block_params(row_z: Option<&[u8]>, row_s: &[f32], b: usize) -> (__m512, __m512) {
         let z = match row_z {
             Some(z) => ((z[b / 2] >> (4 * (b % 2))) & 15) as f32,
             None => 8.0,
         };
-        let _ = w;
         (_mm512_set1_ps(z), _mm512_set1_ps(row_s[b]))
     }
 
@@ -473,11 +464,11 @@ mod avx512 {
             let start = c * 32;
             // Chunk c's 16 bytes are bytes c * 16.. of the row (blocks are back to back,
             // block / 2 bytes each).
-            let (z, s) = block_params(w, zps, scales, c / chunks_per_block);
+            let (z, s) = block_params(zps, scales, c / chunks_per_block);
             // SAFETY: the row holds k_blocks * block / 2 >= (c + 1) * 16 bytes.
             let (w0, w1) = unsafe { unpack32(packed.as_ptr().add(c * 16), z, s) };
             let (m0, m1) = masks(k - start);
-            for r in 0..MR {
+            for (r, (s0, s1)) in a0.iter_mut().zip(a1.iter_mut()).enumerate() {
                 // SAFETY: masked loads touch only elements start..min(start + 32, k) of
                 // row r, inside xs (len >= MR * k).
                 let (x0, x1) = unsafe {
@@ -487,12 +478,12 @@ mod avx512 {
                         _mm512_maskz_loadu_ps(m1, p.wrapping_add(16)),
                     )
                 };
-                a0[r] = _mm512_fmadd_ps(w0, x0, a0[r]);
-                a1[r] = _mm512_fmadd_ps(w1, x1, a1[r]);
+                *s0 = _mm512_fmadd_ps(w0, x0, *s0);
+                *s1 = _mm512_fmadd_ps(w1, x1, *s1);
             }
         }
-        for r in 0..MR {
-            acc[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+        for ((a, s0), s1) in acc.iter_mut().zip(a0).zip(a1) {
+            *a = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
         }
     }
 
@@ -508,7 +499,7 @@ mod avx512 {
         let chunks_per_block = w.block / 32;
         for c in 0..k.div_ceil(32) {
             let start = c * 32;
-            let (z, s) = block_params(w, zps, scales, c / chunks_per_block);
+            let (z, s) = block_params(zps, scales, c / chunks_per_block);
             // SAFETY: as in `q4_rows_n`; the masked stores write only elements
             // start..min(start + 32, k) of out.
             unsafe {
