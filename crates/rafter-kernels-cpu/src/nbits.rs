@@ -1,6 +1,6 @@
 //! Products with ONNX Runtime's `MatMulNBits` weights: `y[M, N] = x[M, K] · Wᵀ (+ bias)`,
-//! where `W` is `[N, K]` quantized along K in blocks of `block` elements (a power of two
-//! >= 16), each block `bits` (4 or 8) bits per element packed low bits first, with an f32
+//! where `W` is `[N, K]` quantized along K in blocks of `block` elements (a power of two,
+//! at least 16), each block `bits` (4 or 8) bits per element packed low bits first, with an f32
 //! scale and an optional zero point per block (packed `bits`-bit per row of blocks; absent:
 //! `2^(bits-1)`): `W[j, i] = (q - z) * s`.
 //!
@@ -359,7 +359,7 @@ impl Simd {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            if w.bits == 4 && w.block % 32 == 0 && has!("avx512f") && has!("avx512bw") {
+            if w.bits == 4 && w.block.is_multiple_of(32) && has!("avx512f") && has!("avx512bw") {
                 return Some(Simd::Avx512Q4);
             }
         }
