@@ -228,7 +228,7 @@ def pack_nbits(q, bits):
     return out
 
 
-def nbits_case(name, k, n, block, bits, a_shape, zp=True, bias=False):
+def nbits_case(name, k, n, block, bits, a_shape, zp=True, bias=False, accuracy_level=None):
     k_blocks = -(-k // block)
     q = RNG.integers(0, 1 << bits, (n, k_blocks * block)).astype(np.uint8)
     b = pack_nbits(q, bits).reshape(n, k_blocks, block * bits // 8)
@@ -241,9 +241,10 @@ def nbits_case(name, k, n, block, bits, a_shape, zp=True, bias=False):
     if bias:
         inits["bias"] = rnd(n)
         ins += [""] * (5 - len(ins)) + ["bias"]
+    attrs = {} if accuracy_level is None else {"accuracy_level": accuracy_level}
     case(
         name,
-        [ms("MatMulNBits", ins, ["y"], K=k, N=n, bits=bits, block_size=block)],
+        [ms("MatMulNBits", ins, ["y"], K=k, N=n, bits=bits, block_size=block, **attrs)],
         {"A": rnd(*a_shape)},
         [("y", F32)],
         inits=inits,
@@ -337,6 +338,17 @@ def quantized():
                    "ys": np.array(1 / 256 if op == "QLinearSigmoid" else 0.04, np.float32),
                    "yz": np.array(0 if op == "QLinearSigmoid" else 100, np.uint8)},
         )
+    # accuracy_level 4: ORT's CPU kernel rounds A to int8 per block (its outputs move by
+    # ~0.3% from the f32 product, far outside the tolerance, so these check that we round
+    # as ORT does), at decode and prefill shapes, several blocks and no zero points.
+    nbits_case("matmul_nbits_acc4_decode", 256, 24, 32, 4, (1, 256), accuracy_level=4)
+    nbits_case("matmul_nbits_acc4_prefill_3d", 128, 40, 64, 4, (2, 9, 128), bias=True,
+               accuracy_level=4)
+    nbits_case("matmul_nbits_acc4_no_zero_points_k_padded", 80, 8, 32, 4, (3, 80), zp=False,
+               accuracy_level=4)
+    nbits_case("matmul_nbits_acc4_block16", 64, 8, 16, 4, (2, 64), accuracy_level=4)
+    nbits_case("matmul_nbits_acc4_8bit", 64, 12, 32, 8, (2, 64), accuracy_level=4)
+    nbits_case("matmul_nbits_acc1", 64, 12, 32, 4, (2, 64), accuracy_level=1)
 
 
 # ---- attention ----
@@ -449,6 +461,34 @@ def gqa():
     g("gqa_packed_local_window_softcap", 5, 0, {"local_window_size": 3, "softcap": 5.0},
       packed=True)
     g("gqa_decode_scale", 1, 6, {"scale": 0.2})
+
+    # Per-sequence lengths (seqlens_k varying across the batch), as ORT GenAI batches run:
+    # decode steps over a shared past buffer longer than some sequences (ORT writes each new
+    # row at seqlens_k[b] and zeroes the rows above it), and a right-padded first prompt.
+    def ragged(name, s, past, seqlens, attrs, rotary=False):
+        nb = len(seqlens)
+        total = max(past, max(seqlens) + 1) if past else s
+        feeds = {"seqlens": np.array(seqlens, np.int32), "total": np.array(total, np.int32),
+                 "q": rnd(nb, s, nq * h), "k": rnd(nb, s, nkv * h), "v": rnd(nb, s, nkv * h)}
+        ins = ["q", "k", "v"]
+        if past:
+            feeds.update(pk=rnd(nb, nkv, past, h), pv=rnd(nb, nkv, past, h))
+            ins += ["pk", "pv"]
+        else:
+            ins += ["", ""]
+        ins += ["seqlens", "total"]
+        if rotary:
+            ins += ["cos", "sin"]
+        case(name,
+             [ms("GroupQueryAttention", ins, [o for o, _ in outs], num_heads=nq,
+                 kv_num_heads=nkv, **attrs)],
+             feeds, outs, inits=cos_sin if rotary else None)
+
+    ragged("gqa_ragged_decode", 1, 6, [2, 5, 3], {})
+    ragged("gqa_ragged_decode_grows_buffer", 1, 4, [4, 1], {})
+    ragged("gqa_ragged_rotary_decode_window", 1, 7, [6, 2, 4], {"do_rotary": 1, "local_window_size": 3},
+           rotary=True)
+    ragged("gqa_ragged_prompt_padded", 5, 0, [2, 4], {"do_rotary": 1}, rotary=True)
 
 
 # ---- models as ONNX Runtime's tools write them ----

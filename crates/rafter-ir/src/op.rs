@@ -334,7 +334,10 @@ define_ops! {
     /// n * k_blocks), zero_points? (u8, each row's k_blocks zero points packed the same
     /// way; absent: 2^(bits-1)), bias? [n]. Output [..., n]:
     /// `a @ ((b - zero_point) * scale)^T + bias`. `k_blocks = ceil(k / block_size)`.
-    MatMulBlockQuant "matmul_block_quant" { k: i64, n: i64, bits: i64, block_size: i64 },
+    /// `accuracy_level` is ORT's: 4 first rounds each block of `a` to int8 with an f32 scale
+    /// `max|a| / 127` (ties to even), as ORT's CPU kernel does then; any other value
+    /// multiplies `a` unrounded.
+    MatMulBlockQuant "matmul_block_quant" { k: i64, n: i64, bits: i64, block_size: i64, accuracy_level: i64 },
     /// Operands: x, w, x_zero_point?, w_zero_point?. Output i32.
     ConvInteger "conv_integer" {
         kernel_shape: Vec<i64>, strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>,

@@ -72,6 +72,7 @@ mod activation;
 mod attention;
 mod common;
 mod moe;
+mod nbits;
 mod nhwc;
 mod norm;
 mod pool;
@@ -95,6 +96,7 @@ pub use lowp::{
 };
 #[doc(hidden)]
 pub use lowp::{gemm_i8_accumulate_with_isa, set_half_direct_max_m};
+pub use nbits::{nbits_matmul, round_to_int8, NBitsRef, NBITS_FUSED_MAX_M};
 pub use nhwc::{
     depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, max_pool_nhwc, max_pool_nhwc_with_isa,
     small_conv_nhwc, small_conv_nhwc_with_isa, DepthwiseNhwc, MaxPoolNhwc, SmallConvNhwc,

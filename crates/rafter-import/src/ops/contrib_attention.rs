@@ -77,7 +77,7 @@ fn packed_attention(t: &mut Tr<'_, '_, '_>) -> R {
                 return Err(n.unsupported(format!(
                     "unsupported: weights {} without qkv_hidden_sizes",
                     t.ty(w)
-                )))
+                )));
             }
         },
     };
@@ -284,6 +284,9 @@ fn group_query_attention(t: &mut Tr<'_, '_, '_>) -> R {
                     vec![Some(q)],
                 )?;
                 let start = t.bin("start_pos", BinaryOp::Sub, total, seq)?;
+                // A right-padded first prompt's short rows start at 0 too (ORT's past_b).
+                let zero_s = t.i64_scalar("zero_start", 0);
+                let start = t.bin("start_pos0", BinaryOp::Max, start, zero_s)?;
                 let start = t.tmp(
                     "start_col",
                     Op::Unsqueeze { axes: vec![1] },
@@ -313,6 +316,52 @@ fn group_query_attention(t: &mut Tr<'_, '_, '_>) -> R {
         n.flag("rotary_interleaved", false)?;
     }
     let window = n.i("local_window_size", -1)?;
+    if t.ty(q).dims[0].as_known() != Some(1) {
+        // Sequences of the batch may have different lengths: see `gqa_ragged`.
+        if attn_bias.is_some() {
+            return Err(
+                n.unsupported("unsupported: attention_bias with a batch of per-sequence lengths")
+            );
+        }
+        let sl = t.tmp(
+            "rg_seqlens",
+            Op::Cast { to: DType::I64 },
+            vec![Some(seqlens)],
+        )?;
+        let past = match (past_k, past_v) {
+            (Some(pk), Some(pv)) => Some((pk, pv)),
+            (None, None) => None,
+            _ => return Err(n.invalid("past_key without past_value or the reverse")),
+        };
+        let pb = if past.is_some() {
+            let one = t.i64_scalar("rg_one_p", 1);
+            let zero = t.i64_scalar("rg_zero_p", 0);
+            let seq = t.tmp(
+                "rg_seq_p",
+                Op::Shape {
+                    start: 1,
+                    end: Some(2),
+                },
+                vec![Some(q)],
+            )?;
+            let total = t.bin("rg_total_b", BinaryOp::Add, sl, one)?;
+            let start = t.bin("rg_past_b0", BinaryOp::Sub, total, seq)?;
+            t.bin("rg_past_b", BinaryOp::Max, start, zero)?
+        } else {
+            t.bin("rg_past_b", BinaryOp::Sub, sl, sl)?
+        };
+        let attn = Op::Attention {
+            is_causal: false,
+            kv_num_heads: kv_heads,
+            q_num_heads: heads,
+            qk_matmul_output_mode: 0,
+            scale: n.f_opt("scale")?.filter(|&s| s != 0.0),
+            softcap: n.f("softcap", 0.0)?,
+            left_window_size: -1,
+            right_window_size: -1,
+        };
+        return gqa_ragged(t, q, k, v, past, pb, sl, attn, window);
+    }
     let outs = n.out_names();
     t.finish_outs(
         Op::Attention {
@@ -329,6 +378,183 @@ fn group_query_attention(t: &mut Tr<'_, '_, '_>) -> R {
         super::trim(vec![Some(q), Some(k), Some(v), attn_bias, past_k, past_v]),
         outs.into_iter().take(3).collect(),
     )
+}
+
+/// GroupQueryAttention over a batch whose sequences have different lengths (ORT's
+/// `seqlens_k` varying across the batch), as ORT's CPU kernel computes it: sequence `b`
+/// has `past_b = max(seqlens_k[b] + 1 - S, 0)` cached tokens (0 for a first prompt, whose
+/// rows past `seqlens_k[b]` are padding); its `S` new keys and values are written at
+/// `past_b..past_b + S` of a present buffer of `max(past length, total_sequence_length)`
+/// rows (with no past: the `S` new rows), which keeps the past below `past_b` and is zero
+/// above the new rows; query `i` sees keys `j <= past_b + i` and `j <= seqlens_k[b]`
+/// (and, with a local window `w`, `j > past_b + i - w`). Lowered to gathers with per-batch
+/// indices, an explicit boolean mask and a non-causal IR `attention` over the 3-D
+/// `[batch, rows, kv_heads * head]` present buffers.
+#[allow(clippy::too_many_arguments)]
+fn gqa_ragged(
+    t: &mut Tr<'_, '_, '_>,
+    q: ValueId,
+    k: ValueId,
+    v: ValueId,
+    past: Option<(ValueId, ValueId)>,
+    pb: ValueId,
+    sl: ValueId,
+    attn: Op,
+    window: i64,
+) -> R {
+    let n = t.n;
+    let kv_heads = n.i_req("kv_num_heads")?;
+    let Some(d) = t.ty(k).dims.get(2).and_then(|d| d.as_known()) else {
+        return Err(n.unsupported("unsupported: key of unknown width with per-batch lengths"));
+    };
+    if d % kv_heads != 0 {
+        return Err(n.invalid(format!(
+            "key width {d} is not a multiple of kv_num_heads {kv_heads}"
+        )));
+    }
+    let shape1 = |t: &mut Tr<'_, '_, '_>, s: &str, x: ValueId, axis: i64| -> R<ValueId> {
+        let d = t.tmp(
+            s,
+            Op::Shape {
+                start: axis,
+                end: Some(axis + 1),
+            },
+            vec![Some(x)],
+        )?;
+        t.tmp(
+            &format!("{s}_scalar"),
+            Op::Squeeze { axes: vec![0] },
+            vec![Some(d)],
+        )
+    };
+    let unsq = |t: &mut Tr<'_, '_, '_>, s: &str, x: ValueId, axes: Vec<i64>| {
+        t.tmp(s, Op::Unsqueeze { axes }, vec![Some(x)])
+    };
+    let (zero, one) = (t.i64_scalar("rg_zero", 0), t.i64_scalar("rg_one", 1));
+    let seq = shape1(t, "rg_seq", q, 1)?;
+    // Rows of the present buffers.
+    let rows = match past {
+        Some((pk, _)) => {
+            let pp = shape1(t, "rg_past_len", pk, 2)?;
+            let total = t.req(6)?;
+            let total = t.tmp("rg_total", Op::Cast { to: DType::I64 }, vec![Some(total)])?;
+            let scalar = t.i64_const("rg_scalar_shape", &[]);
+            let total = t.tmp(
+                "rg_total_scalar",
+                Op::Reshape { allow_zero: false },
+                vec![Some(total), Some(scalar)],
+            )?;
+            Some((pp, t.bin("rg_rows", BinaryOp::Max, pp, total)?))
+        }
+        None => None,
+    };
+    let p = rows.map_or(seq, |(_, r)| r);
+    let cols = t.tmp("rg_cols", Op::Range, vec![Some(zero), Some(p), Some(one)])?;
+    let pb2 = unsq(t, "rg_past_col", pb, vec![1])?;
+    let rel = t.bin("rg_rel", BinaryOp::Sub, cols, pb2)?;
+    let (k_rows, v_rows) = match (past, rows) {
+        (Some((pk, pv)), Some((pp, _))) => {
+            let ge = t.bin("rg_ge0", BinaryOp::GreaterOrEqual, rel, zero)?;
+            let lt = t.bin("rg_lt_seq", BinaryOp::Less, rel, seq)?;
+            let in_new = t.bin("rg_in_new", BinaryOp::And, ge, lt)?;
+            let in_new = unsq(t, "rg_in_new3", in_new, vec![2])?;
+            let last = t.bin("rg_seq_last", BinaryOp::Sub, seq, one)?;
+            let idx = t.bin("rg_rel_lo", BinaryOp::Max, rel, zero)?;
+            let idx = t.bin("rg_rel_hi", BinaryOp::Min, idx, last)?;
+            let idx_new = unsq(t, "rg_idx_new", idx, vec![2])?;
+            // Past rows below past_b; every other row reads the zero row appended at Pp.
+            let below = t.bin("rg_below", BinaryOp::Less, cols, pb2)?;
+            let capped = t.bin("rg_capped", BinaryOp::Min, cols, pp)?;
+            let idx_past = t.tmp(
+                "rg_idx_past2",
+                Op::Where,
+                vec![Some(below), Some(capped), Some(pp)],
+            )?;
+            let idx_past = unsq(t, "rg_idx_past", idx_past, vec![2])?;
+            let mut out = Vec::new();
+            for (s, new, past) in [("k", k, pk), ("v", v, pv)] {
+                let new_g = t.tmp(
+                    &format!("rg_{s}_new"),
+                    Op::GatherNd { batch_dims: 1 },
+                    vec![Some(new), Some(idx_new)],
+                )?;
+                let pt = t.tmp(
+                    &format!("rg_{s}_past_t"),
+                    Op::Transpose {
+                        perm: vec![0, 2, 1, 3],
+                    },
+                    vec![Some(past)],
+                )?;
+                let flat = t.i64_const(&format!("rg_{s}_flat"), &[0, 0, d]);
+                let pr = t.tmp(
+                    &format!("rg_{s}_past_r"),
+                    Op::Reshape { allow_zero: false },
+                    vec![Some(pt), Some(flat)],
+                )?;
+                let first = t.slice_axis(&format!("rg_{s}_first"), new, 1, 0, 1)?;
+                let zrow = t.bin(&format!("rg_{s}_zero_row"), BinaryOp::Sub, first, first)?;
+                let ext = t.tmp(
+                    &format!("rg_{s}_past_ext"),
+                    Op::Concat { axis: 1 },
+                    vec![Some(pr), Some(zrow)],
+                )?;
+                let past_g = t.tmp(
+                    &format!("rg_{s}_past_g"),
+                    Op::GatherNd { batch_dims: 1 },
+                    vec![Some(ext), Some(idx_past)],
+                )?;
+                out.push(t.tmp(
+                    &format!("rg_{s}_rows"),
+                    Op::Where,
+                    vec![Some(in_new), Some(new_g), Some(past_g)],
+                )?);
+            }
+            (out[0], out[1])
+        }
+        _ => (k, v),
+    };
+    // The mask [batch, 1, S, P]: key j seen by query i iff j <= past_b + i, j <= seqlens_k.
+    let qi = t.tmp("rg_qi", Op::Range, vec![Some(zero), Some(seq), Some(one)])?;
+    let qi = unsq(t, "rg_qi_col", qi, vec![1])?;
+    let pb3 = unsq(t, "rg_past3", pb, vec![1, 2])?;
+    let lim = t.bin("rg_lim", BinaryOp::Add, pb3, qi)?;
+    let causal = t.bin("rg_causal", BinaryOp::LessOrEqual, cols, lim)?;
+    let sl3 = unsq(t, "rg_sl3", sl, vec![1, 2])?;
+    let inside = t.bin("rg_inside", BinaryOp::LessOrEqual, cols, sl3)?;
+    let mut mask = t.bin("rg_mask3", BinaryOp::And, causal, inside)?;
+    if window > 0 {
+        let w = t.i64_scalar("rg_window", window);
+        let from = t.bin("rg_window_from", BinaryOp::Sub, lim, w)?;
+        let recent = t.bin("rg_recent", BinaryOp::Greater, cols, from)?;
+        mask = t.bin("rg_mask3w", BinaryOp::And, mask, recent)?;
+    }
+    let mask = unsq(t, "rg_mask", mask, vec![1])?;
+    let outs = n.out_names();
+    t.finish_outs(
+        attn,
+        vec![Some(q), Some(k_rows), Some(v_rows), Some(mask)],
+        vec![outs[0].clone()],
+    )?;
+    for (i, (s, x)) in [(1, ("k", k_rows)), (2, ("v", v_rows))] {
+        if !n.has_output(i) {
+            continue;
+        }
+        let shape = t.i64_const(&format!("rg_{s}_heads"), &[0, 0, kv_heads, d / kv_heads]);
+        let r = t.tmp(
+            &format!("rg_{s}_split"),
+            Op::Reshape { allow_zero: false },
+            vec![Some(x), Some(shape)],
+        )?;
+        let p = t.tmp(
+            &format!("rg_{s}_present"),
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            vec![Some(r)],
+        )?;
+        t.bind(i, p)?;
+    }
+    Ok(())
 }
 
 /// Contrib `RotaryEmbedding`: input, position_ids (`[batch, seq]`, or `[1]`: an offset
@@ -361,7 +587,7 @@ fn rotary_embedding(t: &mut Tr<'_, '_, '_>) -> R {
                      from cos_cache {})",
                     t.ty(x),
                     t.ty(cos)
-                )))
+                )));
             }
         }
     }

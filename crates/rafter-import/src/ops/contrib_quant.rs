@@ -68,7 +68,8 @@ fn matmul_nbits(t: &mut Tr<'_, '_, '_>) -> R {
     let cols = n.i_req("N")?;
     let bits = n.i("bits", 4)?;
     let block = n.i_req("block_size")?;
-    n.i("accuracy_level", 0)?;
+    // 4: ORT's CPU kernel rounds A to int8 per block (SQNBIT_CompInt8); kept for ours.
+    let accuracy_level = n.i("accuracy_level", 0)?;
     if block < 16 || (block as u64).count_ones() != 1 {
         return Err(n.invalid(format!("block_size {block} is not a power of 2 >= 16")));
     }
@@ -95,6 +96,7 @@ fn matmul_nbits(t: &mut Tr<'_, '_, '_>) -> R {
             n: cols,
             bits,
             block_size: block,
+            accuracy_level,
         },
         super::trim(vec![Some(a), Some(b), Some(scales), zp, bias]),
     )

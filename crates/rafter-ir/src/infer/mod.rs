@@ -170,6 +170,7 @@ fn dispatch(cx: &mut Cx<'_, '_, '_>) -> R {
             n,
             bits,
             block_size,
+            ..
         } => linalg::matmul_block_quant(cx, *k, *n, *bits, *block_size),
         Op::Gemm {
             trans_a, trans_b, ..

@@ -17,7 +17,8 @@
 //!
 //! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
-//! [`conv_nhwc`], [`block_nhwc`] (a fused channels-last depthwise block),
+//! [`conv_nhwc`], [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`]
+//! (MatMulNBits weights),
 //! [`pool`], [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
 //! norm), [`softmax`] (with an additive row mask), [`elementwise`] (tile programs).
 //!
@@ -30,6 +31,7 @@
 //! view), the dispatch falls back to the reference path, which takes one view at a time.
 
 mod block_nhwc;
+mod block_quant;
 mod conv;
 mod conv_nhwc;
 mod elementwise;
@@ -202,6 +204,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         return elementwise::select(body, par);
     }
     llm::select(body, par)
+        .or_else(|| block_quant::select(body, par))
         .or_else(|| matmul::select(body, par))
         .or_else(|| conv::select(body, par))
         .or_else(|| conv_nhwc::select(body, par))

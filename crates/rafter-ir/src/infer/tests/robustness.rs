@@ -201,12 +201,14 @@ fn all_ops() -> Vec<Op> {
             n: 2,
             bits: 4,
             block_size: 16,
+            accuracy_level: 0,
         },
         Op::MatMulBlockQuant {
             k: i64::MAX,
             n: i64::MAX,
             bits: 8,
             block_size: 1,
+            accuracy_level: 4,
         },
         Op::ConvNhwc {
             kernel_shape: vec![3, 3],

@@ -14,6 +14,8 @@ pub struct BlockQuant {
     pub n: usize,
     pub bits: usize,
     pub block_size: usize,
+    /// ORT's `accuracy_level` 4: `a` rounded to int8 per block first ([`round_to_int8`]).
+    pub int8_activations: bool,
 }
 
 impl BlockQuant {
@@ -69,8 +71,15 @@ pub fn matmul_block_quant(inputs: &[Option<&Tensor>], q: BlockQuant) -> Result<T
             q.block_size
         ));
     }
-    let a: Vec<f32> = a.iter().copied().collect();
+    let mut a: Vec<f32> = a.iter().copied().collect();
     let rows = a.len() / k;
+    if q.int8_activations {
+        for row in a.chunks_mut(k.max(1)) {
+            for blk in row.chunks_mut(q.block_size) {
+                round_to_int8(blk);
+            }
+        }
+    }
     let default_zp = 1u8 << (q.bits - 1);
     let mut out = vec![0f32; rows * n];
     let mut w = vec![0f32; q.block_size];
@@ -102,4 +111,17 @@ pub fn matmul_block_quant(inputs: &[Option<&Tensor>], q: BlockQuant) -> Result<T
     Ok(Tensor::F32(
         ArrayD::from_shape_vec(IxDyn(&oshape), out).expect("sized"),
     ))
+}
+
+/// Replaces a block of activations by its int8 rounding, as ONNX Runtime's CPU MatMulNBits
+/// quantizes A at `accuracy_level` 4: scale `max|x| / 127` (f32), `q = x * (127 / max|x|)`
+/// rounded to nearest, ties to even; the value `q * scale` stands for `x` in the product.
+/// (The int8 dot products ORT then runs give these same values up to f32 rounding.)
+pub(crate) fn round_to_int8(block: &mut [f32]) {
+    let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let scale = amax / 127.0;
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for v in block.iter_mut() {
+        *v = (*v * inv).round_ties_even() * scale;
+    }
 }

@@ -39,12 +39,14 @@ pub fn eval(
             n,
             bits,
             block_size,
+            accuracy_level,
         } => {
             let q = block_quant::BlockQuant {
                 k: *k as usize,
                 n: *n as usize,
                 bits: *bits as usize,
                 block_size: *block_size as usize,
+                int8_activations: *accuracy_level == 4,
             };
             block_quant::matmul_block_quant(inputs, q).map(one)
         }

@@ -658,6 +658,7 @@ fn matmul_block_quant_matches_hand_computed_values() {
         n: 2,
         bits: 4,
         block_size: 16,
+        accuracy_level: 0,
     };
     let mut b = vec![0u8; 16];
     b[..2].copy_from_slice(&[0x21, 0x03]);
@@ -673,6 +674,34 @@ fn matmul_block_quant_matches_hand_computed_values() {
     assert_eq!(y, f(&[2, 2], &[5.0, -19.0, 0.5, -17.0]));
     // Without zero points, 8: row 0 is [-3.5, -3, -2.5].
     let ins = [Some(&a), Some(&b), Some(&scales)];
-    let y = run_op(op, &ins, &[DType::F32]).remove(0).unwrap();
+    let y = run_op(op.clone(), &ins, &[DType::F32]).remove(0).unwrap();
     assert_eq!(y, f(&[2, 2], &[-17.0, 14.0 - 32.0, -0.5, -16.0]));
+    // accuracy_level 4: a's row [1, 2, 3] becomes [42, 85, 127] * 3/127 (1 * 127/3 =
+    // 42.33, 2 * 127/3 = 84.67), so y[0] = [0.5*85*3/127 + 3 + 1, (14*42 - 16*85)*3/127 - 1];
+    // row [0, 1, -1] is exact (1 * 127/1 = 127).
+    let Op::MatMulBlockQuant {
+        k,
+        n,
+        bits,
+        block_size,
+        ..
+    } = op
+    else {
+        unreachable!()
+    };
+    let op4 = Op::MatMulBlockQuant {
+        k,
+        n,
+        bits,
+        block_size,
+        accuracy_level: 4,
+    };
+    let ins = [Some(&a), Some(&b), Some(&scales), Some(&zp), Some(&bias)];
+    let Tensor::F32(y) = run_op(op4, &ins, &[DType::F32]).remove(0).unwrap() else {
+        panic!("f32 output")
+    };
+    let want = [127.5 / 127.0 + 4.0, -2316.0 / 127.0 - 1.0, 0.5, -17.0];
+    for (g, w) in y.iter().zip(want) {
+        assert!((g - w).abs() < 1e-5, "{y:?} vs {want:?}");
+    }
 }
