@@ -1,8 +1,10 @@
 //! Prefill attention (`cached_attention`) on a Qwen3-0.6B layer's shape: 128 queries at
 //! past 0, 16 query / 8 key-value heads of 128, the cache sized for 4096 positions (its row
-//! stride is the model's), causal. Alternates a group's heads two at a time (the default)
-//! with one at a time, in every round, and prints the median time per call and GFLOP/s
-//! (4 flops per query head, key and element: the scores and the weighted sum).
+//! stride is the model's), causal. Prints the median time per call over rounds and GFLOP/s
+//! (4 flops per query head, key and element: the scores and the weighted sum). With one
+//! thread it also reports the thread's own CPU time per call (from
+//! `/proc/thread-self/schedstat` on Linux), which a loaded machine's time slicing does not
+//! inflate.
 //!
 //! ```sh
 //! cargo bench -p rafter-kernels-cpu --bench attention -- --threads 1,2 --rounds 9
@@ -10,9 +12,7 @@
 
 use std::time::Instant;
 
-use rafter_kernels_cpu::{
-    cached_attention, set_attention_head_pairs, CachedAttention, Parallel, Sequential, WorkerPool,
-};
+use rafter_kernels_cpu::{cached_attention, CachedAttention, Parallel, Sequential, WorkerPool};
 
 fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
     (0..len)
@@ -23,6 +23,12 @@ fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
             (*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         })
         .collect()
+}
+
+/// Nanoseconds this thread has run on a CPU (Linux), or `None`.
+fn thread_cpu_ns() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -62,26 +68,28 @@ fn main() {
     for &t in &threads {
         let pool = WorkerPool::new(t).expect("pool");
         let par: &dyn Parallel = if t == 1 { &Sequential } else { &pool };
-        let mut times = [Vec::new(), Vec::new()];
+        let (mut wall, mut cpu) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
-            for (variant, pairs) in [true, false].into_iter().enumerate() {
-                set_attention_head_pairs(pairs);
-                let start = Instant::now();
-                let calls = 10;
-                for _ in 0..calls {
-                    cached_attention(&a, &q, &k, &v, 0, &mut out, par).expect("attention");
-                }
-                times[variant].push(start.elapsed().as_secs_f64() / calls as f64);
+            let calls = 10;
+            let (start, cpu0) = (Instant::now(), thread_cpu_ns());
+            for _ in 0..calls {
+                cached_attention(&a, &q, &k, &v, 0, &mut out, par).expect("attention");
+            }
+            wall.push(start.elapsed().as_secs_f64() / calls as f64);
+            if let (Some(c0), Some(c1)) = (cpu0, thread_cpu_ns()) {
+                cpu.push((c1 - c0) * 1e-9 / calls as f64);
             }
         }
-        set_attention_head_pairs(true);
-        for (name, tv) in ["heads in pairs", "one head at a time"].iter().zip(times) {
-            let s = median(tv);
-            println!(
-                "threads {t} seq {seq}: {name:>18}: {:8.1} us, {:6.1} GFLOP/s",
-                s * 1e6,
-                flops / s / 1e9
-            );
+        let w = median(wall);
+        print!(
+            "threads {t} seq {seq}: wall {:8.1} us ({:6.1} GFLOP/s)",
+            w * 1e6,
+            flops / w / 1e9
+        );
+        if t == 1 && !cpu.is_empty() {
+            let c = median(cpu);
+            print!(", CPU {:8.1} us ({:6.1} GFLOP/s)", c * 1e6, flops / c / 1e9);
         }
+        println!();
     }
 }

@@ -11,31 +11,15 @@
 //! Work is split into items `(query row, key/value head)`: an item computes the
 //! `q_heads / kv_heads` query heads that share that key/value head, so each key row is
 //! read once for the whole group while it is in L1, and the item's output is a contiguous
-//! segment of the output row. The group's query heads go two at a time (an odd last one
-//! alone), so each key and value vector loaded serves two heads: in prefill the keys and
-//! values of a head no longer fit in L1 (128 positions of 128 floats are 64 KiB), so
-//! these loads come from L2 and bound the loop. Per query head, scores are computed four keys at a time into
+//! segment of the output row. Per query head, scores are computed four keys at a time into
 //! a scratch row, soft-capped and normalised with one max and one vectorised `exp` pass,
 //! then the value rows are summed into output vectors held in registers across the keys
 //! (a decode step at 1000 cached positions: 395 -> 176 us on 2 threads, 16/8 heads of 128). Everything stays f32, with the reductions (dot
 //! products, the softmax sum) in vector lanes; the tests hold it to an f64 reference.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::common::{check_isa, par_blocks, Disjoint, KernelError};
 use crate::simd::{self, Simd};
 use crate::{Isa, Parallel};
-
-/// Whether a group's query heads are computed two at a time (see [`attend_generic`]);
-/// cleared only by the bench, to compare against one head at a time in the same run.
-static HEAD_PAIRS: AtomicBool = AtomicBool::new(true);
-
-/// Computes a group's query heads two at a time (`true`, the default) or one at a time,
-/// for every later call in the process. For the bench's A/B runs.
-#[doc(hidden)]
-pub fn set_attention_head_pairs(on: bool) {
-    HEAD_PAIRS.store(on, Ordering::Relaxed);
-}
 
 /// The shape and options of a [`cached_attention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -127,23 +111,6 @@ pub fn cached_attention_with_isa(
     out: &mut [f32],
     par: &dyn Parallel,
 ) -> Result<(), KernelError> {
-    let pairs = HEAD_PAIRS.load(Ordering::Relaxed);
-    attention_with(isa, a, q, k, v, past, out, par, pairs)
-}
-
-/// [`cached_attention_with_isa`], with a group's heads two at a time or not (`pairs`).
-#[allow(clippy::too_many_arguments)]
-fn attention_with(
-    isa: Isa,
-    a: &CachedAttention,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    past: usize,
-    out: &mut [f32],
-    par: &dyn Parallel,
-    pairs: bool,
-) -> Result<(), KernelError> {
     check_isa(isa)?;
     let (seq, total) = a.check(q, k, v, past, out)?;
     let group = a.q_heads / a.kv_heads;
@@ -156,7 +123,7 @@ fn attention_with(
         // SAFETY: items map to consecutive, disjoint `segment`-element parts of `out`
         // (row-major `(row, kv head)` order), and `par_blocks` hands out disjoint ranges.
         let o = unsafe { dst.part(range.start * segment..range.end * segment) };
-        attend_isa(isa, a, q, k, v, past, range.start, o, pairs);
+        attend_isa(isa, a, q, k, v, past, range.start, o);
     });
     Ok(())
 }
@@ -169,7 +136,6 @@ simd_dispatch!(fn attend_isa(
     past: usize,
     first_item: usize,
     out: &mut [f32],
-    pairs: bool,
 ) => attend_generic);
 
 /// Items `first_item..` of the call, as many as `out` holds segments for.
@@ -184,14 +150,11 @@ fn attend_generic<S: Simd>(
     past: usize,
     first_item: usize,
     out: &mut [f32],
-    pairs: bool,
 ) {
     let d = a.head_dim;
     let group = a.q_heads / a.kv_heads;
     let (qw, kw) = (a.q_heads * d, a.kv_heads * d);
     let mut scores = Vec::new();
-    // Heads below `paired` go two at a time (`group` rounded down to even, or none).
-    let paired = if pairs { group / 2 * 2 } else { 0 };
     for (n, seg) in out.chunks_exact_mut(group * d).enumerate() {
         let item = first_item + n;
         let (row, g) = (item / a.kv_heads, item % a.kv_heads);
@@ -200,127 +163,35 @@ fn attend_generic<S: Simd>(
         let keys = pos + 1 - lo;
         scores.clear();
         scores.resize(group * keys, 0.0);
-        // Scores of every query head of the group, two heads and four key rows at a time:
-        // each key vector load serves two heads, each query vector load four keys.
+        // Scores of every query head of the group, four key rows at a time (each query
+        // vector load serves four keys).
         let key = |j: usize| &k[(lo + j) * kw + g * d..][..d];
-        let query = |h: usize| &q[row * qw + (g * group + h) * d..][..d];
-        let mut h = 0;
-        while h < paired {
-            let (first, second) = scores[h * keys..(h + 2) * keys].split_at_mut(keys);
-            head_pair_scores(s, [query(h), query(h + 1)], &key, a.scale, [first, second]);
-            h += 2;
+        for h in 0..group {
+            let qr = &q[row * qw + (g * group + h) * d..][..d];
+            let sc = &mut scores[h * keys..(h + 1) * keys];
+            let mut j = 0;
+            while j + 4 <= keys {
+                let dots = dot4(s, qr, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
+                for (t, dt) in dots.into_iter().enumerate() {
+                    sc[j + t] = dt * a.scale;
+                }
+                j += 4;
+            }
+            for (jj, v) in sc.iter_mut().enumerate().skip(j) {
+                *v = dot(s, qr, key(jj)) * a.scale;
+            }
         }
-        for h in h..group {
-            head_scores(
-                s,
-                query(h),
-                &key,
-                a.scale,
-                &mut scores[h * keys..(h + 1) * keys],
-            );
-        }
-        for sc in scores.chunks_exact_mut(keys) {
+        for (h, o) in seg.chunks_exact_mut(d).enumerate() {
+            let sc = &mut scores[h * keys..(h + 1) * keys];
             if a.softcap > 0.0 {
                 softcap(s, sc, a.softcap);
             }
             let sum = exp_normalise(s, sc);
             let inv = 1.0 / sum;
             sc.iter_mut().for_each(|p| *p *= inv);
-        }
-        // Value rows summed for two heads at a time (each value vector load serves both).
-        let value = |j: usize| &v[(lo + j) * kw + g * d..][..d];
-        let mut h = 0;
-        while h < paired {
-            let (o0, o1) = seg[h * d..(h + 2) * d].split_at_mut(d);
-            let (p0, p1) = scores[h * keys..(h + 2) * keys].split_at(keys);
-            weighted_rows_pair(s, [p0, p1], value, [o0, o1]);
-            h += 2;
-        }
-        for h in h..group {
-            let p = &scores[h * keys..(h + 1) * keys];
-            weighted_rows(s, p, value, &mut seg[h * d..(h + 1) * d]);
+            weighted_rows(s, sc, |j| &v[(lo + j) * kw + g * d..][..d], o);
         }
     }
-}
-
-/// `sc[j] = scale * (qr · key(j))` for every key of one query head.
-#[inline(always)]
-fn head_scores<'k, S: Simd>(
-    s: S,
-    qr: &[f32],
-    key: &impl Fn(usize) -> &'k [f32],
-    scale: f32,
-    sc: &mut [f32],
-) {
-    let keys = sc.len();
-    let mut j = 0;
-    while j + 4 <= keys {
-        let dots = dot4(s, qr, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
-        for (t, dt) in dots.into_iter().enumerate() {
-            sc[j + t] = dt * scale;
-        }
-        j += 4;
-    }
-    for (jj, v) in sc.iter_mut().enumerate().skip(j) {
-        *v = dot(s, qr, key(jj)) * scale;
-    }
-}
-
-/// [`head_scores`] for two query heads of one group, sharing every key load. Each score
-/// is summed in the same order as [`head_scores`] sums it, so the results are identical.
-#[inline(always)]
-fn head_pair_scores<'k, S: Simd>(
-    s: S,
-    qr: [&[f32]; 2],
-    key: &impl Fn(usize) -> &'k [f32],
-    scale: f32,
-    sc: [&mut [f32]; 2],
-) {
-    let keys = sc[0].len();
-    let [sc0, sc1] = sc;
-    let mut j = 0;
-    while j + 4 <= keys {
-        let [d0, d1] = dot4_pair(s, qr, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
-        for t in 0..4 {
-            sc0[j + t] = d0[t] * scale;
-            sc1[j + t] = d1[t] * scale;
-        }
-        j += 4;
-    }
-    for jj in j..keys {
-        sc0[jj] = dot(s, qr[0], key(jj)) * scale;
-        sc1[jj] = dot(s, qr[1], key(jj)) * scale;
-    }
-}
-
-/// The dot products of two query vectors with four rows (each row vector loaded once for
-/// both), accumulated in [`dot4`]'s order.
-#[inline(always)]
-fn dot4_pair<S: Simd>(s: S, q: [&[f32]; 2], rows: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    let n = q[0].len();
-    let mut acc = [[s.splat(0.0); 4]; 2];
-    let mut i = 0;
-    while i + S::LANES <= n {
-        let qv = [s.load(&q[0][i..]), s.load(&q[1][i..])];
-        for (t, r) in rows.iter().enumerate() {
-            let rv = s.load(&r[i..]);
-            acc[0][t] = s.fma(qv[0], rv, acc[0][t]);
-            acc[1][t] = s.fma(qv[1], rv, acc[1][t]);
-        }
-        i += S::LANES;
-    }
-    if i < n {
-        let qv = [
-            s.load_partial(&q[0][i..], 0.0),
-            s.load_partial(&q[1][i..], 0.0),
-        ];
-        for (t, r) in rows.iter().enumerate() {
-            let rv = s.load_partial(&r[i..], 0.0);
-            acc[0][t] = s.fma(qv[0], rv, acc[0][t]);
-            acc[1][t] = s.fma(qv[1], rv, acc[1][t]);
-        }
-    }
-    acc.map(|a| a.map(|v| s.reduce_add(v)))
 }
 
 /// The dot products of `q` with four rows.
@@ -367,60 +238,16 @@ fn weighted_rows<'r, S: Simd>(s: S, p: &[f32], row: impl Fn(usize) -> &'r [f32],
                 }
             }
         }
-        store_block(s, &acc, &mut out[c..c + width]);
-        c += width;
-    }
-}
-
-/// [`weighted_rows`] for two heads' probabilities over the same rows: each row vector is
-/// loaded once for both, and every output is summed in [`weighted_rows`]' order.
-#[inline(always)]
-fn weighted_rows_pair<'r, S: Simd>(
-    s: S,
-    p: [&[f32]; 2],
-    row: impl Fn(usize) -> &'r [f32],
-    out: [&mut [f32]; 2],
-) {
-    let d = out[0].len();
-    let [out0, out1] = out;
-    let block = 4 * S::LANES;
-    let mut c = 0;
-    while c < d {
-        let width = block.min(d - c);
-        let mut acc = [[s.splat(0.0); 4]; 2];
-        for (j, (&p0, &p1)) in p[0].iter().zip(p[1]).enumerate() {
-            let r = &row(j)[c..c + width];
-            let pv = [s.splat(p0), s.splat(p1)];
-            for t in 0..4 {
-                let at = t * S::LANES;
-                let rv = if at + S::LANES <= width {
-                    s.load(&r[at..])
-                } else if at < width {
-                    s.load_partial(&r[at..], 0.0)
-                } else {
-                    break;
-                };
-                acc[0][t] = s.fma(pv[0], rv, acc[0][t]);
-                acc[1][t] = s.fma(pv[1], rv, acc[1][t]);
+        let o = &mut out[c..c + width];
+        for (t, a) in acc.iter().enumerate() {
+            let at = t * S::LANES;
+            if at + S::LANES <= width {
+                s.store(&mut o[at..], *a);
+            } else if at < width {
+                s.store_partial(&mut o[at..], *a);
             }
         }
-        store_block(s, &acc[0], &mut out0[c..c + width]);
-        store_block(s, &acc[1], &mut out1[c..c + width]);
         c += width;
-    }
-}
-
-/// Stores the first `o.len()` (at most four vectors' worth) lanes of `acc` into `o`.
-#[inline(always)]
-fn store_block<S: Simd>(s: S, acc: &[S::V; 4], o: &mut [f32]) {
-    let width = o.len();
-    for (t, a) in acc.iter().enumerate() {
-        let at = t * S::LANES;
-        if at + S::LANES <= width {
-            s.store(&mut o[at..], *a);
-        } else if at < width {
-            s.store_partial(&mut o[at..], *a);
-        }
     }
 }
 
@@ -552,19 +379,19 @@ mod tests {
         let v = data(total * a.kv_heads * d, 3);
         let want = reference(&a, &q, &k, &v, past);
         for isa in simd::tests::isas() {
-            for (threads, pairs) in [(1, true), (3, true), (1, false)] {
+            for threads in [1, 3] {
                 let mut out = vec![f32::NAN; q.len()];
                 let r = if threads == 1 {
-                    attention_with(isa, &a, &q, &k, &v, past, &mut out, &Sequential, pairs)
+                    cached_attention_with_isa(isa, &a, &q, &k, &v, past, &mut out, &Sequential)
                 } else {
                     let par = ScopedThreads::new(threads);
-                    attention_with(isa, &a, &q, &k, &v, past, &mut out, &par, pairs)
+                    cached_attention_with_isa(isa, &a, &q, &k, &v, past, &mut out, &par)
                 };
                 r.unwrap();
                 for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
                     assert!(
                         (o as f64 - w).abs() <= 2e-6 * (1.0 + w.abs()),
-                        "{a:?} seq {seq} past {past} {isa:?} x{threads} pairs {pairs}: element {i}: {o} vs {w}"
+                        "{a:?} seq {seq} past {past} {isa:?} x{threads}: element {i}: {o} vs {w}"
                     );
                 }
             }
@@ -589,10 +416,6 @@ mod tests {
         check(attn(8, 2, 40), 1, 9, 3);
         check(attn(4, 4, 64), 5, 6, 0);
         check(attn(6, 1, 16), 1, 0, 5);
-        // Odd groups (three query heads per key/value head): a pair and a single head.
-        check(attn(6, 2, 24), 9, 0, 0);
-        check(attn(6, 2, 24), 3, 5, 2);
-        check(attn(3, 1, 128), 12, 0, 0);
     }
 
     #[test]
