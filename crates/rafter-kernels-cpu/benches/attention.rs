@@ -12,7 +12,9 @@
 
 use std::time::Instant;
 
-use rafter_kernels_cpu::{cached_attention, CachedAttention, Parallel, Sequential, WorkerPool};
+use rafter_kernels_cpu::{
+    cached_attention, set_attention_packing, CachedAttention, Parallel, Sequential, WorkerPool,
+};
 
 fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
     (0..len)
@@ -65,7 +67,8 @@ fn main() {
     let v = rnd(&mut seed, total * kv_heads * d);
     let mut out = vec![0f32; q.len()];
     let flops = 4.0 * (q_heads * d) as f64 * (seq * (seq + 1) / 2) as f64;
-    for &t in &threads {
+    for (&t, pack) in threads.iter().flat_map(|t| [(t, true), (t, false)]) {
+        set_attention_packing(pack);
         let pool = WorkerPool::new(t).expect("pool");
         let par: &dyn Parallel = if t == 1 { &Sequential } else { &pool };
         let (mut wall, mut cpu) = (Vec::new(), Vec::new());
@@ -82,7 +85,7 @@ fn main() {
         }
         let w = median(wall);
         print!(
-            "threads {t} seq {seq}: wall {:8.1} us ({:6.1} GFLOP/s)",
+            "threads {t} seq {seq} packed {pack:5}: wall {:8.1} us ({:6.1} GFLOP/s)",
             w * 1e6,
             flops / w / 1e9
         );
