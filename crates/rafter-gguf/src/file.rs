@@ -42,10 +42,17 @@ impl std::fmt::Debug for GgufFile {
     }
 }
 
-/// Memory-maps `path` read-only as one [`Bytes`] buffer.
+/// Memory-maps `path` read-only as one [`Bytes`] buffer, with its pages mapped up front.
 ///
 /// A map reflects later changes to the file: callers must not modify or truncate a model
 /// file while any slice of it is alive (rafter treats model files as immutable inputs).
+///
+/// Why populate (`MAP_POPULATE` on Linux; a no-op elsewhere): a model's weights are all
+/// read by its first call, so mapping them lazily only moves one page fault per 4-64 KiB
+/// of weights into that call (48,600 minor faults, ~9% of the CPU time of a 128-token
+/// prefill of the Qwen3-0.6B-shaped f16 GGUF, `perf record`). Populating maps the pages
+/// (already in the page cache, or read from disk) in one system call at open, as
+/// llama.cpp's loader does; the resident size after the first call is the same.
 pub fn map_file(path: &Path) -> std::io::Result<Bytes> {
     let file = File::open(path)?;
     if file.metadata()?.len() == 0 {
@@ -54,7 +61,7 @@ pub fn map_file(path: &Path) -> std::io::Result<Bytes> {
     // SAFETY: the map is read-only and private to this process. The remaining hazard is
     // another process truncating or rewriting the file while it is mapped, which the
     // doc comment above makes the caller's contract.
-    let map = unsafe { memmap2::Mmap::map(&file) }?;
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }?;
     Ok(Bytes::from_owner(map))
 }
 
