@@ -268,6 +268,31 @@ mod tests {
     }
 
     #[test]
+    fn auto_and_device_sets_place_by_the_cost_model() {
+        use rafter_opt::partition::Strategy;
+        std::env::set_var("RAFTER_DEVICE_PROFILES", "");
+        assert_eq!(
+            target("cpu").unwrap().placement().strategy,
+            Strategy::Greedy
+        );
+        assert!(target("cpu,cpu").unwrap().is_cpu_only());
+        let e = target("cpu,npu").unwrap_err().to_string();
+        assert!(e.starts_with("unknown target `npu`"), "{e}");
+        #[cfg(feature = "vulkan")]
+        {
+            assert_eq!(
+                target("vulkan").unwrap().placement().strategy,
+                Strategy::Greedy
+            );
+            for name in ["auto", "cpu,vulkan", "vulkan,cpu"] {
+                let t = target(name).unwrap();
+                assert_eq!(t.placement().strategy, Strategy::CostModel, "{name}");
+                assert_eq!(t.name(), "vulkan");
+            }
+        }
+    }
+
+    #[test]
     fn a_kernel_on_a_device_without_a_backend_is_an_error() {
         let mut p = rafter_opt::compile(&graph(), &CompileOptions::default()).unwrap();
         p.kernels[0].device = "npu".into();
