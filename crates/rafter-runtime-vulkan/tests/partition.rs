@@ -224,6 +224,7 @@ fn a_memory_limit_splits_a_model_and_its_outputs_match_the_cpu_run() {
     assert!(devs.iter().any(|d| d == "cpu"), "{devs:?}");
     let s = session(&split, &devices);
     check_in_flight(&s, &want, "memory-limited split");
-    let err = compile(Some(100)).unwrap_err().to_string();
-    assert!(err.contains("no placement fits"), "{err}");
+    // Room for nothing on the GPU: the host (unlimited) takes every kernel.
+    let none = compile(Some(100)).unwrap();
+    assert!(on(&none).iter().all(|d| d == "cpu"), "{:?}", on(&none));
 }
