@@ -16,10 +16,14 @@ pub struct CompileArgs {
     /// The artifact to write (default: the model's path with extension .rfa).
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
-    /// The machine to compile for: `cpu`, or `vulkan` (kernels the SPIR-V generator supports
-    /// on the GPU, the rest on the CPU; `rafter plan` shows which and why).
+    /// The machine to compile for: `cpu`; `vulkan` (kernels the SPIR-V generator supports
+    /// on the GPU, the rest on the CPU; `rafter plan` shows which and why); `auto` (every
+    /// device found, placed by the cost model); or a device set such as `cpu,vulkan`
+    /// (placed by the cost model).
     #[arg(long, default_value = "cpu")]
     target: String,
+    #[command(flatten)]
+    placement: crate::placement::PlacementArgs,
     /// An upper bound of a symbolic dim, as SYMBOL<=N (seq<=2048); SYMBOL=N is the same
     /// bound; or of a sum (past+seq<=4096: for an LLM, the positions its KV caches hold).
     /// Memory is planned for the bounds; a call above one is rejected.
@@ -43,7 +47,7 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     if args.weights.is_some() {
         bail!("--weights applies to LLMs (Hugging Face folders and GGUF files)");
     }
-    let target = model::parse_target(&args.target)?;
+    let target = args.placement.apply(model::parse_target(&args.target)?)?;
     let (dims, sums) = split_sum_bounds(&args.dims)?;
     let mut bounds = bounds(&parse_dims(&dims)?);
     for (sum, b) in &sums {

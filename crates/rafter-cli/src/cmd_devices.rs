@@ -29,7 +29,19 @@ fn probe_vulkan() -> Result<Vec<DeviceReport>, String> {
     Err("this build has no Vulkan support (built without the `vulkan` feature)".into())
 }
 
-pub fn devices() -> Result<ExitCode> {
+#[derive(clap::Args)]
+pub struct DevicesArgs {
+    /// Measure each device's costs (a GEMM, a streaming kernel, an empty dispatch) and
+    /// store them for the cost-model placement (`--target auto`), next to the pipeline
+    /// cache (RAFTER_DEVICE_PROFILES overrides the file).
+    #[arg(long)]
+    profile: bool,
+}
+
+pub fn devices(args: DevicesArgs) -> Result<ExitCode> {
+    if args.profile {
+        return profile();
+    }
     let mut found = 0;
     for (backend, probe) in PROBES {
         match probe() {
@@ -273,4 +285,38 @@ fn detect_features() -> Vec<(&'static str, bool)> {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn detect_features() -> Vec<(&'static str, bool)> {
     Vec::new()
+}
+
+/// `--profile`: calibrates the CPU and, when present, the Vulkan device; stores the
+/// descriptions (keeping those of other devices already in the file).
+fn profile() -> Result<ExitCode> {
+    let path = rafter_compiler::profiles_path().ok_or_else(|| {
+        anyhow::anyhow!("no place to store profiles (RAFTER_DEVICE_PROFILES is empty, no HOME)")
+    })?;
+    let mut profiles = rafter_compiler::load_profiles_from(&path).unwrap_or_default();
+    let target = crate::model::parse_target("auto")?;
+    let names = rafter_opt::place::device_names(target.accelerators());
+    for name in &names {
+        let d = crate::calibrate::profile_device(name)?;
+        let c = d.profile.rate(rafter_ir::program::KernelKind::Contraction);
+        let e = d.profile.rate(rafter_ir::program::KernelKind::Elementwise);
+        println!(
+            "{name}: gemm {:.1} GFLOP/s (half at {:.2} MFLOP), streaming {:.1} GB/s, dispatch {:.1} us",
+            c.flops_per_s / 1e9,
+            c.half_flops / 1e6,
+            e.bytes_per_s / 1e9,
+            d.profile.dispatch_s * 1e6
+        );
+        if let Some(l) = d.link {
+            println!(
+                "{name}: link {:.1} GB/s, latency {:.1} us",
+                l.bytes_per_s / 1e9,
+                l.latency_s * 1e6
+            );
+        }
+        profiles.insert(d);
+    }
+    rafter_compiler::save_profiles(&profiles, &path)?;
+    println!("wrote {}", path.display());
+    Ok(ExitCode::SUCCESS)
 }

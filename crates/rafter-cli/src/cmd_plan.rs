@@ -7,6 +7,7 @@ use crate::model::{self, FileKind};
 use crate::progress::Steps;
 use anyhow::{bail, Result};
 use rafter_ir::program::Program;
+use rafter_opt::partition::{self, Strategy};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -14,9 +15,13 @@ use std::process::ExitCode;
 pub struct PlanArgs {
     /// A compiled artifact, or an ONNX model (compiled in memory).
     model: PathBuf,
-    /// The machine to compile for (ONNX models only): `cpu` or `vulkan`.
+    /// The machine to compile for (ONNX models only): `cpu`, `vulkan`, `auto` or a device
+    /// set (`cpu,vulkan`); with a cost-model target the plan shows each kernel's device,
+    /// estimated time and the reason for the choice.
     #[arg(long, default_value = "cpu")]
     target: String,
+    #[command(flatten)]
+    placement: crate::placement::PlacementArgs,
     /// A symbol bound to compile for, SYMBOL<=N (ONNX models only).
     #[arg(long = "dim", value_name = "SYMBOL<=N")]
     dims: Vec<String>,
@@ -25,10 +30,17 @@ pub struct PlanArgs {
 pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     let program = load(&args)?;
     // The renderer is the compiler's, shared with the Python package's `Model.plan()`.
-    print!(
-        "{}",
-        rafter_compiler::plan_report::render(&program, Some(&args.target))
-    );
+    let mut out = rafter_compiler::plan_report::render(&program, Some(&args.target));
+    if model::file_kind(&args.model)? != FileKind::Artifact {
+        let target = args.placement.apply(model::parse_target(&args.target)?)?;
+        if target.placement().strategy == Strategy::CostModel {
+            let at = out.find("\nbuffers: ").map_or(out.len(), |i| i + 1);
+            let mut lines = cost_lines(&program, &target).join("\n");
+            lines.push('\n');
+            out.insert_str(at, &lines);
+        }
+    }
+    print!("{out}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -40,7 +52,7 @@ fn load(args: &PlanArgs) -> Result<Program> {
         }
         return Ok(model::open_artifact(&args.model)?.into_program());
     }
-    let target = model::parse_target(&args.target)?;
+    let target = args.placement.apply(model::parse_target(&args.target)?)?;
     let specs = parse_dims(&args.dims)?;
     let bounds = bounds(&specs);
     let steps = Steps::new(model::COMPILE_STEPS);
@@ -53,4 +65,57 @@ fn load(args: &PlanArgs) -> Result<Program> {
     let program = model::compile(&graph, target, bounds, &steps)?.program;
     steps.finish();
     Ok(program)
+}
+
+/// The cost model's account of a placement: each kernel's device, estimated time and
+/// reason, the crossings, and per-device totals.
+///
+/// ```text
+/// cost model (latency): estimated 1234.5 us per call, 2 crossings (524288 bytes)
+///   k0 `k0_matmul` on vulkan, 35.2 us: fastest here (cpu 3355.4 us)
+///   device cpu: 3 kernels, busy 160.3 us, memory 1048576 bytes
+/// ```
+fn cost_lines(p: &Program, target: &rafter_compiler::Target) -> Vec<String> {
+    let why = partition::explain(p, target);
+    let m = partition::model(p, target);
+    let placement: Vec<usize> = p
+        .kernels
+        .iter()
+        .map(|k| {
+            m.devices()
+                .iter()
+                .position(|d| d.name == k.device)
+                .unwrap_or(0)
+        })
+        .collect();
+    let e = m.evaluate(&placement);
+    let objective = match target.placement().objective {
+        partition::Objective::Latency => "latency",
+        partition::Objective::Throughput => "throughput",
+    };
+    let mut lines = vec![format!(
+        "cost model ({objective}): estimated {} per call, {} crossings ({} bytes)",
+        partition::micros(e.makespan_s),
+        e.crossings,
+        e.crossing_bytes as u64
+    )];
+    for (i, (k, c)) in p.kernels.iter().zip(&why).enumerate() {
+        lines.push(format!(
+            "  k{i} `{}` on {}, {}: {}",
+            k.name,
+            c.device,
+            partition::micros(c.estimate_s),
+            c.reason
+        ));
+    }
+    for (d, desc) in m.devices().iter().enumerate() {
+        let n = placement.iter().filter(|&&x| x == d).count();
+        lines.push(format!(
+            "  device {}: {n} kernels, busy {}, memory {} bytes",
+            desc.name,
+            partition::micros(e.busy_s[d]),
+            e.memory_bytes[d]
+        ));
+    }
+    lines
 }

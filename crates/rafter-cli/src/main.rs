@@ -1,5 +1,6 @@
 //! `rafter`: compile, run, plan, inspect and conformance-test models from the command line.
 
+mod calibrate;
 mod cmd_bench;
 mod cmd_compile;
 mod cmd_conformance;
@@ -11,6 +12,7 @@ mod cmd_run;
 mod cmd_serve;
 mod dims;
 mod model;
+mod placement;
 mod progress;
 mod rss;
 
@@ -39,8 +41,9 @@ enum Command {
     /// Show a compiled program: kernels with their fused ops, buffers, weights and each
     /// device's planned memory.
     Plan(cmd_plan::PlanArgs),
-    /// List the devices the HAL finds on this machine.
-    Devices,
+    /// List the devices the HAL finds on this machine; with `--profile`, measure each
+    /// one's costs for the cost-model placement (`--target auto`) and store them.
+    Devices(cmd_devices::DevicesArgs),
     /// Time calls of a model on the runtime after warm-up; ends with
     /// `bench: median M ms, p10 A ms, p90 B ms, peak RSS R MB`.
     Bench(cmd_bench::BenchArgs),
@@ -68,7 +71,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => cmd_compile::compile(args),
         Command::Run(args) => cmd_run::run(args),
         Command::Plan(args) => cmd_plan::plan(args),
-        Command::Devices => cmd_devices::devices(),
+        Command::Devices(args) => cmd_devices::devices(args),
         Command::Bench(args) => cmd_bench::bench(args),
         Command::Inspect { model, ir } => cmd_inspect::inspect(&model, ir),
         Command::Conformance(args) => cmd_conformance::conformance(args),

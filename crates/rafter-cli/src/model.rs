@@ -52,9 +52,32 @@ pub fn open_artifact(path: &Path) -> Result<Artifact> {
     Artifact::open(path).map_err(|e| anyhow::anyhow!("invalid artifact: {e}"))
 }
 
-/// `--target` values (`rafter_compiler::target_names`).
+/// `--target` values (`rafter_compiler::target`): `auto` takes the devices this machine
+/// has (Vulkan only when a usable device is found).
 pub fn parse_target(word: &str) -> Result<Target> {
+    if word == "auto" {
+        let mut names = vec!["cpu"];
+        if vulkan_present() {
+            names.push("vulkan");
+        }
+        let mut set = names.join(",");
+        if names.len() == 1 {
+            set = "cpu".into();
+        }
+        return Ok(rafter_compiler::target(&set)?);
+    }
     Ok(rafter_compiler::target(word)?)
+}
+
+/// Whether a usable Vulkan device is present.
+fn vulkan_present() -> bool {
+    #[cfg(feature = "vulkan")]
+    {
+        rafter_hal_vulkan::list_devices()
+            .is_ok_and(|l| l.iter().any(|c| c.missing_required().is_empty()))
+    }
+    #[cfg(not(feature = "vulkan"))]
+    false
 }
 
 /// An artifact's executable sections, by device (each device's loader validates its own).

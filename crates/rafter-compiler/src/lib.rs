@@ -15,6 +15,10 @@
 
 #![warn(missing_docs)]
 
+mod profiles;
+
+pub use profiles::{load_profiles, load_profiles_from, profiles_path, save_profiles};
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,6 +26,7 @@ use bytes::Bytes;
 use rafter_artifact::{Artifact, ArtifactError, ArtifactWriter};
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
+use rafter_opt::partition::{PlacementOptions, Strategy};
 use rafter_opt::{Backend, CompileError, Section};
 
 pub mod plan_cost;
@@ -62,12 +67,15 @@ pub enum Error {
         /// The target's name.
         target: String,
     },
+    /// A device profile file that cannot be read or parsed (the message names it).
+    #[error("device profiles: {0}")]
+    Profiles(String),
     /// Writing or reading the artifact.
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
 }
 
-/// The targets this build compiles for, by name.
+/// The targets this build compiles for, by name (besides `auto` and device sets).
 pub fn target_names() -> Vec<&'static str> {
     let mut names = vec!["cpu"];
     if cfg!(feature = "vulkan") {
@@ -76,24 +84,55 @@ pub fn target_names() -> Vec<&'static str> {
     names
 }
 
-/// The target called `name`: `cpu` (every kernel on the host), or `vulkan` (kernels the
-/// SPIR-V generator supports on the Vulkan device, the rest on the CPU).
-pub fn target(name: &str) -> Result<Target, Error> {
-    let accelerator: Option<Arc<dyn Backend>> = match name {
-        "cpu" => None,
+/// The accelerator backend for device `name`, if this build has one (`None` for `cpu`).
+fn accelerator(name: &str) -> Result<Option<Arc<dyn Backend>>, Error> {
+    match name {
+        "cpu" => Ok(None),
         #[cfg(feature = "vulkan")]
-        "vulkan" => Some(Arc::new(rafter_codegen_spirv::SpirvBackend)),
-        _ => {
-            return Err(Error::UnknownTarget {
-                name: name.to_string(),
-                known: target_names(),
-            })
+        "vulkan" => Ok(Some(Arc::new(rafter_codegen_spirv::SpirvBackend))),
+        _ => Err(Error::UnknownTarget {
+            name: name.to_string(),
+            known: target_names(),
+        }),
+    }
+}
+
+/// The target called `name`:
+/// - `cpu` (every kernel on the host), or `vulkan` (kernels the SPIR-V generator
+///   supports on the Vulkan device, the rest on the CPU: greedy-by-support);
+/// - `auto`: every device this build has, placed by the cost model
+///   ([`rafter_opt::partition`]) with the stored profiles ([`load_profiles`]);
+/// - a device set, `cpu,vulkan`: those devices, placed by the cost model.
+pub fn target(name: &str) -> Result<Target, Error> {
+    if name == "auto" {
+        return target(&target_names().join(","));
+    }
+    if !name.contains(',') {
+        return Ok(match accelerator(name)? {
+            Some(b) => Target::cpu().with(b),
+            None => Target::cpu(),
+        });
+    }
+    let mut t = Target::cpu();
+    let mut seen: Vec<&str> = Vec::new();
+    for device in name.split(',').map(str::trim) {
+        if seen.contains(&device) {
+            continue;
         }
+        seen.push(device);
+        if let Some(b) = accelerator(device)? {
+            t = t.with(b);
+        }
+    }
+    if t.is_cpu_only() {
+        return Ok(t);
+    }
+    let placement = PlacementOptions {
+        strategy: Strategy::CostModel,
+        profiles: load_profiles()?,
+        ..PlacementOptions::default()
     };
-    Ok(match accelerator {
-        Some(b) => Target::cpu().with(b),
-        None => Target::cpu(),
-    })
+    Ok(t.with_placement(placement))
 }
 
 /// A compiled program with each device's executable section: what an artifact holds.
@@ -228,6 +267,31 @@ mod tests {
             );
             assert_eq!(c.sections[0].1.align, 4);
             c.to_artifact().unwrap();
+        }
+    }
+
+    #[test]
+    fn auto_and_device_sets_place_by_the_cost_model() {
+        use rafter_opt::partition::Strategy;
+        std::env::set_var("RAFTER_DEVICE_PROFILES", "");
+        assert_eq!(
+            target("cpu").unwrap().placement().strategy,
+            Strategy::Greedy
+        );
+        assert!(target("cpu,cpu").unwrap().is_cpu_only());
+        let e = target("cpu,npu").unwrap_err().to_string();
+        assert!(e.starts_with("unknown target `npu`"), "{e}");
+        #[cfg(feature = "vulkan")]
+        {
+            assert_eq!(
+                target("vulkan").unwrap().placement().strategy,
+                Strategy::Greedy
+            );
+            for name in ["auto", "cpu,vulkan", "vulkan,cpu"] {
+                let t = target(name).unwrap();
+                assert_eq!(t.placement().strategy, Strategy::CostModel, "{name}");
+                assert_eq!(t.name(), "vulkan");
+            }
         }
     }
 

@@ -25,6 +25,8 @@ use rafter_ir::program::Program;
 use rafter_ir::Graph;
 use rafter_kernels_cpu::artifact_section::CpuDescriptor;
 
+use crate::partition::PlacementOptions;
+
 /// The host device's name in programs.
 pub const CPU: &str = "cpu";
 
@@ -82,6 +84,7 @@ impl Backend for CpuBackend {
 #[derive(Clone, Default)]
 pub struct Target {
     accelerators: Vec<Arc<dyn Backend>>,
+    placement: PlacementOptions,
 }
 
 impl Target {
@@ -94,6 +97,17 @@ impl Target {
     pub fn with(mut self, backend: Arc<dyn Backend>) -> Target {
         self.accelerators.push(backend);
         self
+    }
+
+    /// This target placing by `placement` (greedy-by-support unless it says otherwise).
+    pub fn with_placement(mut self, placement: PlacementOptions) -> Target {
+        self.placement = placement;
+        self
+    }
+
+    /// How placement chooses devices.
+    pub fn placement(&self) -> &PlacementOptions {
+        &self.placement
     }
 
     /// The accelerators, in preference order.

@@ -19,6 +19,10 @@ pub enum CompileError {
     /// Memory planning failed.
     #[error("memory planning: {0}")]
     Plan(String),
+    /// No placement meets what was asked (`--deny-fallback`, memory limits); the message
+    /// names the kernel or the devices.
+    #[error("placement: {0}")]
+    Placement(String),
     /// The graph is valid but asks for something the compiler does not do (named).
     #[error("unsupported: {0}")]
     Unsupported(String),

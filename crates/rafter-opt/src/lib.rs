@@ -19,6 +19,8 @@
 //! - [`place`]: device placement for a target with accelerators (a kernel on the first
 //!   accelerator that supports it, CPU fallback, copies at device changes), then
 //!   [`schedule::schedule_for_overlap`] (CPU work ordered by when the GPU needs it);
+//! - [`partition`]: cost-model placement (`--target auto`, `--target cpu,vulkan`): device
+//!   descriptions and profiles, the cost model, and the partitioner searching placements;
 //! - [`prepack`]: weights read only as a CPU matmul's B stored pre-packed in the GEMM's
 //!   panel layout, with an unpacking prologue in the kernel body
 //!   ([`prepack::prepack_weights`]);
@@ -35,6 +37,7 @@ pub mod fusion;
 pub mod layout;
 pub mod lower;
 pub mod memplan;
+pub mod partition;
 pub mod passes;
 pub mod place;
 pub mod prepack;
@@ -131,7 +134,7 @@ pub fn compile_observed(
         })?;
     }
     observe(Stage::Lower);
-    let mut program = lower(
+    let program = lower(
         &g,
         &LowerOptions {
             target: opts.target.clone(),
@@ -140,6 +143,18 @@ pub fn compile_observed(
             fuse: true,
         },
     )?;
+    // The cost model kept everything on the host: compile for the CPU target instead, so
+    // the CPU-only passes (channels-last, pre-packed weights) apply.
+    if !opts.target.is_cpu_only() && program.kernels.iter().all(|k| k.device == backend::CPU) {
+        let cpu = CompileOptions {
+            target: Target::cpu(),
+            ..opts.clone()
+        };
+        if opts.target.placement().strategy == partition::Strategy::CostModel {
+            return compile_observed(graph, &cpu, observe);
+        }
+    }
+    let mut program = program;
     // Only for the CPU target: with `--target vulkan`, `rafter plan` explains why each
     // kernel stayed on the CPU from its body, which must still be the body placement saw.
     if opts.target.is_cpu_only() {

@@ -55,7 +55,7 @@ pub fn lower(graph: &Graph, opts: &LowerOptions) -> Result<Program, CompileError
     let groups = partition(graph, opts.fuse);
     let mut program = lower_partitioned(graph, &groups, opts);
     if !opts.target.is_cpu_only() {
-        crate::place::place_on_devices(&mut program, opts.target.accelerators());
+        crate::partition::place_for_target(&mut program, &opts.target)?;
     }
     program.verify()?;
     Ok(program)

@@ -143,22 +143,38 @@ fn sized_by(ty: &TensorType, symbols: &HashSet<Symbol>) -> bool {
 /// for the CPU and not yet memory-planned (arena offsets are dropped and must be planned
 /// again).
 pub fn place_on_devices(p: &mut Program, accelerators: &[Arc<dyn Backend>]) {
-    // Device 0 is the host; device `i + 1` is accelerator `i`.
-    let names: Vec<String> = std::iter::once(CPU.to_string())
+    let devices = greedy_devices(p, accelerators);
+    apply_placement(p, &device_names(accelerators), &devices);
+}
+
+/// The device names placement indexes: the host (0), then accelerator `i` as `i + 1`.
+pub fn device_names(accelerators: &[Arc<dyn Backend>]) -> Vec<String> {
+    std::iter::once(CPU.to_string())
         .chain(accelerators.iter().map(|b| b.device().to_string()))
-        .collect();
-    let devices: Vec<usize> = (0..p.kernels.len())
+        .collect()
+}
+
+/// Greedy-by-support: per kernel, the first accelerator supporting it ([`support`]), as
+/// an index into [`device_names`]; 0 (the host) when none does.
+pub fn greedy_devices(p: &Program, accelerators: &[Arc<dyn Backend>]) -> Vec<usize> {
+    (0..p.kernels.len())
         .map(|k| {
             accelerators
                 .iter()
                 .position(|b| support(p, k, b.as_ref()).is_ok())
                 .map_or(0, |i| i + 1)
         })
-        .collect();
+        .collect()
+}
+
+/// Puts kernel `k` on device `names[devices[k]]` (`names[0]` is the host) and adds the
+/// homes, copies and arenas that needs (see the module doc). The caller has checked that
+/// each device supports its kernels.
+pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize]) {
     if devices.iter().all(|&d| d == 0) {
         return;
     }
-    for (kernel, &d) in p.kernels.iter_mut().zip(&devices) {
+    for (kernel, &d) in p.kernels.iter_mut().zip(devices) {
         kernel.device = names[d].clone();
     }
 

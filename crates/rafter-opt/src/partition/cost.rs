@@ -1,0 +1,230 @@
+//! The cost model: an estimate of each kernel on each device, and of each crossing
+//! between devices, from a [`CostProfile`] and the kernel IR's shapes.
+//!
+//! A kernel's work is its floating-point operations and the bytes of its operands and
+//! results ([`kernel_work`]), with every dim at its declared bound (`--dim seq<=2048`) and
+//! an unbounded symbol taken as 1 (the smallest shape: a dynamic model is ranked by its
+//! fixed part). Its time on a device is a roofline with a ramp plus the dispatch cost:
+//!
+//! ```text
+//! t = dispatch_s + max((flops + half_flops) / flops_per_s, bytes / bytes_per_s)
+//! ```
+//!
+//! with the class's rates ([`ClassRate`]). A tensor crossing from one device to another
+//! costs the link's latency, the copy (`bytes / bytes_per_s`, none for a zero-copy link)
+//! and the semaphore pair (`barrier_s` of the device waiting).
+
+use std::collections::HashMap;
+
+use rafter_ir::program::{Kernel, KernelKind, Program};
+use rafter_ir::{Graph, Op, Symbol, TensorType};
+
+use super::device::{CostProfile, DeviceDescription, Link};
+
+/// What a kernel does, in the units the profiles rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KernelWork {
+    /// The kernel's class (which rate applies).
+    pub class: KernelKind,
+    /// Floating-point (or integer) operations.
+    pub flops: f64,
+    /// Bytes of its operands and results (each read or written once).
+    pub bytes: f64,
+}
+
+/// Symbol values for the estimates: each bounded symbol at its smallest declared bound.
+pub fn bound_values(p: &Program) -> HashMap<Symbol, i64> {
+    let mut map: HashMap<Symbol, i64> = HashMap::new();
+    for (s, b) in &p.bounds {
+        let e = map.entry(s.clone()).or_insert(*b);
+        *e = (*e).min(*b);
+    }
+    map
+}
+
+/// Elements of `ty` at `values` (an unbounded symbol counts as 1).
+pub fn elements(ty: &TensorType, values: &HashMap<Symbol, i64>) -> f64 {
+    ty.dims.iter().map(|d| dim_value(d, values)).product()
+}
+
+/// `d` at `values`, its unbounded symbols at 1.
+fn dim_value(d: &rafter_ir::Dim, values: &HashMap<Symbol, i64>) -> f64 {
+    let mut extended: Option<HashMap<Symbol, i64>> = None;
+    for s in d.symbols() {
+        if !values.contains_key(&s) {
+            extended.get_or_insert_with(|| values.clone()).insert(s, 1);
+        }
+    }
+    d.max_value(extended.as_ref().unwrap_or(values))
+        .map_or(1.0, |x| x.max(0) as f64)
+}
+
+/// Bytes of `ty` at `values`.
+pub fn bytes(ty: &TensorType, values: &HashMap<Symbol, i64>) -> f64 {
+    elements(ty, values) * ty.dtype.size_of() as f64
+}
+
+/// The work of `kernel` at `values` (see the module doc).
+pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork {
+    let body = &kernel.body;
+    let io = body.inputs.iter().chain(body.outputs.iter());
+    let bytes = io.map(|&v| bytes(&body.value(v).ty, values)).sum();
+    let flops = body.nodes.iter().map(|n| node_flops(body, n, values)).sum();
+    KernelWork {
+        class: kernel.kind,
+        flops,
+        bytes,
+    }
+}
+
+/// Operations of one node: `2 * outputs * reduction length` for contractions, one per
+/// output element for elementwise ops and data movement, one per input element for
+/// reductions.
+fn node_flops(g: &Graph, n: &rafter_ir::Node, values: &HashMap<Symbol, i64>) -> f64 {
+    let ty = |i: usize| n.input(i).map(|v| &g.value(v).ty);
+    let elems = |t: Option<&TensorType>| t.map_or(0.0, |t| elements(t, values));
+    let dim = |t: Option<&TensorType>, i: usize| -> f64 {
+        t.and_then(|t| t.dims.get(i))
+            .map_or(1.0, |d| dim_value(d, values))
+    };
+    let out: f64 = n
+        .outputs
+        .iter()
+        .flatten()
+        .map(|&v| elements(&g.value(v).ty, values))
+        .sum();
+    let last = |t: Option<&TensorType>| t.map_or(1.0, |t| dim(Some(t), t.rank().saturating_sub(1)));
+    match &n.op {
+        Op::MatMul | Op::MatMulInteger | Op::Linear { .. } => 2.0 * out * last(ty(0)),
+        Op::Gemm { trans_a, .. } => {
+            let k = if *trans_a {
+                dim(ty(0), 0)
+            } else {
+                dim(ty(0), 1)
+            };
+            2.0 * out * k
+        }
+        // w [M, C/group, kernel...]: each output sums C/group * kernel products.
+        Op::Conv { .. } | Op::ConvInteger { .. } => {
+            2.0 * out * elems(ty(1)) / dim(ty(1), 0).max(1.0)
+        }
+        // w [kernel..., C/group, M].
+        Op::ConvNhwc { .. } => {
+            let w = ty(1);
+            let m = w.map_or(1.0, |t| dim(Some(t), t.rank().saturating_sub(1)));
+            2.0 * out * elems(w) / m.max(1.0)
+        }
+        // x [N, C, ...], w [C, M/group, kernel...]: each input spreads over M/group * kernel.
+        Op::ConvTranspose { .. } => 2.0 * elems(ty(0)) * elems(ty(1)) / dim(ty(1), 0).max(1.0),
+        // gate, up, down: three products of [H] x [F] per token and chosen expert.
+        Op::MoeFfn { top_k, .. } => {
+            let per_expert = elems(ty(2)) / dim(ty(2), 0).max(1.0);
+            6.0 * dim(ty(0), 0) * *top_k as f64 * per_expert
+        }
+        op => match KernelKind::of(op) {
+            KernelKind::Reduction => elems(ty(0)).max(out),
+            _ => out,
+        },
+    }
+}
+
+/// Seconds `work` takes on a device with `profile`.
+pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
+    let r = profile.rate(work.class);
+    let compute = (work.flops + r.half_flops) / r.flops_per_s;
+    let memory = work.bytes / r.bytes_per_s;
+    profile.dispatch_s + compute.max(memory)
+}
+
+/// Seconds for `bytes` to cross `link` to a device waiting with `waiter`'s barrier cost.
+pub fn crossing_time(bytes: f64, link: &Link, waiter: &DeviceDescription) -> f64 {
+    let copy = if link.zero_copy {
+        0.0
+    } else {
+        bytes / link.bytes_per_s
+    };
+    link.latency_s + copy + waiter.profile.barrier_s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::device::ClassRate;
+    use std::collections::BTreeMap;
+
+    fn program(text: &str) -> Program {
+        let g = rafter_ir::text::parse_graph(text).unwrap();
+        crate::lower(&g, &crate::LowerOptions::default()).unwrap()
+    }
+
+    fn profile(flops: f64, bw: f64, half: f64, dispatch: f64) -> CostProfile {
+        let mut classes = BTreeMap::new();
+        for k in super::super::device::CLASSES {
+            classes.insert(
+                super::super::device::class_name(k),
+                ClassRate {
+                    flops_per_s: flops,
+                    bytes_per_s: bw,
+                    half_flops: half,
+                },
+            );
+        }
+        CostProfile {
+            classes,
+            dispatch_s: dispatch,
+            barrier_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_matmul_counts_two_flops_per_multiply_add_and_its_io_bytes() {
+        let p = program(
+            "graph @g(%a: f32[8, 16], %b: f32[16, 4]) -> (%y) {\n  %y: f32[8, 4] = matmul(%a, %b)\n}",
+        );
+        let w = kernel_work(&p.kernels[0], &bound_values(&p));
+        assert_eq!(w.class, KernelKind::Contraction);
+        assert_eq!(w.flops, 2.0 * 8.0 * 4.0 * 16.0);
+        assert_eq!(w.bytes, 4.0 * (8.0 * 16.0 + 16.0 * 4.0 + 8.0 * 4.0));
+    }
+
+    #[test]
+    fn symbolic_dims_take_their_bound_and_unbounded_ones_count_as_one() {
+        let mut p = program(
+            "graph @g(%x: f32[n, m, 8]) -> (%y) {\n  %y: f32[n, m, 8] = unary{op = relu}(%x)\n}",
+        );
+        p.bounds = vec![(Symbol::new("n"), 10)];
+        let w = kernel_work(&p.kernels[0], &bound_values(&p));
+        assert_eq!(w.flops, 80.0);
+        assert_eq!(w.bytes, 2.0 * 4.0 * 80.0);
+    }
+
+    #[test]
+    fn time_is_the_roofline_with_ramp_plus_dispatch() {
+        let w = KernelWork {
+            class: KernelKind::Contraction,
+            flops: 1e9,
+            bytes: 1e6,
+        };
+        // Compute bound: (1e9 + 1e9) / 1e12 = 2 ms, memory 1e6 / 1e9 = 1 ms.
+        let t = kernel_time(&w, &profile(1e12, 1e9, 1e9, 1e-5));
+        assert!((t - 2.01e-3).abs() < 1e-12, "{t}");
+        // Memory bound on a slow bus.
+        let t = kernel_time(&w, &profile(1e12, 1e8, 0.0, 0.0));
+        assert!((t - 1e-2).abs() < 1e-12, "{t}");
+    }
+
+    #[test]
+    fn a_crossing_pays_the_copy_unless_zero_copy() {
+        let waiter = DeviceDescription::default_for("cpu");
+        let mut link = Link {
+            bytes_per_s: 1e9,
+            latency_s: 1e-5,
+            zero_copy: false,
+        };
+        let t = crossing_time(1e6, &link, &waiter);
+        assert!((t - (1e-5 + 1e-3 + 1e-6)).abs() < 1e-12, "{t}");
+        link.zero_copy = true;
+        let t = crossing_time(1e6, &link, &waiter);
+        assert!((t - (1e-5 + 1e-6)).abs() < 1e-12, "{t}");
+    }
+}

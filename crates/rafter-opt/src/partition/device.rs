@@ -1,0 +1,413 @@
+//! Device descriptions: what the partitioner knows of a device, the same type for every
+//! kind of device (the host CPU, a Vulkan GPU, a simulated accelerator in tests, an NPU
+//! later).
+//!
+//! A [`DeviceDescription`] holds a device's [`CostProfile`] (achieved rates per kernel
+//! class, fixed dispatch and barrier costs) and its memory capacity; which kernels it runs
+//! comes from its compiler backend ([`crate::Backend::supports`]), not from here, so the
+//! description and the code generator cannot disagree. A [`Link`] describes the path
+//! between the host and an accelerator (copy bandwidth and latency, shared memory or not).
+//!
+//! Profiles come from measurements (`rafter devices --profile` runs calibration kernels
+//! and stores them with [`Profiles::to_text`]); [`DeviceDescription::default_for`] is the
+//! built-in conservative profile used when none was measured.
+//!
+//! The text format, one record a line (`#` starts a comment):
+//!
+//! ```text
+//! rafter-profiles 1
+//! device vulkan dispatch_s=2e-5 barrier_s=5e-6 memory_bytes=2147483648
+//! class vulkan contraction flops_per_s=1e11 bytes_per_s=2e11 half_flops=1e6
+//! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use rafter_ir::program::KernelKind;
+
+/// The kernel classes a profile rates separately (the program's [`KernelKind`]s).
+pub const CLASSES: [KernelKind; 5] = [
+    KernelKind::Contraction,
+    KernelKind::Elementwise,
+    KernelKind::Reduction,
+    KernelKind::DataMovement,
+    KernelKind::Opaque,
+];
+
+/// A kernel class's name in profiles and plans.
+pub fn class_name(kind: KernelKind) -> &'static str {
+    match kind {
+        KernelKind::Contraction => "contraction",
+        KernelKind::Elementwise => "elementwise",
+        KernelKind::Reduction => "reduction",
+        KernelKind::DataMovement => "data_movement",
+        KernelKind::Opaque => "opaque",
+    }
+}
+
+fn class_of_name(name: &str) -> Option<KernelKind> {
+    CLASSES.into_iter().find(|&k| class_name(k) == name)
+}
+
+/// What a device achieves on one kernel class: a roofline with a ramp. A kernel of `f`
+/// flops and `b` bytes takes `max((f + half_flops) / flops_per_s, b / bytes_per_s)`: the
+/// `half_flops` term (Hockney's n½, the work at which half the peak rate is reached)
+/// models small kernels that cannot fill the device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassRate {
+    /// Achieved floating-point operations per second on large kernels of the class.
+    pub flops_per_s: f64,
+    /// Achieved bytes read plus written per second.
+    pub bytes_per_s: f64,
+    /// Flops at which the class reaches half its peak rate.
+    pub half_flops: f64,
+}
+
+/// A device's costs, as the cost model reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostProfile {
+    /// Rate per kernel class; a class missing here uses [`KernelKind::Opaque`]'s.
+    pub classes: BTreeMap<&'static str, ClassRate>,
+    /// Fixed cost of one kernel dispatch (launch, argument binding), seconds.
+    pub dispatch_s: f64,
+    /// Cost of a semaphore signal/wait pair at a device boundary, seconds.
+    pub barrier_s: f64,
+}
+
+impl CostProfile {
+    /// The rate for `kind` (the opaque class's when the profile lacks `kind`).
+    pub fn rate(&self, kind: KernelKind) -> ClassRate {
+        self.classes
+            .get(class_name(kind))
+            .or_else(|| self.classes.get(class_name(KernelKind::Opaque)))
+            .copied()
+            .unwrap_or(ClassRate {
+                flops_per_s: 1e9,
+                bytes_per_s: 1e9,
+                half_flops: 0.0,
+            })
+    }
+}
+
+/// The path between the host and a device: how a tensor crosses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Copy bandwidth, bytes per second.
+    pub bytes_per_s: f64,
+    /// Fixed cost of one crossing (the copy's start, the wait on the producer), seconds.
+    pub latency_s: f64,
+    /// Whether a crossing needs no copy (both sides address the same memory and the
+    /// runtime hands the tensor over by semaphore alone); only the latency is paid then.
+    pub zero_copy: bool,
+}
+
+/// Everything the partitioner knows of one device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceDescription {
+    /// The device's name in programs (`cpu`, `vulkan`).
+    pub name: String,
+    /// Its costs.
+    pub profile: CostProfile,
+    /// Memory the device may hold for one program (weights + arenas), bytes; `None`: no
+    /// limit known.
+    pub memory_bytes: Option<u64>,
+    /// How tensors reach it from the host (`None` for the host itself).
+    pub link: Option<Link>,
+}
+
+fn rates(contraction: (f64, f64, f64), streaming: (f64, f64)) -> BTreeMap<&'static str, ClassRate> {
+    let (cf, cb, ch) = contraction;
+    let (sf, sb) = streaming;
+    CLASSES
+        .into_iter()
+        .map(|k| {
+            let rate = match k {
+                KernelKind::Contraction => ClassRate {
+                    flops_per_s: cf,
+                    bytes_per_s: cb,
+                    half_flops: ch,
+                },
+                // The interpreter-run class is an order of magnitude slower.
+                KernelKind::Opaque => ClassRate {
+                    flops_per_s: sf / 10.0,
+                    bytes_per_s: sb / 10.0,
+                    half_flops: 0.0,
+                },
+                _ => ClassRate {
+                    flops_per_s: sf,
+                    bytes_per_s: sb,
+                    half_flops: 0.0,
+                },
+            };
+            (class_name(k), rate)
+        })
+        .collect()
+}
+
+impl DeviceDescription {
+    /// The built-in conservative profile for a device named `name`: a small multi-core
+    /// CPU for `cpu` (50 GFLOP/s GEMM, 10 GB/s streaming, 2 µs dispatch); for any other
+    /// device a modest discrete GPU behind a copying link (1 TFLOP/s, 100 GB/s, 20 µs
+    /// dispatch, 10 GB/s copies with 20 µs latency). Real numbers come from
+    /// `rafter devices --profile`; these only have to rank the obvious cases right.
+    pub fn default_for(name: &str) -> DeviceDescription {
+        if name == crate::backend::CPU {
+            return DeviceDescription {
+                name: name.to_string(),
+                profile: CostProfile {
+                    classes: rates((50e9, 20e9, 2e5), (2.5e9, 10e9)),
+                    dispatch_s: 2e-6,
+                    barrier_s: 1e-6,
+                },
+                memory_bytes: None,
+                link: None,
+            };
+        }
+        DeviceDescription {
+            name: name.to_string(),
+            profile: CostProfile {
+                classes: rates((1e12, 100e9, 5e7), (25e9, 100e9)),
+                dispatch_s: 20e-6,
+                barrier_s: 10e-6,
+            },
+            memory_bytes: None,
+            link: Some(Link {
+                bytes_per_s: 10e9,
+                latency_s: 20e-6,
+                zero_copy: false,
+            }),
+        }
+    }
+}
+
+/// Descriptions by device name: what a profile file holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profiles {
+    /// One per device, by name.
+    pub devices: BTreeMap<String, DeviceDescription>,
+}
+
+/// The first line of a profile file.
+const MAGIC: &str = "rafter-profiles 1";
+
+impl Profiles {
+    /// The description of `name`: the stored one, else the built-in default.
+    pub fn get(&self, name: &str) -> DeviceDescription {
+        self.devices
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| DeviceDescription::default_for(name))
+    }
+
+    /// Adds or replaces `d`.
+    pub fn insert(&mut self, d: DeviceDescription) {
+        self.devices.insert(d.name.clone(), d);
+    }
+
+    /// The text form (see the module doc); [`Profiles::parse`] reads it back exactly.
+    pub fn to_text(&self) -> String {
+        let mut s = format!("{MAGIC}\n");
+        for d in self.devices.values() {
+            let p = &d.profile;
+            let _ = write!(
+                s,
+                "device {} dispatch_s={:e} barrier_s={:e}",
+                d.name, p.dispatch_s, p.barrier_s
+            );
+            if let Some(m) = d.memory_bytes {
+                let _ = write!(s, " memory_bytes={m}");
+            }
+            s.push('\n');
+            for (class, r) in &p.classes {
+                let _ = writeln!(
+                    s,
+                    "class {} {class} flops_per_s={:e} bytes_per_s={:e} half_flops={:e}",
+                    d.name, r.flops_per_s, r.bytes_per_s, r.half_flops
+                );
+            }
+            if let Some(l) = d.link {
+                let _ = writeln!(
+                    s,
+                    "link {} bytes_per_s={:e} latency_s={:e} zero_copy={}",
+                    d.name, l.bytes_per_s, l.latency_s, l.zero_copy
+                );
+            }
+        }
+        s
+    }
+
+    /// Reads [`Profiles::to_text`]'s form. `origin` names the source in errors (a path),
+    /// which also give the line and the field.
+    pub fn parse(text: &str, origin: &str) -> Result<Profiles, String> {
+        let mut lines = text.lines().enumerate();
+        match lines.next() {
+            Some((_, l)) if l.trim() == MAGIC => {}
+            _ => return Err(format!("{origin}: line 1: expected `{MAGIC}`")),
+        }
+        let mut out = Profiles::default();
+        for (i, line) in lines {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            parse_line(&mut out, line).map_err(|e| format!("{origin}: line {}: {e}", i + 1))?;
+        }
+        Ok(out)
+    }
+}
+
+/// `key=value` fields of a record, checked against the keys it allows.
+struct Fields<'a>(BTreeMap<&'a str, &'a str>);
+
+impl<'a> Fields<'a> {
+    fn new(words: &[&'a str], allowed: &[&str]) -> Result<Fields<'a>, String> {
+        let mut map = BTreeMap::new();
+        for w in words {
+            let (k, v) = w
+                .split_once('=')
+                .ok_or_else(|| format!("`{w}` is not key=value"))?;
+            if !allowed.contains(&k) {
+                return Err(format!("unknown field `{k}` (expected one of {allowed:?})"));
+            }
+            map.insert(k, v);
+        }
+        Ok(Fields(map))
+    }
+
+    fn num(&self, key: &str) -> Result<f64, String> {
+        let v = self.0.get(key).ok_or_else(|| format!("missing `{key}`"))?;
+        let x: f64 = v
+            .parse()
+            .map_err(|_| format!("`{key}={v}` is not a number"))?;
+        if !x.is_finite() || x < 0.0 {
+            return Err(format!("`{key}={v}` must be finite and non-negative"));
+        }
+        Ok(x)
+    }
+
+    fn rate(&self, key: &str) -> Result<f64, String> {
+        let x = self.num(key)?;
+        if x == 0.0 {
+            return Err(format!("`{key}` must be positive"));
+        }
+        Ok(x)
+    }
+}
+
+fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let device_of = |out: &mut Profiles, name: &str| -> Result<(), String> {
+        if out.devices.contains_key(name) {
+            Ok(())
+        } else {
+            Err(format!("device `{name}` used before its `device` record"))
+        }
+    };
+    match words.as_slice() {
+        ["device", name, rest @ ..] => {
+            let f = Fields::new(rest, &["dispatch_s", "barrier_s", "memory_bytes"])?;
+            let memory_bytes = match f.0.get("memory_bytes") {
+                Some(v) => Some(
+                    v.parse::<u64>()
+                        .map_err(|_| format!("`memory_bytes={v}` is not a byte count"))?,
+                ),
+                None => None,
+            };
+            out.insert(DeviceDescription {
+                name: name.to_string(),
+                profile: CostProfile {
+                    classes: BTreeMap::new(),
+                    dispatch_s: f.num("dispatch_s")?,
+                    barrier_s: f.num("barrier_s")?,
+                },
+                memory_bytes,
+                link: None,
+            });
+        }
+        ["class", name, class, rest @ ..] => {
+            device_of(out, name)?;
+            let kind = class_of_name(class).ok_or_else(|| format!("unknown class `{class}`"))?;
+            let f = Fields::new(rest, &["flops_per_s", "bytes_per_s", "half_flops"])?;
+            let rate = ClassRate {
+                flops_per_s: f.rate("flops_per_s")?,
+                bytes_per_s: f.rate("bytes_per_s")?,
+                half_flops: f.num("half_flops")?,
+            };
+            let d = out.devices.get_mut(*name).expect("checked above");
+            d.profile.classes.insert(class_name(kind), rate);
+        }
+        ["link", name, rest @ ..] => {
+            device_of(out, name)?;
+            let f = Fields::new(rest, &["bytes_per_s", "latency_s", "zero_copy"])?;
+            let zero_copy = match f.0.get("zero_copy").copied() {
+                Some("true") => true,
+                Some("false") | None => false,
+                Some(v) => return Err(format!("`zero_copy={v}` is not true or false")),
+            };
+            let link = Link {
+                bytes_per_s: f.rate("bytes_per_s")?,
+                latency_s: f.num("latency_s")?,
+                zero_copy,
+            };
+            out.devices.get_mut(*name).expect("checked above").link = Some(link);
+        }
+        [kind, ..] => return Err(format!("unknown record `{kind}`")),
+        [] => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_round_trip_through_text() {
+        let mut p = Profiles::default();
+        p.insert(DeviceDescription::default_for("cpu"));
+        let mut gpu = DeviceDescription::default_for("vulkan");
+        gpu.memory_bytes = Some(2 << 30);
+        p.insert(gpu);
+        let text = p.to_text();
+        assert_eq!(Profiles::parse(&text, "t").unwrap(), p);
+    }
+
+    #[test]
+    fn bad_profiles_name_the_line_and_field() {
+        let e = Profiles::parse("nope\n", "p.txt").unwrap_err();
+        assert_eq!(e, "p.txt: line 1: expected `rafter-profiles 1`");
+        let e = Profiles::parse(
+            "rafter-profiles 1\ndevice cpu dispatch_s=1e-6 barrier_s=x\n",
+            "p.txt",
+        )
+        .unwrap_err();
+        assert_eq!(e, "p.txt: line 2: `barrier_s=x` is not a number");
+        let e = Profiles::parse(
+            "rafter-profiles 1\nclass gpu contraction flops_per_s=1\n",
+            "p.txt",
+        )
+        .unwrap_err();
+        assert!(e.contains("line 2: device `gpu` used before"), "{e}");
+        let e = Profiles::parse(
+            "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g gemm flops_per_s=1\n",
+            "p.txt",
+        )
+        .unwrap_err();
+        assert_eq!(e, "p.txt: line 3: unknown class `gemm`");
+        let e = Profiles::parse(
+            "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g opaque flops_per_s=0 bytes_per_s=1 half_flops=0\n",
+            "p.txt",
+        )
+        .unwrap_err();
+        assert_eq!(e, "p.txt: line 3: `flops_per_s` must be positive");
+    }
+
+    #[test]
+    fn a_missing_class_falls_back_to_the_opaque_rate() {
+        let mut d = DeviceDescription::default_for("npu");
+        let opaque = d.profile.rate(KernelKind::Opaque);
+        d.profile.classes.remove("reduction");
+        assert_eq!(d.profile.rate(KernelKind::Reduction), opaque);
+    }
+}

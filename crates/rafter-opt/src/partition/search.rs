@@ -1,0 +1,485 @@
+//! The partitioner: which device runs each kernel, searched with the cost model.
+//!
+//! A placement is scored by simulating one call ([`Model::evaluate`]): steps in program
+//! order, each device running its kernels one after another, a kernel starting when its
+//! device is free and its operands are there; a tensor crossing devices is copied once per
+//! device that reads it, by the host (the host thread does the runtime's copies, so a
+//! copy occupies the host's timeline). Weights are uploaded once per session and cost no
+//! time per call, only memory on every device that reads them. The score is the call's
+//! makespan (objective latency) or its busiest device's busy time (throughput: with calls
+//! pipelined, the busiest device bounds the rate), after the memory check: a placement
+//! that exceeds a device's memory limit (weights plus the peak of live tensors) ranks below
+//! every one that fits, by how much it exceeds.
+//!
+//! The search is deterministic: starting candidates (greedy-by-support, everything on the
+//! host, each kernel on its fastest device alone, and a dynamic programme over the
+//! schedule whose state is the device of the kernel just placed, the boundary costs along
+//! its best path), then local improvement that moves single kernels and runs of
+//! consecutive kernels to another device while the score improves.
+
+use std::collections::HashMap;
+
+use rafter_ir::program::{Program, Step, Storage};
+
+use super::cost::{bound_values, bytes, crossing_time, kernel_time, kernel_work};
+use super::device::DeviceDescription;
+
+/// What the partitioner minimises.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Objective {
+    /// One call's time, start to end.
+    #[default]
+    Latency,
+    /// Calls per second with calls in flight: the busiest device's time per call.
+    Throughput,
+}
+
+/// A placement's simulated cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Estimate {
+    /// Bytes by which placements exceed device memory limits (0: it fits).
+    pub over_memory: u64,
+    /// Seconds from the call's start to its last result.
+    pub makespan_s: f64,
+    /// Seconds each device (by index) is busy per call.
+    pub busy_s: Vec<f64>,
+    /// Bytes each device holds: its weights plus the peak of its live tensors.
+    pub memory_bytes: Vec<u64>,
+    /// Tensors crossing between devices per call, and their bytes.
+    pub crossings: usize,
+    /// Bytes crossing per call.
+    pub crossing_bytes: f64,
+}
+
+impl Estimate {
+    /// The score under `objective` (lower is better).
+    pub fn score(&self, objective: Objective) -> f64 {
+        match objective {
+            Objective::Latency => self.makespan_s,
+            Objective::Throughput => self.busy_s.iter().copied().fold(0.0, f64::max),
+        }
+    }
+
+    fn better_than(&self, other: &Estimate, objective: Objective) -> bool {
+        if self.over_memory != other.over_memory {
+            return self.over_memory < other.over_memory;
+        }
+        // A relative margin keeps float noise from flipping decisions.
+        self.score(objective) < other.score(objective) * (1.0 - 1e-9)
+    }
+}
+
+/// One dispatch or copy step, as the simulation reads it.
+#[derive(Clone, Debug)]
+enum SimStep {
+    Dispatch {
+        kernel: usize,
+        args: Vec<usize>,
+        results: Vec<usize>,
+    },
+    Alias {
+        src: usize,
+        dst: usize,
+    },
+}
+
+/// A program reduced to what scoring a placement needs, with its cost table.
+pub struct Model {
+    steps: Vec<SimStep>,
+    /// Per kernel per device: estimated seconds (`None`: the device cannot run it).
+    pub times: Vec<Vec<Option<f64>>>,
+    buffer_bytes: Vec<f64>,
+    weight: Vec<Option<usize>>,
+    is_input: Vec<bool>,
+    devices: Vec<DeviceDescription>,
+    limits: Vec<Option<u64>>,
+    /// Kernels in the order their steps run (the dynamic programme's order).
+    order: Vec<usize>,
+}
+
+impl Model {
+    /// The model of `p` over `devices` (index 0 the host), with `supported[k][d]` saying
+    /// whether device `d` may run kernel `k` and `limits` the memory limit per device.
+    pub fn new(
+        p: &Program,
+        devices: Vec<DeviceDescription>,
+        supported: &[Vec<bool>],
+        limits: Vec<Option<u64>>,
+    ) -> Model {
+        let values = bound_values(p);
+        let times = p
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(k, kernel)| {
+                let work = kernel_work(kernel, &values);
+                devices
+                    .iter()
+                    .enumerate()
+                    .map(|(d, desc)| supported[k][d].then(|| kernel_time(&work, &desc.profile)))
+                    .collect()
+            })
+            .collect();
+        let mut order = Vec::new();
+        let steps = p
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Dispatch {
+                    kernel,
+                    args,
+                    results,
+                } => {
+                    if !order.contains(kernel) {
+                        order.push(*kernel);
+                    }
+                    SimStep::Dispatch {
+                        kernel: *kernel,
+                        args: args.clone(),
+                        results: results.iter().flatten().copied().collect(),
+                    }
+                }
+                Step::Copy { src, dst } => SimStep::Alias {
+                    src: *src,
+                    dst: *dst,
+                },
+            })
+            .collect();
+        Model {
+            steps,
+            times,
+            buffer_bytes: p.buffers.iter().map(|b| bytes(&b.ty, &values)).collect(),
+            weight: p
+                .buffers
+                .iter()
+                .map(|b| match b.storage {
+                    Storage::Weight(w) => Some(w),
+                    _ => None,
+                })
+                .collect(),
+            is_input: p
+                .buffers
+                .iter()
+                .map(|b| matches!(b.storage, Storage::Input(_)))
+                .collect(),
+            devices,
+            limits,
+            order,
+        }
+    }
+
+    /// The memory limit of device `d`, bytes.
+    pub fn limit(&self, d: usize) -> Option<u64> {
+        self.limits.get(d).copied().flatten()
+    }
+
+    /// The devices, index 0 the host.
+    pub fn devices(&self) -> &[DeviceDescription] {
+        &self.devices
+    }
+
+    /// Seconds for buffer `b` to cross from device `from` to device `to`; `None` when
+    /// neither is the host (the runtime copies only between the host and one device).
+    fn crossing(&self, b: usize, from: usize, to: usize) -> Option<f64> {
+        let accel = match (from, to) {
+            (0, a) | (a, 0) => a,
+            _ => return None,
+        };
+        let link = self.devices[accel].link?;
+        Some(crossing_time(
+            self.buffer_bytes[b],
+            &link,
+            &self.devices[to],
+        ))
+    }
+
+    /// Simulates one call under `placement` (device per kernel); see the module doc.
+    pub fn evaluate(&self, placement: &[usize]) -> Estimate {
+        let nd = self.devices.len();
+        let nb = self.buffer_bytes.len();
+        let mut free = vec![0.0f64; nd];
+        let mut busy = vec![0.0f64; nd];
+        let mut ready = vec![0.0f64; nb];
+        let mut home: Vec<Option<usize>> = vec![None; nb];
+        let mut replica: HashMap<(usize, usize), f64> = HashMap::new();
+        // Memory: per (buffer, device) copy, the steps it is live over.
+        let mut live: HashMap<(usize, usize), (usize, usize)> = HashMap::new();
+        let mut weights_on: Vec<HashMap<usize, f64>> = vec![HashMap::new(); nd];
+        let mut invalid = 0u64;
+        let (mut crossings, mut crossing_bytes) = (0usize, 0.0f64);
+        let mut end = 0.0f64;
+        for (si, step) in self.steps.iter().enumerate() {
+            match step {
+                SimStep::Dispatch {
+                    kernel,
+                    args,
+                    results,
+                } => {
+                    let d = placement[*kernel];
+                    let mut start = free[d];
+                    for &b in args {
+                        if let Some(w) = self.weight[b] {
+                            weights_on[d].insert(w, self.buffer_bytes[b]);
+                            continue;
+                        }
+                        let h = *home[b].get_or_insert(d);
+                        let at = if h == d {
+                            ready[b]
+                        } else if let Some(&t) = replica.get(&(b, d)) {
+                            t
+                        } else {
+                            let Some(cost) = self.crossing(b, h, d) else {
+                                invalid += self.buffer_bytes[b] as u64 + 1;
+                                continue;
+                            };
+                            let copy_start = ready[b].max(free[0]);
+                            free[0] = copy_start + cost;
+                            busy[0] += cost;
+                            crossings += 1;
+                            crossing_bytes += self.buffer_bytes[b];
+                            replica.insert((b, d), free[0]);
+                            live.entry((b, d)).or_insert((si, si));
+                            free[0]
+                        };
+                        let l = live.entry((b, h)).or_insert((si, si));
+                        l.1 = l.1.max(si);
+                        if h != d {
+                            let l = live.entry((b, d)).or_insert((si, si));
+                            l.1 = l.1.max(si);
+                        }
+                        start = start.max(at);
+                    }
+                    let t = self.times[*kernel][d].unwrap_or_else(|| {
+                        invalid += 1;
+                        0.0
+                    });
+                    let finish = start + t;
+                    free[d] = finish;
+                    busy[d] += t;
+                    end = end.max(finish);
+                    for &r in results {
+                        home[r] = Some(d);
+                        ready[r] = finish;
+                        live.entry((r, d)).or_insert((si, si));
+                    }
+                }
+                SimStep::Alias { src, dst } => {
+                    let h = *home[*src].get_or_insert(0);
+                    home[*dst] = Some(h);
+                    ready[*dst] = ready[*src];
+                    for b in [*src, *dst] {
+                        let l = live.entry((b, h)).or_insert((si, si));
+                        l.1 = l.1.max(si);
+                    }
+                }
+            }
+        }
+        // Graph inputs and results stay allocated for the whole call.
+        let last = self.steps.len().saturating_sub(1);
+        for ((b, _), l) in live.iter_mut() {
+            if self.is_input[*b] {
+                l.0 = 0;
+            }
+        }
+        let memory = self.memory(&live, &weights_on, last);
+        let over: u64 = memory
+            .iter()
+            .zip(&self.limits)
+            .map(|(&m, l)| l.map_or(0, |l| m.saturating_sub(l)))
+            .sum();
+        Estimate {
+            over_memory: over + invalid,
+            makespan_s: end,
+            busy_s: busy,
+            memory_bytes: memory,
+            crossings,
+            crossing_bytes,
+        }
+    }
+
+    /// Per device: weight bytes plus the peak over steps of the live tensors' bytes.
+    fn memory(
+        &self,
+        live: &HashMap<(usize, usize), (usize, usize)>,
+        weights_on: &[HashMap<usize, f64>],
+        steps: usize,
+    ) -> Vec<u64> {
+        let nd = self.devices.len();
+        let mut delta = vec![vec![0.0f64; steps + 2]; nd];
+        for (&(b, d), &(from, to)) in live {
+            delta[d][from] += self.buffer_bytes[b];
+            delta[d][to + 1] -= self.buffer_bytes[b];
+        }
+        (0..nd)
+            .map(|d| {
+                let mut cur = 0.0f64;
+                let mut peak = 0.0f64;
+                for x in &delta[d] {
+                    cur += x;
+                    peak = peak.max(cur);
+                }
+                let weights: f64 = weights_on[d].values().sum();
+                (weights + peak) as u64
+            })
+            .collect()
+    }
+
+    /// Greedy-by-support's placement under this model: each kernel on the first
+    /// accelerator that runs it, else the host.
+    pub fn greedy(&self) -> Vec<usize> {
+        self.times
+            .iter()
+            .map(|t| (1..t.len()).find(|&d| t[d].is_some()).unwrap_or(0))
+            .collect()
+    }
+
+    /// Each kernel on the device where it alone is fastest (ties: the lower index).
+    fn fastest_alone(&self) -> Vec<usize> {
+        self.times
+            .iter()
+            .map(|t| {
+                let mut best = 0;
+                for (d, x) in t.iter().enumerate() {
+                    if let (Some(x), Some(b)) = (x, t[best]) {
+                        if *x < b {
+                            best = d;
+                        }
+                    }
+                }
+                best
+            })
+            .collect()
+    }
+
+    /// The dynamic programme over the schedule (module doc): for each device, the best
+    /// placement of the kernels so far that puts the last one there, scored by the sum of
+    /// kernel times and crossing costs along it.
+    fn dynamic_programme(&self) -> Vec<usize> {
+        let nd = self.devices.len();
+        let nk = self.times.len();
+        // Per device: (cost, placement so far, home device of each buffer).
+        let mut states: Vec<Option<(f64, Vec<usize>)>> = vec![Some((0.0, vec![0; nk]))];
+        states.resize(nd, None);
+        let args_of = self.kernel_args();
+        for &k in &self.order {
+            let mut next: Vec<Option<(f64, Vec<usize>)>> = vec![None; nd];
+            for (d, slot) in next.iter_mut().enumerate() {
+                let Some(t) = self.times[k][d] else { continue };
+                for (cost, placed) in states.iter().flatten() {
+                    let mut c = cost + t;
+                    for &(b, producer) in &args_of[k] {
+                        let from = placed[producer];
+                        if from != d {
+                            c += self.crossing(b, from, d).unwrap_or(f64::INFINITY);
+                        }
+                    }
+                    if slot.as_ref().is_none_or(|(best, _)| c < *best) {
+                        let mut p = placed.clone();
+                        p[k] = d;
+                        *slot = Some((c, p));
+                    }
+                }
+            }
+            states = next;
+        }
+        states
+            .into_iter()
+            .flatten()
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map_or_else(|| self.greedy(), |(_, p)| p)
+    }
+
+    /// Per kernel: its operands made by other kernels, with the producing kernel.
+    fn kernel_args(&self) -> Vec<Vec<(usize, usize)>> {
+        let mut producer: HashMap<usize, usize> = HashMap::new();
+        let mut out = vec![Vec::new(); self.times.len()];
+        for step in &self.steps {
+            match step {
+                SimStep::Dispatch {
+                    kernel,
+                    args,
+                    results,
+                } => {
+                    for &b in args {
+                        if let Some(&pk) = producer.get(&b) {
+                            out[*kernel].push((b, pk));
+                        }
+                    }
+                    for &r in results {
+                        producer.insert(r, *kernel);
+                    }
+                }
+                SimStep::Alias { src, dst } => {
+                    if let Some(&pk) = producer.get(src) {
+                        producer.insert(*dst, pk);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The best placement found (see the module doc), with its estimate.
+    pub fn search(&self, objective: Objective) -> (Vec<usize>, Estimate) {
+        let candidates = [
+            self.greedy(),
+            vec![0; self.times.len()],
+            self.fastest_alone(),
+            self.dynamic_programme(),
+        ];
+        let mut best: Option<(Vec<usize>, Estimate)> = None;
+        for c in candidates {
+            let e = self.evaluate(&c);
+            if best
+                .as_ref()
+                .is_none_or(|(_, b)| e.better_than(b, objective))
+            {
+                best = Some((c, e));
+            }
+        }
+        let (mut placement, mut estimate) = best.expect("four candidates");
+        self.improve(&mut placement, &mut estimate, objective);
+        (placement, estimate)
+    }
+
+    /// Local improvement: moves of one kernel, then of runs of 2, 4, 8, ... consecutive
+    /// kernels (schedule order) to another device, kept while they improve the score.
+    fn improve(&self, placement: &mut Vec<usize>, estimate: &mut Estimate, objective: Objective) {
+        const PASSES: usize = 6;
+        let n = self.order.len();
+        for _ in 0..PASSES {
+            let mut changed = false;
+            for i in 0..n {
+                for d in 0..self.devices.len() {
+                    let mut len = 1;
+                    while i + len <= n {
+                        let run = &self.order[i..i + len];
+                        if run
+                            .iter()
+                            .all(|&k| placement[k] == d || self.times[k][d].is_none())
+                        {
+                            len *= 2;
+                            continue;
+                        }
+                        let mut trial = placement.clone();
+                        for &k in run {
+                            if self.times[k][d].is_some() {
+                                trial[k] = d;
+                            }
+                        }
+                        let e = self.evaluate(&trial);
+                        if e.better_than(estimate, objective) {
+                            *placement = trial;
+                            *estimate = e;
+                            changed = true;
+                        }
+                        len *= 2;
+                    }
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+}

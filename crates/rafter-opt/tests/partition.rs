@@ -1,0 +1,327 @@
+//! The cost-model partitioner with fixed profiles: IR in, placement out. The accelerator
+//! here is a SIMULATION: `npu`, a device given only by a description (a restricted op set
+//! and its own cost profile), with no code generator behind it; the placed programs are
+//! checked by interpreting them (arenas as real bytes), not by running an `npu`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::{check_equivalent_with, parse, rand_f32};
+use rafter_ir::program::Program;
+use rafter_ir::Graph;
+use rafter_opt::partition::{
+    self, ClassRate, CostProfile, DeviceDescription, Link, Objective, PlacementOptions, Profiles,
+    Strategy,
+};
+use rafter_opt::{Backend, CompileOptions, Section, Target};
+
+/// A simulated accelerator running kernels made only of the given ops.
+struct Npu(&'static [&'static str]);
+
+impl Backend for Npu {
+    fn device(&self) -> &str {
+        "npu"
+    }
+    fn supports(&self, body: &Graph) -> Result<(), String> {
+        match body.nodes.iter().find(|n| !self.0.contains(&n.op.name())) {
+            Some(n) => Err(format!("no `{}` on the simulated npu", n.op.name())),
+            None => Ok(()),
+        }
+    }
+    fn emit(&self, _: &Program) -> Result<Section, String> {
+        Err("the npu is simulated".into())
+    }
+}
+
+/// One rate for every class.
+fn profile(flops: f64, bytes: f64, dispatch: f64) -> CostProfile {
+    let classes = partition::device::CLASSES
+        .into_iter()
+        .map(|k| {
+            let r = ClassRate {
+                flops_per_s: flops,
+                bytes_per_s: bytes,
+                half_flops: 0.0,
+            };
+            (partition::device::class_name(k), r)
+        })
+        .collect();
+    CostProfile {
+        classes,
+        dispatch_s: dispatch,
+        barrier_s: 0.0,
+    }
+}
+
+/// A CPU of 10 GFLOP/s, 10 GB/s; an npu of `npu_flops`, 100 GB/s, behind `link`.
+fn profiles(npu_flops: f64, link: Link) -> Profiles {
+    let mut p = Profiles::default();
+    p.insert(DeviceDescription {
+        name: "cpu".into(),
+        profile: profile(10e9, 10e9, 1e-6),
+        memory_bytes: None,
+        link: None,
+    });
+    p.insert(DeviceDescription {
+        name: "npu".into(),
+        profile: profile(npu_flops, 100e9, 1e-6),
+        memory_bytes: None,
+        link: Some(link),
+    });
+    p
+}
+
+fn slow_link() -> Link {
+    Link {
+        bytes_per_s: 1e9,
+        latency_s: 50e-6,
+        zero_copy: false,
+    }
+}
+
+fn target(ops: &'static [&'static str], placement: PlacementOptions) -> Target {
+    Target::cpu()
+        .with(Arc::new(Npu(ops)))
+        .with_placement(placement)
+}
+
+fn cost_model(profiles: Profiles) -> PlacementOptions {
+    PlacementOptions {
+        strategy: Strategy::CostModel,
+        profiles,
+        ..PlacementOptions::default()
+    }
+}
+
+fn devices(p: &Program) -> Vec<&str> {
+    p.kernels.iter().map(|k| k.device.as_str()).collect()
+}
+
+/// Lowers `g` for the host only (the partitioner's input).
+fn lowered(g: &Graph) -> Program {
+    rafter_opt::lower(g, &rafter_opt::LowerOptions::default()).unwrap()
+}
+
+/// Big matmul → transpose → relu → transpose → big matmul: the npu runs matmuls and
+/// relu, not transposes, so greedy sends the relu back to the npu between two host
+/// transposes (four crossings).
+const MID_GRAPH: &str = r#"graph @g(%x: f32[256, 256], %w1: f32[256, 256], %w2: f32[256, 256]) -> (%y) {
+  %a: f32[256, 256] = matmul(%x, %w1)
+  %t: f32[256, 256] = transpose{perm = [1, 0]}(%a)
+  %r: f32[256, 256] = unary{op = relu}(%t)
+  %u: f32[256, 256] = transpose{perm = [1, 0]}(%r)
+  %y: f32[256, 256] = matmul(%u, %w2)
+}"#;
+
+const NPU_OPS: &[&str] = &["matmul", "relu", "unary"];
+
+#[test]
+fn the_partitioner_beats_greedy_when_unsupported_kernels_sit_mid_graph() {
+    let g = parse(MID_GRAPH);
+    let opts = cost_model(profiles(1e12, slow_link()));
+    let t = target(NPU_OPS, opts.clone());
+    let p = lowered(&g);
+    let m = partition::model(&p, &t);
+    let greedy = m.greedy();
+    let g_est = m.evaluate(&greedy);
+    let (best, est) = m.search(Objective::Latency);
+    let names = |v: &[usize]| -> Vec<&str> { v.iter().map(|&d| ["cpu", "npu"][d]).collect() };
+    assert_eq!(names(&greedy), ["npu", "cpu", "npu", "cpu", "npu"]);
+    assert_eq!(g_est.crossings, 4);
+    // The relu stays between the transposes on the host: two crossings, not four.
+    assert_eq!(names(&best), ["npu", "cpu", "cpu", "cpu", "npu"]);
+    assert_eq!(est.crossings, 2);
+    // Hand-computed: matmuls 2·256³ flops at 1 TFLOP/s = 33.554 us + 1 us dispatch each;
+    // transposes and relu 2·256 KiB at 10 GB/s = 52.429 us + 1 us each; crossings of 256
+    // KiB at 1 GB/s = 262.144 us + 50 us latency each.
+    let mm = 2.0 * 256f64.powi(3) / 1e12 + 1e-6;
+    let host = 2.0 * 262144.0 / 10e9 + 1e-6;
+    let cross = 262144.0 / 1e9 + 50e-6;
+    let want = 2.0 * mm + 3.0 * host + 2.0 * cross;
+    assert!(
+        (est.makespan_s - want).abs() < 1e-9,
+        "{} vs {want}",
+        est.makespan_s
+    );
+    // Greedy: the relu on the npu (1 us + 512 KiB at 100 GB/s) for two more crossings.
+    let greedy_want = want - host + (1e-6 + 2.0 * 262144.0 / 100e9) + 2.0 * cross;
+    assert!(
+        (g_est.makespan_s - greedy_want).abs() < 1e-9,
+        "{}",
+        g_est.makespan_s
+    );
+    assert!(est.makespan_s < 0.75 * g_est.makespan_s);
+    // And through the compiler: the placed program computes what the graph does.
+    let compiled = check_equivalent_with(
+        &g,
+        vec![
+            rand_f32(&[256, 256], 1),
+            rand_f32(&[256, 256], 2),
+            rand_f32(&[256, 256], 3),
+        ],
+        &CompileOptions {
+            target: t,
+            ..CompileOptions::default()
+        },
+    );
+    assert_eq!(devices(&compiled), ["npu", "cpu", "cpu", "cpu", "npu"]);
+}
+
+#[test]
+fn a_slow_accelerator_loses_to_the_host_and_the_program_compiles_for_the_cpu() {
+    // An npu no faster than the host behind a slow link: crossings only cost.
+    let g = parse(MID_GRAPH);
+    let t = target(NPU_OPS, cost_model(profiles(10e9, slow_link())));
+    let m = partition::model(&lowered(&g), &t);
+    let (best, _) = m.search(Objective::Latency);
+    assert_eq!(best, [0, 0, 0, 0, 0]);
+    let p = rafter_opt::compile(
+        &g,
+        &CompileOptions {
+            target: t,
+            ..CompileOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(devices(&p).iter().all(|d| *d == "cpu"));
+}
+
+/// Four equal matmuls in a chain.
+const CHAIN: &str = r#"graph @g(%x: f32[128, 128], %w: f32[128, 128]) -> (%y) {
+  %a: f32[128, 128] = matmul(%x, %w)
+  %b: f32[128, 128] = matmul(%a, %w)
+  %c: f32[128, 128] = matmul(%b, %w)
+  %y: f32[128, 128] = matmul(%c, %w)
+}"#;
+
+#[test]
+fn throughput_balances_stages_where_latency_keeps_one_device() {
+    // Host and npu equally fast, a cheap zero-copy link: for one call a split only adds
+    // the crossing; with calls in flight two balanced stages halve the busiest device.
+    let link = Link {
+        bytes_per_s: 1e9,
+        latency_s: 1e-6,
+        zero_copy: true,
+    };
+    let mut prof = profiles(10e9, link);
+    prof.devices.get_mut("npu").unwrap().profile = profile(10e9, 10e9, 1e-6);
+    let t = target(&["matmul"], cost_model(prof));
+    let m = partition::model(&lowered(&parse(CHAIN)), &t);
+    let (lat, lat_est) = m.search(Objective::Latency);
+    assert!(lat.iter().all(|&d| d == lat[0]), "{lat:?}");
+    assert_eq!(lat_est.crossings, 0);
+    let (thr, thr_est) = m.search(Objective::Throughput);
+    let on_npu = thr.iter().filter(|&&d| d == 1).count();
+    assert_eq!(on_npu, 2, "{thr:?}");
+    let busiest = |e: &partition::Estimate| e.score(Objective::Throughput);
+    assert!(
+        busiest(&thr_est) < 0.6 * busiest(&lat_est),
+        "{thr_est:?} {lat_est:?}"
+    );
+}
+
+#[test]
+fn memory_limits_force_a_split_and_an_impossible_one_names_the_devices() {
+    // Two 4 MiB weights; the npu holds 6 MiB: one matmul must leave it.
+    let w = |n: &str| {
+        format!(
+            "const %{n}: f32[1024, 1024] = hex \"{}\"",
+            "00".repeat(4 << 20)
+        )
+    };
+    let src = format!(
+        "graph @g(%x: f32[1, 1024]) -> (%y) {{\n  {}\n  {}\n  %a: f32[1, 1024] = matmul(%x, %w1)\n  %y: f32[1, 1024] = matmul(%a, %w2)\n}}",
+        w("w1"),
+        w("w2")
+    );
+    let g = parse(&src);
+    let mut opts = cost_model(profiles(1e12, slow_link()));
+    let t = target(&["matmul"], opts.clone());
+    let m = partition::model(&lowered(&g), &t);
+    assert_eq!(
+        m.search(Objective::Latency).0,
+        [1, 1],
+        "unlimited: both on the npu"
+    );
+    opts.memory_limits = BTreeMap::from([("npu".to_string(), 6 << 20)]);
+    let t = target(&["matmul"], opts.clone());
+    let m = partition::model(&lowered(&g), &t);
+    let (p, e) = m.search(Objective::Latency);
+    assert_eq!(p.iter().filter(|&&d| d == 1).count(), 1, "{p:?}");
+    assert_eq!(e.over_memory, 0);
+    assert!(e.memory_bytes[1] <= 6 << 20, "{e:?}");
+    opts.memory_limits =
+        BTreeMap::from([("npu".to_string(), 1 << 20), ("cpu".to_string(), 1 << 20)]);
+    let t = target(&["matmul"], opts);
+    let err = rafter_opt::compile(
+        &g,
+        &CompileOptions {
+            target: t,
+            ..CompileOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("no placement fits the memory limits"), "{err}");
+    assert!(err.contains("(limit 1048576)"), "{err}");
+}
+
+#[test]
+fn deny_fallback_names_the_kernel_and_why() {
+    let g = parse(MID_GRAPH);
+    let t = target(
+        NPU_OPS,
+        PlacementOptions {
+            deny_fallback: true,
+            ..PlacementOptions::default()
+        },
+    );
+    let err = rafter_opt::compile(
+        &g,
+        &CompileOptions {
+            target: t,
+            ..CompileOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--deny-fallback: kernel `"), "{err}");
+    assert!(
+        err.contains("would run on the cpu (npu: no `transpose` on the simulated npu)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn placement_is_deterministic_for_a_profile_and_explained() {
+    let g = parse(MID_GRAPH);
+    let t = target(NPU_OPS, cost_model(profiles(1e12, slow_link())));
+    let p = lowered(&g);
+    let first = partition::model(&p, &t).search(Objective::Latency);
+    for _ in 0..3 {
+        assert_eq!(partition::model(&p, &t).search(Objective::Latency), first);
+    }
+    let mut placed = p.clone();
+    partition::place_for_target(&mut placed, &t).unwrap();
+    let why = partition::explain(&placed, &t);
+    assert_eq!(why[0].device, "npu");
+    assert!(
+        why[0].reason.starts_with("fastest here (cpu "),
+        "{}",
+        why[0].reason
+    );
+    assert!(
+        why[1].reason.contains("npu cannot: no `transpose`"),
+        "{}",
+        why[1].reason
+    );
+    assert!(
+        why[2]
+            .reason
+            .starts_with("slower alone, but saves crossings"),
+        "{}",
+        why[2].reason
+    );
+}
