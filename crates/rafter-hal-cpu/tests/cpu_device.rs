@@ -996,3 +996,73 @@ fn work_submitted_for_a_helper_that_leaves_at_once_goes_to_a_worker() {
     assert_eq!(ran_on.len(), 2);
     assert_ne!(ran_on[1], std::thread::current().id());
 }
+
+#[test]
+fn bindings_cut_to_live_lengths_see_only_their_first_bytes() {
+    let dev = device(1);
+    let a = f32_buffer(&dev, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let kernel = move |ctx: &DispatchContext<'_>| {
+        let (cut, whole) = ctx.with_binding_lens(&[Some(8), None], |c| {
+            let cut = c.read(0).map(|v| v.as_slice::<f32>().unwrap().to_vec());
+            // Past the cut is out of range, as past an exact-size binding.
+            assert!(c.read_range(0, 8, 4).is_err());
+            (cut, c.binding_len(1))
+        });
+        // A length above the bound range leaves it as bound; the original context is whole.
+        let longer = ctx.with_binding_lens(&[Some(1 << 20)], |c| c.binding_len(0));
+        record
+            .lock()
+            .unwrap()
+            .push((cut?, whole, longer, ctx.binding_len(0)));
+        Ok(())
+    };
+    let exe = dev
+        .load_kernels("cut", CpuKernels::new().with_entry("cut", kernel))
+        .unwrap();
+    let entry = exe.entry_index("cut").unwrap();
+    let mut cb = dev.create_command_buffer().unwrap();
+    cb.dispatch(&exe, entry, &[a.whole(), a.whole()], &[], [1, 1, 1])
+        .unwrap();
+    let queue = dev.queue(0).unwrap();
+    submit_and_wait(&queue, cb, LONG).unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.as_slice(), &[(vec![1.0, 2.0], 24, 24, 24)]);
+}
+
+#[test]
+fn a_helper_that_runs_all_keeps_parallel_commands_to_itself() {
+    // Workers idle and awake-able; a segment of three independent dispatches between two
+    // single ones. With `helper_runs_all`, the helping thread runs all five.
+    let dev = CpuDevice::new(CpuDeviceOptions {
+        worker_threads: 2,
+        helper_runs_all: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let exe = dev
+        .load_kernels(
+            "all",
+            CpuKernels::new().with_entry("record", records_thread(&ran_on)),
+        )
+        .unwrap();
+    let mut cb = dev.create_command_buffer().unwrap();
+    cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
+    cb.barrier();
+    for _ in 0..3 {
+        cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
+    }
+    cb.barrier();
+    cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
+    let queue = dev.queue(0).unwrap();
+    let done = Semaphore::host(0);
+    rafter_hal::submit_then_wait(|| queue.submit(&cb.finish(), &[], &[(done.clone(), 1)])).unwrap();
+    dev.help(&|| done.value() >= 1);
+    done.wait(1, LONG).unwrap();
+    assert_eq!(
+        *ran_on.lock().unwrap(),
+        vec![std::thread::current().id(); 5]
+    );
+}
