@@ -30,14 +30,6 @@ pub struct CpuDeviceOptions {
     pub memory_limit: Option<u64>,
     /// Where dispatch, copy and fill spans are reported, if anywhere.
     pub trace_sink: Option<Arc<dyn TraceSink>>,
-    /// Whether a host thread that helps with its call's work ([`Device::help`]) runs all
-    /// of it, waking no worker for commands that could run beside the one it runs. For
-    /// callers whose kernels split their own work over every core (an LLM's decode step:
-    /// ~600 small dispatches, each a GEMV spread over the kernel threads), where a worker
-    /// woken per parallel command only adds hand-offs and a third runnable thread per two
-    /// cores. Workers still take what a helper leaves behind, and every call whose
-    /// submitter does not help.
-    pub helper_runs_all: bool,
 }
 
 impl Default for CpuDeviceOptions {
@@ -48,7 +40,6 @@ impl Default for CpuDeviceOptions {
             name: "cpu".into(),
             memory_limit: None,
             trace_sink: None,
-            helper_runs_all: false,
         }
     }
 }
@@ -102,7 +93,7 @@ impl CpuDevice {
         let shared = Arc::new(DeviceShared {
             id,
             name: options.name.clone(),
-            pool: Pool::new(options.helper_runs_all),
+            pool: Pool::new(),
             workers,
             lost: AtomicBool::new(false),
             trace: options.trace_sink.clone(),

@@ -19,8 +19,6 @@ thread_local! {
     static WORKER_OF: Cell<usize> = const { Cell::new(0) };
     /// The job this worker runs next, before looking at the queue.
     static NEXT: RefCell<Option<Job>> = const { RefCell::new(None) };
-    /// Whether this thread is a host thread helping (see [`Pool::help`]).
-    static HELPING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The worker running a job.
@@ -33,9 +31,6 @@ pub(crate) type Job = Box<dyn FnOnce(&Worker) + Send>;
 pub(crate) struct Pool {
     state: Mutex<PoolState>,
     available: Condvar,
-    /// A helping host thread keeps every job it pushes (see
-    /// `CpuDeviceOptions::helper_runs_all`).
-    helper_runs_all: bool,
 }
 
 struct PoolState {
@@ -44,14 +39,13 @@ struct PoolState {
 }
 
 impl Pool {
-    pub(crate) fn new(helper_runs_all: bool) -> Pool {
+    pub(crate) fn new() -> Pool {
         Pool {
             state: Mutex::new(PoolState {
                 jobs: VecDeque::new(),
                 shutdown: false,
             }),
             available: Condvar::new(),
-            helper_runs_all,
         }
     }
 
@@ -74,11 +68,6 @@ impl Pool {
         // A host thread that will help next takes the jobs itself, and hands what is left to
         // a worker when it stops helping (see `help`): waking one now would be wasted.
         if rafter_hal::submitter_will_wait() && !self.is_current_worker() {
-            return;
-        }
-        // A helper that runs all of its call takes these from the queue itself (its loop in
-        // `help`), and wakes workers for whatever it leaves when it stops.
-        if self.helper_runs_all && HELPING.with(|h| h.get()) && self.is_current_worker() {
             return;
         }
         // One wake-up per job, not all: on a 16-core machine `notify_all` woke every idle
@@ -111,13 +100,11 @@ impl Pool {
             return;
         }
         WORKER_OF.with(|w| w.set(self as *const Pool as usize));
-        HELPING.with(|h| h.set(true));
         /// Makes the thread a plain host thread again, on return or unwind.
         struct Reset;
         impl Drop for Reset {
             fn drop(&mut self) {
                 WORKER_OF.with(|w| w.set(0));
-                HELPING.with(|h| h.set(false));
             }
         }
         let _reset = Reset;

@@ -1030,39 +1030,3 @@ fn bindings_cut_to_live_lengths_see_only_their_first_bytes() {
     let seen = seen.lock().unwrap();
     assert_eq!(seen.as_slice(), &[(vec![1.0, 2.0], 24, 24, 24)]);
 }
-
-#[test]
-fn a_helper_that_runs_all_keeps_parallel_commands_to_itself() {
-    // Workers idle and awake-able; a segment of three independent dispatches between two
-    // single ones. With `helper_runs_all`, the helping thread runs all five.
-    let dev = CpuDevice::new(CpuDeviceOptions {
-        worker_threads: 2,
-        helper_runs_all: true,
-        ..Default::default()
-    })
-    .unwrap();
-    let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let exe = dev
-        .load_kernels(
-            "all",
-            CpuKernels::new().with_entry("record", records_thread(&ran_on)),
-        )
-        .unwrap();
-    let mut cb = dev.create_command_buffer().unwrap();
-    cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
-    cb.barrier();
-    for _ in 0..3 {
-        cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
-    }
-    cb.barrier();
-    cb.dispatch(&exe, 0, &[], &[], [1, 1, 1]).unwrap();
-    let queue = dev.queue(0).unwrap();
-    let done = Semaphore::host(0);
-    rafter_hal::submit_then_wait(|| queue.submit(&cb.finish(), &[], &[(done.clone(), 1)])).unwrap();
-    dev.help(&|| done.value() >= 1);
-    done.wait(1, LONG).unwrap();
-    assert_eq!(
-        *ran_on.lock().unwrap(),
-        vec![std::thread::current().id(); 5]
-    );
-}

@@ -365,12 +365,6 @@ fn devices(options: &LlmOptions) -> Result<rafter_runtime::DeviceSet, EngineErro
         rafter_runtime_cpu::CpuDeviceOptions {
             worker_threads: options.threads,
             trace_sink: options.trace.clone(),
-            // A decode step is ~600 small dispatches whose kernels split their work over
-            // the kernel threads: the thread waiting for the step runs them all, waking no
-            // command worker (see `CpuDeviceOptions::helper_runs_all`).
-            // `RAFTER_HELPER_RUNS_ALL=0` restores the hand-offs, to time one against the
-            // other in one build.
-            helper_runs_all: std::env::var_os("RAFTER_HELPER_RUNS_ALL").is_none_or(|v| v != "0"),
             ..Default::default()
         },
     )?)
