@@ -290,6 +290,39 @@ impl<'a> DispatchContext<'a> {
         }
     }
 
+    /// Runs `f` on this dispatch with binding `i` cut to its first `lens[i]` bytes where
+    /// `lens[i]` is `Some` and shorter than the bound range (others as bound). Why: a
+    /// recording that serves calls of several state lengths binds buffers sized by those
+    /// lengths at their capacity, and the kernel, which knows the call's dims, sees only
+    /// the live bytes, exactly the range an exact-size binding would have given it.
+    pub fn with_binding_lens<R>(
+        &self,
+        lens: &[Option<usize>],
+        f: impl FnOnce(&DispatchContext<'_>) -> R,
+    ) -> R {
+        let bindings: Vec<ResolvedRange> = self
+            .bindings
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ResolvedRange {
+                alloc: b.alloc.clone(),
+                offset: b.offset,
+                len: lens
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .map_or(b.len, |l| l.min(b.len)),
+            })
+            .collect();
+        f(&DispatchContext {
+            entry: self.entry,
+            bindings: &bindings,
+            params: self.params,
+            workgroup_id: self.workgroup_id,
+            workgroup_count: self.workgroup_count,
+        })
+    }
+
     /// A read-only view of the whole of binding `index`.
     pub fn read(&self, index: usize) -> Result<BindingRead<'_>, String> {
         let len = self.binding(index)?.len;

@@ -996,3 +996,37 @@ fn work_submitted_for_a_helper_that_leaves_at_once_goes_to_a_worker() {
     assert_eq!(ran_on.len(), 2);
     assert_ne!(ran_on[1], std::thread::current().id());
 }
+
+#[test]
+fn bindings_cut_to_live_lengths_see_only_their_first_bytes() {
+    let dev = device(1);
+    let a = f32_buffer(&dev, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let kernel = move |ctx: &DispatchContext<'_>| {
+        let (cut, whole) = ctx.with_binding_lens(&[Some(8), None], |c| {
+            let cut = c.read(0).map(|v| v.as_slice::<f32>().unwrap().to_vec());
+            // Past the cut is out of range, as past an exact-size binding.
+            assert!(c.read_range(0, 8, 4).is_err());
+            (cut, c.binding_len(1))
+        });
+        // A length above the bound range leaves it as bound; the original context is whole.
+        let longer = ctx.with_binding_lens(&[Some(1 << 20)], |c| c.binding_len(0));
+        record
+            .lock()
+            .unwrap()
+            .push((cut?, whole, longer, ctx.binding_len(0)));
+        Ok(())
+    };
+    let exe = dev
+        .load_kernels("cut", CpuKernels::new().with_entry("cut", kernel))
+        .unwrap();
+    let entry = exe.entry_index("cut").unwrap();
+    let mut cb = dev.create_command_buffer().unwrap();
+    cb.dispatch(&exe, entry, &[a.whole(), a.whole()], &[], [1, 1, 1])
+        .unwrap();
+    let queue = dev.queue(0).unwrap();
+    submit_and_wait(&queue, cb, LONG).unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.as_slice(), &[(vec![1.0, 2.0], 24, 24, 24)]);
+}

@@ -120,11 +120,16 @@ fn check_hf(arch: &str, folder: &str, reference: &str) {
             e <= 1e-4,
             "{what}: prefill logits differ by {e:.2e} of the largest"
         );
+        let recorded = llm.session().recordings_made();
         for (step, (&t, want)) in decode_in.iter().zip(&decode).enumerate() {
             let got = m.forward(&[t]).unwrap().to_vec();
             let e = rel_err(&got, want);
             assert!(e <= 1e-4, "{what}: decode step {step} differs by {e:.2e}");
         }
+        // Every decode step, whatever the KV cache's length, reuses one recording.
+        assert!(llm.session().records_every_length(), "{what}");
+        let made = llm.session().recordings_made() - recorded;
+        assert!(made <= 1, "{what}: {made} recordings for the decode steps");
         let want = ids(&r.join("greedy_ids.npy"));
         let got = greedy(&llm, &prompt_ids, want.len());
         assert_eq!(got, want, "{what}: greedy tokens");

@@ -9,6 +9,12 @@
 //! call id | n_sym | n_sym symbol values (i64; i64::MIN = unbound) | n_ops | n_ops operands | n_extra | extra...
 //! ```
 //!
+//! When the top bit of `n_sym` is set, no values follow: the dispatch belongs to a recording
+//! that serves calls of several state lengths, and takes the call's values from the call
+//! registry when it runs ([`rafter_runtime::DispatchArgs::symbols_at_run`]); its bindings of
+//! length-sized buffers span their capacity, and [`KernelShared::run_kernel`] cuts each to
+//! the bytes the call's dims give it before any path sees them.
+//!
 //! Symbols are the program's input symbols ([`Session::symbols`](rafter_runtime::Session::symbols)
 //! order). An operand word says where each body input (then each body output) lives: in the
 //! dispatch's binding `i`, in program weight `w` (read from the weight's `Bytes`, see
@@ -99,10 +105,15 @@ impl Operand {
     }
 }
 
+/// In the symbol count word: the values are the call registry's (see the module docs).
+const SYMBOLS_AT_RUN: u64 = 1 << 63;
+
 /// A dispatch's parameters, decoded.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Params {
     pub(crate) call: u64,
+    /// Whether `symbols` are to be taken from the call registry (they are empty here).
+    pub(crate) symbols_at_run: bool,
     pub(crate) symbols: Vec<i64>,
     pub(crate) operands: Vec<Operand>,
     pub(crate) extra: Vec<u64>,
@@ -110,7 +121,12 @@ pub(crate) struct Params {
 
 impl Params {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut words = vec![self.call, self.symbols.len() as u64];
+        let flag = if self.symbols_at_run {
+            SYMBOLS_AT_RUN
+        } else {
+            0
+        };
+        let mut words = vec![self.call, self.symbols.len() as u64 | flag];
         words.extend(self.symbols.iter().map(|&v| v as u64));
         words.push(self.operands.len() as u64);
         words.extend(self.operands.iter().map(|o| o.encode()));
@@ -141,8 +157,11 @@ impl Params {
             Ok(range)
         };
         let call = word(take(1)?.start);
-        let n = word(take(1)?.start) as usize;
-        let symbols = take(n)?.map(|i| word(i) as i64).collect();
+        let n_sym = word(take(1)?.start);
+        let symbols_at_run = n_sym & SYMBOLS_AT_RUN != 0;
+        let symbols = take((n_sym & !SYMBOLS_AT_RUN) as usize)?
+            .map(|i| word(i) as i64)
+            .collect();
         let n = word(take(1)?.start) as usize;
         let operands = take(n)?
             .map(|i| Operand::decode(word(i)))
@@ -151,6 +170,7 @@ impl Params {
         let extra = take(n)?.map(word).collect();
         Ok(Params {
             call,
+            symbols_at_run,
             symbols,
             operands,
             extra,
@@ -279,9 +299,8 @@ impl KernelShared {
 
     /// Runs kernel `k` for one dispatch.
     pub(crate) fn run_kernel(&self, k: usize, ctx: &DispatchContext<'_>) -> Result<(), String> {
-        let kernel = &self.program.kernels[k];
-        let body = &kernel.body;
-        let params = Params::decode(ctx.params())?;
+        let body = &self.program.kernels[k].body;
+        let mut params = Params::decode(ctx.params())?;
         let (n_in, n_out) = (body.inputs.len(), body.outputs.len());
         if params.operands.len() != n_in + n_out {
             return Err(format!(
@@ -289,15 +308,47 @@ impl KernelShared {
                 params.operands.len()
             ));
         }
+        if !params.symbols_at_run {
+            return self.run_kernel_with(k, ctx, &params);
+        }
+        // A recording for every state length: this call's values, and its bindings cut to
+        // the bytes its dims give them (the range an exact-size recording binds).
+        params.symbols = self.registry.symbols(params.call)?.to_vec();
+        let dims = self.kernel_dims(k, &params)?;
+        let mut lens: Vec<Option<usize>> = vec![None; ctx.binding_count()];
+        for (i, operand) in params.operands.iter().enumerate() {
+            let Operand::Binding(b) = *operand else {
+                continue;
+            };
+            let (value, d) = match i.checked_sub(n_in) {
+                None => (body.inputs[i], &dims.ins[i]),
+                Some(j) => (body.outputs[j], &dims.outs[j]),
+            };
+            if let (Some(d), Some(len)) = (d, lens.get_mut(b)) {
+                let size = body.value(value).ty.dtype.size_of();
+                *len = d.iter().try_fold(size, |acc, &x| acc.checked_mul(x));
+            }
+        }
+        ctx.with_binding_lens(&lens, |ctx| self.run_kernel_with(k, ctx, &params))
+    }
+
+    /// Runs kernel `k` for one dispatch whose `params` carry the call's symbol values.
+    fn run_kernel_with(
+        &self,
+        k: usize,
+        ctx: &DispatchContext<'_>,
+        params: &Params,
+    ) -> Result<(), String> {
+        let body = &self.program.kernels[k].body;
         if let Some(native) = &self.native[k] {
-            let dims = self.kernel_dims(k, &params)?;
+            let dims = self.kernel_dims(k, params)?;
             let stats = &self.native_stats;
             let registry = &self.registry;
             if native::run(
                 &**native,
                 body,
                 &self.program,
-                &params,
+                params,
                 &dims,
                 ctx,
                 stats,
@@ -306,7 +357,7 @@ impl KernelShared {
                 return Ok(());
             }
         }
-        self.run_tensor_path(k, ctx, &params)
+        self.run_tensor_path(k, ctx, params)
     }
 
     /// Without the interpreter, a kernel no native kernel ran is an error naming it.
@@ -431,6 +482,7 @@ mod tests {
     fn params_round_trip() {
         let p = Params {
             call: 7,
+            symbols_at_run: false,
             symbols: vec![13, UNBOUND, 0],
             operands: vec![
                 Operand::Binding(0),

@@ -223,7 +223,12 @@ impl LoadedKernels for CpuProgram {
             .collect();
         let params = Params {
             call: d.call,
-            symbols: d.symbol_values.to_vec(),
+            symbols_at_run: d.symbols_at_run,
+            symbols: if d.symbols_at_run {
+                Vec::new()
+            } else {
+                d.symbol_values.to_vec()
+            },
             operands,
             extra: Vec::new(),
         };
@@ -253,6 +258,7 @@ impl LoadedKernels for CpuProgram {
         // The copy entry reads no symbols: the source's dims travel in `extra`.
         let params = Params {
             call: copy.call,
+            symbols_at_run: false,
             symbols: Vec::new(),
             operands,
             extra,

@@ -143,6 +143,12 @@ pub struct DispatchArgs<'a> {
     /// The call's value of each symbol (the [`LoadRequest::symbols`] order;
     /// [`UNBOUND`] where the inputs do not bind it).
     pub symbol_values: &'a [i64],
+    /// Whether the dispatch must take the symbol values from the call registry when it
+    /// runs ([`CallRegistry::symbols`](crate::host::CallRegistry::symbols)), not
+    /// `symbol_values`: the recording serves calls whose states' lengths differ, its
+    /// length-sized buffers bound at their capacity (the kernel cuts them to the call's
+    /// dims). Only CPU devices are asked to.
+    pub symbols_at_run: bool,
     /// The kernel body's inputs, then its outputs.
     pub operands: &'a [Operand],
     /// The call's dims of each operand (empty where the inputs do not decide them).

@@ -25,20 +25,31 @@ use crate::Tensor;
 /// One call's host slot table, indexed by program buffer.
 pub type Slots = Arc<Mutex<Vec<Option<Tensor>>>>;
 
-/// One call's host slots and foreign ranges.
-type CallState = (Slots, Arc<[BufferRange]>);
+/// One call's host slots, foreign ranges and symbol values.
+struct CallState {
+    slots: Slots,
+    foreign: Arc<[BufferRange]>,
+    symbols: Arc<[i64]>,
+}
 
-/// Live calls' host slot tables and foreign ranges, by call id.
+/// Live calls' host slot tables, foreign ranges and symbol values, by call id.
 #[derive(Default)]
 pub struct CallRegistry {
     calls: Mutex<HashMap<u64, CallState>>,
 }
 
 impl CallRegistry {
-    /// Registers a call: its host slots, and the other devices' buffer ranges that its
-    /// cross-device copies map (by index, see [`CopyEnd::Foreign`](crate::CopyEnd)).
-    pub fn insert(&self, call: u64, slots: Slots, foreign: Vec<BufferRange>) {
-        lock(&self.calls).insert(call, (slots, foreign.into()));
+    /// Registers a call: its host slots, the other devices' buffer ranges that its
+    /// cross-device copies map (by index, see [`CopyEnd::Foreign`](crate::CopyEnd)), and
+    /// its value of each symbol (for dispatches recorded with
+    /// [`DispatchArgs::symbols_at_run`](crate::DispatchArgs::symbols_at_run)).
+    pub fn insert(&self, call: u64, slots: Slots, foreign: Vec<BufferRange>, symbols: &[i64]) {
+        let state = CallState {
+            slots,
+            foreign: foreign.into(),
+            symbols: symbols.into(),
+        };
+        lock(&self.calls).insert(call, state);
     }
 
     /// Forgets a call.
@@ -50,7 +61,7 @@ impl CallRegistry {
     pub fn slots(&self, call: u64) -> Result<Slots, String> {
         lock(&self.calls)
             .get(&call)
-            .map(|(slots, _)| slots.clone())
+            .map(|c| c.slots.clone())
             .ok_or_else(|| {
                 format!("call {call} has no host slot table (its session state is gone)")
             })
@@ -61,10 +72,18 @@ impl CallRegistry {
         lock(&self.calls)
             .get(&call)
             .ok_or_else(|| format!("call {call} is not registered (its session state is gone)"))?
-            .1
+            .foreign
             .get(i)
             .cloned()
             .ok_or_else(|| format!("call {call} has no foreign range {i}"))
+    }
+
+    /// The symbol values `call` was submitted with.
+    pub fn symbols(&self, call: u64) -> Result<Arc<[i64]>, String> {
+        lock(&self.calls)
+            .get(&call)
+            .map(|c| c.symbols.clone())
+            .ok_or_else(|| format!("call {call} is not registered (its session state is gone)"))
     }
 
     /// How many calls are registered (in flight).

@@ -21,6 +21,7 @@ use crate::recorded::{InputDest, Lease, OutputSource, Recorded, RecordedCache};
 use crate::weights::BytesBuffer;
 use crate::Tensor;
 
+mod lengths;
 mod record;
 mod state;
 
@@ -179,6 +180,11 @@ struct Inner {
     state_memory: Vec<state::StateMemory>,
     /// The states' lengths and the last call on them (see [`state`]).
     tracker: state::SharedTracker,
+    /// Set when one recording serves every length of the states (see [`lengths`]): the
+    /// recordings are then not keyed by the lengths.
+    length_free: Option<lengths::LengthFree>,
+    /// How many calls were recorded (see [`Session::recordings_made`]).
+    recordings_made: AtomicU64,
 }
 
 /// Arena buffers of recordings evicted from the session's [`RecordedCache`], kept per arena
@@ -560,6 +566,8 @@ impl Session {
             }
         }
         let program = Arc::new(program);
+        let length_free = lengths::LengthFree::plan(&program, uses.iter().all(|u| u.is_cpu))
+            .filter(|_| !lengths::keyed_by_request());
         let registry = Arc::new(CallRegistry::default());
         let kernel_options = options.kernel_options();
         // Each device's kernels, through the loader registered for its kind. A host device
@@ -648,6 +656,8 @@ impl Session {
                 next_call: AtomicU64::new(1),
                 state_memory,
                 tracker,
+                length_free,
+                recordings_made: AtomicU64::new(0),
             }),
         })
     }
@@ -776,15 +786,21 @@ impl Session {
         let mut key: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
         let mut after = after.to_vec();
         if let Some(t) = &tracker {
-            // The states' lengths shape the call too; and it reads what the last call left.
-            key.push(t.lengths.clone());
+            // The states' lengths shape the call too, unless one recording serves them all;
+            // and it reads what the last call left.
+            if inner.length_free.is_none() {
+                key.push(t.lengths.clone());
+            }
             after.extend(t.last.iter().cloned());
         }
         let recorded = match inner.recorded.take(&key) {
             Some(recorded) => recorded,
-            None => self.record(&inputs, key, &map, &symbol_values, call)?,
+            None => {
+                inner.recordings_made.fetch_add(1, Ordering::Relaxed);
+                self.record(&inputs, key, &map, &symbol_values, call)?
+            }
         };
-        let handle = self.launch(recorded, inputs, &after, call)?;
+        let handle = self.launch(recorded, inputs, &after, &symbol_values, call)?;
         if let Some(t) = tracker.as_mut() {
             t.lengths = lengths;
             t.last = handle.done.clone();
@@ -840,14 +856,15 @@ impl Session {
         Ok(())
     }
 
-    /// Runs one call on `recorded`: writes the inputs, registers the call's host slots,
-    /// and submits the chunks, chained by fresh semaphores. The recording goes back to the
+    /// Runs one call on `recorded`: writes the inputs, registers the call's host slots
+    /// and symbol values, and submits the chunks, chained by fresh semaphores. The recording goes back to the
     /// cache once the work has completed and the handle is done (see [`Lease`]).
     fn launch(
         &self,
         mut recorded: Recorded,
         inputs: Vec<Tensor>,
         after: &[(Semaphore, u64)],
+        symbol_values: &[i64],
         call: u64,
     ) -> Result<CallHandle> {
         let inner = &*self.inner;
@@ -877,9 +894,12 @@ impl Session {
         let semaphores = recorded.semaphores.clone();
         let slots: Slots = Arc::new(Mutex::new(table));
         let registry_key = recorded.registry_key;
-        inner
-            .registry
-            .insert(registry_key, slots.clone(), recorded.foreign.clone());
+        inner.registry.insert(
+            registry_key,
+            slots.clone(),
+            recorded.foreign.clone(),
+            symbol_values,
+        );
         let outputs = recorded.outputs.clone();
         let submissions: Vec<(usize, CommandBuffer, Vec<usize>)> = recorded
             .chunks
@@ -986,6 +1006,22 @@ impl Session {
     /// submits. At most two are kept.
     pub fn idle_recordings(&self) -> usize {
         self.inner.recorded.len()
+    }
+
+    /// How many calls were recorded (dims, memory, command buffers prepared) rather than
+    /// served by an idle recording: once per input shape in steady state, and for a
+    /// stateful program whose recordings cannot serve every state length (see
+    /// [`Session::records_every_length`]), once per length too.
+    pub fn recordings_made(&self) -> u64 {
+        self.inner.recordings_made.load(Ordering::Relaxed)
+    }
+
+    /// Whether one recording serves every length of the session's states (an LLM's
+    /// decode steps reuse one recording as the KV cache grows): true for a stateful
+    /// program on CPU devices whose outputs, copies and per-call placements do not depend
+    /// on the states' lengths.
+    pub fn records_every_length(&self) -> bool {
+        self.inner.length_free.is_some()
     }
 
     /// How many calls still have work in flight (submitted, not yet completed or failed).

@@ -115,6 +115,8 @@ struct StepContext<'a> {
     si: usize,
     call: u64,
     symbol_values: &'a [i64],
+    /// The recording serves every length of the states (see [`super::lengths`]).
+    symbols_at_run: bool,
 }
 
 impl Session {
@@ -194,7 +196,7 @@ impl Session {
                     }
                 },
                 Storage::Arena { arena, .. } => {
-                    let d = eval_dims(&decl.ty, map).map_err(|e| {
+                    let d = self.sized_dims(&decl.ty, map).map_err(|e| {
                         self.unsupported(format!(
                             "buffer {b} `{}` in arena {arena} has type {}: {e} (a size that \
                              depends on values needs Storage::Dynamic)",
@@ -204,7 +206,7 @@ impl Session {
                     Some(d)
                 }
                 Storage::Dynamic => None,
-                Storage::State(_) => Some(eval_dims(&decl.ty, map).map_err(|e| {
+                Storage::State(_) => Some(self.sized_dims(&decl.ty, map).map_err(|e| {
                     self.input_error(format!("state buffer {b} `{}`: {e}", decl.name))
                 })?),
             };
@@ -223,6 +225,20 @@ impl Session {
             alloc_of: vec![None; nb],
             next_alloc: 0,
         })
+    }
+
+    /// The dims a recording sizes a buffer of `ty` by: under `map`, except that a
+    /// recording serving every length of the states takes the dims a length sizes at
+    /// their capacity (see [`super::lengths`]).
+    fn sized_dims(
+        &self,
+        ty: &TensorType,
+        map: &HashMap<Symbol, i64>,
+    ) -> Result<Vec<usize>, String> {
+        match &self.inner.length_free {
+            Some(lf) if lf.mentions_length(ty) => lf.capacity_dims(ty, map),
+            _ => eval_dims(ty, map),
+        }
     }
 
     /// Arenas: offsets (compile-time or placed now) and one allocation each, taken from the
@@ -353,13 +369,13 @@ impl Session {
                 continue;
             };
             let memory = &inner.state_memory[s];
-            let range = memory
-                .buffer
-                .range(0, layout.sizes[b])
-                .map_err(hal(format!(
-                    "call {call}: state buffer `{}` ({} bytes)",
-                    decl.name, layout.sizes[b]
-                )))?;
+            // At most the state's memory: a length-free recording sizes the state's input
+            // (`past`) at its own bound, which may exceed the capacity the output allows.
+            let len = layout.sizes[b].min(memory.buffer.size());
+            let range = memory.buffer.range(0, len).map_err(hal(format!(
+                "call {call}: state buffer `{}` ({len} bytes)",
+                decl.name
+            )))?;
             layout.ranges[b] = Some(range);
             layout.alloc_of[b] = Some((base + s, 0));
         }
@@ -422,6 +438,7 @@ impl Session {
                     si,
                     call,
                     symbol_values,
+                    symbols_at_run: inner.length_free.is_some(),
                 };
                 self.encode_step(&cx, &mut builder, &mut foreign)?;
                 segment.extend(acc.iter().copied());
@@ -481,6 +498,7 @@ impl Session {
                         step: cx.si,
                         kernel: *kernel,
                         symbol_values: cx.symbol_values,
+                        symbols_at_run: cx.symbols_at_run,
                         operands: &operands,
                         dims: &dims,
                     },
