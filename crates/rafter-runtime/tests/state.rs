@@ -199,8 +199,9 @@ fn one_recording_serves_every_length_of_the_state() {
 
 #[test]
 fn kernels_of_a_length_free_recording_see_the_call_s_shapes() {
-    // The negation on the tensor path (a host kernel): it must get the live positions
-    // only, not the capacity the recording binds.
+    // The kernel holding the negation (fused with the sum or not) on the tensor path (a
+    // host kernel): it must get the live positions only, not the capacity the recording
+    // binds.
     let shapes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = shapes.clone();
     let g = parse_graph(SUM_STEP).unwrap();
@@ -211,21 +212,30 @@ fn kernels_of_a_length_free_recording_see_the_call_s_shapes() {
         ..Default::default()
     };
     let p = rafter_opt::compile(&g, &opts).unwrap();
-    let Some(neg) = p
+    let k = p
         .kernels
         .iter()
-        .find(|k| k.body.nodes.len() == 1 && k.body.nodes[0].op.name() == "unary")
-        .map(|k| k.name.clone())
-    else {
-        panic!("the negation is fused: this test needs it as a kernel of its own");
-    };
-    let options = SessionOptions::new().host_kernel(neg, move |ins| {
-        seen.lock().unwrap().push(ins[0].shape().to_vec());
+        .find(|k| k.body.nodes.iter().any(|n| n.op.name() == "unary"))
+        .expect("a kernel computes the negation");
+    let fused = k.body.nodes.iter().any(|n| n.op.name() == "reduce");
+    let options = SessionOptions::new().host_kernel(k.name.clone(), move |ins| {
+        let shape = ins[0].shape().to_vec();
+        seen.lock().unwrap().push(shape.clone());
         let x = ins[0].as_slice::<f32>().map_err(|e| e.to_string())?;
-        let y: Vec<f32> = x.iter().map(|v| -v).collect();
-        Ok(vec![
-            Tensor::from_slice(ins[0].shape(), &y).map_err(|e| e.to_string())?
-        ])
+        if fused {
+            // -sum over positions, per column: `y` itself.
+            let y: Vec<f32> = (0..3)
+                .map(|c| -x.chunks(3).map(|r| r[c]).sum::<f32>())
+                .collect();
+            Ok(vec![
+                Tensor::from_slice(&[1, 3], &y).map_err(|e| e.to_string())?
+            ])
+        } else {
+            let y: Vec<f32> = x.iter().map(|v| -v).collect();
+            Ok(vec![
+                Tensor::from_slice(&shape, &y).map_err(|e| e.to_string())?
+            ])
+        }
     });
     let devices = rafter_runtime_cpu::devices().unwrap();
     let s = Session::with_options(p, &devices, options).unwrap();
