@@ -85,7 +85,7 @@ mod transpose;
 mod winograd;
 mod winograd_nhwc;
 
-pub use attention::{cached_attention, cached_attention_with_isa, CachedAttention};
+pub use attention::{cached_attention, cached_attention_with_isa, CachedAttention, KvElement};
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use kernel::Isa;
 pub use lowp::{
