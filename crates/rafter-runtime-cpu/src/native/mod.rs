@@ -30,6 +30,7 @@
 //! view), the dispatch falls back to the reference path, which takes one view at a time.
 
 mod block_nhwc;
+mod cast;
 mod conv;
 mod conv_nhwc;
 mod elementwise;
@@ -199,7 +200,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         // Elementwise-only bodies (by the memory planner's own classification) may have a
         // result bound over an operand: only the kernel
         // that copies its operands first takes them.
-        return elementwise::select(body, par);
+        return elementwise::select(body, par).or_else(|| cast::select(body));
     }
     llm::select(body, par)
         .or_else(|| matmul::select(body, par))
