@@ -18,8 +18,8 @@ class LLM:
     ``device`` is ``"cpu"`` (the LLM engine runs on the CPU today). ``context`` is the most
     positions (prompt and generated) a sequence may hold, default the model's trained
     context capped at 4096; ``threads`` the kernel threads (0: one per core);
-    ``kv_type`` the KV cache's element type, ``"f16"`` or ``"f32"`` (default: f16 for a
-    GGUF, as llama.cpp; f32 for a Hugging Face checkpoint).
+    ``kv_type`` the KV cache's element type, ``"f16"`` (half the cache's memory and
+    decode traffic) or ``"f32"`` (the default).
     """
 
     def __init__(

@@ -34,8 +34,8 @@ pub struct CompileArgs {
     /// q4_1, q5_0, q5_1, q4_k, q5_k, q6_k); GGUF weights keep their types.
     #[arg(long, value_name = "FORMAT")]
     weights: Option<String>,
-    /// LLMs: the KV cache's element type, f16 or f32 (default: f16 for a GGUF, as
-    /// llama.cpp; f32 for a Hugging Face checkpoint, exactly transformers' f32).
+    /// LLMs: the KV cache's element type, f16 (half the cache's memory and decode traffic;
+    /// llama.cpp's default) or f32 (the default: exactly transformers' f32).
     #[arg(long, value_name = "TYPE")]
     kv_type: Option<String>,
 }

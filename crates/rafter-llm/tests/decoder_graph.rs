@@ -153,35 +153,46 @@ fn decoders_compile_with_planned_memory() {
         let (_d, m) = source(name, &config, &dims);
         // An HF checkpoint's cache is f32 by default; an f16 one takes half the bytes.
         for (kv, elem) in [(None, 4), (Some(KvType::F16), 2)] {
-        let d = build_decoder(&m, &DecoderOptions { kv_type: kv, ..Default::default() }).unwrap();
-        let past_seq = Dim::symbol("past").add(&Dim::symbol("seq"));
-        let opts = rafter_opt::CompileOptions {
-            bounds: vec![(Symbol::new("past"), 64), (Symbol::new("seq"), 64)],
-            dim_bounds: vec![(past_seq, 64)],
-            ..Default::default()
-        };
-        let p = rafter_opt::compile(&d.graph, &opts).unwrap();
-        if std::env::var_os("RAFTER_PRINT_PLAN").is_some() {
-            for (i, k) in p.kernels.iter().enumerate() {
-                let ops: Vec<&str> = k.body.nodes.iter().map(|n| n.op.name()).collect();
-                println!("{name} k{i} {} {ops:?}", k.kind.word());
+            let d = build_decoder(
+                &m,
+                &DecoderOptions {
+                    kv_type: kv,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let past_seq = Dim::symbol("past").add(&Dim::symbol("seq"));
+            let opts = rafter_opt::CompileOptions {
+                bounds: vec![(Symbol::new("past"), 64), (Symbol::new("seq"), 64)],
+                dim_bounds: vec![(past_seq, 64)],
+                ..Default::default()
+            };
+            let p = rafter_opt::compile(&d.graph, &opts).unwrap();
+            if std::env::var_os("RAFTER_PRINT_PLAN").is_some() {
+                for (i, k) in p.kernels.iter().enumerate() {
+                    let ops: Vec<&str> = k.body.nodes.iter().map(|n| n.op.name()).collect();
+                    println!("{name} k{i} {} {ops:?}", k.kind.word());
+                }
             }
-        }
-        assert_eq!(p.states.len(), 2 * dims.layers, "{name}");
-        assert_eq!(p.inputs.len(), 1, "{name}: only input_ids");
-        assert_eq!(p.outputs.len(), 1, "{name}: only logits");
-        let width = (dims.kv * dims.head_dim) as u64;
-        for s in 0..p.states.len() {
-            assert_eq!(p.state_bytes(s), Some(64 * width * elem), "{name}: state {s}");
-        }
-        for b in &p.buffers {
-            assert!(
-                !matches!(b.storage, Storage::Dynamic),
-                "{name}: buffer `{}` {} is sized at run time",
-                b.name,
-                b.ty
-            );
-        }
+            assert_eq!(p.states.len(), 2 * dims.layers, "{name}");
+            assert_eq!(p.inputs.len(), 1, "{name}: only input_ids");
+            assert_eq!(p.outputs.len(), 1, "{name}: only logits");
+            let width = (dims.kv * dims.head_dim) as u64;
+            for s in 0..p.states.len() {
+                assert_eq!(
+                    p.state_bytes(s),
+                    Some(64 * width * elem),
+                    "{name}: state {s}"
+                );
+            }
+            for b in &p.buffers {
+                assert!(
+                    !matches!(b.storage, Storage::Dynamic),
+                    "{name}: buffer `{}` {} is sized at run time",
+                    b.name,
+                    b.ty
+                );
+            }
         }
     }
 }

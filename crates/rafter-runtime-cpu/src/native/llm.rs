@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
-use half::slice::HalfBitsSliceExt;
 use half::f16;
+use half::slice::HalfBitsSliceExt;
 use rafter_ir::{DType, FfnActivation, Graph, Op, WeightFormat};
 use rafter_kernels_cpu::{
     cached_attention, quant_matmul, rms_norm, rope, BlockFormat, CachedAttention, Epilogue, MatMut,

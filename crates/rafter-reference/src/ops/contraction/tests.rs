@@ -684,7 +684,7 @@ fn matmul_block_quant_matches_hand_computed_values() {
 fn attention_reads_f16_keys_and_values_as_f32() {
     let vals = |n: usize, seed: f32| -> Vec<f32> {
         (0..n)
-            .map(|i| ((i as f32 * 0.37 + seed).sin() * 1.7))
+            .map(|i| (i as f32 * 0.37 + seed).sin() * 1.7)
             .collect()
     };
     let q = f(&[1, 2, 8], &vals(16, 0.1));
@@ -699,10 +699,7 @@ fn attention_reads_f16_keys_and_values_as_f32() {
         )
     };
     let widened = |x: &[f32]| {
-        let w: Vec<f32> = x
-            .iter()
-            .map(|&x| half::f16::from_f32(x).to_f32())
-            .collect();
+        let w: Vec<f32> = x.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
         f(&[1, 5, 8], &w)
     };
     let op = Op::Attention {
