@@ -17,7 +17,9 @@ class LLM:
 
     ``device`` is ``"cpu"`` (the LLM engine runs on the CPU today). ``context`` is the most
     positions (prompt and generated) a sequence may hold, default the model's trained
-    context capped at 4096; ``threads`` the kernel threads (0: one per core).
+    context capped at 4096; ``threads`` the kernel threads (0: one per core);
+    ``kv_type`` the KV cache's element type, ``"f16"`` (half the cache's memory and
+    decode traffic) or ``"f32"`` (the default).
     """
 
     def __init__(
@@ -27,10 +29,11 @@ class LLM:
         device: str = "cpu",
         context: Optional[int] = None,
         threads: int = 0,
+        kv_type: Optional[str] = None,
     ):
         if device != "cpu":
             raise LLMError(f"device {device!r}: LLMs run on the CPU only for now")
-        self._native = _rafter.Llm(os.fspath(path), context, threads)
+        self._native = _rafter.Llm(os.fspath(path), context, threads, kv_type)
 
     @property
     def context(self) -> int:

@@ -61,7 +61,13 @@ class TextStream:
     def result(self) -> Optional[Dict[str, Any]]: ...
 
 class Llm:
-    def __init__(self, path: str, context: Optional[int] = ..., threads: int = ...) -> None: ...
+    def __init__(
+        self,
+        path: str,
+        context: Optional[int] = ...,
+        threads: int = ...,
+        kv_type: Optional[str] = ...,
+    ) -> None: ...
     @property
     def context(self) -> int: ...
     @property

@@ -38,6 +38,10 @@ pub struct CompileArgs {
     /// q4_1, q5_0, q5_1, q4_k, q5_k, q6_k); GGUF weights keep their types.
     #[arg(long, value_name = "FORMAT")]
     weights: Option<String>,
+    /// LLMs: the KV cache's element type, f16 (half the cache's memory and decode traffic;
+    /// llama.cpp's default) or f32 (the default: exactly transformers' f32).
+    #[arg(long, value_name = "TYPE")]
+    kv_type: Option<String>,
 }
 
 pub fn compile(args: CompileArgs) -> Result<ExitCode> {
@@ -46,6 +50,9 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
     }
     if args.weights.is_some() {
         bail!("--weights applies to LLMs (Hugging Face folders and GGUF files)");
+    }
+    if args.kv_type.is_some() {
+        bail!("--kv-type applies to LLMs (Hugging Face folders and GGUF files)");
     }
     let target = args.placement.apply(model::parse_target(&args.target)?)?;
     let (dims, sums) = split_sum_bounds(&args.dims)?;
@@ -144,6 +151,7 @@ fn compile_llm(args: CompileArgs) -> Result<ExitCode> {
     let options = rafter_llm_engine::LlmOptions {
         context,
         weights: crate::cmd_generate::parse_weights(args.weights.as_deref())?,
+        kv_type: crate::cmd_generate::parse_kv_type(args.kv_type.as_deref())?,
         ..Default::default()
     };
     let steps = Steps::new(5);
@@ -158,13 +166,14 @@ fn compile_llm(args: CompileArgs) -> Result<ExitCode> {
         .filter_map(|s| program.state_bytes(s))
         .sum();
     println!(
-        "compiled {} -> {}: {}, {} weight bytes, {} KV-cache bytes for {} positions, {} \
-         artifact bytes, {}",
+        "compiled {} -> {}: {}, {} weight bytes, {} KV-cache bytes ({}) for {} positions, \
+         {} artifact bytes, {}",
         args.model.display(),
         output.display(),
         model::kernel_count(program),
         model::weight_bytes(program),
         kv,
+        compiled.info.kv_type,
         compiled.info.context,
         artifact_bytes,
         model::human_time(elapsed)

@@ -68,6 +68,10 @@ pub struct GenerateArgs {
     /// q5_1, q4_k, q5_k, q6_k (GGUF weights keep their types).
     #[arg(long, value_name = "FORMAT")]
     weights: Option<String>,
+    /// LLMs: the KV cache's element type, f16 (half the cache's memory and decode traffic;
+    /// llama.cpp's default) or f32 (the default: exactly transformers' f32).
+    #[arg(long, value_name = "TYPE")]
+    kv_type: Option<String>,
     /// Kernel threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -89,6 +93,14 @@ pub fn stage_name(stage: Stage) -> &'static str {
         Stage::Compile => "compiling",
         Stage::Bind => "binding weights",
     }
+}
+
+/// `--kv-type TYPE`: the KV cache's element type (`None`: the source's default).
+pub fn parse_kv_type(t: Option<&str>) -> Result<Option<rafter_llm_engine::KvType>> {
+    let Some(t) = t else { return Ok(None) };
+    rafter_llm_engine::KvType::from_word(t)
+        .map(Some)
+        .ok_or_else(|| anyhow::anyhow!("--kv-type {t}: expected f16 or f32"))
 }
 
 /// `--weights FORMAT`: a block format to quantize float weights to.
@@ -153,6 +165,7 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let options = LlmOptions {
         context: args.context,
         weights,
+        kv_type: parse_kv_type(args.kv_type.as_deref())?,
         threads: args.threads,
         trace: sink
             .clone()

@@ -9,7 +9,7 @@ use clap::Args;
 use rafter_llm_engine::{Llm, LlmOptions};
 use rafter_server::{Server, ServerOptions};
 
-use crate::cmd_generate::{parse_weights, stage_name};
+use crate::cmd_generate::{parse_kv_type, parse_weights, stage_name};
 use crate::progress::Steps;
 
 #[derive(Args)]
@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// Quantize an HF checkpoint's float weights while compiling (as `rafter generate`).
     #[arg(long, value_name = "FORMAT")]
     weights: Option<String>,
+    /// LLMs: the KV cache's element type, f16 (half the cache's memory and decode traffic;
+    /// llama.cpp's default) or f32 (the default: exactly transformers' f32).
+    #[arg(long, value_name = "TYPE")]
+    kv_type: Option<String>,
 }
 
 /// The default `model` name: the file name without its extension, or the folder's name.
@@ -64,6 +68,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     let options = LlmOptions {
         context: args.context,
         weights: parse_weights(args.weights.as_deref())?,
+        kv_type: parse_kv_type(args.kv_type.as_deref())?,
         threads: args.threads,
         trace: None,
     };

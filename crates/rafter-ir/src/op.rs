@@ -351,6 +351,9 @@ define_ops! {
     DynamicQuantizeLinear "dynamic_quantize_linear",
     /// ONNX Attention (opset 23). Operands: q, k, v, attn_mask?, past_key?, past_value?,
     /// nonpad_kv_seqlen?. Outputs: y, present_key?, present_value?, qk_matmul_output?.
+    /// One extension: with an f32 `q`, `k` and `v` (and the pasts) may be f16 or bf16, read
+    /// as if cast to f32 first (exact), so an LLM's KV cache can be stored narrow and read
+    /// in place rather than widened into a copy every call.
     Attention "attention" {
         is_causal: bool, kv_num_heads: i64, q_num_heads: i64, qk_matmul_output_mode: i64,
         scale: Option<f32>, softcap: f32,

@@ -22,6 +22,12 @@
 //! then the value rows are summed into output vectors held in registers across the keys
 //! (a decode step at 1000 cached positions: 395 -> 176 us on 2 threads, 16/8 heads of 128). Everything stays f32, with the reductions (dot
 //! products, the softmax sum) in vector lanes; the tests hold it to an f64 reference.
+//!
+//! The cache may be f32 or f16 ([`KvElement`]): an f16 cache (llama.cpp's default) is read
+//! at half the bytes and widened exactly in registers (`vcvtph2ps`) as it is loaded, so
+//! the arithmetic is the f32 kernel's on the f16-rounded keys and values.
+
+use half::f16;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -42,8 +48,9 @@ pub fn set_attention_packing(on: bool) {
 
 /// Where the keys and values of a call lie: row `j` (absolute position) of head `g` at
 /// `(j - base) * stride + g * head_stride`.
+#[doc(hidden)]
 #[derive(Clone, Copy)]
-struct KvView {
+pub struct KvView {
     base: usize,
     stride: usize,
     head_stride: usize,
@@ -51,6 +58,99 @@ struct KvView {
 
 /// Calls with at least this many query rows copy each head's keys and values together.
 const PACK_MIN_SEQ: usize = 8;
+
+/// An element type a KV cache may be stored in: `f32`, or `half::f16` (widened exactly to
+/// f32 as it is loaded). Sealed: the kernels implement it for these two.
+pub trait KvElement: Copy + Send + Sync + sealed::Sealed {
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+    /// The items of [`cached_attention`] on `isa`, monomorphised for this element.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn attend_isa(
+        isa: Isa,
+        a: &CachedAttention,
+        q: &[f32],
+        k: &[Self],
+        v: &[Self],
+        past: usize,
+        first_item: usize,
+        out: &mut [f32],
+        kv: KvView,
+    );
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+}
+
+/// Vectors of f32 from a cache row of `Self` (partial: the missing lanes 0).
+trait Widen: Copy {
+    fn load<S: Simd>(s: S, x: &[Self]) -> S::V;
+    fn load_partial<S: Simd>(s: S, x: &[Self]) -> S::V;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn load<S: Simd>(s: S, x: &[f32]) -> S::V {
+        s.load(x)
+    }
+    #[inline(always)]
+    fn load_partial<S: Simd>(s: S, x: &[f32]) -> S::V {
+        s.load_partial(x, 0.0)
+    }
+}
+
+impl Widen for f16 {
+    #[inline(always)]
+    fn load<S: Simd>(s: S, x: &[f16]) -> S::V {
+        s.load_f16(x)
+    }
+    #[inline(always)]
+    fn load_partial<S: Simd>(s: S, x: &[f16]) -> S::V {
+        s.load_f16_partial(x)
+    }
+}
+
+impl KvElement for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn attend_isa(
+        isa: Isa,
+        a: &CachedAttention,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        past: usize,
+        first_item: usize,
+        out: &mut [f32],
+        kv: KvView,
+    ) {
+        attend_isa_f32(isa, a, q, k, v, past, first_item, out, kv)
+    }
+}
+
+impl KvElement for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn attend_isa(
+        isa: Isa,
+        a: &CachedAttention,
+        q: &[f32],
+        k: &[f16],
+        v: &[f16],
+        past: usize,
+        first_item: usize,
+        out: &mut [f32],
+        kv: KvView,
+    ) {
+        attend_isa_f16(isa, a, q, k, v, past, first_item, out, kv)
+    }
+}
 
 /// The shape and options of a [`cached_attention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -70,11 +170,11 @@ pub struct CachedAttention {
 }
 
 impl CachedAttention {
-    fn check(
+    fn check<E>(
         &self,
         q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        k: &[E],
+        v: &[E],
         past: usize,
         out: &[f32],
     ) -> Result<(usize, usize), KernelError> {
@@ -118,11 +218,12 @@ impl CachedAttention {
 /// Attention of `q` (`[seq, q_heads * head_dim]`, row `i` at position `past + i`) over the
 /// cache `k`, `v` (`[total, kv_heads * head_dim]`, `total >= past + seq`; rows past
 /// `past + seq` are never read) into `out` (`[seq, q_heads * head_dim]`), on the fastest ISA.
-pub fn cached_attention(
+/// The cache is f32 or f16 ([`KvElement`]).
+pub fn cached_attention<E: KvElement>(
     a: &CachedAttention,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     past: usize,
     out: &mut [f32],
     par: &dyn Parallel,
@@ -132,12 +233,12 @@ pub fn cached_attention(
 
 /// [`cached_attention`] on a given ISA.
 #[allow(clippy::too_many_arguments)]
-pub fn cached_attention_with_isa(
+pub fn cached_attention_with_isa<E: KvElement>(
     isa: Isa,
     a: &CachedAttention,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     past: usize,
     out: &mut [f32],
     par: &dyn Parallel,
@@ -149,12 +250,12 @@ pub fn cached_attention_with_isa(
 /// [`cached_attention_with_isa`], copying each head's keys and values together for
 /// prefill-sized calls or not (`pack`).
 #[allow(clippy::too_many_arguments)]
-fn attention_with(
+fn attention_with<E: KvElement>(
     isa: Isa,
     a: &CachedAttention,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     past: usize,
     out: &mut [f32],
     par: &dyn Parallel,
@@ -183,7 +284,7 @@ fn attention_with(
         // SAFETY: items map to consecutive, disjoint `segment`-element parts of `out`
         // (row-major `(row, kv head)` order), and `par_blocks` hands out disjoint ranges.
         let o = unsafe { dst.part(range.start * segment..range.end * segment) };
-        attend_isa(isa, a, q, k, v, past, range.start, o, view);
+        E::attend_isa(isa, a, q, k, v, past, range.start, o, view);
     });
     Ok(())
 }
@@ -195,12 +296,12 @@ fn attention_with(
 /// Why: in the cache a head's rows are a whole cache row apart (4 KiB for 8 heads of
 /// 128), so each key read in place is in a different page and no prefetcher follows them.
 #[allow(clippy::too_many_arguments)]
-fn attend_packed(
+fn attend_packed<E: KvElement>(
     isa: Isa,
     a: &CachedAttention,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     past: usize,
     seq: usize,
     range: std::ops::Range<usize>,
@@ -233,13 +334,13 @@ fn attend_packed(
             // disjoint `segment`-element part `at` of `out`, and `par_blocks` hands out
             // disjoint ranges of items.
             let o = unsafe { dst.part(at * segment..(at + 1) * segment) };
-            attend_isa(isa, a, q, &kp, &vp, past, at, o, view);
+            E::attend_isa(isa, a, q, &kp, &vp, past, at, o, view);
         }
         item = end;
     }
 }
 
-simd_dispatch!(fn attend_isa(
+simd_dispatch!(fn attend_isa_f32(
     a: &CachedAttention,
     q: &[f32],
     k: &[f32],
@@ -250,15 +351,26 @@ simd_dispatch!(fn attend_isa(
     kv: KvView,
 ) => attend_generic);
 
+simd_dispatch!(fn attend_isa_f16(
+    a: &CachedAttention,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    past: usize,
+    first_item: usize,
+    out: &mut [f32],
+    kv: KvView,
+) => attend_generic);
+
 /// Items `first_item..` of the call, as many as `out` holds segments for.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_generic<S: Simd>(
+fn attend_generic<S: Simd, E: Widen>(
     s: S,
     a: &CachedAttention,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     past: usize,
     first_item: usize,
     out: &mut [f32],
@@ -310,21 +422,21 @@ fn attend_generic<S: Simd>(
 
 /// The dot products of `q` with four rows.
 #[inline(always)]
-fn dot4<S: Simd>(s: S, q: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
+fn dot4<S: Simd, E: Widen>(s: S, q: &[f32], rows: [&[E]; 4]) -> [f32; 4] {
     let n = q.len();
     let mut acc = [s.splat(0.0); 4];
     let mut i = 0;
     while i + S::LANES <= n {
         let qv = s.load(&q[i..]);
         for (a, r) in acc.iter_mut().zip(&rows) {
-            *a = s.fma(qv, s.load(&r[i..]), *a);
+            *a = s.fma(qv, E::load(s, &r[i..]), *a);
         }
         i += S::LANES;
     }
     if i < n {
         let qv = s.load_partial(&q[i..], 0.0);
         for (a, r) in acc.iter_mut().zip(&rows) {
-            *a = s.fma(qv, s.load_partial(&r[i..], 0.0), *a);
+            *a = s.fma(qv, E::load_partial(s, &r[i..]), *a);
         }
     }
     acc.map(|a| s.reduce_add(a))
@@ -333,7 +445,12 @@ fn dot4<S: Simd>(s: S, q: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
 /// `out = Σ_j p[j] · row(j)`, a slice of four vectors of `out` at a time held in registers
 /// across all the rows (rather than loaded and stored once per row).
 #[inline(always)]
-fn weighted_rows<'r, S: Simd>(s: S, p: &[f32], row: impl Fn(usize) -> &'r [f32], out: &mut [f32]) {
+fn weighted_rows<'r, S: Simd, E: Widen + 'r>(
+    s: S,
+    p: &[f32],
+    row: impl Fn(usize) -> &'r [E],
+    out: &mut [f32],
+) {
     let d = out.len();
     let block = 4 * S::LANES;
     let mut c = 0;
@@ -346,9 +463,9 @@ fn weighted_rows<'r, S: Simd>(s: S, p: &[f32], row: impl Fn(usize) -> &'r [f32],
             for (t, a) in acc.iter_mut().enumerate() {
                 let at = t * S::LANES;
                 if at + S::LANES <= width {
-                    *a = s.fma(pv, s.load(&r[at..]), *a);
+                    *a = s.fma(pv, E::load(s, &r[at..]), *a);
                 } else if at < width {
-                    *a = s.fma(pv, s.load_partial(&r[at..], 0.0), *a);
+                    *a = s.fma(pv, E::load_partial(s, &r[at..]), *a);
                 }
             }
         }
@@ -366,25 +483,25 @@ fn weighted_rows<'r, S: Simd>(s: S, p: &[f32], row: impl Fn(usize) -> &'r [f32],
 }
 
 #[inline(always)]
-fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
+fn dot<S: Simd, E: Widen>(s: S, a: &[f32], b: &[E]) -> f32 {
     let n = a.len();
     let mut acc = [s.splat(0.0); 4];
     let mut i = 0;
     while i + 4 * S::LANES <= n {
         for (t, acc) in acc.iter_mut().enumerate() {
             let o = i + t * S::LANES;
-            *acc = s.fma(s.load(&a[o..]), s.load(&b[o..]), *acc);
+            *acc = s.fma(s.load(&a[o..]), E::load(s, &b[o..]), *acc);
         }
         i += 4 * S::LANES;
     }
     while i + S::LANES <= n {
-        acc[0] = s.fma(s.load(&a[i..]), s.load(&b[i..]), acc[0]);
+        acc[0] = s.fma(s.load(&a[i..]), E::load(s, &b[i..]), acc[0]);
         i += S::LANES;
     }
     if i < n {
         acc[1] = s.fma(
             s.load_partial(&a[i..], 0.0),
-            s.load_partial(&b[i..], 0.0),
+            E::load_partial(s, &b[i..]),
             acc[1],
         );
     }
@@ -485,27 +602,47 @@ mod tests {
         out
     }
 
+    /// The kernel against the definition, with an f32 cache and with the same cache
+    /// rounded to f16 (round-to-nearest-even, as the graph's cast writes it; the definition
+    /// then computes on the rounded values).
     fn check(a: CachedAttention, seq: usize, past: usize, spare: usize) {
         let d = a.head_dim;
         let total = past + seq + spare;
         let q = data(seq * a.q_heads * d, 1);
         let k = data(total * a.kv_heads * d, 2);
         let v = data(total * a.kv_heads * d, 3);
-        let want = reference(&a, &q, &k, &v, past);
+        check_cache(&a, &q, &k, &v, seq, past);
+        let halves = |x: &[f32]| x.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
+        let (kh, vh) = (halves(&k), halves(&v));
+        check_cache(&a, &q, &kh, &vh, seq, past);
+    }
+
+    fn check_cache<E: KvElement>(
+        a: &CachedAttention,
+        q: &[f32],
+        k: &[E],
+        v: &[E],
+        seq: usize,
+        past: usize,
+    ) {
+        let widen = |x: &[E]| x.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+        let want = reference(a, q, &widen(k), &widen(v), past);
+        let a = *a;
         for isa in simd::tests::isas() {
             for (threads, pack) in [(1, true), (3, true), (1, false), (3, false)] {
                 let mut out = vec![f32::NAN; q.len()];
                 let r = if threads == 1 {
-                    attention_with(isa, &a, &q, &k, &v, past, &mut out, &Sequential, pack)
+                    attention_with(isa, &a, q, k, v, past, &mut out, &Sequential, pack)
                 } else {
                     let par = ScopedThreads::new(threads);
-                    attention_with(isa, &a, &q, &k, &v, past, &mut out, &par, pack)
+                    attention_with(isa, &a, q, k, v, past, &mut out, &par, pack)
                 };
                 r.unwrap();
                 for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
                     assert!(
                         (o as f64 - w).abs() <= 2e-6 * (1.0 + w.abs()),
-                        "{a:?} seq {seq} past {past} {isa:?} x{threads} pack {pack}: element {i}: {o} vs {w}"
+                        "{a:?} seq {seq} past {past} {isa:?} x{threads} pack {pack} {}: element {i}: {o} vs {w}",
+                        std::any::type_name::<E>()
                     );
                 }
             }
@@ -560,5 +697,51 @@ mod tests {
         assert!(e.to_string().contains("3 query heads"), "{e}");
         let mut short = vec![0.0; 31];
         assert!(cached_attention(&a, &q, &kv, &kv, 0, &mut short, &Sequential).is_err());
+        let kh = vec![f16::ZERO; 16 * 3];
+        let e = cached_attention(&a, &q, &kh, &kh, 3, &mut out, &Sequential).unwrap_err();
+        assert!(e.to_string().contains("need 4 key rows"), "{e}");
+    }
+
+    /// The f16 widening loads against `half`'s conversion, full and partial, at every ISA:
+    /// normals, subnormals, zeros of both signs, infinities.
+    #[test]
+    fn f16_loads_widen_exactly() {
+        let bits: Vec<u16> = (0..40u16)
+            .map(|i| match i {
+                0 => 0x0000,
+                1 => 0x8000,
+                2 => 0x0001,
+                3 => 0x83ff,
+                4 => 0x7c00,
+                5 => 0xfc00,
+                6 => 0x7bff,
+                _ => i.wrapping_mul(0x9e37) & 0x7bff | (i & 1) << 15,
+            })
+            .collect();
+        let h: Vec<f16> = bits.iter().map(|&b| f16::from_bits(b)).collect();
+        let want: Vec<f32> = h.iter().map(|x| x.to_f32()).collect();
+        for isa in simd::tests::isas() {
+            for n in 0..=h.len() {
+                let mut got = vec![f32::NAN; n];
+                widen_isa(isa, &h[..n], &mut got);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{isa:?} n {n} element {i}");
+                }
+            }
+        }
+    }
+
+    simd_dispatch!(fn widen_isa(x: &[f16], out: &mut [f32]) => widen_generic);
+
+    #[inline(always)]
+    fn widen_generic<S: Simd>(s: S, x: &[f16], out: &mut [f32]) {
+        let mut i = 0;
+        while i + S::LANES <= x.len() {
+            s.store(&mut out[i..], f16::load(s, &x[i..]));
+            i += S::LANES;
+        }
+        if i < x.len() {
+            s.store_partial(&mut out[i..], f16::load_partial(s, &x[i..]));
+        }
     }
 }

@@ -87,7 +87,7 @@ mod winograd;
 mod winograd_nhwc;
 
 pub use attention::{
-    cached_attention, cached_attention_with_isa, set_attention_packing, CachedAttention,
+    cached_attention, cached_attention_with_isa, set_attention_packing, CachedAttention, KvElement,
 };
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use kernel::Isa;

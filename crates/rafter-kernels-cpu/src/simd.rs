@@ -51,6 +51,11 @@ pub(crate) trait Simd: Copy + Send + Sync {
     fn load_partial(self, x: &[f32], fill: f32) -> Self::V;
     /// Writes the first `x.len()` (fewer than `LANES`) lanes of `v` to `x`.
     fn store_partial(self, x: &mut [f32], v: Self::V);
+    /// The first `LANES` halves of `x` widened to f32 (exact): an f16 KV cache read at half
+    /// the bytes of an f32 one (`vcvtph2ps`).
+    fn load_f16(self, x: &[half::f16]) -> Self::V;
+    /// The halves of `x` (fewer than `LANES`) widened, the remaining lanes 0.
+    fn load_f16_partial(self, x: &[half::f16]) -> Self::V;
 
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
     fn sub(self, a: Self::V, b: Self::V) -> Self::V;
@@ -144,6 +149,14 @@ impl Simd for Scalar {
     #[inline(always)]
     fn load_partial(self, _x: &[f32], fill: f32) -> f32 {
         fill // never called with elements: LANES is 1
+    }
+    #[inline(always)]
+    fn load_f16(self, x: &[half::f16]) -> f32 {
+        x[0].to_f32()
+    }
+    #[inline(always)]
+    fn load_f16_partial(self, _x: &[half::f16]) -> f32 {
+        0.0 // never called with elements: LANES is 1
     }
     #[inline(always)]
     fn store_partial(self, _x: &mut [f32], _v: f32) {}
@@ -285,13 +298,14 @@ mod x86 {
         }
     }
 
-    /// AVX2 + FMA, 8 lanes. Made only where both are available (see the module docs).
+    /// AVX2 + FMA + F16C, 8 lanes. Made only where all three are available (see the module
+    /// docs; every AVX2 CPU has F16C, which came a generation earlier).
     #[derive(Clone, Copy, Debug)]
     pub(crate) struct Avx2(());
 
     impl Avx2 {
         /// # Safety
-        /// The CPU must support AVX2 and FMA.
+        /// The CPU must support AVX2, FMA and F16C.
         #[inline(always)]
         pub(crate) unsafe fn new() -> Self {
             Avx2(())
@@ -333,6 +347,19 @@ mod x86 {
             let k: __mmask16 = ((1u32 << x.len().min(16)) - 1) as u16;
             // Masked-off lanes are not accessed (AVX-512 masked loads suppress faults).
             unsafe { _mm512_mask_loadu_ps(_mm512_set1_ps(fill), k, x.as_ptr()) }
+        }
+        #[inline(always)]
+        fn load_f16(self, x: &[half::f16]) -> __m512 {
+            assert!(x.len() >= 16);
+            // `half::f16` is a transparent u16: 16 of them are 32 readable bytes.
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().cast())) }
+        }
+        #[inline(always)]
+        fn load_f16_partial(self, x: &[half::f16]) -> __m512 {
+            let mut buf = [half::f16::ZERO; 16];
+            let n = x.len().min(16);
+            buf[..n].copy_from_slice(&x[..n]);
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(buf.as_ptr().cast())) }
         }
         #[inline(always)]
         fn store_partial(self, x: &mut [f32], v: __m512) {
@@ -489,8 +516,8 @@ mod x86 {
         }
     }
 
-    // SAFETY (every `unsafe` block in this impl): an `Avx2` exists only when AVX2 and FMA
-    // are available; pointer accesses stay inside the slices (lengths checked) or a local
+    // SAFETY (every `unsafe` block in this impl): an `Avx2` exists only when AVX2, FMA and
+    // F16C are available; pointer accesses stay inside the slices (lengths checked) or a local
     // buffer.
     impl Simd for Avx2 {
         type V = __m256;
@@ -526,6 +553,19 @@ mod x86 {
             let n = x.len().min(8);
             buf[..n].copy_from_slice(&x[..n]);
             unsafe { _mm256_loadu_ps(buf.as_ptr()) }
+        }
+        #[inline(always)]
+        fn load_f16(self, x: &[half::f16]) -> __m256 {
+            assert!(x.len() >= 8);
+            // `half::f16` is a transparent u16: 8 of them are 16 readable bytes.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().cast())) }
+        }
+        #[inline(always)]
+        fn load_f16_partial(self, x: &[half::f16]) -> __m256 {
+            let mut buf = [half::f16::ZERO; 8];
+            let n = x.len().min(8);
+            buf[..n].copy_from_slice(&x[..n]);
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(buf.as_ptr().cast())) }
         }
         #[inline(always)]
         fn store_partial(self, x: &mut [f32], v: __m256) {
@@ -725,10 +765,10 @@ macro_rules! simd_dispatch {
                 $generic(unsafe { $crate::simd::Avx512::new() }, $($a),*)
             }
             #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx2,fma")]
+            #[target_feature(enable = "avx2,fma,f16c")]
             #[allow(clippy::too_many_arguments)]
             fn avx2($($a: $t),*) $(-> $ret)? {
-                // SAFETY: as above, for AVX2 and FMA.
+                // SAFETY: as above, for AVX2, FMA and F16C.
                 $generic(unsafe { $crate::simd::Avx2::new() }, $($a),*)
             }
             match isa {

@@ -133,6 +133,7 @@ fn decode_ms(dir: &Path, threads: usize) -> f64 {
         &DecoderOptions {
             logits: Logits::Last,
             quantize: None,
+            kv_type: None,
         },
     )
     .unwrap();

@@ -24,6 +24,7 @@ use rafter_runtime::{RuntimeError, Session, SessionOptions};
 use serde::{Deserialize, Serialize};
 
 pub use model::SessionModel;
+pub use rafter_llm::KvType;
 
 /// Why a model could not be opened or run; each names the file or step.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +73,10 @@ pub struct LlmOptions {
     /// Re-encode float weights (HF checkpoints) in this block format (`q8_0`, `q4_0`,
     /// `q4_k`, ...) while compiling; GGUF weights keep their types.
     pub weights: Option<WeightFormat>,
+    /// The KV cache's element type; `None`: [`KvType::default_for`] the source (f32 for
+    /// now; f16 halves the cache and what a decode step reads of it). Fixed by the compile for an
+    /// artifact (a different value is an error).
+    pub kv_type: Option<KvType>,
     /// Where the CPU device reports each dispatch (a [`rafter_runtime::ChromeTrace`]).
     pub trace: Option<Arc<dyn rafter_hal::TraceSink>>,
 }
@@ -107,8 +112,16 @@ pub struct LlmInfo {
     pub vocab_size: usize,
     /// The positions its KV caches hold.
     pub context: usize,
+    /// The KV caches' element type (`f16`, `f32`; artifacts written before it was
+    /// recorded have f32 caches).
+    #[serde(default = "f32_word")]
+    pub kv_type: String,
     /// The tokenizer ([`Tokenizer::to_json`]).
     pub tokenizer: String,
+}
+
+fn f32_word() -> String {
+    KvType::F32.word().into()
 }
 
 /// The current [`LlmInfo::format`].
@@ -164,11 +177,15 @@ pub fn compile(
         ));
     }
     observe(Stage::Build);
+    let kv_type = options
+        .kv_type
+        .unwrap_or_else(|| KvType::default_for(&source));
     let decoder = build_decoder(
         &source,
         &DecoderOptions {
             logits: Logits::Last,
             quantize: options.weights,
+            kv_type: Some(kv_type),
         },
     )?;
     observe(Stage::Compile);
@@ -185,6 +202,7 @@ pub fn compile(
         architecture: format!("{:?}", source.spec.architecture),
         vocab_size: source.spec.vocab_size,
         context,
+        kv_type: kv_type.word().into(),
         tokenizer: tokenizer.to_json()?,
     };
     Ok(CompiledLlm {
@@ -277,6 +295,13 @@ impl Llm {
                 "the artifact was compiled for a context of {} positions; a context of {c} \
                  needs a new compile",
                 info.context
+            )));
+        }
+        if let Some(k) = options.kv_type.filter(|k| k.word() != info.kv_type) {
+            return Err(EngineError::Options(format!(
+                "the artifact was compiled with an {} KV cache; an {k} cache needs a new \
+                 compile",
+                info.kv_type
             )));
         }
         let tokenizer =

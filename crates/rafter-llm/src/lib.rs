@@ -18,6 +18,6 @@ pub mod graph;
 pub mod source;
 pub mod spec;
 
-pub use graph::{build_decoder, DecoderGraph, DecoderOptions, Logits};
+pub use graph::{build_decoder, DecoderGraph, DecoderOptions, KvType, Logits};
 pub use source::{ModelSource, SourceError};
 pub use spec::{Architecture, ModelSpec};

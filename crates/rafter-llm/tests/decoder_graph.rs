@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use ndarray::{ArrayD, IxDyn};
 use rafter_ir::text::{parse_graph, print_graph};
-use rafter_llm::{build_decoder, DecoderOptions, Logits, ModelSource};
+use rafter_llm::{build_decoder, DecoderOptions, KvType, Logits, ModelSource};
 use rafter_reference::{run_with, Bindings, Tensor};
 use safetensors::Dtype;
 
@@ -26,9 +26,14 @@ fn source(name: &str, config: &serde_json::Value, dims: &Dims) -> (TempDir, Mode
 /// returns each call's logits rows (`[positions, vocab]` flattened per position).
 fn run_chunks(g: &rafter_ir::Graph, chunks: &[&[i64]]) -> Vec<Vec<f32>> {
     let n_states = g.states.len();
-    let kv_width = g.value(g.inputs[1]).ty.dims[2].as_known().unwrap() as usize;
+    let cache = &g.value(g.inputs[1]).ty;
+    let kv_width = cache.dims[2].as_known().unwrap() as usize;
+    let empty = IxDyn(&[1, 0, kv_width]);
     let mut past: Vec<Tensor> = (0..n_states)
-        .map(|_| Tensor::F32(ArrayD::zeros(IxDyn(&[1, 0, kv_width]))))
+        .map(|_| match cache.dtype {
+            rafter_ir::DType::F16 => Tensor::F16(ArrayD::from_elem(empty.clone(), half::f16::ZERO)),
+            _ => Tensor::F32(ArrayD::zeros(empty.clone())),
+        })
         .collect();
     let mut rows = Vec::new();
     for ids in chunks {
@@ -53,18 +58,30 @@ fn max_abs(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |m, x| m.max(x.abs()))
 }
 
-/// Prefill of all tokens == prefill in chunks then one-token decodes, position by position.
+/// Prefill of all tokens == prefill in chunks then one-token decodes, position by position,
+/// with an f32 and with an f16 cache (each call rounds its new keys and values once as they
+/// enter the cache, and attention reads the whole cache, so chunking changes nothing).
 fn check_cache_consistency(name: &str, config: serde_json::Value, dims: Dims) {
-    let (_d, m) = source(name, &config, &dims);
-    let all = build_decoder(
-        &m,
-        &DecoderOptions {
-            logits: Logits::All,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    for kv in [KvType::F32, KvType::F16] {
+        check_cache_consistency_as(name, &config, &dims, kv);
+    }
+}
+
+fn check_cache_consistency_as(name: &str, config: &serde_json::Value, dims: &Dims, kv: KvType) {
+    let name = &format!("{name} ({kv} cache)");
+    let (_d, m) = source(name, config, dims);
+    let opts = |logits| DecoderOptions {
+        logits,
+        kv_type: Some(kv),
+        ..Default::default()
+    };
+    let all = build_decoder(&m, &opts(Logits::All)).unwrap();
     let g = &all.graph;
+    assert_eq!(
+        g.value(g.inputs[1]).ty.dtype,
+        kv.dtype(),
+        "{name}: the cache's dtype"
+    );
     rafter_ir::verify(g).unwrap();
     assert_eq!(
         parse_graph(&print_graph(g)).unwrap(),
@@ -86,7 +103,7 @@ fn check_cache_consistency(name: &str, config: serde_json::Value, dims: Dims) {
         assert!(a.iter().all(|x| x.is_finite()), "{name}: finite logits");
     }
     // Logits::Last gives the last row of each call.
-    let last = build_decoder(&m, &DecoderOptions::default()).unwrap();
+    let last = build_decoder(&m, &opts(Logits::Last)).unwrap();
     let rows = run_chunks(&last.graph, &[&ids[..6], &ids[6..7]]);
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0], once[5], "{name}: last row of the prefill");
@@ -134,47 +151,80 @@ fn decoders_compile_with_planned_memory() {
         ("dc-gemma3", gemma3_1b_it()),
     ] {
         let (_d, m) = source(name, &config, &dims);
-        let d = build_decoder(&m, &DecoderOptions::default()).unwrap();
-        let past_seq = Dim::symbol("past").add(&Dim::symbol("seq"));
-        let opts = rafter_opt::CompileOptions {
-            bounds: vec![(Symbol::new("past"), 64), (Symbol::new("seq"), 64)],
-            dim_bounds: vec![(past_seq, 64)],
-            ..Default::default()
-        };
-        let p = rafter_opt::compile(&d.graph, &opts).unwrap();
-        if std::env::var_os("RAFTER_PRINT_PLAN").is_some() {
-            for (i, k) in p.kernels.iter().enumerate() {
-                let ops: Vec<&str> = k.body.nodes.iter().map(|n| n.op.name()).collect();
-                println!("{name} k{i} {} {ops:?}", k.kind.word());
+        // An HF checkpoint's cache is f32 by default; an f16 one takes half the bytes.
+        for (kv, elem) in [(None, 4), (Some(KvType::F16), 2)] {
+            let d = build_decoder(
+                &m,
+                &DecoderOptions {
+                    kv_type: kv,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let past_seq = Dim::symbol("past").add(&Dim::symbol("seq"));
+            let opts = rafter_opt::CompileOptions {
+                bounds: vec![(Symbol::new("past"), 64), (Symbol::new("seq"), 64)],
+                dim_bounds: vec![(past_seq, 64)],
+                ..Default::default()
+            };
+            let p = rafter_opt::compile(&d.graph, &opts).unwrap();
+            if std::env::var_os("RAFTER_PRINT_PLAN").is_some() {
+                for (i, k) in p.kernels.iter().enumerate() {
+                    let ops: Vec<&str> = k.body.nodes.iter().map(|n| n.op.name()).collect();
+                    println!("{name} k{i} {} {ops:?}", k.kind.word());
+                }
             }
-        }
-        assert_eq!(p.states.len(), 2 * dims.layers, "{name}");
-        assert_eq!(p.inputs.len(), 1, "{name}: only input_ids");
-        assert_eq!(p.outputs.len(), 1, "{name}: only logits");
-        let kv = (dims.kv * dims.head_dim) as u64;
-        for s in 0..p.states.len() {
-            assert_eq!(p.state_bytes(s), Some(64 * kv * 4), "{name}: state {s}");
-        }
-        for b in &p.buffers {
-            assert!(
-                !matches!(b.storage, Storage::Dynamic),
-                "{name}: buffer `{}` {} is sized at run time",
-                b.name,
-                b.ty
-            );
+            assert_eq!(p.states.len(), 2 * dims.layers, "{name}");
+            assert_eq!(p.inputs.len(), 1, "{name}: only input_ids");
+            assert_eq!(p.outputs.len(), 1, "{name}: only logits");
+            let width = (dims.kv * dims.head_dim) as u64;
+            for s in 0..p.states.len() {
+                assert_eq!(
+                    p.state_bytes(s),
+                    Some(64 * width * elem),
+                    "{name}: state {s}"
+                );
+            }
+            for b in &p.buffers {
+                assert!(
+                    !matches!(b.storage, Storage::Dynamic),
+                    "{name}: buffer `{}` {} is sized at run time",
+                    b.name,
+                    b.ty
+                );
+            }
         }
     }
 }
 
 /// The compiled decoder on the CPU runtime (native kernels, KV caches as session state)
-/// gives the reference executor's logits, call after call.
+/// gives the reference executor's logits, call after call, with an f32 and an f16 cache.
+/// The f16 cache adds only the casts of each layer's new keys and values, native kernels
+/// too: the linear products they follow and the attention reading the cache stay native.
 fn check_runtime_matches_reference(name: &str, config: serde_json::Value, dims: Dims) {
+    let f32 = check_runtime_matches_reference_as(name, &config, &dims, KvType::F32);
+    let f16 = check_runtime_matches_reference_as(name, &config, &dims, KvType::F16);
+    assert_eq!(
+        f16.kernels,
+        f32.kernels + 2 * dims.layers,
+        "{name}: native kernels with an f16 cache ({f16:?}) and an f32 one ({f32:?})"
+    );
+}
+
+fn check_runtime_matches_reference_as(
+    name: &str,
+    config: &serde_json::Value,
+    dims: &Dims,
+    kv: KvType,
+) -> rafter_runtime::NativeStats {
     use rafter_ir::{Dim, Symbol};
-    let (_d, m) = source(name, &config, &dims);
+    let name = &format!("{name} ({kv} cache)");
+    let (_d, m) = source(name, config, dims);
     let d = build_decoder(
         &m,
         &DecoderOptions {
             logits: Logits::All,
+            kv_type: Some(kv),
             ..Default::default()
         },
     )
@@ -209,6 +259,8 @@ fn check_runtime_matches_reference(name: &str, config: serde_json::Value, dims: 
     }
     let stats = s.native_stats();
     println!("{name}: {stats:?}");
+    assert_eq!(stats.fallbacks, 0, "{name}: {stats:?}");
+    stats
 }
 
 #[test]
@@ -245,6 +297,7 @@ fn quantized_builds_stay_close_to_the_float_model() {
     let all = |quantize| DecoderOptions {
         logits: Logits::All,
         quantize,
+        kv_type: None,
     };
     let float = build_decoder(&m, &all(None)).unwrap();
     let ids: Vec<i64> = (0..6).map(|i| (i * 41 + 7) % d.vocab as i64).collect();

@@ -7,7 +7,8 @@
 //!   is recomputed per broadcast element;
 //! - **contraction epilogues**: an elementwise op joins a contraction group (matmul, gemm,
 //!   conv, ...) through a value that it alone reads (and that is no graph output), keeping
-//!   the contraction's output dims: bias, activation, residual add, scaling;
+//!   the contraction's output dims: bias, activation, residual add, scaling (not a cast
+//!   of a `linear`'s result to f16/bf16: an LLM's keys and values entering an f16 cache);
 //! - **reduction prologues**: a reduction, softmax or normalisation joins an elementwise
 //!   group through its data operand when that has the group's domain and nothing outside
 //!   the group and the reduction reads any value the group computes (else the prologue
@@ -41,7 +42,7 @@
 use crate::layout::{SMALL_CONV_MAX_CIN, TO_NCHW, TO_NHWC};
 use crate::util::{consumers, graph_outputs};
 use rafter_ir::program::{BlockConv, KernelKind};
-use rafter_ir::{Dim, Graph, Op, PoolKind, UnaryOp, ValueDef, ValueId};
+use rafter_ir::{DType, Dim, Graph, Op, PoolKind, UnaryOp, ValueDef, ValueId};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
@@ -118,6 +119,7 @@ impl Partitioner<'_> {
                     out_dims(g, node).as_ref() == Some(&grp.domain)
                         && self.uses[v.0 as usize] == [ni]
                         && !self.is_output[v.0 as usize]
+                        && !self.narrows_linear(gid, ni)
                 }
                 (KernelKind::Reduction, KernelKind::Elementwise) => {
                     pos == 0
@@ -144,6 +146,23 @@ impl Partitioner<'_> {
             .filter_map(|&u| self.group_of(u))
             .filter(|&h| h != gid && h != usize::MAX)
             .all(|h| !self.reaches(h, gid))
+    }
+
+    /// Whether `ni` casts the result of group `gid`'s `linear` to f16 or bf16: an LLM's new
+    /// keys and values entering an f16 KV cache. It stays a kernel of its own, so the
+    /// linear keeps its native f32 kernel (whose epilogues compute in f32) and the cast,
+    /// a row per token, runs natively as well.
+    fn narrows_linear(&self, gid: usize, ni: usize) -> bool {
+        let g = self.g;
+        matches!(
+            g.nodes[ni].op,
+            Op::Cast {
+                to: DType::F16 | DType::BF16
+            }
+        ) && self.groups[gid]
+            .nodes
+            .iter()
+            .any(|&m| matches!(g.nodes[m].op, Op::Linear { .. }))
     }
 
     /// Whether channels-last convolution `ni` continues the depthwise block that group `gid`

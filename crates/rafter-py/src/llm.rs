@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rafter_generate::{GenerateParams, Message, SamplerConfig};
-use rafter_llm_engine::{Llm as Engine, LlmOptions};
+use rafter_llm_engine::{KvType, Llm as Engine, LlmOptions};
 
 use crate::errors::{to, LLMError};
 
@@ -44,11 +44,24 @@ struct Summary {
 impl Llm {
     /// Opens (and, for a Hugging Face folder or GGUF, compiles) the model at `path`.
     #[new]
-    #[pyo3(signature = (path, context=None, threads=0))]
-    fn new(py: Python<'_>, path: PathBuf, context: Option<usize>, threads: usize) -> PyResult<Llm> {
+    #[pyo3(signature = (path, context=None, threads=0, kv_type=None))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        context: Option<usize>,
+        threads: usize,
+        kv_type: Option<&str>,
+    ) -> PyResult<Llm> {
+        let kv_type = match kv_type {
+            None => None,
+            Some(t) => Some(KvType::from_word(t).ok_or_else(|| {
+                to::<LLMError>(format!("kv_type {t:?}: expected \"f16\" or \"f32\""))
+            })?),
+        };
         let options = LlmOptions {
             context,
             threads,
+            kv_type,
             ..LlmOptions::default()
         };
         let engine = py

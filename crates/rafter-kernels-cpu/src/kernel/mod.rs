@@ -35,7 +35,8 @@ pub enum Isa {
     /// Portable Rust, no intrinsics: the fallback on every target, and the path tests hold
     /// to the reference everywhere.
     Scalar,
-    /// x86-64 AVX2 + FMA: a 6x16 tile (12 ymm accumulators).
+    /// x86-64 AVX2 + FMA (and F16C, which every AVX2 CPU has): a 6x16 tile (12 ymm
+    /// accumulators).
     Avx2,
     /// x86-64 AVX-512F: a 12x32 tile (24 zmm accumulators).
     Avx512,
@@ -112,6 +113,7 @@ impl Isa {
             Isa::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),

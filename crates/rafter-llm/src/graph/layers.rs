@@ -2,11 +2,11 @@
 //! MoE), and the output head, written as rafter-ir ops following transformers' modeling
 //! code for each architecture (see [`crate::spec::ModelSpec`] for the layer formula).
 
-use rafter_ir::{BinaryOp, FfnActivation, GeluApprox, Op, UnaryOp, ValueId, WeightFormat};
+use rafter_ir::{BinaryOp, DType, FfnActivation, GeluApprox, Op, UnaryOp, ValueId, WeightFormat};
 
 use super::builder::Builder;
 use super::quantize::requantize;
-use super::{stack_experts, weight_constant, weight_f32, BuildError, Logits, Present};
+use super::{stack_experts, weight_constant, weight_f32, BuildError, KvType, Logits, Present};
 use crate::source::{ExpertLayout, ExpertProj, ModelSource, NormWeight, RopePairing, WeightTensor};
 use crate::spec::{Activation, AttentionKind, FfnKind, RopeSpec};
 
@@ -26,6 +26,8 @@ pub(super) struct Decoder<'a> {
     kv_len: ValueId,
     /// The block format float weights are re-encoded in, if any.
     quantize: Option<WeightFormat>,
+    /// The KV cache's element type.
+    kv_type: KvType,
 }
 
 impl<'a> Decoder<'a> {
@@ -36,6 +38,7 @@ impl<'a> Decoder<'a> {
         ids: ValueId,
         past_key: ValueId,
         quantize: Option<WeightFormat>,
+        kv_type: KvType,
     ) -> Result<Decoder<'a>, BuildError> {
         let (positions, kv_len) = positions(b, ids, past_key)?;
         Ok(Decoder {
@@ -47,6 +50,7 @@ impl<'a> Decoder<'a> {
             positions,
             kv_len,
             quantize,
+            kv_type,
         })
     }
 
@@ -233,6 +237,16 @@ impl<'a> Decoder<'a> {
         };
         let q = self.b.op(&n("q_rope"), rot(hq), &[q, cos, sin])?;
         let k = self.b.op(&n("k_rope"), rot(hkv), &[k, cos, sin])?;
+        let (k, v) = match self.kv_type {
+            KvType::F32 => (k, v),
+            // Rounded once as they enter the cache (f32 -> f16, nearest-even).
+            KvType::F16 => {
+                let to = Op::Cast { to: DType::F16 };
+                let k = self.b.op(&n("k_cache_f16"), to.clone(), &[k])?;
+                let v = self.b.op(&n("v_cache_f16"), to, &[v])?;
+                (k, v)
+            }
+        };
         let present_k = self
             .b
             .op(&n("present_key"), Op::Concat { axis: 1 }, &[past_k, k])?;

@@ -6,10 +6,15 @@
 //!
 //! ```text
 //! inputs:  input_ids i64[1, seq]
-//!          past.{l}.key / past.{l}.value f32[1, past, kv_heads * head_dim]   (states)
+//!          past.{l}.key / past.{l}.value kv[1, past, kv_heads * head_dim]   (states)
 //! outputs: logits f32[1, seq, vocab]   (or [1, 1, vocab] with Logits::Last)
-//!          present.{l}.key / .value f32[1, past + seq, kv_heads * head_dim] (states)
+//!          present.{l}.key / .value kv[1, past + seq, kv_heads * head_dim] (states)
 //! ```
+//!
+//! `kv` is the cache's element type ([`KvType`]): f16 (llama.cpp's default, half the
+//! bytes a decode step reads and the session holds) or f32. With f16, each call's new
+//! keys and values are cast to f16 (round-to-nearest-even, as llama.cpp stores them)
+//! before they are appended, and attention reads the f16 cache as f32 (exact widening).
 //!
 //! The KV cache of each layer is a graph *state* ([`rafter_ir::StateLink`]): `present =
 //! concat(past, k)` is the next call's `past`. The cache is seq-major (`[1, positions,
@@ -33,7 +38,7 @@ use std::fmt;
 use bytes::Bytes;
 use rafter_ir::{ConstData, DType, Dim, Graph, TensorType, ValueId, WeightFormat};
 
-use crate::source::{ModelSource, WeightDtype, WeightTensor};
+use crate::source::{ModelSource, SourceFormat, WeightDtype, WeightTensor};
 use builder::Builder;
 
 /// Which positions the `logits` output covers.
@@ -47,10 +52,71 @@ pub enum Logits {
     All,
 }
 
+/// The element type of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    /// IEEE half precision: what llama.cpp stores by default (its outputs, our GGUF
+    /// references, are computed with it), half the bytes of f32.
+    F16,
+    /// Single precision: exactly what transformers computes in f32.
+    F32,
+}
+
+impl KvType {
+    /// The IR dtype of the cache.
+    pub fn dtype(self) -> DType {
+        match self {
+            KvType::F16 => DType::F16,
+            KvType::F32 => DType::F32,
+        }
+    }
+
+    /// `f16` or `f32`.
+    pub fn word(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+        }
+    }
+
+    /// The type named `word` (`f16`, `f32`, any case).
+    pub fn from_word(word: &str) -> Option<KvType> {
+        match word.trim().to_ascii_lowercase().as_str() {
+            "f16" | "float16" => Some(KvType::F16),
+            "f32" | "float32" => Some(KvType::F32),
+            _ => None,
+        }
+    }
+
+    /// The default for a model from `source`: f32 for now, for every source.
+    ///
+    /// A Hugging Face checkpoint (whatever its weights' type) must stay f32: its references
+    /// are transformers' logits computed in f32, checked at 1e-4 of the largest, which an
+    /// f16 cache's rounding (2^-11 relative per key and value) would exceed. A GGUF would
+    /// take f16, as llama.cpp does, but with it one quantized fixture (the Qwen3-MoE
+    /// q5_K_M GGUF) agrees with llama.cpp's default run on 168 of 192 steps where the bar
+    /// is 169 (f32: 182): llama.cpp's non-flash attention also rounds the queries and the
+    /// softmax weights to f16 in its f16 products, which this cache does not, and the
+    /// MoE router's top-k amplifies such differences. Pass `KvType::F16` explicitly.
+    pub fn default_for(source: &ModelSource) -> KvType {
+        match source.format {
+            SourceFormat::Gguf { .. } | SourceFormat::HfFolder { .. } => KvType::F32,
+        }
+    }
+}
+
+impl fmt::Display for KvType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.word())
+    }
+}
+
 /// Options of [`build_decoder`].
 #[derive(Clone, Debug, Default)]
 pub struct DecoderOptions {
     pub logits: Logits,
+    /// The KV cache's element type; `None`: [`KvType::default_for`] the source.
+    pub kv_type: Option<KvType>,
     /// Re-encode the float weights of linear layers, experts and the embedding in this
     /// block format (`q8_0`, `q4_0`, `q4_k`, ...) while building; weights already
     /// block-quantized (GGUF) and rows that are not whole blocks keep their encoding.
@@ -107,8 +173,9 @@ pub fn build_decoder(
         "input_ids",
         TensorType::new(DType::I64, vec![Dim::known(1), seq.clone()]),
     );
+    let kv_type = opts.kv_type.unwrap_or_else(|| KvType::default_for(source));
     let cache_ty = TensorType::new(
-        DType::F32,
+        kv_type.dtype(),
         vec![Dim::known(1), past.clone(), Dim::known(kv_width)],
     );
     let mut past_inputs = Vec::with_capacity(spec.num_layers);
@@ -118,7 +185,14 @@ pub fn build_decoder(
         past_inputs.push((k, v));
     }
 
-    let mut d = layers::Decoder::new(&mut b, source, ids, past_inputs[0].0, opts.quantize)?;
+    let mut d = layers::Decoder::new(
+        &mut b,
+        source,
+        ids,
+        past_inputs[0].0,
+        opts.quantize,
+        kv_type,
+    )?;
     let mut x = d.embed()?;
     let mut presents = Vec::with_capacity(spec.num_layers);
     for (l, &(pk, pv)) in past_inputs.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! The ops of an LLM decoder on borrowed operands: `linear` and `moe_ffn` over weights in
 //! any format (quantized ones read in place by `rafter-kernels-cpu`'s quantized products),
 //! `embedding` rows decoded where they are read, `rms_norm`, `rotary_embedding`, and
-//! causal `attention` over a KV cache.
+//! causal `attention` over a KV cache (f32, or f16 read in place and widened in registers).
 //!
 //! Each kernel covers the forms the LLM graph builder emits (`rafter_llm::graph`) and
 //! returns `Ok(false)` for any other shape, so the reference path still runs every body
@@ -9,6 +9,8 @@
 
 use std::sync::Arc;
 
+use half::f16;
+use half::slice::HalfBitsSliceExt;
 use rafter_ir::{DType, FfnActivation, Graph, Op, WeightFormat};
 use rafter_kernels_cpu::{
     cached_attention, quant_matmul, rms_norm, rope, BlockFormat, CachedAttention, Epilogue, MatMut,
@@ -342,10 +344,15 @@ impl AttentionKernel {
         if extra || node.outputs.iter().skip(1).any(Option::is_some) {
             return None;
         }
+        // The cache is f32 or f16 (both operands alike); queries and result are f32.
+        let kv_dtype = body.value(node.input(1)?).ty.dtype;
+        if !matches!(kv_dtype, DType::F32 | DType::F16) {
+            return None;
+        }
         Some(Arc::new(AttentionKernel {
             q: input_of(body, node.input(0), DType::F32)?,
-            k: input_of(body, node.input(1), DType::F32)?,
-            v: input_of(body, node.input(2), DType::F32)?,
+            k: input_of(body, node.input(1), kv_dtype)?,
+            v: input_of(body, node.input(2), kv_dtype)?,
             nonpad: match node.input(6) {
                 Some(v) => Some(input_of(body, Some(v), DType::I64)?),
                 None => None,
@@ -401,9 +408,19 @@ impl NativeKernel for AttentionKernel {
             softcap: self.softcap.max(0.0),
             window: self.window,
         };
-        let (ks, vs) = (&k.f32s()?[..keys * kw], &v.f32s()?[..keys * kw]);
-        cached_attention(&a, q.f32s()?, ks, vs, past, outs[0].f32s()?, &*self.par)
-            .map_err(|e| format!("attention: {e}"))?;
+        let (q, out) = (q.f32s()?, outs[0].f32s()?);
+        let r = match k.dtype {
+            DType::F16 => {
+                let ks = &k.u16s()?.reinterpret_cast::<f16>()[..keys * kw];
+                let vs = &v.u16s()?.reinterpret_cast::<f16>()[..keys * kw];
+                cached_attention(&a, q, ks, vs, past, out, &*self.par)
+            }
+            _ => {
+                let (ks, vs) = (&k.f32s()?[..keys * kw], &v.f32s()?[..keys * kw]);
+                cached_attention(&a, q, ks, vs, past, out, &*self.par)
+            }
+        };
+        r.map_err(|e| format!("attention: {e}"))?;
         Ok(true)
     }
 }

@@ -32,6 +32,7 @@
 
 mod block_nhwc;
 mod block_quant;
+mod cast;
 mod conv;
 mod conv_nhwc;
 mod elementwise;
@@ -201,7 +202,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         // Elementwise-only bodies (by the memory planner's own classification) may have a
         // result bound over an operand: only the kernel
         // that copies its operands first takes them.
-        return elementwise::select(body, par);
+        return elementwise::select(body, par).or_else(|| cast::select(body));
     }
     llm::select(body, par)
         .or_else(|| block_quant::select(body, par))

@@ -705,3 +705,44 @@ fn matmul_block_quant_matches_hand_computed_values() {
         assert!((g - w).abs() < 1e-5, "{y:?} vs {want:?}");
     }
 }
+
+/// rafter's extension: f16 keys and values with f32 queries are read as their exact f32
+/// widening (an LLM's f16 KV cache): the result equals attention over the widened cache,
+/// bit for bit, and is f32.
+#[test]
+fn attention_reads_f16_keys_and_values_as_f32() {
+    let vals = |n: usize, seed: f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| (i as f32 * 0.37 + seed).sin() * 1.7)
+            .collect()
+    };
+    let q = f(&[1, 2, 16], &vals(32, 0.1));
+    let (kf, vf) = (vals(40, 0.5), vals(40, 0.9));
+    let half = |x: &[f32]| {
+        Tensor::F16(
+            ArrayD::from_shape_vec(
+                IxDyn(&[1, 5, 8]),
+                x.iter().map(|&x| half::f16::from_f32(x)).collect(),
+            )
+            .unwrap(),
+        )
+    };
+    let widened = |x: &[f32]| {
+        let w: Vec<f32> = x.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+        f(&[1, 5, 8], &w)
+    };
+    let op = Op::Attention {
+        is_causal: true,
+        kv_num_heads: 2,
+        q_num_heads: 4,
+        qk_matmul_output_mode: 0,
+        scale: None,
+        softcap: 0.0,
+        left_window_size: -1,
+        right_window_size: -1,
+    };
+    let narrow = run1(op.clone(), &[&q, &half(&kf), &half(&vf)]);
+    let wide = run1(op, &[&q, &widened(&kf), &widened(&vf)]);
+    assert_eq!(narrow.dtype(), DType::F32);
+    assert_eq!(narrow, wide);
+}
