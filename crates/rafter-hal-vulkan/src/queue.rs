@@ -54,11 +54,14 @@ use crate::semaphore::{SemInner, SemState};
 const MONITOR_TICK: Duration = Duration::from_millis(100);
 
 /// The monitor's tick while it watches anything (in-flight batches, timepoints, deferred
-/// signals): short, because NVIDIA's driver (580, H100) was measured missing semaphore
-/// wake-ups (see `WAIT_SLICE` in semaphore.rs), and every missed one would otherwise stall
-/// whatever waits on the monitor (callbacks, deferred submissions, other devices) for a
-/// whole `MONITOR_TICK`.
-const BUSY_TICK: Duration = Duration::from_micros(500);
+/// signals, host waiters): short, because NVIDIA's driver (580, H100) was measured missing
+/// semaphore wake-ups (a host wait often returned only at the end of its timeout although
+/// the GPU had signalled long before: MobileNetV2 took 6.0 ms a call with 5 ms slices, 1.6 ms
+/// with 200 µs ones, benchmarks/RESULTS.md), and every missed one stalls whatever waits on
+/// the monitor (host waits, callbacks, deferred submissions, other devices) for a tick. The
+/// monitor is the only thread that polls the driver: host waiters sleep on a condition
+/// variable its callbacks wake (`SemInner::wait`).
+const BUSY_TICK: Duration = Duration::from_micros(200);
 
 /// The scheduler's state, under `Shared::sched`.
 #[derive(Default)]
