@@ -56,10 +56,10 @@ one_run() { # MODE RUN CACHE_DIR -> prints "MODE RUN SECONDS STATUS"
 }
 
 summary() { # MODE
-    grep "^$1 " "$LOG_DIR/times" | awk -v m="$1" '
+    grep "^$1 " "$LOG_DIR/times" | sort -k3,3n | awk -v m="$1" '
         { t[NR]=$3; if ($4 != 0) bad++ }
-        END { n=asort(t); printf "%s: %d runs, %d failed or killed, median %.2f s, max %.2f s\n",
-              m, n, bad, t[int((n+1)/2)], t[n] }'
+        END { printf "%s: %d runs, %d failed or killed, median %.2f s, max %.2f s\n",
+              m, NR, bad, t[int((NR+1)/2)], t[NR] }'
 }
 
 echo "logs in $LOG_DIR"
