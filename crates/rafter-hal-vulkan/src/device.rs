@@ -211,6 +211,7 @@ impl Drop for Shared {
             let _ = self.device.device_wait_idle();
             let state = self.sched.get_mut().unwrap_or_else(|e| e.into_inner());
             state.in_flight.clear();
+            state.retired.clear();
             state.deferred.clear();
             for (semaphore, _) in state.completion_pool.drain(..) {
                 self.device.destroy_semaphore(semaphore, None);

@@ -63,6 +63,18 @@ const MONITOR_TICK: Duration = Duration::from_millis(100);
 /// variable its callbacks wake (`SemInner::wait`).
 const BUSY_TICK: Duration = Duration::from_micros(200);
 
+/// When a completed batch's command buffer, buffers and semaphores may go. The driver's
+/// queue thread may still touch a batch's objects after it signalled the batch's last
+/// semaphore: lavapipe does (Mesa's common queue releases a submission's wait and signal
+/// points after its signals), and destroying them at once crashed lavapipe's queue thread
+/// within seconds under tests/stress.rs (SIGSEGV in libvulkan_lvp.so: 3 of 5 runs of one
+/// seed, 3 of 6 runs of others). A batch is therefore released once a batch submitted
+/// *later on the same queue* has completed (a queue processes its batches in order, so the
+/// earlier one is behind it), or, on a queue that went idle, after this grace (a fixed
+/// 2 ms grace alone still crashed 1 run in 6 on this loaded machine: time is no proof; the
+/// grace only bounds how long an idle queue's last batch is held).
+const RELEASE_GRACE: Duration = Duration::from_millis(20);
+
 /// The scheduler's state, under `Shared::sched`.
 #[derive(Default)]
 pub(crate) struct SchedState {
@@ -71,6 +83,13 @@ pub(crate) struct SchedState {
     pub(crate) deferred: Vec<Pending>,
     /// Submitted batches not yet known complete.
     pub(crate) in_flight: Vec<InFlight>,
+    /// Completed batches whose handles are still held, with when they completed: released
+    /// as [`RELEASE_GRACE`] says.
+    pub(crate) retired: Vec<(Instant, InFlight)>,
+    /// Counts `vkQueueSubmit2` calls: a batch's place in its queue's order.
+    submit_seq: u64,
+    /// Per queue, the largest `seq` of a completed batch.
+    completed_seq: Vec<u64>,
     /// Completion semaphores free for reuse, with the last value each reached.
     pub(crate) completion_pool: Vec<(vk::Semaphore, u64)>,
 }
@@ -104,6 +123,9 @@ pub(crate) struct Pending {
 /// buffers and executables, the semaphores) until it completes.
 pub(crate) struct InFlight {
     completion: (vk::Semaphore, u64),
+    /// The queue it was submitted to, and its place in submission order.
+    queue: usize,
+    seq: u64,
     /// The queue's name, for trace events.
     queue_name: Arc<str>,
     _command_buffer: CommandBuffer,
@@ -117,7 +139,7 @@ pub(crate) struct InFlight {
 impl InFlight {
     /// The batch completed: report its GPU timestamps to the trace sink, host-signal the
     /// semaphores the GPU could not.
-    fn complete(self, shared: &Shared) {
+    fn complete(&self, shared: &Shared) {
         if let (Some(sink), Some(timing)) = (&shared.trace, &self._prepared.timing) {
             report(shared, sink.as_ref(), timing, &self.queue_name);
         }
@@ -346,8 +368,12 @@ impl Shared {
                 Wait::Foreign(cell) => cell.semaphore.clone(),
             })
             .collect();
+        state.submit_seq += 1;
+        let seq = state.submit_seq;
         state.in_flight.push(InFlight {
             completion,
+            queue: pending.queue,
+            seq,
             queue_name: Arc::from(format!("{}:{}", self.name, pending.queue)),
             _command_buffer: pending.command_buffer,
             _prepared: pending.prepared,
@@ -455,9 +481,37 @@ impl Shared {
             done
         };
         let any = !done.is_empty();
-        for flight in done {
+        for flight in &done {
             flight.complete(self);
         }
+        let now = Instant::now();
+        let released: Vec<(Instant, InFlight)> = {
+            let mut state = self.lock_sched();
+            for flight in &done {
+                if state.completed_seq.len() <= flight.queue {
+                    state.completed_seq.resize(flight.queue + 1, 0);
+                }
+                let seen = &mut state.completed_seq[flight.queue];
+                *seen = (*seen).max(flight.seq);
+            }
+            state
+                .retired
+                .extend(done.into_iter().map(|flight| (now, flight)));
+            let completed = std::mem::take(&mut state.completed_seq);
+            let (old, young) =
+                std::mem::take(&mut state.retired)
+                    .into_iter()
+                    .partition(|(at, flight)| {
+                        flight.seq < completed[flight.queue]
+                            || now.duration_since(*at) >= RELEASE_GRACE
+                    });
+            state.completed_seq = completed;
+            state.retired = young;
+            old
+        };
+        // Dropped outside the scheduler lock: a semaphore's drop may fire callbacks, which
+        // may schedule.
+        drop(released);
         any
     }
 
@@ -536,7 +590,7 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
                 waits.push((semaphore.raw, value));
             }
         }
-        {
+        let releasing = {
             let state = shared.lock_sched();
             if shared.shutdown.load(Ordering::Acquire)
                 && state.deferred.is_empty()
@@ -545,9 +599,10 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
                 break;
             }
             waits.extend(state.in_flight.iter().map(|f| f.completion));
-        }
+            !state.retired.is_empty()
+        };
         // Only the wake semaphore: idle, sleep long; anything else: tick short.
-        let tick = if waits.len() > 1 {
+        let tick = if waits.len() > 1 || releasing {
             BUSY_TICK
         } else {
             MONITOR_TICK
@@ -571,6 +626,10 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
         }
         drop(live);
     }
+    // The batches retired last still hold handles (to `shared` too): release them.
+    std::thread::sleep(RELEASE_GRACE);
+    let retired = std::mem::take(&mut shared.lock_sched().retired);
+    drop(retired);
 }
 
 /// One queue of a [`VulkanDevice`](crate::VulkanDevice). See the module docs of this file
