@@ -304,6 +304,20 @@ impl VulkanDevice {
     pub fn inject_device_loss(&self, reason: &str) {
         self.shared.set_lost(format!("injected: {reason}"));
     }
+
+    /// What the device still holds: `(semaphores alive, batches submitted or completed
+    /// whose objects are not yet released, deferred submissions)`. For leak checks: once
+    /// every handle a caller held is gone and the work is done, the first and last are 0
+    /// and the second drops to 0 within the release grace (see queue.rs).
+    pub fn live_objects(&self) -> (usize, usize, usize) {
+        let semaphores = self.shared.live_semaphores().len();
+        let state = self.shared.lock_sched();
+        (
+            semaphores,
+            state.in_flight.len() + state.retired.len(),
+            state.deferred.len(),
+        )
+    }
 }
 
 fn create_shared(

@@ -13,7 +13,8 @@
 //!
 //! A watchdog fails any chain not done within `DEADLINE` and prints the in-flight state:
 //! every semaphore of the stuck chain with its value, failure, registered timepoints and
-//! pending device signal.
+//! pending device signal. At the end, the device must hold no semaphore, batch or deferred
+//! submission (`VulkanDevice::live_objects`): nothing leaks, faulted chains included.
 //!
 //! Duration: `RAFTER_STRESS_SECS` (default 15 s, what `cargo test` runs); the seed:
 //! `RAFTER_STRESS_SEED` (default: from the clock, printed so a failure can be replayed).
@@ -296,6 +297,21 @@ fn many_threads_many_chains_in_flight_complete_checked_or_fail_cleanly() {
     watchdog.join().unwrap();
     if let Some(panic) = panicked {
         std::panic::resume_unwind(panic);
+    }
+    // Nothing leaks: with every chain's handles gone, the device holds no semaphore, no
+    // deferred submission, and releases every completed batch within its grace.
+    let settle = Instant::now();
+    loop {
+        let live = device.live_objects();
+        if live == (0, 0, 0) {
+            break;
+        }
+        assert!(
+            settle.elapsed() < Duration::from_secs(5),
+            "the device still holds (semaphores, batches, deferred) = {live:?} after every \
+             chain's handles were dropped"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
     let total = chains.load(Ordering::Relaxed);
     eprintln!(
