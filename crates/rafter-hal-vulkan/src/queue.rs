@@ -30,9 +30,12 @@
 //!
 //! One per device. It sleeps in `vkWaitSemaphores` (any of: a wake semaphore the host
 //! signals, every in-flight batch's completion semaphore, every semaphore with callbacks
-//! registered) and on waking retires completed batches (releasing what they hold, signalling
-//! other devices' semaphores), fires callbacks whose values the GPU reached, submits
-//! deferred work that became ready, and fails everything when the device is lost.
+//! registered) and on waking retires completed batches (signalling other devices'
+//! semaphores, and releasing what they hold once a later batch on the same queue has
+//! completed: see `RELEASE_GRACE`), fires callbacks whose values the GPU reached, submits
+//! deferred work that became ready, and fails everything when the device is lost. It is
+//! the only thread that waits in the driver: host waits sleep on a condition variable its
+//! callbacks wake.
 
 use std::fmt;
 use std::sync::atomic::Ordering;
