@@ -211,6 +211,7 @@ impl Drop for Shared {
             let _ = self.device.device_wait_idle();
             let state = self.sched.get_mut().unwrap_or_else(|e| e.into_inner());
             state.in_flight.clear();
+            state.retired.clear();
             state.deferred.clear();
             for (semaphore, _) in state.completion_pool.drain(..) {
                 self.device.destroy_semaphore(semaphore, None);
@@ -302,6 +303,20 @@ impl VulkanDevice {
     #[doc(hidden)]
     pub fn inject_device_loss(&self, reason: &str) {
         self.shared.set_lost(format!("injected: {reason}"));
+    }
+
+    /// What the device still holds: `(semaphores alive, batches submitted or completed
+    /// whose objects are not yet released, deferred submissions)`. For leak checks: once
+    /// every handle a caller held is gone and the work is done, the first and last are 0
+    /// and the second drops to 0 within the release grace (see queue.rs).
+    pub fn live_objects(&self) -> (usize, usize, usize) {
+        let semaphores = self.shared.live_semaphores().len();
+        let state = self.shared.lock_sched();
+        (
+            semaphores,
+            state.in_flight.len() + state.retired.len(),
+            state.deferred.len(),
+        )
     }
 }
 

@@ -30,9 +30,12 @@
 //!
 //! One per device. It sleeps in `vkWaitSemaphores` (any of: a wake semaphore the host
 //! signals, every in-flight batch's completion semaphore, every semaphore with callbacks
-//! registered) and on waking retires completed batches (releasing what they hold, signalling
-//! other devices' semaphores), fires callbacks whose values the GPU reached, submits
-//! deferred work that became ready, and fails everything when the device is lost.
+//! registered) and on waking retires completed batches (signalling other devices'
+//! semaphores, and releasing what they hold once a later batch on the same queue has
+//! completed: see `RELEASE_GRACE`), fires callbacks whose values the GPU reached, submits
+//! deferred work that became ready, and fails everything when the device is lost. It is
+//! the only thread that waits in the driver: host waits sleep on a condition variable its
+//! callbacks wake.
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -54,11 +57,26 @@ use crate::semaphore::{SemInner, SemState};
 const MONITOR_TICK: Duration = Duration::from_millis(100);
 
 /// The monitor's tick while it watches anything (in-flight batches, timepoints, deferred
-/// signals): short, because NVIDIA's driver (580, H100) was measured missing semaphore
-/// wake-ups (see `WAIT_SLICE` in semaphore.rs), and every missed one would otherwise stall
-/// whatever waits on the monitor (callbacks, deferred submissions, other devices) for a
-/// whole `MONITOR_TICK`.
-const BUSY_TICK: Duration = Duration::from_micros(500);
+/// signals, host waiters): short, because NVIDIA's driver (580, H100) was measured missing
+/// semaphore wake-ups (a host wait often returned only at the end of its timeout although
+/// the GPU had signalled long before: MobileNetV2 took 6.0 ms a call with 5 ms slices, 1.6 ms
+/// with 200 µs ones, benchmarks/RESULTS.md), and every missed one stalls whatever waits on
+/// the monitor (host waits, callbacks, deferred submissions, other devices) for a tick. The
+/// monitor is the only thread that polls the driver: host waiters sleep on a condition
+/// variable its callbacks wake (`SemInner::wait`).
+const BUSY_TICK: Duration = Duration::from_micros(200);
+
+/// When a completed batch's command buffer, buffers and semaphores may go. The driver's
+/// queue thread may still touch a batch's objects after it signalled the batch's last
+/// semaphore: lavapipe does (Mesa's common queue releases a submission's wait and signal
+/// points after its signals), and destroying them at once crashed lavapipe's queue thread
+/// within seconds under tests/stress.rs (SIGSEGV in libvulkan_lvp.so: 3 of 5 runs of one
+/// seed, 3 of 6 runs of others). A batch is therefore released once a batch submitted
+/// *later on the same queue* has completed (a queue processes its batches in order, so the
+/// earlier one is behind it), or, on a queue that went idle, after this grace (a fixed
+/// 2 ms grace alone still crashed 1 run in 6 on this loaded machine: time is no proof; the
+/// grace only bounds how long an idle queue's last batch is held).
+const RELEASE_GRACE: Duration = Duration::from_millis(20);
 
 /// The scheduler's state, under `Shared::sched`.
 #[derive(Default)]
@@ -68,6 +86,13 @@ pub(crate) struct SchedState {
     pub(crate) deferred: Vec<Pending>,
     /// Submitted batches not yet known complete.
     pub(crate) in_flight: Vec<InFlight>,
+    /// Completed batches whose handles are still held, with when they completed: released
+    /// as [`RELEASE_GRACE`] says.
+    pub(crate) retired: Vec<(Instant, InFlight)>,
+    /// Counts `vkQueueSubmit2` calls: a batch's place in its queue's order.
+    submit_seq: u64,
+    /// Per queue, the largest `seq` of a completed batch.
+    completed_seq: Vec<u64>,
     /// Completion semaphores free for reuse, with the last value each reached.
     pub(crate) completion_pool: Vec<(vk::Semaphore, u64)>,
 }
@@ -101,6 +126,9 @@ pub(crate) struct Pending {
 /// buffers and executables, the semaphores) until it completes.
 pub(crate) struct InFlight {
     completion: (vk::Semaphore, u64),
+    /// The queue it was submitted to, and its place in submission order.
+    queue: usize,
+    seq: u64,
     /// The queue's name, for trace events.
     queue_name: Arc<str>,
     _command_buffer: CommandBuffer,
@@ -114,7 +142,7 @@ pub(crate) struct InFlight {
 impl InFlight {
     /// The batch completed: report its GPU timestamps to the trace sink, host-signal the
     /// semaphores the GPU could not.
-    fn complete(self, shared: &Shared) {
+    fn complete(&self, shared: &Shared) {
         if let (Some(sink), Some(timing)) = (&shared.trace, &self._prepared.timing) {
             report(shared, sink.as_ref(), timing, &self.queue_name);
         }
@@ -343,8 +371,12 @@ impl Shared {
                 Wait::Foreign(cell) => cell.semaphore.clone(),
             })
             .collect();
+        state.submit_seq += 1;
+        let seq = state.submit_seq;
         state.in_flight.push(InFlight {
             completion,
+            queue: pending.queue,
+            seq,
             queue_name: Arc::from(format!("{}:{}", self.name, pending.queue)),
             _command_buffer: pending.command_buffer,
             _prepared: pending.prepared,
@@ -452,9 +484,37 @@ impl Shared {
             done
         };
         let any = !done.is_empty();
-        for flight in done {
+        for flight in &done {
             flight.complete(self);
         }
+        let now = Instant::now();
+        let released: Vec<(Instant, InFlight)> = {
+            let mut state = self.lock_sched();
+            for flight in &done {
+                if state.completed_seq.len() <= flight.queue {
+                    state.completed_seq.resize(flight.queue + 1, 0);
+                }
+                let seen = &mut state.completed_seq[flight.queue];
+                *seen = (*seen).max(flight.seq);
+            }
+            state
+                .retired
+                .extend(done.into_iter().map(|flight| (now, flight)));
+            let completed = std::mem::take(&mut state.completed_seq);
+            let (old, young) =
+                std::mem::take(&mut state.retired)
+                    .into_iter()
+                    .partition(|(at, flight)| {
+                        flight.seq < completed[flight.queue]
+                            || now.duration_since(*at) >= RELEASE_GRACE
+                    });
+            state.completed_seq = completed;
+            state.retired = young;
+            old
+        };
+        // Dropped outside the scheduler lock: a semaphore's drop may fire callbacks, which
+        // may schedule.
+        drop(released);
         any
     }
 
@@ -533,7 +593,7 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
                 waits.push((semaphore.raw, value));
             }
         }
-        {
+        let releasing = {
             let state = shared.lock_sched();
             if shared.shutdown.load(Ordering::Acquire)
                 && state.deferred.is_empty()
@@ -542,9 +602,10 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
                 break;
             }
             waits.extend(state.in_flight.iter().map(|f| f.completion));
-        }
+            !state.retired.is_empty()
+        };
         // Only the wake semaphore: idle, sleep long; anything else: tick short.
-        let tick = if waits.len() > 1 {
+        let tick = if waits.len() > 1 || releasing {
             BUSY_TICK
         } else {
             MONITOR_TICK
@@ -568,6 +629,10 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
         }
         drop(live);
     }
+    // The batches retired last still hold handles (to `shared` too): release them.
+    std::thread::sleep(RELEASE_GRACE);
+    let retired = std::mem::take(&mut shared.lock_sched().retired);
+    drop(retired);
 }
 
 /// One queue of a [`VulkanDevice`](crate::VulkanDevice). See the module docs of this file

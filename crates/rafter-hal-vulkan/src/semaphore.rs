@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ash::vk;
@@ -17,15 +17,6 @@ use rafter_hal::{HalError, SemaphoreError, SemaphoreImpl, TimepointCallback};
 
 use crate::device::{create_timeline, Shared};
 use crate::error::call_error;
-
-/// How long one slice of a host wait blocks in `vkWaitSemaphores` before it looks at the
-/// counter and the failure state again: the most a failure can take to reach a host
-/// waiter, and the most a missed wake-up can delay it. Short because wake-ups are missed:
-/// on the H100 (driver 580.159.04) a wait often returned only at the end of its slice
-/// although the GPU had signalled the value long before. With 5 ms slices MobileNetV2 took
-/// 6.0 ms per call (GPU busy 0.5 ms), with 200 µs slices 1.6 ms; ResNet-50 5.2 vs 4.0 ms
-/// (benchmarks/RESULTS.md). The cost is a wake-up every 200 µs while a host thread waits.
-const WAIT_SLICE: Duration = Duration::from_micros(200);
 
 pub(crate) struct SemState {
     pub(crate) failure: Option<String>,
@@ -139,11 +130,13 @@ impl SemInner {
             Ok(v) => v,
             Err(_) => return None, // the lost-device path fails everything
         };
+        let mut host_signalled = false;
         if let Some(target) = state.deferred_host_signal {
             if value >= self.submitted_signal.load(Ordering::Acquire) {
                 state.deferred_host_signal = None;
                 if target > value && self.host_signal(target).is_ok() {
                     value = target;
+                    host_signalled = true;
                 }
             }
         }
@@ -161,7 +154,55 @@ impl SemInner {
         for callback in ready {
             callback(Ok(()));
         }
+        if host_signalled {
+            // Deferred submissions waiting for the value can go to the GPU now, as after a
+            // direct host signal (`signal`). Without this they waited for the monitor's
+            // next pass: up to `MONITOR_TICK` (100 ms) when nothing else was in flight.
+            self.shared.schedule();
+        }
         next
+    }
+}
+
+/// How often a host waiter looks at the driver's counter itself, should the monitor's
+/// callback not come (it always should: this only bounds the damage of a bug).
+const RECHECK: Duration = Duration::from_millis(20);
+
+/// Where the monitor's callback leaves the outcome of a host wait, and wakes the waiter.
+#[derive(Default)]
+struct HostWakeup {
+    outcome: Mutex<Option<Result<(), String>>>,
+    changed: Condvar,
+}
+
+impl HostWakeup {
+    fn set(&self, outcome: Result<(), String>) {
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+        self.changed.notify_all();
+    }
+
+    /// The outcome, once set; `None` after `timeout` without one.
+    fn wait(&self, timeout: Duration) -> Option<Result<(), String>> {
+        let guard = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = self
+            .changed
+            .wait_timeout_while(guard, timeout, |o| o.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        guard.clone()
+    }
+}
+
+impl SemInner {
+    /// A host wait's result if it is known without waiting: failed, or `value` reached.
+    fn settled(&self, value: u64) -> Option<Result<(), SemaphoreError>> {
+        if let Some(reason) = self.failure() {
+            return Some(Err(SemaphoreError::Failed(reason)));
+        }
+        match self.counter() {
+            Ok(current) if current >= value => Some(Ok(())),
+            Ok(_) => None,
+            Err(reason) => Some(Err(SemaphoreError::Failed(reason))),
+        }
     }
 }
 
@@ -238,42 +279,46 @@ impl SemaphoreImpl for SemInner {
 
     fn wait(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
         let start = Instant::now();
+        if let Some(done) = self.settled(value) {
+            return done;
+        }
+        // The waiting thread sleeps on a host condition variable that the monitor's
+        // callback (or a host signal, or a failure) wakes; only the monitor asks the driver.
+        // Each waiter used to poll `vkWaitSemaphores` in 200 µs slices itself: NVIDIA's
+        // driver spins in short waits, so with `--threads 8` eight waiters and the monitor
+        // kept nine cores busy, starving the CPU fallback and the driver's pipeline
+        // compiles (issue 28: the H100's `conformance --threads 8` runs slowed from 8 s to
+        // 56 s or past 60 s).
+        let wakeup = Arc::new(HostWakeup::default());
+        let notified = wakeup.clone();
+        self.notify_at(
+            value,
+            Box::new(move |result| {
+                notified.set(result.map_err(|e| match e {
+                    SemaphoreError::Failed(reason) => reason,
+                    other => other.to_string(),
+                }))
+            }),
+        );
         loop {
-            if let Some(reason) = self.failure() {
-                return Err(SemaphoreError::Failed(reason));
+            let waited = start.elapsed();
+            let left = timeout.saturating_sub(waited);
+            match wakeup.wait(left.min(RECHECK)) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(reason)) => return Err(SemaphoreError::Failed(reason)),
+                None => {}
             }
-            let current = self.counter().map_err(SemaphoreError::Failed)?;
-            if current >= value {
-                return Ok(());
+            // A safety net for a callback that never comes: look at the driver's counter.
+            if let Some(done) = self.settled(value) {
+                return done;
             }
             let waited = start.elapsed();
             if waited >= timeout {
                 return Err(SemaphoreError::Timeout {
                     value,
-                    current,
+                    current: self.value(),
                     waited,
                 });
-            }
-            let slice = (timeout - waited).min(WAIT_SLICE);
-            let semaphores = [self.raw];
-            let values = [value];
-            let info = vk::SemaphoreWaitInfo::default()
-                .semaphores(&semaphores)
-                .values(&values);
-            // SAFETY: `raw` is a live timeline semaphore of this device; the arrays live
-            // across the call. The wait is bounded by `slice`.
-            match unsafe {
-                self.shared
-                    .device
-                    .wait_semaphores(&info, slice.as_nanos() as u64)
-            } {
-                Ok(()) | Err(vk::Result::TIMEOUT) => {}
-                Err(result) => {
-                    self.shared.check_lost("vkWaitSemaphores", result);
-                    return Err(SemaphoreError::Failed(format!(
-                        "vkWaitSemaphores: {result}"
-                    )));
-                }
             }
         }
     }
