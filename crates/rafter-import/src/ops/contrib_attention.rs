@@ -6,6 +6,7 @@
 use super::registry::OnnxOp;
 use super::{Tr, R};
 use crate::node::NodeView;
+use crate::ImportError;
 use rafter_ir::{BinaryOp, DType, Op, ValueId};
 
 /// ORT's default `mask_filter_value`: what a masked score gets added.
@@ -54,6 +55,21 @@ fn check_rotary(n: &NodeView<'_>) -> Result<(), String> {
         return Err("unsupported: scale other than 1".into());
     }
     Ok(())
+}
+
+/// The ONNX `Attention` op that com.microsoft's `Attention` and `MultiHeadAttention` lower
+/// to: as many key/value heads as query heads, causal when `unidirectional` is set.
+fn mha_op(n: &NodeView<'_>, heads: i64) -> Result<Op, ImportError> {
+    Ok(Op::Attention {
+        is_causal: n.flag("unidirectional", false)?,
+        kv_num_heads: heads,
+        q_num_heads: heads,
+        qk_matmul_output_mode: 0,
+        scale: n.f_opt("scale")?,
+        softcap: 0.0,
+        left_window_size: -1,
+        right_window_size: -1,
+    })
 }
 
 /// `Attention`: `input @ weights (+ bias)` split into Q, K, V (sizes `qkv_hidden_sizes`,
@@ -114,16 +130,7 @@ fn packed_attention(t: &mut Tr<'_, '_, '_>) -> R {
         t.sc,
         n,
         n.name.clone(),
-        Op::Attention {
-            is_causal: n.flag("unidirectional", false)?,
-            kv_num_heads: heads,
-            q_num_heads: heads,
-            qk_matmul_output_mode: 0,
-            scale: n.f_opt("scale")?,
-            softcap: 0.0,
-            left_window_size: -1,
-            right_window_size: -1,
-        },
+        mha_op(n, heads)?,
         super::trim(vec![
             Some(q),
             Some(k),
@@ -197,16 +204,7 @@ fn multi_head_attention(t: &mut Tr<'_, '_, '_>) -> R {
         return Err(n.unsupported("unsupported: the qk output"));
     }
     t.finish_outs(
-        Op::Attention {
-            is_causal: n.flag("unidirectional", false)?,
-            kv_num_heads: heads,
-            q_num_heads: heads,
-            qk_matmul_output_mode: 0,
-            scale: n.f_opt("scale")?,
-            softcap: 0.0,
-            left_window_size: -1,
-            right_window_size: -1,
-        },
+        mha_op(n, heads)?,
         super::trim(vec![
             Some(q),
             Some(k),
