@@ -779,3 +779,26 @@ fn unreachable_dims_name_the_limiting_node() {
     let o = rafter(&["run", "--dim", "foo=3"]);
     assert!(text(&o).contains("the model has no symbol `foo` (its symbols: batch, seq)"));
 }
+
+/// An unknown `--kv-type`, and one given to a model that is not an LLM, are errors that name
+/// the flag.
+#[test]
+fn kv_type_errors_name_the_flag() {
+    let out = rafter(&["generate", "model.gguf", "--kv-type", "f8", "-p", "hi"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--kv-type f8: expected f16 or f32"), "{err}");
+
+    let dir = tmpdir("kv-type");
+    let out = rafter(&[
+        "compile",
+        fixture("model.onnx").to_str().unwrap(),
+        "-o",
+        dir.join("m.rfa").to_str().unwrap(),
+        "--kv-type",
+        "f16",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--kv-type applies to LLMs"), "{err}");
+}
