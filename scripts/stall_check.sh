@@ -19,6 +19,10 @@ THREADS=${2:-8}
 DEADLINE=${3:-60}
 RAFTER=${RAFTER:-target/release/rafter}
 LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/stall_check.XXXXXX)}
+mkdir -p "$LOG_DIR"
+# A run still going after this many seconds prints the Vulkan scheduler's state to its log
+# (rafter-hal-vulkan's watchdog: which semaphore values its pending work waits for).
+export RAFTER_VULKAN_WATCHDOG_S=${RAFTER_VULKAN_WATCHDOG_S:-$((DEADLINE / 2))}
 [ -x "$RAFTER" ] || { echo "no rafter binary at $RAFTER (cargo build --release -p rafter-cli --features vulkan?)" >&2; exit 2; }
 
 snapshot() { # PID FILE: thread states, for a run about to be killed
@@ -52,7 +56,7 @@ one_run() { # MODE RUN CACHE_DIR -> prints "MODE RUN SECONDS STATUS"
     status=$?
     [ "$waited" -ge $((DEADLINE * 10)) ] && status=124
     end=$(date +%s.%N)
-    printf '%s %d %.2f %d\n' "$mode" "$run" "$(echo "$end - $start" | bc)" "$status"
+    printf '%s %d %.2f %d\n' "$mode" "$run" "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" "$status"
 }
 
 summary() { # MODE

@@ -125,6 +125,10 @@ fn emit(l: &Layout) -> R<Vec<u32>> {
     let first = build(b.composite_extract(u32, None, gid, [0]))?;
     let nwg = build(b.load(v3, None, nwg_var, None, []))?;
     let groups = build(b.composite_extract(u32, None, nwg, [0]))?;
+    // NumWorkgroups read as at least 1, so the loop's stride is never 0 (see elementwise.rs).
+    let (zero, one) = (b.constant_bit32(u32, 0), b.constant_bit32(u32, 1));
+    let none = build(b.i_equal(bool, None, groups, zero))?;
+    let groups = build(b.select(u32, None, none, one, groups))?;
     let size = b.constant_bit32(u32, WORKGROUP_SIZE);
     let stride = build(b.i_mul(u32, None, groups, size))?;
 

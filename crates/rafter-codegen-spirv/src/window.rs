@@ -122,6 +122,10 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
     let wx = build(e.b.composite_extract(u32, None, wg, [0]))?;
     let lx = build(e.b.composite_extract(u32, None, lid, [0]))?;
     let nx = build(e.b.composite_extract(u32, None, nwg, [0]))?;
+    // NumWorkgroups read as at least 1, so the loop's stride is never 0 (see elementwise.rs).
+    let (zero, one) = (e.u(0), e.u(1));
+    let none = build(e.b.i_equal(e.ids.bool, None, nx, zero))?;
+    let nx = build(e.b.select(u32, None, none, one, nx))?;
     let size = e.u(WORKGROUP_SIZE);
     let first = e.mul(wx, size)?;
     let first = e.add(first, lx)?;

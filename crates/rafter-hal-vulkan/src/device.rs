@@ -318,6 +318,14 @@ impl VulkanDevice {
             state.deferred.len(),
         )
     }
+
+    /// The scheduler's state as text: deferred submissions and what each waits for,
+    /// batches in flight and their waits, semaphores with callbacks, with ages and the
+    /// driver's counters. For diagnosing a hang (the monitor prints it by itself when
+    /// [`WATCHDOG_ENV`](crate::WATCHDOG_ENV) is set).
+    pub fn describe(&self) -> String {
+        self.shared.describe()
+    }
 }
 
 fn create_shared(

@@ -42,4 +42,4 @@ pub use executable::{
 };
 pub use instance::{list_devices, DEVICE_ENV};
 pub use memory::VulkanBuffer;
-pub use queue::VulkanQueue;
+pub use queue::{VulkanQueue, WATCHDOG_ENV};

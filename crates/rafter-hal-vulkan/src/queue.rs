@@ -52,6 +52,9 @@ use crate::device::{create_timeline, Shared};
 use crate::error::call_error;
 use crate::semaphore::{SemInner, SemState};
 
+mod watchdog;
+pub use watchdog::WATCHDOG_ENV;
+
 /// How long the monitor sleeps at most before looking around again (a safety net: every
 /// event that needs it also wakes it).
 const MONITOR_TICK: Duration = Duration::from_millis(100);
@@ -108,6 +111,7 @@ enum Wait {
 
 struct ForeignWait {
     semaphore: Semaphore,
+    value: u64,
     /// `None` until the callback fires: `Ok` reached, `Err` failed with the reason.
     outcome: Mutex<Option<Result<(), String>>>,
 }
@@ -116,6 +120,8 @@ struct ForeignWait {
 pub(crate) struct Pending {
     id: u64,
     queue: usize,
+    /// When `submit` queued it (for the watchdog's report).
+    queued_at: Instant,
     command_buffer: CommandBuffer,
     prepared: Arc<Prepared>,
     waits: Vec<Wait>,
@@ -131,9 +137,12 @@ pub(crate) struct InFlight {
     seq: u64,
     /// The queue's name, for trace events.
     queue_name: Arc<str>,
-    _command_buffer: CommandBuffer,
+    /// When `vkQueueSubmit2` took it (for the watchdog's report).
+    submitted_at: Instant,
+    command_buffer: CommandBuffer,
     _prepared: Arc<Prepared>,
-    _waits: Vec<Semaphore>,
+    /// Its waits, held so the semaphores outlive the GPU's use of them.
+    waits: Vec<(Semaphore, u64)>,
     signals: Vec<(Semaphore, u64)>,
     /// Signals the GPU cannot perform (other devices' semaphores): done at completion.
     foreign_signals: Vec<(Semaphore, u64)>,
@@ -367,8 +376,8 @@ impl Shared {
             .waits
             .iter()
             .map(|w| match w {
-                Wait::Own { semaphore, .. } => semaphore.clone(),
-                Wait::Foreign(cell) => cell.semaphore.clone(),
+                Wait::Own { semaphore, value } => (semaphore.clone(), *value),
+                Wait::Foreign(cell) => (cell.semaphore.clone(), cell.value),
             })
             .collect();
         state.submit_seq += 1;
@@ -378,9 +387,10 @@ impl Shared {
             queue: pending.queue,
             seq,
             queue_name: Arc::from(format!("{}:{}", self.name, pending.queue)),
-            _command_buffer: pending.command_buffer,
+            submitted_at: Instant::now(),
+            command_buffer: pending.command_buffer,
             _prepared: pending.prepared,
-            _waits: waits,
+            waits,
             signals: pending.signals,
             foreign_signals,
         });
@@ -569,7 +579,18 @@ fn report(shared: &Shared, sink: &dyn TraceSink, timing: &Timing, queue: &Arc<st
 /// The monitor thread's body (see the module docs).
 pub(crate) fn run_monitor(shared: Arc<Shared>) {
     let mut lost_handled = false;
+    let watchdog = watchdog::threshold();
+    let mut reported = false;
     loop {
+        if let (Some(limit), false) = (watchdog, reported) {
+            if shared.oldest_work().is_some_and(|age| age >= limit) {
+                eprintln!(
+                    "{WATCHDOG_ENV}: work older than {limit:?}\n{}",
+                    shared.describe()
+                );
+                reported = true;
+            }
+        }
         // SAFETY: the wake semaphore lives as long as `shared`.
         let wake_seen = unsafe {
             shared
@@ -699,6 +720,7 @@ impl QueueImpl for VulkanQueue {
                 } else {
                     let cell = Arc::new(ForeignWait {
                         semaphore: semaphore.clone(),
+                        value: *value,
                         outcome: Mutex::new(None),
                     });
                     foreign.push((cell.clone(), *value));
@@ -719,6 +741,7 @@ impl QueueImpl for VulkanQueue {
             state.deferred.push(Pending {
                 id,
                 queue: self.index,
+                queued_at: Instant::now(),
                 command_buffer: command_buffer.clone(),
                 prepared,
                 waits: classified,

@@ -219,6 +219,12 @@ fn gpu_work_chains_through_semaphores_submitted_before_the_first_signal() {
     let (sender, receiver) = mpsc::channel();
     done.notify_at(1, Box::new(move |result| sender.send(result).unwrap()));
     assert_eq!((middle.value(), done.value()), (0, 0));
+    // The hang report names both held-back submissions and what each waits for.
+    let report = device.describe();
+    assert!(report.contains("2 deferred submissions"), "{report}");
+    assert!(report.contains("wants 5: counter Ok(0)"), "{report}");
+    assert!(report.contains("wants 1: counter Ok(0)"), "{report}");
+    assert!(report.contains("0 batches in flight"), "{report}");
     go.signal(1).unwrap();
     done.wait(1, WAIT).unwrap();
     assert_eq!(middle.value(), 5);

@@ -1,0 +1,203 @@
+//! A diagnostic for hangs: a text report of what the scheduler holds (deferred
+//! submissions and what each waits for, in-flight batches and their waits, semaphores with
+//! callbacks or a deferred host signal), each with its age and the driver's counters.
+//!
+//! Why: a stalled process shows only threads asleep in futexes and the monitor polling;
+//! which semaphore value never came is what tells a lost wake-up from a missing signal or
+//! a GPU batch blocked on a wait. The monitor prints the report once when
+//! `RAFTER_VULKAN_WATCHDOG_S=N` is set and some submission has waited or run for N seconds;
+//! [`VulkanDevice::describe`](crate::VulkanDevice::describe) returns it on demand.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rafter_hal::{Command, Semaphore};
+
+use super::{own, Wait};
+use crate::device::Shared;
+
+/// The environment variable that arms the monitor's one-time report.
+pub const WATCHDOG_ENV: &str = "RAFTER_VULKAN_WATCHDOG_S";
+
+/// The report's threshold, if armed.
+pub(crate) fn threshold() -> Option<Duration> {
+    let text = std::env::var(WATCHDOG_ENV).ok()?;
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+impl Shared {
+    /// The age of the oldest deferred or in-flight submission.
+    pub(crate) fn oldest_work(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let state = self.lock_sched();
+        let deferred = state.deferred.iter().map(|p| now - p.queued_at);
+        let flying = state.in_flight.iter().map(|f| now - f.submitted_at);
+        deferred.chain(flying).max()
+    }
+
+    /// One line describing a wait or signal point: whose semaphore, the value wanted, and
+    /// where the semaphore stands.
+    fn describe_point(&self, semaphore: &Semaphore, value: u64) -> String {
+        match own(self, semaphore) {
+            Some(inner) => {
+                let state = inner.lock();
+                format!(
+                    "vk sem {:?} wants {value}: counter {:?}, submitted signal {}, deferred host \
+                     signal {:?}, failure {:?}, {} callbacks at {:?}",
+                    inner.raw,
+                    inner.counter(),
+                    inner.submitted_signal.load(Ordering::Acquire),
+                    state.deferred_host_signal,
+                    state.failure,
+                    state.timepoints.len(),
+                    state.timepoints.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+                )
+            }
+            None => format!(
+                "foreign sem {semaphore:?} wants {value}: value {}, failure {:?}",
+                semaphore.value(),
+                semaphore.failure()
+            ),
+        }
+    }
+
+    /// The scheduler's state as text (see the module docs).
+    pub(crate) fn describe(&self) -> String {
+        let now = Instant::now();
+        let mut out = String::new();
+        let _ = writeln!(out, "Vulkan device '{}' ({}):", self.name, self.id);
+        // Collected under the scheduler lock, described after it (describing takes
+        // semaphore locks, which `submit_now` takes under the scheduler lock: same order).
+        let (deferred, flying) = {
+            let state = self.lock_sched();
+            let deferred: Vec<_> = state
+                .deferred
+                .iter()
+                .map(|p| {
+                    let waits: Vec<(Semaphore, u64, Option<String>)> = p
+                        .waits
+                        .iter()
+                        .map(|w| match w {
+                            Wait::Own { semaphore, value } => (semaphore.clone(), *value, None),
+                            Wait::Foreign(cell) => {
+                                let outcome =
+                                    cell.outcome.lock().unwrap_or_else(|e| e.into_inner());
+                                (
+                                    cell.semaphore.clone(),
+                                    cell.value,
+                                    Some(format!("{:?}", *outcome)),
+                                )
+                            }
+                        })
+                        .collect();
+                    (p.id, p.queue, now - p.queued_at, waits, p.signals.clone())
+                })
+                .collect();
+            let flying: Vec<_> = state
+                .in_flight
+                .iter()
+                .map(|f| {
+                    (
+                        f.seq,
+                        f.queue,
+                        now - f.submitted_at,
+                        f.completion,
+                        f.waits.clone(),
+                        f.signals.clone(),
+                        describe_commands(f.command_buffer.commands()),
+                    )
+                })
+                .collect();
+            (deferred, flying)
+        };
+        let _ = writeln!(out, "  {} deferred submissions", deferred.len());
+        for (id, queue, age, waits, signals) in deferred {
+            let _ = writeln!(
+                out,
+                "  deferred #{id} on queue {queue}, queued {age:.3?} ago"
+            );
+            for (semaphore, value, outcome) in waits {
+                let outcome = outcome
+                    .map(|o| format!(" (callback outcome {o})"))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "    waits {}{outcome}",
+                    self.describe_point(&semaphore, value)
+                );
+            }
+            for (semaphore, value) in signals {
+                let _ = writeln!(
+                    out,
+                    "    signals {}",
+                    self.describe_point(&semaphore, value)
+                );
+            }
+        }
+        let _ = writeln!(out, "  {} batches in flight", flying.len());
+        for (seq, queue, age, (completion, target), waits, signals, commands) in flying {
+            // SAFETY: completion semaphores live as long as `self`.
+            let reached = unsafe { self.device.get_semaphore_counter_value(completion) };
+            let _ = writeln!(
+                out,
+                "  in flight seq {seq} on queue {queue}, submitted {age:.3?} ago, completion \
+                 {reached:?} of {target}"
+            );
+            for (semaphore, value) in waits {
+                let _ = writeln!(out, "    waits {}", self.describe_point(&semaphore, value));
+            }
+            for (semaphore, value) in signals {
+                let _ = writeln!(
+                    out,
+                    "    signals {}",
+                    self.describe_point(&semaphore, value)
+                );
+            }
+            let _ = writeln!(out, "    commands: {commands}");
+        }
+        for inner in self.live_semaphores() {
+            let state = inner.lock();
+            if state.timepoints.is_empty() && state.deferred_host_signal.is_none() {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "  semaphore {:?}: counter {:?}, submitted signal {}, deferred host signal {:?}, \
+                 failure {:?}, callbacks at {:?}",
+                inner.raw,
+                inner.counter(),
+                inner.submitted_signal.load(Ordering::Acquire),
+                state.deferred_host_signal,
+                state.failure,
+                state.timepoints.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+            );
+        }
+        out
+    }
+}
+
+/// The commands of a batch, briefly: each dispatch's kernel, grid and binding sizes.
+fn describe_commands(commands: &[Command]) -> String {
+    let parts: Vec<String> = commands
+        .iter()
+        .map(|command| match command {
+            Command::Dispatch(d) => format!(
+                "{}#{} {:?} bytes {:?} params {:02x?}",
+                d.executable.name(),
+                d.entry,
+                d.workgroups,
+                d.bindings.iter().map(|b| b.len).collect::<Vec<_>>(),
+                d.params
+            ),
+            Command::Copy { src, .. } => format!("copy {}", src.len),
+            Command::Fill { dst, .. } => format!("fill {}", dst.len),
+            Command::Barrier => "|".to_string(),
+        })
+        .collect();
+    parts.join(" ")
+}
