@@ -454,8 +454,8 @@ fn foreign_domains_are_unsupported() {
         ),
         (
             "com.microsoft",
-            "QAttention",
-            "unsupported op `QAttention` in domain `com.microsoft` (not among the contrib ops \
+            "SparseAttention",
+            "unsupported op `SparseAttention` in domain `com.microsoft` (not among the contrib ops \
              rafter translates; see docs/contrib-ops.md)"
                 .into(),
         ),
