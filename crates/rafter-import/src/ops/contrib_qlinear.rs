@@ -102,7 +102,14 @@ fn qlinear_average_pool(t: &mut Tr<'_, '_, '_>) -> R {
     let channels_last = n.flag("channels_last", false)?;
     let x = t.dequant_operand("x", 0)?;
     let x = if channels_last { t.to_channels_first("x_nchw", x)? } else { x };
-    let c = t.conv_params(x, None, false)?;
+    let mut c = t.conv_params(x, None, false)?;
+    let count_include_pad = n.flag("count_include_pad", false)?;
+    let ceil_mode = n.flag("ceil_mode", false)?;
+    let x = if count_include_pad {
+        t.pad_for_full_windows(x, &mut c, ceil_mode)?
+    } else {
+        x
+    };
     let pool = Op::Pool {
         kind: PoolKind::Average,
         kernel_shape: c.kernel,
@@ -110,8 +117,8 @@ fn qlinear_average_pool(t: &mut Tr<'_, '_, '_>) -> R {
         pads: c.pads,
         dilations: c.dilations,
         auto_pad: c.auto_pad,
-        ceil_mode: n.flag("ceil_mode", false)?,
-        count_include_pad: n.flag("count_include_pad", false)?,
+        ceil_mode: ceil_mode && !count_include_pad,
+        count_include_pad,
         p: 0,
         storage_order: 0,
     };
@@ -211,6 +218,52 @@ fn qlinear_softmax(t: &mut Tr<'_, '_, '_>) -> R {
 }
 
 impl Tr<'_, '_, '_> {
+    /// ORT's QLinearAveragePool with `count_include_pad` divides every window by the
+    /// kernel size, also the windows `ceil_mode` adds past the end padding (ONNX's
+    /// AveragePool counts only the padding there). So `x` (`[N, C, spatial...]`) is
+    /// padded with zeros to hold every window whole, and the pool then has no padding.
+    fn pad_for_full_windows(
+        &mut self,
+        x: ValueId,
+        c: &mut super::ConvParams,
+        ceil_mode: bool,
+    ) -> R<ValueId> {
+        let n = self.n;
+        if c.auto_pad != rafter_ir::AutoPad::NotSet {
+            return Err(n.unsupported("unsupported: count_include_pad with auto_pad"));
+        }
+        let dims = &self.ty(x).dims;
+        let sp = c.kernel.len();
+        let (mut begins, mut ends) = (vec![0i64; 2], vec![0i64; 2]);
+        for i in 0..sp {
+            let Some(size) = dims.get(2 + i).and_then(|d| d.as_known()) else {
+                return Err(n.unsupported(format!(
+                    "unsupported: count_include_pad with X {} not known at import",
+                    self.ty(x)
+                )));
+            };
+            let (k, s) = (c.kernel[i], c.strides[i]);
+            let (pb, pe) = (c.pads[i], c.pads[sp + i]);
+            let span = size + pb + pe - k;
+            let mut out = if ceil_mode {
+                (span + s - 1) / s + 1
+            } else {
+                span / s + 1
+            };
+            // As ORT: no window may start in the end padding.
+            if ceil_mode && (out - 1) * s >= size + pb {
+                out -= 1;
+            }
+            begins.push(pb);
+            ends.push(((out - 1) * s + k - size - pb).max(0));
+        }
+        let pads = self.i64_const("full_window_pads", &[begins, ends].concat());
+        let mode = rafter_ir::PadMode::Constant;
+        let y = self.tmp("full_windows", Op::Pad { mode }, vec![Some(x), Some(pads)])?;
+        c.pads = vec![0; 2 * sp];
+        Ok(y)
+    }
+
     /// The node's output: `y` rounded half to even, plus zero point `z` (saturated to z's
     /// type), as MLAS's requantize does.
     pub(super) fn round_plus_zero_point(&mut self, y: ValueId, z: ValueId) -> R {
