@@ -161,17 +161,17 @@ def bert_models(out, wanted):
         write_case(out, "bert_optimizer", tmp("bert_opt.onnx"), feeds, 1e-4, 1e-4)
     quantize_dynamic(src, tmp("bert_q.onnx"), weight_type=QuantType.QInt8)
     # Dynamic quantization rounds activations at run time: a last-bit difference before
-    # a quantizer moves a value by a quantization step (docs/contrib-ops.md), hence 2e-2.
+    # a quantizer moves a value by a quantization step (docs/contrib-ops.md), hence 1e-2.
     if "bert_quant_dynamic" in wanted:
-        write_case(out, "bert_quant_dynamic", tmp("bert_q.onnx"), feeds, 2e-2, 2e-2)
+        write_case(out, "bert_quant_dynamic", tmp("bert_q.onnx"), feeds, 1e-2, 1e-2)
     if "bert_quant_ort_fused" in wanted:
         ort_saved(tmp("bert_q.onnx"), tmp("bert_q_fused.onnx"))
-        write_case(out, "bert_quant_ort_fused", tmp("bert_q_fused.onnx"), feeds, 2e-2, 2e-2)
+        write_case(out, "bert_quant_ort_fused", tmp("bert_q_fused.onnx"), feeds, 1e-2, 1e-2)
     if "bert_optimizer_quant" in wanted:
         quantize_dynamic(tmp("bert_opt.onnx"), tmp("bert_opt_q.onnx"),
                          weight_type=QuantType.QInt8,
                          extra_options={"DefaultTensorType": TensorProto.FLOAT})
-        write_case(out, "bert_optimizer_quant", tmp("bert_opt_q.onnx"), feeds, 2e-2, 2e-2)
+        write_case(out, "bert_optimizer_quant", tmp("bert_opt_q.onnx"), feeds, 1e-2, 1e-2)
 
 
 # ---- LSTM speech model ----
@@ -210,8 +210,8 @@ def lstm_models(out, wanted):
     quantize_dynamic(src, tmp("speech_q.onnx"), weight_type=QuantType.QInt8,
                      op_types_to_quantize=["LSTM", "MatMul", "Gemm"])
     # ORT rounds the hidden state to u8 at every step; rafter keeps it f32 (see
-    # docs/contrib-ops.md), so log-probabilities differ by up to a few 1e-2.
-    write_case(out, "lstm_speech_quant", tmp("speech_q.onnx"), feeds, 0.0, 6e-2)
+    # docs/contrib-ops.md), so log-probabilities differ by up to ~1e-3 (measured 9.5e-4).
+    write_case(out, "lstm_speech_quant", tmp("speech_q.onnx"), feeds, 0.0, 1e-2)
 
 
 # ---- CNNs ----

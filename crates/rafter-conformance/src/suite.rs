@@ -266,7 +266,11 @@ fn run_test_inner(
             };
             if actual.shape() == want.shape() {
                 let (a, e) = (actual.to_f64_vec(), want.to_f64_vec());
-                let err = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0, f64::max);
+                let err = a
+                    .iter()
+                    .zip(&e)
+                    .map(|(a, e)| (a - e).abs())
+                    .fold(0.0, f64::max);
                 measured.max_abs_error = measured.max_abs_error.max(err);
             }
             if let Err(e) = compare(actual, &want, case.tolerance) {

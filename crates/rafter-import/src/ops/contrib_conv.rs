@@ -23,7 +23,14 @@ pub(super) const OPS: &[OnnxOp] = &[
 ];
 
 /// The activations MLAS fuses into a convolution.
-const ACTIVATIONS: &[&str] = &["Relu", "LeakyRelu", "Tanh", "Sigmoid", "Clip", "HardSigmoid"];
+const ACTIVATIONS: &[&str] = &[
+    "Relu",
+    "LeakyRelu",
+    "Tanh",
+    "Sigmoid",
+    "Clip",
+    "HardSigmoid",
+];
 
 fn check_fused_conv(n: &NodeView<'_>) -> Result<(), String> {
     let Some(a) = n.attr("activation") else {
@@ -74,7 +81,12 @@ fn fused_conv(t: &mut Tr<'_, '_, '_>) -> R {
         "" => (Op::Identity, vec![Some(y)]),
         "Relu" => (Op::Unary { op: UnaryOp::Relu }, vec![Some(y)]),
         "Tanh" => (Op::Unary { op: UnaryOp::Tanh }, vec![Some(y)]),
-        "Sigmoid" => (Op::Unary { op: UnaryOp::Sigmoid }, vec![Some(y)]),
+        "Sigmoid" => (
+            Op::Unary {
+                op: UnaryOp::Sigmoid,
+            },
+            vec![Some(y)],
+        ),
         "LeakyRelu" => {
             let alpha = param(0, "alpha")?;
             (Op::LeakyRelu { alpha }, vec![Some(y)])

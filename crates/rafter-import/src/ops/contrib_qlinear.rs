@@ -101,7 +101,11 @@ fn qlinear_average_pool(t: &mut Tr<'_, '_, '_>) -> R {
     let n = t.n;
     let channels_last = n.flag("channels_last", false)?;
     let x = t.dequant_operand("x", 0)?;
-    let x = if channels_last { t.to_channels_first("x_nchw", x)? } else { x };
+    let x = if channels_last {
+        t.to_channels_first("x_nchw", x)?
+    } else {
+        x
+    };
     let mut c = t.conv_params(x, None, false)?;
     let count_include_pad = n.flag("count_include_pad", false)?;
     let ceil_mode = n.flag("ceil_mode", false)?;

@@ -186,7 +186,11 @@ impl Tr<'_, '_, '_> {
         let wf = self.tmp(suffix, Op::Cast { to: DType::F32 }, vec![Some(wq)])?;
         let wf = match zp {
             Some(z) => {
-                let z = self.tmp(&format!("{suffix}_zp_f"), Op::Cast { to: DType::F32 }, vec![Some(z)])?;
+                let z = self.tmp(
+                    &format!("{suffix}_zp_f"),
+                    Op::Cast { to: DType::F32 },
+                    vec![Some(z)],
+                )?;
                 let z = self.tmp(
                     &format!("{suffix}_zp_b"),
                     Op::Unsqueeze { axes: axes.clone() },
@@ -196,11 +200,17 @@ impl Tr<'_, '_, '_> {
             }
             None => wf,
         };
-        let s = self.tmp(&format!("{suffix}_scale_b"), Op::Unsqueeze { axes }, vec![Some(scale)])?;
+        let s = self.tmp(
+            &format!("{suffix}_scale_b"),
+            Op::Unsqueeze { axes },
+            vec![Some(scale)],
+        )?;
         let wf = self.bin(&format!("{suffix}_dequant"), BinaryOp::Mul, wf, s)?;
         self.tmp(
             &format!("{suffix}_t"),
-            Op::Transpose { perm: vec![0, 2, 1] },
+            Op::Transpose {
+                perm: vec![0, 2, 1],
+            },
             vec![Some(wf)],
         )
     }
