@@ -119,8 +119,8 @@ fn nhwc_conv(t: &mut Tr<'_, '_, '_>) -> R {
             t.ty(w)
         )));
     }
-    let xc = t.to_channels_first("x_nchw", x)?;
-    let wc = t.to_channels_first("w_oihw", w)?;
+    let xc = t.as_channels_first("x_nchw", x)?;
+    let wc = t.as_channels_first("w_oihw", w)?;
     let y = t.conv_of("conv", xc, wc, b)?;
     let r = t.rank(y) as i64;
     let perm: Vec<i64> = [0].into_iter().chain(2..r).chain([1]).collect();

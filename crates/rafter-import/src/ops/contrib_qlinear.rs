@@ -102,7 +102,7 @@ fn qlinear_average_pool(t: &mut Tr<'_, '_, '_>) -> R {
     let channels_last = n.flag("channels_last", false)?;
     let x = t.dequant_operand("x", 0)?;
     let x = if channels_last {
-        t.to_channels_first("x_nchw", x)?
+        t.as_channels_first("x_nchw", x)?
     } else {
         x
     };
@@ -128,7 +128,7 @@ fn qlinear_average_pool(t: &mut Tr<'_, '_, '_>) -> R {
     };
     let mut y = t.tmp("pool", pool, vec![Some(x)])?;
     if channels_last {
-        y = t.to_channels_last("y_nhwc", y)?;
+        y = t.as_channels_last("y_nhwc", y)?;
     }
     let like = t.req(0)?;
     t.requantize(y, 3, like)
@@ -289,14 +289,14 @@ impl Tr<'_, '_, '_> {
     }
 
     /// `[N, spatial..., C]` to `[N, C, spatial...]`.
-    pub(super) fn to_channels_first(&mut self, suffix: &str, x: ValueId) -> R<ValueId> {
+    pub(super) fn as_channels_first(&mut self, suffix: &str, x: ValueId) -> R<ValueId> {
         let r = self.rank(x) as i64;
         let perm: Vec<i64> = [0, r - 1].into_iter().chain(1..r - 1).collect();
         self.tmp(suffix, Op::Transpose { perm }, vec![Some(x)])
     }
 
     /// `[N, C, spatial...]` to `[N, spatial..., C]`.
-    pub(super) fn to_channels_last(&mut self, suffix: &str, x: ValueId) -> R<ValueId> {
+    pub(super) fn as_channels_last(&mut self, suffix: &str, x: ValueId) -> R<ValueId> {
         let r = self.rank(x) as i64;
         let perm: Vec<i64> = [0].into_iter().chain(2..r).chain([1]).collect();
         self.tmp(suffix, Op::Transpose { perm }, vec![Some(x)])
