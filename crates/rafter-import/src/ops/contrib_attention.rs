@@ -1,5 +1,5 @@
 //! ONNX Runtime's attention contrib ops (`com.microsoft`): Attention (packed QKV
-//! weights), MultiHeadAttention, GroupQueryAttention and RotaryEmbedding, lowered at
+//! weights) and QAttention (the same with int8 input and weights), MultiHeadAttention, GroupQueryAttention and RotaryEmbedding, lowered at
 //! import onto the IR's `attention` and `rotary_embedding` ops (ONNX Attention-23 and
 //! RotaryEmbedding-23 semantics) with ORT's masks rewritten as additive biases.
 

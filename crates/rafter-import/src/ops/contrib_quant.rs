@@ -1,8 +1,8 @@
 //! ONNX Runtime's quantized contrib ops (`com.microsoft`), decomposed at import:
 //! integer matmuls with a float epilogue (MatMulIntegerToFloat, DynamicQuantizeMatMul),
 //! MatMulNBits (block-quantized 4/8-bit weights, onto the IR's `matmul_block_quant`, which
-//! keeps them packed), and the QLinear*
-//! elementwise ops as DequantizeLinear -> float op -> QuantizeLinear.
+//! keeps them packed), DynamicQuantizeLSTM (dequantized weights, onto the IR's `lstm`),
+//! and the QLinear* elementwise ops as DequantizeLinear -> float op -> QuantizeLinear.
 
 use super::registry::OnnxOp;
 use super::{Tr, R};
