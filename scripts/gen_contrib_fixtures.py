@@ -13,7 +13,7 @@ reference executor and its compiled CPU path and compares with these outputs.
 Needs onnx, numpy and onnxruntime (scripts/setup_venv.sh --full has them):
     .venv/bin/python scripts/gen_contrib_fixtures.py [GROUP...]
 
-GROUPs: fused, quantized, attention, gqa, tools (default: all).
+GROUPs: fused, quantized, attention, gqa, tools, qoperator (default: all).
 """
 from __future__ import annotations
 
@@ -491,6 +491,178 @@ def gqa():
     ragged("gqa_ragged_prompt_padded", 5, 0, [2, 4], {"do_rotary": 1}, rotary=True)
 
 
+# ---- QOperator-format ops (quantize_static), QAttention, FusedConv, NhwcConv, quantized LSTM ----
+
+
+def u8(*shape):
+    return RNG.integers(0, 256, shape).astype(np.uint8)
+
+
+def f32(v):
+    return np.array(v, np.float32)
+
+
+def qoperator():
+    a, b = u8(4, 6), RNG.integers(-128, 128, (6, 5)).astype(np.int8)
+    c = RNG.integers(-2000, 2000, (5,)).astype(np.int32)
+    qg = {"as": f32(0.02), "az": np.array(131, np.uint8), "b": b, "bz": np.zeros(5, np.int8),
+          "bs": (RNG.random(5) * 0.05 + 0.01).astype(np.float32), "c": c}
+    case("qgemm_float_out", [ms("QGemm", ["a", "as", "az", "b", "bs", "bz", "c"], ["y"],
+                                alpha=0.5)],
+         {"a": a}, [("y", F32)], inits=qg)
+    qg2 = dict(qg, b=np.ascontiguousarray(b.T), bs=f32(0.03), bz=np.array(0, np.int8),
+               ys=f32(0.09), yz=np.array(120, np.uint8))
+    case("qgemm_u8_out_trans_b",
+         [ms("QGemm", ["a", "as", "az", "b", "bs", "bz", "c", "ys", "yz"], ["y"], transB=1)],
+         {"a": a}, [("y", U8)], inits=qg2)
+    ia = RNG.integers(-128, 128, (6, 3)).astype(np.int8)
+    case("qgemm_i8_trans_a",
+         [ms("QGemm", ["a", "as", "az", "b", "bs", "bz", "", "ys", "yz"], ["y"], transA=1)],
+         {"a": ia}, [("y", I8)],
+         inits={"as": f32(0.05), "az": np.array(2, np.int8),
+                "b": RNG.integers(-128, 128, (6, 4)).astype(np.int8),
+                "bs": f32(0.02), "bz": np.array(0, np.int8),
+                "ys": f32(0.4), "yz": np.array(-5, np.int8)})
+
+    x1, x2 = u8(1, 3, 4, 4), u8(1, 5, 4, 4)
+    case("qlinear_concat",
+         [ms("QLinearConcat", ["ys", "yz", "x1", "s1", "z1", "x2", "s2", "z2"], ["y"], axis=1)],
+         {"x1": x1, "x2": x2}, [("y", U8)],
+         inits={"ys": f32(0.05), "yz": np.array(128, np.uint8),
+                "s1": f32(0.03), "z1": np.array(100, np.uint8),
+                "s2": f32(0.08), "z2": np.array(140, np.uint8)})
+
+    xp = u8(2, 3, 7, 6)
+    pool_q = {"xs": f32(0.04), "xz": np.array(110, np.uint8),
+              "ys": f32(0.03), "yz": np.array(90, np.uint8)}
+    pin = ["x", "xs", "xz", "ys", "yz"]
+    case("qlinear_average_pool", [ms("QLinearAveragePool", pin, ["y"], kernel_shape=[3, 3],
+                                     strides=[2, 2], pads=[1, 1, 1, 1])],
+         {"x": xp}, [("y", U8)], inits=pool_q)
+    case("qlinear_average_pool_count_pad_ceil",
+         [ms("QLinearAveragePool", pin, ["y"], kernel_shape=[2, 3], strides=[2, 2],
+             pads=[0, 1, 0, 1], count_include_pad=1, ceil_mode=1)],
+         {"x": xp}, [("y", U8)], inits=pool_q)
+    case("qlinear_average_pool_nhwc",
+         [ms("QLinearAveragePool", pin, ["y"], kernel_shape=[2, 2], channels_last=1)],
+         {"x": u8(1, 5, 6, 4)}, [("y", U8)], inits=pool_q)
+    case("qlinear_global_average_pool", [ms("QLinearGlobalAveragePool", pin, ["y"])],
+         {"x": u8(2, 4, 5, 5)}, [("y", U8)], inits=pool_q)
+    case("qlinear_global_average_pool_nhwc",
+         [ms("QLinearGlobalAveragePool", pin, ["y"], channels_last=1)],
+         {"x": u8(2, 3, 3, 6)}, [("y", U8)], inits=pool_q)
+    case("qlinear_softmax",
+         [ms("QLinearSoftmax", pin, ["y"], axis=-1, opset=13)],
+         {"x": u8(3, 10)}, [("y", U8)],
+         inits={"xs": f32(0.1), "xz": np.array(128, np.uint8),
+                "ys": f32(1 / 256), "yz": np.array(0, np.uint8)})
+    # y_scale 0.003: ORT scales by floor(1 / 0.003) = 333, not 333.3.
+    case("qlinear_softmax_scale_not_reciprocal",
+         [ms("QLinearSoftmax", pin, ["y"], axis=1, opset=13)],
+         {"x": u8(2, 6, 3)}, [("y", U8)],
+         inits={"xs": f32(0.05), "xz": np.array(100, np.uint8),
+                "ys": f32(0.003), "yz": np.array(5, np.uint8)})
+
+    # QAttention: u8 input, i8 weights per column, 2-D mask, past.
+    bsz, s, d, heads = 2, 4, 16, 2
+    qa_inits = {
+        "w": RNG.integers(-128, 128, (d, 3 * d)).astype(np.int8),
+        "bias": rnd(3 * d, scale=0.1),
+        "xs": f32(0.01),
+        "ws": (RNG.random(3 * d) * 0.004 + 0.002).astype(np.float32),
+        "xz": np.array(128, np.uint8),
+        "wz": np.zeros(3 * d, np.int8),
+    }
+    mask = np.ones((bsz, s), np.int32)
+    mask[1, 3:] = 0
+    case("qattention",
+         [ms("QAttention", ["x", "w", "bias", "xs", "ws", "mask", "xz", "wz"], ["y"],
+             num_heads=heads)],
+         {"x": u8(bsz, s, d), "mask": mask}, [("y", F32)], inits=qa_inits, atol=1e-4)
+    past = rnd(2, bsz, heads, 3, d // heads)
+    qa_inits2 = dict(qa_inits, ws=f32(0.003), wz=np.array(0, np.int8))
+    case("qattention_past_unidirectional",
+         [ms("QAttention", ["x", "w", "bias", "xs", "ws", "", "xz", "wz", "past"],
+             ["y", "present"], num_heads=heads, unidirectional=1)],
+         {"x": u8(bsz, 1, d), "past": past}, [("y", F32), ("present", F32)],
+         inits=qa_inits2, atol=1e-4)
+
+    # FusedConv: each MLAS activation, and the Z (sum) input.
+    xc = rnd(1, 3, 6, 6)
+    conv_inits = {"w": rnd(4, 3, 3, 3, scale=0.3), "b": rnd(4, scale=0.1)}
+    for name, act, params in [
+        ("relu", "Relu", None), ("sigmoid", "Sigmoid", None), ("tanh", "Tanh", None),
+        ("leaky_relu", "LeakyRelu", [0.2]), ("clip", "Clip", [-0.5, 0.7]),
+        ("hard_sigmoid", "HardSigmoid", [0.3, 0.4]),
+    ]:
+        attrs = {"activation": act, "pads": [1, 1, 1, 1]}
+        if params:
+            attrs["activation_params"] = params
+        case(f"fused_conv_{name}", [ms("FusedConv", ["x", "w", "b"], ["y"], **attrs)],
+             {"x": xc}, [("y", F32)], inits=conv_inits)
+    case("fused_conv_sum_relu",
+         [ms("FusedConv", ["x", "w", "b", "z"], ["y"], activation="Relu", strides=[2, 2])],
+         {"x": xc, "z": rnd(1, 4, 2, 2)}, [("y", F32)], inits=conv_inits)
+
+    # NhwcConv: ORT runs it on CUDA only; the reference is ORT's Conv on the same data
+    # transposed to NCHW / OIHW.
+    wn = rnd(6, 3, 3, 4, scale=0.3)  # [M, kH, kW, C/group], group 2 over C = 8
+
+    def nhwc_ref(feeds):
+        g = helper.make_graph(
+            [helper.make_node("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 0, 1, 0],
+                              strides=[1, 2])],
+            "nhwc_ref",
+            [helper.make_tensor_value_info("x", F32, None),
+             helper.make_tensor_value_info("b", F32, None)],
+            [helper.make_tensor_value_info("y", F32, None)],
+            [numpy_helper.from_array(np.ascontiguousarray(wn.transpose(0, 3, 1, 2)), "w")],
+        )
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        x = np.ascontiguousarray(feeds["x"].transpose(0, 3, 1, 2))
+        y = sess.run(None, {"x": x, "b": feeds["b"]})[0]
+        return [np.ascontiguousarray(y.transpose(0, 2, 3, 1))]
+
+    case("nhwc_conv", [ms("NhwcConv", ["x", "w", "b"], ["y"], group=2, pads=[1, 0, 1, 0],
+                          strides=[1, 2])],
+         {"x": rnd(2, 5, 7, 8), "b": rnd(6, scale=0.1)}, [("y", F32)], inits={"w": wn},
+         ref=nhwc_ref)
+
+    # DynamicQuantizeLSTM as quantize_dynamic writes it: W [D, input, 4H] int8, per
+    # direction scales; outputs within the hidden state's run-time rounding (docs).
+    dirs, inp, hid, seq, batch = 2, 5, 4, 6, 2
+    lstm_inits = {
+        "w": RNG.integers(-128, 128, (dirs, inp, 4 * hid)).astype(np.int8),
+        "r": RNG.integers(-128, 128, (dirs, hid, 4 * hid)).astype(np.int8),
+        "bb": rnd(dirs, 8 * hid, scale=0.1),
+        "ws": f32([0.004, 0.005]), "wz": np.zeros(dirs, np.int8),
+        "rs": f32([0.006, 0.004]), "rz": np.zeros(dirs, np.int8),
+    }
+    case("dynamic_quantize_lstm_bidirectional",
+         [ms("DynamicQuantizeLSTM",
+             ["x", "w", "r", "bb", "", "", "", "", "ws", "wz", "rs", "rz"], ["y", "yh", "yc"],
+             hidden_size=hid, direction="bidirectional")],
+         {"x": rnd(seq, batch, inp)}, [("y", F32), ("yh", F32), ("yc", F32)],
+         inits=lstm_inits, rtol=0, atol=1.5e-2)
+    lstm_inits1 = {
+        "w": RNG.integers(0, 256, (1, inp, 4 * hid)).astype(np.uint8),
+        "r": RNG.integers(0, 256, (1, hid, 4 * hid)).astype(np.uint8),
+        "ws": (RNG.random((1, 4 * hid)) * 0.004 + 0.002).astype(np.float32),
+        "wz": np.full((1, 4 * hid), 128, np.uint8),
+        "rs": (RNG.random((1, 4 * hid)) * 0.004 + 0.002).astype(np.float32),
+        "rz": np.full((1, 4 * hid), 128, np.uint8),
+    }
+    case("dynamic_quantize_lstm_per_column_u8",
+         [ms("DynamicQuantizeLSTM",
+             ["x", "w", "r", "", "", "h0", "c0", "", "ws", "wz", "rs", "rz"], ["y"],
+             hidden_size=hid)],
+         {"x": rnd(seq, batch, inp), "h0": rnd(1, batch, hid, scale=0.5),
+          "c0": rnd(1, batch, hid, scale=0.5)}, [("y", F32)],
+         inits=lstm_inits1, rtol=0, atol=1.5e-2)
+
+
 # ---- models as ONNX Runtime's tools write them ----
 
 
@@ -601,6 +773,7 @@ GROUPS = {
     "attention": attention,
     "gqa": gqa,
     "tools": tools,
+    "qoperator": qoperator,
 }
 
 

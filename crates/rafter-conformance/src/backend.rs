@@ -97,6 +97,14 @@ impl<'g> Prepared<'g> {
         }
     }
 
+    /// How many kernels the compiled model has (0 on the reference path).
+    pub(crate) fn kernels(&self) -> usize {
+        match self {
+            Prepared::Graph(_) => 0,
+            Prepared::Session(s) => s.program().kernels.len(),
+        }
+    }
+
     /// How many of the model's kernels run on the Vulkan device (0 on other paths).
     pub(crate) fn gpu_kernels(&self) -> usize {
         match self {

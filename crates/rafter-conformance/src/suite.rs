@@ -39,6 +39,20 @@ pub struct TestResult {
     /// How many of the compiled model's kernels ran on the Vulkan device (0 on the CPU
     /// paths, and when the test failed before its session existed).
     pub gpu_kernels: usize,
+    /// How many kernels the compiled model has (0 on the reference path and when the test
+    /// failed before its session existed): the denominator of the GPU share.
+    pub kernels: usize,
+    /// The largest `|actual - expected|` over the outputs of every data set that was
+    /// compared (0 when none was, or every output is an integer one that matched).
+    pub max_abs_error: f64,
+}
+
+/// What a test run measured besides its outcome.
+#[derive(Clone, Copy, Debug, Default)]
+struct Measured {
+    gpu_kernels: usize,
+    kernels: usize,
+    max_abs_error: f64,
 }
 
 /// Options of a suite run.
@@ -159,11 +173,16 @@ pub fn run_test(case: &TestCase, backend: Backend) -> Outcome {
     run_test_on(case, backend, None).0
 }
 
-/// The outcome, and how many kernels ran on the Vulkan device.
-fn run_test_on(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -> (Outcome, usize) {
-    let mut gpu_kernels = 0;
+/// The outcome, and what the run measured (kernels on the Vulkan device, of how many;
+/// the largest error).
+fn run_test_on(
+    case: &TestCase,
+    backend: Backend,
+    devices: Option<&DeviceSet>,
+) -> (Outcome, Measured) {
+    let mut measured = Measured::default();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        run_test_inner(case, backend, devices, &mut gpu_kernels)
+        run_test_inner(case, backend, devices, &mut measured)
     }));
     let outcome = match outcome {
         Ok(o) => o,
@@ -176,14 +195,14 @@ fn run_test_on(case: &TestCase, backend: Backend, devices: Option<&DeviceSet>) -
             Outcome::Fail(format!("panic: {msg}"))
         }
     };
-    (outcome, gpu_kernels)
+    (outcome, measured)
 }
 
 fn run_test_inner(
     case: &TestCase,
     backend: Backend,
     devices: Option<&DeviceSet>,
-    gpu_kernels: &mut usize,
+    measured: &mut Measured,
 ) -> Outcome {
     let path = case.dir.join("model.onnx");
     // Reasons name the node, not the file: the test's name already says which file.
@@ -200,7 +219,8 @@ fn run_test_inner(
         Ok(p) => p,
         Err(outcome) => return outcome,
     };
-    *gpu_kernels = prepared.gpu_kernels();
+    measured.gpu_kernels = prepared.gpu_kernels();
+    measured.kernels = prepared.kernels();
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&case.dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
@@ -244,6 +264,15 @@ fn run_test_inner(
                 Err(e) if e.starts_with("unsupported") => return Outcome::Skip(one_line(&e)),
                 Err(e) => return Outcome::Fail(one_line(&e)),
             };
+            if actual.shape() == want.shape() {
+                let (a, e) = (actual.to_f64_vec(), want.to_f64_vec());
+                let err = a
+                    .iter()
+                    .zip(&e)
+                    .map(|(a, e)| (a - e).abs())
+                    .fold(0.0, f64::max);
+                measured.max_abs_error = measured.max_abs_error.max(err);
+            }
             if let Err(e) = compare(actual, &want, case.tolerance) {
                 let name = &graph.value(graph.outputs[i]).name;
                 return Outcome::Fail(one_line(&format!("output {i} `{name}`: {e}")));
@@ -277,6 +306,8 @@ pub fn run_suite(cases: &[TestCase], opts: &SuiteOptions) -> Vec<TestResult> {
                         outcome: Outcome::Fail(e.clone()),
                         elapsed: Duration::ZERO,
                         gpu_kernels: 0,
+                        kernels: 0,
+                        max_abs_error: 0.0,
                     })
                     .collect()
             }
@@ -293,12 +324,14 @@ pub fn run_suite(cases: &[TestCase], opts: &SuiteOptions) -> Vec<TestResult> {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(case) = cases.get(i) else { break };
                 let start = Instant::now();
-                let (outcome, gpu_kernels) = run_test_on(case, opts.backend, devices.as_ref());
+                let (outcome, m) = run_test_on(case, opts.backend, devices.as_ref());
                 let r = TestResult {
                     case: case.clone(),
                     outcome,
                     elapsed: start.elapsed(),
-                    gpu_kernels,
+                    gpu_kernels: m.gpu_kernels,
+                    kernels: m.kernels,
+                    max_abs_error: m.max_abs_error,
                 };
                 results.lock().unwrap()[i] = Some(r);
             });

@@ -13,7 +13,7 @@ fn fixtures() -> PathBuf {
 fn run_all(backend: Backend) {
     let cases = discover(&fixtures(), None).unwrap_or_else(|e| panic!("{e}"));
     assert!(
-        cases.len() >= 70,
+        cases.len() >= 93,
         "only {} contrib fixtures found",
         cases.len()
     );

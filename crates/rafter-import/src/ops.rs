@@ -8,6 +8,8 @@
 mod contraction;
 mod contrib;
 mod contrib_attention;
+mod contrib_conv;
+mod contrib_qlinear;
 mod contrib_quant;
 mod control;
 mod elementwise;

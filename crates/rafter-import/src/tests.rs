@@ -454,8 +454,8 @@ fn foreign_domains_are_unsupported() {
         ),
         (
             "com.microsoft",
-            "QAttention",
-            "unsupported op `QAttention` in domain `com.microsoft` (not among the contrib ops \
+            "SparseAttention",
+            "unsupported op `SparseAttention` in domain `com.microsoft` (not among the contrib ops \
              rafter translates; see docs/contrib-ops.md)"
                 .into(),
         ),
@@ -477,6 +477,28 @@ fn foreign_domains_are_unsupported() {
     assert!(
         e.to_string()
             .contains("node `n` (FusedMatMul): unsupported: transBatchA=1"),
+        "{e}"
+    );
+    // FusedConv names an activation MLAS does not fuse.
+    let mut m = unary_model("FusedConv", 17, vec![astr("activation", "Swish")]);
+    m.graph.as_mut().unwrap().node[0].domain = "com.microsoft".into();
+    let e = import_real(&m).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("node `n` (FusedConv): unsupported: activation `Swish`"),
+        "{e}"
+    );
+    // QGemm with a y_scale but no y_zero_point has no output type to quantize to.
+    let mut m = unary_model("QGemm", 17, vec![]);
+    let node = &mut m.graph.as_mut().unwrap().node[0];
+    node.domain = "com.microsoft".into();
+    node.input = ["x", "x", "x", "x", "x", "x", "", "x"]
+        .map(String::from)
+        .to_vec();
+    let e = import_real(&m).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("node `n` (QGemm): unsupported: y_scale without y_zero_point"),
         "{e}"
     );
     // A model of ai.onnx.ml only still names the node, not the missing opset.

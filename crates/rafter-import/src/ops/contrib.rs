@@ -1,8 +1,9 @@
 //! ONNX Runtime's contrib ops (`com.microsoft`, opset 1) that fuse activations,
 //! normalisations and matmuls: each is decomposed at import into IR ops with ORT's
 //! semantics (`docs/ContribOperators.md` of microsoft/onnxruntime), so the compiler fuses
-//! them again its own way. The quantized and attention contrib ops are in
-//! `contrib_quant.rs` and `contrib_attention.rs`; `docs/contrib-ops.md` lists them all.
+//! them again its own way. The quantized, QLinear/QGemm, attention and convolution
+//! contrib ops are in `contrib_quant.rs`, `contrib_qlinear.rs`, `contrib_attention.rs` and
+//! `contrib_conv.rs`; `docs/contrib-ops.md` lists them all.
 
 use super::registry::OnnxOp;
 use super::{Tr, R};

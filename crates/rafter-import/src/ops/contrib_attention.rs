@@ -1,5 +1,5 @@
 //! ONNX Runtime's attention contrib ops (`com.microsoft`): Attention (packed QKV
-//! weights), MultiHeadAttention, GroupQueryAttention and RotaryEmbedding, lowered at
+//! weights) and QAttention (the same with int8 input and weights), MultiHeadAttention, GroupQueryAttention and RotaryEmbedding, lowered at
 //! import onto the IR's `attention` and `rotary_embedding` ops (ONNX Attention-23 and
 //! RotaryEmbedding-23 semantics) with ORT's masks rewritten as additive biases.
 
@@ -15,6 +15,7 @@ const MASK_FILTER: f32 = -10000.0;
 /// The attention contrib ops.
 pub(super) const OPS: &[OnnxOp] = &[
     OnnxOp::new("Attention", packed_attention).checked(check_packed_attention),
+    OnnxOp::new("QAttention", quantized_attention).checked(check_shared_buffers),
     OnnxOp::new("MultiHeadAttention", multi_head_attention),
     OnnxOp::new("RotaryEmbedding", rotary_embedding).checked(check_rotary),
     OnnxOp::new("GroupQueryAttention", group_query_attention).checked(check_gqa),
@@ -35,12 +36,17 @@ fn check_gqa(n: &NodeView<'_>) -> Result<(), String> {
     Ok(())
 }
 
-fn check_packed_attention(n: &NodeView<'_>) -> Result<(), String> {
+fn check_shared_buffers(n: &NodeView<'_>) -> Result<(), String> {
     for a in ["do_rotary", "past_present_share_buffer"] {
         if n.attr(a).is_some_and(|a| a.i != 0) {
             return Err(format!("unsupported: {a}=1"));
         }
     }
+    Ok(())
+}
+
+fn check_packed_attention(n: &NodeView<'_>) -> Result<(), String> {
+    check_shared_buffers(n)?;
     if n.input_name(6).is_some() {
         return Err("unsupported: past_sequence_length (shared past/present buffer)".into());
     }
@@ -77,10 +83,49 @@ fn mha_op(n: &NodeView<'_>, heads: i64) -> Result<Op, ImportError> {
 /// key length (right padding), a 2-D `[batch, total]` or 3-D `[batch, seq, total]` 0/1
 /// mask; `past`/`present` pack keys and values as `[2, batch, heads, seq, head]`.
 fn packed_attention(t: &mut Tr<'_, '_, '_>) -> R {
-    let n = t.n;
-    let heads = n.i_req("num_heads")?;
     let (x, w, bias) = (t.req(0)?, t.req(1)?, t.inp(2)?);
     let (mask, past, attn_bias) = (t.inp(3)?, t.inp(4)?, t.inp(5)?);
+    let mut proj = t.tmp("qkv", Op::MatMul, vec![Some(x), Some(w)])?;
+    if let Some(b) = bias {
+        proj = t.bin("qkv_bias", BinaryOp::Add, proj, b)?;
+    }
+    attention_of_projection(t, proj, w, mask, past, attn_bias)
+}
+
+/// `QAttention` (input, weight, bias, input_scale, weight_scale, mask_index?,
+/// input_zero_point?, weight_zero_point?, past?): `Attention` whose projection is the
+/// integer product `(input - izp) @ (weight - wzp)` times `input_scale * weight_scale`
+/// (per tensor or per column) plus the float bias, as ORT's kernel (MLAS's scale-bias
+/// output processor) computes it.
+fn quantized_attention(t: &mut Tr<'_, '_, '_>) -> R {
+    let (x, w, bias) = (t.req(0)?, t.req(1)?, t.req(2)?);
+    let (x_scale, w_scale) = (t.req(3)?, t.req(4)?);
+    let (mask, x_zp, w_zp, past) = (t.inp(5)?, t.inp(6)?, t.inp(7)?, t.inp(8)?);
+    let x_zp = match (x_zp, w_zp) {
+        (None, Some(_)) => Some(t.zero_like("input_zero", x)?),
+        _ => x_zp,
+    };
+    let ins = super::trim(vec![Some(x), Some(w), x_zp, w_zp]);
+    let acc = t.tmp("qkv_integer", Op::MatMulInteger, ins)?;
+    let f = t.tmp("qkv_float", Op::Cast { to: DType::F32 }, vec![Some(acc)])?;
+    let scale = t.bin("dequant_scale", BinaryOp::Mul, w_scale, x_scale)?;
+    let scaled = t.bin("qkv_scaled", BinaryOp::Mul, f, scale)?;
+    let proj = t.bin("qkv_bias", BinaryOp::Add, scaled, bias)?;
+    attention_of_projection(t, proj, w, mask, past, None)
+}
+
+/// The rest of `Attention` and `QAttention` once `proj = input @ weights + bias` is
+/// computed (`w`: the weights, for their column count).
+fn attention_of_projection(
+    t: &mut Tr<'_, '_, '_>,
+    proj: ValueId,
+    w: ValueId,
+    mask: Option<ValueId>,
+    past: Option<ValueId>,
+    attn_bias: Option<ValueId>,
+) -> R {
+    let n = t.n;
+    let heads = n.i_req("num_heads")?;
     n.i("rotary_embedding_dim", 0)?;
     n.i("do_rotary", 0)?;
     n.i("past_present_share_buffer", 0)?;
@@ -99,10 +144,6 @@ fn packed_attention(t: &mut Tr<'_, '_, '_>) -> R {
     };
     if sizes.len() != 3 {
         return Err(n.invalid(format!("qkv_hidden_sizes {sizes:?} is not 3 sizes")));
-    }
-    let mut proj = t.tmp("qkv", Op::MatMul, vec![Some(x), Some(w)])?;
-    if let Some(b) = bias {
-        proj = t.bin("qkv_bias", BinaryOp::Add, proj, b)?;
     }
     let (q_end, k_end) = (sizes[0], sizes[0] + sizes[1]);
     let q = t.slice_axis("q", proj, -1, 0, q_end)?;

@@ -1,8 +1,8 @@
 //! ONNX Runtime's quantized contrib ops (`com.microsoft`), decomposed at import:
 //! integer matmuls with a float epilogue (MatMulIntegerToFloat, DynamicQuantizeMatMul),
 //! MatMulNBits (block-quantized 4/8-bit weights, onto the IR's `matmul_block_quant`, which
-//! keeps them packed), and the QLinear*
-//! elementwise ops as DequantizeLinear -> float op -> QuantizeLinear.
+//! keeps them packed), DynamicQuantizeLSTM (dequantized weights, onto the IR's `lstm`),
+//! and the QLinear* elementwise ops as DequantizeLinear -> float op -> QuantizeLinear.
 
 use super::registry::OnnxOp;
 use super::{Tr, R};
@@ -34,6 +34,7 @@ pub(super) const OPS: &[OnnxOp] = &[
         let scale = t.bin("scale", BinaryOp::Mul, a_scale, b_scale)?;
         t.int_matmul_to_float(aq, b, Some(a_zp), b_zp, scale, bias)
     }),
+    OnnxOp::new("DynamicQuantizeLSTM", dynamic_quantize_lstm),
     OnnxOp::new("MatMulNBits", matmul_nbits).checked(check_matmul_nbits),
     OnnxOp::new("QLinearAdd", |t| t.qlinear_binary(BinaryOp::Add)),
     OnnxOp::new("QLinearMul", |t| t.qlinear_binary(BinaryOp::Mul)),
@@ -45,6 +46,37 @@ pub(super) const OPS: &[OnnxOp] = &[
         t.qlinear_unary(move |t, x| t.tmp("leaky_relu", Op::LeakyRelu { alpha }, vec![Some(x)]))
     }),
 ];
+
+/// `DynamicQuantizeLSTM` (X, W, R, B?, sequence_lens?, initial_h?, initial_c?, P?,
+/// W_scale, W_zero_point, R_scale, R_zero_point): an LSTM whose W `[D, input, 4H]` and R
+/// `[D, H, 4H]` are int8/uint8 with per-direction or per-column scales. ORT quantizes the
+/// GEMMs' left operands at run time (u8, per call): X once for all steps, the hidden
+/// state at every step. rafter does the first exactly (X through
+/// `dynamic_quantize_linear` and back) and runs the recurrence in f32 on the dequantized
+/// weights, so it differs from ORT by the hidden state's rounding (a few 1e-3 on
+/// outputs in `[-1, 1]`; see docs/contrib-ops.md).
+fn dynamic_quantize_lstm(t: &mut Tr<'_, '_, '_>) -> R {
+    let mut ins = t.all_inputs()?;
+    ins.truncate(8);
+    let x = t.req(0)?;
+    let name = |s: &str| Some(format!("{}/{s}", t.n.name));
+    let ids = t.cx.emit(
+        t.sc,
+        t.n,
+        format!("{}/quantize_x", t.n.name),
+        Op::DynamicQuantizeLinear,
+        vec![Some(x)],
+        vec![name("x_q"), name("x_scale"), name("x_zp")],
+    )?;
+    let deq = Op::DequantizeLinear {
+        axis: 1,
+        block_size: 0,
+    };
+    ins[0] = Some(t.tmp("x_rounded", deq, ids)?);
+    ins[1] = Some(t.dequantized_rnn_weight("w", 1, 8)?);
+    ins[2] = Some(t.dequantized_rnn_weight("r", 2, 10)?);
+    t.rnn_of("LSTM", ins)
+}
 
 /// MatMulNBits: 4- or 8-bit weights, no `g_idx`, integer (or absent) zero points.
 fn check_matmul_nbits(n: &NodeView<'_>) -> Result<(), String> {
@@ -136,8 +168,55 @@ impl Tr<'_, '_, '_> {
         }
     }
 
+    /// DynamicQuantizeLSTM's weight operand `w` `[D, rows, 4H]` with its scale and zero
+    /// point (operands `s`, `s + 1`; `[D]` or `[D, 4H]`) as ONNX LSTM wants it: float
+    /// `(w - zp) * scale`, transposed to `[D, 4H, rows]`.
+    fn dequantized_rnn_weight(&mut self, suffix: &str, w: usize, s: usize) -> R<ValueId> {
+        let (wq, scale, zp) = (self.req(w)?, self.req(s)?, self.inp(s + 1)?);
+        let axes = match self.rank(scale) {
+            1 => vec![1, 2],
+            2 => vec![1],
+            r => {
+                return Err(self.n.invalid(format!(
+                    "{suffix} scale {} has rank {r}; want [D] or [D, 4H]",
+                    self.ty(scale)
+                )))
+            }
+        };
+        let wf = self.tmp(suffix, Op::Cast { to: DType::F32 }, vec![Some(wq)])?;
+        let wf = match zp {
+            Some(z) => {
+                let z = self.tmp(
+                    &format!("{suffix}_zp_f"),
+                    Op::Cast { to: DType::F32 },
+                    vec![Some(z)],
+                )?;
+                let z = self.tmp(
+                    &format!("{suffix}_zp_b"),
+                    Op::Unsqueeze { axes: axes.clone() },
+                    vec![Some(z)],
+                )?;
+                self.bin(&format!("{suffix}_centred"), BinaryOp::Sub, wf, z)?
+            }
+            None => wf,
+        };
+        let s = self.tmp(
+            &format!("{suffix}_scale_b"),
+            Op::Unsqueeze { axes },
+            vec![Some(scale)],
+        )?;
+        let wf = self.bin(&format!("{suffix}_dequant"), BinaryOp::Mul, wf, s)?;
+        self.tmp(
+            &format!("{suffix}_t"),
+            Op::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            vec![Some(wf)],
+        )
+    }
+
     /// Operands `i, i+1, i+2` (x, scale, zero point) dequantized to float.
-    fn dequant_operand(&mut self, suffix: &str, i: usize) -> R<ValueId> {
+    pub(super) fn dequant_operand(&mut self, suffix: &str, i: usize) -> R<ValueId> {
         let (x, s, z) = (self.req(i)?, self.req(i + 1)?, self.inp(i + 2)?);
         let op = Op::DequantizeLinear {
             axis: 1,
@@ -148,7 +227,7 @@ impl Tr<'_, '_, '_> {
 
     /// Quantizes float `y` with operands `i, i+1` (scale, zero point; the zero point absent
     /// means u8 0) as the node's output.
-    fn requantize(&mut self, y: ValueId, i: usize, like: ValueId) -> R {
+    pub(super) fn requantize(&mut self, y: ValueId, i: usize, like: ValueId) -> R {
         let (s, z) = (self.req(i)?, self.inp(i + 1)?);
         let output_dtype = match z {
             Some(z) => self.dtype(z),
@@ -206,7 +285,7 @@ impl Tr<'_, '_, '_> {
     }
 
     /// Operand `i` minus its zero point (operand `i + 2`, absent meaning 0), in f32.
-    fn centred(&mut self, suffix: &str, i: usize) -> R<ValueId> {
+    pub(super) fn centred(&mut self, suffix: &str, i: usize) -> R<ValueId> {
         let x = self.req(i)?;
         let xf = self.tmp(suffix, Op::Cast { to: DType::F32 }, vec![Some(x)])?;
         match self.inp(i + 2)? {

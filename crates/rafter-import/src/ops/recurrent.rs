@@ -3,7 +3,7 @@
 use super::registry::OnnxOp;
 use super::{trim, Tr, R};
 use crate::node::NodeView;
-use rafter_ir::{rnn_activation, Dim, Op, RnnDirection};
+use rafter_ir::{rnn_activation, Dim, Op, RnnDirection, ValueId};
 
 /// The recurrent ops, each with its translation.
 pub(super) const OPS: &[OnnxOp] = &[
@@ -27,8 +27,14 @@ fn check_activations(n: &NodeView<'_>) -> Result<(), String> {
 
 impl Tr<'_, '_, '_> {
     pub(super) fn rnn(&mut self) -> R {
+        let ins = self.all_inputs()?;
+        self.rnn_of(self.n.op_type(), ins)
+    }
+
+    /// The recurrent layer `op` (`LSTM`, `GRU`, `RNN`) of the node's attributes on the
+    /// ONNX operands `ins` (X, W, R, B?, ...).
+    pub(super) fn rnn_of(&mut self, op: &str, ins: Vec<Option<ValueId>>) -> R {
         let n = self.n;
-        let op = n.op_type();
         let direction = match n.s("direction", "forward")?.as_str() {
             "forward" => RnnDirection::Forward,
             "reverse" => RnnDirection::Reverse,
@@ -40,7 +46,6 @@ impl Tr<'_, '_, '_> {
         } else {
             1
         };
-        let ins = self.all_inputs()?;
         if ins.len() < 3 || ins[..3].iter().any(Option::is_none) {
             return Err(n.invalid("X, W and R are required"));
         }

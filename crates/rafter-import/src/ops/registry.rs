@@ -99,6 +99,8 @@ const CONTRIB_DOMAIN: &[&[OnnxOp]] = &[
     super::contrib::OPS,
     super::contrib_quant::OPS,
     super::contrib_attention::OPS,
+    super::contrib_qlinear::OPS,
+    super::contrib_conv::OPS,
 ];
 
 /// The registration of `op_type` in `domain` (the default domain, `ai.onnx.ml` or
