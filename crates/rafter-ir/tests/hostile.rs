@@ -111,7 +111,7 @@ fn oversized_dense_constants_are_an_error_not_an_allocation() {
 /// A version-1 `.npy` file with header `dict` (padded) and `payload`.
 fn npy_file(dict: &str, payload: &[u8]) -> Vec<u8> {
     let mut header = dict.to_string();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');
