@@ -167,8 +167,14 @@ mod tests {
         );
         let dump = watchdog.dump();
         assert!(dump.contains("- node/test_relu on cpu (for "), "{dump}");
-        assert!(dump.contains("waits for 7: value 0, failure None"), "{dump}");
-        assert!(dump.contains("failure Some(\"kernel `relu_0` failed\")"), "{dump}");
+        assert!(
+            dump.contains("waits for 7: value 0, failure None"),
+            "{dump}"
+        );
+        assert!(
+            dump.contains("failure Some(\"kernel `relu_0` failed\")"),
+            "{dump}"
+        );
         assert_eq!(watchdog.in_flight(), 1);
         drop(guard);
         assert_eq!(watchdog.in_flight(), 0);
