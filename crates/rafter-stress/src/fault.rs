@@ -94,6 +94,11 @@ impl FaultyDevice {
         self.shared.lock().armed = Some(fault);
     }
 
+    /// Disarms the armed fault, if any.
+    pub fn disarm(&self) {
+        self.shared.lock().armed = None;
+    }
+
     /// The fault armed and not yet fired.
     pub fn armed(&self) -> Option<Fault> {
         self.shared.lock().armed

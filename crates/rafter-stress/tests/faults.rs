@@ -222,31 +222,36 @@ fn a_device_lost_mid_call_fails_that_call_and_every_later_one_cleanly() {
     }
 }
 
+/// Arms an allocation failure and opens a session and makes its first call: the session
+/// allocates its weights when it opens and its first arena on the first call, so one of
+/// the two fails; the error must name the device. A call after it works.
+fn opening_allocation_fails(rig: &Rig) {
+    rig.faulty.arm(Fault::Allocation);
+    let device = rig.faulty.info().name.clone();
+    let err = match rig.session() {
+        Err(err) => err,
+        Ok(session) => {
+            assert!(
+                rig.faulty.armed().is_some(),
+                "{}: opening fired the fault yet succeeded",
+                rig.target
+            );
+            let err = call_err(&session, LONG);
+            call_ok(&session, 2.0);
+            err
+        }
+    };
+    assert!(
+        err.contains(&format!("device '{device}': injected allocation failure")),
+        "{}: {err}",
+        rig.target
+    );
+}
+
 #[test]
 fn a_failed_allocation_is_an_error_naming_the_device_and_leaks_nothing() {
     for rig in rigs() {
-        rig.faulty.arm(Fault::Allocation);
-        let device = rig.faulty.info().name.clone();
-        // The session allocates its weights and first arena when it opens, or the call does:
-        // either way the error reaches whoever asked, naming the device.
-        match rig.session() {
-            Err(err) => assert!(
-                err.contains(&format!("device '{device}': injected allocation failure")),
-                "{}: {err}",
-                rig.target
-            ),
-            Ok(session) => {
-                if rig.faulty.armed().is_some() {
-                    let err = call_err(&session, LONG);
-                    assert!(
-                        err.contains(&format!("device '{device}': injected allocation failure")),
-                        "{}: {err}",
-                        rig.target
-                    );
-                }
-                call_ok(&session, 2.0);
-            }
-        }
+        opening_allocation_fails(&rig);
         assert_eq!(
             rig.faulty.fired(),
             1,
@@ -286,10 +291,10 @@ fn a_semaphore_never_signalled_times_out_then_the_session_recovers() {
     }
 }
 
-/// 10,000 faulted calls (dispatch failures, never-signalled then abandoned, allocation
-/// failures, in turn, each followed by a good call); RSS must stay flat.
+/// 10,000 faults (a failed dispatch, a never-signalled call then abandoned, an allocation
+/// failing as a session opens, in turn, each followed by a good call); RSS must stay flat.
 #[test]
-#[ignore = "on demand: 10,000 faulted calls (about a minute)"]
+#[ignore = "on demand: 10,000 faults (about a minute)"]
 fn faulted_calls_keep_rss_flat() {
     let rig = Rig::cpu();
     let session = rig.session().unwrap();
@@ -298,15 +303,21 @@ fn faulted_calls_keep_rss_flat() {
     for i in 0..10_000usize {
         let fault = faults[i % faults.len()];
         rig.faulty.arm(fault);
-        let _ = call_err(
-            &session,
-            Duration::from_millis(if fault == Fault::NeverSignal {
-                1
-            } else {
-                60_000
-            }),
-        );
-        rig.faulty.abandon_swallowed("abandoned by the RSS test");
+        match fault {
+            // The session's arenas are pooled: a warm call allocates nothing, and a session
+            // that opens does.
+            Fault::Allocation => {
+                opening_allocation_fails(&rig);
+            }
+            Fault::NeverSignal => {
+                call_err(&session, Duration::from_millis(1));
+                rig.faulty.abandon_swallowed("abandoned by the RSS test");
+            }
+            _ => {
+                call_err(&session, LONG);
+            }
+        }
+        assert_eq!(rig.faulty.armed(), None);
         call_ok(&session, i as f32);
         if i % 1000 == 999 {
             rss.push(rafter_stress::rss::rss_kib().unwrap_or(0));
@@ -316,7 +327,7 @@ fn faulted_calls_keep_rss_flat() {
     let growth = rss.last().unwrap().saturating_sub(rss[0]);
     assert!(
         growth < 4096,
-        "RSS grew {growth} KiB over 9,000 faulted calls: {rss:?}"
+        "RSS grew {growth} KiB over 9,000 faults: {rss:?}"
     );
     drop(session);
     rig.assert_released();
