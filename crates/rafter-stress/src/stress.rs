@@ -203,6 +203,7 @@ fn round(
     } else {
         None
     };
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
     let mut watched: Vec<(String, Arc<dyn Device>)> = vec![("cpu".into(), cpu.clone())];
     #[cfg(feature = "vulkan")]
     if let Some(v) = &vulkan {
