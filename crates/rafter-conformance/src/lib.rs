@@ -17,4 +17,6 @@ mod suite;
 pub use backend::Backend;
 pub use compare::{compare, Tolerance};
 pub use expected::{ExpectedFailures, ExpectedParseError};
-pub use suite::{discover, run_suite, run_test, Outcome, SuiteOptions, TestCase, TestResult};
+pub use suite::{
+    discover, load_tensor, run_suite, run_test, Outcome, SuiteOptions, TestCase, TestResult,
+};

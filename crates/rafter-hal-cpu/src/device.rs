@@ -261,6 +261,20 @@ impl Device for CpuDevice {
         };
         self.shared.pool.help(&worker, done);
     }
+
+    /// Workers, loss, bytes allocated and jobs queued on the pool (a submission waiting on
+    /// a semaphore sits in its queue thread's table, not on the pool).
+    fn describe(&self) -> String {
+        format!(
+            "cpu device '{}' ({}): {} workers, lost {}, {} bytes allocated, {} jobs queued",
+            self.info.name,
+            self.info.id,
+            self.shared.workers,
+            self.shared.lost.load(Ordering::Acquire),
+            self.allocated_bytes(),
+            self.shared.pool.queued_jobs()
+        )
+    }
 }
 
 impl Drop for CpuDevice {

@@ -78,6 +78,11 @@ impl Pool {
     }
 
     /// Asks the workers to exit once the queue is empty.
+    /// Jobs queued and not yet taken by a worker (for `Device::describe`).
+    pub(crate) fn queued_jobs(&self) -> usize {
+        self.lock().jobs.len()
+    }
+
     pub(crate) fn shutdown(&self) {
         self.lock().shutdown = true;
         self.available.notify_all();

@@ -646,6 +646,27 @@ impl Device for VulkanDevice {
         let executable = VulkanExecutable::load(self.shared.clone(), spec)?;
         Ok(Executable::from_impl(Arc::new(executable)))
     }
+
+    /// Loss, the live object counts ([`VulkanDevice::live_objects`]) and every live
+    /// semaphore with its value, failure, host timepoints registered on it and the highest
+    /// value a submitted batch will signal: a waiter stuck below that value waits on the
+    /// GPU; one above it waits on a signal nobody has submitted yet.
+    fn describe(&self) -> String {
+        let (semaphores, batches, deferred) = self.live_objects();
+        let mut out = format!(
+            "vulkan device '{}' ({}): lost {:?}, {semaphores} semaphores, {batches} batches in flight or retired, {deferred} deferred submissions",
+            self.info.name,
+            self.info.id,
+            self.shared.lost_reason()
+        );
+        for semaphore in self.shared.live_semaphores() {
+            out.push_str(&format!(
+                "\n  value {}: {semaphore:?}",
+                rafter_hal::SemaphoreImpl::value(&*semaphore)
+            ));
+        }
+        out
+    }
 }
 
 impl Drop for VulkanDevice {

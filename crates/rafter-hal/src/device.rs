@@ -173,6 +173,14 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn help(&self, done: &dyn Fn() -> bool) {
         let _ = done;
     }
+
+    /// A human-readable dump of the device's live state (what it holds and what its
+    /// pending work waits on), for diagnosing a hang: a stress test's watchdog prints it when
+    /// a call passes its deadline. Devices with nothing more to say keep the default, which
+    /// names the device. Never blocks for long (takes the device's locks briefly).
+    fn describe(&self) -> String {
+        format!("device '{}' ({})", self.info().name, self.info().id)
+    }
 }
 
 thread_local! {

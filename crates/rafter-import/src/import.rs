@@ -471,6 +471,15 @@ pub(crate) fn import_model(
     base_dir: Option<&Path>,
     infer: Box<InferFn<'_>>,
 ) -> Result<Imported, ImportError> {
+    // Checked first: an empty file decodes as a ModelProto with nothing in it, and "no
+    // graph" is what is wrong with it, not its missing opset.
+    if model.graph.is_none() {
+        return Err(ImportError::Model {
+            file: file.to_string(),
+            msg: "the model has no graph (an empty or truncated file decodes as an empty model)"
+                .into(),
+        });
+    }
     let opset = match model_opset(model, file) {
         Ok(v) => v,
         Err(e @ ImportError::Model { .. }) => {

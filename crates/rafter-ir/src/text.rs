@@ -1214,14 +1214,40 @@ impl GraphBuild {
 pub(crate) struct Parser {
     toks: Vec<Token>,
     i: usize,
+    /// Recursive constructs (parenthesised or negated dims, subgraphs) open now.
+    depth: usize,
 }
+
+/// The deepest nesting of recursive constructs the parser accepts: far beyond any real
+/// model (subgraphs of subgraphs, dims like `2*(seq - 1)`), and far below what exhausts a
+/// thread's stack, so hostile text is an error rather than a stack overflow.
+pub const MAX_NESTING: usize = 128;
 
 impl Parser {
     pub(crate) fn new(src: &str) -> Result<Parser, ParseError> {
         Ok(Parser {
             toks: lex(src)?,
             i: 0,
+            depth: 0,
         })
+    }
+
+    /// Runs `f` one nesting level deeper; past [`MAX_NESTING`] an error at the current
+    /// token instead.
+    fn nested<T>(
+        &mut self,
+        f: impl FnOnce(&mut Parser) -> Result<T, ParseError>,
+    ) -> Result<T, ParseError> {
+        if self.depth >= MAX_NESTING {
+            return Err(error_at(
+                self.pos(),
+                format!("nesting deeper than {MAX_NESTING} levels"),
+            ));
+        }
+        self.depth += 1;
+        let result = f(self);
+        self.depth -= 1;
+        result
     }
 
     pub(crate) fn peek(&self) -> &Tok {
@@ -1498,13 +1524,13 @@ impl Parser {
             }
             Tok::Punct("(") => {
                 self.next();
-                let d = self.dim()?;
+                let d = self.nested(Parser::dim)?;
                 self.expect(")")?;
                 Ok(d)
             }
             Tok::Punct("-") => {
                 self.next();
-                let f = self.dim_factor()?;
+                let f = self.nested(Parser::dim_factor)?;
                 self.negate(f)
             }
             _ => self.expected("a dim (an integer, a symbol or `(`)"),
@@ -1887,7 +1913,7 @@ impl Parser {
                     let num = self.number("a number")?;
                     num_attr(num, pos)
                 }
-                "graph" => Ok(AttrValue::Graph(Box::new(self.graph()?))),
+                "graph" => Ok(AttrValue::Graph(Box::new(self.nested(Parser::graph)?))),
                 _ => {
                     if let Some(d) = DType::from_name(&s) {
                         self.next();

@@ -165,6 +165,10 @@ fn typed<T: DeserializeOwned>(
     Ok((parsed, unread))
 }
 
+#[cfg(test)]
+#[path = "hostile_tests.rs"]
+mod hostile_tests;
+
 fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
