@@ -318,14 +318,6 @@ impl VulkanDevice {
             state.deferred.len(),
         )
     }
-
-    /// The scheduler's state as text: deferred submissions and what each waits for,
-    /// batches in flight and their waits, semaphores with callbacks, with ages and the
-    /// driver's counters. For diagnosing a hang (the monitor prints it by itself when
-    /// [`WATCHDOG_ENV`](crate::WATCHDOG_ENV) is set).
-    pub fn describe(&self) -> String {
-        self.shared.describe()
-    }
 }
 
 fn create_shared(
@@ -647,21 +639,25 @@ impl Device for VulkanDevice {
         Ok(Executable::from_impl(Arc::new(executable)))
     }
 
-    /// Loss, the live object counts ([`VulkanDevice::live_objects`]) and every live
+    /// Loss, the live object counts ([`VulkanDevice::live_objects`]), the scheduler's
+    /// deferred and in-flight batches with what each waits for, and every live
     /// semaphore with its value, failure, host timepoints registered on it and the highest
     /// value a submitted batch will signal: a waiter stuck below that value waits on the
     /// GPU; one above it waits on a signal nobody has submitted yet.
     fn describe(&self) -> String {
         let (semaphores, batches, deferred) = self.live_objects();
         let mut out = format!(
-            "vulkan device '{}' ({}): lost {:?}, {semaphores} semaphores, {batches} batches in flight or retired, {deferred} deferred submissions",
+            "vulkan device '{}' ({}): lost {:?}, {semaphores} semaphores, {batches} batches in flight or retired, {deferred} deferred submissions\n",
             self.info.name,
             self.info.id,
             self.shared.lost_reason()
         );
+        // The scheduler's view (what each deferred or in-flight batch waits for, with ages
+        // and the driver's counters; also printed by the monitor under `WATCHDOG_ENV`).
+        out.push_str(&self.shared.describe());
         for semaphore in self.shared.live_semaphores() {
             out.push_str(&format!(
-                "\n  value {}: {semaphore:?}",
+                "  value {}: {semaphore:?}\n",
                 rafter_hal::SemaphoreImpl::value(&*semaphore)
             ));
         }

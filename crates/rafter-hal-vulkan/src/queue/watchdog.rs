@@ -6,7 +6,7 @@
 //! which semaphore value never came is what tells a lost wake-up from a missing signal or
 //! a GPU batch blocked on a wait. The monitor prints the report once when
 //! `RAFTER_VULKAN_WATCHDOG_S=N` is set and some submission has waited or run for N seconds;
-//! [`VulkanDevice::describe`](crate::VulkanDevice::describe) returns it on demand.
+//! the device's `Device::describe` includes it.
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
