@@ -371,6 +371,7 @@ buffer b3 "y": f32[batch, 4] = output 0
         outputs: vec![port("y", "f32[batch, 4]")],
         bounds: vec![(Symbol::new("batch"), 16)],
         dim_bounds: vec![],
+        symbol_defs: vec![],
         states: vec![],
         weights: vec![f32s(&[4, 4], &eye)],
         buffers: vec![
@@ -688,7 +689,7 @@ fn syntax_errors() {
     error_at(
         &format!("{HEAD}buffers\n"),
         "buffers",
-        "expected an item (`bounds`, `state`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
+        "expected an item (`bounds`, `define`, `state`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
     );
     error_at(
         "program @p(%x#0: f32[2]) -> ()\n",
