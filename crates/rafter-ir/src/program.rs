@@ -10,9 +10,10 @@
 //!   its outputs the kernel's results — and the device it runs on;
 //! - **steps**: the host program, in order: dispatch a kernel over buffers, copy a buffer.
 //!
-//! Dims are polynomials over the program's input symbols. A symbol that inputs do not bind
-//! (a size that depends on tensor *values*, such as NonZero's output) makes a buffer
-//! [`Storage::Dynamic`]: its producer sizes it when it runs.
+//! Dims are polynomials over the program's input symbols and its defined symbols
+//! ([`Program::symbol_defs`]: floor divisions and broadcasts of those, bound with the
+//! inputs). A symbol neither binds (a size that depends on tensor *values*, such as
+//! NonZero's output) makes a buffer [`Storage::Dynamic`]: its producer sizes it when it runs.
 
 use crate::{ConstData, Dim, Graph, Symbol, TensorType};
 
@@ -361,6 +362,10 @@ pub struct Program {
     /// checks them on every call, and the planner sizes a dim equal to one of them by it.
     /// Each of their symbols is also in `bounds`, at most the same value.
     pub dim_bounds: Vec<(Dim, i64)>,
+    /// Symbols the inputs do not bind, defined from those they do (conv output sizes over
+    /// symbolic inputs): the runtime binds them, in order, right after the inputs, so the
+    /// buffers they size are sized per call (see [`crate::symbol_def`]).
+    pub symbol_defs: Vec<crate::SymbolDef>,
     /// State carried across calls (KV caches), read and written through `Storage::State`.
     pub states: Vec<StateDecl>,
     /// Constant tensors read by kernels (weights), in buffer order of `Storage::Weight`.
@@ -418,6 +423,7 @@ impl Program {
             msg,
         };
         self.verify_states().map_err(err)?;
+        self.verify_symbol_defs().map_err(err)?;
         let nb = self.buffers.len();
         let mut written = vec![false; nb];
         let mut outputs_seen = vec![false; self.outputs.len()];
@@ -526,6 +532,42 @@ impl Program {
 
     /// Each state's types form a state (same dtype and rank; dims equal but on one growth
     /// axis, where the input's dim is a symbol and the dims before it are 1).
+    /// Each definition reads only symbols bound before it (the inputs', the states'
+    /// lengths, earlier definitions), defines a symbol nothing else binds, and divides by a
+    /// positive number.
+    fn verify_symbol_defs(&self) -> Result<(), String> {
+        let mut bound: std::collections::HashSet<Symbol> = self
+            .inputs
+            .iter()
+            .map(|p| &p.ty)
+            .chain(self.states.iter().map(|s| &s.input_ty))
+            .flat_map(|ty| ty.dims.iter().flat_map(|d| d.symbols()))
+            .collect();
+        for (i, def) in self.symbol_defs.iter().enumerate() {
+            if let Some(s) = def.expr.symbols().into_iter().find(|s| !bound.contains(s)) {
+                return Err(format!(
+                    "symbol definition {i} `{def}` reads `{}`, which no input or earlier \
+                     definition binds",
+                    s.name()
+                ));
+            }
+            if let crate::SymbolExpr::FloorDiv { den, .. } | crate::SymbolExpr::Mod { den, .. } =
+                &def.expr
+            {
+                if *den <= 0 {
+                    return Err(format!("symbol definition {i} `{def}` divides by {den}"));
+                }
+            }
+            if !bound.insert(def.symbol.clone()) {
+                return Err(format!(
+                    "symbol definition {i} `{def}` defines `{}`, which is already bound",
+                    def.symbol.name()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn verify_states(&self) -> Result<(), String> {
         for (i, st) in self.states.iter().enumerate() {
             let (a, b) = (&st.input_ty, &st.output_ty);

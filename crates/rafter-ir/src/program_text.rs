@@ -35,6 +35,7 @@
 //!             {item}
 //! port     := '%' name ':' type
 //! item     := 'bounds' '{' [dim '<' '=' integer {',' ...}] '}'   // `seq <= 64`, `past + seq <= 4096`
+//!           | 'define' symbol '=' expr            // `define _conv0 = floordiv(h + 5, 2)`
 //!           | 'state' sN port '->' port          // output type, then the input it becomes
 //!           | 'weight' wN [string] ':' type '=' (data | 'external')
 //!           | 'arena' aN 'on' word word ['size' integer] ['lower_bound' integer]
@@ -42,6 +43,7 @@
 //!           | 'kernel' kN string kind 'on' word '=' graph
 //!           | 'step' 'dispatch' kN '(' [bN {',' bN}] ')' '->' '(' [(bN | '_') {',' ...}] ')'
 //!           | 'step' 'copy' bN '->' bN
+//! expr     := ('floordiv' | 'mod') '(' dim ',' integer ')' | 'broadcast' '(' dim ',' dim ')'
 //! storage  := 'input' integer | 'output' integer | 'weight' wN
 //!           | 'arena' aN ['offset' integer] | 'dynamic' | 'state' sN
 //! kind     := 'contraction' | 'elementwise' | 'reduction' | 'data_movement' | 'opaque'
@@ -107,6 +109,9 @@ pub fn print_program(p: &Program, weights: WeightMode) -> String {
             .chain(p.dim_bounds.iter().map(|(d, b)| format!("{d} <= {b}")))
             .collect();
         let _ = writeln!(out, "bounds {{ {} }}", entries.join(", "));
+    }
+    for def in &p.symbol_defs {
+        let _ = writeln!(out, "define {def}");
     }
     if !p.states.is_empty() {
         out.push('\n');
@@ -416,7 +421,8 @@ impl ProgramParser<'_, '_> {
             _ => String::new(),
         };
         match word.as_str() {
-            "bounds" => self.bounds(),
+"bounds" => self.bounds(),
+            "define" => self.define(),
             "weight" => self.weight(),
             "arena" => self.arena(),
             "buffer" => self.buffer(pos),
@@ -424,7 +430,7 @@ impl ProgramParser<'_, '_> {
             "step" => self.step(pos),
             "state" => self.state(),
             _ => self.p.expected(
-                "an item (`bounds`, `state`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
+                "an item (`bounds`, `define`, `state`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
             ),
         }
     }
@@ -463,6 +469,56 @@ impl ProgramParser<'_, '_> {
                 return Ok(());
             }
         }
+    }
+
+    /// `define _conv0 = floordiv(h + 5, 2)`: a [`crate::SymbolDef`].
+    fn define(&mut self) -> Result<(), ParseError> {
+        self.p.next();
+        let pos = self.p.pos();
+        let dim = self.p.dim()?;
+        let Some(symbol) = dim.as_symbol().cloned() else {
+            return Err(error_at(
+                pos,
+                format!("expected a symbol to define, found {dim}"),
+            ));
+        };
+        self.p.expect("=")?;
+        let pos = self.p.pos();
+        let kind = match self.p.peek() {
+            Tok::Ident(w) => w.clone(),
+            _ => String::new(),
+        };
+        self.p.next();
+        self.p.expect("(")?;
+        let first = self.p.dim()?;
+        self.p.expect(",")?;
+        let expr = match kind.as_str() {
+            "floordiv" | "mod" => {
+                let den = self.uint("a divisor")?;
+                let den = i64::try_from(den)
+                    .map_err(|_| error_at(pos, format!("divisor {den} is too large")))?;
+                if kind == "mod" {
+                    crate::SymbolExpr::Mod { num: first, den }
+                } else {
+                    crate::SymbolExpr::FloorDiv { num: first, den }
+                }
+            }
+            "broadcast" => crate::SymbolExpr::Broadcast {
+                a: first,
+                b: self.p.dim()?,
+            },
+            _ => {
+                return Err(error_at(
+                    pos,
+                    format!("expected `floordiv`, `mod` or `broadcast`, found `{kind}`"),
+                ))
+            }
+        };
+        self.p.expect(")")?;
+        self.program
+            .symbol_defs
+            .push(crate::SymbolDef { symbol, expr });
+        Ok(())
     }
 
     fn weight(&mut self) -> Result<(), ParseError> {

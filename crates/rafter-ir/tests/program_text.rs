@@ -74,6 +74,29 @@ fn every_feature() -> Program {
         ],
         bounds: vec![(Symbol::new("batch"), 8), (Symbol::new("seq"), 2048)],
         dim_bounds: vec![],
+        symbol_defs: vec![
+            rafter_ir::SymbolDef {
+                symbol: Symbol::new("half"),
+                expr: rafter_ir::SymbolExpr::FloorDiv {
+                    num: rafter_ir::Dim::symbol("seq").add(&rafter_ir::Dim::known(1)),
+                    den: 2,
+                },
+            },
+            rafter_ir::SymbolDef {
+                symbol: Symbol::new("lane"),
+                expr: rafter_ir::SymbolExpr::Mod {
+                    num: rafter_ir::Dim::symbol("half"),
+                    den: 4,
+                },
+            },
+            rafter_ir::SymbolDef {
+                symbol: Symbol::new("wide"),
+                expr: rafter_ir::SymbolExpr::Broadcast {
+                    a: rafter_ir::Dim::symbol("half"),
+                    b: rafter_ir::Dim::symbol("batch"),
+                },
+            },
+        ],
         states: vec![],
         weights: vec![
             f32s(&[2, 2], &[1.0, -0.0, 0.1, f32::INFINITY]),
@@ -348,6 +371,7 @@ buffer b3 "y": f32[batch, 4] = output 0
         outputs: vec![port("y", "f32[batch, 4]")],
         bounds: vec![(Symbol::new("batch"), 16)],
         dim_bounds: vec![],
+        symbol_defs: vec![],
         states: vec![],
         weights: vec![f32s(&[4, 4], &eye)],
         buffers: vec![
@@ -665,7 +689,7 @@ fn syntax_errors() {
     error_at(
         &format!("{HEAD}buffers\n"),
         "buffers",
-        "expected an item (`bounds`, `state`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
+        "expected an item (`bounds`, `define`, `state`, `weight`, `arena`, `buffer`, `kernel`, `step`) or end of input",
     );
     error_at(
         "program @p(%x#0: f32[2]) -> ()\n",
@@ -836,4 +860,30 @@ fn bad_states_are_errors() {
     ))
     .unwrap_err();
     assert!(e.message.contains("but state 0 `present` is"), "{e}");
+}
+
+/// A definition reads only symbols bound before it; the verifier names the one it lacks,
+/// and the parser names a definition it cannot read.
+#[test]
+fn symbol_definitions_are_checked() {
+    let src = |def: &str| {
+        format!(
+            "program @p(%x: f32[h]) -> (%y: f32[h])\n{def}\n\
+             kernel k0 \"id\" elementwise on cpu = graph @k0(%x: f32[h]) -> (%y) {{\n  \
+             %y: f32[h] = unary{{op = relu}}(%x)\n}}\n\
+             buffer b0 \"x\": f32[h] = input 0\nbuffer b1 \"y\": f32[h] = output 0\n\
+             step dispatch k0 (b0) -> (b1)\n"
+        )
+    };
+    let p = parse_program_inline(&src("define q = floordiv(h + 3, 4)")).unwrap();
+    assert_eq!(p.symbol_defs.len(), 1);
+    let e = parse_program_inline(&src("define q = floordiv(g + 3, 4)")).unwrap_err();
+    assert!(e.to_string().contains("reads `g`"), "{e}");
+    let e = parse_program_inline(&src("define q = ceil(h, 4)")).unwrap_err();
+    assert!(
+        e.to_string().contains("`floordiv`, `mod` or `broadcast`"),
+        "{e}"
+    );
+    let e = parse_program_inline(&src("define h = mod(h, 4)")).unwrap_err();
+    assert!(e.to_string().contains("already bound"), "{e}");
 }

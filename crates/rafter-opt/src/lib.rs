@@ -42,6 +42,7 @@ pub mod passes;
 pub mod place;
 pub mod prepack;
 pub mod schedule;
+pub mod symbol_defs;
 mod util;
 
 pub use backend::{Backend, CpuBackend, Section, Target};

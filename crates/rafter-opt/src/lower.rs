@@ -68,8 +68,8 @@ pub fn lower(graph: &Graph, opts: &LowerOptions) -> Result<Program, CompileError
 /// - one buffer per value crossing a kernel boundary: graph inputs are `Input(i)`, graph
 ///   outputs `Output(i)` (an output that is an input or a constant, or that repeats an
 ///   earlier output, gets its own buffer and a `Step::Copy`), constants read by kernels
-///   `Weight(i)` (one weight per constant), values whose dims mention symbols the inputs do
-///   not bind `Dynamic`, everything else a slice of arena 0 (`cpu`, `host`) with no offset;
+///   `Weight(i)` (one weight per constant), values whose dims mention symbols neither the
+///   inputs bind nor [`crate::symbol_defs`] defines from them `Dynamic`, everything else a slice of arena 0 (`cpu`, `host`) with no offset;
 /// - one kernel per group, on `cpu`; steps in the groups' order ([`lower`] then moves
 ///   kernels to the target's accelerators, see [`crate::place`]).
 pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -> Program {
@@ -85,6 +85,10 @@ pub fn lower_partitioned(graph: &Graph, groups: &[Group], opts: &LowerOptions) -
         weight_of: HashMap::new(),
         bound: input_symbols(graph),
     };
+    // Symbols shape arithmetic defines from the inputs' are bound per call too.
+    l.p.symbol_defs = crate::symbol_defs::derive(graph, &l.bound);
+    l.bound
+        .extend(l.p.symbol_defs.iter().map(|d| d.symbol.clone()));
     let device = crate::place::CPU.to_string();
     l.p.arenas.push(Arena {
         device: device.clone(),

@@ -167,7 +167,8 @@ fn plan_error(msg: String) -> CompileError {
     CompileError::Plan(msg)
 }
 
-/// The declared bounds by symbol (the smallest, if a symbol is bounded twice).
+/// The declared bounds by symbol (the smallest, if a symbol is bounded twice), and those
+/// its definitions give a defined symbol.
 fn bounds_map(p: &Program) -> Result<HashMap<Symbol, i64>, CompileError> {
     let mut map: HashMap<Symbol, i64> = HashMap::new();
     for (s, bound) in &p.bounds {
@@ -180,6 +181,8 @@ fn bounds_map(p: &Program) -> Result<HashMap<Symbol, i64>, CompileError> {
         let entry = map.entry(s.clone()).or_insert(*bound);
         *entry = (*entry).min(*bound);
     }
+    // Defined symbols (conv output sizes) are bounded by their definitions at the bounds.
+    rafter_ir::symbol_def::extend_bounds(&p.symbol_defs, &mut map);
     Ok(map)
 }
 

@@ -124,10 +124,13 @@ fn value_sized(p: &Program, name: &str, ty: &TensorType, inputs: &HashSet<Symbol
     }
 }
 
+/// Symbols bound before any work runs: the inputs', and those defined from them
+/// ([`Program::symbol_defs`], evaluated on the host with the inputs).
 fn input_symbols(p: &Program) -> HashSet<Symbol> {
     p.inputs
         .iter()
         .flat_map(|port| port.ty.dims.iter().flat_map(|d| d.symbols()))
+        .chain(p.symbol_defs.iter().map(|d| d.symbol.clone()))
         .collect()
 }
 

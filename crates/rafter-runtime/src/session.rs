@@ -531,6 +531,12 @@ impl Session {
                 }
             }
         }
+        // Then the symbols defined from them (conv output sizes), bound with the inputs.
+        for def in &program.symbol_defs {
+            if !symbols.contains(&def.symbol) {
+                symbols.push(def.symbol.clone());
+            }
+        }
 
         // States: one allocation each, at capacity, on the device that uses it.
         let mut state_memory = Vec::with_capacity(program.states.len());
@@ -752,6 +758,8 @@ impl Session {
                 .check(&port.ty, t, &format!("input `{}`", port.name))
                 .map_err(input_error)?;
         }
+        // Symbols defined from the inputs' (conv output sizes): on the host, before any work.
+        rafter_ir::bind_defined(&p.symbol_defs, &mut bindings).map_err(input_error)?;
         for (s, bound) in &p.bounds {
             if let Some(v) = bindings.get(s) {
                 if v > *bound {

@@ -69,6 +69,7 @@ pub fn sample_program() -> Program {
         }],
         bounds: vec![(Symbol::new("batch"), 8)],
         dim_bounds: vec![],
+        symbol_defs: vec![],
         states: vec![],
         weights: vec![w, idx, h, flag],
         buffers: vec![

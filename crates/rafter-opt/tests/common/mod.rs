@@ -87,7 +87,13 @@ pub fn interpret(p: &Program, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String
             _ => {}
         }
     }
+    // The inputs' symbols, then the defined ones (as the runtime binds them): the reference
+    // then checks every kernel's results against the sizes the definitions give.
     let mut bindings = Bindings::default();
+    for (port, t) in p.inputs.iter().zip(&inputs) {
+        bindings.check(&port.ty, t, &format!("input `{}`", port.name))?;
+    }
+    rafter_ir::bind_defined(&p.symbol_defs, &mut bindings)?;
     for (si, step) in p.steps.iter().enumerate() {
         match step {
             Step::Dispatch {

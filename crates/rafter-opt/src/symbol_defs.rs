@@ -1,0 +1,192 @@
+//! Definitions of the symbols that shape arithmetic over symbolic inputs creates, so that
+//! the buffers they size can be sized per call (and live on a GPU) rather than by their
+//! producer on the host.
+//!
+//! Inference names a fresh symbol where a dim is not a polynomial of the inputs' symbols:
+//! a strided convolution or pool over a symbolic height (`floor((h + 5) / 2)`), or a
+//! broadcast of two different symbols (a residual `Add` of two such outputs). [`derive`]
+//! walks the graph in order and, for each result dim that is a lone symbol nothing binds
+//! yet, writes its definition from the op that made it, in terms of symbols bound before
+//! (the inputs', or earlier definitions). Symbols it cannot define (data-dependent sizes:
+//! NonZero, a Reshape to a computed shape, a ceil-mode pool) stay undefined, and the
+//! buffers they size stay host-only (`Storage::Dynamic`) as before.
+//!
+//! Each definition restates the output-size rule of ONNX for its op (the same one
+//! inference and every executor apply); the runtime's executors check the tensors they
+//! produce against the sizes these definitions give.
+
+use std::collections::HashSet;
+
+use rafter_ir::{AutoPad, Dim, Graph, Node, Op, Symbol, SymbolDef, SymbolExpr};
+
+/// The definitions of the fresh symbols of `graph`'s results that follow from `bound`
+/// (the symbols its inputs bind), in an order where each reads only symbols bound before.
+pub fn derive(graph: &Graph, bound: &HashSet<Symbol>) -> Vec<SymbolDef> {
+    let mut known = bound.clone();
+    let mut defs = Vec::new();
+    for node in &graph.nodes {
+        let Some(&Some(out)) = node.outputs.first() else {
+            continue;
+        };
+        let dims = graph.value(out).ty.dims.clone();
+        for (axis, d) in dims.iter().enumerate() {
+            let Some(s) = d.as_symbol() else { continue };
+            if known.contains(s) {
+                continue;
+            }
+            let Some(expr) = define(graph, node, axis, dims.len()) else {
+                continue;
+            };
+            if expr.symbols().iter().all(|x| known.contains(x)) {
+                known.insert(s.clone());
+                defs.push(SymbolDef {
+                    symbol: s.clone(),
+                    expr,
+                });
+            }
+        }
+    }
+    defs
+}
+
+/// Dims of operand `i` of `node`, if present.
+fn operand_dims<'g>(g: &'g Graph, node: &Node, i: usize) -> Option<&'g [Dim]> {
+    node.inputs
+        .get(i)
+        .copied()
+        .flatten()
+        .map(|v| g.value(v).ty.dims.as_slice())
+}
+
+/// How `node`'s first result's dim `axis` (of a result of rank `rank`) follows from its
+/// operands' dims, where this module knows the op's rule.
+fn define(g: &Graph, node: &Node, axis: usize, rank: usize) -> Option<SymbolExpr> {
+    match &node.op {
+        Op::Conv {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            ..
+        } => {
+            // x [N, C, spatial...], w [M, C/g, kernel...].
+            let i = axis.checked_sub(2)?;
+            let input = operand_dims(g, node, 0)?.get(axis)?;
+            let kernel = window_kernel(kernel_shape, operand_dims(g, node, 1)?, 2, i)?;
+            let w = Window::new(strides, pads, dilations, rank - 2, i)?;
+            window_out(input, kernel, &w, *auto_pad)
+        }
+        Op::ConvNhwc {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            ..
+        } => {
+            // x [N, spatial..., C], w [kernel..., C/g, M].
+            let i = axis.checked_sub(1).filter(|_| axis + 1 < rank)?;
+            let input = operand_dims(g, node, 0)?.get(axis)?;
+            let kernel = window_kernel(kernel_shape, operand_dims(g, node, 1)?, 0, i)?;
+            let w = Window::new(strides, pads, dilations, rank - 2, i)?;
+            window_out(input, kernel, &w, *auto_pad)
+        }
+        Op::Pool {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            ceil_mode: false,
+            ..
+        } => {
+            let i = axis.checked_sub(2)?;
+            let input = operand_dims(g, node, 0)?.get(axis)?;
+            let kernel = *kernel_shape.get(i)?;
+            let w = Window::new(strides, pads, dilations, rank - 2, i)?;
+            window_out(input, kernel, &w, *auto_pad)
+        }
+        Op::Binary { .. } | Op::Where => broadcast(g, node, axis, rank),
+        _ => None,
+    }
+}
+
+/// The kernel extent of spatial axis `i`: the attribute, else the weight's dim (known).
+fn window_kernel(kernel_shape: &[i64], w: &[Dim], first: usize, i: usize) -> Option<i64> {
+    match kernel_shape.get(i) {
+        Some(&k) => Some(k),
+        None if kernel_shape.is_empty() => w.get(first + i)?.as_known(),
+        None => None,
+    }
+}
+
+/// Stride, dilation and pads of one spatial axis, after ONNX's defaults.
+struct Window {
+    stride: i64,
+    dilation: i64,
+    pad_begin: i64,
+    pad_end: i64,
+}
+
+impl Window {
+    fn new(strides: &[i64], pads: &[i64], dilations: &[i64], n: usize, i: usize) -> Option<Self> {
+        let pick = |v: &[i64], at: usize, default: i64| {
+            if v.is_empty() {
+                Some(default)
+            } else {
+                v.get(at).copied()
+            }
+        };
+        let w = Window {
+            stride: pick(strides, i, 1)?,
+            dilation: pick(dilations, i, 1)?,
+            pad_begin: pick(pads, i, 0)?,
+            pad_end: pick(pads, i + n, 0)?,
+        };
+        (w.stride > 0 && w.dilation > 0).then_some(w)
+    }
+}
+
+/// A window's output size over `input`: `ceil(in / s)` for SAME padding, else
+/// `floor((in + pads - extent) / s) + 1`, written as one floor division.
+fn window_out(input: &Dim, kernel: i64, w: &Window, auto_pad: AutoPad) -> Option<SymbolExpr> {
+    let s = w.stride;
+    let (num, den) = match auto_pad {
+        AutoPad::SameUpper | AutoPad::SameLower => (input.add(&Dim::known(s - 1)), s),
+        AutoPad::Valid | AutoPad::NotSet => {
+            let (pb, pe) = match auto_pad {
+                AutoPad::Valid => (0, 0),
+                _ => (w.pad_begin, w.pad_end),
+            };
+            let extent = (kernel - 1).checked_mul(w.dilation)?.checked_add(1)?;
+            let shift = pb.checked_add(pe)?.checked_sub(extent)?.checked_add(s)?;
+            (input.add(&Dim::known(shift)), s)
+        }
+    };
+    Some(SymbolExpr::FloorDiv { num, den })
+}
+
+/// A broadcast of exactly two different dims (after dropping 1s) at `axis` of a
+/// right-aligned broadcast to rank `rank`.
+fn broadcast(g: &Graph, node: &Node, axis: usize, rank: usize) -> Option<SymbolExpr> {
+    let mut seen: Vec<&Dim> = Vec::new();
+    for i in 0..node.inputs.len() {
+        let dims = operand_dims(g, node, i)?;
+        let Some(at) = (axis + dims.len()).checked_sub(rank) else {
+            continue;
+        };
+        let d = &dims[at];
+        if d.as_known() == Some(1) || seen.contains(&d) {
+            continue;
+        }
+        seen.push(d);
+    }
+    match seen.as_slice() {
+        [a, b] => Some(SymbolExpr::Broadcast {
+            a: (*a).clone(),
+            b: (*b).clone(),
+        }),
+        _ => None,
+    }
+}
