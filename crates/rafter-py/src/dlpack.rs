@@ -166,11 +166,7 @@ pub fn tensor_from(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Input> {
 /// `m` must be a live DLManagedTensor whose `shape`/`strides` arrays hold `ndim` entries
 /// and whose data holds the elements they describe (DLPack's contract), kept alive (and
 /// its data unwritten by rafter's callers while a call runs) as long as `capsule` lives.
-unsafe fn read_managed(
-    m: &DLManagedTensor,
-    capsule: Py<PyAny>,
-    what: &str,
-) -> PyResult<Input> {
+unsafe fn read_managed(m: &DLManagedTensor, capsule: Py<PyAny>, what: &str) -> PyResult<Input> {
     let t = &m.dl_tensor;
     if t.device.device_type != DEVICE_CPU {
         return Err(to::<InputError>(format!(
@@ -217,9 +213,8 @@ unsafe fn read_managed(
     if strides.is_none_or(|s| row_major(shape, s)) {
         // SAFETY: a compact CPU tensor's `len` bytes start at `data`; the capsule keeps the
         // producer's memory alive, and the caller leaves it unwritten while calls run.
-        let borrowed = unsafe {
-            RtTensor::borrowed(dtype, &dims, data, len, Box::new(CapsuleOwner(capsule)))
-        };
+        let borrowed =
+            unsafe { RtTensor::borrowed(dtype, &dims, data, len, Box::new(CapsuleOwner(capsule))) };
         if let Ok(tensor) = borrowed {
             return Ok(Input {
                 tensor,
@@ -280,10 +275,22 @@ unsafe fn gather(src: *const u8, shape: &[i64], strides: &[i64], size: usize, ou
     };
     let step = strides[0] as isize * size as isize;
     let chunk = out.len() / n as usize;
-    for (i, dst) in out.chunks_exact_mut(chunk.max(1)).enumerate().take(n as usize) {
+    for (i, dst) in out
+        .chunks_exact_mut(chunk.max(1))
+        .enumerate()
+        .take(n as usize)
+    {
         // SAFETY: index `i` along this dim is within `shape`, so the caller's contract
         // covers the sub-tensor it starts.
-        unsafe { gather(src.offset(i as isize * step), inner_shape, &strides[1..], size, dst) };
+        unsafe {
+            gather(
+                src.offset(i as isize * step),
+                inner_shape,
+                &strides[1..],
+                size,
+                dst,
+            )
+        };
     }
 }
 

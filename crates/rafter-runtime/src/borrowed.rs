@@ -169,7 +169,10 @@ mod tests {
         assert_eq!(t, Tensor::f32s(&[2, 3], data.clone()));
         let clone = t.clone();
         drop(t);
-        assert!(!dropped.load(Ordering::SeqCst), "a clone still reads the memory");
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "a clone still reads the memory"
+        );
         assert_eq!(clone.as_slice::<f32>().unwrap().as_ptr(), data.as_ptr());
         drop(clone);
         assert!(dropped.load(Ordering::SeqCst));
@@ -182,7 +185,10 @@ mod tests {
         let mut t = borrow_f32s(&data, &[3], Flag(dropped.clone())).unwrap();
         t.as_mut_slice::<f32>().unwrap()[0] = 9.0;
         assert!(!t.is_borrowed());
-        assert!(dropped.load(Ordering::SeqCst), "the owned copy needs the owner no more");
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the owned copy needs the owner no more"
+        );
         assert_eq!(t.as_slice::<f32>().unwrap(), &[9.0, 2.0, 3.0]);
         assert_eq!(data, [1.0, 2.0, 3.0]);
     }
@@ -213,10 +219,9 @@ mod tests {
         assert_eq!(b, BorrowError::Bool);
         // An empty tensor may have a null address.
         // SAFETY: no byte is read.
-        let e = unsafe {
-            Tensor::borrowed(DType::F32, &[0, 3], std::ptr::null(), 0, Box::new(flag()))
-        }
-        .unwrap();
+        let e =
+            unsafe { Tensor::borrowed(DType::F32, &[0, 3], std::ptr::null(), 0, Box::new(flag())) }
+                .unwrap();
         assert!(e.is_empty() && e.le_bytes().is_empty());
     }
 }
