@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn refuses_wrong_sizes_misalignment_and_bools() {
-        let data = vec![0u64; 4];
+        let data = [0u64; 4];
         let flag = || Flag(Arc::new(AtomicBool::new(false)));
         let f = borrow_f32s(&[1.0, 2.0], &[3], flag()).unwrap_err();
         assert!(f.to_string().contains("needs 12 bytes, got 8"), "{f}");
