@@ -59,9 +59,11 @@ class Model:
 
     ``m(x)``, ``m(x1, x2)`` or ``m(input_ids=..., attention_mask=...)`` runs one call and
     returns the output (a model with one output) or a dict of outputs by name. Inputs are
-    numpy arrays, torch tensors on the CPU or any DLPack tensor, read in place; lists and
-    scalars are converted to the input's dtype. Outputs are numpy arrays, or torch tensors
-    when an input was a torch tensor, sharing rafter's memory (no copy).
+    numpy arrays, torch tensors on the CPU or any DLPack tensor; lists and scalars are
+    converted to the input's dtype. A row-major input is read in place through DLPack, with
+    no copy at all when only CPU kernels read it (:attr:`inputs_in_place`); a Fortran-order
+    or strided one is copied once. Outputs are numpy arrays, or torch tensors when an input
+    was a torch tensor, sharing rafter's memory (no copy).
     """
 
     def __init__(self, native: _rafter.Model):
@@ -82,6 +84,24 @@ class Model:
         """The devices the model runs on (``["cpu"]``, ``["cpu", "vulkan"]``)."""
         return self._native.device_names()
 
+    @property
+    def inputs_in_place(self) -> List[str]:
+        """The inputs that calls read in place from the caller's memory: only CPU kernels
+        read them, so a C-contiguous numpy array or contiguous torch CPU tensor of the right
+        dtype is never copied (a Fortran-order, strided or misaligned one is copied once).
+        The other inputs are written once into the call's input buffer (for a GPU, the
+        upload)."""
+        return [p.name for p, f in zip(self.inputs, self._native.input_in_place()) if f]
+
+    @property
+    def input_copies(self) -> Dict[str, int]:
+        """How many input tensors this model's calls have copied so far: ``"converted"``,
+        gathered into a packed tensor (strided, misaligned or bool inputs), and
+        ``"written"``, written into a call's input buffer (inputs not read in place). Both
+        stay 0 for calls whose inputs are all read in place."""
+        converted, written = self._native.input_copies()
+        return {"converted": converted, "written": written}
+
     def plan(self) -> str:
         """The report ``rafter plan`` prints, to the byte: inputs, outputs and bounds, the
         steps in dispatch order with the ops fused into each kernel and its device, the
@@ -99,7 +119,10 @@ class Model:
 
     def submit(self, *args: Any, **kwargs: Any) -> Future:
         """Starts a call and returns at once with a :class:`Future` of its result (the
-        value ``m(...)`` would return). The inputs are read before this returns."""
+        value ``m(...)`` would return). Inputs read in place (:attr:`inputs_in_place`) are
+        read while the call runs: the call keeps them alive until its work has completed
+        (even if the future is dropped), and they must not be modified before the future
+        resolves."""
         inputs, like = self._gather(args, kwargs)
         call = self._native.submit(inputs)
         future = Future()
@@ -149,9 +172,13 @@ class Model:
         for port, value in zip(ports, slots):
             if _is_torch(value):
                 like = "torch"
-                out.append(value if value.is_contiguous() else value.contiguous())
+                # Read in place through DLPack; a strided tensor is gathered by rafter.
+                out.append(value.detach() if value.requires_grad else value)
             elif isinstance(value, np.ndarray):
-                out.append(np.ascontiguousarray(value))
+                # numpy exports only writable, native-endian arrays through legacy DLPack.
+                if not value.flags.writeable or not value.dtype.isnative:
+                    value = np.array(value, dtype=value.dtype.newbyteorder("="), order="C")
+                out.append(value)
             elif hasattr(value, "__dlpack__"):
                 out.append(value)
             else:

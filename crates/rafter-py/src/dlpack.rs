@@ -1,8 +1,11 @@
 //! DLPack in and out: how tensors cross between Python and rafter.
 //!
 //! In: any object with `__dlpack__` (numpy arrays, torch tensors, JAX, CuPy on the CPU...)
-//! hands over a `DLManagedTensor`; its bytes are read in place and copied once, straight
-//! into the runtime tensor the call takes (the runtime owns its inputs while a call runs).
+//! hands over a `DLManagedTensor`. Row-major memory aligned for its dtype becomes a
+//! borrowed runtime tensor ([`rafter_runtime::borrowed`]) that holds the capsule, and with
+//! it the producer's array, until the call's work has completed: an input that only CPU
+//! kernels read is then never copied. Strided (Fortran-order, sliced), misaligned and bool
+//! tensors are copied once into a packed tensor.
 //! Out: an output stays in the runtime's own storage, and [`Tensor`] lends that memory to
 //! `numpy.from_dlpack` / `torch.from_dlpack` without a copy.
 //!
@@ -21,7 +24,6 @@ use rafter_runtime::Tensor as RtTensor;
 use crate::errors::{to, InputError};
 
 const CAPSULE: &CStr = c"dltensor";
-const USED_CAPSULE: &CStr = c"used_dltensor";
 /// `kDLCPU`.
 const DEVICE_CPU: i32 = 1;
 
@@ -113,9 +115,25 @@ fn rafter_dtype(t: DLDataType) -> Option<DType> {
     .find(|&d| dl_dtype(d).is_some_and(|x| x.code == t.code && x.bits == t.bits))
 }
 
-/// Reads `obj` (anything with `__dlpack__`) into a runtime tensor: one copy of its bytes.
-/// `what` names the input in errors.
-pub fn tensor_from(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<RtTensor> {
+/// An input read from a DLPack tensor.
+pub struct Input {
+    /// The runtime tensor: the caller's memory itself when [`Input::copied`] is false.
+    pub tensor: RtTensor,
+    /// Whether the elements were copied (strided, misaligned or bool data).
+    pub copied: bool,
+}
+
+/// What keeps a borrowed input's memory alive: the producer's DLPack capsule, left
+/// unconsumed, so that freeing it (when the last runtime tensor over the memory goes, after
+/// the call's work has completed) runs the producer's deleter, which releases the array.
+/// Dropped without the GIL, PyO3 defers the decref to the next time a thread holds it.
+struct CapsuleOwner(#[allow(dead_code)] Py<PyAny>);
+
+/// Reads `obj` (anything with `__dlpack__`) as a runtime tensor: in place when its memory
+/// is row-major, aligned for its dtype and not bool (the tensor then holds the capsule, and
+/// with it the producer's array), else one copy of its elements. `what` names the input in
+/// errors.
+pub fn tensor_from(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Input> {
     if !obj.hasattr("__dlpack__")? {
         return Err(to::<InputError>(format!(
             "{what}: a {} is not a tensor (pass a numpy array or a DLPack tensor such as a \
@@ -133,27 +151,22 @@ pub fn tensor_from(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<RtTensor> {
         )));
     }
     // SAFETY: the capsule is valid with this name (checked above), so its pointer is the
-    // producer's DLManagedTensor, alive until we call its deleter.
+    // producer's DLManagedTensor, alive as long as the capsule is (we never consume it: its
+    // destructor calls the producer's deleter).
     let managed =
-        unsafe { ffi::PyCapsule_GetPointer(cap, CAPSULE.as_ptr()) } as *mut DLManagedTensor;
-    // SAFETY: as above; we read it, then take ownership by renaming the capsule (so its
-    // destructor will not free it) and call the deleter exactly once.
-    let result = unsafe { read_managed(&*managed, what) };
-    unsafe {
-        ffi::PyCapsule_SetName(cap, USED_CAPSULE.as_ptr());
-        if let Some(deleter) = (*managed).deleter {
-            deleter(managed);
-        }
-    }
-    result
+        unsafe { ffi::PyCapsule_GetPointer(cap, CAPSULE.as_ptr()) } as *const DLManagedTensor;
+    // SAFETY: as above; `capsule` lives through this call, and a borrowed tensor takes it
+    // along, keeping the memory alive as long as the tensor.
+    unsafe { read_managed(&*managed, capsule.unbind(), what) }
 }
 
-/// The runtime tensor holding a copy of `m`'s elements.
+/// `m`'s elements as a runtime tensor, borrowed when its layout allows, else copied.
 ///
 /// # Safety
 /// `m` must be a live DLManagedTensor whose `shape`/`strides` arrays hold `ndim` entries
-/// and whose data holds the elements they describe (DLPack's contract).
-unsafe fn read_managed(m: &DLManagedTensor, what: &str) -> PyResult<RtTensor> {
+/// and whose data holds the elements they describe (DLPack's contract), kept alive (and
+/// its data unwritten by rafter's callers while a call runs) as long as `capsule` lives.
+unsafe fn read_managed(m: &DLManagedTensor, capsule: Py<PyAny>, what: &str) -> PyResult<Input> {
     let t = &m.dl_tensor;
     if t.device.device_type != DEVICE_CPU {
         return Err(to::<InputError>(format!(
@@ -175,34 +188,110 @@ unsafe fn read_managed(m: &DLManagedTensor, what: &str) -> PyResult<RtTensor> {
         // SAFETY: DLPack guarantees `shape` has `ndim` entries.
         unsafe { std::slice::from_raw_parts(t.shape, ndim) }
     };
-    let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
-    if !t.strides.is_null() && ndim > 0 {
-        // SAFETY: non-null strides have `ndim` entries.
-        let strides = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
-        let mut want = 1i64;
-        for k in (0..ndim).rev() {
-            if shape[k] > 1 && strides[k] != want {
-                return Err(to::<InputError>(format!(
-                    "{what}: the tensor is not contiguous (shape {shape:?}, strides \
-                     {strides:?} in elements): pass a row-major copy (numpy: \
-                     `np.ascontiguousarray`, torch: `.contiguous()`)"
-                )));
-            }
-            want *= shape[k].max(1);
-        }
+    if let Some(d) = shape.iter().find(|&&d| d < 0) {
+        return Err(to::<InputError>(format!(
+            "{what}: DLPack shape {shape:?} has a negative dim {d}"
+        )));
     }
-    let elements: usize = dims.iter().product();
-    let len = elements * dtype.size_of();
-    let bytes: &[u8] = if len == 0 {
-        &[]
+    let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+    let strides: Option<&[i64]> = if t.strides.is_null() || ndim == 0 {
+        None
     } else {
-        // SAFETY: a compact CPU tensor's `len` bytes start at data + byte_offset.
-        unsafe {
-            std::slice::from_raw_parts((t.data as *const u8).add(t.byte_offset as usize), len)
-        }
+        // SAFETY: non-null strides have `ndim` entries.
+        Some(unsafe { std::slice::from_raw_parts(t.strides, ndim) })
     };
-    RtTensor::from_le_bytes(dtype, &dims, bytes)
-        .map_err(|e| to::<InputError>(format!("{what}: {e}")))
+    let elements: usize = dims.iter().product();
+    let size = dtype.size_of();
+    let len = elements * size;
+    let data = if elements == 0 {
+        std::ptr::null()
+    } else {
+        // SAFETY: DLPack's data pointer plus its byte offset is the first element.
+        unsafe { (t.data as *const u8).add(t.byte_offset as usize) }
+    };
+    let failed = |e: &dyn std::fmt::Display| to::<InputError>(format!("{what}: {e}"));
+    if strides.is_none_or(|s| row_major(shape, s)) {
+        // SAFETY: a compact CPU tensor's `len` bytes start at `data`; the capsule keeps the
+        // producer's memory alive, and the caller leaves it unwritten while calls run.
+        let borrowed =
+            unsafe { RtTensor::borrowed(dtype, &dims, data, len, Box::new(CapsuleOwner(capsule))) };
+        if let Ok(tensor) = borrowed {
+            return Ok(Input {
+                tensor,
+                copied: false,
+            });
+        }
+        // Misaligned or bool: one copy (normalising bools).
+        let bytes: &[u8] = if len == 0 {
+            &[]
+        } else {
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts(data, len) }
+        };
+        let tensor = RtTensor::from_le_bytes(dtype, &dims, bytes).map_err(|e| failed(&e))?;
+        return Ok(Input {
+            tensor,
+            copied: true,
+        });
+    }
+    let strides = strides.expect("row-major when there are no strides");
+    let mut packed = vec![0u8; len];
+    if elements > 0 {
+        // SAFETY: DLPack's contract: every index within `shape` at these element strides
+        // is an element of the tensor's memory, starting at `data`.
+        unsafe { gather(data, shape, strides, size, &mut packed) };
+    }
+    let tensor = RtTensor::from_le_bytes(dtype, &dims, &packed).map_err(|e| failed(&e))?;
+    Ok(Input {
+        tensor,
+        copied: true,
+    })
+}
+
+/// Whether `strides` (in elements) lay `shape` out packed and row-major (dims of 1 may
+/// have any stride).
+fn row_major(shape: &[i64], strides: &[i64]) -> bool {
+    let mut want = 1i64;
+    for k in (0..shape.len()).rev() {
+        if shape[k] > 1 && strides[k] != want {
+            return false;
+        }
+        want = want.saturating_mul(shape[k].max(1));
+    }
+    true
+}
+
+/// Copies the elements of a strided tensor at `src` into `out`, row-major: `size` bytes
+/// per element, `strides` in elements (any sign, 0 for a broadcast dim).
+///
+/// # Safety
+/// For every index within `shape`, `src + sum(index * stride) * size` must be `size`
+/// readable bytes; `out` must hold the product of `shape` times `size` bytes.
+unsafe fn gather(src: *const u8, shape: &[i64], strides: &[i64], size: usize, out: &mut [u8]) {
+    let Some((&n, inner_shape)) = shape.split_first() else {
+        // SAFETY: the caller's contract covers the one element a 0-d tensor has.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), size) };
+        return;
+    };
+    let step = strides[0] as isize * size as isize;
+    let chunk = out.len() / n as usize;
+    for (i, dst) in out
+        .chunks_exact_mut(chunk.max(1))
+        .enumerate()
+        .take(n as usize)
+    {
+        // SAFETY: index `i` along this dim is within `shape`, so the caller's contract
+        // covers the sub-tensor it starts.
+        unsafe {
+            gather(
+                src.offset(i as isize * step),
+                inner_shape,
+                &strides[1..],
+                size,
+                dst,
+            )
+        };
+    }
 }
 
 /// A rafter output tensor. Its memory is the runtime's; `numpy.from_dlpack(t)` and

@@ -1,6 +1,7 @@
 //! A compiled model bound to its devices: compile, load, save, run, submit.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +37,8 @@ pub struct Model {
     /// The target it was compiled for here (`None` for an artifact opened from a file),
     /// which the plan report names as `rafter plan --target` does.
     target: Option<String>,
+    /// How many inputs were copied on the way in (strided, misaligned or bool tensors).
+    converted: AtomicU64,
 }
 
 /// Compiles the ONNX model at `path` for `target` (`cpu` or `vulkan`) with symbol `bounds`;
@@ -87,6 +90,7 @@ pub fn compile_onnx(
         session: Arc::new(session),
         saved: Mutex::new(Saved::Compiled(Box::new(compiled))),
         target: Some(target_name),
+        converted: AtomicU64::new(0),
     })
 }
 
@@ -137,6 +141,7 @@ pub fn load(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Model> {
         session: Arc::new(session),
         saved: Mutex::new(Saved::File(path)),
         target: None,
+        converted: AtomicU64::new(0),
     })
 }
 
@@ -194,6 +199,29 @@ impl Model {
             .collect()
     }
 
+    /// Per input, whether calls read it in place from the caller's memory (only CPU
+    /// kernels read it, and its dtype is not bool): a row-major, aligned tensor is then
+    /// never copied.
+    fn input_in_place(&self) -> Vec<bool> {
+        let ports = &self.session.program().inputs;
+        self.session
+            .input_in_place()
+            .into_iter()
+            .zip(ports)
+            .map(|(in_place, port)| in_place && port.ty.dtype != rafter_ir::DType::Bool)
+            .collect()
+    }
+
+    /// How many input tensors were copied so far: `(converted, written)`, those read into
+    /// a packed tensor (strided, misaligned or bool) and those written into a call's input
+    /// buffer (inputs not read in place; for a GPU, the upload).
+    fn input_copies(&self) -> (u64, u64) {
+        (
+            self.converted.load(Ordering::Relaxed),
+            self.session.inputs_written(),
+        )
+    }
+
     /// Writes the model as an artifact at `path`; returns its length in bytes.
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<u64> {
         let saved = self.saved.lock().map_err(|_| to::<ModelError>("lock"))?;
@@ -233,7 +261,9 @@ impl Model {
 
 impl Model {
     /// The inputs as runtime tensors, checked against the program's inputs by count and
-    /// dtype (the runtime checks shapes against the symbols).
+    /// dtype (the runtime checks shapes against the symbols). Row-major inputs borrow the
+    /// caller's memory: each runtime tensor holds its DLPack capsule, which the call keeps
+    /// until its work has completed, so a dropped future or a failed call frees nothing early.
     fn tensors(&self, inputs: &Bound<'_, PyList>) -> PyResult<Vec<rafter_runtime::Tensor>> {
         let ports = &self.session.program().inputs;
         if inputs.len() != ports.len() {
@@ -248,7 +278,11 @@ impl Model {
         let mut out = Vec::with_capacity(ports.len());
         for (port, obj) in ports.iter().zip(inputs.iter()) {
             let what = format!("input `{}`", port.name);
-            let t = tensor_from(&obj, &what)?;
+            let input = tensor_from(&obj, &what)?;
+            let t = input.tensor;
+            if input.copied {
+                self.converted.fetch_add(1, Ordering::Relaxed);
+            }
             if t.dtype() != port.ty.dtype {
                 return Err(to::<InputError>(format!(
                     "{what}: expected {}, got {}",

@@ -47,6 +47,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod borrowed;
 mod devices;
 mod error;
 pub mod host;
@@ -61,6 +62,7 @@ pub use backend::{
     CopyEnd, DispatchArgs, ExecutableLoader, HostCopy, HostKernel, KernelOptions, LoadRequest,
     LoadedKernels, NativeStats, Operand,
 };
+pub use borrowed::BorrowError;
 pub use devices::DeviceSet;
 pub use error::{hal, Result, RuntimeError};
 pub use session::{CallHandle, Session, SessionOptions};

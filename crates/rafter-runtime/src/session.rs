@@ -185,6 +185,8 @@ struct Inner {
     length_free: Option<lengths::LengthFree>,
     /// How many calls were recorded (see [`Session::recordings_made`]).
     recordings_made: AtomicU64,
+    /// How many input tensors calls wrote into input buffers (see [`Session::inputs_written`]).
+    inputs_written: AtomicU64,
 }
 
 /// Arena buffers of recordings evicted from the session's [`RecordedCache`], kept per arena
@@ -664,6 +666,7 @@ impl Session {
                 tracker,
                 length_free,
                 recordings_made: AtomicU64::new(0),
+                inputs_written: AtomicU64::new(0),
             }),
         })
     }
@@ -884,6 +887,7 @@ impl Session {
             match dest {
                 InputDest::Buffer(buffer) => {
                     let t = inputs[*k].as_ref().expect("each input has one destination");
+                    inner.inputs_written.fetch_add(1, Ordering::Relaxed);
                     buffer.write_bytes(0, t.le_bytes()).map_err(|e| {
                         hal(format!(
                             "call {call}: writing input `{}`",
@@ -1022,6 +1026,28 @@ impl Session {
     /// [`Session::records_every_length`]), once per length too.
     pub fn recordings_made(&self) -> u64 {
         self.inner.recordings_made.load(Ordering::Relaxed)
+    }
+
+    /// Per input, whether calls bind it in place: only CPU kernels read it, straight from
+    /// the caller's tensor (a [`Tensor::borrowed`] is then never copied). Any other input
+    /// is written into the call's input buffer ([`Session::inputs_written`] counts those).
+    pub fn input_in_place(&self) -> Vec<bool> {
+        let p = &*self.inner.program;
+        let mut in_place = vec![false; p.inputs.len()];
+        for (b, decl) in p.buffers.iter().enumerate() {
+            if let Storage::Input(k) = decl.storage {
+                if let Some(flag) = in_place.get_mut(k) {
+                    *flag = self.inner.home[b] == Home::Slot;
+                }
+            }
+        }
+        in_place
+    }
+
+    /// How many input tensors calls have copied into input buffers so far (one per input
+    /// not bound in place, per call; for a GPU, the upload).
+    pub fn inputs_written(&self) -> u64 {
+        self.inner.inputs_written.load(Ordering::Relaxed)
     }
 
     /// Whether one recording serves every length of the session's states (an LLM's

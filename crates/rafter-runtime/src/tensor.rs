@@ -13,9 +13,12 @@
 //! quantized weights, later).
 
 use std::fmt;
+use std::sync::Arc;
 
 use half::{bf16, f16};
 use rafter_ir::DType;
+
+use crate::borrowed::Borrowed;
 
 /// Why a tensor could not be built or viewed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,13 +81,30 @@ element!(
 );
 
 /// A dense, row-major tensor of one dtype, its elements stored little-endian.
-#[derive(Clone, PartialEq)]
+///
+/// Its bytes are its own, or a caller's memory it borrows ([`Tensor::borrowed`], see
+/// [`crate::borrowed`]): read in place, copied on the first write.
+#[derive(Clone)]
 pub struct Tensor {
     dtype: DType,
     dims: Vec<usize>,
-    /// The elements' bytes in the first `len` bytes of `words` (8-byte aligned storage).
-    words: Vec<u64>,
+    storage: Storage,
     len: usize,
+}
+
+/// Where a tensor's bytes are.
+#[derive(Clone)]
+pub(crate) enum Storage {
+    /// In the first `len` bytes of these words (8-byte aligned storage).
+    Owned(Vec<u64>),
+    /// In a caller's memory, aligned for the dtype (checked when it was borrowed).
+    Borrowed(Arc<Borrowed>),
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Tensor) -> bool {
+        self.dtype == other.dtype && self.dims == other.dims && self.le_bytes() == other.le_bytes()
+    }
 }
 
 /// Bytes of a `dtype` tensor of `dims`, or `None` on overflow.
@@ -103,7 +123,7 @@ impl Tensor {
         Ok(Tensor {
             dtype,
             dims: dims.to_vec(),
-            words: vec![0u64; len.div_ceil(8)],
+            storage: Storage::Owned(vec![0u64; len.div_ceil(8)]),
             len,
         })
     }
@@ -182,30 +202,75 @@ impl Tensor {
         self.len() == 0
     }
 
+    /// A tensor over `storage`, which holds `len` bytes for `dtype` and `dims`.
+    pub(crate) fn from_storage(
+        dtype: DType,
+        dims: &[usize],
+        storage: Storage,
+        len: usize,
+    ) -> Tensor {
+        Tensor {
+            dtype,
+            dims: dims.to_vec(),
+            storage,
+            len,
+        }
+    }
+
     /// The packed little-endian element bytes.
     pub fn le_bytes(&self) -> &[u8] {
-        // SAFETY: `words` holds at least `len` initialised bytes (`zeros` sized it to
-        // `len.div_ceil(8)` words); u8 has no alignment or validity requirement, and the
-        // view borrows `self`.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+        match &self.storage {
+            // SAFETY: `words` holds at least `len` initialised bytes (`zeros` sized it to
+            // `len.div_ceil(8)` words); u8 has no alignment or validity requirement, and
+            // the view borrows `self`.
+            Storage::Owned(words) => unsafe {
+                std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.len)
+            },
+            Storage::Borrowed(b) => b.bytes(),
+        }
+    }
+
+    /// Whether the bytes are a caller's memory, read in place ([`Tensor::borrowed`]).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.storage, Storage::Borrowed(_))
+    }
+
+    /// The owned words, copying borrowed bytes first (a caller's memory is never written).
+    fn words_mut(&mut self) -> &mut Vec<u64> {
+        if let Storage::Borrowed(b) = &self.storage {
+            let mut words = vec![0u64; self.len.div_ceil(8)];
+            // SAFETY: `words` has room for `len` bytes; u8 has no alignment requirement.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), self.len)
+            };
+            dst.copy_from_slice(b.bytes());
+            self.storage = Storage::Owned(words);
+        }
+        match &mut self.storage {
+            Storage::Owned(words) => words,
+            Storage::Borrowed(_) => unreachable!("made owned above"),
+        }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        let words = self.words_mut();
         // SAFETY: as in `le_bytes`, with the mutable borrow of `self` moved into the view.
-        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
     }
 
     /// The elements as `T`s, in place; an error when the dtype is not `T`'s.
     pub fn as_slice<T: Element>(&self) -> Result<&[T], TensorError> {
         self.typed::<T>()?;
-        // SAFETY: the storage is 8-byte aligned (a `Vec<u64>`), which satisfies every
-        // `Element`'s alignment; `len` is a whole number of `T`s (`typed` checked the dtype,
-        // and `len` is its size times the element count); every bit pattern is a valid `T`
-        // (bool bytes are kept 0 or 1 by every constructor and by `as_mut_slice`'s type);
-        // the view borrows `self`.
+        // SAFETY: owned storage is 8-byte aligned (a `Vec<u64>`), which satisfies every
+        // `Element`'s alignment, and borrowed storage is aligned to the dtype's size, which
+        // is `T`'s alignment (`Tensor::borrowed` checks it); `len` is a whole number of `T`s
+        // (`typed` checked the dtype, and `len` is its size times the element count); every
+        // bit pattern is a valid `T` (bool bytes are kept 0 or 1 by every constructor and by
+        // `as_mut_slice`'s type, and bools are never borrowed); the view borrows `self`.
         Ok(unsafe {
             std::slice::from_raw_parts(
-                self.words.as_ptr().cast::<T>(),
+                self.le_bytes().as_ptr().cast::<T>(),
                 self.len / std::mem::size_of::<T>(),
             )
         })
@@ -214,12 +279,15 @@ impl Tensor {
     /// The elements as mutable `T`s, in place (a kernel computing into a fresh tensor).
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], TensorError> {
         self.typed::<T>()?;
-        // SAFETY: as in `as_slice`, with the mutable borrow of `self` moved into the view;
-        // writes through it store valid `T`s, so bool bytes stay 0 or 1.
+        let len = self.len;
+        let words = self.words_mut();
+        // SAFETY: as in `as_slice` for owned storage (`words_mut` made it owned), with the
+        // mutable borrow of `self` moved into the view; writes through it store valid `T`s,
+        // so bool bytes stay 0 or 1.
         Ok(unsafe {
             std::slice::from_raw_parts_mut(
-                self.words.as_mut_ptr().cast::<T>(),
-                self.len / std::mem::size_of::<T>(),
+                words.as_mut_ptr().cast::<T>(),
+                len / std::mem::size_of::<T>(),
             )
         })
     }
