@@ -708,8 +708,9 @@ mod tests {
         let widen = |x: &[E]| x.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
         let f16_products = std::mem::size_of::<E>() == 2;
         let (want, slack) = reference(a, q, &widen(k), &widen(v), past, f16_products);
-        if f16_products {
-            // The roundings matter at this tolerance: without them the definition differs.
+        if f16_products && past + seq > 1 {
+            // The roundings matter at this tolerance: without them the definition differs
+            // (with one key its weight is 1 and the output that key's value, rounded or not).
             let (exact, _) = reference(a, q, &widen(k), &widen(v), past, false);
             let moved = want.iter().zip(&exact).any(|(w, x)| (w - x).abs() > 1e-5);
             assert!(
