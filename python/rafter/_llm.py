@@ -19,7 +19,8 @@ class LLM:
     positions (prompt and generated) a sequence may hold, default the model's trained
     context capped at 4096; ``threads`` the kernel threads (0: one per core);
     ``kv_type`` the KV cache's element type, ``"f16"`` (half the cache's memory and
-    decode traffic) or ``"f32"`` (the default).
+    decode traffic; the default for GGUF files, as in llama.cpp) or ``"f32"`` (the
+    default for Hugging Face folders).
     """
 
     def __init__(

@@ -69,7 +69,8 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "FORMAT")]
     weights: Option<String>,
     /// LLMs: the KV cache's element type, f16 (half the cache's memory and decode traffic;
-    /// llama.cpp's default) or f32 (the default: exactly transformers' f32).
+    /// the default for GGUF files, as in llama.cpp) or f32 (the default for Hugging Face
+    /// folders: exactly transformers' f32).
     #[arg(long, value_name = "TYPE")]
     kv_type: Option<String>,
     /// Kernel threads (default: one per core).

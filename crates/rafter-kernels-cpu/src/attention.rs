@@ -23,9 +23,14 @@
 //! (a decode step at 1000 cached positions: 395 -> 176 us on 2 threads, 16/8 heads of 128). Everything stays f32, with the reductions (dot
 //! products, the softmax sum) in vector lanes; the tests hold it to an f64 reference.
 //!
-//! The cache may be f32 or f16 ([`KvElement`]): an f16 cache (llama.cpp's default) is read
-//! at half the bytes and widened exactly in registers (`vcvtph2ps`) as it is loaded, so
-//! the arithmetic is the f32 kernel's on the f16-rounded keys and values.
+//! The cache may be f32 or f16 ([`KvElement`]). An f16 cache (llama.cpp's default) is read
+//! at half the bytes and widened exactly in registers (`vcvtph2ps`) as it is loaded, and
+//! its products are f16 products, as llama.cpp's are: its CPU attention without flash
+//! attention (its default, and the run our GGUF references come from) multiplies the f16
+//! cache with `ggml_mul_mat`, which first converts the other operand to f16. So each query
+//! row is rounded to f16 (ties to even) before `q · k`, and the normalised softmax weights
+//! are rounded before `Σ p v`; a product of two halves is exact in f32, and the sums stay
+//! f32. The scale multiplies the dot product afterwards, as ggml's softmax applies it.
 
 use half::f16;
 
@@ -88,11 +93,15 @@ mod sealed {
 
 /// Vectors of f32 from a cache row of `Self` (partial: the missing lanes 0).
 trait Widen: Copy {
+    /// Whether the products with this cache are products of two `Self`s (see the module
+    /// docs): the queries and the softmax weights are rounded to it first.
+    const ROUNDS_OPERANDS: bool;
     fn load<S: Simd>(s: S, x: &[Self]) -> S::V;
     fn load_partial<S: Simd>(s: S, x: &[Self]) -> S::V;
 }
 
 impl Widen for f32 {
+    const ROUNDS_OPERANDS: bool = false;
     #[inline(always)]
     fn load<S: Simd>(s: S, x: &[f32]) -> S::V {
         s.load(x)
@@ -104,6 +113,7 @@ impl Widen for f32 {
 }
 
 impl Widen for f16 {
+    const ROUNDS_OPERANDS: bool = true;
     #[inline(always)]
     fn load<S: Simd>(s: S, x: &[f16]) -> S::V {
         s.load_f16(x)
@@ -381,6 +391,12 @@ fn attend_generic<S: Simd, E: Widen>(
     let qw = a.q_heads * d;
     let at = |j: usize, g: usize| (j - kv.base) * kv.stride + g * kv.head_stride;
     let mut scores = Vec::new();
+    // A query row rounded to f16, for an f16 cache.
+    let mut q16 = if E::ROUNDS_OPERANDS {
+        vec![0.0; d]
+    } else {
+        Vec::new()
+    };
     for (n, seg) in out.chunks_exact_mut(group * d).enumerate() {
         let item = first_item + n;
         let (row, g) = (item / a.kv_heads, item % a.kv_heads);
@@ -393,7 +409,11 @@ fn attend_generic<S: Simd, E: Widen>(
         // vector load serves four keys).
         let key = |j: usize| &k[at(lo + j, g)..][..d];
         for h in 0..group {
-            let qr = &q[row * qw + (g * group + h) * d..][..d];
+            let mut qr = &q[row * qw + (g * group + h) * d..][..d];
+            if E::ROUNDS_OPERANDS {
+                round_f16(s, qr, &mut q16);
+                qr = &q16;
+            }
             let sc = &mut scores[h * keys..(h + 1) * keys];
             let mut j = 0;
             while j + 4 <= keys {
@@ -413,8 +433,7 @@ fn attend_generic<S: Simd, E: Widen>(
                 softcap(s, sc, a.softcap);
             }
             let sum = exp_normalise(s, sc);
-            let inv = 1.0 / sum;
-            sc.iter_mut().for_each(|p| *p *= inv);
+            scale_weights(s, sc, 1.0 / sum, E::ROUNDS_OPERANDS);
             weighted_rows(s, sc, |j| &v[at(lo + j, g)..][..d], o);
         }
     }
@@ -509,6 +528,38 @@ fn dot<S: Simd, E: Widen>(s: S, a: &[f32], b: &[E]) -> f32 {
     s.reduce_add(sum)
 }
 
+/// `out = x`, each element rounded to the nearest f16 (ties to even).
+#[inline(always)]
+fn round_f16<S: Simd>(s: S, x: &[f32], out: &mut [f32]) {
+    let mut i = 0;
+    while i + S::LANES <= x.len() {
+        s.store(&mut out[i..], s.round_f16(s.load(&x[i..])));
+        i += S::LANES;
+    }
+    if i < x.len() {
+        s.store_partial(&mut out[i..], s.round_f16(s.load_partial(&x[i..], 0.0)));
+    }
+}
+
+/// `p *= inv` (the softmax's normalisation), then each weight rounded to the nearest f16
+/// when `to_f16`.
+#[inline(always)]
+fn scale_weights<S: Simd>(s: S, p: &mut [f32], inv: f32, to_f16: bool) {
+    let vi = s.splat(inv);
+    let mut i = 0;
+    while i + S::LANES <= p.len() {
+        let w = s.mul(s.load(&p[i..]), vi);
+        s.store(&mut p[i..], if to_f16 { s.round_f16(w) } else { w });
+        i += S::LANES;
+    }
+    for w in &mut p[i..] {
+        *w *= inv;
+        if to_f16 {
+            *w = f16::from_f32(*w).to_f32();
+        }
+    }
+}
+
 /// `x = cap * tanh(x / cap)`.
 #[inline(always)]
 fn softcap<S: Simd>(s: S, x: &mut [f32], cap: f32) {
@@ -563,13 +614,33 @@ mod tests {
             .collect()
     }
 
-    /// The definition, in f64.
-    fn reference(a: &CachedAttention, q: &[f32], k: &[f32], v: &[f32], past: usize) -> Vec<f64> {
+    /// The definition, in f64, and per element a slack. With `f16_products` (an f16 cache),
+    /// the queries and the normalised weights are rounded to f16 (ties to even) first; a
+    /// weight within f32 noise (4e-6 relative) of a rounding boundary may round either way
+    /// in the kernel, and the slack is what that can move the element (the weight's two
+    /// candidate halves apart, times the value).
+    fn reference(
+        a: &CachedAttention,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        past: usize,
+        f16_products: bool,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let round = |x: f64| f16::from_f64(x).to_f64();
         let d = a.head_dim;
         let (qw, kw) = (a.q_heads * d, a.kv_heads * d);
         let seq = q.len() / qw;
         let group = a.q_heads / a.kv_heads;
         let mut out = vec![0f64; q.len()];
+        let mut slack = vec![0f64; q.len()];
+        let qv = |x: f32| {
+            if f16_products {
+                round(x as f64)
+            } else {
+                x as f64
+            }
+        };
         for i in 0..seq {
             let pos = past + i;
             let lo = a.window.map_or(0, |w| pos.saturating_sub(w));
@@ -578,7 +649,7 @@ mod tests {
                 let mut sc: Vec<f64> = (lo..=pos)
                     .map(|j| {
                         let s: f64 = (0..d)
-                            .map(|t| q[i * qw + h * d + t] as f64 * k[j * kw + g * d + t] as f64)
+                            .map(|t| qv(q[i * qw + h * d + t]) * k[j * kw + g * d + t] as f64)
                             .sum();
                         let s = s * a.scale as f64;
                         if a.softcap > 0.0 {
@@ -593,18 +664,27 @@ mod tests {
                 let sum: f64 = sc.iter().sum();
                 for (jj, p) in sc.iter().enumerate() {
                     let j = lo + jj;
+                    let p = p / sum;
+                    let (w, spread) = if f16_products {
+                        let (below, above) = (round(p * (1.0 - 4e-6)), round(p * (1.0 + 4e-6)));
+                        (round(p), above - below)
+                    } else {
+                        (p, 0.0)
+                    };
                     for t in 0..d {
-                        out[i * qw + h * d + t] += p / sum * v[j * kw + g * d + t] as f64;
+                        let x = v[j * kw + g * d + t] as f64;
+                        out[i * qw + h * d + t] += w * x;
+                        slack[i * qw + h * d + t] += spread * x.abs();
                     }
                 }
             }
         }
-        out
+        (out, slack)
     }
 
     /// The kernel against the definition, with an f32 cache and with the same cache
     /// rounded to f16 (round-to-nearest-even, as the graph's cast writes it; the definition
-    /// then computes on the rounded values).
+    /// then computes on the rounded values, with the f16 products' roundings).
     fn check(a: CachedAttention, seq: usize, past: usize, spare: usize) {
         let d = a.head_dim;
         let total = past + seq + spare;
@@ -626,7 +706,18 @@ mod tests {
         past: usize,
     ) {
         let widen = |x: &[E]| x.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
-        let want = reference(a, q, &widen(k), &widen(v), past);
+        let f16_products = std::mem::size_of::<E>() == 2;
+        let (want, slack) = reference(a, q, &widen(k), &widen(v), past, f16_products);
+        if f16_products && past + seq > 1 {
+            // The roundings matter at this tolerance: without them the definition differs
+            // (with one key its weight is 1 and the output that key's value, rounded or not).
+            let (exact, _) = reference(a, q, &widen(k), &widen(v), past, false);
+            let moved = want.iter().zip(&exact).any(|(w, x)| (w - x).abs() > 1e-5);
+            assert!(
+                moved,
+                "{a:?} seq {seq} past {past}: f16 roundings change nothing"
+            );
+        }
         let a = *a;
         for isa in simd::tests::isas() {
             for (threads, pack) in [(1, true), (3, true), (1, false), (3, false)] {
@@ -638,9 +729,9 @@ mod tests {
                     attention_with(isa, &a, q, k, v, past, &mut out, &par, pack)
                 };
                 r.unwrap();
-                for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+                for (i, ((&o, &w), &sl)) in out.iter().zip(&want).zip(&slack).enumerate() {
                     assert!(
-                        (o as f64 - w).abs() <= 2e-6 * (1.0 + w.abs()),
+                        (o as f64 - w).abs() <= 2e-6 * (1.0 + w.abs()) + sl,
                         "{a:?} seq {seq} past {past} {isa:?} x{threads} pack {pack} {}: element {i}: {o} vs {w}",
                         std::any::type_name::<E>()
                     );
@@ -730,6 +821,40 @@ mod tests {
             }
         }
     }
+
+    /// f16 rounding against `half`'s conversion (ties to even), full and partial, at every
+    /// ISA: ties both ways, subnormals, overflow to infinity, NaN.
+    #[test]
+    fn f16_rounding_matches_half() {
+        let mut x: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0 + 2f32.powi(-11),       // a tie: to 1.0 (even)
+            1.0 + 3.0 * 2f32.powi(-11), // a tie: up to 1 + 2^-9
+            2f32.powi(-24) * 0.5,       // half the smallest subnormal: to 0
+            2f32.powi(-24) * 1.5,       // a subnormal tie: to 2 * 2^-24
+            65504.0,
+            65519.0,
+            65520.0, // rounds to infinity
+            -1e9,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        x.extend(data(45, 7).iter().map(|v| v * 3.0));
+        let want: Vec<f32> = x.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        for isa in simd::tests::isas() {
+            for n in 0..=x.len() {
+                let mut got = vec![0.5f32; n];
+                round_isa(isa, &x[..n], &mut got);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                    assert!(same, "{isa:?} n {n} element {i} ({}): {g} vs {w}", x[i]);
+                }
+            }
+        }
+    }
+
+    simd_dispatch!(fn round_isa(x: &[f32], out: &mut [f32]) => round_f16);
 
     simd_dispatch!(fn widen_isa(x: &[f16], out: &mut [f32]) => widen_generic);
 

@@ -56,6 +56,9 @@ pub(crate) trait Simd: Copy + Send + Sync {
     fn load_f16(self, x: &[half::f16]) -> Self::V;
     /// The halves of `x` (fewer than `LANES`) widened, the remaining lanes 0.
     fn load_f16_partial(self, x: &[half::f16]) -> Self::V;
+    /// Each lane rounded to the nearest f16 (ties to even; beyond 65504 the infinities) and
+    /// widened back: an operand of an f16 product, as ggml converts one (`vcvtps2ph`).
+    fn round_f16(self, a: Self::V) -> Self::V;
 
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
     fn sub(self, a: Self::V, b: Self::V) -> Self::V;
@@ -157,6 +160,10 @@ impl Simd for Scalar {
     #[inline(always)]
     fn load_f16_partial(self, _x: &[half::f16]) -> f32 {
         0.0 // never called with elements: LANES is 1
+    }
+    #[inline(always)]
+    fn round_f16(self, a: f32) -> f32 {
+        half::f16::from_f32(a).to_f32()
     }
     #[inline(always)]
     fn store_partial(self, _x: &mut [f32], _v: f32) {}
@@ -360,6 +367,14 @@ mod x86 {
             let n = x.len().min(16);
             buf[..n].copy_from_slice(&x[..n]);
             unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(buf.as_ptr().cast())) }
+        }
+        #[inline(always)]
+        fn round_f16(self, a: __m512) -> __m512 {
+            unsafe {
+                _mm512_cvtph_ps(_mm512_cvtps_ph::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(a))
+            }
         }
         #[inline(always)]
         fn store_partial(self, x: &mut [f32], v: __m512) {
@@ -566,6 +581,10 @@ mod x86 {
             let n = x.len().min(8);
             buf[..n].copy_from_slice(&x[..n]);
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(buf.as_ptr().cast())) }
+        }
+        #[inline(always)]
+        fn round_f16(self, a: __m256) -> __m256 {
+            unsafe { _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(a)) }
         }
         #[inline(always)]
         fn store_partial(self, x: &mut [f32], v: __m256) {

@@ -73,9 +73,9 @@ pub struct LlmOptions {
     /// Re-encode float weights (HF checkpoints) in this block format (`q8_0`, `q4_0`,
     /// `q4_k`, ...) while compiling; GGUF weights keep their types.
     pub weights: Option<WeightFormat>,
-    /// The KV cache's element type; `None`: [`KvType::default_for`] the source (f32 for
-    /// now; f16 halves the cache and what a decode step reads of it). Fixed by the compile for an
-    /// artifact (a different value is an error).
+    /// The KV cache's element type; `None`: [`KvType::default_for`] the source (f16 for a
+    /// GGUF, as llama.cpp; f32 for an HF folder). Fixed by the compile for an artifact (a
+    /// different value is an error).
     pub kv_type: Option<KvType>,
     /// Where the CPU device reports each dispatch (a [`rafter_runtime::ChromeTrace`]).
     pub trace: Option<Arc<dyn rafter_hal::TraceSink>>,

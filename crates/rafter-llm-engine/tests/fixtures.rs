@@ -58,10 +58,17 @@ fn rows(path: &Path) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// Opens a fixture with the default KV cache type, or the one `RAFTER_FIXTURE_KV_TYPE`
+/// (`f16`, `f32`) names: a diagnostic, to print the agreement counts of both caches.
 fn open(path: &Path) -> Llm {
+    let kv_type = std::env::var("RAFTER_FIXTURE_KV_TYPE").ok().map(|w| {
+        rafter_llm_engine::KvType::from_word(&w)
+            .unwrap_or_else(|| panic!("RAFTER_FIXTURE_KV_TYPE={w}: f16 or f32"))
+    });
     let options = LlmOptions {
         context: Some(128),
         threads: 2,
+        kv_type,
         ..Default::default()
     };
     Llm::open(path, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

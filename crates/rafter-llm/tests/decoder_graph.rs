@@ -249,11 +249,16 @@ fn check_runtime_matches_reference_as(
         got.extend(logits.chunks(dims.vocab).map(<[f32]>::to_vec));
     }
     assert_eq!(s.state_lengths()[0], ids.len());
+    // With an f16 cache the softmax weights are rounded to f16 (llama.cpp's f16 products):
+    // a weight within f32 noise of a rounding boundary may round one way in the kernel and
+    // the other in the reference, moving it by 2^-11 of itself (seen: 7e-5 of the largest
+    // logit). f32 caches agree to f32 noise.
+    let tol = if kv == KvType::F16 { 2e-4 } else { 2e-5 };
     for (p, (a, b)) in want.iter().zip(&got).enumerate() {
         let scale = max_abs(a).max(1e-6);
         let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         assert!(
-            err <= 2e-5 * scale,
+            err <= tol * scale,
             "{name}: position {p}: runtime and reference differ by {err} (max {scale})"
         );
     }

@@ -14,7 +14,8 @@
 //! `kv` is the cache's element type ([`KvType`]): f16 (llama.cpp's default, half the
 //! bytes a decode step reads and the session holds) or f32. With f16, each call's new
 //! keys and values are cast to f16 (round-to-nearest-even, as llama.cpp stores them)
-//! before they are appended, and attention reads the f16 cache as f32 (exact widening).
+//! before they are appended, and attention reads the f16 cache as f32 (exact widening)
+//! with f16 products, as llama.cpp's: queries and softmax weights rounded to f16.
 //!
 //! The KV cache of each layer is a graph *state* ([`rafter_ir::StateLink`]): `present =
 //! concat(past, k)` is the next call's `past`. The cache is seq-major (`[1, positions,
@@ -88,19 +89,19 @@ impl KvType {
         }
     }
 
-    /// The default for a model from `source`: f32 for now, for every source.
+    /// The default for a model from `source`: f16 for a GGUF, f32 for a Hugging Face
+    /// folder.
     ///
-    /// A Hugging Face checkpoint (whatever its weights' type) must stay f32: its references
-    /// are transformers' logits computed in f32, checked at 1e-4 of the largest, which an
-    /// f16 cache's rounding (2^-11 relative per key and value) would exceed. A GGUF would
-    /// take f16, as llama.cpp does, but with it one quantized fixture (the Qwen3-MoE
-    /// q5_K_M GGUF) agrees with llama.cpp's default run on 168 of 192 steps where the bar
-    /// is 169 (f32: 182): llama.cpp's non-flash attention also rounds the queries and the
-    /// softmax weights to f16 in its f16 products, which this cache does not, and the
-    /// MoE router's top-k amplifies such differences. Pass `KvType::F16` explicitly.
+    /// A GGUF runs as llama.cpp runs it, whose default cache is f16 (and whose attention
+    /// then rounds queries and softmax weights to f16, as ours does): half the cache's
+    /// memory and of what a decode step reads of it. A Hugging Face checkpoint (f32, bf16
+    /// or f16 weights alike) stays f32: its reference is transformers computing in f32
+    /// (bf16 weights widened), checked at 1e-4 of the largest logit, which the f16
+    /// cache's roundings (2^-11 relative) would exceed.
     pub fn default_for(source: &ModelSource) -> KvType {
         match source.format {
-            SourceFormat::Gguf { .. } | SourceFormat::HfFolder { .. } => KvType::F32,
+            SourceFormat::Gguf { .. } => KvType::F16,
+            SourceFormat::HfFolder { .. } => KvType::F32,
         }
     }
 }

@@ -2,6 +2,13 @@
 //!
 //! Intermediates are rounded to the operand dtype at the points where ONNX's reference
 //! stores them, so f16/bf16 results track it closely.
+//!
+//! rafter's extension: keys and values narrower than the queries (an LLM's f16 KV cache
+//! with f32 queries) are read as their exact widening, and the products with them are
+//! products of two narrow operands, as llama.cpp's CPU attention computes them (its
+//! `ggml_mul_mat` converts the other operand to the cache's type): the queries are
+//! rounded to the keys' type before `q · k`, and the softmax weights to the values' type
+//! before `Σ p v`; the sums and the result stay in the queries' type.
 
 use super::{by_float, Real};
 use crate::ops::{arg, invalid, unsupported, OpCtx, OpError};
@@ -71,6 +78,8 @@ fn attention_t<T: Real>(
     let (q, k, v) = (arg(inputs, 0)?, arg(inputs, 1)?, arg(inputs, 2)?);
     let rank3 = q.shape().len() == 3;
     let r = |x: T| x.round_to(dt);
+    // Rounding to a type at least as wide as `dt` after `r` changes nothing.
+    let (kdt, vdt) = (k.dtype(), v.dtype());
     let qh = to_heads::<T>(q, *q_num_heads, "q")?;
     let mut kh = to_heads::<T>(k, *kv_num_heads, "k")?;
     let mut vh = to_heads::<T>(v, *kv_num_heads, "v")?;
@@ -104,7 +113,7 @@ fn attention_t<T: Real>(
     let reps = hq / hkv;
     let scale = scale.map_or(1.0 / (dq as f64).sqrt(), |s| s as f64);
     let sc = r(T::of(scale.sqrt()));
-    let qs = qh.mapv(|x| r(x * sc));
+    let qs = qh.mapv(|x| r(x.round_to(kdt) * sc));
     let ks = kh.mapv(|x| r(x * sc));
 
     // The additive bias [b, hq, sq, l]: mask, causal frontier, padding.
@@ -232,7 +241,7 @@ fn attention_t<T: Real>(
                     r(row.iter().copied().sum::<T>())
                 };
                 let sum = if sum == T::zero() { T::one() } else { sum };
-                row.mapv_inplace(|x| r(x / sum));
+                row.mapv_inplace(|x| r(x / sum).round_to(vdt));
             }
             let out = match mode {
                 2 => &qkb,
