@@ -144,7 +144,15 @@ pub fn estimate_table(
         .cloned()
         .collect();
     let calls = 1;
-    let m = partition::model_at(program, target, values);
+    // The stored profiles, whatever the target (a single-device target compiles without
+    // reading them, but its estimate needs them).
+    let mut placement = target.placement().clone();
+    match rafter_compiler::load_profiles() {
+        Ok(p) => placement.profiles = p,
+        Err(e) => eprintln!("estimate: {e}; using the built-in profiles"),
+    }
+    let target = target.clone().with_placement(placement);
+    let m = partition::model_at(program, &target, values);
     let placement: Vec<usize> = program
         .kernels
         .iter()

@@ -73,8 +73,14 @@ pub fn bytes(ty: &TensorType, values: &HashMap<Symbol, i64>) -> f64 {
 /// The work of `kernel` at `values` (see the module doc).
 pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork {
     let body = &kernel.body;
+    let gathered = gathered_bytes(body, values);
     let io = body.inputs.iter().chain(body.outputs.iter());
-    let bytes = io.map(|&v| bytes(&body.value(v).ty, values)).sum();
+    let bytes = io
+        .map(|&v| {
+            let full = bytes(&body.value(v).ty, values);
+            gathered.get(&v).map_or(full, |&g| full.min(g))
+        })
+        .sum();
     let mut flops = 0.0;
     let mut detail_flops = [0.0; DETAIL_CLASSES.len()];
     for n in &body.nodes {
@@ -98,6 +104,39 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
         flops,
         bytes,
     }
+}
+
+/// Tables the kernel only gathers rows from (operand 0 of a gather or embedding: a
+/// token embedding's 47 MB table is not read whole), with the bytes the gathers read:
+/// their results' size.
+fn gathered_bytes(body: &Graph, values: &HashMap<Symbol, i64>) -> HashMap<rafter_ir::ValueId, f64> {
+    let mut read: HashMap<rafter_ir::ValueId, f64> = HashMap::new();
+    let mut other_use: std::collections::HashSet<rafter_ir::ValueId> = Default::default();
+    for n in &body.nodes {
+        let gather = matches!(
+            n.op,
+            Op::Gather { .. }
+                | Op::Embedding { .. }
+                | Op::GatherElements { .. }
+                | Op::GatherNd { .. }
+        );
+        for (i, v) in n.inputs.iter().enumerate() {
+            let Some(v) = *v else { continue };
+            if gather && i == 0 {
+                let out: f64 = n
+                    .outputs
+                    .iter()
+                    .flatten()
+                    .map(|&o| bytes(&body.value(o).ty, values))
+                    .sum();
+                *read.entry(v).or_default() += out;
+            } else {
+                other_use.insert(v);
+            }
+        }
+    }
+    read.retain(|v, _| !other_use.contains(v));
+    read
 }
 
 /// The detail class of a kernel body: that of its first contraction or attention node,
