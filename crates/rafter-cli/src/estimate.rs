@@ -244,7 +244,8 @@ mod tests {
             event("cpu:0", "k1", t, 5, 6),
         ];
         let m = measured_by_kernel(&events, 2);
-        assert!((m["k0"] - 0.003).abs() < 1e-9, "{:?}", m);
+        // [0, 4] and [1, 5] overlap: 5 ms, then 2 ms, over 2 calls.
+        assert!((m["k0"] - 0.0035).abs() < 1e-9, "{:?}", m);
         assert!((m["k1"] - 0.0005).abs() < 1e-9);
     }
 

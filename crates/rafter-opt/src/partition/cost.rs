@@ -346,6 +346,17 @@ mod tests {
     }
 
     #[test]
+    fn a_gathered_table_counts_the_rows_read() {
+        let p = program(
+            "graph @g(%t: f32[1000, 8], %i: i64[2]) -> (%y) {\n  \
+             %y: f32[2, 8] = gather{axis = 0}(%t, %i)\n}",
+        );
+        let w = kernel_work(&p.kernels[0], &bound_values(&p));
+        // Rows read (2 x 8 f32) + indices (2 i64) + result (2 x 8 f32), not the table.
+        assert_eq!(w.bytes, 64.0 + 16.0 + 64.0);
+    }
+
+    #[test]
     fn symbolic_dims_take_their_bound_and_unbounded_ones_count_as_one() {
         let mut p = program(
             "graph @g(%x: f32[n, m, 8]) -> (%y) {\n  %y: f32[n, m, 8] = unary{op = relu}(%x)\n}",

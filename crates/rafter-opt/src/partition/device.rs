@@ -18,8 +18,13 @@
 //! rafter-profiles 1
 //! device vulkan dispatch_s=2e-5 barrier_s=5e-6 memory_bytes=2147483648
 //! class vulkan contraction flops_per_s=1e11 bytes_per_s=2e11 half_flops=1e6
+//! class vulkan depthwise_conv flops_per_s=2e10 bytes_per_s=2e11 half_flops=1e5
 //! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
 //! ```
+//!
+//! A `class` is a kernel kind ([`CLASSES`]) or a finer detail class ([`DETAIL_CLASSES`]:
+//! gemm, conv, pointwise_conv, depthwise_conv, attention) that `rafter devices --profile`
+//! calibrates apart.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
