@@ -423,11 +423,11 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("line 2: device `gpu` used before"), "{e}");
         let e = Profiles::parse(
-            "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g gemm flops_per_s=1\n",
+            "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g matmul flops_per_s=1\n",
             "p.txt",
         )
         .unwrap_err();
-        assert_eq!(e, "p.txt: line 3: unknown class `gemm`");
+        assert_eq!(e, "p.txt: line 3: unknown class `matmul`");
         let e = Profiles::parse(
             "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g opaque flops_per_s=0 bytes_per_s=1 half_flops=0\n",
             "p.txt",
