@@ -52,21 +52,44 @@ pub struct BenchArgs {
     /// what the fast kernels buy.
     #[arg(long)]
     reference_kernels: bool,
-    /// Write a Chrome trace of the timed calls to FILE.
+    /// Write a Chrome trace of the timed calls to FILE, and print each device's busy time
+    /// and idle fraction while calls were in flight.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Print the cost model's estimate of a call next to the measured time, per kernel
+    /// class, per device and per partition (the timed calls are traced for it).
+    #[arg(long)]
+    estimate: bool,
+    /// Calls kept in flight: a stream of calls, each submitted while up to N-1 earlier
+    /// ones still run, so a model split over devices overlaps calls. Prints the stream's
+    /// throughput and per-call latency percentiles.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    in_flight: usize,
+    #[command(flatten)]
+    placement: crate::placement::PlacementArgs,
 }
 
 pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     let target = crate::model::parse_target(&args.device).map_err(|_| {
-        anyhow::anyhow!("unknown device `{}` (available: cpu, vulkan)", args.device)
+        anyhow::anyhow!(
+            "unknown device `{}` (available: cpu, vulkan, auto, a set such as cpu,vulkan)",
+            args.device
+        )
     })?;
+    let target = args.placement.apply(target)?;
     if args.iters == 0 {
         bail!("--iters must be at least 1");
     }
+    if args.in_flight == 0 {
+        bail!("--in-flight must be at least 1");
+    }
     let specs = dims::parse_dims(&args.dims)?;
-    let Executor::Runtime(program, executables) =
-        load(&Source::File(args.model.clone()), true, target, &specs)?
+    let Executor::Runtime(program, executables) = load(
+        &Source::File(args.model.clone()),
+        true,
+        target.clone(),
+        &specs,
+    )?
     else {
         bail!("internal error: bench needs a compiled program");
     };
@@ -79,7 +102,8 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         Some(args.seed),
     )?)?;
 
-    let sink = args.trace.as_ref().map(|_| Arc::new(ChromeTrace::new()));
+    let traced = args.trace.is_some() || args.estimate;
+    let sink = traced.then(|| Arc::new(ChromeTrace::new()));
     let devices = crate::model::devices_for(
         &program,
         CpuDeviceOptions {
@@ -107,7 +131,14 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     if let Some(s) = &sink {
         s.clear();
     }
+    if args.in_flight > 1 {
+        let stream = run_stream(&session, &inputs, args.iters, args.in_flight)?;
+        report_trace(&args, &sink)?;
+        println!("{}", stream.line(args.in_flight));
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut times = Vec::with_capacity(args.iters);
+    let mut fastest: Option<(Instant, Instant)> = None;
     // Time spent in `submit` (planning, allocation, recording, submission: the host's
     // share of a call before any device work can finish), to tell host overhead apart.
     let mut submits = Vec::with_capacity(args.iters);
@@ -117,11 +148,25 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         let call = session.submit_to_wait(call_inputs)?;
         submits.push(start.elapsed().as_secs_f64() * 1e3);
         call.wait(CALL_TIMEOUT)?;
-        times.push(start.elapsed().as_secs_f64() * 1e3);
+        let end = Instant::now();
+        times.push((end - start).as_secs_f64() * 1e3);
+        if fastest.is_none_or(|(a, b)| end - start < b - a) {
+            fastest = Some((start, end));
+        }
     }
-    if let (Some(path), Some(sink)) = (&args.trace, &sink) {
-        sink.write(path)?;
-        println!("wrote trace {}", path.display());
+    report_trace(&args, &sink)?;
+    if let (true, Some(sink), Some(call)) = (args.estimate, &sink, fastest) {
+        // The fastest call: on a shared machine the least disturbed one.
+        let lines = crate::estimate::estimate_table(
+            session.program(),
+            &target,
+            &bindings.as_map(),
+            &sink.events(),
+            call,
+        );
+        for l in lines {
+            println!("{l}");
+        }
     }
     let n = session.native_stats();
     eprintln!(
@@ -139,6 +184,73 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     );
     println!("{}", summary_line(&times, Rss::now().map(|r| r.peak_kib)));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the trace (when asked) and prints each device's busy time and idle fraction.
+fn report_trace(args: &BenchArgs, sink: &Option<Arc<ChromeTrace>>) -> Result<()> {
+    let (Some(path), Some(sink)) = (&args.trace, sink) else {
+        return Ok(());
+    };
+    sink.write(path)?;
+    println!("wrote trace {}", path.display());
+    for l in crate::estimate::device_lines(&sink.events()) {
+        println!("{l}");
+    }
+    Ok(())
+}
+
+/// A stream of calls' outcome: wall time of the whole stream, per-call latencies (ms).
+struct Stream {
+    wall_s: f64,
+    latencies_ms: Vec<f64>,
+}
+
+impl Stream {
+    /// `stream: N calls, K in flight, T calls/s, latency median M ms, p10 A ms, p90 B ms,
+    /// p99 C ms` (machine-readable, fixed).
+    fn line(&self, in_flight: usize) -> String {
+        let mut xs = self.latencies_ms.clone();
+        xs.sort_by(f64::total_cmp);
+        format!(
+            "stream: {} calls, {in_flight} in flight, {:.2} calls/s, latency median {:.3} ms, \
+             p10 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms",
+            xs.len(),
+            xs.len() as f64 / self.wall_s.max(1e-12),
+            quantile(&xs, 0.5),
+            quantile(&xs, 0.1),
+            quantile(&xs, 0.9),
+            quantile(&xs, 0.99)
+        )
+    }
+}
+
+/// Runs `calls` calls keeping up to `in_flight` submitted and unfinished: each call is
+/// submitted as soon as the oldest of a full window finishes. A call's latency runs from
+/// its submission to the return of the wait on it (calls are waited in order).
+fn run_stream(
+    session: &Session,
+    inputs: &[rafter_runtime::Tensor],
+    calls: usize,
+    in_flight: usize,
+) -> Result<Stream> {
+    let mut window = std::collections::VecDeque::with_capacity(in_flight);
+    let mut latencies_ms = Vec::with_capacity(calls);
+    let start = Instant::now();
+    let mut submitted = 0;
+    while latencies_ms.len() < calls {
+        while submitted < calls && window.len() < in_flight {
+            let at = Instant::now();
+            window.push_back((at, session.submit(inputs.to_vec())?));
+            submitted += 1;
+        }
+        let (at, call) = window.pop_front().expect("a call is in flight");
+        call.wait(CALL_TIMEOUT)?;
+        latencies_ms.push(at.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Stream {
+        wall_s: start.elapsed().as_secs_f64(),
+        latencies_ms,
+    })
 }
 
 /// The `q`-quantile of sorted `xs` by linear interpolation between closest ranks.

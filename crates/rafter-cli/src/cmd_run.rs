@@ -17,6 +17,7 @@ use rafter_reference::{Bindings, Tensor};
 use rafter_runtime::{ChromeTrace, Session, SessionOptions};
 use rafter_runtime_cpu::{from_reference, to_reference, CpuDeviceOptions};
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -117,7 +118,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     dims.extend(args.dims.iter().cloned());
     let specs = dims::parse_dims(&dims)?;
     let use_runtime = args.compiled || args.trace.is_some() || !target.is_cpu_only();
-    let executor = load(&source, use_runtime, target, &specs)?;
+    let executor = load(&source, use_runtime, target.clone(), &specs)?;
     if args.memory_report {
         rss::report("after load");
     }
@@ -137,7 +138,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             program,
             &executables,
             inputs,
-            args.trace.as_deref(),
+            args.trace
+                .as_deref()
+                .map(|p| (p, &target, bindings.as_map())),
             args.memory_report,
         )?,
     };
@@ -232,15 +235,20 @@ fn run_reference(
 }
 
 /// One call on the runtime (the CPU device, and the Vulkan device when the program uses it),
-/// the CPU device traced into `trace` when given.
+/// traced into `trace` when given: the trace file, the target the program was compiled
+/// for and the symbols' values, for the cost model's estimates set against the trace.
 fn run_runtime(
     program: Program,
     executables: &[(String, bytes::Bytes)],
     inputs: Vec<Tensor>,
-    trace: Option<&Path>,
+    trace: Option<(
+        &Path,
+        &rafter_compiler::Target,
+        HashMap<rafter_ir::Symbol, i64>,
+    )>,
     memory_report: bool,
 ) -> Result<Vec<Tensor>> {
-    let sink = trace.map(|_| Arc::new(ChromeTrace::new()));
+    let sink = trace.as_ref().map(|_| Arc::new(ChromeTrace::new()));
     let devices = model::devices_for(
         &program,
         CpuDeviceOptions {
@@ -263,14 +271,15 @@ fn run_runtime(
     let inputs = runtime_tensors(&inputs)?;
     let start = Instant::now();
     let outputs = session.run(inputs, CALL_TIMEOUT)?;
+    let took = start.elapsed();
     if memory_report {
         rss::report("after call");
     }
     println!(
         "ran in {} on {placement} (runtime, {kernels} kernels)",
-        model::human_time(start.elapsed())
+        model::human_time(took)
     );
-    if let (Some(path), Some(sink)) = (trace, sink) {
+    if let (Some((path, target, values)), Some(sink)) = (trace, sink) {
         sink.write(path)?;
         let dispatches = sink
             .events()
@@ -281,6 +290,20 @@ fn run_runtime(
             "wrote trace {} ({dispatches} dispatch slices)",
             path.display()
         );
+        let events = sink.events();
+        for l in crate::estimate::device_lines(&events) {
+            println!("{l}");
+        }
+        let table = crate::estimate::estimate_table(
+            session.program(),
+            target,
+            &values,
+            &events,
+            (start, start + took),
+        );
+        for l in table {
+            println!("{l}");
+        }
     }
     outputs
         .iter()

@@ -11,6 +11,7 @@ mod cmd_plan;
 mod cmd_run;
 mod cmd_serve;
 mod dims;
+mod estimate;
 mod model;
 mod placement;
 mod progress;

@@ -19,13 +19,19 @@ use std::collections::HashMap;
 use rafter_ir::program::{Kernel, KernelKind, Program};
 use rafter_ir::{Graph, Op, Symbol, TensorType};
 
-use super::device::{CostProfile, DeviceDescription, Link};
+use super::device::{CostProfile, DeviceDescription, Link, DETAIL_CLASSES};
 
 /// What a kernel does, in the units the profiles rate.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KernelWork {
     /// The kernel's class (which rate applies).
     pub class: KernelKind,
+    /// Its main detail class ([`DETAIL_CLASSES`]: that of its largest part), for reports.
+    pub detail: Option<&'static str>,
+    /// Flops of its nodes of each detail class (indexed as [`DETAIL_CLASSES`]): a fused
+    /// kernel such as MobileNetV2's inverted-residual block holds a 1x1, a depthwise and
+    /// another 1x1 convolution, each timed at its own class's rate.
+    pub detail_flops: [f64; DETAIL_CLASSES.len()],
     /// Floating-point (or integer) operations.
     pub flops: f64,
     /// Bytes of its operands and results (each read or written once).
@@ -67,13 +73,125 @@ pub fn bytes(ty: &TensorType, values: &HashMap<Symbol, i64>) -> f64 {
 /// The work of `kernel` at `values` (see the module doc).
 pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork {
     let body = &kernel.body;
+    let gathered = gathered_bytes(body, values);
     let io = body.inputs.iter().chain(body.outputs.iter());
-    let bytes = io.map(|&v| bytes(&body.value(v).ty, values)).sum();
-    let flops = body.nodes.iter().map(|n| node_flops(body, n, values)).sum();
+    let bytes = io
+        .map(|&v| {
+            let full = bytes(&body.value(v).ty, values);
+            gathered.get(&v).map_or(full, |&g| full.min(g))
+        })
+        .sum();
+    let mut flops = 0.0;
+    let mut detail_flops = [0.0; DETAIL_CLASSES.len()];
+    for n in &body.nodes {
+        let f = node_flops(body, n, values);
+        flops += f;
+        if let Some(d) = node_detail(body, n, values) {
+            let i = DETAIL_CLASSES
+                .iter()
+                .position(|&c| c == d)
+                .expect("a detail class");
+            detail_flops[i] += f;
+        }
+    }
+    let main = (0..DETAIL_CLASSES.len())
+        .filter(|&i| detail_flops[i] > 0.0)
+        .max_by(|&a, &b| detail_flops[a].total_cmp(&detail_flops[b]));
     KernelWork {
         class: kernel.kind,
+        detail: main.map(|i| DETAIL_CLASSES[i]),
+        detail_flops,
         flops,
         bytes,
+    }
+}
+
+/// Tables the kernel only gathers rows from (operand 0 of a gather or embedding: a
+/// token embedding's 47 MB table is not read whole), with the bytes the gathers read:
+/// their results' size.
+fn gathered_bytes(body: &Graph, values: &HashMap<Symbol, i64>) -> HashMap<rafter_ir::ValueId, f64> {
+    let mut read: HashMap<rafter_ir::ValueId, f64> = HashMap::new();
+    let mut other_use: std::collections::HashSet<rafter_ir::ValueId> = Default::default();
+    for n in &body.nodes {
+        let gather = matches!(
+            n.op,
+            Op::Gather { .. }
+                | Op::Embedding { .. }
+                | Op::GatherElements { .. }
+                | Op::GatherNd { .. }
+        );
+        for (i, v) in n.inputs.iter().enumerate() {
+            let Some(v) = *v else { continue };
+            if gather && i == 0 {
+                let out: f64 = n
+                    .outputs
+                    .iter()
+                    .flatten()
+                    .map(|&o| bytes(&body.value(o).ty, values))
+                    .sum();
+                *read.entry(v).or_default() += out;
+            } else {
+                other_use.insert(v);
+            }
+        }
+    }
+    read.retain(|v, _| !other_use.contains(v));
+    read
+}
+
+/// The detail class of a kernel body: that of its first contraction or attention node,
+/// `None` when it has neither.
+pub fn detail_class(body: &Graph, values: &HashMap<Symbol, i64>) -> Option<&'static str> {
+    body.nodes.iter().find_map(|n| node_detail(body, n, values))
+}
+
+/// The detail class of node `n` of `body`, if it is a contraction or attention.
+fn node_detail(
+    body: &Graph,
+    n: &rafter_ir::Node,
+    values: &HashMap<Symbol, i64>,
+) -> Option<&'static str> {
+    let dims = |i: usize| -> Vec<f64> {
+        n.input(i).map_or_else(Vec::new, |v| {
+            let t = &body.value(v).ty;
+            t.dims.iter().map(|d| dim_value(d, values)).collect()
+        })
+    };
+    match &n.op {
+        Op::Attention { .. } => Some("attention"),
+        Op::MatMul
+        | Op::MatMulInteger
+        | Op::Gemm { .. }
+        | Op::Linear { .. }
+        | Op::Einsum { .. }
+        | Op::MoeFfn { .. } => Some("gemm"),
+        // w [M, C/group, kernel...].
+        Op::Conv { group, .. } | Op::ConvInteger { group, .. } => {
+            let w = dims(1);
+            let window: f64 = w.iter().skip(2).product();
+            Some(conv_class(*group, w.get(1).copied(), window))
+        }
+        // w [kernel..., C/group, M].
+        Op::ConvNhwc { group, .. } => {
+            let w = dims(1);
+            let r = w.len();
+            let window: f64 = w.iter().take(r.saturating_sub(2)).product();
+            Some(conv_class(*group, r.checked_sub(2).map(|i| w[i]), window))
+        }
+        Op::ConvTranspose { .. } => Some("conv"),
+        _ => None,
+    }
+}
+
+/// `depthwise_conv` (one input channel per group, several groups), `pointwise_conv` (a
+/// 1x1 window, one group: a GEMM over pixels) or `conv`.
+fn conv_class(group: i64, channels_per_group: Option<f64>, window: f64) -> &'static str {
+    if group > 1 && channels_per_group == Some(1.0) {
+        "depthwise_conv"
+    } else if group == 1 && window == 1.0 {
+        "pointwise_conv"
+    } else {
+        "conv"
     }
 }
 
@@ -128,10 +246,27 @@ fn node_flops(g: &Graph, n: &rafter_ir::Node, values: &HashMap<Symbol, i64>) -> 
     }
 }
 
-/// Seconds `work` takes on a device with `profile`.
+/// Seconds `work` takes on a device with `profile`. A kernel with contraction or
+/// attention parts takes the sum of their times at their classes' rates (its fused
+/// elementwise epilogues ride on those passes and add nothing); any other kernel its
+/// flops at its kind's rate. Either way, no less than its bytes at the main class's
+/// bandwidth.
 pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
-    let r = profile.rate(work.class);
-    let compute = (work.flops + r.half_flops) / r.flops_per_s;
+    let r = profile.rate_of(work.detail, work.class);
+    let parts: f64 = DETAIL_CLASSES
+        .iter()
+        .zip(&work.detail_flops)
+        .filter(|(_, &f)| f > 0.0)
+        .map(|(&c, &f)| {
+            let r = profile.rate_of(Some(c), work.class);
+            (f + r.half_flops) / r.flops_per_s
+        })
+        .sum();
+    let compute = if parts > 0.0 {
+        parts
+    } else {
+        (work.flops + r.half_flops) / r.flops_per_s
+    };
     let memory = work.bytes / r.bytes_per_s;
     profile.dispatch_s + compute.max(memory)
 }
@@ -183,8 +318,42 @@ mod tests {
         );
         let w = kernel_work(&p.kernels[0], &bound_values(&p));
         assert_eq!(w.class, KernelKind::Contraction);
+        assert_eq!(w.detail, Some("gemm"));
         assert_eq!(w.flops, 2.0 * 8.0 * 4.0 * 16.0);
         assert_eq!(w.bytes, 4.0 * (8.0 * 16.0 + 16.0 * 4.0 + 8.0 * 4.0));
+    }
+
+    fn conv_detail(c: i64, m: i64, k: i64, group: i64) -> Option<&'static str> {
+        let cg = c / group;
+        let p = k / 2;
+        let text = format!(
+            "graph @g(%x: f32[1, {c}, 8, 8], %w: f32[{m}, {cg}, {k}, {k}]) -> (%y) {{\n  \
+             %y: f32[1, {m}, 8, 8] = conv{{kernel_shape = [{k}, {k}], strides = [1, 1], \
+             pads = [{p}, {p}, {p}, {p}], dilations = [1, 1], group = {group}, \
+             auto_pad = explicit}}(%x, %w)\n}}"
+        );
+        let g = rafter_ir::text::parse_graph(&text).unwrap();
+        detail_class(&g, &HashMap::new())
+    }
+
+    #[test]
+    fn convolutions_are_told_apart_by_window_and_groups() {
+        assert_eq!(conv_detail(16, 32, 3, 1), Some("conv"));
+        assert_eq!(conv_detail(16, 32, 1, 1), Some("pointwise_conv"));
+        assert_eq!(conv_detail(16, 16, 3, 16), Some("depthwise_conv"));
+        // Grouped but not depthwise (two channels per group): a convolution.
+        assert_eq!(conv_detail(16, 16, 3, 8), Some("conv"));
+    }
+
+    #[test]
+    fn a_gathered_table_counts_the_rows_read() {
+        let p = program(
+            "graph @g(%t: f32[1000, 8], %i: i64[2]) -> (%y) {\n  \
+             %y: f32[2, 8] = gather{axis = 0}(%t, %i)\n}",
+        );
+        let w = kernel_work(&p.kernels[0], &bound_values(&p));
+        // Rows read (2 x 8 f32) + indices (2 i64) + result (2 x 8 f32), not the table.
+        assert_eq!(w.bytes, 64.0 + 16.0 + 64.0);
     }
 
     #[test]
@@ -202,6 +371,8 @@ mod tests {
     fn time_is_the_roofline_with_ramp_plus_dispatch() {
         let w = KernelWork {
             class: KernelKind::Contraction,
+            detail: None,
+            detail_flops: [0.0; DETAIL_CLASSES.len()],
             flops: 1e9,
             bytes: 1e6,
         };

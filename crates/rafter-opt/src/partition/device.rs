@@ -18,8 +18,13 @@
 //! rafter-profiles 1
 //! device vulkan dispatch_s=2e-5 barrier_s=5e-6 memory_bytes=2147483648
 //! class vulkan contraction flops_per_s=1e11 bytes_per_s=2e11 half_flops=1e6
+//! class vulkan depthwise_conv flops_per_s=2e10 bytes_per_s=2e11 half_flops=1e5
 //! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
 //! ```
+//!
+//! A `class` is a kernel kind ([`CLASSES`]) or a finer detail class ([`DETAIL_CLASSES`]:
+//! gemm, conv, pointwise_conv, depthwise_conv, attention) that `rafter devices --profile`
+//! calibrates apart.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -46,8 +51,26 @@ pub fn class_name(kind: KernelKind) -> &'static str {
     }
 }
 
-fn class_of_name(name: &str) -> Option<KernelKind> {
-    CLASSES.into_iter().find(|&k| class_name(k) == name)
+/// Finer classes a profile may rate apart from their kernel kind, because one rate per
+/// kind cannot fit them all: a dense GEMM, a direct convolution, a 1x1 (pointwise)
+/// convolution, a depthwise convolution and fused attention reach very different shares
+/// of a device's peak. A profile without a detail class rates its kernels by their kind
+/// (profiles written before these existed still load and mean what they meant).
+pub const DETAIL_CLASSES: [&str; 5] = [
+    "gemm",
+    "conv",
+    "pointwise_conv",
+    "depthwise_conv",
+    "attention",
+];
+
+/// The profile's spelling of a kind or detail class named `name`, if it is one.
+fn known_class(name: &str) -> Option<&'static str> {
+    CLASSES
+        .into_iter()
+        .map(class_name)
+        .chain(DETAIL_CLASSES)
+        .find(|&c| c == name)
 }
 
 /// What a device achieves on one kernel class: a roofline with a ramp. A kernel of `f`
@@ -67,7 +90,8 @@ pub struct ClassRate {
 /// A device's costs, as the cost model reads them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostProfile {
-    /// Rate per kernel class; a class missing here uses [`KernelKind::Opaque`]'s.
+    /// Rate per kernel class (a kind's name, or one of [`DETAIL_CLASSES`]); a kind
+    /// missing here uses [`KernelKind::Opaque`]'s, a detail class its kind's.
     pub classes: BTreeMap<&'static str, ClassRate>,
     /// Fixed cost of one kernel dispatch (launch, argument binding), seconds.
     pub dispatch_s: f64,
@@ -87,6 +111,15 @@ impl CostProfile {
                 bytes_per_s: 1e9,
                 half_flops: 0.0,
             })
+    }
+
+    /// The rate for a kernel of `kind` whose detail class is `detail`: the detail's own
+    /// when the profile rates it, else the kind's ([`CostProfile::rate`]).
+    pub fn rate_of(&self, detail: Option<&str>, kind: KernelKind) -> ClassRate {
+        detail
+            .and_then(|d| self.classes.get(d))
+            .copied()
+            .unwrap_or_else(|| self.rate(kind))
     }
 }
 
@@ -327,7 +360,7 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
         }
         ["class", name, class, rest @ ..] => {
             device_of(out, name)?;
-            let kind = class_of_name(class).ok_or_else(|| format!("unknown class `{class}`"))?;
+            let class = known_class(class).ok_or_else(|| format!("unknown class `{class}`"))?;
             let f = Fields::new(rest, &["flops_per_s", "bytes_per_s", "half_flops"])?;
             let rate = ClassRate {
                 flops_per_s: f.rate("flops_per_s")?,
@@ -335,7 +368,7 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
                 half_flops: f.num("half_flops")?,
             };
             let d = out.devices.get_mut(*name).expect("checked above");
-            d.profile.classes.insert(class_name(kind), rate);
+            d.profile.classes.insert(class, rate);
         }
         ["link", name, rest @ ..] => {
             device_of(out, name)?;
@@ -390,11 +423,11 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("line 2: device `gpu` used before"), "{e}");
         let e = Profiles::parse(
-            "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g gemm flops_per_s=1\n",
+            "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g matmul flops_per_s=1\n",
             "p.txt",
         )
         .unwrap_err();
-        assert_eq!(e, "p.txt: line 3: unknown class `gemm`");
+        assert_eq!(e, "p.txt: line 3: unknown class `matmul`");
         let e = Profiles::parse(
             "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g opaque flops_per_s=0 bytes_per_s=1 half_flops=0\n",
             "p.txt",
@@ -409,5 +442,29 @@ mod tests {
         let opaque = d.profile.rate(KernelKind::Opaque);
         d.profile.classes.remove("reduction");
         assert_eq!(d.profile.rate(KernelKind::Reduction), opaque);
+    }
+
+    #[test]
+    fn a_detail_class_is_rated_on_its_own_or_by_its_kind() {
+        let mut d = DeviceDescription::default_for("cpu");
+        let gemm = d.profile.rate(KernelKind::Contraction);
+        assert_eq!(
+            d.profile.rate_of(Some("conv"), KernelKind::Contraction),
+            gemm
+        );
+        let conv = ClassRate {
+            flops_per_s: 7e9,
+            bytes_per_s: 3e9,
+            half_flops: 1e5,
+        };
+        d.profile.classes.insert("conv", conv);
+        assert_eq!(
+            d.profile.rate_of(Some("conv"), KernelKind::Contraction),
+            conv
+        );
+        assert_eq!(d.profile.rate_of(None, KernelKind::Contraction), gemm);
+        let mut p = Profiles::default();
+        p.insert(d);
+        assert_eq!(Profiles::parse(&p.to_text(), "t").unwrap(), p);
     }
 }

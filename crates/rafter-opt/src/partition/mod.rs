@@ -99,6 +99,16 @@ fn descriptions(target: &Target) -> (Vec<DeviceDescription>, Vec<Option<u64>>) {
 
 /// The cost model of `p` (lowered, every kernel on the host) for `target`.
 pub fn model(p: &Program, target: &Target) -> Model {
+    model_at(p, target, &cost::bound_values(p))
+}
+
+/// As [`model`], with the symbols at `values` (a call's actual dims: `rafter bench
+/// --estimate` sets these estimates against measured times).
+pub fn model_at(
+    p: &Program,
+    target: &Target,
+    values: &std::collections::HashMap<rafter_ir::Symbol, i64>,
+) -> Model {
     let table = support_table(p, target);
     let supported: Vec<Vec<bool>> = table
         .iter()
@@ -110,7 +120,7 @@ pub fn model(p: &Program, target: &Target) -> Model {
         })
         .collect();
     let (devices, limits) = descriptions(target);
-    Model::new(p, devices, &supported, limits)
+    Model::new_at(p, devices, &supported, limits, values)
 }
 
 /// Places the kernels of `p` (lowered for the host, not memory-planned) on `target`'s

@@ -106,13 +106,24 @@ impl Model {
         supported: &[Vec<bool>],
         limits: Vec<Option<u64>>,
     ) -> Model {
-        let values = bound_values(p);
+        Model::new_at(p, devices, supported, limits, &bound_values(p))
+    }
+
+    /// As [`Model::new`], with the symbols at `values` (the dims of a call's actual
+    /// inputs, to set estimates against measurements) instead of their bounds.
+    pub fn new_at(
+        p: &Program,
+        devices: Vec<DeviceDescription>,
+        supported: &[Vec<bool>],
+        limits: Vec<Option<u64>>,
+        values: &HashMap<rafter_ir::Symbol, i64>,
+    ) -> Model {
         let times = p
             .kernels
             .iter()
             .enumerate()
             .map(|(k, kernel)| {
-                let work = kernel_work(kernel, &values);
+                let work = kernel_work(kernel, values);
                 devices
                     .iter()
                     .enumerate()
@@ -148,7 +159,7 @@ impl Model {
         Model {
             steps,
             times,
-            buffer_bytes: p.buffers.iter().map(|b| bytes(&b.ty, &values)).collect(),
+            buffer_bytes: p.buffers.iter().map(|b| bytes(&b.ty, values)).collect(),
             weight: p
                 .buffers
                 .iter()

@@ -1,0 +1,270 @@
+//! The cost model's estimates set against a trace of real calls: per kernel class, per
+//! device and per partition (a run of consecutive kernels on one device), and each
+//! device's busy time and idle fraction while calls were in flight.
+//!
+//! `rafter bench --estimate` prints [`estimate_table`]; `rafter run --trace` and
+//! `rafter bench --trace` print [`device_lines`]. Measured kernel times come from the
+//! devices' trace spans: a dispatch spread over several worker threads gives one span per
+//! thread, so a kernel's time is the length of the union of its spans (the wall time it
+//! held its device), divided by the number of calls.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use rafter_compiler::Target;
+use rafter_hal::{TraceEvent, TraceKind};
+use rafter_ir::program::Program;
+use rafter_ir::Symbol;
+use rafter_opt::partition::{self, cost};
+
+/// The device of a trace queue (`cpu:0` → `cpu`).
+fn device_of(queue: &str) -> &str {
+    queue.split(':').next().unwrap_or(queue)
+}
+
+/// Total length of the union of `spans` (start, end), seconds.
+fn union_s(mut spans: Vec<(Instant, Instant)>) -> f64 {
+    spans.sort_by_key(|s| s.0);
+    let mut total = 0.0;
+    let mut cur: Option<(Instant, Instant)> = None;
+    for (a, b) in spans {
+        match cur {
+            Some((s, e)) if a <= e => cur = Some((s, e.max(b))),
+            _ => {
+                if let Some((s, e)) = cur {
+                    total += (e - s).as_secs_f64();
+                }
+                cur = Some((a, b));
+            }
+        }
+    }
+    if let Some((s, e)) = cur {
+        total += (e - s).as_secs_f64();
+    }
+    total
+}
+
+/// Seconds per call each kernel (by entry-point name) held its device.
+fn measured_by_kernel(events: &[TraceEvent], calls: usize) -> HashMap<String, f64> {
+    let mut spans: HashMap<String, Vec<(Instant, Instant)>> = HashMap::new();
+    for e in events.iter().filter(|e| e.kind == TraceKind::Dispatch) {
+        spans
+            .entry(e.name.to_string())
+            .or_default()
+            .push((e.start, e.end));
+    }
+    spans
+        .into_iter()
+        .map(|(k, v)| (k, union_s(v) / calls.max(1) as f64))
+        .collect()
+}
+
+/// Per device seen in `events`: seconds busy (the union of its spans: dispatches,
+/// copies, fills) within the window from the first span of any device to the last.
+pub fn device_busy(events: &[TraceEvent]) -> (f64, BTreeMap<String, f64>) {
+    let Some(first) = events.iter().map(|e| e.start).min() else {
+        return (0.0, BTreeMap::new());
+    };
+    let last = events.iter().map(|e| e.end).max().unwrap_or(first);
+    let mut spans: BTreeMap<String, Vec<(Instant, Instant)>> = BTreeMap::new();
+    for e in events {
+        spans
+            .entry(device_of(&e.queue).to_string())
+            .or_default()
+            .push((e.start, e.end));
+    }
+    let busy = spans.into_iter().map(|(d, v)| (d, union_s(v))).collect();
+    ((last - first).as_secs_f64(), busy)
+}
+
+/// `device cpu: busy 12.3 ms of 15.0 ms (idle 18.0%)` per device in `events`.
+pub fn device_lines(events: &[TraceEvent]) -> Vec<String> {
+    let (window, busy) = device_busy(events);
+    busy.iter()
+        .map(|(d, b)| {
+            let idle = if window > 0.0 {
+                100.0 * (1.0 - b / window)
+            } else {
+                0.0
+            };
+            format!(
+                "device {d}: busy {:.3} ms of {:.3} ms in flight (idle {idle:.1}%)",
+                b * 1e3,
+                window * 1e3
+            )
+        })
+        .collect()
+}
+
+/// A row of the table: estimated and measured seconds per call.
+#[derive(Default, Clone, Copy)]
+struct Row {
+    kernels: usize,
+    estimate: f64,
+    measured: f64,
+}
+
+impl Row {
+    fn add(&mut self, estimate: f64, measured: f64) {
+        self.kernels += 1;
+        self.estimate += estimate;
+        self.measured += measured;
+    }
+
+    fn line(&self, label: &str) -> String {
+        let ratio = if self.measured > 0.0 {
+            format!("{:.2}", self.estimate / self.measured)
+        } else {
+            "-".to_string()
+        };
+        format!(
+            "  {label:<28} {:>4} kernels  est {:>9.3} ms  meas {:>9.3} ms  est/meas {ratio}",
+            self.kernels,
+            self.estimate * 1e3,
+            self.measured * 1e3
+        )
+    }
+}
+
+/// The estimate-vs-measured table of `program` placed for `target`, with the symbols at
+/// `values` (the inputs' dims), against the `events` of one call that ran from
+/// `call.0` to `call.1` (bench passes its fastest call: on a shared machine the least
+/// disturbed one, and the one whose kernels add up to its wall time).
+pub fn estimate_table(
+    program: &Program,
+    target: &Target,
+    values: &HashMap<Symbol, i64>,
+    events: &[TraceEvent],
+    call: (Instant, Instant),
+) -> Vec<String> {
+    let call_s = (call.1 - call.0).as_secs_f64();
+    let events: Vec<TraceEvent> = events
+        .iter()
+        .filter(|e| e.start >= call.0 && e.end <= call.1)
+        .cloned()
+        .collect();
+    let calls = 1;
+    // The stored profiles, whatever the target (a single-device target compiles without
+    // reading them, but its estimate needs them).
+    let mut placement = target.placement().clone();
+    match rafter_compiler::load_profiles() {
+        Ok(p) => placement.profiles = p,
+        Err(e) => eprintln!("estimate: {e}; using the built-in profiles"),
+    }
+    let target = target.clone().with_placement(placement);
+    let m = partition::model_at(program, &target, values);
+    let placement: Vec<usize> = program
+        .kernels
+        .iter()
+        .map(|k| {
+            m.devices()
+                .iter()
+                .position(|d| d.name == k.device)
+                .unwrap_or(0)
+        })
+        .collect();
+    let whole = m.evaluate(&placement);
+    let measured = measured_by_kernel(&events, calls);
+    let mut by_class: BTreeMap<String, Row> = BTreeMap::new();
+    let mut by_device: BTreeMap<String, Row> = BTreeMap::new();
+    let mut partitions: Vec<(String, Row)> = Vec::new();
+    for (k, kernel) in program.kernels.iter().enumerate() {
+        let d = placement[k];
+        let work = cost::kernel_work(kernel, values);
+        let est =
+            m.times[k][d].unwrap_or_else(|| cost::kernel_time(&work, &m.devices()[d].profile));
+        let meas = measured.get(&kernel.name).copied().unwrap_or(0.0);
+        let class = work
+            .detail
+            .unwrap_or_else(|| partition::device::class_name(work.class));
+        let device = &m.devices()[d].name;
+        by_class
+            .entry(format!("{device} {class}"))
+            .or_default()
+            .add(est, meas);
+        by_device.entry(device.clone()).or_default().add(est, meas);
+        match partitions.last_mut() {
+            Some((dev, row)) if dev == device => row.add(est, meas),
+            _ => {
+                let mut row = Row::default();
+                row.add(est, meas);
+                partitions.push((device.clone(), row));
+            }
+        }
+    }
+    let mut lines = vec![format!(
+        "estimate: call est {:.3} ms, measured {:.3} ms, est/meas {:.2}",
+        whole.makespan_s * 1e3,
+        call_s * 1e3,
+        whole.makespan_s / call_s.max(1e-12)
+    )];
+    lines.push(" by class (kernel time, dispatch included):".into());
+    lines.extend(by_class.iter().map(|(c, r)| r.line(c)));
+    lines.push(" by device:".into());
+    lines.extend(by_device.iter().map(|(d, r)| r.line(d)));
+    if partitions.len() > 1 {
+        lines.push(" by partition (runs of consecutive kernels on one device):".into());
+        lines.extend(
+            partitions
+                .iter()
+                .enumerate()
+                .map(|(i, (d, r))| r.line(&format!("p{i} {d}"))),
+        );
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn event(queue: &str, name: &str, at: Instant, from_ms: u64, to_ms: u64) -> TraceEvent {
+        TraceEvent {
+            queue: Arc::from(queue),
+            kind: TraceKind::Dispatch,
+            executable: Arc::from(""),
+            name: Arc::from(name),
+            start: at + Duration::from_millis(from_ms),
+            end: at + Duration::from_millis(to_ms),
+            thread: Arc::from("t"),
+            workgroups: 1,
+            failed: false,
+        }
+    }
+
+    #[test]
+    fn a_kernel_on_several_threads_counts_its_wall_time_once() {
+        let t = Instant::now();
+        let events = [
+            event("cpu:0", "k0", t, 0, 4),
+            event("cpu:0", "k0", t, 1, 5),
+            event("cpu:0", "k0", t, 10, 12),
+            event("cpu:0", "k1", t, 5, 6),
+        ];
+        let m = measured_by_kernel(&events, 2);
+        // [0, 4] and [1, 5] overlap: 5 ms, then 2 ms, over 2 calls.
+        assert!((m["k0"] - 0.0035).abs() < 1e-9, "{:?}", m);
+        assert!((m["k1"] - 0.0005).abs() < 1e-9);
+    }
+
+    #[test]
+    fn idle_is_the_share_of_the_window_a_device_did_nothing() {
+        let t = Instant::now();
+        let events = [
+            event("cpu:0", "a", t, 0, 6),
+            event("vulkan:0", "b", t, 2, 10),
+            event("cpu:0", "c", t, 8, 10),
+        ];
+        let (window, busy) = device_busy(&events);
+        assert!((window - 0.010).abs() < 1e-9);
+        assert!((busy["cpu"] - 0.008).abs() < 1e-9);
+        assert!((busy["vulkan"] - 0.008).abs() < 1e-9);
+        let lines = device_lines(&events);
+        assert_eq!(
+            lines[0],
+            "device cpu: busy 8.000 ms of 10.000 ms in flight (idle 20.0%)"
+        );
+    }
+}
