@@ -18,5 +18,6 @@ pub use backend::Backend;
 pub use compare::{compare, Tolerance};
 pub use expected::{ExpectedFailures, ExpectedParseError};
 pub use suite::{
-    discover, load_tensor, run_suite, run_test, Outcome, SuiteOptions, TestCase, TestResult,
+    data_sets, discover, load_tensor, numbered, run_suite, run_test, Outcome, SuiteOptions,
+    TestCase, TestResult,
 };

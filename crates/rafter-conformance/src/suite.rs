@@ -159,8 +159,27 @@ pub fn load_tensor(path: &Path) -> Result<Tensor, String> {
     Tensor::from_le_bytes(dtype, &dims, &t.data).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Numbered files `prefix_0.pb`, `prefix_1.pb`, ... in `dir`.
-fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+/// A test's data sets: its `test_data_set_*` folders, sorted.
+pub fn data_sets(dir: &Path) -> Vec<PathBuf> {
+    let mut sets: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.is_dir()
+                        && p.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("test_data_set"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    sets.sort();
+    sets
+}
+
+/// Numbered files `prefix_0.pb`, `prefix_1.pb`, ... in `dir` (a data set's `input` or
+/// `output` tensors).
+pub fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     (0..)
         .map(|i| dir.join(format!("{prefix}_{i}.pb")))
         .take_while(|p| p.is_file())
@@ -221,19 +240,7 @@ fn run_test_inner(
     };
     measured.gpu_kernels = prepared.gpu_kernels();
     measured.kernels = prepared.kernels();
-    let mut sets: Vec<PathBuf> = std::fs::read_dir(&case.dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.is_dir()
-                        && p.file_name()
-                            .is_some_and(|n| n.to_string_lossy().starts_with("test_data_set"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    sets.sort();
+    let sets = data_sets(&case.dir);
     if sets.is_empty() {
         return Outcome::Fail("no test_data_set_* folder".into());
     }

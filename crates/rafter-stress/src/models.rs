@@ -7,11 +7,10 @@
 //! even without concurrency is the conformance suite's business (its expected-failure
 //! list), not a stress failure. Every stress call is then compared with the reference.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rafter_compiler::Compiled;
-use rafter_conformance::{compare, load_tensor, TestCase, Tolerance};
+use rafter_conformance::{compare, data_sets, load_tensor, numbered, TestCase, Tolerance};
 use rafter_runtime::{DeviceSet, Session, SessionOptions};
 use rafter_runtime_cpu::{from_reference, to_reference};
 
@@ -116,7 +115,7 @@ fn prepare(case: &TestCase, target: &str, devices: &DeviceSet) -> Option<Model> 
     let imported = rafter_import::import_onnx_file(&case.dir.join("model.onnx")).ok()?;
     let graph = &imported.graph;
     let mut sets = Vec::new();
-    for dir in data_set_dirs(&case.dir) {
+    for dir in data_sets(&case.dir) {
         let inputs = numbered(&dir, "input")
             .iter()
             .map(|p| load_tensor(p))
@@ -166,28 +165,4 @@ fn prepare(case: &TestCase, target: &str, devices: &DeviceSet) -> Option<Model> 
         model.check(i, &outputs).ok()?;
     }
     Some(model)
-}
-
-fn data_set_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut sets: Vec<_> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.is_dir()
-                        && p.file_name()
-                            .is_some_and(|n| n.to_string_lossy().starts_with("test_data_set"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    sets.sort();
-    sets
-}
-
-fn numbered(dir: &Path, prefix: &str) -> Vec<std::path::PathBuf> {
-    (0..)
-        .map(|i| dir.join(format!("{prefix}_{i}.pb")))
-        .take_while(|p| p.is_file())
-        .collect()
 }

@@ -16,18 +16,40 @@ use rafter_hal::{Command, Semaphore};
 
 use super::{own, Wait};
 use crate::device::Shared;
+use crate::semaphore::SemInner;
 
 /// The environment variable that arms the monitor's one-time report.
 pub const WATCHDOG_ENV: &str = "RAFTER_VULKAN_WATCHDOG_S";
 
-/// The report's threshold, if armed.
+/// The report's threshold, if armed. A value that is not a positive number of seconds
+/// disarms it, and says so (the monitor reads it once, when the device opens).
 pub(crate) fn threshold() -> Option<Duration> {
     let text = std::env::var(WATCHDOG_ENV).ok()?;
-    text.trim()
-        .parse::<f64>()
+    parse_threshold(&text)
+        .map_err(|e| eprintln!("{WATCHDOG_ENV}={text:?}: {e}; the watchdog is off"))
         .ok()
-        .filter(|s| *s > 0.0)
-        .map(Duration::from_secs_f64)
+}
+
+fn parse_threshold(text: &str) -> Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
+        _ => Err("expected a positive number of seconds".into()),
+    }
+}
+
+/// Where one of this device's semaphores stands: the driver's counter, the highest value
+/// submitted work will signal, a host signal waiting behind it, failure, callback values.
+fn semaphore_state(inner: &SemInner) -> String {
+    let state = inner.lock();
+    format!(
+        "counter {:?}, submitted signal {}, deferred host signal {:?}, failure {:?}, \
+         callbacks at {:?}",
+        inner.counter(),
+        inner.submitted_signal.load(Ordering::Acquire),
+        state.deferred_host_signal,
+        state.failure,
+        state.timepoints.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+    )
 }
 
 impl Shared {
@@ -44,20 +66,11 @@ impl Shared {
     /// where the semaphore stands.
     fn describe_point(&self, semaphore: &Semaphore, value: u64) -> String {
         match own(self, semaphore) {
-            Some(inner) => {
-                let state = inner.lock();
-                format!(
-                    "vk sem {:?} wants {value}: counter {:?}, submitted signal {}, deferred host \
-                     signal {:?}, failure {:?}, {} callbacks at {:?}",
-                    inner.raw,
-                    inner.counter(),
-                    inner.submitted_signal.load(Ordering::Acquire),
-                    state.deferred_host_signal,
-                    state.failure,
-                    state.timepoints.len(),
-                    state.timepoints.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
-                )
-            }
+            Some(inner) => format!(
+                "vk sem {:?} wants {value}: {}",
+                inner.raw,
+                semaphore_state(inner)
+            ),
             None => format!(
                 "foreign sem {semaphore:?} wants {value}: value {}, failure {:?}",
                 semaphore.value(),
@@ -161,21 +174,18 @@ impl Shared {
             let _ = writeln!(out, "    commands: {commands}");
         }
         for inner in self.live_semaphores() {
-            let state = inner.lock();
-            if state.timepoints.is_empty() && state.deferred_host_signal.is_none() {
-                continue;
+            let waited_on = {
+                let state = inner.lock();
+                !state.timepoints.is_empty() || state.deferred_host_signal.is_some()
+            };
+            if waited_on {
+                let _ = writeln!(
+                    out,
+                    "  semaphore {:?}: {}",
+                    inner.raw,
+                    semaphore_state(&inner)
+                );
             }
-            let _ = writeln!(
-                out,
-                "  semaphore {:?}: counter {:?}, submitted signal {}, deferred host signal {:?}, \
-                 failure {:?}, callbacks at {:?}",
-                inner.raw,
-                inner.counter(),
-                inner.submitted_signal.load(Ordering::Acquire),
-                state.deferred_host_signal,
-                state.failure,
-                state.timepoints.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
-            );
         }
         out
     }
@@ -200,4 +210,18 @@ fn describe_commands(commands: &[Command]) -> String {
         })
         .collect();
     parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_threshold;
+    use std::time::Duration;
+
+    #[test]
+    fn thresholds_are_positive_seconds() {
+        assert_eq!(parse_threshold(" 2.5 "), Ok(Duration::from_millis(2500)));
+        for bad in ["", "0", "-1", "ten", "inf", "NaN"] {
+            assert!(parse_threshold(bad).is_err(), "{bad:?}");
+        }
+    }
 }
