@@ -206,3 +206,24 @@ pub(crate) fn prefetch_read(xs: &[f32]) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = xs;
 }
+
+/// A portable f32 dot product in 16 independent partial sums (so the compiler vectorises
+/// it without an ISA dispatch), the partial sums then the tail added last. For the
+/// row-at-a-time paths (small GEMVs, reference-exact block-quantized rows) whose results
+/// must not depend on the machine's ISA.
+pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for ((l, a), b) in lanes.iter_mut().zip(x).zip(y) {
+            *l += a * b;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}

@@ -90,6 +90,7 @@ pub use attention::{
     cached_attention, cached_attention_with_isa, set_attention_packing, CachedAttention, KvElement,
 };
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
+pub use common::dot16;
 pub use kernel::Isa;
 pub use lowp::{
     gemm_half, gemm_half_with_isa, gemm_i8, gemm_i8_with_isa, HalfKind, HalfPackError, I8PackError,

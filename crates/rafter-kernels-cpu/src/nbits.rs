@@ -20,7 +20,7 @@
 //! The weights are read in ORT's layout, in place: nothing is repacked ahead of time.
 
 use crate::quant::Shared;
-use crate::{sgemm, BRef, Epilogue, GemmError, MatMut, MatRef, Parallel};
+use crate::{dot16, sgemm, BRef, Epilogue, GemmError, MatMut, MatRef, Parallel};
 
 /// The most rows of x the fused path takes; more run dequantized panels through the f32
 /// GEMM.
@@ -261,7 +261,7 @@ fn fused(x: MatRef<'_>, w: NBitsRef<'_>, bias: Option<&[f32]>, y: MatMut<'_>, pa
                 _ => {
                     w.dequantize_row(j, &mut row);
                     for (r, a) in acc[..m].iter_mut().enumerate() {
-                        *a = dot(&xs[r * k..][..k], &row);
+                        *a = dot16(&xs[r * k..][..k], &row);
                     }
                 }
             }
@@ -286,24 +286,6 @@ pub fn round_to_int8(block: &mut [f32]) {
     for v in block.iter_mut() {
         *v = (*v * inv).round_ties_even() * scale;
     }
-}
-
-/// A dot product in 16 lanes (which the compiler vectorizes), then summed.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for ((l, a), b) in lanes.iter_mut().zip(x).zip(y) {
-            *l += a * b;
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// The many-rows path: panels of weight rows dequantized to f32 (in parallel), each

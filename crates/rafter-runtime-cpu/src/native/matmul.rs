@@ -560,7 +560,8 @@ impl MatMulKernel {
             let mut out = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
             for (i, o) in out.iter_mut().enumerate() {
                 let j = t * per + i;
-                let mut v = scale * dot(x, &w[j * k..(j + 1) * k]) + r.bias.map_or(0.0, |b| b[j]);
+                let mut v = scale * rafter_kernels_cpu::dot16(x, &w[j * k..(j + 1) * k])
+                    + r.bias.map_or(0.0, |b| b[j]);
                 let res = r.residual.map_or(0.0, |res| res[j]);
                 if r.res_before {
                     v += res;
@@ -575,22 +576,4 @@ impl MatMulKernel {
             }
         });
     }
-}
-
-/// A dot product in 16 independent partial sums (so it vectorises).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
