@@ -71,9 +71,9 @@ impl Act {
         }
         match self {
             Act::Gate(f) => gate_activation(f, x),
-            Act::Other { name, alpha, beta } => {
-                x.iter_mut().for_each(|v| *v = scalar_act(name, alpha, beta, *v))
-            }
+            Act::Other { name, alpha, beta } => x
+                .iter_mut()
+                .for_each(|v| *v = scalar_act(name, alpha, beta, *v)),
         }
     }
 }
@@ -447,7 +447,10 @@ impl RecurrentKernel {
             [d.dirs, d.batch, d.hidden]
         };
         if t.dims != want {
-            return Err(format!("state operand {i} has dims {:?}, want {want:?}", t.dims));
+            return Err(format!(
+                "state operand {i} has dims {:?}, want {want:?}",
+                t.dims
+            ));
         }
         t.f32s().map(Some)
     }
@@ -474,14 +477,27 @@ impl NativeKernel for RecurrentKernel {
         let gh = g * h;
         let bias = match self.operand(ins, 3) {
             Some(b) if b.dims != [d.dirs, 2 * gh] => {
-                return Err(format!("B has dims {:?}, want [{}, {}]", b.dims, d.dirs, 2 * gh))
+                return Err(format!(
+                    "B has dims {:?}, want [{}, {}]",
+                    b.dims,
+                    d.dirs,
+                    2 * gh
+                ))
             }
             Some(b) => Some(b.f32s()?),
             None => None,
         };
-        let peep = match self.operand(ins, 7).filter(|_| matches!(self.cell, Cell::Lstm { .. })) {
+        let peep = match self
+            .operand(ins, 7)
+            .filter(|_| matches!(self.cell, Cell::Lstm { .. }))
+        {
             Some(p) if p.dims != [d.dirs, 3 * h] => {
-                return Err(format!("P has dims {:?}, want [{}, {}]", p.dims, d.dirs, 3 * h))
+                return Err(format!(
+                    "P has dims {:?}, want [{}, {}]",
+                    p.dims,
+                    d.dirs,
+                    3 * h
+                ))
             }
             Some(p) => Some(p.f32s()?),
             None => None,

@@ -61,7 +61,8 @@ impl Case {
         let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[lens.len()]), lens.to_vec());
         self.inputs.push(Tensor::I32(a.unwrap()));
         let n = self.g.values.len();
-        self.g.add_input(format!("lens{n}"), ty(DType::I32, &[lens.len()]))
+        self.g
+            .add_input(format!("lens{n}"), ty(DType::I32, &[lens.len()]))
     }
 }
 
@@ -141,7 +142,11 @@ fn check(op: Op, s: &Spec, seed: u64) {
         Session::with_options(program, &devices, SessionOptions::new().kernel_threads(2)).unwrap();
     // Twice: the second call reads the prepared weights from the kernel's cache.
     for _ in 0..2 {
-        let inputs = c.inputs.iter().map(|t| from_reference(t).unwrap()).collect();
+        let inputs = c
+            .inputs
+            .iter()
+            .map(|t| from_reference(t).unwrap())
+            .collect();
         let got = session.run(inputs, Duration::from_secs(60)).unwrap();
         assert_eq!(got.len(), want.len());
         for (k, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -308,9 +313,5 @@ fn rnn_with_tanh_and_leaky_relu() {
     };
     let s = spec(1, RnnDirection::Bidirectional);
     check(op(vec![], vec![]), &s, 61);
-    check(
-        op(vec![act("LeakyRelu"), act("Tanh")], vec![0.2]),
-        &s,
-        62,
-    );
+    check(op(vec![act("LeakyRelu"), act("Tanh")], vec![0.2]), &s, 62);
 }
