@@ -87,7 +87,7 @@ fn scalar_act(name: &str, a: f32, b: f32, x: f32) -> f32 {
         "LeakyRelu" if x < 0.0 => a * x,
         "ThresholdedRelu" if x <= a => 0.0,
         "ScaledTanh" => a * (b * x).tanh(),
-        "HardSigmoid" => (a * x + b).max(0.0).min(1.0),
+        "HardSigmoid" => (a * x + b).clamp(0.0, 1.0),
         "Elu" if x < 0.0 => a * (x.exp() - 1.0),
         "Softsign" => x / (1.0 + x.abs()),
         "Softplus" => (1.0 + x.exp()).ln(),
@@ -180,6 +180,9 @@ fn transpose_rows(m: &[f32], cols: usize, rows: std::ops::Range<usize>) -> Vec<f
     t
 }
 
+/// Every direction's prepared weights, shared by the calls that use them.
+type Prepared = Arc<Vec<DirWeights>>;
+
 struct RecurrentKernel {
     cell: Cell,
     direction: RnnDirection,
@@ -192,7 +195,7 @@ struct RecurrentKernel {
     /// Body output index of each node result (y, y_h, y_c).
     outs: [Option<usize>; 3],
     /// Prepared weights per (w, r) program weight pair: the same bytes on every call.
-    cache: Mutex<HashMap<(usize, usize), Arc<Vec<DirWeights>>>>,
+    cache: Mutex<HashMap<(usize, usize), Prepared>>,
     par: Par,
 }
 
@@ -376,7 +379,7 @@ impl RecurrentKernel {
     }
 
     /// Each direction's prepared weights: from the cache when W and R are program weights.
-    fn weights(&self, w: &In<'_>, r: &In<'_>, d: Dims) -> Result<Arc<Vec<DirWeights>>, String> {
+    fn weights(&self, w: &In<'_>, r: &In<'_>, d: Dims) -> Result<Prepared, String> {
         let key = w.weight.zip(r.weight);
         if let Some(k) = key {
             if let Some(p) = self.cache.lock().map_err(|e| e.to_string())?.get(&k) {
