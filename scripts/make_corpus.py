@@ -22,6 +22,9 @@ The models (every one tiny, random weights, fixed seeds):
                          (DynamicQuantizeMatMul, MatMulIntegerToFloat, ...)
   lstm_speech_quant      a speech-style LSTM (features -> 2-layer LSTM -> logits, h/c state
                          in and out) through quantize_dynamic (DynamicQuantizeLSTM)
+  gru_speech             a speech-style bidirectional GRU (features -> 2-layer bidirectional
+                         GRU, h state in and out -> logits; ORT's quantize_dynamic leaves
+                         GRU in float, so this is the float export)
   cnn_nchw / cnn_nhwc    a ResNet-style CNN exported with NCHW input and with NHWC input
                          (the transpose inside the model, as TF-converted and
                          channels-last exports have it)
@@ -212,6 +215,37 @@ def lstm_models(out, wanted):
     # ORT rounds the hidden state to u8 at every step; rafter keeps it f32 (see
     # docs/contrib-ops.md), so log-probabilities differ by up to ~1e-3 (measured 9.5e-4).
     write_case(out, "lstm_speech_quant", tmp("speech_q.onnx"), feeds, 0.0, 1e-2)
+
+
+def gru_models(out, wanted):
+    import torch
+
+    torch.manual_seed(4)
+
+    class Speech(torch.nn.Module):
+        """Features -> projection -> 2-layer bidirectional GRU (state in and out) -> logits,
+        the shape of DeepSpeech2-style acoustic models (torch exports GRU with
+        linear_before_reset=1)."""
+
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(40, 64)
+            self.gru = torch.nn.GRU(64, 64, num_layers=2, bidirectional=True)
+            self.out = torch.nn.Linear(128, 30)
+
+        def forward(self, feats, h0):
+            y, h = self.gru(torch.relu(self.proj(feats)), h0)
+            return torch.log_softmax(self.out(y), -1), h
+
+    t, b = 20, 2
+    rng = np.random.default_rng(5)
+    feeds = {
+        "feats": rng.standard_normal((t, b, 40)).astype(np.float32),
+        "h0": (rng.standard_normal((4, b, 64)) * 0.3).astype(np.float32),
+    }
+    src = export(Speech(), tuple(torch.tensor(feeds[k]) for k in ["feats", "h0"]),
+                 tmp("gru.onnx"), ["feats", "h0"], ["logits", "h"])
+    write_case(out, "gru_speech", src, feeds, 1e-4, 1e-4)
 
 
 # ---- CNNs ----
@@ -409,7 +443,7 @@ def llm_model(out, wanted):
 
 
 ALL = ["bert_export", "bert_optimizer", "bert_quant_dynamic", "bert_quant_ort_fused",
-       "bert_optimizer_quant", "lstm_speech_quant", "cnn_nchw", "cnn_nhwc",
+       "bert_optimizer_quant", "lstm_speech_quant", "gru_speech", "cnn_nchw", "cnn_nhwc",
        "cnn_nchw_ort_fused", "cnn_qdq_static", "cnn_qoperator_static", "llm_nbits_gqa"]
 
 
@@ -423,6 +457,8 @@ def main(argv):
         bert_models(out, wanted)
     if "lstm_speech_quant" in wanted:
         lstm_models(out, wanted)
+    if "gru_speech" in wanted:
+        gru_models(out, wanted)
     if wanted & {m for m in ALL if m.startswith("cnn")}:
         cnn_models(out, wanted)
     if "llm_nbits_gqa" in wanted:

@@ -77,6 +77,7 @@ mod nhwc;
 mod norm;
 mod pool;
 mod quant;
+mod recurrent;
 mod rope;
 mod softmax;
 mod spatial;
@@ -127,6 +128,9 @@ pub use activation::{
 pub use common::{ChannelTail, KernelError};
 pub use moe::moe_route;
 pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
+pub use recurrent::{
+    gate_activation, gate_activation_with_isa, gemv_accumulate, gemv_accumulate_with_isa, GateFn,
+};
 pub use rope::{rope, RopePairs};
 pub use softmax::{softmax, softmax_in_place, softmax_with_isa, RowMask};
 pub use spatial::{

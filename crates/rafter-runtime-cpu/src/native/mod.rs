@@ -19,7 +19,7 @@
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
 //! [`conv_nhwc`], [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`]
 //! (MatMulNBits weights),
-//! [`pool`], [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
+//! [`pool`], [`recurrent`] (LSTM, GRU, RNN), [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
 //! norm), [`softmax`] (with an additive row mask), [`elementwise`] (tile programs).
 //!
 //! # Aliasing
@@ -43,6 +43,7 @@ mod movement;
 mod norm;
 mod operands;
 mod pool;
+mod recurrent;
 mod softmax;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -214,6 +215,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| softmax::select(body, par))
         .or_else(|| movement::select(body, par))
         .or_else(|| norm::select(body, par))
+        .or_else(|| recurrent::select(body, par))
 }
 
 /// The bindings among `operands` (a dispatch's operand words).
@@ -522,5 +524,7 @@ pub(crate) fn run(
     Ok(true)
 }
 
+#[cfg(all(test, feature = "interpreter"))]
+mod recurrent_tests;
 #[cfg(all(test, feature = "interpreter"))]
 mod tests;
