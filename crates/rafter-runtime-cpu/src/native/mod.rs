@@ -17,7 +17,7 @@
 //!
 //! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
-//! [`conv_nhwc`], [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`]
+//! [`conv_nhwc`], [`qconv`] (QLinearConv, ConvInteger), [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`]
 //! (MatMulNBits weights),
 //! [`pool`], [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
 //! norm), [`softmax`] (with an additive row mask), [`elementwise`] (tile programs).
@@ -43,6 +43,7 @@ mod movement;
 mod norm;
 mod operands;
 mod pool;
+mod qconv;
 mod softmax;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -208,6 +209,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| block_quant::select(body, par))
         .or_else(|| matmul::select(body, par))
         .or_else(|| conv::select(body, par))
+        .or_else(|| qconv::select(body, par))
         .or_else(|| conv_nhwc::select(body, par))
         .or_else(|| block_nhwc::select(body, par))
         .or_else(|| pool::select(body, par))

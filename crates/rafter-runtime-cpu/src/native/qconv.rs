@@ -1,0 +1,553 @@
+//! Quantized 2-D convolution (NCHW): ONNX `QLinearConv` (u8/i8 in, u8/i8 out) and
+//! `ConvInteger` (u8/i8 in, i32 out), on borrowed operands.
+//!
+//! The integer product is computed exactly on the f32 GEMM path ([`sgemm`]): the operands
+//! shifted by their zero points, `x - x_zp` and `w - w_zp`, are integers of magnitude at
+//! most 255, so every product is an integer of magnitude at most 255² = 65,025, and a sum
+//! of at most [`EXACT_K`] = 256 of them stays below 2²⁴ = 16,777,216 in magnitude (256 ·
+//! 65,025 = 16,646,400): every partial sum, in any order, with or without FMA, is an
+//! integer f32 represents exactly. Longer reductions run in chunks of 256 rows of the
+//! im2col whose exact partial products are added in i32. So the result is the integer
+//! convolution bit for bit, at the speed of the crate's tuned f32 GEMM (and its ISA
+//! dispatch: AVX-512, AVX2, NEON, scalar) instead of a reference-style integer loop.
+//!
+//! Padding: ONNX pads the quantized input with its zero point (the real value 0), which
+//! is 0 once shifted, so the f32 im2col's zero padding is right as it is.
+//!
+//! Requantization (`QLinearConv`) follows ONNX Runtime's (`qlinearconv.cc` with MLAS's
+//! `MlasRequantizeOutput`): per output channel `m` the f32 scale `x_scale · w_scale[m] /
+//! y_scale`; `acc + bias[m]` (i32) converted to f32, times that scale, clamped to the output
+//! type's range less the zero point, rounded half to even, plus `y_zero_point`.
+//! Per-tensor and per-channel (`[M]`) weight scales and zero points; groups (depthwise
+//! included), pads, strides, dilations and auto_pad as the f32 convolution has them.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+
+use rafter_ir::{AutoPad, DType, Graph, Op};
+use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef};
+
+use super::conv::{geometry, im2col, Geom};
+use super::{input_of, In, NativeKernel, Out, Par};
+
+/// The longest reduction summed exactly in f32 (see the module docs).
+pub(super) const EXACT_K: usize = 256;
+
+/// What the kernel computes after the integer product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// `QLinearConv`: operands x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias?.
+    QLinear,
+    /// `ConvInteger`: operands x, w, x_zp?, w_zp?; the i32 product is the result.
+    Integer,
+}
+
+struct QConvKernel {
+    mode: Mode,
+    /// Body input index of each ONNX operand (`None`: absent).
+    operands: Vec<Option<usize>>,
+    kernel_shape: Vec<i64>,
+    strides: Vec<i64>,
+    pads: Vec<i64>,
+    dilations: Vec<i64>,
+    group: i64,
+    auto_pad: AutoPad,
+    par: Par,
+    /// The shifted weights `w - w_zp` as f32, by the (weight, zero point) weights they were
+    /// computed from: weights are the same bytes on every call.
+    shifted_w: Mutex<Option<((usize, Option<usize>), Arc<Vec<f32>>)>>,
+}
+
+/// The kernel for a body that is one `qlinear_conv` or `conv_integer` node (u8/i8 operands).
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+    let [node] = body.nodes.as_slice() else {
+        return None;
+    };
+    let (mode, kernel_shape, strides, pads, dilations, group, auto_pad) = match &node.op {
+        Op::QLinearConv {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        } => (
+            Mode::QLinear,
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        ),
+        Op::ConvInteger {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        } => (
+            Mode::Integer,
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        ),
+        _ => return None,
+    };
+    if body.outputs.len() != 1 || node.outputs.len() != 1 {
+        return None;
+    }
+    let quant = |v| {
+        input_of(body, v, DType::U8)
+            .or_else(|| input_of(body, v, DType::I8))
+            .map(Some)
+    };
+    let operand = |i: usize, dtype: Option<DType>, required: bool| -> Option<Option<usize>> {
+        match node.inputs.get(i).copied().flatten() {
+            None if required => None,
+            None => Some(None),
+            Some(v) => match dtype {
+                Some(d) => input_of(body, Some(v), d).map(Some),
+                None => quant(Some(v)),
+            },
+        }
+    };
+    let operands = match mode {
+        Mode::QLinear => vec![
+            operand(0, None, true)?,
+            operand(1, Some(DType::F32), true)?,
+            operand(2, None, true)?,
+            operand(3, None, true)?,
+            operand(4, Some(DType::F32), true)?,
+            operand(5, None, true)?,
+            operand(6, Some(DType::F32), true)?,
+            operand(7, None, true)?,
+            operand(8, Some(DType::I32), false)?,
+        ],
+        Mode::Integer => vec![
+            operand(0, None, true)?,
+            operand(1, None, true)?,
+            operand(2, None, false)?,
+            operand(3, None, false)?,
+        ],
+    };
+    Some(Arc::new(QConvKernel {
+        mode,
+        operands,
+        kernel_shape: kernel_shape.clone(),
+        strides: strides.clone(),
+        pads: pads.clone(),
+        dilations: dilations.clone(),
+        group: *group,
+        auto_pad: *auto_pad,
+        par: par.clone(),
+        shifted_w: Mutex::new(None),
+    }))
+}
+
+/// The integer values of a u8/i8 operand.
+fn ints<'a>(t: &'a In<'_>) -> impl Iterator<Item = i32> + 'a {
+    let signed = t.dtype == DType::I8;
+    t.bytes()
+        .iter()
+        .map(move |&b| if signed { b as i8 as i32 } else { b as i32 })
+}
+
+/// A zero point of one value, or of `len` (per channel); absent is 0.
+fn zero_points(t: Option<&In<'_>>, len: usize, what: &str) -> Result<Option<Vec<i32>>, String> {
+    let Some(t) = t else {
+        return Ok(Some(vec![0]));
+    };
+    let v: Vec<i32> = ints(t).collect();
+    if v.len() == 1 || v.len() == len {
+        Ok(Some(v))
+    } else if v.is_empty() {
+        Err(format!("{what}: empty zero point"))
+    } else {
+        Ok(None)
+    }
+}
+
+/// The output range of a quantized result type.
+fn range_of(dtype: DType) -> (i32, i32) {
+    match dtype {
+        DType::I8 => (-128, 127),
+        _ => (0, 255),
+    }
+}
+
+thread_local! {
+    /// Scratch reused across dispatches on this thread: shifted input, im2col, the f32
+    /// product, and the i32 accumulator of long reductions.
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    cols: Vec<f32>,
+    prod: Vec<f32>,
+    acc: Vec<i32>,
+}
+
+/// Grows `v` to at least `len` (never shrinks: every element used is written first).
+fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    &mut v[..len]
+}
+
+/// What the requantizing epilogue needs, per output channel.
+struct Requant {
+    bias: Option<Vec<i32>>,
+    scale: Vec<f32>,
+    zp: i32,
+    lo: i32,
+    hi: i32,
+    signed: bool,
+}
+
+impl Requant {
+    /// One output value from the exact integer product `acc` of channel `m`.
+    #[inline]
+    fn value(&self, acc: i32, m: usize) -> u8 {
+        let acc = match &self.bias {
+            // The accumulation is in i32 (ORT's, and NumPy's astype in the reference).
+            Some(b) => acc.wrapping_add(b[m % b.len()]),
+            None => acc,
+        };
+        let s = self.scale[m % self.scale.len()];
+        let lo = (self.lo - self.zp) as f32;
+        let hi = (self.hi - self.zp) as f32;
+        let f = (acc as f32 * s).max(lo).min(hi);
+        let q = round_half_even(f) as i32 + self.zp;
+        if self.signed {
+            q as i8 as u8
+        } else {
+            q as u8
+        }
+    }
+}
+
+/// Round half to even of `f` (|f| ≤ 2²²; NaN gives 0): adding and subtracting 1.5 · 2²³
+/// leaves the integer nearest `f`, ties to even (f32 arithmetic rounds to nearest even),
+/// and unlike `round_ties_even` it vectorises on every x86-64 (no SSE4.1 needed).
+#[inline]
+pub(super) fn round_half_even(f: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2²³
+    let f = if f.is_nan() { 0.0 } else { f };
+    (f + MAGIC) - MAGIC
+}
+
+impl QConvKernel {
+    fn operand<'a, 'b>(&self, ins: &'b [In<'a>], i: usize) -> Option<&'b In<'a>> {
+        self.operands
+            .get(i)
+            .copied()
+            .flatten()
+            .and_then(|j| ins.get(j))
+    }
+
+    /// `w - w_zp[m]` as f32 for every weight (`[M, K]`), cached when both are weights.
+    fn shifted_weights(
+        &self,
+        w: &In<'_>,
+        w_zp_in: Option<&In<'_>>,
+        w_zp: &[i32],
+        m: usize,
+    ) -> Arc<Vec<f32>> {
+        let compute = || {
+            let k = w.len() / m.max(1);
+            Arc::new(
+                ints(w)
+                    .enumerate()
+                    .map(|(i, v)| (v - w_zp[(i / k.max(1)) % w_zp.len()]) as f32)
+                    .collect::<Vec<f32>>(),
+            )
+        };
+        let key = match (w.weight, w_zp_in.map(|z| z.weight)) {
+            (Some(wi), None) => (wi, None),
+            (Some(wi), Some(Some(zi))) => (wi, Some(zi)),
+            _ => return compute(),
+        };
+        let mut cached = self.shifted_w.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cached {
+            Some((k, v)) if *k == key => v.clone(),
+            _ => {
+                let v = compute();
+                *cached = Some((key, v.clone()));
+                v
+            }
+        }
+    }
+
+    /// The requantization of `QLinearConv` for `m` output channels, `None` for shapes the
+    /// kernel does not cover (the reference path reports or handles them).
+    fn requant(&self, ins: &[In<'_>], m: usize, y: DType) -> Result<Option<Requant>, String> {
+        let f32s = |i: usize| -> Result<Vec<f32>, String> {
+            Ok(self
+                .operand(ins, i)
+                .ok_or("missing scale")?
+                .f32s()?
+                .to_vec())
+        };
+        let (xs, ws, ys) = (f32s(1)?, f32s(4)?, f32s(6)?);
+        if xs.len() != 1 || ys.len() != 1 || !(ws.len() == 1 || ws.len() == m) {
+            return Ok(None);
+        }
+        let Some(zp) = zero_points(self.operand(ins, 7), 1, "y_zero_point")? else {
+            return Ok(None);
+        };
+        if zp.len() != 1 {
+            return Ok(None);
+        }
+        let bias = match self.operand(ins, 8) {
+            None => None,
+            Some(b) => {
+                let v: Vec<i32> = b
+                    .bytes()
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect();
+                if v.len() != m {
+                    return Ok(None);
+                }
+                Some(v)
+            }
+        };
+        let (lo, hi) = range_of(y);
+        Ok(Some(Requant {
+            bias,
+            // ORT's order: x_scale · w_scale / y_scale, in f32.
+            scale: ws.iter().map(|&w| xs[0] * w / ys[0]).collect(),
+            zp: zp[0],
+            lo,
+            hi,
+            signed: y == DType::I8,
+        }))
+    }
+}
+
+impl NativeKernel for QConvKernel {
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        let (x_at, w_at) = match self.mode {
+            Mode::QLinear => (0, 3),
+            Mode::Integer => (0, 1),
+        };
+        let (Some(x), Some(w)) = (self.operand(ins, x_at), self.operand(ins, w_at)) else {
+            return Ok(false);
+        };
+        let (&[n, c, h, wd], &[m, cg, kh, kw]) = (x.dims.as_slice(), w.dims.as_slice()) else {
+            return Ok(false);
+        };
+        if !self.kernel_shape.is_empty() && self.kernel_shape != [kh as i64, kw as i64] {
+            return Ok(false);
+        }
+        let g = usize::try_from(self.group).unwrap_or(0);
+        if g == 0 || cg * g != c || m % g != 0 {
+            return Ok(false);
+        }
+        let Some(geo) = geometry(
+            [h, wd],
+            [kh, kw],
+            &self.strides,
+            &self.pads,
+            &self.dilations,
+            self.auto_pad,
+            false,
+        ) else {
+            return Ok(false);
+        };
+        let [oh, ow] = geo.out;
+        if outs[0].dims != [n, m, oh, ow] {
+            return Ok(false);
+        }
+        let (xzp_at, wzp_at) = match self.mode {
+            Mode::QLinear => (2, 5),
+            Mode::Integer => (2, 3),
+        };
+        let Some(x_zp) = zero_points(self.operand(ins, xzp_at), 1, "x_zero_point")? else {
+            return Ok(false);
+        };
+        let w_zp_in = self.operand(ins, wzp_at);
+        let Some(w_zp) = zero_points(w_zp_in, m, "w_zero_point")? else {
+            return Ok(false);
+        };
+        let y_dtype = outs[0].dtype;
+        let requant = match self.mode {
+            Mode::QLinear => match self.requant(ins, m, y_dtype)? {
+                Some(r) => Some(r),
+                None => return Ok(false),
+            },
+            Mode::Integer if y_dtype == DType::I32 => None,
+            Mode::Integer => return Ok(false),
+        };
+        let wf = self.shifted_weights(w, w_zp_in, &w_zp, m);
+        let shape = Shape {
+            n,
+            c,
+            h,
+            w: wd,
+            m,
+            g,
+            geo,
+        };
+        let y = outs[0].bytes_mut();
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut s) => self.compute(x, x_zp[0], &wf, &shape, requant.as_ref(), y, &mut s),
+            Err(_) => self.compute(
+                x,
+                x_zp[0],
+                &wf,
+                &shape,
+                requant.as_ref(),
+                y,
+                &mut Scratch::default(),
+            ),
+        })?;
+        Ok(true)
+    }
+}
+
+/// The convolution's dims: input `[n, c, h, w]`, `m` filters in `g` groups, the window.
+struct Shape {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    m: usize,
+    g: usize,
+    geo: Geom,
+}
+
+impl QConvKernel {
+    /// Per image and group: im2col of the shifted input, the exact product in chunks of
+    /// [`EXACT_K`] rows, then the result (requantized, or i32) written into `y`.
+    #[allow(clippy::too_many_arguments)]
+    fn compute(
+        &self,
+        x: &In<'_>,
+        x_zp: i32,
+        wf: &[f32],
+        s: &Shape,
+        requant: Option<&Requant>,
+        y: &mut [u8],
+        scratch: &mut Scratch,
+    ) -> Result<(), String> {
+        let err = |e: rafter_kernels_cpu::GemmError| format!("quantized conv: {e}");
+        let Shape {
+            n,
+            c,
+            h,
+            w: wd,
+            m,
+            g,
+            geo,
+        } = *s;
+        let [kh, kw] = geo.k;
+        let [oh, ow] = geo.out;
+        let (cg, mg, p) = (c / g, m / g, oh * ow);
+        let kc = cg * kh * kw;
+        let Scratch {
+            x: xs,
+            cols,
+            prod,
+            acc,
+        } = scratch;
+        let xs = grow(xs, n * c * h * wd);
+        for (d, v) in xs.iter_mut().zip(ints(x)) {
+            *d = (v - x_zp) as f32;
+        }
+        let direct =
+            kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
+        let prod = grow(prod, mg * p);
+        let chunks = kc.div_ceil(EXACT_K).max(1);
+        let acc = grow(acc, if chunks > 1 { mg * p } else { 0 });
+        for img in 0..n {
+            for gi in 0..g {
+                let x0 = (img * c + gi * cg) * h * wd;
+                let xg = &xs[x0..x0 + cg * h * wd];
+                let b_all: &[f32] = if direct {
+                    xg
+                } else {
+                    let cols = grow(cols, kc * p);
+                    im2col(xg, cg, [h, wd], &geo, 0..oh, cols, &self.par);
+                    cols
+                };
+                let a_all = &wf[gi * mg * kc..(gi + 1) * mg * kc];
+                for ci in 0..chunks {
+                    let (k0, k1) = (ci * EXACT_K, ((ci + 1) * EXACT_K).min(kc));
+                    let kn = k1 - k0;
+                    let a = MatRef::row_major(&a_all[k0..], mg, kn, kc).map_err(err)?;
+                    let b = MatRef::row_major(&b_all[k0 * p..k1 * p], kn, p, p).map_err(err)?;
+                    let cm = MatMut::row_major(prod, mg, p, p).map_err(err)?;
+                    sgemm(1.0, a, BRef::Mat(b), 0.0, cm, &Epilogue::none(), &*self.par)
+                        .map_err(err)?;
+                    if chunks > 1 {
+                        for (a, &v) in acc.iter_mut().zip(prod.iter()) {
+                            *a = if ci == 0 { v as i32 } else { a.wrapping_add(v as i32) };
+                        }
+                    }
+                }
+                let y0 = (img * m + gi * mg) * p;
+                let exact = |i: usize| -> i32 {
+                    if chunks > 1 {
+                        acc[i]
+                    } else {
+                        prod[i] as i32
+                    }
+                };
+                match requant {
+                    Some(r) => {
+                        let yg = &mut y[y0..y0 + mg * p];
+                        for (mi, row) in yg.chunks_exact_mut(p).enumerate() {
+                            let ch = gi * mg + mi;
+                            for (j, v) in row.iter_mut().enumerate() {
+                                *v = r.value(exact(mi * p + j), ch);
+                            }
+                        }
+                    }
+                    None => {
+                        let yg = &mut y[y0 * 4..(y0 + mg * p) * 4];
+                        for (i, v) in yg.chunks_exact_mut(4).enumerate() {
+                            v.copy_from_slice(&exact(i).to_le_bytes());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_half_even;
+
+    #[test]
+    fn rounds_half_to_even() {
+        for (f, want) in [
+            (0.5f32, 0.0f32),
+            (1.5, 2.0),
+            (2.5, 2.0),
+            (-0.5, -0.0),
+            (-1.5, -2.0),
+            (-2.5, -2.0),
+            (2.4999, 2.0),
+            (254.5, 254.0),
+            (255.5, 256.0),
+            (-127.5, -128.0),
+            (f32::NAN, 0.0),
+        ] {
+            assert_eq!(round_half_even(f), want, "{f}");
+            if !f.is_nan() {
+                assert_eq!(round_half_even(f), f.round_ties_even(), "{f}");
+            }
+        }
+    }
+}
