@@ -24,7 +24,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use rafter_ir::{AutoPad, DType, Graph, Op};
+use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
 use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef};
 
 use super::conv::{geometry, im2col, Geom};
@@ -42,10 +42,64 @@ enum Mode {
     Integer,
 }
 
+/// Where an operand comes from: a body input (an operand of the dispatch), or a small
+/// constant the compiler copied into the body (scales, zero points, a bias).
+#[derive(Clone, Debug)]
+enum Opnd {
+    Input(usize),
+    Const { dtype: DType, bytes: Vec<u8> },
+}
+
+/// An operand's elements for this dispatch.
+struct View<'a> {
+    dtype: DType,
+    bytes: &'a [u8],
+    /// The program weight it is, if one (the same bytes every call).
+    weight: Option<usize>,
+}
+
+impl Opnd {
+    /// `v` as an input or constant of one of `dtypes`.
+    fn of(body: &Graph, v: Option<ValueId>, dtypes: &[DType]) -> Option<Opnd> {
+        let v = v?;
+        let dtype = body.value(v).ty.dtype;
+        if !dtypes.contains(&dtype) {
+            return None;
+        }
+        if let Some(i) = input_of(body, Some(v), dtype) {
+            return Some(Opnd::Input(i));
+        }
+        let c = body.const_of(v)?;
+        (c.dtype == dtype).then(|| Opnd::Const {
+            dtype,
+            bytes: c.bytes.to_vec(),
+        })
+    }
+
+    fn view<'a>(&'a self, ins: &'a [In<'a>]) -> View<'a> {
+        match self {
+            Opnd::Input(i) => View {
+                dtype: ins[*i].dtype,
+                bytes: ins[*i].bytes(),
+                weight: ins[*i].weight,
+            },
+            Opnd::Const { dtype, bytes } => View {
+                dtype: *dtype,
+                bytes,
+                weight: None,
+            },
+        }
+    }
+}
+
 struct QConvKernel {
     mode: Mode,
-    /// Body input index of each ONNX operand (`None`: absent).
-    operands: Vec<Option<usize>>,
+    /// Body input index of x and of w.
+    x: usize,
+    w: usize,
+    /// Each ONNX operand after x and w in ONNX order (`None`: absent): for `QLinearConv`
+    /// x_scale, x_zp, w_scale, w_zp, y_scale, y_zp, bias; for `ConvInteger` x_zp, w_zp.
+    rest: Vec<Option<Opnd>>,
     kernel_shape: Vec<i64>,
     strides: Vec<i64>,
     pads: Vec<i64>,
@@ -53,10 +107,12 @@ struct QConvKernel {
     group: i64,
     auto_pad: AutoPad,
     par: Par,
-    /// The shifted weights `w - w_zp` as f32, by the (weight, zero point) weights they were
-    /// computed from: weights are the same bytes on every call.
-    shifted_w: Mutex<Option<((usize, Option<usize>), Arc<Vec<f32>>)>>,
+    /// The shifted weights `w - w_zp` as f32, by the weight they were computed from (only
+    /// cached when the zero point is a constant or a weight, fixed for the program).
+    shifted_w: Mutex<Option<(usize, Arc<Vec<f32>>)>>,
 }
+
+const Q: &[DType] = &[DType::U8, DType::I8];
 
 /// The kernel for a body that is one `qlinear_conv` or `conv_integer` node (u8/i8 operands).
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
@@ -101,43 +157,43 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     if body.outputs.len() != 1 || node.outputs.len() != 1 {
         return None;
     }
-    let quant = |v| {
-        input_of(body, v, DType::U8)
-            .or_else(|| input_of(body, v, DType::I8))
-            .map(Some)
+    let input = |i: usize| -> Option<usize> {
+        let v = node.inputs.get(i).copied().flatten();
+        input_of(body, v, DType::U8).or_else(|| input_of(body, v, DType::I8))
     };
-    let operand = |i: usize, dtype: Option<DType>, required: bool| -> Option<Option<usize>> {
+    let operand = |i: usize, dtypes: &[DType], required: bool| -> Option<Option<Opnd>> {
         match node.inputs.get(i).copied().flatten() {
             None if required => None,
             None => Some(None),
-            Some(v) => match dtype {
-                Some(d) => input_of(body, Some(v), d).map(Some),
-                None => quant(Some(v)),
-            },
+            Some(v) => Opnd::of(body, Some(v), dtypes).map(Some),
         }
     };
-    let operands = match mode {
-        Mode::QLinear => vec![
-            operand(0, None, true)?,
-            operand(1, Some(DType::F32), true)?,
-            operand(2, None, true)?,
-            operand(3, None, true)?,
-            operand(4, Some(DType::F32), true)?,
-            operand(5, None, true)?,
-            operand(6, Some(DType::F32), true)?,
-            operand(7, None, true)?,
-            operand(8, Some(DType::I32), false)?,
-        ],
-        Mode::Integer => vec![
-            operand(0, None, true)?,
-            operand(1, None, true)?,
-            operand(2, None, false)?,
-            operand(3, None, false)?,
-        ],
+    let f = &[DType::F32];
+    let (x, w, rest) = match mode {
+        Mode::QLinear => (
+            input(0)?,
+            input(3)?,
+            vec![
+                operand(1, f, true)?,
+                operand(2, Q, true)?,
+                operand(4, f, true)?,
+                operand(5, Q, true)?,
+                operand(6, f, true)?,
+                operand(7, Q, true)?,
+                operand(8, &[DType::I32], false)?,
+            ],
+        ),
+        Mode::Integer => (
+            input(0)?,
+            input(1)?,
+            vec![operand(2, Q, false)?, operand(3, Q, false)?],
+        ),
     };
     Some(Arc::new(QConvKernel {
         mode,
-        operands,
+        x,
+        w,
+        rest,
         kernel_shape: kernel_shape.clone(),
         strides: strides.clone(),
         pads: pads.clone(),
@@ -149,27 +205,30 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     }))
 }
 
-/// The integer values of a u8/i8 operand.
-fn ints<'a>(t: &'a In<'_>) -> impl Iterator<Item = i32> + 'a {
-    let signed = t.dtype == DType::I8;
-    t.bytes()
+/// The integer values of u8/i8 bytes.
+fn ints(dtype: DType, bytes: &[u8]) -> impl Iterator<Item = i32> + '_ {
+    let signed = dtype == DType::I8;
+    bytes
         .iter()
         .map(move |&b| if signed { b as i8 as i32 } else { b as i32 })
 }
 
-/// A zero point of one value, or of `len` (per channel); absent is 0.
-fn zero_points(t: Option<&In<'_>>, len: usize, what: &str) -> Result<Option<Vec<i32>>, String> {
+/// The f32 values of little-endian bytes.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect()
+}
+
+/// A zero point of one value, or of `len` (per channel); absent is 0. `None`: another
+/// length (the reference path handles or reports it).
+fn zero_points(t: Option<&View<'_>>, len: usize) -> Option<Vec<i32>> {
     let Some(t) = t else {
-        return Ok(Some(vec![0]));
+        return Some(vec![0]);
     };
-    let v: Vec<i32> = ints(t).collect();
-    if v.len() == 1 || v.len() == len {
-        Ok(Some(v))
-    } else if v.is_empty() {
-        Err(format!("{what}: empty zero point"))
-    } else {
-        Ok(None)
-    }
+    let v: Vec<i32> = ints(t.dtype, t.bytes).collect();
+    (v.len() == 1 || v.len() == len).then_some(v)
 }
 
 /// The output range of a quantized result type.
@@ -245,35 +304,25 @@ pub(super) fn round_half_even(f: f32) -> f32 {
 }
 
 impl QConvKernel {
-    fn operand<'a, 'b>(&self, ins: &'b [In<'a>], i: usize) -> Option<&'b In<'a>> {
-        self.operands
-            .get(i)
-            .copied()
-            .flatten()
-            .and_then(|j| ins.get(j))
+    /// Operand `i` of [`QConvKernel::rest`], if present.
+    fn rest<'a>(&'a self, ins: &'a [In<'a>], i: usize) -> Option<View<'a>> {
+        self.rest.get(i)?.as_ref().map(|o| o.view(ins))
     }
 
-    /// `w - w_zp[m]` as f32 for every weight (`[M, K]`), cached when both are weights.
-    fn shifted_weights(
-        &self,
-        w: &In<'_>,
-        w_zp_in: Option<&In<'_>>,
-        w_zp: &[i32],
-        m: usize,
-    ) -> Arc<Vec<f32>> {
+    /// `w - w_zp[m]` as f32 for every weight (`[M, K]`), cached when the weight is a
+    /// program weight and its zero point fixed.
+    fn shifted_weights(&self, w: &In<'_>, w_zp: &[i32], zp_fixed: bool, m: usize) -> Arc<Vec<f32>> {
         let compute = || {
             let k = w.len() / m.max(1);
             Arc::new(
-                ints(w)
+                ints(w.dtype, w.bytes())
                     .enumerate()
                     .map(|(i, v)| (v - w_zp[(i / k.max(1)) % w_zp.len()]) as f32)
                     .collect::<Vec<f32>>(),
             )
         };
-        let key = match (w.weight, w_zp_in.map(|z| z.weight)) {
-            (Some(wi), None) => (wi, None),
-            (Some(wi), Some(Some(zi))) => (wi, Some(zi)),
-            _ => return compute(),
+        let Some(key) = w.weight.filter(|_| zp_fixed) else {
+            return compute();
         };
         let mut cached = self.shifted_w.lock().unwrap_or_else(|e| e.into_inner());
         match &*cached {
@@ -287,41 +336,33 @@ impl QConvKernel {
     }
 
     /// The requantization of `QLinearConv` for `m` output channels, `None` for shapes the
-    /// kernel does not cover (the reference path reports or handles them).
-    fn requant(&self, ins: &[In<'_>], m: usize, y: DType) -> Result<Option<Requant>, String> {
-        let f32s = |i: usize| -> Result<Vec<f32>, String> {
-            Ok(self
-                .operand(ins, i)
-                .ok_or("missing scale")?
-                .f32s()?
-                .to_vec())
-        };
-        let (xs, ws, ys) = (f32s(1)?, f32s(4)?, f32s(6)?);
+    /// kernel does not cover (the reference path handles or reports them).
+    fn requant(&self, ins: &[In<'_>], m: usize, y: DType) -> Option<Requant> {
+        let scale = |i: usize| self.rest(ins, i).map(|v| f32s(v.bytes));
+        let (xs, ws, ys) = (scale(0)?, scale(2)?, scale(4)?);
         if xs.len() != 1 || ys.len() != 1 || !(ws.len() == 1 || ws.len() == m) {
-            return Ok(None);
+            return None;
         }
-        let Some(zp) = zero_points(self.operand(ins, 7), 1, "y_zero_point")? else {
-            return Ok(None);
-        };
-        if zp.len() != 1 {
-            return Ok(None);
+        let zp = zero_points(self.rest(ins, 5).as_ref(), 1)?;
+        if zp.len() != 1 || self.rest(ins, 5)?.dtype != y {
+            return None;
         }
-        let bias = match self.operand(ins, 8) {
+        let bias = match self.rest(ins, 6) {
             None => None,
             Some(b) => {
                 let v: Vec<i32> = b
-                    .bytes()
+                    .bytes
                     .chunks_exact(4)
                     .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
                     .collect();
                 if v.len() != m {
-                    return Ok(None);
+                    return None;
                 }
                 Some(v)
             }
         };
         let (lo, hi) = range_of(y);
-        Ok(Some(Requant {
+        Some(Requant {
             bias,
             // ORT's order: x_scale · w_scale / y_scale, in f32.
             scale: ws.iter().map(|&w| xs[0] * w / ys[0]).collect(),
@@ -329,19 +370,13 @@ impl QConvKernel {
             lo,
             hi,
             signed: y == DType::I8,
-        }))
+        })
     }
 }
 
 impl NativeKernel for QConvKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
-        let (x_at, w_at) = match self.mode {
-            Mode::QLinear => (0, 3),
-            Mode::Integer => (0, 1),
-        };
-        let (Some(x), Some(w)) = (self.operand(ins, x_at), self.operand(ins, w_at)) else {
-            return Ok(false);
-        };
+        let (x, w) = (&ins[self.x], &ins[self.w]);
         let (&[n, c, h, wd], &[m, cg, kh, kw]) = (x.dims.as_slice(), w.dims.as_slice()) else {
             return Ok(false);
         };
@@ -368,26 +403,30 @@ impl NativeKernel for QConvKernel {
             return Ok(false);
         }
         let (xzp_at, wzp_at) = match self.mode {
-            Mode::QLinear => (2, 5),
-            Mode::Integer => (2, 3),
+            Mode::QLinear => (1, 3),
+            Mode::Integer => (0, 1),
         };
-        let Some(x_zp) = zero_points(self.operand(ins, xzp_at), 1, "x_zero_point")? else {
+        let Some(x_zp) = zero_points(self.rest(ins, xzp_at).as_ref(), 1) else {
             return Ok(false);
         };
-        let w_zp_in = self.operand(ins, wzp_at);
-        let Some(w_zp) = zero_points(w_zp_in, m, "w_zero_point")? else {
+        let w_zp_view = self.rest(ins, wzp_at);
+        let Some(w_zp) = zero_points(w_zp_view.as_ref(), m) else {
             return Ok(false);
+        };
+        let zp_fixed = match &self.rest[wzp_at] {
+            None | Some(Opnd::Const { .. }) => true,
+            Some(Opnd::Input(_)) => w_zp_view.as_ref().is_some_and(|v| v.weight.is_some()),
         };
         let y_dtype = outs[0].dtype;
         let requant = match self.mode {
-            Mode::QLinear => match self.requant(ins, m, y_dtype)? {
+            Mode::QLinear => match self.requant(ins, m, y_dtype) {
                 Some(r) => Some(r),
                 None => return Ok(false),
             },
             Mode::Integer if y_dtype == DType::I32 => None,
             Mode::Integer => return Ok(false),
         };
-        let wf = self.shifted_weights(w, w_zp_in, &w_zp, m);
+        let wf = self.shifted_weights(w, &w_zp, zp_fixed, m);
         let shape = Shape {
             n,
             c,
@@ -460,7 +499,7 @@ impl QConvKernel {
             acc,
         } = scratch;
         let xs = grow(xs, n * c * h * wd);
-        for (d, v) in xs.iter_mut().zip(ints(x)) {
+        for (d, v) in xs.iter_mut().zip(ints(x.dtype, x.bytes())) {
             *d = (v - x_zp) as f32;
         }
         let direct =
