@@ -17,7 +17,7 @@
 //!
 //! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
-//! [`conv_nhwc`], [`qconv`] (QLinearConv, ConvInteger), [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`]
+//! [`conv_nhwc`], [`qconv`] (QLinearConv, ConvInteger), [`quantize`] (per-tensor Q/DQ), [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`]
 //! (MatMulNBits weights),
 //! [`pool`], [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
 //! norm), [`softmax`] (with an additive row mask), [`elementwise`] (tile programs).
@@ -44,6 +44,7 @@ mod norm;
 mod operands;
 mod pool;
 mod qconv;
+mod quantize;
 mod softmax;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -210,6 +211,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| matmul::select(body, par))
         .or_else(|| conv::select(body, par))
         .or_else(|| qconv::select(body, par))
+        .or_else(|| quantize::select(body, par))
         .or_else(|| conv_nhwc::select(body, par))
         .or_else(|| block_nhwc::select(body, par))
         .or_else(|| pool::select(body, par))

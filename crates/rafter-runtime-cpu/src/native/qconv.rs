@@ -45,22 +45,22 @@ enum Mode {
 /// Where an operand comes from: a body input (an operand of the dispatch), or a small
 /// constant the compiler copied into the body (scales, zero points, a bias).
 #[derive(Clone, Debug)]
-enum Opnd {
+pub(super) enum Opnd {
     Input(usize),
     Const { dtype: DType, bytes: Vec<u8> },
 }
 
 /// An operand's elements for this dispatch.
-struct View<'a> {
-    dtype: DType,
-    bytes: &'a [u8],
+pub(super) struct View<'a> {
+    pub(super) dtype: DType,
+    pub(super) bytes: &'a [u8],
     /// The program weight it is, if one (the same bytes every call).
     weight: Option<usize>,
 }
 
 impl Opnd {
     /// `v` as an input or constant of one of `dtypes`.
-    fn of(body: &Graph, v: Option<ValueId>, dtypes: &[DType]) -> Option<Opnd> {
+    pub(super) fn of(body: &Graph, v: Option<ValueId>, dtypes: &[DType]) -> Option<Opnd> {
         let v = v?;
         let dtype = body.value(v).ty.dtype;
         if !dtypes.contains(&dtype) {
@@ -76,7 +76,7 @@ impl Opnd {
         })
     }
 
-    fn view<'a>(&'a self, ins: &'a [In<'a>]) -> View<'a> {
+    pub(super) fn view<'a>(&'a self, ins: &'a [In<'a>]) -> View<'a> {
         match self {
             Opnd::Input(i) => View {
                 dtype: ins[*i].dtype,
@@ -112,7 +112,7 @@ struct QConvKernel {
     shifted_w: Mutex<Option<(usize, Arc<Vec<f32>>)>>,
 }
 
-const Q: &[DType] = &[DType::U8, DType::I8];
+pub(super) const Q: &[DType] = &[DType::U8, DType::I8];
 
 /// The kernel for a body that is one `qlinear_conv` or `conv_integer` node (u8/i8 operands).
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
@@ -206,7 +206,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
 }
 
 /// The integer values of u8/i8 bytes.
-fn ints(dtype: DType, bytes: &[u8]) -> impl Iterator<Item = i32> + '_ {
+pub(super) fn ints(dtype: DType, bytes: &[u8]) -> impl Iterator<Item = i32> + '_ {
     let signed = dtype == DType::I8;
     bytes
         .iter()
@@ -214,7 +214,7 @@ fn ints(dtype: DType, bytes: &[u8]) -> impl Iterator<Item = i32> + '_ {
 }
 
 /// The f32 values of little-endian bytes.
-fn f32s(bytes: &[u8]) -> Vec<f32> {
+pub(super) fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
@@ -232,7 +232,7 @@ fn zero_points(t: Option<&View<'_>>, len: usize) -> Option<Vec<i32>> {
 }
 
 /// The output range of a quantized result type.
-fn range_of(dtype: DType) -> (i32, i32) {
+pub(super) fn range_of(dtype: DType) -> (i32, i32) {
     match dtype {
         DType::I8 => (-128, 127),
         _ => (0, 255),
