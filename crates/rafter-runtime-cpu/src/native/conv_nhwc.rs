@@ -24,9 +24,9 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
-    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, sigmoid_in_place, small_conv_nhwc, BRef, ChannelTail,
-    Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual,
-    SmallConvNhwc, WindowNhwc, WinogradNhwcWeights, PACKED_B_NR,
+    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, sigmoid_in_place, small_conv_nhwc, BRef,
+    ChannelTail, Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel,
+    Residual, SmallConvNhwc, WindowNhwc, WinogradNhwcWeights, PACKED_B_NR,
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};

@@ -94,9 +94,12 @@ impl Opnd {
 
 struct QConvKernel {
     mode: Mode,
-    /// Body input index of x and of w.
+    /// Body input index of x.
     x: usize,
-    w: usize,
+    /// The weight: a body input, or (small ones) a constant the compiler copied in.
+    w: Opnd,
+    /// The weight's dims when it is a constant.
+    w_const_dims: Option<Vec<usize>>,
     /// Each ONNX operand after x and w in ONNX order (`None`: absent): for `QLinearConv`
     /// x_scale, x_zp, w_scale, w_zp, y_scale, y_zp, bias; for `ConvInteger` x_zp, w_zp.
     rest: Vec<Option<Opnd>>,
@@ -169,10 +172,17 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         }
     };
     let f = &[DType::F32];
-    let (x, w, rest) = match mode {
+    let weight = |i: usize| -> Option<(Opnd, Option<Vec<usize>>)> {
+        let v = node.inputs.get(i).copied().flatten();
+        match Opnd::of(body, v, Q)? {
+            Opnd::Input(j) => Some((Opnd::Input(j), None)),
+            c => Some((c, Some(super::known_dims(body, v?)?))),
+        }
+    };
+    let (x, (w, w_const_dims), rest) = match mode {
         Mode::QLinear => (
             input(0)?,
-            input(3)?,
+            weight(3)?,
             vec![
                 operand(1, f, true)?,
                 operand(2, Q, true)?,
@@ -185,7 +195,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         ),
         Mode::Integer => (
             input(0)?,
-            input(1)?,
+            weight(1)?,
             vec![operand(2, Q, false)?, operand(3, Q, false)?],
         ),
     };
@@ -193,6 +203,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         mode,
         x,
         w,
+        w_const_dims,
         rest,
         kernel_shape: kernel_shape.clone(),
         strides: strides.clone(),
@@ -272,23 +283,20 @@ struct Requant {
 }
 
 impl Requant {
-    /// One output value from the exact integer product `acc` of channel `m`.
+    /// Output row of channel `m` from the exact integer products `acc` (one per pixel):
+    /// `clamp((acc + bias) as f32 · scale) rounded half to even + zero point`.
     #[inline]
-    fn value(&self, acc: i32, m: usize) -> u8 {
-        let acc = match &self.bias {
-            // The accumulation is in i32 (ORT's, and NumPy's astype in the reference).
-            Some(b) => acc.wrapping_add(b[m % b.len()]),
-            None => acc,
-        };
+    fn row(&self, acc: impl Iterator<Item = i32>, m: usize, out: &mut [u8]) {
+        // The accumulation is in i32 (ORT's, and NumPy's astype in the reference).
+        let b = self.bias.as_ref().map_or(0, |b| b[m % b.len()]);
         let s = self.scale[m % self.scale.len()];
         let lo = (self.lo - self.zp) as f32;
         let hi = (self.hi - self.zp) as f32;
-        let f = (acc as f32 * s).max(lo).min(hi);
-        let q = round_half_even(f) as i32 + self.zp;
-        if self.signed {
-            q as i8 as u8
-        } else {
-            q as u8
+        let (zp, signed) = (self.zp, self.signed);
+        for (v, a) in out.iter_mut().zip(acc) {
+            let f = (a.wrapping_add(b) as f32 * s).max(lo).min(hi);
+            let q = round_half_even(f) as i32 + zp;
+            *v = if signed { q as i8 as u8 } else { q as u8 };
         }
     }
 }
@@ -311,11 +319,17 @@ impl QConvKernel {
 
     /// `w - w_zp[m]` as f32 for every weight (`[M, K]`), cached when the weight is a
     /// program weight and its zero point fixed.
-    fn shifted_weights(&self, w: &In<'_>, w_zp: &[i32], zp_fixed: bool, m: usize) -> Arc<Vec<f32>> {
+    fn shifted_weights(
+        &self,
+        w: &View<'_>,
+        w_zp: &[i32],
+        zp_fixed: bool,
+        m: usize,
+    ) -> Arc<Vec<f32>> {
         let compute = || {
-            let k = w.len() / m.max(1);
+            let k = w.bytes.len() / m.max(1);
             Arc::new(
-                ints(w.dtype, w.bytes())
+                ints(w.dtype, w.bytes)
                     .enumerate()
                     .map(|(i, v)| (v - w_zp[(i / k.max(1)) % w_zp.len()]) as f32)
                     .collect::<Vec<f32>>(),
@@ -376,8 +390,14 @@ impl QConvKernel {
 
 impl NativeKernel for QConvKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
-        let (x, w) = (&ins[self.x], &ins[self.w]);
-        let (&[n, c, h, wd], &[m, cg, kh, kw]) = (x.dims.as_slice(), w.dims.as_slice()) else {
+        let x = &ins[self.x];
+        let w = self.w.view(ins);
+        let w_dims = match (&self.w, &self.w_const_dims) {
+            (Opnd::Input(i), _) => ins[*i].dims.as_slice(),
+            (_, Some(d)) => d.as_slice(),
+            _ => return Ok(false),
+        };
+        let (&[n, c, h, wd], &[m, cg, kh, kw]) = (x.dims.as_slice(), w_dims) else {
             return Ok(false);
         };
         if !self.kernel_shape.is_empty() && self.kernel_shape != [kh as i64, kw as i64] {
@@ -426,7 +446,23 @@ impl NativeKernel for QConvKernel {
             Mode::Integer if y_dtype == DType::I32 => None,
             Mode::Integer => return Ok(false),
         };
-        let wf = self.shifted_weights(w, &w_zp, zp_fixed, m);
+        if x.bytes().len() != n * c * h * wd {
+            return Err(format!(
+                "input of {} bytes, but {:?} needs {}",
+                x.bytes().len(),
+                x.dims,
+                n * c * h * wd
+            ));
+        }
+        if w.bytes.len() != m * cg * kh * kw {
+            return Err(format!(
+                "weight of {} bytes, but {:?} needs {}",
+                w.bytes.len(),
+                w_dims,
+                m * cg * kh * kw
+            ));
+        }
+        let wf = self.shifted_weights(&w, &w_zp, zp_fixed, m);
         let shape = Shape {
             n,
             c,
@@ -529,7 +565,11 @@ impl QConvKernel {
                         .map_err(err)?;
                     if chunks > 1 {
                         for (a, &v) in acc.iter_mut().zip(prod.iter()) {
-                            *a = if ci == 0 { v as i32 } else { a.wrapping_add(v as i32) };
+                            *a = if ci == 0 {
+                                v as i32
+                            } else {
+                                a.wrapping_add(v as i32)
+                            };
                         }
                     }
                 }
@@ -546,8 +586,10 @@ impl QConvKernel {
                         let yg = &mut y[y0..y0 + mg * p];
                         for (mi, row) in yg.chunks_exact_mut(p).enumerate() {
                             let ch = gi * mg + mi;
-                            for (j, v) in row.iter_mut().enumerate() {
-                                *v = r.value(exact(mi * p + j), ch);
+                            if chunks > 1 {
+                                r.row(acc[mi * p..][..p].iter().copied(), ch, row);
+                            } else {
+                                r.row(prod[mi * p..][..p].iter().map(|&v| v as i32), ch, row);
                             }
                         }
                     }

@@ -38,15 +38,13 @@ pub(super) fn select(body: &Graph, _par: &super::Par) -> Option<Arc<dyn NativeKe
     let x = if quantize {
         input_of(body, node.input(0), DType::F32)?
     } else {
-        input_of(body, node.input(0), DType::U8).or_else(|| input_of(body, node.input(0), DType::I8))?
+        input_of(body, node.input(0), DType::U8)
+            .or_else(|| input_of(body, node.input(0), DType::I8))?
     };
     let zero_point = match node.inputs.get(2).copied().flatten() {
         None => None,
         Some(v) => Some(Opnd::of(body, Some(v), Q)?),
     };
-    // Without a zero point the output type is the op's own (u8 by default): leave those
-    // to the reference path, which resolves it.
-    zero_point.as_ref()?;
     Some(Arc::new(QuantizeKernel {
         quantize,
         x,
@@ -58,21 +56,24 @@ pub(super) fn select(body: &Graph, _par: &super::Par) -> Option<Arc<dyn NativeKe
 impl NativeKernel for QuantizeKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         let scale = f32s(self.scale.view(ins).bytes);
-        let Some(zp) = &self.zero_point else {
-            return Ok(false);
+        // Without a zero point: 0, of the result's type (quantize) or none (dequantize).
+        let (zps, zp_dtype): (Vec<i32>, DType) = match &self.zero_point {
+            Some(zp) => {
+                let zp = zp.view(ins);
+                (ints(zp.dtype, zp.bytes).collect(), zp.dtype)
+            }
+            None => (vec![0], outs[0].dtype),
         };
-        let zp = zp.view(ins);
-        let zps: Vec<i32> = ints(zp.dtype, zp.bytes).collect();
         let x = &ins[self.x];
         if scale.len() != 1 || zps.len() != 1 || outs[0].dims != x.dims {
             return Ok(false);
         }
         let (s, z) = (scale[0], zps[0]);
         if self.quantize {
-            if outs[0].dtype != zp.dtype {
+            if outs[0].dtype != zp_dtype || !Q.contains(&zp_dtype) {
                 return Ok(false);
             }
-            quantize(x.f32s()?, s, z, zp.dtype, outs[0].bytes_mut());
+            quantize(x.f32s()?, s, z, zp_dtype, outs[0].bytes_mut());
         } else {
             if outs[0].dtype != DType::F32 {
                 return Ok(false);
@@ -142,7 +143,7 @@ mod tests {
                     for (&v, &got) in x.iter().zip(&y) {
                         let r = (v / s).round_ties_even();
                         let r = if r.is_nan() { 0 } else { r as i64 };
-                        let want = (r + z as i64).clamp(lo, hi);
+                        let want = r.saturating_add(z as i64).clamp(lo, hi);
                         let got = match dtype {
                             DType::U8 => got as i64,
                             _ => got as i8 as i64,
