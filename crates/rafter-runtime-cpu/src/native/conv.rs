@@ -385,7 +385,7 @@ const IM2COL_MIN_COLUMNS: usize = 512;
 
 /// im2col of one group's `cg` input planes, for output rows `rows_out`, into `cols`
 /// (`cg*KH*KW` rows of `rows_out.len()*OW`).
-fn im2col(
+pub(super) fn im2col(
     xg: &[f32],
     cg: usize,
     [h, w]: [usize; 2],

@@ -24,13 +24,13 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
-    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, small_conv_nhwc, BRef, ChannelTail,
-    Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual,
-    SmallConvNhwc, WindowNhwc, WinogradNhwcWeights, PACKED_B_NR,
+    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, sigmoid_in_place, small_conv_nhwc, BRef,
+    ChannelTail, Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel,
+    Residual, SmallConvNhwc, WindowNhwc, WinogradNhwcWeights, PACKED_B_NR,
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
-use super::epilogue::{parse_chain_from, resolve_conv, EpiOp, Resolved, Src};
+use super::epilogue::{parse_chain_then_sigmoid, resolve_conv, EpiOp, Resolved, Src};
 use super::matmul::packed_prologue;
 use super::{input_of, known_dims, read_once, In, NativeKernel, Out, Par, TO_NHWC};
 
@@ -57,6 +57,8 @@ struct ConvNhwcKernel {
     group: i64,
     auto_pad: AutoPad,
     chain: Vec<EpiOp>,
+    /// The body ends with a sigmoid after `chain` (applied in a pass over the result).
+    sigmoid: bool,
     par: Par,
     /// The Winograd-transformed filter, by the address of the weight it was computed from.
     winograd: Mutex<Option<(usize, Arc<WinogradNhwcWeights>)>>,
@@ -124,6 +126,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         Some(x) => x,
         None => input_of(body, node.input(0), DType::F32)?,
     };
+    let (chain, sigmoid) = parse_chain_then_sigmoid(body, node.outputs[0]?, at + 1)?;
     Some(Arc::new(ConvNhwcKernel {
         x,
         x_nchw: reordered.is_some(),
@@ -135,7 +138,8 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         dilations: dilations.clone(),
         group: *group,
         auto_pad: *auto_pad,
-        chain: parse_chain_from(body, node.outputs[0]?, at + 1)?,
+        chain,
+        sigmoid,
         par: par.clone(),
         winograd: Mutex::new(None),
     }))
@@ -190,6 +194,20 @@ fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
 
 impl NativeKernel for ConvNhwcKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        if !self.conv(ins, outs)? {
+            return Ok(false);
+        }
+        if self.sigmoid {
+            sigmoid_in_place(outs[0].f32s()?, &*self.par).map_err(|e| format!("conv_nhwc: {e}"))?;
+        }
+        Ok(true)
+    }
+}
+
+impl ConvNhwcKernel {
+    /// The convolution and its fused epilogue (all but a trailing sigmoid); `Ok(false)`
+    /// with nothing written for shapes it does not cover.
+    fn conv(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         let x = &ins[self.x];
         let [n, h, wd, c] = match (x.dims.as_slice(), self.x_nchw) {
             (&[n, h, w, c], false) => [n, h, w, c],

@@ -79,6 +79,37 @@ pub(crate) fn parse_chain_from(body: &Graph, root: ValueId, start: usize) -> Opt
     Some(chain)
 }
 
+/// [`parse_chain_from`], or a chain that ends with a `sigmoid` (a gate, as a branch of a
+/// CNN has it): the chain before the sigmoid and `true`. A kernel taking it applies the
+/// sigmoid in one vectorised pass over its result after the epilogue, which it cannot fuse.
+pub(crate) fn parse_chain_then_sigmoid(
+    body: &Graph,
+    root: ValueId,
+    start: usize,
+) -> Option<(Vec<EpiOp>, bool)> {
+    if let Some(chain) = parse_chain_from(body, root, start) {
+        return Some((chain, false));
+    }
+    let is_sigmoid = |n: &rafter_ir::Node| {
+        matches!(
+            n.op,
+            Op::Unary {
+                op: UnaryOp::Sigmoid
+            }
+        )
+    };
+    let (chain, cur, at) = parse_chain_until(body, root, start, is_sigmoid)?;
+    let last = body.nodes.get(at)?;
+    let out = (*last.outputs.first()?)?;
+    let covered = at + 1 == body.nodes.len()
+        && last.inputs == [Some(cur)]
+        && last.outputs.len() == 1
+        && body.value(cur).ty.dtype == DType::F32
+        && body.value(out).ty.dtype == DType::F32
+        && body.outputs == [out];
+    covered.then_some((chain, true))
+}
+
 /// The chain over `root` in `body.nodes[start..]` up to the first node that `stop` picks
 /// (a fused block's next contraction), with the running value there and that node's index
 /// (the body's length when none stops it). The running value is read once, by that node.

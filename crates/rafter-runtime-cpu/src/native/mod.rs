@@ -17,10 +17,11 @@
 //!
 //! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
-//! [`conv_nhwc`], [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`]
-//! (MatMulNBits weights),
-//! [`pool`], [`recurrent`] (LSTM, GRU, RNN), [`movement`] (reshape-likes, transposes, concat, gather), [`norm`] (layer
-//! norm), [`softmax`] (with an additive row mask), [`elementwise`] (tile programs).
+//! [`conv_nhwc`], [`qconv`] (QLinearConv, ConvInteger), [`quantize`] (per-tensor Q/DQ),
+//! [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`] (MatMulNBits
+//! weights), [`pool`], [`recurrent`] (LSTM, GRU, RNN), [`movement`] (reshape-likes,
+//! transposes, concat, gather), [`norm`] (layer norm), [`softmax`] (with an additive row
+//! mask), [`elementwise`] (tile programs).
 //!
 //! # Aliasing
 //! The memory planner binds a result to the bytes of an operand only in elementwise-only
@@ -43,6 +44,8 @@ mod movement;
 mod norm;
 mod operands;
 mod pool;
+mod qconv;
+mod quantize;
 mod recurrent;
 mod softmax;
 
@@ -209,6 +212,8 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| block_quant::select(body, par))
         .or_else(|| matmul::select(body, par))
         .or_else(|| conv::select(body, par))
+        .or_else(|| qconv::select(body, par))
+        .or_else(|| quantize::select(body, par))
         .or_else(|| conv_nhwc::select(body, par))
         .or_else(|| block_nhwc::select(body, par))
         .or_else(|| pool::select(body, par))

@@ -1154,3 +1154,293 @@ fn block_quant_matmuls_run_natively() {
         assert_native(c.check(y), 1);
     }
 }
+
+impl Case {
+    /// A constant of `dtype` from raw little-endian bytes.
+    fn const_bytes(&mut self, dtype: DType, dims: &[usize], bytes: Vec<u8>) -> ValueId {
+        let name = format!("c{}", self.g.values.len());
+        let c = ConstData::new(dtype, dims.to_vec(), Bytes::from(bytes)).unwrap();
+        self.g.add_const(name, c)
+    }
+
+    /// Random u8 or i8 bytes (the full range).
+    fn quant_bytes(&mut self, len: usize) -> Vec<u8> {
+        self.rng
+            .vec(len)
+            .iter()
+            .map(|x| ((x + 1.0) * 127.99) as u8)
+            .collect()
+    }
+
+    /// A node whose one result has `dtype`.
+    fn typed_node(
+        &mut self,
+        op: Op,
+        ins: Vec<Option<ValueId>>,
+        dtype: DType,
+        out: &[usize],
+    ) -> ValueId {
+        let n = self.g.nodes.len();
+        let d: Vec<i64> = out.iter().map(|&x| x as i64).collect();
+        let outs = self.g.add_node(
+            format!("n{n}"),
+            op,
+            ins,
+            vec![Some((format!("v{n}"), TensorType::known(dtype, &d)))],
+        );
+        outs[0].unwrap()
+    }
+}
+
+fn qconv_op(strides: &[i64], pads: &[i64], dilations: &[i64], group: i64, integer: bool) -> Op {
+    let (kernel_shape, strides, pads, dilations) =
+        (vec![], strides.to_vec(), pads.to_vec(), dilations.to_vec());
+    let auto_pad = AutoPad::NotSet;
+    if integer {
+        Op::ConvInteger {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        }
+    } else {
+        Op::QLinearConv {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            group,
+            auto_pad,
+        }
+    }
+}
+
+/// `QuantizeLinear → QLinearConv → DequantizeLinear` (and `ConvInteger`) against the
+/// reference executor, exactly: u8/i8 activations and weights, zero points at the ends of
+/// their ranges, per-tensor and per-channel weight scales and zero points, groups
+/// (depthwise included), odd sizes, strides, pads, dilations, a reduction longer than the
+/// exact f32 chunk (K = 9·40 = 360 > 256), with and without a bias.
+#[test]
+fn quantized_convolutions_match_the_reference_exactly() {
+    // (x dtype, x zp, w dtype, w zp per channel?, y dtype, y zp, [n, c, h, w], [m, k],
+    //  strides, pads, dilations, group, bias)
+    type QCase = (
+        DType,
+        u8,
+        DType,
+        bool,
+        DType,
+        u8,
+        [usize; 4],
+        [usize; 2],
+        [i64; 2],
+        [i64; 4],
+        [i64; 2],
+        usize,
+        bool,
+    );
+    let cases: [QCase; 7] = [
+        (
+            DType::U8,
+            0,
+            DType::I8,
+            false,
+            DType::U8,
+            128,
+            [2, 16, 9, 7],
+            [16, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            DType::U8,
+            255,
+            DType::U8,
+            true,
+            DType::U8,
+            0,
+            [1, 3, 11, 13],
+            [8, 3],
+            [2, 2],
+            [1, 0, 2, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            DType::I8,
+            0x80,
+            DType::I8,
+            true,
+            DType::I8,
+            0x80,
+            [1, 6, 8, 8],
+            [6, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            6,
+            false,
+        ),
+        (
+            DType::I8,
+            127,
+            DType::I8,
+            false,
+            DType::I8,
+            0,
+            [2, 8, 7, 9],
+            [4, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            2,
+            true,
+        ),
+        (
+            DType::U8,
+            17,
+            DType::I8,
+            true,
+            DType::U8,
+            255,
+            [1, 40, 6, 5],
+            [5, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            DType::U8,
+            3,
+            DType::I8,
+            false,
+            DType::U8,
+            9,
+            [1, 5, 12, 12],
+            [7, 3],
+            [1, 2],
+            [2, 2, 2, 2],
+            [2, 2],
+            1,
+            false,
+        ),
+        (
+            DType::U8,
+            1,
+            DType::U8,
+            false,
+            DType::U8,
+            1,
+            [1, 4, 5, 5],
+            [3, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            1,
+            false,
+        ),
+    ];
+    for (i, &(xd, xz, wd, per_ch, yd, yz, [n, c, h, w], [m, k], s, p, d, g, bias)) in
+        cases.iter().enumerate()
+    {
+        for integer in [false, true] {
+            let mut t = Case::new(200 + i as u64);
+            let x = t.input(&[n, c, h, w]);
+            let xs = t.weight_of(&[], &[0.02]);
+            let xzp = t.const_bytes(xd, &[], vec![xz]);
+            let xq = t.typed_node(
+                Op::QuantizeLinear {
+                    axis: 1,
+                    block_size: 0,
+                    output_dtype: xd,
+                },
+                vec![Some(x), Some(xs), Some(xzp)],
+                xd,
+                &[n, c, h, w],
+            );
+            let wbytes = t.quant_bytes(m * (c / g) * k * k);
+            let wq = t.const_bytes(wd, &[m, c / g, k, k], wbytes);
+            let nch = if per_ch { m } else { 1 };
+            let zp_dims: &[usize] = if per_ch { &[m] } else { &[] };
+            let wzp_bytes: Vec<u8> = match (wd, per_ch) {
+                // The ends of the range, and the middle.
+                (DType::U8, true) => (0..m).map(|j| [0u8, 255, 128][j % 3]).collect(),
+                (DType::I8, true) => (0..m).map(|j| [0x80u8, 0x7f, 0][j % 3]).collect(),
+                (DType::U8, false) => vec![131],
+                _ => vec![0],
+            };
+            let wzp = t.const_bytes(wd, zp_dims, wzp_bytes);
+            let dims_out = {
+                let o = |len: usize, kk: usize, st: i64, pb: i64, pe: i64, dl: i64| {
+                    (len + pb as usize + pe as usize - ((kk - 1) * dl as usize + 1)) / st as usize
+                        + 1
+                };
+                [
+                    n,
+                    m,
+                    o(h, k, s[0], p[0], p[2], d[0]),
+                    o(w, k, s[1], p[1], p[3], d[1]),
+                ]
+            };
+            let op = qconv_op(&s, &p, &d, g as i64, integer);
+            if integer {
+                let y = t.typed_node(
+                    op,
+                    vec![Some(xq), Some(wq), Some(xzp), Some(wzp)],
+                    DType::I32,
+                    &dims_out,
+                );
+                let s = t.check(y);
+                assert!(s.dispatches >= 2, "{s:?}");
+                assert_eq!(s.fallbacks, 0, "{s:?}");
+                continue;
+            }
+            let ws_vals: Vec<f32> = (0..nch).map(|j| 0.003 + 0.001 * j as f32).collect();
+            let ws = t.weight_of(zp_dims, &ws_vals);
+            let ys = t.weight_of(&[], &[0.05]);
+            let yzp = t.const_bytes(yd, &[], vec![yz]);
+            let b = bias.then(|| {
+                let v: Vec<u8> = (0..m)
+                    .flat_map(|j| ((j as i32 - 3) * 997).to_le_bytes())
+                    .collect();
+                t.const_bytes(DType::I32, &[m], v)
+            });
+            let y = t.typed_node(
+                op,
+                vec![
+                    Some(xq),
+                    Some(xs),
+                    Some(xzp),
+                    Some(wq),
+                    Some(ws),
+                    Some(wzp),
+                    Some(ys),
+                    Some(yzp),
+                    b,
+                ],
+                yd,
+                &dims_out,
+            );
+            let yf = t.typed_node(
+                Op::DequantizeLinear {
+                    axis: 1,
+                    block_size: 0,
+                },
+                vec![Some(y), Some(ys), Some(yzp)],
+                DType::F32,
+                &dims_out,
+            );
+            let s = t.check(yf);
+            assert!(s.dispatches >= 2, "case {i}: {s:?}");
+            assert_eq!(s.fallbacks, 0, "case {i}: {s:?}");
+        }
+    }
+}
