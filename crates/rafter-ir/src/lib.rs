@@ -34,7 +34,7 @@ pub use dim::{is_identifier, sanitize_identifier, Dim, DimError, Symbol};
 pub use dtype::DType;
 pub use graph::{ConstId, Graph, Node, NodeId, StateLink, Value, ValueDef, ValueId};
 pub use op::*;
-pub use symbol_def::{bind_defined, SymbolDef, SymbolExpr};
+pub use symbol_def::{bind_defined, InputValues, SymbolDef, SymbolExpr};
 pub use types::TensorType;
 pub use verify::{verify, VerifyError};
 pub use weight::WeightFormat;

@@ -558,6 +558,23 @@ impl Program {
                     return Err(format!("symbol definition {i} `{def}` divides by {den}"));
                 }
             }
+            for name in def.expr.value_inputs() {
+                let port = self.inputs.iter().find(|p| p.name == name);
+                let Some(port) = port else {
+                    return Err(format!(
+                        "symbol definition {i} `{}` reads the values of `{name}`, which is \
+                         not an input",
+                        def.symbol.name()
+                    ));
+                };
+                if !(port.ty.dtype.is_int() || port.ty.dtype.is_float()) {
+                    return Err(format!(
+                        "symbol definition {i} `{}` reads the values of `{name}`, of type {}",
+                        def.symbol.name(),
+                        port.ty
+                    ));
+                }
+            }
             if !bound.insert(def.symbol.clone()) {
                 return Err(format!(
                     "symbol definition {i} `{def}` defines `{}`, which is already bound",

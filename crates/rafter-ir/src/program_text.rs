@@ -490,6 +490,9 @@ impl ProgramParser<'_, '_> {
         };
         self.p.next();
         self.p.expect("(")?;
+        if kind == "values" {
+            return self.define_values(symbol);
+        }
         let first = self.p.dim()?;
         self.p.expect(",")?;
         let expr = match kind.as_str() {
@@ -510,11 +513,41 @@ impl ProgramParser<'_, '_> {
             _ => {
                 return Err(error_at(
                     pos,
-                    format!("expected `floordiv`, `mod` or `broadcast`, found `{kind}`"),
+                    format!("expected `floordiv`, `mod`, `broadcast` or `values`, found `{kind}`"),
                 ))
             }
         };
         self.p.expect(")")?;
+        self.program
+            .symbol_defs
+            .push(crate::SymbolDef { symbol, expr });
+        Ok(())
+    }
+
+    /// The rest of `define _r = values(0, 1, [1]) graph @d(...) -> (...) { ... }` (after
+    /// `values(`): result, axis, the body inputs whose values are read, the one-node body.
+    fn define_values(&mut self, symbol: crate::Symbol) -> Result<(), ParseError> {
+        let output = self.index_number("a result index")?;
+        self.p.expect(",")?;
+        let axis = self.index_number("an axis")?;
+        self.p.expect(",")?;
+        self.p.expect("[")?;
+        let mut reads = Vec::new();
+        while !self.p.is_punct("]") {
+            if !reads.is_empty() {
+                self.p.expect(",")?;
+            }
+            reads.push(self.index_number("a body input index")?);
+        }
+        self.p.expect("]")?;
+        self.p.expect(")")?;
+        let body = self.p.graph()?;
+        let expr = crate::SymbolExpr::Values {
+            body,
+            reads,
+            output,
+            axis,
+        };
         self.program
             .symbol_defs
             .push(crate::SymbolDef { symbol, expr });

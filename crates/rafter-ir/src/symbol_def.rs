@@ -9,14 +9,26 @@
 //! the symbol from symbols bound earlier (the inputs', or earlier definitions), so the
 //! runtime binds it right after the inputs, before any work runs, and such buffers are
 //! sized per call like any other.
+//!
+//! A size may also follow from the *values* of a small input tensor (a Reshape's target
+//! shape, an Expand's shape, Pad's pads, Range's limits, Resize's scales, TopK's `k` fed
+//! by a graph input): [`SymbolExpr::Values`] keeps the one op that makes the size, and
+//! the runtime re-runs that op's shape inference on the call's input values when it binds
+//! the inputs (the same rule inference applied at compile time, so the runtime's sizes
+//! are the ones every executor checks against).
 
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::{Bindings, Dim, Symbol};
+use crate::infer::{infer_node, InferInput};
+use crate::{Bindings, ConstData, Dim, Graph, Symbol, TensorType, ValueDef};
+
+/// The values of the call's inputs, by port name, where a [`SymbolExpr::Values`]
+/// definition reads them (`None`: the caller has no such input).
+pub type InputValues<'a> = dyn Fn(&str) -> Option<ConstData> + 'a;
 
 /// How a defined symbol's value follows from symbols bound before it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum SymbolExpr {
     /// `floor(num / den)`, `den > 0`; a size, so `num` must not be negative.
     FloorDiv { num: Dim, den: i64 },
@@ -25,10 +37,19 @@ pub enum SymbolExpr {
     /// The size two broadcast dims give: `a` where `b` is 1, else `b` (and then `a` must be
     /// 1 or equal to it).
     Broadcast { a: Dim, b: Dim },
+    /// Dim `axis` of result `output` of the one node of `body`, whose shape inference
+    /// reads the values of the body inputs at `reads` (each named after the program
+    /// input whose values it is); the other body inputs contribute their dims.
+    Values {
+        body: Graph,
+        reads: Vec<usize>,
+        output: usize,
+        axis: usize,
+    },
 }
 
 /// One defined symbol.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SymbolDef {
     pub symbol: Symbol,
     pub expr: SymbolExpr,
@@ -40,6 +61,23 @@ impl SymbolExpr {
         match self {
             SymbolExpr::FloorDiv { num, .. } | SymbolExpr::Mod { num, .. } => vec![num],
             SymbolExpr::Broadcast { a, b } => vec![a, b],
+            SymbolExpr::Values { body, .. } => body
+                .inputs
+                .iter()
+                .flat_map(|&v| body.value(v).ty.dims.iter())
+                .collect(),
+        }
+    }
+
+    /// The program inputs whose values the expression reads (by port name).
+    pub fn value_inputs(&self) -> Vec<&str> {
+        match self {
+            SymbolExpr::Values { body, reads, .. } => reads
+                .iter()
+                .filter_map(|&i| body.inputs.get(i))
+                .map(|&v| body.value(v).name.as_str())
+                .collect(),
+            _ => Vec::new(),
         }
     }
 
@@ -49,10 +87,25 @@ impl SymbolExpr {
     }
 
     /// The value under `values`; the error says which symbol is unbound or why the value is
-    /// not a size.
+    /// not a size. A [`SymbolExpr::Values`] needs the inputs' values: see [`Self::eval_with`].
     pub fn eval(&self, values: &HashMap<Symbol, i64>) -> Result<i64, String> {
+        self.eval_with(values, &|_| None)
+    }
+
+    /// The value under `values`, reading the call's input tensors through `inputs`.
+    pub fn eval_with(
+        &self,
+        values: &HashMap<Symbol, i64>,
+        inputs: &InputValues<'_>,
+    ) -> Result<i64, String> {
         let ev = |d: &Dim| d.eval(values).map_err(|e| format!("`{d}`: {e}"));
         match self {
+            SymbolExpr::Values {
+                body,
+                reads,
+                output,
+                axis,
+            } => eval_values(body, reads, *output, *axis, values, inputs),
             SymbolExpr::FloorDiv { num, den } => {
                 let n = ev(num)?;
                 if *den <= 0 {
@@ -94,8 +147,96 @@ impl fmt::Display for SymbolExpr {
             SymbolExpr::FloorDiv { num, den } => write!(f, "floordiv({num}, {den})"),
             SymbolExpr::Mod { num, den } => write!(f, "mod({num}, {den})"),
             SymbolExpr::Broadcast { a, b } => write!(f, "broadcast({a}, {b})"),
+            SymbolExpr::Values {
+                body,
+                reads,
+                output,
+                axis,
+            } => {
+                let reads: Vec<String> = reads.iter().map(usize::to_string).collect();
+                write!(
+                    f,
+                    "values({output}, {axis}, [{}]) {}",
+                    reads.join(", "),
+                    crate::text::print_graph(body).trim_end()
+                )
+            }
         }
     }
+}
+
+/// Runs the shape inference of `body`'s one node on the call's dims and on the values of
+/// the inputs at `reads`, and returns dim `axis` of result `output`, which those must fix.
+fn eval_values(
+    body: &Graph,
+    reads: &[usize],
+    output: usize,
+    axis: usize,
+    values: &HashMap<Symbol, i64>,
+    inputs: &InputValues<'_>,
+) -> Result<i64, String> {
+    let [node] = body.nodes.as_slice() else {
+        return Err(format!("its body has {} nodes, not one", body.nodes.len()));
+    };
+    let mut types: HashMap<usize, TensorType> = HashMap::new();
+    let mut konsts: HashMap<usize, ConstData> = HashMap::new();
+    for (i, &v) in body.inputs.iter().enumerate() {
+        let val = body.value(v);
+        let ty = if reads.contains(&i) {
+            let c = inputs(&val.name)
+                .ok_or_else(|| format!("it reads input `{}`, which the call lacks", val.name))?;
+            let dims = c.dims.iter().map(|&d| d as i64).collect::<Vec<_>>();
+            konsts.insert(v.0 as usize, c.clone());
+            TensorType::known(c.dtype, &dims)
+        } else {
+            let dims = val
+                .ty
+                .dims
+                .iter()
+                .map(|d| d.eval(values).map(Dim::known))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("input `{}`: {e}", val.name))?;
+            TensorType::new(val.ty.dtype, dims)
+        };
+        types.insert(v.0 as usize, ty);
+    }
+    let mut operands = Vec::with_capacity(node.inputs.len());
+    for v in &node.inputs {
+        operands.push(match v {
+            None => None,
+            Some(v) => {
+                let (ty, konst) = match body.value(*v).def {
+                    ValueDef::Const(c) => (&body.value(*v).ty, Some(body.constant(c))),
+                    _ => {
+                        let ty = types.get(&(v.0 as usize)).ok_or_else(|| {
+                            format!("operand `{}` is not a body input", body.value(*v).name)
+                        })?;
+                        (ty, konsts.get(&(v.0 as usize)))
+                    }
+                };
+                Some(InferInput {
+                    ty,
+                    sym: None,
+                    konst,
+                })
+            }
+        });
+    }
+    let mut fresh = |_: &str| Dim::symbol("_unfixed");
+    let inferred = infer_node(&node.op, &operands, node.outputs.len(), &mut fresh)
+        .map_err(|e| format!("`{}` ({}): {e}", node.name, node.op.name()))?;
+    let dim = inferred
+        .types
+        .get(output)
+        .and_then(|t| t.dims.get(axis))
+        .ok_or_else(|| format!("`{}` has no result {output} with axis {axis}", node.name))?;
+    dim.as_known().ok_or_else(|| {
+        format!(
+            "`{}` ({}): the input values do not fix its result's dim {axis}",
+            node.name,
+            node.op.name()
+        )
+    })
 }
 
 impl fmt::Display for SymbolDef {
@@ -105,12 +246,17 @@ impl fmt::Display for SymbolDef {
 }
 
 /// Binds every symbol of `defs`, in order, from what `bindings` holds (the inputs' symbols,
-/// then each earlier definition). A symbol already bound (a caller's `--dim`) must agree.
-pub fn bind_defined(defs: &[SymbolDef], bindings: &mut Bindings) -> Result<(), String> {
+/// then each earlier definition), reading the call's input values through `inputs` where a
+/// definition needs them. A symbol already bound (a caller's `--dim`) must agree.
+pub fn bind_defined(
+    defs: &[SymbolDef],
+    bindings: &mut Bindings,
+    inputs: &InputValues<'_>,
+) -> Result<(), String> {
     for def in defs {
         let v = def
             .expr
-            .eval(&bindings.as_map())
+            .eval_with(&bindings.as_map(), inputs)
             .map_err(|e| format!("symbol `{}` = {}: {e}", def.symbol.name(), def.expr))?;
         let what = format!("its definition `{def}`");
         let value = usize::try_from(v)
@@ -130,6 +276,7 @@ pub fn extend_bounds(defs: &[SymbolDef], bounds: &mut HashMap<Symbol, i64>) {
             SymbolExpr::FloorDiv { num, den } => max(num).map(|n| n.max(0) / den.max(&1)),
             SymbolExpr::Mod { den, .. } => Some(den - 1),
             SymbolExpr::Broadcast { a, b } => max(a).zip(max(b)).map(|(x, y)| x.max(y)),
+            SymbolExpr::Values { .. } => None,
         };
         if let Some(v) = value {
             bounds.entry(def.symbol.clone()).or_insert(v);
@@ -143,6 +290,81 @@ mod tests {
 
     fn map(pairs: &[(&str, i64)]) -> HashMap<Symbol, i64> {
         pairs.iter().map(|(s, v)| (Symbol::new(s), *v)).collect()
+    }
+
+    /// `reshape(x: f32[n, 6], shape: i64[2]) -> f32[_r0, _r1]`, reading `shape`'s values.
+    fn reshape_body() -> Graph {
+        let mut g = Graph::new("reshape");
+        let x = g.add_input(
+            "x",
+            TensorType::new(crate::DType::F32, vec![Dim::symbol("n"), Dim::known(6)]),
+        );
+        let shape = g.add_input("shape", TensorType::known(crate::DType::I64, &[2]));
+        let out = TensorType::new(
+            crate::DType::F32,
+            vec![Dim::symbol("_r0"), Dim::symbol("_r1")],
+        );
+        let y = g.add_node(
+            "r",
+            crate::Op::Reshape { allow_zero: false },
+            vec![Some(x), Some(shape)],
+            vec![Some(("y".to_string(), out))],
+        );
+        g.outputs.push(y[0].unwrap());
+        g
+    }
+
+    fn i64s(v: &[i64]) -> ConstData {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        ConstData::new(crate::DType::I64, vec![v.len()], bytes.into()).unwrap()
+    }
+
+    #[test]
+    fn values_rerun_the_ops_shape_rule_on_the_inputs_values() {
+        let values = |axis| SymbolExpr::Values {
+            body: reshape_body(),
+            reads: vec![1],
+            output: 0,
+            axis,
+        };
+        let n3 = map(&[("n", 3)]);
+        // 3 x 6 = 18 elements: [-1, 9] is [2, 9]; [0, 6] copies n; [9, 2] as given.
+        let shape = |v: &'static [i64]| move |name: &str| (name == "shape").then(|| i64s(v));
+        assert_eq!(values(0).eval_with(&n3, &shape(&[-1, 9])), Ok(2));
+        assert_eq!(values(1).eval_with(&n3, &shape(&[-1, 9])), Ok(9));
+        assert_eq!(values(0).eval_with(&n3, &shape(&[0, 6])), Ok(3));
+        assert_eq!(values(0).eval_with(&n3, &shape(&[9, 2])), Ok(9));
+        // A target that does not hold the elements, a missing input, an unbound symbol.
+        let bad = values(0).eval_with(&n3, &shape(&[4, 4])).unwrap_err();
+        assert!(bad.contains("`r` (reshape)"), "{bad}");
+        let missing = values(0).eval(&n3).unwrap_err();
+        assert!(missing.contains("`shape`"), "{missing}");
+        let unbound = values(0).eval_with(&map(&[]), &shape(&[-1, 9]));
+        assert!(unbound.unwrap_err().contains("`n`"));
+        assert_eq!(values(0).value_inputs(), vec!["shape"]);
+        assert_eq!(values(0).symbols(), vec![Symbol::new("n")]);
+    }
+
+    #[test]
+    fn values_definitions_bind_in_order_and_have_no_bound() {
+        let defs = [0, 1].map(|axis| SymbolDef {
+            symbol: Symbol::new(&format!("_r{axis}")),
+            expr: SymbolExpr::Values {
+                body: reshape_body(),
+                reads: vec![1],
+                output: 0,
+                axis,
+            },
+        });
+        let mut b = Bindings::default();
+        b.unify(&Dim::symbol("n"), 2, "x").unwrap();
+        let shape = |name: &str| (name == "shape").then(|| i64s(&[3, -1]));
+        bind_defined(&defs, &mut b, &shape).unwrap();
+        assert_eq!(b.get(&Symbol::new("_r0")), Some(3));
+        assert_eq!(b.get(&Symbol::new("_r1")), Some(4));
+        let mut bounds = map(&[("n", 8)]);
+        extend_bounds(&defs, &mut bounds);
+        assert!(!bounds.contains_key(&Symbol::new("_r0")));
     }
 
     #[test]
@@ -205,11 +427,11 @@ mod tests {
             },
         ];
         let mut bindings = Bindings::with([(Symbol::new("h"), 9)]);
-        bind_defined(&defs, &mut bindings).unwrap();
+        bind_defined(&defs, &mut bindings, &|_| None).unwrap();
         assert_eq!(bindings.get(&Symbol::new("a")), Some(5));
         assert_eq!(bindings.get(&Symbol::new("b")), Some(3));
         let mut clash = Bindings::with([(Symbol::new("h"), 9), (Symbol::new("a"), 4)]);
-        let e = bind_defined(&defs, &mut clash).unwrap_err();
+        let e = bind_defined(&defs, &mut clash, &|_| None).unwrap_err();
         assert!(e.contains("symbol `a`"), "{e}");
 
         let mut bounds = map(&[("h", 224)]);

@@ -881,9 +881,43 @@ fn symbol_definitions_are_checked() {
     assert!(e.to_string().contains("reads `g`"), "{e}");
     let e = parse_program_inline(&src("define q = ceil(h, 4)")).unwrap_err();
     assert!(
-        e.to_string().contains("`floordiv`, `mod` or `broadcast`"),
+        e.to_string()
+            .contains("`floordiv`, `mod`, `broadcast` or `values`"),
         "{e}"
     );
     let e = parse_program_inline(&src("define h = mod(h, 4)")).unwrap_err();
     assert!(e.to_string().contains("already bound"), "{e}");
+}
+
+/// A size read from an input's values (`define _r0 = values(...)` with the reshape that
+/// makes it) round-trips through the text, and the verifier rejects one that reads the
+/// values of something that is not an input.
+#[test]
+fn value_definitions_round_trip() {
+    let src = |reads: &str| {
+        format!(
+            "program @p(%x: f32[h, 6], %shape: i64[2]) -> (%y: f32[h, 6])\n\
+             define _r0 = values(0, 0, [1]) graph @d(%x: f32[h, 6], %{reads}: i64[2]) -> (%z) {{\n  \
+             %z: f32[_r0, 3] = reshape{{allow_zero = false}}(%x, %{reads})\n}}\n\
+             kernel k0 \"id\" elementwise on cpu = graph @k0(%x: f32[h, 6]) -> (%y) {{\n  \
+             %y: f32[h, 6] = unary{{op = relu}}(%x)\n}}\n\
+             buffer b0 \"x\": f32[h, 6] = input 0\nbuffer b1 \"shape\": i64[2] = input 1\n\
+             buffer b2 \"y\": f32[h, 6] = output 0\n\
+             step dispatch k0 (b0) -> (b2)\n"
+        )
+    };
+    let p = parse_program_inline(&src("shape")).unwrap();
+    assert_eq!(p.symbol_defs.len(), 1);
+    assert!(matches!(
+        &p.symbol_defs[0].expr,
+        rafter_ir::SymbolExpr::Values { reads, axis: 0, output: 0, .. } if reads == &[1]
+    ));
+    let text = print_program(&p, WeightMode::Inline);
+    assert!(
+        text.contains("define _r0 = values(0, 0, [1]) graph @d("),
+        "{text}"
+    );
+    assert_eq!(parse_program_inline(&text).unwrap(), p);
+    let e = parse_program_inline(&src("target")).unwrap_err();
+    assert!(e.to_string().contains("values of `target`"), "{e}");
 }

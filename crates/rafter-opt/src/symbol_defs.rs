@@ -11,6 +11,13 @@
 //! NonZero, a Reshape to a computed shape, a ceil-mode pool) stay undefined, and the
 //! buffers they size stay host-only (`Storage::Dynamic`) as before.
 //!
+//! A size an op takes from the *values* of a small graph input (a Reshape's target, an
+//! Expand's shape, Pad's pads, Slice's bounds, Range's limits, Resize's scales, TopK's `k`)
+//! is defined too, as that one op ([`SymbolExpr::Values`]): the runtime re-runs its shape
+//! inference on the call's input values when it binds the inputs, before any work runs.
+//! Values computed by kernels (NonZero, Unique, or shape arithmetic inference does not
+//! follow) are known only once their producer has run, and stay host-only.
+//!
 //! Each definition restates the output-size rule of ONNX for its op (the same one
 //! inference and every executor apply); the runtime's executors check the tensors they
 //! produce against the sizes these definitions give.
@@ -24,7 +31,7 @@ use rafter_ir::{AutoPad, Dim, Graph, Node, Op, Symbol, SymbolDef, SymbolExpr};
 pub fn derive(graph: &Graph, bound: &HashSet<Symbol>) -> Vec<SymbolDef> {
     let mut known = bound.clone();
     let mut defs = Vec::new();
-    for node in &graph.nodes {
+    for (index, node) in graph.nodes.iter().enumerate() {
         let Some(&Some(out)) = node.outputs.first() else {
             continue;
         };
@@ -34,7 +41,9 @@ pub fn derive(graph: &Graph, bound: &HashSet<Symbol>) -> Vec<SymbolDef> {
             if known.contains(s) {
                 continue;
             }
-            let Some(expr) = define(graph, node, axis, dims.len()) else {
+            let expr = define(graph, node, axis, dims.len())
+                .or_else(|| define_by_values(graph, index, axis));
+            let Some(expr) = expr else {
                 continue;
             };
             if expr.symbols().iter().all(|x| known.contains(x)) {
@@ -47,6 +56,70 @@ pub fn derive(graph: &Graph, bound: &HashSet<Symbol>) -> Vec<SymbolDef> {
         }
     }
     defs
+}
+
+/// Largest graph input (elements) whose values a definition reads at bind time.
+const MAX_VALUE_ELEMENTS: i64 = 64;
+
+/// Dim `axis` of node `index`'s first result as the op's shape inference on the values of
+/// the small graph inputs it reads ([`SymbolExpr::Values`]), for the ops whose result
+/// sizes follow from operand values (not from data, as NonZero's do).
+fn define_by_values(g: &Graph, index: usize, axis: usize) -> Option<SymbolExpr> {
+    let node = &g.nodes[index];
+    let sized_by_values = matches!(
+        node.op,
+        Op::Reshape { .. }
+            | Op::Expand
+            | Op::Tile
+            | Op::Pad { .. }
+            | Op::Slice
+            | Op::ConstantOfShape { .. }
+            | Op::Range
+            | Op::Resize { .. }
+            | Op::TopK { .. }
+            | Op::Split { .. }
+            | Op::OneHot { .. }
+            | Op::CenterCropPad { .. }
+    );
+    if !sized_by_values {
+        return None;
+    }
+    let out = (*node.outputs.first()?)?;
+    let (body, outer_in, _) = crate::lower::build_body(g, &[index], &node.name, |v| v == out);
+    let reads: Vec<usize> = outer_in
+        .iter()
+        .enumerate()
+        .filter(|(_, &v)| is_small_input(g, v))
+        .map(|(i, _)| i)
+        .collect();
+    if reads.is_empty() || body.outputs.len() != 1 {
+        return None;
+    }
+    Some(SymbolExpr::Values {
+        body,
+        reads,
+        output: 0,
+        axis,
+    })
+}
+
+/// Whether `v` is a graph input of at most [`MAX_VALUE_ELEMENTS`] numbers (known dims, rank
+/// at most 1): a shape, pads, bounds, scales or a count, cheap to read on the host.
+fn is_small_input(g: &Graph, v: rafter_ir::ValueId) -> bool {
+    let val = g.value(v);
+    let rafter_ir::ValueDef::Input(i) = val.def else {
+        return false;
+    };
+    // A state's values are the previous call's, not the caller's.
+    if g.states.iter().any(|s| s.input == i) {
+        return false;
+    }
+    let ty = &val.ty;
+    if ty.rank() > 1 || !(ty.dtype.is_int() || ty.dtype.is_float()) {
+        return false;
+    }
+    ty.known_dims()
+        .is_some_and(|d| d.iter().product::<i64>() <= MAX_VALUE_ELEMENTS)
 }
 
 /// Dims of operand `i` of `node`, if present.

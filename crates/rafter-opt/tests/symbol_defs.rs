@@ -88,3 +88,31 @@ fn an_input_too_small_for_the_window_is_named() {
     let e = common::interpret(&p, vec![rand_f32(&[1, 1, 1], 0)]).unwrap_err();
     assert!(e.contains("_q0") && e.contains("negative"), "{e}");
 }
+
+/// An Expand whose shape is a graph input: its result's dims are defined as the expand
+/// re-inferred on the call's shape values, so no buffer is host-only and the program
+/// agrees with the reference for several shapes (one recording per shape).
+#[test]
+fn sizes_read_from_an_input_shape_are_defined_and_agree_with_execution() {
+    let g = parse(
+        r#"graph @g(%x: f32[3, 1], %s: i64[2]) -> (%y) {
+  %e: f32[_e0, _e1] = expand(%x, %s)
+  %y: f32[_e0, _e1] = unary{op = relu}(%e)
+}"#,
+    );
+    for (seed, shape) in [[3i64, 4], [1, 2], [3, 1]].into_iter().enumerate() {
+        let x = rand_f32(&[3, 1], seed as u64);
+        let bytes: Vec<u8> = shape.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let c = rafter_ir::ConstData::new(rafter_ir::DType::I64, vec![2], bytes.into()).unwrap();
+        let s = rafter_reference::Tensor::from_const(&c);
+        let p = check_equivalent_with(&g, vec![x, s], &CompileOptions::default());
+        assert!(p.buffers.iter().all(|b| b.storage != Storage::Dynamic));
+        let defs: Vec<String> = p
+            .symbol_defs
+            .iter()
+            .map(|d| d.symbol.name().to_string())
+            .collect();
+        assert_eq!(defs, ["_e0", "_e1"]);
+        assert!(matches!(p.symbol_defs[0].expr, SymbolExpr::Values { .. }));
+    }
+}

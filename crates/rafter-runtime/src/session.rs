@@ -761,8 +761,16 @@ impl Session {
                 .check(&port.ty, t, &format!("input `{}`", port.name))
                 .map_err(input_error)?;
         }
-        // Symbols defined from the inputs' (conv output sizes): on the host, before any work.
-        rafter_ir::bind_defined(&p.symbol_defs, &mut bindings).map_err(input_error)?;
+        // Symbols defined from the inputs' (conv output sizes) and from the values of small
+        // inputs (a Reshape's target shape): on the host, before any work.
+        let input_values = |name: &str| {
+            let k = p.inputs.iter().position(|port| port.name == name)?;
+            let t = inputs.get(k)?;
+            let bytes = Bytes::copy_from_slice(t.le_bytes());
+            rafter_ir::ConstData::new(t.dtype(), t.shape().to_vec(), bytes).ok()
+        };
+        rafter_ir::bind_defined(&p.symbol_defs, &mut bindings, &input_values)
+            .map_err(input_error)?;
         for (s, bound) in &p.bounds {
             if let Some(v) = bindings.get(s) {
                 if v > *bound {
@@ -795,6 +803,20 @@ impl Session {
 
         let call = inner.next_call.fetch_add(1, Ordering::Relaxed);
         let mut key: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        // Sizes taken from input values shape the call as the inputs' dims do.
+        let by_values: Vec<usize> = p
+            .symbol_defs
+            .iter()
+            .filter(|d| matches!(d.expr, rafter_ir::SymbolExpr::Values { .. }))
+            .filter_map(|d| {
+                bindings
+                    .get(&d.symbol)
+                    .and_then(|v| usize::try_from(v).ok())
+            })
+            .collect();
+        if !by_values.is_empty() {
+            key.push(by_values);
+        }
         let mut after = after.to_vec();
         if let Some(t) = &tracker {
             // The states' lengths shape the call too, unless one recording serves them all;

@@ -93,7 +93,11 @@ pub fn interpret(p: &Program, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String
     for (port, t) in p.inputs.iter().zip(&inputs) {
         bindings.check(&port.ty, t, &format!("input `{}`", port.name))?;
     }
-    rafter_ir::bind_defined(&p.symbol_defs, &mut bindings)?;
+    let values = |name: &str| {
+        let k = p.inputs.iter().position(|port| port.name == name)?;
+        inputs.get(k).map(Tensor::to_const)
+    };
+    rafter_ir::bind_defined(&p.symbol_defs, &mut bindings, &values)?;
     for (si, step) in p.steps.iter().enumerate() {
         match step {
             Step::Dispatch {
