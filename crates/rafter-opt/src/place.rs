@@ -240,7 +240,10 @@ pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize], zer
                 if d == 0
                     && zero_copy_with(h)
                     && (shared.contains(&b)
-                        || matches!(p.buffers[b].storage, Storage::Input(_) | Storage::Output(_))) =>
+                        || matches!(
+                            p.buffers[b].storage,
+                            Storage::Input(_) | Storage::Output(_)
+                        )) =>
             {
                 return b
             }
