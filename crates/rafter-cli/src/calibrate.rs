@@ -295,10 +295,11 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             half_flops: 0.0,
         },
     );
+    let zero_copy = device != "cpu" && shares_host_memory(&one.text, device)?;
     let link = (device != "cpu").then(|| Link {
         bytes_per_s: host_copy_bandwidth(),
         latency_s: empty,
-        zero_copy: false,
+        zero_copy,
     });
     Ok(DeviceDescription {
         name: device.to_string(),
@@ -310,6 +311,29 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         memory_bytes: None,
         link,
     })
+}
+
+/// Whether `device` and the host address the same memory: its fastest (device-local)
+/// memory is also host-visible and coherent, as on unified-memory GPUs and lavapipe. Then
+/// the compiler allocates tensors crossing between them once, in memory both use, and
+/// hands them over by semaphore alone (`rafter_opt::place::apply_placement`). A discrete
+/// GPU's resizable BAR is host-visible too, but the host reads it uncached over PCIe, so
+/// it is not counted here.
+fn shares_host_memory(graph_text: &str, device: &str) -> Result<bool> {
+    let graph = rafter_ir::text::parse_graph(graph_text)
+        .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
+    let options = rafter_compiler::CompileOptions {
+        target: rafter_compiler::target(device)?,
+        ..Default::default()
+    };
+    let program = rafter_compiler::compile(&graph, &options)?.program;
+    let devices = model::devices_for(&program, CpuDeviceOptions::default())?;
+    let Some(d) = devices.get(device) else {
+        anyhow::bail!("device `{device}` was not opened for its calibration program");
+    };
+    Ok(d.info()
+        .memory_kind(rafter_hal::MemoryKind::DeviceLocal)
+        .is_some_and(|m| m.host_visible && m.host_coherent))
 }
 
 /// The host's copy bandwidth, bytes per second (median of a few 64 MiB copies).

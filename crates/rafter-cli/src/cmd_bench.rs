@@ -196,6 +196,9 @@ fn report_trace(args: &BenchArgs, sink: &Option<Arc<ChromeTrace>>) -> Result<()>
     for l in crate::estimate::device_lines(&sink.events()) {
         println!("{l}");
     }
+    if let Some(l) = crate::estimate::handoff_line(&sink.events()) {
+        println!("{l}");
+    }
     Ok(())
 }
 

@@ -73,6 +73,8 @@ fn load(args: &PlanArgs) -> Result<Program> {
 /// ```text
 /// cost model (latency): estimated 1234.5 us per call, 2 crossings (524288 bytes)
 ///   k0 `k0_matmul` on vulkan, 35.2 us: fastest here (cpu 3355.4 us)
+///   boundary `a` vulkan -> cpu: zero-copy, 21.0 us assumed
+///   boundary `x` cpu -> vulkan: copy 262144 bytes, 47.2 us assumed
 ///   device cpu: 3 kernels, busy 160.3 us, memory 1048576 bytes
 /// ```
 fn cost_lines(p: &Program, target: &rafter_compiler::Target) -> Vec<String> {
@@ -106,6 +108,21 @@ fn cost_lines(p: &Program, target: &rafter_compiler::Target) -> Vec<String> {
             c.device,
             partition::micros(c.estimate_s),
             c.reason
+        ));
+    }
+    // Each boundary: handed over in place or copied, and the cost assumed for it.
+    for b in &e.boundaries {
+        let how = if b.zero_copy {
+            "zero-copy".to_string()
+        } else {
+            format!("copy {} bytes", b.bytes as u64)
+        };
+        lines.push(format!(
+            "  boundary `{}` {} -> {}: {how}, {} assumed",
+            p.buffers[b.buffer].name,
+            m.devices()[b.from].name,
+            m.devices()[b.to].name,
+            partition::micros(b.cost_s)
         ));
     }
     for (d, desc) in m.devices().iter().enumerate() {

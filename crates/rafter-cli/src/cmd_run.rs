@@ -294,6 +294,9 @@ fn run_runtime(
         for l in crate::estimate::device_lines(&events) {
             println!("{l}");
         }
+        if let Some(l) = crate::estimate::handoff_line(&events) {
+            println!("{l}");
+        }
         let table = crate::estimate::estimate_table(
             session.program(),
             target,

@@ -98,6 +98,7 @@ fn report(p: &Program) -> String {
 ///   why kernels stay on cpu, by count:
 ///     2 kernels, 4.9% of the work: op `reduce` (node ...) is not generated for Vulkan yet
 ///   cross-device copies: 2
+///   zero-copy boundaries: 1
 /// ```
 fn placement_lines(p: &Program, always: bool) -> Vec<String> {
     if !always && !uses_vulkan(p) {
@@ -166,6 +167,30 @@ fn placement_lines(p: &Program, always: bool) -> Vec<String> {
         })
         .count();
     lines.push(format!("  cross-device copies: {crossing}"));
+    // Tensors a kernel on one device works on in another device's memory: allocated once
+    // where both address it, handed over by semaphore alone.
+    let mut zero_copy: Vec<usize> = Vec::new();
+    for step in &p.steps {
+        if let Step::Dispatch {
+            kernel,
+            args,
+            results,
+        } = step
+        {
+            for &b in args.iter().chain(results.iter().flatten()) {
+                if let Storage::Arena { arena, .. } = p.buffers[b].storage {
+                    if p.arenas[arena].device != p.kernels[*kernel].device
+                        && !zero_copy.contains(&b)
+                    {
+                        zero_copy.push(b);
+                    }
+                }
+            }
+        }
+    }
+    if !zero_copy.is_empty() {
+        lines.push(format!("  zero-copy boundaries: {}", zero_copy.len()));
+    }
     lines
 }
 

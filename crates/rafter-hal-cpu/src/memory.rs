@@ -48,6 +48,9 @@ enum Backing {
     Heap(Layout),
     /// An anonymous mapping, unmapped when dropped; `ptr` points at its first byte.
     Mapped(#[allow(dead_code)] memmap2::MmapMut),
+    /// Another device's buffer, through its persistent host-coherent mapping
+    /// ([`rafter_hal::Buffer::host_address`]); held so the mapping outlives every view.
+    Foreign(#[allow(dead_code)] rafter_hal::Buffer),
 }
 
 /// One aligned host allocation. Its bytes are only ever reached through [`HostBorrow`]s,
@@ -116,6 +119,23 @@ impl HostAllocation {
             backing,
             borrows: Mutex::new(BorrowSet::default()),
             accounting,
+        })
+    }
+
+    /// Wraps another device's buffer that the host addresses directly (its
+    /// [`host_address`](rafter_hal::Buffer::host_address)), so CPU kernels bind it like
+    /// their own memory: the zero-copy boundary between the CPU and a device sharing its
+    /// memory. Charges no accounting (the owning device does). `None` when the buffer has
+    /// no such mapping.
+    pub(crate) fn foreign(buffer: &rafter_hal::Buffer) -> Option<HostAllocation> {
+        let ptr = buffer.host_address()?;
+        let size = usize::try_from(buffer.size()).ok()?;
+        Some(HostAllocation {
+            ptr,
+            size,
+            backing: Backing::Foreign(buffer.clone()),
+            borrows: Mutex::new(BorrowSet::default()),
+            accounting: Arc::new(AtomicU64::new(size as u64)),
         })
     }
 

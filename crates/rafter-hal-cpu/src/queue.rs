@@ -27,7 +27,7 @@ use rafter_hal::{
 };
 
 use crate::executable::{CpuExecutable, CpuKernel, DispatchContext, ResolvedRange};
-use crate::memory::CpuBuffer;
+use crate::memory::{CpuBuffer, HostAllocation};
 use crate::workers::{Job, Pool, Worker};
 
 /// State shared by the device, its queues, and running executions.
@@ -200,23 +200,43 @@ struct PreparedDispatch {
 
 impl Prepared {
     fn new(command_buffer: &CommandBuffer, shared: &DeviceShared) -> Result<Prepared, HalError> {
-        let resolve =
-            |range: &rafter_hal::BufferRange, what: String| -> Result<ResolvedRange, HalError> {
-                let buffer = range.buffer.downcast_ref::<CpuBuffer>().ok_or_else(|| {
-                    HalError::IncompatibleObject {
-                        what: what.clone(),
-                        device: shared.name.clone(),
-                        reason: format!("its buffer ({:?}) is not CPU host memory", range.buffer),
+        // Another device's buffers that the host addresses directly (zero-copy
+        // boundaries), wrapped once per buffer so every binding of one buffer shares one
+        // allocation (and its borrow set, which the aliasing checks rely on).
+        let mut foreign: Vec<(rafter_hal::Buffer, Arc<HostAllocation>)> = Vec::new();
+        let mut resolve = |range: &rafter_hal::BufferRange,
+                           what: String|
+         -> Result<ResolvedRange, HalError> {
+            // Recording validated the range against the buffer's size.
+            range.validate(&what)?;
+            let alloc = match range.buffer.downcast_ref::<CpuBuffer>() {
+                Some(buffer) => buffer.alloc.clone(),
+                None => match foreign.iter().find(|(b, _)| b.same_buffer(&range.buffer)) {
+                    Some((_, alloc)) => alloc.clone(),
+                    None => {
+                        let alloc = HostAllocation::foreign(&range.buffer).ok_or_else(|| {
+                            HalError::IncompatibleObject {
+                                what: what.clone(),
+                                device: shared.name.clone(),
+                                reason: format!(
+                                    "its buffer ({:?}) is neither CPU host memory nor mapped \
+                                     persistently for the host",
+                                    range.buffer
+                                ),
+                            }
+                        })?;
+                        let alloc = Arc::new(alloc);
+                        foreign.push((range.buffer.clone(), alloc.clone()));
+                        alloc
                     }
-                })?;
-                // Recording validated the range against the buffer's size.
-                range.validate(&what)?;
-                Ok(ResolvedRange {
-                    alloc: buffer.alloc.clone(),
-                    offset: range.offset as usize,
-                    len: range.len as usize,
-                })
+                },
             };
+            Ok(ResolvedRange {
+                alloc,
+                offset: range.offset as usize,
+                len: range.len as usize,
+            })
+        };
         let mut segments = vec![Vec::new()];
         for (index, command) in command_buffer.commands().iter().enumerate() {
             let prepared = match command {

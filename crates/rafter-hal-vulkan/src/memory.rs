@@ -198,6 +198,13 @@ impl BufferImpl for VulkanBuffer {
     fn as_any(&self) -> &dyn Any {
         self
     }
+
+    /// The coherent persistent mapping (only coherent memory is mapped, see `mapped`).
+    /// A host-side kernel writing through it bypasses `map_lock`; the runtime orders such
+    /// kernels against every other access by semaphores.
+    fn host_address(&self) -> Option<NonNull<u8>> {
+        self.mapped.map(|p| p.0)
+    }
 }
 
 impl Drop for VulkanBuffer {

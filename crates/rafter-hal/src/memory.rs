@@ -82,6 +82,14 @@ pub trait BufferImpl: Send + Sync + fmt::Debug + 'static {
     fn map_write(&self, offset: u64, len: u64, f: &mut dyn FnMut(&mut [u8])) -> Result<()>;
     /// For backends to recognise their own buffers ([`Buffer::downcast_ref`]).
     fn as_any(&self) -> &dyn Any;
+    /// The first byte of a persistent, host-coherent mapping of the whole buffer, valid
+    /// for the buffer's life, if it has one (unified memory, resizable BAR, host memory).
+    /// This is what lets another device's host-side kernels (the CPU device's) work on the
+    /// buffer in place: a zero-copy boundary between devices. Whoever dereferences it must
+    /// order its accesses against the device's own by semaphores, as for `map_*`.
+    fn host_address(&self) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
 }
 
 /// A device buffer: a fixed number of bytes of one [`MemoryKind`].
@@ -122,6 +130,11 @@ impl Buffer {
     /// The device that owns it.
     pub fn device_id(&self) -> DeviceId {
         self.0.device_id()
+    }
+
+    /// The buffer's persistent host-coherent mapping, if any ([`BufferImpl::host_address`]).
+    pub fn host_address(&self) -> Option<std::ptr::NonNull<u8>> {
+        self.0.host_address()
     }
 
     /// Whether two handles refer to the same buffer.

@@ -147,7 +147,8 @@ fn sized_by(ty: &TensorType, symbols: &HashSet<Symbol>) -> bool {
 /// again).
 pub fn place_on_devices(p: &mut Program, accelerators: &[Arc<dyn Backend>]) {
     let devices = greedy_devices(p, accelerators);
-    apply_placement(p, &device_names(accelerators), &devices);
+    let names = device_names(accelerators);
+    apply_placement(p, &names, &devices, &vec![false; names.len()]);
 }
 
 /// The device names placement indexes: the host (0), then accelerator `i` as `i + 1`.
@@ -173,10 +174,19 @@ pub fn greedy_devices(p: &Program, accelerators: &[Arc<dyn Backend>]) -> Vec<usi
 /// Puts kernel `k` on device `names[devices[k]]` (`names[0]` is the host) and adds the
 /// homes, copies and arenas that needs (see the module doc). The caller has checked that
 /// each device supports its kernels.
-pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize]) {
+///
+/// `zero_copy[d]`: device `d` and the host address the same memory (the topology says so:
+/// unified memory, lavapipe's host memory). Then a tensor crossing between the host and
+/// `d` is no copy: it is allocated once, in `d`'s `host_visible_shared` arena, the host's
+/// kernels work on it in place, and the runtime hands it over by semaphore alone. That
+/// holds for an arena tensor one side makes and the other reads, for an input `d` reads
+/// first and the host later, and for an output `d` makes and the host reads; other
+/// crossings (a weight, an input the host reads first) still copy.
+pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize], zero_copy: &[bool]) {
     if devices.iter().all(|&d| d == 0) {
         return;
     }
+    let zero_copy_with = |d: usize| d != 0 && zero_copy.get(d).copied().unwrap_or(false);
     for (kernel, &d) in p.kernels.iter_mut().zip(devices) {
         kernel.device = names[d].clone();
     }
@@ -194,10 +204,21 @@ pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize]) {
             }
         }
     }
+    // Zero-copy boundaries: arena tensors whose kernels run on the host and on one device
+    // sharing its memory live on that device, in memory both address (`shared`).
+    let mut shared: HashSet<usize> = HashSet::new();
+    for (b, touched) in touching_devices(p, &old_steps, devices) {
+        let accels: Vec<usize> = touched.iter().copied().filter(|&d| d != 0).collect();
+        if touched.contains(&0) && accels.len() == 1 && zero_copy_with(accels[0]) {
+            home[b] = Some(accels[0]);
+            shared.insert(b);
+        }
+    }
     let mut replicas: HashMap<(usize, usize), usize> = HashMap::new();
     let mut weight_replicas: HashMap<(usize, usize), usize> = HashMap::new();
     // Arena buffers moved to an accelerator, with its device (their arenas are made below).
-    let mut off_host: HashMap<usize, usize> = HashMap::new();
+    let mut off_host: HashMap<usize, usize> =
+        shared.iter().map(|&b| (b, home[b].expect("set"))).collect();
     let mut steps = Vec::with_capacity(old_steps.len());
 
     // The buffer holding `b` on device `d`: `b` itself, or a replica (made on first use).
@@ -214,6 +235,18 @@ pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize]) {
                 return b;
             }
             Some(h) if h == d => return b,
+            // The host reads, in place, what a zero-copy device made or was given.
+            Some(h)
+                if d == 0
+                    && zero_copy_with(h)
+                    && (shared.contains(&b)
+                        || matches!(
+                            p.buffers[b].storage,
+                            Storage::Input(_) | Storage::Output(_)
+                        )) =>
+            {
+                return b
+            }
             Some(_) => {}
         }
         let decl = p.buffers[b].clone();
@@ -259,6 +292,9 @@ pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize]) {
                     .map(|&b| local(p, &mut steps, &mut home, &mut off_host, b, d))
                     .collect();
                 for &r in results.iter().flatten() {
+                    if shared.contains(&r) {
+                        continue;
+                    }
                     home[r] = Some(d);
                     if d != 0 && matches!(p.buffers[r].storage, Storage::Arena { .. }) {
                         off_host.insert(r, d);
@@ -321,7 +357,9 @@ pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize]) {
         // tensor from it there took orders of magnitude longer than the kernels (BERT-base
         // on the H100: 2.6 s per call). What the host writes for the device stays in
         // `host_visible_shared` (sequential writes are fast there, the device reads locally).
-        let memory = if read_back.contains(&b) {
+        let memory = if shared.contains(&b) {
+            "host_visible_shared"
+        } else if read_back.contains(&b) {
             "host"
         } else if crossing.contains(&b) {
             "host_visible_shared"
@@ -354,4 +392,33 @@ pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize]) {
             }
         }
     }
+}
+
+/// For each arena buffer, the devices (indices, by `devices` per kernel) of the
+/// dispatches that read or write it.
+fn touching_devices(
+    p: &Program,
+    steps: &[Step],
+    devices: &[usize],
+) -> Vec<(usize, HashSet<usize>)> {
+    let mut touched: Vec<HashSet<usize>> = vec![HashSet::new(); p.buffers.len()];
+    for step in steps {
+        if let Step::Dispatch {
+            kernel,
+            args,
+            results,
+        } = step
+        {
+            for &b in args.iter().chain(results.iter().flatten()) {
+                touched[b].insert(devices[*kernel]);
+            }
+        }
+    }
+    let mut out: Vec<(usize, HashSet<usize>)> = touched
+        .into_iter()
+        .enumerate()
+        .filter(|(b, _)| matches!(p.buffers[*b].storage, Storage::Arena { .. }))
+        .collect();
+    out.sort_by_key(|(b, _)| *b);
+    out
 }

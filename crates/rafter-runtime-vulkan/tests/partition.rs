@@ -13,7 +13,7 @@ use std::time::Duration;
 use rafter_compiler::CompileOptions;
 use rafter_hal::Device;
 use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions, VulkanError};
-use rafter_ir::program::Program;
+use rafter_ir::program::{Program, Step, Storage};
 use rafter_ir::text::parse_graph;
 use rafter_ir::Graph;
 use rafter_opt::partition::{PlacementOptions, Profiles, Strategy};
@@ -95,11 +95,16 @@ fn chain() -> Graph {
 /// `g` lowered for the host, then placed with `devices` (0 the host, 1 vulkan), planned
 /// and packaged for the Vulkan target.
 fn forced(g: &Graph, devices: &[usize]) -> rafter_compiler::Compiled {
+    forced_with(g, devices, false)
+}
+
+/// As [`forced`], with the Vulkan device's link zero-copy or not.
+fn forced_with(g: &Graph, devices: &[usize], zero_copy: bool) -> rafter_compiler::Compiled {
     let target = rafter_compiler::target("vulkan").unwrap();
     let mut p: Program = rafter_opt::lower(g, &rafter_opt::LowerOptions::default()).unwrap();
     assert_eq!(p.kernels.len(), devices.len(), "{:#?}", p.kernels);
     let names = rafter_opt::place::device_names(target.accelerators());
-    rafter_opt::place::apply_placement(&mut p, &names, devices);
+    rafter_opt::place::apply_placement(&mut p, &names, devices, &[false, zero_copy]);
     rafter_opt::memplan::plan_memory(&mut p, &rafter_opt::memplan::PlanOptions::default()).unwrap();
     p.verify().unwrap();
     rafter_compiler::package(p, &target).unwrap()
@@ -227,4 +232,74 @@ fn a_memory_limit_splits_a_model_and_its_outputs_match_the_cpu_run() {
     // Room for nothing on the GPU: the host (unlimited) takes every kernel.
     let none = compile(Some(100)).unwrap();
     assert!(on(&none).iter().all(|d| d == "cpu"), "{:?}", on(&none));
+}
+
+/// Whether `d`'s memory is the host's (lavapipe, unified memory): what makes a boundary
+/// zero-copy.
+fn shares_host_memory(devices: &DeviceSet) -> bool {
+    devices
+        .get("vulkan")
+        .and_then(|d| {
+            d.info()
+                .memory_kind(rafter_hal::MemoryKind::DeviceLocal)
+                .map(|m| m.host_visible && m.host_coherent)
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn zero_copy_boundaries_at_every_cut_point_match_the_cpu_run_without_copies() {
+    let Some(devices) = devices_or_skip("zero_copy_boundaries") else {
+        return;
+    };
+    if !shares_host_memory(&devices) {
+        eprintln!("skipping zero_copy_boundaries: this Vulkan device's memory is not the host's");
+        return;
+    }
+    let g = chain();
+    let want = cpu_outputs(&g, &devices);
+    let n = rafter_opt::lower(&g, &rafter_opt::LowerOptions::default())
+        .unwrap()
+        .kernels
+        .len();
+    let mut placements: Vec<Vec<usize>> = Vec::new();
+    for cut in 1..n {
+        placements.push((0..n).map(|k| usize::from(k < cut)).collect());
+        placements.push((0..n).map(|k| usize::from(k >= cut)).collect());
+    }
+    placements.push((0..n).map(|k| k % 2).collect());
+    placements.push((0..n).map(|k| 1 - k % 2).collect());
+    for placement in placements {
+        let c = forced_with(&g, &placement, true);
+        let p = &c.program;
+        // No tensor a kernel makes is copied: each crossing one is allocated once, in the
+        // device's host-visible arena, and both devices' kernels work on it in place.
+        let mut shared = 0;
+        for step in &p.steps {
+            match step {
+                Step::Copy { src, .. } => assert!(
+                    !matches!(p.buffers[*src].storage, Storage::Arena { .. }),
+                    "placement {placement:?}: a kernel's result `{}` is copied",
+                    p.buffers[*src].name
+                ),
+                Step::Dispatch {
+                    kernel,
+                    args,
+                    results,
+                } => {
+                    for &b in args.iter().chain(results.iter().flatten()) {
+                        if let Storage::Arena { arena, .. } = p.buffers[b].storage {
+                            if p.arenas[arena].device != p.kernels[*kernel].device {
+                                assert_eq!(p.arenas[arena].memory, "host_visible_shared");
+                                shared += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(shared > 0, "placement {placement:?}: no zero-copy boundary");
+        let s = session(&c, &devices);
+        check_in_flight(&s, &want, &format!("zero-copy placement {placement:?}"));
+    }
 }

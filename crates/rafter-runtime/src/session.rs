@@ -441,6 +441,23 @@ impl Session {
                 home[b] = Home::Slot;
             }
         }
+        // Whether the host maps buffer `b`, living at `home` on device `owner`, coherently:
+        // an arena of a host-visible kind, an input (`HostVisibleShared`) or an output
+        // (`Host`, see `allocate_io`).
+        let host_addressable = |b: usize, home: Home, owner: &DeviceUse| {
+            let kind = match (home, storage(b)) {
+                (Home::Arena(a), _) => arena_kind[a],
+                (Home::Device(_), Storage::Input(_)) => MemoryKind::HostVisibleShared,
+                (Home::Device(_), Storage::Output(_)) => MemoryKind::Host,
+                _ => return false,
+            };
+            kind != MemoryKind::DeviceLocal
+                && owner
+                    .device
+                    .info()
+                    .memory_kind(kind)
+                    .is_some_and(|m| m.host_visible && m.host_coherent)
+        };
         let mut step_device: Vec<usize> = Vec::with_capacity(program.steps.len());
         let mut step_foreign: Vec<Option<usize>> = vec![None; program.steps.len()];
         // A state lives on the device of the first step touching it.
@@ -510,7 +527,11 @@ impl Session {
                     }
                 };
                 // CPU devices share host memory: any of them may touch another's buffers.
-                if here != d && !(uses[here].is_cpu && uses[d].is_cpu) {
+                // A CPU kernel may also work in place on another device's buffer the host
+                // addresses directly: a zero-copy boundary, which the compiler chose from
+                // the topology (`rafter_opt::place`), handed over by semaphores alone.
+                let shared = uses[d].is_cpu && host_addressable(b, home[b], &uses[here]);
+                if here != d && !(uses[here].is_cpu && uses[d].is_cpu) && !shared {
                     return Err(unsupported(format!(
                         "step {si} runs on device `{}` but buffer {b} `{}` lives on device `{}`: \
                          cross-device access needs a copy step",

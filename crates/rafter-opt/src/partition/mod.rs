@@ -30,7 +30,7 @@ use std::fmt::Write as _;
 use rafter_ir::program::Program;
 
 pub use device::{ClassRate, CostProfile, DeviceDescription, Link, Profiles};
-pub use search::{Estimate, Model, Objective};
+pub use search::{Boundary, Estimate, Model, Objective};
 
 use crate::backend::{Target, CPU};
 use crate::place;
@@ -152,7 +152,9 @@ pub fn place_for_target(
     }
     match opts.strategy {
         Strategy::Greedy => {
-            place::place_on_devices(p, target.accelerators());
+            let devices = place::greedy_devices(p, target.accelerators());
+            let zero_copy = zero_copy_links(&descriptions(target).0);
+            place::apply_placement(p, &names, &devices, &zero_copy);
             Ok(None)
         }
         Strategy::CostModel => {
@@ -161,10 +163,19 @@ pub fn place_for_target(
             if estimate.over_memory > 0 {
                 return Err(CompileError::Placement(memory_message(&m, &estimate)));
             }
-            place::apply_placement(p, &names, &placement);
+            place::apply_placement(p, &names, &placement, &zero_copy_links(m.devices()));
             Ok(Some(estimate))
         }
     }
+}
+
+/// Per device, whether its link to the host is zero-copy (the topology the descriptions
+/// give: `place::apply_placement` then allocates crossing tensors once, in shared memory).
+fn zero_copy_links(devices: &[DeviceDescription]) -> Vec<bool> {
+    devices
+        .iter()
+        .map(|d| d.link.is_some_and(|l| l.zero_copy))
+        .collect()
 }
 
 fn memory_message(m: &Model, e: &Estimate) -> String {

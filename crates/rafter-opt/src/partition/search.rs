@@ -49,6 +49,26 @@ pub struct Estimate {
     pub crossings: usize,
     /// Bytes crossing per call.
     pub crossing_bytes: f64,
+    /// Each crossing, in the order the simulated call makes them.
+    pub boundaries: Vec<Boundary>,
+}
+
+/// One tensor crossing between devices in a simulated call: what `rafter plan` prints as
+/// "zero-copy" or "copy N bytes", with the cost the model assumed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Boundary {
+    /// The program buffer crossing.
+    pub buffer: usize,
+    /// The device that makes it and the device that reads it (indices into the devices).
+    pub from: usize,
+    /// See `from`.
+    pub to: usize,
+    /// Its bytes.
+    pub bytes: f64,
+    /// Handed over by semaphore alone (one allocation both devices address), no copy.
+    pub zero_copy: bool,
+    /// Seconds from the producer's end to the consumer's possible start, as assumed.
+    pub cost_s: f64,
 }
 
 impl Estimate {
@@ -189,19 +209,22 @@ impl Model {
         &self.devices
     }
 
-    /// Seconds for buffer `b` to cross from device `from` to device `to`; `None` when
-    /// neither is the host (the runtime copies only between the host and one device).
-    fn crossing(&self, b: usize, from: usize, to: usize) -> Option<f64> {
+    /// Seconds for buffer `b` to cross from device `from` to device `to`, and whether the
+    /// crossing is zero-copy; `None` when neither is the host (the runtime copies only
+    /// between the host and one device).
+    fn crossing(&self, b: usize, from: usize, to: usize) -> Option<(f64, bool)> {
         let accel = match (from, to) {
             (0, a) | (a, 0) => a,
             _ => return None,
         };
         let link = self.devices[accel].link?;
-        Some(crossing_time(
-            self.buffer_bytes[b],
-            &link,
-            &self.devices[to],
-        ))
+        let cost = crossing_time(self.buffer_bytes[b], &link, &self.devices[to]);
+        Some((cost, link.zero_copy))
+    }
+
+    /// Whether device `d`'s link to the host is zero-copy (the host's own is).
+    pub fn zero_copy(&self, d: usize) -> bool {
+        d == 0 || self.devices[d].link.is_some_and(|l| l.zero_copy)
     }
 
     /// Simulates one call under `placement` (device per kernel); see the module doc.
@@ -218,6 +241,7 @@ impl Model {
         let mut weights_on: Vec<HashMap<usize, f64>> = vec![HashMap::new(); nd];
         let mut invalid = 0u64;
         let (mut crossings, mut crossing_bytes) = (0usize, 0.0f64);
+        let mut boundaries = Vec::new();
         let mut end = 0.0f64;
         for (si, step) in self.steps.iter().enumerate() {
             match step {
@@ -239,22 +263,37 @@ impl Model {
                         } else if let Some(&t) = replica.get(&(b, d)) {
                             t
                         } else {
-                            let Some(cost) = self.crossing(b, h, d) else {
+                            let Some((cost, zero_copy)) = self.crossing(b, h, d) else {
                                 invalid += self.buffer_bytes[b] as u64 + 1;
                                 continue;
                             };
-                            let copy_start = ready[b].max(free[0]);
-                            free[0] = copy_start + cost;
-                            busy[0] += cost;
                             crossings += 1;
                             crossing_bytes += self.buffer_bytes[b];
-                            replica.insert((b, d), free[0]);
-                            live.entry((b, d)).or_insert((si, si));
-                            free[0]
+                            boundaries.push(Boundary {
+                                buffer: b,
+                                from: h,
+                                to: d,
+                                bytes: self.buffer_bytes[b],
+                                zero_copy,
+                                cost_s: cost,
+                            });
+                            // A zero-copy handoff is a semaphore: the consumer waits, the
+                            // host does no work and no second copy is held.
+                            let at = if zero_copy {
+                                ready[b] + cost
+                            } else {
+                                let copy_start = ready[b].max(free[0]);
+                                free[0] = copy_start + cost;
+                                busy[0] += cost;
+                                live.entry((b, d)).or_insert((si, si));
+                                free[0]
+                            };
+                            replica.insert((b, d), at);
+                            at
                         };
                         let l = live.entry((b, h)).or_insert((si, si));
                         l.1 = l.1.max(si);
-                        if h != d {
+                        if h != d && !self.zero_copy(h.max(d)) {
                             let l = live.entry((b, d)).or_insert((si, si));
                             l.1 = l.1.max(si);
                         }
@@ -305,6 +344,7 @@ impl Model {
             memory_bytes: memory,
             crossings,
             crossing_bytes,
+            boundaries,
         }
     }
 
@@ -381,7 +421,7 @@ impl Model {
                     for &(b, producer) in &args_of[k] {
                         let from = placed[producer];
                         if from != d {
-                            c += self.crossing(b, from, d).unwrap_or(f64::INFINITY);
+                            c += self.crossing(b, from, d).map_or(f64::INFINITY, |(t, _)| t);
                         }
                     }
                     if slot.as_ref().is_none_or(|(best, _)| c < *best) {
