@@ -6,8 +6,14 @@
 //! `/proc/thread-self/schedstat` on Linux), which a loaded machine's time slicing does not
 //! inflate.
 //!
+//! With `--decode P`, a decode step's attention instead: one query at past `P` over an
+//! f16 cache (the GGUF default), for each of 28 layers' caches in turn (as a step of the
+//! model reads them: about `28 * P * 4 KiB` bytes, more than the caches hold at P >= 256),
+//! reported per layer call.
+//!
 //! ```sh
 //! cargo bench -p rafter-kernels-cpu --bench attention -- --threads 1,2 --rounds 9
+//! cargo bench -p rafter-kernels-cpu --bench attention -- --decode 192 --threads 2
 //! ```
 
 use std::time::Instant;
@@ -52,6 +58,10 @@ fn main() {
             .map(|v| v.parse().expect("--threads 1,2"))
             .collect()
     });
+    if let Some(p) = arg("--decode") {
+        decode(p.parse().expect("--decode P"), rounds, &threads);
+        return;
+    }
     let (q_heads, kv_heads, d, total) = (16, 8, 128, 4096);
     let a = CachedAttention {
         q_heads,
@@ -94,5 +104,52 @@ fn main() {
             print!(", CPU {:8.1} us ({:6.1} GFLOP/s)", c * 1e6, flops / c / 1e9);
         }
         println!();
+    }
+}
+
+/// A decode step's attention at past `past` over 28 layers' f16 caches (see the module
+/// docs): median wall time per layer call.
+fn decode(past: usize, rounds: usize, threads: &[usize]) {
+    let (q_heads, kv_heads, d, layers) = (16, 8, 128, 28);
+    let a = CachedAttention {
+        q_heads,
+        kv_heads,
+        head_dim: d,
+        scale: (d as f32).powf(-0.5),
+        softcap: 0.0,
+        window: None,
+    };
+    let mut seed = 0x2545_F491_4F6C_DD1D;
+    let q = rnd(&mut seed, q_heads * d);
+    let cache = |seed: &mut u64| -> Vec<half::f16> {
+        rnd(seed, (past + 1) * kv_heads * d)
+            .into_iter()
+            .map(half::f16::from_f32)
+            .collect()
+    };
+    let kv: Vec<(Vec<half::f16>, Vec<half::f16>)> = (0..layers)
+        .map(|_| (cache(&mut seed), cache(&mut seed)))
+        .collect();
+    let mut out = vec![0f32; q.len()];
+    for &t in threads {
+        let pool = WorkerPool::new(t).expect("pool");
+        let par: &dyn Parallel = if t == 1 { &Sequential } else { &pool };
+        let mut wall = Vec::new();
+        for _ in 0..rounds {
+            let start = Instant::now();
+            for _ in 0..10 {
+                for (k, v) in &kv {
+                    cached_attention(&a, &q, k, v, past, &mut out, par).expect("attention");
+                }
+            }
+            wall.push(start.elapsed().as_secs_f64() / (10 * layers) as f64);
+        }
+        let w = median(wall);
+        let bytes = 2.0 * ((past + 1) * kv_heads * d * 2) as f64;
+        println!(
+            "threads {t} decode past {past}: {:7.1} us per layer ({:5.1} GB/s of cache)",
+            w * 1e6,
+            bytes / w / 1e9
+        );
     }
 }

@@ -49,6 +49,35 @@ fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// A weight copy: on the heap, or (`--mmap`) written to a file and memory-mapped, as a
+/// model's GGUF weights are (page-cache pages, not anonymous memory).
+enum Weights {
+    Heap(Vec<u8>),
+    Map(memmap2::Mmap),
+}
+
+impl Weights {
+    fn new(bytes: &[u8], file: Option<usize>) -> Weights {
+        let Some(i) = file else {
+            return Weights::Heap(bytes.to_vec());
+        };
+        let path = std::env::temp_dir().join(format!("quant_gemv_{}_{i}.bin", std::process::id()));
+        std::fs::write(&path, bytes).expect("write the weight file");
+        let f = std::fs::File::open(&path).expect("open the weight file");
+        // SAFETY: the file is this run's own, never written again while mapped.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&f) }.expect("mmap");
+        let _ = std::fs::remove_file(&path);
+        Weights::Map(map)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Weights::Heap(v) => v,
+            Weights::Map(m) => m,
+        }
+    }
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -165,6 +194,7 @@ fn main() {
     // `--hot`: one copy of each weight (cache-resident when small), minimum over rounds:
     // the kernels' own throughput, robust to a loaded machine's preemptions.
     let hot = args.iter().any(|a| a == "--hot");
+    let mapped = args.iter().any(|a| a == "--mmap");
     let cold = if hot { 0 } else { cold };
     let isa = arg("--isa").map_or(Isa::detect(), |s| Isa::named(s).expect("--isa name"));
     let fmt_arg = arg("--formats").map_or("f16,q8_0,q4_0,q4_K,q6_K".to_string(), |s| s.clone());
@@ -245,12 +275,14 @@ fn main() {
             _ => {}
         }
         // Every format's copies, generated once per shape.
-        let copies: Vec<Vec<Vec<u8>>> = formats
+        let copies: Vec<Vec<Weights>> = formats
             .iter()
             .map(|&f| {
                 let one = weights(f, n, k, &mut seed);
                 let c = cold.div_ceil(one.len()).max(1);
-                vec![one; c]
+                (0..c)
+                    .map(|i| Weights::new(&one, mapped.then_some(i)))
+                    .collect()
             })
             .collect();
         // Contenders: (format index, prefetch distance, GEMM rows).
@@ -278,7 +310,7 @@ fn main() {
                     let f = formats[fi];
                     let start = Instant::now();
                     for w in &copies[fi] {
-                        let wr = QuantMatRef::new(f, w, n, k).unwrap();
+                        let wr = QuantMatRef::new(f, w.bytes(), n, k).unwrap();
                         quant_matmul_with_isa(
                             isa,
                             MatRef::row_major(&x[..m * k], m, k, k).unwrap(),
@@ -302,7 +334,7 @@ fn main() {
                 } else {
                     median(&times[ci])
                 };
-                let bytes = copies[fi][0].len() as f64;
+                let bytes = copies[fi][0].bytes().len() as f64;
                 let (rate, frac) = if m == 1 {
                     let gbs = bytes / s / 1e9;
                     (gbs, gbs / bw_before[pi])
