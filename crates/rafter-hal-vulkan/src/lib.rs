@@ -33,6 +33,7 @@ mod instance;
 mod memory;
 mod queue;
 mod semaphore;
+mod validation;
 
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use device::{VulkanDevice, VulkanDeviceOptions, NO_COOP_ENV};
@@ -43,3 +44,4 @@ pub use executable::{
 pub use instance::{list_devices, DEVICE_ENV};
 pub use memory::VulkanBuffer;
 pub use queue::{VulkanQueue, WATCHDOG_ENV};
+pub use validation::{Validation, ValidationMessage, VALIDATION_ENV};
