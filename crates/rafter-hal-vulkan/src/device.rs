@@ -22,7 +22,7 @@ use crate::instance::{self, InstanceOwner};
 use crate::memory::VulkanBuffer;
 use crate::queue::{run_monitor, SchedState, VulkanQueue};
 use crate::semaphore::SemInner;
-use crate::validation::{Validation, ValidationMessage};
+use crate::validation::{Validation, ValidationLog, ValidationMessage};
 
 /// How to open a [`VulkanDevice`].
 #[derive(Clone, Default)]
@@ -298,10 +298,35 @@ impl VulkanDevice {
     }
 
     /// The validation layer's errors and warnings since the device opened (at most the
-    /// first 200), and how many there were in all; empty without validation. Tests assert
-    /// this is empty after their work completed.
+    /// first 200), and how many there were in all; empty without validation.
     pub fn validation_messages(&self) -> (Vec<ValidationMessage>, usize) {
-        self.shared.instance.collector.messages()
+        self.shared.instance.log.messages()
+    }
+
+    /// The device's validation log, which outlives the device: tests drop the device and
+    /// then assert it is empty (destroying an object still in use is reported at the drop).
+    pub fn validation_log(&self) -> ValidationLog {
+        self.shared.instance.log.clone()
+    }
+
+    /// Makes one call the validation layer must report (a pipeline layout whose
+    /// push-constant range is 6 bytes, not a multiple of 4: VUID-VkPushConstantRange-size-00297),
+    /// harmless to the driver, which only stores the number. For the test that shows the
+    /// messenger records what the layer says (a check that can fail).
+    #[doc(hidden)]
+    pub fn provoke_validation_error(&self) {
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(6)];
+        let info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(&ranges);
+        // SAFETY: `info` lives across the call; the layout is destroyed at once, unused. The
+        // size breaks a valid-usage rule on purpose; drivers round or store it.
+        unsafe {
+            if let Ok(layout) = self.shared.device.create_pipeline_layout(&info, None) {
+                self.shared.device.destroy_pipeline_layout(layout, None);
+            }
+        }
     }
 
     /// What the device offers: features, subgroups, cooperative matrix, limits, memory.

@@ -10,7 +10,7 @@ use crate::caps::{
     MemoryTypeInfo, VulkanCapabilities, VulkanLimits,
 };
 use crate::error::VulkanError;
-use crate::validation::{self, Collector, Validation};
+use crate::validation::{self, Validation, ValidationLog};
 
 /// The environment variable that picks a device by its index in the loader's enumeration
 /// (as `rafter devices` lists them), overriding the preference for discrete GPUs.
@@ -23,10 +23,10 @@ pub(crate) struct InstanceOwner {
     pub(crate) instance: ash::Instance,
     /// With validation on: the messenger, destroyed before the instance.
     messenger: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
-    /// What the validation layer reported. Boxed: the layer holds its address as the
-    /// messenger's user data, so it must not move; it is dropped after the instance (fields
-    /// drop after `Drop::drop`).
-    pub(crate) collector: Box<Collector>,
+    /// What the validation layer reported. On the heap: the layer holds its address as the
+    /// messenger's user data, so it must not move; this reference keeps it alive until
+    /// after the instance is destroyed (fields drop after `Drop::drop`).
+    pub(crate) log: ValidationLog,
     pub(crate) validation: Validation,
 }
 
@@ -76,7 +76,7 @@ pub(crate) fn create_instance(validation: Validation) -> Result<Arc<InstanceOwne
         .application_name(c"rafter")
         .engine_name(c"rafter")
         .api_version(vk::API_VERSION_1_3);
-    let collector = Box::<Collector>::default();
+    let log = ValidationLog::default();
     let on = validation != Validation::Off;
     if on {
         validation::check_layer(&entry)?;
@@ -84,9 +84,9 @@ pub(crate) fn create_instance(validation: Validation) -> Result<Arc<InstanceOwne
     let layers = validation::layers();
     let extensions = validation::extensions();
     let mut features = validation::features_info(validation);
-    // SAFETY: the collector is boxed and lives in the owner, after the instance and the
-    // messenger, at the same address.
-    let mut messages = unsafe { validation::messenger_info(&*collector) };
+    // SAFETY: the collector is behind an `Arc` the owner holds until after the instance and
+    // the messenger are destroyed.
+    let mut messages = unsafe { validation::messenger_info(&*log.0) };
     let mut info = vk::InstanceCreateInfo::default().application_info(&app);
     if on {
         // The messenger chained here reports vkCreateInstance and vkDestroyInstance.
@@ -111,13 +111,13 @@ pub(crate) fn create_instance(validation: Validation) -> Result<Arc<InstanceOwne
         entry,
         instance,
         messenger: None,
-        collector,
+        log,
         validation,
     };
     if on {
         let loader = ash::ext::debug_utils::Instance::new(&owner.entry, &owner.instance);
         // SAFETY: as for the chained messenger above; the info lives across the call.
-        let info = unsafe { validation::messenger_info(&*owner.collector) };
+        let info = unsafe { validation::messenger_info(&*owner.log.0) };
         // SAFETY: the instance enabled VK_EXT_debug_utils; `info` lives across the call.
         let messenger =
             unsafe { loader.create_debug_utils_messenger(&info, None) }.map_err(|result| {
