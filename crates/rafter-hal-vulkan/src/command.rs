@@ -338,6 +338,24 @@ fn record_command(
                 while push.len() % 4 != 0 {
                     push.push(0);
                 }
+                if (push.len() as u64) < executable.push_bytes
+                    && shared.instance.validation != crate::Validation::Off
+                {
+                    shared.instance.log.report(
+                        "RAFTER-push-constants-unset",
+                        format!(
+                            "command {index}: dispatch of '{}' entry {} pushes {} bytes ({} \
+                             bindings + {} param bytes) but the module declares {} bytes of \
+                             push constants: the rest are undefined (maintenance4)",
+                            dispatch.executable.name(),
+                            dispatch.entry,
+                            push.len(),
+                            dispatch.bindings.len(),
+                            dispatch.params.len(),
+                            executable.push_bytes
+                        ),
+                    );
+                }
                 if push.len() > shared.push_constant_size as usize {
                     return Err(HalError::LimitExceeded {
                         what: format!(

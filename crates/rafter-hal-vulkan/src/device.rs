@@ -22,6 +22,7 @@ use crate::instance::{self, InstanceOwner};
 use crate::memory::VulkanBuffer;
 use crate::queue::{run_monitor, SchedState, VulkanQueue};
 use crate::semaphore::SemInner;
+use crate::validation::{Validation, ValidationLog, ValidationMessage};
 
 /// How to open a [`VulkanDevice`].
 #[derive(Clone, Default)]
@@ -53,6 +54,10 @@ pub struct VulkanDeviceOptions {
     /// environment variable [`NO_COOP_ENV`] = `1`): kernels with a cooperative-matrix
     /// variant then load their plain module, for comparing the two on one GPU.
     pub disable_cooperative_matrix: bool,
+    /// Run under the Khronos validation layer ([`Validation`]); `None` reads
+    /// [`VALIDATION_ENV`](crate::VALIDATION_ENV). What the layer reports is kept:
+    /// [`VulkanDevice::validation_messages`].
+    pub validation: Option<Validation>,
 }
 
 /// Set to `1` to open Vulkan devices without cooperative matrices
@@ -72,6 +77,7 @@ impl std::fmt::Debug for VulkanDeviceOptions {
                 "disable_cooperative_matrix",
                 &self.disable_cooperative_matrix,
             )
+            .field("validation", &self.validation)
             .finish()
     }
 }
@@ -136,8 +142,9 @@ pub(crate) struct Shared {
     /// [`VulkanDeviceOptions::trace_sink`]); `None` also when the queue family has no
     /// timestamps.
     pub(crate) trace: Option<Arc<dyn TraceSink>>,
-    /// Keeps the instance alive until the device is destroyed.
-    instance: Arc<InstanceOwner>,
+    /// Keeps the instance alive until the device is destroyed; holds the validation
+    /// messages.
+    pub(crate) instance: Arc<InstanceOwner>,
 }
 
 impl Shared {
@@ -260,7 +267,11 @@ impl VulkanDevice {
     /// monitor thread. Without a usable device this is [`VulkanError::NoDevice`], whose
     /// message lists the drivers found and why each was refused.
     pub fn new(options: VulkanDeviceOptions) -> Result<VulkanDevice, VulkanError> {
-        let owner = instance::create_instance()?;
+        let validation = match options.validation {
+            Some(validation) => validation,
+            None => Validation::from_env()?,
+        };
+        let owner = instance::create_instance(validation)?;
         let candidates = instance::enumerate(&owner)?;
         let chosen = instance::select(candidates, options.device_index)?;
         let shared = Arc::new(create_shared(owner, chosen, &options)?);
@@ -279,6 +290,43 @@ impl VulkanDevice {
             queues,
             monitor: Mutex::new(Some(handle)),
         })
+    }
+
+    /// Which validation the device runs under.
+    pub fn validation(&self) -> Validation {
+        self.shared.instance.validation
+    }
+
+    /// The validation layer's errors and warnings since the device opened (at most the
+    /// first 200), and how many there were in all; empty without validation.
+    pub fn validation_messages(&self) -> (Vec<ValidationMessage>, usize) {
+        self.shared.instance.log.messages()
+    }
+
+    /// The device's validation log, which outlives the device: tests drop the device and
+    /// then assert it is empty (destroying an object still in use is reported at the drop).
+    pub fn validation_log(&self) -> ValidationLog {
+        self.shared.instance.log.clone()
+    }
+
+    /// Makes one call the validation layer must report (a pipeline layout whose
+    /// push-constant range is 6 bytes, not a multiple of 4: VUID-VkPushConstantRange-size-00297),
+    /// harmless to the driver, which only stores the number. For the test that shows the
+    /// messenger records what the layer says (a check that can fail).
+    #[doc(hidden)]
+    pub fn provoke_validation_error(&self) {
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(6)];
+        let info = vk::PipelineLayoutCreateInfo::default().push_constant_ranges(&ranges);
+        // SAFETY: `info` lives across the call; the layout is destroyed at once, unused. The
+        // size breaks a valid-usage rule on purpose; drivers round or store it.
+        unsafe {
+            if let Ok(layout) = self.shared.device.create_pipeline_layout(&info, None) {
+                self.shared.device.destroy_pipeline_layout(layout, None);
+            }
+        }
     }
 
     /// What the device offers: features, subgroups, cooperative matrix, limits, memory.
@@ -692,6 +740,14 @@ impl Drop for VulkanDevice {
             flight.fail_foreign(&reason);
         }
         let _ = self.shared.pipeline_cache.save(&self.shared.device);
+        let (_, total) = self.validation_messages();
+        if total > 0 {
+            eprintln!(
+                "Vulkan validation: {total} messages on device '{}' (each id printed once \
+                 above)",
+                self.shared.name
+            );
+        }
     }
 }
 

@@ -136,6 +136,80 @@ pub fn spirv_workgroup_bytes(words: &[u32]) -> Result<u64, String> {
     Ok(total)
 }
 
+/// The bytes of push constants a module declares: the end of the last member of its
+/// `PushConstant` block (member offsets from `OpMemberDecorate ... Offset`). A dispatch must
+/// push at least this many: with `maintenance4` (which rafter enables) bytes never pushed
+/// are undefined, not an error the validation layer can see, so under validation the
+/// recorder checks this itself. Also checks the module's framing ([`instructions`]).
+pub fn spirv_push_constant_bytes(words: &[u32]) -> Result<u64, String> {
+    const OP_MEMBER_DECORATE: u32 = 72;
+    const OP_TYPE_INT: u32 = 21;
+    const OP_TYPE_FLOAT: u32 = 22;
+    const OP_TYPE_VECTOR: u32 = 23;
+    const OP_TYPE_ARRAY: u32 = 28;
+    const OP_TYPE_STRUCT: u32 = 30;
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_CONSTANT: u32 = 43;
+    const OP_VARIABLE: u32 = 59;
+    const DECORATION_OFFSET: u32 = 35;
+    const PUSH_CONSTANT: u32 = 9;
+    const PHYSICAL_STORAGE_BUFFER: u32 = 5349;
+    let mut size: HashMap<u32, u64> = HashMap::new();
+    let mut constant: HashMap<u32, u64> = HashMap::new();
+    let mut pointee: HashMap<u32, u32> = HashMap::new();
+    let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut members: HashMap<u32, Vec<u32>> = HashMap::new();
+    let mut total = 0u64;
+    for (_, op) in instructions(words)? {
+        let operand = |i: usize| op.get(i).copied().unwrap_or(0);
+        let size_of = |id: u32| size.get(&id).copied().unwrap_or(0);
+        match op[0] & 0xffff {
+            OP_MEMBER_DECORATE if operand(3) == DECORATION_OFFSET => {
+                offsets.insert((operand(1), operand(2)), u64::from(operand(4)));
+            }
+            OP_TYPE_INT | OP_TYPE_FLOAT => {
+                size.insert(operand(1), u64::from(operand(2)) / 8);
+            }
+            OP_TYPE_VECTOR => {
+                let bytes = size_of(operand(2)) * u64::from(operand(3));
+                size.insert(operand(1), bytes);
+            }
+            OP_TYPE_ARRAY => {
+                let length = constant.get(&operand(3)).copied().unwrap_or(0);
+                size.insert(operand(1), size_of(operand(2)).saturating_mul(length));
+            }
+            OP_TYPE_STRUCT => {
+                let id = operand(1);
+                let list: Vec<u32> = op.iter().skip(2).copied().collect();
+                let end = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &m)| offsets.get(&(id, i as u32)).copied().unwrap_or(0) + size_of(m))
+                    .max()
+                    .unwrap_or(0);
+                size.insert(id, end);
+                members.insert(id, list);
+            }
+            OP_TYPE_POINTER => {
+                pointee.insert(operand(1), operand(3));
+                if operand(2) == PHYSICAL_STORAGE_BUFFER {
+                    size.insert(operand(1), 8);
+                }
+            }
+            OP_CONSTANT if op.len() == 4 => {
+                constant.insert(operand(2), u64::from(operand(3)));
+            }
+            OP_VARIABLE if operand(3) == PUSH_CONSTANT => {
+                if let Some(&ty) = pointee.get(&operand(1)) {
+                    total = total.max(size_of(ty));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(total)
+}
+
 /// A loaded SPIR-V module: one compute pipeline per `GLCompute` entry point, all with the
 /// device's single pipeline layout (no descriptors, push constants only).
 pub struct VulkanExecutable {
@@ -143,6 +217,8 @@ pub struct VulkanExecutable {
     name: String,
     entries: Vec<String>,
     pipelines: Vec<vk::Pipeline>,
+    /// The push-constant bytes the module declares ([`spirv_push_constant_bytes`]).
+    pub(crate) push_bytes: u64,
 }
 
 impl VulkanExecutable {
@@ -204,6 +280,7 @@ impl VulkanExecutable {
                 spec.name, shared.name, shared.caps.device_name
             )));
         }
+        let push_bytes = spirv_push_constant_bytes(&words).map_err(invalid)?;
         let device = &shared.device;
         let module_info = vk::ShaderModuleCreateInfo::default().code(&words);
         // SAFETY: `words` is a whole SPIR-V module (magic and instruction lengths checked)
@@ -250,6 +327,7 @@ impl VulkanExecutable {
             name: spec.name.clone(),
             entries,
             pipelines,
+            push_bytes,
         })
     }
 
@@ -443,6 +521,33 @@ mod tests {
         assert_eq!(spirv_workgroup_bytes(&m).unwrap(), 80);
     }
 
+    /// A push block `{ ptr a @0; ptr b @8; u32 count @16; u32 dim @20 }` (pointers to
+    /// PhysicalStorageBuffer) declares 24 bytes; the end of the last member counts, not the
+    /// order the members are listed in.
+    #[test]
+    fn the_push_constant_block_size_is_read() {
+        let op = |opcode: u32, operands: &[u32]| {
+            let mut words = vec![((operands.len() as u32 + 1) << 16) | opcode];
+            words.extend_from_slice(operands);
+            words
+        };
+        let mut w = vec![SPIRV_MAGIC, 0x0001_0600, 0, 20, 0];
+        w.extend(op(17, &[1]));
+        w.extend(op(15, &[5, 1, u32::from_le_bytes(*b"main"), 0]));
+        // Struct 6 members: ptr, u32, ptr, u32 at offsets 0, 16, 8, 20.
+        for (member, offset) in [(0, 0), (1, 16), (2, 8), (3, 20)] {
+            w.extend(op(72, &[6, member, 35, offset]));
+        }
+        w.extend(op(21, &[2, 32, 0]));
+        w.extend(op(22, &[3, 32]));
+        w.extend(op(32, &[4, 5349, 3]));
+        w.extend(op(30, &[6, 4, 2, 4, 2]));
+        w.extend(op(32, &[7, 9, 6]));
+        w.extend(op(59, &[7, 8, 9]));
+        assert_eq!(spirv_push_constant_bytes(&w).unwrap(), 24);
+        assert_eq!(spirv_push_constant_bytes(&module()).unwrap(), 0);
+    }
+
     /// Every reader refuses a short header, a bad magic, a zero word count and an
     /// instruction running past the end, naming which.
     #[test]
@@ -464,6 +569,7 @@ mod tests {
                 spirv_entry_points(words).map(|_| ()),
                 spirv_capabilities(words).map(|_| ()),
                 spirv_workgroup_bytes(words).map(|_| ()),
+                spirv_push_constant_bytes(words).map(|_| ()),
             ] {
                 let e = got.unwrap_err();
                 assert!(e.contains(want), "{e} (want {want})");

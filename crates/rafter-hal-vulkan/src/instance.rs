@@ -10,6 +10,7 @@ use crate::caps::{
     MemoryTypeInfo, VulkanCapabilities, VulkanLimits,
 };
 use crate::error::VulkanError;
+use crate::validation::{self, Validation, ValidationLog};
 
 /// The environment variable that picks a device by its index in the loader's enumeration
 /// (as `rafter devices` lists them), overriding the preference for discrete GPUs.
@@ -20,13 +21,26 @@ pub const DEVICE_ENV: &str = "RAFTER_VULKAN_DEVICE";
 pub(crate) struct InstanceOwner {
     pub(crate) entry: ash::Entry,
     pub(crate) instance: ash::Instance,
+    /// With validation on: the messenger, destroyed before the instance.
+    messenger: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+    /// What the validation layer reported. On the heap: the layer holds its address as the
+    /// messenger's user data, so it must not move; this reference keeps it alive until
+    /// after the instance is destroyed (fields drop after `Drop::drop`).
+    pub(crate) log: ValidationLog,
+    pub(crate) validation: Validation,
 }
 
 impl Drop for InstanceOwner {
     fn drop(&mut self) {
         // SAFETY: every object created from this instance (devices hold an Arc to this owner)
-        // has been destroyed before the last Arc is dropped.
-        unsafe { self.instance.destroy_instance(None) };
+        // has been destroyed before the last Arc is dropped; the messenger was created from
+        // this instance and is destroyed once, before it.
+        unsafe {
+            if let Some((loader, messenger)) = self.messenger.take() {
+                loader.destroy_debug_utils_messenger(messenger, None);
+            }
+            self.instance.destroy_instance(None)
+        };
     }
 }
 
@@ -36,9 +50,10 @@ pub(crate) struct Candidate {
     pub(crate) caps: VulkanCapabilities,
 }
 
-/// Loads the loader and creates an instance. Errors say what was missing, in the words of
-/// the "no device" error so a user sees one kind of message.
-pub(crate) fn create_instance() -> Result<Arc<InstanceOwner>, VulkanError> {
+/// Loads the loader and creates an instance, with the validation layer and a messenger
+/// into the owner's collector when `validation` asks for it. Errors say what was missing, in
+/// the words of the "no device" error so a user sees one kind of message.
+pub(crate) fn create_instance(validation: Validation) -> Result<Arc<InstanceOwner>, VulkanError> {
     // SAFETY: loading the system's Vulkan loader runs its initialisers; that is the
     // documented way to use Vulkan, and we do it before any other Vulkan call.
     let entry = unsafe { ash::Entry::load() }.map_err(|e| VulkanError::NoDevice {
@@ -61,7 +76,26 @@ pub(crate) fn create_instance() -> Result<Arc<InstanceOwner>, VulkanError> {
         .application_name(c"rafter")
         .engine_name(c"rafter")
         .api_version(vk::API_VERSION_1_3);
-    let info = vk::InstanceCreateInfo::default().application_info(&app);
+    let log = ValidationLog::default();
+    let on = validation != Validation::Off;
+    if on {
+        validation::check_layer(&entry)?;
+    }
+    let layers = validation::layers();
+    let extensions = validation::extensions();
+    let mut features = validation::features_info(validation);
+    // SAFETY: the collector is behind an `Arc` the owner holds until after the instance and
+    // the messenger are destroyed.
+    let mut messages = unsafe { validation::messenger_info(&*log.0) };
+    let mut info = vk::InstanceCreateInfo::default().application_info(&app);
+    if on {
+        // The messenger chained here reports vkCreateInstance and vkDestroyInstance.
+        info = info
+            .enabled_layer_names(&layers)
+            .enabled_extension_names(&extensions)
+            .push_next(&mut features)
+            .push_next(&mut messages);
+    }
     // SAFETY: `info` and what it points to live across the call.
     let instance =
         unsafe { entry.create_instance(&info, None) }.map_err(|e| VulkanError::NoDevice {
@@ -73,7 +107,28 @@ pub(crate) fn create_instance() -> Result<Arc<InstanceOwner>, VulkanError> {
                 format!("vkCreateInstance for Vulkan 1.3 failed: {e}")
             },
         })?;
-    Ok(Arc::new(InstanceOwner { entry, instance }))
+    let mut owner = InstanceOwner {
+        entry,
+        instance,
+        messenger: None,
+        log,
+        validation,
+    };
+    if on {
+        let loader = ash::ext::debug_utils::Instance::new(&owner.entry, &owner.instance);
+        // SAFETY: as for the chained messenger above; the info lives across the call.
+        let info = unsafe { validation::messenger_info(&*owner.log.0) };
+        // SAFETY: the instance enabled VK_EXT_debug_utils; `info` lives across the call.
+        let messenger =
+            unsafe { loader.create_debug_utils_messenger(&info, None) }.map_err(|result| {
+                VulkanError::Call {
+                    call: "vkCreateDebugUtilsMessengerEXT",
+                    result,
+                }
+            })?;
+        owner.messenger = Some((loader, messenger));
+    }
+    Ok(Arc::new(owner))
 }
 
 /// Every physical device the loader reports, with its capabilities.
@@ -367,6 +422,6 @@ fn pick_queue_family(families: &[vk::QueueFamilyProperties]) -> Option<(u32, u32
 /// Describes every physical device the loader finds, whether rafter could use it or not
 /// (what `rafter devices` prints). An error only when there is no loader or instance.
 pub fn list_devices() -> Result<Vec<VulkanCapabilities>, VulkanError> {
-    let owner = create_instance()?;
+    let owner = create_instance(Validation::from_env()?)?;
     Ok(enumerate(&owner)?.into_iter().map(|c| c.caps).collect())
 }

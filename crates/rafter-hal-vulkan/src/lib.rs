@@ -33,13 +33,16 @@ mod instance;
 mod memory;
 mod queue;
 mod semaphore;
+mod validation;
 
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use device::{VulkanDevice, VulkanDeviceOptions, NO_COOP_ENV};
 pub use error::VulkanError;
 pub use executable::{
-    spirv_capabilities, spirv_entry_points, spirv_workgroup_bytes, VulkanExecutable,
+    spirv_capabilities, spirv_entry_points, spirv_push_constant_bytes, spirv_workgroup_bytes,
+    VulkanExecutable,
 };
 pub use instance::{list_devices, DEVICE_ENV};
 pub use memory::VulkanBuffer;
 pub use queue::{VulkanQueue, WATCHDOG_ENV};
+pub use validation::{Validation, ValidationLog, ValidationMessage, VALIDATION_ENV};

@@ -595,3 +595,50 @@ fn cooperative_matrix_modules_need_the_exact_configuration() {
         );
     }
 }
+
+/// Validation on demand: the layer's report of a deliberately invalid call reaches the
+/// device's log with its id, and a device without validation logs nothing for it. Skipped
+/// when the machine lacks the layer (CI installs it: Debian's vulkan-validationlayers).
+#[test]
+fn the_validation_layer_reports_an_invalid_call_into_the_log() {
+    let options = rafter_hal_vulkan::VulkanDeviceOptions {
+        validation: Some(rafter_hal_vulkan::Validation::Core),
+        ..Default::default()
+    };
+    let device = match rafter_hal_vulkan::VulkanDevice::new(options) {
+        Ok(device) => device,
+        Err(error)
+            if error
+                .to_string()
+                .contains("VK_LAYER_KHRONOS_validation layer") =>
+        {
+            eprintln!("skipping: {error}");
+            return;
+        }
+        Err(error @ rafter_hal_vulkan::VulkanError::NoDevice { .. }) => {
+            let required =
+                std::env::var(common::REQUIRE_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(!required, "{error}");
+            eprintln!("skipping: {error}");
+            return;
+        }
+        Err(error) => panic!("{error}"),
+    };
+    assert_eq!(device.validation_messages().1, 0);
+    device.provoke_validation_error();
+    let (messages, total) = device.validation_messages();
+    assert_eq!(total, 1, "{messages:?}");
+    assert_eq!(messages[0].severity, "error");
+    assert_eq!(messages[0].id, "VUID-VkPushConstantRange-size-00297");
+    let log = device.validation_log();
+    drop(device);
+    assert_eq!(log.messages().1, 1, "the log outlives the device");
+
+    let off = rafter_hal_vulkan::VulkanDevice::new(rafter_hal_vulkan::VulkanDeviceOptions {
+        validation: Some(rafter_hal_vulkan::Validation::Off),
+        ..Default::default()
+    })
+    .unwrap();
+    off.provoke_validation_error();
+    assert_eq!(off.validation_messages().1, 0);
+}
