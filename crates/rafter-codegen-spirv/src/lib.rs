@@ -116,6 +116,7 @@ mod coop;
 mod elem;
 mod elementwise;
 mod gather;
+mod integer;
 mod matmul;
 mod window;
 
