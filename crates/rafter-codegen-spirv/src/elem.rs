@@ -1,5 +1,6 @@
 //! Element types of the buffers a kernel reads and writes: f32, or f16 *stored* as 16-bit
-//! floats and computed in f32; and, in elementwise kernels only, bool, i8, u8, i32 and i64,
+//! floats and computed in f32; and, in elementwise kernels only, bool, i8, u8, i16, u16,
+//! i32 and i64,
 //! also computed in f32 (see [`Elem::of_any`] for what that allows).
 //!
 //! Every load and store of a buffer element goes through [`load`] and [`store`], the one
@@ -37,8 +38,15 @@ pub(crate) enum Elem {
     Bool,
     I8,
     U8,
+    /// 16-bit integers: quantized values (QuantizeLinear's int16 and uint16 results).
+    I16,
+    U16,
     I32,
     I64,
+    /// Unsigned 32- and 64-bit integers: only in integer kernels (see [`load_int`]), and
+    /// as casts' sources and results.
+    U32,
+    U64,
 }
 
 impl Elem {
@@ -61,26 +69,35 @@ impl Elem {
             DType::Bool => Ok(Elem::Bool),
             DType::I8 => Ok(Elem::I8),
             DType::U8 => Ok(Elem::U8),
+            DType::I16 => Ok(Elem::I16),
+            DType::U16 => Ok(Elem::U16),
             DType::I32 => Ok(Elem::I32),
             DType::I64 => Ok(Elem::I64),
+            DType::U32 => Ok(Elem::U32),
+            DType::U64 => Ok(Elem::U64),
             DType::F32 | DType::F16 => Elem::of(dtype),
             other => Err(format!(
-                "{other}; only f32, f16, bool, i8, u8, i32 and i64 are generated yet"
+                "{other}; only f32, f16, bool and 8- to 64-bit integers are generated yet"
             )),
         }
     }
 
     /// Whether f32 cannot hold every value of the type (i32, i64).
     pub(crate) fn is_wide_int(self) -> bool {
-        matches!(self, Elem::I32 | Elem::I64)
+        matches!(self, Elem::I32 | Elem::I64 | Elem::U32 | Elem::U64)
+    }
+
+    /// Whether the type is a signed integer (sign-extended when widened).
+    pub(crate) fn is_signed(self) -> bool {
+        matches!(self, Elem::I8 | Elem::I16 | Elem::I32 | Elem::I64)
     }
 
     /// Bytes per element (the stride of element addresses and their alignment).
     pub(crate) fn bytes(self) -> u32 {
         match self {
-            Elem::I64 => 8,
-            Elem::F32 | Elem::I32 => 4,
-            Elem::F16 => 2,
+            Elem::I64 | Elem::U64 => 8,
+            Elem::F32 | Elem::I32 | Elem::U32 => 4,
+            Elem::F16 | Elem::I16 | Elem::U16 => 2,
             Elem::Bool | Elem::I8 | Elem::U8 => 1,
         }
     }
@@ -129,17 +146,18 @@ pub(crate) fn load(b: &mut Builder, elem: Elem, f32: Word, addr: Word) -> Result
             );
             build(b.select(f32, None, set, one, nil))
         }
-        Elem::U8 => {
+        Elem::U8 | Elem::U16 => {
             let u32t = b.type_int(32, 0);
             let wide = build(b.u_convert(u32t, None, v))?;
             build(b.convert_u_to_f(f32, None, wide))
         }
-        Elem::I8 => {
+        Elem::I8 | Elem::I16 => {
             let i32t = b.type_int(32, 1);
             let wide = build(b.s_convert(i32t, None, v))?;
             build(b.convert_s_to_f(f32, None, wide))
         }
         Elem::I32 | Elem::I64 => build(b.convert_s_to_f(f32, None, v)),
+        Elem::U32 | Elem::U64 => build(b.convert_u_to_f(f32, None, v)),
     }
 }
 
@@ -156,8 +174,14 @@ fn stored_type(b: &mut Builder, elem: Elem, f32: Word) -> Word {
         Elem::F16 => half(b),
         Elem::Bool | Elem::U8 => byte(b, false),
         Elem::I8 => byte(b, true),
+        Elem::I16 | Elem::U16 => {
+            require(b, Capability::StorageBuffer16BitAccess);
+            b.type_int(16, u32::from(elem == Elem::I16))
+        }
         Elem::I32 => b.type_int(32, 1),
         Elem::I64 => b.type_int(64, 1),
+        Elem::U32 => b.type_int(32, 0),
+        Elem::U64 => b.type_int(64, 0),
     }
 }
 
@@ -210,7 +234,14 @@ pub(crate) fn store(
             let u8t = byte(b, false);
             (u8t, build(b.u_convert(u8t, None, wide))?)
         }
-        Elem::I8 | Elem::U8 | Elem::I32 | Elem::I64 => {
+        Elem::I8
+        | Elem::U8
+        | Elem::I16
+        | Elem::U16
+        | Elem::I32
+        | Elem::I64
+        | Elem::U32
+        | Elem::U64 => {
             let ty = stored_type(b, elem, f32);
             (ty, saturating_int(b, elem, f32, ty, v)?)
         }
@@ -235,7 +266,11 @@ fn saturating_int(
     let (lo, hi, bits): (f64, f64, u32) = match elem {
         Elem::I8 => (-128.0, 127.0, 8),
         Elem::U8 => (0.0, 255.0, 8),
+        Elem::I16 => (-32768.0, 32767.0, 16),
+        Elem::U16 => (0.0, 65535.0, 16),
         Elem::I32 => (-(2f64.powi(31)), 2f64.powi(31), 32),
+        Elem::U32 => (0.0, 2f64.powi(32), 32),
+        Elem::U64 => (0.0, 2f64.powi(64), 64),
         _ => (-(2f64.powi(63)), 2f64.powi(63), 64),
     };
     let boolt = b.type_bool();
@@ -251,11 +286,11 @@ fn saturating_int(
         GLSL_FCLAMP,
         [Arg::IdRef(v), Arg::IdRef(lo_c), Arg::IdRef(hi_c)],
     ))?;
-    if bits == 8 {
+    if bits <= 16 {
         // Every value in range is exact in f32 and in i32: convert, then narrow.
         let i32t = b.type_int(32, 1);
         let wide = build(b.convert_f_to_s(i32t, None, clamped))?;
-        return if elem == Elem::U8 {
+        return if matches!(elem, Elem::U8 | Elem::U16) {
             build(b.u_convert(ty, None, wide))
         } else {
             build(b.s_convert(ty, None, wide))
@@ -264,11 +299,17 @@ fn saturating_int(
     // `hi` (2^31 or 2^63) is past the range: below it convert, at it take the maximum.
     let over = build(b.f_ord_greater_than_equal(boolt, None, clamped, hi_c))?;
     let safe = build(b.select(f32, None, over, zero, clamped))?;
-    let converted = build(b.convert_f_to_s(ty, None, safe))?;
-    let max = if bits == 32 {
-        b.constant_bit32(ty, i32::MAX as u32)
+    let unsigned = matches!(elem, Elem::U32 | Elem::U64);
+    let converted = if unsigned {
+        build(b.convert_f_to_u(ty, None, safe))?
     } else {
-        b.constant_bit64(ty, i64::MAX as u64)
+        build(b.convert_f_to_s(ty, None, safe))?
+    };
+    let max = match (bits, unsigned) {
+        (32, false) => b.constant_bit32(ty, i32::MAX as u32),
+        (32, true) => b.constant_bit32(ty, u32::MAX),
+        (_, false) => b.constant_bit64(ty, i64::MAX as u64),
+        (_, true) => b.constant_bit64(ty, u64::MAX),
     };
     build(b.select(ty, None, over, max, converted))
 }
@@ -335,4 +376,73 @@ fn glsl_import(b: &mut Builder) -> Word {
         })
         .and_then(|i| i.result_id);
     existing.unwrap_or_else(|| b.ext_inst_import("GLSL.std.450"))
+}
+
+/// Loads the integer or bool element of type `elem` at byte address `addr` (a `u64`) as
+/// an `i64` (`i64` is the module's signed 64-bit type): signed types sign-extended,
+/// unsigned ones zero-extended (a u64 keeps its bits), a bool 1 where its byte is nonzero.
+/// Integer kernels compute every value this way, so arithmetic on any integer type up to
+/// 64 bits is exact before the result is wrapped to its type.
+pub(crate) fn load_int(b: &mut Builder, elem: Elem, i64: Word, addr: Word) -> Result<Word, String> {
+    if matches!(elem, Elem::F32 | Elem::F16) {
+        return Err(format!("{elem:?} loaded as an integer"));
+    }
+    let ty = stored_type(b, elem, i64);
+    let ptr_ty = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, ty);
+    let ptr = build(b.convert_u_to_ptr(ptr_ty, None, addr))?;
+    let align = [Arg::LiteralBit32(elem.bytes())];
+    let v = build(b.load(ty, None, ptr, Some(MemoryAccess::ALIGNED), align))?;
+    match elem {
+        Elem::I64 | Elem::U64 => build(b.bitcast(i64, None, v)),
+        Elem::Bool => {
+            let u32t = b.type_int(32, 0);
+            let wide = build(b.u_convert(u32t, None, v))?;
+            let zero = b.constant_bit32(u32t, 0);
+            let boolt = b.type_bool();
+            let set = build(b.i_not_equal(boolt, None, wide, zero))?;
+            let (one, nil) = (b.constant_bit64(i64, 1), b.constant_bit64(i64, 0));
+            build(b.select(i64, None, set, one, nil))
+        }
+        e if e.is_signed() => build(b.s_convert(i64, None, v)),
+        _ => {
+            let u64t = b.type_int(64, 0);
+            let wide = build(b.u_convert(u64t, None, v))?;
+            build(b.bitcast(i64, None, wide))
+        }
+    }
+}
+
+/// Stores the `i64` `v` as an integer or bool element of type `elem` at byte address
+/// `addr`, keeping its low bits (a bool: 1 where `v` is nonzero). Integer kernels wrap
+/// every result to its type before it is used, so the low bits are the value.
+pub(crate) fn store_int(
+    b: &mut Builder,
+    elem: Elem,
+    i64: Word,
+    addr: Word,
+    v: Word,
+) -> Result<(), String> {
+    if matches!(elem, Elem::F32 | Elem::F16) {
+        return Err(format!("an integer stored as {elem:?}"));
+    }
+    let ty = stored_type(b, elem, i64);
+    let v = match elem {
+        Elem::I64 => v,
+        Elem::U64 => build(b.bitcast(ty, None, v))?,
+        Elem::Bool => {
+            let boolt = b.type_bool();
+            let zero = b.constant_bit64(i64, 0);
+            let set = build(b.i_not_equal(boolt, None, v, zero))?;
+            let u32t = b.type_int(32, 0);
+            let (one, nil) = (b.constant_bit32(u32t, 1), b.constant_bit32(u32t, 0));
+            let wide = build(b.select(u32t, None, set, one, nil))?;
+            build(b.u_convert(ty, None, wide))?
+        }
+        e if e.is_signed() => build(b.s_convert(ty, None, v))?,
+        _ => build(b.u_convert(ty, None, v))?,
+    };
+    let ptr_ty = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, ty);
+    let ptr = build(b.convert_u_to_ptr(ptr_ty, None, addr))?;
+    let align = [Arg::LiteralBit32(elem.bytes())];
+    build(b.store(ptr, v, Some(MemoryAccess::ALIGNED), align))
 }

@@ -199,6 +199,12 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         })?;
         transposed.insert(*x, strides);
     }
+    // Per-axis scales and zero points of a quantize or dequantize: 1-D along its axis.
+    for node in &body.nodes {
+        for (v, strides) in quant_axis_strides(body, node, shape, has_view).map_err(error)? {
+            transposed.insert(v, strides);
+        }
+    }
     let strides_of = |v: ValueId| -> Option<Vec<Stride>> {
         if let Some(t) = transposed.get(&v) {
             return Some(t.clone());
@@ -241,7 +247,15 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             )));
         }
     }
-    check_integers(body, &meta).map_err(error)?;
+    // A body f32 registers cannot compute exactly is computed in 64-bit integers when every
+    // value is an integer or bool (`integer`); otherwise it is refused with the reason.
+    let int_mode = match check_integers(body, &meta) {
+        Ok(()) => false,
+        Err(why) => {
+            crate::integer::check(body, &meta).map_err(|e| error(format!("{why}; {e}")))?;
+            true
+        }
+    };
     for &output in &body.outputs {
         if body.value(output).ty.dims != *shape {
             return Err(error(format!(
@@ -282,6 +296,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         }
     }
     let mut emitter = Emitter::new(body, &inputs, strides, shape.clone(), meta);
+    emitter.int_mode = int_mode;
     emitter.table = table;
     let dims = emitter.table.params.clone();
     let spirv = emitter.emit().map_err(error)?;
@@ -316,6 +331,11 @@ fn check_integers(body: &Graph, meta: &HashSet<ValueId>) -> R<()> {
             let exact = match &node.op {
                 Op::Cast { .. } => source.is_some_and(|d| d.is_float() || d == DType::Bool),
                 Op::Where | Op::Identity | Op::Expand | Op::Transpose { .. } => true,
+                // Rounded, shifted by an 8-bit zero point and saturated to the result's
+                // range: an exact f32 integer.
+                Op::QuantizeLinear { .. } => {
+                    matches!(dtype, DType::I8 | DType::U8 | DType::I16 | DType::U16)
+                }
                 op if is_view(op) => true,
                 Op::Binary { op } => {
                     dtype == DType::Bool
@@ -371,6 +391,71 @@ fn check_integers(body: &Graph, meta: &HashSet<ValueId>) -> R<()> {
     // A body output that is an integer input passed through unchanged is fine; one that is
     // a wide integer computed here came from a cast of a float, checked above.
     Ok(())
+}
+
+/// The per-output-dim strides of a quantize's or dequantize's per-axis scale and zero
+/// point (1-D, the size of the operand's `axis`): stride 1 along that axis, 0 elsewhere.
+/// Empty for per-tensor parameters (one element, read as scalars) and other ops; an error
+/// for blocked parameters or per-axis ones the kernel cannot index.
+fn quant_axis_strides(
+    body: &Graph,
+    node: &rafter_ir::Node,
+    shape: &[Dim],
+    has_view: bool,
+) -> R<Vec<(ValueId, Vec<Stride>)>> {
+    let (axis, block_size) = match node.op {
+        Op::QuantizeLinear {
+            axis, block_size, ..
+        }
+        | Op::DequantizeLinear { axis, block_size } => (axis, block_size),
+        _ => return Ok(Vec::new()),
+    };
+    let Some(Some(x)) = node.inputs.first() else {
+        return Err(format!("node `{}` has no operand", node.name));
+    };
+    let rank = body.value(*x).ty.rank() as i64;
+    let mut found = Vec::new();
+    for &p in node.inputs.iter().skip(1).flatten() {
+        let pty = &body.value(p).ty;
+        if pty.num_elements().as_known() == Some(1) {
+            continue;
+        }
+        if block_size > 0 {
+            return Err(format!(
+                "node `{}`: blocked quantization (block size {block_size}) is not generated \
+                 for Vulkan yet",
+                node.name
+            ));
+        }
+        let ax = if axis < 0 { axis + rank } else { axis };
+        let ok = (0..rank).contains(&ax)
+            && pty.rank() == 1
+            && body.value(*x).ty.dims == shape
+            && body.inputs.contains(&p)
+            && !has_view
+            && pty.dims[0] == shape[ax as usize]
+            && body
+                .nodes
+                .iter()
+                .flat_map(|n| n.inputs.iter().flatten())
+                .filter(|&&v| v == p)
+                .count()
+                == 1;
+        if !ok {
+            return Err(format!(
+                "node `{}`: per-axis parameter %{} of {} is generated only as a kernel input \
+                 of the axis' size, read once, on an operand of the output's shape, without \
+                 reshapes in the kernel",
+                node.name,
+                body.value(p).name,
+                pty
+            ));
+        }
+        let mut strides: Vec<Stride> = vec![None; shape.len()];
+        strides[ax as usize] = Some(Vec::new());
+        found.push((p, strides));
+    }
+    Ok(found)
 }
 
 /// An input's stride along one output dim: `None` where it is broadcast (0), else the
@@ -457,6 +542,8 @@ fn is_pointwise(op: &Op) -> bool {
             | Op::ThresholdedRelu { .. }
             | Op::Shrink { .. }
             | Op::Gelu { .. }
+            | Op::QuantizeLinear { .. }
+            | Op::DequantizeLinear { .. }
     )
 }
 
@@ -863,7 +950,7 @@ const MAX_CONST_LANE: usize = 4096;
 
 /// Ops that only reinterpret their first operand's elements in linear order (the others
 /// are shapes or axes).
-fn is_view(op: &Op) -> bool {
+pub(crate) fn is_view(op: &Op) -> bool {
     matches!(
         op,
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. }
@@ -960,9 +1047,9 @@ mod glsl {
     pub const FCLAMP: u32 = 43;
 }
 
-type R<T> = Result<T, String>;
+pub(crate) type R<T> = Result<T, String>;
 
-fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
+pub(crate) fn build<T>(r: Result<T, rspirv::dr::Error>) -> R<T> {
     r.map_err(|e| format!("rspirv: {e}"))
 }
 
@@ -984,8 +1071,8 @@ struct RowIds {
     ptr_wg: Word,
 }
 
-struct Emitter<'a> {
-    body: &'a Graph,
+pub(crate) struct Emitter<'a> {
+    pub(crate) body: &'a Graph,
     inputs: &'a [Operand],
     /// Per input: its strides per output dim, for [`Operand::Broadcast`] inputs.
     strides: Vec<Option<Vec<Stride>>>,
@@ -1014,14 +1101,17 @@ struct Emitter<'a> {
     /// declared, the `Private` arrays holding them.
     lane_consts: Vec<(ValueId, Vec<f32>)>,
     lane_const_vars: HashMap<ValueId, Word>,
-    b: Builder,
-    glsl: Word,
+    pub(crate) b: Builder,
+    pub(crate) glsl: Word,
     void: Word,
     f32: Word,
     u32: Word,
-    bool: Word,
+    pub(crate) bool: Word,
     constants: HashMap<u32, Word>,
     u32_constants: HashMap<u32, Word>,
+    /// Every value is an integer or bool computed as an `i64` (the `integer` module), not
+    /// an f32.
+    pub(crate) int_mode: bool,
 }
 
 impl<'a> Emitter<'a> {
@@ -1073,6 +1163,7 @@ impl<'a> Emitter<'a> {
             bool,
             constants: HashMap::new(),
             u32_constants: HashMap::new(),
+            int_mode: false,
         }
     }
 
@@ -1108,10 +1199,14 @@ impl<'a> Emitter<'a> {
             .ok_or_else(|| format!("binding {binding} is not a float tensor"))
     }
 
-    /// Element `index` of binding `binding`, as an f32.
+    /// Element `index` of binding `binding`, as an f32 (an `i64` in an integer kernel).
     fn load(&mut self, binding: usize, index: Word) -> R<Word> {
         let address = self.address(binding, index)?;
         let elem = self.elem(binding)?;
+        if self.int_mode {
+            let i64 = self.i64();
+            return elem::load_int(&mut self.b, elem, i64, address);
+        }
         elem::load(&mut self.b, elem, self.f32, address)
     }
 
@@ -1119,6 +1214,10 @@ impl<'a> Emitter<'a> {
     fn store(&mut self, binding: usize, index: Word, v: Word) -> R<()> {
         let address = self.address(binding, index)?;
         let elem = self.elem(binding)?;
+        if self.int_mode {
+            let i64 = self.i64();
+            return elem::store_int(&mut self.b, elem, i64, address, v);
+        }
         elem::store(&mut self.b, elem, self.f32, address, v)
     }
 
@@ -1572,11 +1671,54 @@ impl<'a> Emitter<'a> {
         args: &[Option<Word>],
         out: ValueId,
     ) -> R<Word> {
+        if self.int_mode {
+            return self.int_node(node, args, out);
+        }
+        if matches!(node.op, Op::QuantizeLinear { .. }) {
+            return self.quantize(node, args, out);
+        }
         let v = self.node(&node.op, args, &node.name)?;
         if self.body.value(out).ty.dtype == DType::F16 {
             return elem::round_to_half(&mut self.b, self.f32, v);
         }
         Ok(v)
+    }
+
+    /// ONNX QuantizeLinear of `args` (x, scale, zero point?) to `out`'s integer type:
+    /// `saturate(round_half_even(x / scale) + zero_point)`, NaN rounding to 0, as the
+    /// reference does. The quotient is rounded to f16 when x and the scale both are f16
+    /// (NumPy divides in their common type; f32's quotient rounded once more to f16 is
+    /// the f16 quotient, f32 having over twice f16's precision). Every step is exact in
+    /// f32 past the division: the result is an integer of at most 16 bits.
+    fn quantize(&mut self, node: &rafter_ir::Node, args: &[Option<Word>], out: ValueId) -> R<Word> {
+        let (lo, hi) = match self.body.value(out).ty.dtype {
+            DType::I8 => (-128.0, 127.0),
+            DType::U8 => (0.0, 255.0),
+            DType::I16 => (-32768.0, 32767.0),
+            DType::U16 => (0.0, 65535.0),
+            other => return Err(format!("node `{}`: quantize to {other}", node.name)),
+        };
+        let arg = |i: usize| {
+            args.get(i)
+                .copied()
+                .flatten()
+                .ok_or_else(|| format!("node `{}`: operand {i} is missing", node.name))
+        };
+        let (x, scale) = (arg(0)?, arg(1)?);
+        let mut q = self.div(x, scale)?;
+        let dtype_of = |i: usize| node.input(i).map(|v| self.body.value(v).ty.dtype);
+        if dtype_of(0) == Some(DType::F16) && dtype_of(1) == Some(DType::F16) {
+            q = elem::round_to_half(&mut self.b, self.f32, q)?;
+        }
+        let r = self.ext(glsl::ROUND_EVEN, &[q])?;
+        let zero = self.f(0.0);
+        let nan = self.is_nan(r)?;
+        let mut r = self.select(nan, zero, r)?;
+        if let Some(zp) = args.get(2).copied().flatten() {
+            r = self.add(r, zp)?;
+        }
+        let (lo, hi) = (self.f(lo), self.f(hi));
+        self.ext(glsl::FCLAMP, &[r, lo, hi])
     }
 
     /// The value of node `op` on `args` (absent optional operands are `None`).
@@ -1626,6 +1768,15 @@ impl<'a> Emitter<'a> {
                 let t = self.ext(glsl::TRUNC, &[x])?;
                 let (lo, hi) = (self.f(lo), self.f(hi));
                 self.ext(glsl::FCLAMP, &[t, lo, hi])?
+            }
+            // ONNX DequantizeLinear: (x - zero_point) * scale, the difference exact (8- or
+            // 16-bit integers; wider ones are refused by `check_integers`), one rounding.
+            Op::DequantizeLinear { .. } => {
+                let mut x = arg(0)?;
+                if let Some(zp) = args.get(2).copied().flatten() {
+                    x = self.sub(x, zp)?;
+                }
+                self.mul(x, arg(1)?)?
             }
             Op::Where => {
                 let cond = arg(0)?;
@@ -1931,7 +2082,15 @@ impl<'a> Emitter<'a> {
                     .first()
                     .copied()
                     .ok_or_else(|| format!("constant %{} is empty", value.name))?;
-                let id = self.f(v as f32);
+                let id = if self.int_mode {
+                    let v = data
+                        .to_i64s()
+                        .and_then(|v| v.first().copied())
+                        .ok_or_else(|| format!("constant %{} is not an integer", value.name))?;
+                    self.i64_const(v)
+                } else {
+                    self.f(v as f32)
+                };
                 values.insert(ValueId(i as u32), id);
             }
         }

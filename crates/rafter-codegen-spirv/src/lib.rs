@@ -42,8 +42,22 @@
 //! compare values: casts from floats or bools, comparisons (bool results), `and`/`or`/`xor`/
 //! `not`/`is_nan`, `where`, reshapes, `expand`, `transpose`. Integer arithmetic (which
 //! wraps), casts between integer types and any use of an i32 or i64 other than a cast to a
-//! float (f32 holds them exactly only up to 2^24) are refused with that reason, and the
-//! kernel stays on the CPU. A module with 8-bit bindings declares `StorageBuffer8BitAccess`.
+//! float (f32 holds them exactly only up to 2^24) cannot be computed that way: a body
+//! whose every value is an integer or a bool is then an *integer kernel* (the private
+//! `integer` module), every value an `i64` register, each result wrapped to its type:
+//! wrapping add/sub/mul/neg/abs/sign, `div` (truncating), `mod`/`fmod`, min/max,
+//! comparisons, bitwise ops and shifts (past the width or negative: 0, or -1 for a
+//! negative value shifted right), casts between integer types, `where` and the moves, on
+//! 8- to 64-bit signed and unsigned integers, bit-exact with the reference. A body mixing
+//! floats with such integer values is refused with both reasons. A module with 8-bit
+//! bindings declares `StorageBuffer8BitAccess`, with 16-bit integer bindings
+//! `StorageBuffer16BitAccess`.
+//!
+//! **Quantization.** `quantize_linear` (`saturate(round_half_even(x / scale) + zero_point)`
+//! to i8, u8, i16 or u16) and `dequantize_linear` (`(x - zero_point) * scale` from those)
+//! are pointwise ops of the float kernels, per tensor (scalar scale and zero point) or per
+//! axis (1-D parameters, kernel inputs, read with stride 1 along the axis); blocked
+//! quantization and 32-bit quantized values stay on the CPU with the reason.
 //!
 //! [`elementwise`]: a fused chain of elementwise ops on `f32`/`f16`, each operand of the output's
 //! shape, a single element broadcast to all (a scalar), or NumPy-broadcast or transposed,
@@ -116,6 +130,7 @@ mod coop;
 mod elem;
 mod elementwise;
 mod gather;
+mod integer;
 mod matmul;
 mod window;
 
