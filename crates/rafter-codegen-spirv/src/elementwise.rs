@@ -1993,11 +1993,10 @@ impl<'a> Emitter<'a> {
         let groups = build(self.b.load(v3, None, groups_var, None, []))?;
         let groups_x = build(self.b.composite_extract(u32, None, groups, [0]))?;
         // The grid-stride loop's stride uses NumWorkgroups read as at least 1: a stride of 0
-        // never ends the loop. On the H200 (issue 28) `conformance --threads 8` stalled with
-        // the GPU 100% busy and its memory idle on a batch whose one dispatch was a
-        // one-workgroup pointwise kernel, whose only loop is this one; a zero read is the one
-        // way it spins (unconfirmed: the fix awaits a device run). A smaller stride than the
-        // grid's only overlaps workgroups' elements (same values written), never skips any.
+        // would never end the loop. Defensive only: the HAL never records a zero-sized grid,
+        // and this clamp did not cure the NVIDIA stall of issue 28 it was written for
+        // (benchmarks/results/stall-2026-11-28-1700.md). A smaller stride than the grid's
+        // only overlaps workgroups' elements (same values written), never skips any.
         let one = self.u(1);
         let glsl = self.glsl;
         let groups_x = build(self.b.ext_inst(
