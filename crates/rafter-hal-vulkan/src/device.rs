@@ -22,7 +22,7 @@ use crate::instance::{self, InstanceOwner};
 use crate::memory::VulkanBuffer;
 use crate::queue::{run_monitor, SchedState, VulkanQueue};
 use crate::semaphore::SemInner;
-use crate::validation::{Validation, ValidationLog, ValidationMessage};
+use crate::validation::{self, Validation, ValidationLog, ValidationMessage};
 
 /// How to open a [`VulkanDevice`].
 #[derive(Clone, Default)]
@@ -379,6 +379,17 @@ fn create_shared(
     }
     if options.disable_cooperative_matrix || std::env::var(NO_COOP_ENV).is_ok_and(|v| v == "1") {
         caps.cooperative_matrix = None;
+    }
+    if let Some(spec) = owner.layer_spec {
+        if caps.cooperative_matrix.is_some() && !validation::layer_knows_cooperative_matrix(spec) {
+            eprintln!(
+                "Vulkan validation: the validation layer ({}) predates VK_KHR_cooperative_matrix \
+                 (1.3.255); device '{}' leaves it off so the layer checks every kernel that runs",
+                instance::version_string(spec),
+                caps.device_name
+            );
+            caps.cooperative_matrix = None;
+        }
     }
     let physical = chosen.physical;
     let (family, family_queues) = caps

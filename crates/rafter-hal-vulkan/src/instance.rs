@@ -28,6 +28,8 @@ pub(crate) struct InstanceOwner {
     /// after the instance is destroyed (fields drop after `Drop::drop`).
     pub(crate) log: ValidationLog,
     pub(crate) validation: Validation,
+    /// With validation on: the layer's Vulkan header version (`specVersion`).
+    pub(crate) layer_spec: Option<u32>,
 }
 
 impl Drop for InstanceOwner {
@@ -78,9 +80,11 @@ pub(crate) fn create_instance(validation: Validation) -> Result<Arc<InstanceOwne
         .api_version(vk::API_VERSION_1_3);
     let log = ValidationLog::default();
     let on = validation != Validation::Off;
-    if on {
-        validation::check_layer(&entry)?;
-    }
+    let layer_spec = if on {
+        Some(validation::check_layer(&entry)?)
+    } else {
+        None
+    };
     let layers = validation::layers();
     let extensions = validation::extensions();
     let mut features = validation::features_info(validation);
@@ -113,6 +117,7 @@ pub(crate) fn create_instance(validation: Validation) -> Result<Arc<InstanceOwne
         messenger: None,
         log,
         validation,
+        layer_spec,
     };
     if on {
         let loader = ash::ext::debug_utils::Instance::new(&owner.entry, &owner.instance);
@@ -227,7 +232,7 @@ fn describe(c: &Candidate) -> String {
     )
 }
 
-fn version_string(v: u32) -> String {
+pub(crate) fn version_string(v: u32) -> String {
     format!(
         "{}.{}.{}",
         vk::api_version_major(v),

@@ -184,8 +184,8 @@ impl Collector {
 }
 
 /// Checks that the layer is installed, for a clear error rather than the loader's
-/// `VK_ERROR_LAYER_NOT_PRESENT`.
-pub(crate) fn check_layer(entry: &ash::Entry) -> Result<(), VulkanError> {
+/// `VK_ERROR_LAYER_NOT_PRESENT`, and returns its Vulkan header version (`specVersion`).
+pub(crate) fn check_layer(entry: &ash::Entry) -> Result<u32, VulkanError> {
     // SAFETY: `entry` is a loaded loader; the call has no preconditions.
     let layers = unsafe { entry.enumerate_instance_layer_properties() }.map_err(|result| {
         VulkanError::Call {
@@ -193,19 +193,31 @@ pub(crate) fn check_layer(entry: &ash::Entry) -> Result<(), VulkanError> {
             result,
         }
     })?;
-    if layers
+    layers
         .iter()
-        .any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == LAYER))
-    {
-        Ok(())
-    } else {
-        Err(VulkanError::Other(format!(
-            "Vulkan validation was asked for ({VALIDATION_ENV} or VulkanDeviceOptions::\
-             validation), but the loader has no {} layer (Debian: apt-get install \
-             vulkan-validationlayers; VK_LAYER_PATH names a directory of layer manifests)",
-            LAYER.to_string_lossy()
-        )))
-    }
+        .find(|l| l.layer_name_as_c_str().is_ok_and(|n| n == LAYER))
+        .map(|l| l.spec_version)
+        .ok_or_else(|| {
+            VulkanError::Other(format!(
+                "Vulkan validation was asked for ({VALIDATION_ENV} or VulkanDeviceOptions::\
+                 validation), but the loader has no {} layer (Debian: apt-get install \
+                 vulkan-validationlayers; VK_LAYER_PATH names a directory of layer manifests)",
+                LAYER.to_string_lossy()
+            ))
+        })
+}
+
+/// The Vulkan header version that introduced `VK_KHR_cooperative_matrix` (1.3.255). A
+/// validation layer built from older headers cannot know the extension: it rejects the
+/// feature struct in `vkCreateDevice` and every cooperative-matrix module as invalid SPIR-V
+/// (seen with Debian's 1.3.239 layer on NVIDIA), so its verdict on those kernels is noise.
+pub(crate) const COOPERATIVE_MATRIX_HEADER: u32 = vk::make_api_version(0, 1, 3, 255);
+
+/// Whether a validation layer of header version `layer_spec` can check cooperative-matrix
+/// kernels; when it cannot, devices leave the extension off so every kernel that runs is one
+/// the layer checks (the plain variants of the same kernels).
+pub(crate) fn layer_knows_cooperative_matrix(layer_spec: u32) -> bool {
+    layer_spec >= COOPERATIVE_MATRIX_HEADER
 }
 
 /// The layer and instance extensions to enable for `validation`.
@@ -298,6 +310,23 @@ unsafe extern "system" fn on_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layers_older_than_the_extension_do_not_check_cooperative_matrices() {
+        // Debian 12's layer, the one that rejected every cooperative-matrix module on NVIDIA.
+        assert!(!layer_knows_cooperative_matrix(vk::make_api_version(
+            0, 1, 3, 239
+        )));
+        assert!(!layer_knows_cooperative_matrix(vk::make_api_version(
+            0, 1, 3, 254
+        )));
+        assert!(layer_knows_cooperative_matrix(vk::make_api_version(
+            0, 1, 3, 255
+        )));
+        assert!(layer_knows_cooperative_matrix(vk::make_api_version(
+            0, 1, 4, 0
+        )));
+    }
 
     #[test]
     fn the_environment_values_are_read_and_others_refused() {
