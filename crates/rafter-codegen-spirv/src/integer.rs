@@ -231,7 +231,7 @@ impl Emitter<'_> {
             Add => build(self.b.i_add(t, None, a, b))?,
             Sub => build(self.b.i_sub(t, None, a, b))?,
             Mul => build(self.b.i_mul(t, None, a, b))?,
-            Div | Mod | FMod => self.int_divide(op, a, b, signed)?,
+            Div | Mod | FMod => self.int_divide(op, a, b, dtype)?,
             Max | Min => {
                 let less = self.int_less(a, b, dtype)?;
                 let (lo, hi) = (
@@ -298,6 +298,29 @@ impl Emitter<'_> {
         })
     }
 
+    /// `x` as an unsigned 64-bit magnitude: `|x|` for a signed `x` (`negative` says whether
+    /// it is below 0), its bits otherwise.
+    fn magnitude(
+        &mut self,
+        (t, u): (Word, Word),
+        x: Word,
+        negative: Word,
+        signed: bool,
+    ) -> R<Word> {
+        let x = if signed {
+            self.negate_if(t, negative, x)?
+        } else {
+            x
+        };
+        build(self.b.bitcast(u, None, x))
+    }
+
+    /// `-x` (wrapping) where `cond`, else `x`.
+    fn negate_if(&mut self, t: Word, cond: Word, x: Word) -> R<Word> {
+        let minus = build(self.b.s_negate(t, None, x))?;
+        build(self.b.select(t, None, cond, minus, x))
+    }
+
     /// GLSL.std.450 `UMin` of two `u64`s of type `u`.
     fn ext_umin(&mut self, u: Word, a: Word, b: Word) -> R<Word> {
         let glsl = self.glsl;
@@ -311,62 +334,101 @@ impl Emitter<'_> {
     }
 
     /// Integer `div` (truncating), `mod` (the divisor's sign) and `fmod` (the dividend's
-    /// sign), 0 for a zero divisor. A divisor of -1 is taken apart for signed types: the
-    /// quotient is the wrapping negation and the remainder 0, where SPIR-V's `OpSDiv` of
-    /// the minimum by -1 is undefined.
-    fn int_divide(&mut self, op: BinaryOp, a: Word, b: Word, signed: bool) -> R<Word> {
-        let t = self.i64();
-        let (zero, one, minus) = (self.i64_const(0), self.i64_const(1), self.i64_const(-1));
-        let by_zero = build(self.b.i_equal(self.bool, None, b, zero))?;
-        let by_minus = build(self.b.i_equal(self.bool, None, b, minus))?;
-        // A safe divisor: 1 where b is 0 (or, signed, -1); those lanes are replaced below.
-        let special = if signed {
-            build(self.b.logical_or(self.bool, None, by_zero, by_minus))?
-        } else {
-            by_zero
-        };
-        let d = build(self.b.select(t, None, special, one, b))?;
-        let r = match (op, signed) {
-            (BinaryOp::Div, true) => build(self.b.s_div(t, None, a, d))?,
-            // The divisor's sign, from the dividend-signed remainder: lavapipe computed
-            // OpSMod with the dividend's sign, so it is not used.
-            (BinaryOp::Mod, true) => {
-                let r = build(self.b.s_rem(t, None, a, d))?;
-                let r_neg = build(self.b.s_less_than(self.bool, None, r, zero))?;
-                let d_neg = build(self.b.s_less_than(self.bool, None, d, zero))?;
-                let differ = build(self.b.logical_not_equal(self.bool, None, r_neg, d_neg))?;
-                let nonzero = build(self.b.i_not_equal(self.bool, None, r, zero))?;
-                let fix = build(self.b.logical_and(self.bool, None, differ, nonzero))?;
-                let shifted = build(self.b.i_add(t, None, r, d))?;
-                build(self.b.select(t, None, fix, shifted, r))?
+    /// sign), 0 for a zero divisor.
+    ///
+    /// Signed operands are divided as unsigned magnitudes and the signs applied after:
+    /// NVIDIA's driver (580, H200) computed the 64-bit `OpSRem` of 7 by -3 as 7, as if the
+    /// divisor were unsigned (ONNX's `test_mod_mixed_sign_*` and `test_mod_int64_fmod` failed
+    /// there, passed on lavapipe), and lavapipe computed `OpSMod` with the dividend's sign; so
+    /// no signed division instruction is emitted at all. Types of 32 bits or fewer divide in
+    /// 32-bit registers: lavapipe got 64-bit magnitudes of sign-extended i32 values wrong
+    /// (-7 / 3 gave (2^32 - 7) / 3; tests/integer.rs). The magnitude of the minimum is the
+    /// unsigned 2^(w-1), so the minimum divided by -1 wraps to itself, as the reference's
+    /// wrapping division does.
+    fn int_divide(&mut self, op: BinaryOp, a: Word, b: Word, dtype: DType) -> R<Word> {
+        let signed = dtype.is_signed_int();
+        // Types of 32 bits or fewer divide in 32-bit registers (their values fit), 64-bit
+        // types in 64-bit ones.
+        let width = if dtype.size_of() == 8 { 64 } else { 32 };
+        let (t, u) = (self.b.type_int(width, 1), self.b.type_int(width, 0));
+        let narrow = |e: &mut Self, v: Word| -> R<Word> {
+            if width == 64 {
+                Ok(v)
+            } else {
+                build(e.b.s_convert(t, None, v))
             }
-            (BinaryOp::FMod, true) => build(self.b.s_rem(t, None, a, d))?,
-            // OpUDiv and OpUMod take an unsigned result type.
-            (_, false) => {
-                let u = self.b.type_int(64, 0);
-                let (ua, ud) = (
-                    build(self.b.bitcast(u, None, a))?,
-                    build(self.b.bitcast(u, None, d))?,
-                );
-                let r = if op == BinaryOp::Div {
-                    build(self.b.u_div(u, None, ua, ud))?
+        };
+        let (a, b) = (narrow(self, a)?, narrow(self, b)?);
+        let constant = |e: &mut Self, v: i64| {
+            if width == 64 {
+                e.b.constant_bit64(t, v as u64)
+            } else {
+                e.b.constant_bit32(t, v as u32)
+            }
+        };
+        let (zero, one) = (constant(self, 0), constant(self, 1));
+        let by_zero = build(self.b.i_equal(self.bool, None, b, zero))?;
+        // A safe divisor: 1 where b is 0; those lanes are replaced by 0 below.
+        let d = build(self.b.select(t, None, by_zero, one, b))?;
+        let (a_neg, d_neg) = if signed {
+            (
+                build(self.b.s_less_than(self.bool, None, a, zero))?,
+                build(self.b.s_less_than(self.bool, None, d, zero))?,
+            )
+        } else {
+            let no = self.b.constant_false(self.bool);
+            (no, no)
+        };
+        let ua = self.magnitude((t, u), a, a_neg, signed)?;
+        let ud = self.magnitude((t, u), d, d_neg, signed)?;
+        let r = match op {
+            BinaryOp::Div => {
+                let q = build(self.b.u_div(u, None, ua, ud))?;
+                let q = build(self.b.bitcast(t, None, q))?;
+                if signed {
+                    let differ = build(self.b.logical_not_equal(self.bool, None, a_neg, d_neg))?;
+                    self.negate_if(t, differ, q)?
                 } else {
-                    build(self.b.u_mod(u, None, ua, ud))?
-                };
-                build(self.b.bitcast(t, None, r))?
+                    q
+                }
+            }
+            BinaryOp::Mod | BinaryOp::FMod => {
+                let r = build(self.b.u_mod(u, None, ua, ud))?;
+                let r = build(self.b.bitcast(t, None, r))?;
+                if !signed {
+                    r
+                } else {
+                    // fmod: the dividend's sign.
+                    let r = self.negate_if(t, a_neg, r)?;
+                    if op == BinaryOp::FMod {
+                        r
+                    } else {
+                        // mod: the divisor's sign; a nonzero remainder of the other sign
+                        // moves by one divisor.
+                        let differ =
+                            build(self.b.logical_not_equal(self.bool, None, a_neg, d_neg))?;
+                        let nonzero = build(self.b.i_not_equal(self.bool, None, r, zero))?;
+                        let fix = build(self.b.logical_and(self.bool, None, differ, nonzero))?;
+                        let shifted = build(self.b.i_add(t, None, r, d))?;
+                        build(self.b.select(t, None, fix, shifted, r))?
+                    }
+                }
             }
             _ => return Err(format!("`{}` is not a division", op.word())),
         };
-        let r = if signed {
-            let minus_value = if op == BinaryOp::Div {
-                build(self.b.s_negate(t, None, a))?
-            } else {
-                zero
-            };
-            build(self.b.select(t, None, by_minus, minus_value, r))?
+        let r = build(self.b.select(t, None, by_zero, zero, r))?;
+        // Back to the kernel's i64 registers: sign-extended for signed types, zero-extended
+        // for unsigned ones (as loads do).
+        let i64t = self.i64();
+        if width == 64 {
+            Ok(r)
+        } else if signed {
+            build(self.b.s_convert(i64t, None, r))
         } else {
-            r
-        };
-        build(self.b.select(t, None, by_zero, zero, r))
+            let u64t = self.b.type_int(64, 0);
+            let bits = build(self.b.bitcast(u, None, r))?;
+            let wide = build(self.b.u_convert(u64t, None, bits))?;
+            build(self.b.bitcast(i64t, None, wide))
+        }
     }
 }

@@ -611,3 +611,79 @@ fn layer_norm_matches_the_reference() {
     .unwrap_err();
     assert!(e.reason.contains("normalised result only"), "{e}");
 }
+
+/// ONNX's `Div` is IEEE division: every quotient equals Rust's `a / b` bit for bit,
+/// including quotients that land exactly on a .5 tie (which a quantization then rounds:
+/// NVIDIA's 2.5-ulp `OpFDiv` put 25.5 just below the tie), and the special values the
+/// correction step must leave alone (division by zero, infinities, NaN, signed zeros,
+/// subnormal and huge quotients).
+#[test]
+fn division_is_correctly_rounded() {
+    let Some(device) = common::device_or_skip("division_is_correctly_rounded") else {
+        return;
+    };
+    let scale = 0.011_764_706_f32; // (3 - 0) / 255, as DynamicQuantizeLinear computes it
+    let mut a: Vec<f32> = (0..200).map(|i| i as f32 * scale * 0.5).collect();
+    let mut b: Vec<f32> = vec![scale; 200];
+    let specials: [(f32, f32); 16] = [
+        (1.0, 0.0),
+        (-1.0, 0.0),
+        (0.0, 0.0),
+        (-0.0, 3.0),
+        (0.0, -3.0),
+        (f32::INFINITY, 2.0),
+        (2.0, f32::INFINITY),
+        (f32::INFINITY, f32::INFINITY),
+        (f32::NAN, 1.0),
+        (1.0, f32::NAN),
+        (1e-38, 3.0),
+        (f32::MAX, 0.5),
+        (3.0e38, 1e-3),
+        (1.0, 3.0),
+        (2.0, 3.0),
+        (-7.0, 3.0),
+    ];
+    for (x, y) in specials {
+        a.push(x);
+        b.push(y);
+    }
+    for i in 1..=64 {
+        // Quotients of odd numerators by primes: rounding in every direction.
+        a.push((2 * i + 1) as f32 * 1.000_123);
+        b.push([3.0f32, 7.0, 11.0, 13.0][i % 4] * 0.999_87);
+    }
+    // Random pairs over many magnitudes (a fixed linear congruential sequence).
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let mantissa = 1.0 + (state >> 40) as f32 / (1u64 << 24) as f32;
+        let exponent = ((state >> 32) & 31) as i32 - 16;
+        mantissa * 2f32.powi(exponent)
+    };
+    for _ in 0..4000 {
+        a.push(next());
+        b.push(next());
+    }
+    let n = a.len();
+    let body = parse_graph(&format!(
+        "graph @div(%a: f32[{n}], %b: f32[{n}]) -> (%y) {{\n  %y: f32[{n}] = binary{{op = div}}(%a, %b)\n}}"
+    ))
+    .unwrap();
+    let kernel = elementwise(&body).unwrap_or_else(|e| panic!("{e}"));
+    common::spirv_val(&kernel.spirv, "division");
+    let buffers = [common::upload(&device, &a), common::upload(&device, &b)];
+    let dims: [&[usize]; 3] = [&[n], &[n], &[n]];
+    let out = common::run_shaped(&device, &kernel, &buffers, n as u64, &dims);
+    let got = common::f32s(&out[0].read_bytes(0, n as u64 * 4).unwrap());
+    for i in 0..n {
+        let want = a[i] / b[i];
+        let same = got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan());
+        assert!(
+            same,
+            "{} / {}: got {:e} want {:e}",
+            a[i], b[i], got[i], want
+        );
+    }
+}

@@ -331,6 +331,40 @@ fn every_integer_kernel_passes_spirv_val_and_declares_8_bit_storage_only_when_us
     }
 }
 
+/// Opcodes of the instructions in a SPIR-V module (after the 5-word header).
+fn opcodes(words: &[u32]) -> Vec<u32> {
+    let mut ops = Vec::new();
+    let mut at = 5;
+    while at < words.len() {
+        let (count, op) = (words[at] >> 16, words[at] & 0xffff);
+        ops.push(op);
+        at += count.max(1) as usize;
+    }
+    ops
+}
+
+/// No integer kernel uses SPIR-V's signed division instructions: NVIDIA's driver computed the
+/// 64-bit `OpSRem` of a negative divisor as if it were unsigned (7 rem -3 = 7), so division
+/// and remainders go through unsigned magnitudes with the signs applied after.
+#[test]
+fn integer_division_emits_no_signed_division_instruction() {
+    const SIGNED_DIVISION: [(u32, &str); 3] = [(135, "OpSDiv"), (138, "OpSRem"), (139, "OpSMod")];
+    let mut divisions = 0;
+    for c in cases() {
+        let body = parse_graph(&c.text).unwrap();
+        let label = name(&c, &body);
+        let ops = opcodes(&words(&kernel_module(&body, 0).unwrap()));
+        for (op, what) in SIGNED_DIVISION {
+            assert!(!ops.contains(&op), "{label} ({}): emits {what}", c.text);
+        }
+        divisions += usize::from(ops.contains(&134) || ops.contains(&137)); // OpUDiv, OpUMod
+    }
+    assert!(
+        divisions >= 24,
+        "only {divisions} kernels divide: the check saw too little"
+    );
+}
+
 #[test]
 fn integer_kernels_match_the_reference_exactly() {
     let Some(device) = common::device_or_skip("integer_kernels_match_the_reference_exactly") else {
