@@ -81,59 +81,103 @@ pub fn spirv_capabilities(words: &[u32]) -> Result<Vec<u32>, String> {
         .collect())
 }
 
+/// Byte sizes of a module's types and its variables' storage classes and types, from one
+/// walk over its instructions: what the workgroup-memory and push-constant queries read.
+struct TypeLayout {
+    size: HashMap<u32, u64>,
+    /// `(storage class, pointee type)` of every `OpVariable`.
+    variables: Vec<(u32, u32)>,
+}
+
+impl TypeLayout {
+    /// Scalars, vectors and arrays of them at their natural size; a struct ends at its last
+    /// member's end (at its `Offset` decoration where it has one, else right after the
+    /// member before it); a physical-storage-buffer pointer is 8 bytes. Also checks the
+    /// module's framing ([`instructions`]).
+    fn of(words: &[u32]) -> Result<TypeLayout, String> {
+        // Opcodes and operands, from the SPIR-V spec's tables.
+        const OP_MEMBER_DECORATE: u32 = 72;
+        const OP_TYPE_INT: u32 = 21;
+        const OP_TYPE_FLOAT: u32 = 22;
+        const OP_TYPE_VECTOR: u32 = 23;
+        const OP_TYPE_ARRAY: u32 = 28;
+        const OP_TYPE_STRUCT: u32 = 30;
+        const OP_TYPE_POINTER: u32 = 32;
+        const OP_CONSTANT: u32 = 43;
+        const OP_VARIABLE: u32 = 59;
+        const DECORATION_OFFSET: u32 = 35;
+        const PHYSICAL_STORAGE_BUFFER: u32 = 5349;
+        let mut size: HashMap<u32, u64> = HashMap::new();
+        let mut constant: HashMap<u32, u64> = HashMap::new();
+        let mut pointee: HashMap<u32, u32> = HashMap::new();
+        let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
+        let mut variables = Vec::new();
+        for (_, op) in instructions(words)? {
+            let operand = |i: usize| op.get(i).copied().unwrap_or(0);
+            let size_of = |id: u32| size.get(&id).copied().unwrap_or(0);
+            match op[0] & 0xffff {
+                OP_MEMBER_DECORATE if operand(3) == DECORATION_OFFSET => {
+                    offsets.insert((operand(1), operand(2)), u64::from(operand(4)));
+                }
+                OP_TYPE_INT | OP_TYPE_FLOAT => {
+                    size.insert(operand(1), u64::from(operand(2)) / 8);
+                }
+                OP_TYPE_VECTOR => {
+                    let bytes = size_of(operand(2)) * u64::from(operand(3));
+                    size.insert(operand(1), bytes);
+                }
+                OP_TYPE_ARRAY => {
+                    let length = constant.get(&operand(3)).copied().unwrap_or(0);
+                    size.insert(operand(1), size_of(operand(2)).saturating_mul(length));
+                }
+                OP_TYPE_STRUCT => {
+                    let id = operand(1);
+                    let (mut next, mut end) = (0u64, 0u64);
+                    for (i, &member) in op.iter().skip(2).enumerate() {
+                        let at = offsets.get(&(id, i as u32)).copied().unwrap_or(next);
+                        next = at.saturating_add(size_of(member));
+                        end = end.max(next);
+                    }
+                    size.insert(id, end);
+                }
+                OP_TYPE_POINTER => {
+                    pointee.insert(operand(1), operand(3));
+                    if operand(2) == PHYSICAL_STORAGE_BUFFER {
+                        size.insert(operand(1), 8);
+                    }
+                }
+                OP_CONSTANT if op.len() == 4 => {
+                    constant.insert(operand(2), u64::from(operand(3)));
+                }
+                OP_VARIABLE => {
+                    if let Some(&ty) = pointee.get(&operand(1)) {
+                        variables.push((operand(3), ty));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(TypeLayout { size, variables })
+    }
+
+    /// Sizes of the variables of one storage class.
+    fn variable_sizes(&self, storage_class: u32) -> impl Iterator<Item = u64> + '_ {
+        self.variables
+            .iter()
+            .filter(move |(class, _)| *class == storage_class)
+            .map(|(_, ty)| self.size.get(ty).copied().unwrap_or(0))
+    }
+}
+
 /// Bytes of workgroup (shared) memory a module declares: the sum of its `Workgroup`
 /// variables' types, arrays and vectors of scalars taken at their natural size (how
 /// drivers lay out workgroup memory without an explicit layout). Also checks the module's
 /// framing ([`instructions`]).
 pub fn spirv_workgroup_bytes(words: &[u32]) -> Result<u64, String> {
-    // Opcodes and the storage class, from the SPIR-V spec's tables.
-    const OP_TYPE_INT: u32 = 21;
-    const OP_TYPE_FLOAT: u32 = 22;
-    const OP_TYPE_VECTOR: u32 = 23;
-    const OP_TYPE_ARRAY: u32 = 28;
-    const OP_TYPE_STRUCT: u32 = 30;
-    const OP_TYPE_POINTER: u32 = 32;
-    const OP_CONSTANT: u32 = 43;
-    const OP_VARIABLE: u32 = 59;
     const WORKGROUP: u32 = 4;
-    let mut size: HashMap<u32, u64> = HashMap::new();
-    let mut constant: HashMap<u32, u64> = HashMap::new();
-    let mut pointee: HashMap<u32, u32> = HashMap::new();
-    let mut total = 0u64;
-    for (_, op) in instructions(words)? {
-        let operand = |i: usize| op.get(i).copied().unwrap_or(0);
-        let size_of = |id: u32| size.get(&id).copied().unwrap_or(0);
-        match op[0] & 0xffff {
-            OP_TYPE_INT | OP_TYPE_FLOAT => {
-                size.insert(operand(1), u64::from(operand(2)) / 8);
-            }
-            OP_TYPE_VECTOR => {
-                let bytes = size_of(operand(2)) * u64::from(operand(3));
-                size.insert(operand(1), bytes);
-            }
-            OP_TYPE_ARRAY => {
-                let length = constant.get(&operand(3)).copied().unwrap_or(0);
-                size.insert(operand(1), size_of(operand(2)).saturating_mul(length));
-            }
-            OP_TYPE_STRUCT => {
-                let bytes = op.iter().skip(2).map(|&m| size_of(m)).sum();
-                size.insert(operand(1), bytes);
-            }
-            OP_TYPE_POINTER => {
-                pointee.insert(operand(1), operand(3));
-            }
-            OP_CONSTANT if op.len() == 4 => {
-                constant.insert(operand(2), u64::from(operand(3)));
-            }
-            OP_VARIABLE if operand(3) == WORKGROUP => {
-                if let Some(&ty) = pointee.get(&operand(1)) {
-                    total = total.saturating_add(size_of(ty));
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(total)
+    Ok(TypeLayout::of(words)?
+        .variable_sizes(WORKGROUP)
+        .fold(0u64, u64::saturating_add))
 }
 
 /// The bytes of push constants a module declares: the end of the last member of its
@@ -142,72 +186,11 @@ pub fn spirv_workgroup_bytes(words: &[u32]) -> Result<u64, String> {
 /// are undefined, not an error the validation layer can see, so under validation the
 /// recorder checks this itself. Also checks the module's framing ([`instructions`]).
 pub fn spirv_push_constant_bytes(words: &[u32]) -> Result<u64, String> {
-    const OP_MEMBER_DECORATE: u32 = 72;
-    const OP_TYPE_INT: u32 = 21;
-    const OP_TYPE_FLOAT: u32 = 22;
-    const OP_TYPE_VECTOR: u32 = 23;
-    const OP_TYPE_ARRAY: u32 = 28;
-    const OP_TYPE_STRUCT: u32 = 30;
-    const OP_TYPE_POINTER: u32 = 32;
-    const OP_CONSTANT: u32 = 43;
-    const OP_VARIABLE: u32 = 59;
-    const DECORATION_OFFSET: u32 = 35;
     const PUSH_CONSTANT: u32 = 9;
-    const PHYSICAL_STORAGE_BUFFER: u32 = 5349;
-    let mut size: HashMap<u32, u64> = HashMap::new();
-    let mut constant: HashMap<u32, u64> = HashMap::new();
-    let mut pointee: HashMap<u32, u32> = HashMap::new();
-    let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
-    let mut members: HashMap<u32, Vec<u32>> = HashMap::new();
-    let mut total = 0u64;
-    for (_, op) in instructions(words)? {
-        let operand = |i: usize| op.get(i).copied().unwrap_or(0);
-        let size_of = |id: u32| size.get(&id).copied().unwrap_or(0);
-        match op[0] & 0xffff {
-            OP_MEMBER_DECORATE if operand(3) == DECORATION_OFFSET => {
-                offsets.insert((operand(1), operand(2)), u64::from(operand(4)));
-            }
-            OP_TYPE_INT | OP_TYPE_FLOAT => {
-                size.insert(operand(1), u64::from(operand(2)) / 8);
-            }
-            OP_TYPE_VECTOR => {
-                let bytes = size_of(operand(2)) * u64::from(operand(3));
-                size.insert(operand(1), bytes);
-            }
-            OP_TYPE_ARRAY => {
-                let length = constant.get(&operand(3)).copied().unwrap_or(0);
-                size.insert(operand(1), size_of(operand(2)).saturating_mul(length));
-            }
-            OP_TYPE_STRUCT => {
-                let id = operand(1);
-                let list: Vec<u32> = op.iter().skip(2).copied().collect();
-                let end = list
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &m)| offsets.get(&(id, i as u32)).copied().unwrap_or(0) + size_of(m))
-                    .max()
-                    .unwrap_or(0);
-                size.insert(id, end);
-                members.insert(id, list);
-            }
-            OP_TYPE_POINTER => {
-                pointee.insert(operand(1), operand(3));
-                if operand(2) == PHYSICAL_STORAGE_BUFFER {
-                    size.insert(operand(1), 8);
-                }
-            }
-            OP_CONSTANT if op.len() == 4 => {
-                constant.insert(operand(2), u64::from(operand(3)));
-            }
-            OP_VARIABLE if operand(3) == PUSH_CONSTANT => {
-                if let Some(&ty) = pointee.get(&operand(1)) {
-                    total = total.max(size_of(ty));
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(total)
+    Ok(TypeLayout::of(words)?
+        .variable_sizes(PUSH_CONSTANT)
+        .max()
+        .unwrap_or(0))
 }
 
 /// A loaded SPIR-V module: one compute pipeline per `GLCompute` entry point, all with the

@@ -19,6 +19,7 @@ pub mod npy;
 mod op;
 pub mod program;
 pub mod program_text;
+pub mod rnn_activation;
 pub mod symbol_def;
 pub mod text;
 mod types;

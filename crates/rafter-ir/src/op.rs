@@ -588,23 +588,6 @@ define_ops! {
     },
 }
 
-/// Names recurrent-cell activation functions stored in `Lstm::activations` and friends.
-pub mod rnn_activation {
-    pub const NAMES: &[&str] = &[
-        "Relu",
-        "Tanh",
-        "Sigmoid",
-        "Affine",
-        "LeakyRelu",
-        "ThresholdedRelu",
-        "ScaledTanh",
-        "HardSigmoid",
-        "Elu",
-        "Softsign",
-        "Softplus",
-    ];
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,33 +6,8 @@ use super::contraction::{by_float, Real};
 use super::{arg, invalid, unsupported, OpCtx, OpError};
 use crate::Tensor;
 use ndarray::{s, Array2, Array3, Array4, ArrayD, ArrayView2, Axis, Ix3};
-use rafter_ir::rnn_activation::NAMES;
+use rafter_ir::rnn_activation::{self, Cell};
 use rafter_ir::{DType, Op, RnnDirection};
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    Rnn,
-    Gru { linear_before_reset: bool },
-    Lstm { input_forget: bool },
-}
-
-impl Kind {
-    fn gates(self) -> usize {
-        match self {
-            Kind::Rnn => 1,
-            Kind::Gru { .. } => 3,
-            Kind::Lstm { .. } => 4,
-        }
-    }
-    /// Default activations of one direction, as names.
-    fn default_acts(self) -> &'static [&'static str] {
-        match self {
-            Kind::Rnn => &["Tanh"],
-            Kind::Gru { .. } => &["Sigmoid", "Tanh"],
-            Kind::Lstm { .. } => &["Sigmoid", "Tanh", "Tanh"],
-        }
-    }
-}
 
 /// One activation function with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -81,78 +56,36 @@ impl Act {
     }
 }
 
-/// (uses alpha, uses beta, default alpha, default beta)
-fn act_params(name: &str) -> (bool, bool, f64, f64) {
-    match name {
-        "Affine" => (true, true, 1.0, 0.0),
-        "LeakyRelu" => (true, false, 0.01, 0.0),
-        "ThresholdedRelu" => (true, false, 1.0, 0.0),
-        "ScaledTanh" => (true, true, 1.0, 1.0),
-        "HardSigmoid" => (true, true, 0.2, 0.5),
-        "Elu" => (true, false, 1.0, 0.0),
-        _ => (false, false, 0.0, 0.0),
-    }
-}
-
-/// Activations per direction. Alpha and beta values are consumed in list order by the
-/// functions that take them (as onnxruntime does).
+/// The activations of each direction ([`rnn_activation::resolve`], shared with the CPU
+/// runtime's native kernels).
 fn resolve_acts(
-    kind: Kind,
+    kind: Cell,
     dirs: usize,
     acts: &[i64],
     alpha: &[f32],
     beta: &[f32],
 ) -> Result<Vec<Vec<Act>>, OpError> {
-    let per = kind.default_acts().len();
-    let names: Vec<&'static str> = if acts.is_empty() {
-        kind.default_acts().repeat(dirs)
-    } else {
-        let mut v = Vec::new();
-        for &a in acts {
-            match NAMES.get(a as usize) {
-                Some(n) if a >= 0 => v.push(*n),
-                _ => return unsupported(format!("recurrent activation index {a}")),
-            }
-        }
-        if v.len() == per && dirs == 2 {
-            v = v.repeat(2);
-        }
-        v
+    let resolved = match rnn_activation::resolve(kind, dirs, acts, alpha, beta) {
+        Ok(r) => r,
+        Err(e) if e.starts_with("recurrent activation index") => return unsupported(e),
+        Err(e) => return invalid(e),
     };
-    if names.len() != per * dirs {
-        return invalid(format!(
-            "{} activations for {dirs} direction(s) of {per}",
-            names.len()
-        ));
-    }
-    let (mut ai, mut bi) = (0, 0);
-    let mut all = Vec::new();
-    for name in names {
-        let (ua, ub, da, db) = act_params(name);
-        let mut act = Act {
-            name,
-            alpha: da,
-            beta: db,
-        };
-        if ua {
-            if let Some(&a) = alpha.get(ai) {
-                act.alpha = a as f64;
-            }
-            ai += 1;
-        }
-        if ub {
-            if let Some(&b) = beta.get(bi) {
-                act.beta = b as f64;
-            }
-            bi += 1;
-        }
-        all.push(act);
-    }
-    Ok(all.chunks(per).map(|c| c.to_vec()).collect())
+    Ok(resolved
+        .into_iter()
+        .map(|dir| {
+            dir.into_iter()
+                .map(|a| Act {
+                    name: a.name,
+                    alpha: a.alpha as f64,
+                    beta: a.beta as f64,
+                })
+                .collect()
+        })
+        .collect())
 }
 
 struct Params<'a> {
-    kind: Kind,
+    kind: Cell,
     direction: RnnDirection,
     hidden_size: i64,
     layout: i64,
@@ -177,7 +110,7 @@ pub fn eval(
             activation_alpha,
             activation_beta,
         } => Params {
-            kind: Kind::Rnn,
+            kind: Cell::Rnn,
             direction: *direction,
             hidden_size: *hidden_size,
             layout: *layout,
@@ -196,7 +129,7 @@ pub fn eval(
             activation_alpha,
             activation_beta,
         } => Params {
-            kind: Kind::Gru {
+            kind: Cell::Gru {
                 linear_before_reset: *linear_before_reset,
             },
             direction: *direction,
@@ -217,7 +150,7 @@ pub fn eval(
             activation_alpha,
             activation_beta,
         } => Params {
-            kind: Kind::Lstm {
+            kind: Cell::Lstm {
                 input_forget: *input_forget,
             },
             direction: *direction,
@@ -318,7 +251,7 @@ fn run<T: Real>(
         }
     };
     let h0 = state(5, "initial_h")?;
-    let is_lstm = matches!(p.kind, Kind::Lstm { .. });
+    let is_lstm = matches!(p.kind, Cell::Lstm { .. });
     let c0 = if is_lstm {
         state(6, "initial_c")?
     } else {
@@ -404,7 +337,7 @@ fn run<T: Real>(
 /// `xw` = x·Wᵀ + Wb and `hr` = h·Rᵀ + Rb, both [batch, G*H].
 #[allow(clippy::too_many_arguments)]
 fn cell<T: Real>(
-    kind: Kind,
+    kind: Cell,
     a: &[Act],
     clip: &dyn Fn(T) -> T,
     xw: &Array2<T>,
@@ -419,11 +352,11 @@ fn cell<T: Real>(
     let batch = h.nrows();
     let one = T::one();
     match kind {
-        Kind::Rnn => {
+        Cell::Rnn => {
             let hn = (xw + hr).mapv(|v| a[0].apply(clip(v)));
             (hn, c.clone())
         }
-        Kind::Gru {
+        Cell::Gru {
             linear_before_reset,
         } => {
             let (f, gf) = (a[0], a[1]);
@@ -446,7 +379,7 @@ fn cell<T: Real>(
                 .for_each(|o, &z, &ht, &hp| *o = (one - z) * ht + z * hp);
             (hn, c.clone())
         }
-        Kind::Lstm { input_forget } => {
+        Cell::Lstm { input_forget } => {
             let (f, gf, hf) = (a[0], a[1], a[2]);
             let pre = xw + hr; // gates i, o, f, c
             let (pi, po, pf) = (

@@ -18,39 +18,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rafter_ir::rnn_activation::NAMES;
+use rafter_ir::rnn_activation::{self, Cell};
 use rafter_ir::{DType, Graph, Op, RnnDirection, ValueDef};
 use rafter_kernels_cpu::{
     gate_activation, gemv_accumulate, sgemm, Epilogue, GateFn, MatMut, MatRef, PackedB,
 };
 
 use super::{In, NativeKernel, Out, Par};
-
-/// Which cell, with its variant flag.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Cell {
-    Rnn,
-    Gru { linear_before_reset: bool },
-    Lstm { input_forget: bool },
-}
-
-impl Cell {
-    fn gates(self) -> usize {
-        match self {
-            Cell::Rnn => 1,
-            Cell::Gru { .. } => 3,
-            Cell::Lstm { .. } => 4,
-        }
-    }
-
-    fn default_acts(self) -> &'static [&'static str] {
-        match self {
-            Cell::Rnn => &["Tanh"],
-            Cell::Gru { .. } => &["Sigmoid", "Tanh"],
-            Cell::Lstm { .. } => &["Sigmoid", "Tanh", "Tanh"],
-        }
-    }
-}
 
 /// One activation: vectorised for sigmoid and tanh, else ONNX's formula per element.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,22 +69,9 @@ fn scalar_act(name: &str, a: f32, b: f32, x: f32) -> f32 {
     }
 }
 
-/// (uses alpha, uses beta, default alpha, default beta), as the reference executor and
-/// onnxruntime read the attribute lists.
-fn act_params(name: &str) -> (bool, bool, f32, f32) {
-    match name {
-        "Affine" => (true, true, 1.0, 0.0),
-        "LeakyRelu" => (true, false, 0.01, 0.0),
-        "ThresholdedRelu" => (true, false, 1.0, 0.0),
-        "ScaledTanh" => (true, true, 1.0, 1.0),
-        "HardSigmoid" => (true, true, 0.2, 0.5),
-        "Elu" => (true, false, 1.0, 0.0),
-        _ => (false, false, 0.0, 0.0),
-    }
-}
-
-/// The activations of each direction; `None` for an index or count the op cannot have
-/// (the reference path then reports it).
+/// The activations of each direction ([`rnn_activation::resolve`], shared with the
+/// reference executor); `None` for an index or count the op cannot have (the reference path
+/// then reports it).
 fn resolve(
     cell: Cell,
     dirs: usize,
@@ -118,45 +79,25 @@ fn resolve(
     alpha: &[f32],
     beta: &[f32],
 ) -> Option<Vec<Vec<Act>>> {
-    let per = cell.default_acts().len();
-    let mut names: Vec<&'static str> = if acts.is_empty() {
-        cell.default_acts().repeat(dirs)
-    } else {
-        acts.iter()
-            .map(|&a| usize::try_from(a).ok().and_then(|a| NAMES.get(a).copied()))
-            .collect::<Option<_>>()?
-    };
-    if names.len() == per && dirs == 2 {
-        names = names.repeat(2);
-    }
-    if names.len() != per * dirs {
-        return None;
-    }
-    let (mut ai, mut bi) = (0, 0);
-    let all: Vec<Act> = names
-        .into_iter()
-        .map(|name| {
-            let (ua, ub, mut a, mut b) = act_params(name);
-            if ua {
-                a = alpha.get(ai).copied().unwrap_or(a);
-                ai += 1;
-            }
-            if ub {
-                b = beta.get(bi).copied().unwrap_or(b);
-                bi += 1;
-            }
-            match name {
-                "Sigmoid" => Act::Gate(GateFn::Sigmoid),
-                "Tanh" => Act::Gate(GateFn::Tanh),
-                _ => Act::Other {
-                    name,
-                    alpha: a,
-                    beta: b,
-                },
-            }
-        })
-        .collect();
-    Some(all.chunks(per).map(<[Act]>::to_vec).collect())
+    let resolved = rnn_activation::resolve(cell, dirs, acts, alpha, beta).ok()?;
+    Some(
+        resolved
+            .into_iter()
+            .map(|dir| {
+                dir.into_iter()
+                    .map(|a| match a.name {
+                        "Sigmoid" => Act::Gate(GateFn::Sigmoid),
+                        "Tanh" => Act::Gate(GateFn::Tanh),
+                        name => Act::Other {
+                            name,
+                            alpha: a.alpha,
+                            beta: a.beta,
+                        },
+                    })
+                    .collect()
+            })
+            .collect(),
+    )
 }
 
 /// One direction's weights, prepared once: `Wᵀ` packed for the GEMM, `Rᵀ` row-major
