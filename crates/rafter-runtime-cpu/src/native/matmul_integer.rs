@@ -1,0 +1,245 @@
+//! ONNX `MatMulInteger` (u8/i8 operands, i32 result) on borrowed operands: the integer
+//! product of ORT's `quantize_dynamic` models (BERT's projections, the quantized LSTM's
+//! input and output layers) and of the com.microsoft `MatMulIntegerToFloat` /
+//! `DynamicQuantizeMatMul` ops, which the importer decomposes into it.
+//!
+//! The product is computed exactly on the f32 GEMM, as [`super::qconv`] computes
+//! `ConvInteger`: `a - a_zp` and `b - b_zp` are integers of magnitude at most 255, a sum of
+//! at most [`EXACT_K`] of their products stays below 2²⁴ and is exact in f32 in any order,
+//! and longer reductions add their exact chunk products in i32. So the result is the
+//! reference's integer product bit for bit, at the speed of the crate's f32 GEMM and its
+//! ISA dispatch. The shifted B (a weight, with a fixed zero point) is computed once and
+//! kept.
+//!
+//! Handled here: A `[..., M, K]` with a per-tensor zero point, B `[K, N]` (2-D, shared by
+//! every batch of A) with a per-tensor or per-column (`[N]`) zero point. Other shapes
+//! (batched B, per-row A zero points) go to the reference path.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+
+use rafter_ir::{DType, Graph, Op};
+use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef};
+
+use super::qconv::{ints, Opnd, View, EXACT_K, Q};
+use super::{input_of, known_dims, In, NativeKernel, Out, Par};
+
+struct MatMulIntegerKernel {
+    /// Body input index of A.
+    a: usize,
+    /// B: a body input, or a small constant the compiler copied into the body.
+    b: Opnd,
+    /// B's dims when it is a constant.
+    b_const_dims: Option<Vec<usize>>,
+    a_zp: Option<Opnd>,
+    b_zp: Option<Opnd>,
+    par: Par,
+    /// `b - b_zp` as f32, by the weight it was computed from (only when B is a program
+    /// weight and its zero point fixed).
+    shifted_b: Mutex<Option<(usize, Arc<Vec<f32>>)>>,
+}
+
+/// The kernel for a body that is one `matmul_integer` node.
+pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+    let [node] = body.nodes.as_slice() else {
+        return None;
+    };
+    if node.op != Op::MatMulInteger
+        || body.outputs.len() != 1
+        || node.outputs.len() != 1
+        || node.inputs.len() < 2
+        || node.inputs.len() > 4
+    {
+        return None;
+    }
+    let a = input_of(body, node.input(0), DType::U8)
+        .or_else(|| input_of(body, node.input(0), DType::I8))?;
+    let b = Opnd::of(body, node.input(1), Q)?;
+    let b_const_dims = match b {
+        Opnd::Const { .. } => Some(known_dims(body, node.input(1)?)?),
+        Opnd::Input(_) => None,
+    };
+    let zp = |i: usize| -> Option<Option<Opnd>> {
+        match node.inputs.get(i).copied().flatten() {
+            None => Some(None),
+            Some(v) => Some(Some(Opnd::of(body, Some(v), Q)?)),
+        }
+    };
+    Some(Arc::new(MatMulIntegerKernel {
+        a,
+        b,
+        b_const_dims,
+        a_zp: zp(2)?,
+        b_zp: zp(3)?,
+        par: par.clone(),
+        shifted_b: Mutex::new(None),
+    }))
+}
+
+thread_local! {
+    /// Scratch reused across dispatches on this thread: shifted A, the f32 chunk product
+    /// and (long reductions) the i32 accumulator.
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+#[derive(Default)]
+struct Scratch {
+    a: Vec<f32>,
+    prod: Vec<f32>,
+    acc: Vec<i32>,
+}
+
+/// Grows `v` to at least `len` (every element used is written first).
+fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    &mut v[..len]
+}
+
+impl MatMulIntegerKernel {
+    /// `b[k, n] - b_zp[n]` as f32, cached when B is a weight and its zero point fixed.
+    /// `key`: the program weight B is, if one and its zero point is fixed.
+    fn shifted_b(&self, b: &View<'_>, zp: &[i32], key: Option<usize>, n: usize) -> Arc<Vec<f32>> {
+        let compute = || {
+            Arc::new(
+                ints(b.dtype, b.bytes)
+                    .enumerate()
+                    .map(|(i, v)| (v - zp[(i % n) % zp.len()]) as f32)
+                    .collect::<Vec<f32>>(),
+            )
+        };
+        let Some(key) = key else {
+            return compute();
+        };
+        let mut cached = self.shifted_b.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cached {
+            Some((k, v)) if *k == key => v.clone(),
+            _ => {
+                let v = compute();
+                *cached = Some((key, v.clone()));
+                v
+            }
+        }
+    }
+}
+
+impl NativeKernel for MatMulIntegerKernel {
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        let a = &ins[self.a];
+        let b = self.b.view(ins);
+        let b_dims = match (&self.b, &self.b_const_dims) {
+            (Opnd::Input(i), _) => ins[*i].dims.as_slice(),
+            (_, Some(d)) => d.as_slice(),
+            _ => return Ok(false),
+        };
+        let (&[kb, n], Some((&k, lead))) = (b_dims, a.dims.split_last()) else {
+            return Ok(false);
+        };
+        let m: usize = lead.iter().product();
+        let mut want = lead.to_vec();
+        want.push(n);
+        if k != kb || outs[0].dtype != DType::I32 || outs[0].dims != want {
+            return Ok(false);
+        }
+        if a.bytes().len() != m * k || b.bytes.len() != k * n {
+            return Err(format!(
+                "matmul_integer: operands of {} and {} bytes, but {:?} x {:?} needs {} and {}",
+                a.bytes().len(),
+                b.bytes.len(),
+                a.dims,
+                b_dims,
+                m * k,
+                k * n
+            ));
+        }
+        let ints_of = |o: &Option<Opnd>| -> Vec<i32> {
+            match o {
+                None => vec![0],
+                Some(o) => {
+                    let v = o.view(ins);
+                    ints(v.dtype, v.bytes).collect()
+                }
+            }
+        };
+        let (a_zp, b_zp) = (ints_of(&self.a_zp), ints_of(&self.b_zp));
+        if a_zp.len() != 1 || (b_zp.len() != 1 && b_zp.len() != n) {
+            return Ok(false);
+        }
+        let zp_fixed = match &self.b_zp {
+            None | Some(Opnd::Const { .. }) => true,
+            Some(Opnd::Input(i)) => ins[*i].weight.is_some(),
+        };
+        let key = match &self.b {
+            Opnd::Input(i) => ins[*i].weight.filter(|_| zp_fixed),
+            Opnd::Const { .. } => None,
+        };
+        if m * n == 0 {
+            return Ok(true);
+        }
+        let bf = self.shifted_b(&b, &b_zp, key, n);
+        let y = outs[0].bytes_mut();
+        SCRATCH.with(|s| {
+            let s = &mut *s.borrow_mut();
+            self.compute(a, a_zp[0], &bf, [m, k, n], y, s)
+        })?;
+        Ok(true)
+    }
+}
+
+impl MatMulIntegerKernel {
+    /// `y[m, n] = Σ_k (a[m, k] - a_zp) · bf[k, n]` exactly, in chunks of [`EXACT_K`].
+    fn compute(
+        &self,
+        a: &In<'_>,
+        a_zp: i32,
+        bf: &[f32],
+        [m, k, n]: [usize; 3],
+        y: &mut [u8],
+        scratch: &mut Scratch,
+    ) -> Result<(), String> {
+        let err = |e: rafter_kernels_cpu::GemmError| format!("matmul_integer: {e}");
+        let Scratch { a: af, prod, acc } = scratch;
+        let af = grow(af, m * k);
+        for (d, v) in af.iter_mut().zip(ints(a.dtype, a.bytes())) {
+            *d = (v - a_zp) as f32;
+        }
+        let prod = grow(prod, m * n);
+        if k == 0 {
+            y.fill(0);
+            return Ok(());
+        }
+        let chunks = k.div_ceil(EXACT_K).max(1);
+        let acc = grow(acc, if chunks > 1 { m * n } else { 0 });
+        for ci in 0..chunks {
+            let (k0, k1) = (ci * EXACT_K, ((ci + 1) * EXACT_K).min(k));
+            let am = MatRef::row_major(&af[k0..], m, k1 - k0, k).map_err(err)?;
+            let bm = MatRef::row_major(&bf[k0 * n..k1 * n], k1 - k0, n, n).map_err(err)?;
+            let cm = MatMut::row_major(prod, m, n, n).map_err(err)?;
+            sgemm(
+                1.0,
+                am,
+                BRef::Mat(bm),
+                0.0,
+                cm,
+                &Epilogue::none(),
+                &*self.par,
+            )
+            .map_err(err)?;
+            if chunks > 1 {
+                for (s, &v) in acc.iter_mut().zip(prod.iter()) {
+                    *s = if ci == 0 {
+                        v as i32
+                    } else {
+                        s.wrapping_add(v as i32)
+                    };
+                }
+            }
+        }
+        for (i, d) in y.chunks_exact_mut(4).enumerate() {
+            let v = if chunks > 1 { acc[i] } else { prod[i] as i32 };
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    }
+}
