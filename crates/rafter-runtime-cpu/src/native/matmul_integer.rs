@@ -11,6 +11,12 @@
 //! ISA dispatch. The shifted B (a weight, with a fixed zero point) is computed once and
 //! kept.
 //!
+//! A float tail the compiler fused after it — `cast` to f32, then the scale, bias and
+//! residual of ORT's `MatMulIntegerToFloat` pattern (`mul` by a scalar, `add` of a
+//! per-column `[N]` bias, `add` of a whole-output residual, relu or clip) — runs on the exact
+//! integers in the order the body has it, `((f32(acc) · s) + bias) + residual`, so it is
+//! the reference's f32 arithmetic bit for bit.
+//!
 //! Handled here: A `[..., M, K]` with a per-tensor zero point, B `[K, N]` (2-D, shared by
 //! every batch of A) with a per-tensor or per-column (`[N]`) zero point. Other shapes
 //! (batched B, per-row A zero points) go to the reference path.
@@ -19,7 +25,9 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use rafter_ir::{DType, Graph, Op};
-use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef};
+use rafter_kernels_cpu::{sgemm, Activation, BRef, Epilogue, MatMut, MatRef};
+
+use super::epilogue::{parse_chain_from, resolve, EpiOp, Resolved};
 
 use super::qconv::{ints, Opnd, View, EXACT_K, Q};
 use super::{input_of, known_dims, In, NativeKernel, Out, Par};
@@ -33,6 +41,8 @@ struct MatMulIntegerKernel {
     b_const_dims: Option<Vec<usize>>,
     a_zp: Option<Opnd>,
     b_zp: Option<Opnd>,
+    /// The f32 tail after a `cast` to f32 (`None`: the body ends at the i32 product).
+    tail: Option<Vec<EpiOp>>,
     par: Par,
     /// `b - b_zp` as f32, by the weight it was computed from (only when B is a program
     /// weight and its zero point fixed).
@@ -41,9 +51,7 @@ struct MatMulIntegerKernel {
 
 /// The kernel for a body that is one `matmul_integer` node.
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
-    let [node] = body.nodes.as_slice() else {
-        return None;
-    };
+    let node = body.nodes.first()?;
     if node.op != Op::MatMulInteger
         || body.outputs.len() != 1
         || node.outputs.len() != 1
@@ -65,8 +73,22 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             Some(v) => Some(Some(Opnd::of(body, Some(v), Q)?)),
         }
     };
+    let tail = match body.nodes.get(1) {
+        None => None,
+        Some(cast) => {
+            let covered = cast.op == (Op::Cast { to: DType::F32 })
+                && cast.inputs == [node.outputs[0]]
+                && cast.outputs.len() == 1
+                && super::read_once(body, node.outputs[0]?);
+            if !covered {
+                return None;
+            }
+            Some(parse_chain_from(body, cast.outputs[0]?, 2)?)
+        }
+    };
     Some(Arc::new(MatMulIntegerKernel {
         a,
+        tail,
         b,
         b_const_dims,
         a_zp: zp(2)?,
@@ -139,9 +161,21 @@ impl NativeKernel for MatMulIntegerKernel {
         let m: usize = lead.iter().product();
         let mut want = lead.to_vec();
         want.push(n);
-        if k != kb || outs[0].dtype != DType::I32 || outs[0].dims != want {
+        let y_dtype = if self.tail.is_some() {
+            DType::F32
+        } else {
+            DType::I32
+        };
+        if k != kb || outs[0].dtype != y_dtype || outs[0].dims != want {
             return Ok(false);
         }
+        let tail = match &self.tail {
+            None => None,
+            Some(chain) => match resolve(chain, ins, &want, want.len() - 1, None, false)? {
+                Some(r) if matches!(r.act, Activation::None | Activation::Relu) => Some(r),
+                _ => return Ok(false),
+            },
+        };
         if a.bytes().len() != m * k || b.bytes.len() != k * n {
             return Err(format!(
                 "matmul_integer: operands of {} and {} bytes, but {:?} x {:?} needs {} and {}",
@@ -181,20 +215,23 @@ impl NativeKernel for MatMulIntegerKernel {
         let y = outs[0].bytes_mut();
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
-            self.compute(a, a_zp[0], &bf, [m, k, n], y, s)
+            self.compute(a, a_zp[0], &bf, [m, k, n], tail.as_ref(), y, s)
         })?;
         Ok(true)
     }
 }
 
 impl MatMulIntegerKernel {
-    /// `y[m, n] = Σ_k (a[m, k] - a_zp) · bf[k, n]` exactly, in chunks of [`EXACT_K`].
+    /// `y[m, n] = Σ_k (a[m, k] - a_zp) · bf[k, n]` exactly, in chunks of [`EXACT_K`],
+    /// written as i32, or through the f32 `tail`.
+    #[allow(clippy::too_many_arguments)]
     fn compute(
         &self,
         a: &In<'_>,
         a_zp: i32,
         bf: &[f32],
         [m, k, n]: [usize; 3],
+        tail: Option<&Resolved<'_>>,
         y: &mut [u8],
         scratch: &mut Scratch,
     ) -> Result<(), String> {
@@ -206,12 +243,11 @@ impl MatMulIntegerKernel {
         }
         let prod = grow(prod, m * n);
         if k == 0 {
-            y.fill(0);
-            return Ok(());
+            prod.fill(0.0);
         }
         let chunks = k.div_ceil(EXACT_K).max(1);
         let acc = grow(acc, if chunks > 1 { m * n } else { 0 });
-        for ci in 0..chunks {
+        for ci in 0..chunks * usize::from(k > 0) {
             let (k0, k1) = (ci * EXACT_K, ((ci + 1) * EXACT_K).min(k));
             let am = MatRef::row_major(&af[k0..], m, k1 - k0, k).map_err(err)?;
             let bm = MatRef::row_major(&bf[k0 * n..k1 * n], k1 - k0, n, n).map_err(err)?;
@@ -236,10 +272,43 @@ impl MatMulIntegerKernel {
                 }
             }
         }
-        for (i, d) in y.chunks_exact_mut(4).enumerate() {
-            let v = if chunks > 1 { acc[i] } else { prod[i] as i32 };
-            d.copy_from_slice(&v.to_le_bytes());
+        let exact = |i: usize| if chunks > 1 { acc[i] } else { prod[i] as i32 };
+        match tail {
+            None => {
+                for (i, d) in y.chunks_exact_mut(4).enumerate() {
+                    d.copy_from_slice(&exact(i).to_le_bytes());
+                }
+            }
+            Some(r) => {
+                for (i, d) in y.chunks_exact_mut(4).enumerate() {
+                    d.copy_from_slice(&apply_tail(r, exact(i) as f32, i, n).to_le_bytes());
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// The resolved tail on element `i` (column `i % n`) of the product, valued `v`: in the
+/// body's order, `act(alpha · v + bias + residual_before) + residual_after`, clamped.
+#[inline]
+fn apply_tail(r: &Resolved<'_>, v: f32, i: usize, n: usize) -> f32 {
+    let mut x = r.alpha * v;
+    if let Some(b) = r.bias {
+        x += b[(i % n) % b.len()];
+    }
+    let res = r.residual.map_or(0.0, |res| res[i % res.len()]);
+    if r.res_before && r.residual.is_some() {
+        x += res;
+    }
+    if r.act == Activation::Relu {
+        x = x.max(0.0);
+    }
+    if !r.res_before && r.residual.is_some() {
+        x += res;
+    }
+    match r.clamp {
+        Some((lo, hi)) => x.max(lo).min(hi),
+        None => x,
     }
 }

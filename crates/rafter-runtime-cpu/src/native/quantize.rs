@@ -171,7 +171,7 @@ fn dynamic_quantize(x: &[f32], y: &mut [u8]) -> (f32, u8) {
 
 #[cfg(test)]
 mod tests {
-    use super::{dynamic_quantize, quantize};
+    use super::quantize;
     use rafter_ir::DType;
 
     /// Against the definition evaluated with `round_ties_even` and i64 saturation (the

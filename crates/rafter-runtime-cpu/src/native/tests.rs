@@ -1459,53 +1459,72 @@ fn dynamic_quantized_matmuls_match_the_reference_exactly() {
         (&[5, 300], 64, DType::U8, false),
         (&[1, 1, 1], 1, DType::I8, true),
     ];
-    for (i, &(a_dims, n, bd, per_col)) in cases.iter().enumerate() {
-        let mut t = Case::new(400 + i as u64);
-        let k = *a_dims.last().unwrap();
-        let x = t.input(a_dims);
-        let d: Vec<i64> = a_dims.iter().map(|&v| v as i64).collect();
-        let outs = t.g.add_node(
-            "dql",
-            Op::DynamicQuantizeLinear,
-            vec![Some(x)],
-            vec![
-                Some(("xq".into(), TensorType::known(DType::U8, &d))),
-                Some(("xs".into(), TensorType::known(DType::F32, &[]))),
-                Some(("xz".into(), TensorType::known(DType::U8, &[]))),
-            ],
-        );
-        let [xq, xs, xz] = [outs[0].unwrap(), outs[1].unwrap(), outs[2].unwrap()];
-        let bbytes = t.quant_bytes(k * n);
-        let b = t.const_bytes(bd, &[k, n], bbytes);
-        let (zp_dims, zp_bytes): (&[usize], Vec<u8>) = match (bd, per_col) {
-            (DType::U8, true) => (&[n], (0..n).map(|j| [0u8, 255, 128][j % 3]).collect()),
-            (_, true) => (&[n], (0..n).map(|j| [0x80u8, 0x7f, 0][j % 3]).collect()),
-            (DType::U8, false) => (&[], vec![255]),
-            _ => (&[], vec![0x80]),
-        };
-        let bz = t.const_bytes(bd, zp_dims, zp_bytes);
-        let mut y_dims = a_dims.to_vec();
-        *y_dims.last_mut().unwrap() = n;
-        let y = t.typed_node(
-            Op::MatMulInteger,
-            vec![Some(xq), Some(b), Some(xz), Some(bz)],
-            DType::I32,
-            &y_dims,
-        );
-        t.g.outputs.extend([y, xq, xs, xz]);
-        let want = rafter_reference::run(&t.g, t.inputs.clone()).unwrap();
-        let program = rafter_opt::compile(&t.g, &rafter_opt::CompileOptions::default()).unwrap();
-        let devices = devices().unwrap();
-        let opts = SessionOptions::new().kernel_threads(2);
-        let session = Session::with_options(program, &devices, opts).unwrap();
-        let got = call(&session, t.inputs).unwrap();
-        assert_eq!(got.len(), want.len());
-        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.shape(), w.shape(), "case {i} output {j}");
-            assert_eq!(g.to_f64_vec(), w.to_f64_vec(), "case {i} output {j}");
+    for (c, &(a_dims, n, bd, per_col)) in cases.iter().enumerate() {
+        for tail in [false, true] {
+            let i = 2 * c + usize::from(tail);
+            let mut t = Case::new(400 + i as u64);
+            let k = *a_dims.last().unwrap();
+            let x = t.input(a_dims);
+            let d: Vec<i64> = a_dims.iter().map(|&v| v as i64).collect();
+            let outs = t.g.add_node(
+                "dql",
+                Op::DynamicQuantizeLinear,
+                vec![Some(x)],
+                vec![
+                    Some(("xq".into(), TensorType::known(DType::U8, &d))),
+                    Some(("xs".into(), TensorType::known(DType::F32, &[]))),
+                    Some(("xz".into(), TensorType::known(DType::U8, &[]))),
+                ],
+            );
+            let [xq, xs, xz] = [outs[0].unwrap(), outs[1].unwrap(), outs[2].unwrap()];
+            let bbytes = t.quant_bytes(k * n);
+            let b = t.const_bytes(bd, &[k, n], bbytes);
+            let (zp_dims, zp_bytes): (&[usize], Vec<u8>) = match (bd, per_col) {
+                (DType::U8, true) => (&[n], (0..n).map(|j| [0u8, 255, 128][j % 3]).collect()),
+                (_, true) => (&[n], (0..n).map(|j| [0x80u8, 0x7f, 0][j % 3]).collect()),
+                (DType::U8, false) => (&[], vec![255]),
+                _ => (&[], vec![0x80]),
+            };
+            let bz = t.const_bytes(bd, zp_dims, zp_bytes);
+            let mut y_dims = a_dims.to_vec();
+            *y_dims.last_mut().unwrap() = n;
+            let y = t.typed_node(
+                Op::MatMulInteger,
+                vec![Some(xq), Some(b), Some(xz), Some(bz)],
+                DType::I32,
+                &y_dims,
+            );
+            let y = if tail {
+                // MatMulIntegerToFloat's decomposition: cast, scale, per-column bias.
+                let yf = t.typed_node(
+                    Op::Cast { to: DType::F32 },
+                    vec![Some(y)],
+                    DType::F32,
+                    &y_dims,
+                );
+                let s = t.weight_of(&[], &[0.0123]);
+                let ys = t.node(Op::Binary { op: BinaryOp::Mul }, &[yf, s], &y_dims);
+                let bias = t.weight(&[n]);
+                t.node(add(), &[ys, bias], &y_dims)
+            } else {
+                y
+            };
+            t.g.outputs.extend([y, xq, xs, xz]);
+            let want = rafter_reference::run(&t.g, t.inputs.clone()).unwrap();
+            let program =
+                rafter_opt::compile(&t.g, &rafter_opt::CompileOptions::default()).unwrap();
+            let devices = devices().unwrap();
+            let opts = SessionOptions::new().kernel_threads(2);
+            let session = Session::with_options(program, &devices, opts).unwrap();
+            let got = call(&session, t.inputs).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.shape(), w.shape(), "case {i} output {j}");
+                assert_eq!(g.to_f64_vec(), w.to_f64_vec(), "case {i} output {j}");
+            }
+            let s = session.native_stats();
+            assert!(s.dispatches >= 2, "case {i}: {s:?}");
+            assert_eq!(s.fallbacks, 0, "case {i}: {s:?}");
         }
-        let s = session.native_stats();
-        assert!(s.dispatches >= 2, "case {i}: {s:?}");
-        assert_eq!(s.fallbacks, 0, "case {i}: {s:?}");
     }
 }
