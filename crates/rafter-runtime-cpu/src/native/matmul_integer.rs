@@ -15,7 +15,9 @@
 //! residual of ORT's `MatMulIntegerToFloat` pattern (`mul` by a scalar, `add` of a
 //! per-column `[N]` bias, `add` of a whole-output residual, relu or clip) — runs on the exact
 //! integers in the order the body has it, `((f32(acc) · s) + bias) + residual`, so it is
-//! the reference's f32 arithmetic bit for bit.
+//! the reference's f32 arithmetic bit for bit. A final `gelu` (BERT's feed-forward) runs
+//! as one vectorised pass over the result ([`activation_in_place`], within the reference's
+//! tolerance, not bit for bit).
 //!
 //! Handled here: A `[..., M, K]` with a per-tensor zero point, B `[K, N]` (2-D, shared by
 //! every batch of A) with a per-tensor or per-column (`[N]`) zero point. Other shapes
@@ -24,10 +26,12 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use rafter_ir::{DType, Graph, Op};
-use rafter_kernels_cpu::{sgemm, Activation, BRef, Epilogue, MatMut, MatRef};
+use rafter_ir::{DType, GeluApprox, Graph, Op};
+use rafter_kernels_cpu::{
+    activation_in_place, sgemm, Activation, BRef, Epilogue, MatMut, MatRef, UnaryFn,
+};
 
-use super::epilogue::{parse_chain_from, resolve, EpiOp, Resolved};
+use super::epilogue::{parse_chain_until, resolve, EpiOp, Resolved};
 
 use super::qconv::{ints, Opnd, View, EXACT_K, Q};
 use super::{input_of, known_dims, In, NativeKernel, Out, Par};
@@ -43,6 +47,8 @@ struct MatMulIntegerKernel {
     b_zp: Option<Opnd>,
     /// The f32 tail after a `cast` to f32 (`None`: the body ends at the i32 product).
     tail: Option<Vec<EpiOp>>,
+    /// A gelu ending the tail.
+    gelu: Option<UnaryFn>,
     par: Par,
     /// `b - b_zp` as f32, by the weight it was computed from (only when B is a program
     /// weight and its zero point fixed).
@@ -73,6 +79,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             Some(v) => Some(Some(Opnd::of(body, Some(v), Q)?)),
         }
     };
+    let mut gelu = None;
     let tail = match body.nodes.get(1) {
         None => None,
         Some(cast) => {
@@ -83,12 +90,31 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             if !covered {
                 return None;
             }
-            Some(parse_chain_from(body, cast.outputs[0]?, 2)?)
+            let is_gelu = |n: &rafter_ir::Node| matches!(n.op, Op::Gelu { .. });
+            let (chain, cur, at) = parse_chain_until(body, cast.outputs[0]?, 2, is_gelu)?;
+            let last = match body.nodes.get(at) {
+                None => cur,
+                Some(g) if at + 1 == body.nodes.len() && g.outputs.len() == 1 => {
+                    gelu = Some(match g.op {
+                        Op::Gelu {
+                            approximate: GeluApprox::Tanh,
+                        } => UnaryFn::GeluTanh,
+                        _ => UnaryFn::GeluErf,
+                    });
+                    g.outputs[0]?
+                }
+                Some(_) => return None,
+            };
+            if body.outputs != [last] || body.value(cur).ty.dtype != DType::F32 {
+                return None;
+            }
+            Some(chain)
         }
     };
     Some(Arc::new(MatMulIntegerKernel {
         a,
         tail,
+        gelu,
         b,
         b_const_dims,
         a_zp: zp(2)?,
@@ -217,6 +243,10 @@ impl NativeKernel for MatMulIntegerKernel {
             let s = &mut *s.borrow_mut();
             self.compute(a, a_zp[0], &bf, [m, k, n], tail.as_ref(), y, s)
         })?;
+        if let Some(f) = self.gelu {
+            let y = outs[0].f32s()?;
+            activation_in_place(f, y, &*self.par).map_err(|e| format!("gelu: {e}"))?;
+        }
         Ok(true)
     }
 }

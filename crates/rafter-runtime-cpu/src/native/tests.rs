@@ -1448,7 +1448,8 @@ fn quantized_convolutions_match_the_reference_exactly() {
 /// `DynamicQuantizeLinear → MatMulInteger` (ORT's `quantize_dynamic` pattern) against the
 /// reference executor, bit for bit: u8/i8 weights, per-tensor and per-column weight zero
 /// points at the ends of their ranges, batched A, reductions shorter and longer than the
-/// exact f32 chunk (K = 600 > 256), and all three DynamicQuantizeLinear results.
+/// exact f32 chunk (K = 600 > 256), all three DynamicQuantizeLinear results, and the fused
+/// float tail of MatMulIntegerToFloat (cast, scale, bias; a gelu within tolerance).
 #[test]
 fn dynamic_quantized_matmuls_match_the_reference_exactly() {
     // (A dims, N, B dtype, per-column zero point?)
@@ -1463,6 +1464,8 @@ fn dynamic_quantized_matmuls_match_the_reference_exactly() {
         for tail in [false, true] {
             let i = 2 * c + usize::from(tail);
             let mut t = Case::new(400 + i as u64);
+            // A gelu ends every other float tail (BERT's feed-forward); it is not bit for bit.
+            let gelu = tail && c % 2 == 1;
             let k = *a_dims.last().unwrap();
             let x = t.input(a_dims);
             let d: Vec<i64> = a_dims.iter().map(|&v| v as i64).collect();
@@ -1520,7 +1523,16 @@ fn dynamic_quantized_matmuls_match_the_reference_exactly() {
             assert_eq!(got.len(), want.len());
             for (j, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(g.shape(), w.shape(), "case {i} output {j}");
-                assert_eq!(g.to_f64_vec(), w.to_f64_vec(), "case {i} output {j}");
+                if gelu && j == 0 {
+                    for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                            "case {i}: {a} vs {b}"
+                        );
+                    }
+                } else {
+                    assert_eq!(g.to_f64_vec(), w.to_f64_vec(), "case {i} output {j}");
+                }
             }
             let s = session.native_stats();
             assert!(s.dispatches >= 2, "case {i}: {s:?}");
