@@ -17,7 +17,7 @@
 //! integers in the order the body has it, `((f32(acc) · s) + bias) + residual`, so it is
 //! the reference's f32 arithmetic bit for bit. A final `gelu` (BERT's feed-forward) runs
 //! as one vectorised pass over the result ([`activation_in_place`], within the reference's
-//! tolerance, not bit for bit).
+//! tolerance, not bit for bit); a final `tanh` (the pooler) as `f32::tanh`.
 //!
 //! Handled here: A `[..., M, K]` with a per-tensor zero point, B `[K, N]` (2-D, shared by
 //! every batch of A) with a per-tensor or per-column (`[N]`) zero point. Other shapes
@@ -26,7 +26,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use rafter_ir::{DType, GeluApprox, Graph, Op};
+use rafter_ir::{DType, GeluApprox, Graph, Op, UnaryOp};
 use rafter_kernels_cpu::{
     activation_in_place, sgemm, Activation, BRef, Epilogue, MatMut, MatRef, UnaryFn,
 };
@@ -47,8 +47,8 @@ struct MatMulIntegerKernel {
     b_zp: Option<Opnd>,
     /// The f32 tail after a `cast` to f32 (`None`: the body ends at the i32 product).
     tail: Option<Vec<EpiOp>>,
-    /// A gelu ending the tail.
-    gelu: Option<UnaryFn>,
+    /// A gelu or tanh ending the tail.
+    last: Option<Last>,
     par: Par,
     /// `b - b_zp` as f32, by the weight it was computed from (only when B is a program
     /// weight and its zero point fixed).
@@ -79,7 +79,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             Some(v) => Some(Some(Opnd::of(body, Some(v), Q)?)),
         }
     };
-    let mut gelu = None;
+    let mut last = None;
     let tail = match body.nodes.get(1) {
         None => None,
         Some(cast) => {
@@ -90,22 +90,17 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             if !covered {
                 return None;
             }
-            let is_gelu = |n: &rafter_ir::Node| matches!(n.op, Op::Gelu { .. });
-            let (chain, cur, at) = parse_chain_until(body, cast.outputs[0]?, 2, is_gelu)?;
-            let last = match body.nodes.get(at) {
+            let (chain, cur, at) =
+                parse_chain_until(body, cast.outputs[0]?, 2, |n| Last::of(&n.op).is_some())?;
+            let out = match body.nodes.get(at) {
                 None => cur,
                 Some(g) if at + 1 == body.nodes.len() && g.outputs.len() == 1 => {
-                    gelu = Some(match g.op {
-                        Op::Gelu {
-                            approximate: GeluApprox::Tanh,
-                        } => UnaryFn::GeluTanh,
-                        _ => UnaryFn::GeluErf,
-                    });
+                    last = Last::of(&g.op);
                     g.outputs[0]?
                 }
                 Some(_) => return None,
             };
-            if body.outputs != [last] || body.value(cur).ty.dtype != DType::F32 {
+            if body.outputs != [out] || body.value(cur).ty.dtype != DType::F32 {
                 return None;
             }
             Some(chain)
@@ -114,7 +109,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     Some(Arc::new(MatMulIntegerKernel {
         a,
         tail,
-        gelu,
+        last,
         b,
         b_const_dims,
         a_zp: zp(2)?,
@@ -122,6 +117,28 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         par: par.clone(),
         shifted_b: Mutex::new(None),
     }))
+}
+
+/// The op that may end a float tail after the epilogue's part.
+#[derive(Clone, Copy, Debug)]
+enum Last {
+    /// BERT's feed-forward activation: one vectorised pass.
+    Gelu(UnaryFn),
+    /// A pooler's activation (one row): `f32::tanh`, as the reference computes it.
+    Tanh,
+}
+
+impl Last {
+    fn of(op: &Op) -> Option<Last> {
+        match op {
+            Op::Gelu {
+                approximate: GeluApprox::Tanh,
+            } => Some(Last::Gelu(UnaryFn::GeluTanh)),
+            Op::Gelu { .. } => Some(Last::Gelu(UnaryFn::GeluErf)),
+            Op::Unary { op: UnaryOp::Tanh } => Some(Last::Tanh),
+            _ => None,
+        }
+    }
 }
 
 thread_local! {
@@ -243,9 +260,13 @@ impl NativeKernel for MatMulIntegerKernel {
             let s = &mut *s.borrow_mut();
             self.compute(a, a_zp[0], &bf, [m, k, n], tail.as_ref(), y, s)
         })?;
-        if let Some(f) = self.gelu {
-            let y = outs[0].f32s()?;
-            activation_in_place(f, y, &*self.par).map_err(|e| format!("gelu: {e}"))?;
+        match self.last {
+            None => {}
+            Some(Last::Gelu(f)) => {
+                let y = outs[0].f32s()?;
+                activation_in_place(f, y, &*self.par).map_err(|e| format!("gelu: {e}"))?;
+            }
+            Some(Last::Tanh) => outs[0].f32s()?.iter_mut().for_each(|v| *v = v.tanh()),
         }
         Ok(true)
     }
