@@ -714,6 +714,29 @@ fn sums_then_layer_norm() {
 }
 
 #[test]
+fn sums_with_a_broadcast_position_embedding_then_layer_norm() {
+    // A batch of two sequences; the position embedding ([1, S, H], then [S, H]) is added
+    // to each, as exported BERTs have it.
+    for p_dims in [&[1usize, 9, 24][..], &[9, 24]] {
+        let mut c = Case::new(58);
+        let d = [2, 9, 24];
+        let (w, t, p) = (c.input(&d), c.input(&d), c.input(p_dims));
+        let s = c.weight(&[24]);
+        let b = c.weight(&[24]);
+        let y = c.node(add(), &[w, t], &d);
+        let y = c.node(add(), &[y, p], &d);
+        let op = Op::LayerNorm {
+            axis: -1,
+            epsilon: 1e-12,
+        };
+        let y = c.node(op, &[y, s, b], &d);
+        let stats = c.check(y);
+        assert_eq!(stats.kernels, 1, "the fused kernel is native: {stats:?}");
+        assert_native(stats, 1);
+    }
+}
+
+#[test]
 fn uncovered_shapes_fall_back_to_the_reference() {
     // A 1-D convolution: the conv kernel is selected by its body but falls back per call.
     let mut c = Case::new(31);
