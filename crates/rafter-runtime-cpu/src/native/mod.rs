@@ -17,7 +17,8 @@
 //!
 //! One file per concern: [`operands`] (views, alignment, the misaligned-copy fallback),
 //! [`epilogue`] (the elementwise tail fused into a contraction), [`matmul`], [`conv`],
-//! [`conv_nhwc`], [`qconv`] (QLinearConv, ConvInteger), [`quantize`] (per-tensor Q/DQ),
+//! [`conv_nhwc`], [`qconv`] (QLinearConv, ConvInteger), [`quantize`] (per-tensor Q/DQ,
+//! DynamicQuantizeLinear), [`matmul_integer`] (MatMulInteger),
 //! [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`] (MatMulNBits
 //! weights), [`pool`], [`recurrent`] (LSTM, GRU, RNN), [`movement`] (reshape-likes,
 //! transposes, concat, gather), [`norm`] (layer norm), [`softmax`] (with an additive row
@@ -40,6 +41,7 @@ mod elementwise;
 mod epilogue;
 mod llm;
 mod matmul;
+mod matmul_integer;
 mod movement;
 mod norm;
 mod operands;
@@ -214,6 +216,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| conv::select(body, par))
         .or_else(|| qconv::select(body, par))
         .or_else(|| quantize::select(body, par))
+        .or_else(|| matmul_integer::select(body, par))
         .or_else(|| conv_nhwc::select(body, par))
         .or_else(|| block_nhwc::select(body, par))
         .or_else(|| pool::select(body, par))

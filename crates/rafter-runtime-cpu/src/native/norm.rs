@@ -17,8 +17,8 @@ use super::{input_of, In, NativeKernel, Out, Par};
 
 struct LayerNormKernel {
     x: usize,
-    /// More inputs added to `x` first (BERT's embeddings: word + token type + position), all
-    /// of `x`'s dims.
+    /// More inputs added to `x` first (BERT's embeddings: word + token type + position), of
+    /// `x`'s dims or repeating over its leading dims ([`repeats_over`]).
     addends: Vec<usize>,
     scale: usize,
     bias: Option<usize>,
@@ -108,7 +108,10 @@ impl NativeKernel for LayerNormKernel {
             return Ok(false);
         }
         let cols: usize = x.dims[axis as usize..].iter().product();
-        if self.addends.iter().any(|&i| ins[i].dims != x.dims)
+        if self
+            .addends
+            .iter()
+            .any(|&i| !repeats_over(&ins[i].dims, &x.dims))
             || [Some(self.scale), self.bias]
                 .into_iter()
                 .flatten()
@@ -130,7 +133,8 @@ impl NativeKernel for LayerNormKernel {
             // The prologue's sum, added in the body's order (bitwise the reference's adds).
             sum.extend_from_slice(x.f32s()?);
             for &i in &self.addends {
-                for (s, a) in sum.iter_mut().zip(ins[i].f32s()?) {
+                let a = ins[i].f32s()?;
+                for (s, a) in sum.iter_mut().zip(a.iter().cycle()) {
                     *s += a;
                 }
             }
@@ -158,7 +162,7 @@ impl LayerNormKernel {
         let mut xs = widen(&ins[self.x]);
         let mut halves = vec![f16::ZERO; xs.len()];
         for &i in &self.addends {
-            for (s, a) in xs.iter_mut().zip(widen(&ins[i])) {
+            for (s, a) in xs.iter_mut().zip(widen(&ins[i]).into_iter().cycle()) {
                 *s += a;
             }
             // Each add's result rounded to f16, as the reference stores it.
@@ -196,4 +200,13 @@ fn widen(x: &In<'_>) -> Vec<f32> {
     let mut out = vec![0f32; halves.len()];
     halves.convert_to_f32_slice(&mut out);
     out
+}
+
+/// Whether an addend of dims `a` broadcast against `x` repeats whole over `x`'s leading
+/// dims: `a`, less leading 1s, is a suffix of `x`'s dims (a position embedding `[1, S, H]`
+/// or `[S, H]` added to every batch entry of `[B, S, H]`). Its elements then cycle over x's.
+fn repeats_over(a: &[usize], x: &[usize]) -> bool {
+    let lead = a.iter().take_while(|&&d| d == 1).count();
+    let a = &a[lead..];
+    a.len() <= x.len() && x.ends_with(a) && a.iter().product::<usize>() > 0
 }

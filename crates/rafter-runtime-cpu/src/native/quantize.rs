@@ -6,6 +6,10 @@
 //! `round_half_even(x / scale) + zero_point` saturated to the output type (NaN gives the zero
 //! point); dequantize computes `(x - zero_point) as f32 * scale`. Per-axis and blocked scales
 //! are left to the reference path.
+//!
+//! `DynamicQuantizeLinear` (ORT's `quantize_dynamic` models quantize every MatMul's
+//! activations with it) derives a u8 scale and zero point from the tensor's range and
+//! quantizes with them, as [`dynamic_quantize`] documents.
 
 use std::sync::Arc;
 
@@ -22,11 +26,17 @@ struct QuantizeKernel {
     zero_point: Option<Opnd>,
 }
 
-/// The kernel for a body that is one `quantize_linear` or `dequantize_linear` node.
+/// The kernel for a body that is one `quantize_linear`, `dequantize_linear` or
+/// `dynamic_quantize_linear` node.
 pub(super) fn select(body: &Graph, _par: &super::Par) -> Option<Arc<dyn NativeKernel>> {
     let [node] = body.nodes.as_slice() else {
         return None;
     };
+    if node.op == Op::DynamicQuantizeLinear {
+        let x = input_of(body, node.input(0), DType::F32)?;
+        let ok = body.outputs.len() == 3 && node.outputs.len() == 3 && node.inputs.len() == 1;
+        return ok.then(|| Arc::new(DynamicQuantizeKernel { x }) as Arc<dyn NativeKernel>);
+    }
     let quantize = match node.op {
         Op::QuantizeLinear { block_size: 0, .. } => true,
         Op::DequantizeLinear { block_size: 0, .. } => false,
@@ -101,6 +111,64 @@ fn quantize(x: &[f32], s: f32, z: i32, dtype: DType, y: &mut [u8]) {
     }
 }
 
+/// ONNX `DynamicQuantizeLinear` (f32 → u8 with the scale and zero point it derives).
+struct DynamicQuantizeKernel {
+    x: usize,
+}
+
+impl NativeKernel for DynamicQuantizeKernel {
+    fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
+        let x = &ins[self.x];
+        let [y, scale, zp] = outs else {
+            return Ok(false);
+        };
+        if y.dtype != DType::U8
+            || y.dims != x.dims
+            || scale.dtype != DType::F32
+            || zp.dtype != DType::U8
+            || !scale.dims.is_empty()
+            || !zp.dims.is_empty()
+        {
+            return Ok(false);
+        }
+        let (s, z) = dynamic_quantize(x.f32s()?, y.bytes_mut());
+        scale.bytes_mut().copy_from_slice(&s.to_le_bytes());
+        zp.bytes_mut()[0] = z;
+        Ok(true)
+    }
+}
+
+/// ONNX `DynamicQuantizeLinear` into `y`; returns the scale and zero point. As the
+/// reference executor computes it: the range `[min(0, min x), max(0, max x)]` (NaNs
+/// ignored), `scale = range / 255` (1/255 for an all-zero range), `zp = round_half_even(
+/// clamp(-min / scale, 0, 255))`, `y = clamp(round_half_even(x / scale) + zp, 0, 255)`, a
+/// NaN giving 0.
+fn dynamic_quantize(x: &[f32], y: &mut [u8]) -> (f32, u8) {
+    let (mut lo, mut hi) = (0f32, 0f32);
+    for &v in x {
+        // Comparisons are false for NaN, which so leaves the range as it is.
+        if v > hi {
+            hi = v;
+        }
+        if v < lo {
+            lo = v;
+        }
+    }
+    let scale = if hi == lo { 1.0 } else { hi - lo } / 255.0;
+    let zp = round_half_even((0.0 - lo / scale).clamp(0.0, 255.0));
+    // Clamping before rounding equals clamping after (integer bounds, monotone rounding).
+    let (flo, fhi) = (-zp, 255.0 - zp);
+    for (d, &v) in y.iter_mut().zip(x) {
+        let f = v / scale;
+        *d = if f.is_nan() {
+            0
+        } else {
+            (round_half_even(f.max(flo).min(fhi)) + zp) as u8
+        };
+    }
+    (scale, zp as u8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::quantize;
@@ -153,5 +221,66 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod dynamic_tests {
+    use super::dynamic_quantize;
+
+    /// Against ONNX's definition evaluated in f64 where f32 is not needed (the scale and
+    /// quotient are f32 operations in the definition, as in ORT and the reference).
+    fn definition(x: &[f32]) -> (Vec<u8>, f32, u8) {
+        let hi = x
+            .iter()
+            .copied()
+            .filter(|v| !v.is_nan())
+            .fold(0f32, f32::max);
+        let lo = x
+            .iter()
+            .copied()
+            .filter(|v| !v.is_nan())
+            .fold(0f32, f32::min);
+        let scale = if hi == lo { 1.0 } else { hi - lo } / 255.0;
+        let zp = (-lo / scale).clamp(0.0, 255.0).round_ties_even();
+        let y = x
+            .iter()
+            .map(|&v| {
+                let q = (v / scale).round_ties_even() as f64 + zp as f64;
+                if q.is_nan() {
+                    0
+                } else {
+                    q.clamp(0.0, 255.0) as u8
+                }
+            })
+            .collect();
+        (y, scale, zp as u8)
+    }
+
+    #[test]
+    fn dynamic_quantize_matches_the_definition() {
+        let cases: Vec<Vec<f32>> = vec![
+            vec![0.0, 2.0, -3.0, 1000.0, -1000.0, 0.5],
+            vec![1.0, 2.5, 3.0, 255.0],
+            vec![-1.0, -2.5, -3.0],
+            vec![0.0; 5],
+            vec![1.5, f32::NAN, -0.25, 0.7],
+            vec![f32::INFINITY, 1.0],
+            (0..97)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+                .collect(),
+        ];
+        for x in cases {
+            let mut y = vec![0u8; x.len()];
+            let (s, z) = dynamic_quantize(&x, &mut y);
+            let (wy, ws, wz) = definition(&x);
+            assert_eq!((y, s.to_bits(), z), (wy, ws.to_bits(), wz), "x {x:?}");
+        }
+        // ONNX's own example (test_dynamicquantizelinear): scale 0.0196078, zp 153.
+        let x = [0.0f32, 2.0, -3.0, -2.5, 1.34, 0.5];
+        let mut y = [0u8; 6];
+        let (s, z) = dynamic_quantize(&x, &mut y);
+        assert_eq!((y, z), ([153, 255, 0, 26, 221, 179], 153));
+        assert!((s - 0.019_607_844).abs() < 1e-9);
     }
 }

@@ -714,6 +714,29 @@ fn sums_then_layer_norm() {
 }
 
 #[test]
+fn sums_with_a_broadcast_position_embedding_then_layer_norm() {
+    // A batch of two sequences; the position embedding ([1, S, H], then [S, H]) is added
+    // to each, as exported BERTs have it.
+    for p_dims in [&[1usize, 9, 24][..], &[9, 24]] {
+        let mut c = Case::new(58);
+        let d = [2, 9, 24];
+        let (w, t, p) = (c.input(&d), c.input(&d), c.input(p_dims));
+        let s = c.weight(&[24]);
+        let b = c.weight(&[24]);
+        let y = c.node(add(), &[w, t], &d);
+        let y = c.node(add(), &[y, p], &d);
+        let op = Op::LayerNorm {
+            axis: -1,
+            epsilon: 1e-12,
+        };
+        let y = c.node(op, &[y, s, b], &d);
+        let stats = c.check(y);
+        assert_eq!(stats.kernels, 1, "the fused kernel is native: {stats:?}");
+        assert_native(stats, 1);
+    }
+}
+
+#[test]
 fn uncovered_shapes_fall_back_to_the_reference() {
     // A 1-D convolution: the conv kernel is selected by its body but falls back per call.
     let mut c = Case::new(31);
@@ -1439,6 +1462,102 @@ fn quantized_convolutions_match_the_reference_exactly() {
                 &dims_out,
             );
             let s = t.check(yf);
+            assert!(s.dispatches >= 2, "case {i}: {s:?}");
+            assert_eq!(s.fallbacks, 0, "case {i}: {s:?}");
+        }
+    }
+}
+
+/// `DynamicQuantizeLinear → MatMulInteger` (ORT's `quantize_dynamic` pattern) against the
+/// reference executor, bit for bit: u8/i8 weights, per-tensor and per-column weight zero
+/// points at the ends of their ranges, batched A, reductions shorter and longer than the
+/// exact f32 chunk (K = 600 > 256), all three DynamicQuantizeLinear results, and the fused
+/// float tail of MatMulIntegerToFloat (cast, scale, bias; a gelu within tolerance).
+#[test]
+fn dynamic_quantized_matmuls_match_the_reference_exactly() {
+    // (A dims, N, B dtype, per-column zero point?)
+    let cases: [(&[usize], usize, DType, bool); 5] = [
+        (&[3, 7], 5, DType::I8, false),
+        (&[2, 4, 33], 17, DType::U8, true),
+        (&[1, 600], 9, DType::I8, true),
+        (&[5, 300], 64, DType::U8, false),
+        (&[1, 1, 1], 1, DType::I8, true),
+    ];
+    for (c, &(a_dims, n, bd, per_col)) in cases.iter().enumerate() {
+        for tail in [false, true] {
+            let i = 2 * c + usize::from(tail);
+            let mut t = Case::new(400 + i as u64);
+            // A gelu ends every other float tail (BERT's feed-forward); it is not bit for bit.
+            let gelu = tail && c % 2 == 1;
+            let k = *a_dims.last().unwrap();
+            let x = t.input(a_dims);
+            let d: Vec<i64> = a_dims.iter().map(|&v| v as i64).collect();
+            let outs = t.g.add_node(
+                "dql",
+                Op::DynamicQuantizeLinear,
+                vec![Some(x)],
+                vec![
+                    Some(("xq".into(), TensorType::known(DType::U8, &d))),
+                    Some(("xs".into(), TensorType::known(DType::F32, &[]))),
+                    Some(("xz".into(), TensorType::known(DType::U8, &[]))),
+                ],
+            );
+            let [xq, xs, xz] = [outs[0].unwrap(), outs[1].unwrap(), outs[2].unwrap()];
+            let bbytes = t.quant_bytes(k * n);
+            let b = t.const_bytes(bd, &[k, n], bbytes);
+            let (zp_dims, zp_bytes): (&[usize], Vec<u8>) = match (bd, per_col) {
+                (DType::U8, true) => (&[n], (0..n).map(|j| [0u8, 255, 128][j % 3]).collect()),
+                (_, true) => (&[n], (0..n).map(|j| [0x80u8, 0x7f, 0][j % 3]).collect()),
+                (DType::U8, false) => (&[], vec![255]),
+                _ => (&[], vec![0x80]),
+            };
+            let bz = t.const_bytes(bd, zp_dims, zp_bytes);
+            let mut y_dims = a_dims.to_vec();
+            *y_dims.last_mut().unwrap() = n;
+            let y = t.typed_node(
+                Op::MatMulInteger,
+                vec![Some(xq), Some(b), Some(xz), Some(bz)],
+                DType::I32,
+                &y_dims,
+            );
+            let y = if tail {
+                // MatMulIntegerToFloat's decomposition: cast, scale, per-column bias.
+                let yf = t.typed_node(
+                    Op::Cast { to: DType::F32 },
+                    vec![Some(y)],
+                    DType::F32,
+                    &y_dims,
+                );
+                let s = t.weight_of(&[], &[0.0123]);
+                let ys = t.node(Op::Binary { op: BinaryOp::Mul }, &[yf, s], &y_dims);
+                let bias = t.weight(&[n]);
+                t.node(add(), &[ys, bias], &y_dims)
+            } else {
+                y
+            };
+            t.g.outputs.extend([y, xq, xs, xz]);
+            let want = rafter_reference::run(&t.g, t.inputs.clone()).unwrap();
+            let program =
+                rafter_opt::compile(&t.g, &rafter_opt::CompileOptions::default()).unwrap();
+            let devices = devices().unwrap();
+            let opts = SessionOptions::new().kernel_threads(2);
+            let session = Session::with_options(program, &devices, opts).unwrap();
+            let got = call(&session, t.inputs).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.shape(), w.shape(), "case {i} output {j}");
+                if (gelu || (tail && c == 4)) && j == 0 {
+                    for (a, b) in g.to_f64_vec().iter().zip(w.to_f64_vec()) {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                            "case {i}: {a} vs {b}"
+                        );
+                    }
+                } else {
+                    assert_eq!(g.to_f64_vec(), w.to_f64_vec(), "case {i} output {j}");
+                }
+            }
+            let s = session.native_stats();
             assert!(s.dispatches >= 2, "case {i}: {s:?}");
             assert_eq!(s.fallbacks, 0, "case {i}: {s:?}");
         }
