@@ -1045,6 +1045,7 @@ mod glsl {
     pub const FMIN: u32 = 37;
     pub const FMAX: u32 = 40;
     pub const FMA: u32 = 50;
+    pub const LDEXP: u32 = 53;
     pub const FCLAMP: u32 = 43;
 }
 
@@ -1400,8 +1401,60 @@ impl<'a> Emitter<'a> {
     fn and(&mut self, a: Word, b: Word) -> R<Word> {
         build(self.b.logical_and(self.bool, None, a, b))
     }
+    /// The result of `op`, decorated NoContraction: the driver may neither fuse it with
+    /// another operation nor reassociate it.
+    fn exact(&mut self, op: impl FnOnce(&mut Self) -> R<Word>) -> R<Word> {
+        let id = op(self)?;
+        self.b.decorate(id, Decoration::NoContraction, []);
+        Ok(id)
+    }
+
+    /// `e^x`, range-reduced: `x = k ln 2 + r` with an integer `k` and `|r| <= ln 2 / 2`,
+    /// then `Exp(r)` scaled by `2^k` (`Ldexp`). Vulkan lets `Exp` be `3 + 2|x|` ulp off,
+    /// so a plain `Exp` of a large-magnitude argument (a softmax's `x - max` of -20) may be
+    /// 43 ulp off (lavapipe's was 60 ulp off at x = 72); the reduced argument keeps it
+    /// within 3 ulp on lavapipe (tests/gpu.rs).
+    /// `k ln 2` is subtracted in two parts (fdlibm's split of ln 2, whose high part has
+    /// zero low bits). Outside [-104, ln(f32::MAX)] the result
+    /// is 0 or infinity (as f32 `exp` rounds), set by selects: `Ldexp` is undefined where it
+    /// overflows. NaN stays NaN.
     fn exp(&mut self, x: Word) -> R<Word> {
-        self.ext(glsl::EXP, &[x])
+        const LOG2_E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 6.931_457_5e-1; // 0x3f317200
+        const LN2_LO: f32 = 1.428_606_8e-6; // 0x35bfbe8e
+                                            // The largest f32 whose exp is finite, and the point below which exp rounds to 0.
+        const MAX_ARG: f32 = 88.722_83; // 0x42b17217
+        const MIN_ARG: f32 = -104.0;
+        let (lo, hi) = (self.f(MIN_ARG), self.f(MAX_ARG));
+        let xc = self.ext(glsl::FCLAMP, &[x, lo, hi])?;
+        let log2e = self.f(LOG2_E);
+        let scaled = self.mul(xc, log2e)?;
+        let k = self.ext(glsl::ROUND_EVEN, &[scaled])?;
+        // x - k ln2_hi is exact (k has at most 8 bits, ln2_hi 15, and the difference is
+        // smaller than x); every step is marked NoContraction: without it Mesa folded the
+        // two subtractions into x - k (ln2_hi + ln2_lo), which loses the split's point
+        // (40 ulps at x = -87 on lavapipe).
+        let (hi_part, lo_part) = (self.f(LN2_HI), self.f(LN2_LO));
+        let k_hi = self.exact(|e| e.mul(k, hi_part))?;
+        let r = self.exact(|e| e.sub(xc, k_hi))?;
+        let k_lo = self.exact(|e| e.mul(k, lo_part))?;
+        let r = self.exact(|e| e.sub(r, k_lo))?;
+        let y = self.ext(glsl::EXP, &[r])?;
+        let i32t = self.b.type_int(32, 1);
+        let ki = build(self.b.convert_f_to_s(i32t, None, k))?;
+        let (f32, glsl) = (self.f32, self.glsl);
+        let e = build(self.b.ext_inst(
+            f32,
+            None,
+            glsl,
+            glsl::LDEXP,
+            [Arg::IdRef(y), Arg::IdRef(ki)],
+        ))?;
+        let (above, below) = (self.gt(x, hi)?, self.lt(x, lo)?);
+        let (inf, zero) = (self.f(f32::INFINITY), self.f(0.0));
+        let e = self.select(above, inf, e)?;
+        let e = self.select(below, zero, e)?;
+        self.keep_nan(x, e)
     }
     /// `exp(x) - 1`.
     fn expm1(&mut self, x: Word) -> R<Word> {
@@ -2483,9 +2536,10 @@ impl<'a> Emitter<'a> {
             let d = e.sub(x, m)?;
             let y = match log_sum {
                 Some(l) => e.sub(d, l)?,
+                // Correctly rounded: an f16 output's rounding sees the f32 quotient.
                 None => {
                     let ex = e.exp(d)?;
-                    e.div(ex, sum)?
+                    e.div_exact(ex, sum)?
                 }
             };
             let at = at(e, k)?;

@@ -149,15 +149,16 @@ fn cases() -> Vec<Case> {
 }
 
 /// Integer arithmetic in every integer type (computed in 64-bit registers and wrapped):
-/// overflow, zero and -1 divisors, mixed signs, shifts by negative amounts and past the
-/// width. The values are converted to each type by the reference (wrapping or saturating
+/// overflow, zero and -1 divisors, every sign combination (-7 by 3, 7 by -3, -8 by -3, and
+/// -100 by 5, a mixed-sign exact division whose `mod` must stay 0), shifts by negative
+/// amounts and past the width. The values are converted to each type by the reference (wrapping or saturating
 /// the same way for the kernel's input and the reference's).
 fn arithmetic_cases() -> Vec<Case> {
     let a = vec![
-        -128.0, 127.0, -7.0, 7.0, 0.0, -1.0, 5.0, -3.0, 100.0, -100.0, 3.0, 200.0,
+        -128.0, 127.0, -7.0, 7.0, 0.0, -1.0, -8.0, -3.0, 100.0, -100.0, 3.0, 200.0,
     ];
     let b = vec![
-        -1.0, 2.0, 3.0, -3.0, 5.0, 0.0, -1.0, 2.0, 0.0, 7.0, -5.0, 100.0,
+        -1.0, 2.0, 3.0, -3.0, 5.0, 0.0, -3.0, 2.0, 0.0, 5.0, -5.0, 100.0,
     ];
     let shift = vec![
         0.0, 1.0, 7.0, 8.0, 31.0, 32.0, 63.0, 64.0, -1.0, 3.0, 2.0, 100.0,
