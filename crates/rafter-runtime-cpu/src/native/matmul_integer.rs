@@ -3,12 +3,9 @@
 //! input and output layers) and of the com.microsoft `MatMulIntegerToFloat` /
 //! `DynamicQuantizeMatMul` ops, which the importer decomposes into it.
 //!
-//! The product is computed exactly on the f32 GEMM, as [`super::qconv`] computes
-//! `ConvInteger`: `a - a_zp` and `b - b_zp` are integers of magnitude at most 255, a sum of
-//! at most [`EXACT_K`] of their products stays below 2²⁴ and is exact in f32 in any order,
-//! and longer reductions add their exact chunk products in i32. So the result is the
-//! reference's integer product bit for bit, at the speed of the crate's f32 GEMM and its
-//! ISA dispatch. The shifted B (a weight, with a fixed zero point) is computed once and
+//! The product of `a - a_zp` and `b - b_zp` is computed exactly on the f32 GEMM
+//! ([`super::exact_int`], as `ConvInteger` is), so it is the reference's integer product bit
+//! for bit, at the speed of the crate's f32 GEMM and its ISA dispatch. The shifted B (a weight, with a fixed zero point) is computed once and
 //! kept.
 //!
 //! A float tail the compiler fused after it — `cast` to f32, then the scale, bias and
@@ -24,16 +21,15 @@
 //! (batched B, per-row A zero points) go to the reference path.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rafter_ir::{DType, GeluApprox, Graph, Op, UnaryOp};
-use rafter_kernels_cpu::{
-    activation_in_place, sgemm, Activation, BRef, Epilogue, MatMut, MatRef, UnaryFn,
-};
+use rafter_kernels_cpu::{activation_in_place, Activation, UnaryFn};
 
 use super::epilogue::{parse_chain_until, resolve, EpiOp, Resolved};
 
-use super::qconv::{ints, Opnd, View, EXACT_K, Q};
+use super::exact_int::{exact_product, grow, ShiftedWeight};
+use super::qconv::{ints, Opnd, View, Q};
 use super::{input_of, known_dims, In, NativeKernel, Out, Par};
 
 struct MatMulIntegerKernel {
@@ -52,7 +48,7 @@ struct MatMulIntegerKernel {
     par: Par,
     /// `b - b_zp` as f32, by the weight it was computed from (only when B is a program
     /// weight and its zero point fixed).
-    shifted_b: Mutex<Option<(usize, Arc<Vec<f32>>)>>,
+    shifted_b: ShiftedWeight,
 }
 
 /// The kernel for a body that is one `matmul_integer` node.
@@ -115,7 +111,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         a_zp: zp(2)?,
         b_zp: zp(3)?,
         par: par.clone(),
-        shifted_b: Mutex::new(None),
+        shifted_b: ShiftedWeight::default(),
     }))
 }
 
@@ -154,38 +150,16 @@ struct Scratch {
     acc: Vec<i32>,
 }
 
-/// Grows `v` to at least `len` (every element used is written first).
-fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) -> &mut [T] {
-    if v.len() < len {
-        v.resize(len, T::default());
-    }
-    &mut v[..len]
-}
-
 impl MatMulIntegerKernel {
     /// `b[k, n] - b_zp[n]` as f32, cached when B is a weight and its zero point fixed.
     /// `key`: the program weight B is, if one and its zero point is fixed.
     fn shifted_b(&self, b: &View<'_>, zp: &[i32], key: Option<usize>, n: usize) -> Arc<Vec<f32>> {
-        let compute = || {
-            Arc::new(
-                ints(b.dtype, b.bytes)
-                    .enumerate()
-                    .map(|(i, v)| (v - zp[(i % n) % zp.len()]) as f32)
-                    .collect::<Vec<f32>>(),
-            )
-        };
-        let Some(key) = key else {
-            return compute();
-        };
-        let mut cached = self.shifted_b.lock().unwrap_or_else(|e| e.into_inner());
-        match &*cached {
-            Some((k, v)) if *k == key => v.clone(),
-            _ => {
-                let v = compute();
-                *cached = Some((key, v.clone()));
-                v
-            }
-        }
+        self.shifted_b.get(key, || {
+            ints(b.dtype, b.bytes)
+                .enumerate()
+                .map(|(i, v)| (v - zp[(i % n) % zp.len()]) as f32)
+                .collect()
+        })
     }
 }
 
@@ -273,7 +247,7 @@ impl NativeKernel for MatMulIntegerKernel {
 }
 
 impl MatMulIntegerKernel {
-    /// `y[m, n] = Σ_k (a[m, k] - a_zp) · bf[k, n]` exactly, in chunks of [`EXACT_K`],
+    /// `y[m, n] = Σ_k (a[m, k] - a_zp) · bf[k, n]` exactly ([`exact_product`]),
     /// written as i32, or through the f32 `tail`.
     #[allow(clippy::too_many_arguments)]
     fn compute(
@@ -292,38 +266,8 @@ impl MatMulIntegerKernel {
         for (d, v) in af.iter_mut().zip(ints(a.dtype, a.bytes())) {
             *d = (v - a_zp) as f32;
         }
-        let prod = grow(prod, m * n);
-        if k == 0 {
-            prod.fill(0.0);
-        }
-        let chunks = k.div_ceil(EXACT_K).max(1);
-        let acc = grow(acc, if chunks > 1 { m * n } else { 0 });
-        for ci in 0..chunks * usize::from(k > 0) {
-            let (k0, k1) = (ci * EXACT_K, ((ci + 1) * EXACT_K).min(k));
-            let am = MatRef::row_major(&af[k0..], m, k1 - k0, k).map_err(err)?;
-            let bm = MatRef::row_major(&bf[k0 * n..k1 * n], k1 - k0, n, n).map_err(err)?;
-            let cm = MatMut::row_major(prod, m, n, n).map_err(err)?;
-            sgemm(
-                1.0,
-                am,
-                BRef::Mat(bm),
-                0.0,
-                cm,
-                &Epilogue::none(),
-                &*self.par,
-            )
-            .map_err(err)?;
-            if chunks > 1 {
-                for (s, &v) in acc.iter_mut().zip(prod.iter()) {
-                    *s = if ci == 0 {
-                        v as i32
-                    } else {
-                        s.wrapping_add(v as i32)
-                    };
-                }
-            }
-        }
-        let exact = |i: usize| if chunks > 1 { acc[i] } else { prod[i] as i32 };
+        let product = exact_product(af, k, bf, [m, k, n], prod, acc, &*self.par).map_err(err)?;
+        let exact = |i: usize| product.get(i);
         match tail {
             None => {
                 for (i, d) in y.chunks_exact_mut(4).enumerate() {

@@ -39,6 +39,7 @@ mod conv;
 mod conv_nhwc;
 mod elementwise;
 mod epilogue;
+mod exact_int;
 mod llm;
 mod matmul;
 mod matmul_integer;

@@ -1,15 +1,10 @@
 //! Quantized 2-D convolution (NCHW): ONNX `QLinearConv` (u8/i8 in, u8/i8 out) and
 //! `ConvInteger` (u8/i8 in, i32 out), on borrowed operands.
 //!
-//! The integer product is computed exactly on the f32 GEMM path ([`sgemm`]): the operands
-//! shifted by their zero points, `x - x_zp` and `w - w_zp`, are integers of magnitude at
-//! most 255, so every product is an integer of magnitude at most 255² = 65,025, and a sum
-//! of at most [`EXACT_K`] = 256 of them stays below 2²⁴ = 16,777,216 in magnitude (256 ·
-//! 65,025 = 16,646,400): every partial sum, in any order, with or without FMA, is an
-//! integer f32 represents exactly. Longer reductions run in chunks of 256 rows of the
-//! im2col whose exact partial products are added in i32. So the result is the integer
-//! convolution bit for bit, at the speed of the crate's tuned f32 GEMM (and its ISA
-//! dispatch: AVX-512, AVX2, NEON, scalar) instead of a reference-style integer loop.
+//! The integer product of the operands shifted by their zero points, `x - x_zp` and
+//! `w - w_zp`, is computed exactly on the f32 GEMM over the im2col
+//! ([`super::exact_int`]): the integer convolution bit for bit, at the speed of the crate's
+//! tuned f32 GEMM and its ISA dispatch instead of a reference-style integer loop.
 //!
 //! Padding: ONNX pads the quantized input with its zero point (the real value 0), which
 //! is 0 once shifted, so the f32 im2col's zero padding is right as it is.
@@ -22,16 +17,13 @@
 //! included), pads, strides, dilations and auto_pad as the f32 convolution has them.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rafter_ir::{AutoPad, DType, Graph, Op, ValueId};
-use rafter_kernels_cpu::{sgemm, BRef, Epilogue, MatMut, MatRef};
 
 use super::conv::{geometry, im2col, Geom};
+use super::exact_int::{exact_product, grow, ShiftedWeight};
 use super::{input_of, In, NativeKernel, Out, Par};
-
-/// The longest reduction summed exactly in f32 (see the module docs).
-pub(super) const EXACT_K: usize = 256;
 
 /// What the kernel computes after the integer product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +104,7 @@ struct QConvKernel {
     par: Par,
     /// The shifted weights `w - w_zp` as f32, by the weight they were computed from (only
     /// cached when the zero point is a constant or a weight, fixed for the program).
-    shifted_w: Mutex<Option<(usize, Arc<Vec<f32>>)>>,
+    shifted_w: ShiftedWeight,
 }
 
 pub(super) const Q: &[DType] = &[DType::U8, DType::I8];
@@ -212,7 +204,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         group: *group,
         auto_pad: *auto_pad,
         par: par.clone(),
-        shifted_w: Mutex::new(None),
+        shifted_w: ShiftedWeight::default(),
     }))
 }
 
@@ -262,14 +254,6 @@ struct Scratch {
     cols: Vec<f32>,
     prod: Vec<f32>,
     acc: Vec<i32>,
-}
-
-/// Grows `v` to at least `len` (never shrinks: every element used is written first).
-fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) -> &mut [T] {
-    if v.len() < len {
-        v.resize(len, T::default());
-    }
-    &mut v[..len]
 }
 
 /// What the requantizing epilogue needs, per output channel.
@@ -326,27 +310,13 @@ impl QConvKernel {
         zp_fixed: bool,
         m: usize,
     ) -> Arc<Vec<f32>> {
-        let compute = || {
-            let k = w.bytes.len() / m.max(1);
-            Arc::new(
-                ints(w.dtype, w.bytes)
-                    .enumerate()
-                    .map(|(i, v)| (v - w_zp[(i / k.max(1)) % w_zp.len()]) as f32)
-                    .collect::<Vec<f32>>(),
-            )
-        };
-        let Some(key) = w.weight.filter(|_| zp_fixed) else {
-            return compute();
-        };
-        let mut cached = self.shifted_w.lock().unwrap_or_else(|e| e.into_inner());
-        match &*cached {
-            Some((k, v)) if *k == key => v.clone(),
-            _ => {
-                let v = compute();
-                *cached = Some((key, v.clone()));
-                v
-            }
-        }
+        let k = w.bytes.len() / m.max(1);
+        self.shifted_w.get(w.weight.filter(|_| zp_fixed), || {
+            ints(w.dtype, w.bytes)
+                .enumerate()
+                .map(|(i, v)| (v - w_zp[(i / k.max(1)) % w_zp.len()]) as f32)
+                .collect()
+        })
     }
 
     /// The requantization of `QLinearConv` for `m` output channels, `None` for shapes the
@@ -540,9 +510,6 @@ impl QConvKernel {
         }
         let direct =
             kh == 1 && kw == 1 && geo.s == [1, 1] && geo.pb == [0, 0] && [oh, ow] == [h, wd];
-        let prod = grow(prod, mg * p);
-        let chunks = kc.div_ceil(EXACT_K).max(1);
-        let acc = grow(acc, if chunks > 1 { mg * p } else { 0 });
         for img in 0..n {
             for gi in 0..g {
                 let x0 = (img * c + gi * cg) * h * wd;
@@ -555,48 +522,20 @@ impl QConvKernel {
                     cols
                 };
                 let a_all = &wf[gi * mg * kc..(gi + 1) * mg * kc];
-                for ci in 0..chunks {
-                    let (k0, k1) = (ci * EXACT_K, ((ci + 1) * EXACT_K).min(kc));
-                    let kn = k1 - k0;
-                    let a = MatRef::row_major(&a_all[k0..], mg, kn, kc).map_err(err)?;
-                    let b = MatRef::row_major(&b_all[k0 * p..k1 * p], kn, p, p).map_err(err)?;
-                    let cm = MatMut::row_major(prod, mg, p, p).map_err(err)?;
-                    sgemm(1.0, a, BRef::Mat(b), 0.0, cm, &Epilogue::none(), &*self.par)
-                        .map_err(err)?;
-                    if chunks > 1 {
-                        for (a, &v) in acc.iter_mut().zip(prod.iter()) {
-                            *a = if ci == 0 {
-                                v as i32
-                            } else {
-                                a.wrapping_add(v as i32)
-                            };
-                        }
-                    }
-                }
+                let product = exact_product(a_all, kc, b_all, [mg, kc, p], prod, acc, &*self.par)
+                    .map_err(err)?;
                 let y0 = (img * m + gi * mg) * p;
-                let exact = |i: usize| -> i32 {
-                    if chunks > 1 {
-                        acc[i]
-                    } else {
-                        prod[i] as i32
-                    }
-                };
                 match requant {
                     Some(r) => {
                         let yg = &mut y[y0..y0 + mg * p];
                         for (mi, row) in yg.chunks_exact_mut(p).enumerate() {
-                            let ch = gi * mg + mi;
-                            if chunks > 1 {
-                                r.row(acc[mi * p..][..p].iter().copied(), ch, row);
-                            } else {
-                                r.row(prod[mi * p..][..p].iter().map(|&v| v as i32), ch, row);
-                            }
+                            r.row(product.run(mi * p, p), gi * mg + mi, row);
                         }
                     }
                     None => {
                         let yg = &mut y[y0 * 4..(y0 + mg * p) * 4];
                         for (i, v) in yg.chunks_exact_mut(4).enumerate() {
-                            v.copy_from_slice(&exact(i).to_le_bytes());
+                            v.copy_from_slice(&product.get(i).to_le_bytes());
                         }
                     }
                 }
