@@ -1338,10 +1338,10 @@ impl<'a> Emitter<'a> {
     /// `Reciprocal` and the quotient a quantization rounds. Vulkan lets
     /// `OpFDiv` be 2.5 ulp off, and NVIDIA's is: a quotient that should land exactly on a
     /// .5 tie (25.5 in ONNX's `test_dynamicquantizelinear_expanded`) came out just below it
-    /// and rounded to 25, not 26. One correction step with the exact residual
-    /// `r = a - q * b` (a fused multiply-add) lands on the correctly rounded quotient; where
-    /// the steps cannot help (a zero, infinite or NaN quotient or residual, b = 0) the
-    /// driver's quotient stays, which keeps infinities, NaNs and signed zeros as they were.
+    /// and rounded to 25, not 26. Residual corrections with the exact residual
+    /// `r = a - q * b` (a fused multiply-add) land on the correctly rounded quotient; where
+    /// they cannot help (a zero, infinite or NaN quotient or residual, b = 0) the driver's
+    /// quotient stays, which keeps infinities, NaNs and signed zeros as they were.
     fn div_exact(&mut self, a: Word, b: Word) -> R<Word> {
         let f32 = self.f32;
         let q = build(self.b.f_div(f32, None, a, b))?;
@@ -1366,18 +1366,16 @@ impl<'a> Emitter<'a> {
         let exact = build(self.b.f_ord_equal(bool_ty, None, r, zero))?;
         let corrected = build(self.b.select(f32, None, exact, q1, corrected))?;
         // Where the steps cannot help (b = 0, infinities, NaN: a NaN or infinite result or
-        // residual), the driver's quotient stays.
-        let mut keep = build(self.b.is_nan(bool_ty, None, corrected))?;
-        for v in [corrected, r] {
+        // residual, an infinite or zero quotient), the driver's quotient stays.
+        let mut keep = build(self.b.f_ord_equal(bool_ty, None, q, zero))?;
+        for (v, nan) in [(corrected, true), (r, true), (q, false)] {
             let inf = build(self.b.is_inf(bool_ty, None, v))?;
             keep = build(self.b.logical_or(bool_ty, None, keep, inf))?;
+            if nan {
+                let is_nan = build(self.b.is_nan(bool_ty, None, v))?;
+                keep = build(self.b.logical_or(bool_ty, None, keep, is_nan))?;
+            }
         }
-        let r_nan = build(self.b.is_nan(bool_ty, None, r))?;
-        let keep = build(self.b.logical_or(bool_ty, None, keep, r_nan))?;
-        let q_special = build(self.b.is_inf(bool_ty, None, q))?;
-        let keep = build(self.b.logical_or(bool_ty, None, keep, q_special))?;
-        let q_zero = build(self.b.f_ord_equal(bool_ty, None, q, zero))?;
-        let keep = build(self.b.logical_or(bool_ty, None, keep, q_zero))?;
         build(self.b.select(f32, None, keep, q, corrected))
     }
     fn lt(&mut self, a: Word, b: Word) -> R<Word> {
