@@ -65,6 +65,9 @@ CHAT = [
     {"role": "system", "content": "You are a concise assistant."},
     {"role": "user", "content": "Name three primary colours, then greet me in Japanese: こんにちは 👋"},
 ]
+# Llama 3's template prints today's date (`strftime_now`) unless `date_string` is given: the
+# references pin the date they were made on, so the committed chat ids hold on any day.
+CHAT_DATE = "28 Nov 2026"
 # The tokenizer check: CJK, emoji, code, whitespace runs, accents.
 MULTILINGUAL = ("Hello, world! 你好，世界。こんにちは 🌍🚀 — naïve café, Ünïcödé.\n"
                 "def f(x):\n    return x ** 2  # squares\n\n\t  tabs\tand   spaces   \n"
@@ -204,11 +207,12 @@ def make_prompts(arch: A.Arch, tok) -> dict:
             raise SystemExit(f"gen_llm_fixtures: {arch.name}: prompt {name!r} has {len(ids)} < {n} tokens")
         ids = ids[:n]
         prompts[name] = {"ids": ids, "text": tok.decode(ids), "source_text": text}
-    ids = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    ids = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, date_string=CHAT_DATE)
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     prompts["chat"] = {"ids": list(ids), "text": tok.decode(ids), "messages": CHAT,
-                       "rendered": tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)}
+                       "rendered": tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False,
+                                                         date_string=CHAT_DATE)}
     return prompts
 
 
