@@ -28,7 +28,7 @@ mod stop;
 mod stream;
 mod tokenizer;
 
-pub use chat::{ChatRequest, ChatTemplate, Clock, Message};
+pub use chat::{ChatRequest, ChatTemplate, Clock, Message, MAX_PROMPT_BYTES, TEMPLATE_FUEL};
 pub use error::{Error, Result};
 pub use generate::{generate, FinishReason, GenerateParams, Generation, LogitsModel, Timings};
 pub use gguf_vocab::{token_type, GgufVocab};
