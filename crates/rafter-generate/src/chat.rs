@@ -84,6 +84,40 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// Template instructions one render may run (minijinja's fuel). A template that loops
+/// (nested `range`s) fails after this many, in well under a second, instead of running for
+/// hours; the real templates of tests/data/chat_templates.json (Qwen 2.5 and 3, Llama 3.1
+/// and 3.2, Gemma 2, Phi 3.5, SmolLM3) render 16,000-message conversations (about 1 MB of
+/// prompt, measured 2026-11-28) within it.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// The longest prompt a template may render: far past any model's context (a million tokens
+/// of about four bytes), short of exhausting memory on a template that repeats text.
+pub const MAX_PROMPT_BYTES: usize = 16 << 20;
+
+/// A writer that refuses bytes past [`MAX_PROMPT_BYTES`] and remembers that it did (the
+/// template engine reports only that a write failed).
+#[derive(Default)]
+struct CappedWriter {
+    out: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > MAX_PROMPT_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("prompt too long"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn template_error(e: minijinja::Error) -> Error {
     // `{:#}` adds the template line the error comes from.
     Error::Template(format!("{e:#}"))
@@ -103,6 +137,7 @@ impl ChatTemplate {
         clock: Clock,
     ) -> Result<Self> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
                 .trim_blocks(true)
@@ -169,8 +204,16 @@ impl ChatTemplate {
             .env
             .get_template("chat_template")
             .map_err(template_error)?;
-        tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
-            .map_err(template_error)
+        let mut w = CappedWriter::default();
+        let rendered = tmpl.render_captured_to(Value::from(minijinja::value::Serde(&ctx)), &mut w);
+        if w.overflowed {
+            return Err(Error::Template(format!(
+                "the rendered prompt passes {MAX_PROMPT_BYTES} bytes (does the template repeat without end?)"
+            )));
+        }
+        rendered.map_err(template_error)?;
+        String::from_utf8(w.out)
+            .map_err(|e| Error::Template(format!("the rendered prompt is not UTF-8: {e}")))
     }
 }
 
@@ -196,6 +239,10 @@ fn alias_reasoning(m: &Json) -> Json {
     Json::Object(out)
 }
 
+/// The widest `tojson(indent=...)`: templates use 2 or 4; a huge one would allocate that
+/// many spaces per line.
+const MAX_INDENT: i64 = 1024;
+
 /// `x | tojson(indent=..., separators=..., sort_keys=..., ensure_ascii=...)` as
 /// Python's json.dumps.
 fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
@@ -204,6 +251,12 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja:
     let mut opts = DumpOptions::default();
     if let Some(ind) = kwargs.get::<Option<Value>>("indent")? {
         if let Some(n) = ind.as_i64() {
+            if n > MAX_INDENT {
+                return Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: indent={n} is past {MAX_INDENT}"),
+                ));
+            }
             opts.indent = Some(" ".repeat(n.max(0) as usize));
         } else if let Some(s) = ind.as_str() {
             opts.indent = Some(s.to_string());

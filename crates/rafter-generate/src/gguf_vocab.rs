@@ -26,7 +26,10 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper};
 
+use rafter_gguf::{GgufError, GgufFile};
+
 use crate::error::{Error, Result};
+use crate::hf_json::{check_merge, MAX_TOKEN_ID};
 use crate::pretokenize::pre_tokenizer_spec;
 
 /// llama.cpp's token types (`tokenizer.ggml.token_type`, gguf-py's `TokenType`).
@@ -106,6 +109,54 @@ pub(crate) const EOG_TEXTS: &[&str] = &[
 ];
 
 impl GgufVocab {
+    /// Reads every `tokenizer.ggml.*` key the struct holds (and `tokenizer.chat_template`);
+    /// errors name the file and the key whose value has the wrong type. A file without
+    /// `tokenizer.ggml.model` has no tokenizer: `Ok(None)`. Whether the arrays agree is
+    /// checked when the tokenizer is built ([`GgufVocab::build_tokenizer`]).
+    pub fn from_gguf(f: &GgufFile) -> std::result::Result<Option<GgufVocab>, GgufError> {
+        let k = |s: &str| format!("tokenizer.ggml.{s}");
+        let Some(model) = f.get_opt::<&str>(&k("model"))? else {
+            return Ok(None);
+        };
+        let strings = |s: &str| -> std::result::Result<Vec<String>, GgufError> {
+            Ok(f.get_string_array(&k(s))?
+                .iter()
+                .map(str::to_string)
+                .collect())
+        };
+        let opt_u32 = |s: &str| f.get_opt::<u32>(&k(s));
+        let opt_bool = |s: &str| f.get_opt::<bool>(&k(s));
+        Ok(Some(GgufVocab {
+            model: model.to_string(),
+            pre: f.get_opt::<&str>(&k("pre"))?.map(str::to_string),
+            tokens: strings("tokens")?,
+            token_type: match f.get(&k("token_type")) {
+                Some(_) => Some(f.get_i32_array(&k("token_type"))?.to_vec()),
+                None => None,
+            },
+            scores: match f.get(&k("scores")) {
+                Some(_) => Some(f.get_f32_array(&k("scores"))?.to_vec()),
+                None => None,
+            },
+            merges: match f.get(&k("merges")) {
+                Some(_) => Some(strings("merges")?),
+                None => None,
+            },
+            bos_token_id: opt_u32("bos_token_id")?,
+            eos_token_id: opt_u32("eos_token_id")?,
+            unknown_token_id: opt_u32("unknown_token_id")?,
+            padding_token_id: opt_u32("padding_token_id")?,
+            eot_token_id: opt_u32("eot_token_id")?,
+            eom_token_id: opt_u32("eom_token_id")?,
+            add_bos_token: opt_bool("add_bos_token")?,
+            add_eos_token: opt_bool("add_eos_token")?,
+            add_space_prefix: opt_bool("add_space_prefix")?,
+            chat_template: f
+                .get_opt::<&str>("tokenizer.chat_template")?
+                .map(str::to_string),
+        }))
+    }
+
     pub(crate) fn kind(&self) -> Result<VocabKind> {
         match self.model.as_str() {
             "gpt2" => Ok(VocabKind::ByteLevelBpe),
@@ -152,6 +203,11 @@ impl GgufVocab {
         let n = self.tokens.len();
         if n == 0 {
             return Err(Error::Vocab("tokenizer.ggml.tokens is empty".into()));
+        }
+        if n > MAX_TOKEN_ID as usize {
+            return Err(Error::Vocab(format!(
+                "tokenizer.ggml.tokens has {n} entries; ids must be below {MAX_TOKEN_ID}"
+            )));
         }
         if let Some(t) = &self.token_type {
             if t.len() != n {
@@ -231,11 +287,15 @@ impl GgufVocab {
             .iter()
             .enumerate()
             .map(|(i, m)| {
-                split_merge(m).ok_or_else(|| {
+                let (left, right) = split_merge(m).ok_or_else(|| {
                     Error::Vocab(format!(
                         "tokenizer.ggml.merges[{i}] = {m:?} is not \"left right\""
                     ))
-                })
+                })?;
+                // The tokenizers crate panics on a merge whose result is no token.
+                check_merge(&left, &right, |t| vocab.contains_key(t), "")
+                    .map_err(|e| Error::Vocab(format!("tokenizer.ggml.merges[{i}]: {e}")))?;
+                Ok((left, right))
             })
             .collect::<Result<Vec<_>>>()?;
         let bpe = BPE::builder()

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use rafter_gguf::GgufFile;
 use serde_json::Value;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
@@ -14,6 +15,7 @@ use tokenizers::DecoderWrapper;
 
 use crate::error::{Error, Result};
 use crate::gguf_vocab::{GgufVocab, EOG_TEXTS};
+use crate::hf_json::{parse_tokenizer_json, MAX_TOKEN_ID};
 use crate::stream::StreamDecoder;
 
 /// A tokenizer and what generation needs to know about its special tokens.
@@ -58,20 +60,6 @@ pub(crate) fn spm_decoder(strip_first_space: bool) -> DecoderWrapper {
     DecSequence::new(parts).into()
 }
 
-fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn read_json(path: &Path) -> Result<Value> {
-    serde_json::from_str(&read(path)?).map_err(|e| Error::BadJson {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
-}
-
 /// A special token as tokenizer_config.json writes it: a string or `{"content": ...}`.
 fn token_text(v: &Value) -> Option<&str> {
     match v {
@@ -102,15 +90,21 @@ fn config_template(v: &Value, path: &Path) -> Result<Option<String>> {
     }
 }
 
-fn ids_of(v: Option<&Value>) -> Vec<u32> {
+/// generation_config.json's `eos_token_id`: an id or a list of ids (absent or null: none).
+fn ids_of(v: Option<&Value>, path: &Path) -> Result<Vec<u32>> {
+    let one = |v: &Value| {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n < MAX_TOKEN_ID)
+            .ok_or_else(|| Error::BadJson {
+                path: path.to_path_buf(),
+                message: format!("eos_token_id holds {v}, which is not a token id"),
+            })
+    };
     match v {
-        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|n| n.as_u64())
-            .map(|n| n as u32)
-            .collect(),
-        _ => Vec::new(),
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a.iter().map(one).collect(),
+        Some(v) => Ok(vec![one(v)?]),
     }
 }
 
@@ -170,26 +164,79 @@ fn apply_bos_eos_flags(
     Ok(())
 }
 
+/// The files of a Hugging Face tokenizer, already read (see [`Tokenizer::from_hf_files`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HfTokenizerFiles<'a> {
+    /// The folder the files come from: errors name `dir/tokenizer.json` and so on.
+    pub dir: &'a Path,
+    /// `tokenizer.json`.
+    pub tokenizer_json: &'a [u8],
+    /// `tokenizer_config.json` (BOS/EOS, their flags, the chat template).
+    pub tokenizer_config: Option<&'a [u8]>,
+    /// `chat_template.jinja` (the template as newer transformers saves it; preferred).
+    pub chat_template: Option<&'a [u8]>,
+    /// `generation_config.json` (EOS ids).
+    pub generation_config: Option<&'a [u8]>,
+}
+
+fn utf8<'a>(bytes: &'a [u8], path: &Path) -> Result<&'a str> {
+    std::str::from_utf8(bytes).map_err(|e| Error::BadJson {
+        path: path.to_path_buf(),
+        message: format!("not UTF-8 text: {e}"),
+    })
+}
+
+fn parse_json(bytes: &[u8], path: &Path) -> Result<Value> {
+    serde_json::from_str(utf8(bytes, path)?).map_err(|e| Error::BadJson {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn read_opt(path: &Path) -> Result<Option<Vec<u8>>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    std::fs::read(path).map(Some).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 impl Tokenizer {
     /// Loads a Hugging Face model folder: `tokenizer.json` (required), and when present
     /// `tokenizer_config.json` (BOS/EOS, chat template), `chat_template.jinja` (the template
     /// as newer transformers saves it, preferred) and `generation_config.json` (EOS ids).
     pub fn from_hf_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        let file = dir.join("tokenizer.json");
-        if !file.is_file() {
+        let Some(tokenizer_json) = read_opt(&dir.join("tokenizer.json"))? else {
             return Err(Error::Missing {
                 path: dir.to_path_buf(),
                 what: "tokenizer.json (the Hugging Face tokenizer)".into(),
             });
-        }
-        let mut inner = tokenizers::Tokenizer::from_file(&file)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", file.display())))?;
+        };
+        let config = read_opt(&dir.join("tokenizer_config.json"))?;
+        let jinja = read_opt(&dir.join("chat_template.jinja"))?;
+        let generation = read_opt(&dir.join("generation_config.json"))?;
+        Self::from_hf_files(HfTokenizerFiles {
+            dir,
+            tokenizer_json: &tokenizer_json,
+            tokenizer_config: config.as_deref(),
+            chat_template: jinja.as_deref(),
+            generation_config: generation.as_deref(),
+        })
+    }
+
+    /// [`Tokenizer::from_hf_dir`] on files already read. Errors name the file and field.
+    pub fn from_hf_files(files: HfTokenizerFiles<'_>) -> Result<Self> {
+        let dir = files.dir;
+        let file = dir.join("tokenizer.json");
+        let text = utf8(files.tokenizer_json, &file)?;
+        let mut inner = parse_tokenizer_json(text, &file.display().to_string())?;
         let config_path = dir.join("tokenizer_config.json");
-        let config = if config_path.is_file() {
-            read_json(&config_path)?
-        } else {
-            Value::Null
+        let config = match files.tokenizer_config {
+            Some(bytes) => parse_json(bytes, &config_path)?,
+            None => Value::Null,
         };
         let id = |key: &str| {
             config
@@ -207,19 +254,18 @@ impl Tokenizer {
             flag("add_bos_token"),
             flag("add_eos_token"),
         )?;
-        let jinja = dir.join("chat_template.jinja");
-        let chat_template = if jinja.is_file() {
-            Some(read(&jinja)?)
-        } else {
-            config_template(
+        let chat_template = match files.chat_template {
+            Some(bytes) => Some(utf8(bytes, &dir.join("chat_template.jinja"))?.to_string()),
+            None => config_template(
                 config.get("chat_template").unwrap_or(&Value::Null),
                 &config_path,
-            )?
+            )?,
         };
-        let gen_path = dir.join("generation_config.json");
         let mut stop_ids: Vec<u32> = eos.into_iter().collect();
-        if gen_path.is_file() {
-            stop_ids.extend(ids_of(read_json(&gen_path)?.get("eos_token_id")));
+        if let Some(bytes) = files.generation_config {
+            let gen_path = dir.join("generation_config.json");
+            let gen = parse_json(bytes, &gen_path)?;
+            stop_ids.extend(ids_of(gen.get("eos_token_id"), &gen_path)?);
         }
         stop_ids.sort_unstable();
         stop_ids.dedup();
@@ -257,6 +303,21 @@ impl Tokenizer {
         })
     }
 
+    /// The tokenizer embedded in a GGUF file (`tokenizer.ggml.*`, see
+    /// [`GgufVocab::from_gguf`]); `Ok(None)` when the file has none. Errors name the file.
+    pub fn from_gguf(f: &GgufFile) -> Result<Option<Self>> {
+        let Some(vocab) = GgufVocab::from_gguf(f).map_err(|e| Error::Vocab(e.to_string()))? else {
+            return Ok(None);
+        };
+        Self::from_gguf_vocab(&vocab)
+            .map(Some)
+            .map_err(|e| match e {
+                Error::Vocab(m) => Error::Vocab(format!("{}: {m}", f.name())),
+                Error::Tokenizer(m) => Error::Tokenizer(format!("{}: {m}", f.name())),
+                other => other,
+            })
+    }
+
     /// The whole tokenizer as one JSON document (the `tokenizers` model, special ids, stop
     /// ids, chat template), for storing it with a compiled model; [`Tokenizer::from_json`]
     /// reads it back.
@@ -282,7 +343,7 @@ impl Tokenizer {
         let inner = doc["tokenizer"]
             .as_str()
             .ok_or_else(|| bad("no `tokenizer` string".into()))?;
-        let inner: tokenizers::Tokenizer = inner.parse().map_err(|e| bad(format!("{e}")))?;
+        let inner = parse_tokenizer_json(inner, "stored tokenizer")?;
         let id = |k: &str| -> Result<Option<u32>> {
             match &doc[k] {
                 Value::Null => Ok(None),

@@ -6,8 +6,9 @@
 use bytes::Bytes;
 use rafter_import::import_onnx_bytes;
 use rafter_onnx_proto::{
-    AttributeProto, GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    ValueInfoProto,
+    tensor_shape_proto::{dimension, Dimension},
+    type_proto, AttributeProto, GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 
 const FLOAT: i32 = 1;
@@ -163,4 +164,67 @@ fn a_node_reading_an_undefined_value_names_it() {
     g.node[0].input = vec!["nowhere".into()];
     let e = import_err(model(g).encode_to_vec());
     assert!(e.contains("nowhere"), "{e}");
+}
+
+/// A graph input of element type `elem` and known `dims`.
+fn typed_input(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|&d| Dimension {
+            value: Some(dimension::Value::DimValue(d)),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: elem,
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Found by `fuzz/run_all.sh` (import_onnx, 2026-11-28): a Reshape whose shape operand
+/// claims 2^40 elements made inference allocate 2^40 symbolic dims (an abort, not an
+/// error). The same holds for every rank read from an operand's length.
+#[test]
+fn a_rank_read_from_a_huge_operand_length_is_refused() {
+    const INT64: i32 = 7;
+    for (op, second) in [
+        ("Reshape", "shape"),
+        ("Unsqueeze", "axes"),
+        ("ConstantOfShape", ""),
+    ] {
+        let inputs = if second.is_empty() {
+            vec!["s".to_string()]
+        } else {
+            vec!["x".to_string(), "s".to_string()]
+        };
+        let g = GraphProto {
+            name: "g".into(),
+            node: vec![NodeProto {
+                op_type: op.into(),
+                name: "n".into(),
+                input: inputs,
+                output: vec!["y".into()],
+                ..Default::default()
+            }],
+            input: vec![
+                typed_input("x", FLOAT, &[4]),
+                typed_input("s", INT64, &[1 << 40]),
+            ],
+            output: vec![ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let e = import_err(model(g).encode_to_vec());
+        assert!(e.contains("1099511627776"), "{op}: {e}");
+        assert!(e.contains("rank"), "{op}: {e}");
+    }
 }

@@ -921,3 +921,21 @@ fn value_definitions_round_trip() {
     let e = parse_program_inline(&src("target")).unwrap_err();
     assert!(e.to_string().contains("values of `target`"), "{e}");
 }
+
+/// The `read_ir_text` fuzz target's program seeds: the printed [`every_feature`] program
+/// and the KV-cache step. `cargo test -p rafter-ir --test program_text -- --ignored`
+/// rewrites them; `tests/fuzz_seeds.rs` checks every seed still parses.
+#[test]
+#[ignore = "rewrites fuzz/seeds/read_ir_text/program_*.txt"]
+fn write_fuzz_seeds() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/read_ir_text");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("program_every_feature.txt"),
+        round_trip(&every_feature()),
+    )
+    .unwrap();
+    let kv = parse_program_inline(KV_STEP).unwrap();
+    std::fs::write(dir.join("program_kv_step.txt"), round_trip(&kv)).unwrap();
+}

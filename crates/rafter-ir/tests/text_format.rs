@@ -1326,3 +1326,15 @@ fn every_op_round_trips() {
         }
     }
 }
+
+/// The `read_ir_text` fuzz target's graph seed: the printed [`full_graph`] (every op kind,
+/// dtype and control flow). `cargo test -p rafter-ir --test text_format -- --ignored`
+/// rewrites it; `tests/fuzz_seeds.rs` checks every seed still parses.
+#[test]
+#[ignore = "rewrites fuzz/seeds/read_ir_text/graph_full.txt"]
+fn write_fuzz_seed() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/read_ir_text");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("graph_full.txt"), round_trip(&full_graph())).unwrap();
+}

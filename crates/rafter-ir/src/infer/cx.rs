@@ -299,8 +299,29 @@ pub(super) fn op_axes(cx: &Cx<'_, '_, '_>, attr: &[i64], i: usize) -> Result<OpA
     }
     Ok(match t.dims[0].as_known() {
         Some(0) => OpAxes::Known(vec![]),
-        len => OpAxes::RunTime(len.map(|l| l as usize)),
+        Some(l) => {
+            let l = usize::try_from(l).map_err(|_| format!("axes (operand {i}) has length {l}"))?;
+            check_inferred_rank(l, &format!("axes (operand {i})"))?;
+            OpAxes::RunTime(Some(l))
+        }
+        None => OpAxes::RunTime(None),
     })
+}
+
+/// The most dims a result whose rank is read from an operand's length (Reshape's shape,
+/// Unsqueeze's axes, ConstantOfShape's shape) may have. No real model comes near it; a
+/// hostile length would otherwise make inference allocate that many symbols.
+pub(super) const MAX_INFERRED_RANK: usize = 256;
+
+/// Refuses a rank, read from `what`'s length, above [`MAX_INFERRED_RANK`].
+pub(super) fn check_inferred_rank(len: usize, what: &str) -> Result<(), String> {
+    if len > MAX_INFERRED_RANK {
+        return Err(format!(
+            "{what} has length {len}, which would give a result of rank {len}; \
+             at most {MAX_INFERRED_RANK} is supported"
+        ));
+    }
+    Ok(())
 }
 
 /// The element count when every dim is known (checked).

@@ -3,8 +3,8 @@
 
 use super::arith;
 use super::cx::{
-    axes, axis, broadcast_values, ck, elem_count, op_axes, prod, valued, Cx, OpAxes, Res, BIG,
-    MAX_SYM, R,
+    axes, axis, broadcast_values, check_inferred_rank, ck, elem_count, op_axes, prod, valued, Cx,
+    OpAxes, Res, BIG, MAX_SYM, R,
 };
 use super::RUNTIME_AXES_RANK;
 use crate::{DType, Dim, Scalar, TensorType};
@@ -22,9 +22,10 @@ pub(super) fn int_vector<'i>(
     Ok(t)
 }
 
-/// The length of a 1-D operand, which must be known (it decides a rank).
+/// The length of a 1-D operand, which must be known (it decides a rank) and at most
+/// `MAX_INFERRED_RANK`.
 pub(super) fn known_len(t: &TensorType, i: usize, what: &str) -> Result<usize, String> {
-    t.dims[0]
+    let len = t.dims[0]
         .as_known()
         .and_then(|v| usize::try_from(v).ok())
         .ok_or_else(|| {
@@ -32,7 +33,9 @@ pub(super) fn known_len(t: &TensorType, i: usize, what: &str) -> Result<usize, S
                 "{what} (operand {i}) has unknown length {}, so the result rank is unknown",
                 t.dims[0]
             )
-        })
+        })?;
+    check_inferred_rank(len, &format!("{what} (operand {i})"))?;
+    Ok(len)
 }
 
 fn no_negative(vals: &[Dim], what: &str) -> Result<(), String> {

@@ -1,0 +1,224 @@
+//! Reading a `tokenizer.json` (Hugging Face's format) into a `tokenizers::Tokenizer`, after
+//! checks that turn what the `tokenizers` crate would accept silently or panic on into errors
+//! that name the file and the field.
+//!
+//! The crate (0.23) panics on a BPE merge whose two sides are in the vocabulary but whose
+//! concatenation is longer than every vocabulary entry (it slices a buffer sized by the
+//! longest entry before looking the result up), and on a merge whose right side does not
+//! start with `continuing_subword_prefix`. It accepts ids of any size and two tokens with
+//! one id, which leave the model's embedding rows and the decoder to disagree. Checking the
+//! parsed JSON first costs one pass over the vocabulary; the crate then deserialises from the
+//! same parsed value.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Token ids must be below this. The largest vocabularies in use have about 262,144 tokens
+/// (Gemma 3); an id in the millions is a corrupt file, and the model's embedding could not
+/// have a row for it.
+pub const MAX_TOKEN_ID: u32 = 1 << 24;
+
+/// Parses and checks `text` (the contents of `file`, which errors name) as a tokenizer.json.
+pub(crate) fn parse_tokenizer_json(text: &str, file: &str) -> Result<tokenizers::Tokenizer> {
+    let bad = |message: String| Error::BadJson {
+        path: file.into(),
+        message,
+    };
+    let doc: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    check(&doc).map_err(bad)?;
+    serde_json::from_value(doc).map_err(|e| Error::Tokenizer(format!("{file}: {e}")))
+}
+
+/// The checks the `tokenizers` crate lacks (see the module doc). Fields of unexpected shape
+/// are left for the crate to reject with its own message.
+fn check(doc: &Value) -> std::result::Result<(), String> {
+    let Some(model) = doc.get("model") else {
+        return Ok(());
+    };
+    let mut by_id: HashMap<u32, &str> = HashMap::new();
+    let vocab = model.get("vocab").and_then(Value::as_object);
+    if let Some(vocab) = vocab {
+        for (text, id) in vocab {
+            let Some(id) = id.as_u64() else { continue };
+            let id = token_id(id, || format!("model.vocab[{text:?}]"))?;
+            if let Some(other) = by_id.insert(id, text) {
+                return Err(format!(
+                    "model.vocab gives id {id} to both {other:?} and {text:?}"
+                ));
+            }
+        }
+    }
+    if let Some(added) = doc.get("added_tokens").and_then(Value::as_array) {
+        for (i, t) in added.iter().enumerate() {
+            let (Some(id), Some(text)) = (
+                t.get("id").and_then(Value::as_u64),
+                t.get("content").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            let id = token_id(id, || format!("added_tokens[{i}].id"))?;
+            match by_id.insert(id, text) {
+                Some(other) if other != text => {
+                    return Err(format!(
+                        "added_tokens[{i}] ({text:?}) has id {id}, which is already {other:?}'s"
+                    ))
+                }
+                _ => {}
+            }
+        }
+    }
+    if let (Some(vocab), Some(merges)) = (vocab, model.get("merges").and_then(Value::as_array)) {
+        let prefix = model
+            .get("continuing_subword_prefix")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        check_merges(merges, |t| vocab.contains_key(t), prefix)?;
+    }
+    Ok(())
+}
+
+fn token_id(id: u64, field: impl Fn() -> String) -> std::result::Result<u32, String> {
+    u32::try_from(id)
+        .ok()
+        .filter(|&id| id < MAX_TOKEN_ID)
+        .ok_or_else(|| {
+            format!(
+                "{} = {id} is not a token id (ids must be below {MAX_TOKEN_ID})",
+                field()
+            )
+        })
+}
+
+/// BPE merges, as pairs `[left, right]` or legacy `"left right"` strings: both sides and
+/// their concatenation (the right side's `prefix` dropped) must be tokens.
+fn check_merges(
+    merges: &[Value],
+    in_vocab: impl Fn(&str) -> bool,
+    prefix: &str,
+) -> std::result::Result<(), String> {
+    for (i, m) in merges.iter().enumerate() {
+        let (left, right) = match m {
+            Value::String(s) if s.starts_with("#version") => continue,
+            Value::String(s) => match s.split(' ').collect::<Vec<_>>()[..] {
+                [l, r] => (l, r),
+                _ => return Err(format!("model.merges[{i}] = {s:?} is not \"left right\"")),
+            },
+            Value::Array(pair) => match pair.as_slice() {
+                [Value::String(l), Value::String(r)] => (l.as_str(), r.as_str()),
+                _ => return Err(format!("model.merges[{i}] is not a pair of strings")),
+            },
+            _ => return Err(format!("model.merges[{i}] is neither a string nor a pair")),
+        };
+        check_merge(left, right, &in_vocab, prefix)
+            .map_err(|e| format!("model.merges[{i}]: {e}"))?;
+    }
+    Ok(())
+}
+
+/// One merge `left right`: both sides and the merged token must be tokens; `prefix` is the
+/// continuing-subword prefix the right side starts with (dropped when merging).
+pub(crate) fn check_merge(
+    left: &str,
+    right: &str,
+    in_vocab: impl Fn(&str) -> bool,
+    prefix: &str,
+) -> std::result::Result<(), String> {
+    for side in [left, right] {
+        if !in_vocab(side) {
+            return Err(format!("{side:?} (of {left:?} + {right:?}) is not a token"));
+        }
+    }
+    let Some(rest) = right.strip_prefix(prefix) else {
+        return Err(format!(
+            "{right:?} does not start with the continuing-subword prefix {prefix:?}"
+        ));
+    };
+    let merged = format!("{left}{rest}");
+    if !in_vocab(&merged) {
+        return Err(format!(
+            "{left:?} + {right:?} makes {merged:?}, which is not a token"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bpe(vocab: &str, merges: &str, extra: &str) -> String {
+        format!(
+            r#"{{"added_tokens":[{extra}],"model":{{"type":"BPE","vocab":{{{vocab}}},"merges":[{merges}]}}}}"#
+        )
+    }
+
+    fn err(json: &str) -> String {
+        parse_tokenizer_json(json, "t/tokenizer.json")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_small_bpe_parses() {
+        let t = parse_tokenizer_json(&bpe(r#""a":0,"b":1,"ab":2"#, r#""a b""#, ""), "t").unwrap();
+        assert_eq!(t.encode("ab", false).unwrap().get_ids(), [2]);
+        let t =
+            parse_tokenizer_json(&bpe(r#""a":0,"b":1,"ab":2"#, r#"["a","b"]"#, ""), "t").unwrap();
+        assert_eq!(t.encode("ab", false).unwrap().get_ids(), [2]);
+    }
+
+    /// tokenizers 0.23 panics on this one ("range end index 2 out of range").
+    #[test]
+    fn a_merge_whose_result_is_no_token_is_named() {
+        let e = err(&bpe(r#""a":0,"b":1"#, r#""a b""#, ""));
+        assert!(
+            e.contains("t/tokenizer.json") && e.contains("model.merges[0]"),
+            "{e}"
+        );
+        assert!(e.contains("\"ab\", which is not a token"), "{e}");
+    }
+
+    #[test]
+    fn a_merge_of_unknown_tokens_is_named() {
+        let e = err(&bpe(r#""a":0,"b":1,"ab":2"#, r#""a b","a zz""#, ""));
+        assert!(e.contains("model.merges[1]") && e.contains("\"zz\""), "{e}");
+        let e = err(&bpe(r#""a":0"#, r#""a b c""#, ""));
+        assert!(
+            e.contains("model.merges[0]") && e.contains("left right"),
+            "{e}"
+        );
+    }
+
+    /// The crate's builder slices the right side past the prefix unchecked.
+    #[test]
+    fn a_right_side_without_the_subword_prefix_is_named() {
+        let json = r###"{"model":{"type":"BPE","continuing_subword_prefix":"##",
+            "vocab":{"a":0,"é":1,"aé":2},"merges":["a é"]}}"###;
+        let e = err(json);
+        assert!(e.contains("model.merges[0]") && e.contains("\"##\""), "{e}");
+    }
+
+    #[test]
+    fn huge_and_shared_ids_are_named() {
+        let e = err(&bpe(r#""a":0,"b":4000000000"#, "", ""));
+        assert!(e.contains("model.vocab[\"b\"] = 4000000000"), "{e}");
+        let e = err(&bpe(r#""a":0,"b":0"#, "", ""));
+        assert!(
+            e.contains("id 0") && e.contains("\"a\"") && e.contains("\"b\""),
+            "{e}"
+        );
+        let added = r#"{"id":1,"content":"<x>","special":true}"#;
+        let e = err(&bpe(r#""a":0,"b":1"#, "", added));
+        assert!(e.contains("added_tokens[0]") && e.contains("\"b\""), "{e}");
+        let added = r#"{"id":16777216,"content":"<x>","special":true}"#;
+        let e = err(&bpe(r#""a":0"#, "", added));
+        assert!(e.contains("added_tokens[0].id = 16777216"), "{e}");
+        // An added token repeating a vocabulary entry with its id is how files mark specials.
+        let added = r#"{"id":1,"content":"b","single_word":false,"lstrip":false,
+            "rstrip":false,"normalized":false,"special":true}"#;
+        parse_tokenizer_json(&bpe(r#""a":0,"b":1"#, "", added), "t").unwrap();
+    }
+}
