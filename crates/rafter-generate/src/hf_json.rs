@@ -6,7 +6,10 @@
 //! concatenation is longer than every vocabulary entry (it slices a buffer sized by the
 //! longest entry before looking the result up), and on a merge whose right side does not
 //! start with `continuing_subword_prefix`. It accepts ids of any size and two tokens with
-//! one id, which leave the model's embedding rows and the decoder to disagree. Checking the
+//! one id, which leave the model's embedding rows and the decoder to disagree. Its
+//! `TemplateProcessing` post-processor, read from JSON, is not validated either: a template
+//! naming a special token the processor does not define, or a single-input template using
+//! sequence `B`, panics at the first encode (found by fuzzing). Checking the
 //! parsed JSON first costs one pass over the vocabulary; the crate then deserialises from the
 //! same parsed value.
 
@@ -76,6 +79,73 @@ fn check(doc: &Value) -> std::result::Result<(), String> {
             .and_then(Value::as_str)
             .unwrap_or("");
         check_merges(merges, |t| vocab.contains_key(t), prefix)?;
+    }
+    if let Some(pp) = doc.get("post_processor") {
+        check_post_processor(pp, "post_processor")?;
+    }
+    Ok(())
+}
+
+/// A `TemplateProcessing` post-processor (alone or inside a `Sequence`): its templates may
+/// only name special tokens it defines, the single-input template only sequence `A`, and
+/// each special token needs as many ids (valid ones) as tokens.
+fn check_post_processor(pp: &Value, at: &str) -> std::result::Result<(), String> {
+    match pp.get("type").and_then(Value::as_str) {
+        Some("Sequence") => {
+            for (i, p) in pp
+                .get("processors")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                check_post_processor(p, &format!("{at}.processors[{i}]"))?;
+            }
+            Ok(())
+        }
+        Some("TemplateProcessing") => check_template_processing(pp, at),
+        _ => Ok(()),
+    }
+}
+
+fn check_template_processing(pp: &Value, at: &str) -> std::result::Result<(), String> {
+    let specials = pp.get("special_tokens").and_then(Value::as_object);
+    for (key, special) in specials.into_iter().flatten() {
+        let ids = special.get("ids").and_then(Value::as_array);
+        let tokens = special.get("tokens").and_then(Value::as_array);
+        if let (Some(ids), Some(tokens)) = (ids, tokens) {
+            if ids.len() != tokens.len() {
+                return Err(format!(
+                    "{at}.special_tokens[{key:?}] has {} ids but {} tokens",
+                    ids.len(),
+                    tokens.len()
+                ));
+            }
+            for (i, id) in ids.iter().enumerate() {
+                if let Some(id) = id.as_u64() {
+                    token_id(id, || format!("{at}.special_tokens[{key:?}].ids[{i}]"))?;
+                }
+            }
+        }
+    }
+    for field in ["single", "pair"] {
+        let pieces = pp.get(field).and_then(Value::as_array);
+        for (i, piece) in pieces.into_iter().flatten().enumerate() {
+            if let Some(id) = piece.pointer("/SpecialToken/id").and_then(Value::as_str) {
+                if !specials.is_some_and(|s| s.contains_key(id)) {
+                    return Err(format!(
+                        "{at}.{field}[{i}] names the special token {id:?}, which \
+                         {at}.special_tokens does not define"
+                    ));
+                }
+            }
+            let sequence = piece.pointer("/Sequence/id").and_then(Value::as_str);
+            if field == "single" && sequence == Some("B") {
+                return Err(format!(
+                    "{at}.single[{i}] uses sequence B, which a single input does not have"
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -199,6 +269,42 @@ mod tests {
             "vocab":{"a":0,"é":1,"aé":2},"merges":["a é"]}}"###;
         let e = err(json);
         assert!(e.contains("model.merges[0]") && e.contains("\"##\""), "{e}");
+    }
+
+    fn with_template(single: &str, specials: &str) -> String {
+        format!(
+            r#"{{"model":{{"type":"BPE","vocab":{{"a":0,"<s>":1}},"merges":[]}},
+            "post_processor":{{"type":"Sequence","processors":[{{"type":"ByteLevel",
+            "add_prefix_space":false,"trim_offsets":false,"use_regex":true}},
+            {{"type":"TemplateProcessing","single":[{single}],"pair":[],
+            "special_tokens":{{{specials}}}}}]}}}}"#
+        )
+    }
+
+    /// tokenizers 0.23 panics at the first encode on these ("no entry found for key",
+    /// an index out of bounds): the fuzzer's crash input had a mutated special-token name.
+    #[test]
+    fn template_processing_is_checked() {
+        let s = r#""<s>":{"id":"<s>","ids":[1],"tokens":["<s>"]}"#;
+        let bos = r#"{"SpecialToken":{"id":"<s>","type_id":0}}"#;
+        let a = r#"{"Sequence":{"id":"A","type_id":0}}"#;
+        let t = parse_tokenizer_json(&with_template(&format!("{bos},{a}"), s), "t").unwrap();
+        assert_eq!(t.encode("a", true).unwrap().get_ids(), [1, 0]);
+
+        let typo = r#"{"SpecialToken":{"id":"+s>","type_id":0}}"#;
+        let e = err(&with_template(&format!("{typo},{a}"), s));
+        assert!(
+            e.contains("t/tokenizer.json")
+                && e.contains("post_processor.processors[1].single[0]")
+                && e.contains("\"+s>\""),
+            "{e}"
+        );
+        let b = r#"{"Sequence":{"id":"B","type_id":0}}"#;
+        let e = err(&with_template(&format!("{a},{b}"), s));
+        assert!(e.contains("single[1] uses sequence B"), "{e}");
+        let uneven = r#""<s>":{"id":"<s>","ids":[1,1],"tokens":["<s>"]}"#;
+        let e = err(&with_template(a, uneven));
+        assert!(e.contains("has 2 ids but 1 tokens"), "{e}");
     }
 
     #[test]

@@ -359,3 +359,36 @@ fn a_template_with_bad_syntax_names_the_line() {
         .to_string();
     assert!(e.contains("chat template") && e.contains("line"), "{e}");
 }
+
+/// Inputs the `read_tokenizer_json` fuzz target once crashed on
+/// (`fuzz/regressions/read_tokenizer_json/`, the target's NUL-separated file layout): each
+/// is now an error naming the file and field.
+#[test]
+fn past_fuzz_crashes_are_named_errors() {
+    let crashes =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions/read_tokenizer_json");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&crashes).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let mut parts = bytes.splitn(4, |&b| b == 0);
+        let d = dir();
+        let result = Tokenizer::from_hf_files(HfTokenizerFiles {
+            dir: &d,
+            tokenizer_json: parts.next().unwrap_or_default(),
+            tokenizer_config: parts.next(),
+            generation_config: parts.next(),
+            chat_template: parts.next(),
+        });
+        let e = result
+            .err()
+            .unwrap_or_else(|| panic!("{}: loaded", path.display()));
+        assert!(
+            e.to_string().contains("models/hostile/tokenizer.json"),
+            "{}: {e}",
+            path.display()
+        );
+        n += 1;
+    }
+    assert!(n > 0, "no regression inputs in {}", crashes.display());
+}
