@@ -229,8 +229,10 @@ fn flops(s: &Shape) -> f64 {
 mod fma;
 
 /// GFLOP/s of independent AVX-512 FMA chains on every pool thread (about 2 ms): the ceiling
-/// at this moment.
-fn fma_probe(par: &WorkerPool) -> f64 {
+/// at this moment; 0 where there is no AVX-512 (other targets included).
+fn fma_probe(
+    #[cfg_attr(not(target_arch = "x86_64"), expect(unused_variables))] par: &WorkerPool,
+) -> f64 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         let iters = 20_000;

@@ -122,7 +122,11 @@ fn weights(format: WeightFormat, n: usize, k: usize, seed: &mut u64) -> Vec<u8> 
 /// Sums `x` with four AVX-512 (or AVX2) accumulators: a pure streaming read, prefetching
 /// `pf` bytes ahead when non-zero (on a loaded machine software prefetching raised the
 /// streaming read itself by up to a third, so the bench reports the better of both).
-fn read_sum(x: &[f32], pf: usize) -> f32 {
+/// Other targets sum in scalar code, without prefetching.
+fn read_sum(
+    x: &[f32],
+    #[cfg_attr(not(target_arch = "x86_64"), expect(unused_variables))] pf: usize,
+) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;

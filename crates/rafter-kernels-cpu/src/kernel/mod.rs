@@ -198,6 +198,7 @@ impl Isa {
             // SAFETY: as the comment over the match says, for this arm too.
             Isa::Avx512 => unsafe { avx512::tile(t, packed_a) },
             #[cfg(target_arch = "aarch64")]
+            // SAFETY: as the comment over the match says, for this arm too.
             Isa::Neon => unsafe { neon::tile(t, packed_a) },
             // SAFETY: forwarded contract.
             _ => unsafe { scalar::tile(t, packed_a, self.blocking().mr) },
@@ -270,10 +271,18 @@ pub(crate) struct Tile {
     pub a_rs: usize,
     pub b: *const f32,
     /// Distance between consecutive B panels, in f32s.
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "x86 kernels only")
+    )]
     pub b_ps: usize,
     /// Non-zero: this tile's B comes from memory and nothing prefetched it (a task's first
     /// pre-packed micro-panel), so the kernel prefetches each of its B panels this many
     /// floats ahead of its k loop.
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "x86 kernels only")
+    )]
     pub b_prefetch: usize,
     /// `pf_lines` rows of one B panel from `pf_next` (16 floats, one cache line, each) that
     /// a later tile will read from memory: the kernel prefetches them into L2, one every
@@ -281,7 +290,15 @@ pub(crate) struct Tile {
     /// compute instead of stalling the tile that reads it first. Null/0: none.
     /// Kernels without prefetching ignore both fields (they are hints: the addresses may lie
     /// past B's end and are never dereferenced).
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "x86 kernels only")
+    )]
     pub pf_next: *const f32,
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "x86 kernels only")
+    )]
     pub pf_lines: usize,
     pub c: *mut f32,
     pub ldc: usize,
@@ -299,6 +316,7 @@ impl Tile {
     /// The tile's epilogue when it is only a per-column bias, ReLU and a clamp on `AB`
     /// (alpha 1, beta 0): a convolution's, which the kernels finish on a fast path (the bias
     /// loaded once per tile, nothing tested per vector).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn column_epilogue(&self) -> Option<&TileEpilogue> {
         self.epi.as_ref().filter(|e| {
             self.alpha == 1.0

@@ -245,6 +245,7 @@ fn direct(
 /// The [`DecodeTile`] contract for `rows` (<= the path's rows) and `np` panels (<= the
 /// path's columns / 16), with the path's ISA available.
 unsafe fn tile(path: Path, kind: HalfKind, t: &DecodeTile, rows: usize, np: usize) {
+    #[cfg(target_arch = "x86_64")]
     let bf16 = kind == HalfKind::Bf16;
     match path {
         // SAFETY (both arms): forwarded.

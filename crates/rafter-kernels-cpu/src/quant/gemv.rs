@@ -31,6 +31,8 @@ const MIN_PARALLEL_BYTES: usize = 128 << 10;
 #[derive(Default)]
 struct Scratch {
     act: Act,
+    /// The x86 kernels' rearranged activations (other targets have no such kernels).
+    #[cfg(target_arch = "x86_64")]
     aux: AlignedBytes,
     x: Vec<f32>,
 }
@@ -42,7 +44,8 @@ thread_local! {
 }
 
 /// A byte buffer whose payload starts on a 64-byte boundary (the VNNI kernels' activation
-/// groups are read as whole cache lines).
+/// groups are read as whole cache lines). Only the x86 kernels use one.
+#[cfg(target_arch = "x86_64")]
 #[derive(Default)]
 pub(crate) struct AlignedBytes {
     v: Vec<u8>,
@@ -50,6 +53,7 @@ pub(crate) struct AlignedBytes {
     len: usize,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl AlignedBytes {
     /// The payload resized to `len` bytes (contents unspecified).
     pub(crate) fn reset(&mut self, len: usize) -> &mut [u8] {
@@ -81,7 +85,11 @@ enum Kernel {
 }
 
 impl Kernel {
-    fn of(path: Path, format: BlockFormat) -> Kernel {
+    fn of(
+        path: Path,
+        // Only the x86 paths have kernels that support some formats and not others.
+        #[cfg_attr(not(target_arch = "x86_64"), expect(unused_variables))] format: BlockFormat,
+    ) -> Kernel {
         match path {
             #[cfg(target_arch = "x86_64")]
             Path::Vnni512 if super::x86_vnni::supports(format) => Kernel::Vnni,
@@ -151,6 +159,7 @@ fn run_with(
                 Kernel::Avx2 => super::x86_avx2::prepare(f, act, &mut s.aux),
                 _ => {}
             }
+            #[cfg(target_arch = "x86_64")]
             let aux = s.aux.as_slice();
             drive(
                 path,
