@@ -32,7 +32,47 @@ pub(crate) fn parse_tokenizer_json(text: &str, file: &str) -> Result<tokenizers:
     };
     let doc: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
     check(&doc).map_err(bad)?;
-    serde_json::from_value(doc).map_err(|e| Error::Tokenizer(format!("{file}: {e}")))
+    let added = added_ids(&doc);
+    let tokenizer: tokenizers::Tokenizer =
+        serde_json::from_value(doc).map_err(|e| Error::Tokenizer(format!("{file}: {e}")))?;
+    check_added_ids(&added, &tokenizer).map_err(bad)?;
+    Ok(tokenizer)
+}
+
+/// `added_tokens`' recorded ids, by position and content.
+fn added_ids(doc: &Value) -> Vec<(usize, String, u64)> {
+    let list = doc.get("added_tokens").and_then(Value::as_array);
+    list.into_iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let id = t.get("id").and_then(Value::as_u64)?;
+            let text = t.get("content").and_then(Value::as_str)?;
+            Some((i, text.to_string(), id))
+        })
+        .collect()
+}
+
+/// The `tokenizers` crate ignores an added token's recorded id when the token is not in the
+/// model's vocabulary: it numbers such tokens after the vocabulary's *count*, so a
+/// vocabulary whose ids have gaps gives them ids that other tokens already hold (found by
+/// fuzzing). The recorded ids are what the model's embedding rows and the config's BOS/EOS
+/// ids mean, so a file whose ids the crate would renumber is refused.
+fn check_added_ids(
+    added: &[(usize, String, u64)],
+    tokenizer: &tokenizers::Tokenizer,
+) -> std::result::Result<(), String> {
+    for (i, text, id) in added {
+        let given = tokenizer.token_to_id(text).map(u64::from);
+        if given != Some(*id) {
+            let given = given.map_or("no id".to_string(), |g| format!("id {g}"));
+            return Err(format!(
+                "added_tokens[{i}] ({text:?}) records id {id}, but the tokenizer gives it \
+                 {given} (are model.vocab's ids not 0..n-1?)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The checks the `tokenizers` crate lacks (see the module doc). Fields of unexpected shape
@@ -305,6 +345,25 @@ mod tests {
         let uneven = r#""<s>":{"id":"<s>","ids":[1,1],"tokens":["<s>"]}"#;
         let e = err(&with_template(a, uneven));
         assert!(e.contains("has 2 ids but 1 tokens"), "{e}");
+    }
+
+    /// tokenizers 0.23 renumbers an added token missing from a gapped vocabulary onto an id
+    /// another token holds (the fuzzer's second crash: a stored tokenizer then failed to
+    /// reload).
+    #[test]
+    fn added_tokens_the_crate_would_renumber_are_named() {
+        let added = r#"{"id":1,"content":"<x>","single_word":false,"lstrip":false,
+            "rstrip":false,"normalized":false,"special":true}"#;
+        let e = err(&bpe(r#""a":0,"b":2"#, "", added));
+        assert!(
+            e.contains("added_tokens[0] (\"<x>\") records id 1") && e.contains("gives it id 2"),
+            "{e}"
+        );
+        // Dense ids: the added token follows the vocabulary, as the crate numbers it.
+        let added = r#"{"id":2,"content":"<x>","single_word":false,"lstrip":false,
+            "rstrip":false,"normalized":false,"special":true}"#;
+        let t = parse_tokenizer_json(&bpe(r#""a":0,"b":1"#, "", added), "t").unwrap();
+        assert_eq!(t.token_to_id("<x>"), Some(2));
     }
 
     #[test]

@@ -933,7 +933,7 @@ mod tests {
                 |v| if v < 0.0 { 0.1 * v } else { v },
             ),
             (TileUnary::Clip(-0.5, 1.0), |v| v.clamp(-0.5, 1.0)),
-            (TileUnary::Square, |v| v.powf(2.0)),
+            (TileUnary::Square, |v| v * v),
             (TileUnary::Cube, |v| v * v * v),
             (TileUnary::PowHalf, |v| v.powf(0.5)),
             (TileUnary::Exp, f32::exp),
