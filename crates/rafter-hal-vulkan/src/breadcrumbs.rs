@@ -9,14 +9,14 @@
 //!
 //! Two places write markers, each into its own 4-byte slot of that buffer:
 //! - **the recorded command buffer** ([`Prepared`](crate::command::Prepared)): `0` before
-//!   its first command ("started"), then after each non-barrier command `i` (behind a
-//!   compute/transfer -> transfer barrier, so the marker follows the command's completion)
-//!   `i + 1`. The slot starts at [`NEVER`]. In [`BreadcrumbMode::Reuse`] the command buffer
+//!   its first command ("started", behind no barrier), then after each non-barrier command
+//!   `i` (behind a compute/transfer -> transfer barrier, so the marker follows the
+//!   command's completion, and that of all earlier work on the queue: see [`After`]) `i + 1`. The slot starts at [`NEVER`]. In [`BreadcrumbMode::Reuse`] the command buffer
 //!   is recorded once and may be in flight in two submissions at once (`SIMULTANEOUS_USE`):
 //!   those submissions then share the slot, and the report says so.
 //! - **each submission**: two tiny command buffers recorded for that submission alone, one
-//!   submitted before the command buffer (writes `1`: the batch's semaphore waits were met
-//!   and the GPU reached its first command) and one after it (writes `2` behind a full
+//!   submitted before the command buffer (writes `1`, behind no barrier: the batch's
+//!   semaphore waits were met and the GPU reached it) and one after it (writes `2` behind a full
 //!   barrier: every command of the batch completed). The slot starts at `0`. This is exact
 //!   per submission whatever the mode.
 //!
@@ -220,34 +220,50 @@ impl Breadcrumbs {
         self.take(NEVER)
     }
 
-    /// Records the write of `value` into `slot`, after every compute and transfer command
-    /// recorded before it (`after_all`: after every command of any kind) has completed.
+    /// Records the write of `value` into `slot`, after what `after` names has completed.
     pub(crate) fn record_write(
         &self,
         device: &ash::Device,
         raw: vk::CommandBuffer,
         slot: u32,
         value: u32,
-        after_all: bool,
+        after: After,
     ) {
-        let src_stage = if after_all {
-            vk::PipelineStageFlags2::ALL_COMMANDS
-        } else {
-            vk::PipelineStageFlags2::COMPUTE_SHADER | vk::PipelineStageFlags2::ALL_TRANSFER
+        let src_stage = match after {
+            After::Nothing => vk::PipelineStageFlags2::NONE,
+            After::ComputeAndTransfer => {
+                vk::PipelineStageFlags2::COMPUTE_SHADER | vk::PipelineStageFlags2::ALL_TRANSFER
+            }
+            After::Everything => vk::PipelineStageFlags2::ALL_COMMANDS,
         };
-        let barriers = [vk::MemoryBarrier2::default()
-            .src_stage_mask(src_stage)
-            .src_access_mask(vk::AccessFlags2::MEMORY_WRITE)
-            .dst_stage_mask(vk::PipelineStageFlags2::ALL_TRANSFER)
-            .dst_access_mask(vk::AccessFlags2::TRANSFER_WRITE)];
-        let dependency = vk::DependencyInfo::default().memory_barriers(&barriers);
-        // SAFETY: `raw` is recording, outside a render pass; the 4 bytes at `4 * slot` lie
-        // inside the marker buffer (TRANSFER_DST), which outlives every command buffer.
+        // SAFETY: `raw` is recording, outside a render pass; the arrays live across the
+        // call; the 4 bytes at `4 * slot` lie inside the marker buffer (TRANSFER_DST),
+        // which outlives every command buffer.
         unsafe {
-            device.cmd_pipeline_barrier2(raw, &dependency);
+            if after != After::Nothing {
+                let barriers = [vk::MemoryBarrier2::default()
+                    .src_stage_mask(src_stage)
+                    .src_access_mask(vk::AccessFlags2::MEMORY_WRITE)
+                    .dst_stage_mask(vk::PipelineStageFlags2::ALL_TRANSFER)
+                    .dst_access_mask(vk::AccessFlags2::TRANSFER_WRITE)];
+                let dependency = vk::DependencyInfo::default().memory_barriers(&barriers);
+                device.cmd_pipeline_barrier2(raw, &dependency);
+            }
             device.cmd_fill_buffer(raw, self.buffer, 4 * slot as u64, 4, value);
         }
     }
+}
+
+/// What a marker write waits for. A pipeline barrier's first scope is every command
+/// submitted earlier *on the queue*, earlier batches included: a "finished" marker after
+/// command `i` therefore means command `i` and all work before it on this queue completed
+/// (exact for the oldest in-flight batch of a queue). "Started" markers wait for nothing
+/// (only the batch's semaphore waits), so they tell whether the GPU reached the batch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum After {
+    Nothing,
+    ComputeAndTransfer,
+    Everything,
 }
 
 /// The per-submission markers: a slot and the two command buffers around the batch's own.
@@ -309,14 +325,14 @@ impl SubmissionCrumbs {
         (this.before, this.after) = (raws[0], raws[1]);
         let begin = vk::CommandBufferBeginInfo::default()
             .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-        for (raw, value) in [
-            (this.before, SUBMISSION_STARTED),
-            (this.after, SUBMISSION_FINISHED),
+        for (raw, value, after) in [
+            (this.before, SUBMISSION_STARTED, After::Nothing),
+            (this.after, SUBMISSION_FINISHED, After::Everything),
         ] {
             // SAFETY: fresh command buffers of our pool, recorded by this thread only.
             unsafe { device.begin_command_buffer(raw, &begin) }
                 .map_err(|r| call_error("vkBeginCommandBuffer", r, 0))?;
-            crumbs.record_write(device, raw, slot, value, true);
+            crumbs.record_write(device, raw, slot, value, after);
             if value == SUBMISSION_FINISHED {
                 host_barrier(device, raw);
             }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ash::vk;
 use rafter_hal::{BufferRange, Command, CommandBuffer, FillPattern, HalError, TraceKind};
 
-use crate::breadcrumbs::{BreadcrumbMode, Progress};
+use crate::breadcrumbs::{After, BreadcrumbMode, Progress};
 use crate::device::Shared;
 use crate::error::call_error;
 use crate::executable::VulkanExecutable;
@@ -272,7 +272,7 @@ pub(crate) fn record(
     }
     let crumb = crumbs.zip(slot);
     if let Some((c, slot)) = crumb {
-        c.record_write(device, raw, slot, 0, false);
+        c.record_write(device, raw, slot, 0, After::Nothing);
     }
 
     let mut bound = vk::Pipeline::null();
@@ -289,7 +289,13 @@ pub(crate) fn record(
             t.spans.push(Span::of(command));
         }
         if let (true, Some((c, slot))) = (timed, crumb) {
-            c.record_write(device, raw, slot, index as u32 + 1, false);
+            c.record_write(
+                device,
+                raw,
+                slot,
+                index as u32 + 1,
+                After::ComputeAndTransfer,
+            );
         }
     }
     // Make every write visible to the host, which reads results after waiting on a signal
