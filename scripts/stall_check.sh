@@ -13,6 +13,7 @@
 # deadline), a summary per mode, and for a stalled run a thread snapshot
 # (/proc/PID/task/*/stat states and wchan) taken just before the kill, in $LOG_DIR.
 # Done (issue 28): 200 runs, none killed, each within 2x the --threads 1 time.
+# scripts/stall_breadcrumbs.sh sources this file for `one_run` (and its settings above).
 set -u
 RUNS=${1:-20}
 THREADS=${2:-8}
@@ -65,6 +66,9 @@ summary() { # MODE
         END { printf "%s: %d runs, %d failed or killed, median %.2f s, max %.2f s\n",
               m, NR, bad, t[int((NR+1)/2)], t[NR] }'
 }
+
+# Sourced (scripts/stall_breadcrumbs.sh): the functions only.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 echo "logs in $LOG_DIR"
 : >"$LOG_DIR/times"

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use ash::vk;
 use rafter_hal::{BufferRange, Command, CommandBuffer, FillPattern, HalError, TraceKind};
 
+use crate::breadcrumbs::{After, BreadcrumbMode, Progress};
 use crate::device::Shared;
 use crate::error::call_error;
 use crate::executable::VulkanExecutable;
@@ -19,6 +20,18 @@ pub(crate) struct Prepared {
     pub(crate) raw: vk::CommandBuffer,
     /// With a trace sink: the timestamps around each command.
     pub(crate) timing: Option<Timing>,
+    /// With breadcrumbs on: this command buffer's marker slot (see `breadcrumbs.rs`) and
+    /// a short name per HAL command, for the report.
+    pub(crate) crumbs: Option<(u32, Vec<String>)>,
+}
+
+impl Prepared {
+    /// How far the GPU got in this command buffer, from its breadcrumbs.
+    pub(crate) fn progress(&self) -> Option<Progress<'_>> {
+        let (slot, names) = self.crumbs.as_ref()?;
+        let value = self.shared.breadcrumbs.as_ref().map(|c| c.read(*slot));
+        Some(Progress { value, names })
+    }
 }
 
 /// Timestamp queries `2i` (before) and `2i + 1` (after) of span `i`.
@@ -47,6 +60,9 @@ impl Drop for Prepared {
             if let Some(t) = &self.timing {
                 self.shared.device.destroy_query_pool(t.pool, None);
             }
+        }
+        if let (Some((slot, _)), Some(crumbs)) = (&self.crumbs, &self.shared.breadcrumbs) {
+            crumbs.give_back(*slot);
         }
     }
 }
@@ -141,7 +157,10 @@ pub(crate) fn prepare(
     Ok(cached(command_buffer, shared).unwrap_or(prepared))
 }
 
-fn cached(command_buffer: &CommandBuffer, shared: &Arc<Shared>) -> Option<Arc<Prepared>> {
+pub(crate) fn cached(
+    command_buffer: &CommandBuffer,
+    shared: &Arc<Shared>,
+) -> Option<Arc<Prepared>> {
     let any = command_buffer.prepared().get()?.clone();
     let prepared = any.downcast::<Prepared>().ok()?;
     Arc::ptr_eq(&prepared.shared, shared).then_some(prepared)
@@ -206,7 +225,11 @@ fn command_barrier(shared: &Shared, raw: vk::CommandBuffer) {
     unsafe { shared.device.cmd_pipeline_barrier2(raw, &dependency) };
 }
 
-fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepared, HalError> {
+/// Records `command_buffer` into a fresh `VkCommandBuffer` (with breadcrumbs, when on).
+pub(crate) fn record(
+    shared: &Arc<Shared>,
+    command_buffer: &CommandBuffer,
+) -> Result<Prepared, HalError> {
     let device = &shared.device;
     let pool_info = vk::CommandPoolCreateInfo::default().queue_family_index(shared.queue_family);
     // SAFETY: `pool_info` lives across the call.
@@ -218,6 +241,7 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
         pool,
         raw: vk::CommandBuffer::null(),
         timing: None,
+        crumbs: None,
     };
     prepared.timing = Timing::new(shared, command_buffer)?;
     let alloc = vk::CommandBufferAllocateInfo::default()
@@ -228,14 +252,27 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
     prepared.raw = unsafe { device.allocate_command_buffers(&alloc) }
         .map_err(|r| call_error("vkAllocateCommandBuffers", r, 0))?[0];
     let raw = prepared.raw;
-    let begin =
-        vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::SIMULTANEOUS_USE);
+    // Breadcrumbs' rerecord mode records every submission afresh: never in flight twice.
+    let usage = match &shared.breadcrumbs {
+        Some(c) if c.mode == BreadcrumbMode::Rerecord => vk::CommandBufferUsageFlags::empty(),
+        _ => vk::CommandBufferUsageFlags::SIMULTANEOUS_USE,
+    };
+    let begin = vk::CommandBufferBeginInfo::default().flags(usage);
     // SAFETY: a fresh command buffer of our pool, recorded by this thread only.
     unsafe { device.begin_command_buffer(raw, &begin) }
         .map_err(|r| call_error("vkBeginCommandBuffer", r, 0))?;
     if let Some(t) = &prepared.timing {
         // SAFETY: recording state, outside any render pass; the range is the pool's.
         unsafe { device.cmd_reset_query_pool(raw, t.pool, 0, t.queries) };
+    }
+    let crumbs = shared.breadcrumbs.as_ref();
+    let slot = crumbs.and_then(|c| c.take_command_slot());
+    if let Some(slot) = slot {
+        prepared.crumbs = Some((slot, command_names(command_buffer.commands())));
+    }
+    let crumb = crumbs.zip(slot);
+    if let Some((c, slot)) = crumb {
+        c.record_write(device, raw, slot, 0, After::Nothing);
     }
 
     let mut bound = vk::Pipeline::null();
@@ -251,6 +288,15 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
             t.stamp(shared, raw, true);
             t.spans.push(Span::of(command));
         }
+        if let (true, Some((c, slot))) = (timed, crumb) {
+            c.record_write(
+                device,
+                raw,
+                slot,
+                index as u32 + 1,
+                After::ComputeAndTransfer,
+            );
+        }
     }
     // Make every write visible to the host, which reads results after waiting on a signal
     // semaphore (a semaphore signal alone does not reach the host domain).
@@ -264,6 +310,22 @@ fn record(shared: &Arc<Shared>, command_buffer: &CommandBuffer) -> Result<Prepar
     unsafe { device.end_command_buffer(raw) }
         .map_err(|r| call_error("vkEndCommandBuffer", r, 0))?;
     Ok(prepared)
+}
+
+/// Short names of commands, for breadcrumb reports: `kernel#entry [x, y, z]`, `copy N`,
+/// `fill N`, `|` for a barrier.
+fn command_names(commands: &[Command]) -> Vec<String> {
+    commands
+        .iter()
+        .map(|command| match command {
+            Command::Dispatch(d) => {
+                format!("{}#{} {:?}", d.executable.name(), d.entry, d.workgroups)
+            }
+            Command::Copy { src, .. } => format!("copy {}", src.len),
+            Command::Fill { dst, .. } => format!("fill {}", dst.len),
+            Command::Barrier => "|".to_string(),
+        })
+        .collect()
 }
 
 impl Span {

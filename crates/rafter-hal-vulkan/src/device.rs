@@ -15,6 +15,7 @@ use rafter_hal::{
     HalError, Limits, MemoryKind, MemoryKindInfo, Queue, Semaphore, TraceSink, FORMAT_SPIRV,
 };
 
+use crate::breadcrumbs::{BreadcrumbMode, Breadcrumbs, BREADCRUMBS_ENV};
 use crate::caps::VulkanCapabilities;
 use crate::error::VulkanError;
 use crate::executable::{PipelineCache, VulkanExecutable};
@@ -58,6 +59,10 @@ pub struct VulkanDeviceOptions {
     /// [`VALIDATION_ENV`](crate::VALIDATION_ENV). What the layer reports is kept:
     /// [`VulkanDevice::validation_messages`].
     pub validation: Option<Validation>,
+    /// GPU progress markers for diagnosing hangs ([`BreadcrumbMode`]); `None` reads
+    /// [`BREADCRUMBS_ENV`](crate::BREADCRUMBS_ENV). The watchdog's report
+    /// ([`WATCHDOG_ENV`](crate::WATCHDOG_ENV)) and [`VulkanDevice::breadcrumbs`] read them.
+    pub breadcrumbs: Option<BreadcrumbMode>,
 }
 
 /// Set to `1` to open Vulkan devices without cooperative matrices
@@ -78,6 +83,7 @@ impl std::fmt::Debug for VulkanDeviceOptions {
                 &self.disable_cooperative_matrix,
             )
             .field("validation", &self.validation)
+            .field("breadcrumbs", &self.breadcrumbs)
             .finish()
     }
 }
@@ -145,6 +151,8 @@ pub(crate) struct Shared {
     /// Keeps the instance alive until the device is destroyed; holds the validation
     /// messages.
     pub(crate) instance: Arc<InstanceOwner>,
+    /// The GPU progress markers, when on (`breadcrumbs.rs`).
+    pub(crate) breadcrumbs: Option<Breadcrumbs>,
 }
 
 impl Shared {
@@ -227,6 +235,10 @@ impl Drop for Shared {
             self.device
                 .destroy_pipeline_layout(self.pipeline_layout, None);
             self.pipeline_cache.destroy(&self.device);
+            let allocator = self.allocator.get_mut().unwrap_or_else(|e| e.into_inner());
+            if let (Some(crumbs), Some(allocator)) = (&mut self.breadcrumbs, allocator.as_mut()) {
+                crumbs.destroy(&self.device, allocator);
+            }
             drop(
                 self.allocator
                     .get_mut()
@@ -353,6 +365,17 @@ impl VulkanDevice {
         self.shared.set_lost(format!("injected: {reason}"));
     }
 
+    /// With breadcrumbs on ([`BreadcrumbMode::Reuse`]): how far the GPU got in the
+    /// `VkCommandBuffer` recorded for `command_buffer` (its last submission's progress, or
+    /// a mix of two submissions' when two were in flight at once), e.g. "started: yes, last
+    /// finished command #2 of 3 (copy 64), 3 of 3 done; finished". `None` when breadcrumbs
+    /// are off, in [`BreadcrumbMode::Rerecord`] (each submission records its own), or the
+    /// command buffer was never submitted to this device.
+    pub fn breadcrumbs(&self, command_buffer: &rafter_hal::CommandBuffer) -> Option<String> {
+        let prepared = crate::command::cached(command_buffer, &self.shared)?;
+        prepared.progress().map(|p| p.to_string())
+    }
+
     /// What the device still holds: `(semaphores alive, batches submitted or completed
     /// whose objects are not yet released, deferred submissions)`. For leak checks: once
     /// every handle a caller held is gone and the work is done, the first and last are 0
@@ -455,7 +478,7 @@ fn create_shared(
         .map(|i| unsafe { device.get_device_queue(family, i) })
         .collect();
 
-    let allocator = Allocator::new(&AllocatorCreateDesc {
+    let mut allocator = Allocator::new(&AllocatorCreateDesc {
         instance: owner.instance.clone(),
         device: device.clone(),
         physical_device: physical,
@@ -498,6 +521,14 @@ fn create_shared(
         .trace_sink
         .clone()
         .filter(|_| caps.timestamp_valid_bits > 0);
+    let mode = options.breadcrumbs.unwrap_or_else(BreadcrumbMode::from_env);
+    let breadcrumbs = (mode != BreadcrumbMode::Off)
+        .then(|| Breadcrumbs::open(&device, &mut allocator, mode))
+        .and_then(|opened| {
+            opened
+                .map_err(|e| eprintln!("{BREADCRUMBS_ENV}: {e}; breadcrumbs are off"))
+                .ok()
+        });
     let (wake_semaphore, pipeline_layout) = (partial.semaphore, partial.layout);
     partial.device = None;
     Ok(Shared {
@@ -522,6 +553,7 @@ fn create_shared(
         memory,
         trace,
         instance: owner,
+        breadcrumbs,
     })
 }
 

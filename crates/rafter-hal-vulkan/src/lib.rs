@@ -24,6 +24,7 @@
 //! [`VulkanError::NoDevice`] naming what it found, never panics. [`list_devices`] describes
 //! every physical device, usable or not, with what a missing feature disables.
 
+mod breadcrumbs;
 mod caps;
 mod command;
 mod device;
@@ -35,6 +36,7 @@ mod queue;
 mod semaphore;
 mod validation;
 
+pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use device::{VulkanDevice, VulkanDeviceOptions, NO_COOP_ENV};
 pub use error::VulkanError;

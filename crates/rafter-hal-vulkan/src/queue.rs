@@ -47,7 +47,8 @@ use rafter_hal::{
     CommandBuffer, DeviceId, HalError, QueueImpl, Semaphore, SemaphoreError, TraceEvent, TraceSink,
 };
 
-use crate::command::{prepare, Prepared, Timing};
+use crate::breadcrumbs::{BreadcrumbMode, SubmissionCrumbs};
+use crate::command::{prepare, record, Prepared, Timing};
 use crate::device::{create_timeline, Shared};
 use crate::error::call_error;
 use crate::semaphore::{SemInner, SemState};
@@ -124,6 +125,8 @@ pub(crate) struct Pending {
     queued_at: Instant,
     command_buffer: CommandBuffer,
     prepared: Arc<Prepared>,
+    /// With breadcrumbs on: this submission's start and end markers.
+    crumbs: Option<SubmissionCrumbs>,
     waits: Vec<Wait>,
     signals: Vec<(Semaphore, u64)>,
 }
@@ -140,7 +143,9 @@ pub(crate) struct InFlight {
     /// When `vkQueueSubmit2` took it (for the watchdog's report).
     submitted_at: Instant,
     command_buffer: CommandBuffer,
-    _prepared: Arc<Prepared>,
+    pub(crate) prepared: Arc<Prepared>,
+    /// With breadcrumbs on: this submission's start and end markers.
+    pub(crate) crumbs: Option<SubmissionCrumbs>,
     /// Its waits, held so the semaphores outlive the GPU's use of them.
     waits: Vec<(Semaphore, u64)>,
     signals: Vec<(Semaphore, u64)>,
@@ -152,7 +157,7 @@ impl InFlight {
     /// The batch completed: report its GPU timestamps to the trace sink, host-signal the
     /// semaphores the GPU could not.
     fn complete(&self, shared: &Shared) {
-        if let (Some(sink), Some(timing)) = (&shared.trace, &self._prepared.timing) {
+        if let (Some(sink), Some(timing)) = (&shared.trace, &self.prepared.timing) {
             report(shared, sink.as_ref(), timing, &self.queue_name);
         }
         for (semaphore, value) in &self.foreign_signals {
@@ -334,13 +339,24 @@ impl Shared {
                 .value(completion.1)
                 .stage_mask(stage),
         );
-        let buffers = [vk::CommandBufferSubmitInfo::default().command_buffer(pending.prepared.raw)];
+        let main = vk::CommandBufferSubmitInfo::default().command_buffer(pending.prepared.raw);
+        let buffers = match &pending.crumbs {
+            // Breadcrumbs: the submission's own start and end markers around its commands.
+            Some(c) => vec![
+                vk::CommandBufferSubmitInfo::default().command_buffer(c.before),
+                main,
+                vk::CommandBufferSubmitInfo::default().command_buffer(c.after),
+            ],
+            None => vec![main],
+        };
         let submit = vk::SubmitInfo2::default()
             .wait_semaphore_infos(&wait_infos)
             .command_buffer_infos(&buffers)
             .signal_semaphore_infos(&signal_infos);
         // SAFETY: the queue is externally synchronised by the scheduler lock we hold; the
-        // command buffer was recorded with SIMULTANEOUS_USE and stays alive in `InFlight`;
+        // command buffer was recorded with SIMULTANEOUS_USE (or, in breadcrumbs' rerecord
+        // mode, for this submission alone, as were the breadcrumb command buffers) and
+        // stays alive in `InFlight`;
         // every wait is either reached or signalled by an already submitted batch; every
         // signal value exceeds the counter and all pending signals (checked above under the
         // semaphore's lock, still held); the arrays live across the call.
@@ -389,7 +405,8 @@ impl Shared {
             queue_name: Arc::from(format!("{}:{}", self.name, pending.queue)),
             submitted_at: Instant::now(),
             command_buffer: pending.command_buffer,
-            _prepared: pending.prepared,
+            prepared: pending.prepared,
+            crumbs: pending.crumbs,
             waits,
             signals: pending.signals,
             foreign_signals,
@@ -707,7 +724,14 @@ impl QueueImpl for VulkanQueue {
                 device: shared.id,
             });
         }
-        let prepared = prepare(shared, command_buffer)?;
+        // Breadcrumbs' rerecord mode: a fresh `VkCommandBuffer` for every submission.
+        let prepared = match &shared.breadcrumbs {
+            Some(c) if c.mode == BreadcrumbMode::Rerecord => {
+                Arc::new(record(shared, command_buffer)?)
+            }
+            _ => prepare(shared, command_buffer)?,
+        };
+        let crumbs = SubmissionCrumbs::new(shared)?;
         let mut foreign = Vec::new();
         let classified = waits
             .iter()
@@ -744,6 +768,7 @@ impl QueueImpl for VulkanQueue {
                 queued_at: Instant::now(),
                 command_buffer: command_buffer.clone(),
                 prepared,
+                crumbs,
                 waits: classified,
                 signals: signals.to_vec(),
             });

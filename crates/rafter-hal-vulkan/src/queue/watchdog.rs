@@ -6,12 +6,16 @@
 //! which semaphore value never came is what tells a lost wake-up from a missing signal or
 //! a GPU batch blocked on a wait. The monitor prints the report once when
 //! `RAFTER_VULKAN_WATCHDOG_S=N` is set and some submission has waited or run for N seconds;
-//! the device's `Device::describe` includes it.
+//! the device's `Device::describe` includes it. With breadcrumbs on (`breadcrumbs.rs`,
+//! `RAFTER_VULKAN_BREADCRUMBS`), each in-flight batch also says whether the GPU started it
+//! and the last command it finished, and whether its `VkCommandBuffer` is in flight in
+//! another batch too.
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use ash::vk;
 use rafter_hal::{Command, Semaphore};
 
 use super::{own, Wait};
@@ -123,6 +127,8 @@ impl Shared {
                         f.waits.clone(),
                         f.signals.clone(),
                         describe_commands(f.command_buffer.commands()),
+                        f.prepared.clone(),
+                        f.crumbs.as_ref().map(|c| c.state()),
                     )
                 })
                 .collect();
@@ -153,7 +159,11 @@ impl Shared {
             }
         }
         let _ = writeln!(out, "  {} batches in flight", flying.len());
-        for (seq, queue, age, (completion, target), waits, signals, commands) in flying {
+        // Which batches share a `VkCommandBuffer` (a SIMULTANEOUS_USE one in flight twice).
+        let raws: Vec<(u64, vk::CommandBuffer)> = flying.iter().map(|f| (f.0, f.7.raw)).collect();
+        for (seq, queue, age, (completion, target), waits, signals, commands, prepared, crumbs) in
+            flying
+        {
             // SAFETY: completion semaphores live as long as `self`.
             let reached = unsafe { self.device.get_semaphore_counter_value(completion) };
             let _ = writeln!(
@@ -172,6 +182,31 @@ impl Shared {
                 );
             }
             let _ = writeln!(out, "    commands: {commands}");
+            if let Some(submission) = crumbs {
+                let _ = writeln!(out, "    breadcrumbs: submission {submission}");
+            }
+            if let Some(progress) = prepared.progress() {
+                let _ = writeln!(out, "    breadcrumbs: command buffer {progress}");
+            }
+            let twins: Vec<u64> = raws
+                .iter()
+                .filter(|&&(other, raw)| other != seq && raw == prepared.raw)
+                .map(|&(other, _)| other)
+                .collect();
+            let _ = if twins.is_empty() {
+                writeln!(
+                    out,
+                    "    command buffer {:?} in flight in no other batch",
+                    prepared.raw
+                )
+            } else {
+                writeln!(
+                    out,
+                    "    command buffer {:?} ALSO IN FLIGHT in seq {twins:?} (its command \
+                     breadcrumbs are shared with those)",
+                    prepared.raw
+                )
+            };
         }
         for inner in self.live_semaphores() {
             let waited_on = {
