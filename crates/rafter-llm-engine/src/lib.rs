@@ -6,6 +6,7 @@
 //! The CLI's `rafter generate` and `rafter compile`, the OpenAI-compatible server and the
 //! Python package all open models through [`Llm::open`].
 
+mod heap;
 mod model;
 pub mod vocab;
 
@@ -23,6 +24,7 @@ use rafter_llm::{build_decoder, DecoderOptions, Logits, ModelSource, SourceError
 use rafter_runtime::{RuntimeError, Session, SessionOptions};
 use serde::{Deserialize, Serialize};
 
+pub use heap::release_freed_heap;
 pub use model::SessionModel;
 pub use rafter_llm::KvType;
 
@@ -256,6 +258,8 @@ impl Llm {
         }
         let session =
             Session::with_options(c.compiled.program, &devices(options)?, session_options)?;
+        // The graph, the GGUF's metadata and the compiler's intermediates are freed by now.
+        release_freed_heap();
         Ok(Llm {
             path,
             info: c.info,
@@ -312,6 +316,7 @@ impl Llm {
         observe(Stage::Bind);
         let session =
             Session::from_artifact(artifact, &devices(options)?, session_options(options))?;
+        release_freed_heap();
         Ok(Llm {
             path,
             info,
