@@ -88,19 +88,23 @@ pub fn run_spread(
             .map(|(device, session)| {
                 let next = &next;
                 scope.spawn(move || {
-                    device_stream(device, session, inputs, calls, in_flight, next, start)
-                        .and_then(|(share, outputs)| {
+                    device_stream(device, session, inputs, calls, in_flight, next, start).and_then(
+                        |(share, outputs)| {
                             for (i, out) in outputs.iter().enumerate() {
                                 check_outputs(device, i, out, reference, tolerance)?;
                             }
                             Ok(share)
-                        })
+                        },
+                    )
                 })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| bail!("a device's stream thread panicked")))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a device's stream thread panicked"))
+            })
             .collect()
     });
     let wall_s = start.elapsed().as_secs_f64();
@@ -237,7 +241,10 @@ mod tests {
             ],
         };
         let l = s.lines(2);
-        assert_eq!(l[0], "spread: 40 calls, 2 in flight per device, 20.00 calls/s");
+        assert_eq!(
+            l[0],
+            "spread: 40 calls, 2 in flight per device, 20.00 calls/s"
+        );
         assert_eq!(
             l[1],
             "spread device cpu: 10 calls (25%), idle 25.0% of the stream, latency median 2.000 ms"
