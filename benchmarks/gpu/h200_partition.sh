@@ -1,36 +1,53 @@
 #!/usr/bin/env bash
-# Issue 26's Done-when numbers on the GPU machine (16 cores + H200/H100), in one call:
-# for ResNet-50, MobileNetV2, BERT-base and MiniLM-L6 (f32, batch 1, BERT seq 128):
+# Issue 26's Done-when numbers on the GPU machine (16 cores + H200/H100), in ONE device call
+# (a budget of ~8 minutes, checked before each step: what does not fit is skipped and said):
+# for ResNet-50, MobileNetV2, BERT-base, MiniLM-L6 (f32, batch 1, BERT seq 128), then the
+# f16 variants of ResNet-50, MobileNetV2, BERT-base:
 #   1. the device profiles (`rafter devices --profile`, stored in $out/profiles.txt and
 #      used by every later command through RAFTER_DEVICE_PROFILES);
 #   2. call latency on --device cpu, vulkan and auto, each with the cost model's estimate
-#      next to the measured time (`bench --estimate`: per class, device and partition);
+#      next to the measured time (`bench --estimate`: per class, device and partition):
+#      the accuracy table on the GPU and on the host CPU;
 #   3. a stream of calls (`bench --in-flight 4`): each device alone (its own throughput;
-#      their sum is the ideal) and `--device auto --objective throughput`, traced, with
-#      each device's busy time and idle fraction;
-#   4. a summary table: estimate/measured per target, auto vs best single device, and the
-#      stream's throughput against the ideal.
-# Needs only the stripped `rafter` in .gl/ (and .gl/setup.sh for the Vulkan loader, as
-# h100_vulkan.sh) and python3 with torch + onnx + onnxruntime to export the models
-# (scripts/export_models.py: random init with a fixed seed, no downloads).
+#      their sum is the ideal) and `--device auto --objective throughput`, which spreads
+#      whole calls over the CPU and the GPU (src/spread.rs): calls per device and idle;
+#   4. summary tables: estimate/measured per target, auto vs best single device, and the
+#      spread stream's throughput against the ideal.
+# Carry: the stripped `rafter` (.devbench/rafter, or RAFTER=path), .gl/ (setup.sh + the
+# Vulkan loader debs, as h100_vulkan.sh), scripts/export_models.py and
+# benchmarks/gpu/export_f16.py (tracked). Models are exported on the device with its
+# python3 (torch + onnx + onnxruntime; random init, fixed seed, no downloads).
 #   bash benchmarks/gpu/h200_partition.sh            # everything
-#   MODELS="mobilenet_v2" bash benchmarks/gpu/h200_partition.sh
+#   MODELS="mobilenet_v2" F16_MODELS="" bash benchmarks/gpu/h200_partition.sh
 set -u
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-[ -f .gl/setup.sh ] && bash .gl/setup.sh
-R=${RAFTER:-.gl/rafter}
+[ -f .gl/setup.sh ] && bash .gl/setup.sh > "$out/setup.txt" 2>&1
+R=${RAFTER:-.devbench/rafter}
+[ -x "$R" ] || R=.gl/rafter
 M=.cache/models
 models=${MODELS:-"mobilenet_v2 resnet50 minilm_l6 bert_base"}
-iters=${ITERS:-50}
-stream_calls=${STREAM_CALLS:-300}
+f16_models=${F16_MODELS-"mobilenet_v2 resnet50 bert_base"}
+iters=${ITERS:-30}
+stream_calls=${STREAM_CALLS:-200}
+budget=${BUDGET_S:-480}
 export RAFTER_DEVICE_PROFILES="$out/profiles.txt"
+nproc > "$out/nproc.txt"; lscpu | grep -E "Model name|^CPU\(s\)" >> "$out/nproc.txt"
+nvidia-smi -L >> "$out/nproc.txt" 2>&1
+
+left() { [ $SECONDS -lt "$budget" ] || { echo "SKIPPED (budget ${budget}s spent): $*" | tee -a "$out/skipped.txt"; return 1; }; }
 
 $R devices > "$out/devices.txt" 2>&1
+head -5 "$out/devices.txt"
 python3 scripts/export_models.py --only $models > "$out/export.txt" 2>&1
 tail -2 "$out/export.txt"
+if [ -n "$f16_models" ]; then
+  python3 benchmarks/gpu/export_f16.py --only $f16_models > "$out/export_f16.txt" 2>&1
+  tail -2 "$out/export_f16.txt"
+fi
+echo "exported at ${SECONDS}s"
 $R devices --profile > "$out/profile.txt" 2>&1
-cat "$out/profile.txt"
+tail -6 "$out/profile.txt"
 
 inputs_of() {
   local m=$1 ins=""
@@ -38,32 +55,42 @@ inputs_of() {
   echo "$ins"
 }
 
-for m in $models; do
+all=""
+for m in $models; do all="$all $m"; done
+for m in $f16_models; do all="$all ${m}_f16"; done
+# Latency and the accuracy table first (every model), then the streams.
+for m in $all; do
   [ -f $M/$m.onnx ] || { echo "$m: no $M/$m.onnx"; continue; }
   ins=$(inputs_of $m)
   for t in cpu vulkan auto; do
+    left "latency $m $t" || continue
     # An untimed process first (the first run after an export runs slow; the Vulkan
     # pipeline cache fills).
-    $R bench $M/$m.onnx --device $t $ins --warmup 3 --iters 5 > /dev/null 2>&1
-    $R bench $M/$m.onnx --device $t $ins --warmup 10 --iters $iters --estimate \
+    timeout 120 $R bench $M/$m.onnx --device $t $ins --warmup 2 --iters 3 > /dev/null 2>&1
+    timeout 120 $R bench $M/$m.onnx --device $t $ins --warmup 5 --iters $iters --estimate \
       > "$out/latency_${m}_$t.txt" 2>&1
     echo "$m $t: $(grep '^bench:' "$out/latency_${m}_$t.txt") | $(grep '^estimate:' "$out/latency_${m}_$t.txt")"
   done
-  for t in cpu vulkan; do
-    $R bench $M/$m.onnx --device $t $ins --warmup 10 --iters $stream_calls --in-flight 4 \
-      > "$out/stream_${m}_$t.txt" 2>&1
-    echo "$m $t: $(grep '^stream:' "$out/stream_${m}_$t.txt")"
-  done
-  $R bench $M/$m.onnx --device auto --objective throughput $ins --warmup 10 \
-    --iters $stream_calls --in-flight 4 --trace /tmp/stream_$m.json \
-    > "$out/stream_${m}_auto.txt" 2>&1
-  $R plan $M/$m.onnx --target auto --objective throughput > "$out/plan_${m}_throughput.txt" 2>&1
-  echo "$m auto/throughput: $(grep '^stream:' "$out/stream_${m}_auto.txt")"
-  grep '^device ' "$out/stream_${m}_auto.txt"
 done
+for m in $all; do
+  [ -f $M/$m.onnx ] || continue
+  ins=$(inputs_of $m)
+  for t in cpu vulkan; do
+    left "stream $m $t" || continue
+    timeout 120 $R bench $M/$m.onnx --device $t $ins --warmup 5 --iters $stream_calls --in-flight 4 \
+      --trace /tmp/stream_${m}_$t.json > "$out/stream_${m}_$t.txt" 2>&1
+    echo "$m $t: $(grep '^stream:' "$out/stream_${m}_$t.txt") $(grep '^device ' "$out/stream_${m}_$t.txt" | tr '\n' ' ')"
+  done
+  left "stream $m auto/throughput" || continue
+  timeout 150 $R bench $M/$m.onnx --device auto --objective throughput $ins --warmup 5 \
+    --iters $stream_calls --in-flight 4 > "$out/stream_${m}_auto.txt" 2>&1
+  echo "$m auto/throughput: $(grep '^spread' "$out/stream_${m}_auto.txt" | tr '\n' ' ')"
+  grep -i error "$out/stream_${m}_auto.txt" | head -3
+done
+echo "measured by ${SECONDS}s"
 
-python3 - "$out" $models <<'EOF'
-import re, sys, os
+python3 - "$out" $all <<'EOF' | tee "$out/summary.md"
+import re, sys
 out, models = sys.argv[1], sys.argv[2:]
 def grab(path, pat):
     try:
@@ -71,21 +98,26 @@ def grab(path, pat):
         return float(m.group(1)) if m else None
     except OSError:
         return None
+f = lambda x: "-" if x is None else f"{x:.3f}"
 print("\n| model | cpu ms | vulkan ms | auto ms | auto / best | est/meas cpu | vulkan | auto |")
 print("|---|---|---|---|---|---|---|---|")
 for m in models:
     lat = {t: grab(f"{out}/latency_{m}_{t}.txt", r"^bench: median ([\d.]+)") for t in ("cpu", "vulkan", "auto")}
     est = {t: grab(f"{out}/latency_{m}_{t}.txt", r"^estimate: .*est/meas ([\d.]+)") for t in ("cpu", "vulkan", "auto")}
-    best = min(v for v in (lat["cpu"], lat["vulkan"]) if v) if any((lat["cpu"], lat["vulkan"])) else None
+    singles = [v for v in (lat["cpu"], lat["vulkan"]) if v]
+    best = min(singles) if singles else None
     ratio = f"{lat['auto'] / best:.2f}" if lat["auto"] and best else "-"
-    f = lambda x: "-" if x is None else f"{x:.3f}"
     print(f"| {m} | {f(lat['cpu'])} | {f(lat['vulkan'])} | {f(lat['auto'])} | {ratio} | {f(est['cpu'])} | {f(est['vulkan'])} | {f(est['auto'])} |")
-print("\n| model | cpu calls/s | vulkan calls/s | ideal (sum) | auto throughput calls/s | of ideal | vs vulkan alone |")
-print("|---|---|---|---|---|---|---|")
+print("\n| model | cpu calls/s | vulkan calls/s | ideal (sum) | spread calls/s | of ideal | cpu share | cpu idle | vulkan idle |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in models:
-    s = {t: grab(f"{out}/stream_{m}_{t}.txt", r"^stream: .* ([\d.]+) calls/s") for t in ("cpu", "vulkan", "auto")}
+    s = {t: grab(f"{out}/stream_{m}_{t}.txt", r"^stream: .* ([\d.]+) calls/s") for t in ("cpu", "vulkan")}
+    s["auto"] = grab(f"{out}/stream_{m}_auto.txt", r"^spread: .* ([\d.]+) calls/s")
     if not all(s.values()):
-        print(f"| {m} | missing stream results |"); continue
+        print(f"| {m} | missing stream results: {s} |"); continue
     ideal = s["cpu"] + s["vulkan"]
-    print(f"| {m} | {s['cpu']:.1f} | {s['vulkan']:.1f} | {ideal:.1f} | {s['auto']:.1f} | {s['auto'] / ideal:.0%} | {s['auto'] / s['vulkan']:.2f}x |")
+    share = grab(f"{out}/stream_{m}_auto.txt", r"^spread device cpu: \d+ calls \(([\d.]+)%\)")
+    idle = {d: grab(f"{out}/stream_{m}_auto.txt", rf"^spread device {d}: .* idle ([\d.]+)%") for d in ("cpu", "vulkan")}
+    print(f"| {m} | {s['cpu']:.1f} | {s['vulkan']:.1f} | {ideal:.1f} | {s['auto']:.1f} | {s['auto'] / ideal:.0%} | {share}% | {idle['cpu']}% | {idle['vulkan']}% |")
 EOF
+echo "done in ${SECONDS}s"

@@ -84,6 +84,12 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         bail!("--in-flight must be at least 1");
     }
     let specs = dims::parse_dims(&args.dims)?;
+    if args.in_flight > 1
+        && target.placement().objective == rafter_opt::partition::Objective::Throughput
+        && target.backend("vulkan").is_some()
+    {
+        return bench_spread(&args, &specs);
+    }
     let Executor::Runtime(program, executables) = load(
         &Source::File(args.model.clone()),
         true,
@@ -183,6 +189,72 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         quantile(&submits, 0.5)
     );
     println!("{}", summary_line(&times, Rss::now().map(|r| r.peak_kib)));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How far (scaled by the largest magnitude) a spread call's outputs may be from the CPU
+/// run's: the devices round differently (the Vulkan f16 kernels most).
+const SPREAD_TOLERANCE: f64 = 2e-2;
+
+/// `--in-flight N --objective throughput` on a target with several devices: whole calls
+/// spread over one session per device (see [`crate::spread`]).
+fn bench_spread(args: &BenchArgs, specs: &[DimSpec]) -> Result<ExitCode> {
+    let mut sessions = Vec::new();
+    let mut reference = None;
+    let mut call_inputs = None;
+    for device in ["cpu", "vulkan"] {
+        let target = crate::model::parse_target(device)?;
+        let Executor::Runtime(program, executables) =
+            load(&Source::File(args.model.clone()), true, target, specs)?
+        else {
+            bail!("internal error: bench needs a compiled program");
+        };
+        if call_inputs.is_none() {
+            let values: Vec<DimSpec> = specs.iter().filter(|s| !s.is_bound).cloned().collect();
+            let mut bindings = Bindings::with(dims::values_only(&values)?);
+            call_inputs = Some(runtime_tensors(&gather_inputs(
+                &program.inputs,
+                &args.inputs,
+                &mut bindings,
+                Some(args.seed),
+            )?)?);
+        }
+        let inputs = call_inputs.as_ref().expect("set above");
+        let devices = crate::model::devices_for(
+            &program,
+            CpuDeviceOptions {
+                worker_threads: args.threads,
+                ..CpuDeviceOptions::default()
+            },
+        )?;
+        let options = crate::model::with_executables(
+            SessionOptions::new().kernel_threads(args.threads),
+            &executables,
+        );
+        let session = Session::with_options(program, &devices, options)?;
+        let mut out = None;
+        for _ in 0..args.warmup.max(1) {
+            out = Some(session.run(inputs.clone(), CALL_TIMEOUT)?);
+        }
+        if reference.is_none() {
+            reference = out;
+        }
+        sessions.push((device.to_string(), session));
+    }
+    let (Some(inputs), Some(reference)) = (call_inputs, reference) else {
+        bail!("internal error: no device ran the model");
+    };
+    let spread = crate::spread::run_spread(
+        &sessions,
+        &inputs,
+        args.iters,
+        args.in_flight,
+        &reference,
+        SPREAD_TOLERANCE,
+    )?;
+    for l in spread.lines(args.in_flight) {
+        println!("{l}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

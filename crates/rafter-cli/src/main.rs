@@ -16,6 +16,7 @@ mod model;
 mod placement;
 mod progress;
 mod rss;
+mod spread;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -802,3 +802,51 @@ fn kv_type_errors_name_the_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--kv-type applies to LLMs"), "{err}");
 }
+
+/// `bench --device auto --objective throughput --in-flight N` spreads whole calls over the
+/// CPU and the Vulkan device (lavapipe here): every call's outputs are checked inside
+/// against the CPU run (the bench fails otherwise), each device reports its calls and idle.
+#[test]
+fn throughput_stream_spreads_calls_over_cpu_and_vulkan() {
+    if !text(&rafter(&["devices"])).contains("\nvulkan")
+        && std::env::var("RAFTER_REQUIRE_VULKAN").as_deref() != Ok("1")
+    {
+        eprintln!("no Vulkan device: the spread stream needs two devices");
+        return;
+    }
+    let model = fixture("model.onnx");
+    let o = rafter(&[
+        "bench",
+        model.to_str().unwrap(),
+        "--device",
+        "auto",
+        "--objective",
+        "throughput",
+        "--in-flight",
+        "3",
+        "--dim",
+        "batch=1",
+        "--dim",
+        "seq=9",
+        "--warmup",
+        "1",
+        "--iters",
+        "24",
+        "--threads",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("spread: 24 calls, 3 in flight per device, "),
+        "{out}"
+    );
+    let calls = |device: &str| -> usize {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("spread device {device}: ")))
+            .unwrap_or_else(|| panic!("no line for {device}: {out}"));
+        line.split(' ').nth(3).unwrap().parse().unwrap()
+    };
+    assert_eq!(calls("cpu") + calls("vulkan"), 24, "{out}");
+}
