@@ -123,7 +123,34 @@ fn check(doc: &Value) -> std::result::Result<(), String> {
     if let Some(pp) = doc.get("post_processor") {
         check_post_processor(pp, "post_processor")?;
     }
+    if let Some(decoder) = doc.get("decoder") {
+        check_decoder(decoder, "decoder")?;
+    }
     Ok(())
+}
+
+/// A `Strip` decoder (alone or inside a `Sequence`) may only strip from the start: with
+/// `stop > 0` tokenizers 0.23 underflows on a token shorter than `stop` and slices past the
+/// token when start and stop overlap (found by fuzzing). Real tokenizers (Llama 2, Mistral,
+/// Gemma) strip one leading space and nothing at the end.
+fn check_decoder(decoder: &Value, at: &str) -> std::result::Result<(), String> {
+    match decoder.get("type").and_then(Value::as_str) {
+        Some("Sequence") => {
+            let list = decoder.get("decoders").and_then(Value::as_array);
+            for (i, d) in list.into_iter().flatten().enumerate() {
+                check_decoder(d, &format!("{at}.decoders[{i}]"))?;
+            }
+            Ok(())
+        }
+        Some("Strip") => match decoder.get("stop").and_then(Value::as_u64) {
+            Some(stop) if stop > 0 => Err(format!(
+                "{at} is a Strip decoder with stop = {stop}: stripping from the end of tokens \
+                 is not supported (only `stop: 0`)"
+            )),
+            _ => Ok(()),
+        },
+        _ => Ok(()),
+    }
 }
 
 /// A `TemplateProcessing` post-processor (alone or inside a `Sequence`): its templates may
@@ -364,6 +391,22 @@ mod tests {
             "rstrip":false,"normalized":false,"special":true}"#;
         let t = parse_tokenizer_json(&bpe(r#""a":0,"b":1"#, "", added), "t").unwrap();
         assert_eq!(t.token_to_id("<x>"), Some(2));
+    }
+
+    /// tokenizers 0.23 underflows decoding an empty token through this decoder (the
+    /// fuzzer's third crash).
+    #[test]
+    fn strip_decoders_that_cut_the_end_are_named() {
+        let json = r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},
+            "decoder":{"type":"Sequence","decoders":[{"type":"Fuse"},
+            {"type":"Strip","content":" ","start":1,"stop":1}]}}"#;
+        let e = err(json);
+        assert!(
+            e.contains("decoder.decoders[1] is a Strip decoder with stop = 1"),
+            "{e}"
+        );
+        let json = json.replace(r#""stop":1"#, r#""stop":0"#);
+        parse_tokenizer_json(&json, "t").unwrap();
     }
 
     #[test]
