@@ -17,6 +17,7 @@ use crate::elementwise::{build, R};
 /// GLSL.std.450 instruction numbers used here.
 const ROUND_EVEN: u32 = 2;
 const FABS: u32 = 4;
+const FSIGN: u32 = 6;
 const TANH: u32 = 21;
 const EXP: u32 = 27;
 const FCLAMP: u32 = 43;
@@ -179,6 +180,13 @@ impl Math<'_> {
             q = self.add(t, b)?;
         }
         let r = self.div(p, q)?;
+        // At |x| >= 4 erf is ±1 in f32 (1 - 1.5e-8 rounds to 1); the approximation at the
+        // clamp is one ulp short, which `0.5 x (1 + erf)` would scale to a large nonzero
+        // GELU for x far below 0.
+        let abs = self.ext(FABS, &[x])?;
+        let inside = self.lt(abs, hi)?;
+        let sign = self.ext(FSIGN, &[x])?;
+        let r = self.select(inside, r, sign)?;
         self.keep_nan(x, r)
     }
 
