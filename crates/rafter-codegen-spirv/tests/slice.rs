@@ -7,7 +7,7 @@ mod common;
 
 use rafter_codegen_spirv::{kernel_module, slice};
 use rafter_ir::text::parse_graph;
-use rafter_reference::{Bindings, Tensor};
+use rafter_reference::Bindings;
 
 /// A body slicing `%x` of `dtype[x_dims]` to `[y_dims]` with the given constant operands
 /// (`None`: the operand is absent).
