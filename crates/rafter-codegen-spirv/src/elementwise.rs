@@ -135,7 +135,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     if body
         .nodes
         .last()
-        .is_some_and(|n| matches!(n.op, Op::LayerNorm { .. }))
+        .is_some_and(|n| matches!(n.op, Op::LayerNorm { .. } | Op::RmsNorm { .. }))
     {
         return layer_norm(body).map_err(error);
     }
@@ -785,6 +785,9 @@ struct NormPlan {
     /// The normalised dims, whose product is the row length.
     lane: Vec<Dim>,
     epsilon: f32,
+    /// An `rms_norm`: no mean is subtracted and there is no bias, `x / sqrt(mean(x²) + eps)
+    /// * scale`.
+    rms: bool,
     x: ValueId,
     scale: ValueId,
     bias: Option<ValueId>,
@@ -804,13 +807,18 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
             ));
         }
     }
-    let Op::LayerNorm { axis, epsilon } = &node.op else {
-        return Err("not a layer_norm".into());
+    let (axis, epsilon, rms) = match &node.op {
+        Op::LayerNorm { axis, epsilon } => (axis, epsilon, false),
+        Op::RmsNorm { axis, epsilon } => (axis, epsilon, true),
+        _ => return Err("not a layer_norm or rms_norm".into()),
     };
     let (Some(Some(x)), Some(Some(scale))) = (node.inputs.first(), node.inputs.get(1)) else {
         return Err("layer_norm without its x and scale".into());
     };
     let bias = node.inputs.get(2).copied().flatten();
+    if rms && bias.is_some() {
+        return Err("an rms_norm with a bias operand".into());
+    }
     if body.outputs.len() != 1 || node.outputs.first() != Some(&Some(body.outputs[0])) {
         return Err(
             "a layer_norm kernel is generated with its normalised result only (not the mean \
@@ -926,6 +934,7 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     emitter.norm = Some(NormPlan {
         lane,
         epsilon: *epsilon,
+        rms,
         x: *x,
         scale: *scale,
         bias,
@@ -2621,8 +2630,8 @@ impl<'a> Emitter<'a> {
         Ok(values)
     }
 
-    /// Layer norm of row `r` (`lane` elements): the mean, the variance around it, then
-    /// `(x - mean) / sqrt(var + epsilon) * scale + bias` per element.
+    /// Layer or RMS norm of row `r` (`lane` elements): the mean (0 for an rms_norm), the
+    /// variance around it, then `(x - mean) / sqrt(var + epsilon) * scale + bias` per element.
     fn norm_row(
         &mut self,
         plan: &NormPlan,
@@ -2641,12 +2650,17 @@ impl<'a> Emitter<'a> {
                 .copied()
                 .ok_or_else(|| "x is never computed".into())
         };
-        let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
-            let x = x_of(e, k)?;
-            e.add(acc, x)
-        })?;
-        let sum = self.combine(sum, false)?;
-        let mean = self.div(sum, n)?;
+        // An rms_norm measures the spread around 0 (its mean pass is skipped).
+        let mean = if plan.rms {
+            zero
+        } else {
+            let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
+                let x = x_of(e, k)?;
+                e.add(acc, x)
+            })?;
+            let sum = self.combine(sum, false)?;
+            self.div(sum, n)?
+        };
         let squares = self.row_loop(lane, zero, &mut |e, k, acc| {
             let x = x_of(e, k)?;
             let d = e.sub(x, mean)?;

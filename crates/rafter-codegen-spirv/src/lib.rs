@@ -114,6 +114,10 @@
 //! (negative ones from the end; an index outside the table gives NaN, never a read past
 //! the table).
 //!
+//! [`slice`]: ONNX `Slice` of a static f32/f16 tensor with constant starts, ends, axes and
+//! steps (a fused QKV split); the epilogue of a product may end in sigmoid, tanh or GELU
+//! (the private `epilogue_math` module).
+//!
 //! Subgroup reductions, reduces over symbolic dims, integer arithmetic
 //! and f16 arithmetic (packed f16) come next. Multi-element constants folded
 //! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are kept
@@ -129,9 +133,11 @@ mod conv;
 mod coop;
 mod elem;
 mod elementwise;
+mod epilogue_math;
 mod gather;
 mod integer;
 mod matmul;
+mod slice;
 mod window;
 
 pub use backend::SpirvBackend;
@@ -142,6 +148,7 @@ pub use elementwise::{
 };
 pub use gather::{gather, GatherKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
+pub use slice::{slice, SliceKernel};
 
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
@@ -166,6 +173,7 @@ enum Generated {
     Matmul(MatmulKernel),
     Conv(ConvKernel),
     Gather(GatherKernel),
+    Slice(SliceKernel),
 }
 
 /// Generates `body`; the error is the elementwise generator's reason unless the body is a
@@ -198,6 +206,11 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         .is_some_and(|n| matches!(n.op, rafter_ir::Op::Gather { .. }))
     {
         return gather(body).map(Generated::Gather);
+    }
+    if let [n] = body.nodes.as_slice() {
+        if matches!(n.op, rafter_ir::Op::Slice) {
+            return slice(body).map(Generated::Slice);
+        }
     }
     elementwise(body)
         .map(Generated::Elementwise)
@@ -284,6 +297,15 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             dims: Vec::new(),
             spirv: to_bytes(&g.spirv).into(),
             coop: g.coop.map(|c| to_bytes(&c).into()),
+        },
+        Generated::Slice(g) => VulkanModule {
+            kernel,
+            launch: rafter_vulkan_section::Launch::Elementwise,
+            workgroup_size: WORKGROUP_SIZE,
+            entry_point: "main".into(),
+            dims: Vec::new(),
+            spirv: to_bytes(&g.spirv).into(),
+            coop: None,
         },
         Generated::Gather(g) => VulkanModule {
             kernel,

@@ -22,7 +22,7 @@
 //! per binding (the body's inputs, then its output), then the params; element addresses
 //! are 64-bit integers.
 
-use rafter_ir::{BinaryOp, Graph, Op, UnaryOp, ValueDef, ValueId};
+use rafter_ir::{BinaryOp, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rafter_vulkan_section::Launch;
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
@@ -182,11 +182,24 @@ pub(crate) enum Step {
     /// `x op s` (`x_left`) or `s op x`.
     Binary(BinaryOp, Src, bool),
     Relu,
+    /// An activation from [`crate::epilogue_math`]: sigmoid, tanh or GELU.
+    Activation(Activation),
     /// `clip(x, lo, hi)`, either bound absent (ONNX `Clip`; ReLU6 in MobileNetV2).
     Clip(Option<Src>, Option<Src>),
     /// `x` rounded to f16: the boundary between two ops of an f16 chain (the product and
     /// each epilogue node), so fusion rounds where separate ops would have stored.
     Round,
+}
+
+/// The transcendental activations an epilogue applies (see [`crate::epilogue_math`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activation {
+    Sigmoid,
+    Tanh,
+    /// GELU, `tanh_form` for ONNX's `approximate = "tanh"`.
+    Gelu {
+        tanh_form: bool,
+    },
 }
 
 /// How C's dims map onto the kernel's `rows × cols` matrix, for reading epilogue operands:
@@ -389,6 +402,20 @@ pub(crate) fn epilogue(
         }
         let step = match (&node.op, node.inputs.as_slice()) {
             (Op::Unary { op: UnaryOp::Relu }, [Some(v)]) if *v == x => Step::Relu,
+            (
+                Op::Unary {
+                    op: UnaryOp::Sigmoid,
+                },
+                [Some(v)],
+            ) if *v == x => Step::Activation(Activation::Sigmoid),
+            (Op::Unary { op: UnaryOp::Tanh }, [Some(v)]) if *v == x => {
+                Step::Activation(Activation::Tanh)
+            }
+            (Op::Gelu { approximate }, [Some(v)]) if *v == x => {
+                Step::Activation(Activation::Gelu {
+                    tanh_form: matches!(approximate, GeluApprox::Tanh),
+                })
+            }
             (Op::Binary { op }, [Some(l), Some(r)])
                 if matches!(
                     op,
@@ -1545,6 +1572,19 @@ impl Body {
                     let zero = self.b.constant_bit32(f32, 0);
                     let neg = build(self.b.f_ord_less_than(self.ids.bool, None, x, zero))?;
                     build(self.b.select(f32, None, neg, zero, x))?
+                }
+                Step::Activation(act) => {
+                    let mut m = crate::epilogue_math::Math {
+                        b: &mut self.b,
+                        f32,
+                        bool: self.ids.bool,
+                        glsl: self.ids.glsl,
+                    };
+                    match act {
+                        Activation::Sigmoid => m.sigmoid(x)?,
+                        Activation::Tanh => m.tanh(x)?,
+                        Activation::Gelu { tanh_form } => m.gelu(x, *tanh_form)?,
+                    }
                 }
                 Step::Clip(lo, hi) => {
                     // Ordered comparisons, so NaN passes through unchanged.

@@ -612,6 +612,38 @@ fn layer_norm_matches_the_reference() {
     assert!(e.reason.contains("normalised result only"), "{e}");
 }
 
+/// RMS norm (no mean subtracted, no bias): alone, after a residual add (an LLM block's
+/// `x + attn` then norm), over rows longer than a workgroup, with a symbolic row count.
+#[test]
+fn rms_norm_matches_the_reference() {
+    let Some(device) = common::device_or_skip("rms_norm") else {
+        return;
+    };
+    let kinds = check_close(
+        &device,
+        "graph @rms(%x: f32[b, s, 40], %g: f32[40]) -> (%y) {\n  %y: f32[b, s, 40] = rms_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}",
+        &[&[2, 3, 40], &[40]],
+        1e-5,
+        1e-6,
+    );
+    assert_eq!(kinds, [Operand::Tensor, Operand::Lane]);
+    check_close(
+        &device,
+        "graph @add_rms(%x: f32[b, s, 300], %r: f32[b, s, 300], %g: f32[300]) -> (%y) {\n  %t: f32[b, s, 300] = binary{op = add}(%x, %r)\n  %y: f32[b, s, 300] = rms_norm{axis = 2, epsilon = 1e-6}(%t, %g)\n}",
+        &[&[2, 9, 300], &[2, 9, 300], &[300]],
+        1e-5,
+        1e-6,
+    );
+    // Over two axes, the scale of shape [s, 6].
+    check_close(
+        &device,
+        "graph @rms2(%x: f32[3, s, 6], %g: f32[s, 6]) -> (%y) {\n  %y: f32[3, s, 6] = rms_norm{axis = 1, epsilon = 1e-3}(%x, %g)\n}",
+        &[&[3, 5, 6], &[5, 6]],
+        1e-5,
+        1e-6,
+    );
+}
+
 /// ONNX's `Div` is IEEE division: every quotient equals Rust's `a / b` bit for bit,
 /// including quotients that land exactly on a .5 tie (which a quantization then rounds:
 /// NVIDIA's 2.5-ulp `OpFDiv` put 25.5 just below the tie), and the special values the

@@ -1,0 +1,285 @@
+//! ONNX `Slice` of an f32 or f16 tensor with static dims and constant starts, ends, axes
+//! and steps: the split of a fused QKV projection before contrib `Attention` (BERT
+//! optimised by ONNX Runtime), a sequence cut, a reversal (negative step).
+//!
+//! One invocation per output element, in a grid-stride loop over the count param (the
+//! elementwise launch, as [`crate::gather`]). With the slice resolved at generation time,
+//! output coordinate `c_d` reads input element `base + sum_d c_d * step_d * stride_d`, where
+//! `base = sum_d start_d * stride_d`. A negative step makes its term negative: the sum is
+//! taken in wrapping 64-bit unsigned arithmetic, whose result is the non-negative index
+//! (no signed division or remainder anywhere: NVIDIA has none for negative values).
+
+use rafter_ir::{Graph, Op, ValueDef};
+use rspirv::binary::Assemble;
+use rspirv::dr::Builder;
+use rspirv::spirv::{BuiltIn, LoopControl, Word};
+
+use crate::elem::{self, Elem};
+use crate::matmul::{begin_main, build, builtin_v3, prelude, push_block, Prelude, R};
+use crate::WORKGROUP_SIZE;
+
+/// A generated slice kernel; launched like an elementwise kernel (one `u32` param, the
+/// output's element count).
+#[derive(Debug, Clone)]
+pub struct SliceKernel {
+    /// The SPIR-V module (entry point `main`); bindings: the body inputs, then the output.
+    pub spirv: Vec<u32>,
+}
+
+/// The resolved slice: where the data is bound, and per output dim its size and the input
+/// element step (negative for a negative slice step).
+struct Layout {
+    elem: Elem,
+    data: usize,
+    bindings: usize,
+    /// The first element read, `sum_d start_d * stride_d`.
+    base: u64,
+    /// Per output dim: its size and the input elements one step along it moves.
+    dims: Vec<(u32, i64)>,
+}
+
+/// Generates a body holding one `slice` of a static f32/f16 body input with constant
+/// starts, ends and optional axes and steps, its result the body's one output.
+pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
+    let [node] = body.nodes.as_slice() else {
+        return Err("a slice kernel is one slice node (nothing fused)".into());
+    };
+    if !matches!(node.op, Op::Slice) {
+        return Err(format!("op `{}` is not a slice", node.op.name()));
+    }
+    let data = match node.input(0).map(|v| &body.value(v).def) {
+        Some(ValueDef::Input(b)) => *b,
+        _ => return Err("slice data is not a body input".into()),
+    };
+    let constant = |i: usize| -> R<Option<Vec<i64>>> {
+        let Some(v) = node.input(i) else {
+            return Ok(None);
+        };
+        let value = body.value(v);
+        match value.def {
+            ValueDef::Const(c) => body.constant(c).to_i64s().map(Some).ok_or_else(|| {
+                format!(
+                    "slice operand {i} (%{}) is {}, not integers",
+                    value.name, value.ty.dtype
+                )
+            }),
+            _ => Err(format!(
+                "slice operand {i} (%{}) is not a constant (a run-time slice is not \
+                 generated)",
+                value.name
+            )),
+        }
+    };
+    let starts = constant(1)?.ok_or("slice without starts")?;
+    let ends = constant(2)?.ok_or("slice without ends")?;
+    let in_ty = &body.value(body.inputs[data]).ty;
+    let rank = in_ty.rank();
+    let axes = constant(3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = constant(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err(format!(
+            "slice starts {starts:?}, ends {ends:?}, axes {axes:?} and steps {steps:?} differ \
+             in length"
+        ));
+    }
+    let elem = Elem::of(in_ty.dtype).map_err(|e| format!("slice data is {e}"))?;
+    let known = |ty: &rafter_ir::TensorType, what: &str| -> R<Vec<u64>> {
+        ty.dims
+            .iter()
+            .map(|d| {
+                d.as_known()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(|| format!("{what} dim {d} is not static"))
+            })
+            .collect()
+    };
+    let in_dims = known(in_ty, "slice data")?;
+    let Some(&out) = body.outputs.first().filter(|_| body.outputs.len() == 1) else {
+        return Err("a slice kernel has one output".into());
+    };
+    if node.outputs.first().copied().flatten() != Some(out) {
+        return Err("the slice's result must be the body's one output".into());
+    }
+    let out_dims = known(&body.value(out).ty, "slice result")?;
+    if out_dims.len() != rank
+        || in_dims
+            .iter()
+            .chain(&out_dims)
+            .any(|&d| d > u32::MAX as u64)
+    {
+        return Err(format!(
+            "slice of dims {in_dims:?} to {out_dims:?}: ranks differ or a dim exceeds 32 bits"
+        ));
+    }
+    let count: u64 = out_dims.iter().product();
+    if count > u64::from(u32::MAX) {
+        return Err(format!(
+            "slice result of {count} elements exceeds 32-bit indexing"
+        ));
+    }
+    // Per input axis: first index and step; untouched axes run 0.. with step 1.
+    let mut first = vec![0i64; rank];
+    let mut step = vec![1i64; rank];
+    let mut seen = vec![false; rank];
+    for (k, &axis) in axes.iter().enumerate() {
+        let a = if axis < 0 { axis + rank as i64 } else { axis };
+        let a = usize::try_from(a)
+            .ok()
+            .filter(|&a| a < rank)
+            .ok_or_else(|| format!("slice axis {axis} outside rank {rank}"))?;
+        if std::mem::replace(&mut seen[a], true) {
+            return Err(format!("slice axis {a} repeated"));
+        }
+        let (start, s, d) = (starts[k], steps[k], in_dims[a] as i64);
+        if s == 0 {
+            return Err(format!("slice step 0 on axis {a}"));
+        }
+        let start = if start < 0 {
+            start.saturating_add(d)
+        } else {
+            start
+        };
+        first[a] = if s > 0 {
+            start.clamp(0, d)
+        } else {
+            start.max(0).min(d - 1)
+        };
+        step[a] = s;
+        // The result type must hold the positions ONNX visits; the kernel trusts it.
+        let end = if ends[k] < 0 {
+            ends[k].saturating_add(d)
+        } else {
+            ends[k]
+        };
+        let visits = if s > 0 {
+            let e = end.clamp(0, d);
+            ((e - first[a]).max(0) + s - 1) / s
+        } else {
+            let e = end.max(-1).min(d - 1);
+            ((first[a] - e).max(0) - s - 1) / -s
+        };
+        if visits as u64 != out_dims[a] {
+            return Err(format!(
+                "slice axis {a} visits {visits} positions, the result dim is {}",
+                out_dims[a]
+            ));
+        }
+    }
+    for a in 0..rank {
+        if !seen[a] && in_dims[a] != out_dims[a] {
+            return Err(format!("slice changes unsliced axis {a}"));
+        }
+    }
+    // Row-major input strides; the base and per-dim moves in elements.
+    let mut stride = vec![1i64; rank];
+    for a in (0..rank.saturating_sub(1)).rev() {
+        stride[a] = stride[a + 1] * in_dims[a + 1] as i64;
+    }
+    let base = (0..rank).map(|a| first[a] * stride[a]).sum::<i64>() as u64;
+    let dims = (0..rank)
+        .map(|a| (out_dims[a] as u32, step[a] * stride[a]))
+        .collect();
+    let layout = Layout {
+        elem,
+        data,
+        bindings: body.inputs.len() + 1,
+        base,
+        dims,
+    };
+    Ok(SliceKernel {
+        spirv: emit(&layout)?,
+    })
+}
+
+fn emit(l: &Layout) -> R<Vec<u32>> {
+    let mut b = Builder::new();
+    let t = prelude(&mut b);
+    let Prelude {
+        void,
+        u32,
+        u64,
+        bool,
+        ..
+    } = t;
+    let nb = l.bindings as u32;
+    let push = push_block(&mut b, &t, nb, 1);
+    let v3 = b.type_vector(u32, 3);
+    let gid_var = builtin_v3(&mut b, u32, BuiltIn::GlobalInvocationId);
+    let nwg_var = builtin_v3(&mut b, u32, BuiltIn::NumWorkgroups);
+    begin_main(
+        &mut b,
+        void,
+        vec![push.var, gid_var, nwg_var],
+        [WORKGROUP_SIZE, 1, 1],
+    )?;
+    let entry = build(b.begin_block(None))?;
+    let addrs = (0..nb)
+        .map(|i| push.member(&mut b, (u32, u64), i, true))
+        .collect::<R<Vec<Word>>>()?;
+    let count = push.member(&mut b, (u32, u64), nb, false)?;
+    let gid = build(b.load(v3, None, gid_var, None, []))?;
+    let first = build(b.composite_extract(u32, None, gid, [0]))?;
+    let nwg = build(b.load(v3, None, nwg_var, None, []))?;
+    let groups = build(b.composite_extract(u32, None, nwg, [0]))?;
+    // NumWorkgroups read as at least 1, so the loop's stride is never 0.
+    let (zero, one) = (b.constant_bit32(u32, 0), b.constant_bit32(u32, 1));
+    let none = build(b.i_equal(bool, None, groups, zero))?;
+    let groups = build(b.select(u32, None, none, one, groups))?;
+    let size = b.constant_bit32(u32, WORKGROUP_SIZE);
+    let stride = build(b.i_mul(u32, None, groups, size))?;
+
+    // for (i = first; i < count; i += stride)
+    let (header, cond, body, cont, merge) = (b.id(), b.id(), b.id(), b.id(), b.id());
+    let next = b.id();
+    build(b.branch(header))?;
+    build(b.begin_block(Some(header)))?;
+    let i = build(b.phi(u32, None, [(first, entry), (next, cont)]))?;
+    build(b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+    build(b.branch(cond))?;
+    build(b.begin_block(Some(cond)))?;
+    let more = build(b.u_less_than(bool, None, i, count))?;
+    build(b.branch_conditional(more, body, merge, []))?;
+    build(b.begin_block(Some(body)))?;
+    element(&mut b, &t, l, &addrs, i)?;
+    build(b.branch(cont))?;
+    build(b.begin_block(Some(cont)))?;
+    build(b.i_add(u32, Some(next), i, stride))?;
+    build(b.branch(header))?;
+    build(b.begin_block(Some(merge)))?;
+    build(b.ret())?;
+    build(b.end_function())?;
+    Ok(b.module().assemble())
+}
+
+/// Output element `i`: its coordinates, the input element they read, the copy.
+fn element(b: &mut Builder, t: &Prelude, l: &Layout, addrs: &[Word], i: Word) -> R<()> {
+    let Prelude { f32, u32, u64, .. } = *t;
+    let mut at = b.constant_bit64(u64, l.base);
+    // Innermost dim first: c_d = (i / divisor) % size, all unsigned.
+    let mut divisor = 1u64;
+    for &(size, moves) in l.dims.iter().rev() {
+        if size > 1 && moves != 0 {
+            let mut c = i;
+            if divisor != 1 {
+                let d = b.constant_bit32(u32, divisor as u32);
+                c = build(b.u_div(u32, None, c, d))?;
+            }
+            let n = b.constant_bit32(u32, size);
+            c = build(b.u_mod(u32, None, c, n))?;
+            let c = build(b.u_convert(u64, None, c))?;
+            // Two's complement: adding `c * (moves as u64)` wraps to `at + c * moves`.
+            let m = b.constant_bit64(u64, moves as u64);
+            let term = build(b.i_mul(u64, None, c, m))?;
+            at = build(b.i_add(u64, None, at, term))?;
+        }
+        divisor *= u64::from(size);
+    }
+    let esize = b.constant_bit64(u64, l.elem.bytes() as u64);
+    let off = build(b.i_mul(u64, None, at, esize))?;
+    let src = build(b.i_add(u64, None, addrs[l.data], off))?;
+    let v = elem::load(b, l.elem, f32, src)?;
+    let i64 = build(b.u_convert(u64, None, i))?;
+    let off = build(b.i_mul(u64, None, i64, esize))?;
+    let dst = build(b.i_add(u64, None, addrs[l.bindings - 1], off))?;
+    elem::store(b, l.elem, f32, dst, v)
+}
