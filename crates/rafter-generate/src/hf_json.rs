@@ -132,47 +132,41 @@ fn check(doc: &Value) -> std::result::Result<(), String> {
 /// A `Strip` decoder (alone or inside a `Sequence`) may only strip from the start: with
 /// `stop > 0` tokenizers 0.23 underflows on a token shorter than `stop` and slices past the
 /// token when start and stop overlap (found by fuzzing). Real tokenizers (Llama 2, Mistral,
-/// Gemma) strip one leading space and nothing at the end.
+/// Gemma) strip one leading space and nothing at the end. Recognised by its `stop` field,
+/// whatever its `type` says (see [`check_post_processor`]).
 fn check_decoder(decoder: &Value, at: &str) -> std::result::Result<(), String> {
-    match decoder.get("type").and_then(Value::as_str) {
-        Some("Sequence") => {
-            let list = decoder.get("decoders").and_then(Value::as_array);
-            for (i, d) in list.into_iter().flatten().enumerate() {
-                check_decoder(d, &format!("{at}.decoders[{i}]"))?;
-            }
-            Ok(())
+    if let Some(list) = decoder.get("decoders").and_then(Value::as_array) {
+        for (i, d) in list.iter().enumerate() {
+            check_decoder(d, &format!("{at}.decoders[{i}]"))?;
         }
-        Some("Strip") => match decoder.get("stop").and_then(Value::as_u64) {
-            Some(stop) if stop > 0 => Err(format!(
-                "{at} is a Strip decoder with stop = {stop}: stripping from the end of tokens \
-                 is not supported (only `stop: 0`)"
-            )),
-            _ => Ok(()),
-        },
+    }
+    match decoder.get("stop").and_then(Value::as_u64) {
+        Some(stop) if stop > 0 => Err(format!(
+            "{at} is a Strip decoder with stop = {stop}: stripping from the end of tokens is \
+             not supported (only `stop: 0`)"
+        )),
         _ => Ok(()),
     }
 }
 
 /// A `TemplateProcessing` post-processor (alone or inside a `Sequence`): its templates may
 /// only name special tokens it defines, the single-input template only sequence `A`, and
-/// each special token needs as many ids (valid ones) as tokens.
+/// each special token needs as many ids (valid ones) as tokens. Recognised by its fields,
+/// not its `type`: the crate's untagged wrapper accepts any `type` string for it (a fuzzer
+/// input spelled it "TemplateProcessising").
 fn check_post_processor(pp: &Value, at: &str) -> std::result::Result<(), String> {
-    match pp.get("type").and_then(Value::as_str) {
-        Some("Sequence") => {
-            for (i, p) in pp
-                .get("processors")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                check_post_processor(p, &format!("{at}.processors[{i}]"))?;
-            }
-            Ok(())
+    if let Some(list) = pp.get("processors").and_then(Value::as_array) {
+        for (i, p) in list.iter().enumerate() {
+            check_post_processor(p, &format!("{at}.processors[{i}]"))?;
         }
-        Some("TemplateProcessing") => check_template_processing(pp, at),
-        _ => Ok(()),
     }
+    if ["single", "pair", "special_tokens"]
+        .iter()
+        .any(|k| pp.get(k).is_some())
+    {
+        check_template_processing(pp, at)?;
+    }
+    Ok(())
 }
 
 fn check_template_processing(pp: &Value, at: &str) -> std::result::Result<(), String> {
@@ -369,6 +363,11 @@ mod tests {
         let b = r#"{"Sequence":{"id":"B","type_id":0}}"#;
         let e = err(&with_template(&format!("{a},{b}"), s));
         assert!(e.contains("single[1] uses sequence B"), "{e}");
+        // The crate reads a processor of these fields whatever its `type` says.
+        let misspelt = with_template(&format!("{typo},{a}"), s)
+            .replace(r#""TemplateProcessing""#, r#""TemplateProcessising""#);
+        let e = err(&misspelt);
+        assert!(e.contains("single[0] names the special token"), "{e}");
         let uneven = r#""<s>":{"id":"<s>","ids":[1,1],"tokens":["<s>"]}"#;
         let e = err(&with_template(a, uneven));
         assert!(e.contains("has 2 ids but 1 tokens"), "{e}");
