@@ -3,7 +3,9 @@ futures work with concurrent.futures and asyncio."""
 
 import asyncio
 import concurrent.futures
+import sys
 import threading
+import time
 
 import numpy as np
 
@@ -39,7 +41,10 @@ def test_one_thread_per_call_is_correct(bert):
 
 
 def test_gil_released_during_a_call(bert):
-    """A Python thread keeps running while another thread is inside rafter."""
+    """A Python thread runs while another thread is inside rafter. With a 1 s switch
+    interval the spinner cannot take the GIL from a thread running Python for the fraction
+    of a second these calls take, so its progress can only come from a call releasing it;
+    up to 200 calls give it that chance however slowly the OS wakes it."""
     x = inputs(0)
     stop = threading.Event()
     ticks = [0]
@@ -48,14 +53,23 @@ def test_gil_released_during_a_call(bert):
         while not stop.is_set():
             ticks[0] += 1
 
+    old = sys.getswitchinterval()
     t = threading.Thread(target=spin)
     t.start()
     try:
+        while ticks[0] == 0:
+            time.sleep(0.001)
+        sys.setswitchinterval(1.0)
+        # Hand the GIL over once more, so the spinner's next wait for it uses the 1 s interval.
+        time.sleep(0.01)
         before = ticks[0]
-        for _ in range(20):
+        calls = 0
+        while ticks[0] == before and calls < 200:
             bert(*x)
-        assert ticks[0] > before
+            calls += 1
+        assert ticks[0] > before, f"the spinning thread never ran during {calls} calls"
     finally:
+        sys.setswitchinterval(old)
         stop.set()
         t.join()
 
