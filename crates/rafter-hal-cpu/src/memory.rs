@@ -432,7 +432,10 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(miri, ignore = "reads resident pages from /proc, which Miri does not model")]
+    #[cfg_attr(
+        miri,
+        ignore = "reads resident pages from /proc, which Miri does not model"
+    )]
     fn large_allocations_are_zero_aligned_and_resident_only_where_touched() {
         let size = 256 << 20;
         let before = resident();
