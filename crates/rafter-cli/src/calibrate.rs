@@ -14,6 +14,15 @@
 //! - a chain of 33 dependent 1x1 matmuls against a single one: the fixed cost of one
 //!   dispatch (what each extra kernel of a call costs beyond its work).
 //!
+//! A class probe is rated by its kernels' own time on the device (the union of their
+//! dispatch spans in the device's trace: GPU timestamps on Vulkan), not by the call's
+//! wall time: a call also copies the probe's inputs to the device and its result back,
+//! which on a discrete GPU costs far more than the kernel (on an H200, timing whole calls
+//! rated its GEMMs at 0.6 TFLOP/s and its bandwidth at 10 GB/s, an order of magnitude
+//! low, and `--target auto` kept models on the CPU). Those copies are the link's cost,
+//! which the model charges apart. This is also what `rafter bench --estimate` measures
+//! the estimates against.
+//!
 //! The link to an accelerator is the host's copy bandwidth (the runtime's cross-device
 //! copies are host copies into mapped memory) with the accelerator's empty-call time as
 //! its latency. Each figure is the fastest of several timed calls after warm-up (on a
@@ -21,15 +30,17 @@
 //! fastest call likewise).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use rafter_hal::{TraceEvent, TraceKind};
 use rafter_ir::program::KernelKind;
 use rafter_opt::partition::cost::{self, KernelWork};
 use rafter_opt::partition::device::class_name;
 use rafter_opt::partition::{ClassRate, CostProfile, DeviceDescription, Link};
 use rafter_reference::Bindings;
-use rafter_runtime::{Session, SessionOptions};
+use rafter_runtime::{ChromeTrace, Session, SessionOptions};
 use rafter_runtime_cpu::CpuDeviceOptions;
 
 use crate::cmd_run::{gather_inputs, runtime_tensors};
@@ -39,8 +50,19 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// Timed calls per calibration program.
 const CALLS: usize = 9;
 
-/// Seconds of one call (the fastest of several) of `graph_text` compiled for `target`.
-fn time_call(graph_text: &str, target: &str) -> Result<f64> {
+/// What one calibration program costs on its device: each the fastest of [`CALLS`] timed
+/// calls after warm-up (on a machine shared with other work, the least disturbed one).
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    /// Wall time of a whole call (submission, copies, kernels, completion), seconds.
+    call_s: f64,
+    /// Time the program's kernels held `target` in one call (the union of their dispatch
+    /// spans on its queues), seconds; 0 when the device traced none.
+    kernels_s: f64,
+}
+
+/// Times `graph_text` compiled for `target`, tracing its dispatches on the way.
+fn time_call(graph_text: &str, target: &str) -> Result<Timing> {
     let graph = rafter_ir::text::parse_graph(graph_text)
         .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
     let options = rafter_compiler::CompileOptions {
@@ -50,7 +72,12 @@ fn time_call(graph_text: &str, target: &str) -> Result<f64> {
     let compiled = rafter_compiler::compile(&graph, &options)?;
     let executables = compiled.executables();
     let program = compiled.program;
-    let devices = model::devices_for(&program, CpuDeviceOptions::default())?;
+    let sink = Arc::new(ChromeTrace::new());
+    let cpu = CpuDeviceOptions {
+        trace_sink: Some(sink.clone() as Arc<dyn rafter_hal::TraceSink>),
+        ..CpuDeviceOptions::default()
+    };
+    let devices = model::devices_for(&program, cpu)?;
     let opts = model::with_executables(SessionOptions::new(), &executables);
     let mut bindings = Bindings::with([]);
     let inputs = runtime_tensors(&gather_inputs(
@@ -63,15 +90,32 @@ fn time_call(graph_text: &str, target: &str) -> Result<f64> {
     for _ in 0..2 {
         session.run(inputs.clone(), TIMEOUT)?;
     }
-    let mut times = Vec::with_capacity(CALLS);
+    let mut best = Timing {
+        call_s: f64::INFINITY,
+        kernels_s: f64::INFINITY,
+    };
     for _ in 0..CALLS {
+        sink.clear();
         let call = inputs.clone();
         let start = Instant::now();
         session.run(call, TIMEOUT)?;
-        times.push(start.elapsed().as_secs_f64());
+        best.call_s = best.call_s.min(start.elapsed().as_secs_f64());
+        best.kernels_s = best.kernels_s.min(dispatch_time(&sink.events(), target));
     }
-    // The fastest call: on a machine shared with other work, the least disturbed one.
-    Ok(times.into_iter().fold(f64::INFINITY, f64::min))
+    Ok(best)
+}
+
+/// Seconds the dispatches in `events` held `device`'s queues (`vulkan:0` is `vulkan`):
+/// the length of the union of their spans, so a dispatch split over worker threads
+/// counts once.
+fn dispatch_time(events: &[TraceEvent], device: &str) -> f64 {
+    let spans = events
+        .iter()
+        .filter(|e| e.kind == TraceKind::Dispatch)
+        .filter(|e| e.queue.split(':').next() == Some(device))
+        .map(|e| (e.start, e.end))
+        .collect();
+    crate::estimate::union_s(spans)
 }
 
 /// One calibration program: its graph text and the work the cost model counts for it
@@ -89,11 +133,16 @@ fn probe(what: &str, text: String) -> Probe {
 }
 
 fn gemm(m: usize, k: usize, n: usize) -> Probe {
+    gemm_of("f32", m, k, n)
+}
+
+/// A GEMM in `dtype` (`f32`, `f16`).
+fn gemm_of(dtype: &str, m: usize, k: usize, n: usize) -> Probe {
     probe(
-        &format!("gemm {m}x{k}x{n}"),
+        &format!("gemm {dtype} {m}x{k}x{n}"),
         format!(
-            "graph @gemm(%a: f32[{m}, {k}], %b: f32[{k}, {n}]) -> (%y) {{\n  \
-             %y: f32[{m}, {n}] = matmul(%a, %b)\n}}"
+            "graph @gemm(%a: {dtype}[{m}, {k}], %b: {dtype}[{k}, {n}]) -> (%y) {{\n  \
+             %y: {dtype}[{m}, {n}] = matmul(%a, %b)\n}}"
         ),
     )
 }
@@ -220,6 +269,19 @@ fn probe_work(probe: &Probe, target: &str) -> Result<KernelWork> {
     })
 }
 
+/// A probe's compute time: its kernels' traced time (the model adds the fixed dispatch
+/// cost per kernel on top, so a small kernel is over- rather than under-estimated); when
+/// the device traced nothing (a device without timestamps), the call's time beyond an
+/// empty call's, as before tracing existed.
+fn probe_seconds(t: Timing, empty_call_s: f64) -> f64 {
+    let s = if t.kernels_s.is_finite() && t.kernels_s > 0.0 {
+        t.kernels_s
+    } else {
+        t.call_s - empty_call_s
+    };
+    s.max(1e-9)
+}
+
 /// A class's rate from its probes: `(work, seconds of compute beyond the dispatch)`.
 /// With two sizes, the roofline with ramp `t = (f + n½) / F` through both points; with one
 /// (or when the two disagree with a ramp), the plain rate of the largest.
@@ -257,8 +319,12 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
     let ctx = |what: &str| format!("calibrating {device}: {what}");
     let one = chain(1);
     let many = chain(33);
-    let empty = time_call(&one.text, device).with_context(|| ctx(&one.what))?;
-    let t_many = time_call(&many.text, device).with_context(|| ctx(&many.what))?;
+    let empty = time_call(&one.text, device)
+        .with_context(|| ctx(&one.what))?
+        .call_s;
+    let t_many = time_call(&many.text, device)
+        .with_context(|| ctx(&many.what))?
+        .call_s;
     let dispatch_s = ((t_many - empty) / 32.0).max(0.0);
     let mut classes: BTreeMap<&'static str, ClassRate> = BTreeMap::new();
     for (class, probes) in class_probes() {
@@ -266,7 +332,7 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         for p in &probes {
             let work = probe_work(p, device).with_context(|| ctx(&p.what))?;
             let t = time_call(&p.text, device).with_context(|| ctx(&p.what))?;
-            points.push((work, (t - empty).max(1e-9)));
+            points.push((work, probe_seconds(t, empty)));
         }
         classes.insert(class, fit(&points));
     }
@@ -295,6 +361,7 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             half_flops: 0.0,
         },
     );
+    let half_scale = half_scale(device, &classes["gemm"]).with_context(|| ctx("f16 gemm"))?;
     let zero_copy = device != "cpu" && shares_host_memory(&one.text, device)?;
     let link = (device != "cpu").then(|| Link {
         bytes_per_s: host_copy_bandwidth(),
@@ -307,10 +374,23 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             classes,
             dispatch_s,
             barrier_s: if device == "cpu" { 0.0 } else { empty / 2.0 },
+            half_scale,
         },
         memory_bytes: None,
         link,
     })
+}
+
+/// The device's f16 GEMM rate over its f32 one (`f32` is the f32 class rate fitted
+/// above), both at BERT's FFN shape: how much faster (GPU matrix units) or slower (a CPU
+/// converting f16 in software) half-precision kernels run there.
+fn half_scale(device: &str, f32: &ClassRate) -> Result<f64> {
+    let p = gemm_of("f16", 128, 768, 3072);
+    let work = probe_work(&p, device)?;
+    let t = time_call(&p.text, device)?;
+    let secs = probe_seconds(t, 0.0);
+    let f32_secs = (work.flops + f32.half_flops) / f32.flops_per_s;
+    Ok((f32_secs / secs).clamp(1e-3, 1e3))
 }
 
 /// Whether `device` and the host address the same memory: its fastest (device-local)

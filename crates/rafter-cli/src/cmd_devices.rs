@@ -301,9 +301,11 @@ fn profile() -> Result<ExitCode> {
         let c = d.profile.rate(rafter_ir::program::KernelKind::Contraction);
         let e = d.profile.rate(rafter_ir::program::KernelKind::Elementwise);
         println!(
-            "{name}: gemm {:.1} GFLOP/s (half at {:.2} MFLOP), streaming {:.1} GB/s, dispatch {:.1} us",
+            "{name}: gemm {:.1} GFLOP/s (half at {:.2} MFLOP), f16 x{:.3}, streaming {:.1} GB/s, \
+             dispatch {:.1} us",
             c.flops_per_s / 1e9,
             c.half_flops / 1e6,
+            d.profile.half_scale,
             e.bytes_per_s / 1e9,
             d.profile.dispatch_s * 1e6
         );

@@ -23,7 +23,7 @@ fn device_of(queue: &str) -> &str {
 }
 
 /// Total length of the union of `spans` (start, end), seconds.
-fn union_s(mut spans: Vec<(Instant, Instant)>) -> f64 {
+pub fn union_s(mut spans: Vec<(Instant, Instant)>) -> f64 {
     spans.sort_by_key(|s| s.0);
     let mut total = 0.0;
     let mut cur: Option<(Instant, Instant)> = None;

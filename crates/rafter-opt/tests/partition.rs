@@ -52,6 +52,7 @@ fn profile(flops: f64, bytes: f64, dispatch: f64) -> CostProfile {
         classes,
         dispatch_s: dispatch,
         barrier_s: 0.0,
+        half_scale: 1.0,
     }
 }
 

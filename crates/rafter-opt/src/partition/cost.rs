@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 
 use rafter_ir::program::{Kernel, KernelKind, Program};
-use rafter_ir::{Graph, Op, Symbol, TensorType};
+use rafter_ir::{DType, Graph, Op, Symbol, TensorType};
 
 use super::device::{CostProfile, DeviceDescription, Link, DETAIL_CLASSES};
 
@@ -36,6 +36,9 @@ pub struct KernelWork {
     pub flops: f64,
     /// Bytes of its operands and results (each read or written once).
     pub bytes: f64,
+    /// Whether it computes in half precision (an f16 or bf16 result): its compute runs at
+    /// the device's [`CostProfile::half_scale`] times the class rate.
+    pub half: bool,
 }
 
 /// Symbol values for the estimates: each bounded symbol at its smallest declared bound.
@@ -97,12 +100,17 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
     let main = (0..DETAIL_CLASSES.len())
         .filter(|&i| detail_flops[i] > 0.0)
         .max_by(|&a, &b| detail_flops[a].total_cmp(&detail_flops[b]));
+    let half = body
+        .outputs
+        .iter()
+        .any(|&v| matches!(body.value(v).ty.dtype, DType::F16 | DType::BF16));
     KernelWork {
         class: kernel.kind,
         detail: main.map(|i| DETAIL_CLASSES[i]),
         detail_flops,
         flops,
         bytes,
+        half,
     }
 }
 
@@ -267,6 +275,11 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
     } else {
         (work.flops + r.half_flops) / r.flops_per_s
     };
+    let compute = if work.half && profile.half_scale > 0.0 {
+        compute / profile.half_scale
+    } else {
+        compute
+    };
     let memory = work.bytes / r.bytes_per_s;
     profile.dispatch_s + compute.max(memory)
 }
@@ -308,6 +321,7 @@ mod tests {
             classes,
             dispatch_s: dispatch,
             barrier_s: 0.0,
+            half_scale: 1.0,
         }
     }
 
@@ -375,6 +389,7 @@ mod tests {
             detail_flops: [0.0; DETAIL_CLASSES.len()],
             flops: 1e9,
             bytes: 1e6,
+            half: false,
         };
         // Compute bound: (1e9 + 1e9) / 1e12 = 2 ms, memory 1e6 / 1e9 = 1 ms.
         let t = kernel_time(&w, &profile(1e12, 1e9, 1e9, 1e-5));
@@ -382,6 +397,36 @@ mod tests {
         // Memory bound on a slow bus.
         let t = kernel_time(&w, &profile(1e12, 1e8, 0.0, 0.0));
         assert!((t - 1e-2).abs() < 1e-12, "{t}");
+    }
+
+    #[test]
+    fn half_precision_compute_runs_at_the_half_scale() {
+        let w = KernelWork {
+            class: KernelKind::Contraction,
+            detail: None,
+            detail_flops: [0.0; DETAIL_CLASSES.len()],
+            flops: 1e9,
+            bytes: 1e3,
+            half: true,
+        };
+        let mut p = profile(1e12, 1e12, 0.0, 0.0);
+        assert!((kernel_time(&w, &p) - 1e-3).abs() < 1e-12);
+        // A CPU converting f16 in software, 20x slower; a GPU's matrix units, 4x faster.
+        p.half_scale = 0.05;
+        assert!((kernel_time(&w, &p) - 2e-2).abs() < 1e-12);
+        p.half_scale = 4.0;
+        assert!((kernel_time(&w, &p) - 2.5e-4).abs() < 1e-12);
+        // An f32 kernel is not scaled.
+        let f32_work = KernelWork { half: false, ..w };
+        assert!((kernel_time(&f32_work, &p) - 1e-3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_kernel_with_an_f16_result_is_half() {
+        let p = program(
+            "graph @g(%a: f16[4, 8], %b: f16[8, 2]) -> (%y) {\n  %y: f16[4, 2] = matmul(%a, %b)\n}",
+        );
+        assert!(kernel_work(&p.kernels[0], &bound_values(&p)).half);
     }
 
     #[test]

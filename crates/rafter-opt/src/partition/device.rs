@@ -16,7 +16,7 @@
 //!
 //! ```text
 //! rafter-profiles 1
-//! device vulkan dispatch_s=2e-5 barrier_s=5e-6 memory_bytes=2147483648
+//! device vulkan dispatch_s=2e-5 barrier_s=5e-6 half_scale=4 memory_bytes=2147483648
 //! class vulkan contraction flops_per_s=1e11 bytes_per_s=2e11 half_flops=1e6
 //! class vulkan depthwise_conv flops_per_s=2e10 bytes_per_s=2e11 half_flops=1e5
 //! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
@@ -97,6 +97,11 @@ pub struct CostProfile {
     pub dispatch_s: f64,
     /// Cost of a semaphore signal/wait pair at a device boundary, seconds.
     pub barrier_s: f64,
+    /// The device's compute rate on half-precision (f16/bf16) kernels relative to f32
+    /// ones (1: the same). Measured apart because it differs by orders of magnitude
+    /// between devices: a GPU's f16 matrix units run f16 faster than f32, while a CPU
+    /// without f16 arithmetic converts and may run it 20-40x slower.
+    pub half_scale: f64,
 }
 
 impl CostProfile {
@@ -192,6 +197,7 @@ impl DeviceDescription {
                     classes: rates((50e9, 20e9, 2e5), (2.5e9, 10e9)),
                     dispatch_s: 2e-6,
                     barrier_s: 1e-6,
+                    half_scale: 1.0,
                 },
                 memory_bytes: None,
                 link: None,
@@ -203,6 +209,7 @@ impl DeviceDescription {
                 classes: rates((1e12, 100e9, 5e7), (25e9, 100e9)),
                 dispatch_s: 20e-6,
                 barrier_s: 10e-6,
+                half_scale: 1.0,
             },
             memory_bytes: None,
             link: Some(Link {
@@ -248,6 +255,9 @@ impl Profiles {
                 "device {} dispatch_s={:e} barrier_s={:e}",
                 d.name, p.dispatch_s, p.barrier_s
             );
+            if p.half_scale != 1.0 {
+                let _ = write!(s, " half_scale={:e}", p.half_scale);
+            }
             if let Some(m) = d.memory_bytes {
                 let _ = write!(s, " memory_bytes={m}");
             }
@@ -339,7 +349,10 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
     };
     match words.as_slice() {
         ["device", name, rest @ ..] => {
-            let f = Fields::new(rest, &["dispatch_s", "barrier_s", "memory_bytes"])?;
+            let f = Fields::new(
+                rest,
+                &["dispatch_s", "barrier_s", "half_scale", "memory_bytes"],
+            )?;
             let memory_bytes = match f.0.get("memory_bytes") {
                 Some(v) => Some(
                     v.parse::<u64>()
@@ -353,6 +366,11 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
                     classes: BTreeMap::new(),
                     dispatch_s: f.num("dispatch_s")?,
                     barrier_s: f.num("barrier_s")?,
+                    // Profiles written before it existed rate half precision as f32.
+                    half_scale: match f.0.contains_key("half_scale") {
+                        true => f.rate("half_scale")?,
+                        false => 1.0,
+                    },
                 },
                 memory_bytes,
                 link: None,
@@ -401,9 +419,27 @@ mod tests {
         p.insert(DeviceDescription::default_for("cpu"));
         let mut gpu = DeviceDescription::default_for("vulkan");
         gpu.memory_bytes = Some(2 << 30);
+        gpu.profile.half_scale = 3.5;
         p.insert(gpu);
         let text = p.to_text();
+        assert!(text.contains("half_scale=3.5e0"), "{text}");
         assert_eq!(Profiles::parse(&text, "t").unwrap(), p);
+    }
+
+    #[test]
+    fn a_profile_without_half_scale_rates_half_as_f32() {
+        let p = Profiles::parse(
+            "rafter-profiles 1\ndevice cpu dispatch_s=1e-6 barrier_s=0\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.devices["cpu"].profile.half_scale, 1.0);
+        let e = Profiles::parse(
+            "rafter-profiles 1\ndevice cpu dispatch_s=1e-6 barrier_s=0 half_scale=0\n",
+            "p.txt",
+        )
+        .unwrap_err();
+        assert_eq!(e, "p.txt: line 2: `half_scale` must be positive");
     }
 
     #[test]
