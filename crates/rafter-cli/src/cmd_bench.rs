@@ -95,6 +95,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         true,
         target.clone(),
         &specs,
+        &args.inputs,
     )?
     else {
         bail!("internal error: bench needs a compiled program");
@@ -205,8 +206,13 @@ fn bench_spread(args: &BenchArgs, specs: &[DimSpec]) -> Result<ExitCode> {
     let mut call_inputs = None;
     for device in ["cpu", "vulkan"] {
         let target = crate::model::parse_target(device)?;
-        let Executor::Runtime(program, executables) =
-            load(&Source::File(args.model.clone()), true, target, specs)?
+        let Executor::Runtime(program, executables) = load(
+            &Source::File(args.model.clone()),
+            true,
+            target,
+            specs,
+            &args.inputs,
+        )?
         else {
             bail!("internal error: bench needs a compiled program");
         };

@@ -118,7 +118,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     dims.extend(args.dims.iter().cloned());
     let specs = dims::parse_dims(&dims)?;
     let use_runtime = args.compiled || args.trace.is_some() || !target.is_cpu_only();
-    let executor = load(&source, use_runtime, target.clone(), &specs)?;
+    let executor = load(&source, use_runtime, target.clone(), &specs, &args.inputs)?;
     if args.memory_report {
         rss::report("after load");
     }
@@ -161,6 +161,7 @@ pub(crate) fn load(
     use_runtime: bool,
     target: Target,
     specs: &[DimSpec],
+    input_files: &[String],
 ) -> Result<Executor> {
     let bound_specs: Vec<DimSpec> = specs.iter().filter(|s| s.is_bound).cloned().collect();
     let graph = match source {
@@ -193,6 +194,7 @@ pub(crate) fn load(
         dims::values_only(&bound_specs)?;
         return Ok(Executor::Reference(graph));
     }
+    let target = dims::with_nominal_sizes(target, &graph, specs, input_files)?;
     let steps = Steps::new(model::COMPILER_STAGES);
     let compiled = model::compile(&graph, target, dims::bounds(&bound_specs), &steps)?;
     let executables = compiled.executables();

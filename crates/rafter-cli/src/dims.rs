@@ -197,6 +197,50 @@ pub fn bounds(specs: &[DimSpec]) -> Vec<(Symbol, i64)> {
     out
 }
 
+/// `target` set to partition for the sizes of the calls at hand: the values among
+/// `specs` (`--dim seq=128`) and the shapes of the `--input NAME=FILE.npy` files (a graph
+/// input's symbolic dim takes that file's extent). Only a cost-model target reads them
+/// (`rafter_opt::partition::PlacementOptions::nominal`); a file that cannot be read is
+/// left to the input loading that follows to report.
+pub fn with_nominal_sizes(
+    target: rafter_compiler::Target,
+    graph: &rafter_ir::Graph,
+    specs: &[DimSpec],
+    input_files: &[String],
+) -> Result<rafter_compiler::Target> {
+    if target.placement().strategy != rafter_opt::partition::Strategy::CostModel {
+        return Ok(target);
+    }
+    let mut nominal: Vec<(Symbol, i64)> = Vec::new();
+    let mut set = |s: &Symbol, v: i64| {
+        if !nominal.iter().any(|(k, _)| k == s) {
+            nominal.push((s.clone(), v));
+        }
+    };
+    for s in specs.iter().filter(|s| !s.is_bound) {
+        set(&s.symbol, s.value);
+    }
+    for spec in input_files {
+        let Some((name, file)) = spec.split_once('=') else {
+            continue;
+        };
+        let Some(&v) = graph.inputs.iter().find(|&&v| graph.value(v).name == name) else {
+            continue;
+        };
+        let Ok((_, shape, _)) = rafter_ir::npy::read(std::path::Path::new(file)) else {
+            continue;
+        };
+        for (d, &n) in graph.value(v).ty.dims.iter().zip(&shape) {
+            if let Some(s) = d.as_symbol() {
+                set(s, n as i64);
+            }
+        }
+    }
+    let mut placement = target.placement().clone();
+    placement.nominal = nominal;
+    Ok(target.with_placement(placement))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +316,41 @@ mod tests {
             values_only(&specs[1..2]).unwrap(),
             vec![(Symbol::new("batch"), 2)]
         );
+    }
+
+    #[test]
+    fn nominal_sizes_come_from_values_and_input_files() {
+        let graph = rafter_ir::text::parse_graph(
+            "graph @g(%x: f32[batch, seq], %y: f32[seq]) -> (%z) {\n  \
+             %z: f32[batch, seq] = binary{op = add}(%x, %y)\n}",
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("rafter-nominal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("x.npy");
+        std::fs::write(
+            &file,
+            rafter_ir::npy::encode(rafter_ir::DType::F32, &[2, 128], &[0; 1024]),
+        )
+        .unwrap();
+        let cost_model = rafter_compiler::Target::cpu().with_placement(
+            rafter_opt::partition::PlacementOptions {
+                strategy: rafter_opt::partition::Strategy::CostModel,
+                ..Default::default()
+            },
+        );
+        let specs = [one("batch=4").unwrap(), one("seq<=512").unwrap()];
+        let inputs = [format!("x={}", file.display())];
+        let t = with_nominal_sizes(cost_model, &graph, &specs, &inputs).unwrap();
+        // `--dim batch=4` wins over the file's 2; seq comes from the file; a bound is
+        // not a size.
+        assert_eq!(
+            t.placement().nominal,
+            vec![(Symbol::new("batch"), 4), (Symbol::new("seq"), 128)]
+        );
+        // A greedy target ignores them.
+        let greedy = with_nominal_sizes(rafter_compiler::Target::cpu(), &graph, &specs, &inputs);
+        assert!(greedy.unwrap().placement().nominal.is_empty());
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -60,6 +60,11 @@ pub struct PlacementOptions {
     /// Fail when a kernel would run on the host although the target has accelerators
     /// (`--deny-fallback`).
     pub deny_fallback: bool,
+    /// The sizes to partition for: symbol values of the calls the program will serve
+    /// (`--dim seq=128`, or the shapes of `rafter bench`'s input files). Without them a
+    /// symbol is costed at its smallest declared bound, an unbounded one at 1, which ranks
+    /// BERT by a one-token call, where the CPU wins kernels that lose at 128 tokens.
+    pub nominal: Vec<(rafter_ir::Symbol, i64)>,
 }
 
 /// Why each device can or cannot run each kernel: `supported[k][d]` with the reason
@@ -99,7 +104,20 @@ fn descriptions(target: &Target) -> (Vec<DeviceDescription>, Vec<Option<u64>>) {
 
 /// The cost model of `p` (lowered, every kernel on the host) for `target`.
 pub fn model(p: &Program, target: &Target) -> Model {
-    model_at(p, target, &cost::bound_values(p))
+    model_at(p, target, &placement_values(p, target))
+}
+
+/// The symbol values placement costs `p` at: the target's nominal sizes where given,
+/// else each symbol's smallest declared bound ([`cost::bound_values`]), else 1.
+pub fn placement_values(
+    p: &Program,
+    target: &Target,
+) -> std::collections::HashMap<rafter_ir::Symbol, i64> {
+    let mut values = cost::bound_values(p);
+    for (s, v) in &target.placement().nominal {
+        values.insert(s.clone(), *v);
+    }
+    values
 }
 
 /// As [`model`], with the symbols at `values` (a call's actual dims: `rafter bench
@@ -207,7 +225,7 @@ pub struct KernelChoice {
 pub fn explain(p: &Program, target: &Target) -> Vec<KernelChoice> {
     let table = support_table(p, target);
     let (devices, _) = descriptions(target);
-    let values = cost::bound_values(p);
+    let values = placement_values(p, target);
     let greedy = target.placement().strategy == Strategy::Greedy;
     p.kernels
         .iter()
