@@ -153,9 +153,32 @@ pub(crate) struct Shared {
     pub(crate) instance: Arc<InstanceOwner>,
     /// The GPU progress markers, when on (`breadcrumbs.rs`).
     pub(crate) breadcrumbs: Option<Breadcrumbs>,
+    /// Serialises every call that signals a timeline semaphore (`vkQueueSubmit2`,
+    /// `vkSignalSemaphore`) across threads; `None` when [`CONCURRENT_SIGNALS_ENV`] opts
+    /// out. See [`Shared::signal_guard`].
+    signal_lock: Option<Mutex<()>>,
 }
 
+/// Set to `1` to let threads signal timeline semaphores concurrently (submissions and
+/// host signals), without [`Shared::signal_guard`]'s device-wide lock: for measuring the
+/// lock's effect (issue 28's stall on NVIDIA).
+pub const CONCURRENT_SIGNALS_ENV: &str = "RAFTER_VULKAN_CONCURRENT_SIGNALS";
+
 impl Shared {
+    /// Held across every `vkQueueSubmit2` and `vkSignalSemaphore`: no two threads signal
+    /// timeline semaphores at once. Why: NVIDIA's Linux driver has hung the GPU at random
+    /// when timeline signals were submitted concurrently (vkd3d-proton works around it
+    /// with a global submission lock, commit 2a9c5fc5 "Add workaround for strange GPU hang
+    /// on NV"), and rafter's submissions (under the scheduler lock) race host signals
+    /// (under each semaphore's lock) and the monitor's wake signal. The calls are short
+    /// and never block, so the lock costs little; it is a leaf lock, taken right before
+    /// the call and released right after, with no other lock taken while it is held.
+    pub(crate) fn signal_guard(&self) -> Option<MutexGuard<'_, ()>> {
+        self.signal_lock
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     pub(crate) fn lock_sched(&self) -> MutexGuard<'_, SchedState> {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -167,9 +190,12 @@ impl Shared {
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.wake_semaphore)
             .value(*counter);
+        let signal = self.signal_guard();
         // SAFETY: the wake semaphore is a timeline semaphore of this device, only ever
         // host-signalled, here, under the counter lock, so values strictly increase.
-        if let Err(result) = unsafe { self.device.signal_semaphore(&info) } {
+        let result = unsafe { self.device.signal_semaphore(&info) };
+        drop(signal);
+        if let Err(result) = result {
             if result == vk::Result::ERROR_DEVICE_LOST {
                 drop(counter);
                 self.set_lost(format!("vkSignalSemaphore: {result}"));
@@ -554,6 +580,8 @@ fn create_shared(
         trace,
         instance: owner,
         breadcrumbs,
+        signal_lock: (std::env::var(CONCURRENT_SIGNALS_ENV).as_deref() != Ok("1"))
+            .then(|| Mutex::new(())),
     })
 }
 

@@ -353,6 +353,7 @@ impl Shared {
             .wait_semaphore_infos(&wait_infos)
             .command_buffer_infos(&buffers)
             .signal_semaphore_infos(&signal_infos);
+        let signal = self.signal_guard();
         // SAFETY: the queue is externally synchronised by the scheduler lock we hold; the
         // command buffer was recorded with SIMULTANEOUS_USE (or, in breadcrumbs' rerecord
         // mode, for this submission alone, as were the breadcrumb command buffers) and
@@ -364,6 +365,7 @@ impl Shared {
             self.device
                 .queue_submit2(self.queues[pending.queue], &[submit], vk::Fence::null())
         };
+        drop(signal);
         if let Err(result) = result {
             drop(guards);
             // The completion value was never signalled; return the semaphore unchanged.

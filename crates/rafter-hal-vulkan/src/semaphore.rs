@@ -92,9 +92,12 @@ impl SemInner {
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.raw)
             .value(value);
+        let signal = self.shared.signal_guard();
         // SAFETY: `raw` is a live timeline semaphore; the caller holds the state lock and
         // checked that `value` exceeds the counter and every pending device signal.
-        match unsafe { self.shared.device.signal_semaphore(&info) } {
+        let result = unsafe { self.shared.device.signal_semaphore(&info) };
+        drop(signal);
+        match result {
             Ok(()) => {
                 self.last_value.fetch_max(value, Ordering::Relaxed);
                 Ok(())
