@@ -8,6 +8,8 @@
 #   2. call latency on --device cpu, vulkan and auto, each with the cost model's estimate
 #      next to the measured time (`bench --estimate`: per class, device and partition):
 #      the accuracy table on the GPU and on the host CPU;
+#   (plus `midgraph`, benchmarks/gpu/export_midgraph.py: CPU-only kernels between GPU
+#   blocks, where auto must beat greedy-by-support, i.e. `--device vulkan`);
 #   3. a stream of calls (`bench --in-flight 4`): each device alone (its own throughput;
 #      their sum is the ideal) and `--device auto --objective throughput`, which spreads
 #      whole calls over the CPU and the GPU (src/spread.rs): calls per device and idle;
@@ -48,6 +50,13 @@ if [ -n "$f16_models" ]; then
   python3 benchmarks/gpu/export_f16.py --only $f16_models > "$out/export_f16.txt" 2>&1
   tail -2 "$out/export_f16.txt"
 fi
+# A model with CPU-only kernels between GPU blocks: auto against greedy-by-support
+# (`--device vulkan`); MIDGRAPH="" leaves it out.
+midgraph=${MIDGRAPH-midgraph}
+if [ -n "$midgraph" ]; then
+  python3 benchmarks/gpu/export_midgraph.py "$M" > "$out/export_midgraph.txt" 2>&1
+  tail -1 "$out/export_midgraph.txt"
+fi
 echo "exported at ${SECONDS}s"
 $R devices --profile > "$out/profile.txt" 2>&1
 tail -6 "$out/profile.txt"
@@ -61,6 +70,7 @@ inputs_of() {
 all=""
 for m in $models; do all="$all $m"; done
 for m in $f16_models; do all="$all ${m}_f16"; done
+all="$all $midgraph"
 # Latency and the accuracy table first (every model), then the streams.
 for m in $all; do
   [ -f $M/$m.onnx ] || { echo "$m: no $M/$m.onnx"; continue; }
