@@ -110,9 +110,18 @@
 //! which the artifact carries beside the plain one (`VulkanModule::coop`) and the runtime
 //! loads where the device offers that configuration ([`COOP_SIDE`], [`COOP_SUBGROUP`]).
 //!
-//! [`gather`]: an embedding lookup, axis 0 of a static 2-D f32/f16 table by i64 indices
-//! (negative ones from the end; an index outside the table gives NaN, never a read past
-//! the table).
+//! Data-movement kernels share one grid-stride launch (the private `grid` module: one
+//! invocation per output element, the elementwise launch) on f32/f16 data:
+//!
+//! [`gather`]: ONNX `Gather` along any axis of a static tensor by i32 or i64 indices of any
+//! shape, symbolic dims included (negative ones from the end, an i32 sign-extended; an
+//! index outside the axis gives NaN, never a read past the data).
+//!
+//! [`concat`]: ONNX `Concat` of any number of operands along any axis (dims from the axis
+//! inward static; a symbolic batch outside it is fine).
+//!
+//! [`arg_reduce`]: ONNX `ArgMax`/`ArgMin` along any axis of a static tensor, `keepdims` and
+//! `select_last_index`, NaN winning as in the reference; the result is i64.
 //!
 //! [`slice`]: ONNX `Slice` of a static f32/f16 tensor with constant starts, ends, axes and
 //! steps (a fused QKV split); the epilogue of a product may end in sigmoid, tanh or GELU
@@ -128,19 +137,24 @@
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
 
+mod argreduce;
 mod backend;
+mod concat;
 mod conv;
 mod coop;
 mod elem;
 mod elementwise;
 mod epilogue_math;
 mod gather;
+mod grid;
 mod integer;
 mod matmul;
 mod slice;
 mod window;
 
+pub use argreduce::{arg_reduce, ArgReduceKernel};
 pub use backend::SpirvBackend;
+pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
 pub use elementwise::{
@@ -172,8 +186,9 @@ enum Generated {
     Elementwise(ElementwiseKernel),
     Matmul(MatmulKernel),
     Conv(ConvKernel),
-    Gather(GatherKernel),
-    Slice(SliceKernel),
+    /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
+    /// concat, arg-reduce.
+    Grid(Vec<u32>),
 }
 
 /// Generates `body`; the error is the elementwise generator's reason unless the body is a
@@ -200,16 +215,17 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     if is_window {
         return conv(body).map(Generated::Conv).map_err(|e| e.reason);
     }
-    if body
-        .nodes
-        .first()
-        .is_some_and(|n| matches!(n.op, rafter_ir::Op::Gather { .. }))
-    {
-        return gather(body).map(Generated::Gather);
-    }
     if let [n] = body.nodes.as_slice() {
-        if matches!(n.op, rafter_ir::Op::Slice) {
-            return slice(body).map(Generated::Slice);
+        use rafter_ir::Op;
+        let grid = match n.op {
+            Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
+            Op::Slice => Some(slice(body).map(|k| k.spirv)),
+            Op::Concat { .. } => Some(concat(body).map(|k| k.spirv)),
+            Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
+            _ => None,
+        };
+        if let Some(spirv) = grid {
+            return spirv.map(Generated::Grid);
         }
     }
     elementwise(body)
@@ -298,22 +314,13 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             spirv: to_bytes(&g.spirv).into(),
             coop: g.coop.map(|c| to_bytes(&c).into()),
         },
-        Generated::Slice(g) => VulkanModule {
+        Generated::Grid(spirv) => VulkanModule {
             kernel,
             launch: rafter_vulkan_section::Launch::Elementwise,
             workgroup_size: WORKGROUP_SIZE,
             entry_point: "main".into(),
             dims: Vec::new(),
-            spirv: to_bytes(&g.spirv).into(),
-            coop: None,
-        },
-        Generated::Gather(g) => VulkanModule {
-            kernel,
-            launch: rafter_vulkan_section::Launch::Elementwise,
-            workgroup_size: WORKGROUP_SIZE,
-            entry_point: "main".into(),
-            dims: Vec::new(),
-            spirv: to_bytes(&g.spirv).into(),
+            spirv: to_bytes(&spirv).into(),
             coop: None,
         },
         Generated::Conv(g) => VulkanModule {
