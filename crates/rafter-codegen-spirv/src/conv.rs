@@ -210,6 +210,33 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
             window(WindowOp::MaxPool, geom, None, steps, const_rows)
         }
+        Op::Pool {
+            kind: PoolKind::Average,
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            count_include_pad,
+            ..
+        } => {
+            let &[kh, kw] = kernel_shape.as_slice() else {
+                return Err("pooling window is not 2-D".into());
+            };
+            let k = [dim_u32(kh)?, dim_u32(kw)?];
+            check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
+            let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
+            if *count_include_pad && !windows_fit_padding(&geom, pads, *auto_pad)? {
+                return Err(
+                    "average pooling counting pads with a window past the padded input                      (ceil_mode) is not generated yet"
+                        .into(),
+                );
+            }
+            let op = WindowOp::AvgPool {
+                include_pad: *count_include_pad,
+            };
+            window(op, geom, None, steps, const_rows)
+        }
         Op::GlobalPool { kind, .. } => {
             let op = match kind {
                 PoolKind::Average => WindowOp::GlobalAverage,
@@ -327,6 +354,26 @@ fn static_dims(ty: &TensorType, what: &str, rank: usize) -> Result<Vec<u32>, Str
 /// The window geometry of a conv or pool from its attributes and its static input and
 /// output planes; the output size is the IR's (shape inference already applied ONNX's
 /// rules), the leading pads are resolved here.
+/// Whether every window of `g` lies inside the padded input (leading and trailing pads),
+/// so that average pooling counting pads divides every output by the window size. Only
+/// explicit pads with `ceil_mode` can leave a window hanging past the trailing pad.
+fn windows_fit_padding(g: &WindowGeom, pads: &[i64], auto_pad: AutoPad) -> Result<bool, String> {
+    if auto_pad != AutoPad::NotSet {
+        return Ok(true);
+    }
+    let end = match pads {
+        [] => [0, 0],
+        [_, _, b, r] => [attr(*b)?, attr(*r)?],
+        _ => return Err(format!("pads {pads:?} are not 2-D")),
+    };
+    let fits = |o: u32, s: u32, k: u32, d: u32, n: u32, pb: u32, pe: u32| {
+        let last = u64::from(o.max(1) - 1) * u64::from(s) + u64::from(k - 1) * u64::from(d);
+        last < u64::from(n) + u64::from(pb) + u64::from(pe)
+    };
+    Ok(fits(g.oh, g.s[0], g.k[0], g.d[0], g.h, g.p[0], end[0])
+        && fits(g.ow, g.s[1], g.k[1], g.d[1], g.w, g.p[1], end[1]))
+}
+
 fn window_geom(
     (xd, yd): ([u32; 4], [u32; 4]),
     k: [u32; 2],

@@ -1,6 +1,6 @@
 //! Kernels that compute each output element from a small window of one input plane, one
-//! invocation per output element: depthwise convolution, max pooling, global average and
-//! max pooling, on f32 or f16 NCHW tensors with static channel and spatial dims (the batch may be
+//! invocation per output element: depthwise convolution, max and average pooling, global
+//! average and max pooling, on f32 or f16 NCHW tensors with static channel and spatial dims (the batch may be
 //! symbolic: the element count is the launch's one param, as for elementwise kernels).
 //!
 //! These are memory-bound (a depthwise 3×3 reads each input about once per output), so
@@ -27,6 +27,12 @@ pub(crate) enum WindowOp {
     Depthwise,
     /// The maximum over the taps inside the input (padding is ignored), NaN propagating.
     MaxPool,
+    /// The mean over the taps: those inside the input (`include_pad` false), or every tap
+    /// (`include_pad`: the generator only takes it where every window lies inside the
+    /// padded input, so the divisor is the window size, as ONNX's `count_include_pad`).
+    AvgPool {
+        include_pad: bool,
+    },
     /// The mean (or maximum) over the whole plane.
     GlobalAverage,
     GlobalMax,
@@ -179,7 +185,7 @@ impl Body {
             WindowOp::GlobalAverage | WindowOp::GlobalMax => {
                 self.plane_reduce(l.op, x_base, plane_start, g.h * g.w)?
             }
-            WindowOp::Depthwise | WindowOp::MaxPool => {
+            WindowOp::Depthwise | WindowOp::MaxPool | WindowOp::AvgPool { .. } => {
                 let ow = self.u(g.ow);
                 let oh_i = build(self.b.u_div(u32, None, pixel, ow))?;
                 let ow_i = build(self.b.u_mod(u32, None, pixel, ow))?;
@@ -198,6 +204,8 @@ impl Body {
                 } else {
                     self.b.constant_bit32(f32, 0)
                 };
+                // Average pooling without pads counted: the taps inside, as an f32.
+                let mut inside_taps = self.b.constant_bit32(f32, 0);
                 for ki in 0..g.k[0] {
                     let ki_c = self.u(ki);
                     let ih = self.window_coord(oh_i, ki_c, g.s[0], g.d[0], g.p[0])?;
@@ -230,6 +238,16 @@ impl Body {
                                     [Arg::IdRef(v), Arg::IdRef(wv), Arg::IdRef(acc)],
                                 ))?
                             }
+                            None if matches!(l.op, WindowOp::AvgPool { .. }) => {
+                                let (fzero, fone) = (
+                                    self.b.constant_bit32(f32, 0),
+                                    self.b.constant_bit32(f32, 1f32.to_bits()),
+                                );
+                                let v = build(self.b.select(f32, None, inside, v, fzero))?;
+                                let n = build(self.b.select(f32, None, inside, fone, fzero))?;
+                                inside_taps = build(self.b.f_add(f32, None, inside_taps, n))?;
+                                build(self.b.f_add(f32, None, acc, v))?
+                            }
                             None => {
                                 // Take v when inside and (v > acc or v is NaN).
                                 let gt = build(self.b.f_ord_greater_than(bool, None, v, acc))?;
@@ -241,7 +259,16 @@ impl Body {
                         };
                     }
                 }
-                acc
+                match l.op {
+                    WindowOp::AvgPool { include_pad: true } => {
+                        let taps = self.b.constant_bit32(f32, (taps as f32).to_bits());
+                        build(self.b.f_div(f32, None, acc, taps))?
+                    }
+                    WindowOp::AvgPool { include_pad: false } => {
+                        build(self.b.f_div(f32, None, acc, inside_taps))?
+                    }
+                    _ => acc,
+                }
             }
         };
         // The epilogue sees the output as per-image `C × (OH·OW)` matrices.

@@ -1,7 +1,7 @@
 //! Generated convolutions and pooling run on the Vulkan device (lavapipe in CI) and match
 //! the reference executor: implicit-GEMM convolutions (strides, pads, dilations, 1×1, 7×7,
 //! both tile sizes, several images) with their bias and fused tails, depthwise
-//! convolution, max pooling and global pooling; and the classifier's `Gemm` with B transposed.
+//! convolution, max and average pooling and global pooling; and the classifier's `Gemm` with B transposed.
 
 mod common;
 
@@ -294,6 +294,67 @@ fn max_and_global_pooling_match_the_reference() {
         );
         check(&device, &format!("global {kind} pool"), &text, &[]);
     }
+}
+
+/// An average pool of `x` to `y` with the window `[kernel_shape, strides, pads, dilations]`.
+fn avg_pool((x, y): (&str, &str), [k, s, pads, d]: [&str; 4], ceil: bool, inc: bool) -> String {
+    format!(
+        "graph @ap(%x: f32[{x}]) -> (%y) {{\n  %y: f32[{y}] = pool{{kind = average, \
+         kernel_shape = [{k}], strides = [{s}], pads = [{pads}], dilations = [{d}], \
+         auto_pad = explicit, ceil_mode = {ceil}, count_include_pad = {inc}, p = 2, \
+         storage_order = 0}}(%x)\n}}"
+    )
+}
+
+/// Average pooling with and without pads counted: symmetric and asymmetric pads,
+/// dilation, and `ceil_mode` windows hanging past the input (not counting pads).
+#[test]
+fn average_pooling_matches_the_reference() {
+    let Some(device) = common::device_or_skip("average pooling") else {
+        return;
+    };
+    for inc in [false, true] {
+        let text = avg_pool(
+            ("1, 4, 11, 11", "1, 4, 6, 6"),
+            ["3, 3", "2, 2", "1, 1, 1, 1", "1, 1"],
+            false,
+            inc,
+        );
+        check(&device, &format!("avgpool 3x3 s2 p1 inc={inc}"), &text, &[]);
+        let text = avg_pool(
+            ("2, 3, 7, 6", "2, 3, 4, 4"),
+            ["3, 2", "1, 2", "0, 1, 1, 2", "2, 1"],
+            false,
+            inc,
+        );
+        check(
+            &device,
+            &format!("avgpool dilated asymmetric inc={inc}"),
+            &text,
+            &[],
+        );
+    }
+    let text = avg_pool(
+        ("1, 2, 5, 5", "1, 2, 3, 3"),
+        ["2, 2", "2, 2", "0, 0, 0, 0", "1, 1"],
+        true,
+        false,
+    );
+    check(&device, "avgpool ceil_mode", &text, &[]);
+}
+
+/// Counting pads where a `ceil_mode` window hangs past the padded input would divide by
+/// fewer taps than the window: refused with the reason, never a wrong mean.
+#[test]
+fn average_pooling_counting_pads_past_the_padding_says_why() {
+    let text = avg_pool(
+        ("1, 2, 5, 5", "1, 2, 3, 3"),
+        ["2, 2", "2, 2", "0, 0, 0, 0", "1, 1"],
+        true,
+        true,
+    );
+    let e = conv(&parse_graph(&text).unwrap()).unwrap_err();
+    assert!(e.reason.contains("past the padded input"), "{e}");
 }
 
 #[test]
