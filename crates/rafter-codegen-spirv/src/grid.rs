@@ -26,6 +26,19 @@ pub(crate) fn module(
     bindings: usize,
     element: impl FnOnce(&mut Builder, &Prelude, Element) -> R<()>,
 ) -> R<Vec<u32>> {
+    module_scaled(bindings, (1, 1), element)
+}
+
+/// [`module`] whose loop runs over `count / div * mul` elements rather than the count
+/// param (the first output's element count): a kernel whose work is not its first output
+/// (a split, one invocation per *input* element: the first output holds `div` of every
+/// `mul` positions along the axis). The grid is still sized by the count; the grid-stride
+/// loop covers the rest.
+pub(crate) fn module_scaled(
+    bindings: usize,
+    (mul, div): (u32, u32),
+    element: impl FnOnce(&mut Builder, &Prelude, Element) -> R<()>,
+) -> R<Vec<u32>> {
     let mut b = Builder::new();
     let t = prelude(&mut b);
     let Prelude {
@@ -51,6 +64,13 @@ pub(crate) fn module(
         .map(|i| push.member(&mut b, (u32, u64), i, true))
         .collect::<R<Vec<Word>>>()?;
     let count = push.member(&mut b, (u32, u64), nb, false)?;
+    let limit = if mul == div {
+        count
+    } else {
+        let (m, d) = (b.constant_bit32(u32, mul), b.constant_bit32(u32, div));
+        let parts = build(b.u_div(u32, None, count, d))?;
+        build(b.i_mul(u32, None, parts, m))?
+    };
     let gid = build(b.load(v3, None, gid_var, None, []))?;
     let first = build(b.composite_extract(u32, None, gid, [0]))?;
     let nwg = build(b.load(v3, None, nwg_var, None, []))?;
@@ -71,7 +91,7 @@ pub(crate) fn module(
     build(b.loop_merge(merge, cont, LoopControl::NONE, []))?;
     build(b.branch(cond))?;
     build(b.begin_block(Some(cond)))?;
-    let more = build(b.u_less_than(bool, None, i, count))?;
+    let more = build(b.u_less_than(bool, None, i, limit))?;
     build(b.branch_conditional(more, body, merge, []))?;
     build(b.begin_block(Some(body)))?;
     element(

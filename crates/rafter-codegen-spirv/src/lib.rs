@@ -120,6 +120,9 @@
 //! [`concat`]: ONNX `Concat` of any number of operands along any axis (dims from the axis
 //! inward static; a symbolic batch outside it is fine).
 //!
+//! [`split`]: ONNX `Split` along any axis of a static tensor into any number of parts
+//! (the first not empty: the launch counts it), one invocation per input element.
+//!
 //! [`arg_reduce`]: ONNX `ArgMax`/`ArgMin` along any axis of a static tensor, `keepdims` and
 //! `select_last_index`, NaN winning as in the reference; the result is i64.
 //!
@@ -150,6 +153,7 @@ mod grid;
 mod integer;
 mod matmul;
 mod slice;
+mod split;
 mod window;
 
 pub use argreduce::{arg_reduce, ArgReduceKernel};
@@ -163,6 +167,7 @@ pub use elementwise::{
 pub use gather::{gather, GatherKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use slice::{slice, SliceKernel};
+pub use split::{split, SplitKernel};
 
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
@@ -187,7 +192,7 @@ enum Generated {
     Matmul(MatmulKernel),
     Conv(ConvKernel),
     /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
-    /// concat, arg-reduce.
+    /// concat, split, arg-reduce.
     Grid(Vec<u32>),
 }
 
@@ -222,6 +227,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Slice => Some(slice(body).map(|k| k.spirv)),
             Op::Concat { .. } => Some(concat(body).map(|k| k.spirv)),
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
+            Op::Split { .. } => Some(split(body).map(|k| k.spirv)),
             _ => None,
         };
         if let Some(spirv) = grid {
