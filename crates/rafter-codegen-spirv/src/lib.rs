@@ -123,6 +123,9 @@
 //! [`split`]: ONNX `Split` along any axis of a static tensor into any number of parts
 //! (the first not empty: the launch counts it), one invocation per input element.
 //!
+//! [`trilu`]: ONNX `Trilu` of any stored element type (floats, bools, integers), the last
+//! two dims static, `k` constant or read at run time.
+//!
 //! [`arg_reduce`]: ONNX `ArgMax`/`ArgMin` along any axis of a static tensor, `keepdims` and
 //! `select_last_index`, NaN winning as in the reference; the result is i64.
 //!
@@ -154,6 +157,7 @@ mod integer;
 mod matmul;
 mod slice;
 mod split;
+mod trilu;
 mod window;
 
 pub use argreduce::{arg_reduce, ArgReduceKernel};
@@ -168,6 +172,7 @@ pub use gather::{gather, GatherKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use slice::{slice, SliceKernel};
 pub use split::{split, SplitKernel};
+pub use trilu::{trilu, TriluKernel};
 
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
@@ -192,7 +197,7 @@ enum Generated {
     Matmul(MatmulKernel),
     Conv(ConvKernel),
     /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
-    /// concat, split, arg-reduce.
+    /// concat, split, trilu, arg-reduce.
     Grid(Vec<u32>),
 }
 
@@ -228,6 +233,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Concat { .. } => Some(concat(body).map(|k| k.spirv)),
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
             Op::Split { .. } => Some(split(body).map(|k| k.spirv)),
+            Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
             _ => None,
         };
         if let Some(spirv) = grid {
