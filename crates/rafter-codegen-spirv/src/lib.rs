@@ -126,6 +126,9 @@
 //! [`trilu`]: ONNX `Trilu` of any stored element type (floats, bools, integers), the last
 //! two dims static, `k` constant or read at run time.
 //!
+//! [`batch_norm`]: inference `BatchNormalization` on `[N, C, spatial...]` (C and spatial
+//! static), its parameters kernel inputs or folded constants.
+//!
 //! [`arg_reduce`]: ONNX `ArgMax`/`ArgMin` along any axis of a static tensor, `keepdims` and
 //! `select_last_index`, NaN winning as in the reference; the result is i64.
 //!
@@ -145,6 +148,7 @@
 
 mod argreduce;
 mod backend;
+mod batch_norm;
 mod concat;
 mod conv;
 mod coop;
@@ -162,6 +166,7 @@ mod window;
 
 pub use argreduce::{arg_reduce, ArgReduceKernel};
 pub use backend::SpirvBackend;
+pub use batch_norm::{batch_norm, BatchNormKernel};
 pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
@@ -197,7 +202,7 @@ enum Generated {
     Matmul(MatmulKernel),
     Conv(ConvKernel),
     /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
-    /// concat, split, trilu, arg-reduce.
+    /// concat, split, trilu, batch norm, arg-reduce.
     Grid(Vec<u32>),
 }
 
@@ -234,6 +239,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
             Op::Split { .. } => Some(split(body).map(|k| k.spirv)),
             Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
+            Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             _ => None,
         };
         if let Some(spirv) = grid {

@@ -46,7 +46,9 @@ fn trilus_match_the_reference() {
             ];
             for k in [-3i64, 0, 2, 7] {
                 cases.push((
-                    format!("graph @t(%x: {dt}[2, 4, 5], %k: i64[]) -> (%y) {{\n  {head}(%x, %k)\n}}"),
+                    format!(
+                        "graph @t(%x: {dt}[2, 4, 5], %k: i64[]) -> (%y) {{\n  {head}(%x, %k)\n}}"
+                    ),
                     Some(k),
                 ));
             }
@@ -58,7 +60,9 @@ fn trilus_match_the_reference() {
                 if let Some(k) = k {
                     inputs.push(Tensor::i64s(&[], vec![k]));
                 }
-                let want = rafter_reference::run(&body, inputs.clone()).unwrap().remove(0);
+                let want = rafter_reference::run(&body, inputs.clone())
+                    .unwrap()
+                    .remove(0);
                 let module = kernel_module(&body, 0).unwrap();
                 let got = common::run_module(&device, &module, &inputs, (dtype, &[2, 4, 5]));
                 assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "{text} k={k:?}");
