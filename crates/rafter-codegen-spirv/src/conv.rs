@@ -8,6 +8,9 @@
 //!   global pooling are window kernels ([`crate::window`]): one invocation per output
 //!   element.
 //!
+//! A 1-D convolution or pooling is generated as the 2-D one on `[N, C, 1, L]` (the same
+//! memory), its launch reading 3-D dims as `H = 1`.
+//!
 //! Channel and spatial dims must be static (they are baked into the module, so address
 //! arithmetic divides by constants); the batch may be symbolic.
 
@@ -42,7 +45,76 @@ pub fn conv(body: &Graph) -> Result<ConvKernel, CodegenError> {
         kernel: body.name.clone(),
         reason,
     };
-    generate(body).map_err(error)
+    match lift_1d(body).map_err(error.clone())? {
+        Some(lifted) => generate(&lifted),
+        None => generate(body),
+    }
+    .map_err(error)
+}
+
+/// A 1-D convolution or pooling (`[N, C, L]`) as the 2-D one it equals on `[N, C, 1, L]`
+/// (the same memory): every rank-3 value gains a unit dim at 2, and the window attributes
+/// a unit leading entry (kernel 1, stride 1, no pads, dilation 1). `None` for a body whose
+/// first op is not 1-D; an error where a value would align differently after the lift (a
+/// rank-2 operand broadcast against the output's last two dims).
+fn lift_1d(body: &Graph) -> Result<Option<Graph>, String> {
+    let Some(first) = body.nodes.first() else {
+        return Ok(None);
+    };
+    let x_rank = first.input(0).map(|v| body.value(v).ty.rank());
+    let windowed = matches!(
+        first.op,
+        Op::Conv { .. } | Op::Pool { .. } | Op::GlobalPool { .. }
+    );
+    if !windowed || x_rank != Some(3) {
+        return Ok(None);
+    }
+    if body
+        .values
+        .iter()
+        .any(|v| v.ty.rank() == 2 || v.ty.rank() > 3)
+    {
+        return Err("a 1-D window body with a rank-2 or higher-rank value is not generated".into());
+    }
+    let mut lifted = body.clone();
+    for v in &mut lifted.values {
+        if v.ty.rank() == 3 {
+            v.ty.dims.insert(2, rafter_ir::Dim::known(1));
+        }
+    }
+    let unit = |v: &mut Vec<i64>, one: i64| {
+        if !v.is_empty() {
+            v.insert(0, one);
+        }
+    };
+    let pads2 = |p: &mut Vec<i64>| {
+        if let [b, e] = p.as_slice() {
+            *p = vec![0, *b, 0, *e];
+        }
+    };
+    match &mut lifted.nodes[0].op {
+        Op::Conv {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            ..
+        }
+        | Op::Pool {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            ..
+        } => {
+            unit(kernel_shape, 1);
+            unit(strides, 1);
+            unit(dilations, 1);
+            pads2(pads);
+        }
+        _ => {}
+    }
+    Ok(Some(lifted))
 }
 
 fn generate(body: &Graph) -> Result<ConvKernel, String> {

@@ -357,6 +357,38 @@ fn average_pooling_counting_pads_past_the_padding_says_why() {
     assert!(e.reason.contains("past the padded input"), "{e}");
 }
 
+/// 1-D convolutions and pooling, generated as the 2-D ones on `[N, C, 1, L]`: an
+/// implicit-GEMM convolution with bias and relu, a depthwise one, max and average pooling
+/// with strides, pads and dilation, a global pool.
+#[test]
+fn one_d_convolutions_and_pooling_match_the_reference() {
+    let Some(device) = common::device_or_skip("1-D windows") else {
+        return;
+    };
+    let cases = [
+        "graph @c(%x: f32[2, 4, 10], %w: f32[6, 4, 3], %b: f32[6]) -> (%y) {\n  \
+         %c: f32[2, 6, 5] = conv{kernel_shape = [3], strides = [2], pads = [1, 1], \
+         dilations = [1], group = 1, auto_pad = explicit}(%x, %w, %b)\n  \
+         %y: f32[2, 6, 5] = unary{op = relu}(%c)\n}",
+        "graph @d(%x: f32[1, 3, 12], %w: f32[3, 1, 3]) -> (%y) {\n  \
+         %y: f32[1, 3, 8] = conv{kernel_shape = [3], strides = [1], pads = [0, 0], \
+         dilations = [2], group = 3, auto_pad = explicit}(%x, %w, _)\n}",
+        "graph @m(%x: f32[2, 3, 11]) -> (%y) {\n  %y: f32[2, 3, 6] = pool{kind = max, \
+         kernel_shape = [3], strides = [2], pads = [1, 1], dilations = [1], \
+         auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = 2, \
+         storage_order = 0}(%x)\n}",
+        "graph @a(%x: f32[2, 3, 11]) -> (%y) {\n  %y: f32[2, 3, 5] = pool{kind = average, \
+         kernel_shape = [3], strides = [2], pads = [1, 0], dilations = [1], \
+         auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = 2, \
+         storage_order = 0}(%x)\n}",
+        "graph @g(%x: f32[2, 5, 7]) -> (%y) {\n  %y: f32[2, 5, 1] = \
+         global_pool{kind = average, p = 2}(%x)\n}",
+    ];
+    for (k, text) in cases.iter().enumerate() {
+        check(&device, &format!("1-D case {k}"), text, &[]);
+    }
+}
+
 #[test]
 fn unsupported_convolutions_say_why() {
     let text = format!(
