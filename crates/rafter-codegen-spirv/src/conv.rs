@@ -309,6 +309,28 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             };
             window(op, geom, None, steps, const_rows)
         }
+        Op::Pool {
+            kind: PoolKind::Lp,
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            p,
+            ..
+        } => {
+            let &[kh, kw] = kernel_shape.as_slice() else {
+                return Err("pooling window is not 2-D".into());
+            };
+            let k = [dim_u32(kh)?, dim_u32(kw)?];
+            let p = u32::try_from(*p)
+                .ok()
+                .filter(|p| (1..=8).contains(p))
+                .ok_or_else(|| format!("Lp pooling with p = {p} is not generated (1 to 8 are)"))?;
+            check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
+            let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
+            window(WindowOp::LpPool { p }, geom, None, steps, const_rows)
+        }
         Op::GlobalPool { kind, .. } => {
             let op = match kind {
                 PoolKind::Average => WindowOp::GlobalAverage,

@@ -343,6 +343,23 @@ fn average_pooling_matches_the_reference() {
     check(&device, "avgpool ceil_mode", &text, &[]);
 }
 
+/// Lp pooling (p = 1, 2, 3) with pads (which add 0) and strides.
+#[test]
+fn lp_pooling_matches_the_reference() {
+    let Some(device) = common::device_or_skip("lp pooling") else {
+        return;
+    };
+    for p in [1, 2, 3] {
+        let text = format!(
+            "graph @lp(%x: f32[1, 3, 9, 8]) -> (%y) {{\n  %y: f32[1, 3, 5, 4] = pool{{kind = lp, \
+             kernel_shape = [3, 2], strides = [2, 2], pads = [1, 0, 1, 0], dilations = [1, 1], \
+             auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = {p}, \
+             storage_order = 0}}(%x)\n}}"
+        );
+        check(&device, &format!("lppool p={p}"), &text, &[]);
+    }
+}
+
 /// Counting pads where a `ceil_mode` window hangs past the padded input would divide by
 /// fewer taps than the window: refused with the reason, never a wrong mean.
 #[test]
