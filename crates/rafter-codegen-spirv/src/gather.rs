@@ -137,12 +137,19 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     elem::store(b, l.elem, f32, dst, v)
 }
 
-/// Index `j` as a `u64` holding its two's-complement 64-bit value. An i32 is loaded as
-/// unsigned bits, zero-extended and sign-extended by `(v ^ 2^31) - 2^31`.
+/// Index `j` as a `u64` holding its two's-complement 64-bit value.
 fn load_index(b: &mut Builder, t: &Prelude, l: &Layout, addrs: &[Word], j: Word) -> R<Word> {
     let j64 = build(b.u_convert(t.u64, None, j))?;
     let at = grid::element_addr(b, t.u64, addrs[l.ids], j64, l.ids_elem.bytes())?;
-    let unsigned = if l.ids_elem == Elem::I64 {
+    load_index_at(b, t, l.ids_elem, at)
+}
+
+/// The i32 or i64 index at byte address `at` as a `u64` holding its two's-complement
+/// 64-bit value. An i32 is loaded as unsigned bits, zero-extended and sign-extended by
+/// `(v ^ 2^31) - 2^31`: lavapipe's `OpSConvert` of the loaded i32 gave a zero-extended
+/// value (tests/gather.rs caught it).
+pub(crate) fn load_index_at(b: &mut Builder, t: &Prelude, ids: Elem, at: Word) -> R<Word> {
+    let unsigned = if ids == Elem::I64 {
         Elem::U64
     } else {
         Elem::U32
@@ -150,7 +157,7 @@ fn load_index(b: &mut Builder, t: &Prelude, l: &Layout, addrs: &[Word], j: Word)
     let i64t = b.type_int(64, 1);
     let v = elem::load_int(b, unsigned, i64t, at)?;
     let v = build(b.bitcast(t.u64, None, v))?;
-    if l.ids_elem == Elem::I64 {
+    if ids == Elem::I64 {
         return Ok(v);
     }
     let sign = b.constant_bit64(t.u64, 1 << 31);

@@ -101,7 +101,9 @@
 //! [`conv`]: 2-D convolutions and pooling on NCHW f32/f16 with static channel and spatial
 //! dims: an ungrouped convolution as an implicit GEMM (the matmul kernel gathering B's
 //! tiles from the image), with its bias and elementwise tail fused; depthwise convolution,
-//! max pooling and global pooling one invocation per output element. A 2-D `Gemm` is the
+//! max, average (`count_include_pad` where every window lies in the padded input) and Lp
+//! pooling and global pooling one invocation per output element; 1-D ones are generated as
+//! the 2-D ones on `[N, C, 1, L]`. A 2-D `Gemm` is the
 //! matmul kernel (B read transposed for `transB`).
 //!
 //! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
@@ -116,6 +118,9 @@
 //! [`gather`]: ONNX `Gather` along any axis of a static tensor by i32 or i64 indices of any
 //! shape, symbolic dims included (negative ones from the end, an i32 sign-extended; an
 //! index outside the axis gives NaN, never a read past the data).
+//!
+//! [`gather_elements`]: ONNX `GatherElements` along any axis, static data and i32/i64
+//! indices, wrapped and checked as [`gather`]'s.
 //!
 //! [`concat`]: ONNX `Concat` of any number of operands along any axis (dims from the axis
 //! inward static; a symbolic batch outside it is fine).
@@ -156,6 +161,7 @@ mod elem;
 mod elementwise;
 mod epilogue_math;
 mod gather;
+mod gather_elements;
 mod grid;
 mod integer;
 mod matmul;
@@ -174,6 +180,7 @@ pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
 pub use gather::{gather, GatherKernel};
+pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use slice::{slice, SliceKernel};
 pub use split::{split, SplitKernel};
@@ -202,7 +209,7 @@ enum Generated {
     Matmul(MatmulKernel),
     Conv(ConvKernel),
     /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
-    /// concat, split, trilu, batch norm, arg-reduce.
+    /// gather-elements, concat, split, trilu, batch norm, arg-reduce.
     Grid(Vec<u32>),
 }
 
@@ -234,6 +241,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         use rafter_ir::Op;
         let grid = match n.op {
             Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
+            Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
             Op::Slice => Some(slice(body).map(|k| k.spirv)),
             Op::Concat { .. } => Some(concat(body).map(|k| k.spirv)),
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
