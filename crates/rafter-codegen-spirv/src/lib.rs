@@ -128,6 +128,9 @@
 //! [`split`]: ONNX `Split` along any axis of a static tensor into any number of parts
 //! (the first not empty: the launch counts it), one invocation per input element.
 //!
+//! [`pad`]: ONNX `Pad` of a static tensor with constant pads and axes, every mode
+//! (constant, edge, reflect, wrap), negative pads cropping.
+//!
 //! [`trilu`]: ONNX `Trilu` of any stored element type (floats, bools, integers), the last
 //! two dims static, `k` constant or read at run time.
 //!
@@ -165,6 +168,7 @@ mod gather_elements;
 mod grid;
 mod integer;
 mod matmul;
+mod pad;
 mod slice;
 mod split;
 mod trilu;
@@ -182,6 +186,7 @@ pub use elementwise::{
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
+pub use pad::{pad, PadKernel};
 pub use slice::{slice, SliceKernel};
 pub use split::{split, SplitKernel};
 pub use trilu::{trilu, TriluKernel};
@@ -209,7 +214,7 @@ enum Generated {
     Matmul(MatmulKernel),
     Conv(ConvKernel),
     /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
-    /// gather-elements, concat, split, trilu, batch norm, arg-reduce.
+    /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce.
     Grid(Vec<u32>),
 }
 
@@ -247,6 +252,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
             Op::Split { .. } => Some(split(body).map(|k| k.spirv)),
             Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
+            Op::Pad { .. } => Some(pad(body).map(|k| k.spirv)),
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             _ => None,
         };

@@ -10,7 +10,10 @@ use rafter_ir::DType;
 use rafter_reference::Tensor;
 
 fn show(d: &[usize]) -> String {
-    d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+    d.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn index_tensor(dtype: DType, dims: &[usize], v: &[i64]) -> Tensor {
@@ -45,7 +48,9 @@ fn gather_elements_match_the_reference() {
             let kernel = gather_elements(&body).unwrap_or_else(|e| panic!("{text}: {e}"));
             common::spirv_val(&kernel.spirv, &format!("gather_elements_{a}_{idt}"));
             let inputs = vec![data.clone(), index_tensor(dtype, &out, &values)];
-            let want = rafter_reference::run(&body, inputs.clone()).unwrap().remove(0);
+            let want = rafter_reference::run(&body, inputs.clone())
+                .unwrap()
+                .remove(0);
             let module = kernel_module(&body, 0).unwrap();
             let got = common::run_module(&device, &module, &inputs, (DType::F32, &out));
             assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "{text}");
