@@ -45,7 +45,7 @@ pub fn conv(body: &Graph) -> Result<ConvKernel, CodegenError> {
         kernel: body.name.clone(),
         reason,
     };
-    match lift_1d(body).map_err(error.clone())? {
+    match lift_1d(body).map_err(error)? {
         Some(lifted) => generate(&lifted),
         None => generate(body),
     }
