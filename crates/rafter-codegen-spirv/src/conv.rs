@@ -8,6 +8,9 @@
 //!   global pooling are window kernels ([`crate::window`]): one invocation per output
 //!   element.
 //!
+//! A 1-D convolution or pooling is generated as the 2-D one on `[N, C, 1, L]` (the same
+//! memory), its launch reading 3-D dims as `H = 1`.
+//!
 //! Channel and spatial dims must be static (they are baked into the module, so address
 //! arithmetic divides by constants); the batch may be symbolic.
 
@@ -42,7 +45,76 @@ pub fn conv(body: &Graph) -> Result<ConvKernel, CodegenError> {
         kernel: body.name.clone(),
         reason,
     };
-    generate(body).map_err(error)
+    match lift_1d(body).map_err(error)? {
+        Some(lifted) => generate(&lifted),
+        None => generate(body),
+    }
+    .map_err(error)
+}
+
+/// A 1-D convolution or pooling (`[N, C, L]`) as the 2-D one it equals on `[N, C, 1, L]`
+/// (the same memory): every rank-3 value gains a unit dim at 2, and the window attributes
+/// a unit leading entry (kernel 1, stride 1, no pads, dilation 1). `None` for a body whose
+/// first op is not 1-D; an error where a value would align differently after the lift (a
+/// rank-2 operand broadcast against the output's last two dims).
+fn lift_1d(body: &Graph) -> Result<Option<Graph>, String> {
+    let Some(first) = body.nodes.first() else {
+        return Ok(None);
+    };
+    let x_rank = first.input(0).map(|v| body.value(v).ty.rank());
+    let windowed = matches!(
+        first.op,
+        Op::Conv { .. } | Op::Pool { .. } | Op::GlobalPool { .. }
+    );
+    if !windowed || x_rank != Some(3) {
+        return Ok(None);
+    }
+    if body
+        .values
+        .iter()
+        .any(|v| v.ty.rank() == 2 || v.ty.rank() > 3)
+    {
+        return Err("a 1-D window body with a rank-2 or higher-rank value is not generated".into());
+    }
+    let mut lifted = body.clone();
+    for v in &mut lifted.values {
+        if v.ty.rank() == 3 {
+            v.ty.dims.insert(2, rafter_ir::Dim::known(1));
+        }
+    }
+    let unit = |v: &mut Vec<i64>, one: i64| {
+        if !v.is_empty() {
+            v.insert(0, one);
+        }
+    };
+    let pads2 = |p: &mut Vec<i64>| {
+        if let [b, e] = p.as_slice() {
+            *p = vec![0, *b, 0, *e];
+        }
+    };
+    match &mut lifted.nodes[0].op {
+        Op::Conv {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            ..
+        }
+        | Op::Pool {
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            ..
+        } => {
+            unit(kernel_shape, 1);
+            unit(strides, 1);
+            unit(dilations, 1);
+            pads2(pads);
+        }
+        _ => {}
+    }
+    Ok(Some(lifted))
 }
 
 fn generate(body: &Graph) -> Result<ConvKernel, String> {
@@ -210,6 +282,55 @@ fn generate(body: &Graph) -> Result<ConvKernel, String> {
             let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
             window(WindowOp::MaxPool, geom, None, steps, const_rows)
         }
+        Op::Pool {
+            kind: PoolKind::Average,
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            count_include_pad,
+            ..
+        } => {
+            let &[kh, kw] = kernel_shape.as_slice() else {
+                return Err("pooling window is not 2-D".into());
+            };
+            let k = [dim_u32(kh)?, dim_u32(kw)?];
+            check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
+            let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
+            if *count_include_pad && !windows_fit_padding(&geom, pads, *auto_pad)? {
+                return Err(
+                    "average pooling counting pads with a window past the padded input                      (ceil_mode) is not generated yet"
+                        .into(),
+                );
+            }
+            let op = WindowOp::AvgPool {
+                include_pad: *count_include_pad,
+            };
+            window(op, geom, None, steps, const_rows)
+        }
+        Op::Pool {
+            kind: PoolKind::Lp,
+            kernel_shape,
+            strides,
+            pads,
+            dilations,
+            auto_pad,
+            p,
+            ..
+        } => {
+            let &[kh, kw] = kernel_shape.as_slice() else {
+                return Err("pooling window is not 2-D".into());
+            };
+            let k = [dim_u32(kh)?, dim_u32(kw)?];
+            let p = u32::try_from(*p)
+                .ok()
+                .filter(|p| (1..=8).contains(p))
+                .ok_or_else(|| format!("Lp pooling with p = {p} is not generated (1 to 8 are)"))?;
+            check_dtype(body, first.inputs.iter().flatten().copied(), y_ty)?;
+            let geom = window_geom((xd, yd), k, (strides, pads, dilations), *auto_pad)?;
+            window(WindowOp::LpPool { p }, geom, None, steps, const_rows)
+        }
         Op::GlobalPool { kind, .. } => {
             let op = match kind {
                 PoolKind::Average => WindowOp::GlobalAverage,
@@ -327,6 +448,26 @@ fn static_dims(ty: &TensorType, what: &str, rank: usize) -> Result<Vec<u32>, Str
 /// The window geometry of a conv or pool from its attributes and its static input and
 /// output planes; the output size is the IR's (shape inference already applied ONNX's
 /// rules), the leading pads are resolved here.
+/// Whether every window of `g` lies inside the padded input (leading and trailing pads),
+/// so that average pooling counting pads divides every output by the window size. Only
+/// explicit pads with `ceil_mode` can leave a window hanging past the trailing pad.
+fn windows_fit_padding(g: &WindowGeom, pads: &[i64], auto_pad: AutoPad) -> Result<bool, String> {
+    if auto_pad != AutoPad::NotSet {
+        return Ok(true);
+    }
+    let end = match pads {
+        [] => [0, 0],
+        [_, _, b, r] => [attr(*b)?, attr(*r)?],
+        _ => return Err(format!("pads {pads:?} are not 2-D")),
+    };
+    let fits = |o: u32, s: u32, k: u32, d: u32, n: u32, pb: u32, pe: u32| {
+        let last = u64::from(o.max(1) - 1) * u64::from(s) + u64::from(k - 1) * u64::from(d);
+        last < u64::from(n) + u64::from(pb) + u64::from(pe)
+    };
+    Ok(fits(g.oh, g.s[0], g.k[0], g.d[0], g.h, g.p[0], end[0])
+        && fits(g.ow, g.s[1], g.k[1], g.d[1], g.w, g.p[1], end[1]))
+}
+
 fn window_geom(
     (xd, yd): ([u32; 4], [u32; 4]),
     k: [u32; 2],

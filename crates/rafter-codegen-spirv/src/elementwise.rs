@@ -1042,19 +1042,16 @@ mod glsl {
     pub const ATAN: u32 = 18;
     pub const SINH: u32 = 19;
     pub const COSH: u32 = 20;
-    pub const TANH: u32 = 21;
     pub const ASINH: u32 = 22;
     pub const ACOSH: u32 = 23;
     pub const ATANH: u32 = 24;
     pub const ATAN2: u32 = 25;
     pub const POW: u32 = 26;
-    pub const EXP: u32 = 27;
     pub const LOG: u32 = 28;
     pub const SQRT: u32 = 31;
     pub const FMIN: u32 = 37;
     pub const FMAX: u32 = 40;
     pub const FMA: u32 = 50;
-    pub const LDEXP: u32 = 53;
     pub const FCLAMP: u32 = 43;
 }
 
@@ -1408,60 +1405,23 @@ impl<'a> Emitter<'a> {
     fn and(&mut self, a: Word, b: Word) -> R<Word> {
         build(self.b.logical_and(self.bool, None, a, b))
     }
-    /// The result of `op`, decorated NoContraction: the driver may neither fuse it with
-    /// another operation nor reassociate it.
-    fn exact(&mut self, op: impl FnOnce(&mut Self) -> R<Word>) -> R<Word> {
-        let id = op(self)?;
-        self.b.decorate(id, Decoration::NoContraction, []);
-        Ok(id)
+
+    /// The transcendental helpers shared with the matmul epilogue
+    /// ([`crate::epilogue_math`]), over this emitter's builder: one copy of each formula.
+    fn math(&mut self) -> crate::epilogue_math::Math<'_> {
+        crate::epilogue_math::Math {
+            b: &mut self.b,
+            f32: self.f32,
+            bool: self.bool,
+            glsl: self.glsl,
+        }
     }
 
-    /// `e^x`, range-reduced: `x = k ln 2 + r` with an integer `k` and `|r| <= ln 2 / 2`,
-    /// then `Exp(r)` scaled by `2^k` (`Ldexp`). Vulkan lets `Exp` be `3 + 2|x|` ulp off,
-    /// so a plain `Exp` of a large-magnitude argument (a softmax's `x - max` of -20) may be
-    /// 43 ulp off (lavapipe's was 60 ulp off at x = 72); the reduced argument keeps it
-    /// within 3 ulp on lavapipe (tests/gpu.rs).
-    /// `k ln 2` is subtracted in two parts (fdlibm's split of ln 2, whose high part has
-    /// zero low bits). Outside [-104, ln(f32::MAX)] the result
-    /// is 0 or infinity (as f32 `exp` rounds), set by selects: `Ldexp` is undefined where it
-    /// overflows. NaN stays NaN.
+    /// `e^x`, range-reduced ([`crate::epilogue_math::Math::exp`]: within 3 ulp on
+    /// lavapipe where a plain `Exp` was 60 ulp off, 0 or infinity outside
+    /// [-104, ln(f32::MAX)], NaN kept).
     fn exp(&mut self, x: Word) -> R<Word> {
-        const LOG2_E: f32 = std::f32::consts::LOG2_E;
-        const LN2_HI: f32 = 6.931_457_5e-1; // 0x3f317200
-        const LN2_LO: f32 = 1.428_606_8e-6; // 0x35bfbe8e
-                                            // The largest f32 whose exp is finite, and the point below which exp rounds to 0.
-        const MAX_ARG: f32 = 88.722_83; // 0x42b17217
-        const MIN_ARG: f32 = -104.0;
-        let (lo, hi) = (self.f(MIN_ARG), self.f(MAX_ARG));
-        let xc = self.ext(glsl::FCLAMP, &[x, lo, hi])?;
-        let log2e = self.f(LOG2_E);
-        let scaled = self.mul(xc, log2e)?;
-        let k = self.ext(glsl::ROUND_EVEN, &[scaled])?;
-        // x - k ln2_hi is exact (k has at most 8 bits, ln2_hi 15, and the difference is
-        // smaller than x); every step is marked NoContraction: without it Mesa folded the
-        // two subtractions into x - k (ln2_hi + ln2_lo), which loses the split's point
-        // (40 ulps at x = -87 on lavapipe).
-        let (hi_part, lo_part) = (self.f(LN2_HI), self.f(LN2_LO));
-        let k_hi = self.exact(|e| e.mul(k, hi_part))?;
-        let r = self.exact(|e| e.sub(xc, k_hi))?;
-        let k_lo = self.exact(|e| e.mul(k, lo_part))?;
-        let r = self.exact(|e| e.sub(r, k_lo))?;
-        let y = self.ext(glsl::EXP, &[r])?;
-        let i32t = self.b.type_int(32, 1);
-        let ki = build(self.b.convert_f_to_s(i32t, None, k))?;
-        let (f32, glsl) = (self.f32, self.glsl);
-        let e = build(self.b.ext_inst(
-            f32,
-            None,
-            glsl,
-            glsl::LDEXP,
-            [Arg::IdRef(y), Arg::IdRef(ki)],
-        ))?;
-        let (above, below) = (self.gt(x, hi)?, self.lt(x, lo)?);
-        let (inf, zero) = (self.f(f32::INFINITY), self.f(0.0));
-        let e = self.select(above, inf, e)?;
-        let e = self.select(below, zero, e)?;
-        self.keep_nan(x, e)
+        self.math().exp(x)
     }
     /// `exp(x) - 1`.
     fn expm1(&mut self, x: Word) -> R<Word> {
@@ -1488,67 +1448,16 @@ impl<'a> Emitter<'a> {
         self.select(keep_a, a, r)
     }
 
-    /// `tanh` with the input clamped to ±10 (where f32 tanh is ±1), so no driver's
-    /// `(e^2x - 1) / (e^2x + 1)` lowering overflows to NaN.
+    /// `tanh` clamped to ±10, with its series near 0
+    /// ([`crate::epilogue_math::Math::tanh`]).
     fn tanh(&mut self, x: Word) -> R<Word> {
-        let (lo, hi) = (self.f(-10.0), self.f(10.0));
-        let clamped = self.ext(glsl::FCLAMP, &[x, lo, hi])?;
-        let t = self.ext(glsl::TANH, &[clamped])?;
-        // Near 0 a driver's `(e^2x - 1) / (e^2x + 1)` cancels (lavapipe's is off by 1e-3
-        // relative at 1e-4): there the odd series to x^9, exact to f32 for |x| < 1/8.
-        let x2 = self.mul(x, x)?;
-        const SERIES: [f32; 5] = [62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0, 1.0];
-        let mut p = self.f(SERIES[0]);
-        for &c in &SERIES[1..] {
-            let m = self.mul(p, x2)?;
-            let c = self.f(c);
-            p = self.add(m, c)?;
-        }
-        let series = self.mul(p, x)?;
-        let a = self.ext(glsl::FABS, &[x])?;
-        let eighth = self.f(0.125);
-        let small = self.lt(a, eighth)?;
-        let t = self.select(small, series, t)?;
-        self.keep_nan(x, t)
+        self.math().tanh(x)
     }
 
-    /// erf as a rational approximation on [-4, 4] (erf is ±1 in f32 outside), accurate to
-    /// a few ulp: the odd numerator and even denominator of Eigen's and XLA's f32 erf.
+    /// erf, a few ulp, exactly ±1 at |x| >= 4 as f32 erf rounds
+    /// ([`crate::epilogue_math::Math::erf`]).
     fn erf(&mut self, x: Word) -> R<Word> {
-        const ALPHA: [f32; 7] = [
-            -2.726_142_3e-10,
-            2.770_681_4e-8,
-            -2.101_024e-6,
-            -5.692_506_4e-5,
-            -7.349_906_3e-4,
-            -2.954_6e-3,
-            -1.609_603_3e-2,
-        ];
-        const BETA: [f32; 5] = [
-            -1.456_607_2e-5,
-            -2.133_740_6e-4,
-            -1.682_827e-3,
-            -7.373_329_3e-3,
-            -1.426_474e-2,
-        ];
-        let (lo, hi) = (self.f(-4.0), self.f(4.0));
-        let c = self.ext(glsl::FCLAMP, &[x, lo, hi])?;
-        let c2 = self.mul(c, c)?;
-        let mut p = self.f(ALPHA[0]);
-        for &a in &ALPHA[1..] {
-            let t = self.mul(p, c2)?;
-            let a = self.f(a);
-            p = self.add(t, a)?;
-        }
-        p = self.mul(p, c)?;
-        let mut q = self.f(BETA[0]);
-        for &bcoef in &BETA[1..] {
-            let t = self.mul(q, c2)?;
-            let bcoef = self.f(bcoef);
-            q = self.add(t, bcoef)?;
-        }
-        let r = self.div(p, q)?;
-        self.keep_nan(x, r)
+        self.math().erf(x)
     }
 
     /// `sqrt((1 - x) * (1 + x))`, which keeps its precision as |x| nears 1.

@@ -3,9 +3,9 @@
 //! followed by its bias and activation (BERT's `MatMul, Add, Gelu`, a pooler's `Gemm, Tanh`,
 //! a convolution's `Sigmoid`) stays one kernel on the GPU.
 //!
-//! The formulas are the ones the elementwise generator uses (same range reduction of `exp`,
-//! same clamped `tanh` with its series near 0, same rational `erf`), written over a bare
-//! [`Builder`] so the matmul emitter, which has its own state, can call them. Every
+//! The elementwise generator calls these same functions for its `exp`, `tanh` and `erf`
+//! (one copy of each formula); they are written over a bare [`Builder`] so the matmul
+//! emitter, which has its own state, can call them too. Every
 //! function keeps NaN and never feeds a GLSL built-in an argument where Vulkan leaves the
 //! result undefined (`Ldexp` overflow, `Exp` of a large argument).
 

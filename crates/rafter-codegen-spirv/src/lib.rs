@@ -101,7 +101,9 @@
 //! [`conv`]: 2-D convolutions and pooling on NCHW f32/f16 with static channel and spatial
 //! dims: an ungrouped convolution as an implicit GEMM (the matmul kernel gathering B's
 //! tiles from the image), with its bias and elementwise tail fused; depthwise convolution,
-//! max pooling and global pooling one invocation per output element. A 2-D `Gemm` is the
+//! max, average (`count_include_pad` where every window lies in the padded input) and Lp
+//! pooling and global pooling one invocation per output element; 1-D ones are generated as
+//! the 2-D ones on `[N, C, 1, L]`. A 2-D `Gemm` is the
 //! matmul kernel (B read transposed for `transB`).
 //!
 //! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
@@ -110,9 +112,33 @@
 //! which the artifact carries beside the plain one (`VulkanModule::coop`) and the runtime
 //! loads where the device offers that configuration ([`COOP_SIDE`], [`COOP_SUBGROUP`]).
 //!
-//! [`gather`]: an embedding lookup, axis 0 of a static 2-D f32/f16 table by i64 indices
-//! (negative ones from the end; an index outside the table gives NaN, never a read past
-//! the table).
+//! Data-movement kernels share one grid-stride launch (the private `grid` module: one
+//! invocation per output element, the elementwise launch) on f32/f16 data:
+//!
+//! [`gather`]: ONNX `Gather` along any axis of a static tensor by i32 or i64 indices of any
+//! shape, symbolic dims included (negative ones from the end, an i32 sign-extended; an
+//! index outside the axis gives NaN, never a read past the data).
+//!
+//! [`gather_elements`]: ONNX `GatherElements` along any axis, static data and i32/i64
+//! indices, wrapped and checked as [`gather`]'s.
+//!
+//! [`concat`]: ONNX `Concat` of any number of operands along any axis (dims from the axis
+//! inward static; a symbolic batch outside it is fine).
+//!
+//! [`split`]: ONNX `Split` along any axis of a static tensor into any number of parts
+//! (the first not empty: the launch counts it), one invocation per input element.
+//!
+//! [`pad`]: ONNX `Pad` of a static tensor with constant pads and axes, every mode
+//! (constant, edge, reflect, wrap), negative pads cropping.
+//!
+//! [`trilu`]: ONNX `Trilu` of any stored element type (floats, bools, integers), the last
+//! two dims static, `k` constant or read at run time.
+//!
+//! [`batch_norm`]: inference `BatchNormalization` on `[N, C, spatial...]` (C and spatial
+//! static), its parameters kernel inputs or folded constants.
+//!
+//! [`arg_reduce`]: ONNX `ArgMax`/`ArgMin` along any axis of a static tensor, `keepdims` and
+//! `select_last_index`, NaN winning as in the reference; the result is i64.
 //!
 //! [`slice`]: ONNX `Slice` of a static f32/f16 tensor with constant starts, ends, axes and
 //! steps (a fused QKV split); the epilogue of a product may end in sigmoid, tanh or GELU
@@ -128,27 +154,42 @@
 //! Every module is SPIR-V 1.5 and is checked with `spirv-val --target-env vulkan1.3` in
 //! this crate's tests.
 
+mod argreduce;
 mod backend;
+mod batch_norm;
+mod concat;
 mod conv;
 mod coop;
 mod elem;
 mod elementwise;
 mod epilogue_math;
 mod gather;
+mod gather_elements;
+mod grid;
 mod integer;
 mod matmul;
+mod pad;
 mod slice;
+mod split;
+mod trilu;
 mod window;
 
+pub use argreduce::{arg_reduce, ArgReduceKernel};
 pub use backend::SpirvBackend;
+pub use batch_norm::{batch_norm, BatchNormKernel};
+pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
 pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
 pub use gather::{gather, GatherKernel};
+pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
+pub use pad::{pad, PadKernel};
 pub use slice::{slice, SliceKernel};
+pub use split::{split, SplitKernel};
+pub use trilu::{trilu, TriluKernel};
 
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
@@ -172,8 +213,9 @@ enum Generated {
     Elementwise(ElementwiseKernel),
     Matmul(MatmulKernel),
     Conv(ConvKernel),
-    Gather(GatherKernel),
-    Slice(SliceKernel),
+    /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
+    /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce.
+    Grid(Vec<u32>),
 }
 
 /// Generates `body`; the error is the elementwise generator's reason unless the body is a
@@ -200,16 +242,22 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     if is_window {
         return conv(body).map(Generated::Conv).map_err(|e| e.reason);
     }
-    if body
-        .nodes
-        .first()
-        .is_some_and(|n| matches!(n.op, rafter_ir::Op::Gather { .. }))
-    {
-        return gather(body).map(Generated::Gather);
-    }
     if let [n] = body.nodes.as_slice() {
-        if matches!(n.op, rafter_ir::Op::Slice) {
-            return slice(body).map(Generated::Slice);
+        use rafter_ir::Op;
+        let grid = match n.op {
+            Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
+            Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
+            Op::Slice => Some(slice(body).map(|k| k.spirv)),
+            Op::Concat { .. } => Some(concat(body).map(|k| k.spirv)),
+            Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
+            Op::Split { .. } => Some(split(body).map(|k| k.spirv)),
+            Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
+            Op::Pad { .. } => Some(pad(body).map(|k| k.spirv)),
+            Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
+            _ => None,
+        };
+        if let Some(spirv) = grid {
+            return spirv.map(Generated::Grid);
         }
     }
     elementwise(body)
@@ -298,22 +346,13 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             spirv: to_bytes(&g.spirv).into(),
             coop: g.coop.map(|c| to_bytes(&c).into()),
         },
-        Generated::Slice(g) => VulkanModule {
+        Generated::Grid(spirv) => VulkanModule {
             kernel,
             launch: rafter_vulkan_section::Launch::Elementwise,
             workgroup_size: WORKGROUP_SIZE,
             entry_point: "main".into(),
             dims: Vec::new(),
-            spirv: to_bytes(&g.spirv).into(),
-            coop: None,
-        },
-        Generated::Gather(g) => VulkanModule {
-            kernel,
-            launch: rafter_vulkan_section::Launch::Elementwise,
-            workgroup_size: WORKGROUP_SIZE,
-            entry_point: "main".into(),
-            dims: Vec::new(),
-            spirv: to_bytes(&g.spirv).into(),
+            spirv: to_bytes(&spirv).into(),
             coop: None,
         },
         Generated::Conv(g) => VulkanModule {

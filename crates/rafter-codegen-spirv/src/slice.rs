@@ -3,20 +3,19 @@
 //! optimised by ONNX Runtime), a sequence cut, a reversal (negative step).
 //!
 //! One invocation per output element, in a grid-stride loop over the count param (the
-//! elementwise launch, as [`crate::gather`]). With the slice resolved at generation time,
+//! elementwise launch, [`crate::grid`]). With the slice resolved at generation time,
 //! output coordinate `c_d` reads input element `base + sum_d c_d * step_d * stride_d`, where
 //! `base = sum_d start_d * stride_d`. A negative step makes its term negative: the sum is
 //! taken in wrapping 64-bit unsigned arithmetic, whose result is the non-negative index
 //! (no signed division or remainder anywhere: NVIDIA has none for negative values).
 
 use rafter_ir::{Graph, Op, ValueDef};
-use rspirv::binary::Assemble;
 use rspirv::dr::Builder;
-use rspirv::spirv::{BuiltIn, LoopControl, Word};
+use rspirv::spirv::Word;
 
 use crate::elem::{self, Elem};
-use crate::matmul::{begin_main, build, builtin_v3, prelude, push_block, Prelude, R};
-use crate::WORKGROUP_SIZE;
+use crate::grid;
+use crate::matmul::{build, Prelude, R};
 
 /// A generated slice kernel; launched like an elementwise kernel (one `u32` param, the
 /// output's element count).
@@ -83,24 +82,14 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
         ));
     }
     let elem = Elem::of(in_ty.dtype).map_err(|e| format!("slice data is {e}"))?;
-    let known = |ty: &rafter_ir::TensorType, what: &str| -> R<Vec<u64>> {
-        ty.dims
-            .iter()
-            .map(|d| {
-                d.as_known()
-                    .and_then(|n| u64::try_from(n).ok())
-                    .ok_or_else(|| format!("{what} dim {d} is not static"))
-            })
-            .collect()
-    };
-    let in_dims = known(in_ty, "slice data")?;
+    let in_dims = grid::static_dims(in_ty, "slice data")?;
     let Some(&out) = body.outputs.first().filter(|_| body.outputs.len() == 1) else {
         return Err("a slice kernel has one output".into());
     };
     if node.outputs.first().copied().flatten() != Some(out) {
         return Err("the slice's result must be the body's one output".into());
     }
-    let out_dims = known(&body.value(out).ty, "slice result")?;
+    let out_dims = grid::static_dims(&body.value(out).ty, "slice result")?;
     if out_dims.len() != rank
         || in_dims
             .iter()
@@ -186,69 +175,10 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
         base,
         dims,
     };
-    Ok(SliceKernel {
-        spirv: emit(&layout)?,
-    })
-}
-
-fn emit(l: &Layout) -> R<Vec<u32>> {
-    let mut b = Builder::new();
-    let t = prelude(&mut b);
-    let Prelude {
-        void,
-        u32,
-        u64,
-        bool,
-        ..
-    } = t;
-    let nb = l.bindings as u32;
-    let push = push_block(&mut b, &t, nb, 1);
-    let v3 = b.type_vector(u32, 3);
-    let gid_var = builtin_v3(&mut b, u32, BuiltIn::GlobalInvocationId);
-    let nwg_var = builtin_v3(&mut b, u32, BuiltIn::NumWorkgroups);
-    begin_main(
-        &mut b,
-        void,
-        vec![push.var, gid_var, nwg_var],
-        [WORKGROUP_SIZE, 1, 1],
-    )?;
-    let entry = build(b.begin_block(None))?;
-    let addrs = (0..nb)
-        .map(|i| push.member(&mut b, (u32, u64), i, true))
-        .collect::<R<Vec<Word>>>()?;
-    let count = push.member(&mut b, (u32, u64), nb, false)?;
-    let gid = build(b.load(v3, None, gid_var, None, []))?;
-    let first = build(b.composite_extract(u32, None, gid, [0]))?;
-    let nwg = build(b.load(v3, None, nwg_var, None, []))?;
-    let groups = build(b.composite_extract(u32, None, nwg, [0]))?;
-    // NumWorkgroups read as at least 1, so the loop's stride is never 0.
-    let (zero, one) = (b.constant_bit32(u32, 0), b.constant_bit32(u32, 1));
-    let none = build(b.i_equal(bool, None, groups, zero))?;
-    let groups = build(b.select(u32, None, none, one, groups))?;
-    let size = b.constant_bit32(u32, WORKGROUP_SIZE);
-    let stride = build(b.i_mul(u32, None, groups, size))?;
-
-    // for (i = first; i < count; i += stride)
-    let (header, cond, body, cont, merge) = (b.id(), b.id(), b.id(), b.id(), b.id());
-    let next = b.id();
-    build(b.branch(header))?;
-    build(b.begin_block(Some(header)))?;
-    let i = build(b.phi(u32, None, [(first, entry), (next, cont)]))?;
-    build(b.loop_merge(merge, cont, LoopControl::NONE, []))?;
-    build(b.branch(cond))?;
-    build(b.begin_block(Some(cond)))?;
-    let more = build(b.u_less_than(bool, None, i, count))?;
-    build(b.branch_conditional(more, body, merge, []))?;
-    build(b.begin_block(Some(body)))?;
-    element(&mut b, &t, l, &addrs, i)?;
-    build(b.branch(cont))?;
-    build(b.begin_block(Some(cont)))?;
-    build(b.i_add(u32, Some(next), i, stride))?;
-    build(b.branch(header))?;
-    build(b.begin_block(Some(merge)))?;
-    build(b.ret())?;
-    build(b.end_function())?;
-    Ok(b.module().assemble())
+    let spirv = grid::module(layout.bindings, |b, t, e| {
+        element(b, t, &layout, e.addrs, e.i)
+    })?;
+    Ok(SliceKernel { spirv })
 }
 
 /// Output element `i`: its coordinates, the input element they read, the copy.

@@ -1,6 +1,6 @@
 //! Kernels that compute each output element from a small window of one input plane, one
-//! invocation per output element: depthwise convolution, max pooling, global average and
-//! max pooling, on f32 or f16 NCHW tensors with static channel and spatial dims (the batch may be
+//! invocation per output element: depthwise convolution, max, average and Lp pooling, global
+//! average and max pooling, on f32 or f16 NCHW tensors with static channel and spatial dims (the batch may be
 //! symbolic: the element count is the launch's one param, as for elementwise kernels).
 //!
 //! These are memory-bound (a depthwise 3×3 reads each input about once per output), so
@@ -27,6 +27,16 @@ pub(crate) enum WindowOp {
     Depthwise,
     /// The maximum over the taps inside the input (padding is ignored), NaN propagating.
     MaxPool,
+    /// The mean over the taps: those inside the input (`include_pad` false), or every tap
+    /// (`include_pad`: the generator only takes it where every window lies inside the
+    /// padded input, so the divisor is the window size, as ONNX's `count_include_pad`).
+    AvgPool {
+        include_pad: bool,
+    },
+    /// `(sum over the taps inside of |x|^p)^(1/p)` for an integer `p >= 1` (pads add 0).
+    LpPool {
+        p: u32,
+    },
     /// The mean (or maximum) over the whole plane.
     GlobalAverage,
     GlobalMax,
@@ -154,7 +164,29 @@ pub(crate) fn emit_window(layout: &WindowLayout) -> R<Vec<u32>> {
     Ok(e.b.module().assemble())
 }
 
+/// GLSL.std.450 `FAbs`, `Pow` and `Sqrt`.
+const GLSL_FABS: u32 = 4;
+const GLSL_POW: u32 = 26;
+const GLSL_SQRT: u32 = 31;
+
 impl Body {
+    /// `x^(1/p)` of a non-negative sum: itself for p = 1, `Sqrt` for 2, else `Pow`.
+    fn root(&mut self, x: Word, p: u32) -> R<Word> {
+        let f32 = self.ids.f32;
+        let glsl = self.ids.glsl;
+        match p {
+            1 => Ok(x),
+            2 => build(self.b.ext_inst(f32, None, glsl, GLSL_SQRT, [Arg::IdRef(x)])),
+            _ => {
+                let inv = self.b.constant_bit32(f32, (1.0 / p as f32).to_bits());
+                build(
+                    self.b
+                        .ext_inst(f32, None, glsl, GLSL_POW, [Arg::IdRef(x), Arg::IdRef(inv)]),
+                )
+            }
+        }
+    }
+
     /// Loads element `index` (u32) of the buffer at `base`, as an f32.
     fn load_elem(&mut self, base: Word, index: Word) -> R<Word> {
         let zero = self.u(0);
@@ -179,7 +211,10 @@ impl Body {
             WindowOp::GlobalAverage | WindowOp::GlobalMax => {
                 self.plane_reduce(l.op, x_base, plane_start, g.h * g.w)?
             }
-            WindowOp::Depthwise | WindowOp::MaxPool => {
+            WindowOp::Depthwise
+            | WindowOp::MaxPool
+            | WindowOp::AvgPool { .. }
+            | WindowOp::LpPool { .. } => {
                 let ow = self.u(g.ow);
                 let oh_i = build(self.b.u_div(u32, None, pixel, ow))?;
                 let ow_i = build(self.b.u_mod(u32, None, pixel, ow))?;
@@ -198,6 +233,8 @@ impl Body {
                 } else {
                     self.b.constant_bit32(f32, 0)
                 };
+                // Average pooling without pads counted: the taps inside, as an f32.
+                let mut inside_taps = self.b.constant_bit32(f32, 0);
                 for ki in 0..g.k[0] {
                     let ki_c = self.u(ki);
                     let ih = self.window_coord(oh_i, ki_c, g.s[0], g.d[0], g.p[0])?;
@@ -230,6 +267,35 @@ impl Body {
                                     [Arg::IdRef(v), Arg::IdRef(wv), Arg::IdRef(acc)],
                                 ))?
                             }
+                            None if matches!(l.op, WindowOp::LpPool { .. }) => {
+                                let WindowOp::LpPool { p } = l.op else {
+                                    unreachable!()
+                                };
+                                let fzero = self.b.constant_bit32(f32, 0);
+                                let v = build(self.b.select(f32, None, inside, v, fzero))?;
+                                let a = build(self.b.ext_inst(
+                                    f32,
+                                    None,
+                                    self.ids.glsl,
+                                    GLSL_FABS,
+                                    [Arg::IdRef(v)],
+                                ))?;
+                                let mut power = a;
+                                for _ in 1..p {
+                                    power = build(self.b.f_mul(f32, None, power, a))?;
+                                }
+                                build(self.b.f_add(f32, None, acc, power))?
+                            }
+                            None if matches!(l.op, WindowOp::AvgPool { .. }) => {
+                                let (fzero, fone) = (
+                                    self.b.constant_bit32(f32, 0),
+                                    self.b.constant_bit32(f32, 1f32.to_bits()),
+                                );
+                                let v = build(self.b.select(f32, None, inside, v, fzero))?;
+                                let n = build(self.b.select(f32, None, inside, fone, fzero))?;
+                                inside_taps = build(self.b.f_add(f32, None, inside_taps, n))?;
+                                build(self.b.f_add(f32, None, acc, v))?
+                            }
                             None => {
                                 // Take v when inside and (v > acc or v is NaN).
                                 let gt = build(self.b.f_ord_greater_than(bool, None, v, acc))?;
@@ -241,7 +307,17 @@ impl Body {
                         };
                     }
                 }
-                acc
+                match l.op {
+                    WindowOp::AvgPool { include_pad: true } => {
+                        let taps = self.b.constant_bit32(f32, (taps as f32).to_bits());
+                        build(self.b.f_div(f32, None, acc, taps))?
+                    }
+                    WindowOp::AvgPool { include_pad: false } => {
+                        build(self.b.f_div(f32, None, acc, inside_taps))?
+                    }
+                    WindowOp::LpPool { p } => self.root(acc, p)?,
+                    _ => acc,
+                }
             }
         };
         // The epilogue sees the output as per-image `C × (OH·OW)` matrices.

@@ -1,7 +1,7 @@
 //! Generated convolutions and pooling run on the Vulkan device (lavapipe in CI) and match
 //! the reference executor: implicit-GEMM convolutions (strides, pads, dilations, 1×1, 7×7,
 //! both tile sizes, several images) with their bias and fused tails, depthwise
-//! convolution, max pooling and global pooling; and the classifier's `Gemm` with B transposed.
+//! convolution, max and average pooling and global pooling; and the classifier's `Gemm` with B transposed.
 
 mod common;
 
@@ -293,6 +293,116 @@ fn max_and_global_pooling_match_the_reference() {
              global_pool{{kind = {kind}, p = 2}}(%x)\n}}"
         );
         check(&device, &format!("global {kind} pool"), &text, &[]);
+    }
+}
+
+/// An average pool of `x` to `y` with the window `[kernel_shape, strides, pads, dilations]`.
+fn avg_pool((x, y): (&str, &str), [k, s, pads, d]: [&str; 4], ceil: bool, inc: bool) -> String {
+    format!(
+        "graph @ap(%x: f32[{x}]) -> (%y) {{\n  %y: f32[{y}] = pool{{kind = average, \
+         kernel_shape = [{k}], strides = [{s}], pads = [{pads}], dilations = [{d}], \
+         auto_pad = explicit, ceil_mode = {ceil}, count_include_pad = {inc}, p = 2, \
+         storage_order = 0}}(%x)\n}}"
+    )
+}
+
+/// Average pooling with and without pads counted: symmetric and asymmetric pads,
+/// dilation, and `ceil_mode` windows hanging past the input (not counting pads).
+#[test]
+fn average_pooling_matches_the_reference() {
+    let Some(device) = common::device_or_skip("average pooling") else {
+        return;
+    };
+    for inc in [false, true] {
+        let text = avg_pool(
+            ("1, 4, 11, 11", "1, 4, 6, 6"),
+            ["3, 3", "2, 2", "1, 1, 1, 1", "1, 1"],
+            false,
+            inc,
+        );
+        check(&device, &format!("avgpool 3x3 s2 p1 inc={inc}"), &text, &[]);
+        let text = avg_pool(
+            ("2, 3, 7, 6", "2, 3, 4, 4"),
+            ["3, 2", "1, 2", "0, 1, 1, 2", "2, 1"],
+            false,
+            inc,
+        );
+        check(
+            &device,
+            &format!("avgpool dilated asymmetric inc={inc}"),
+            &text,
+            &[],
+        );
+    }
+    let text = avg_pool(
+        ("1, 2, 5, 5", "1, 2, 3, 3"),
+        ["2, 2", "2, 2", "0, 0, 0, 0", "1, 1"],
+        true,
+        false,
+    );
+    check(&device, "avgpool ceil_mode", &text, &[]);
+}
+
+/// Lp pooling (p = 1, 2, 3) with pads (which add 0) and strides.
+#[test]
+fn lp_pooling_matches_the_reference() {
+    let Some(device) = common::device_or_skip("lp pooling") else {
+        return;
+    };
+    for p in [1, 2, 3] {
+        let text = format!(
+            "graph @lp(%x: f32[1, 3, 9, 8]) -> (%y) {{\n  %y: f32[1, 3, 5, 4] = pool{{kind = lp, \
+             kernel_shape = [3, 2], strides = [2, 2], pads = [1, 0, 1, 0], dilations = [1, 1], \
+             auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = {p}, \
+             storage_order = 0}}(%x)\n}}"
+        );
+        check(&device, &format!("lppool p={p}"), &text, &[]);
+    }
+}
+
+/// Counting pads where a `ceil_mode` window hangs past the padded input would divide by
+/// fewer taps than the window: refused with the reason, never a wrong mean.
+#[test]
+fn average_pooling_counting_pads_past_the_padding_says_why() {
+    let text = avg_pool(
+        ("1, 2, 5, 5", "1, 2, 3, 3"),
+        ["2, 2", "2, 2", "0, 0, 0, 0", "1, 1"],
+        true,
+        true,
+    );
+    let e = conv(&parse_graph(&text).unwrap()).unwrap_err();
+    assert!(e.reason.contains("past the padded input"), "{e}");
+}
+
+/// 1-D convolutions and pooling, generated as the 2-D ones on `[N, C, 1, L]`: an
+/// implicit-GEMM convolution with bias and relu, a depthwise one, max and average pooling
+/// with strides, pads and dilation, a global pool.
+#[test]
+fn one_d_convolutions_and_pooling_match_the_reference() {
+    let Some(device) = common::device_or_skip("1-D windows") else {
+        return;
+    };
+    let cases = [
+        "graph @c(%x: f32[2, 4, 10], %w: f32[6, 4, 3], %b: f32[6]) -> (%y) {\n  \
+         %c: f32[2, 6, 5] = conv{kernel_shape = [3], strides = [2], pads = [1, 1], \
+         dilations = [1], group = 1, auto_pad = explicit}(%x, %w, %b)\n  \
+         %y: f32[2, 6, 5] = unary{op = relu}(%c)\n}",
+        "graph @d(%x: f32[1, 3, 12], %w: f32[3, 1, 3]) -> (%y) {\n  \
+         %y: f32[1, 3, 8] = conv{kernel_shape = [3], strides = [1], pads = [0, 0], \
+         dilations = [2], group = 3, auto_pad = explicit}(%x, %w, _)\n}",
+        "graph @m(%x: f32[2, 3, 11]) -> (%y) {\n  %y: f32[2, 3, 6] = pool{kind = max, \
+         kernel_shape = [3], strides = [2], pads = [1, 1], dilations = [1], \
+         auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = 2, \
+         storage_order = 0}(%x)\n}",
+        "graph @a(%x: f32[2, 3, 11]) -> (%y) {\n  %y: f32[2, 3, 5] = pool{kind = average, \
+         kernel_shape = [3], strides = [2], pads = [1, 0], dilations = [1], \
+         auto_pad = explicit, ceil_mode = false, count_include_pad = false, p = 2, \
+         storage_order = 0}(%x)\n}",
+        "graph @g(%x: f32[2, 5, 7]) -> (%y) {\n  %y: f32[2, 5, 1] = \
+         global_pool{kind = average, p = 2}(%x)\n}",
+    ];
+    for (k, text) in cases.iter().enumerate() {
+        check(&device, &format!("1-D case {k}"), text, &[]);
     }
 }
 

@@ -329,10 +329,15 @@ impl Launch {
         let Launch::Conv { tile, .. } = self else {
             return Err("not a convolution launch".into());
         };
-        let (&[n, m, oh, ow], &[wm, c, kh, kw]) = (y_dims, w_dims) else {
-            return Err(format!(
-                "convolution to {y_dims:?} by a filter {w_dims:?}: not 4-D"
-            ));
+        // A 1-D convolution (3-D dims) is generated as the 2-D one with H = 1.
+        let (n, m, oh, ow, wm, c, kh, kw) = match (y_dims, w_dims) {
+            (&[n, m, oh, ow], &[wm, c, kh, kw]) => (n, m, oh, ow, wm, c, kh, kw),
+            (&[n, m, ow], &[wm, c, kw]) => (n, m, 1, ow, wm, c, 1, kw),
+            _ => {
+                return Err(format!(
+                    "convolution to {y_dims:?} by a filter {w_dims:?}: not 3- or 4-D"
+                ))
+            }
         };
         if m != wm {
             return Err(format!(

@@ -355,6 +355,17 @@ pub fn run_module(
     inputs: &[Tensor],
     (out_dtype, out_dims): (DType, &[usize]),
 ) -> Tensor {
+    run_outputs(device, module, inputs, out_dtype, &[out_dims.to_vec()]).remove(0)
+}
+
+/// Runs `module` on `inputs` and returns its outputs, all of `out_dtype`, of `out_dims`.
+pub fn run_outputs(
+    device: &VulkanDevice,
+    module: &VulkanModule,
+    inputs: &[Tensor],
+    out_dtype: DType,
+    out_dims: &[Vec<usize>],
+) -> Vec<Tensor> {
     let mut buffers: Vec<Buffer> = inputs
         .iter()
         .map(|t| {
@@ -366,13 +377,22 @@ pub fn run_module(
             b
         })
         .collect();
-    let out_bytes = out_dims.iter().product::<usize>() * out_dtype.size_of();
-    let y = device
-        .allocate(out_bytes as u64, MemoryKind::HostVisibleShared)
-        .unwrap();
-    // NaN everywhere (0xFF bytes), so an element the kernel never writes fails.
-    y.write_bytes(0, &vec![0xFF; out_bytes]).unwrap();
-    buffers.push(y.clone());
+    let sizes: Vec<usize> = out_dims
+        .iter()
+        .map(|d| d.iter().product::<usize>() * out_dtype.size_of())
+        .collect();
+    let outs: Vec<Buffer> = sizes
+        .iter()
+        .map(|&n| {
+            let y = device
+                .allocate(n.max(4) as u64, MemoryKind::HostVisibleShared)
+                .unwrap();
+            // NaN everywhere (0xFF bytes), so an element the kernel never writes fails.
+            y.write_bytes(0, &vec![0xFF; n]).unwrap();
+            y
+        })
+        .collect();
+    buffers.extend(outs.iter().cloned());
     let exe = device
         .load_executable(&ExecutableSpec {
             name: "f16".into(),
@@ -384,18 +404,27 @@ pub fn run_module(
     let input_dims: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
     let (mut params, grid) = module
         .launch
-        .dispatch(&input_dims, out_dims, module.workgroup_size, max)
+        .dispatch(&input_dims, &out_dims[0], module.workgroup_size, max)
         .unwrap()
         .expect("a non-empty output");
     let mut binding_dims = input_dims.clone();
-    binding_dims.push(out_dims);
+    binding_dims.extend(out_dims.iter().map(|d| d.as_slice()));
     params.extend(dim_params(&module.dims, &binding_dims).unwrap());
     let bindings: Vec<_> = buffers.iter().map(Buffer::whole).collect();
     let mut builder = device.create_command_buffer().unwrap();
     builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
     submit_and_wait(device, builder);
-    let bytes = y.read_bytes(0, out_bytes as u64).unwrap();
-    Tensor::from_le_bytes(out_dtype, out_dims, &bytes).unwrap()
+    outs.iter()
+        .zip(sizes.iter().zip(out_dims))
+        .map(|(y, (&n, d))| {
+            let bytes = if n == 0 {
+                Vec::new()
+            } else {
+                y.read_bytes(0, n as u64).unwrap()
+            };
+            Tensor::from_le_bytes(out_dtype, d, &bytes).unwrap()
+        })
+        .collect()
 }
 
 /// Submits `builder`'s commands to queue 0 and waits for them (five minutes at most:

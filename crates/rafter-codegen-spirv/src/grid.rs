@@ -1,0 +1,182 @@
+//! The scaffolding the data-movement kernels share ([`crate::gather`], [`crate::slice`],
+//! concat, arg-reduce): one invocation per output element, in a grid-stride loop over the
+//! count param (the elementwise launch), so any element count fits in the device's
+//! workgroup-count limit. Each kernel only says what one output element `i` is; keeping
+//! the loop here means a fix to it (the zero-workgroup guard) is made once.
+
+use rspirv::binary::Assemble;
+use rspirv::dr::Builder;
+use rspirv::spirv::{BuiltIn, LoopControl, Word};
+
+use crate::matmul::{begin_main, build, builtin_v3, prelude, push_block, Prelude, R};
+use crate::WORKGROUP_SIZE;
+
+/// What the per-element emitter sees: the binding addresses (body inputs, then outputs),
+/// the count param and the element index `i`, all `u32` but the `u64` addresses.
+pub(crate) struct Element<'a> {
+    pub(crate) addrs: &'a [Word],
+    pub(crate) count: Word,
+    pub(crate) i: Word,
+}
+
+/// A module of `bindings` buffer addresses and one `u32` param (the output's element
+/// count) whose `main` runs `element` for every output element. `element` emits into an
+/// open block and must leave one open (it may emit loops and branches of its own).
+pub(crate) fn module(
+    bindings: usize,
+    element: impl FnOnce(&mut Builder, &Prelude, Element) -> R<()>,
+) -> R<Vec<u32>> {
+    module_scaled(bindings, (1, 1), element)
+}
+
+/// [`module`] whose loop runs over `count / div * mul` elements rather than the count
+/// param (the first output's element count): a kernel whose work is not its first output
+/// (a split, one invocation per *input* element: the first output holds `div` of every
+/// `mul` positions along the axis). The grid is still sized by the count; the grid-stride
+/// loop covers the rest.
+pub(crate) fn module_scaled(
+    bindings: usize,
+    (mul, div): (u32, u32),
+    element: impl FnOnce(&mut Builder, &Prelude, Element) -> R<()>,
+) -> R<Vec<u32>> {
+    let mut b = Builder::new();
+    let t = prelude(&mut b);
+    let Prelude {
+        void,
+        u32,
+        u64,
+        bool,
+        ..
+    } = t;
+    let nb = bindings as u32;
+    let push = push_block(&mut b, &t, nb, 1);
+    let v3 = b.type_vector(u32, 3);
+    let gid_var = builtin_v3(&mut b, u32, BuiltIn::GlobalInvocationId);
+    let nwg_var = builtin_v3(&mut b, u32, BuiltIn::NumWorkgroups);
+    begin_main(
+        &mut b,
+        void,
+        vec![push.var, gid_var, nwg_var],
+        [WORKGROUP_SIZE, 1, 1],
+    )?;
+    let entry = build(b.begin_block(None))?;
+    let addrs = (0..nb)
+        .map(|i| push.member(&mut b, (u32, u64), i, true))
+        .collect::<R<Vec<Word>>>()?;
+    let count = push.member(&mut b, (u32, u64), nb, false)?;
+    let limit = if mul == div {
+        count
+    } else {
+        let (m, d) = (b.constant_bit32(u32, mul), b.constant_bit32(u32, div));
+        let parts = build(b.u_div(u32, None, count, d))?;
+        build(b.i_mul(u32, None, parts, m))?
+    };
+    let gid = build(b.load(v3, None, gid_var, None, []))?;
+    let first = build(b.composite_extract(u32, None, gid, [0]))?;
+    let nwg = build(b.load(v3, None, nwg_var, None, []))?;
+    let groups = build(b.composite_extract(u32, None, nwg, [0]))?;
+    // NumWorkgroups read as at least 1, so the loop's stride is never 0 (see elementwise.rs).
+    let (zero, one) = (b.constant_bit32(u32, 0), b.constant_bit32(u32, 1));
+    let none = build(b.i_equal(bool, None, groups, zero))?;
+    let groups = build(b.select(u32, None, none, one, groups))?;
+    let size = b.constant_bit32(u32, WORKGROUP_SIZE);
+    let stride = build(b.i_mul(u32, None, groups, size))?;
+
+    // for (i = first; i < count; i += stride)
+    let (header, cond, body, cont, merge) = (b.id(), b.id(), b.id(), b.id(), b.id());
+    let next = b.id();
+    build(b.branch(header))?;
+    build(b.begin_block(Some(header)))?;
+    let i = build(b.phi(u32, None, [(first, entry), (next, cont)]))?;
+    build(b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+    build(b.branch(cond))?;
+    build(b.begin_block(Some(cond)))?;
+    let more = build(b.u_less_than(bool, None, i, limit))?;
+    build(b.branch_conditional(more, body, merge, []))?;
+    build(b.begin_block(Some(body)))?;
+    element(
+        &mut b,
+        &t,
+        Element {
+            addrs: &addrs,
+            count,
+            i,
+        },
+    )?;
+    build(b.branch(cont))?;
+    build(b.begin_block(Some(cont)))?;
+    build(b.i_add(u32, Some(next), i, stride))?;
+    build(b.branch(header))?;
+    build(b.begin_block(Some(merge)))?;
+    build(b.ret())?;
+    build(b.end_function())?;
+    Ok(b.module().assemble())
+}
+
+/// `a / d` and `a % d` of a `u32` by a constant, skipping the instructions where `d` is 1
+/// (quotient `a`, remainder 0).
+pub(crate) fn div_mod(b: &mut Builder, u32: Word, a: Word, d: u32) -> R<(Word, Word)> {
+    if d == 1 {
+        return Ok((a, b.constant_bit32(u32, 0)));
+    }
+    let dc = b.constant_bit32(u32, d);
+    Ok((
+        build(b.u_div(u32, None, a, dc))?,
+        build(b.u_mod(u32, None, a, dc))?,
+    ))
+}
+
+/// The byte address of element `index` (a `u64` element count) of `bytes`-byte elements
+/// at `base`.
+pub(crate) fn element_addr(
+    b: &mut Builder,
+    u64: Word,
+    base: Word,
+    index: Word,
+    bytes: u32,
+) -> R<Word> {
+    let size = b.constant_bit64(u64, u64::from(bytes));
+    let off = build(b.i_mul(u64, None, index, size))?;
+    build(b.i_add(u64, None, base, off))
+}
+
+/// The static dims of a tensor type, or why not (`what` names it in the message).
+pub(crate) fn static_dims(ty: &rafter_ir::TensorType, what: &str) -> R<Vec<u64>> {
+    ty.dims
+        .iter()
+        .map(|d| {
+            d.as_known()
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| format!("{what} dim {d} is not static"))
+        })
+        .collect()
+}
+
+/// An axis attribute in `0..rank` (a negative one counts from the end), or why not.
+pub(crate) fn norm_axis(axis: i64, rank: usize, what: &str) -> R<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    usize::try_from(a)
+        .ok()
+        .filter(|&a| a < rank)
+        .ok_or_else(|| format!("{what} axis {axis} outside rank {rank}"))
+}
+
+/// A product of dims that must fit the kernel's 32-bit element indexing.
+pub(crate) fn product_u32(dims: &[u64], what: &str) -> R<u32> {
+    let p = dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .unwrap_or(u64::MAX);
+    u32::try_from(p).map_err(|_| format!("{what} of {p} elements exceeds 32-bit indexing"))
+}
+
+/// The dims of a tensor type from axis `from` inward, which must be static; the outer
+/// ones may be symbolic (a kernel that divides the element index by the inner sizes never
+/// needs them).
+pub(crate) fn static_dims_from(ty: &rafter_ir::TensorType, from: usize, what: &str) -> R<Vec<u64>> {
+    let inner = rafter_ir::TensorType {
+        dtype: ty.dtype,
+        dims: ty.dims[from..].to_vec(),
+    };
+    static_dims(&inner, what)
+}
