@@ -55,7 +55,9 @@ pub(crate) fn dot_tile1(
     out: &mut [f32],
 ) {
     let rb = k * elem_bytes(format);
-    assert!(x.len() >= k && rb > 0 && rows.len() % rb == 0 && out.len() >= rows.len() / rb);
+    assert!(
+        x.len() >= k && rb > 0 && rows.len().is_multiple_of(rb) && out.len() >= rows.len() / rb
+    );
     let n = rows.len() / rb;
     let mut c = 0;
     let path4 = if DENSE_ONE_ROW.load(std::sync::atomic::Ordering::Relaxed) {
