@@ -13,15 +13,16 @@
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --threads 1,2 --rounds 9
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --m 128 --rounds 5
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --formats all --isa avx2
+//! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --formats f16 --dense-rows 1,4
 //! ```
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    bench_micro_kernel, quant_matmul_with_isa, set_quant_decode_max_m, set_quant_gemm_rows,
-    set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef,
-    WeightFormat, WorkerPool,
+    bench_micro_kernel, quant_matmul_with_isa, set_quant_decode_max_m, set_quant_dense_rows,
+    set_quant_gemm_rows, set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef,
+    Parallel, QuantMatRef, WeightFormat, WorkerPool,
 };
 
 /// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the
@@ -216,6 +217,13 @@ fn main() {
             .map(|v| Some(v.parse().expect("--gemm-rows R1,R2")))
             .collect()
     });
+    // `--dense-rows 1,4`: the dense (f32/f16/bf16) decode kernels reading one weight row a
+    // pass (1) or several (anything else, the default), compared as `--prefetch`.
+    let dense_rows: Vec<Option<usize>> = arg("--dense-rows").map_or(vec![None], |d| {
+        d.split(',')
+            .map(|v| Some(v.parse().expect("--dense-rows R1,R2")))
+            .collect()
+    });
     // `--decode-max-m M`: rows up to which the decode path runs (crossover measurements).
     if let Some(d) = arg("--decode-max-m") {
         set_quant_decode_max_m(d.parse().expect("--decode-max-m M"));
@@ -289,22 +297,27 @@ fn main() {
                     .collect()
             })
             .collect();
-        // Contenders: (format index, prefetch distance, GEMM rows).
-        let contenders: Vec<(usize, Option<usize>, Option<usize>)> = (0..formats.len())
-            .flat_map(|fi| {
-                let gr = &gemm_rows;
-                distances
-                    .iter()
-                    .flat_map(move |&d| gr.iter().map(move |&g| (fi, d, g)))
-            })
-            .collect();
+        // Contenders: (format index, prefetch distance, GEMM rows, dense rows).
+        let mut contenders = Vec::new();
+        for fi in 0..formats.len() {
+            for &d in &distances {
+                for &g in &gemm_rows {
+                    for &dr in &dense_rows {
+                        contenders.push((fi, d, g, dr));
+                    }
+                }
+            }
+        }
         let mut y = vec![0.0f32; m * n];
         for (pi, (t, pool)) in pools.iter().enumerate() {
             let mut times = vec![Vec::new(); contenders.len()];
             for round in 0..rounds + 1 {
                 for ci in 0..contenders.len() {
                     let ci = (ci + round) % contenders.len();
-                    let (fi, dist, rows) = contenders[ci];
+                    let (fi, dist, rows, drows) = contenders[ci];
+                    if let Some(r) = drows {
+                        set_quant_dense_rows(r);
+                    }
                     if let Some(d) = dist {
                         set_quant_prefetch_distance(d);
                     }
@@ -331,7 +344,7 @@ fn main() {
                     }
                 }
             }
-            for (ci, &(fi, dist, rows)) in contenders.iter().enumerate() {
+            for (ci, &(fi, dist, rows, drows)) in contenders.iter().enumerate() {
                 let f = &formats[fi];
                 let s = if hot {
                     times[ci].iter().cloned().fold(f64::MAX, f64::min)
@@ -352,6 +365,9 @@ fn main() {
                 }
                 if let Some(r) = rows {
                     name += &format!(" mr{r}");
+                }
+                if let Some(r) = drows {
+                    name += &format!(" dr{r}");
                 }
                 println!(
                     "{:<8} {:<16} {:<6} {:>10.1} {:>9.1} {:>8.2}",

@@ -31,6 +31,85 @@ pub(crate) fn dot_rows(
     dot_rows_raw(path, format, w.as_ptr(), k, x, ldx, m, out);
 }
 
+/// Set by the bench's A/B knob (`set_quant_dense_rows(1)`): [`dot_tile1`] reads one row
+/// at a time.
+pub(crate) static DENSE_ONE_ROW: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Weight rows a [`dot_tile1`] pass reads together.
+pub(crate) const NR: usize = 4;
+
+/// `out[c] = Σ_k row_c[k] x[k]` for each row `c` of `rows` (whole rows of `k` elements in
+/// `format`, back to back) against the single activation row `x[..k]`: the decode step's
+/// shape (M = 1). The vector paths read [`NR`] weight rows a pass, so x is loaded once per
+/// NR rows and NR × 2 independent accumulator chains keep enough loads in flight to stream
+/// the weights at DRAM speed. Each row's sum is formed in exactly the order of
+/// [`dot_rows`] with `m = 1` (same accumulators, same tail, same reduction), so the two
+/// agree bit for bit.
+pub(crate) fn dot_tile1(
+    path: Path,
+    format: WeightFormat,
+    rows: &[u8],
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    let rb = k * elem_bytes(format);
+    assert!(
+        x.len() >= k && rb > 0 && rows.len().is_multiple_of(rb) && out.len() >= rows.len() / rb
+    );
+    let n = rows.len() / rb;
+    let mut c = 0;
+    let path4 = if DENSE_ONE_ROW.load(std::sync::atomic::Ordering::Relaxed) {
+        Path::Scalar
+    } else {
+        path
+    };
+    match path4 {
+        #[cfg(target_arch = "x86_64")]
+        Path::Vnni512 => {
+            while c + NR <= n {
+                // SAFETY: rows c..c+NR are whole rows of `rows` (c + NR <= n); x holds k
+                // floats (asserted); AVX-512F/BW were checked by the caller (the path).
+                unsafe {
+                    x86::rows512x4(
+                        format,
+                        rows.as_ptr().add(c * rb),
+                        rb,
+                        k,
+                        x.as_ptr(),
+                        &mut out[c..c + NR],
+                    )
+                };
+                c += NR;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => {
+            while c + NR <= n {
+                // SAFETY: as for AVX-512, with AVX2/FMA/F16C checked by the caller.
+                unsafe {
+                    x86::rows256x4(
+                        format,
+                        rows.as_ptr().add(c * rb),
+                        rb,
+                        k,
+                        x.as_ptr(),
+                        &mut out[c..c + NR],
+                    )
+                };
+                c += NR;
+            }
+        }
+        _ => {}
+    }
+    let mut o = [0.0f32; MR];
+    for (row, oc) in rows[c * rb..].chunks_exact(rb).zip(&mut out[c..n]) {
+        dot_rows_raw(path, format, row.as_ptr(), k, x, k, 1, &mut o);
+        *oc = o[0];
+    }
+}
+
 /// [`dot_rows`] for a row already in f32 (a dequantized block-format row).
 pub(crate) fn dot_rows_f32(
     path: Path,
@@ -210,6 +289,107 @@ mod x86 {
         }
     }
 
+    /// Four weight rows (`w`, `w + rb`, `w + 2 rb`, `w + 3 rb`, each `k` elements of
+    /// `format`) against one x row: `out[c]` = row c · x. Per row, the accumulators, tail and
+    /// reduction are those of [`rows512`] with R = 1, so the sums are bit-identical to it.
+    ///
+    /// # Safety
+    /// The four rows readable; x holds `k` floats; `out` has 4 elements; AVX-512F and BW.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn rows512x4(
+        format: WeightFormat,
+        w: *const u8,
+        rb: usize,
+        k: usize,
+        x: *const f32,
+        out: &mut [f32],
+    ) {
+        let eb = if format == WeightFormat::F32 { 4 } else { 2 };
+        let rp = [
+            w,
+            w.wrapping_add(rb),
+            w.wrapping_add(2 * rb),
+            w.wrapping_add(3 * rb),
+        ];
+        let mut acc = [[_mm512_setzero_ps(); 2]; 4];
+        let mut i = 0;
+        while i + 32 <= k {
+            // SAFETY: elements i..i+32 < k of each row and of x.
+            unsafe {
+                let x0 = _mm512_loadu_ps(x.add(i));
+                let x1 = _mm512_loadu_ps(x.add(i + 16));
+                for (a, &p) in acc.iter_mut().zip(&rp) {
+                    crate::quant::x86_vnni::prefetch(p.wrapping_add(i * eb), 32 * eb);
+                    a[0] = _mm512_fmadd_ps(load16(format, p, i, 0xffff), x0, a[0]);
+                    a[1] = _mm512_fmadd_ps(load16(format, p, i + 16, 0xffff), x1, a[1]);
+                }
+            }
+            i += 32;
+        }
+        while i < k {
+            let lanes = (k - i).min(16);
+            let mask = ((1u32 << lanes) - 1) as __mmask16;
+            // SAFETY: the masked lanes are elements i..i+lanes <= k.
+            unsafe {
+                let xv = _mm512_maskz_loadu_ps(mask, x.add(i));
+                for (a, &p) in acc.iter_mut().zip(&rp) {
+                    a[0] = _mm512_fmadd_ps(load16(format, p, i, mask), xv, a[0]);
+                }
+            }
+            i += lanes;
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            *o = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+        }
+    }
+
+    /// [`rows512x4`] on AVX2: four rows against one x row, each row's sum in the order of
+    /// [`dot256`] with m = 1 (bit-identical to it).
+    ///
+    /// # Safety
+    /// As [`rows512x4`], with AVX2, FMA and F16C available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn rows256x4(
+        format: WeightFormat,
+        w: *const u8,
+        rb: usize,
+        k: usize,
+        x: *const f32,
+        out: &mut [f32],
+    ) {
+        let rp = [
+            w,
+            w.wrapping_add(rb),
+            w.wrapping_add(2 * rb),
+            w.wrapping_add(3 * rb),
+        ];
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let mut i = 0;
+        while i + 16 <= k {
+            // SAFETY: elements i..i+16 < k of each row and of x.
+            unsafe {
+                let x0 = _mm256_loadu_ps(x.add(i));
+                let x1 = _mm256_loadu_ps(x.add(i + 8));
+                for (a, &p) in acc.iter_mut().zip(&rp) {
+                    a[0] = _mm256_fmadd_ps(load8(format, p, i), x0, a[0]);
+                    a[1] = _mm256_fmadd_ps(load8(format, p, i + 8), x1, a[1]);
+                }
+            }
+            i += 16;
+        }
+        let mut t = [0.0f32; 8];
+        for ((o, a), &p) in out.iter_mut().zip(&acc).zip(&rp) {
+            // SAFETY: 8 floats.
+            unsafe { _mm256_storeu_ps(t.as_mut_ptr(), _mm256_add_ps(a[0], a[1])) };
+            let mut s: f32 = t.iter().sum();
+            for j in i..k {
+                // SAFETY: element j < k of this row and of x.
+                s += unsafe { super::widen_ptr(format, p, j) * *x.add(j) };
+            }
+            *o = s;
+        }
+    }
+
     /// 8 weights from element `i` as f32.
     ///
     /// # Safety
@@ -285,5 +465,80 @@ unsafe fn widen_ptr(format: WeightFormat, w: *const u8, i: usize) -> f32 {
     match format {
         WeightFormat::F32 => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
         _ => widen(format, bytes, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Isa;
+
+    /// Each path the machine runs (the portable one always).
+    fn paths() -> Vec<Path> {
+        let mut v = vec![Path::Scalar];
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            let p = Path::of(isa);
+            if !v.contains(&p) {
+                v.push(p);
+            }
+        }
+        v
+    }
+
+    fn encode(format: WeightFormat, v: &[f32]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|&f| match format {
+                WeightFormat::F32 => f.to_le_bytes().to_vec(),
+                WeightFormat::F16 => half::f16::from_f32(f).to_bits().to_le_bytes().to_vec(),
+                _ => half::bf16::from_f32(f).to_bits().to_le_bytes().to_vec(),
+            })
+            .collect()
+    }
+
+    /// `dot_tile1` on odd row counts and lengths (tails of the 4-row pass and of the
+    /// 32/16-element steps) against a scalar f64 reference of the widened weights, and
+    /// bit-equal to the one-row kernel `dot_rows` with m = 1.
+    #[test]
+    fn dot_tile1_matches_scalar_reference_and_dot_rows() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16] {
+            for k in [1, 7, 16, 31, 32, 33, 47, 64, 100, 1029] {
+                for n in [1, 3, 4, 5, 9, 13] {
+                    let wf: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+                    let x: Vec<f32> = (0..k).map(|_| rnd()).collect();
+                    let w = encode(format, &wf);
+                    let rb = k * elem_bytes(format);
+                    for path in paths() {
+                        let mut out = vec![f32::NAN; n];
+                        dot_tile1(path, format, &w, k, &x, &mut out);
+                        for c in 0..n {
+                            let row = &w[c * rb..][..rb];
+                            let want: f64 = (0..k)
+                                .map(|i| widen(format, row, i) as f64 * x[i] as f64)
+                                .sum();
+                            let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
+                            assert!(
+                                (out[c] as f64 - want).abs() <= tol,
+                                "{format:?} {path:?} k={k} n={n} row {c}: {} vs {want}",
+                                out[c]
+                            );
+                            let mut o = [0.0f32; MR];
+                            dot_rows(path, format, row, &x, k, 1, &mut o);
+                            assert_eq!(
+                                out[c].to_bits(),
+                                o[0].to_bits(),
+                                "{format:?} {path:?} k={k} n={n} row {c}: not the one-row sum"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -196,6 +196,12 @@ fn run_with(
             let format = w.format;
             drive(path, w, m, y, epi, par, &|rows, r0, mr, out, out_ld| {
                 let xr = &xs[r0 * ldx..];
+                if mr == 1 {
+                    // One x row (decode): several weight rows a pass.
+                    let n = rows.len() / w.row_bytes;
+                    dense::dot_tile1(path, format, rows, k, xr, &mut out[..n]);
+                    return;
+                }
                 let mut o = [0.0f32; MR];
                 for (c, row) in rows.chunks_exact(w.row_bytes).enumerate() {
                     dense::dot_rows(path, format, row, xr, ldx, mr, &mut o);

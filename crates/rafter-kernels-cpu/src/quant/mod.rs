@@ -109,6 +109,14 @@ pub fn set_quant_gemm_rows(mr: usize) {
     let _ = mr;
 }
 
+/// Sets whether the dense (f32/f16/bf16) decode kernels read several weight rows a pass
+/// (`rows > 1`, the default) or one (`rows == 1`, the kernel before the multi-row pass;
+/// same sums bit for bit), for later calls. For the bench's A/B runs.
+#[doc(hidden)]
+pub fn set_quant_dense_rows(rows: usize) {
+    dense::DENSE_ONE_ROW.store(rows == 1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// How a weight matrix's elements are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
