@@ -65,6 +65,12 @@ CHAT = [
     {"role": "system", "content": "You are a concise assistant."},
     {"role": "user", "content": "Name three primary colours, then greet me in Japanese: こんにちは 👋"},
 ]
+# transformers' bf16 references go through oneDNN, which picks its kernels by CPU: with
+# Intel's AMX (Sapphire Rapids and later) its bf16 matrix products accumulate otherwise than
+# with AVX512-BF16 (Zen 4/5, Cooper Lake), and the bf16 greedy ids of these random-weight
+# models part ways after a few tokens. Capping oneDNN at AVX512-BF16 keeps the committed ids
+# on both kinds of machine (a cap: CPUs without those instructions are not affected).
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 # Llama 3's template prints today's date (`strftime_now`) unless `date_string` is given: the
 # references pin the date they were made on, so the committed chat ids hold on any day.
 CHAT_DATE = "28 Nov 2026"
