@@ -36,7 +36,9 @@ pub(crate) fn dot_rows(
 pub(crate) static DENSE_ONE_ROW: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-/// Weight rows a [`dot_tile1`] pass reads together.
+/// Weight rows a [`dot_tile1`] pass reads together (the x86 vector paths; other targets
+/// read one row at a time).
+#[cfg(target_arch = "x86_64")]
 pub(crate) const NR: usize = 4;
 
 /// `out[c] = Σ_k row_c[k] x[k]` for each row `c` of `rows` (whole rows of `k` elements in
@@ -59,6 +61,8 @@ pub(crate) fn dot_tile1(
         x.len() >= k && rb > 0 && rows.len().is_multiple_of(rb) && out.len() >= rows.len() / rb
     );
     let n = rows.len() / rb;
+    // Rows done by the multi-row paths; the rest (all of them off x86) one at a time.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut c = 0;
     let path4 = if DENSE_ONE_ROW.load(std::sync::atomic::Ordering::Relaxed) {
         Path::Scalar
