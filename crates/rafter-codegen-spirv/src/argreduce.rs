@@ -12,7 +12,7 @@
 //! - last: the element is NaN, or the best so far is not NaN and the element is at least
 //!   as good.
 
-use rafter_ir::{ArgKind, Graph, Op, ValueDef};
+use rafter_ir::{ArgKind, Graph, Op};
 use rspirv::dr::Builder;
 use rspirv::spirv::{LoopControl, Word};
 
@@ -41,9 +41,7 @@ struct Layout {
 /// Generates a body holding one `arg_reduce` of a static f32/f16 body input, its i64
 /// result the body's one output.
 pub fn arg_reduce(body: &Graph) -> Result<ArgReduceKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("an arg-reduce kernel is one arg_reduce node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "arg_reduce")?;
     let Op::ArgReduce {
         kind,
         axis,
@@ -53,10 +51,7 @@ pub fn arg_reduce(body: &Graph) -> Result<ArgReduceKernel, String> {
     else {
         return Err(format!("op `{}` is not an arg_reduce", node.op.name()));
     };
-    let data = match node.input(0).map(|v| &body.value(v).def) {
-        Some(ValueDef::Input(b)) => *b,
-        _ => return Err("arg_reduce data is not a body input".into()),
-    };
+    let data = grid::body_input(body, node, 0, "arg_reduce data")?;
     let ty = &body.value(body.inputs[data]).ty;
     let elem = Elem::of(ty.dtype).map_err(|e| format!("arg_reduce data is {e}"))?;
     let dims = grid::static_dims(ty, "arg_reduce data")?;

@@ -48,16 +48,11 @@ struct Layout {
 /// Generates a body holding one `batch_norm` of a body input, its result the body's one
 /// output.
 pub fn batch_norm(body: &Graph) -> Result<BatchNormKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("a batch_norm kernel is one batch_norm node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "batch_norm")?;
     let Op::BatchNorm { epsilon } = node.op else {
         return Err(format!("op `{}` is not a batch_norm", node.op.name()));
     };
-    let x = match node.input(0).map(|v| &body.value(v).def) {
-        Some(ValueDef::Input(b)) => *b,
-        _ => return Err("batch_norm data is not a body input".into()),
-    };
+    let x = grid::body_input(body, node, 0, "batch_norm data")?;
     let ty = &body.value(body.inputs[x]).ty;
     let elem = Elem::of(ty.dtype).map_err(|e| format!("batch_norm data is {e}"))?;
     if ty.rank() < 2 {

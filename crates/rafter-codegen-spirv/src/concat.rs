@@ -7,7 +7,7 @@
 //! Every input's address is computed and a chain of selects picks one (the inputs are
 //! few), so there is one load and no branching per element.
 
-use rafter_ir::{Graph, Op, ValueDef};
+use rafter_ir::{Graph, Op};
 use rspirv::dr::Builder;
 
 use crate::elem::{self, Elem};
@@ -35,9 +35,7 @@ struct Layout {
 /// Generates a body holding one `concat{axis}` of f32/f16 body inputs, its result the
 /// body's one output.
 pub fn concat(body: &Graph) -> Result<ConcatKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("a concat kernel is one concat node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "concat")?;
     let Op::Concat { axis } = node.op else {
         return Err(format!("op `{}` is not a concat", node.op.name()));
     };
@@ -56,10 +54,7 @@ pub fn concat(body: &Graph) -> Result<ConcatKernel, String> {
     let mut parts = Vec::new();
     let mut offset = 0u64;
     for k in 0..node.inputs.len() {
-        let binding = match node.input(k).map(|v| &body.value(v).def) {
-            Some(ValueDef::Input(b)) => *b,
-            _ => return Err(format!("concat operand {k} is not a body input")),
-        };
+        let binding = grid::body_input(body, node, k, &format!("concat operand {k}"))?;
         let ty = &body.value(body.inputs[binding]).ty;
         if ty.dtype != out_ty.dtype || ty.rank() != rank {
             return Err(format!("concat operand {k} is {ty}, the result {out_ty}"));

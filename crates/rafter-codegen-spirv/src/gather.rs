@@ -12,7 +12,7 @@
 //! past the data (a device address must never be dereferenced beyond its buffer) and
 //! writes NaN, so the output shows it.
 
-use rafter_ir::{DType, Graph, Op, ValueDef};
+use rafter_ir::{DType, Graph, Op};
 use rspirv::dr::Builder;
 use rspirv::spirv::Word;
 
@@ -43,16 +43,11 @@ struct Layout {
 /// Generates a body holding one `gather{axis}` of a static f32/f16 body input by an i32 or
 /// i64 index body input, its result the body's one output.
 pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("a gather kernel is one gather node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "gather")?;
     let Op::Gather { axis } = node.op else {
         return Err(format!("op `{}` is not a gather", node.op.name()));
     };
-    let input = |i: usize| match node.input(i).map(|v| &body.value(v).def) {
-        Some(ValueDef::Input(b)) => Ok(*b),
-        _ => Err(format!("gather operand {i} is not a body input")),
-    };
+    let input = |i: usize| grid::body_input(body, node, i, &format!("gather operand {i}"));
     let (data, ids) = (input(0)?, input(1)?);
     let data_ty = &body.value(body.inputs[data]).ty;
     let ids_ty = &body.value(body.inputs[ids]).ty;

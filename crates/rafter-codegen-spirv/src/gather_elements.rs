@@ -6,7 +6,7 @@
 //! is wrapped and checked as [`crate::gather`]'s: negative counts from the end, and one
 //! outside the axis reads position 0 and writes NaN (never an address past the data).
 
-use rafter_ir::{DType, Graph, Op, ValueDef};
+use rafter_ir::{DType, Graph, Op};
 use rspirv::dr::Builder;
 
 use crate::elem::{self, Elem};
@@ -37,16 +37,11 @@ struct Layout {
 /// Generates a body holding one `gather_elements{axis}` of static body inputs, its result
 /// the body's one output.
 pub fn gather_elements(body: &Graph) -> Result<GatherElementsKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("a gather_elements kernel is one node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "gather_elements")?;
     let Op::GatherElements { axis } = node.op else {
         return Err(format!("op `{}` is not a gather_elements", node.op.name()));
     };
-    let input = |i: usize| match node.input(i).map(|v| &body.value(v).def) {
-        Some(ValueDef::Input(b)) => Ok(*b),
-        _ => Err(format!("gather_elements operand {i} is not a body input")),
-    };
+    let input = |i: usize| grid::body_input(body, node, i, &format!("gather_elements operand {i}"));
     let (data, ids) = (input(0)?, input(1)?);
     let data_ty = &body.value(body.inputs[data]).ty;
     let ids_ty = &body.value(body.inputs[ids]).ty;

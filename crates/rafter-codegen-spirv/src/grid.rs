@@ -180,3 +180,27 @@ pub(crate) fn static_dims_from(ty: &rafter_ir::TensorType, from: usize, what: &s
     };
     static_dims(&inner, what)
 }
+
+/// The one node of a body generated for a single `op` (these kernels fuse nothing).
+pub(crate) fn one_node<'a>(body: &'a rafter_ir::Graph, op: &str) -> R<&'a rafter_ir::Node> {
+    match body.nodes.as_slice() {
+        [node] => Ok(node),
+        _ => Err(format!(
+            "a kernel for `{op}` is one {op} node (nothing fused)"
+        )),
+    }
+}
+
+/// The body input that operand `i` of `node` is; `what` names the operand in the error
+/// (`"pad data"`, `"concat operand 2"`).
+pub(crate) fn body_input(
+    body: &rafter_ir::Graph,
+    node: &rafter_ir::Node,
+    i: usize,
+    what: &str,
+) -> R<usize> {
+    match node.input(i).map(|v| &body.value(v).def) {
+        Some(rafter_ir::ValueDef::Input(b)) => Ok(*b),
+        _ => Err(format!("{what} is not a body input")),
+    }
+}

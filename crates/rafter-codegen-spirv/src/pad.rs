@@ -44,16 +44,11 @@ struct Layout {
 /// Generates a body holding one `pad` of a static f32/f16 body input with constant pads,
 /// its result the body's one output.
 pub fn pad(body: &Graph) -> Result<PadKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("a pad kernel is one pad node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "pad")?;
     let Op::Pad { mode } = node.op else {
         return Err(format!("op `{}` is not a pad", node.op.name()));
     };
-    let data = match node.input(0).map(|v| &body.value(v).def) {
-        Some(ValueDef::Input(b)) => *b,
-        _ => return Err("pad data is not a body input".into()),
-    };
+    let data = grid::body_input(body, node, 0, "pad data")?;
     let ints = |i: usize| -> R<Option<Vec<i64>>> {
         let Some(v) = node.input(i) else {
             return Ok(None);

@@ -40,16 +40,11 @@ struct Layout {
 /// Generates a body holding one `slice` of a static f32/f16 body input with constant
 /// starts, ends and optional axes and steps, its result the body's one output.
 pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("a slice kernel is one slice node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "slice")?;
     if !matches!(node.op, Op::Slice) {
         return Err(format!("op `{}` is not a slice", node.op.name()));
     }
-    let data = match node.input(0).map(|v| &body.value(v).def) {
-        Some(ValueDef::Input(b)) => *b,
-        _ => return Err("slice data is not a body input".into()),
-    };
+    let data = grid::body_input(body, node, 0, "slice data")?;
     let constant = |i: usize| -> R<Option<Vec<i64>>> {
         let Some(v) = node.input(i) else {
             return Ok(None);

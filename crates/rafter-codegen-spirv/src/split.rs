@@ -8,7 +8,7 @@
 //! `(o, a - off_k, c)` of the part `k` whose range `off_k..off_k + n_k` holds `a`, picked by
 //! a chain of selects on the store address as [`crate::concat`] picks its load address.
 
-use rafter_ir::{Graph, Op, ValueDef};
+use rafter_ir::{Graph, Op};
 use rspirv::dr::Builder;
 
 use crate::elem::{self, Elem};
@@ -35,16 +35,11 @@ struct Layout {
 /// Generates a body holding one `split{axis}` of a static f32/f16 body input whose results
 /// are the body's outputs, in order.
 pub fn split(body: &Graph) -> Result<SplitKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("a split kernel is one split node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "split")?;
     let Op::Split { axis } = node.op else {
         return Err(format!("op `{}` is not a split", node.op.name()));
     };
-    let data = match node.input(0).map(|v| &body.value(v).def) {
-        Some(ValueDef::Input(b)) => *b,
-        _ => return Err("split data is not a body input".into()),
-    };
+    let data = grid::body_input(body, node, 0, "split data")?;
     let ty = &body.value(body.inputs[data]).ty;
     let elem = Elem::of(ty.dtype).map_err(|e| format!("split data is {e}"))?;
     let dims = grid::static_dims(ty, "split data")?;

@@ -43,16 +43,11 @@ struct Layout {
 /// Generates a body holding one `trilu` of a body input whose last two dims are static,
 /// its result the body's one output.
 pub fn trilu(body: &Graph) -> Result<TriluKernel, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err("a trilu kernel is one trilu node (nothing fused)".into());
-    };
+    let node = grid::one_node(body, "trilu")?;
     let Op::Trilu { upper } = node.op else {
         return Err(format!("op `{}` is not a trilu", node.op.name()));
     };
-    let data = match node.input(0).map(|v| &body.value(v).def) {
-        Some(ValueDef::Input(b)) => *b,
-        _ => return Err("trilu data is not a body input".into()),
-    };
+    let data = grid::body_input(body, node, 0, "trilu data")?;
     let k = match node.input(1).map(|v| (v, &body.value(v).def)) {
         None => Offset::Const(0),
         Some((_, ValueDef::Input(b))) => Offset::Binding(*b),
