@@ -64,19 +64,23 @@ pub(crate) fn dot_tile1(
     // Rows done by the multi-row paths; the rest (all of them off x86) one at a time.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut c = 0;
-    let path4 = if DENSE_ONE_ROW.load(std::sync::atomic::Ordering::Relaxed) {
-        Path::Scalar
-    } else {
-        path
-    };
-    match path4 {
-        #[cfg(target_arch = "x86_64")]
-        Path::Vnni512 => {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // The multi-row kernel of the path (the bench's A/B knob forces one row at a time).
+        type Rows4 = unsafe fn(WeightFormat, *const u8, usize, usize, *const f32, &mut [f32]);
+        let rows4: Option<Rows4> = match path {
+            _ if DENSE_ONE_ROW.load(std::sync::atomic::Ordering::Relaxed) => None,
+            Path::Vnni512 => Some(x86::rows512x4),
+            Path::Avx2 => Some(x86::rows256x4),
+            _ => None,
+        };
+        if let Some(rows4) = rows4 {
             while c + NR <= n {
                 // SAFETY: rows c..c+NR are whole rows of `rows` (c + NR <= n); x holds k
-                // floats (asserted); AVX-512F/BW were checked by the caller (the path).
+                // floats (asserted); the kernel's features (AVX-512F/BW, or AVX2/FMA/F16C)
+                // were checked by the caller when it chose `path`.
                 unsafe {
-                    x86::rows512x4(
+                    rows4(
                         format,
                         rows.as_ptr().add(c * rb),
                         rb,
@@ -88,24 +92,6 @@ pub(crate) fn dot_tile1(
                 c += NR;
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => {
-            while c + NR <= n {
-                // SAFETY: as for AVX-512, with AVX2/FMA/F16C checked by the caller.
-                unsafe {
-                    x86::rows256x4(
-                        format,
-                        rows.as_ptr().add(c * rb),
-                        rb,
-                        k,
-                        x.as_ptr(),
-                        &mut out[c..c + NR],
-                    )
-                };
-                c += NR;
-            }
-        }
-        _ => {}
     }
     let mut o = [0.0f32; MR];
     for (row, oc) in rows[c * rb..].chunks_exact(rb).zip(&mut out[c..n]) {
