@@ -170,9 +170,11 @@ impl Shared {
     /// when timeline signals were submitted concurrently (vkd3d-proton works around it
     /// with a global submission lock, commit 2a9c5fc5 "Add workaround for strange GPU hang
     /// on NV"), and rafter's submissions (under the scheduler lock) race host signals
-    /// (under each semaphore's lock) and the monitor's wake signal. The calls are short
-    /// and never block, so the lock costs little; it is a leaf lock, taken right before
-    /// the call and released right after, with no other lock taken while it is held.
+    /// (under each semaphore's lock) and the monitor's wake signal. Neither call waits for
+    /// the GPU (a submission whose waits are not yet submitted is held host-side), so no
+    /// thread holds the lock across GPU work; its cost is not measured yet. It is a leaf
+    /// lock, taken right before the call and released right after, with no other lock
+    /// taken while it is held.
     pub(crate) fn signal_guard(&self) -> Option<MutexGuard<'_, ()>> {
         self.signal_lock
             .as_ref()
