@@ -204,3 +204,47 @@ pub(crate) fn body_input(
         _ => Err(format!("{what} is not a body input")),
     }
 }
+
+/// Where element `i` of a tensor seen as `[outer, total, inner]` lies among `parts` laid
+/// end to end along the middle axis (each `(binding, offset, length)` there): the address
+/// in the part whose range holds the element's axis index, of `bytes`-byte elements. The
+/// one mapping concat reads through and split writes through. `None` when `parts` is empty.
+pub(crate) fn part_addr(
+    b: &mut Builder,
+    t: &Prelude,
+    e: &Element,
+    parts: &[(usize, u32, u32)],
+    (total, inner): (u32, u32),
+    bytes: u32,
+) -> R<Option<Word>> {
+    let Prelude { u32, u64, bool, .. } = *t;
+    let (rest, c) = div_mod(b, u32, e.i, inner)?;
+    let (o, a) = div_mod(b, u32, rest, total)?;
+    let (o, a, c) = (
+        build(b.u_convert(u64, None, o))?,
+        build(b.u_convert(u64, None, a))?,
+        build(b.u_convert(u64, None, c))?,
+    );
+    let inner = b.constant_bit64(u64, u64::from(inner));
+    let mut addr = None;
+    for &(binding, off, n) in parts {
+        // ((o * n + a - off) * inner + c), wrapping where `a` is below this part's range
+        // (the select then discards it).
+        let n64 = b.constant_bit64(u64, u64::from(n));
+        let off64 = b.constant_bit64(u64, u64::from(off));
+        let flat = build(b.i_mul(u64, None, o, n64))?;
+        let flat = build(b.i_add(u64, None, flat, a))?;
+        let flat = build(b.i_sub(u64, None, flat, off64))?;
+        let flat = build(b.i_mul(u64, None, flat, inner))?;
+        let flat = build(b.i_add(u64, None, flat, c))?;
+        let at = element_addr(b, u64, e.addrs[binding], flat, bytes)?;
+        addr = Some(match addr {
+            None => at,
+            Some(prev) => {
+                let here = build(b.u_greater_than_equal(bool, None, a, off64))?;
+                build(b.select(u64, None, here, at, prev))?
+            }
+        });
+    }
+    Ok(addr)
+}

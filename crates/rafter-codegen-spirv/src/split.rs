@@ -96,44 +96,11 @@ pub fn split(body: &Graph) -> Result<SplitKernel, String> {
 /// Input element `i = (o, a, c)`: the load, each part's candidate address, the select
 /// chain by `a`'s range, the store.
 fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
-    let Prelude {
-        f32,
-        u32,
-        u64,
-        bool,
-        ..
-    } = *t;
+    let Prelude { f32, u64, .. } = *t;
     let i64 = build(b.u_convert(u64, None, e.i))?;
     let src = grid::element_addr(b, u64, e.addrs[l.data], i64, l.elem.bytes())?;
     let v = elem::load(b, l.elem, f32, src)?;
-    let (rest, c) = grid::div_mod(b, u32, e.i, l.inner)?;
-    let (o, a) = grid::div_mod(b, u32, rest, l.total)?;
-    let (o, a, c) = (
-        build(b.u_convert(u64, None, o))?,
-        build(b.u_convert(u64, None, a))?,
-        build(b.u_convert(u64, None, c))?,
-    );
-    let inner = b.constant_bit64(u64, u64::from(l.inner));
-    let mut dst = None;
-    for &(binding, off, n) in &l.parts {
-        // ((o * n + a - off) * inner + c), wrapping where `a` is below this part's range
-        // (the select then discards it).
-        let n64 = b.constant_bit64(u64, u64::from(n));
-        let off64 = b.constant_bit64(u64, u64::from(off));
-        let flat = build(b.i_mul(u64, None, o, n64))?;
-        let flat = build(b.i_add(u64, None, flat, a))?;
-        let flat = build(b.i_sub(u64, None, flat, off64))?;
-        let flat = build(b.i_mul(u64, None, flat, inner))?;
-        let flat = build(b.i_add(u64, None, flat, c))?;
-        let at = grid::element_addr(b, u64, e.addrs[binding], flat, l.elem.bytes())?;
-        dst = Some(match dst {
-            None => at,
-            Some(prev) => {
-                let here = build(b.u_greater_than_equal(bool, None, a, off64))?;
-                build(b.select(u64, None, here, at, prev))?
-            }
-        });
-    }
+    let dst = grid::part_addr(b, t, &e, &l.parts, (l.total, l.inner), l.elem.bytes())?;
     let dst = dst.ok_or("split without a non-empty result")?;
     elem::store(b, l.elem, f32, dst, v)
 }
