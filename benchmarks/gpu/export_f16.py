@@ -32,6 +32,7 @@ MAKERS = {
     "resnet50": em.make_resnet50,
     "mobilenet_v2": em.make_mobilenet_v2,
     "bert_base": em.make_bert_base,
+    "minilm_l6": em.make_minilm_l6,
 }
 BERT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 
@@ -41,7 +42,7 @@ def export_f16(name: str, device: str) -> None:
     src_out = os.path.join(em.OUT_DIR, f"{name}_outputs")
     if not os.path.isdir(src_out):
         raise SystemExit(f"export_f16: {src_out} missing: run scripts/export_models.py first")
-    bert = name.startswith("bert")
+    bert = name.startswith("bert") or name.startswith("minilm")
     in_names = BERT_INPUTS if bert else ["input"]
     inputs = em.load_npys(src_in, in_names)
     if inputs is None:

@@ -266,6 +266,12 @@ impl VulkanExecutable {
         let push_bytes = spirv_push_constant_bytes(&words).map_err(invalid)?;
         let device = &shared.device;
         let module_info = vk::ShaderModuleCreateInfo::default().code(&words);
+        // Held until the pipelines exist when EXCLUSIVE_PIPELINES_ENV asks (issue 28's A/B).
+        let exclusive = if shared.exclusive_pipelines {
+            shared.signal_guard()
+        } else {
+            None
+        };
         // SAFETY: `words` is a whole SPIR-V module (magic and instruction lengths checked)
         // living across the call. Its validity beyond that is the producer's contract: rafter's
         // code generator checks every module with spirv-val in its tests.
@@ -295,6 +301,7 @@ impl VulkanExecutable {
             unsafe { device.create_compute_pipelines(shared.pipeline_cache.raw, &infos, None) };
         // SAFETY: pipelines keep what they need; the module may go once they exist.
         unsafe { device.destroy_shader_module(module, None) };
+        drop(exclusive);
         let pipelines = match created {
             Ok(pipelines) => pipelines,
             Err((partial, result)) => {

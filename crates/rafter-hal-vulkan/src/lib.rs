@@ -38,7 +38,9 @@ mod validation;
 
 pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
-pub use device::{VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, NO_COOP_ENV};
+pub use device::{
+    VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, EXCLUSIVE_PIPELINES_ENV, NO_COOP_ENV,
+};
 pub use error::VulkanError;
 pub use executable::{
     spirv_capabilities, spirv_entry_points, spirv_push_constant_bytes, spirv_workgroup_bytes,
