@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Issue 28: an A/B of the NVIDIA stall's suspected conditions, within one budgeted device call.
-# Each round runs `rafter conformance --device vulkan --threads THREADS` once per variant on a
-# fresh (cold) driver shader cache, the condition under which every earlier stall happened
-# (pipelines compiled while other threads' work is in flight). A run counts as stalled as soon
-# as the watchdog reports a batch in flight for RAFTER_VULKAN_WATCHDOG_S seconds (default 10):
-# it is killed then (the report kept), so a stall costs seconds, not a deadline.
+# Each round runs `rafter conformance --device vulkan --threads THREADS` once per variant,
+# on a fresh (cold) driver shader cache per run (CACHE=cold, the default) or on one cache
+# filled by a priming run first (CACHE=warm: cheap runs, many per variant). A run counts as
+# stalled as soon as the watchdog reports a batch in flight for RAFTER_VULKAN_WATCHDOG_S
+# seconds (default 10): it is killed then (the report kept), so a stall costs seconds.
 #
-# Variants (VARIANTS, default "lock nolock exclusive"):
-#   lock       the default: one device-wide lock around every timeline signal
+# Variants (VARIANTS, default "base nolock exclusive"; rafter-hal-vulkan's stall_probe.rs):
+#   base       as in production: one device-wide lock around every timeline signal
 #   nolock     RAFTER_VULKAN_CONCURRENT_SIGNALS=1: no signal lock
-#   exclusive  RAFTER_VULKAN_EXCLUSIVE_PIPELINES=1: the signal lock held across pipeline
-#              creation too (no submission while the driver compiles)
-#   warm       the default, on the cache of the first run of this script that finished
-#              (skipped until one has), no breadcrumbs
+#   exclusive  RAFTER_VULKAN_STALL_PROBE=exclusive: pipeline creation under the signal lock
+#   serial     RAFTER_VULKAN_STALL_PROBE=serial: a full barrier opens every command buffer
+#              (no two batches execute at once)
+#   rerecord   RAFTER_VULKAN_STALL_PROBE=rerecord: a fresh command buffer per submission
+#              (never one in flight twice), without breadcrumb markers
+#   warm       (CACHE=cold only) base, on the cache of the first run that finished
 #
 # Usage: scripts/stall_ab.sh [ROUNDS] [THREADS] [DEADLINE_S]   (defaults 3 8 120)
 #   BUDGET_S (default 540): no run starts after this many seconds.
+#   CACHE=warm: PRIME_VARIANT (default serial) primes the cache (up to two tries, the
+#   second with --threads 2); a run after it compiles nothing.
 #   RAFTER (default target/release/rafter), RAFTER_CONFORMANCE_DIR as usual; FILTER: only
 #   the tests matching this regular expression (for a quick local check).
 #   OUT (default: a temporary directory): times (variant round seconds outcome), summary.txt,
@@ -25,7 +29,8 @@ ROUNDS=${1:-3}
 THREADS=${2:-8}
 DEADLINE=${3:-120}
 BUDGET=${BUDGET_S:-540}
-VARIANTS=${VARIANTS:-lock nolock exclusive}
+VARIANTS=${VARIANTS:-base nolock exclusive}
+CACHE=${CACHE:-cold}
 RAFTER=${RAFTER:-target/release/rafter}
 OUT=${OUT:-$(mktemp -d /tmp/stall_ab.XXXXXX)}
 export RAFTER_VULKAN_WATCHDOG_S=${RAFTER_VULKAN_WATCHDOG_S:-10}
@@ -35,17 +40,20 @@ caches=$(mktemp -d /tmp/stall_ab_cache.XXXXXX)
 warm_cache=""
 : >"$OUT/times"
 
-# VARIANT ROUND CACHE -> "VARIANT ROUND SECONDS OUTCOME" (finished-N | stalled | deadline)
+# VARIANT ROUND CACHE [THREADS] -> "VARIANT ROUND SECONDS OUTCOME"
+# (OUTCOME: finished-STATUS | stalled | deadline)
 one_run() {
-    local variant=$1 round=$2 cache=$3 log="$OUT/runs/$1-$2.log" env=()
+    local variant=$1 round=$2 cache=$3 threads=${4:-$THREADS} log="$OUT/runs/$1-$2.log" env=()
     case $variant in
+        base | warm) ;;
         nolock) env=(RAFTER_VULKAN_CONCURRENT_SIGNALS=1) ;;
-        exclusive) env=(RAFTER_VULKAN_EXCLUSIVE_PIPELINES=1) ;;
+        exclusive | serial | rerecord) env=(RAFTER_VULKAN_STALL_PROBE=$variant) ;;
+        *) echo "unknown variant $variant" >&2; return 2 ;;
     esac
     local start outcome
     start=$(date +%s.%N)
     env "${env[@]}" __GL_SHADER_DISK_CACHE_PATH="$cache" MESA_SHADER_CACHE_DIR="$cache" \
-        "$RAFTER" conformance --device vulkan --threads "$THREADS" ${FILTER:+--filter "$FILTER"} >"$log" 2>&1 &
+        "$RAFTER" conformance --device vulkan --threads "$threads" ${FILTER:+--filter "$FILTER"} >"$log" 2>&1 &
     local pid=$! ticks=0
     outcome=""
     while kill -0 "$pid" 2>/dev/null; do
@@ -69,10 +77,20 @@ one_run() {
 }
 
 echo "output in $OUT"
+if [ "$CACHE" = warm ]; then
+    warm_cache=$(mktemp -d "$caches/warm.XXXXXX")
+    prime=${PRIME_VARIANT:-serial}
+    line=$(DEADLINE=$((DEADLINE * 2)) one_run "$prime" prime1 "$warm_cache")
+    echo "prime $line" | tee -a "$OUT/times"
+    case $line in
+        *finished-*) ;;
+        *) line=$(one_run "$prime" prime2 "$warm_cache" 2); echo "prime $line" | tee -a "$OUT/times" ;;
+    esac
+fi
 for round in $(seq 1 "$ROUNDS"); do
     for variant in $VARIANTS; do
         [ $SECONDS -lt "$BUDGET" ] || { echo "budget spent before $variant round $round" | tee -a "$OUT/times"; break 2; }
-        if [ "$variant" = warm ]; then
+        if [ "$CACHE" = warm ] || [ "$variant" = warm ]; then
             [ -n "$warm_cache" ] || continue
             cache=$warm_cache
         else
@@ -87,7 +105,7 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 : >"$OUT/reports.txt"
-while read -r variant round secs outcome; do
+grep -v "^prime " "$OUT/times" | while read -r variant round secs outcome; do
     log="$OUT/runs/$variant-$round.log"
     [ -f "$log" ] || continue
     case $outcome in
@@ -95,7 +113,7 @@ while read -r variant round secs outcome; do
         *) { echo "===== $variant round $round: $secs s, $outcome"
              awk '/^RAFTER_VULKAN_WATCHDOG_S/ { on = 1 } on' "$log" | head -60; } >>"$OUT/reports.txt" ;;
     esac
-done <"$OUT/times"
+done
 awk 'NF == 4 { n[$1]++; if ($4 ~ /^finished/) ok[$1]++; t[$1] = t[$1] " " $3 }
      END { for (v in n) printf "%s: %d runs, %d finished (seconds:%s)\n", v, n[v], ok[v], t[v] }' \
     "$OUT/times" | tee "$OUT/summary.txt"

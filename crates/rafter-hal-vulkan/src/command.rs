@@ -10,6 +10,7 @@ use crate::device::Shared;
 use crate::error::call_error;
 use crate::executable::VulkanExecutable;
 use crate::memory::VulkanBuffer;
+use crate::stall_probe::StallProbe;
 
 /// A HAL command buffer recorded for this device: its own pool and one primary command
 /// buffer, recorded with `SIMULTANEOUS_USE` because the HAL lets one command buffer be
@@ -253,9 +254,12 @@ pub(crate) fn record(
         .map_err(|r| call_error("vkAllocateCommandBuffers", r, 0))?[0];
     let raw = prepared.raw;
     // Breadcrumbs' rerecord mode records every submission afresh: never in flight twice.
-    let usage = match &shared.breadcrumbs {
-        Some(c) if c.mode == BreadcrumbMode::Rerecord => vk::CommandBufferUsageFlags::empty(),
-        _ => vk::CommandBufferUsageFlags::SIMULTANEOUS_USE,
+    let rerecord = shared.stall_probe == StallProbe::Rerecord
+        || matches!(&shared.breadcrumbs, Some(c) if c.mode == BreadcrumbMode::Rerecord);
+    let usage = if rerecord {
+        vk::CommandBufferUsageFlags::empty()
+    } else {
+        vk::CommandBufferUsageFlags::SIMULTANEOUS_USE
     };
     let begin = vk::CommandBufferBeginInfo::default().flags(usage);
     // SAFETY: a fresh command buffer of our pool, recorded by this thread only.
@@ -264,6 +268,16 @@ pub(crate) fn record(
     if let Some(t) = &prepared.timing {
         // SAFETY: recording state, outside any render pass; the range is the pool's.
         unsafe { device.cmd_reset_query_pool(raw, t.pool, 0, t.queries) };
+    }
+    if shared.stall_probe == StallProbe::SerialBatches {
+        // Issue 28's diagnostic: nothing of this batch starts before all earlier work on
+        // the queue completed.
+        full_barrier(
+            shared,
+            raw,
+            vk::PipelineStageFlags2::ALL_COMMANDS,
+            vk::AccessFlags2::MEMORY_READ | vk::AccessFlags2::MEMORY_WRITE,
+        );
     }
     let crumbs = shared.breadcrumbs.as_ref();
     let slot = crumbs.and_then(|c| c.take_command_slot());

@@ -23,6 +23,7 @@ use crate::instance::{self, InstanceOwner};
 use crate::memory::VulkanBuffer;
 use crate::queue::{run_monitor, SchedState, VulkanQueue};
 use crate::semaphore::SemInner;
+use crate::stall_probe::StallProbe;
 use crate::validation::{self, Validation, ValidationLog, ValidationMessage};
 
 /// How to open a [`VulkanDevice`].
@@ -157,15 +158,9 @@ pub(crate) struct Shared {
     /// `vkSignalSemaphore`) across threads; `None` when [`CONCURRENT_SIGNALS_ENV`] opts
     /// out. See [`Shared::signal_guard`].
     signal_lock: Option<Mutex<()>>,
-    /// Whether pipeline creation holds the signal lock too ([`EXCLUSIVE_PIPELINES_ENV`]).
-    pub(crate) exclusive_pipelines: bool,
+    /// The diagnostic variant of the submission path in use (issue 28; off by default).
+    pub(crate) stall_probe: StallProbe,
 }
-
-/// Set to `1` to hold [`Shared::signal_guard`]'s lock while creating pipelines, so no
-/// submission or host signal runs while the driver compiles: for testing whether issue 28's
-/// NVIDIA stall needs pipeline creation concurrent with submissions (every stalled run so
-/// far was compiling pipelines while work was in flight).
-pub const EXCLUSIVE_PIPELINES_ENV: &str = "RAFTER_VULKAN_EXCLUSIVE_PIPELINES";
 
 /// Set to `1` to let threads signal timeline semaphores concurrently (submissions and
 /// host signals), without [`Shared::signal_guard`]'s device-wide lock: for measuring the
@@ -592,7 +587,7 @@ fn create_shared(
         breadcrumbs,
         signal_lock: (std::env::var(CONCURRENT_SIGNALS_ENV).as_deref() != Ok("1"))
             .then(|| Mutex::new(())),
-        exclusive_pipelines: std::env::var(EXCLUSIVE_PIPELINES_ENV).as_deref() == Ok("1"),
+        stall_probe: StallProbe::from_env(),
     })
 }
 

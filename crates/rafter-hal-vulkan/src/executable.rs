@@ -14,6 +14,7 @@ use rafter_hal::{
 use crate::caps::VulkanCapabilities;
 use crate::device::Shared;
 use crate::error::call_error;
+use crate::stall_probe::StallProbe;
 
 const SPIRV_MAGIC: u32 = 0x0723_0203;
 const OP_ENTRY_POINT: u32 = 15;
@@ -266,11 +267,10 @@ impl VulkanExecutable {
         let push_bytes = spirv_push_constant_bytes(&words).map_err(invalid)?;
         let device = &shared.device;
         let module_info = vk::ShaderModuleCreateInfo::default().code(&words);
-        // Held until the pipelines exist when EXCLUSIVE_PIPELINES_ENV asks (issue 28's A/B).
-        let exclusive = if shared.exclusive_pipelines {
-            shared.signal_guard()
-        } else {
-            None
+        // Held until the pipelines exist in that diagnostic variant (issue 28's A/B).
+        let exclusive = match shared.stall_probe {
+            StallProbe::ExclusivePipelines => shared.signal_guard(),
+            _ => None,
         };
         // SAFETY: `words` is a whole SPIR-V module (magic and instruction lengths checked)
         // living across the call. Its validity beyond that is the producer's contract: rafter's

@@ -34,13 +34,12 @@ mod instance;
 mod memory;
 mod queue;
 mod semaphore;
+mod stall_probe;
 mod validation;
 
 pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
-pub use device::{
-    VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, EXCLUSIVE_PIPELINES_ENV, NO_COOP_ENV,
-};
+pub use device::{VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, NO_COOP_ENV};
 pub use error::VulkanError;
 pub use executable::{
     spirv_capabilities, spirv_entry_points, spirv_push_constant_bytes, spirv_workgroup_bytes,
@@ -49,4 +48,5 @@ pub use executable::{
 pub use instance::{list_devices, DEVICE_ENV};
 pub use memory::VulkanBuffer;
 pub use queue::{VulkanQueue, WATCHDOG_ENV};
+pub use stall_probe::{StallProbe, STALL_PROBE_ENV};
 pub use validation::{Validation, ValidationLog, ValidationMessage, VALIDATION_ENV};

@@ -52,6 +52,7 @@ use crate::command::{prepare, record, Prepared, Timing};
 use crate::device::{create_timeline, Shared};
 use crate::error::call_error;
 use crate::semaphore::{SemInner, SemState};
+use crate::stall_probe::StallProbe;
 
 mod watchdog;
 pub use watchdog::WATCHDOG_ENV;
@@ -726,12 +727,14 @@ impl QueueImpl for VulkanQueue {
                 device: shared.id,
             });
         }
-        // Breadcrumbs' rerecord mode: a fresh `VkCommandBuffer` for every submission.
-        let prepared = match &shared.breadcrumbs {
-            Some(c) if c.mode == BreadcrumbMode::Rerecord => {
-                Arc::new(record(shared, command_buffer)?)
-            }
-            _ => prepare(shared, command_buffer)?,
+        // Breadcrumbs' rerecord mode (and issue 28's rerecord probe): a fresh
+        // `VkCommandBuffer` for every submission.
+        let rerecord = shared.stall_probe == StallProbe::Rerecord
+            || matches!(&shared.breadcrumbs, Some(c) if c.mode == BreadcrumbMode::Rerecord);
+        let prepared = if rerecord {
+            Arc::new(record(shared, command_buffer)?)
+        } else {
+            prepare(shared, command_buffer)?
         };
         let crumbs = SubmissionCrumbs::new(shared)?;
         let mut foreign = Vec::new();

@@ -1,0 +1,73 @@
+//! Diagnostic variants for issue 28's NVIDIA stall: each changes one thing about how work
+//! reaches the GPU, so an A/B run (scripts/stall_ab.sh) can tell which condition the stall
+//! needs. Read once when a device opens from [`STALL_PROBE_ENV`]; off by default, and off
+//! costs nothing. Not for production use: each variant trades throughput for isolation.
+
+/// The environment variable choosing a [`StallProbe`]: `exclusive`, `serial` or
+/// `rerecord` (unset, empty or `0`: off).
+pub const STALL_PROBE_ENV: &str = "RAFTER_VULKAN_STALL_PROBE";
+
+/// One change to the submission path, for isolating the stall's cause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallProbe {
+    /// As in production.
+    Off,
+    /// Pipeline creation holds the device-wide signal lock: no submission or host signal
+    /// while the driver compiles.
+    ExclusivePipelines,
+    /// Every command buffer starts with a full barrier, so a batch's commands start only
+    /// after all earlier work on the queue completed: no two batches execute at once.
+    SerialBatches,
+    /// Every submission records a fresh `VkCommandBuffer` without `SIMULTANEOUS_USE` (no
+    /// breadcrumb markers either): no command buffer is ever in flight twice.
+    Rerecord,
+}
+
+impl StallProbe {
+    /// Parses [`STALL_PROBE_ENV`]'s value.
+    pub fn parse(value: &str) -> Result<StallProbe, String> {
+        match value.trim() {
+            "" | "0" => Ok(StallProbe::Off),
+            "exclusive" => Ok(StallProbe::ExclusivePipelines),
+            "serial" => Ok(StallProbe::SerialBatches),
+            "rerecord" => Ok(StallProbe::Rerecord),
+            other => Err(format!(
+                "{STALL_PROBE_ENV}={other:?}: expected exclusive, serial, rerecord or 0"
+            )),
+        }
+    }
+
+    /// The variant the environment asks for; an unknown value is reported on stderr and
+    /// treated as off (a diagnostic knob must not stop a device from opening).
+    pub(crate) fn from_env() -> StallProbe {
+        match std::env::var(STALL_PROBE_ENV) {
+            Ok(value) => StallProbe::parse(&value).unwrap_or_else(|e| {
+                eprintln!("rafter-hal-vulkan: ignoring {e}");
+                StallProbe::Off
+            }),
+            Err(_) => StallProbe::Off,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_variant_and_rejects_others() {
+        assert_eq!(StallProbe::parse(""), Ok(StallProbe::Off));
+        assert_eq!(StallProbe::parse("0"), Ok(StallProbe::Off));
+        assert_eq!(
+            StallProbe::parse("exclusive"),
+            Ok(StallProbe::ExclusivePipelines)
+        );
+        assert_eq!(StallProbe::parse(" serial"), Ok(StallProbe::SerialBatches));
+        assert_eq!(StallProbe::parse("rerecord"), Ok(StallProbe::Rerecord));
+        let err = StallProbe::parse("1").unwrap_err();
+        assert!(
+            err.contains(STALL_PROBE_ENV) && err.contains("serial"),
+            "{err}"
+        );
+    }
+}
