@@ -14,6 +14,8 @@
 #              (no two batches execute at once)
 #   rerecord   RAFTER_VULKAN_STALL_PROBE=rerecord: a fresh command buffer per submission
 #              (never one in flight twice), without breadcrumb markers
+#   markers    RAFTER_VULKAN_BREADCRUMBS=1: breadcrumbs' markers (per submission and between
+#              commands); submission-markers, command-markers: one kind only
 #   warm       (CACHE=cold only) base, on the cache of the first run that finished
 #
 # Usage: scripts/stall_ab.sh [ROUNDS] [THREADS] [DEADLINE_S]   (defaults 3 8 120)
@@ -48,6 +50,9 @@ one_run() {
         base | warm) ;;
         nolock) env=(RAFTER_VULKAN_CONCURRENT_SIGNALS=1) ;;
         exclusive | serial | rerecord) env=(RAFTER_VULKAN_STALL_PROBE=$variant) ;;
+        markers) env=(RAFTER_VULKAN_BREADCRUMBS=1) ;;
+        submission-markers | command-markers)
+            env=(RAFTER_VULKAN_BREADCRUMBS=1 RAFTER_VULKAN_STALL_PROBE=$variant) ;;
         *) echo "unknown variant $variant" >&2; return 2 ;;
     esac
     local start outcome

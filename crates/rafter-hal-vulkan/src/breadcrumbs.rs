@@ -41,6 +41,7 @@ use rafter_hal::HalError;
 
 use crate::device::Shared;
 use crate::error::call_error;
+use crate::stall_probe::StallProbe;
 
 /// The environment variable that turns breadcrumbs on: `1` or `reuse`, `rerecord`; `0` or
 /// unset is off. Read when a device opens, unless [`VulkanDeviceOptions::breadcrumbs`]
@@ -293,6 +294,9 @@ impl SubmissionCrumbs {
         let Some(crumbs) = &shared.breadcrumbs else {
             return Ok(None);
         };
+        if shared.stall_probe == StallProbe::CommandMarkersOnly {
+            return Ok(None);
+        }
         let Some(slot) = crumbs.take(SUBMISSION_QUEUED) else {
             return Ok(None);
         };

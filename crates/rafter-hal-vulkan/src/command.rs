@@ -280,7 +280,10 @@ pub(crate) fn record(
         );
     }
     let crumbs = shared.breadcrumbs.as_ref();
-    let slot = crumbs.and_then(|c| c.take_command_slot());
+    let slot = match shared.stall_probe {
+        StallProbe::SubmissionMarkersOnly => None,
+        _ => crumbs.and_then(|c| c.take_command_slot()),
+    };
     if let Some(slot) = slot {
         prepared.crumbs = Some((slot, command_names(command_buffer.commands())));
     }

@@ -3,8 +3,8 @@
 //! needs. Read once when a device opens from [`STALL_PROBE_ENV`]; off by default, and off
 //! costs nothing. Not for production use: each variant trades throughput for isolation.
 
-/// The environment variable choosing a [`StallProbe`]: `exclusive`, `serial` or
-/// `rerecord` (unset, empty or `0`: off).
+/// The environment variable choosing a [`StallProbe`]: `exclusive`, `serial`, `rerecord`,
+/// `submission-markers` or `command-markers` (unset, empty or `0`: off).
 pub const STALL_PROBE_ENV: &str = "RAFTER_VULKAN_STALL_PROBE";
 
 /// One change to the submission path, for isolating the stall's cause.
@@ -21,6 +21,13 @@ pub enum StallProbe {
     /// Every submission records a fresh `VkCommandBuffer` without `SIMULTANEOUS_USE` (no
     /// breadcrumb markers either): no command buffer is ever in flight twice.
     Rerecord,
+    /// With breadcrumbs on (`RAFTER_VULKAN_BREADCRUMBS=1`): only each submission's two
+    /// marker command buffers (a fill before the batch, a full barrier and a fill after),
+    /// no markers between commands. Warm runs with all markers never stalled.
+    SubmissionMarkersOnly,
+    /// With breadcrumbs on: only the markers between commands (a barrier and a fill after
+    /// each command), no per-submission marker command buffers.
+    CommandMarkersOnly,
 }
 
 impl StallProbe {
@@ -31,8 +38,11 @@ impl StallProbe {
             "exclusive" => Ok(StallProbe::ExclusivePipelines),
             "serial" => Ok(StallProbe::SerialBatches),
             "rerecord" => Ok(StallProbe::Rerecord),
+            "submission-markers" => Ok(StallProbe::SubmissionMarkersOnly),
+            "command-markers" => Ok(StallProbe::CommandMarkersOnly),
             other => Err(format!(
-                "{STALL_PROBE_ENV}={other:?}: expected exclusive, serial, rerecord or 0"
+                "{STALL_PROBE_ENV}={other:?}: expected exclusive, serial, rerecord, submission-markers, \
+                 command-markers or 0"
             )),
         }
     }
@@ -64,6 +74,14 @@ mod tests {
         );
         assert_eq!(StallProbe::parse(" serial"), Ok(StallProbe::SerialBatches));
         assert_eq!(StallProbe::parse("rerecord"), Ok(StallProbe::Rerecord));
+        assert_eq!(
+            StallProbe::parse("submission-markers"),
+            Ok(StallProbe::SubmissionMarkersOnly)
+        );
+        assert_eq!(
+            StallProbe::parse("command-markers"),
+            Ok(StallProbe::CommandMarkersOnly)
+        );
         let err = StallProbe::parse("1").unwrap_err();
         assert!(
             err.contains(STALL_PROBE_ENV) && err.contains("serial"),
