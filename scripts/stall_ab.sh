@@ -7,7 +7,8 @@
 # seconds (default 10): it is killed then (the report kept), so a stall costs seconds.
 #
 # Variants (VARIANTS, default "base nolock exclusive"; rafter-hal-vulkan's stall_probe.rs):
-#   base       as in production: one device-wide lock around every timeline signal
+#   base       as in production (the signal lock, the batch tail)
+#   no-tail    RAFTER_VULKAN_STALL_PROBE=no-tail: without the batch tail (batch_tail.rs)
 #   nolock     RAFTER_VULKAN_CONCURRENT_SIGNALS=1: no signal lock
 #   exclusive  RAFTER_VULKAN_STALL_PROBE=exclusive: pipeline creation under the signal lock
 #   serial     RAFTER_VULKAN_STALL_PROBE=serial: a full barrier opens every command buffer
@@ -50,6 +51,7 @@ one_run() {
         base | warm) ;;
         nolock) env=(RAFTER_VULKAN_CONCURRENT_SIGNALS=1) ;;
         exclusive | serial | rerecord) env=(RAFTER_VULKAN_STALL_PROBE=$variant) ;;
+        no-tail) env=(RAFTER_VULKAN_STALL_PROBE=no-tail) ;;
         markers) env=(RAFTER_VULKAN_BREADCRUMBS=1) ;;
         submission-markers | command-markers)
             env=(RAFTER_VULKAN_BREADCRUMBS=1 RAFTER_VULKAN_STALL_PROBE=$variant) ;;

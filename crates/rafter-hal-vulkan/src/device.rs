@@ -15,6 +15,7 @@ use rafter_hal::{
     HalError, Limits, MemoryKind, MemoryKindInfo, Queue, Semaphore, TraceSink, FORMAT_SPIRV,
 };
 
+use crate::batch_tail::BatchTail;
 use crate::breadcrumbs::{BreadcrumbMode, Breadcrumbs, BREADCRUMBS_ENV};
 use crate::caps::VulkanCapabilities;
 use crate::error::VulkanError;
@@ -154,6 +155,8 @@ pub(crate) struct Shared {
     pub(crate) instance: Arc<InstanceOwner>,
     /// The GPU progress markers, when on (`breadcrumbs.rs`).
     pub(crate) breadcrumbs: Option<Breadcrumbs>,
+    /// What every submission ends with (`batch_tail.rs`: issue 28's NVIDIA stall).
+    pub(crate) tail: BatchTail,
     /// Serialises every call that signals a timeline semaphore (`vkQueueSubmit2`,
     /// `vkSignalSemaphore`) across threads; `None` when [`CONCURRENT_SIGNALS_ENV`] opts
     /// out. See [`Shared::signal_guard`].
@@ -269,6 +272,9 @@ impl Drop for Shared {
             let allocator = self.allocator.get_mut().unwrap_or_else(|e| e.into_inner());
             if let (Some(crumbs), Some(allocator)) = (&mut self.breadcrumbs, allocator.as_mut()) {
                 crumbs.destroy(&self.device, allocator);
+            }
+            if let Some(allocator) = allocator.as_mut() {
+                self.tail.destroy(&self.device, allocator);
             }
             drop(
                 self.allocator
@@ -560,6 +566,17 @@ fn create_shared(
                 .map_err(|e| eprintln!("{BREADCRUMBS_ENV}: {e}; breadcrumbs are off"))
                 .ok()
         });
+    let tail = match BatchTail::open(&device, &mut allocator, family, queues.len()) {
+        Ok(tail) => tail,
+        Err(e) => {
+            if let Some(mut crumbs) = breadcrumbs {
+                crumbs.destroy(&device, &mut allocator);
+            }
+            // SAFETY: nothing uses the cache yet.
+            unsafe { pipeline_cache.destroy(&device) };
+            return Err(VulkanError::Other(format!("the submission tail: {e}")));
+        }
+    };
     let (wake_semaphore, pipeline_layout) = (partial.semaphore, partial.layout);
     partial.device = None;
     Ok(Shared {
@@ -585,6 +602,7 @@ fn create_shared(
         trace,
         instance: owner,
         breadcrumbs,
+        tail,
         signal_lock: (std::env::var(CONCURRENT_SIGNALS_ENV).as_deref() != Ok("1"))
             .then(|| Mutex::new(())),
         stall_probe: StallProbe::from_env(),

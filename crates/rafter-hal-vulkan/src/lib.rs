@@ -24,6 +24,7 @@
 //! [`VulkanError::NoDevice`] naming what it found, never panics. [`list_devices`] describes
 //! every physical device, usable or not, with what a missing feature disables.
 
+mod batch_tail;
 mod breadcrumbs;
 mod caps;
 mod command;

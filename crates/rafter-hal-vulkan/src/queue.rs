@@ -350,6 +350,13 @@ impl Shared {
             ],
             None => vec![main],
         };
+        let mut buffers = buffers;
+        if self.stall_probe != StallProbe::NoTail {
+            buffers.push(
+                vk::CommandBufferSubmitInfo::default()
+                    .command_buffer(self.tail.command_buffer(pending.queue)),
+            );
+        }
         let submit = vk::SubmitInfo2::default()
             .wait_semaphore_infos(&wait_infos)
             .command_buffer_infos(&buffers)

@@ -4,7 +4,7 @@
 //! costs nothing. Not for production use: each variant trades throughput for isolation.
 
 /// The environment variable choosing a [`StallProbe`]: `exclusive`, `serial`, `rerecord`,
-/// `submission-markers` or `command-markers` (unset, empty or `0`: off).
+/// `submission-markers`, `command-markers` or `no-tail` (unset, empty or `0`: off).
 pub const STALL_PROBE_ENV: &str = "RAFTER_VULKAN_STALL_PROBE";
 
 /// One change to the submission path, for isolating the stall's cause.
@@ -28,6 +28,9 @@ pub enum StallProbe {
     /// With breadcrumbs on: only the markers between commands (a barrier and a fill after
     /// each command), no per-submission marker command buffers.
     CommandMarkersOnly,
+    /// Submissions without the tail (`batch_tail.rs`), the fix for the stall: for checking
+    /// that the stall still needs it (on a new driver, say).
+    NoTail,
 }
 
 impl StallProbe {
@@ -40,9 +43,10 @@ impl StallProbe {
             "rerecord" => Ok(StallProbe::Rerecord),
             "submission-markers" => Ok(StallProbe::SubmissionMarkersOnly),
             "command-markers" => Ok(StallProbe::CommandMarkersOnly),
+            "no-tail" => Ok(StallProbe::NoTail),
             other => Err(format!(
                 "{STALL_PROBE_ENV}={other:?}: expected exclusive, serial, rerecord, submission-markers, \
-                 command-markers or 0"
+                 command-markers, no-tail or 0"
             )),
         }
     }
@@ -82,6 +86,7 @@ mod tests {
             StallProbe::parse("command-markers"),
             Ok(StallProbe::CommandMarkersOnly)
         );
+        assert_eq!(StallProbe::parse("no-tail"), Ok(StallProbe::NoTail));
         let err = StallProbe::parse("1").unwrap_err();
         assert!(
             err.contains(STALL_PROBE_ENV) && err.contains("serial"),
