@@ -1563,3 +1563,41 @@ fn dynamic_quantized_matmuls_match_the_reference_exactly() {
         }
     }
 }
+
+#[test]
+fn cumulative_sums_and_products_against_the_reference() {
+    use rafter_ir::CumKind;
+    // Axis first, middle and last (inner > 1 and inner == 1), negative, every flavour; a
+    // `[1, 64, 56, 56]` scan over the channels (the midgraph benchmark's) splits columns
+    // over the threads.
+    let shapes: [(&[usize], i64); 5] = [
+        (&[4, 3, 5], 0),
+        (&[4, 3, 5], 1),
+        (&[4, 3, 5], -1),
+        (&[2, 17, 1], 1),
+        (&[1, 64, 56, 56], 1),
+    ];
+    let mut seed = 1;
+    for (dims, axis) in shapes {
+        for flags in 0..8 {
+            seed += 1;
+            let kind = if flags & 1 != 0 {
+                CumKind::Prod
+            } else {
+                CumKind::Sum
+            };
+            let mut c = Case::new(seed);
+            let x = c.input(dims);
+            let axis = Bytes::from(axis.to_le_bytes().to_vec());
+            let a =
+                c.g.add_const("axis", ConstData::new(DType::I64, vec![], axis).unwrap());
+            let op = Op::Cumulative {
+                kind,
+                exclusive: flags & 2 != 0,
+                reverse: flags & 4 != 0,
+            };
+            let y = c.node(op, &[x, a], dims);
+            assert_native(c.check(y), 1);
+        }
+    }
+}
