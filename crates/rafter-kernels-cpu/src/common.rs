@@ -70,21 +70,21 @@ pub(crate) fn par_blocks(
     par.run(tasks, &|t| f(items * t / tasks..items * (t + 1) / tasks));
 }
 
-/// A mutable slice that parallel tasks write disjoint parts of.
-pub(crate) struct Disjoint<'a> {
-    ptr: *mut f32,
+/// A mutable slice that parallel tasks write disjoint parts of (f32 unless told).
+pub(crate) struct Disjoint<'a, T = f32> {
+    ptr: *mut T,
     len: usize,
-    _life: PhantomData<&'a mut [f32]>,
+    _life: PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: `Disjoint` hands out `&mut` sub-slices only through `part`, whose contract is
 // that parts used concurrently do not overlap, so sharing it between threads is sound.
-unsafe impl Sync for Disjoint<'_> {}
+unsafe impl<T: Send> Sync for Disjoint<'_, T> {}
 // SAFETY: as for `Sync`: moving it to another thread moves only the right to take parts.
-unsafe impl Send for Disjoint<'_> {}
+unsafe impl<T: Send> Send for Disjoint<'_, T> {}
 
-impl<'a> Disjoint<'a> {
-    pub(crate) fn new(s: &'a mut [f32]) -> Self {
+impl<'a, T> Disjoint<'a, T> {
+    pub(crate) fn new(s: &'a mut [T]) -> Self {
         Disjoint {
             ptr: s.as_mut_ptr(),
             len: s.len(),
@@ -97,7 +97,7 @@ impl<'a> Disjoint<'a> {
     /// # Safety
     /// No other part overlapping `r` may be alive at the same time.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn part(&self, r: Range<usize>) -> &mut [f32] {
+    pub(crate) unsafe fn part(&self, r: Range<usize>) -> &mut [T] {
         assert!(
             r.start <= r.end && r.end <= self.len,
             "part {r:?} of {}",
@@ -110,7 +110,7 @@ impl<'a> Disjoint<'a> {
     /// A raw pointer to elements `r`, checked in bounds, for a loop that writes them
     /// through [`crate::simd::Simd::store_at`] (no `&mut` made, so parts of other tasks
     /// may interleave with `r`, as channel ranges of shared rows do).
-    pub(crate) fn ptr_to(&self, r: Range<usize>) -> *mut f32 {
+    pub(crate) fn ptr_to(&self, r: Range<usize>) -> *mut T {
         assert!(
             r.start <= r.end && r.end <= self.len,
             "part {r:?} of {}",

@@ -71,6 +71,7 @@ mod simd;
 mod activation;
 mod attention;
 mod common;
+mod cumulative;
 mod moe;
 mod nbits;
 mod nhwc;
@@ -128,6 +129,7 @@ pub use activation::{
     UnaryFn,
 };
 pub use common::{ChannelTail, KernelError};
+pub use cumulative::{cumulative, CumElem, Cumulative};
 pub use moe::moe_route;
 pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
 pub use recurrent::{

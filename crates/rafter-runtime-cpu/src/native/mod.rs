@@ -22,7 +22,7 @@
 //! [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`] (MatMulNBits
 //! weights), [`pool`], [`recurrent`] (LSTM, GRU, RNN), [`movement`] (reshape-likes,
 //! transposes, concat, gather), [`norm`] (layer norm), [`softmax`] (with an additive row
-//! mask), [`elementwise`] (tile programs).
+//! mask), [`cumulative`] (CumSum), [`elementwise`] (tile programs).
 //!
 //! # Aliasing
 //! The memory planner binds a result to the bytes of an operand only in elementwise-only
@@ -37,6 +37,7 @@ mod block_quant;
 mod cast;
 mod conv;
 mod conv_nhwc;
+mod cumulative;
 mod elementwise;
 mod epilogue;
 mod exact_int;
@@ -222,6 +223,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| block_nhwc::select(body, par))
         .or_else(|| pool::select(body, par))
         .or_else(|| softmax::select(body, par))
+        .or_else(|| cumulative::select(body, par))
         .or_else(|| movement::select(body, par))
         .or_else(|| norm::select(body, par))
         .or_else(|| recurrent::select(body, par))

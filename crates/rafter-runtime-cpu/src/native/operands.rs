@@ -36,6 +36,18 @@ impl Plain for i64 {
     }
 }
 
+impl Plain for f64 {
+    fn from_le(bytes: &[u8]) -> f64 {
+        f64::from_le_bytes(bytes.try_into().expect("8 bytes"))
+    }
+}
+
+impl Plain for i32 {
+    fn from_le(bytes: &[u8]) -> i32 {
+        i32::from_le_bytes(bytes.try_into().expect("4 bytes"))
+    }
+}
+
 impl Plain for half::f16 {
     fn from_le(bytes: &[u8]) -> half::f16 {
         half::f16::from_le_bytes(bytes.try_into().expect("2 bytes"))
@@ -56,9 +68,27 @@ pub(crate) fn f16s_mut(bytes: &mut [u8]) -> Option<&mut [half::f16]> {
     cast_mut::<half::f16>(bytes)
 }
 
+/// The elements of an operand of any [`Plain`] type: borrowed when aligned, else copied.
+pub(crate) fn elems<T: Plain>(bytes: &[u8]) -> Cow<'_, [T]> {
+    match cast::<T>(bytes) {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(
+            bytes
+                .chunks_exact(std::mem::size_of::<T>())
+                .map(T::from_le)
+                .collect(),
+        ),
+    }
+}
+
+/// A result's elements of any [`Plain`] type in place, if aligned.
+pub(crate) fn elems_mut<T: Plain>(bytes: &mut [u8]) -> Option<&mut [T]> {
+    cast_mut::<T>(bytes)
+}
+
 /// `bytes` as a slice of `T` in place, if aligned and a whole number of `T`s.
 fn cast<T: Plain>(bytes: &[u8]) -> Option<&[T]> {
-    // SAFETY: `T: Plain` is f32, i64 or f16: no padding, every bit pattern valid; `align_to`
+    // SAFETY: `T: Plain` is f32, f64, i32, i64, u16 or f16: no padding, every bit pattern valid; `align_to`
     // yields only the correctly aligned middle, and we accept it only when it is all of
     // `bytes`. The result borrows `bytes`, so the memory outlives it and is not written
     // meanwhile. (The crate is little-endian only, like `rafter-kernels-cpu`.)
