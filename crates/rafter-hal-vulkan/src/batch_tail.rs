@@ -1,6 +1,6 @@
 //! The tail every submission ends with: a full barrier, then a 4-byte `vkCmdFillBuffer` into
 //! a word of a small host-visible buffer (one word per queue), then a barrier making it
-//! visible to the host. The word's value is never read.
+//! visible to the host. Only tests read the word ([`TAIL_MARK`] once a tail ran).
 //!
 //! Why (issue 28): on NVIDIA's Linux driver (580.159, H200), `rafter conformance --device
 //! vulkan --threads 8` stalled in most runs: a tiny batch with no waits never completed
@@ -24,6 +24,9 @@ use gpu_allocator::MemoryLocation;
 /// One word per queue, each in its own 64-byte line.
 const WORD_STRIDE: u64 = 64;
 
+/// What a tail writes (the buffer starts zeroed): lets a test see that tails run.
+pub const TAIL_MARK: u32 = 0x7A11_7A11;
+
 /// The tail command buffers (one per queue, recorded once) and the buffer they write.
 pub(crate) struct BatchTail {
     buffer: vk::Buffer,
@@ -31,6 +34,9 @@ pub(crate) struct BatchTail {
     pool: vk::CommandPool,
     per_queue: Vec<vk::CommandBuffer>,
 }
+
+// The words are read through the allocation's persistent mapping (host-coherent, so the
+// GPU's writes need no flush); see `word`.
 
 impl BatchTail {
     /// Creates the buffer and records one tail per queue of `family`.
@@ -72,7 +78,7 @@ impl BatchTail {
         // SAFETY: the buffer was just created on this device.
         let requirements = unsafe { device.get_buffer_memory_requirements(self.buffer) };
         // Host-visible, as breadcrumbs' marker buffer, the configuration measured stall-free.
-        let allocation = allocator
+        let mut allocation = allocator
             .allocate(&AllocationCreateDesc {
                 name: "rafter batch tail",
                 requirements,
@@ -81,6 +87,9 @@ impl BatchTail {
                 allocation_scheme: AllocationScheme::GpuAllocatorManaged,
             })
             .map_err(|e| format!("gpu-allocator: {e}"))?;
+        if let Some(bytes) = allocation.mapped_slice_mut() {
+            bytes.fill(0);
+        }
         // SAFETY: the allocation satisfies `requirements`; the buffer is bound once.
         let bound = unsafe {
             device.bind_buffer_memory(self.buffer, allocation.memory(), allocation.offset())
@@ -107,6 +116,23 @@ impl BatchTail {
     /// The tail to submit after a batch's own command buffers on queue `queue`.
     pub(crate) fn command_buffer(&self, queue: usize) -> vk::CommandBuffer {
         self.per_queue[queue]
+    }
+
+    /// Queue `queue`'s word as the host sees it; `None` when the memory is not mapped
+    /// host-coherent (then only the GPU can tell) or there is no such queue.
+    pub(crate) fn word(&self, queue: usize) -> Option<u32> {
+        let allocation = self.allocation.as_ref()?;
+        let coherent = allocation
+            .memory_properties()
+            .contains(vk::MemoryPropertyFlags::HOST_COHERENT);
+        let offset = WORD_STRIDE as usize * queue;
+        if !coherent || queue >= self.per_queue.len() {
+            return None;
+        }
+        let ptr = allocation.mapped_ptr()?.as_ptr().cast::<u8>();
+        // SAFETY: `offset + 4 <= WORD_STRIDE * queues`, the buffer's size, inside the mapping,
+        // which lives as long as `self`; an aligned word read volatile (the GPU writes it).
+        Some(unsafe { ptr.add(offset).cast::<u32>().read_volatile() })
     }
 
     /// Frees everything; called once, by the device's drop when no GPU work is left (or
@@ -152,7 +178,7 @@ fn record(
             .begin_command_buffer(raw, &begin)
             .map_err(|r| format!("vkBeginCommandBuffer: {r}"))?;
         device.cmd_pipeline_barrier2(raw, &vk::DependencyInfo::default().memory_barriers(&before));
-        device.cmd_fill_buffer(raw, buffer, offset, 4, 0);
+        device.cmd_fill_buffer(raw, buffer, offset, 4, TAIL_MARK);
         device.cmd_pipeline_barrier2(raw, &vk::DependencyInfo::default().memory_barriers(&after));
         device
             .end_command_buffer(raw)

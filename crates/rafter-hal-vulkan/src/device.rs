@@ -413,6 +413,13 @@ impl VulkanDevice {
         prepared.progress().map(|p| p.to_string())
     }
 
+    /// The word queue `queue`'s submission tail writes (`batch_tail.rs`): 0 until a
+    /// submission on that queue completed with its tail, [`TAIL_MARK`](crate::TAIL_MARK)
+    /// after. For tests; `None` where the host cannot read it.
+    pub fn submission_tail_word(&self, queue: usize) -> Option<u32> {
+        self.shared.tail.word(queue)
+    }
+
     /// What the device still holds: `(semaphores alive, batches submitted or completed
     /// whose objects are not yet released, deferred submissions)`. For leak checks: once
     /// every handle a caller held is gone and the work is done, the first and last are 0

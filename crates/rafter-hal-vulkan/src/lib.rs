@@ -38,6 +38,7 @@ mod semaphore;
 mod stall_probe;
 mod validation;
 
+pub use batch_tail::TAIL_MARK;
 pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use device::{VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, NO_COOP_ENV};

@@ -131,6 +131,41 @@ fn fill_writes_patterns_and_rejects_unaligned_ranges() {
     assert_eq!(done.failure(), None);
 }
 
+/// Every submission ends with the per-queue tail (a barrier and a fill: batch_tail.rs, the
+/// fix for issue 28's NVIDIA stall): its word is written once a submission completed, on
+/// each queue, whatever the submission held.
+#[test]
+fn every_submission_ends_with_its_queues_tail() {
+    let Some(device) = common::device_or_skip("every_submission_ends_with_its_queues_tail") else {
+        return;
+    };
+    if std::env::var(rafter_hal_vulkan::STALL_PROBE_ENV).is_ok_and(|v| v.trim() == "no-tail") {
+        return;
+    }
+    for index in 0..device.queue_count() {
+        if device.submission_tail_word(index).is_none() {
+            return; // not host-readable here
+        }
+        assert_eq!(device.submission_tail_word(index), Some(0), "queue {index}");
+        let buffer = buffer_with(&device, MemoryKind::HostVisibleShared, &[0u8; 16]);
+        let mut builder = device.create_command_buffer().unwrap();
+        builder
+            .fill(buffer.range(0, 16).unwrap(), FillPattern::U32(7))
+            .unwrap();
+        let done = device.create_semaphore(0).unwrap();
+        let queue = device.queue(index).unwrap();
+        queue
+            .submit(&builder.finish(), &[], &[(done.clone(), 1)])
+            .unwrap();
+        done.wait(1, WAIT).unwrap();
+        assert_eq!(
+            device.submission_tail_word(index),
+            Some(rafter_hal_vulkan::TAIL_MARK),
+            "queue {index}"
+        );
+    }
+}
+
 /// A copy of `src` into `dst` as a command buffer.
 fn copy_commands(device: &VulkanDevice, src: &Buffer, dst: &Buffer) -> rafter_hal::CommandBuffer {
     let mut builder = device.create_command_buffer().unwrap();
