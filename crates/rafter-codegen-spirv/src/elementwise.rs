@@ -1051,7 +1051,6 @@ mod glsl {
     pub const SQRT: u32 = 31;
     pub const FMIN: u32 = 37;
     pub const FMAX: u32 = 40;
-    pub const FMA: u32 = 50;
     pub const FCLAMP: u32 = 43;
 }
 
@@ -1340,49 +1339,10 @@ impl<'a> Emitter<'a> {
         build(self.b.f_div(self.f32, None, a, b))
     }
 
-    /// `a / b` correctly rounded, as IEEE division (and the CPU) gives it: for ONNX's `Div`,
-    /// `Reciprocal` and the quotient a quantization rounds. Vulkan lets
-    /// `OpFDiv` be 2.5 ulp off, and NVIDIA's is: a quotient that should land exactly on a
-    /// .5 tie (25.5 in ONNX's `test_dynamicquantizelinear_expanded`) came out just below it
-    /// and rounded to 25, not 26. Residual corrections with the exact residual
-    /// `r = a - q * b` (a fused multiply-add) land on the correctly rounded quotient; where
-    /// they cannot help (a zero, infinite or NaN quotient or residual, b = 0) the driver's
-    /// quotient stays, which keeps infinities, NaNs and signed zeros as they were.
+    /// `a / b` correctly rounded ([`crate::epilogue_math::Math::div_exact`]): for ONNX's
+    /// `Div`, `Reciprocal` and the quotient a quantization rounds.
     fn div_exact(&mut self, a: Word, b: Word) -> R<Word> {
-        let f32 = self.f32;
-        let q = build(self.b.f_div(f32, None, a, b))?;
-        // The reciprocal refined by one Newton step (y + y * (1 - b * y)), then two
-        // residual corrections of the quotient (Markstein's sequence): one from a 2.5-ulp
-        // quotient and reciprocal was not enough on lavapipe (7.000861 / 12.99831 stayed
-        // 1 ulp off).
-        let one = self.f(1.0);
-        let y = build(self.b.f_div(f32, None, one, b))?;
-        let minus_b = build(self.b.f_negate(f32, None, b))?;
-        let e = self.ext(glsl::FMA, &[minus_b, y, one])?;
-        let y = self.ext(glsl::FMA, &[e, y, y])?;
-        let minus_q = build(self.b.f_negate(f32, None, q))?;
-        let r0 = self.ext(glsl::FMA, &[minus_q, b, a])?;
-        let q1 = self.ext(glsl::FMA, &[r0, y, q])?;
-        let minus_q1 = build(self.b.f_negate(f32, None, q1))?;
-        let r = self.ext(glsl::FMA, &[minus_q1, b, a])?;
-        let corrected = self.ext(glsl::FMA, &[r, y, q1])?;
-        let bool_ty = self.bool;
-        // q1 exact already: keep it (a zero residual would only flip a zero's sign).
-        let zero = self.f(0.0);
-        let exact = build(self.b.f_ord_equal(bool_ty, None, r, zero))?;
-        let corrected = build(self.b.select(f32, None, exact, q1, corrected))?;
-        // Where the steps cannot help (b = 0, infinities, NaN: a NaN or infinite result or
-        // residual, an infinite or zero quotient), the driver's quotient stays.
-        let mut keep = build(self.b.f_ord_equal(bool_ty, None, q, zero))?;
-        for (v, nan) in [(corrected, true), (r, true), (q, false)] {
-            let inf = build(self.b.is_inf(bool_ty, None, v))?;
-            keep = build(self.b.logical_or(bool_ty, None, keep, inf))?;
-            if nan {
-                let is_nan = build(self.b.is_nan(bool_ty, None, v))?;
-                keep = build(self.b.logical_or(bool_ty, None, keep, is_nan))?;
-            }
-        }
-        build(self.b.select(f32, None, keep, q, corrected))
+        self.math().div_exact(a, b)
     }
     fn lt(&mut self, a: Word, b: Word) -> R<Word> {
         build(self.b.f_ord_less_than(self.bool, None, a, b))

@@ -22,6 +22,7 @@ const TANH: u32 = 21;
 const EXP: u32 = 27;
 const FCLAMP: u32 = 43;
 const LDEXP: u32 = 53;
+const FMA: u32 = 50;
 
 /// A builder with the ids the activations need.
 pub(crate) struct Math<'a> {
@@ -211,5 +212,50 @@ impl Math<'_> {
         let t = self.add(one, inner)?;
         let hx = self.mul(half, x)?;
         self.mul(hx, t)
+    }
+
+    /// `a / b` correctly rounded, as IEEE division (and the CPU) gives it: for ONNX's `Div`,
+    /// `Reciprocal` and the quotient a quantization rounds. Vulkan lets
+    /// `OpFDiv` be 2.5 ulp off, and NVIDIA's is: a quotient that should land exactly on a
+    /// .5 tie (25.5 in ONNX's `test_dynamicquantizelinear_expanded`) came out just below it
+    /// and rounded to 25, not 26. Residual corrections with the exact residual
+    /// `r = a - q * b` (a fused multiply-add) land on the correctly rounded quotient; where
+    /// they cannot help (a zero, infinite or NaN quotient or residual, b = 0) the driver's
+    /// quotient stays, which keeps infinities, NaNs and signed zeros as they were.
+    pub(crate) fn div_exact(&mut self, a: Word, b: Word) -> R<Word> {
+        let f32 = self.f32;
+        let q = build(self.b.f_div(f32, None, a, b))?;
+        // The reciprocal refined by one Newton step (y + y * (1 - b * y)), then two
+        // residual corrections of the quotient (Markstein's sequence): one from a 2.5-ulp
+        // quotient and reciprocal was not enough on lavapipe (7.000861 / 12.99831 stayed
+        // 1 ulp off).
+        let one = self.f(1.0);
+        let y = build(self.b.f_div(f32, None, one, b))?;
+        let minus_b = build(self.b.f_negate(f32, None, b))?;
+        let e = self.ext(FMA, &[minus_b, y, one])?;
+        let y = self.ext(FMA, &[e, y, y])?;
+        let minus_q = build(self.b.f_negate(f32, None, q))?;
+        let r0 = self.ext(FMA, &[minus_q, b, a])?;
+        let q1 = self.ext(FMA, &[r0, y, q])?;
+        let minus_q1 = build(self.b.f_negate(f32, None, q1))?;
+        let r = self.ext(FMA, &[minus_q1, b, a])?;
+        let corrected = self.ext(FMA, &[r, y, q1])?;
+        let bool_ty = self.bool;
+        // q1 exact already: keep it (a zero residual would only flip a zero's sign).
+        let zero = self.f(0.0);
+        let exact = build(self.b.f_ord_equal(bool_ty, None, r, zero))?;
+        let corrected = build(self.b.select(f32, None, exact, q1, corrected))?;
+        // Where the steps cannot help (b = 0, infinities, NaN: a NaN or infinite result or
+        // residual, an infinite or zero quotient), the driver's quotient stays.
+        let mut keep = build(self.b.f_ord_equal(bool_ty, None, q, zero))?;
+        for (v, nan) in [(corrected, true), (r, true), (q, false)] {
+            let inf = build(self.b.is_inf(bool_ty, None, v))?;
+            keep = build(self.b.logical_or(bool_ty, None, keep, inf))?;
+            if nan {
+                let is_nan = build(self.b.is_nan(bool_ty, None, v))?;
+                keep = build(self.b.logical_or(bool_ty, None, keep, is_nan))?;
+            }
+        }
+        build(self.b.select(f32, None, keep, q, corrected))
     }
 }

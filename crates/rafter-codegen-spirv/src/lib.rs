@@ -160,6 +160,7 @@ mod batch_norm;
 mod concat;
 mod conv;
 mod coop;
+mod dynamic_quantize;
 mod elem;
 mod elementwise;
 mod epilogue_math;
@@ -180,6 +181,7 @@ pub use batch_norm::{batch_norm, BatchNormKernel};
 pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
+pub use dynamic_quantize::{dynamic_quantize, DynamicQuantizeKernel};
 pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
@@ -216,6 +218,8 @@ enum Generated {
     /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce.
     Grid(Vec<u32>),
+    /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
+    Rows(Vec<u32>, rafter_vulkan_section::Launch),
 }
 
 /// Generates `body`; the error is the elementwise generator's reason unless the body is a
@@ -244,6 +248,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     }
     if let [n] = body.nodes.as_slice() {
         use rafter_ir::Op;
+        if n.op == Op::DynamicQuantizeLinear {
+            return dynamic_quantize(body).map(|k| Generated::Rows(k.spirv, k.launch));
+        }
         let grid = match n.op {
             Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
             Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
@@ -350,6 +357,15 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             kernel,
             launch: rafter_vulkan_section::Launch::Elementwise,
             workgroup_size: WORKGROUP_SIZE,
+            entry_point: "main".into(),
+            dims: Vec::new(),
+            spirv: to_bytes(&spirv).into(),
+            coop: None,
+        },
+        Generated::Rows(spirv, launch) => VulkanModule {
+            kernel,
+            launch,
+            workgroup_size: ROW_WORKGROUP_SIZE,
             entry_point: "main".into(),
             dims: Vec::new(),
             spirv: to_bytes(&spirv).into(),

@@ -366,6 +366,18 @@ pub fn run_outputs(
     out_dtype: DType,
     out_dims: &[Vec<usize>],
 ) -> Vec<Tensor> {
+    let dtypes = vec![out_dtype; out_dims.len()];
+    run_typed_outputs(device, module, inputs, &dtypes, out_dims)
+}
+
+/// [`run_outputs`] with each output of its own element type (`dtypes[i]` for output `i`).
+pub fn run_typed_outputs(
+    device: &VulkanDevice,
+    module: &VulkanModule,
+    inputs: &[Tensor],
+    dtypes: &[DType],
+    out_dims: &[Vec<usize>],
+) -> Vec<Tensor> {
     let mut buffers: Vec<Buffer> = inputs
         .iter()
         .map(|t| {
@@ -379,7 +391,8 @@ pub fn run_outputs(
         .collect();
     let sizes: Vec<usize> = out_dims
         .iter()
-        .map(|d| d.iter().product::<usize>() * out_dtype.size_of())
+        .zip(dtypes)
+        .map(|(d, t)| d.iter().product::<usize>() * t.size_of())
         .collect();
     let outs: Vec<Buffer> = sizes
         .iter()
@@ -415,8 +428,8 @@ pub fn run_outputs(
     builder.dispatch(&exe, 0, &bindings, &params, grid).unwrap();
     submit_and_wait(device, builder);
     outs.iter()
-        .zip(sizes.iter().zip(out_dims))
-        .map(|(y, (&n, d))| {
+        .zip(sizes.iter().zip(out_dims.iter().zip(dtypes)))
+        .map(|(y, (&n, (d, &out_dtype)))| {
             let bytes = if n == 0 {
                 Vec::new()
             } else {
