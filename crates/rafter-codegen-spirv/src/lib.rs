@@ -169,6 +169,7 @@ mod gather_elements;
 mod grid;
 mod integer;
 mod matmul;
+mod matmul_integer;
 mod pad;
 mod slice;
 mod split;
@@ -188,6 +189,7 @@ pub use elementwise::{
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
+pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
 pub use slice::{slice, SliceKernel};
 pub use split::{split, SplitKernel};
@@ -225,6 +227,13 @@ enum Generated {
 /// Generates `body`; the error is the elementwise generator's reason unless the body is a
 /// matmul, whose generator then says why not.
 fn generate(body: &Graph) -> Result<Generated, String> {
+    if body
+        .nodes
+        .first()
+        .is_some_and(|n| n.op == rafter_ir::Op::MatMulInteger)
+    {
+        return matmul_integer(body).map(|k| Generated::Grid(k.spirv));
+    }
     let is_matmul = body
         .nodes
         .first()
