@@ -157,6 +157,7 @@
 mod argreduce;
 mod backend;
 mod batch_norm;
+mod block_quant;
 mod concat;
 mod conv;
 mod coop;
@@ -179,6 +180,7 @@ mod window;
 pub use argreduce::{arg_reduce, ArgReduceKernel};
 pub use backend::SpirvBackend;
 pub use batch_norm::{batch_norm, BatchNormKernel};
+pub use block_quant::{block_quant, BlockQuantKernel};
 pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
@@ -270,6 +272,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
             Op::Pad { .. } => Some(pad(body).map(|k| k.spirv)),
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
+            Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             _ => None,
         };
         if let Some(spirv) = grid {
