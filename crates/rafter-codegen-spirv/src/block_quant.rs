@@ -121,6 +121,10 @@ pub fn block_quant(body: &Graph) -> Result<BlockQuantKernel, String> {
     Ok(BlockQuantKernel { spirv })
 }
 
+/// One iteration of [`range_loop`]: the builder, the index, the carried values; returns
+/// their next values.
+type LoopStep<'a> = dyn FnMut(&mut Builder, Word, &[Word]) -> R<Vec<Word>> + 'a;
+
 /// A loop `for v in from..to` (`u32`s) carrying `accs` (values of types `tys`) through
 /// `step`, which emits into the open body block; returns the final values.
 fn range_loop(
@@ -128,7 +132,7 @@ fn range_loop(
     t: &Prelude,
     (from, to): (Word, Word),
     accs: &[(Word, Word)],
-    step: &mut dyn FnMut(&mut Builder, Word, &[Word]) -> R<Vec<Word>>,
+    step: &mut LoopStep<'_>,
 ) -> R<Vec<Word>> {
     let (entry, header, cond, body, cont, merge) = (b.id(), b.id(), b.id(), b.id(), b.id(), b.id());
     let next = b.id();

@@ -93,6 +93,10 @@ pub fn dynamic_quantize(body: &Graph) -> Result<DynamicQuantizeKernel, String> {
     })
 }
 
+/// One iteration of [`Cx::elements`]: the emitter, the element index, the carried
+/// values; returns their next values.
+type Step<'s, 'b> = dyn FnMut(&mut Cx<'b>, Word, &[Word]) -> R<Vec<Word>> + 's;
+
 /// The ids the emitter threads through its steps.
 struct Cx<'a> {
     b: Builder,
@@ -148,7 +152,7 @@ fn emit(x: usize, bindings: usize, outs: &Outputs) -> R<Vec<u32>> {
     Ok(rspirv::binary::Assemble::assemble(&cx.b.module()))
 }
 
-impl Cx<'_> {
+impl<'b> Cx<'b> {
     fn f(&mut self, v: f32) -> Word {
         self.b.constant_bit32(self.t.f32, v.to_bits())
     }
@@ -190,11 +194,7 @@ impl Cx<'_> {
 
     /// A loop over this invocation's elements `k = lid, lid + WG, ... < count`, carrying
     /// the `f32` accumulators `init` through `step`; returns their final values.
-    fn elements(
-        &mut self,
-        init: &[Word],
-        step: &mut dyn FnMut(&mut Self, Word, &[Word]) -> R<Vec<Word>>,
-    ) -> R<Vec<Word>> {
+    fn elements(&mut self, init: &[Word], step: &mut Step<'_, 'b>) -> R<Vec<Word>> {
         let (u32, f32, bool) = (self.t.u32, self.t.f32, self.t.bool);
         // A block of its own before the header, so the phis name their entry edge.
         let entry = self.b.id();
