@@ -15,6 +15,7 @@ use rafter_ir::{DType, Graph, Op};
 use rspirv::dr::Builder;
 use rspirv::spirv::{Decoration, LoopControl, Word};
 
+use crate::const_bytes::{self, Bytes, Reader};
 use crate::elem::{self, Elem};
 use crate::epilogue_math::Math;
 use crate::grid::{self, Element};
@@ -43,7 +44,8 @@ struct Layout {
     a: usize,
     b: usize,
     scales: usize,
-    zero_points: Option<usize>,
+    /// The packed zero points: a binding or a constant the compiler folded.
+    zero_points: Option<Bytes>,
     bias: Option<usize>,
     out: usize,
 }
@@ -97,7 +99,10 @@ pub fn block_quant(body: &Graph) -> Result<BlockQuantKernel, String> {
         a: need(0, "A")?,
         b: need(1, "B")?,
         scales: need(2, "scales")?,
-        zero_points: input(3, "zero points")?,
+        zero_points: node
+            .input(3)
+            .map(|v| Bytes::of(body, v, "zero points"))
+            .transpose()?,
         bias: input(4, "bias")?,
         out: body.inputs.len(),
     };
@@ -106,9 +111,17 @@ pub fn block_quant(body: &Graph) -> Result<BlockQuantKernel, String> {
         (Some(layout.a), DType::F32, "A"),
         (Some(layout.b), DType::U8, "B"),
         (Some(layout.scales), DType::F32, "scales"),
-        (layout.zero_points, DType::U8, "zero points"),
         (layout.bias, DType::F32, "bias"),
     ];
+    if let Some(z) = node
+        .input(3)
+        .filter(|&z| body.value(z).ty.dtype != DType::U8)
+    {
+        return Err(format!(
+            "zero points of type {}: u8 is generated",
+            body.value(z).ty.dtype
+        ));
+    }
     for (i, t, what) in want {
         if let Some(i) = i.filter(|&i| dtype(i) != t) {
             return Err(format!("{what} of type {}: {t} is generated", dtype(i)));
@@ -165,26 +178,17 @@ fn range_loop(
     Ok(cur)
 }
 
-/// Byte `index` (a `u32`) of the u8 buffer at `base`, as a `u32`.
-fn load_byte(b: &mut Builder, t: &Prelude, base: Word, index: Word) -> R<Word> {
-    let i64t = b.type_int(64, 1);
-    let index = build(b.u_convert(t.u64, None, index))?;
-    let at = grid::element_addr(b, t.u64, base, index, 1)?;
-    let v = elem::load_int(b, Elem::U8, i64t, at)?;
-    build(b.u_convert(t.u32, None, v))
-}
-
 /// Value `i` of a packed run of `bits`-bit values starting at byte `start`, as an f32.
 fn unpack(
     b: &mut Builder,
     t: &Prelude,
     l: &Layout,
-    (base, start): (Word, Word),
+    (from, start): (Reader, Word),
     i: Word,
 ) -> R<Word> {
     let (byte, slot) = grid::div_mod(b, t.u32, i, l.per_byte())?;
     let at = build(b.i_add(t.u32, None, start, byte))?;
-    let v = load_byte(b, t, base, at)?;
+    let v = const_bytes::load_byte(b, t, from, at)?;
     let bits = b.constant_bit32(t.u32, l.bits);
     let shift = build(b.i_mul(t.u32, None, slot, bits))?;
     let v = build(b.shift_right_logical(t.u32, None, v, shift))?;
@@ -281,11 +285,12 @@ fn block_sum(
     let s64 = build(b.u_convert(t.u64, None, sb))?;
     let at = grid::element_addr(b, t.u64, e.addrs[l.scales], s64, 4)?;
     let s = elem::load(b, Elem::F32, f32, at)?;
-    let z = match l.zero_points {
+    let z = match &l.zero_points {
         Some(zp) => {
             let row_bytes = b.constant_bit32(u32, kb.div_ceil(l.per_byte()));
             let zs = build(b.i_mul(u32, None, j, row_bytes))?;
-            unpack(b, t, l, (e.addrs[zp], zs), blk)?
+            let from = zp.reader(b, t, e.addrs);
+            unpack(b, t, l, (from, zs), blk)?
         }
         None => b.constant_bit32(f32, ((1u32 << (l.bits - 1)) as f32).to_bits()),
     };
@@ -306,7 +311,7 @@ fn block_sum(
         None
     };
     let sum = range_loop(b, t, (zero_u, len), &[(f32, zero_f)], &mut |b, i, acc| {
-        let q = unpack(b, t, l, (e.addrs[l.b], packed), i)?;
+        let q = unpack(b, t, l, (Reader::Addr(e.addrs[l.b]), packed), i)?;
         let d = arith(b, f32, Fop::Sub, (q, z))?;
         let w = arith(b, f32, Fop::Mul, (d, s))?;
         let mut x = load_a(b, i)?;

@@ -159,6 +159,7 @@ mod backend;
 mod batch_norm;
 mod block_quant;
 mod concat;
+mod const_bytes;
 mod conv;
 mod coop;
 mod dynamic_quantize;

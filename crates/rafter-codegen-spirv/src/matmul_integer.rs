@@ -16,6 +16,7 @@ use rafter_ir::{BinaryOp, DType, Dim, Graph, Op, ValueDef, ValueId};
 use rspirv::dr::Builder;
 use rspirv::spirv::{Decoration, LoopControl, Word};
 
+use crate::const_bytes::{self, Bytes};
 use crate::elem::{self, Elem};
 use crate::grid::{self, Element};
 use crate::matmul::{build, Prelude, R};
@@ -56,8 +57,9 @@ struct Layout {
     m: Option<u32>,
     a: (usize, Elem),
     b: (usize, Elem),
-    a_zp: Option<(usize, Elem, Read)>,
-    b_zp: Option<(usize, Elem, Read)>,
+    /// Zero points: their bytes (a binding or a folded constant), type and reading.
+    a_zp: Option<(Bytes, DType, Read)>,
+    b_zp: Option<(Bytes, DType, Read)>,
     /// `None`: the i32 result is stored; else cast to f32 and these steps applied.
     epilogue: Option<Vec<Step>>,
     bindings: usize,
@@ -106,20 +108,22 @@ fn plan(body: &Graph) -> R<Layout> {
     if n == 0 {
         return Err("an empty N".into());
     }
-    let zero_point = |i: usize, per: Option<u64>, what: &str| -> R<Option<(usize, Elem, Read)>> {
-        if node.input(i).is_none() {
+    let zero_point = |i: usize, per: Option<u64>, what: &str| -> R<Option<(Bytes, DType, Read)>> {
+        let Some(v) = node.input(i) else {
             return Ok(None);
+        };
+        let zt = &body.value(v).ty;
+        if !matches!(zt.dtype, DType::U8 | DType::I8) {
+            return Err(format!("{what} is {}; u8 and i8 are generated", zt.dtype));
         }
-        let z = input(i, what)?;
-        let e = int8(z, what)?;
-        let dims = grid::static_dims(ty(z), what)?;
+        let dims = grid::static_dims(zt, what)?;
         let len: u64 = dims.iter().product();
         let read = match len {
             1 => Read::Scalar,
             l if Some(l) == per && dims.len() == 1 => Read::Column,
             _ => return Err(format!("{what} of dims {dims:?}")),
         };
-        Ok(Some((z, e, read)))
+        Ok(Some((Bytes::of(body, v, what)?, zt.dtype, read)))
     };
     let a_zp = zero_point(2, m.map(u64::from), "A's zero point")?;
     let b_zp = zero_point(3, Some(u64::from(n)), "B's zero point")?;
@@ -231,9 +235,9 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let (u32, u64) = (t.u32, t.u64);
     let i32t = b.type_int(32, 1);
     let (row, col) = grid::div_mod(b, u32, e.i, l.n)?;
-    let za = match l.a_zp {
+    let za = match &l.a_zp {
         None => b.constant_bit32(i32t, 0),
-        Some((z, ze, read)) => {
+        Some((z, dtype, read)) => {
             let at = match read {
                 Read::Column => {
                     let m = l.m.ok_or("a per-row zero point of a symbolic M")?;
@@ -241,20 +245,20 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
                 }
                 _ => b.constant_bit32(u32, 0),
             };
-            let at = build(b.u_convert(u64, None, at))?;
-            load_i32(b, t, e.addrs[z], ze, at)?
+            let from = z.reader(b, t, e.addrs);
+            const_bytes::load_int8(b, t, from, *dtype, at)?
         }
     };
-    let zb = match l.b_zp {
+    let zb = match &l.b_zp {
         None => b.constant_bit32(i32t, 0),
-        Some((z, ze, read)) => {
-            let at = if read == Read::Column {
+        Some((z, dtype, read)) => {
+            let at = if *read == Read::Column {
                 col
             } else {
                 b.constant_bit32(u32, 0)
             };
-            let at = build(b.u_convert(u64, None, at))?;
-            load_i32(b, t, e.addrs[z], ze, at)?
+            let from = z.reader(b, t, e.addrs);
+            const_bytes::load_int8(b, t, from, *dtype, at)?
         }
     };
     // A's row start in 64 bits: A may hold more than 2^32 elements where C does not.

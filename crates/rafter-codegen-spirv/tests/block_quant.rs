@@ -22,12 +22,11 @@ fn bytes(count: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// One case: `bits`, zero points, bias, accuracy level.
+/// One case: `bits`, zero points, bias, the zero points folded, accuracy level.
 fn run_case(
     device: &rafter_hal_vulkan::VulkanDevice,
     bits: usize,
-    zp: bool,
-    bias: bool,
+    (zp, bias, folded): (bool, bool, bool),
     level: i64,
 ) {
     let (k, n, block, rows) = (80usize, 6usize, 32usize, 3usize);
@@ -70,6 +69,13 @@ fn run_case(
     if bias {
         inputs.push(Tensor::f32s(&[n], common::inputs_in((-1.0, 1.0), n, 6)));
     }
+    // A folded zero point: the compiler keeps initializers of 64 bytes or less in the body.
+    let g = if folded && zp {
+        common::fold_input(&g, 3, &inputs.remove(3))
+    } else {
+        g
+    };
+    common::spirv_val(&block_quant(&g).unwrap().spirv, "block_quant_folded");
     let module = kernel_module(&g, 0).unwrap();
     let want = rafter_reference::run(&g, inputs.clone()).unwrap().remove(0);
     let got = common::run_module(device, &module, &inputs, (DType::F32, &[rows, n]));
@@ -89,7 +95,9 @@ fn block_quantized_products_match_the_reference() {
     for bits in [4, 8] {
         for (zp, bias) in [(false, false), (true, false), (false, true), (true, true)] {
             for level in [0, 4] {
-                run_case(&device, bits, zp, bias, level);
+                for folded in [false, true] {
+                    run_case(&device, bits, (zp, bias, folded), level);
+                }
             }
         }
     }

@@ -125,3 +125,29 @@ fn integer_products_the_kernel_cannot_do_say_why() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+/// Zero points the compiler folded into the body (small initializers): a scalar one of A
+/// and a per-column i8 one of B, read from the module.
+#[test]
+fn folded_zero_points_match_the_reference() {
+    let text = "graph @m(%a: u8[b, 5, 33], %b: i8[33, 9], %za: u8[], %zb: i8[9]) -> (%y) {\n  %y: i32[b, 5, 9] = matmul_integer(%a, %b, %za, %zb)\n}";
+    let g = parse_graph(text).unwrap();
+    let (za, zb) = (
+        int(DType::U8, &[], 21, None),
+        int(DType::I8, &[9], 22, None),
+    );
+    let g = common::fold_input(&common::fold_input(&g, 3, &zb), 2, &za);
+    let kernel = matmul_integer(&g).unwrap();
+    common::spirv_val(&kernel.spirv, "matmul_integer_folded");
+    let Some(device) = common::device_or_skip("matmul integer folded") else {
+        return;
+    };
+    let inputs = vec![
+        int(DType::U8, &[2, 5, 33], 23, None),
+        int(DType::I8, &[33, 9], 24, None),
+    ];
+    let module = kernel_module(&g, 0).unwrap();
+    let want = rafter_reference::run(&g, inputs.clone()).unwrap().remove(0);
+    let got = common::run_module(&device, &module, &inputs, (DType::I32, &[2, 5, 9]));
+    assert_eq!(got.to_le_bytes(), want.to_le_bytes());
+}

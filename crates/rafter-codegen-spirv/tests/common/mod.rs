@@ -451,3 +451,21 @@ pub fn submit_and_wait(device: &VulkanDevice, builder: rafter_hal::CommandBuffer
         .unwrap();
     done.wait(1, Duration::from_secs(300)).unwrap();
 }
+
+/// `body` with its input `input` replaced by a constant holding `value` (as the compiler
+/// folds a small initializer into a kernel body); later inputs move down by one.
+pub fn fold_input(body: &rafter_ir::Graph, input: usize, value: &Tensor) -> rafter_ir::Graph {
+    let mut g = body.clone();
+    let v = g.inputs.remove(input);
+    let bytes = bytes::Bytes::from(value.to_le_bytes());
+    let data = rafter_ir::ConstData::new(value.dtype(), value.shape().to_vec(), bytes).unwrap();
+    g.constants.push(data);
+    let cid = rafter_ir::ConstId(g.constants.len() as u32 - 1);
+    g.values[v.0 as usize].def = rafter_ir::ValueDef::Const(cid);
+    for &later in &g.inputs[input..] {
+        if let rafter_ir::ValueDef::Input(i) = &mut g.values[later.0 as usize].def {
+            *i -= 1;
+        }
+    }
+    g
+}
