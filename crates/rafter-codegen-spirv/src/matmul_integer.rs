@@ -2,7 +2,8 @@
 //! per tensor, per row of A or per column of B; i32 result), and the float epilogue ONNX
 //! Runtime's fused `MatMulIntegerToFloat` and `DynamicQuantizeMatMul` import as
 //! (`cast` to f32, then `mul` by the scale and `add` of the bias, which fusion keeps in the
-//! product's kernel): the products of dynamically quantized BERT and LSTM exports.
+//! product's kernel, then the relu, sigmoid, tanh or GELU that may follow): the products
+//! of dynamically quantized BERT and LSTM exports.
 //!
 //! One invocation per output element (the grid-stride launch of [`crate::grid`]), which
 //! loops over K in i32: every product and sum is exact (wrapping, as the reference's
@@ -10,16 +11,18 @@
 //! 2^24. The epilogue's operands are scalars, `[N]` rows (a per-column scale or bias) or
 //! of the result's own dims; each float step is one correctly rounded operation, decorated
 //! `NoContraction` so the driver never fuses a multiply and an add into an FMA the
-//! reference does not compute.
+//! reference does not compute; the activations are the float matmul epilogue's formulas
+//! ([`crate::epilogue_math`]), within a few ulp.
 
-use rafter_ir::{BinaryOp, DType, Dim, Graph, Op, ValueDef, ValueId};
+use rafter_ir::{BinaryOp, DType, Dim, GeluApprox, Graph, Op, UnaryOp, ValueDef, ValueId};
 use rspirv::dr::Builder;
 use rspirv::spirv::{Decoration, LoopControl, Word};
 
 use crate::const_bytes::{self, Bytes};
 use crate::elem::{self, Elem};
+use crate::epilogue_math::Math;
 use crate::grid::{self, Element};
-use crate::matmul::{build, Prelude, R};
+use crate::matmul::{build, Activation, Prelude, R};
 
 /// A generated integer matmul kernel; launched like an elementwise kernel (one `u32`
 /// param, the output's element count).
@@ -40,13 +43,20 @@ enum Read {
     Full,
 }
 
-/// One float step of the epilogue: `acc op operand` (or `operand op acc` for a `sub`
-/// whose accumulator is the right operand).
-struct Step {
-    op: BinaryOp,
-    input: usize,
-    read: Read,
-    acc_left: bool,
+/// One float step of the epilogue.
+enum Step {
+    /// `acc op operand` (or `operand op acc` where the accumulator is the right operand).
+    Binary {
+        op: BinaryOp,
+        input: usize,
+        read: Read,
+        acc_left: bool,
+    },
+    /// `acc < 0 ? 0 : acc` (NaN kept).
+    Relu,
+    /// Sigmoid, tanh or GELU, the matmul epilogue's formulas
+    /// ([`crate::epilogue_math`]).
+    Activation(Activation),
 }
 
 /// The product's shape and operands, and the epilogue.
@@ -163,11 +173,43 @@ fn epilogue(body: &Graph, product: ValueId, n: u32) -> R<Option<Vec<Step>>> {
     let mut acc = cast.outputs[0].ok_or("no cast result")?;
     let mut out = Vec::new();
     for s in steps {
-        let Op::Binary { op } = s.op else {
-            return Err(format!(
-                "op `{}` in an integer product's epilogue",
-                s.op.name()
-            ));
+        let unary = |step: Step| -> R<Step> {
+            match s.inputs.as_slice() {
+                [Some(v)] if *v == acc => Ok(step),
+                _ => Err(format!("node `{}` does not take the product", s.name)),
+            }
+        };
+        let op = match s.op {
+            Op::Binary { op } => op,
+            Op::Unary { op: UnaryOp::Relu } => {
+                out.push(unary(Step::Relu)?);
+                acc = s.outputs[0].ok_or("no result")?;
+                continue;
+            }
+            Op::Unary {
+                op: UnaryOp::Sigmoid,
+            } => {
+                out.push(unary(Step::Activation(Activation::Sigmoid))?);
+                acc = s.outputs[0].ok_or("no result")?;
+                continue;
+            }
+            Op::Unary { op: UnaryOp::Tanh } => {
+                out.push(unary(Step::Activation(Activation::Tanh))?);
+                acc = s.outputs[0].ok_or("no result")?;
+                continue;
+            }
+            Op::Gelu { approximate } => {
+                let tanh_form = matches!(approximate, GeluApprox::Tanh);
+                out.push(unary(Step::Activation(Activation::Gelu { tanh_form }))?);
+                acc = s.outputs[0].ok_or("no result")?;
+                continue;
+            }
+            ref other => {
+                return Err(format!(
+                    "op `{}` in an integer product's epilogue",
+                    other.name()
+                ))
+            }
         };
         if !matches!(op, BinaryOp::Mul | BinaryOp::Add | BinaryOp::Sub) {
             return Err(format!(
@@ -197,7 +239,7 @@ fn epilogue(body: &Graph, product: ValueId, n: u32) -> R<Option<Vec<Step>>> {
                 s.name
             ));
         }
-        out.push(Step {
+        out.push(Step::Binary {
             op,
             input,
             read: operand_read(&ty.dims, out_dims, n)?,
@@ -287,24 +329,57 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     };
     let mut v = build(b.convert_s_to_f(t.f32, None, acc))?;
     for s in steps {
-        let at = match s.read {
-            Read::Scalar => b.constant_bit32(u32, 0),
-            Read::Column => col,
-            Read::Full => e.i,
-        };
-        let at = build(b.u_convert(u64, None, at))?;
-        let src = grid::element_addr(b, u64, e.addrs[s.input], at, 4)?;
-        let x = elem::load(b, Elem::F32, t.f32, src)?;
-        let (l, r) = if s.acc_left { (v, x) } else { (x, v) };
-        v = match s.op {
-            BinaryOp::Mul => build(b.f_mul(t.f32, None, l, r))?,
-            BinaryOp::Add => build(b.f_add(t.f32, None, l, r))?,
-            _ => build(b.f_sub(t.f32, None, l, r))?,
-        };
-        b.decorate(v, Decoration::NoContraction, []);
+        v = step(b, t, s, &e, (col, v))?;
     }
     let dst = grid::element_addr(b, u64, e.addrs[l.bindings - 1], i64v, 4)?;
     elem::store(b, Elem::F32, t.f32, dst, v)
+}
+
+/// One epilogue step on the value `v` of output element `(.., col)`.
+fn step(b: &mut Builder, t: &Prelude, s: &Step, e: &Element, (col, v): (Word, Word)) -> R<Word> {
+    let (u32, u64, f32) = (t.u32, t.u64, t.f32);
+    let (op, input, read, acc_left) = match *s {
+        Step::Binary {
+            op,
+            input,
+            read,
+            acc_left,
+        } => (op, input, read, acc_left),
+        Step::Relu => {
+            let zero = b.constant_bit32(f32, 0);
+            let neg = build(b.f_ord_less_than(t.bool, None, v, zero))?;
+            return build(b.select(f32, None, neg, zero, v));
+        }
+        Step::Activation(act) => {
+            let mut m = Math {
+                b,
+                f32,
+                bool: t.bool,
+                glsl: t.glsl,
+            };
+            return match act {
+                Activation::Sigmoid => m.sigmoid(v),
+                Activation::Tanh => m.tanh(v),
+                Activation::Gelu { tanh_form } => m.gelu(v, tanh_form),
+            };
+        }
+    };
+    let at = match read {
+        Read::Scalar => b.constant_bit32(u32, 0),
+        Read::Column => col,
+        Read::Full => e.i,
+    };
+    let at = build(b.u_convert(u64, None, at))?;
+    let src = grid::element_addr(b, u64, e.addrs[input], at, 4)?;
+    let x = elem::load(b, Elem::F32, f32, src)?;
+    let (l, r) = if acc_left { (v, x) } else { (x, v) };
+    let v = match op {
+        BinaryOp::Mul => build(b.f_mul(f32, None, l, r))?,
+        BinaryOp::Add => build(b.f_add(f32, None, l, r))?,
+        _ => build(b.f_sub(f32, None, l, r))?,
+    };
+    b.decorate(v, Decoration::NoContraction, []);
+    Ok(v)
 }
 
 /// The 8-bit element `index` (a `u64`) of the buffer at `base`, as an i32.

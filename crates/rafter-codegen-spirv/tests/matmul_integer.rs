@@ -151,3 +151,41 @@ fn folded_zero_points_match_the_reference() {
     let got = common::run_module(&device, &module, &inputs, (DType::I32, &[2, 5, 9]));
     assert_eq!(got.to_le_bytes(), want.to_le_bytes());
 }
+
+/// The activations fusion leaves after a quantized product's bias (a pooler's tanh, an
+/// FFN's GELU, an LSTM gate's relu or sigmoid): within 1e-5 of the reference, the
+/// formulas being the float matmul epilogue's.
+#[test]
+fn activations_in_the_epilogue_match_the_reference() {
+    let Some(device) = common::device_or_skip("matmul integer activations") else {
+        return;
+    };
+    for act in [
+        "unary{op = relu}",
+        "unary{op = tanh}",
+        "unary{op = sigmoid}",
+        "gelu{approximate = none}",
+        "gelu{approximate = tanh}",
+    ] {
+        let text = format!(
+            "graph @m(%a: u8[7, 40], %b: i8[40, 12], %s: f32[], %bias: f32[12]) -> (%y) {{\n  %p: i32[7, 12] = matmul_integer(%a, %b)\n  %f: f32[7, 12] = cast{{to = f32}}(%p)\n  %g: f32[7, 12] = binary{{op = mul}}(%f, %s)\n  %h: f32[7, 12] = binary{{op = add}}(%g, %bias)\n  %y: f32[7, 12] = {act}(%h)\n}}"
+        );
+        let g = parse_graph(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        common::spirv_val(&matmul_integer(&g).unwrap().spirv, "matmul_integer_act");
+        let inputs = vec![
+            int(DType::U8, &[7, 40], 31, None),
+            int(DType::I8, &[40, 12], 32, None),
+            Tensor::f32s(&[], vec![0.0007]),
+            Tensor::f32s(&[12], common::inputs_in((-3.0, 3.0), 12, 33)),
+        ];
+        let module = kernel_module(&g, 0).unwrap();
+        let want = rafter_reference::run(&g, inputs.clone()).unwrap().remove(0);
+        let got = common::run_module(&device, &module, &inputs, (DType::F32, &[7, 12]));
+        for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+            assert!(
+                common::close(*g as f32, w as f32, 1e-5, 1e-5),
+                "{act}: element {i}: {g} vs {w}"
+            );
+        }
+    }
+}
