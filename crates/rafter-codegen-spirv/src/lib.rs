@@ -144,6 +144,22 @@
 //! steps (a fused QKV split); the epilogue of a product may end in sigmoid, tanh or GELU
 //! (the private `epilogue_math` module).
 //!
+//! **Quantized products** (ONNX Runtime's quantization tools' output):
+//!
+//! [`dynamic_quantize`]: ONNX `DynamicQuantizeLinear` of an f32 tensor, one workgroup
+//! (`Launch::Rows` over the whole tensor) finding the range by a tree and quantizing,
+//! bit-exact with the reference (correctly rounded quotients).
+//!
+//! [`matmul_integer`]: ONNX `MatMulInteger` of u8/i8 operands by a shared 2-D B, zero
+//! points per tensor, row or column (body inputs or folded constants), accumulated in i32
+//! one invocation per output element (exact, where f32 accumulation is not past 2^24),
+//! with the float epilogue ORT's `MatMulIntegerToFloat` and `DynamicQuantizeMatMul` import
+//! as (cast, scale, bias, an activation).
+//!
+//! [`block_quant`]: the IR's `matmul_block_quant` (ORT's `MatMulNBits`, 4- or 8-bit
+//! blocks), dequantized where read, one invocation per output element, with
+//! `accuracy_level` 4's int8 rounding of A.
+//!
 //! Subgroup reductions, reduces over symbolic dims, integer arithmetic
 //! and f16 arithmetic (packed f16) come next. Multi-element constants folded
 //! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are kept
