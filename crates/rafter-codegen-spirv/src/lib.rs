@@ -160,6 +160,10 @@
 //! blocks), dequantized where read, one invocation per output element, with
 //! `accuracy_level` 4's int8 rounding of A.
 //!
+//! [`rotary`]: ONNX `RotaryEmbedding` of an f32 `[batch, seq, hidden]` by cos and sin
+//! caches, with or without position ids, interleaved or halves, one invocation per
+//! element.
+//!
 //! Subgroup reductions, reduces over symbolic dims, integer arithmetic
 //! and f16 arithmetic (packed f16) come next. Multi-element constants folded
 //! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are kept
@@ -189,6 +193,7 @@ mod integer;
 mod matmul;
 mod matmul_integer;
 mod pad;
+mod rotary;
 mod slice;
 mod split;
 mod trilu;
@@ -210,6 +215,7 @@ pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
+pub use rotary::{rotary, RotaryKernel};
 pub use slice::{slice, SliceKernel};
 pub use split::{split, SplitKernel};
 pub use trilu::{trilu, TriluKernel};
@@ -290,6 +296,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Pad { .. } => Some(pad(body).map(|k| k.spirv)),
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
+            Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
             _ => None,
         };
         if let Some(spirv) = grid {
