@@ -140,6 +140,10 @@
 //! [`arg_reduce`]: ONNX `ArgMax`/`ArgMin` along any axis of a static tensor, `keepdims` and
 //! `select_last_index`, NaN winning as in the reference; the result is i64.
 //!
+//! [`reduce_axes`]: every ONNX `Reduce*` of a static f32/f16 tensor whose `axes` are read
+//! at run time (an i64/i32 operand: opset-13 `ReduceSum`, every opset-18 reduction),
+//! `keepdims` and `noop_with_empty_axes`.
+//!
 //! [`slice`]: ONNX `Slice` of a static f32/f16 tensor with constant starts, ends, axes and
 //! steps (a fused QKV split); the epilogue of a product may end in sigmoid, tanh or GELU
 //! (the private `epilogue_math` module).
@@ -169,6 +173,7 @@ mod grid;
 mod integer;
 mod matmul;
 mod pad;
+mod reduce_axes;
 mod slice;
 mod split;
 mod trilu;
@@ -187,6 +192,7 @@ pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use pad::{pad, PadKernel};
+pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use slice::{slice, SliceKernel};
 pub use split::{split, SplitKernel};
 pub use trilu::{trilu, TriluKernel};
@@ -214,7 +220,8 @@ enum Generated {
     Matmul(MatmulKernel),
     Conv(ConvKernel),
     /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
-    /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce.
+    /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
+    /// run-time axes.
     Grid(Vec<u32>),
 }
 
@@ -254,6 +261,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
             Op::Pad { .. } => Some(pad(body).map(|k| k.spirv)),
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
+            Op::Reduce { .. } if reduce_axes::reads_axes(body) => {
+                Some(reduce_axes(body).map(|k| k.spirv))
+            }
             _ => None,
         };
         if let Some(spirv) = grid {
