@@ -249,6 +249,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     if is_window {
         return conv(body).map(Generated::Conv).map_err(|e| e.reason);
     }
+    if reduce_axes::reads_axes(body) {
+        return reduce_axes(body).map(|k| Generated::Grid(k.spirv));
+    }
     if let [n] = body.nodes.as_slice() {
         use rafter_ir::Op;
         let grid = match n.op {
@@ -261,9 +264,6 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
             Op::Pad { .. } => Some(pad(body).map(|k| k.spirv)),
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
-            Op::Reduce { .. } if reduce_axes::reads_axes(body) => {
-                Some(reduce_axes(body).map(|k| k.spirv))
-            }
             _ => None,
         };
         if let Some(spirv) = grid {

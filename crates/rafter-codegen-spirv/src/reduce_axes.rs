@@ -2,8 +2,7 @@
 //! at run time: the opset-13 `ReduceSum` and every opset-18 reduction take `axes` as an
 //! operand, and an exporter that does not fold it leaves a graph input (the compiler sizes
 //! the result per call from its values, `rafter_opt::symbol_defs`). A body whose axes are
-//! a folded constant goes to the elementwise generator's reduce instead, which also fuses
-//! a prologue; this kernel fuses nothing.
+//! a folded constant goes to the elementwise generator's reduce instead.
 //!
 //! One invocation per output element, in the grid-stride loop of [`crate::grid`]. Each
 //! reads the axes (a handful of integers) into a bit mask, negative ones from the end, so
@@ -17,11 +16,16 @@
 //!   Min inf, Mean NaN, LogSum and LogSumExp -inf), Max and Min return NaN when the lane
 //!   holds one, LogSumExp is shifted by the lane's largest finite element.
 //!
+//! A pointwise prologue (abs, neg, exp, log, sqrt, add, sub, mul, div of values of the
+//! data's shape) fusion left in front of the reduce is evaluated at each lane element:
+//! ONNX's function expansions of ReduceL1 and ReduceSumSquare (`abs` or `x * x`, then
+//! `ReduceSum`) come that way.
+//!
 //! Empty axes reduce every axis, or with `noop_with_empty_axes` copy the input (a mask of
 //! no axes, lanes of one element, summed). The axes' count is static (the operand's type),
 //! their values are not.
 
-use rafter_ir::{DType, Graph, Op, ReduceKind, ValueDef};
+use rafter_ir::{BinaryOp, DType, Graph, Op, ReduceKind, UnaryOp, ValueDef, ValueId};
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{LoopControl, Word};
 
@@ -52,25 +56,129 @@ struct Layout {
     axes: (Elem, u32),
     /// The mask of empty axes: every axis, or none for `noop_with_empty_axes`.
     empty: u32,
+    /// The binding indices of the data and the axes (the output is binding 2).
+    bindings: (usize, usize),
+    /// The data's value, the reduce's operand (the data or a prologue result) and the
+    /// prologue computing it.
+    data: ValueId,
+    operand: ValueId,
+    steps: Vec<Step>,
 }
 
-/// Whether `body` is one `reduce` whose axes operand is a body input (read at run time):
-/// the bodies [`reduce_axes`] generates rather than the elementwise reduce.
+/// Whether `body` ends in a `reduce` whose axes operand is a body input (read at run
+/// time): the bodies [`reduce_axes`] generates rather than the elementwise reduce.
 pub(crate) fn reads_axes(body: &Graph) -> bool {
-    match body.nodes.as_slice() {
-        [n] => {
-            matches!(n.op, Op::Reduce { .. })
-                && n.input(1)
-                    .is_some_and(|a| matches!(body.value(a).def, ValueDef::Input(_)))
+    body.nodes.last().is_some_and(|n| {
+        matches!(n.op, Op::Reduce { .. })
+            && n.input(1)
+                .is_some_and(|a| matches!(body.value(a).def, ValueDef::Input(_)))
+    })
+}
+
+/// One node of the pointwise prologue fusion leaves in front of the reduce (ReduceL1 and
+/// ReduceSumSquare exported as `abs` or `mul` then `ReduceSum`), evaluated per lane
+/// element: its op, operands and result, and whether the result is f16 (rounded to it,
+/// as if stored: see the crate docs).
+struct Step {
+    op: Op,
+    args: Vec<ValueId>,
+    out: ValueId,
+    half: bool,
+}
+
+/// The prologue of `body` (every node before its last): ops [`step`] computes, on the
+/// data input `data` or earlier results, each result of the data's dims.
+fn prologue(body: &Graph, data: ValueId) -> R<Vec<Step>> {
+    let want = &body.value(data).ty.dims;
+    let mut known = vec![data];
+    let mut steps = Vec::new();
+    for n in &body.nodes[..body.nodes.len() - 1] {
+        let supported = matches!(
+            n.op,
+            Op::Unary {
+                op: UnaryOp::Abs | UnaryOp::Neg | UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sqrt
+            } | Op::Binary {
+                op: BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div
+            }
+        );
+        let args: Vec<ValueId> = n
+            .inputs
+            .iter()
+            .copied()
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        let out = match n.outputs.as_slice() {
+            [Some(v)] => *v,
+            _ => {
+                return Err(format!(
+                    "node `{}` before a reduce has not one result",
+                    n.name
+                ))
+            }
+        };
+        let ty = &body.value(out).ty;
+        if !supported
+            || args.is_empty()
+            || !args.iter().all(|a| known.contains(a))
+            || &ty.dims != want
+        {
+            return Err(format!(
+                "op `{}` (node `{}`) before a reduce by run-time axes is not generated for \
+                 Vulkan yet",
+                n.op.name(),
+                n.name
+            ));
         }
-        _ => false,
+        let half = Elem::of(ty.dtype)
+            .map_err(|e| format!("value %{} is {e}", body.value(out).name))?
+            == Elem::F16;
+        known.push(out);
+        steps.push(Step {
+            op: n.op.clone(),
+            args,
+            out,
+            half,
+        });
+    }
+    Ok(steps)
+}
+
+/// The result of prologue step `s` on its operands' values `x`.
+fn step(b: &mut Builder, t: &Prelude, s: &Step, x: &[Word]) -> R<Word> {
+    let Prelude {
+        f32, glsl, bool, ..
+    } = *t;
+    let ext = |b: &mut Builder, op: u32| build(b.ext_inst(f32, None, glsl, op, [Arg::IdRef(x[0])]));
+    let v = match (&s.op, x) {
+        (Op::Unary { op: UnaryOp::Abs }, _) => ext(b, GLSL_FABS)?,
+        (Op::Unary { op: UnaryOp::Sqrt }, _) => ext(b, GLSL_SQRT)?,
+        (Op::Unary { op: UnaryOp::Log }, _) => ext(b, GLSL_LOG)?,
+        (Op::Unary { op: UnaryOp::Neg }, _) => build(b.f_negate(f32, None, x[0]))?,
+        (Op::Unary { op: UnaryOp::Exp }, _) => crate::epilogue_math::Math {
+            b: &mut *b,
+            f32,
+            bool,
+            glsl,
+        }
+        .exp(x[0])?,
+        (Op::Binary { op: BinaryOp::Add }, [l, r]) => build(b.f_add(f32, None, *l, *r))?,
+        (Op::Binary { op: BinaryOp::Sub }, [l, r]) => build(b.f_sub(f32, None, *l, *r))?,
+        (Op::Binary { op: BinaryOp::Mul }, [l, r]) => build(b.f_mul(f32, None, *l, *r))?,
+        (Op::Binary { op: BinaryOp::Div }, [l, r]) => build(b.f_div(f32, None, *l, *r))?,
+        (op, _) => return Err(format!("op `{}` in a reduce prologue", op.name())),
+    };
+    if s.half {
+        elem::round_to_half(b, f32, v)
+    } else {
+        Ok(v)
     }
 }
 
-/// Generates a body holding one `reduce` of a static f32/f16 body input by axes that are
-/// another body input (i64 or i32, rank 1), its result the body's one output.
+/// Generates a body ending in a `reduce` of a static f32/f16 body input (after an
+/// optional pointwise prologue, [`prologue`]) by axes that are the other body input (i64
+/// or i32, rank 1), its result the body's one output.
 pub fn reduce_axes(body: &Graph) -> Result<ReduceAxesKernel, String> {
-    let node = grid::one_node(body, "reduce")?;
+    let node = body.nodes.last().ok_or("the body has no nodes")?;
     let Op::Reduce {
         kind,
         noop_with_empty_axes,
@@ -79,10 +187,15 @@ pub fn reduce_axes(body: &Graph) -> Result<ReduceAxesKernel, String> {
     else {
         return Err(format!("op `{}` is not a reduce", node.op.name()));
     };
-    let data = grid::body_input(body, node, 0, "reduce data")?;
     let axes = grid::body_input(body, node, 1, "reduce axes")?;
-    if (data, axes) != (0, 1) || body.inputs.len() != 2 {
-        return Err("a reduce kernel binds the data, then the axes".into());
+    if body.inputs.len() != 2 {
+        return Err("a reduce kernel binds the data and the axes".into());
+    }
+    let data = 1 - axes;
+    let steps = prologue(body, body.inputs[data])?;
+    let operand = node.input(0).ok_or("reduce without an operand")?;
+    if operand != body.inputs[data] && !steps.iter().any(|s| s.out == operand) {
+        return Err("the reduce's operand is neither the data nor the prologue's".into());
     }
     let ty = &body.value(body.inputs[data]).ty;
     let elem = Elem::of(ty.dtype).map_err(|e| format!("reduce data is {e}"))?;
@@ -119,6 +232,10 @@ pub fn reduce_axes(body: &Graph) -> Result<ReduceAxesKernel, String> {
         out: out_elem,
         axes: (axes_elem, count),
         empty: if noop { 0 } else { all },
+        bindings: (data, axes),
+        data: body.inputs[data],
+        operand,
+        steps,
     };
     let spirv = grid::module(3, |b, t, e| element(b, t, &layout, e))?;
     Ok(ReduceAxesKernel { spirv })
@@ -138,7 +255,7 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let Prelude { f32, u64, .. } = *t;
     let reduced = reduced_axes(b, t, l, &e)?;
     let (base, len) = walk(b, t, l, &reduced, e.i, false)?;
-    let v = fold(b, t, l, &reduced, (base, len), e.addrs[0])?;
+    let v = fold(b, t, l, &reduced, (base, len), e.addrs[l.bindings.0])?;
     let i64 = build(b.u_convert(u64, None, e.i))?;
     let dst = grid::element_addr(b, u64, e.addrs[2], i64, l.out.bytes())?;
     elem::store(b, l.out, f32, dst, v)
@@ -166,7 +283,7 @@ fn reduced_axes(b: &mut Builder, t: &Prelude, l: &Layout, e: &Element) -> R<Vec<
         let one = b.constant_bit32(u32, 1);
         for k in 0..count {
             let at = b.constant_bit64(u64, u64::from(k));
-            let addr = grid::element_addr(b, u64, e.addrs[1], at, axes_elem.bytes())?;
+            let addr = grid::element_addr(b, u64, e.addrs[l.bindings.1], at, axes_elem.bytes())?;
             let a = elem::load_stored(b, axes_elem, it, addr)?;
             // A negative axis counts from the end.
             let neg = build(b.s_less_than(bool, None, a, zero))?;
@@ -361,7 +478,7 @@ fn pass(
     l: &Layout,
     lane: &Lane,
     init: Word,
-    step: impl FnOnce(&mut Builder, Word, Word) -> R<Word>,
+    fold_step: impl FnOnce(&mut Builder, Word, Word) -> R<Word>,
 ) -> R<Word> {
     let Prelude {
         f32,
@@ -391,7 +508,23 @@ fn pass(
     let at = build(b.u_convert(u64, None, at))?;
     let addr = grid::element_addr(b, u64, lane.data, at, l.elem.bytes())?;
     let x = elem::load(b, l.elem, f32, addr)?;
-    let next = step(b, acc, x)?;
+    let mut values = vec![(l.data, x)];
+    for s in &l.steps {
+        let args: Vec<Word> = s
+            .args
+            .iter()
+            .map(|a| values.iter().find(|(v, _)| v == a).map(|&(_, w)| w))
+            .collect::<Option<_>>()
+            .ok_or("a prologue operand is never computed")?;
+        let v = step(b, t, s, &args)?;
+        values.push((s.out, v));
+    }
+    let x = values
+        .iter()
+        .find(|(v, _)| *v == l.operand)
+        .map(|&(_, w)| w)
+        .ok_or("the reduce operand is never computed")?;
+    let next = fold_step(b, acc, x)?;
     build(b.branch(cont))?;
     build(b.begin_block(Some(cont)))?;
     build(b.copy_object(f32, Some(acc_next), next))?;

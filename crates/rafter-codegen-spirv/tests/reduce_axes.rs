@@ -182,3 +182,44 @@ fn reductions_the_kernel_cannot_do_say_why() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+/// ONNX's expansions of ReduceL1 and ReduceSumSquare (`abs` or `x * x`, then a sum by
+/// run-time axes), and a longer prologue, fused into the kernel; f32 and f16 (each f16
+/// prologue value rounded as if stored, as the reference computes op by op).
+#[test]
+fn prologues_match_the_reference() {
+    let Some(device) = common::device_or_skip("reduce_axes_prologue") else {
+        return;
+    };
+    let x = data(false);
+    let prologues = [
+        "  %p: {dt}[3, 4, 5] = unary{op = abs}(%x)\n",
+        "  %p: {dt}[3, 4, 5] = binary{op = mul}(%x, %x)\n",
+        "  %q: {dt}[3, 4, 5] = unary{op = exp}(%x)\n  %r: {dt}[3, 4, 5] = binary{op = sub}(%q, %x)\n  %p: {dt}[3, 4, 5] = unary{op = sqrt}(%r)\n",
+    ];
+    for (dt, dtype, tol) in [("f32", DType::F32, 1e-5), ("f16", DType::F16, 2e-3)] {
+        for prologue in prologues {
+            for axes in [&[1i64][..], &[-1, 0], &[]] {
+                let text = format!(
+                    "graph @r(%x: {dt}[3, 4, 5], %a: i64[{}]) -> (%y) {{\n{}  %y: {dt}[_r0, _r1, _r2] = reduce{{kind = sum, axes = [], keep_dims = true, noop_with_empty_axes = false}}(%p, %a)\n}}",
+                    axes.len(),
+                    prologue.replace("{dt}", dt)
+                );
+                let body = parse_graph(&text).unwrap();
+                let kernel = reduce_axes(&body).unwrap_or_else(|e| panic!("{text}: {e}"));
+                common::spirv_val(&kernel.spirv, "reduce_axes_prologue");
+                let module = kernel_module(&body, 0).unwrap();
+                let inputs = vec![tensor(dtype, &[3, 4, 5], &x), axes_tensor(DType::I64, axes)];
+                let want = rafter_reference::run(&body, inputs.clone())
+                    .unwrap()
+                    .remove(0);
+                let shape = want.shape().to_vec();
+                let got = common::run_module(&device, &module, &inputs, (dtype, &shape));
+                for (g, w) in got.to_f64_vec().iter().zip(want.to_f64_vec()) {
+                    let ok = (g - w).abs() <= tol * w.abs().max(1.0);
+                    assert!(ok, "{text}\naxes {axes:?}: got {g}, want {w}");
+                }
+            }
+        }
+    }
+}
