@@ -794,6 +794,10 @@ struct NormPlan {
     /// The dims of each [`Operand::Repeated`] input, by input index: their product is the
     /// modulus of its index.
     repeated: Vec<(usize, Vec<Dim>)>,
+    /// How many of a layer norm's statistics (its mean, then its inverse standard
+    /// deviation: ONNX LayerNormalization's optional results, one per row) the body
+    /// outputs after the normalised result, in that order.
+    stats: usize,
 }
 
 fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
@@ -819,10 +823,18 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     if rms && bias.is_some() {
         return Err("an rms_norm with a bias operand".into());
     }
-    if body.outputs.len() != 1 || node.outputs.first() != Some(&Some(body.outputs[0])) {
+    // The normalised result, then optionally the mean and the inverse deviation, each the
+    // body output of its position.
+    let stats = body.outputs.len().saturating_sub(1);
+    let in_order = body
+        .outputs
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| node.outputs.get(i) == Some(&Some(v)));
+    if body.outputs.is_empty() || stats > 2 || !in_order || (rms && stats > 0) {
         return Err(
-            "a layer_norm kernel is generated with its normalised result only (not the mean \
-             or inverse deviation)"
+            "a layer_norm kernel is generated with its normalised result, then optionally \
+             its mean and inverse deviation, as the body's outputs in that order"
                 .into(),
         );
     }
@@ -939,13 +951,14 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
         scale: *scale,
         bias,
         repeated,
+        stats,
     });
     let dims = emitter.table.params.clone();
     Ok(ElementwiseKernel {
         spirv: emitter.emit()?,
         entry_point: "main".into(),
         inputs,
-        outputs: 1,
+        outputs: 1 + stats,
         dims,
         launch: Launch::Rows {
             lane_dims: lane_dims_count,
@@ -2584,6 +2597,7 @@ impl<'a> Emitter<'a> {
         let one = self.f(1.0);
         let inv = self.div(one, dev)?;
         let out = self.body.inputs.len();
+        self.norm_stats(plan, r, [mean, inv])?;
         let mut wanted = vec![plan.x, plan.scale];
         wanted.extend(plan.bias);
         self.row_loop(lane, zero, &mut |e, k, acc| {
@@ -2606,6 +2620,33 @@ impl<'a> Emitter<'a> {
             e.store(out, at, y)?;
             Ok(acc)
         })?;
+        Ok(())
+    }
+
+    /// Stores row `r`'s mean and inverse deviation into the statistics outputs the plan
+    /// has ([`NormPlan::stats`]); in a row kernel only invocation 0 stores (every one holds
+    /// the same combined values).
+    fn norm_stats(&mut self, plan: &NormPlan, r: Word, stats: [Word; 2]) -> R<()> {
+        if plan.stats == 0 {
+            return Ok(());
+        }
+        let done = self.b.id();
+        if let Some(ids) = self.row {
+            let zero = self.u(0);
+            let first = build(self.b.i_equal(self.bool, None, ids.lid, zero))?;
+            let then = self.b.id();
+            build(self.b.selection_merge(done, SelectionControl::NONE))?;
+            build(self.b.branch_conditional(first, then, done, []))?;
+            build(self.b.begin_block(Some(then)))?;
+        }
+        let out = self.body.inputs.len();
+        for (j, &v) in stats.iter().enumerate().take(plan.stats) {
+            self.store(out + 1 + j, r, v)?;
+        }
+        if self.row.is_some() {
+            build(self.b.branch(done))?;
+            build(self.b.begin_block(Some(done)))?;
+        }
         Ok(())
     }
 
