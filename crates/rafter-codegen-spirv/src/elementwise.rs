@@ -695,13 +695,16 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
     })
 }
 
-/// One `softmax` or `log_softmax` alone, on f32: each invocation normalises one lane (the
-/// elements along the axis) in three passes (max, sum of exponentials, write). The launch
+/// One `softmax`, `log_softmax` or `hardmax` alone, on f32: each invocation normalises one
+/// lane (the elements along the axis) in three passes (max, sum of exponentials, write; a
+/// hardmax's are in [`Emitter::hardmax_row`]). The launch
 /// is the elementwise one (the count is the output's element count); the kernel divides it
 /// by the lane length to get its rows. Symbolic sizes come from dim params.
 #[derive(Debug, Clone)]
 struct SoftmaxPlan {
     log: bool,
+    /// A hardmax: 1 at the lane's first maximum (its first NaN, if any), 0 elsewhere.
+    hard: bool,
     /// Elements along the axis.
     lane: Dim,
     /// Elements after the axis (the stride between a lane's elements): their product.
@@ -713,15 +716,10 @@ fn softmax(body: &Graph) -> R<ElementwiseKernel> {
     let Op::Softmax { kind, axis } = &node.op else {
         return Err("not a softmax".into());
     };
-    let log = match kind {
-        SoftmaxKind::Softmax => false,
-        SoftmaxKind::LogSoftmax => true,
-        other => {
-            return Err(format!(
-                "softmax kind `{}` is not generated for Vulkan yet",
-                other.word()
-            ))
-        }
+    let (log, hard) = match kind {
+        SoftmaxKind::Softmax => (false, false),
+        SoftmaxKind::LogSoftmax => (true, false),
+        SoftmaxKind::Hardmax => (false, true),
     };
     let Some(Some(x)) = node.inputs.first() else {
         return Err("softmax without an operand".into());
@@ -762,7 +760,12 @@ fn softmax(body: &Graph) -> R<ElementwiseKernel> {
     } else {
         (Launch::Elementwise, WORKGROUP_SIZE)
     };
-    emitter.softmax = Some(SoftmaxPlan { log, lane, inner });
+    emitter.softmax = Some(SoftmaxPlan {
+        log,
+        hard,
+        lane,
+        inner,
+    });
     let dims = emitter.table.params.clone();
     Ok(ElementwiseKernel {
         spirv: emitter.emit()?,
@@ -2425,13 +2428,10 @@ impl<'a> Emitter<'a> {
 
     /// Softmax (or log-softmax) of row `r`: max, sum of `exp(x - max)`, then each output.
     fn softmax_row(&mut self, plan: &SoftmaxPlan, (lane, inner): (U, U), r: Word) -> R<()> {
-        // Row r: outer = r / inner, i = r % inner; its k-th element is at
-        // outer * lane * inner + i + k * inner.
-        let i = self.umod(U::W(r), inner)?;
-        let outer = self.udiv(U::W(r), inner)?;
-        let row = self.umul(lane, inner)?;
-        let outer = self.umul(outer, row)?;
-        let start = self.uadd(outer, i)?;
+        let start = self.lane_start((lane, inner), r)?;
+        if plan.hard {
+            return self.hardmax_row((lane, inner), start);
+        }
         let at = |e: &mut Self, k: Word| -> R<Word> {
             let off = e.umul(U::W(k), inner)?;
             let at = e.uadd(start, off)?;
@@ -2472,6 +2472,67 @@ impl<'a> Emitter<'a> {
                 }
             };
             let at = at(e, k)?;
+            e.store(1, at, y)?;
+            Ok(acc)
+        })?;
+        Ok(())
+    }
+
+    /// The first element of lane `r` of a softmax: with `outer = r / inner` and
+    /// `i = r % inner`, `outer * lane * inner + i` (its k-th element is `k * inner` further).
+    fn lane_start(&mut self, (lane, inner): (U, U), r: Word) -> R<U> {
+        let i = self.umod(U::W(r), inner)?;
+        let outer = self.udiv(U::W(r), inner)?;
+        let row = self.umul(lane, inner)?;
+        let outer = self.umul(outer, row)?;
+        self.uadd(outer, i)
+    }
+
+    /// Hardmax of the lane at `start`, as the reference's (NumPy's argmax): whether it holds
+    /// a NaN, its largest number, the first position holding the NaN or that number (as
+    /// the largest `-k`, exact in f32 below 2^24 elements), then 1 there and 0 elsewhere.
+    /// Each pass combines over the workgroup in a row kernel.
+    fn hardmax_row(&mut self, (lane, inner): (U, U), start: U) -> R<()> {
+        let load = |e: &mut Self, k: Word| -> R<Word> {
+            let off = e.umul(U::W(k), inner)?;
+            let at = e.uadd(start, off)?;
+            let at = e.uw(at);
+            e.load(0, at)
+        };
+        let (zero, one, minus_inf) = (self.f(0.0), self.f(1.0), self.f(f32::NEG_INFINITY));
+        let nan = self.row_loop(lane, zero, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let n = e.is_nan(x)?;
+            e.select(n, one, acc)
+        })?;
+        let nan = self.combine(nan, true)?;
+        let nan = self.eq(nan, one)?;
+        let m = self.row_loop(lane, minus_inf, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let n = e.is_nan(x)?;
+            let x = e.select(n, minus_inf, x)?;
+            e.ext(glsl::FMAX, &[acc, x])
+        })?;
+        let m = self.combine(m, true)?;
+        let first = self.row_loop(lane, minus_inf, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let is_nan = e.is_nan(x)?;
+            let is_max = e.eq(x, m)?;
+            let hit = build(e.b.select(e.bool, None, nan, is_nan, is_max))?;
+            let kf = build(e.b.convert_u_to_f(e.f32, None, k))?;
+            let neg = build(e.b.f_negate(e.f32, None, kf))?;
+            let key = e.select(hit, neg, minus_inf)?;
+            e.ext(glsl::FMAX, &[acc, key])
+        })?;
+        let first = self.combine(first, true)?;
+        self.row_loop(lane, zero, &mut |e, k, acc| {
+            let kf = build(e.b.convert_u_to_f(e.f32, None, k))?;
+            let neg = build(e.b.f_negate(e.f32, None, kf))?;
+            let hit = e.eq(neg, first)?;
+            let y = e.select(hit, one, zero)?;
+            let off = e.umul(U::W(k), inner)?;
+            let at = e.uadd(start, off)?;
+            let at = e.uw(at);
             e.store(1, at, y)?;
             Ok(acc)
         })?;

@@ -402,14 +402,14 @@ fn reductions_match_the_reference() {
     );
 }
 
-/// Softmax and log-softmax alone: one invocation per lane, on the last, a middle and the
-/// first axis.
+/// Softmax, log-softmax and hardmax alone: one invocation per lane, on the last, a middle
+/// and the first axis (a workgroup per lane on the last).
 #[test]
 fn softmax_matches_the_reference() {
     let Some(device) = common::device_or_skip("softmax_matches_the_reference") else {
         return;
     };
-    for kind in ["softmax", "log_softmax"] {
+    for kind in ["softmax", "log_softmax", "hardmax"] {
         // log_softmax's `x - max - log(sum)` cancels to values near 0 from terms near 1, so
         // a few ulps of those terms (the driver's exp and log are not correctly rounded:
         // NVIDIA's were 1.5e-7 off at -0.0119) need an absolute tolerance.
