@@ -356,6 +356,7 @@ fn check_integers(body: &Graph, meta: &HashSet<ValueId>) -> R<()> {
                 Op::Unary { op } => {
                     dtype == DType::Bool && matches!(op, UnaryOp::Not | UnaryOp::IsNaN)
                 }
+                Op::IsInf { .. } => dtype == DType::Bool,
                 _ => false,
             };
             if !exact {
@@ -541,6 +542,7 @@ fn is_pointwise(op: &Op) -> bool {
             | Op::HardSigmoid { .. }
             | Op::ThresholdedRelu { .. }
             | Op::Shrink { .. }
+            | Op::IsInf { .. }
             | Op::Gelu { .. }
             | Op::QuantizeLinear { .. }
             | Op::DequantizeLinear { .. }
@@ -1821,6 +1823,26 @@ impl<'a> Emitter<'a> {
             }
             Op::Unary { op } => self.unary(*op, arg(0)?)?,
             Op::Binary { op } => self.binary(*op, arg(0)?, arg(1)?)?,
+            Op::IsInf {
+                detect_negative,
+                detect_positive,
+            } => {
+                // 1.0 (true) at an infinity of a detected sign.
+                let x = arg(0)?;
+                let inf = build(self.b.is_inf(self.bool, None, x))?;
+                let neg = self.lt(x, zero)?;
+                let sign_ok = match (detect_negative, detect_positive) {
+                    (true, true) => inf,
+                    (true, false) => self.and(inf, neg)?,
+                    (false, true) => {
+                        let pos = build(self.b.logical_not(self.bool, None, neg))?;
+                        self.and(inf, pos)?
+                    }
+                    (false, false) => self.b.constant_false(self.bool),
+                };
+                let one = self.f(1.0);
+                self.select(sign_ok, one, zero)?
+            }
             Op::Clip => {
                 let mut v = arg(0)?;
                 if let Some(lo) = args.get(1).copied().flatten() {
