@@ -128,7 +128,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         return reduction(body).map_err(error);
     }
     if let [node] = &body.nodes[..] {
-        if matches!(node.op, Op::Softmax { .. }) {
+        if matches!(node.op, Op::Softmax { .. } | Op::LpNorm { .. }) {
             return softmax(body).map_err(error);
         }
     }
@@ -707,6 +707,8 @@ struct SoftmaxPlan {
     log: bool,
     /// A hardmax: 1 at the lane's first maximum (its first NaN, if any), 0 elsewhere.
     hard: bool,
+    /// An `lp_norm` of this `p` (1 or 2): `x / norm`, 0 where the norm is 0.
+    lp: Option<u32>,
     /// Elements along the axis.
     lane: Dim,
     /// Elements after the axis (the stride between a lane's elements): their product.
@@ -715,8 +717,14 @@ struct SoftmaxPlan {
 
 fn softmax(body: &Graph) -> R<ElementwiseKernel> {
     let node = &body.nodes[0];
-    let Op::Softmax { kind, axis } = &node.op else {
-        return Err("not a softmax".into());
+    let (kind, axis, lp) = match &node.op {
+        Op::Softmax { kind, axis } => (*kind, axis, None),
+        Op::LpNorm {
+            axis,
+            p: p @ (1 | 2),
+        } => (SoftmaxKind::Softmax, axis, Some(*p as u32)),
+        Op::LpNorm { p, .. } => return Err(format!("lp_norm with p = {p} (1 or 2)")),
+        _ => return Err("not a softmax".into()),
     };
     let (log, hard) = match kind {
         SoftmaxKind::Softmax => (false, false),
@@ -765,6 +773,7 @@ fn softmax(body: &Graph) -> R<ElementwiseKernel> {
     emitter.softmax = Some(SoftmaxPlan {
         log,
         hard,
+        lp,
         lane,
         inner,
     });
@@ -2454,6 +2463,9 @@ impl<'a> Emitter<'a> {
         if plan.hard {
             return self.hardmax_row((lane, inner), start);
         }
+        if let Some(p) = plan.lp {
+            return self.lp_norm_row((lane, inner), start, p);
+        }
         let at = |e: &mut Self, k: Word| -> R<Word> {
             let off = e.umul(U::W(k), inner)?;
             let at = e.uadd(start, off)?;
@@ -2556,6 +2568,43 @@ impl<'a> Emitter<'a> {
             let at = e.uadd(start, off)?;
             let at = e.uw(at);
             e.store(1, at, y)?;
+            Ok(acc)
+        })?;
+        Ok(())
+    }
+
+    /// `lp_norm` of the lane at `start`, as the reference's: the norm (the sum of `|x|`, or
+    /// the root of the sum of squares), then `x / norm`, 0 where the norm is 0.
+    fn lp_norm_row(&mut self, (lane, inner): (U, U), start: U, p: u32) -> R<()> {
+        let at = |e: &mut Self, k: Word| -> R<Word> {
+            let off = e.umul(U::W(k), inner)?;
+            let at = e.uadd(start, off)?;
+            Ok(e.uw(at))
+        };
+        let zero = self.f(0.0);
+        let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
+            let i = at(e, k)?;
+            let x = e.load(0, i)?;
+            let t = if p == 1 {
+                e.ext(glsl::FABS, &[x])?
+            } else {
+                e.mul(x, x)?
+            };
+            e.add(acc, t)
+        })?;
+        let sum = self.combine(sum, false)?;
+        let norm = if p == 1 {
+            sum
+        } else {
+            self.ext(glsl::SQRT, &[sum])?
+        };
+        let is_zero = self.eq(norm, zero)?;
+        self.row_loop(lane, zero, &mut |e, k, acc| {
+            let i = at(e, k)?;
+            let x = e.load(0, i)?;
+            let y = e.div_exact(x, norm)?;
+            let y = e.select(is_zero, zero, y)?;
+            e.store(1, i, y)?;
             Ok(acc)
         })?;
         Ok(())

@@ -402,8 +402,8 @@ fn reductions_match_the_reference() {
     );
 }
 
-/// Softmax, log-softmax and hardmax alone: one invocation per lane, on the last, a middle
-/// and the first axis (a workgroup per lane on the last).
+/// Softmax, log-softmax, hardmax and lp_norm alone: one invocation per lane, on the last,
+/// a middle and the first axis (a workgroup per lane on the last).
 #[test]
 fn softmax_matches_the_reference() {
     let Some(device) = common::device_or_skip("softmax_matches_the_reference") else {
@@ -421,6 +421,18 @@ fn softmax_matches_the_reference() {
                 &[&[3, 70, 5]],
                 1e-5,
                 atol,
+            );
+        }
+    }
+    // lp_norm takes the same row kernels (a sum of |x| or x², then x / norm).
+    for p in [1, 2] {
+        for axis in [2, 1, 0, -1] {
+            check_close(
+                &device,
+                &format!("graph @lp{p}_{}(%x: f32[3, 70, 5]) -> (%y) {{\n  %y: f32[3, 70, 5] = lp_norm{{axis = {axis}, p = {p}}}(%x)\n}}", axis + 1),
+                &[&[3, 70, 5]],
+                1e-5,
+                0.0,
             );
         }
     }
