@@ -108,9 +108,10 @@ impl ElementwiseKernel {
 ///
 /// Supported ops: `identity`, `cast` between f32 and f16, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
-/// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
+/// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`, `is_inf`,
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
-/// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax` alone;
+/// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax`/`hardmax`
+/// or `lp_norm` alone;
 /// `layer_norm` after a pointwise prologue. Scalar constants are folded into the module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {

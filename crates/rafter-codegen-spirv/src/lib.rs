@@ -69,15 +69,17 @@
 //! Row kernels (the count param is still the output's element count):
 //! - a `reduce` on a static shape (after an optional pointwise prologue): one invocation per
 //!   output element loops over its lane (the elementwise launch);
-//! - a softmax or log-softmax alone: max, sum of exponentials, write. Over the last axis a
-//!   workgroup of [`ROW_WORKGROUP_SIZE`] invocations per lane (`Launch::Rows`, the grid the
+//! - a softmax or log-softmax alone: max, sum of exponentials, write (a hardmax: the first
+//!   maximum, then 1 there and 0 elsewhere; an `lp_norm`: the norm, then `x / norm`). Over
+//!   the last axis a workgroup of [`ROW_WORKGROUP_SIZE`] invocations per lane (`Launch::Rows`, the grid the
 //!   row count), each taking every 128th element and the partial results combined by a
 //!   tree through workgroup memory; over another axis one invocation per lane;
 //! - a `layer_norm` over the axes `axis..rank` with its scale and (optional) bias, after an
 //!   optional pointwise prologue (the residual `add` fusion leaves in front of it): a
 //!   workgroup per row like the softmax, three passes (mean, variance around it, write),
 //!   the prologue evaluated at each element; the scale and bias are read per position in
-//!   the row.
+//!   the row. Its optional mean and inverse deviation (ONNX LayerNormalization's) are
+//!   stored per row by the workgroup's first invocation.
 //!
 //! **Symbolic dims.** Shapes may be symbolic (`batch`, `seq`): a kernel that needs a size
 //! the body does not fix (a broadcast or transposed operand's strides, the output's
