@@ -215,10 +215,10 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         }
         broadcast_strides(&body.value(v).ty.dims, shape)
     };
-    let out_count = body.value(first_output).ty.num_elements();
+    let out_count = count_through_views(body, first_output);
     // Reshape-like ops keep the linear order: with them, every value has the output's
     // element count (or one element).
-    let linear = |v: ValueId| has_view && body.value(v).ty.num_elements() == out_count;
+    let linear = |v: ValueId| has_view && count_through_views(body, v) == out_count;
     for i in 0..body.values.len() {
         let v = ValueId(i as u32);
         let value = body.value(v);
@@ -987,6 +987,27 @@ const MAX_CONST_LANE: usize = 4096;
 
 /// Ops that only reinterpret their first operand's elements in linear order (the others
 /// are shapes or axes).
+/// The element count of `v` as a dim expression, followed back through reshape-like ops
+/// (and pointwise ops on the same dims) to the first value that is neither: a view has
+/// its operand's count (ONNX
+/// requires it; the runtime checks it when it binds a shape read from values), so a
+/// reshape to dims the call's values give (`_reshape0 × _reshape1`) still counts as its
+/// static operand's elements.
+fn count_through_views(body: &Graph, mut v: ValueId) -> Dim {
+    while let ValueDef::Node { node, .. } = body.value(v).def {
+        let n = body.node(node);
+        match n.inputs.first().copied().flatten() {
+            Some(x) if is_view(&n.op) => v = x,
+            // A pointwise op's result has its same-dims operand's elements.
+            Some(x) if is_pointwise(&n.op) && body.value(x).ty.dims == body.value(v).ty.dims => {
+                v = x
+            }
+            _ => break,
+        }
+    }
+    body.value(v).ty.num_elements()
+}
+
 pub(crate) fn is_view(op: &Op) -> bool {
     matches!(
         op,
