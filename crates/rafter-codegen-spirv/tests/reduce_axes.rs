@@ -132,7 +132,8 @@ fn reductions_by_run_time_axes_match_the_reference() {
             let x = data(kind == "log_sum");
             for axes in axes_cases {
                 for keep in [true, false] {
-                    for noop in [false, true] {
+                    // `noop_with_empty_axes` matters only without axes.
+                    for noop in [false, true].into_iter().filter(|&n| !n || axes.is_empty()) {
                         let axes_dtype = if keep { DType::I32 } else { DType::I64 };
                         let rtol = if kind == "prod" { tol * 10.0 } else { tol };
                         let t = (dt, dtype);
