@@ -7,8 +7,9 @@
 //!
 //! - per kernel class, probes shaped like the benchmark models' kernels
 //!   ([`class_probes`]): GEMMs like BERT's projections and FFN, dense, 1x1 and depthwise
-//!   convolutions like ResNet-50's and MobileNetV2's, an elementwise add, an
-//!   attention-score softmax, a head transpose. Two sizes per contraction class give its
+//!   convolutions like ResNet-50's and MobileNetV2's, an elementwise add (bandwidth) and
+//!   a fused chain of 32 elementwise ops (compute), an attention-score softmax, a head
+//!   transpose. Two sizes per contraction class give its
 //!   peak and its ramp (Hockney's n½); each rate is set against the work the cost model
 //!   itself counts for the probe ([`cost::kernel_work`]), so counting conventions cancel;
 //! - a chain of 33 dependent 1x1 matmuls against a single one: the fixed cost of one
@@ -174,6 +175,27 @@ fn add(shape: &str) -> Probe {
     )
 }
 
+/// `2 * pairs` elementwise ops chained on one tensor (`t = t * a + a`, repeated: bounded
+/// for inputs in (-1, 1)), which the compiler fuses into one kernel: many operations per
+/// element, where `add` has one, so its rate is the class's compute rate. Rated by `add` alone, a device's elementwise
+/// compute was the rate of a memory-bound kernel (12 GFLOP/s for an H200), and fused
+/// chains such as GELU were estimated many times their time.
+fn fused_chain(shape: &str, pairs: usize) -> Probe {
+    let mut body = String::new();
+    let mut prev = "%a".to_string();
+    for i in 0..pairs {
+        body.push_str(&format!(
+            "  %m{i}: f32[{shape}] = binary{{op = mul}}({prev}, %a)\n  \
+             %s{i}: f32[{shape}] = binary{{op = add}}(%m{i}, %a)\n"
+        ));
+        prev = format!("%s{i}");
+    }
+    probe(
+        &format!("{} fused elementwise ops on [{shape}]", 2 * pairs),
+        format!("graph @chain(%a: f32[{shape}]) -> ({prev}) {{\n{body}}}"),
+    )
+}
+
 fn softmax(shape: &str) -> Probe {
     probe(
         &format!("softmax [{shape}]"),
@@ -228,7 +250,10 @@ fn class_probes() -> Vec<(&'static str, Vec<Probe>)> {
             "depthwise_conv",
             vec![conv(960, 7, 960, 3, 1, 960), conv(144, 56, 144, 3, 1, 144)],
         ),
-        ("elementwise", vec![add("1, 144, 56, 56")]),
+        (
+            "elementwise",
+            vec![add("1, 144, 56, 56"), fused_chain("1, 144, 56, 56", 16)],
+        ),
         ("reduction", vec![softmax("12, 128, 128")]),
         ("data_movement", vec![transpose([128, 12, 32, 1])]),
     ]
@@ -314,6 +339,22 @@ fn fit(points: &[(KernelWork, f64)]) -> ClassRate {
     }
 }
 
+/// A streaming class's rate from a memory-bound probe (first: few operations per byte,
+/// its bandwidth) and a compute-heavy one of the same size (last: its operation rate, a
+/// lower bound where even it is memory-bound). No ramp: these kernels' fixed cost is the
+/// dispatch cost the model adds apart.
+fn streaming_fit(points: &[(KernelWork, f64)]) -> ClassRate {
+    let (first, last) = (points.first(), points.last());
+    let (Some(&(wb, tb)), Some(&(wf, tf))) = (first, last) else {
+        unreachable!("every class has a probe");
+    };
+    ClassRate {
+        flops_per_s: (wf.flops.max(1.0) / tf.max(1e-9)).max(wb.flops.max(1.0) / tb.max(1e-9)),
+        bytes_per_s: wb.bytes.max(1.0) / tb.max(1e-9),
+        half_flops: 0.0,
+    }
+}
+
 /// Measures `device` (`cpu` or an accelerator target name) and returns its description.
 pub fn profile_device(device: &str) -> Result<DeviceDescription> {
     let ctx = |what: &str| format!("calibrating {device}: {what}");
@@ -334,7 +375,12 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             let t = time_call(&p.text, device).with_context(|| ctx(&p.what))?;
             points.push((work, probe_seconds(t, empty)));
         }
-        classes.insert(class, fit(&points));
+        let rate = if class == "elementwise" {
+            streaming_fit(&points)
+        } else {
+            fit(&points)
+        };
+        classes.insert(class, rate);
     }
     // A contraction's probes are compute-bound, so their bytes per second say nothing of
     // the device's bandwidth: its memory term takes the streaming classes' rate (a kernel
@@ -430,4 +476,49 @@ fn host_copy_bandwidth() -> f64 {
         .collect();
     times.sort_by(f64::total_cmp);
     src.len() as f64 / times[2].max(1e-9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work(flops: f64, bytes: f64) -> KernelWork {
+        KernelWork {
+            class: KernelKind::Elementwise,
+            detail: None,
+            detail_flops: Default::default(),
+            flops,
+            bytes,
+            half: false,
+        }
+    }
+
+    #[test]
+    fn streaming_classes_take_bandwidth_from_the_first_probe_and_compute_from_the_last() {
+        // add: 1e6 flops, 12e6 bytes in 1 ms; the chain: 32e6 flops, 8e6 bytes in 2 ms.
+        let r = streaming_fit(&[(work(1e6, 12e6), 1e-3), (work(32e6, 8e6), 2e-3)]);
+        assert_eq!(r.bytes_per_s, 12e9);
+        assert_eq!(r.flops_per_s, 16e9);
+        assert_eq!(r.half_flops, 0.0);
+        // A chain slower per flop than the add (never measured so) keeps the add's rate.
+        let r = streaming_fit(&[(work(1e6, 12e6), 1e-3), (work(2e6, 8e6), 1.0)]);
+        assert_eq!(r.flops_per_s, 1e9);
+    }
+
+    #[test]
+    fn the_elementwise_chain_is_one_fused_kernel_counted_by_the_cost_model() {
+        let p = fused_chain("2, 8", 16);
+        let w = probe_work(&p, "cpu").unwrap();
+        assert_eq!(w.class, KernelKind::Elementwise);
+        assert_eq!(w.flops, 32.0 * 16.0, "{w:?}");
+        let graph = rafter_ir::text::parse_graph(&p.text).unwrap();
+        let program = rafter_compiler::compile(&graph, &Default::default())
+            .unwrap()
+            .program;
+        assert_eq!(
+            program.kernels.len(),
+            1,
+            "the chain must fuse into one kernel"
+        );
+    }
 }

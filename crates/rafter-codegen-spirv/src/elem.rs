@@ -403,11 +403,19 @@ pub(crate) fn load_int(b: &mut Builder, elem: Elem, i64: Word, addr: Word) -> Re
             let (one, nil) = (b.constant_bit64(i64, 1), b.constant_bit64(i64, 0));
             build(b.select(i64, None, set, one, nil))
         }
-        e if e.is_signed() => build(b.s_convert(i64, None, v)),
-        _ => {
+        e => {
             let u64t = b.type_int(64, 0);
             let wide = build(b.u_convert(u64t, None, v))?;
-            build(b.bitcast(i64, None, wide))
+            let wide = build(b.bitcast(i64, None, wide))?;
+            if !e.is_signed() {
+                return Ok(wide);
+            }
+            // Sign-extended by hand, `(v ^ 2^(n-1)) - 2^(n-1)` on the zero-extended bits,
+            // not by `OpSConvert`: lavapipe's `OpSConvert` of a loaded i32 gave a
+            // zero-extended value (an axis of -1 read as 2^32 - 1; see gather.rs too).
+            let sign = b.constant_bit64(i64, 1u64 << (8 * e.bytes() - 1));
+            let flipped = build(b.bitwise_xor(i64, None, wide, sign))?;
+            build(b.i_sub(i64, None, flipped, sign))
         }
     }
 }

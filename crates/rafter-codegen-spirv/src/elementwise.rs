@@ -108,9 +108,10 @@ impl ElementwiseKernel {
 ///
 /// Supported ops: `identity`, `cast` between f32 and f16, every float `unary` (abs ... hard_swish),
 /// the arithmetic `binary` ops (add, sub, mul, div, pow, mod, fmod, max, min, prelu),
-/// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`,
+/// `clip`, `leaky_relu`, `elu`, `selu`, `celu`, `hard_sigmoid`, `thresholded_relu`, `is_inf`,
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
-/// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax` alone;
+/// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax`/`hardmax`
+/// or `lp_norm` alone;
 /// `layer_norm` after a pointwise prologue. Scalar constants are folded into the module.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
@@ -128,7 +129,7 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         return reduction(body).map_err(error);
     }
     if let [node] = &body.nodes[..] {
-        if matches!(node.op, Op::Softmax { .. }) {
+        if matches!(node.op, Op::Softmax { .. } | Op::LpNorm { .. }) {
             return softmax(body).map_err(error);
         }
     }
@@ -214,10 +215,10 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         }
         broadcast_strides(&body.value(v).ty.dims, shape)
     };
-    let out_count = body.value(first_output).ty.num_elements();
+    let out_count = count_through_views(body, first_output);
     // Reshape-like ops keep the linear order: with them, every value has the output's
     // element count (or one element).
-    let linear = |v: ValueId| has_view && body.value(v).ty.num_elements() == out_count;
+    let linear = |v: ValueId| has_view && count_through_views(body, v) == out_count;
     for i in 0..body.values.len() {
         let v = ValueId(i as u32);
         let value = body.value(v);
@@ -356,6 +357,7 @@ fn check_integers(body: &Graph, meta: &HashSet<ValueId>) -> R<()> {
                 Op::Unary { op } => {
                     dtype == DType::Bool && matches!(op, UnaryOp::Not | UnaryOp::IsNaN)
                 }
+                Op::IsInf { .. } => dtype == DType::Bool,
                 _ => false,
             };
             if !exact {
@@ -541,6 +543,7 @@ fn is_pointwise(op: &Op) -> bool {
             | Op::HardSigmoid { .. }
             | Op::ThresholdedRelu { .. }
             | Op::Shrink { .. }
+            | Op::IsInf { .. }
             | Op::Gelu { .. }
             | Op::QuantizeLinear { .. }
             | Op::DequantizeLinear { .. }
@@ -695,13 +698,18 @@ fn reduction(body: &Graph) -> R<ElementwiseKernel> {
     })
 }
 
-/// One `softmax` or `log_softmax` alone, on f32: each invocation normalises one lane (the
-/// elements along the axis) in three passes (max, sum of exponentials, write). The launch
+/// One `softmax`, `log_softmax` or `hardmax` alone, on f32: each invocation normalises one
+/// lane (the elements along the axis) in three passes (max, sum of exponentials, write; a
+/// hardmax's are in [`Emitter::hardmax_row`]). The launch
 /// is the elementwise one (the count is the output's element count); the kernel divides it
 /// by the lane length to get its rows. Symbolic sizes come from dim params.
 #[derive(Debug, Clone)]
 struct SoftmaxPlan {
     log: bool,
+    /// A hardmax: 1 at the lane's first maximum (its first NaN, if any), 0 elsewhere.
+    hard: bool,
+    /// An `lp_norm` of this `p` (1 or 2): `x / norm`, 0 where the norm is 0.
+    lp: Option<u32>,
     /// Elements along the axis.
     lane: Dim,
     /// Elements after the axis (the stride between a lane's elements): their product.
@@ -710,18 +718,19 @@ struct SoftmaxPlan {
 
 fn softmax(body: &Graph) -> R<ElementwiseKernel> {
     let node = &body.nodes[0];
-    let Op::Softmax { kind, axis } = &node.op else {
-        return Err("not a softmax".into());
+    let (kind, axis, lp) = match &node.op {
+        Op::Softmax { kind, axis } => (*kind, axis, None),
+        Op::LpNorm {
+            axis,
+            p: p @ (1 | 2),
+        } => (SoftmaxKind::Softmax, axis, Some(*p as u32)),
+        Op::LpNorm { p, .. } => return Err(format!("lp_norm with p = {p} (1 or 2)")),
+        _ => return Err("not a softmax".into()),
     };
-    let log = match kind {
-        SoftmaxKind::Softmax => false,
-        SoftmaxKind::LogSoftmax => true,
-        other => {
-            return Err(format!(
-                "softmax kind `{}` is not generated for Vulkan yet",
-                other.word()
-            ))
-        }
+    let (log, hard) = match kind {
+        SoftmaxKind::Softmax => (false, false),
+        SoftmaxKind::LogSoftmax => (true, false),
+        SoftmaxKind::Hardmax => (false, true),
     };
     let Some(Some(x)) = node.inputs.first() else {
         return Err("softmax without an operand".into());
@@ -762,7 +771,13 @@ fn softmax(body: &Graph) -> R<ElementwiseKernel> {
     } else {
         (Launch::Elementwise, WORKGROUP_SIZE)
     };
-    emitter.softmax = Some(SoftmaxPlan { log, lane, inner });
+    emitter.softmax = Some(SoftmaxPlan {
+        log,
+        hard,
+        lp,
+        lane,
+        inner,
+    });
     let dims = emitter.table.params.clone();
     Ok(ElementwiseKernel {
         spirv: emitter.emit()?,
@@ -794,6 +809,10 @@ struct NormPlan {
     /// The dims of each [`Operand::Repeated`] input, by input index: their product is the
     /// modulus of its index.
     repeated: Vec<(usize, Vec<Dim>)>,
+    /// How many of a layer norm's statistics (its mean, then its inverse standard
+    /// deviation: ONNX LayerNormalization's optional results, one per row) the body
+    /// outputs after the normalised result, in that order.
+    stats: usize,
 }
 
 fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
@@ -819,10 +838,18 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
     if rms && bias.is_some() {
         return Err("an rms_norm with a bias operand".into());
     }
-    if body.outputs.len() != 1 || node.outputs.first() != Some(&Some(body.outputs[0])) {
+    // The normalised result, then optionally the mean and the inverse deviation, each the
+    // body output of its position.
+    let stats = body.outputs.len().saturating_sub(1);
+    let in_order = body
+        .outputs
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| node.outputs.get(i) == Some(&Some(v)));
+    if body.outputs.is_empty() || stats > 2 || !in_order || (rms && stats > 0) {
         return Err(
-            "a layer_norm kernel is generated with its normalised result only (not the mean \
-             or inverse deviation)"
+            "a layer_norm kernel is generated with its normalised result, then optionally \
+             its mean and inverse deviation, as the body's outputs in that order"
                 .into(),
         );
     }
@@ -939,13 +966,14 @@ fn layer_norm(body: &Graph) -> R<ElementwiseKernel> {
         scale: *scale,
         bias,
         repeated,
+        stats,
     });
     let dims = emitter.table.params.clone();
     Ok(ElementwiseKernel {
         spirv: emitter.emit()?,
         entry_point: "main".into(),
         inputs,
-        outputs: 1,
+        outputs: 1 + stats,
         dims,
         launch: Launch::Rows {
             lane_dims: lane_dims_count,
@@ -959,6 +987,27 @@ const MAX_CONST_LANE: usize = 4096;
 
 /// Ops that only reinterpret their first operand's elements in linear order (the others
 /// are shapes or axes).
+/// The element count of `v` as a dim expression, followed back through reshape-like ops
+/// (and pointwise ops on the same dims) to the first value that is neither: a view has
+/// its operand's count (ONNX
+/// requires it; the runtime checks it when it binds a shape read from values), so a
+/// reshape to dims the call's values give (`_reshape0 × _reshape1`) still counts as its
+/// static operand's elements.
+fn count_through_views(body: &Graph, mut v: ValueId) -> Dim {
+    while let ValueDef::Node { node, .. } = body.value(v).def {
+        let n = body.node(node);
+        match n.inputs.first().copied().flatten() {
+            Some(x) if is_view(&n.op) => v = x,
+            // A pointwise op's result has its same-dims operand's elements.
+            Some(x) if is_pointwise(&n.op) && body.value(x).ty.dims == body.value(v).ty.dims => {
+                v = x
+            }
+            _ => break,
+        }
+    }
+    body.value(v).ty.num_elements()
+}
+
 pub(crate) fn is_view(op: &Op) -> bool {
     matches!(
         op,
@@ -1765,6 +1814,26 @@ impl<'a> Emitter<'a> {
             }
             Op::Unary { op } => self.unary(*op, arg(0)?)?,
             Op::Binary { op } => self.binary(*op, arg(0)?, arg(1)?)?,
+            Op::IsInf {
+                detect_negative,
+                detect_positive,
+            } => {
+                // 1.0 (true) at an infinity of a detected sign.
+                let x = arg(0)?;
+                let inf = build(self.b.is_inf(self.bool, None, x))?;
+                let neg = self.lt(x, zero)?;
+                let sign_ok = match (detect_negative, detect_positive) {
+                    (true, true) => inf,
+                    (true, false) => self.and(inf, neg)?,
+                    (false, true) => {
+                        let pos = build(self.b.logical_not(self.bool, None, neg))?;
+                        self.and(inf, pos)?
+                    }
+                    (false, false) => self.b.constant_false(self.bool),
+                };
+                let one = self.f(1.0);
+                self.select(sign_ok, one, zero)?
+            }
             Op::Clip => {
                 let mut v = arg(0)?;
                 if let Some(lo) = args.get(1).copied().flatten() {
@@ -2372,13 +2441,13 @@ impl<'a> Emitter<'a> {
 
     /// Softmax (or log-softmax) of row `r`: max, sum of `exp(x - max)`, then each output.
     fn softmax_row(&mut self, plan: &SoftmaxPlan, (lane, inner): (U, U), r: Word) -> R<()> {
-        // Row r: outer = r / inner, i = r % inner; its k-th element is at
-        // outer * lane * inner + i + k * inner.
-        let i = self.umod(U::W(r), inner)?;
-        let outer = self.udiv(U::W(r), inner)?;
-        let row = self.umul(lane, inner)?;
-        let outer = self.umul(outer, row)?;
-        let start = self.uadd(outer, i)?;
+        let start = self.lane_start((lane, inner), r)?;
+        if plan.hard {
+            return self.hardmax_row((lane, inner), start);
+        }
+        if let Some(p) = plan.lp {
+            return self.lp_norm_row((lane, inner), start, p);
+        }
         let at = |e: &mut Self, k: Word| -> R<Word> {
             let off = e.umul(U::W(k), inner)?;
             let at = e.uadd(start, off)?;
@@ -2420,6 +2489,104 @@ impl<'a> Emitter<'a> {
             };
             let at = at(e, k)?;
             e.store(1, at, y)?;
+            Ok(acc)
+        })?;
+        Ok(())
+    }
+
+    /// The first element of lane `r` of a softmax: with `outer = r / inner` and
+    /// `i = r % inner`, `outer * lane * inner + i` (its k-th element is `k * inner` further).
+    fn lane_start(&mut self, (lane, inner): (U, U), r: Word) -> R<U> {
+        let i = self.umod(U::W(r), inner)?;
+        let outer = self.udiv(U::W(r), inner)?;
+        let row = self.umul(lane, inner)?;
+        let outer = self.umul(outer, row)?;
+        self.uadd(outer, i)
+    }
+
+    /// Hardmax of the lane at `start`, as the reference's (NumPy's argmax): whether it holds
+    /// a NaN, its largest number, the first position holding the NaN or that number (as
+    /// the largest `-k`, exact in f32 below 2^24 elements), then 1 there and 0 elsewhere.
+    /// Each pass combines over the workgroup in a row kernel.
+    fn hardmax_row(&mut self, (lane, inner): (U, U), start: U) -> R<()> {
+        let load = |e: &mut Self, k: Word| -> R<Word> {
+            let off = e.umul(U::W(k), inner)?;
+            let at = e.uadd(start, off)?;
+            let at = e.uw(at);
+            e.load(0, at)
+        };
+        let (zero, one, minus_inf) = (self.f(0.0), self.f(1.0), self.f(f32::NEG_INFINITY));
+        let nan = self.row_loop(lane, zero, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let n = e.is_nan(x)?;
+            e.select(n, one, acc)
+        })?;
+        let nan = self.combine(nan, true)?;
+        let nan = self.eq(nan, one)?;
+        let m = self.row_loop(lane, minus_inf, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let n = e.is_nan(x)?;
+            let x = e.select(n, minus_inf, x)?;
+            e.ext(glsl::FMAX, &[acc, x])
+        })?;
+        let m = self.combine(m, true)?;
+        let first = self.row_loop(lane, minus_inf, &mut |e, k, acc| {
+            let x = load(e, k)?;
+            let is_nan = e.is_nan(x)?;
+            let is_max = e.eq(x, m)?;
+            let hit = build(e.b.select(e.bool, None, nan, is_nan, is_max))?;
+            let kf = build(e.b.convert_u_to_f(e.f32, None, k))?;
+            let neg = build(e.b.f_negate(e.f32, None, kf))?;
+            let key = e.select(hit, neg, minus_inf)?;
+            e.ext(glsl::FMAX, &[acc, key])
+        })?;
+        let first = self.combine(first, true)?;
+        self.row_loop(lane, zero, &mut |e, k, acc| {
+            let kf = build(e.b.convert_u_to_f(e.f32, None, k))?;
+            let neg = build(e.b.f_negate(e.f32, None, kf))?;
+            let hit = e.eq(neg, first)?;
+            let y = e.select(hit, one, zero)?;
+            let off = e.umul(U::W(k), inner)?;
+            let at = e.uadd(start, off)?;
+            let at = e.uw(at);
+            e.store(1, at, y)?;
+            Ok(acc)
+        })?;
+        Ok(())
+    }
+
+    /// `lp_norm` of the lane at `start`, as the reference's: the norm (the sum of `|x|`, or
+    /// the root of the sum of squares), then `x / norm`, 0 where the norm is 0.
+    fn lp_norm_row(&mut self, (lane, inner): (U, U), start: U, p: u32) -> R<()> {
+        let at = |e: &mut Self, k: Word| -> R<Word> {
+            let off = e.umul(U::W(k), inner)?;
+            let at = e.uadd(start, off)?;
+            Ok(e.uw(at))
+        };
+        let zero = self.f(0.0);
+        let sum = self.row_loop(lane, zero, &mut |e, k, acc| {
+            let i = at(e, k)?;
+            let x = e.load(0, i)?;
+            let t = if p == 1 {
+                e.ext(glsl::FABS, &[x])?
+            } else {
+                e.mul(x, x)?
+            };
+            e.add(acc, t)
+        })?;
+        let sum = self.combine(sum, false)?;
+        let norm = if p == 1 {
+            sum
+        } else {
+            self.ext(glsl::SQRT, &[sum])?
+        };
+        let is_zero = self.eq(norm, zero)?;
+        self.row_loop(lane, zero, &mut |e, k, acc| {
+            let i = at(e, k)?;
+            let x = e.load(0, i)?;
+            let y = e.div_exact(x, norm)?;
+            let y = e.select(is_zero, zero, y)?;
+            e.store(1, i, y)?;
             Ok(acc)
         })?;
         Ok(())
@@ -2544,6 +2711,7 @@ impl<'a> Emitter<'a> {
         let one = self.f(1.0);
         let inv = self.div(one, dev)?;
         let out = self.body.inputs.len();
+        self.norm_stats(plan, r, [mean, inv])?;
         let mut wanted = vec![plan.x, plan.scale];
         wanted.extend(plan.bias);
         self.row_loop(lane, zero, &mut |e, k, acc| {
@@ -2566,6 +2734,33 @@ impl<'a> Emitter<'a> {
             e.store(out, at, y)?;
             Ok(acc)
         })?;
+        Ok(())
+    }
+
+    /// Stores row `r`'s mean and inverse deviation into the statistics outputs the plan
+    /// has ([`NormPlan::stats`]); in a row kernel only invocation 0 stores (every one holds
+    /// the same combined values).
+    fn norm_stats(&mut self, plan: &NormPlan, r: Word, stats: [Word; 2]) -> R<()> {
+        if plan.stats == 0 {
+            return Ok(());
+        }
+        let done = self.b.id();
+        if let Some(ids) = self.row {
+            let zero = self.u(0);
+            let first = build(self.b.i_equal(self.bool, None, ids.lid, zero))?;
+            let then = self.b.id();
+            build(self.b.selection_merge(done, SelectionControl::NONE))?;
+            build(self.b.branch_conditional(first, then, done, []))?;
+            build(self.b.begin_block(Some(then)))?;
+        }
+        let out = self.body.inputs.len();
+        for (j, &v) in stats.iter().enumerate().take(plan.stats) {
+            self.store(out + 1 + j, r, v)?;
+        }
+        if self.row.is_some() {
+            build(self.b.branch(done))?;
+            build(self.b.begin_block(Some(done)))?;
+        }
         Ok(())
     }
 

@@ -69,15 +69,17 @@
 //! Row kernels (the count param is still the output's element count):
 //! - a `reduce` on a static shape (after an optional pointwise prologue): one invocation per
 //!   output element loops over its lane (the elementwise launch);
-//! - a softmax or log-softmax alone: max, sum of exponentials, write. Over the last axis a
-//!   workgroup of [`ROW_WORKGROUP_SIZE`] invocations per lane (`Launch::Rows`, the grid the
+//! - a softmax or log-softmax alone: max, sum of exponentials, write (a hardmax: the first
+//!   maximum, then 1 there and 0 elsewhere; an `lp_norm`: the norm, then `x / norm`). Over
+//!   the last axis a workgroup of [`ROW_WORKGROUP_SIZE`] invocations per lane (`Launch::Rows`, the grid the
 //!   row count), each taking every 128th element and the partial results combined by a
 //!   tree through workgroup memory; over another axis one invocation per lane;
 //! - a `layer_norm` over the axes `axis..rank` with its scale and (optional) bias, after an
 //!   optional pointwise prologue (the residual `add` fusion leaves in front of it): a
 //!   workgroup per row like the softmax, three passes (mean, variance around it, write),
 //!   the prologue evaluated at each element; the scale and bias are read per position in
-//!   the row.
+//!   the row. Its optional mean and inverse deviation (ONNX LayerNormalization's) are
+//!   stored per row by the workgroup's first invocation.
 //!
 //! **Symbolic dims.** Shapes may be symbolic (`batch`, `seq`): a kernel that needs a size
 //! the body does not fix (a broadcast or transposed operand's strides, the output's
@@ -140,6 +142,10 @@
 //! [`arg_reduce`]: ONNX `ArgMax`/`ArgMin` along any axis of a static tensor, `keepdims` and
 //! `select_last_index`, NaN winning as in the reference; the result is i64.
 //!
+//! [`reduce_axes`]: every ONNX `Reduce*` of a static f32/f16 tensor whose `axes` are read
+//! at run time (an i64/i32 operand: opset-13 `ReduceSum`, every opset-18 reduction),
+//! `keepdims` and `noop_with_empty_axes`.
+//!
 //! [`slice`]: ONNX `Slice` of a static f32/f16 tensor with constant starts, ends, axes and
 //! steps (a fused QKV split); the epilogue of a product may end in sigmoid, tanh or GELU
 //! (the private `epilogue_math` module).
@@ -193,6 +199,7 @@ mod integer;
 mod matmul;
 mod matmul_integer;
 mod pad;
+mod reduce_axes;
 mod rotary;
 mod slice;
 mod split;
@@ -215,6 +222,7 @@ pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
+pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
 pub use slice::{slice, SliceKernel};
 pub use split::{split, SplitKernel};
@@ -243,7 +251,8 @@ enum Generated {
     Matmul(MatmulKernel),
     Conv(ConvKernel),
     /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
-    /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce.
+    /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
+    /// run-time axes.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
@@ -279,6 +288,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     });
     if is_window {
         return conv(body).map(Generated::Conv).map_err(|e| e.reason);
+    }
+    if reduce_axes::reads_axes(body) {
+        return reduce_axes(body).map(|k| Generated::Grid(k.spirv));
     }
     if let [n] = body.nodes.as_slice() {
         use rafter_ir::Op;

@@ -402,14 +402,14 @@ fn reductions_match_the_reference() {
     );
 }
 
-/// Softmax and log-softmax alone: one invocation per lane, on the last, a middle and the
-/// first axis.
+/// Softmax, log-softmax, hardmax and lp_norm alone: one invocation per lane, on the last,
+/// a middle and the first axis (a workgroup per lane on the last).
 #[test]
 fn softmax_matches_the_reference() {
     let Some(device) = common::device_or_skip("softmax_matches_the_reference") else {
         return;
     };
-    for kind in ["softmax", "log_softmax"] {
+    for kind in ["softmax", "log_softmax", "hardmax"] {
         // log_softmax's `x - max - log(sum)` cancels to values near 0 from terms near 1, so
         // a few ulps of those terms (the driver's exp and log are not correctly rounded:
         // NVIDIA's were 1.5e-7 off at -0.0119) need an absolute tolerance.
@@ -421,6 +421,18 @@ fn softmax_matches_the_reference() {
                 &[&[3, 70, 5]],
                 1e-5,
                 atol,
+            );
+        }
+    }
+    // lp_norm takes the same row kernels (a sum of |x| or x², then x / norm).
+    for p in [1, 2] {
+        for axis in [2, 1, 0, -1] {
+            check_close(
+                &device,
+                &format!("graph @lp{p}_{}(%x: f32[3, 70, 5]) -> (%y) {{\n  %y: f32[3, 70, 5] = lp_norm{{axis = {axis}, p = {p}}}(%x)\n}}", axis + 1),
+                &[&[3, 70, 5]],
+                1e-5,
+                0.0,
             );
         }
     }
@@ -604,12 +616,14 @@ fn layer_norm_matches_the_reference() {
         kernel.launch,
         rafter_vulkan_section::Launch::Rows { lane_dims: 1 }
     );
+    // The statistics come after the normalised result (tests/layer_norm_stats.rs runs
+    // them); another order is refused.
     let e = elementwise(
-        &parse_graph("graph @ln3(%x: f32[4, 8], %g: f32[4, 8]) -> (%y, %m) {\n  %y: f32[4, 8], %m: f32[4, 1] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}")
+        &parse_graph("graph @ln3(%x: f32[4, 8], %g: f32[4, 8]) -> (%m, %y) {\n  %y: f32[4, 8], %m: f32[4, 1] = layer_norm{axis = -1, epsilon = 1e-5}(%x, %g)\n}")
             .unwrap(),
     )
     .unwrap_err();
-    assert!(e.reason.contains("normalised result only"), "{e}");
+    assert!(e.reason.contains("in that order"), "{e}");
 }
 
 /// RMS norm (no mean subtracted, no bias): alone, after a residual add (an LLM block's
@@ -775,4 +789,32 @@ fn exp_is_accurate_over_its_range() {
         }
     }
     eprintln!("exp: worst error {worst:.2} ulps");
+}
+
+/// A reshape to dims read at run time (ONNX Reshape with a `shape` input): the result's
+/// dims are symbols the call's values bind, and the kernel counts its elements through the
+/// reshape as its static operand's (a view keeps the count), then a pointwise op on it.
+#[test]
+fn a_reshape_to_run_time_dims_matches_the_reference() {
+    let Some(device) = common::device_or_skip("a_reshape_to_run_time_dims") else {
+        return;
+    };
+    let text = "graph @rs(%x: f32[2, 3, 4], %s: i64[2]) -> (%y) {\n  %r: f32[_r0, _r1] = reshape{allow_zero = false}(%x, %s)\n  %y: f32[_r0, _r1] = unary{op = neg}(%r)\n}";
+    let body = parse_graph(text).unwrap();
+    let module = rafter_codegen_spirv::kernel_module(&body, 0).unwrap_or_else(|e| panic!("{e}"));
+    let x: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+    for shape in [[4i64, 6], [-1, 2], [24, 1]] {
+        let bytes: Vec<u8> = shape.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let inputs = vec![
+            Tensor::f32s(&[2, 3, 4], x.clone()),
+            Tensor::from_le_bytes(rafter_ir::DType::I64, &[2], &bytes).unwrap(),
+        ];
+        let want = rafter_reference::run(&body, inputs.clone())
+            .unwrap()
+            .remove(0);
+        let dims = want.shape().to_vec();
+        let got = common::run_module(&device, &module, &inputs, (rafter_ir::DType::F32, &dims));
+        assert_eq!(got.shape(), want.shape());
+        assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "shape {shape:?}");
+    }
 }

@@ -12,7 +12,8 @@
 //! buffers they size stay host-only (`Storage::Dynamic`) as before.
 //!
 //! A size an op takes from the *values* of a small graph input (a Reshape's target, an
-//! Expand's shape, Pad's pads, Slice's bounds, Range's limits, Resize's scales, TopK's `k`)
+//! Expand's shape, Pad's pads, Slice's bounds, Range's limits, Resize's scales, TopK's `k`, a
+//! reduction's `axes`)
 //! is defined too, as that one op ([`SymbolExpr::Values`]): the runtime re-runs its shape
 //! inference on the call's input values when it binds the inputs, before any work runs.
 //! Values computed by kernels (NonZero, Unique, or shape arithmetic inference does not
@@ -80,6 +81,7 @@ fn define_by_values(g: &Graph, index: usize, axis: usize) -> Option<SymbolExpr> 
             | Op::Split { .. }
             | Op::OneHot { .. }
             | Op::CenterCropPad { .. }
+            | Op::Reduce { .. }
     );
     if !sized_by_values {
         return None;
