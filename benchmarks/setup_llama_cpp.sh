@@ -5,6 +5,7 @@
 #
 #   benchmarks/setup_llama_cpp.sh            fetch (pinned version + sha256), build, report
 #   benchmarks/setup_llama_cpp.sh --print-dir   print .cache/llama.cpp and exit
+#   benchmarks/setup_llama_cpp.sh --no-amx      native, without ggml's AMX kernels (see below)
 #
 # What it leaves (LLAMA_DIR=.cache/llama.cpp):
 #   $LLAMA_DIR/src/llama_cpp_python-$VERSION/   the unpacked sdist; vendor/llama.cpp holds
@@ -44,13 +45,26 @@ CMAKE_FLAGS=(
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON
 )
 
+# --no-amx (or LLAMA_NO_AMX=1): build without ggml's AMX kernels. On a VM whose cpuid
+# advertises AMX, the native build compiles them and llama-bench died with SIGILL in
+# `tinygemm_kernel_amx<block_q8_0>` at q8_0/q4_0 (2026-11-29, 2-core Xeon VM), although a
+# tile instruction after `arch_prctl(ARCH_REQ_XCOMP_PERM)` runs there: the peer's best
+# configuration that works is then native without AMX. GCC's explicit -mno-* flags win
+# over -march=native whatever their order.
+no_amx=${LLAMA_NO_AMX:-0}
 for arg in "$@"; do
   case "$arg" in
+    --no-amx) no_amx=1 ;;
     --print-dir) echo "$LLAMA_DIR"; exit 0 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "setup_llama_cpp.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
+
+if [[ $no_amx == 1 ]]; then
+  NO_AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  CMAKE_FLAGS+=("-DCMAKE_C_FLAGS=$NO_AMX_FLAGS" "-DCMAKE_CXX_FLAGS=$NO_AMX_FLAGS")
+fi
 
 SRC=$LLAMA_DIR/src/llama_cpp_python-$VERSION
 BUILD=$LLAMA_DIR/build
