@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ash::vk;
 use rafter_hal::{BufferRange, Command, CommandBuffer, FillPattern, HalError, TraceKind};
 
-use crate::breadcrumbs::{After, BreadcrumbMode, Progress};
+use crate::breadcrumbs::{After, Progress};
 use crate::device::Shared;
 use crate::error::call_error;
 use crate::executable::VulkanExecutable;
@@ -254,9 +254,7 @@ pub(crate) fn record(
         .map_err(|r| call_error("vkAllocateCommandBuffers", r, 0))?[0];
     let raw = prepared.raw;
     // Breadcrumbs' rerecord mode records every submission afresh: never in flight twice.
-    let rerecord = shared.stall_probe == StallProbe::Rerecord
-        || matches!(&shared.breadcrumbs, Some(c) if c.mode == BreadcrumbMode::Rerecord);
-    let usage = if rerecord {
+    let usage = if shared.rerecords() {
         vk::CommandBufferUsageFlags::empty()
     } else {
         vk::CommandBufferUsageFlags::SIMULTANEOUS_USE

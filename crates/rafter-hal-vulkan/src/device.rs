@@ -187,6 +187,13 @@ impl Shared {
             .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Whether every submission records a fresh `VkCommandBuffer` (breadcrumbs' rerecord
+    /// mode, or issue 28's rerecord probe) instead of reusing one recorded once.
+    pub(crate) fn rerecords(&self) -> bool {
+        self.stall_probe == StallProbe::Rerecord
+            || matches!(&self.breadcrumbs, Some(c) if c.mode == BreadcrumbMode::Rerecord)
+    }
+
     pub(crate) fn lock_sched(&self) -> MutexGuard<'_, SchedState> {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }

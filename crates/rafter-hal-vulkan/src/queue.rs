@@ -47,7 +47,7 @@ use rafter_hal::{
     CommandBuffer, DeviceId, HalError, QueueImpl, Semaphore, SemaphoreError, TraceEvent, TraceSink,
 };
 
-use crate::breadcrumbs::{BreadcrumbMode, SubmissionCrumbs};
+use crate::breadcrumbs::SubmissionCrumbs;
 use crate::command::{prepare, record, Prepared, Timing};
 use crate::device::{create_timeline, Shared};
 use crate::error::call_error;
@@ -341,7 +341,7 @@ impl Shared {
                 .stage_mask(stage),
         );
         let main = vk::CommandBufferSubmitInfo::default().command_buffer(pending.prepared.raw);
-        let buffers = match &pending.crumbs {
+        let mut buffers = match &pending.crumbs {
             // Breadcrumbs: the submission's own start and end markers around its commands.
             Some(c) => vec![
                 vk::CommandBufferSubmitInfo::default().command_buffer(c.before),
@@ -350,7 +350,6 @@ impl Shared {
             ],
             None => vec![main],
         };
-        let mut buffers = buffers;
         if self.stall_probe != StallProbe::NoTail {
             buffers.push(
                 vk::CommandBufferSubmitInfo::default()
@@ -736,9 +735,7 @@ impl QueueImpl for VulkanQueue {
         }
         // Breadcrumbs' rerecord mode (and issue 28's rerecord probe): a fresh
         // `VkCommandBuffer` for every submission.
-        let rerecord = shared.stall_probe == StallProbe::Rerecord
-            || matches!(&shared.breadcrumbs, Some(c) if c.mode == BreadcrumbMode::Rerecord);
-        let prepared = if rerecord {
+        let prepared = if shared.rerecords() {
             Arc::new(record(shared, command_buffer)?)
         } else {
             prepare(shared, command_buffer)?
