@@ -9,6 +9,10 @@
 #
 # Usage: scripts/stall_check.sh [RUNS] [THREADS] [DEADLINE_S]   (defaults: 20 8 60)
 #   RAFTER=path/to/rafter (default target/release/rafter), RAFTER_CONFORMANCE_DIR as usual.
+#   COLD_RUNS, WARM_RUNS (default RUNS each): how many runs of each mode.
+#   SINGLE=1: first a `--threads 1` run on the warm cache, the reference for "within 2x".
+#   BUDGET_S: no run starts after this many seconds (a device call's limit); what was
+#   skipped is said in the summary.
 # Output: one line per run (mode, run, seconds, exit status; 124/137 = killed at the
 # deadline), a summary per mode, and for a stalled run a thread snapshot
 # (/proc/PID/task/*/stat states and wchan) taken just before the kill, in $LOG_DIR.
@@ -60,19 +64,23 @@ one_run() { # MODE RUN CACHE_DIR -> prints "MODE RUN SECONDS STATUS"
     printf '%s %d %.2f %d\n' "$mode" "$run" "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" "$status"
 }
 
-summary() { # MODE
+summary() { # MODE: killed = stopped at the deadline (124); failed = another non-zero exit
     grep "^$1 " "$LOG_DIR/times" | sort -k3,3n | awk -v m="$1" '
-        { t[NR]=$3; if ($4 != 0) bad++ }
-        END { printf "%s: %d runs, %d failed or killed, median %.2f s, max %.2f s\n",
-              m, NR, bad, t[int((NR+1)/2)], t[NR] }'
+        { t[NR]=$3; if ($4 == 124) killed++; else if ($4 != 0) failed++ }
+        END { if (NR) printf "%s: %d runs, %d killed, %d exited non-zero, median %.2f s, max %.2f s\n",
+              m, NR, killed, failed, t[int((NR+1)/2)], t[NR] }'
 }
+
+BUDGET=${BUDGET_S:-0}
+in_budget() { [ "$BUDGET" -eq 0 ] || [ "$SECONDS" -lt "$BUDGET" ]; }
 
 # Sourced (scripts/stall_breadcrumbs.sh): the functions only.
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 echo "logs in $LOG_DIR"
 : >"$LOG_DIR/times"
-for run in $(seq 1 "$RUNS"); do
+for run in $(seq 1 "${COLD_RUNS:-$RUNS}"); do
+    in_budget || { echo "budget spent: cold runs from $run on skipped"; break; }
     cold=$(mktemp -d "$LOG_DIR/cold.XXXXXX")
     one_run cold "$run" "$cold" | tee -a "$LOG_DIR/times"
     rm -rf "$cold"
@@ -80,8 +88,13 @@ done
 warm="$LOG_DIR/warm-cache"
 mkdir -p "$warm"
 one_run warmup 0 "$warm" | tee -a "$LOG_DIR/times"
-for run in $(seq 1 "$RUNS"); do
+if [ "${SINGLE:-0}" = 1 ]; then
+    DEADLINE=300 THREADS=1 one_run single 0 "$warm" | tee -a "$LOG_DIR/times"
+fi
+for run in $(seq 1 "${WARM_RUNS:-$RUNS}"); do
+    in_budget || { echo "budget spent: warm runs from $run on skipped"; break; }
     one_run warm "$run" "$warm" | tee -a "$LOG_DIR/times"
 done
 summary cold
+summary single
 summary warm

@@ -1,12 +1,14 @@
 """A model with a few kernels the Vulkan generator does not support in the middle of the
 graph, for issue 26's "beats greedy-by-support" check.
 
-Eight 3x3 convolutions (64 channels, 56x56, He-initialised so activations keep a normal
-magnitude), each but the last followed by an op only the CPU runs (CumSum over channels,
-rescaled). Greedy-by-support (`--device vulkan`) runs every convolution on the GPU and
-crosses devices twice per block; the cost model weighs those crossings against running
-the convolutions on the host. Written with onnx's helpers
-(no torch), with one random input and ONNX Runtime's output when onnxruntime is present.
+A head and a tail of three 3x3 convolutions each (64 channels, 56x56, He-initialised so
+activations keep a normal magnitude), and between them three CumSums (an op only the CPU
+runs; over H, W and the channels, each rescaled) with a cheap 1x1 convolution after the
+first two. Greedy-by-support (`--device vulkan`) runs every convolution on the GPU, so the
+middle crosses devices six times; the cost model can instead run the whole middle (CumSums
+and the 1x1 convolutions) on the host and cross twice, keeping the heavy head and tail on
+the GPU. Written with onnx's helpers (no torch), with one random input and ONNX Runtime's
+output when onnxruntime is present.
 
     python3 benchmarks/gpu/export_midgraph.py [OUT_DIR]    (default .cache/models)
 """
@@ -18,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 C, HW = 64, 56
-BLOCKS = 8
+HEAD = TAIL = 3
 
 
 def build(rng):
@@ -28,25 +30,32 @@ def build(rng):
         inits.append(numpy_helper.from_array(array, name))
         return name
 
-    def conv_relu(i, inp):
-        w = (rng.standard_normal((C, C, 3, 3)) * np.sqrt(2.0 / (C * 9))).astype(np.float32)
-        nodes.append(helper.make_node("Conv", [inp, const(f"w{i}", w)], [f"c{i}"], pads=[1] * 4))
+    def conv_relu(i, inp, k=3):
+        w = (rng.standard_normal((C, C, k, k)) * np.sqrt(2.0 / (C * k * k))).astype(np.float32)
+        pads = [k // 2] * 4
+        nodes.append(helper.make_node("Conv", [inp, const(f"w{i}", w)], [f"c{i}"], pads=pads))
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
         return f"r{i}"
 
-    axis = const("axis", np.array(1, dtype=np.int64))
-    scale = const("scale", np.array(1.0 / C, dtype=np.float32))
-    shift = const("shift", np.array(-0.5, dtype=np.float32))
+    def cumsum(i, inp, axis, length):
+        # Rescaled by the axis length so the magnitude stays that of the input.
+        nodes.append(
+            helper.make_node("CumSum", [inp, const(f"axis{i}", np.array(axis, np.int64))], [f"cs{i}"])
+        )
+        s = const(f"scale{i}", np.array(1.0 / length, dtype=np.float32))
+        nodes.append(helper.make_node("Mul", [f"cs{i}", s], [f"m{i}"]))
+        nodes.append(helper.make_node("Add", [f"m{i}", const(f"shift{i}", np.array(-0.5, np.float32))], [f"a{i}"]))
+        return f"a{i}"
+
     cur = "x"
-    for i in range(BLOCKS):
+    for i in range(HEAD):
         cur = conv_relu(i, cur)
-        if i == BLOCKS - 1:
-            break
-        # CumSum over channels, rescaled so the magnitude stays that of the input.
-        nodes.append(helper.make_node("CumSum", [cur, axis], [f"cs{i}"]))
-        nodes.append(helper.make_node("Mul", [f"cs{i}", scale], [f"m{i}"]))
-        nodes.append(helper.make_node("Add", [f"m{i}", shift], [f"a{i}"]))
-        cur = f"a{i}"
+    # The middle: CumSum over H, 1x1 conv, CumSum over W, 1x1 conv, CumSum over channels.
+    cur = conv_relu(HEAD, cumsum(0, cur, 2, HW), k=1)
+    cur = conv_relu(HEAD + 1, cumsum(1, cur, 3, HW), k=1)
+    cur = cumsum(2, cur, 1, C)
+    for i in range(HEAD + 2, HEAD + 2 + TAIL):
+        cur = conv_relu(i, cur)
     graph = helper.make_graph(
         nodes,
         "midgraph",

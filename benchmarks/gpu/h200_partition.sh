@@ -21,6 +21,7 @@
 # python3 (torch + onnx + onnxruntime; random init, fixed seed, no downloads).
 #   bash benchmarks/gpu/h200_partition.sh            # everything
 #   MODELS="mobilenet_v2" F16_MODELS="" bash benchmarks/gpu/h200_partition.sh
+#   MODELS="" F16_MODELS="" STREAMS=0 bash benchmarks/gpu/h200_partition.sh   # midgraph only
 set -u
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -28,7 +29,7 @@ mkdir -p "$out"
 R=${RAFTER:-.devbench/rafter}
 [ -x "$R" ] || R=.gl/rafter
 M=.cache/models
-models=${MODELS:-"mobilenet_v2 resnet50 minilm_l6 bert_base"}
+models=${MODELS-"mobilenet_v2 resnet50 minilm_l6 bert_base"}
 f16_models=${F16_MODELS-"mobilenet_v2 resnet50 bert_base"}
 iters=${ITERS:-30}
 stream_calls=${STREAM_CALLS:-200}
@@ -44,8 +45,10 @@ left() { [ $SECONDS -lt "$budget" ] || { echo "SKIPPED (budget ${budget}s spent)
 
 $R devices > "$out/devices.txt" 2>&1
 head -5 "$out/devices.txt"
-python3 scripts/export_models.py --only $models > "$out/export.txt" 2>&1
-tail -2 "$out/export.txt"
+if [ -n "$models" ]; then
+  python3 scripts/export_models.py --only $models > "$out/export.txt" 2>&1
+  tail -2 "$out/export.txt"
+fi
 if [ -n "$f16_models" ]; then
   python3 benchmarks/gpu/export_f16.py --only $f16_models > "$out/export_f16.txt" 2>&1
   tail -2 "$out/export_f16.txt"
@@ -85,7 +88,9 @@ for m in $all; do
     echo "$m $t: $(grep '^bench:' "$out/latency_${m}_$t.txt") | $(grep '^estimate:' "$out/latency_${m}_$t.txt")"
   done
 done
-for m in $all; do
+# STREAMS=0: latency only (no streams).
+[ "${STREAMS:-1}" = 1 ] || all_streams=""
+for m in ${all_streams-$all}; do
   [ -f $M/$m.onnx ] || continue
   ins=$(inputs_of $m)
   for t in $stream_targets; do
