@@ -484,10 +484,36 @@ pub fn run_f32(
     run_f32_with_isa(Isa::detect(), prog, inputs, out, out_dims, par)
 }
 
-/// An operand's view: its data and its stride per (collapsed) output dim.
+/// One input of [`run_f32_over_output`].
+#[derive(Clone, Copy, Debug)]
+pub enum TileInput<'a> {
+    /// Row-major data and its dims (broadcast to the output as in [`run_f32`]).
+    Data(&'a [f32], &'a [usize]),
+    /// The output buffer's contents on entry, as a tensor of the output's dims: a result
+    /// computed in place over one of its operands, with no copy of that operand.
+    Output,
+}
+
+/// [`run_f32`] where some inputs are the output buffer itself ([`TileInput::Output`]):
+/// each tile's slice of the output is read into a scratch register before the tile writes
+/// it. Sound because an `Output` input has the output's dims, so tile `t` reads exactly
+/// the elements tile `t` writes, and no two tasks share a tile.
+pub fn run_f32_over_output(
+    prog: &TileProgram,
+    inputs: &[TileInput<'_>],
+    out: &mut [f32],
+    out_dims: &[usize],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    run_tiles(Isa::detect(), prog, inputs, out, out_dims, par)
+}
+
+/// An operand's view: its data and its stride per (collapsed) output dim; `aliased`: the
+/// output's own contents on entry ([`TileInput::Output`], `data` empty).
 struct Operand<'a> {
     data: &'a [f32],
     strides: Vec<usize>,
+    aliased: bool,
 }
 
 /// [`run_f32`] on a given ISA.
@@ -495,6 +521,19 @@ pub fn run_f32_with_isa(
     isa: Isa,
     prog: &TileProgram,
     inputs: &[(&[f32], &[usize])],
+    out: &mut [f32],
+    out_dims: &[usize],
+    par: &dyn Parallel,
+) -> Result<(), KernelError> {
+    let inputs: Vec<TileInput<'_>> = inputs.iter().map(|&(d, s)| TileInput::Data(d, s)).collect();
+    run_tiles(isa, prog, &inputs, out, out_dims, par)
+}
+
+/// The tile loop behind [`run_f32_with_isa`] and [`run_f32_over_output`].
+fn run_tiles(
+    isa: Isa,
+    prog: &TileProgram,
+    inputs: &[TileInput<'_>],
     out: &mut [f32],
     out_dims: &[usize],
     par: &dyn Parallel,
@@ -517,13 +556,17 @@ pub fn run_f32_with_isa(
         return Ok(());
     }
     let rank = out_dims.len();
-    let all = inputs.iter().map(|&(d, s)| (d, s)).chain(
+    let all = inputs.iter().map(|&i| match i {
+        TileInput::Data(d, s) => (d, s, false),
+        TileInput::Output => (&[][..], out_dims, true),
+    });
+    let all = all.chain(
         prog.consts
             .iter()
-            .map(|(d, s)| (d.as_slice(), s.as_slice())),
+            .map(|(d, s)| (d.as_slice(), s.as_slice(), false)),
     );
     let mut ops = vec![];
-    for (k, (data, dims)) in all.enumerate() {
+    for (k, (data, dims, aliased)) in all.enumerate() {
         let what = || {
             if k < prog.inputs {
                 format!("tile input {k}")
@@ -537,11 +580,12 @@ pub fn run_f32_with_isa(
             ops.push(Operand {
                 data,
                 strides: vec![0; rank],
+                aliased: false,
             });
             continue;
         }
         let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        if n != Some(data.len()) {
+        if !aliased && n != Some(data.len()) {
             return Err(KernelError::Shape {
                 what: what(),
                 detail: format!("{} elements for dims {dims:?}", data.len()),
@@ -567,7 +611,11 @@ pub fn run_f32_with_isa(
             }
             stride *= d;
         }
-        ops.push(Operand { data, strides });
+        ops.push(Operand {
+            data,
+            strides,
+            aliased,
+        });
     }
     // Merge dims (innermost first) that every operand walks contiguously, dropping 1s.
     let mut dims: Vec<usize> = vec![]; // collapsed, innermost first
@@ -601,16 +649,25 @@ pub fn run_f32_with_isa(
     let chunks = inner.div_ceil(TILE);
     let rows = out.len() / inner;
     let tiles = rows * chunks;
+    let aliased = ops.iter().any(|o| o.aliased);
     let outp = Disjoint::new(out);
     let ops = &ops;
     let dims = &dims;
     par_blocks(par, tiles, TILE.min(inner), &|ts| {
         let mut regs: Vec<Vec<f32>> = vec![vec![0.0; TILE.min(inner)]; prog.regs];
+        // The output's tile on entry, for each aliased operand (all read the same bytes).
+        let mut entry = vec![0.0f32; if aliased { TILE.min(inner) } else { 0 }];
         let mut base = vec![0usize; ops.len()];
         for t in ts {
             let (row, chunk) = (t / chunks, t % chunks);
             let start = chunk * TILE;
             let len = TILE.min(inner - start);
+            if aliased {
+                let o = row * inner + start;
+                // SAFETY: as for the output write below: this task's own tile, and the
+                // part is dropped before the write takes it again.
+                entry[..len].copy_from_slice(unsafe { outp.part(o..o + len) });
+            }
             // Base offsets of this row in every operand.
             let mut r = row;
             base.fill(0);
@@ -637,12 +694,12 @@ pub fn run_f32_with_isa(
                 };
                 match inst {
                     Inst::Unary(op, a) => {
-                        unary_isa(isa, op, arg(a, &regs, ops, &base, start, len), dst)
+                        unary_isa(isa, op, arg(a, &regs, &entry, ops, &base, start, len), dst)
                     }
                     Inst::Binary(op, a, b) => {
                         let (a, b) = (
-                            arg(a, &regs, ops, &base, start, len),
-                            arg(b, &regs, ops, &base, start, len),
+                            arg(a, &regs, &entry, ops, &base, start, len),
+                            arg(b, &regs, &entry, ops, &base, start, len),
                         );
                         binary_isa(isa, op, a, b, dst)
                     }
@@ -657,10 +714,11 @@ pub fn run_f32_with_isa(
 }
 
 /// Operand `s` of an instruction over the tile `start..start + len` of the row whose
-/// operand offsets are `base`.
+/// operand offsets are `base`; `entry`: the output's tile on entry (aliased operands).
 fn arg<'a>(
     s: Src,
     regs: &'a [Vec<f32>],
+    entry: &'a [f32],
     ops: &'a [Operand<'_>],
     base: &[usize],
     start: usize,
@@ -669,6 +727,7 @@ fn arg<'a>(
     match s {
         Src::Scalar(v) => Arg::Splat(v),
         Src::Reg(r) => Arg::Slice(&regs[r][..len]),
+        Src::Operand(k) if ops[k].aliased => Arg::Slice(&entry[..len]),
         Src::Operand(k) => {
             let o = &ops[k];
             // The innermost stride is 0 (broadcast) or 1: operands are row-major, so a
@@ -904,6 +963,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A result computed over its own operand's bytes (`TileInput::Output`) equals the
+    /// same program run on a copy: the aliased operand read twice, beside a broadcast one,
+    /// over rows of several tiles with a tail, on several threads.
+    #[test]
+    fn output_aliased_input_matches_a_copy() {
+        let out = [3usize, 5, 1000];
+        let x = data(3 * 5 * 1000, 4);
+        let bias = data(1000, 5);
+        let mut b = TileBuilder::new(2);
+        let sq = b.binary(TileBinary::Mul, b.input(0), b.input(0));
+        let y = b.binary(TileBinary::Add, sq, b.input(1));
+        let y = b.binary(TileBinary::Sub, y, b.input(0));
+        let p = b.finish(y).unwrap();
+        let mut want = vec![0.0; x.len()];
+        let ins: [(&[f32], &[usize]); 2] = [(&x, &out), (&bias, &[1000])];
+        run_f32(&p, &ins, &mut want, &out, &ScopedThreads::new(3)).unwrap();
+        let mut y = x.clone();
+        let ins = [TileInput::Output, TileInput::Data(&bias, &[1000])];
+        run_f32_over_output(&p, &ins, &mut y, &out, &ScopedThreads::new(3)).unwrap();
+        assert_eq!(y, want);
+        assert_ne!(y, x, "the program changed every element");
     }
 
     /// Every op against its scalar definition, over long rows (several tiles with a

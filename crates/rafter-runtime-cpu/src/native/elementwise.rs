@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use rafter_ir::Graph;
-use rafter_kernels_cpu::tile::TileProgram;
+use rafter_kernels_cpu::tile::{TileInput, TileProgram};
 
 use super::{In, NativeKernel, Out, Par};
 
@@ -41,6 +41,38 @@ impl NativeKernel for ElementwiseKernel {
         }
         rafter_kernels_cpu::gelu_erf(y.f32s()?, &*self.par)
             .map_err(|e| format!("elementwise: {e}"))?;
+        Ok(true)
+    }
+
+    /// Any body over the bytes of one of its operands: each tile of that operand is read
+    /// into a register just before the tile is written (`tile::run_f32_over_output`).
+    fn run_over_output(
+        &self,
+        ins: &[In<'_>],
+        aliased: usize,
+        y: &mut Out<'_>,
+    ) -> Result<bool, String> {
+        let mut args = Vec::with_capacity(ins.len());
+        for (i, x) in ins.iter().enumerate() {
+            args.push(if i == aliased {
+                TileInput::Output
+            } else {
+                TileInput::Data(x.f32s()?, x.dims.as_slice())
+            });
+        }
+        let out_dims = y.dims.clone();
+        let dims: Vec<&[usize]> = ins.iter().map(|x| x.dims.as_slice()).collect();
+        if self.prog.out_dims(&dims).ok().as_ref() != Some(&out_dims) {
+            return Ok(false);
+        }
+        rafter_kernels_cpu::tile::run_f32_over_output(
+            &self.prog,
+            &args,
+            y.f32s()?,
+            &out_dims,
+            &*self.par,
+        )
+        .map_err(|e| format!("elementwise: {e}"))?;
         Ok(true)
     }
 

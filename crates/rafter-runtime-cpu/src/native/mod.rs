@@ -93,6 +93,20 @@ pub(crate) trait NativeKernel: Send + Sync {
         Ok(false)
     }
 
+    /// Computes the kernel when operand `aliased` *is* the result's bytes and has its dims
+    /// (the planner's in-place pair) and the other operands are elsewhere: `y` holds the
+    /// aliased operand's values on entry and `ins[aliased]` is a placeholder without data.
+    /// `Ok(false)` when it cannot (the operand is then copied as usual). Saves the copy of
+    /// the operand, which for a cheap elementwise body costs more than the body itself.
+    fn run_over_output(
+        &self,
+        _ins: &[In<'_>],
+        _aliased: usize,
+        _y: &mut Out<'_>,
+    ) -> Result<bool, String> {
+        Ok(false)
+    }
+
     /// For a concat of two body inputs `(prefix, tail, axis)`: when the prefix's bytes are
     /// the start of the result's (a KV cache the call extends, `Storage::State`), the
     /// dispatch writes only the tail after them ([`append`]).
@@ -271,6 +285,89 @@ fn run_in_place(
     }
 }
 
+/// [`NativeKernel::run_over_output`] when exactly one operand is the (single) result's
+/// bytes with the result's dims, and every other operand is a weight or a binding that
+/// does not overlap the result. `Ok(false)`: not that case, or the kernel declined.
+fn run_over_output(
+    kernel: &dyn NativeKernel,
+    body: &Graph,
+    program: &rafter_ir::program::Program,
+    params: &Params,
+    dims: &KernelDims,
+    ctx: &DispatchContext<'_>,
+    stats: &Stats,
+) -> Result<bool, String> {
+    let n_in = body.inputs.len();
+    let ([Operand::Binding(r)], [out]) = (&params.operands[n_in..], body.outputs.as_slice()) else {
+        return Ok(false);
+    };
+    let Some(out_dims) = dims.outs[0].clone() else {
+        return Ok(false);
+    };
+    let mut aliased = None;
+    for (i, &operand) in params.operands[..n_in].iter().enumerate() {
+        match operand {
+            Operand::Binding(b) if ctx.same_range(b, *r) => {
+                let same_dims = dims.ins[i].as_deref() == Some(out_dims.as_slice());
+                let f32s = body.value(body.inputs[i]).ty.dtype == DType::F32;
+                if aliased.is_some() || !same_dims || !f32s {
+                    return Ok(false);
+                }
+                aliased = Some(i);
+            }
+            Operand::Binding(b) if ctx.bindings_overlap(b, *r) => return Ok(false),
+            Operand::Binding(_) | Operand::Weight(_) => {}
+            _ => return Ok(false),
+        }
+    }
+    let Some(aliased) = aliased else {
+        return Ok(false);
+    };
+    let mut views = Vec::with_capacity(n_in);
+    for (i, &operand) in params.operands[..n_in].iter().enumerate() {
+        match operand {
+            Operand::Binding(b) if i != aliased => match ctx.read(b) {
+                Ok(view) => views.push(Some(view)),
+                Err(_) => return Ok(false),
+            },
+            _ => views.push(None),
+        }
+    }
+    let mut ins = Vec::with_capacity(n_in);
+    for (i, (&operand, view)) in params.operands[..n_in].iter().zip(&views).enumerate() {
+        let v = body.value(body.inputs[i]);
+        if i == aliased {
+            ins.push(In::from_f32s(out_dims.clone(), &[]));
+            continue;
+        }
+        let Some(in_dims) = dims.ins[i].clone() else {
+            return Ok(false);
+        };
+        let (bytes, weight): (&[u8], _) = match (operand, view) {
+            (_, Some(view)) => (view, None),
+            (Operand::Weight(w), None) => match program.weights.get(w) {
+                Some(t) => (&t.bytes, Some(w)),
+                None => return Err(format!("operand `{}`: weight {w} does not exist", v.name)),
+            },
+            _ => return Ok(false),
+        };
+        let input = In::new(v.ty.dtype, in_dims, bytes, stats)
+            .map_err(|e| format!("operand `{}`: {e}", v.name))?;
+        ins.push(input.of_weight(weight));
+    }
+    let Ok(mut view) = ctx.write(*r) else {
+        return Ok(false);
+    };
+    let dtype = body.value(*out).ty.dtype;
+    if operands::byte_len(dtype, &out_dims) != Some(view.len()) {
+        return Ok(false);
+    }
+    match Out::new(dtype, out_dims, &mut view) {
+        Some(mut y) => kernel.run_over_output(&ins, aliased, &mut y),
+        None => Ok(false),
+    }
+}
+
 /// The permutation of NCHW to NHWC (`rafter_opt::layout::TO_NHWC`; the runtime does not
 /// depend on the compiler): a fused body that starts with it reads an NCHW tensor.
 pub(crate) const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
@@ -351,7 +448,9 @@ pub(crate) fn run(
     // f32 buffers, each view dropped before any result view is taken.
     let mut copies: Vec<Option<Vec<f32>>> = vec![None; n_in];
     if kernel.copies_operands() {
-        if run_in_place(kernel, body, params, dims, ctx)? {
+        if run_in_place(kernel, body, params, dims, ctx)?
+            || run_over_output(kernel, body, program, params, dims, ctx, stats)?
+        {
             stats.native.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }

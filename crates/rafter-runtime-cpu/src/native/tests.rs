@@ -910,6 +910,42 @@ fn gelu_runs_in_place_over_its_operand() {
     }
 }
 
+/// A softmax's result scaled by a weight and shifted by another input, dying there: the
+/// planner binds the elementwise result over the softmax's bytes, and the kernel computes
+/// over them with no copy (`run_over_output`), the other operands read through views. With
+/// the other operand broadcast, and read twice. Against the reference; making
+/// `run_over_output` return an error fails every case.
+#[test]
+fn elementwise_runs_over_its_operands_bytes() {
+    for case in 0..3u64 {
+        let mut c = Case::new(64 + case);
+        let d = [3, 4, 40];
+        let x = c.input(&d);
+        let y = c.node(
+            Op::Softmax {
+                kind: rafter_ir::SoftmaxKind::Softmax,
+                axis: -1,
+            },
+            &[x],
+            &d,
+        );
+        let w = c.weight(if case == 0 { &[40] } else { &[3, 4, 40] });
+        let t = c.node(Op::Binary { op: BinaryOp::Mul }, &[y, w], &d);
+        let t = match case {
+            2 => c.node(add(), &[t, y], &d),
+            _ => c.node(add(), &[t, x], &d),
+        };
+        let out = c.node(
+            Op::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            &[t],
+            &[3, 40, 4],
+        );
+        assert_native(c.check(out), 3);
+    }
+}
+
 #[test]
 fn gather_rows_of_a_weight() {
     for axis in [0i64, 1, -1] {
