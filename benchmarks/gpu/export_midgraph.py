@@ -63,7 +63,9 @@ def build(rng):
         [helper.make_tensor_value_info(cur, TensorProto.FLOAT, [1, C, HW, HW])],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what opset 17 needs; newer onnx packages write IRs ORT refuses
+    return model
 
 
 def main():
