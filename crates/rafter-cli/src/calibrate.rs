@@ -11,7 +11,10 @@
 //!   a fused chain of 32 elementwise ops (compute), an attention-score softmax, a head
 //!   transpose. Two sizes per contraction class give its
 //!   peak and its ramp (Hockney's n½); each rate is set against the work the cost model
-//!   itself counts for the probe ([`cost::kernel_work`]), so counting conventions cancel;
+//!   itself counts for the probe's main kernel (the one with the most flops,
+//!   [`cost::kernel_work`]), so counting conventions cancel, timed by that kernel's own
+//!   dispatches: the layout transposes a lone convolution gets on the CPU are kernels of
+//!   their own in a model, estimated there, not part of the convolution's rate;
 //! - a chain of 33 dependent 1x1 matmuls against a single one: the fixed cost of one
 //!   dispatch (what each extra kernel of a call costs beyond its work).
 //!
@@ -62,8 +65,9 @@ struct Timing {
     kernels_s: f64,
 }
 
-/// Times `graph_text` compiled for `target`, tracing its dispatches on the way.
-fn time_call(graph_text: &str, target: &str) -> Result<Timing> {
+/// Times `graph_text` compiled for `target`, tracing its dispatches on the way; with
+/// `only`, [`Timing::kernels_s`] counts that kernel's dispatches alone.
+fn time_call(graph_text: &str, target: &str, only: Option<&str>) -> Result<Timing> {
     let graph = rafter_ir::text::parse_graph(graph_text)
         .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
     let options = rafter_compiler::CompileOptions {
@@ -101,19 +105,34 @@ fn time_call(graph_text: &str, target: &str) -> Result<Timing> {
         let start = Instant::now();
         session.run(call, TIMEOUT)?;
         best.call_s = best.call_s.min(start.elapsed().as_secs_f64());
-        best.kernels_s = best.kernels_s.min(dispatch_time(&sink.events(), target));
+        let events = sink.events();
+        let kernel_s = dispatch_time(&events, target, only);
+        if kernel_s == 0.0 && dispatch_time(&events, target, None) > 0.0 {
+            // A rate from the call's wall time instead would count the input copies (see
+            // the module docs): never silently.
+            anyhow::bail!(
+                "no dispatch of kernel `{}` in the trace",
+                only.unwrap_or("")
+            );
+        }
+        best.kernels_s = best.kernels_s.min(kernel_s);
     }
     Ok(best)
 }
 
 /// Seconds the dispatches in `events` held `device`'s queues (`vulkan:0` is `vulkan`):
 /// the length of the union of their spans, so a dispatch split over worker threads
-/// counts once.
-fn dispatch_time(events: &[TraceEvent], device: &str) -> f64 {
+/// counts once. With `only`, the dispatches of that kernel alone (`k1_conv_nhwc`, or a
+/// numbered part of it, `k1_conv_nhwc#0`).
+fn dispatch_time(events: &[TraceEvent], device: &str, only: Option<&str>) -> f64 {
+    let named = |name: &str| {
+        only.is_none_or(|k| name == k || name.strip_prefix(k).is_some_and(|r| r.starts_with('#')))
+    };
     let spans = events
         .iter()
         .filter(|e| e.kind == TraceKind::Dispatch)
         .filter(|e| e.queue.split(':').next() == Some(device))
+        .filter(|e| named(&e.name))
         .map(|e| (e.start, e.end))
         .collect();
     crate::estimate::union_s(spans)
@@ -149,20 +168,42 @@ fn gemm_of(dtype: &str, m: usize, k: usize, n: usize) -> Probe {
 }
 
 /// A 2-D convolution of x [1, c, h, w] by `m` filters of `k`x`k` over `c / group`
-/// channels, stride `s`, padding `k / 2`.
+/// channels, stride `s`, padding `k / 2`. The filters are a constant, as a model's are:
+/// the CPU compiler transforms constant 3x3 filters for Winograd ahead of time and packs
+/// the others, and a filter given as an input got neither (with it, and timed with its
+/// layout transposes, the probe rated the H200 host's 3x3 convolutions at a third of
+/// what those of a model ran at; on the 2-core dev machine 193 -> 595 GFLOP/s).
 fn conv(c: usize, hw: usize, m: usize, k: usize, s: usize, group: usize) -> Probe {
     let p = k / 2;
     let o = (hw + 2 * p - k) / s + 1;
     let cg = c / group;
+    let scale = (2.0 / (cg * k * k) as f32).sqrt();
     probe(
         &format!("conv {c}x{hw}x{hw} -> {m} k{k} s{s} g{group}"),
         format!(
-            "graph @conv(%x: f32[1, {c}, {hw}, {hw}], %w: f32[{m}, {cg}, {k}, {k}]) -> (%y) {{\n  \
+            "graph @conv(%x: f32[1, {c}, {hw}, {hw}]) -> (%y) {{\n  \
+             const %w: f32[{m}, {cg}, {k}, {k}] = hex \"{}\"\n  \
              %y: f32[1, {m}, {o}, {o}] = conv{{kernel_shape = [{k}, {k}], strides = [{s}, {s}], \
              pads = [{p}, {p}, {p}, {p}], dilations = [1, 1], group = {group}, \
-             auto_pad = explicit}}(%x, %w)\n}}"
+             auto_pad = explicit}}(%x, %w)\n}}",
+            hex_f32s(m * cg * k * k, scale)
         ),
     )
+}
+
+/// `n` f32s in [-scale, scale) from a fixed sequence, as the text format's little-endian
+/// `hex` data.
+fn hex_f32s(n: usize, scale: f32) -> String {
+    let mut state = 0x2545_f491_u32;
+    let mut out = String::with_capacity(n * 8);
+    for _ in 0..n {
+        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        let unit = (state >> 8) as f32 / (1u32 << 24) as f32;
+        for b in ((unit * 2.0 - 1.0) * scale).to_le_bytes() {
+            out.push_str(&format!("{b:02x}"));
+        }
+    }
+    out
 }
 
 fn add(shape: &str) -> Probe {
@@ -261,7 +302,7 @@ fn class_probes() -> Vec<(&'static str, Vec<Probe>)> {
 
 /// The cost model's work for the single kernel of `probe`'s program compiled for
 /// `target` (the contraction or the largest kernel when lowering split it).
-fn probe_work(probe: &Probe, target: &str) -> Result<KernelWork> {
+fn probe_work(probe: &Probe, target: &str) -> Result<(KernelWork, String)> {
     let graph = rafter_ir::text::parse_graph(&probe.text)
         .map_err(|e| anyhow::anyhow!("calibration graph `{}`: {e}", probe.what))?;
     let options = rafter_compiler::CompileOptions {
@@ -270,28 +311,12 @@ fn probe_work(probe: &Probe, target: &str) -> Result<KernelWork> {
     };
     let program = rafter_compiler::compile(&graph, &options)?.program;
     let values = cost::bound_values(&program);
-    let works: Vec<KernelWork> = program
+    program
         .kernels
         .iter()
-        .map(|k| cost::kernel_work(k, &values))
-        .collect();
-    let flops = works.iter().map(|w| w.flops).sum();
-    let bytes = works.iter().map(|w| w.bytes).sum();
-    let main = works
-        .iter()
-        .max_by(|a, b| a.flops.total_cmp(&b.flops))
-        .copied()
-        .ok_or_else(|| anyhow::anyhow!("calibration `{}` has no kernel", probe.what))?;
-    let mut detail_flops = main.detail_flops;
-    for (i, f) in detail_flops.iter_mut().enumerate() {
-        *f = works.iter().map(|w| w.detail_flops[i]).sum();
-    }
-    Ok(KernelWork {
-        flops,
-        bytes,
-        detail_flops,
-        ..main
-    })
+        .map(|k| (cost::kernel_work(k, &values), k.name.clone()))
+        .max_by(|a, b| a.0.flops.total_cmp(&b.0.flops))
+        .ok_or_else(|| anyhow::anyhow!("calibration `{}` has no kernel", probe.what))
 }
 
 /// A probe's compute time: its kernels' traced time (the model adds the fixed dispatch
@@ -360,10 +385,10 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
     let ctx = |what: &str| format!("calibrating {device}: {what}");
     let one = chain(1);
     let many = chain(33);
-    let empty = time_call(&one.text, device)
+    let empty = time_call(&one.text, device, None)
         .with_context(|| ctx(&one.what))?
         .call_s;
-    let t_many = time_call(&many.text, device)
+    let t_many = time_call(&many.text, device, None)
         .with_context(|| ctx(&many.what))?
         .call_s;
     let dispatch_s = ((t_many - empty) / 32.0).max(0.0);
@@ -371,8 +396,8 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
     for (class, probes) in class_probes() {
         let mut points = Vec::new();
         for p in &probes {
-            let work = probe_work(p, device).with_context(|| ctx(&p.what))?;
-            let t = time_call(&p.text, device).with_context(|| ctx(&p.what))?;
+            let (work, kernel) = probe_work(p, device).with_context(|| ctx(&p.what))?;
+            let t = time_call(&p.text, device, Some(&kernel)).with_context(|| ctx(&p.what))?;
             points.push((work, probe_seconds(t, empty)));
         }
         let rate = if class == "elementwise" {
@@ -432,8 +457,8 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
 /// converting f16 in software) half-precision kernels run there.
 fn half_scale(device: &str, f32: &ClassRate) -> Result<f64> {
     let p = gemm_of("f16", 128, 768, 3072);
-    let work = probe_work(&p, device)?;
-    let t = time_call(&p.text, device)?;
+    let (work, kernel) = probe_work(&p, device)?;
+    let t = time_call(&p.text, device, Some(&kernel))?;
     let secs = probe_seconds(t, 0.0);
     let f32_secs = (work.flops + f32.half_flops) / f32.flops_per_s;
     Ok((f32_secs / secs).clamp(1e-3, 1e3))
@@ -508,7 +533,7 @@ mod tests {
     #[test]
     fn the_elementwise_chain_is_one_fused_kernel_counted_by_the_cost_model() {
         let p = fused_chain("2, 8", 16);
-        let w = probe_work(&p, "cpu").unwrap();
+        let (w, _) = probe_work(&p, "cpu").unwrap();
         assert_eq!(w.class, KernelKind::Elementwise);
         assert_eq!(w.flops, 32.0 * 16.0, "{w:?}");
         let graph = rafter_ir::text::parse_graph(&p.text).unwrap();
@@ -520,5 +545,40 @@ mod tests {
             1,
             "the chain must fuse into one kernel"
         );
+    }
+
+    /// The conv probes' filters are constants (folded into the program's weights, as a
+    /// model's are), and the kernel a probe is rated by is its convolution (not the
+    /// layout transposes around it, which a model's plan costs as kernels of their own).
+    #[test]
+    fn conv_probes_have_constant_filters() {
+        for p in [
+            conv(64, 8, 16, 3, 1, 1),
+            conv(16, 8, 32, 1, 1, 1),
+            conv(16, 8, 16, 3, 1, 16),
+        ] {
+            let graph = rafter_ir::text::parse_graph(&p.text).unwrap();
+            assert_eq!(graph.inputs.len(), 1, "{}: only x is an input", p.what);
+            let program = rafter_compiler::compile(&graph, &Default::default())
+                .unwrap()
+                .program;
+            assert!(
+                !program.weights.is_empty(),
+                "{}: the filter is a weight",
+                p.what
+            );
+            let (w, kernel) = probe_work(&p, "cpu").unwrap();
+            assert!(w.flops > 0.0, "{}: {w:?}", p.what);
+            assert!(kernel.contains("conv"), "{}: main kernel {kernel}", p.what);
+        }
+        let h = hex_f32s(3, 0.5);
+        assert_eq!(h.len(), 24);
+        let v: Vec<f32> = (0..3)
+            .map(|i| {
+                let b = u32::from_str_radix(&h[i * 8..i * 8 + 8], 16).unwrap();
+                f32::from_le_bytes(b.to_be_bytes())
+            })
+            .collect();
+        assert!(v.iter().all(|x| x.abs() < 0.5) && v[0] != v[1], "{v:?}");
     }
 }
