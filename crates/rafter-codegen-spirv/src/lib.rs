@@ -170,6 +170,11 @@
 //! caches, with or without position ids, interleaved or halves, one invocation per
 //! element.
 //!
+//! [`loss`]: ONNX `NegativeLogLikelihoodLoss` and `SoftmaxCrossEntropyLoss` of a static
+//! f32/f16 `[N, C, d...]` by i32/i64 targets, optional class weights, `ignore_index`,
+//! every reduction and the cross-entropy's log-probabilities; one invocation per loss
+//! element (a sum or mean one serial pass over the positions, in the reference's order).
+//!
 //! Subgroup reductions, reduces over symbolic dims, integer arithmetic
 //! and f16 arithmetic (packed f16) come next. Multi-element constants folded
 //! into a body (the compiler folds constants of 64 bytes or less: 32 f16 values) are kept
@@ -196,6 +201,7 @@ mod gather;
 mod gather_elements;
 mod grid;
 mod integer;
+mod loss;
 mod matmul;
 mod matmul_integer;
 mod pad;
@@ -219,6 +225,7 @@ pub use elementwise::{
 };
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
+pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
@@ -250,9 +257,9 @@ enum Generated {
     Elementwise(ElementwiseKernel),
     Matmul(MatmulKernel),
     Conv(ConvKernel),
-    /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
+    /// A kernel of the shared grid-stride launch ([`grid`]): gather, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
-    /// run-time axes.
+    /// run-time axes, losses.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
@@ -309,6 +316,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
+            Op::NllLoss { .. } | Op::SoftmaxCrossEntropy { .. } => {
+                Some(loss(body).map(|k| k.spirv))
+            }
             _ => None,
         };
         if let Some(spirv) = grid {
