@@ -170,6 +170,10 @@
 //! caches, with or without position ids, interleaved or halves, one invocation per
 //! element.
 //!
+//! [`cumulative`]: ONNX `CumSum`/`CumProd` of a static tensor (f32/f16 accumulated in
+//! f32, 8- to 64-bit integers wrapping in 64-bit registers) along an axis constant or
+//! read at run time, `exclusive` and `reverse`; one invocation per lane.
+//!
 //! [`loss`]: ONNX `NegativeLogLikelihoodLoss` and `SoftmaxCrossEntropyLoss` of a static
 //! f32/f16 `[N, C, d...]` by i32/i64 targets, optional class weights, `ignore_index`,
 //! every reduction and the cross-entropy's log-probabilities; one invocation per loss
@@ -193,6 +197,7 @@ mod concat;
 mod const_bytes;
 mod conv;
 mod coop;
+mod cumulative;
 mod dynamic_quantize;
 mod elem;
 mod elementwise;
@@ -219,6 +224,7 @@ pub use block_quant::{block_quant, BlockQuantKernel};
 pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
+pub use cumulative::{cumulative, CumulativeKernel};
 pub use dynamic_quantize::{dynamic_quantize, DynamicQuantizeKernel};
 pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
@@ -259,7 +265,7 @@ enum Generated {
     Conv(ConvKernel),
     /// A kernel of the shared grid-stride launch ([`grid`]): gather, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
-    /// run-time axes, losses.
+    /// run-time axes, cumulative sums and products, losses.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
@@ -316,6 +322,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
+            Op::Cumulative { .. } => Some(cumulative(body).map(|k| k.spirv)),
             Op::NllLoss { .. } | Op::SoftmaxCrossEntropy { .. } => {
                 Some(loss(body).map(|k| k.spirv))
             }
