@@ -124,6 +124,10 @@
 //! [`gather_elements`]: ONNX `GatherElements` along any axis, static data and i32/i64
 //! indices, wrapped and checked as [`gather`]'s.
 //!
+//! [`scatter_elements`]: ONNX `ScatterElements` along any axis of a static f32/f16 tensor
+//! by i32/i64 indices, every reduction; one invocation per output element walking the
+//! updates that can reach it in order (no atomics, the reference's order).
+//!
 //! [`concat`]: ONNX `Concat` of any number of operands along any axis (dims from the axis
 //! inward static; a symbolic batch outside it is fine).
 //!
@@ -170,6 +174,9 @@
 //! caches, with or without position ids, interleaved or halves, one invocation per
 //! element.
 //!
+//! [`bit_cast`]: ONNX `BitCast` between types of one width (8 to 64 bits, f64 and bf16
+//! included: the bits move through an unsigned register, nothing is computed).
+//!
 //! [`cumulative`]: ONNX `CumSum`/`CumProd` of a static tensor (f32/f16 accumulated in
 //! f32, 8- to 64-bit integers wrapping in 64-bit registers) along an axis constant or
 //! read at run time, `exclusive` and `reverse`; one invocation per lane.
@@ -192,6 +199,7 @@
 mod argreduce;
 mod backend;
 mod batch_norm;
+mod bitcast;
 mod block_quant;
 mod concat;
 mod const_bytes;
@@ -212,6 +220,7 @@ mod matmul_integer;
 mod pad;
 mod reduce_axes;
 mod rotary;
+mod scatter_elements;
 mod slice;
 mod split;
 mod trilu;
@@ -220,6 +229,7 @@ mod window;
 pub use argreduce::{arg_reduce, ArgReduceKernel};
 pub use backend::SpirvBackend;
 pub use batch_norm::{batch_norm, BatchNormKernel};
+pub use bitcast::{bit_cast, BitCastKernel};
 pub use block_quant::{block_quant, BlockQuantKernel};
 pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
@@ -237,6 +247,7 @@ pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
 pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
+pub use scatter_elements::{scatter_elements, ScatterElementsKernel};
 pub use slice::{slice, SliceKernel};
 pub use split::{split, SplitKernel};
 pub use trilu::{trilu, TriluKernel};
@@ -265,7 +276,7 @@ enum Generated {
     Conv(ConvKernel),
     /// A kernel of the shared grid-stride launch ([`grid`]): gather, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
-    /// run-time axes, cumulative sums and products, losses.
+    /// run-time axes, cumulative sums and products, bit casts, scatter-elements, losses.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
@@ -323,6 +334,8 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
             Op::Cumulative { .. } => Some(cumulative(body).map(|k| k.spirv)),
+            Op::BitCast { .. } => Some(bit_cast(body).map(|k| k.spirv)),
+            Op::ScatterElements { .. } => Some(scatter_elements(body).map(|k| k.spirv)),
             Op::NllLoss { .. } | Op::SoftmaxCrossEntropy { .. } => {
                 Some(loss(body).map(|k| k.spirv))
             }
