@@ -23,7 +23,7 @@ pub struct BitCastKernel {
 }
 
 /// The unsigned element of `dtype`'s width, through which its bits are copied.
-fn raw(dtype: DType) -> Elem {
+pub(crate) fn raw(dtype: DType) -> Elem {
     use DType::*;
     match dtype {
         Bool | I8 | U8 => Elem::U8,

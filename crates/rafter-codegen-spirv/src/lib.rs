@@ -174,6 +174,12 @@
 //! caches, with or without position ids, interleaved or halves, one invocation per
 //! element.
 //!
+//! [`space_to_depth`]: ONNX `SpaceToDepth` of a static 4-D tensor of any element type
+//! (bits copied as [`bit_cast`]'s).
+//!
+//! [`swiglu`]: the IR's `swiglu` (`a * sigmoid(alpha * a) * b`, ONNX SwiGLU) of two f32/f16
+//! tensors of one shape, step by step as the reference rounds it.
+//!
 //! [`bit_cast`]: ONNX `BitCast` between types of one width (8 to 64 bits, f64 and bf16
 //! included: the bits move through an unsigned register, nothing is computed).
 //!
@@ -222,7 +228,9 @@ mod reduce_axes;
 mod rotary;
 mod scatter_elements;
 mod slice;
+mod space_to_depth;
 mod split;
+mod swiglu;
 mod trilu;
 mod window;
 
@@ -249,7 +257,9 @@ pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
 pub use scatter_elements::{scatter_elements, ScatterElementsKernel};
 pub use slice::{slice, SliceKernel};
+pub use space_to_depth::{space_to_depth, SpaceToDepthKernel};
 pub use split::{split, SplitKernel};
+pub use swiglu::{swiglu, SwiGluKernel};
 pub use trilu::{trilu, TriluKernel};
 
 use rafter_ir::program::Program;
@@ -276,7 +286,7 @@ enum Generated {
     Conv(ConvKernel),
     /// A kernel of the shared grid-stride launch ([`grid`]): gather, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
-    /// run-time axes, cumulative sums and products, bit casts, scatter-elements, losses.
+    /// run-time axes, cumulative sums and products, bit casts, space-to-depth, swiglu, scatter-elements, losses.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
@@ -335,6 +345,8 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
             Op::Cumulative { .. } => Some(cumulative(body).map(|k| k.spirv)),
             Op::BitCast { .. } => Some(bit_cast(body).map(|k| k.spirv)),
+            Op::SwiGlu { .. } => Some(swiglu(body).map(|k| k.spirv)),
+            Op::SpaceToDepth { .. } => Some(space_to_depth(body).map(|k| k.spirv)),
             Op::ScatterElements { .. } => Some(scatter_elements(body).map(|k| k.spirv)),
             Op::NllLoss { .. } | Op::SoftmaxCrossEntropy { .. } => {
                 Some(loss(body).map(|k| k.spirv))
