@@ -174,6 +174,9 @@
 //! caches, with or without position ids, interleaved or halves, one invocation per
 //! element.
 //!
+//! [`eye_like`]: ONNX `EyeLike` of a static 1- or 2-D shape, any result type (the bits of
+//! one or zero stored as [`bit_cast`]'s).
+//!
 //! [`space_to_depth`]: ONNX `SpaceToDepth` of a static 4-D tensor of any element type
 //! (bits copied as [`bit_cast`]'s).
 //!
@@ -216,6 +219,7 @@ mod dynamic_quantize;
 mod elem;
 mod elementwise;
 mod epilogue_math;
+mod eye_like;
 mod gather;
 mod gather_elements;
 mod grid;
@@ -247,6 +251,7 @@ pub use dynamic_quantize::{dynamic_quantize, DynamicQuantizeKernel};
 pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
+pub use eye_like::{eye_like, EyeLikeKernel};
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use loss::{loss, LossKernel};
@@ -286,7 +291,7 @@ enum Generated {
     Conv(ConvKernel),
     /// A kernel of the shared grid-stride launch ([`grid`]): gather, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
-    /// run-time axes, cumulative sums and products, bit casts, space-to-depth, swiglu, scatter-elements, losses.
+    /// run-time axes, cumulative sums and products, bit casts, eye-like, space-to-depth, swiglu, scatter-elements, losses.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
@@ -346,6 +351,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Cumulative { .. } => Some(cumulative(body).map(|k| k.spirv)),
             Op::BitCast { .. } => Some(bit_cast(body).map(|k| k.spirv)),
             Op::SwiGlu { .. } => Some(swiglu(body).map(|k| k.spirv)),
+            Op::EyeLike { .. } => Some(eye_like(body).map(|k| k.spirv)),
             Op::SpaceToDepth { .. } => Some(space_to_depth(body).map(|k| k.spirv)),
             Op::ScatterElements { .. } => Some(scatter_elements(body).map(|k| k.spirv)),
             Op::NllLoss { .. } | Op::SoftmaxCrossEntropy { .. } => {
