@@ -170,9 +170,10 @@
 //! blocks), dequantized where read, one invocation per output element, with
 //! `accuracy_level` 4's int8 rounding of A.
 //!
-//! [`rotary`]: ONNX `RotaryEmbedding` of an f32 `[batch, seq, hidden]` by cos and sin
-//! caches, with or without position ids, interleaved or halves, one invocation per
-//! element.
+//! [`rotary`]: ONNX `RotaryEmbedding` of an f32 `[batch, seq, hidden]` or `[batch, heads,
+//! seq, head_size]` (heads and seq static) by cos and sin caches (`[positions, rot / 2]`,
+//! or `[batch, seq, rot / 2]` without position ids), with or without position ids,
+//! interleaved or halves, one invocation per element.
 //!
 //! [`eye_like`]: ONNX `EyeLike` of a static 1- or 2-D shape, any result type (the bits of
 //! one or zero stored as [`bit_cast`]'s).
