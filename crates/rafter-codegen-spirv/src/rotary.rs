@@ -1,13 +1,14 @@
 //! ONNX `RotaryEmbedding` (and ORT's contrib op the importer maps onto it) on an f32
 //! `x [batch, seq, heads * head_size]` or `[batch, heads, seq, head_size]` (heads and seq
 //! static) with cos and sin caches `[positions, rot / 2]` (or `[batch, seq, rot / 2]`
-//! without ids) and optional i32/i64 `position_ids [batch, seq]`: the rotary step of a GenAI-style LLM's
-//! attention (its query and key, every decode step).
+//! without ids) and optional i32/i64 `position_ids [batch, seq]`: the rotary step of a
+//! GenAI-style LLM's attention (its query and key, every decode step).
 //!
 //! One invocation per output element (the grid-stride launch of [`crate::grid`]). The
 //! 3-D layout makes the element's `(batch, seq)` row `i / (heads * head_size)` without
 //! knowing the sequence length, which is also the index of its position id (or, without
-//! ids, its cache row). An element past the rotary dims is copied; one inside reads its
+//! ids, its cache row); the 4-D one divides by the static head size, sequence length and
+//! head count instead. An element past the rotary dims is copied; one inside reads its
 //! pair partner and computes the reference's `c·x1 - s·x2` or `s·x1 + c·x2`, each product
 //! rounded on its own (`NoContraction`: no fused multiply-add). A position id outside the
 //! cache is invalid input, which a kernel cannot report: it reads row 0 and writes NaN.
