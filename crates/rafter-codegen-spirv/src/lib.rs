@@ -108,6 +108,10 @@
 //! the 2-D ones on `[N, C, 1, L]`. A 2-D `Gemm` is the
 //! matmul kernel (B read transposed for `transB`).
 //!
+//! [`pool_nd`]: max, average and Lp pooling with three or more spatial dims (3-D pooling),
+//! f32/f16, static channel and spatial dims, one invocation per output element walking
+//! its window's taps.
+//!
 //! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
 //! second module on `VK_KHR_cooperative_matrix` (16×16×16 f16·f16 + f32, subgroup scope,
 //! 32-wide subgroups; the private `coop` module): the same kernel with the same launch,
@@ -229,6 +233,7 @@ mod loss;
 mod matmul;
 mod matmul_integer;
 mod pad;
+mod pool_nd;
 mod reduce_axes;
 mod rotary;
 mod scatter_elements;
@@ -259,6 +264,7 @@ pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
+pub use pool_nd::{pool_nd, PoolNdKernel};
 pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
 pub use scatter_elements::{scatter_elements, ScatterElementsKernel};
@@ -317,6 +323,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         return matmul_tiled(body, tile)
             .map(Generated::Matmul)
             .map_err(|e| e.reason);
+    }
+    if pool_nd::applies(body) {
+        return pool_nd(body).map(|k| Generated::Grid(k.spirv));
     }
     let is_window = body.nodes.first().is_some_and(|n| {
         matches!(
