@@ -108,9 +108,9 @@
 //! the 2-D ones on `[N, C, 1, L]`. A 2-D `Gemm` is the
 //! matmul kernel (B read transposed for `transB`).
 //!
-//! [`pool_nd`]: max, average and Lp pooling with three or more spatial dims (3-D pooling),
-//! f32/f16, static channel and spatial dims, one invocation per output element walking
-//! its window's taps.
+//! [`pool_nd`] and [`conv_nd`]: max, average and Lp pooling and direct (grouped)
+//! convolution with a bias, with three or more spatial dims (3-D), f32/f16, static
+//! channel and spatial dims, one invocation per output element walking its window's taps.
 //!
 //! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
 //! second module on `VK_KHR_cooperative_matrix` (16×16×16 f16·f16 + f32, subgroup scope,
@@ -233,7 +233,6 @@ mod loss;
 mod matmul;
 mod matmul_integer;
 mod pad;
-mod pool_nd;
 mod reduce_axes;
 mod rotary;
 mod scatter_elements;
@@ -243,6 +242,7 @@ mod split;
 mod swiglu;
 mod trilu;
 mod window;
+mod window_nd;
 
 pub use argreduce::{arg_reduce, ArgReduceKernel};
 pub use backend::SpirvBackend;
@@ -264,7 +264,6 @@ pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
-pub use pool_nd::{pool_nd, PoolNdKernel};
 pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
 pub use scatter_elements::{scatter_elements, ScatterElementsKernel};
@@ -273,6 +272,7 @@ pub use space_to_depth::{space_to_depth, SpaceToDepthKernel};
 pub use split::{split, SplitKernel};
 pub use swiglu::{swiglu, SwiGluKernel};
 pub use trilu::{trilu, TriluKernel};
+pub use window_nd::{conv_nd, pool_nd, WindowNdKernel};
 
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
@@ -324,8 +324,8 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             .map(Generated::Matmul)
             .map_err(|e| e.reason);
     }
-    if pool_nd::applies(body) {
-        return pool_nd(body).map(|k| Generated::Grid(k.spirv));
+    if window_nd::applies(body) {
+        return window_nd::generate(body).map(|k| Generated::Grid(k.spirv));
     }
     let is_window = body.nodes.first().is_some_and(|n| {
         matches!(
