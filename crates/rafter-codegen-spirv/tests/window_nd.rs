@@ -1,7 +1,8 @@
 //! 3-D pooling and convolution (`pool` and `conv` with three spatial dims) on the Vulkan
-//! device (lavapipe in CI), against the reference executor: convolutions below; max, average (pads counted or not) and Lp (p = 1, 2,
-//! 3), strides, dilations, symmetric and asymmetric pads, `ceil_mode` windows hanging past
-//! the padded input, `same_upper` padding, f32 and f16.
+//! device (lavapipe in CI), against the reference executor: max, average (pads counted or
+//! not) and Lp (p = 1, 2, 3) pooling, strides, dilations, symmetric and asymmetric pads,
+//! `ceil_mode` windows hanging past the padded input, `same_upper` padding; convolutions
+//! ungrouped, grouped and depthwise with a bias bound, folded or absent; f32 and f16.
 
 mod common;
 
