@@ -116,10 +116,13 @@ pub fn rotary(body: &Graph) -> Result<RotaryKernel, String> {
     Ok(RotaryKernel { spirv })
 }
 
+/// x's row length, head size and, for a 4-D x, its heads and sequence length.
+type XGeometry = (u64, u64, Option<(u32, u32)>);
+
 /// x's geometry: the elements of one `(batch, seq)` row of a 3-D x (`heads * head_size`,
 /// static) or of one head of a 4-D one (`head_size`), the head size, and for a 4-D x its
 /// heads and sequence length (static: the element index is divided by them).
-fn x_geometry(x: &rafter_ir::TensorType, num_heads: i64) -> R<(u64, u64, Option<(u32, u32)>)> {
+fn x_geometry(x: &rafter_ir::TensorType, num_heads: i64) -> R<XGeometry> {
     match x.dims.len() {
         3 => {
             let row = grid::static_dims_from(x, 2, "x")?[0];
