@@ -132,6 +132,9 @@
 //! by i32/i64 indices, every reduction; one invocation per output element walking the
 //! updates that can reach it in order (no atomics, the reference's order).
 //!
+//! [`gather_nd`]: ONNX `GatherND` of a static tensor of any element type by i32/i64 index
+//! tuples, `batch_dims` (bits copied as [`bit_cast`]'s).
+//!
 //! [`concat`]: ONNX `Concat` of any number of operands along any axis (dims from the axis
 //! inward static; a symbolic batch outside it is fine).
 //!
@@ -227,6 +230,7 @@ mod epilogue_math;
 mod eye_like;
 mod gather;
 mod gather_elements;
+mod gather_nd;
 mod grid;
 mod integer;
 mod loss;
@@ -260,6 +264,7 @@ pub use elementwise::{
 pub use eye_like::{eye_like, EyeLikeKernel};
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
+pub use gather_nd::{gather_nd, GatherNdKernel};
 pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
@@ -296,7 +301,7 @@ enum Generated {
     Elementwise(ElementwiseKernel),
     Matmul(MatmulKernel),
     Conv(ConvKernel),
-    /// A kernel of the shared grid-stride launch ([`grid`]): gather, slice,
+    /// A kernel of the shared grid-stride launch ([`grid`]): gather, gather-nd, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
     /// run-time axes, cumulative sums and products, bit casts, eye-like, space-to-depth, swiglu, scatter-elements, losses.
     Grid(Vec<u32>),
@@ -349,6 +354,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         let grid = match n.op {
             Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
             Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
+            Op::GatherNd { .. } => Some(gather_nd(body).map(|k| k.spirv)),
             Op::Slice => Some(slice(body).map(|k| k.spirv)),
             Op::Concat { .. } => Some(concat(body).map(|k| k.spirv)),
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
