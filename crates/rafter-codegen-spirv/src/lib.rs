@@ -13,7 +13,9 @@
 //!
 //! # What is generated today
 //!
-//! **Element types.** Every kernel kind below reads and writes f32 or f16 buffers. f16 is
+//! **Element types.** Every kernel kind below reads and writes f32 or f16 buffers (the
+//! kinds that only move bits, such as [`bit_cast`], [`gather_nd`], [`space_to_depth`] and
+//! [`eye_like`], take any element type, and [`cumulative`] integers too). f16 is
 //! storage only: loads widen to f32 (`OpFConvert`), stores narrow with round-to-nearest-even,
 //! and all arithmetic and accumulation are f32 (the one place that knows the element type
 //! is the private `elem` module). Only a module touching f16 declares
@@ -303,7 +305,8 @@ enum Generated {
     Conv(ConvKernel),
     /// A kernel of the shared grid-stride launch ([`grid`]): gather, gather-nd, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
-    /// run-time axes, cumulative sums and products, bit casts, eye-like, space-to-depth, swiglu, scatter-elements, losses.
+    /// run-time axes, cumulative sums and products, bit casts, eye-like, space-to-depth,
+    /// swiglu, scatter-elements, losses, 3-D pooling and convolution.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
