@@ -13,7 +13,7 @@
 
 use rafter_ir::{DType, Graph, Op};
 use rspirv::dr::Builder;
-use rspirv::spirv::{Decoration, LoopControl, Word};
+use rspirv::spirv::{Decoration, Word};
 
 use crate::const_bytes::{self, Bytes, Reader};
 use crate::elem::{self, Elem};
@@ -134,50 +134,6 @@ pub fn block_quant(body: &Graph) -> Result<BlockQuantKernel, String> {
     Ok(BlockQuantKernel { spirv })
 }
 
-/// One iteration of [`range_loop`]: the builder, the index, the carried values; returns
-/// their next values.
-type LoopStep<'a> = dyn FnMut(&mut Builder, Word, &[Word]) -> R<Vec<Word>> + 'a;
-
-/// A loop `for v in from..to` (`u32`s) carrying `accs` (values of types `tys`) through
-/// `step`, which emits into the open body block; returns the final values.
-fn range_loop(
-    b: &mut Builder,
-    t: &Prelude,
-    (from, to): (Word, Word),
-    accs: &[(Word, Word)],
-    step: &mut LoopStep<'_>,
-) -> R<Vec<Word>> {
-    let (entry, header, cond, body, cont, merge) = (b.id(), b.id(), b.id(), b.id(), b.id(), b.id());
-    let next = b.id();
-    let nexts: Vec<Word> = accs.iter().map(|_| b.id()).collect();
-    build(b.branch(entry))?;
-    build(b.begin_block(Some(entry)))?;
-    build(b.branch(header))?;
-    build(b.begin_block(Some(header)))?;
-    let v = build(b.phi(t.u32, None, [(from, entry), (next, cont)]))?;
-    let mut cur = Vec::with_capacity(accs.len());
-    for (&(ty, init), &n) in accs.iter().zip(&nexts) {
-        cur.push(build(b.phi(ty, None, [(init, entry), (n, cont)]))?);
-    }
-    build(b.loop_merge(merge, cont, LoopControl::NONE, []))?;
-    build(b.branch(cond))?;
-    build(b.begin_block(Some(cond)))?;
-    let more = build(b.u_less_than(t.bool, None, v, to))?;
-    build(b.branch_conditional(more, body, merge, []))?;
-    build(b.begin_block(Some(body)))?;
-    let updated = step(b, v, &cur)?;
-    build(b.branch(cont))?;
-    build(b.begin_block(Some(cont)))?;
-    for ((&(ty, _), &u), &n) in accs.iter().zip(&updated).zip(&nexts) {
-        build(b.copy_object(ty, Some(n), u))?;
-    }
-    let one = b.constant_bit32(t.u32, 1);
-    build(b.i_add(t.u32, Some(next), v, one))?;
-    build(b.branch(header))?;
-    build(b.begin_block(Some(merge)))?;
-    Ok(cur)
-}
-
 /// Value `i` of a packed run of `bits`-bit values starting at byte `start`, as an f32.
 fn unpack(
     b: &mut Builder,
@@ -230,7 +186,7 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let kb = l.k_blocks();
     let (zero_u, blocks) = (b.constant_bit32(u32, 0), b.constant_bit32(u32, kb));
     let zero_f = b.constant_bit32(f32, 0);
-    let acc = range_loop(
+    let acc = grid::range_loop(
         b,
         t,
         (zero_u, blocks),
@@ -310,7 +266,7 @@ fn block_sum(
     } else {
         None
     };
-    let sum = range_loop(b, t, (zero_u, len), &[(f32, zero_f)], &mut |b, i, acc| {
+    let sum = grid::range_loop(b, t, (zero_u, len), &[(f32, zero_f)], &mut |b, i, acc| {
         let q = unpack(b, t, l, (Reader::Addr(e.addrs[l.b]), packed), i)?;
         let d = arith(b, f32, Fop::Sub, (q, z))?;
         let w = arith(b, f32, Fop::Mul, (d, s))?;
@@ -336,7 +292,7 @@ fn int8_scale(
 ) -> R<(Word, Word)> {
     let (f32, bool) = (t.f32, t.bool);
     let zero = b.constant_bit32(f32, 0);
-    let amax = range_loop(b, t, range, &[(f32, zero)], &mut |b, i, acc| {
+    let amax = grid::range_loop(b, t, range, &[(f32, zero)], &mut |b, i, acc| {
         let x = load_a(b, i)?;
         let x = f32_ext(b, t, FABS, x)?;
         let wins = build(b.f_ord_greater_than(bool, None, x, acc[0]))?;

@@ -248,3 +248,47 @@ pub(crate) fn part_addr(
     }
     Ok(addr)
 }
+
+/// One iteration of [`range_loop`]: the builder, the index, the carried values; returns
+/// their next values.
+pub(crate) type LoopStep<'a> = dyn FnMut(&mut Builder, Word, &[Word]) -> R<Vec<Word>> + 'a;
+
+/// A loop `for v in from..to` (`u32`s) carrying `accs` (values of types `tys`) through
+/// `step`, which emits into the open body block; returns the final values.
+pub(crate) fn range_loop(
+    b: &mut Builder,
+    t: &Prelude,
+    (from, to): (Word, Word),
+    accs: &[(Word, Word)],
+    step: &mut LoopStep<'_>,
+) -> R<Vec<Word>> {
+    let (entry, header, cond, body, cont, merge) = (b.id(), b.id(), b.id(), b.id(), b.id(), b.id());
+    let next = b.id();
+    let nexts: Vec<Word> = accs.iter().map(|_| b.id()).collect();
+    build(b.branch(entry))?;
+    build(b.begin_block(Some(entry)))?;
+    build(b.branch(header))?;
+    build(b.begin_block(Some(header)))?;
+    let v = build(b.phi(t.u32, None, [(from, entry), (next, cont)]))?;
+    let mut cur = Vec::with_capacity(accs.len());
+    for (&(ty, init), &n) in accs.iter().zip(&nexts) {
+        cur.push(build(b.phi(ty, None, [(init, entry), (n, cont)]))?);
+    }
+    build(b.loop_merge(merge, cont, LoopControl::NONE, []))?;
+    build(b.branch(cond))?;
+    build(b.begin_block(Some(cond)))?;
+    let more = build(b.u_less_than(t.bool, None, v, to))?;
+    build(b.branch_conditional(more, body, merge, []))?;
+    build(b.begin_block(Some(body)))?;
+    let updated = step(b, v, &cur)?;
+    build(b.branch(cont))?;
+    build(b.begin_block(Some(cont)))?;
+    for ((&(ty, _), &u), &n) in accs.iter().zip(&updated).zip(&nexts) {
+        build(b.copy_object(ty, Some(n), u))?;
+    }
+    let one = b.constant_bit32(t.u32, 1);
+    build(b.i_add(t.u32, Some(next), v, one))?;
+    build(b.branch(header))?;
+    build(b.begin_block(Some(merge)))?;
+    Ok(cur)
+}

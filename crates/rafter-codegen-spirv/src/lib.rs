@@ -13,7 +13,9 @@
 //!
 //! # What is generated today
 //!
-//! **Element types.** Every kernel kind below reads and writes f32 or f16 buffers. f16 is
+//! **Element types.** Every kernel kind below reads and writes f32 or f16 buffers (the
+//! kinds that only move bits, such as [`bit_cast`], [`gather_nd`], [`space_to_depth`] and
+//! [`eye_like`], take any element type, and [`cumulative`] integers too). f16 is
 //! storage only: loads widen to f32 (`OpFConvert`), stores narrow with round-to-nearest-even,
 //! and all arithmetic and accumulation are f32 (the one place that knows the element type
 //! is the private `elem` module). Only a module touching f16 declares
@@ -108,6 +110,10 @@
 //! the 2-D ones on `[N, C, 1, L]`. A 2-D `Gemm` is the
 //! matmul kernel (B read transposed for `transB`).
 //!
+//! [`pool_nd`] and [`conv_nd`]: max, average and Lp pooling and direct (grouped)
+//! convolution with a bias, with three or more spatial dims (3-D), f32/f16, static
+//! channel and spatial dims, one invocation per output element walking its window's taps.
+//!
 //! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
 //! second module on `VK_KHR_cooperative_matrix` (16×16×16 f16·f16 + f32, subgroup scope,
 //! 32-wide subgroups; the private `coop` module): the same kernel with the same launch,
@@ -123,6 +129,13 @@
 //!
 //! [`gather_elements`]: ONNX `GatherElements` along any axis, static data and i32/i64
 //! indices, wrapped and checked as [`gather`]'s.
+//!
+//! [`scatter_elements`]: ONNX `ScatterElements` along any axis of a static f32/f16 tensor
+//! by i32/i64 indices, every reduction; one invocation per output element walking the
+//! updates that can reach it in order (no atomics, the reference's order).
+//!
+//! [`gather_nd`]: ONNX `GatherND` of a static tensor of any element type by i32/i64 index
+//! tuples, `batch_dims` (bits copied as [`bit_cast`]'s).
 //!
 //! [`concat`]: ONNX `Concat` of any number of operands along any axis (dims from the axis
 //! inward static; a symbolic batch outside it is fine).
@@ -166,9 +179,31 @@
 //! blocks), dequantized where read, one invocation per output element, with
 //! `accuracy_level` 4's int8 rounding of A.
 //!
-//! [`rotary`]: ONNX `RotaryEmbedding` of an f32 `[batch, seq, hidden]` by cos and sin
-//! caches, with or without position ids, interleaved or halves, one invocation per
-//! element.
+//! [`rotary`]: ONNX `RotaryEmbedding` of an f32 `[batch, seq, hidden]` or `[batch, heads,
+//! seq, head_size]` (heads and seq static) by cos and sin caches (`[positions, rot / 2]`,
+//! or `[batch, seq, rot / 2]` without position ids), with or without position ids,
+//! interleaved or halves, one invocation per element.
+//!
+//! [`eye_like`]: ONNX `EyeLike` of a static 1- or 2-D shape, any result type (the bits of
+//! one or zero stored as [`bit_cast`]'s).
+//!
+//! [`space_to_depth`]: ONNX `SpaceToDepth` of a static 4-D tensor of any element type
+//! (bits copied as [`bit_cast`]'s).
+//!
+//! [`swiglu`]: the IR's `swiglu` (`a * sigmoid(alpha * a) * b`, ONNX SwiGLU) of two f32/f16
+//! tensors of one shape, step by step as the reference rounds it.
+//!
+//! [`bit_cast`]: ONNX `BitCast` between types of one width (8 to 64 bits, f64 and bf16
+//! included: the bits move through an unsigned register, nothing is computed).
+//!
+//! [`cumulative`]: ONNX `CumSum`/`CumProd` of a static tensor (f32/f16 accumulated in
+//! f32, 8- to 64-bit integers wrapping in 64-bit registers) along an axis constant or
+//! read at run time, `exclusive` and `reverse`; one invocation per lane.
+//!
+//! [`loss`]: ONNX `NegativeLogLikelihoodLoss` and `SoftmaxCrossEntropyLoss` of a static
+//! f32/f16 `[N, C, d...]` by i32/i64 targets, optional class weights, `ignore_index`,
+//! every reduction and the cross-entropy's log-probabilities; one invocation per loss
+//! element (a sum or mean one serial pass over the positions, in the reference's order).
 //!
 //! Subgroup reductions, reduces over symbolic dims, integer arithmetic
 //! and f16 arithmetic (packed f16) come next. Multi-element constants folded
@@ -183,50 +218,68 @@
 mod argreduce;
 mod backend;
 mod batch_norm;
+mod bitcast;
 mod block_quant;
 mod concat;
 mod const_bytes;
 mod conv;
 mod coop;
+mod cumulative;
 mod dynamic_quantize;
 mod elem;
 mod elementwise;
 mod epilogue_math;
+mod eye_like;
 mod gather;
 mod gather_elements;
+mod gather_nd;
 mod grid;
 mod integer;
+mod loss;
 mod matmul;
 mod matmul_integer;
 mod pad;
 mod reduce_axes;
 mod rotary;
+mod scatter_elements;
 mod slice;
+mod space_to_depth;
 mod split;
+mod swiglu;
 mod trilu;
 mod window;
+mod window_nd;
 
 pub use argreduce::{arg_reduce, ArgReduceKernel};
 pub use backend::SpirvBackend;
 pub use batch_norm::{batch_norm, BatchNormKernel};
+pub use bitcast::{bit_cast, BitCastKernel};
 pub use block_quant::{block_quant, BlockQuantKernel};
 pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
+pub use cumulative::{cumulative, CumulativeKernel};
 pub use dynamic_quantize::{dynamic_quantize, DynamicQuantizeKernel};
 pub use elementwise::{
     elementwise, ElementwiseKernel, Operand, ROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
+pub use eye_like::{eye_like, EyeLikeKernel};
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
+pub use gather_nd::{gather_nd, GatherNdKernel};
+pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
 pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
+pub use scatter_elements::{scatter_elements, ScatterElementsKernel};
 pub use slice::{slice, SliceKernel};
+pub use space_to_depth::{space_to_depth, SpaceToDepthKernel};
 pub use split::{split, SplitKernel};
+pub use swiglu::{swiglu, SwiGluKernel};
 pub use trilu::{trilu, TriluKernel};
+pub use window_nd::{conv_nd, pool_nd, WindowNdKernel};
 
 use rafter_ir::program::Program;
 use rafter_ir::Graph;
@@ -250,9 +303,10 @@ enum Generated {
     Elementwise(ElementwiseKernel),
     Matmul(MatmulKernel),
     Conv(ConvKernel),
-    /// A data-movement kernel of the shared grid-stride launch ([`grid`]): gather, slice,
+    /// A kernel of the shared grid-stride launch ([`grid`]): gather, gather-nd, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
-    /// run-time axes.
+    /// run-time axes, cumulative sums and products, bit casts, eye-like, space-to-depth,
+    /// swiglu, scatter-elements, losses, 3-D pooling and convolution.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
@@ -278,6 +332,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             .map(Generated::Matmul)
             .map_err(|e| e.reason);
     }
+    if window_nd::applies(body) {
+        return window_nd::generate(body).map(|k| Generated::Grid(k.spirv));
+    }
     let is_window = body.nodes.first().is_some_and(|n| {
         matches!(
             n.op,
@@ -300,6 +357,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         let grid = match n.op {
             Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
             Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
+            Op::GatherNd { .. } => Some(gather_nd(body).map(|k| k.spirv)),
             Op::Slice => Some(slice(body).map(|k| k.spirv)),
             Op::Concat { .. } => Some(concat(body).map(|k| k.spirv)),
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
@@ -309,6 +367,15 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
+            Op::Cumulative { .. } => Some(cumulative(body).map(|k| k.spirv)),
+            Op::BitCast { .. } => Some(bit_cast(body).map(|k| k.spirv)),
+            Op::SwiGlu { .. } => Some(swiglu(body).map(|k| k.spirv)),
+            Op::EyeLike { .. } => Some(eye_like(body).map(|k| k.spirv)),
+            Op::SpaceToDepth { .. } => Some(space_to_depth(body).map(|k| k.spirv)),
+            Op::ScatterElements { .. } => Some(scatter_elements(body).map(|k| k.spirv)),
+            Op::NllLoss { .. } | Op::SoftmaxCrossEntropy { .. } => {
+                Some(loss(body).map(|k| k.spirv))
+            }
             _ => None,
         };
         if let Some(spirv) = grid {

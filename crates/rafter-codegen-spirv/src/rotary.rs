@@ -1,12 +1,14 @@
 //! ONNX `RotaryEmbedding` (and ORT's contrib op the importer maps onto it) on an f32
-//! `x [batch, seq, heads * head_size]` with cos and sin caches `[positions, rot / 2]` and
-//! optional i32/i64 `position_ids [batch, seq]`: the rotary step of a GenAI-style LLM's
-//! attention (its query and key, every decode step).
+//! `x [batch, seq, heads * head_size]` or `[batch, heads, seq, head_size]` (heads and seq
+//! static) with cos and sin caches `[positions, rot / 2]` (or `[batch, seq, rot / 2]`
+//! without ids) and optional i32/i64 `position_ids [batch, seq]`: the rotary step of a
+//! GenAI-style LLM's attention (its query and key, every decode step).
 //!
 //! One invocation per output element (the grid-stride launch of [`crate::grid`]). The
 //! 3-D layout makes the element's `(batch, seq)` row `i / (heads * head_size)` without
 //! knowing the sequence length, which is also the index of its position id (or, without
-//! ids, its cache row). An element past the rotary dims is copied; one inside reads its
+//! ids, its cache row); the 4-D one divides by the static head size, sequence length and
+//! head count instead. An element past the rotary dims is copied; one inside reads its
 //! pair partner and computes the reference's `c·x1 - s·x2` or `s·x1 + c·x2`, each product
 //! rounded on its own (`NoContraction`: no fused multiply-add). A position id outside the
 //! cache is invalid input, which a kernel cannot report: it reads row 0 and writes NaN.
@@ -35,6 +37,9 @@ struct Layout {
     half: u32,
     /// Cache rows.
     positions: u32,
+    /// For a 4-D x `[batch, heads, seq, head_size]`: heads and seq (static); `None` for a
+    /// 3-D one.
+    heads_seq: Option<(u32, u32)>,
     interleaved: bool,
     x: usize,
     cos: usize,
@@ -44,7 +49,7 @@ struct Layout {
 }
 
 /// Generates a body holding one `rotary_embedding` of a 3-D f32 body input (static last
-/// dim), static caches and optional position ids, its result the body's one output.
+/// dim) or a 4-D one (static but for the batch), static caches and optional position ids, its result the body's one output.
 pub fn rotary(body: &Graph) -> Result<RotaryKernel, String> {
     let node = grid::one_node(body, "rotary_embedding")?;
     let Op::RotaryEmbedding {
@@ -63,18 +68,7 @@ pub fn rotary(body: &Graph) -> Result<RotaryKernel, String> {
             return Err(format!("{what} is {}; f32 is generated", ty(i).dtype));
         }
     }
-    let xd = &ty(x).dims;
-    if xd.len() != 3 {
-        return Err(format!(
-            "x of rank {}: [batch, seq, hidden] is generated",
-            xd.len()
-        ));
-    }
-    let row = grid::static_dims_from(ty(x), 2, "x")?[0];
-    let heads = u64::try_from(num_heads)
-        .ok()
-        .filter(|&h| h > 0 && row % h == 0);
-    let head = row / heads.ok_or_else(|| format!("{num_heads} heads of {row} values"))?;
+    let (row, head, heads_seq) = x_geometry(ty(x), num_heads)?;
     let rot = if rotary_embedding_dim > 0 {
         rotary_embedding_dim as u64
     } else {
@@ -83,10 +77,13 @@ pub fn rotary(body: &Graph) -> Result<RotaryKernel, String> {
     if rot > head || rot % 2 != 0 {
         return Err(format!("rotary dim {rot} for head size {head}"));
     }
+    // [positions, rot / 2], or [batch, seq, rot / 2] read by (batch, seq) row.
     let cache = grid::static_dims(ty(cos), "the cos cache")?;
-    if cache.len() != 2 || cache[1] != rot / 2 || grid::static_dims(ty(sin), "sin")? != cache {
+    let sin_cache = grid::static_dims(ty(sin), "the sin cache")?;
+    let rows = cache.len().checked_sub(1).filter(|&n| (1..=2).contains(&n));
+    let Some(rows) = rows.filter(|&n| cache[n] == rot / 2 && sin_cache == cache) else {
         return Err(format!("caches of dims {cache:?} for rotary dim {rot}"));
-    }
+    };
     let ids = match node.input(3) {
         None => None,
         Some(_) => {
@@ -106,7 +103,8 @@ pub fn rotary(body: &Graph) -> Result<RotaryKernel, String> {
         row: grid::product_u32(&[row], "x's rows")?,
         head: head as u32,
         half: (rot / 2) as u32,
-        positions: grid::product_u32(&cache[..1], "cache rows")?,
+        positions: grid::product_u32(&cache[..rows], "cache rows")?,
+        heads_seq,
         interleaved,
         x,
         cos,
@@ -116,6 +114,33 @@ pub fn rotary(body: &Graph) -> Result<RotaryKernel, String> {
     };
     let spirv = grid::module(layout.out + 1, |b, t, e| element(b, t, &layout, e))?;
     Ok(RotaryKernel { spirv })
+}
+
+/// x's row length, head size and, for a 4-D x, its heads and sequence length.
+type XGeometry = (u64, u64, Option<(u32, u32)>);
+
+/// x's geometry: the elements of one `(batch, seq)` row of a 3-D x (`heads * head_size`,
+/// static) or of one head of a 4-D one (`head_size`), the head size, and for a 4-D x its
+/// heads and sequence length (static: the element index is divided by them).
+fn x_geometry(x: &rafter_ir::TensorType, num_heads: i64) -> R<XGeometry> {
+    match x.dims.len() {
+        3 => {
+            let row = grid::static_dims_from(x, 2, "x")?[0];
+            let heads = u64::try_from(num_heads)
+                .ok()
+                .filter(|&h| h > 0 && row % h == 0);
+            let head = row / heads.ok_or_else(|| format!("{num_heads} heads of {row} values"))?;
+            Ok((row, head, None))
+        }
+        4 => {
+            let d = grid::static_dims_from(x, 1, "x")?;
+            grid::product_u32(&d, "x's heads")?;
+            Ok((d[2], d[2], Some((d[0] as u32, d[1] as u32))))
+        }
+        r => Err(format!(
+            "x of rank {r}: [batch, seq, hidden] or [batch, heads, seq, head_size] is generated"
+        )),
+    }
 }
 
 /// Loads the f32 at element `index` (a `u32`) of the buffer at `base`.
@@ -132,11 +157,27 @@ fn product(b: &mut Builder, f32: Word, x: Word, y: Word) -> R<Word> {
     Ok(p)
 }
 
+/// The `(batch, seq)` row of element `i` (its position id's index) and its place in its
+/// head: for a 3-D x, `i / hidden` and `i % head`; for a 4-D one, `i = ((b * heads + h)
+/// * seq + s) * head + t` gives row `b * seq + s`.
+fn row_and_place(b: &mut Builder, t: &Prelude, l: &Layout, i: Word) -> R<(Word, Word)> {
+    let u32 = t.u32;
+    let Some((heads, seq)) = l.heads_seq else {
+        let (row, col) = grid::div_mod(b, u32, i, l.row)?;
+        return Ok((row, grid::div_mod(b, u32, col, l.head)?.1));
+    };
+    let (q, within) = grid::div_mod(b, u32, i, l.head)?;
+    let (bh, s) = grid::div_mod(b, u32, q, seq)?;
+    let (batch, _) = grid::div_mod(b, u32, bh, heads)?;
+    let seq = b.constant_bit32(u32, seq);
+    let row = build(b.i_mul(u32, None, batch, seq))?;
+    Ok((build(b.i_add(u32, None, row, s))?, within))
+}
+
 /// Output element `i`: its row, its place `t` in the head, the cache row, the rotation.
 fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let (u32, f32, bool) = (t.u32, t.f32, t.bool);
-    let (row, col) = grid::div_mod(b, u32, e.i, l.row)?;
-    let within = grid::div_mod(b, u32, col, l.head)?.1;
+    let (row, within) = row_and_place(b, t, l, e.i)?;
     let c = |b: &mut Builder, v: u32| b.constant_bit32(u32, v);
     // The cache row: the position id, or the (batch, seq) row itself; checked.
     let (pos, valid) = match l.ids {

@@ -110,3 +110,52 @@ fn a_position_outside_the_cache_writes_nan() {
     assert!(got[row..3 * row].iter().all(|v| v.is_nan()));
     assert!(got[3 * row..].iter().all(|v| !v.is_nan()));
 }
+
+/// A 4-D x `[batch, heads, seq, head_size]` (ONNX's other layout), with position ids
+/// into a `[positions, rot / 2]` cache or without, reading a `[batch, seq, rot / 2]`
+/// cache by (batch, seq): bit-exact with the reference.
+#[test]
+fn rotations_of_a_4d_x_match_the_reference() {
+    let Some(device) = common::device_or_skip("rotary 4-D") else {
+        return;
+    };
+    let (batch, seq) = (2usize, 3usize);
+    for with_ids in [true, false] {
+        for interleaved in [false, true] {
+            for rot in [HEAD, 4] {
+                let half = rot / 2;
+                let (cache, extra, arg) = if with_ids {
+                    (vec![POSITIONS, half], ", %p: i64[2, 3]", ", %p")
+                } else {
+                    (vec![batch, seq, half], "", "")
+                };
+                let c = cache
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let text = format!(
+                    "graph @r(%x: f32[{batch}, {HEADS}, {seq}, {HEAD}], %c: f32[{c}], %n: f32[{c}]{extra}) -> (%y) {{\n  %y: f32[{batch}, {HEADS}, {seq}, {HEAD}] = rotary_embedding{{interleaved = {interleaved}, num_heads = 0, rotary_embedding_dim = {rot}}}(%x, %c, %n{arg})\n}}"
+                );
+                let g = parse_graph(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+                let kernel = rotary(&g).unwrap_or_else(|e| panic!("{text}: {e}"));
+                common::spirv_val(&kernel.spirv, "rotary_4d");
+                let dims = [batch, HEADS, seq, HEAD];
+                let count: usize = dims.iter().product();
+                let rows: usize = cache.iter().product();
+                let mut inputs = vec![
+                    Tensor::f32s(&dims, common::inputs_in((-3.0, 3.0), count, 1)),
+                    Tensor::f32s(&cache, common::inputs_in((-1.0, 1.0), rows, 2)),
+                    Tensor::f32s(&cache, common::inputs_in((-1.0, 1.0), rows, 3)),
+                ];
+                if with_ids {
+                    inputs.push(ids("i64", &[0, 9, 3, 3, 7, 1]));
+                }
+                let want = rafter_reference::run(&g, inputs.clone()).unwrap().remove(0);
+                let module = kernel_module(&g, 0).unwrap();
+                let got = common::run_module(&device, &module, &inputs, (DType::F32, &dims));
+                assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "{text}");
+            }
+        }
+    }
+}
