@@ -152,19 +152,9 @@ pub fn pool_nd(body: &Graph) -> Result<WindowNdKernel, String> {
         &grid::static_dims_from(y_ty, 1, "pool output")?,
         "pool output",
     )?;
-    let n = input.len();
-    let kernel = u32s_attr(kernel_shape, n, 1, "kernel_shape")?;
-    let strides = u32s_attr(strides, n, 1, "strides")?;
-    let dilations = u32s_attr(dilations, n, 1, "dilations")?;
-    if kernel.contains(&0) || strides.contains(&0) || dilations.contains(&0) {
-        return Err("a zero window, stride or dilation".into());
-    }
-    let (pad_begin, pad_end) = resolve_pads(
-        pads,
-        auto_pad,
-        (&input, &out),
-        (&kernel, &strides, &dilations),
-    )?;
+    let kernel = u32s_attr(kernel_shape, input.len(), 1, "kernel_shape")?;
+    let (strides, dilations, pad_begin, pad_end) =
+        geometry(&kernel, strides, dilations, pads, auto_pad, (&input, &out))?;
     let layout = Layout {
         kind,
         elem,
@@ -204,6 +194,31 @@ fn u32s_attr(v: &[i64], n: usize, default: u32, what: &str) -> R<Vec<u32>> {
                 .ok_or_else(|| format!("{what} entry {a} is not generated"))
         })
         .collect()
+}
+
+/// Strides, dilations, leading and trailing pads of a window op, shared by pooling and
+/// convolution.
+type Geometry = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>);
+
+/// The window's [`Geometry`] from its attributes (empty lists default to 1); a zero window,
+/// stride or dilation is refused.
+fn geometry(
+    kernel: &[u32],
+    strides: &[i64],
+    dilations: &[i64],
+    pads: &[i64],
+    auto_pad: AutoPad,
+    (input, out): (&[u32], &[u32]),
+) -> R<Geometry> {
+    let n = input.len();
+    let strides = u32s_attr(strides, n, 1, "strides")?;
+    let dilations = u32s_attr(dilations, n, 1, "dilations")?;
+    if kernel.contains(&0) || strides.contains(&0) || dilations.contains(&0) {
+        return Err("a zero window, stride or dilation".into());
+    }
+    let (pad_begin, pad_end) =
+        resolve_pads(pads, auto_pad, (input, out), (kernel, &strides, &dilations))?;
+    Ok((strides, dilations, pad_begin, pad_end))
 }
 
 /// The leading and trailing pads per dim: explicit (`pads`, all begins then all ends), or
@@ -458,18 +473,9 @@ pub fn conv_nd(body: &Graph) -> Result<WindowNdKernel, String> {
             return Err(format!("a bias of {} values for {m} channels", v.len()));
         }
     }
-    let strides = u32s_attr(strides, n, 1, "strides")?;
-    let dilations = u32s_attr(dilations, n, 1, "dilations")?;
-    if kernel.contains(&0) || strides.contains(&0) || dilations.contains(&0) {
-        return Err("a zero window, stride or dilation".into());
-    }
     let (input, out) = (xd[1..].to_vec(), yd[1..].to_vec());
-    let (pad_begin, pad_end) = resolve_pads(
-        pads,
-        auto_pad,
-        (&input, &out),
-        (&kernel, &strides, &dilations),
-    )?;
+    let (strides, dilations, pad_begin, pad_end) =
+        geometry(&kernel, strides, dilations, pads, auto_pad, (&input, &out))?;
     let layout = Layout {
         kind: Kind::Conv(ConvOp {
             w,
