@@ -273,30 +273,84 @@ fn chain(n: usize) -> Probe {
     )
 }
 
-/// The probes rating each class, two shapes apart in size where the ramp matters, shaped
-/// like the benchmark models' kernels (BERT/MiniLM projections and FFNs; MobileNetV2 and
-/// ResNet-50 stems, 1x1, 3x3 and depthwise convolutions; attention-score softmax).
+/// A batched matmul `[b, m, k] x [b, k, n]`, as attention's scores and context.
+fn batched_gemm(b: usize, m: usize, k: usize, n: usize) -> Probe {
+    probe(
+        &format!("batched gemm {b}x{m}x{k}x{n}"),
+        format!(
+            "graph @bgemm(%a: f32[{b}, {m}, {k}], %b: f32[{b}, {k}, {n}]) -> (%y) {{\n  \
+             %y: f32[{b}, {m}, {n}] = matmul(%a, %b)\n}}"
+        ),
+    )
+}
+
+/// The probes rating each class, shaped like the benchmark models' kernels (BERT/MiniLM
+/// projections, FFNs and attention products; MobileNetV2 and ResNet-50 stems, 1x1, 3x3 and
+/// depthwise convolutions at each stage's size; attention-score softmax; head transposes).
+/// A contraction class has probes across its models' range of sizes, so its fitted rate
+/// and ramp are those of the shapes models run, not of one favourable shape (one 64-channel
+/// 3x3 convolution rated a 16-core host at 3 TFLOP/s, twice what ResNet-50's convolutions
+/// ran at). A streaming class has two probes of the sizes models' activations have (0.4 to
+/// 5 MB: in a GPU's L2 or a CPU's caches, where a model's intermediates are), so that the
+/// slope between them is its bandwidth and the intercept its fixed cost per kernel (a lone
+/// small transpose put both into one rate, 49 GB/s for an H200); elementwise adds a fused
+/// chain for its compute rate.
 fn class_probes() -> Vec<(&'static str, Vec<Probe>)> {
     vec![
-        ("gemm", vec![gemm(128, 384, 384), gemm(128, 768, 3072)]),
+        (
+            "gemm",
+            vec![
+                gemm(128, 384, 384),
+                batched_gemm(12, 128, 64, 128),
+                gemm(128, 384, 1536),
+                gemm(128, 768, 768),
+                gemm(128, 768, 3072),
+            ],
+        ),
         (
             "pointwise_conv",
-            vec![conv(144, 28, 32, 1, 1, 1), conv(128, 56, 256, 1, 1, 1)],
+            vec![
+                conv(144, 28, 32, 1, 1, 1),
+                conv(512, 7, 2048, 1, 1, 1),
+                conv(1024, 14, 256, 1, 1, 1),
+                conv(256, 56, 64, 1, 1, 1),
+                conv(128, 56, 256, 1, 1, 1),
+            ],
         ),
         (
             "conv",
-            vec![conv(3, 224, 32, 3, 2, 1), conv(64, 56, 64, 3, 1, 1)],
+            vec![
+                conv(3, 224, 32, 3, 2, 1),
+                conv(512, 7, 512, 3, 1, 1),
+                conv(256, 14, 256, 3, 1, 1),
+                conv(128, 56, 128, 3, 2, 1),
+                conv(64, 56, 64, 3, 1, 1),
+            ],
         ),
         (
             "depthwise_conv",
-            vec![conv(960, 7, 960, 3, 1, 960), conv(144, 56, 144, 3, 1, 144)],
+            vec![
+                conv(960, 7, 960, 3, 1, 960),
+                conv(384, 14, 384, 3, 1, 384),
+                conv(144, 56, 144, 3, 1, 144),
+            ],
         ),
         (
             "elementwise",
-            vec![add("1, 144, 56, 56"), fused_chain("1, 144, 56, 56", 16)],
+            vec![
+                add("128, 768"),
+                add("1, 144, 56, 56"),
+                fused_chain("1, 144, 56, 56", 16),
+            ],
         ),
-        ("reduction", vec![softmax("12, 128, 128")]),
-        ("data_movement", vec![transpose([128, 12, 32, 1])]),
+        (
+            "reduction",
+            vec![softmax("12, 128, 128"), softmax("12, 256, 256")],
+        ),
+        (
+            "data_movement",
+            vec![transpose([1, 128, 12, 64]), transpose([1, 512, 12, 64])],
+        ),
     ]
 }
 
@@ -332,51 +386,100 @@ fn probe_seconds(t: Timing, empty_call_s: f64) -> f64 {
     s.max(1e-9)
 }
 
-/// A class's rate from its probes: `(work, seconds of compute beyond the dispatch)`.
-/// With two sizes, the roofline with ramp `t = (f + n½) / F` through both points; with one
-/// (or when the two disagree with a ramp), the plain rate of the largest.
-fn fit(points: &[(KernelWork, f64)]) -> ClassRate {
+/// The line `t = a + x / rate` through `(x, t)` points, by least squares on the relative
+/// error (weights `1 / t²`: a 10 us probe counts as much as a 10 ms one), as `(rate, a)`.
+/// A negative intercept is dropped (the line through the origin instead); `None` when the
+/// points do not rise with `x`.
+fn line_fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let (mut s, mut sx, mut sxx, mut st, mut sxt) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(x, t) in points {
+        let w = 1.0 / (t * t).max(1e-30);
+        s += w;
+        sx += w * x;
+        sxx += w * x * x;
+        st += w * t;
+        sxt += w * x * t;
+    }
+    let det = s * sxx - sx * sx;
+    let slope = if det > 1e-12 * s * sxx {
+        (s * sxt - sx * st) / det
+    } else {
+        0.0
+    };
+    if det > 1e-12 * s * sxx && slope <= 0.0 {
+        return None;
+    }
+    let intercept = if slope > 0.0 {
+        (st - slope * sx) / s
+    } else {
+        -1.0
+    };
+    if intercept >= 0.0 {
+        return Some((1.0 / slope, intercept));
+    }
+    // Through the origin: slope = Σ w x t / Σ w x².
+    let slope = if sxx > 0.0 { sxt / sxx } else { 0.0 };
+    (slope > 0.0).then(|| (1.0 / slope, 0.0))
+}
+
+/// A contraction class's rate from its probes `(work, seconds)`: the line through them
+/// over flops gives the rate and the ramp (Hockney's n½: `t = (flops + half_flops) /
+/// flops_per_s`). The line's intercept holds the device's floor for any kernel, which the
+/// model charges once per kernel as the dispatch cost: only what exceeds `floor_s` is
+/// ramp. With no rising line, the plain rate of the largest probe.
+fn fit(points: &[(KernelWork, f64)], floor_s: f64) -> ClassRate {
     let last = points.last().expect("every class has a probe");
     let (wl, tl) = (last.0, last.1.max(1e-9));
-    let plain = ClassRate {
-        flops_per_s: wl.flops.max(1.0) / tl,
-        bytes_per_s: wl.bytes.max(1.0) / tl,
-        half_flops: 0.0,
-    };
-    let &[(w1, t1), (w2, t2)] = points else {
-        return plain;
-    };
-    let (f1, f2) = (w1.flops, w2.flops);
-    if f2 <= f1 || t2 <= t1 {
-        return plain;
-    }
-    let flops_per_s = (f2 - f1) / (t2 - t1);
-    let half_flops = t1 * flops_per_s - f1;
-    if half_flops < 0.0 || flops_per_s < plain.flops_per_s {
-        return plain;
-    }
-    ClassRate {
-        flops_per_s,
-        // Bytes never bound these classes at the probes' shapes; the streaming rate of
-        // the largest probe keeps the memory term below its compute term there.
-        bytes_per_s: plain.bytes_per_s.max(w2.bytes / t2.max(1e-9)),
-        half_flops,
+    let bytes_per_s = points
+        .iter()
+        .map(|(w, t)| w.bytes / t.max(1e-9))
+        .fold(wl.bytes.max(1.0) / tl, f64::max);
+    let flops: Vec<(f64, f64)> = points.iter().map(|(w, t)| (w.flops, *t)).collect();
+    match line_fit(&flops) {
+        Some((flops_per_s, a)) => ClassRate {
+            flops_per_s,
+            // Bytes never bound these classes at the probes' shapes; the fastest probe's
+            // streaming rate keeps the memory term below its compute term there.
+            bytes_per_s,
+            half_flops: (a - floor_s).max(0.0) * flops_per_s,
+        },
+        None => ClassRate {
+            flops_per_s: wl.flops.max(1.0) / tl,
+            bytes_per_s,
+            half_flops: 0.0,
+        },
     }
 }
 
-/// A streaming class's rate from a memory-bound probe (first: few operations per byte,
-/// its bandwidth) and a compute-heavy one of the same size (last: its operation rate, a
-/// lower bound where even it is memory-bound). No ramp: these kernels' fixed cost is the
-/// dispatch cost the model adds apart.
-fn streaming_fit(points: &[(KernelWork, f64)]) -> ClassRate {
-    let (first, last) = (points.first(), points.last());
-    let (Some(&(wb, tb)), Some(&(wf, tf))) = (first, last) else {
-        unreachable!("every class has a probe");
+/// A streaming class's rates from probes of two sizes (or more): its bandwidth is the
+/// slope of time over bytes between them, its operation rate the slope over flops. With
+/// `chain` (elementwise), the last probe is a compute-heavy fused chain instead, whose
+/// flops over its time beyond the streams' intercept give the operation rate (at least
+/// the streaming probes' own). The intercept beyond the device's `floor_s` is the class's
+/// own fixed cost, kept as ramp: a CPU kernel split over every core waits for the
+/// slowest thread and wakes them all (tens of us on 16 cores), which a single-threaded
+/// tiny kernel's dispatch cost does not hold.
+fn streaming_fit(points: &[(KernelWork, f64)], chain: bool, floor_s: f64) -> ClassRate {
+    let (streams, compute) = if chain {
+        points.split_at(points.len() - 1)
+    } else {
+        (points, &[][..])
     };
+    let largest = streams.last().expect("every class has a probe");
+    let line = |f: fn(&KernelWork) -> f64| -> (f64, f64) {
+        let pts: Vec<(f64, f64)> = streams.iter().map(|(w, t)| (f(w), *t)).collect();
+        line_fit(&pts).unwrap_or((f(&largest.0).max(1.0) / largest.1.max(1e-9), 0.0))
+    };
+    let (bytes_per_s, _) = line(|w| w.bytes);
+    let (mut flops_per_s, intercept) = line(|w| w.flops);
+    for (w, t) in compute {
+        let beyond = (t - intercept).max(t / 2.0).max(1e-9);
+        flops_per_s = flops_per_s.max(w.flops.max(1.0) / beyond);
+    }
     ClassRate {
-        flops_per_s: (wf.flops.max(1.0) / tf.max(1e-9)).max(wb.flops.max(1.0) / tb.max(1e-9)),
-        bytes_per_s: wb.bytes.max(1.0) / tb.max(1e-9),
-        half_flops: 0.0,
+        flops_per_s,
+        bytes_per_s,
+        half_flops: (intercept - floor_s).max(0.0) * flops_per_s,
     }
 }
 
@@ -388,10 +491,15 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
     let empty = time_call(&one.text, device, None)
         .with_context(|| ctx(&one.what))?
         .call_s;
-    let t_many = time_call(&many.text, device, None)
-        .with_context(|| ctx(&many.what))?
-        .call_s;
-    let dispatch_s = ((t_many - empty) / 32.0).max(0.0);
+    let t_many = time_call(&many.text, device, None).with_context(|| ctx(&many.what))?;
+    let dispatch_s = ((t_many.call_s - empty) / 32.0).max(0.0);
+    // The device's own time for a kernel with next to no work (its timestamps around a
+    // 1x1 matmul): part of every probe's time and of `dispatch_s` both.
+    let floor_s = if t_many.kernels_s.is_finite() {
+        t_many.kernels_s / 33.0
+    } else {
+        0.0
+    };
     let mut classes: BTreeMap<&'static str, ClassRate> = BTreeMap::new();
     for (class, probes) in class_probes() {
         let mut points = Vec::new();
@@ -400,10 +508,10 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             let t = time_call(&p.text, device, Some(&kernel)).with_context(|| ctx(&p.what))?;
             points.push((work, probe_seconds(t, empty)));
         }
-        let rate = if class == "elementwise" {
-            streaming_fit(&points)
-        } else {
-            fit(&points)
+        let rate = match class {
+            "elementwise" => streaming_fit(&points, true, floor_s),
+            "reduction" | "data_movement" => streaming_fit(&points, false, floor_s),
+            _ => fit(&points, floor_s),
         };
         classes.insert(class, rate);
     }
@@ -519,15 +627,59 @@ mod tests {
     }
 
     #[test]
-    fn streaming_classes_take_bandwidth_from_the_first_probe_and_compute_from_the_last() {
-        // add: 1e6 flops, 12e6 bytes in 1 ms; the chain: 32e6 flops, 8e6 bytes in 2 ms.
-        let r = streaming_fit(&[(work(1e6, 12e6), 1e-3), (work(32e6, 8e6), 2e-3)]);
-        assert_eq!(r.bytes_per_s, 12e9);
-        assert_eq!(r.flops_per_s, 16e9);
-        assert_eq!(r.half_flops, 0.0);
-        // A chain slower per flop than the add (never measured so) keeps the add's rate.
-        let r = streaming_fit(&[(work(1e6, 12e6), 1e-3), (work(2e6, 8e6), 1.0)]);
-        assert_eq!(r.flops_per_s, 1e9);
+    fn a_line_through_the_probes_gives_rate_and_intercept() {
+        // t = 2 us + x / 1e9.
+        let pts: Vec<(f64, f64)> = [1e3, 1e4, 1e5]
+            .iter()
+            .map(|&x| (x, 2e-6 + x / 1e9))
+            .collect();
+        let (rate, a) = line_fit(&pts).unwrap();
+        assert!((rate / 1e9 - 1.0).abs() < 1e-9, "{rate}");
+        assert!((a - 2e-6).abs() < 1e-12, "{a}");
+        // A negative intercept: the line through the origin instead.
+        let (rate, a) = line_fit(&[(1e6, 1e-3), (2e6, 3e-3)]).unwrap();
+        assert_eq!(a, 0.0);
+        assert!(rate > 5e8 && rate < 1e9, "{rate}");
+        // Points that do not rise with x have no rate.
+        assert!(line_fit(&[(1e6, 2e-3), (2e6, 1e-3)]).is_none());
+        assert!(line_fit(&[(1e6, 2e-3)]).is_some_and(|(r, _)| (r / 5e8 - 1.0).abs() < 1e-9));
+    }
+
+    #[test]
+    fn a_contraction_ramp_excludes_the_floor_charged_as_dispatch() {
+        // t = 10 us + flops / 1e12; the device's floor is 4 us: ramp 6 us of flops.
+        let pts: Vec<(KernelWork, f64)> = [1e6, 1e8, 1e9]
+            .iter()
+            .map(|&f| (work(f, 1e3), 10e-6 + f / 1e12))
+            .collect();
+        let r = fit(&pts, 4e-6);
+        assert!((r.flops_per_s / 1e12 - 1.0).abs() < 1e-9, "{r:?}");
+        assert!((r.half_flops - 6e6).abs() < 1.0, "{r:?}");
+        // A floor above the intercept leaves no ramp.
+        assert_eq!(fit(&pts, 20e-6).half_flops, 0.0);
+    }
+
+    #[test]
+    fn streaming_classes_take_rates_from_slopes_and_the_chain() {
+        // Two adds: 2 us fixed + bytes at 1e11 B/s; the chain: 320e6 flops in 2 us + 1 ms.
+        let pts = [
+            (work(1e6, 12e6), 2e-6 + 12e6 / 1e11),
+            (work(16e6, 192e6), 2e-6 + 192e6 / 1e11),
+            (work(320e6, 8e6), 1.002e-3),
+        ];
+        let r = streaming_fit(&pts, true, 2e-6);
+        assert!((r.bytes_per_s / 1e11 - 1.0).abs() < 1e-9, "{r:?}");
+        assert!((r.flops_per_s / 320e9 - 1.0).abs() < 1e-6, "{r:?}");
+        assert!(r.half_flops.abs() < 1.0, "{r:?}");
+        // An intercept above the floor (a CPU waking its threads) stays as ramp: 8 us.
+        let r = streaming_fit(&pts, true, -6e-6);
+        assert!((r.half_flops / r.flops_per_s - 8e-6).abs() < 1e-12, "{r:?}");
+        // Without a chain both rates are slopes of the same probes.
+        let r = streaming_fit(&pts[..2], false, 0.0);
+        assert!(
+            (r.flops_per_s / (15e6 / (180e6 / 1e11)) - 1.0).abs() < 1e-9,
+            "{r:?}"
+        );
     }
 
     #[test]

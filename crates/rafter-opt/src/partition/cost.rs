@@ -248,9 +248,67 @@ fn node_flops(g: &Graph, n: &rafter_ir::Node, values: &HashMap<Symbol, i64>) -> 
             6.0 * dim(ty(0), 0) * *top_k as f64 * per_expert
         }
         op => match KernelKind::of(op) {
-            KernelKind::Reduction => elems(ty(0)).max(out),
-            _ => out,
+            KernelKind::Reduction => elems(ty(0)).max(out) * reduction_ops(op),
+            _ => out * elementwise_ops(op),
         },
+    }
+}
+
+/// Operations a function evaluated by approximation costs (range reduction and a
+/// polynomial or rational fit: `exp`, `erf`, `tanh`, ... take about ten multiply-adds in
+/// the CPU's and the SPIR-V kernels), in the units of a multiply or an add.
+const APPROXIMATED_OPS: f64 = 10.0;
+
+/// Operations per output element of an elementwise op: one for arithmetic, comparisons
+/// and moves; [`APPROXIMATED_OPS`] for the transcendental functions (a GELU is an `erf`
+/// and four arithmetic ops), four for a division or square root (their throughput is a
+/// quarter of a multiply's). Counted so, a fused GELU is not rated as one add.
+fn elementwise_ops(op: &Op) -> f64 {
+    use rafter_ir::{BinaryOp as B, UnaryOp as U};
+    match op {
+        Op::Unary { op } => match op {
+            U::Exp
+            | U::Log
+            | U::Sin
+            | U::Cos
+            | U::Tan
+            | U::Asin
+            | U::Acos
+            | U::Atan
+            | U::Sinh
+            | U::Cosh
+            | U::Tanh
+            | U::Asinh
+            | U::Acosh
+            | U::Atanh
+            | U::Erf
+            | U::Sigmoid
+            | U::Softplus
+            | U::Mish => APPROXIMATED_OPS,
+            U::Sqrt | U::Reciprocal => 4.0,
+            _ => 1.0,
+        },
+        Op::Binary {
+            op: B::Div | B::Pow | B::Mod | B::FMod,
+        } => 4.0,
+        Op::Gelu { .. } | Op::Elu { .. } | Op::Selu { .. } | Op::Celu { .. } => {
+            APPROXIMATED_OPS + 4.0
+        }
+        _ => 1.0,
+    }
+}
+
+/// Operations per input element of a reduction or normalisation: a softmax takes the
+/// maximum, subtracts it, exponentiates, sums and scales (four ops and an `exp`); a layer
+/// norm sums, centres, squares and sums, scales, and applies its scale and bias (seven); an
+/// RMS norm four; a plain reduction one.
+fn reduction_ops(op: &Op) -> f64 {
+    match op {
+        Op::Softmax { .. } => 4.0 + APPROXIMATED_OPS,
+        Op::LayerNorm { .. } | Op::GroupNorm { .. } | Op::InstanceNorm { .. } => 7.0,
+        Op::MeanVarianceNorm { .. } => 6.0,
+        Op::RmsNorm { .. } | Op::LpNorm { .. } => 4.0,
+        _ => 1.0,
     }
 }
 
