@@ -65,59 +65,79 @@ struct Timing {
     kernels_s: f64,
 }
 
-/// Times `graph_text` compiled for `target`, tracing its dispatches on the way; with
-/// `only`, [`Timing::kernels_s`] counts that kernel's dispatches alone.
-fn time_call(graph_text: &str, target: &str, only: Option<&str>) -> Result<Timing> {
-    let graph = rafter_ir::text::parse_graph(graph_text)
-        .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
-    let options = rafter_compiler::CompileOptions {
-        target: rafter_compiler::target(target)?,
-        ..Default::default()
-    };
-    let compiled = rafter_compiler::compile(&graph, &options)?;
-    let executables = compiled.executables();
-    let program = compiled.program;
-    let sink = Arc::new(ChromeTrace::new());
-    let cpu = CpuDeviceOptions {
-        trace_sink: Some(sink.clone() as Arc<dyn rafter_hal::TraceSink>),
-        ..CpuDeviceOptions::default()
-    };
-    let devices = model::devices_for(&program, cpu)?;
-    let opts = model::with_executables(SessionOptions::new(), &executables);
-    let mut bindings = Bindings::with([]);
-    let inputs = runtime_tensors(&gather_inputs(
-        &program.inputs,
-        &[],
-        &mut bindings,
-        Some(1),
-    )?)?;
-    let session = Session::with_options(program, &devices, opts)?;
-    for _ in 0..2 {
-        session.run(inputs.clone(), TIMEOUT)?;
+/// The devices a calibration runs on, opened once for all its programs (opening a
+/// driver per program repeats its start-up; on an H200 the 31st open in one process failed
+/// to find the device), with the trace sink every program's dispatches are timed by.
+struct Bench {
+    target: String,
+    devices: rafter_runtime::DeviceSet,
+    sink: Arc<ChromeTrace>,
+}
+
+impl Bench {
+    fn open(target: &str) -> Result<Bench> {
+        let sink = Arc::new(ChromeTrace::new());
+        let cpu = CpuDeviceOptions {
+            trace_sink: Some(sink.clone() as Arc<dyn rafter_hal::TraceSink>),
+            ..CpuDeviceOptions::default()
+        };
+        let devices = model::open_devices(target != "cpu", cpu)?;
+        Ok(Bench {
+            target: target.to_string(),
+            devices,
+            sink,
+        })
     }
-    let mut best = Timing {
-        call_s: f64::INFINITY,
-        kernels_s: f64::INFINITY,
-    };
-    for _ in 0..CALLS {
-        sink.clear();
-        let call = inputs.clone();
-        let start = Instant::now();
-        session.run(call, TIMEOUT)?;
-        best.call_s = best.call_s.min(start.elapsed().as_secs_f64());
-        let events = sink.events();
-        let kernel_s = dispatch_time(&events, target, only);
-        if kernel_s == 0.0 && dispatch_time(&events, target, None) > 0.0 {
-            // A rate from the call's wall time instead would count the input copies (see
-            // the module docs): never silently.
-            anyhow::bail!(
-                "no dispatch of kernel `{}` in the trace",
-                only.unwrap_or("")
-            );
+
+    /// Times `graph_text` compiled for this bench's target, tracing its dispatches on the
+    /// way; with `only`, [`Timing::kernels_s`] counts that kernel's dispatches alone.
+    fn time_call(&self, graph_text: &str, only: Option<&str>) -> Result<Timing> {
+        let target = self.target.as_str();
+        let graph = rafter_ir::text::parse_graph(graph_text)
+            .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
+        let options = rafter_compiler::CompileOptions {
+            target: rafter_compiler::target(target)?,
+            ..Default::default()
+        };
+        let compiled = rafter_compiler::compile(&graph, &options)?;
+        let executables = compiled.executables();
+        let program = compiled.program;
+        let opts = model::with_executables(SessionOptions::new(), &executables);
+        let mut bindings = Bindings::with([]);
+        let inputs = runtime_tensors(&gather_inputs(
+            &program.inputs,
+            &[],
+            &mut bindings,
+            Some(1),
+        )?)?;
+        let session = Session::with_options(program, &self.devices, opts)?;
+        for _ in 0..2 {
+            session.run(inputs.clone(), TIMEOUT)?;
         }
-        best.kernels_s = best.kernels_s.min(kernel_s);
+        let mut best = Timing {
+            call_s: f64::INFINITY,
+            kernels_s: f64::INFINITY,
+        };
+        for _ in 0..CALLS {
+            self.sink.clear();
+            let call = inputs.clone();
+            let start = Instant::now();
+            session.run(call, TIMEOUT)?;
+            best.call_s = best.call_s.min(start.elapsed().as_secs_f64());
+            let events = self.sink.events();
+            let kernel_s = dispatch_time(&events, target, only);
+            if kernel_s == 0.0 && dispatch_time(&events, target, None) > 0.0 {
+                // A rate from the call's wall time instead would count the input copies
+                // (see the module docs): never silently.
+                anyhow::bail!(
+                    "no dispatch of kernel `{}` in the trace",
+                    only.unwrap_or("")
+                );
+            }
+            best.kernels_s = best.kernels_s.min(kernel_s);
+        }
+        Ok(best)
     }
-    Ok(best)
 }
 
 /// Seconds the dispatches in `events` held `device`'s queues (`vulkan:0` is `vulkan`):
@@ -148,8 +168,48 @@ struct Probe {
 fn probe(what: &str, text: String) -> Probe {
     Probe {
         what: what.to_string(),
-        text,
+        text: with_sink(&text),
     }
+}
+
+/// `text` with one more kernel after its result: a transpose of the last two dims (a
+/// `relu` after a transpose probe, which a transpose would fold into). A call's result
+/// lives in host memory, so the kernel writing it on a discrete GPU writes over PCIe (on an
+/// H200 a lone 1.8 MB `relu` took 40 us, the same one mid-chain 7 us); the sink takes that
+/// write, and the probe's own kernel writes device memory as a model's inner kernels do.
+fn with_sink(text: &str) -> String {
+    let Some((head, rest)) = text.split_once(") -> (%") else {
+        return text.to_string();
+    };
+    let Some((out, rest)) = rest.split_once(')') else {
+        return text.to_string();
+    };
+    let decl = format!("  %{out}: ");
+    let Some(ty) = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&decl[..]))
+        .and_then(|l| l.split_once(" = ").map(|(t, _)| t.to_string()))
+    else {
+        return text.to_string();
+    };
+    let Some((dtype, dims)) = ty.strip_suffix(']').and_then(|t| t.split_once('[')) else {
+        return text.to_string();
+    };
+    let mut dims: Vec<&str> = dims.split(", ").collect();
+    let body = rest.trim_end().trim_end_matches('}');
+    let line = if text.contains("= transpose{") || dims.len() < 2 {
+        format!("  %sink: {ty} = unary{{op = relu}}(%{out})\n")
+    } else {
+        let r = dims.len();
+        dims.swap(r - 2, r - 1);
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 2, r - 1);
+        format!(
+            "  %sink: {dtype}[{}] = transpose{{perm = {perm:?}}}(%{out})\n",
+            dims.join(", ")
+        )
+    };
+    format!("{head}) -> (%sink){body}{line}}}")
 }
 
 fn gemm(m: usize, k: usize, n: usize) -> Probe {
@@ -174,18 +234,32 @@ fn gemm_of(dtype: &str, m: usize, k: usize, n: usize) -> Probe {
 /// layout transposes, the probe rated the H200 host's 3x3 convolutions at a third of
 /// what those of a model ran at; on the 2-core dev machine 193 -> 595 GFLOP/s).
 fn conv(c: usize, hw: usize, m: usize, k: usize, s: usize, group: usize) -> Probe {
+    conv_of("f32", c, hw, m, k, s, group)
+}
+
+/// [`conv`] in `dtype` (`f32`, `f16`): an f16 probe's filter is the f32 constant cast to
+/// f16, which the compiler folds into an f16 weight.
+fn conv_of(dtype: &str, c: usize, hw: usize, m: usize, k: usize, s: usize, group: usize) -> Probe {
     let p = k / 2;
     let o = (hw + 2 * p - k) / s + 1;
     let cg = c / group;
     let scale = (2.0 / (cg * k * k) as f32).sqrt();
+    let (filter, cast) = if dtype == "f32" {
+        ("%w", String::new())
+    } else {
+        (
+            "%wh",
+            format!("  %wh: {dtype}[{m}, {cg}, {k}, {k}] = cast{{to = {dtype}}}(%w)\n"),
+        )
+    };
     probe(
-        &format!("conv {c}x{hw}x{hw} -> {m} k{k} s{s} g{group}"),
+        &format!("conv {dtype} {c}x{hw}x{hw} -> {m} k{k} s{s} g{group}"),
         format!(
-            "graph @conv(%x: f32[1, {c}, {hw}, {hw}]) -> (%y) {{\n  \
-             const %w: f32[{m}, {cg}, {k}, {k}] = hex \"{}\"\n  \
-             %y: f32[1, {m}, {o}, {o}] = conv{{kernel_shape = [{k}, {k}], strides = [{s}, {s}], \
-             pads = [{p}, {p}, {p}, {p}], dilations = [1, 1], group = {group}, \
-             auto_pad = explicit}}(%x, %w)\n}}",
+            "graph @conv(%x: {dtype}[1, {c}, {hw}, {hw}]) -> (%y) {{\n  \
+             const %w: f32[{m}, {cg}, {k}, {k}] = hex \"{}\"\n{cast}  \
+             %y: {dtype}[1, {m}, {o}, {o}] = conv{{kernel_shape = [{k}, {k}], \
+             strides = [{s}, {s}], pads = [{p}, {p}, {p}, {p}], dilations = [1, 1], \
+             group = {group}, auto_pad = explicit}}(%x, {filter})\n}}",
             hex_f32s(m * cg * k * k, scale)
         ),
     )
@@ -365,12 +439,15 @@ fn probe_work(probe: &Probe, target: &str) -> Result<(KernelWork, String)> {
     };
     let program = rafter_compiler::compile(&graph, &options)?.program;
     let values = cost::bound_values(&program);
-    program
-        .kernels
-        .iter()
-        .map(|k| (cost::kernel_work(k, &values), k.name.clone()))
-        .max_by(|a, b| a.0.flops.total_cmp(&b.0.flops))
-        .ok_or_else(|| anyhow::anyhow!("calibration `{}` has no kernel", probe.what))
+    // The first kernel of the most flops: a sink after it (see `with_sink`) may tie.
+    let mut best: Option<(KernelWork, String)> = None;
+    for k in &program.kernels {
+        let w = cost::kernel_work(k, &values);
+        if best.as_ref().is_none_or(|b| w.flops > b.0.flops) {
+            best = Some((w, k.name.clone()));
+        }
+    }
+    best.ok_or_else(|| anyhow::anyhow!("calibration `{}` has no kernel", probe.what))
 }
 
 /// A probe's compute time: its kernels' traced time (the model adds the fixed dispatch
@@ -442,11 +519,13 @@ fn fit(points: &[(KernelWork, f64)], floor_s: f64) -> ClassRate {
             // streaming rate keeps the memory term below its compute term there.
             bytes_per_s,
             half_flops: (a - floor_s).max(0.0) * flops_per_s,
+            half_scale: None,
         },
         None => ClassRate {
             flops_per_s: wl.flops.max(1.0) / tl,
             bytes_per_s,
             half_flops: 0.0,
+            half_scale: None,
         },
     }
 }
@@ -480,18 +559,23 @@ fn streaming_fit(points: &[(KernelWork, f64)], chain: bool, floor_s: f64) -> Cla
         flops_per_s,
         bytes_per_s,
         half_flops: (intercept - floor_s).max(0.0) * flops_per_s,
+        half_scale: None,
     }
 }
 
 /// Measures `device` (`cpu` or an accelerator target name) and returns its description.
 pub fn profile_device(device: &str) -> Result<DeviceDescription> {
     let ctx = |what: &str| format!("calibrating {device}: {what}");
+    let bench = Bench::open(device).with_context(|| ctx("opening the device"))?;
     let one = chain(1);
     let many = chain(33);
-    let empty = time_call(&one.text, device, None)
+    let empty = bench
+        .time_call(&one.text, None)
         .with_context(|| ctx(&one.what))?
         .call_s;
-    let t_many = time_call(&many.text, device, None).with_context(|| ctx(&many.what))?;
+    let t_many = bench
+        .time_call(&many.text, None)
+        .with_context(|| ctx(&many.what))?;
     let dispatch_s = ((t_many.call_s - empty) / 32.0).max(0.0);
     // The device's own time for a kernel with next to no work (its timestamps around a
     // 1x1 matmul): part of every probe's time and of `dispatch_s` both.
@@ -505,7 +589,9 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         let mut points = Vec::new();
         for p in &probes {
             let (work, kernel) = probe_work(p, device).with_context(|| ctx(&p.what))?;
-            let t = time_call(&p.text, device, Some(&kernel)).with_context(|| ctx(&p.what))?;
+            let t = bench
+                .time_call(&p.text, Some(&kernel))
+                .with_context(|| ctx(&p.what))?;
             points.push((work, probe_seconds(t, empty)));
         }
         let rate = match class {
@@ -538,10 +624,15 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             flops_per_s: ew.flops_per_s / 10.0,
             bytes_per_s: ew.bytes_per_s / 10.0,
             half_flops: 0.0,
+            half_scale: None,
         },
     );
-    let half_scale = half_scale(device, &classes["gemm"]).with_context(|| ctx("f16 gemm"))?;
-    let zero_copy = device != "cpu" && shares_host_memory(&one.text, device)?;
+    let half_scale = half_scale(&bench, &classes["gemm"]).with_context(|| ctx("f16 gemm"))?;
+    for (class, p) in half_conv_probes() {
+        let r = classes.get_mut(class).expect("a class with probes");
+        r.half_scale = Some(class_half_scale(&bench, &p, r).with_context(|| ctx(&p.what))?);
+    }
+    let zero_copy = device != "cpu" && shares_host_memory(&bench, device)?;
     let link = (device != "cpu").then(|| Link {
         bytes_per_s: host_copy_bandwidth(),
         latency_s: empty,
@@ -563,13 +654,35 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
 /// The device's f16 GEMM rate over its f32 one (`f32` is the f32 class rate fitted
 /// above), both at BERT's FFN shape: how much faster (GPU matrix units) or slower (a CPU
 /// converting f16 in software) half-precision kernels run there.
-fn half_scale(device: &str, f32: &ClassRate) -> Result<f64> {
+fn half_scale(bench: &Bench, f32: &ClassRate) -> Result<f64> {
+    let device = bench.target.as_str();
     let p = gemm_of("f16", 128, 768, 3072);
     let (work, kernel) = probe_work(&p, device)?;
-    let t = time_call(&p.text, device, Some(&kernel))?;
+    let t = bench.time_call(&p.text, Some(&kernel))?;
     let secs = probe_seconds(t, 0.0);
     let f32_secs = (work.flops + f32.half_flops) / f32.flops_per_s;
     Ok((f32_secs / secs).clamp(1e-3, 1e3))
+}
+
+/// An f16 probe per convolution class, the class's largest f32 probe in f16: their f16
+/// kernels may use matrix units less than a GEMM's (on an H200 f16 convolutions ran 1.5x
+/// their f32 time where f16 GEMMs ran 3.4x), so each class gets its own scale.
+fn half_conv_probes() -> Vec<(&'static str, Probe)> {
+    vec![
+        ("conv", conv_of("f16", 64, 56, 64, 3, 1, 1)),
+        ("pointwise_conv", conv_of("f16", 128, 56, 256, 1, 1, 1)),
+        ("depthwise_conv", conv_of("f16", 144, 56, 144, 3, 1, 144)),
+    ]
+}
+
+/// The f16 probe `p`'s speed over the f32 class rate `f32` (time from the rate at its
+/// work, over its measured time).
+fn class_half_scale(bench: &Bench, p: &Probe, f32: &ClassRate) -> Result<f64> {
+    let device = bench.target.as_str();
+    let (work, kernel) = probe_work(p, device)?;
+    let t = bench.time_call(&p.text, Some(&kernel))?;
+    let f32_secs = (work.flops + f32.half_flops) / f32.flops_per_s;
+    Ok((f32_secs / probe_seconds(t, 0.0)).clamp(1e-3, 1e3))
 }
 
 /// Whether `device` and the host address the same memory: its fastest (device-local)
@@ -578,17 +691,9 @@ fn half_scale(device: &str, f32: &ClassRate) -> Result<f64> {
 /// hands them over by semaphore alone (`rafter_opt::place::apply_placement`). A discrete
 /// GPU's resizable BAR is host-visible too, but the host reads it uncached over PCIe, so
 /// it is not counted here.
-fn shares_host_memory(graph_text: &str, device: &str) -> Result<bool> {
-    let graph = rafter_ir::text::parse_graph(graph_text)
-        .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
-    let options = rafter_compiler::CompileOptions {
-        target: rafter_compiler::target(device)?,
-        ..Default::default()
-    };
-    let program = rafter_compiler::compile(&graph, &options)?.program;
-    let devices = model::devices_for(&program, CpuDeviceOptions::default())?;
-    let Some(d) = devices.get(device) else {
-        anyhow::bail!("device `{device}` was not opened for its calibration program");
+fn shares_host_memory(bench: &Bench, device: &str) -> Result<bool> {
+    let Some(d) = bench.devices.get(device) else {
+        anyhow::bail!("device `{device}` was not opened for calibration");
     };
     Ok(d.info()
         .memory_kind(rafter_hal::MemoryKind::DeviceLocal)
@@ -623,6 +728,33 @@ mod tests {
             flops,
             bytes,
             half: false,
+        }
+    }
+
+    /// Every probe ends in a sink kernel that writes the call's result, and is rated by
+    /// its own kernel, not the sink.
+    #[test]
+    fn probes_are_rated_by_their_kernel_before_the_sink() {
+        for p in [
+            add("2, 8"),
+            transpose([1, 4, 2, 8]),
+            softmax("2, 4, 8"),
+            gemm(4, 8, 16),
+            fused_chain("2, 8", 4),
+        ] {
+            assert!(p.text.contains("-> (%sink)"), "{}", p.text);
+            let graph = rafter_ir::text::parse_graph(&p.text).unwrap();
+            let program = rafter_compiler::compile(&graph, &Default::default())
+                .unwrap()
+                .program;
+            assert!(program.kernels.len() >= 2, "{}: {}", p.what, p.text);
+            let (_, kernel) = probe_work(&p, "cpu").unwrap();
+            assert_ne!(
+                Some(&kernel),
+                program.kernels.last().map(|k| &k.name),
+                "{}: rated by the sink",
+                p.what
+            );
         }
     }
 
@@ -694,8 +826,8 @@ mod tests {
             .program;
         assert_eq!(
             program.kernels.len(),
-            1,
-            "the chain must fuse into one kernel"
+            2,
+            "the chain must fuse into one kernel (and the sink its own)"
         );
     }
 
@@ -708,6 +840,7 @@ mod tests {
             conv(64, 8, 16, 3, 1, 1),
             conv(16, 8, 32, 1, 1, 1),
             conv(16, 8, 16, 3, 1, 16),
+            conv_of("f16", 16, 8, 16, 3, 1, 1),
         ] {
             let graph = rafter_ir::text::parse_graph(&p.text).unwrap();
             assert_eq!(graph.inputs.len(), 1, "{}: only x is an input", p.what);

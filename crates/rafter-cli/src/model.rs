@@ -98,11 +98,17 @@ pub fn uses_vulkan(program: &Program) -> bool {
 /// or arena is on `vulkan` (an error saying so when it cannot be opened). The CPU's trace
 /// sink, if any, traces the Vulkan device too (timed by GPU timestamps).
 pub fn devices_for(program: &Program, cpu: CpuDeviceOptions) -> Result<DeviceSet> {
+    open_devices(uses_vulkan(program), cpu)
+}
+
+/// The CPU (with `cpu`) and, with `vulkan`, the Vulkan device (an error saying so when
+/// it cannot be opened), sharing the CPU's trace sink.
+pub fn open_devices(vulkan: bool, cpu: CpuDeviceOptions) -> Result<DeviceSet> {
     #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
     let trace_sink = cpu.trace_sink.clone();
     #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
     let mut set = rafter_runtime_cpu::devices_with(cpu)?;
-    if uses_vulkan(program) {
+    if vulkan {
         #[cfg(feature = "vulkan")]
         {
             let options = rafter_runtime_vulkan::VulkanDeviceOptions {

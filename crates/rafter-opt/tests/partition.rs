@@ -44,6 +44,7 @@ fn profile(flops: f64, bytes: f64, dispatch: f64) -> CostProfile {
                 flops_per_s: flops,
                 bytes_per_s: bytes,
                 half_flops: 0.0,
+                half_scale: None,
             };
             (partition::device::class_name(k), r)
         })
@@ -136,11 +137,15 @@ fn the_partitioner_beats_greedy_when_unsupported_kernels_sit_mid_graph() {
     assert_eq!(est.crossings, 2);
     // Hand-computed: matmuls 2·256³ flops at 1 TFLOP/s = 33.554 us + 1 us dispatch each;
     // transposes and relu 2·256 KiB at 10 GB/s = 52.429 us + 1 us each; crossings of 256
-    // KiB at 1 GB/s = 262.144 us + 50 us latency each.
+    // KiB at 1 GB/s = 262.144 us + 50 us latency each. The host first writes the three
+    // inputs (256 KiB each) into the npu's memory, 786 us, behind which the first matmul
+    // runs (at 574 us to 609 us); the first crossing waits for the host, and the result
+    // comes back (256 KiB) after the second matmul.
     let mm = 2.0 * 256f64.powi(3) / 1e12 + 1e-6;
     let host = 2.0 * 262144.0 / 10e9 + 1e-6;
-    let cross = 262144.0 / 1e9 + 50e-6;
-    let want = 2.0 * mm + 3.0 * host + 2.0 * cross;
+    let up = 262144.0 / 1e9;
+    let cross = up + 50e-6;
+    let want = 3.0 * up + 2.0 * cross + 3.0 * host + mm + up;
     assert!(
         (est.makespan_s - want).abs() < 1e-9,
         "{} vs {want}",
@@ -153,7 +158,7 @@ fn the_partitioner_beats_greedy_when_unsupported_kernels_sit_mid_graph() {
         "{}",
         g_est.makespan_s
     );
-    assert!(est.makespan_s < 0.75 * g_est.makespan_s);
+    assert!(est.makespan_s < 0.8 * g_est.makespan_s);
     // And through the compiler: the placed program computes what the graph does.
     let compiled = check_equivalent_with(
         &g,

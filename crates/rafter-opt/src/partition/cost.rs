@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use rafter_ir::program::{Kernel, KernelKind, Program};
 use rafter_ir::{DType, Graph, Op, Symbol, TensorType};
 
-use super::device::{CostProfile, DeviceDescription, Link, DETAIL_CLASSES};
+use super::device::{ClassRate, CostProfile, DeviceDescription, Link, DETAIL_CLASSES};
 
 /// What a kernel does, in the units the profiles rate.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -318,25 +318,27 @@ fn reduction_ops(op: &Op) -> f64 {
 /// flops at its kind's rate. Either way, no less than its bytes at the main class's
 /// bandwidth.
 pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
+    // Half-precision compute runs at the class's own scale, else the device's.
+    let at_rate = |f: f64, r: ClassRate| {
+        let t = (f + r.half_flops) / r.flops_per_s;
+        let scale = r.half_scale.unwrap_or(profile.half_scale);
+        if work.half && scale > 0.0 {
+            t / scale
+        } else {
+            t
+        }
+    };
     let r = profile.rate_of(work.detail, work.class);
     let parts: f64 = DETAIL_CLASSES
         .iter()
         .zip(&work.detail_flops)
         .filter(|(_, &f)| f > 0.0)
-        .map(|(&c, &f)| {
-            let r = profile.rate_of(Some(c), work.class);
-            (f + r.half_flops) / r.flops_per_s
-        })
+        .map(|(&c, &f)| at_rate(f, profile.rate_of(Some(c), work.class)))
         .sum();
     let compute = if parts > 0.0 {
         parts
     } else {
-        (work.flops + r.half_flops) / r.flops_per_s
-    };
-    let compute = if work.half && profile.half_scale > 0.0 {
-        compute / profile.half_scale
-    } else {
-        compute
+        at_rate(work.flops, r)
     };
     let memory = work.bytes / r.bytes_per_s;
     profile.dispatch_s + compute.max(memory)
@@ -355,7 +357,6 @@ pub fn crossing_time(bytes: f64, link: &Link, waiter: &DeviceDescription) -> f64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::device::ClassRate;
     use std::collections::BTreeMap;
 
     fn program(text: &str) -> Program {
@@ -372,6 +373,7 @@ mod tests {
                     flops_per_s: flops,
                     bytes_per_s: bw,
                     half_flops: half,
+                    half_scale: None,
                 },
             );
         }
@@ -503,6 +505,12 @@ mod tests {
         assert!((kernel_time(&w, &p) - 2.5e-4).abs() < 1e-12);
         // An f32 kernel is not scaled.
         let f32_work = KernelWork { half: false, ..w };
+        assert!((kernel_time(&f32_work, &p) - 1e-3).abs() < 1e-12);
+        // A class with a scale of its own (f16 convolutions gaining less than GEMMs).
+        for r in p.classes.values_mut() {
+            r.half_scale = Some(2.0);
+        }
+        assert!((kernel_time(&w, &p) - 5e-4).abs() < 1e-12);
         assert!((kernel_time(&f32_work, &p) - 1e-3).abs() < 1e-12);
     }
 

@@ -18,7 +18,7 @@
 //! rafter-profiles 1
 //! device vulkan dispatch_s=2e-5 barrier_s=5e-6 half_scale=4 memory_bytes=2147483648
 //! class vulkan contraction flops_per_s=1e11 bytes_per_s=2e11 half_flops=1e6
-//! class vulkan depthwise_conv flops_per_s=2e10 bytes_per_s=2e11 half_flops=1e5
+//! class vulkan depthwise_conv flops_per_s=2e10 bytes_per_s=2e11 half_flops=1e5 half_scale=1.5
 //! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
 //! ```
 //!
@@ -85,6 +85,10 @@ pub struct ClassRate {
     pub bytes_per_s: f64,
     /// Flops at which the class reaches half its peak rate.
     pub half_flops: f64,
+    /// Half-precision compute speed over f32 for this class, where it differs from the
+    /// device's [`CostProfile::half_scale`]: an H200's f16 GEMMs run on matrix units (3.4x)
+    /// while its f16 convolutions gain far less.
+    pub half_scale: Option<f64>,
 }
 
 /// A device's costs, as the cost model reads them.
@@ -115,6 +119,7 @@ impl CostProfile {
                 flops_per_s: 1e9,
                 bytes_per_s: 1e9,
                 half_flops: 0.0,
+                half_scale: None,
             })
     }
 
@@ -165,17 +170,20 @@ fn rates(contraction: (f64, f64, f64), streaming: (f64, f64)) -> BTreeMap<&'stat
                     flops_per_s: cf,
                     bytes_per_s: cb,
                     half_flops: ch,
+                    half_scale: None,
                 },
                 // The interpreter-run class is an order of magnitude slower.
                 KernelKind::Opaque => ClassRate {
                     flops_per_s: sf / 10.0,
                     bytes_per_s: sb / 10.0,
                     half_flops: 0.0,
+                    half_scale: None,
                 },
                 _ => ClassRate {
                     flops_per_s: sf,
                     bytes_per_s: sb,
                     half_flops: 0.0,
+                    half_scale: None,
                 },
             };
             (class_name(k), rate)
@@ -263,11 +271,15 @@ impl Profiles {
             }
             s.push('\n');
             for (class, r) in &p.classes {
-                let _ = writeln!(
+                let _ = write!(
                     s,
                     "class {} {class} flops_per_s={:e} bytes_per_s={:e} half_flops={:e}",
                     d.name, r.flops_per_s, r.bytes_per_s, r.half_flops
                 );
+                if let Some(h) = r.half_scale {
+                    let _ = write!(s, " half_scale={h:e}");
+                }
+                s.push('\n');
             }
             if let Some(l) = d.link {
                 let _ = writeln!(
@@ -379,11 +391,18 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
         ["class", name, class, rest @ ..] => {
             device_of(out, name)?;
             let class = known_class(class).ok_or_else(|| format!("unknown class `{class}`"))?;
-            let f = Fields::new(rest, &["flops_per_s", "bytes_per_s", "half_flops"])?;
+            let f = Fields::new(
+                rest,
+                &["flops_per_s", "bytes_per_s", "half_flops", "half_scale"],
+            )?;
             let rate = ClassRate {
                 flops_per_s: f.rate("flops_per_s")?,
                 bytes_per_s: f.rate("bytes_per_s")?,
                 half_flops: f.num("half_flops")?,
+                half_scale: match f.0.contains_key("half_scale") {
+                    true => Some(f.rate("half_scale")?),
+                    false => None,
+                },
             };
             let d = out.devices.get_mut(*name).expect("checked above");
             d.profile.classes.insert(class, rate);
@@ -492,6 +511,7 @@ mod tests {
             flops_per_s: 7e9,
             bytes_per_s: 3e9,
             half_flops: 1e5,
+            half_scale: Some(1.5),
         };
         d.profile.classes.insert("conv", conv);
         assert_eq!(

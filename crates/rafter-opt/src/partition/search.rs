@@ -4,7 +4,10 @@
 //! order, each device running its kernels one after another, a kernel starting when its
 //! device is free and its operands are there; a tensor crossing devices is copied once per
 //! device that reads it, by the host (the host thread does the runtime's copies, so a
-//! copy occupies the host's timeline). Weights are uploaded once per session and cost no
+//! copy occupies the host's timeline). The call's inputs start on the host: the host
+//! writes each into the memory of the device that first reads it (the first one a device
+//! gets pays the link's latency, the call's round trip there), and the host reads the
+//! results back where they were made. Weights are uploaded once per session and cost no
 //! time per call, only memory on every device that reads them. The score is the call's
 //! makespan (objective latency) or its busiest device's busy time (throughput: with calls
 //! pipelined, the busiest device bounds the rate), after the memory check: a placement
@@ -111,6 +114,7 @@ pub struct Model {
     buffer_bytes: Vec<f64>,
     weight: Vec<Option<usize>>,
     is_input: Vec<bool>,
+    is_output: Vec<bool>,
     devices: Vec<DeviceDescription>,
     limits: Vec<Option<u64>>,
     /// Kernels in the order their steps run (the dynamic programme's order).
@@ -193,6 +197,11 @@ impl Model {
                 .iter()
                 .map(|b| matches!(b.storage, Storage::Input(_)))
                 .collect(),
+            is_output: p
+                .buffers
+                .iter()
+                .map(|b| matches!(b.storage, Storage::Output(_)))
+                .collect(),
             devices,
             limits,
             order,
@@ -222,6 +231,45 @@ impl Model {
         Some((cost, link.zero_copy))
     }
 
+    /// Each call input with the device of its first reader, in step order.
+    fn first_readers(&self, placement: &[usize]) -> Vec<(usize, usize)> {
+        let mut seen = vec![false; self.buffer_bytes.len()];
+        let mut out = Vec::new();
+        for step in &self.steps {
+            if let SimStep::Dispatch { kernel, args, .. } = step {
+                for &b in args {
+                    if self.is_input[b] && !std::mem::replace(&mut seen[b], true) {
+                        out.push((b, placement[*kernel]));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// When the call's input `b` is ready in device `d`'s memory: the host writes it there
+    /// (a copy on the host's timeline `host_free`, none for the host's own memory or a
+    /// zero-copy link), and the call reaches `d` after its link's latency, the round trip
+    /// of a submission.
+    fn upload(&self, b: usize, d: usize, host_free: &mut f64) -> f64 {
+        let Some(link) = self.devices[d].link.filter(|_| d != 0) else {
+            return 0.0;
+        };
+        if !link.zero_copy {
+            *host_free += self.buffer_bytes[b] / link.bytes_per_s;
+        }
+        *host_free + link.latency_s
+    }
+
+    /// Seconds for the host to have the call's result `b` from device `d` (none for the
+    /// host's own or a zero-copy link's memory).
+    fn download(&self, b: usize, d: usize) -> f64 {
+        match self.devices[d].link {
+            Some(link) if d != 0 && !link.zero_copy => self.buffer_bytes[b] / link.bytes_per_s,
+            _ => 0.0,
+        }
+    }
+
     /// Whether device `d`'s link to the host is zero-copy (the host's own is).
     pub fn zero_copy(&self, d: usize) -> bool {
         d == 0 || self.devices[d].link.is_some_and(|l| l.zero_copy)
@@ -243,6 +291,12 @@ impl Model {
         let (mut crossings, mut crossing_bytes) = (0usize, 0.0f64);
         let mut boundaries = Vec::new();
         let mut end = 0.0f64;
+        // The host writes every input into the memory of the device that reads it first
+        // before the call's first kernel.
+        for (b, d) in self.first_readers(placement) {
+            home[b] = Some(d);
+            ready[b] = self.upload(b, d, &mut free[0]);
+        }
         for (si, step) in self.steps.iter().enumerate() {
             match step {
                 SimStep::Dispatch {
@@ -322,6 +376,12 @@ impl Model {
                         l.1 = l.1.max(si);
                     }
                 }
+            }
+        }
+        // The host reads the call's results where their devices left them.
+        for (b, &h) in home.iter().enumerate() {
+            if let (true, Some(h)) = (self.is_output[b], h) {
+                end = end.max(ready[b] + self.download(b, h));
             }
         }
         // Graph inputs and results stay allocated for the whole call.
