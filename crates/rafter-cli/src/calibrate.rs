@@ -65,9 +65,9 @@ struct Timing {
     kernels_s: f64,
 }
 
-/// The devices a calibration runs on, opened once for all its programs (opening a
-/// driver per program repeats its start-up; on an H200 the 31st open in one process failed
-/// to find the device), with the trace sink every program's dispatches are timed by.
+/// The devices a few calibration programs run on, opened once for them (a device per
+/// program: on an H200 the 31st open in one process failed to find the device), with the
+/// trace sink their dispatches are timed by.
 struct Bench {
     target: String,
     devices: rafter_runtime::DeviceSet,
@@ -586,6 +586,11 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
     };
     let mut classes: BTreeMap<&'static str, ClassRate> = BTreeMap::new();
     for (class, probes) in class_probes() {
+        // A fresh device per class: with one device serving every probe's session in
+        // turn, an H200's f16 GEMMs rated below its f32 ones and its bandwidth at a third
+        // (not understood; with a device per class the rates matched the earlier ones from
+        // a device per probe), so no device serves more than one class's few probes.
+        let bench = Bench::open(device).with_context(|| ctx("opening the device"))?;
         let mut points = Vec::new();
         for p in &probes {
             let (work, kernel) = probe_work(p, device).with_context(|| ctx(&p.what))?;
@@ -627,6 +632,7 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             half_scale: None,
         },
     );
+    let bench = Bench::open(device).with_context(|| ctx("opening the device"))?;
     let half_scale = half_scale(&bench, &classes["gemm"]).with_context(|| ctx("f16 gemm"))?;
     for (class, p) in half_conv_probes() {
         let r = classes.get_mut(class).expect("a class with probes");
