@@ -216,6 +216,7 @@
 //! this crate's tests.
 
 mod argreduce;
+mod attention;
 mod backend;
 mod batch_norm;
 mod bitcast;
@@ -251,6 +252,7 @@ mod window;
 mod window_nd;
 
 pub use argreduce::{arg_reduce, ArgReduceKernel};
+pub use attention::{attention, AttentionKernel, MAX_KEYS as ATTENTION_MAX_KEYS};
 pub use backend::SpirvBackend;
 pub use batch_norm::{batch_norm, BatchNormKernel};
 pub use bitcast::{bit_cast, BitCastKernel};
@@ -367,6 +369,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
+            Op::Attention { .. } => Some(attention(body).map(|k| k.spirv)),
             Op::Cumulative { .. } => Some(cumulative(body).map(|k| k.spirv)),
             Op::BitCast { .. } => Some(bit_cast(body).map(|k| k.spirv)),
             Op::SwiGlu { .. } => Some(swiglu(body).map(|k| k.spirv)),
