@@ -242,9 +242,8 @@ fn heads_of(ty: &TensorType, heads: i64, what: &str) -> R<([u64; 3], bool)> {
     let what = format!("attention {what}");
     match ty.dims.len() {
         3 => {
-            let [s, hidden] = grid::static_dims_from(ty, 1, &what)?[..] else {
-                unreachable!("two dims from axis 1 of three")
-            };
+            let d = grid::static_dims_from(ty, 1, &what)?;
+            let (s, hidden) = (d[0], d[1]);
             let h = u64::try_from(heads)
                 .ok()
                 .filter(|&h| h > 0 && hidden % h == 0)
@@ -327,11 +326,8 @@ fn mask(
     if !(1..=4).contains(&rank) {
         return Err(format!("attn_mask of rank {rank}"));
     }
-    let inner = grid::static_dims_from(
-        ty,
-        rank.saturating_sub(3).min(1).max(usize::from(rank == 4)),
-        "attn_mask",
-    )?;
+    // A 4-D mask's first dim may be the symbolic batch; the rest must be static.
+    let inner = grid::static_dims_from(ty, usize::from(rank == 4), "attn_mask")?;
     let len = *inner.last().unwrap_or(&0);
     if len == 0 || len > total {
         return Err(format!("attn_mask last dim {len} for {total} keys"));
