@@ -184,6 +184,13 @@
 //! or `[batch, seq, rot / 2]` without position ids), with or without position ids,
 //! interleaved or halves, one invocation per element.
 //!
+//! [`attention`]: ONNX `Attention` (and ORT's contrib attention ops imported to it) on
+//! f32 or f16 queries, f16 keys and values under f32 queries: 3-D or 4-D, grouped heads,
+//! causal, bool or float masks, sliding windows, `nonpad_kv_seqlen`, past and present
+//! keys and values, softcap, every `qk_matmul_output_mode`; the key length static (at
+//! most [`ATTENTION_MAX_KEYS`]); one invocation per query row, a stable three-pass
+//! softmax over the row's scores kept in a private array.
+//!
 //! [`eye_like`]: ONNX `EyeLike` of a static 1- or 2-D shape, any result type (the bits of
 //! one or zero stored as [`bit_cast`]'s).
 //!
@@ -216,6 +223,7 @@
 //! this crate's tests.
 
 mod argreduce;
+mod attention;
 mod backend;
 mod batch_norm;
 mod bitcast;
@@ -251,6 +259,7 @@ mod window;
 mod window_nd;
 
 pub use argreduce::{arg_reduce, ArgReduceKernel};
+pub use attention::{attention, AttentionKernel, MAX_KEYS as ATTENTION_MAX_KEYS};
 pub use backend::SpirvBackend;
 pub use batch_norm::{batch_norm, BatchNormKernel};
 pub use bitcast::{bit_cast, BitCastKernel};
@@ -367,6 +376,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
+            Op::Attention { .. } => Some(attention(body).map(|k| k.spirv)),
             Op::Cumulative { .. } => Some(cumulative(body).map(|k| k.spirv)),
             Op::BitCast { .. } => Some(bit_cast(body).map(|k| k.spirv)),
             Op::SwiGlu { .. } => Some(swiglu(body).map(|k| k.spirv)),
