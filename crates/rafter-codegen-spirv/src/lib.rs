@@ -223,6 +223,7 @@ mod block_quant;
 mod concat;
 mod const_bytes;
 mod conv;
+mod conv_transpose;
 mod coop;
 mod cumulative;
 mod dynamic_quantize;
@@ -234,6 +235,7 @@ mod gather;
 mod gather_elements;
 mod gather_nd;
 mod grid;
+mod grid_sample;
 mod integer;
 mod loss;
 mod matmul;
@@ -257,6 +259,7 @@ pub use bitcast::{bit_cast, BitCastKernel};
 pub use block_quant::{block_quant, BlockQuantKernel};
 pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
+pub use conv_transpose::{conv_transpose, ConvTransposeKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
 pub use cumulative::{cumulative, CumulativeKernel};
 pub use dynamic_quantize::{dynamic_quantize, DynamicQuantizeKernel};
@@ -267,6 +270,7 @@ pub use eye_like::{eye_like, EyeLikeKernel};
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use gather_nd::{gather_nd, GatherNdKernel};
+pub use grid_sample::{grid_sample, GridSampleKernel};
 pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
@@ -345,6 +349,17 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     });
     if is_window {
         return conv(body).map(Generated::Conv).map_err(|e| e.reason);
+    }
+    // A transposed convolution or grid sample with a fused tail is refused by its own
+    // generator (one node, nothing fused), so the CPU fallback names that reason.
+    match body.nodes.first().map(|n| &n.op) {
+        Some(rafter_ir::Op::ConvTranspose { .. }) => {
+            return conv_transpose(body).map(|k| Generated::Grid(k.spirv));
+        }
+        Some(rafter_ir::Op::GridSample { .. }) => {
+            return grid_sample(body).map(|k| Generated::Grid(k.spirv));
+        }
+        _ => {}
     }
     if reduce_axes::reads_axes(body) {
         return reduce_axes(body).map(|k| Generated::Grid(k.spirv));
