@@ -131,9 +131,14 @@ fn layout(body: &rafter_ir::Graph) -> R<Layout> {
     }
     let input = xs[1..].to_vec();
     if input.iter().any(|&d| d == 0 || d > MAX_DIM) {
-        return Err(format!("grid_sample input dims {input:?} (1 to 2^22 generated)"));
+        return Err(format!(
+            "grid_sample input dims {input:?} (1 to 2^22 generated)"
+        ));
     }
-    grid::product_u32(&grid::static_dims_from(x_ty, 1, "grid_sample input")?, "grid_sample input")?;
+    grid::product_u32(
+        &grid::static_dims_from(x_ty, 1, "grid_sample input")?,
+        "grid_sample input",
+    )?;
     Ok(Layout {
         mode,
         padding: padding_mode,
@@ -189,7 +194,13 @@ fn combine(
     taps: &[Vec<Tap>],
     addrs: &[Word],
 ) -> R<Word> {
-    let Prelude { f32, u32, u64, bool, .. } = *t;
+    let Prelude {
+        f32,
+        u32,
+        u64,
+        bool,
+        ..
+    } = *t;
     let in_plane: u32 = l.input.iter().product();
     let p64 = build(b.u_convert(u64, None, plane))?;
     let span = b.constant_bit64(u64, u64::from(in_plane));
@@ -344,7 +355,10 @@ fn fetch(b: &mut Builder, t: &Prelude, l: &Layout, dim: usize, i: Word, w: Word)
     let last = b.constant_bit32(u32, l.input[dim] - 1);
     let clamp = |b: &mut Builder, i: Word| -> R<Word> {
         let s = build(b.bitcast(i32t, None, i))?;
-        let (z, top) = (b.constant_bit32(i32t, 0), b.constant_bit32(i32t, l.input[dim] - 1));
+        let (z, top) = (
+            b.constant_bit32(i32t, 0),
+            b.constant_bit32(i32t, l.input[dim] - 1),
+        );
         let s = glsl(b, t, i32t, SCLAMP, &[s, z, top])?;
         build(b.bitcast(u32, None, s))
     };

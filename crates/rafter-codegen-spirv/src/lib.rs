@@ -114,6 +114,20 @@
 //! convolution with a bias, with three or more spatial dims (3-D), f32/f16, static
 //! channel and spatial dims, one invocation per output element walking its window's taps.
 //!
+//! [`conv_transpose`]: ONNX `ConvTranspose` with any number of static spatial dims (1-, 2-
+//! and 3-D), f32/f16: strides, dilations, pads, `output_padding`, `output_shape`,
+//! `auto_pad`, groups and a bias (bound or folded). One invocation per output element
+//! *gathers* the taps that reach it (no atomics: each output is written once); the
+//! geometry is the reference's.
+//!
+//! [`grid_sample`]: ONNX `GridSample` of a static `[N, C, in...]` f32/f16 tensor (4-D
+//! images, 5-D volumes) at an f32/f16 grid: linear, nearest and cubic modes, zeros, border
+//! and reflection padding, `align_corners`; one invocation per output element, the taps of
+//! every dim unrolled (at most 64).
+//!
+//! A transposed convolution or grid sample with a fused elementwise tail (a `relu` after a
+//! decoder's upsampling) is refused with that reason and stays on the CPU.
+//!
 //! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
 //! second module on `VK_KHR_cooperative_matrix` (16×16×16 f16·f16 + f32, subgroup scope,
 //! 32-wide subgroups; the private `coop` module): the same kernel with the same launch,
@@ -310,7 +324,8 @@ enum Generated {
     /// A kernel of the shared grid-stride launch ([`grid`]): gather, gather-nd, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
     /// run-time axes, cumulative sums and products, bit casts, eye-like, space-to-depth,
-    /// swiglu, scatter-elements, losses, 3-D pooling and convolution.
+    /// swiglu, scatter-elements, losses, 3-D pooling and convolution, transposed
+    /// convolution, grid sample.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),

@@ -485,11 +485,7 @@ pub fn conv_nd(body: &Graph) -> Result<WindowNdKernel, String> {
 
 /// A convolution's optional bias (operand 2) for `m` output channels: a body input, or a
 /// folded constant of `m` values; a bias computed in the body is refused.
-pub(crate) fn bias_operand(
-    body: &Graph,
-    node: &rafter_ir::Node,
-    m: u32,
-) -> R<Option<Bias>> {
+pub(crate) fn bias_operand(body: &Graph, node: &rafter_ir::Node, m: u32) -> R<Option<Bias>> {
     let bias = match node.input(2).map(|v| &body.value(v).def) {
         None => return Ok(None),
         Some(rafter_ir::ValueDef::Input(i)) => Bias::Binding(*i),

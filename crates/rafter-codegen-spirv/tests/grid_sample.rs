@@ -58,10 +58,7 @@ fn run(
     let gv: Vec<f32> = (0..count(&g_dims))
         .map(|i| ((i * 29 + 7) % 97) as f32 / 32.0 - 1.5)
         .collect();
-    let inputs = vec![
-        floats(dtype, x_dims, &xv),
-        floats(grid_dtype, &g_dims, &gv),
-    ];
+    let inputs = vec![floats(dtype, x_dims, &xv), floats(grid_dtype, &g_dims, &gv)];
     let want = rafter_reference::run(&body, inputs.clone())
         .unwrap_or_else(|e| panic!("{text}: {e}"))
         .remove(0);
@@ -104,7 +101,12 @@ fn grid_sample_4d_matches_the_reference() {
     run(&device, shapes, (DType::F16, DType::F32), attrs);
     // A one-pixel-wide input: reflection's range is empty along that dim.
     let attrs = "mode = linear, padding_mode = reflection, align_corners = true";
-    run(&device, ([1, 2, 1, 4].as_slice(), [2, 3].as_slice()), (DType::F32, DType::F32), attrs);
+    run(
+        &device,
+        ([1, 2, 1, 4].as_slice(), [2, 3].as_slice()),
+        (DType::F32, DType::F32),
+        attrs,
+    );
 }
 
 #[test]
