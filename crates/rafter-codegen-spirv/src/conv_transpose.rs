@@ -12,6 +12,9 @@
 //! number inside the input. Each output is then written once, by one invocation, with the
 //! same sum as the reference's (in another order, accumulated in f32).
 //!
+//! A fused elementwise tail (`relu`, `sigmoid`, scalar or per-channel operands: see
+//! [`crate::tail`]) is applied to each element before it is stored.
+//!
 //! The output geometry (`pad_begin` per dim, which may be negative where `output_shape`
 //! asks for more than the full output) is resolved as the reference's
 //! `conv_transpose_geometry` resolves it, and checked against the IR's output type.
@@ -23,6 +26,7 @@ use rspirv::spirv::Word;
 use crate::elem::{self, Elem};
 use crate::grid::{self, Element};
 use crate::matmul::{build, Prelude, R};
+use crate::tail::{self, Tail};
 use crate::window_nd::{bias_at, bias_operand, u32s, u32s_attr, Bias};
 
 /// A generated transposed convolution; launched like an elementwise kernel (one `u32`
@@ -48,6 +52,8 @@ struct Layout {
     input: Vec<u32>,
     out: Vec<u32>,
     geom: Geometry,
+    /// The fused elementwise ops after the convolution (none: empty).
+    tail: Tail,
 }
 
 /// Per spatial dim: window, stride, dilation, and where output coordinate 0 sits
@@ -81,7 +87,9 @@ pub fn conv_transpose(body: &Graph) -> Result<ConvTransposeKernel, String> {
 
 /// Checks the body and resolves its [`Layout`].
 fn layout(body: &Graph) -> R<Layout> {
-    let node = grid::one_node(body, "conv_transpose")?;
+    let Some((node, rest)) = body.nodes.split_first() else {
+        return Err("the body is empty".into());
+    };
     let Op::ConvTranspose {
         ref kernel_shape,
         ref strides,
@@ -95,13 +103,22 @@ fn layout(body: &Graph) -> R<Layout> {
     else {
         return Err(format!("op `{}` is not a conv_transpose", node.op.name()));
     };
-    if body.outputs.len() != 1 || node.outputs.first().copied().flatten() != Some(body.outputs[0]) {
-        return Err("the conv_transpose's result must be the body's one output".into());
-    }
+    let [Some(y)] = node.outputs.as_slice() else {
+        return Err("the conv_transpose must have one result".into());
+    };
+    let y_ty = &body.value(*y).ty;
+    let tail = if rest.is_empty() {
+        if body.outputs != [*y] {
+            return Err("the conv_transpose's result must be the body's one output".into());
+        }
+        Tail::default()
+    } else {
+        tail::parse(body, rest, *y, y_ty)?
+    };
     let x = grid::body_input(body, node, 0, "conv_transpose input")?;
     let w = grid::body_input(body, node, 1, "conv_transpose filter")?;
     let ty = |i: usize| &body.value(body.inputs[i]).ty;
-    let (x_ty, w_ty, y_ty) = (ty(x), ty(w), &body.value(body.outputs[0]).ty);
+    let (x_ty, w_ty) = (ty(x), ty(w));
     let elem = Elem::of(x_ty.dtype).map_err(|e| format!("the conv_transpose input is {e}"))?;
     if w_ty.dtype != x_ty.dtype || y_ty.dtype != x_ty.dtype {
         return Err("a conv_transpose kernel is generated on one element type".into());
@@ -151,6 +168,7 @@ fn layout(body: &Graph) -> R<Layout> {
         input,
         out,
         geom,
+        tail,
     })
 }
 
@@ -254,6 +272,7 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
             build(b.f_add(f32, None, sum, bv))?
         }
     };
+    let v = tail::apply(b, t, &l.tail, (v, m), (e.addrs, l.elem))?;
     let i = build(b.u_convert(u64, None, e.i))?;
     let dst = grid::element_addr(b, u64, e.addrs[l.y], i, l.elem.bytes())?;
     elem::store(b, l.elem, f32, dst, v)

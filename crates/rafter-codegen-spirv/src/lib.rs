@@ -125,8 +125,10 @@
 //! and reflection padding, `align_corners`; one invocation per output element, the taps of
 //! every dim unrolled (at most 64).
 //!
-//! A transposed convolution or grid sample with a fused elementwise tail (a `relu` after a
-//! decoder's upsampling) is refused with that reason and stays on the CPU.
+//! A transposed convolution may end in a fused elementwise tail (a decoder's `relu`,
+//! `sigmoid`, a clip, or a scale and shift by scalars or per-channel operands: the private
+//! `tail` module); a tail reading operands per position is refused with that reason and
+//! the kernel stays on the CPU, as does a grid sample with any tail.
 //!
 //! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
 //! second module on `VK_KHR_cooperative_matrix` (16×16×16 f16·f16 + f32, subgroup scope,
@@ -262,6 +264,7 @@ mod slice;
 mod space_to_depth;
 mod split;
 mod swiglu;
+mod tail;
 mod trilu;
 mod window;
 mod window_nd;
@@ -365,8 +368,8 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     if is_window {
         return conv(body).map(Generated::Conv).map_err(|e| e.reason);
     }
-    // A transposed convolution or grid sample with a fused tail is refused by its own
-    // generator (one node, nothing fused), so the CPU fallback names that reason.
+    // A transposed convolution or grid sample with a fused tail it does not take is refused
+    // by its own generator, so the CPU fallback names that reason.
     match body.nodes.first().map(|n| &n.op) {
         Some(rafter_ir::Op::ConvTranspose { .. }) => {
             return conv_transpose(body).map(|k| Generated::Grid(k.spirv));

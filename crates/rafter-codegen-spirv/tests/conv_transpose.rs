@@ -198,3 +198,61 @@ fn conv_transpose_refusals_name_the_reason() {
     let body = parse_graph(text).unwrap();
     assert!(conv_transpose(&body).unwrap_err().contains("zero"));
 }
+
+/// A fused tail after the convolution: a per-channel scale (a body input `[1, M, 1, 1]`),
+/// a scalar shift and a relu; a sigmoid; and, f16, a relu (each op's value rounded to
+/// f16 as if stored). A tail operand read per position is refused.
+#[test]
+fn conv_transpose_with_a_fused_tail_matches_the_reference() {
+    let Some(device) = common::device_or_skip("conv_transpose tail") else {
+        return;
+    };
+    let head = "conv_transpose{kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 0, 0], dilations = [1, 1], auto_pad = explicit, output_padding = [1, 0], output_shape = [], group = 1}";
+    let tails = [
+        (DType::F32, ", %s: f32[1, 3, 1, 1]", "  %m: f32[2, 3, 7, 6] = binary{op = mul}(%c, %s)\n  %a: f32[2, 3, 7, 6] = binary{op = add}(%m, %k)\n  %y: f32[2, 3, 7, 6] = unary{op = relu}(%a)\n"),
+        (DType::F32, "", "  %y: f32[2, 3, 7, 6] = unary{op = sigmoid}(%c)\n"),
+        (DType::F16, "", "  %y: f16[2, 3, 7, 6] = unary{op = relu}(%c)\n"),
+    ];
+    for (dtype, extra, ops) in tails {
+        let text = format!(
+            "graph @t(%x: {dtype}[2, 2, 3, 3], %w: {dtype}[2, 3, 3, 3], %b: {dtype}[3]{extra}, %k: {dtype}[]) -> (%y) {{\n  %c: {dtype}[2, 3, 7, 6] = {head}(%x, %w, %b)\n{ops}}}"
+        );
+        let body = parse_graph(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let xv: Vec<f32> = (0..36)
+            .map(|i| ((i * 37) % 19) as f32 * 0.25 - 2.0)
+            .collect();
+        let wv: Vec<f32> = (0..54)
+            .map(|i| ((i * 11) % 7) as f32 * 0.125 - 0.375)
+            .collect();
+        let mut inputs = vec![
+            floats(dtype, &[2, 2, 3, 3], &xv),
+            floats(dtype, &[2, 3, 3, 3], &wv),
+            floats(dtype, &[3], &[0.5, -0.25, 1.0]),
+        ];
+        if !extra.is_empty() {
+            inputs.push(floats(dtype, &[1, 3, 1, 1], &[1.5, -2.0, 0.75]));
+        }
+        inputs.push(floats(dtype, &[], &[-0.5]));
+        let want = rafter_reference::run(&body, inputs.clone())
+            .unwrap_or_else(|e| panic!("{text}: {e}"))
+            .remove(0);
+        let kernel = conv_transpose(&body).unwrap_or_else(|e| panic!("{text}: {e}"));
+        common::spirv_val(&kernel.spirv, "conv_transpose_tail");
+        let module = kernel_module(&body, 0).unwrap();
+        let got = common::run_module(&device, &module, &inputs, (dtype, &[2, 3, 7, 6]));
+        let rtol = if dtype == DType::F16 { 2e-3 } else { 1e-5 };
+        for (k, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+            assert!(
+                common::close(*g as f32, w as f32, 1e-4, rtol),
+                "{text}: element {k}: {g} vs reference {w}"
+            );
+        }
+    }
+    // A residual of the output's shape: read per position, which the kernel does not do.
+    let text = format!(
+        "graph @t(%x: f32[2, 2, 3, 3], %w: f32[2, 3, 3, 3], %r: f32[2, 3, 7, 6]) -> (%y) {{\n  %c: f32[2, 3, 7, 6] = {head}(%x, %w)\n  %y: f32[2, 3, 7, 6] = binary{{op = add}}(%c, %r)\n}}"
+    );
+    let body = parse_graph(&text).unwrap();
+    let err = conv_transpose(&body).unwrap_err();
+    assert!(err.contains("per-channel"), "{err}");
+}
