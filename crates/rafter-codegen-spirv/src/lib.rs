@@ -114,6 +114,22 @@
 //! convolution with a bias, with three or more spatial dims (3-D), f32/f16, static
 //! channel and spatial dims, one invocation per output element walking its window's taps.
 //!
+//! [`conv_transpose`]: ONNX `ConvTranspose` with any number of static spatial dims (1-, 2-
+//! and 3-D), f32/f16: strides, dilations, pads, `output_padding`, `output_shape`,
+//! `auto_pad`, groups and a bias (bound or folded). One invocation per output element
+//! *gathers* the taps that reach it (no atomics: each output is written once); the
+//! geometry is the reference's.
+//!
+//! [`grid_sample`]: ONNX `GridSample` of a static `[N, C, in...]` f32/f16 tensor (4-D
+//! images, 5-D volumes) at an f32/f16 grid: linear, nearest and cubic modes, zeros, border
+//! and reflection padding, `align_corners`; one invocation per output element, the taps of
+//! every dim unrolled (at most 64).
+//!
+//! A transposed convolution may end in a fused elementwise tail (a decoder's `relu`,
+//! `sigmoid`, a clip, or a scale and shift by scalars or per-channel operands: the private
+//! `tail` module); a tail reading operands per position is refused with that reason and
+//! the kernel stays on the CPU, as does a grid sample with any tail.
+//!
 //! **Cooperative matrices.** An f16 matmul or implicit-GEMM convolution also comes as a
 //! second module on `VK_KHR_cooperative_matrix` (16×16×16 f16·f16 + f32, subgroup scope,
 //! 32-wide subgroups; the private `coop` module): the same kernel with the same launch,
@@ -231,6 +247,7 @@ mod block_quant;
 mod concat;
 mod const_bytes;
 mod conv;
+mod conv_transpose;
 mod coop;
 mod cumulative;
 mod dynamic_quantize;
@@ -242,6 +259,7 @@ mod gather;
 mod gather_elements;
 mod gather_nd;
 mod grid;
+mod grid_sample;
 mod integer;
 mod loss;
 mod matmul;
@@ -254,6 +272,7 @@ mod slice;
 mod space_to_depth;
 mod split;
 mod swiglu;
+mod tail;
 mod trilu;
 mod window;
 mod window_nd;
@@ -266,6 +285,7 @@ pub use bitcast::{bit_cast, BitCastKernel};
 pub use block_quant::{block_quant, BlockQuantKernel};
 pub use concat::{concat, ConcatKernel};
 pub use conv::{conv, ConvKernel};
+pub use conv_transpose::{conv_transpose, ConvTransposeKernel};
 pub use coop::{COOP_SIDE, COOP_SUBGROUP};
 pub use cumulative::{cumulative, CumulativeKernel};
 pub use dynamic_quantize::{dynamic_quantize, DynamicQuantizeKernel};
@@ -276,6 +296,7 @@ pub use eye_like::{eye_like, EyeLikeKernel};
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use gather_nd::{gather_nd, GatherNdKernel};
+pub use grid_sample::{grid_sample, GridSampleKernel};
 pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
@@ -315,7 +336,8 @@ enum Generated {
     /// A kernel of the shared grid-stride launch ([`grid`]): gather, gather-nd, slice,
     /// gather-elements, concat, split, pad, trilu, batch norm, arg-reduce, reduce by
     /// run-time axes, cumulative sums and products, bit casts, eye-like, space-to-depth,
-    /// swiglu, scatter-elements, losses, 3-D pooling and convolution.
+    /// swiglu, scatter-elements, losses, 3-D pooling and convolution, transposed
+    /// convolution, grid sample.
     Grid(Vec<u32>),
     /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
@@ -354,6 +376,17 @@ fn generate(body: &Graph) -> Result<Generated, String> {
     });
     if is_window {
         return conv(body).map(Generated::Conv).map_err(|e| e.reason);
+    }
+    // A transposed convolution or grid sample with a fused tail it does not take is refused
+    // by its own generator, so the CPU fallback names that reason.
+    match body.nodes.first().map(|n| &n.op) {
+        Some(rafter_ir::Op::ConvTranspose { .. }) => {
+            return conv_transpose(body).map(|k| Generated::Grid(k.spirv));
+        }
+        Some(rafter_ir::Op::GridSample { .. }) => {
+            return grid_sample(body).map(|k| Generated::Grid(k.spirv));
+        }
+        _ => {}
     }
     if reduce_axes::reads_axes(body) {
         return reduce_axes(body).map(|k| Generated::Grid(k.spirv));

@@ -62,7 +62,7 @@ struct ConvOp {
 /// Where a convolution's bias comes from: a body input, or a small constant the compiler
 /// folded into the body (selected by the output channel).
 #[derive(Debug, Clone, PartialEq)]
-enum Bias {
+pub(crate) enum Bias {
     Binding(usize),
     Const(Vec<f32>),
 }
@@ -172,14 +172,14 @@ pub fn pool_nd(body: &Graph) -> Result<WindowNdKernel, String> {
     Ok(WindowNdKernel { spirv })
 }
 
-fn u32s(v: &[u64]) -> R<Vec<u32>> {
+pub(crate) fn u32s(v: &[u64]) -> R<Vec<u32>> {
     v.iter()
         .map(|&d| u32::try_from(d).map_err(|_| format!("pool dim {d} exceeds 32 bits")))
         .collect()
 }
 
 /// A per-dim attribute of `n` entries (`default` each where empty), below 2^16.
-fn u32s_attr(v: &[i64], n: usize, default: u32, what: &str) -> R<Vec<u32>> {
+pub(crate) fn u32s_attr(v: &[i64], n: usize, default: u32, what: &str) -> R<Vec<u32>> {
     if v.is_empty() {
         return Ok(vec![default; n]);
     }
@@ -456,23 +456,7 @@ pub fn conv_nd(body: &Graph) -> Result<WindowNdKernel, String> {
     if !kernel_shape.is_empty() && u32s_attr(kernel_shape, n, 1, "kernel_shape")? != kernel {
         return Err("kernel_shape disagrees with the filter".into());
     }
-    let bias = match node.input(2).map(|v| &body.value(v).def) {
-        None => None,
-        Some(rafter_ir::ValueDef::Input(i)) => Some(Bias::Binding(*i)),
-        Some(rafter_ir::ValueDef::Const(id)) => Some(Bias::Const(
-            body.constant(*id)
-                .to_f64s()
-                .into_iter()
-                .map(|v| v as f32)
-                .collect(),
-        )),
-        Some(_) => return Err("the conv bias is computed in the kernel".into()),
-    };
-    if let Some(Bias::Const(v)) = &bias {
-        if v.len() != m as usize {
-            return Err(format!("a bias of {} values for {m} channels", v.len()));
-        }
-    }
+    let bias = bias_operand(body, node, m)?;
     let (input, out) = (xd[1..].to_vec(), yd[1..].to_vec());
     let (strides, dilations, pad_begin, pad_end) =
         geometry(&kernel, strides, dilations, pads, auto_pad, (&input, &out))?;
@@ -497,6 +481,29 @@ pub fn conv_nd(body: &Graph) -> Result<WindowNdKernel, String> {
     };
     let spirv = grid::module(layout.y + 1, |b, t, e| element(b, t, &layout, e))?;
     Ok(WindowNdKernel { spirv })
+}
+
+/// A convolution's optional bias (operand 2) for `m` output channels: a body input, or a
+/// folded constant of `m` values; a bias computed in the body is refused.
+pub(crate) fn bias_operand(body: &Graph, node: &rafter_ir::Node, m: u32) -> R<Option<Bias>> {
+    let bias = match node.input(2).map(|v| &body.value(v).def) {
+        None => return Ok(None),
+        Some(rafter_ir::ValueDef::Input(i)) => Bias::Binding(*i),
+        Some(rafter_ir::ValueDef::Const(id)) => Bias::Const(
+            body.constant(*id)
+                .to_f64s()
+                .into_iter()
+                .map(|v| v as f32)
+                .collect(),
+        ),
+        Some(_) => return Err("the conv bias is computed in the kernel".into()),
+    };
+    if let Bias::Const(v) = &bias {
+        if v.len() != m as usize {
+            return Err(format!("a bias of {} values for {m} channels", v.len()));
+        }
+    }
+    Ok(Some(bias))
 }
 
 /// The convolution at output coordinates `o` of output plane `plane` (`n * M + m`): the
@@ -545,23 +552,40 @@ fn convolve(
         let p = build(b.select(f32, None, inside, p, zero))?;
         Ok(vec![build(b.f_add(f32, None, acc[0], p))?])
     })?[0];
-    let bias = match &conv.bias {
-        None => return Ok(sum),
-        Some(Bias::Binding(i)) => {
-            let m64 = build(b.u_convert(u64, None, m))?;
-            let at = grid::element_addr(b, u64, addrs[*i], m64, l.elem.bytes())?;
-            elem::load(b, l.elem, f32, at)?
+    match &conv.bias {
+        None => Ok(sum),
+        Some(bias) => {
+            let v = bias_at(b, t, bias, m, (addrs, l.elem))?;
+            build(b.f_add(f32, None, sum, v))
         }
-        Some(Bias::Const(values)) => {
-            let mut v = zero;
+    }
+}
+
+/// The bias of output channel `m` (a `u32`): read from its binding at `m`, or selected
+/// among the folded constant's values.
+pub(crate) fn bias_at(
+    b: &mut Builder,
+    t: &Prelude,
+    bias: &Bias,
+    m: Word,
+    (addrs, elem): (&[Word], Elem),
+) -> R<Word> {
+    let Prelude { f32, u32, u64, .. } = *t;
+    match bias {
+        Bias::Binding(i) => {
+            let m64 = build(b.u_convert(u64, None, m))?;
+            let at = grid::element_addr(b, u64, addrs[*i], m64, elem.bytes())?;
+            elem::load(b, elem, f32, at)
+        }
+        Bias::Const(values) => {
+            let mut v = b.constant_bit32(f32, 0f32.to_bits());
             for (j, &x) in values.iter().enumerate() {
                 let here = b.constant_bit32(u32, j as u32);
                 let here = build(b.i_equal(t.bool, None, m, here))?;
                 let x = b.constant_bit32(f32, x.to_bits());
                 v = build(b.select(f32, None, here, x, v))?;
             }
-            v
+            Ok(v)
         }
-    };
-    build(b.f_add(f32, None, sum, bias))
+    }
 }
