@@ -7,7 +7,6 @@
 
 mod common;
 
-use half::f16;
 use rafter_codegen_spirv::{attention, kernel_module};
 use rafter_ir::text::parse_graph;
 use rafter_ir::DType;
@@ -64,32 +63,12 @@ const BASE: Case = Case {
     kv_dtype: "f32",
 };
 
-fn show(d: &[usize]) -> String {
-    d.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 fn dtype(name: &str) -> DType {
     if name == "f16" {
         DType::F16
     } else {
         DType::F32
     }
-}
-
-/// `values` as a tensor of `dims` and `dt` (f32, f16 or bool: nonzero is true).
-fn tensor(dt: DType, dims: &[usize], values: &[f32]) -> Tensor {
-    let bytes: Vec<u8> = match dt {
-        DType::F16 => values
-            .iter()
-            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-            .collect(),
-        DType::Bool => values.iter().map(|&v| u8::from(v > 0.0)).collect(),
-        _ => return Tensor::f32s(dims, values.to_vec()),
-    };
-    Tensor::from_le_bytes(dt, dims, &bytes).unwrap()
 }
 
 /// An operand's dims: `[B, S, H * W]` or `[B, H, S, W]`.
@@ -112,21 +91,25 @@ fn body(c: &Case) -> (String, Vec<(DType, Vec<usize>)>) {
     let (qt, kt) = (c.q_dtype, c.kv_dtype);
     let mut params = format!(
         "%q: {qt}[{}], %k: {kt}[{}], %v: {kt}[{}]",
-        show(&q),
-        show(&k),
-        show(&v)
+        common::dims_text(&q),
+        common::dims_text(&k),
+        common::dims_text(&v)
     );
     let mut args = vec!["%q", "%k", "%v"];
     let mut arg = |present: bool, name: &'static str| args.push(if present { name } else { "_" });
     if let Some((dims, is_bool)) = c.mask {
         let t = if is_bool { "bool" } else { qt };
-        params += &format!(", %m: {t}[{}]", show(dims));
+        params += &format!(", %m: {t}[{}]", common::dims_text(dims));
     }
     arg(c.mask.is_some(), "%m");
     let pk = [c.batch, c.hkv, c.past, c.d];
     let pv = [c.batch, c.hkv, c.past, c.dv];
     if c.past > 0 {
-        params += &format!(", %pk: {kt}[{}], %pv: {kt}[{}]", show(&pk), show(&pv));
+        params += &format!(
+            ", %pk: {kt}[{}], %pv: {kt}[{}]",
+            common::dims_text(&pk),
+            common::dims_text(&pv)
+        );
     }
     arg(c.past > 0, "%pk");
     arg(c.past > 0, "%pv");
@@ -143,7 +126,7 @@ fn body(c: &Case) -> (String, Vec<(DType, Vec<usize>)>) {
         vec![c.batch, c.hq, c.sq, c.dv]
     };
     let mut outs = vec![(dtype(qt), y.clone())];
-    let mut defs = vec![format!("%y: {qt}[{}]", show(&y))];
+    let mut defs = vec![format!("%y: {qt}[{}]", common::dims_text(&y))];
     let mut names = vec!["%y"];
     let present = [
         ("%pko", [c.batch, c.hkv, total, c.d]),
@@ -151,7 +134,7 @@ fn body(c: &Case) -> (String, Vec<(DType, Vec<usize>)>) {
     ];
     for (name, dims) in present {
         if c.presents {
-            defs.push(format!("{name}: {kt}[{}]", show(&dims)));
+            defs.push(format!("{name}: {kt}[{}]", common::dims_text(&dims)));
             names.push(name);
             outs.push((dtype(kt), dims.to_vec()));
         } else {
@@ -160,7 +143,7 @@ fn body(c: &Case) -> (String, Vec<(DType, Vec<usize>)>) {
     }
     if c.qk_mode.is_some() {
         let dims = [c.batch, c.hq, c.sq, total];
-        defs.push(format!("%qk: {qt}[{}]", show(&dims)));
+        defs.push(format!("%qk: {qt}[{}]", common::dims_text(&dims)));
         names.push("%qk");
         outs.push((dtype(qt), dims.to_vec()));
     }
@@ -199,13 +182,13 @@ fn inputs(c: &Case) -> Vec<Tensor> {
         .enumerate()
         .map(|(i, (t, d))| {
             let n = d.iter().product();
-            tensor(*t, d, &common::inputs_in((-2.0, 2.0), n, i as u64 + 1))
+            common::floats(*t, d, &common::inputs_in((-2.0, 2.0), n, i as u64 + 1))
         })
         .collect();
     if let Some((dims, is_bool)) = c.mask {
         let n = dims.iter().product();
         let values = common::inputs_in((-1.0, 1.0), n, 7);
-        out.push(tensor(
+        out.push(common::floats(
             if is_bool { DType::Bool } else { qt },
             dims,
             &values,
@@ -215,7 +198,11 @@ fn inputs(c: &Case) -> Vec<Tensor> {
         for (seed, w) in [(8, c.d), (9, c.dv)] {
             let d = [c.batch, c.hkv, c.past, w];
             let n = d.iter().product();
-            out.push(tensor(kt, &d, &common::inputs_in((-2.0, 2.0), n, seed)));
+            out.push(common::floats(
+                kt,
+                &d,
+                &common::inputs_in((-2.0, 2.0), n, seed),
+            ));
         }
     }
     if let Some(n) = c.nonpad {

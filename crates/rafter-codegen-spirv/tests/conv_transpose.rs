@@ -6,32 +6,9 @@
 
 mod common;
 
-use half::f16;
 use rafter_codegen_spirv::{conv_transpose, kernel_module};
 use rafter_ir::text::parse_graph;
 use rafter_ir::DType;
-use rafter_reference::Tensor;
-
-fn list(v: &[usize]) -> String {
-    v.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `values` as a tensor of `dims` and `dtype` (f32 or f16).
-fn floats(dtype: DType, dims: &[usize], values: &[f32]) -> Tensor {
-    match dtype {
-        DType::F16 => {
-            let bytes: Vec<u8> = values
-                .iter()
-                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                .collect();
-            Tensor::from_le_bytes(DType::F16, dims, &bytes).unwrap()
-        }
-        _ => Tensor::f32s(dims, values.to_vec()),
-    }
-}
 
 /// One configuration: x's dims, output channels per group, groups, kernel, and the
 /// attributes as the IR text writes them (strides, pads, ...); `out` the output's
@@ -123,10 +100,10 @@ fn run(device: &rafter_hal_vulkan::VulkanDevice, c: &Case, dtype: DType, bias: &
     };
     let text = format!(
         "graph @t(%x: {dtype}[{}], %w: {dtype}[{}]{b_in}) -> (%y) {{\n  %y: {dtype}[{}] = conv_transpose{{kernel_shape = [{}], {}, group = {}}}(%x, %w{b_arg})\n}}",
-        list(&c.x),
-        list(&w_dims),
-        list(&y_dims),
-        list(&c.kernel),
+        common::dims_text(&c.x),
+        common::dims_text(&w_dims),
+        common::dims_text(&y_dims),
+        common::dims_text(&c.kernel),
         c.attrs,
         c.group,
     );
@@ -139,9 +116,12 @@ fn run(device: &rafter_hal_vulkan::VulkanDevice, c: &Case, dtype: DType, bias: &
         .map(|i| ((i * 11) % 7) as f32 * 0.125 - 0.375)
         .collect();
     let bv: Vec<f32> = (0..m).map(|i| i as f32 * 0.5 - 1.0).collect();
-    let mut inputs = vec![floats(dtype, &c.x, &xv), floats(dtype, &w_dims, &wv)];
+    let mut inputs = vec![
+        common::floats(dtype, &c.x, &xv),
+        common::floats(dtype, &w_dims, &wv),
+    ];
     if bias != "none" {
-        inputs.push(floats(dtype, &[m], &bv));
+        inputs.push(common::floats(dtype, &[m], &bv));
     }
     let want = rafter_reference::run(&body, inputs.clone())
         .unwrap_or_else(|e| panic!("{text}: {e}"))
@@ -225,14 +205,14 @@ fn conv_transpose_with_a_fused_tail_matches_the_reference() {
             .map(|i| ((i * 11) % 7) as f32 * 0.125 - 0.375)
             .collect();
         let mut inputs = vec![
-            floats(dtype, &[2, 2, 3, 3], &xv),
-            floats(dtype, &[2, 3, 3, 3], &wv),
-            floats(dtype, &[3], &[0.5, -0.25, 1.0]),
+            common::floats(dtype, &[2, 2, 3, 3], &xv),
+            common::floats(dtype, &[2, 3, 3, 3], &wv),
+            common::floats(dtype, &[3], &[0.5, -0.25, 1.0]),
         ];
         if !extra.is_empty() {
-            inputs.push(floats(dtype, &[1, 3, 1, 1], &[1.5, -2.0, 0.75]));
+            inputs.push(common::floats(dtype, &[1, 3, 1, 1], &[1.5, -2.0, 0.75]));
         }
-        inputs.push(floats(dtype, &[], &[-0.5]));
+        inputs.push(common::floats(dtype, &[], &[-0.5]));
         let want = rafter_reference::run(&body, inputs.clone())
             .unwrap_or_else(|e| panic!("{text}: {e}"))
             .remove(0);

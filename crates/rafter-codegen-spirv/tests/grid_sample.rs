@@ -6,32 +6,9 @@
 
 mod common;
 
-use half::f16;
 use rafter_codegen_spirv::{grid_sample, kernel_module};
 use rafter_ir::text::parse_graph;
 use rafter_ir::DType;
-use rafter_reference::Tensor;
-
-fn list(v: &[usize]) -> String {
-    v.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `values` as a tensor of `dims` and `dtype` (f32 or f16).
-fn floats(dtype: DType, dims: &[usize], values: &[f32]) -> Tensor {
-    match dtype {
-        DType::F16 => {
-            let bytes: Vec<u8> = values
-                .iter()
-                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                .collect();
-            Tensor::from_le_bytes(DType::F16, dims, &bytes).unwrap()
-        }
-        _ => Tensor::f32s(dims, values.to_vec()),
-    }
-}
 
 /// Samples `x` (dims `x`) at a grid of `points` per image; `attrs` the IR's attributes.
 fn run(
@@ -45,9 +22,9 @@ fn run(
     let y_dims: Vec<usize> = [vec![x_dims[0], x_dims[1]], points.to_vec()].concat();
     let text = format!(
         "graph @g(%x: {dtype}[{}], %grid: {grid_dtype}[{}]) -> (%y) {{\n  %y: {dtype}[{}] = grid_sample{{{attrs}}}(%x, %grid)\n}}",
-        list(x_dims),
-        list(&g_dims),
-        list(&y_dims),
+        common::dims_text(x_dims),
+        common::dims_text(&g_dims),
+        common::dims_text(&y_dims),
     );
     let body = parse_graph(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
     let count = |d: &[usize]| d.iter().product::<usize>();
@@ -58,7 +35,10 @@ fn run(
     let gv: Vec<f32> = (0..count(&g_dims))
         .map(|i| ((i * 29 + 7) % 97) as f32 / 32.0 - 1.5)
         .collect();
-    let inputs = vec![floats(dtype, x_dims, &xv), floats(grid_dtype, &g_dims, &gv)];
+    let inputs = vec![
+        common::floats(dtype, x_dims, &xv),
+        common::floats(grid_dtype, &g_dims, &gv),
+    ];
     let want = rafter_reference::run(&body, inputs.clone())
         .unwrap_or_else(|e| panic!("{text}: {e}"))
         .remove(0);

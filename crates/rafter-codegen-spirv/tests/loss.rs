@@ -5,32 +5,10 @@
 
 mod common;
 
-use half::f16;
 use rafter_codegen_spirv::{kernel_module, loss};
 use rafter_ir::text::parse_graph;
 use rafter_ir::DType;
 use rafter_reference::Tensor;
-
-fn show(d: &[usize]) -> String {
-    d.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `values` as a tensor of `dims` and `dtype` (f32 or f16).
-fn tensor(dtype: DType, dims: &[usize], values: &[f32]) -> Tensor {
-    match dtype {
-        DType::F16 => {
-            let bytes: Vec<u8> = values
-                .iter()
-                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                .collect();
-            Tensor::from_le_bytes(DType::F16, dims, &bytes).unwrap()
-        }
-        _ => Tensor::f32s(dims, values.to_vec()),
-    }
-}
 
 fn targets(dtype: DType, dims: &[usize], v: &[i64]) -> Tensor {
     let bytes: Vec<u8> = if dtype == DType::I32 {
@@ -61,7 +39,7 @@ fn body_text(case: &Case, dims: &[usize], dt: &str, idt: &str) -> String {
         None => format!("reduction = {}", case.reduction),
     };
     let loss_dims = if case.reduction == "none" {
-        show(&t_dims)
+        common::dims_text(&t_dims)
     } else {
         String::new()
     };
@@ -73,15 +51,18 @@ fn body_text(case: &Case, dims: &[usize], dt: &str, idt: &str) -> String {
     let (outs, results) = if case.log_prob {
         (
             "%y, %lp".to_string(),
-            format!("%y: {dt}[{loss_dims}], %lp: {dt}[{}]", show(dims)),
+            format!(
+                "%y: {dt}[{loss_dims}], %lp: {dt}[{}]",
+                common::dims_text(dims)
+            ),
         )
     } else {
         ("%y".to_string(), format!("%y: {dt}[{loss_dims}]"))
     };
     format!(
         "graph @g(%x: {dt}[{d}], %t: {idt}[{td}]{w_in}) -> ({outs}) {{\n  {results} = {op}{{{attrs}}}(%x, %t{w_arg})\n}}",
-        d = show(dims),
-        td = show(&t_dims),
+        d = common::dims_text(dims),
+        td = common::dims_text(&t_dims),
         op = case.op,
     )
 }
@@ -118,10 +99,10 @@ fn check(
         .collect();
     let mut t_dims = vec![dims[0]];
     t_dims.extend(&dims[2..]);
-    let mut inputs = vec![tensor(dt, dims, &x), targets(idt, &t_dims, &t)];
+    let mut inputs = vec![common::floats(dt, dims, &x), targets(idt, &t_dims, &t)];
     if case.weighted {
         let w: Vec<f32> = (0..dims[1]).map(|j| 0.5 + j as f32 * 0.25).collect();
-        inputs.push(tensor(dt, &[dims[1]], &w));
+        inputs.push(common::floats(dt, &[dims[1]], &w));
     }
     let want =
         rafter_reference::run(&body, inputs.clone()).unwrap_or_else(|e| panic!("{text}: {e}"));

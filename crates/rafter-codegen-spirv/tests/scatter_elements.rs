@@ -4,31 +4,10 @@
 
 mod common;
 
-use half::f16;
 use rafter_codegen_spirv::{kernel_module, scatter_elements};
 use rafter_ir::text::parse_graph;
 use rafter_ir::DType;
 use rafter_reference::Tensor;
-
-fn show(d: &[usize]) -> String {
-    d.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn floats(dtype: DType, dims: &[usize], values: &[f32]) -> Tensor {
-    match dtype {
-        DType::F16 => {
-            let bytes: Vec<u8> = values
-                .iter()
-                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                .collect();
-            Tensor::from_le_bytes(DType::F16, dims, &bytes).unwrap()
-        }
-        _ => Tensor::f32s(dims, values.to_vec()),
-    }
-}
 
 fn index_tensor(dtype: DType, dims: &[usize], v: &[i64]) -> Tensor {
     let bytes: Vec<u8> = if dtype == DType::I32 {
@@ -76,15 +55,15 @@ fn scatter_elements_match_the_reference() {
                 for (idt, idtype) in [("i64", DType::I64), ("i32", DType::I32)] {
                     let text = format!(
                         "graph @g(%x: {dt}[3, 4, 5], %i: {idt}[{o}], %u: {dt}[{o}]) -> (%y) {{\n  %y: {dt}[3, 4, 5] = scatter_elements{{axis = {axis}, reduction = {reduction}}}(%x, %i, %u)\n}}",
-                        o = show(&out)
+                        o = common::dims_text(&out)
                     );
                     let body = parse_graph(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
                     let kernel = scatter_elements(&body).unwrap_or_else(|e| panic!("{text}: {e}"));
                     common::spirv_val(&kernel.spirv, &format!("scatter_elements_{a}_{reduction}"));
                     let inputs = vec![
-                        floats(dtype, &dims, &data),
+                        common::floats(dtype, &dims, &data),
                         index_tensor(idtype, &out, &ids),
-                        floats(dtype, &out, &upd),
+                        common::floats(dtype, &out, &upd),
                     ];
                     let want = rafter_reference::run(&body, inputs.clone())
                         .unwrap()

@@ -14,13 +14,6 @@ use rafter_reference::Tensor;
 
 const X: [usize; 5] = [2, 2, 5, 6, 4];
 
-fn list(v: &[usize]) -> String {
-    v.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// One window configuration: kernel, strides, dilations, pads (begins then ends).
 struct Window {
     k: [usize; 3],
@@ -50,8 +43,8 @@ fn out_dims(w: &Window, ceil: bool) -> [usize; 3] {
 fn run(device: &rafter_hal_vulkan::VulkanDevice, dtype: DType, attrs: &str, out: &[usize]) {
     let text = format!(
         "graph @p(%x: {dtype}[{}]) -> (%y) {{\n  %y: {dtype}[{}] = pool{{{attrs}, storage_order = 0}}(%x)\n}}",
-        list(&X),
-        list(out)
+        common::dims_text(&X),
+        common::dims_text(out)
     );
     let body = parse_graph(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
     let kernel = pool_nd(&body).unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -117,10 +110,10 @@ fn pooling_3d_matches_the_reference() {
                 let out = [X[0], X[1], out_sp[0], out_sp[1], out_sp[2]];
                 let geom = format!(
                     "kernel_shape = [{}], strides = [{}], pads = [{}], dilations = [{}], auto_pad = explicit, ceil_mode = {ceil}",
-                    list(&w.k),
-                    list(&w.s),
-                    list(&w.pads),
-                    list(&w.d)
+                    common::dims_text(&w.k),
+                    common::dims_text(&w.s),
+                    common::dims_text(&w.pads),
+                    common::dims_text(&w.d)
                 );
                 for (kind, inc, p) in [
                     ("max", false, 2),
@@ -140,20 +133,6 @@ fn pooling_3d_matches_the_reference() {
     // same_upper: the output is ceil(input / stride).
     let attrs = "kind = average, kernel_shape = [3, 3, 2], strides = [2, 2, 2], pads = [], dilations = [], auto_pad = same_upper, ceil_mode = false, count_include_pad = true, p = 2";
     run(&device, DType::F32, attrs, &[2, 2, 3, 3, 2]);
-}
-
-/// `values` as a tensor of `dims` and `dtype` (f32 or f16).
-fn floats(dtype: DType, dims: &[usize], values: &[f32]) -> Tensor {
-    match dtype {
-        DType::F16 => {
-            let bytes: Vec<u8> = values
-                .iter()
-                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                .collect();
-            Tensor::from_le_bytes(DType::F16, dims, &bytes).unwrap()
-        }
-        _ => Tensor::f32s(dims, values.to_vec()),
-    }
 }
 
 /// 3-D convolutions: ungrouped and grouped (2 and depthwise 4), strides, dilations,
@@ -190,13 +169,13 @@ fn convolution_3d_matches_the_reference() {
                 };
                 let text = format!(
                     "graph @c(%x: {dtype}[{}], %w: {dtype}[{}]{b_in}) -> (%y) {{\n  %y: {dtype}[{}] = conv{{kernel_shape = [{}], strides = [{}], pads = [{}], dilations = [{}], group = {group}, auto_pad = explicit}}(%x, %w{b_arg})\n}}",
-                    list(&x_dims),
-                    list(&w_dims),
-                    list(&y_dims),
-                    list(&w.k),
-                    list(&w.s),
-                    list(&w.pads),
-                    list(&w.d)
+                    common::dims_text(&x_dims),
+                    common::dims_text(&w_dims),
+                    common::dims_text(&y_dims),
+                    common::dims_text(&w.k),
+                    common::dims_text(&w.s),
+                    common::dims_text(&w.pads),
+                    common::dims_text(&w.d)
                 );
                 let body = parse_graph(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
                 let count = |d: &[usize]| d.iter().product::<usize>();
@@ -207,9 +186,12 @@ fn convolution_3d_matches_the_reference() {
                     .map(|i| ((i * 11) % 7) as f32 * 0.125 - 0.375)
                     .collect();
                 let bv: Vec<f32> = (0..m).map(|i| i as f32 * 0.5 - 1.0).collect();
-                let mut inputs = vec![floats(dtype, &x_dims, &xv), floats(dtype, &w_dims, &wv)];
+                let mut inputs = vec![
+                    common::floats(dtype, &x_dims, &xv),
+                    common::floats(dtype, &w_dims, &wv),
+                ];
                 if bias != "none" {
-                    inputs.push(floats(dtype, &[m], &bv));
+                    inputs.push(common::floats(dtype, &[m], &bv));
                 }
                 let want = rafter_reference::run(&body, inputs.clone())
                     .unwrap()

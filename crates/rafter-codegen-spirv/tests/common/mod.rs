@@ -469,3 +469,25 @@ pub fn fold_input(body: &rafter_ir::Graph, input: usize, value: &Tensor) -> raft
     }
     g
 }
+
+/// `dims` as the IR text writes a shape's dims: `2, 3, 4`.
+pub fn dims_text(dims: &[usize]) -> String {
+    dims.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `values` as a tensor of `dims` and `dtype`: f16 (rounded), bool (nonzero is true), else
+/// f32.
+pub fn floats(dtype: DType, dims: &[usize], values: &[f32]) -> Tensor {
+    let bytes: Vec<u8> = match dtype {
+        DType::F16 => values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        DType::Bool => values.iter().map(|&v| u8::from(v > 0.0)).collect(),
+        _ => return Tensor::f32s(dims, values.to_vec()),
+    };
+    Tensor::from_le_bytes(dtype, dims, &bytes).unwrap()
+}
