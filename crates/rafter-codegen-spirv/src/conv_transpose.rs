@@ -255,14 +255,7 @@ fn geometry(kernel: Vec<u32>, a: &Attrs, input: &[u32], out: &[u32]) -> R<Geomet
 /// input channels and the taps, the bias, the store.
 fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let Prelude { f32, u32, u64, .. } = *t;
-    let n = l.input.len();
-    let mut o = vec![0; n];
-    let mut rest = e.i;
-    for dim in (0..n).rev() {
-        let (q, c) = grid::div_mod(b, u32, rest, l.out[dim].max(1))?;
-        o[dim] = c;
-        rest = q;
-    }
+    let (o, rest) = grid::unflatten(b, u32, e.i, &l.out)?;
     let (img, m) = grid::div_mod(b, u32, rest, l.m)?;
     let sum = gather(b, t, l, (img, m), &o, e.addrs)?;
     let v = match &l.bias {

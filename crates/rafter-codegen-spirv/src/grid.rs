@@ -126,6 +126,19 @@ pub(crate) fn div_mod(b: &mut Builder, u32: Word, a: Word, d: u32) -> R<(Word, W
     ))
 }
 
+/// Element index `i` of a row-major block with innermost `dims` as its coordinates there
+/// (`coords[d]` along `dims[d]`) and the index of the block (what lies outside `dims`).
+pub(crate) fn unflatten(b: &mut Builder, u32: Word, i: Word, dims: &[u32]) -> R<(Vec<Word>, Word)> {
+    let mut coords = vec![0; dims.len()];
+    let mut rest = i;
+    for (d, &size) in dims.iter().enumerate().rev() {
+        let (q, c) = div_mod(b, u32, rest, size.max(1))?;
+        coords[d] = c;
+        rest = q;
+    }
+    Ok((coords, rest))
+}
+
 /// The byte address of element `index` (a `u64` element count) of `bytes`-byte elements
 /// at `base`.
 pub(crate) fn element_addr(

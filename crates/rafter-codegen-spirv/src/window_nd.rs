@@ -256,14 +256,7 @@ fn resolve_pads(
 /// Output element `i`: its plane and coordinates, the walk over the taps, the result.
 fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let Prelude { f32, u32, u64, .. } = *t;
-    let n = l.input.len();
-    let mut o = vec![0; n];
-    let mut rest = e.i;
-    for dim in (0..n).rev() {
-        let (q, c) = grid::div_mod(b, u32, rest, l.out[dim].max(1))?;
-        o[dim] = c;
-        rest = q;
-    }
+    let (o, rest) = grid::unflatten(b, u32, e.i, &l.out)?;
     let plane = rest;
     let in_plane: u32 = l.input.iter().product();
     let plane_id = plane;
