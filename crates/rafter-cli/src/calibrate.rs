@@ -536,7 +536,8 @@ fn fit(points: &[(KernelWork, f64)], floor_s: f64) -> ClassRate {
 /// flops over its time beyond the streams' intercept give the operation rate (at least
 /// the streaming probes' own). The intercept beyond the device's `floor_s` is the class's
 /// own fixed cost, kept as ramp: a CPU kernel split over every core waits for the
-/// slowest thread and wakes them all (tens of us on 16 cores), which a single-threaded
+/// slowest thread and wakes them all (11-26 us for the streaming classes on the H200
+/// machine's 16-core host, in `rafter devices --profile`), which a single-threaded
 /// tiny kernel's dispatch cost does not hold.
 fn streaming_fit(points: &[(KernelWork, f64)], chain: bool, floor_s: f64) -> ClassRate {
     let (streams, compute) = if chain {
@@ -671,8 +672,9 @@ fn half_scale(bench: &Bench, f32: &ClassRate) -> Result<f64> {
 }
 
 /// An f16 probe per convolution class, the class's largest f32 probe in f16: their f16
-/// kernels may use matrix units less than a GEMM's (on an H200 f16 convolutions ran 1.5x
-/// their f32 time where f16 GEMMs ran 3.4x), so each class gets its own scale.
+/// kernels may use matrix units less than a GEMM's (in ResNet-50 on an H200 the f16
+/// convolutions ran 1.5x as fast as the f32 ones, `bench --estimate` per class, where
+/// the profile's f16 GEMM ran 3.4x), so each class gets its own scale.
 fn half_conv_probes() -> Vec<(&'static str, Probe)> {
     vec![
         ("conv", conv_of("f16", 64, 56, 64, 3, 1, 1)),
@@ -746,6 +748,9 @@ mod tests {
             transpose([1, 4, 2, 8]),
             softmax("2, 4, 8"),
             gemm(4, 8, 16),
+            batched_gemm(2, 4, 8, 4),
+            conv(4, 8, 4, 3, 1, 1),
+            conv_of("f16", 4, 8, 4, 1, 1, 1),
             fused_chain("2, 8", 4),
         ] {
             assert!(p.text.contains("-> (%sink)"), "{}", p.text);
