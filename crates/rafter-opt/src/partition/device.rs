@@ -490,6 +490,12 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e, "p.txt: line 3: `flops_per_s` must be positive");
+        let e = Profiles::parse(
+            "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g conv flops_per_s=1 bytes_per_s=1 half_flops=0 half_scale=0\n",
+            "p.txt",
+        )
+        .unwrap_err();
+        assert_eq!(e, "p.txt: line 3: `half_scale` must be positive");
     }
 
     #[test]
