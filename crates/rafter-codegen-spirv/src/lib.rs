@@ -260,11 +260,13 @@ mod gather_elements;
 mod gather_nd;
 mod grid;
 mod grid_sample;
+mod gru;
 mod integer;
 mod loss;
 mod matmul;
 mod matmul_integer;
 mod pad;
+mod qlinear_conv;
 mod reduce_axes;
 mod rotary;
 mod scatter_elements;
@@ -297,10 +299,12 @@ pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use gather_nd::{gather_nd, GatherNdKernel};
 pub use grid_sample::{grid_sample, GridSampleKernel};
+pub use gru::{gru, GruKernel, MAX_HIDDEN as GRU_MAX_HIDDEN};
 pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
+pub use qlinear_conv::{qlinear_conv, QLinearConvKernel};
 pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
 pub use scatter_elements::{scatter_elements, ScatterElementsKernel};
@@ -396,6 +400,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         if n.op == Op::DynamicQuantizeLinear {
             return dynamic_quantize(body).map(|k| Generated::Rows(k.spirv, k.launch));
         }
+        if let Op::Gru { .. } = n.op {
+            return gru(body).map(|k| Generated::Rows(k.spirv, k.launch));
+        }
         let grid = match n.op {
             Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
             Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
@@ -406,6 +413,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Split { .. } => Some(split(body).map(|k| k.spirv)),
             Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
             Op::Pad { .. } => Some(pad(body).map(|k| k.spirv)),
+            Op::QLinearConv { .. } => Some(qlinear_conv(body).map(|k| k.spirv)),
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
