@@ -195,6 +195,18 @@
 //! blocks), dequantized where read, one invocation per output element, with
 //! `accuracy_level` 4's int8 rounding of A.
 //!
+//! [`qlinear_conv`]: ONNX `QLinearConv` of u8/i8 inputs and weights with any number of
+//! static spatial dims, groups, pads, strides, dilations and `auto_pad`, weight scales and
+//! zero points per tensor or per output channel, an i32 bias; one invocation per output
+//! element summing in i32, requantized in f32 as ONNX Runtime does (at most 8 bindings:
+//! the scalar scales and zero points must be constants folded into the body, as the
+//! compiler folds a quantized model's).
+//!
+//! [`gru`]: ONNX `GRU` on f32, every direction and layout, `linear_before_reset`, `clip`,
+//! sigmoid/tanh/relu gates; one workgroup per (direction, batch row) looping over the time
+//! steps with the hidden state in workgroup memory (`Launch::Rows`), at most
+//! [`GRU_MAX_HIDDEN`] units; `sequence_lens` stays on the CPU.
+//!
 //! [`rotary`]: ONNX `RotaryEmbedding` of an f32 `[batch, seq, hidden]` or `[batch, heads,
 //! seq, head_size]` (heads and seq static) by cos and sin caches (`[positions, rot / 2]`,
 //! or `[batch, seq, rot / 2]` without position ids), with or without position ids,
@@ -343,7 +355,7 @@ enum Generated {
     /// swiglu, scatter-elements, losses, 3-D pooling and convolution, transposed
     /// convolution, grid sample.
     Grid(Vec<u32>),
-    /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
+    /// A kernel of workgroups of its own launch ([`dynamic_quantize`], [`gru`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
 }
 
