@@ -11,7 +11,10 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
+# shellcheck source=scripts/phase.sh
+. scripts/phase.sh
 
+phase "setup_venv.sh --python"
 scripts/setup_venv.sh --python
 PY=$ROOT/.venv/bin/python
 if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
@@ -21,6 +24,7 @@ fi
 
 WHEELS=$ROOT/.whl/python
 rm -rf "$WHEELS"
+phase "maturin build"
 start=$SECONDS
 echo "test_python.sh: maturin build --release (python/pyproject.toml)"
 cd "$ROOT/python"
@@ -33,6 +37,7 @@ cd "$ROOT"
 
 # A fresh venv as a user has one: `pip install ./python` (maturin through PEP 517, reusing
 # target/'s build) pulls only numpy, and the README's two lines run on the BERT fixture.
+phase "pip install ./python into a fresh venv"
 FRESH=$ROOT/.cache/venv-python-fresh
 rm -rf "$FRESH"
 "$PY" -m venv "$FRESH"
@@ -51,8 +56,10 @@ print(f"test_python.sh: fresh venv: README example matches ONNX Runtime's output
 PYEOF
 )
 
+phase "pytest python/tests"
 export RAFTER_PY_REQUIRE_ALL=${RAFTER_PY_REQUIRE_ALL:-1}
 export RAFTER_LLM_FIXTURES=${RAFTER_LLM_FIXTURES:-$ROOT/.cache/llm-fixtures}
 # Run from outside python/ so the tests import the installed wheel, not the source tree.
 cd "$ROOT/python/tests"
-exec "$PY" -m pytest -q -p no:cacheprovider "$@" .
+# (Not `exec`: the EXIT trap closes the phase.)
+"$PY" -m pytest -q -p no:cacheprovider "$@" .
