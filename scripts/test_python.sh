@@ -24,6 +24,28 @@ fi
 
 WHEELS=$ROOT/.whl/python
 rm -rf "$WHEELS"
+# maturin builds `-p rafter-py` alone; it reuses the release build above only where cargo
+# resolves the same features for a crate as `cargo test --workspace --release` did (else
+# most of rafter is built again, ~3 minutes). crates/rafter-py/Cargo.toml lists the shared
+# dependencies whose workspace features it must turn on; this catches a new one.
+phase "feature check: rafter-py alone vs the workspace"
+host=$(rustc -vV | sed -n 's/^host: //p')
+ws_features=$(mktemp)
+py_features=$(mktemp)
+cargo tree --workspace -e normal,build,dev --prefix none -f '{p} {f}' --target "$host" \
+  >"$ws_features"
+cargo tree -p rafter-py --features pyo3/extension-module -e normal,build --prefix none \
+  -f '{p} {f}' --target "$host" >"$py_features"
+differ=$(comm -13 <(sed 's/ (\*)$//' "$ws_features" | sort -u) \
+  <(sed 's/ (\*)$//' "$py_features" | sort -u) | grep -v '^pyo3' || true)
+rm -f "$ws_features" "$py_features"
+if [[ -n $differ ]]; then
+  echo "test_python.sh: maturin's rafter-py build resolves these dependencies with other" \
+    "features than the workspace's (add the workspace's features to crates/rafter-py/Cargo.toml):" >&2
+  echo "$differ" >&2
+  exit 1
+fi
+
 phase "maturin build"
 start=$SECONDS
 echo "test_python.sh: maturin build --release (python/pyproject.toml)"
