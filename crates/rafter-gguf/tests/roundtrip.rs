@@ -262,7 +262,10 @@ fn released_header_pages_read_back_the_same() {
         // 20,000 strings of 8 + ~10 bytes: well over 4 pages of any size up to 64 KiB.
         let header = file.data_offset() as usize;
         assert!(released > 0 && released <= header, "{released} of {header}");
-        assert!(header - released < 65536, "whole pages below {header}: {released}");
+        assert!(
+            header - released < 65536,
+            "whole pages below {header}: {released}"
+        );
     } else {
         assert_eq!(released, 0);
     }

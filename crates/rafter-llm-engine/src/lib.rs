@@ -220,10 +220,11 @@ pub fn compile(
     // The tokenizer is built and the graph holds the weights (slices of the map): the
     // GGUF's header is not read again, so its pages leave the resident set.
     if let Some(file) = source.gguf() {
-        file.release_header_pages().map_err(|source| EngineError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        file.release_header_pages()
+            .map_err(|source| EngineError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
     }
     Ok(CompiledLlm {
         compiled,
