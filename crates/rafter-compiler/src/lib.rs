@@ -33,7 +33,7 @@ pub mod plan_cost;
 pub mod plan_report;
 
 pub use rafter_opt::prepack::WeightFormat;
-pub use rafter_opt::{CompileOptions, Stage, Target};
+pub use rafter_opt::{CompileOptions, HalfCompute, Stage, Target};
 
 /// Why compiling failed: the stage and what it names.
 #[derive(Debug, thiserror::Error)]

@@ -141,6 +141,7 @@ fn decode_ms(dir: &Path, threads: usize) -> f64 {
     let opts = rafter_compiler::CompileOptions {
         bounds: vec![(Symbol::new("past"), n), (Symbol::new("seq"), n)],
         dim_bounds: vec![(Dim::symbol("past").add(&Dim::symbol("seq")), n)],
+        half_compute: rafter_compiler::HalfCompute::AsIs,
         ..Default::default()
     };
     let c = rafter_compiler::compile(&d.graph, &opts).unwrap();

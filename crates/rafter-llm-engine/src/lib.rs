@@ -205,6 +205,8 @@ pub fn compile(
     let compile = rafter_compiler::CompileOptions {
         bounds: vec![(Symbol::new(PAST), n), (Symbol::new(SEQ), n)],
         dim_bounds: vec![(past_seq, n)],
+        // The decoder's kernels read its f16 weights and KV cache as they are.
+        half_compute: rafter_compiler::HalfCompute::AsIs,
         ..Default::default()
     };
     let compiled = rafter_compiler::compile(&decoder.graph, &compile)?;

@@ -165,6 +165,7 @@ fn decoders_compile_with_planned_memory() {
             let opts = rafter_opt::CompileOptions {
                 bounds: vec![(Symbol::new("past"), 64), (Symbol::new("seq"), 64)],
                 dim_bounds: vec![(past_seq, 64)],
+                half_compute: rafter_opt::HalfCompute::AsIs,
                 ..Default::default()
             };
             let p = rafter_opt::compile(&d.graph, &opts).unwrap();
@@ -233,6 +234,7 @@ fn check_runtime_matches_reference_as(
     let opts = rafter_opt::CompileOptions {
         bounds: vec![(Symbol::new("past"), 32), (Symbol::new("seq"), 32)],
         dim_bounds: vec![(past_seq, 32)],
+        half_compute: rafter_opt::HalfCompute::AsIs,
         ..Default::default()
     };
     let p = rafter_opt::compile(&d.graph, &opts).unwrap();

@@ -44,8 +44,10 @@ pub mod prepack;
 pub mod schedule;
 pub mod symbol_defs;
 mod util;
+pub mod widen;
 
 pub use backend::{Backend, CpuBackend, Section, Target};
+pub use widen::widen_half;
 pub use error::CompileError;
 pub use lower::{lower, LowerOptions};
 
@@ -63,6 +65,23 @@ pub struct CompileOptions {
     pub dim_bounds: Vec<(Dim, i64)>,
     /// How the CPU target stores the weights of matrix products (`--cpu-weights`).
     pub cpu_weights: prepack::WeightFormat,
+    /// How the CPU target computes in half precision.
+    pub half_compute: HalfCompute,
+}
+
+/// How the CPU target runs half-precision (f16, bf16) compute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HalfCompute {
+    /// In f32, half values cast where they enter and leave a chain of computing nodes
+    /// ([`widen::widen_half`]), as ONNX Runtime's CPU provider runs f16 models: the CPU's
+    /// kernels compute in f32, and the reference executor's half-precision path is
+    /// 20-40x slower.
+    #[default]
+    F32,
+    /// As the graph has it: for graphs whose half-precision operands the CPU kernels read
+    /// natively (the LLM decoder's f16 weights and KV cache, which widening would double
+    /// in memory and in bytes per token).
+    AsIs,
 }
 
 /// A graph pass: rewrites in place, returns whether it changed anything.
@@ -128,6 +147,15 @@ pub fn compile_observed(
     observe(Stage::Optimize);
     let mut g = graph.clone();
     optimize(&mut g)?;
+    if opts.target.is_cpu_only()
+        && opts.half_compute == HalfCompute::F32
+        && widen::widen_half(&mut g)
+    {
+        rafter_ir::verify(&g).map_err(|source| CompileError::Verify {
+            pass: "widen_half",
+            source,
+        })?;
+    }
     if opts.target.is_cpu_only() && layout::channels_last(&mut g) {
         rafter_ir::verify(&g).map_err(|source| CompileError::Verify {
             pass: "channels_last",
