@@ -100,6 +100,7 @@ pub fn compile(args: CompileArgs) -> Result<ExitCode> {
         bounds,
         dim_bounds: sums,
         cpu_weights,
+        ..CompileOptions::default()
     };
     let compiled = model::compile_with(&graph, options, &steps)?;
     let artifact_bytes = model::write_artifact(&compiled, &output, &steps)?;

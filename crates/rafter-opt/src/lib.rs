@@ -47,9 +47,9 @@ mod util;
 pub mod widen;
 
 pub use backend::{Backend, CpuBackend, Section, Target};
-pub use widen::widen_half;
 pub use error::CompileError;
 pub use lower::{lower, LowerOptions};
+pub use widen::widen_half;
 
 use rafter_ir::program::Program;
 use rafter_ir::{Dim, Graph, Symbol};

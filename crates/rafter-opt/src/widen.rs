@@ -221,9 +221,11 @@ impl Widener<'_> {
         }
         match widening(&n.op) {
             Widening::Compute => true,
-            Widening::Follow => n.inputs.iter().flatten().any(|&v| {
-                self.half_value(v) && self.wide[v.0 as usize].is_some()
-            }),
+            Widening::Follow => n
+                .inputs
+                .iter()
+                .flatten()
+                .any(|&v| self.half_value(v) && self.wide[v.0 as usize].is_some()),
             Widening::Keep => false,
         }
     }

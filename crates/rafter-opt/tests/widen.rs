@@ -57,8 +57,11 @@ fn inputs(dtype: DType) -> Vec<Tensor> {
     let xs: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) / 4.0).collect();
     let x = match dtype {
         DType::F16 => Tensor::F16(
-            ArrayD::from_shape_vec(IxDyn(&[2, 8]), xs.iter().map(|&v| f16::from_f32(v)).collect())
-                .unwrap(),
+            ArrayD::from_shape_vec(
+                IxDyn(&[2, 8]),
+                xs.iter().map(|&v| f16::from_f32(v)).collect(),
+            )
+            .unwrap(),
         ),
         _ => Tensor::f32s(&[2, 8], xs),
     };
@@ -83,7 +86,12 @@ fn compute_runs_in_f32_and_the_interface_keeps_its_types() {
     assert!(widen_half(&mut g));
     rafter_ir::verify(&g).unwrap();
     // Names and types of inputs and outputs are the source's.
-    for (a, b) in g.inputs.iter().chain(&g.outputs).zip(src.inputs.iter().chain(&src.outputs)) {
+    for (a, b) in g
+        .inputs
+        .iter()
+        .chain(&g.outputs)
+        .zip(src.inputs.iter().chain(&src.outputs))
+    {
         assert_eq!(g.value(*a).name, src.value(*b).name);
         assert_eq!(g.value(*a).ty, src.value(*b).ty);
     }
@@ -109,7 +117,12 @@ fn compute_runs_in_f32_and_the_interface_keeps_its_types() {
         .nodes
         .iter()
         .filter(|n| matches!(n.op, rafter_ir::Op::Cast { .. }))
-        .map(|n| (g.value(n.outputs[0].unwrap()).name.clone(), out_dtype(&g, n)))
+        .map(|n| {
+            (
+                g.value(n.outputs[0].unwrap()).name.clone(),
+                out_dtype(&g, n),
+            )
+        })
         .collect();
     for want in [
         ("x.f32".to_string(), DType::F32),

@@ -93,8 +93,12 @@ fn narrow(x: &[f32], to: DType, bytes: &mut [u8]) {
     let (head, halves, _) = unsafe { bytes.align_to_mut::<u16>() };
     if head.is_empty() && halves.len() == x.len() {
         match to {
-            DType::F16 => halves.reinterpret_cast_mut::<f16>().convert_from_f32_slice(x),
-            _ => halves.reinterpret_cast_mut::<bf16>().convert_from_f32_slice(x),
+            DType::F16 => halves
+                .reinterpret_cast_mut::<f16>()
+                .convert_from_f32_slice(x),
+            _ => halves
+                .reinterpret_cast_mut::<bf16>()
+                .convert_from_f32_slice(x),
         }
         return;
     }
