@@ -97,6 +97,7 @@ impl Bench {
             .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
         let options = rafter_compiler::CompileOptions {
             target: rafter_compiler::target(target)?,
+            half_compute: PROBE_HALF,
             ..Default::default()
         };
         let compiled = rafter_compiler::compile(&graph, &options)?;
@@ -428,6 +429,12 @@ fn class_probes() -> Vec<(&'static str, Vec<Probe>)> {
     ]
 }
 
+/// How the probes compile half precision: as the graph has it, because the profile rates a
+/// half-precision kernel as the partitioner places it. In a plan across devices a CPU
+/// kernel computes in its graph's precision; only CPU-only compiles widen f16 to f32
+/// (`rafter_opt::widen`), and their kernels are then f32 ones, rated as such.
+const PROBE_HALF: rafter_compiler::HalfCompute = rafter_compiler::HalfCompute::AsIs;
+
 /// The cost model's work for the single kernel of `probe`'s program compiled for
 /// `target` (the contraction or the largest kernel when lowering split it).
 fn probe_work(probe: &Probe, target: &str) -> Result<(KernelWork, String)> {
@@ -435,6 +442,7 @@ fn probe_work(probe: &Probe, target: &str) -> Result<(KernelWork, String)> {
         .map_err(|e| anyhow::anyhow!("calibration graph `{}`: {e}", probe.what))?;
     let options = rafter_compiler::CompileOptions {
         target: rafter_compiler::target(target)?,
+        half_compute: PROBE_HALF,
         ..Default::default()
     };
     let program = rafter_compiler::compile(&graph, &options)?.program;
