@@ -266,6 +266,11 @@ fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
 /// The GEMM epilogue for the output elements `off..off + len`. A residual shorter than the
 /// output repeats (one matrix for every batch entry, see `resolve`), so it is read at
 /// `off` modulo its length.
+/// The fewest rows of a small product a task takes when the products of a batch are split
+/// into bands for more threads than products: the GEMM's register tile is 4-16 rows, and
+/// thinner bands repack B for little work.
+const MIN_BAND_ROWS: usize = 16;
+
 fn epilogue<'a>(r: &Resolved<'a>, off: usize, len: usize, n: usize) -> Epilogue<'a> {
     Epilogue {
         bias: r.bias,
@@ -429,26 +434,40 @@ impl MatMulKernel {
             }
             (oa, ob)
         };
-        let one = |t: usize, ct: &mut [f32], par: &dyn Parallel| -> Result<(), String> {
+        // Rows `r0..r0 + ct.len() / n` of batch `t`'s product into `ct`.
+        let rows = |t: usize, r0: usize, ct: &mut [f32], par: &dyn Parallel| -> Result<(), String> {
             let (oa, ob) = offsets(t);
-            let am = MatRef::row_major(&a[oa..oa + m * k], m, k, k).map_err(gemm_err)?;
+            let mr = ct.len() / n;
+            let am = MatRef::row_major(&a[oa + r0 * k..oa + (r0 + mr) * k], mr, k, k)
+                .map_err(gemm_err)?;
             let bm = self.b_ref(ins, ob, k, n)?;
-            let cm = MatMut::row_major(ct, m, n, n).map_err(gemm_err)?;
-            let e = epilogue(&r, t * m * n, m * n, n);
+            let cm = MatMut::row_major(ct, mr, n, n).map_err(gemm_err)?;
+            let e = epilogue(&r, t * m * n + r0 * n, mr * n, n);
             product(r.alpha, am, bm, cm, &e, par)?;
             r.post(ct);
             Ok(())
         };
-        if batches >= self.par.threads()
-            && m * n * k < (1 << 22)
-            && batches * m * n * k >= (1 << 22)
-        {
-            // Many small products (attention heads): one task per batch, each sequential.
-            let chunks: Vec<Mutex<&mut [f32]>> = c.chunks_mut(m * n).map(Mutex::new).collect();
+        let threads = self.par.threads();
+        if batches > 1 && m * n * k < (1 << 22) && batches * m * n * k >= (1 << 22) {
+            // Many small products (attention heads): each task one sequential product, or a
+            // band of one's rows when there are fewer products than threads (12 heads on 16
+            // threads: one parallel product after another left most threads idle).
+            let splits = threads.div_ceil(batches).min(m.div_ceil(MIN_BAND_ROWS)).max(1);
+            let band = m.div_ceil(splits);
+            let tasks: Vec<(usize, usize, Mutex<&mut [f32]>)> = c
+                .chunks_mut(m * n)
+                .enumerate()
+                .flat_map(|(t, ct)| {
+                    ct.chunks_mut(band * n)
+                        .enumerate()
+                        .map(move |(j, part)| (t, j * band, Mutex::new(part)))
+                })
+                .collect();
             let error = Mutex::new(None);
-            self.par.run(batches, &|t| {
-                let mut ct = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
-                if let Err(e) = one(t, &mut ct, &Sequential) {
+            self.par.run(tasks.len(), &|i| {
+                let (t, r0, part) = &tasks[i];
+                let mut ct = part.lock().unwrap_or_else(|e| e.into_inner());
+                if let Err(e) = rows(*t, *r0, &mut ct, &Sequential) {
                     *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                 }
             });
@@ -457,7 +476,7 @@ impl MatMulKernel {
             }
         } else {
             for (t, ct) in c.chunks_mut(m * n).enumerate() {
-                one(t, ct, &*self.par)?;
+                rows(t, 0, ct, &*self.par)?;
             }
         }
         Ok(true)

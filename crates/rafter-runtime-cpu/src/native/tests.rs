@@ -109,11 +109,16 @@ impl Case {
 
     /// Compiles and runs the graph with native kernels and checks every output against the
     /// reference executor; returns the session's counters.
-    fn check(mut self, out: ValueId) -> NativeStats {
+    fn check(self, out: ValueId) -> NativeStats {
+        self.check_on(out, 2)
+    }
+
+    /// [`Case::check`] with `threads` kernel threads.
+    fn check_on(mut self, out: ValueId, threads: usize) -> NativeStats {
         self.g.outputs.push(out);
         let want = rafter_reference::run(&self.g, self.inputs.clone()).unwrap();
         let program = rafter_opt::compile(&self.g, &rafter_opt::CompileOptions::default()).unwrap();
-        run_and_compare(program, self.inputs, &want)
+        run_and_compare_on(program, self.inputs, &want, threads)
     }
 }
 
@@ -129,9 +134,22 @@ fn run_and_compare(
     inputs: Vec<Tensor>,
     want: &[Tensor],
 ) -> NativeStats {
+    run_and_compare_on(program, inputs, want, 2)
+}
+
+fn run_and_compare_on(
+    program: rafter_ir::program::Program,
+    inputs: Vec<Tensor>,
+    want: &[Tensor],
+    threads: usize,
+) -> NativeStats {
     let devices = devices().unwrap();
-    let session =
-        Session::with_options(program, &devices, SessionOptions::new().kernel_threads(2)).unwrap();
+    let session = Session::with_options(
+        program,
+        &devices,
+        SessionOptions::new().kernel_threads(threads),
+    )
+    .unwrap();
     let got = call(&session, inputs).unwrap();
     for (g, w) in got.iter().zip(want) {
         assert_eq!(g.shape(), w.shape());
@@ -226,6 +244,25 @@ fn batched_and_broadcast_matmuls() {
         let p = c.node(Op::Binary { op: BinaryOp::Mul }, &[p, scale], &so);
         let p = c.node(add(), &[p, m], &so);
         assert_native(c.check(p), 1);
+    }
+}
+
+/// Fewer small products than threads (two heads on eight threads): each product's rows are
+/// split into bands, one task each, including a ragged last band and a mask broadcast over
+/// the heads (the residual read at each band's rows).
+#[test]
+fn small_products_split_into_row_bands_for_more_threads_than_products() {
+    for (m, k, n) in [(64usize, 128usize, 256usize), (50, 160, 256)] {
+        let mut c = Case::new(m as u64 + 3);
+        let a = c.input(&[1, 2, m, k]);
+        let b = c.input(&[1, 2, k, n]);
+        let mask = c.input(&[1, 1, m, n]);
+        let scale = c.weight_of(&[], &[0.125]);
+        let so = [1, 2, m, n];
+        let p = c.node(Op::MatMul, &[a, b], &so);
+        let p = c.node(Op::Binary { op: BinaryOp::Mul }, &[p, scale], &so);
+        let p = c.node(add(), &[p, mask], &so);
+        assert_native(c.check_on(p, 8), 1);
     }
 }
 
