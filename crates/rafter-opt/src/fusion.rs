@@ -75,6 +75,19 @@ struct Partitioner<'g> {
     is_output: Vec<bool>,
     node_group: Vec<usize>,
     groups: Vec<Building>,
+    /// Casts between f32 and half precision stay kernels of their own (see
+    /// [`partition_with`]).
+    half_casts_alone: bool,
+}
+
+/// Whether `n` casts between f32 and f16 or bf16 (either way).
+fn is_half_cast(g: &Graph, n: &rafter_ir::Node) -> bool {
+    let Op::Cast { to } = n.op else {
+        return false;
+    };
+    let half = |t: DType| matches!(t, DType::F16 | DType::BF16);
+    let from = n.input(0).map(|v| g.value(v).ty.dtype);
+    (half(to) && from == Some(DType::F32)) || (to == DType::F32 && from.is_some_and(half))
 }
 
 impl Partitioner<'_> {
@@ -108,6 +121,11 @@ impl Partitioner<'_> {
         let reordered = self.reads_through_transpose(gid, ni, pos, v)
             || self.writes_through_transpose(gid, ni, v);
         if grp.closed && !reordered {
+            return false;
+        }
+        if self.half_casts_alone
+            && (is_half_cast(g, node) || grp.nodes.iter().any(|&m| is_half_cast(g, &g.nodes[m])))
+        {
             return false;
         }
         let ok = reordered
@@ -370,12 +388,22 @@ fn out_dims(g: &Graph, n: &rafter_ir::Node) -> Option<Vec<Dim>> {
 /// Partitions `g`'s nodes into kernels, in an order where every group comes after the
 /// groups it reads from (ties broken by first node). With `fuse` off, one node per group.
 pub fn partition(g: &Graph, fuse: bool) -> Vec<Group> {
+    partition_with(g, fuse, false)
+}
+
+/// [`partition`], with every cast between f32 and f16/bf16 a kernel of its own when
+/// `half_casts_alone` (the CPU target): the CPU's native kernels compute in f32 and cover
+/// such a cast alone (`rafter_opt::widen` puts one where each half value enters or leaves
+/// f32 compute), but not as a product's epilogue or a normalisation's prologue, which would
+/// send the whole kernel to the interpreter.
+pub fn partition_with(g: &Graph, fuse: bool, half_casts_alone: bool) -> Vec<Group> {
     let mut p = Partitioner {
         g,
         uses: consumers(g),
         is_output: graph_outputs(g),
         node_group: vec![usize::MAX; g.nodes.len()],
         groups: Vec::new(),
+        half_casts_alone,
     };
     for ni in 0..g.nodes.len() {
         p.place(ni, fuse);

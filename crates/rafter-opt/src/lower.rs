@@ -1,6 +1,6 @@
 //! Lowering: a partitioned graph becomes a [`Program`] (buffers, kernels, host steps).
 
-use crate::fusion::{partition, Group};
+use crate::fusion::{partition_with, Group};
 use crate::util::{consumers, graph_outputs, input_symbols};
 use crate::{CompileError, Target};
 use rafter_ir::program::{Arena, BufferDecl, Kernel, Port, Program, StateDecl, Step, Storage};
@@ -52,7 +52,7 @@ pub fn lower(graph: &Graph, opts: &LowerOptions) -> Result<Program, CompileError
             )));
         }
     }
-    let groups = partition(graph, opts.fuse);
+    let groups = partition_with(graph, opts.fuse, opts.target.is_cpu_only());
     let mut program = lower_partitioned(graph, &groups, opts);
     if !opts.target.is_cpu_only() {
         crate::partition::place_for_target(&mut program, &opts.target)?;

@@ -435,24 +435,28 @@ impl MatMulKernel {
             (oa, ob)
         };
         // Rows `r0..r0 + ct.len() / n` of batch `t`'s product into `ct`.
-        let rows = |t: usize, r0: usize, ct: &mut [f32], par: &dyn Parallel| -> Result<(), String> {
-            let (oa, ob) = offsets(t);
-            let mr = ct.len() / n;
-            let am = MatRef::row_major(&a[oa + r0 * k..oa + (r0 + mr) * k], mr, k, k)
-                .map_err(gemm_err)?;
-            let bm = self.b_ref(ins, ob, k, n)?;
-            let cm = MatMut::row_major(ct, mr, n, n).map_err(gemm_err)?;
-            let e = epilogue(&r, t * m * n + r0 * n, mr * n, n);
-            product(r.alpha, am, bm, cm, &e, par)?;
-            r.post(ct);
-            Ok(())
-        };
+        let rows =
+            |t: usize, r0: usize, ct: &mut [f32], par: &dyn Parallel| -> Result<(), String> {
+                let (oa, ob) = offsets(t);
+                let mr = ct.len() / n;
+                let am = MatRef::row_major(&a[oa + r0 * k..oa + (r0 + mr) * k], mr, k, k)
+                    .map_err(gemm_err)?;
+                let bm = self.b_ref(ins, ob, k, n)?;
+                let cm = MatMut::row_major(ct, mr, n, n).map_err(gemm_err)?;
+                let e = epilogue(&r, t * m * n + r0 * n, mr * n, n);
+                product(r.alpha, am, bm, cm, &e, par)?;
+                r.post(ct);
+                Ok(())
+            };
         let threads = self.par.threads();
         if batches > 1 && m * n * k < (1 << 22) && batches * m * n * k >= (1 << 22) {
             // Many small products (attention heads): each task one sequential product, or a
             // band of one's rows when there are fewer products than threads (12 heads on 16
             // threads: one parallel product after another left most threads idle).
-            let splits = threads.div_ceil(batches).min(m.div_ceil(MIN_BAND_ROWS)).max(1);
+            let splits = threads
+                .div_ceil(batches)
+                .min(m.div_ceil(MIN_BAND_ROWS))
+                .max(1);
             let band = m.div_ceil(splits);
             let tasks: Vec<(usize, usize, Mutex<&mut [f32]>)> = c
                 .chunks_mut(m * n)
