@@ -507,6 +507,54 @@ fn line_fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     (slope > 0.0).then(|| (1.0 / slope, 0.0))
 }
 
+/// Solves the 3x3 system `m x = v` by Gaussian elimination with partial pivoting; `None`
+/// when it is singular.
+fn solve3(mut m: [[f64; 3]; 3], mut v: [f64; 3]) -> Option<[f64; 3]> {
+    for c in 0..3 {
+        let p = (c..3).max_by(|&a, &b| m[a][c].abs().total_cmp(&m[b][c].abs()))?;
+        if m[p][c].abs() < 1e-300 {
+            return None;
+        }
+        m.swap(c, p);
+        v.swap(c, p);
+        let pivot = m[c];
+        for r in c + 1..3 {
+            let f = m[r][c] / pivot[c];
+            for (x, p) in m[r].iter_mut().zip(pivot).skip(c) {
+                *x -= f * p;
+            }
+            v[r] -= f * v[c];
+        }
+    }
+    let mut x = [0.0; 3];
+    for c in (0..3).rev() {
+        let s: f64 = (c + 1..3).map(|k| m[c][k] * x[k]).sum();
+        x[c] = (v[c] - s) / m[c][c];
+    }
+    x.iter().all(|x| x.is_finite()).then_some(x)
+}
+
+/// The plane `t = a + flops / rate + depth * depth_s` through `(flops, depth, t)` points
+/// by least squares on the relative error (as [`line_fit`]), as `(rate, a, depth_s)`;
+/// `None` unless the rate, the intercept and the depth cost all come out positive (the
+/// probes then do not show a depth cost, and [`line_fit`] rates them).
+fn depth_fit(points: &[(f64, f64, f64)]) -> Option<(f64, f64, f64)> {
+    let mut m = [[0.0; 3]; 3];
+    let mut v = [0.0; 3];
+    for &(f, d, t) in points {
+        let w = 1.0 / (t * t).max(1e-30);
+        let x = [1.0, f, d];
+        for ((row, vi), xi) in m.iter_mut().zip(v.iter_mut()).zip(x) {
+            for (mij, xj) in row.iter_mut().zip(x) {
+                *mij += w * xi * xj;
+            }
+            *vi += w * xi * t;
+        }
+    }
+    let [a, inv_rate, depth_s] = solve3(m, v)?;
+    (a >= 0.0 && inv_rate > 0.0 && depth_s > 0.0).then(|| (1.0 / inv_rate, a, depth_s))
+}
+
 /// A contraction class's rate from its probes `(work, seconds)`: the line through them
 /// over flops gives the rate and the ramp (Hockney's n½: `t = (flops + half_flops) /
 /// flops_per_s`). The line's intercept holds the device's floor for any kernel, which the
@@ -519,6 +567,20 @@ fn fit(points: &[(KernelWork, f64)], floor_s: f64) -> ClassRate {
         .iter()
         .map(|(w, t)| w.bytes / t.max(1e-9))
         .fold(wl.bytes.max(1.0) / tl, f64::max);
+    let depth = |w: &KernelWork| w.detail_depth.iter().sum::<f64>();
+    let planes: Vec<(f64, f64, f64)> = points
+        .iter()
+        .map(|(w, t)| (w.flops, depth(w), *t))
+        .collect();
+    if let Some((flops_per_s, a, depth_s)) = depth_fit(&planes) {
+        return ClassRate {
+            flops_per_s,
+            bytes_per_s,
+            half_flops: (a - floor_s).max(0.0) * flops_per_s,
+            half_scale: None,
+            depth_s,
+        };
+    }
     let flops: Vec<(f64, f64)> = points.iter().map(|(w, t)| (w.flops, *t)).collect();
     match line_fit(&flops) {
         Some((flops_per_s, a)) => ClassRate {
@@ -528,12 +590,14 @@ fn fit(points: &[(KernelWork, f64)], floor_s: f64) -> ClassRate {
             bytes_per_s,
             half_flops: (a - floor_s).max(0.0) * flops_per_s,
             half_scale: None,
+            depth_s: 0.0,
         },
         None => ClassRate {
             flops_per_s: wl.flops.max(1.0) / tl,
             bytes_per_s,
             half_flops: 0.0,
             half_scale: None,
+            depth_s: 0.0,
         },
     }
 }
@@ -569,6 +633,7 @@ fn streaming_fit(points: &[(KernelWork, f64)], chain: bool, floor_s: f64) -> Cla
         bytes_per_s,
         half_flops: (intercept - floor_s).max(0.0) * flops_per_s,
         half_scale: None,
+        depth_s: 0.0,
     }
 }
 
@@ -639,6 +704,7 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             bytes_per_s: ew.bytes_per_s / 10.0,
             half_flops: 0.0,
             half_scale: None,
+            depth_s: 0.0,
         },
     );
     let bench = Bench::open(device).with_context(|| ctx("opening the device"))?;
@@ -781,10 +847,34 @@ mod tests {
             class: KernelKind::Elementwise,
             detail: None,
             detail_flops: Default::default(),
+            detail_depth: Default::default(),
             flops,
             bytes,
             half: false,
         }
+    }
+
+    #[test]
+    fn a_plane_through_flops_and_depth_gives_the_depth_cost() {
+        // t = 5 us + flops / 1e12 + depth * 10 ns: a wide product, a deep narrow one (the
+        // last 3x3 convolution's K of 4608), and between.
+        let t = |f: f64, d: f64| 5e-6 + f / 1e12 + d * 1e-8;
+        let pts = [
+            (2.3e8, 576.0, t(2.3e8, 576.0)),
+            (2.3e8, 4608.0, t(2.3e8, 4608.0)),
+            (1.0e8, 1024.0, t(1.0e8, 1024.0)),
+            (4.0e6, 2048.0, t(4.0e6, 2048.0)),
+        ];
+        let (rate, a, depth_s) = depth_fit(&pts).unwrap();
+        assert!((rate / 1e12 - 1.0).abs() < 1e-6, "{rate}");
+        assert!((a - 5e-6).abs() < 1e-12, "{a}");
+        assert!((depth_s / 1e-8 - 1.0).abs() < 1e-6, "{depth_s}");
+        // Times that fall with depth show no depth cost: the line rates them.
+        let flat: Vec<(f64, f64, f64)> = pts
+            .iter()
+            .map(|&(f, d, _)| (f, d, 5e-6 + f / 1e12 - d * 1e-10))
+            .collect();
+        assert!(depth_fit(&flat).is_none());
     }
 
     #[test]

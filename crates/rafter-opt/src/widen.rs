@@ -100,7 +100,7 @@ pub fn widening(op: &Op) -> Widening {
         | Op::Flatten { .. }
         | Op::Concat { .. }
         | Op::Split { .. }
-        | Op::Slice { .. }
+        | Op::Slice
         | Op::Gather { .. }
         | Op::GatherElements { .. }
         | Op::GatherNd { .. }

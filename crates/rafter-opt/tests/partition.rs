@@ -45,6 +45,7 @@ fn profile(flops: f64, bytes: f64, dispatch: f64) -> CostProfile {
                 bytes_per_s: bytes,
                 half_flops: 0.0,
                 half_scale: None,
+                depth_s: 0.0,
             };
             (partition::device::class_name(k), r)
         })

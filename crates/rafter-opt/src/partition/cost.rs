@@ -7,8 +7,12 @@
 //! fixed part). Its time on a device is a roofline with a ramp plus the dispatch cost:
 //!
 //! ```text
-//! t = dispatch_s + max((flops + half_flops) / flops_per_s, bytes / bytes_per_s)
+//! t = dispatch_s + max((flops + half_flops) / flops_per_s + depth * depth_s, bytes / bytes_per_s)
 //! ```
+//!
+//! where `depth` is a contraction's reduction length (the multiply-adds in series behind
+//! one output): a kernel of few outputs and long sums cannot fill the device, whatever its
+//! flops ([`KernelWork::detail_depth`]).
 //!
 //! with the class's rates ([`ClassRate`]). A tensor crossing from one device to another
 //! costs the link's latency, the copy (`bytes / bytes_per_s`, none for a zero-copy link)
@@ -32,6 +36,11 @@ pub struct KernelWork {
     /// kernel such as MobileNetV2's inverted-residual block holds a 1x1, a depthwise and
     /// another 1x1 convolution, each timed at its own class's rate.
     pub detail_flops: [f64; DETAIL_CLASSES.len()],
+    /// Reduction depth of its nodes of each detail class (indexed as [`DETAIL_CLASSES`]):
+    /// each node's flops over twice its outputs (a contraction's `K`, the multiply-adds in
+    /// series behind one output), summed over the class's nodes, which run one after
+    /// another. Rated by [`ClassRate::depth_s`].
+    pub detail_depth: [f64; DETAIL_CLASSES.len()],
     /// Floating-point (or integer) operations.
     pub flops: f64,
     /// Bytes of its operands and results (each read or written once).
@@ -86,6 +95,7 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
         .sum();
     let mut flops = 0.0;
     let mut detail_flops = [0.0; DETAIL_CLASSES.len()];
+    let mut detail_depth = [0.0; DETAIL_CLASSES.len()];
     for n in &body.nodes {
         let f = node_flops(body, n, values);
         flops += f;
@@ -95,6 +105,15 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
                 .position(|&c| c == d)
                 .expect("a detail class");
             detail_flops[i] += f;
+            let outputs: f64 = n
+                .outputs
+                .iter()
+                .flatten()
+                .map(|&v| elements(&body.value(v).ty, values))
+                .sum();
+            if outputs > 0.0 {
+                detail_depth[i] += f / (2.0 * outputs);
+            }
         }
     }
     let main = (0..DETAIL_CLASSES.len())
@@ -108,6 +127,7 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
         class: kernel.kind,
         detail: main.map(|i| DETAIL_CLASSES[i]),
         detail_flops,
+        detail_depth,
         flops,
         bytes,
         half,
@@ -333,9 +353,12 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
     let r = profile.rate_of(work.detail, work.class);
     let parts: f64 = DETAIL_CLASSES
         .iter()
-        .zip(&work.detail_flops)
-        .filter(|(_, &f)| f > 0.0)
-        .map(|(&c, &f)| at_rate(f, profile.rate_of(Some(c), work.class)))
+        .zip(work.detail_flops.iter().zip(&work.detail_depth))
+        .filter(|(_, (&f, _))| f > 0.0)
+        .map(|(&c, (&f, &depth))| {
+            let r = profile.rate_of(Some(c), work.class);
+            at_rate(f, r) + depth * r.depth_s
+        })
         .sum();
     let compute = if parts > 0.0 {
         parts
@@ -376,6 +399,7 @@ mod tests {
                     bytes_per_s: bw,
                     half_flops: half,
                     half_scale: None,
+                    depth_s: 0.0,
                 },
             );
         }
@@ -489,6 +513,7 @@ mod tests {
             class: KernelKind::Contraction,
             detail: None,
             detail_flops: [0.0; DETAIL_CLASSES.len()],
+            detail_depth: [0.0; DETAIL_CLASSES.len()],
             flops: 1e9,
             bytes: 1e6,
             half: false,
@@ -502,11 +527,35 @@ mod tests {
     }
 
     #[test]
+    fn a_deep_narrow_product_pays_for_its_depth() {
+        // ResNet-50's last 3x3 convolution: 512 x 7 x 7 outputs, each a sum of 4,608
+        // products. Its depth is counted per output, and a class's depth cost adds to its
+        // compute time (a plain product of the same flops but depth 64 pays little).
+        let deep = program(
+            "graph @g(%x: f32[1, 512, 7, 7], %w: f32[512, 512, 3, 3]) -> (%y) {\n  \
+             %y: f32[1, 512, 7, 7] = conv{kernel_shape = [3, 3], strides = [1, 1], \
+             pads = [1, 1, 1, 1], dilations = [1, 1], group = 1, auto_pad = explicit}(%x, %w)\n}",
+        );
+        let w = kernel_work(&deep.kernels[0], &bound_values(&deep));
+        let conv = DETAIL_CLASSES.iter().position(|&c| c == "conv").unwrap();
+        assert_eq!(w.detail_depth[conv], 4608.0);
+        let mut p = profile(1e12, 1e15, 0.0, 0.0);
+        let plain = kernel_time(&w, &p);
+        assert!((plain - w.flops / 1e12).abs() < 1e-15);
+        for r in p.classes.values_mut() {
+            r.depth_s = 1e-8;
+        }
+        let t = kernel_time(&w, &p);
+        assert!((t - plain - 4608.0 * 1e-8).abs() < 1e-15, "{t} vs {plain}");
+    }
+
+    #[test]
     fn half_precision_compute_runs_at_the_half_scale() {
         let w = KernelWork {
             class: KernelKind::Contraction,
             detail: None,
             detail_flops: [0.0; DETAIL_CLASSES.len()],
+            detail_depth: [0.0; DETAIL_CLASSES.len()],
             flops: 1e9,
             bytes: 1e3,
             half: true,

@@ -19,6 +19,7 @@
 //! device vulkan dispatch_s=2e-5 barrier_s=5e-6 half_scale=4 memory_bytes=2147483648
 //! class vulkan contraction flops_per_s=1e11 bytes_per_s=2e11 half_flops=1e6
 //! class vulkan depthwise_conv flops_per_s=2e10 bytes_per_s=2e11 half_flops=1e5 half_scale=1.5
+//! class vulkan conv flops_per_s=5e12 bytes_per_s=2e12 half_flops=1e7 depth_s=1e-8
 //! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
 //! ```
 //!
@@ -90,6 +91,12 @@ pub struct ClassRate {
     /// its f16 GEMM 3.3x its f32 one (matrix units), its f16 3x3, 1x1 and depthwise
     /// convolutions 2.0x, 1.6x and 0.67x.
     pub half_scale: Option<f64>,
+    /// Seconds per step of reduction depth (a contraction's `K`, the multiply-adds in
+    /// series behind each output): a kernel with few outputs and a long `K` (ResNet's last
+    /// 3x3 convolutions over 7x7 maps, a classifier's 2048-long dot products) cannot
+    /// spread its work over the device, and its chains set its time. 0 in profiles
+    /// written before it was measured.
+    pub depth_s: f64,
 }
 
 /// A device's costs, as the cost model reads them.
@@ -121,6 +128,7 @@ impl CostProfile {
                 bytes_per_s: 1e9,
                 half_flops: 0.0,
                 half_scale: None,
+                depth_s: 0.0,
             })
     }
 
@@ -172,6 +180,7 @@ fn rates(contraction: (f64, f64, f64), streaming: (f64, f64)) -> BTreeMap<&'stat
                     bytes_per_s: cb,
                     half_flops: ch,
                     half_scale: None,
+                    depth_s: 0.0,
                 },
                 // The interpreter-run class is an order of magnitude slower.
                 KernelKind::Opaque => ClassRate {
@@ -179,12 +188,14 @@ fn rates(contraction: (f64, f64, f64), streaming: (f64, f64)) -> BTreeMap<&'stat
                     bytes_per_s: sb / 10.0,
                     half_flops: 0.0,
                     half_scale: None,
+                    depth_s: 0.0,
                 },
                 _ => ClassRate {
                     flops_per_s: sf,
                     bytes_per_s: sb,
                     half_flops: 0.0,
                     half_scale: None,
+                    depth_s: 0.0,
                 },
             };
             (class_name(k), rate)
@@ -279,6 +290,9 @@ impl Profiles {
                 );
                 if let Some(h) = r.half_scale {
                     let _ = write!(s, " half_scale={h:e}");
+                }
+                if r.depth_s > 0.0 {
+                    let _ = write!(s, " depth_s={:e}", r.depth_s);
                 }
                 s.push('\n');
             }
@@ -394,7 +408,13 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
             let class = known_class(class).ok_or_else(|| format!("unknown class `{class}`"))?;
             let f = Fields::new(
                 rest,
-                &["flops_per_s", "bytes_per_s", "half_flops", "half_scale"],
+                &[
+                    "flops_per_s",
+                    "bytes_per_s",
+                    "half_flops",
+                    "half_scale",
+                    "depth_s",
+                ],
             )?;
             let rate = ClassRate {
                 flops_per_s: f.rate("flops_per_s")?,
@@ -403,6 +423,10 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
                 half_scale: match f.0.contains_key("half_scale") {
                     true => Some(f.rate("half_scale")?),
                     false => None,
+                },
+                depth_s: match f.0.contains_key("depth_s") {
+                    true => f.num("depth_s")?,
+                    false => 0.0,
                 },
             };
             let d = out.devices.get_mut(*name).expect("checked above");
@@ -519,6 +543,7 @@ mod tests {
             bytes_per_s: 3e9,
             half_flops: 1e5,
             half_scale: Some(1.5),
+            depth_s: 0.0,
         };
         d.profile.classes.insert("conv", conv);
         assert_eq!(
