@@ -572,7 +572,23 @@ fn fit(points: &[(KernelWork, f64)], floor_s: f64) -> ClassRate {
         .iter()
         .map(|(w, t)| (w.flops, depth(w), *t))
         .collect();
-    if let Some((flops_per_s, a, depth_s)) = depth_fit(&planes) {
+    let flops: Vec<(f64, f64)> = points.iter().map(|(w, t)| (w.flops, *t)).collect();
+    let line = line_fit(&flops);
+    // The relative squared error of a fit `t(flops, depth)` over the probes.
+    let misfit = |t: &dyn Fn(f64, f64) -> f64| -> f64 {
+        planes
+            .iter()
+            .map(|&(f, d, m)| ((t(f, d) - m) / m.max(1e-12)).powi(2))
+            .sum()
+    };
+    let plane = depth_fit(&planes).filter(|&(rate, a, depth_s)| {
+        // Only a depth cost that explains the probes: half the line's error or less (a
+        // third parameter always fits noise a little better).
+        let with = misfit(&|f, d| a + f / rate + d * depth_s);
+        let without = line.map_or(f64::INFINITY, |(rate, a)| misfit(&|f, _| a + f / rate));
+        with <= 0.5 * without
+    });
+    if let Some((flops_per_s, a, depth_s)) = plane {
         return ClassRate {
             flops_per_s,
             bytes_per_s,
@@ -581,8 +597,7 @@ fn fit(points: &[(KernelWork, f64)], floor_s: f64) -> ClassRate {
             depth_s,
         };
     }
-    let flops: Vec<(f64, f64)> = points.iter().map(|(w, t)| (w.flops, *t)).collect();
-    match line_fit(&flops) {
+    match line {
         Some((flops_per_s, a)) => ClassRate {
             flops_per_s,
             // Bytes never bound these classes at the probes' shapes; the fastest probe's
@@ -875,6 +890,22 @@ mod tests {
             .map(|&(f, d, _)| (f, d, 5e-6 + f / 1e12 - d * 1e-10))
             .collect();
         assert!(depth_fit(&flat).is_none());
+        // Through `fit`: a depth cost the probes show is kept; within 2% noise of a line,
+        // a tiny depth cost that a third parameter fits is not.
+        let deep = |f: f64, d: f64, t: f64| {
+            let mut w = work(f, 1e3);
+            w.detail_depth[0] = d;
+            (w, t)
+        };
+        let shown: Vec<(KernelWork, f64)> = pts.iter().map(|&(f, d, t)| deep(f, d, t)).collect();
+        assert!((fit(&shown, 0.0).depth_s / 1e-8 - 1.0).abs() < 1e-6);
+        let noise = [1.02, 0.98, 1.01, 0.99];
+        let noisy: Vec<(KernelWork, f64)> = pts
+            .iter()
+            .zip(noise)
+            .map(|(&(f, d, _), n)| deep(f, d, (5e-6 + f / 1e12 + d * 1e-11) * n))
+            .collect();
+        assert_eq!(fit(&noisy, 0.0).depth_s, 0.0);
     }
 
     #[test]
