@@ -209,6 +209,61 @@ impl SemInner {
     }
 }
 
+impl SemInner {
+    /// `wait_direct`'s wait: in `vkWaitSemaphores` on this thread, woken by the value or by
+    /// the device's wake semaphore.
+    fn wait_in_driver(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
+        let start = Instant::now();
+        loop {
+            // Read before the checks: a failure or loss after them signals past it.
+            // SAFETY: the wake semaphore lives as long as `shared`.
+            let wake_seen = unsafe {
+                self.shared
+                    .device
+                    .get_semaphore_counter_value(self.shared.wake_semaphore)
+            }
+            .unwrap_or(0);
+            if let Some(done) = self.settled(value) {
+                return done;
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(SemaphoreError::Timeout {
+                    value,
+                    current: self.value(),
+                    waited,
+                });
+            }
+            let slice = (timeout - waited).min(RECHECK);
+            let semaphores = [self.raw, self.shared.wake_semaphore];
+            let values = [value, wake_seen + 1];
+            let info = vk::SemaphoreWaitInfo::default()
+                .flags(vk::SemaphoreWaitFlags::ANY)
+                .semaphores(&semaphores)
+                .values(&values);
+            // SAFETY: both are live timeline semaphores of this device (`self` is borrowed,
+            // the wake semaphore lives as long as `shared`); the arrays outlive the call,
+            // which is bounded by `slice`.
+            let result = unsafe {
+                self.shared
+                    .device
+                    .wait_semaphores(&info, slice.as_nanos() as u64)
+            };
+            match result {
+                Ok(()) | Err(vk::Result::TIMEOUT) => {}
+                Err(result) => {
+                    self.shared.check_lost("vkWaitSemaphores", result);
+                    if let Some(reason) = self.shared.lost_reason() {
+                        return Err(SemaphoreError::Failed(reason));
+                    }
+                    return Err(SemaphoreError::Failed(format!("vkWaitSemaphores: {result}")));
+                }
+            }
+        }
+    }
+
+}
+
 impl SemaphoreImpl for SemInner {
     fn value(&self) -> u64 {
         let state = self.lock();
@@ -324,6 +379,25 @@ impl SemaphoreImpl for SemInner {
                 });
             }
         }
+    }
+
+    /// With direct waits on (`Shared::direct_waits`) and a submitted batch that signals
+    /// `value` (else `None`): the calling thread waits in `vkWaitSemaphores` itself, for
+    /// this semaphore's value or the device's wake semaphore (which `fail`, device loss
+    /// and every other event the monitor must see signal), so the GPU's signal wakes it
+    /// with no monitor hop; each wake-up re-checks failure and the counter. Slices of at
+    /// most [`RECHECK`] bound what a driver's missed wake-up can cost.
+    fn wait_direct(&self, value: u64, timeout: Duration) -> Option<Result<(), SemaphoreError>> {
+        if !self.shared.direct_waits {
+            return None;
+        }
+        if let Some(done) = self.settled(value) {
+            return Some(done);
+        }
+        if self.submitted_signal.load(Ordering::Acquire) < value {
+            return None;
+        }
+        Some(self.wait_in_driver(value, timeout))
     }
 
     fn notify_at(&self, value: u64, callback: TimepointCallback) {
