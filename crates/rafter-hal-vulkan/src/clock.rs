@@ -19,9 +19,17 @@ use ash::vk;
 /// thread was preempted between the two `Instant`s says little.
 const TRIES: usize = 3;
 
+/// How long one calibration is used before the clock is read again: reading it is a driver
+/// call (three, for the narrowest bracket) on the monitor's path to the batch's callbacks,
+/// and the device clock drifts from the host's by parts per million at most: a
+/// microsecond in this time, or far less.
+const REUSE: Duration = Duration::from_millis(100);
+
 /// The device clock's reader, when the device offers one.
 pub(crate) struct DeviceClock {
     calibrated: ash::ext::calibrated_timestamps::Device,
+    /// The last calibration: device ticks and the host `Instant` they correspond to.
+    last: std::sync::Mutex<Option<(u64, Instant)>>,
 }
 
 impl DeviceClock {
@@ -46,12 +54,27 @@ impl DeviceClock {
     pub(crate) fn new(instance: &ash::Instance, device: &ash::Device) -> DeviceClock {
         DeviceClock {
             calibrated: ash::ext::calibrated_timestamps::Device::new(instance, device),
+            last: std::sync::Mutex::new(None),
         }
     }
 
-    /// A device timestamp (in ticks) and the host `Instant` it corresponds to, from the
-    /// narrowest of a few brackets; `None` if the driver refuses.
-    pub(crate) fn now(&self) -> Option<(u64, Instant)> {
+    /// A device timestamp (in ticks) and the host `Instant` it corresponds to: the last
+    /// calibration while it is younger than [`REUSE`], else a new one; `None` if the
+    /// driver refuses.
+    pub(crate) fn calibration(&self) -> Option<(u64, Instant)> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((ticks, at)) = *last {
+            if at.elapsed() < REUSE {
+                return Some((ticks, at));
+            }
+        }
+        let fresh = self.read()?;
+        *last = Some(fresh);
+        Some(fresh)
+    }
+
+    /// Reads the device clock: the narrowest of a few brackets.
+    fn read(&self) -> Option<(u64, Instant)> {
         let info = [vk::CalibratedTimestampInfoEXT::default().time_domain(vk::TimeDomainEXT::DEVICE)];
         let mut best: Option<(u64, Instant, Duration)> = None;
         for _ in 0..TRIES {

@@ -591,7 +591,7 @@ fn report(shared: &Shared, sink: &dyn TraceSink, timing: &Timing, queue: &Arc<st
     let origin = shared
         .clock
         .as_ref()
-        .and_then(|clock| clock.now())
+        .and_then(|clock| clock.calibration())
         .and_then(|(ticks, at)| {
             let bits = shared.caps.timestamp_valid_bits;
             let mask = if bits >= 64 {
@@ -600,8 +600,15 @@ fn report(shared: &Shared, sink: &dyn TraceSink, timing: &Timing, queue: &Arc<st
                 (1u64 << bits) - 1
             };
             let period = shared.caps.timestamp_period_ps as f64 / 1000.0;
-            let since = ((ticks & mask).wrapping_sub(first & mask) & mask) as f64 * period;
-            at.checked_sub(Duration::from_nanos(since as u64))
+            // The calibration may be older or newer than the span: the shorter way round
+            // the counter's wrap says which.
+            let ahead = (first & mask).wrapping_sub(ticks & mask) & mask;
+            if ahead <= mask / 2 {
+                at.checked_add(Duration::from_nanos((ahead as f64 * period) as u64))
+            } else {
+                let behind = (ticks & mask).wrapping_sub(first & mask) & mask;
+                at.checked_sub(Duration::from_nanos((behind as f64 * period) as u64))
+            }
         })
         .unwrap_or_else(|| now - Duration::from_nanos(last));
     let at = |ns: u64| origin + Duration::from_nanos(ns);
