@@ -1041,7 +1041,10 @@ fn bindings_cut_to_live_lengths_see_only_their_first_bytes() {
 
 /// Another device's semaphore, as the CPU device sees one: a host semaphore whose
 /// `wait_direct` waits for it on the caller's thread once `armed` says that work which will
-/// signal it is under way (a submitted GPU batch), and counts those waits.
+/// signal it is under way (a submitted GPU batch), and counts those waits. Its callbacks
+/// come [`CALLBACK_HOP`] late, from another thread, as a device's monitor would bring them
+/// (a host semaphore runs them on the signalling thread at once, which would always beat
+/// the helper's wake-up).
 #[derive(Debug)]
 struct OtherDevice {
     inner: rafter_hal::HostSemaphore,
@@ -1073,12 +1076,23 @@ impl rafter_hal::SemaphoreImpl for OtherDevice {
         Some(self.inner.wait(value, timeout))
     }
     fn notify_at(&self, value: u64, callback: rafter_hal::TimepointCallback) {
-        self.inner.notify_at(value, callback)
+        self.inner.notify_at(
+            value,
+            Box::new(move |result| {
+                std::thread::spawn(move || {
+                    std::thread::sleep(CALLBACK_HOP);
+                    callback(result)
+                });
+            }),
+        )
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
 }
+
+/// How late [`OtherDevice`]'s callbacks come.
+const CALLBACK_HOP: Duration = Duration::from_secs(2);
 
 fn other_device(armed: bool) -> (Arc<OtherDevice>, Semaphore) {
     let other = Arc::new(OtherDevice {
