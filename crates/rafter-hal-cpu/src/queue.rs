@@ -144,7 +144,6 @@ impl Waiting {
             fail_all(&submission.signals, reason);
         }
     }
-
 }
 
 thread_local! {

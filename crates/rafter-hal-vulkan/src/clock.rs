@@ -75,7 +75,8 @@ impl DeviceClock {
 
     /// Reads the device clock: the narrowest of a few brackets.
     fn read(&self) -> Option<(u64, Instant)> {
-        let info = [vk::CalibratedTimestampInfoEXT::default().time_domain(vk::TimeDomainEXT::DEVICE)];
+        let info =
+            [vk::CalibratedTimestampInfoEXT::default().time_domain(vk::TimeDomainEXT::DEVICE)];
         let mut best: Option<(u64, Instant, Duration)> = None;
         for _ in 0..TRIES {
             let before = Instant::now();

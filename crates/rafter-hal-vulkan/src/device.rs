@@ -626,13 +626,14 @@ fn create_shared(
     let (wake_semaphore, pipeline_layout) = (partial.semaphore, partial.layout);
     partial.device = None;
     let clock = calibrated.then(|| DeviceClock::new(&owner.instance, &device));
-    let direct_waits = options
-        .direct_waits
-        .unwrap_or_else(|| match std::env::var(DIRECT_WAITS_ENV).as_deref() {
-            Ok("1") => true,
-            Ok("0") => false,
-            _ => caps.device_type == "cpu",
-        });
+    let direct_waits =
+        options
+            .direct_waits
+            .unwrap_or_else(|| match std::env::var(DIRECT_WAITS_ENV).as_deref() {
+                Ok("1") => true,
+                Ok("0") => false,
+                _ => caps.device_type == "cpu",
+            });
     Ok(Shared {
         id: DeviceId::fresh(),
         name,

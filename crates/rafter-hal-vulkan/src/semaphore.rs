@@ -256,12 +256,13 @@ impl SemInner {
                     if let Some(reason) = self.shared.lost_reason() {
                         return Err(SemaphoreError::Failed(reason));
                     }
-                    return Err(SemaphoreError::Failed(format!("vkWaitSemaphores: {result}")));
+                    return Err(SemaphoreError::Failed(format!(
+                        "vkWaitSemaphores: {result}"
+                    )));
                 }
             }
         }
     }
-
 }
 
 impl SemaphoreImpl for SemInner {

@@ -30,7 +30,10 @@ fn slow_commands(device: &VulkanDevice, rounds: usize) -> rafter_hal::CommandBuf
             builder.barrier();
         }
         builder
-            .fill(buffer.range(0, 64 << 20).unwrap(), FillPattern::U32(i as u32))
+            .fill(
+                buffer.range(0, 64 << 20).unwrap(),
+                FillPattern::U32(i as u32),
+            )
             .unwrap();
     }
     builder.finish()

@@ -151,11 +151,7 @@ impl Semaphore {
     /// thread that will run the work the value releases; `None` at once where the backend
     /// cannot, or nothing that will signal `value` is under way yet
     /// ([`SemaphoreImpl::wait_direct`]).
-    pub fn wait_direct(
-        &self,
-        value: u64,
-        timeout: Duration,
-    ) -> Option<Result<(), SemaphoreError>> {
+    pub fn wait_direct(&self, value: u64, timeout: Duration) -> Option<Result<(), SemaphoreError>> {
         self.0.wait_direct(value, timeout)
     }
 
