@@ -539,6 +539,34 @@ def gen_arch(arch: A.Arch, out: str, with_llama: bool) -> dict:
     return expected_entry(arch, adir, prompts, hf, lc, tokcheck)
 
 
+# Seconds each architecture took in a CI dry run (2 cores, one at a time): gen_archs starts
+# the slowest first, so that the last one to start is a short one. Only the order depends on
+# these numbers.
+ARCH_SECONDS = {"gemma3": 124, "llama3": 99, "qwen3-moe": 97, "qwen3": 69}
+
+
+def gen_archs(names: list[str], out: str, with_llama: bool, jobs: int) -> dict:
+    """gen_arch for each of `names`, up to `jobs` at a time in worker processes.
+
+    Each architecture is independent (its own folder; only gemma3 fetches the published GGUF
+    into _published/) and single-threaded (torch runs on one thread, see hf_references; the
+    converter is Python), so on CI's 2 cores two at a time take about half the time of one
+    after another, and make the same files. Workers are spawned, not forked: the parent may
+    already hold torch's thread pools.
+    """
+    if jobs <= 1 or len(names) <= 1:
+        return {n: gen_arch(A.ARCHS[n], out, with_llama) for n in names}
+    import concurrent.futures
+    import multiprocessing
+
+    order = sorted(names, key=lambda n: -ARCH_SECONDS.get(n, 0))
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
+        futures = {n: ex.submit(gen_arch, A.ARCHS[n], out, with_llama) for n in order}
+        # A failed architecture (SystemExit in its worker) is raised here, in `names` order.
+        return {n: futures[n].result() for n in names}
+
+
 def gen_bench(out_root: str) -> None:
     """The Qwen3-0.6B-shaped benchmark model: bf16 HF folder and GGUFs at f16, q8_0, q4_0, q4_K_M."""
     import torch
@@ -590,6 +618,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(REPO, ".cache", "llm-fixtures"))
     ap.add_argument("--bench", action="store_true", help="write the benchmark model instead")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's runs (GGUFs are still made)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="architectures made at a time, each in its own process (default: 2, or 1 on one core)")
     ap.add_argument("--update-expected", action="store_true", help=f"rewrite {os.path.relpath(EXPECTED, REPO)}")
     ap.add_argument("--add-self-agreement", action="store_true",
                     help="only measure llama.cpp's self-agreement on the GGUFs in --out and add it to "
@@ -610,7 +640,7 @@ def main() -> None:
     t0, c0 = time.time(), cpu_s()
     names = args.only or list(A.ARCHS)
     os.makedirs(args.out, exist_ok=True)
-    entries = {n: gen_arch(A.ARCHS[n], args.out, not args.no_llama_cpp) for n in names}
+    entries = gen_archs(names, args.out, not args.no_llama_cpp, args.jobs)
     published = os.path.join(args.out, "_published", T.GEMMA3_GGUF)
     present = [n for n in A.ARCHS if os.path.isdir(os.path.join(args.out, n))]
     write_manifest(args.out, present, published if os.path.exists(published) else None)

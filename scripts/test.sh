@@ -10,11 +10,15 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
+# shellcheck source=scripts/phase.sh
+. scripts/phase.sh
 
+phase "setup_venv.sh --server"
 scripts/setup_venv.sh --server   # + the openai client for `rafter serve`'s test
 PY=$ROOT/.venv/bin/python
 CONF=$ROOT/.cache/onnx-conformance
 
+phase "conformance cache"
 want=$("$PY" scripts/gen_conformance_data.py --stamp)
 have=$(cat "$CONF/STAMP" 2>/dev/null || true)
 if [[ "$have" != "$want" ]]; then
@@ -26,6 +30,7 @@ fi
 export RAFTER_CONFORMANCE_DIR=$CONF
 # Tokenizer and chat-template data for crates/rafter-generate (.cache/llm-tokenizers; the
 # script keeps its own venv, .cache/venv-tokenizers, and rebuilds only when its stamp changes).
+phase "tokenizer fixtures"
 python3 scripts/gen_tokenizer_fixtures.py
 # LLM fixtures (tests/fixtures/llm/README.md): tiny checkpoints of each architecture, their
 # transformers references and GGUFs (llama.cpp's converter and quantizer, built from a pinned
@@ -38,8 +43,11 @@ if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
     sha256sum | cut -d' ' -f1)
   if [[ "$(cat "$LLM/STAMP" 2>/dev/null || true)" != "$llm_want" ]]; then
     echo "test.sh: LLM fixtures missing or stale; generating $LLM"
+    phase "LLM fixtures: setup_venv.sh --llm"
     scripts/setup_venv.sh --llm
+    phase "LLM fixtures: llama.cpp"
     benchmarks/setup_llama_cpp.sh
+    phase "LLM fixtures: gen_llm_fixtures.py"
     "$PY" scripts/gen_llm_fixtures.py --no-llama-cpp
     echo "$llm_want" >"$LLM/STAMP"
   else
@@ -55,7 +63,7 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
   . "$HOME/.cargo/env"
 fi
 echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR RAFTER_SPIRV_VAL=$RAFTER_SPIRV_VAL"
-echo "test.sh: cargo test --workspace --release $*"
+phase "cargo test --workspace --release $*"
 cargo test --workspace --release "$@"
 # The Vulkan HAL's tests again under the Khronos validation layer (core checks; Debian's
 # vulkan-validationlayers, installed by .ci/run): each test fails on any message the layer
@@ -77,6 +85,7 @@ for line in sys.stdin:
     echo "test.sh: rafter-hal-vulkan's test binaries not found (${#vk_tests[@]})" >&2
     exit 1
   fi
+  phase "rafter-hal-vulkan's tests under the validation layer"
   for t in "${vk_tests[@]}"; do
     echo "test.sh: RAFTER_VULKAN_VALIDATION=core $(basename "$t") (rafter-hal-vulkan)"
     (cd "$ROOT/crates/rafter-hal-vulkan" && RAFTER_VULKAN_VALIDATION=core "$t")
@@ -85,5 +94,6 @@ fi
 # The Python package (python/, crates/rafter-py): its wheel built by maturin over the release
 # build above, then python/tests. On a full run only (no arguments), as CI's.
 if [[ $# == 0 ]]; then
+  phase "scripts/test_python.sh"
   scripts/test_python.sh
 fi

@@ -26,6 +26,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 TARGET=aarch64-unknown-linux-gnu
 start=$SECONDS
+# shellcheck source=scripts/phase.sh
+. scripts/phase.sh
 
 if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
   # shellcheck disable=SC1091
@@ -67,12 +69,12 @@ echo "test_aarch64.sh: CARGO_TARGET_DIR=$CARGO_TARGET_DIR RAFTER_CONFORMANCE_DIR
 echo "test_aarch64.sh: runner: $CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER ($(qemu-aarch64 --version | head -n1))"
 
 LOG=$(mktemp)
-trap 'rm -f "$LOG"' EXIT
+trap 'rm -f "$LOG"; phase_end' EXIT
 summary=()
 # Runs one step, printing its command and time; keeps its output in $LOG for the counts.
 step() {
   local t0=$SECONDS
-  echo "test_aarch64.sh: $*"
+  phase "$*"
   "$@" 2>&1 | tee "$LOG"
   summary+=("$(printf '%4d s  %s' $((SECONDS - t0)) "$*")")
 }
@@ -85,6 +87,9 @@ counts() {
 step cargo clippy --release --target "$TARGET" -p rafter-kernels-cpu -p rafter-hal-cpu \
   -p rafter-runtime-cpu --all-targets "$@" -- -D warnings
 
+# The build first, on its own, so the log times it apart from the run under qemu.
+step cargo test --release --target "$TARGET" -p rafter-kernels-cpu -p rafter-hal-cpu \
+  -p rafter-conformance --no-default-features --lib --tests --no-run "$@"
 step cargo test --release --target "$TARGET" -p rafter-kernels-cpu -p rafter-hal-cpu \
   -p rafter-conformance --no-default-features --lib --tests "$@" -- --show-output \
   --skip onnx_backend_suite_matches_expected_failures --skip corpus_models_match_onnx_runtime

@@ -11,7 +11,10 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
+# shellcheck source=scripts/phase.sh
+. scripts/phase.sh
 
+phase "setup_venv.sh --python"
 scripts/setup_venv.sh --python
 PY=$ROOT/.venv/bin/python
 if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
@@ -21,6 +24,29 @@ fi
 
 WHEELS=$ROOT/.whl/python
 rm -rf "$WHEELS"
+# maturin builds `-p rafter-py` alone; it reuses the release build above only where cargo
+# resolves the same features for a crate as `cargo test --workspace --release` did (else
+# most of rafter is built again, ~3 minutes). crates/rafter-py/Cargo.toml lists the shared
+# dependencies whose workspace features it must turn on; this catches a new one.
+phase "feature check: rafter-py alone vs the workspace"
+host=$(rustc -vV | sed -n 's/^host: //p')
+ws_features=$(mktemp)
+py_features=$(mktemp)
+cargo tree --workspace -e normal,build,dev --prefix none -f '{p} {f}' --target "$host" \
+  >"$ws_features"
+cargo tree -p rafter-py --features pyo3/extension-module -e normal,build --prefix none \
+  -f '{p} {f}' --target "$host" >"$py_features"
+differ=$(comm -13 <(sed 's/ (\*)$//' "$ws_features" | sort -u) \
+  <(sed 's/ (\*)$//' "$py_features" | sort -u) | grep -v '^pyo3' || true)
+rm -f "$ws_features" "$py_features"
+if [[ -n $differ ]]; then
+  echo "test_python.sh: maturin's rafter-py build resolves these dependencies with other" \
+    "features than the workspace's (add the workspace's features to crates/rafter-py/Cargo.toml):" >&2
+  echo "$differ" >&2
+  exit 1
+fi
+
+phase "maturin build"
 start=$SECONDS
 echo "test_python.sh: maturin build --release (python/pyproject.toml)"
 cd "$ROOT/python"
@@ -33,6 +59,7 @@ cd "$ROOT"
 
 # A fresh venv as a user has one: `pip install ./python` (maturin through PEP 517, reusing
 # target/'s build) pulls only numpy, and the README's two lines run on the BERT fixture.
+phase "pip install ./python into a fresh venv"
 FRESH=$ROOT/.cache/venv-python-fresh
 rm -rf "$FRESH"
 "$PY" -m venv "$FRESH"
@@ -51,8 +78,10 @@ print(f"test_python.sh: fresh venv: README example matches ONNX Runtime's output
 PYEOF
 )
 
+phase "pytest python/tests"
 export RAFTER_PY_REQUIRE_ALL=${RAFTER_PY_REQUIRE_ALL:-1}
 export RAFTER_LLM_FIXTURES=${RAFTER_LLM_FIXTURES:-$ROOT/.cache/llm-fixtures}
 # Run from outside python/ so the tests import the installed wheel, not the source tree.
 cd "$ROOT/python/tests"
-exec "$PY" -m pytest -q -p no:cacheprovider "$@" .
+# (Not `exec`: the EXIT trap closes the phase.)
+"$PY" -m pytest -q -p no:cacheprovider "$@" .

@@ -2,12 +2,14 @@
 graph, for issue 26's "beats greedy-by-support" check.
 
 A head and a tail of three 3x3 convolutions each (64 channels, 56x56, He-initialised so
-activations keep a normal magnitude), and between them three CumSums (an op only the CPU
-runs; over H, W and the channels, each rescaled) with a cheap 1x1 convolution after the
-first two. Greedy-by-support (`--device vulkan`) runs every convolution on the GPU, so the
-middle crosses devices six times; the cost model can instead run the whole middle (CumSums
-and the 1x1 convolutions) on the host and cross twice, keeping the heavy head and tail on
-the GPU. Written with onnx's helpers (no torch), with one random input and ONNX Runtime's
+activations keep a normal magnitude), and between them three LRNs (local response
+normalisation across channels, as AlexNet and GoogLeNet place it between convolutions; the
+Vulkan generator has no LRN kernel, so it runs on the CPU) with a cheap 1x1 convolution
+after the first two. Greedy-by-support (`--device vulkan`) runs every convolution on the
+GPU, so the middle crosses devices six times; the cost model can instead run the whole
+middle (LRNs and the 1x1 convolutions) on the host and cross twice, keeping the heavy head
+and tail on the GPU. (The CPU-only op was CumSum until the GPU learnt it: check that the
+plan of `--device vulkan` still puts the LRNs on the CPU, or swap the op again.) Written with onnx's helpers (no torch), with one random input and ONNX Runtime's
 output when onnxruntime is present.
 
     python3 benchmarks/gpu/export_midgraph.py [OUT_DIR]    (default .cache/models)
@@ -37,23 +39,21 @@ def build(rng):
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
         return f"r{i}"
 
-    def cumsum(i, inp, axis, length):
-        # Rescaled by the axis length so the magnitude stays that of the input.
+    def lrn(i, inp):
+        # AlexNet's settings (size 5, alpha 1e-4, beta 0.75, bias 2): the output keeps the
+        # input's magnitude within a factor of two.
         nodes.append(
-            helper.make_node("CumSum", [inp, const(f"axis{i}", np.array(axis, np.int64))], [f"cs{i}"])
+            helper.make_node("LRN", [inp], [f"n{i}"], size=5, alpha=1e-4, beta=0.75, bias=2.0)
         )
-        s = const(f"scale{i}", np.array(1.0 / length, dtype=np.float32))
-        nodes.append(helper.make_node("Mul", [f"cs{i}", s], [f"m{i}"]))
-        nodes.append(helper.make_node("Add", [f"m{i}", const(f"shift{i}", np.array(-0.5, np.float32))], [f"a{i}"]))
-        return f"a{i}"
+        return f"n{i}"
 
     cur = "x"
     for i in range(HEAD):
         cur = conv_relu(i, cur)
-    # The middle: CumSum over H, 1x1 conv, CumSum over W, 1x1 conv, CumSum over channels.
-    cur = conv_relu(HEAD, cumsum(0, cur, 2, HW), k=1)
-    cur = conv_relu(HEAD + 1, cumsum(1, cur, 3, HW), k=1)
-    cur = cumsum(2, cur, 1, C)
+    # The middle: LRN, 1x1 conv, LRN, 1x1 conv, LRN.
+    cur = conv_relu(HEAD, lrn(0, cur), k=1)
+    cur = conv_relu(HEAD + 1, lrn(1, cur), k=1)
+    cur = lrn(2, cur)
     for i in range(HEAD + 2, HEAD + 2 + TAIL):
         cur = conv_relu(i, cur)
     graph = helper.make_graph(

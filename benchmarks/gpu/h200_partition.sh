@@ -7,7 +7,8 @@
 #      used by every later command through RAFTER_DEVICE_PROFILES);
 #   2. call latency on --device cpu, vulkan and auto, each with the cost model's estimate
 #      next to the measured time (`bench --estimate`: per class, device and partition):
-#      the accuracy table on the GPU and on the host CPU;
+#      the accuracy table on the GPU and on the host CPU; REPS rounds (default 3) with the
+#      targets alternated, medians of the rounds' medians;
 #   (plus `midgraph`, benchmarks/gpu/export_midgraph.py: CPU-only kernels between GPU
 #   blocks, where auto must beat greedy-by-support, i.e. `--device vulkan`);
 #   3. a stream of calls (`bench --in-flight 4`): each device alone (its own throughput;
@@ -75,17 +76,25 @@ for m in $models; do all="$all $m"; done
 for m in $f16_models; do all="$all ${m}_f16"; done
 all="$all $midgraph"
 # Latency and the accuracy table first (every model), then the streams.
+# REPS rounds, the targets alternated within each (a GPU call's median moves by ~10%
+# between processes: auto and vulkan often run the same plan, and one process each
+# compared noise); the summary takes the median of the rounds' medians. The f16 models'
+# CPU runs (seconds a call) take one round.
+reps=${REPS:-3}
 for m in $all; do
   [ -f $M/$m.onnx ] || { echo "$m: no $M/$m.onnx"; continue; }
   ins=$(inputs_of $m)
-  for t in cpu vulkan auto; do
-    left "latency $m $t" || continue
-    # An untimed process first (the first run after an export runs slow; the Vulkan
-    # pipeline cache fills).
-    timeout 120 $R bench $M/$m.onnx --device $t $ins --warmup 2 --iters 3 > /dev/null 2>&1
-    timeout 120 $R bench $M/$m.onnx --device $t $ins --warmup 5 --iters $iters --estimate \
-      > "$out/latency_${m}_$t.txt" 2>&1
-    echo "$m $t: $(grep '^bench:' "$out/latency_${m}_$t.txt") | $(grep '^estimate:' "$out/latency_${m}_$t.txt")"
+  for r in $(seq 1 "$reps"); do
+    for t in cpu vulkan auto; do
+      [ "$t" = cpu ] && [ "$r" -gt 1 ] && [ "${m%_f16}" != "$m" ] && continue
+      left "latency $m $t round $r" || continue
+      # An untimed process first (the first run after an export runs slow; the Vulkan
+      # pipeline cache fills).
+      [ "$r" = 1 ] && timeout 120 $R bench $M/$m.onnx --device $t $ins --warmup 2 --iters 3 > /dev/null 2>&1
+      f="$out/latency_${m}_${t}_r$r.txt"
+      timeout 120 $R bench $M/$m.onnx --device $t $ins --warmup 5 --iters $iters --estimate > "$f" 2>&1
+      echo "$m $t r$r: $(grep '^bench:' "$f") | $(grep '^estimate:' "$f")"
+    done
   done
 done
 # STREAMS=0: latency only (no streams).
@@ -108,7 +117,7 @@ done
 echo "measured by ${SECONDS}s"
 
 python3 - "$out" $all <<'EOF' | tee "$out/summary.md"
-import re, sys
+import glob, re, statistics, sys
 out, models = sys.argv[1], sys.argv[2:]
 def grab(path, pat):
     try:
@@ -116,12 +125,16 @@ def grab(path, pat):
         return float(m.group(1)) if m else None
     except OSError:
         return None
+def rounds(m, t, pat):
+    """The median over the rounds' files (latency_M_T_rN.txt) of what `pat` grabs."""
+    vals = [v for p in sorted(glob.glob(f"{out}/latency_{m}_{t}_r*.txt")) if (v := grab(p, pat)) is not None]
+    return statistics.median(vals) if vals else None
 f = lambda x: "-" if x is None else f"{x:.3f}"
 print("\n| model | cpu ms | vulkan ms | auto ms | auto / best | est/meas cpu | vulkan | auto |")
 print("|---|---|---|---|---|---|---|---|")
 for m in models:
-    lat = {t: grab(f"{out}/latency_{m}_{t}.txt", r"^bench: median ([\d.]+)") for t in ("cpu", "vulkan", "auto")}
-    est = {t: grab(f"{out}/latency_{m}_{t}.txt", r"^estimate: .*est/meas ([\d.]+)") for t in ("cpu", "vulkan", "auto")}
+    lat = {t: rounds(m, t, r"^bench: median ([\d.]+)") for t in ("cpu", "vulkan", "auto")}
+    est = {t: rounds(m, t, r"^estimate: .*est/meas ([\d.]+)") for t in ("cpu", "vulkan", "auto")}
     singles = [v for v in (lat["cpu"], lat["vulkan"]) if v]
     best = min(singles) if singles else None
     ratio = f"{lat['auto'] / best:.2f}" if lat["auto"] and best else "-"

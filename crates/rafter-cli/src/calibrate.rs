@@ -640,11 +640,20 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         r.half_scale = Some(class_half_scale(&bench, &p, r).with_context(|| ctx(&p.what))?);
     }
     let zero_copy = device != "cpu" && shares_host_memory(&bench, device)?;
-    let link = (device != "cpu").then(|| Link {
-        bytes_per_s: host_copy_bandwidth(),
-        latency_s: empty,
-        zero_copy,
-    });
+    let link = if device == "cpu" {
+        None
+    } else {
+        let (bytes_per_s, latency_s) = match link_in_situ(&bench).with_context(|| ctx("link"))? {
+            // A fixed cost fitted at zero is noise (every call has one): an empty call's.
+            Some((rate, fixed)) => (rate, if fixed > 0.0 { fixed } else { empty }),
+            None => (host_copy_bandwidth(), empty),
+        };
+        Some(Link {
+            bytes_per_s,
+            latency_s,
+            zero_copy,
+        })
+    };
     Ok(DeviceDescription {
         name: device.to_string(),
         profile: CostProfile {
@@ -708,6 +717,37 @@ fn shares_host_memory(bench: &Bench, device: &str) -> Result<bool> {
         .is_some_and(|m| m.host_visible && m.host_coherent))
 }
 
+/// The elements of the link probes' tensors: 1 MiB and 16 MiB of f32.
+const LINK_PROBE_ELEMS: [usize; 2] = [1 << 18, 1 << 22];
+
+/// The link as a call crosses it: bytes per second and the fixed seconds a call's
+/// crossings cost, from two `add` probes of [`LINK_PROBE_ELEMS`] whose calls upload two
+/// operands and read back one result. Each probe's call time less its kernels' time is
+/// what its three copies took, `fixed + bytes / rate`; two sizes give both terms. `None`
+/// when noise leaves no positive rate (the caller then falls back to a host copy and an
+/// empty call).
+///
+/// A host `memcpy` and an empty call, which this replaced, undercounted what a model's
+/// crossings take: on an H200 machine they said 6.6 GB/s and 47 us, so 170 us for a 0.8 MB
+/// crossing, where a model split around CPU-only kernels spent ~260 us per crossing
+/// (`bench --estimate`: its call less its kernels).
+fn link_in_situ(bench: &Bench) -> Result<Option<(f64, f64)>> {
+    let mut points = Vec::new();
+    for n in LINK_PROBE_ELEMS {
+        let p = add(&n.to_string());
+        let t = bench.time_call(&p.text, None).context(p.what)?;
+        points.push((3.0 * 4.0 * n as f64, t.call_s - t.kernels_s));
+    }
+    Ok(link_from(points[0], points[1]))
+}
+
+/// Rate and fixed cost of the line through two (bytes, seconds) points; `None` unless the
+/// rate comes out positive and finite (the fixed cost is clamped at zero).
+fn link_from((b0, t0): (f64, f64), (b1, t1): (f64, f64)) -> Option<(f64, f64)> {
+    let rate = (b1 - b0) / (t1 - t0);
+    (rate.is_finite() && rate > 0.0).then(|| (rate, (t0 - b0 / rate).max(0.0)))
+}
+
 /// The host's copy bandwidth, bytes per second (median of a few 64 MiB copies).
 fn host_copy_bandwidth() -> f64 {
     let src = vec![1u8; 64 << 20];
@@ -737,6 +777,19 @@ mod tests {
             bytes,
             half: false,
         }
+    }
+
+    #[test]
+    fn the_link_is_the_line_through_two_crossing_times() {
+        // 1 MB in 110 us and 9 MB in 510 us: 20 GB/s, 60 us fixed.
+        let (rate, fixed) = link_from((1e6, 110e-6), (9e6, 510e-6)).unwrap();
+        assert!((rate - 2e10).abs() < 1e3, "{rate}");
+        assert!((fixed - 60e-6).abs() < 1e-12, "{fixed}");
+        // Noise that makes the larger copy no slower gives no link.
+        assert_eq!(link_from((1e6, 110e-6), (9e6, 100e-6)), None);
+        assert_eq!(link_from((1e6, 110e-6), (9e6, 110e-6)), None);
+        // A fixed cost below zero (a fast small call) is clamped.
+        assert_eq!(link_from((1e6, 10e-6), (2e6, 110e-6)).unwrap().1, 0.0);
     }
 
     /// Every probe ends in a sink kernel that writes the call's result, and is rated by

@@ -210,6 +210,7 @@ pub fn estimate_table(
     let mut by_class: BTreeMap<String, Row> = BTreeMap::new();
     let mut by_device: BTreeMap<String, Row> = BTreeMap::new();
     let mut partitions: Vec<(String, Row)> = Vec::new();
+    let mut kernels: Vec<KernelRow> = Vec::new();
     for (k, kernel) in program.kernels.iter().enumerate() {
         let d = placement[k];
         let work = cost::kernel_work(kernel, values);
@@ -220,6 +221,13 @@ pub fn estimate_table(
             .detail
             .unwrap_or_else(|| partition::device::class_name(work.class));
         let device = &m.devices()[d].name;
+        kernels.push(KernelRow {
+            name: format!("{} ({device} {class})", kernel.name),
+            estimate: est,
+            measured: meas,
+            flops: work.flops,
+            bytes: work.bytes,
+        });
         by_class
             .entry(format!("{device} {class}"))
             .or_default()
@@ -253,6 +261,48 @@ pub fn estimate_table(
                 .map(|(i, (d, r))| r.line(&format!("p{i} {d}"))),
         );
     }
+    lines.extend(worst_kernels(kernels, WORST_KERNELS));
+    lines
+}
+
+/// How many kernels [`estimate_table`] lists by error.
+const WORST_KERNELS: usize = 8;
+
+/// One kernel's estimate against its measured time, with the work the estimate rests on.
+struct KernelRow {
+    name: String,
+    estimate: f64,
+    measured: f64,
+    flops: f64,
+    bytes: f64,
+}
+
+/// The `n` kernels whose estimates miss by the most time (the ones a calibration should
+/// look at first), largest first; nothing without a measured kernel.
+fn worst_kernels(mut rows: Vec<KernelRow>, n: usize) -> Vec<String> {
+    rows.retain(|r| r.measured > 0.0);
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    rows.sort_by(|a, b| {
+        let miss = |r: &KernelRow| (r.estimate - r.measured).abs();
+        miss(b).total_cmp(&miss(a))
+    });
+    let mut lines = vec![format!(
+        " kernels missed by the most time (of {}):",
+        rows.len()
+    )];
+    lines.extend(rows.iter().take(n).map(|r| {
+        format!(
+            "  {:<44} est {:>8.3} ms  meas {:>8.3} ms  est/meas {:.2}  {:.3} GFLOP {:.2} MB",
+            r.name,
+            r.estimate * 1e3,
+            r.measured * 1e3,
+            r.estimate / r.measured,
+            r.flops * 1e-9,
+            r.bytes * 1e-6
+        )
+    }));
     lines
 }
 
@@ -274,6 +324,34 @@ mod tests {
             workgroups: 1,
             failed: false,
         }
+    }
+
+    #[test]
+    fn the_worst_kernels_are_those_missed_by_the_most_time() {
+        let row = |name: &str, estimate: f64, measured: f64| KernelRow {
+            name: name.into(),
+            estimate,
+            measured,
+            flops: 2e9,
+            bytes: 4e6,
+        };
+        let rows = vec![
+            row("a", 1e-3, 1.1e-3),
+            row("b", 1e-3, 3e-3),
+            row("c", 5e-3, 1e-3),
+            row("unmeasured", 9.0, 0.0),
+        ];
+        let lines = worst_kernels(rows, 2);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].contains("(of 3)"), "{}", lines[0]);
+        assert!(lines[1].trim_start().starts_with("c "), "{}", lines[1]);
+        assert!(
+            lines[1].contains("est/meas 5.00  2.000 GFLOP 4.00 MB"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[2].trim_start().starts_with("b "), "{}", lines[2]);
+        assert!(worst_kernels(vec![row("u", 1.0, 0.0)], 2).is_empty());
     }
 
     #[test]

@@ -35,11 +35,9 @@ use crate::matmul::{build, Prelude, R};
 /// f32s at most (16 KiB per invocation), past which a driver's spills would dominate.
 pub const MAX_KEYS: u64 = 4096;
 
-/// The most buffers one dispatch may bind on every Vulkan device: the runtime pushes 16
-/// bytes per binding and Vulkan guarantees 128 bytes of push constants (lavapipe's
-/// limit). A body over it (a mask, pasts, presents and the scores together) stays on the
-/// CPU rather than failing at dispatch.
-const MAX_BINDINGS: usize = 8;
+// A body over `grid::MAX_BINDINGS` (a mask, pasts, presents and the scores together)
+// stays on the CPU rather than failing at dispatch.
+use crate::grid::MAX_BINDINGS;
 
 /// A generated attention kernel; launched like an elementwise kernel (one `u32` param,
 /// `y`'s element count).

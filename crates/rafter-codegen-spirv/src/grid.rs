@@ -11,6 +11,11 @@ use rspirv::spirv::{BuiltIn, LoopControl, Word};
 use crate::matmul::{begin_main, build, builtin_v3, prelude, push_block, Prelude, R};
 use crate::WORKGROUP_SIZE;
 
+/// The most buffers one dispatch may bind on every Vulkan device: the runtime pushes 16
+/// bytes per binding and Vulkan guarantees 128 bytes of push constants (lavapipe's
+/// limit). A kernel over it stays on the CPU rather than failing at dispatch.
+pub(crate) const MAX_BINDINGS: usize = 8;
+
 /// What the per-element emitter sees: the binding addresses (body inputs, then outputs),
 /// the count param and the element index `i`, all `u32` but the `u64` addresses.
 pub(crate) struct Element<'a> {

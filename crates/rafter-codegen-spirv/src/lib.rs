@@ -195,6 +195,18 @@
 //! blocks), dequantized where read, one invocation per output element, with
 //! `accuracy_level` 4's int8 rounding of A.
 //!
+//! [`qlinear_conv`]: ONNX `QLinearConv` of u8/i8 inputs and weights with any number of
+//! static spatial dims, groups, pads, strides, dilations and `auto_pad`, weight scales and
+//! zero points per tensor or per output channel, an i32 bias; one invocation per output
+//! element summing in i32, requantized in f32 as ONNX Runtime does (at most 8 bindings:
+//! the scalar scales and zero points must be constants folded into the body, as the
+//! compiler folds a quantized model's).
+//!
+//! [`gru`]: ONNX `GRU` on f32, every direction and layout, `linear_before_reset`, `clip`,
+//! sigmoid/tanh/relu gates; one workgroup per (direction, batch row) looping over the time
+//! steps with the hidden state in workgroup memory (`Launch::Rows`), at most
+//! [`GRU_MAX_HIDDEN`] units; `sequence_lens` stays on the CPU.
+//!
 //! [`rotary`]: ONNX `RotaryEmbedding` of an f32 `[batch, seq, hidden]` or `[batch, heads,
 //! seq, head_size]` (heads and seq static) by cos and sin caches (`[positions, rot / 2]`,
 //! or `[batch, seq, rot / 2]` without position ids), with or without position ids,
@@ -260,11 +272,13 @@ mod gather_elements;
 mod gather_nd;
 mod grid;
 mod grid_sample;
+mod gru;
 mod integer;
 mod loss;
 mod matmul;
 mod matmul_integer;
 mod pad;
+mod qlinear_conv;
 mod reduce_axes;
 mod rotary;
 mod scatter_elements;
@@ -297,10 +311,12 @@ pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use gather_nd::{gather_nd, GatherNdKernel};
 pub use grid_sample::{grid_sample, GridSampleKernel};
+pub use gru::{gru, GruKernel, MAX_HIDDEN as GRU_MAX_HIDDEN};
 pub use loss::{loss, LossKernel};
 pub use matmul::{matmul, matmul_tiled, MatmulKernel, MatmulTile, MATMUL_TILE, SLICES};
 pub use matmul_integer::{matmul_integer, MatmulIntegerKernel};
 pub use pad::{pad, PadKernel};
+pub use qlinear_conv::{qlinear_conv, QLinearConvKernel};
 pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
 pub use scatter_elements::{scatter_elements, ScatterElementsKernel};
@@ -339,7 +355,7 @@ enum Generated {
     /// swiglu, scatter-elements, losses, 3-D pooling and convolution, transposed
     /// convolution, grid sample.
     Grid(Vec<u32>),
-    /// A one-workgroup kernel of its own launch ([`dynamic_quantize`]).
+    /// A kernel of workgroups of its own launch ([`dynamic_quantize`], [`gru`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
 }
 
@@ -396,6 +412,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         if n.op == Op::DynamicQuantizeLinear {
             return dynamic_quantize(body).map(|k| Generated::Rows(k.spirv, k.launch));
         }
+        if let Op::Gru { .. } = n.op {
+            return gru(body).map(|k| Generated::Rows(k.spirv, k.launch));
+        }
         let grid = match n.op {
             Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
             Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
@@ -406,6 +425,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Split { .. } => Some(split(body).map(|k| k.spirv)),
             Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
             Op::Pad { .. } => Some(pad(body).map(|k| k.spirv)),
+            Op::QLinearConv { .. } => Some(qlinear_conv(body).map(|k| k.spirv)),
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),

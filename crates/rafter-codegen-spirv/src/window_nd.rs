@@ -202,7 +202,7 @@ type Geometry = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>);
 
 /// The window's [`Geometry`] from its attributes (empty lists default to 1); a zero window,
 /// stride or dilation is refused.
-fn geometry(
+pub(crate) fn geometry(
     kernel: &[u32],
     strides: &[i64],
     dilations: &[i64],

@@ -27,6 +27,19 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
+    /// The memory map behind `bytes` when the file was opened from a path ([`Self::open`]);
+    /// `None` for in-memory files. Kept to hand the header's pages back
+    /// ([`Self::release_header_pages`]), which only a file mapping may do.
+    map: Option<Arc<memmap2::Mmap>>,
+}
+
+/// A shared memory map as the owner of a [`Bytes`] buffer.
+struct SharedMap(Arc<memmap2::Mmap>);
+
+impl AsRef<[u8]> for SharedMap {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -54,15 +67,20 @@ impl std::fmt::Debug for GgufFile {
 /// (already in the page cache, or read from disk) in one system call at open, as
 /// llama.cpp's loader does; the resident size after the first call is the same.
 pub fn map_file(path: &Path) -> std::io::Result<Bytes> {
+    Ok(map_shared(path)?.0)
+}
+
+/// [`map_file`], also returning the map (`None` for an empty file).
+fn map_shared(path: &Path) -> std::io::Result<(Bytes, Option<Arc<memmap2::Mmap>>)> {
     let file = File::open(path)?;
     if file.metadata()?.len() == 0 {
-        return Ok(Bytes::new());
+        return Ok((Bytes::new(), None));
     }
     // SAFETY: the map is read-only and private to this process. The remaining hazard is
     // another process truncating or rewriting the file while it is mapped, which the
     // doc comment above makes the caller's contract.
-    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }?;
-    Ok(Bytes::from_owner(map))
+    let map = Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&file) }?);
+    Ok((Bytes::from_owner(SharedMap(map.clone())), Some(map)))
 }
 
 impl GgufFile {
@@ -70,8 +88,11 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let name: Arc<str> = path.display().to_string().into();
-        let bytes = map_file(path).map_err(|e| GgufError::new(&name, None, ErrorKind::Io(e)))?;
-        Self::parse_named(bytes, name)
+        let (bytes, map) =
+            map_shared(path).map_err(|e| GgufError::new(&name, None, ErrorKind::Io(e)))?;
+        let mut f = Self::parse_named(bytes, name)?;
+        f.map = map;
+        Ok(f)
     }
 
     /// Validates an in-memory GGUF file. Errors name it `<memory>`.
@@ -96,7 +117,45 @@ impl GgufFile {
             tensor_index: p.tensor_index,
             alignment: p.alignment,
             data_offset: p.data_offset,
+            map: None,
         })
+    }
+
+    /// Hands the resident pages of the header (metadata and tensor infos: everything before
+    /// [`Self::data_offset`], in whole pages) back to the kernel; returns the bytes advised.
+    ///
+    /// Why: [`map_file`] maps every page up front, and the header of an LLM's GGUF is its
+    /// tokenizer (151k token strings and merges: 5.7 MiB for Qwen3), read once while the
+    /// tokenizer is built and then never again. Its pages would otherwise stay in the
+    /// process's resident set next to the weights for its whole life.
+    ///
+    /// Nothing is lost: the map is a read-only mapping of the file, so `MADV_DONTNEED` only
+    /// drops this process's page-table entries; a later read of those bytes (a metadata
+    /// accessor) faults them in again from the page cache, with the same contents. A file
+    /// read from memory ([`Self::from_bytes`]) is left alone (0); so is every platform but
+    /// Linux.
+    pub fn release_header_pages(&self) -> std::io::Result<usize> {
+        #[cfg(target_os = "linux")]
+        if let Some(map) = &self.map {
+            // SAFETY: `sysconf` reads a constant of the system.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            let page = usize::try_from(page).unwrap_or(0).max(1);
+            let header = usize::try_from(self.data_offset).unwrap_or(usize::MAX);
+            let len = header.min(map.len()) / page * page;
+            if len > 0 {
+                // SAFETY: the range [0, len) lies in the map (len <= map.len()) and is
+                // page-aligned (the map starts on a page, len is whole pages, so the kernel
+                // does not round it into the tensor data). The map is a read-only shared
+                // mapping of a file nobody may change while it is mapped (the contract of
+                // `map_file`): MADV_DONTNEED drops page-table entries only, and any live
+                // `&[u8]` into the range reads the same bytes again from the page cache.
+                unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, len)?;
+                }
+            }
+            return Ok(len);
+        }
+        Ok(0)
     }
 
     /// The path (or given name) of the file.

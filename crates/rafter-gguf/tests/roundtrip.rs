@@ -239,3 +239,40 @@ fn fuzz_seeds_are_valid() {
     }
     assert!(n >= 2);
 }
+
+/// The header's pages handed back: whole pages below the data offset (none for a file in
+/// memory), and every value and tensor still reads as written afterwards (the pages come
+/// back from the file).
+#[test]
+fn released_header_pages_read_back_the_same() {
+    let (mut w, tensors) = build(None);
+    // A vocabulary-like string array makes the header span several pages.
+    let words: Vec<String> = (0..20_000).map(|i| format!("token-{i}")).collect();
+    let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+    w.add("big.strs", Value::Array(Array::from_strings(&refs)))
+        .unwrap();
+    let in_memory = GgufFile::from_bytes(w.to_vec().unwrap().into()).unwrap();
+    assert_eq!(in_memory.release_header_pages().unwrap(), 0);
+    let path =
+        std::env::temp_dir().join(format!("rafter-gguf-release-{}.gguf", std::process::id()));
+    w.write_file(&path).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let released = file.release_header_pages().unwrap();
+    if cfg!(target_os = "linux") {
+        // 20,000 strings of 8 + ~10 bytes: well over 4 pages of any size up to 64 KiB.
+        let header = file.data_offset() as usize;
+        assert!(released > 0 && released <= header, "{released} of {header}");
+        assert!(
+            header - released < 65536,
+            "whole pages below {header}: {released}"
+        );
+    } else {
+        assert_eq!(released, 0);
+    }
+    check(&file, &tensors, 32);
+    let Some(Value::Array(a)) = file.get("big.strs") else {
+        panic!("big.strs is missing");
+    };
+    assert_eq!(a, &Array::from_strings(&refs));
+    std::fs::remove_file(&path).unwrap();
+}

@@ -72,6 +72,7 @@ mod activation;
 mod attention;
 mod common;
 mod cumulative;
+mod lrn;
 mod moe;
 mod nbits;
 mod nhwc;
@@ -130,6 +131,7 @@ pub use activation::{
 };
 pub use common::{ChannelTail, KernelError};
 pub use cumulative::{cumulative, CumElem, Cumulative};
+pub use lrn::{lrn, Lrn};
 pub use moe::moe_route;
 pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
 pub use recurrent::{

@@ -118,7 +118,12 @@ pub struct LlmInfo {
     /// recorded have f32 caches).
     #[serde(default = "f32_word")]
     pub kv_type: String,
-    /// The tokenizer ([`Tokenizer::to_json`]).
+    /// The tokenizer ([`Tokenizer::to_json`]) as the artifact stores it. Filled only in the
+    /// artifact's metadata section ([`CompiledLlm::write`] serialises it there); empty in
+    /// memory ([`Llm::info`], [`CompiledLlm::info`]), where the tokenizer itself is at hand
+    /// ([`Llm::tokenizer`]). Why: for a 151k-token vocabulary the JSON is ~8 MB, built and
+    /// then kept for the life of the model for nothing but a write that `rafter generate`
+    /// never makes.
     pub tokenizer: String,
 }
 
@@ -145,10 +150,14 @@ pub struct CompiledLlm {
 }
 
 impl CompiledLlm {
-    /// Writes the artifact (program, executables, weights, and the `llm` metadata);
-    /// returns its length.
+    /// Writes the artifact (program, executables, weights, and the `llm` metadata with the
+    /// tokenizer serialised into it); returns its length.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<u64, EngineError> {
-        let meta = serde_json::to_vec(&self.info).expect("LlmInfo serialises");
+        let info = LlmInfo {
+            tokenizer: self.tokenizer.to_json()?,
+            ..self.info.clone()
+        };
+        let meta = serde_json::to_vec(&info).expect("LlmInfo serialises");
         let writer = self.compiled.writer().metadata(METADATA_SECTION, meta);
         writer.write(&path).map_err(|e| EngineError::Artifact {
             path: path.as_ref().to_path_buf(),
@@ -205,8 +214,18 @@ pub fn compile(
         vocab_size: source.spec.vocab_size,
         context,
         kv_type: kv_type.word().into(),
-        tokenizer: tokenizer.to_json()?,
+        // Serialised by `CompiledLlm::write`, the one reader (see `LlmInfo::tokenizer`).
+        tokenizer: String::new(),
     };
+    // The tokenizer is built and the graph holds the weights (slices of the map): the
+    // GGUF's header is not read again, so its pages leave the resident set.
+    if let Some(file) = source.gguf() {
+        file.release_header_pages()
+            .map_err(|source| EngineError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+    }
     Ok(CompiledLlm {
         compiled,
         info,
@@ -286,7 +305,7 @@ impl Llm {
                     .into(),
             )
         })?;
-        let info: LlmInfo = serde_json::from_slice(&meta)
+        let mut info: LlmInfo = serde_json::from_slice(&meta)
             .map_err(|e| bad(format!("the `llm` metadata section: {e}")))?;
         if info.format != INFO_FORMAT {
             return Err(bad(format!(
@@ -313,6 +332,8 @@ impl Llm {
                 path: path.clone(),
                 source,
             })?;
+        // Built: the JSON is not kept in memory (see `LlmInfo::tokenizer`).
+        info.tokenizer = String::new();
         observe(Stage::Bind);
         let session =
             Session::from_artifact(artifact, &devices(options)?, session_options(options))?;

@@ -46,6 +46,13 @@ impl LogitsModel for SessionModel<'_> {
         let last = &logits[logits.len().saturating_sub(vocab)..];
         self.logits.clear();
         self.logits.extend_from_slice(last);
+        if tokens.len() > 1 {
+            // A prefill's temporaries (quantized activations, per-call views) are freed by
+            // now but stay resident in the allocator's heap for the rest of the run; decode
+            // steps allocate far less. One trim per prefill (not per decode step: a trim
+            // walks the heap) hands those pages back.
+            crate::release_freed_heap();
+        }
         Ok(&self.logits)
     }
 

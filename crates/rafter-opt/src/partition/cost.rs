@@ -301,9 +301,11 @@ fn elementwise_ops(op: &Op) -> f64 {
 /// Operations per input element of a reduction or normalisation: a softmax takes the
 /// maximum, subtracts it, exponentiates, sums and scales (four ops and an `exp`); a layer
 /// norm sums, centres, squares and sums, scales, and applies its scale and bias (seven); an
-/// RMS norm four; a plain reduction one.
+/// RMS norm four; an LRN squares and sums its window (two per channel of it), scales and
+/// raises to a power (an approximated function) and divides; a plain reduction one.
 fn reduction_ops(op: &Op) -> f64 {
     match op {
+        Op::Lrn { size, .. } => 2.0 * (*size).max(1) as f64 + APPROXIMATED_OPS + 6.0,
         Op::Softmax { .. } => 4.0 + APPROXIMATED_OPS,
         Op::LayerNorm { .. } | Op::GroupNorm { .. } | Op::InstanceNorm { .. } => 7.0,
         Op::MeanVarianceNorm { .. } => 6.0,
@@ -466,6 +468,19 @@ mod tests {
         let want = cpu.profile.dispatch_s + (w.bytes / r.bytes_per_s).max(compute);
         assert!((t - want).abs() < 1e-12, "{t} vs {want}");
         assert!(t < 1e-3, "{t}");
+    }
+
+    #[test]
+    fn an_lrn_counts_its_window_and_its_power_per_element() {
+        // The midgraph benchmark's LRN (size 5): two ops per window channel, the power
+        // (an approximated function), scale, bias and division: 2 * 5 + 10 + 6.
+        let p = program(
+            "graph @g(%x: f32[1, 64, 56, 56]) -> (%y) {\n  \
+             %y: f32[1, 64, 56, 56] = lrn{alpha = 0.0001, beta = 0.75, bias = 2.0, \
+             size = 5}(%x)\n}",
+        );
+        let w = kernel_work(&p.kernels[0], &bound_values(&p));
+        assert_eq!(w.flops, 26.0 * 64.0 * 56.0 * 56.0);
     }
 
     #[test]

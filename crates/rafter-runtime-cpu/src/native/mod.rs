@@ -21,7 +21,7 @@
 //! DynamicQuantizeLinear), [`matmul_integer`] (MatMulInteger),
 //! [`block_nhwc`] (a fused channels-last depthwise block), [`block_quant`] (MatMulNBits
 //! weights), [`pool`], [`recurrent`] (LSTM, GRU, RNN), [`movement`] (reshape-likes,
-//! transposes, concat, gather), [`norm`] (layer norm), [`softmax`] (with an additive row
+//! transposes, concat, gather), [`norm`] (layer norm), [`lrn`] (local response normalisation), [`softmax`] (with an additive row
 //! mask), [`cumulative`] (CumSum), [`elementwise`] (tile programs).
 //!
 //! # Aliasing
@@ -42,6 +42,7 @@ mod elementwise;
 mod epilogue;
 mod exact_int;
 mod llm;
+mod lrn;
 mod matmul;
 mod matmul_integer;
 mod movement;
@@ -240,6 +241,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         .or_else(|| cumulative::select(body, par))
         .or_else(|| movement::select(body, par))
         .or_else(|| norm::select(body, par))
+        .or_else(|| lrn::select(body, par))
         .or_else(|| recurrent::select(body, par))
 }
 
