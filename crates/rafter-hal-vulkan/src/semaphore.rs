@@ -209,20 +209,25 @@ impl SemInner {
     }
 }
 
+/// How long a direct wait sleeps in the driver at a time before it looks for a failure or
+/// a device loss again: what noticing one can cost a thread in `wait_direct` (the CPU
+/// device's helper asks again every millisecond anyway, `HELP_WAIT_SLICE`).
+const DIRECT_SLICE: Duration = Duration::from_millis(2);
+
 impl SemInner {
-    /// `wait_direct`'s wait: in `vkWaitSemaphores` on this thread, woken by the value or by
-    /// the device's wake semaphore.
+    /// `wait_direct`'s wait: in `vkWaitSemaphores` on this thread, on this semaphore alone,
+    /// in slices of [`DIRECT_SLICE`], each followed by a look at failure and loss.
+    ///
+    /// Why one semaphore, not this one or the device's wake semaphore (which failures and
+    /// device loss signal) in one wait-any: Mesa's common Vulkan runtime, which lavapipe
+    /// uses, can only spin on a wait for any of several timeline semaphores ("there's
+    /// nothing better we can do than spin", `vk_sync.c`), and a single one it waits for on
+    /// a condition variable. The spinning helper took a core from lavapipe's own threads
+    /// for as long as the GPU work ran: on two cores a traced split call (its timestamps make
+    /// the GPU work longer) went from 0.3 ms to 4-6 ms.
     fn wait_in_driver(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
         let start = Instant::now();
         loop {
-            // Read before the checks: a failure or loss after them signals past it.
-            // SAFETY: the wake semaphore lives as long as `shared`.
-            let wake_seen = unsafe {
-                self.shared
-                    .device
-                    .get_semaphore_counter_value(self.shared.wake_semaphore)
-            }
-            .unwrap_or(0);
             if let Some(done) = self.settled(value) {
                 return done;
             }
@@ -234,16 +239,14 @@ impl SemInner {
                     waited,
                 });
             }
-            let slice = (timeout - waited).min(RECHECK);
-            let semaphores = [self.raw, self.shared.wake_semaphore];
-            let values = [value, wake_seen + 1];
+            let slice = (timeout - waited).min(DIRECT_SLICE);
+            let semaphores = [self.raw];
+            let values = [value];
             let info = vk::SemaphoreWaitInfo::default()
-                .flags(vk::SemaphoreWaitFlags::ANY)
                 .semaphores(&semaphores)
                 .values(&values);
-            // SAFETY: both are live timeline semaphores of this device (`self` is borrowed,
-            // the wake semaphore lives as long as `shared`); the arrays outlive the call,
-            // which is bounded by `slice`.
+            // SAFETY: `raw` is a live timeline semaphore of this device (`self` is
+            // borrowed); the arrays outlive the call, which is bounded by `slice`.
             let result = unsafe {
                 self.shared
                     .device
@@ -384,10 +387,9 @@ impl SemaphoreImpl for SemInner {
 
     /// With direct waits on (`Shared::direct_waits`) and a submitted batch that signals
     /// `value` (else `None`): the calling thread waits in `vkWaitSemaphores` itself, for
-    /// this semaphore's value or the device's wake semaphore (which `fail`, device loss
-    /// and every other event the monitor must see signal), so the GPU's signal wakes it
-    /// with no monitor hop; each wake-up re-checks failure and the counter. Slices of at
-    /// most [`RECHECK`] bound what a driver's missed wake-up can cost.
+    /// this semaphore's value, so the GPU's signal wakes it with no monitor hop. A failure
+    /// or device loss (which the driver never signals) is noticed between slices of at
+    /// most [`DIRECT_SLICE`], which also bound what a driver's missed wake-up can cost.
     fn wait_direct(&self, value: u64, timeout: Duration) -> Option<Result<(), SemaphoreError>> {
         if !self.shared.direct_waits {
             return None;

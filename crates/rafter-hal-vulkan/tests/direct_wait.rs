@@ -185,3 +185,50 @@ fn a_direct_wait_ends_when_the_device_is_lost_meanwhile() {
         "device lost",
     );
 }
+
+/// This thread's time on a CPU so far (Linux: `/proc/thread-self/schedstat`, nanoseconds);
+/// `None` where that cannot be read.
+fn thread_cpu_time() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// A direct wait sleeps in the driver: it must not spin on a core the GPU's own work may
+/// need (lavapipe runs it on the host's cores). Mesa's runtime spins on a wait for any of
+/// several semaphores, so the wait is for the one semaphore alone; a spinning waiter
+/// would spend about all the wait on a CPU (less on a loaded machine, but far above 5%).
+#[test]
+fn a_direct_wait_sleeps_instead_of_spinning() {
+    let Some(device) = direct("a_direct_wait_sleeps_instead_of_spinning", true) else {
+        return;
+    };
+    let Some(_) = thread_cpu_time() else {
+        eprintln!("inconclusive: no per-thread CPU time on this system");
+        return;
+    };
+    let (commands, took) = calibrated_slow_commands(&device, Duration::from_millis(300));
+    let semaphore = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&commands, &[], &[(semaphore.clone(), 1)])
+        .unwrap();
+    let (cpu_before, wall_before) = (thread_cpu_time().unwrap(), Instant::now());
+    match semaphore.wait_direct(1, WAIT) {
+        Some(Ok(())) => {}
+        other => panic!("{other:?}"),
+    }
+    let (cpu, wall) = (
+        thread_cpu_time().unwrap() - cpu_before,
+        wall_before.elapsed(),
+    );
+    if wall < took / 4 {
+        eprintln!("inconclusive: the work was nearly done before the wait ({wall:?} of {took:?})");
+        return;
+    }
+    assert!(
+        cpu < wall / 20,
+        "the waiting thread was on a CPU {cpu:?} of the {wall:?} it waited"
+    );
+}
