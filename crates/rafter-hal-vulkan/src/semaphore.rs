@@ -223,8 +223,9 @@ impl SemInner {
     /// uses, can only spin on a wait for any of several timeline semaphores ("there's
     /// nothing better we can do than spin", `vk_sync.c`), and a single one it waits for on
     /// a condition variable. The spinning helper took a core from lavapipe's own threads
-    /// for as long as the GPU work ran: on two cores a traced split call (its timestamps make
-    /// the GPU work longer) went from 0.3 ms to 4-6 ms.
+    /// for as long as the GPU work ran: on two loaded cores, traced split calls took a
+    /// median 3.6-7.9 ms instead of 0.3 ms in some runs. (The monitor's own wait-any still
+    /// spins on Mesa while work is in flight; the monitor must wake for any of them.)
     fn wait_in_driver(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
         let start = Instant::now();
         loop {
