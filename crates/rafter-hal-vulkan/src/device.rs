@@ -69,7 +69,7 @@ pub struct VulkanDeviceOptions {
     pub breadcrumbs: Option<BreadcrumbMode>,
     /// Whether a thread that will run the work a GPU value releases waits for it in the
     /// driver itself ([`SemaphoreImpl::wait_direct`](rafter_hal::SemaphoreImpl::wait_direct));
-    /// `None` reads [`DIRECT_WAITS_ENV`], whose default is on for CPU-type devices only.
+    /// `None` reads [`DIRECT_WAITS_ENV`], whose default is off.
     pub direct_waits: Option<bool>,
 }
 
@@ -180,10 +180,13 @@ pub(crate) struct Shared {
 
 /// `1` or `0`: whether a thread that will run the work a GPU value releases (the CPU
 /// device's helper) waits for it in `vkWaitSemaphores` itself, woken by the GPU's signal,
-/// or sleeps until the monitor thread, woken by the signal, wakes it. Default: on for a
-/// CPU-type device (lavapipe), where it was measured to shorten a GPU-to-CPU handoff; off
-/// elsewhere, because NVIDIA's driver spins in short waits and was measured missing
-/// wake-ups (issue 28), which is why host waits go through the monitor there.
+/// or sleeps until the monitor thread, woken by the signal, wakes it. Default: off. On
+/// lavapipe it shortens a GPU-to-CPU handoff (a median 19-23 us against 25-29 us through
+/// the monitor, two loaded cores), but with it on, 3 of 10 runs of 3,000 traced split calls
+/// (`rafter bench --device auto --iters 3000 --trace`, Relu -> LSTM (CPU) -> Relu) hung
+/// with the GPU idle, against none of 11 with it off and none of 8 on main; the cause is not
+/// found yet. Off on NVIDIA in any case: its driver spins in short waits and was measured
+/// missing wake-ups (issue 28), which is why host waits go through the monitor there.
 pub const DIRECT_WAITS_ENV: &str = "RAFTER_VULKAN_DIRECT_WAITS";
 
 /// Set to `1` to let threads signal timeline semaphores concurrently (submissions and
@@ -626,14 +629,9 @@ fn create_shared(
     let (wake_semaphore, pipeline_layout) = (partial.semaphore, partial.layout);
     partial.device = None;
     let clock = calibrated.then(|| DeviceClock::new(&owner.instance, &device));
-    let direct_waits =
-        options
-            .direct_waits
-            .unwrap_or_else(|| match std::env::var(DIRECT_WAITS_ENV).as_deref() {
-                Ok("1") => true,
-                Ok("0") => false,
-                _ => caps.device_type == "cpu",
-            });
+    let direct_waits = options
+        .direct_waits
+        .unwrap_or_else(|| std::env::var(DIRECT_WAITS_ENV).as_deref() == Ok("1"));
     Ok(Shared {
         id: DeviceId::fresh(),
         name,
