@@ -184,8 +184,8 @@ pub(crate) struct Shared {
 /// lavapipe it shortens a GPU-to-CPU handoff (a median 19-23 us against 25-29 us through
 /// the monitor, two loaded cores), but with it on, 3 of 10 runs of 3,000 traced split calls
 /// (`rafter bench --device auto --iters 3000 --trace`, Relu -> LSTM (CPU) -> Relu) hung
-/// with the GPU idle, against none of 11 with it off and none of 8 on main; the cause is not
-/// found yet. Off on NVIDIA in any case: its driver spins in short waits and was measured
+/// with the GPU idle (and 1 of 5 runs of 200), against none of 11 with it off and none of
+/// 8 on main; the cause is not found yet. Off on NVIDIA in any case: its driver spins in short waits and was measured
 /// missing wake-ups (issue 28), which is why host waits go through the monitor there.
 pub const DIRECT_WAITS_ENV: &str = "RAFTER_VULKAN_DIRECT_WAITS";
 
