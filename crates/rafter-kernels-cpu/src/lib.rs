@@ -118,7 +118,8 @@ pub use quant::{
 };
 #[doc(hidden)]
 pub use quant::{
-    set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows, set_quant_prefetch_distance,
+    quant_amx_available, set_quant_amx, set_quant_decode_max_m, set_quant_dense_rows,
+    set_quant_gemm_rows, set_quant_prefetch_distance,
 };
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
 pub use transpose::{permute_rows_f32, transpose_f32};

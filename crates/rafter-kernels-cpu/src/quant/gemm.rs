@@ -41,6 +41,24 @@ pub(crate) fn run(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Vnni512 && super::x86_amx_bf16::enabled() {
+        return super::x86_amx_bf16::run(x, w, y, epilogue, par);
+    }
+    run_avx(isa, path, x, w, y, epilogue, par)
+}
+
+/// [`run`] without AMX: the VNNI int8 GEMM or the widened f32 GEMM (also the tests'
+/// baseline for the AMX kernel's accuracy).
+pub(crate) fn run_avx(
+    isa: Isa,
+    path: Path,
+    x: MatRef<'_>,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) {
     if let WeightFormat::Block(f) = w.format {
         #[cfg(target_arch = "x86_64")]
         if int8_gemm(path, f) {

@@ -47,6 +47,8 @@ mod gemm;
 mod gemv;
 mod gemv_scalar;
 #[cfg(target_arch = "x86_64")]
+mod x86_amx_bf16;
+#[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_vnni;
@@ -107,6 +109,25 @@ pub fn set_quant_gemm_rows(mr: usize) {
     #[cfg(target_arch = "x86_64")]
     x86_vnni_gemm::set_rows(mr);
     let _ = mr;
+}
+
+/// Forces the AMX-BF16 prefill GEMM off (`Some(false)`: the AVX-512 kernels), on where the
+/// CPU and OS allow it (`Some(true)`), or back to the default (`None`: on where available
+/// unless `RAFTER_CPU_AMX=0`) for later calls. For the bench's A/B runs and tests.
+#[doc(hidden)]
+pub fn set_quant_amx(on: Option<bool>) {
+    #[cfg(target_arch = "x86_64")]
+    x86_amx_bf16::force(on);
+    let _ = on;
+}
+
+/// Whether this process can run the AMX-BF16 prefill GEMM (CPU, OS and permission).
+#[doc(hidden)]
+pub fn quant_amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86_amx_bf16::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Sets whether the dense (f32/f16/bf16) decode kernels read several weight rows a pass

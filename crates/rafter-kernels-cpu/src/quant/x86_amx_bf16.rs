@@ -1,0 +1,770 @@
+//! The prefill GEMM on AMX-BF16 tiles (Sapphire Rapids and later), for every weight format.
+//!
+//! Why: one `tdpbf16ps` does a 16x16 tile of 32-element bf16 dot products accumulated in
+//! f32 (16 K multiply-adds a cycle per core against AVX-512's 32 a cycle for two FMA
+//! ports), but bf16 keeps only 8 significant bits. So both operands are split into two
+//! bf16 values each, `v = hi + lo` (`hi` = v rounded to bf16, `lo` = the rest rounded to
+//! bf16: 16 significant bits together), and each tile of y accumulates
+//! `x_hi w_hi + x_hi w_lo + x_lo w_hi` (the dropped `x_lo w_lo` is below `2^-16` of a
+//! product). The weights are dequantized to f32 first (whatever their format: the scales,
+//! mins and block structure are applied there), so no per-group fold leaves the tiles; the
+//! dequantization is done once per panel of 32 weight rows and call, and the panel is then
+//! reused by every row of x.
+//!
+//! Accuracy: f16 and bf16 weights split exactly (an f16 has 11 significant bits, and every
+//! f16, subnormals included, is a normal bf16 pair); dequantized block weights (`d q`, at
+//! most 18 significant bits for Q8_0) and f32 weights keep 16. x keeps 16 bits (error at
+//! most `2^-17 |x|` an element), against the int8 rounding of the VNNI kernel for block
+//! formats (up to `max |x| / 254` an element of its group) and unrounded f32 for the float
+//! formats. So block formats get more accurate results than on the VNNI kernel (and no
+//! longer ggml's rounding of x); float formats lose a little (about `2^-16` of each product
+//! against f32's `2^-24`, far below f16's own `2^-11`). Tile arithmetic flushes bf16
+//! subnormal inputs to zero (below `2^-126`, nothing a model holds).
+//!
+//! Layout: A tiles are 16 rows of x (32 bf16 of K each, row-major copies `x_hi`, `x_lo`
+//! made once per call); B tiles are 16 weight rows as `[16 pairs of K][16 rows][2]` bf16
+//! (the pair layout `tdpbf16ps` reads), built per 32 elements of K by a 16x16 dword
+//! transpose of the rows' converted vectors. A panel is `[K / 32][2 tiles of rows][hi, lo]`
+//! of 1 KiB tiles. Per 32 rows of x and panel, four f32 C tiles stay in tile registers
+//! over all of K, then go through the epilogue to y.
+//!
+//! On by default where CPUID reports AMX-TILE, AMX-BF16 and AVX512-BF16, the OS enables
+//! the tile state (XCR0) and Linux grants the tile data permission (`arch_prctl`);
+//! `RAFTER_CPU_AMX=0` keeps the AVX-512 kernels (VNNI int8 for block formats, the widened
+//! f32 GEMM for float formats).
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use super::finish::{finish, YPtr};
+use super::gemv::AlignedBytes;
+use super::x86_vnni_gemm::{scales_row, spec, transpose16, unpack_row, unpack_row_simd};
+use super::{Path, QuantMatRef, WeightFormat};
+use crate::{Epilogue, MatMut, MatRef, Parallel};
+
+/// Weight rows per panel: two 16-column tiles of y.
+const NR: usize = 32;
+/// Rows of x per register block: two 16-row A tiles.
+const MB: usize = 32;
+/// K per tile product (16 pairs of bf16).
+const KT: usize = 32;
+/// K per dequantization step: a multiple of every block format's block (256 at most).
+const DQ: usize = 256;
+/// Bytes of one tile (16 rows of 64 bytes).
+const TILE: usize = 1024;
+
+/// Forced choice for later calls: 0 follows `RAFTER_CPU_AMX` (on unless `0`), 1 off, 2 on
+/// where available. For the bench's A/B runs and tests.
+static FORCE: AtomicU8 = AtomicU8::new(0);
+
+/// Forces the AMX kernel off (`Some(false)`), on where available (`Some(true)`), or back
+/// to the default (`None`) for later calls.
+pub(crate) fn force(on: Option<bool>) {
+    FORCE.store(
+        match on {
+            None => 0,
+            Some(false) => 1,
+            Some(true) => 2,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+/// Whether prefill GEMMs on the VNNI path run this kernel.
+pub(crate) fn enabled() -> bool {
+    match FORCE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => available(),
+        _ => {
+            static ENV: OnceLock<bool> = OnceLock::new();
+            *ENV.get_or_init(|| std::env::var("RAFTER_CPU_AMX").as_deref() != Ok("0"))
+                && available()
+        }
+    }
+}
+
+/// Whether AMX-BF16 can run in this process (checked once: CPUID, XCR0, and the tile data
+/// permission, which Linux grants per process).
+pub(crate) fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(detect)
+}
+
+fn detect() -> bool {
+    let (l1, l7) = (__cpuid(1), __cpuid_count(7, 0));
+    let osxsave = l1.ecx & (1 << 27) != 0;
+    // EDX bit 22: AMX-BF16, bit 24: AMX-TILE.
+    let amx = l7.edx & (1 << 22) != 0 && l7.edx & (1 << 24) != 0;
+    if !(osxsave && amx && std::arch::is_x86_feature_detected!("avx512bf16")) {
+        return false;
+    }
+    let xcr0: u64;
+    // SAFETY: OSXSAVE is set, so XGETBV with ECX = 0 is defined; it touches no memory.
+    unsafe {
+        let (lo, hi): (u32, u32);
+        asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") hi, options(nomem, nostack));
+        xcr0 = u64::from(hi) << 32 | u64::from(lo);
+    }
+    xcr0 & (3 << 17) == 3 << 17 && request_tile_permission()
+}
+
+/// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: without it the first tile
+/// instruction faults on Linux.
+#[cfg(target_os = "linux")]
+fn request_tile_permission() -> bool {
+    const SYS_ARCH_PRCTL: usize = 158;
+    const ARCH_REQ_XCOMP_PERM: usize = 0x1023;
+    const XFEATURE_XTILEDATA: usize = 18;
+    let ret: isize;
+    // SAFETY: the syscall takes two integers and touches no user memory; `syscall`
+    // clobbers rcx and r11, declared.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL as isize => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_permission() -> bool {
+    false
+}
+
+/// x split into bf16 halves, row-major `[mp][kp]` each (zero past M rows and K columns).
+#[derive(Default)]
+struct XSplit {
+    hi: AlignedBytes,
+    lo: AlignedBytes,
+    row: Vec<f32>,
+}
+
+/// Per-thread buffers: the panel's tiles, and one dequantization step of its 32 rows
+/// (f32, unsigned quants, per-group scales and offsets).
+#[derive(Default)]
+struct PanelBufs {
+    panel: AlignedBytes,
+    f: Vec<f32>,
+    u: AlignedBytes,
+    s: Vec<f32>,
+    t: Vec<f32>,
+}
+
+thread_local! {
+    static XS: RefCell<XSplit> = RefCell::new(XSplit::default());
+    static BUFS: RefCell<PanelBufs> = RefCell::new(PanelBufs::default());
+}
+
+/// `y = x · Wᵀ` (then the epilogue), any weight format; shapes checked by the caller
+/// (`k > 0`), the VNNI path's features and AMX ([`enabled`]) available.
+pub(crate) fn run(
+    x: MatRef<'_>,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) {
+    let mut fresh = None;
+    XS.with(|cell| {
+        let mut guard = cell.try_borrow_mut().ok();
+        let xs = match guard.as_deref_mut() {
+            Some(s) => s,
+            None => fresh.insert(XSplit::default()),
+        };
+        let (mp, kp) = (x.rows.next_multiple_of(16), x.cols.next_multiple_of(KT));
+        split_x(&x, mp, kp, xs);
+        compute(xs, mp, kp, x.rows, w, y, epilogue, par);
+    });
+}
+
+/// Fills `xs.hi`/`xs.lo` with x's bf16 halves (`[mp][kp]`, zero padding).
+fn split_x(x: &MatRef<'_>, mp: usize, kp: usize, xs: &mut XSplit) {
+    let (m, k) = (x.rows, x.cols);
+    let hi = xs.hi.reset(mp * kp * 2);
+    let lo = xs.lo.reset(mp * kp * 2);
+    xs.row.resize(kp, 0.0);
+    for r in 0..mp {
+        let row = &mut xs.row[..];
+        if r < m {
+            for (c, v) in row[..k].iter_mut().enumerate() {
+                *v = x.data[r * x.rs + c * x.cs];
+            }
+            row[k..].fill(0.0);
+        } else {
+            row.fill(0.0);
+        }
+        for c in (0..kp).step_by(KT) {
+            // SAFETY: AVX-512F/BF16 available (`available`); row holds kp floats; hi and lo
+            // hold row r's kp bf16 (64 bytes from element c).
+            unsafe {
+                let (h, l) = split32(row.as_ptr().add(c), u32::MAX);
+                _mm512_storeu_si512(hi.as_mut_ptr().add((r * kp + c) * 2).cast(), h);
+                _mm512_storeu_si512(lo.as_mut_ptr().add((r * kp + c) * 2).cast(), l);
+            }
+        }
+    }
+}
+
+/// 32 floats from `p` (the lanes of `mask`, zero elsewhere) split into bf16 `hi` and `lo`
+/// (element order).
+///
+/// # Safety
+/// The masked floats readable; AVX-512F and AVX512-BF16 available.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn split32(p: *const f32, mask: u32) -> (__m512i, __m512i) {
+    // SAFETY: masked loads read only the mask's lanes.
+    let (v0, v1) = unsafe {
+        (
+            _mm512_maskz_loadu_ps(mask as u16, p),
+            _mm512_maskz_loadu_ps((mask >> 16) as u16, p.add(16)),
+        )
+    };
+    split_vec(v0, v1)
+}
+
+/// Elements `v0 ++ v1` split into bf16 halves (element order, 32 a vector).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn split_vec(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
+    let h = bits(_mm512_cvtne2ps_pbh(v1, v0));
+    let widen = |half: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half)));
+    // v - hi is exact in f32 (hi is v rounded to 8 bits, the difference fits 24).
+    let l0 = _mm512_sub_ps(v0, widen(_mm512_castsi512_si256(h)));
+    let l1 = _mm512_sub_ps(v1, widen(_mm512_extracti64x4_epi64::<1>(h)));
+    (h, bits(_mm512_cvtne2ps_pbh(l1, l0)))
+}
+
+/// A bf16 vector's bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn bits(v: __m512bh) -> __m512i {
+    // SAFETY: both are 64-byte vectors of plain bits; every bit pattern is valid for both.
+    unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
+}
+
+/// The task split (column ranges of panels, and row ranges of x when there are fewer
+/// panels than threads) and each task's panel loop.
+#[allow(clippy::too_many_arguments)]
+fn compute(
+    xs: &XSplit,
+    mp: usize,
+    kp: usize,
+    m: usize,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) {
+    let n = w.n();
+    let panels = n.div_ceil(NR);
+    let threads = par.threads().max(1);
+    let blocks = mp.div_ceil(MB);
+    let tn = panels.min(2 * threads);
+    let tm = if tn < threads {
+        (threads / tn).min(blocks)
+    } else {
+        1
+    };
+    let yp = YPtr {
+        ptr: y.data.as_mut_ptr(),
+        ld: y.ld,
+    };
+    let epi = (!epilogue.is_identity()).then_some(epilogue);
+    let (xh, xl) = (xs.hi.as_slice(), xs.lo.as_slice());
+    let task = |t: usize| {
+        let (ti, tj) = (t / tn, t % tn);
+        let (b0, b1) = (ti * blocks / tm, (ti + 1) * blocks / tm);
+        let (p0, p1) = (tj * panels / tn, (tj + 1) * panels / tn);
+        let mut fresh = None;
+        BUFS.with(|cell| {
+            let mut guard = cell.try_borrow_mut().ok();
+            let bufs = match guard.as_deref_mut() {
+                Some(b) => b,
+                None => fresh.insert(PanelBufs::default()),
+            };
+            let _tiles = TileConfig::load();
+            let mut c = [0.0f32; MB * NR];
+            for p in p0..p1 {
+                let j0 = p * NR;
+                let cols = NR.min(n - j0);
+                pack_panel(&w, j0, cols, kp, bufs);
+                let panel = bufs.panel.as_slice();
+                for b in b0..b1 {
+                    let i0 = b * MB;
+                    let rows = MB.min(m.saturating_sub(i0));
+                    if rows == 0 {
+                        break;
+                    }
+                    // SAFETY: the tile config is loaded on this thread; x's halves hold
+                    // rows i0..i0 + 16 (or 32 when rows > 16, within mp) of kp bf16; the
+                    // panel holds kp / 32 steps of 4 tiles; c holds 32 x 32 floats.
+                    unsafe {
+                        let (ah, al) = (xh.as_ptr().add(i0 * kp * 2), xl.as_ptr().add(i0 * kp * 2));
+                        if rows > 16 {
+                            kernel::<2>(ah, al, kp * 2, panel.as_ptr(), kp / KT, c.as_mut_ptr());
+                        } else {
+                            kernel::<1>(ah, al, kp * 2, panel.as_ptr(), kp / KT, c.as_mut_ptr());
+                        }
+                    }
+                    // SAFETY: rows i0..i0 + rows, columns j0..j0 + cols of y are in bounds
+                    // and this task's alone; the epilogue was checked; c holds `rows` rows
+                    // of NR floats; the VNNI path's ISA is available (callers).
+                    unsafe { finish(Path::Vnni512, &c, NR, rows, cols, i0, j0, epi, yp) };
+                }
+            }
+        });
+    };
+    let tasks = tm * tn;
+    if tasks <= 1 {
+        task(0);
+    } else {
+        par.run(tasks, &task);
+    }
+}
+
+/// Dequantizes W's rows `j0..j0 + cols` (zero rows past them, zero past K up to `kp`) into
+/// `bufs.panel`'s tiles: per 32 elements of K, `[row tile 0 hi, 0 lo, 1 hi, 1 lo]`.
+fn pack_panel(w: &QuantMatRef<'_>, j0: usize, cols: usize, kp: usize, bufs: &mut PanelBufs) {
+    let k = w.k();
+    let panel = bufs.panel.reset(kp / KT * 4 * TILE);
+    bufs.f.resize(NR * DQ, 0.0);
+    let mut pc = 0;
+    while pc < kp {
+        let kb = DQ.min(kp - pc);
+        let valid = kb.min(k.saturating_sub(pc));
+        for c in 0..NR {
+            let f = &mut bufs.f[c * DQ..][..kb];
+            if c >= cols {
+                f.fill(0.0);
+                continue;
+            }
+            dequant_row(w, j0 + c, pc, valid, f, &mut bufs.u, &mut bufs.s, &mut bufs.t);
+            f[valid..].fill(0.0);
+        }
+        for q in 0..kb / KT {
+            let step = &mut panel[((pc / KT + q) * 4) * TILE..][..4 * TILE];
+            for half in 0..2 {
+                // SAFETY: AVX-512F/BF16 available; f holds 32 rows of DQ floats, 32 from
+                // q * 32 < kb of rows 16 half..; the step holds 4 tiles.
+                unsafe {
+                    let rows = bufs.f.as_ptr().add(16 * half * DQ + q * KT);
+                    panel_tiles(rows, DQ, step.as_mut_ptr().add(2 * half * TILE));
+                }
+            }
+        }
+        pc += kb;
+    }
+}
+
+/// 16 rows (at stride `ld` floats) of 32 floats into a hi tile at `out` and a lo tile at
+/// `out + TILE` in the pair layout (`[16 pairs][16 rows][2]` bf16).
+///
+/// # Safety
+/// AVX-512F/BF16 available; the 16 rows' 32 floats readable; `out` writable for 2 tiles.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn panel_tiles(rows: *const f32, ld: usize, out: *mut u8) {
+    let mut h = [_mm512_setzero_si512(); 16];
+    let mut l = [_mm512_setzero_si512(); 16];
+    for r in 0..16 {
+        // SAFETY: row r's 32 floats (caller).
+        let (hv, lv) = unsafe { split32(rows.add(r * ld), u32::MAX) };
+        h[r] = hv;
+        l[r] = lv;
+    }
+    // Row r's dword q is its pair q; after the transpose vector q holds pair q of every row.
+    transpose16(&mut h);
+    transpose16(&mut l);
+    for q in 0..16 {
+        // SAFETY: two tiles of 16 x 64 bytes from out (caller).
+        unsafe {
+            _mm512_storeu_si512(out.add(q * 64).cast(), h[q]);
+            _mm512_storeu_si512(out.add(TILE + q * 64).cast(), l[q]);
+        }
+    }
+}
+
+/// Elements `pc..pc + len` of W's row `j` as f32 into `f` (`len` is a whole number of
+/// blocks for block formats: `pc` and the row length are).
+#[allow(clippy::too_many_arguments)]
+fn dequant_row(
+    w: &QuantMatRef<'_>,
+    j: usize,
+    pc: usize,
+    len: usize,
+    f: &mut [f32],
+    u: &mut AlignedBytes,
+    s: &mut Vec<f32>,
+    t: &mut Vec<f32>,
+) {
+    let bytes = w.rows(j, j + 1);
+    let format = w.format();
+    match format {
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => {
+            let eb = if format == WeightFormat::F32 { 4 } else { 2 };
+            let src = &bytes[pc * eb..(pc + len) * eb];
+            // SAFETY: AVX-512F/BW available; src holds len elements, f at least len floats.
+            unsafe { widen_dense(format, src.as_ptr(), len, f.as_mut_ptr()) };
+        }
+        WeightFormat::Block(b) => {
+            let sp = spec(b);
+            let (be, bb) = (b.block_elems(), b.block_bytes());
+            let seg = &bytes[pc / be * bb..(pc + len) / be * bb];
+            let ng = len / sp.g;
+            let u = u.reset(len);
+            s.resize(ng, 0.0);
+            t.resize(ng, 0.0);
+            // SAFETY: the VNNI path's features (AVX-512F/BW/VL) are available.
+            if !unsafe { unpack_row_simd(b, seg, u) } {
+                unpack_row(b, seg, u, s, t);
+            } else {
+                scales_row(b, seg, s, t);
+            }
+            // SAFETY: AVX-512F available; u holds len quants, s/t ng groups, f len floats.
+            unsafe { scale_groups(u.as_ptr(), s, t, sp.g, sp.offset, f.as_mut_ptr()) };
+        }
+    }
+}
+
+/// `f = s (u - offset) + t` per group of `g` (16 or 32) quants.
+///
+/// # Safety
+/// AVX-512F available; `u` and `f` hold `s.len() * g` elements, `t` as many groups as `s`.
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_groups(u: *const u8, s: &[f32], t: &[f32], g: usize, offset: i32, f: *mut f32) {
+    let off = _mm512_set1_epi32(offset);
+    for (gi, (&sg, &tg)) in s.iter().zip(t).enumerate() {
+        let (sv, tv) = (_mm512_set1_ps(sg), _mm512_set1_ps(tg));
+        for h in (0..g).step_by(16) {
+            let e = gi * g + h;
+            // SAFETY: elements e..e + 16 of u and f (caller).
+            unsafe {
+                let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(e).cast()));
+                let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, off));
+                _mm512_storeu_ps(f.add(e), _mm512_fmadd_ps(sv, v, tv));
+            }
+        }
+    }
+}
+
+/// `len` f32/f16/bf16 elements from `src` widened to f32 at `f`.
+///
+/// # Safety
+/// AVX-512F/BW available; `src` holds `len` elements of `format`, `f` `len` floats.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn widen_dense(format: WeightFormat, src: *const u8, len: usize, f: *mut f32) {
+    let mut i = 0;
+    while i < len {
+        let mask = if len - i >= 16 {
+            0xffff
+        } else {
+            ((1u32 << (len - i)) - 1) as u16
+        };
+        // SAFETY: masked lanes are elements i..min(i + 16, len) (caller).
+        unsafe {
+            let v = match format {
+                WeightFormat::F32 => _mm512_maskz_loadu_ps(mask, src.cast::<f32>().add(i)),
+                WeightFormat::F16 => {
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src.cast::<i16>().add(i)))
+                }
+                _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                    _mm256_maskz_loadu_epi16(mask, src.cast::<i16>().add(i)),
+                ))),
+            };
+            _mm512_mask_storeu_ps(f.add(i), mask, v);
+        }
+        i += 16;
+    }
+}
+
+/// `XB` (1 or 2) A tiles of 16 rows of x against the panel's two 16-row B tiles over
+/// `steps` 32-element steps of K: `C = x_hi w_lo + x_hi w_hi + x_lo w_hi`, stored to `c`
+/// as `[XB * 16][32]` floats. Order per step: A = x_hi with B = w_lo, then B = w_hi, then
+/// A = x_lo (8 tile loads per 12 products at XB = 2).
+///
+/// # Safety
+/// The tile config ([`TileConfig`]) is loaded on this thread; `ah`/`al` hold `16 XB` rows
+/// of `steps * 32` bf16 at stride `lda` bytes; `panel` holds `steps` steps of 4 tiles;
+/// `c` holds `16 XB * 32` floats.
+#[inline]
+unsafe fn kernel<const XB: usize>(
+    ah: *const u8,
+    al: *const u8,
+    lda: usize,
+    panel: *const u8,
+    steps: usize,
+    c: *mut f32,
+) {
+    // SAFETY (every asm block): tile loads read 16 rows of 64 bytes at the given strides,
+    // inside x's halves (rows < 16 XB, bytes < steps * 64 of each) or the panel's step;
+    // stores write 16 rows of 64 bytes at stride 128 inside c's 16 XB x 128 bytes. Tile
+    // shapes are the config's (all 16 x 64 bytes).
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+        for st in 0..steps {
+            let b = panel.add(st * 4 * TILE);
+            let a0h = ah.add(st * 64);
+            let a0l = al.add(st * 64);
+            if XB == 2 {
+                asm!(
+                    "tileloadd tmm4, [{a0h} + {lda} * 1]",
+                    "tileloadd tmm5, [{a1h} + {lda} * 1]",
+                    "tileloadd tmm6, [{b} + {s64} * 1 + 1024]",
+                    "tileloadd tmm7, [{b} + {s64} * 1 + 3072]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "tileloadd tmm6, [{b} + {s64} * 1]",
+                    "tileloadd tmm7, [{b} + {s64} * 1 + 2048]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "tileloadd tmm4, [{a0l} + {lda} * 1]",
+                    "tileloadd tmm5, [{a1l} + {lda} * 1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a0h = in(reg) a0h,
+                    a1h = in(reg) a0h.add(16 * lda),
+                    a0l = in(reg) a0l,
+                    a1l = in(reg) a0l.add(16 * lda),
+                    lda = in(reg) lda,
+                    b = in(reg) b,
+                    s64 = in(reg) 64usize,
+                    options(nostack, readonly),
+                );
+            } else {
+                asm!(
+                    "tileloadd tmm4, [{a0h} + {lda} * 1]",
+                    "tileloadd tmm6, [{b} + {s64} * 1 + 1024]",
+                    "tileloadd tmm7, [{b} + {s64} * 1 + 3072]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm6, [{b} + {s64} * 1]",
+                    "tileloadd tmm7, [{b} + {s64} * 1 + 2048]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm4, [{a0l} + {lda} * 1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    a0h = in(reg) a0h,
+                    a0l = in(reg) a0l,
+                    lda = in(reg) lda,
+                    b = in(reg) b,
+                    s64 = in(reg) 64usize,
+                    options(nostack, readonly),
+                );
+            }
+        }
+        asm!(
+            "tilestored [{c} + {s128} * 1], tmm0",
+            "tilestored [{c} + {s128} * 1 + 64], tmm1",
+            c = in(reg) c,
+            s128 = in(reg) 128usize,
+            options(nostack),
+        );
+        if XB == 2 {
+            asm!(
+                "tilestored [{c} + {s128} * 1], tmm2",
+                "tilestored [{c} + {s128} * 1 + 64], tmm3",
+                c = in(reg) c.add(16 * NR),
+                s128 = in(reg) 128usize,
+                options(nostack),
+            );
+        }
+    }
+}
+
+/// The thread's tile configuration while alive (`tilerelease` on drop, which returns the
+/// tile state to its initial, cheap-to-switch state): all eight tiles 16 rows x 64 bytes
+/// (tmm0-3 the f32 C tiles, tmm4-5 A, tmm6-7 B).
+struct TileConfig;
+
+impl TileConfig {
+    fn load() -> TileConfig {
+        let mut cfg = [0u8; 64];
+        cfg[0] = 1; // palette 1
+        for t in 0..8 {
+            cfg[16 + 2 * t..][..2].copy_from_slice(&64u16.to_le_bytes());
+            cfg[48 + t] = 16;
+        }
+        // SAFETY: AMX is available and permitted (`enabled`); cfg is a valid 64-byte
+        // palette-1 configuration (rows <= 16, colsb <= 64, reserved bytes zero).
+        unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.as_ptr(), options(nostack, readonly)) };
+        TileConfig
+    }
+}
+
+impl Drop for TileConfig {
+    fn drop(&mut self) {
+        // SAFETY: AMX is available (a config was loaded); touches no memory.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rafter_quant::{dequantize_row, quantize_row, BlockFormat};
+
+    use super::*;
+    use crate::{Isa, ScopedThreads};
+
+    fn values(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                (*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// `n x k` weights of `format` from `v`, and their exact values as f64.
+    fn encode(format: WeightFormat, v: &[f32], n: usize, k: usize) -> (Vec<u8>, Vec<f64>) {
+        match format {
+            WeightFormat::F32 => (
+                v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+                v.iter().map(|&f| f as f64).collect(),
+            ),
+            WeightFormat::F16 => {
+                let h: Vec<half::f16> = v.iter().map(|&f| half::f16::from_f32(f)).collect();
+                (
+                    h.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+                    h.iter().map(|x| x.to_f64()).collect(),
+                )
+            }
+            WeightFormat::Bf16 => {
+                let h: Vec<half::bf16> = v.iter().map(|&f| half::bf16::from_f32(f)).collect();
+                (
+                    h.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+                    h.iter().map(|x| x.to_f64()).collect(),
+                )
+            }
+            WeightFormat::Block(b) => {
+                let rb = b.row_bytes(k).unwrap();
+                let mut bytes = vec![0u8; n * rb];
+                let mut deq = vec![0f32; n * k];
+                for r in 0..n {
+                    quantize_row(b, &v[r * k..][..k], &mut bytes[r * rb..][..rb]).unwrap();
+                    dequantize_row(b, &bytes[r * rb..][..rb], &mut deq[r * k..][..k]).unwrap();
+                }
+                (bytes, deq.iter().map(|&f| f as f64).collect())
+            }
+        }
+    }
+
+    fn formats() -> Vec<WeightFormat> {
+        let mut v = vec![WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16];
+        v.extend(BlockFormat::ALL.into_iter().map(WeightFormat::Block));
+        v
+    }
+
+    /// Every format, ragged M (tile and register-block edges), N (panel edges) and K (32
+    /// steps, dequantization steps) against an f64 product of x and the exact weights, with
+    /// a bias: the error must stay within `2^-14` of `|bias| + Σ |x w|` per output (a kernel that
+    /// drops a lo product errs by ~`2^-9`, wrong tiles or layouts by far more). Also
+    /// reports the AVX-512 path's error on the same data for comparison, and checks that the
+    /// AMX error is no larger than it for block formats (whose x there is rounded to int8).
+    #[test]
+    fn amx_matches_f64_reference_on_ragged_shapes() {
+        if !available() {
+            eprintln!("AMX-BF16 unavailable: skipped");
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for format in formats() {
+            let be = format.block_elems();
+            let ks: Vec<usize> = if be == 1 {
+                vec![1, 31, 33, 100, 300]
+            } else if be == 32 {
+                vec![32, 96, 288]
+            } else {
+                vec![256, 768]
+            };
+            let mut worst = (0.0f64, 0.0f64);
+            for &k in &ks {
+                for &(m, n) in &[(1, 1), (15, 17), (17, 32), (33, 45), (70, 70), (48, 33)] {
+                    let wv = values(n * k, &mut seed);
+                    let x = values(m * k, &mut seed);
+                    let bias = values(n, &mut seed);
+                    let (bytes, wd) = encode(format, &wv, n, k);
+                    let wq = QuantMatRef::new(format, &bytes, n, k).unwrap();
+                    let xr = MatRef {
+                        data: &x,
+                        rows: m,
+                        cols: k,
+                        rs: k,
+                        cs: 1,
+                    };
+                    let epi = Epilogue {
+                        bias: Some(&bias),
+                        ..Epilogue::none()
+                    };
+                    let mut y = vec![f32::NAN; m * n];
+                    let mut yb = vec![f32::NAN; m * n];
+                    for threads in [1, 3] {
+                        let par = ScopedThreads::new(threads);
+                        run(xr, wq, MatMut::row_major(&mut y, m, n, n).unwrap(), &epi, &par);
+                        super::super::gemm::run_avx(
+                            Isa::Avx512,
+                            Path::Vnni512,
+                            xr,
+                            wq,
+                            MatMut::row_major(&mut yb, m, n, n).unwrap(),
+                            &epi,
+                            &par,
+                        );
+                        for i in 0..m {
+                            for j in 0..n {
+                                let (mut want, mut mag) = (bias[j] as f64, (bias[j] as f64).abs());
+                                for p in 0..k {
+                                    let t = x[i * k + p] as f64 * wd[j * k + p];
+                                    want += t;
+                                    mag += t.abs();
+                                }
+                                let err = (y[i * n + j] as f64 - want).abs();
+                                let errb = (yb[i * n + j] as f64 - want).abs();
+                                worst.0 = worst.0.max(err / mag.max(1e-30));
+                                worst.1 = worst.1.max(errb / mag.max(1e-30));
+                                assert!(
+                                    err <= mag * 2f64.powi(-14) + 1e-6,
+                                    "{} m={m} n={n} k={k} threads={threads} ({i},{j}): {} vs {want}",
+                                    format.name(),
+                                    y[i * n + j]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            eprintln!(
+                "{}: worst |err| / (|b| + Σ|x w|): AMX {:.2e}, AVX-512 {:.2e}",
+                format.name(),
+                worst.0,
+                worst.1
+            );
+            if matches!(format, WeightFormat::Block(_)) {
+                assert!(worst.0 <= worst.1, "{}: AMX less accurate", format.name());
+            }
+        }
+    }
+}
