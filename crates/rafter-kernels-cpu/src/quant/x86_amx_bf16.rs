@@ -51,8 +51,6 @@ const NR: usize = 32;
 const MB: usize = 32;
 /// K per tile product (16 pairs of bf16).
 const KT: usize = 32;
-/// K per dequantization step: a multiple of every block format's block (256 at most).
-const DQ: usize = 256;
 /// Bytes of one tile (16 rows of 64 bytes).
 const TILE: usize = 1024;
 
@@ -140,27 +138,26 @@ fn request_tile_permission() -> bool {
     false
 }
 
-/// x split into bf16 halves, row-major `[mp][kp]` each (zero past M rows and K columns).
+/// x's B tiles: `[16-row block][32-element step][hi, lo]` tiles of `[16 pairs][16 rows][2]`
+/// bf16 (zero past M rows and K columns), and 16 rows of x as f32 while they are built.
 #[derive(Default)]
-struct XSplit {
-    hi: AlignedBytes,
-    lo: AlignedBytes,
-    row: Vec<f32>,
+struct XTiles {
+    tiles: AlignedBytes,
+    rows: Vec<f32>,
 }
 
-/// Per-thread buffers: the panel's tiles, and one dequantization step of its 32 rows
-/// (f32, unsigned quants, per-group scales and offsets).
+/// Per-thread buffers: the panel's A tiles, one weight row's quants and per-group scales
+/// and offsets, and the C tiles of one register block.
 #[derive(Default)]
 struct PanelBufs {
     panel: AlignedBytes,
-    f: Vec<f32>,
     u: AlignedBytes,
     s: Vec<f32>,
     t: Vec<f32>,
 }
 
 thread_local! {
-    static XS: RefCell<XSplit> = RefCell::new(XSplit::default());
+    static XS: RefCell<XTiles> = RefCell::new(XTiles::default());
     static BUFS: RefCell<PanelBufs> = RefCell::new(PanelBufs::default());
 }
 
@@ -178,70 +175,60 @@ pub(crate) fn run(
         let mut guard = cell.try_borrow_mut().ok();
         let xs = match guard.as_deref_mut() {
             Some(s) => s,
-            None => fresh.insert(XSplit::default()),
+            None => fresh.insert(XTiles::default()),
         };
-        let (mp, kp) = (x.rows.next_multiple_of(16), x.cols.next_multiple_of(KT));
-        split_x(&x, mp, kp, xs);
-        compute(xs, mp, kp, x.rows, w, y, epilogue, par);
+        let kp = x.cols.next_multiple_of(KT);
+        x_tiles(&x, kp, xs);
+        compute(xs, kp, x.rows, w, y, epilogue, par);
     });
 }
 
-/// Fills `xs.hi`/`xs.lo` with x's bf16 halves (`[mp][kp]`, zero padding).
-fn split_x(x: &MatRef<'_>, mp: usize, kp: usize, xs: &mut XSplit) {
+/// Fills `xs.tiles` with x's B tiles (see [`XTiles`]).
+fn x_tiles(x: &MatRef<'_>, kp: usize, xs: &mut XTiles) {
     let (m, k) = (x.rows, x.cols);
-    let hi = xs.hi.reset(mp * kp * 2);
-    let lo = xs.lo.reset(mp * kp * 2);
-    xs.row.resize(kp, 0.0);
-    for r in 0..mp {
-        let row = &mut xs.row[..];
-        if r < m {
-            for (c, v) in row[..k].iter_mut().enumerate() {
-                *v = x.data[r * x.rs + c * x.cs];
+    let (blocks, steps) = (m.div_ceil(16), kp / KT);
+    let tiles = xs.tiles.reset(blocks * steps * 2 * TILE);
+    xs.rows.resize(16 * kp, 0.0);
+    for b in 0..blocks {
+        for r in 0..16 {
+            let row = &mut xs.rows[r * kp..][..kp];
+            let i = b * 16 + r;
+            if i < m {
+                for (c, v) in row[..k].iter_mut().enumerate() {
+                    *v = x.data[i * x.rs + c * x.cs];
+                }
+                row[k..].fill(0.0);
+            } else {
+                row.fill(0.0);
             }
-            row[k..].fill(0.0);
-        } else {
-            row.fill(0.0);
         }
-        for c in (0..kp).step_by(KT) {
-            // SAFETY: AVX-512F/BF16 available (`available`); row holds kp floats; hi and lo
-            // hold row r's kp bf16 (64 bytes from element c).
+        for st in 0..steps {
+            // SAFETY: AVX-512F/BF16 available (`available`); rows holds 16 rows of kp
+            // floats, 32 from st * 32 < kp; the block's step holds 2 tiles.
             unsafe {
-                let (h, l) = split32(row.as_ptr().add(c), u32::MAX);
-                _mm512_storeu_si512(hi.as_mut_ptr().add((r * kp + c) * 2).cast(), h);
-                _mm512_storeu_si512(lo.as_mut_ptr().add((r * kp + c) * 2).cast(), l);
-            }
+                pair_tiles(
+                    xs.rows.as_ptr().add(st * KT),
+                    kp,
+                    tiles.as_mut_ptr().add((b * steps + st) * 2 * TILE),
+                )
+            };
         }
     }
 }
 
-/// 32 floats from `p` (the lanes of `mask`, zero elsewhere) split into bf16 `hi` and `lo`
-/// (element order).
-///
-/// # Safety
-/// The masked floats readable; AVX-512F and AVX512-BF16 available.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn split32(p: *const f32, mask: u32) -> (__m512i, __m512i) {
-    // SAFETY: masked loads read only the mask's lanes.
-    let (v0, v1) = unsafe {
-        (
-            _mm512_maskz_loadu_ps(mask as u16, p),
-            _mm512_maskz_loadu_ps((mask >> 16) as u16, p.add(16)),
-        )
-    };
-    split_vec(v0, v1)
-}
-
-/// Elements `v0 ++ v1` split into bf16 halves (element order, 32 a vector).
+/// Elements `v0 ++ v1` split into bf16 halves `hi + lo` (element order, 32 a vector): `hi`
+/// is v truncated to bf16 (exact as f32, so `v - hi` is exact), `lo` the rest rounded to
+/// nearest: 16 significant bits, the error at most `2^-16 |v|`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 fn split_vec(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
-    let h = bits(_mm512_cvtne2ps_pbh(v1, v0));
-    let widen = |half: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half)));
-    // v - hi is exact in f32 (hi is v rounded to 8 bits, the difference fits 24).
-    let l0 = _mm512_sub_ps(v0, widen(_mm512_castsi512_si256(h)));
-    let l1 = _mm512_sub_ps(v1, widen(_mm512_extracti64x4_epi64::<1>(h)));
-    (h, bits(_mm512_cvtne2ps_pbh(l1, l0)))
+    let top = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    let h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), top));
+    let h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), top));
+    // h0/h1 are bf16 values, so their conversion is exact.
+    let h = bits(_mm512_cvtne2ps_pbh(h1, h0));
+    let l = bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0)));
+    (h, l)
 }
 
 /// A bf16 vector's bits.
@@ -252,134 +239,24 @@ fn bits(v: __m512bh) -> __m512i {
     unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
 }
 
-/// The task split (column ranges of panels, and row ranges of x when there are fewer
-/// panels than threads) and each task's panel loop.
-#[allow(clippy::too_many_arguments)]
-fn compute(
-    xs: &XSplit,
-    mp: usize,
-    kp: usize,
-    m: usize,
-    w: QuantMatRef<'_>,
-    y: MatMut<'_>,
-    epilogue: &Epilogue<'_>,
-    par: &dyn Parallel,
-) {
-    let n = w.n();
-    let panels = n.div_ceil(NR);
-    let threads = par.threads().max(1);
-    let blocks = mp.div_ceil(MB);
-    let tn = panels.min(2 * threads);
-    let tm = if tn < threads {
-        (threads / tn).min(blocks)
-    } else {
-        1
-    };
-    let yp = YPtr {
-        ptr: y.data.as_mut_ptr(),
-        ld: y.ld,
-    };
-    let epi = (!epilogue.is_identity()).then_some(epilogue);
-    let (xh, xl) = (xs.hi.as_slice(), xs.lo.as_slice());
-    let task = |t: usize| {
-        let (ti, tj) = (t / tn, t % tn);
-        let (b0, b1) = (ti * blocks / tm, (ti + 1) * blocks / tm);
-        let (p0, p1) = (tj * panels / tn, (tj + 1) * panels / tn);
-        let mut fresh = None;
-        BUFS.with(|cell| {
-            let mut guard = cell.try_borrow_mut().ok();
-            let bufs = match guard.as_deref_mut() {
-                Some(b) => b,
-                None => fresh.insert(PanelBufs::default()),
-            };
-            let _tiles = TileConfig::load();
-            let mut c = [0.0f32; MB * NR];
-            for p in p0..p1 {
-                let j0 = p * NR;
-                let cols = NR.min(n - j0);
-                pack_panel(&w, j0, cols, kp, bufs);
-                let panel = bufs.panel.as_slice();
-                for b in b0..b1 {
-                    let i0 = b * MB;
-                    let rows = MB.min(m.saturating_sub(i0));
-                    if rows == 0 {
-                        break;
-                    }
-                    // SAFETY: the tile config is loaded on this thread; x's halves hold
-                    // rows i0..i0 + 16 (or 32 when rows > 16, within mp) of kp bf16; the
-                    // panel holds kp / 32 steps of 4 tiles; c holds 32 x 32 floats.
-                    unsafe {
-                        let (ah, al) = (xh.as_ptr().add(i0 * kp * 2), xl.as_ptr().add(i0 * kp * 2));
-                        if rows > 16 {
-                            kernel::<2>(ah, al, kp * 2, panel.as_ptr(), kp / KT, c.as_mut_ptr());
-                        } else {
-                            kernel::<1>(ah, al, kp * 2, panel.as_ptr(), kp / KT, c.as_mut_ptr());
-                        }
-                    }
-                    // SAFETY: rows i0..i0 + rows, columns j0..j0 + cols of y are in bounds
-                    // and this task's alone; the epilogue was checked; c holds `rows` rows
-                    // of NR floats; the VNNI path's ISA is available (callers).
-                    unsafe { finish(Path::Vnni512, &c, NR, rows, cols, i0, j0, epi, yp) };
-                }
-            }
-        });
-    };
-    let tasks = tm * tn;
-    if tasks <= 1 {
-        task(0);
-    } else {
-        par.run(tasks, &task);
-    }
-}
-
-/// Dequantizes W's rows `j0..j0 + cols` (zero rows past them, zero past K up to `kp`) into
-/// `bufs.panel`'s tiles: per 32 elements of K, `[row tile 0 hi, 0 lo, 1 hi, 1 lo]`.
-fn pack_panel(w: &QuantMatRef<'_>, j0: usize, cols: usize, kp: usize, bufs: &mut PanelBufs) {
-    let k = w.k();
-    let panel = bufs.panel.reset(kp / KT * 4 * TILE);
-    bufs.f.resize(NR * DQ, 0.0);
-    let mut pc = 0;
-    while pc < kp {
-        let kb = DQ.min(kp - pc);
-        let valid = kb.min(k.saturating_sub(pc));
-        for c in 0..NR {
-            let f = &mut bufs.f[c * DQ..][..kb];
-            if c >= cols {
-                f.fill(0.0);
-                continue;
-            }
-            dequant_row(w, j0 + c, pc, valid, f, &mut bufs.u, &mut bufs.s, &mut bufs.t);
-            f[valid..].fill(0.0);
-        }
-        for q in 0..kb / KT {
-            let step = &mut panel[((pc / KT + q) * 4) * TILE..][..4 * TILE];
-            for half in 0..2 {
-                // SAFETY: AVX-512F/BF16 available; f holds 32 rows of DQ floats, 32 from
-                // q * 32 < kb of rows 16 half..; the step holds 4 tiles.
-                unsafe {
-                    let rows = bufs.f.as_ptr().add(16 * half * DQ + q * KT);
-                    panel_tiles(rows, DQ, step.as_mut_ptr().add(2 * half * TILE));
-                }
-            }
-        }
-        pc += kb;
-    }
-}
-
 /// 16 rows (at stride `ld` floats) of 32 floats into a hi tile at `out` and a lo tile at
-/// `out + TILE` in the pair layout (`[16 pairs][16 rows][2]` bf16).
+/// `out + TILE` in the pair layout (`[16 pairs][16 rows][2]` bf16) of B operands.
 ///
 /// # Safety
 /// AVX-512F/BF16 available; the 16 rows' 32 floats readable; `out` writable for 2 tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn panel_tiles(rows: *const f32, ld: usize, out: *mut u8) {
+unsafe fn pair_tiles(rows: *const f32, ld: usize, out: *mut u8) {
     let mut h = [_mm512_setzero_si512(); 16];
     let mut l = [_mm512_setzero_si512(); 16];
     for r in 0..16 {
         // SAFETY: row r's 32 floats (caller).
-        let (hv, lv) = unsafe { split32(rows.add(r * ld), u32::MAX) };
-        h[r] = hv;
-        l[r] = lv;
+        let (v0, v1) = unsafe {
+            (
+                _mm512_loadu_ps(rows.add(r * ld)),
+                _mm512_loadu_ps(rows.add(r * ld + 16)),
+            )
+        };
+        (h[r], l[r]) = split_vec(v0, v1);
     }
     // Row r's dword q is its pair q; after the transpose vector q holds pair q of every row.
     transpose16(&mut h);
@@ -393,85 +270,172 @@ unsafe fn panel_tiles(rows: *const f32, ld: usize, out: *mut u8) {
     }
 }
 
-/// Elements `pc..pc + len` of W's row `j` as f32 into `f` (`len` is a whole number of
-/// blocks for block formats: `pc` and the row length are).
-#[allow(clippy::too_many_arguments)]
-fn dequant_row(
-    w: &QuantMatRef<'_>,
-    j: usize,
-    pc: usize,
-    len: usize,
-    f: &mut [f32],
-    u: &mut AlignedBytes,
-    s: &mut Vec<f32>,
-    t: &mut Vec<f32>,
+/// The task split (column ranges of panels, and row ranges of x when there are fewer
+/// panels than threads) and each task's panel loop.
+fn compute(
+    xs: &XTiles,
+    kp: usize,
+    m: usize,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
 ) {
-    let bytes = w.rows(j, j + 1);
-    let format = w.format();
-    match format {
-        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => {
-            let eb = if format == WeightFormat::F32 { 4 } else { 2 };
-            let src = &bytes[pc * eb..(pc + len) * eb];
-            // SAFETY: AVX-512F/BW available; src holds len elements, f at least len floats.
-            unsafe { widen_dense(format, src.as_ptr(), len, f.as_mut_ptr()) };
-        }
-        WeightFormat::Block(b) => {
-            let sp = spec(b);
-            let (be, bb) = (b.block_elems(), b.block_bytes());
-            let seg = &bytes[pc / be * bb..(pc + len) / be * bb];
-            let ng = len / sp.g;
-            let u = u.reset(len);
-            s.resize(ng, 0.0);
-            t.resize(ng, 0.0);
-            // SAFETY: the VNNI path's features (AVX-512F/BW/VL) are available.
-            if !unsafe { unpack_row_simd(b, seg, u) } {
-                unpack_row(b, seg, u, s, t);
-            } else {
-                scales_row(b, seg, s, t);
+    let n = w.n();
+    let panels = n.div_ceil(NR);
+    let threads = par.threads().max(1);
+    let blocks = m.div_ceil(MB);
+    let steps = kp / KT;
+    let tn = panels.min(2 * threads);
+    let tm = if tn < threads {
+        (threads / tn).min(blocks)
+    } else {
+        1
+    };
+    let yp = YPtr {
+        ptr: y.data.as_mut_ptr(),
+        ld: y.ld,
+    };
+    let epi = (!epilogue.is_identity()).then_some(epilogue);
+    let xt = xs.tiles.as_slice();
+    let task = |t: usize| {
+        let (ti, tj) = (t / tn, t % tn);
+        let (b0, b1) = (ti * blocks / tm, (ti + 1) * blocks / tm);
+        let (p0, p1) = (tj * panels / tn, (tj + 1) * panels / tn);
+        let mut fresh = None;
+        BUFS.with(|cell| {
+            let mut guard = cell.try_borrow_mut().ok();
+            let bufs = match guard.as_deref_mut() {
+                Some(b) => b,
+                None => fresh.insert(PanelBufs::default()),
+            };
+            let _tiles = TileConfig::load();
+            let mut c = [0.0f32; 4 * 256];
+            let mut out = [0.0f32; MB * NR];
+            for p in p0..p1 {
+                let j0 = p * NR;
+                let cols = NR.min(n - j0);
+                pack_panel(&w, j0, cols, kp, bufs);
+                let panel = bufs.panel.as_slice();
+                for b in b0..b1 {
+                    let i0 = b * MB;
+                    let rows = MB.min(m - i0);
+                    let xb = xt[(i0 / 16) * steps * 2 * TILE..].as_ptr();
+                    // SAFETY: the tile config is loaded on this thread; x's tiles hold the
+                    // 16-row blocks i0 / 16 (and the next when rows > 16) of `steps` steps;
+                    // the panel holds `steps` steps of 4 tiles; c holds 4 C tiles.
+                    unsafe {
+                        if rows > 16 {
+                            kernel::<2>(panel.as_ptr(), xb, steps, c.as_mut_ptr());
+                        } else {
+                            kernel::<1>(panel.as_ptr(), xb, steps, c.as_mut_ptr());
+                        }
+                        transpose_c(&c, rows.div_ceil(16), &mut out);
+                    }
+                    // SAFETY: rows i0..i0 + rows, columns j0..j0 + cols of y are in bounds
+                    // and this task's alone; the epilogue was checked; out holds `rows`
+                    // rows of NR floats; the VNNI path's ISA is available (callers).
+                    unsafe { finish(Path::Vnni512, &out, NR, rows, cols, i0, j0, epi, yp) };
+                }
             }
-            // SAFETY: AVX-512F available; u holds len quants, s/t ng groups, f len floats.
-            unsafe { scale_groups(u.as_ptr(), s, t, sp.g, sp.offset, f.as_mut_ptr()) };
-        }
+        });
+    };
+    let tasks = tm * tn;
+    if tasks <= 1 {
+        task(0);
+    } else {
+        par.run(tasks, &task);
     }
 }
 
-/// `f = s (u - offset) + t` per group of `g` (16 or 32) quants.
+/// C tiles `c[xb][wt]` (`[16 weight rows][16 rows of x]` each) into `out[16 xb + r][16 wt
+/// + c]` (rows of x by weight rows, y's layout).
 ///
 /// # Safety
-/// AVX-512F available; `u` and `f` hold `s.len() * g` elements, `t` as many groups as `s`.
+/// AVX-512F available; `xbs` is 1 or 2.
 #[target_feature(enable = "avx512f")]
-unsafe fn scale_groups(u: *const u8, s: &[f32], t: &[f32], g: usize, offset: i32, f: *mut f32) {
-    let off = _mm512_set1_epi32(offset);
-    for (gi, (&sg, &tg)) in s.iter().zip(t).enumerate() {
-        let (sv, tv) = (_mm512_set1_ps(sg), _mm512_set1_ps(tg));
-        for h in (0..g).step_by(16) {
-            let e = gi * g + h;
-            // SAFETY: elements e..e + 16 of u and f (caller).
-            unsafe {
-                let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(e).cast()));
-                let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, off));
-                _mm512_storeu_ps(f.add(e), _mm512_fmadd_ps(sv, v, tv));
+unsafe fn transpose_c(c: &[f32; 1024], xbs: usize, out: &mut [f32; MB * NR]) {
+    for xb in 0..xbs {
+        for wt in 0..2 {
+            let tile = &c[(xb * 2 + wt) * 256..][..256];
+            let mut v: [__m512i; 16] = std::array::from_fn(|r| {
+                // SAFETY: row r of the 256-float tile.
+                unsafe { _mm512_loadu_si512(tile.as_ptr().add(r * 16).cast()) }
+            });
+            transpose16(&mut v);
+            for (r, vr) in v.iter().enumerate() {
+                // SAFETY: row 16 xb + r < 32 of out, columns 16 wt..16 wt + 16 <= 32.
+                unsafe {
+                    _mm512_storeu_si512(out.as_mut_ptr().add((16 * xb + r) * NR + 16 * wt).cast(), *vr)
+                };
             }
         }
     }
 }
 
-/// `len` f32/f16/bf16 elements from `src` widened to f32 at `f`.
+/// Dequantizes W's rows `j0..j0 + cols` (zero rows past them, zero past K up to `kp`) into
+/// `bufs.panel`'s A tiles: per 32 elements of K, `[hi rows 0-15, hi 16-31, lo 0-15, lo
+/// 16-31]`, each 16 rows of 32 bf16.
+fn pack_panel(w: &QuantMatRef<'_>, j0: usize, cols: usize, kp: usize, bufs: &mut PanelBufs) {
+    let k = w.k();
+    let format = w.format();
+    let panel = bufs.panel.reset(kp / KT * 4 * TILE);
+    for r in 0..NR {
+        // Row r's 64 bytes of hi at step st: st * 4 TILE + r * 64; lo 2 TILE further.
+        let dst = panel.as_mut_ptr().wrapping_add(r * 64);
+        if r >= cols {
+            for st in 0..kp / KT {
+                panel[st * 4 * TILE + r * 64..][..64].fill(0);
+                panel[st * 4 * TILE + 2 * TILE + r * 64..][..64].fill(0);
+            }
+            continue;
+        }
+        let bytes = w.rows(j0 + r, j0 + r + 1);
+        match format {
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => {
+                // SAFETY: AVX-512F/BW/BF16 available; the row holds k elements; the panel
+                // holds kp / 32 steps of 4 tiles, row r's 64-byte slots among them.
+                unsafe { emit_dense(format, bytes.as_ptr(), k, kp, dst) };
+            }
+            WeightFormat::Block(b) => {
+                let sp = spec(b);
+                let ng = k / sp.g;
+                let u = bufs.u.reset(k);
+                bufs.s.resize(ng, 0.0);
+                bufs.t.resize(ng, 0.0);
+                // SAFETY: the VNNI path's features (AVX-512F/BW/VL) are available.
+                if !unsafe { unpack_row_simd(b, bytes, u) } {
+                    unpack_row(b, bytes, u, &mut bufs.s, &mut bufs.t);
+                } else {
+                    scales_row(b, bytes, &mut bufs.s, &mut bufs.t);
+                }
+                // SAFETY: AVX-512F/BF16 available; u holds k quants, s/t k / g groups
+                // (k = kp: whole blocks of at least 32); row r's slots as above.
+                unsafe { emit_block(u.as_ptr(), &bufs.s, &bufs.t, sp.g, sp.offset, k, dst) };
+            }
+        }
+    }
+}
+
+/// A float-format row of `k` elements (zero up to `kp`) split into row r's hi and lo
+/// slots of the panel (`dst` = row r's slot in step 0).
 ///
 /// # Safety
-/// AVX-512F/BW available; `src` holds `len` elements of `format`, `f` `len` floats.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn widen_dense(format: WeightFormat, src: *const u8, len: usize, f: *mut f32) {
-    let mut i = 0;
-    while i < len {
-        let mask = if len - i >= 16 {
+/// AVX-512F/BW/BF16 available; `src` holds `k` elements of `format`; `dst` + st 4 TILE and
+/// + st 4 TILE + 2 TILE hold 64 bytes for every step st < kp / 32.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn emit_dense(format: WeightFormat, src: *const u8, k: usize, kp: usize, dst: *mut u8) {
+    let load = |i: usize| -> __m512 {
+        let mask = if k >= i + 16 {
             0xffff
+        } else if k > i {
+            ((1u32 << (k - i)) - 1) as u16
         } else {
-            ((1u32 << (len - i)) - 1) as u16
+            0
         };
-        // SAFETY: masked lanes are elements i..min(i + 16, len) (caller).
+        // SAFETY: masked lanes are elements i..min(i + 16, k) (caller).
         unsafe {
-            let v = match format {
+            match format {
                 WeightFormat::F32 => _mm512_maskz_loadu_ps(mask, src.cast::<f32>().add(i)),
                 WeightFormat::F16 => {
                     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src.cast::<i16>().add(i)))
@@ -479,35 +443,63 @@ unsafe fn widen_dense(format: WeightFormat, src: *const u8, len: usize, f: *mut 
                 _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
                     _mm256_maskz_loadu_epi16(mask, src.cast::<i16>().add(i)),
                 ))),
-            };
-            _mm512_mask_storeu_ps(f.add(i), mask, v);
+            }
         }
-        i += 16;
+    };
+    for st in 0..kp / KT {
+        let (h, l) = split_vec(load(st * KT), load(st * KT + 16));
+        // SAFETY: step st's hi and lo slots (caller).
+        unsafe {
+            _mm512_storeu_si512(dst.add(st * 4 * TILE).cast(), h);
+            _mm512_storeu_si512(dst.add(st * 4 * TILE + 2 * TILE).cast(), l);
+        }
     }
 }
 
-/// `XB` (1 or 2) A tiles of 16 rows of x against the panel's two 16-row B tiles over
-/// `steps` 32-element steps of K: `C = x_hi w_lo + x_hi w_hi + x_lo w_hi`, stored to `c`
-/// as `[XB * 16][32]` floats. Order per step: A = x_hi with B = w_lo, then B = w_hi, then
-/// A = x_lo (8 tile loads per 12 products at XB = 2).
+/// A block-format row (`k` unsigned quants `u`, per group of `g` the scale `s` and offset
+/// `t`: `w = s (u - offset) + t`) split into row r's hi and lo slots (as [`emit_dense`]).
 ///
 /// # Safety
-/// The tile config ([`TileConfig`]) is loaded on this thread; `ah`/`al` hold `16 XB` rows
-/// of `steps * 32` bf16 at stride `lda` bytes; `panel` holds `steps` steps of 4 tiles;
-/// `c` holds `16 XB * 32` floats.
+/// AVX-512F/BF16 available; `u` holds `k` quants (`k` a multiple of 32 and of `g`), `s`
+/// and `t` `k / g` floats; `dst` as for [`emit_dense`] with `kp = k`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn emit_block(u: *const u8, s: &[f32], t: &[f32], g: usize, offset: i32, k: usize, dst: *mut u8) {
+    let off = _mm512_set1_epi32(offset);
+    let half = |e: usize| -> __m512 {
+        let gi = e / g;
+        // SAFETY: elements e..e + 16 of u, group gi < k / g (caller).
+        unsafe {
+            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(e).cast()));
+            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, off));
+            _mm512_fmadd_ps(_mm512_set1_ps(*s.get_unchecked(gi)), v, _mm512_set1_ps(*t.get_unchecked(gi)))
+        }
+    };
+    for st in 0..k / KT {
+        let (h, l) = split_vec(half(st * KT), half(st * KT + 16));
+        // SAFETY: step st's hi and lo slots (caller).
+        unsafe {
+            _mm512_storeu_si512(dst.add(st * 4 * TILE).cast(), h);
+            _mm512_storeu_si512(dst.add(st * 4 * TILE + 2 * TILE).cast(), l);
+        }
+    }
+}
+
+/// The panel's two 16-row A tiles of weights against `XB` (1 or 2) B tiles of 16 rows of
+/// x over `steps` 32-element steps of K: `C = w_hi x_lo + w_hi x_hi + w_lo x_hi`, stored
+/// to `c` as tiles `[xb][weight tile]` of `[16 weight rows][16 rows of x]` floats. Order per
+/// step: A = w_hi with B = x_lo, then B = x_hi, then A = w_lo (8 tile loads per 12
+/// products at XB = 2).
+///
+/// # Safety
+/// The tile config ([`TileConfig`]) is loaded on this thread; `panel` holds `steps` steps
+/// of 4 tiles; `xb` holds `XB` blocks of `steps` steps of 2 tiles; `c` holds `XB * 2 * 256`
+/// floats.
 #[inline]
-unsafe fn kernel<const XB: usize>(
-    ah: *const u8,
-    al: *const u8,
-    lda: usize,
-    panel: *const u8,
-    steps: usize,
-    c: *mut f32,
-) {
-    // SAFETY (every asm block): tile loads read 16 rows of 64 bytes at the given strides,
-    // inside x's halves (rows < 16 XB, bytes < steps * 64 of each) or the panel's step;
-    // stores write 16 rows of 64 bytes at stride 128 inside c's 16 XB x 128 bytes. Tile
-    // shapes are the config's (all 16 x 64 bytes).
+unsafe fn kernel<const XB: usize>(panel: *const u8, xb: *const u8, steps: usize, c: *mut f32) {
+    // SAFETY (every asm block): tile loads read one whole 1 KiB tile (16 rows of 64
+    // bytes at stride 64) of the panel's step or of x's blocks' step; stores write
+    // 16 rows of 64 bytes at stride 64 inside c. Tile shapes are the config's (all
+    // 16 x 64 bytes).
     unsafe {
         asm!(
             "tilezero tmm0",
@@ -516,58 +508,53 @@ unsafe fn kernel<const XB: usize>(
             "tilezero tmm3",
             options(nostack, nomem)
         );
+        let xblk = steps * 2 * TILE;
         for st in 0..steps {
-            let b = panel.add(st * 4 * TILE);
-            let a0h = ah.add(st * 64);
-            let a0l = al.add(st * 64);
+            let a = panel.add(st * 4 * TILE);
+            let b = xb.add(st * 2 * TILE);
             if XB == 2 {
                 asm!(
-                    "tileloadd tmm4, [{a0h} + {lda} * 1]",
-                    "tileloadd tmm5, [{a1h} + {lda} * 1]",
+                    "tileloadd tmm4, [{a} + {s64} * 1]",
+                    "tileloadd tmm5, [{a} + {s64} * 1 + 1024]",
                     "tileloadd tmm6, [{b} + {s64} * 1 + 1024]",
-                    "tileloadd tmm7, [{b} + {s64} * 1 + 3072]",
+                    "tileloadd tmm7, [{b1} + {s64} * 1 + 1024]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm1, tmm5, tmm6",
+                    "tdpbf16ps tmm2, tmm4, tmm7",
                     "tdpbf16ps tmm3, tmm5, tmm7",
                     "tileloadd tmm6, [{b} + {s64} * 1]",
-                    "tileloadd tmm7, [{b} + {s64} * 1 + 2048]",
+                    "tileloadd tmm7, [{b1} + {s64} * 1]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm1, tmm5, tmm6",
+                    "tdpbf16ps tmm2, tmm4, tmm7",
                     "tdpbf16ps tmm3, tmm5, tmm7",
-                    "tileloadd tmm4, [{a0l} + {lda} * 1]",
-                    "tileloadd tmm5, [{a1l} + {lda} * 1]",
+                    "tileloadd tmm4, [{a} + {s64} * 1 + 2048]",
+                    "tileloadd tmm5, [{a} + {s64} * 1 + 3072]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm1, tmm5, tmm6",
+                    "tdpbf16ps tmm2, tmm4, tmm7",
                     "tdpbf16ps tmm3, tmm5, tmm7",
-                    a0h = in(reg) a0h,
-                    a1h = in(reg) a0h.add(16 * lda),
-                    a0l = in(reg) a0l,
-                    a1l = in(reg) a0l.add(16 * lda),
-                    lda = in(reg) lda,
+                    a = in(reg) a,
                     b = in(reg) b,
+                    b1 = in(reg) b.add(xblk),
                     s64 = in(reg) 64usize,
                     options(nostack, readonly),
                 );
             } else {
                 asm!(
-                    "tileloadd tmm4, [{a0h} + {lda} * 1]",
+                    "tileloadd tmm4, [{a} + {s64} * 1]",
+                    "tileloadd tmm5, [{a} + {s64} * 1 + 1024]",
                     "tileloadd tmm6, [{b} + {s64} * 1 + 1024]",
-                    "tileloadd tmm7, [{b} + {s64} * 1 + 3072]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm1, tmm5, tmm6",
                     "tileloadd tmm6, [{b} + {s64} * 1]",
-                    "tileloadd tmm7, [{b} + {s64} * 1 + 2048]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tileloadd tmm4, [{a0l} + {lda} * 1]",
+                    "tdpbf16ps tmm1, tmm5, tmm6",
+                    "tileloadd tmm4, [{a} + {s64} * 1 + 2048]",
+                    "tileloadd tmm5, [{a} + {s64} * 1 + 3072]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    a0h = in(reg) a0h,
-                    a0l = in(reg) a0l,
-                    lda = in(reg) lda,
+                    "tdpbf16ps tmm1, tmm5, tmm6",
+                    a = in(reg) a,
                     b = in(reg) b,
                     s64 = in(reg) 64usize,
                     options(nostack, readonly),
@@ -575,18 +562,18 @@ unsafe fn kernel<const XB: usize>(
             }
         }
         asm!(
-            "tilestored [{c} + {s128} * 1], tmm0",
-            "tilestored [{c} + {s128} * 1 + 64], tmm1",
+            "tilestored [{c} + {s64} * 1], tmm0",
+            "tilestored [{c} + {s64} * 1 + 1024], tmm1",
             c = in(reg) c,
-            s128 = in(reg) 128usize,
+            s64 = in(reg) 64usize,
             options(nostack),
         );
         if XB == 2 {
             asm!(
-                "tilestored [{c} + {s128} * 1], tmm2",
-                "tilestored [{c} + {s128} * 1 + 64], tmm3",
-                c = in(reg) c.add(16 * NR),
-                s128 = in(reg) 128usize,
+                "tilestored [{c} + {s64} * 1 + 2048], tmm2",
+                "tilestored [{c} + {s64} * 1 + 3072], tmm3",
+                c = in(reg) c,
+                s64 = in(reg) 64usize,
                 options(nostack),
             );
         }
