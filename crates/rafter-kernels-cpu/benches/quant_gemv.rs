@@ -22,9 +22,8 @@ use std::time::Instant;
 
 use rafter_kernels_cpu::{
     bench_micro_kernel, quant_amx_available, quant_matmul_with_isa, set_quant_amx,
-    set_quant_decode_max_m, set_quant_dense_rows,
-    set_quant_gemm_rows, set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef,
-    Parallel, QuantMatRef, WeightFormat, WorkerPool,
+    set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows, set_quant_prefetch_distance,
+    BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef, WeightFormat, WorkerPool,
 };
 
 /// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the

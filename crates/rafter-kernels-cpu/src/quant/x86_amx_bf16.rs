@@ -227,7 +227,10 @@ fn split_vec(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
     let h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), top));
     // h0/h1 are bf16 values, so their conversion is exact.
     let h = bits(_mm512_cvtne2ps_pbh(h1, h0));
-    let l = bits(_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0)));
+    let l = bits(_mm512_cvtne2ps_pbh(
+        _mm512_sub_ps(v1, h1),
+        _mm512_sub_ps(v0, h0),
+    ));
     (h, l)
 }
 
@@ -366,7 +369,10 @@ unsafe fn transpose_c(c: &[f32; 1024], xbs: usize, out: &mut [f32; MB * NR]) {
             for (r, vr) in v.iter().enumerate() {
                 // SAFETY: row 16 xb + r < 32 of out, columns 16 wt..16 wt + 16 <= 32.
                 unsafe {
-                    _mm512_storeu_si512(out.as_mut_ptr().add((16 * xb + r) * NR + 16 * wt).cast(), *vr)
+                    _mm512_storeu_si512(
+                        out.as_mut_ptr().add((16 * xb + r) * NR + 16 * wt).cast(),
+                        *vr,
+                    )
                 };
             }
         }
@@ -421,37 +427,51 @@ fn pack_panel(w: &QuantMatRef<'_>, j0: usize, cols: usize, kp: usize, bufs: &mut
 /// slots of the panel (`dst` = row r's slot in step 0).
 ///
 /// # Safety
-/// AVX-512F/BW/BF16 available; `src` holds `k` elements of `format`; `dst` + st 4 TILE and
+/// AVX-512F/BW/VL/BF16 available; `src` holds `k` elements of `format`; `dst` + st 4 TILE and
 /// + st 4 TILE + 2 TILE hold 64 bytes for every step st < kp / 32.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn emit_dense(format: WeightFormat, src: *const u8, k: usize, kp: usize, dst: *mut u8) {
-    let load = |i: usize| -> __m512 {
-        let mask = if k >= i + 16 {
-            0xffff
-        } else if k > i {
-            ((1u32 << (k - i)) - 1) as u16
-        } else {
-            0
-        };
-        // SAFETY: masked lanes are elements i..min(i + 16, k) (caller).
-        unsafe {
-            match format {
-                WeightFormat::F32 => _mm512_maskz_loadu_ps(mask, src.cast::<f32>().add(i)),
-                WeightFormat::F16 => {
-                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src.cast::<i16>().add(i)))
-                }
-                _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-                    _mm256_maskz_loadu_epi16(mask, src.cast::<i16>().add(i)),
-                ))),
-            }
-        }
-    };
     for st in 0..kp / KT {
-        let (h, l) = split_vec(load(st * KT), load(st * KT + 16));
+        // SAFETY: elements below k of the row (caller).
+        let (v0, v1) = unsafe {
+            (
+                load_dense(format, src, st * KT, k),
+                load_dense(format, src, st * KT + 16, k),
+            )
+        };
+        let (h, l) = split_vec(v0, v1);
         // SAFETY: step st's hi and lo slots (caller).
         unsafe {
             _mm512_storeu_si512(dst.add(st * 4 * TILE).cast(), h);
             _mm512_storeu_si512(dst.add(st * 4 * TILE + 2 * TILE).cast(), l);
+        }
+    }
+}
+
+/// Elements `i..i + 16` of a float-format row of `k` as f32 (zero from `k`).
+///
+/// # Safety
+/// AVX-512F/BW/VL available; `src` holds `k` elements of `format`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn load_dense(format: WeightFormat, src: *const u8, i: usize, k: usize) -> __m512 {
+    let mask = if k >= i + 16 {
+        0xffff
+    } else if k > i {
+        ((1u32 << (k - i)) - 1) as u16
+    } else {
+        0
+    };
+    // SAFETY: masked lanes are elements i..min(i + 16, k) (caller).
+    unsafe {
+        match format {
+            WeightFormat::F32 => _mm512_maskz_loadu_ps(mask, src.cast::<f32>().add(i)),
+            WeightFormat::F16 => {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src.cast::<i16>().add(i)))
+            }
+            _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_maskz_loadu_epi16(mask, src.cast::<i16>().add(i)),
+            ))),
         }
     }
 }
@@ -463,24 +483,50 @@ unsafe fn emit_dense(format: WeightFormat, src: *const u8, k: usize, kp: usize, 
 /// AVX-512F/BF16 available; `u` holds `k` quants (`k` a multiple of 32 and of `g`), `s`
 /// and `t` `k / g` floats; `dst` as for [`emit_dense`] with `kp = k`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn emit_block(u: *const u8, s: &[f32], t: &[f32], g: usize, offset: i32, k: usize, dst: *mut u8) {
+unsafe fn emit_block(
+    u: *const u8,
+    s: &[f32],
+    t: &[f32],
+    g: usize,
+    offset: i32,
+    k: usize,
+    dst: *mut u8,
+) {
     let off = _mm512_set1_epi32(offset);
-    let half = |e: usize| -> __m512 {
-        let gi = e / g;
-        // SAFETY: elements e..e + 16 of u, group gi < k / g (caller).
-        unsafe {
-            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(e).cast()));
-            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, off));
-            _mm512_fmadd_ps(_mm512_set1_ps(*s.get_unchecked(gi)), v, _mm512_set1_ps(*t.get_unchecked(gi)))
-        }
-    };
     for st in 0..k / KT {
-        let (h, l) = split_vec(half(st * KT), half(st * KT + 16));
+        // SAFETY: elements st 32..st 32 + 32 < k of u; their groups < k / g (caller).
+        let (v0, v1) = unsafe {
+            (
+                scale16(u, s, t, g, off, st * KT),
+                scale16(u, s, t, g, off, st * KT + 16),
+            )
+        };
+        let (h, l) = split_vec(v0, v1);
         // SAFETY: step st's hi and lo slots (caller).
         unsafe {
             _mm512_storeu_si512(dst.add(st * 4 * TILE).cast(), h);
             _mm512_storeu_si512(dst.add(st * 4 * TILE + 2 * TILE).cast(), l);
         }
+    }
+}
+
+/// `s (u - offset) + t` for quants `e..e + 16` (one group: `g` is 16 or 32).
+///
+/// # Safety
+/// AVX-512F available; `u` holds elements `e..e + 16`; `s`, `t` hold group `e / g`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn scale16(u: *const u8, s: &[f32], t: &[f32], g: usize, off: __m512i, e: usize) -> __m512 {
+    let gi = e / g;
+    // SAFETY: elements e..e + 16 of u, group gi (caller).
+    unsafe {
+        let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(u.add(e).cast()));
+        let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, off));
+        _mm512_fmadd_ps(
+            _mm512_set1_ps(*s.get_unchecked(gi)),
+            v,
+            _mm512_set1_ps(*t.get_unchecked(gi)),
+        )
     }
 }
 
@@ -710,7 +756,13 @@ mod tests {
                     let mut yb = vec![f32::NAN; m * n];
                     for threads in [1, 3] {
                         let par = ScopedThreads::new(threads);
-                        run(xr, wq, MatMut::row_major(&mut y, m, n, n).unwrap(), &epi, &par);
+                        run(
+                            xr,
+                            wq,
+                            MatMut::row_major(&mut y, m, n, n).unwrap(),
+                            &epi,
+                            &par,
+                        );
                         super::super::gemm::run_avx(
                             Isa::Avx512,
                             Path::Vnni512,

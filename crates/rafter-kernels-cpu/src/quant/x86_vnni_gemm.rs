@@ -288,7 +288,13 @@ fn pack_panel(
 
 /// One weight row segment (whole blocks) into unsigned quants `u` (natural order) and the
 /// per-group `s`, `t` of [`Spec`].
-pub(crate) fn unpack_row(format: BlockFormat, bytes: &[u8], u: &mut [u8], s: &mut [f32], t: &mut [f32]) {
+pub(crate) fn unpack_row(
+    format: BlockFormat,
+    bytes: &[u8],
+    u: &mut [u8],
+    s: &mut [f32],
+    t: &mut [f32],
+) {
     let (be, bb) = (format.block_elems(), format.block_bytes());
     let per = be / spec(format).g;
     for (b, blk) in bytes.chunks_exact(bb).enumerate() {
