@@ -1,7 +1,9 @@
 //! The prefill path: many rows of x, so every weight is reused M times and the product is
 //! compute-bound.
 //!
-//! - On AVX-512 VNNI, block formats run the int8 GEMM of [`super::x86_vnni_gemm`]: x
+//! - On CPUs with AMX-BF16 (and AVX-512 VNNI), unless `RAFTER_CPU_AMX=0`, every format
+//!   but f32 runs the bf16 tile GEMM of [`super::x86_amx_bf16`].
+//! - Otherwise, on AVX-512 VNNI, block formats run the int8 GEMM of [`super::x86_vnni_gemm`]: x
 //!   quantized as ggml does ([`super::act`]), each task unpacking panels of 32 weight rows
 //!   into int8 with a float scale (and min) per 16 or 32 elements, `vpdpbusd` tiles.
 //! - Everything else (f32/f16/bf16 weights, CPUs without VNNI) widens blocks of W into the
@@ -42,7 +44,7 @@ pub(crate) fn run(
     par: &dyn Parallel,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Vnni512 && super::x86_amx_bf16::enabled() {
+    if path == Path::Vnni512 && w.format != WeightFormat::F32 && super::x86_amx_bf16::enabled() {
         return super::x86_amx_bf16::run(x, w, y, epilogue, par);
     }
     run_avx(isa, path, x, w, y, epilogue, par)

@@ -23,9 +23,13 @@
 //!   int8 with a float scale (and min) per 16 or 32 elements and runs `vpdpbusd` tiles over
 //!   the quantized x. f32/f16/bf16 weights, and every format on CPUs without VNNI, are
 //!   widened into f32 panels for the crate's f32 GEMM driver (block formats against the
-//!   dequantized quantized activations).
+//!   dequantized quantized activations). On CPUs with AMX-BF16 (unless `RAFTER_CPU_AMX=0`),
+//!   every format but f32 runs [`x86_amx_bf16`] instead: weights dequantized per panel and
+//!   split into bf16 `hi + lo` tiles, x into `hi + mid + lo` (exact), and as many
+//!   `tdpbf16ps` products as keep the result at least as accurate as the AVX-512 path's.
 //!
-//! **Block formats compute what ggml computes.** On every path and ISA, x is quantized
+//! **Block formats compute what ggml computes** (except on the AMX prefill GEMM, whose x
+//! keeps 16 bits instead of ggml's 8: closer to the exact product). On every path and ISA, x is quantized
 //! exactly as ggml's CPU backend quantizes activations on x86-64 for that weight type
 //! (its `vec_dot_type`: Q8_0 per 32 with an f16 scale for Q4_0/Q5_0/Q8_0, Q8_1 with an f16
 //! scale and f16 sum for Q4_1/Q5_1, Q8_K per 256 with an f32 scale for the K formats; see

@@ -1,32 +1,28 @@
-//! The prefill GEMM on AMX-BF16 tiles (Sapphire Rapids and later), for every weight format.
+//! The prefill GEMM on AMX-BF16 tiles (Sapphire Rapids and later), for every weight format
+//! but f32.
 //!
 //! Why: one `tdpbf16ps` does a 16x16 tile of 32-element bf16 dot products accumulated in
-//! f32 (16 K multiply-adds a cycle per core against AVX-512's 32 a cycle for two FMA
-//! ports), but bf16 keeps only 8 significant bits. So both operands are split into two
-//! bf16 values each, `v = hi + lo` (`hi` = v rounded to bf16, `lo` = the rest rounded to
-//! bf16: 16 significant bits together), and each tile of y accumulates
-//! `x_hi w_hi + x_hi w_lo + x_lo w_hi` (the dropped `x_lo w_lo` is below `2^-16` of a
-//! product). The weights are dequantized to f32 first (whatever their format: the scales,
-//! mins and block structure are applied there), so no per-group fold leaves the tiles; the
+//! f32 (16 times the multiply-adds of an AVX-512 FMA per instruction), but bf16 keeps only
+//! 8 significant bits. So the operands are split into bf16 parts: a weight `w = hi + lo`
+//! (`hi` truncated, `lo` the rest rounded: 16 significant bits; exact for f16, whose 11
+//! bits and exponent range bf16 pairs hold, and for bf16), x `= hi + mid + lo` exactly (8
+//! bits each, the first two truncated), and each tile of y accumulates the products that
+//! matter ([`Terms`]): for block formats `w_hi x_mid + w_hi x_hi + w_lo x_hi` (x to 16 bits,
+//! against the int8 rounding of x on the VNNI kernel), for f16 five products (x exact, only
+//! `w_lo x_lo`, below f32's rounding, dropped: the f32 path's accuracy), for bf16 three.
+//! The weights are dequantized to f32 first (the scales, mins and block structure applied
+//! there), so no per-group fold leaves the tiles (the AMX-INT8 attempt's bound); the
 //! dequantization is done once per panel of 32 weight rows and call, and the panel is then
-//! reused by every row of x.
+//! reused by every row of x. Tile arithmetic flushes bf16 subnormal inputs to zero
+//! (below `2^-126`).
 //!
-//! Accuracy: f16 and bf16 weights split exactly (an f16 has 11 significant bits, and every
-//! f16, subnormals included, is a normal bf16 pair); dequantized block weights (`d q`, at
-//! most 18 significant bits for Q8_0) and f32 weights keep 16. x keeps 16 bits (error at
-//! most `2^-17 |x|` an element), against the int8 rounding of the VNNI kernel for block
-//! formats (up to `max |x| / 254` an element of its group) and unrounded f32 for the float
-//! formats. So block formats get more accurate results than on the VNNI kernel (and no
-//! longer ggml's rounding of x); float formats lose a little (about `2^-16` of each product
-//! against f32's `2^-24`, far below f16's own `2^-11`). Tile arithmetic flushes bf16
-//! subnormal inputs to zero (below `2^-126`, nothing a model holds).
-//!
-//! Layout: A tiles are 16 rows of x (32 bf16 of K each, row-major copies `x_hi`, `x_lo`
-//! made once per call); B tiles are 16 weight rows as `[16 pairs of K][16 rows][2]` bf16
-//! (the pair layout `tdpbf16ps` reads), built per 32 elements of K by a 16x16 dword
-//! transpose of the rows' converted vectors. A panel is `[K / 32][2 tiles of rows][hi, lo]`
-//! of 1 KiB tiles. Per 32 rows of x and panel, four f32 C tiles stay in tile registers
-//! over all of K, then go through the epilogue to y.
+//! Layout: weights are the A operand, so a panel is row-major: per 32 elements of K,
+//! `[hi rows 0-15, hi 16-31, lo 0-15, lo 16-31]`, 1 KiB tiles of 16 rows x 32 bf16, written
+//! by the dequantization without transposes. x is the B operand in the pair layout
+//! (`[16 pairs of K][16 rows][2]` bf16), built once per call by 16x16 dword transposes:
+//! per 16 rows and 32 elements, three tiles (hi, mid, lo). Per 32 rows of x and panel, four
+//! f32 C tiles (`[weight rows][rows of x]`) stay in tile registers over all of K, then are
+//! transposed and go through the epilogue to y.
 //!
 //! On by default where CPUID reports AMX-TILE, AMX-BF16 and AVX512-BF16, the OS enables
 //! the tile state (XCR0) and Linux grants the tile data permission (`arch_prctl`);
@@ -187,7 +183,7 @@ pub(crate) fn run(
 fn x_tiles(x: &MatRef<'_>, kp: usize, xs: &mut XTiles) {
     let (m, k) = (x.rows, x.cols);
     let (blocks, steps) = (m.div_ceil(16), kp / KT);
-    let tiles = xs.tiles.reset(blocks * steps * 2 * TILE);
+    let tiles = xs.tiles.reset(blocks * steps * 3 * TILE);
     xs.rows.resize(16 * kp, 0.0);
     for b in 0..blocks {
         for r in 0..16 {
@@ -204,12 +200,12 @@ fn x_tiles(x: &MatRef<'_>, kp: usize, xs: &mut XTiles) {
         }
         for st in 0..steps {
             // SAFETY: AVX-512F/BF16 available (`available`); rows holds 16 rows of kp
-            // floats, 32 from st * 32 < kp; the block's step holds 2 tiles.
+            // floats, 32 from st * 32 < kp; the block's step holds 3 tiles.
             unsafe {
-                pair_tiles(
+                x_step_tiles(
                     xs.rows.as_ptr().add(st * KT),
                     kp,
-                    tiles.as_mut_ptr().add((b * steps + st) * 2 * TILE),
+                    tiles.as_mut_ptr().add((b * steps + st) * 3 * TILE),
                 )
             };
         }
@@ -242,33 +238,36 @@ fn bits(v: __m512bh) -> __m512i {
     unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
 }
 
-/// 16 rows (at stride `ld` floats) of 32 floats into a hi tile at `out` and a lo tile at
-/// `out + TILE` in the pair layout (`[16 pairs][16 rows][2]` bf16) of B operands.
+/// 16 rows of x (at stride `ld` floats) of 32 floats into three B tiles at `out`: `hi`,
+/// `mid`, `lo` in the pair layout (`[16 pairs][16 rows][2]` bf16), `x = hi + mid + lo`
+/// exactly (hi and mid truncated, lo the remaining at most 8 bits).
 ///
 /// # Safety
-/// AVX-512F/BF16 available; the 16 rows' 32 floats readable; `out` writable for 2 tiles.
+/// AVX-512F/BF16 available; the 16 rows' 32 floats readable; `out` writable for 3 tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pair_tiles(rows: *const f32, ld: usize, out: *mut u8) {
-    let mut h = [_mm512_setzero_si512(); 16];
-    let mut l = [_mm512_setzero_si512(); 16];
+unsafe fn x_step_tiles(rows: *const f32, ld: usize, out: *mut u8) {
+    let top = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    let trunc = |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+    let mut parts = [[_mm512_setzero_si512(); 16]; 3];
     for r in 0..16 {
         // SAFETY: row r's 32 floats (caller).
-        let (v0, v1) = unsafe {
-            (
-                _mm512_loadu_ps(rows.add(r * ld)),
-                _mm512_loadu_ps(rows.add(r * ld + 16)),
-            )
-        };
-        (h[r], l[r]) = split_vec(v0, v1);
+        let v = unsafe { [_mm512_loadu_ps(rows.add(r * ld)), _mm512_loadu_ps(rows.add(r * ld + 16))] };
+        let h = v.map(trunc);
+        let rest = [_mm512_sub_ps(v[0], h[0]), _mm512_sub_ps(v[1], h[1])];
+        let m = rest.map(trunc);
+        let l = [_mm512_sub_ps(rest[0], m[0]), _mm512_sub_ps(rest[1], m[1])];
+        // Truncated values are bf16 values, so converting them is exact; so is lo's.
+        parts[0][r] = bits(_mm512_cvtne2ps_pbh(h[1], h[0]));
+        parts[1][r] = bits(_mm512_cvtne2ps_pbh(m[1], m[0]));
+        parts[2][r] = bits(_mm512_cvtne2ps_pbh(l[1], l[0]));
     }
-    // Row r's dword q is its pair q; after the transpose vector q holds pair q of every row.
-    transpose16(&mut h);
-    transpose16(&mut l);
-    for q in 0..16 {
-        // SAFETY: two tiles of 16 x 64 bytes from out (caller).
-        unsafe {
-            _mm512_storeu_si512(out.add(q * 64).cast(), h[q]);
-            _mm512_storeu_si512(out.add(TILE + q * 64).cast(), l[q]);
+    for (pi, part) in parts.iter_mut().enumerate() {
+        // Row r's dword q is its pair q; after the transpose vector q holds pair q of
+        // every row.
+        transpose16(part);
+        for (q, v) in part.iter().enumerate() {
+            // SAFETY: tile pi of out, row q (caller).
+            unsafe { _mm512_storeu_si512(out.add(pi * TILE + q * 64).cast(), *v) };
         }
     }
 }
@@ -301,6 +300,11 @@ fn compute(
     };
     let epi = (!epilogue.is_identity()).then_some(epilogue);
     let xt = xs.tiles.as_slice();
+    let terms = match w.format() {
+        WeightFormat::F16 => Terms::F16,
+        WeightFormat::Bf16 => Terms::Bf16,
+        _ => Terms::Three,
+    };
     let task = |t: usize| {
         let (ti, tj) = (t / tn, t % tn);
         let (b0, b1) = (ti * blocks / tm, (ti + 1) * blocks / tm);
@@ -323,15 +327,15 @@ fn compute(
                 for b in b0..b1 {
                     let i0 = b * MB;
                     let rows = MB.min(m - i0);
-                    let xb = xt[(i0 / 16) * steps * 2 * TILE..].as_ptr();
+                    let xb = xt[(i0 / 16) * steps * 3 * TILE..].as_ptr();
                     // SAFETY: the tile config is loaded on this thread; x's tiles hold the
                     // 16-row blocks i0 / 16 (and the next when rows > 16) of `steps` steps;
                     // the panel holds `steps` steps of 4 tiles; c holds 4 C tiles.
                     unsafe {
                         if rows > 16 {
-                            kernel::<2>(panel.as_ptr(), xb, steps, c.as_mut_ptr());
+                            kernel::<2>(terms, panel.as_ptr(), xb, steps, c.as_mut_ptr());
                         } else {
-                            kernel::<1>(panel.as_ptr(), xb, steps, c.as_mut_ptr());
+                            kernel::<1>(terms, panel.as_ptr(), xb, steps, c.as_mut_ptr());
                         }
                         transpose_c(&c, rows.div_ceil(16), &mut out);
                     }
@@ -530,22 +534,81 @@ unsafe fn scale16(u: *const u8, s: &[f32], t: &[f32], g: usize, off: __m512i, e:
     }
 }
 
+/// Which products a panel's tiles take (by weight format).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Terms {
+    /// `w_hi x_mid + w_hi x_hi + w_lo x_hi`: 16 bits of w and of x (block formats, whose
+    /// dequantized weights have up to 18 significant bits; x was int8 on the VNNI path).
+    Three,
+    /// `w_hi (x_lo + x_mid + x_hi) + w_lo (x_hi + x_mid)`: x exact, w (f16: 11 bits) exact;
+    /// the dropped `w_lo x_lo` is below `2^-24` of the product, f32's own rounding.
+    F16,
+    /// `w (x_lo + x_mid + x_hi)`: a bf16 weight is its hi half; x exact.
+    Bf16,
+}
+
 /// The panel's two 16-row A tiles of weights against `XB` (1 or 2) B tiles of 16 rows of
-/// x over `steps` 32-element steps of K: `C = w_hi x_lo + w_hi x_hi + w_lo x_hi`, stored
-/// to `c` as tiles `[xb][weight tile]` of `[16 weight rows][16 rows of x]` floats. Order per
-/// step: A = w_hi with B = x_lo, then B = x_hi, then A = w_lo (8 tile loads per 12
-/// products at XB = 2).
+/// x over `steps` 32-element steps of K, the products of `terms`, stored to `c` as tiles
+/// `[xb][weight tile]` of `[16 weight rows][16 rows of x]` floats. C stays in tmm0-3 over
+/// all of K; each A pair (tmm4-5) is loaded once a step and multiplies every x part it
+/// takes in turn (tmm6-7).
 ///
 /// # Safety
 /// The tile config ([`TileConfig`]) is loaded on this thread; `panel` holds `steps` steps
-/// of 4 tiles; `xb` holds `XB` blocks of `steps` steps of 2 tiles; `c` holds `XB * 2 * 256`
+/// of 4 tiles; `xb` holds `XB` blocks of `steps` steps of 3 tiles; `c` holds `XB * 2 * 256`
 /// floats.
 #[inline]
-unsafe fn kernel<const XB: usize>(panel: *const u8, xb: *const u8, steps: usize, c: *mut f32) {
-    // SAFETY (every asm block): tile loads read one whole 1 KiB tile (16 rows of 64
-    // bytes at stride 64) of the panel's step or of x's blocks' step; stores write
-    // 16 rows of 64 bytes at stride 64 inside c. Tile shapes are the config's (all
-    // 16 x 64 bytes).
+unsafe fn kernel<const XB: usize>(
+    terms: Terms,
+    panel: *const u8,
+    xb: *const u8,
+    steps: usize,
+    c: *mut f32,
+) {
+    let xblk = steps * 3 * TILE;
+    // SAFETY: every tile access below reads one whole 1 KiB tile of the panel's step st
+    // (4 tiles) or of x's blocks' step st (3 tiles), or writes c's tiles (caller).
+    unsafe {
+        zero_c();
+        for st in 0..steps {
+            let a = panel.add(st * 4 * TILE);
+            let b = xb.add(st * 3 * TILE);
+            let bx = |part: usize| (b.add(part * TILE), b.add(xblk + part * TILE));
+            let (hi, mid, lo) = (bx(0), bx(1), bx(2));
+            load_a(a);
+            match terms {
+                Terms::Three => {
+                    products::<XB>(mid);
+                    products::<XB>(hi);
+                    load_a(a.add(2 * TILE));
+                    products::<XB>(hi);
+                }
+                Terms::F16 => {
+                    products::<XB>(lo);
+                    products::<XB>(mid);
+                    products::<XB>(hi);
+                    load_a(a.add(2 * TILE));
+                    products::<XB>(hi);
+                    products::<XB>(mid);
+                }
+                Terms::Bf16 => {
+                    products::<XB>(lo);
+                    products::<XB>(mid);
+                    products::<XB>(hi);
+                }
+            }
+        }
+        store_c::<XB>(c);
+    }
+}
+
+/// Zeroes the C tiles.
+///
+/// # Safety
+/// A tile config is loaded on this thread.
+#[inline(always)]
+unsafe fn zero_c() {
+    // SAFETY: tile registers only (config loaded: caller).
     unsafe {
         asm!(
             "tilezero tmm0",
@@ -553,60 +616,71 @@ unsafe fn kernel<const XB: usize>(panel: *const u8, xb: *const u8, steps: usize,
             "tilezero tmm2",
             "tilezero tmm3",
             options(nostack, nomem)
-        );
-        let xblk = steps * 2 * TILE;
-        for st in 0..steps {
-            let a = panel.add(st * 4 * TILE);
-            let b = xb.add(st * 2 * TILE);
-            if XB == 2 {
-                asm!(
-                    "tileloadd tmm4, [{a} + {s64} * 1]",
-                    "tileloadd tmm5, [{a} + {s64} * 1 + 1024]",
-                    "tileloadd tmm6, [{b} + {s64} * 1 + 1024]",
-                    "tileloadd tmm7, [{b1} + {s64} * 1 + 1024]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm5, tmm6",
-                    "tdpbf16ps tmm2, tmm4, tmm7",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    "tileloadd tmm6, [{b} + {s64} * 1]",
-                    "tileloadd tmm7, [{b1} + {s64} * 1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm5, tmm6",
-                    "tdpbf16ps tmm2, tmm4, tmm7",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    "tileloadd tmm4, [{a} + {s64} * 1 + 2048]",
-                    "tileloadd tmm5, [{a} + {s64} * 1 + 3072]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm5, tmm6",
-                    "tdpbf16ps tmm2, tmm4, tmm7",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    a = in(reg) a,
-                    b = in(reg) b,
-                    b1 = in(reg) b.add(xblk),
-                    s64 = in(reg) 64usize,
-                    options(nostack, readonly),
-                );
-            } else {
-                asm!(
-                    "tileloadd tmm4, [{a} + {s64} * 1]",
-                    "tileloadd tmm5, [{a} + {s64} * 1 + 1024]",
-                    "tileloadd tmm6, [{b} + {s64} * 1 + 1024]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm5, tmm6",
-                    "tileloadd tmm6, [{b} + {s64} * 1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm5, tmm6",
-                    "tileloadd tmm4, [{a} + {s64} * 1 + 2048]",
-                    "tileloadd tmm5, [{a} + {s64} * 1 + 3072]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm5, tmm6",
-                    a = in(reg) a,
-                    b = in(reg) b,
-                    s64 = in(reg) 64usize,
-                    options(nostack, readonly),
-                );
-            }
+        )
+    };
+}
+
+/// The A pair (weight rows 0-15 and 16-31 of one part) from `a` into tmm4-5.
+///
+/// # Safety
+/// A tile config is loaded on this thread; `a` holds two 1 KiB tiles.
+#[inline(always)]
+unsafe fn load_a(a: *const u8) {
+    // SAFETY: reads 2 KiB from a (caller).
+    unsafe {
+        asm!(
+            "tileloadd tmm4, [{a} + {s64} * 1]",
+            "tileloadd tmm5, [{a} + {s64} * 1 + 1024]",
+            a = in(reg) a,
+            s64 = in(reg) 64usize,
+            options(nostack, readonly),
+        )
+    };
+}
+
+/// Loads x tiles `b.0` (and `b.1` for XB = 2) into tmm6-7 and accumulates their products
+/// with tmm4-5 into the C tiles.
+///
+/// # Safety
+/// A tile config is loaded on this thread; `b.0` (and `b.1`) hold a 1 KiB tile.
+#[inline(always)]
+unsafe fn products<const XB: usize>(b: (*const u8, *const u8)) {
+    // SAFETY: reads one tile from b.0 (and b.1) (caller); the rest is tile registers.
+    unsafe {
+        if XB == 2 {
+            asm!(
+                "tileloadd tmm6, [{b0} + {s64} * 1]",
+                "tileloadd tmm7, [{b1} + {s64} * 1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                b0 = in(reg) b.0,
+                b1 = in(reg) b.1,
+                s64 = in(reg) 64usize,
+                options(nostack, readonly),
+            );
+        } else {
+            asm!(
+                "tileloadd tmm6, [{b0} + {s64} * 1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                b0 = in(reg) b.0,
+                s64 = in(reg) 64usize,
+                options(nostack, readonly),
+            );
         }
+    }
+}
+
+/// Stores the C tiles to `c` (tiles `[xb][weight tile]`, 16 rows of 64 bytes each).
+///
+/// # Safety
+/// A tile config is loaded on this thread; `c` holds `XB * 2 * 256` floats.
+#[inline(always)]
+unsafe fn store_c<const XB: usize>(c: *mut f32) {
+    // SAFETY: writes XB * 2 tiles of 1 KiB inside c (caller).
+    unsafe {
         asm!(
             "tilestored [{c} + {s64} * 1], tmm0",
             "tilestored [{c} + {s64} * 1 + 1024], tmm1",
@@ -706,15 +780,16 @@ mod tests {
     }
 
     fn formats() -> Vec<WeightFormat> {
-        let mut v = vec![WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16];
+        let mut v = vec![WeightFormat::F16, WeightFormat::Bf16];
         v.extend(BlockFormat::ALL.into_iter().map(WeightFormat::Block));
         v
     }
 
     /// Every format, ragged M (tile and register-block edges), N (panel edges) and K (32
-    /// steps, dequantization steps) against an f64 product of x and the exact weights, with
-    /// a bias: the error must stay within `2^-14` of `|bias| + Σ |x w|` per output (a kernel that
-    /// drops a lo product errs by ~`2^-9`, wrong tiles or layouts by far more). Also
+    /// steps) against an f64 product of x and the exact weights, with a bias: the error must
+    /// stay within `2^-14` (block formats) or `2^-20` (f16, bf16) of `|bias| + Σ |x w|` per
+    /// output (a kernel that drops a needed product errs by `2^-16` to `2^-9`, wrong tiles or
+    /// layouts by far more). Also
     /// reports the AVX-512 path's error on the same data for comparison, and checks that the
     /// AMX error is no larger than it for block formats (whose x there is rounded to int8).
     #[test]
@@ -734,6 +809,8 @@ mod tests {
                 vec![256, 768]
             };
             let mut worst = (0.0f64, 0.0f64);
+            // 16 bits of w and x for block formats; float formats as exact as f32 sums.
+            let tol = if be == 1 { 2f64.powi(-20) } else { 2f64.powi(-14) };
             for &k in &ks {
                 for &(m, n) in &[(1, 1), (15, 17), (17, 32), (33, 45), (70, 70), (48, 33)] {
                     let wv = values(n * k, &mut seed);
@@ -785,7 +862,7 @@ mod tests {
                                 worst.0 = worst.0.max(err / mag.max(1e-30));
                                 worst.1 = worst.1.max(errb / mag.max(1e-30));
                                 assert!(
-                                    err <= mag * 2f64.powi(-14) + 1e-6,
+                                    err <= mag * tol,
                                     "{} m={m} n={n} k={k} threads={threads} ({i},{j}): {} vs {want}",
                                     format.name(),
                                     y[i * n + j]
@@ -801,8 +878,11 @@ mod tests {
                 worst.0,
                 worst.1
             );
-            if matches!(format, WeightFormat::Block(_)) {
-                assert!(worst.0 <= worst.1, "{}: AMX less accurate", format.name());
+            // Block formats: far closer than int8 x; float formats: within the f32 sums'
+            // rounding of the AVX-512 path (a different order of additions).
+            let bound = if be == 1 { 2.0 * worst.1 } else { worst.1 };
+            {
+                assert!(worst.0 <= bound, "{}: AMX less accurate", format.name());
             }
         }
     }
