@@ -17,11 +17,11 @@
 //! kernels' tests; the AMX kernel's own (against an f64 product with unrounded x, and
 //! against these kernels' errors) are in `src/quant/x86_amx_bf16.rs`.
 
+use rafter_kernels_cpu::set_quant_amx;
 use rafter_kernels_cpu::{
     quant_matmul, quant_matmul_with_isa, Activation, BlockFormat, Epilogue, GemmError, Isa, MatMut,
     MatRef, Parallel, QuantMatRef, Residual, ScopedThreads, Sequential, WeightFormat, DECODE_MAX_M,
 };
-use rafter_kernels_cpu::set_quant_amx;
 use rafter_quant::{dequantize_row, quantize_row};
 
 mod common;

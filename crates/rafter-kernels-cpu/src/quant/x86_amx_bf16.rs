@@ -218,9 +218,7 @@ fn x_tiles(x: &MatRef<'_>, kp: usize, xs: &mut XTiles) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 fn split_vec(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
-    let top = _mm512_set1_epi32(0xffff_0000u32 as i32);
-    let h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), top));
-    let h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), top));
+    let (h0, h1) = (trunc(v0), trunc(v1));
     // h0/h1 are bf16 values, so their conversion is exact.
     let h = bits(_mm512_cvtne2ps_pbh(h1, h0));
     let l = bits(_mm512_cvtne2ps_pbh(
@@ -228,6 +226,14 @@ fn split_vec(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
         _mm512_sub_ps(v0, h0),
     ));
     (h, l)
+}
+
+/// `v` truncated to bf16 precision (as f32).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn trunc(v: __m512) -> __m512 {
+    let top = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top))
 }
 
 /// A bf16 vector's bits.
@@ -246,9 +252,10 @@ fn bits(v: __m512bh) -> __m512i {
 /// AVX-512F/BF16 available; the 16 rows' 32 floats readable; `out` writable for 3 tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn x_step_tiles(rows: *const f32, ld: usize, out: *mut u8) {
-    let top = _mm512_set1_epi32(0xffff_0000u32 as i32);
-    let trunc = |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
     let mut parts = [[_mm512_setzero_si512(); 16]; 3];
+    // A range loop, not iterators: closures would not inherit this function's target
+    // features, and their intrinsics would not inline.
+    #[allow(clippy::needless_range_loop)]
     for r in 0..16 {
         // SAFETY: row r's 32 floats (caller).
         let v = unsafe {
@@ -257,9 +264,9 @@ unsafe fn x_step_tiles(rows: *const f32, ld: usize, out: *mut u8) {
                 _mm512_loadu_ps(rows.add(r * ld + 16)),
             ]
         };
-        let h = v.map(trunc);
+        let h = [trunc(v[0]), trunc(v[1])];
         let rest = [_mm512_sub_ps(v[0], h[0]), _mm512_sub_ps(v[1], h[1])];
-        let m = rest.map(trunc);
+        let m = [trunc(rest[0]), trunc(rest[1])];
         let l = [_mm512_sub_ps(rest[0], m[0]), _mm512_sub_ps(rest[1], m[1])];
         // Truncated values are bf16 values, so converting them is exact; so is lo's.
         parts[0][r] = bits(_mm512_cvtne2ps_pbh(h[1], h[0]));
