@@ -14,15 +14,16 @@
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --m 128 --rounds 5
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --formats all --isa avx2
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --formats f16 --dense-rows 1,4
+//! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --m 128 --amx 0,1
 //! ```
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    bench_micro_kernel, quant_matmul_with_isa, set_quant_decode_max_m, set_quant_dense_rows,
-    set_quant_gemm_rows, set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef,
-    Parallel, QuantMatRef, WeightFormat, WorkerPool,
+    bench_micro_kernel, quant_amx_available, quant_matmul_with_isa, set_quant_amx,
+    set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows, set_quant_prefetch_distance,
+    BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef, WeightFormat, WorkerPool,
 };
 
 /// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the
@@ -224,6 +225,16 @@ fn main() {
             .map(|v| Some(v.parse().expect("--dense-rows R1,R2")))
             .collect()
     });
+    // `--amx 0,1`: the prefill GEMM on the AVX-512 kernels (0) or AMX-BF16 tiles (1, where
+    // available), compared as `--prefetch`.
+    let amx: Vec<Option<bool>> = arg("--amx").map_or(vec![None], |d| {
+        d.split(',')
+            .map(|v| Some(v.parse::<u8>().expect("--amx 0,1") == 1))
+            .collect()
+    });
+    if amx.contains(&Some(true)) && !quant_amx_available() {
+        println!("AMX-BF16 is not available here: `amx1` runs the AVX-512 kernels");
+    }
     // `--decode-max-m M`: rows up to which the decode path runs (crossover measurements).
     if let Some(d) = arg("--decode-max-m") {
         set_quant_decode_max_m(d.parse().expect("--decode-max-m M"));
@@ -297,13 +308,15 @@ fn main() {
                     .collect()
             })
             .collect();
-        // Contenders: (format index, prefetch distance, GEMM rows, dense rows).
+        // Contenders: (format index, prefetch distance, GEMM rows, dense rows, AMX).
         let mut contenders = Vec::new();
         for fi in 0..formats.len() {
             for &d in &distances {
                 for &g in &gemm_rows {
                     for &dr in &dense_rows {
-                        contenders.push((fi, d, g, dr));
+                        for &a in &amx {
+                            contenders.push((fi, d, g, dr, a));
+                        }
                     }
                 }
             }
@@ -314,7 +327,8 @@ fn main() {
             for round in 0..rounds + 1 {
                 for ci in 0..contenders.len() {
                     let ci = (ci + round) % contenders.len();
-                    let (fi, dist, rows, drows) = contenders[ci];
+                    let (fi, dist, rows, drows, a) = contenders[ci];
+                    set_quant_amx(a);
                     if let Some(r) = drows {
                         set_quant_dense_rows(r);
                     }
@@ -344,7 +358,7 @@ fn main() {
                     }
                 }
             }
-            for (ci, &(fi, dist, rows, drows)) in contenders.iter().enumerate() {
+            for (ci, &(fi, dist, rows, drows, a)) in contenders.iter().enumerate() {
                 let f = &formats[fi];
                 let s = if hot {
                     times[ci].iter().cloned().fold(f64::MAX, f64::min)
@@ -368,6 +382,9 @@ fn main() {
                 }
                 if let Some(r) = drows {
                     name += &format!(" dr{r}");
+                }
+                if let Some(a) = a {
+                    name += if a { " amx1" } else { " amx0" };
                 }
                 println!(
                     "{:<8} {:<16} {:<6} {:>10.1} {:>9.1} {:>8.2}",

@@ -113,12 +113,13 @@ pub use packed::{
 };
 pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
-pub use quant::{
-    quant_matmul, quant_matmul_with_isa, BlockFormat, QuantMatRef, WeightFormat, DECODE_MAX_M,
-};
 #[doc(hidden)]
 pub use quant::{
-    set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows, set_quant_prefetch_distance,
+    quant_amx_available, set_quant_amx, set_quant_decode_max_m, set_quant_dense_rows,
+    set_quant_gemm_rows, set_quant_prefetch_distance,
+};
+pub use quant::{
+    quant_matmul, quant_matmul_with_isa, BlockFormat, QuantMatRef, WeightFormat, DECODE_MAX_M,
 };
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
 pub use transpose::{permute_rows_f32, transpose_f32};

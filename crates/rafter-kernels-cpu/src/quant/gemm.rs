@@ -1,7 +1,14 @@
 //! The prefill path: many rows of x, so every weight is reused M times and the product is
 //! compute-bound.
 //!
-//! - On AVX-512 VNNI, block formats run the int8 GEMM of [`super::x86_vnni_gemm`]: x
+//! - On CPUs with AMX-BF16 (and AVX-512 VNNI), unless `RAFTER_CPU_AMX=0`, f16 and bf16
+//!   weights run the bf16 tile GEMM of [`super::x86_amx_bf16`] (as accurate as the f32
+//!   path, ~1.3x less CPU time on Qwen3-0.6B's prefill). Block formats stay on the int8
+//!   GEMM below: through the tiles they gained only 1.05-1.15x (their dequantization costs
+//!   as much as the VNNI product) and would no longer round x as ggml does, which the
+//!   GGUF fixtures' agreement with llama.cpp rests on. The kernel itself takes every
+//!   format (its tests cover them all).
+//! - Otherwise, on AVX-512 VNNI, block formats run the int8 GEMM of [`super::x86_vnni_gemm`]: x
 //!   quantized as ggml does ([`super::act`]), each task unpacking panels of 32 weight rows
 //!   into int8 with a float scale (and min) per 16 or 32 elements, `vpdpbusd` tiles.
 //! - Everything else (f32/f16/bf16 weights, CPUs without VNNI) widens blocks of W into the
@@ -33,6 +40,27 @@ fn int8_gemm(path: Path, format: BlockFormat) -> bool {
 
 /// `y = x · Wᵀ` (then the epilogue) for many rows; shapes checked by the caller.
 pub(crate) fn run(
+    isa: Isa,
+    path: Path,
+    x: MatRef<'_>,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Vnni512
+        && matches!(w.format, WeightFormat::F16 | WeightFormat::Bf16)
+        && super::x86_amx_bf16::enabled()
+    {
+        return super::x86_amx_bf16::run(x, w, y, epilogue, par);
+    }
+    run_avx(isa, path, x, w, y, epilogue, par)
+}
+
+/// [`run`] without AMX: the VNNI int8 GEMM or the widened f32 GEMM (also the tests'
+/// baseline for the AMX kernel's accuracy).
+pub(crate) fn run_avx(
     isa: Isa,
     path: Path,
     x: MatRef<'_>,

@@ -23,9 +23,13 @@
 //!   int8 with a float scale (and min) per 16 or 32 elements and runs `vpdpbusd` tiles over
 //!   the quantized x. f32/f16/bf16 weights, and every format on CPUs without VNNI, are
 //!   widened into f32 panels for the crate's f32 GEMM driver (block formats against the
-//!   dequantized quantized activations).
+//!   dequantized quantized activations). On CPUs with AMX-BF16 (unless `RAFTER_CPU_AMX=0`),
+//!   every format but f32 runs [`x86_amx_bf16`] instead: weights dequantized per panel and
+//!   split into bf16 `hi + lo` tiles, x into `hi + mid + lo` (exact), and as many
+//!   `tdpbf16ps` products as keep the result at least as accurate as the AVX-512 path's.
 //!
-//! **Block formats compute what ggml computes.** On every path and ISA, x is quantized
+//! **Block formats compute what ggml computes** (except on the AMX prefill GEMM, whose x
+//! keeps 16 bits instead of ggml's 8: closer to the exact product). On every path and ISA, x is quantized
 //! exactly as ggml's CPU backend quantizes activations on x86-64 for that weight type
 //! (its `vec_dot_type`: Q8_0 per 32 with an f16 scale for Q4_0/Q5_0/Q8_0, Q8_1 with an f16
 //! scale and f16 sum for Q4_1/Q5_1, Q8_K per 256 with an f32 scale for the K formats; see
@@ -46,6 +50,8 @@ mod finish;
 mod gemm;
 mod gemv;
 mod gemv_scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86_amx_bf16;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
@@ -107,6 +113,25 @@ pub fn set_quant_gemm_rows(mr: usize) {
     #[cfg(target_arch = "x86_64")]
     x86_vnni_gemm::set_rows(mr);
     let _ = mr;
+}
+
+/// Forces the AMX-BF16 prefill GEMM off (`Some(false)`: the AVX-512 kernels), on where the
+/// CPU and OS allow it (`Some(true)`), or back to the default (`None`: on where available
+/// unless `RAFTER_CPU_AMX=0`) for later calls. For the bench's A/B runs and tests.
+#[doc(hidden)]
+pub fn set_quant_amx(on: Option<bool>) {
+    #[cfg(target_arch = "x86_64")]
+    x86_amx_bf16::force(on);
+    let _ = on;
+}
+
+/// Whether this process can run the AMX-BF16 prefill GEMM (CPU, OS and permission).
+#[doc(hidden)]
+pub fn quant_amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86_amx_bf16::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Sets whether the dense (f32/f16/bf16) decode kernels read several weight rows a pass

@@ -70,13 +70,13 @@ pub(crate) fn supports(_format: BlockFormat) -> bool {
 /// How a format maps onto `s q + t`: the group size, the integer offset folded into the
 /// accumulators (`q - offset`), and whether it has float mins `t`.
 #[derive(Clone, Copy)]
-struct Spec {
-    g: usize,
-    offset: i32,
+pub(crate) struct Spec {
+    pub(crate) g: usize,
+    pub(crate) offset: i32,
     min: bool,
 }
 
-fn spec(format: BlockFormat) -> Spec {
+pub(crate) fn spec(format: BlockFormat) -> Spec {
     let (g, offset, min) = match format {
         BlockFormat::Q4_0 => (32, 8, false),
         BlockFormat::Q5_0 => (32, 16, false),
@@ -288,7 +288,13 @@ fn pack_panel(
 
 /// One weight row segment (whole blocks) into unsigned quants `u` (natural order) and the
 /// per-group `s`, `t` of [`Spec`].
-fn unpack_row(format: BlockFormat, bytes: &[u8], u: &mut [u8], s: &mut [f32], t: &mut [f32]) {
+pub(crate) fn unpack_row(
+    format: BlockFormat,
+    bytes: &[u8],
+    u: &mut [u8],
+    s: &mut [f32],
+    t: &mut [f32],
+) {
     let (be, bb) = (format.block_elems(), format.block_bytes());
     let per = be / spec(format).g;
     for (b, blk) in bytes.chunks_exact(bb).enumerate() {
@@ -351,7 +357,7 @@ fn unpack_row(format: BlockFormat, bytes: &[u8], u: &mut [u8], s: &mut [f32], t:
 
 /// The per-group `s`, `t` of a row segment (what [`unpack_row`] writes besides the
 /// quants).
-fn scales_row(format: BlockFormat, bytes: &[u8], s: &mut [f32], t: &mut [f32]) {
+pub(crate) fn scales_row(format: BlockFormat, bytes: &[u8], s: &mut [f32], t: &mut [f32]) {
     let bb = format.block_bytes();
     let per = format.block_elems() / spec(format).g;
     for (b, blk) in bytes.chunks_exact(bb).enumerate() {
@@ -380,7 +386,7 @@ fn scales_row(format: BlockFormat, bytes: &[u8], s: &mut [f32], t: &mut [f32]) {
 /// # Safety
 /// AVX-512F/BW/VL available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn unpack_row_simd(format: BlockFormat, bytes: &[u8], u: &mut [u8]) -> bool {
+pub(crate) unsafe fn unpack_row_simd(format: BlockFormat, bytes: &[u8], u: &mut [u8]) -> bool {
     let (be, bb) = (format.block_elems(), format.block_bytes());
     let nb = bytes.len() / bb;
     assert!(u.len() >= nb * be);
