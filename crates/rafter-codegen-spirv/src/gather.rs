@@ -1,4 +1,5 @@
-//! ONNX `Gather` of an f32 or f16 tensor with static dims along any axis, by i32 or i64
+//! ONNX `Gather` of a tensor of any element type (f32, f16, bool, 8- to 64-bit integers:
+//! a quantized model's u8 embedding tables, its bool masks) with static dims along any axis, by i32 or i64
 //! indices of any shape (symbolic dims allowed): embedding lookups (BERT's word, position
 //! and token-type embeddings), a token picked from a sequence, a channel selection.
 //!
@@ -10,7 +11,7 @@
 //! negative one counts from the end, as ONNX says. An index outside the axis after that is
 //! invalid input, which a kernel cannot report: it reads position 0 instead of an address
 //! past the data (a device address must never be dereferenced beyond its buffer) and
-//! writes NaN, so the output shows it.
+//! writes NaN (0 for integers and bools), so the output shows it.
 
 use rafter_ir::{DType, Graph, Op};
 use rspirv::dr::Builder;
@@ -40,8 +41,9 @@ struct Layout {
     bindings: usize,
 }
 
-/// Generates a body holding one `gather{axis}` of a static f32/f16 body input by an i32 or
-/// i64 index body input, its result the body's one output.
+/// Generates a body holding one `gather{axis}` of a static body input of any element type
+/// (f32, f16, bool, 8- to 64-bit integers) by an i32 or i64 index body input, its result
+/// the body's one output.
 pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
     let node = grid::one_node(body, "gather")?;
     let Op::Gather { axis } = node.op else {
@@ -60,7 +62,8 @@ pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
             ))
         }
     };
-    let elem = Elem::of(data_ty.dtype).map_err(|e| format!("the gathered data is {e}"))?;
+    // Any element type moves: floats as f32 values, integers and bools as their bits.
+    let elem = Elem::of_any(data_ty.dtype).map_err(|e| format!("the gathered data is {e}"))?;
     let dims = grid::static_dims(data_ty, "gathered data")?;
     let a = grid::norm_axis(axis, dims.len(), "gather")?;
     if body.outputs.len() != 1 || node.outputs.first().copied().flatten() != Some(body.outputs[0]) {
@@ -124,12 +127,22 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let c64 = build(b.u_convert(u64, None, c))?;
     let flat = build(b.i_add(u64, None, flat, c64))?;
     let src = grid::element_addr(b, u64, e.addrs[l.data], flat, l.elem.bytes())?;
-    let v = elem::load(b, l.elem, f32, src)?;
-    let nan = b.constant_bit32(f32, 0x7FC0_0000);
-    let v = build(b.select(f32, None, valid, v, nan))?;
-    let i64 = build(b.u_convert(u64, None, e.i))?;
-    let dst = grid::element_addr(b, u64, e.addrs[l.bindings - 1], i64, l.elem.bytes())?;
-    elem::store(b, l.elem, f32, dst, v)
+    let at = build(b.u_convert(u64, None, e.i))?;
+    let dst = grid::element_addr(b, u64, e.addrs[l.bindings - 1], at, l.elem.bytes())?;
+    if matches!(l.elem, Elem::F32 | Elem::F16) {
+        let v = elem::load(b, l.elem, f32, src)?;
+        // An index out of range (an error in the reference) reads NaN, not memory.
+        let nan = b.constant_bit32(f32, 0x7FC0_0000);
+        let v = build(b.select(f32, None, valid, v, nan))?;
+        elem::store(b, l.elem, f32, dst, v)
+    } else {
+        // Integers and bools keep their bits through an i64; out of range reads 0.
+        let i64 = b.type_int(64, 1);
+        let v = elem::load_int(b, l.elem, i64, src)?;
+        let zero = b.constant_bit64(i64, 0);
+        let v = build(b.select(i64, None, valid, v, zero))?;
+        elem::store_int(b, l.elem, i64, dst, v)
+    }
 }
 
 /// Index `j` as a `u64` holding its two's-complement 64-bit value.

@@ -310,6 +310,7 @@ pub use eye_like::{eye_like, EyeLikeKernel};
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use gather_nd::{gather_nd, GatherNdKernel};
+pub use grid::{INLINE_BINDINGS, MAX_BINDINGS};
 pub use grid_sample::{grid_sample, GridSampleKernel};
 pub use gru::{gru, GruKernel, MAX_HIDDEN as GRU_MAX_HIDDEN};
 pub use loss::{loss, LossKernel};
@@ -412,7 +413,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         if n.op == Op::DynamicQuantizeLinear {
             return dynamic_quantize(body).map(|k| Generated::Rows(k.spirv, k.launch));
         }
-        if let Op::Gru { .. } = n.op {
+        if let Op::Gru { .. } | Op::Lstm { .. } = n.op {
             return gru(body).map(|k| Generated::Rows(k.spirv, k.launch));
         }
         let grid = match n.op {

@@ -41,6 +41,7 @@ mod validation;
 pub use batch_tail::TAIL_MARK;
 pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
+pub use command::{INLINE_BINDINGS, MAX_BINDINGS};
 pub use device::{VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, NO_COOP_ENV};
 pub use error::VulkanError;
 pub use executable::{
