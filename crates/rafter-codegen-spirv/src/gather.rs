@@ -13,7 +13,7 @@
 //! past the data (a device address must never be dereferenced beyond its buffer) and
 //! writes NaN (0 for integers and bools), so the output shows it.
 
-use rafter_ir::{DType, Graph, Op};
+use rafter_ir::{DType, Graph, Op, ValueDef};
 use rspirv::dr::Builder;
 use rspirv::spirv::Word;
 
@@ -37,8 +37,17 @@ struct Layout {
     elem: Elem,
     ids_elem: Elem,
     data: usize,
-    ids: usize,
+    ids: Ids,
     bindings: usize,
+}
+
+/// Where the indices come from.
+enum Ids {
+    /// A body input, by position.
+    Bound(usize),
+    /// A constant the compiler folded into the body (a few indices: it folds constants of
+    /// at most 64 bytes), emitted into the module as literals.
+    Folded(Vec<i64>),
 }
 
 /// Generates a body holding one `gather{axis}` of a static body input of any element type
@@ -50,9 +59,20 @@ pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
         return Err(format!("op `{}` is not a gather", node.op.name()));
     };
     let input = |i: usize| grid::body_input(body, node, i, &format!("gather operand {i}"));
-    let (data, ids) = (input(0)?, input(1)?);
+    let data = input(0)?;
     let data_ty = &body.value(body.inputs[data]).ty;
-    let ids_ty = &body.value(body.inputs[ids]).ty;
+    let ids_value = node.input(1).ok_or("gather without indices")?;
+    let ids = match &body.value(ids_value).def {
+        ValueDef::Input(b) => Ids::Bound(*b),
+        ValueDef::Const(c) => Ids::Folded(
+            body.constant(*c)
+                .to_i64s()
+                .filter(|v| !v.is_empty())
+                .ok_or("gather indices: a constant of no integers")?,
+        ),
+        _ => return Err("gather operand 1 is not a body input or constant".into()),
+    };
+    let ids_ty = &body.value(ids_value).ty;
     let ids_elem = match ids_ty.dtype {
         DType::I64 => Elem::I64,
         DType::I32 => Elem::I32,
@@ -147,8 +167,22 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
 
 /// Index `j` as a `u64` holding its two's-complement 64-bit value.
 fn load_index(b: &mut Builder, t: &Prelude, l: &Layout, addrs: &[Word], j: Word) -> R<Word> {
+    let ids = match &l.ids {
+        Ids::Bound(ids) => *ids,
+        Ids::Folded(values) => {
+            // A select chain over the few literals: `values[j]`.
+            let mut v = b.constant_bit64(t.u64, values[0] as u64);
+            for (k, &x) in values.iter().enumerate().skip(1) {
+                let kc = b.constant_bit32(t.u32, k as u32);
+                let here = build(b.i_equal(t.bool, None, j, kc))?;
+                let xc = b.constant_bit64(t.u64, x as u64);
+                v = build(b.select(t.u64, None, here, xc, v))?;
+            }
+            return Ok(v);
+        }
+    };
     let j64 = build(b.u_convert(t.u64, None, j))?;
-    let at = grid::element_addr(b, t.u64, addrs[l.ids], j64, l.ids_elem.bytes())?;
+    let at = grid::element_addr(b, t.u64, addrs[ids], j64, l.ids_elem.bytes())?;
     load_index_at(b, t, l.ids_elem, at)
 }
 

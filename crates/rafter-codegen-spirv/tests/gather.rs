@@ -128,6 +128,41 @@ fn integer_and_bool_gathers_match_the_reference() {
 }
 
 #[test]
+fn gathers_by_folded_constant_indices_match_the_reference() {
+    // The compiler folds constants of at most 64 bytes into the body: a BERT pooler's
+    // `[:, 0]` gather, or a few picked rows.
+    let Some(device) = common::device_or_skip("folded_gathers") else {
+        return;
+    };
+    for (ids, n) in [
+        ("i64[] = dense [0]", 0),
+        ("i64[5] = dense [3, -1, 0, 2, 3]", 5),
+        ("i32[3] = dense [1, -2, 4]", 3),
+    ] {
+        let out = if n == 0 {
+            "2, 24".to_string()
+        } else {
+            format!("2, {n}, 24")
+        };
+        let text = format!(
+            "graph @g(%t: f32[2, 6, 24]) -> (%y) {{\n  const %i: {ids}\n  %y: f32[{out}] = gather{{axis = 1}}(%t, %i)\n}}"
+        );
+        let body = parse_graph(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let kernel = gather(&body).unwrap_or_else(|e| panic!("{text}: {e}"));
+        common::spirv_val(&kernel.spirv, "gather_folded");
+        let values: Vec<f32> = (0..2 * 6 * 24).map(|i| i as f32 - 100.0).collect();
+        let inputs = vec![Tensor::f32s(&[2, 6, 24], values)];
+        let want = rafter_reference::run(&body, inputs.clone())
+            .unwrap()
+            .remove(0);
+        let dims: Vec<usize> = out.split(", ").map(|d| d.parse().unwrap()).collect();
+        let module = kernel_module(&body, 0).unwrap();
+        let got = common::run_module(&device, &module, &inputs, (DType::F32, &dims));
+        assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "{text}");
+    }
+}
+
+#[test]
 fn gathers_the_kernel_cannot_do_say_why() {
     let cases = [
         (
