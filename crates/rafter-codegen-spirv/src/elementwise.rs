@@ -10,7 +10,8 @@ use rafter_vulkan_section::{dim_params, DimParam, Launch, MAX_DIM_PARAMS};
 use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
-    BuiltIn, Decoration, LoopControl, MemorySemantics, Scope, SelectionControl, StorageClass, Word,
+    BuiltIn, Decoration, LoopControl, MemoryAccess, MemorySemantics, Scope, SelectionControl,
+    StorageClass, Word,
 };
 
 use crate::elem::{self, Elem};
@@ -1957,26 +1958,29 @@ impl<'a> Emitter<'a> {
         let ptr_block = b.type_pointer(None, StorageClass::PhysicalStorageBuffer, block);
 
         // Push constants: one pointer per binding, then the element count, then the dim
-        // params.
+        // params; past `INLINE_BINDINGS` bindings the same block lives in memory and the
+        // push constants hold its address (`matmul::push_block` says why).
         let n_dims = self.table.params.len();
+        let table = bindings > crate::grid::INLINE_BINDINGS;
+        let u64 = b.type_int(64, 0);
         let mut members = vec![ptr_block; bindings];
         members.extend(std::iter::repeat_n(u32, 1 + n_dims));
-        let push = b.type_struct(members);
+        if table {
+            members = vec![u64];
+        }
+        let push = b.type_struct(members.iter().copied());
         b.decorate(push, Decoration::Block, []);
-        for i in 0..bindings {
+        for (i, _) in members.iter().enumerate() {
+            let offset = if i < bindings {
+                8 * i
+            } else {
+                8 * bindings + 4 * (i - bindings)
+            };
             b.member_decorate(
                 push,
                 i as u32,
                 Decoration::Offset,
-                [Arg::LiteralBit32(8 * i as u32)],
-            );
-        }
-        for j in 0..=n_dims {
-            b.member_decorate(
-                push,
-                (bindings + j) as u32,
-                Decoration::Offset,
-                [Arg::LiteralBit32(8 * bindings as u32 + 4 * j as u32)],
+                [Arg::LiteralBit32(offset as u32)],
             );
         }
         let ptr_push = b.type_pointer(None, StorageClass::PushConstant, push);
@@ -2076,16 +2080,39 @@ impl<'a> Emitter<'a> {
                 (first, build(self.b.i_mul(u32, None, groups_x, local))?)
             }
         };
-        let count_index = self.u(bindings as u32);
-        let count_ptr = build(
-            self.b
-                .access_chain(ptr_push_u32, None, push_var, [count_index]),
-        )?;
-        let count = build(self.b.load(u32, None, count_ptr, None, []))?;
+        // Member `i` of the argument block: read from the push constants, or through the
+        // block's pushed address.
+        let table_base = if table {
+            let ptr = self.b.type_pointer(None, StorageClass::PushConstant, u64);
+            let zero = self.u(0);
+            let p = build(self.b.access_chain(ptr, None, push_var, [zero]))?;
+            Some(build(self.b.load(u64, None, p, None, []))?)
+        } else {
+            None
+        };
+        let member = |this: &mut Self, i: usize, ty: Word, inline_ptr: Word| -> R<Word> {
+            let Some(base) = table_base else {
+                let index = this.u(i as u32);
+                let p = build(this.b.access_chain(inline_ptr, None, push_var, [index]))?;
+                return build(this.b.load(ty, None, p, None, []));
+            };
+            let (offset, align) = if i < bindings {
+                (8 * i, 8)
+            } else {
+                (8 * bindings + 4 * (i - bindings), 4)
+            };
+            let offset = this.b.constant_bit64(u64, offset as u64);
+            let at = build(this.b.i_add(u64, None, base, offset))?;
+            let p_ty = this
+                .b
+                .type_pointer(None, StorageClass::PhysicalStorageBuffer, ty);
+            let p = build(this.b.convert_u_to_ptr(p_ty, None, at))?;
+            let align = [Arg::LiteralBit32(align)];
+            build(this.b.load(ty, None, p, Some(MemoryAccess::ALIGNED), align))
+        };
+        let count = member(&mut self, bindings, u32, ptr_push_u32)?;
         for j in 0..n_dims {
-            let index = self.u((bindings + 1 + j) as u32);
-            let ptr = build(self.b.access_chain(ptr_push_u32, None, push_var, [index]))?;
-            let w = build(self.b.load(u32, None, ptr, None, []))?;
+            let w = member(&mut self, bindings + 1 + j, u32, ptr_push_u32)?;
             self.dim_words.push(w);
         }
         // Row lengths of a softmax or layer norm (and the softmax's inner stride).
@@ -2099,16 +2126,19 @@ impl<'a> Emitter<'a> {
         };
         let mut bases = Vec::with_capacity(bindings);
         for i in 0..bindings {
-            let index = self.u(i as u32);
-            let ptr = build(self.b.access_chain(ptr_push_block, None, push_var, [index]))?;
-            bases.push(build(self.b.load(ptr_block, None, ptr, None, []))?);
+            if table {
+                // The table holds plain 64-bit addresses.
+                let address = member(&mut self, i, u64, ptr_push_block)?;
+                bases.push(build(self.b.convert_u_to_ptr(ptr_block, None, address))?);
+                self.addrs.push(address);
+            } else {
+                let base = member(&mut self, i, ptr_block, ptr_push_block)?;
+                bases.push(base);
+                self.addrs
+                    .push(build(self.b.convert_ptr_to_u(u64, None, base))?);
+            }
         }
         let zero_index = self.u(0);
-        let u64 = self.b.type_int(64, 0);
-        for &base in &bases {
-            let address = build(self.b.convert_ptr_to_u(u64, None, base))?;
-            self.addrs.push(address);
-        }
 
         // Scalars (single-element inputs and constants) are read once, before the loop.
         let mut values: HashMap<ValueId, Word> = HashMap::new();

@@ -1,4 +1,5 @@
-//! ONNX `Gather` of an f32 or f16 tensor with static dims along any axis, by i32 or i64
+//! ONNX `Gather` of a tensor of any element type (f32, f16, bool, 8- to 64-bit integers:
+//! a quantized model's u8 embedding tables, its bool masks) with static dims along any axis, by i32 or i64
 //! indices of any shape (symbolic dims allowed): embedding lookups (BERT's word, position
 //! and token-type embeddings), a token picked from a sequence, a channel selection.
 //!
@@ -10,9 +11,9 @@
 //! negative one counts from the end, as ONNX says. An index outside the axis after that is
 //! invalid input, which a kernel cannot report: it reads position 0 instead of an address
 //! past the data (a device address must never be dereferenced beyond its buffer) and
-//! writes NaN, so the output shows it.
+//! writes NaN (0 for integers and bools), so the output shows it.
 
-use rafter_ir::{DType, Graph, Op};
+use rafter_ir::{DType, Graph, Op, ValueDef};
 use rspirv::dr::Builder;
 use rspirv::spirv::Word;
 
@@ -36,21 +37,42 @@ struct Layout {
     elem: Elem,
     ids_elem: Elem,
     data: usize,
-    ids: usize,
+    ids: Ids,
     bindings: usize,
 }
 
-/// Generates a body holding one `gather{axis}` of a static f32/f16 body input by an i32 or
-/// i64 index body input, its result the body's one output.
+/// Where the indices come from.
+enum Ids {
+    /// A body input, by position.
+    Bound(usize),
+    /// A constant the compiler folded into the body (a few indices: it folds constants of
+    /// at most 64 bytes), emitted into the module as literals.
+    Folded(Vec<i64>),
+}
+
+/// Generates a body holding one `gather{axis}` of a static body input of any element type
+/// (f32, f16, bool, 8- to 64-bit integers) by an i32 or i64 index body input, its result
+/// the body's one output.
 pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
     let node = grid::one_node(body, "gather")?;
     let Op::Gather { axis } = node.op else {
         return Err(format!("op `{}` is not a gather", node.op.name()));
     };
     let input = |i: usize| grid::body_input(body, node, i, &format!("gather operand {i}"));
-    let (data, ids) = (input(0)?, input(1)?);
+    let data = input(0)?;
     let data_ty = &body.value(body.inputs[data]).ty;
-    let ids_ty = &body.value(body.inputs[ids]).ty;
+    let ids_value = node.input(1).ok_or("gather without indices")?;
+    let ids = match &body.value(ids_value).def {
+        ValueDef::Input(b) => Ids::Bound(*b),
+        ValueDef::Const(c) => Ids::Folded(
+            body.constant(*c)
+                .to_i64s()
+                .filter(|v| !v.is_empty())
+                .ok_or("gather indices: a constant of no integers")?,
+        ),
+        _ => return Err("gather operand 1 is not a body input or constant".into()),
+    };
+    let ids_ty = &body.value(ids_value).ty;
     let ids_elem = match ids_ty.dtype {
         DType::I64 => Elem::I64,
         DType::I32 => Elem::I32,
@@ -60,7 +82,8 @@ pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
             ))
         }
     };
-    let elem = Elem::of(data_ty.dtype).map_err(|e| format!("the gathered data is {e}"))?;
+    // Any element type moves: floats as f32 values, integers and bools as their bits.
+    let elem = Elem::of_any(data_ty.dtype).map_err(|e| format!("the gathered data is {e}"))?;
     let dims = grid::static_dims(data_ty, "gathered data")?;
     let a = grid::norm_axis(axis, dims.len(), "gather")?;
     if body.outputs.len() != 1 || node.outputs.first().copied().flatten() != Some(body.outputs[0]) {
@@ -124,18 +147,42 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let c64 = build(b.u_convert(u64, None, c))?;
     let flat = build(b.i_add(u64, None, flat, c64))?;
     let src = grid::element_addr(b, u64, e.addrs[l.data], flat, l.elem.bytes())?;
-    let v = elem::load(b, l.elem, f32, src)?;
-    let nan = b.constant_bit32(f32, 0x7FC0_0000);
-    let v = build(b.select(f32, None, valid, v, nan))?;
-    let i64 = build(b.u_convert(u64, None, e.i))?;
-    let dst = grid::element_addr(b, u64, e.addrs[l.bindings - 1], i64, l.elem.bytes())?;
-    elem::store(b, l.elem, f32, dst, v)
+    let at = build(b.u_convert(u64, None, e.i))?;
+    let dst = grid::element_addr(b, u64, e.addrs[l.bindings - 1], at, l.elem.bytes())?;
+    if matches!(l.elem, Elem::F32 | Elem::F16) {
+        let v = elem::load(b, l.elem, f32, src)?;
+        // An index out of range (an error in the reference) reads NaN, not memory.
+        let nan = b.constant_bit32(f32, 0x7FC0_0000);
+        let v = build(b.select(f32, None, valid, v, nan))?;
+        elem::store(b, l.elem, f32, dst, v)
+    } else {
+        // Integers and bools keep their bits through an i64; out of range reads 0.
+        let i64 = b.type_int(64, 1);
+        let v = elem::load_int(b, l.elem, i64, src)?;
+        let zero = b.constant_bit64(i64, 0);
+        let v = build(b.select(i64, None, valid, v, zero))?;
+        elem::store_int(b, l.elem, i64, dst, v)
+    }
 }
 
 /// Index `j` as a `u64` holding its two's-complement 64-bit value.
 fn load_index(b: &mut Builder, t: &Prelude, l: &Layout, addrs: &[Word], j: Word) -> R<Word> {
+    let ids = match &l.ids {
+        Ids::Bound(ids) => *ids,
+        Ids::Folded(values) => {
+            // A select chain over the few literals: `values[j]`.
+            let mut v = b.constant_bit64(t.u64, values[0] as u64);
+            for (k, &x) in values.iter().enumerate().skip(1) {
+                let kc = b.constant_bit32(t.u32, k as u32);
+                let here = build(b.i_equal(t.bool, None, j, kc))?;
+                let xc = b.constant_bit64(t.u64, x as u64);
+                v = build(b.select(t.u64, None, here, xc, v))?;
+            }
+            return Ok(v);
+        }
+    };
     let j64 = build(b.u_convert(t.u64, None, j))?;
-    let at = grid::element_addr(b, t.u64, addrs[l.ids], j64, l.ids_elem.bytes())?;
+    let at = grid::element_addr(b, t.u64, addrs[ids], j64, l.ids_elem.bytes())?;
     load_index_at(b, t, l.ids_elem, at)
 }
 

@@ -11,10 +11,16 @@ use rspirv::spirv::{BuiltIn, LoopControl, Word};
 use crate::matmul::{begin_main, build, builtin_v3, prelude, push_block, Prelude, R};
 use crate::WORKGROUP_SIZE;
 
-/// The most buffers one dispatch may bind on every Vulkan device: the runtime pushes 16
-/// bytes per binding and Vulkan guarantees 128 bytes of push constants (lavapipe's
-/// limit). A kernel over it stays on the CPU rather than failing at dispatch.
-pub(crate) const MAX_BINDINGS: usize = 8;
+/// The most buffers a dispatch passes inline: the runtime pushes each binding's 64-bit
+/// address, then the params, and Vulkan guarantees 128 bytes of push constants (lavapipe's
+/// limit). A kernel of more bindings reads the same block through memory, its address
+/// pushed instead ([`crate::matmul::push_block`]); `rafter-hal-vulkan`'s `INLINE_BINDINGS`
+/// is the same number (a test checks it).
+pub const INLINE_BINDINGS: usize = 8;
+
+/// The most buffers one dispatch may bind (`rafter-hal-vulkan`'s `MAX_BINDINGS`): a
+/// kernel over it stays on the CPU rather than failing at dispatch.
+pub const MAX_BINDINGS: usize = 64;
 
 /// What the per-element emitter sees: the binding addresses (body inputs, then outputs),
 /// the count param and the element index `i`, all `u32` but the `u64` addresses.

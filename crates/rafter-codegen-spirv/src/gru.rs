@@ -1,6 +1,13 @@
-//! ONNX `GRU` on f32: forward, reverse and bidirectional, both layouts,
-//! `linear_before_reset` either way, `clip`, an optional bias and initial state, sigmoid,
-//! tanh or relu gate functions; the recurrent layers of speech models.
+//! ONNX `GRU` and `LSTM` on f32: forward, reverse and bidirectional, both layouts,
+//! `linear_before_reset` either way (GRU), peepholes and `input_forget` (LSTM), `clip`, an
+//! optional bias and initial state, sigmoid, tanh or relu gate functions; the recurrent
+//! layers of speech models.
+//!
+//! An LSTM step is one phase (every unit's gates `i, o, f, c~` read only the old hidden
+//! state and the unit's own cell state, which it updates in place) then the copy of the new
+//! hidden state over the old. A full LSTM binds up to 11 buffers, past the 8 a dispatch
+//! passes in push constants, so it reads its arguments through memory
+//! ([`crate::matmul::push_block`]).
 //!
 //! A step needs the whole previous hidden state, so one workgroup runs one (direction,
 //! batch row) pair through every time step: its invocations share the hidden units
@@ -37,7 +44,7 @@ use crate::ROW_WORKGROUP_SIZE as WG;
 /// memory: 16 KiB, Vulkan's guaranteed minimum).
 pub const MAX_HIDDEN: u32 = 1024;
 
-/// A generated GRU kernel.
+/// A generated GRU or LSTM kernel.
 #[derive(Debug, Clone)]
 pub struct GruKernel {
     /// The SPIR-V module (entry point `main`); bindings: the body inputs, then its outputs.
@@ -54,8 +61,16 @@ enum Act {
     Relu,
 }
 
+/// Which recurrent cell.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Gru { linear_before_reset: bool },
+    Lstm { input_forget: bool },
+}
+
 /// The layer's shape and bindings.
 struct Layout {
+    kind: Kind,
     seq: u32,
     batch: u32,
     input: u32,
@@ -65,19 +80,24 @@ struct Layout {
     batch_first: bool,
     linear_before_reset: bool,
     clip: Option<f32>,
-    /// f (the gates) and g (the candidate).
-    acts: [Act; 2],
+    /// f (the gates), g (the candidate) and, for the LSTM, h (the output's).
+    acts: [Act; 3],
     x: usize,
     w: usize,
     r: usize,
     bias: Option<usize>,
     h0: Option<usize>,
+    /// LSTM: the initial cell state and the peepholes.
+    c0: Option<usize>,
+    peep: Option<usize>,
     y: Option<usize>,
     y_h: Option<usize>,
+    /// LSTM: the last cell state.
+    y_c: Option<usize>,
     bindings: usize,
 }
 
-/// Generates a body that is one `gru` node of f32 body inputs.
+/// Generates a body that is one `gru` or `lstm` node of f32 body inputs.
 pub fn gru(body: &Graph) -> Result<GruKernel, String> {
     let l = plan(body)?;
     let spirv = emit(&l)?;
@@ -88,20 +108,67 @@ pub fn gru(body: &Graph) -> Result<GruKernel, String> {
 }
 
 fn plan(body: &Graph) -> R<Layout> {
-    let node = grid::one_node(body, "gru")?;
-    let Op::Gru {
-        direction,
-        hidden_size,
-        layout,
-        linear_before_reset,
-        clip,
-        activations,
-        activation_alpha,
-        activation_beta,
-    } = &node.op
-    else {
-        return Err(format!("op `{}` is not gru", node.op.name()));
+    let node = body
+        .nodes
+        .first()
+        .filter(|_| body.nodes.len() == 1)
+        .ok_or("a recurrent kernel is one gru or lstm node")?;
+    let (kind, direction, hidden_size, layout, clip, activations, alpha, beta) = match &node.op {
+        Op::Gru {
+            direction,
+            hidden_size,
+            layout,
+            linear_before_reset,
+            clip,
+            activations,
+            activation_alpha,
+            activation_beta,
+        } => (
+            Kind::Gru {
+                linear_before_reset: *linear_before_reset,
+            },
+            direction,
+            hidden_size,
+            layout,
+            clip,
+            activations,
+            activation_alpha,
+            activation_beta,
+        ),
+        Op::Lstm {
+            direction,
+            hidden_size,
+            layout,
+            input_forget,
+            clip,
+            activations,
+            activation_alpha,
+            activation_beta,
+        } => (
+            Kind::Lstm {
+                input_forget: *input_forget,
+            },
+            direction,
+            hidden_size,
+            layout,
+            clip,
+            activations,
+            activation_alpha,
+            activation_beta,
+        ),
+        other => return Err(format!("op `{}` is not gru or lstm", other.name())),
     };
+    let linear_before_reset = &matches!(
+        kind,
+        Kind::Gru {
+            linear_before_reset: true
+        }
+    );
+    let gates: u64 = match kind {
+        Kind::Gru { .. } => 3,
+        Kind::Lstm { .. } => 4,
+    };
+    let is_lstm = matches!(kind, Kind::Lstm { .. });
     let dirs: u32 = match direction {
         RnnDirection::Bidirectional => 2,
         _ => 1,
@@ -124,6 +191,11 @@ fn plan(body: &Graph) -> R<Layout> {
         return Err("sequence_lens: rows of one length are generated".into());
     }
     let h0 = input(5, "initial_h")?;
+    let (c0, peep) = if is_lstm {
+        (input(6, "initial_c")?, input(7, "the peepholes")?)
+    } else {
+        (None, None)
+    };
     let dims = |b: usize, what: &str| grid::static_dims(&body.value(body.inputs[b]).ty, what);
     let xd = dims(x, "x")?;
     let batch_first = *layout != 0;
@@ -144,10 +216,13 @@ fn plan(body: &Graph) -> R<Layout> {
         Ok(())
     };
     let d = u64::from(dirs);
-    want(w, "w", vec![d, 3 * hidden, input_size])?;
-    want(r, "r", vec![d, 3 * hidden, hidden])?;
+    want(w, "w", vec![d, gates * hidden, input_size])?;
+    want(r, "r", vec![d, gates * hidden, hidden])?;
     if let Some(b) = bias {
-        want(b, "the bias", vec![d, 6 * hidden])?;
+        want(b, "the bias", vec![d, 2 * gates * hidden])?;
+    }
+    if let Some(p) = peep {
+        want(p, "the peepholes", vec![d, 3 * hidden])?;
     }
     let state_dims = if batch_first {
         vec![batch, d, hidden]
@@ -156,6 +231,9 @@ fn plan(body: &Graph) -> R<Layout> {
     };
     if let Some(h) = h0 {
         want(h, "initial_h", state_dims.clone())?;
+    }
+    if let Some(c) = c0 {
+        want(c, "initial_c", state_dims.clone())?;
     }
     if seq == 0 || batch == 0 || hidden == 0 || input_size == 0 {
         return Err("an empty sequence, batch, input or hidden state".into());
@@ -167,16 +245,16 @@ fn plan(body: &Graph) -> R<Layout> {
     }
     grid::product_u32(&xd, "x")?;
     grid::product_u32(&[seq, d, batch, hidden], "y")?;
-    grid::product_u32(&[d, 3 * hidden, input_size.max(hidden)], "w")?;
-    let resolved = rnn_activation::resolve(
-        Cell::Gru {
-            linear_before_reset: *linear_before_reset,
+    grid::product_u32(&[d, gates * hidden, input_size.max(hidden)], "w")?;
+    let cell = match kind {
+        Kind::Gru {
+            linear_before_reset,
+        } => Cell::Gru {
+            linear_before_reset,
         },
-        dirs as usize,
-        activations,
-        activation_alpha,
-        activation_beta,
-    )?;
+        Kind::Lstm { input_forget } => Cell::Lstm { input_forget },
+    };
+    let resolved = rnn_activation::resolve(cell, dirs as usize, activations, alpha, beta)?;
     let act = |name: &str| match name {
         "Sigmoid" => Ok(Act::Sigmoid),
         "Tanh" => Ok(Act::Tanh),
@@ -188,10 +266,11 @@ fn plan(body: &Graph) -> R<Layout> {
     let per_dir = resolved
         .iter()
         .map(|a| match a.as_slice() {
-            [f, g] => Ok([act(f.name)?, act(g.name)?]),
+            [f, g] if !is_lstm => Ok([act(f.name)?, act(g.name)?, Act::Tanh]),
+            [f, g, h] if is_lstm => Ok([act(f.name)?, act(g.name)?, act(h.name)?]),
             _ => Err(format!("{} gate functions", a.len())),
         })
-        .collect::<R<Vec<[Act; 2]>>>()?;
+        .collect::<R<Vec<[Act; 3]>>>()?;
     let acts = *per_dir.first().ok_or("no directions")?;
     if per_dir.iter().any(|a| *a != acts) {
         return Err("different gate functions per direction".into());
@@ -202,19 +281,22 @@ fn plan(body: &Graph) -> R<Layout> {
         body.outputs.iter().position(|&o| o == v).map(|p| n_in + p)
     };
     let (y, y_h) = (bound(0), bound(1));
-    // The launch counts the first output's rows; either result has at least dirs × batch.
-    if y.is_none() && y_h.is_none() {
-        return Err("neither result is a body output".into());
+    let y_c = if is_lstm { bound(2) } else { None };
+    // The launch counts the first output's rows; every result has at least dirs × batch.
+    if y.is_none() && y_h.is_none() && y_c.is_none() {
+        return Err("no result is a body output".into());
     }
     let bindings = n_in + body.outputs.len();
     if bindings > grid::MAX_BINDINGS {
         return Err(format!(
-            "gru with {bindings} buffers: a dispatch binds at most {}",
+            "{} with {bindings} buffers: a dispatch binds at most {}",
+            node.op.name(),
             grid::MAX_BINDINGS
         ));
     }
     let u = |v: u64| v as u32;
     Ok(Layout {
+        kind,
         seq: u(seq),
         batch: u(batch),
         input: u(input_size),
@@ -230,8 +312,11 @@ fn plan(body: &Graph) -> R<Layout> {
         r,
         bias,
         h0,
+        c0,
+        peep,
         y,
         y_h,
+        y_c,
         bindings,
     })
 }
@@ -457,8 +542,13 @@ impl Cx {
 
     /// `act(clip(v))`.
     fn activate(&mut self, l: &Layout, act: Act, v: Word) -> R<Word> {
+        self.activate_clipped(l.clip, act, v)
+    }
+
+    /// `act(clip(v))`, `clip` when `Some`.
+    fn activate_clipped(&mut self, clip: Option<f32>, act: Act, v: Word) -> R<Word> {
         let (f32, bool) = (self.t.f32, self.t.bool);
-        let v = match l.clip {
+        let v = match clip {
             None => v,
             Some(c) => {
                 let (lo, hi) = (self.f(-c), self.f(c));
@@ -515,7 +605,19 @@ impl Cx {
                 None => cx.f(0.0),
             };
             let h = cx.h;
-            cx.store_shared(h, j, v)
+            cx.store_shared(h, j, v)?;
+            if matches!(l.kind, Kind::Lstm { .. }) {
+                let c = match l.c0 {
+                    Some(c0) => {
+                        let at = cx.state_index(l, d, bi, j)?;
+                        cx.load(c0, at)?
+                    }
+                    None => cx.f(0.0),
+                };
+                let cs = cx.z;
+                cx.store_shared(cs, j, c)?;
+            }
+            Ok(())
         })?;
         self.barrier()?;
         // The second direction of a bidirectional layer, or a reverse one, runs backwards.
@@ -530,7 +632,10 @@ impl Cx {
             let last = cx.u(l.seq - 1);
             let back = build(cx.b.i_sub(u32, None, last, step))?;
             let time = build(cx.b.select(u32, None, reverse, back, step))?;
-            cx.step(l, (d, bi, time))?;
+            match l.kind {
+                Kind::Gru { .. } => cx.step(l, (d, bi, time))?,
+                Kind::Lstm { input_forget } => cx.lstm_step(l, input_forget, (d, bi, time))?,
+            }
             Ok(Vec::new())
         })?;
         if let Some(y_h) = l.y_h {
@@ -539,6 +644,14 @@ impl Cx {
                 let v = cx.load_shared(h, j)?;
                 let at = cx.state_index(l, d, bi, j)?;
                 cx.store(y_h, at, v)
+            })?;
+        }
+        if let Some(y_c) = l.y_c {
+            self.units(hidden, &mut |cx, j| {
+                let c = cx.z;
+                let v = cx.load_shared(c, j)?;
+                let at = cx.state_index(l, d, bi, j)?;
+                cx.store(y_c, at, v)
             })?;
         }
         // The next pair overwrites the state.
@@ -600,7 +713,7 @@ impl Cx {
             let b = bias_at(cx, gate, true, j)?;
             cx.add(s, b)
         };
-        let [f, g] = l.acts;
+        let [f, g, _] = l.acts;
         // (A) the update and reset gates.
         self.units(hs, &mut |cx, j| {
             for (gate, arr) in [(0, cx.z), (1, cx.rg)] {
@@ -667,6 +780,143 @@ impl Cx {
         })?;
         self.barrier()?;
         // (C) the new state over the old.
+        self.units(hs, &mut |cx, j| {
+            let hn = cx.hn;
+            let v = cx.load_shared(hn, j)?;
+            let h = cx.h;
+            cx.store_shared(h, j, v)
+        })?;
+        self.barrier()
+    }
+
+    /// The index of `Y[time, d, bi, j]` (layout 0) or `Y[bi, time, d, j]` (layout 1).
+    fn y_index(&mut self, l: &Layout, (d, bi, time): (Word, Word, Word), j: Word) -> R<Word> {
+        let dirs = self.u(l.dirs);
+        let at = if l.batch_first {
+            let seq = self.u(l.seq);
+            let o = self.imul(bi, seq)?;
+            let o = self.iadd(o, time)?;
+            let o = self.imul(o, dirs)?;
+            self.iadd(o, d)?
+        } else {
+            let batch = self.u(l.batch);
+            let o = self.imul(time, dirs)?;
+            let o = self.iadd(o, d)?;
+            let o = self.imul(o, batch)?;
+            self.iadd(o, bi)?
+        };
+        let hidden = self.u(l.hidden);
+        let at = self.imul(at, hidden)?;
+        self.iadd(at, j)
+    }
+
+    /// One LSTM time step of pair `(d, bi)` at time `time`, as the reference computes it:
+    /// `pre = (x·Wᵀ + Wb) + (h·Rᵀ + Rb)` per gate (`i, o, f, c`), then
+    /// `i = f(pre_i + P_i ⊙ c)`, `f = f(pre_f + P_f ⊙ c)` (`1 - i` with `input_forget`),
+    /// `c' = f ⊙ c + i ⊙ g(pre_c)`, `o = f(pre_o + P_o ⊙ c')`, `h' = o ⊙ h(c')`, `clip`
+    /// before `f` and `g` only. The cell state (workgroup array `z`) is per unit, so each
+    /// unit updates its own in place; the new hidden state goes to `hn`, then over `h`.
+    fn lstm_step(
+        &mut self,
+        l: &Layout,
+        input_forget: bool,
+        (d, bi, time): (Word, Word, Word),
+    ) -> R<()> {
+        let (hs, gh) = (l.hidden, 4 * l.hidden);
+        let (t_outer, t_inner, inner_len) = if l.batch_first {
+            (bi, time, l.seq)
+        } else {
+            (time, bi, l.batch)
+        };
+        let inner_len = self.u(inner_len);
+        let x_row = self.imul(t_outer, inner_len)?;
+        let x_row = self.iadd(x_row, t_inner)?;
+        let input = self.u(l.input);
+        let x_row = self.imul(x_row, input)?;
+        let dgh = {
+            let g = self.u(gh);
+            self.imul(d, g)?
+        };
+        // `(x·W[gate]ᵀ + Wb) + (h·R[gate]ᵀ + Rb)` for unit j.
+        let pre = |cx: &mut Cx, gate: u32, j: Word| -> R<Word> {
+            let row = cx.u(gate * hs);
+            let row = cx.iadd(dgh, row)?;
+            let row = cx.iadd(row, j)?;
+            let (input, hidden) = (cx.u(l.input), cx.u(hs));
+            let w_row = cx.imul(row, input)?;
+            let xw = cx.dot(l.input, l.w, w_row, &mut |cx, k| {
+                let at = cx.iadd(x_row, k)?;
+                cx.load(l.x, at)
+            })?;
+            let r_row = cx.imul(row, hidden)?;
+            let h = cx.h;
+            let hr = cx.dot(hs, l.r, r_row, &mut |cx, k| cx.load_shared(h, k))?;
+            let (xw, hr) = match l.bias {
+                None => (xw, hr),
+                Some(b) => {
+                    let two = cx.u(2 * gh);
+                    let base = cx.imul(d, two)?;
+                    let off = cx.u(gate * hs);
+                    let at = cx.iadd(base, off)?;
+                    let at = cx.iadd(at, j)?;
+                    let wb = cx.load(b, at)?;
+                    let roff = cx.u(gh);
+                    let at = cx.iadd(at, roff)?;
+                    let rb = cx.load(b, at)?;
+                    (cx.add(xw, wb)?, cx.add(hr, rb)?)
+                }
+            };
+            cx.add(xw, hr)
+        };
+        // `v + P[which] ⊙ c` (`which`: 0 input, 1 output, 2 forget), or `v` without peepholes.
+        let peep = |cx: &mut Cx, which: u32, j: Word, c: Word, v: Word| -> R<Word> {
+            let Some(p) = l.peep else {
+                return Ok(v);
+            };
+            let three = cx.u(3 * hs);
+            let base = cx.imul(d, three)?;
+            let off = cx.u(which * hs);
+            let at = cx.iadd(base, off)?;
+            let at = cx.iadd(at, j)?;
+            let pv = cx.load(p, at)?;
+            let m = cx.mul(pv, c)?;
+            cx.add(v, m)
+        };
+        let [f, g, h_act] = l.acts;
+        self.units(hs, &mut |cx, j| {
+            let cs = cx.z;
+            let cp = cx.load_shared(cs, j)?;
+            let pi = pre(cx, 0, j)?;
+            let pi = peep(cx, 0, j, cp, pi)?;
+            let i = cx.activate(l, f, pi)?;
+            let fg = if input_forget {
+                let one = cx.f(1.0);
+                build(cx.b.f_sub(cx.t.f32, None, one, i))?
+            } else {
+                let pf = pre(cx, 2, j)?;
+                let pf = peep(cx, 2, j, cp, pf)?;
+                cx.activate(l, f, pf)?
+            };
+            let pc = pre(cx, 3, j)?;
+            let ct = cx.activate(l, g, pc)?;
+            let a = cx.mul(fg, cp)?;
+            let b = cx.mul(i, ct)?;
+            let cc = cx.add(a, b)?;
+            let po = pre(cx, 1, j)?;
+            let po = peep(cx, 1, j, cc, po)?;
+            let o = cx.activate(l, f, po)?;
+            let hc = cx.activate_clipped(None, h_act, cc)?;
+            let hv = cx.mul(o, hc)?;
+            cx.store_shared(cs, j, cc)?;
+            let hn = cx.hn;
+            cx.store_shared(hn, j, hv)?;
+            if let Some(y) = l.y {
+                let at = cx.y_index(l, (d, bi, time), j)?;
+                cx.store(y, at, hv)?;
+            }
+            Ok(())
+        })?;
+        self.barrier()?;
         self.units(hs, &mut |cx, j| {
             let hn = cx.hn;
             let v = cx.load_shared(hn, j)?;

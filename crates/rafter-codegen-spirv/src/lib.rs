@@ -198,14 +198,18 @@
 //! [`qlinear_conv`]: ONNX `QLinearConv` of u8/i8 inputs and weights with any number of
 //! static spatial dims, groups, pads, strides, dilations and `auto_pad`, weight scales and
 //! zero points per tensor or per output channel, an i32 bias; one invocation per output
-//! element summing in i32, requantized in f32 as ONNX Runtime does (at most 8 bindings:
-//! the scalar scales and zero points must be constants folded into the body, as the
-//! compiler folds a quantized model's).
+//! element summing in i32, requantized in f32 as ONNX Runtime does.
 //!
-//! [`gru`]: ONNX `GRU` on f32, every direction and layout, `linear_before_reset`, `clip`,
-//! sigmoid/tanh/relu gates; one workgroup per (direction, batch row) looping over the time
-//! steps with the hidden state in workgroup memory (`Launch::Rows`), at most
-//! [`GRU_MAX_HIDDEN`] units; `sequence_lens` stays on the CPU.
+//! [`gru`]: ONNX `GRU` and `LSTM` on f32, every direction and layout, `linear_before_reset`
+//! (GRU), peepholes and `input_forget` (LSTM), `clip`, sigmoid/tanh/relu gates; one
+//! workgroup per (direction, batch row) looping over the time steps with the hidden (and
+//! cell) state in workgroup memory (`Launch::Rows`), at most [`GRU_MAX_HIDDEN`] units;
+//! `sequence_lens` stays on the CPU.
+//!
+//! **Bindings.** A kernel binds at most [`MAX_BINDINGS`] buffers. Up to
+//! [`INLINE_BINDINGS`] their addresses, then the params, are the push constants; with more,
+//! the runtime writes that same block to memory and pushes its address, and the module
+//! reads its arguments through it (an LSTM with states and peepholes binds 10).
 //!
 //! [`rotary`]: ONNX `RotaryEmbedding` of an f32 `[batch, seq, hidden]` or `[batch, heads,
 //! seq, head_size]` (heads and seq static) by cos and sin caches (`[positions, rot / 2]`,
@@ -310,6 +314,7 @@ pub use eye_like::{eye_like, EyeLikeKernel};
 pub use gather::{gather, GatherKernel};
 pub use gather_elements::{gather_elements, GatherElementsKernel};
 pub use gather_nd::{gather_nd, GatherNdKernel};
+pub use grid::{INLINE_BINDINGS, MAX_BINDINGS};
 pub use grid_sample::{grid_sample, GridSampleKernel};
 pub use gru::{gru, GruKernel, MAX_HIDDEN as GRU_MAX_HIDDEN};
 pub use loss::{loss, LossKernel};
@@ -412,7 +417,7 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         if n.op == Op::DynamicQuantizeLinear {
             return dynamic_quantize(body).map(|k| Generated::Rows(k.spirv, k.launch));
         }
-        if let Op::Gru { .. } = n.op {
+        if let Op::Gru { .. } | Op::Lstm { .. } = n.op {
             return gru(body).map(|k| Generated::Rows(k.spirv, k.launch));
         }
         let grid = match n.op {

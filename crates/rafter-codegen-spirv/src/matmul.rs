@@ -28,8 +28,8 @@ use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel,
-    FunctionControl, LoopControl, MemoryModel, MemorySemantics, Scope, SelectionControl,
-    StorageClass, Word,
+    FunctionControl, LoopControl, MemoryAccess, MemoryModel, MemorySemantics, Scope,
+    SelectionControl, StorageClass, Word,
 };
 
 use crate::coop::emit_coop;
@@ -716,17 +716,30 @@ pub(crate) struct Push {
     pub(crate) var: Word,
     pub(crate) ptr_u64: Word,
     pub(crate) ptr_u32: Word,
+    /// With more than [`crate::grid::INLINE_BINDINGS`] addresses: the block's address count;
+    /// the block then lives in memory and the push constants hold its address.
+    table: Option<u32>,
 }
 
-/// Push constants: `addresses` u64 binding addresses, then `words` u32 params, packed.
+/// The kernel's arguments: `addresses` u64 binding addresses, then `words` u32 params,
+/// packed. Up to [`crate::grid::INLINE_BINDINGS`] addresses the block is the push
+/// constants; past it the runtime writes the same block to memory and pushes its address
+/// (`rafter-hal-vulkan`'s `INLINE_BINDINGS` says why), and [`Push::member`] reads through
+/// it. Either way a kernel reads member `i` the same way.
 pub(crate) fn push_block(b: &mut Builder, t: &Prelude, addresses: u32, words: u32) -> Push {
-    let members: Vec<Word> = (0..addresses)
-        .map(|_| t.u64)
-        .chain((0..words).map(|_| t.u32))
-        .collect();
+    let table = (addresses as usize > crate::grid::INLINE_BINDINGS).then_some(addresses);
+    let members: Vec<Word> = if table.is_some() {
+        vec![t.u64]
+    } else {
+        (0..addresses)
+            .map(|_| t.u64)
+            .chain((0..words).map(|_| t.u32))
+            .collect()
+    };
+    let count = members.len() as u32;
     let push = b.type_struct(members);
     b.decorate(push, Decoration::Block, []);
-    for i in 0..addresses + words {
+    for i in 0..count {
         let offset = if i < addresses {
             8 * i
         } else {
@@ -735,10 +748,16 @@ pub(crate) fn push_block(b: &mut Builder, t: &Prelude, addresses: u32, words: u3
         b.member_decorate(push, i, Decoration::Offset, [Arg::LiteralBit32(offset)]);
     }
     let ptr_push = b.type_pointer(None, StorageClass::PushConstant, push);
+    let class = if table.is_some() {
+        StorageClass::PhysicalStorageBuffer
+    } else {
+        StorageClass::PushConstant
+    };
     Push {
         var: b.variable(ptr_push, None, StorageClass::PushConstant, None),
-        ptr_u64: b.type_pointer(None, StorageClass::PushConstant, t.u64),
-        ptr_u32: b.type_pointer(None, StorageClass::PushConstant, t.u32),
+        ptr_u64: b.type_pointer(None, class, t.u64),
+        ptr_u32: b.type_pointer(None, class, t.u32),
+        table,
     }
 }
 
@@ -751,9 +770,26 @@ impl Push {
         } else {
             (u32, self.ptr_u32)
         };
-        let index = b.constant_bit32(u32, i);
-        let p = build(b.access_chain(ptr, None, self.var, [index]))?;
-        build(b.load(ty, None, p, None, []))
+        let Some(addresses) = self.table else {
+            let index = b.constant_bit32(u32, i);
+            let p = build(b.access_chain(ptr, None, self.var, [index]))?;
+            return build(b.load(ty, None, p, None, []));
+        };
+        // The block's address, then member `i` at its offset in the block.
+        let push_u64 = b.type_pointer(None, StorageClass::PushConstant, u64);
+        let zero = b.constant_bit32(u32, 0);
+        let p = build(b.access_chain(push_u64, None, self.var, [zero]))?;
+        let base = build(b.load(u64, None, p, None, []))?;
+        let offset = if i < addresses {
+            8 * i
+        } else {
+            8 * addresses + 4 * (i - addresses)
+        };
+        let offset = b.constant_bit64(u64, u64::from(offset));
+        let at = build(b.i_add(u64, None, base, offset))?;
+        let p = build(b.convert_u_to_ptr(ptr, None, at))?;
+        let align = [Arg::LiteralBit32(if wide { 8 } else { 4 })];
+        build(b.load(ty, None, p, Some(MemoryAccess::ALIGNED), align))
     }
 }
 

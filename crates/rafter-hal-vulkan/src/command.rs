@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use ash::vk;
-use rafter_hal::{BufferRange, Command, CommandBuffer, FillPattern, HalError, TraceKind};
+use rafter_hal::{
+    BufferImpl, BufferRange, Command, CommandBuffer, FillPattern, HalError, MemoryKind, TraceKind,
+};
 
 use crate::breadcrumbs::{After, Progress};
 use crate::device::Shared;
@@ -24,6 +26,33 @@ pub(crate) struct Prepared {
     /// With breadcrumbs on: this command buffer's marker slot (see `breadcrumbs.rs`) and
     /// a short name per HAL command, for the report.
     pub(crate) crumbs: Option<(u32, Vec<String>)>,
+    /// The argument blocks of the dispatches with more than [`INLINE_BINDINGS`] bindings
+    /// (see there), written when recorded; it lives as long as the recording that points
+    /// at it.
+    arguments: Option<VulkanBuffer>,
+}
+
+/// The most bindings a dispatch passes inline: push constants then hold each binding's
+/// 64-bit address, then the params. A dispatch with more bindings passes the same block
+/// (addresses, then params, at the same offsets) through memory: the HAL writes it into a
+/// host-visible buffer owned by the recording, and the push constants hold only that
+/// block's 64-bit address. Vulkan guarantees 128 bytes of push constants (lavapipe's
+/// limit), so 8 addresses leave 64 bytes of params; a generated module knows from its
+/// binding count which form it reads (`rafter-codegen-spirv` keeps the same number).
+pub const INLINE_BINDINGS: usize = 8;
+
+/// The most bindings one dispatch takes through an argument block ([`INLINE_BINDINGS`]);
+/// a bound on the block's size, far above what any generated kernel binds.
+pub const MAX_BINDINGS: usize = 64;
+
+/// Where a dispatch's argument block sits in the recording's argument buffer: blocks are
+/// 16-byte aligned (each address is 8-byte aligned, as a 64-bit load needs).
+const ARGUMENT_ALIGN: u64 = 16;
+
+/// The bytes of `dispatch`'s argument block when it goes through memory, else `None`.
+fn argument_block_len(dispatch: &rafter_hal::Dispatch) -> Option<u64> {
+    (dispatch.bindings.len() > INLINE_BINDINGS)
+        .then(|| (8 * dispatch.bindings.len() + dispatch.params.len()) as u64)
 }
 
 impl Prepared {
@@ -244,8 +273,34 @@ pub(crate) fn record(
         raw: vk::CommandBuffer::null(),
         timing: None,
         crumbs: None,
+        arguments: None,
     };
     prepared.timing = Timing::new(shared, command_buffer)?;
+    let argument_bytes: u64 = command_buffer
+        .commands()
+        .iter()
+        .filter_map(|c| match c {
+            Command::Dispatch(d) => argument_block_len(d),
+            _ => None,
+        })
+        .map(|len| len.next_multiple_of(ARGUMENT_ALIGN))
+        .sum();
+    if argument_bytes > 0 {
+        let buffer = VulkanBuffer::new(
+            shared.clone(),
+            argument_bytes,
+            MemoryKind::HostVisibleShared,
+        )?;
+        if buffer.host_address().is_none() {
+            return Err(HalError::Unsupported(format!(
+                "dispatches of more than {INLINE_BINDINGS} bindings pass their addresses \
+                 through a host-visible, coherent buffer, and device '{}' gave none",
+                shared.name
+            )));
+        }
+        prepared.arguments = Some(buffer);
+    }
+    let mut arguments_used = 0u64;
     let alloc = vk::CommandBufferAllocateInfo::default()
         .command_pool(pool)
         .level(vk::CommandBufferLevel::PRIMARY)
@@ -299,7 +354,13 @@ pub(crate) fn record(
             t.stamp(shared, raw, false);
         }
         let traced = prepared.timing.is_some();
-        record_command(shared, raw, index, command, &mut bound, &mut push, traced)?;
+        let arguments = prepared
+            .arguments
+            .as_ref()
+            .map(|a| (a, &mut arguments_used));
+        record_command(
+            shared, raw, index, command, &mut bound, &mut push, arguments, traced,
+        )?;
         if let (true, Some(t)) = (timed, &mut prepared.timing) {
             t.stamp(shared, raw, true);
             t.spans.push(Span::of(command));
@@ -378,6 +439,7 @@ fn record_command(
     command: &Command,
     bound: &mut vk::Pipeline,
     push: &mut Vec<u8>,
+    arguments: Option<(&VulkanBuffer, &mut u64)>,
     traced: bool,
 ) -> Result<(), HalError> {
     let device = &shared.device;
@@ -413,6 +475,21 @@ fn record_command(
                     push.extend_from_slice(&address.to_le_bytes());
                 }
                 push.extend_from_slice(&dispatch.params);
+                if let Some(len) = argument_block_len(dispatch) {
+                    // Past the inline bindings: the block goes to memory, its address into
+                    // the push constants.
+                    let (buffer, used) = arguments.ok_or_else(|| {
+                        HalError::InvalidCommand(format!(
+                            "command {index}: no argument buffer for {} bindings",
+                            dispatch.bindings.len()
+                        ))
+                    })?;
+                    let offset = *used;
+                    *used += len.next_multiple_of(ARGUMENT_ALIGN);
+                    buffer.map_write(offset, len, &mut |bytes| bytes.copy_from_slice(push))?;
+                    push.clear();
+                    push.extend_from_slice(&(buffer.device_address() + offset).to_le_bytes());
+                }
                 while push.len() % 4 != 0 {
                     push.push(0);
                 }

@@ -756,9 +756,11 @@ fn memory_kinds(device: &ash::Device, caps: &VulkanCapabilities) -> Vec<MemoryKi
 fn device_info(shared: &Shared) -> DeviceInfo {
     let caps = &shared.caps;
     let limits = &caps.limits;
-    // Push constants hold one u64 address per binding, then the params.
-    let max_bindings = (shared.push_constant_size / 16) as usize;
-    let max_params = shared.push_constant_size as usize - 8 * max_bindings;
+    // Push constants hold one u64 address per binding, then the params; past
+    // `INLINE_BINDINGS` bindings the same block goes through memory (`command.rs`), so the
+    // params' room is what the inline form leaves.
+    let max_bindings = crate::command::MAX_BINDINGS;
+    let max_params = shared.push_constant_size as usize - 8 * crate::command::INLINE_BINDINGS;
     DeviceInfo {
         id: shared.id,
         name: shared.name.clone(),

@@ -42,6 +42,7 @@ mod validation;
 pub use batch_tail::TAIL_MARK;
 pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
+pub use command::{INLINE_BINDINGS, MAX_BINDINGS};
 pub use device::{
     VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, DIRECT_WAITS_ENV, NO_COOP_ENV,
 };
