@@ -34,7 +34,8 @@ phase "tokenizer fixtures"
 python3 scripts/gen_tokenizer_fixtures.py
 # LLM fixtures (tests/fixtures/llm/README.md): tiny checkpoints of each architecture, their
 # transformers references and GGUFs (llama.cpp's converter and quantizer, built from a pinned
-# sdist), checked against the committed expected.json. Regenerated when the generator, its
+# sdist: only its libraries, which is all the generator uses), checked against the committed
+# expected.json. Regenerated when the generator, its
 # pins or expected.json change (a stamp), or taken from RAFTER_LLM_FIXTURES when set.
 if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
   LLM=$ROOT/.cache/llm-fixtures
@@ -46,7 +47,7 @@ if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
     phase "LLM fixtures: setup_venv.sh --llm"
     scripts/setup_venv.sh --llm
     phase "LLM fixtures: llama.cpp"
-    benchmarks/setup_llama_cpp.sh
+    benchmarks/setup_llama_cpp.sh --lib-only
     phase "LLM fixtures: gen_llm_fixtures.py"
     "$PY" scripts/gen_llm_fixtures.py --no-llama-cpp
     echo "$llm_want" >"$LLM/STAMP"
