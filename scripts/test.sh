@@ -58,12 +58,17 @@ if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
 fi
 # The venv's spirv-val (SPIRV-Tools 2025.5) validates cooperative-matrix modules.
 export RAFTER_SPIRV_VAL=$ROOT/.venv/bin/spirv-val
+# rafter-stress's random run (crates/rafter-stress/tests/stress.rs): 30 s of rounds here, not
+# its own default of 60, to keep CI's time; each run draws a new seed, so the rounds add up
+# over runs. RAFTER_STRESS_SECS=60 (or more) in the environment gives the long run.
+export RAFTER_STRESS_SECS=${RAFTER_STRESS_SECS:-30}
 
 if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
   # shellcheck disable=SC1091
   . "$HOME/.cargo/env"
 fi
-echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR RAFTER_SPIRV_VAL=$RAFTER_SPIRV_VAL"
+echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR RAFTER_SPIRV_VAL=$RAFTER_SPIRV_VAL" \
+  "RAFTER_STRESS_SECS=$RAFTER_STRESS_SECS"
 phase "cargo test --workspace --release $*"
 cargo test --workspace --release "$@"
 # The Vulkan HAL's tests again under the Khronos validation layer (core checks; Debian's
