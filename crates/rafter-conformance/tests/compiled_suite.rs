@@ -34,8 +34,7 @@ fn passes(results: &[TestResult]) -> BTreeSet<String> {
 /// as it does there.
 fn listed_passes(cases: &[TestCase]) -> BTreeSet<String> {
     let path = repo_root().join("conformance/expected-failures-cpu.txt");
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let listed = ExpectedFailures::parse(&text)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .entries;
