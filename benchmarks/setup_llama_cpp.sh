@@ -26,10 +26,10 @@
 # --lib-only (or LLAMA_LIB_ONLY=1): build only the `llama` target, the shared libraries the
 # Python bindings load. That is all scripts/gen_llm_fixtures.py uses (the bindings for its
 # references and tokenizer checks, libllama's quantizer through scripts/llm_fixtures/quantize.py),
-# so CI (scripts/test.sh) builds this: the tools link llama.cpp's `common` library and
-# cpp-httplib, about half the compile (482 s of the build's wall time with 2 jobs, against
-# ~220 s for the libraries alone). Same flags, so the same libraries: a full build later
-# reuses the objects, and a lib-only call after a full build finds it up to date.
+# so CI (scripts/test.sh) builds this: the tools add llama.cpp's `common` library and
+# cpp-httplib, 71 more build steps after the libraries' 78. Same flags, so the same
+# libraries: a full build later reuses the objects, and a lib-only call after a full build
+# finds it up to date.
 #
 # Idempotent: when STAMP matches what this script would build, it only reports. The
 # build uses all cores (`nproc`); set JOBS to override. Prints the time each step took.
