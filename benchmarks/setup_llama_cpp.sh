@@ -6,13 +6,14 @@
 #   benchmarks/setup_llama_cpp.sh            fetch (pinned version + sha256), build, report
 #   benchmarks/setup_llama_cpp.sh --print-dir   print .cache/llama.cpp and exit
 #   benchmarks/setup_llama_cpp.sh --no-amx      native, without ggml's AMX kernels (see below)
+#   benchmarks/setup_llama_cpp.sh --lib-only    only libllama and the ggml libraries (see below)
 #
 # What it leaves (LLAMA_DIR=.cache/llama.cpp):
 #   $LLAMA_DIR/src/llama_cpp_python-$VERSION/   the unpacked sdist; vendor/llama.cpp holds
 #                 llama.cpp's source, convert_hf_to_gguf.py and gguf-py, which the fixture
 #                 script runs (the converter and gguf-py of the same commit as the binaries)
 #   $LLAMA_DIR/build/bin/   llama-bench, llama-completion, llama-quantize, llama-tokenize
-#                 and the shared libraries libllama.so, libggml*.so
+#                 and the shared libraries libllama.so, libggml*.so (--lib-only: those only)
 #   $LLAMA_DIR/python/llama_cpp/   the sdist's Python bindings (llama-cpp-python), with
 #                 lib/ pointing at the libraries above: `sys.path.insert(0, "$LLAMA_DIR/python")`
 #                 then `import llama_cpp` uses this build (needs numpy, diskcache, jinja2,
@@ -21,6 +22,14 @@
 #                 instead of being compiled a second time by pip.
 #   $LLAMA_DIR/STAMP        version, sdist sha256 and cmake flags of the finished build
 #   $LLAMA_DIR/tools-venv/  pinned cmake and ninja from PyPI (used when the system has none)
+#
+# --lib-only (or LLAMA_LIB_ONLY=1): build only the `llama` target, the shared libraries the
+# Python bindings load. That is all scripts/gen_llm_fixtures.py uses (the bindings for its
+# references and tokenizer checks, libllama's quantizer through scripts/llm_fixtures/quantize.py),
+# so CI (scripts/test.sh) builds this: the tools add llama.cpp's `common` library and
+# cpp-httplib, 71 more build steps after the libraries' 78. Same flags, so the same
+# libraries: a full build later reuses the objects, and a lib-only call after a full build
+# finds it up to date.
 #
 # Idempotent: when STAMP matches what this script would build, it only reports. The
 # build uses all cores (`nproc`); set JOBS to override. Prints the time each step took.
@@ -34,7 +43,8 @@ VERSION=0.3.36
 SDIST=llama_cpp_python-$VERSION.tar.gz
 SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 TOOL_PKGS=(cmake==4.4.4 ninja==1.13.2)
-TARGETS=(llama-bench llama-completion llama-quantize llama-tokenize llama)
+TARGETS_ALL=(llama-bench llama-completion llama-quantize llama-tokenize llama)
+TARGETS_LIB=(llama)
 CMAKE_FLAGS=(
   -DCMAKE_BUILD_TYPE=Release
   -DGGML_NATIVE=ON
@@ -52,11 +62,13 @@ CMAKE_FLAGS=(
 # configuration that works is then native without AMX. GCC's explicit -mno-* flags win
 # over -march=native whatever their order.
 no_amx=${LLAMA_NO_AMX:-0}
+lib_only=${LLAMA_LIB_ONLY:-0}
 for arg in "$@"; do
   case "$arg" in
     --no-amx) no_amx=1 ;;
+    --lib-only) lib_only=1 ;;
     --print-dir) echo "$LLAMA_DIR"; exit 0 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "setup_llama_cpp.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -68,11 +80,23 @@ fi
 
 SRC=$LLAMA_DIR/src/llama_cpp_python-$VERSION
 BUILD=$LLAMA_DIR/build
-STAMP_WANT="llama-cpp-python $VERSION sha256 $SDIST_SHA256 flags ${CMAKE_FLAGS[*]} targets ${TARGETS[*]} cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+stamp_for() {
+  echo "llama-cpp-python $VERSION sha256 $SDIST_SHA256 flags ${CMAKE_FLAGS[*]} targets $* cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+}
+STAMP_ALL=$(stamp_for "${TARGETS_ALL[@]}")
+if [[ $lib_only == 1 ]]; then
+  TARGETS=("${TARGETS_LIB[@]}")
+  STAMP_WANT=$(stamp_for "${TARGETS_LIB[@]}")
+else
+  TARGETS=("${TARGETS_ALL[@]}")
+  STAMP_WANT=$STAMP_ALL
+fi
 
-if [[ -f $LLAMA_DIR/STAMP && "$(cat "$LLAMA_DIR/STAMP")" == "$STAMP_WANT" ]] &&
-   [[ -x $BUILD/bin/llama-bench && -e $LLAMA_DIR/python/llama_cpp/lib/libllama.so ]]; then
-  echo "setup_llama_cpp.sh: up to date ($LLAMA_DIR, llama-cpp-python $VERSION)"
+have_stamp=$(cat "$LLAMA_DIR/STAMP" 2>/dev/null || true)
+if [[ -e $LLAMA_DIR/python/llama_cpp/lib/libllama.so ]] &&
+   { { [[ $have_stamp == "$STAMP_ALL" ]] && [[ -x $BUILD/bin/llama-bench ]]; } ||
+     { [[ $lib_only == 1 && $have_stamp == "$STAMP_WANT" ]]; }; }; then
+  echo "setup_llama_cpp.sh: up to date ($LLAMA_DIR, llama-cpp-python $VERSION, ${have_stamp#*targets })"
   exit 0
 fi
 
@@ -153,6 +177,8 @@ for f in libllama.so libggml.so libggml-base.so libggml-cpu.so; do
   fi
 done
 
-"$BUILD/bin/llama-bench" --help >/dev/null
+if [[ $lib_only == 0 ]]; then
+  "$BUILD/bin/llama-bench" --help >/dev/null
+fi
 echo "$STAMP_WANT" >"$LLAMA_DIR/STAMP"
 echo "setup_llama_cpp.sh: done in $((SECONDS - t_all)) s: $BUILD/bin ($(ls "$BUILD/bin" | tr '\n' ' '))"

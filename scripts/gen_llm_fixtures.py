@@ -4,7 +4,7 @@ Gemma 3 (text), with references from transformers and from llama.cpp.
 
 Needs the LLM venv and llama.cpp:
     scripts/setup_venv.sh --llm
-    benchmarks/setup_llama_cpp.sh
+    benchmarks/setup_llama_cpp.sh --lib-only   (libllama and ggml: all the fixtures use)
     .venv/bin/python scripts/gen_llm_fixtures.py [--only ARCH]... [--out DIR]
 
 Writes under DIR (default .cache/llm-fixtures, git-ignored); the layout, the prompts and the
@@ -14,8 +14,9 @@ tolerances are described in tests/fixtures/llm/README.md. In short, per ARCH:
     ARCH/prompts.json                 the prompts' exact token ids
     ARCH/ref/hf-{f32,bf16,bf16-as-f32}/PROMPT/   transformers' prefill logits, 8 decode steps'
                                       logits and 32 greedy ids (.npy)
-    ARCH/gguf/ARCH-TYPE.gguf          llama.cpp's converter (f32 f16 bf16 q8_0) and
-                                      llama-quantize (q4_0 q4_k_m q5_k_m q6_k)
+    ARCH/gguf/ARCH-TYPE.gguf          llama.cpp's converter (f32 f16 bf16 q8_0) and its
+                                      quantizer (q4_0 q4_k_m q5_k_m q6_k: libllama's, as
+                                      llama-quantize runs it, through llm_fixtures/quantize.py)
     ARCH/ref/llama.cpp-TYPE/PROMPT/   llama.cpp's prefill logits, 64 greedy ids, their top-5
     ARCH/tokenizer_check.json         a multilingual text's ids: HF tokenizer vs GGUF's
     manifest.json                     every file with role, arch, dtype, sha256
@@ -49,11 +50,12 @@ from llm_fixtures import tokenizers_from_gguf as T  # noqa: E402
 LLAMA_DIR = os.path.join(REPO, ".cache", "llama.cpp")
 LLAMA_VERSION = "0.3.36"
 LLAMA_SRC = os.path.join(LLAMA_DIR, "src", f"llama_cpp_python-{LLAMA_VERSION}", "vendor", "llama.cpp")
-LLAMA_BIN = os.path.join(LLAMA_DIR, "build", "bin")
+LLAMA_LIB = os.path.join(LLAMA_DIR, "python", "llama_cpp", "lib", "libllama.so")
+QUANTIZE_PY = os.path.join(REPO, "scripts", "llm_fixtures", "quantize.py")
 EXPECTED = os.path.join(REPO, "tests", "fixtures", "llm", "expected.json")
 
 GGUF_CONVERT = ["f32", "f16", "bf16", "q8_0"]  # convert_hf_to_gguf.py --outtype
-GGUF_QUANTIZE = {"q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K"}  # llama-quantize
+GGUF_QUANTIZE = {"q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K"}  # llama-quantize's names
 HF_DTYPES = ["f32", "bf16", "bf16-as-f32"]  # weights folder / compute dtype, see README
 
 PROMPT_TEXTS = {
@@ -287,7 +289,7 @@ def references_usable(arch: A.Arch, hf: dict) -> bool:
 # ------------------------------------------------------------------ GGUF
 
 def convert_ggufs(arch: A.Arch, dirs: dict, adir: str, prefix: str | None = None, types=None) -> dict:
-    """llama.cpp's converter (the sdist's, with its gguf-py) then llama-quantize from f32."""
+    """llama.cpp's converter (the sdist's, with its gguf-py) then llama.cpp's quantizer from f32."""
     gdir = os.path.join(adir, "gguf")
     os.makedirs(gdir, exist_ok=True)
     prefix = prefix or arch.name
@@ -304,8 +306,10 @@ def convert_ggufs(arch: A.Arch, dirs: dict, adir: str, prefix: str | None = None
     base = paths.get("f32") or paths.get("f16") or paths.get("bf16")
     for t in [t for t in types if t in GGUF_QUANTIZE]:
         path = os.path.join(gdir, f"{prefix}-{t}.gguf")
-        run([os.path.join(LLAMA_BIN, "llama-quantize"), base, path, GGUF_QUANTIZE[t], "2"], None,
-            os.path.join(gdir, f"{prefix}-{t}.log"))
+        # libllama's quantizer through the bindings (llm_fixtures/quantize.py says why not the
+        # llama-quantize binary); 2 threads, as llama-quantize was run here before.
+        run([sys.executable, QUANTIZE_PY, base, "--outfile", path, "--type", GGUF_QUANTIZE[t], "--nthread", "2"],
+            None, os.path.join(gdir, f"{prefix}-{t}.log"))
         paths[t] = path
     return paths
 
@@ -629,9 +633,9 @@ def main() -> None:
     if args.add_self_agreement:
         add_self_agreement(args.out, args.only or list(A.ARCHS))
         return
-    for tool in ("llama-quantize",):
-        if not os.path.exists(os.path.join(LLAMA_BIN, tool)):
-            raise SystemExit(f"gen_llm_fixtures: {LLAMA_BIN}/{tool} missing: run benchmarks/setup_llama_cpp.sh")
+    if not os.path.exists(LLAMA_LIB):
+        raise SystemExit(f"gen_llm_fixtures: {LLAMA_LIB} missing: run benchmarks/setup_llama_cpp.sh "
+                         "(--lib-only is enough here)")
     if args.bench:
         out = args.out if args.out != ap.get_default("out") else os.path.join(REPO, ".cache", "llm-bench")
         gen_bench(out)

@@ -34,7 +34,8 @@ phase "tokenizer fixtures"
 python3 scripts/gen_tokenizer_fixtures.py
 # LLM fixtures (tests/fixtures/llm/README.md): tiny checkpoints of each architecture, their
 # transformers references and GGUFs (llama.cpp's converter and quantizer, built from a pinned
-# sdist), checked against the committed expected.json. Regenerated when the generator, its
+# sdist: only its libraries, which is all the generator uses), checked against the committed
+# expected.json. Regenerated when the generator, its
 # pins or expected.json change (a stamp), or taken from RAFTER_LLM_FIXTURES when set.
 if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
   LLM=$ROOT/.cache/llm-fixtures
@@ -46,7 +47,7 @@ if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
     phase "LLM fixtures: setup_venv.sh --llm"
     scripts/setup_venv.sh --llm
     phase "LLM fixtures: llama.cpp"
-    benchmarks/setup_llama_cpp.sh
+    benchmarks/setup_llama_cpp.sh --lib-only
     phase "LLM fixtures: gen_llm_fixtures.py"
     "$PY" scripts/gen_llm_fixtures.py --no-llama-cpp
     echo "$llm_want" >"$LLM/STAMP"
@@ -57,12 +58,17 @@ if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
 fi
 # The venv's spirv-val (SPIRV-Tools 2025.5) validates cooperative-matrix modules.
 export RAFTER_SPIRV_VAL=$ROOT/.venv/bin/spirv-val
+# rafter-stress's random run (crates/rafter-stress/tests/stress.rs): 30 s of rounds here, not
+# its own default of 60, to keep CI's time; each run draws a new seed, so the rounds add up
+# over runs. RAFTER_STRESS_SECS=60 (or more) in the environment gives the long run.
+export RAFTER_STRESS_SECS=${RAFTER_STRESS_SECS:-30}
 
 if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
   # shellcheck disable=SC1091
   . "$HOME/.cargo/env"
 fi
-echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR RAFTER_SPIRV_VAL=$RAFTER_SPIRV_VAL"
+echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR RAFTER_SPIRV_VAL=$RAFTER_SPIRV_VAL" \
+  "RAFTER_STRESS_SECS=$RAFTER_STRESS_SECS"
 phase "cargo test --workspace --release $*"
 cargo test --workspace --release "$@"
 # The Vulkan HAL's tests again under the Khronos validation layer (core checks; Debian's

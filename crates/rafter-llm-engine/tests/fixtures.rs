@@ -26,7 +26,7 @@ fn fixtures() -> PathBuf {
     assert!(
         dir.join("manifest.json").is_file(),
         "LLM fixtures not found in {}: make them with `scripts/setup_venv.sh --llm && \
-         benchmarks/setup_llama_cpp.sh && .venv/bin/python scripts/gen_llm_fixtures.py` \
+         benchmarks/setup_llama_cpp.sh --lib-only && .venv/bin/python scripts/gen_llm_fixtures.py` \
          (scripts/test.sh does), or point RAFTER_LLM_FIXTURES at them",
         dir.display()
     );
