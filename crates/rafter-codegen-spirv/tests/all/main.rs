@@ -33,6 +33,8 @@ mod integer;
 mod is_inf;
 mod layer_norm_stats;
 mod loss;
+mod lstm;
+mod many_bindings;
 mod matmul;
 mod matmul_integer;
 mod pad;

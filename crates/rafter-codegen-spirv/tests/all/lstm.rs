@@ -6,7 +6,7 @@
 //! the argument block in memory. Within 2e-5 (sums reordered against the reference's,
 //! the epilogue's sigmoid and tanh a few ulp off).
 
-mod common;
+use crate::common;
 
 use rafter_codegen_spirv::{gru, kernel_module};
 use rafter_ir::text::parse_graph;

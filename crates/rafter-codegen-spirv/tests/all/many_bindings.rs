@@ -7,7 +7,7 @@
 //! such dispatches in one command buffer (two blocks in one argument buffer), exactly
 //! against the reference executor.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
