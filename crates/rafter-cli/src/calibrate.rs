@@ -765,8 +765,16 @@ fn half_scale(bench: &Bench, f32: &ClassRate) -> Result<f64> {
     let (work, kernel) = probe_work(&p, device)?;
     let t = bench.time_call(&p.text, Some(&kernel))?;
     let secs = probe_seconds(t, 0.0);
-    let f32_secs = (work.flops + f32.half_flops) / f32.flops_per_s;
+    let f32_secs = f32_model_secs(&work, f32);
     Ok((f32_secs / secs).clamp(1e-3, 1e3))
+}
+
+/// The time the cost model gives `work` at the f32 rate `f32` (without dispatch): the
+/// f16 probes' scales are measured against it, so that it divided by the scale is what the
+/// model says of an f16 kernel (`rafter_opt::partition::cost::kernel_time`).
+fn f32_model_secs(work: &KernelWork, f32: &ClassRate) -> f64 {
+    (work.flops + f32.half_flops) / f32.flops_per_s
+        + work.detail_depth.iter().sum::<f64>() * f32.depth_s
 }
 
 /// An f16 probe per convolution class, the class's largest f32 probe in f16: their f16
@@ -787,7 +795,7 @@ fn class_half_scale(bench: &Bench, p: &Probe, f32: &ClassRate) -> Result<f64> {
     let device = bench.target.as_str();
     let (work, kernel) = probe_work(p, device)?;
     let t = bench.time_call(&p.text, Some(&kernel))?;
-    let f32_secs = (work.flops + f32.half_flops) / f32.flops_per_s;
+    let f32_secs = f32_model_secs(&work, f32);
     Ok((f32_secs / probe_seconds(t, 0.0)).clamp(1e-3, 1e3))
 }
 

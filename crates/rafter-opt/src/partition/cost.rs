@@ -341,8 +341,10 @@ fn reduction_ops(op: &Op) -> f64 {
 /// bandwidth.
 pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
     // Half-precision compute runs at the class's own scale, else the device's.
-    let at_rate = |f: f64, r: ClassRate| {
-        let t = (f + r.half_flops) / r.flops_per_s;
+    // A depth's steps run at the same scale as the flops: a GPU's f16 matrix units take
+    // several of K's steps at once.
+    let at_rate = |f: f64, depth: f64, r: ClassRate| {
+        let t = (f + r.half_flops) / r.flops_per_s + depth * r.depth_s;
         let scale = r.half_scale.unwrap_or(profile.half_scale);
         if work.half && scale > 0.0 {
             t / scale
@@ -356,14 +358,13 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
         .zip(work.detail_flops.iter().zip(&work.detail_depth))
         .filter(|(_, (&f, _))| f > 0.0)
         .map(|(&c, (&f, &depth))| {
-            let r = profile.rate_of(Some(c), work.class);
-            at_rate(f, r) + depth * r.depth_s
+            at_rate(f, depth, profile.rate_of(Some(c), work.class))
         })
         .sum();
     let compute = if parts > 0.0 {
         parts
     } else {
-        at_rate(work.flops, r)
+        at_rate(work.flops, 0.0, r)
     };
     let memory = work.bytes / r.bytes_per_s;
     profile.dispatch_s + compute.max(memory)
