@@ -357,9 +357,7 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
         .iter()
         .zip(work.detail_flops.iter().zip(&work.detail_depth))
         .filter(|(_, (&f, _))| f > 0.0)
-        .map(|(&c, (&f, &depth))| {
-            at_rate(f, depth, profile.rate_of(Some(c), work.class))
-        })
+        .map(|(&c, (&f, &depth))| at_rate(f, depth, profile.rate_of(Some(c), work.class)))
         .sum();
     let compute = if parts > 0.0 {
         parts
