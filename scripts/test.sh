@@ -94,12 +94,7 @@ for line in sys.stdin:
   phase "rafter-hal-vulkan's tests under the validation layer"
   for t in "${vk_tests[@]}"; do
     echo "test.sh: RAFTER_VULKAN_VALIDATION=core $(basename "$t") (rafter-hal-vulkan)"
-    # Skipped here only: after an injected device loss with GPU work in flight, one
-    # semaphore outlives the device (the lost device's monitor no longer retires the
-    # batch that holds it), which the layer reports at vkDestroyDevice. A known leak on
-    # the device-loss path, to fix in the HAL; the test itself runs in the workspace run.
-    (cd "$ROOT/crates/rafter-hal-vulkan" && RAFTER_VULKAN_VALIDATION=core "$t" \
-      --skip a_direct_wait_ends_when_the_device_is_lost_meanwhile)
+    (cd "$ROOT/crates/rafter-hal-vulkan" && RAFTER_VULKAN_VALIDATION=core "$t")
   done
 fi
 # The Python package (python/, crates/rafter-py): its wheel built by maturin over the release

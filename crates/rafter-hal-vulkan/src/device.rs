@@ -888,9 +888,14 @@ impl Drop for VulkanDevice {
             .shared
             .lost_reason()
             .unwrap_or_else(|| format!("device '{}' was dropped", self.shared.name));
+        let mut completions = Vec::with_capacity(leftovers.len());
         for flight in leftovers {
             flight.fail_foreign(&reason);
+            completions.push(flight.completion());
         }
+        // Their completion semaphores join the pool, which `Shared::drop` destroys before
+        // the device (a lost device's batches never retired to return them).
+        self.shared.lock_sched().completion_pool.extend(completions);
         let _ = self.shared.pipeline_cache.save(&self.shared.device);
         let (_, total) = self.validation_messages();
         if total > 0 {

@@ -155,6 +155,13 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// Its completion semaphore and the value it signals: back to the device's pool when
+    /// the batch retires, or, for a batch a lost device never retired, when the device is
+    /// dropped (the pool's semaphores are destroyed before the device).
+    pub(crate) fn completion(&self) -> (vk::Semaphore, u64) {
+        self.completion
+    }
+
     /// The batch completed: report its GPU timestamps to the trace sink, host-signal the
     /// semaphores the GPU could not.
     fn complete(&self, shared: &Shared) {
