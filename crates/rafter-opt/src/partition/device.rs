@@ -520,6 +520,22 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e, "p.txt: line 3: `half_scale` must be positive");
+        // The depth cost: optional (0 when absent), never negative or not a number.
+        let line = |depth: &str| {
+            format!(
+                "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\nclass g conv \
+                 flops_per_s=1 bytes_per_s=1 half_flops=0 depth_s={depth}\n"
+            )
+        };
+        let e = Profiles::parse(&line("-1e-9"), "p.txt").unwrap_err();
+        assert_eq!(
+            e,
+            "p.txt: line 3: `depth_s=-1e-9` must be finite and non-negative"
+        );
+        let e = Profiles::parse(&line("fast"), "p.txt").unwrap_err();
+        assert_eq!(e, "p.txt: line 3: `depth_s=fast` is not a number");
+        let p = Profiles::parse(&line("2e-8"), "p.txt").unwrap();
+        assert_eq!(Profiles::parse(&p.to_text(), "t").unwrap(), p);
     }
 
     #[test]
