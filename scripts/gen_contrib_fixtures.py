@@ -13,7 +13,7 @@ reference executor and its compiled CPU path and compares with these outputs.
 Needs onnx, numpy and onnxruntime (scripts/setup_venv.sh --full has them):
     .venv/bin/python scripts/gen_contrib_fixtures.py [GROUP...]
 
-GROUPs: fused, quantized, attention, gqa, tools, qoperator (default: all).
+GROUPs: fused, quantized, attention, gqa, tools, qoperator, gather_quant (default: all).
 """
 from __future__ import annotations
 
@@ -767,6 +767,56 @@ def tools():
                       x_sets, 1e-4, 1e-4, ["MatMulNBits"])
 
 
+# ---- GatherBlockQuantized (the GenAI builder's quantized, tied embedding) ----
+
+
+def gbq_case(name, rows, inner, q, block, bits, idx, zp=True, scale_dt=np.float32,
+             quantize_axis=None, extra_idx=()):
+    """GatherBlockQuantized over uint8 `data` `[rows, *inner, q * bits / 8]` (gather_axis 0,
+    quantize_axis last, as ORT requires for uint8), `scales` `[rows, *inner, ceil(q /
+    block)]`, optional packed zero points. `idx` (and `extra_idx`, more data sets) are
+    the model's input."""
+    nb = -(-q // block)
+    shape = (rows, *inner)
+    flat = int(np.prod(shape))
+    vals = RNG.integers(0, 1 << bits, (flat, q)).astype(np.uint8)
+    data = pack_nbits(vals, bits).reshape(*shape, -1)
+    scales = (RNG.random((*shape, nb)) * 0.1 + 0.01).astype(scale_dt)
+    inits = {"data": data, "scales": scales}
+    ins = ["data", "idx", "scales"]
+    if zp:
+        zq = RNG.integers(0, 1 << bits, (flat, nb)).astype(np.uint8)
+        inits["zp"] = pack_nbits(zq, bits).reshape(*shape, -1)
+        ins.append("zp")
+    attrs = {"bits": bits, "block_size": block}
+    if quantize_axis is not None:
+        attrs["quantize_axis"] = quantize_axis
+    out_t = helper.np_dtype_to_tensor_dtype(np.dtype(scale_dt))
+    case(name, [ms("GatherBlockQuantized", ins, ["y"], **attrs)], {"idx": idx}, [("y", out_t)],
+         inits=inits, rtol=0, atol=0, extra_sets=[{"idx": i} for i in extra_idx])
+
+
+def gather_quant():
+    i64 = lambda *v: np.array(v, np.int64)
+    # The builder's case: 4 bits, no zero points (default 8), [batch, seq] token ids, one
+    # of them negative (counted from the end, as Gather does).
+    gbq_case("gather_block_quantized_4bit", 10, (), 48, 16, 4,
+             i64(3, 0, -1, 9, 4, 4).reshape(2, 3), zp=False,
+             extra_idx=[i64(7, 7, -10, 2, 1, 0).reshape(2, 3)])
+    gbq_case("gather_block_quantized_4bit_zero_points", 9, (), 64, 32, 4,
+             i64(8, 1, 1, 0))
+    # q = 40 is not a multiple of the block: the last block is 8 wide.
+    gbq_case("gather_block_quantized_4bit_ragged_block", 6, (), 40, 16, 4,
+             i64(2, 5, 0).reshape(1, 3))
+    gbq_case("gather_block_quantized_8bit", 7, (), 32, 16, 8, i64(6, 0, 3).reshape(3))
+    gbq_case("gather_block_quantized_rank3_int32_idx", 5, (2,), 32, 16, 4,
+             np.array([[4, 1], [0, 2]], np.int32), quantize_axis=2)
+    gbq_case("gather_block_quantized_f16_scales", 8, (), 32, 16, 4,
+             i64(1, 7, 2).reshape(1, 3), scale_dt=np.float16)
+    # ORT writes zeros for an index outside [-rows, rows).
+    gbq_case("gather_block_quantized_out_of_range", 4, (), 32, 16, 4, i64(1, 4, -5, 2))
+
+
 GROUPS = {
     "fused": fused,
     "quantized": quantized,
@@ -774,6 +824,7 @@ GROUPS = {
     "gqa": gqa,
     "tools": tools,
     "qoperator": qoperator,
+    "gather_quant": gather_quant,
 }
 
 

@@ -9,6 +9,7 @@ mod contraction;
 mod contrib;
 mod contrib_attention;
 mod contrib_conv;
+mod contrib_gather;
 mod contrib_qlinear;
 mod contrib_quant;
 mod control;

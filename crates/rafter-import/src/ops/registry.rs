@@ -101,6 +101,7 @@ const CONTRIB_DOMAIN: &[&[OnnxOp]] = &[
     super::contrib_attention::OPS,
     super::contrib_qlinear::OPS,
     super::contrib_conv::OPS,
+    super::contrib_gather::OPS,
 ];
 
 /// The registration of `op_type` in `domain` (the default domain, `ai.onnx.ml` or
