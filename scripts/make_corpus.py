@@ -36,8 +36,12 @@ The models (every one tiny, random weights, fixed seeds):
                          GenAI model builder writes them (GroupQueryAttention with a KV
                          cache, rotary, SimplifiedLayerNormalization) through ORT's
                          MatMulNBitsQuantizer (4-bit, block 32)
+  llm_genai_builder_int4 a tiny random Llama through ORT GenAI's model builder (`-p int4 -e
+                         cpu`): MatMulNBits, GroupQueryAttention over a symbolic batch, the
+                         tied embedding as GatherBlockQuantized
+  llm_genai_builder_int4_untied  the same with `shared_embeddings=false` (a float Gather)
 
-Needs torch, transformers, onnx, onnxruntime, onnxscript (a venv outside the repo; see the
+Needs torch, transformers, onnx, onnxruntime, onnxscript, onnxruntime-genai (a venv outside the repo; see the
 corpus section of docs/contrib-ops.md):
     python scripts/make_corpus.py [OUT] [MODEL...]      (OUT default: .cache/corpus)
 """
@@ -442,9 +446,75 @@ def llm_model(out, wanted):
     write_case(out, "llm_nbits_gqa", tmp("llm_q.onnx"), feeds, 1e-3, 1e-3)
 
 
+# ---- ORT GenAI's model builder ----
+
+
+def genai_hf_checkpoint(path):
+    """A tiny Llama (2 layers, hidden 64, 4 query and 2 KV heads, head 16, vocab 512, tied
+    embeddings) with random weights and a word-level tokenizer, saved as an HF folder:
+    what the builder reads (it copies the tokenizer into its output)."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True, rope_theta=10000.0)
+    torch.manual_seed(11)
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)},
+                                     unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="t1", eos_token="t2",
+                                         unk_token="t0").save_pretrained(path)
+    return cfg
+
+
+def genai_models(out, wanted):
+    """The checkpoint above through `python -m onnxruntime_genai.models.builder -p int4 -e
+    cpu`, as users run it: its default export (the tied embedding read from the lm_head's
+    4-bit weights by GatherBlockQuantized) and `shared_embeddings=false` (a float
+    embedding Gather). One step each: 4 new tokens after 3 cached, and a decode step of a
+    batch of 2 after 5 (the builder's batch dim is symbolic)."""
+    import subprocess
+
+    hf = tmp("genai_hf")
+    cfg = genai_hf_checkpoint(hf)
+    rng = np.random.default_rng(12)
+    kv, hd = 2, 16
+
+    def step(batch, past, s):
+        feeds = {"input_ids": rng.integers(0, cfg.vocab_size, (batch, s)).astype(np.int64),
+                 "attention_mask": np.ones((batch, past + s), np.int64)}
+        for l in range(cfg.num_hidden_layers):
+            for n in ("key", "value"):
+                feeds[f"past_key_values.{l}.{n}"] = rng.standard_normal(
+                    (batch, kv, past, hd)).astype(np.float32)
+        return feeds
+
+    # ORT's GroupQueryAttention takes a batch of several only one token at a time.
+    for name, extra, feeds in [
+            ("llm_genai_builder_int4", [], step(1, 3, 4)),
+            ("llm_genai_builder_int4_untied", ["--extra_options", "shared_embeddings=false"],
+             step(2, 5, 1))]:
+        if name not in wanted:
+            continue
+        dst = tmp(name)
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf,
+                        "-o", dst, "-p", "int4", "-e", "cpu", "-c", tmp(name + "_cache"),
+                        *extra], check=True, stdout=subprocess.DEVNULL)
+        # The builder's MatMulNBits round activations to int8 per block (accuracy_level 4):
+        # a last-bit difference upstream (an RMSNorm's summation order) can move an
+        # activation across a rounding boundary, one quantization step (~3e-3 here); a
+        # wrong nibble order or scale moves logits by 1e-1 and more.
+        write_case(out, name, os.path.join(dst, "model.onnx"), feeds, 1e-2, 1e-2)
+
+
 ALL = ["bert_export", "bert_optimizer", "bert_quant_dynamic", "bert_quant_ort_fused",
        "bert_optimizer_quant", "lstm_speech_quant", "gru_speech", "cnn_nchw", "cnn_nhwc",
-       "cnn_nchw_ort_fused", "cnn_qdq_static", "cnn_qoperator_static", "llm_nbits_gqa"]
+       "cnn_nchw_ort_fused", "cnn_qdq_static", "cnn_qoperator_static", "llm_nbits_gqa",
+       "llm_genai_builder_int4", "llm_genai_builder_int4_untied"]
 
 
 def main(argv):
@@ -463,6 +533,8 @@ def main(argv):
         cnn_models(out, wanted)
     if "llm_nbits_gqa" in wanted:
         llm_model(out, wanted)
+    if wanted & {m for m in ALL if m.startswith("llm_genai")}:
+        genai_models(out, wanted)
     shutil.rmtree(TMP, ignore_errors=True)
     print(f"corpus under {out} (onnxruntime {ort.__version__})")
 
