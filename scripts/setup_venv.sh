@@ -13,6 +13,9 @@
 #   scripts/setup_venv.sh --python also maturin, pytest and the Python package's test
 #                                  references: onnxruntime, torch, torchvision, tokenizers
 #                                  (scripts/test_python.sh)
+#   scripts/setup_venv.sh --corpus also what scripts/make_corpus.py runs: ONNX Runtime's
+#                                  quantizers and transformer optimizer, torch's exporter,
+#                                  transformers and ORT GenAI's model builder
 #
 # Idempotent: an existing .venv is reused, and pip runs only if a pinned package
 # is missing or at another version. Set PYTHON to choose the interpreter
@@ -48,17 +51,23 @@ SERVER_PKGS=(openai==3.51.0)
 PYTHON_PKGS=(maturin==1.16.0 pytest==9.2.0 onnxruntime==1.32.0 torch==2.15.0
              torchvision==0.29.2 tokenizers==0.23.3 onnxscript==0.7.2)
 
+# The corpus of models as ORT's tools write them (scripts/make_corpus.py, issue 24).
+CORPUS_PKGS=(onnxruntime==1.32.0 torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3
+             onnxscript==0.7.2 onnxruntime-genai==0.18.0)
+
 full=0
+corpus=0
 llm=0
 server=0
 python=0
 for arg in "$@"; do
   case "$arg" in
     --full) full=1 ;;
+    --corpus) corpus=1 ;;
     --llm) llm=1 ;;
     --python) python=1 ;;
     --server) server=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "setup_venv.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +77,7 @@ if [[ $full == 1 ]]; then pkgs+=("${FULL_PKGS[@]}"); fi
 if [[ $llm == 1 ]]; then pkgs+=("${LLM_PKGS[@]}"); fi
 if [[ $server == 1 ]]; then pkgs+=("${SERVER_PKGS[@]}"); fi
 if [[ $python == 1 ]]; then pkgs+=("${PYTHON_PKGS[@]}"); fi
+if [[ $corpus == 1 ]]; then pkgs+=("${CORPUS_PKGS[@]}"); fi
 
 pick_python() {
   local c

@@ -56,6 +56,25 @@ if [[ -z ${RAFTER_LLM_FIXTURES:-} ]]; then
   fi
   export RAFTER_LLM_FIXTURES=$LLM
 fi
+# The corpus of models as ONNX Runtime's tools write them (scripts/make_corpus.py: ORT's
+# quantizers, transformer optimizer and GenAI model builder, torch exports), with ORT's
+# outputs; crates/rafter-conformance/tests/corpus.rs runs it on the CPU and on Vulkan.
+# Rebuilt when the script or the pins change (a stamp), or taken from RAFTER_CORPUS_DIR.
+if [[ -z ${RAFTER_CORPUS_DIR:-} ]]; then
+  CORPUS=$ROOT/.cache/corpus
+  corpus_want=$(cat scripts/make_corpus.py scripts/setup_venv.sh | sha256sum | cut -d' ' -f1)
+  if [[ "$(cat "$CORPUS/STAMP" 2>/dev/null || true)" != "$corpus_want" ]]; then
+    phase "corpus: setup_venv.sh --corpus"
+    scripts/setup_venv.sh --corpus
+    phase "corpus: make_corpus.py"
+    rm -rf "$CORPUS"
+    "$PY" scripts/make_corpus.py "$CORPUS"
+    echo "$corpus_want" >"$CORPUS/STAMP"
+  else
+    echo "test.sh: corpus up to date ($CORPUS)"
+  fi
+  export RAFTER_CORPUS_DIR=$CORPUS
+fi
 # The venv's spirv-val (SPIRV-Tools 2025.5) validates cooperative-matrix modules.
 export RAFTER_SPIRV_VAL=$ROOT/.venv/bin/spirv-val
 # rafter-stress's random run (crates/rafter-stress/tests/stress.rs): 30 s of rounds here, not
@@ -68,7 +87,7 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -f $HOME/.cargo/env ]]; then
   . "$HOME/.cargo/env"
 fi
 echo "test.sh: RAFTER_CONFORMANCE_DIR=$RAFTER_CONFORMANCE_DIR RAFTER_SPIRV_VAL=$RAFTER_SPIRV_VAL" \
-  "RAFTER_STRESS_SECS=$RAFTER_STRESS_SECS"
+  "RAFTER_STRESS_SECS=$RAFTER_STRESS_SECS RAFTER_CORPUS_DIR=$RAFTER_CORPUS_DIR"
 phase "cargo test --workspace --release $*"
 cargo test --workspace --release "$@"
 # The Vulkan HAL's tests again under the Khronos validation layer (core checks; Debian's

@@ -18,7 +18,7 @@
 # run of the suite, in onnx_backend_suite and in compiled_suite's default baseline (145 s
 # under qemu each; on x86 onnx_backend_suite holds the reference to exactly the list, so the
 # list is the same baseline, and rafter ships no reference executor on Arm: the deploy
-# runtime has none), and corpus (needs RAFTER_CORPUS_DIR, not in CI). rafter-runtime-cpu's
+# runtime has none), and corpus (test.sh runs it on x86, CPU and lavapipe). rafter-runtime-cpu's
 # own tests (~3 min) are left too: the conformance runs its code on every op.
 # Needs the conformance cache that scripts/test.sh generates ($RAFTER_CONFORMANCE_DIR, else
 # .cache/onnx-conformance). Installs the rustup target and the apt packages when missing
