@@ -449,20 +449,33 @@ def llm_model(out, wanted):
 # ---- ORT GenAI's model builder ----
 
 
+def genai_config():
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True, rope_theta=10000.0)
+
+
+def genai_llama(cfg):
+    """The checkpoint's module (fixed seed): also PyTorch's side of the GPU benchmark."""
+    import torch
+    import transformers
+
+    torch.manual_seed(11)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
 def genai_hf_checkpoint(path):
     """A tiny Llama (2 layers, hidden 64, 4 query and 2 KV heads, head 16, vocab 512, tied
     embeddings) with random weights and a word-level tokenizer, saved as an HF folder:
     what the builder reads (it copies the tokenizer into its output)."""
-    import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=True, rope_theta=10000.0)
-    torch.manual_seed(11)
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    cfg = genai_config()
+    genai_llama(cfg).save_pretrained(path)
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)},
                                      unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -6,7 +6,9 @@ device against PyTorch on CUDA, same machine, same run.
   bert_quant_dynamic  the corpus BERT (2 layers, hidden 64, batch 2, seq 11) after ORT's
                       dynamic int8 quantizer;
   llm_nbits_gqa       one decode step of the corpus Llama-style decoder (2 layers, hidden
-                      64, 4/2 heads, past 5) with MatMulNBits weights and GroupQueryAttention.
+                      64, 4/2 heads, past 5) with MatMulNBits weights and GroupQueryAttention;
+  llm_genai_builder_int4  ORT GenAI's model builder's int4 export of the corpus's tiny Llama
+                      (same sizes, vocab 512): 4 new tokens after 3 cached.
 
 The peer is PyTorch because ONNX Runtime's CUDA provider is not installable on the GPU
 machine (its python3 has onnxruntime with the CPU provider only, and no internet). PyTorch
@@ -43,7 +45,7 @@ from onnx import numpy_helper
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "scripts"))
 
-MODELS = ["cnn_nhwc", "bert_quant_dynamic", "llm_nbits_gqa"]
+MODELS = ["cnn_nhwc", "bert_quant_dynamic", "llm_nbits_gqa", "llm_genai_builder_int4"]
 # CUDA on the GPU machine; the CPU only to check the script elsewhere (no graphs there).
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -111,33 +113,45 @@ def torch_module(name, feeds):
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5,
                           attn_implementation="eager")
-        m = LlamaForCausalLM(cfg).eval().to(dev)
-        past = [(torch.tensor(feeds[f"past_key_values.{l}.key"], device=dev),
-                 torch.tensor(feeds[f"past_key_values.{l}.value"], device=dev))
-                for l in range(2)]
+        return llama_step(LlamaForCausalLM(cfg).eval().to(dev), feeds, 2)
+    if name == "llm_genai_builder_int4":
+        from make_corpus import genai_config, genai_llama
 
-        class Step(torch.nn.Module):
-            """One decode step over a 5-token cache (the cache is rebuilt from the same
-            tensors every call, as the ONNX step takes its past as inputs)."""
-
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, ids, mask):
-                from transformers import DynamicCache
-
-                cache = DynamicCache()
-                for l, (k, v) in enumerate(past):
-                    cache.update(k, v, l)
-                pos = torch.full((1, 1), past[0][0].shape[2], device=ids.device)
-                return self.m(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                              position_ids=pos, use_cache=True).logits
-
-        args = (torch.tensor(feeds["input_ids"], device=dev),
-                torch.tensor(feeds["attention_mask"], device=dev))
-        return Step(m), args
+        cfg = genai_config()
+        cfg._attn_implementation = "eager"
+        return llama_step(genai_llama(cfg).to(dev), feeds, cfg.num_hidden_layers)
     raise ValueError(name)
+
+
+def llama_step(m, feeds, layers):
+    """A decoder step over the corpus inputs' cache: the module and its CUDA inputs."""
+    dev = DEV
+    past = [(torch.tensor(feeds[f"past_key_values.{l}.key"], device=dev),
+             torch.tensor(feeds[f"past_key_values.{l}.value"], device=dev))
+            for l in range(layers)]
+
+    class Step(torch.nn.Module):
+        """The new tokens over the cache (rebuilt from the same tensors every call, as the
+        ONNX step takes its past as inputs)."""
+
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, mask):
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+            for l, (k, v) in enumerate(past):
+                cache.update(k, v, l)
+            p = past[0][0].shape[2]
+            pos = torch.arange(p, p + ids.shape[1], device=ids.device)[None]
+            return self.m(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                          position_ids=pos, use_cache=True).logits
+
+    args = (torch.tensor(feeds["input_ids"], device=dev),
+            torch.tensor(feeds["attention_mask"], device=dev))
+    return Step(m), args
 
 
 def time_ms(fn, calls):

@@ -85,9 +85,9 @@ fn is_half_cast(g: &Graph, n: &rafter_ir::Node) -> bool {
     let Op::Cast { to } = n.op else {
         return false;
     };
-    let half = |t: DType| matches!(t, DType::F16 | DType::BF16);
     let from = n.input(0).map(|v| g.value(v).ty.dtype);
-    (half(to) && from == Some(DType::F32)) || (to == DType::F32 && from.is_some_and(half))
+    (to.is_half() && from == Some(DType::F32))
+        || (to == DType::F32 && from.is_some_and(DType::is_half))
 }
 
 impl Partitioner<'_> {

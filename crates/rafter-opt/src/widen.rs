@@ -114,10 +114,6 @@ pub fn widening(op: &Op) -> Widening {
     }
 }
 
-fn is_half(dtype: DType) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16)
-}
-
 /// Rewrites the graph so that its half-precision compute runs in f32 (see the module docs).
 /// Returns whether anything changed. Graphs with control flow are left alone (their bodies
 /// capture outer values by name).
@@ -163,7 +159,7 @@ struct Widener<'a> {
 
 impl Widener<'_> {
     fn half_value(&self, v: ValueId) -> bool {
-        is_half(self.src.value(v).ty.dtype)
+        self.src.value(v).ty.dtype.is_half()
     }
 
     /// Source value `v` in its own type, casting its f32 form back on first need.
@@ -251,7 +247,7 @@ impl Widener<'_> {
             .map(|o| {
                 o.map(|o| {
                     let val = self.src.value(o);
-                    if widen && is_half(val.ty.dtype) {
+                    if widen && val.ty.dtype.is_half() {
                         let ty = TensorType::new(DType::F32, val.ty.dims.clone());
                         (format!("{}.f32", val.name), ty)
                     } else {

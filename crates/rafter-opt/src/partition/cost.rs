@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 
 use rafter_ir::program::{Kernel, KernelKind, Program};
-use rafter_ir::{DType, Graph, Op, Symbol, TensorType};
+use rafter_ir::{Graph, Op, Symbol, TensorType};
 
 use super::device::{ClassRate, CostProfile, DeviceDescription, Link, DETAIL_CLASSES};
 
@@ -122,7 +122,7 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
     let half = body
         .outputs
         .iter()
-        .any(|&v| matches!(body.value(v).ty.dtype, DType::F16 | DType::BF16));
+        .any(|&v| body.value(v).ty.dtype.is_half());
     KernelWork {
         class: kernel.kind,
         detail: main.map(|i| DETAIL_CLASSES[i]),

@@ -364,13 +364,9 @@ pub fn first_scalar(t: &Tensor) -> Option<Scalar> {
     crate::with_array!(t, a => a.iter().next().map(|v| v.to_scalar()))
 }
 
-fn is_half(d: DType) -> bool {
-    matches!(d, DType::F16 | DType::BF16)
-}
-
 /// Widens f16/bf16 to f32 (others are returned as they are).
 fn widen(t: &Tensor) -> std::borrow::Cow<'_, Tensor> {
-    if is_half(t.dtype()) {
+    if t.dtype().is_half() {
         std::borrow::Cow::Owned(cast(t, DType::F32))
     } else {
         std::borrow::Cow::Borrowed(t)
@@ -417,7 +413,7 @@ pub fn eval(
         Op::Unary { op: u } => {
             let d = x.dtype();
             let y = unary(*u, &widen(x))?;
-            if is_half(d) {
+            if d.is_half() {
                 cast(&y, d)
             } else {
                 y
@@ -427,7 +423,7 @@ pub fn eval(
             let b_in = arg(inputs, 1)?;
             let d = x.dtype();
             let y = binary(*b, &widen(x), &widen(b_in))?;
-            if is_half(d) && y.dtype() == DType::F32 {
+            if d.is_half() && y.dtype() == DType::F32 {
                 cast(&y, d)
             } else {
                 y
@@ -451,7 +447,7 @@ pub fn eval(
                 })),
                 None => return dtype_err(op.name(), &[x]),
             };
-            if is_half(d) {
+            if d.is_half() {
                 cast(&y, d)
             } else {
                 y

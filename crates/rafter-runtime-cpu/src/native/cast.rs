@@ -37,11 +37,10 @@ pub(super) fn select(body: &Graph) -> Option<Arc<dyn NativeKernel>> {
     if body.outputs.len() != 1 {
         return None;
     }
-    let half = |t: DType| matches!(t, DType::F16 | DType::BF16);
     let from = body.value(node.input(0)?).ty.dtype;
     let direction = match (from, to) {
-        (DType::F32, t) if half(t) => Direction::Narrow(t),
-        (f, DType::F32) if half(f) => Direction::Widen(f),
+        (DType::F32, t) if t.is_half() => Direction::Narrow(t),
+        (f, DType::F32) if f.is_half() => Direction::Widen(f),
         _ => return None,
     };
     Some(Arc::new(Cast {
