@@ -1,0 +1,234 @@
+//! `Semaphore::wait_direct` on Vulkan semaphores: the waiting thread sleeps in the driver
+//! itself, woken by the GPU's signal, or by the device's wake semaphore on a failure or a
+//! device loss; `None` when nothing submitted will signal the value.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rafter_hal::{Device, FillPattern, MemoryKind, Semaphore, SemaphoreError};
+use rafter_hal_vulkan::{VulkanDevice, VulkanDeviceOptions};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn direct(test: &str, on: bool) -> Option<common::Checked> {
+    common::device_with_or_skip(
+        test,
+        VulkanDeviceOptions {
+            direct_waits: Some(on),
+            ..Default::default()
+        },
+    )
+}
+
+/// `rounds` fills of a 64 MiB buffer, one after another: GPU work that takes a while.
+fn slow_commands(device: &VulkanDevice, rounds: usize) -> rafter_hal::CommandBuffer {
+    let buffer = device.allocate(64 << 20, MemoryKind::DeviceLocal).unwrap();
+    let mut builder = device.create_command_buffer().unwrap();
+    for i in 0..rounds {
+        if i > 0 {
+            builder.barrier();
+        }
+        builder
+            .fill(
+                buffer.range(0, 64 << 20).unwrap(),
+                FillPattern::U32(i as u32),
+            )
+            .unwrap();
+    }
+    builder.finish()
+}
+
+/// Slow commands that take at least `at_least` on this device (measured), and how long.
+fn calibrated_slow_commands(
+    device: &VulkanDevice,
+    at_least: Duration,
+) -> (rafter_hal::CommandBuffer, Duration) {
+    let queue = device.queue(0).unwrap();
+    let mut rounds = 4;
+    loop {
+        let commands = slow_commands(device, rounds);
+        let done = device.create_semaphore(0).unwrap();
+        let start = Instant::now();
+        queue.submit(&commands, &[], &[(done.clone(), 1)]).unwrap();
+        done.wait(1, WAIT).unwrap();
+        let took = start.elapsed();
+        if took >= at_least || rounds >= 1024 {
+            return (commands, took);
+        }
+        rounds *= 2;
+    }
+}
+
+#[test]
+fn a_direct_wait_needs_submitted_work_and_returns_once_the_gpu_signals() {
+    let Some(device) = direct("a_direct_wait_needs_submitted_work", true) else {
+        return;
+    };
+    let semaphore = device.create_semaphore(0).unwrap();
+    // Nothing submitted signals 1 (the host might, later): no direct wait, at once.
+    let start = Instant::now();
+    assert!(semaphore.wait_direct(1, WAIT).is_none());
+    assert!(Semaphore::host(0).wait_direct(1, WAIT).is_none());
+    assert!(start.elapsed() < Duration::from_secs(1));
+
+    let queue = device.queue(0).unwrap();
+    queue
+        .submit(&slow_commands(&device, 8), &[], &[(semaphore.clone(), 1)])
+        .unwrap();
+    match semaphore.wait_direct(1, WAIT) {
+        Some(Ok(())) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(semaphore.value() >= 1);
+    // Reached: answered at once, from the counter.
+    assert!(matches!(
+        semaphore.wait_direct(1, Duration::ZERO),
+        Some(Ok(()))
+    ));
+
+    // With direct waits off the caller is told to wait some other way.
+    let Some(off) = direct("a_direct_wait_needs_submitted_work (off)", false) else {
+        return;
+    };
+    let later = off.create_semaphore(0).unwrap();
+    off.queue(0)
+        .unwrap()
+        .submit(&slow_commands(&off, 1), &[], &[(later.clone(), 1)])
+        .unwrap();
+    assert!(later.wait_direct(1, WAIT).is_none());
+    later.wait(1, WAIT).unwrap();
+}
+
+#[test]
+fn a_direct_wait_times_out_while_the_gpu_is_still_busy() {
+    let Some(device) = direct("a_direct_wait_times_out", true) else {
+        return;
+    };
+    let (commands, took) = calibrated_slow_commands(&device, Duration::from_millis(300));
+    let semaphore = device.create_semaphore(0).unwrap();
+    let start = Instant::now();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&commands, &[], &[(semaphore.clone(), 1)])
+        .unwrap();
+    let result = semaphore.wait_direct(1, Duration::from_millis(5));
+    if start.elapsed() < took / 2 {
+        match result {
+            Some(Err(SemaphoreError::Timeout { value: 1, .. })) => {}
+            other => panic!("{other:?}"),
+        }
+    } else {
+        eprintln!("inconclusive: this thread ran too late to see the GPU busy");
+    }
+    semaphore.wait(1, WAIT).unwrap();
+}
+
+/// The waiter sleeps in the driver on the semaphore and the device's wake semaphore, so a
+/// host-side failure (which the driver never sees) or a device loss ends its wait long
+/// before the GPU's work would have.
+fn ends_early(test: &str, end: impl FnOnce(&VulkanDevice, &Semaphore), expect: &str) {
+    let Some(device) = direct(test, true) else {
+        return;
+    };
+    let (commands, took) = calibrated_slow_commands(&device, Duration::from_millis(400));
+    let semaphore = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&commands, &[], &[(semaphore.clone(), 1)])
+        .unwrap();
+    let submitted = Instant::now();
+    let waiter = {
+        let semaphore = semaphore.clone();
+        std::thread::spawn(move || {
+            let result = semaphore.wait_direct(1, WAIT);
+            (result, Instant::now())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    let ended = Instant::now();
+    end(&device, &semaphore);
+    let (result, returned) = waiter.join().unwrap();
+    match result {
+        Some(Err(SemaphoreError::Failed(reason))) => {
+            assert!(reason.contains(expect), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Ended by the failure, not by the GPU's signal: well before the work could finish
+    // (when the failure came early enough to tell).
+    if ended - submitted < took / 2 {
+        assert!(
+            returned - ended < took / 2,
+            "returned {:?} after the failure; the work takes {took:?}",
+            returned - ended
+        );
+    }
+}
+
+#[test]
+fn a_direct_wait_ends_when_the_semaphore_fails_meanwhile() {
+    ends_early(
+        "a_direct_wait_ends_when_the_semaphore_fails_meanwhile",
+        |_, semaphore| semaphore.fail("stopped by the test"),
+        "stopped by the test",
+    );
+}
+
+#[test]
+fn a_direct_wait_ends_when_the_device_is_lost_meanwhile() {
+    ends_early(
+        "a_direct_wait_ends_when_the_device_is_lost_meanwhile",
+        |device, _| device.inject_device_loss("test"),
+        "device lost",
+    );
+}
+
+/// This thread's time on a CPU so far (Linux: `/proc/thread-self/schedstat`, nanoseconds);
+/// `None` where that cannot be read.
+fn thread_cpu_time() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// A direct wait sleeps in the driver: it must not spin on a core the GPU's own work may
+/// need (lavapipe runs it on the host's cores). Mesa's runtime spins on a wait for any of
+/// several semaphores, so the wait is for the one semaphore alone; a spinning waiter
+/// would spend about all the wait on a CPU (less on a loaded machine, but far above 5%).
+#[test]
+fn a_direct_wait_sleeps_instead_of_spinning() {
+    let Some(device) = direct("a_direct_wait_sleeps_instead_of_spinning", true) else {
+        return;
+    };
+    let Some(_) = thread_cpu_time() else {
+        eprintln!("inconclusive: no per-thread CPU time on this system");
+        return;
+    };
+    let (commands, took) = calibrated_slow_commands(&device, Duration::from_millis(300));
+    let semaphore = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&commands, &[], &[(semaphore.clone(), 1)])
+        .unwrap();
+    let (cpu_before, wall_before) = (thread_cpu_time().unwrap(), Instant::now());
+    match semaphore.wait_direct(1, WAIT) {
+        Some(Ok(())) => {}
+        other => panic!("{other:?}"),
+    }
+    let (cpu, wall) = (
+        thread_cpu_time().unwrap() - cpu_before,
+        wall_before.elapsed(),
+    );
+    if wall < took / 4 {
+        eprintln!("inconclusive: the work was nearly done before the wait ({wall:?} of {took:?})");
+        return;
+    }
+    assert!(
+        cpu < wall / 20,
+        "the waiting thread was on a CPU {cpu:?} of the {wall:?} it waited"
+    );
+}
