@@ -21,7 +21,7 @@
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use rafter_hal::{
@@ -42,8 +42,9 @@ pub(crate) struct DeviceShared {
     /// Set when the device is dropped: nothing new starts, pending work fails.
     pub(crate) lost: AtomicBool,
     pub(crate) trace: Option<Arc<dyn TraceSink>>,
-    /// Submissions waiting for their waits (see [`Waiting`]); entries that started or
-    /// failed are dropped on the next registration.
+    /// Submissions waiting for their waits (see [`Waiting`]): the only strong handles to
+    /// them. An entry leaves as it starts or fails (`Waiting::take`), and the device's drop
+    /// empties it (`CpuQueue::close`).
     pub(crate) waiting: Mutex<Vec<Arc<Waiting>>>,
 }
 
@@ -57,10 +58,14 @@ impl DeviceShared {
     pub(crate) fn unreached_waits(&self) -> Vec<(Arc<Waiting>, usize, Semaphore, u64)> {
         let registry = self.lock_waiting();
         let mut out = Vec::new();
-        for w in registry.iter().filter(|w| w.pending()) {
+        for w in registry.iter() {
+            let slot = w.lock_slot();
+            let Some(pending) = slot.as_ref() else {
+                continue;
+            };
             for (i, reached) in w.reached.iter().enumerate() {
                 if !reached.load(Ordering::Acquire) {
-                    let (semaphore, value) = &w.waits[i];
+                    let (semaphore, value) = &pending.waits[i];
                     out.push((w.clone(), i, semaphore.clone(), *value));
                 }
             }
@@ -84,33 +89,56 @@ impl DeviceShared {
 /// ([`Semaphore::wait_direct`]) and mark it reached first, so the work starts on that
 /// thread with one wake-up (the signal's) instead of a device thread's and then a
 /// worker's. Whoever takes the submission out of its slot starts or fails it: exactly once.
+///
+/// Who holds what, so that nothing outlives the submission's start: the device's registry
+/// ([`DeviceShared::waiting`]) holds the entry strongly, and the entry holds its wait
+/// semaphores (as the queue thread's table once did) only while it is pending; the
+/// callbacks it leaves on those semaphores hold it weakly. A semaphore's callback list
+/// holding the entry strongly made a cycle (semaphore -> callback -> entry -> semaphore)
+/// wherever a callback never fires: a wait whose value never comes once another wait
+/// failed, or a Vulkan semaphore whose last handle goes (its drop would fire the orphaned
+/// callbacks, but the cycle kept it alive). And a finished entry kept in the registry until
+/// the next registration kept its semaphores alive after the work was done: rafter-stress
+/// saw a Vulkan semaphore alive after its rounds.
 pub(crate) struct Waiting {
     queue: Arc<str>,
     shared: Arc<DeviceShared>,
-    /// `None` once started or failed.
-    submission: Mutex<Option<Submission>>,
-    /// The waits (a copy: the submission moves out when it starts).
-    waits: Vec<(Semaphore, u64)>,
+    /// The submission and its waits; `None` once started or failed, which drops the
+    /// entry's handles to the wait semaphores.
+    slot: Mutex<Option<Pending>>,
     /// Per wait: whether it is known reached.
     reached: Vec<AtomicBool>,
     /// Waits not yet known reached.
     outstanding: AtomicUsize,
 }
 
+/// What a [`Waiting`] holds until it starts or fails.
+struct Pending {
+    submission: Submission,
+    waits: Vec<(Semaphore, u64)>,
+}
+
 impl Waiting {
-    /// Whether it has not started or failed yet.
-    pub(crate) fn pending(&self) -> bool {
-        self.submission
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+    fn lock_slot(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether it has not started or failed yet.
+    pub(crate) fn pending(&self) -> bool {
+        self.lock_slot().is_some()
+    }
+
+    /// The submission, for the one caller that starts or fails it (`None` for the others),
+    /// and the entry leaves the registry. The wait semaphores' handles are dropped here, by
+    /// the caller that took them, outside every lock: dropping a semaphore's last handle may
+    /// run its orphaned callbacks.
     fn take(&self) -> Option<Submission> {
-        self.submission
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        let Pending { submission, waits } = self.lock_slot().take()?;
+        self.shared
+            .lock_waiting()
+            .retain(|w| !std::ptr::eq(Arc::as_ptr(w), self));
+        drop(waits);
+        Some(submission)
     }
 
     /// Wait `index` is reached: starts the submission on this thread if it was the last.
@@ -248,29 +276,35 @@ impl QueueImpl for CpuQueue {
         let waiting = Arc::new(Waiting {
             queue: self.name.clone(),
             shared: self.shared.clone(),
-            submission: Mutex::new(Some(submission)),
-            waits: waits.to_vec(),
+            slot: Mutex::new(Some(Pending {
+                submission,
+                waits: waits.to_vec(),
+            })),
             reached: waits.iter().map(|_| AtomicBool::new(false)).collect(),
             outstanding: AtomicUsize::new(waits.len()),
         });
-        {
-            let mut registry = self.shared.lock_waiting();
-            registry.retain(|w| w.pending());
-            registry.push(waiting.clone());
-        }
+        self.shared.lock_waiting().push(waiting.clone());
         drop(open);
         // Registered outside the lock: a callback may run at once, here (a wait reached
-        // meanwhile), and start the submission.
+        // meanwhile), and start the submission. The callbacks hold the entry weakly (see
+        // `Waiting`): one that comes after the submission started or failed finds it gone.
+        let entry = Arc::downgrade(&waiting);
+        drop(waiting);
         for (index, (semaphore, value)) in waits.iter().enumerate() {
-            let entry = waiting.clone();
+            let entry: Weak<Waiting> = entry.clone();
             semaphore.notify_at(
                 *value,
-                Box::new(move |result| match result {
-                    Ok(()) => entry.mark_reached(index),
-                    Err(error) => entry.fail(&match error {
-                        SemaphoreError::Failed(reason) => reason,
-                        other => other.to_string(),
-                    }),
+                Box::new(move |result| {
+                    let Some(entry) = entry.upgrade() else {
+                        return;
+                    };
+                    match result {
+                        Ok(()) => entry.mark_reached(index),
+                        Err(error) => entry.fail(&match error {
+                            SemaphoreError::Failed(reason) => reason,
+                            other => other.to_string(),
+                        }),
+                    }
                 }),
             );
         }

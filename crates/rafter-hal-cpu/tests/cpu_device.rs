@@ -1197,3 +1197,149 @@ fn a_submission_released_by_the_last_of_several_waits_runs_once() {
         assert_eq!(ran_on.lock().unwrap().len(), 1);
     }
 }
+
+/// A semaphore that says when its last handle is gone (as a Vulkan device counts its live
+/// semaphores), and, once `armed`, lets a helper wait for it directly (as a Vulkan
+/// semaphore with submitted work does). Its callbacks run at once, on the signalling
+/// thread, like a host semaphore's.
+#[derive(Debug)]
+struct Tracked {
+    inner: rafter_hal::HostSemaphore,
+    armed: AtomicBool,
+    dropped: Arc<AtomicBool>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::Release);
+    }
+}
+
+impl rafter_hal::SemaphoreImpl for Tracked {
+    fn value(&self) -> u64 {
+        self.inner.value()
+    }
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+    fn signal(&self, value: u64) -> Result<(), SemaphoreError> {
+        self.inner.signal(value)
+    }
+    fn fail(&self, reason: String) {
+        self.inner.fail(reason)
+    }
+    fn wait(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
+        self.inner.wait(value, timeout)
+    }
+    fn wait_direct(&self, value: u64, timeout: Duration) -> Option<Result<(), SemaphoreError>> {
+        self.armed
+            .load(Ordering::Acquire)
+            .then(|| self.inner.wait(value, timeout))
+    }
+    fn notify_at(&self, value: u64, callback: rafter_hal::TimepointCallback) {
+        self.inner.notify_at(value, callback)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A tracked semaphore and the flag its drop sets.
+fn tracked(armed: bool) -> (Semaphore, Arc<AtomicBool>) {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let semaphore = Semaphore::from_impl(Arc::new(Tracked {
+        inner: rafter_hal::HostSemaphore::new(0),
+        armed: AtomicBool::new(armed),
+        dropped: dropped.clone(),
+    }));
+    (semaphore, dropped)
+}
+
+/// Once a waiting submission started or failed, the CPU device holds none of its wait
+/// semaphores: with the device still alive, the caller's dropping its last handle frees
+/// the semaphore (a Vulkan device counts it as live until then, and rafter-stress calls one
+/// still alive after its round a leak). Three ways a submission with two waits, one of them
+/// another device's, leaves the waiting state: the other device's value comes first and the
+/// host's last; the host's wait fails first and the other device's value never comes (its
+/// callback stays registered on it); a helper waits for the other device's value itself.
+#[test]
+fn a_submission_holds_no_wait_semaphore_once_it_started_or_failed() {
+    let ran_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (dev, queue, cb) = recording_device(&ran_on);
+
+    // The other device's value first, the host's last: the work runs.
+    let (other, other_dropped) = tracked(false);
+    let host = Semaphore::host(0);
+    let done = Semaphore::host(0);
+    queue
+        .submit(
+            &cb,
+            &[(host.clone(), 1), (other.clone(), 1)],
+            &[(done.clone(), 1)],
+        )
+        .unwrap();
+    other.signal(1).unwrap();
+    host.signal(1).unwrap();
+    done.wait(1, LONG).unwrap();
+    drop(other);
+    assert!(
+        other_dropped.load(Ordering::Acquire),
+        "the device still holds a started submission's wait semaphore"
+    );
+
+    // The host's wait fails; the other device's value never comes.
+    let (other, other_dropped) = tracked(false);
+    let host = Semaphore::host(0);
+    let done = Semaphore::host(0);
+    queue
+        .submit(
+            &cb,
+            &[(other.clone(), 1), (host.clone(), 1)],
+            &[(done.clone(), 1)],
+        )
+        .unwrap();
+    host.fail("the producer failed");
+    match done.wait(1, LONG) {
+        Err(SemaphoreError::Failed(reason)) => assert_eq!(reason, "the producer failed"),
+        other => panic!("{other:?}"),
+    }
+    drop(other);
+    assert!(
+        other_dropped.load(Ordering::Acquire),
+        "a failed submission's callback keeps its other wait semaphore alive"
+    );
+
+    // A helper waits for the other device's value itself and starts the work.
+    let (other, other_dropped) = tracked(true);
+    let host = Semaphore::host(0);
+    let done = Semaphore::host(0);
+    queue
+        .submit(
+            &cb,
+            &[(host.clone(), 1), (other.clone(), 1)],
+            &[(done.clone(), 1)],
+        )
+        .unwrap();
+    host.signal(1).unwrap();
+    let signaller = {
+        let other = other.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            other.signal(1).unwrap();
+        })
+    };
+    dev.help(&|| done.value() >= 1);
+    signaller.join().unwrap();
+    done.wait(1, LONG).unwrap();
+    drop(other);
+    assert!(
+        other_dropped.load(Ordering::Acquire),
+        "the device still holds a helper-started submission's wait semaphore"
+    );
+    assert_eq!(ran_on.lock().unwrap().len(), 2);
+    assert!(
+        dev.describe().contains("0 submissions waiting"),
+        "{}",
+        dev.describe()
+    );
+}
