@@ -232,3 +232,121 @@ fn a_direct_wait_sleeps_instead_of_spinning() {
         "the waiting thread was on a CPU {cpu:?} of the {wall:?} it waited"
     );
 }
+
+/// Waits up to 5 s (the batches' release grace) for the device to hold nothing.
+fn holds_nothing(device: &VulkanDevice) -> (usize, usize, usize) {
+    let start = Instant::now();
+    loop {
+        let live = device.live_objects();
+        if live == (0, 0, 0) || start.elapsed() > Duration::from_secs(5) {
+            return live;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A CPU submission that waits for a host value and a Vulkan value, the way a split
+/// model's CPU part waits for its inputs, leaves no Vulkan semaphore alive once it ran or
+/// failed, with the CPU device still open: whether the Vulkan value came last, never came
+/// (the host's wait failed first, and the CPU device's callback stays registered on the
+/// Vulkan semaphore), or was waited for directly by a helping host thread. With the CPU
+/// device's waiting submissions holding their semaphores past their start (rafter-stress:
+/// "the Vulkan device still holds (semaphores, batches, deferred) = (1, 0, 0)"), each case
+/// left one alive.
+#[test]
+fn a_cpu_submission_waiting_on_a_vulkan_semaphore_leaves_it_free_once_started_or_failed() {
+    use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions};
+    let Some(device) = direct("a_cpu_submission_waiting_on_a_vulkan_semaphore", true) else {
+        return;
+    };
+    let cpu = CpuDevice::new(CpuDeviceOptions {
+        worker_threads: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let cpu_queue = cpu.queue(0).unwrap();
+    let output = cpu.allocate(64, MemoryKind::HostVisibleShared).unwrap();
+    let mut builder = cpu.create_command_buffer().unwrap();
+    builder
+        .fill(output.range(0, 64).unwrap(), FillPattern::U32(7))
+        .unwrap();
+    let cpu_commands = builder.finish();
+    let gpu_queue = device.queue(0).unwrap();
+    let gpu_commands = slow_commands(&device, 2);
+    let ran = || output.read_bytes(0, 4).unwrap() == 7u32.to_le_bytes();
+
+    // The host's value first, the GPU's last.
+    {
+        let (host, done) = (Semaphore::host(0), Semaphore::host(0));
+        let gpu = device.create_semaphore(0).unwrap();
+        cpu_queue
+            .submit(
+                &cpu_commands,
+                &[(host.clone(), 1), (gpu.clone(), 1)],
+                &[(done.clone(), 1)],
+            )
+            .unwrap();
+        host.signal(1).unwrap();
+        gpu_queue
+            .submit(&gpu_commands, &[], &[(gpu.clone(), 1)])
+            .unwrap();
+        done.wait(1, WAIT).unwrap();
+        assert!(ran());
+    }
+    assert_eq!(
+        holds_nothing(&device),
+        (0, 0, 0),
+        "after a started submission"
+    );
+
+    // The host's wait fails; nothing will ever signal the GPU's value.
+    output.write_bytes(0, &[0; 64]).unwrap();
+    {
+        let (host, done) = (Semaphore::host(0), Semaphore::host(0));
+        let gpu = device.create_semaphore(0).unwrap();
+        cpu_queue
+            .submit(
+                &cpu_commands,
+                &[(gpu.clone(), 1), (host.clone(), 1)],
+                &[(done.clone(), 1)],
+            )
+            .unwrap();
+        host.fail("the producer failed");
+        match done.wait(1, WAIT) {
+            Err(SemaphoreError::Failed(reason)) => assert_eq!(reason, "the producer failed"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!ran());
+    }
+    assert_eq!(
+        holds_nothing(&device),
+        (0, 0, 0),
+        "after a failed submission"
+    );
+
+    // A helper waits for the GPU's value in the driver and starts the work itself.
+    {
+        let (host, done) = (Semaphore::host(0), Semaphore::host(0));
+        let gpu = device.create_semaphore(0).unwrap();
+        cpu_queue
+            .submit(
+                &cpu_commands,
+                &[(host.clone(), 1), (gpu.clone(), 1)],
+                &[(done.clone(), 1)],
+            )
+            .unwrap();
+        host.signal(1).unwrap();
+        gpu_queue
+            .submit(&gpu_commands, &[], &[(gpu.clone(), 1)])
+            .unwrap();
+        cpu.help(&|| done.value() >= 1);
+        done.wait(1, WAIT).unwrap();
+        assert!(ran());
+    }
+    assert_eq!(
+        holds_nothing(&device),
+        (0, 0, 0),
+        "after a helper's direct wait"
+    );
+    drop(cpu);
+}
