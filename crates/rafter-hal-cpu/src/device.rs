@@ -3,18 +3,19 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rafter_hal::{
     Buffer, Capabilities, Device, DeviceId, DeviceInfo, DeviceKind, Executable, ExecutableSpec,
-    HalError, Limits, MemoryKind, MemoryKindInfo, Queue, Semaphore, TraceSink, FORMAT_CPU_KERNELS,
+    HalError, Limits, MemoryKind, MemoryKindInfo, Queue, Semaphore, SemaphoreError, TraceSink,
+    FORMAT_CPU_KERNELS,
 };
 
 use crate::executable::{CpuExecutable, CpuKernels};
 use crate::memory::{CpuBuffer, HostAllocation, ALIGNMENT};
-use crate::queue::{run_queue_thread, CpuQueue, DeviceShared};
+use crate::queue::{CpuQueue, DeviceShared};
 use crate::workers::{Pool, Worker};
 
 /// How to build a [`CpuDevice`].
@@ -56,7 +57,13 @@ impl fmt::Debug for CpuDeviceOptions {
     }
 }
 
-/// The CPU device: host memory, one thread per queue, and a pool of worker threads.
+/// How long a helping host thread waits for another device's semaphore at a time before it
+/// asks its `done` again (see `Device::help`): bounds how late it notices that its call
+/// finished while it waited for work of another call.
+pub const HELP_WAIT_SLICE: Duration = Duration::from_millis(1);
+
+/// The CPU device: host memory, a pool of worker threads, and queues whose waiting
+/// submissions start from their semaphores' callbacks.
 ///
 /// - **Memory**: every [`MemoryKind`] is host memory, 64-byte aligned and zeroed, and
 ///   host-visible (so `HostVisibleShared` is zero-copy with the host and with any device that
@@ -73,7 +80,6 @@ pub struct CpuDevice {
     info: DeviceInfo,
     shared: Arc<DeviceShared>,
     queues: Vec<Arc<CpuQueue>>,
-    queue_threads: Mutex<Vec<JoinHandle<()>>>,
     worker_threads: Mutex<Vec<JoinHandle<()>>>,
     allocated: Arc<AtomicU64>,
     /// The name a host thread lent by [`Device::help`] runs jobs under.
@@ -97,12 +103,12 @@ impl CpuDevice {
             workers,
             lost: AtomicBool::new(false),
             trace: options.trace_sink.clone(),
+            waiting: Mutex::new(Vec::new()),
         });
         let mut device = CpuDevice {
             info,
             shared: shared.clone(),
             queues: Vec::new(),
-            queue_threads: Mutex::new(Vec::new()),
             worker_threads: Mutex::new(Vec::new()),
             allocated: Arc::new(AtomicU64::new(0)),
             host_worker: format!("rafter-{}{}-host", options.name, id).into(),
@@ -125,19 +131,9 @@ impl CpuDevice {
         }
         for i in 0..queue_count {
             let name: Arc<str> = format!("{}:{i}", options.name).into();
-            let (sender, receiver) = mpsc::channel();
-            let queue = Arc::new(CpuQueue::new(name.clone(), shared.clone(), sender.clone()));
-            device.queues.push(queue);
-            let shared = shared.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("rafter-{}{}-queue-{i}", options.name, id))
-                .spawn(move || run_queue_thread(name, shared, receiver, sender))
-                .map_err(spawn_error)?;
             device
-                .queue_threads
-                .get_mut()
-                .expect("unshared")
-                .push(handle);
+                .queues
+                .push(Arc::new(CpuQueue::new(name, shared.clone())));
         }
         Ok(device)
     }
@@ -254,19 +250,61 @@ impl Device for CpuDevice {
     }
 
     /// Runs queued jobs on the calling thread (see `Pool::help`); traces name it
-    /// `<device>-host`.
+    /// `<device>-host`. While the pool has none but a submission waits for another
+    /// device's work already under way (a GPU kernel's result), the thread waits for that
+    /// semaphore itself
+    /// ([`Semaphore::wait_direct`](rafter_hal::Semaphore::wait_direct), in slices of at
+    /// most [`HELP_WAIT_SLICE`] so `done` is asked again) and starts the submission when it
+    /// is reached, running its first work here: the handoff then costs the one wake-up of
+    /// this thread by the signal. The submission's timepoint callbacks still start it if
+    /// they come first (exactly one of them does).
     fn help(&self, done: &dyn Fn() -> bool) {
         let worker = Worker {
             name: self.host_worker.clone(),
         };
-        self.shared.pool.help(&worker, done);
+        let shared = &self.shared;
+        let idle = || {
+            if done() || shared.lost.load(Ordering::Acquire) {
+                return false;
+            }
+            // The first wait that can be waited on directly; the others (a host's signal
+            // to come, a backend without direct waits) are left to their callbacks.
+            for (waiting, index, semaphore, value) in shared.unreached_waits() {
+                match semaphore.wait_direct(value, HELP_WAIT_SLICE) {
+                    Some(Ok(())) => {
+                        waiting.mark_reached(index);
+                        return true;
+                    }
+                    // Not yet: ask `done` again.
+                    Some(Err(SemaphoreError::Timeout { .. })) => return true,
+                    // Failed: so does the submission (its callback would say the same).
+                    Some(Err(error)) => {
+                        waiting.fail(&match error {
+                            SemaphoreError::Failed(reason) => reason,
+                            other => other.to_string(),
+                        });
+                        return true;
+                    }
+                    None => {}
+                }
+            }
+            false
+        };
+        shared.pool.help(&worker, done, &idle);
     }
 
-    /// Workers, loss, bytes allocated and jobs queued on the pool (a submission waiting on
-    /// a semaphore sits in its queue thread's table, not on the pool).
+    /// Workers, loss, bytes allocated, jobs queued on the pool and submissions waiting on
+    /// semaphores.
     fn describe(&self) -> String {
+        let waiting = self
+            .shared
+            .lock_waiting()
+            .iter()
+            .filter(|w| w.pending())
+            .count();
         format!(
-            "cpu device '{}' ({}): {} workers, lost {}, {} bytes allocated, {} jobs queued",
+            "cpu device '{}' ({}): {} workers, lost {}, {} bytes allocated, {} jobs queued, \
+             {waiting} submissions waiting",
             self.info.name,
             self.info.id,
             self.shared.workers,
@@ -282,14 +320,6 @@ impl Drop for CpuDevice {
         self.shared.lost.store(true, Ordering::Release);
         for queue in &self.queues {
             queue.close();
-        }
-        for handle in self
-            .queue_threads
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            let _ = handle.join();
         }
         self.shared.pool.shutdown();
         for handle in self

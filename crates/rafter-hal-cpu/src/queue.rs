@@ -1,24 +1,27 @@
-//! CPU queues: a queue thread that honours waits, and executions that run on the pool.
+//! CPU queues: submissions that start when their waits are reached, and executions that
+//! run on the pool.
 //!
 //! `submit` validates and resolves the command buffer on the caller's thread. A submission
 //! whose waits are all reached starts right there (its first segment's jobs are pushed onto
-//! the pool; no command runs on the caller); any other is sent to the queue thread, and
-//! `submit` returns. A host thread that then waits for the work can run the pool's jobs
-//! itself (`Device::help`), so a CPU-only call needs no thread to be woken at all.
-//! The queue thread keeps submissions whose waits are not yet
-//! reached in a table, registering a timepoint callback on each wait semaphore; the callback
-//! only sends a message back, so signalling never runs queue logic on the signaller's thread.
+//! the pool; no command runs on the caller). Any other is registered as [`Waiting`], with a
+//! timepoint callback on each wait semaphore, and `submit` returns: the callback that finds
+//! the last wait reached starts it on the signalling thread (a CPU worker, another device's
+//! monitor), which only pushes jobs. There is no queue thread to wake in between: a
+//! GPU-to-CPU handoff used to cost the monitor's wake-up, the queue thread's, then a
+//! worker's. A host thread that then waits for the work can run the pool's jobs itself
+//! (`Device::help`), so a CPU-only call needs no thread to be woken at all; while the pool
+//! has nothing for it, it waits for a waiting submission's semaphore itself
+//! ([`rafter_hal::Semaphore::wait_direct`]) and runs what that releases.
 //! A submission whose waits are all reached becomes an [`Execution`]: its first barrier
 //! segment is pushed onto the worker pool, and the worker that finishes a segment's last job
-//! pushes the next one, or signals (or fails) the signal semaphores after the last. The queue
-//! thread is therefore never busy with running work: a submission waiting on a semaphore
-//! holds up nothing else, and independent submissions share the pool.
+//! pushes the next one, or signals (or fails) the signal semaphores after the last. A
+//! submission waiting on a semaphore holds up nothing else, and independent submissions
+//! share the pool.
 
-use std::collections::HashMap;
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use rafter_hal::{
@@ -39,9 +42,37 @@ pub(crate) struct DeviceShared {
     /// Set when the device is dropped: nothing new starts, pending work fails.
     pub(crate) lost: AtomicBool,
     pub(crate) trace: Option<Arc<dyn TraceSink>>,
+    /// Submissions waiting for their waits (see [`Waiting`]): the only strong handles to
+    /// them. An entry leaves as it starts or fails (`Waiting::take`), and the device's drop
+    /// empties it (`CpuQueue::close`).
+    pub(crate) waiting: Mutex<Vec<Arc<Waiting>>>,
 }
 
 impl DeviceShared {
+    pub(crate) fn lock_waiting(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Waiting>>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The waits not yet known reached of every waiting submission, oldest first, for a
+    /// helper to wait on.
+    pub(crate) fn unreached_waits(&self) -> Vec<(Arc<Waiting>, usize, Semaphore, u64)> {
+        let registry = self.lock_waiting();
+        let mut out = Vec::new();
+        for w in registry.iter() {
+            let slot = w.lock_slot();
+            let Some(pending) = slot.as_ref() else {
+                continue;
+            };
+            for (i, reached) in w.reached.iter().enumerate() {
+                if !reached.load(Ordering::Acquire) {
+                    let (semaphore, value) = &pending.waits[i];
+                    out.push((w.clone(), i, semaphore.clone(), *value));
+                }
+            }
+        }
+        out
+    }
+
     fn lost_reason(&self) -> String {
         format!(
             "device lost: device '{}' ({}) was dropped before the work completed",
@@ -50,18 +81,109 @@ impl DeviceShared {
     }
 }
 
-pub(crate) enum QueueMsg {
-    Submit(Submission),
-    WaitDone {
-        id: u64,
-        result: Result<(), SemaphoreError>,
-    },
-    Shutdown,
+/// A submission not yet started: some waits are not reached. Each wait has a timepoint
+/// callback on its semaphore; the callback that finds every wait reached starts the
+/// submission right there, on the signalling thread (starting only pushes jobs onto the
+/// pool), and the first to see a failure fails its signals. A host thread lent to the
+/// device (`Device::help`) may also wait for one of the waits itself
+/// ([`Semaphore::wait_direct`]) and mark it reached first, so the work starts on that
+/// thread with one wake-up (the signal's) instead of a device thread's and then a
+/// worker's. Whoever takes the submission out of its slot starts or fails it: exactly once.
+///
+/// Who holds what, so that nothing outlives the submission's start: the device's registry
+/// ([`DeviceShared::waiting`]) holds the entry strongly, and the entry holds its wait
+/// semaphores (as the queue thread's table once did) only while it is pending; the
+/// callbacks it leaves on those semaphores hold it weakly. A semaphore's callback list
+/// holding the entry strongly made a cycle (semaphore -> callback -> entry -> semaphore)
+/// wherever a callback never fires: a wait whose value never comes once another wait
+/// failed, or a Vulkan semaphore whose last handle goes (its drop would fire the orphaned
+/// callbacks, but the cycle kept it alive). And a finished entry kept in the registry until
+/// the next registration kept its semaphores alive after the work was done: rafter-stress
+/// saw a Vulkan semaphore alive after its rounds.
+pub(crate) struct Waiting {
+    queue: Arc<str>,
+    shared: Arc<DeviceShared>,
+    /// The submission and its waits; `None` once started or failed, which drops the
+    /// entry's handles to the wait semaphores.
+    slot: Mutex<Option<Pending>>,
+    /// Per wait: whether it is known reached.
+    reached: Vec<AtomicBool>,
+    /// Waits not yet known reached.
+    outstanding: AtomicUsize,
 }
+
+/// What a [`Waiting`] holds until it starts or fails.
+struct Pending {
+    submission: Submission,
+    waits: Vec<(Semaphore, u64)>,
+}
+
+impl Waiting {
+    fn lock_slot(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether it has not started or failed yet.
+    pub(crate) fn pending(&self) -> bool {
+        self.lock_slot().is_some()
+    }
+
+    /// The submission, for the one caller that starts or fails it (`None` for the others),
+    /// and the entry leaves the registry. The wait semaphores' handles are dropped here, by
+    /// the caller that took them, outside every lock: dropping a semaphore's last handle may
+    /// run its orphaned callbacks.
+    fn take(&self) -> Option<Submission> {
+        let Pending { submission, waits } = self.lock_slot().take()?;
+        self.shared
+            .lock_waiting()
+            .retain(|w| !std::ptr::eq(Arc::as_ptr(w), self));
+        drop(waits);
+        Some(submission)
+    }
+
+    /// Wait `index` is reached: starts the submission on this thread if it was the last.
+    pub(crate) fn mark_reached(&self, index: usize) {
+        if self.reached[index].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if self.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(submission) = self.take() {
+                let (queue, shared) = (self.queue.clone(), self.shared.clone());
+                // An empty submission completes as it starts, running its signals'
+                // callbacks, which may start the next one here: a long chain of them would
+                // nest that deep, so past a few levels the start goes to the pool.
+                if START_DEPTH.with(Cell::get) < MAX_START_DEPTH {
+                    START_DEPTH.with(|d| d.set(d.get() + 1));
+                    Execution::start(queue, shared, submission);
+                    START_DEPTH.with(|d| d.set(d.get() - 1));
+                } else {
+                    let pool_shared = shared.clone();
+                    pool_shared.pool.push(vec![Box::new(move |_: &Worker| {
+                        Execution::start(queue, shared, submission)
+                    })]);
+                }
+            }
+        }
+    }
+
+    /// A wait failed: the commands never run, the reason flows to the signals.
+    pub(crate) fn fail(&self, reason: &str) {
+        if let Some(submission) = self.take() {
+            fail_all(&submission.signals, reason);
+        }
+    }
+}
+
+thread_local! {
+    /// How many waiting submissions this thread is starting, nested (see `mark_reached`).
+    static START_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Nesting past which a started submission's start is handed to the pool.
+const MAX_START_DEPTH: usize = 8;
 
 pub(crate) struct Submission {
     prepared: Arc<Prepared>,
-    waits: Vec<(Semaphore, u64)>,
     signals: Vec<(Semaphore, u64)>,
 }
 
@@ -69,29 +191,29 @@ pub(crate) struct Submission {
 pub(crate) struct CpuQueue {
     name: Arc<str>,
     shared: Arc<DeviceShared>,
-    /// `None` once the device is dropped. Taken under the lock before `Shutdown` is sent, so
-    /// every `Submit` that was sent is received before `Shutdown`.
-    sender: Mutex<Option<Sender<QueueMsg>>>,
+    /// False once the device is dropped: submissions are refused. Held while a waiting
+    /// submission is registered, so `close` fails every one registered before it.
+    open: Mutex<bool>,
 }
 
 impl CpuQueue {
-    pub(crate) fn new(
-        name: Arc<str>,
-        shared: Arc<DeviceShared>,
-        sender: Sender<QueueMsg>,
-    ) -> CpuQueue {
+    pub(crate) fn new(name: Arc<str>, shared: Arc<DeviceShared>) -> CpuQueue {
         CpuQueue {
             name,
             shared,
-            sender: Mutex::new(Some(sender)),
+            open: Mutex::new(true),
         }
     }
 
-    /// Stops accepting submissions and tells the queue thread to fail what is pending.
+    /// Stops accepting submissions and fails those still waiting (device dropped).
     pub(crate) fn close(&self) {
-        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(sender) = sender {
-            let _ = sender.send(QueueMsg::Shutdown);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        *open = false;
+        let waiting = std::mem::take(&mut *self.shared.lock_waiting());
+        drop(open);
+        let reason = self.shared.lost_reason();
+        for entry in waiting {
+            entry.fail(&reason);
         }
     }
 
@@ -130,32 +252,63 @@ impl QueueImpl for CpuQueue {
             });
         }
         let prepared = self.prepare(command_buffer)?;
-        let guard = self.sender.lock().unwrap_or_else(|e| e.into_inner());
-        let sender = guard
-            .as_ref()
-            .ok_or_else(|| HalError::DeviceLost(format!("queue '{}' is closed", self.name)))?;
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if !*open {
+            return Err(HalError::DeviceLost(format!(
+                "queue '{}' is closed",
+                self.name
+            )));
+        }
         let submission = Submission {
             prepared,
-            waits: waits.to_vec(),
             signals: signals.to_vec(),
         };
-        // Waits already reached (none, usually): start here instead of through the queue
-        // thread, which would have to be woken first (a futex wake-up, tens of
-        // microseconds on a VM, on every call). Starting only pushes the first segment's
-        // jobs onto the pool, so `submit` still returns at once. (The queue thread starts
-        // such a submission on receipt all the same: only semaphores order submissions.)
+        // Waits already reached (none, usually): start here. Starting only pushes the
+        // first segment's jobs onto the pool, so `submit` still returns at once. (The
+        // lock is not held while starting: completing an empty submission runs the signal
+        // semaphores' callbacks. A device dropped meanwhile fails the execution as lost.)
         let reached = |(s, v): &(Semaphore, u64)| s.query().is_ok_and(|x| x >= *v);
-        if submission.waits.iter().all(reached) {
-            // (The lock is not held while starting: completing an empty submission runs
-            // the signal semaphores' callbacks. A device dropped meanwhile fails the
-            // execution as lost.)
-            drop(guard);
+        if waits.iter().all(reached) {
+            drop(open);
             Execution::start(self.name.clone(), self.shared.clone(), submission);
             return Ok(());
         }
-        sender
-            .send(QueueMsg::Submit(submission))
-            .map_err(|_| HalError::DeviceLost(format!("queue '{}' has stopped", self.name)))
+        let waiting = Arc::new(Waiting {
+            queue: self.name.clone(),
+            shared: self.shared.clone(),
+            slot: Mutex::new(Some(Pending {
+                submission,
+                waits: waits.to_vec(),
+            })),
+            reached: waits.iter().map(|_| AtomicBool::new(false)).collect(),
+            outstanding: AtomicUsize::new(waits.len()),
+        });
+        self.shared.lock_waiting().push(waiting.clone());
+        drop(open);
+        // Registered outside the lock: a callback may run at once, here (a wait reached
+        // meanwhile), and start the submission. The callbacks hold the entry weakly (see
+        // `Waiting`): one that comes after the submission started or failed finds it gone.
+        let entry = Arc::downgrade(&waiting);
+        drop(waiting);
+        for (index, (semaphore, value)) in waits.iter().enumerate() {
+            let entry: Weak<Waiting> = entry.clone();
+            semaphore.notify_at(
+                *value,
+                Box::new(move |result| {
+                    let Some(entry) = entry.upgrade() else {
+                        return;
+                    };
+                    match result {
+                        Ok(()) => entry.mark_reached(index),
+                        Err(error) => entry.fail(&match error {
+                            SemaphoreError::Failed(reason) => reason,
+                            other => other.to_string(),
+                        }),
+                    }
+                }),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -292,80 +445,6 @@ impl Prepared {
         }
         segments.retain(|s| !s.is_empty());
         Ok(Prepared { segments })
-    }
-}
-
-/// The queue thread's body.
-pub(crate) fn run_queue_thread(
-    queue: Arc<str>,
-    shared: Arc<DeviceShared>,
-    receiver: Receiver<QueueMsg>,
-    callback_sender: Sender<QueueMsg>,
-) {
-    struct Pending {
-        submission: Submission,
-        outstanding: usize,
-    }
-    let mut pending: HashMap<u64, Pending> = HashMap::new();
-    let mut next_id = 0u64;
-    while let Ok(message) = receiver.recv() {
-        match message {
-            QueueMsg::Submit(submission) => {
-                if submission.waits.is_empty() {
-                    Execution::start(queue.clone(), shared.clone(), submission);
-                    continue;
-                }
-                next_id += 1;
-                let id = next_id;
-                for (semaphore, value) in &submission.waits {
-                    let sender = callback_sender.clone();
-                    semaphore.notify_at(
-                        *value,
-                        Box::new(move |result| {
-                            // The queue thread may be gone (device dropped): nothing to do.
-                            let _ = sender.send(QueueMsg::WaitDone { id, result });
-                        }),
-                    );
-                }
-                pending.insert(
-                    id,
-                    Pending {
-                        outstanding: submission.waits.len(),
-                        submission,
-                    },
-                );
-            }
-            QueueMsg::WaitDone { id, result } => {
-                // Unknown ids belong to submissions already failed by another wait.
-                let Some(entry) = pending.get_mut(&id) else {
-                    continue;
-                };
-                match result {
-                    Ok(()) => {
-                        entry.outstanding -= 1;
-                        if entry.outstanding == 0 {
-                            let entry = pending.remove(&id).expect("present");
-                            Execution::start(queue.clone(), shared.clone(), entry.submission);
-                        }
-                    }
-                    Err(error) => {
-                        // Fail at once, without waiting for the other waits (which may never
-                        // come): the commands never run, the reason flows downstream.
-                        let entry = pending.remove(&id).expect("present");
-                        let reason = match error {
-                            SemaphoreError::Failed(reason) => reason,
-                            other => other.to_string(),
-                        };
-                        fail_all(&entry.submission.signals, &reason);
-                    }
-                }
-            }
-            QueueMsg::Shutdown => break,
-        }
-    }
-    let reason = shared.lost_reason();
-    for (_, entry) in pending.drain() {
-        fail_all(&entry.submission.signals, &reason);
     }
 }
 

@@ -99,7 +99,11 @@ impl Pool {
     /// microseconds each on a VM. Helping, it takes the job at once, keeps the chained
     /// segments on itself (see the module docs), and sees the call finish. A thread that is
     /// already a worker (of any pool) does not help: its kept job is its own pool's.
-    pub(crate) fn help(&self, worker: &Worker, done: &dyn Fn() -> bool) {
+    ///
+    /// When the queue is empty, `idle` is asked (on this thread, still lent to the pool, so
+    /// jobs it pushes stay here): it may wait for work to become ready and return true to
+    /// look again, or false to stop helping.
+    pub(crate) fn help(&self, worker: &Worker, done: &dyn Fn() -> bool, idle: &dyn Fn() -> bool) {
         if WORKER_OF.with(|w| w.get()) != 0 {
             self.wake_for_queued();
             return;
@@ -125,7 +129,11 @@ impl Pool {
             let job = self.lock().jobs.pop_front();
             match job {
                 Some(job) => job(worker),
-                None => break,
+                None => {
+                    if !idle() {
+                        break;
+                    }
+                }
             }
         }
         self.wake_for_queued();

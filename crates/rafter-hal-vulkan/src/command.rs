@@ -140,8 +140,8 @@ impl Timing {
     }
 
     /// The spans' GPU times in nanoseconds from the first start, once the submission
-    /// completed; `None` if the results are unavailable.
-    pub(crate) fn read(&self, shared: &Shared) -> Option<Vec<(u64, u64)>> {
+    /// completed, and the first start's raw ticks; `None` if the results are unavailable.
+    pub(crate) fn read(&self, shared: &Shared) -> Option<(u64, Vec<(u64, u64)>)> {
         let mut ticks = vec![0u64; 2 * self.spans.len()];
         // SAFETY: the pool has exactly `ticks.len()` queries; the submission that wrote
         // them completed (this runs at retirement), so no wait is needed.
@@ -163,12 +163,13 @@ impl Timing {
         let period = shared.caps.timestamp_period_ps as f64 / 1000.0;
         let first = ticks.first().copied()? & mask;
         let ns = |t: u64| ((t & mask).wrapping_sub(first) & mask) as f64 * period;
-        Some(
+        Some((
+            first,
             ticks
                 .chunks_exact(2)
                 .map(|p| (ns(p[0]) as u64, ns(p[1]) as u64))
                 .collect(),
-        )
+        ))
     }
 }
 

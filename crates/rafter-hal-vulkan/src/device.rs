@@ -18,6 +18,7 @@ use rafter_hal::{
 use crate::batch_tail::BatchTail;
 use crate::breadcrumbs::{BreadcrumbMode, Breadcrumbs, BREADCRUMBS_ENV};
 use crate::caps::VulkanCapabilities;
+use crate::clock::DeviceClock;
 use crate::error::VulkanError;
 use crate::executable::{PipelineCache, VulkanExecutable};
 use crate::instance::{self, InstanceOwner};
@@ -44,7 +45,8 @@ pub struct VulkanDeviceOptions {
     /// Where GPU time goes: with a sink, every command buffer is recorded with a timestamp
     /// before and after each command, and each completed submission reports one
     /// [`TraceEvent`] per dispatch, copy and fill, timed by the GPU (its durations are the
-    /// GPU's; its start is placed on the host clock by the completion time). Timestamps
+    /// GPU's; they are placed on the host clock by reading the device clock from the host
+    /// where `VK_EXT_calibrated_timestamps` allows, else by the completion time). Timestamps
     /// serialise nothing, but they cost a little, so tracing is off by default. A command
     /// buffer submitted again before its previous submission completed shares its query
     /// slots with it, so trace one call at a time.
@@ -65,6 +67,10 @@ pub struct VulkanDeviceOptions {
     /// [`BREADCRUMBS_ENV`](crate::BREADCRUMBS_ENV). The watchdog's report
     /// ([`WATCHDOG_ENV`](crate::WATCHDOG_ENV)) and [`VulkanDevice::breadcrumbs`] read them.
     pub breadcrumbs: Option<BreadcrumbMode>,
+    /// Whether a thread that will run the work a GPU value releases waits for it in the
+    /// driver itself ([`SemaphoreImpl::wait_direct`](rafter_hal::SemaphoreImpl::wait_direct));
+    /// `None` reads [`DIRECT_WAITS_ENV`], whose default is off.
+    pub direct_waits: Option<bool>,
 }
 
 /// Set to `1` to open Vulkan devices without cooperative matrices
@@ -86,6 +92,7 @@ impl std::fmt::Debug for VulkanDeviceOptions {
             )
             .field("validation", &self.validation)
             .field("breadcrumbs", &self.breadcrumbs)
+            .field("direct_waits", &self.direct_waits)
             .finish()
     }
 }
@@ -163,7 +170,31 @@ pub(crate) struct Shared {
     signal_lock: Option<Mutex<()>>,
     /// The diagnostic variant of the submission path in use (issue 28; off by default).
     pub(crate) stall_probe: StallProbe,
+    /// With a trace sink and `VK_EXT_calibrated_timestamps`: reads the device clock, so
+    /// GPU spans land where they happened on the host's clock (`clock.rs`).
+    pub(crate) clock: Option<DeviceClock>,
+    /// Whether [`SemaphoreImpl::wait_direct`](rafter_hal::SemaphoreImpl::wait_direct)
+    /// waits in the driver on the caller's thread ([`DIRECT_WAITS_ENV`]).
+    pub(crate) direct_waits: bool,
 }
+
+/// `1` or `0`: whether a thread that will run the work a GPU value releases (the CPU
+/// device's helper) waits for it in `vkWaitSemaphores` itself, woken by the GPU's signal,
+/// or sleeps until the monitor thread, woken by the signal, wakes it. Default: off. On
+/// lavapipe it shortens a GPU-to-CPU handoff (a median 19-23 us against 25-29 us through
+/// the monitor, two loaded cores), but with it on, 3 of 10 runs of 3,000 traced split calls
+/// (`rafter bench --device auto --iters 3000 --trace`, Relu -> LSTM (CPU) -> Relu) hung
+/// with the GPU idle (and 1 of 5 runs of 200), against none of 11 with it off and none of
+/// 8 on main. The cause is not the direct wait itself (tests/direct_wait.rs,
+/// `split_calls_with_direct_waits_and_tracing_never_hang`): a traced command buffer
+/// submitted again before the monitor retired its previous submission (both use its one
+/// query pool) hangs or crashes lavapipe with direct waits off too, once calls overlap, and
+/// never did with the command buffers recorded per call; the direct wait makes that
+/// overlap likely, as the host learns of the GPU's value from the driver rather than from
+/// the monitor's retirement. Not fixed yet. Off on NVIDIA in any case: its driver spins in
+/// short waits and was measured missing wake-ups (issue 28), which is why host waits go
+/// through the monitor there.
+pub const DIRECT_WAITS_ENV: &str = "RAFTER_VULKAN_DIRECT_WAITS";
 
 /// Set to `1` to let threads signal timeline semaphores concurrently (submissions and
 /// host signals), without [`Shared::signal_guard`]'s device-wide lock: for measuring the
@@ -506,6 +537,17 @@ fn create_shared(
         extensions.push(ash::khr::cooperative_matrix::NAME.as_ptr());
         features = features.push_next(&mut coop);
     }
+    // Traced devices read their clock on the host to place GPU spans (`clock.rs`).
+    let calibrated = options.trace_sink.is_some()
+        && DeviceClock::supported(
+            &owner.entry,
+            &owner.instance,
+            physical,
+            instance::has_extension(&owner, physical, ash::ext::calibrated_timestamps::NAME),
+        );
+    if calibrated {
+        extensions.push(ash::ext::calibrated_timestamps::NAME.as_ptr());
+    }
     let device_info = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queue_infos)
         .enabled_extension_names(&extensions)
@@ -593,6 +635,10 @@ fn create_shared(
     };
     let (wake_semaphore, pipeline_layout) = (partial.semaphore, partial.layout);
     partial.device = None;
+    let clock = calibrated.then(|| DeviceClock::new(&owner.instance, &device));
+    let direct_waits = options
+        .direct_waits
+        .unwrap_or_else(|| std::env::var(DIRECT_WAITS_ENV).as_deref() == Ok("1"));
     Ok(Shared {
         id: DeviceId::fresh(),
         name,
@@ -620,6 +666,8 @@ fn create_shared(
         signal_lock: (std::env::var(CONCURRENT_SIGNALS_ENV).as_deref() != Ok("1"))
             .then(|| Mutex::new(())),
         stall_probe: StallProbe::from_env(),
+        clock,
+        direct_waits,
     })
 }
 

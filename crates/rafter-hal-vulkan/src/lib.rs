@@ -27,6 +27,7 @@
 mod batch_tail;
 mod breadcrumbs;
 mod caps;
+mod clock;
 mod command;
 mod device;
 mod error;
@@ -42,7 +43,9 @@ pub use batch_tail::TAIL_MARK;
 pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use command::{INLINE_BINDINGS, MAX_BINDINGS};
-pub use device::{VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, NO_COOP_ENV};
+pub use device::{
+    VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, DIRECT_WAITS_ENV, NO_COOP_ENV,
+};
 pub use error::VulkanError;
 pub use executable::{
     spirv_capabilities, spirv_entry_points, spirv_push_constant_bytes, spirv_workgroup_bytes,

@@ -584,15 +584,41 @@ impl Shared {
 }
 
 /// One trace event per timed command of a completed submission. The GPU's clock is not the
-/// host's: the last command is taken to end now (the monitor retires batches promptly) and
-/// the others are placed by their GPU times before it.
+/// host's: where the device clock can be read on the host (`clock.rs`), the first span's
+/// start is placed by it; otherwise the last command is taken to end now (the monitor
+/// retires batches promptly, but its wake-up then counts as GPU time) and the others are
+/// placed by their GPU times before it.
 fn report(shared: &Shared, sink: &dyn TraceSink, timing: &Timing, queue: &Arc<str>) {
-    let Some(times) = timing.read(shared) else {
+    let Some((first, times)) = timing.read(shared) else {
         return;
     };
     let now = Instant::now();
     let last = times.iter().map(|&(_, end)| end).max().unwrap_or(0);
-    let at = |ns: u64| now - Duration::from_nanos(last.saturating_sub(ns));
+    // When the first span started, on the host's clock.
+    let origin = shared
+        .clock
+        .as_ref()
+        .and_then(|clock| clock.calibration())
+        .and_then(|(ticks, at)| {
+            let bits = shared.caps.timestamp_valid_bits;
+            let mask = if bits >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << bits) - 1
+            };
+            let period = shared.caps.timestamp_period_ps as f64 / 1000.0;
+            // The calibration may be older or newer than the span: the shorter way round
+            // the counter's wrap says which.
+            let ahead = (first & mask).wrapping_sub(ticks & mask) & mask;
+            if ahead <= mask / 2 {
+                at.checked_add(Duration::from_nanos((ahead as f64 * period) as u64))
+            } else {
+                let behind = (ticks & mask).wrapping_sub(first & mask) & mask;
+                at.checked_sub(Duration::from_nanos((behind as f64 * period) as u64))
+            }
+        })
+        .unwrap_or_else(|| now - Duration::from_nanos(last));
+    let at = |ns: u64| origin + Duration::from_nanos(ns);
     let thread: Arc<str> = Arc::from("gpu");
     for (span, &(start, end)) in timing.spans.iter().zip(&times) {
         sink.record(TraceEvent {

@@ -27,6 +27,17 @@ pub trait SemaphoreImpl: Send + Sync + fmt::Debug + 'static {
     /// Blocks the calling thread until `value` is reached, the semaphore fails, or `timeout`
     /// elapses.
     fn wait(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError>;
+    /// [`wait`](Self::wait) for a thread that will start the work the value releases (a
+    /// CPU device's helper waiting for a GPU kernel's result), where the backend can make
+    /// the signal wake the calling thread itself, instead of waking a thread of the
+    /// backend's that then wakes the caller (one wake-up instead of two: what a handoff
+    /// between devices costs), and work that will signal `value` is already under way
+    /// (so the wait ends without anyone else's help). `None`, without waiting, otherwise
+    /// (the default); else what `wait` would return.
+    fn wait_direct(&self, value: u64, timeout: Duration) -> Option<Result<(), SemaphoreError>> {
+        let _ = (value, timeout);
+        None
+    }
     /// Registers `callback` to run exactly once: with `Ok(())` when the value reaches
     /// `value`, or with `Err(Failed)` when the semaphore fails. If either has already happened
     /// the callback runs immediately, on the calling thread. Otherwise it runs on the thread
@@ -134,6 +145,14 @@ impl Semaphore {
     /// prefer a finite timeout so a lost signal is an error, not a hang.
     pub fn wait(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
         self.0.wait(value, timeout)
+    }
+
+    /// [`wait`](Self::wait) with the calling thread woken by the signal itself, for a
+    /// thread that will run the work the value releases; `None` at once where the backend
+    /// cannot, or nothing that will signal `value` is under way yet
+    /// ([`SemaphoreImpl::wait_direct`]).
+    pub fn wait_direct(&self, value: u64, timeout: Duration) -> Option<Result<(), SemaphoreError>> {
+        self.0.wait_direct(value, timeout)
     }
 
     /// Waits for every `(semaphore, value)` pair, within one overall `timeout`.

@@ -41,6 +41,8 @@ impl Drop for Checked {
 }
 
 /// The device, or `None` after printing why the test is skipped.
+// Each test crate compiles this module and uses a subset of it (direct_wait.rs not this).
+#[allow(dead_code)]
 pub fn device_or_skip(test: &str) -> Option<Checked> {
     device_with_or_skip(test, VulkanDeviceOptions::default())
 }
