@@ -12,8 +12,8 @@
 //! `w_lo x_lo`, below f32's rounding, dropped: the f32 path's accuracy), for bf16 three.
 //! The weights are dequantized to f32 first (the scales, mins and block structure applied
 //! there), so no per-group fold leaves the tiles (the AMX-INT8 attempt's bound); the
-//! dequantization is done once per panel of 32 weight rows and call, and the panel is then
-//! reused by every row of x. Tile arithmetic flushes bf16 subnormal inputs to zero
+//! dequantization is done once per panel of 32 weight rows, K-block and call, into a
+//! per-thread buffer (the weights stay as they are mapped), reused by every row of x. Tile arithmetic flushes bf16 subnormal inputs to zero
 //! (below `2^-126`).
 //!
 //! Layout: weights are the A operand, so a panel is row-major: per 32 elements of K,
@@ -21,8 +21,14 @@
 //! by the dequantization without transposes. x is the B operand in the pair layout
 //! (`[16 pairs of K][16 rows][2]` bf16), built once per call by 16x16 dword transposes:
 //! per 16 rows and 32 elements, three tiles (hi, mid, lo). Per 32 rows of x and panel, four
-//! f32 C tiles (`[weight rows][rows of x]`) stay in tile registers over all of K, then are
-//! transposed and go through the epilogue to y.
+//! f32 C tiles (`[weight rows][rows of x]`) stay in tile registers over a K-block (512
+//! elements), are stored between K-blocks, and at the end are transposed and go through
+//! the epilogue to y. Loop order per thread: chunks of 8 panels, K-blocks, panels, rows of
+//! x: x's K-block stays in L2 across the chunk's panels (over all of K it did not at
+//! K = 3072, and every panel re-read it from L3), a panel's K-block near while every row
+//! of x multiplies it. For f16/bf16 the split of the next panel K-block is interleaved with
+//! the current one's tile products (the tiles compute while the vector units convert; a
+//! separate pass had cost ~20% of prefill GEMM time at 128 rows of x).
 //!
 //! On by default where CPUID reports AMX-TILE, AMX-BF16 and AVX512-BF16, the OS enables
 //! the tile state (XCR0) and Linux grants the tile data permission (`arch_prctl`);
