@@ -15,15 +15,17 @@
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --formats all --isa avx2
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --formats f16 --dense-rows 1,4
 //! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --m 128 --amx 0,1
+//! cargo bench -p rafter-kernels-cpu --bench quant_gemv -- --m 128 --formats f16 --hot --amx-ks 1000,8
 //! ```
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    bench_micro_kernel, quant_amx_available, quant_matmul_with_isa, set_quant_amx,
-    set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows, set_quant_prefetch_distance,
-    BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef, WeightFormat, WorkerPool,
+    bench_micro_kernel, quant_amx_available, quant_amx_peak, quant_matmul_with_isa, set_quant_amx,
+    set_quant_amx_k_steps, set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows,
+    set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef,
+    WeightFormat, WorkerPool,
 };
 
 /// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the
@@ -38,6 +40,13 @@ const SHAPES: &[(usize, usize, &str)] = &[
     // Not a model shape: 64 weight rows, so the time is the per-call overhead (activation
     // quantization and rearrangement, task start); run it with `--shapes overhead`.
     (3072, 64, "overhead"),
+    // The tiny Llama fixture's products (hidden 256, 4 query / 1 KV heads of 64, FFN 1024,
+    // vocab 128,256), with `--shapes tiny_qo,tiny_kv,tiny_gateup,tiny_down,tiny_lmhead`.
+    (256, 256, "tiny_qo"),
+    (256, 64, "tiny_kv"),
+    (256, 1024, "tiny_gateup"),
+    (1024, 256, "tiny_down"),
+    (256, 128256, "tiny_lmhead"),
 ];
 
 fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
@@ -232,6 +241,13 @@ fn main() {
             .map(|v| Some(v.parse::<u8>().expect("--amx 0,1") == 1))
             .collect()
     });
+    // `--amx-ks S1,S2`: the AMX GEMM's steps (32 elements of K) per K-block to compare (as
+    // `--prefetch`; at least K / 32: no K-blocking, C in the tile registers over all of K).
+    let amx_ks: Vec<Option<usize>> = arg("--amx-ks").map_or(vec![None], |d| {
+        d.split(',')
+            .map(|v| Some(v.parse().expect("--amx-ks S1,S2")))
+            .collect()
+    });
     if amx.contains(&Some(true)) && !quant_amx_available() {
         println!("AMX-BF16 is not available here: `amx1` runs the AVX-512 kernels");
     }
@@ -272,6 +288,11 @@ fn main() {
     } else {
         0.0
     };
+    if m > 1 {
+        if let Some(g) = quant_amx_peak(2_000_000) {
+            println!("AMX-BF16 tdpbf16ps peak, 1 thread: {g:.0} GFLOP/s (f16 weights take 5 products, bf16 3, block formats 3)");
+        }
+    }
     if hot {
         println!("{isa:?}, M = {m}, {rounds} rounds, one copy of each weight; minimum per call");
     } else {
@@ -294,7 +315,7 @@ fn main() {
     for &(k, n, name) in SHAPES {
         match &shape_filter {
             Some(f) if !f.split(',').any(|s| s == name) => continue,
-            None if name == "overhead" => continue,
+            None if name == "overhead" || name.starts_with("tiny_") => continue,
             _ => {}
         }
         // Every format's copies, generated once per shape.
@@ -315,7 +336,9 @@ fn main() {
                 for &g in &gemm_rows {
                     for &dr in &dense_rows {
                         for &a in &amx {
-                            contenders.push((fi, d, g, dr, a));
+                            for &ks in &amx_ks {
+                                contenders.push((fi, d, g, dr, a, ks));
+                            }
                         }
                     }
                 }
@@ -327,8 +350,9 @@ fn main() {
             for round in 0..rounds + 1 {
                 for ci in 0..contenders.len() {
                     let ci = (ci + round) % contenders.len();
-                    let (fi, dist, rows, drows, a) = contenders[ci];
+                    let (fi, dist, rows, drows, a, ks) = contenders[ci];
                     set_quant_amx(a);
+                    set_quant_amx_k_steps(ks.unwrap_or(0));
                     if let Some(r) = drows {
                         set_quant_dense_rows(r);
                     }
@@ -358,7 +382,7 @@ fn main() {
                     }
                 }
             }
-            for (ci, &(fi, dist, rows, drows, a)) in contenders.iter().enumerate() {
+            for (ci, &(fi, dist, rows, drows, a, ks)) in contenders.iter().enumerate() {
                 let f = &formats[fi];
                 let s = if hot {
                     times[ci].iter().cloned().fold(f64::MAX, f64::min)
@@ -385,6 +409,9 @@ fn main() {
                 }
                 if let Some(a) = a {
                     name += if a { " amx1" } else { " amx0" };
+                }
+                if let Some(ks) = ks {
+                    name += &format!(" ks{ks}");
                 }
                 println!(
                     "{:<8} {:<16} {:<6} {:>10.1} {:>9.1} {:>8.2}",

@@ -115,8 +115,8 @@ pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
 #[doc(hidden)]
 pub use quant::{
-    quant_amx_available, set_quant_amx, set_quant_decode_max_m, set_quant_dense_rows,
-    set_quant_gemm_rows, set_quant_prefetch_distance,
+    quant_amx_available, quant_amx_peak, set_quant_amx, set_quant_amx_k_steps,
+    set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows, set_quant_prefetch_distance,
 };
 pub use quant::{
     quant_matmul, quant_matmul_with_isa, BlockFormat, QuantMatRef, WeightFormat, DECODE_MAX_M,

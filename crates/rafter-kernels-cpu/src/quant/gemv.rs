@@ -68,6 +68,11 @@ impl AlignedBytes {
     pub(crate) fn as_slice(&self) -> &[u8] {
         &self.v[self.off..self.off + self.len]
     }
+
+    /// The payload as it is (as [`AlignedBytes::as_slice`], writable).
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.v[self.off..self.off + self.len]
+    }
 }
 
 /// Which kernels multiply a block format on a path.

@@ -125,6 +125,29 @@ pub fn set_quant_amx(on: Option<bool>) {
     let _ = on;
 }
 
+/// Sets the AMX-BF16 prefill GEMM's steps (32 elements of K) per K-block for later calls
+/// (0: the default; at least K's steps: no K-blocking). For the bench's tuning runs.
+#[doc(hidden)]
+pub fn set_quant_amx_k_steps(steps: usize) {
+    #[cfg(target_arch = "x86_64")]
+    x86_amx_bf16::set_k_steps(steps);
+    let _ = steps;
+}
+
+/// The AMX-BF16 tiles' measured peak on one thread, in GFLOP/s (2 per bf16 multiply-add):
+/// `iters` rounds of 16 independent `tdpbf16ps` on register-resident tiles; `None` where
+/// AMX-BF16 is unavailable. For the bench's fractions of peak.
+#[doc(hidden)]
+pub fn quant_amx_peak(iters: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    return x86_amx_bf16::peak(iters);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = iters;
+        None
+    }
+}
+
 /// Whether this process can run the AMX-BF16 prefill GEMM (CPU, OS and permission).
 #[doc(hidden)]
 pub fn quant_amx_available() -> bool {

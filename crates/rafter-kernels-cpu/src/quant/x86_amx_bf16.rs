@@ -12,8 +12,8 @@
 //! `w_lo x_lo`, below f32's rounding, dropped: the f32 path's accuracy), for bf16 three.
 //! The weights are dequantized to f32 first (the scales, mins and block structure applied
 //! there), so no per-group fold leaves the tiles (the AMX-INT8 attempt's bound); the
-//! dequantization is done once per panel of 32 weight rows and call, and the panel is then
-//! reused by every row of x. Tile arithmetic flushes bf16 subnormal inputs to zero
+//! dequantization is done once per panel of 32 weight rows, K-block and call, into a
+//! per-thread buffer (the weights stay as they are mapped), reused by every row of x. Tile arithmetic flushes bf16 subnormal inputs to zero
 //! (below `2^-126`).
 //!
 //! Layout: weights are the A operand, so a panel is row-major: per 32 elements of K,
@@ -21,8 +21,14 @@
 //! by the dequantization without transposes. x is the B operand in the pair layout
 //! (`[16 pairs of K][16 rows][2]` bf16), built once per call by 16x16 dword transposes:
 //! per 16 rows and 32 elements, three tiles (hi, mid, lo). Per 32 rows of x and panel, four
-//! f32 C tiles (`[weight rows][rows of x]`) stay in tile registers over all of K, then are
-//! transposed and go through the epilogue to y.
+//! f32 C tiles (`[weight rows][rows of x]`) stay in tile registers over a K-block (512
+//! elements), are stored between K-blocks, and at the end are transposed and go through
+//! the epilogue to y. Loop order per thread: chunks of 8 panels, K-blocks, panels, rows of
+//! x: x's K-block stays in L2 across the chunk's panels (over all of K it did not at
+//! K = 3072, and every panel re-read it from L3), a panel's K-block near while every row
+//! of x multiplies it. For f16/bf16 the split of the next panel K-block is interleaved with
+//! the current one's tile products (the tiles compute while the vector units convert; a
+//! separate pass had cost ~20% of prefill GEMM time at 128 rows of x).
 //!
 //! On by default where CPUID reports AMX-TILE, AMX-BF16 and AVX512-BF16, the OS enables
 //! the tile state (XCR0) and Linux grants the tile data permission (`arch_prctl`);
@@ -32,7 +38,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use super::finish::{finish, YPtr};
@@ -142,11 +148,19 @@ struct XTiles {
     rows: Vec<f32>,
 }
 
-/// Per-thread buffers: the panel's A tiles, one weight row's quants and per-group scales
-/// and offsets, and the C tiles of one register block.
+/// Per-thread buffers: two panel K-blocks of A tiles (the one multiplied, the next being
+/// packed), the C tiles of a chunk of panels, and a block-format row's unpacked form.
 #[derive(Default)]
 struct PanelBufs {
     panel: AlignedBytes,
+    next: AlignedBytes,
+    acc: AlignedBytes,
+    row: RowScratch,
+}
+
+/// One block-format weight row's quants and per-group scales and offsets.
+#[derive(Default)]
+struct RowScratch {
     u: AlignedBytes,
     s: Vec<f32>,
     t: Vec<f32>,
@@ -284,8 +298,32 @@ unsafe fn x_step_tiles(rows: *const f32, ld: usize, out: *mut u8) {
     }
 }
 
+/// Steps (32 elements of K) per K-block: 0 for the default ([`KS_DEFAULT`]), else the
+/// value set for the bench's tuning runs; a value of at least K's steps keeps C in the tile
+/// registers over all of K (the loop before K-blocking).
+static KSTEPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Default steps per K-block: 16 (512 elements, two K-quant super-blocks), so that x's
+/// K-block (3 tiles a step per 16 rows: 384 KiB at 128 rows) stays in L2 while every panel
+/// of the chunk multiplies it, and a panel's K-block (4 tiles a step: 64 KiB) stays near
+/// while every row block of x multiplies it. Without K-blocking, x's tiles over all of K
+/// (2.3 MiB at 128 rows and K = 3072) left L2 for every panel; 8 steps measured slower
+/// than 16 (C's tile loads and stores twice as often).
+const KS_DEFAULT: usize = 16;
+
+/// Panels per chunk: the C accumulators of a chunk (4 KiB per panel and 32 rows of x) stay
+/// in L2 between K-blocks.
+const CHUNK: usize = 8;
+
+/// Sets the steps per K-block (0: the default) for later calls. For the bench's tuning.
+pub(crate) fn set_k_steps(steps: usize) {
+    KSTEPS.store(steps, Ordering::Relaxed);
+}
+
 /// The task split (column ranges of panels, and row ranges of x when there are fewer
-/// panels than threads) and each task's panel loop.
+/// panels than threads) and each task's loops: per chunk of panels, per K-block, each
+/// panel's K-block is dequantized and split once into bf16 tiles and then multiplied by
+/// every row block of x, C accumulating in memory between K-blocks (see [`KS_DEFAULT`]).
 fn compute(
     xs: &XTiles,
     kp: usize,
@@ -300,6 +338,14 @@ fn compute(
     let threads = par.threads().max(1);
     let blocks = m.div_ceil(MB);
     let steps = kp / KT;
+    // A K-block is whole weight blocks (block formats' rows are unpacked per K-block).
+    let per_block = (w.format().block_elems() / KT).max(1);
+    let ks = match KSTEPS.load(Ordering::Relaxed) {
+        0 => KS_DEFAULT,
+        s => s,
+    }
+    .next_multiple_of(per_block)
+    .min(steps);
     // Eight column ranges a thread: each panel is still dequantized once, and on a shared
     // machine a thread that lost its core leaves less behind (a profile of prefill on the
     // loaded 2-core VM showed one thread with 3x the other's samples at two a thread).
@@ -320,10 +366,17 @@ fn compute(
         WeightFormat::Bf16 => Terms::Bf16,
         _ => Terms::Three,
     };
+    let dense = w.format().block_elems() == 1;
     let task = |t: usize| {
         let (ti, tj) = (t / tn, t % tn);
         let (b0, b1) = (ti * blocks / tm, (ti + 1) * blocks / tm);
         let (p0, p1) = (tj * panels / tn, (tj + 1) * panels / tn);
+        if p0 == p1 || b0 == b1 {
+            return;
+        }
+        let nb = b1 - b0;
+        // The task's panel K-blocks in order: per chunk of panels, per K-block, per panel.
+        let jobs = Jobs { p0, p1, steps, ks };
         let mut fresh = None;
         BUFS.with(|cell| {
             let mut guard = cell.try_borrow_mut().ok();
@@ -332,32 +385,97 @@ fn compute(
                 None => fresh.insert(PanelBufs::default()),
             };
             let _tiles = TileConfig::load();
-            let mut c = [0.0f32; 4 * 256];
             let mut out = [0.0f32; MB * NR];
-            for p in p0..p1 {
-                let j0 = p * NR;
-                let cols = NR.min(n - j0);
-                pack_panel(&w, j0, cols, kp, bufs);
+            let mut job = jobs.first();
+            pack_panel(&w, job.p, job.s0, job.s1, &mut bufs.panel, &mut bufs.row);
+            loop {
+                if job.p == job.c0 && job.s0 == 0 {
+                    bufs.acc.reset((job.c1 - job.c0) * nb * 4 * TILE);
+                }
+                let next = jobs.after(&job);
+                // Dense formats pack the next panel K-block between the tile products of
+                // this one's kernels, hiding the conversion behind the tiles' latency.
+                let mut packer = match next {
+                    Some(nj) if dense => Some(DensePacker::new(
+                        &w,
+                        &nj,
+                        nb * (job.s1 - job.s0),
+                        &mut bufs.next,
+                    )),
+                    _ => None,
+                };
                 let panel = bufs.panel.as_slice();
+                // The chunk's C tiles, written by the kernels' tile stores.
+                let acc = bufs.acc.as_mut_slice().as_mut_ptr();
                 for b in b0..b1 {
-                    let i0 = b * MB;
-                    let rows = MB.min(m - i0);
-                    let xb = xt[(i0 / 16) * steps * 3 * TILE..].as_ptr();
+                    let rows = MB.min(m - b * MB);
+                    let xb = xt[(b * 2 * steps + job.s0) * 3 * TILE..].as_ptr();
+                    let at = ((job.p - job.c0) * nb + b - b0) * 4 * TILE;
+                    let ctx = Block {
+                        terms,
+                        panel: panel.as_ptr(),
+                        xb,
+                        xblk: steps * 3 * TILE,
+                        steps: job.s1 - job.s0,
+                        // In bounds: acc holds (c1 - c0) nb blocks of 4 tiles.
+                        c: acc.wrapping_add(at).cast(),
+                        first: job.s0 == 0,
+                    };
+                    let mut between = || {
+                        if let Some(pk) = packer.as_mut() {
+                            // SAFETY: AVX-512F/BW/VL/BF16 available (`available`); the
+                            // packer's source rows and buffer are as it was built with.
+                            unsafe { pk.advance() };
+                        }
+                    };
                     // SAFETY: the tile config is loaded on this thread; x's tiles hold the
-                    // 16-row blocks i0 / 16 (and the next when rows > 16) of `steps` steps;
-                    // the panel holds `steps` steps of 4 tiles; c holds 4 C tiles.
+                    // 16-row blocks 2b (and 2b + 1 when rows > 16) of `steps` steps, of
+                    // which s0..s1 are read; the panel holds s1 - s0 steps of 4 tiles; c is
+                    // this block's 4 C tiles (4 KiB inside acc), read unless s0 = 0.
                     unsafe {
                         if rows > 16 {
-                            kernel::<2>(terms, panel.as_ptr(), xb, steps, c.as_mut_ptr());
+                            kernel::<2, _>(&ctx, &mut between);
                         } else {
-                            kernel::<1>(terms, panel.as_ptr(), xb, steps, c.as_mut_ptr());
+                            kernel::<1, _>(&ctx, &mut between);
                         }
-                        transpose_c(&c, rows.div_ceil(16), &mut out);
                     }
-                    // SAFETY: rows i0..i0 + rows, columns j0..j0 + cols of y are in bounds
-                    // and this task's alone; the epilogue was checked; out holds `rows`
-                    // rows of NR floats; the VNNI path's ISA is available (callers).
-                    unsafe { finish(Path::Vnni512, &out, NR, rows, cols, i0, j0, epi, yp) };
+                }
+                if let Some(mut pk) = packer {
+                    // SAFETY: as above.
+                    unsafe { pk.finish() };
+                } else if let Some(nj) = next {
+                    pack_panel(&w, nj.p, nj.s0, nj.s1, &mut bufs.next, &mut bufs.row);
+                }
+                if job.p + 1 == job.c1 && job.s1 == steps {
+                    // The chunk's C is complete: through the epilogue to y.
+                    for p in job.c0..job.c1 {
+                        let j0 = p * NR;
+                        let cols = NR.min(n - j0);
+                        for b in b0..b1 {
+                            let i0 = b * MB;
+                            let rows = MB.min(m - i0);
+                            let at = ((p - job.c0) * nb + b - b0) * 4 * TILE;
+                            // SAFETY: AVX-512F available; the block's 4 C tiles (`at`, 4
+                            // KiB, 64-byte aligned) were stored by its kernels; rows is
+                            // 1..=32.
+                            unsafe {
+                                let c = &*acc.add(at).cast::<[f32; 1024]>();
+                                transpose_c(c, rows.div_ceil(16), &mut out);
+                            }
+                            // SAFETY: rows i0..i0 + rows, columns j0..j0 + cols of y are in
+                            // bounds and this task's alone; the epilogue was checked; out
+                            // holds `rows` rows of NR floats; the VNNI path's ISA is
+                            // available (callers).
+                            unsafe { finish(Path::Vnni512, &out, NR, rows, cols, i0, j0, epi, yp) };
+                        }
+                    }
+                }
+                match next {
+                    Some(nj) => {
+                        std::mem::swap(&mut bufs.panel, &mut bufs.next);
+                        job = nj;
+                    }
+                    None => break,
                 }
             }
         });
@@ -367,6 +485,169 @@ fn compute(
         task(0);
     } else {
         par.run(tasks, &task);
+    }
+}
+
+/// One panel K-block of a task: panel `p` (weight rows `32 p..`), steps `s0..s1` of K,
+/// in the chunk of panels `c0..c1`.
+#[derive(Clone, Copy)]
+struct Job {
+    c0: usize,
+    c1: usize,
+    p: usize,
+    s0: usize,
+    s1: usize,
+}
+
+/// A task's panels `p0..p1` in chunks of [`CHUNK`], K in blocks of `ks` steps.
+struct Jobs {
+    p0: usize,
+    p1: usize,
+    steps: usize,
+    ks: usize,
+}
+
+impl Jobs {
+    fn first(&self) -> Job {
+        Job {
+            c0: self.p0,
+            c1: (self.p0 + CHUNK).min(self.p1),
+            p: self.p0,
+            s0: 0,
+            s1: self.ks.min(self.steps),
+        }
+    }
+
+    /// The job after `j`: the next panel of its chunk, else the chunk's first panel at the
+    /// next K-block, else the next chunk's first job.
+    fn after(&self, j: &Job) -> Option<Job> {
+        if j.p + 1 < j.c1 {
+            return Some(Job { p: j.p + 1, ..*j });
+        }
+        if j.s1 < self.steps {
+            return Some(Job {
+                p: j.c0,
+                s0: j.s1,
+                s1: (j.s1 + self.ks).min(self.steps),
+                ..*j
+            });
+        }
+        (j.c1 < self.p1).then(|| Job {
+            c0: j.c1,
+            c1: (j.c1 + CHUNK).min(self.p1),
+            p: j.c1,
+            s0: 0,
+            s1: self.ks.min(self.steps),
+        })
+    }
+}
+
+/// Packs a float-format panel K-block a few (row, step) units at a time, in row order:
+/// `advance` does one share (the units over the calls the caller will make), `finish` the
+/// rest.
+struct DensePacker {
+    format: WeightFormat,
+    /// Weight row `32 p`'s first element of the K-block.
+    src: *const u8,
+    row_bytes: usize,
+    /// Elements of K from the K-block's start.
+    k: usize,
+    /// Weight rows of the panel (the rest of the 32 are zero).
+    cols: usize,
+    steps: usize,
+    dst: *mut u8,
+    unit: usize,
+    quota: usize,
+}
+
+impl DensePacker {
+    /// A packer of job `j` into `buf`, its `32 x steps` units spread over `calls` calls of
+    /// `advance`.
+    fn new(w: &QuantMatRef<'_>, j: &Job, calls: usize, buf: &mut AlignedBytes) -> DensePacker {
+        let steps = j.s1 - j.s0;
+        let es = if w.format() == WeightFormat::F32 {
+            4
+        } else {
+            2
+        };
+        let j0 = j.p * NR;
+        let row = w.rows(j0, j0 + 1);
+        DensePacker {
+            format: w.format(),
+            src: row[j.s0 * KT * es..].as_ptr(),
+            row_bytes: row.len(),
+            k: w.k() - j.s0 * KT,
+            cols: NR.min(w.n() - j0),
+            steps,
+            dst: buf.reset(steps * 4 * TILE).as_mut_ptr(),
+            unit: 0,
+            quota: (NR * steps).div_ceil(calls.max(1)),
+        }
+    }
+
+    /// Packs the next share of units.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VL/BF16 available; the weights and buffer it was built from alive and
+    /// unmoved.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn advance(&mut self) {
+        let end = (self.unit + self.quota).min(NR * self.steps);
+        // SAFETY: caller.
+        unsafe { self.run_to(end) };
+    }
+
+    /// Packs every remaining unit.
+    ///
+    /// # Safety
+    /// As [`DensePacker::advance`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn finish(&mut self) {
+        // SAFETY: caller.
+        unsafe { self.run_to(NR * self.steps) };
+    }
+
+    /// # Safety
+    /// As [`DensePacker::advance`]; `end <= 32 steps`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn run_to(&mut self, end: usize) {
+        while self.unit < end {
+            let (r, st) = (self.unit / self.steps, self.unit % self.steps);
+            let run = (self.steps - st).min(end - self.unit);
+            let dst = self.dst.wrapping_add(r * 64 + st * 4 * TILE);
+            if r < self.cols {
+                let e = st * KT;
+                let es = if self.format == WeightFormat::F32 {
+                    4
+                } else {
+                    2
+                };
+                // SAFETY: row r (< cols, inside W) from element e of the K-block (< k:
+                // steps cover K rounded up to 32); the buffer holds `steps` steps of 4
+                // tiles, row r's slots among them (caller, `new`).
+                unsafe {
+                    emit_dense(
+                        self.format,
+                        self.src.add(r * self.row_bytes + e * es),
+                        self.k - e,
+                        run,
+                        dst,
+                    )
+                };
+            } else {
+                for s in 0..run {
+                    // SAFETY: as above (zero slots for rows past the weights).
+                    unsafe {
+                        _mm512_storeu_si512(dst.add(s * 4 * TILE).cast(), _mm512_setzero_si512());
+                        _mm512_storeu_si512(
+                            dst.add(s * 4 * TILE + 2 * TILE).cast(),
+                            _mm512_setzero_si512(),
+                        );
+                    }
+                }
+            }
+            self.unit += run;
+        }
     }
 }
 
@@ -398,18 +679,28 @@ unsafe fn transpose_c(c: &[f32; 1024], xbs: usize, out: &mut [f32; MB * NR]) {
     }
 }
 
-/// Dequantizes W's rows `j0..j0 + cols` (zero rows past them, zero past K up to `kp`) into
-/// `bufs.panel`'s A tiles: per 32 elements of K, `[hi rows 0-15, hi 16-31, lo 0-15, lo
-/// 16-31]`, each 16 rows of 32 bf16.
-fn pack_panel(w: &QuantMatRef<'_>, j0: usize, cols: usize, kp: usize, bufs: &mut PanelBufs) {
-    let k = w.k();
+/// Dequantizes W's rows `32 p..` (zero rows past W's, zero past K), steps `s0..s1` of
+/// K, into `out`'s A tiles: per 32 elements of K, `[hi rows 0-15, hi 16-31, lo 0-15, lo
+/// 16-31]`, each 16 rows of 32 bf16. For block formats `s0` and `s1` (or K's end) fall on
+/// weight-block boundaries.
+fn pack_panel(
+    w: &QuantMatRef<'_>,
+    p: usize,
+    s0: usize,
+    s1: usize,
+    out: &mut AlignedBytes,
+    scratch: &mut RowScratch,
+) {
+    let (k, j0) = (w.k(), p * NR);
+    let cols = NR.min(w.n() - j0);
     let format = w.format();
-    let panel = bufs.panel.reset(kp / KT * 4 * TILE);
+    let n_steps = s1 - s0;
+    let panel = out.reset(n_steps * 4 * TILE);
     for r in 0..NR {
         // Row r's 64 bytes of hi at step st: st * 4 TILE + r * 64; lo 2 TILE further.
         let dst = panel.as_mut_ptr().wrapping_add(r * 64);
         if r >= cols {
-            for st in 0..kp / KT {
+            for st in 0..n_steps {
                 panel[st * 4 * TILE + r * 64..][..64].fill(0);
                 panel[st * 4 * TILE + 2 * TILE + r * 64..][..64].fill(0);
             }
@@ -418,39 +709,46 @@ fn pack_panel(w: &QuantMatRef<'_>, j0: usize, cols: usize, kp: usize, bufs: &mut
         let bytes = w.rows(j0 + r, j0 + r + 1);
         match format {
             WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => {
-                // SAFETY: AVX-512F/BW/BF16 available; the row holds k elements; the panel
-                // holds kp / 32 steps of 4 tiles, row r's 64-byte slots among them.
-                unsafe { emit_dense(format, bytes.as_ptr(), k, kp, dst) };
+                let es = if format == WeightFormat::F32 { 4 } else { 2 };
+                let e0 = s0 * KT;
+                // SAFETY: AVX-512F/BW/BF16 available; the row holds k elements, from e0
+                // (< k) k - e0 of them; the panel holds n_steps steps of 4 tiles, row r's
+                // 64-byte slots among them.
+                unsafe { emit_dense(format, bytes[e0 * es..].as_ptr(), k - e0, n_steps, dst) };
             }
             WeightFormat::Block(b) => {
                 let sp = spec(b);
-                let ng = k / sp.g;
-                let u = bufs.u.reset(k);
-                bufs.s.resize(ng, 0.0);
-                bufs.t.resize(ng, 0.0);
+                let (be, bb) = (b.block_elems(), b.block_bytes());
+                let (e0, e1) = (s0 * KT, (s1 * KT).min(k));
+                let bytes = &bytes[e0 / be * bb..e1.div_ceil(be) * bb];
+                let kk = e1 - e0;
+                let ng = kk / sp.g;
+                let u = scratch.u.reset(kk);
+                scratch.s.resize(ng, 0.0);
+                scratch.t.resize(ng, 0.0);
                 // SAFETY: the VNNI path's features (AVX-512F/BW/VL) are available.
                 if !unsafe { unpack_row_simd(b, bytes, u) } {
-                    unpack_row(b, bytes, u, &mut bufs.s, &mut bufs.t);
+                    unpack_row(b, bytes, u, &mut scratch.s, &mut scratch.t);
                 } else {
-                    scales_row(b, bytes, &mut bufs.s, &mut bufs.t);
+                    scales_row(b, bytes, &mut scratch.s, &mut scratch.t);
                 }
-                // SAFETY: AVX-512F/BF16 available; u holds k quants, s/t k / g groups
-                // (k = kp: whole blocks of at least 32); row r's slots as above.
-                unsafe { emit_block(u.as_ptr(), &bufs.s, &bufs.t, sp.g, sp.offset, k, dst) };
+                // SAFETY: AVX-512F/BF16 available; u holds kk quants, s/t kk / g groups
+                // (kk = 32 n_steps: whole blocks of at least 32); row r's slots as above.
+                unsafe { emit_block(u.as_ptr(), &scratch.s, &scratch.t, sp.g, sp.offset, kk, dst) };
             }
         }
     }
 }
 
-/// A float-format row of `k` elements (zero up to `kp`) split into row r's hi and lo
-/// slots of the panel (`dst` = row r's slot in step 0).
+/// `steps` steps of a float-format row with `k` elements left from `src` (zero past them)
+/// split into row r's hi and lo slots of the panel (`dst` = row r's slot in step 0).
 ///
 /// # Safety
 /// AVX-512F/BW/VL/BF16 available; `src` holds `k` elements of `format`; `dst` + st 4 TILE and
-/// + st 4 TILE + 2 TILE hold 64 bytes for every step st < kp / 32.
+/// + st 4 TILE + 2 TILE hold 64 bytes for every step st < `steps`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn emit_dense(format: WeightFormat, src: *const u8, k: usize, kp: usize, dst: *mut u8) {
-    for st in 0..kp / KT {
+unsafe fn emit_dense(format: WeightFormat, src: *const u8, k: usize, steps: usize, dst: *mut u8) {
+    for st in 0..steps {
         // SAFETY: elements below k of the row (caller).
         let (v0, v1) = unsafe {
             (
@@ -562,38 +860,52 @@ enum Terms {
     Bf16,
 }
 
+/// One register block's work: a panel's K-block against 32 (or 16) rows of x.
+struct Block {
+    terms: Terms,
+    /// The panel's K-block: `steps` steps of 4 tiles.
+    panel: *const u8,
+    /// x's first 16-row block at the K-block's first step (3 tiles a step).
+    xb: *const u8,
+    /// Bytes from one 16-row block of x to the next.
+    xblk: usize,
+    steps: usize,
+    /// The block's C tiles `[xb][weight tile]`, `[16 weight rows][16 rows of x]` floats.
+    c: *mut f32,
+    /// Whether C starts at zero (the first K-block) rather than from `c`.
+    first: bool,
+}
+
 /// The panel's two 16-row A tiles of weights against `XB` (1 or 2) B tiles of 16 rows of
-/// x over `steps` 32-element steps of K, the products of `terms`, stored to `c` as tiles
-/// `[xb][weight tile]` of `[16 weight rows][16 rows of x]` floats. C stays in tmm0-3 over
-/// all of K; each A pair (tmm4-5) is loaded once a step and multiplies every x part it
-/// takes in turn (tmm6-7).
+/// x over the block's steps, the products of `terms`, added to C (zero or loaded from
+/// `c`) and stored back to `c`. C stays in tmm0-3 over the K-block; each A pair (tmm4-5)
+/// is loaded once a step and multiplies every x part it takes in turn (tmm6-7).
 ///
 /// # Safety
 /// The tile config ([`TileConfig`]) is loaded on this thread; `panel` holds `steps` steps
-/// of 4 tiles; `xb` holds `XB` blocks of `steps` steps of 3 tiles; `c` holds `XB * 2 * 256`
-/// floats.
+/// of 4 tiles; `xb` (and `xb + xblk` for XB = 2) hold `steps` steps of 3 tiles; `c` holds
+/// `XB * 2 * 256` floats (read unless `first`).
 #[inline]
-unsafe fn kernel<const XB: usize>(
-    terms: Terms,
-    panel: *const u8,
-    xb: *const u8,
-    steps: usize,
-    c: *mut f32,
-) {
-    let xblk = steps * 3 * TILE;
+unsafe fn kernel<const XB: usize, F: FnMut()>(blk: &Block, between: &mut F) {
+    let (panel, xb, xblk, c) = (blk.panel, blk.xb, blk.xblk, blk.c);
     // SAFETY: every tile access below reads one whole 1 KiB tile of the panel's step st
-    // (4 tiles) or of x's blocks' step st (3 tiles), or writes c's tiles (caller).
+    // (4 tiles) or of x's blocks' step st (3 tiles), or reads or writes c's tiles (caller).
     unsafe {
-        zero_c();
-        for st in 0..steps {
+        if blk.first {
+            zero_c();
+        } else {
+            load_c::<XB>(c);
+        }
+        for st in 0..blk.steps {
             let a = panel.add(st * 4 * TILE);
             let b = xb.add(st * 3 * TILE);
             let bx = |part: usize| (b.add(part * TILE), b.add(xblk + part * TILE));
             let (hi, mid, lo) = (bx(0), bx(1), bx(2));
             load_a(a);
-            match terms {
+            match blk.terms {
                 Terms::Three => {
                     products::<XB>(mid);
+                    between();
                     products::<XB>(hi);
                     load_a(a.add(2 * TILE));
                     products::<XB>(hi);
@@ -601,6 +913,7 @@ unsafe fn kernel<const XB: usize>(
                 Terms::F16 => {
                     products::<XB>(lo);
                     products::<XB>(mid);
+                    between();
                     products::<XB>(hi);
                     load_a(a.add(2 * TILE));
                     products::<XB>(hi);
@@ -609,11 +922,39 @@ unsafe fn kernel<const XB: usize>(
                 Terms::Bf16 => {
                     products::<XB>(lo);
                     products::<XB>(mid);
+                    between();
                     products::<XB>(hi);
                 }
             }
         }
         store_c::<XB>(c);
+    }
+}
+
+/// Loads the C tiles from `c` (as [`store_c`] writes them).
+///
+/// # Safety
+/// A tile config is loaded on this thread; `c` holds `XB * 2 * 256` floats.
+#[inline(always)]
+unsafe fn load_c<const XB: usize>(c: *const f32) {
+    // SAFETY: reads XB * 2 tiles of 1 KiB inside c (caller).
+    unsafe {
+        asm!(
+            "tileloadd tmm0, [{c} + {s64} * 1]",
+            "tileloadd tmm1, [{c} + {s64} * 1 + 1024]",
+            c = in(reg) c,
+            s64 = in(reg) 64usize,
+            options(nostack, readonly),
+        );
+        if XB == 2 {
+            asm!(
+                "tileloadd tmm2, [{c} + {s64} * 1 + 2048]",
+                "tileloadd tmm3, [{c} + {s64} * 1 + 3072]",
+                c = in(reg) c,
+                s64 = in(reg) 64usize,
+                options(nostack, readonly),
+            );
+        }
     }
 }
 
@@ -715,6 +1056,58 @@ unsafe fn store_c<const XB: usize>(c: *mut f32) {
     }
 }
 
+/// The tiles' peak (see `quant_amx_peak`): `iters` rounds of 16 `tdpbf16ps` (16 x 16 x 32
+/// multiply-adds each) into four C tiles, round-robin so that each waits on a product
+/// three others back (hiding the latency), operands never reloaded.
+pub(crate) fn peak(iters: usize) -> Option<f64> {
+    if !available() || iters == 0 {
+        return None;
+    }
+    let _tiles = TileConfig::load();
+    let zero = [0u8; TILE];
+    // SAFETY: the config is loaded; the loads read the 1 KiB `zero`; the rest is tile
+    // registers.
+    unsafe {
+        asm!(
+            "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+            "tileloadd tmm4, [{z} + {s64} * 1]",
+            "tileloadd tmm5, [{z} + {s64} * 1]",
+            "tileloadd tmm6, [{z} + {s64} * 1]",
+            "tileloadd tmm7, [{z} + {s64} * 1]",
+            z = in(reg) zero.as_ptr(),
+            s64 = in(reg) 64usize,
+            options(nostack, readonly),
+        );
+    }
+    let start = std::time::Instant::now();
+    for _ in 0..iters {
+        // SAFETY: tile registers only.
+        unsafe {
+            asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm5, tmm6",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                options(nostack, nomem),
+            );
+        }
+    }
+    let s = start.elapsed().as_secs_f64();
+    Some((iters * 16 * 2 * 16 * 16 * 32) as f64 / s / 1e9)
+}
+
 /// The thread's tile configuration while alive (`tilerelease` on drop, which returns the
 /// tile state to its initial, cheap-to-switch state): all eight tiles 16 rows x 64 bytes
 /// (tmm0-3 the f32 C tiles, tmm4-5 A, tmm6-7 B).
@@ -800,8 +1193,8 @@ mod tests {
         v
     }
 
-    /// Every format, ragged M (tile and register-block edges), N (panel edges) and K (32
-    /// steps) against an f64 product of x and the exact weights, with a bias: the error must
+    /// Every format, ragged M (tile and register-block edges), N (panel and chunk edges) and
+    /// K (32 steps, K-blocks of several sizes), on 1, 2 and 3 threads, against an f64 product of x and the exact weights, with a bias: the error must
     /// stay within `2^-14` (block formats) or `2^-20` (f16, bf16) of `|bias| + Σ |x w|` per
     /// output (a kernel that drops a needed product errs by `2^-16` to `2^-9`, wrong tiles or
     /// layouts by far more). Also
@@ -817,7 +1210,7 @@ mod tests {
         for format in formats() {
             let be = format.block_elems();
             let ks: Vec<usize> = if be == 1 {
-                vec![1, 31, 33, 100, 300]
+                vec![1, 31, 33, 100, 300, 1100]
             } else if be == 32 {
                 vec![32, 96, 288]
             } else {
@@ -831,7 +1224,15 @@ mod tests {
                 2f64.powi(-14)
             };
             for &k in &ks {
-                for &(m, n) in &[(1, 1), (15, 17), (17, 32), (33, 45), (70, 70), (48, 33)] {
+                for &(m, n) in &[
+                    (1, 1),
+                    (15, 17),
+                    (17, 32),
+                    (33, 45),
+                    (70, 70),
+                    (48, 33),
+                    (130, 300),
+                ] {
                     let wv = values(n * k, &mut seed);
                     let x = values(m * k, &mut seed);
                     let bias = values(n, &mut seed);
@@ -850,8 +1251,12 @@ mod tests {
                     };
                     let mut y = vec![f32::NAN; m * n];
                     let mut yb = vec![f32::NAN; m * n];
-                    for threads in [1, 3] {
+                    // K-blocks of one step (rounded up to whole weight blocks), three, and
+                    // the default; one thread, two, and three (row ranges when a column
+                    // range is too few).
+                    for (threads, ks) in [(1, 1), (2, 3), (3, 0), (1, 0), (2, 0)] {
                         let par = ScopedThreads::new(threads);
+                        set_k_steps(ks);
                         run(
                             xr,
                             wq,
@@ -882,7 +1287,7 @@ mod tests {
                                 worst.1 = worst.1.max(errb / mag.max(1e-30));
                                 assert!(
                                     err <= mag * tol,
-                                    "{} m={m} n={n} k={k} threads={threads} ({i},{j}): {} vs {want}",
+                                    "{} m={m} n={n} k={k} threads={threads} ks={ks} ({i},{j}): {} vs {want}",
                                     format.name(),
                                     y[i * n + j]
                                 );
@@ -891,6 +1296,7 @@ mod tests {
                     }
                 }
             }
+            set_k_steps(0);
             eprintln!(
                 "{}: worst |err| / (|b| + Σ|x w|): AMX {:.2e}, AVX-512 {:.2e}",
                 format.name(),
