@@ -1,7 +1,9 @@
 //! The blocked GEMM driver: splits C into per-thread tasks, then runs the BLIS loop nest
 //! (see the crate docs) in each task.
 
-use crate::buffer::with_scratch;
+use std::cell::RefCell;
+
+use crate::buffer::{with_scratch, Aligned};
 use crate::kernel::{Blocking, Isa, Tile, TileEpilogue, PANEL};
 use crate::pack::{pack_a, pack_b};
 use crate::{BRef, Epilogue, MatMut, MatRef, Parallel};
@@ -44,12 +46,17 @@ unsafe impl Send for CPtr {}
 // SAFETY: as above.
 unsafe impl Sync for CPtr {}
 
+#[derive(Clone, Copy)]
 struct Ctx<'a> {
     isa: Isa,
     bl: Blocking,
     alpha: f32,
     beta: f32,
+    /// A's columns (B's rows): the panel stride of pre-packed B.
     k: usize,
+    /// The end of the K range this context's tasks sum over (`k`, except in the partial
+    /// products of a K split).
+    k_end: usize,
     a: MatRef<'a>,
     b: BRef<'a>,
     c: CPtr,
@@ -136,6 +143,7 @@ pub(crate) unsafe fn run_raw(
         alpha,
         beta,
         k,
+        k_end: k,
         a,
         b,
         c: CPtr(c),
@@ -147,11 +155,16 @@ pub(crate) unsafe fn run_raw(
             && crate::kernel::BLOCKING_OVERRIDE[4].load(std::sync::atomic::Ordering::Relaxed) != 1,
     };
     let packed_b = matches!(b, BRef::Packed(_));
+    if let Some(grid) = k_split(m, n, k, &bl, par.threads(), !packed_b) {
+        // SAFETY: forwarded contract (C's elements valid and ours alone for the call).
+        unsafe { run_k_split(&ctx, m, n, grid, par) };
+        return;
+    }
     let (tm, tn) = split(m, n, k, &bl, par.threads(), !direct_a, !packed_b);
     let task = |t: usize| {
         let ([i0, i1], [j0, j1]) = task_range(t, (tm, tn), m, n, bl.mr);
         if i0 < i1 && j0 < j1 {
-            block(&ctx, i0, i1, j0, j1);
+            block(&ctx, i0, i1, j0, j1, 0);
         }
     };
     if tm * tn == 1 {
@@ -250,11 +263,206 @@ fn split(
     }
 }
 
-/// `C[i0..i1, j0..j1]` on the calling thread.
-fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
+/// Products of at most this many rows are split over K as well as over columns when that
+/// gives every thread work at a lower cost (see [`k_split`]). Above it, row tasks share the
+/// work without each reading all of A.
+pub(crate) const K_SPLIT_MAX_ROWS: usize = 96;
+
+/// Each part of a K split sums at least this many k steps, so that a part's tiles still
+/// run long loops and the partial sums to reduce stay few against the multiply-adds.
+const K_SPLIT_MIN_DEPTH: usize = 256;
+
+/// A float of A read by a task costs about this many FMAs' time, a float of a partial sum
+/// written and read back by the reduction about this many more (see [`k_split`]).
+const A_READ_COST: usize = 8;
+const PARTIAL_COST: usize = 16;
+
+thread_local! {
+    /// The partial sums of a K split (parts 1.., each `m x n`), on the calling thread,
+    /// reused across calls so the split allocates nothing in steady state.
+    static PARTIALS: RefCell<Aligned> = RefCell::new(Aligned::new(0, 0));
+}
+
+/// The K split of a few-row product, `(tk, tn)`: `tk` parts of K times `tn` column blocks,
+/// or `None` to use the row x column grid of [`split`].
+///
+/// With few rows (ResNet-50's 7×7 maps: 49 pixels), the row x column grid has one row
+/// block, so every column task reads all of A (49 × 4,608 for layer4's 3×3 im2col, 0.9 MB)
+/// against only its 32 columns: 16 threads read A 16 times over, from the caches of the
+/// threads that just wrote it. Splitting K too gives each task only its part of A, at the
+/// price of a reduction of `tk - 1` partial `m x n` products into C, after which the
+/// epilogue runs once (a pass of zero-depth tiles over C, so it is the kernels' own).
+///
+/// The cost of a grid's task, in FMAs' time: its multiply-adds on whole register tiles of
+/// rows, plus [`A_READ_COST`] per float of A it reads, one per float of B, and
+/// [`PARTIAL_COST`] per float of partial sum its part adds to the reduction; the K split
+/// is taken when its cost is below the column grid's (`tk == 1`).
+fn k_split(
+    m: usize,
+    n: usize,
+    k: usize,
+    bl: &Blocking,
+    threads: usize,
+    packs_b: bool,
+) -> Option<(usize, usize)> {
+    let forced = crate::kernel::BLOCKING_OVERRIDE[6].load(std::sync::atomic::Ordering::Relaxed);
+    let nt = n.div_ceil(PANEL);
+    if forced == 1
+        || threads <= 1
+        || m > K_SPLIT_MAX_ROWS
+        || k < 2 * K_SPLIT_MIN_DEPTH
+        || m * n * k < MIN_PARALLEL_FMAS
+    {
+        return None;
+    }
+    let rows = m.div_ceil(bl.mr) * bl.mr;
+    let cost = |tk: usize| -> Option<usize> {
+        let tn = (threads / tk).min(nt);
+        if tn == 0 || !threads.is_multiple_of(tk) {
+            return None;
+        }
+        let depth = k.div_ceil(tk);
+        let cols = nt.div_ceil(tn) * PANEL;
+        let pack = if packs_b { PACK_COST * depth * cols } else { 0 };
+        let partial = if tk > 1 { PARTIAL_COST * m * cols } else { 0 };
+        let rounds = (tk * tn).div_ceil(threads);
+        Some((rows * cols * depth + A_READ_COST * m * depth + depth * cols + pack + partial + TASK_COST) * rounds)
+    };
+    if forced >= 2 {
+        let tk = forced.min(threads).min(k / 16).max(1);
+        return Some((tk, (threads / tk).clamp(1, nt)));
+    }
+    let base = cost(1)?;
+    (2..=threads)
+        .filter(|&tk| k / tk >= K_SPLIT_MIN_DEPTH)
+        .filter_map(|tk| Some((cost(tk)?, tk)))
+        .filter(|&(c, _)| c < base)
+        .min()
+        .map(|(_, tk)| (tk, (threads / tk).clamp(1, nt)))
+}
+
+/// Where part `part` of a K split into `tk` parts starts: K is cut at multiples of 16
+/// (whole cache lines of A's rows) where it can be.
+fn k_part_start(part: usize, tk: usize, k: usize) -> usize {
+    if part >= tk {
+        return k;
+    }
+    let steps = k.div_ceil(16);
+    (part * steps / tk * 16).min(k)
+}
+
+/// The C pointer of a K split's partial sums.
+#[derive(Clone, Copy)]
+struct PPtr(*mut f32);
+// SAFETY: tasks write disjoint column blocks of distinct parts, and the reduction reads
+// them only after `Parallel::run` of the products has returned; the buffer outlives both.
+unsafe impl Send for PPtr {}
+// SAFETY: as above.
+unsafe impl Sync for PPtr {}
+
+impl PPtr {
+    /// The pointer `off` floats on (a method, so closures capture the whole `PPtr`).
+    fn at(self, off: usize) -> *mut f32 {
+        self.0.wrapping_add(off)
+    }
+}
+
+/// `C = epilogue(alpha A B + beta C)` as `tk x tn` tasks over parts of K and column blocks,
+/// then a reduction (and the epilogue) over column blocks.
+///
+/// # Safety
+/// As [`run_raw`]: `ctx.c` covers `m x n` at `ctx.ldc`, for this call alone.
+unsafe fn run_k_split(ctx: &Ctx<'_>, m: usize, n: usize, (tk, tn): (usize, usize), par: &dyn Parallel) {
+    let k = ctx.k;
+    let nt = n.div_ceil(PANEL);
+    let cols = |jp: usize, parts: usize| -> (usize, usize) {
+        ((jp * nt / parts * PANEL).min(n), ((jp + 1) * nt / parts * PANEL).min(n))
+    };
+    let run = |partials: &mut Aligned| {
+        partials.grow((tk - 1) * m * n);
+        let pbase = PPtr(partials.as_mut_slice().as_mut_ptr());
+        // Part 0 computes `alpha A0 B0 + beta C` into C itself; parts 1.. compute
+        // `alpha Ap Bp` into their own `m x n` buffers. No epilogue yet.
+        let part_ctx = |p: usize| -> Ctx<'_> {
+            let k_end = k_part_start(p + 1, tk, k);
+            if p == 0 {
+                Ctx {
+                    k_end,
+                    epi: None,
+                    ..*ctx
+                }
+            } else {
+                Ctx {
+                    k_end,
+                    epi: None,
+                    beta: 0.0,
+                    // In bounds: part p's buffer is floats (p-1)·m·n.. of `partials`.
+                    c: CPtr(pbase.at((p - 1) * m * n)),
+                    ldc: n,
+                    ..*ctx
+                }
+            }
+        };
+        let products = |t: usize| {
+            let (p, jp) = (t / tn, t % tn);
+            let (j0, j1) = cols(jp, tn);
+            let p0 = k_part_start(p, tk, k);
+            if j0 < j1 {
+                block(&part_ctx(p), 0, m, j0, j1, p0);
+            }
+        };
+        par.run(tk * tn, &products);
+        // The reduction, in whole panels of columns per task, then the epilogue through
+        // zero-depth tiles (which load C, as `beta = 1` does, and finish it in registers).
+        let tr = par.threads().min(nt).max(1);
+        let epi_ctx = ctx.epi.map(|_| Ctx {
+            k: 0,
+            k_end: 0,
+            alpha: 1.0,
+            beta: 1.0,
+            prefetch_b: false,
+            ..*ctx
+        });
+        let reduce = |t: usize| {
+            let (j0, j1) = cols(t, tr);
+            if j0 >= j1 {
+                return;
+            }
+            for i in 0..m {
+                // SAFETY: row i < m, columns j0..j1 <= n of C (the caller's contract) and of
+                // each part's buffer ((tk-1)·m·n floats); this task alone touches these
+                // columns, and the products have all returned.
+                unsafe {
+                    let crow = std::slice::from_raw_parts_mut(ctx.c.0.add(i * ctx.ldc + j0), j1 - j0);
+                    for p in 1..tk {
+                        let prow = std::slice::from_raw_parts(
+                            pbase.at((p - 1) * m * n + i * n + j0),
+                            j1 - j0,
+                        );
+                        for (c, x) in crow.iter_mut().zip(prow) {
+                            *c += *x;
+                        }
+                    }
+                }
+            }
+            if let Some(e) = &epi_ctx {
+                block(e, 0, m, j0, j1, 0);
+            }
+        };
+        par.run(tr, &reduce);
+    };
+    PARTIALS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut p) => run(&mut p),
+        Err(_) => run(&mut Aligned::new(0, 0)),
+    });
+}
+
+/// `C[i0..i1, j0..j1]` on the calling thread, summed over K from `p0` to `ctx.k_end`.
+fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize, p0: usize) {
     let bl = ctx.bl;
     let k = ctx.k;
-    let kc_max = bl.kc.min(k);
+    let k_end = ctx.k_end;
+    let kc_max = bl.kc.min(k_end - p0);
     let mc_max = bl.mc.min(i1 - i0).div_ceil(bl.mr) * bl.mr;
     let nc_max = bl.nc.min(j1 - j0).div_ceil(PANEL) * PANEL;
     let len_a = if ctx.direct_a { 0 } else { mc_max * kc_max };
@@ -266,9 +474,9 @@ fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
     with_scratch(len_a, len_b, |abuf, bbuf| {
         for jc in (j0..j1).step_by(bl.nc) {
             let nc = bl.nc.min(j1 - jc);
-            let mut pc = 0;
+            let mut pc = p0;
             loop {
-                let kc = bl.kc.min(k - pc);
+                let kc = bl.kc.min(k_end - pc);
                 let (b_ptr, b_ps) = match &ctx.b {
                     BRef::Packed(p) => {
                         let panels = p.panels();
@@ -284,8 +492,8 @@ fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
                         (bbuf.as_ptr(), kc * PANEL)
                     }
                 };
-                let first = pc == 0;
-                let last = pc + kc >= k;
+                let first = pc == p0;
+                let last = pc + kc >= k_end;
                 for ic in (i0..i1).step_by(bl.mc) {
                     let mc = bl.mc.min(i1 - ic);
                     if !ctx.direct_a {
@@ -298,7 +506,7 @@ fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
                     );
                 }
                 pc += kc;
-                if pc >= k {
+                if pc >= k_end {
                     break;
                 }
             }
@@ -335,11 +543,11 @@ fn macro_kernel(
         } else if jr + bl.nr < nc {
             let panels = (nc - jr - bl.nr).div_ceil(PANEL).min(bl.nr / PANEL);
             Some((b_ptr.wrapping_add((jr + bl.nr) / PANEL * b_ps), kc, panels))
-        } else if pc + kc < ctx.k {
+        } else if pc + kc < ctx.k_end {
             let panels = nc.div_ceil(PANEL).min(bl.nr / PANEL);
             Some((
                 b_ptr.wrapping_add(kc * PANEL),
-                bl.kc.min(ctx.k - pc - kc),
+                bl.kc.min(ctx.k_end - pc - kc),
                 panels,
             ))
         } else {
@@ -386,7 +594,7 @@ fn macro_kernel(
                 b_ps,
                 // The task's first tile reads a micro-panel nobody prefetched: it fetches
                 // its own B ahead. Later micro-panels were prefetched by the tiles before.
-                b_prefetch: if ctx.prefetch_b && cold && ir == 0 && jr == 0 && pc == 0 {
+                b_prefetch: if ctx.prefetch_b && cold && ir == 0 && jr == 0 && first {
                     B_PREFETCH_K * PANEL
                 } else {
                     0

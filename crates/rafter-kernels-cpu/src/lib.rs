@@ -571,6 +571,14 @@ pub fn set_split_override(tasks_per_thread: usize) {
     kernel::BLOCKING_OVERRIDE[5].store(tasks_per_thread, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Turns the few-row K split of the GEMM driver off (1: the row x column grid alone), back
+/// to its rule (0), or forces it to `mode >= 2` parts of K where it applies, for every
+/// later GEMM in the process. For the bench only, to compare within one run.
+#[doc(hidden)]
+pub fn set_few_rows_override(mode: usize) {
+    kernel::BLOCKING_OVERRIDE[6].store(mode, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Overrides the cache blocking (MC, KC, NC; 0 keeps a kernel's default) and how row-major
 /// A is read (0: the default rule, 1: packed, 2: in place) for every later
 /// GEMM in the process. For tuning from the bench only.
