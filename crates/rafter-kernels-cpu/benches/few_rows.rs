@@ -20,17 +20,29 @@
 //!   weights come from memory as they do inside a model (0, the default: one copy, hot).
 //! - `--conv`: also time the whole convolution as `conv_nhwc` runs it (NHWC im2col spread
 //!   over the threads by output rows, then the GEMM) for the 3×3 shapes.
+//! - `--peak`: first, the FMA throughput of each real thread count (independent FMA chains
+//!   on every thread, best of 5): whether T threads have T cores' FMA units (x86-64 only).
+//! - `--fresh`: before each GEMM call, A is rewritten on the pool's threads (untimed), as a
+//!   model's previous kernel leaves it: in other cores' caches.
 //! - `--rounds N` (default 11), `--filter S` (shape names containing S).
 //! - `--variants old,new,k4`: the few-row K split off (`old`, the row x column grid alone),
 //!   chosen by the driver's rule (`new`, the default) or forced to N parts of K (`kN`,
-//!   N >= 2), alternated within each round (see `set_few_rows_override`).
+//!   N >= 2), alternated within each round (see `set_few_rows_override`); `t1`, `t4`: the
+//!   row x column grid forced to 1 or 4 tasks a thread (`set_split_override`); `f`, `fN`:
+//!   with `--conv`, the convolution as `sgemm_fill_a` with each task copying its own
+//!   columns (`im2col_nhwc_cols`), its K split by the driver's rule or into N parts.
+
+#[cfg(target_arch = "x86_64")]
+#[path = "common/fma.rs"]
+mod fma;
 
 use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    im2col_nhwc, sgemm, BRef, Epilogue, MatMut, MatRef, PackedB, Parallel, WorkerPool,
+    im2col_nhwc, im2col_nhwc_cols, sgemm, sgemm_fill_a, BRef, Epilogue, MatMut, MatRef, PackedB,
+    Parallel, WorkerPool,
 };
 
 struct Shape {
@@ -151,13 +163,54 @@ struct Case<'a> {
 
 impl Case<'_> {
     /// One call: the GEMM (or im2col + GEMM) on the next copy of the weights; returns the
-    /// seconds it took (simulated ones for `Threads::Sim`).
-    fn call(&mut self, th: &Threads, conv: bool) -> f64 {
+    /// seconds it took and the seconds of its im2col (simulated ones for `Threads::Sim`).
+    fn call(&mut self, th: &Threads, conv: bool, fresh: bool, fused: bool) -> (f64, f64) {
         let s = self.s;
+        if fresh && !conv {
+            self.rewrite_a(th.par());
+        }
         let w = &self.weights[self.next];
         self.next = (self.next + 1) % self.weights.len();
         let par = th.par();
         let t = Instant::now();
+        let mut im2col = 0.0;
+        if conv && fused {
+            // As `conv_nhwc` runs a few-row convolution: each task copies its own columns.
+            let ([h, wd, ch], pad) = s.conv.expect("a convolution shape");
+            let x = &self.x;
+            let fill = |cols: std::ops::Range<usize>, dst: &mut [f32]| {
+                im2col_nhwc_cols(
+                    x,
+                    [h, wd, ch],
+                    [3, 3],
+                    [1, 1],
+                    [pad, pad],
+                    [h, wd],
+                    0..h,
+                    cols,
+                    dst,
+                )
+                .unwrap();
+            };
+            let c = MatMut::row_major(&mut self.c, s.m, s.n, s.n).unwrap();
+            sgemm_fill_a(
+                1.0,
+                s.m,
+                s.k,
+                &fill,
+                BRef::from(w),
+                c,
+                &Epilogue::none(),
+                par,
+            )
+            .unwrap();
+            black_box(&self.c);
+            let total = match th {
+                Threads::Real(_) => t.elapsed().as_secs_f64(),
+                Threads::Sim(sim) => std::mem::take(&mut *sim.makespan.lock().unwrap()),
+            };
+            return (total, f64::NAN);
+        }
         if conv {
             let ([h, wd, ch], pad) = s.conv.expect("a convolution shape");
             let out = [h, wd];
@@ -178,18 +231,77 @@ impl Case<'_> {
                         (hi - lo) * per_row,
                     )
                 };
-                im2col_nhwc(x, [h, wd, ch], [3, 3], [1, 1], [pad, pad], out, lo..hi, dst)
-                    .unwrap();
+                im2col_nhwc(x, [h, wd, ch], [3, 3], [1, 1], [pad, pad], out, lo..hi, dst).unwrap();
             });
+            im2col = match th {
+                Threads::Real(_) => t.elapsed().as_secs_f64(),
+                Threads::Sim(sim) => *sim.makespan.lock().unwrap(),
+            };
         }
         let a = MatRef::row_major(&self.a, s.m, s.k, s.k).unwrap();
         let c = MatMut::row_major(&mut self.c, s.m, s.n, s.n).unwrap();
         sgemm(1.0, a, BRef::from(w), 0.0, c, &Epilogue::none(), par).unwrap();
         black_box(&self.c);
-        match th {
+        let total = match th {
             Threads::Real(_) => t.elapsed().as_secs_f64(),
             Threads::Sim(sim) => std::mem::take(&mut *sim.makespan.lock().unwrap()),
-        }
+        };
+        (total, im2col)
+    }
+}
+
+/// GFLOP/s of `threads` threads running independent FMA chains, best of 5 (the FMA units'
+/// throughput: T threads that share cores, SMT siblings, get less than T times one).
+#[cfg(target_arch = "x86_64")]
+fn peak(threads: usize) -> f64 {
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let iters = 10_000_000;
+    let lanes = if avx512 { 16 } else { 8 };
+    let one = move || {
+        // SAFETY: each loop runs only where its instruction set was detected.
+        black_box(unsafe {
+            if avx512 {
+                fma::fma_loop_avx512(iters)
+            } else {
+                fma::fma_loop_avx2(iters)
+            }
+        });
+    };
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(one);
+                }
+            });
+            (threads * iters * 12 * lanes * 2) as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn peak(_threads: usize) -> f64 {
+    f64::NAN
+}
+
+impl Case<'_> {
+    /// Rewrites A (its values unchanged) in row chunks on the pool's threads, untimed: a
+    /// model's GEMM reads an A that the previous kernel's tasks just wrote on other cores
+    /// (`--fresh`), not one that every core already holds in its own cache.
+    fn rewrite_a(&mut self, par: &dyn Parallel) {
+        let len = self.a.len();
+        let tasks = par.threads().max(1);
+        let ptr = self.a.as_mut_ptr() as usize;
+        par.run(tasks, &|t| {
+            let (lo, hi) = (len * t / tasks, len * (t + 1) / tasks);
+            // SAFETY: tasks touch disjoint ranges [lo, hi) of A, which outlives `run`.
+            let part =
+                unsafe { std::slice::from_raw_parts_mut((ptr as *mut f32).add(lo), hi - lo) };
+            for x in part {
+                *x = black_box(*x);
+            }
+        });
     }
 }
 
@@ -217,6 +329,7 @@ fn main() {
     let filter = arg("--filter").cloned().unwrap_or_default();
     let cold_mib: usize = arg("--cold").map_or(0, |r| r.parse().expect("--cold MIB"));
     let conv = args.iter().any(|a| a == "--conv");
+    let fresh = args.iter().any(|a| a == "--fresh");
     let variants: Vec<String> = arg("--variants")
         .map_or("new", |s| s.as_str())
         .split(',')
@@ -241,6 +354,18 @@ fn main() {
             format!("cycled over >= {cold_mib} MiB of copies")
         }
     );
+    if args.iter().any(|a| a == "--peak") {
+        for th in &threads {
+            if let Threads::Real(p) = th {
+                let t = p.threads();
+                let g = peak(t);
+                println!(
+                    "FMA peak, {t} thread(s): {g:.0} GFLOP/s ({:.0} a thread)",
+                    g / t as f64
+                );
+            }
+        }
+    }
     println!("| shape | M | K | N | what | threads | variant | median us | GFLOP/s |");
     println!("|---|---:|---:|---:|---|---|---|---:|---:|");
     for s in SHAPES.iter().filter(|s| s.name.contains(&filter)) {
@@ -252,7 +377,8 @@ fn main() {
             s,
             weights: vec![one; copies],
             a: data(s.m * s.k, 1),
-            x: s.conv.map_or(Vec::new(), |([h, w, c], _)| data(h * w * c, 3)),
+            x: s.conv
+                .map_or(Vec::new(), |([h, w, c], _)| data(h * w * c, 3)),
             c: vec![0.0; s.m * s.n],
             next: 0,
         };
@@ -268,21 +394,35 @@ fn main() {
                 let mut reps = 1;
                 for v in &variants {
                     set_variant(v);
-                    let t = (0..3).map(|_| case.call(th, what)).fold(f64::MAX, f64::min);
+                    let t = (0..3)
+                        .map(|_| case.call(th, what, fresh, fused()).0)
+                        .fold(f64::MAX, f64::min);
                     reps = ((0.02 / t) as usize).clamp(3, 2000);
                 }
                 let mut times = vec![Vec::new(); variants.len()];
+                let mut im2cols = vec![Vec::new(); variants.len()];
                 for _ in 0..rounds {
                     for (i, v) in variants.iter().enumerate() {
                         set_variant(v);
-                        let mut calls: Vec<f64> = (0..reps).map(|_| case.call(th, what)).collect();
+                        let (mut calls, mut ims): (Vec<f64>, Vec<f64>) = (0..reps)
+                            .map(|_| case.call(th, what, fresh, fused()))
+                            .unzip();
                         times[i].push(median(&mut calls));
+                        im2cols[i].push(median(&mut ims));
                     }
                 }
                 for (i, v) in variants.iter().enumerate() {
                     let t = median(&mut times[i]);
+                    let im = if what {
+                        match median(&mut im2cols[i]) {
+                            t if t.is_nan() => " (columns per task)".to_string(),
+                            t => format!(" (im2col {:.1} us)", t * 1e6),
+                        }
+                    } else {
+                        String::new()
+                    };
                     println!(
-                        "| {} | {} | {} | {} | {} | {} | {v} | {:.1} | {:.1} |",
+                        "| {} | {} | {} | {} | {}{im} | {} | {v} | {:.1} | {:.1} |",
                         s.name,
                         s.m,
                         s.k,
@@ -299,10 +439,28 @@ fn main() {
     set_variant("new");
 }
 
+static FUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the variant set last runs convolutions through `sgemm_fill_a` (`f`, `fN`).
+fn fused() -> bool {
+    FUSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn set_variant(v: &str) {
+    rafter_kernels_cpu::set_split_override(0);
+    FUSED.store(v.starts_with('f'), std::sync::atomic::Ordering::Relaxed);
     match v {
+        "f" => rafter_kernels_cpu::set_few_rows_override(0),
+        f if f.starts_with('f') => rafter_kernels_cpu::set_few_rows_override(
+            f[1..].parse::<usize>().expect("fN: N parts of K").max(2),
+        ),
         "old" => rafter_kernels_cpu::set_few_rows_override(1),
         "new" => rafter_kernels_cpu::set_few_rows_override(0),
+        "t1" | "t4" => {
+            rafter_kernels_cpu::set_few_rows_override(1);
+            rafter_kernels_cpu::set_split_override(if v == "t1" { 1 } else { 4 });
+            return;
+        }
         k if k.starts_with('k') => rafter_kernels_cpu::set_few_rows_override(
             k[1..].parse::<usize>().expect("kN: N parts of K").max(2),
         ),
