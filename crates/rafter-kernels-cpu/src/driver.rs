@@ -826,6 +826,9 @@ mod tests {
         assert!(tk * tn <= 16);
         // Plain GEMMs are split over K only when the bench forces it.
         assert_eq!(forced_k_split(49, 512, 4608, 16), None);
+        // The public predicate callers choose `sgemm_fill_a` by, on this CPU's kernel.
+        assert!(crate::fill_a_splits_k(49, 512, 4608, 16));
+        assert!(!crate::fill_a_splits_k(49, 512, 4608, 1));
     }
 
     #[test]

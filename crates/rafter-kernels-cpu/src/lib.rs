@@ -514,6 +514,14 @@ pub fn sgemm_fill_a(
     sgemm_fill_a_with_isa(Isa::detect(), alpha, m, k, fill_a, b, c, epilogue, par)
 }
 
+/// Whether [`sgemm_fill_a`] splits an `m x k` by `k x n` product over K on `threads`
+/// threads (this CPU's kernel). Where it does not, it fills A whole on the calling thread,
+/// and a caller that can fill A faster itself (an im2col spread over the threads by
+/// output rows) is better off doing so and calling [`sgemm`].
+pub fn fill_a_splits_k(m: usize, n: usize, k: usize, threads: usize) -> bool {
+    driver::fill_grid(m, n, k, &Isa::detect().blocking(), threads).0 > 1
+}
+
 /// [`sgemm_fill_a`] on a given kernel (tests hold every kernel to the reference).
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_fill_a_with_isa(

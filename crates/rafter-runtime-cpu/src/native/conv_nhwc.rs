@@ -4,7 +4,10 @@
 //! - 1×1, stride 1, no padding: `X'` is the input itself, every image at once (no copy);
 //! - other ungrouped windows: `X'` is built per block of output rows
 //!   (`rafter_kernels_cpu::im2col_nhwc`, a few contiguous runs per pixel) in a reusable
-//!   per-thread scratch buffer, the blocks' copies spread over the threads;
+//!   per-thread scratch buffer, the blocks' copies spread over the threads; on maps of at
+//!   most `K_SPLIT_MAX_ROWS` pixels (ResNet-50's 7×7), where the GEMM splits K over the
+//!   threads (`fill_a_splits_k`), each GEMM task copies only its own columns of `X'`
+//!   (`rafter_kernels_cpu::sgemm_fill_a`, `im2col_nhwc_cols`);
 //! - depthwise: no GEMM, `rafter_kernels_cpu::depthwise_nhwc` vectorised over channels;
 //! - at most [`SMALL_CONV_MAX_CIN`] input channels (an RGB stem), weight left raw by the
 //!   compiler: no GEMM, `rafter_kernels_cpu::small_conv_nhwc` accumulates each pixel's
@@ -24,10 +27,10 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
-    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, im2col_nhwc_cols, sgemm, sgemm_fill_a,
-    sigmoid_in_place, small_conv_nhwc, BRef, ChannelTail, Conv3x3Nhwc, DepthwiseNhwc, Epilogue,
-    MatMut, MatRef, PackedBRef, Parallel, Residual, SmallConvNhwc, WindowNhwc, WinogradNhwcWeights,
-    K_SPLIT_MAX_ROWS, PACKED_B_NR,
+    conv3x3_nhwc, depthwise_nhwc, fill_a_splits_k, im2col_nhwc, im2col_nhwc_cols, sgemm,
+    sgemm_fill_a, sigmoid_in_place, small_conv_nhwc, BRef, ChannelTail, Conv3x3Nhwc, DepthwiseNhwc,
+    Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, SmallConvNhwc, WindowNhwc,
+    WinogradNhwcWeights, K_SPLIT_MAX_ROWS, PACKED_B_NR,
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
@@ -311,7 +314,10 @@ impl ConvNhwcKernel {
             let a = MatRef::row_major(xs, n * h * wd, c, c).map_err(gemm_err)?;
             return self.gemm(a, b, &r, 0..n * oh * ow, m, y).map(|()| true);
         }
-        if kh * kw > 1 && oh * ow <= K_SPLIT_MAX_ROWS && self.par.threads() > 1 {
+        if kh * kw > 1
+            && oh * ow <= K_SPLIT_MAX_ROWS
+            && fill_a_splits_k(oh * ow, m, k, self.par.threads())
+        {
             // Few pixels (ResNet-50's 7×7 maps): each GEMM task copies its own columns.
             for img in 0..n {
                 let xi = &xs[img * h * wd * c..(img + 1) * h * wd * c];
