@@ -459,11 +459,10 @@ fn set_variant(v: &str) {
         "t1" | "t4" => {
             rafter_kernels_cpu::set_few_rows_override(1);
             rafter_kernels_cpu::set_split_override(if v == "t1" { 1 } else { 4 });
-            return;
         }
         k if k.starts_with('k') => rafter_kernels_cpu::set_few_rows_override(
             k[1..].parse::<usize>().expect("kN: N parts of K").max(2),
         ),
-        other => panic!("unknown variant {other} (old, new, kN)"),
+        other => panic!("unknown variant {other} (old, new, kN, t1, t4, f, fN)"),
     }
 }
