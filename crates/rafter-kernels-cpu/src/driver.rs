@@ -1,7 +1,10 @@
 //! The blocked GEMM driver: splits C into per-thread tasks, then runs the BLIS loop nest
 //! (see the crate docs) in each task.
 
-use crate::buffer::with_scratch;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use crate::buffer::{with_scratch, Aligned};
 use crate::kernel::{Blocking, Isa, Tile, TileEpilogue, PANEL};
 use crate::pack::{pack_a, pack_b};
 use crate::{BRef, Epilogue, MatMut, MatRef, Parallel};
@@ -44,13 +47,21 @@ unsafe impl Send for CPtr {}
 // SAFETY: as above.
 unsafe impl Sync for CPtr {}
 
+#[derive(Clone, Copy)]
 struct Ctx<'a> {
     isa: Isa,
     bl: Blocking,
     alpha: f32,
     beta: f32,
+    /// A's columns (B's rows): the panel stride of pre-packed B.
     k: usize,
+    /// The end of the K range this context's tasks sum over (`k`, except in the partial
+    /// products of a K split).
+    k_end: usize,
     a: MatRef<'a>,
+    /// The column of the full A that `a`'s column 0 holds (a K split's task-local part
+    /// of A holds columns `a_col0..`; 0 otherwise).
+    a_col0: usize,
     b: BRef<'a>,
     c: CPtr,
     ldc: usize,
@@ -136,7 +147,9 @@ pub(crate) unsafe fn run_raw(
         alpha,
         beta,
         k,
+        k_end: k,
         a,
+        a_col0: 0,
         b,
         c: CPtr(c),
         ldc,
@@ -147,11 +160,16 @@ pub(crate) unsafe fn run_raw(
             && crate::kernel::BLOCKING_OVERRIDE[4].load(std::sync::atomic::Ordering::Relaxed) != 1,
     };
     let packed_b = matches!(b, BRef::Packed(_));
+    if let Some(grid) = forced_k_split(m, n, k, par.threads()) {
+        // SAFETY: forwarded contract (C's elements valid and ours alone for the call).
+        unsafe { run_k_split(&ctx, m, n, grid, None, par) };
+        return;
+    }
     let (tm, tn) = split(m, n, k, &bl, par.threads(), !direct_a, !packed_b);
     let task = |t: usize| {
         let ([i0, i1], [j0, j1]) = task_range(t, (tm, tn), m, n, bl.mr);
         if i0 < i1 && j0 < j1 {
-            block(&ctx, i0, i1, j0, j1);
+            block(&ctx, i0, i1, j0, j1, 0);
         }
     };
     if tm * tn == 1 {
@@ -250,11 +268,266 @@ fn split(
     }
 }
 
-/// `C[i0..i1, j0..j1]` on the calling thread.
-fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
+/// [`sgemm_fill_a`](crate::sgemm_fill_a) splits K over the threads for products of at most
+/// this many rows; callers with more rows use the row x column grid of [`split`].
+pub const K_SPLIT_MAX_ROWS: usize = 96;
+
+/// Each part of a K split sums at least this many k steps, so that a part's tiles still
+/// run long loops and the partial sums to reduce stay few against the multiply-adds.
+const K_SPLIT_MIN_DEPTH: usize = 256;
+
+/// Producing a float of A in a task (an im2col copy) costs about this many FMAs' time, as
+/// packing does ([`PACK_COST`]), and a float of partial sum written by one task and added
+/// into C by another about this many (see [`fill_grid`]). The second is set from the
+/// 16-core H200 host: split 2 ways, ResNet-50's 49 × 1,024 × 2,048 product (400 KB of
+/// partial sums) ran 15-25% slower than unsplit, while its 49 × 4,608 × 512 convolution ran
+/// as fast split 4 or 8 ways (`benches/few_rows.rs`); 48 keeps the first unsplit and picks 4
+/// parts for the second.
+const FILL_COST: usize = PACK_COST;
+const PARTIAL_COST: usize = 48;
+
+thread_local! {
+    /// The partial sums of a K split (parts 1.., each `m x n`), on the calling thread,
+    /// reused across calls so the split allocates nothing in steady state.
+    static PARTIALS: RefCell<Aligned> = RefCell::new(Aligned::new(0, 0));
+    /// A task's own part of A in a K split whose A is produced by the tasks.
+    static A_PART: RefCell<Aligned> = RefCell::new(Aligned::new(0, 0));
+}
+
+/// What produces a K split's A: `fill(cols, dst)` writes columns `cols` of A's `m` rows,
+/// row-major, into `dst` (`m · cols.len()` floats).
+pub(crate) type FillA<'a> = &'a (dyn Fn(Range<usize>, &mut [f32]) + Sync);
+
+/// A K split forced by the bench's hook (`set_few_rows_override(N)`, N >= 2 parts) on a
+/// plain GEMM, else `None`: plain GEMMs are not split over K by default. Measured on a
+/// 16-core H200 host with A freshly written by other threads, as a model's layers leave
+/// it, the row x column grid was as fast or faster on ResNet-50's 7×7-map products (49 ×
+/// 4,608 × 512: 228 µs against 239-258 µs split 2-8 ways; the 1x1 ones 10-45% faster
+/// unsplit): the reduction costs more than each task reading all of A saves.
+fn forced_k_split(m: usize, n: usize, k: usize, threads: usize) -> Option<(usize, usize)> {
+    let forced = crate::kernel::BLOCKING_OVERRIDE[6].load(std::sync::atomic::Ordering::Relaxed);
+    if forced < 2 || threads <= 1 || m == 0 || n == 0 || k < 32 {
+        return None;
+    }
+    let tk = forced.min(threads).min(k / 16);
+    Some((tk, (threads / tk).clamp(1, n.div_ceil(PANEL))))
+}
+
+/// The grid `(tk, tn)` of a K split whose tasks produce their own part of A (see
+/// [`run_k_split`]): `tk` parts of K times `tn` column blocks, `tk · tn <= threads`.
+///
+/// Each task fills its `m x k/tk` part of A (a column block of the same part fills it
+/// again: `tn` copies in all) and adds an `m x n/tn` partial sum to the reduction, so more
+/// parts of K cost less filling and more reduction. A task's cost in FMAs' time: its
+/// multiply-adds on whole register tiles, [`FILL_COST`] per float of A it fills, one per
+/// float of B, [`PARTIAL_COST`] per float of partial sum; the grid of the least cost wins,
+/// parts of at least [`K_SPLIT_MIN_DEPTH`] only. The bench's hook (N >= 2) forces N parts.
+pub(crate) fn fill_grid(
+    m: usize,
+    n: usize,
+    k: usize,
+    bl: &Blocking,
+    threads: usize,
+) -> (usize, usize) {
+    let nt = n.div_ceil(PANEL);
+    let forced = crate::kernel::BLOCKING_OVERRIDE[6].load(std::sync::atomic::Ordering::Relaxed);
+    if threads <= 1 || m == 0 || nt == 0 {
+        return (1, 1);
+    }
+    if forced >= 2 {
+        let tk = forced.min(threads).min(k.div_ceil(16)).max(1);
+        return (tk, (threads / tk).clamp(1, nt));
+    }
+    if m * n * k < MIN_PARALLEL_FMAS {
+        return (1, 1);
+    }
+    let rows = m.div_ceil(bl.mr) * bl.mr;
+    (1..=threads)
+        .filter(|&tk| tk == 1 || k / tk >= K_SPLIT_MIN_DEPTH)
+        .map(|tk| {
+            let tn = (threads / tk).clamp(1, nt);
+            let depth = k.div_ceil(tk);
+            let cols = nt.div_ceil(tn) * PANEL;
+            let partial = if tk > 1 { PARTIAL_COST * m * cols } else { 0 };
+            let rounds = (tk * tn).div_ceil(threads);
+            let cost =
+                (rows * cols * depth + FILL_COST * m * depth + depth * cols + partial + TASK_COST)
+                    * rounds;
+            (cost, tk, tn)
+        })
+        .min()
+        .map_or((1, 1), |(_, tk, tn)| (tk, tn))
+}
+
+/// Where part `part` of a K split into `tk` parts starts: K is cut at multiples of 16
+/// (whole cache lines of A's rows) where it can be.
+fn k_part_start(part: usize, tk: usize, k: usize) -> usize {
+    if part >= tk {
+        return k;
+    }
+    let steps = k.div_ceil(16);
+    (part * steps / tk * 16).min(k)
+}
+
+/// The C pointer of a K split's partial sums.
+#[derive(Clone, Copy)]
+struct PPtr(*mut f32);
+// SAFETY: tasks write disjoint column blocks of distinct parts, and the reduction reads
+// them only after `Parallel::run` of the products has returned; the buffer outlives both.
+unsafe impl Send for PPtr {}
+// SAFETY: as above.
+unsafe impl Sync for PPtr {}
+
+impl PPtr {
+    /// The pointer `off` floats on (a method, so closures capture the whole `PPtr`).
+    fn at(self, off: usize) -> *mut f32 {
+        self.0.wrapping_add(off)
+    }
+}
+
+/// `C = epilogue(alpha A B + beta C)` as `tk x tn` tasks over parts of K and column blocks,
+/// then a reduction (and the epilogue) over column blocks. With `fill`, each task first
+/// produces its own part of A (`ctx.a` is not read): nothing of A is shared between cores
+/// (an im2col's columns written by one thread and read by sixteen made a convolution's
+/// copy and its product wait on each other's caches).
+///
+/// Part 0 computes `alpha A0 B0 + beta C` into C itself, parts 1.. `alpha Ap Bp` into
+/// buffers of their own, without the epilogue; the reduction adds them into C, then runs
+/// the epilogue through zero-depth tiles (which load C, as `beta = 1` does, and finish it
+/// in registers: the kernels' own epilogue, bit for bit).
+///
+/// # Safety
+/// As [`run_raw`]: `ctx.c` covers `m x n` at `ctx.ldc`, for this call alone. With `fill`,
+/// `ctx.direct_a` is true (the tasks' parts of A are row-major).
+unsafe fn run_k_split(
+    ctx: &Ctx<'_>,
+    m: usize,
+    n: usize,
+    (tk, tn): (usize, usize),
+    fill: Option<FillA<'_>>,
+    par: &dyn Parallel,
+) {
+    let k = ctx.k;
+    let nt = n.div_ceil(PANEL);
+    let cols = |jp: usize, parts: usize| -> (usize, usize) {
+        (
+            (jp * nt / parts * PANEL).min(n),
+            ((jp + 1) * nt / parts * PANEL).min(n),
+        )
+    };
+    let run = |partials: &mut Aligned| {
+        partials.grow((tk - 1) * m * n);
+        let pbase = PPtr(partials.as_mut_slice().as_mut_ptr());
+        let part_ctx = |p: usize| -> Ctx<'_> {
+            let k_end = k_part_start(p + 1, tk, k);
+            if p == 0 {
+                Ctx {
+                    k_end,
+                    epi: None,
+                    ..*ctx
+                }
+            } else {
+                Ctx {
+                    k_end,
+                    epi: None,
+                    beta: 0.0,
+                    // In bounds: part p's buffer is floats (p-1)·m·n.. of `partials`.
+                    c: CPtr(pbase.at((p - 1) * m * n)),
+                    ldc: n,
+                    ..*ctx
+                }
+            }
+        };
+        let products = |t: usize| {
+            let (p, jp) = (t / tn, t % tn);
+            let (j0, j1) = cols(jp, tn);
+            let p0 = k_part_start(p, tk, k);
+            if j0 >= j1 {
+                return;
+            }
+            let Some(fill) = fill else {
+                block(&part_ctx(p), 0, m, j0, j1, p0);
+                return;
+            };
+            let p1 = k_part_start(p + 1, tk, k);
+            let own = |buf: &mut Aligned| {
+                let w = p1 - p0;
+                buf.grow(m * w);
+                let a = &mut buf.as_mut_slice()[..m * w];
+                fill(p0..p1, a);
+                // Exactly m rows of w floats: every element the kernels read is inside.
+                let a = MatRef {
+                    data: a,
+                    rows: m,
+                    cols: w,
+                    rs: w,
+                    cs: 1,
+                };
+                let pc = Ctx {
+                    a,
+                    a_col0: p0,
+                    ..part_ctx(p)
+                };
+                block(&pc, 0, m, j0, j1, p0);
+            };
+            A_PART.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut b) => own(&mut b),
+                Err(_) => own(&mut Aligned::new(0, 0)),
+            });
+        };
+        par.run(tk * tn, &products);
+        // The reduction, in whole panels of columns per task, then the epilogue through
+        // zero-depth tiles (which load C, as `beta = 1` does, and finish it in registers).
+        let tr = par.threads().min(nt).max(1);
+        let epi_ctx = ctx.epi.map(|_| Ctx {
+            k: 0,
+            k_end: 0,
+            alpha: 1.0,
+            beta: 1.0,
+            prefetch_b: false,
+            ..*ctx
+        });
+        let reduce = |t: usize| {
+            let (j0, j1) = cols(t, tr);
+            if j0 >= j1 {
+                return;
+            }
+            for i in 0..m {
+                // SAFETY: row i < m, columns j0..j1 <= n of C (the caller's contract) and of
+                // each part's buffer ((tk-1)·m·n floats); this task alone touches these
+                // columns, and the products have all returned.
+                unsafe {
+                    let crow =
+                        std::slice::from_raw_parts_mut(ctx.c.0.add(i * ctx.ldc + j0), j1 - j0);
+                    for p in 1..tk {
+                        let prow = std::slice::from_raw_parts(
+                            pbase.at((p - 1) * m * n + i * n + j0),
+                            j1 - j0,
+                        );
+                        for (c, x) in crow.iter_mut().zip(prow) {
+                            *c += *x;
+                        }
+                    }
+                }
+            }
+            if let Some(e) = &epi_ctx {
+                block(e, 0, m, j0, j1, 0);
+            }
+        };
+        par.run(tr, &reduce);
+    };
+    PARTIALS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut p) => run(&mut p),
+        Err(_) => run(&mut Aligned::new(0, 0)),
+    });
+}
+
+/// `C[i0..i1, j0..j1]` on the calling thread, summed over K from `p0` to `ctx.k_end`.
+fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize, p0: usize) {
     let bl = ctx.bl;
     let k = ctx.k;
-    let kc_max = bl.kc.min(k);
+    let k_end = ctx.k_end;
+    let kc_max = bl.kc.min(k_end - p0);
     let mc_max = bl.mc.min(i1 - i0).div_ceil(bl.mr) * bl.mr;
     let nc_max = bl.nc.min(j1 - j0).div_ceil(PANEL) * PANEL;
     let len_a = if ctx.direct_a { 0 } else { mc_max * kc_max };
@@ -266,9 +539,9 @@ fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
     with_scratch(len_a, len_b, |abuf, bbuf| {
         for jc in (j0..j1).step_by(bl.nc) {
             let nc = bl.nc.min(j1 - jc);
-            let mut pc = 0;
+            let mut pc = p0;
             loop {
-                let kc = bl.kc.min(k - pc);
+                let kc = bl.kc.min(k_end - pc);
                 let (b_ptr, b_ps) = match &ctx.b {
                     BRef::Packed(p) => {
                         let panels = p.panels();
@@ -284,12 +557,12 @@ fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
                         (bbuf.as_ptr(), kc * PANEL)
                     }
                 };
-                let first = pc == 0;
-                let last = pc + kc >= k;
+                let first = pc == p0;
+                let last = pc + kc >= k_end;
                 for ic in (i0..i1).step_by(bl.mc) {
                     let mc = bl.mc.min(i1 - ic);
                     if !ctx.direct_a {
-                        pack_a(&ctx.a, ic, mc, pc, kc, bl.mr, abuf);
+                        pack_a(&ctx.a, ic, mc, pc - ctx.a_col0, kc, bl.mr, abuf);
                     }
                     // The first row block of a pass reads this K block of B from memory.
                     let cold = ic == i0;
@@ -298,7 +571,7 @@ fn block(ctx: &Ctx<'_>, i0: usize, i1: usize, j0: usize, j1: usize) {
                     );
                 }
                 pc += kc;
-                if pc >= k {
+                if pc >= k_end {
                     break;
                 }
             }
@@ -335,11 +608,11 @@ fn macro_kernel(
         } else if jr + bl.nr < nc {
             let panels = (nc - jr - bl.nr).div_ceil(PANEL).min(bl.nr / PANEL);
             Some((b_ptr.wrapping_add((jr + bl.nr) / PANEL * b_ps), kc, panels))
-        } else if pc + kc < ctx.k {
+        } else if pc + kc < ctx.k_end {
             let panels = nc.div_ceil(PANEL).min(bl.nr / PANEL);
             Some((
                 b_ptr.wrapping_add(kc * PANEL),
-                bl.kc.min(ctx.k - pc - kc),
+                bl.kc.min(ctx.k_end - pc - kc),
                 panels,
             ))
         } else {
@@ -349,8 +622,9 @@ fn macro_kernel(
             let mv = bl.mr.min(mc - ir);
             let i = ic + ir;
             let a_ptr = if ctx.direct_a {
-                // In bounds: row i < m, column pc < k of A (checked at construction).
-                ctx.a.data[i * ctx.a.rs + pc..].as_ptr()
+                // In bounds: row i < m, column pc - a_col0 < A's columns (checked at
+                // construction; a K split's part of A holds columns a_col0..k_end).
+                ctx.a.data[i * ctx.a.rs + pc - ctx.a_col0..].as_ptr()
             } else {
                 // Panel ir / mr of the packed block starts at (ir / mr) * kc * mr.
                 abuf[ir * kc..].as_ptr()
@@ -386,7 +660,7 @@ fn macro_kernel(
                 b_ps,
                 // The task's first tile reads a micro-panel nobody prefetched: it fetches
                 // its own B ahead. Later micro-panels were prefetched by the tiles before.
-                b_prefetch: if ctx.prefetch_b && cold && ir == 0 && jr == 0 && pc == 0 {
+                b_prefetch: if ctx.prefetch_b && cold && ir == 0 && jr == 0 && first {
                     B_PREFETCH_K * PANEL
                 } else {
                     0
@@ -411,6 +685,83 @@ fn macro_kernel(
             unsafe { ctx.isa.tile(&t, !ctx.direct_a) };
         }
     }
+}
+
+/// `C = epilogue(alpha A B)` where A (`m x k`, few rows) is produced by `fill` (see
+/// [`crate::sgemm_fill_a`]; operands checked there). On one thread, or when the grid has a
+/// single part of K, A is filled whole into a scratch buffer on the calling thread and the
+/// product runs on the row x column grid; otherwise as a K split whose tasks fill their own
+/// parts of A.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_fill(
+    isa: Isa,
+    alpha: f32,
+    m: usize,
+    k: usize,
+    fill: FillA<'_>,
+    b: BRef<'_>,
+    c: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) {
+    let n = c.cols;
+    if m == 0 || n == 0 {
+        return;
+    }
+    let bl = isa.blocking();
+    let (tk, tn) = if alpha == 0.0 || k == 0 {
+        (1, 1)
+    } else {
+        fill_grid(m, n, k, &bl, par.threads())
+    };
+    if tk <= 1 {
+        let whole = |buf: &mut Aligned| {
+            buf.grow(m * k);
+            let a = &mut buf.as_mut_slice()[..m * k];
+            fill(0..k, a);
+            // Exactly m rows of k floats.
+            let a = MatRef {
+                data: a,
+                rows: m,
+                cols: k,
+                rs: k,
+                cs: 1,
+            };
+            run(isa, alpha, a, b, 0.0, c, epilogue, par);
+        };
+        return A_PART.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => whole(&mut buf),
+            Err(_) => whole(&mut Aligned::new(0, 0)),
+        });
+    }
+    let ctx = Ctx {
+        isa,
+        bl,
+        alpha,
+        beta: 0.0,
+        k,
+        k_end: k,
+        // Not read: every task reads its own part (`a_col0` set per task).
+        a: MatRef {
+            data: &[],
+            rows: 0,
+            cols: 0,
+            rs: 0,
+            cs: 1,
+        },
+        a_col0: 0,
+        b,
+        c: CPtr(c.data.as_mut_ptr()),
+        ldc: c.ld,
+        epi: (!epilogue.is_identity()).then_some(epilogue),
+        direct_a: true,
+        prefetch_b: matches!(b, BRef::Packed(_))
+            && crate::kernel::BLOCKING_OVERRIDE[4].load(std::sync::atomic::Ordering::Relaxed) != 1,
+    };
+    // SAFETY: `c` is a checked row-major view borrowed mutably for the call (its slice
+    // covers m x n at `ld`), and `direct_a` is set with `fill` given. (An element `fill`
+    // failed to write would hold a stale float, a wrong result but no undefined one.)
+    unsafe { run_k_split(&ctx, m, n, (tk, tn), Some(fill), par) };
 }
 
 #[cfg(test)]
@@ -450,5 +801,44 @@ mod tests {
         assert_eq!(split(1, 64, 64, &bl, 2, false, false), (1, 1));
         // One thread never splits.
         assert_eq!(split(1, 500, 1280, &bl, 1, false, false), (1, 1));
+    }
+
+    #[test]
+    fn few_row_convolutions_split_k_and_wide_products_do_not() {
+        let bl = Blocking {
+            mr: 12,
+            nr: 32,
+            mc: 144,
+            kc: 256,
+            nc: 512,
+        };
+        // ResNet-50's 3x3 convolution on a 7x7 map, 16 threads: 4 parts of K x 4 column
+        // blocks of 128 (the fastest measured, with 8 parts, on the 16-core host).
+        assert_eq!(fill_grid(49, 512, 4608, &bl, 16), (4, 4));
+        // Its 1x1 of 1,024 -> 2,048 channels: the partial sums would be 400 KB, unsplit.
+        assert_eq!(fill_grid(49, 2048, 1024, &bl, 16).0, 1);
+        // One thread, or a product too small to spread: never.
+        assert_eq!(fill_grid(49, 512, 4608, &bl, 1), (1, 1));
+        assert_eq!(fill_grid(4, 16, 600, &bl, 16), (1, 1));
+        // Parts of K are never shorter than K_SPLIT_MIN_DEPTH.
+        let (tk, tn) = fill_grid(49, 512, 700, &bl, 16);
+        assert!(tk == 1 || 700 / tk >= K_SPLIT_MIN_DEPTH, "{tk}");
+        assert!(tk * tn <= 16);
+        // Plain GEMMs are split over K only when the bench forces it.
+        assert_eq!(forced_k_split(49, 512, 4608, 16), None);
+        // The public predicate callers choose `sgemm_fill_a` by, on this CPU's kernel.
+        assert!(crate::fill_a_splits_k(49, 512, 4608, 16));
+        assert!(!crate::fill_a_splits_k(49, 512, 4608, 1));
+    }
+
+    #[test]
+    fn k_parts_cover_k_in_order() {
+        for (k, tk) in [(4608, 4), (1031, 7), (600, 16), (17, 3), (32, 2)] {
+            let starts: Vec<usize> = (0..=tk).map(|p| k_part_start(p, tk, k)).collect();
+            assert_eq!((starts[0], starts[tk]), (0, k), "{starts:?}");
+            assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{starts:?}");
+            // Cut at whole cache lines of A's rows, but the end.
+            assert!(starts[..tk].iter().all(|s| s % 16 == 0), "{starts:?}");
+        }
     }
 }

@@ -94,6 +94,7 @@ pub use attention::{
 };
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use common::dot16;
+pub use driver::K_SPLIT_MAX_ROWS;
 pub use kernel::Isa;
 pub use lowp::{
     gemm_half, gemm_half_with_isa, gemm_i8, gemm_i8_with_isa, HalfKind, HalfPackError, I8PackError,
@@ -104,9 +105,9 @@ pub use lowp::{
 pub use lowp::{gemm_i8_accumulate_with_isa, set_half_direct_max_m};
 pub use nbits::{nbits_matmul, round_to_int8, NBitsRef, NBITS_FUSED_MAX_M};
 pub use nhwc::{
-    depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, max_pool_nhwc, max_pool_nhwc_with_isa,
-    small_conv_nhwc, small_conv_nhwc_with_isa, DepthwiseNhwc, MaxPoolNhwc, SmallConvNhwc,
-    WindowNhwc,
+    depthwise_nhwc, depthwise_nhwc_with_isa, im2col_nhwc, im2col_nhwc_cols, max_pool_nhwc,
+    max_pool_nhwc_with_isa, small_conv_nhwc, small_conv_nhwc_with_isa, DepthwiseNhwc, MaxPoolNhwc,
+    SmallConvNhwc, WindowNhwc,
 };
 pub use packed::{
     PackError, PackedB, PackedBRef, PACKED_B_HEADER_BYTES, PACKED_B_MAGIC, PACKED_B_NR,
@@ -489,6 +490,71 @@ pub(crate) fn check_product(
     check_epilogue(m, n, epilogue)
 }
 
+/// `C = epilogue(alpha A B)` for a few-row A (`m x k`) that the caller produces on demand:
+/// `fill_a(cols, dst)` must write columns `cols` of all `m` rows of A into `dst`, row-major
+/// (`m · cols.len()` floats), and may be called from any thread, for any ranges.
+///
+/// For a convolution whose im2col has few rows (ResNet-50's 7×7 maps: 49 pixels, K =
+/// 4,608), so that the copy is not written by one thread and read by every other: on
+/// several threads K is split over the tasks, each filling only its own part of A, and the
+/// partial sums are reduced into C before the epilogue runs (see the driver's
+/// `run_k_split`). Meant for `m <= `[`K_SPLIT_MAX_ROWS`]; larger A is better filled once and
+/// passed to [`sgemm`]. C is only written (`beta = 0`).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_fill_a(
+    alpha: f32,
+    m: usize,
+    k: usize,
+    fill_a: &(dyn Fn(std::ops::Range<usize>, &mut [f32]) + Sync),
+    b: BRef<'_>,
+    c: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<(), GemmError> {
+    sgemm_fill_a_with_isa(Isa::detect(), alpha, m, k, fill_a, b, c, epilogue, par)
+}
+
+/// Whether [`sgemm_fill_a`] splits an `m x k` by `k x n` product over K on `threads`
+/// threads (this CPU's kernel). Where it does not, it fills A whole on the calling thread,
+/// and a caller that can fill A faster itself (an im2col spread over the threads by
+/// output rows) is better off doing so and calling [`sgemm`].
+pub fn fill_a_splits_k(m: usize, n: usize, k: usize, threads: usize) -> bool {
+    driver::fill_grid(m, n, k, &Isa::detect().blocking(), threads).0 > 1
+}
+
+/// [`sgemm_fill_a`] on a given kernel (tests hold every kernel to the reference).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_fill_a_with_isa(
+    isa: Isa,
+    alpha: f32,
+    m: usize,
+    k: usize,
+    fill_a: &(dyn Fn(std::ops::Range<usize>, &mut [f32]) + Sync),
+    b: BRef<'_>,
+    c: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<(), GemmError> {
+    if !isa.is_available() {
+        return Err(GemmError::IsaUnavailable(isa));
+    }
+    if b.rows() != k {
+        return Err(GemmError::Shape {
+            what: "B",
+            detail: format!("A is {m}x{k} but B has {} rows", b.rows()),
+        });
+    }
+    if c.rows != m || c.cols != b.cols() {
+        return Err(GemmError::Shape {
+            what: "C",
+            detail: format!("A*B is {m}x{} but C is {}x{}", b.cols(), c.rows, c.cols),
+        });
+    }
+    check_epilogue(m, c.cols, epilogue)?;
+    driver::run_fill(isa, alpha, m, k, fill_a, b, c, epilogue, par);
+    Ok(())
+}
+
 /// Checks an epilogue's operands against an `m x n` C (shared by every GEMM entry point).
 pub(crate) fn check_epilogue(m: usize, n: usize, epilogue: &Epilogue<'_>) -> Result<(), GemmError> {
     if let Some(bias) = epilogue.bias {
@@ -569,6 +635,14 @@ pub fn set_prefetch_override(mode: usize) {
 #[doc(hidden)]
 pub fn set_split_override(tasks_per_thread: usize) {
     kernel::BLOCKING_OVERRIDE[5].store(tasks_per_thread, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Turns the few-row K split of the GEMM driver off (1: the row x column grid alone), back
+/// to its rule (0), or forces it to `mode >= 2` parts of K where it applies, for every
+/// later GEMM in the process. For the bench only, to compare within one run.
+#[doc(hidden)]
+pub fn set_few_rows_override(mode: usize) {
+    kernel::BLOCKING_OVERRIDE[6].store(mode, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Overrides the cache blocking (MC, KC, NC; 0 keeps a kernel's default) and how row-major

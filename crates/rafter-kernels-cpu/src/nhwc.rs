@@ -1015,6 +1015,64 @@ pub fn im2col_nhwc(
     Ok(())
 }
 
+/// Columns `cols` of [`im2col_nhwc`]'s rows: for each output pixel of rows `oy`, the part
+/// `cols` of its row `[kh][kw][channels]` (`cols` holds `oy.len() · out[1]` rows of
+/// `cols.len()` floats). A K split's task builds only its own part of the columns with it
+/// (`sgemm_fill_a`), so no copy is shared between threads.
+#[allow(clippy::too_many_arguments)]
+pub fn im2col_nhwc_cols(
+    x: &[f32],
+    [h, w, ch]: [usize; 3],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    pads: [usize; 2],
+    out: [usize; 2],
+    oy: Range<usize>,
+    cols: Range<usize>,
+    dst: &mut [f32],
+) -> Result<(), KernelError> {
+    let [kh, kw] = kernel;
+    let k = kh * kw * ch;
+    let ow = out[1];
+    let width = cols.end.saturating_sub(cols.start);
+    check_len("im2col input", x.len(), h * w * ch)?;
+    check_len("im2col columns", dst.len(), oy.len() * ow * width)?;
+    if oy.end > out[0] || cols.end > k || cols.start > cols.end {
+        return Err(KernelError::Shape {
+            what: "im2col nhwc".into(),
+            detail: format!(
+                "rows {oy:?} of an output {} tall, columns {cols:?} of {k}",
+                out[0]
+            ),
+        });
+    }
+    if width == 0 {
+        return Ok(());
+    }
+    for (row, d) in dst.chunks_exact_mut(width).enumerate() {
+        let (y, xo) = (oy.start + row / ow, row % ow);
+        let iy0 = (y * stride[0]) as isize - pads[0] as isize;
+        let ix0 = (xo * stride[1]) as isize - pads[1] as isize;
+        let mut at = cols.start;
+        while at < cols.end {
+            // The tap (ky, kx) holding column `at`, and the part of its channels wanted.
+            let tap = at / ch;
+            let end = ((tap + 1) * ch).min(cols.end);
+            let (ky, kx) = (tap / kw, tap % kw);
+            let (iy, ix) = (iy0 + ky as isize, ix0 + kx as isize);
+            let seg = &mut d[at - cols.start..end - cols.start];
+            if iy < 0 || iy >= h as isize || ix < 0 || ix >= w as isize {
+                seg.fill(0.0);
+            } else {
+                let src = (iy as usize * w + ix as usize) * ch + at - tap * ch;
+                seg.copy_from_slice(&x[src..src + (end - at)]);
+            }
+            at = end;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1433,5 +1491,68 @@ mod tests {
         }
         let e = im2col_nhwc(&x, [h, w, ch], k, s, p, out, 2..4, &mut cols).unwrap_err();
         assert!(e.to_string().contains("rows"), "{e}");
+    }
+
+    /// Any range of columns of the im2col is that slice of each of `im2col_nhwc`'s rows
+    /// (itself checked against the windows above): ranges inside a tap, across taps and
+    /// padding, the whole row, empty; strided and padded windows. Bad ranges are errors.
+    #[test]
+    fn im2col_columns_are_slices_of_the_rows() {
+        let (h, w, ch) = (7, 6, 5);
+        let x = data(h * w * ch, 11);
+        for (k, s, p, out) in [
+            ([3, 3], [1, 1], [1, 1], [7, 6]),
+            ([3, 2], [2, 1], [1, 0], [4, 5]),
+            ([1, 3], [2, 2], [0, 1], [4, 3]),
+        ] {
+            let kk = k[0] * k[1] * ch;
+            let rows = out[0] * out[1];
+            let mut full = vec![f32::NAN; rows * kk];
+            im2col_nhwc(&x, [h, w, ch], k, s, p, out, 0..out[0], &mut full).unwrap();
+            for cols in [0..kk, 0..1, 3..4, 2..13, 4..kk - 1, kk - 6..kk, 7..7, 1..kk] {
+                for oy in [0..out[0], 1..3] {
+                    let n = oy.len() * out[1];
+                    let mut part = vec![f32::NAN; n * cols.len()];
+                    im2col_nhwc_cols(
+                        &x,
+                        [h, w, ch],
+                        k,
+                        s,
+                        p,
+                        out,
+                        oy.clone(),
+                        cols.clone(),
+                        &mut part,
+                    )
+                    .unwrap();
+                    for r in 0..n {
+                        let row = oy.start * out[1] + r;
+                        assert_eq!(
+                            &part[r * cols.len()..(r + 1) * cols.len()],
+                            &full[row * kk + cols.start..row * kk + cols.end],
+                            "window {k:?} stride {s:?} pads {p:?}, columns {cols:?}, row {row}"
+                        );
+                    }
+                }
+            }
+            let mut part = vec![0f32; out[1] * 4];
+            let bad = im2col_nhwc_cols(
+                &x,
+                [h, w, ch],
+                k,
+                s,
+                p,
+                out,
+                0..1,
+                kk - 2..kk + 2,
+                &mut part,
+            );
+            assert!(bad.unwrap_err().to_string().contains("columns"));
+            let short = im2col_nhwc_cols(&x, [h, w, ch], k, s, p, out, 0..1, 0..5, &mut part);
+            assert!(short.is_err());
+            #[allow(clippy::reversed_empty_ranges)]
+            let reversed = im2col_nhwc_cols(&x, [h, w, ch], k, s, p, out, 0..1, 5..1, &mut part);
+            assert!(reversed.is_err());
+        }
     }
 }

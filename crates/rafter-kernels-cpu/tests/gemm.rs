@@ -2,8 +2,9 @@
 //! triple loop, over edge shapes, strides, betas, epilogues and thread splits.
 
 use rafter_kernels_cpu::{
-    sgemm, sgemm_with_isa, Activation, BRef, Epilogue, GemmError, Isa, MatMut, MatRef, PackError,
-    PackedB, PackedBRef, Parallel, Residual, ScopedThreads, Sequential, PACKED_B_HEADER_BYTES,
+    sgemm, sgemm_fill_a_with_isa, sgemm_with_isa, Activation, BRef, Epilogue, GemmError, Isa,
+    MatMut, MatRef, PackError, PackedB, PackedBRef, Parallel, Residual, ScopedThreads, Sequential,
+    PACKED_B_HEADER_BYTES,
 };
 
 mod common;
@@ -36,6 +37,9 @@ struct Case {
     res: Option<bool>,
     /// Clamp bounds applied last.
     clamp: Option<(f32, f32)>,
+    /// Through `sgemm_fill_a` (A produced by a callback, per range of columns); needs
+    /// `beta == 0`.
+    fill: bool,
 }
 
 impl Case {
@@ -53,6 +57,7 @@ impl Case {
             act: Activation::None,
             res: None,
             clamp: None,
+            fill: false,
         }
     }
 
@@ -98,7 +103,22 @@ impl Case {
         };
         let mut c = c0.clone();
         let cm = MatMut::row_major(&mut c, m, n, ldc).unwrap();
-        sgemm_with_isa(isa, self.alpha, am, bref, self.beta, cm, &epi, par).unwrap();
+        if self.fill {
+            assert_eq!(self.beta, 0.0, "sgemm_fill_a only writes C");
+            // Every range the driver asks for is inside 0..k, asked once per task.
+            let fill = |cols: std::ops::Range<usize>, dst: &mut [f32]| {
+                assert!(cols.start <= cols.end && cols.end <= k, "{cols:?} of {k}");
+                assert_eq!(dst.len(), m * cols.len());
+                for (i, row) in dst.chunks_exact_mut(cols.len().max(1)).enumerate() {
+                    for (d, p) in row.iter_mut().zip(cols.clone()) {
+                        *d = at(i, p) as f32;
+                    }
+                }
+            };
+            sgemm_fill_a_with_isa(isa, self.alpha, m, k, &fill, bref, cm, &epi, par).unwrap();
+        } else {
+            sgemm_with_isa(isa, self.alpha, am, bref, self.beta, cm, &epi, par).unwrap();
+        }
 
         let expected = self.reference(seed, at, bt, &c0, &bias, &row_bias, &res);
         for i in 0..m {
@@ -705,4 +725,145 @@ fn isa_names_round_trip() {
     }
     assert_eq!(Isa::named("sse4"), None);
     assert_eq!(Isa::named(""), None);
+}
+
+/// Few-row products with A produced by the tasks (`sgemm_fill_a`, a 7×7-map convolution's
+/// im2col) and plain ones with a forced K split (the bench's hook), against the f64
+/// reference: ragged shapes (M not a multiple of any kernel's rows, N not of the 16-column
+/// panel, K odd), 1, 2, 7 and 16 threads, the driver's own grid and 2, 3, 7 and 16 parts
+/// of K, every epilogue (which runs once, after the reduction), B pre-packed and not.
+#[test]
+fn k_split_of_few_row_products() {
+    let shapes = [
+        (49, 4608, 512),
+        (37, 1031, 203),
+        (13, 777, 70),
+        (96, 2049, 65),
+        (1, 600, 33),
+    ];
+    let pars: [&dyn Parallel; 4] = [
+        &Sequential,
+        &ScopedThreads::new(2),
+        &ScopedThreads::new(7),
+        &ScopedThreads::new(16),
+    ];
+    let epilogues = [
+        Case {
+            bias: true,
+            act: Activation::Relu,
+            ..Case::new(0, 0, 0)
+        },
+        Case {
+            bias: true,
+            res: Some(true),
+            act: Activation::GeluTanh,
+            alpha: 0.5,
+            ..Case::new(0, 0, 0)
+        },
+        Case {
+            row_bias: true,
+            res: Some(false),
+            clamp: Some((-0.25, 0.25)),
+            ..Case::new(0, 0, 0)
+        },
+    ];
+    for isa in isas().into_iter().filter(|&i| i != Isa::Scalar) {
+        for (s, &(m, k, n)) in shapes.iter().enumerate() {
+            for (p, par) in pars.iter().enumerate() {
+                for (e, epi) in epilogues.iter().enumerate() {
+                    let seed = 900 + (s * 16 + p * 4 + e) as u64;
+                    let case = Case { m, k, n, ..*epi };
+                    let prepack = (s + p + e) % 2 == 0;
+                    Case { fill: true, ..case }.run(isa, *par, prepack, seed);
+                    for parts in [2, 3, 7, 16] {
+                        rafter_kernels_cpu::set_few_rows_override(parts);
+                        Case { fill: true, ..case }.run(isa, *par, prepack, seed);
+                        case.run(isa, *par, !prepack, seed);
+                        rafter_kernels_cpu::set_few_rows_override(0);
+                    }
+                }
+            }
+        }
+    }
+    // The scalar kernel, one shape: the split is the driver's, not a kernel's.
+    for parts in [0, 3] {
+        rafter_kernels_cpu::set_few_rows_override(parts);
+        Case {
+            fill: true,
+            bias: true,
+            ..Case::new(37, 1031, 203)
+        }
+        .run(Isa::Scalar, &ScopedThreads::new(7), true, 990);
+        rafter_kernels_cpu::set_few_rows_override(0);
+    }
+}
+
+/// `sgemm_fill_a`'s arguments are checked like `sgemm`'s: an error, never a panic.
+#[test]
+fn fill_a_argument_errors() {
+    let b = vec![0f32; 8 * 5];
+    let bm = MatRef::row_major(&b, 8, 5, 5).unwrap();
+    let mut c = vec![0f32; 3 * 5];
+    let fill = |_: std::ops::Range<usize>, d: &mut [f32]| d.fill(1.0);
+    let par = Sequential;
+    let isa = Isa::Scalar;
+    let cm = MatMut::row_major(&mut c, 3, 5, 5).unwrap();
+    let err = sgemm_fill_a_with_isa(
+        isa,
+        1.0,
+        3,
+        7,
+        &fill,
+        BRef::Mat(bm),
+        cm,
+        &Epilogue::none(),
+        &par,
+    );
+    assert!(
+        matches!(err, Err(GemmError::Shape { what: "B", .. })),
+        "{err:?}"
+    );
+    let cm = MatMut::row_major(&mut c, 3, 5, 5).unwrap();
+    let err = sgemm_fill_a_with_isa(
+        isa,
+        1.0,
+        2,
+        8,
+        &fill,
+        BRef::Mat(bm),
+        cm,
+        &Epilogue::none(),
+        &par,
+    );
+    assert!(
+        matches!(err, Err(GemmError::Shape { what: "C", .. })),
+        "{err:?}"
+    );
+    let bias = [0f32; 4];
+    let epi = Epilogue {
+        bias: Some(&bias),
+        ..Epilogue::none()
+    };
+    let cm = MatMut::row_major(&mut c, 3, 5, 5).unwrap();
+    let err = sgemm_fill_a_with_isa(isa, 1.0, 3, 8, &fill, BRef::Mat(bm), cm, &epi, &par);
+    assert!(
+        matches!(err, Err(GemmError::Shape { what: "bias", .. })),
+        "{err:?}"
+    );
+    // And a well-formed call computes: A of ones times B of zeros plus nothing is zero.
+    c.fill(f32::NAN);
+    let cm = MatMut::row_major(&mut c, 3, 5, 5).unwrap();
+    sgemm_fill_a_with_isa(
+        isa,
+        1.0,
+        3,
+        8,
+        &fill,
+        BRef::Mat(bm),
+        cm,
+        &Epilogue::none(),
+        &par,
+    )
+    .unwrap();
+    assert!(c.iter().all(|&x| x == 0.0), "{c:?}");
 }

@@ -209,8 +209,10 @@ impl Isa {
 /// Cache-block sizes (MC, KC, NC) that replace every kernel's defaults when non-zero: a
 /// tuning aid for the bench, which alternates candidates within one run.
 /// The fourth entry overrides how row-major A is read: 1 packs it, 2 reads it in place; the
-/// fifth turns B prefetching off (1); the sixth forces tasks per thread (1 or 4).
-pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 6] = [
+/// fifth turns B prefetching off (1); the sixth forces tasks per thread (1 or 4); the
+/// seventh turns the driver's few-row partition off (1).
+pub(crate) static BLOCKING_OVERRIDE: [AtomicUsize; 7] = [
+    AtomicUsize::new(0),
     AtomicUsize::new(0),
     AtomicUsize::new(0),
     AtomicUsize::new(0),

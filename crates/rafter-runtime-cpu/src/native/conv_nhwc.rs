@@ -4,7 +4,10 @@
 //! - 1×1, stride 1, no padding: `X'` is the input itself, every image at once (no copy);
 //! - other ungrouped windows: `X'` is built per block of output rows
 //!   (`rafter_kernels_cpu::im2col_nhwc`, a few contiguous runs per pixel) in a reusable
-//!   per-thread scratch buffer, the blocks' copies spread over the threads;
+//!   per-thread scratch buffer, the blocks' copies spread over the threads; on maps of at
+//!   most `K_SPLIT_MAX_ROWS` pixels (ResNet-50's 7×7), where the GEMM splits K over the
+//!   threads (`fill_a_splits_k`), each GEMM task copies only its own columns of `X'`
+//!   (`rafter_kernels_cpu::sgemm_fill_a`, `im2col_nhwc_cols`);
 //! - depthwise: no GEMM, `rafter_kernels_cpu::depthwise_nhwc` vectorised over channels;
 //! - at most [`SMALL_CONV_MAX_CIN`] input channels (an RGB stem), weight left raw by the
 //!   compiler: no GEMM, `rafter_kernels_cpu::small_conv_nhwc` accumulates each pixel's
@@ -24,9 +27,10 @@ use std::sync::{Arc, Mutex};
 
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
-    conv3x3_nhwc, depthwise_nhwc, im2col_nhwc, sgemm, sigmoid_in_place, small_conv_nhwc, BRef,
-    ChannelTail, Conv3x3Nhwc, DepthwiseNhwc, Epilogue, MatMut, MatRef, PackedBRef, Parallel,
-    Residual, SmallConvNhwc, WindowNhwc, WinogradNhwcWeights, PACKED_B_NR,
+    conv3x3_nhwc, depthwise_nhwc, fill_a_splits_k, im2col_nhwc, im2col_nhwc_cols, sgemm,
+    sgemm_fill_a, sigmoid_in_place, small_conv_nhwc, BRef, ChannelTail, Conv3x3Nhwc, DepthwiseNhwc,
+    Epilogue, MatMut, MatRef, PackedBRef, Parallel, Residual, SmallConvNhwc, WindowNhwc,
+    WinogradNhwcWeights, K_SPLIT_MAX_ROWS, PACKED_B_NR,
 };
 
 use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
@@ -310,6 +314,40 @@ impl ConvNhwcKernel {
             let a = MatRef::row_major(xs, n * h * wd, c, c).map_err(gemm_err)?;
             return self.gemm(a, b, &r, 0..n * oh * ow, m, y).map(|()| true);
         }
+        if kh * kw > 1
+            && oh * ow <= K_SPLIT_MAX_ROWS
+            && fill_a_splits_k(oh * ow, m, k, self.par.threads())
+        {
+            // Few pixels (ResNet-50's 7×7 maps): each GEMM task copies its own columns.
+            for img in 0..n {
+                let xi = &xs[img * h * wd * c..(img + 1) * h * wd * c];
+                // The driver asks for ranges inside 0..k with `dst` sized for them; an error
+                // all the same is kept (a pool thread must not panic) and returned.
+                let err = Mutex::new(None);
+                let fill = |cols: Range<usize>, dst: &mut [f32]| {
+                    let done = im2col_nhwc_cols(
+                        xi,
+                        [h, wd, c],
+                        [kh, kw],
+                        geo.s,
+                        geo.pb,
+                        geo.out,
+                        0..oh,
+                        cols,
+                        dst,
+                    );
+                    if let Err(e) = done {
+                        *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    }
+                };
+                let p0 = img * oh * ow;
+                self.gemm_fill(&fill, k, b, &r, p0..p0 + oh * ow, m, y)?;
+                if let Some(e) = err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                    return Err(format!("conv_nhwc: {e}"));
+                }
+            }
+            return Ok(true);
+        }
         // Output rows per im2col block.
         let block = (IM2COL_BYTES / (k * ow * 4).max(1)).clamp(1, oh);
         let mut run = |cols: &mut Vec<f32>| -> Result<(), String> {
@@ -362,6 +400,36 @@ impl ConvNhwcKernel {
         };
         let c = MatMut::row_major(&mut y[span], pixels.len(), m, m).map_err(gemm_err)?;
         sgemm(r.alpha, a, b, 0.0, c, &e, &*self.par).map_err(gemm_err)
+    }
+
+    /// [`Self::gemm`] with A (`pixels.len() x k`) copied by the GEMM's own tasks, each the
+    /// columns it multiplies (`rafter_kernels_cpu::sgemm_fill_a`): a few-row im2col written
+    /// by some threads and read by all the others cost the 7×7-map convolutions of
+    /// ResNet-50 ~12% on a 16-core host (`benches/few_rows.rs` in `rafter-kernels-cpu`).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_fill(
+        &self,
+        fill: &(dyn Fn(Range<usize>, &mut [f32]) + Sync),
+        k: usize,
+        b: BRef<'_>,
+        r: &Resolved<'_>,
+        pixels: Range<usize>,
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), String> {
+        let span = pixels.start * m..pixels.end * m;
+        let e = Epilogue {
+            bias: r.bias,
+            activation: r.act,
+            residual: r
+                .residual
+                .map(|res| Residual::row_major(&res[span.clone()], m, r.res_before)),
+            clamp: r.clamp,
+            ..Epilogue::none()
+        };
+        let rows = pixels.len();
+        let c = MatMut::row_major(&mut y[span], rows, m, m).map_err(gemm_err)?;
+        sgemm_fill_a(r.alpha, rows, k, fill, b, c, &e, &*self.par).map_err(gemm_err)
     }
 
     /// The im2col rows of output rows `oy` of one image, the copy spread over the threads.

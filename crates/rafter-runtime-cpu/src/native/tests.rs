@@ -386,6 +386,45 @@ fn convolutions_match_the_reference() {
     }
 }
 
+/// Convolutions on maps of at most `K_SPLIT_MAX_ROWS` pixels (ResNet-50's 7×7), channels
+/// last, where each GEMM task copies its own columns of the im2col and K is split over the
+/// threads (`sgemm_fill_a`): 3x3 at stride 1 and 2, a batch of two, every tail, on 1, 2, 7
+/// and 16 threads (the split differs with each), against the reference executor.
+#[test]
+fn few_pixel_convolutions_split_k_over_the_threads() {
+    for (i, (xd, s)) in [([1, 128, 7, 7], 1i64), ([2, 96, 14, 13], 2)]
+        .into_iter()
+        .enumerate()
+    {
+        let m = 72;
+        let o = |n: usize| (n + 2 - 3) / s as usize + 1;
+        let od = [xd[0], m, o(xd[2]), o(xd[3])];
+        for threads in [1, 2, 7, 16] {
+            for tail in 0..3 {
+                let mut c = Case::new(700 + i as u64 * 16 + threads as u64 * 3 + tail);
+                let x = c.input(&xd);
+                let w = c.weight(&[m, xd[1], 3, 3]);
+                let b = c.weight(&[m]);
+                let y = c.node(conv_op(&[s, s], &[1; 4], &[1, 1], 1), &[x, w, b], &od);
+                let y = match tail {
+                    0 => c.node(Op::Unary { op: UnaryOp::Relu }, &[y], &od),
+                    1 => {
+                        let r = c.input(&od);
+                        let y = c.node(add(), &[y, r], &od);
+                        c.node(Op::Unary { op: UnaryOp::Relu }, &[y], &od)
+                    }
+                    _ => {
+                        let lo = c.weight_of(&[], &[-0.3]);
+                        let hi = c.weight_of(&[], &[0.5]);
+                        c.node(Op::Clip, &[y, lo, hi], &od)
+                    }
+                };
+                assert_native(c.check_on(y, threads), 1);
+            }
+        }
+    }
+}
+
 #[test]
 fn depthwise_convolutions_with_clip() {
     // Planes wider than a vector too (37, 38: full vectors and a masked tail).
