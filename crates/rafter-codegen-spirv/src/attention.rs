@@ -114,7 +114,7 @@ pub fn attention(body: &Graph) -> Result<AttentionKernel, String> {
     }
     let layout = layout(body, node)?;
     let rows_per_count = (1, layout.dv);
-    let spirv = grid::module_scaled(bindings, rows_per_count, |b, t, e| {
+    let spirv = grid::module_scaled(bindings, rows_per_count, 0, |b, t, e| {
         let scores = scores_array(b, t, layout.total);
         Row::new(b, t, &layout, &e, scores)?.emit(b)
     })?;

@@ -1,5 +1,7 @@
-//! ONNX `Concat` of any number of f32 or f16 tensors along any axis, the dims from the
-//! axis inward static (the outer ones may be symbolic: a batch).
+//! ONNX `Concat` of any number of tensors of any element type (copied as bits) along any
+//! axis, the dims inside the axis static; the axis (a KV cache's `past + 1` rows: each
+//! operand's length and the total are dim params, pushed per call) and the dims outside
+//! it (a batch) may be symbolic.
 //!
 //! One invocation per output element, in the grid-stride loop of [`crate::grid`]: output
 //! element `i` is `(o, a, c)` of `outer × N × inner` (`N` the summed axis length), and reads
@@ -11,7 +13,7 @@ use rafter_ir::{Graph, Op};
 use rspirv::dr::Builder;
 
 use crate::elem::{self, Elem};
-use crate::grid::{self, Element};
+use crate::grid::{self, DimParams, Element, Size};
 use crate::matmul::{build, Prelude, R};
 
 /// A generated concat kernel; launched like an elementwise kernel (one `u32` param, the
@@ -20,20 +22,25 @@ use crate::matmul::{build, Prelude, R};
 pub struct ConcatKernel {
     /// The SPIR-V module (entry point `main`); bindings: the body inputs, then the output.
     pub spirv: Vec<u32>,
+    /// The symbolic axis lengths the kernel reads, in push order (empty for a static axis).
+    pub dims: Vec<rafter_vulkan_section::DimParam>,
 }
 
 struct Layout {
-    elem: Elem,
-    /// Per non-empty input: its binding, its offset along the axis and its length there.
-    parts: Vec<(usize, u32, u32)>,
+    /// The elements, copied as bits through an unsigned register of their width.
+    raw: Elem,
+    /// Per input that may be non-empty: its binding and its length along the axis.
+    parts: Vec<(usize, Size)>,
     /// The output's axis length.
-    total: u32,
+    total: Size,
     inner: u32,
     bindings: usize,
+    params: usize,
 }
 
-/// Generates a body holding one `concat{axis}` of f32/f16 body inputs, its result the
-/// body's one output.
+/// Generates a body holding one `concat{axis}` of body inputs of any element type, its
+/// result the body's one output. The dims inside the axis must be static; the axis itself
+/// and the dims outside it may be symbolic (a KV cache's `past + 1` rows, a batch).
 pub fn concat(body: &Graph) -> Result<ConcatKernel, String> {
     let node = grid::one_node(body, "concat")?;
     let Op::Concat { axis } = node.op else {
@@ -46,59 +53,82 @@ pub fn concat(body: &Graph) -> Result<ConcatKernel, String> {
         return Err("the concat's result must be the body's one output".into());
     }
     let out_ty = &body.value(out).ty;
-    let elem = Elem::of(out_ty.dtype).map_err(|e| format!("concat result is {e}"))?;
     let rank = out_ty.rank();
     let a = grid::norm_axis(axis, rank, "concat")?;
-    let out_dims = grid::static_dims_from(out_ty, a, "concat result")?;
-    let inner = grid::product_u32(&out_dims[1..], "concat inner dims")?;
+    let out_dims = grid::static_dims_from(out_ty, a + 1, "concat result")?;
+    let inner = grid::product_u32(&out_dims, "concat inner dims")?;
+    let mut dims = DimParams::default();
     let mut parts = Vec::new();
-    let mut offset = 0u64;
+    let mut offset = Some(0u64);
     for k in 0..node.inputs.len() {
         let binding = grid::body_input(body, node, k, &format!("concat operand {k}"))?;
         let ty = &body.value(body.inputs[binding]).ty;
         if ty.dtype != out_ty.dtype || ty.rank() != rank {
             return Err(format!("concat operand {k} is {ty}, the result {out_ty}"));
         }
-        let dims = grid::static_dims_from(ty, a, "concat operand")?;
-        if dims[1..] != out_dims[1..] {
+        if grid::static_dims_from(ty, a + 1, "concat operand")? != out_dims {
             return Err(format!(
                 "concat operand {k}'s inner dims differ from the result's"
             ));
         }
-        if dims[0] > 0 {
-            parts.push((binding, offset as u32, dims[0] as u32));
+        let n = dims.dim(ty, binding, a)?;
+        offset = match n {
+            Size::Known(n) => offset.map(|o| o + n),
+            Size::Param(_) => None,
+        };
+        if n != Size::Known(0) {
+            parts.push((binding, n));
         }
-        offset += dims[0];
     }
-    if offset != out_dims[0] || offset > u64::from(u32::MAX) {
-        return Err(format!(
-            "concat operands sum to {offset} along the axis, the result has {}",
-            out_dims[0]
-        ));
+    let total = dims.dim(out_ty, body.inputs.len(), a)?;
+    if let (Some(sum), Size::Known(t)) = (offset, total) {
+        if sum != t || sum > u64::from(u32::MAX) {
+            return Err(format!(
+                "concat operands sum to {sum} along the axis, the result has {t}"
+            ));
+        }
     }
     if parts.is_empty() {
         return Err("concat of empty operands only".into());
     }
     let layout = Layout {
-        elem,
+        raw: crate::bitcast::raw(out_ty.dtype),
         parts,
-        total: offset as u32,
+        total,
         inner,
         bindings: body.inputs.len() + 1,
+        params: dims.params.len(),
     };
-    grid::product_u32(&out_dims, "concat result")?;
-    let spirv = grid::module(layout.bindings, |b, t, e| element(b, t, &layout, e))?;
-    Ok(ConcatKernel { spirv })
+    if let Some(known) = out_ty.known_dims() {
+        let known: Vec<u64> = known.iter().map(|&d| d as u64).collect();
+        grid::product_u32(&known, "concat result")?;
+    }
+    let spirv = grid::module_with_params(layout.bindings, layout.params, |b, t, e| {
+        element(b, t, &layout, e)
+    })?;
+    Ok(ConcatKernel {
+        spirv,
+        dims: dims.params,
+    })
 }
 
 /// Output element `i = (o, a, c)`: each input's candidate address, the select chain by
 /// `a`'s range, the copy.
 fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
-    let Prelude { f32, u64, .. } = *t;
-    let src = grid::part_addr(b, t, &e, &l.parts, (l.total, l.inner), l.elem.bytes())?;
+    let u64 = t.u64;
+    let mut off = b.constant_bit64(u64, 0);
+    let mut parts = Vec::with_capacity(l.parts.len());
+    for &(binding, n) in &l.parts {
+        let n = grid::size_u64(b, t, &e, n)?;
+        parts.push((binding, off, n));
+        off = build(b.i_add(u64, None, off, n))?;
+    }
+    let bytes = l.raw.bytes();
+    let src = grid::part_addr_sized(b, t, &e, &parts, (l.total, l.inner), bytes)?;
     let src = src.ok_or("concat without a non-empty operand")?;
-    let v = elem::load(b, l.elem, f32, src)?;
-    let i64 = build(b.u_convert(u64, None, e.i))?;
-    let dst = grid::element_addr(b, u64, e.addrs[l.bindings - 1], i64, l.elem.bytes())?;
-    elem::store(b, l.elem, f32, dst, v)
+    let i64t = b.type_int(64, 1);
+    let v = elem::load_int(b, l.raw, i64t, src)?;
+    let i = build(b.u_convert(u64, None, e.i))?;
+    let dst = grid::element_addr(b, u64, e.addrs[l.bindings - 1], i, bytes)?;
+    elem::store_int(b, l.raw, i64t, dst, v)
 }

@@ -1,7 +1,9 @@
 //! ONNX `Gather` of a tensor of any element type (f32, f16, bool, 8- to 64-bit integers:
-//! a quantized model's u8 embedding tables, its bool masks) with static dims along any axis, by i32 or i64
-//! indices of any shape (symbolic dims allowed): embedding lookups (BERT's word, position
-//! and token-type embeddings), a token picked from a sequence, a channel selection.
+//! a quantized model's u8 embedding tables, its bool masks) with static dims from the axis
+//! inward along any axis, by i32 or i64 indices of any shape (symbolic dims allowed where
+//! the dims before the axis are static; static where those are symbolic, a batch):
+//! embedding lookups (BERT's word, position and token-type embeddings), a token picked
+//! from a sequence, a channel selection.
 //!
 //! One invocation per output element, in the grid-stride loop of [`crate::grid`]. With
 //! data dims `outer × n × inner` around the axis (`n` along it) and `m` indices, output
@@ -29,9 +31,18 @@ pub struct GatherKernel {
     pub spirv: Vec<u32>,
 }
 
+/// The data's elements before the gather axis.
+#[derive(Clone, Copy, PartialEq)]
+enum Outer {
+    /// Static: their count.
+    Known(u32),
+    /// Symbolic (a batch): the indices' element count is static instead.
+    Symbolic { indices: u32 },
+}
+
 /// The data's shape around the axis, the element types, and where operands are bound.
 struct Layout {
-    outer: u32,
+    outer: Outer,
     axis_len: u32,
     inner: u32,
     elem: Elem,
@@ -84,24 +95,40 @@ pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
     };
     // Any element type moves: floats as f32 values, integers and bools as their bits.
     let elem = Elem::of_any(data_ty.dtype).map_err(|e| format!("the gathered data is {e}"))?;
-    let dims = grid::static_dims(data_ty, "gathered data")?;
-    let a = grid::norm_axis(axis, dims.len(), "gather")?;
+    let a = grid::norm_axis(axis, data_ty.rank(), "gather")?;
+    let dims = grid::static_dims_from(data_ty, a, "gathered data")?;
     if body.outputs.len() != 1 || node.outputs.first().copied().flatten() != Some(body.outputs[0]) {
         return Err("the gather's result must be the body's one output".into());
     }
+    // Symbolic dims before the axis (a batch) need the index count static: the kernel
+    // splits the element index by it.
+    let outer = match grid::static_dims(data_ty, "gathered data") {
+        Ok(all) => {
+            grid::product_u32(&all, "gathered data")?;
+            Outer::Known(grid::product_u32(&all[..a], "gather outer dims")?)
+        }
+        Err(why) => {
+            let m = ids_ty
+                .known_dims()
+                .ok_or_else(|| format!("{why} and the indices' dims are not static"))?;
+            let m: Vec<u64> = m.iter().map(|&d| d as u64).collect();
+            Outer::Symbolic {
+                indices: grid::product_u32(&m, "gather indices")?,
+            }
+        }
+    };
     let layout = Layout {
-        outer: grid::product_u32(&dims[..a], "gather outer dims")?,
-        axis_len: grid::product_u32(&dims[a..=a], "gather axis")?,
-        inner: grid::product_u32(&dims[a + 1..], "gather inner dims")?,
+        outer,
+        axis_len: grid::product_u32(&dims[..1], "gather axis")?,
+        inner: grid::product_u32(&dims[1..], "gather inner dims")?,
         elem,
         ids_elem,
         data,
         ids,
         bindings: body.inputs.len() + 1,
     };
-    grid::product_u32(&dims, "gathered data")?;
-    if layout.axis_len == 0 || layout.outer == 0 || layout.inner == 0 {
-        return Err(format!("gather from empty data {dims:?}"));
+    if layout.axis_len == 0 || layout.outer == Outer::Known(0) || layout.inner == 0 {
+        return Err(format!("gather from empty data {data_ty}"));
     }
     let spirv = grid::module(layout.bindings, |b, t, e| element(b, t, &layout, e))?;
     Ok(GatherKernel { spirv })
@@ -118,16 +145,18 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
         ..
     } = *t;
     let (rest, c) = grid::div_mod(b, u32, e.i, l.inner)?;
-    let (o, j) = if l.outer == 1 {
-        (b.constant_bit32(u32, 0), rest)
-    } else {
-        // m = count / (outer * inner): the index count, whatever the indices' dims.
-        let span = b.constant_bit32(u32, l.outer * l.inner);
-        let m = build(b.u_div(u32, None, e.count, span))?;
-        (
-            build(b.u_div(u32, None, rest, m))?,
-            build(b.u_mod(u32, None, rest, m))?,
-        )
+    let (o, j) = match l.outer {
+        Outer::Known(1) => (b.constant_bit32(u32, 0), rest),
+        Outer::Known(outer) => {
+            // m = count / (outer * inner): the index count, whatever the indices' dims.
+            let span = b.constant_bit32(u32, outer * l.inner);
+            let m = build(b.u_div(u32, None, e.count, span))?;
+            (
+                build(b.u_div(u32, None, rest, m))?,
+                build(b.u_mod(u32, None, rest, m))?,
+            )
+        }
+        Outer::Symbolic { indices } => grid::div_mod(b, u32, rest, indices.max(1))?,
     };
     let index = load_index(b, t, l, e.addrs, j)?;
     // Negative counts from the end; then one unsigned comparison checks both edges.

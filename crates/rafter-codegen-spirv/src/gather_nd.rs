@@ -1,5 +1,6 @@
-//! ONNX `GatherND` of a static tensor of any element type by static i32 or i64 index
-//! tuples, with `batch_dims`: output element `(p, t)` (`p` an index tuple's position among
+//! ONNX `GatherND` of a tensor of any element type by i32 or i64 index tuples, with
+//! `batch_dims` (the batch, the indexed axes and the indices' dims may be symbolic: dim
+//! params pushed per call; the slice a tuple selects is static): output element `(p, t)` (`p` an index tuple's position among
 //! the indices' leading dims, `t` a position in the slice it selects) reads the data at
 //! `p`'s batch, the tuple's coordinates and `t`, as the reference does.
 //!
@@ -10,11 +11,11 @@
 //! past the data.
 
 use rafter_ir::{DType, Graph, Op};
-use rspirv::dr::Builder;
+use rspirv::dr::{Builder, Operand as Arg};
 use rspirv::spirv::Word;
 
 use crate::elem::{self, Elem};
-use crate::grid::{self, Element};
+use crate::grid::{self, DimParams, Element, Size};
 use crate::matmul::{build, Prelude, R};
 
 /// A generated gather-nd kernel; launched like an elementwise kernel (one `u32` param,
@@ -23,6 +24,8 @@ use crate::matmul::{build, Prelude, R};
 pub struct GatherNdKernel {
     /// The SPIR-V module (entry point `main`); bindings: the body inputs, then the output.
     pub spirv: Vec<u32>,
+    /// The symbolic dims the kernel reads, in push order.
+    pub dims: Vec<rafter_vulkan_section::DimParam>,
 }
 
 struct Layout {
@@ -31,16 +34,20 @@ struct Layout {
     data: usize,
     ids: usize,
     y: usize,
-    /// Elements of the slice a tuple selects, tuples per batch, elements per batch.
+    /// Elements of the slice a tuple selects (static).
     inner: u32,
-    per_batch: u32,
-    batch_stride: u64,
-    /// The tuple's axes: their lengths and the data's strides along them.
-    axes: Vec<(u64, u64)>,
+    /// Tuples per batch: the indices' dims between the batch and the tuple.
+    per_batch: Vec<Size>,
+    /// The data's dims past the batch (their product is a batch's elements).
+    batch_dims: Vec<Size>,
+    /// How many of `batch_dims` the tuple indexes.
+    m: usize,
+    params: usize,
 }
 
-/// Generates a body holding one `gather_nd` of static body inputs, its result the body's
-/// one output.
+/// Generates a body holding one `gather_nd` of body inputs, its result the body's one
+/// output. The slice a tuple selects must be static; the batch dims, the axes the tuples
+/// index and the indices' own dims may be symbolic (read as dim params per call).
 pub fn gather_nd(body: &Graph) -> Result<GatherNdKernel, String> {
     let node = grid::one_node(body, "gather_nd")?;
     let Op::GatherNd { batch_dims } = node.op else {
@@ -61,35 +68,69 @@ pub fn gather_nd(body: &Graph) -> Result<GatherNdKernel, String> {
             ))
         }
     };
-    let dd = grid::static_dims(d_ty, "gather_nd data")?;
-    let id = grid::static_dims(i_ty, "gather_nd indices")?;
-    grid::product_u32(&dd, "gather_nd data")?;
-    grid::product_u32(&id, "gather_nd indices")?;
     let b = usize::try_from(batch_dims).map_err(|_| "negative batch_dims".to_string())?;
-    let (q, r) = (id.len(), dd.len());
-    let m = id.last().map_or(usize::MAX, |&m| m as usize);
-    if q == 0 || b >= q || b.saturating_add(m) > r || dd[..b] != id[..b] {
+    let (q, r) = (i_ty.rank(), d_ty.rank());
+    let m = i_ty
+        .dims
+        .last()
+        .and_then(|d| d.as_known())
+        .ok_or_else(|| format!("gather_nd indices {i_ty}: the tuple length is not static"))?;
+    let m = usize::try_from(m).map_err(|_| "negative tuple length".to_string())?;
+    if q == 0 || b >= q || b.saturating_add(m) > r || d_ty.dims[..b] != i_ty.dims[..b] {
         return Err(format!(
-            "indices {id:?} with batch_dims {b} do not fit data {dd:?}"
+            "indices {i_ty} with batch_dims {b} do not fit data {d_ty}"
         ));
     }
     if body.outputs.len() != 1 || node.outputs.first().copied().flatten() != Some(body.outputs[0]) {
         return Err("the gather_nd's result must be the body's one output".into());
     }
-    let stride = |a: usize| dd[a + 1..].iter().product::<u64>();
+    let slice_ty = rafter_ir::TensorType {
+        dtype: d_ty.dtype,
+        dims: d_ty.dims[b + m..].to_vec(),
+    };
+    let inner = grid::static_dims(&slice_ty, "gather_nd slice")?;
+    let mut dims = DimParams::default();
+    let per_batch = (b..q - 1)
+        .map(|a| dims.dim(i_ty, ids, a))
+        .collect::<R<Vec<Size>>>()?;
+    let batch_dims = (b..r)
+        .map(|a| dims.dim(d_ty, data, a))
+        .collect::<R<Vec<Size>>>()?;
+    for ty in [d_ty, i_ty] {
+        if let Some(k) = ty.known_dims() {
+            let k: Vec<u64> = k.iter().map(|&d| d as u64).collect();
+            grid::product_u32(&k, "gather_nd operand")?;
+        }
+    }
     let layout = Layout {
         raw: crate::bitcast::raw(d_ty.dtype),
         ids_elem,
         data,
         ids,
         y: body.inputs.len(),
-        inner: dd[b + m..].iter().product::<u64>() as u32,
-        per_batch: id[b..q - 1].iter().product::<u64>() as u32,
-        batch_stride: dd[b..].iter().product(),
-        axes: (b..b + m).map(|a| (dd[a], stride(a))).collect(),
+        inner: grid::product_u32(&inner, "gather_nd slice")?,
+        per_batch,
+        batch_dims,
+        m,
+        params: dims.params.len(),
     };
-    let spirv = grid::module(layout.y + 1, |b, t, e| element(b, t, &layout, e))?;
-    Ok(GatherNdKernel { spirv })
+    let spirv = grid::module_with_params(layout.y + 1, layout.params, |b, t, e| {
+        element(b, t, &layout, e)
+    })?;
+    Ok(GatherNdKernel {
+        spirv,
+        dims: dims.params,
+    })
+}
+
+/// The product of `sizes` as a `u64` value of the module.
+fn product(b: &mut Builder, t: &Prelude, e: &Element, sizes: &[Size]) -> R<Word> {
+    let mut p = b.constant_bit64(t.u64, 1);
+    for &s in sizes {
+        let v = grid::size_u64(b, t, e, s)?;
+        p = build(b.i_mul(t.u64, None, p, v))?;
+    }
+    Ok(p)
 }
 
 /// Output element `i = (p, t)`: the batch's base, each tuple coordinate (wrapped) times
@@ -97,19 +138,22 @@ pub fn gather_nd(body: &Graph) -> Result<GatherNdKernel, String> {
 fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let Prelude { u32, u64, .. } = *t;
     let (p, within) = grid::div_mod(b, u32, e.i, l.inner.max(1))?;
-    let (batch, _) = grid::div_mod(b, u32, p, l.per_batch.max(1))?;
-    let batch = build(b.u_convert(u64, None, batch))?;
-    let bs = b.constant_bit64(u64, l.batch_stride);
+    let p = build(b.u_convert(u64, None, p))?;
+    let per_batch = product(b, t, &e, &l.per_batch)?;
+    let one = b.constant_bit64(u64, 1);
+    let per_batch = build(b.ext_inst(u64, None, t.glsl, 41, [Arg::IdRef(per_batch), Arg::IdRef(one)]))?;
+    let batch = build(b.u_div(u64, None, p, per_batch))?;
+    let bs = product(b, t, &e, &l.batch_dims)?;
     let mut flat = build(b.i_mul(u64, None, batch, bs))?;
     let within = build(b.u_convert(u64, None, within))?;
     flat = build(b.i_add(u64, None, flat, within))?;
-    let p = build(b.u_convert(u64, None, p))?;
-    let m = b.constant_bit64(u64, l.axes.len() as u64);
+    let m = b.constant_bit64(u64, l.m as u64);
     let tuple = build(b.i_mul(u64, None, p, m))?;
-    for (k, &(len, stride)) in l.axes.iter().enumerate() {
+    for k in 0..l.m {
+        let len = grid::size_u64(b, t, &e, l.batch_dims[k])?;
+        let stride = product(b, t, &e, &l.batch_dims[k + 1..])?;
         let c = coordinate(b, t, l, e.addrs[l.ids], tuple, (k as u64, len))?;
-        let s = b.constant_bit64(u64, stride);
-        let term = build(b.i_mul(u64, None, c, s))?;
+        let term = build(b.i_mul(u64, None, c, stride))?;
         flat = build(b.i_add(u64, None, flat, term))?;
     }
     let i64t = b.type_int(64, 1);
@@ -128,14 +172,14 @@ fn coordinate(
     l: &Layout,
     ids: Word,
     tuple: Word,
-    (k, len): (u64, u64),
+    (k, n): (u64, Word),
 ) -> R<Word> {
     let Prelude { u64, bool, .. } = *t;
     let k = b.constant_bit64(u64, k);
     let at = build(b.i_add(u64, None, tuple, k))?;
     let at = grid::element_addr(b, u64, ids, at, l.ids_elem.bytes())?;
     let v = crate::gather::load_index_at(b, t, l.ids_elem, at)?;
-    let (zero, n) = (b.constant_bit64(u64, 0), b.constant_bit64(u64, len));
+    let zero = b.constant_bit64(u64, 0);
     let negative = build(b.s_less_than(bool, None, v, zero))?;
     let wrapped = build(b.i_add(u64, None, v, n))?;
     let v = build(b.select(u64, None, negative, wrapped, v))?;

@@ -5,7 +5,7 @@
 //! the loop here means a fix to it (the zero-workgroup guard) is made once.
 
 use rspirv::binary::Assemble;
-use rspirv::dr::Builder;
+use rspirv::dr::{Builder, Operand};
 use rspirv::spirv::{BuiltIn, LoopControl, Word};
 
 use crate::matmul::{begin_main, build, builtin_v3, prelude, push_block, Prelude, R};
@@ -22,11 +22,16 @@ pub const INLINE_BINDINGS: usize = 8;
 /// kernel over it stays on the CPU rather than failing at dispatch.
 pub const MAX_BINDINGS: usize = 64;
 
+/// GLSL.std.450's `UMax`.
+const GLSL_UMAX: u32 = 41;
+
 /// What the per-element emitter sees: the binding addresses (body inputs, then outputs),
-/// the count param and the element index `i`, all `u32` but the `u64` addresses.
+/// the count param, the dim params ([`module_with_params`]) and the element index `i`, all
+/// `u32` but the `u64` addresses.
 pub(crate) struct Element<'a> {
     pub(crate) addrs: &'a [Word],
     pub(crate) count: Word,
+    pub(crate) params: &'a [Word],
     pub(crate) i: Word,
 }
 
@@ -37,7 +42,24 @@ pub(crate) fn module(
     bindings: usize,
     element: impl FnOnce(&mut Builder, &Prelude, Element) -> R<()>,
 ) -> R<Vec<u32>> {
-    module_scaled(bindings, (1, 1), element)
+    module_scaled(bindings, (1, 1), 0, element)
+}
+
+/// [`module`] that also reads `params` `u32` dim params pushed after the count (the
+/// module's [`rafter_vulkan_section::DimParam`]s, in order): a kernel over tensors whose
+/// dims are symbolic reads the call's sizes there rather than baking them in.
+pub(crate) fn module_with_params(
+    bindings: usize,
+    params: usize,
+    element: impl FnOnce(&mut Builder, &Prelude, Element) -> R<()>,
+) -> R<Vec<u32>> {
+    if params > rafter_vulkan_section::MAX_DIM_PARAMS {
+        return Err(format!(
+            "{params} dim params exceed the {} a module takes",
+            rafter_vulkan_section::MAX_DIM_PARAMS
+        ));
+    }
+    module_scaled(bindings, (1, 1), params, element)
 }
 
 /// [`module`] whose loop runs over `count / div * mul` elements rather than the count
@@ -48,6 +70,7 @@ pub(crate) fn module(
 pub(crate) fn module_scaled(
     bindings: usize,
     (mul, div): (u32, u32),
+    params: usize,
     element: impl FnOnce(&mut Builder, &Prelude, Element) -> R<()>,
 ) -> R<Vec<u32>> {
     let mut b = Builder::new();
@@ -60,7 +83,7 @@ pub(crate) fn module_scaled(
         ..
     } = t;
     let nb = bindings as u32;
-    let push = push_block(&mut b, &t, nb, 1);
+    let push = push_block(&mut b, &t, nb, 1 + params as u32);
     let v3 = b.type_vector(u32, 3);
     let gid_var = builtin_v3(&mut b, u32, BuiltIn::GlobalInvocationId);
     let nwg_var = builtin_v3(&mut b, u32, BuiltIn::NumWorkgroups);
@@ -75,6 +98,9 @@ pub(crate) fn module_scaled(
         .map(|i| push.member(&mut b, (u32, u64), i, true))
         .collect::<R<Vec<Word>>>()?;
     let count = push.member(&mut b, (u32, u64), nb, false)?;
+    let params = (0..params as u32)
+        .map(|k| push.member(&mut b, (u32, u64), nb + 1 + k, false))
+        .collect::<R<Vec<Word>>>()?;
     let limit = if mul == div {
         count
     } else {
@@ -111,6 +137,7 @@ pub(crate) fn module_scaled(
         Element {
             addrs: &addrs,
             count,
+            params: &params,
             i,
         },
     )?;
@@ -241,9 +268,44 @@ pub(crate) fn part_addr(
     (total, inner): (u32, u32),
     bytes: u32,
 ) -> R<Option<Word>> {
+    let parts: Vec<(usize, Word, Word)> = parts
+        .iter()
+        .map(|&(k, off, n)| {
+            let (off, n) = (u64::from(off), u64::from(n));
+            (k, b.constant_bit64(t.u64, off), b.constant_bit64(t.u64, n))
+        })
+        .collect();
+    part_addr_sized(b, t, e, &parts, (Size::Known(total.into()), inner), bytes)
+}
+
+/// [`part_addr`] with each part's offset and length as `u64` values of the module and a
+/// total that may be a dim param (a concat along a symbolic axis: a KV cache's `past + 1`
+/// rows).
+pub(crate) fn part_addr_sized(
+    b: &mut Builder,
+    t: &Prelude,
+    e: &Element,
+    parts: &[(usize, Word, Word)],
+    (total, inner): (Size, u32),
+    bytes: u32,
+) -> R<Option<Word>> {
     let Prelude { u32, u64, bool, .. } = *t;
     let (rest, c) = div_mod(b, u32, e.i, inner)?;
-    let (o, a) = div_mod(b, u32, rest, total)?;
+    let (o, a) = match total {
+        Size::Known(n) => {
+            let n = u32::try_from(n.max(1)).map_err(|_| "concat axis over 32 bits")?;
+            div_mod(b, u32, rest, n)?
+        }
+        Size::Param(i) => {
+            let n = *e.params.get(i).ok_or("dim param out of range")?;
+            // At least 1: a zero-length axis has no elements, so no invocation uses it.
+            let one = b.constant_bit32(u32, 1);
+            let args = [Operand::IdRef(n), Operand::IdRef(one)];
+            let n = build(b.ext_inst(u32, None, t.glsl, GLSL_UMAX, args))?;
+            let q = build(b.u_div(u32, None, rest, n))?;
+            (q, build(b.u_mod(u32, None, rest, n))?)
+        }
+    };
     let (o, a, c) = (
         build(b.u_convert(u64, None, o))?,
         build(b.u_convert(u64, None, a))?,
@@ -251,11 +313,9 @@ pub(crate) fn part_addr(
     );
     let inner = b.constant_bit64(u64, u64::from(inner));
     let mut addr = None;
-    for &(binding, off, n) in parts {
+    for &(binding, off64, n64) in parts {
         // ((o * n + a - off) * inner + c), wrapping where `a` is below this part's range
         // (the select then discards it).
-        let n64 = b.constant_bit64(u64, u64::from(n));
-        let off64 = b.constant_bit64(u64, u64::from(off));
         let flat = build(b.i_mul(u64, None, o, n64))?;
         let flat = build(b.i_add(u64, None, flat, a))?;
         let flat = build(b.i_sub(u64, None, flat, off64))?;
@@ -315,4 +375,67 @@ pub(crate) fn range_loop(
     build(b.branch(header))?;
     build(b.begin_block(Some(merge)))?;
     Ok(cur)
+}
+
+/// A size a kernel uses: known when it is generated, or read at dispatch time from the
+/// module's dim params ([`module_with_params`]; index into [`Element::params`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Size {
+    Known(u64),
+    Param(usize),
+}
+
+/// The dim params a kernel collects while it resolves its sizes: each symbolic dim it
+/// needs becomes one [`rafter_vulkan_section::DimParam`] (a binding's axis), pushed per
+/// call, so one module serves every size the symbols take.
+#[derive(Default)]
+pub(crate) struct DimParams {
+    pub(crate) params: Vec<rafter_vulkan_section::DimParam>,
+}
+
+impl DimParams {
+    /// Dim `axis` of the tensor at `binding` (body inputs, then outputs) of type `ty`:
+    /// known, or a param (one per binding and axis).
+    pub(crate) fn dim(
+        &mut self,
+        ty: &rafter_ir::TensorType,
+        binding: usize,
+        axis: usize,
+    ) -> R<Size> {
+        let d = ty
+            .dims
+            .get(axis)
+            .ok_or_else(|| format!("{ty} has no axis {axis}"))?;
+        if let Some(k) = d.as_known() {
+            return u64::try_from(k)
+                .map(Size::Known)
+                .map_err(|_| format!("negative dim {k}"));
+        }
+        let p = rafter_vulkan_section::DimParam {
+            binding: u16::try_from(binding).map_err(|_| "binding index over 16 bits")?,
+            axis: u16::try_from(axis).map_err(|_| "axis over 16 bits")?,
+        };
+        if let Some(i) = self.params.iter().position(|q| *q == p) {
+            return Ok(Size::Param(i));
+        }
+        if self.params.len() >= rafter_vulkan_section::MAX_DIM_PARAMS {
+            return Err(format!(
+                "more than {} symbolic dims",
+                rafter_vulkan_section::MAX_DIM_PARAMS
+            ));
+        }
+        self.params.push(p);
+        Ok(Size::Param(self.params.len() - 1))
+    }
+}
+
+/// `size` as a `u64` value of the module (a constant, or its param widened).
+pub(crate) fn size_u64(b: &mut Builder, t: &Prelude, e: &Element, size: Size) -> R<Word> {
+    match size {
+        Size::Known(k) => Ok(b.constant_bit64(t.u64, k)),
+        Size::Param(i) => {
+            let p = *e.params.get(i).ok_or("dim param out of range")?;
+            build(b.u_convert(t.u64, None, p))
+        }
+    }
 }

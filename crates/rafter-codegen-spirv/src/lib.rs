@@ -286,6 +286,7 @@ mod qlinear_conv;
 mod reduce_axes;
 mod rotary;
 mod scatter_elements;
+mod shape_range;
 mod slice;
 mod space_to_depth;
 mod split;
@@ -325,6 +326,7 @@ pub use qlinear_conv::{qlinear_conv, QLinearConvKernel};
 pub use reduce_axes::{reduce_axes, ReduceAxesKernel};
 pub use rotary::{rotary, RotaryKernel};
 pub use scatter_elements::{scatter_elements, ScatterElementsKernel};
+pub use shape_range::{range, shape, ShapeRangeKernel};
 pub use slice::{slice, SliceKernel};
 pub use space_to_depth::{space_to_depth, SpaceToDepthKernel};
 pub use split::{split, SplitKernel};
@@ -360,6 +362,9 @@ enum Generated {
     /// swiglu, scatter-elements, losses, 3-D pooling and convolution, transposed
     /// convolution, grid sample.
     Grid(Vec<u32>),
+    /// A grid-stride kernel that reads symbolic dims as params after the count (shape,
+    /// range, and the data movement over symbolic dims).
+    GridDims(Vec<u32>, Vec<rafter_vulkan_section::DimParam>),
     /// A kernel of workgroups of its own launch ([`dynamic_quantize`], [`gru`]).
     Rows(Vec<u32>, rafter_vulkan_section::Launch),
 }
@@ -420,12 +425,21 @@ fn generate(body: &Graph) -> Result<Generated, String> {
         if let Op::Gru { .. } | Op::Lstm { .. } = n.op {
             return gru(body).map(|k| Generated::Rows(k.spirv, k.launch));
         }
+        match n.op {
+            Op::Shape { .. } => return shape(body).map(|k| Generated::GridDims(k.spirv, k.dims)),
+            Op::Range => return range(body).map(|k| Generated::GridDims(k.spirv, k.dims)),
+            Op::Concat { .. } => {
+                return concat(body).map(|k| Generated::GridDims(k.spirv, k.dims));
+            }
+            Op::GatherNd { .. } => {
+                return gather_nd(body).map(|k| Generated::GridDims(k.spirv, k.dims));
+            }
+            _ => {}
+        }
         let grid = match n.op {
             Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
             Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
-            Op::GatherNd { .. } => Some(gather_nd(body).map(|k| k.spirv)),
             Op::Slice => Some(slice(body).map(|k| k.spirv)),
-            Op::Concat { .. } => Some(concat(body).map(|k| k.spirv)),
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),
             Op::Split { .. } => Some(split(body).map(|k| k.spirv)),
             Op::Trilu { .. } => Some(trilu(body).map(|k| k.spirv)),
@@ -542,6 +556,15 @@ fn module(body: &Graph, kernel: u32) -> Result<VulkanModule, String> {
             workgroup_size: WORKGROUP_SIZE,
             entry_point: "main".into(),
             dims: Vec::new(),
+            spirv: to_bytes(&spirv).into(),
+            coop: None,
+        },
+        Generated::GridDims(spirv, dims) => VulkanModule {
+            kernel,
+            launch: rafter_vulkan_section::Launch::Elementwise,
+            workgroup_size: WORKGROUP_SIZE,
+            entry_point: "main".into(),
+            dims,
             spirv: to_bytes(&spirv).into(),
             coop: None,
         },

@@ -1,6 +1,8 @@
-//! ONNX `Slice` of an f32 or f16 tensor with static dims and constant starts, ends, axes
-//! and steps: the split of a fused QKV projection before contrib `Attention` (BERT
-//! optimised by ONNX Runtime), a sequence cut, a reversal (negative step).
+//! ONNX `Slice` of a tensor of any element type (copied as bits) with constant starts,
+//! ends, axes and steps, static dims from the first sliced axis inward (the leading axes
+//! nothing slices may be symbolic: a batch, a sequence): the split of a fused QKV
+//! projection before contrib `Attention` (BERT optimised by ONNX Runtime, the GenAI
+//! builder's packed QKV), a sequence cut, a reversal (negative step).
 //!
 //! One invocation per output element, in a grid-stride loop over the count param (the
 //! elementwise launch, [`crate::grid`]). With the slice resolved at generation time,
@@ -33,8 +35,12 @@ struct Layout {
     bindings: usize,
     /// The first element read, `sum_d start_d * stride_d`.
     base: u64,
-    /// Per output dim: its size and the input elements one step along it moves.
+    /// Per output dim from the first sliced one: its size and the input elements one step
+    /// along it moves.
     dims: Vec<(u32, i64)>,
+    /// With leading axes nothing slices: the input elements one step of their combined
+    /// index moves (the rest of the element index past `dims`).
+    outer: Option<u64>,
 }
 
 /// Generates a body holding one `slice` of a static f32/f16 body input with constant
@@ -76,23 +82,57 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
              in length"
         ));
     }
-    let elem = Elem::of(in_ty.dtype).map_err(|e| format!("slice data is {e}"))?;
-    let in_dims = grid::static_dims(in_ty, "slice data")?;
+    let elem = crate::bitcast::raw(in_ty.dtype);
+    let norm = |axis: i64| {
+        let a = if axis < 0 { axis + rank as i64 } else { axis };
+        usize::try_from(a)
+            .ok()
+            .filter(|&a| a < rank)
+            .ok_or_else(|| format!("slice axis {axis} outside rank {rank}"))
+    };
+    // An axis taken whole (start 0, step 1, an end past any size) is not sliced.
+    let whole = |k: usize| starts[k] == 0 && steps[k] == 1 && ends[k] >= i64::from(i32::MAX);
+    let mut sliced = Vec::with_capacity(axes.len());
+    for k in 0..axes.len() {
+        if !whole(k) {
+            sliced.push(norm(axes[k])?);
+        }
+    }
+    // Leading axes nothing slices may be symbolic (a batch, a sequence): the kernel walks
+    // them as one outer index, never needing their sizes.
+    let lead = (0..rank).find(|a| sliced.contains(a)).unwrap_or(rank);
     let Some(&out) = body.outputs.first().filter(|_| body.outputs.len() == 1) else {
         return Err("a slice kernel has one output".into());
     };
     if node.outputs.first().copied().flatten() != Some(out) {
         return Err("the slice's result must be the body's one output".into());
     }
-    let out_dims = grid::static_dims(&body.value(out).ty, "slice result")?;
-    if out_dims.len() != rank
-        || in_dims
-            .iter()
-            .chain(&out_dims)
-            .any(|&d| d > u32::MAX as u64)
+    let out_ty = &body.value(out).ty;
+    if out_ty.rank() != rank || in_ty.dims[..lead] != out_ty.dims[..lead] {
+        return Err(format!("slice of {in_ty} to {out_ty}: the leading dims differ"));
+    }
+    let inner_ty = |ty: &rafter_ir::TensorType| rafter_ir::TensorType {
+        dtype: ty.dtype,
+        dims: ty.dims[lead..].to_vec(),
+    };
+    let in_dims = grid::static_dims(&inner_ty(in_ty), "slice data")?;
+    let out_dims = grid::static_dims(&inner_ty(out_ty), "slice result")?;
+    let rank = rank - lead;
+    // The cuts inside the leading axes: (axis from `lead`, start, end, step).
+    let mut cuts = Vec::with_capacity(axes.len());
+    for k in 0..axes.len() {
+        let a = norm(axes[k])?;
+        if a >= lead {
+            cuts.push((a - lead, starts[k], ends[k], steps[k]));
+        }
+    }
+    if in_dims
+        .iter()
+        .chain(&out_dims)
+        .any(|&d| d > u32::MAX as u64)
     {
         return Err(format!(
-            "slice of dims {in_dims:?} to {out_dims:?}: ranks differ or a dim exceeds 32 bits"
+            "slice of dims {in_dims:?} to {out_dims:?}: a dim exceeds 32 bits"
         ));
     }
     let count: u64 = out_dims.iter().product();
@@ -105,16 +145,11 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
     let mut first = vec![0i64; rank];
     let mut step = vec![1i64; rank];
     let mut seen = vec![false; rank];
-    for (k, &axis) in axes.iter().enumerate() {
-        let a = if axis < 0 { axis + rank as i64 } else { axis };
-        let a = usize::try_from(a)
-            .ok()
-            .filter(|&a| a < rank)
-            .ok_or_else(|| format!("slice axis {axis} outside rank {rank}"))?;
+    for &(a, start, end, s) in &cuts {
         if std::mem::replace(&mut seen[a], true) {
-            return Err(format!("slice axis {a} repeated"));
+            return Err(format!("slice axis {} repeated", a + lead));
         }
-        let (start, s, d) = (starts[k], steps[k], in_dims[a] as i64);
+        let d = in_dims[a] as i64;
         if s == 0 {
             return Err(format!("slice step 0 on axis {a}"));
         }
@@ -130,11 +165,7 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
         };
         step[a] = s;
         // The result type must hold the positions ONNX visits; the kernel trusts it.
-        let end = if ends[k] < 0 {
-            ends[k].saturating_add(d)
-        } else {
-            ends[k]
-        };
+        let end = if end < 0 { end.saturating_add(d) } else { end };
         let visits = if s > 0 {
             let e = end.clamp(0, d);
             ((e - first[a]).max(0) + s - 1) / s
@@ -169,6 +200,7 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
         bindings: body.inputs.len() + 1,
         base,
         dims,
+        outer: (lead > 0).then(|| in_dims.iter().product::<u64>()),
     };
     let spirv = grid::module(layout.bindings, |b, t, e| {
         element(b, t, &layout, e.addrs, e.i)
@@ -178,7 +210,7 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
 
 /// Output element `i`: its coordinates, the input element they read, the copy.
 fn element(b: &mut Builder, t: &Prelude, l: &Layout, addrs: &[Word], i: Word) -> R<()> {
-    let Prelude { f32, u32, u64, .. } = *t;
+    let Prelude { u32, u64, .. } = *t;
     let mut at = b.constant_bit64(u64, l.base);
     // Innermost dim first: c_d = (i / divisor) % size, all unsigned.
     let mut divisor = 1u64;
@@ -199,12 +231,22 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, addrs: &[Word], i: Word) ->
         }
         divisor *= u64::from(size);
     }
+    if let Some(moves) = l.outer {
+        // The leading axes' combined index: what lies past the sliced dims.
+        let d = b.constant_bit32(u32, divisor.max(1) as u32);
+        let c = build(b.u_div(u32, None, i, d))?;
+        let c = build(b.u_convert(u64, None, c))?;
+        let m = b.constant_bit64(u64, moves);
+        let term = build(b.i_mul(u64, None, c, m))?;
+        at = build(b.i_add(u64, None, at, term))?;
+    }
     let esize = b.constant_bit64(u64, l.elem.bytes() as u64);
     let off = build(b.i_mul(u64, None, at, esize))?;
     let src = build(b.i_add(u64, None, addrs[l.data], off))?;
-    let v = elem::load(b, l.elem, f32, src)?;
+    let i64t = b.type_int(64, 1);
+    let v = elem::load_int(b, l.elem, i64t, src)?;
     let i64 = build(b.u_convert(u64, None, i))?;
     let off = build(b.i_mul(u64, None, i64, esize))?;
     let dst = build(b.i_add(u64, None, addrs[l.bindings - 1], off))?;
-    elem::store(b, l.elem, f32, dst, v)
+    elem::store_int(b, l.elem, i64t, dst, v)
 }

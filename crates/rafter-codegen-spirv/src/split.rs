@@ -87,7 +87,7 @@ pub fn split(body: &Graph) -> Result<SplitKernel, String> {
         inner: grid::product_u32(&dims[a + 1..], "split inner dims")?,
     };
     let scale = (layout.total, first);
-    let spirv = grid::module_scaled(inputs + results.len(), scale, |b, t, e| {
+    let spirv = grid::module_scaled(inputs + results.len(), scale, 0, |b, t, e| {
         element(b, t, &layout, e)
     })?;
     Ok(SplitKernel { spirv })

@@ -525,7 +525,8 @@ impl ProgramParser<'_, '_> {
     }
 
     /// The rest of `define _r = values(0, 1, [1]) graph @d(...) -> (...) { ... }` (after
-    /// `values(`): result, axis, the body inputs whose values are read, the one-node body.
+    /// `values(`): body output, axis, the body inputs whose values are read, the body (the
+    /// sized op and the shape arithmetic before it).
     fn define_values(&mut self, symbol: crate::Symbol) -> Result<(), ParseError> {
         let output = self.index_number("a result index")?;
         self.p.expect(",")?;

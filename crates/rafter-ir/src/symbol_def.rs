@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::infer::{infer_node, InferInput};
-use crate::{Bindings, ConstData, Dim, Graph, Symbol, TensorType, ValueDef};
+use crate::builder::const_syms;
+use crate::{Bindings, ConstData, Dim, Graph, Symbol, TensorType, ValueDef, ValueId};
 
 /// The values of the call's inputs, by port name, where a [`SymbolExpr::Values`]
 /// definition reads them (`None`: the caller has no such input).
@@ -37,9 +38,10 @@ pub enum SymbolExpr {
     /// The size two broadcast dims give: `a` where `b` is 1, else `b` (and then `a` must be
     /// 1 or equal to it).
     Broadcast { a: Dim, b: Dim },
-    /// Dim `axis` of result `output` of the one node of `body`, whose shape inference
+    /// Dim `axis` of output `output` of `body`, whose nodes' shape inference (in order)
     /// reads the values of the body inputs at `reads` (each named after the program
-    /// input whose values it is); the other body inputs contribute their dims.
+    /// input whose values it is); the other body inputs contribute their dims. The body
+    /// is the op that makes the size and the shape arithmetic between it and the inputs.
     Values {
         body: Graph,
         reads: Vec<usize>,
@@ -165,8 +167,12 @@ impl fmt::Display for SymbolExpr {
     }
 }
 
-/// Runs the shape inference of `body`'s one node on the call's dims and on the values of
-/// the inputs at `reads`, and returns dim `axis` of result `output`, which those must fix.
+/// Runs the shape inference of `body`'s nodes in order, on the call's dims and on the
+/// values of the inputs at `reads`, and returns dim `axis` of body output `output`, which
+/// those must fix. Integer values the nodes compute (a `Max` of a shape and an input, a
+/// `Cast`, a `Squeeze`) are carried from node to node as inference's symbolic element
+/// values, known numbers here; so a size several ops of shape arithmetic away from the
+/// inputs is fixed as surely as one op away.
 fn eval_values(
     body: &Graph,
     reads: &[usize],
@@ -175,18 +181,22 @@ fn eval_values(
     values: &HashMap<Symbol, i64>,
     inputs: &InputValues<'_>,
 ) -> Result<i64, String> {
-    let [node] = body.nodes.as_slice() else {
-        return Err(format!("its body has {} nodes, not one", body.nodes.len()));
-    };
-    let mut types: HashMap<usize, TensorType> = HashMap::new();
-    let mut konsts: HashMap<usize, ConstData> = HashMap::new();
+    if body.nodes.is_empty() {
+        return Err("its body has no nodes".to_string());
+    }
+    let mut types: HashMap<ValueId, TensorType> = HashMap::new();
+    let mut konsts: HashMap<ValueId, ConstData> = HashMap::new();
+    let mut syms: HashMap<ValueId, Vec<Dim>> = HashMap::new();
     for (i, &v) in body.inputs.iter().enumerate() {
         let val = body.value(v);
         let ty = if reads.contains(&i) {
             let c = inputs(&val.name)
                 .ok_or_else(|| format!("it reads input `{}`, which the call lacks", val.name))?;
             let dims = c.dims.iter().map(|&d| d as i64).collect::<Vec<_>>();
-            konsts.insert(v.0 as usize, c.clone());
+            if let Some(s) = const_syms(&c) {
+                syms.insert(v, s);
+            }
+            konsts.insert(v, c.clone());
             TensorType::known(c.dtype, &dims)
         } else {
             let dims = val
@@ -198,43 +208,71 @@ fn eval_values(
                 .map_err(|e| format!("input `{}`: {e}", val.name))?;
             TensorType::new(val.ty.dtype, dims)
         };
-        types.insert(v.0 as usize, ty);
+        types.insert(v, ty);
     }
-    let mut operands = Vec::with_capacity(node.inputs.len());
-    for v in &node.inputs {
-        operands.push(match v {
-            None => None,
-            Some(v) => {
-                let (ty, konst) = match body.value(*v).def {
-                    ValueDef::Const(c) => (&body.value(*v).ty, Some(body.constant(c))),
-                    _ => {
-                        let ty = types.get(&(v.0 as usize)).ok_or_else(|| {
-                            format!("operand `{}` is not a body input", body.value(*v).name)
-                        })?;
-                        (ty, konsts.get(&(v.0 as usize)))
-                    }
-                };
-                Some(InferInput {
-                    ty,
-                    sym: None,
-                    konst,
-                })
+    for (i, val) in body.values.iter().enumerate() {
+        if let ValueDef::Const(c) = val.def {
+            let v = ValueId(i as u32);
+            types.insert(v, val.ty.clone());
+            if let Some(s) = const_syms(body.constant(c)) {
+                syms.insert(v, s);
             }
-        });
+        }
     }
-    let mut fresh = |_: &str| Dim::symbol("_unfixed");
-    let inferred = infer_node(&node.op, &operands, node.outputs.len(), &mut fresh)
-        .map_err(|e| format!("`{}` ({}): {e}", node.name, node.op.name()))?;
-    let dim = inferred
-        .types
+    for node in &body.nodes {
+        let inferred = {
+            let mut operands = Vec::with_capacity(node.inputs.len());
+            for v in &node.inputs {
+                operands.push(match v {
+                    None => None,
+                    Some(v) => {
+                        let ty = types.get(v).ok_or_else(|| {
+                            format!("operand `{}` is defined after its use", body.value(*v).name)
+                        })?;
+                        let konst = match body.value(*v).def {
+                            ValueDef::Const(c) => Some(body.constant(c)),
+                            _ => konsts.get(v),
+                        };
+                        Some(InferInput {
+                            ty,
+                            sym: syms.get(v).map(Vec::as_slice),
+                            konst,
+                        })
+                    }
+                });
+            }
+            let mut fresh = |_: &str| Dim::symbol("_unfixed");
+            infer_node(&node.op, &operands, node.outputs.len(), &mut fresh)
+                .map_err(|e| format!("`{}` ({}): {e}", node.name, node.op.name()))?
+        };
+        for ((o, ty), sym) in node.outputs.iter().zip(inferred.types).zip(inferred.syms) {
+            if let Some(o) = o {
+                types.insert(*o, ty);
+                if let Some(s) = sym {
+                    syms.insert(*o, s);
+                }
+            }
+        }
+    }
+    let out = body
+        .outputs
         .get(output)
+        .ok_or_else(|| format!("its body has no output {output}"))?;
+    let producer = || match body.value(*out).def {
+        ValueDef::Node { node, .. } => {
+            let n = &body.nodes[node.0 as usize];
+            format!("`{}` ({})", n.name, n.op.name())
+        }
+        _ => format!("`{}`", body.value(*out).name),
+    };
+    let dim = types
+        .get(out)
         .and_then(|t| t.dims.get(axis))
-        .ok_or_else(|| format!("`{}` has no result {output} with axis {axis}", node.name))?;
+        .ok_or_else(|| format!("{} has no axis {axis}", producer()))?;
     dim.as_known().ok_or_else(|| {
         format!(
-            "`{}` ({}): the input values do not fix its result's dim {axis}",
-            node.name,
-            node.op.name()
+            "{}: the input values do not fix its result's dim {axis}",
+            producer()
         )
     })
 }
@@ -343,6 +381,78 @@ mod tests {
         assert!(unbound.unwrap_err().contains("`n`"));
         assert_eq!(values(0).value_inputs(), vec!["shape"]);
         assert_eq!(values(0).symbols(), vec![Symbol::new("n")]);
+    }
+
+    /// `range(0, squeeze(max(shape(pk)[2:3], cast(total))), 1)`: the rows of a KV buffer
+    /// that grows to the larger of its past length and an input's value.
+    fn rows_body() -> Graph {
+        use crate::{BinaryOp, DType, Op};
+        let mut g = Graph::new("rows");
+        let dims = ["b", "h", "past", "d"].map(Dim::symbol).to_vec();
+        let pk = g.add_input("pk", TensorType::new(DType::F32, dims));
+        let total = g.add_input("total", TensorType::known(DType::I32, &[1]));
+        let i64_1 = || Some(("t".to_string(), TensorType::known(DType::I64, &[1])));
+        let s = g.add_node(
+            "s",
+            Op::Shape {
+                start: 2,
+                end: Some(3),
+            },
+            vec![Some(pk)],
+            vec![i64_1()],
+        )[0];
+        let c = g.add_node("c", Op::Cast { to: DType::I64 }, vec![Some(total)], vec![i64_1()])[0];
+        let m = g.add_node(
+            "m",
+            Op::Binary { op: BinaryOp::Max },
+            vec![s, c],
+            vec![i64_1()],
+        )[0];
+        let scalar = Some(("sq".to_string(), TensorType::known(DType::I64, &[])));
+        let sq = g.add_node("sq", Op::Squeeze { axes: vec![0] }, vec![m], vec![scalar])[0];
+        let scalar_of = |v: i64| ConstData {
+            dims: vec![],
+            ..ConstData::from_i64s(&[v])
+        };
+        let zero = g.add_const("zero", scalar_of(0));
+        let one = g.add_const("one", scalar_of(1));
+        let out = TensorType::new(DType::I64, vec![Dim::symbol("_rows")]);
+        let r = g.add_node(
+            "r",
+            Op::Range,
+            vec![Some(zero), sq, Some(one)],
+            vec![Some(("cols".to_string(), out))],
+        );
+        g.outputs.push(r[0].unwrap());
+        g
+    }
+
+    #[test]
+    fn values_rerun_several_nodes_of_shape_arithmetic() {
+        let e = SymbolExpr::Values {
+            body: rows_body(),
+            reads: vec![1],
+            output: 0,
+            axis: 0,
+        };
+        let dims = map(&[("b", 2), ("h", 4), ("past", 7), ("d", 8)]);
+        let total = |v: i32| {
+            move |name: &str| {
+                (name == "total").then(|| {
+                    ConstData::new(crate::DType::I32, vec![1], v.to_le_bytes().to_vec().into())
+                        .unwrap()
+                })
+            }
+        };
+        // max(past = 7, total): the input's value where larger, else the past length.
+        assert_eq!(e.eval_with(&dims, &total(12)), Ok(12));
+        assert_eq!(e.eval_with(&dims, &total(3)), Ok(7));
+        assert_eq!(
+            e.symbols(),
+            ["b", "h", "past", "d"].map(Symbol::new).to_vec()
+        );
+        let missing = e.eval(&dims).unwrap_err();
+        assert!(missing.contains("`total`"), "{missing}");
     }
 
     #[test]

@@ -25,7 +25,7 @@
 
 use std::collections::HashSet;
 
-use rafter_ir::{AutoPad, Dim, Graph, Node, Op, Symbol, SymbolDef, SymbolExpr};
+use rafter_ir::{AutoPad, DType, Dim, Graph, Node, Op, Symbol, SymbolDef, SymbolExpr};
 
 /// The definitions of the fresh symbols of `graph`'s results that follow from `bound`
 /// (the symbols its inputs bind), in an order where each reads only symbols bound before.
@@ -62,9 +62,11 @@ pub fn derive(graph: &Graph, bound: &HashSet<Symbol>) -> Vec<SymbolDef> {
 /// Largest graph input (elements) whose values a definition reads at bind time.
 const MAX_VALUE_ELEMENTS: i64 = 64;
 
-/// Dim `axis` of node `index`'s first result as the op's shape inference on the values of
-/// the small graph inputs it reads ([`SymbolExpr::Values`]), for the ops whose result
-/// sizes follow from operand values (not from data, as NonZero's do).
+/// Dim `axis` of node `index`'s first result as the op's shape inference on the values
+/// it reads ([`SymbolExpr::Values`]), for the ops whose result sizes follow from operand
+/// values (not from data, as NonZero's do). The values may be small graph inputs, or shape
+/// arithmetic over them, over constants and over dims ([`value_slice`]): the body holds
+/// the op and that arithmetic, which the runtime re-runs on the call's values.
 fn define_by_values(g: &Graph, index: usize, axis: usize) -> Option<SymbolExpr> {
     let node = &g.nodes[index];
     let sized_by_values = matches!(
@@ -87,14 +89,16 @@ fn define_by_values(g: &Graph, index: usize, axis: usize) -> Option<SymbolExpr> 
         return None;
     }
     let out = (*node.outputs.first()?)?;
-    let (body, outer_in, _) = crate::lower::build_body(g, &[index], &node.name, |v| v == out);
+    let nodes = value_slice(g, index)?;
+    let (body, outer_in, _) = crate::lower::build_body(g, &nodes, &node.name, |v| v == out);
     let reads: Vec<usize> = outer_in
         .iter()
         .enumerate()
         .filter(|(_, &v)| is_small_input(g, v))
         .map(|(i, _)| i)
         .collect();
-    if reads.is_empty() || body.outputs.len() != 1 {
+    // With neither input values nor arithmetic to re-run, inference already did all it can.
+    if (reads.is_empty() && nodes.len() == 1) || body.outputs.len() != 1 {
         return None;
     }
     Some(SymbolExpr::Values {
@@ -103,6 +107,94 @@ fn define_by_values(g: &Graph, index: usize, axis: usize) -> Option<SymbolExpr> 
         output: 0,
         axis,
     })
+}
+
+/// Most nodes of shape arithmetic a definition re-runs.
+const MAX_SLICE_NODES: usize = 64;
+
+/// Node `index` and the shape arithmetic its small operands come from, in graph order:
+/// `None` where a small operand's values are not known before the call's work runs (a
+/// kernel's result, a state, a large constant).
+fn value_slice(g: &Graph, index: usize) -> Option<Vec<usize>> {
+    let mut nodes = std::collections::BTreeSet::from([index]);
+    for &v in g.nodes[index].inputs.iter().flatten() {
+        if is_small_value(g, v) && !collect_arithmetic(g, v, &mut nodes) {
+            return None;
+        }
+    }
+    Some(nodes.into_iter().collect())
+}
+
+/// Whether `v`'s values are known on the host once the inputs are bound, adding the nodes
+/// that compute them to `nodes`: small graph inputs, small constants, the results of
+/// `Shape` and `Size` (dims only), and of ops inference evaluates on known element values
+/// (arithmetic, casts, gathers, concats, reshapes of such values).
+fn collect_arithmetic(
+    g: &Graph,
+    v: rafter_ir::ValueId,
+    nodes: &mut std::collections::BTreeSet<usize>,
+) -> bool {
+    match g.value(v).def {
+        rafter_ir::ValueDef::Const(c) => {
+            g.constant(c).bytes.len() <= crate::lower::INLINE_CONST_MAX_BYTES
+        }
+        rafter_ir::ValueDef::Input(_) => is_small_input(g, v),
+        rafter_ir::ValueDef::Node { node, .. } => {
+            let p = node.0 as usize;
+            if nodes.contains(&p) {
+                return true;
+            }
+            let op = &g.nodes[p].op;
+            if !is_value_arithmetic(op) || !is_small_value(g, v) || nodes.len() >= MAX_SLICE_NODES
+            {
+                return false;
+            }
+            nodes.insert(p);
+            if matches!(op, Op::Shape { .. } | Op::Size) {
+                return true;
+            }
+            g.nodes[p]
+                .inputs
+                .iter()
+                .flatten()
+                .all(|&u| collect_arithmetic(g, u, nodes))
+        }
+    }
+}
+
+/// Ops whose inference computes their results' element values from known operand values.
+fn is_value_arithmetic(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Shape { .. }
+            | Op::Size
+            | Op::Identity
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::Where
+            | Op::Clip
+            | Op::Cast { .. }
+            | Op::Concat { .. }
+            | Op::Gather { .. }
+            | Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Flatten { .. }
+            | Op::Slice
+            | Op::Range
+            | Op::Reduce { .. }
+    )
+}
+
+/// Whether `v` is a small tensor (at most [`MAX_VALUE_ELEMENTS`] numbers, known dims, rank
+/// at most 1): a shape, a count, bounds.
+fn is_small_value(g: &Graph, v: rafter_ir::ValueId) -> bool {
+    let ty = &g.value(v).ty;
+    ty.rank() <= 1
+        && (ty.dtype.is_int() || ty.dtype.is_float() || ty.dtype == DType::Bool)
+        && ty
+            .known_dims()
+            .is_some_and(|d| d.iter().product::<i64>() <= MAX_VALUE_ELEMENTS)
 }
 
 /// Whether `v` is a graph input of at most [`MAX_VALUE_ELEMENTS`] numbers (known dims, rank

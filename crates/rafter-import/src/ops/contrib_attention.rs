@@ -7,7 +7,7 @@ use super::registry::OnnxOp;
 use super::{Tr, R};
 use crate::node::NodeView;
 use crate::ImportError;
-use rafter_ir::{BinaryOp, DType, Op, ValueId};
+use rafter_ir::{BinaryOp, ConstData, DType, Op, ValueId};
 
 /// ORT's default `mask_filter_value`: what a masked score gets added.
 const MASK_FILTER: f32 = -10000.0;
@@ -530,8 +530,7 @@ fn gqa_ragged(
                     Op::Reshape { allow_zero: false },
                     vec![Some(pt), Some(flat)],
                 )?;
-                let first = t.slice_axis(&format!("rg_{s}_first"), new, 1, 0, 1)?;
-                let zrow = t.bin(&format!("rg_{s}_zero_row"), BinaryOp::Sub, first, first)?;
+                let zrow = t.zero_rows(&format!("rg_{s}_zero_row"), new)?;
                 let ext = t.tmp(
                     &format!("rg_{s}_past_ext"),
                     Op::Concat { axis: 1 },
@@ -642,6 +641,28 @@ fn rotary_embedding(t: &mut Tr<'_, '_, '_>) -> R {
 
 impl Tr<'_, '_, '_> {
     /// A rank-0 i64 constant.
+    /// Zeros `[batch, 1, d]` of `x`'s type, `x` being `[batch, rows, d]`: `x`'s first row
+    /// (a gather of row 0, whose size is a polynomial of `x`'s dims where a slice's would be
+    /// `min(1, rows)`, known only at run time) replaced by zero through an all-false `Where`
+    /// (`x - x` would make NaN rows from infinities).
+    fn zero_rows(&mut self, suffix: &str, x: ValueId) -> R<ValueId> {
+        let dtype = self.dtype(x);
+        let row0 = self.i64_const(&format!("{suffix}_row0"), &[0]);
+        let first = self.tmp(
+            &format!("{suffix}_first"),
+            Op::Gather { axis: 1 },
+            vec![Some(x), Some(row0)],
+        )?;
+        let scalar = |dtype: DType| {
+            ConstData::new(dtype, vec![1, 1, 1], vec![0u8; dtype.size_of()].into())
+                .map_err(|e| self.n.invalid(format!("zero of {dtype}: {e}")))
+        };
+        let (never, zero) = (scalar(DType::Bool)?, scalar(dtype)?);
+        let never = self.konst(&format!("{suffix}_never"), never);
+        let zero = self.konst(&format!("{suffix}_zero"), zero);
+        self.tmp(suffix, Op::Where, vec![Some(never), Some(first), Some(zero)])
+    }
+
     fn i64_scalar(&mut self, suffix: &str, v: i64) -> ValueId {
         let c = rafter_ir::ConstData::new(DType::I64, vec![], v.to_le_bytes().to_vec().into())
             .expect("one element");
