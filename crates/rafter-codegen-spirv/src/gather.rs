@@ -20,7 +20,7 @@ use rspirv::dr::Builder;
 use rspirv::spirv::Word;
 
 use crate::elem::{self, Elem};
-use crate::grid::{self, Element};
+use crate::grid::{self, DimParams, Element, Size};
 use crate::matmul::{build, Prelude, R};
 
 /// A generated gather kernel; launched like an elementwise kernel (one `u32` param, the
@@ -29,6 +29,8 @@ use crate::matmul::{build, Prelude, R};
 pub struct GatherKernel {
     /// The SPIR-V module (entry point `main`); bindings: the body inputs, then the output.
     pub spirv: Vec<u32>,
+    /// The symbolic dims the kernel reads (the axis' length), in push order.
+    pub dims: Vec<rafter_vulkan_section::DimParam>,
 }
 
 /// The data's elements before the gather axis.
@@ -43,7 +45,9 @@ enum Outer {
 /// The data's shape around the axis, the element types, and where operands are bound.
 struct Layout {
     outer: Outer,
-    axis_len: u32,
+    /// The axis' length (a param where symbolic: a sequence's first token).
+    axis_len: Size,
+    params: usize,
     inner: u32,
     elem: Elem,
     ids_elem: Elem,
@@ -96,17 +100,20 @@ pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
     // Any element type moves: floats as f32 values, integers and bools as their bits.
     let elem = Elem::of_any(data_ty.dtype).map_err(|e| format!("the gathered data is {e}"))?;
     let a = grid::norm_axis(axis, data_ty.rank(), "gather")?;
-    let dims = grid::static_dims_from(data_ty, a, "gathered data")?;
+    let inner = grid::static_dims_from(data_ty, a + 1, "gathered data")?;
     if body.outputs.len() != 1 || node.outputs.first().copied().flatten() != Some(body.outputs[0]) {
         return Err("the gather's result must be the body's one output".into());
     }
+    let mut params = DimParams::default();
+    let axis_len = params.dim(data_ty, data, a)?;
     // Symbolic dims before the axis (a batch) need the index count static: the kernel
     // splits the element index by it.
-    let outer = match grid::static_dims(data_ty, "gathered data") {
-        Ok(all) => {
-            grid::product_u32(&all, "gathered data")?;
-            Outer::Known(grid::product_u32(&all[..a], "gather outer dims")?)
-        }
+    let before = rafter_ir::TensorType {
+        dtype: data_ty.dtype,
+        dims: data_ty.dims[..a].to_vec(),
+    };
+    let outer = match grid::static_dims(&before, "gathered data") {
+        Ok(before) => Outer::Known(grid::product_u32(&before, "gather outer dims")?),
         Err(why) => {
             let m = ids_ty
                 .known_dims()
@@ -117,21 +124,32 @@ pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
             }
         }
     };
+    if let Some(all) = data_ty.known_dims() {
+        let all: Vec<u64> = all.iter().map(|&d| d as u64).collect();
+        grid::product_u32(&all, "gathered data")?;
+    }
     let layout = Layout {
         outer,
-        axis_len: grid::product_u32(&dims[..1], "gather axis")?,
-        inner: grid::product_u32(&dims[1..], "gather inner dims")?,
+        axis_len,
+        inner: grid::product_u32(&inner, "gather inner dims")?,
         elem,
         ids_elem,
         data,
         ids,
         bindings: body.inputs.len() + 1,
+        params: params.params.len(),
     };
-    if layout.axis_len == 0 || layout.outer == Outer::Known(0) || layout.inner == 0 {
+    if layout.axis_len == Size::Known(0) || layout.outer == Outer::Known(0) || layout.inner == 0
+    {
         return Err(format!("gather from empty data {data_ty}"));
     }
-    let spirv = grid::module(layout.bindings, |b, t, e| element(b, t, &layout, e))?;
-    Ok(GatherKernel { spirv })
+    let spirv = grid::module_with_params(layout.bindings, layout.params, |b, t, e| {
+        element(b, t, &layout, e)
+    })?;
+    Ok(GatherKernel {
+        spirv,
+        dims: params.params,
+    })
 }
 
 /// Output element `i`: its `(o, j, c)`, the index `ids[j]` wrapped and checked, the data
@@ -161,7 +179,7 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let index = load_index(b, t, l, e.addrs, j)?;
     // Negative counts from the end; then one unsigned comparison checks both edges.
     let zero64 = b.constant_bit64(u64, 0);
-    let n = b.constant_bit64(u64, u64::from(l.axis_len));
+    let n = grid::size_u64(b, t, &e, l.axis_len)?;
     let negative = build(b.s_less_than(bool, None, index, zero64))?;
     let wrapped = build(b.i_add(u64, None, index, n))?;
     let index = build(b.select(u64, None, negative, wrapped, index))?;

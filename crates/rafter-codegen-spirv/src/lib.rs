@@ -431,13 +431,15 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Concat { .. } => {
                 return concat(body).map(|k| Generated::GridDims(k.spirv, k.dims));
             }
+            Op::Gather { .. } => {
+                return gather(body).map(|k| Generated::GridDims(k.spirv, k.dims));
+            }
             Op::GatherNd { .. } => {
                 return gather_nd(body).map(|k| Generated::GridDims(k.spirv, k.dims));
             }
             _ => {}
         }
         let grid = match n.op {
-            Op::Gather { .. } => Some(gather(body).map(|k| k.spirv)),
             Op::GatherElements { .. } => Some(gather_elements(body).map(|k| k.spirv)),
             Op::Slice => Some(slice(body).map(|k| k.spirv)),
             Op::ArgReduce { .. } => Some(arg_reduce(body).map(|k| k.spirv)),

@@ -4,7 +4,7 @@
 //! fusions, `MatMulNBitsQuantizer`), each with ONNX Runtime's outputs: every model must
 //! match ORT compiled for the CPU and, where a Vulkan device exists, compiled for
 //! `--target vulkan`. It prints, per model, the largest error against ORT and the share of
-//! kernels placed on the GPU.
+//! kernels placed on the GPU, which must be at least 90%.
 //!
 //! The corpus is not committed: without `RAFTER_CORPUS_DIR` (the folder make_corpus.py
 //! wrote, `.cache/corpus` by default) this test says so and passes.
@@ -50,6 +50,9 @@ fn has_vulkan() -> bool {
     #[cfg(not(feature = "vulkan"))]
     false
 }
+
+/// The least share of a corpus model's kernels `--target vulkan` must place on the GPU.
+const MIN_GPU_SHARE: f64 = 90.0;
 
 #[test]
 fn corpus_models_match_onnx_runtime() {
@@ -98,6 +101,13 @@ fn corpus_models_match_onnx_runtime() {
             );
             if !matches!(g.outcome, Outcome::Pass) {
                 failures.push(format!("{} (vulkan): {}", g.case.name, outcome_word(g)));
+            } else if share < MIN_GPU_SHARE {
+                // Issue 24's bar: real exports run on the GPU they were sent to.
+                failures.push(format!(
+                    "{} (vulkan): only {share:.0}% of its kernels on the GPU (at least \
+                     {MIN_GPU_SHARE}% expected; `rafter plan --target vulkan` says why)",
+                    g.case.name
+                ));
             }
         }
     }
@@ -106,7 +116,7 @@ fn corpus_models_match_onnx_runtime() {
     }
     assert!(
         failures.is_empty(),
-        "{} corpus runs do not match ONNX Runtime:\n{}",
+        "{} corpus runs fail (ONNX Runtime mismatch, or too little on the GPU):\n{}",
         failures.len(),
         failures.join("\n")
     );

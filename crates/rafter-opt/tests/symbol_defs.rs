@@ -116,3 +116,52 @@ fn sizes_read_from_an_input_shape_are_defined_and_agree_with_execution() {
         assert!(matches!(p.symbol_defs[0].expr, SymbolExpr::Values { .. }));
     }
 }
+
+/// A range to `max(past, total)` (ORT GenAI's present-buffer rows: the past length from a
+/// shape, the total from an input's value), three ops of shape arithmetic away from the
+/// inputs, is defined by re-running those ops; one whose limit a kernel computes from data
+/// (a sum of a large tensor's elements) is not, and stays host-sized.
+#[test]
+fn sizes_from_several_ops_of_shape_arithmetic_are_defined_and_agree_with_execution() {
+    let g = parse(
+        r#"graph @g(%pk: f32[2, past, 3], %total: i32[1]) -> (%y) {
+  %s: i64[1] = shape{start = 1, end = 2}(%pk)
+  %c: i64[1] = cast{to = i64}(%total)
+  %m: i64[1] = binary{op = max}(%s, %c)
+  %q: i64[] = squeeze{axes = [0]}(%m)
+  const %zero: i64[] = dense [0]
+  const %one: i64[] = dense [1]
+  %y: i64[_rows] = range(%zero, %q, %one)
+}"#,
+    );
+    for (seed, (past, total)) in [(4usize, 7i32), (6, 2), (0, 1)].into_iter().enumerate() {
+        let pk = rand_f32(&[2, past, 3], seed as u64);
+        let c = rafter_ir::ConstData::new(
+            rafter_ir::DType::I32,
+            vec![1],
+            total.to_le_bytes().to_vec().into(),
+        )
+        .unwrap();
+        let t = rafter_reference::Tensor::from_const(&c);
+        let p = check_equivalent_with(&g, vec![pk, t], &CompileOptions::default());
+        assert!(p.buffers.iter().all(|b| b.storage != Storage::Dynamic));
+        let [def] = p.symbol_defs.as_slice() else {
+            panic!("{:?}", p.symbol_defs)
+        };
+        let SymbolExpr::Values { body, reads, .. } = &def.expr else {
+            panic!("{def}")
+        };
+        assert_eq!(body.nodes.len(), 5, "{def}");
+        assert_eq!(reads.len(), 1, "{def}");
+    }
+    let by_data = parse(
+        r#"graph @g(%x: i64[100]) -> (%y) {
+  %s: i64[] = reduce{kind = sum, axes = [0], keep_dims = false, noop_with_empty_axes = false}(%x)
+  const %zero: i64[] = dense [0]
+  const %one: i64[] = dense [1]
+  %y: i64[_n] = range(%zero, %s, %one)
+}"#,
+    );
+    let p = rafter_opt::compile(&by_data, &CompileOptions::default()).unwrap();
+    assert!(p.symbol_defs.is_empty(), "{:?}", p.symbol_defs);
+}

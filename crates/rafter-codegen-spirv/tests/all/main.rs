@@ -46,6 +46,7 @@ mod slice;
 mod space_to_depth;
 mod split;
 mod swiglu;
+mod symbolic_dims;
 mod trilu;
 mod validate;
 mod window_nd;
