@@ -15,6 +15,8 @@ use rafter_onnx_proto::attribute_proto::AttributeType;
 use rafter_onnx_proto::tensor_shape_proto::{dimension, Dimension};
 use rafter_onnx_proto::*;
 
+mod gather_block_quantized;
+
 // ---- model builders ----
 
 /// A tensor value declaration; dims are numbers, `?` (unknown) or parameter names.

@@ -451,6 +451,12 @@ impl KernelShared {
     /// it again (three passes over the bytes and an allocation; on an H200 machine a
     /// 0.8 MB crossing took ~200 us of host time). `None` for other operand pairs (host
     /// slots hold tensors; weights are never copied across), which take the tensor path.
+    ///
+    /// The two sides' lengths are compared first: they differ only in a malformed program
+    /// (`Program::verify` compares a copy's dtype and rank, not its dims), but a program
+    /// comes from an artifact file, and unchecked the mismatch would panic in
+    /// `copy_from_slice` on a worker thread. It is an error naming the buffer and both
+    /// sizes (tested in `rafter-runtime-vulkan`'s `tests/session.rs`, on lavapipe).
     fn copy_bytes(
         &self,
         ctx: &DispatchContext<'_>,

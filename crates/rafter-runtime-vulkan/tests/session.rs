@@ -596,3 +596,76 @@ fn f16_kernels_on_a_device_without_16_bit_storage_are_refused_by_name() {
     let got = session.run(vec![x.clone()], WAIT).unwrap();
     assert_eq!(got, reference_run(&g, &[x]));
 }
+
+/// `x [4]` copied into `a` (on `first`'s arena), then into `b` (on the other device's
+/// arena) of `b_len` floats, then into the output: copies only, no kernels.
+fn relay_program(first: &str, b_len: i64) -> Program {
+    use rafter_ir::program::{Arena, BufferDecl, Port, Storage};
+    use rafter_ir::{DType, TensorType};
+    let ty = |n: i64| TensorType::known(DType::F32, &[n]);
+    let arena = |device: &str| Arena {
+        device: device.into(),
+        memory: "host_visible_shared".into(),
+        size: None,
+        lower_bound: None,
+    };
+    let buffer = |name: &str, n: i64, storage: Storage| BufferDecl {
+        name: name.into(),
+        ty: ty(n),
+        storage,
+    };
+    let in_arena = |arena: usize| Storage::Arena {
+        arena,
+        offset: None,
+    };
+    let second = if first == "cpu" { "vulkan" } else { "cpu" };
+    Program {
+        name: "relay".into(),
+        inputs: vec![Port {
+            name: "x".into(),
+            ty: ty(4),
+        }],
+        outputs: vec![Port {
+            name: "y".into(),
+            ty: ty(b_len),
+        }],
+        buffers: vec![
+            buffer("x", 4, Storage::Input(0)),
+            buffer("a", 4, in_arena(0)),
+            buffer("b", b_len, in_arena(1)),
+            buffer("y", b_len, Storage::Output(0)),
+        ],
+        arenas: vec![arena(first), arena(second)],
+        steps: vec![
+            Step::Copy { src: 0, dst: 1 },
+            Step::Copy { src: 1, dst: 2 },
+            Step::Copy { src: 2, dst: 3 },
+        ],
+        ..Program::default()
+    }
+}
+
+/// A copy between the CPU and the GPU whose sides disagree in size fails the call with an
+/// error naming the buffer and both sizes, in both directions: the CPU's copy entry maps
+/// the GPU side and checks the lengths (`rafter_runtime_cpu`'s `copy_bytes`). Only a
+/// malformed program has one (`Program::verify` compares a copy's dtype and rank, not its
+/// dims), but a program can come from any artifact file. The same relay with matching
+/// sizes runs, so the error is the mismatch's.
+#[test]
+fn a_cross_device_copy_of_mismatched_sizes_fails_the_call_by_name() {
+    let Some((devices, _)) = devices_or_skip("a_cross_device_copy_of_mismatched_sizes") else {
+        return;
+    };
+    let x = Tensor::f32s(&[4], vec![1.0, 2.0, 3.0, 4.0]);
+    for first in ["cpu", "vulkan"] {
+        let session = Session::new(relay_program(first, 4), &devices).unwrap();
+        assert_eq!(session.run(vec![x.clone()], WAIT).unwrap(), vec![x.clone()]);
+        let session = Session::new(relay_program(first, 3), &devices).unwrap();
+        let e = session.run(vec![x.clone()], WAIT).unwrap_err().to_string();
+        let (here, there) = if first == "cpu" { (16, 12) } else { (12, 16) };
+        let want = format!(
+            "copy of `a` across devices: {there} bytes on the other device, {here} bytes here"
+        );
+        assert!(e.contains(&want), "{first} first: want `{want}` in: {e}");
+    }
+}

@@ -13,6 +13,9 @@
 //! block of a row may be short; zero points are packed like the data (absent:
 //! `2^(bits-1)`); indices in `[-rows, 0)` count from the end and indices outside
 //! `[-rows, rows)` give rows of zeros.
+//!
+//! Refused at import: other data types (ORT's int4/uint4 and FP8/FP4 forms), and tables of
+//! no rows or no values (the decomposition's clamped index 0 needs a row to read).
 
 use super::registry::OnnxOp;
 use super::{Tr, R};
@@ -67,8 +70,41 @@ fn gather_block_quantized(t: &mut Tr<'_, '_, '_>) -> R {
 
 impl Tr<'_, '_, '_> {
     /// Checks the attributes and operand types against ORT's rules for uint8 data and
-    /// reads the static sizes.
+    /// reads the static sizes. Every check is an error naming the node: ranks are checked
+    /// before dims are read, and the size arithmetic is checked (a graph input may declare
+    /// any dims).
     fn gbq_layout(&self, data: ValueId, scales: ValueId, zp: Option<ValueId>) -> R<Layout> {
+        let (bits, block) = self.gbq_attrs()?;
+        self.gbq_data(data)?;
+        let [rows, bytes] = self.outer_dims(data, "data")?;
+        let n = self.n;
+        if rows == 0 || bytes == 0 {
+            return Err(n.unsupported(format!(
+                "unsupported: data {} has no rows or no values per row",
+                self.ty(data)
+            )));
+        }
+        let per_byte = 8 / bits;
+        let q = bytes
+            .checked_mul(per_byte)
+            .filter(|q| q.checked_add(block).is_some())
+            .ok_or_else(|| n.invalid(format!("data {}: too many values per row", self.ty(data))))?;
+        let l = Layout {
+            bits,
+            block,
+            rows,
+            q,
+            blocks: (q + block - 1) / block,
+        };
+        self.gbq_scales(data, scales, &l)?;
+        if let Some(zp) = zp {
+            self.gbq_zero_points(zp, scales, &l)?;
+        }
+        Ok(l)
+    }
+
+    /// `bits` (2, 4 or 8, ORT's for uint8 data) and `block_size` (a power of 2 >= 16).
+    fn gbq_attrs(&self) -> R<(i64, i64)> {
         let n = self.n;
         let bits = n.i("bits", 4)?;
         let block = n.i("block_size", 128)?;
@@ -78,81 +114,105 @@ impl Tr<'_, '_, '_> {
         if block < 16 || (block as u64).count_ones() != 1 {
             return Err(n.invalid(format!("block_size {block} is not a power of 2 >= 16")));
         }
-        if self.dtype(data) != DType::U8 {
+        Ok((bits, block))
+    }
+
+    /// Data is packed uint8 of rank >= 2, gathered along axis 0 and quantized along the
+    /// last (ORT's rule for uint8 data; int4/uint4 and FP8/FP4 data are not imported).
+    fn gbq_data(&self, data: ValueId) -> R<()> {
+        let n = self.n;
+        let ty = self.ty(data);
+        if ty.dtype != DType::U8 {
             return Err(n.unsupported(format!(
                 "unsupported: data of type {} (packed uint8 is supported)",
-                self.dtype(data)
+                ty.dtype
             )));
         }
-        let r = self.rank(data);
+        let r = ty.rank() as i64;
+        if r < 2 {
+            return Err(n.invalid(format!(
+                "data {ty} must have rank 2 or more (rows, then the packed values)"
+            )));
+        }
         let axis = |name: &str, default: i64| -> R<i64> {
             let a = n.i(name, default)?;
-            let norm = if a < 0 { a + r as i64 } else { a };
-            if !(0..r as i64).contains(&norm) {
+            let norm = if a < 0 { a + r } else { a };
+            if !(0..r).contains(&norm) {
                 return Err(n.invalid(format!("{name} {a} is out of range for data of rank {r}")));
             }
             Ok(norm)
         };
         let (gather_axis, quantize_axis) = (axis("gather_axis", 0)?, axis("quantize_axis", 1)?);
-        if r < 2 || gather_axis != 0 || quantize_axis != r as i64 - 1 {
+        if gather_axis != 0 || quantize_axis != r - 1 {
             return Err(n.invalid(format!(
-                "uint8 data {} needs gather_axis 0 and quantize_axis the last axis (got {gather_axis} and {quantize_axis})",
-                self.ty(data)
+                "uint8 data {ty} needs gather_axis 0 and quantize_axis the last axis (got {gather_axis} and {quantize_axis})"
             )));
         }
-        if !self.dtype(scales).is_float() || self.dtype(scales) == DType::F64 {
+        Ok(())
+    }
+
+    /// Scales are f32, f16 or bf16 of data's shape but for the last dim, the blocks.
+    fn gbq_scales(&self, data: ValueId, scales: ValueId, l: &Layout) -> R<()> {
+        let n = self.n;
+        let (ty_d, ty_s) = (self.ty(data), self.ty(scales));
+        if !ty_s.dtype.is_float() || ty_s.dtype == DType::F64 {
             return Err(n.unsupported(format!(
                 "unsupported: scales of type {} (f32, f16 or bf16)",
-                self.dtype(scales)
+                ty_s.dtype
             )));
         }
-        let dims = |v: ValueId, what: &str| -> R<Vec<i64>> {
-            let ty = self.ty(v);
-            let d = &ty.dims;
-            let known = |i: usize| d[i].as_known();
-            match (known(0), known(d.len() - 1)) {
-                (Some(a), Some(b)) => Ok(vec![a, b]),
-                _ => Err(n.invalid(format!(
-                    "{what} {ty}: its first and last dims must be known at import"
-                ))),
-            }
+        let r = ty_d.rank();
+        let mismatch = || {
+            n.invalid(format!(
+                "scales {ty_s} do not match data {ty_d}: want [{}, ..., {}] ({} values per row in blocks of {})",
+                l.rows, l.blocks, l.q, l.block
+            ))
         };
-        let dd = dims(data, "data")?;
-        let per_byte = 8 / bits;
-        let q = dd[1] * per_byte;
-        let blocks = (q + block - 1) / block;
-        let sd = dims(scales, "scales")?;
-        let ty_d = self.ty(data);
-        let ty_s = self.ty(scales);
-        let middle_match = ty_s.rank() == r && ty_d.dims[1..r - 1] == ty_s.dims[1..r - 1];
-        if !middle_match || sd != [dd[0], blocks] {
-            return Err(n.invalid(format!(
-                "scales {ty_s} do not match data {ty_d}: want [{}, ..., {blocks}] ({q} values per row in blocks of {block})",
-                dd[0]
-            )));
+        if ty_s.rank() != r || ty_d.dims[1..r - 1] != ty_s.dims[1..r - 1] {
+            return Err(mismatch());
         }
-        if let Some(zp) = zp {
-            let ty_z = self.ty(zp);
-            let want_last = (blocks + per_byte - 1) / per_byte;
-            let zd = dims(zp, "zero_points")?;
-            if ty_z.dtype != DType::U8
-                || ty_z.rank() != r
-                || ty_z.dims[..r - 1] != ty_s.dims[..r - 1]
-                || zd[1] != want_last
-            {
-                return Err(n.invalid(format!(
-                    "zero_points {ty_z} do not match scales {ty_s}: want uint8 [{}, ..., {want_last}] ({blocks} packed {bits}-bit values per row)",
-                    dd[0]
-                )));
-            }
+        if self.outer_dims(scales, "scales")? != [l.rows, l.blocks] {
+            return Err(mismatch());
         }
-        Ok(Layout {
-            bits,
-            block,
-            rows: dd[0],
-            q,
-            blocks,
-        })
+        Ok(())
+    }
+
+    /// Zero points are uint8 of scales' shape but for the last dim, the blocks packed
+    /// like the data (`8 / bits` a byte).
+    fn gbq_zero_points(&self, zp: ValueId, scales: ValueId, l: &Layout) -> R<()> {
+        let n = self.n;
+        let (ty_z, ty_s) = (self.ty(zp), self.ty(scales));
+        let per_byte = 8 / l.bits;
+        let want_last = (l.blocks + per_byte - 1) / per_byte;
+        let mismatch = || {
+            n.invalid(format!(
+                "zero_points {ty_z} do not match scales {ty_s}: want uint8 [{}, ..., {want_last}] ({} packed {}-bit values per row)",
+                l.rows, l.blocks, l.bits
+            ))
+        };
+        let r = ty_s.rank();
+        if ty_z.dtype != DType::U8 || ty_z.rank() != r || ty_z.dims[..r - 1] != ty_s.dims[..r - 1] {
+            return Err(mismatch());
+        }
+        if self.outer_dims(zp, "zero_points")?[1] != want_last {
+            return Err(mismatch());
+        }
+        Ok(())
+    }
+
+    /// The first and last dims of `v` (rank >= 1), which must be known.
+    fn outer_dims(&self, v: ValueId, what: &str) -> R<[i64; 2]> {
+        let ty = self.ty(v);
+        let (first, last) = (ty.dims.first(), ty.dims.last());
+        match (
+            first.and_then(|d| d.as_known()),
+            last.and_then(|d| d.as_known()),
+        ) {
+            (Some(a), Some(b)) => Ok([a, b]),
+            _ => Err(self.n.invalid(format!(
+                "{what} {ty}: its first and last dims must be known at import"
+            ))),
+        }
     }
 
     /// The indices as i64 with those outside `[-rows, rows)` replaced by 0, and the mask

@@ -565,11 +565,7 @@ impl DensePacker {
     /// `advance`.
     fn new(w: &QuantMatRef<'_>, j: &Job, calls: usize, buf: &mut AlignedBytes) -> DensePacker {
         let steps = j.s1 - j.s0;
-        let es = if w.format() == WeightFormat::F32 {
-            4
-        } else {
-            2
-        };
+        let es = dense_bytes(w.format());
         let j0 = j.p * NR;
         let row = w.rows(j0, j0 + 1);
         DensePacker {
@@ -617,11 +613,7 @@ impl DensePacker {
             let dst = self.dst.wrapping_add(r * 64 + st * 4 * TILE);
             if r < self.cols {
                 let e = st * KT;
-                let es = if self.format == WeightFormat::F32 {
-                    4
-                } else {
-                    2
-                };
+                let es = dense_bytes(self.format);
                 // SAFETY: row r (< cols, inside W) from element e of the K-block (< k:
                 // steps cover K rounded up to 32); the buffer holds `steps` steps of 4
                 // tiles, row r's slots among them (caller, `new`).
@@ -709,7 +701,7 @@ fn pack_panel(
         let bytes = w.rows(j0 + r, j0 + r + 1);
         match format {
             WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => {
-                let es = if format == WeightFormat::F32 { 4 } else { 2 };
+                let es = dense_bytes(format);
                 let e0 = s0 * KT;
                 // SAFETY: AVX-512F/BW/BF16 available; the row holds k elements, from e0
                 // (< k) k - e0 of them; the panel holds n_steps steps of 4 tiles, row r's
@@ -756,12 +748,36 @@ unsafe fn emit_dense(format: WeightFormat, src: *const u8, k: usize, steps: usiz
                 load_dense(format, src, st * KT + 16, k),
             )
         };
-        let (h, l) = split_vec(v0, v1);
         // SAFETY: step st's hi and lo slots (caller).
-        unsafe {
-            _mm512_storeu_si512(dst.add(st * 4 * TILE).cast(), h);
-            _mm512_storeu_si512(dst.add(st * 4 * TILE + 2 * TILE).cast(), l);
-        }
+        unsafe { store_split(v0, v1, dst, st) };
+    }
+}
+
+/// Bytes of one element of a float format: 4 for f32, 2 for f16 and bf16.
+#[inline]
+fn dense_bytes(format: WeightFormat) -> usize {
+    if format == WeightFormat::F32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Step `st`'s 32 elements `v0 ++ v1` of a weight row split into bf16 `hi + lo`
+/// ([`split_vec`]) and stored in the row's hi and lo slots of the step (`dst` = the row's
+/// slot in step 0): the tail that [`emit_dense`] and [`emit_block`] share.
+///
+/// # Safety
+/// AVX-512F/BW/BF16 available; `dst + st 4 TILE` and `dst + st 4 TILE + 2 TILE` hold 64
+/// bytes each.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn store_split(v0: __m512, v1: __m512, dst: *mut u8, st: usize) {
+    let (h, l) = split_vec(v0, v1);
+    // SAFETY: the step's two slots (caller).
+    unsafe {
+        _mm512_storeu_si512(dst.add(st * 4 * TILE).cast(), h);
+        _mm512_storeu_si512(dst.add(st * 4 * TILE + 2 * TILE).cast(), l);
     }
 }
 
@@ -818,12 +834,8 @@ unsafe fn emit_block(
                 scale16(u, s, t, g, off, st * KT + 16),
             )
         };
-        let (h, l) = split_vec(v0, v1);
         // SAFETY: step st's hi and lo slots (caller).
-        unsafe {
-            _mm512_storeu_si512(dst.add(st * 4 * TILE).cast(), h);
-            _mm512_storeu_si512(dst.add(st * 4 * TILE + 2 * TILE).cast(), l);
-        }
+        unsafe { store_split(v0, v1, dst, st) };
     }
 }
 

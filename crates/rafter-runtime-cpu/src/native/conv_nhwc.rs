@@ -196,6 +196,22 @@ fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
     format!("conv_nhwc: {e}")
 }
 
+/// The GEMM epilogue of `r` for the output elements `span` of a `[pixels, m]` result: the
+/// conv bias per column, the activation, the clamp, and the residual's same elements (it
+/// has the output's shape). [`ConvNhwcKernel::gemm`] and [`ConvNhwcKernel::gemm_fill`]
+/// share it so that the two GEMM forms cannot drift apart in what they fuse.
+fn epilogue<'a>(r: &Resolved<'a>, span: Range<usize>, m: usize) -> Epilogue<'a> {
+    Epilogue {
+        bias: r.bias,
+        activation: r.act,
+        residual: r
+            .residual
+            .map(|res| Residual::row_major(&res[span], m, r.res_before)),
+        clamp: r.clamp,
+        ..Epilogue::none()
+    }
+}
+
 impl NativeKernel for ConvNhwcKernel {
     fn run(&self, ins: &[In<'_>], outs: &mut [Out<'_>]) -> Result<bool, String> {
         if !self.conv(ins, outs)? {
@@ -389,15 +405,7 @@ impl ConvNhwcKernel {
         y: &mut [f32],
     ) -> Result<(), String> {
         let span = pixels.start * m..pixels.end * m;
-        let e = Epilogue {
-            bias: r.bias,
-            activation: r.act,
-            residual: r
-                .residual
-                .map(|res| Residual::row_major(&res[span.clone()], m, r.res_before)),
-            clamp: r.clamp,
-            ..Epilogue::none()
-        };
+        let e = epilogue(r, span.clone(), m);
         let c = MatMut::row_major(&mut y[span], pixels.len(), m, m).map_err(gemm_err)?;
         sgemm(r.alpha, a, b, 0.0, c, &e, &*self.par).map_err(gemm_err)
     }
@@ -418,15 +426,7 @@ impl ConvNhwcKernel {
         y: &mut [f32],
     ) -> Result<(), String> {
         let span = pixels.start * m..pixels.end * m;
-        let e = Epilogue {
-            bias: r.bias,
-            activation: r.act,
-            residual: r
-                .residual
-                .map(|res| Residual::row_major(&res[span.clone()], m, r.res_before)),
-            clamp: r.clamp,
-            ..Epilogue::none()
-        };
+        let e = epilogue(r, span.clone(), m);
         let rows = pixels.len();
         let c = MatMut::row_major(&mut y[span], rows, m, m).map_err(gemm_err)?;
         sgemm_fill_a(r.alpha, rows, k, fill, b, c, &e, &*self.par).map_err(gemm_err)

@@ -261,16 +261,14 @@ fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
     format!("matmul: {e}")
 }
 
-/// The epilogue of `r` for rows `row0..` of a `[rows, n]` block whose residual starts at
-/// element `off`.
-/// The GEMM epilogue for the output elements `off..off + len`. A residual shorter than the
-/// output repeats (one matrix for every batch entry, see `resolve`), so it is read at
-/// `off` modulo its length.
 /// The fewest rows of a small product a task takes when the products of a batch are split
 /// into bands for more threads than products: the GEMM's register tile is 4-16 rows, and
 /// thinner bands repack B for little work.
 const MIN_BAND_ROWS: usize = 16;
 
+/// The GEMM epilogue for the output elements `off..off + len`. A residual shorter than the
+/// output repeats (one matrix for every batch entry, see `resolve`), so it is read at
+/// `off` modulo its length.
 fn epilogue<'a>(r: &Resolved<'a>, off: usize, len: usize, n: usize) -> Epilogue<'a> {
     Epilogue {
         bias: r.bias,
