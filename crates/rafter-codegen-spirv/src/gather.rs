@@ -139,8 +139,7 @@ pub fn gather(body: &Graph) -> Result<GatherKernel, String> {
         bindings: body.inputs.len() + 1,
         params: params.params.len(),
     };
-    if layout.axis_len == Size::Known(0) || layout.outer == Outer::Known(0) || layout.inner == 0
-    {
+    if layout.axis_len == Size::Known(0) || layout.outer == Outer::Known(0) || layout.inner == 0 {
         return Err(format!("gather from empty data {data_ty}"));
     }
     let spirv = grid::module_with_params(layout.bindings, layout.params, |b, t, e| {

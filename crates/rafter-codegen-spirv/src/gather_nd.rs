@@ -141,7 +141,13 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
     let p = build(b.u_convert(u64, None, p))?;
     let per_batch = product(b, t, &e, &l.per_batch)?;
     let one = b.constant_bit64(u64, 1);
-    let per_batch = build(b.ext_inst(u64, None, t.glsl, 41, [Arg::IdRef(per_batch), Arg::IdRef(one)]))?;
+    let per_batch = build(b.ext_inst(
+        u64,
+        None,
+        t.glsl,
+        41,
+        [Arg::IdRef(per_batch), Arg::IdRef(one)],
+    ))?;
     let batch = build(b.u_div(u64, None, p, per_batch))?;
     let bs = product(b, t, &e, &l.batch_dims)?;
     let mut flat = build(b.i_mul(u64, None, batch, bs))?;

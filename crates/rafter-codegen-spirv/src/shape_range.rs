@@ -88,9 +88,14 @@ enum Scalar {
 }
 
 fn scalar(body: &Graph, node: &rafter_ir::Node, i: usize, what: &str) -> R<Scalar> {
-    let v = node.input(i).ok_or_else(|| format!("range without {what}"))?;
+    let v = node
+        .input(i)
+        .ok_or_else(|| format!("range without {what}"))?;
     let ty = &body.value(v).ty;
-    if ty.known_dims().is_none_or(|d| d.iter().product::<i64>() != 1) {
+    if ty
+        .known_dims()
+        .is_none_or(|d| d.iter().product::<i64>() != 1)
+    {
         return Err(format!("range {what} is {ty}, not one number"));
     }
     match body.value(v).def {

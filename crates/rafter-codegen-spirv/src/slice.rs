@@ -109,7 +109,9 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
     }
     let out_ty = &body.value(out).ty;
     if out_ty.rank() != rank || in_ty.dims[..lead] != out_ty.dims[..lead] {
-        return Err(format!("slice of {in_ty} to {out_ty}: the leading dims differ"));
+        return Err(format!(
+            "slice of {in_ty} to {out_ty}: the leading dims differ"
+        ));
     }
     let inner_ty = |ty: &rafter_ir::TensorType| rafter_ir::TensorType {
         dtype: ty.dtype,

@@ -20,8 +20,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::infer::{infer_node, InferInput};
 use crate::builder::const_syms;
+use crate::infer::{infer_node, InferInput};
 use crate::{Bindings, ConstData, Dim, Graph, Symbol, TensorType, ValueDef, ValueId};
 
 /// The values of the call's inputs, by port name, where a [`SymbolExpr::Values`]
@@ -401,7 +401,12 @@ mod tests {
             vec![Some(pk)],
             vec![i64_1()],
         )[0];
-        let c = g.add_node("c", Op::Cast { to: DType::I64 }, vec![Some(total)], vec![i64_1()])[0];
+        let c = g.add_node(
+            "c",
+            Op::Cast { to: DType::I64 },
+            vec![Some(total)],
+            vec![i64_1()],
+        )[0];
         let m = g.add_node(
             "m",
             Op::Binary { op: BinaryOp::Max },

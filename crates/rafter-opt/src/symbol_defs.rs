@@ -145,8 +145,7 @@ fn collect_arithmetic(
                 return true;
             }
             let op = &g.nodes[p].op;
-            if !is_value_arithmetic(op) || !is_small_value(g, v) || nodes.len() >= MAX_SLICE_NODES
-            {
+            if !is_value_arithmetic(op) || !is_small_value(g, v) || nodes.len() >= MAX_SLICE_NODES {
                 return false;
             }
             nodes.insert(p);

@@ -117,8 +117,8 @@ fn concats_the_kernel_cannot_do_say_why() {
             "dim n is not static",
         ),
         (
-            "graph @c(%x: i64[2], %z: i64[3]) -> (%y) {\n  %y: i64[5] = concat{axis = 0}(%x, %z)\n}",
-            "concat result is i64",
+            "graph @c(%x: f32[2], %z: f16[3]) -> (%y) {\n  %y: f32[5] = concat{axis = 0}(%x, %z)\n}",
+            "concat operand 1 is f16[3]",
         ),
     ];
     for (text, want) in cases {

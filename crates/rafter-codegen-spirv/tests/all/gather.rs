@@ -178,7 +178,7 @@ fn gathers_the_kernel_cannot_do_say_why() {
             "indices are i16",
         ),
         (
-            "graph @g(%t: f32[v, 4], %i: i64[3]) -> (%y) {\n  %y: f32[3, 4] = gather{axis = 0}(%t, %i)\n}",
+            "graph @g(%t: f32[5, v], %i: i64[3]) -> (%y) {\n  %y: f32[3, v] = gather{axis = 0}(%t, %i)\n}",
             "dim v is not static",
         ),
     ];

@@ -47,7 +47,10 @@ fn check(device: &rafter_hal_vulkan::VulkanDevice, body: &rafter_ir::Graph, inpu
         want.to_le_bytes(),
         "{} at {:?}",
         body.name,
-        inputs.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>()
+        inputs
+            .iter()
+            .map(|t| t.shape().to_vec())
+            .collect::<Vec<_>>()
     );
 }
 
@@ -97,7 +100,8 @@ fn range_counts_from_bound_and_folded_scalars() {
             let inputs = vec![scalar(start), scalar(limit), scalar(delta)];
             check(&device, &body, inputs.clone());
             // The compiler folds small constants into the body: start and delta folded.
-            let folded = common::fold_input(&common::fold_input(&body, 2, &inputs[2]), 0, &inputs[0]);
+            let folded =
+                common::fold_input(&common::fold_input(&body, 2, &inputs[2]), 0, &inputs[0]);
             check(&device, &folded, vec![inputs[1].clone()]);
         }
     }
@@ -168,7 +172,9 @@ fn gathers_over_a_symbolic_batch_and_axis() {
     for (b, s) in [(1, 1), (3, 5)] {
         check(&device, &first, vec![pattern(DType::F32, &[b, s, 4], 4)]);
         let p = s + 2;
-        let ids: Vec<i64> = (0..b * p).map(|k| (k as i64 * 5) % (s as i64 + 1)).collect();
+        let ids: Vec<i64> = (0..b * p)
+            .map(|k| (k as i64 * 5) % (s as i64 + 1))
+            .collect();
         let inputs = vec![
             pattern(DType::I64, &[b, s + 1, 3], 5),
             i64s(&[b, p, 1], &ids),

@@ -660,7 +660,11 @@ impl Tr<'_, '_, '_> {
         let (never, zero) = (scalar(DType::Bool)?, scalar(dtype)?);
         let never = self.konst(&format!("{suffix}_never"), never);
         let zero = self.konst(&format!("{suffix}_zero"), zero);
-        self.tmp(suffix, Op::Where, vec![Some(never), Some(first), Some(zero)])
+        self.tmp(
+            suffix,
+            Op::Where,
+            vec![Some(never), Some(first), Some(zero)],
+        )
     }
 
     fn i64_scalar(&mut self, suffix: &str, v: i64) -> ValueId {
