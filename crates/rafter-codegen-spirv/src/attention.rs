@@ -28,12 +28,16 @@ use rspirv::spirv::{self, Decoration, SelectionControl, StorageClass, Word};
 
 use crate::elem::{self, Elem};
 use crate::epilogue_math::Math;
-use crate::grid::{self, Element};
+use crate::grid::{self, DimParams, Element, Size};
 use crate::matmul::{build, Prelude, R};
 
-/// The longest key row generated: the row's scores are a `Private` array of this many
-/// f32s at most (16 KiB per invocation), past which a driver's spills would dominate.
+/// The longest static key row generated: the row's scores are a `Private` array of this
+/// many f32s at most (16 KiB per invocation), past which a driver's spills would dominate.
 pub const MAX_KEYS: u64 = 4096;
+
+/// The widest value row of the online softmax (a symbolic key length): its running
+/// weighted sum is a `Private` array of this many f32s at most.
+pub const MAX_ONLINE_VALUES: u32 = 512;
 
 // A body over `grid::MAX_BINDINGS` (a mask, pasts, presents and the scores together)
 // stays on the CPU rather than failing at dispatch.
@@ -46,6 +50,8 @@ pub struct AttentionKernel {
     /// The SPIR-V module (entry point `main`); bindings: the body inputs, then the body
     /// outputs (`y` first).
     pub spirv: Vec<u32>,
+    /// The symbolic lengths the kernel reads (sequence, past, mask), in push order.
+    pub dims: Vec<rafter_vulkan_section::DimParam>,
 }
 
 /// Where a q, k or v operand is bound, its element type and layout.
@@ -57,13 +63,14 @@ struct Operand {
     split: bool,
 }
 
-/// The attention mask: its binding, element type (bool: 0 or -inf), its element strides
-/// along `b`, `h` and `i` (0 where broadcast) and its last dim (≤ L; -inf past it).
+/// The attention mask: its binding, element type (bool: 0 or -inf), its dims along `b`,
+/// `h` and `i` (`None` where broadcast or absent; their strides follow from the dims
+/// inside them) and its last dim (≤ L; -inf past it).
 struct Mask {
     binding: usize,
     elem: Elem,
-    strides: [u64; 3],
-    len: u32,
+    lead: [Option<Size>; 3],
+    len: Size,
 }
 
 /// The attributes that shape the scores.
@@ -81,10 +88,15 @@ struct Scoring {
 struct Layout {
     hq: u32,
     hkv: u32,
-    sq: u32,
-    skv: u32,
-    past: u32,
-    total: u32,
+    /// Query rows, current key rows and past rows: static, or dim params.
+    sq: Size,
+    skv: Size,
+    past: Size,
+    /// The key length `past + skv` where static: the scores live in an array of it. A
+    /// symbolic one takes the online softmax instead ([`Row::emit_online`]).
+    total: Option<u32>,
+    /// Dim params the module reads.
+    params: usize,
     d: u32,
     dv: u32,
     q: Operand,
@@ -112,17 +124,32 @@ pub fn attention(body: &Graph) -> Result<AttentionKernel, String> {
             "attention with {bindings} buffers: a dispatch binds at most {MAX_BINDINGS}"
         ));
     }
-    let layout = layout(body, node)?;
+    let mut params = DimParams::default();
+    let layout = layout(body, node, &mut params)?;
     let rows_per_count = (1, layout.dv);
-    let spirv = grid::module_scaled(bindings, rows_per_count, 0, |b, t, e| {
-        let scores = scores_array(b, t, layout.total);
-        Row::new(b, t, &layout, &e, scores)?.emit(b)
-    })?;
-    Ok(AttentionKernel { spirv })
+    let spirv = grid::module_scaled(
+        bindings,
+        rows_per_count,
+        layout.params,
+        |b, t, e| match layout.total {
+            Some(total) => {
+                let scores = scores_array(b, t, total);
+                Row::new(b, t, &layout, &e, scores)?.emit(b)
+            }
+            None => {
+                let acc = scores_array(b, t, layout.dv);
+                Row::new(b, t, &layout, &e, acc)?.emit_online(b)
+            }
+        },
+    )?;
+    Ok(AttentionKernel {
+        spirv,
+        dims: params.params,
+    })
 }
 
 /// The attributes and operands of `node`, checked.
-fn layout(body: &Graph, node: &Node) -> R<Layout> {
+fn layout(body: &Graph, node: &Node, params: &mut DimParams) -> R<Layout> {
     let Op::Attention {
         is_causal,
         kv_num_heads,
@@ -141,9 +168,9 @@ fn layout(body: &Graph, node: &Node) -> R<Layout> {
     let opt_input = |i: usize, what: &str| node.input(i).map(|_| input(i, what)).transpose();
     let (q, k, v) = (input(0, "q")?, input(1, "k")?, input(2, "v")?);
     let q_elem = float_elem(ty(q).dtype, "q")?;
-    let (qg, q_split) = heads_of(ty(q), q_num_heads, "q")?;
-    let (kg, k_split) = heads_of(ty(k), kv_num_heads, "k")?;
-    let (vg, v_split) = heads_of(ty(v), kv_num_heads, "v")?;
+    let (qg, q_split) = heads_of(ty(q), q_num_heads, "q", (q, &mut *params))?;
+    let (kg, k_split) = heads_of(ty(k), kv_num_heads, "k", (k, &mut *params))?;
+    let (vg, v_split) = heads_of(ty(v), kv_num_heads, "v", (v, &mut *params))?;
     let (k_elem, v_elem) = (float_elem(ty(k).dtype, "k")?, float_elem(ty(v).dtype, "v")?);
     if q_elem == Elem::F16 && (k_elem, v_elem) != (Elem::F16, Elem::F16) {
         return Err("f16 q with f32 k or v".into());
@@ -152,42 +179,87 @@ fn layout(body: &Graph, node: &Node) -> R<Layout> {
     for (i, what) in [(k, "k"), (v, "v")] {
         same_batch(ty(i), batch, what)?;
     }
-    let [hq, sq, d] = qg;
-    let [hkv, skv, dk] = kg;
-    let [vh, vs, dv] = vg;
-    if dk != d || vh != hkv || vs != skv || hkv == 0 || hq % hkv != 0 {
+    let (hq, sq, d) = qg;
+    let (hkv, skv, dk) = kg;
+    let (vh, vs, dv) = vg;
+    if dk != d || vh != hkv || vs.1 != skv.1 || hkv == 0 || hq % hkv != 0 {
         return Err(format!(
-            "q {qg:?}, k {kg:?}, v {vg:?} (heads, seq, size) do not agree"
+            "q {}, k {}, v {} (heads, seq, size) do not agree",
+            ty(q),
+            ty(k),
+            ty(v)
         ));
     }
-    let pasts = pasts(body, node, (hkv, d, dv), (k_elem, v_elem), batch)?;
-    let past = pasts.map_or(0, |(_, _, p)| p);
-    let total = past + skv;
-    if total > MAX_KEYS || [hq, sq, d, dv, total].contains(&0) {
+    let pasts = pasts(body, node, (hkv, d, dv), (k_elem, v_elem), batch, params)?;
+    let past = pasts.as_ref().map_or(Size::Known(0), |p| p.2);
+    let total = match (past, skv.0) {
+        (Size::Known(p), Size::Known(s)) => Some(p + s),
+        _ => None,
+    };
+    if total.is_some_and(|t| t > MAX_KEYS || t == 0) || [hq, d, dv].contains(&0) {
+        let keys = total.map_or_else(|| "symbolic".to_string(), |t| t.to_string());
         return Err(format!(
-            "key length {total} (1 to {MAX_KEYS} generated) or an empty dim in q {qg:?}"
+            "key length {keys} (1 to {MAX_KEYS} generated) or an empty dim in q {}",
+            ty(q)
         ));
     }
+    if sq.0 == Size::Known(0) {
+        return Err("attention of no query rows".into());
+    }
+    let known = |s: Size| match s {
+        Size::Known(k) => k,
+        Size::Param(_) => 1,
+    };
     grid::product_u32(
-        &[hq.max(hkv), sq.max(total), d.max(dv), 4],
+        &[
+            hq.max(hkv),
+            known(sq.0).max(total.unwrap_or(1)),
+            d.max(dv),
+            4,
+        ],
         "one batch of attention",
     )?;
     let mask = opt_input(3, "attn_mask")?
-        .map(|m| mask(ty(m), m, q_elem, [hq, sq, total], batch))
+        .map(|m| {
+            mask(
+                ty(m),
+                m,
+                q_elem,
+                (hq, &sq.1, total.map(|t| t as u32)),
+                batch,
+                params,
+            )
+        })
         .transpose()?;
     let nonpad = opt_input(6, "nonpad_kv_seqlen")?
         .map(|n| nonpad(ty(n), n, batch))
         .transpose()?;
     let outs = outputs(body, node)?;
     let qk_out = outs[3].map(|o| (o, qk_matmul_output_mode));
+    if total.is_none() {
+        // The online softmax keeps no scores: no qk output, and no f16 rounding of each
+        // intermediate as the reference rounds them.
+        if qk_out.is_some() {
+            return Err("qk_matmul_output over a symbolic key length".into());
+        }
+        if q_elem != Elem::F32 || k_elem != Elem::F32 || v_elem != Elem::F32 {
+            return Err("f16 attention over a symbolic key length".into());
+        }
+        if dv > u64::from(MAX_ONLINE_VALUES) {
+            return Err(format!(
+                "value rows of {dv} over a symbolic key length (at most {MAX_ONLINE_VALUES})"
+            ));
+        }
+    }
     let u = |x: u64| x as u32;
     Ok(Layout {
         hq: u(hq),
         hkv: u(hkv),
-        sq: u(sq),
-        skv: u(skv),
-        past: u(past),
-        total: u(total),
+        sq: sq.0,
+        skv: skv.0,
+        past,
+        total: total.map(u),
+        params: params.params.len(),
         d: u(d),
         dv: u(dv),
         q: Operand {
@@ -234,25 +306,41 @@ fn float_elem(dtype: DType, what: &str) -> R<Elem> {
     }
 }
 
-/// `[heads, seq, size]` of a 3-D (`heads` from the attribute) or 4-D operand, all static
-/// but the batch, and whether it is 3-D.
-fn heads_of(ty: &TensorType, heads: i64, what: &str) -> R<([u64; 3], bool)> {
+/// An operand's heads, sequence (its size and its dim) and head size.
+type Heads = (u64, (Size, Dim), u64);
+
+/// `(heads, seq, size)` of a 3-D (`heads` from the attribute) or 4-D operand, all static
+/// but the batch and the sequence (a dim param of `binding`, with its dim), and whether it
+/// is 3-D.
+fn heads_of(
+    ty: &TensorType,
+    heads: i64,
+    what: &str,
+    (binding, params): (usize, &mut DimParams),
+) -> R<(Heads, bool)> {
     let what = format!("attention {what}");
-    match ty.dims.len() {
-        3 => {
-            let d = grid::static_dims_from(ty, 1, &what)?;
-            let (s, hidden) = (d[0], d[1]);
-            let h = u64::try_from(heads)
-                .ok()
-                .filter(|&h| h > 0 && hidden % h == 0)
-                .ok_or_else(|| format!("{what}: {heads} heads of {hidden} values"))?;
-            Ok(([h, s, hidden / h], true))
-        }
-        4 => {
-            let d = grid::static_dims_from(ty, 1, &what)?;
-            Ok(([d[0], d[1], d[2]], false))
-        }
-        r => Err(format!("{what} of rank {r}: 3-D or 4-D is generated")),
+    let (seq_axis, split) = match ty.dims.len() {
+        3 => (1, true),
+        4 => (2, false),
+        r => return Err(format!("{what} of rank {r}: 3-D or 4-D is generated")),
+    };
+    let seq = (
+        params.dim(ty, binding, seq_axis)?,
+        ty.dims[seq_axis].clone(),
+    );
+    let d = grid::static_dims_from(ty, seq_axis + 1, &what)?;
+    if split {
+        let hidden = d[0];
+        let h = u64::try_from(heads)
+            .ok()
+            .filter(|&h| h > 0 && hidden % h == 0)
+            .ok_or_else(|| format!("{what}: {heads} heads of {hidden} values"))?;
+        Ok(((h, seq, hidden / h), true))
+    } else {
+        let h = ty.dims[1]
+            .as_known()
+            .ok_or_else(|| format!("{what} heads {} are not static", ty.dims[1]))?;
+        Ok(((h as u64, seq, d[0]), false))
     }
 }
 
@@ -264,15 +352,17 @@ fn same_batch(ty: &TensorType, batch: &Dim, what: &str) -> R<()> {
     }
 }
 
-/// The past key and value bindings and the past length: 4-D `[B, Hkv, P, D]` (and
-/// `Dv`), of k's and v's element types, given together or not at all.
+/// The past key and value bindings and the past length (static, or a dim param of the
+/// past key): 4-D `[B, Hkv, P, D]` (and `Dv`), of k's and v's element types, given
+/// together or not at all.
 fn pasts(
     body: &Graph,
     node: &Node,
     (hkv, d, dv): (u64, u64, u64),
     (ke, ve): (Elem, Elem),
     batch: &Dim,
-) -> R<Option<(usize, usize, u64)>> {
+    params: &mut DimParams,
+) -> R<Option<(usize, usize, Size)>> {
     let (pk, pv) = match (node.input(4), node.input(5)) {
         (None, None) => return Ok(None),
         (Some(_), Some(_)) => (
@@ -282,38 +372,41 @@ fn pasts(
         _ => return Err("past_key and past_value must be given together".into()),
     };
     let ty = |i: usize| &body.value(body.inputs[i]).ty;
-    let mut past = None;
     for (i, size, elem, what) in [(pk, d, ke, "past_key"), (pv, dv, ve, "past_value")] {
-        let dims = if ty(i).dims.len() == 4 {
-            grid::static_dims_from(ty(i), 1, what)?
-        } else {
+        if ty(i).dims.len() != 4 {
             return Err(format!(
                 "{what} of rank {}: 4-D is generated",
                 ty(i).dims.len()
             ));
-        };
+        }
         same_batch(ty(i), batch, what)?;
-        if dims[0] != hkv || dims[2] != size || float_elem(ty(i).dtype, what)? != elem {
+        let dims = &ty(i).dims;
+        if dims[1].as_known() != Some(hkv as i64)
+            || dims[3].as_known() != Some(size as i64)
+            || float_elem(ty(i).dtype, what)? != elem
+        {
             return Err(format!(
-                "{what} {dims:?} does not match the current keys or values"
+                "{what} {} does not match the current keys or values",
+                ty(i)
             ));
         }
-        if past.is_some_and(|p| p != dims[1]) {
-            return Err("past_key and past_value lengths differ".into());
-        }
-        past = Some(dims[1]);
     }
-    Ok(past.map(|p| (pk, pv, p)))
+    if ty(pk).dims[2] != ty(pv).dims[2] {
+        return Err("past_key and past_value lengths differ".into());
+    }
+    let past = params.dim(ty(pk), pk, 2)?;
+    Ok(Some((pk, pv, past)))
 }
 
 /// The mask's layout against `[B, hq, sq, total]`: right-aligned, each dim 1 (broadcast)
-/// or the target's; its last dim at most `total`.
+/// or the target's; its last dim at most `total` (where both are static).
 fn mask(
     ty: &TensorType,
     binding: usize,
     q_elem: Elem,
-    [hq, sq, total]: [u64; 3],
+    (hq, sq, total): (u64, &Dim, Option<u32>),
     batch: &Dim,
+    params: &mut DimParams,
 ) -> R<Mask> {
     let elem = match ty.dtype {
         DType::Bool => Elem::Bool,
@@ -324,38 +417,38 @@ fn mask(
     if !(1..=4).contains(&rank) {
         return Err(format!("attn_mask of rank {rank}"));
     }
-    // A 4-D mask's first dim may be the symbolic batch; the rest must be static.
-    let inner = grid::static_dims_from(ty, usize::from(rank == 4), "attn_mask")?;
-    let len = *inner.last().unwrap_or(&0);
-    if len == 0 || len > total {
-        return Err(format!("attn_mask last dim {len} for {total} keys"));
+    let len = params.dim(ty, binding, rank - 1)?;
+    match (len, total) {
+        (Size::Known(0), _) => return Err("attn_mask of no keys".into()),
+        (Size::Known(n), Some(t)) if n > u64::from(t) => {
+            return Err(format!("attn_mask last dim {n} for {t} keys"));
+        }
+        _ => {}
     }
     // The mask's dims right-aligned to [B, hq, sq] (None where it has none).
-    let lead: Vec<Option<&Dim>> = (0..3)
-        .map(|a| (a + rank).checked_sub(4).map(|m| &ty.dims[m]))
-        .collect();
-    let targets = [batch.clone(), Dim::from(hq as i64), Dim::from(sq as i64)];
-    let mut strides = [0u64; 3];
-    let mut stride = len;
-    for a in (0..3).rev() {
-        let Some(dim) = lead[a] else { continue };
+    let targets = [batch.clone(), Dim::from(hq as i64), sq.clone()];
+    let mut lead = [None; 3];
+    for (a, target) in targets.iter().enumerate() {
+        let Some(m) = (a + rank).checked_sub(4) else {
+            continue;
+        };
+        let dim = &ty.dims[m];
         if dim.as_known() == Some(1) {
             continue;
         }
-        if *dim != targets[a] {
+        if dim != target {
             return Err(format!(
-                "attn_mask dims {:?} do not broadcast to [{batch}, {hq}, {sq}, {total}]",
+                "attn_mask dims {:?} do not broadcast to [{batch}, {hq}, {sq}, keys]",
                 ty.dims
             ));
         }
-        strides[a] = stride;
-        stride *= dim.as_known().map_or(1, |n| n as u64);
+        lead[a] = Some(params.dim(ty, binding, m)?);
     }
     Ok(Mask {
         binding,
         elem,
-        strides,
-        len: len as u32,
+        lead,
+        len,
     })
 }
 
@@ -433,6 +526,13 @@ struct Row<'a> {
     offset: Word,
     /// The batch's nonpad key count (signed in a `u32`), where there is one.
     keys: Option<Word>,
+    /// Query rows, current key rows, past rows and keys (`past + skv`), as `u32`s.
+    sq: Word,
+    skv: Word,
+    past: Word,
+    total: Word,
+    /// The dim params' values (`u32`s).
+    params: &'a [Word],
 }
 
 impl<'a> Row<'a> {
@@ -444,7 +544,15 @@ impl<'a> Row<'a> {
         scores: Word,
     ) -> R<Self> {
         let u32 = t.u32;
-        let (bh, i) = grid::div_mod(b, u32, e.i, l.sq)?;
+        let size = |b: &mut Builder, s: Size| -> R<Word> {
+            match s {
+                Size::Known(k) => Ok(b.constant_bit32(u32, k as u32)),
+                Size::Param(i) => e.params.get(i).copied().ok_or_else(|| "dim param".into()),
+            }
+        };
+        let (sq, skv, past) = (size(b, l.sq)?, size(b, l.skv)?, size(b, l.past)?);
+        let total = build(b.i_add(u32, None, past, skv))?;
+        let (bh, i) = divmod(b, t, e.i, l.sq, sq)?;
         let (batch, head) = grid::div_mod(b, u32, bh, l.hq)?;
         let (group, _) = grid::div_mod(b, u32, head, l.hq / l.hkv)?;
         let wide = |b: &mut Builder, v: Word| build(b.u_convert(t.u64, None, v));
@@ -459,13 +567,17 @@ impl<'a> Row<'a> {
             head: wide(b, head)?,
             group: wide(b, group)?,
             i,
-            offset: b.constant_bit32(u32, l.past),
+            offset: past,
             keys: None,
+            sq,
+            skv,
+            past,
+            total,
+            params: e.params,
         };
         if let Some((binding, elem)) = l.nonpad {
             let n = row.nonpad_keys(b, binding, elem)?;
             if l.pasts.is_none() {
-                let sq = row.u(b, l.sq);
                 row.offset = build(b.i_sub(u32, None, n, sq))?;
             }
             row.keys = Some(n);
@@ -473,6 +585,17 @@ impl<'a> Row<'a> {
         Ok(row)
     }
 
+    /// A size as a `u32` value of the module.
+    fn size(&self, b: &mut Builder, s: Size) -> R<Word> {
+        match s {
+            Size::Known(k) => Ok(self.u(b, k as u32)),
+            Size::Param(i) => self
+                .params
+                .get(i)
+                .copied()
+                .ok_or_else(|| "dim param".into()),
+        }
+    }
     fn u(&self, b: &mut Builder, v: u32) -> Word {
         b.constant_bit32(self.t.u32, v)
     }
@@ -525,7 +648,7 @@ impl<'a> Row<'a> {
         let at = grid::element_addr(b, u64, self.addrs[binding], self.batch, elem.bytes())?;
         let n = crate::gather::load_index_at(b, self.t, elem, at)?;
         let lo = b.constant_bit64(u64, u64::MAX);
-        let hi = b.constant_bit64(u64, u64::from(self.l.total));
+        let hi = build(b.u_convert(u64, None, self.total))?;
         let below = build(b.s_less_than(bool, None, n, lo))?;
         let n = build(b.select(u64, None, below, lo, n))?;
         let above = build(b.s_greater_than(bool, None, n, hi))?;
@@ -546,27 +669,33 @@ impl<'a> Row<'a> {
     ) -> R<Word> {
         let l = self.l;
         let (u32, u64) = (self.t.u32, self.t.u64);
-        let p = self.u(b, l.past);
+        let p = self.past;
         let cur = build(b.i_sub(u32, None, j, p))?;
         let cur = self.wide(b, cur)?;
         let index = if op.split {
-            let bs = self.mad(b, self.batch, l.skv, cur)?;
+            let bs = self.mad_w(b, self.batch, self.skv, cur)?;
             let bsh = self.mad(b, bs, l.hkv, self.group)?;
             self.times(b, bsh, width)?
         } else {
             let bh = self.mad(b, self.batch, l.hkv, self.group)?;
-            let bhs = self.mad(b, bh, l.skv, cur)?;
+            let bhs = self.mad_w(b, bh, self.skv, cur)?;
             self.times(b, bhs, width)?
         };
         let at = grid::element_addr(b, u64, self.addrs[op.binding], index, op.elem.bytes())?;
         let Some(past) = past else { return Ok(at) };
         let j64 = self.wide(b, j)?;
         let bh = self.mad(b, self.batch, l.hkv, self.group)?;
-        let bhj = self.mad(b, bh, l.past, j64)?;
+        let bhj = self.mad_w(b, bh, self.past, j64)?;
         let index = self.times(b, bhj, width)?;
         let old = grid::element_addr(b, u64, self.addrs[past], index, op.elem.bytes())?;
         let in_past = build(b.u_less_than(self.t.bool, None, j, p))?;
         build(b.select(u64, None, in_past, old, at))
+    }
+    /// `a * n + c` in `u64`s (`n` a `u32` value of the module).
+    fn mad_w(&self, b: &mut Builder, a: Word, n: Word, c: Word) -> R<Word> {
+        let n = self.wide(b, n)?;
+        let p = build(b.i_mul(self.t.u64, None, a, n))?;
+        build(b.i_add(self.t.u64, None, p, c))
     }
     /// `a * n` in `u64`s (`n` a constant).
     fn times(&self, b: &mut Builder, a: Word, n: u32) -> R<Word> {
@@ -606,12 +735,97 @@ impl<'a> Row<'a> {
         self.present_pass(b)
     }
 
+    /// The row over a symbolic key length, in one pass over the keys (the online softmax):
+    /// a running max `m`, a running sum `l` of `exp(s - m)` and the running weighted
+    /// values `acc[c]` (the `Private` array this row was made with), each rescaled by
+    /// `exp(m_old - m_new)` when the max grows; then `y = acc / l`. NaN scores make the
+    /// row NaN and a row with no visible key is 0, as the reference's three passes give
+    /// (their sums round differently: the result agrees to float rounding, not bits).
+    fn emit_online(&self, b: &mut Builder) -> R<()> {
+        let l = self.l;
+        let Prelude { f32, bool, .. } = *self.t;
+        let zero = self.f(b, 0.0);
+        let columns = (self.u(b, 0), self.u(b, l.dv));
+        grid::range_loop(b, self.t, columns, &[], &mut |b, c, _| {
+            self.set_score(b, c, zero)?;
+            Ok(Vec::new())
+        })?;
+        let q_row = self.q_row(b)?;
+        let minus_inf = self.f(b, f32::NEG_INFINITY);
+        let one = self.f(b, 1.0);
+        let no = b.constant_false(bool);
+        let keys = (self.u(b, 0), self.total);
+        let accs = [(f32, minus_inf), (f32, zero), (bool, no)];
+        let out = grid::range_loop(b, self.t, keys, &accs, &mut |b, j, acc| {
+            let (m, sum, nan) = (acc[0], acc[1], acc[2]);
+            let qk = self.product_qk(b, q_row, j)?;
+            let bias = self.bias(b, j)?;
+            let s = build(b.f_add(f32, None, qk, bias))?;
+            let is_nan = build(b.is_nan(bool, None, s))?;
+            let nan = build(b.logical_or(bool, None, nan, is_nan))?;
+            let above = build(b.f_ord_greater_than(bool, None, s, m))?;
+            let m_new = build(b.select(f32, None, above, s, m))?;
+            // While every score so far is -inf nothing is kept (and -inf - -inf is NaN).
+            let none = build(b.f_ord_equal(bool, None, m_new, minus_inf))?;
+            let shrink = build(b.f_sub(f32, None, m, m_new))?;
+            let shrink = self.math(b).exp(shrink)?;
+            let scale = build(b.select(f32, None, none, one, shrink))?;
+            let x = build(b.f_sub(f32, None, s, m_new))?;
+            let e = self.math(b).exp(x)?;
+            let e = build(b.select(f32, None, none, zero, e))?;
+            let kept = self.product(b, sum, scale)?;
+            let sum = build(b.f_add(f32, None, kept, e))?;
+            let v_row = self.kv_row(b, l.v, l.pasts.map(|p| p.1), l.dv, j)?;
+            let columns = (self.u(b, 0), self.u(b, l.dv));
+            grid::range_loop(b, self.t, columns, &[], &mut |b, c, _| {
+                let a = self.score(b, c)?;
+                let a = self.product(b, a, scale)?;
+                let v = self.load(b, v_row, c, l.v.elem)?;
+                let ev = self.product(b, e, v)?;
+                let a = build(b.f_add(f32, None, a, ev))?;
+                self.set_score(b, c, a)?;
+                Ok(Vec::new())
+            })?;
+            Ok(vec![m_new, sum, nan])
+        })?;
+        let (sum, nan) = (out[1], out[2]);
+        let empty = build(b.f_ord_equal(bool, None, sum, zero))?;
+        let nan_value = self.f(b, f32::NAN);
+        let y_row = self.y_row(b)?;
+        let columns = (self.u(b, 0), self.u(b, l.dv));
+        grid::range_loop(b, self.t, columns, &[], &mut |b, c, _| {
+            let a = self.score(b, c)?;
+            let y = build(b.f_div(f32, None, a, sum))?;
+            let y = build(b.select(f32, None, empty, zero, y))?;
+            let y = build(b.select(f32, None, nan, nan_value, y))?;
+            let c64 = self.wide(b, c)?;
+            let index = build(b.i_add(self.t.u64, None, y_row, c64))?;
+            self.store(b, l.y, l.q.elem, index, y)?;
+            Ok(Vec::new())
+        })?;
+        self.present_pass(b)
+    }
+
+    /// The index of this row's first element of `y`.
+    fn y_row(&self, b: &mut Builder) -> R<Word> {
+        let l = self.l;
+        if l.q.split {
+            let i = self.wide(b, self.i)?;
+            let bs = self.mad_w(b, self.batch, self.sq, i)?;
+            let bsh = self.mad(b, bs, l.hq, self.head)?;
+            self.times(b, bsh, l.dv)
+        } else {
+            let r = self.wide(b, self.row)?;
+            self.times(b, r, l.dv)
+        }
+    }
+
     /// The query row's first element's byte address.
     fn q_row(&self, b: &mut Builder) -> R<Word> {
         let l = self.l;
         let i = self.wide(b, self.i)?;
         let index = if l.q.split {
-            let bs = self.mad(b, self.batch, l.sq, i)?;
+            let bs = self.mad_w(b, self.batch, self.sq, i)?;
             let bsh = self.mad(b, bs, l.hq, self.head)?;
             self.times(b, bsh, l.d)?
         } else {
@@ -634,7 +848,7 @@ impl<'a> Row<'a> {
         let q_row = self.q_row(b)?;
         let minus_inf = self.f(b, f32::NEG_INFINITY);
         let (yes, no) = (b.constant_true(bool), b.constant_false(bool));
-        let range = (self.u(b, 0), self.u(b, self.l.total));
+        let range = (self.u(b, 0), self.total);
         let accs = [(f32, minus_inf), (bool, no), (bool, yes)];
         let out = grid::range_loop(b, self.t, range, &accs, &mut |b, j, acc| {
             let qk = self.product_qk(b, q_row, j)?;
@@ -671,7 +885,7 @@ impl<'a> Row<'a> {
         };
         let r = self.wide(b, self.row)?;
         let j = self.wide(b, j)?;
-        let index = self.mad(b, r, self.l.total, j)?;
+        let index = self.mad_w(b, r, self.total, j)?;
         self.store(b, binding, self.l.q.elem, index, v)
     }
 
@@ -757,22 +971,26 @@ impl<'a> Row<'a> {
             bool,
             ..
         } = *self.t;
-        let last = self.u(b, m.len - 1);
-        let inside = build(b.u_less_than_equal(bool, None, j, last))?;
+        let len = self.size(b, m.len)?;
+        let inside = build(b.u_less_than(bool, None, j, len))?;
+        let one = self.u(b, 1);
+        let last = build(b.i_sub(u32, None, len, one))?;
         let jc = build(b.select(u32, None, inside, j, last))?;
         let mut index = self.wide(b, jc)?;
         let i = self.wide(b, self.i)?;
-        for (coord, stride) in [
-            (self.batch, m.strides[0]),
-            (self.head, m.strides[1]),
-            (i, m.strides[2]),
+        // Strides: each kept dim's is the product of the kept dims inside it.
+        let mut stride = self.wide(b, len)?;
+        for (coord, dim) in [
+            (i, m.lead[2]),
+            (self.head, m.lead[1]),
+            (self.batch, m.lead[0]),
         ] {
-            if stride == 0 {
-                continue;
-            }
-            let s = b.constant_bit64(u64, stride);
-            let p = build(b.i_mul(u64, None, coord, s))?;
+            let Some(dim) = dim else { continue };
+            let p = build(b.i_mul(u64, None, coord, stride))?;
             index = build(b.i_add(u64, None, index, p))?;
+            let n = self.size(b, dim)?;
+            let n = self.wide(b, n)?;
+            stride = build(b.i_mul(u64, None, stride, n))?;
         }
         let at = grid::element_addr(b, u64, self.addrs[m.binding], index, m.elem.bytes())?;
         let v = elem::load(b, m.elem, f32, at)?;
@@ -795,7 +1013,7 @@ impl<'a> Row<'a> {
         let none = build(b.f_ord_equal(bool, None, max, minus_inf))?;
         let empty = build(b.logical_or(bool, None, none, all_masked))?;
         let zero = self.f(b, 0.0);
-        let range = (self.u(b, 0), self.u(b, self.l.total));
+        let range = (self.u(b, 0), self.total);
         let sum = grid::range_loop(b, self.t, range, &[(f32, zero)], &mut |b, j, acc| {
             let s = self.score(b, j)?;
             let x = build(b.f_sub(f32, None, s, max))?;
@@ -815,7 +1033,7 @@ impl<'a> Row<'a> {
     /// Pass 3: the weights `round_v(r(e / sum))` into the array (and mode 3's output).
     fn weight_pass(&self, b: &mut Builder, sum: Word) -> R<()> {
         let f32 = self.t.f32;
-        let range = (self.u(b, 0), self.u(b, self.l.total));
+        let range = (self.u(b, 0), self.total);
         grid::range_loop(b, self.t, range, &[], &mut |b, j, _| {
             let e = self.score(b, j)?;
             let p = build(b.f_div(f32, None, e, sum))?;
@@ -834,19 +1052,11 @@ impl<'a> Row<'a> {
     fn value_pass(&self, b: &mut Builder) -> R<()> {
         let l = self.l;
         let f32 = self.t.f32;
-        let y_row = if l.q.split {
-            let i = self.wide(b, self.i)?;
-            let bs = self.mad(b, self.batch, l.sq, i)?;
-            let bsh = self.mad(b, bs, l.hq, self.head)?;
-            self.times(b, bsh, l.dv)?
-        } else {
-            let r = self.wide(b, self.row)?;
-            self.times(b, r, l.dv)?
-        };
+        let y_row = self.y_row(b)?;
         let columns = (self.u(b, 0), self.u(b, l.dv));
         grid::range_loop(b, self.t, columns, &[], &mut |b, c, _| {
             let zero = self.f(b, 0.0);
-            let keys = (self.u(b, 0), self.u(b, l.total));
+            let keys = (self.u(b, 0), self.total);
             let acc = grid::range_loop(b, self.t, keys, &[(f32, zero)], &mut |b, j, acc| {
                 let p = self.score(b, j)?;
                 let v_row = self.kv_row(b, l.v, l.pasts.map(|p| p.1), l.dv, j)?;
@@ -874,12 +1084,18 @@ impl<'a> Row<'a> {
         // R = count / Dv; B = R / (Hq·Sq); present rows B·Hkv·L.
         let dv = self.u(b, l.dv);
         let rows = build(b.u_div(u32, None, self.count, dv))?;
-        let per_batch = self.u(b, l.hq * l.sq);
+        let hq = self.u(b, l.hq);
+        let per_batch = build(b.i_mul(u32, None, hq, self.sq))?;
         let batches = build(b.u_div(u32, None, rows, per_batch))?;
-        let present_rows = self.u(b, l.hkv * l.total);
-        let present_rows = build(b.i_mul(u32, None, batches, present_rows))?;
-        let copies = (l.hkv * l.total).div_ceil(l.hq * l.sq);
-        let range = (self.u(b, 0), self.u(b, copies));
+        let hkv = self.u(b, l.hkv);
+        let per_batch_present = build(b.i_mul(u32, None, hkv, self.total))?;
+        let present_rows = build(b.i_mul(u32, None, batches, per_batch_present))?;
+        // ceil(per_batch_present / per_batch) copies per query row.
+        let one = self.u(b, 1);
+        let up = build(b.i_add(u32, None, per_batch_present, per_batch))?;
+        let up = build(b.i_sub(u32, None, up, one))?;
+        let copies = build(b.u_div(u32, None, up, per_batch))?;
+        let range = (self.u(b, 0), copies);
         grid::range_loop(b, self.t, range, &[], &mut |b, m, _| {
             let step = build(b.i_mul(u32, None, m, rows))?;
             let t = build(b.i_add(u32, None, self.row, step))?;
@@ -894,7 +1110,13 @@ impl<'a> Row<'a> {
     fn copy_present_row(&self, b: &mut Builder, t: Word) -> R<()> {
         let l = self.l;
         let u32 = self.t.u32;
-        let (bg, j) = grid::div_mod(b, u32, t, l.total)?;
+        let (bg, j) = match l.total {
+            Some(total) => grid::div_mod(b, u32, t, total)?,
+            None => (
+                build(b.u_div(u32, None, t, self.total))?,
+                build(b.u_mod(u32, None, t, self.total))?,
+            ),
+        };
         let (batch, group) = grid::div_mod(b, u32, bg, l.hkv)?;
         let mut at = *self;
         at.batch = self.wide(b, batch)?;
@@ -918,6 +1140,18 @@ impl<'a> Row<'a> {
             })?;
         }
         Ok(())
+    }
+}
+
+/// `a / n` and `a % n` of `u32`s, `n` a size (`value` its `u32` value of the module; a
+/// constant division where static).
+fn divmod(b: &mut Builder, t: &Prelude, a: Word, n: Size, value: Word) -> R<(Word, Word)> {
+    match n {
+        Size::Known(k) => grid::div_mod(b, t.u32, a, (k as u32).max(1)),
+        Size::Param(_) => Ok((
+            build(b.u_div(t.u32, None, a, value))?,
+            build(b.u_mod(t.u32, None, a, value))?,
+        )),
     }
 }
 

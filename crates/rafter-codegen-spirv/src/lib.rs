@@ -434,6 +434,9 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::Gather { .. } => {
                 return gather(body).map(|k| Generated::GridDims(k.spirv, k.dims));
             }
+            Op::Attention { .. } => {
+                return attention(body).map(|k| Generated::GridDims(k.spirv, k.dims));
+            }
             Op::GatherNd { .. } => {
                 return gather_nd(body).map(|k| Generated::GridDims(k.spirv, k.dims));
             }
@@ -450,7 +453,6 @@ fn generate(body: &Graph) -> Result<Generated, String> {
             Op::BatchNorm { .. } => Some(batch_norm(body).map(|k| k.spirv)),
             Op::MatMulBlockQuant { .. } => Some(block_quant(body).map(|k| k.spirv)),
             Op::RotaryEmbedding { .. } => Some(rotary(body).map(|k| k.spirv)),
-            Op::Attention { .. } => Some(attention(body).map(|k| k.spirv)),
             Op::Cumulative { .. } => Some(cumulative(body).map(|k| k.spirv)),
             Op::BitCast { .. } => Some(bit_cast(body).map(|k| k.spirv)),
             Op::SwiGlu { .. } => Some(swiglu(body).map(|k| k.spirv)),

@@ -93,9 +93,9 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
     // An axis taken whole (start 0, step 1, an end past any size) is not sliced.
     let whole = |k: usize| starts[k] == 0 && steps[k] == 1 && ends[k] >= i64::from(i32::MAX);
     let mut sliced = Vec::with_capacity(axes.len());
-    for k in 0..axes.len() {
+    for (k, &axis) in axes.iter().enumerate() {
         if !whole(k) {
-            sliced.push(norm(axes[k])?);
+            sliced.push(norm(axis)?);
         }
     }
     // Leading axes nothing slices may be symbolic (a batch, a sequence): the kernel walks
@@ -120,10 +120,10 @@ pub fn slice(body: &Graph) -> Result<SliceKernel, String> {
     let in_dims = grid::static_dims(&inner_ty(in_ty), "slice data")?;
     let out_dims = grid::static_dims(&inner_ty(out_ty), "slice result")?;
     let rank = rank - lead;
-    // The cuts inside the leading axes: (axis from `lead`, start, end, step).
+    // The cuts past the leading axes: (axis from `lead`, start, end, step).
     let mut cuts = Vec::with_capacity(axes.len());
-    for k in 0..axes.len() {
-        let a = norm(axes[k])?;
+    for (k, &axis) in axes.iter().enumerate() {
+        let a = norm(axis)?;
         if a >= lead {
             cuts.push((a - lead, starts[k], ends[k], steps[k]));
         }

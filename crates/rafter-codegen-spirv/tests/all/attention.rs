@@ -479,7 +479,11 @@ fn unsupported_variants_are_refused_with_a_reason() {
         "bf16",
     );
     refused(
-        "graph @a(%q: f32[1, 2, 2, 4], %k: f32[1, 2, s, 4], %v: f32[1, 2, s, 4]) -> (%y) {\n  %y: f32[1, 2, 2, 4] = attention{is_causal = false, kv_num_heads = 0, q_num_heads = 0, qk_matmul_output_mode = 0, softcap = 0.0, left_window_size = -1, right_window_size = -1}(%q, %k, %v)\n}",
+        "graph @a(%q: f16[1, 2, 2, 4], %k: f16[1, 2, s, 4], %v: f16[1, 2, s, 4]) -> (%y) {\n  %y: f16[1, 2, 2, 4] = attention{is_causal = false, kv_num_heads = 0, q_num_heads = 0, qk_matmul_output_mode = 0, softcap = 0.0, left_window_size = -1, right_window_size = -1}(%q, %k, %v)\n}",
+        "f16 attention over a symbolic key length",
+    );
+    refused(
+        "graph @a(%q: f32[1, 2, 2, 4], %k: f32[1, 2, 3, n], %v: f32[1, 2, 3, 4]) -> (%y) {\n  %y: f32[1, 2, 2, 4] = attention{is_causal = false, kv_num_heads = 0, q_num_heads = 0, qk_matmul_output_mode = 0, softcap = 0.0, left_window_size = -1, right_window_size = -1}(%q, %k, %v)\n}",
         "not static",
     );
     // Ten buffers (q, k, v, mask, past key and value; four results): past the 8 that fit

@@ -182,3 +182,90 @@ fn gathers_over_a_symbolic_batch_and_axis() {
         check(&device, &rows, inputs);
     }
 }
+
+/// Runs `body` on the device and the reference and compares every output to float
+/// rounding (the online softmax sums in another order than the reference's passes).
+fn check_close(
+    device: &rafter_hal_vulkan::VulkanDevice,
+    body: &rafter_ir::Graph,
+    inputs: Vec<Tensor>,
+) {
+    let want = rafter_reference::run(body, inputs.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let module = kernel_module(body, 0).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!module.dims.is_empty(), "{}: no dim params", body.name);
+    let dtypes: Vec<DType> = want.iter().map(|t| t.dtype()).collect();
+    let dims: Vec<Vec<usize>> = want.iter().map(|t| t.shape().to_vec()).collect();
+    let got = common::run_typed_outputs(device, &module, &inputs, &dtypes, &dims);
+    for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (g, w) = (g.to_f64_vec(), w.to_f64_vec());
+        assert_eq!(g.len(), w.len());
+        for (i, (&g, &w)) in g.iter().zip(&w).enumerate() {
+            assert!(
+                common::close(g as f32, w as f32, 2e-5, 2e-5),
+                "{} output {o} element {i}: got {g}, want {w} at {:?}",
+                body.name,
+                inputs
+                    .iter()
+                    .map(|t| t.shape().to_vec())
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+fn floats(dims: &[usize], seed: u64) -> Tensor {
+    let n = dims.iter().product();
+    common::floats(DType::F32, dims, &common::inputs_in((-2.0, 2.0), n, seed))
+}
+
+/// Attention over symbolic query and key lengths (the online softmax): ORT GenAI's
+/// per-sequence GQA (3-D, grouped heads, a bool mask over the present rows), and a
+/// causal 4-D step with a symbolic past and the present outputs.
+#[test]
+fn attention_over_symbolic_lengths_matches_the_reference() {
+    let Some(device) = common::device_or_skip("attention") else {
+        return;
+    };
+    let gqa = graph(
+        "graph @attention_gqa(%q: f32[b, s, 32], %k: f32[b, r, 16], %v: f32[b, r, 16], %m: bool[b, 1, s, r]) -> (%y) {\n  %y: f32[b, s, 32] = attention{is_causal = false, kv_num_heads = 2, q_num_heads = 4, qk_matmul_output_mode = 0, softcap = 0.0, left_window_size = -1, right_window_size = -1}(%q, %k, %v, %m)\n}",
+    );
+    for (seed, (b, s, r)) in [(1usize, 1usize, 3usize), (2, 3, 6), (1, 4, 9)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = seed as u64 * 4;
+        // Key j visible to query i where j <= i + r - s (causal over the present rows),
+        // and a row of the second batch with no visible key at all.
+        let mask: Vec<u8> = (0..b * s * r)
+            .map(|x| {
+                let (bi, rest) = (x / (s * r), x % (s * r));
+                let (i, j) = (rest / r, rest % r);
+                u8::from(j + s <= i + r && !(bi == 1 && i == 0))
+            })
+            .collect();
+        let inputs = vec![
+            floats(&[b, s, 32], seed),
+            floats(&[b, r, 16], seed + 1),
+            floats(&[b, r, 16], seed + 2),
+            Tensor::from_le_bytes(DType::Bool, &[b, 1, s, r], &mask).unwrap(),
+        ];
+        check_close(&device, &gqa, inputs);
+    }
+    let step = graph(
+        "graph @attention_past(%q: f32[b, 2, s, 4], %k: f32[b, 1, s, 4], %v: f32[b, 1, s, 4], %pk: f32[b, 1, p, 4], %pv: f32[b, 1, p, 4]) -> (%y, %a, %c) {\n  %y: f32[b, 2, s, 4], %a: f32[b, 1, p + s, 4], %c: f32[b, 1, p + s, 4] = attention{is_causal = true, kv_num_heads = 0, q_num_heads = 0, qk_matmul_output_mode = 0, softcap = 0.0, left_window_size = -1, right_window_size = -1}(%q, %k, %v, _, %pk, %pv)\n}",
+    );
+    for (seed, (b, s, p)) in [(1usize, 1usize, 0usize), (1, 1, 5), (2, 3, 4)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 100 + seed as u64 * 5;
+        let inputs = vec![
+            floats(&[b, 2, s, 4], seed),
+            floats(&[b, 1, s, 4], seed + 1),
+            floats(&[b, 1, s, 4], seed + 2),
+            floats(&[b, 1, p, 4], seed + 3),
+            floats(&[b, 1, p, 4], seed + 4),
+        ];
+        check_close(&device, &step, inputs);
+    }
+}
