@@ -113,7 +113,8 @@ impl ElementwiseKernel {
 /// `shrink`, `gelu`, `reshape`, `flatten`, `squeeze`, `unsqueeze`, `expand`, `transpose`;
 /// a `reduce` (static shapes) after a pointwise prologue; `softmax`/`log_softmax`/`hardmax`
 /// or `lp_norm` alone;
-/// `layer_norm` after a pointwise prologue. Scalar constants are folded into the module.
+/// `layer_norm` after a pointwise prologue. Scalar constants are folded into the module, and
+/// constants of up to [`MAX_CONST_ARRAY`] elements that broadcast to the output as arrays.
 pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     let error = |reason: String| CodegenError {
         kernel: body.name.clone(),
@@ -220,6 +221,9 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
     // Reshape-like ops keep the linear order: with them, every value has the output's
     // element count (or one element).
     let linear = |v: ValueId| has_view && count_through_views(body, v) == out_count;
+    // Constants of several elements broadcast to the output (a folded mask row): arrays in
+    // the module, read through their strides like a broadcast input.
+    let mut const_arrays: Vec<(ValueId, Vec<f32>, Vec<Stride>)> = Vec::new();
     for i in 0..body.values.len() {
         let v = ValueId(i as u32);
         let value = body.value(v);
@@ -228,15 +232,24 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         }
         Elem::of_any(value.ty.dtype)
             .map_err(|e| error(format!("value %{} (#{i}) is {e}", value.name)))?;
-        // Constants are folded into the module as one literal, so only single elements.
+        // Constants are folded into the module: one literal, or an array of a few that
+        // broadcasts to the output.
         if let ValueDef::Const(c) = value.def {
-            let n = body.constant(c).num_elements();
+            let data = body.constant(c);
+            let n = data.num_elements();
             if n != 1 {
-                return Err(error(format!(
-                    "constant %{} has {n} elements; only single-element constants are \
-                     folded in",
-                    value.name
-                )));
+                let array = strides_of(v)
+                    .filter(|_| n <= MAX_CONST_ARRAY)
+                    .zip(exact_f32s(data));
+                let Some((strides, values)) = array else {
+                    return Err(error(format!(
+                        "constant %{} has {n} elements; only single-element constants and \
+                         arrays of at most {MAX_CONST_ARRAY} broadcasting to the output are \
+                         folded in",
+                        value.name
+                    )));
+                };
+                const_arrays.push((v, values, strides));
             }
         }
         if &value.ty.dims != shape && !is_scalar(v) && !linear(v) && strides_of(v).is_none() {
@@ -258,6 +271,13 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
             true
         }
     };
+    if let (true, Some((v, ..))) = (int_mode, const_arrays.first()) {
+        return Err(error(format!(
+            "constant %{} of several elements in an integer kernel (only single-element \
+             constants are folded into those)",
+            body.value(*v).name
+        )));
+    }
     for &output in &body.outputs {
         if body.value(output).ty.dims != *shape {
             return Err(error(format!(
@@ -289,16 +309,28 @@ pub fn elementwise(body: &Graph) -> Result<ElementwiseKernel, CodegenError> {
         .collect();
     // Sizes the broadcast indexing needs: the output's dims and the strides' factors.
     let mut table = DimTable::default();
-    if inputs.contains(&Operand::Broadcast) {
+    if inputs.contains(&Operand::Broadcast) || !const_arrays.is_empty() {
         for d in shape {
             table.need(body, d).map_err(error)?;
         }
-        for d in strides.iter().flatten().flatten().flatten().flatten() {
+        let array_strides = const_arrays.iter().flat_map(|(_, _, s)| s);
+        for d in strides
+            .iter()
+            .flatten()
+            .flatten()
+            .chain(array_strides)
+            .flatten()
+            .flatten()
+        {
             table.need(body, d).map_err(error)?;
         }
     }
     let mut emitter = Emitter::new(body, &inputs, strides, shape.clone(), meta);
     emitter.int_mode = int_mode;
+    for (v, values, strides) in const_arrays {
+        emitter.lane_consts.push((v, values));
+        emitter.const_strides.push((v, strides));
+    }
     emitter.table = table;
     let dims = emitter.table.params.clone();
     let spirv = emitter.emit().map_err(error)?;
@@ -464,6 +496,21 @@ fn quant_axis_strides(
 /// An input's stride along one output dim: `None` where it is broadcast (0), else the
 /// product of the given dims (empty: 1).
 type Stride = Option<Vec<Dim>>;
+
+/// The most elements of a constant folded into a pointwise kernel as an array (a
+/// `Private` array each invocation indexes).
+const MAX_CONST_ARRAY: usize = 1024;
+
+/// A constant's elements as f32s where each is exact there (floats, bools, integers within
+/// 2^24): what a pointwise kernel's f32 registers hold.
+fn exact_f32s(data: &rafter_ir::ConstData) -> Option<Vec<f32>> {
+    let values = data.to_f64s();
+    let exact = |x: f64| data.dtype.is_float() || (x as f32) as f64 == x;
+    values
+        .iter()
+        .all(|&x| exact(x))
+        .then(|| values.iter().map(|&x| x as f32).collect())
+}
 
 /// The symbolic sizes a kernel reads from its dim params, each found as an axis of one of
 /// its bindings (whose size the runtime knows at every call).
@@ -1158,6 +1205,9 @@ pub(crate) struct Emitter<'a> {
     /// declared, the `Private` arrays holding them.
     lane_consts: Vec<(ValueId, Vec<f32>)>,
     lane_const_vars: HashMap<ValueId, Word>,
+    /// The constant arrays of the pointwise path (declared with the lane constants) and
+    /// their strides over the output's dims.
+    const_strides: Vec<(ValueId, Vec<Stride>)>,
     pub(crate) b: Builder,
     pub(crate) glsl: Word,
     void: Word,
@@ -1212,6 +1262,7 @@ impl<'a> Emitter<'a> {
             addrs: Vec::new(),
             lane_consts: Vec::new(),
             lane_const_vars: HashMap::new(),
+            const_strides: Vec::new(),
             b,
             glsl,
             void,
@@ -2230,33 +2281,20 @@ impl<'a> Emitter<'a> {
                     return Err("a row operand outside a norm".into())
                 }
                 Operand::Broadcast => {
-                    // The input's element index from the output's coordinates:
-                    // sum over dims of ((index / out_stride) % out_dim) * in_stride.
                     let strides = self.strides[i].clone().ok_or("broadcast without strides")?;
-                    let mut at = U::C(0);
-                    let mut out_stride = U::C(1);
-                    let out_shape = self.out_shape.clone();
-                    for d in (0..out_shape.len()).rev() {
-                        let n = self.dim(&out_shape[d])?;
-                        if n != U::C(1) {
-                            if let Some(factors) = &strides[d] {
-                                let mut c = self.udiv(U::W(index), out_stride)?;
-                                // The outermost coordinate is below its dim already.
-                                if d != 0 {
-                                    c = self.umod(c, n)?;
-                                }
-                                let k = self.product(factors)?;
-                                c = self.umul(c, k)?;
-                                at = self.uadd(at, c)?;
-                            }
-                        }
-                        out_stride = self.umul(out_stride, n)?;
-                    }
-                    self.uw(at)
+                    self.broadcast_at(&strides, index)?
                 }
             };
             let v = self.load(i, at)?;
             values.insert(input, v);
+        }
+        for (v, strides) in self.const_strides.clone() {
+            let at = self.broadcast_at(&strides, index)?;
+            let var = self.lane_const_vars[&v];
+            let ptr_private = self.b.type_pointer(None, StorageClass::Private, self.f32);
+            let p = build(self.b.access_chain(ptr_private, None, var, [at]))?;
+            let x = build(self.b.load(self.f32, None, p, None, []))?;
+            values.insert(v, x);
         }
         for node in &body.nodes {
             let args: Vec<Option<Word>> = node
@@ -2280,6 +2318,32 @@ impl<'a> Emitter<'a> {
         build(self.b.branch(cont))?;
 
         self.finish_loop(cont, next, index, stride, header, merge)
+    }
+
+    /// The element index, in a tensor broadcast to the output through `strides`, of the
+    /// output's element `index`: the sum over dims of
+    /// `((index / out_stride) % out_dim) * in_stride`.
+    fn broadcast_at(&mut self, strides: &[Stride], index: Word) -> R<Word> {
+        let mut at = U::C(0);
+        let mut out_stride = U::C(1);
+        let out_shape = self.out_shape.clone();
+        for d in (0..out_shape.len()).rev() {
+            let n = self.dim(&out_shape[d])?;
+            if n != U::C(1) {
+                if let Some(factors) = &strides[d] {
+                    let mut c = self.udiv(U::W(index), out_stride)?;
+                    // The outermost coordinate is below its dim already.
+                    if d != 0 {
+                        c = self.umod(c, n)?;
+                    }
+                    let k = self.product(factors)?;
+                    c = self.umul(c, k)?;
+                    at = self.uadd(at, c)?;
+                }
+            }
+            out_stride = self.umul(out_stride, n)?;
+        }
+        Ok(self.uw(at))
     }
 
     /// The grid-stride loop's continue block and the function's end.

@@ -16,6 +16,7 @@ mod bert_tiny;
 mod bit_cast;
 mod block_quant;
 mod concat;
+mod const_arrays;
 mod conv;
 mod conv_transpose;
 mod cumulative;

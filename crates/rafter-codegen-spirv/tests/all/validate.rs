@@ -45,7 +45,7 @@ fn unsupported_bodies_are_errors_naming_the_cause() {
             "symbolic dims",
         ),
         (
-            "graph @k(%x: f32[2]) -> (%y) {\n  const %c: f32[2] = dense [1.0, 2.0]\n  %y: f32[2] = binary{op = add}(%x, %c)\n}",
+            "graph @k(%x: f32[2]) -> (%y) {\n  const %c: i32[2] = dense [16777217, 2]\n  %f: f32[2] = cast{to = f32}(%c)\n  %y: f32[2] = binary{op = add}(%x, %f)\n}",
             "single-element constants",
         ),
     ];
