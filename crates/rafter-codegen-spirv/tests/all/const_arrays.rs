@@ -6,7 +6,6 @@ use crate::common;
 
 use rafter_codegen_spirv::{elementwise, kernel_module};
 use rafter_ir::text::parse_graph;
-use rafter_ir::DType;
 use rafter_reference::Tensor;
 
 #[test]
