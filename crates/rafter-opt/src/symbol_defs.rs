@@ -25,7 +25,7 @@
 
 use std::collections::HashSet;
 
-use rafter_ir::{AutoPad, DType, Dim, Graph, Node, Op, Symbol, SymbolDef, SymbolExpr};
+use rafter_ir::{AutoPad, Dim, Graph, Node, Op, Symbol, SymbolDef, SymbolExpr};
 
 /// The definitions of the fresh symbols of `graph`'s results that follow from `bound`
 /// (the symbols its inputs bind), in an order where each reads only symbols bound before.
@@ -127,8 +127,8 @@ fn value_slice(g: &Graph, index: usize) -> Option<Vec<usize>> {
 
 /// Whether `v`'s values are known on the host once the inputs are bound, adding the nodes
 /// that compute them to `nodes`: small graph inputs, small constants, the results of
-/// `Shape` and `Size` (dims only), and of ops inference evaluates on known element values
-/// (arithmetic, casts, gathers, concats, reshapes of such values).
+/// `Shape` and `Size` (dims only), and integer results of ops inference evaluates on known
+/// element values (arithmetic, casts, gathers, concats, reshapes of such values).
 fn collect_arithmetic(
     g: &Graph,
     v: rafter_ir::ValueId,
@@ -145,7 +145,14 @@ fn collect_arithmetic(
                 return true;
             }
             let op = &g.nodes[p].op;
-            if !is_value_arithmetic(op) || !is_small_value(g, v) || nodes.len() >= MAX_SLICE_NODES {
+            // Inference carries computed element values for integers only (a float range's
+            // bounds cast from an input stay unknown to it).
+            let computed_int = g.value(v).ty.dtype.is_int();
+            if !is_value_arithmetic(op)
+                || !computed_int
+                || !is_small_value(g, v)
+                || nodes.len() >= MAX_SLICE_NODES
+            {
                 return false;
             }
             nodes.insert(p);
@@ -190,7 +197,7 @@ fn is_value_arithmetic(op: &Op) -> bool {
 fn is_small_value(g: &Graph, v: rafter_ir::ValueId) -> bool {
     let ty = &g.value(v).ty;
     ty.rank() <= 1
-        && (ty.dtype.is_int() || ty.dtype.is_float() || ty.dtype == DType::Bool)
+        && (ty.dtype.is_int() || ty.dtype.is_float())
         && ty
             .known_dims()
             .is_some_and(|d| d.iter().product::<i64>() <= MAX_VALUE_ELEMENTS)

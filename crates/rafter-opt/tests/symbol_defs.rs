@@ -165,3 +165,27 @@ fn sizes_from_several_ops_of_shape_arithmetic_are_defined_and_agree_with_executi
     let p = rafter_opt::compile(&by_data, &CompileOptions::default()).unwrap();
     assert!(p.symbol_defs.is_empty(), "{:?}", p.symbol_defs);
 }
+
+/// A float range whose limit is cast from an input (ONNX's expanded window functions):
+/// inference carries no float element values through the cast, so the size is left to
+/// the range's kernel (host-sized), and the program still runs as the reference does.
+#[test]
+fn a_float_limit_computed_from_an_input_is_left_to_the_kernel() {
+    let g = parse(
+        r#"graph @g(%n: i32[]) -> (%y) {
+  %f: f32[] = cast{to = f32}(%n)
+  const %zero: f32[] = dense [0.0]
+  const %one: f32[] = dense [1.0]
+  %y: f32[_r] = range(%zero, %f, %one)
+}"#,
+    );
+    let c = rafter_ir::ConstData::new(
+        rafter_ir::DType::I32,
+        vec![],
+        5i32.to_le_bytes().to_vec().into(),
+    )
+    .unwrap();
+    let n = rafter_reference::Tensor::from_const(&c);
+    let p = check_equivalent_with(&g, vec![n], &CompileOptions::default());
+    assert!(p.symbol_defs.is_empty(), "{:?}", p.symbol_defs);
+}
