@@ -239,7 +239,10 @@ fn conv_geometry(
     };
     let dims_of = |v: rafter_ir::ValueId| -> Vec<usize> {
         let t = &body.value(v).ty;
-        t.dims.iter().map(|d| dim_value(d, values) as usize).collect()
+        t.dims
+            .iter()
+            .map(|d| dim_value(d, values) as usize)
+            .collect()
     };
     let x = body.value(n.input(0)?).ty.dtype;
     let (xd, wd, yd) = (
