@@ -7,7 +7,8 @@
 //!
 //! - per kernel class, probes shaped like the benchmark models' kernels
 //!   ([`class_probes`]): GEMMs like BERT's projections and FFN, dense, 1x1 and depthwise
-//!   convolutions like ResNet-50's and MobileNetV2's, an elementwise add (bandwidth) and
+//!   convolutions like ResNet-50's and MobileNetV2's (on the CPU the 3x3 ones it runs by
+//!   Winograd apart from the others), an elementwise add (bandwidth) and
 //!   a fused chain of 32 elementwise ops (compute), an attention-score softmax, a head
 //!   transpose. Two sizes per contraction class give its
 //!   peak and its ramp (Hockney's n½); each rate is set against the work the cost model
@@ -370,8 +371,31 @@ fn batched_gemm(b: usize, m: usize, k: usize, n: usize) -> Probe {
 /// slope between them is its bandwidth and the intercept its fixed cost per kernel (a lone
 /// small transpose put both into one rate, 49 GB/s for an H200); elementwise adds a fused
 /// chain for its compute rate.
-fn class_probes() -> Vec<(&'static str, Vec<Probe>)> {
-    vec![
+///
+/// On the CPU, the 3x3 convolutions it runs by Winograd (`rafter_ir::program::cpu_winograd`)
+/// rate a class of their own, `winograd_conv`, and `conv` only the others: with one rate
+/// for both, ResNet-50's call was estimated at 0.73 of its time on the H200 machine's host
+/// (the Winograd probes' speed lifted the rate of the direct ones). Other devices run no
+/// Winograd: their `conv` probes are all five, as before.
+fn class_probes(device: &str) -> Vec<(&'static str, Vec<Probe>)> {
+    let convs = if device == "cpu" {
+        vec![
+            ("conv", direct_conv_probes()),
+            ("winograd_conv", winograd_conv_probes()),
+        ]
+    } else {
+        vec![(
+            "conv",
+            vec![
+                conv(3, 224, 32, 3, 2, 1),
+                conv(512, 7, 512, 3, 1, 1),
+                conv(256, 14, 256, 3, 1, 1),
+                conv(128, 56, 128, 3, 2, 1),
+                conv(64, 56, 64, 3, 1, 1),
+            ],
+        )]
+    };
+    let mut probes = vec![
         (
             "gemm",
             vec![
@@ -392,16 +416,45 @@ fn class_probes() -> Vec<(&'static str, Vec<Probe>)> {
                 conv(128, 56, 256, 1, 1, 1),
             ],
         ),
-        (
-            "conv",
-            vec![
-                conv(3, 224, 32, 3, 2, 1),
-                conv(512, 7, 512, 3, 1, 1),
-                conv(256, 14, 256, 3, 1, 1),
-                conv(128, 56, 128, 3, 2, 1),
-                conv(64, 56, 64, 3, 1, 1),
-            ],
-        ),
+    ];
+    probes.extend(convs);
+    probes.extend(other_probes());
+    probes
+}
+
+/// The CPU's direct (not Winograd) convolutions, each of ResNet-50's and MobileNetV2's:
+/// the two stems, ResNet-50's stride-2 3x3 convolutions of stages 2 to 4, and its 3x3 on
+/// 7x7 maps (too few pixels for Winograd; their long K shows the depth cost). Six, so
+/// that a plane through them (rate, ramp, depth cost) is not fitted to four points: with
+/// four, one profile rated these convolutions 15-20% fast.
+fn direct_conv_probes() -> Vec<Probe> {
+    vec![
+        conv(3, 224, 32, 3, 2, 1),
+        conv(3, 224, 64, 7, 2, 1),
+        conv(512, 7, 512, 3, 1, 1),
+        conv(512, 14, 512, 3, 2, 1),
+        conv(256, 28, 256, 3, 2, 1),
+        conv(128, 56, 128, 3, 2, 1),
+    ]
+}
+
+/// Convolutions the CPU runs by Winograd: ResNet-50's 3x3 stride-1 ones of stages 1 to 3
+/// (231 MFLOP each), and two smaller ones of other flops, without which the fit has one
+/// size only and no ramp.
+fn winograd_conv_probes() -> Vec<Probe> {
+    vec![
+        conv(32, 16, 32, 3, 1, 1),
+        conv(64, 28, 64, 3, 1, 1),
+        conv(256, 14, 256, 3, 1, 1),
+        conv(128, 28, 128, 3, 1, 1),
+        conv(64, 56, 64, 3, 1, 1),
+    ]
+}
+
+/// The depthwise convolutions' and the streaming classes' probes (the same on every
+/// device).
+fn other_probes() -> Vec<(&'static str, Vec<Probe>)> {
+    vec![
         (
             "depthwise_conv",
             vec![
@@ -674,7 +727,7 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         0.0
     };
     let mut classes: BTreeMap<&'static str, ClassRate> = BTreeMap::new();
-    for (class, probes) in class_probes() {
+    for (class, probes) in class_probes(device) {
         // A fresh device per class: with one device serving every probe's session in
         // turn, an H200's f16 GEMMs rated below its f32 ones and its bandwidth at a third
         // (not understood; with a device per class the rates matched the earlier ones from
@@ -702,7 +755,13 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         .iter()
         .map(|c| classes[c].bytes_per_s)
         .fold(0.0, f64::max);
-    for c in ["gemm", "conv", "pointwise_conv", "depthwise_conv"] {
+    for c in [
+        "gemm",
+        "conv",
+        "winograd_conv",
+        "pointwise_conv",
+        "depthwise_conv",
+    ] {
         if let Some(r) = classes.get_mut(c) {
             r.bytes_per_s = r.bytes_per_s.max(streaming);
         }
@@ -1030,6 +1089,34 @@ mod tests {
             2,
             "the chain must fuse into one kernel (and the sink its own)"
         );
+    }
+
+    /// On the CPU each convolution class's probes are convolutions the cost model puts in
+    /// that class (so the Winograd ones rate `winograd_conv` and only they do); other
+    /// devices have no `winograd_conv` class and rate every 3x3 probe as `conv`.
+    #[test]
+    fn conv_probes_are_of_their_class() {
+        let classes = |device: &str| -> Vec<&'static str> {
+            class_probes(device).into_iter().map(|(c, _)| c).collect()
+        };
+        assert!(classes("cpu").contains(&"winograd_conv"));
+        assert!(!classes("vulkan").contains(&"winograd_conv"));
+        assert_eq!(
+            class_probes("vulkan")
+                .iter()
+                .find(|(c, _)| *c == "conv")
+                .map(|(_, p)| p.len()),
+            Some(5)
+        );
+        for (class, probes) in class_probes("cpu") {
+            if !class.ends_with("conv") {
+                continue;
+            }
+            for p in probes {
+                let (w, _) = probe_work(&p, "cpu").unwrap();
+                assert_eq!(w.detail, Some(class), "{}", p.what);
+            }
+        }
     }
 
     /// The conv probes' filters are constants (folded into the program's weights, as a

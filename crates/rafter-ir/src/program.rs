@@ -228,6 +228,54 @@ impl KernelKind {
 /// kernel for them, so all three must agree on the bound.
 pub const SMALL_CONV_MAX_CIN: i64 = 4;
 
+/// Convolutions whose outputs have fewer pixels than this (per image) are not run by
+/// Winograd on the CPU ([`cpu_winograd`]): ResNet-50's 7×7 maps run as im2col + GEMM. There
+/// the weights, not the multiply-adds, bound the time: 49 outputs per filter, and
+/// Winograd's filters are 16/9 the bytes (16.8 MB against 9.4 MB for 512 channels). With
+/// weights hot in cache Winograd wins (0.82 against 1.59 ms, `cargo bench -p
+/// rafter-kernels-cpu --bench winograd`), but inside ResNet-50 it gained ~7% on those
+/// layers for +34 MB of peak RSS (`rafter bench resnet50.onnx --trace`, both builds
+/// alternated, three rounds).
+pub const WINOGRAD_MIN_PIXELS: usize = 100;
+
+/// The facts about one 2-D convolution that decide whether the CPU runs it by Winograd
+/// F(2×2, 3×3) ([`cpu_winograd`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvGeometry {
+    /// The window, `[kh, kw]`.
+    pub window: [usize; 2],
+    /// `[sh, sw]`.
+    pub strides: [usize; 2],
+    /// `[dh, dw]`.
+    pub dilations: [usize; 2],
+    /// Channel groups.
+    pub groups: usize,
+    /// Input channels (all groups').
+    pub in_channels: usize,
+    /// Output pixels of one image, `oh · ow`.
+    pub out_pixels: usize,
+    /// The activations' element type.
+    pub dtype: crate::DType,
+}
+
+/// Whether the CPU runtime runs a convolution of `g` by Winograd F(2×2, 3×3)
+/// (`rafter_kernels_cpu::conv3x3_nhwc` channels-last, `conv3x3` in NCHW), 2.25× fewer
+/// multiply-adds than a direct convolution: f32, one group of more than
+/// [`SMALL_CONV_MAX_CIN`] input channels (fewer run directly, `small_conv_nhwc`), a 3×3
+/// window at stride 1 without dilation, and at least [`WINOGRAD_MIN_PIXELS`] output pixels.
+/// The thread count does not enter. The CPU runtime picks its kernel by this rule and the
+/// cost model (`rafter_opt::partition::cost`) rates such convolutions as their own class,
+/// so the two cannot disagree.
+pub fn cpu_winograd(g: &ConvGeometry) -> bool {
+    g.dtype == crate::DType::F32
+        && g.groups == 1
+        && g.in_channels > SMALL_CONV_MAX_CIN as usize
+        && g.window == [3, 3]
+        && g.strides == [1, 1]
+        && g.dilations == [1, 1]
+        && g.out_pixels >= WINOGRAD_MIN_PIXELS
+}
+
 /// What a `conv_nhwc` is to a fused channels-last depthwise block: `rafter_opt::fusion`
 /// forms the block and the CPU runtime's block kernel runs it, so both must agree on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -709,5 +757,73 @@ impl Program {
             written[b] = true;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ResNet-50's 3×3 stride-1 convolution of stage 1 (64 channels, 56×56).
+    fn resnet_3x3() -> ConvGeometry {
+        ConvGeometry {
+            window: [3, 3],
+            strides: [1, 1],
+            dilations: [1, 1],
+            groups: 1,
+            in_channels: 64,
+            out_pixels: 56 * 56,
+            dtype: crate::DType::F32,
+        }
+    }
+
+    #[test]
+    fn winograd_takes_ungrouped_f32_3x3_stride_1_convolutions_of_enough_pixels() {
+        let g = resnet_3x3();
+        assert!(cpu_winograd(&g));
+        // 10×10 is the smallest square map that qualifies; ResNet-50's 7×7 does not.
+        assert!(cpu_winograd(&ConvGeometry {
+            out_pixels: 100,
+            ..g
+        }));
+        assert!(!cpu_winograd(&ConvGeometry {
+            out_pixels: 49,
+            ..g
+        }));
+        for other in [
+            ConvGeometry {
+                strides: [2, 2],
+                ..g
+            },
+            ConvGeometry {
+                strides: [1, 2],
+                ..g
+            },
+            ConvGeometry {
+                dilations: [2, 2],
+                ..g
+            },
+            ConvGeometry {
+                window: [1, 1],
+                ..g
+            },
+            ConvGeometry {
+                window: [5, 5],
+                ..g
+            },
+            ConvGeometry { groups: 64, ..g },
+            ConvGeometry { groups: 2, ..g },
+            // An RGB stem runs directly.
+            ConvGeometry {
+                in_channels: SMALL_CONV_MAX_CIN as usize,
+                ..g
+            },
+            ConvGeometry {
+                dtype: crate::DType::F16,
+                ..g
+            },
+        ] {
+            assert!(!cpu_winograd(&other), "{other:?}");
+        }
     }
 }

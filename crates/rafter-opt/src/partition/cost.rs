@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 
-use rafter_ir::program::{Kernel, KernelKind, Program};
+use rafter_ir::program::{cpu_winograd, ConvGeometry, Kernel, KernelKind, Program};
 use rafter_ir::{Graph, Op, Symbol, TensorType};
 
 use super::device::{ClassRate, CostProfile, DeviceDescription, Link, DETAIL_CLASSES};
@@ -193,6 +193,9 @@ fn node_detail(
         | Op::Linear { .. }
         | Op::Einsum { .. }
         | Op::MoeFfn { .. } => Some("gemm"),
+        _ if conv_geometry(body, n, values).is_some_and(|g| cpu_winograd(&g)) => {
+            Some("winograd_conv")
+        }
         // w [M, C/group, kernel...].
         Op::Conv { group, .. } | Op::ConvInteger { group, .. } => {
             let w = dims(1);
@@ -209,6 +212,69 @@ fn node_detail(
         Op::ConvTranspose { .. } => Some("conv"),
         _ => None,
     }
+}
+
+/// The geometry of a 2-D `conv` (x NCHW, w `[M, C/group, kh, kw]`) or `conv_nhwc` (x NHWC,
+/// w `[kh, kw, C/group, M]`) node, dims at `values`, for the CPU's Winograd rule
+/// ([`cpu_winograd`]); `None` for any other node or rank.
+fn conv_geometry(
+    body: &Graph,
+    n: &rafter_ir::Node,
+    values: &HashMap<Symbol, i64>,
+) -> Option<ConvGeometry> {
+    let (strides, dilations, group, nhwc) = match &n.op {
+        Op::Conv {
+            strides,
+            dilations,
+            group,
+            ..
+        } => (strides, dilations, group, false),
+        Op::ConvNhwc {
+            strides,
+            dilations,
+            group,
+            ..
+        } => (strides, dilations, group, true),
+        _ => return None,
+    };
+    let dims_of = |v: rafter_ir::ValueId| -> Vec<usize> {
+        let t = &body.value(v).ty;
+        t.dims
+            .iter()
+            .map(|d| dim_value(d, values) as usize)
+            .collect()
+    };
+    let x = body.value(n.input(0)?).ty.dtype;
+    let (xd, wd, yd) = (
+        dims_of(n.input(0)?),
+        dims_of(n.input(1)?),
+        dims_of((*n.outputs.first()?)?),
+    );
+    if xd.len() != 4 || wd.len() != 4 || yd.len() != 4 {
+        return None;
+    }
+    // An empty attribute is ONNX's default of 1 per spatial dim.
+    let pair = |v: &[i64]| -> Option<[usize; 2]> {
+        match v {
+            [] => Some([1, 1]),
+            &[a, b] => Some([usize::try_from(a).ok()?, usize::try_from(b).ok()?]),
+            _ => None,
+        }
+    };
+    let (window, in_channels, out_pixels) = if nhwc {
+        ([wd[0], wd[1]], xd[3], yd[1] * yd[2])
+    } else {
+        ([wd[2], wd[3]], xd[1], yd[2] * yd[3])
+    };
+    Some(ConvGeometry {
+        window,
+        strides: pair(strides)?,
+        dilations: pair(dilations)?,
+        groups: usize::try_from(*group).ok()?,
+        in_channels,
+        out_pixels,
+        dtype: x,
+    })
 }
 
 /// `depthwise_conv` (one input channel per group, several groups), `pointwise_conv` (a
@@ -442,6 +508,80 @@ mod tests {
         assert_eq!(conv_detail(16, 16, 3, 16), Some("depthwise_conv"));
         // Grouped but not depthwise (two channels per group): a convolution.
         assert_eq!(conv_detail(16, 16, 3, 8), Some("conv"));
+    }
+
+    /// The detail class of a 3x3 `conv` (or, with `nhwc`, `conv_nhwc`) of `c` to 32
+    /// channels on an `hw`x`hw` map in `dtype`, stride `s`, padding 1.
+    fn conv3x3_detail(c: usize, hw: usize, s: usize, dtype: &str, nhwc: bool) -> &'static str {
+        let o = (hw + 2 - 3) / s + 1;
+        let attrs = format!(
+            "kernel_shape = [3, 3], strides = [{s}, {s}], pads = [1, 1, 1, 1], \
+             dilations = [1, 1], group = 1, auto_pad = explicit"
+        );
+        let text = if nhwc {
+            format!(
+                "graph @g(%x: {dtype}[1, {hw}, {hw}, {c}], %w: {dtype}[3, 3, {c}, 32]) -> (%y) {{\n  \
+                 %y: {dtype}[1, {o}, {o}, 32] = conv_nhwc{{{attrs}}}(%x, %w)\n}}"
+            )
+        } else {
+            format!(
+                "graph @g(%x: {dtype}[1, {c}, {hw}, {hw}], %w: {dtype}[32, {c}, 3, 3]) -> (%y) {{\n  \
+                 %y: {dtype}[1, 32, {o}, {o}] = conv{{{attrs}}}(%x, %w)\n}}"
+            )
+        };
+        let g = rafter_ir::text::parse_graph(&text).unwrap();
+        detail_class(&g, &HashMap::new()).unwrap()
+    }
+
+    #[test]
+    fn winograd_convolutions_are_a_class_of_their_own() {
+        for nhwc in [false, true] {
+            // 10x10 = 100 output pixels, the CPU's threshold (`cpu_winograd`), and above.
+            assert_eq!(conv3x3_detail(16, 10, 1, "f32", nhwc), "winograd_conv");
+            assert_eq!(conv3x3_detail(64, 56, 1, "f32", nhwc), "winograd_conv");
+            // Too few pixels (ResNet-50's 7x7), stride 2, an RGB stem, half precision:
+            // direct convolutions, as the CPU runs them.
+            assert_eq!(conv3x3_detail(512, 7, 1, "f32", nhwc), "conv");
+            assert_eq!(conv3x3_detail(128, 56, 2, "f32", nhwc), "conv");
+            assert_eq!(conv3x3_detail(3, 56, 1, "f32", nhwc), "conv");
+            assert_eq!(conv3x3_detail(64, 56, 1, "f16", nhwc), "conv");
+        }
+    }
+
+    #[test]
+    fn a_winograd_convolution_takes_its_rate_else_the_convolutions() {
+        // Two kernels of the same flops: ResNet-50's stage-1 3x3 (Winograd on the CPU) and
+        // a stride-2 one of the same output size (direct).
+        let conv = |s: usize, hw: usize| {
+            program(&format!(
+                "graph @g(%x: f32[1, 64, {hw}, {hw}], %w: f32[64, 64, 3, 3]) -> (%y) {{\n  \
+                 %y: f32[1, 64, 56, 56] = conv{{kernel_shape = [3, 3], strides = [{s}, {s}], \
+                 pads = [1, 1, 1, 1], dilations = [1, 1], group = 1, \
+                 auto_pad = explicit}}(%x, %w)\n}}"
+            ))
+        };
+        let (wino, direct) = (conv(1, 56), conv(2, 111));
+        let w = kernel_work(&wino.kernels[0], &bound_values(&wino));
+        let d = kernel_work(&direct.kernels[0], &bound_values(&direct));
+        assert_eq!(w.detail, Some("winograd_conv"));
+        assert_eq!(d.detail, Some("conv"));
+        assert_eq!(w.flops, d.flops);
+        let rate = |flops_per_s: f64| ClassRate {
+            flops_per_s,
+            bytes_per_s: 1e15,
+            half_flops: 0.0,
+            half_scale: None,
+            depth_s: 0.0,
+        };
+        let mut p = profile(1e9, 1e15, 0.0, 0.0);
+        // Without a rate of its own (a GPU's profile, an older CPU one): the conv rate.
+        p.classes.insert("conv", rate(1e11));
+        assert_eq!(kernel_time(&w, &p), kernel_time(&d, &p));
+        assert!((kernel_time(&w, &p) - w.flops / 1e11).abs() < 1e-12);
+        // With one, only the Winograd convolution takes it.
+        p.classes.insert("winograd_conv", rate(2e11));
+        assert!((kernel_time(&w, &p) - w.flops / 2e11).abs() < 1e-12);
+        assert!((kernel_time(&d, &p) - d.flops / 1e11).abs() < 1e-12);
     }
 
     #[test]

@@ -24,8 +24,8 @@
 //! ```
 //!
 //! A `class` is a kernel kind ([`CLASSES`]) or a finer detail class ([`DETAIL_CLASSES`]:
-//! gemm, conv, pointwise_conv, depthwise_conv, attention) that `rafter devices --profile`
-//! calibrates apart.
+//! gemm, conv, winograd_conv, pointwise_conv, depthwise_conv, attention) that `rafter
+//! devices --profile` calibrates apart.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -57,13 +57,28 @@ pub fn class_name(kind: KernelKind) -> &'static str {
 /// convolution, a depthwise convolution and fused attention reach very different shares
 /// of a device's peak. A profile without a detail class rates its kernels by their kind
 /// (profiles written before these existed still load and mean what they meant).
-pub const DETAIL_CLASSES: [&str; 5] = [
+///
+/// `winograd_conv` is a convolution the CPU runs by Winograd F(2x2, 3x3)
+/// (`rafter_ir::program::cpu_winograd`: 3x3, stride 1, one group, 100+ output pixels),
+/// 2.25x fewer multiply-adds than its flops count: its rate is in the direct
+/// convolution's flops per second, measured on those kernels alone, so that the other
+/// convolutions' rate no longer absorbs their speed. Only the CPU's profile has it; a
+/// profile without it (any GPU's: the SPIR-V generator has no Winograd; a CPU profile
+/// written before it existed) rates them as `conv` ([`parent_class`]), as before.
+pub const DETAIL_CLASSES: [&str; 6] = [
     "gemm",
     "conv",
+    "winograd_conv",
     "pointwise_conv",
     "depthwise_conv",
     "attention",
 ];
+
+/// The class a detail class falls back to when a profile does not rate it: a Winograd
+/// convolution is a convolution; the others fall back to their kernel kind.
+pub fn parent_class(detail: &str) -> Option<&'static str> {
+    (detail == "winograd_conv").then_some("conv")
+}
 
 /// The profile's spelling of a kind or detail class named `name`, if it is one.
 fn known_class(name: &str) -> Option<&'static str> {
@@ -133,10 +148,13 @@ impl CostProfile {
     }
 
     /// The rate for a kernel of `kind` whose detail class is `detail`: the detail's own
-    /// when the profile rates it, else the kind's ([`CostProfile::rate`]).
+    /// when the profile rates it, else its [`parent_class`]'s, else the kind's
+    /// ([`CostProfile::rate`]).
     pub fn rate_of(&self, detail: Option<&str>, kind: KernelKind) -> ClassRate {
+        let parent = detail.and_then(parent_class);
         detail
             .and_then(|d| self.classes.get(d))
+            .or_else(|| parent.and_then(|p| self.classes.get(p)))
             .copied()
             .unwrap_or_else(|| self.rate(kind))
     }
@@ -203,18 +221,35 @@ fn rates(contraction: (f64, f64, f64), streaming: (f64, f64)) -> BTreeMap<&'stat
         .collect()
 }
 
+/// How much faster than its other contractions the built-in CPU profile rates a Winograd
+/// convolution's flops (those of the direct convolution it computes): F(2x2, 3x3) does
+/// 2.25x fewer multiply-adds, less its transforms. Measured on the 2-core dev machine
+/// (`rafter devices --profile`): 212 GFLOP/s for `winograd_conv` against 117 for the
+/// direct `conv` and 103 for `gemm`, so 1.8x, the lower of the two.
+const WINOGRAD_DEFAULT_GAIN: f64 = 1.8;
+
 impl DeviceDescription {
     /// The built-in conservative profile for a device named `name`: a small multi-core
-    /// CPU for `cpu` (50 GFLOP/s GEMM, 10 GB/s streaming, 2 µs dispatch); for any other
+    /// CPU for `cpu` (50 GFLOP/s GEMM, [`WINOGRAD_DEFAULT_GAIN`] times that for Winograd
+    /// convolutions, 10 GB/s streaming, 2 µs dispatch); for any other
     /// device a modest discrete GPU behind a copying link (1 TFLOP/s, 100 GB/s, 20 µs
     /// dispatch, 10 GB/s copies with 20 µs latency). Real numbers come from
     /// `rafter devices --profile`; these only have to rank the obvious cases right.
     pub fn default_for(name: &str) -> DeviceDescription {
         if name == crate::backend::CPU {
+            let mut classes = rates((50e9, 20e9, 2e5), (2.5e9, 10e9));
+            let contraction = classes[class_name(KernelKind::Contraction)];
+            classes.insert(
+                "winograd_conv",
+                ClassRate {
+                    flops_per_s: contraction.flops_per_s * WINOGRAD_DEFAULT_GAIN,
+                    ..contraction
+                },
+            );
             return DeviceDescription {
                 name: name.to_string(),
                 profile: CostProfile {
-                    classes: rates((50e9, 20e9, 2e5), (2.5e9, 10e9)),
+                    classes,
                     dispatch_s: 2e-6,
                     barrier_s: 1e-6,
                     half_scale: 1.0,
@@ -536,6 +571,55 @@ mod tests {
         assert_eq!(e, "p.txt: line 3: `depth_s=fast` is not a number");
         let p = Profiles::parse(&line("2e-8"), "p.txt").unwrap();
         assert_eq!(Profiles::parse(&p.to_text(), "t").unwrap(), p);
+    }
+
+    /// A profile written before `winograd_conv` existed still loads, and rates those
+    /// convolutions as it did: at its `conv` rate, else its contraction rate.
+    #[test]
+    fn an_old_profile_rates_winograd_convolutions_as_convolutions() {
+        let text = "rafter-profiles 1\ndevice cpu dispatch_s=1e-6 barrier_s=0\n\
+                    class cpu contraction flops_per_s=5e10 bytes_per_s=1e10 half_flops=0\n\
+                    class cpu conv flops_per_s=2e11 bytes_per_s=1e10 half_flops=1e5\n";
+        let mut p = Profiles::parse(text, "old.txt").unwrap().get("cpu").profile;
+        let wino = p.rate_of(Some("winograd_conv"), KernelKind::Contraction);
+        assert_eq!(wino, p.classes["conv"]);
+        p.classes.remove("conv");
+        let wino = p.rate_of(Some("winograd_conv"), KernelKind::Contraction);
+        assert_eq!(wino, p.classes["contraction"]);
+        // Its own rate, once measured, round-trips.
+        let own = ClassRate {
+            flops_per_s: 4e11,
+            ..p.classes["contraction"]
+        };
+        p.classes.insert("winograd_conv", own);
+        assert_eq!(
+            p.rate_of(Some("winograd_conv"), KernelKind::Contraction),
+            own
+        );
+        let mut all = Profiles::default();
+        all.insert(DeviceDescription {
+            name: "cpu".into(),
+            profile: p,
+            memory_bytes: None,
+            link: None,
+        });
+        assert_eq!(Profiles::parse(&all.to_text(), "t").unwrap(), all);
+    }
+
+    /// The built-in CPU profile rates Winograd convolutions above its other contractions;
+    /// the built-in accelerator profile (no Winograd there) rates them as any.
+    #[test]
+    fn only_the_default_cpu_rates_winograd_faster() {
+        let k = KernelKind::Contraction;
+        let cpu = DeviceDescription::default_for("cpu").profile;
+        let wino = cpu.rate_of(Some("winograd_conv"), k).flops_per_s;
+        let conv = cpu.rate_of(Some("conv"), k).flops_per_s;
+        assert_eq!(wino, conv * WINOGRAD_DEFAULT_GAIN);
+        let gpu = DeviceDescription::default_for("vulkan").profile;
+        assert_eq!(
+            gpu.rate_of(Some("winograd_conv"), k),
+            gpu.rate_of(Some("conv"), k)
+        );
     }
 
     #[test]

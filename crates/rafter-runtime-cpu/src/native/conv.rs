@@ -9,8 +9,9 @@
 //!   2 (MobileNet's) runs `rafter_kernels_cpu::depthwise3x3` (vectorised, planes split over
 //!   the threads, the whole tail fused), other windows a direct loop per channel;
 //! - the tail's clamp (ReLU6) runs in the GEMM epilogue, not as a pass of its own;
-//! - 3×3 stride-1 ungrouped convolutions of a weight, whose outputs have at least
-//!   [`WINOGRAD_MIN_PIXELS`] pixels: Winograd F(2×2, 3×3) (`rafter_kernels_cpu::conv3x3`),
+//! - convolutions of a weight that `rafter_ir::program::cpu_winograd` takes (3×3, stride 1,
+//!   one group of more than 4 channels, at least 100 output pixels; the cost model rates
+//!   them by the same rule): Winograd F(2×2, 3×3) (`rafter_kernels_cpu::conv3x3`),
 //!   2.25× fewer multiply-adds, its transformed filter computed on the first call and kept
 //!   by the kernel (16/9 of the filter's bytes);
 //! - stems (at most [`STEM_MAX_CIN`] input channels, windows of [`STEM_MIN_TAPS`]+ taps):
@@ -20,6 +21,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
+use rafter_ir::program::{cpu_winograd, ConvGeometry};
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
     conv3x3, copy_strided, depthwise3x3, sgemm, stem_conv, Activation, BRef, Conv3x3, Depthwise3x3,
@@ -44,14 +46,6 @@ struct ConvKernel {
     /// The Winograd-transformed filter, by the weight it was computed from.
     winograd: Mutex<Option<(usize, Arc<WinogradWeights>)>>,
 }
-
-/// Outputs smaller than this (ResNet-50's 7×7 maps) run as im2col + GEMM. There the
-/// weights, not the multiply-adds, bound the time: 49 outputs per filter, and Winograd's
-/// filters are 16/9 the bytes (16.8 MB against 9.4 MB for 512 channels). With weights hot
-/// in cache Winograd wins (0.82 against 1.59 ms, `cargo bench -p rafter-kernels-cpu --bench
-/// winograd`), but inside ResNet-50 it gained ~7% on those layers for +34 MB of peak RSS
-/// (`rafter bench resnet50.onnx --trace`, both builds alternated, three rounds).
-pub(super) const WINOGRAD_MIN_PIXELS: usize = 100;
 
 pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
     let first = body.nodes.first()?;
@@ -322,14 +316,18 @@ impl ConvKernel {
         let Some(weight) = w.weight else {
             return Ok(false);
         };
-        if g != 1
-            || geo.k != [3, 3]
-            || geo.s != [1, 1]
-            || geo.d != [1, 1]
-            || oh * ow < WINOGRAD_MIN_PIXELS
-            || r.alpha != 1.0
-            || !act_ok
-        {
+        let shape = ConvGeometry {
+            window: geo.k,
+            strides: geo.s,
+            dilations: geo.d,
+            groups: g,
+            in_channels: c,
+            out_pixels: oh * ow,
+            dtype: DType::F32,
+        };
+        // The epilogue limits are this kernel's own (`Conv3x3` fuses a bias, a residual
+        // and a ReLU; a clamp runs in `Resolved::post`).
+        if !cpu_winograd(&shape) || r.alpha != 1.0 || !act_ok {
             return Ok(false);
         }
         let filters = {

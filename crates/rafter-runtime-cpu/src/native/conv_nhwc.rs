@@ -9,6 +9,9 @@
 //!   threads (`fill_a_splits_k`), each GEMM task copies only its own columns of `X'`
 //!   (`rafter_kernels_cpu::sgemm_fill_a`, `im2col_nhwc_cols`);
 //! - depthwise: no GEMM, `rafter_kernels_cpu::depthwise_nhwc` vectorised over channels;
+//! - what `rafter_ir::program::cpu_winograd` takes (3×3, stride 1, one group, at least 100
+//!   output pixels; the cost model rates those by the same rule): Winograd F(2×2, 3×3),
+//!   `rafter_kernels_cpu::conv3x3_nhwc`, its transformed filter made on the first call;
 //! - at most [`SMALL_CONV_MAX_CIN`] input channels (an RGB stem), weight left raw by the
 //!   compiler: no GEMM, `rafter_kernels_cpu::small_conv_nhwc` accumulates each pixel's
 //!   output channels in registers. When the body starts by transposing an NCHW input to
@@ -25,6 +28,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use rafter_ir::program::{cpu_winograd, ConvGeometry};
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
     conv3x3_nhwc, depthwise_nhwc, fill_a_splits_k, im2col_nhwc, im2col_nhwc_cols, sgemm,
@@ -33,7 +37,7 @@ use rafter_kernels_cpu::{
     WinogradNhwcWeights, K_SPLIT_MAX_ROWS, PACKED_B_NR,
 };
 
-use super::conv::{geometry, Geom, WINOGRAD_MIN_PIXELS};
+use super::conv::{geometry, Geom};
 use super::epilogue::{parse_chain_then_sigmoid, resolve_conv, EpiOp, Resolved, Src};
 use super::matmul::packed_prologue;
 use super::{input_of, known_dims, read_once, In, NativeKernel, Out, Par, TO_NHWC};
@@ -310,7 +314,16 @@ impl ConvNhwcKernel {
             WSrc::Input(i) => ins[i].f32s()?,
             WSrc::Packed { input, .. } => ins[input].f32s()?,
         };
-        if kh == 3 && kw == 3 && geo.s == [1, 1] && oh * ow >= WINOGRAD_MIN_PIXELS {
+        let shape = ConvGeometry {
+            window: geo.k,
+            strides: geo.s,
+            dilations: geo.d,
+            groups: g,
+            in_channels: c,
+            out_pixels: oh * ow,
+            dtype: DType::F32,
+        };
+        if cpu_winograd(&shape) {
             self.winograd(wdata, [n, h, wd, c], m, &geo, &r, xs, y)?;
             return Ok(true);
         }

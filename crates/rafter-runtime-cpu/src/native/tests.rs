@@ -331,9 +331,13 @@ fn convolutions_match_the_reference() {
         // a batch, stride 1).
         ([1, 3, 15, 15], 8, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1),
         ([2, 3, 17, 16], 10, [5, 5], [1, 1], [2, 1, 2, 3], [1, 1], 1),
-        // 3x3 stride 1 with >= WINOGRAD_MIN_PIXELS outputs: Winograd F(2x2, 3x3), with a
-        // batch, odd sizes and uneven padding (partial tiles).
+        // What `rafter_ir::program::cpu_winograd` takes (3x3 stride 1, > 4 channels, >= 100
+        // output pixels): Winograd F(2x2, 3x3), with a batch, odd sizes and uneven padding
+        // (partial tiles).
         ([2, 5, 12, 11], 6, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        ([1, 6, 13, 10], 4, [3, 3], [1, 1], [0, 1, 2, 0], [1, 1], 1),
+        // The same with 3 channels: not Winograd (im2col + GEMM in NCHW, the direct small
+        // convolution channels-last).
         ([1, 3, 13, 10], 4, [3, 3], [1, 1], [0, 1, 2, 0], [1, 1], 1),
         // A stem-like im2col above 2 MiB (27 x 20,022 floats) with short rows: built and
         // multiplied in blocks of output rows (the last one partial), per image.
