@@ -544,12 +544,7 @@ impl<'a> Row<'a> {
         scores: Word,
     ) -> R<Self> {
         let u32 = t.u32;
-        let size = |b: &mut Builder, s: Size| -> R<Word> {
-            match s {
-                Size::Known(k) => Ok(b.constant_bit32(u32, k as u32)),
-                Size::Param(i) => e.params.get(i).copied().ok_or_else(|| "dim param".into()),
-            }
-        };
+        let size = |b: &mut Builder, s: Size| grid::size_u32(b, t, e.params, s);
         let (sq, skv, past) = (size(b, l.sq)?, size(b, l.skv)?, size(b, l.past)?);
         let total = build(b.i_add(u32, None, past, skv))?;
         let (bh, i) = divmod(b, t, e.i, l.sq, sq)?;
@@ -587,14 +582,7 @@ impl<'a> Row<'a> {
 
     /// A size as a `u32` value of the module.
     fn size(&self, b: &mut Builder, s: Size) -> R<Word> {
-        match s {
-            Size::Known(k) => Ok(self.u(b, k as u32)),
-            Size::Param(i) => self
-                .params
-                .get(i)
-                .copied()
-                .ok_or_else(|| "dim param".into()),
-        }
+        grid::size_u32(b, self.t, self.params, s)
     }
     fn u(&self, b: &mut Builder, v: u32) -> Word {
         b.constant_bit32(self.t.u32, v)

@@ -145,7 +145,7 @@ fn element(b: &mut Builder, t: &Prelude, l: &Layout, e: Element) -> R<()> {
         u64,
         None,
         t.glsl,
-        41,
+        grid::GLSL_UMAX,
         [Arg::IdRef(per_batch), Arg::IdRef(one)],
     ))?;
     let batch = build(b.u_div(u64, None, p, per_batch))?;

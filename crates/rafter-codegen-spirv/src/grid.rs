@@ -23,7 +23,7 @@ pub const INLINE_BINDINGS: usize = 8;
 pub const MAX_BINDINGS: usize = 64;
 
 /// GLSL.std.450's `UMax`.
-const GLSL_UMAX: u32 = 41;
+pub(crate) const GLSL_UMAX: u32 = 41;
 
 /// What the per-element emitter sees: the binding addresses (body inputs, then outputs),
 /// the count param, the dim params ([`module_with_params`]) and the element index `i`, all
@@ -426,6 +426,20 @@ impl DimParams {
         }
         self.params.push(p);
         Ok(Size::Param(self.params.len() - 1))
+    }
+}
+
+/// `size` as a `u32` value of the module (a constant, or its param).
+pub(crate) fn size_u32(b: &mut Builder, t: &Prelude, params: &[Word], size: Size) -> R<Word> {
+    match size {
+        Size::Known(k) => {
+            let k = u32::try_from(k).map_err(|_| format!("size {k} over 32 bits"))?;
+            Ok(b.constant_bit32(t.u32, k))
+        }
+        Size::Param(i) => params
+            .get(i)
+            .copied()
+            .ok_or_else(|| "dim param out of range".into()),
     }
 }
 

@@ -214,12 +214,7 @@ fn is_small_input(g: &Graph, v: rafter_ir::ValueId) -> bool {
     if g.states.iter().any(|s| s.input == i) {
         return false;
     }
-    let ty = &val.ty;
-    if ty.rank() > 1 || !(ty.dtype.is_int() || ty.dtype.is_float()) {
-        return false;
-    }
-    ty.known_dims()
-        .is_some_and(|d| d.iter().product::<i64>() <= MAX_VALUE_ELEMENTS)
+    is_small_value(g, v)
 }
 
 /// Dims of operand `i` of `node`, if present.

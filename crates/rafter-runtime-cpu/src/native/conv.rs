@@ -94,6 +94,22 @@ pub(super) struct Geom {
     pub(super) out: [usize; 2],
 }
 
+impl Geom {
+    /// The f32 convolution of this window over `in_channels` in `groups`, as the CPU's
+    /// Winograd rule ([`cpu_winograd`]) reads it.
+    pub(super) fn f32_conv(&self, groups: usize, in_channels: usize) -> ConvGeometry {
+        ConvGeometry {
+            window: self.k,
+            strides: self.s,
+            dilations: self.d,
+            groups,
+            in_channels,
+            out_pixels: self.out[0] * self.out[1],
+            dtype: DType::F32,
+        }
+    }
+}
+
 /// ONNX Conv / Pool geometry for a 2-D input `in_sp` and window `k`; `None` for anything
 /// unusual (negative pads, wrong attribute lengths), which the reference path handles.
 pub(super) fn geometry(
@@ -316,15 +332,7 @@ impl ConvKernel {
         let Some(weight) = w.weight else {
             return Ok(false);
         };
-        let shape = ConvGeometry {
-            window: geo.k,
-            strides: geo.s,
-            dilations: geo.d,
-            groups: g,
-            in_channels: c,
-            out_pixels: oh * ow,
-            dtype: DType::F32,
-        };
+        let shape = geo.f32_conv(g, c);
         // The epilogue limits are this kernel's own (`Conv3x3` fuses a bias, a residual
         // and a ReLU; a clamp runs in `Resolved::post`).
         if !cpu_winograd(&shape) || r.alpha != 1.0 || !act_ok {

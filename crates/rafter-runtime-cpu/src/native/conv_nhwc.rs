@@ -28,7 +28,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use rafter_ir::program::{cpu_winograd, ConvGeometry};
+use rafter_ir::program::cpu_winograd;
 use rafter_ir::{AutoPad, DType, Graph, Op};
 use rafter_kernels_cpu::{
     conv3x3_nhwc, depthwise_nhwc, fill_a_splits_k, im2col_nhwc, im2col_nhwc_cols, sgemm,
@@ -314,15 +314,7 @@ impl ConvNhwcKernel {
             WSrc::Input(i) => ins[i].f32s()?,
             WSrc::Packed { input, .. } => ins[input].f32s()?,
         };
-        let shape = ConvGeometry {
-            window: geo.k,
-            strides: geo.s,
-            dilations: geo.d,
-            groups: g,
-            in_channels: c,
-            out_pixels: oh * ow,
-            dtype: DType::F32,
-        };
+        let shape = geo.f32_conv(g, c);
         if cpu_winograd(&shape) {
             self.winograd(wdata, [n, h, wd, c], m, &geo, &r, xs, y)?;
             return Ok(true);
