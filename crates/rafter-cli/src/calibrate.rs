@@ -28,9 +28,11 @@
 //! which the model charges apart. This is also what `rafter bench --estimate` measures
 //! the estimates against.
 //!
-//! The link to an accelerator is the host's copy bandwidth (the runtime's cross-device
-//! copies are host copies into mapped memory) with the accelerator's empty-call time as
-//! its latency. Each figure is the fastest of several timed calls after warm-up (on a
+//! The link to an accelerator is measured in situ (two `add` calls whose inputs and
+//! result cross it: a rate and a fixed cost). It is zero-copy where the accelerator's own
+//! memory is host-coherent (unified memory, lavapipe), and, on a discrete GPU that reaches
+//! the host's cached memory, where a call split across the devices ran faster with its
+//! crossings handed over in that memory than copied ([`host_memory_crossings`]). Each figure is the fastest of several timed calls after warm-up (on a
 //! shared machine the least disturbed; `rafter bench --estimate` compares against its
 //! fastest call likewise).
 
@@ -43,7 +45,7 @@ use rafter_hal::{TraceEvent, TraceKind};
 use rafter_ir::program::KernelKind;
 use rafter_opt::partition::cost::{self, KernelWork};
 use rafter_opt::partition::device::class_name;
-use rafter_opt::partition::{ClassRate, CostProfile, DeviceDescription, Link};
+use rafter_opt::partition::{ClassRate, CostProfile, DeviceDescription, Link, SharedMemory};
 use rafter_reference::Bindings;
 use rafter_runtime::{ChromeTrace, Session, SessionOptions};
 use rafter_runtime_cpu::CpuDeviceOptions;
@@ -102,6 +104,41 @@ impl Bench {
             ..Default::default()
         };
         let compiled = rafter_compiler::compile(&graph, &options)?;
+        self.time_compiled(compiled, target, only)
+    }
+
+    /// The fastest call of `graph_text` lowered for the host and placed by hand: kernel
+    /// `k` on `devices[k]` (0 the host, 1 this bench's accelerator), each tensor crossing
+    /// zero-copy in `shared` memory, or copied when `None`.
+    fn time_placed(
+        &self,
+        graph_text: &str,
+        devices: &[usize],
+        shared: Option<SharedMemory>,
+    ) -> Result<f64> {
+        let graph = rafter_ir::text::parse_graph(graph_text)
+            .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
+        let target = rafter_compiler::target(&self.target)?;
+        let mut p = rafter_opt::lower(&graph, &rafter_opt::LowerOptions::default())?;
+        anyhow::ensure!(
+            p.kernels.len() == devices.len(),
+            "calibration graph lowers to {} kernels, not the {} placed",
+            p.kernels.len(),
+            devices.len()
+        );
+        let names = rafter_opt::place::device_names(target.accelerators());
+        rafter_opt::place::apply_placement(&mut p, &names, devices, &[None, shared]);
+        rafter_opt::memplan::plan_memory(&mut p, &rafter_opt::memplan::PlanOptions::default())?;
+        let compiled = rafter_compiler::package(p, &target)?;
+        Ok(self.time_compiled(compiled, &self.target, None)?.call_s)
+    }
+
+    fn time_compiled(
+        &self,
+        compiled: rafter_compiler::Compiled,
+        target: &str,
+        only: Option<&str>,
+    ) -> Result<Timing> {
         let executables = compiled.executables();
         let program = compiled.program;
         let opts = model::with_executables(SessionOptions::new(), &executables);
@@ -787,7 +824,11 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         let r = classes.get_mut(class).expect("a class with probes");
         r.half_scale = Some(class_half_scale(&bench, &p, r).with_context(|| ctx(&p.what))?);
     }
-    let zero_copy = device != "cpu" && shares_host_memory(&bench, device)?;
+    let shared = if device == "cpu" {
+        None
+    } else {
+        shared_memory(&bench, device)?
+    };
     let link = if device == "cpu" {
         None
     } else {
@@ -799,7 +840,8 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         Some(Link {
             bytes_per_s,
             latency_s,
-            zero_copy,
+            zero_copy: shared.is_some(),
+            shared_memory: shared.unwrap_or_default(),
         })
     };
     Ok(DeviceDescription {
@@ -864,13 +906,83 @@ fn class_half_scale(bench: &Bench, p: &Probe, f32: &ClassRate) -> Result<f64> {
 /// hands them over by semaphore alone (`rafter_opt::place::apply_placement`). A discrete
 /// GPU's resizable BAR is host-visible too, but the host reads it uncached over PCIe, so
 /// it is not counted here.
-fn shares_host_memory(bench: &Bench, device: &str) -> Result<bool> {
+fn shared_memory(bench: &Bench, device: &str) -> Result<Option<SharedMemory>> {
     let Some(d) = bench.devices.get(device) else {
         anyhow::bail!("device `{device}` was not opened for calibration");
     };
-    Ok(d.info()
-        .memory_kind(rafter_hal::MemoryKind::DeviceLocal)
-        .is_some_and(|m| m.host_visible && m.host_coherent))
+    let coherent = |kind| {
+        d.info()
+            .memory_kind(kind)
+            .is_some_and(|m| m.host_visible && m.host_coherent)
+    };
+    if coherent(rafter_hal::MemoryKind::DeviceLocal) {
+        return Ok(Some(SharedMemory::Device));
+    }
+    if !coherent(rafter_hal::MemoryKind::Host) {
+        return Ok(None);
+    }
+    // A probe that fails leaves the link copying (what it was before zero-copy in host
+    // memory existed), said, rather than failing the whole profile.
+    let (copied, shared) = match host_memory_crossings(bench) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("calibrate {device}: zero-copy in host memory not measured: {e:#}");
+            return Ok(None);
+        }
+    };
+    eprintln!(
+        "calibrate {device}: a split call crossing twice through host memory: {:.1} us \
+         copied, {:.1} us zero-copy: {}",
+        copied * 1e6,
+        shared * 1e6,
+        if shared < copied {
+            "zero-copy"
+        } else {
+            "copies"
+        }
+    );
+    Ok((shared < copied).then_some(SharedMemory::Host))
+}
+
+/// The elements of [`crossing_probe`]'s tensors: 1 MiB of f32, about a CNN's mid-graph
+/// activation.
+const CROSSING_PROBE_ELEMS: usize = 1 << 18;
+
+/// Three softmaxes over `[256, 1024]`, each its own kernel: placed GPU, host, GPU, the
+/// call crosses devices twice mid-graph, as a model split around a host-only kernel does.
+fn crossing_probe() -> Probe {
+    let shape = format!("256, {}", CROSSING_PROBE_ELEMS / 256);
+    let op = "softmax{kind = softmax, axis = -1}";
+    // No sink kernel (see `with_sink`): both variants write the result alike.
+    Probe {
+        what: format!("split softmaxes [{shape}]"),
+        text: format!(
+            "graph @split(%a: f32[{shape}]) -> (%c) {{\n  \
+             %x: f32[{shape}] = {op}(%a)\n  \
+             %b: f32[{shape}] = {op}(%x)\n  \
+             %c: f32[{shape}] = {op}(%b)\n}}"
+        ),
+    }
+}
+
+/// Where the accelerator's own memory is not the host's (a discrete GPU) but it reaches
+/// the host's cached memory over its bus: the fastest call of [`crossing_probe`] with
+/// its two crossings copied (the GPU's result written to host memory, copied into the
+/// host's arena; the host's result copied into the GPU's host-visible memory) and with
+/// them zero-copy in host memory (each handed over in place, the GPU's kernels reading
+/// and writing host memory over the bus). The link is zero-copy when that is faster:
+/// decided by measurement, since it trades host copies for kernels working across the
+/// bus.
+fn host_memory_crossings(bench: &Bench) -> Result<(f64, f64)> {
+    let p = crossing_probe();
+    let placed = [1, 0, 1];
+    let copied = bench
+        .time_placed(&p.text, &placed, None)
+        .with_context(|| format!("{} with copies", p.what))?;
+    let shared = bench
+        .time_placed(&p.text, &placed, Some(SharedMemory::Host))
+        .with_context(|| format!("{} zero-copy", p.what))?;
+    Ok((copied, shared))
 }
 
 /// The elements of the link probes' tensors: 1 MiB and 16 MiB of f32.
@@ -923,6 +1035,31 @@ fn host_copy_bandwidth() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The split call runs both ways on a real Vulkan device (lavapipe in CI: its `host`
+    /// memory is what a discrete GPU's kernels would reach over the bus).
+    #[test]
+    fn host_memory_crossings_time_the_split_call_both_ways() {
+        let Ok(bench) = Bench::open("vulkan") else {
+            eprintln!("skipping host_memory_crossings: no Vulkan device");
+            return;
+        };
+        if bench.devices.get("vulkan").is_none() {
+            eprintln!("skipping host_memory_crossings: no Vulkan device");
+            return;
+        }
+        let (copied, shared) = host_memory_crossings(&bench).unwrap();
+        assert!(copied.is_finite() && copied > 0.0, "{copied}");
+        assert!(shared.is_finite() && shared > 0.0, "{shared}");
+    }
+
+    #[test]
+    fn the_crossing_probe_lowers_to_three_kernels_one_per_placed_device() {
+        let p = crossing_probe();
+        let g = rafter_ir::text::parse_graph(&p.text).unwrap();
+        let lowered = rafter_opt::lower(&g, &rafter_opt::LowerOptions::default()).unwrap();
+        assert_eq!(lowered.kernels.len(), 3, "{:#?}", lowered.kernels);
+    }
 
     fn work(flops: f64, bytes: f64) -> KernelWork {
         KernelWork {

@@ -96,11 +96,14 @@ pub fn device_lines(events: &[TraceEvent]) -> Vec<String> {
         .collect()
 }
 
-/// Handoffs between devices in `events`, seconds each: a span that starts on a device
-/// idle since another device's work ended, measured from that end (the producer's last
-/// work, then its semaphore signal) to this start (the consumer's first work). For a
-/// zero-copy boundary this is the whole cost of the crossing.
-pub fn handoffs(events: &[TraceEvent]) -> Vec<f64> {
+/// A handoff between devices: producer, consumer, seconds.
+pub type Handoff = (String, String, f64);
+
+/// Handoffs between devices in `events`: a span that starts on a device idle since
+/// another device's work ended, measured from that end (the producer's last work, then its
+/// semaphore signal) to this start (the consumer's first work). For a zero-copy boundary
+/// this is the whole cost of the crossing.
+pub fn handoffs(events: &[TraceEvent]) -> Vec<Handoff> {
     let mut sorted: Vec<&TraceEvent> = events.iter().collect();
     sorted.sort_by_key(|e| e.start);
     let mut last_end: BTreeMap<&str, Instant> = BTreeMap::new();
@@ -110,11 +113,11 @@ pub fn handoffs(events: &[TraceEvent]) -> Vec<f64> {
         let other = last_end
             .iter()
             .filter(|(k, t)| **k != d && **t <= e.start)
-            .map(|(_, t)| *t)
-            .max();
-        if let Some(o) = other {
+            .max_by_key(|(_, t)| **t)
+            .map(|(k, t)| (*k, *t));
+        if let Some((from, o)) = other {
             if last_end.get(d).is_none_or(|own| *own <= o) {
-                out.push((e.start - o).as_secs_f64());
+                out.push((from.to_string(), d.to_string(), (e.start - o).as_secs_f64()));
             }
         }
         let end = last_end.entry(d).or_insert(e.end);
@@ -123,18 +126,37 @@ pub fn handoffs(events: &[TraceEvent]) -> Vec<f64> {
     out
 }
 
-/// `handoffs between devices: 12, median 8.1 us, max 20.3 us`, or nothing without any.
+/// `n, median M us, max X us` of `secs` (not empty).
+fn spread(mut secs: Vec<f64>) -> String {
+    secs.sort_by(f64::total_cmp);
+    format!(
+        "{}, median {:.1} us, max {:.1} us",
+        secs.len(),
+        secs[secs.len() / 2] * 1e6,
+        secs[secs.len() - 1] * 1e6
+    )
+}
+
+/// `handoffs between devices: 12, median 8.1 us, max 20.3 us (cpu->vulkan: 6, median ...;
+/// vulkan->cpu: ...)`, or nothing without any: the two directions take different paths
+/// (a host signal the GPU's queue waits on; a GPU signal a host thread wakes for).
 pub fn handoff_line(events: &[TraceEvent]) -> Option<String> {
-    let mut h = handoffs(events);
+    let h = handoffs(events);
     if h.is_empty() {
         return None;
     }
-    h.sort_by(f64::total_cmp);
+    let mut ways: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
+    for (from, to, s) in &h {
+        ways.entry((from, to)).or_default().push(*s);
+    }
+    let ways: Vec<String> = ways
+        .into_iter()
+        .map(|((from, to), secs)| format!("{from}->{to}: {}", spread(secs)))
+        .collect();
     Some(format!(
-        "handoffs between devices: {}, median {:.1} us, max {:.1} us",
-        h.len(),
-        h[h.len() / 2] * 1e6,
-        h[h.len() - 1] * 1e6
+        "handoffs between devices: {} ({})",
+        spread(h.iter().map(|x| x.2).collect()),
+        ways.join("; ")
     ))
 }
 
@@ -401,10 +423,14 @@ mod tests {
         ];
         let h = handoffs(&events);
         assert_eq!(h.len(), 2, "{h:?}");
-        assert!(h.iter().all(|x| (x - 0.001).abs() < 1e-9), "{h:?}");
+        assert!(h.iter().all(|x| (x.2 - 0.001).abs() < 1e-9), "{h:?}");
+        assert_eq!((h[0].0.as_str(), h[0].1.as_str()), ("cpu", "vulkan"));
+        assert_eq!((h[1].0.as_str(), h[1].1.as_str()), ("vulkan", "cpu"));
         assert_eq!(
             handoff_line(&events).unwrap(),
-            "handoffs between devices: 2, median 1000.0 us, max 1000.0 us"
+            "handoffs between devices: 2, median 1000.0 us, max 1000.0 us \
+             (cpu->vulkan: 1, median 1000.0 us, max 1000.0 us; \
+             vulkan->cpu: 1, median 1000.0 us, max 1000.0 us)"
         );
     }
 }

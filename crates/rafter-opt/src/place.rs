@@ -22,6 +22,11 @@
 //!   `host_visible_shared` memory, which the host maps to do the copy (the zero-copy memory
 //!   of unified-memory and resizable-BAR GPUs); those a copy reads back to the host live in
 //!   `host` memory (host-cached: reading uncached BAR memory from the CPU is very slow).
+//! - **zero-copy**: over a link that shares memory with the host ([`apply_placement`]), a
+//!   tensor crossing between the host and the device is no copy but one buffer both
+//!   devices' kernels use in place: in `host_visible_shared` memory where that is the
+//!   host's (unified memory), in `host` memory where the device reaches the host's cached
+//!   memory over its bus (a discrete GPU).
 //!
 //! Copies run between the host and one accelerator; with several accelerators, a buffer
 //! one makes and another reads would need a copy between the two, which the runtime does
@@ -35,6 +40,7 @@ use rafter_ir::{Symbol, TensorType};
 
 use crate::backend::Backend;
 pub use crate::backend::CPU;
+pub use crate::partition::SharedMemory;
 
 /// Whether kernel `k` of `p` can run on `backend`'s device; the error says briefly why not
 /// (`rafter plan` prints it for every kernel that fell back to the CPU). Beyond what the
@@ -148,7 +154,7 @@ fn sized_by(ty: &TensorType, symbols: &HashSet<Symbol>) -> bool {
 pub fn place_on_devices(p: &mut Program, accelerators: &[Arc<dyn Backend>]) {
     let devices = greedy_devices(p, accelerators);
     let names = device_names(accelerators);
-    apply_placement(p, &names, &devices, &vec![false; names.len()]);
+    apply_placement(p, &names, &devices, &vec![None; names.len()]);
 }
 
 /// The device names placement indexes: the host (0), then accelerator `i` as `i + 1`.
@@ -175,18 +181,28 @@ pub fn greedy_devices(p: &Program, accelerators: &[Arc<dyn Backend>]) -> Vec<usi
 /// homes, copies and arenas that needs (see the module doc). The caller has checked that
 /// each device supports its kernels.
 ///
-/// `zero_copy[d]`: device `d` and the host address the same memory (the topology says so:
-/// unified memory, lavapipe's host memory). Then a tensor crossing between the host and
-/// `d` is no copy: it is allocated once, in `d`'s `host_visible_shared` arena, the host's
-/// kernels work on it in place, and the runtime hands it over by semaphore alone. That
-/// holds for an arena tensor one side makes and the other reads, for an input `d` reads
-/// first and the host later, and for an output `d` makes and the host reads; other
-/// crossings (a weight, an input the host reads first) still copy.
-pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize], zero_copy: &[bool]) {
+/// `zero_copy[d]`: where device `d` and the host address the same memory, if they do (the
+/// topology says so). Then a tensor crossing between the host and `d` is no copy: it is
+/// allocated once, in `d`'s arena of that memory, the host's kernels work on it in place,
+/// and the runtime hands it over by semaphore alone. [`SharedMemory::Device`] (unified
+/// memory, lavapipe's host memory): the `host_visible_shared` arena, and this holds for an
+/// arena tensor one side makes and the other reads, for an input `d` reads first and the
+/// host later, and for an output `d` makes and the host reads. [`SharedMemory::Host`] (a
+/// discrete GPU reaching host memory over its bus): the `host` arena, for arena tensors
+/// and outputs (an input lives in the device's host-visible memory, which the host reads
+/// uncached, so a host read of it still copies). Other crossings (a weight, an input the
+/// host reads first) copy.
+pub fn apply_placement(
+    p: &mut Program,
+    names: &[String],
+    devices: &[usize],
+    zero_copy: &[Option<SharedMemory>],
+) {
     if devices.iter().all(|&d| d == 0) {
         return;
     }
-    let zero_copy_with = |d: usize| d != 0 && zero_copy.get(d).copied().unwrap_or(false);
+    let shared_with = |d: usize| zero_copy.get(d).copied().flatten().filter(|_| d != 0);
+    let zero_copy_with = |d: usize| shared_with(d).is_some();
     for (kernel, &d) in p.kernels.iter_mut().zip(devices) {
         kernel.device = names[d].clone();
     }
@@ -240,10 +256,9 @@ pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize], zer
                 if d == 0
                     && zero_copy_with(h)
                     && (shared.contains(&b)
-                        || matches!(
-                            p.buffers[b].storage,
-                            Storage::Input(_) | Storage::Output(_)
-                        )) =>
+                        || matches!(p.buffers[b].storage, Storage::Output(_))
+                        || (matches!(p.buffers[b].storage, Storage::Input(_))
+                            && shared_with(h) == Some(SharedMemory::Device))) =>
             {
                 return b
             }
@@ -358,7 +373,7 @@ pub fn apply_placement(p: &mut Program, names: &[String], devices: &[usize], zer
         // on the H100: 2.6 s per call). What the host writes for the device stays in
         // `host_visible_shared` (sequential writes are fast there, the device reads locally).
         let memory = if shared.contains(&b) {
-            "host_visible_shared"
+            shared_with(d).map_or("host_visible_shared", SharedMemory::arena_memory)
         } else if read_back.contains(&b) {
             "host"
         } else if crossing.contains(&b) {

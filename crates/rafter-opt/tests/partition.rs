@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use common::{check_equivalent_with, parse, rand_f32};
 use rafter_ir::program::Program;
+use rafter_ir::program::{Step, Storage};
 use rafter_ir::Graph;
 use rafter_opt::partition::{
     self, ClassRate, CostProfile, DeviceDescription, Link, Objective, PlacementOptions, Profiles,
-    Strategy,
+    SharedMemory, Strategy,
 };
 use rafter_opt::{Backend, CompileOptions, Section, Target};
 
@@ -81,6 +82,7 @@ fn slow_link() -> Link {
         bytes_per_s: 1e9,
         latency_s: 50e-6,
         zero_copy: false,
+        shared_memory: SharedMemory::Device,
     }
 }
 
@@ -176,6 +178,75 @@ fn the_partitioner_beats_greedy_when_unsupported_kernels_sit_mid_graph() {
     assert_eq!(devices(&compiled), ["npu", "cpu", "cpu", "cpu", "npu"]);
 }
 
+/// A discrete accelerator reaching host memory over its bus (`shared_memory=host`): the
+/// crossings of the best split are no copies but tensors in the npu's `host` arena, which
+/// both devices' kernels use in place; the estimate still pays the bus (the same bytes at
+/// the link's rate) but not the host's copy work.
+#[test]
+fn a_link_shared_in_host_memory_places_crossings_in_the_host_arena_without_copies() {
+    let g = parse(MID_GRAPH);
+    let estimate = |shared: Option<SharedMemory>| {
+        let mut link = slow_link();
+        link.zero_copy = shared.is_some();
+        link.shared_memory = shared.unwrap_or_default();
+        let t = target(NPU_OPS, cost_model(profiles(1e12, link)));
+        let m = partition::model(&lowered(&g), &t);
+        let (best, est) = m.search(Objective::Latency);
+        (best, est, t)
+    };
+    let (copy_best, copy_est, _) = estimate(None);
+    let (host_best, host_est, t) = estimate(Some(SharedMemory::Host));
+    let (_, device_est, _) = estimate(Some(SharedMemory::Device));
+    assert_eq!(host_best, copy_best);
+    assert!(host_est.boundaries.iter().all(|b| b.zero_copy));
+    // The same bytes cross the bus at the same rate; only the host's copying is gone, and
+    // a link whose memory is the host's pays no bus at all.
+    assert!(host_est.makespan_s <= copy_est.makespan_s + 1e-12);
+    assert!(device_est.makespan_s < host_est.makespan_s);
+    let compiled = check_equivalent_with(
+        &g,
+        vec![
+            rand_f32(&[256, 256], 1),
+            rand_f32(&[256, 256], 2),
+            rand_f32(&[256, 256], 3),
+        ],
+        &CompileOptions {
+            target: t,
+            ..CompileOptions::default()
+        },
+    );
+    assert_eq!(devices(&compiled), ["npu", "cpu", "cpu", "cpu", "npu"]);
+    let mut shared = 0;
+    for step in &compiled.steps {
+        match step {
+            Step::Copy { src, .. } => assert!(
+                !matches!(compiled.buffers[*src].storage, Storage::Arena { .. }),
+                "a kernel's result `{}` is copied",
+                compiled.buffers[*src].name
+            ),
+            Step::Dispatch {
+                kernel,
+                args,
+                results,
+            } => {
+                for &b in args.iter().chain(results.iter().flatten()) {
+                    if let Storage::Arena { arena, .. } = compiled.buffers[b].storage {
+                        let a = &compiled.arenas[arena];
+                        if a.device != compiled.kernels[*kernel].device {
+                            assert_eq!((a.device.as_str(), a.memory.as_str()), ("npu", "host"));
+                            shared += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        shared, 2,
+        "the host reads one crossing and writes the other, in place"
+    );
+}
+
 #[test]
 fn a_slow_accelerator_loses_to_the_host_and_the_program_compiles_for_the_cpu() {
     // An npu no faster than the host behind a slow link: crossings only cost.
@@ -211,6 +282,7 @@ fn throughput_balances_stages_where_latency_keeps_one_device() {
         bytes_per_s: 1e9,
         latency_s: 1e-6,
         zero_copy: true,
+        shared_memory: SharedMemory::Device,
     };
     let mut prof = profiles(10e9, link);
     prof.devices.get_mut("npu").unwrap().profile = profile(10e9, 10e9, 1e-6);

@@ -23,6 +23,10 @@
 //! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
 //! ```
 //!
+//! A zero-copy link names where its shared tensors live, `shared_memory=device` (the
+//! default: the device's own memory, which the host maps) or `shared_memory=host`:
+//! `link vulkan bytes_per_s=2e10 latency_s=3e-5 zero_copy=true shared_memory=host`.
+//!
 //! A `class` is a kernel kind ([`CLASSES`]) or a finer detail class ([`DETAIL_CLASSES`]:
 //! gemm, conv, winograd_conv, pointwise_conv, depthwise_conv, attention) that `rafter
 //! devices --profile` calibrates apart.
@@ -168,8 +172,57 @@ pub struct Link {
     /// Fixed cost of one crossing (the copy's start, the wait on the producer), seconds.
     pub latency_s: f64,
     /// Whether a crossing needs no copy (both sides address the same memory and the
-    /// runtime hands the tensor over by semaphore alone); only the latency is paid then.
+    /// runtime hands the tensor over by semaphore alone).
     pub zero_copy: bool,
+    /// Where a zero-copy crossing's tensor lives (ignored when `zero_copy` is false).
+    pub shared_memory: SharedMemory,
+}
+
+/// The memory a zero-copy link's crossing tensors live in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SharedMemory {
+    /// The device's own memory, mapped by the host: unified-memory GPUs and lavapipe, where
+    /// that memory *is* host memory. A crossing then costs its latency alone.
+    #[default]
+    Device,
+    /// The host's cached memory, which the device's kernels reach over its bus: a discrete
+    /// GPU, whose own host-visible memory (the resizable BAR) the CPU reads uncached, orders
+    /// of magnitude slower than cached memory (BERT-base on the H100: 2.6 s a call when
+    /// results were read from it). The bytes still cross the bus, inside the kernels that
+    /// touch the tensor, at the link's rate; what goes is the host's copy and its step.
+    Host,
+}
+
+impl SharedMemory {
+    /// The memory-kind keyword of the arena holding the shared tensors
+    /// (`rafter_ir::program::Arena::memory`).
+    pub fn arena_memory(self) -> &'static str {
+        match self {
+            SharedMemory::Device => "host_visible_shared",
+            SharedMemory::Host => "host",
+        }
+    }
+
+    /// Its word in profile files.
+    pub fn word(self) -> &'static str {
+        match self {
+            SharedMemory::Device => "device",
+            SharedMemory::Host => "host",
+        }
+    }
+}
+
+impl Link {
+    /// Where the crossing tensors of this link live when it is zero-copy, else `None`.
+    pub fn shared(&self) -> Option<SharedMemory> {
+        self.zero_copy.then_some(self.shared_memory)
+    }
+
+    /// Whether the device's own memory is the host's: tensors crossing cost no bus
+    /// transfer at all (a zero-copy link in [`SharedMemory::Device`]).
+    pub fn in_place(&self) -> bool {
+        self.shared() == Some(SharedMemory::Device)
+    }
 }
 
 /// Everything the partitioner knows of one device.
@@ -271,6 +324,7 @@ impl DeviceDescription {
                 bytes_per_s: 10e9,
                 latency_s: 20e-6,
                 zero_copy: false,
+                shared_memory: SharedMemory::Device,
             }),
         }
     }
@@ -332,11 +386,15 @@ impl Profiles {
                 s.push('\n');
             }
             if let Some(l) = d.link {
-                let _ = writeln!(
+                let _ = write!(
                     s,
                     "link {} bytes_per_s={:e} latency_s={:e} zero_copy={}",
                     d.name, l.bytes_per_s, l.latency_s, l.zero_copy
                 );
+                if l.shared_memory != SharedMemory::Device {
+                    let _ = write!(s, " shared_memory={}", l.shared_memory.word());
+                }
+                s.push('\n');
             }
         }
         s
@@ -469,16 +527,25 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
         }
         ["link", name, rest @ ..] => {
             device_of(out, name)?;
-            let f = Fields::new(rest, &["bytes_per_s", "latency_s", "zero_copy"])?;
+            let f = Fields::new(
+                rest,
+                &["bytes_per_s", "latency_s", "zero_copy", "shared_memory"],
+            )?;
             let zero_copy = match f.0.get("zero_copy").copied() {
                 Some("true") => true,
                 Some("false") | None => false,
                 Some(v) => return Err(format!("`zero_copy={v}` is not true or false")),
             };
+            let shared_memory = match f.0.get("shared_memory").copied() {
+                Some("device") | None => SharedMemory::Device,
+                Some("host") => SharedMemory::Host,
+                Some(v) => return Err(format!("`shared_memory={v}` is not device or host")),
+            };
             let link = Link {
                 bytes_per_s: f.rate("bytes_per_s")?,
                 latency_s: f.num("latency_s")?,
                 zero_copy,
+                shared_memory,
             };
             out.devices.get_mut(*name).expect("checked above").link = Some(link);
         }
@@ -503,6 +570,36 @@ mod tests {
         let text = p.to_text();
         assert!(text.contains("half_scale=3.5e0"), "{text}");
         assert_eq!(Profiles::parse(&text, "t").unwrap(), p);
+    }
+
+    #[test]
+    fn a_links_shared_memory_round_trips_and_defaults_to_the_devices() {
+        let line = |extra: &str| {
+            format!(
+                "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\n\
+                 link g bytes_per_s=1e10 latency_s=1e-5 zero_copy=true{extra}\n"
+            )
+        };
+        // Profiles written before the field: a zero-copy link is in the device's memory.
+        let old = Profiles::parse(&line(""), "p.txt").unwrap();
+        let link = old.devices["g"].link.unwrap();
+        assert_eq!(link.shared(), Some(SharedMemory::Device));
+        assert!(link.in_place());
+        let host = Profiles::parse(&line(" shared_memory=host"), "p.txt").unwrap();
+        let link = host.devices["g"].link.unwrap();
+        assert_eq!(link.shared(), Some(SharedMemory::Host));
+        assert!(!link.in_place());
+        assert!(host.to_text().contains("zero_copy=true shared_memory=host"));
+        assert_eq!(Profiles::parse(&host.to_text(), "t").unwrap(), host);
+        let e = Profiles::parse(&line(" shared_memory=bar"), "p.txt").unwrap_err();
+        assert_eq!(
+            e,
+            "p.txt: line 3: `shared_memory=bar` is not device or host"
+        );
+        // Not zero-copy: nothing is shared, whatever the field says.
+        let mut copy = link;
+        copy.zero_copy = false;
+        assert_eq!(copy.shared(), None);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::fmt::Write as _;
 
 use rafter_ir::program::Program;
 
-pub use device::{ClassRate, CostProfile, DeviceDescription, Link, Profiles};
+pub use device::{ClassRate, CostProfile, DeviceDescription, Link, Profiles, SharedMemory};
 pub use search::{Boundary, Estimate, Model, Objective};
 
 use crate::backend::{Target, CPU};
@@ -187,12 +187,13 @@ pub fn place_for_target(
     }
 }
 
-/// Per device, whether its link to the host is zero-copy (the topology the descriptions
-/// give: `place::apply_placement` then allocates crossing tensors once, in shared memory).
-fn zero_copy_links(devices: &[DeviceDescription]) -> Vec<bool> {
+/// Per device, the memory it shares with the host if its link is zero-copy (the topology
+/// the descriptions give: `place::apply_placement` then allocates crossing tensors once,
+/// in that memory).
+fn zero_copy_links(devices: &[DeviceDescription]) -> Vec<Option<SharedMemory>> {
     devices
         .iter()
-        .map(|d| d.link.is_some_and(|l| l.zero_copy))
+        .map(|d| d.link.and_then(|l| l.shared()))
         .collect()
 }
 

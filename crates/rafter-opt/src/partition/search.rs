@@ -249,23 +249,23 @@ impl Model {
 
     /// When the call's input `b` is ready in device `d`'s memory: the host writes it there
     /// (a copy on the host's timeline `host_free`, none for the host's own memory or a
-    /// zero-copy link), and the call reaches `d` after its link's latency, the round trip
-    /// of a submission.
+    /// link whose device memory is the host's), and the call reaches `d` after its link's
+    /// latency, the round trip of a submission.
     fn upload(&self, b: usize, d: usize, host_free: &mut f64) -> f64 {
         let Some(link) = self.devices[d].link.filter(|_| d != 0) else {
             return 0.0;
         };
-        if !link.zero_copy {
+        if !link.in_place() {
             *host_free += self.buffer_bytes[b] / link.bytes_per_s;
         }
         *host_free + link.latency_s
     }
 
     /// Seconds for the host to have the call's result `b` from device `d` (none for the
-    /// host's own or a zero-copy link's memory).
+    /// host's own memory or a link whose device memory is the host's).
     fn download(&self, b: usize, d: usize) -> f64 {
         match self.devices[d].link {
-            Some(link) if d != 0 && !link.zero_copy => self.buffer_bytes[b] / link.bytes_per_s,
+            Some(link) if d != 0 && !link.in_place() => self.buffer_bytes[b] / link.bytes_per_s,
             _ => 0.0,
         }
     }
