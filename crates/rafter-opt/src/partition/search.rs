@@ -4,7 +4,10 @@
 //! order, each device running its kernels one after another, a kernel starting when its
 //! device is free and its operands are there; a tensor crossing devices is copied once per
 //! device that reads it, by the host (the host thread does the runtime's copies, so a
-//! copy occupies the host's timeline). The call's inputs start on the host: the host
+//! copy occupies the host's timeline); over a zero-copy link it is handed over in place,
+//! which costs the host nothing where the device's memory is the host's and the handoff's
+//! host work (a submission, a wake-up) where the device reaches host memory over a bus.
+//! The call's inputs start on the host: the host
 //! writes each into the memory of the device that first reads it (the first one a device
 //! gets pays the link's latency, the call's round trip there), and the host reads the
 //! results back where they were made. Weights are uploaded once per session and cost no
@@ -25,7 +28,7 @@ use std::collections::HashMap;
 use rafter_ir::program::{Program, Step, Storage};
 
 use super::cost::{bound_values, bytes, crossing_time, kernel_time, kernel_work};
-use super::device::DeviceDescription;
+use super::device::{DeviceDescription, Link};
 
 /// What the partitioner minimises.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -218,17 +221,17 @@ impl Model {
         &self.devices
     }
 
-    /// Seconds for buffer `b` to cross from device `from` to device `to`, and whether the
-    /// crossing is zero-copy; `None` when neither is the host (the runtime copies only
-    /// between the host and one device).
-    fn crossing(&self, b: usize, from: usize, to: usize) -> Option<(f64, bool)> {
+    /// Seconds for buffer `b` to cross from device `from` to device `to`, and the link it
+    /// crosses; `None` when neither is the host (the runtime copies only between the host
+    /// and one device).
+    fn crossing(&self, b: usize, from: usize, to: usize) -> Option<(f64, Link)> {
         let accel = match (from, to) {
             (0, a) | (a, 0) => a,
             _ => return None,
         };
         let link = self.devices[accel].link?;
         let cost = crossing_time(self.buffer_bytes[b], &link, &self.devices[to]);
-        Some((cost, link.zero_copy))
+        Some((cost, link))
     }
 
     /// Each call input with the device of its first reader, in step order.
@@ -317,7 +320,7 @@ impl Model {
                         } else if let Some(&t) = replica.get(&(b, d)) {
                             t
                         } else {
-                            let Some((cost, zero_copy)) = self.crossing(b, h, d) else {
+                            let Some((cost, link)) = self.crossing(b, h, d) else {
                                 invalid += self.buffer_bytes[b] as u64 + 1;
                                 continue;
                             };
@@ -328,18 +331,25 @@ impl Model {
                                 from: h,
                                 to: d,
                                 bytes: self.buffer_bytes[b],
-                                zero_copy,
+                                zero_copy: link.zero_copy,
                                 cost_s: cost,
                             });
-                            // A zero-copy handoff is a semaphore: the consumer waits, the
-                            // host does no work and no second copy is held.
-                            let at = if zero_copy {
+                            // Where the device's memory is the host's, a handoff is a
+                            // semaphore: the consumer waits, the host does no work. Else
+                            // the host works for it: a copy, or, zero-copy in host memory,
+                            // the submission and wake-up of the handoff (each a few tens
+                            // of us on an H200 machine, which left unmodelled made the
+                            // partitioner split MiniLM more and slower). Zero-copy
+                            // either way, no second copy is held.
+                            let at = if link.in_place() {
                                 ready[b] + cost
                             } else {
                                 let copy_start = ready[b].max(free[0]);
                                 free[0] = copy_start + cost;
                                 busy[0] += cost;
-                                live.entry((b, d)).or_insert((si, si));
+                                if !link.zero_copy {
+                                    live.entry((b, d)).or_insert((si, si));
+                                }
                                 free[0]
                             };
                             replica.insert((b, d), at);
