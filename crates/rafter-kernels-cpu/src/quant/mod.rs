@@ -158,11 +158,11 @@ pub fn quant_amx_available() -> bool {
 }
 
 /// Sets whether the dense (f32/f16/bf16) decode kernels read several weight rows a pass
-/// (`rows > 1`, the default) or one (`rows == 1`, the kernel before the multi-row pass;
-/// same sums bit for bit), for later calls. For the bench's A/B runs.
+/// (`rows > 1`) or one (`rows == 1`, the default; same sums bit for bit), for later calls
+/// (0: back to the default, or `RAFTER_CPU_DENSE_ROWS`). For the bench's A/B runs.
 #[doc(hidden)]
 pub fn set_quant_dense_rows(rows: usize) {
-    dense::DENSE_ONE_ROW.store(rows == 1, std::sync::atomic::Ordering::Relaxed);
+    dense::DENSE_ROWS.store(rows, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// How a weight matrix's elements are stored.
