@@ -164,14 +164,22 @@ def rafter(template: str, t: str, gguf: str, args) -> dict:
         f.write("\n".join(str((i * 7919) % 151643) for i in range(args.prompt)) + "\n")
     cmd = shlex.split(template.format(model=gguf, type=t, threads=args.threads, prompt=args.prompt, gen=args.gen,
                                       prompt_ids=ids_file))
-    out, rss = run_measured(cmd)
-    m = None
-    for line in out.splitlines():
-        m = GENERATE_LINE.search(line) or m
-    if m is None:
-        raise SystemExit(f"llm_peers: no 'generate: ...' line from {' '.join(cmd)}")
-    return {"threads": args.threads, "prefill_tok_s": float(m.group(2)), "decode_tok_s": float(m.group(4)),
-            "peak_rss_mb": float(m.group(5)), "peak_rss_mb_measured": rss, "command": " ".join(cmd)}
+    # --reps runs, medians (llama-bench's -r does the same for llama.cpp).
+    runs = []
+    for _ in range(args.reps):
+        out, rss = run_measured(cmd)
+        m = None
+        for line in out.splitlines():
+            m = GENERATE_LINE.search(line) or m
+        if m is None:
+            raise SystemExit(f"llm_peers: no 'generate: ...' line from {' '.join(cmd)}")
+        runs.append((float(m.group(2)), float(m.group(4)), float(m.group(5)), rss))
+    med = [statistics.median(col) for col in zip(*runs)]
+    print(f"llm_peers: rafter {t}: prefill {med[0]:.1f} decode {med[1]:.2f} tok/s, peak RSS {med[2]:.0f} MB "
+          f"(runs: {', '.join(f'{r[0]:.0f}/{r[1]:.1f}' for r in runs)})", flush=True)
+    return {"threads": args.threads, "prefill_tok_s": med[0], "decode_tok_s": med[1],
+            "peak_rss_mb": med[2], "peak_rss_mb_measured": med[3], "command": " ".join(cmd),
+            "runs": runs}
 
 
 # ------------------------------------------------------------------ main
