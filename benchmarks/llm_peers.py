@@ -9,8 +9,9 @@ bandwidth, so that decode can be put against its roofline (weight bytes per toke
         [--rafter 'target/release/rafter generate {model} --prompt-ids {prompt_ids} -n {gen} --threads {threads}']
 
 Each measurement runs in its own process; its peak RSS is that process's (getrusage of a wrapper whose only child it is). llama.cpp
-is also run at every thread count from 1 to --threads (one llama-bench call each) and each reported. The --rafter
-template is the slot for rafter: run once per GGUF type ({model} = the .gguf, {type},
+is also run at every thread count below --threads (one llama-bench call each) and each reported. At --threads, llama.cpp
+and rafter alternate, one run each, --reps times, and each reports the medians. The --rafter
+template is the slot for rafter: run once per rep and GGUF type ({model} = the .gguf, {type},
 {threads}, {prompt} and {gen} = token counts, {prompt_ids} = a file of ids, one per line)
 and its last line `generate: prompt P tokens at X tok/s, N tokens at Y tok/s, peak RSS R MB`
 goes into the same table. Writes benchmarks/results/llm-peers-STAMP.{json,md} and prints the
@@ -83,9 +84,9 @@ def gguf_bytes_per_token(path: str) -> int:
 
 # ------------------------------------------------------------------ llama.cpp
 
-def llama_bench(gguf: str, threads: int, args) -> list[dict]:
+def llama_bench(gguf: str, threads: int, args, reps: int | None = None) -> list[dict]:
     cmd = [os.path.join(LLAMA_BIN, "llama-bench"), "-m", gguf, "-p", str(args.prompt), "-n", str(args.gen),
-           "-t", str(threads), "-r", str(args.reps), "-o", "json"]
+           "-t", str(threads), "-r", str(reps or args.reps), "-o", "json"]
     try:
         out, rss = run_measured(cmd, args.timeout)
     except subprocess.TimeoutExpired:
@@ -165,22 +166,24 @@ def rafter(template: str, t: str, gguf: str, args) -> dict:
         f.write("\n".join(str((i * 7919) % 151643) for i in range(args.prompt)) + "\n")
     cmd = shlex.split(template.format(model=gguf, type=t, threads=args.threads, prompt=args.prompt, gen=args.gen,
                                       prompt_ids=ids_file))
-    # --reps runs, medians (llama-bench's -r does the same for llama.cpp).
-    runs = []
-    for _ in range(args.reps):
-        out, rss = run_measured(cmd)
-        m = None
-        for line in out.splitlines():
-            m = GENERATE_LINE.search(line) or m
-        if m is None:
-            raise SystemExit(f"llm_peers: no 'generate: ...' line from {' '.join(cmd)}")
-        runs.append((float(m.group(2)), float(m.group(4)), float(m.group(5)), rss))
-    med = [statistics.median(col) for col in zip(*runs)]
-    print(f"llm_peers: rafter {t}: prefill {med[0]:.1f} decode {med[1]:.2f} tok/s, peak RSS {med[2]:.0f} MB "
-          f"(runs: {', '.join(f'{r[0]:.0f}/{r[1]:.1f}' for r in runs)})", flush=True)
-    return {"threads": args.threads, "prefill_tok_s": med[0], "decode_tok_s": med[1],
-            "peak_rss_mb": med[2], "peak_rss_mb_measured": med[3], "command": " ".join(cmd),
-            "runs": runs}
+    out, rss = run_measured(cmd)
+    m = None
+    for line in out.splitlines():
+        m = GENERATE_LINE.search(line) or m
+    if m is None:
+        raise SystemExit(f"llm_peers: no 'generate: ...' line from {' '.join(cmd)}")
+    return {"threads": args.threads, "prefill_tok_s": float(m.group(2)), "decode_tok_s": float(m.group(4)),
+            "peak_rss_mb": float(m.group(5)), "peak_rss_mb_measured": rss, "command": " ".join(cmd)}
+
+
+def median_row(runs: list[dict]) -> dict:
+    """The median of each rate over `runs` (the largest peak RSS), with the runs kept."""
+    row = dict(runs[0])
+    for key in ("prefill_tok_s", "decode_tok_s"):
+        row[key] = statistics.median(r[key] for r in runs)
+    row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    row["runs"] = [{k: r[k] for k in ("prefill_tok_s", "decode_tok_s")} for r in runs]
+    return row
 
 
 # ------------------------------------------------------------------ main
@@ -214,13 +217,29 @@ def main() -> None:
     for t in types:
         gguf = os.path.join(BENCH, "gguf", f"qwen3-0.6b-shape-{t}.gguf")
         wb = gguf_bytes_per_token(gguf)
-        for r in [r for t_ in range(1, args.threads + 1) for r in llama_bench(gguf, t_, args)]:
+        found = [r for t_ in range(1, args.threads) for r in llama_bench(gguf, t_, args)]
+        # At --threads, llama.cpp and rafter alternate run by run (medians of --reps each):
+        # this machine's read bandwidth drifted by 1.5x within minutes, and one block of
+        # llama.cpp's runs then one of rafter's compared two different machines.
+        ours = []
+        theirs = []
+        for _ in range(args.reps):
+            theirs += llama_bench(gguf, args.threads, args, reps=1)
+            if args.rafter:
+                ours.append(rafter(args.rafter, t, gguf, args))
+        if theirs:
+            found.append(median_row(theirs))
+        for r in found:
             rows.append(dict(r, peer="llama.cpp", type=t, weight_bytes_per_token=wb))
             print(f"llm_peers: llama.cpp {t} t={r['threads']}: prefill {r['prefill_tok_s']:.1f} decode "
                   f"{r['decode_tok_s']:.2f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
-        if args.rafter:
-            r = rafter(args.rafter, t, gguf, args)
+        if ours:
+            r = median_row(ours)
             rows.append(dict(r, peer="rafter", type=t, weight_bytes_per_token=wb))
+            print(f"llm_peers: rafter {t}: prefill {r['prefill_tok_s']:.1f} decode {r['decode_tok_s']:.2f} "
+                  f"tok/s, peak RSS {r['peak_rss_mb']:.0f} MB (runs: "
+                  f"{', '.join(f'{x[0]:.0f}/{x[1]:.1f}' for x in ((q['prefill_tok_s'], q['decode_tok_s']) for q in ours))})",
+                  flush=True)
     if not args.no_torch:
         for dt in ("f32", "bf16"):
             r = torch_eager(dt, args)
