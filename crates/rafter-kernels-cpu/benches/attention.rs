@@ -14,12 +14,14 @@
 //! ```sh
 //! cargo bench -p rafter-kernels-cpu --bench attention -- --threads 1,2 --rounds 9
 //! cargo bench -p rafter-kernels-cpu --bench attention -- --decode 192 --threads 2
+//! cargo bench -p rafter-kernels-cpu --bench attention -- --decode 1000 --prefetch-rows 0,8,16,32
 //! ```
 
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    cached_attention, set_attention_packing, CachedAttention, Parallel, Sequential, WorkerPool,
+    cached_attention, set_attention_packing, set_attention_prefetch_rows, CachedAttention,
+    Parallel, Sequential, WorkerPool,
 };
 
 fn rnd(seed: &mut u64, len: usize) -> Vec<f32> {
@@ -59,7 +61,17 @@ fn main() {
             .collect()
     });
     if let Some(p) = arg("--decode") {
-        decode(p.parse().expect("--decode P"), rounds, &threads);
+        // `--prefetch-rows R1,R2`: decode's prefetch distances to compare (rows ahead).
+        let ahead: Vec<usize> = arg("--prefetch-rows").map_or(vec![16], |t| {
+            t.split(',')
+                .map(|v| v.parse().expect("--prefetch-rows 0,16"))
+                .collect()
+        });
+        for r in ahead {
+            set_attention_prefetch_rows(r);
+            println!("prefetch {r} rows ahead:");
+            decode(p.parse().expect("--decode P"), rounds, &threads);
+        }
         return;
     }
     let (q_heads, kv_heads, d, total) = (16, 8, 128, 4096);

@@ -42,7 +42,7 @@
 
 use half::f16;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::common::{check_isa, par_blocks, Disjoint, KernelError};
 use crate::simd::{self, Simd};
@@ -427,7 +427,8 @@ fn attend_generic<S: Simd, E: Widen>(
         let mut j = 0;
         while j + 4 <= keys {
             // Keys and values a few rows ahead (see [`PREFETCH_ROWS`]).
-            for t in j + PREFETCH_ROWS..(j + PREFETCH_ROWS + 4).min(keys) {
+            let ahead = PREFETCH_ROWS.load(Ordering::Relaxed);
+            for t in (j + ahead..(j + ahead + 4).min(keys)).filter(|_| ahead > 0) {
                 prefetch(&k[at(lo + t, g)..][..d]);
                 prefetch(&v[at(lo + t, g)..][..d]);
             }
@@ -478,7 +479,14 @@ fn attend_generic<S: Simd, E: Widen>(
 /// DRAM once the cache outgrows L3. Measured (`benches/attention.rs --decode 1000`, 2
 /// threads, 28 layers' f16 caches, loaded Zen 5, one pass per key row already): 279-283 us
 /// a layer without hints, 253-256 at 16 rows ahead, 253-264 at 48-192.
-const PREFETCH_ROWS: usize = 16;
+static PREFETCH_ROWS: AtomicUsize = AtomicUsize::new(16);
+
+/// Sets [`PREFETCH_ROWS`] (0: no prefetching) for every later call in the process. For the
+/// bench's tuning runs.
+#[doc(hidden)]
+pub fn set_attention_prefetch_rows(rows: usize) {
+    PREFETCH_ROWS.store(rows, Ordering::Relaxed);
+}
 
 /// Hints the cache lines of `row` into L1 (a hint only: never faults, changes no result).
 #[inline(always)]

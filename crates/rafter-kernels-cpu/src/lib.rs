@@ -90,7 +90,8 @@ mod winograd;
 mod winograd_nhwc;
 
 pub use attention::{
-    cached_attention, cached_attention_with_isa, set_attention_packing, CachedAttention, KvElement,
+    cached_attention, cached_attention_with_isa, set_attention_packing,
+    set_attention_prefetch_rows, CachedAttention, KvElement,
 };
 pub use block_nhwc::{block_nhwc, block_nhwc_with_isa, BlockNhwc, DepthwiseStage, Pointwise};
 pub use common::dot16;

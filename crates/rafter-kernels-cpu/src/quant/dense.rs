@@ -87,6 +87,9 @@ fn dot_tile1_rows(
     out: &mut [f32],
     multi: bool,
 ) {
+    // Only the x86 paths have a multi-row kernel.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = multi;
     let rb = k * elem_bytes(format);
     assert!(
         x.len() >= k && rb > 0 && rows.len().is_multiple_of(rb) && out.len() >= rows.len() / rb
