@@ -19,8 +19,9 @@
 //!   session, not per call.
 //! - **arenas**: one per device and memory kind. On an accelerator, buffers touched only by
 //!   its kernels live in `device_local` memory; those a cross-device copy writes live in
-//!   `host_visible_shared` memory, which the host maps to do the copy (the zero-copy memory
-//!   of unified-memory and resizable-BAR GPUs); those a copy reads back to the host live in
+//!   `host_visible_shared` memory, which the host maps to do the copy (device-local and
+//!   host-visible where the GPU has it: a resizable BAR, which the host writes fast and
+//!   reads slowly); those a copy reads back to the host live in
 //!   `host` memory (host-cached: reading uncached BAR memory from the CPU is very slow).
 //! - **zero-copy**: over a link that shares memory with the host ([`apply_placement`]), a
 //!   tensor crossing between the host and the device is no copy but one buffer both
