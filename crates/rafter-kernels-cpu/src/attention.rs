@@ -530,8 +530,25 @@ fn dot4<S: Simd, E: Widen>(s: S, q: &[f32], rows: [&[E]; 4]) -> [f32; 4] {
     acc.map(|a| s.reduce_add(a))
 }
 
-/// `out = Σ_j p[j] · row(j)`, a slice of four vectors of `out` at a time held in registers
-/// across all the rows (rather than loaded and stored once per row).
+/// The most vectors of `out` the weighted sums hold in registers at a time.
+const MAX_ACCUMULATORS: usize = 8;
+
+/// Vectors of `out` the weighted sums hold in registers across all the rows: a whole
+/// 128-element head (8 vectors; 16 for two heads) where the ISA has 32 vector registers
+/// (AVX-512), so that each value row is read in one pass: with 4 vectors, two passes each
+/// read half of every row, 128 bytes every 2 KiB of the cache (a decode step's values on a
+/// 2-core Zen 4 then streamed at ~10 GB/s). 4 on narrower ISAs (16 registers).
+#[inline(always)]
+fn accumulators<S: Simd>() -> usize {
+    if S::LANES >= 16 {
+        MAX_ACCUMULATORS
+    } else {
+        4
+    }
+}
+
+/// `out = Σ_j p[j] · row(j)`, a slice of [`accumulators`] vectors of `out` at a time held in
+/// registers across all the rows (rather than loaded and stored once per row).
 #[inline(always)]
 fn weighted_rows<'r, S: Simd, E: Widen + 'r>(
     s: S,
@@ -540,15 +557,15 @@ fn weighted_rows<'r, S: Simd, E: Widen + 'r>(
     out: &mut [f32],
 ) {
     let d = out.len();
-    let block = 4 * S::LANES;
+    let block = accumulators::<S>() * S::LANES;
     let mut c = 0;
     while c < d {
         let width = block.min(d - c);
-        let mut acc = [s.splat(0.0); 4];
+        let mut acc = [s.splat(0.0); MAX_ACCUMULATORS];
         for (j, &pj) in p.iter().enumerate() {
             let r = &row(j)[c..c + width];
             let pv = s.splat(pj);
-            for (t, a) in acc.iter_mut().enumerate() {
+            for (t, a) in acc.iter_mut().enumerate().take(accumulators::<S>()) {
                 let at = t * S::LANES;
                 if at + S::LANES <= width {
                     *a = s.fma(pv, E::load(s, &r[at..]), *a);
@@ -558,7 +575,7 @@ fn weighted_rows<'r, S: Simd, E: Widen + 'r>(
             }
         }
         let o = &mut out[c..c + width];
-        for (t, a) in acc.iter().enumerate() {
+        for (t, a) in acc.iter().enumerate().take(accumulators::<S>()) {
             let at = t * S::LANES;
             if at + S::LANES <= width {
                 s.store(&mut o[at..], *a);
@@ -581,15 +598,15 @@ fn weighted_rows2<'r, S: Simd, E: Widen + 'r>(
     mut out: [&mut [f32]; 2],
 ) {
     let d = out[0].len();
-    let block = 4 * S::LANES;
+    let block = accumulators::<S>() * S::LANES;
     let mut c = 0;
     while c < d {
         let width = block.min(d - c);
-        let mut acc = [[s.splat(0.0); 4]; 2];
+        let mut acc = [[s.splat(0.0); MAX_ACCUMULATORS]; 2];
         for (j, (&p0, &p1)) in p[0].iter().zip(p[1]).enumerate() {
             let r = &row(j)[c..c + width];
             let pv = [s.splat(p0), s.splat(p1)];
-            for t in 0..4 {
+            for t in 0..accumulators::<S>() {
                 let at = t * S::LANES;
                 let x = if at + S::LANES <= width {
                     E::load(s, &r[at..])
@@ -605,7 +622,7 @@ fn weighted_rows2<'r, S: Simd, E: Widen + 'r>(
         }
         for (a, o) in acc.iter().zip(out.iter_mut()) {
             let o = &mut o[c..c + width];
-            for (t, a) in a.iter().enumerate() {
+            for (t, a) in a.iter().enumerate().take(accumulators::<S>()) {
                 let at = t * S::LANES;
                 if at + S::LANES <= width {
                     s.store(&mut o[at..], *a);
