@@ -32,9 +32,9 @@
 //! result cross it: a rate and a fixed cost). It is zero-copy where the accelerator's own
 //! memory is host-coherent (unified memory, lavapipe), and, on a discrete GPU that reaches
 //! the host's cached memory, where a call split across the devices ran faster with its
-//! crossings handed over in that memory than copied ([`host_memory_crossings`]). Each figure is the fastest of several timed calls after warm-up (on a
-//! shared machine the least disturbed; `rafter bench --estimate` compares against its
-//! fastest call likewise).
+//! crossings handed over in that memory than copied ([`host_memory_crossings`]). Each
+//! figure is the fastest of several timed calls after warm-up (on a shared machine the
+//! least disturbed; `rafter bench --estimate` compares against its fastest call likewise).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -95,16 +95,14 @@ impl Bench {
     /// Times `graph_text` compiled for this bench's target, tracing its dispatches on the
     /// way; with `only`, [`Timing::kernels_s`] counts that kernel's dispatches alone.
     fn time_call(&self, graph_text: &str, only: Option<&str>) -> Result<Timing> {
-        let target = self.target.as_str();
-        let graph = rafter_ir::text::parse_graph(graph_text)
-            .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
+        let graph = parse_probe(graph_text)?;
         let options = rafter_compiler::CompileOptions {
-            target: rafter_compiler::target(target)?,
+            target: rafter_compiler::target(&self.target)?,
             half_compute: PROBE_HALF,
             ..Default::default()
         };
         let compiled = rafter_compiler::compile(&graph, &options)?;
-        self.time_compiled(compiled, target, only)
+        self.time_compiled(compiled, only)
     }
 
     /// The fastest call of `graph_text` lowered for the host and placed by hand: kernel
@@ -116,8 +114,7 @@ impl Bench {
         devices: &[usize],
         shared: Option<SharedMemory>,
     ) -> Result<f64> {
-        let graph = rafter_ir::text::parse_graph(graph_text)
-            .map_err(|e| anyhow::anyhow!("calibration graph: {e}"))?;
+        let graph = parse_probe(graph_text)?;
         let target = rafter_compiler::target(&self.target)?;
         let mut p = rafter_opt::lower(&graph, &rafter_opt::LowerOptions::default())?;
         anyhow::ensure!(
@@ -130,15 +127,16 @@ impl Bench {
         rafter_opt::place::apply_placement(&mut p, &names, devices, &[None, shared]);
         rafter_opt::memplan::plan_memory(&mut p, &rafter_opt::memplan::PlanOptions::default())?;
         let compiled = rafter_compiler::package(p, &target)?;
-        Ok(self.time_compiled(compiled, &self.target, None)?.call_s)
+        Ok(self.time_compiled(compiled, None)?.call_s)
     }
 
+    /// Times `compiled` as [`Bench::time_call`] does.
     fn time_compiled(
         &self,
         compiled: rafter_compiler::Compiled,
-        target: &str,
         only: Option<&str>,
     ) -> Result<Timing> {
+        let target = self.target.as_str();
         let executables = compiled.executables();
         let program = compiled.program;
         let opts = model::with_executables(SessionOptions::new(), &executables);
@@ -177,6 +175,11 @@ impl Bench {
         }
         Ok(best)
     }
+}
+
+/// A calibration program's graph (an error here is a bug in the probe's text).
+fn parse_probe(graph_text: &str) -> Result<rafter_ir::Graph> {
+    rafter_ir::text::parse_graph(graph_text).map_err(|e| anyhow::anyhow!("calibration graph: {e}"))
 }
 
 /// Seconds the dispatches in `events` held `device`'s queues (`vulkan:0` is `vulkan`):
@@ -900,12 +903,13 @@ fn class_half_scale(bench: &Bench, p: &Probe, f32: &ClassRate) -> Result<f64> {
     Ok((f32_secs / probe_seconds(t, 0.0)).clamp(1e-3, 1e3))
 }
 
-/// Whether `device` and the host address the same memory: its fastest (device-local)
-/// memory is also host-visible and coherent, as on unified-memory GPUs and lavapipe. Then
-/// the compiler allocates tensors crossing between them once, in memory both use, and
-/// hands them over by semaphore alone (`rafter_opt::place::apply_placement`). A discrete
-/// GPU's resizable BAR is host-visible too, but the host reads it uncached over PCIe, so
-/// it is not counted here.
+/// The memory `device` and the host both address, if any: its fastest (device-local)
+/// memory where that is host-visible and coherent (unified-memory GPUs, lavapipe); else
+/// the host's cached memory its kernels reach over the bus, where [`host_memory_crossings`]
+/// measures that faster than copying (a discrete GPU). Then the compiler allocates tensors
+/// crossing between them once, in that memory, and hands them over by semaphore alone
+/// (`rafter_opt::place::apply_placement`). A discrete GPU's resizable BAR is host-visible
+/// too, but the host reads it uncached over PCIe, so it is never the shared memory.
 fn shared_memory(bench: &Bench, device: &str) -> Result<Option<SharedMemory>> {
     let Some(d) = bench.devices.get(device) else {
         anyhow::bail!("device `{device}` was not opened for calibration");
@@ -930,18 +934,15 @@ fn shared_memory(bench: &Bench, device: &str) -> Result<Option<SharedMemory>> {
             return Ok(None);
         }
     };
+    let zero_copy = shared < copied;
     eprintln!(
         "calibrate {device}: a split call crossing twice through host memory: {:.1} us \
          copied, {:.1} us zero-copy: {}",
         copied * 1e6,
         shared * 1e6,
-        if shared < copied {
-            "zero-copy"
-        } else {
-            "copies"
-        }
+        if zero_copy { "zero-copy" } else { "copies" }
     );
-    Ok((shared < copied).then_some(SharedMemory::Host))
+    Ok(zero_copy.then_some(SharedMemory::Host))
 }
 
 /// The elements of [`crossing_probe`]'s tensors: 1 MiB of f32, about a CNN's mid-graph

@@ -61,15 +61,18 @@ fn main() {
             .collect()
     });
     if let Some(p) = arg("--decode") {
-        // `--prefetch-rows R1,R2`: decode's prefetch distances to compare (rows ahead).
-        let ahead: Vec<usize> = arg("--prefetch-rows").map_or(vec![16], |t| {
+        // `--prefetch-rows R1,R2`: decode's prefetch distances to compare (rows ahead);
+        // without it, the kernel's default.
+        let ahead: Vec<Option<usize>> = arg("--prefetch-rows").map_or(vec![None], |t| {
             t.split(',')
-                .map(|v| v.parse().expect("--prefetch-rows 0,16"))
+                .map(|v| Some(v.parse().expect("--prefetch-rows 0,16")))
                 .collect()
         });
         for r in ahead {
-            set_attention_prefetch_rows(r);
-            println!("prefetch {r} rows ahead:");
+            if let Some(r) = r {
+                set_attention_prefetch_rows(r);
+                println!("prefetch {r} rows ahead:");
+            }
             decode(p.parse().expect("--decode P"), rounds, &threads);
         }
         return;

@@ -399,6 +399,7 @@ fn attend_generic<S: Simd, E: Widen>(
     let qw = a.q_heads * d;
     let at = |j: usize, g: usize| (j - kv.base) * kv.stride + g * kv.head_stride;
     let mut scores = Vec::new();
+    let ahead = PREFETCH_ROWS.load(Ordering::Relaxed);
     // The group's query rows, rounded to f16 for an f16 cache.
     let mut q16 = if E::ROUNDS_OPERANDS {
         vec![0.0; group * d]
@@ -427,7 +428,6 @@ fn attend_generic<S: Simd, E: Widen>(
         let mut j = 0;
         while j + 4 <= keys {
             // Keys and values a few rows ahead (see [`PREFETCH_ROWS`]).
-            let ahead = PREFETCH_ROWS.load(Ordering::Relaxed);
             for t in (j + ahead..(j + ahead + 4).min(keys)).filter(|_| ahead > 0) {
                 prefetch(&k[at(lo + t, g)..][..d]);
                 prefetch(&v[at(lo + t, g)..][..d]);
@@ -478,7 +478,8 @@ fn attend_generic<S: Simd, E: Widen>(
 /// to a page), which no hardware prefetcher follows, so without hints each key waits for
 /// DRAM once the cache outgrows L3. Measured (`benches/attention.rs --decode 1000`, 2
 /// threads, 28 layers' f16 caches, loaded Zen 5, one pass per key row already): 279-283 us
-/// a layer without hints, 253-256 at 16 rows ahead, 253-264 at 48-192.
+/// a layer without hints, 253-256 at 16 rows ahead, 253-264 at 48-192; quiet 2-core Zen 4
+/// (`--prefetch-rows 0,4,8,16,32`): 441 us without, 368-404 at 4-32 rows ahead.
 static PREFETCH_ROWS: AtomicUsize = AtomicUsize::new(16);
 
 /// Sets [`PREFETCH_ROWS`] (0: no prefetching) for every later call in the process. For the

@@ -122,6 +122,23 @@ const MID_GRAPH: &str = r#"graph @g(%x: f32[256, 256], %w1: f32[256, 256], %w2: 
 
 const NPU_OPS: &[&str] = &["matmul", "relu", "unary"];
 
+/// [`MID_GRAPH`] compiled for `t`: the placed program, checked to compute what the graph
+/// does on random inputs.
+fn mid_graph_equivalent(g: &Graph, t: Target) -> Program {
+    check_equivalent_with(
+        g,
+        vec![
+            rand_f32(&[256, 256], 1),
+            rand_f32(&[256, 256], 2),
+            rand_f32(&[256, 256], 3),
+        ],
+        &CompileOptions {
+            target: t,
+            ..CompileOptions::default()
+        },
+    )
+}
+
 #[test]
 fn the_partitioner_beats_greedy_when_unsupported_kernels_sit_mid_graph() {
     let g = parse(MID_GRAPH);
@@ -163,18 +180,7 @@ fn the_partitioner_beats_greedy_when_unsupported_kernels_sit_mid_graph() {
     );
     assert!(est.makespan_s < 0.8 * g_est.makespan_s);
     // And through the compiler: the placed program computes what the graph does.
-    let compiled = check_equivalent_with(
-        &g,
-        vec![
-            rand_f32(&[256, 256], 1),
-            rand_f32(&[256, 256], 2),
-            rand_f32(&[256, 256], 3),
-        ],
-        &CompileOptions {
-            target: t,
-            ..CompileOptions::default()
-        },
-    );
+    let compiled = mid_graph_equivalent(&g, t);
     assert_eq!(devices(&compiled), ["npu", "cpu", "cpu", "cpu", "npu"]);
 }
 
@@ -203,18 +209,7 @@ fn a_link_shared_in_host_memory_places_crossings_in_the_host_arena_without_copie
     // a link whose memory is the host's pays no bus at all.
     assert!(host_est.makespan_s <= copy_est.makespan_s + 1e-12);
     assert!(device_est.makespan_s < host_est.makespan_s);
-    let compiled = check_equivalent_with(
-        &g,
-        vec![
-            rand_f32(&[256, 256], 1),
-            rand_f32(&[256, 256], 2),
-            rand_f32(&[256, 256], 3),
-        ],
-        &CompileOptions {
-            target: t,
-            ..CompileOptions::default()
-        },
-    );
+    let compiled = mid_graph_equivalent(&g, t);
     assert_eq!(devices(&compiled), ["npu", "cpu", "cpu", "cpu", "npu"]);
     let mut shared = 0;
     for step in &compiled.steps {

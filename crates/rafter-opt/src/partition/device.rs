@@ -194,6 +194,9 @@ pub enum SharedMemory {
 }
 
 impl SharedMemory {
+    /// Every kind, in the order profile errors name them.
+    pub const ALL: [SharedMemory; 2] = [SharedMemory::Device, SharedMemory::Host];
+
     /// The memory-kind keyword of the arena holding the shared tensors
     /// (`rafter_ir::program::Arena::memory`).
     pub fn arena_memory(self) -> &'static str {
@@ -537,9 +540,11 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
                 Some(v) => return Err(format!("`zero_copy={v}` is not true or false")),
             };
             let shared_memory = match f.0.get("shared_memory").copied() {
-                Some("device") | None => SharedMemory::Device,
-                Some("host") => SharedMemory::Host,
-                Some(v) => return Err(format!("`shared_memory={v}` is not device or host")),
+                None => SharedMemory::Device,
+                Some(v) => SharedMemory::ALL
+                    .into_iter()
+                    .find(|m| m.word() == v)
+                    .ok_or_else(|| format!("`shared_memory={v}` is not device or host"))?,
             };
             let link = Link {
                 bytes_per_s: f.rate("bytes_per_s")?,

@@ -7,10 +7,9 @@
 //! copy occupies the host's timeline); over a zero-copy link it is handed over in place,
 //! which costs the host nothing where the device's memory is the host's and the handoff's
 //! host work (a submission, a wake-up) where the device reaches host memory over a bus.
-//! The call's inputs start on the host: the host
-//! writes each into the memory of the device that first reads it (the first one a device
-//! gets pays the link's latency, the call's round trip there), and the host reads the
-//! results back where they were made. Weights are uploaded once per session and cost no
+//! The call's inputs start on the host: the host writes each into the memory of the device
+//! that first reads it (the first one a device gets pays the link's latency, the call's
+//! round trip there), and the host reads the results back where they were made. Weights are uploaded once per session and cost no
 //! time per call, only memory on every device that reads them. The score is the call's
 //! makespan (objective latency) or its busiest device's busy time (throughput: with calls
 //! pipelined, the busiest device bounds the rate), after the memory check: a placement
