@@ -32,7 +32,9 @@
 //! kernel splits its own work (GEMM tiles, rows of a convolution) over the session's
 //! **kernel threads**, a [`rafter_kernels_cpu::WorkerPool`] whose caller, the command
 //! worker running the dispatch, takes tasks too. Every kernel of a session, native or on
-//! the tensor path, shares that one pool.
+//! the tensor path, shares that one pool. So with more than one kernel thread a session's
+//! dispatches run one after another (each with all the kernel threads), and only with one
+//! do independent dispatches run side by side on the command workers.
 
 #![warn(missing_docs)]
 

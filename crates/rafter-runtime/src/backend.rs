@@ -215,7 +215,8 @@ pub trait LoadedKernels: Send + Sync {
 
     /// Whether every dispatch must wait for the one before (a barrier between every pair),
     /// not only for those it depends on. A GPU driver may run independent dispatches
-    /// slower side by side than in order (see `rafter-runtime-vulkan`).
+    /// slower side by side than in order (see `rafter-runtime-vulkan`); a CPU whose
+    /// kernels split over several threads has no threads left for a second one.
     fn serial(&self) -> bool {
         false
     }

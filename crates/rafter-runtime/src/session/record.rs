@@ -421,7 +421,9 @@ impl Session {
                     continue;
                 }
                 let acc = layout.accesses(&p.steps[si]);
-                // On a CPU, steps of one segment run concurrently on the workers. On a GPU,
+                // On a CPU with one kernel thread, steps of one segment run concurrently on
+                // the workers; with more, one after another, each split over the kernel
+                // threads (`rafter-runtime-cpu`'s `serial_commands`). On a GPU,
                 // every step waits for the one before: measured on the H100 (BERT-base,
                 // f32), letting independent dispatches overlap (a transpose beside the
                 // next projection) took 9.4 ms per call, a barrier between every pair
