@@ -154,6 +154,8 @@ fn compile_llm(args: CompileArgs) -> Result<ExitCode> {
         context,
         weights: crate::cmd_generate::parse_weights(args.weights.as_deref())?,
         kv_type: crate::cmd_generate::parse_kv_type(args.kv_type.as_deref())?,
+        // Read once to be written out: no copy into memory.
+        map_weights: true,
         ..Default::default()
     };
     let steps = Steps::new(5);

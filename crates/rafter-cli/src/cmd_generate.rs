@@ -73,6 +73,11 @@ pub struct GenerateArgs {
     /// folders: exactly transformers' f32).
     #[arg(long, value_name = "TYPE")]
     kv_type: Option<String>,
+    /// Keep the model's weights memory-mapped from its files (no copy at open; the kernel
+    /// may drop and re-read them under memory pressure) instead of reading them into
+    /// memory backed by huge pages, which decodes faster
+    #[arg(long)]
+    mmap: bool,
     /// Kernel threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -171,6 +176,7 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         trace: sink
             .clone()
             .map(|s| s as std::sync::Arc<dyn rafter_hal::TraceSink>),
+        map_weights: args.mmap,
     };
     let llm = Llm::open_observed(&args.model, &options, &mut |stage| {
         steps.step(stage_name(stage))

@@ -43,6 +43,11 @@ pub struct ServeArgs {
     /// folders: exactly transformers' f32).
     #[arg(long, value_name = "TYPE")]
     kv_type: Option<String>,
+    /// Keep the model's weights memory-mapped from its files (no copy at open; the kernel
+    /// may drop and re-read them under memory pressure) instead of reading them into
+    /// memory backed by huge pages, which decodes faster
+    #[arg(long)]
+    mmap: bool,
 }
 
 /// The default `model` name: the file name without its extension, or the folder's name.
@@ -72,6 +77,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         kv_type: parse_kv_type(args.kv_type.as_deref())?,
         threads: args.threads,
         trace: None,
+        map_weights: args.mmap,
     };
     let llm = Llm::open_observed(&args.model, &options, &mut |stage| {
         steps.step(stage_name(stage))

@@ -31,6 +31,23 @@ pub struct GgufFile {
     /// `None` for in-memory files. Kept to hand the header's pages back
     /// ([`Self::release_header_pages`]), which only a file mapping may do.
     map: Option<Arc<memmap2::Mmap>>,
+    /// The tensor data section (from `data_offset` to the end) read into memory
+    /// ([`TensorMemory::Resident`]); `None`: tensor data are slices of `bytes`.
+    data: Option<Bytes>,
+}
+
+/// Where an opened file's tensor data live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TensorMemory {
+    /// In a read-only memory map of the file, every page mapped at open (the file's pages
+    /// in the page cache: 4 KiB each, which the kernel may drop and re-read under memory
+    /// pressure).
+    #[default]
+    Mapped,
+    /// Copied into anonymous memory advised for huge pages ([`crate::read_resident`]): a
+    /// decode step that streams every weight runs faster, at the cost of one copy at open.
+    /// The header stays mapped (its pages are touched only while it is parsed).
+    Resident,
 }
 
 /// A shared memory map as the owner of a [`Bytes`] buffer.
@@ -67,31 +84,53 @@ impl std::fmt::Debug for GgufFile {
 /// (already in the page cache, or read from disk) in one system call at open, as
 /// llama.cpp's loader does; the resident size after the first call is the same.
 pub fn map_file(path: &Path) -> std::io::Result<Bytes> {
-    Ok(map_shared(path)?.0)
+    Ok(map_shared(path, true)?.0)
 }
 
-/// [`map_file`], also returning the map (`None` for an empty file).
-fn map_shared(path: &Path) -> std::io::Result<(Bytes, Option<Arc<memmap2::Mmap>>)> {
+/// [`map_file`], also returning the map (`None` for an empty file) and the open file;
+/// `populate` maps every page up front.
+fn map_shared(
+    path: &Path,
+    populate: bool,
+) -> std::io::Result<(Bytes, Option<Arc<memmap2::Mmap>>, File)> {
     let file = File::open(path)?;
     if file.metadata()?.len() == 0 {
-        return Ok((Bytes::new(), None));
+        return Ok((Bytes::new(), None, file));
+    }
+    let mut options = memmap2::MmapOptions::new();
+    if populate {
+        options.populate();
     }
     // SAFETY: the map is read-only and private to this process. The remaining hazard is
     // another process truncating or rewriting the file while it is mapped, which the
     // doc comment above makes the caller's contract.
-    let map = Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&file) }?);
-    Ok((Bytes::from_owner(SharedMap(map.clone())), Some(map)))
+    let map = Arc::new(unsafe { options.map(&file) }?);
+    Ok((Bytes::from_owner(SharedMap(map.clone())), Some(map), file))
 }
 
 impl GgufFile {
     /// Memory-maps and validates the file at `path`. Errors name the path.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        Self::open_with(path, TensorMemory::Mapped)
+    }
+
+    /// Opens and validates the file at `path` with its tensor data where `memory` says.
+    /// Errors name the path.
+    pub fn open_with(path: impl AsRef<Path>, memory: TensorMemory) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let name: Arc<str> = path.display().to_string().into();
-        let (bytes, map) =
-            map_shared(path).map_err(|e| GgufError::new(&name, None, ErrorKind::Io(e)))?;
-        let mut f = Self::parse_named(bytes, name)?;
+        let io = |e| GgufError::new(&name, None, ErrorKind::Io(e));
+        // Resident: only the header's pages are read through the map (by the parser), so
+        // they are the only ones mapped; the tensor data are read from the file directly.
+        let populate = memory == TensorMemory::Mapped;
+        let (bytes, map, file) = map_shared(path, populate).map_err(io)?;
+        let mut f = Self::parse_named(bytes, name.clone())?;
         f.map = map;
+        if memory == TensorMemory::Resident {
+            let start = usize::try_from(f.data_offset).unwrap_or(usize::MAX);
+            let len = f.bytes.len().saturating_sub(start);
+            f.data = Some(crate::read_resident(&file, f.data_offset, len).map_err(io)?);
+        }
         Ok(f)
     }
 
@@ -118,6 +157,7 @@ impl GgufFile {
             alignment: p.alignment,
             data_offset: p.data_offset,
             map: None,
+            data: None,
         })
     }
 
@@ -199,15 +239,27 @@ impl GgufFile {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// A tensor's data as a zero-copy slice of the file.
+    /// A tensor's data as a zero-copy slice of the file (or of its copy in memory,
+    /// [`TensorMemory::Resident`]).
     ///
     /// `info` must come from this file (its range was validated against it); an info
     /// from another file whose range does not fit gives an empty buffer.
     pub fn tensor_data(&self, info: &TensorInfo) -> Bytes {
         let start = info.data_start as usize;
-        match start.checked_add(info.n_bytes as usize) {
-            Some(end) if end <= self.bytes.len() => self.bytes.slice(start..end),
-            _ => Bytes::new(),
+        let Some(end) = start.checked_add(info.n_bytes as usize) else {
+            return Bytes::new();
+        };
+        match &self.data {
+            // Resident: the data section's copy, which starts at `data_offset`.
+            Some(data) => {
+                let base = self.data_offset as usize;
+                match (start.checked_sub(base), end.checked_sub(base)) {
+                    (Some(s), Some(e)) if e <= data.len() => data.slice(s..e),
+                    _ => Bytes::new(),
+                }
+            }
+            None if end <= self.bytes.len() => self.bytes.slice(start..end),
+            None => Bytes::new(),
         }
     }
 

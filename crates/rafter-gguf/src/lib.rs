@@ -5,8 +5,9 @@
 //! the metadata *means* (architectures, hyper-parameters, tensor names) is
 //! `rafter-llm`'s business, and dequantizing block types is `rafter-quant`'s.
 //!
-//! * [`GgufFile::open`] memory-maps a file; [`GgufFile::from_bytes`] takes any
-//!   [`Bytes`]. Either way everything is validated before anything is returned: magic and
+//! * [`GgufFile::open`] memory-maps a file; [`GgufFile::open_with`] can instead read its
+//!   tensor data into memory backed by huge pages ([`TensorMemory::Resident`]: faster to
+//!   stream, see [`read_resident`]); [`GgufFile::from_bytes`] takes any [`Bytes`]. Either way everything is validated before anything is returned: magic and
 //!   version, every count against the bytes left (a hostile count cannot make the reader
 //!   allocate gigabytes), string lengths and UTF-8, array nesting, duplicate keys and
 //!   tensor names, dims (at most 4, product without overflow, rows of whole blocks),
@@ -27,17 +28,19 @@ mod error;
 mod file;
 mod ggml_type;
 mod parse;
+mod resident;
 mod tensor;
 mod value;
 mod writer;
 
 pub use bytes::Bytes;
 pub use error::{ErrorKind, GgufError};
-pub use file::{map_file, FromValue, GgufFile};
+pub use file::{map_file, FromValue, GgufFile, TensorMemory};
 pub use ggml_type::{GgmlType, RemovedGgmlType, UnknownGgmlType};
 pub use parse::{
     MetadataEntry, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_NESTED_ARRAYS, MAX_NESTING,
 };
+pub use resident::read_resident;
 pub use tensor::TensorInfo;
 pub use value::{Array, Scalar, StringArray, TypedArray, Value, ValueType};
 pub use writer::{GgufWriter, MAX_TENSOR_NAME_BYTES};

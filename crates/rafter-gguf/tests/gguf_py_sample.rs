@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use rafter_gguf::{GgufFile, GgufWriter};
+use rafter_gguf::{GgufFile, GgufWriter, TensorMemory};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -42,6 +42,36 @@ fn reads_what_gguf_py_wrote() {
         file.get_f32_array("test.f32_array").unwrap().to_vec(),
         [0.5, -1.5, 3.25]
     );
+}
+
+/// Opened with its tensor data copied into memory, the file reads the same: the summary
+/// gguf-py wrote (every tensor's values), and every tensor's bytes equal to the mapped
+/// file's, at the same alignment within the data section.
+#[test]
+fn resident_tensor_data_read_as_mapped() {
+    let path = fixture("gguf_py_sample.gguf");
+    let mapped = GgufFile::open(&path).unwrap();
+    let resident = GgufFile::open_with(&path, TensorMemory::Resident).unwrap();
+    common::assert_matches_summary(&resident, &summary());
+    assert!(resident.tensors().iter().any(|t| t.n_bytes() > 0));
+    for t in resident.tensors() {
+        let (a, b) = (mapped.tensor_data(t), resident.tensor_data(t));
+        assert_eq!(a, b, "tensor {}", t.name());
+        assert_eq!(b.len() as u64, t.n_bytes(), "tensor {}", t.name());
+        if b.is_empty() {
+            continue;
+        }
+        let from_section = t.data_start() - resident.data_offset();
+        assert_eq!(
+            (b.as_ptr() as u64) % resident.alignment(),
+            from_section % resident.alignment(),
+            "tensor {}",
+            t.name()
+        );
+    }
+    // The header still reads through the map after its pages are handed back.
+    resident.release_header_pages().unwrap();
+    assert_eq!(resident.get_str("test.str").unwrap(), "héllo, 世界 🌍");
 }
 
 /// Rewriting the file with our writer, entry by entry and tensor by tensor, gives the same

@@ -20,7 +20,7 @@ use rafter_generate::{ChatRequest, ChatTemplate, GenerateParams, Generation, Mes
 use rafter_ir::{Dim, Symbol, WeightFormat};
 use rafter_llm::graph::{BuildError, PAST, SEQ};
 use rafter_llm::source::SourceFormat;
-use rafter_llm::{build_decoder, DecoderOptions, Logits, ModelSource, SourceError};
+use rafter_llm::{build_decoder, DecoderOptions, Logits, ModelSource, SourceError, TensorMemory};
 use rafter_runtime::{RuntimeError, Session, SessionOptions};
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +81,13 @@ pub struct LlmOptions {
     pub kv_type: Option<KvType>,
     /// Where the CPU device reports each dispatch (a [`rafter_runtime::ChromeTrace`]).
     pub trace: Option<Arc<dyn rafter_hal::TraceSink>>,
+    /// Keep an HF folder's, GGUF's or artifact's weights memory-mapped from the files
+    /// instead of reading them into memory backed by huge pages (the default,
+    /// [`TensorMemory::Resident`]: a decode step streams every weight, faster from huge
+    /// pages). Mapped weights cost no copy at open and may be dropped and re-read by the
+    /// kernel under memory pressure: what compiling to an artifact, or a device short of
+    /// memory, wants.
+    pub map_weights: bool,
 }
 
 /// Default cap on the context when the caller names none (the KV caches are allocated for
@@ -93,7 +100,7 @@ pub const METADATA_SECTION: &str = "llm";
 /// What [`Llm::open`] is doing, for a progress display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
-    /// Reading and validating the files (weights memory-mapped).
+    /// Reading and validating the files (weights read into memory, or mapped).
     Read,
     /// Building the decoder graph.
     Build,
@@ -174,7 +181,12 @@ pub fn compile(
     observe: &mut dyn FnMut(Stage),
 ) -> Result<CompiledLlm, EngineError> {
     observe(Stage::Read);
-    let source = ModelSource::open(path)?;
+    let memory = if options.map_weights {
+        TensorMemory::Mapped
+    } else {
+        TensorMemory::Resident
+    };
+    let source = ModelSource::open_with(path, memory)?;
     let tokenizer = tokenizer_of(&source, path)?;
     let context = options.context.unwrap_or_else(|| {
         source
@@ -299,7 +311,18 @@ impl Llm {
             msg,
         };
         observe(Stage::Read);
-        let artifact = Artifact::open(&path).map_err(|e| bad(e.to_string()))?;
+        let artifact = if options.map_weights {
+            Artifact::open(&path).map_err(|e| bad(e.to_string()))?
+        } else {
+            // The whole artifact into memory backed by huge pages (see
+            // `LlmOptions::map_weights`); its checksums read every byte either way.
+            let resident = std::fs::File::open(&path).and_then(|f| {
+                let len = usize::try_from(f.metadata()?.len()).unwrap_or(usize::MAX);
+                rafter_gguf::read_resident(&f, 0, len)
+            });
+            let bytes = resident.map_err(|e| bad(e.to_string()))?;
+            Artifact::from_bytes(bytes).map_err(|e| bad(e.to_string()))?
+        };
         let meta = artifact.metadata(METADATA_SECTION).ok_or_else(|| {
             bad(
                 "not an LLM artifact (no `llm` metadata section): compile an HF folder or \

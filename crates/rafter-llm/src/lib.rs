@@ -19,5 +19,6 @@ pub mod source;
 pub mod spec;
 
 pub use graph::{build_decoder, DecoderGraph, DecoderOptions, KvType, Logits};
+pub use rafter_gguf::TensorMemory;
 pub use source::{ModelSource, SourceError};
 pub use spec::{Architecture, ModelSpec};

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use rafter_gguf::TensorMemory;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Map, Value};
 
@@ -38,7 +39,7 @@ use super::ModelSource;
 use crate::spec::Architecture;
 
 /// Reads the model in folder `dir`.
-pub(crate) fn open(dir: &Path) -> Result<ModelSource, SourceError> {
+pub(crate) fn open(dir: &Path, memory: TensorMemory) -> Result<ModelSource, SourceError> {
     let config_path = dir.join("config.json");
     let config = read_object(&config_path)?;
     let gen_path = dir.join("generation_config.json");
@@ -56,7 +57,7 @@ pub(crate) fn open(dir: &Path) -> Result<ModelSource, SourceError> {
     let mut found = BTreeMap::new();
     let mut unsupported = Unsupported::new();
     for shard in weight_files(dir)? {
-        read_shard(&shard, &mut found, &mut unsupported)?;
+        read_shard(&shard, memory, &mut found, &mut unsupported)?;
     }
     let experts = match spec.moe {
         Some(_) => ExpertLayout::PerExpert,
@@ -212,14 +213,27 @@ fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty() && !name.contains(['/', '\\']) && name != "." && name != ".."
 }
 
-/// Maps one safetensors file and adds its tensors (canonically named) to `found`.
+/// Maps (or, [`TensorMemory::Resident`], reads into memory) one safetensors file and adds
+/// its tensors (canonically named) to `found`.
 fn read_shard(
     shard: &Shard,
+    memory: TensorMemory,
     found: &mut BTreeMap<String, WeightTensor>,
     unsupported: &mut Unsupported,
 ) -> Result<(), SourceError> {
     let path = &shard.path;
-    let bytes = rafter_gguf::map_file(path).map_err(|source| SourceError::Io {
+    let read = || -> std::io::Result<Bytes> {
+        match memory {
+            TensorMemory::Mapped => rafter_gguf::map_file(path),
+            // The header (JSON, a few KB) comes along: it is read once, here.
+            TensorMemory::Resident => {
+                let file = std::fs::File::open(path)?;
+                let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+                rafter_gguf::read_resident(&file, 0, len)
+            }
+        }
+    };
+    let bytes = read().map_err(|source| SourceError::Io {
         path: path.clone(),
         source,
     })?;

@@ -61,7 +61,7 @@ mod weights;
 
 use std::path::Path;
 
-use rafter_gguf::GgufFile;
+use rafter_gguf::{GgufFile, TensorMemory};
 
 pub use error::SourceError;
 pub use gguf_model::GGUF_TO_HF;
@@ -94,7 +94,18 @@ pub struct ModelSource {
 impl ModelSource {
     /// Reads a model: a folder is read as a Hugging Face model (it needs `config.json`),
     /// a file as GGUF.
+    /// The weights memory-mapped ([`TensorMemory::Mapped`]).
     pub fn open(path: impl AsRef<Path>) -> Result<ModelSource, SourceError> {
+        Self::open_with(path, TensorMemory::Mapped)
+    }
+
+    /// [`ModelSource::open`], with the weights where `memory` says: mapped from the files,
+    /// or copied into memory backed by huge pages ([`TensorMemory::Resident`]: what a run
+    /// that streams them every decode step wants).
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        memory: TensorMemory,
+    ) -> Result<ModelSource, SourceError> {
         let path = path.as_ref();
         if path.is_dir() {
             if !path.join("config.json").is_file() {
@@ -102,16 +113,17 @@ impl ModelSource {
                     path: path.to_path_buf(),
                 });
             }
-            return Self::from_hf_folder(path);
+            return hf_folder::open(path, memory);
         }
-        Self::from_gguf_file(path)
+        let file = GgufFile::open_with(path, memory)?;
+        gguf_model::from_file(file, path)
     }
 
     /// Reads a Hugging Face folder (`config.json`, optional `generation_config.json`,
     /// `tokenizer_config.json` or `chat_template.jinja`, and `model.safetensors` or the
-    /// shards of `model.safetensors.index.json`).
+    /// shards of `model.safetensors.index.json`), its weights memory-mapped.
     pub fn from_hf_folder(dir: impl AsRef<Path>) -> Result<ModelSource, SourceError> {
-        hf_folder::open(dir.as_ref())
+        hf_folder::open(dir.as_ref(), TensorMemory::Mapped)
     }
 
     /// Memory-maps and reads a GGUF file.
