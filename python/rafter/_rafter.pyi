@@ -69,6 +69,7 @@ class Llm:
         context: Optional[int] = ...,
         threads: int = ...,
         kv_type: Optional[str] = ...,
+        mmap: bool = ...,
     ) -> None: ...
     @property
     def context(self) -> int: ...

@@ -43,6 +43,14 @@ def test_generate_matches_transformers_greedy(qwen):
         assert len(streamed) > 1 and "".join(streamed) == want
 
 
+def test_mapped_weights_generate_the_same(qwen):
+    # Weights memory-mapped from the files (mmap=True) instead of read into memory.
+    llm, path = qwen
+    mapped = rafter.LLM(path, context=256, mmap=True)
+    text = json.loads((path.parent / "prompts.json").read_text())["short"]["text"]
+    assert mapped.generate(text, max_tokens=16) == llm.generate(text, max_tokens=16)
+
+
 def test_chat_matches_transformers_greedy(qwen):
     llm, path = qwen
     prompts = json.loads((path.parent / "prompts.json").read_text())

@@ -44,13 +44,14 @@ struct Summary {
 impl Llm {
     /// Opens (and, for a Hugging Face folder or GGUF, compiles) the model at `path`.
     #[new]
-    #[pyo3(signature = (path, context=None, threads=0, kv_type=None))]
+    #[pyo3(signature = (path, context=None, threads=0, kv_type=None, mmap=false))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
         context: Option<usize>,
         threads: usize,
         kv_type: Option<&str>,
+        mmap: bool,
     ) -> PyResult<Llm> {
         let kv_type = match kv_type {
             None => None,
@@ -62,6 +63,7 @@ impl Llm {
             context,
             threads,
             kv_type,
+            map_weights: mmap,
             ..LlmOptions::default()
         };
         let engine = py
