@@ -94,10 +94,10 @@ fn read_parallel(file: &File, buf: &mut [u8], offset: u64, chunk: usize) -> std:
                 })
             })
             .collect();
+        // The scope joins any worker left when one fails.
         workers
             .into_iter()
-            .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect::<std::io::Result<()>>()
+            .try_for_each(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     })
 }
 
