@@ -7,9 +7,10 @@
 //!
 //! * [`GgufFile::open`] memory-maps a file; [`GgufFile::open_with`] can instead read its
 //!   tensor data into memory backed by huge pages ([`TensorMemory::Resident`]: faster to
-//!   stream, see [`read_resident`]); [`GgufFile::from_bytes`] takes any [`Bytes`]. Either way everything is validated before anything is returned: magic and
-//!   version, every count against the bytes left (a hostile count cannot make the reader
-//!   allocate gigabytes), string lengths and UTF-8, array nesting, duplicate keys and
+//!   stream, see [`read_resident`]); [`GgufFile::from_bytes`] takes any [`Bytes`]. Either
+//!   way everything is validated before anything is returned: magic and version, every
+//!   count against the bytes left (a hostile count cannot make the reader allocate
+//!   gigabytes), string lengths and UTF-8, array nesting, duplicate keys and
 //!   tensor names, dims (at most 4, product without overflow, rows of whole blocks),
 //!   `general.alignment`, and each tensor's data: aligned, inside the file, overlapping
 //!   no other. Errors ([`GgufError`]) name the file, the byte offset and the key or tensor.

@@ -64,8 +64,7 @@ pub fn read_resident(file: &File, offset: u64, len: usize) -> std::io::Result<By
 const READ_CHUNK: usize = 16 * HUGE_PAGE;
 
 /// Fills `buf` from `file` at `offset`, `chunk` bytes at a time per thread across the
-/// machine's cores.
-/// Why: most of the time goes to the kernel zeroing each fresh huge page as the copy first
+/// machine's cores. Why: most of the time goes to the kernel zeroing each fresh huge page as the copy first
 /// touches it (a 1.2 GB f16 GGUF: ~1 s on one core of a 2-core Zen 4), which runs on as
 /// many cores as fault at once.
 fn read_parallel(file: &File, buf: &mut [u8], offset: u64, chunk: usize) -> std::io::Result<()> {
@@ -75,7 +74,8 @@ fn read_parallel(file: &File, buf: &mut [u8], offset: u64, chunk: usize) -> std:
         .enumerate()
         .map(|(i, c)| (i * chunk, c))
         .collect();
-    if threads <= 1 || chunks.len() <= 1 {
+    // Off Unix, `read_exact_at` moves the file's one cursor: one thread only.
+    if !cfg!(unix) || threads <= 1 || chunks.len() <= 1 {
         return read_exact_at(file, buf, offset);
     }
     let next = std::sync::Mutex::new(chunks.into_iter());
@@ -106,6 +106,7 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()
     std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
 }
 
+/// Seeks the file's cursor, then reads: callers must not read the file concurrently.
 #[cfg(not(unix))]
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
