@@ -632,6 +632,69 @@ fn two_calls_overlap_on_the_cpu_device() {
     assert!(first_span.start <= second_span.start && second_span.end <= first_span.end);
 }
 
+/// Two independent kernels of one call run one after another when the session's kernels
+/// split over several kernel threads (side by side, the second would run on its command
+/// worker alone next to the first's threads), and side by side with one kernel thread.
+/// Each kernel, on entry, waits for the other to enter too: side by side both see it at
+/// once; one after another the first gives up after `PATIENCE` and the second, entering
+/// alone, does the same.
+#[test]
+fn independent_dispatches_run_one_after_another_with_several_kernel_threads() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    const PATIENCE: Duration = Duration::from_millis(300);
+    let g = rafter_ir::text::parse_graph(
+        r#"graph @two(%x: f32[n, 8]) -> (%y, %z) {
+          %y: f32[n, 8] = softmax{kind = softmax, axis = 1}(%x)
+          %z: f32[n, 8] = softmax{kind = log_softmax, axis = 1}(%x)
+        }"#,
+    )
+    .unwrap();
+    let p = compile_up_to_8_rows(&g);
+    assert_eq!(p.kernels.len(), 2, "two independent kernels");
+    let run = |kernel_threads: usize| -> usize {
+        let inside = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let mut options = SessionOptions::new().kernel_threads(kernel_threads);
+        for k in &p.kernels {
+            let (inside, most) = (inside.clone(), most.clone());
+            options = options.host_kernel(k.name.clone(), move |inputs: &[Tensor]| {
+                let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                let start = Instant::now();
+                while inside.load(Ordering::SeqCst) < 2 && start.elapsed() < PATIENCE {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                most.fetch_max(inside.load(Ordering::SeqCst), Ordering::SeqCst);
+                // Leave only once the other has seen both inside (side by side).
+                std::thread::sleep(Duration::from_millis(20));
+                inside.fetch_sub(1, Ordering::SeqCst);
+                let x = inputs[0].to_f64_vec();
+                Ok(vec![Tensor::f32s(
+                    inputs[0].shape(),
+                    x.iter().map(|&v| v as f32).collect(),
+                )])
+            });
+        }
+        let devices = rafter_runtime_cpu::devices_with(CpuDeviceOptions {
+            worker_threads: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        let session = Session::with_options(p.clone(), &devices, options).unwrap();
+        session
+            .run(vec![Tensor::f32s(&[1, 8], vec![0.5; 8])], LONG)
+            .unwrap();
+        most.load(Ordering::SeqCst)
+    };
+    assert_eq!(run(2), 1, "with 2 kernel threads the kernels overlapped");
+    assert_eq!(
+        run(1),
+        2,
+        "with 1 kernel thread the kernels did not overlap"
+    );
+}
+
 /// `y = data[idx]` with `data` a weight: an index out of range fails the kernel.
 fn gather_program() -> Program {
     let dt = f32_ty(&[Dim::known(3)]);
