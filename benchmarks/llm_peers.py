@@ -95,10 +95,10 @@ def llama_bench(gguf: str, threads: int, args, reps: int | None = None) -> list[
     on this model was 1.1-1.2x faster than after 128 tokens). Weights load as --llama-load-mode
     says (`none`: read into memory, llama.cpp's faster decode here; `mmap` is its default)."""
     base = [os.path.join(LLAMA_BIN, "llama-bench"), "-m", gguf, "-t", str(threads), "-r", str(reps or args.reps),
-            "-lm", args.llama_load_mode, "-o", "json"]
+            "-lm", args.llama_load_mode]
     res = {}
-    for extra in (["-p", str(args.prompt), "-n", "0"], ["-p", "0", "-n", str(args.gen), "-d", str(args.prompt)]):
-        cmd = base[:-2] + extra + base[-2:]
+    for test in (["-p", str(args.prompt), "-n", "0"], ["-p", "0", "-n", str(args.gen), "-d", str(args.prompt)]):
+        cmd = base + test + ["-o", "json"]
         try:
             out, rss = run_measured(cmd, args.timeout)
         except subprocess.TimeoutExpired:

@@ -41,7 +41,7 @@ pub use ggml_type::{GgmlType, RemovedGgmlType, UnknownGgmlType};
 pub use parse::{
     MetadataEntry, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_NESTED_ARRAYS, MAX_NESTING,
 };
-pub use resident::read_resident;
+pub use resident::{read_file, read_resident};
 pub use tensor::TensorInfo;
 pub use value::{Array, Scalar, StringArray, TypedArray, Value, ValueType};
 pub use writer::{GgufWriter, MAX_TENSOR_NAME_BYTES};

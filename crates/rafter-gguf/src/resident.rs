@@ -5,22 +5,27 @@
 //! Qwen3-0.6B-sized q4_0 step: ~96,000 pages). A file's pages in the page cache are 4 KiB;
 //! anonymous memory advised with `MADV_HUGEPAGE` gets 2 MiB pages where the kernel has
 //! transparent huge pages (`/sys/kernel/mm/transparent_hugepage/enabled` `always` or
-//! `madvise`). Measured on a 2-core Zen 4 (Qwen3-0.6B-shaped q4_0 GGUF, 128 tokens after a
-//! 128-token prompt, three alternated runs each; benchmarks/RESULTS.md): decode 52-55 tok/s
-//! mapped, 55-58 copied into 4 KiB pages, 59-61 into huge pages. llama.cpp reads weights into
+//! `madvise`). Measured on a 2-core Zen 4 (`rafter generate qwen3-0.6b-shape-q4_0.gguf
+//! --prompt-ids prompt-128.txt -n 128 --threads 2 --ignore-eos [--mmap]`, three alternated
+//! runs each; benchmarks/RESULTS.md): decode 52-55 tok/s mapped, 59-61 into huge pages (and
+//! 55-58 copied into 4 KiB pages, through a switch since removed). llama.cpp reads weights into
 //! memory too when asked (`--no-mmap`, llama-bench `-lm none`), and repacks its Q4_0 weights
 //! into its own buffers either way.
 //!
 //! The cost: the bytes are copied once at open, on every core (the kernel zeroes each fresh
 //! huge page first), and the kernel can no longer drop and re-read them under memory
 //! pressure, as it can a file's clean pages. Opening the 1.2 GB f16 GGUF and generating one
-//! token took 1.2-1.9 s against 1.1-1.4 s mapped (2-core Zen 4, four alternated runs).
-//! Where memory is short, map instead.
+//! token (`/usr/bin/time rafter generate qwen3-0.6b-shape-f16.gguf --prompt-ids
+//! prompt-128.txt -n 1 --threads 2 [--mmap]`, four alternated runs on the 2-core Zen 4) took
+//! 1.2-1.9 s against 1.1-1.4 s mapped. Where memory is short, map instead.
 
 use std::fs::File;
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+
+use crate::TensorMemory;
 
 /// The huge page size the copy's start is aligned to (x86-64 and arm64 with 4 KiB base
 /// pages): a huge page can only back a 2 MiB-aligned range.
@@ -60,13 +65,31 @@ pub fn read_resident(file: &File, offset: u64, len: usize) -> std::io::Result<By
     Ok(Bytes::from_owner(Resident(Arc::new(ro))).slice(start..start + len))
 }
 
+/// The whole file at `path` where `memory` says: mapped (every page up front, as
+/// [`crate::map_file`]) or read into memory backed by huge pages ([`read_resident`]). For
+/// files whose every byte is used in place (a safetensors shard, an LLM artifact).
+pub fn read_file(path: &Path, memory: TensorMemory) -> std::io::Result<Bytes> {
+    match memory {
+        TensorMemory::Mapped => crate::map_file(path),
+        TensorMemory::Resident => {
+            let file = File::open(path)?;
+            let len = usize::try_from(file.metadata()?.len()).map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "file too large")
+            })?;
+            read_resident(&file, 0, len)
+        }
+    }
+}
+
 /// Bytes one thread reads at a time: whole huge pages.
 const READ_CHUNK: usize = 16 * HUGE_PAGE;
 
 /// Fills `buf` from `file` at `offset`, `chunk` bytes at a time per thread across the
-/// machine's cores. Why: most of the time goes to the kernel zeroing each fresh huge page as the copy first
-/// touches it (a 1.2 GB f16 GGUF: ~1 s on one core of a 2-core Zen 4), which runs on as
-/// many cores as fault at once.
+/// machine's cores. Why: most of the time goes to the kernel zeroing each fresh huge page
+/// as the copy first touches it (`perf record` of `rafter generate` on the q4_0 GGUF: 14%
+/// of the main thread's samples in `clear_page_erms` under `read_resident`), which runs on
+/// as many cores as fault at once: the f16 GGUF's open + one token (the command above)
+/// took 2.8 and 5.2 s read by one thread, 1.2-1.9 s by two.
 fn read_parallel(file: &File, buf: &mut [u8], offset: u64, chunk: usize) -> std::io::Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunks: Vec<(usize, &mut [u8])> = buf
@@ -146,6 +169,25 @@ mod tests {
         let err = read_resident(&file, 99_000, 2_000).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
         std::fs::remove_file(&tmp.0).unwrap();
+    }
+
+    #[test]
+    fn read_file_maps_or_reads_the_same_bytes() {
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 253) as u8).collect();
+        let mut tmp = tempfile_in_target();
+        tmp.1.write_all(&data).unwrap();
+        for memory in [TensorMemory::Mapped, TensorMemory::Resident] {
+            assert_eq!(
+                &read_file(&tmp.0, memory).unwrap()[..],
+                &data[..],
+                "{memory:?}"
+            );
+        }
+        std::fs::remove_file(&tmp.0).unwrap();
+        for memory in [TensorMemory::Mapped, TensorMemory::Resident] {
+            let err = read_file(&tmp.0, memory).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{memory:?}");
+        }
     }
 
     fn tempfile_in_target() -> (std::path::PathBuf, File) {

@@ -90,6 +90,17 @@ pub struct LlmOptions {
     pub map_weights: bool,
 }
 
+impl LlmOptions {
+    /// Where the weights go ([`LlmOptions::map_weights`]).
+    fn weight_memory(&self) -> TensorMemory {
+        if self.map_weights {
+            TensorMemory::Mapped
+        } else {
+            TensorMemory::Resident
+        }
+    }
+}
+
 /// Default cap on the context when the caller names none (the KV caches are allocated for
 /// it up front).
 pub const DEFAULT_CONTEXT: usize = 4096;
@@ -181,12 +192,7 @@ pub fn compile(
     observe: &mut dyn FnMut(Stage),
 ) -> Result<CompiledLlm, EngineError> {
     observe(Stage::Read);
-    let memory = if options.map_weights {
-        TensorMemory::Mapped
-    } else {
-        TensorMemory::Resident
-    };
-    let source = ModelSource::open_with(path, memory)?;
+    let source = ModelSource::open_with(path, options.weight_memory())?;
     let tokenizer = tokenizer_of(&source, path)?;
     let context = options.context.unwrap_or_else(|| {
         source
@@ -316,11 +322,8 @@ impl Llm {
         } else {
             // The whole artifact into memory backed by huge pages (see
             // `LlmOptions::map_weights`); its checksums read every byte either way.
-            let resident = std::fs::File::open(&path).and_then(|f| {
-                let len = usize::try_from(f.metadata()?.len()).unwrap_or(usize::MAX);
-                rafter_gguf::read_resident(&f, 0, len)
-            });
-            let bytes = resident.map_err(|e| bad(e.to_string()))?;
+            let bytes = rafter_gguf::read_file(&path, TensorMemory::Resident)
+                .map_err(|e| bad(e.to_string()))?;
             Artifact::from_bytes(bytes).map_err(|e| bad(e.to_string()))?
         };
         let meta = artifact.metadata(METADATA_SECTION).ok_or_else(|| {

@@ -365,11 +365,14 @@ fn compiled_artifacts_generate_alike() {
     let bytes = std::fs::read(&path).unwrap();
     let cut = dir.join("cut.rfa");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    let e = Llm::open(&cut, &LlmOptions::default())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(e.contains("cut.rfa"), "{e}");
+    for map_weights in [false, true] {
+        let options = LlmOptions {
+            map_weights,
+            ..Default::default()
+        };
+        let e = Llm::open(&cut, &options).err().unwrap().to_string();
+        assert!(e.contains("cut.rfa") && e.contains("truncated"), "{e}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -4,17 +4,22 @@ mod common;
 
 use common::*;
 use rafter_gguf::{GgmlType, Value};
-use rafter_llm::ModelSource;
+use rafter_llm::{ModelSource, TensorMemory};
 use safetensors::Dtype;
 use serde_json::json;
 
-/// The error message for opening `path`, which must fail.
+/// The error message for opening `path`, which must fail the same way with its weights
+/// mapped and read into memory (the LLM engine's default).
 #[track_caller]
 fn err(path: &std::path::Path) -> String {
-    match ModelSource::open(path) {
-        Ok(_) => panic!("{} opened", path.display()),
-        Err(e) => e.to_string(),
-    }
+    let msgs = [TensorMemory::Mapped, TensorMemory::Resident].map(|memory| {
+        match ModelSource::open_with(path, memory) {
+            Ok(_) => panic!("{} opened ({memory:?})", path.display()),
+            Err(e) => e.to_string(),
+        }
+    });
+    assert_eq!(msgs[0], msgs[1], "mapped vs resident");
+    msgs[0].clone()
 }
 
 #[track_caller]

@@ -222,18 +222,8 @@ fn read_shard(
     unsupported: &mut Unsupported,
 ) -> Result<(), SourceError> {
     let path = &shard.path;
-    let read = || -> std::io::Result<Bytes> {
-        match memory {
-            TensorMemory::Mapped => rafter_gguf::map_file(path),
-            // The header (JSON, a few KB) comes along: it is read once, here.
-            TensorMemory::Resident => {
-                let file = std::fs::File::open(path)?;
-                let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
-                rafter_gguf::read_resident(&file, 0, len)
-            }
-        }
-    };
-    let bytes = read().map_err(|source| SourceError::Io {
+    // Resident, the header (JSON, a few KB) comes along: it is read once, here.
+    let bytes = rafter_gguf::read_file(path, memory).map_err(|source| SourceError::Io {
         path: path.clone(),
         source,
     })?;

@@ -93,8 +93,7 @@ pub struct ModelSource {
 
 impl ModelSource {
     /// Reads a model: a folder is read as a Hugging Face model (it needs `config.json`),
-    /// a file as GGUF.
-    /// The weights memory-mapped ([`TensorMemory::Mapped`]).
+    /// a file as GGUF. The weights are memory-mapped ([`TensorMemory::Mapped`]).
     pub fn open(path: impl AsRef<Path>) -> Result<ModelSource, SourceError> {
         Self::open_with(path, TensorMemory::Mapped)
     }

@@ -9,8 +9,9 @@
 //! host work (a submission, a wake-up) where the device reaches host memory over a bus.
 //! The call's inputs start on the host: the host writes each into the memory of the device
 //! that first reads it (the first one a device gets pays the link's latency, the call's
-//! round trip there), and the host reads the results back where they were made. Weights are uploaded once per session and cost no
-//! time per call, only memory on every device that reads them. The score is the call's
+//! round trip there), and the host reads the results back where they were made. Weights
+//! are uploaded once per session and cost no time per call, only memory on every device
+//! that reads them. The score is the call's
 //! makespan (objective latency) or its busiest device's busy time (throughput: with calls
 //! pipelined, the busiest device bounds the rate), after the memory check: a placement
 //! that exceeds a device's memory limit (weights plus the peak of live tensors) ranks below
