@@ -22,10 +22,10 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use rafter_kernels_cpu::{
-    bench_micro_kernel, quant_amx_available, quant_amx_peak, quant_matmul_with_isa, set_quant_amx,
+    bench_micro_kernel, quant_amx_available, quant_amx_peak, quant_matmul_with, set_quant_amx,
     set_quant_amx_k_steps, set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows,
-    set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef, Parallel, QuantMatRef,
-    WeightFormat, WorkerPool,
+    set_quant_prefetch_distance, BlockFormat, Epilogue, Isa, MatMut, MatRef, MatmulPrecision,
+    Parallel, QuantMatRef, WeightFormat, WorkerPool,
 };
 
 /// (K, N) of the products of one Qwen3-0.6B decoder step (q/k/v/o, gate/up/down) and the
@@ -248,6 +248,14 @@ fn main() {
             .map(|v| Some(v.parse().expect("--amx-ks S1,S2")))
             .collect()
     });
+    // `--precision f32,bf16`: the float formats' prefill products (`MatmulPrecision`),
+    // compared as `--prefetch`.
+    let precisions: Vec<MatmulPrecision> =
+        arg("--precision").map_or(vec![MatmulPrecision::F32], |d| {
+            d.split(',')
+                .map(|v| MatmulPrecision::from_name(v).expect("--precision f32,bf16"))
+                .collect()
+        });
     if amx.contains(&Some(true)) && !quant_amx_available() {
         println!("AMX-BF16 is not available here: `amx1` runs the AVX-512 kernels");
     }
@@ -329,7 +337,8 @@ fn main() {
                     .collect()
             })
             .collect();
-        // Contenders: (format index, prefetch distance, GEMM rows, dense rows, AMX).
+        // Contenders: (format index, prefetch distance, GEMM rows, dense rows, AMX, AMX
+        // K-steps, precision).
         let mut contenders = Vec::new();
         for fi in 0..formats.len() {
             for &d in &distances {
@@ -337,7 +346,9 @@ fn main() {
                     for &dr in &dense_rows {
                         for &a in &amx {
                             for &ks in &amx_ks {
-                                contenders.push((fi, d, g, dr, a, ks));
+                                for &pr in &precisions {
+                                    contenders.push((fi, d, g, dr, a, ks, pr));
+                                }
                             }
                         }
                     }
@@ -350,7 +361,7 @@ fn main() {
             for round in 0..rounds + 1 {
                 for ci in 0..contenders.len() {
                     let ci = (ci + round) % contenders.len();
-                    let (fi, dist, rows, drows, a, ks) = contenders[ci];
+                    let (fi, dist, rows, drows, a, ks, pr) = contenders[ci];
                     set_quant_amx(a);
                     set_quant_amx_k_steps(ks.unwrap_or(0));
                     if let Some(r) = drows {
@@ -366,8 +377,9 @@ fn main() {
                     let start = Instant::now();
                     for w in &copies[fi] {
                         let wr = QuantMatRef::new(f, w.bytes(), n, k).unwrap();
-                        quant_matmul_with_isa(
+                        quant_matmul_with(
                             isa,
+                            pr,
                             MatRef::row_major(&x[..m * k], m, k, k).unwrap(),
                             wr,
                             MatMut::row_major(&mut y, m, n, n).unwrap(),
@@ -382,7 +394,7 @@ fn main() {
                     }
                 }
             }
-            for (ci, &(fi, dist, rows, drows, a, ks)) in contenders.iter().enumerate() {
+            for (ci, &(fi, dist, rows, drows, a, ks, pr)) in contenders.iter().enumerate() {
                 let f = &formats[fi];
                 let s = if hot {
                     times[ci].iter().cloned().fold(f64::MAX, f64::min)
@@ -412,6 +424,9 @@ fn main() {
                 }
                 if let Some(ks) = ks {
                     name += &format!(" ks{ks}");
+                }
+                if precisions.len() > 1 {
+                    name += &format!(" {}", pr.name());
                 }
                 println!(
                     "{:<8} {:<16} {:<6} {:>10.1} {:>9.1} {:>8.2}",

@@ -117,11 +117,12 @@ pub use parallel::{Parallel, ScopedThreads, Sequential};
 pub use pool::WorkerPool;
 #[doc(hidden)]
 pub use quant::{
-    quant_amx_available, quant_amx_peak, set_quant_amx, set_quant_amx_k_steps,
+    quant_amx_available, quant_amx_peak, quant_bf16_products, set_quant_amx, set_quant_amx_k_steps,
     set_quant_decode_max_m, set_quant_dense_rows, set_quant_gemm_rows, set_quant_prefetch_distance,
 };
 pub use quant::{
-    quant_matmul, quant_matmul_with_isa, BlockFormat, QuantMatRef, WeightFormat, DECODE_MAX_M,
+    quant_matmul, quant_matmul_with, quant_matmul_with_isa, BlockFormat, MatmulPrecision,
+    QuantMatRef, WeightFormat, DECODE_MAX_M,
 };
 pub use stem::{stem_conv, stem_conv_with_isa, StemConv};
 pub use transpose::{permute_rows_f32, transpose_f32};

@@ -20,7 +20,8 @@
 use rafter_kernels_cpu::set_quant_amx;
 use rafter_kernels_cpu::{
     quant_matmul, quant_matmul_with_isa, Activation, BlockFormat, Epilogue, GemmError, Isa, MatMut,
-    MatRef, Parallel, QuantMatRef, Residual, ScopedThreads, Sequential, WeightFormat, DECODE_MAX_M,
+    MatRef, MatmulPrecision, Parallel, QuantMatRef, Residual, ScopedThreads, Sequential,
+    WeightFormat, DECODE_MAX_M,
 };
 use rafter_quant::{dequantize_row, quantize_row};
 
@@ -434,5 +435,100 @@ fn strided_x_and_activation_epilogue() {
         for (a, b) in y1.iter().zip(&y2) {
             assert_eq!(a.max(0.0), *b);
         }
+    }
+}
+
+/// `x` rounded to bf16 (to nearest even, as `vcvtne2ps2bf16`; `half`'s conversion is an
+/// independent implementation of it), back in f64.
+fn bf16(v: f32) -> f64 {
+    half::bf16::from_f32(v).to_f64()
+}
+
+/// [`MatmulPrecision::Bf16`]: where this CPU runs the bf16 GEMM, every prefill result is
+/// the f64 product of the bf16-rounded operands within f32 accumulation error (tight
+/// enough that an unrounded operand fails: its difference is ~2^-9 of the terms); the
+/// decode path (few rows) and CPUs without the kernel keep unrounded products. Shapes
+/// cover row blocks of 16 and 32 and their tails, K below, at and past a multiple of 32,
+/// N below, at and past the 12-row panels, strided x, the epilogue, and several threads.
+#[test]
+fn bf16_precision_rounds_weights_and_x_to_bf16() {
+    no_amx();
+    let mut rng = Rng(0x5eed_bf16);
+    let threads = ScopedThreads::new(3);
+    let pars: [&dyn Parallel; 2] = [&Sequential, &threads];
+    let mut bf16_ran = false;
+    for isa in isas() {
+        for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Bf16] {
+            let rounded = rafter_kernels_cpu::quant_bf16_products(isa, format);
+            bf16_ran |= rounded;
+            for (ci, &(m, k, n)) in [
+                (4, 64, 13),
+                (17, 1, 5),
+                (33, 31, 12),
+                (32, 32, 25),
+                (69, 100, 40),
+                (16, 257, 3),
+                (130, 96, 1),
+            ]
+            .iter()
+            .enumerate()
+            {
+                let par = pars[ci % 2];
+                let (bytes, wv) = weights(format, n, k, &mut rng);
+                // x with a leading dimension past K.
+                let ld = k + 3;
+                let x: Vec<f32> = (0..m * ld)
+                    .map(|i| rng.f32() * [1.0, 8.0, 0.125][i % 3])
+                    .collect();
+                let bias = rng.vec(n);
+                let res = rng.vec(m * n);
+                let epi = Epilogue {
+                    bias: Some(&bias),
+                    residual: Some(Residual::row_major(&res, n, false)),
+                    ..Epilogue::none()
+                };
+                let mut y = vec![f32::NAN; m * n];
+                rafter_kernels_cpu::quant_matmul_with(
+                    isa,
+                    MatmulPrecision::Bf16,
+                    MatRef::row_major(&x, m, k, ld).unwrap(),
+                    QuantMatRef::new(format, &bytes, n, k).unwrap(),
+                    MatMut::row_major(&mut y, m, n, n).unwrap(),
+                    &epi,
+                    par,
+                )
+                .unwrap();
+                let bf16_path = rounded && m > 8;
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut want, mut mag) = (0.0f64, 0.0f64);
+                        for p in 0..k {
+                            let (w, xv) = (wv[j * k + p], x[i * ld + p]);
+                            let t = if bf16_path {
+                                bf16(w) * bf16(xv)
+                            } else {
+                                w as f64 * xv as f64
+                            };
+                            want += t;
+                            mag += t.abs();
+                        }
+                        let want = want + bias[j] as f64 + res[i * n + j] as f64;
+                        let mag = mag + (bias[j].abs() + res[i * n + j].abs()) as f64;
+                        let bound = (k + 16) as f64 * 2f64.powi(-23) * mag;
+                        let got = y[i * n + j] as f64;
+                        assert!(
+                            (got - want).abs() <= bound,
+                            "{isa:?} {format:?} m{m} k{k} n{n} ({i}, {j}) bf16 path {bf16_path}: \
+                             {got} vs {want} (bound {bound:.2e})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // This machine class has AVX512-BF16 (Zen 4): the kernel must have been tested.
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bf16") {
+        assert!(bf16_ran, "AVX512-BF16 present but the bf16 GEMM never ran");
     }
 }

@@ -11,6 +11,9 @@
 //! - Otherwise, on AVX-512 VNNI, block formats run the int8 GEMM of [`super::x86_vnni_gemm`]: x
 //!   quantized as ggml does ([`super::act`]), each task unpacking panels of 32 weight rows
 //!   into int8 with a float scale (and min) per 16 or 32 elements, `vpdpbusd` tiles.
+//! - With [`MatmulPrecision::Bf16`] (the caller's choice), f32/f16/bf16 weights on CPUs
+//!   with AVX512-BF16 run [`super::x86_bf16_gemm`]: both operands rounded to bf16,
+//!   `vdpbf16ps` at twice the f32 FMA rate (f16/bf16 weights stay on AMX where it runs).
 //! - Everything else (f32/f16/bf16 weights, CPUs without VNNI) widens blocks of W into the
 //!   f32 panels of [`crate::PackedB`] and runs the crate's f32 GEMM driver on them, exactly
 //!   as the half-precision GEMM's many-rows path does: one `KC x NC` block of weights at a
@@ -26,7 +29,7 @@ use rafter_quant::{dequantize_row, BlockFormat};
 
 use super::act::{quantize_rows, Act, ActType, QuantIsa};
 use super::finish::YPtr;
-use super::{dense, Path, QuantMatRef, WeightFormat};
+use super::{dense, MatmulPrecision, Path, QuantMatRef, WeightFormat};
 use crate::buffer::Aligned;
 use crate::driver::run_raw;
 use crate::kernel::{Isa, PANEL};
@@ -38,16 +41,39 @@ fn int8_gemm(path: Path, format: BlockFormat) -> bool {
     path == Path::Vnni512 && super::x86_vnni_gemm::supports(format)
 }
 
+/// Whether products at `precision` with `format` weights run the bf16 GEMM of
+/// [`super::x86_bf16_gemm`] on `path`: asked for, a float format, AVX512-BF16 present, and
+/// not an f16/bf16 weight that the AMX kernel takes (faster with its accurate products).
+pub(crate) fn bf16_products(path: Path, precision: MatmulPrecision, format: WeightFormat) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return precision == MatmulPrecision::Bf16
+        && path == Path::Vnni512
+        && super::x86_bf16_gemm::supports(format)
+        && super::x86_bf16_gemm::available()
+        && !(format != WeightFormat::F32 && super::x86_amx_bf16::enabled());
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (path, precision, format);
+        false
+    }
+}
+
 /// `y = x · Wᵀ` (then the epilogue) for many rows; shapes checked by the caller.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     isa: Isa,
     path: Path,
+    precision: MatmulPrecision,
     x: MatRef<'_>,
     w: QuantMatRef<'_>,
     y: MatMut<'_>,
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if bf16_products(path, precision, w.format) {
+        return super::x86_bf16_gemm::run(x, w, y, epilogue, par);
+    }
     #[cfg(target_arch = "x86_64")]
     if path == Path::Vnni512
         && matches!(w.format, WeightFormat::F16 | WeightFormat::Bf16)

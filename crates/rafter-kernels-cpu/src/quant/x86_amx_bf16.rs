@@ -787,7 +787,12 @@ unsafe fn store_split(v0: __m512, v1: __m512, dst: *mut u8, st: usize) {
 /// AVX-512F/BW/VL available; `src` holds `k` elements of `format`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn load_dense(format: WeightFormat, src: *const u8, i: usize, k: usize) -> __m512 {
+pub(crate) unsafe fn load_dense(
+    format: WeightFormat,
+    src: *const u8,
+    i: usize,
+    k: usize,
+) -> __m512 {
     let mask = if k >= i + 16 {
         0xffff
     } else if k > i {
