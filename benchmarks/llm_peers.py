@@ -7,6 +7,7 @@ bandwidth, so that decode can be put against its roofline (weight bytes per toke
     .venv/bin/python scripts/gen_llm_fixtures.py --bench      # the model, ~5 min
     .venv/bin/python benchmarks/llm_peers.py [--threads 2] [--prompt 128] [--gen 128] [--reps 3]
         [--rafter 'target/release/rafter generate {model} --prompt-ids {prompt_ids} -n {gen} --threads {threads}']
+        [--rafter-variant '--matmul-precision bf16']
 
 Each measurement runs in its own process; its peak RSS is that process's (getrusage of a wrapper whose only child it is). llama.cpp
 is also run at every thread count below --threads (one llama-bench call each) and each reported. At --threads, llama.cpp
@@ -14,7 +15,8 @@ and rafter alternate, one run each, --reps times, and each reports the medians. 
 template is the slot for rafter: run once per rep and GGUF type ({model} = the .gguf, {type},
 {threads}, {prompt} and {gen} = token counts, {prompt_ids} = a file of ids, one per line)
 and its last line `generate: prompt P tokens at X tok/s, N tokens at Y tok/s, peak RSS R MB`
-goes into the same table. Writes benchmarks/results/llm-peers-STAMP.{json,md} and prints the
+goes into the same table; each --rafter-variant adds its arguments to the template for
+another row, run in turn with the others. Writes benchmarks/results/llm-peers-STAMP.{json,md} and prints the
 table.
 
 Like for like: every peer decodes --gen tokens after the --prompt tokens (llama-bench at depth
@@ -214,6 +216,9 @@ def main() -> None:
                     help="llama-bench -lm: none (weights read into memory: its faster decode on the 2-core Zen 4, "
                          "60.1 vs 59.4 and 51.9 vs 50.3 tok/s q4_0) or mmap (its default)")
     ap.add_argument("--rafter", help="command template for rafter (see above)")
+    ap.add_argument("--rafter-variant", action="append", default=[], metavar="ARGS",
+                    help="more arguments for another rafter row, run alternately with the others "
+                         "(e.g. '--matmul-precision bf16'); repeatable")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -237,24 +242,26 @@ def main() -> None:
         # At --threads, llama.cpp and rafter alternate run by run (medians of --reps each):
         # this machine's read bandwidth drifted by 1.5x within minutes, and one block of
         # llama.cpp's runs then one of rafter's compared two different machines.
-        ours = []
+        variants = [""] + args.rafter_variant if args.rafter else []
+        ours = {v: [] for v in variants}
         theirs = []
         for _ in range(args.reps):
             theirs += llama_bench(gguf, args.threads, args, reps=1)
-            if args.rafter:
-                ours.append(rafter(args.rafter, t, gguf, args))
+            for v in variants:
+                ours[v].append(rafter(f"{args.rafter} {v}".strip(), t, gguf, args))
         if theirs:
             found.append(median_row(theirs))
         for r in found:
             rows.append(dict(r, peer="llama.cpp", type=t, weight_bytes_per_token=wb))
             print(f"llm_peers: llama.cpp {t} t={r['threads']}: prefill {r['prefill_tok_s']:.1f} decode "
                   f"{r['decode_tok_s']:.2f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
-        if ours:
-            r = median_row(ours)
-            rows.append(dict(r, peer="rafter", type=t, weight_bytes_per_token=wb))
-            print(f"llm_peers: rafter {t}: prefill {r['prefill_tok_s']:.1f} decode {r['decode_tok_s']:.2f} "
+        for v, runs in ours.items():
+            r = median_row(runs)
+            peer = f"rafter {v}".strip()
+            rows.append(dict(r, peer=peer, type=t, weight_bytes_per_token=wb))
+            print(f"llm_peers: {peer} {t}: prefill {r['prefill_tok_s']:.1f} decode {r['decode_tok_s']:.2f} "
                   f"tok/s, peak RSS {r['peak_rss_mb']:.0f} MB (runs: "
-                  f"{', '.join(f'{x[0]:.0f}/{x[1]:.1f}' for x in ((q['prefill_tok_s'], q['decode_tok_s']) for q in ours))})",
+                  f"{', '.join(f'{x[0]:.0f}/{x[1]:.1f}' for x in ((q['prefill_tok_s'], q['decode_tok_s']) for q in runs))})",
                   flush=True)
     if not args.no_torch:
         for dt in ("f32", "bf16"):

@@ -70,6 +70,7 @@ class Llm:
         threads: int = ...,
         kv_type: Optional[str] = ...,
         mmap: bool = ...,
+        matmul_precision: str = ...,
     ) -> None: ...
     @property
     def context(self) -> int: ...

@@ -51,6 +51,18 @@ def test_mapped_weights_generate_the_same(qwen):
     assert mapped.generate(text, max_tokens=16) == llm.generate(text, max_tokens=16)
 
 
+def test_bf16_matmul_precision_generates_and_names_bad_values(qwen):
+    # bf16 products (PyTorch's bf16 arithmetic) for the prompt; the Rust fixture tests hold
+    # their logits to transformers'. Here: the option reaches the engine, and a bad value
+    # is an error naming it.
+    _, path = qwen
+    fast = rafter.LLM(path, context=256, matmul_precision="bf16")
+    text = json.loads((path.parent / "prompts.json").read_text())["long"]["text"]
+    assert fast.generate(text, max_tokens=8)
+    with pytest.raises(rafter.LLMError, match="matmul_precision: unknown matmul precision `fp8`"):
+        rafter.LLM(path, matmul_precision="fp8")
+
+
 def test_chat_matches_transformers_greedy(qwen):
     llm, path = qwen
     prompts = json.loads((path.parent / "prompts.json").read_text())

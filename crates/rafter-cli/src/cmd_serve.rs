@@ -48,6 +48,12 @@ pub struct ServeArgs {
     /// memory backed by huge pages, which decodes faster
     #[arg(long)]
     mmap: bool,
+    /// How the linear layers multiply float (f32/f16/bf16) weights on the CPU: f32
+    /// (f32-accurate) or bf16 (weights and activations rounded to bf16, as PyTorch computes
+    /// a bf16 model: twice the f32 rate for prompts on CPUs with AVX512-BF16; decode steps
+    /// and quantized weights are unaffected)
+    #[arg(long, value_name = "P", default_value = "f32")]
+    matmul_precision: rafter_llm_engine::MatmulPrecision,
 }
 
 /// The default `model` name: the file name without its extension, or the folder's name.
@@ -78,6 +84,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         threads: args.threads,
         trace: None,
         map_weights: args.mmap,
+        matmul_precision: args.matmul_precision,
     };
     let llm = Llm::open_observed(&args.model, &options, &mut |stage| {
         steps.step(stage_name(stage))

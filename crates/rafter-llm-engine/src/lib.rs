@@ -21,6 +21,7 @@ use rafter_ir::{Dim, Symbol, WeightFormat};
 use rafter_llm::graph::{BuildError, PAST, SEQ};
 use rafter_llm::source::SourceFormat;
 use rafter_llm::{build_decoder, DecoderOptions, Logits, ModelSource, SourceError, TensorMemory};
+pub use rafter_runtime::MatmulPrecision;
 use rafter_runtime::{RuntimeError, Session, SessionOptions};
 use serde::{Deserialize, Serialize};
 
@@ -88,6 +89,13 @@ pub struct LlmOptions {
     /// kernel under memory pressure: what compiling to an artifact, or a device short of
     /// memory, wants.
     pub map_weights: bool,
+    /// How the decoder's linear layers multiply float (f32/f16/bf16) weights on the CPU:
+    /// [`MatmulPrecision::F32`] (the default: f32-accurate) or [`MatmulPrecision::Bf16`]
+    /// (weights and activations rounded to bf16 as PyTorch's bf16 models compute, twice
+    /// the f32 rate for prefill on CPUs with AVX512-BF16). Decode steps keep f32 products
+    /// (they stream the weights at memory bandwidth either way); quantized weights always
+    /// compute what ggml computes. A run-time choice: an artifact serves both.
+    pub matmul_precision: MatmulPrecision,
 }
 
 impl LlmOptions {
@@ -454,7 +462,7 @@ fn devices(options: &LlmOptions) -> Result<rafter_runtime::DeviceSet, EngineErro
 }
 
 fn session_options(options: &LlmOptions) -> SessionOptions {
-    let o = SessionOptions::new();
+    let o = SessionOptions::new().matmul_precision(options.matmul_precision);
     if options.threads > 0 {
         o.kernel_threads(options.threads)
     } else {

@@ -6,6 +6,8 @@
 //! - HF folders (f32, and bf16 weights): the last prefill position's logits at two prompt
 //!   lengths and the next 8 decode steps' logits match transformers within 1e-4 of the
 //!   largest logit, from one session (one compiled program), and 32 greedy tokens agree.
+//!   With bf16 products (`MatmulPrecision::Bf16`), no further from the exact product than
+//!   transformers' own bf16 model.
 //! - GGUF at f16: llama.cpp's greedy tokens at every one of its 64 steps, but where its
 //!   own top two logits tie within its numeric noise ([`TIE`]); at q8_0, q4_0, q4_K_M,
 //!   q5_K_M and q6_K, the top-1 token agrees with llama.cpp's (teacher-forced: both see
@@ -302,6 +304,79 @@ fn published_gemma3_gguf_matches_llama_cpp() {
     assert_eq!(text, run["text"].as_str().unwrap());
 }
 
+/// `--matmul-precision bf16` on an HF bf16 folder: the prefill (and, through the KV cache,
+/// the decode steps) of bf16-rounded activations is no further from the exact product of
+/// the bf16 weights (transformers in f32) than transformers' own bf16 model is, at every
+/// step; and where the CPU runs bf16 products (AVX512-BF16) it is further than rafter's
+/// default f32 products, so the rounding did happen.
+fn check_bf16_products(arch: &str) {
+    let base = fixtures().join(arch);
+    let path = base.join("hf-bf16");
+    let open_at = |precision| {
+        let options = LlmOptions {
+            context: Some(128),
+            threads: 2,
+            matmul_precision: precision,
+            ..Default::default()
+        };
+        Llm::open(&path, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let (rounded, exact) = (
+        open_at(rafter_llm_engine::MatmulPrecision::Bf16),
+        open_at(rafter_llm_engine::MatmulPrecision::F32),
+    );
+    let r = base.join("ref");
+    let prompt_ids = ids(&r.join("hf-bf16-as-f32/long/prompt_ids.npy"));
+    assert!(
+        prompt_ids.len() > 16,
+        "the long prompt runs the prefill GEMM"
+    );
+    let want = rows(&r.join("hf-bf16-as-f32/long/prefill_logits.npy"));
+    let torch_bf16 = rows(&r.join("hf-bf16/long/prefill_logits.npy"));
+    let want_decode = rows(&r.join("hf-bf16-as-f32/long/decode_logits.npy"));
+    let torch_decode = rows(&r.join("hf-bf16/long/decode_logits.npy"));
+    let decode_in = ids(&r.join("hf-bf16-as-f32/long/decode_input_ids.npy"));
+    // transformers' bf16 steps fed its own greedy tokens: comparable while they agree.
+    let torch_in = ids(&r.join("hf-bf16/long/decode_input_ids.npy"));
+    let same = decode_in
+        .iter()
+        .zip(&torch_in)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut m = SessionModel::new(rounded.session(), rounded.context());
+    let mut e = SessionModel::new(exact.session(), exact.context());
+    m.reset();
+    e.reset();
+    let got = m.forward(&prompt_ids).unwrap().to_vec();
+    let ours = rel_err(&got, want.last().unwrap());
+    let theirs = rel_err(torch_bf16.last().unwrap(), want.last().unwrap());
+    let f32_err = rel_err(e.forward(&prompt_ids).unwrap(), want.last().unwrap());
+    eprintln!(
+        "{arch}: prefill logits from the exact product: bf16 products {ours:.2e}, f32 products \
+         {f32_err:.2e}, transformers' bf16 {theirs:.2e}; {same} decode steps comparable"
+    );
+    assert!(
+        ours <= theirs,
+        "{arch}: bf16 products' prefill logits {ours:.2e} from the exact product,          transformers' bf16 {theirs:.2e}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bf16") {
+        assert!(
+            ours > 4.0 * f32_err,
+            "{arch}: bf16 products {ours:.2e} vs f32 products {f32_err:.2e}: not rounded?"
+        );
+    }
+    let steps = decode_in.iter().zip(&want_decode).zip(&torch_decode);
+    for (step, ((&t, w), torch)) in steps.take(same).enumerate() {
+        let got = m.forward(&[t]).unwrap().to_vec();
+        let (ours, theirs) = (rel_err(&got, w), rel_err(torch, w));
+        assert!(
+            ours <= theirs,
+            "{arch}: decode step {step}: bf16 products {ours:.2e}, transformers' bf16 {theirs:.2e}"
+        );
+    }
+}
+
 macro_rules! hf_tests {
     ($($name:ident: $arch:literal),* $(,)?) => {$(
         mod $name {
@@ -312,6 +387,10 @@ macro_rules! hf_tests {
             #[test]
             fn bf16_weights_match_transformers_in_f32() {
                 super::check_hf($arch, "hf-bf16", "hf-bf16-as-f32");
+            }
+            #[test]
+            fn bf16_products_no_further_from_exact_than_transformers_bf16() {
+                super::check_bf16_products($arch);
             }
             #[test]
             fn gguf_f16_matches_llama_cpp() {

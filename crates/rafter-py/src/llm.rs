@@ -44,7 +44,7 @@ struct Summary {
 impl Llm {
     /// Opens (and, for a Hugging Face folder or GGUF, compiles) the model at `path`.
     #[new]
-    #[pyo3(signature = (path, context=None, threads=0, kv_type=None, mmap=false))]
+    #[pyo3(signature = (path, context=None, threads=0, kv_type=None, mmap=false, matmul_precision="f32"))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -52,7 +52,11 @@ impl Llm {
         threads: usize,
         kv_type: Option<&str>,
         mmap: bool,
+        matmul_precision: &str,
     ) -> PyResult<Llm> {
+        let matmul_precision = matmul_precision
+            .parse()
+            .map_err(|e: String| to::<LLMError>(format!("matmul_precision: {e}")))?;
         let kv_type = match kv_type {
             None => None,
             Some(t) => Some(KvType::from_word(t).ok_or_else(|| {
@@ -64,6 +68,7 @@ impl Llm {
             threads,
             kv_type,
             map_weights: mmap,
+            matmul_precision,
             ..LlmOptions::default()
         };
         let engine = py

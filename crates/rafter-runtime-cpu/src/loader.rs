@@ -112,6 +112,14 @@ fn serial_commands(options: &rafter_runtime::KernelOptions) -> bool {
 /// Per program kernel: its native kernel, if one covers its body.
 type Natives = Vec<Option<Arc<dyn NativeKernel>>>;
 
+/// The native kernels' precision for products with float weights.
+fn precision(options: &rafter_runtime::KernelOptions) -> rafter_kernels_cpu::MatmulPrecision {
+    match options.matmul_precision {
+        rafter_runtime::MatmulPrecision::F32 => rafter_kernels_cpu::MatmulPrecision::F32,
+        rafter_runtime::MatmulPrecision::Bf16 => rafter_kernels_cpu::MatmulPrecision::Bf16,
+    }
+}
+
 /// The threads a kernel may use (0: one per available core).
 fn threads(options: &rafter_runtime::KernelOptions) -> usize {
     match options.threads {
@@ -142,7 +150,7 @@ fn choose_kernels(req: &LoadRequest<'_>) -> Result<(Natives, Vec<Option<TensorKe
         for &k in req.kernels {
             if tensor_kernels[k].is_none() {
                 let body = &program.kernels[k].body;
-                natives[k] = native::select(body, &pool);
+                natives[k] = native::select(body, &pool, precision(req.options));
                 tensor_kernels[k] = fallback::select(body, &pool);
             }
         }
@@ -165,7 +173,7 @@ fn choose_kernels(req: &LoadRequest<'_>) -> Result<(Natives, ())> {
     let mut natives: Natives = vec![None; program.kernels.len()];
     for &k in req.kernels {
         let kernel = &program.kernels[k];
-        natives[k] = native::select(&kernel.body, &pool);
+        natives[k] = native::select(&kernel.body, &pool, precision(req.options));
         if natives[k].is_none() {
             let ops: Vec<&str> = kernel.body.nodes.iter().map(|n| n.op.name()).collect();
             return Err(req.unsupported(format!(

@@ -52,6 +52,47 @@ pub struct KernelOptions {
     pub reference_only: bool,
     /// Threads one kernel may use (0: one per available core).
     pub threads: usize,
+    /// How products with float weights round their operands where a backend can trade
+    /// accuracy for speed (see [`MatmulPrecision`]).
+    pub matmul_precision: MatmulPrecision,
+}
+
+/// How a backend's matrix products with float (f32/f16/bf16) weights round their operands.
+/// What each backend honours is its own: rafter's CPU takes it in the LLM decoder's linear
+/// layers (prefill products; decode streams the weights at memory bandwidth either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MatmulPrecision {
+    /// As accurate as f32 arithmetic on the unrounded operands (the default).
+    #[default]
+    F32,
+    /// Both operands rounded to bf16 (8 significant bits), products accumulated in f32:
+    /// PyTorch's arithmetic for a bf16 model, and twice the f32 rate on CPUs with
+    /// AVX512-BF16.
+    Bf16,
+}
+
+impl MatmulPrecision {
+    /// Its name on command lines: `f32` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulPrecision::F32 => "f32",
+            MatmulPrecision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for MatmulPrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<MatmulPrecision, String> {
+        match s {
+            "f32" => Ok(MatmulPrecision::F32),
+            "bf16" => Ok(MatmulPrecision::Bf16),
+            other => Err(format!(
+                "unknown matmul precision `{other}` (expected f32 or bf16)"
+            )),
+        }
+    }
 }
 
 impl fmt::Debug for KernelOptions {
@@ -63,6 +104,7 @@ impl fmt::Debug for KernelOptions {
             )
             .field("reference_only", &self.reference_only)
             .field("threads", &self.threads)
+            .field("matmul_precision", &self.matmul_precision)
             .finish()
     }
 }

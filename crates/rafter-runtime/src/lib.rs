@@ -60,7 +60,7 @@ mod weights;
 
 pub use backend::{
     CopyEnd, DispatchArgs, ExecutableLoader, HostCopy, HostKernel, KernelOptions, LoadRequest,
-    LoadedKernels, NativeStats, Operand,
+    LoadedKernels, MatmulPrecision, NativeStats, Operand,
 };
 pub use borrowed::BorrowError;
 pub use devices::DeviceSet;

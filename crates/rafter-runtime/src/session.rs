@@ -13,7 +13,9 @@ use rafter_hal::{
 use rafter_ir::program::{Program, Step, Storage};
 use rafter_ir::{Bindings, Symbol};
 
-use crate::backend::{HostKernel, KernelOptions, LoadRequest, LoadedKernels, NativeStats, UNBOUND};
+use crate::backend::{
+    HostKernel, KernelOptions, LoadRequest, LoadedKernels, MatmulPrecision, NativeStats, UNBOUND,
+};
 use crate::devices::DeviceSet;
 use crate::error::{hal, Result, RuntimeError};
 use crate::host::{lock, CallRegistry, Slots};
@@ -32,6 +34,7 @@ pub struct SessionOptions {
     queue: usize,
     reference_only: bool,
     kernel_threads: usize,
+    matmul_precision: MatmulPrecision,
     executables: Vec<(String, Bytes)>,
 }
 
@@ -67,6 +70,13 @@ impl SessionOptions {
         self
     }
 
+    /// How products with float weights round their operands (default
+    /// [`MatmulPrecision::F32`]; see there for what each backend honours).
+    pub fn matmul_precision(mut self, precision: MatmulPrecision) -> SessionOptions {
+        self.matmul_precision = precision;
+        self
+    }
+
     /// The executable section for `device` (an artifact's, e.g. the `vulkan` SPIR-V
     /// modules), which the device's loader reads and validates; [`Session::open`] passes
     /// the artifact's. Whether a device needs one is its loader's business (the CPU runs
@@ -90,6 +100,7 @@ impl SessionOptions {
             host_kernels: self.host_kernels.clone(),
             reference_only: self.reference_only,
             threads: self.kernel_threads,
+            matmul_precision: self.matmul_precision,
         }
     }
 }
@@ -104,6 +115,7 @@ impl fmt::Debug for SessionOptions {
             .field("queue", &self.queue)
             .field("reference_only", &self.reference_only)
             .field("kernel_threads", &self.kernel_threads)
+            .field("matmul_precision", &self.matmul_precision)
             .field(
                 "executables",
                 &self

@@ -13,8 +13,8 @@ use half::f16;
 use half::slice::HalfBitsSliceExt;
 use rafter_ir::{DType, FfnActivation, Graph, Op, WeightFormat};
 use rafter_kernels_cpu::{
-    cached_attention, quant_matmul, rms_norm, rope, BlockFormat, CachedAttention, Epilogue, MatMut,
-    MatRef, QuantMatRef, Residual, RopePairs,
+    cached_attention, rms_norm, rope, BlockFormat, CachedAttention, Epilogue, Isa, MatMut, MatRef,
+    MatmulPrecision, QuantMatRef, Residual, RopePairs,
 };
 
 use super::epilogue::{parse_chain_from, resolve, EpiOp, Src};
@@ -32,11 +32,15 @@ fn kernel_format(f: WeightFormat) -> Option<rafter_kernels_cpu::WeightFormat> {
 }
 
 /// The kernel for a body the LLM builder makes, if any.
-pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+pub(super) fn select(
+    body: &Graph,
+    par: &Par,
+    precision: MatmulPrecision,
+) -> Option<Arc<dyn NativeKernel>> {
     let node = body.nodes.first()?;
     let single = body.nodes.len() == 1 && body.outputs.len() == 1;
     match &node.op {
-        Op::Linear { format } => LinearKernel::select(body, *format, par),
+        Op::Linear { format } => LinearKernel::select(body, *format, par, precision),
         Op::Embedding { format } if single => Some(Arc::new(EmbeddingKernel {
             format: *format,
             table: body_input(body, node.input(0)?)?,
@@ -65,7 +69,7 @@ pub(super) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
             par: par.clone(),
         })),
         Op::Attention { .. } if single => AttentionKernel::select(body, par),
-        Op::MoeFfn { .. } if single => MoeKernel::select(body, par),
+        Op::MoeFfn { .. } if single => MoeKernel::select(body, par, precision),
         _ => None,
     }
 }
@@ -76,6 +80,18 @@ fn body_input(body: &Graph, v: rafter_ir::ValueId) -> Option<usize> {
         rafter_ir::ValueDef::Input(i) => Some(i),
         _ => None,
     }
+}
+
+/// [`rafter_kernels_cpu::quant_matmul`] with float weights' products at `precision`.
+fn matmul(
+    precision: MatmulPrecision,
+    x: MatRef<'_>,
+    w: QuantMatRef<'_>,
+    y: MatMut<'_>,
+    epilogue: &Epilogue<'_>,
+    par: &dyn rafter_kernels_cpu::Parallel,
+) -> Result<(), rafter_kernels_cpu::GemmError> {
+    rafter_kernels_cpu::quant_matmul_with(Isa::detect(), precision, x, w, y, epilogue, par)
 }
 
 fn gemm_err(e: rafter_kernels_cpu::GemmError) -> String {
@@ -90,11 +106,17 @@ struct LinearKernel {
     w: usize,
     bias: Option<Src>,
     chain: Vec<EpiOp>,
+    precision: MatmulPrecision,
     par: Par,
 }
 
 impl LinearKernel {
-    fn select(body: &Graph, format: WeightFormat, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+    fn select(
+        body: &Graph,
+        format: WeightFormat,
+        par: &Par,
+        precision: MatmulPrecision,
+    ) -> Option<Arc<dyn NativeKernel>> {
         let node = &body.nodes[0];
         let out = node.outputs.first().copied().flatten()?;
         Some(Arc::new(LinearKernel {
@@ -106,6 +128,7 @@ impl LinearKernel {
                 None => None,
             },
             chain: parse_chain_from(body, out, 1)?,
+            precision,
             par: par.clone(),
         }))
     }
@@ -150,7 +173,7 @@ impl NativeKernel for LinearKernel {
             ..Epilogue::none()
         };
         let ym = MatMut::row_major(y, m, n, n).map_err(gemm_err)?;
-        quant_matmul(xm, wref, ym, &epi, &*self.par).map_err(gemm_err)?;
+        matmul(self.precision, xm, wref, ym, &epi, &*self.par).map_err(gemm_err)?;
         r.post(y);
         Ok(true)
     }
@@ -437,11 +460,16 @@ struct MoeKernel {
     x: usize,
     logits: usize,
     weights: [usize; 3],
+    precision: MatmulPrecision,
     par: Par,
 }
 
 impl MoeKernel {
-    fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+    fn select(
+        body: &Graph,
+        par: &Par,
+        precision: MatmulPrecision,
+    ) -> Option<Arc<dyn NativeKernel>> {
         let node = &body.nodes[0];
         let Op::MoeFfn {
             top_k,
@@ -470,6 +498,7 @@ impl MoeKernel {
                 body_input(body, node.input(3)?)?,
                 body_input(body, node.input(4)?)?,
             ],
+            precision,
             par: par.clone(),
         }))
     }
@@ -523,7 +552,8 @@ impl NativeKernel for MoeKernel {
             let xm = MatRef::row_major(&rows, m, h, h).map_err(err)?;
             let none = Epilogue::none();
             let gw = expert(gate.bytes(), self.formats[0], ex, f, h)?;
-            quant_matmul(
+            matmul(
+                self.precision,
                 xm,
                 gw,
                 MatMut::row_major(&mut g, m, f, f).map_err(err)?,
@@ -532,7 +562,8 @@ impl NativeKernel for MoeKernel {
             )
             .map_err(err)?;
             let uw = expert(up.bytes(), self.formats[1], ex, f, h)?;
-            quant_matmul(
+            matmul(
+                self.precision,
                 xm,
                 uw,
                 MatMut::row_major(&mut u, m, f, f).map_err(err)?,
@@ -550,7 +581,8 @@ impl NativeKernel for MoeKernel {
             }
             let dw = expert(down.bytes(), self.formats[2], ex, h, f)?;
             let gm = MatRef::row_major(&g, m, f, f).map_err(err)?;
-            quant_matmul(
+            matmul(
+                self.precision,
                 gm,
                 dw,
                 MatMut::row_major(&mut d, m, h, h).map_err(err)?,

@@ -205,6 +205,8 @@ impl Stats {
 /// by all its kernels.
 pub(crate) type Par = Arc<rafter_kernels_cpu::WorkerPool>;
 
+use rafter_kernels_cpu::MatmulPrecision;
+
 /// A pool of `threads` threads (the caller's included); one thread if workers cannot start.
 pub(crate) fn pool(threads: usize) -> Par {
     Arc::new(
@@ -214,8 +216,13 @@ pub(crate) fn pool(threads: usize) -> Par {
     )
 }
 
-/// The native kernel for `body`, if one covers it, running its parallel work on `par`.
-pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
+/// The native kernel for `body`, if one covers it, running its parallel work on `par`;
+/// products with float weights at `precision` where a kernel offers the choice.
+pub(crate) fn select(
+    body: &Graph,
+    par: &Par,
+    precision: MatmulPrecision,
+) -> Option<Arc<dyn NativeKernel>> {
     if body.nodes.is_empty() {
         return None;
     }
@@ -227,7 +234,7 @@ pub(crate) fn select(body: &Graph, par: &Par) -> Option<Arc<dyn NativeKernel>> {
         // that copies its operands first takes them.
         return elementwise::select(body, par).or_else(|| cast::select(body));
     }
-    llm::select(body, par)
+    llm::select(body, par, precision)
         .or_else(|| block_quant::select(body, par))
         .or_else(|| matmul::select(body, par))
         .or_else(|| conv::select(body, par))

@@ -886,7 +886,7 @@ fn malformed_operands_are_errors() {
     c.g.outputs.push(y);
     let program = rafter_opt::compile(&c.g, &rafter_opt::CompileOptions::default()).unwrap();
     let body = &program.kernels[0].body;
-    let k = select(body, &super::pool(1)).expect("a conv body is native");
+    let k = select(body, &super::pool(1), Default::default()).expect("a conv body is native");
     let stats = Stats::default();
     // Wrong byte lengths never reach the kernel: the operand check names the sizes.
     let short = le(&[0.0; 10]);
@@ -913,7 +913,7 @@ fn malformed_operands_are_errors() {
     let b = c.input(&[3, 4]);
     let y = c.node(Op::MatMul, &[a, b], &[2, 4]);
     c.g.outputs.push(y);
-    let mm = select(&c.g, &super::pool(1)).unwrap();
+    let mm = select(&c.g, &super::pool(1), Default::default()).unwrap();
     let (ab, bb) = (le(&[1.0; 6]), le(&[1.0; 12]));
     let ins = [input(&[2, 3], &ab, &stats), input(&[4, 3], &bb, &stats)];
     let mut yb = [0u8; 32];
@@ -949,7 +949,8 @@ fn elementwise_bodies_copy_their_operands() {
     let y = c.input(&[4]);
     let z = c.node(add(), &[x, y], &[4]);
     c.g.outputs.push(z);
-    let k = select(&c.g, &super::pool(1)).expect("an elementwise body is native");
+    let k =
+        select(&c.g, &super::pool(1), Default::default()).expect("an elementwise body is native");
     assert!(k.copies_operands());
 }
 
