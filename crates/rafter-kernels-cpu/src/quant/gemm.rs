@@ -12,8 +12,9 @@
 //!   quantized as ggml does ([`super::act`]), each task unpacking panels of 32 weight rows
 //!   into int8 with a float scale (and min) per 16 or 32 elements, `vpdpbusd` tiles.
 //! - With [`MatmulPrecision::Bf16`] (the caller's choice), f32/f16/bf16 weights on CPUs
-//!   with AVX512-BF16 run [`super::x86_bf16_gemm`]: both operands rounded to bf16,
-//!   `vdpbf16ps` at twice the f32 FMA rate (f16/bf16 weights stay on AMX where it runs).
+//!   with AVX512-BF16 have both operands rounded to bf16: one tile product per multiply-add
+//!   on AMX (f16/bf16), else [`super::x86_bf16_gemm`]'s `vdpbf16ps` at twice the f32 FMA
+//!   rate.
 //! - Everything else (f32/f16/bf16 weights, CPUs without VNNI) widens blocks of W into the
 //!   f32 panels of [`crate::PackedB`] and runs the crate's f32 GEMM driver on them, exactly
 //!   as the half-precision GEMM's many-rows path does: one `KC x NC` block of weights at a
@@ -41,16 +42,14 @@ fn int8_gemm(path: Path, format: BlockFormat) -> bool {
     path == Path::Vnni512 && super::x86_vnni_gemm::supports(format)
 }
 
-/// Whether products at `precision` with `format` weights run the bf16 GEMM of
-/// [`super::x86_bf16_gemm`] on `path`: asked for, a float format, AVX512-BF16 present, and
-/// not an f16/bf16 weight that the AMX kernel takes (faster with its accurate products).
+/// Whether products at `precision` with `format` weights round both operands to bf16 on
+/// `path`: asked for, a float format, and AVX512-BF16 present (AMX-BF16 implies it).
 pub(crate) fn bf16_products(path: Path, precision: MatmulPrecision, format: WeightFormat) -> bool {
     #[cfg(target_arch = "x86_64")]
     return precision == MatmulPrecision::Bf16
         && path == Path::Vnni512
         && super::x86_bf16_gemm::supports(format)
-        && super::x86_bf16_gemm::available()
-        && !(format != WeightFormat::F32 && super::x86_amx_bf16::enabled());
+        && super::x86_bf16_gemm::available();
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (path, precision, format);
@@ -70,16 +69,17 @@ pub(crate) fn run(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if bf16_products(path, precision, w.format) {
-        return super::x86_bf16_gemm::run(x, w, y, epilogue, par);
-    }
+    let rounded = bf16_products(path, precision, w.format);
     #[cfg(target_arch = "x86_64")]
     if path == Path::Vnni512
         && matches!(w.format, WeightFormat::F16 | WeightFormat::Bf16)
         && super::x86_amx_bf16::enabled()
     {
-        return super::x86_amx_bf16::run(x, w, y, epilogue, par);
+        return super::x86_amx_bf16::run(x, w, y, epilogue, par, rounded);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if rounded {
+        return super::x86_bf16_gemm::run(x, w, y, epilogue, par);
     }
     run_avx(isa, path, x, w, y, epilogue, par)
 }

@@ -359,9 +359,9 @@ pub enum MatmulPrecision {
     F32,
     /// Weights and x rounded to bf16 (to nearest even; 8 significant bits), products
     /// accumulated in f32: what PyTorch computes for a bf16 model and llama.cpp for BF16
-    /// weights. Runs `vdpbf16ps` at twice the f32 FMA rate where the CPU has AVX512-BF16
-    /// (Zen 4, Sapphire Rapids); elsewhere, and on CPUs with AMX-BF16 (whose tile kernel
-    /// is faster with the accurate products), the products stay [`MatmulPrecision::F32`].
+    /// weights. Where the CPU has AVX512-BF16 (Zen 4, Sapphire Rapids): `vdpbf16ps` at
+    /// twice the f32 FMA rate, or on AMX-BF16 one tile product where the accurate path
+    /// takes three to five; elsewhere the products stay [`MatmulPrecision::F32`].
     Bf16,
 }
 

@@ -172,14 +172,19 @@ thread_local! {
 }
 
 /// `y = x · Wᵀ` (then the epilogue), any weight format; shapes checked by the caller
-/// (`k > 0`), the VNNI path's features and AMX ([`enabled`]) available.
+/// (`k > 0`), the VNNI path's features and AMX ([`enabled`]) available. `rounded` (float
+/// formats only): both operands rounded to bf16 (to nearest even) and one tile product
+/// each, [`MatmulPrecision::Bf16`](crate::MatmulPrecision::Bf16)'s arithmetic, instead of
+/// the accurate split.
 pub(crate) fn run(
     x: MatRef<'_>,
     w: QuantMatRef<'_>,
     y: MatMut<'_>,
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
+    rounded: bool,
 ) {
+    let rounded = rounded && w.format().block_elems() == 1;
     let mut fresh = None;
     XS.with(|cell| {
         let mut guard = cell.try_borrow_mut().ok();
@@ -188,13 +193,14 @@ pub(crate) fn run(
             None => fresh.insert(XTiles::default()),
         };
         let kp = x.cols.next_multiple_of(KT);
-        x_tiles(&x, kp, xs);
-        compute(xs, kp, x.rows, w, y, epilogue, par);
+        x_tiles(&x, kp, xs, rounded);
+        compute(xs, kp, x.rows, w, y, epilogue, par, rounded);
     });
 }
 
-/// Fills `xs.tiles` with x's B tiles (see [`XTiles`]).
-fn x_tiles(x: &MatRef<'_>, kp: usize, xs: &mut XTiles) {
+/// Fills `xs.tiles` with x's B tiles (see [`XTiles`]; `rounded`: only the hi tiles, x
+/// rounded to nearest).
+fn x_tiles(x: &MatRef<'_>, kp: usize, xs: &mut XTiles, rounded: bool) {
     let (m, k) = (x.rows, x.cols);
     let (blocks, steps) = (m.div_ceil(16), kp / KT);
     let tiles = xs.tiles.reset(blocks * steps * 3 * TILE);
@@ -220,6 +226,7 @@ fn x_tiles(x: &MatRef<'_>, kp: usize, xs: &mut XTiles) {
                     xs.rows.as_ptr().add(st * KT),
                     kp,
                     tiles.as_mut_ptr().add((b * steps + st) * 3 * TILE),
+                    rounded,
                 )
             };
         }
@@ -260,13 +267,35 @@ fn bits(v: __m512bh) -> __m512i {
 
 /// 16 rows of x (at stride `ld` floats) of 32 floats into three B tiles at `out`: `hi`,
 /// `mid`, `lo` in the pair layout (`[16 pairs][16 rows][2]` bf16), `x = hi + mid + lo`
-/// exactly (hi and mid truncated, lo the remaining at most 8 bits).
+/// exactly (hi and mid truncated, lo the remaining at most 8 bits); `rounded`: only `hi`,
+/// x rounded to nearest (mid and lo not written).
 ///
 /// # Safety
 /// AVX-512F/BF16 available; the 16 rows' 32 floats readable; `out` writable for 3 tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn x_step_tiles(rows: *const f32, ld: usize, out: *mut u8) {
+unsafe fn x_step_tiles(rows: *const f32, ld: usize, out: *mut u8, rounded: bool) {
     let mut parts = [[_mm512_setzero_si512(); 16]; 3];
+    if rounded {
+        let hi = &mut parts[0];
+        // A range loop, not iterators: closures would not inherit the target features.
+        #[allow(clippy::needless_range_loop)]
+        for r in 0..16 {
+            // SAFETY: row r's 32 floats (caller).
+            let (v0, v1) = unsafe {
+                (
+                    _mm512_loadu_ps(rows.add(r * ld)),
+                    _mm512_loadu_ps(rows.add(r * ld + 16)),
+                )
+            };
+            hi[r] = bits(_mm512_cvtne2ps_pbh(v1, v0));
+        }
+        transpose16(hi);
+        for (q, v) in hi.iter().enumerate() {
+            // SAFETY: tile 0 of out, row q (caller).
+            unsafe { _mm512_storeu_si512(out.add(q * 64).cast(), *v) };
+        }
+        return;
+    }
     // A range loop, not iterators: closures would not inherit this function's target
     // features, and their intrinsics would not inline.
     #[allow(clippy::needless_range_loop)]
@@ -324,6 +353,7 @@ pub(crate) fn set_k_steps(steps: usize) {
 /// panels than threads) and each task's loops: per chunk of panels, per K-block, each
 /// panel's K-block is dequantized and split once into bf16 tiles and then multiplied by
 /// every row block of x, C accumulating in memory between K-blocks (see [`KS_DEFAULT`]).
+#[allow(clippy::too_many_arguments)]
 fn compute(
     xs: &XTiles,
     kp: usize,
@@ -332,6 +362,7 @@ fn compute(
     y: MatMut<'_>,
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
+    rounded: bool,
 ) {
     let n = w.n();
     let panels = n.div_ceil(NR);
@@ -362,6 +393,7 @@ fn compute(
     let epi = (!epilogue.is_identity()).then_some(epilogue);
     let xt = xs.tiles.as_slice();
     let terms = match w.format() {
+        _ if rounded => Terms::Rounded,
         WeightFormat::F16 => Terms::F16,
         WeightFormat::Bf16 => Terms::Bf16,
         _ => Terms::Three,
@@ -387,7 +419,15 @@ fn compute(
             let _tiles = TileConfig::load();
             let mut out = [0.0f32; MB * NR];
             let mut job = jobs.first();
-            pack_panel(&w, job.p, job.s0, job.s1, &mut bufs.panel, &mut bufs.row);
+            pack_panel(
+                &w,
+                job.p,
+                job.s0,
+                job.s1,
+                &mut bufs.panel,
+                &mut bufs.row,
+                rounded,
+            );
             loop {
                 if job.p == job.c0 && job.s0 == 0 {
                     bufs.acc.reset((job.c1 - job.c0) * nb * 4 * TILE);
@@ -401,6 +441,7 @@ fn compute(
                         &nj,
                         nb * (job.s1 - job.s0),
                         &mut bufs.next,
+                        rounded,
                     )),
                     _ => None,
                 };
@@ -444,7 +485,15 @@ fn compute(
                     // SAFETY: as above.
                     unsafe { pk.finish() };
                 } else if let Some(nj) = next {
-                    pack_panel(&w, nj.p, nj.s0, nj.s1, &mut bufs.next, &mut bufs.row);
+                    pack_panel(
+                        &w,
+                        nj.p,
+                        nj.s0,
+                        nj.s1,
+                        &mut bufs.next,
+                        &mut bufs.row,
+                        rounded,
+                    );
                 }
                 if job.p + 1 == job.c1 && job.s1 == steps {
                     // The chunk's C is complete: through the epilogue to y.
@@ -558,12 +607,20 @@ struct DensePacker {
     dst: *mut u8,
     unit: usize,
     quota: usize,
+    /// Weights rounded to bf16 into the hi slots alone (see [`emit_dense`]).
+    rounded: bool,
 }
 
 impl DensePacker {
     /// A packer of job `j` into `buf`, its `32 x steps` units spread over `calls` calls of
     /// `advance`.
-    fn new(w: &QuantMatRef<'_>, j: &Job, calls: usize, buf: &mut AlignedBytes) -> DensePacker {
+    fn new(
+        w: &QuantMatRef<'_>,
+        j: &Job,
+        calls: usize,
+        buf: &mut AlignedBytes,
+        rounded: bool,
+    ) -> DensePacker {
         let steps = j.s1 - j.s0;
         let es = dense_bytes(w.format());
         let j0 = j.p * NR;
@@ -578,6 +635,7 @@ impl DensePacker {
             dst: buf.reset(steps * 4 * TILE).as_mut_ptr(),
             unit: 0,
             quota: (NR * steps).div_ceil(calls.max(1)),
+            rounded,
         }
     }
 
@@ -624,6 +682,7 @@ impl DensePacker {
                         self.k - e,
                         run,
                         dst,
+                        self.rounded,
                     )
                 };
             } else {
@@ -682,6 +741,7 @@ fn pack_panel(
     s1: usize,
     out: &mut AlignedBytes,
     scratch: &mut RowScratch,
+    rounded: bool,
 ) {
     let (k, j0) = (w.k(), p * NR);
     let cols = NR.min(w.n() - j0);
@@ -706,7 +766,16 @@ fn pack_panel(
                 // SAFETY: AVX-512F/BW/BF16 available; the row holds k elements, from e0
                 // (< k) k - e0 of them; the panel holds n_steps steps of 4 tiles, row r's
                 // 64-byte slots among them.
-                unsafe { emit_dense(format, bytes[e0 * es..].as_ptr(), k - e0, n_steps, dst) };
+                unsafe {
+                    emit_dense(
+                        format,
+                        bytes[e0 * es..].as_ptr(),
+                        k - e0,
+                        n_steps,
+                        dst,
+                        rounded,
+                    )
+                };
             }
             WeightFormat::Block(b) => {
                 let sp = spec(b);
@@ -733,13 +802,21 @@ fn pack_panel(
 }
 
 /// `steps` steps of a float-format row with `k` elements left from `src` (zero past them)
-/// split into row r's hi and lo slots of the panel (`dst` = row r's slot in step 0).
+/// split into row r's hi and lo slots of the panel (`dst` = row r's slot in step 0), or
+/// (`rounded`) rounded to bf16 into the hi slots alone.
 ///
 /// # Safety
 /// AVX-512F/BW/VL/BF16 available; `src` holds `k` elements of `format`; `dst` + st 4 TILE and
 /// + st 4 TILE + 2 TILE hold 64 bytes for every step st < `steps`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn emit_dense(format: WeightFormat, src: *const u8, k: usize, steps: usize, dst: *mut u8) {
+unsafe fn emit_dense(
+    format: WeightFormat,
+    src: *const u8,
+    k: usize,
+    steps: usize,
+    dst: *mut u8,
+    rounded: bool,
+) {
     for st in 0..steps {
         // SAFETY: elements below k of the row (caller).
         let (v0, v1) = unsafe {
@@ -748,8 +825,18 @@ unsafe fn emit_dense(format: WeightFormat, src: *const u8, k: usize, steps: usiz
                 load_dense(format, src, st * KT + 16, k),
             )
         };
-        // SAFETY: step st's hi and lo slots (caller).
-        unsafe { store_split(v0, v1, dst, st) };
+        if rounded {
+            // SAFETY: step st's hi slot (caller).
+            unsafe {
+                _mm512_storeu_si512(
+                    dst.add(st * 4 * TILE).cast(),
+                    bits(_mm512_cvtne2ps_pbh(v1, v0)),
+                )
+            };
+        } else {
+            // SAFETY: step st's hi and lo slots (caller).
+            unsafe { store_split(v0, v1, dst, st) };
+        }
     }
 }
 
@@ -875,6 +962,9 @@ enum Terms {
     F16,
     /// `w (x_lo + x_mid + x_hi)`: a bf16 weight is its hi half; x exact.
     Bf16,
+    /// `w_hi x_hi`, both rounded to bf16
+    /// ([`MatmulPrecision::Bf16`](crate::MatmulPrecision::Bf16)).
+    Rounded,
 }
 
 /// One register block's work: a panel's K-block against 32 (or 16) rows of x.
@@ -939,6 +1029,10 @@ unsafe fn kernel<const XB: usize, F: FnMut()>(blk: &Block, between: &mut F) {
                 Terms::Bf16 => {
                     products::<XB>(lo);
                     products::<XB>(mid);
+                    between();
+                    products::<XB>(hi);
+                }
+                Terms::Rounded => {
                     between();
                     products::<XB>(hi);
                 }
@@ -1280,6 +1374,7 @@ mod tests {
                             MatMut::row_major(&mut y, m, n, n).unwrap(),
                             &epi,
                             &par,
+                            false,
                         );
                         super::super::gemm::run_avx(
                             Isa::Avx512,
@@ -1325,6 +1420,97 @@ mod tests {
             let bound = if be == 1 { 2.0 * worst.1 } else { worst.1 };
             {
                 assert!(worst.0 <= bound, "{}: AMX less accurate", format.name());
+            }
+        }
+    }
+
+    /// `rounded` (bf16 precision): for f16 and bf16 weights on ragged shapes and threads,
+    /// every output is the f64 product of the bf16-rounded (to nearest even, `half`'s
+    /// conversion) x and weights within `2^-18` of `|b| + Σ|x w|`, where unrounded operands
+    /// err by ~`2^-9`; block formats ignore the flag (their results equal the unrounded
+    /// run's bit for bit).
+    #[test]
+    fn amx_rounded_is_the_product_of_bf16_operands() {
+        if !available() {
+            eprintln!("AMX-BF16 unavailable: skipped");
+            return;
+        }
+        let bf = |v: f64| half::bf16::from_f64(v).to_f64();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for format in [
+            WeightFormat::F16,
+            WeightFormat::Bf16,
+            WeightFormat::Block(BlockFormat::Q4_0),
+        ] {
+            for &(m, n, k) in &[
+                (17usize, 33usize, 31usize),
+                (33, 45, 100),
+                (130, 70, 1100),
+                (48, 300, 64),
+            ] {
+                let k = if format.block_elems() > 1 {
+                    k.next_multiple_of(32)
+                } else {
+                    k
+                };
+                let wv = values(n * k, &mut seed);
+                let x = values(m * k, &mut seed);
+                let bias = values(n, &mut seed);
+                let (bytes, wd) = encode(format, &wv, n, k);
+                let wq = QuantMatRef::new(format, &bytes, n, k).unwrap();
+                let xr = MatRef {
+                    data: &x,
+                    rows: m,
+                    cols: k,
+                    rs: k,
+                    cs: 1,
+                };
+                let epi = Epilogue {
+                    bias: Some(&bias),
+                    ..Epilogue::none()
+                };
+                for threads in [1, 3] {
+                    let par = ScopedThreads::new(threads);
+                    let mut y = vec![f32::NAN; m * n];
+                    run(
+                        xr,
+                        wq,
+                        MatMut::row_major(&mut y, m, n, n).unwrap(),
+                        &epi,
+                        &par,
+                        true,
+                    );
+                    if format.block_elems() > 1 {
+                        let mut yu = vec![f32::NAN; m * n];
+                        run(
+                            xr,
+                            wq,
+                            MatMut::row_major(&mut yu, m, n, n).unwrap(),
+                            &epi,
+                            &par,
+                            false,
+                        );
+                        assert_eq!(y, yu, "{}: block formats are never rounded", format.name());
+                        continue;
+                    }
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (mut want, mut mag) = (bias[j] as f64, (bias[j] as f64).abs());
+                            for p in 0..k {
+                                let t = bf(x[i * k + p] as f64) * bf(wd[j * k + p]);
+                                want += t;
+                                mag += t.abs();
+                            }
+                            let err = (y[i * n + j] as f64 - want).abs();
+                            assert!(
+                                err <= mag * 2f64.powi(-18),
+                                "{} m={m} n={n} k={k} threads={threads} ({i},{j}): {} vs {want}",
+                                format.name(),
+                                y[i * n + j]
+                            );
+                        }
+                    }
+                }
             }
         }
     }
