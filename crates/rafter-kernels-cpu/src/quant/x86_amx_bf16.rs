@@ -1426,9 +1426,10 @@ mod tests {
 
     /// `rounded` (bf16 precision): for f16 and bf16 weights on ragged shapes and threads,
     /// every output is the f64 product of the bf16-rounded (to nearest even, `half`'s
-    /// conversion) x and weights within `2^-18` of `|b| + Σ|x w|`, where unrounded operands
-    /// err by ~`2^-9`; block formats ignore the flag (their results equal the unrounded
-    /// run's bit for bit).
+    /// conversion) x and weights within f32 summation error (`(k + 16) 2^-23` of `|b| +
+    /// Σ|x w|`), and over all outputs 8x closer to it than to the exact product (unrounded
+    /// operands fail that); block formats ignore the flag (their results equal the
+    /// unrounded run's bit for bit).
     #[test]
     fn amx_rounded_is_the_product_of_bf16_operands() {
         if !available() {
@@ -1493,23 +1494,36 @@ mod tests {
                         assert_eq!(y, yu, "{}: block formats are never rounded", format.name());
                         continue;
                     }
+                    // Summed over the outputs: the distance to the rounded operands'
+                    // product and to the unrounded one.
+                    let (mut near, mut far) = (0.0f64, 0.0f64);
                     for i in 0..m {
                         for j in 0..n {
                             let (mut want, mut mag) = (bias[j] as f64, (bias[j] as f64).abs());
+                            let mut exact = bias[j] as f64;
                             for p in 0..k {
                                 let t = bf(x[i * k + p] as f64) * bf(wd[j * k + p]);
                                 want += t;
                                 mag += t.abs();
+                                exact += x[i * k + p] as f64 * wd[j * k + p];
                             }
                             let err = (y[i * n + j] as f64 - want).abs();
+                            near += err;
+                            far += (y[i * n + j] as f64 - exact).abs();
                             assert!(
-                                err <= mag * 2f64.powi(-18),
+                                err <= mag * (k + 16) as f64 * 2f64.powi(-23),
                                 "{} m={m} n={n} k={k} threads={threads} ({i},{j}): {} vs {want}",
                                 format.name(),
                                 y[i * n + j]
                             );
                         }
                     }
+                    assert!(
+                        8.0 * near < far,
+                        "{} m={m} n={n} k={k}: {near:.2e} from the rounded operands' product, \
+                         {far:.2e} from the exact one: operands not rounded?",
+                        format.name()
+                    );
                 }
             }
         }
