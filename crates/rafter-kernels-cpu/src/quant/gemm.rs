@@ -69,18 +69,21 @@ pub(crate) fn run(
     epilogue: &Epilogue<'_>,
     par: &dyn Parallel,
 ) {
-    let rounded = bf16_products(path, precision, w.format);
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Vnni512
-        && matches!(w.format, WeightFormat::F16 | WeightFormat::Bf16)
-        && super::x86_amx_bf16::enabled()
     {
-        return super::x86_amx_bf16::run(x, w, y, epilogue, par, rounded);
+        let rounded = bf16_products(path, precision, w.format);
+        if path == Path::Vnni512
+            && matches!(w.format, WeightFormat::F16 | WeightFormat::Bf16)
+            && super::x86_amx_bf16::enabled()
+        {
+            return super::x86_amx_bf16::run(x, w, y, epilogue, par, rounded);
+        }
+        if rounded {
+            return super::x86_bf16_gemm::run(x, w, y, epilogue, par);
+        }
     }
-    #[cfg(target_arch = "x86_64")]
-    if rounded {
-        return super::x86_bf16_gemm::run(x, w, y, epilogue, par);
-    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = precision;
     run_avx(isa, path, x, w, y, epilogue, par)
 }
 
