@@ -6,10 +6,10 @@
 # stalled as soon as the watchdog reports a batch in flight for RAFTER_VULKAN_WATCHDOG_S
 # seconds (default 10): it is killed then (the report kept), so a stall costs seconds.
 #
-# Variants (VARIANTS, default "base nolock exclusive"; rafter-hal-vulkan's stall_probe.rs):
-#   base       as in production (the signal lock, the batch tail)
+# Variants (VARIANTS, default "base lock exclusive"; rafter-hal-vulkan's stall_probe.rs):
+#   base       as in production (the batch tail, no signal lock)
 #   no-tail    RAFTER_VULKAN_STALL_PROBE=no-tail: without the batch tail (batch_tail.rs)
-#   nolock     RAFTER_VULKAN_CONCURRENT_SIGNALS=1: no signal lock
+#   lock       RAFTER_VULKAN_SERIAL_SIGNALS=1: the device-wide signal lock (off by default)
 #   exclusive  RAFTER_VULKAN_STALL_PROBE=exclusive: pipeline creation under the signal lock
 #   serial     RAFTER_VULKAN_STALL_PROBE=serial: a full barrier opens every command buffer
 #              (no two batches execute at once)
@@ -32,7 +32,7 @@ ROUNDS=${1:-3}
 THREADS=${2:-8}
 DEADLINE=${3:-120}
 BUDGET=${BUDGET_S:-540}
-VARIANTS=${VARIANTS:-base nolock exclusive}
+VARIANTS=${VARIANTS:-base lock exclusive}
 CACHE=${CACHE:-cold}
 RAFTER=${RAFTER:-target/release/rafter}
 OUT=${OUT:-$(mktemp -d /tmp/stall_ab.XXXXXX)}
@@ -49,7 +49,7 @@ one_run() {
     local variant=$1 round=$2 cache=$3 threads=${4:-$THREADS} log="$OUT/runs/$1-$2.log" env=()
     case $variant in
         base | warm) ;;
-        nolock) env=(RAFTER_VULKAN_CONCURRENT_SIGNALS=1) ;;
+        lock) env=(RAFTER_VULKAN_SERIAL_SIGNALS=1) ;;
         exclusive | serial | rerecord) env=(RAFTER_VULKAN_STALL_PROBE=$variant) ;;
         no-tail) env=(RAFTER_VULKAN_STALL_PROBE=no-tail) ;;
         markers) env=(RAFTER_VULKAN_BREADCRUMBS=1) ;;

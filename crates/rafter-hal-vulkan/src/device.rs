@@ -165,8 +165,8 @@ pub(crate) struct Shared {
     /// What every submission ends with (`batch_tail.rs`: issue 28's NVIDIA stall).
     pub(crate) tail: BatchTail,
     /// Serialises every call that signals a timeline semaphore (`vkQueueSubmit2`,
-    /// `vkSignalSemaphore`) across threads; `None` when [`CONCURRENT_SIGNALS_ENV`] opts
-    /// out. See [`Shared::signal_guard`].
+    /// `vkSignalSemaphore`) across threads where [`SERIAL_SIGNALS_ENV`] asks for it;
+    /// `None` by default. See [`Shared::signal_guard`].
     signal_lock: Option<Mutex<()>>,
     /// The diagnostic variant of the submission path in use (issue 28; off by default).
     pub(crate) stall_probe: StallProbe,
@@ -196,22 +196,25 @@ pub(crate) struct Shared {
 /// through the monitor there.
 pub const DIRECT_WAITS_ENV: &str = "RAFTER_VULKAN_DIRECT_WAITS";
 
-/// Set to `1` to let threads signal timeline semaphores concurrently (submissions and
-/// host signals), without [`Shared::signal_guard`]'s device-wide lock: for measuring the
-/// lock's effect (issue 28's stall on NVIDIA).
-pub const CONCURRENT_SIGNALS_ENV: &str = "RAFTER_VULKAN_CONCURRENT_SIGNALS";
+/// Set to `1` to serialise every call that signals a timeline semaphore (submissions and
+/// host signals) under one device-wide lock ([`Shared::signal_guard`]), as vkd3d-proton
+/// does for an NVIDIA Linux GPU hang under concurrent timeline signals (its commit 2a9c5fc5
+/// "Add workaround for strange GPU hang on NV"). Off by default: on the H200 (driver
+/// 580.159.04) the lock did not prevent issue 28's stall (the batch tail did: RESULTS.md),
+/// and it put the GPU's submission in a CPU -> GPU handoff behind the CPU's
+/// `vkSignalSemaphore` of the boundary value (15-35 us there): the handoff's median went
+/// from 44-49 to 18-20 us without it (`rafter bench midgraph.onnx --device auto --trace`).
+pub const SERIAL_SIGNALS_ENV: &str = "RAFTER_VULKAN_SERIAL_SIGNALS";
 
 impl Shared {
-    /// Held across every `vkQueueSubmit2` and `vkSignalSemaphore`: no two threads signal
-    /// timeline semaphores at once. Why: NVIDIA's Linux driver has hung the GPU at random
-    /// when timeline signals were submitted concurrently (vkd3d-proton works around it
-    /// with a global submission lock, commit 2a9c5fc5 "Add workaround for strange GPU hang
-    /// on NV"), and rafter's submissions (under the scheduler lock) race host signals
-    /// (under each semaphore's lock) and the monitor's wake signal. Neither call waits for
-    /// the GPU (a submission whose waits are not yet submitted is held host-side), so no
-    /// thread holds the lock across GPU work; its cost is not measured yet. It is a leaf
-    /// lock, taken right before the call and released right after, with no other lock
-    /// taken while it is held.
+    /// With [`SERIAL_SIGNALS_ENV`], held across every `vkQueueSubmit2` and
+    /// `vkSignalSemaphore`: no two threads signal timeline semaphores at once (rafter's
+    /// submissions, under the scheduler lock, otherwise race host signals, under each
+    /// semaphore's lock, and the monitor's wake signal). Neither call waits for the GPU (a
+    /// submission whose waits are not yet submitted is held host-side), so no thread holds
+    /// the lock across GPU work. It is a leaf lock, taken right before the call and
+    /// released right after, with no other lock taken while it is held. `None` (no lock)
+    /// by default: see [`SERIAL_SIGNALS_ENV`] for why.
     pub(crate) fn signal_guard(&self) -> Option<MutexGuard<'_, ()>> {
         self.signal_lock
             .as_ref()
@@ -663,7 +666,9 @@ fn create_shared(
         instance: owner,
         breadcrumbs,
         tail,
-        signal_lock: (std::env::var(CONCURRENT_SIGNALS_ENV).as_deref() != Ok("1"))
+        // The `exclusive` stall probe creates pipelines under the signal lock: it needs one.
+        signal_lock: (std::env::var(SERIAL_SIGNALS_ENV).as_deref() == Ok("1")
+            || StallProbe::from_env() == StallProbe::ExclusivePipelines)
             .then(|| Mutex::new(())),
         stall_probe: StallProbe::from_env(),
         clock,

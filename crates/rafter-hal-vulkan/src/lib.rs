@@ -44,7 +44,7 @@ pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use command::{INLINE_BINDINGS, MAX_BINDINGS};
 pub use device::{
-    VulkanDevice, VulkanDeviceOptions, CONCURRENT_SIGNALS_ENV, DIRECT_WAITS_ENV, NO_COOP_ENV,
+    VulkanDevice, VulkanDeviceOptions, DIRECT_WAITS_ENV, NO_COOP_ENV, SERIAL_SIGNALS_ENV,
 };
 pub use error::VulkanError;
 pub use executable::{

@@ -228,8 +228,12 @@ impl Shared {
             match wait {
                 Wait::Own { semaphore, value } => {
                     let inner = own(self, semaphore).expect("classified as own");
-                    if let Some(reason) = inner.lock().failure.clone() {
-                        return Readiness::Failed(reason);
+                    // The flag, not the state lock: a host signal of this semaphore holds
+                    // the lock across the driver call (see `SemInner::failed`).
+                    if inner.failed.load(Ordering::Acquire) {
+                        if let Some(reason) = inner.lock().failure.clone() {
+                            return Readiness::Failed(reason);
+                        }
                     }
                     if *value <= inner.submitted_signal.load(Ordering::Acquire) {
                         continue;
