@@ -351,6 +351,8 @@ pub fn quant_matmul_with_isa(
 /// How the prefill path (more than a few rows of x) multiplies f32/f16/bf16 weights.
 /// Block formats always compute what ggml computes, and the decode path (few rows: the
 /// product is bound by reading the weights, not by arithmetic) always keeps f32 products.
+/// (`rafter_runtime::MatmulPrecision` is the session-level twin the CPU loader maps to
+/// this: the runtime does not depend on the CPU kernels.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum MatmulPrecision {
     /// x unrounded, weights exact (f16/bf16 widen to f32), f32 accumulation; on AMX the

@@ -55,8 +55,12 @@ pub(crate) fn supports(format: WeightFormat) -> bool {
 thread_local! {
     /// The calling thread's x in the pair layout.
     static XP: RefCell<AlignedBytes> = RefCell::new(AlignedBytes::default());
-    /// A task's bf16 panel and its staging rows.
+    /// A task's bf16 panel.
     static PANEL: RefCell<AlignedBytes> = RefCell::new(AlignedBytes::default());
+    /// A task's 16 rows of x (K padded with zeros) on their way into the pair layout:
+    /// reused, since a fresh buffer per block per call (196 KiB at K = 3072) went to the
+    /// system allocator's mmap every time.
+    static ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `y = x · Wᵀ` (then the epilogue) with bf16 products; shapes checked by the caller (`k >
@@ -108,34 +112,46 @@ impl Out {
 /// Rounds x to bf16 into `xp`: per 16-row block (rows past M zero), per pair `p` of K
 /// (zero past K), 16 dwords holding row r's elements `2p` (low half) and `2p + 1`.
 fn pair_layout(x: &MatRef<'_>, kp: usize, xp: &mut AlignedBytes, par: &dyn Parallel) {
-    let (m, k) = (x.rows, x.cols);
-    let blocks = m.div_ceil(16);
+    let blocks = x.rows.div_ceil(16);
     let out = Out(xp.reset(blocks * block_bytes(kp)).as_mut_ptr());
     let task = |b: usize| {
-        let mut rows = vec![0.0f32; 16 * kp];
-        for r in 0..16.min(m - b * 16) {
-            let i = b * 16 + r;
-            for (c, v) in rows[r * kp..][..k].iter_mut().enumerate() {
-                *v = x.data[i * x.rs + c * x.cs];
-            }
-        }
-        for c in 0..kp / KT {
-            // SAFETY: AVX-512F/BW/BF16 available (caller); rows holds 16 rows of kp
-            // floats, 32 from c * 32 < kp; block b's bytes c * 1024.. + 1024 are inside
-            // its block_bytes(kp) and written by this task alone.
-            unsafe {
-                x_chunk(
-                    rows.as_ptr().add(c * KT),
-                    kp,
-                    out.at(b * block_bytes(kp) + c * 1024),
-                )
-            };
-        }
+        let mut fresh = Vec::new();
+        ROWS.with(|cell| {
+            let mut guard = cell.try_borrow_mut().ok();
+            let rows = guard.as_deref_mut().unwrap_or(&mut fresh);
+            block_rows(x, b, kp, rows, out);
+        });
     };
     if blocks == 1 || par.threads() <= 1 {
         (0..blocks).for_each(task);
     } else {
         par.run(blocks, &task);
+    }
+}
+
+/// x's 16-row block `b` into the pair layout at `out` (see [`pair_layout`]), through
+/// `rows` (16 rows of `kp` floats, zero past K and past M).
+fn block_rows(x: &MatRef<'_>, b: usize, kp: usize, rows: &mut Vec<f32>, out: Out) {
+    let (m, k) = (x.rows, x.cols);
+    rows.clear();
+    rows.resize(16 * kp, 0.0);
+    for r in 0..16.min(m - b * 16) {
+        let i = b * 16 + r;
+        for (c, v) in rows[r * kp..][..k].iter_mut().enumerate() {
+            *v = x.data[i * x.rs + c * x.cs];
+        }
+    }
+    for c in 0..kp / KT {
+        // SAFETY: AVX-512F/BW/BF16 available (callers); rows holds 16 rows of kp floats,
+        // 32 from c * 32 < kp; block b's bytes c * 1024.. + 1024 are inside its
+        // block_bytes(kp) and written by this task alone.
+        unsafe {
+            x_chunk(
+                rows.as_ptr().add(c * KT),
+                kp,
+                out.at(b * block_bytes(kp) + c * 1024),
+            )
+        };
     }
 }
 
