@@ -803,6 +803,20 @@ fn kv_type_errors_name_the_flag() {
     assert!(err.contains("--kv-type applies to LLMs"), "{err}");
 }
 
+#[test]
+fn matmul_precision_errors_name_the_flag_and_the_choices() {
+    for cmd in ["generate", "serve"] {
+        let out = rafter(&[cmd, "model.gguf", "--matmul-precision", "fp8"]);
+        assert!(!out.status.success(), "{cmd}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--matmul-precision")
+                && err.contains("unknown matmul precision `fp8` (expected f32 or bf16)"),
+            "{cmd}: {err}"
+        );
+    }
+}
+
 /// `bench --device auto --objective throughput --in-flight N` spreads whole calls over the
 /// CPU and the Vulkan device (lavapipe here): every call's outputs are checked inside
 /// against the CPU run (the bench fails otherwise), each device reports its calls and idle.

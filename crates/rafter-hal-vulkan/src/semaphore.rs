@@ -43,7 +43,8 @@ pub(crate) struct SemInner {
     /// readiness checks. A host signal holds that lock across `vkSignalSemaphore`, which
     /// took 15-35 us on the H200's driver, and the monitor, woken by the signal itself,
     /// used to wait for the lock there before it could submit the work that waited for
-    /// the value (the CPU -> GPU handoff's largest part in a probed trace).
+    /// the value (the CPU -> GPU handoff's largest part in a probed trace:
+    /// benchmarks/results/handoff-probe-2026-11-30/).
     pub(crate) failed: AtomicBool,
 }
 

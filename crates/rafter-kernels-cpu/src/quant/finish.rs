@@ -1,4 +1,6 @@
-//! Storing a tile of raw products into y with the epilogue applied.
+//! What the quantized products' kernels share at their ends: storing a tile of raw
+//! products into y with the epilogue applied, and the prefill GEMMs' split of rows into
+//! tasks.
 
 use super::Path;
 use crate::kernel::epilogue_scalar;
@@ -25,6 +27,17 @@ impl YPtr {
 unsafe impl Send for YPtr {}
 // SAFETY: as above.
 unsafe impl Sync for YPtr {}
+
+/// How many row ranges of x the prefill GEMMs split their work into, given `column_ranges`
+/// ranges of W's rows and `row_blocks` register blocks of x: more than one only when there
+/// are fewer column ranges than `threads`, so that every thread gets a task.
+pub(crate) fn row_ranges(column_ranges: usize, row_blocks: usize, threads: usize) -> usize {
+    if column_ranges < threads {
+        (threads / column_ranges.max(1)).min(row_blocks)
+    } else {
+        1
+    }
+}
 
 /// Writes `rows x cols` raw results (`out[r * out_ld + c]`) to y's rows `i0..`, columns
 /// `j0..`, through the epilogue (`None`: stored as they are).

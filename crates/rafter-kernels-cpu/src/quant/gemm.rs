@@ -183,11 +183,7 @@ fn widened(
     let blocks = n.div_ceil(WIDE_NC).div_ceil(threads) * threads;
     let width = n.div_ceil(blocks.min(n.div_ceil(32))).div_ceil(32) * 32;
     let tn = n.div_ceil(width);
-    let tm = if tn < threads {
-        (threads / tn).min(m.div_ceil(mr))
-    } else {
-        1
-    };
+    let tm = super::finish::row_ranges(tn, m.div_ceil(mr), threads);
     let yp = YPtr {
         ptr: y.data.as_mut_ptr(),
         ld: y.ld,

@@ -381,11 +381,7 @@ fn compute(
     // machine a thread that lost its core leaves less behind (a profile of prefill on the
     // loaded 2-core VM showed one thread with 3x the other's samples at two a thread).
     let tn = panels.min(8 * threads);
-    let tm = if tn < threads {
-        (threads / tn).min(blocks)
-    } else {
-        1
-    };
+    let tm = super::finish::row_ranges(tn, blocks, threads);
     let yp = YPtr {
         ptr: y.data.as_mut_ptr(),
         ld: y.ld,

@@ -183,11 +183,7 @@ fn compute(
     // Column ranges: a few per thread (load balance on a shared machine); rows split too
     // when there are fewer panels than threads.
     let tn = panels.min(2 * threads);
-    let tm = if tn < threads {
-        (threads / tn).min(m.div_ceil(MR))
-    } else {
-        1
-    };
+    let tm = super::finish::row_ranges(tn, m.div_ceil(MR), threads);
     let yp = YPtr {
         ptr: y.data.as_mut_ptr(),
         ld: y.ld,
