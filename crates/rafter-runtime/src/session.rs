@@ -1206,7 +1206,9 @@ impl CallHandle {
     }
 
     /// Waits (once) for the call to finish and returns its outputs, in the program's output
-    /// order. A failed kernel is an error whose message names it.
+    /// order. A failed kernel is an error whose message names it. Once it has returned
+    /// outputs, the call holds none of its inputs: a [`Tensor::borrowed`]'s owner has been
+    /// dropped.
     pub fn wait(self, timeout: Duration) -> Result<Vec<Tensor>> {
         self.wait_done(timeout)?;
         let mut slots = lock(&self.slots);
@@ -1233,6 +1235,12 @@ impl CallHandle {
             };
             outputs.push(t);
         }
+        // The call's work is done, so no kernel reads the table any more: drop the rest of
+        // it (borrowed inputs go back to their owners, host intermediates are freed) now,
+        // not when the completion callback drops the registry's entry. A semaphore wakes
+        // its waiters before it runs its callbacks, so that callback may still be pending
+        // when this thread returns, and a caller may count on its input being released.
+        slots.clear();
         Ok(outputs)
     }
 }
