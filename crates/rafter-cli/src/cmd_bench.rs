@@ -140,12 +140,15 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     }
     if args.in_flight > 1 {
         let stream = run_stream(&session, &inputs, args.iters, args.in_flight)?;
-        report_trace(&args, &sink)?;
+        // Calls overlap: no window tells one's work from another's.
+        report_trace(&args, &sink, &[])?;
         println!("{}", stream.line(args.in_flight));
         return Ok(ExitCode::SUCCESS);
     }
     let mut times = Vec::with_capacity(args.iters);
     let mut fastest: Option<(Instant, Instant)> = None;
+    // Each call's window, for the trace's handoffs (`estimate::handoffs`).
+    let mut windows = Vec::with_capacity(args.iters);
     // Time spent in `submit` (planning, allocation, recording, submission: the host's
     // share of a call before any device work can finish), to tell host overhead apart.
     let mut submits = Vec::with_capacity(args.iters);
@@ -157,11 +160,12 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         call.wait(CALL_TIMEOUT)?;
         let end = Instant::now();
         times.push((end - start).as_secs_f64() * 1e3);
+        windows.push((start, end));
         if fastest.is_none_or(|(a, b)| end - start < b - a) {
             fastest = Some((start, end));
         }
     }
-    report_trace(&args, &sink)?;
+    report_trace(&args, &sink, &windows)?;
     if let (true, Some(sink), Some(call)) = (args.estimate, &sink, fastest) {
         // The fastest call: on a shared machine the least disturbed one.
         let lines = crate::estimate::estimate_table(
@@ -272,8 +276,14 @@ fn bench_spread(args: &BenchArgs, specs: &[DimSpec]) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes the trace (when asked) and prints each device's busy time and idle fraction.
-fn report_trace(args: &BenchArgs, sink: &Option<Arc<ChromeTrace>>) -> Result<()> {
+/// Writes the trace (when asked) and prints each device's busy time and idle fraction,
+/// and the handoffs between devices within the `calls` windows (see
+/// [`crate::estimate::handoffs`]).
+fn report_trace(
+    args: &BenchArgs,
+    sink: &Option<Arc<ChromeTrace>>,
+    calls: &[(Instant, Instant)],
+) -> Result<()> {
     let (Some(path), Some(sink)) = (&args.trace, sink) else {
         return Ok(());
     };
@@ -282,7 +292,7 @@ fn report_trace(args: &BenchArgs, sink: &Option<Arc<ChromeTrace>>) -> Result<()>
     for l in crate::estimate::device_lines(&sink.events()) {
         println!("{l}");
     }
-    if let Some(l) = crate::estimate::handoff_line(&sink.events()) {
+    if let Some(l) = crate::estimate::handoff_line(&sink.events(), calls) {
         println!("{l}");
     }
     Ok(())

@@ -296,7 +296,8 @@ fn run_runtime(
         for l in crate::estimate::device_lines(&events) {
             println!("{l}");
         }
-        if let Some(l) = crate::estimate::handoff_line(&events) {
+        // One call: every handoff is within it.
+        if let Some(l) = crate::estimate::handoff_line(&events, &[]) {
             println!("{l}");
         }
         let table = crate::estimate::estimate_table(

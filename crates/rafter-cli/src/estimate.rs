@@ -103,25 +103,44 @@ pub type Handoff = (String, String, f64);
 /// another device's work ended, measured from that end (the producer's last work, then its
 /// semaphore signal) to this start (the consumer's first work). For a zero-copy boundary
 /// this is the whole cost of the crossing.
-pub fn handoffs(events: &[TraceEvent]) -> Vec<Handoff> {
+///
+/// `calls` are the windows (submission to return) of calls made one after another, in
+/// order: a handoff counts only when both ends lie in one call (by their starts), so the
+/// gap from one call's last kernel to the next call's first, on another device, which
+/// holds the host's wait, the outputs' read-back and the next submission, is not taken for
+/// a crossing. Empty: every event is taken as one call's.
+pub fn handoffs(events: &[TraceEvent], calls: &[(Instant, Instant)]) -> Vec<Handoff> {
+    let call_of = |t: Instant| -> Option<usize> {
+        if calls.is_empty() {
+            return Some(0);
+        }
+        calls
+            .partition_point(|(start, _)| *start <= t)
+            .checked_sub(1)
+    };
     let mut sorted: Vec<&TraceEvent> = events.iter().collect();
     sorted.sort_by_key(|e| e.start);
-    let mut last_end: BTreeMap<&str, Instant> = BTreeMap::new();
+    // Per device: when its work so far ended, and the call of the span that ended last.
+    let mut last_end: BTreeMap<&str, (Instant, Option<usize>)> = BTreeMap::new();
     let mut out = Vec::new();
     for e in sorted {
         let d = device_of(&e.queue);
+        let call = call_of(e.start);
         let other = last_end
             .iter()
-            .filter(|(k, t)| **k != d && **t <= e.start)
-            .max_by_key(|(_, t)| **t)
-            .map(|(k, t)| (*k, *t));
-        if let Some((from, o)) = other {
-            if last_end.get(d).is_none_or(|own| *own <= o) {
+            .filter(|(k, (t, _))| **k != d && *t <= e.start)
+            .max_by_key(|(_, (t, _))| *t)
+            .map(|(k, (t, c))| (*k, *t, *c));
+        if let Some((from, o, from_call)) = other {
+            let idle_since = last_end.get(d).is_none_or(|(own, _)| *own <= o);
+            if idle_since && call.is_some() && from_call == call {
                 out.push((from.to_string(), d.to_string(), (e.start - o).as_secs_f64()));
             }
         }
-        let end = last_end.entry(d).or_insert(e.end);
-        *end = (*end).max(e.end);
+        let end = last_end.entry(d).or_insert((e.end, call));
+        if e.end >= end.0 {
+            *end = (e.end, call);
+        }
     }
     out
 }
@@ -140,8 +159,8 @@ fn spread(mut secs: Vec<f64>) -> String {
 /// `handoffs between devices: 12, median 8.1 us, max 20.3 us (cpu->vulkan: 6, median ...;
 /// vulkan->cpu: ...)`, or nothing without any: the two directions take different paths
 /// (a host signal the GPU's queue waits on; a GPU signal a host thread wakes for).
-pub fn handoff_line(events: &[TraceEvent]) -> Option<String> {
-    let h = handoffs(events);
+pub fn handoff_line(events: &[TraceEvent], calls: &[(Instant, Instant)]) -> Option<String> {
+    let h = handoffs(events, calls);
     if h.is_empty() {
         return None;
     }
@@ -421,16 +440,42 @@ mod tests {
             event("vulkan:0", "c", t, 6, 8),
             event("cpu:0", "d", t, 9, 10),
         ];
-        let h = handoffs(&events);
+        let h = handoffs(&events, &[]);
         assert_eq!(h.len(), 2, "{h:?}");
         assert!(h.iter().all(|x| (x.2 - 0.001).abs() < 1e-9), "{h:?}");
         assert_eq!((h[0].0.as_str(), h[0].1.as_str()), ("cpu", "vulkan"));
         assert_eq!((h[1].0.as_str(), h[1].1.as_str()), ("vulkan", "cpu"));
         assert_eq!(
-            handoff_line(&events).unwrap(),
+            handoff_line(&events, &[]).unwrap(),
             "handoffs between devices: 2, median 1000.0 us, max 1000.0 us \
              (cpu->vulkan: 1, median 1000.0 us, max 1000.0 us; \
              vulkan->cpu: 1, median 1000.0 us, max 1000.0 us)"
         );
+    }
+
+    #[test]
+    fn the_gap_between_two_calls_is_not_a_handoff() {
+        let t = Instant::now();
+        let ms = |m: u64| t + Duration::from_millis(m);
+        // Two calls, each cpu (mask) -> vulkan: the second call's cpu span starts 2 ms
+        // after the first call's vulkan span ended, on another device, but that gap is the
+        // host's turnaround between calls, not a crossing.
+        let events = [
+            event("cpu:0", "a", t, 0, 1),
+            event("vulkan:0", "b", t, 2, 4),
+            event("cpu:0", "a", t, 6, 7),
+            event("vulkan:0", "b", t, 8, 10),
+        ];
+        let calls = [(ms(0), ms(5)), (ms(5), ms(11))];
+        let h = handoffs(&events, &calls);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert!(h.iter().all(|x| x.0 == "cpu" && x.1 == "vulkan"), "{h:?}");
+        assert!(h.iter().all(|x| (x.2 - 0.001).abs() < 1e-9), "{h:?}");
+        // Without the calls' windows the gap counts, as a 2 ms vulkan -> cpu handoff.
+        let all = handoffs(&events, &[]);
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(all
+            .iter()
+            .any(|x| x.0 == "vulkan" && (x.2 - 0.002).abs() < 1e-9));
     }
 }
