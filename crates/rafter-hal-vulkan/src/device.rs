@@ -184,16 +184,15 @@ pub(crate) struct Shared {
 /// lavapipe it shortens a GPU-to-CPU handoff (a median 19-23 us against 25-29 us through
 /// the monitor, two loaded cores), but with it on, 3 of 10 runs of 3,000 traced split calls
 /// (`rafter bench --device auto --iters 3000 --trace`, Relu -> LSTM (CPU) -> Relu) hung
-/// with the GPU idle (and 1 of 5 runs of 200), against none of 11 with it off and none of
-/// 8 on main. The cause is not the direct wait itself (tests/direct_wait.rs,
-/// `split_calls_with_direct_waits_and_tracing_never_hang`): a traced command buffer
-/// submitted again before the monitor retired its previous submission (both use its one
-/// query pool) hangs or crashes lavapipe with direct waits off too, once calls overlap, and
-/// never did with the command buffers recorded per call; the direct wait makes that
-/// overlap likely, as the host learns of the GPU's value from the driver rather than from
-/// the monitor's retirement. Not fixed yet. Off on NVIDIA in any case: its driver spins in
-/// short waits and was measured missing wake-ups (issue 28), which is why host waits go
-/// through the monitor there.
+/// with the GPU idle (and 1 of 5 runs of 200), against none of 11 with it off. Traced runs
+/// on lavapipe also hang without it: `rafter bench --device vulkan --iters 100 --trace` of
+/// a model split around two CPU LRNs did not end in 3-4 of 8 runs (the watchdog's report:
+/// one batch in flight, its wait value reached, never completing), also since a traced
+/// command buffer no longer goes to the GPU again before its previous submission retired
+/// (`queue.rs`, `traced_and_in_flight`), which an earlier reading of these hangs had
+/// blamed. Not fixed. Off on NVIDIA in any case: its driver spins in short waits and was
+/// measured missing wake-ups (issue 28), which is why host waits go through the monitor
+/// there.
 pub const DIRECT_WAITS_ENV: &str = "RAFTER_VULKAN_DIRECT_WAITS";
 
 /// Set to `1` to serialise every call that signals a timeline semaphore (submissions and

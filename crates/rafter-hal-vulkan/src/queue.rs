@@ -196,6 +196,21 @@ enum Readiness {
     Failed(String),
 }
 
+/// Whether `pending` is traced and its command buffer's previous submission has not retired
+/// yet. A traced command buffer's timestamps live in its one query pool, which every
+/// submission resets as it starts: submitted again before the monitor has read the previous
+/// submission's timestamps, it overwrote them, and the earlier submission was reported with
+/// the later one's spans (tests/device.rs,
+/// `a_traced_command_buffer_submitted_again_reports_every_submission`, failed so on
+/// lavapipe: two submissions' spans starting at the same instant). Such a submission waits,
+/// host-side, for that retirement: traced calls of one recording run one at a time.
+fn traced_and_in_flight(pending: &Pending, in_flight: &[InFlight]) -> bool {
+    pending.prepared.timing.is_some()
+        && in_flight
+            .iter()
+            .any(|flight| Arc::ptr_eq(&flight.prepared, &pending.prepared))
+}
+
 /// This device's semaphore behind a handle, if it is one.
 fn own<'a>(shared: &Shared, semaphore: &'a Semaphore) -> Option<&'a SemInner> {
     semaphore
@@ -226,7 +241,14 @@ struct Actions {
 }
 
 impl Shared {
-    fn readiness(&self, pending: &Pending) -> Readiness {
+    fn readiness(&self, pending: &Pending, in_flight: &[InFlight]) -> Readiness {
+        match self.waits_readiness(pending) {
+            Readiness::Ready if traced_and_in_flight(pending, in_flight) => Readiness::Blocked,
+            other => other,
+        }
+    }
+
+    fn waits_readiness(&self, pending: &Pending) -> Readiness {
         let mut blocked = false;
         for wait in &pending.waits {
             match wait {
@@ -464,7 +486,7 @@ impl Shared {
                 let mut progressed = false;
                 let mut i = 0;
                 while i < state.deferred.len() {
-                    match self.readiness(&state.deferred[i]) {
+                    match self.readiness(&state.deferred[i], &state.in_flight) {
                         Readiness::Blocked => i += 1,
                         Readiness::Failed(reason) => {
                             let pending = state.deferred.remove(i);
@@ -689,7 +711,11 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
                 waits.push((semaphore.raw, value));
             }
         }
-        shared.retire();
+        if shared.retire() {
+            // A traced submission held until its command buffer's previous submission
+            // retired (`traced_and_in_flight`) can go now.
+            shared.schedule();
+        }
         let releasing = {
             let state = shared.lock_sched();
             if shared.shutdown.load(Ordering::Acquire)

@@ -537,6 +537,62 @@ fn a_trace_sink_gets_gpu_timed_events_per_command() {
     }
 }
 
+/// One traced command buffer submitted many times back to back: its timestamps live in one
+/// query pool that each submission resets, so each submission waits (host-side) until the
+/// previous one's timestamps are read. Every submission is reported, once, with its own
+/// spans (without the wait, reports read timestamps a later submission had reset: spans
+/// went missing or repeated, and lavapipe hung in long traced runs).
+#[test]
+fn a_traced_command_buffer_submitted_again_reports_every_submission() {
+    let sink = Arc::new(rafter_hal::MemoryTraceSink::new());
+    let options = rafter_hal_vulkan::VulkanDeviceOptions {
+        trace_sink: Some(sink.clone()),
+        ..Default::default()
+    };
+    let Some(device) = common::device_with_or_skip("traced_resubmission", options) else {
+        return;
+    };
+    if device.capabilities().timestamp_valid_bits == 0 {
+        eprintln!("skipping traced_resubmission: the queue family has no timestamps");
+        return;
+    }
+    let dst = device.allocate(4 << 20, MemoryKind::DeviceLocal).unwrap();
+    let mut builder = device.create_command_buffer().unwrap();
+    builder
+        .fill(dst.whole(), rafter_hal::FillPattern::U32(1))
+        .unwrap();
+    builder.barrier();
+    builder
+        .fill(dst.whole(), rafter_hal::FillPattern::U32(2))
+        .unwrap();
+    let commands = builder.finish();
+    let queue = device.queue(0).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    let n = 24u64;
+    for i in 1..=n {
+        queue.submit(&commands, &[], &[(done.clone(), i)]).unwrap();
+    }
+    done.wait(n, WAIT).unwrap();
+    let start = std::time::Instant::now();
+    while (sink.events().len() as u64) < 2 * n && start.elapsed() < WAIT {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let mut events = sink.events();
+    assert_eq!(
+        events.len() as u64,
+        2 * n,
+        "every submission's two fills, once"
+    );
+    events.sort_by_key(|e| e.start);
+    for e in &events {
+        assert!(e.end >= e.start, "{e:?}");
+    }
+    // One submission after another on one queue: no two spans start together.
+    for pair in events.windows(2) {
+        assert!(pair[1].start > pair[0].start, "{:?}", pair);
+    }
+}
+
 #[test]
 fn timepoints_of_a_dropped_semaphore_still_fire() {
     let Some(device) = common::device_or_skip("timepoints_of_a_dropped_semaphore_still_fire")

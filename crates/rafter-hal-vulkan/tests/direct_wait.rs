@@ -368,11 +368,13 @@ fn a_cpu_submission_waiting_on_a_vulkan_semaphore_leaves_it_free_once_started_or
 /// driver's wait); without direct waits 6 of 6 ended; untraced with direct waits 5 of 5;
 /// traced without direct waits but with one call ahead (`AHEAD=1`) 1 of 7; with the GPU
 /// parts recorded per call (`FRESH=1`) 10 of 10 ended, with direct waits or one call ahead
-/// (an 11th failed at once on this loop's then shared host buffer). So the hang is not the direct wait's: it is a traced command buffer
-/// submitted again before the monitor retired (read the timestamps of) its previous
-/// submission, the two sharing one query pool, which the direct wait makes likely (the
-/// host learns of the GPU's value from the driver, not from the monitor's retirement).
-/// Still open: in its default form this test fails or never ends until that is fixed.
+/// (an 11th failed at once on this loop's then shared host buffer). That pointed at a
+/// traced command buffer submitted again before the monitor retired (read the timestamps
+/// of) its previous submission, the two sharing one query pool. Such a submission now
+/// waits for that retirement (`queue.rs`, `traced_and_in_flight`), and the hang remains:
+/// 3 of 6 runs of 3,000 calls did not end (2026-11-30, nineteenth session), and plain
+/// traced `rafter bench` runs hang on lavapipe too (`DIRECT_WAITS_ENV`'s docs). Still
+/// open: in its default form this test fails or never ends some of the time.
 #[test]
 #[ignore = "long; run by hand with RAFTER_SPLIT_CALLS"]
 fn split_calls_with_direct_waits_and_tracing_never_hang() {
