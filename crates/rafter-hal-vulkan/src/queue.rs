@@ -30,11 +30,14 @@
 //!
 //! One per device. It sleeps in `vkWaitSemaphores` (any of: a wake semaphore the host
 //! signals, every in-flight batch's completion semaphore, every semaphore with callbacks
-//! registered) and on waking submits deferred work that became ready, fires callbacks
-//! whose values the GPU reached, retires completed batches (signalling other devices'
-//! semaphores, then reporting their trace spans, and releasing what they hold once a later
-//! batch on the same queue has completed: see `RELEASE_GRACE`), and fails everything when
-//! the device is lost; what a handoff between devices waits for comes first. It is
+//! registered) and on waking retires completed batches (reporting their trace spans,
+//! signalling other devices' semaphores, and releasing what they hold once a later batch on
+//! the same queue has completed: see `RELEASE_GRACE`), fires callbacks whose values the GPU
+//! reached, submits deferred work that became ready, and fails everything when the device
+//! is lost. Retiring comes before the callbacks so that a batch's trace spans are usually
+//! in the sink by the time whoever waits for it wakes (`rafter run --trace` reads them
+//! right after its one call); a batch that completes between the two steps is reported on
+//! the next pass. It is
 //! the only thread that waits in the driver: host waits sleep on a condition variable its
 //! callbacks wake.
 
@@ -163,8 +166,13 @@ impl InFlight {
         self.completion
     }
 
-    /// The batch completed: host-signal the semaphores the GPU could not.
-    fn complete(&self) {
+    /// The batch completed: report its GPU timestamps to the trace sink (first, so they are
+    /// there by the time a host thread waiting on a signal below wakes), host-signal the
+    /// semaphores the GPU could not.
+    fn complete(&self, shared: &Shared) {
+        if let (Some(sink), Some(timing)) = (&shared.trace, &self.prepared.timing) {
+            report(shared, sink.as_ref(), timing, &self.queue_name);
+        }
         for (semaphore, value) in &self.foreign_signals {
             match semaphore.signal(*value) {
                 Ok(()) | Err(SemaphoreError::Failed(_)) => {}
@@ -172,13 +180,6 @@ impl InFlight {
                     "a Vulkan submission could not signal its semaphore: {error}"
                 )),
             }
-        }
-    }
-
-    /// The batch completed: report its GPU timestamps to the trace sink, if any.
-    fn report_trace(&self, shared: &Shared) {
-        if let (Some(sink), Some(timing)) = (&shared.trace, &self.prepared.timing) {
-            report(shared, sink.as_ref(), timing, &self.queue_name);
         }
     }
 
@@ -557,13 +558,8 @@ impl Shared {
             done
         };
         let any = !done.is_empty();
-        // Every batch's signals before any trace report: the work waiting for them starts
-        // first.
         for flight in &done {
-            flight.complete();
-        }
-        for flight in &done {
-            flight.report_trace(self);
+            flight.complete(self);
         }
         let now = Instant::now();
         let released: Vec<(Instant, InFlight)> = {
@@ -698,11 +694,12 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
                 lost_handled = true;
             }
         }
-        // Submissions first (GPU work a host signal released: a CPU -> GPU handoff), then
-        // timepoints (work on another device, or a host thread, waiting for a value the GPU
-        // reached: GPU -> CPU), then the bookkeeping (retiring batches, reporting their
-        // trace spans, releasing old ones), which used to come before the timepoints.
         shared.schedule();
+        if shared.retire() {
+            // A traced submission held until its command buffer's previous submission
+            // retired (`traced_and_in_flight`) can go now.
+            shared.schedule();
+        }
         let mut waits: Vec<(vk::Semaphore, u64)> = vec![(shared.wake_semaphore, wake_seen + 1)];
         // Held until after the wait, so no semaphore waited on is destroyed meanwhile.
         let live = shared.live_semaphores();
@@ -710,11 +707,6 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
             if let Some(value) = semaphore.poll() {
                 waits.push((semaphore.raw, value));
             }
-        }
-        if shared.retire() {
-            // A traced submission held until its command buffer's previous submission
-            // retired (`traced_and_in_flight`) can go now.
-            shared.schedule();
         }
         let releasing = {
             let state = shared.lock_sched();
