@@ -70,6 +70,13 @@ pub(crate) struct Timing {
     /// Queries in the pool: two per timed command.
     queries: u32,
     pub(crate) spans: Vec<Span>,
+    /// Host-visible, coherent memory the command buffer's last commands copy the
+    /// timestamps into (`vkCmdCopyQueryPoolResults`), where the monitor reads them. Not
+    /// `vkGetQueryPoolResults`: on lavapipe that call from the monitor thread, while the
+    /// queue ran later work, hung the queue (`rafter bench --device vulkan --trace` of a
+    /// model split around CPU LRNs: 6 of 15 runs of 100 calls never ended, 0 of 15 with
+    /// the results left unread).
+    results: VulkanBuffer,
 }
 
 /// What one timed command was.
@@ -99,7 +106,10 @@ impl Drop for Prepared {
 
 impl Timing {
     /// A pool of two timestamps for each of the command buffer's non-barrier commands.
-    fn new(shared: &Shared, command_buffer: &CommandBuffer) -> Result<Option<Timing>, HalError> {
+    fn new(
+        shared: &Arc<Shared>,
+        command_buffer: &CommandBuffer,
+    ) -> Result<Option<Timing>, HalError> {
         let count = command_buffer
             .commands()
             .iter()
@@ -111,14 +121,49 @@ impl Timing {
         let info = vk::QueryPoolCreateInfo::default()
             .query_type(vk::QueryType::TIMESTAMP)
             .query_count(2 * count as u32);
+        let queries = 2 * count as u32;
+        let results = VulkanBuffer::new(
+            shared.clone(),
+            8 * queries as u64,
+            MemoryKind::HostVisibleShared,
+        )?;
+        if results.host_address().is_none() {
+            return Err(HalError::Unsupported(format!(
+                "tracing reads GPU timestamps from host-visible, coherent memory, and device \
+                 '{}' gave none",
+                shared.name
+            )));
+        }
         // SAFETY: `info` lives across the call.
         let pool = unsafe { shared.device.create_query_pool(&info, None) }
             .map_err(|r| call_error("vkCreateQueryPool", r, 0))?;
         Ok(Some(Timing {
             pool,
-            queries: 2 * count as u32,
+            queries,
             spans: Vec::with_capacity(count),
+            results,
         }))
+    }
+
+    /// Copies every timestamp into `results` once all are written (recorded after the last
+    /// command, before the final barrier that makes transfer writes visible to the host).
+    fn copy_results(&self, shared: &Shared, raw: vk::CommandBuffer) {
+        let flags = vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT;
+        // SAFETY: recording state, outside any render pass; the query range is the pool's;
+        // `results` holds `8 * queries` bytes, is a transfer destination (`BUFFER_USAGE`)
+        // and lives as long as the `Prepared` that owns this timing.
+        unsafe {
+            shared.device.cmd_copy_query_pool_results(
+                raw,
+                self.pool,
+                0,
+                self.queries,
+                self.results.raw(),
+                0,
+                8,
+                flags,
+            )
+        };
     }
 
     /// Writes the timestamp of the next span's start (`end == false`) or end.
@@ -143,17 +188,15 @@ impl Timing {
     /// completed, and the first start's raw ticks; `None` if the results are unavailable.
     pub(crate) fn read(&self, shared: &Shared) -> Option<(u64, Vec<(u64, u64)>)> {
         let mut ticks = vec![0u64; 2 * self.spans.len()];
-        // SAFETY: the pool has exactly `ticks.len()` queries; the submission that wrote
-        // them completed (this runs at retirement), so no wait is needed.
-        unsafe {
-            shared.device.get_query_pool_results(
-                self.pool,
-                0,
-                &mut ticks,
-                vk::QueryResultFlags::TYPE_64,
-            )
+        // The submission that copied them completed (this runs at retirement), and a later
+        // submission of this command buffer waits for that (`queue.rs`,
+        // `traced_and_in_flight`), so the bytes are this submission's.
+        let ptr = self.results.host_address()?.as_ptr().cast::<u64>();
+        for (i, t) in ticks.iter_mut().enumerate() {
+            // SAFETY: the mapping holds `8 * queries` bytes (`Timing::new`) and `i <
+            // ticks.len() == queries`; no submission writes it now (above); read unaligned.
+            *t = unsafe { ptr.add(i).read_unaligned() };
         }
-        .ok()?;
         let bits = shared.caps.timestamp_valid_bits;
         let mask = if bits >= 64 {
             u64::MAX
@@ -374,6 +417,9 @@ pub(crate) fn record(
                 After::ComputeAndTransfer,
             );
         }
+    }
+    if let Some(t) = &prepared.timing {
+        t.copy_results(shared, raw);
     }
     // Make every write visible to the host, which reads results after waiting on a signal
     // semaphore (a semaphore signal alone does not reach the host domain).

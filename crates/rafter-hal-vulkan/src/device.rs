@@ -182,17 +182,12 @@ pub(crate) struct Shared {
 /// device's helper) waits for it in `vkWaitSemaphores` itself, woken by the GPU's signal,
 /// or sleeps until the monitor thread, woken by the signal, wakes it. Default: off. On
 /// lavapipe it shortens a GPU-to-CPU handoff (a median 19-23 us against 25-29 us through
-/// the monitor, two loaded cores), but with it on, 3 of 10 runs of 3,000 traced split calls
-/// (`rafter bench --device auto --iters 3000 --trace`, Relu -> LSTM (CPU) -> Relu) hung
-/// with the GPU idle (and 1 of 5 runs of 200), against none of 11 with it off. Traced runs
-/// on lavapipe also hang without it: `rafter bench --device vulkan --iters 100 --trace` of
-/// a model split around two CPU LRNs did not end in 3-4 of 8 runs (the watchdog's report:
-/// one batch in flight, its wait value reached, never completing), also since a traced
-/// command buffer no longer goes to the GPU again before its previous submission retired
-/// (`queue.rs`, `traced_and_in_flight`), which an earlier reading of these hangs had
-/// blamed. Not fixed. Off on NVIDIA in any case: its driver spins in short waits and was
-/// measured missing wake-ups (issue 28), which is why host waits go through the monitor
-/// there.
+/// the monitor, two loaded cores). Long traced runs with it on used to hang on lavapipe;
+/// the cause was the monitor's `vkGetQueryPoolResults` (traced runs hung without it too),
+/// replaced by a copy the command buffer makes itself (`Timing::copy_results`), after which
+/// tests/direct_wait.rs's long loop ended every time. Off on NVIDIA in any case: its driver
+/// spins in short waits and was measured missing wake-ups (issue 28), which is why host
+/// waits go through the monitor there.
 pub const DIRECT_WAITS_ENV: &str = "RAFTER_VULKAN_DIRECT_WAITS";
 
 /// Set to `1` to serialise every call that signals a timeline semaphore (submissions and

@@ -354,29 +354,19 @@ fn a_cpu_submission_waiting_on_a_vulkan_semaphore_leaves_it_free_once_started_or
 /// A split model's calls, over and over, traced, with direct waits: GPU work, CPU work
 /// that waits for it (started by a helping host thread waiting in the driver, or by the
 /// monitor's callback), GPU work that waits for the CPU's, and a host wait for the end.
-/// Long traced runs of such calls hung some of the time on lavapipe with direct waits
-/// (`DIRECT_WAITS_ENV`); this loop reproduces that. By hand: `RAFTER_SPLIT_CALLS=N` calls
-/// (default 300); `RAFTER_SPLIT_DIRECT=0` turns direct waits off, `RAFTER_SPLIT_TRACE=0`
-/// tracing, `RAFTER_SPLIT_AHEAD=N` keeps N more calls in flight, `RAFTER_SPLIT_FRESH=1`
-/// records the GPU parts anew for each call.
+/// Long traced runs of such calls hung some of the time on lavapipe; this loop reproduced
+/// it. By hand: `RAFTER_SPLIT_CALLS=N` calls (default 300); `RAFTER_SPLIT_DIRECT=0` turns
+/// direct waits off, `RAFTER_SPLIT_TRACE=0` tracing, `RAFTER_SPLIT_AHEAD=N` keeps N more
+/// calls in flight, `RAFTER_SPLIT_FRESH=1` records the GPU parts anew for each call.
 ///
-/// What it found (lavapipe, Mesa 22.3.6, two loaded cores, runs of 3,000-5,000 calls
-/// killed after 20-25 s; over the versions of this loop written while looking): the
-/// default (traced, direct waits, one pair of GPU command buffers submitted again every
-/// call) did not end in 6 of 9 runs (another crashed with SIGSEGV; in a hung one every call
-/// had completed, and the device's drop waited for the monitor, which was inside the
-/// driver's wait); without direct waits 6 of 6 ended; untraced with direct waits 5 of 5;
-/// traced without direct waits but with one call ahead (`AHEAD=1`) 1 of 7; with the GPU
-/// parts recorded per call (`FRESH=1`) 10 of 10 ended, with direct waits or one call ahead
-/// (an 11th failed at once on this loop's then shared host buffer). That pointed at a
-/// traced command buffer submitted again before the monitor retired (read the timestamps
-/// of) its previous submission, the two sharing one query pool. Such a submission now
-/// waits for that retirement (`queue.rs`, `traced_and_in_flight`), and the hang remains:
-/// 3 of 6 runs of 3,000 calls did not end (2026-11-30, nineteenth session), and plain
-/// traced `rafter bench` runs hang on lavapipe too (`DIRECT_WAITS_ENV`'s docs). Still
-/// open: in its default form this test fails or never ends some of the time.
+/// What it found (lavapipe, Mesa 22.3.6, two loaded cores): runs of 3,000 calls did not end
+/// in 6 of 9 (traced, direct waits), 1 of 7 (one call ahead), none untraced. The cause was
+/// the monitor reading a retired batch's timestamps with `vkGetQueryPoolResults` while the
+/// queue ran later work: plain traced `rafter bench` runs hung too, and never with the read
+/// left out. The command buffers now copy their timestamps into host memory themselves
+/// (`command.rs`, `Timing::copy_results`): 0 of 10 runs of 3,000 calls hung (with one call
+/// ahead or not), against 3 of 6 before (2026-11-30).
 #[test]
-#[ignore = "long; run by hand with RAFTER_SPLIT_CALLS"]
 fn split_calls_with_direct_waits_and_tracing_never_hang() {
     use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions};
     let calls: u64 = std::env::var("RAFTER_SPLIT_CALLS")
