@@ -47,9 +47,10 @@ pub struct VulkanDeviceOptions {
     /// [`TraceEvent`] per dispatch, copy and fill, timed by the GPU (its durations are the
     /// GPU's; they are placed on the host clock by reading the device clock from the host
     /// where `VK_EXT_calibrated_timestamps` allows, else by the completion time). Timestamps
-    /// serialise nothing, but they cost a little, so tracing is off by default. A command
-    /// buffer submitted again before its previous submission completed shares its query
-    /// slots with it, so trace one call at a time.
+    /// serialise nothing within a submission, but they cost a little, so tracing is off by
+    /// default. A traced command buffer has one set of query slots: submitted again, it
+    /// waits until its previous submission has retired and been reported, so traced calls
+    /// of one recording run one at a time.
     pub trace_sink: Option<Arc<dyn TraceSink>>,
     /// Leave `storageBuffer16BitAccess` off even where the device has it: the device then
     /// behaves as one without 16-bit storage (f16 kernels are refused at load, by name),
