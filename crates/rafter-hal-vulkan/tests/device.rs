@@ -487,20 +487,27 @@ fn dropping_the_device_fails_work_that_never_ran() {
     go.signal(1).unwrap();
 }
 
-#[test]
-fn a_trace_sink_gets_gpu_timed_events_per_command() {
+/// A device reporting to a fresh trace sink, and the sink; `None` (the test skipped, said
+/// why) without a device or timestamps.
+fn traced_device(test: &str) -> Option<(common::Checked, Arc<rafter_hal::MemoryTraceSink>)> {
     let sink = Arc::new(rafter_hal::MemoryTraceSink::new());
     let options = rafter_hal_vulkan::VulkanDeviceOptions {
         trace_sink: Some(sink.clone()),
         ..Default::default()
     };
-    let Some(device) = common::device_with_or_skip("trace_sink", options) else {
+    let device = common::device_with_or_skip(test, options)?;
+    if device.capabilities().timestamp_valid_bits == 0 {
+        eprintln!("skipping {test}: the queue family has no timestamps");
+        return None;
+    }
+    Some((device, sink))
+}
+
+#[test]
+fn a_trace_sink_gets_gpu_timed_events_per_command() {
+    let Some((device, sink)) = traced_device("trace_sink") else {
         return;
     };
-    if device.capabilities().timestamp_valid_bits == 0 {
-        eprintln!("skipping trace_sink: the queue family has no timestamps");
-        return;
-    }
     let data = pattern(4 << 20, 3);
     let src = buffer_with(&device, MemoryKind::HostVisibleShared, &data);
     let dst = device
@@ -544,18 +551,9 @@ fn a_trace_sink_gets_gpu_timed_events_per_command() {
 /// went missing or repeated, and lavapipe hung in long traced runs).
 #[test]
 fn a_traced_command_buffer_submitted_again_reports_every_submission() {
-    let sink = Arc::new(rafter_hal::MemoryTraceSink::new());
-    let options = rafter_hal_vulkan::VulkanDeviceOptions {
-        trace_sink: Some(sink.clone()),
-        ..Default::default()
-    };
-    let Some(device) = common::device_with_or_skip("traced_resubmission", options) else {
+    let Some((device, sink)) = traced_device("traced_resubmission") else {
         return;
     };
-    if device.capabilities().timestamp_valid_bits == 0 {
-        eprintln!("skipping traced_resubmission: the queue family has no timestamps");
-        return;
-    }
     let dst = device.allocate(4 << 20, MemoryKind::DeviceLocal).unwrap();
     let mut builder = device.create_command_buffer().unwrap();
     builder

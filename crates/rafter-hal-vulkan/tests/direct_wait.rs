@@ -21,24 +21,6 @@ fn direct(test: &str, on: bool) -> Option<common::Checked> {
     )
 }
 
-/// `rounds` fills of a 64 MiB buffer, one after another: GPU work that takes a while.
-fn slow_commands(device: &VulkanDevice, rounds: usize) -> rafter_hal::CommandBuffer {
-    let buffer = device.allocate(64 << 20, MemoryKind::DeviceLocal).unwrap();
-    let mut builder = device.create_command_buffer().unwrap();
-    for i in 0..rounds {
-        if i > 0 {
-            builder.barrier();
-        }
-        builder
-            .fill(
-                buffer.range(0, 64 << 20).unwrap(),
-                FillPattern::U32(i as u32),
-            )
-            .unwrap();
-    }
-    builder.finish()
-}
-
 /// Slow commands that take at least `at_least` on this device (measured), and how long.
 fn calibrated_slow_commands(
     device: &VulkanDevice,
@@ -47,7 +29,7 @@ fn calibrated_slow_commands(
     let queue = device.queue(0).unwrap();
     let mut rounds = 4;
     loop {
-        let commands = slow_commands(device, rounds);
+        let commands = common::slow_commands(device, 64 << 20, rounds);
         let done = device.create_semaphore(0).unwrap();
         let start = Instant::now();
         queue.submit(&commands, &[], &[(done.clone(), 1)]).unwrap();
@@ -74,7 +56,11 @@ fn a_direct_wait_needs_submitted_work_and_returns_once_the_gpu_signals() {
 
     let queue = device.queue(0).unwrap();
     queue
-        .submit(&slow_commands(&device, 8), &[], &[(semaphore.clone(), 1)])
+        .submit(
+            &common::slow_commands(&device, 64 << 20, 8),
+            &[],
+            &[(semaphore.clone(), 1)],
+        )
         .unwrap();
     match semaphore.wait_direct(1, WAIT) {
         Some(Ok(())) => {}
@@ -94,7 +80,11 @@ fn a_direct_wait_needs_submitted_work_and_returns_once_the_gpu_signals() {
     let later = off.create_semaphore(0).unwrap();
     off.queue(0)
         .unwrap()
-        .submit(&slow_commands(&off, 1), &[], &[(later.clone(), 1)])
+        .submit(
+            &common::slow_commands(&off, 64 << 20, 1),
+            &[],
+            &[(later.clone(), 1)],
+        )
         .unwrap();
     assert!(later.wait_direct(1, WAIT).is_none());
     later.wait(1, WAIT).unwrap();
@@ -233,18 +223,6 @@ fn a_direct_wait_sleeps_instead_of_spinning() {
     );
 }
 
-/// Waits up to 5 s (the batches' release grace) for the device to hold nothing.
-fn holds_nothing(device: &VulkanDevice) -> (usize, usize, usize) {
-    let start = Instant::now();
-    loop {
-        let live = device.live_objects();
-        if live == (0, 0, 0) || start.elapsed() > Duration::from_secs(5) {
-            return live;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A CPU submission that waits for a host value and a Vulkan value, the way a split
 /// model's CPU part waits for its inputs, leaves no Vulkan semaphore alive once it ran or
 /// failed, with the CPU device still open: whether the Vulkan value came last, never came
@@ -272,7 +250,7 @@ fn a_cpu_submission_waiting_on_a_vulkan_semaphore_leaves_it_free_once_started_or
         .unwrap();
     let cpu_commands = builder.finish();
     let gpu_queue = device.queue(0).unwrap();
-    let gpu_commands = slow_commands(&device, 2);
+    let gpu_commands = common::slow_commands(&device, 64 << 20, 2);
     let ran = || output.read_bytes(0, 4).unwrap() == 7u32.to_le_bytes();
 
     // The host's value first, the GPU's last.
@@ -294,7 +272,7 @@ fn a_cpu_submission_waiting_on_a_vulkan_semaphore_leaves_it_free_once_started_or
         assert!(ran());
     }
     assert_eq!(
-        holds_nothing(&device),
+        common::holds_nothing(&device),
         (0, 0, 0),
         "after a started submission"
     );
@@ -319,7 +297,7 @@ fn a_cpu_submission_waiting_on_a_vulkan_semaphore_leaves_it_free_once_started_or
         assert!(!ran());
     }
     assert_eq!(
-        holds_nothing(&device),
+        common::holds_nothing(&device),
         (0, 0, 0),
         "after a failed submission"
     );
@@ -344,7 +322,7 @@ fn a_cpu_submission_waiting_on_a_vulkan_semaphore_leaves_it_free_once_started_or
         assert!(ran());
     }
     assert_eq!(
-        holds_nothing(&device),
+        common::holds_nothing(&device),
         (0, 0, 0),
         "after a helper's direct wait"
     );

@@ -5,44 +5,12 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rafter_hal::{Device, FillPattern, MemoryKind, Semaphore, SemaphoreError};
 use rafter_hal_cpu::{CpuDevice, CpuDeviceOptions};
-use rafter_hal_vulkan::VulkanDevice;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// `rounds` fills of a 16 MiB device buffer, one after another: GPU work that takes a
-/// while, so its waiters wait.
-fn slow_commands(device: &VulkanDevice, rounds: usize) -> rafter_hal::CommandBuffer {
-    let buffer = device.allocate(16 << 20, MemoryKind::DeviceLocal).unwrap();
-    let mut builder = device.create_command_buffer().unwrap();
-    for i in 0..rounds {
-        if i > 0 {
-            builder.barrier();
-        }
-        builder
-            .fill(
-                buffer.range(0, 16 << 20).unwrap(),
-                FillPattern::U32(i as u32),
-            )
-            .unwrap();
-    }
-    builder.finish()
-}
-
-/// Waits (up to 5 s: batches are released after a grace) until the device holds nothing.
-fn holds_nothing(device: &VulkanDevice) -> (usize, usize, usize) {
-    let start = Instant::now();
-    loop {
-        let live = device.live_objects();
-        if live == (0, 0, 0) || start.elapsed() > Duration::from_secs(5) {
-            return live;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// GPU -> CPU -> GPU chains, several in flight: each CPU part starts from the monitor's
 /// callback once the GPU's value is reached (it copies what the GPU wrote, so it fails the
@@ -59,7 +27,7 @@ fn monitor_serves_gpu_to_cpu_to_gpu_chains() {
     })
     .unwrap();
     let (gpu_queue, cpu_queue) = (device.queue(0).unwrap(), cpu.queue(0).unwrap());
-    let slow = slow_commands(&device, 8);
+    let slow = common::slow_commands(&device, 16 << 20, 8);
     let chains = 6;
     let mut pending = Vec::new();
     for chain in 0..chains {
@@ -115,7 +83,7 @@ fn monitor_serves_gpu_to_cpu_to_gpu_chains() {
         );
         assert_eq!(shared.read_bytes(0, 4).unwrap(), 7u32.to_le_bytes());
     }
-    assert_eq!(holds_nothing(&device), (0, 0, 0));
+    assert_eq!(common::holds_nothing(&device), (0, 0, 0));
     drop(cpu);
 }
 
@@ -127,14 +95,14 @@ fn monitor_signals_other_devices_semaphores() {
         return;
     };
     let queue = device.queue(0).unwrap();
-    let slow = slow_commands(&device, 4);
+    let slow = common::slow_commands(&device, 16 << 20, 4);
     let host = Semaphore::host(0);
     for value in 1..=5 {
         queue.submit(&slow, &[], &[(host.clone(), value)]).unwrap();
     }
     host.wait(5, WAIT).unwrap();
     assert_eq!(host.value(), 5);
-    assert_eq!(holds_nothing(&device), (0, 0, 0));
+    assert_eq!(common::holds_nothing(&device), (0, 0, 0));
 }
 
 /// A host wait for a GPU value that fails while the GPU works ends with the failure, and
@@ -146,7 +114,7 @@ fn monitor_reports_a_failure_while_the_gpu_works() {
         return;
     };
     let queue = device.queue(0).unwrap();
-    let slow = slow_commands(&device, 16);
+    let slow = common::slow_commands(&device, 16 << 20, 16);
     let (slow_done, gpu) = (
         device.create_semaphore(0).unwrap(),
         device.create_semaphore(0).unwrap(),
@@ -167,5 +135,5 @@ fn monitor_reports_a_failure_while_the_gpu_works() {
     }
     slow_done.wait(1, WAIT).unwrap();
     drop((gpu, slow_done));
-    assert_eq!(holds_nothing(&device), (0, 0, 0));
+    assert_eq!(common::holds_nothing(&device), (0, 0, 0));
 }

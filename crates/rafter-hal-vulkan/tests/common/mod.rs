@@ -2,7 +2,9 @@
 //! (`RAFTER_VULKAN_VALIDATION`), failing the test on any validation message.
 
 use std::ops::Deref;
+use std::time::{Duration, Instant};
 
+use rafter_hal::{Device, FillPattern, MemoryKind};
 use rafter_hal_vulkan::{ValidationLog, VulkanDevice, VulkanDeviceOptions, VulkanError};
 
 /// Set (to anything but `0`) to turn "no Vulkan device" from a skip into a failure; CI sets
@@ -61,5 +63,40 @@ pub fn device_with_or_skip(test: &str, options: VulkanDeviceOptions) -> Option<C
             None
         }
         Err(error) => panic!("{test}: opening the Vulkan device failed: {error}"),
+    }
+}
+
+/// `rounds` fills of a device buffer of `bytes`, one after another: GPU work that takes a
+/// while, for tests of what waits for it.
+#[allow(dead_code)]
+pub fn slow_commands(
+    device: &VulkanDevice,
+    bytes: u64,
+    rounds: usize,
+) -> rafter_hal::CommandBuffer {
+    let buffer = device.allocate(bytes, MemoryKind::DeviceLocal).unwrap();
+    let mut builder = device.create_command_buffer().unwrap();
+    for i in 0..rounds {
+        if i > 0 {
+            builder.barrier();
+        }
+        builder
+            .fill(buffer.range(0, bytes).unwrap(), FillPattern::U32(i as u32))
+            .unwrap();
+    }
+    builder.finish()
+}
+
+/// What the device still holds (semaphores, batches, deferred), once it holds nothing or
+/// after 5 s: retired batches are released after a grace.
+#[allow(dead_code)]
+pub fn holds_nothing(device: &VulkanDevice) -> (usize, usize, usize) {
+    let start = Instant::now();
+    loop {
+        let live = device.live_objects();
+        if live == (0, 0, 0) || start.elapsed() > Duration::from_secs(5) {
+            return live;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
