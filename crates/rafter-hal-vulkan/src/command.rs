@@ -75,7 +75,7 @@ pub(crate) struct Timing {
     /// `vkGetQueryPoolResults`: on lavapipe that call from the monitor thread, while the
     /// queue ran later work, hung the queue (`rafter bench --device vulkan --trace` of a
     /// model split around CPU LRNs: 6 of 15 runs of 100 calls never ended, 0 of 15 with
-    /// the results left unread).
+    /// the results left unread; benchmarks/results/lavapipe-trace-hang-2026-11-30/).
     results: VulkanBuffer,
 }
 
