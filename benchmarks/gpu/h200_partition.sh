@@ -104,8 +104,11 @@ for m in ${all_streams-$all}; do
   ins=$(inputs_of $m)
   for t in $stream_targets; do
     left "stream $m $t" || continue
+    # Untraced, as the spread below is: a traced Vulkan stream runs up to 1.6x slower
+    # (timestamps around every dispatch), which flattered the spread against this ideal
+    # before 2026-11-30's twentieth session.
     timeout 120 $R bench $M/$m.onnx --device $t $ins --warmup 5 --iters $stream_calls --in-flight 4 \
-      --trace /tmp/stream_${m}_$t.json > "$out/stream_${m}_$t.txt" 2>&1
+      > "$out/stream_${m}_$t.txt" 2>&1
     echo "$m $t: $(grep '^stream:' "$out/stream_${m}_$t.txt") $(grep '^device ' "$out/stream_${m}_$t.txt" | tr '\n' ' ')"
   done
   left "stream $m auto/throughput" || continue

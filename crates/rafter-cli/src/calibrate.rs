@@ -28,8 +28,14 @@
 //! which the model charges apart. This is also what `rafter bench --estimate` measures
 //! the estimates against.
 //!
-//! The link to an accelerator is measured in situ (two `add` calls whose inputs and
-//! result cross it: a rate and a fixed cost). It is zero-copy where the accelerator's own
+//! Whole calls' wall times (the dispatch chain, the link's probes, the split call that
+//! decides zero-copy) are timed on devices opened without a trace sink: a traced Vulkan
+//! command buffer writes timestamps around every dispatch, which slows a call of many
+//! small kernels by half on an H200, and a fixed cost timed traced would be the trace's.
+//!
+//! The link to an accelerator is measured in situ: its rate from two `add` calls whose
+//! inputs and result cross it, its latency as the median handoff between the devices in
+//! calls split across them ([`link_handoff`]). It is zero-copy where the accelerator's own
 //! memory is host-coherent (unified memory, lavapipe), and, on a discrete GPU that reaches
 //! the host's cached memory, where a call split across the devices ran faster with its
 //! crossings handed over in that memory than copied ([`host_memory_crossings`]). Each
@@ -61,19 +67,28 @@ const CALLS: usize = 9;
 /// calls after warm-up (on a machine shared with other work, the least disturbed one).
 #[derive(Clone, Copy, Debug)]
 struct Timing {
-    /// Wall time of a whole call (submission, copies, kernels, completion), seconds.
+    /// Wall time of a whole call (submission, copies, kernels, completion), seconds,
+    /// untraced.
     call_s: f64,
+    /// The same, traced ([`link_in_situ`] says why it uses this one).
+    traced_call_s: f64,
     /// Time the program's kernels held `target` in one call (the union of their dispatch
     /// spans on its queues), seconds; 0 when the device traced none.
     kernels_s: f64,
 }
 
 /// The devices a few calibration programs run on, opened once for them (a device per
-/// program: on an H200 the 31st open in one process failed to find the device), with the
-/// trace sink their dispatches are timed by.
+/// program: on an H200 the 31st open in one process failed to find the device): once
+/// with the trace sink their dispatches are timed by, once untraced for the calls' wall
+/// time. A traced Vulkan command buffer writes timestamps around every dispatch, which
+/// on the H200 made calls 1.4-1.6x slower (BERT-base 4.25 -> 6.0 ms, MobileNetV2 0.59 ->
+/// 0.96), so a fixed cost timed traced (a dispatch's, the link's) would be the trace's.
 struct Bench {
     target: String,
+    /// Traced: kernels' own times and the handoffs between devices.
     devices: rafter_runtime::DeviceSet,
+    /// Untraced: whole calls' wall time.
+    plain: rafter_runtime::DeviceSet,
     sink: Arc<ChromeTrace>,
 }
 
@@ -85,9 +100,11 @@ impl Bench {
             ..CpuDeviceOptions::default()
         };
         let devices = model::open_devices(target != "cpu", cpu)?;
+        let plain = model::open_devices(target != "cpu", CpuDeviceOptions::default())?;
         Ok(Bench {
             target: target.to_string(),
             devices,
+            plain,
             sink,
         })
     }
@@ -102,7 +119,7 @@ impl Bench {
             ..Default::default()
         };
         let compiled = rafter_compiler::compile(&graph, &options)?;
-        self.time_compiled(compiled, only)
+        self.time_compiled(compiled, only, None)
     }
 
     /// The fastest call of `graph_text` lowered for the host and placed by hand: kernel
@@ -114,6 +131,32 @@ impl Bench {
         devices: &[usize],
         shared: Option<SharedMemory>,
     ) -> Result<f64> {
+        let compiled = self.compile_placed(graph_text, devices, shared)?;
+        Ok(self.time_compiled(compiled, None, None)?.call_s)
+    }
+
+    /// Every handoff between the devices (the gap from one device's last work to the
+    /// other's first within a call, [`crate::estimate::handoffs`]) in [`CALLS`] calls of
+    /// `graph_text` placed as in [`Bench::time_placed`], seconds.
+    fn handoffs_placed(
+        &self,
+        graph_text: &str,
+        devices: &[usize],
+        shared: Option<SharedMemory>,
+    ) -> Result<Vec<crate::estimate::Handoff>> {
+        let compiled = self.compile_placed(graph_text, devices, shared)?;
+        let mut gaps = Vec::new();
+        self.time_compiled(compiled, None, Some(&mut gaps))?;
+        Ok(gaps)
+    }
+
+    /// `graph_text` lowered for the host and placed by hand (see [`Bench::time_placed`]).
+    fn compile_placed(
+        &self,
+        graph_text: &str,
+        devices: &[usize],
+        shared: Option<SharedMemory>,
+    ) -> Result<rafter_compiler::Compiled> {
         let graph = parse_probe(graph_text)?;
         let target = rafter_compiler::target(&self.target)?;
         let mut p = rafter_opt::lower(&graph, &rafter_opt::LowerOptions::default())?;
@@ -126,15 +169,16 @@ impl Bench {
         let names = rafter_opt::place::device_names(target.accelerators());
         rafter_opt::place::apply_placement(&mut p, &names, devices, &[None, shared]);
         rafter_opt::memplan::plan_memory(&mut p, &rafter_opt::memplan::PlanOptions::default())?;
-        let compiled = rafter_compiler::package(p, &target)?;
-        Ok(self.time_compiled(compiled, None)?.call_s)
+        Ok(rafter_compiler::package(p, &target)?)
     }
 
-    /// Times `compiled` as [`Bench::time_call`] does.
+    /// Times `compiled` as [`Bench::time_call`] does; with `handoffs`, adds each timed
+    /// call's handoffs between devices to it (seconds).
     fn time_compiled(
         &self,
         compiled: rafter_compiler::Compiled,
         only: Option<&str>,
+        mut handoffs: Option<&mut Vec<crate::estimate::Handoff>>,
     ) -> Result<Timing> {
         let target = self.target.as_str();
         let executables = compiled.executables();
@@ -147,21 +191,33 @@ impl Bench {
             &mut bindings,
             Some(1),
         )?)?;
+        let plain = Session::with_options(program.clone(), &self.plain, opts.clone())?;
         let session = Session::with_options(program, &self.devices, opts)?;
         for _ in 0..2 {
+            plain.run(inputs.clone(), TIMEOUT)?;
             session.run(inputs.clone(), TIMEOUT)?;
         }
         let mut best = Timing {
             call_s: f64::INFINITY,
+            traced_call_s: f64::INFINITY,
             kernels_s: f64::INFINITY,
         };
+        for _ in 0..CALLS {
+            let start = Instant::now();
+            plain.run(inputs.clone(), TIMEOUT)?;
+            best.call_s = best.call_s.min(start.elapsed().as_secs_f64());
+        }
         for _ in 0..CALLS {
             self.sink.clear();
             let call = inputs.clone();
             let start = Instant::now();
             session.run(call, TIMEOUT)?;
-            best.call_s = best.call_s.min(start.elapsed().as_secs_f64());
+            let end = Instant::now();
+            best.traced_call_s = best.traced_call_s.min((end - start).as_secs_f64());
             let events = self.sink.events();
+            if let Some(h) = handoffs.as_deref_mut() {
+                h.extend(crate::estimate::handoffs(&events, &[(start, end)]));
+            }
             let kernel_s = dispatch_time(&events, target, only);
             if kernel_s == 0.0 && dispatch_time(&events, target, None) > 0.0 {
                 // A rate from the call's wall time instead would count the input copies
@@ -832,13 +888,18 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
     } else {
         shared_memory(&bench, device)?
     };
+    let mut handoff = None;
     let link = if device == "cpu" {
         None
     } else {
+        handoff = link_handoff(&bench, shared).with_context(|| ctx("handoff"))?;
         let (bytes_per_s, latency_s) = match link_in_situ(&bench).with_context(|| ctx("link"))? {
             // A fixed cost fitted at zero is noise (every call has one): an empty call's.
-            Some((rate, fixed)) => (rate, if fixed > 0.0 { fixed } else { empty }),
-            None => (host_copy_bandwidth(), empty),
+            Some((rate, fixed)) => (
+                rate,
+                handoff.unwrap_or(if fixed > 0.0 { fixed } else { empty }),
+            ),
+            None => (host_copy_bandwidth(), handoff.unwrap_or(empty)),
         };
         Some(Link {
             bytes_per_s,
@@ -852,7 +913,14 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
         profile: CostProfile {
             classes,
             dispatch_s,
-            barrier_s: if device == "cpu" { 0.0 } else { empty / 2.0 },
+            // A crossing's handoff measured in place includes the waiting device's start
+            // (`link_handoff`); without it, half an empty call stands for the semaphore
+            // pair and the start.
+            barrier_s: if device == "cpu" || handoff.is_some() {
+                0.0
+            } else {
+                empty / 2.0
+            },
             half_scale,
         },
         memory_bytes: None,
@@ -986,11 +1054,56 @@ fn host_memory_crossings(bench: &Bench) -> Result<(f64, f64)> {
     Ok((copied, shared))
 }
 
+/// The link's latency as the partitioner charges it per crossing: the handoff between
+/// the devices (the gap from the producer's last work to the consumer's first, in the
+/// devices' traces) in calls of [`crossing_probe`] split GPU, host, GPU, its tensors
+/// crossing as the link will carry them (`shared`: zero-copy in that memory; `None`:
+/// copied, the copies being work of their own in the traces). The mean of the two
+/// directions' medians: every island of kernels on another device is entered and left
+/// once, so a split pays one of each per round trip (on the H200 machine, 18 us to the
+/// GPU and 33-45 us back). `None` when the traces show no handoff (a device without
+/// timestamps).
+///
+/// This replaced the intercept of [`link_in_situ`]'s line as the latency: a few percent
+/// of noise on its smaller probe moved the intercept by tens of microseconds (an H200's
+/// profiles said 6 to 60 us), and at 60 us `--device auto` kept a model whose three
+/// CPU-only kernels sit between GPU blocks (six crossings a call) on the CPU, 1.2x slower
+/// than split. A handoff measured in place already holds the waiting device's start (its
+/// submission, its wake-up), so the profile then charges no barrier on top
+/// ([`CostProfile::barrier_s`] 0).
+fn link_handoff(bench: &Bench, shared: Option<SharedMemory>) -> Result<Option<f64>> {
+    let p = crossing_probe();
+    let handoffs = bench
+        .handoffs_placed(&p.text, &[1, 0, 1], shared)
+        .with_context(|| p.what.clone())?;
+    let mut by_direction: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+    for (from, to, secs) in handoffs {
+        by_direction.entry((from, to)).or_default().push(secs);
+    }
+    if by_direction.is_empty() {
+        return Ok(None);
+    }
+    let mut medians = Vec::new();
+    for ((from, to), mut gaps) in by_direction {
+        gaps.sort_by(f64::total_cmp);
+        let median = gaps[gaps.len() / 2];
+        eprintln!(
+            "calibrate {}: handoffs {from} -> {to}: {}, median {:.1} us, max {:.1} us",
+            bench.target,
+            gaps.len(),
+            median * 1e6,
+            gaps[gaps.len() - 1] * 1e6
+        );
+        medians.push(median);
+    }
+    Ok(Some(medians.iter().sum::<f64>() / medians.len() as f64))
+}
+
 /// The elements of the link probes' tensors: 1 MiB and 16 MiB of f32.
 const LINK_PROBE_ELEMS: [usize; 2] = [1 << 18, 1 << 22];
 
 /// The link as a call crosses it: bytes per second and the fixed seconds a call's
-/// crossings cost, from two `add` probes of [`LINK_PROBE_ELEMS`] whose calls upload two
+/// crossings cost (the latency where [`link_handoff`] traced none), from two `add` probes of [`LINK_PROBE_ELEMS`] whose calls upload two
 /// operands and read back one result. Each probe's call time less its kernels' time is
 /// what its three copies took, `fixed + bytes / rate`; two sizes give both terms. `None`
 /// when noise leaves no positive rate (the caller then falls back to a host copy and an
@@ -1004,10 +1117,36 @@ fn link_in_situ(bench: &Bench) -> Result<Option<(f64, f64)>> {
     let mut points = Vec::new();
     for n in LINK_PROBE_ELEMS {
         let p = add(&n.to_string());
-        let t = bench.time_call(&p.text, None).context(p.what)?;
-        points.push((3.0 * 4.0 * n as f64, t.call_s - t.kernels_s));
+        let t = bench.time_call(&p.text, None).context(p.what.clone())?;
+        eprintln!(
+            "calibrate {}: {}: call {:.1} us ({:.1} us traced), kernels {:.1} us",
+            bench.target,
+            p.what,
+            t.call_s * 1e6,
+            t.traced_call_s * 1e6,
+            t.kernels_s * 1e6
+        );
+        // Timed traced, unlike the other calls' walls: on the H200 machine the untraced
+        // calls of these probes ran 1.6-2x slower than the traced ones at 16 MiB (6.8-9.4
+        // ms against 4.3-4.8, not explained yet), a rate of 5.5-7.8 GB/s that made the
+        // partitioner keep a model with CPU kernels mid-graph on the CPU, 1.7x slower than
+        // its split, whose zero-copy crossings run at the traced rate (10-11.6 GB/s in
+        // six profiles; the split's estimate within 15% of its untraced calls).
+        points.push((3.0 * 4.0 * n as f64, t.traced_call_s - t.kernels_s));
     }
-    Ok(link_from(points[0], points[1]))
+    let link = link_from(points[0], points[1]);
+    if let Some((rate, fixed)) = link {
+        eprintln!(
+            "calibrate {}: calls copying {:.0} and {:.0} MB across the link: {:.1} GB/s, \
+             {:.1} us fixed",
+            bench.target,
+            points[0].0 / 1e6,
+            points[1].0 / 1e6,
+            rate / 1e9,
+            fixed * 1e6
+        );
+    }
+    Ok(link)
 }
 
 /// Rate and fixed cost of the line through two (bytes, seconds) points; `None` unless the

@@ -57,7 +57,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Print the cost model's estimate of a call next to the measured time, per kernel
-    /// class, per device and per partition (the timed calls are traced for it).
+    /// class, per device and per partition (the call timed untraced unless `--trace`;
+    /// the breakdown from as many calls of a traced session).
     #[arg(long)]
     estimate: bool,
     /// Calls kept in flight: a stream of calls, each submitted while up to N-1 earlier
@@ -109,29 +110,11 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         Some(args.seed),
     )?)?;
 
-    let traced = args.trace.is_some() || args.estimate;
-    let sink = traced.then(|| Arc::new(ChromeTrace::new()));
-    let devices = crate::model::devices_for(
-        &program,
-        CpuDeviceOptions {
-            worker_threads: args.threads,
-            trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
-            ..CpuDeviceOptions::default()
-        },
-    )?;
-    let mut options = crate::model::with_executables(
-        SessionOptions::new().kernel_threads(args.threads),
-        &executables,
-    );
-    if args.reference_kernels {
-        options = options.reference_kernels();
-    }
-    let uses_vulkan = crate::model::uses_vulkan(&program);
-    let opened = Instant::now();
-    let session = Session::with_options(program, &devices, options)?;
-    if uses_vulkan {
-        crate::model::note_slow_open(opened.elapsed());
-    }
+    // The timed calls are traced only for `--trace`: a traced Vulkan command buffer
+    // writes timestamps around every dispatch, which slowed calls by half on an H200.
+    // `--estimate` alone traces a second session's calls for its breakdown and measures
+    // the call itself untraced.
+    let (session, sink) = open_session(&args, &program, &executables, args.trace.is_some())?;
     for _ in 0..args.warmup {
         session.run(inputs.clone(), CALL_TIMEOUT)?;
     }
@@ -142,38 +125,38 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         let stream = run_stream(&session, &inputs, args.iters, args.in_flight)?;
         // Calls overlap: no window tells one's work from another's.
         report_trace(&args, &sink, &[])?;
+        if args.estimate {
+            eprintln!("estimate: not printed for a stream of calls (--in-flight > 1)");
+        }
         println!("{}", stream.line(args.in_flight));
         return Ok(ExitCode::SUCCESS);
     }
-    let mut times = Vec::with_capacity(args.iters);
-    let mut fastest: Option<(Instant, Instant)> = None;
-    // Each call's window, for the trace's handoffs (`estimate::handoffs`).
-    let mut windows = Vec::with_capacity(args.iters);
-    // Time spent in `submit` (planning, allocation, recording, submission: the host's
-    // share of a call before any device work can finish), to tell host overhead apart.
-    let mut submits = Vec::with_capacity(args.iters);
-    for _ in 0..args.iters {
-        let call_inputs = inputs.clone();
-        let start = Instant::now();
-        let call = session.submit_to_wait(call_inputs)?;
-        submits.push(start.elapsed().as_secs_f64() * 1e3);
-        call.wait(CALL_TIMEOUT)?;
-        let end = Instant::now();
-        times.push((end - start).as_secs_f64() * 1e3);
-        windows.push((start, end));
-        if fastest.is_none_or(|(a, b)| end - start < b - a) {
-            fastest = Some((start, end));
-        }
-    }
-    report_trace(&args, &sink, &windows)?;
-    if let (true, Some(sink), Some(call)) = (args.estimate, &sink, fastest) {
+    let timed = time_calls(&session, &inputs, args.iters)?;
+    report_trace(&args, &sink, &timed.windows)?;
+    if args.estimate {
+        // The breakdown needs a traced call: the timed ones where `--trace` traced them,
+        // else as many calls of a traced session.
+        let (events, window) = match &sink {
+            Some(sink) => (sink.events(), timed.fastest),
+            None => {
+                let (traced, sink) = open_session(&args, &program, &executables, true)?;
+                let sink = sink.expect("a traced session has a sink");
+                for _ in 0..args.warmup {
+                    traced.run(inputs.clone(), CALL_TIMEOUT)?;
+                }
+                sink.clear();
+                let t = time_calls(&traced, &inputs, args.iters)?;
+                (sink.events(), t.fastest)
+            }
+        };
         // The fastest call: on a shared machine the least disturbed one.
         let lines = crate::estimate::estimate_table(
             session.program(),
             &target,
             &bindings.as_map(),
-            &sink.events(),
-            call,
+            &events,
+            window,
+            (timed.fastest.1 - timed.fastest.0).as_secs_f64(),
         );
         for l in lines {
             println!("{l}");
@@ -188,13 +171,96 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         n.fallbacks,
         n.misaligned_copies
     );
+    let mut submits = timed.submits_ms;
     submits.sort_by(f64::total_cmp);
     eprintln!(
         "host: submit median {:.3} ms of the call (planning, allocation, recording)",
         quantile(&submits, 0.5)
     );
-    println!("{}", summary_line(&times, Rss::now().map(|r| r.peak_kib)));
+    println!(
+        "{}",
+        summary_line(&timed.times_ms, Rss::now().map(|r| r.peak_kib))
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A session of `program` on the devices it was compiled for; with `traced`, every
+/// device reports its work to the returned trace.
+fn open_session(
+    args: &BenchArgs,
+    program: &rafter_ir::program::Program,
+    executables: &[(String, bytes::Bytes)],
+    traced: bool,
+) -> Result<(Session, Option<Arc<ChromeTrace>>)> {
+    let sink = traced.then(|| Arc::new(ChromeTrace::new()));
+    let devices = crate::model::devices_for(
+        program,
+        CpuDeviceOptions {
+            worker_threads: args.threads,
+            trace_sink: sink.clone().map(|s| s as Arc<dyn rafter_hal::TraceSink>),
+            ..CpuDeviceOptions::default()
+        },
+    )?;
+    let mut options = crate::model::with_executables(
+        SessionOptions::new().kernel_threads(args.threads),
+        executables,
+    );
+    if args.reference_kernels {
+        options = options.reference_kernels();
+    }
+    let uses_vulkan = crate::model::uses_vulkan(program);
+    let opened = Instant::now();
+    let session = Session::with_options(program.clone(), &devices, options)?;
+    if uses_vulkan {
+        crate::model::note_slow_open(opened.elapsed());
+    }
+    Ok((session, sink))
+}
+
+/// What [`time_calls`] measured.
+struct TimedCalls {
+    /// Each call's wall time, ms.
+    times_ms: Vec<f64>,
+    /// Each call's window, for the trace's handoffs (`estimate::handoffs`).
+    windows: Vec<(Instant, Instant)>,
+    /// The fastest call's window.
+    fastest: (Instant, Instant),
+    /// Time spent in `submit` (planning, allocation, recording, submission: the host's
+    /// share of a call before any device work can finish), ms, to tell host overhead
+    /// apart.
+    submits_ms: Vec<f64>,
+}
+
+/// Runs `iters` calls one after another (`iters` >= 1), each timed.
+fn time_calls(
+    session: &Session,
+    inputs: &[rafter_runtime::Tensor],
+    iters: usize,
+) -> Result<TimedCalls> {
+    let mut timed = TimedCalls {
+        times_ms: Vec::with_capacity(iters),
+        windows: Vec::with_capacity(iters),
+        fastest: (Instant::now(), Instant::now()),
+        submits_ms: Vec::with_capacity(iters),
+    };
+    let mut fastest: Option<(Instant, Instant)> = None;
+    for _ in 0..iters {
+        let call_inputs = inputs.to_vec();
+        let start = Instant::now();
+        let call = session.submit_to_wait(call_inputs)?;
+        timed.submits_ms.push(start.elapsed().as_secs_f64() * 1e3);
+        call.wait(CALL_TIMEOUT)?;
+        let end = Instant::now();
+        timed.times_ms.push((end - start).as_secs_f64() * 1e3);
+        timed.windows.push((start, end));
+        if fastest.is_none_or(|(a, b)| end - start < b - a) {
+            fastest = Some((start, end));
+        }
+    }
+    if let Some(f) = fastest {
+        timed.fastest = f;
+    }
+    Ok(timed)
 }
 
 /// How far (scaled by the largest magnitude) a spread call's outputs may be from the CPU

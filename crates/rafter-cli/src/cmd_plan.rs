@@ -72,6 +72,7 @@ fn load(args: &PlanArgs) -> Result<Program> {
 ///
 /// ```text
 /// cost model (latency): estimated 1234.5 us per call, 2 crossings (524288 bytes)
+///   without the cost model (...): cpu 3410.2 us, vulkan 1301.9 us; a split must be ...
 ///   k0 `k0_matmul` on vulkan, 35.2 us: fastest here (cpu 3355.4 us)
 ///   boundary `a` vulkan -> cpu: zero-copy, 21.0 us assumed
 ///   boundary `x` cpu -> vulkan: copy 262144 bytes, 47.2 us assumed
@@ -101,6 +102,19 @@ fn cost_lines(p: &Program, target: &rafter_compiler::Target) -> Vec<String> {
         e.crossings,
         e.crossing_bytes as u64
     )];
+    // What the placement was weighed against: a split replaces the better of these only
+    // when estimated `SPLIT_MARGIN` better (`Model::search`).
+    let baselines: Vec<String> = m
+        .baselines()
+        .into_iter()
+        .map(|(name, p)| format!("{name} {}", partition::micros(m.evaluate(&p).makespan_s)))
+        .collect();
+    lines.push(format!(
+        "  without the cost model (all on the cpu; greedy-by-support per accelerator): {}; \
+         a split must be estimated {:.0}% faster than the better",
+        baselines.join(", "),
+        partition::SPLIT_MARGIN * 100.0
+    ));
     for (i, (k, c)) in p.kernels.iter().zip(&why).enumerate() {
         lines.push(format!(
             "  k{i} `{}` on {}, {}: {}",

@@ -306,6 +306,7 @@ fn run_runtime(
             &values,
             &events,
             (start, start + took),
+            took.as_secs_f64(),
         );
         for l in table {
             println!("{l}");

@@ -210,17 +210,19 @@ impl Row {
 }
 
 /// The estimate-vs-measured table of `program` placed for `target`, with the symbols at
-/// `values` (the inputs' dims), against the `events` of one call that ran from
+/// `values` (the inputs' dims), against the `events` of one traced call that ran from
 /// `call.0` to `call.1` (bench passes its fastest call: on a shared machine the least
-/// disturbed one, and the one whose kernels add up to its wall time).
+/// disturbed one, and the one whose kernels add up to its wall time), the whole call's
+/// estimate against `call_s` (bench: its fastest untraced call, as a traced call runs
+/// slower than users' calls do).
 pub fn estimate_table(
     program: &Program,
     target: &Target,
     values: &HashMap<Symbol, i64>,
     events: &[TraceEvent],
     call: (Instant, Instant),
+    call_s: f64,
 ) -> Vec<String> {
-    let call_s = (call.1 - call.0).as_secs_f64();
     let events: Vec<TraceEvent> = events
         .iter()
         .filter(|e| e.start >= call.0 && e.end <= call.1)

@@ -36,6 +36,28 @@ pub(crate) struct Pool {
 struct PoolState {
     jobs: VecDeque<Job>,
     shutdown: bool,
+    /// How many of the queued jobs no worker was woken for: `push` leaves jobs for a host
+    /// thread that is about to help. The helper runs one; the others are announced to the
+    /// workers as soon as it starts it (see `help`), so independent jobs still run side by
+    /// side.
+    unannounced: usize,
+}
+
+impl PoolState {
+    /// Takes the next job and says how many workers to wake for the jobs left queued
+    /// that no one was woken for (all of them once a helper starts a job).
+    fn take_announcing_rest(&mut self) -> (Option<Job>, usize) {
+        let job = self.jobs.pop_front();
+        let wake = if job.is_some() {
+            self.unannounced.min(self.jobs.len())
+        } else {
+            0
+        };
+        if job.is_some() {
+            self.unannounced = 0;
+        }
+        (job, wake)
+    }
 }
 
 impl Pool {
@@ -44,6 +66,7 @@ impl Pool {
             state: Mutex::new(PoolState {
                 jobs: VecDeque::new(),
                 shutdown: false,
+                unannounced: 0,
             }),
             available: Condvar::new(),
         }
@@ -64,12 +87,16 @@ impl Pool {
         if n == 0 {
             return;
         }
-        self.lock().jobs.extend(jobs);
-        // A host thread that will help next takes the jobs itself, and hands what is left to
-        // a worker when it stops helping (see `help`): waking one now would be wasted.
+        let mut state = self.lock();
+        state.jobs.extend(jobs);
+        // A host thread that will help next takes a job itself, and hands the others to
+        // the workers when it starts it (see `help`): waking one now for the job it will
+        // take would be wasted.
         if rafter_hal::submitter_will_wait() && !self.is_current_worker() {
+            state.unannounced += n;
             return;
         }
+        drop(state);
         // One wake-up per job, not all: on a 16-core machine `notify_all` woke every idle
         // worker to contend for two or three small jobs.
         for _ in 0..n {
@@ -126,7 +153,10 @@ impl Pool {
             if done() {
                 break;
             }
-            let job = self.lock().jobs.pop_front();
+            let (job, wake) = self.lock().take_announcing_rest();
+            for _ in 0..wake {
+                self.available.notify_one();
+            }
             match job {
                 Some(job) => job(worker),
                 None => {
@@ -143,7 +173,11 @@ impl Pool {
     /// is done, or not helping at all) hands them over, as `push` woke no one for the jobs
     /// it pushed for that helper.
     fn wake_for_queued(&self) {
-        let queued = self.lock().jobs.len();
+        let queued = {
+            let mut state = self.lock();
+            state.unannounced = 0;
+            state.jobs.len()
+        };
         for _ in 0..queued {
             self.available.notify_one();
         }
@@ -161,6 +195,7 @@ impl Pool {
                 let mut state = self.lock();
                 loop {
                     if let Some(job) = state.jobs.pop_front() {
+                        state.unannounced = state.unannounced.min(state.jobs.len());
                         break job;
                     }
                     if state.shutdown {
@@ -174,5 +209,65 @@ impl Pool {
             };
             job(&worker);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// Two independent jobs pushed for a helper: the helper runs one and a worker must
+    /// be woken for the other, or they run one after the other (the second only once the
+    /// helper gets back to the queue).
+    #[test]
+    fn a_helper_hands_the_jobs_it_does_not_take_to_the_workers_at_once() {
+        let pool = Arc::new(Pool::new());
+        let worker_pool = pool.clone();
+        let worker =
+            std::thread::spawn(move || worker_pool.run_worker(Worker { name: "w".into() }));
+        // Let the worker reach its wait, so only a wake-up can start it.
+        std::thread::sleep(Duration::from_millis(50));
+        let inside = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let jobs: Vec<Job> = (0..2)
+            .map(|_| {
+                let (inside, most) = (inside.clone(), most.clone());
+                Box::new(move |_: &Worker| {
+                    let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(n, Ordering::SeqCst);
+                    let start = Instant::now();
+                    while inside.load(Ordering::SeqCst) < 2
+                        && start.elapsed() < Duration::from_millis(500)
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    most.fetch_max(inside.load(Ordering::SeqCst), Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(10));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                }) as Job
+            })
+            .collect();
+        rafter_hal::submit_then_wait(|| pool.push(jobs));
+        pool.help(
+            &Worker {
+                name: "host".into(),
+            },
+            &|| false,
+            &|| false,
+        );
+        // The worker may still be running the other job.
+        let start = Instant::now();
+        while inside.load(Ordering::SeqCst) > 0 && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        pool.shutdown();
+        worker.join().unwrap();
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            2,
+            "the two jobs did not overlap"
+        );
     }
 }

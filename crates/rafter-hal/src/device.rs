@@ -191,8 +191,9 @@ thread_local! {
 /// Runs `submit`, telling the queues it submits to that this thread will next wait for that
 /// work and lend itself to the devices first ([`Device::help`]). A device whose work runs
 /// on threads of its own may then leave the work queued for this thread instead of waking
-/// one of them, as long as it hands whatever is still queued to its own threads when the
-/// helper leaves ([`submitter_will_wait`]). On a 2-vCPU VM the wake-up that the helper made
+/// one of them, as long as it hands the helper's spare work to its own threads: the jobs
+/// still queued once the helper starts one (they may run side by side with it), and
+/// whatever is queued when the helper leaves ([`submitter_will_wait`]). On a 2-vCPU VM the wake-up that the helper made
 /// useless (an inter-processor interrupt, and a thread scheduled on the core where the
 /// kernels' other worker was about to start) cost MobileNetV2 0.2–0.5% a call (two runs of
 /// 30 alternated rounds: 0.998 and 0.995).

@@ -126,7 +126,9 @@ pub struct CostProfile {
     pub classes: BTreeMap<&'static str, ClassRate>,
     /// Fixed cost of one kernel dispatch (launch, argument binding), seconds.
     pub dispatch_s: f64,
-    /// Cost of a semaphore signal/wait pair at a device boundary, seconds.
+    /// Cost of a semaphore signal/wait pair at a device boundary, seconds, beyond the
+    /// link's latency (0 where the latency was measured as the handoff itself, which
+    /// holds it: `rafter devices --profile`).
     pub barrier_s: f64,
     /// The device's compute rate on half-precision (f16/bf16) kernels relative to f32
     /// ones (1: the same). Measured apart because it differs by orders of magnitude
