@@ -922,6 +922,9 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
                 empty / 2.0
             },
             half_scale,
+            // An accelerator's queue prepares the next dispatch while a kernel runs (see
+            // `CostProfile::dispatch_overlaps`); the host launches, then works.
+            dispatch_overlaps: device != "cpu",
         },
         memory_bytes: None,
         link,

@@ -263,6 +263,18 @@ fn time_calls(
     Ok(timed)
 }
 
+/// Threads of the CPU's session in a spread when `--threads` is left at 0: every core
+/// but one, which the GPU's host threads (its submissions, its monitor) need while the
+/// CPU runs calls. With every core running CPU kernels both devices slowed: MobileNetV2
+/// on the H200 machine's 16 cores spread at 2,276-2,300 calls/s with 16 kernel threads,
+/// 2,342-2,446 with 15 or 14 (ResNet-50 557-573, 566-579).
+fn spread_cpu_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_sub(1)
+        .max(1)
+}
+
 /// How far (scaled by the largest magnitude) a spread call's outputs may be from the CPU
 /// run's: the devices round differently (the Vulkan f16 kernels most).
 const SPREAD_TOLERANCE: f64 = 2e-2;
@@ -297,15 +309,19 @@ fn bench_spread(args: &BenchArgs, specs: &[DimSpec]) -> Result<ExitCode> {
             )?)?);
         }
         let inputs = call_inputs.as_ref().expect("set above");
+        let threads = match (device, args.threads) {
+            ("cpu", 0) => spread_cpu_threads(),
+            (_, t) => t,
+        };
         let devices = crate::model::devices_for(
             &program,
             CpuDeviceOptions {
-                worker_threads: args.threads,
+                worker_threads: threads,
                 ..CpuDeviceOptions::default()
             },
         )?;
         let options = crate::model::with_executables(
-            SessionOptions::new().kernel_threads(args.threads),
+            SessionOptions::new().kernel_threads(threads),
             &executables,
         );
         let session = Session::with_options(program, &devices, options)?;
@@ -327,9 +343,24 @@ fn bench_spread(args: &BenchArgs, specs: &[DimSpec]) -> Result<ExitCode> {
     let (Some(inputs), Some(reference)) = (call_inputs, reference) else {
         bail!("internal error: no device ran the model");
     };
-    let spread = crate::spread::run_spread(
+    let trial = crate::spread::trial(
         &sessions,
         &call_s,
+        &inputs,
+        args.in_flight,
+        &reference,
+        SPREAD_TOLERANCE,
+        args.iters,
+    )?;
+    let names: Vec<&str> = sessions.iter().map(|(n, _)| n.as_str()).collect();
+    println!("{}", trial.line(&names));
+    let chosen = match trial.choice() {
+        None => 0..sessions.len(),
+        Some(d) => d..d + 1,
+    };
+    let spread = crate::spread::run_spread(
+        &sessions[chosen.clone()],
+        &call_s[chosen],
         &inputs,
         args.iters,
         args.in_flight,

@@ -137,6 +137,98 @@ pub fn run_spread(
     Ok(Spread { wall_s, shares })
 }
 
+/// Seconds of calls each of [`trial`]'s runs lasts, at its devices' pace.
+const TRIAL_S: f64 = 0.25;
+
+/// What [`trial`] measured: each device's rate alone and the spread's.
+pub struct Trial {
+    /// Calls per second of each device alone (in the sessions' order).
+    pub alone_per_s: Vec<f64>,
+    /// Calls per second spread over every device.
+    pub spread_per_s: f64,
+}
+
+impl Trial {
+    /// The device the stream should run on alone, or `None` to spread: whichever the
+    /// trial measured fastest.
+    pub fn choice(&self) -> Option<usize> {
+        let (best, rate) = self
+            .alone_per_s
+            .iter()
+            .copied()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(&b.1))?;
+        (rate > self.spread_per_s).then_some(best)
+    }
+
+    /// `spread trial: every device X calls/s, cpu alone Y calls/s, vulkan alone Z
+    /// calls/s: spread` (or `: vulkan alone`).
+    pub fn line(&self, names: &[&str]) -> String {
+        let mut s = format!(
+            "spread trial: every device {:.2} calls/s",
+            self.spread_per_s
+        );
+        for (name, rate) in names.iter().zip(&self.alone_per_s) {
+            s.push_str(&format!(", {name} alone {rate:.2} calls/s"));
+        }
+        match self.choice() {
+            Some(d) => s.push_str(&format!(": {} alone", names[d])),
+            None => s.push_str(": spread"),
+        }
+        s
+    }
+}
+
+/// Short streams on each device alone, then spread over every device: whether
+/// spreading pays, and on which device a stream should otherwise run, is measured, not
+/// assumed. The devices share the host: a CPU running calls slows an accelerator's host
+/// threads (submissions, its monitor) and the CPU kernels of its own program, which the
+/// warm-up's lone calls do not show; and a lone call's time ranks devices wrongly where
+/// calls in flight overlap on one (a GPU) and not on the other. On the H200 machine a
+/// spread of BERT-base f16 (the CPU at 6% of the GPU's rate) ran at 467 calls/s against
+/// the GPU's 572 alone, and a model with CPU-only kernels in the GPU's program at 860
+/// against 1,451. Each run lasts about [`TRIAL_S`] (at least 16 calls, at most
+/// `max_calls`), its calls' outputs checked as the stream's are.
+pub fn trial(
+    sessions: &[(String, Session)],
+    call_s: &[f64],
+    inputs: &[Tensor],
+    in_flight: usize,
+    reference: &[Tensor],
+    tolerance: f64,
+    max_calls: usize,
+) -> Result<Trial> {
+    let calls_for = |s: f64| {
+        ((TRIAL_S / s.max(1e-6)).ceil() as usize)
+            .max(16)
+            .min(max_calls.max(1))
+    };
+    let rate = |calls: usize, s: &Spread| calls as f64 / s.wall_s.max(1e-12);
+    let mut alone_per_s = Vec::with_capacity(sessions.len());
+    for d in 0..sessions.len() {
+        let calls = calls_for(call_s[d]);
+        let one = run_spread(
+            &sessions[d..=d],
+            &call_s[d..=d],
+            inputs,
+            calls,
+            in_flight,
+            reference,
+            tolerance,
+        )?;
+        alone_per_s.push(rate(calls, &one));
+    }
+    let fastest = call_s.iter().copied().fold(f64::INFINITY, f64::min);
+    let calls = calls_for(fastest);
+    let all = run_spread(
+        sessions, call_s, inputs, calls, in_flight, reference, tolerance,
+    )?;
+    Ok(Trial {
+        alone_per_s,
+        spread_per_s: rate(calls, &all),
+    })
+}
+
 /// One device's pace against the others': what [`admit`] weighs.
 #[derive(Clone, Copy, Debug)]
 struct Pace {
@@ -282,6 +374,25 @@ fn check_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trial_keeps_whatever_ran_fastest() {
+        let t = |alone: Vec<f64>, spread: f64| Trial {
+            alone_per_s: alone,
+            spread_per_s: spread,
+        };
+        assert_eq!(t(vec![540.0, 1880.0], 2300.0).choice(), None);
+        // The spread slower than the GPU alone (BERT-base f16 on the H200 machine).
+        assert_eq!(t(vec![37.0, 570.0], 467.0).choice(), Some(1));
+        // The device fastest alone, not the one whose lone call was quickest.
+        assert_eq!(t(vec![466.0, 1520.0], 860.0).choice(), Some(1));
+        let names = ["cpu", "vulkan"];
+        assert_eq!(
+            t(vec![37.0, 570.0], 467.0).line(&names),
+            "spread trial: every device 467.00 calls/s, cpu alone 37.00 calls/s, vulkan alone \
+             570.00 calls/s: vulkan alone"
+        );
+    }
 
     #[test]
     fn outputs_check_catches_a_difference() {

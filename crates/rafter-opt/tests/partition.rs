@@ -56,6 +56,7 @@ fn profile(flops: f64, bytes: f64, dispatch: f64) -> CostProfile {
         dispatch_s: dispatch,
         barrier_s: 0.0,
         half_scale: 1.0,
+        dispatch_overlaps: false,
     }
 }
 

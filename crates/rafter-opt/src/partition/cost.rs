@@ -440,7 +440,7 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
         at_rate(work.flops, 0.0, r)
     };
     let memory = work.bytes / r.bytes_per_s;
-    profile.dispatch_s + compute.max(memory)
+    profile.with_dispatch(compute.max(memory))
 }
 
 /// Seconds for `bytes` to cross `link` to a device waiting with `waiter`'s barrier cost.
@@ -485,7 +485,31 @@ mod tests {
             dispatch_s: dispatch,
             barrier_s: 0.0,
             half_scale: 1.0,
+            dispatch_overlaps: false,
         }
+    }
+
+    /// A GPU-like profile prepares the next launch while a kernel runs: a kernel costs
+    /// the longer of its dispatch and its work; a CPU-like one, their sum.
+    #[test]
+    fn an_overlapped_dispatch_costs_the_longer_of_it_and_the_work() {
+        let work = KernelWork {
+            class: KernelKind::Elementwise,
+            detail: None,
+            detail_flops: Default::default(),
+            detail_depth: Default::default(),
+            flops: 0.0,
+            bytes: 4e4,
+            half: false,
+        };
+        // 40 KB at 1e10 B/s: 4 us of work.
+        let mut p = profile(1e12, 1e10, 0.0, 3e-6);
+        assert!((kernel_time(&work, &p) - 7e-6).abs() < 1e-12);
+        p.dispatch_overlaps = true;
+        assert!((kernel_time(&work, &p) - 4e-6).abs() < 1e-12);
+        // A kernel shorter than its dispatch costs the dispatch.
+        p.dispatch_s = 5e-6;
+        assert!((kernel_time(&work, &p) - 5e-6).abs() < 1e-12);
     }
 
     #[test]
