@@ -53,7 +53,8 @@ pub struct BenchArgs {
     #[arg(long)]
     reference_kernels: bool,
     /// Write a Chrome trace of the timed calls to FILE, and print each device's busy time
-    /// and idle fraction while calls were in flight.
+    /// and idle fraction while calls were in flight. The timed calls are then traced: on a
+    /// GPU, timestamps around every dispatch make them slower than untraced calls.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Print the cost model's estimate of a call next to the measured time, per kernel

@@ -38,11 +38,11 @@ use super::device::{DeviceDescription, Link};
 /// is within 25% of the measured call on every benchmark model, but its error on the
 /// difference between two placements of one model is what decides a split, and a split
 /// pays costs the model leaves out (another submission, a device idling between its
-/// parts). On the H200 machine (2026-11-30, benchmarks/RESULTS.md issue 26) BERT-base's
-/// split that the model put 4.5% ahead of the GPU alone ran 6% behind it, and
-/// MobileNetV2's, 3% ahead, ran 1% behind; the splits that won (a model with CPU-only
-/// kernels mid-graph: 35% ahead, measured 37%; a model over a device's memory limit) are
-/// far beyond the margin.
+/// parts). On the H200 machine (2026-11-30, benchmarks/history/2026-11-30-partition.md)
+/// BERT-base's split of its mask prelude onto the CPU, estimated 6.78 ms against about
+/// 7.0 for the GPU alone, ran 6% behind it (6.36 against 6.00 ms, traced); the splits
+/// that win are far beyond the margin (a model with CPU-only kernels mid-graph: 0.70 of
+/// greedy-by-support; a model over a device's memory limit).
 pub const SPLIT_MARGIN: f64 = 0.05;
 
 /// What the partitioner minimises.
