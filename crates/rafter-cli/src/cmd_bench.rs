@@ -133,6 +133,8 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let timed = time_calls(&session, &inputs, args.iters)?;
+    // Before `--estimate`'s traced session adds its own memory.
+    let peak_kib = Rss::now().map(|r| r.peak_kib);
     report_trace(&args, &sink, &timed.windows)?;
     if args.estimate {
         // The breakdown needs a traced call: the timed ones where `--trace` traced them,
@@ -178,10 +180,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         "host: submit median {:.3} ms of the call (planning, allocation, recording)",
         quantile(&submits, 0.5)
     );
-    println!(
-        "{}",
-        summary_line(&timed.times_ms, Rss::now().map(|r| r.peak_kib))
-    );
+    println!("{}", summary_line(&timed.times_ms, peak_kib));
     Ok(ExitCode::SUCCESS)
 }
 
