@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Make the LLM fixtures: tiny random-weight checkpoints of Qwen3, Qwen3-MoE, Llama 3 and
-Gemma 3 (text), with references from transformers and from llama.cpp.
+"""Make the LLM fixtures: tiny random-weight checkpoints of Qwen2.5, Qwen3, Qwen3-MoE, Llama 3
+and Gemma 3 (text), with references from transformers and from llama.cpp.
 
 Needs the LLM venv and llama.cpp:
     scripts/setup_venv.sh --llm
@@ -466,11 +466,38 @@ def expected_entry(arch: A.Arch, adir: str, prompts: dict, hf: dict, lc: dict, t
             if n.endswith((".safetensors", ".gguf", "tokenizer.json", "tokenizer.model")):
                 p = os.path.join(root, n)
                 hashes[os.path.relpath(p, adir)] = T.sha256_file(p)
+    greedy = {k: {p: r["greedy"] for p, r in v.items()} for k, v in hf.items()}
+    bf16 = greedy.pop(BF16_COMPUTE, None)
     return {"seed": arch.seed, "files_sha256": dict(sorted(hashes.items())),
             "prompts": {k: v["ids"] for k, v in prompts.items()},
-            "transformers_greedy": {k: {p: r["greedy"] for p, r in v.items()} for k, v in hf.items()},
+            "transformers_greedy": greedy,
+            "transformers_greedy_bf16_by_kernels": {bf16_kernels(): bf16} if bf16 is not None else {},
             "llama_cpp": lc,
             "tokenizer_check": tokcheck}
+
+
+# transformers computing in bf16 (hf-bf16): unlike the f32 references, its greedy ids depend
+# on which bf16 matrix kernels the CPU gets. oneDNN's AVX512-BF16 kernels (Zen 4/5, Cooper
+# Lake; Sapphire Rapids and later too, AMX being capped by ONEDNN_MAX_CPU_ISA above) and the
+# AVX2 path of a CPU without AVX-512 (Zen 3) sum in different orders, and these random-weight
+# models' bf16 greedy runs part ways after 8-20 tokens. So expected.json keeps those ids per
+# kernel family, and a run compares them only where one was committed for its family.
+BF16_COMPUTE = "bf16"
+
+
+def bf16_kernels() -> str:
+    """The family of bf16 matrix kernels this CPU gives transformers: "avx512_bf16",
+    "avx512" (AVX-512 without its bf16 instructions) or "avx2" (Linux's CPU flags)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return "avx512_bf16"
+    if "avx512bw" in flags:
+        return "avx512"
+    return "avx2" if "avx2" in flags else "unknown"
 
 
 def compare_expected(name: str, got: dict, want: dict) -> list[str]:
@@ -486,6 +513,17 @@ def compare_expected(name: str, got: dict, want: dict) -> list[str]:
         for p, ids in per.items():
             if got["transformers_greedy"].get(kind, {}).get(p) != ids:
                 errs.append(f"{name}/ref/hf-{kind}/{p}/greedy_ids.npy: {got['transformers_greedy'].get(kind, {}).get(p)} != expected {ids}")
+    kernels = bf16_kernels()
+    by_kernels = want.get("transformers_greedy_bf16_by_kernels", {})
+    if kernels in by_kernels:
+        got_bf16 = got["transformers_greedy_bf16_by_kernels"].get(kernels, {})
+        for p, ids in by_kernels[kernels].items():
+            if got_bf16.get(p) != ids:
+                errs.append(f"{name}/ref/hf-{BF16_COMPUTE}/{p}/greedy_ids.npy ({kernels} kernels): "
+                            f"{got_bf16.get(p)} != expected {ids}")
+    else:
+        log(f"{name}: no committed hf-{BF16_COMPUTE} greedy ids for {kernels} bf16 kernels "
+            f"(committed: {', '.join(sorted(by_kernels)) or 'none'}): those not compared")
     for t, w in want["llama_cpp"].items():
         g = got["llama_cpp"].get(t)
         if g is None:
@@ -546,7 +584,7 @@ def gen_arch(arch: A.Arch, out: str, with_llama: bool) -> dict:
 # Seconds each architecture took in a CI dry run (2 cores, one at a time): gen_archs starts
 # the slowest first, so that the last one to start is a short one. Only the order depends on
 # these numbers.
-ARCH_SECONDS = {"gemma3": 124, "llama3": 99, "qwen3-moe": 97, "qwen3": 69}
+ARCH_SECONDS = {"gemma3": 124, "llama3": 99, "qwen3-moe": 97, "qwen3": 69, "qwen2": 69}
 
 
 def gen_archs(names: list[str], out: str, with_llama: bool, jobs: int) -> dict:
@@ -652,6 +690,10 @@ def main() -> None:
 
     if args.update_expected:
         old = json.load(open(EXPECTED)) if os.path.exists(EXPECTED) else {"archs": {}}
+        for n, e in entries.items():
+            # Other kernel families' bf16 ids stay (made on other CPUs).
+            kept = old["archs"].get(n, {}).get("transformers_greedy_bf16_by_kernels", {})
+            e["transformers_greedy_bf16_by_kernels"] = {**kept, **e["transformers_greedy_bf16_by_kernels"]}
         old["archs"].update(entries)
         old["versions"] = versions()
         old["llama_cpp_python"] = LLAMA_VERSION

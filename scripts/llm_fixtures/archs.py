@@ -60,6 +60,23 @@ ARCHS = {
                                do_sample=True, temperature=0.6, top_k=20, top_p=0.95),
         chat_template="Qwen-Qwen3-0.6B.jinja", shard="100MB",
     ),
+    # Qwen/Qwen2.5-0.5B-Instruct: hidden 896, FFN 4864, 24 layers, 14 q / 2 kv heads, head_dim
+    # 64 (hidden / heads: the config has no head_dim), biases on q/k/v, rope 1e6, tied, an
+    # unused sliding_window (use_sliding_window false). Shrunk to 4 q / 1 kv heads of 64:
+    # hidden 256 fixes the query heads at 4, so the GQA ratio is 4 rather than 7. The
+    # tokenizer is Qwen3's (Qwen2.5's BPE and <|im_start|> specials, a few more added).
+    "qwen2": Arch(
+        name="qwen2", model_type="qwen2", tokenizer="qwen3",
+        config=dict(vocab_size=151936, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=1, hidden_act="silu",
+                    max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=True, use_sliding_window=False, sliding_window=32768,
+                    max_window_layers=2, bos_token_id=151643, eos_token_id=151645),
+        generation_config=dict(bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643,
+                               do_sample=True, temperature=0.7, top_k=20, top_p=0.8,
+                               repetition_penalty=1.05),
+        chat_template="Qwen-Qwen2.5-7B-Instruct.jinja",
+    ),
     # meta-llama/Llama-3.2-1B-Instruct: hidden 2048, FFN 8192, 32 q / 8 kv heads, head_dim 64,
     # llama3 rope scaling (factor 32, original context 8192), rope 500000, tied embeddings.
     # SmolLM and TinyLlama share this architecture (LlamaForCausalLM).
@@ -129,6 +146,8 @@ def weight_std_and_mean(name: str, shape: tuple, arch: Arch, hidden: int) -> tup
     scaled so the logits spread LOGIT_STD; norm weights vary by 10% around 1 so a skipped or
     misplaced norm changes the output; the MoE router spreads its logits so experts differ.
     """
+    if name.endswith(".bias"):  # Qwen2's q/k/v biases: large enough that leaving one out shows
+        return 0.5, 0.0
     if "norm" in name:
         base = 1.5 if ("q_norm" in name or "k_norm" in name) else 1.0
         if arch.gemma_norms and ("post_attention_layernorm" in name or "post_feedforward_layernorm" in name):
@@ -172,6 +191,6 @@ def build_config(arch: Arch):
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(arch.model_type, **arch.config)
-    cfg.architectures = [{"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    cfg.architectures = [{"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                           "llama": "LlamaForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}[arch.model_type]]
     return cfg

@@ -11,12 +11,17 @@ use std::fmt;
 /// The architectures rafter reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Architecture {
+    /// Qwen2 and Qwen2.5 (`Qwen2ForCausalLM`, GGUF `qwen2`): Llama-style blocks with
+    /// biases on the query, key and value projections.
+    Qwen2,
     /// Qwen3 dense (`Qwen3ForCausalLM`, GGUF `qwen3`): Llama-style blocks with RMSNorm on
     /// each head's queries and keys.
     Qwen3,
     /// Qwen3 mixture of experts (`Qwen3MoeForCausalLM`, GGUF `qwen3moe`).
     Qwen3Moe,
-    /// Llama 2/3.x and its family (SmolLM, TinyLlama; `LlamaForCausalLM`, GGUF `llama`).
+    /// Llama 2/3.x and its family (SmolLM, TinyLlama; `LlamaForCausalLM`, GGUF `llama`),
+    /// and Mistral (`MistralForCausalLM`: Llama's blocks, with a sliding window over every
+    /// layer when its config sets one; Mistral's GGUFs are `llama` files).
     Llama,
     /// Gemma 3 text (`Gemma3ForCausalLM`, or the text model of
     /// `Gemma3ForConditionalGeneration`; GGUF `gemma3`).
@@ -25,7 +30,8 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every supported architecture.
-    pub const ALL: [Architecture; 4] = [
+    pub const ALL: [Architecture; 5] = [
+        Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Qwen3Moe,
         Architecture::Llama,
@@ -35,6 +41,7 @@ impl Architecture {
     /// The `general.architecture` value of GGUF files of this architecture.
     pub fn gguf_name(self) -> &'static str {
         match self {
+            Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Llama => "llama",
@@ -50,9 +57,10 @@ impl Architecture {
     /// The architecture of an HF config's `architectures[0]` class name.
     pub fn from_hf_class(class: &str) -> Option<Architecture> {
         Some(match class {
+            "Qwen2ForCausalLM" => Architecture::Qwen2,
             "Qwen3ForCausalLM" => Architecture::Qwen3,
             "Qwen3MoeForCausalLM" => Architecture::Qwen3Moe,
-            "LlamaForCausalLM" => Architecture::Llama,
+            "LlamaForCausalLM" | "MistralForCausalLM" => Architecture::Llama,
             "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Architecture::Gemma3,
             _ => return None,
         })
@@ -61,9 +69,10 @@ impl Architecture {
     /// The architecture of an HF config's `model_type`.
     pub fn from_hf_model_type(model_type: &str) -> Option<Architecture> {
         Some(match model_type {
+            "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
             "qwen3_moe" => Architecture::Qwen3Moe,
-            "llama" => Architecture::Llama,
+            "llama" | "mistral" => Architecture::Llama,
             "gemma3" | "gemma3_text" => Architecture::Gemma3,
             _ => return None,
         })
@@ -72,9 +81,11 @@ impl Architecture {
     /// "Qwen3, Qwen3Moe, Llama, Gemma3 (GGUF: qwen3, ...)": for error messages.
     pub fn supported_list() -> String {
         let hf: Vec<&str> = [
+            "Qwen2ForCausalLM",
             "Qwen3ForCausalLM",
             "Qwen3MoeForCausalLM",
             "LlamaForCausalLM",
+            "MistralForCausalLM",
             "Gemma3ForCausalLM",
             "Gemma3ForConditionalGeneration",
         ]
@@ -349,7 +360,8 @@ pub struct GenerationDefaults {
 /// ```text
 /// h = embed(tokens) * embedding_scale
 /// per layer:
-///   a = attention(input_layernorm(h))          q/k/v/o projections, GQA,
+///   a = attention(input_layernorm(h))          q/k/v/o projections (q/k/v biases if
+///                                              qkv_bias, o's if o_bias), GQA,
 ///                                              q_norm/k_norm per head if qk_norm,
 ///                                              rope, scores * attention_scale
 ///   a = post_attention_layernorm(a)            only if sandwich_norms
@@ -388,6 +400,10 @@ pub struct ModelSpec {
     pub tie_word_embeddings: bool,
     /// RMSNorm over each head of queries and keys before rope (Qwen3, Gemma 3).
     pub qk_norm: bool,
+    /// Biases on the query, key and value projections (Qwen2; Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// A bias on the output projection (Llama's `attention_bias`; not Qwen2's).
+    pub o_bias: bool,
     pub activation: Activation,
     /// One entry per layer.
     pub layers: Vec<LayerSpec>,

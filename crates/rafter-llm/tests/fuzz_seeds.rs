@@ -26,6 +26,8 @@ fn tiny(moe: bool, qk_norm: bool, sandwich: bool) -> Dims {
         head_dim: 4,
         tied: !moe,
         qk_norm,
+        qkv_bias: false,
+        o_bias: false,
         sandwich,
         moe: moe.then(|| (2, 4, vec![0])),
     }

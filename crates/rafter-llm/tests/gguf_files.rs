@@ -458,3 +458,62 @@ fn fused_qkv_and_gate_up_exps() {
         }
     }
 }
+
+/// Qwen2: the q/k/v biases come from `attn_{q,k,v}.bias`, bytes for bytes the HF ones (no
+/// permutation: NeoX rope, as HF's); a file without them names the missing tensor.
+#[test]
+fn qwen2_gguf_matches_hf() {
+    let (config, d) = qwen2_5_0_5b();
+    let (_h, hf) = hf_model("qwen2", &config, &d);
+    let meta = metadata("qwen2", &d, 32768, 1e6, 1e-6);
+    let (_g, g) = write_and_open("qwen2-gguf", &meta, &d, Convert::Plain, &[]);
+    assert_same_architecture(&hf.spec, &g.spec);
+    assert_eq!(g.conventions.rope_pairing, RopePairing::Halves);
+    for proj in ["q_proj", "k_proj", "v_proj"] {
+        let name = format!("model.layers.1.self_attn.{proj}.bias");
+        let b = g.weights.get(&name).unwrap();
+        assert_eq!(b.origin.name, format!("blk.1.attn_{}.bias", &proj[..1]));
+        assert_eq!(b.bytes, hf.weights.get(&name).unwrap().bytes, "{name}");
+    }
+    let x: Vec<f64> = values(d.hidden, 9).into_iter().map(f64::from).collect();
+    assert_eq!(scores(&hf, &x), scores(&g, &x));
+
+    let mut unbiased = d.clone();
+    unbiased.qkv_bias = false;
+    let dir = TempDir::new("qwen2-gguf-nobias");
+    let path = dir.join("model.gguf");
+    write_gguf(&path, &meta, &unbiased.hf_tensors(), Convert::Plain, &[]);
+    let err = ModelSource::open(&path).unwrap_err().to_string();
+    assert!(err.contains("blk.0.attn_q.bias"), "{err}");
+}
+
+/// A `llama` file with attention biases (a checkpoint with `attention_bias: true`): the
+/// converter permutes the q/k biases with their weights, and with interleaved rope they
+/// give HF's scores; the biases' presence, not the architecture, turns them on.
+#[test]
+fn llama_gguf_permuted_biases_give_hf_scores() {
+    let (mut config, mut d) = tinyllama();
+    config["attention_bias"] = true.into();
+    d.qkv_bias = true;
+    d.o_bias = true;
+    let (_h, hf) = hf_model("tinyllama-bias", &config, &d);
+    let mut meta = metadata("llama", &d, 2048, 10000.0, 1e-5);
+    meta.push(("llama.vocab_size", u32v(256)));
+    let convert = Convert::Llama {
+        heads: d.heads,
+        kv: d.kv,
+    };
+    let (_g, g) = write_and_open("tinyllama-bias-gguf", &meta, &d, convert, &[]);
+    assert_same_architecture(&hf.spec, &g.spec);
+    assert!(g.spec.qkv_bias && g.spec.o_bias);
+    let name = "model.layers.0.self_attn.q_proj.bias";
+    assert_ne!(
+        g.weights.get(name).unwrap().bytes,
+        hf.weights.get(name).unwrap().bytes,
+        "the q bias is permuted"
+    );
+    let x: Vec<f64> = values(d.hidden, 5).into_iter().map(f64::from).collect();
+    for (s, t) in scores(&hf, &x).iter().zip(&scores(&g, &x)) {
+        assert!((s - t).abs() < 1e-9 * s.abs().max(1.0), "{s} vs {t}");
+    }
+}

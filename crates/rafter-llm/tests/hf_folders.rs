@@ -447,3 +447,83 @@ fn named_chat_templates() {
         Some("D")
     );
 }
+
+/// Qwen2.5: q/k/v biases read as weights of the model, no o bias, no q/k norms; the
+/// unused `sliding_window` (with `use_sliding_window: false`) leaves every layer causal.
+#[test]
+fn qwen2_5_biases() {
+    let (config, dims) = qwen2_5_0_5b();
+    let (_d, m) = open("qwen2", &config, &dims, Dtype::BF16, 1);
+    let s = &m.spec;
+    assert_eq!(s.architecture, Architecture::Qwen2);
+    assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (14, 2, 8));
+    assert!(s.qkv_bias && !s.o_bias && !s.qk_norm && s.tie_word_embeddings);
+    assert!(s.sliding_window.is_none());
+    assert!(s.layers.iter().all(|l| l.attention == AttentionKind::Full));
+    assert_eq!(s.rope, RopeSpec::plain(1e6));
+    assert_weights_match(&m, &dims, Dtype::BF16);
+    // A checkpoint without its biases names the first one missing.
+    let mut partial = dims.clone();
+    partial.qkv_bias = false;
+    let dir = TempDir::new("qwen2-nobias");
+    write_hf_folder(dir.path(), &config, &partial.hf_tensors(), Dtype::F32, 1);
+    let err = ModelSource::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("model.layers.0.self_attn.q_proj.bias"),
+        "{err}"
+    );
+}
+
+/// Mistral v0.1: every layer attends within its 4096-token window with the model's one
+/// rope; `"sliding_window": null` (v0.2 on) means full causal attention; a config without
+/// the field gets transformers' default window, 4096.
+#[test]
+fn mistral_sliding_window() {
+    let (config, dims) = mistral_7b_v0_1();
+    let (_d, m) = open("mistral", &config, &dims, Dtype::F32, 1);
+    let s = &m.spec;
+    assert_eq!(s.architecture, Architecture::Llama);
+    let w = s.sliding_window.as_ref().expect("a window");
+    assert_eq!(w.size, 4096);
+    assert_eq!(w.rope, s.rope);
+    assert!(s
+        .layers
+        .iter()
+        .all(|l| l.attention == AttentionKind::Sliding));
+    assert!(!s.tie_word_embeddings && !s.qkv_bias);
+    assert_weights_match(&m, &dims, Dtype::F32);
+
+    let mut v02 = config.clone();
+    v02["sliding_window"] = serde_json::Value::Null;
+    let (_d, m) = open("mistral-v02", &v02, &dims, Dtype::F32, 1);
+    assert!(m.spec.sliding_window.is_none());
+    assert!(m
+        .spec
+        .layers
+        .iter()
+        .all(|l| l.attention == AttentionKind::Full));
+
+    let mut unset = config.clone();
+    unset.as_object_mut().unwrap().remove("sliding_window");
+    let (_d, m) = open("mistral-default", &unset, &dims, Dtype::F32, 1);
+    assert_eq!(m.spec.sliding_window.as_ref().map(|w| w.size), Some(4096));
+}
+
+/// Llama with `attention_bias: true`: biases on q, k, v and o; `mlp_bias: true` is refused
+/// by name.
+#[test]
+fn llama_attention_bias_and_mlp_bias() {
+    let (mut config, mut dims) = tinyllama();
+    config["attention_bias"] = true.into();
+    dims.qkv_bias = true;
+    dims.o_bias = true;
+    let (_d, m) = open("llama-bias", &config, &dims, Dtype::F32, 1);
+    assert!(m.spec.qkv_bias && m.spec.o_bias);
+    assert_weights_match(&m, &dims, Dtype::F32);
+
+    config["mlp_bias"] = true.into();
+    let dir = TempDir::new("llama-mlp-bias");
+    write_hf_folder(dir.path(), &config, &dims.hf_tensors(), Dtype::F32, 1);
+    let err = ModelSource::open(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("mlp_bias"), "{err}");
+}

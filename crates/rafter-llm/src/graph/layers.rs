@@ -87,6 +87,33 @@ impl<'a> Decoder<'a> {
         self.b.op(node, Op::Linear { format }, &[x, w])
     }
 
+    /// `linear(x, W) + b` for weight `name`, with the bias `bias` when the model has one
+    /// (added in f32, whatever the bias's stored type: transformers' f32 reference adds it
+    /// in the matrix product's f32 output).
+    fn linear_biased(
+        &mut self,
+        node: &str,
+        x: ValueId,
+        name: &str,
+        bias: Option<String>,
+    ) -> Result<ValueId, BuildError> {
+        let y = self.linear(node, x, name)?;
+        let Some(bias) = bias else {
+            return Ok(y);
+        };
+        let t = self
+            .src
+            .weights
+            .get(&bias)
+            .ok_or_else(|| BuildError::Weight {
+                name: bias.clone(),
+                msg: "missing from the model source".into(),
+            })?;
+        let b = weight_f32(t)?;
+        let b = self.b.f32s(&bias, &b);
+        self.binary(&format!("{node}.bias"), BinaryOp::Add, y, b)
+    }
+
     /// RMSNorm over the last axis with the scale `name` (as the source's convention says).
     fn norm(&mut self, node: &str, x: ValueId, name: &str) -> Result<ValueId, BuildError> {
         let t = self
@@ -216,9 +243,12 @@ impl<'a> Decoder<'a> {
 
         // Attention.
         let h = self.norm(&n("attn_norm"), x, &format!("{p}.input_layernorm.weight"))?;
-        let mut q = self.linear(&n("q"), h, &format!("{p}.self_attn.q_proj.weight"))?;
-        let mut k = self.linear(&n("k"), h, &format!("{p}.self_attn.k_proj.weight"))?;
-        let v = self.linear(&n("v"), h, &format!("{p}.self_attn.v_proj.weight"))?;
+        let proj = |name: &str| format!("{p}.self_attn.{name}.weight");
+        let bias = |on: bool, name: &str| on.then(|| format!("{p}.self_attn.{name}.bias"));
+        let (qkv_bias, o_bias) = (spec.qkv_bias, spec.o_bias);
+        let mut q = self.linear_biased(&n("q"), h, &proj("q_proj"), bias(qkv_bias, "q_proj"))?;
+        let mut k = self.linear_biased(&n("k"), h, &proj("k_proj"), bias(qkv_bias, "k_proj"))?;
+        let v = self.linear_biased(&n("v"), h, &proj("v_proj"), bias(qkv_bias, "v_proj"))?;
         if qk_norm {
             q = self.head_norm(&n("q_norm"), q, hq, &format!("{p}.self_attn.q_norm.weight"))?;
             k = self.head_norm(
@@ -281,7 +311,7 @@ impl<'a> Decoder<'a> {
                 Some(total),
             ],
         )?;
-        let mut o = self.linear(&n("o"), a, &format!("{p}.self_attn.o_proj.weight"))?;
+        let mut o = self.linear_biased(&n("o"), a, &proj("o_proj"), bias(o_bias, "o_proj"))?;
         if sandwich {
             o = self.norm(
                 &n("attn_post_norm"),

@@ -277,7 +277,7 @@ pub(crate) fn weight_f32(t: &WeightTensor) -> Result<Vec<f32>, BuildError> {
             return Err(BuildError::Weight {
                 name: t.origin.name.clone(),
                 msg: format!(
-                    "a norm scale stored as {} (expected a float type)",
+                    "a vector (norm scale or bias) stored as {} (expected a float type)",
                     g.name()
                 ),
             })

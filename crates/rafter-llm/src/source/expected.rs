@@ -44,6 +44,15 @@ fn layer_tensors(
         (name("self_attn.v_proj"), vec![kv, h]),
         (name("self_attn.o_proj"), vec![h, q]),
     ];
+    let bias = |n: &str| format!("model.layers.{i}.self_attn.{n}.bias");
+    if spec.qkv_bias {
+        out.push((bias("q_proj"), vec![q]));
+        out.push((bias("k_proj"), vec![kv]));
+        out.push((bias("v_proj"), vec![kv]));
+    }
+    if spec.o_bias {
+        out.push((bias("o_proj"), vec![h]));
+    }
     if spec.qk_norm {
         out.push((name("self_attn.q_norm"), vec![hd]));
         out.push((name("self_attn.k_norm"), vec![hd]));

@@ -73,11 +73,20 @@ const GGUF_TOP_TO_HF: &[(&str, &str)] = &[
     ("output", "lm_head"),
 ];
 
+/// `name` split into its base and its kind suffix (`.weight` or `.bias`).
+fn split_kind(name: &str) -> Option<(&str, &'static str)> {
+    if let Some(base) = name.strip_suffix(".weight") {
+        Some((base, "weight"))
+    } else {
+        name.strip_suffix(".bias").map(|base| (base, "bias"))
+    }
+}
+
 /// The canonical name of GGUF tensor `name` for `arch`, if it is one the graph uses.
 fn canonical_name(name: &str, arch: Architecture) -> Option<String> {
-    let base = name.strip_suffix(".weight")?;
+    let (base, kind) = split_kind(name)?;
     if let Some(&(_, hf)) = GGUF_TOP_TO_HF.iter().find(|(g, _)| *g == base) {
-        return Some(format!("{hf}.weight"));
+        return Some(format!("{hf}.{kind}"));
     }
     let rest = base.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
@@ -86,14 +95,16 @@ fn canonical_name(name: &str, arch: Architecture) -> Option<String> {
         ("ffn_norm", Architecture::Gemma3) => "pre_feedforward_layernorm",
         _ => GGUF_TO_HF.iter().find(|(g, _)| *g == part)?.1,
     };
-    Some(format!("model.layers.{layer}.{hf}.weight"))
+    Some(format!("model.layers.{layer}.{hf}.{kind}"))
 }
 
 /// The GGUF name of a canonical name, for "missing tensor" messages.
 fn gguf_name(canonical: &str, arch: Architecture) -> String {
-    let base = canonical.strip_suffix(".weight").unwrap_or(canonical);
+    let Some((base, kind)) = split_kind(canonical) else {
+        return canonical.to_string();
+    };
     if let Some(&(g, _)) = GGUF_TOP_TO_HF.iter().find(|(_, h)| *h == base) {
-        return format!("{g}.weight");
+        return format!("{g}.{kind}");
     }
     if let Some(rest) = base.strip_prefix("model.layers.") {
         if let Some((layer, part)) = rest.split_once('.') {
@@ -103,7 +114,7 @@ fn gguf_name(canonical: &str, arch: Architecture) -> String {
                 _ => GGUF_TO_HF.iter().find(|(_, h)| *h == part).map(|(g, _)| *g),
             };
             if let Some(g) = g {
-                return format!("blk.{layer}.{g}.weight");
+                return format!("blk.{layer}.{g}.{kind}");
             }
         }
     }
@@ -169,6 +180,7 @@ pub(crate) fn from_file(file: GgufFile, path: &Path) -> Result<ModelSource, Sour
         }
     }
     spec.tie_word_embeddings = !found.contains_key("lm_head.weight");
+    set_attention_biases(&mut spec, &found);
     let experts = match (&spec.moe, fused_gate_up) {
         (None, _) => ExpertLayout::None,
         (Some(_), false) => ExpertLayout::Stacked,
@@ -200,6 +212,19 @@ pub(crate) fn from_file(file: GgufFile, path: &Path) -> Result<ModelSource, Sour
     })
 }
 
+/// A `llama` file's attention biases are there or not, as llama.cpp loads them
+/// (optional tensors `attn_q.bias` ... `attn_output.bias`; the converter writes them for a
+/// checkpoint with `attention_bias: true`): the first layer's say which. Qwen2's q/k/v
+/// biases are required (set by the architecture), so a file without them is an error.
+fn set_attention_biases(spec: &mut ModelSpec, found: &BTreeMap<String, WeightTensor>) {
+    if spec.architecture != Architecture::Llama {
+        return;
+    }
+    let has = |proj: &str| found.contains_key(&format!("model.layers.0.self_attn.{proj}.bias"));
+    spec.qkv_bias = has("q_proj") || has("k_proj") || has("v_proj");
+    spec.o_bias = has("o_proj");
+}
+
 /// Tensors the converter can fuse (`--fuse-qkv`, `--fuse-gate-up-exps`; conversion/base.py
 /// `ModelBase.modify_tensors`): rafter splits them back, zero-copy.
 enum Fused {
@@ -211,7 +236,9 @@ enum Fused {
 }
 
 fn fused_kind(canonical: &str) -> Option<Fused> {
-    if canonical.ends_with(".self_attn.qkv_proj.weight") {
+    if canonical.ends_with(".self_attn.qkv_proj.weight")
+        || canonical.ends_with(".self_attn.qkv_proj.bias")
+    {
         Some(Fused::Qkv)
     } else if canonical.ends_with(".mlp.experts.gate_up_proj.weight") {
         Some(Fused::GateUpExps)
@@ -245,20 +272,27 @@ fn split_qkv(
 ) -> Result<(), SourceError> {
     let q = spec.num_heads * spec.head_dim;
     let kv = spec.num_kv_heads * spec.head_dim;
-    let expected = vec![q + 2 * kv, spec.hidden_size];
+    // The weight `[q + 2kv, hidden]`, or its bias `[q + 2kv]`.
+    let (prefix, kind, expected) = match canonical.strip_suffix("qkv_proj.bias") {
+        Some(prefix) => (prefix, "bias", vec![q + 2 * kv]),
+        None => (
+            canonical.trim_end_matches("qkv_proj.weight"),
+            "weight",
+            vec![q + 2 * kv, spec.hidden_size],
+        ),
+    };
     if t.shape != expected {
         return Err(fused_shape_error(canonical, &t, expected, path));
     }
-    let prefix = canonical.trim_end_matches("qkv_proj.weight");
     for (proj, start, end) in [
         ("q_proj", 0, q),
         ("k_proj", q, q + kv),
         ("v_proj", q + kv, q + 2 * kv),
     ] {
-        let part = t.rows(start, end, proj).ok_or_else(|| {
-            fused_shape_error(canonical, &t, vec![q + 2 * kv, spec.hidden_size], path)
-        })?;
-        found.insert(format!("{prefix}{proj}.weight"), part);
+        let part = t
+            .rows(start, end, proj)
+            .ok_or_else(|| fused_shape_error(canonical, &t, expected.clone(), path))?;
+        found.insert(format!("{prefix}{proj}.{kind}"), part);
     }
     Ok(())
 }
@@ -498,6 +532,8 @@ fn read_spec(file: &GgufFile, arch: Architecture, path: &Path) -> Result<ModelSp
             arch,
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
         ),
+        qkv_bias: arch == Architecture::Qwen2,
+        o_bias: false,
         activation: if gemma {
             Activation::GeluTanh
         } else {

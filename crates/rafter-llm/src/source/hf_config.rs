@@ -86,6 +86,7 @@ pub(crate) fn read_spec(
         });
     let rms_norm_eps = f.f64(&["rms_norm_eps"])?.unwrap_or(match arch {
         Architecture::Llama
+        | Architecture::Qwen2
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
         | Architecture::Gemma3 => 1e-6,
@@ -97,16 +98,31 @@ pub(crate) fn read_spec(
     reject_unsupported(&f, arch)?;
     let activation = activation(&f, arch)?;
     let (rope, local_rope) = rope(&f, arch, max_position_embeddings)?;
-    let layer_attention = layer_attention(&f, arch, num_layers)?;
+    let mistral = is_mistral(&f)?;
+    let layer_attention = if mistral {
+        mistral_attention(&f, num_layers)?
+    } else {
+        layer_attention(&f, arch, num_layers)?
+    };
     let (moe, layer_ffn) = moe(&f, arch, num_layers)?;
 
     let sliding_window = if layer_attention.contains(&AttentionKind::Sliding) {
         let size = f.usize(&["sliding_window"])?.unwrap_or(4096);
-        let rope = local_rope.unwrap_or_else(|| RopeSpec::plain(10_000.0));
+        // Mistral's window layers use the model's one rope.
+        let rope = match (mistral, local_rope) {
+            (true, _) => rope.clone(),
+            (false, Some(local)) => local,
+            (false, None) => RopeSpec::plain(10_000.0),
+        };
         Some(SlidingWindow { size, rope })
     } else {
         None
     };
+    // Qwen2 always has q/k/v biases (`Qwen2Attention`); Llama and Mistral have q/k/v/o
+    // biases when `attention_bias` says so.
+    let attention_bias = f.bool(&["attention_bias"])?.unwrap_or(false);
+    let qkv_bias = arch == Architecture::Qwen2 || (arch == Architecture::Llama && attention_bias);
+    let o_bias = arch == Architecture::Llama && attention_bias;
 
     let gemma = arch == Architecture::Gemma3;
     let attention_scale = if gemma {
@@ -150,6 +166,8 @@ pub(crate) fn read_spec(
             arch,
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
         ),
+        qkv_bias,
+        o_bias,
         activation,
         layers: layer_attention
             .into_iter()
@@ -180,12 +198,12 @@ fn reject_unsupported(f: &Fields, arch: Architecture) -> Result<(), SourceError>
         path: f.path.to_path_buf(),
         what,
     };
-    for key in ["attention_bias", "mlp_bias"] {
-        if f.bool(&[key])? == Some(true) {
-            return Err(unsupported(format!(
-                "'{key}: true' ({arch} with bias terms)"
-            )));
-        }
+    // Llama's (and Mistral's) attention biases are read; other architectures' classes
+    // have none whatever the config says, except Qwen2's, which are always there.
+    if f.bool(&["mlp_bias"])? == Some(true) {
+        return Err(unsupported(format!(
+            "'mlp_bias: true' ({arch} with bias terms in the MLP)"
+        )));
     }
     if f.bool(&["use_sliding_window"])? == Some(true) && arch != Architecture::Gemma3 {
         return Err(unsupported(format!(
@@ -356,6 +374,38 @@ fn layer_attention(
             }
         })
         .collect())
+}
+
+/// Whether the config is Mistral's (`MistralForCausalLM` / `mistral`): read as Llama, but
+/// with its own sliding-window rule ([`mistral_attention`]).
+fn is_mistral(f: &Fields) -> Result<bool, SourceError> {
+    let class = match f.raw(&["architectures"]) {
+        Some((_, Value::Array(list))) => list.first().and_then(Value::as_str),
+        _ => None,
+    };
+    Ok(match class {
+        Some(c) => c == "MistralForCausalLM",
+        None => f.str(&["model_type"])? == Some("mistral"),
+    })
+}
+
+/// Mistral's layers: every one attends within `sliding_window` when the config sets one
+/// (transformers' `MistralModel` builds a sliding-window mask whenever
+/// `config.sliding_window` is not null, and `MistralConfig` defaults it to 4096:
+/// Mistral-7B-v0.1), else all are causal over the whole context (v0.2 and later write
+/// `null`). Mistral's GGUFs are `llama` files, which llama.cpp runs without a window.
+fn mistral_attention(f: &Fields, n: usize) -> Result<Vec<AttentionKind>, SourceError> {
+    let windowed = match f.obj.get("sliding_window") {
+        None => true,
+        Some(Value::Null) => false,
+        Some(_) => f.usize(&["sliding_window"])?.is_some(),
+    };
+    let kind = if windowed {
+        AttentionKind::Sliding
+    } else {
+        AttentionKind::Full
+    };
+    Ok(vec![kind; n])
 }
 
 /// MoE routing and which layers are MoE (Qwen3-MoE's `decoder_sparse_step` and

@@ -143,11 +143,14 @@ impl WeightTensor {
 }
 
 impl WeightTensor {
-    /// Rows `start..end` of a 2-D `[rows, cols]` tensor, zero-copy (rows are contiguous,
-    /// whole blocks for block types); `part` names the slice in the origin.
+    /// Rows `start..end` of a 2-D `[rows, cols]` tensor, or elements of a vector (a fused
+    /// q/k/v bias), zero-copy (rows are contiguous, whole blocks for block types); `part`
+    /// names the slice in the origin.
     pub fn rows(&self, start: usize, end: usize, part: &str) -> Option<WeightTensor> {
-        let [rows, cols] = self.shape[..] else {
-            return None;
+        let (rows, cols) = match self.shape[..] {
+            [rows, cols] => (rows, Some(cols)),
+            [rows] => (rows, None),
+            _ => return None,
         };
         if start > end || end > rows {
             return None;
@@ -155,7 +158,10 @@ impl WeightTensor {
         let stride = self.bytes.len() / rows.max(1);
         Some(WeightTensor {
             dtype: self.dtype,
-            shape: vec![end - start, cols],
+            shape: match cols {
+                Some(cols) => vec![end - start, cols],
+                None => vec![end - start],
+            },
             bytes: self.bytes.slice(start * stride..end * stride),
             origin: TensorOrigin {
                 file: Arc::clone(&self.origin.file),

@@ -45,6 +45,9 @@ pub struct Dims {
     pub head_dim: usize,
     pub tied: bool,
     pub qk_norm: bool,
+    /// Biases on q/k/v (Qwen2, Llama's `attention_bias`) and on o (Llama's).
+    pub qkv_bias: bool,
+    pub o_bias: bool,
     pub sandwich: bool,
     /// (experts, moe intermediate size, layers that are MoE)
     pub moe: Option<(usize, usize, Vec<usize>)>,
@@ -90,6 +93,16 @@ impl Dims {
             add("self_attn.k_proj", vec![self.kv * hd, h]);
             add("self_attn.v_proj", vec![self.kv * hd, h]);
             add("self_attn.o_proj", vec![h, self.heads * hd]);
+            let mut bias = |n: &str, s: Vec<usize>| shapes.push((format!("{p}.{n}.bias"), s));
+            if self.qkv_bias {
+                bias("self_attn.q_proj", vec![self.heads * hd]);
+                bias("self_attn.k_proj", vec![self.kv * hd]);
+                bias("self_attn.v_proj", vec![self.kv * hd]);
+            }
+            if self.o_bias {
+                bias("self_attn.o_proj", vec![h]);
+            }
+            let mut add = |n: &str, s: Vec<usize>| shapes.push((format!("{p}.{n}.weight"), s));
             if self.qk_norm {
                 add("self_attn.q_norm", vec![hd]);
                 add("self_attn.k_norm", vec![hd]);
@@ -270,7 +283,10 @@ pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Ve
 
 /// The GGUF name of an HF tensor name (as gguf-py's tensor map renames them).
 pub fn gguf_name(hf: &str, gemma: bool) -> String {
-    let base = hf.strip_suffix(".weight").unwrap();
+    let (base, kind) = match hf.strip_suffix(".bias") {
+        Some(base) => (base, "bias"),
+        None => (hf.strip_suffix(".weight").unwrap(), "weight"),
+    };
     let top = match base {
         "model.embed_tokens" => Some("token_embd"),
         "model.norm" => Some("output_norm"),
@@ -278,7 +294,7 @@ pub fn gguf_name(hf: &str, gemma: bool) -> String {
         _ => None,
     };
     if let Some(t) = top {
-        return format!("{t}.weight");
+        return format!("{t}.{kind}");
     }
     let rest = base.strip_prefix("model.layers.").unwrap();
     let (layer, part) = rest.split_once('.').unwrap();
@@ -300,7 +316,7 @@ pub fn gguf_name(hf: &str, gemma: bool) -> String {
         "mlp.gate" => "ffn_gate_inp",
         other => panic!("no GGUF name for {other}"),
     };
-    format!("blk.{layer}.{g}.weight")
+    format!("blk.{layer}.{g}.{kind}")
 }
 
 /// How the test converter treats the model (what llama.cpp's converter does per arch).
@@ -355,11 +371,14 @@ pub fn write_gguf(
         }
         let mut data = t.data.clone();
         match convert {
-            Convert::Llama { heads, .. } if t.name.ends_with("q_proj.weight") => {
-                data = permute_rows(&data, t.shape[0], t.shape[1], heads)
+            // conversion/llama.py permutes q/k weights and their biases alike.
+            Convert::Llama { heads, .. } if t.name.contains("q_proj.") => {
+                let cols = t.shape.get(1).copied().unwrap_or(1);
+                data = permute_rows(&data, t.shape[0], cols, heads)
             }
-            Convert::Llama { kv, .. } if t.name.ends_with("k_proj.weight") => {
-                data = permute_rows(&data, t.shape[0], t.shape[1], kv)
+            Convert::Llama { kv, .. } if t.name.contains("k_proj.") => {
+                let cols = t.shape.get(1).copied().unwrap_or(1);
+                data = permute_rows(&data, t.shape[0], cols, kv)
             }
             Convert::Gemma if t.name.ends_with("norm.weight") => {
                 data.iter_mut().for_each(|v| *v += 1.0)
@@ -467,6 +486,8 @@ pub fn qwen3_0_6b() -> (Value, Dims) {
         head_dim: 32,
         tied: true,
         qk_norm: true,
+        qkv_bias: false,
+        o_bias: false,
         sandwich: false,
         moe: None,
     };
@@ -521,6 +542,8 @@ pub fn qwen3_30b_a3b() -> (Value, Dims) {
         head_dim: 32,
         tied: false,
         qk_norm: true,
+        qkv_bias: false,
+        o_bias: false,
         sandwich: false,
         moe: Some((4, 32, vec![0, 1])),
     };
@@ -572,6 +595,98 @@ pub fn llama_3_2_1b() -> (Value, Dims) {
         head_dim: 16,
         tied: true,
         qk_norm: false,
+        qkv_bias: false,
+        o_bias: false,
+        sandwich: false,
+        moe: None,
+    };
+    (config, dims)
+}
+
+/// Qwen/Qwen2.5-0.5B: q/k/v biases, no head_dim field (896 / 14 = 64; here 112 / 14 =
+/// 8), 14 heads / 2 KV heads, tied, a `sliding_window` that `use_sliding_window: false`
+/// leaves unused.
+pub fn qwen2_5_0_5b() -> (Value, Dims) {
+    let config = json!({
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151643,
+        "hidden_act": "silu",
+        "hidden_size": 112,
+        "initializer_range": 0.02,
+        "intermediate_size": 64,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 2,
+        "model_type": "qwen2",
+        "num_attention_heads": 14,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.40.1",
+        "use_cache": true,
+        "use_sliding_window": false,
+        "vocab_size": 256
+    });
+    let dims = Dims {
+        vocab: 256,
+        hidden: 112,
+        inter: 64,
+        layers: 2,
+        heads: 14,
+        kv: 2,
+        head_dim: 8,
+        tied: true,
+        qk_norm: false,
+        qkv_bias: true,
+        o_bias: false,
+        sandwich: false,
+        moe: None,
+    };
+    (config, dims)
+}
+
+/// mistralai/Mistral-7B-v0.1: Llama's blocks with a 4096-token sliding window on every
+/// layer, untied. (v0.2 and later write `"sliding_window": null`.)
+pub fn mistral_7b_v0_1() -> (Value, Dims) {
+    let config = json!({
+        "architectures": ["MistralForCausalLM"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "initializer_range": 0.02,
+        "intermediate_size": 128,
+        "max_position_embeddings": 32768,
+        "model_type": "mistral",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.34.0.dev0",
+        "use_cache": true,
+        "vocab_size": 256
+    });
+    let dims = Dims {
+        vocab: 256,
+        hidden: 64,
+        inter: 128,
+        layers: 2,
+        heads: 4,
+        kv: 1,
+        head_dim: 16,
+        tied: false,
+        qk_norm: false,
+        qkv_bias: false,
+        o_bias: false,
         sandwich: false,
         moe: None,
     };
@@ -617,6 +732,8 @@ pub fn smollm2_135m() -> (Value, Dims) {
         head_dim: 8,
         tied: true,
         qk_norm: false,
+        qkv_bias: false,
+        o_bias: false,
         sandwich: false,
         moe: None,
     };
@@ -659,6 +776,8 @@ pub fn tinyllama() -> (Value, Dims) {
         head_dim: 8,
         tied: false,
         qk_norm: false,
+        qkv_bias: false,
+        o_bias: false,
         sandwich: false,
         moe: None,
     };
@@ -710,6 +829,8 @@ pub fn gemma3_1b_it() -> (Value, Dims) {
         head_dim: 32,
         tied: true,
         qk_norm: true,
+        qkv_bias: false,
+        o_bias: false,
         sandwich: true,
         moe: None,
     };
@@ -778,6 +899,8 @@ pub fn gemma3_4b_it_v5() -> (Value, Dims) {
         head_dim: 16,
         tied: true,
         qk_norm: true,
+        qkv_bias: false,
+        o_bias: false,
         sandwich: true,
         moe: None,
     };
@@ -840,6 +963,7 @@ pub fn assert_same_architecture(hf: &ModelSpec, gguf: &ModelSpec) {
         (hf.qk_norm, hf.sandwich_norms, hf.activation),
         (gguf.qk_norm, gguf.sandwich_norms, gguf.activation)
     );
+    assert_eq!((hf.qkv_bias, hf.o_bias), (gguf.qkv_bias, gguf.o_bias));
     assert_eq!(hf.layers, gguf.layers);
     assert_eq!(hf.moe, gguf.moe);
     assert_eq!(hf.sliding_window, gguf.sliding_window);
@@ -876,6 +1000,18 @@ pub fn matvec(w: &[f32], x: &[f64], rows: usize) -> Vec<f64> {
 /// q/k weights and its rope pairing.
 pub fn scores(m: &ModelSource, x: &[f64]) -> Vec<f64> {
     let s = &m.spec;
+    // `W x + b`, with the bias when the model has one.
+    let biased = |mut y: Vec<f64>, proj: &str| {
+        if let Some(b) = m
+            .weights
+            .get(&format!("model.layers.0.self_attn.{proj}.bias"))
+        {
+            y.iter_mut()
+                .zip(f32s(&b.bytes))
+                .for_each(|(v, b)| *v += f64::from(b));
+        }
+        y
+    };
     let q = matvec(
         &f32s(
             &m.weights
@@ -886,6 +1022,7 @@ pub fn scores(m: &ModelSource, x: &[f64]) -> Vec<f64> {
         x,
         s.num_heads * s.head_dim,
     );
+    let q = biased(q, "q_proj");
     let k = matvec(
         &f32s(
             &m.weights
@@ -896,6 +1033,7 @@ pub fn scores(m: &ModelSource, x: &[f64]) -> Vec<f64> {
         x,
         s.num_kv_heads * s.head_dim,
     );
+    let k = biased(k, "k_proj");
     let inv = s.rope.inv_freq(s.head_dim);
     let hd = s.head_dim;
     (0..s.num_heads)
