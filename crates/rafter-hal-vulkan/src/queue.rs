@@ -372,12 +372,10 @@ impl Shared {
                 return;
             }
         };
-        signal_infos.push(
-            vk::SemaphoreSubmitInfo::default()
-                .semaphore(completion.0)
-                .value(completion.1)
-                .stage_mask(stage),
-        );
+        let completion_info = [vk::SemaphoreSubmitInfo::default()
+            .semaphore(completion.0)
+            .value(completion.1)
+            .stage_mask(stage)];
         let main = vk::CommandBufferSubmitInfo::default().command_buffer(pending.prepared.raw);
         let mut buffers = match &pending.crumbs {
             // Breadcrumbs: the submission's own start and end markers around its commands.
@@ -388,16 +386,28 @@ impl Shared {
             ],
             None => vec![main],
         };
-        if self.stall_probe != StallProbe::NoTail {
-            buffers.push(
-                vk::CommandBufferSubmitInfo::default()
-                    .command_buffer(self.tail.command_buffer(pending.queue)),
-            );
+        let tail = [vk::CommandBufferSubmitInfo::default()
+            .command_buffer(self.tail.command_buffer(pending.queue))];
+        let early_signal = self.stall_probe == StallProbe::EarlySignal;
+        if !early_signal {
+            signal_infos.push(completion_info[0]);
+            if self.stall_probe != StallProbe::NoTail {
+                buffers.push(tail[0]);
+            }
         }
-        let submit = vk::SubmitInfo2::default()
+        let mut submits = vec![vk::SubmitInfo2::default()
             .wait_semaphore_infos(&wait_infos)
             .command_buffer_infos(&buffers)
-            .signal_semaphore_infos(&signal_infos);
+            .signal_semaphore_infos(&signal_infos)];
+        if early_signal {
+            // The tail's first barrier orders it (and so the completion signal) after
+            // every command of the first batch.
+            submits.push(
+                vk::SubmitInfo2::default()
+                    .command_buffer_infos(&tail)
+                    .signal_semaphore_infos(&completion_info),
+            );
+        }
         let signal = self.signal_guard();
         // SAFETY: the queue is externally synchronised by the scheduler lock we hold; the
         // command buffer was recorded with SIMULTANEOUS_USE (or, in breadcrumbs' rerecord
@@ -408,7 +418,7 @@ impl Shared {
         // semaphore's lock, still held); the arrays live across the call.
         let result = unsafe {
             self.device
-                .queue_submit2(self.queues[pending.queue], &[submit], vk::Fence::null())
+                .queue_submit2(self.queues[pending.queue], &submits, vk::Fence::null())
         };
         drop(signal);
         if let Err(result) = result {

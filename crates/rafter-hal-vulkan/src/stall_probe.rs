@@ -1,10 +1,12 @@
-//! Diagnostic variants for issue 28's NVIDIA stall: each changes one thing about how work
-//! reaches the GPU, so an A/B run (scripts/stall_ab.sh) can tell which condition the stall
-//! needs. Read once when a device opens from [`STALL_PROBE_ENV`]; off by default, and off
-//! costs nothing. Not for production use: each variant trades throughput for isolation.
+//! Diagnostic variants of the submission path: each changes one thing about how work
+//! reaches the GPU, so an A/B run can tell what a behaviour needs: issue 28's NVIDIA stall
+//! (scripts/stall_ab.sh) and what a GPU -> CPU handoff waits for (`early-signal`). Read once
+//! when a device opens from [`STALL_PROBE_ENV`]; off by default, and off costs nothing. Not
+//! for production use: each variant trades throughput or safety for isolation.
 
 /// The environment variable choosing a [`StallProbe`]: `exclusive`, `serial`, `rerecord`,
-/// `submission-markers`, `command-markers` or `no-tail` (unset, empty or `0`: off).
+/// `submission-markers`, `command-markers`, `no-tail` or `early-signal` (unset, empty or
+/// `0`: off).
 pub const STALL_PROBE_ENV: &str = "RAFTER_VULKAN_STALL_PROBE";
 
 /// One change to the submission path, for isolating the stall's cause.
@@ -31,6 +33,13 @@ pub enum StallProbe {
     /// Submissions without the tail (`batch_tail.rs`), the fix for the stall: for checking
     /// that the stall still needs it (on a new driver, say).
     NoTail,
+    /// Each submission goes as two batches of one `vkQueueSubmit2`: its own command
+    /// buffers with its signals, then the tail with the completion signal, so the consumer
+    /// of a signal does not wait for the tail (whose first barrier still orders it after
+    /// the batch, which is what retirement needs). For measuring what the tail adds to a
+    /// GPU -> CPU handoff; a first batch ending in a dispatch is what stalled on issue 28's
+    /// driver, so this is not stall-free there.
+    EarlySignal,
 }
 
 impl StallProbe {
@@ -44,9 +53,10 @@ impl StallProbe {
             "submission-markers" => Ok(StallProbe::SubmissionMarkersOnly),
             "command-markers" => Ok(StallProbe::CommandMarkersOnly),
             "no-tail" => Ok(StallProbe::NoTail),
+            "early-signal" => Ok(StallProbe::EarlySignal),
             other => Err(format!(
                 "{STALL_PROBE_ENV}={other:?}: expected exclusive, serial, rerecord, submission-markers, \
-                 command-markers, no-tail or 0"
+                 command-markers, no-tail, early-signal or 0"
             )),
         }
     }
@@ -87,6 +97,10 @@ mod tests {
             Ok(StallProbe::CommandMarkersOnly)
         );
         assert_eq!(StallProbe::parse("no-tail"), Ok(StallProbe::NoTail));
+        assert_eq!(
+            StallProbe::parse("early-signal"),
+            Ok(StallProbe::EarlySignal)
+        );
         let err = StallProbe::parse("1").unwrap_err();
         assert!(
             err.contains(STALL_PROBE_ENV) && err.contains("serial"),
