@@ -238,8 +238,10 @@ def hf_references(arch: A.Arch, dirs: dict, prompts: dict, adir: str) -> dict:
         folder = dirs["f32" if kind == "f32" else "bf16"]
         dtype = torch.bfloat16 if kind == "bf16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=dtype).eval()
+        # Plain argmax: generate() fills every field left None from the model's
+        # generation_config, so Qwen2.5's repetition_penalty 1.05 would apply unless set here.
         gen = GenerationConfig(do_sample=False, max_new_tokens=N_GREEDY_HF, eos_token_id=None, pad_token_id=0,
-                               output_logits=True, return_dict_in_generate=True)
+                               repetition_penalty=1.0, output_logits=True, return_dict_in_generate=True)
         out[kind] = {}
         for pname, p in prompts.items():
             ids = torch.tensor([p["ids"]])

@@ -66,7 +66,7 @@ ARCHS = {
     # hidden 256 fixes the query heads at 4, so the GQA ratio is 4 rather than 7. The
     # tokenizer is Qwen3's (Qwen2.5's BPE and <|im_start|> specials, a few more added).
     "qwen2": Arch(
-        name="qwen2", model_type="qwen2", tokenizer="qwen3",
+        name="qwen2", seed=20251129, model_type="qwen2", tokenizer="qwen3",
         config=dict(vocab_size=151936, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, hidden_act="silu",
                     max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
