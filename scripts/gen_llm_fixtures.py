@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Make the LLM fixtures: tiny random-weight checkpoints of Qwen2.5, Qwen3, Qwen3-MoE, Llama 3
-and Gemma 3 (text), with references from transformers and from llama.cpp.
+"""Make the LLM fixtures: tiny random-weight checkpoints of Qwen2.5, Qwen3, Qwen3-MoE, Llama 3,
+Gemma 2 and Gemma 3 (text), with references from transformers and from llama.cpp.
 
 Needs the LLM venv and llama.cpp:
     scripts/setup_venv.sh --llm
@@ -207,6 +207,16 @@ def check_saved_tokenizer(tok, folder: str) -> None:
             raise SystemExit(f"gen_llm_fixtures: {folder}: the saved tokenizer encodes {text!r} as {b}, not {a}")
 
 
+def without_system_role(messages: list[dict]) -> list[dict]:
+    """The system message folded into the first user turn, for templates that refuse a
+    system role (Gemma 2's raises "System role not supported")."""
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    if system and rest and rest[0]["role"] == "user":
+        rest[0]["content"] = f"{system}\n\n{rest[0]['content']}"
+    return rest
+
+
 def make_prompts(arch: A.Arch, tok) -> dict:
     prompts = {}
     for name, (text, n) in PROMPT_TEXTS.items():
@@ -215,11 +225,12 @@ def make_prompts(arch: A.Arch, tok) -> dict:
             raise SystemExit(f"gen_llm_fixtures: {arch.name}: prompt {name!r} has {len(ids)} < {n} tokens")
         ids = ids[:n]
         prompts[name] = {"ids": ids, "text": tok.decode(ids), "source_text": text}
-    ids = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, date_string=CHAT_DATE)
+    chat = CHAT if arch.system_role else without_system_role(CHAT)
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, date_string=CHAT_DATE)
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
-    prompts["chat"] = {"ids": list(ids), "text": tok.decode(ids), "messages": CHAT,
-                       "rendered": tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False,
+    prompts["chat"] = {"ids": list(ids), "text": tok.decode(ids), "messages": chat,
+                       "rendered": tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False,
                                                          date_string=CHAT_DATE)}
     return prompts
 
@@ -586,18 +597,20 @@ def gen_arch(arch: A.Arch, out: str, with_llama: bool) -> dict:
 # Seconds each architecture took in a CI dry run (2 cores, one at a time): gen_archs starts
 # the slowest first, so that the last one to start is a short one. Only the order depends on
 # these numbers.
-ARCH_SECONDS = {"gemma3": 124, "llama3": 99, "qwen3-moe": 97, "qwen3": 69, "qwen2": 69}
+ARCH_SECONDS = {"gemma3": 124, "gemma2": 110, "llama3": 99, "qwen3-moe": 97, "qwen3": 69, "qwen2": 69}
 
 
 def gen_archs(names: list[str], out: str, with_llama: bool, jobs: int) -> dict:
     """gen_arch for each of `names`, up to `jobs` at a time in worker processes.
 
-    Each architecture is independent (its own folder; only gemma3 fetches the published GGUF
-    into _published/) and single-threaded (torch runs on one thread, see hf_references; the
+    Each architecture is independent (its own folder; the Gemma ones share the published
+    Gemma 3 GGUF in _published/, fetched here once before any worker starts) and single-threaded (torch runs on one thread, see hf_references; the
     converter is Python), so on CI's 2 cores two at a time take about half the time of one
     after another, and make the same files. Workers are spawned, not forked: the parent may
     already hold torch's thread pools.
     """
+    if any(A.ARCHS[n].tokenizer == "gemma3" for n in names):
+        T.fetch_gemma3_gguf(os.path.join(out, "_published"))
     if jobs <= 1 or len(names) <= 1:
         return {n: gen_arch(A.ARCHS[n], out, with_llama) for n in names}
     import concurrent.futures

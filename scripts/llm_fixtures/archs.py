@@ -26,6 +26,7 @@ class Arch:
     chat_template: str | None = None  # file in the sdist's models/templates, else the tokenizer's
     shard: str | None = None  # max_shard_size for save_pretrained: write an index + shards
     gemma_norms: bool = False  # RMSNorm weight w is applied as (1 + w)
+    system_role: bool = True  # the chat template takes a system message (else it is folded into the user's)
     seed: int = SEED  # set by gen_llm_fixtures's search for a seed without near-ties
     extra: dict = field(default_factory=dict)
 
@@ -92,6 +93,27 @@ ARCHS = {
         generation_config=dict(bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
                                do_sample=True, temperature=0.6, top_p=0.9),
         chat_template="meta-llama-Llama-3.2-3B-Instruct.jinja",
+    ),
+    # google/gemma-2-2b-it: hidden 2304, FFN 9216, 26 layers, 8 q / 4 kv heads, head_dim 256,
+    # query_pre_attn_scalar 256, a 4096-token sliding window on even layers (one rope, 10000),
+    # attention scores soft-capped at 50 and logits at 30, gelu-tanh, tied, embeddings scaled
+    # by sqrt(hidden), (1 + w) sandwich norms, no q/k norms. Shrunk: 6 layers (sliding and full
+    # in turn: llama.cpp's fixed pattern; with 2, the scaled tied embedding outweighed the
+    # branches and greedy runs repeated one token), 2 q / 1 kv heads, the window to 16 (below
+    # the long and chat prompts). Gemma 2's own vocabulary (256,000) is not at hand: Gemma 3's tokenizer and
+    # special ids stand in (its <start_of_turn>/<end_of_turn> are what Gemma 2's template writes).
+    "gemma2": Arch(
+        name="gemma2", model_type="gemma2", tokenizer="gemma3",
+        config=dict(vocab_size=262144, hidden_size=256, intermediate_size=1024, num_hidden_layers=6,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192, rms_norm_eps=1e-6,
+                    sliding_window=16, rope_theta=10000.0, attn_logit_softcapping=50.0,
+                    final_logit_softcapping=30.0, attention_bias=False, tie_word_embeddings=True,
+                    bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0),
+        generation_config=dict(bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0,
+                               cache_implementation="hybrid"),
+        chat_template="google-gemma-2-2b-it.jinja", system_role=False,
+        gemma_norms=True,
     ),
     # google/gemma-3-1b-it: hidden 1152, FFN 6912, 26 layers, 4 q / 1 kv heads, head_dim 256,
     # query_pre_attn_scalar 256, sliding window 512 on 5 of every 6 layers (local rope 10000,
@@ -192,5 +214,6 @@ def build_config(arch: Arch):
 
     cfg = AutoConfig.for_model(arch.model_type, **arch.config)
     cfg.architectures = [{"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                          "llama": "LlamaForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}[arch.model_type]]
+                          "llama": "LlamaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                          "gemma3_text": "Gemma3ForCausalLM"}[arch.model_type]]
     return cfg

@@ -411,6 +411,7 @@ hf_tests! {
     qwen3: "qwen3",
     qwen3_moe: "qwen3-moe",
     llama3: "llama3",
+    gemma2: "gemma2",
     gemma3: "gemma3",
 }
 
@@ -499,7 +500,7 @@ fn missing_tokenizer_and_overlong_prompts_are_errors() {
 #[ignore]
 fn logit_error_report() {
     let kinds = std::env::var("KINDS").unwrap_or("f16,q8_0,q4_0".into());
-    for arch in ["qwen2", "qwen3", "qwen3-moe", "llama3", "gemma3"] {
+    for arch in ["qwen2", "qwen3", "qwen3-moe", "llama3", "gemma2", "gemma3"] {
         for kind in kinds.split(',') {
             let base = fixtures().join(arch);
             let llm = open(&base.join("gguf").join(format!("{arch}-{kind}.gguf")));

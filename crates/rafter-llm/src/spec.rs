@@ -23,6 +23,10 @@ pub enum Architecture {
     /// and Mistral (`MistralForCausalLM`: Llama's blocks, with a sliding window over every
     /// layer when its config sets one; Mistral's GGUFs are `llama` files).
     Llama,
+    /// Gemma 2 (`Gemma2ForCausalLM`, GGUF `gemma2`): Gemma 3's blocks without q/k norms,
+    /// a sliding window on every other layer (one rope for all), and soft-capped attention
+    /// scores and logits.
+    Gemma2,
     /// Gemma 3 text (`Gemma3ForCausalLM`, or the text model of
     /// `Gemma3ForConditionalGeneration`; GGUF `gemma3`).
     Gemma3,
@@ -30,13 +34,20 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every supported architecture.
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 6] = [
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Qwen3Moe,
         Architecture::Llama,
+        Architecture::Gemma2,
         Architecture::Gemma3,
     ];
+
+    /// Gemma 2 and 3: `(1 + w)` norms, embeddings scaled by `sqrt(hidden)`, norms before
+    /// and after attention and the MLP, GELU (tanh), `query_pre_attn_scalar`.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+    }
 
     /// The `general.architecture` value of GGUF files of this architecture.
     pub fn gguf_name(self) -> &'static str {
@@ -45,6 +56,7 @@ impl Architecture {
             Architecture::Qwen3 => "qwen3",
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Llama => "llama",
+            Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3",
         }
     }
@@ -61,6 +73,7 @@ impl Architecture {
             "Qwen3ForCausalLM" => Architecture::Qwen3,
             "Qwen3MoeForCausalLM" => Architecture::Qwen3Moe,
             "LlamaForCausalLM" | "MistralForCausalLM" => Architecture::Llama,
+            "Gemma2ForCausalLM" => Architecture::Gemma2,
             "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Architecture::Gemma3,
             _ => return None,
         })
@@ -73,6 +86,7 @@ impl Architecture {
             "qwen3" => Architecture::Qwen3,
             "qwen3_moe" => Architecture::Qwen3Moe,
             "llama" | "mistral" => Architecture::Llama,
+            "gemma2" => Architecture::Gemma2,
             "gemma3" | "gemma3_text" => Architecture::Gemma3,
             _ => return None,
         })
@@ -86,6 +100,7 @@ impl Architecture {
             "Qwen3MoeForCausalLM",
             "LlamaForCausalLM",
             "MistralForCausalLM",
+            "Gemma2ForCausalLM",
             "Gemma3ForCausalLM",
             "Gemma3ForConditionalGeneration",
         ]
@@ -373,7 +388,7 @@ pub struct GenerationDefaults {
 /// ```
 ///
 /// The pre-FFN norm is `post_attention_layernorm` for Llama and Qwen3 (HF's name) and
-/// `pre_feedforward_layernorm` for Gemma 3.
+/// `pre_feedforward_layernorm` for Gemma 2 and 3.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelSpec {
     pub architecture: Architecture,

@@ -517,3 +517,39 @@ fn llama_gguf_permuted_biases_give_hf_scores() {
         assert!((s - t).abs() < 1e-9 * s.abs().max(1.0), "{s} vs {t}");
     }
 }
+
+/// Gemma 2 as llama.cpp's converter writes it: the same spec as the HF folder (window on
+/// even layers, caps, norms as 1 + w); a file naming no window or caps gets llama.cpp's
+/// defaults (4096, 50, 30).
+#[test]
+fn gemma2_gguf_matches_hf() {
+    let (config, d) = gemma2_2b_it();
+    let (_h, hf) = hf_model("gemma2", &config, &d);
+    let base = metadata("gemma2", &d, 8192, 10000.0, 1e-6);
+    let mut meta = base.clone();
+    meta.push(("gemma2.attention.sliding_window", u32v(8)));
+    meta.push(("gemma2.attn_logit_softcapping", f32v(50.0)));
+    meta.push(("gemma2.final_logit_softcapping", f32v(30.0)));
+    let (_g, g) = write_and_open("gemma2-gguf", &meta, &d, Convert::Gemma, &[]);
+    assert_same_architecture(&hf.spec, &g.spec);
+    assert_eq!(
+        g.spec.attn_logit_softcapping,
+        hf.spec.attn_logit_softcapping
+    );
+    assert_eq!(
+        g.weights
+            .get("model.layers.1.pre_feedforward_layernorm.weight")
+            .unwrap()
+            .origin
+            .name,
+        "blk.1.ffn_norm.weight"
+    );
+
+    let (_g, bare) = write_and_open("gemma2-gguf-bare", &base, &d, Convert::Gemma, &[]);
+    let s = &bare.spec;
+    assert_eq!(s.sliding_window.as_ref().map(|w| w.size), Some(4096));
+    assert_eq!(
+        (s.attn_logit_softcapping, s.final_logit_softcapping),
+        (Some(50.0), Some(30.0))
+    );
+}

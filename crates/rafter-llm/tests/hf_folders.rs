@@ -527,3 +527,43 @@ fn llama_attention_bias_and_mlp_bias() {
     let err = ModelSource::open(dir.path()).unwrap_err().to_string();
     assert!(err.contains("mlp_bias"), "{err}");
 }
+
+/// Gemma 2: even layers slide (with the model's one rope), scores and logits soft-capped,
+/// (1 + w) sandwich norms without q/k norms; caps default to 50 and 30 when the config
+/// omits them (Gemma2Config) and a `null` turns one off.
+#[test]
+fn gemma2_sliding_layers_and_softcaps() {
+    let (config, dims) = gemma2_2b_it();
+    let (_d, m) = open("gemma2", &config, &dims, Dtype::F32, 1);
+    let s = &m.spec;
+    assert_eq!(s.architecture, Architecture::Gemma2);
+    let kinds: Vec<AttentionKind> = s.layers.iter().map(|l| l.attention).collect();
+    use AttentionKind::{Full, Sliding};
+    assert_eq!(kinds, [Sliding, Full, Sliding]);
+    let w = s.sliding_window.as_ref().unwrap();
+    assert_eq!((w.size, &w.rope), (8, &RopeSpec::plain(10000.0)));
+    assert_eq!(s.rope, RopeSpec::plain(10000.0));
+    assert_eq!(
+        (s.attn_logit_softcapping, s.final_logit_softcapping),
+        (Some(50.0), Some(30.0))
+    );
+    assert_eq!(s.attention_scale, 0.25);
+    assert_eq!(s.embedding_scale, Some(8.0));
+    assert!(s.sandwich_norms && !s.qk_norm && s.tie_word_embeddings);
+    assert_eq!(s.activation, Activation::GeluTanh);
+    assert_eq!(m.conventions.norm_weight, NormWeight::OnePlus);
+    assert_weights_match(&m, &dims, Dtype::F32);
+
+    let mut bare = config.clone();
+    let obj = bare.as_object_mut().unwrap();
+    obj.remove("attn_logit_softcapping");
+    obj.insert("final_logit_softcapping".into(), serde_json::Value::Null);
+    let (_d, m) = open("gemma2-caps", &bare, &dims, Dtype::F32, 1);
+    assert_eq!(
+        (
+            m.spec.attn_logit_softcapping,
+            m.spec.final_logit_softcapping
+        ),
+        (Some(50.0), None)
+    );
+}

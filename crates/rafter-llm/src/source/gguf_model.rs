@@ -91,8 +91,8 @@ fn canonical_name(name: &str, arch: Architecture) -> Option<String> {
     let rest = base.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let hf = match (part, arch) {
-        ("ffn_norm", Architecture::Gemma3) => "pre_feedforward_layernorm",
+    let hf = match part {
+        "ffn_norm" if arch.is_gemma() => "pre_feedforward_layernorm",
         _ => GGUF_TO_HF.iter().find(|(g, _)| *g == part)?.1,
     };
     Some(format!("model.layers.{layer}.{hf}.{kind}"))
@@ -108,9 +108,9 @@ fn gguf_name(canonical: &str, arch: Architecture) -> String {
     }
     if let Some(rest) = base.strip_prefix("model.layers.") {
         if let Some((layer, part)) = rest.split_once('.') {
-            let g = match (part, arch) {
-                ("pre_feedforward_layernorm", Architecture::Gemma3) => Some("ffn_norm"),
-                ("post_attention_layernorm", Architecture::Gemma3) => Some("post_attention_norm"),
+            let g = match part {
+                "pre_feedforward_layernorm" if arch.is_gemma() => Some("ffn_norm"),
+                "post_attention_layernorm" if arch.is_gemma() => Some("post_attention_norm"),
                 _ => GGUF_TO_HF.iter().find(|(_, h)| *h == part).map(|(g, _)| *g),
             };
             if let Some(g) = g {
@@ -496,9 +496,9 @@ fn read_spec(file: &GgufFile, arch: Architecture, path: &Path) -> Result<ModelSp
         scaling: rope_scaling(&k, file, head_dim, max_position_embeddings)?,
     };
 
-    let gemma = arch == Architecture::Gemma3;
+    let gemma = arch.is_gemma();
     let (attention, sliding_window) = if gemma {
-        gemma_layers(&k, num_layers)?
+        gemma_layers(&k, arch, num_layers, &rope)?
     } else {
         (vec![AttentionKind::Full; num_layers], None)
     };
@@ -507,13 +507,25 @@ fn read_spec(file: &GgufFile, arch: Architecture, path: &Path) -> Result<ModelSp
     } else {
         FfnKind::Dense
     };
-    let attention_scale = if gemma && num_layers == 62 {
+    // llama.cpp's rule (from gemma_pytorch's configs): the 27B models scale by
+    // hidden / heads (query_pre_attn_scalar 144 for Gemma 2, 168 for Gemma 3), the others
+    // by head_dim.
+    let gemma_27b = match arch {
+        Architecture::Gemma2 => num_layers == 46,
+        Architecture::Gemma3 => num_layers == 62,
+        _ => false,
+    };
+    let attention_scale = if gemma_27b {
         ((hidden_size / num_heads.max(1)) as f64).powf(-0.5)
     } else {
         (head_dim as f64).powf(-0.5)
     };
-    let softcap =
-        |key: &str| -> Result<Option<f64>, SourceError> { Ok(k.f64(key)?.filter(|c| *c != 0.0)) };
+    // llama.cpp caps Gemma 2's scores at 50 and logits at 30 when the file names no cap
+    // (`llama_hparams`' defaults; only Gemma 2 turns attention capping on).
+    let softcap = |key: &str, gemma2_default: f64| -> Result<Option<f64>, SourceError> {
+        let default = (arch == Architecture::Gemma2).then_some(gemma2_default);
+        Ok(k.f64(key)?.or(default).filter(|c| *c != 0.0))
+    };
 
     let spec = ModelSpec {
         architecture: arch,
@@ -546,8 +558,8 @@ fn read_spec(file: &GgufFile, arch: Architecture, path: &Path) -> Result<ModelSp
         moe,
         sliding_window,
         attention_scale,
-        attn_logit_softcapping: softcap("attn_logit_softcapping")?,
-        final_logit_softcapping: softcap("final_logit_softcapping")?,
+        attn_logit_softcapping: softcap("attn_logit_softcapping", 50.0)?,
+        final_logit_softcapping: softcap("final_logit_softcapping", 30.0)?,
         embedding_scale: gemma.then(|| (hidden_size as f64).sqrt()),
         sandwich_norms: gemma,
         tokens: tokens(file)?,
@@ -639,9 +651,16 @@ fn rope_scaling(
 /// Gemma 3's sliding layers (as llama_model_gemma3::load_arch_hparams reads them).
 fn gemma_layers(
     k: &Keys,
+    arch: Architecture,
     n: usize,
+    rope: &RopeSpec,
 ) -> Result<(Vec<AttentionKind>, Option<SlidingWindow>), SourceError> {
-    let window = k.count("attention.sliding_window")?.unwrap_or(0);
+    // llama.cpp's `llama_model_gemma2`: a 4096 window when the file names none, every
+    // other layer, the one rope base for all layers unless `rope.freq_base_swa` says.
+    let gemma2 = arch == Architecture::Gemma2;
+    let window = k
+        .count("attention.sliding_window")?
+        .unwrap_or(if gemma2 { 4096 } else { 0 });
     if window == 0 {
         return Ok((vec![AttentionKind::Full; n], None));
     }
@@ -666,7 +685,9 @@ fn gemma_layers(
                 .collect()
         }
         _ => {
-            let p = k.count("attention.sliding_window_pattern")?.unwrap_or(6);
+            let p = k
+                .count("attention.sliding_window_pattern")?
+                .unwrap_or(if gemma2 { 2 } else { 6 });
             // llama_hparams::set_swa_pattern(p, dense_first = false).
             (0..n)
                 .map(|i| {
@@ -679,7 +700,11 @@ fn gemma_layers(
                 .collect()
         }
     };
-    let rope = RopeSpec::plain(k.f64("rope.freq_base_swa")?.unwrap_or(10_000.0));
+    let rope = match (k.f64("rope.freq_base_swa")?, gemma2) {
+        (Some(base), _) => RopeSpec::plain(base),
+        (None, true) => rope.clone(),
+        (None, false) => RopeSpec::plain(10_000.0),
+    };
     Ok((kinds, Some(SlidingWindow { size: window, rope })))
 }
 

@@ -81,6 +81,7 @@ pub(crate) fn read_spec(
         .usize(&["max_position_embeddings"])?
         .unwrap_or(match arch {
             Architecture::Gemma3 => 131_072,
+            Architecture::Gemma2 => 8192,
             Architecture::Llama => 2048,
             _ => 32_768,
         });
@@ -89,11 +90,10 @@ pub(crate) fn read_spec(
         | Architecture::Qwen2
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
+        | Architecture::Gemma2
         | Architecture::Gemma3 => 1e-6,
     });
-    let tie_word_embeddings = f
-        .bool(&["tie_word_embeddings"])?
-        .unwrap_or(arch == Architecture::Gemma3);
+    let tie_word_embeddings = f.bool(&["tie_word_embeddings"])?.unwrap_or(arch.is_gemma());
 
     reject_unsupported(&f, arch)?;
     let activation = activation(&f, arch)?;
@@ -108,8 +108,9 @@ pub(crate) fn read_spec(
 
     let sliding_window = if layer_attention.contains(&AttentionKind::Sliding) {
         let size = f.usize(&["sliding_window"])?.unwrap_or(4096);
-        // Mistral's window layers use the model's one rope.
-        let rope = match (mistral, local_rope) {
+        // Mistral's and Gemma 2's window layers use the model's one rope.
+        let one_rope = mistral || arch == Architecture::Gemma2;
+        let rope = match (one_rope, local_rope) {
             (true, _) => rope.clone(),
             (false, Some(local)) => local,
             (false, None) => RopeSpec::plain(10_000.0),
@@ -124,19 +125,25 @@ pub(crate) fn read_spec(
     let qkv_bias = arch == Architecture::Qwen2 || (arch == Architecture::Llama && attention_bias);
     let o_bias = arch == Architecture::Llama && attention_bias;
 
-    let gemma = arch == Architecture::Gemma3;
+    let gemma = arch.is_gemma();
     let attention_scale = if gemma {
         let scalar = f.f64(&["query_pre_attn_scalar"])?.unwrap_or(256.0);
         scalar.powf(-0.5)
     } else {
         (head_dim as f64).powf(-0.5)
     };
-    let softcap = |key: &str| -> Result<Option<f64>, SourceError> {
-        Ok(if gemma {
-            f.f64(&[key])?.filter(|c| *c != 0.0)
-        } else {
-            None
-        })
+    // Gemma 2's config classes default the caps to 50 and 30 (a `null` turns one off);
+    // Gemma 3's to none.
+    let softcap = |key: &str, gemma2_default: f64| -> Result<Option<f64>, SourceError> {
+        Ok(match arch {
+            Architecture::Gemma2 => match f.obj.get(key) {
+                None => Some(gemma2_default),
+                Some(_) => f.f64(&[key])?,
+            },
+            Architecture::Gemma3 => f.f64(&[key])?,
+            _ => None,
+        }
+        .filter(|c| *c != 0.0))
     };
 
     let mut tokens = TokenIds {
@@ -177,8 +184,8 @@ pub(crate) fn read_spec(
         moe,
         sliding_window,
         attention_scale,
-        attn_logit_softcapping: softcap("attn_logit_softcapping")?,
-        final_logit_softcapping: softcap("final_logit_softcapping")?,
+        attn_logit_softcapping: softcap("attn_logit_softcapping", 50.0)?,
+        final_logit_softcapping: softcap("final_logit_softcapping", 30.0)?,
         embedding_scale: gemma.then(|| (hidden_size as f64).sqrt()),
         sandwich_norms: gemma,
         tokens,
@@ -205,7 +212,7 @@ fn reject_unsupported(f: &Fields, arch: Architecture) -> Result<(), SourceError>
             "'mlp_bias: true' ({arch} with bias terms in the MLP)"
         )));
     }
-    if f.bool(&["use_sliding_window"])? == Some(true) && arch != Architecture::Gemma3 {
+    if f.bool(&["use_sliding_window"])? == Some(true) && !arch.is_gemma() {
         return Err(unsupported(format!(
             "'use_sliding_window: true' for {arch}"
         )));
@@ -221,12 +228,12 @@ fn reject_unsupported(f: &Fields, arch: Architecture) -> Result<(), SourceError>
 }
 
 fn activation(f: &Fields, arch: Architecture) -> Result<Activation, SourceError> {
-    let keys: &[&str] = if arch == Architecture::Gemma3 {
+    let keys: &[&str] = if arch.is_gemma() {
         &["hidden_activation", "hidden_act"]
     } else {
         &["hidden_act"]
     };
-    let default = if arch == Architecture::Gemma3 {
+    let default = if arch.is_gemma() {
         "gelu_pytorch_tanh"
     } else {
         "silu"
@@ -349,7 +356,7 @@ fn layer_attention(
             .iter()
             .map(|t| match *t {
                 "full_attention" => Ok(AttentionKind::Full),
-                "sliding_attention" if arch == Architecture::Gemma3 => Ok(AttentionKind::Sliding),
+                "sliding_attention" if arch.is_gemma() => Ok(AttentionKind::Sliding),
                 other => Err(f.bad(
                     "layer_types",
                     format!("layer type '{other}' is not supported for {arch}"),
@@ -358,13 +365,15 @@ fn layer_attention(
             .collect::<Result<Vec<_>, _>>()?;
         return Ok(kinds);
     }
-    if arch != Architecture::Gemma3 {
-        return Ok(vec![AttentionKind::Full; n]);
-    }
-    // transformers' Gemma3TextConfig: layer i slides unless (i + 1) % pattern == 0.
-    let pattern = f
-        .usize(&["sliding_window_pattern", "_sliding_window_pattern"])?
-        .unwrap_or(6);
+    let pattern = match arch {
+        // transformers' Gemma2Config: even layers slide.
+        Architecture::Gemma2 => 2,
+        // transformers' Gemma3TextConfig: layer i slides unless (i + 1) % pattern == 0.
+        Architecture::Gemma3 => f
+            .usize(&["sliding_window_pattern", "_sliding_window_pattern"])?
+            .unwrap_or(6),
+        _ => return Ok(vec![AttentionKind::Full; n]),
+    };
     Ok((0..n)
         .map(|i| {
             if pattern != 0 && (i + 1) % pattern == 0 {

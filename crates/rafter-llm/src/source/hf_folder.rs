@@ -36,7 +36,6 @@ use super::weights::{
     UnsupportedTensor, WeightDtype, WeightTensor,
 };
 use super::ModelSource;
-use crate::spec::Architecture;
 
 /// Reads the model in folder `dir`.
 pub(crate) fn open(dir: &Path, memory: TensorMemory) -> Result<ModelSource, SourceError> {
@@ -72,9 +71,10 @@ pub(crate) fn open(dir: &Path, memory: TensorMemory) -> Result<ModelSource, Sour
     })?;
     let conventions = Conventions {
         rope_pairing: RopePairing::Halves,
-        norm_weight: match spec.architecture {
-            Architecture::Gemma3 => NormWeight::OnePlus,
-            _ => NormWeight::Scale,
+        norm_weight: if spec.architecture.is_gemma() {
+            NormWeight::OnePlus
+        } else {
+            NormWeight::Scale
         },
         experts,
     };

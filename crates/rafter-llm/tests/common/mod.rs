@@ -837,6 +837,58 @@ pub fn gemma3_1b_it() -> (Value, Dims) {
     (config, dims)
 }
 
+/// google/gemma-2-2b-it: a 4096-token window on even layers, attention scores capped at
+/// 50 and logits at 30, query_pre_attn_scalar = head_dim, sandwich (1 + w) norms, no q/k
+/// norms, tied.
+pub fn gemma2_2b_it() -> (Value, Dims) {
+    let config = json!({
+        "architectures": ["Gemma2ForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "attn_logit_softcapping": 50.0,
+        "bos_token_id": 2,
+        "cache_implementation": "hybrid",
+        "eos_token_id": [1, 107],
+        "final_logit_softcapping": 30.0,
+        "head_dim": 16,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 64,
+        "initializer_range": 0.02,
+        "intermediate_size": 128,
+        "max_position_embeddings": 8192,
+        "model_type": "gemma2",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 2,
+        "pad_token_id": 0,
+        "query_pre_attn_scalar": 16,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        "sliding_window": 8,
+        "torch_dtype": "float32",
+        "transformers_version": "4.42.4",
+        "use_cache": true,
+        "vocab_size": 256
+    });
+    let dims = Dims {
+        vocab: 256,
+        hidden: 64,
+        inter: 128,
+        layers: 3,
+        heads: 4,
+        kv: 2,
+        head_dim: 16,
+        tied: true,
+        qk_norm: false,
+        qkv_bias: false,
+        o_bias: false,
+        sandwich: true,
+        moe: None,
+    };
+    (config, dims)
+}
+
 /// google/gemma-3-4b-it as transformers 5 writes it: Gemma3ForConditionalGeneration with
 /// the text model under text_config, rope_parameters per layer type (linear factor 8 on
 /// full attention), layer_types, final_logit_softcapping set (as Gemma 2 had it, to
