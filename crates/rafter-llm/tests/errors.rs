@@ -54,18 +54,18 @@ fn gguf_meta(arch: &str, d: &Dims) -> Vec<(&'static str, Value)> {
 #[test]
 fn unknown_architecture_hf() {
     let (mut config, d) = qwen3_0_6b();
-    config["architectures"] = json!(["MistralForCausalLM"]);
-    config["model_type"] = json!("mistral");
+    config["architectures"] = json!(["Phi3ForCausalLM"]);
+    config["model_type"] = json!("phi3");
     let dir = hf("unknown-hf", &config, &d);
     let msg = err(dir.path());
     contains_all(
         &msg,
         &[
             "config.json",
-            "unknown architecture 'MistralForCausalLM'",
+            "unknown architecture 'Phi3ForCausalLM'",
             "Qwen3ForCausalLM",
             "Gemma3ForConditionalGeneration",
-            "GGUF qwen3, qwen3moe, llama, gemma3",
+            "GGUF qwen2, qwen3, qwen3moe, llama, gemma2, gemma3",
         ],
     );
 }
@@ -470,12 +470,12 @@ fn invalid_json() {
 
 #[test]
 fn unsupported_features() {
-    let (mut config, d) = qwen3_0_6b();
-    config["attention_bias"] = json!(true);
+    let (mut config, d) = tinyllama();
+    config["mlp_bias"] = json!(true);
     let dir = hf("bias", &config, &d);
     contains_all(
         &err(dir.path()),
-        &["config.json: 'attention_bias: true'", "is not supported"],
+        &["config.json: 'mlp_bias: true'", "is not supported"],
     );
     let (mut config, d) = qwen3_0_6b();
     config["use_sliding_window"] = json!(true);

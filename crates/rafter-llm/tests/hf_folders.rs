@@ -567,3 +567,22 @@ fn gemma2_sliding_layers_and_softcaps() {
         (Some(50.0), None)
     );
 }
+
+/// `attention_bias: true` gives q/k/v/o biases wherever transformers' class builds them
+/// from the config (Qwen3 here); Mistral's class has none whatever the config says.
+#[test]
+fn attention_bias_follows_the_class() {
+    let (mut config, mut dims) = qwen3_0_6b();
+    config["attention_bias"] = true.into();
+    dims.qkv_bias = true;
+    dims.o_bias = true;
+    let (_d, m) = open("qwen3-bias", &config, &dims, Dtype::F32, 1);
+    assert!(m.spec.qkv_bias && m.spec.o_bias);
+    assert_weights_match(&m, &dims, Dtype::F32);
+
+    let (mut config, dims) = mistral_7b_v0_1();
+    config["attention_bias"] = true.into();
+    config["mlp_bias"] = true.into();
+    let (_d, m) = open("mistral-bias", &config, &dims, Dtype::F32, 1);
+    assert!(!m.spec.qkv_bias && !m.spec.o_bias);
+}

@@ -212,16 +212,13 @@ pub(crate) fn from_file(file: GgufFile, path: &Path) -> Result<ModelSource, Sour
     })
 }
 
-/// A `llama` file's attention biases are there or not, as llama.cpp loads them
-/// (optional tensors `attn_q.bias` ... `attn_output.bias`; the converter writes them for a
-/// checkpoint with `attention_bias: true`): the first layer's say which. Qwen2's q/k/v
-/// biases are required (set by the architecture), so a file without them is an error.
+/// A file's attention biases are there or not, as llama.cpp loads them (optional tensors
+/// `attn_q.bias` ... `attn_output.bias`; the converter writes them for a checkpoint with
+/// `attention_bias: true`): the first layer's say which. Qwen2's q/k/v biases are
+/// required (set by the architecture), so a qwen2 file without them is an error.
 fn set_attention_biases(spec: &mut ModelSpec, found: &BTreeMap<String, WeightTensor>) {
-    if spec.architecture != Architecture::Llama {
-        return;
-    }
     let has = |proj: &str| found.contains_key(&format!("model.layers.0.self_attn.{proj}.bias"));
-    spec.qkv_bias = has("q_proj") || has("k_proj") || has("v_proj");
+    spec.qkv_bias |= has("q_proj") || has("k_proj") || has("v_proj");
     spec.o_bias = has("o_proj");
 }
 

@@ -119,11 +119,12 @@ pub(crate) fn read_spec(
     } else {
         None
     };
-    // Qwen2 always has q/k/v biases (`Qwen2Attention`); Llama and Mistral have q/k/v/o
-    // biases when `attention_bias` says so.
-    let attention_bias = f.bool(&["attention_bias"])?.unwrap_or(false);
-    let qkv_bias = arch == Architecture::Qwen2 || (arch == Architecture::Llama && attention_bias);
-    let o_bias = arch == Architecture::Llama && attention_bias;
+    // As transformers' attention classes build their projections: Qwen2's q/k/v always have
+    // biases and its o none; Mistral's have none; every other class's four have biases
+    // exactly when `attention_bias` is true.
+    let attention_bias = !mistral && f.bool(&["attention_bias"])?.unwrap_or(false);
+    let qkv_bias = arch == Architecture::Qwen2 || attention_bias;
+    let o_bias = arch != Architecture::Qwen2 && attention_bias;
 
     let gemma = arch.is_gemma();
     let attention_scale = if gemma {
@@ -205,9 +206,9 @@ fn reject_unsupported(f: &Fields, arch: Architecture) -> Result<(), SourceError>
         path: f.path.to_path_buf(),
         what,
     };
-    // Llama's (and Mistral's) attention biases are read; other architectures' classes
-    // have none whatever the config says, except Qwen2's, which are always there.
-    if f.bool(&["mlp_bias"])? == Some(true) {
+    // Only Llama's MLP takes `mlp_bias` (`LlamaMLP`); the other classes' have no biases
+    // whatever the config says.
+    if arch == Architecture::Llama && !is_mistral(f)? && f.bool(&["mlp_bias"])? == Some(true) {
         return Err(unsupported(format!(
             "'mlp_bias: true' ({arch} with bias terms in the MLP)"
         )));
