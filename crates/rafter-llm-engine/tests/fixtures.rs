@@ -281,27 +281,80 @@ fn teacher_forced(
 }
 
 /// The held-out real model: google/gemma-3-270m as published in GGUF (Q4_K_M, by
-/// GGUF-my-repo), against llama.cpp's greedy run on it
+/// GGUF-my-repo), against llama.cpp's greedy runs on it
 /// (tests/fixtures/llm/published-gemma3-270m.json, from scripts/published_gguf_reference.py).
+///
+/// llama.cpp's own logits on this model move by up to ~0.5 between its AVX-512 and AVX2
+/// kernels (the file keeps a run of each; their greedy tokens are the same), more than
+/// [`TIE`]: step 11's top two are 0.035 apart on one and 0.161 on the other. So, fed
+/// llama.cpp's tokens, our token at every step must be llama.cpp's, or tie with it, in at
+/// least one of its runs.
 #[test]
 fn published_gemma3_gguf_matches_llama_cpp() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/llm/published-gemma3-270m.json");
-    let run: serde_json::Value =
+    let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let gguf = fixtures().join(run["gguf"].as_str().unwrap());
+    let gguf = fixtures().join(file["gguf"].as_str().unwrap());
     let llm = open(&gguf);
-    let prompt = run["prompt"].as_str().unwrap();
-    let ids = u32s(&run["prompt_ids"]);
+    let prompt = file["prompt"].as_str().unwrap();
+    let ids = u32s(&file["prompt_ids"]);
     assert_eq!(
         llm.tokenizer().encode(prompt, true).unwrap(),
         ids,
         "tokenization"
     );
-    // A real model's logits are far from flat: llama.cpp's greedy tokens, exactly.
-    teacher_forced(&llm, "published gemma-3-270m q4_K_M", &ids, &run, true);
-    let text = llm.tokenizer().decode(&u32s(&run["greedy"]), true).unwrap();
-    assert_eq!(text, run["text"].as_str().unwrap());
+    let runs: Vec<(&String, &serde_json::Value)> = file["runs"]
+        .as_object()
+        .expect("runs per CPU family")
+        .iter()
+        .collect();
+    let greedy = u32s(&runs[0].1["greedy"]);
+    for (family, run) in &runs {
+        assert_eq!(
+            u32s(&run["greedy"]),
+            greedy,
+            "{family}: the runs' tokens differ"
+        );
+    }
+    let mut m = SessionModel::new(llm.session(), llm.context());
+    m.reset();
+    let mut logits = m.forward(&ids).unwrap().to_vec();
+    for (step, &t) in greedy.iter().enumerate() {
+        let ours = argmax(&logits);
+        // llama.cpp's logit gap from its top token to ours, per run (None: not in its top 5).
+        let gaps: Vec<String> = runs
+            .iter()
+            .map(|(family, run)| {
+                let top = &run["top"][step];
+                let gap = u32s(&top[0])
+                    .iter()
+                    .position(|&i| i == ours)
+                    .map(|j| top[1][0].as_f64().unwrap() - top[1][j].as_f64().unwrap());
+                format!("{family}: {gap:?}")
+            })
+            .collect();
+        let ok = ours == t
+            || runs.iter().any(|(_, run)| {
+                let top = &run["top"][step];
+                u32s(&top[0])
+                    .iter()
+                    .position(|&i| i == ours)
+                    .is_some_and(|j| {
+                        top[1][0].as_f64().unwrap() - top[1][j].as_f64().unwrap() <= TIE
+                    })
+            });
+        assert!(
+            ok,
+            "published gemma-3-270m q4_K_M: step {step}: we pick {ours}, llama.cpp {t}; its gap \
+             to ours per run: {}",
+            gaps.join(", ")
+        );
+        logits = m.forward(&[t]).unwrap().to_vec();
+    }
+    // A real model's logits are far from flat: its text is llama.cpp's, exactly.
+    let text = llm.tokenizer().decode(&greedy, true).unwrap();
+    assert_eq!(text, runs[0].1["text"].as_str().unwrap());
 }
 
 /// `--matmul-precision bf16` on an HF bf16 folder: the prefill (and, through the KV cache,
