@@ -54,15 +54,19 @@ impl<'a> Decoder<'a> {
         })
     }
 
-    fn weight(&mut self, name: &str) -> Result<(ValueId, WeightFormat), BuildError> {
-        let t = self
-            .src
+    /// The source's tensor `name`, or an error naming it.
+    fn tensor(&self, name: &str) -> Result<&'a WeightTensor, BuildError> {
+        self.src
             .weights
             .get(name)
             .ok_or_else(|| BuildError::Weight {
                 name: name.into(),
                 msg: "missing from the model source".into(),
-            })?;
+            })
+    }
+
+    fn weight(&mut self, name: &str) -> Result<(ValueId, WeightFormat), BuildError> {
+        let t = self.tensor(name)?;
         let (format, data) = self.encoded(t)?;
         Ok((self.b.constant(name, data), format))
     }
@@ -101,14 +105,7 @@ impl<'a> Decoder<'a> {
         let Some(bias) = bias else {
             return Ok(y);
         };
-        let t = self
-            .src
-            .weights
-            .get(&bias)
-            .ok_or_else(|| BuildError::Weight {
-                name: bias.clone(),
-                msg: "missing from the model source".into(),
-            })?;
+        let t = self.tensor(&bias)?;
         let b = weight_f32(t)?;
         let b = self.b.f32s(&bias, &b);
         self.binary(&format!("{node}.bias"), BinaryOp::Add, y, b)
@@ -116,14 +113,7 @@ impl<'a> Decoder<'a> {
 
     /// RMSNorm over the last axis with the scale `name` (as the source's convention says).
     fn norm(&mut self, node: &str, x: ValueId, name: &str) -> Result<ValueId, BuildError> {
-        let t = self
-            .src
-            .weights
-            .get(name)
-            .ok_or_else(|| BuildError::Weight {
-                name: name.into(),
-                msg: "missing from the model source".into(),
-            })?;
+        let t = self.tensor(name)?;
         let mut scale = weight_f32(t)?;
         if self.src.conventions.norm_weight == NormWeight::OnePlus {
             // Gemma3RMSNorm: x * (1 + w), the sum taken in f32.
@@ -393,14 +383,7 @@ impl<'a> Decoder<'a> {
             let (format, data) = match self.src.conventions.experts {
                 ExpertLayout::Stacked => {
                     let name = format!("{p}.experts.{}.weight", proj_name(proj));
-                    let t = self
-                        .src
-                        .weights
-                        .get(&name)
-                        .ok_or_else(|| BuildError::Weight {
-                            name: name.clone(),
-                            msg: "missing from the model source".into(),
-                        })?;
+                    let t = self.tensor(&name)?;
                     self.encoded(t)?
                 }
                 _ => {
