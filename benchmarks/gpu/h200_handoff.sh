@@ -11,6 +11,9 @@
 #                  the boundary's signal does not wait for it
 #   direct         RAFTER_VULKAN_DIRECT_WAITS=1: the CPU's helper thread waits in the driver
 #                  itself (no monitor hop)
+#   spin100, spin1000  RAFTER_VULKAN_SPIN_WAIT_US=100 / 1000: the helper first polls the
+#                  semaphore's counter for up to that long per wait
+#   spin-early     spin1000 and early-signal together
 # If no-tail and early-signal are no faster than default, the tail is not the cost and the
 # remainder is the driver's signal or the CPU's start. Neither probe is for production:
 # scripts/stall_check.sh must pass with a variant before it could become the default.
@@ -47,6 +50,10 @@ run_variant() {
     no-tail) e=(RAFTER_VULKAN_STALL_PROBE=no-tail) ;;
     early-signal) e=(RAFTER_VULKAN_STALL_PROBE=early-signal) ;;
     direct) e=(RAFTER_VULKAN_DIRECT_WAITS=1) ;;
+    spin100) e=(RAFTER_VULKAN_SPIN_WAIT_US=100) ;;
+    spin1000) e=(RAFTER_VULKAN_SPIN_WAIT_US=1000) ;;
+    spin-early) e=(RAFTER_VULKAN_SPIN_WAIT_US=1000 RAFTER_VULKAN_STALL_PROBE=early-signal) ;;
+    spin0) e=(RAFTER_VULKAN_SPIN_WAIT_US=0) ;;
     *) echo "unknown variant $v" > "$f"; return 1 ;;
   esac
   timeout 120 env "${e[@]}" $R bench $M/midgraph.onnx --device vulkan $ins --warmup 5 \

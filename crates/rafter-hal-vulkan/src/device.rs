@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
@@ -72,6 +73,10 @@ pub struct VulkanDeviceOptions {
     /// driver itself ([`SemaphoreImpl::wait_direct`](rafter_hal::SemaphoreImpl::wait_direct));
     /// `None` reads [`DIRECT_WAITS_ENV`], whose default is off.
     pub direct_waits: Option<bool>,
+    /// How long such a thread first polls the semaphore's counter before it sleeps
+    /// ([`SPIN_WAIT_ENV`]); `None` reads that variable, whose default is
+    /// [`DEFAULT_SPIN_WAIT`] on a GPU and zero on a CPU implementation (lavapipe).
+    pub spin_wait: Option<Duration>,
 }
 
 /// Set to `1` to open Vulkan devices without cooperative matrices
@@ -177,6 +182,8 @@ pub(crate) struct Shared {
     /// Whether [`SemaphoreImpl::wait_direct`](rafter_hal::SemaphoreImpl::wait_direct)
     /// waits in the driver on the caller's thread ([`DIRECT_WAITS_ENV`]).
     pub(crate) direct_waits: bool,
+    /// How long a direct waiter polls the counter before sleeping ([`SPIN_WAIT_ENV`]).
+    pub(crate) spin_wait: Duration,
 }
 
 /// `1` or `0`: whether a thread that will run the work a GPU value releases (the CPU
@@ -190,6 +197,46 @@ pub(crate) struct Shared {
 /// spins in short waits and was measured missing wake-ups (issue 28), which is why host
 /// waits go through the monitor there.
 pub const DIRECT_WAITS_ENV: &str = "RAFTER_VULKAN_DIRECT_WAITS";
+
+/// Microseconds a thread that will run the work a GPU value releases (the CPU device's
+/// helper, [`SemaphoreImpl::wait_direct`](rafter_hal::SemaphoreImpl::wait_direct)) polls
+/// the semaphore's counter (`vkGetSemaphoreCounterValue`) before it sleeps; `0` turns the
+/// spin off. Why poll: a sleeping waiter is woken by the driver's interrupt path, which
+/// on the H200's driver put 27-42 us between a GPU batch's end and the CPU's first work
+/// (issue 26's bar is 20 us), where a poll sees the value within a microsecond or two.
+/// CUDA's runtime makes the same trade by default (`cudaDeviceScheduleAuto` spins while
+/// the machine has more cores than active contexts). The spin is bounded per wait, so a
+/// long GPU segment costs one core this long and then the usual sleep; and it is off by
+/// default on a CPU implementation of Vulkan (lavapipe), where the GPU's work runs on the
+/// same cores the spin would take.
+pub const SPIN_WAIT_ENV: &str = "RAFTER_VULKAN_SPIN_WAIT_US";
+
+/// [`SPIN_WAIT_ENV`]'s default on a GPU.
+pub const DEFAULT_SPIN_WAIT: Duration = Duration::from_micros(1000);
+
+/// The spin budget: `explicit`, else [`SPIN_WAIT_ENV`], else the default for the device
+/// type. A malformed variable is reported and read as the default.
+fn spin_wait(explicit: Option<Duration>, device_type: &str) -> Duration {
+    if let Some(d) = explicit {
+        return d;
+    }
+    let default = if device_type == "cpu" {
+        Duration::ZERO
+    } else {
+        DEFAULT_SPIN_WAIT
+    };
+    match std::env::var(SPIN_WAIT_ENV) {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_micros)
+            .unwrap_or_else(|_| {
+                eprintln!("{SPIN_WAIT_ENV}={v:?}: expected microseconds; using {default:?}");
+                default
+            }),
+        Err(_) => default,
+    }
+}
 
 /// Set to `1` to serialise every call that signals a timeline semaphore (submissions and
 /// host signals) under one device-wide lock ([`Shared::signal_guard`]), as vkd3d-proton
@@ -637,6 +684,7 @@ fn create_shared(
     let direct_waits = options
         .direct_waits
         .unwrap_or_else(|| std::env::var(DIRECT_WAITS_ENV).as_deref() == Ok("1"));
+    let spin_wait = spin_wait(options.spin_wait, caps.device_type);
     Ok(Shared {
         id: DeviceId::fresh(),
         name,
@@ -668,6 +716,7 @@ fn create_shared(
         stall_probe: StallProbe::from_env(),
         clock,
         direct_waits,
+        spin_wait,
     })
 }
 

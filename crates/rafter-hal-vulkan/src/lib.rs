@@ -44,7 +44,8 @@ pub use breadcrumbs::{BreadcrumbMode, BREADCRUMBS_ENV};
 pub use caps::{CoopMatrixShape, MemoryHeapInfo, MemoryTypeInfo, VulkanCapabilities, VulkanLimits};
 pub use command::{INLINE_BINDINGS, MAX_BINDINGS};
 pub use device::{
-    VulkanDevice, VulkanDeviceOptions, DIRECT_WAITS_ENV, NO_COOP_ENV, SERIAL_SIGNALS_ENV,
+    VulkanDevice, VulkanDeviceOptions, DEFAULT_SPIN_WAIT, DIRECT_WAITS_ENV, NO_COOP_ENV,
+    SERIAL_SIGNALS_ENV, SPIN_WAIT_ENV,
 };
 pub use error::VulkanError;
 pub use executable::{

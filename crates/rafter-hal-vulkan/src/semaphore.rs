@@ -277,6 +277,75 @@ impl SemInner {
     }
 }
 
+impl SemInner {
+    /// The spin phase of [`SemaphoreImpl::wait_direct`]: polls the counter until `value`,
+    /// a failure, `timeout` or the end of this wait's budget. `None` once the budget is
+    /// spent (the caller sleeps instead); a timeout inside the budget is
+    /// `Some(Err(Timeout))`, so the caller asks again and the spin resumes.
+    fn spin(&self, value: u64, timeout: Duration) -> Option<Result<(), SemaphoreError>> {
+        let budget = self.shared.spin_wait;
+        if budget.is_zero() {
+            return None;
+        }
+        let start = Instant::now();
+        // The spin budget counts per wait, across the slices a waiter asks in: this
+        // thread's last (semaphore, value) and since when. Per thread, so two threads
+        // waiting for different values cannot restart each other's budget.
+        let key = (self as *const SemInner as usize, value);
+        let since = SPIN_SINCE.with(|cell| match cell.get() {
+            Some((k, at)) if k == key => at,
+            _ => {
+                cell.set(Some((key, start)));
+                start
+            }
+        });
+        let end = since + budget;
+        if start >= end {
+            return None;
+        }
+        let until = end.min(start + timeout);
+        let mut polls = 0u32;
+        loop {
+            // A failure is sticky and host-side; a loss `counter` reports.
+            if self.failed.load(Ordering::Acquire) {
+                return self.settled(value);
+            }
+            match self.counter() {
+                Ok(current) if current >= value => return Some(Ok(())),
+                Ok(_) => {}
+                Err(reason) => return Some(Err(SemaphoreError::Failed(reason))),
+            }
+            let now = Instant::now();
+            if now >= until {
+                return (now < end).then(|| {
+                    Err(SemaphoreError::Timeout {
+                        value,
+                        current: self.value(),
+                        waited: now - start,
+                    })
+                });
+            }
+            polls += 1;
+            if polls % YIELD_EVERY == 0 {
+                // Lets a thread that shares this core (a CPU worker of a pipelined call)
+                // run; the poll resumes after it.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// See [`SemInner::spin`]: the (semaphore address, value) this thread last spun for.
+    static SPIN_SINCE: std::cell::Cell<Option<((usize, u64), Instant)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// How many counter polls a spinning waiter makes between yields of its core.
+const YIELD_EVERY: u32 = 32;
+
 impl SemaphoreImpl for SemInner {
     fn value(&self) -> u64 {
         let state = self.lock();
@@ -361,6 +430,15 @@ impl SemaphoreImpl for SemInner {
         // kept nine cores busy, starving the CPU fallback and the driver's pipeline
         // compiles (issue 28: the H100's `conformance --threads 8` runs slowed from 8 s to
         // 56 s or past 60 s).
+        // A value due from submitted GPU work is polled for first (`Shared::spin_wait`):
+        // the end of a call on the GPU then reaches its waiter without the driver's
+        // interrupt-driven wake-up. A host signal to come is not spun for.
+        if self.submitted_signal.load(Ordering::Acquire) >= value {
+            match self.spin(value, timeout) {
+                Some(Err(SemaphoreError::Timeout { .. })) | None => {}
+                Some(done) => return done,
+            }
+        }
         let wakeup = Arc::new(HostWakeup::default());
         let notified = wakeup.clone();
         self.notify_at(
@@ -395,13 +473,16 @@ impl SemaphoreImpl for SemInner {
         }
     }
 
-    /// With direct waits on (`Shared::direct_waits`) and a submitted batch that signals
-    /// `value` (else `None`): the calling thread waits in `vkWaitSemaphores` itself, for
-    /// this semaphore's value, so the GPU's signal wakes it with no monitor hop. A failure
-    /// or device loss (which the driver never signals) is noticed between slices of at
-    /// most [`DIRECT_SLICE`], which also bound what a driver's missed wake-up can cost.
+    /// With a submitted batch that signals `value` (else `None`), the calling thread waits
+    /// for it itself, so the GPU's signal reaches it with no monitor hop: first it polls
+    /// the counter for what is left of this wait's spin budget (`Shared::spin_wait`), then,
+    /// with direct waits on (`Shared::direct_waits`), it sleeps in `vkWaitSemaphores`;
+    /// with them off, a spent budget answers `None` and the monitor's callback starts the
+    /// work. A failure or device loss (which the driver never signals) is noticed between
+    /// slices of at most [`DIRECT_SLICE`], which also bound what a driver's missed wake-up
+    /// can cost.
     fn wait_direct(&self, value: u64, timeout: Duration) -> Option<Result<(), SemaphoreError>> {
-        if !self.shared.direct_waits {
+        if !self.shared.direct_waits && self.shared.spin_wait.is_zero() {
             return None;
         }
         if let Some(done) = self.settled(value) {
@@ -410,7 +491,12 @@ impl SemaphoreImpl for SemInner {
         if self.submitted_signal.load(Ordering::Acquire) < value {
             return None;
         }
-        Some(self.wait_in_driver(value, timeout))
+        if let Some(done) = self.spin(value, timeout) {
+            return Some(done);
+        }
+        self.shared
+            .direct_waits
+            .then(|| self.wait_in_driver(value, timeout))
     }
 
     fn notify_at(&self, value: u64, callback: TimepointCallback) {

@@ -1,6 +1,7 @@
 //! `Semaphore::wait_direct` on Vulkan semaphores: the waiting thread sleeps in the driver
 //! itself, woken by the GPU's signal, or by the device's wake semaphore on a failure or a
-//! device loss; `None` when nothing submitted will signal the value.
+//! device loss; `None` when nothing submitted will signal the value. And the spin that
+//! comes first (`VulkanDeviceOptions::spin_wait`): a poll of the counter, bounded per wait.
 
 mod common;
 
@@ -16,6 +17,22 @@ fn direct(test: &str, on: bool) -> Option<common::Checked> {
         test,
         VulkanDeviceOptions {
             direct_waits: Some(on),
+            // These tests are about the sleep in the driver: no spin before it, whatever
+            // the environment says.
+            spin_wait: Some(Duration::ZERO),
+            ..Default::default()
+        },
+    )
+}
+
+/// A device whose waiters poll for `spin` before they sleep, with direct waits off (a
+/// spent budget then answers `None`, as on a GPU by default).
+fn spinning(test: &str, spin: Duration) -> Option<common::Checked> {
+    common::device_with_or_skip(
+        test,
+        VulkanDeviceOptions {
+            direct_waits: Some(false),
+            spin_wait: Some(spin),
             ..Default::default()
         },
     )
@@ -171,6 +188,128 @@ fn a_direct_wait_ends_when_the_semaphore_fails_meanwhile() {
 fn a_direct_wait_ends_when_the_device_is_lost_meanwhile() {
     ends_early(
         "a_direct_wait_ends_when_the_device_is_lost_meanwhile",
+        |device, _| device.inject_device_loss("test"),
+        "device lost",
+    );
+}
+
+/// A spinning wait sees a value the GPU reaches within its budget; a wait for longer work
+/// polls in the caller's slices until the budget is spent, then hands the wait back
+/// (`None`), long before the work ends; a host wait for that work still completes.
+#[test]
+fn a_spinning_wait_returns_the_value_or_hands_back_once_its_budget_is_spent() {
+    let budget = Duration::from_millis(60);
+    let Some(device) = spinning("a_spinning_wait_returns_the_value", budget) else {
+        return;
+    };
+    let queue = device.queue(0).unwrap();
+    let quick = device.create_semaphore(0).unwrap();
+    queue
+        .submit(
+            &common::slow_commands(&device, 1 << 20, 1),
+            &[],
+            &[(quick.clone(), 1)],
+        )
+        .unwrap();
+    // Within a budget of a minute, the poll alone sees the value.
+    let Some(patient) = spinning("a_spinning_wait_returns_the_value (long)", WAIT) else {
+        return;
+    };
+    let long_budget = patient.create_semaphore(0).unwrap();
+    patient
+        .queue(0)
+        .unwrap()
+        .submit(
+            &common::slow_commands(&patient, 1 << 20, 1),
+            &[],
+            &[(long_budget.clone(), 1)],
+        )
+        .unwrap();
+    match long_budget.wait_direct(1, WAIT) {
+        Some(Ok(())) => {}
+        other => panic!("{other:?}"),
+    }
+    quick.wait(1, WAIT).unwrap();
+
+    let (commands, took) = calibrated_slow_commands(&device, Duration::from_millis(600));
+    let semaphore = device.create_semaphore(0).unwrap();
+    let start = Instant::now();
+    queue
+        .submit(&commands, &[], &[(semaphore.clone(), 1)])
+        .unwrap();
+    let mut slices = 0;
+    let handed_back = loop {
+        match semaphore.wait_direct(1, Duration::from_millis(5)) {
+            Some(Err(SemaphoreError::Timeout { value: 1, .. })) => slices += 1,
+            None => break start.elapsed(),
+            Some(Ok(())) => {
+                eprintln!("inconclusive: the work ended within the budget ({took:?})");
+                return;
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(slices < 10_000, "the spin never ended");
+    };
+    if handed_back < took / 2 {
+        assert!(
+            handed_back >= budget && slices >= 2,
+            "handed back after {handed_back:?} and {slices} slices; the budget is {budget:?}"
+        );
+    }
+    // The budget is per wait: asked again, the thread is sent to sleep at once.
+    assert!(semaphore.wait_direct(1, WAIT).is_none());
+    semaphore.wait(1, WAIT).unwrap();
+}
+
+/// A spinning waiter notices a host-side failure and a device loss, which the driver never
+/// signals, as soon as they happen.
+fn spin_ends_early(test: &str, end: impl FnOnce(&VulkanDevice, &Semaphore), expect: &str) {
+    let Some(device) = spinning(test, WAIT) else {
+        return;
+    };
+    let (commands, took) = calibrated_slow_commands(&device, Duration::from_millis(400));
+    let semaphore = device.create_semaphore(0).unwrap();
+    device
+        .queue(0)
+        .unwrap()
+        .submit(&commands, &[], &[(semaphore.clone(), 1)])
+        .unwrap();
+    let submitted = Instant::now();
+    let waiter = {
+        let semaphore = semaphore.clone();
+        // The host wait spins first too (the value is due from submitted work).
+        std::thread::spawn(move || (semaphore.wait(1, WAIT), Instant::now()))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    let ended = Instant::now();
+    end(&device, &semaphore);
+    let (result, returned) = waiter.join().unwrap();
+    match result {
+        Err(SemaphoreError::Failed(reason)) => assert!(reason.contains(expect), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    if ended - submitted < took / 2 {
+        assert!(
+            returned - ended < took / 2,
+            "returned {:?} after the failure; the work takes {took:?}",
+            returned - ended
+        );
+    }
+}
+
+#[test]
+fn a_spinning_wait_ends_when_the_semaphore_fails_meanwhile() {
+    spin_ends_early(
+        "a_spinning_wait_ends_when_the_semaphore_fails_meanwhile",
+        |_, semaphore| semaphore.fail("stopped by the test"),
+        "stopped by the test",
+    );
+}
+
+#[test]
+fn a_spinning_wait_ends_when_the_device_is_lost_meanwhile() {
+    spin_ends_early(
+        "a_spinning_wait_ends_when_the_device_is_lost_meanwhile",
         |device, _| device.inject_device_loss("test"),
         "device lost",
     );

@@ -771,7 +771,11 @@ fn k_split_of_few_row_products() {
         for (s, &(m, k, n)) in shapes.iter().enumerate() {
             for (p, par) in pars.iter().enumerate() {
                 for (e, epi) in epilogues.iter().enumerate() {
-                    let seed = 900 + (s * 16 + p * 4 + e) as u64;
+                    // One seed per shape and epilogue, not per thread split: the f64
+                    // reference (most of this test's time, 4 minutes under qemu when each
+                    // split drew its own operands) is then computed once and kept for every
+                    // split and ISA; the splits differ in how they cut the work, not in data.
+                    let seed = 900 + (s * 16 + e) as u64;
                     let case = Case { m, k, n, ..*epi };
                     let prepack = (s + p + e) % 2 == 0;
                     Case { fill: true, ..case }.run(isa, *par, prepack, seed);
