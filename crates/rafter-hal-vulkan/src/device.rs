@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -148,6 +148,11 @@ pub(crate) struct Shared {
     /// Host-signalled to wake the monitor thread out of `vkWaitSemaphores`.
     pub(crate) wake_semaphore: vk::Semaphore,
     wake_counter: Mutex<u64>,
+    /// How many times the monitor has retired finished batches (and reported their GPU
+    /// spans), with the condition variable a traced host wait sleeps on until two more
+    /// passes have run ([`Shared::await_retire_passes`]).
+    retire_epoch: Mutex<u64>,
+    retire_passed: Condvar,
     /// Every semaphore this device created (weakly): the monitor fires their timepoints.
     pub(crate) semaphores: Mutex<Vec<Weak<SemInner>>>,
     /// Set once the device is lost (or reported lost): the reason.
@@ -210,6 +215,10 @@ pub const DIRECT_WAITS_ENV: &str = "RAFTER_VULKAN_DIRECT_WAITS";
 /// default on a CPU implementation of Vulkan (lavapipe), where the GPU's work runs on the
 /// same cores the spin would take.
 pub const SPIN_WAIT_ENV: &str = "RAFTER_VULKAN_SPIN_WAIT_US";
+
+/// The longest a traced host wait waits for the monitor's report of what it waited for
+/// (a monitor that stopped, as the device closes, must not hold it longer).
+const REPORT_WAIT: Duration = Duration::from_millis(200);
 
 /// [`SPIN_WAIT_ENV`]'s default on a GPU.
 pub const DEFAULT_SPIN_WAIT: Duration = Duration::from_micros(1000);
@@ -275,6 +284,38 @@ impl Shared {
     }
 
     /// Wakes the monitor thread (it re-reads everything it watches).
+    /// Called by the monitor after each retire pass.
+    pub(crate) fn note_retire_pass(&self) {
+        *self.retire_epoch.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.retire_passed.notify_all();
+    }
+
+    /// Waits (at most [`REPORT_WAIT`]) until the monitor has begun and finished a retire
+    /// pass after this call: every batch complete when it was called has then been retired
+    /// and its GPU spans reported. A pass under way at the call may have looked before the
+    /// batch completed, hence two. The monitor is woken for them, since with nothing in
+    /// flight it sleeps a long tick.
+    pub(crate) fn await_retire_passes(&self) {
+        let deadline = std::time::Instant::now() + REPORT_WAIT;
+        let mut epoch = self.retire_epoch.lock().unwrap_or_else(|e| e.into_inner());
+        let want = *epoch + 2;
+        while *epoch < want {
+            drop(epoch);
+            self.wake();
+            epoch = self.retire_epoch.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            if *epoch >= want || now >= deadline {
+                break;
+            }
+            let slice = (deadline - now).min(Duration::from_millis(5));
+            epoch = self
+                .retire_passed
+                .wait_timeout(epoch, slice)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     pub(crate) fn wake(&self) {
         let mut counter = self.wake_counter.lock().unwrap_or_else(|e| e.into_inner());
         *counter += 1;
@@ -699,6 +740,8 @@ fn create_shared(
         sched: Mutex::new(SchedState::default()),
         wake_semaphore,
         wake_counter: Mutex::new(0),
+        retire_epoch: Mutex::new(0),
+        retire_passed: Condvar::new(),
         semaphores: Mutex::new(Vec::new()),
         lost: Mutex::new(None),
         lost_flag: AtomicBool::new(false),

@@ -710,6 +710,7 @@ pub(crate) fn run_monitor(shared: Arc<Shared>) {
             // retired (`traced_and_in_flight`) can go now.
             shared.schedule();
         }
+        shared.note_retire_pass();
         let mut waits: Vec<(vk::Semaphore, u64)> = vec![(shared.wake_semaphore, wake_seen + 1)];
         // Held until after the wait, so no semaphore waited on is destroyed meanwhile.
         let live = shared.live_semaphores();

@@ -346,6 +346,66 @@ thread_local! {
 /// How many counter polls a spinning waiter makes between yields of its core.
 const YIELD_EVERY: u32 = 32;
 
+impl SemInner {
+    /// [`SemaphoreImpl::wait`] up to the value being reached (spinning first where that
+    /// pays), without the traced device's wait for the monitor's report.
+    fn wait_reached(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
+        let start = Instant::now();
+        if let Some(done) = self.settled(value) {
+            return done;
+        }
+        // The waiting thread sleeps on a host condition variable that the monitor's
+        // callback (or a host signal, or a failure) wakes; only the monitor asks the driver.
+        // Each waiter used to poll `vkWaitSemaphores` in 200 µs slices itself: NVIDIA's
+        // driver spins in short waits, so with `--threads 8` eight waiters and the monitor
+        // kept nine cores busy, starving the CPU fallback and the driver's pipeline
+        // compiles (issue 28: the H100's `conformance --threads 8` runs slowed from 8 s to
+        // 56 s or past 60 s).
+        // A value due from submitted GPU work is polled for first (`Shared::spin_wait`):
+        // the end of a call on the GPU then reaches its waiter without the driver's
+        // interrupt-driven wake-up. A host signal to come is not spun for, nor is a value
+        // on a traced device, whose wait ends with the monitor's report anyway (`wait`).
+        if self.shared.trace.is_none() && self.submitted_signal.load(Ordering::Acquire) >= value {
+            match self.spin(value, timeout) {
+                Some(Err(SemaphoreError::Timeout { .. })) | None => {}
+                Some(done) => return done,
+            }
+        }
+        let wakeup = Arc::new(HostWakeup::default());
+        let notified = wakeup.clone();
+        self.notify_at(
+            value,
+            Box::new(move |result| {
+                notified.set(result.map_err(|e| match e {
+                    SemaphoreError::Failed(reason) => reason,
+                    other => other.to_string(),
+                }))
+            }),
+        );
+        loop {
+            let waited = start.elapsed();
+            let left = timeout.saturating_sub(waited);
+            match wakeup.wait(left.min(RECHECK)) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(reason)) => return Err(SemaphoreError::Failed(reason)),
+                None => {}
+            }
+            // A safety net for a callback that never comes: look at the driver's counter.
+            if let Some(done) = self.settled(value) {
+                return done;
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(SemaphoreError::Timeout {
+                    value,
+                    current: self.value(),
+                    waited,
+                });
+            }
+        }
+    }
+}
+
 impl SemaphoreImpl for SemInner {
     fn value(&self) -> u64 {
         let state = self.lock();
@@ -419,58 +479,18 @@ impl SemaphoreImpl for SemInner {
     }
 
     fn wait(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
-        let start = Instant::now();
-        if let Some(done) = self.settled(value) {
-            return done;
+        let reached = self.wait_reached(value, timeout);
+        if reached.is_ok() && self.shared.trace.is_some() {
+            // On a traced device the wait ends once the GPU spans of what it waited for
+            // are reported: what reads a call's trace right after its wait (`rafter run
+            // --trace`, the calibration's probes) finds them there, and none of them turns
+            // up late in the next call's window. A waiter that saw the counter first (a
+            // value already reached, or a spinning waiter) returned ahead of the monitor:
+            // the H200's calibration then found no span of a probe, or rated probes at up
+            // to 20x their time.
+            self.shared.await_retire_passes();
         }
-        // The waiting thread sleeps on a host condition variable that the monitor's
-        // callback (or a host signal, or a failure) wakes; only the monitor asks the driver.
-        // Each waiter used to poll `vkWaitSemaphores` in 200 µs slices itself: NVIDIA's
-        // driver spins in short waits, so with `--threads 8` eight waiters and the monitor
-        // kept nine cores busy, starving the CPU fallback and the driver's pipeline
-        // compiles (issue 28: the H100's `conformance --threads 8` runs slowed from 8 s to
-        // 56 s or past 60 s).
-        // A value due from submitted GPU work is polled for first (`Shared::spin_wait`):
-        // the end of a call on the GPU then reaches its waiter without the driver's
-        // interrupt-driven wake-up. A host signal to come is not spun for.
-        if self.submitted_signal.load(Ordering::Acquire) >= value {
-            match self.spin(value, timeout) {
-                Some(Err(SemaphoreError::Timeout { .. })) | None => {}
-                Some(done) => return done,
-            }
-        }
-        let wakeup = Arc::new(HostWakeup::default());
-        let notified = wakeup.clone();
-        self.notify_at(
-            value,
-            Box::new(move |result| {
-                notified.set(result.map_err(|e| match e {
-                    SemaphoreError::Failed(reason) => reason,
-                    other => other.to_string(),
-                }))
-            }),
-        );
-        loop {
-            let waited = start.elapsed();
-            let left = timeout.saturating_sub(waited);
-            match wakeup.wait(left.min(RECHECK)) {
-                Some(Ok(())) => return Ok(()),
-                Some(Err(reason)) => return Err(SemaphoreError::Failed(reason)),
-                None => {}
-            }
-            // A safety net for a callback that never comes: look at the driver's counter.
-            if let Some(done) = self.settled(value) {
-                return done;
-            }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(SemaphoreError::Timeout {
-                    value,
-                    current: self.value(),
-                    waited,
-                });
-            }
-        }
+        reached
     }
 
     /// With a submitted batch that signals `value` (else `None`), the calling thread waits

@@ -731,3 +731,42 @@ fn the_validation_layer_reports_an_invalid_call_into_the_log() {
     off.provoke_validation_error();
     assert_eq!(off.validation_messages().1, 0);
 }
+
+/// On a traced device a host wait returns only once the monitor has reported the batch's
+/// GPU spans, even with the spin wait on (`VulkanDeviceOptions::spin_wait`): what reads
+/// a call's trace right after its wait (`rafter run --trace`, the calibration's probes)
+/// must find the call's spans there, and no late span of it in the next call's window.
+/// A spinning waiter saw the counter before the monitor's report: the H200's calibration
+/// then found no span of a probe, or rated probes at up to 20x their time.
+#[test]
+fn a_traced_host_wait_returns_with_the_batchs_spans_reported() {
+    let sink = Arc::new(rafter_hal::MemoryTraceSink::new());
+    let options = rafter_hal_vulkan::VulkanDeviceOptions {
+        trace_sink: Some(sink.clone()),
+        spin_wait: Some(std::time::Duration::from_secs(1)),
+        ..Default::default()
+    };
+    let Some(device) = common::device_with_or_skip("traced_host_wait", options) else {
+        return;
+    };
+    if device.capabilities().timestamp_valid_bits == 0 {
+        eprintln!("skipping traced_host_wait: the queue family has no timestamps");
+        return;
+    }
+    let dst = device.allocate(1 << 20, MemoryKind::DeviceLocal).unwrap();
+    let queue = device.queue(0).unwrap();
+    let done = device.create_semaphore(0).unwrap();
+    for value in 1..=20u64 {
+        let mut builder = device.create_command_buffer().unwrap();
+        builder
+            .fill(dst.whole(), rafter_hal::FillPattern::U32(value as u32))
+            .unwrap();
+        sink.take();
+        queue
+            .submit(&builder.finish(), &[], &[(done.clone(), value)])
+            .unwrap();
+        done.wait(value, WAIT).unwrap();
+        let kinds: Vec<_> = sink.events().iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [rafter_hal::TraceKind::Fill], "submission {value}");
+    }
+}
