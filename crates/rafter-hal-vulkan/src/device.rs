@@ -229,21 +229,33 @@ fn spin_wait(explicit: Option<Duration>, device_type: &str) -> Duration {
     if let Some(d) = explicit {
         return d;
     }
+    let value = std::env::var(SPIN_WAIT_ENV).ok();
+    let (budget, complaint) = parse_spin_wait(value.as_deref(), device_type);
+    if let Some(complaint) = complaint {
+        eprintln!("{complaint}");
+    }
+    budget
+}
+
+/// [`SPIN_WAIT_ENV`]'s `value` (`None`: unset) on a device of `device_type`: the budget,
+/// and what to say when the value is malformed (the default is used then).
+fn parse_spin_wait(value: Option<&str>, device_type: &str) -> (Duration, Option<String>) {
     let default = if device_type == "cpu" {
         Duration::ZERO
     } else {
         DEFAULT_SPIN_WAIT
     };
-    match std::env::var(SPIN_WAIT_ENV) {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .map(Duration::from_micros)
-            .unwrap_or_else(|_| {
-                eprintln!("{SPIN_WAIT_ENV}={v:?}: expected microseconds; using {default:?}");
-                default
-            }),
-        Err(_) => default,
+    match value {
+        None => (default, None),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(us) => (Duration::from_micros(us), None),
+            Err(_) => (
+                default,
+                Some(format!(
+                    "{SPIN_WAIT_ENV}={v:?}: expected microseconds; using {default:?}"
+                )),
+            ),
+        },
     }
 }
 
@@ -1024,3 +1036,35 @@ const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Shared>();
 };
+
+#[cfg(test)]
+mod spin_wait_tests {
+    use super::*;
+
+    #[test]
+    fn the_spin_budget_reads_microseconds_and_refuses_anything_else() {
+        assert_eq!(parse_spin_wait(None, "discrete"), (DEFAULT_SPIN_WAIT, None));
+        assert_eq!(parse_spin_wait(None, "cpu"), (Duration::ZERO, None));
+        assert_eq!(
+            parse_spin_wait(Some(" 250 "), "cpu"),
+            (Duration::from_micros(250), None)
+        );
+        assert_eq!(
+            parse_spin_wait(Some("0"), "discrete"),
+            (Duration::ZERO, None)
+        );
+        for bad in ["", "1ms", "-5", "1.5"] {
+            let (budget, complaint) = parse_spin_wait(Some(bad), "integrated");
+            assert_eq!(budget, DEFAULT_SPIN_WAIT, "{bad:?}");
+            let complaint = complaint.unwrap_or_default();
+            assert!(
+                complaint.contains(SPIN_WAIT_ENV) && complaint.contains("microseconds"),
+                "{bad:?}: {complaint}"
+            );
+        }
+        assert_eq!(
+            spin_wait(Some(Duration::from_micros(7)), "cpu"),
+            Duration::from_micros(7)
+        );
+    }
+}
