@@ -139,8 +139,8 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     if args.estimate {
         // The breakdown needs a traced call: the timed ones where `--trace` traced them,
         // else as many calls of a traced session.
-        let (events, window) = match &sink {
-            Some(sink) => (sink.events(), timed.fastest),
+        let (events, windows) = match &sink {
+            Some(sink) => (sink.events(), timed.windows.clone()),
             None => {
                 let (traced, sink) = open_session(&args, &program, &executables, true)?;
                 let sink = sink.expect("a traced session has a sink");
@@ -149,17 +149,17 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
                 }
                 sink.clear();
                 let t = time_calls(&traced, &inputs, args.iters)?;
-                (sink.events(), t.fastest)
+                (sink.events(), t.windows)
             }
         };
-        // The fastest call: on a shared machine the least disturbed one.
+        // Medians: each kernel's over the traced calls, the call's over the timed ones.
         let lines = crate::estimate::estimate_table(
             session.program(),
             &target,
             &bindings.as_map(),
             &events,
-            window,
-            (timed.fastest.1 - timed.fastest.0).as_secs_f64(),
+            &windows,
+            crate::estimate::median(timed.times_ms.clone()) * 1e-3,
         );
         for l in lines {
             println!("{l}");
@@ -223,8 +223,6 @@ struct TimedCalls {
     times_ms: Vec<f64>,
     /// Each call's window, for the trace's handoffs (`estimate::handoffs`).
     windows: Vec<(Instant, Instant)>,
-    /// The fastest call's window.
-    fastest: (Instant, Instant),
     /// Time spent in `submit` (planning, allocation, recording, submission: the host's
     /// share of a call before any device work can finish), ms, to tell host overhead
     /// apart.
@@ -240,10 +238,8 @@ fn time_calls(
     let mut timed = TimedCalls {
         times_ms: Vec::with_capacity(iters),
         windows: Vec::with_capacity(iters),
-        fastest: (Instant::now(), Instant::now()),
         submits_ms: Vec::with_capacity(iters),
     };
-    let mut fastest: Option<(Instant, Instant)> = None;
     for _ in 0..iters {
         let call_inputs = inputs.to_vec();
         let start = Instant::now();
@@ -253,12 +249,6 @@ fn time_calls(
         let end = Instant::now();
         timed.times_ms.push((end - start).as_secs_f64() * 1e3);
         timed.windows.push((start, end));
-        if fastest.is_none_or(|(a, b)| end - start < b - a) {
-            fastest = Some((start, end));
-        }
-    }
-    if let Some(f) = fastest {
-        timed.fastest = f;
     }
     Ok(timed)
 }

@@ -305,7 +305,7 @@ fn run_runtime(
             target,
             &values,
             &events,
-            (start, start + took),
+            &[(start, start + took)],
             took.as_secs_f64(),
         );
         for l in table {
@@ -406,6 +406,16 @@ pub(crate) fn gather_inputs(
         .into_iter()
         .map(|s| s.expect("filled above"))
         .collect())
+}
+
+/// Random inputs for every port from `seed`, quietly: for calibration programs, whose
+/// inputs no user repeats (`gather_inputs` prints the seed of a run's).
+pub(crate) fn random_inputs(ports: &[Port], bindings: &Bindings, seed: u64) -> Result<Vec<Tensor>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    ports
+        .iter()
+        .map(|p| random_input(p, bindings, &mut rng))
+        .collect()
 }
 
 fn random_input(v: &Port, bindings: &Bindings, rng: &mut impl Rng) -> Result<Tensor> {

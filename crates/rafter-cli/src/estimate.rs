@@ -59,6 +59,37 @@ fn measured_by_kernel(events: &[TraceEvent], calls: usize) -> HashMap<String, f6
         .collect()
 }
 
+/// Each kernel's median time over `calls` (windows from submission to return), from the
+/// dispatches of `events` within each window: the typical time of a kernel, which the
+/// calibration's probes are rated by too (a call's fastest run is not the sum of its
+/// kernels' fastest ones: on a shared machine each kernel is disturbed at its own
+/// moments). A kernel counts in the calls it ran in.
+fn median_by_kernel(events: &[TraceEvent], calls: &[(Instant, Instant)]) -> HashMap<String, f64> {
+    let mut per_call: HashMap<String, Vec<f64>> = HashMap::new();
+    for &(start, end) in calls {
+        let within: Vec<TraceEvent> = events
+            .iter()
+            .filter(|e| e.start >= start && e.end <= end)
+            .cloned()
+            .collect();
+        for (k, s) in measured_by_kernel(&within, 1) {
+            per_call.entry(k).or_default().push(s);
+        }
+    }
+    per_call.into_iter().map(|(k, v)| (k, median(v))).collect()
+}
+
+/// The median of `v` (not empty): the mean of the middle two of an even count.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
 /// Per device seen in `events`: seconds busy (the union of its spans: dispatches,
 /// copies, fills) within the window from the first span of any device to the last.
 pub fn device_busy(events: &[TraceEvent]) -> (f64, BTreeMap<String, f64>) {
@@ -210,25 +241,19 @@ impl Row {
 }
 
 /// The estimate-vs-measured table of `program` placed for `target`, with the symbols at
-/// `values` (the inputs' dims), against the `events` of one traced call that ran from
-/// `call.0` to `call.1` (bench passes its fastest call: on a shared machine the least
-/// disturbed one, and the one whose kernels add up to its wall time), the whole call's
-/// estimate against `call_s` (bench: its fastest untraced call, as a traced call runs
-/// slower than users' calls do).
+/// `values` (the inputs' dims): each kernel's estimate against its median time over the
+/// traced `calls` (windows from submission to return) in `events`, and the whole call's
+/// estimate against `call_s` (bench: its median untraced call, as a traced call runs
+/// slower than users' calls do). Medians on both sides, as the calibration rates its
+/// probes: the estimate is of a typical call.
 pub fn estimate_table(
     program: &Program,
     target: &Target,
     values: &HashMap<Symbol, i64>,
     events: &[TraceEvent],
-    call: (Instant, Instant),
+    calls: &[(Instant, Instant)],
     call_s: f64,
 ) -> Vec<String> {
-    let events: Vec<TraceEvent> = events
-        .iter()
-        .filter(|e| e.start >= call.0 && e.end <= call.1)
-        .cloned()
-        .collect();
-    let calls = 1;
     // The stored profiles, whatever the target (a single-device target compiles without
     // reading them, but its estimate needs them).
     let mut placement = target.placement().clone();
@@ -249,7 +274,7 @@ pub fn estimate_table(
         })
         .collect();
     let whole = m.evaluate(&placement);
-    let measured = measured_by_kernel(&events, calls);
+    let measured = median_by_kernel(events, calls);
     let mut by_class: BTreeMap<String, Row> = BTreeMap::new();
     let mut by_device: BTreeMap<String, Row> = BTreeMap::new();
     let mut partitions: Vec<(String, Row)> = Vec::new();
@@ -410,6 +435,31 @@ mod tests {
         // [0, 4] and [1, 5] overlap: 5 ms, then 2 ms, over 2 calls.
         assert!((m["k0"] - 0.0035).abs() < 1e-9, "{:?}", m);
         assert!((m["k1"] - 0.0005).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_kernels_measured_time_is_its_median_over_the_calls() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        // Three calls of 10 ms windows: k0 takes 2, 9 (a disturbed call) and 3 ms, the
+        // last split over two threads ([20, 22] and [21, 23]); k1 runs in the first only.
+        let events = [
+            event("cpu:0", "k0", t, 0, 2),
+            event("cpu:0", "k1", t, 2, 3),
+            event("cpu:0", "k0", t, 10, 19),
+            event("cpu:0", "k0", t, 20, 22),
+            event("cpu:1", "k0", t, 21, 23),
+        ];
+        let calls = [
+            (t, t + ms(10)),
+            (t + ms(10), t + ms(20)),
+            (t + ms(20), t + ms(30)),
+        ];
+        let m = median_by_kernel(&events, &calls);
+        assert!((m["k0"] - 0.003).abs() < 1e-9, "{m:?}");
+        assert!((m["k1"] - 0.001).abs() < 1e-9, "{m:?}");
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(vec![5.0]), 5.0);
     }
 
     #[test]

@@ -57,6 +57,7 @@ fn profile(flops: f64, bytes: f64, dispatch: f64) -> CostProfile {
         barrier_s: 0.0,
         half_scale: 1.0,
         dispatch_overlaps: false,
+        residuals: Default::default(),
     }
 }
 

@@ -409,8 +409,15 @@ fn reduction_ops(op: &Op) -> f64 {
     }
 }
 
+/// Seconds a part of `flops` and reduction `depth` takes at class rate `r` by the fit
+/// alone (no dispatch, no residual, f32): its flops with the ramp, and its depth's steps.
+pub fn fitted_s(flops: f64, depth: f64, r: ClassRate) -> f64 {
+    (flops + r.half_flops) / r.flops_per_s + depth * r.depth_s
+}
+
 /// Seconds `work` takes on a device with `profile`. A kernel with contraction or
-/// attention parts takes the sum of their times at their classes' rates (its fused
+/// attention parts takes the sum of their times at their classes' rates, each corrected
+/// by the residuals of the class's probes near it ([`CostProfile::correction`]) (its fused
 /// elementwise epilogues ride on those passes and add nothing); any other kernel its
 /// flops at its kind's rate. Either way, no less than its bytes at the main class's
 /// bandwidth.
@@ -419,7 +426,7 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
     // A depth's steps run at the same scale as the flops: a GPU's f16 matrix units take
     // several of K's steps at once.
     let at_rate = |f: f64, depth: f64, r: ClassRate| {
-        let t = (f + r.half_flops) / r.flops_per_s + depth * r.depth_s;
+        let t = fitted_s(f, depth, r);
         let scale = r.half_scale.unwrap_or(profile.half_scale);
         if work.half && scale > 0.0 {
             t / scale
@@ -432,7 +439,10 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
         .iter()
         .zip(work.detail_flops.iter().zip(&work.detail_depth))
         .filter(|(_, (&f, _))| f > 0.0)
-        .map(|(&c, (&f, &depth))| at_rate(f, depth, profile.rate_of(Some(c), work.class)))
+        .map(|(&c, (&f, &depth))| {
+            let near = profile.correction(Some(c), work.class, f, depth);
+            at_rate(f, depth, profile.rate_of(Some(c), work.class)) * near
+        })
         .sum();
     let compute = if parts > 0.0 {
         parts
@@ -486,6 +496,7 @@ mod tests {
             barrier_s: 0.0,
             half_scale: 1.0,
             dispatch_overlaps: false,
+            residuals: BTreeMap::new(),
         }
     }
 

@@ -20,8 +20,12 @@
 //! class vulkan contraction flops_per_s=1e11 bytes_per_s=2e11 half_flops=1e6
 //! class vulkan depthwise_conv flops_per_s=2e10 bytes_per_s=2e11 half_flops=1e5 half_scale=1.5
 //! class vulkan conv flops_per_s=5e12 bytes_per_s=2e12 half_flops=1e7 depth_s=1e-8
+//! point vulkan conv flops=2.3e8 depth=1152 ratio=1.3
 //! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
 //! ```
+//!
+//! A `point` is a calibration probe's residual ([`Residual`]): its work and its measured
+//! time over the class's fitted one.
 //!
 //! A zero-copy link names where its shared tensors live, `shared_memory=device` (the
 //! default: the device's own memory, which the host maps) or `shared_memory=host`:
@@ -143,7 +147,38 @@ pub struct CostProfile {
     /// traced spans alone: charged on top, dispatches put the GPU's estimates 27-38%
     /// over its calls. Text key `dispatch_overlaps=true`; absent: false.
     pub dispatch_overlaps: bool,
+    /// Per class, the calibration probes' residuals: where the class's fitted rate missed
+    /// a measured probe, which [`CostProfile::correction`] carries over to kernels of
+    /// nearby work. Text records `point DEVICE CLASS flops=F depth=D ratio=R`; none in
+    /// profiles written before them (the fit alone).
+    pub residuals: BTreeMap<&'static str, Vec<Residual>>,
 }
+
+/// One calibration probe's residual: its measured time over the time its class's fitted
+/// rate gives its work. A class's fit (a rate, a ramp and a depth cost over five or six
+/// probes) follows the trend across shapes but misses single shapes by up to 2x: on the
+/// H200 machine's host, ResNet-50's stride-2 3x3 convolutions ran at 0.45 TFLOP/s where
+/// the direct convolutions' fit gave 0.8, and on the H200 a 128x384x384 GEMM (MiniLM's
+/// projections) took 20 us where the GEMM fit, pulled down by the attention products,
+/// gave 13.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Residual {
+    /// The probe's flops (of its class's part).
+    pub flops: f64,
+    /// Its reduction depth ([`crate::partition::cost::KernelWork::detail_depth`]).
+    pub depth: f64,
+    /// Measured over fitted time (beyond the device's per-kernel floor).
+    pub ratio: f64,
+}
+
+/// How far, in the natural logarithm of flops and of reduction depth, a probe's residual
+/// reaches: a kernel with 1.28x a probe's flops takes 0.6 of its weight, one with 2x
+/// 0.02 ([`CostProfile::correction`]).
+const RESIDUAL_REACH: f64 = 0.25;
+
+/// The fit's own weight against the probes' (each at most 1): a kernel matching a probe
+/// exactly takes 1/1.1 of its residual (in logarithm), one far from every probe none.
+const FIT_WEIGHT: f64 = 0.1;
 
 impl CostProfile {
     /// Seconds a kernel whose own work takes `work_s` costs on this device, its dispatch
@@ -182,6 +217,46 @@ impl CostProfile {
             .copied()
             .unwrap_or_else(|| self.rate(kind))
     }
+
+    /// The factor on the fitted time of a part of class `detail` (resolved as
+    /// [`CostProfile::rate_of`] does) with `flops` and reduction `depth`: the geometric
+    /// mean of the class's probe residuals, each weighted by a Gaussian of its distance in
+    /// log flops and log depth ([`RESIDUAL_REACH`]), against the fit's own weight
+    /// ([`FIT_WEIGHT`]) at ratio 1 (Nadaraya-Watson smoothing of the residuals: a kernel
+    /// shaped like a probe costs about what the probe measured, one unlike any costs the
+    /// fit).
+    pub fn correction(
+        &self,
+        detail: Option<&str>,
+        kind: KernelKind,
+        flops: f64,
+        depth: f64,
+    ) -> f64 {
+        let class = detail
+            .filter(|d| self.classes.contains_key(d))
+            .or_else(|| {
+                detail
+                    .and_then(parent_class)
+                    .filter(|p| self.classes.contains_key(p))
+            })
+            .unwrap_or(class_name(kind));
+        self.residuals
+            .get(class)
+            .map_or(1.0, |points| residual_factor(points, flops, depth))
+    }
+}
+
+/// The smoothed residual of `points` at `flops` and `depth` ([`CostProfile::correction`]).
+pub fn residual_factor(points: &[Residual], flops: f64, depth: f64) -> f64 {
+    let (mut weights, mut logs) = (0.0, 0.0);
+    for p in points {
+        let df = (flops.max(1.0) / p.flops.max(1.0)).ln();
+        let dd = (depth.max(1.0) / p.depth.max(1.0)).ln();
+        let w = (-(df * df + dd * dd) / (2.0 * RESIDUAL_REACH * RESIDUAL_REACH)).exp();
+        weights += w;
+        logs += w * p.ratio.ln();
+    }
+    (logs / (FIT_WEIGHT + weights)).exp()
 }
 
 /// The path between the host and a device: how a tensor crosses.
@@ -330,6 +405,7 @@ impl DeviceDescription {
                     barrier_s: 1e-6,
                     half_scale: 1.0,
                     dispatch_overlaps: false,
+                    residuals: BTreeMap::new(),
                 },
                 memory_bytes: None,
                 link: None,
@@ -343,6 +419,7 @@ impl DeviceDescription {
                 barrier_s: 10e-6,
                 half_scale: 1.0,
                 dispatch_overlaps: false,
+                residuals: BTreeMap::new(),
             },
             memory_bytes: None,
             link: Some(Link {
@@ -412,6 +489,15 @@ impl Profiles {
                     let _ = write!(s, " depth_s={:e}", r.depth_s);
                 }
                 s.push('\n');
+            }
+            for (class, points) in &p.residuals {
+                for r in points {
+                    let _ = writeln!(
+                        s,
+                        "point {} {class} flops={:e} depth={:e} ratio={:e}",
+                        d.name, r.flops, r.depth, r.ratio
+                    );
+                }
             }
             if let Some(l) = d.link {
                 let _ = write!(
@@ -532,6 +618,7 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
                             return Err(format!("`dispatch_overlaps={v}` is not true or false"))
                         }
                     },
+                    residuals: BTreeMap::new(),
                 },
                 memory_bytes,
                 link: None,
@@ -592,6 +679,18 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
             };
             out.devices.get_mut(*name).expect("checked above").link = Some(link);
         }
+        ["point", name, class, rest @ ..] => {
+            device_of(out, name)?;
+            let class = known_class(class).ok_or_else(|| format!("unknown class `{class}`"))?;
+            let f = Fields::new(rest, &["flops", "depth", "ratio"])?;
+            let point = Residual {
+                flops: f.num("flops")?,
+                depth: f.num("depth")?,
+                ratio: f.rate("ratio")?,
+            };
+            let profile = &mut out.devices.get_mut(*name).expect("checked above").profile;
+            profile.residuals.entry(class).or_default().push(point);
+        }
         [kind, ..] => return Err(format!("unknown record `{kind}`")),
         [] => {}
     }
@@ -615,6 +714,85 @@ mod tests {
         assert!(text.contains("half_scale=3.5e0"), "{text}");
         assert!(text.contains("dispatch_overlaps=true"), "{text}");
         assert_eq!(Profiles::parse(&text, "t").unwrap(), p);
+    }
+
+    #[test]
+    fn probe_residuals_round_trip_and_correct_kernels_near_them_only() {
+        let mut cpu = DeviceDescription::default_for("cpu");
+        let probe = Residual {
+            flops: 2.3e8,
+            depth: 1152.0,
+            ratio: 2.0,
+        };
+        let contraction = cpu.profile.rate(KernelKind::Contraction);
+        cpu.profile.classes.insert("conv", contraction);
+        // Without a Winograd rate, a Winograd part takes the conv class's (below).
+        cpu.profile.classes.remove("winograd_conv");
+        cpu.profile.residuals.insert("conv", vec![probe]);
+        let mut p = Profiles::default();
+        p.insert(cpu);
+        let text = p.to_text();
+        assert!(
+            text.contains("point cpu conv flops=2.3e8 depth=1.152e3 ratio=2e0"),
+            "{text}"
+        );
+        let back = Profiles::parse(&text, "t").unwrap();
+        assert_eq!(back, p);
+        let prof = &back.devices["cpu"].profile;
+        let at = |flops: f64, depth: f64| {
+            prof.correction(Some("conv"), KernelKind::Contraction, flops, depth)
+        };
+        // At the probe: its ratio less the fit's weight, 2^(1/1.1).
+        assert!((at(2.3e8, 1152.0) - 2f64.powf(1.0 / 1.1)).abs() < 1e-12);
+        // A winograd part falls back to the conv class's rate and residuals.
+        let wino = prof.correction(
+            Some("winograd_conv"),
+            KernelKind::Contraction,
+            2.3e8,
+            1152.0,
+        );
+        assert!((wino - at(2.3e8, 1152.0)).abs() < 1e-12);
+        // Nearby (1.28x the flops, weight 0.61): 2^(0.61 / 0.71); 4x the flops or the
+        // depth: the fit alone.
+        let near = at(2.3e8 * 1.284, 1152.0);
+        assert!((near - 2f64.powf(0.6065 / 0.7065)).abs() < 1e-3, "{near}");
+        assert!((at(9.2e8, 1152.0) - 1.0).abs() < 1e-3);
+        assert!((at(2.3e8, 4608.0) - 1.0).abs() < 1e-3);
+        // Another class, or a profile without points: 1.
+        assert_eq!(
+            prof.correction(Some("gemm"), KernelKind::Contraction, 2.3e8, 1152.0),
+            1.0
+        );
+        // Two probes at the same work, ratios 2 and 0.5: their geometric mean, 1.
+        let pair = [
+            probe,
+            Residual {
+                ratio: 0.5,
+                ..probe
+            },
+        ];
+        assert!((residual_factor(&pair, 2.3e8, 1152.0) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_point_needs_its_device_and_a_positive_ratio() {
+        let e = Profiles::parse(
+            "rafter-profiles 1\npoint g conv flops=1 depth=1 ratio=1\n",
+            "p.txt",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "p.txt: line 2: device `g` used before its `device` record"
+        );
+        let text = "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\n\
+                    point g conv flops=1 depth=1 ratio=0\n";
+        let e = Profiles::parse(text, "p.txt").unwrap_err();
+        assert_eq!(e, "p.txt: line 3: `ratio` must be positive");
+        let text = "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\n\
+                    point g conv flops=1 ratio=2\n";
+        let e = Profiles::parse(text, "p.txt").unwrap_err();
+        assert_eq!(e, "p.txt: line 3: missing `depth`");
     }
 
     #[test]

@@ -29,7 +29,9 @@ use std::fmt::Write as _;
 
 use rafter_ir::program::Program;
 
-pub use device::{ClassRate, CostProfile, DeviceDescription, Link, Profiles, SharedMemory};
+pub use device::{
+    ClassRate, CostProfile, DeviceDescription, Link, Profiles, Residual, SharedMemory,
+};
 pub use search::{Boundary, Estimate, Model, Objective, SPLIT_MARGIN};
 
 use crate::backend::{Target, CPU};
