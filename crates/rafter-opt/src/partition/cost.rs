@@ -500,6 +500,47 @@ mod tests {
         }
     }
 
+    /// A contraction part shaped like a calibration probe takes that probe's residual;
+    /// a part far from it, the fit alone.
+    #[test]
+    fn a_part_near_a_probe_takes_its_residual() {
+        let gemm = DETAIL_CLASSES.iter().position(|&c| c == "gemm").unwrap();
+        let work = |flops: f64| {
+            let mut detail_flops = [0.0; DETAIL_CLASSES.len()];
+            let mut detail_depth = [0.0; DETAIL_CLASSES.len()];
+            detail_flops[gemm] = flops;
+            detail_depth[gemm] = 384.0;
+            KernelWork {
+                class: KernelKind::Contraction,
+                detail: Some("gemm"),
+                detail_flops,
+                detail_depth,
+                flops,
+                bytes: 1e3,
+                half: false,
+            }
+        };
+        // 1e12 FLOP/s, no dispatch: 1e8 flops take 100 us by the fit.
+        let mut p = profile(1e12, 1e12, 0.0, 0.0);
+        p.classes.insert("gemm", p.rate(KernelKind::Contraction));
+        assert!((kernel_time(&work(1e8), &p) - 1e-4).abs() < 1e-12);
+        p.residuals.insert(
+            "gemm",
+            vec![super::super::device::Residual {
+                flops: 1e8,
+                depth: 384.0,
+                ratio: 2.0,
+            }],
+        );
+        let at_probe = kernel_time(&work(1e8), &p);
+        assert!(
+            (at_probe - 1e-4 * 2f64.powf(1.0 / 1.1)).abs() < 1e-12,
+            "{at_probe}"
+        );
+        let far = kernel_time(&work(1e10), &p);
+        assert!((far - 1e-2).abs() < 1e-9, "{far}");
+    }
+
     /// A GPU-like profile prepares the next launch while a kernel runs: a kernel costs
     /// the longer of its dispatch and its work; a CPU-like one, their sum.
     #[test]
