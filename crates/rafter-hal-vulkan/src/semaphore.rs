@@ -240,14 +240,7 @@ impl SemInner {
             if let Some(done) = self.settled(value) {
                 return done;
             }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(SemaphoreError::Timeout {
-                    value,
-                    current: self.value(),
-                    waited,
-                });
-            }
+            let waited = self.within(value, start, timeout)?;
             let slice = (timeout - waited).min(DIRECT_SLICE);
             let semaphores = [self.raw];
             let values = [value];
@@ -317,13 +310,7 @@ impl SemInner {
             }
             let now = Instant::now();
             if now >= until {
-                return (now < end).then(|| {
-                    Err(SemaphoreError::Timeout {
-                        value,
-                        current: self.value(),
-                        waited: now - start,
-                    })
-                });
+                return (now < end).then(|| self.timed_out(value, now - start));
             }
             polls += 1;
             if polls % YIELD_EVERY == 0 {
@@ -347,6 +334,30 @@ thread_local! {
 const YIELD_EVERY: u32 = 32;
 
 impl SemInner {
+    /// How long a wait for `value` begun at `start` has waited, or its timeout error once
+    /// that is `timeout` or more.
+    fn within(
+        &self,
+        value: u64,
+        start: Instant,
+        timeout: Duration,
+    ) -> Result<Duration, SemaphoreError> {
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return self.timed_out(value, waited);
+        }
+        Ok(waited)
+    }
+
+    /// The timeout error of a wait for `value` that `waited`.
+    fn timed_out<T>(&self, value: u64, waited: Duration) -> Result<T, SemaphoreError> {
+        Err(SemaphoreError::Timeout {
+            value,
+            current: self.value(),
+            waited,
+        })
+    }
+
     /// [`SemaphoreImpl::wait`] up to the value being reached (spinning first where that
     /// pays), without the traced device's wait for the monitor's report.
     fn wait_reached(&self, value: u64, timeout: Duration) -> Result<(), SemaphoreError> {
@@ -394,14 +405,7 @@ impl SemInner {
             if let Some(done) = self.settled(value) {
                 return done;
             }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(SemaphoreError::Timeout {
-                    value,
-                    current: self.value(),
-                    waited,
-                });
-            }
+            self.within(value, start, timeout)?;
         }
     }
 }
