@@ -57,9 +57,9 @@ pub struct BenchArgs {
     /// GPU, timestamps around every dispatch make them slower than untraced calls.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
-    /// Print the cost model's estimate of a call next to the measured time, per kernel
+    /// Print the cost model's estimate of a call next to the measured median, per kernel
     /// class, per device and per partition (the call timed untraced unless `--trace`;
-    /// the breakdown from as many calls of a traced session).
+    /// the breakdown from each kernel's median over as many calls of a traced session).
     #[arg(long)]
     estimate: bool,
     /// Calls kept in flight: a stream of calls, each submitted while up to N-1 earlier
