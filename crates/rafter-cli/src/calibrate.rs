@@ -327,23 +327,15 @@ fn gemm(m: usize, k: usize, n: usize) -> Probe {
 /// the f32 constant cast to f16, which the compiler folds.
 /// Products of two activations (attention) are [`batched_gemm`]'s.
 fn gemm_of(dtype: &str, m: usize, k: usize, n: usize) -> Probe {
-    let (weight, cast) = if dtype == "f32" {
-        ("%w", String::new())
-    } else {
-        (
-            "%wh",
-            format!("  %wh: {dtype}[{k}, {n}] = cast{{to = {dtype}}}(%w)\n"),
-        )
-    };
-    let (bias, bias_cast) = constant_of(dtype, "b", &format!("{n}"), n);
+    let (weight, weight_lines) =
+        constant_of(dtype, "w", &format!("{k}, {n}"), (1.0 / k as f32).sqrt());
+    let (bias, bias_lines) = constant_of(dtype, "b", &format!("{n}"), 0.1);
     probe(
         &format!("gemm {dtype} {m}x{k}x{n}"),
         format!(
-            "graph @gemm(%a: {dtype}[{m}, {k}]) -> (%y) {{\n  \
-             const %w: f32[{k}, {n}] = hex \"{}\"\n{cast}{bias_cast}  \
+            "graph @gemm(%a: {dtype}[{m}, {k}]) -> (%y) {{\n{weight_lines}{bias_lines}  \
              %t: {dtype}[{m}, {n}] = matmul(%a, {weight})\n  \
-             %y: {dtype}[{m}, {n}] = binary{{op = add}}(%t, {bias})\n}}",
-            hex_f32s(k * n, (1.0 / k as f32).sqrt())
+             %y: {dtype}[{m}, {n}] = binary{{op = add}}(%t, {bias})\n}}"
         ),
     )
 }
@@ -368,37 +360,32 @@ fn conv_of(dtype: &str, c: usize, hw: usize, m: usize, k: usize, s: usize, group
     let o = (hw + 2 * p - k) / s + 1;
     let cg = c / group;
     let scale = (2.0 / (cg * k * k) as f32).sqrt();
-    let (filter, cast) = if dtype == "f32" {
-        ("%w", String::new())
-    } else {
-        (
-            "%wh",
-            format!("  %wh: {dtype}[{m}, {cg}, {k}, {k}] = cast{{to = {dtype}}}(%w)\n"),
-        )
-    };
-    let (bias, bias_cast) = constant_of(dtype, "b", &format!("1, {m}, 1, 1"), m);
+    let (filter, filter_lines) = constant_of(dtype, "w", &format!("{m}, {cg}, {k}, {k}"), scale);
+    let (bias, bias_lines) = constant_of(dtype, "b", &format!("1, {m}, 1, 1"), 0.1);
     probe(
         &format!("conv {dtype} {c}x{hw}x{hw} -> {m} k{k} s{s} g{group}"),
         format!(
-            "graph @conv(%x: {dtype}[1, {c}, {hw}, {hw}]) -> (%y) {{\n  \
-             const %w: f32[{m}, {cg}, {k}, {k}] = hex \"{}\"\n{cast}{bias_cast}  \
+            "graph @conv(%x: {dtype}[1, {c}, {hw}, {hw}]) -> (%y) {{\n{filter_lines}{bias_lines}  \
              %c: {dtype}[1, {m}, {o}, {o}] = conv{{kernel_shape = [{k}, {k}], \
              strides = [{s}, {s}], pads = [{p}, {p}, {p}, {p}], dilations = [1, 1], \
              group = {group}, auto_pad = explicit}}(%x, {filter})\n  \
              %t: {dtype}[1, {m}, {o}, {o}] = binary{{op = add}}(%c, {bias})\n  \
-             %y: {dtype}[1, {m}, {o}, {o}] = unary{{op = relu}}(%t)\n}}",
-            hex_f32s(m * cg * k * k, scale)
+             %y: {dtype}[1, {m}, {o}, {o}] = unary{{op = relu}}(%t)\n}}"
         ),
     )
 }
 
-/// A constant `%NAME` of `n` small f32s and shape `dims`, in `dtype`: the value to use and
-/// the line that casts it (none in f32; an f16 constant is the f32 one cast, which the
-/// compiler folds). The text's `const` line is the second element's prefix.
-fn constant_of(dtype: &str, name: &str, dims: &str, n: usize) -> (String, String) {
+/// A constant `%NAME` of shape `dims` in `dtype`, its values in [-scale, scale) from
+/// [`hex_f32s`]: the name to use and the lines that declare it (an f16 constant is the f32
+/// one cast, which the compiler folds).
+fn constant_of(dtype: &str, name: &str, dims: &str, scale: f32) -> (String, String) {
+    let n = dims
+        .split(", ")
+        .map(|d| d.parse::<usize>().expect("a probe's dims are numbers"))
+        .product();
     let decl = format!(
         "  const %{name}: f32[{dims}] = hex \"{}\"\n",
-        hex_f32s(n, 0.1)
+        hex_f32s(n, scale)
     );
     if dtype == "f32" {
         (format!("%{name}"), decl)
