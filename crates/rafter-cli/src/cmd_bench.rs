@@ -8,6 +8,7 @@
 
 use crate::cmd_run::{gather_inputs, load, runtime_tensors, Executor, Source};
 use crate::dims::{self, DimSpec};
+use crate::estimate::{median, quantile};
 use crate::rss::Rss;
 use anyhow::{bail, Result};
 use rafter_reference::Bindings;
@@ -159,7 +160,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
             &bindings.as_map(),
             &events,
             &windows,
-            crate::estimate::median(timed.times_ms.clone()) * 1e-3,
+            median(timed.times_ms.clone()) * 1e-3,
         );
         for l in lines {
             println!("{l}");
@@ -439,13 +440,6 @@ fn run_stream(
     })
 }
 
-/// The `q`-quantile of sorted `xs` by linear interpolation between closest ranks.
-fn quantile(xs: &[f64], q: f64) -> f64 {
-    let pos = q * (xs.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    xs[lo] + (xs[hi] - xs[lo]) * (pos - lo as f64)
-}
-
 /// The final `bench:` line for call times in ms (any order, at least one).
 fn summary_line(times_ms: &[f64], peak_kib: Option<u64>) -> String {
     let mut xs = times_ms.to_vec();
@@ -465,15 +459,6 @@ fn summary_line(times_ms: &[f64], peak_kib: Option<u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantiles_interpolate_between_ranks() {
-        let xs = [1.0, 2.0, 3.0, 4.0, 5.0];
-        assert_eq!(quantile(&xs, 0.5), 3.0);
-        assert!((quantile(&xs, 0.1) - 1.4).abs() < 1e-12);
-        assert!((quantile(&xs, 0.9) - 4.6).abs() < 1e-12);
-        assert_eq!(quantile(&[7.0], 0.9), 7.0);
-    }
 
     #[test]
     fn summary_line_has_the_documented_form() {

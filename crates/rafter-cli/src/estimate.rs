@@ -5,8 +5,8 @@
 //! `rafter bench --estimate` prints [`estimate_table`]; `rafter run --trace` and
 //! `rafter bench --trace` print [`device_lines`]. Measured kernel times come from the
 //! devices' trace spans: a dispatch spread over several worker threads gives one span per
-//! thread, so a kernel's time is the length of the union of its spans (the wall time it
-//! held its device), divided by the number of calls.
+//! thread, so a kernel's time in a call is the length of the union of its spans (the wall
+//! time it held its device), and its measured time the median over the calls.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -44,37 +44,30 @@ pub fn union_s(mut spans: Vec<(Instant, Instant)>) -> f64 {
     total
 }
 
-/// Seconds per call each kernel (by entry-point name) held its device.
-fn measured_by_kernel(events: &[TraceEvent], calls: usize) -> HashMap<String, f64> {
-    let mut spans: HashMap<String, Vec<(Instant, Instant)>> = HashMap::new();
-    for e in events.iter().filter(|e| e.kind == TraceKind::Dispatch) {
-        spans
-            .entry(e.name.to_string())
-            .or_default()
-            .push((e.start, e.end));
-    }
-    spans
-        .into_iter()
-        .map(|(k, v)| (k, union_s(v) / calls.max(1) as f64))
-        .collect()
-}
-
-/// Each kernel's median time over `calls` (windows from submission to return), from the
-/// dispatches of `events` within each window: the typical time of a kernel, which the
-/// calibration's probes are rated by too (a call's fastest run is not the sum of its
-/// kernels' fastest ones: on a shared machine each kernel is disturbed at its own
-/// moments). A kernel counts in the calls it ran in.
+/// Each kernel's median time over `calls` (windows from submission to return, in order,
+/// as [`handoffs`] takes them), from the dispatches of `events` within each window: the
+/// typical time of a kernel, which the calibration's probes are rated by too (a call's
+/// fastest run is not the sum of its kernels' fastest ones: on a shared machine each
+/// kernel is disturbed at its own moments). A kernel counts in the calls it ran in.
 fn median_by_kernel(events: &[TraceEvent], calls: &[(Instant, Instant)]) -> HashMap<String, f64> {
-    let mut per_call: HashMap<String, Vec<f64>> = HashMap::new();
-    for &(start, end) in calls {
-        let within: Vec<TraceEvent> = events
-            .iter()
-            .filter(|e| e.start >= start && e.end <= end)
-            .cloned()
-            .collect();
-        for (k, s) in measured_by_kernel(&within, 1) {
-            per_call.entry(k).or_default().push(s);
+    let mut spans: HashMap<(&str, usize), Vec<(Instant, Instant)>> = HashMap::new();
+    for e in events.iter().filter(|e| e.kind == TraceKind::Dispatch) {
+        let Some(call) = calls.partition_point(|c| c.0 <= e.start).checked_sub(1) else {
+            continue;
+        };
+        if e.end <= calls[call].1 {
+            spans
+                .entry((&*e.name, call))
+                .or_default()
+                .push((e.start, e.end));
         }
+    }
+    let mut per_call: HashMap<String, Vec<f64>> = HashMap::new();
+    for ((name, _), v) in spans {
+        per_call
+            .entry(name.to_string())
+            .or_default()
+            .push(union_s(v));
     }
     per_call.into_iter().map(|(k, v)| (k, median(v))).collect()
 }
@@ -82,12 +75,14 @@ fn median_by_kernel(events: &[TraceEvent], calls: &[(Instant, Instant)]) -> Hash
 /// The median of `v` (not empty): the mean of the middle two of an even count.
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    quantile(&v, 0.5)
+}
+
+/// The `q`-quantile of sorted `xs` by linear interpolation between closest ranks.
+pub fn quantile(xs: &[f64], q: f64) -> f64 {
+    let pos = q * (xs.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    xs[lo] + (xs[hi] - xs[lo]) * (pos - lo as f64)
 }
 
 /// Per device seen in `events`: seconds busy (the union of its spans: dispatches,
@@ -431,10 +426,20 @@ mod tests {
             event("cpu:0", "k0", t, 10, 12),
             event("cpu:0", "k1", t, 5, 6),
         ];
-        let m = measured_by_kernel(&events, 2);
-        // [0, 4] and [1, 5] overlap: 5 ms, then 2 ms, over 2 calls.
+        let ms = Duration::from_millis;
+        let m = median_by_kernel(&events, &[(t, t + ms(8)), (t + ms(8), t + ms(16))]);
+        // [0, 4] and [1, 5] overlap: 5 ms in the first call, then 2 ms: median 3.5.
         assert!((m["k0"] - 0.0035).abs() < 1e-9, "{:?}", m);
-        assert!((m["k1"] - 0.0005).abs() < 1e-9);
+        assert!((m["k1"] - 0.001).abs() < 1e-9);
+    }
+
+    #[test]
+    fn quantiles_interpolate_between_ranks() {
+        let xs = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(quantile(&xs, 0.5), 3.0);
+        assert!((quantile(&xs, 0.1) - 1.4).abs() < 1e-12);
+        assert!((quantile(&xs, 0.9) - 4.6).abs() < 1e-12);
+        assert_eq!(quantile(&[7.0], 0.9), 7.0);
     }
 
     #[test]
