@@ -70,8 +70,8 @@ const CALLS: usize = 9;
 
 /// What one calibration program costs on its device: each the median of [`CALLS`] timed
 /// calls after warm-up, the typical call that `rafter bench --estimate` compares against
-/// (on the H200 machine's 16-core host, a kernel's fastest of nine calls ran 10-60%
-/// below its median, and a model's kernels, each disturbed at its own moments,
+/// (on the H200 machine's 16-core host a kernel's median call ran 10-60% above its
+/// fastest, `benchmarks/results/cost-experiments-2026-12-01/`, and a model's kernels, each disturbed at its own moments,
 /// never all run at their fastest in one call: probes rated by their fastest calls put
 /// ResNet-50's estimate at 0.69 of its fastest call).
 #[derive(Clone, Copy, Debug)]
