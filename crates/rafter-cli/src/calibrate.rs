@@ -1014,6 +1014,11 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             .expect("a class with probes")
             .half_scale = Some(scale);
     }
+    let weight_cache = if device == "cpu" {
+        host_weight_cache()
+    } else {
+        None
+    };
     let bench = Bench::open(device).with_context(|| ctx("opening the device"))?;
     let shared = if device == "cpu" {
         None
@@ -1058,10 +1063,28 @@ pub fn profile_device(device: &str) -> Result<DeviceDescription> {
             // `CostProfile::dispatch_overlaps`); the host launches, then works.
             dispatch_overlaps: device != "cpu",
             residuals: residual_points,
+            weight_cache,
         },
         memory_bytes: None,
         link,
     })
+}
+
+/// The host's weight cache ([`crate::cache_sweep`]), swept with as many threads as the
+/// CPU device runs kernels on.
+fn host_weight_cache() -> Option<rafter_opt::partition::device::WeightCache> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let points = crate::cache_sweep::sweep(threads);
+    if std::env::var(PROBE_POINTS_ENV).as_deref() == Ok("1") {
+        for p in &points {
+            eprintln!(
+                "calibrate cpu: read sweep {:.0} MiB: {:.1} GB/s",
+                p.bytes / 1048576.0,
+                p.bytes_per_s / 1e9
+            );
+        }
+    }
+    crate::cache_sweep::weight_cache(&points)
 }
 
 /// The device's f16 GEMM rate over its f32 one (`f32` is the f32 class rate fitted

@@ -1,5 +1,6 @@
 //! `rafter`: compile, run, plan, inspect and conformance-test models from the command line.
 
+mod cache_sweep;
 mod calibrate;
 mod cmd_bench;
 mod cmd_compile;

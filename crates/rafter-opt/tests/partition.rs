@@ -58,6 +58,7 @@ fn profile(flops: f64, bytes: f64, dispatch: f64) -> CostProfile {
         half_scale: 1.0,
         dispatch_overlaps: false,
         residuals: Default::default(),
+        weight_cache: None,
     }
 }
 
@@ -432,4 +433,54 @@ fn placement_is_deterministic_for_a_profile_and_explained() {
         "{}",
         why[2].reason
     );
+}
+
+/// Weights beyond a device's cache cost each kernel reading them the difference between
+/// memory and cache speed at the program's weight footprint; within it, nothing.
+#[test]
+fn weights_beyond_the_cache_cost_their_reads_at_the_footprints_speed() {
+    use rafter_opt::partition::device::{ReadPoint, WeightCache};
+    // Two 4 MiB weights (8 MiB in all), each read by one matmul.
+    let w = |n: &str| {
+        format!(
+            "const %{n}: f32[1024, 1024] = hex \"{}\"",
+            "00".repeat(4 << 20)
+        )
+    };
+    let src = format!(
+        "graph @g(%x: f32[1, 1024]) -> (%y) {{\n  {}\n  {}\n  %a: f32[1, 1024] = matmul(%x, %w1)\n  %y: f32[1, 1024] = matmul(%a, %w2)\n}}",
+        w("w1"),
+        w("w2")
+    );
+    let p = lowered(&parse(&src));
+    let mib = (1u64 << 20) as f64;
+    let times = |cache: Option<WeightCache>| {
+        let mut profiles = profiles(1e12, slow_link());
+        let mut cpu = profiles.get("cpu");
+        cpu.profile.weight_cache = cache;
+        profiles.insert(cpu);
+        let t = target(&["matmul"], cost_model(profiles));
+        let m = partition::model(&p, &t);
+        (m.times[0][0].unwrap(), m.times[1][0].unwrap())
+    };
+    let sweep = |points: &[(f64, f64)]| WeightCache {
+        cache_bytes_per_s: 40e9,
+        reads: points
+            .iter()
+            .map(|&(m, gbs)| ReadPoint {
+                bytes: m * mib,
+                bytes_per_s: gbs * 1e9,
+            })
+            .collect(),
+    };
+    let (a0, b0) = times(None);
+    // The 8 MiB footprint halfway (in log size) between 4 MiB at 40 GB/s and 16 MiB at
+    // 10: 25 GB/s, so each 4 MiB weight costs 4 MiB * (1/25 - 1/40) per GB more.
+    let (a, b) = times(Some(sweep(&[(4.0, 40.0), (16.0, 10.0)])));
+    let extra = 4.0 * mib * (1.0 / 25e9 - 1.0 / 40e9);
+    assert!((a - a0 - extra).abs() < 1e-9, "{a} {a0} {extra}");
+    assert!((b - b0 - extra).abs() < 1e-9, "{b} {b0} {extra}");
+    // A cache that holds both weights: no extra.
+    let (a, b) = times(Some(sweep(&[(16.0, 40.0), (64.0, 10.0)])));
+    assert_eq!((a, b), (a0, b0));
 }

@@ -143,6 +143,42 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
     }
 }
 
+/// How much the CPU's Winograd F(2x2, 3x3) grows a 3x3 filter, which it transforms on the
+/// first call and reads transformed on every call: each 3x3 window becomes a 4x4 tile.
+const WINOGRAD_FILTER_GROWTH: f64 = 16.0 / 9.0;
+
+/// Bytes of weights `kernel` reads in one call, per body input (`weights[i]`: whether
+/// input `i`, bound to the dispatch's argument `i`, is a weight; others 0): a table it only
+/// gathers rows from counts the rows' bytes, and a kernel with a Winograd convolution
+/// reads its largest weight, the filter, transformed ([`WINOGRAD_FILTER_GROWTH`]).
+/// [`crate::partition::device::WeightCache`] charges these when a program's weights
+/// outgrow the cache.
+pub fn weight_bytes(kernel: &Kernel, weights: &[bool], values: &HashMap<Symbol, i64>) -> Vec<f64> {
+    let body = &kernel.body;
+    let gathered = gathered_bytes(body, values);
+    let mut out: Vec<f64> = body
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            if !weights.get(i).copied().unwrap_or(false) {
+                return 0.0;
+            }
+            let full = bytes(&body.value(v).ty, values);
+            gathered.get(&v).map_or(full, |&g| full.min(g))
+        })
+        .collect();
+    let winograd = body
+        .nodes
+        .iter()
+        .any(|n| node_detail(body, n, values) == Some("winograd_conv"));
+    let filter = (0..out.len()).max_by(|&a, &b| out[a].total_cmp(&out[b]));
+    if let Some(f) = filter.filter(|&f| winograd && out[f] > 0.0) {
+        out[f] *= WINOGRAD_FILTER_GROWTH;
+    }
+    out
+}
+
 /// Tables the kernel only gathers rows from (operand 0 of a gather or embedding: a
 /// token embedding's 47 MB table is not read whole), with the bytes the gathers read:
 /// their results' size.
@@ -497,6 +533,7 @@ mod tests {
             half_scale: 1.0,
             dispatch_overlaps: false,
             residuals: BTreeMap::new(),
+            weight_cache: None,
         }
     }
 

@@ -27,6 +27,11 @@
 //! A `point` is a calibration probe's residual ([`Residual`]): its work and its measured
 //! time over the class's fitted one.
 //!
+//! A `cache` record and the `read` records after it say how fast the device reads a
+//! working set by its size ([`WeightCache`]), which prices weights that outgrow its cache:
+//! `cache cpu cache_bytes_per_s=4.4e10`, `read cpu bytes=6.7e7 bytes_per_s=4.3e10`,
+//! `read cpu bytes=1.3e8 bytes_per_s=2.4e10`, ... (sizes growing).
+//!
 //! A zero-copy link names where its shared tensors live, `shared_memory=device` (the
 //! default: the device's own memory, which the host maps) or `shared_memory=host`:
 //! `link vulkan bytes_per_s=2e10 latency_s=3e-5 zero_copy=true shared_memory=host`.
@@ -152,6 +157,80 @@ pub struct CostProfile {
     /// nearby work. Text records `point DEVICE CLASS flops=F depth=D ratio=R`; none in
     /// profiles written before them (the fit alone).
     pub residuals: BTreeMap<&'static str, Vec<Residual>>,
+    /// How the device reads a program's weights once they outgrow its cache (`None`: not
+    /// measured, weights cost what the probes measured). Text record `cache DEVICE ...`.
+    pub weight_cache: Option<WeightCache>,
+}
+
+/// Where a program's weights come from on a device, by how much of them there is. A
+/// calibration probe runs one kernel over and over, so its weights come from the cache;
+/// in a model whose weights outgrow the cache, every kernel reads its weights from memory
+/// each call. On the 2-core dev machine ResNet-50's stage-3 3x3 convolution ran 545 us
+/// alone and among 8 replicas of distinct weights (34 MB of them), but 750-870 us among
+/// 48 replicas (200 MB) and inside ResNet-50 (115 MB), and its 1x1 convolutions of stage 4
+/// 0.34 against 0.48 ms (`benchmarks/results/cost-experiments-2026-12-01/`). A kernel then
+/// pays the difference between reading its weights at memory and at cache speed
+/// ([`WeightCache::stream_s`]); small models (MobileNetV2's 14 MB, MiniLM's 43 MB) pay
+/// nothing.
+///
+/// Measured by `rafter devices --profile` as read bandwidth against working-set size
+/// (all the device's threads summing a buffer over and over). The step from cache to
+/// memory speed is gradual on a shared last-level cache (the dev machine: 43 GB/s at
+/// 64 MiB, 25 at 96 and 128, 18 from 256 on), so the whole curve is kept, not a size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightCache {
+    /// Read bandwidth of a working set the cache holds, bytes per second: what a
+    /// calibration probe's weights were read at.
+    pub cache_bytes_per_s: f64,
+    /// The sweep: read bandwidth by working-set size, smallest first.
+    pub reads: Vec<ReadPoint>,
+}
+
+/// One working-set size of a [`WeightCache`] sweep.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReadPoint {
+    /// Working-set bytes.
+    pub bytes: f64,
+    /// Bytes read per second.
+    pub bytes_per_s: f64,
+}
+
+impl WeightCache {
+    /// Read bandwidth at a working set of `footprint` bytes: the sweep interpolated in log
+    /// size, clamped to its ends, and never below what a larger working set read at (a
+    /// small set's own figure can be low from the threads' start-up, not the cache).
+    pub fn bytes_per_s_at(&self, footprint: f64) -> f64 {
+        let envelope = |i: usize| {
+            self.reads[i..]
+                .iter()
+                .map(|p| p.bytes_per_s)
+                .fold(0.0, f64::max)
+        };
+        let Some(last) = self.reads.len().checked_sub(1) else {
+            return self.cache_bytes_per_s;
+        };
+        let Some(hi) = self.reads.iter().position(|p| p.bytes >= footprint) else {
+            return envelope(last);
+        };
+        if hi == 0 {
+            return envelope(0);
+        }
+        let (a, b) = (self.reads[hi - 1], self.reads[hi]);
+        let t = (footprint / a.bytes).ln() / (b.bytes / a.bytes).ln();
+        envelope(hi - 1) + t * (envelope(hi) - envelope(hi - 1))
+    }
+
+    /// Seconds a kernel reading `weight_bytes` of weights takes beyond its probe-rated
+    /// time in a program whose weights total `footprint` bytes on the device: its weights
+    /// at the working set's read speed less the cache's (which the probe paid). Added to
+    /// the kernel's time rather than hidden under its compute: on the dev machine the
+    /// difference between memory and cache speed (33 us a MB) matched what ResNet-50's
+    /// stage-4 convolutions (27-31 us a MB of weights) and distinct-weight chains of BERT's
+    /// 768x768 GEMM (24) ran beyond their probes.
+    pub fn stream_s(&self, weight_bytes: f64, footprint: f64) -> f64 {
+        let at = self.bytes_per_s_at(footprint);
+        weight_bytes * (1.0 / at - 1.0 / self.cache_bytes_per_s).max(0.0)
+    }
 }
 
 /// One calibration probe's residual: its measured time over the time its class's fitted
@@ -406,6 +485,7 @@ impl DeviceDescription {
                     half_scale: 1.0,
                     dispatch_overlaps: false,
                     residuals: BTreeMap::new(),
+                    weight_cache: None,
                 },
                 memory_bytes: None,
                 link: None,
@@ -420,6 +500,7 @@ impl DeviceDescription {
                 half_scale: 1.0,
                 dispatch_overlaps: false,
                 residuals: BTreeMap::new(),
+                weight_cache: None,
             },
             memory_bytes: None,
             link: Some(Link {
@@ -496,6 +577,20 @@ impl Profiles {
                         s,
                         "point {} {class} flops={:e} depth={:e} ratio={:e}",
                         d.name, r.flops, r.depth, r.ratio
+                    );
+                }
+            }
+            if let Some(c) = &p.weight_cache {
+                let _ = writeln!(
+                    s,
+                    "cache {} cache_bytes_per_s={:e}",
+                    d.name, c.cache_bytes_per_s
+                );
+                for r in &c.reads {
+                    let _ = writeln!(
+                        s,
+                        "read {} bytes={:e} bytes_per_s={:e}",
+                        d.name, r.bytes, r.bytes_per_s
                     );
                 }
             }
@@ -619,6 +714,7 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
                         }
                     },
                     residuals: BTreeMap::new(),
+                    weight_cache: None,
                 },
                 memory_bytes,
                 link: None,
@@ -690,6 +786,36 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
             };
             let profile = &mut out.devices.get_mut(*name).expect("checked above").profile;
             profile.residuals.entry(class).or_default().push(point);
+        }
+        ["cache", name, rest @ ..] => {
+            device_of(out, name)?;
+            let f = Fields::new(rest, &["cache_bytes_per_s"])?;
+            let profile = &mut out.devices.get_mut(*name).expect("checked above").profile;
+            profile.weight_cache = Some(WeightCache {
+                cache_bytes_per_s: f.rate("cache_bytes_per_s")?,
+                reads: Vec::new(),
+            });
+        }
+        ["read", name, rest @ ..] => {
+            device_of(out, name)?;
+            let f = Fields::new(rest, &["bytes", "bytes_per_s"])?;
+            let point = ReadPoint {
+                bytes: f.rate("bytes")?,
+                bytes_per_s: f.rate("bytes_per_s")?,
+            };
+            let profile = &mut out.devices.get_mut(*name).expect("checked above").profile;
+            let cache = profile
+                .weight_cache
+                .as_mut()
+                .ok_or_else(|| format!("`read` for `{name}` before its `cache` record"))?;
+            if cache.reads.last().is_some_and(|p| p.bytes >= point.bytes) {
+                return Err(format!(
+                    "`read` sizes must grow: bytes={:e} after {:e}",
+                    point.bytes,
+                    cache.reads.last().map_or(0.0, |p| p.bytes)
+                ));
+            }
+            cache.reads.push(point);
         }
         [kind, ..] => return Err(format!("unknown record `{kind}`")),
         [] => {}
@@ -772,6 +898,76 @@ mod tests {
             },
         ];
         assert!((residual_factor(&pair, 2.3e8, 1152.0) - 1.0).abs() < 1e-12);
+    }
+
+    fn sweep(points: &[(f64, f64)]) -> WeightCache {
+        WeightCache {
+            cache_bytes_per_s: 40e9,
+            reads: points
+                .iter()
+                .map(|&(mb, gbs)| ReadPoint {
+                    bytes: mb * 1e6,
+                    bytes_per_s: gbs * 1e9,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_weight_cache_round_trips_and_charges_only_weights_beyond_it() {
+        let cache = sweep(&[(8.0, 20.0), (16.0, 40.0), (64.0, 40.0), (256.0, 16.0)]);
+        let mut cpu = DeviceDescription::default_for("cpu");
+        cpu.profile.weight_cache = Some(cache.clone());
+        let mut p = Profiles::default();
+        p.insert(cpu);
+        let text = p.to_text();
+        assert!(
+            text.contains(
+                "cache cpu cache_bytes_per_s=4e10\nread cpu bytes=8e6 bytes_per_s=2e10\n\
+                 read cpu bytes=1.6e7 bytes_per_s=4e10\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(Profiles::parse(&text, "t").unwrap(), p);
+        // Interpolated in log size: halfway (128 MB) between 40 and 16 GB/s.
+        assert!((cache.bytes_per_s_at(128e6) - 28e9).abs() < 1e3);
+        // Beyond the sweep, its last point; below it, never under a larger set's speed
+        // (8 MB's 20 GB/s is the threads' start-up).
+        assert_eq!(cache.bytes_per_s_at(1e9), 16e9);
+        assert_eq!(cache.bytes_per_s_at(4e6), 40e9);
+        assert_eq!(cache.bytes_per_s_at(8e6), 40e9);
+        // 1 MB of weights: 1e6 * (1/16e9 - 1/40e9) = 37.5 us from memory; none within
+        // the cache.
+        assert!((cache.stream_s(1e6, 500e6) - 37.5e-6).abs() < 1e-12);
+        assert_eq!(cache.stream_s(1e6, 32e6), 0.0);
+        assert_eq!(cache.stream_s(1e6, 4e6), 0.0);
+        // No sweep: the cache's speed everywhere, nothing charged.
+        assert_eq!(sweep(&[]).stream_s(1e6, 1e9), 0.0);
+    }
+
+    #[test]
+    fn cache_and_read_records_name_their_errors() {
+        let text =
+            |recs: &str| format!("rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\n{recs}");
+        let e = Profiles::parse(&text("read g bytes=1 bytes_per_s=1\n"), "p.txt").unwrap_err();
+        assert_eq!(e, "p.txt: line 3: `read` for `g` before its `cache` record");
+        let two = "cache g cache_bytes_per_s=1\nread g bytes=2 bytes_per_s=1\n\
+                   read g bytes=2 bytes_per_s=1\n";
+        let e = Profiles::parse(&text(two), "p.txt").unwrap_err();
+        assert_eq!(
+            e,
+            "p.txt: line 5: `read` sizes must grow: bytes=2e0 after 2e0"
+        );
+        let e = Profiles::parse(&text("cache g cache_bytes_per_s=0\n"), "p.txt").unwrap_err();
+        assert_eq!(e, "p.txt: line 3: `cache_bytes_per_s` must be positive");
+        let e = Profiles::parse(&text("cache g\nread g bytes=1\n"), "p.txt").unwrap_err();
+        assert_eq!(e, "p.txt: line 3: missing `cache_bytes_per_s`");
+        let e = Profiles::parse("rafter-profiles 1\ncache g cache_bytes_per_s=1\n", "p.txt")
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "p.txt: line 2: device `g` used before its `device` record"
+        );
     }
 
     #[test]

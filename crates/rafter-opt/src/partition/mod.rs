@@ -230,6 +230,9 @@ pub fn explain(p: &Program, target: &Target) -> Vec<KernelChoice> {
     let (devices, _) = descriptions(target);
     let values = placement_values(p, target);
     let greedy = target.placement().strategy == Strategy::Greedy;
+    // The partitioner's own estimates (weights beyond a cache included); a device it may
+    // not use for a kernel, the kernel's time there alone.
+    let m = model_at(p, target, &values);
     p.kernels
         .iter()
         .enumerate()
@@ -237,7 +240,10 @@ pub fn explain(p: &Program, target: &Target) -> Vec<KernelChoice> {
             let work = cost::kernel_work(kernel, &values);
             let times: Vec<f64> = devices
                 .iter()
-                .map(|d| cost::kernel_time(&work, &d.profile))
+                .enumerate()
+                .map(|(d, desc)| {
+                    m.times[k][d].unwrap_or_else(|| cost::kernel_time(&work, &desc.profile))
+                })
                 .collect();
             let on = devices
                 .iter()

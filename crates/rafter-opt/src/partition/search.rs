@@ -29,7 +29,7 @@ use std::collections::HashMap;
 
 use rafter_ir::program::{Program, Step, Storage};
 
-use super::cost::{bound_values, bytes, crossing_time, kernel_time, kernel_work};
+use super::cost::{bound_values, bytes, crossing_time, kernel_time, kernel_work, weight_bytes};
 use super::device::{DeviceDescription, Link};
 
 /// How much better than the best placement a user gets without the cost model (all on
@@ -139,6 +139,46 @@ pub struct Model {
     order: Vec<usize>,
 }
 
+/// Per kernel, the weight buffers its (first) dispatch reads and the bytes it reads of
+/// each a call ([`weight_bytes`]).
+fn weight_reads(p: &Program, values: &HashMap<rafter_ir::Symbol, i64>) -> Vec<Vec<(usize, f64)>> {
+    let mut out: Vec<Option<Vec<(usize, f64)>>> = vec![None; p.kernels.len()];
+    for step in &p.steps {
+        let Step::Dispatch { kernel, args, .. } = step else {
+            continue;
+        };
+        if out[*kernel].is_some() {
+            continue;
+        }
+        let is_weight: Vec<bool> = args
+            .iter()
+            .map(|&b| matches!(p.buffers[b].storage, Storage::Weight(_)))
+            .collect();
+        let read = weight_bytes(&p.kernels[*kernel], &is_weight, values);
+        out[*kernel] = Some(
+            args.iter()
+                .zip(read)
+                .filter(|&(_, r)| r > 0.0)
+                .map(|(&b, r)| (b, r))
+                .collect(),
+        );
+    }
+    out.into_iter().map(Option::unwrap_or_default).collect()
+}
+
+/// Bytes of the distinct weight buffers read by the kernels `on` selects (a buffer that
+/// several kernels read counts once, at the most any of them reads of it).
+fn footprint(reads: &[Vec<(usize, f64)>], on: impl Fn(usize) -> bool) -> f64 {
+    let mut buffers: HashMap<usize, f64> = HashMap::new();
+    for (_, read) in reads.iter().enumerate().filter(|&(k, _)| on(k)) {
+        for &(b, bytes) in read {
+            let e = buffers.entry(b).or_insert(0.0);
+            *e = e.max(bytes);
+        }
+    }
+    buffers.values().sum()
+}
+
 impl Model {
     /// The model of `p` over `devices` (index 0 the host), with `supported[k][d]` saying
     /// whether device `d` may run kernel `k` and `limits` the memory limit per device.
@@ -160,16 +200,27 @@ impl Model {
         limits: Vec<Option<u64>>,
         values: &HashMap<rafter_ir::Symbol, i64>,
     ) -> Model {
+        let reads = weight_reads(p, values);
+        // Each device's weights: those of every kernel it may run (an upper bound on any
+        // placement's, so that a kernel's cost does not depend on where the others go).
+        let footprints: Vec<f64> = (0..devices.len())
+            .map(|d| footprint(&reads, |k| supported[k][d]))
+            .collect();
         let times = p
             .kernels
             .iter()
             .enumerate()
             .map(|(k, kernel)| {
                 let work = kernel_work(kernel, values);
+                let read: f64 = reads[k].iter().map(|&(_, b)| b).sum();
                 devices
                     .iter()
                     .enumerate()
-                    .map(|(d, desc)| supported[k][d].then(|| kernel_time(&work, &desc.profile)))
+                    .map(|(d, desc)| {
+                        let cache = desc.profile.weight_cache.as_ref();
+                        let streamed = cache.map_or(0.0, |c| c.stream_s(read, footprints[d]));
+                        supported[k][d].then(|| kernel_time(&work, &desc.profile) + streamed)
+                    })
                     .collect()
             })
             .collect();
