@@ -4,9 +4,8 @@
 //! Every worker thread (one per core, as the CPU device runs its kernels) sums its share
 //! of a buffer over and over, for working sets from [`SIZES_MIB`]'s smallest to its
 //! largest; the bandwidth steps down where the working set outgrows the last-level cache
-//! (on the 2-core dev machine from 38 GB/s at 64 MiB to 17 at 96 MiB). The step says up to
-//! how many bytes a program's weights stay in the cache between calls, and what a byte
-//! read from memory costs beyond one read from the cache.
+//! (on the 2-core dev machine from 42-45 GB/s up to 64 MiB to 25-29 at 96-128 MiB and 18
+//! from 256 MiB on). The cost model reads the curve at a program's weight footprint.
 
 use std::time::Instant;
 
