@@ -496,7 +496,10 @@ fn batched_gemm(b: usize, m: usize, k: usize, n: usize) -> Probe {
 /// A contraction class has probes across its models' range of sizes, so its fitted rate
 /// and ramp are those of the shapes models run, not of one favourable shape (one 64-channel
 /// 3x3 convolution rated a 16-core host at 3 TFLOP/s, twice what ResNet-50's convolutions
-/// ran at). A streaming class has two probes of the sizes models' activations have (0.4 to
+/// ran at). The 1x1 convolutions include ResNet-50's stage-2 512->128 over 28x28 and
+/// stage-1 64->64 over 56x56: the probes' residuals carry over by flops, depth and output
+/// width, and on the H200 machine's host the 512->128 one ran 157 us where the 512->2048
+/// over 7x7 of the same flops and depth ran 93. A streaming class has two probes of the sizes models' activations have (0.4 to
 /// 5 MB: in a GPU's L2 or a CPU's caches, where a model's intermediates are), so that the
 /// slope between them is its bandwidth and the intercept its fixed cost per kernel (a lone
 /// small transpose put both into one rate, 49 GB/s for an H200); elementwise adds a fused
@@ -544,6 +547,8 @@ fn class_probes(device: &str) -> Vec<(&'static str, Vec<Probe>)> {
                 conv(1024, 14, 256, 1, 1, 1),
                 conv(256, 56, 64, 1, 1, 1),
                 conv(128, 56, 256, 1, 1, 1),
+                conv(512, 28, 128, 1, 1, 1),
+                conv(64, 56, 64, 1, 1, 1),
             ],
         ),
     ];
@@ -814,6 +819,7 @@ fn residuals(points: &[(KernelWork, f64)], rate: ClassRate, floor_s: f64) -> Vec
             Residual {
                 flops: w.flops,
                 depth,
+                width: w.width(),
                 ratio: (own / fitted).clamp(0.25, 4.0),
             }
         })
@@ -1106,7 +1112,7 @@ fn half_scale(bench: &Bench, f32: &ClassRate, near: &[Residual]) -> Result<f64> 
 /// model says of an f16 kernel (`rafter_opt::partition::cost::kernel_time`).
 fn f32_model_secs(work: &KernelWork, f32: &ClassRate, near: &[Residual]) -> f64 {
     let depth = work.detail_depth.iter().sum::<f64>();
-    cost::fitted_s(work.flops, depth, *f32) * residual_factor(near, work.flops, depth)
+    cost::fitted_s(work.flops, depth, *f32) * residual_factor(near, work.flops, depth, work.width())
 }
 
 /// An f16 probe per convolution class, the class's largest f32 probe in f16: their f16
@@ -1367,6 +1373,7 @@ mod tests {
             detail: None,
             detail_flops: Default::default(),
             detail_depth: Default::default(),
+            detail_width: Default::default(),
             flops,
             bytes,
             half: false,

@@ -324,12 +324,24 @@ pub fn estimate_table(
                 .map(|(i, (d, r))| r.line(&format!("p{i} {d}"))),
         );
     }
-    lines.extend(worst_kernels(kernels, WORST_KERNELS));
+    lines.extend(worst_kernels(kernels, listed_kernels()));
     lines
 }
 
-/// How many kernels [`estimate_table`] lists by error.
+/// How many kernels [`estimate_table`] lists by error, unless [`LISTED_KERNELS_ENV`] says.
 const WORST_KERNELS: usize = 8;
+
+/// Set to a number to list that many kernels by error (`RAFTER_ESTIMATE_KERNELS=1000`:
+/// every kernel, to set a whole model's kernels against their probes).
+pub const LISTED_KERNELS_ENV: &str = "RAFTER_ESTIMATE_KERNELS";
+
+/// [`WORST_KERNELS`], or the count [`LISTED_KERNELS_ENV`] gives.
+fn listed_kernels() -> usize {
+    std::env::var(LISTED_KERNELS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(WORST_KERNELS)
+}
 
 /// One kernel's estimate against its measured time, with the work the estimate rests on.
 struct KernelRow {

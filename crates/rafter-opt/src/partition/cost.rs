@@ -41,6 +41,11 @@ pub struct KernelWork {
     /// series behind one output), summed over the class's nodes, which run one after
     /// another. Rated by [`ClassRate::depth_s`].
     pub detail_depth: [f64; DETAIL_CLASSES.len()],
+    /// Output width of its nodes of each detail class (indexed as [`DETAIL_CLASSES`]): a
+    /// GEMM's N, a convolution's output channels, the flops-weighted geometric mean over
+    /// the class's nodes; 0 without any. With flops and depth it places a part among its
+    /// class's calibration probes ([`crate::partition::device::Residual::width`]).
+    pub detail_width: [f64; DETAIL_CLASSES.len()],
     /// Floating-point (or integer) operations.
     pub flops: f64,
     /// Bytes of its operands and results (each read or written once).
@@ -48,6 +53,16 @@ pub struct KernelWork {
     /// Whether it computes in half precision (an f16 or bf16 result): its compute runs at
     /// the device's [`CostProfile::half_scale`] times the class rate.
     pub half: bool,
+}
+
+impl KernelWork {
+    /// The output width of its main detail class's part (0 without one): where a probe
+    /// of this work sits among its class's probes ([`KernelWork::detail_width`]).
+    pub fn width(&self) -> f64 {
+        self.detail
+            .and_then(|d| DETAIL_CLASSES.iter().position(|&c| c == d))
+            .map_or(0.0, |i| self.detail_width[i])
+    }
 }
 
 /// Symbol values for the estimates: each bounded symbol at its smallest declared bound.
@@ -96,6 +111,8 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
     let mut flops = 0.0;
     let mut detail_flops = [0.0; DETAIL_CLASSES.len()];
     let mut detail_depth = [0.0; DETAIL_CLASSES.len()];
+    // Per class: the flops-weighted sum of ln(width), and the flops it weighs.
+    let mut log_width = [(0.0, 0.0); DETAIL_CLASSES.len()];
     for n in &body.nodes {
         let f = node_flops(body, n, values);
         flops += f;
@@ -105,6 +122,10 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
                 .position(|&c| c == d)
                 .expect("a detail class");
             detail_flops[i] += f;
+            if let Some(w) = node_width(body, n, values).filter(|&w| w >= 1.0 && f > 0.0) {
+                log_width[i].0 += f * w.ln();
+                log_width[i].1 += f;
+            }
             let outputs: f64 = n
                 .outputs
                 .iter()
@@ -132,11 +153,13 @@ pub fn kernel_work(kernel: &Kernel, values: &HashMap<Symbol, i64>) -> KernelWork
             .outputs
             .iter()
             .any(|&v| body.value(v).ty.dtype.is_half());
+    let detail_width = log_width.map(|(sum, f)| if f > 0.0 { (sum / f).exp() } else { 0.0 });
     KernelWork {
         class: kernel.kind,
         detail: main.map(|i| DETAIL_CLASSES[i]),
         detail_flops,
         detail_depth,
+        detail_width,
         flops,
         bytes,
         half,
@@ -177,6 +200,37 @@ pub fn weight_bytes(kernel: &Kernel, weights: &[bool], values: &HashMap<Symbol, 
         out[f] *= WINOGRAD_FILTER_GROWTH;
     }
     out
+}
+
+/// Bytes of the activations a contraction kernel reads in its elementwise epilogue only
+/// (a residual added to a convolution's result), `weights[i]` marking the body inputs
+/// that are weights (a bias is one, and costs nothing here). A probe has no such operand;
+/// in a model it was made kernels earlier, and
+/// [`crate::partition::device::WeightCache::epilogue_s`] charges its read. 0 for any
+/// other kernel.
+pub fn epilogue_operand_bytes(
+    kernel: &Kernel,
+    weights: &[bool],
+    values: &HashMap<Symbol, i64>,
+) -> f64 {
+    if kernel.kind != KernelKind::Contraction {
+        return 0.0;
+    }
+    let body = &kernel.body;
+    body.inputs
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !weights.get(i).copied().unwrap_or(false))
+        .filter(|&(_, &v)| {
+            let mut uses = body
+                .nodes
+                .iter()
+                .filter(|n| n.inputs.iter().flatten().any(|&u| u == v))
+                .peekable();
+            uses.peek().is_some() && uses.all(|n| KernelKind::of(&n.op) == KernelKind::Elementwise)
+        })
+        .map(|(_, &v)| bytes(&body.value(v).ty, values))
+        .sum()
 }
 
 /// Tables the kernel only gathers rows from (operand 0 of a gather or embedding: a
@@ -257,6 +311,18 @@ fn node_detail(
         Op::ConvTranspose { .. } => Some("conv"),
         _ => None,
     }
+}
+
+/// The output width of contraction node `n`: its result's channels (dim 1 of an NCHW
+/// convolution's, else the last dim: a GEMM's N, a `conv_nhwc`'s channels).
+fn node_width(body: &Graph, n: &rafter_ir::Node, values: &HashMap<Symbol, i64>) -> Option<f64> {
+    let out = &body.value((*n.outputs.first()?)?).ty;
+    let nchw = matches!(
+        n.op,
+        Op::Conv { .. } | Op::ConvInteger { .. } | Op::ConvTranspose { .. }
+    );
+    let i = if nchw { 1 } else { out.rank().checked_sub(1)? };
+    out.dims.get(i).map(|d| dim_value(d, values))
 }
 
 /// The geometry of a 2-D `conv` (x NCHW, w `[M, C/group, kh, kw]`) or `conv_nhwc` (x NHWC,
@@ -474,9 +540,10 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
     let parts: f64 = DETAIL_CLASSES
         .iter()
         .zip(work.detail_flops.iter().zip(&work.detail_depth))
-        .filter(|(_, (&f, _))| f > 0.0)
-        .map(|(&c, (&f, &depth))| {
-            let near = profile.correction(Some(c), work.class, f, depth);
+        .zip(&work.detail_width)
+        .filter(|((_, (&f, _)), _)| f > 0.0)
+        .map(|((&c, (&f, &depth)), &width)| {
+            let near = profile.correction(Some(c), work.class, f, depth, width);
             at_rate(f, depth, profile.rate_of(Some(c), work.class)) * near
         })
         .sum();
@@ -552,6 +619,7 @@ mod tests {
                 detail: Some("gemm"),
                 detail_flops,
                 detail_depth,
+                detail_width: Default::default(),
                 flops,
                 bytes: 1e3,
                 half: false,
@@ -566,6 +634,7 @@ mod tests {
             vec![super::super::device::Residual {
                 flops: 1e8,
                 depth: 384.0,
+                width: 0.0,
                 ratio: 2.0,
             }],
         );
@@ -587,6 +656,7 @@ mod tests {
             detail: None,
             detail_flops: Default::default(),
             detail_depth: Default::default(),
+            detail_width: Default::default(),
             flops: 0.0,
             bytes: 4e4,
             half: false,
@@ -778,6 +848,7 @@ mod tests {
             detail: None,
             detail_flops: [0.0; DETAIL_CLASSES.len()],
             detail_depth: [0.0; DETAIL_CLASSES.len()],
+            detail_width: [0.0; DETAIL_CLASSES.len()],
             flops: 1e9,
             bytes: 1e6,
             half: false,
@@ -839,6 +910,7 @@ mod tests {
             detail: None,
             detail_flops: [0.0; DETAIL_CLASSES.len()],
             detail_depth: [0.0; DETAIL_CLASSES.len()],
+            detail_width: [0.0; DETAIL_CLASSES.len()],
             flops: 1e9,
             bytes: 1e3,
             half: true,

@@ -20,7 +20,7 @@
 //! class vulkan contraction flops_per_s=1e11 bytes_per_s=2e11 half_flops=1e6
 //! class vulkan depthwise_conv flops_per_s=2e10 bytes_per_s=2e11 half_flops=1e5 half_scale=1.5
 //! class vulkan conv flops_per_s=5e12 bytes_per_s=2e12 half_flops=1e7 depth_s=1e-8
-//! point vulkan conv flops=2.3e8 depth=1152 ratio=1.3
+//! point vulkan conv flops=2.3e8 depth=1152 width=256 ratio=1.3
 //! link vulkan bytes_per_s=1e10 latency_s=1e-5 zero_copy=false
 //! ```
 //!
@@ -231,6 +231,19 @@ impl WeightCache {
         let at = self.bytes_per_s_at(footprint);
         weight_bytes * (1.0 / at - 1.0 / self.cache_bytes_per_s).max(0.0)
     }
+
+    /// Seconds a contraction kernel takes beyond its probe-rated time to read `bytes` of
+    /// activations in its epilogue (a residual: [`crate::partition::cost::epilogue_operand_bytes`]),
+    /// which its probe has none of: the bytes at memory speed (the largest working set's),
+    /// added. ResNet-50's 1x1 convolutions with a residual add ran this much beyond those
+    /// without one on both CPUs measured (2026-12-01): on the dev machine 0.09-0.24 ms for
+    /// 1.6-3.2 MB of residual (17-21 GB/s against its 18.5 from memory), on the H200 host
+    /// 35-50 us for 3.2 MB (80 GB/s). 0 without a sweep.
+    pub fn epilogue_s(&self, bytes: f64) -> f64 {
+        self.reads
+            .last()
+            .map_or(0.0, |memory| bytes / memory.bytes_per_s)
+    }
 }
 
 /// One calibration probe's residual: its measured time over the time its class's fitted
@@ -246,12 +259,19 @@ pub struct Residual {
     pub flops: f64,
     /// Its reduction depth ([`crate::partition::cost::KernelWork::detail_depth`]).
     pub depth: f64,
+    /// Its output width ([`crate::partition::cost::KernelWork::detail_width`]: a GEMM's
+    /// N, a convolution's output channels); 0 when unknown (profiles written before it),
+    /// which matches every width. Flops and depth alone do not tell ResNet-50's stage-2
+    /// 512->128 1x1 convolution over 28x28 from its stage-4 512->2048 one over 7x7 (the
+    /// same flops and depth), yet on the H200 machine's 16-core host the first ran 157 us
+    /// and the second 93.
+    pub width: f64,
     /// Measured over fitted time (beyond the device's per-kernel floor).
     pub ratio: f64,
 }
 
-/// How far, in the natural logarithm of flops and of reduction depth, a probe's residual
-/// reaches: a kernel with 1.28x a probe's flops takes 0.6 of its weight, one with 2x
+/// How far, in the natural logarithm of flops, of reduction depth and of output width, a
+/// probe's residual reaches: a kernel with 1.28x a probe's flops takes 0.6 of its weight, one with 2x
 /// 0.02 ([`CostProfile::correction`]).
 const RESIDUAL_REACH: f64 = 0.25;
 
@@ -300,7 +320,7 @@ impl CostProfile {
     /// The factor on the fitted time of a part of class `detail` (resolved as
     /// [`CostProfile::rate_of`] does) with `flops` and reduction `depth`: the geometric
     /// mean of the class's probe residuals, each weighted by a Gaussian of its distance in
-    /// log flops and log depth ([`RESIDUAL_REACH`]), against the fit's own weight
+    /// log flops, log depth and log output width ([`RESIDUAL_REACH`]), against the fit's own weight
     /// ([`FIT_WEIGHT`]) at ratio 1 (Nadaraya-Watson smoothing of the residuals: a kernel
     /// shaped like a probe costs about what the probe measured, one unlike any costs the
     /// fit).
@@ -310,6 +330,7 @@ impl CostProfile {
         kind: KernelKind,
         flops: f64,
         depth: f64,
+        width: f64,
     ) -> f64 {
         let class = detail
             .filter(|d| self.classes.contains_key(d))
@@ -321,17 +342,24 @@ impl CostProfile {
             .unwrap_or(class_name(kind));
         self.residuals
             .get(class)
-            .map_or(1.0, |points| residual_factor(points, flops, depth))
+            .map_or(1.0, |points| residual_factor(points, flops, depth, width))
     }
 }
 
-/// The smoothed residual of `points` at `flops` and `depth` ([`CostProfile::correction`]).
-pub fn residual_factor(points: &[Residual], flops: f64, depth: f64) -> f64 {
+/// The smoothed residual of `points` at `flops`, `depth` and `width`
+/// ([`CostProfile::correction`]); a width of 0 on either side is no distance.
+pub fn residual_factor(points: &[Residual], flops: f64, depth: f64, width: f64) -> f64 {
     let (mut weights, mut logs) = (0.0, 0.0);
     for p in points {
         let df = (flops.max(1.0) / p.flops.max(1.0)).ln();
         let dd = (depth.max(1.0) / p.depth.max(1.0)).ln();
-        let w = (-(df * df + dd * dd) / (2.0 * RESIDUAL_REACH * RESIDUAL_REACH)).exp();
+        let dw = if width > 0.0 && p.width > 0.0 {
+            (width / p.width).ln()
+        } else {
+            0.0
+        };
+        let d2 = df * df + dd * dd + dw * dw;
+        let w = (-d2 / (2.0 * RESIDUAL_REACH * RESIDUAL_REACH)).exp();
         weights += w;
         logs += w * p.ratio.ln();
     }
@@ -573,11 +601,15 @@ impl Profiles {
             }
             for (class, points) in &p.residuals {
                 for r in points {
-                    let _ = writeln!(
+                    let _ = write!(
                         s,
-                        "point {} {class} flops={:e} depth={:e} ratio={:e}",
-                        d.name, r.flops, r.depth, r.ratio
+                        "point {} {class} flops={:e} depth={:e}",
+                        d.name, r.flops, r.depth
                     );
+                    if r.width > 0.0 {
+                        let _ = write!(s, " width={:e}", r.width);
+                    }
+                    let _ = writeln!(s, " ratio={:e}", r.ratio);
                 }
             }
             if let Some(c) = &p.weight_cache {
@@ -778,10 +810,15 @@ fn parse_line(out: &mut Profiles, line: &str) -> Result<(), String> {
         ["point", name, class, rest @ ..] => {
             device_of(out, name)?;
             let class = known_class(class).ok_or_else(|| format!("unknown class `{class}`"))?;
-            let f = Fields::new(rest, &["flops", "depth", "ratio"])?;
+            let f = Fields::new(rest, &["flops", "depth", "width", "ratio"])?;
             let point = Residual {
                 flops: f.num("flops")?,
                 depth: f.num("depth")?,
+                // Points written before it: any width.
+                width: match f.0.contains_key("width") {
+                    true => f.num("width")?,
+                    false => 0.0,
+                },
                 ratio: f.rate("ratio")?,
             };
             let profile = &mut out.devices.get_mut(*name).expect("checked above").profile;
@@ -848,6 +885,7 @@ mod tests {
         let probe = Residual {
             flops: 2.3e8,
             depth: 1152.0,
+            width: 256.0,
             ratio: 2.0,
         };
         let contraction = cpu.profile.rate(KernelKind::Contraction);
@@ -859,14 +897,14 @@ mod tests {
         p.insert(cpu);
         let text = p.to_text();
         assert!(
-            text.contains("point cpu conv flops=2.3e8 depth=1.152e3 ratio=2e0"),
+            text.contains("point cpu conv flops=2.3e8 depth=1.152e3 width=2.56e2 ratio=2e0"),
             "{text}"
         );
         let back = Profiles::parse(&text, "t").unwrap();
         assert_eq!(back, p);
         let prof = &back.devices["cpu"].profile;
         let at = |flops: f64, depth: f64| {
-            prof.correction(Some("conv"), KernelKind::Contraction, flops, depth)
+            prof.correction(Some("conv"), KernelKind::Contraction, flops, depth, 256.0)
         };
         // At the probe: its ratio less the fit's weight, 2^(1/1.1).
         assert!((at(2.3e8, 1152.0) - 2f64.powf(1.0 / 1.1)).abs() < 1e-12);
@@ -876,6 +914,7 @@ mod tests {
             KernelKind::Contraction,
             2.3e8,
             1152.0,
+            256.0,
         );
         assert!((wino - at(2.3e8, 1152.0)).abs() < 1e-12);
         // Nearby (1.28x the flops, weight 0.61): 2^(0.61 / 0.71); 4x the flops or the
@@ -886,7 +925,7 @@ mod tests {
         assert!((at(2.3e8, 4608.0) - 1.0).abs() < 1e-3);
         // Another class, or a profile without points: 1.
         assert_eq!(
-            prof.correction(Some("gemm"), KernelKind::Contraction, 2.3e8, 1152.0),
+            prof.correction(Some("gemm"), KernelKind::Contraction, 2.3e8, 1152.0, 256.0),
             1.0
         );
         // Two probes at the same work, ratios 2 and 0.5: their geometric mean, 1.
@@ -897,7 +936,32 @@ mod tests {
                 ..probe
             },
         ];
-        assert!((residual_factor(&pair, 2.3e8, 1152.0) - 1.0).abs() < 1e-12);
+        assert!((residual_factor(&pair, 2.3e8, 1152.0, 256.0) - 1.0).abs() < 1e-12);
+        // The same work at widths 128 and 2048 (ResNet-50's stage-2 and stage-4 1x1
+        // convolutions): each width takes its own probe's ratio; an unknown width (0)
+        // both, as do points without a width.
+        let by_width = [
+            Residual {
+                width: 128.0,
+                ..probe
+            },
+            Residual {
+                width: 2048.0,
+                ratio: 0.5,
+                ..probe
+            },
+        ];
+        let own = 2f64.powf(1.0 / 1.1);
+        assert!((residual_factor(&by_width, 2.3e8, 1152.0, 128.0) - own).abs() < 1e-9);
+        assert!((residual_factor(&by_width, 2.3e8, 1152.0, 2048.0) - 1.0 / own).abs() < 1e-9);
+        assert!((residual_factor(&by_width, 2.3e8, 1152.0, 0.0) - 1.0).abs() < 1e-12);
+        let old = Profiles::parse(
+            "rafter-profiles 1\ndevice g dispatch_s=0 barrier_s=0\n\
+             point g conv flops=1 depth=1 ratio=2\n",
+            "p.txt",
+        )
+        .unwrap();
+        assert_eq!(old.devices["g"].profile.residuals["conv"][0].width, 0.0);
     }
 
     fn sweep(points: &[(f64, f64)]) -> WeightCache {

@@ -29,7 +29,10 @@ use std::collections::HashMap;
 
 use rafter_ir::program::{Program, Step, Storage};
 
-use super::cost::{bound_values, bytes, crossing_time, kernel_time, kernel_work, weight_bytes};
+use super::cost::{
+    bound_values, bytes, crossing_time, epilogue_operand_bytes, kernel_time, kernel_work,
+    weight_bytes,
+};
 use super::device::{DeviceDescription, Link};
 
 /// How much better than the best placement a user gets without the cost model (all on
@@ -139,10 +142,19 @@ pub struct Model {
     order: Vec<usize>,
 }
 
-/// Per kernel, the weight buffers its (first) dispatch reads and the bytes it reads of
-/// each a call ([`weight_bytes`]).
-fn weight_reads(p: &Program, values: &HashMap<rafter_ir::Symbol, i64>) -> Vec<Vec<(usize, f64)>> {
-    let mut out: Vec<Option<Vec<(usize, f64)>>> = vec![None; p.kernels.len()];
+/// What one kernel reads from memory beyond its probe's: weights and epilogue operands.
+#[derive(Clone, Debug, Default)]
+struct Reads {
+    /// The weight buffers its (first) dispatch reads and the bytes it reads of each a call
+    /// ([`weight_bytes`]).
+    weights: Vec<(usize, f64)>,
+    /// Bytes of activations it reads in its epilogue only ([`epilogue_operand_bytes`]).
+    epilogue: f64,
+}
+
+/// Per kernel, its [`Reads`].
+fn kernel_reads(p: &Program, values: &HashMap<rafter_ir::Symbol, i64>) -> Vec<Reads> {
+    let mut out: Vec<Option<Reads>> = vec![None; p.kernels.len()];
     for step in &p.steps {
         let Step::Dispatch { kernel, args, .. } = step else {
             continue;
@@ -154,24 +166,27 @@ fn weight_reads(p: &Program, values: &HashMap<rafter_ir::Symbol, i64>) -> Vec<Ve
             .iter()
             .map(|&b| matches!(p.buffers[b].storage, Storage::Weight(_)))
             .collect();
-        let read = weight_bytes(&p.kernels[*kernel], &is_weight, values);
-        out[*kernel] = Some(
-            args.iter()
+        let k = &p.kernels[*kernel];
+        let read = weight_bytes(k, &is_weight, values);
+        out[*kernel] = Some(Reads {
+            weights: args
+                .iter()
                 .zip(read)
                 .filter(|&(_, r)| r > 0.0)
                 .map(|(&b, r)| (b, r))
                 .collect(),
-        );
+            epilogue: epilogue_operand_bytes(k, &is_weight, values),
+        });
     }
     out.into_iter().map(Option::unwrap_or_default).collect()
 }
 
 /// Bytes of the distinct weight buffers read by the kernels `on` selects (a buffer that
 /// several kernels read counts once, at the most any of them reads of it).
-fn footprint(reads: &[Vec<(usize, f64)>], on: impl Fn(usize) -> bool) -> f64 {
+fn footprint(reads: &[Reads], on: impl Fn(usize) -> bool) -> f64 {
     let mut buffers: HashMap<usize, f64> = HashMap::new();
     for (_, read) in reads.iter().enumerate().filter(|&(k, _)| on(k)) {
-        for &(b, bytes) in read {
+        for &(b, bytes) in &read.weights {
             let e = buffers.entry(b).or_insert(0.0);
             *e = e.max(bytes);
         }
@@ -200,7 +215,7 @@ impl Model {
         limits: Vec<Option<u64>>,
         values: &HashMap<rafter_ir::Symbol, i64>,
     ) -> Model {
-        let reads = weight_reads(p, values);
+        let reads = kernel_reads(p, values);
         // Each device's weights: those of every kernel it may run (an upper bound on any
         // placement's, so that a kernel's cost does not depend on where the others go).
         let footprints: Vec<f64> = (0..devices.len())
@@ -212,14 +227,16 @@ impl Model {
             .enumerate()
             .map(|(k, kernel)| {
                 let work = kernel_work(kernel, values);
-                let read: f64 = reads[k].iter().map(|&(_, b)| b).sum();
+                let read: f64 = reads[k].weights.iter().map(|&(_, b)| b).sum();
                 devices
                     .iter()
                     .enumerate()
                     .map(|(d, desc)| {
                         let cache = desc.profile.weight_cache.as_ref();
-                        let streamed = cache.map_or(0.0, |c| c.stream_s(read, footprints[d]));
-                        supported[k][d].then(|| kernel_time(&work, &desc.profile) + streamed)
+                        let memory = cache.map_or(0.0, |c| {
+                            c.stream_s(read, footprints[d]) + c.epilogue_s(reads[k].epilogue)
+                        });
+                        supported[k][d].then(|| kernel_time(&work, &desc.profile) + memory)
                     })
                     .collect()
             })
