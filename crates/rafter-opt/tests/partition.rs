@@ -484,3 +484,48 @@ fn weights_beyond_the_cache_cost_their_reads_at_the_footprints_speed() {
     let (a, b) = times(Some(sweep(&[(16.0, 40.0), (64.0, 10.0)])));
     assert_eq!((a, b), (a0, b0));
 }
+
+/// A residual added in a contraction's epilogue is an operand its probe lacks: the model
+/// charges its bytes at memory speed; a bias (a weight) and the contraction's own operands
+/// are not charged so. Each kernel's output width is its result's channels.
+#[test]
+fn a_residual_epilogue_operand_is_charged_and_widths_are_output_channels() {
+    use partition::cost::{epilogue_operand_bytes, kernel_work};
+    let src = format!(
+        r#"graph @g(%x: f32[1, 64, 8, 8], %r: f32[1, 32, 8, 8]) -> (%y) {{
+  const %w: f32[32, 64, 1, 1] = hex "{}"
+  const %b: f32[1, 32, 1, 1] = hex "{}"
+  %c: f32[1, 32, 8, 8] = conv{{kernel_shape = [1, 1], strides = [1, 1], pads = [0, 0, 0, 0], dilations = [1, 1], group = 1, auto_pad = explicit}}(%x, %w)
+  %t: f32[1, 32, 8, 8] = binary{{op = add}}(%c, %b)
+  %s: f32[1, 32, 8, 8] = binary{{op = add}}(%t, %r)
+  %y: f32[1, 32, 8, 8] = unary{{op = relu}}(%s)
+}}"#,
+        "0000003f".repeat(2048),
+        "cdcccc3d".repeat(32)
+    );
+    let p = lowered(&parse(&src));
+    let values = Default::default();
+    let (k, args) = p
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::Dispatch { kernel, args, .. }
+                if p.kernels[*kernel].kind == rafter_ir::program::KernelKind::Contraction =>
+            {
+                Some((*kernel, args.clone()))
+            }
+            _ => None,
+        })
+        .expect("a contraction kernel");
+    let weights: Vec<bool> = args
+        .iter()
+        .map(|&b| matches!(p.buffers[b].storage, Storage::Weight(_)))
+        .collect();
+    assert!(weights.iter().any(|&w| w), "{:?}", p.kernels[k].body);
+    // The residual's 32 * 8 * 8 f32s, not the convolution's input or the bias.
+    assert_eq!(
+        epilogue_operand_bytes(&p.kernels[k], &weights, &values),
+        8192.0
+    );
+    assert_eq!(kernel_work(&p.kernels[k], &values).width(), 32.0);
+}
