@@ -15,7 +15,10 @@
 //! makespan (objective latency) or its busiest device's busy time (throughput: with calls
 //! pipelined, the busiest device bounds the rate), after the memory check: a placement
 //! that exceeds a device's memory limit (weights plus the peak of live tensors) ranks below
-//! every one that fits, by how much it exceeds.
+//! every one that fits, by how much it exceeds. A kernel's time on a device is the cost
+//! model's, plus what it reads from memory that its calibration probe found in the cache
+//! (its weights, once the device's weights outgrow the cache; a residual operand), where
+//! the device's profile has a read sweep ([`crate::partition::device::WeightCache`]).
 //!
 //! The search is deterministic: starting candidates (greedy-by-support, everything on the
 //! host, each kernel on its fastest device alone, and a dynamic programme over the
