@@ -309,6 +309,20 @@ fn profile() -> Result<ExitCode> {
             e.bytes_per_s / 1e9,
             d.profile.dispatch_s * 1e6
         );
+        if let Some((c, memory)) = d
+            .profile
+            .weight_cache
+            .as_ref()
+            .and_then(|c| Some((c, c.reads.last()?)))
+        {
+            println!(
+                "{name}: weights read at {:.1} GB/s from the cache, {:.1} GB/s from memory \
+                 ({:.0} MiB working set)",
+                c.cache_bytes_per_s / 1e9,
+                memory.bytes_per_s / 1e9,
+                memory.bytes / 1048576.0
+            );
+        }
         if let Some(l) = d.link {
             println!(
                 "{name}: link {:.1} GB/s, latency {:.1} us",
