@@ -37,11 +37,18 @@ pub struct SweepPoint {
 }
 
 /// Measures the host's read bandwidth at every working set of [`SIZES_MIB`] with
-/// `threads` threads. The largest buffer the allocator refuses is left out (a host with
-/// little memory is swept up to what it can hold).
+/// `threads` threads, up to a quarter of the memory available ([`sweep_limit`]: an
+/// allocation Linux grants by overcommit could otherwise call the OOM killer on a small
+/// host when its pages are written), and without the sizes the allocator refuses.
 pub fn sweep(threads: usize) -> Vec<SweepPoint> {
     let threads = threads.max(1);
-    let Some(buffer) = SIZES_MIB.iter().rev().find_map(|&mib| filled(mib << 20)) else {
+    let limit = sweep_limit(std::fs::read_to_string("/proc/meminfo").ok().as_deref());
+    let Some(buffer) = SIZES_MIB
+        .iter()
+        .rev()
+        .filter(|&&mib| mib << 20 <= limit)
+        .find_map(|&mib| filled(mib << 20))
+    else {
         return Vec::new();
     };
     SIZES_MIB
@@ -59,6 +66,21 @@ pub fn sweep(threads: usize) -> Vec<SweepPoint> {
             }
         })
         .collect()
+}
+
+/// The largest working set to sweep, bytes: a quarter of `MemAvailable` in `meminfo`
+/// (Linux's `/proc/meminfo`), at most the largest size swept; 256 MiB when it does not say.
+fn sweep_limit(meminfo: Option<&str>) -> usize {
+    let largest = SIZES_MIB[SIZES_MIB.len() - 1] << 20;
+    let available_kib = meminfo.and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+    });
+    match available_kib {
+        Some(kib) => (kib.saturating_mul(1024) / 4).min(largest),
+        None => 256 << 20,
+    }
 }
 
 /// A buffer of `bytes` (a whole number of words), every page written (so that reads hit
@@ -178,6 +200,16 @@ mod tests {
         let all = points(&[(8.0, 40.0), (1024.0, 40.0)]);
         assert_eq!(weight_cache(&all), None);
         assert_eq!(weight_cache(&[]), None);
+    }
+
+    #[test]
+    fn the_sweep_stays_within_a_quarter_of_the_available_memory() {
+        let info = "MemTotal:       24000000 kB\nMemAvailable:    2097152 kB\n";
+        assert_eq!(sweep_limit(Some(info)), 512 << 20);
+        let big = "MemAvailable:   100000000 kB\n";
+        assert_eq!(sweep_limit(Some(big)), 1024 << 20);
+        assert_eq!(sweep_limit(Some("MemTotal: 1 kB\n")), 256 << 20);
+        assert_eq!(sweep_limit(None), 256 << 20);
     }
 
     #[test]
