@@ -1,6 +1,9 @@
 # Does a 1x1 conv run slower when its input was written by another conv (as in a model)
 # than after the layout transpose a lone probe gets? Chains of 1x1 convs, each kernel
-# timed in the trace.
+# timed in the trace. The `s2_*` ones are ResNet-50's stage-2 1x1 convolutions (512->128
+# and 128->512 over 28x28), which on the H200 machine's host ran 1.3-1.7x their estimate
+# inside ResNet-50: alone, and as 4 bottleneck pairs, each 512->128 reading what the
+# 128->512 before it wrote, to tell a slow shape from a slow hand-over (stage2_exp.sh).
 import sys, numpy as np, onnx
 from onnx import helper, TensorProto, numpy_helper
 out = sys.argv[1]
@@ -24,3 +27,6 @@ chain("after_conv_256_64", 56, [64, 256, 64])
 chain("chain8_56", 56, [64, 256, 64, 256, 64, 256, 64, 256, 64])
 chain("alone_1024_256", 14, [1024, 256])
 chain("chain8_14", 14, [256, 1024, 256, 1024, 256, 1024, 256, 1024, 256])
+chain("s2_down", 28, [512, 128])
+chain("s2_up", 28, [128, 512])
+chain("s2_chain", 28, [512, 128] * 4 + [512])

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# stage2_gen.py's convolutions and ResNet-50 on the H200 machine's host CPU, every kernel's
-# estimate against its median time (see stage2_gen.py). Carry .gl (the stripped rafter).
+# chain_gen.py's stage-2 convolutions (`s2_*`) and ResNet-50 on the H200 machine's host
+# CPU, every kernel's estimate against its median time (see chain_gen.py). Carry .gl (the
+# stripped rafter).
 #   OUT=/tmp/out bash benchmarks/gpu/exp/stage2_exp.sh
 set -u
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -8,7 +9,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 R=.gl/rafter; M=.cache/models
 export RAFTER_DEVICE_PROFILES="$out/profiles.txt" RAFTER_ESTIMATE_KERNELS=1000
 python3 scripts/export_models.py --only resnet50 > "$out/export.txt" 2>&1
-python3 benchmarks/gpu/exp/stage2_gen.py "$M"
+python3 benchmarks/gpu/exp/chain_gen.py "$M"
 RAFTER_PROFILE_POINTS=1 $R devices --profile > "$out/profile.txt" 2>&1
 for m in s2_down s2_up s2_chain resnet50; do
   ins=""; for f in $M/${m}_inputs/*.npy; do [ -f "$f" ] && ins="$ins --input $(basename "$f" .npy)=$f"; done

@@ -4,12 +4,14 @@
 //! Every worker thread (one per core, as the CPU device runs its kernels) sums its share
 //! of a buffer over and over, for working sets from [`SIZES_MIB`]'s smallest to its
 //! largest; the bandwidth steps down where the working set outgrows the last-level cache
-//! (on the 2-core dev machine from 42-45 GB/s up to 64 MiB to 25-29 at 96-128 MiB and 18
+//! (on the 2-core dev machine from 40-45 GB/s up to 64 MiB to 24-29 at 96-128 MiB and 18
 //! from 256 MiB on). The cost model reads the curve at a program's weight footprint.
 
 use std::time::Instant;
 
 use rafter_opt::partition::device::{ReadPoint, WeightCache};
+
+use crate::estimate::median;
 
 /// Working-set sizes swept, MiB: from above a core's L2 to beyond any last-level cache
 /// a host of today has in one socket, in steps of 1.5x or less.
@@ -58,11 +60,10 @@ pub fn sweep(threads: usize) -> Vec<SweepPoint> {
         .map(|bytes| {
             let words = &buffer[..bytes / 8];
             let reps = ROUND_BYTES.div_ceil(bytes).max(2);
-            let mut rounds: Vec<f64> = (0..ROUNDS).map(|_| round_s(words, threads, reps)).collect();
-            rounds.sort_by(f64::total_cmp);
+            let rounds: Vec<f64> = (0..ROUNDS).map(|_| round_s(words, threads, reps)).collect();
             SweepPoint {
                 bytes: bytes as f64,
-                bytes_per_s: (bytes * reps) as f64 / rounds[ROUNDS / 2],
+                bytes_per_s: (bytes * reps) as f64 / median(rounds),
             }
         })
         .collect()
@@ -135,7 +136,7 @@ fn sum_of(part: &[u64]) -> u64 {
 /// faster (no cache beyond the sizes swept, or a memory as fast).
 pub fn weight_cache(points: &[SweepPoint]) -> Option<WeightCache> {
     let last = points.last()?;
-    let mut fast: Vec<f64> = points
+    let fast: Vec<f64> = points
         .iter()
         .map(|p| p.bytes_per_s)
         .filter(|&b| b >= CACHE_SPEEDUP * last.bytes_per_s)
@@ -143,9 +144,8 @@ pub fn weight_cache(points: &[SweepPoint]) -> Option<WeightCache> {
     if fast.is_empty() {
         return None;
     }
-    fast.sort_by(f64::total_cmp);
     Some(WeightCache {
-        cache_bytes_per_s: fast[fast.len() / 2],
+        cache_bytes_per_s: median(fast),
         reads: points
             .iter()
             .map(|p| ReadPoint {

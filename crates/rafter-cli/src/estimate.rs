@@ -335,12 +335,25 @@ const WORST_KERNELS: usize = 8;
 /// every kernel, to set a whole model's kernels against their probes).
 pub const LISTED_KERNELS_ENV: &str = "RAFTER_ESTIMATE_KERNELS";
 
-/// [`WORST_KERNELS`], or the count [`LISTED_KERNELS_ENV`] gives.
+/// [`WORST_KERNELS`], or the count [`LISTED_KERNELS_ENV`] gives (one that is not a count
+/// is said, as a profile that does not load is, and the default kept).
 fn listed_kernels() -> usize {
-    std::env::var(LISTED_KERNELS_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(WORST_KERNELS)
+    let value = std::env::var(LISTED_KERNELS_ENV).ok();
+    listed_kernels_from(value.as_deref()).unwrap_or_else(|e| {
+        eprintln!("estimate: {e}; listing {WORST_KERNELS}");
+        WORST_KERNELS
+    })
+}
+
+/// The count of kernels to list for the variable's `value` (unset: [`WORST_KERNELS`]).
+fn listed_kernels_from(value: Option<&str>) -> Result<usize, String> {
+    match value {
+        None => Ok(WORST_KERNELS),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| format!("{LISTED_KERNELS_ENV}=`{v}` is not a count of kernels")),
+    }
 }
 
 /// One kernel's estimate against its measured time, with the work the estimate rests on.
@@ -399,6 +412,17 @@ mod tests {
             workgroups: 1,
             failed: false,
         }
+    }
+
+    #[test]
+    fn the_listed_kernel_count_comes_from_the_variable_or_says_why_not() {
+        assert_eq!(listed_kernels_from(None), Ok(8));
+        assert_eq!(listed_kernels_from(Some("1000")), Ok(1000));
+        assert_eq!(
+            listed_kernels_from(Some("all")),
+            Err("RAFTER_ESTIMATE_KERNELS=`all` is not a count of kernels".into())
+        );
+        assert!(listed_kernels_from(Some("-3")).is_err());
     }
 
     #[test]

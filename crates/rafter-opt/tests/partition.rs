@@ -331,21 +331,25 @@ fn throughput_balances_stages_where_latency_keeps_one_device() {
     );
 }
 
-#[test]
-fn memory_limits_force_a_split_and_an_impossible_one_names_the_devices() {
-    // Two 4 MiB weights; the npu holds 6 MiB: one matmul must leave it.
+/// Two matmuls in a chain, each by its own 4 MiB constant weight (`%w1`, `%w2`).
+fn two_weighted_matmuls() -> Graph {
     let w = |n: &str| {
         format!(
             "const %{n}: f32[1024, 1024] = hex \"{}\"",
             "00".repeat(4 << 20)
         )
     };
-    let src = format!(
+    parse(&format!(
         "graph @g(%x: f32[1, 1024]) -> (%y) {{\n  {}\n  {}\n  %a: f32[1, 1024] = matmul(%x, %w1)\n  %y: f32[1, 1024] = matmul(%a, %w2)\n}}",
         w("w1"),
         w("w2")
-    );
-    let g = parse(&src);
+    ))
+}
+
+#[test]
+fn memory_limits_force_a_split_and_an_impossible_one_names_the_devices() {
+    // Two 4 MiB weights; the npu holds 6 MiB: one matmul must leave it.
+    let g = two_weighted_matmuls();
     let mut opts = cost_model(profiles(1e12, slow_link()));
     let t = target(&["matmul"], opts.clone());
     let m = partition::model(&lowered(&g), &t);
@@ -441,18 +445,7 @@ fn placement_is_deterministic_for_a_profile_and_explained() {
 fn weights_beyond_the_cache_cost_their_reads_at_the_footprints_speed() {
     use rafter_opt::partition::device::{ReadPoint, WeightCache};
     // Two 4 MiB weights (8 MiB in all), each read by one matmul.
-    let w = |n: &str| {
-        format!(
-            "const %{n}: f32[1024, 1024] = hex \"{}\"",
-            "00".repeat(4 << 20)
-        )
-    };
-    let src = format!(
-        "graph @g(%x: f32[1, 1024]) -> (%y) {{\n  {}\n  {}\n  %a: f32[1, 1024] = matmul(%x, %w1)\n  %y: f32[1, 1024] = matmul(%a, %w2)\n}}",
-        w("w1"),
-        w("w2")
-    );
-    let p = lowered(&parse(&src));
+    let p = lowered(&two_weighted_matmuls());
     let mib = (1u64 << 20) as f64;
     let times = |cache: Option<WeightCache>| {
         let mut profiles = profiles(1e12, slow_link());

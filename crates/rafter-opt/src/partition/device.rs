@@ -167,16 +167,20 @@ pub struct CostProfile {
 /// in a model whose weights outgrow the cache, every kernel reads its weights from memory
 /// each call. On the 2-core dev machine ResNet-50's stage-3 3x3 convolution ran 545 us
 /// alone and among 8 replicas of distinct weights (34 MB of them), but 750-870 us among
-/// 48 replicas (200 MB) and inside ResNet-50 (115 MB), and its 1x1 convolutions of stage 4
-/// 0.34 against 0.48 ms (`benchmarks/results/cost-experiments-2026-12-01/`). A kernel then
+/// 48 replicas (200 MB; `benchmarks/results/cost-experiments-2026-12-01/`) and inside
+/// ResNet-50 (102 MB of weights), and its 1x1 convolutions of stage 4 0.34 ms by their
+/// probes against 0.47-0.49 in the model
+/// (`benchmarks/results/cost-experiments-2026-12-01-b/xeon/`). A kernel then
 /// pays the difference between reading its weights at memory and at cache speed
 /// ([`WeightCache::stream_s`]); small models (MobileNetV2's 14 MB, MiniLM's 43 MB) pay
 /// nothing.
 ///
 /// Measured by `rafter devices --profile` as read bandwidth against working-set size
 /// (all the device's threads summing a buffer over and over). The step from cache to
-/// memory speed is gradual on a shared last-level cache (the dev machine: 43 GB/s at
-/// 64 MiB, 25 at 96 and 128, 18 from 256 on), so the whole curve is kept, not a size.
+/// memory speed is gradual on a shared last-level cache (the dev machine: 40 GB/s at
+/// 64 MiB, 29 at 96, 24 at 128, 18-19 from 256 on,
+/// `benchmarks/results/cpu-estimate-xeon-2026-12-01-cache/profiles.txt`), so the whole
+/// curve is kept, not a size.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WeightCache {
     /// Read bandwidth of a working set the cache holds, bytes per second: what a
@@ -224,9 +228,11 @@ impl WeightCache {
     /// time in a program whose weights total `footprint` bytes on the device: its weights
     /// at the working set's read speed less the cache's (which the probe paid). Added to
     /// the kernel's time rather than hidden under its compute: on the dev machine the
-    /// difference between memory and cache speed (33 us a MB) matched what ResNet-50's
-    /// stage-4 convolutions (27-31 us a MB of weights) and distinct-weight chains of BERT's
-    /// 768x768 GEMM (24) ran beyond their probes.
+    /// difference between memory and cache speed (30 us a MB: 18.6 against 41.3 GB/s,
+    /// `benchmarks/results/cpu-estimate-xeon-2026-12-01-cache/profiles.txt`) matched what
+    /// ResNet-50's stage-4 convolutions (25-35 us a MB of weights,
+    /// `cost-experiments-2026-12-01-b/xeon/`) and distinct-weight chains of BERT's 768x768
+    /// GEMM (24, `benchmarks/gpu/exp/gemm_chain_gen.py`) ran beyond their probes.
     pub fn stream_s(&self, weight_bytes: f64, footprint: f64) -> f64 {
         let at = self.bytes_per_s_at(footprint);
         weight_bytes * (1.0 / at - 1.0 / self.cache_bytes_per_s).max(0.0)
@@ -236,9 +242,10 @@ impl WeightCache {
     /// activations in its epilogue (a residual: [`crate::partition::cost::epilogue_operand_bytes`]),
     /// which its probe has none of: the bytes at memory speed (the largest working set's),
     /// added. ResNet-50's 1x1 convolutions with a residual add ran this much beyond those
-    /// without one on both CPUs measured (2026-12-01): on the dev machine 0.09-0.24 ms for
-    /// 1.6-3.2 MB of residual (17-21 GB/s against its 18.5 from memory), on the H200 host
-    /// 35-50 us for 3.2 MB (80 GB/s). 0 without a sweep.
+    /// without one on both CPUs measured (2026-12-01,
+    /// `benchmarks/results/cost-experiments-2026-12-01-b/`): on the dev machine 0.09-0.24
+    /// ms for 1.6-3.2 MB of residual (17-21 GB/s, against its 18.6 from memory), on the
+    /// H200 host 23-41 us for 3.2 MB (its memory: 73-98 GB/s). 0 without a sweep.
     pub fn epilogue_s(&self, bytes: f64) -> f64 {
         self.reads
             .last()

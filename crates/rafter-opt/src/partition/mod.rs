@@ -129,7 +129,17 @@ pub fn model_at(
     target: &Target,
     values: &std::collections::HashMap<rafter_ir::Symbol, i64>,
 ) -> Model {
-    let table = support_table(p, target);
+    model_with(p, target, &support_table(p, target), values)
+}
+
+/// As [`model_at`], with the support table already made (`table[k][d]`: why device `d`
+/// cannot run kernel `k`, `None` when it can).
+fn model_with(
+    p: &Program,
+    target: &Target,
+    table: &[Vec<Option<String>>],
+    values: &std::collections::HashMap<rafter_ir::Symbol, i64>,
+) -> Model {
     let supported: Vec<Vec<bool>> = table
         .iter()
         .map(|row| {
@@ -232,7 +242,7 @@ pub fn explain(p: &Program, target: &Target) -> Vec<KernelChoice> {
     let greedy = target.placement().strategy == Strategy::Greedy;
     // The partitioner's own estimates (weights beyond a cache included); a device it may
     // not use for a kernel, the kernel's time there alone.
-    let m = model_at(p, target, &values);
+    let m = model_with(p, target, &table, &values);
     p.kernels
         .iter()
         .enumerate()
