@@ -149,8 +149,8 @@ pub(crate) struct Shared {
     pub(crate) wake_semaphore: vk::Semaphore,
     wake_counter: Mutex<u64>,
     /// How many times the monitor has retired finished batches (and reported their GPU
-    /// spans), with the condition variable a traced host wait sleeps on until two more
-    /// passes have run ([`Shared::await_retire_passes`]).
+    /// spans), with the condition variable a traced host wait sleeps on
+    /// ([`Shared::await_reported`]).
     retire_epoch: Mutex<u64>,
     retire_passed: Condvar,
     /// Every semaphore this device created (weakly): the monitor fires their timepoints.
@@ -302,30 +302,50 @@ impl Shared {
         self.retire_passed.notify_all();
     }
 
-    /// Waits (at most [`REPORT_WAIT`]) until the monitor has begun and finished a retire
-    /// pass after this call: every batch complete when it was called has then been retired
-    /// and its GPU spans reported. A pass under way at the call may have looked before the
-    /// batch completed, hence two. The monitor is woken for them, since with nothing in
-    /// flight it sleeps a long tick.
-    pub(crate) fn await_retire_passes(&self) {
+    /// Waits (at most [`REPORT_WAIT`]) until the batches that brought `semaphore` to its
+    /// current value have been retired and their GPU spans reported.
+    ///
+    /// A batch counts while it is in flight (`Shared::reached_batch_in_flight`): the
+    /// semaphore a host thread waited on can be signalled before the batch's completion
+    /// semaphore, which the monitor retires by; counting retire passes instead (two after
+    /// the call) let lavapipe's queue thread, preempted between those two signals on a
+    /// loaded 2-core CI host, miss both passes and the wait return with no span reported.
+    /// Once no such batch is in flight, one more pass is awaited: the pass that retired the
+    /// last one reports its spans before it ends.
+    pub(crate) fn await_reported(&self, semaphore: &SemInner) {
         let deadline = std::time::Instant::now() + REPORT_WAIT;
-        let mut epoch = self.retire_epoch.lock().unwrap_or_else(|e| e.into_inner());
-        let want = *epoch + 2;
-        while *epoch < want {
-            drop(epoch);
-            self.wake();
-            epoch = self.retire_epoch.lock().unwrap_or_else(|e| e.into_inner());
-            let now = std::time::Instant::now();
-            if *epoch >= want || now >= deadline {
-                break;
+        loop {
+            let epoch = *self.retire_epoch.lock().unwrap_or_else(|e| e.into_inner());
+            if !self.reached_batch_in_flight(semaphore) {
+                // With nothing in flight the monitor sleeps a long tick: wake it.
+                self.wake();
+                self.await_pass_after(epoch, deadline);
+                return;
             }
-            let slice = (deadline - now).min(Duration::from_millis(5));
-            epoch = self
+            // The monitor waits on the batch's completion semaphore and passes when it is
+            // signalled; no wake-up is needed (waking it would spin passes while the
+            // signalling thread waits for a core).
+            if !self.await_pass_after(epoch, deadline) {
+                return;
+            }
+        }
+    }
+
+    /// Waits until a retire pass has ended after `epoch` (true), or until `deadline`.
+    fn await_pass_after(&self, epoch: u64, deadline: std::time::Instant) -> bool {
+        let mut current = self.retire_epoch.lock().unwrap_or_else(|e| e.into_inner());
+        while *current <= epoch {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            current = self
                 .retire_passed
-                .wait_timeout(epoch, slice)
+                .wait_timeout(current, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        true
     }
 
     pub(crate) fn wake(&self) {

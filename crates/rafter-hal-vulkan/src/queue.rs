@@ -602,6 +602,23 @@ impl Shared {
         any
     }
 
+    /// Whether a batch that signals `semaphore` at a value its counter has reached is still
+    /// in flight: complete on the GPU (its signal happened) but not yet retired, so its
+    /// GPU spans are not reported yet ([`Shared::await_reported`]).
+    pub(crate) fn reached_batch_in_flight(&self, semaphore: &SemInner) -> bool {
+        let Ok(counter) = semaphore.counter() else {
+            return false;
+        };
+        self.lock_sched().in_flight.iter().any(|flight| {
+            flight.signals.iter().any(|(signalled, value)| {
+                *value <= counter
+                    && signalled
+                        .downcast_ref::<SemInner>()
+                        .is_some_and(|inner| std::ptr::eq(inner, semaphore))
+            })
+        })
+    }
+
     /// Device lost: fail every semaphore of the device, every pending submission's signals
     /// and every in-flight batch's signals.
     fn fail_everything(&self, reason: &str) {

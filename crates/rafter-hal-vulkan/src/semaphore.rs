@@ -492,7 +492,7 @@ impl SemaphoreImpl for SemInner {
             // value already reached, or a spinning waiter) returned ahead of the monitor:
             // the H200's calibration then found no span of a probe, or rated probes at up
             // to 20x their time.
-            self.shared.await_retire_passes();
+            self.shared.await_reported(self);
         }
         reached
     }
