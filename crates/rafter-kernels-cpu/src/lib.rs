@@ -60,6 +60,7 @@ compile_error!("rafter-kernels-cpu's packed-weight byte layout is little-endian 
 pub mod artifact_section;
 mod block_nhwc;
 mod buffer;
+mod cache_size;
 mod driver;
 mod kernel;
 mod lowp;

@@ -13,8 +13,10 @@
 //! Both transforms load and store whole vectors of channels (a pixel's channels are
 //! contiguous), `V` is the GEMMs' row-major A as written (no packing), and `U` is packed
 //! once into B panels, so no step of a call packs anything. Work is cut into blocks of
-//! tiles sized so a block's `V` and `M` stay in L2, times ranges of output channels when
-//! there are fewer blocks than threads.
+//! tiles whose `V` and `M` stay in the core's L2, times ranges of output channels; since
+//! each block reads the whole transformed filter of its channels again, the cut is the
+//! one of the least estimated time over the threads, which favours few large blocks
+//! (`Split`).
 
 use std::cell::RefCell;
 
@@ -118,9 +120,23 @@ pub struct Conv3x3Nhwc<'a> {
     pub tail: ChannelTail<'a>,
 }
 
-/// Bytes of `V` and `M` a block aims for: three quarters of a Zen 3 core's 512 KiB L2,
-/// chosen from the cache size, not tuned by measurement.
-const BLOCK_BYTES: usize = 384 * 1024;
+/// Bytes of `V` and `M` a block may hold: three quarters of the core's L2
+/// ([`crate::cache_size::l2_bytes`]), the rest for the filter's panels streaming through.
+fn block_bytes() -> usize {
+    crate::cache_size::l2_bytes() / 4 * 3
+}
+
+/// What reading a byte of the transformed filter costs a task, in multiply-adds' time
+/// (a multiply-add counted as two flops, as [`Split::task_cost`] counts them): every block
+/// reads all of its part's filter again, mostly from the shared L3, and a block of few
+/// tiles does too little with it to hide that. Fitted on the 2-core Xeon (ResNet-50's
+/// stage-3 convolution, 256 channels over 14x14, its filter 4.2 MB transformed): 5 blocks
+/// of 10 tiles in 3 rounds took 1.33x the time of 2 blocks of 25 in one.
+const FILTER_BYTE_COST: usize = 1;
+
+/// What transforming one input value costs a task, in the same units: its 16 outputs of
+/// adds and subtracts, loaded and stored a vector at a time.
+const TRANSFORM_COST: usize = 8;
 
 thread_local! {
     /// A task's `V` and `M`, grown only, 64-byte aligned: the transforms store and load
@@ -141,21 +157,59 @@ struct Split {
 }
 
 impl Split {
-    fn new(tiles: usize, cin: usize, cout: usize, threads: usize) -> Split {
+    /// The cut of `tiles` tiles and `cout` output channels over `threads` threads whose
+    /// blocks' `V` and `M` fit `budget` bytes.
+    ///
+    /// Every block reads the whole transformed filter of its channels again, and every
+    /// part transforms its block's input again: of the cuts into blocks that fit and
+    /// channel ranges of at least 32 (powers of two), the one of the least
+    /// [`Split::task_cost`] times rounds of tasks over the threads, the fewest tasks on a
+    /// tie. A block count made only from the budget (ResNet-50's stage 3 on 2 threads: 12
+    /// tiles a block, 5 blocks, the last of 1 tile) read the filter 5 times where 2 blocks
+    /// of 25 read it twice, 1.33x as fast (`benchmarks/gpu/exp/wino_gen.py`'s `wrep48`).
+    fn new(tiles: usize, cin: usize, cout: usize, threads: usize, budget: usize) -> Split {
+        let threads = threads.max(1);
         let per_tile = XI * (cin + cout) * 4;
-        let block = (BLOCK_BYTES / per_tile.max(1)).clamp(6, 96).min(tiles);
-        let blocks = tiles.div_ceil(block.max(1));
+        let most = (budget / per_tile.max(1)).clamp(6, 96).min(tiles).max(1);
+        let fewest = tiles.div_ceil(most);
+        let mut best: Option<(usize, usize, Split)> = None;
         let mut parts = 1;
-        // Every part transforms its block's input again: split channels only until every
-        // thread has a task, in ranges of at least 32 channels.
-        while blocks * parts < threads && cout / (2 * parts) >= 32 {
+        loop {
+            // More blocks than the fewest only to even out rounds: up to a round more.
+            for blocks in fewest..=(fewest + threads).min(tiles.max(1)) {
+                let block = tiles.div_ceil(blocks);
+                let split = Split {
+                    tiles: block,
+                    blocks: tiles.div_ceil(block),
+                    parts,
+                };
+                let tasks = split.blocks * parts;
+                let cost = tasks.div_ceil(threads) * split.task_cost(cin, cout);
+                if best.is_none_or(|(c, t, _)| (cost, tasks) < (c, t)) {
+                    best = Some((cost, tasks, split));
+                }
+            }
+            if fewest * parts >= threads || cout / (2 * parts) < 32 {
+                break;
+            }
             parts *= 2;
         }
-        Split {
-            tiles: block,
-            blocks,
-            parts,
-        }
+        best.expect("at least one cut").2
+    }
+
+    /// One task's time in multiply-adds' time: its block's 16 GEMMs (`tiles x cin` times
+    /// `cin x` its channels), its part of the transformed filter read
+    /// ([`FILTER_BYTE_COST`]) and its block's input transformed ([`TRANSFORM_COST`]).
+    fn task_cost(&self, cin: usize, cout: usize) -> usize {
+        let channels = (0..self.parts)
+            .map(|s| {
+                let (a, b) = self.channels(s, cout);
+                b - a
+            })
+            .max()
+            .unwrap_or(cout);
+        XI * cin
+            * (channels * (2 * self.tiles + 4 * FILTER_BYTE_COST) + TRANSFORM_COST * self.tiles)
     }
 
     /// Output channels of part `s`, cut at panel boundaries.
@@ -189,6 +243,19 @@ pub fn conv3x3_nhwc_with_isa(
     out: &mut [f32],
     par: &dyn Parallel,
 ) -> Result<(), KernelError> {
+    conv3x3_nhwc_in_blocks(isa, conv, weights, out, par, block_bytes())
+}
+
+/// [`conv3x3_nhwc_with_isa`] with blocks of `V` and `M` of at most `budget` bytes (the
+/// tests cut the same convolution in several ways).
+fn conv3x3_nhwc_in_blocks(
+    isa: Isa,
+    conv: &Conv3x3Nhwc<'_>,
+    weights: &WinogradNhwcWeights,
+    out: &mut [f32],
+    par: &dyn Parallel,
+    budget: usize,
+) -> Result<(), KernelError> {
     check_isa(isa)?;
     let c = conv;
     let (cin, cout) = (weights.cin, weights.cout);
@@ -215,7 +282,7 @@ pub fn conv3x3_nhwc_with_isa(
     }
     let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
     let tiles = th * tw;
-    let split = Split::new(tiles, cin, cout, par.threads());
+    let split = Split::new(tiles, cin, cout, par.threads(), budget);
     let task = Task {
         c,
         weights,
@@ -465,15 +532,22 @@ mod tests {
             if !isa.is_available() {
                 continue;
             }
-            for threads in [1, 3] {
+            // Blocks of the fewest tiles (6), of the fallback L2's budget, and one block.
+            for (threads, budget) in [
+                (1, 0),
+                (3, 0),
+                (1, 384 << 10),
+                (3, 384 << 10),
+                (3, 64 << 20),
+            ] {
                 let mut y = vec![f32::NAN; want.len()];
-                conv3x3_nhwc_with_isa(isa, &conv, &weights, &mut y, &ScopedThreads::new(threads))
-                    .unwrap();
+                let par = ScopedThreads::new(threads);
+                conv3x3_nhwc_in_blocks(isa, &conv, &weights, &mut y, &par, budget).unwrap();
                 for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                     assert!(
                         (a - b).abs() <= 1e-5 * scale * (1.0 + b.abs()),
-                        "{isa:?} {cin}->{cout} {h}x{w} {pads:?} tail {tail} threads {threads}: \
-                         [{i}] {a} vs {b}"
+                        "{isa:?} {cin}->{cout} {h}x{w} {pads:?} tail {tail} threads {threads} \
+                         budget {budget}: [{i}] {a} vs {b}"
                     );
                 }
             }
@@ -518,5 +592,53 @@ mod tests {
         };
         let e = conv3x3_nhwc(&small, &weights, &mut y, &Sequential).unwrap_err();
         assert!(e.to_string().contains("smaller"), "{e}");
+    }
+
+    /// Every cut covers each tile and output channel once, in blocks that fit the budget
+    /// (or of the fewest tiles, 6) and channel ranges of at least 32.
+    #[test]
+    fn a_split_covers_every_tile_and_channel_in_blocks_that_fit() {
+        for tiles in [1, 4, 49, 196, 784] {
+            for c in [16, 64, 256, 512] {
+                for threads in [1, 2, 3, 16] {
+                    for budget in [32 << 10, 384 << 10, 1536 << 10] {
+                        let s = Split::new(tiles, c, c, threads, budget);
+                        let what = format!(
+                            "{tiles} tiles, {c} channels, {threads} threads, {budget} B: {s:?}"
+                        );
+                        assert!(
+                            s.blocks * s.tiles >= tiles && (s.blocks - 1) * s.tiles < tiles,
+                            "{what}"
+                        );
+                        let fit = (budget / (XI * 2 * c * 4)).clamp(6, 96);
+                        assert!(s.tiles <= fit, "{what}");
+                        assert!(s.parts.is_power_of_two(), "{what}");
+                        assert!(s.parts == 1 || c / s.parts >= 32, "{what}");
+                        let mut next = 0;
+                        for part in 0..s.parts {
+                            let (a, b) = s.channels(part, c);
+                            assert_eq!(a, next, "{what}");
+                            next = b;
+                        }
+                        assert_eq!(next, c, "{what}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// ResNet-50's stage-3 convolution (256 channels over 14x14: 49 tiles) with a 2 MiB L2:
+    /// 2 blocks of 25 tiles, which read the 4.2 MB transformed filter twice (a budget-only
+    /// cut took 5 blocks, the last of 1 tile, and ran 1.33x as long on 2 threads). On 16
+    /// threads the 2 blocks are cut into channel ranges, one task a thread.
+    #[test]
+    fn few_large_blocks_read_the_filter_few_times() {
+        let s = Split::new(49, 256, 256, 2, 1536 << 10);
+        assert_eq!((s.tiles, s.blocks, s.parts), (25, 2, 1), "{s:?}");
+        let s = Split::new(49, 256, 256, 16, 1536 << 10);
+        assert_eq!((s.blocks, s.blocks * s.parts), (2, 16), "{s:?}");
+        // One thread: the fewest blocks that fit (12 tiles of 32 KiB in 384 KiB).
+        let s = Split::new(49, 256, 256, 1, 384 << 10);
+        assert_eq!((s.blocks, s.parts), (5, 1), "{s:?}");
     }
 }
