@@ -164,27 +164,33 @@ impl Split {
     /// part transforms its block's input again: of the cuts into blocks that fit and
     /// channel ranges of at least 32 (powers of two), the one of the least
     /// [`Split::task_cost`] times rounds of tasks over the threads, the fewest tasks on a
-    /// tie. A block count made only from the budget (ResNet-50's stage 3 on 2 threads: 12
-    /// tiles a block, 5 blocks, the last of 1 tile) read the filter 5 times where 2 blocks
-    /// of 25 read it twice, 1.33x as fast (`benchmarks/gpu/exp/wino_gen.py`'s `wrep48`).
+    /// tie ([`Split::makespan`]). A block count made only from the budget (ResNet-50's
+    /// stage 3 on 2 threads with a 384 KiB budget: 12 tiles a block, 5 blocks, the last
+    /// of 1 tile) read the filter 5 times where 2 blocks of 25 (a 2 MiB L2's budget) read
+    /// it twice, 1.33x as fast (`benchmarks/gpu/exp/wino_gen.py`'s `wrep48`).
     fn new(tiles: usize, cin: usize, cout: usize, threads: usize, budget: usize) -> Split {
         let threads = threads.max(1);
         let per_tile = XI * (cin + cout) * 4;
         let most = (budget / per_tile.max(1)).clamp(6, 96).min(tiles).max(1);
         let fewest = tiles.div_ceil(most);
+        // Blocks of the most tiles that fit (the last one shorter), or cut evenly into
+        // up to a round more blocks than the fewest.
+        let sizes: Vec<usize> = std::iter::once(most)
+            .chain((fewest..=(fewest + threads).min(tiles.max(1))).map(|b| tiles.div_ceil(b)))
+            .collect();
         let mut best: Option<(usize, usize, Split)> = None;
         let mut parts = 1;
         loop {
-            // More blocks than the fewest only to even out rounds: up to a round more.
-            for blocks in fewest..=(fewest + threads).min(tiles.max(1)) {
-                let block = tiles.div_ceil(blocks);
+            for &block in &sizes {
                 let split = Split {
                     tiles: block,
                     blocks: tiles.div_ceil(block),
                     parts,
                 };
-                let tasks = split.blocks * parts;
-                let cost = tasks.div_ceil(threads) * split.task_cost(cin, cout);
+                let (cost, tasks) = (
+                    split.makespan(tiles, cin, cout, threads),
+                    split.blocks * parts,
+                );
                 if best.is_none_or(|(c, t, _)| (cost, tasks) < (c, t)) {
                     best = Some((cost, tasks, split));
                 }
@@ -195,6 +201,30 @@ impl Split {
             parts *= 2;
         }
         best.expect("at least one cut").2
+    }
+
+    /// The cut's time over `threads` threads, in [`Split::task_cost`]'s units: the full
+    /// blocks' tasks in rounds, then the last block's (shorter) tasks, in the slots the
+    /// last round of full ones left idle where they fit.
+    fn makespan(&self, tiles: usize, cin: usize, cout: usize, threads: usize) -> usize {
+        let last = tiles - (self.blocks - 1) * self.tiles;
+        let full = Split {
+            tiles: self.tiles,
+            ..*self
+        };
+        let (full_tasks, last_tasks) = if last == self.tiles {
+            (self.blocks * self.parts, 0)
+        } else {
+            ((self.blocks - 1) * self.parts, self.parts)
+        };
+        let rounds = full_tasks.div_ceil(threads);
+        let idle = rounds * threads - full_tasks;
+        let spill = last_tasks.saturating_sub(idle).div_ceil(threads);
+        let short = Split {
+            tiles: last,
+            ..*self
+        };
+        rounds * full.task_cost(cin, cout) + spill * short.task_cost(cin, cout)
     }
 
     /// One task's time in multiply-adds' time: its block's 16 GEMMs (`tiles x cin` times
@@ -640,5 +670,9 @@ mod tests {
         // One thread: the fewest blocks that fit (12 tiles of 32 KiB in 384 KiB).
         let s = Split::new(49, 256, 256, 1, 384 << 10);
         assert_eq!((s.blocks, s.parts), (5, 1), "{s:?}");
+        // Two threads, the same budget: 4 full blocks in 2 rounds, the 1-tile one in the
+        // round's idle slot, against 6 even blocks of 9 in 3 rounds.
+        let s = Split::new(49, 256, 256, 2, 384 << 10);
+        assert_eq!((s.tiles, s.blocks, s.parts), (12, 5, 1), "{s:?}");
     }
 }
