@@ -2,8 +2,8 @@
 //!
 //! Read from Linux's sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/`, the level-2
 //! data or unified cache), once per process. Elsewhere, or where sysfs does not say,
-//! [`FALLBACK_L2_BYTES`]: the smallest L2 of the x86-64 and Arm cores rafter targets
-//! (Zen 2-4's 512 KiB), so a block sized by it fits every one of them.
+//! [`FALLBACK_L2_BYTES`]: Zen 2 and 3's 512 KiB, the L2 the kernels' blocks were sized
+//! for before the host's own was read (a smaller core's L2 then spills to its L3).
 
 use std::path::Path;
 use std::sync::OnceLock;

@@ -130,9 +130,12 @@ fn block_bytes() -> usize {
 /// (a multiply-add counted as two flops, as [`Split::task_cost`] counts them): every block
 /// reads all of its part's filter again, mostly from the shared L3, and a block of few
 /// tiles does too little with it to hide that. Fitted on the 2-core Xeon (ResNet-50's
-/// stage-3 convolution, 256 channels over 14x14, its filter 4.2 MB transformed): 5 blocks
-/// of 10 tiles in 3 rounds took 1.33x the time of 2 blocks of 25 in one.
-const FILTER_BYTE_COST: usize = 1;
+/// stage-3 convolution, 256 channels over 14x14, its filter 4.2 MB transformed): on 2
+/// threads 4 blocks of 12 tiles and one of 1 took 1.28-1.33x the time of 2 blocks of 25
+/// (48 such convolutions 45.3-46.6 against 35.1-35.5 ms,
+/// `benchmarks/results/cpu-xeon-2026-12-01-winograd/wino_ab.txt`); [`Split::makespan`]
+/// puts them at 1.27x with this cost, at 1.15x with half of it.
+const FILTER_BYTE_COST: usize = 2;
 
 /// What transforming one input value costs a task, in the same units: its 16 outputs of
 /// adds and subtracts, loaded and stored a vector at a time.
@@ -167,7 +170,7 @@ impl Split {
     /// tie ([`Split::makespan`]). A block count made only from the budget (ResNet-50's
     /// stage 3 on 2 threads with a 384 KiB budget: 12 tiles a block, 5 blocks, the last
     /// of 1 tile) read the filter 5 times where 2 blocks of 25 (a 2 MiB L2's budget) read
-    /// it twice, 1.33x as fast (`benchmarks/gpu/exp/wino_gen.py`'s `wrep48`).
+    /// it twice, 1.28-1.33x as fast ([`FILTER_BYTE_COST`]).
     fn new(tiles: usize, cin: usize, cout: usize, threads: usize, budget: usize) -> Split {
         let threads = threads.max(1);
         let per_tile = XI * (cin + cout) * 4;
@@ -175,13 +178,14 @@ impl Split {
         let fewest = tiles.div_ceil(most);
         // Blocks of the most tiles that fit (the last one shorter), or cut evenly into
         // up to a round more blocks than the fewest.
-        let sizes: Vec<usize> = std::iter::once(most)
-            .chain((fewest..=(fewest + threads).min(tiles.max(1))).map(|b| tiles.div_ceil(b)))
-            .collect();
+        let sizes = || {
+            std::iter::once(most)
+                .chain((fewest..=(fewest + threads).min(tiles.max(1))).map(|b| tiles.div_ceil(b)))
+        };
         let mut best: Option<(usize, usize, Split)> = None;
         let mut parts = 1;
         loop {
-            for &block in &sizes {
+            for block in sizes() {
                 let split = Split {
                     tiles: block,
                     blocks: tiles.div_ceil(block),
@@ -208,10 +212,6 @@ impl Split {
     /// last round of full ones left idle where they fit.
     fn makespan(&self, tiles: usize, cin: usize, cout: usize, threads: usize) -> usize {
         let last = tiles - (self.blocks - 1) * self.tiles;
-        let full = Split {
-            tiles: self.tiles,
-            ..*self
-        };
         let (full_tasks, last_tasks) = if last == self.tiles {
             (self.blocks * self.parts, 0)
         } else {
@@ -224,7 +224,7 @@ impl Split {
             tiles: last,
             ..*self
         };
-        rounds * full.task_cost(cin, cout) + spill * short.task_cost(cin, cout)
+        rounds * self.task_cost(cin, cout) + spill * short.task_cost(cin, cout)
     }
 
     /// One task's time in multiply-adds' time: its block's 16 GEMMs (`tiles x cin` times
