@@ -547,8 +547,19 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
             at_rate(f, depth, profile.rate_of(Some(c), work.class)) * near
         })
         .sum();
+    // A kernel of no contraction runs its half-precision work no faster than f32 (its
+    // bytes, already counted at their width, are what f16 saves): a GPU's matrix units,
+    // which the device's scale measures, serve only products, and scaling a streaming
+    // class's fixed cost by them rated the H200's f16 layer norms and softmaxes at half
+    // their time (BERT-base f16's reductions 0.48 of their time, 2026-12-01). A device
+    // slower at f16 (a CPU converting it) is slower at it everywhere.
     let compute = if parts > 0.0 {
         parts
+    } else if work.class != KernelKind::Contraction
+        && profile.half_scale > 1.0
+        && r.half_scale.is_none()
+    {
+        fitted_s(work.flops, 0.0, r)
     } else {
         at_rate(work.flops, 0.0, r)
     };
@@ -922,6 +933,16 @@ mod tests {
         assert!((kernel_time(&w, &p) - 2e-2).abs() < 1e-12);
         p.half_scale = 4.0;
         assert!((kernel_time(&w, &p) - 2.5e-4).abs() < 1e-12);
+        // A kernel of no contraction (a layer norm) gains nothing from matrix units, but
+        // loses what a device slow at f16 loses.
+        let norm = KernelWork {
+            class: KernelKind::Reduction,
+            ..w
+        };
+        assert!((kernel_time(&norm, &p) - 1e-3).abs() < 1e-12);
+        p.half_scale = 0.05;
+        assert!((kernel_time(&norm, &p) - 2e-2).abs() < 1e-12);
+        p.half_scale = 4.0;
         // An f32 kernel is not scaled.
         let f32_work = KernelWork { half: false, ..w };
         assert!((kernel_time(&f32_work, &p) - 1e-3).abs() < 1e-12);
