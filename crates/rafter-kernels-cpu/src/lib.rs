@@ -138,7 +138,10 @@ pub use common::{ChannelTail, KernelError};
 pub use cumulative::{cumulative, CumElem, Cumulative};
 pub use lrn::{lrn, Lrn};
 pub use moe::moe_route;
-pub use norm::{layer_norm, layer_norm_with_isa, rms_norm, rms_norm_with_isa};
+pub use norm::{
+    add_layer_norm, add_layer_norm_with_isa, layer_norm, layer_norm_with_isa, rms_norm,
+    rms_norm_with_isa,
+};
 pub use recurrent::{
     gate_activation, gate_activation_with_isa, gemv_accumulate, gemv_accumulate_with_isa, GateFn,
 };

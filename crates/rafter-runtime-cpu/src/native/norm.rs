@@ -126,25 +126,27 @@ impl NativeKernel for LayerNormKernel {
         if self.dtype == DType::F16 {
             return self.run_f16(ins, bias, &mut outs[0], cols);
         }
-        let mut sum = Vec::new();
-        let xs = if self.addends.is_empty() {
-            x.f32s()?
-        } else {
-            // The prologue's sum, added in the body's order (bitwise the reference's adds).
-            sum.extend_from_slice(x.f32s()?);
-            for &i in &self.addends {
-                let a = ins[i].f32s()?;
-                for (s, a) in sum.iter_mut().zip(a.iter().cycle()) {
-                    *s += a;
-                }
-            }
-            &sum[..]
-        };
+        // The prologue's sum is added row by row inside the norm, in the body's order
+        // (bitwise the reference's adds).
+        let addends = self
+            .addends
+            .iter()
+            .map(|&i| ins[i].f32s())
+            .collect::<Result<Vec<_>, _>>()?;
         let scale = ins[self.scale].f32s()?;
         let bias = bias.map(In::f32s).transpose()?;
         let y = outs[0].f32s()?;
-        rafter_kernels_cpu::layer_norm(xs, y, cols, scale, bias, self.eps, &*self.par)
-            .map_err(|e| format!("layer norm: {e}"))?;
+        rafter_kernels_cpu::add_layer_norm(
+            x.f32s()?,
+            &addends,
+            y,
+            cols,
+            scale,
+            bias,
+            self.eps,
+            &*self.par,
+        )
+        .map_err(|e| format!("layer norm: {e}"))?;
         Ok(true)
     }
 }
