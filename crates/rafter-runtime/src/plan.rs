@@ -18,6 +18,10 @@ pub(crate) struct Item {
     pub(crate) live: Option<(usize, usize)>,
     /// The compile-time offset, if any.
     pub(crate) fixed: Option<u64>,
+    /// The item whose bytes this one is, placed per call at the same offset (a reshape's
+    /// result over its operand, [`views`]); `None` for an item of its own bytes, and for
+    /// every item with a compile-time offset.
+    pub(crate) view_of: Option<usize>,
 }
 
 /// Why an arena could not be placed: the item index and a message.
@@ -54,19 +58,40 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
         base = base.max(end);
     }
     let base = arena::align_up(base).ok_or_else(|| overflow(0))?;
+    // A view takes its root's offset; the root's block spans every view's lifetime and size.
+    let root_of = |mut i: usize| {
+        while let Some(s) = items[i].view_of.filter(|_| items[i].fixed.is_none()) {
+            i = s;
+        }
+        i
+    };
+    let mut extent: Vec<(u64, Option<(usize, usize)>)> =
+        items.iter().map(|it| (it.size, it.live)).collect();
+    for i in 0..items.len() {
+        let r = root_of(i);
+        if r != i {
+            let (size, live) = (items[i].size, items[i].live);
+            let e = &mut extent[r];
+            e.0 = e.0.max(size);
+            e.1 = match (e.1, live) {
+                (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+                (x, y) => x.or(y),
+            };
+        }
+    }
     let per_call: Vec<usize> = (0..items.len())
-        .filter(|&i| items[i].fixed.is_none())
+        .filter(|&i| items[i].fixed.is_none() && root_of(i) == i)
         .collect();
     // Items no step touches get `base` and take no room.
     let blocks: Vec<Block> = per_call
         .iter()
         .map(|&i| Block {
-            size: if items[i].live.is_some() {
-                items[i].size
+            size: if extent[i].1.is_some() {
+                extent[i].0
             } else {
                 0
             },
-            live: items[i].live.unwrap_or((0, 0)),
+            live: extent[i].1.unwrap_or((0, 0)),
         })
         .collect();
     let (placed, end) = arena::place(&blocks, base)
@@ -74,7 +99,90 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
     for (&i, offset) in per_call.iter().zip(placed) {
         offsets[i] = offset;
     }
+    for i in 0..items.len() {
+        if items[i].fixed.is_none() {
+            offsets[i] = offsets[root_of(i)];
+        }
+    }
     Ok((offsets, end.max(base)))
+}
+
+/// The views among one arena's buffers placed per call: `(result, operand)` of each step
+/// that dispatches a reshape-like kernel ([`rafter_ir::program::Kernel::viewed_operand`])
+/// whose operand and result are both `member`s placed per call (`per_call`), the operand
+/// touched for the last time there and the result for the first, of the same bytes this
+/// call (`size`), each operand taken by one view. The compiler places such views over
+/// their operand when the buffers have sizes at compile time (`rafter_opt::memplan`);
+/// buffers whose size a symbol decides (a sequence length) are placed here, and without
+/// this every reshape of a dynamic-length transformer copied its operand (BERT-base: 48
+/// copies of 0.4 MB a call). The step is then not dispatched ([`Step`]'s bytes are
+/// already there).
+pub(crate) fn views(
+    p: &rafter_ir::program::Program,
+    live: &[Option<(usize, usize)>],
+    member: &dyn Fn(usize) -> Option<usize>,
+    per_call: &dyn Fn(usize) -> bool,
+    size: &dyn Fn(usize) -> u64,
+) -> Vec<(usize, usize)> {
+    let mut taken = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (si, step) in p.steps.iter().enumerate() {
+        let rafter_ir::program::Step::Dispatch {
+            kernel,
+            args,
+            results,
+        } = step
+        else {
+            continue;
+        };
+        let Some(a) = p.kernels.get(*kernel).and_then(|k| k.viewed_operand()) else {
+            continue;
+        };
+        let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
+            continue;
+        };
+        let fits = src != dst
+            && member(src).is_some()
+            && member(dst).is_some()
+            && per_call(src)
+            && per_call(dst)
+            && live[src].map(|l| l.1) == Some(si)
+            && live[dst].map(|l| l.0) == Some(si)
+            && !results.contains(&Some(src))
+            && size(src) == size(dst)
+            && !taken.contains(&src);
+        if fits {
+            taken.insert(src);
+            out.push((dst, src));
+        }
+    }
+    out
+}
+
+/// Whether `step` is a view whose result already holds its operand's bytes this call:
+/// a reshape-like kernel whose operand and result share their allocation and offset
+/// (`alloc_of`), placed so at compile time or per call ([`views`]).
+pub(crate) fn is_view_in_place(
+    p: &rafter_ir::program::Program,
+    step: &rafter_ir::program::Step,
+    alloc_of: &[Option<(usize, u64)>],
+) -> bool {
+    let rafter_ir::program::Step::Dispatch {
+        kernel,
+        args,
+        results,
+    } = step
+    else {
+        return false;
+    };
+    let Some(a) = p.kernels.get(*kernel).and_then(|k| k.viewed_operand()) else {
+        return false;
+    };
+    let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
+        return false;
+    };
+    let at = |b: usize| alloc_of.get(b).copied().flatten();
+    at(src).is_some() && at(src) == at(dst)
 }
 
 /// The bytes a step touches: a range of one call-local allocation, or a host slot.
@@ -133,7 +241,34 @@ mod tests {
             size,
             live: Some(live),
             fixed: None,
+            view_of: None,
         }
+    }
+
+    #[test]
+    fn a_view_takes_its_operands_offset_and_keeps_it_alive() {
+        // 0: steps 0-2, reshaped at step 2 into 1 (steps 2-5), itself reshaped at 5 into
+        // 2 (5-6). 3 lives over steps 3-4: it must not take the views' bytes, though
+        // their root's own life ended at step 2.
+        let mut items = [
+            item(100, (0, 2)),
+            item(100, (2, 5)),
+            item(100, (5, 6)),
+            item(100, (3, 4)),
+        ];
+        items[1].view_of = Some(0);
+        items[2].view_of = Some(1);
+        let (offsets, total) = place(&items, None).unwrap();
+        assert_eq!(offsets[1], offsets[0]);
+        assert_eq!(offsets[2], offsets[0]);
+        assert_ne!(offsets[3], offsets[0]);
+        assert_eq!(total, 128 + 100);
+        // Without the views, 3 reuses 0's bytes and the others get their own.
+        for it in &mut items {
+            it.view_of = None;
+        }
+        let (offsets, _) = place(&items, None).unwrap();
+        assert_ne!(offsets[1], offsets[0]);
     }
 
     #[test]
@@ -181,6 +316,7 @@ mod tests {
                 size: 256,
                 live: Some((0, 1)),
                 fixed: Some(0),
+                view_of: None,
             },
             item(10, (0, 1)),
         ];
@@ -191,6 +327,7 @@ mod tests {
             size: 300,
             live: Some((0, 1)),
             fixed: Some(0),
+            view_of: None,
         }];
         let e = place(&too_big, Some(256)).unwrap_err();
         assert!(e.msg.contains("planned for 256 bytes"), "{}", e.msg);

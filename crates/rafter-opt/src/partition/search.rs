@@ -184,6 +184,49 @@ fn kernel_reads(p: &Program, values: &HashMap<rafter_ir::Symbol, i64>) -> Vec<Re
     out.into_iter().map(Option::unwrap_or_default).collect()
 }
 
+/// Per kernel, whether it is a reshape-like view the runtime does not dispatch: its
+/// result is its operand's bytes ([`rafter_ir::program::Kernel::viewed_operand`]), and
+/// every step dispatching it reads an intermediate operand for the last time there (as
+/// the memory plan requires to place the result over it, at compile time or per call).
+/// Charged as a data-movement kernel, BERT-base's 48 reshapes put 1.3 ms of its CPU
+/// estimate and 0.14 ms of its GPU one in kernels that never run.
+pub(crate) fn view_kernels(p: &Program) -> Vec<bool> {
+    let mut last_read: Vec<Option<usize>> = vec![None; p.buffers.len()];
+    for (si, step) in p.steps.iter().enumerate() {
+        for b in step.reads() {
+            if let Some(r) = last_read.get_mut(b) {
+                *r = Some(si);
+            }
+        }
+    }
+    let intermediate = |b: usize| {
+        matches!(
+            p.buffers.get(b).map(|d| &d.storage),
+            Some(Storage::Arena { .. })
+        )
+    };
+    let mut view: Vec<Option<bool>> = vec![None; p.kernels.len()];
+    for (si, step) in p.steps.iter().enumerate() {
+        let Step::Dispatch {
+            kernel,
+            args,
+            results,
+        } = step
+        else {
+            continue;
+        };
+        let here = p.kernels[*kernel].viewed_operand().is_some_and(|a| {
+            let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
+                return false;
+            };
+            src != dst && intermediate(src) && intermediate(dst) && last_read[src] == Some(si)
+        });
+        let v = &mut view[*kernel];
+        *v = Some(v.unwrap_or(true) && here);
+    }
+    view.into_iter().map(|v| v.unwrap_or(false)).collect()
+}
+
 /// Bytes of the distinct weight buffers read by the kernels `on` selects (a buffer that
 /// several kernels read counts once, at the most any of them reads of it).
 fn footprint(reads: &[Reads], on: impl Fn(usize) -> bool) -> f64 {
@@ -224,11 +267,17 @@ impl Model {
         let footprints: Vec<f64> = (0..devices.len())
             .map(|d| footprint(&reads, |k| supported[k][d]))
             .collect();
+        let views = view_kernels(p);
         let times = p
             .kernels
             .iter()
             .enumerate()
             .map(|(k, kernel)| {
+                if views[k] {
+                    return (0..devices.len())
+                        .map(|d| supported[k][d].then_some(0.0))
+                        .collect();
+                }
                 let work = kernel_work(kernel, values);
                 let read: f64 = reads[k].weights.iter().map(|&(_, b)| b).sum();
                 devices
@@ -738,5 +787,51 @@ impl Model {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lowered(text: &str) -> Program {
+        let g = rafter_ir::text::parse_graph(text).unwrap();
+        crate::lower(&g, &crate::LowerOptions::default()).unwrap()
+    }
+
+    /// The reshape kernels of `p`, each with whether [`view_kernels`] makes it free.
+    fn reshapes(p: &Program) -> Vec<bool> {
+        let views = view_kernels(p);
+        let found: Vec<bool> = (0..p.kernels.len())
+            .filter(|&k| p.kernels[k].viewed_operand().is_some())
+            .map(|k| views[k])
+            .collect();
+        assert!(!found.is_empty(), "no reshape kernel in {p:?}");
+        found
+    }
+
+    #[test]
+    fn a_reshape_is_free_only_where_its_operand_dies() {
+        // The product is read by the reshape alone: its result is placed over it.
+        let alone = lowered(
+            r#"graph @g(%x: f32[seq, 6], %w: f32[6, 6]) -> (%y) {
+              %a: f32[seq, 6] = matmul(%x, %w)
+              const %s: i64[3] = dense [0, 2, 3]
+              %r: f32[seq, 2, 3] = reshape{allow_zero = false}(%a, %s)
+              %y: f32[seq, 3, 2] = transpose{perm = [0, 2, 1]}(%r)
+            }"#,
+        );
+        assert_eq!(reshapes(&alone), vec![true]);
+        // The product is also read after the reshape: the reshape copies it.
+        let shared = lowered(
+            r#"graph @g(%x: f32[seq, 6], %w: f32[6, 6]) -> (%y, %z) {
+              %a: f32[seq, 6] = matmul(%x, %w)
+              const %s: i64[3] = dense [0, 2, 3]
+              %r: f32[seq, 2, 3] = reshape{allow_zero = false}(%a, %s)
+              %y: f32[seq, 3, 2] = transpose{perm = [0, 2, 1]}(%r)
+              %z: f32[seq, 6] = matmul(%a, %w)
+            }"#,
+        );
+        assert_eq!(reshapes(&shared), vec![false]);
     }
 }

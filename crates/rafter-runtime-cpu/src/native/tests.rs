@@ -1774,3 +1774,51 @@ fn cumulative_of_every_native_dtype_against_the_reference() {
         }
     }
 }
+
+#[test]
+fn a_reshape_of_a_length_sized_buffer_is_placed_over_its_operand_per_call() {
+    // The buffers' sizes follow `seq`, so the memory plan cannot place the reshape's
+    // result over its operand at compile time; the session does, per call, and does not
+    // dispatch the reshape. Two lengths: each call places its own.
+    let g = rafter_ir::text::parse_graph(
+        r#"graph @g(%x: f32[seq, 6], %w: f32[6, 6]) -> (%y) {
+          %a: f32[seq, 6] = matmul(%x, %w)
+          const %s: i64[3] = dense [0, 2, 3]
+          %r: f32[seq, 2, 3] = reshape{allow_zero = false}(%a, %s)
+          %y: f32[seq, 3, 2] = transpose{perm = [0, 2, 1]}(%r)
+        }"#,
+    )
+    .unwrap();
+    let program = rafter_opt::compile(&g, &rafter_opt::CompileOptions::default()).unwrap();
+    let kernels = program.kernels.len();
+    assert!(
+        program.kernels.iter().any(|k| k.viewed_operand().is_some()),
+        "the reshape stays a kernel of its own: {program:?}"
+    );
+    let devices = devices().unwrap();
+    let session =
+        Session::with_options(program, &devices, SessionOptions::new().kernel_threads(2)).unwrap();
+    let mut rng = Rng(77);
+    for seq in [5usize, 9] {
+        let inputs = vec![
+            Tensor::f32s(&[seq, 6], rng.vec(seq * 6)),
+            Tensor::f32s(&[6, 6], rng.vec(36)),
+        ];
+        let want = rafter_reference::run(&g, inputs.clone()).unwrap();
+        let before = session.native_stats().dispatches;
+        let got = call(&session, inputs).unwrap();
+        assert_eq!(got[0].shape(), want[0].shape());
+        for (a, b) in got[0].to_f64_vec().iter().zip(want[0].to_f64_vec()) {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{a} vs reference {b}"
+            );
+        }
+        let dispatched = session.native_stats().dispatches - before;
+        assert_eq!(
+            dispatched,
+            kernels as u64 - 1,
+            "seq {seq}: every kernel but the reshape dispatched"
+        );
+    }
+}

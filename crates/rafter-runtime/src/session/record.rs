@@ -252,17 +252,27 @@ impl Session {
             let members: Vec<usize> = (0..nb)
                 .filter(|&b| layout.home[b] == Home::Arena(a))
                 .collect();
-            let items: Vec<Item> = members
+            let fixed = |b: usize| match p.buffers[b].storage {
+                Storage::Arena { offset, .. } => offset,
+                _ => None,
+            };
+            let mut items: Vec<Item> = members
                 .iter()
                 .map(|&b| Item {
                     size: layout.sizes[b],
                     live: inner.live[b],
-                    fixed: match p.buffers[b].storage {
-                        Storage::Arena { offset, .. } => offset,
-                        _ => None,
-                    },
+                    fixed: fixed(b),
+                    view_of: None,
                 })
                 .collect();
+            let index: HashMap<usize, usize> =
+                members.iter().enumerate().map(|(i, &b)| (b, i)).collect();
+            let member = |b: usize| index.get(&b).copied();
+            let per_call = |b: usize| fixed(b).is_none();
+            let size = |b: usize| layout.sizes[b];
+            for (dst, src) in plan::views(p, &inner.live, &member, &per_call, &size) {
+                items[index[&dst]].view_of = Some(index[&src]);
+            }
             let (offsets, total) = plan::place(&items, arena.size).map_err(|e| {
                 let b = members[e.item];
                 self.input_error(format!(
@@ -398,9 +408,13 @@ impl Session {
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut chunk_accesses: Vec<Vec<Access>> = Vec::new();
         let mut foreign: Vec<BufferRange> = Vec::new();
-        // Views placed over their operand: the bytes are already there, so no dispatch and
-        // no barrier (on a GPU each costs microseconds).
-        let skip: Vec<bool> = p.steps.iter().map(|s| p.is_placed_view(s)).collect();
+        // Views placed over their operand, at compile time or for this call: the bytes are
+        // already there, so no dispatch and no barrier (on a GPU each costs microseconds).
+        let skip: Vec<bool> = p
+            .steps
+            .iter()
+            .map(|s| p.is_placed_view(s) || plan::is_view_in_place(p, s, &layout.alloc_of))
+            .collect();
         let mut si = 0;
         while si < p.steps.len() {
             if skip[si] {
