@@ -67,10 +67,10 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
     };
     let mut extent: Vec<(u64, Option<(usize, usize)>)> =
         items.iter().map(|it| (it.size, it.live)).collect();
-    for i in 0..items.len() {
+    for (i, item) in items.iter().enumerate() {
         let r = root_of(i);
         if r != i {
-            let (size, live) = (items[i].size, items[i].live);
+            let (size, live) = (item.size, item.live);
             let e = &mut extent[r];
             e.0 = e.0.max(size);
             e.1 = match (e.1, live) {
@@ -99,8 +99,8 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
     for (&i, offset) in per_call.iter().zip(placed) {
         offsets[i] = offset;
     }
-    for i in 0..items.len() {
-        if items[i].fixed.is_none() {
+    for (i, item) in items.iter().enumerate() {
+        if item.fixed.is_none() {
             offsets[i] = offsets[root_of(i)];
         }
     }
