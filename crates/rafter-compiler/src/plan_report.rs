@@ -65,8 +65,9 @@ fn report(p: &Program) -> String {
         line(format!("  bounds: {}", b.join(", ")));
     }
     line("steps:".into());
+    let live = rafter_ir::arena::liveness(p);
     for (i, step) in p.steps.iter().enumerate() {
-        line(step_line(p, i, step));
+        line(step_line(p, i, step, &live));
     }
     for l in placement_lines(p, false) {
         line(l);
@@ -274,7 +275,7 @@ fn buffer_device(p: &Program, b: usize) -> String {
 
 /// `  3 k2 `attn_scores` contraction on cpu: matmul, binary.mul (b4, b7) -> (b8)` or
 /// `  5 copy b8 -> b9`.
-fn step_line(p: &Program, i: usize, step: &Step) -> String {
+fn step_line(p: &Program, i: usize, step: &Step, live: &[Option<(usize, usize)>]) -> String {
     let buffers = |bs: &mut dyn Iterator<Item = Option<usize>>| -> String {
         bs.map(|b| b.map_or("_".to_string(), |b| format!("b{b}")))
             .collect::<Vec<_>>()
@@ -298,6 +299,8 @@ fn step_line(p: &Program, i: usize, step: &Step) -> String {
             );
             if p.is_placed_view(step) {
                 format!("{line} [a view: placed over its operand, never dispatched]")
+            } else if p.per_call_view(i, live).is_some() {
+                format!("{line} [a view: placed over its operand per call, never dispatched]")
             } else {
                 line
             }

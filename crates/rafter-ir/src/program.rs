@@ -462,6 +462,45 @@ impl Program {
         placed(src).is_some() && placed(src) == placed(dst)
     }
 
+    /// The `(operand, result)` buffers of step `si` when it is a view the session places per
+    /// call: it dispatches a reshape-like kernel ([`Kernel::viewed_operand`]) whose operand
+    /// and result are buffers of one arena without compile-time offsets (sized by symbols
+    /// the bounds leave open, such as a sequence length), the operand touched for the last
+    /// time at `si` and the result for the first (`live`, [`crate::arena::liveness`]).
+    /// The session then places the result over the operand's bytes and does not dispatch
+    /// the step, as the memory plan does at compile time for sized buffers
+    /// ([`Program::is_placed_view`]).
+    pub fn per_call_view(
+        &self,
+        si: usize,
+        live: &[Option<(usize, usize)>],
+    ) -> Option<(usize, usize)> {
+        let Some(Step::Dispatch {
+            kernel,
+            args,
+            results,
+        }) = self.steps.get(si)
+        else {
+            return None;
+        };
+        let a = self.kernels.get(*kernel)?.viewed_operand()?;
+        let (&src, &dst) = (args.get(a)?, results.first()?.as_ref()?);
+        let per_call = |b: usize| match self.buffers.get(b).map(|d| &d.storage) {
+            Some(Storage::Arena {
+                arena,
+                offset: None,
+            }) => Some(*arena),
+            _ => None,
+        };
+        let fits = src != dst
+            && per_call(src).is_some()
+            && per_call(src) == per_call(dst)
+            && live.get(src).copied().flatten().map(|l| l.1) == Some(si)
+            && live.get(dst).copied().flatten().map(|l| l.0) == Some(si)
+            && !results.contains(&Some(src));
+        fits.then_some((src, dst))
+    }
+
     /// Checks every index, arity and type, and that each buffer is written before it is
     /// read (inputs and weights count as written). The runtime runs this on every program it
     /// loads, so a hostile artifact cannot make it index out of bounds.

@@ -108,51 +108,26 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
 }
 
 /// The views among one arena's buffers placed per call: `(result, operand)` of each step
-/// that dispatches a reshape-like kernel ([`rafter_ir::program::Kernel::viewed_operand`])
-/// whose operand and result are both `member`s placed per call (`per_call`), the operand
-/// touched for the last time there and the result for the first, of the same bytes this
-/// call (`size`), each operand taken by one view. The compiler places such views over
-/// their operand when the buffers have sizes at compile time (`rafter_opt::memplan`);
-/// buffers whose size a symbol decides (a sequence length) are placed here, and without
-/// this every reshape of a dynamic-length transformer copied its operand (BERT-base: 48
-/// copies of 0.4 MB a call). The step is then not dispatched ([`Step`]'s bytes are
-/// already there).
+/// that [`rafter_ir::program::Program::per_call_view`] names whose operand and result are
+/// both `member`s of the arena, of the same bytes this call (`size`), each operand taken
+/// by one view. The compiler places such views over their operand when the buffers have
+/// sizes at compile time (`rafter_opt::memplan`); buffers whose size a symbol decides (a
+/// sequence length) are placed here, and without this every reshape of a dynamic-length
+/// transformer copied its operand (BERT-base: 48 copies of 0.4 MB a call). The step is
+/// then not dispatched (its bytes are already there).
 pub(crate) fn views(
     p: &rafter_ir::program::Program,
     live: &[Option<(usize, usize)>],
-    member: &dyn Fn(usize) -> Option<usize>,
-    per_call: &dyn Fn(usize) -> bool,
+    member: &dyn Fn(usize) -> bool,
     size: &dyn Fn(usize) -> u64,
 ) -> Vec<(usize, usize)> {
     let mut taken = std::collections::HashSet::new();
     let mut out = Vec::new();
-    for (si, step) in p.steps.iter().enumerate() {
-        let rafter_ir::program::Step::Dispatch {
-            kernel,
-            args,
-            results,
-        } = step
-        else {
+    for si in 0..p.steps.len() {
+        let Some((src, dst)) = p.per_call_view(si, live) else {
             continue;
         };
-        let Some(a) = p.kernels.get(*kernel).and_then(|k| k.viewed_operand()) else {
-            continue;
-        };
-        let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
-            continue;
-        };
-        let fits = src != dst
-            && member(src).is_some()
-            && member(dst).is_some()
-            && per_call(src)
-            && per_call(dst)
-            && live[src].map(|l| l.1) == Some(si)
-            && live[dst].map(|l| l.0) == Some(si)
-            && !results.contains(&Some(src))
-            && size(src) == size(dst)
-            && !taken.contains(&src);
-        if fits {
-            taken.insert(src);
+        if member(src) && member(dst) && size(src) == size(dst) && taken.insert(src) {
             out.push((dst, src));
         }
     }

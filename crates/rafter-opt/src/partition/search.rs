@@ -184,43 +184,20 @@ fn kernel_reads(p: &Program, values: &HashMap<rafter_ir::Symbol, i64>) -> Vec<Re
     out.into_iter().map(Option::unwrap_or_default).collect()
 }
 
-/// Per kernel, whether it is a reshape-like view the runtime does not dispatch: its
-/// result is its operand's bytes ([`rafter_ir::program::Kernel::viewed_operand`]), and
-/// every step dispatching it reads an intermediate operand for the last time there (as
-/// the memory plan requires to place the result over it, at compile time or per call).
-/// Charged as a data-movement kernel, BERT-base's 48 reshapes put 1.3 ms of its CPU
-/// estimate and 0.14 ms of its GPU one in kernels that never run.
+/// Per kernel, whether it is a reshape-like view the runtime does not dispatch: every
+/// step dispatching it is one [`Program::per_call_view`] names (before the memory plan no
+/// buffer has an offset yet; the plan then places the sized ones over their operand at
+/// compile time, the session the others per call). Charged as a data-movement kernel,
+/// BERT-base's 48 reshapes put 1.3 ms of its CPU estimate and 0.14 ms of its GPU one in
+/// kernels that never run.
 pub(crate) fn view_kernels(p: &Program) -> Vec<bool> {
-    let mut last_read: Vec<Option<usize>> = vec![None; p.buffers.len()];
-    for (si, step) in p.steps.iter().enumerate() {
-        for b in step.reads() {
-            if let Some(r) = last_read.get_mut(b) {
-                *r = Some(si);
-            }
-        }
-    }
-    let intermediate = |b: usize| {
-        matches!(
-            p.buffers.get(b).map(|d| &d.storage),
-            Some(Storage::Arena { .. })
-        )
-    };
+    let live = rafter_ir::arena::liveness(p);
     let mut view: Vec<Option<bool>> = vec![None; p.kernels.len()];
     for (si, step) in p.steps.iter().enumerate() {
-        let Step::Dispatch {
-            kernel,
-            args,
-            results,
-        } = step
-        else {
+        let Step::Dispatch { kernel, .. } = step else {
             continue;
         };
-        let here = p.kernels[*kernel].viewed_operand().is_some_and(|a| {
-            let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
-                return false;
-            };
-            src != dst && intermediate(src) && intermediate(dst) && last_read[src] == Some(si)
-        });
+        let here = p.per_call_view(si, &live).is_some();
         let v = &mut view[*kernel];
         *v = Some(v.unwrap_or(true) && here);
     }

@@ -267,10 +267,9 @@ impl Session {
                 .collect();
             let index: HashMap<usize, usize> =
                 members.iter().enumerate().map(|(i, &b)| (b, i)).collect();
-            let member = |b: usize| index.get(&b).copied();
-            let per_call = |b: usize| fixed(b).is_none();
+            let member = |b: usize| index.contains_key(&b);
             let size = |b: usize| layout.sizes[b];
-            for (dst, src) in plan::views(p, &inner.live, &member, &per_call, &size) {
+            for (dst, src) in plan::views(p, &inner.live, &member, &size) {
                 items[index[&dst]].view_of = Some(index[&src]);
             }
             let (offsets, total) = plan::place(&items, arena.size).map_err(|e| {
