@@ -438,14 +438,6 @@ impl Program {
     /// are already there, so the runtime records no dispatch for it and `rafter plan` says
     /// so. (Buffers placed per call never qualify: live together, they get disjoint bytes.)
     pub fn is_placed_view(&self, step: &Step) -> bool {
-        let Step::Dispatch {
-            kernel,
-            args,
-            results,
-        } = step
-        else {
-            return false;
-        };
         let placed = |b: usize| match self.buffers.get(b).map(|d| &d.storage) {
             Some(Storage::Arena {
                 arena,
@@ -453,13 +445,23 @@ impl Program {
             }) => Some((*arena, *o)),
             _ => None,
         };
-        let Some(a) = self.kernels.get(*kernel).and_then(Kernel::viewed_operand) else {
-            return false;
+        self.view_operands(step)
+            .is_some_and(|(src, dst)| placed(src).is_some() && placed(src) == placed(dst))
+    }
+
+    /// The `(operand, result)` buffers of `step` when it dispatches a reshape-like kernel
+    /// ([`Kernel::viewed_operand`]): the pair a view places one over the other.
+    pub fn view_operands(&self, step: &Step) -> Option<(usize, usize)> {
+        let Step::Dispatch {
+            kernel,
+            args,
+            results,
+        } = step
+        else {
+            return None;
         };
-        let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
-            return false;
-        };
-        placed(src).is_some() && placed(src) == placed(dst)
+        let a = self.kernels.get(*kernel)?.viewed_operand()?;
+        Some((*args.get(a)?, (*results.first()?)?))
     }
 
     /// The `(operand, result)` buffers of step `si` when it is a view the session places per
@@ -475,16 +477,8 @@ impl Program {
         si: usize,
         live: &[Option<(usize, usize)>],
     ) -> Option<(usize, usize)> {
-        let Some(Step::Dispatch {
-            kernel,
-            args,
-            results,
-        }) = self.steps.get(si)
-        else {
-            return None;
-        };
-        let a = self.kernels.get(*kernel)?.viewed_operand()?;
-        let (&src, &dst) = (args.get(a)?, results.first()?.as_ref()?);
+        let step = self.steps.get(si)?;
+        let (src, dst) = self.view_operands(step)?;
         let per_call = |b: usize| match self.buffers.get(b).map(|d| &d.storage) {
             Some(Storage::Arena {
                 arena,
@@ -497,7 +491,7 @@ impl Program {
             && per_call(src) == per_call(dst)
             && live.get(src).copied().flatten().map(|l| l.1) == Some(si)
             && live.get(dst).copied().flatten().map(|l| l.0) == Some(si)
-            && !results.contains(&Some(src));
+            && !step.writes().contains(&src);
         fits.then_some((src, dst))
     }
 

@@ -38,12 +38,7 @@ pub fn layer_norm_with_isa(
     eps: f32,
     par: &dyn Parallel,
 ) -> Result<(), KernelError> {
-    check_isa(isa)?;
-    let rows = check_rows("layer norm", x, y, cols)?;
-    check_len("layer norm gamma", gamma.len(), cols)?;
-    if let Some(b) = beta {
-        check_len("layer norm beta", b.len(), cols)?;
-    }
+    let rows = check_layer_norm(isa, x, y, cols, gamma, beta)?;
     let out = Disjoint::new(y);
     par_blocks(par, rows, cols, &|rs| {
         // SAFETY: `par_blocks` hands out disjoint row ranges.
@@ -62,7 +57,9 @@ pub fn layer_norm_with_isa(
 /// the addends' order, each add rounded to f32 as separate adds round, in a buffer of the
 /// task's own, so the result is bitwise [`layer_norm`] of the summed tensor. Summing first
 /// on one thread into a fresh tensor-sized buffer took BERT-base's 128x768 embedding norm
-/// 5.5x a plain norm's time on a 2-core Xeon (128 against 23 us).
+/// 5.5x a plain norm's time on a 2-core Xeon (128 against 23 us; `rafter bench
+/// --device cpu --iters 200 --estimate` of a graph of two Adds and a LayerNormalization
+/// over `[1, 128, 768]`, the kernel's traced median; 68 us with this).
 #[allow(clippy::too_many_arguments)]
 pub fn add_layer_norm(
     x: &[f32],
@@ -90,12 +87,7 @@ pub fn add_layer_norm_with_isa(
     eps: f32,
     par: &dyn Parallel,
 ) -> Result<(), KernelError> {
-    check_isa(isa)?;
-    let rows = check_rows("layer norm", x, y, cols)?;
-    check_len("layer norm gamma", gamma.len(), cols)?;
-    if let Some(b) = beta {
-        check_len("layer norm beta", b.len(), cols)?;
-    }
+    let rows = check_layer_norm(isa, x, y, cols, gamma, beta)?;
     for (i, a) in addends.iter().enumerate() {
         let n = a.len();
         let repeats = n > 0
@@ -179,6 +171,24 @@ pub fn rms_norm_with_isa(
         rms_norm_isa(isa, xb, yb, cols, gamma, eps as f64);
     });
     Ok(())
+}
+
+/// The checks every layer norm makes of its operands; its number of rows.
+fn check_layer_norm(
+    isa: Isa,
+    x: &[f32],
+    y: &[f32],
+    cols: usize,
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+) -> Result<usize, KernelError> {
+    check_isa(isa)?;
+    let rows = check_rows("layer norm", x, y, cols)?;
+    check_len("layer norm gamma", gamma.len(), cols)?;
+    if let Some(b) = beta {
+        check_len("layer norm beta", b.len(), cols)?;
+    }
+    Ok(rows)
 }
 
 fn check_rows(what: &str, x: &[f32], y: &[f32], cols: usize) -> Result<usize, KernelError> {

@@ -107,10 +107,9 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
     Ok((offsets, end.max(base)))
 }
 
-/// The views among one arena's buffers placed per call: `(result, operand)` of each step
-/// that [`rafter_ir::program::Program::per_call_view`] names whose operand and result are
-/// both `member`s of the arena, of the same bytes this call (`size`), each operand taken
-/// by one view. The compiler places such views over their operand when the buffers have
+/// The views among the arenas' buffers placed per call: `(result, operand)` of each step
+/// that [`rafter_ir::program::Program::per_call_view`] names (operand and result in one
+/// arena), of the same bytes this call (`size`), each operand taken by one view. The compiler places such views over their operand when the buffers have
 /// sizes at compile time (`rafter_opt::memplan`); buffers whose size a symbol decides (a
 /// sequence length) are placed here, and without this every reshape of a dynamic-length
 /// transformer copied its operand (BERT-base: 48 copies of 0.4 MB a call). The step is
@@ -118,7 +117,6 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
 pub(crate) fn views(
     p: &rafter_ir::program::Program,
     live: &[Option<(usize, usize)>],
-    member: &dyn Fn(usize) -> bool,
     size: &dyn Fn(usize) -> u64,
 ) -> Vec<(usize, usize)> {
     let mut taken = std::collections::HashSet::new();
@@ -127,7 +125,7 @@ pub(crate) fn views(
         let Some((src, dst)) = p.per_call_view(si, live) else {
             continue;
         };
-        if member(src) && member(dst) && size(src) == size(dst) && taken.insert(src) {
+        if size(src) == size(dst) && taken.insert(src) {
             out.push((dst, src));
         }
     }
@@ -142,18 +140,7 @@ pub(crate) fn is_view_in_place(
     step: &rafter_ir::program::Step,
     alloc_of: &[Option<(usize, u64)>],
 ) -> bool {
-    let rafter_ir::program::Step::Dispatch {
-        kernel,
-        args,
-        results,
-    } = step
-    else {
-        return false;
-    };
-    let Some(a) = p.kernels.get(*kernel).and_then(|k| k.viewed_operand()) else {
-        return false;
-    };
-    let (Some(&src), Some(&Some(dst))) = (args.get(a), results.first()) else {
+    let Some((src, dst)) = p.view_operands(step) else {
         return false;
     };
     let at = |b: usize| alloc_of.get(b).copied().flatten();

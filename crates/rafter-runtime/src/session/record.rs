@@ -248,6 +248,7 @@ impl Session {
         let p = &*inner.program;
         let nb = p.buffers.len();
         let mut arenas = Vec::with_capacity(p.arenas.len());
+        let views = plan::views(p, &inner.live, &|b| layout.sizes[b]);
         for (a, arena) in p.arenas.iter().enumerate() {
             let members: Vec<usize> = (0..nb)
                 .filter(|&b| layout.home[b] == Home::Arena(a))
@@ -267,10 +268,10 @@ impl Session {
                 .collect();
             let index: HashMap<usize, usize> =
                 members.iter().enumerate().map(|(i, &b)| (b, i)).collect();
-            let member = |b: usize| index.contains_key(&b);
-            let size = |b: usize| layout.sizes[b];
-            for (dst, src) in plan::views(p, &inner.live, &member, &size) {
-                items[index[&dst]].view_of = Some(index[&src]);
+            for (dst, src) in &views {
+                if let (Some(&d), Some(&s)) = (index.get(dst), index.get(src)) {
+                    items[d].view_of = Some(s);
+                }
             }
             let (offsets, total) = plan::place(&items, arena.size).map_err(|e| {
                 let b = members[e.item];
