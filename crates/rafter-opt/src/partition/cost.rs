@@ -552,13 +552,17 @@ pub fn kernel_time(work: &KernelWork, profile: &CostProfile) -> f64 {
     // which the device's scale measures, serve only products, and scaling a streaming
     // class's fixed cost by them rated the H200's f16 layer norms and softmaxes at half
     // their time (BERT-base f16's reductions 0.48 of their time, 2026-12-01). A device
-    // slower at f16 (a CPU converting it) is slower at it everywhere.
+    // slower at f16 (a CPU converting it) is slower at it everywhere it computes, but not
+    // where it only moves elements: a gather or transpose of f16 copies two-byte elements
+    // and converts none (BERT-base f16's embedding gathers on the H200 machine's host were
+    // estimated at 0.99 ms, the CPU's GEMM f16 scale of 0.025 dividing them, and ran 0.02).
+    let unscaled_half = work.class == KernelKind::DataMovement
+        || (work.class != KernelKind::Contraction
+            && profile.half_scale > 1.0
+            && r.half_scale.is_none());
     let compute = if parts > 0.0 {
         parts
-    } else if work.class != KernelKind::Contraction
-        && profile.half_scale > 1.0
-        && r.half_scale.is_none()
-    {
+    } else if unscaled_half {
         fitted_s(work.flops, 0.0, r)
     } else {
         at_rate(work.flops, 0.0, r)
@@ -942,7 +946,15 @@ mod tests {
         assert!((kernel_time(&norm, &p) - 1e-3).abs() < 1e-12);
         p.half_scale = 0.05;
         assert!((kernel_time(&norm, &p) - 2e-2).abs() < 1e-12);
+        // A kernel that only moves elements (an f16 gather) converts none: unscaled on
+        // either device.
+        let gather = KernelWork {
+            class: KernelKind::DataMovement,
+            ..w
+        };
+        assert!((kernel_time(&gather, &p) - 1e-3).abs() < 1e-12);
         p.half_scale = 4.0;
+        assert!((kernel_time(&gather, &p) - 1e-3).abs() < 1e-12);
         // An f32 kernel is not scaled.
         let f32_work = KernelWork { half: false, ..w };
         assert!((kernel_time(&f32_work, &p) - 1e-3).abs() < 1e-12);
