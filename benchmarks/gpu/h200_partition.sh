@@ -23,6 +23,7 @@
 #   bash benchmarks/gpu/h200_partition.sh            # everything
 #   MODELS="mobilenet_v2" F16_MODELS="" bash benchmarks/gpu/h200_partition.sh
 #   MODELS="" F16_MODELS="" STREAMS=0 bash benchmarks/gpu/h200_partition.sh   # midgraph only
+#   PACK=1 OUT=$OUT/x bash benchmarks/gpu/h200_partition.sh    # results as $OUT/x.tgz
 set -u
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -133,15 +134,18 @@ def rounds(m, t, pat):
     vals = [v for p in sorted(glob.glob(f"{out}/latency_{m}_{t}_r*.txt")) if (v := grab(p, pat)) is not None]
     return statistics.median(vals) if vals else None
 f = lambda x: "-" if x is None else f"{x:.3f}"
-print("\n| model | cpu ms | vulkan ms | auto ms | auto / best | est/meas cpu | vulkan | auto |")
-print("|---|---|---|---|---|---|---|---|")
+print("\n| model | cpu ms | vulkan ms | auto ms | auto / best | est/meas cpu | vulkan | auto | cpu steal |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in models:
     lat = {t: rounds(m, t, r"^bench: median ([\d.]+)") for t in ("cpu", "vulkan", "auto")}
     est = {t: rounds(m, t, r"^estimate: .*est/meas ([\d.]+)") for t in ("cpu", "vulkan", "auto")}
     singles = [v for v in (lat["cpu"], lat["vulkan"]) if v]
     best = min(singles) if singles else None
     ratio = f"{lat['auto'] / best:.2f}" if lat["auto"] and best else "-"
-    print(f"| {m} | {f(lat['cpu'])} | {f(lat['vulkan'])} | {f(lat['auto'])} | {ratio} | {f(est['cpu'])} | {f(est['vulkan'])} | {f(est['auto'])} |")
+    # The hypervisor's steal while the CPU's calls were timed (`rafter bench`'s host line).
+    steal = rounds(m, "cpu", r"^host: while timing, ([\d.]+)% of the CPU time stolen")
+    steal = "-" if steal is None else f"{steal:.1f}%"
+    print(f"| {m} | {f(lat['cpu'])} | {f(lat['vulkan'])} | {f(lat['auto'])} | {ratio} | {f(est['cpu'])} | {f(est['vulkan'])} | {f(est['auto'])} | {steal} |")
 print("\n| model | cpu calls/s | vulkan calls/s | ideal (sum) | spread calls/s | of ideal | cpu share | cpu idle | vulkan idle |")
 print("|---|---|---|---|---|---|---|---|---|")
 for m in models:
@@ -155,3 +159,8 @@ for m in models:
     print(f"| {m} | {s['cpu']:.1f} | {s['vulkan']:.1f} | {ideal:.1f} | {s['auto']:.1f} | {s['auto'] / ideal:.0%} | {share}% | {idle['cpu']}% | {idle['vulkan']}% |")
 EOF
 echo "done in ${SECONDS}s"
+# PACK=1: the results as one archive, $out.tgz, the folder removed (a device call brings
+# back a limited count of files).
+if [ "${PACK:-0}" = 1 ]; then
+  tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
+fi

@@ -9,6 +9,7 @@
 use crate::cmd_run::{gather_inputs, load, runtime_tensors, Executor, Source};
 use crate::dims::{self, DimSpec};
 use crate::estimate::{median, quantile};
+use crate::host_load::{report_since, CpuTimes};
 use crate::rss::Rss;
 use anyhow::{bail, Result};
 use rafter_reference::Bindings;
@@ -123,8 +124,10 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     if let Some(s) = &sink {
         s.clear();
     }
+    let load_from = CpuTimes::now();
     if args.in_flight > 1 {
         let stream = run_stream(&session, &inputs, args.iters, args.in_flight)?;
+        report_since(load_from, "timing");
         // Calls overlap: no window tells one's work from another's.
         report_trace(&args, &sink, &[])?;
         if args.estimate {
@@ -134,6 +137,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let timed = time_calls(&session, &inputs, args.iters)?;
+    report_since(load_from, "timing");
     // Before `--estimate`'s traced session adds its own memory.
     let peak_kib = Rss::now().map(|r| r.peak_kib);
     report_trace(&args, &sink, &timed.windows)?;
@@ -349,6 +353,7 @@ fn bench_spread(args: &BenchArgs, specs: &[DimSpec]) -> Result<ExitCode> {
         None => 0..sessions.len(),
         Some(d) => d..d + 1,
     };
+    let load_from = CpuTimes::now();
     let spread = crate::spread::run_spread(
         &sessions[chosen.clone()],
         &call_s[chosen],
@@ -358,6 +363,7 @@ fn bench_spread(args: &BenchArgs, specs: &[DimSpec]) -> Result<ExitCode> {
         &reference,
         SPREAD_TOLERANCE,
     )?;
+    report_since(load_from, "timing");
     for l in spread.lines(args.in_flight) {
         println!("{l}");
     }

@@ -297,7 +297,9 @@ fn profile() -> Result<ExitCode> {
     let target = crate::model::parse_target("auto")?;
     let names = rafter_opt::place::device_names(target.accelerators());
     for name in &names {
+        let load_from = crate::host_load::CpuTimes::now();
         let d = crate::calibrate::profile_device(name)?;
+        crate::host_load::report_since(load_from, &format!("calibrating {name}"));
         let c = d.profile.rate(rafter_ir::program::KernelKind::Contraction);
         let e = d.profile.rate(rafter_ir::program::KernelKind::Elementwise);
         println!(

@@ -13,6 +13,7 @@ mod cmd_run;
 mod cmd_serve;
 mod dims;
 mod estimate;
+mod host_load;
 mod model;
 mod placement;
 mod progress;
