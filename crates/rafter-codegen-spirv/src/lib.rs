@@ -476,10 +476,24 @@ fn generate(body: &Graph) -> Result<Generated, String> {
 /// The C tile for a product: 64×64 when A's rows are known to be many (512 or more), else
 /// 32×32, which measured 1.6× faster on BERT's M = 128 products on the H100 (more
 /// workgroups to fill the GPU; `benchmarks/RESULTS.md`). A symbolic row count (a sequence
-/// length) counts as few. With few rows, a long K (512 or more) and few columns (1,024 or
-/// fewer: at M = 128 at most 128 tiles of 32×32, under one per multiprocessor of a big
-/// GPU), K is also split over the workgroup ([`MatmulTile::Sliced`]).
+/// length) counts as few. With few rows, a K of [`SLICED_MIN_K`] or more and few columns
+/// (1,024 or fewer: at M = 128 at most 128 tiles of 32×32, under one per multiprocessor of
+/// a big GPU), K is also split over the workgroup ([`MatmulTile::Sliced`]).
 fn matmul_tile(body: &Graph) -> MatmulTile {
+    tile_for(known_mkn(body))
+}
+
+/// The least K split over a [`MatmulTile::Sliced`] workgroup. MiniLM-L6's 128x384x384
+/// projections (48 tiles of 32×32 for the H200's 132 multiprocessors) ran 23-24 us a
+/// product one slice deep and 14-15 us in four (the model 1.46-1.51 -> 1.22-1.27 ms a call,
+/// three alternated rounds, `benchmarks/gpu/exp/sliced_exp.sh`, 2026-12-01); BERT-base's
+/// products, all K = 768 or 3,072 with N <= 1,024 or N = 3,072, took the same tiles
+/// either way and ran the same. (Letting N go to 2,048 did not speed MiniLM's 128x384x1536
+/// FFN products: 49-50 us both ways.)
+const SLICED_MIN_K: i64 = 384;
+
+/// A product's M (A's rows), K and N where the body's first node knows them.
+fn known_mkn(body: &Graph) -> (Option<i64>, Option<i64>, Option<i64>) {
     let dims_of = |i: usize| {
         body.nodes
             .first()
@@ -500,9 +514,16 @@ fn matmul_tile(body: &Graph) -> MatmulTile {
     } else {
         (known(&b, 2), known(&b, 1))
     };
-    match known(&a, 2) {
+    (known(&a, 2), k, n)
+}
+
+/// The tile for a product of M rows, K deep and N columns (each `None` when symbolic).
+fn tile_for((m, k, n): (Option<i64>, Option<i64>, Option<i64>)) -> MatmulTile {
+    match m {
         Some(m) if m >= 512 => MatmulTile::Large,
-        _ if k.is_some_and(|k| k >= 512) && n.is_some_and(|n| n <= 1024) => MatmulTile::Sliced,
+        _ if k.is_some_and(|k| k >= SLICED_MIN_K) && n.is_some_and(|n| n <= 1024) => {
+            MatmulTile::Sliced
+        }
         _ => MatmulTile::Small,
     }
 }
@@ -605,4 +626,25 @@ pub struct CodegenError {
 /// `rafter_hal::ExecutablePayload::Bytes` carries.
 pub fn to_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn few_rows_and_columns_with_a_k_of_384_or_more_split_k() {
+        let (m, s) = (Some(128), Some);
+        // MiniLM-L6's projections and FFN-down, BERT-base's projections.
+        assert_eq!(tile_for((m, s(384), s(384))), MatmulTile::Sliced);
+        assert_eq!(tile_for((m, s(1536), s(384))), MatmulTile::Sliced);
+        assert_eq!(tile_for((None, s(768), s(768))), MatmulTile::Sliced);
+        // Short K, many columns, or an unknown K or N: one slice.
+        assert_eq!(tile_for((m, s(256), s(384))), MatmulTile::Small);
+        assert_eq!(tile_for((m, s(384), s(1536))), MatmulTile::Small);
+        assert_eq!(tile_for((m, None, s(384))), MatmulTile::Small);
+        assert_eq!(tile_for((m, s(768), None)), MatmulTile::Small);
+        // Many rows: the large tile whatever K.
+        assert_eq!(tile_for((Some(512), s(768), s(768))), MatmulTile::Large);
+    }
 }
