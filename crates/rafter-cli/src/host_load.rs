@@ -21,6 +21,9 @@ pub struct CpuTimes {
     pub steal: u64,
     /// Ticks this process ran (user and system).
     pub own: u64,
+    /// CPUs the machine's counters sum over (`/proc/stat`'s `cpuN` lines: in a container
+    /// limited to fewer CPUs, the host's, which is what the ticks are shares of).
+    pub cpus: usize,
 }
 
 /// The machine's load over an interval, from two [`CpuTimes`].
@@ -43,12 +46,14 @@ impl CpuTimes {
             busy,
             steal,
             own: parse_own(&own)?,
+            cpus: count_cpus(&stat),
         })
     }
 
-    /// The load between `self` (earlier) and `later`, over `cpus` CPUs; `None` when no
-    /// tick passed (an interval shorter than a tick).
-    pub fn load_until(&self, later: &CpuTimes, cpus: usize) -> Option<HostLoad> {
+    /// The load between `self` (earlier) and `later`; `None` when no tick passed (an
+    /// interval shorter than a tick).
+    pub fn load_until(&self, later: &CpuTimes) -> Option<HostLoad> {
+        let cpus = later.cpus.max(1);
         let total = later.total.checked_sub(self.total)?;
         if total == 0 {
             return None;
@@ -77,10 +82,9 @@ impl HostLoad {
 
 /// Prints (to stderr) the machine's load since `from`, where `/proc` has it.
 pub fn report_since(from: Option<CpuTimes>, during: &str) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if let Some(load) = from
         .zip(CpuTimes::now())
-        .and_then(|(a, b)| a.load_until(&b, cpus))
+        .and_then(|(a, b)| a.load_until(&b))
     {
         eprintln!("{}", load.line(during));
     }
@@ -105,6 +109,17 @@ fn parse_machine(stat: &str) -> Option<(u64, u64, u64)> {
     Some((busy + idle + iowait + steal, busy, steal))
 }
 
+/// The `cpuN` lines of `/proc/stat` (at least 1).
+fn count_cpus(stat: &str) -> usize {
+    stat.lines()
+        .filter(|l| {
+            l.strip_prefix("cpu")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .count()
+        .max(1)
+}
+
 /// User plus system ticks from `/proc/self/stat` (fields 14 and 15; counted after the
 /// command name's closing parenthesis, since the name may hold spaces).
 fn parse_own(stat: &str) -> Option<u64> {
@@ -125,6 +140,11 @@ mod tests {
         let stat = "cpu  100 5 20 800 10 3 2 60 7 0\ncpu0 50 2 10 400 5 1 1 30 0 0\nintr 1 2\n";
         // busy = 100 + 5 + 20 + 3 + 2; total adds idle 800, iowait 10, steal 60.
         assert_eq!(parse_machine(stat), Some((1000, 130, 60)));
+        assert_eq!(count_cpus(stat), 1);
+        assert_eq!(
+            count_cpus("cpu  1 2 3 4\ncpu0 1\ncpu1 1\ncpu15 1\nintr 1\n"),
+            3
+        );
         assert_eq!(parse_machine("intr 1 2\n"), None);
         assert_eq!(parse_machine("cpu  1 x 3 4\n"), None);
     }
@@ -144,6 +164,7 @@ mod tests {
             busy: 100,
             steal: 0,
             own: 50,
+            cpus: 16,
         };
         // 1,600 ticks over 16 CPUs: 80 stolen (5%), 1,000 busy of which 600 ours.
         let b = CpuTimes {
@@ -151,11 +172,12 @@ mod tests {
             busy: 1100,
             steal: 80,
             own: 650,
+            cpus: 16,
         };
-        let l = a.load_until(&b, 16).unwrap();
+        let l = a.load_until(&b).unwrap();
         assert!((l.steal_fraction - 0.05).abs() < 1e-12);
         assert!((l.other_cores - 4.0).abs() < 1e-12, "{l:?}");
-        assert_eq!(a.load_until(&a, 16), None);
+        assert_eq!(a.load_until(&a), None);
         assert!(l
             .line("timing")
             .contains("while timing, 5.0% of the CPU time stolen"));
@@ -165,7 +187,7 @@ mod tests {
     fn this_machines_counters_read_where_proc_exists() {
         if std::path::Path::new("/proc/stat").exists() {
             let t = CpuTimes::now().expect("/proc/stat and /proc/self/stat parse");
-            assert!(t.total >= t.busy && t.total >= t.steal);
+            assert!(t.total >= t.busy && t.total >= t.steal && t.cpus >= 1);
         }
     }
 }
