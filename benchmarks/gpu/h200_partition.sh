@@ -23,6 +23,7 @@
 #   bash benchmarks/gpu/h200_partition.sh            # everything
 #   MODELS="mobilenet_v2" F16_MODELS="" bash benchmarks/gpu/h200_partition.sh
 #   MODELS="" F16_MODELS="" STREAMS=0 bash benchmarks/gpu/h200_partition.sh   # midgraph only
+#   STREAM_MODELS="mobilenet_v2 resnet50 bert_base" bash ...   # the Done-when's streams only
 #   PACK=1 OUT=$OUT/x bash benchmarks/gpu/h200_partition.sh    # results as $OUT/x.tgz
 set -u
 out=${OUT:-/tmp/out}
@@ -98,9 +99,10 @@ for m in $all; do
     done
   done
 done
-# STREAMS=0: latency only (no streams).
-[ "${STREAMS:-1}" = 1 ] || all_streams=""
-for m in ${all_streams-$all}; do
+# STREAMS=0: latency only (no streams); STREAM_MODELS="a b": streams of those models only.
+stream_models=${STREAM_MODELS-${all_streams-$all}}
+[ "${STREAMS:-1}" = 1 ] || stream_models=""
+for m in $stream_models; do
   [ -f $M/$m.onnx ] || continue
   ins=$(inputs_of $m)
   for t in $stream_targets; do

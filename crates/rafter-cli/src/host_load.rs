@@ -53,7 +53,6 @@ impl CpuTimes {
     /// The load between `self` (earlier) and `later`; `None` when no tick passed (an
     /// interval shorter than a tick).
     pub fn load_until(&self, later: &CpuTimes) -> Option<HostLoad> {
-        let cpus = later.cpus.max(1);
         let total = later.total.checked_sub(self.total)?;
         if total == 0 {
             return None;
@@ -63,7 +62,7 @@ impl CpuTimes {
         let own = later.own.saturating_sub(self.own);
         Some(HostLoad {
             steal_fraction: steal as f64 / total as f64,
-            other_cores: busy.saturating_sub(own) as f64 / total as f64 * cpus as f64,
+            other_cores: busy.saturating_sub(own) as f64 / total as f64 * later.cpus as f64,
         })
     }
 }

@@ -487,8 +487,8 @@ fn matmul_tile(body: &Graph) -> MatmulTile {
 /// projections (48 tiles of 32×32 for the H200's 132 multiprocessors) ran 23-24 us a
 /// product one slice deep and 14-15 us in four (the model 1.46-1.51 -> 1.22-1.27 ms a call,
 /// three alternated rounds, `benchmarks/gpu/exp/sliced_exp.sh`, 2026-12-01); BERT-base's
-/// products, all K = 768 or 3,072 with N <= 1,024 or N = 3,072, took the same tiles
-/// either way and ran the same. (Letting N go to 2,048 did not speed MiniLM's 128x384x1536
+/// products (K = 64 or 128 in attention, 768 or 3,072 elsewhere) took the same tiles either
+/// way and ran the same (3.96-4.06 ms a call). (Letting N go to 2,048 did not speed MiniLM's 128x384x1536
 /// FFN products: 49-50 us both ways.)
 const SLICED_MIN_K: i64 = 384;
 

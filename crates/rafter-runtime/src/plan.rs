@@ -109,11 +109,12 @@ pub(crate) fn place(items: &[Item], declared: Option<u64>) -> Result<(Vec<u64>, 
 
 /// The views among the arenas' buffers placed per call: `(result, operand)` of each step
 /// that [`rafter_ir::program::Program::per_call_view`] names (operand and result in one
-/// arena), of the same bytes this call (`size`), each operand taken by one view. The compiler places such views over their operand when the buffers have
-/// sizes at compile time (`rafter_opt::memplan`); buffers whose size a symbol decides (a
-/// sequence length) are placed here, and without this every reshape of a dynamic-length
-/// transformer copied its operand (BERT-base: 48 copies of 0.4 MB a call). The step is
-/// then not dispatched (its bytes are already there).
+/// arena), of the same bytes this call (`size`), each operand taken by one view. The
+/// compiler places such views over their operand when the buffers have sizes at compile
+/// time (`rafter_opt::memplan`); buffers whose size a symbol decides (a sequence length)
+/// are placed here, and without this every reshape of a dynamic-length transformer copied
+/// its operand (BERT-base: 48 copies of 0.4 MB a call). The step is then not dispatched
+/// (its bytes are already there).
 pub(crate) fn views(
     p: &rafter_ir::program::Program,
     live: &[Option<(usize, usize)>],
